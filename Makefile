@@ -1,0 +1,33 @@
+# The two commands of the README: `make run` and `make test` (plus `make ui`).
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export DAGSTER_HOME ?= $(CURDIR)/.ito/dagster
+
+.PHONY: run ui test bootstrap clean
+
+bootstrap: $(STAMP)
+
+# torch is installed first and exactly: 2.13.0 is the CPU build on this machine's disk;
+# an open range could resolve to a multi-GB CUDA wheel.
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet "torch==2.13.0"
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	mkdir -p $(DAGSTER_HOME)
+	$(BIN)/python -m ito_assets.local_run
+
+ui: $(STAMP)
+	mkdir -p $(DAGSTER_HOME)
+	$(BIN)/dagster dev -w workspace.yaml
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf .ito

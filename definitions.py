@@ -1,0 +1,21 @@
+"""The code location: merges each domain's definitions with the sensors and shared resources.
+Wiring only; settings are read once here, at the edge."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from ito_assets.defs import manifest
+from ito_assets.defs.resources import ItoSettingsResource
+from ito_assets.settings import Settings, load_settings
+from sensors import SENSORS
+
+
+def build_definitions(settings: Settings) -> dg.Definitions:
+    shell = dg.Definitions(sensors=SENSORS, resources={"ito": ItoSettingsResource.from_settings(settings)})
+    return dg.Definitions.merge(manifest.defs(), shell)
+
+
+@dg.definitions
+def defs() -> dg.Definitions:
+    return build_definitions(load_settings())

@@ -1,0 +1,1 @@
+"""The canonical API (HTTP server) and its client `ito`. Calls the core, never Dagster internals."""

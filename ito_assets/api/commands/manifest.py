@@ -1,0 +1,40 @@
+"""`ito manifest verify PATH [--expect-digest sha256:HEX] [--json]`: local, no API contact."""
+
+from __future__ import annotations
+
+import argparse
+
+from ito_assets.api.cli import Outcome
+
+
+def register(verbs: argparse._SubParsersAction) -> None:
+    group = verbs.add_parser("manifest", help="inspect a reviewed manifest on this machine")
+    actions = group.add_subparsers(dest="action", required=True, parser_class=type(group))
+    verify = actions.add_parser("verify", help="securely read, scan and validate a manifest")
+    verify.add_argument("path", help="absolute, canonical path of the reviewed JSON file")
+    verify.add_argument("--expect-digest", help="sha256:HEX the manifest must hash to")
+    verify.add_argument("--json", action="store_true", help="print one JSON document")
+    verify.set_defaults(handler=_verify)
+
+
+def _verify(args: argparse.Namespace) -> Outcome:
+    from ito_assets.manifest import verify
+    from ito_assets.settings import load_settings
+
+    settings = load_settings()
+    verified = verify.verify_manifest(args.path, max_bytes=settings.max_manifest_bytes)
+    if args.expect_digest is not None:
+        verify.check_expected_digest(verified.digest, args.expect_digest)
+    verify.require_provenance(verified.manifest)
+    summary = verify.summarize(verified)
+    data = {"digest": verified.digest, "size_bytes": verified.raw.size, "summary": summary}
+    text = [
+        f"manifest ok: {summary['name']}",
+        f"digest: {verified.digest}",
+        f"size: {verified.raw.size} bytes",
+        f"model: {summary['model']['size']} ({summary['model']['num_parameters']} parameters, revision {summary['model']['revision']})",
+        f"data references: {summary['num_data_references']}",
+        *[f"  - {r['uri']} [{r['license']}, {r['format']}]" for r in summary["data_references"]],
+        f"budget: cap {summary['budget']['cap_cents'] / 100:.2f} USD, max incremental {summary['budget']['max_incremental_cents'] / 100:.2f} USD",
+    ]
+    return Outcome(data=data, live_api_contacted=False, text=text)

@@ -1,0 +1,86 @@
+"""The root of the lineage: the reviewed training manifest and the eval suite it is bound to."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import dagster as dg
+
+from ito_assets.defs.manifest.partitions import manifests_partitions
+from ito_assets.defs.resources import ItoSettingsResource
+from ito_assets.evals.suite import EvalSuite, load_suite
+from ito_assets.manifest import discovery
+from ito_assets.manifest.discovery import ManifestVerdict
+
+GROUP = "manifest"
+
+
+@dg.asset(
+    group_name=GROUP,
+    kinds={"json"},
+    description="The eval suite (id, benchmark, question, answer) that data is decontaminated against; "
+    "its digest is sha256 over the suite file's bytes.",
+)
+def eval_suite(context: dg.AssetExecutionContext, ito: ItoSettingsResource) -> EvalSuite:
+    suite = load_suite(ito.settings().eval_suite_path)
+    context.add_output_metadata(
+        {
+            "suite_id": suite.suite_id,
+            "digest": suite.digest,
+            "num_items": len(suite.items),
+            "items_by_benchmark": dg.MetadataValue.json(suite.by_benchmark()),
+        }
+    )
+    return suite
+
+
+@dg.asset(
+    group_name=GROUP,
+    kinds={"json"},
+    partitions_def=manifests_partitions,
+    description="A reviewed training manifest, read securely and verified (schema, no secrets). "
+    "The blocking checks stop the run when verification or provenance fails.",
+)
+def training_manifest(context: dg.AssetExecutionContext, ito: ItoSettingsResource) -> ManifestVerdict:
+    settings = ito.settings()
+    key = context.partition_key
+    path = discovery.locate(settings.manifests_dir, key, max_bytes=settings.max_manifest_bytes)
+    if path is None:
+        raise dg.Failure(description="no manifest with this digest is in the manifests folder any more")
+    verdict = discovery.judge(path, key, max_bytes=settings.max_manifest_bytes)
+    context.add_output_metadata(_verdict_metadata(verdict))
+    return verdict
+
+
+def _verdict_metadata(verdict: ManifestVerdict) -> dict:
+    metadata: dict = {
+        "path": dg.MetadataValue.path(verdict.path),
+        "file_name": Path(verdict.path).name,
+        "verified": verdict.ok,
+        "digest": verdict.digest or "",
+        "size_bytes": verdict.size_bytes or 0,
+    }
+    if verdict.ok:
+        summary = verdict.summary()
+        metadata["summary"] = dg.MetadataValue.json(summary)
+        metadata["overview"] = dg.MetadataValue.md(_summary_markdown(summary))
+    else:
+        metadata["error_code"] = verdict.error_code
+        metadata["error_message"] = verdict.error_message
+    return metadata
+
+
+def _summary_markdown(summary: dict) -> str:
+    rows = "\n".join(
+        f"| {r['uri']} | {r['license']} | {r['format']} | {'yes' if r['has_provenance'] else '**no**'} |"
+        for r in summary["data_references"]
+    )
+    budget = summary["budget"]
+    return (
+        f"**{summary['name']}**: model {summary['model']['size']} "
+        f"({summary['model']['num_parameters']:,} parameters), {summary['num_training_tokens']:,} tokens "
+        f"over {', '.join(summary['stages'])}; budget cap {budget['cap_cents'] / 100:,.2f} USD.\n\n"
+        f"| data reference | licence | format | provenance |\n|---|---|---|---|\n{rows}\n\n"
+        f"post-training: {json.dumps(summary['post_training'])}"
+    )

@@ -1,0 +1,41 @@
+"""Shared resources, built once in definitions.py under fixed keys and asked for by name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dagster as dg
+
+from ito_assets.settings import Settings
+
+
+class ItoSettingsResource(dg.ConfigurableResource):
+    """The settings object of `ito_assets.settings`, as a Dagster resource (key `ito`)."""
+
+    project_root: str
+    state_dir: str
+    data_root: str
+    manifests_dir: str
+    eval_suite_path: str
+    max_manifest_bytes: int
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> "ItoSettingsResource":
+        return cls(
+            project_root=str(settings.project_root),
+            state_dir=str(settings.state_dir),
+            data_root=str(settings.data_root),
+            manifests_dir=str(settings.manifests_dir),
+            eval_suite_path=str(settings.eval_suite_path),
+            max_manifest_bytes=settings.max_manifest_bytes,
+        )
+
+    def settings(self) -> Settings:
+        return Settings(
+            project_root=Path(self.project_root),
+            state_dir=Path(self.state_dir),
+            data_root=Path(self.data_root),
+            manifests_dir=Path(self.manifests_dir),
+            eval_suite_path=Path(self.eval_suite_path),
+            max_manifest_bytes=self.max_manifest_bytes,
+        )

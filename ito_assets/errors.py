@@ -1,0 +1,82 @@
+"""Stable error codes and the one exception type the core raises for user-facing failures.
+
+Codes are part of the public contract (DESIGN.md, "Stable error codes"): add, never rename.
+Messages are safe text: they never echo caller-supplied values that could be secrets.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ErrorCode(str, enum.Enum):
+    MANIFEST_PATH_NOT_CANONICAL = "MANIFEST_PATH_NOT_CANONICAL"
+    MANIFEST_NOT_FOUND = "MANIFEST_NOT_FOUND"
+    MANIFEST_SYMLINK = "MANIFEST_SYMLINK"
+    MANIFEST_NOT_REGULAR = "MANIFEST_NOT_REGULAR"
+    MANIFEST_HARD_LINKED = "MANIFEST_HARD_LINKED"
+    MANIFEST_UNSAFE_OWNER = "MANIFEST_UNSAFE_OWNER"
+    MANIFEST_UNSAFE_PERMISSIONS = "MANIFEST_UNSAFE_PERMISSIONS"
+    MANIFEST_TOO_LARGE = "MANIFEST_TOO_LARGE"
+    MANIFEST_CHANGED = "MANIFEST_CHANGED"
+    MANIFEST_INVALID = "MANIFEST_INVALID"
+    MANIFEST_CONTAINS_SECRET = "MANIFEST_CONTAINS_SECRET"
+    MANIFEST_DIGEST_MISMATCH = "MANIFEST_DIGEST_MISMATCH"
+    PROVENANCE_MISSING = "PROVENANCE_MISSING"
+    EVAL_SUITE_INVALID = "EVAL_SUITE_INVALID"
+    EVAL_SUITE_MISMATCH = "EVAL_SUITE_MISMATCH"
+    BOOKING_NOT_FOUND = "BOOKING_NOT_FOUND"
+    BOOKING_EXPIRED = "BOOKING_EXPIRED"
+    BOOKING_REVOKED = "BOOKING_REVOKED"
+    BOOKING_RELEASED = "BOOKING_RELEASED"
+    BOOKING_INCOMPLETE = "BOOKING_INCOMPLETE"
+    BOOKING_MISMATCH = "BOOKING_MISMATCH"
+    CONFIRMATION_INVALID = "CONFIRMATION_INVALID"
+    CONFIRMATION_NOT_APPROVED = "CONFIRMATION_NOT_APPROVED"
+    CONFIRMATION_EXPIRED = "CONFIRMATION_EXPIRED"
+    CONFIRMATION_CONSUMED = "CONFIRMATION_CONSUMED"
+    CONFIRMATION_MISMATCH = "CONFIRMATION_MISMATCH"
+    IDEMPOTENCY_KEY_INVALID = "IDEMPOTENCY_KEY_INVALID"
+    IDEMPOTENCY_KEY_REUSED = "IDEMPOTENCY_KEY_REUSED"
+    IDEMPOTENCY_KEY_IN_FLIGHT = "IDEMPOTENCY_KEY_IN_FLIGHT"
+    BUDGET_EXCEEDED = "BUDGET_EXCEEDED"
+    CAPACITY_UNAVAILABLE = "CAPACITY_UNAVAILABLE"
+    NETWORK_MISMATCH = "NETWORK_MISMATCH"
+    DATA_POLICY_VIOLATION = "DATA_POLICY_VIOLATION"
+    CHECKPOINT_STORAGE_INVALID = "CHECKPOINT_STORAGE_INVALID"
+    PLAN_REFUSED = "PLAN_REFUSED"
+    AUTH_REQUIRED = "AUTH_REQUIRED"
+    CREDENTIAL_REVOKED = "CREDENTIAL_REVOKED"
+    API_UNREACHABLE = "API_UNREACHABLE"
+    TIMEOUT = "TIMEOUT"
+    OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"
+    RUN_NOT_FOUND = "RUN_NOT_FOUND"
+    EVAL_GATE_FAILED = "EVAL_GATE_FAILED"
+    CAPABILITY_MISSING = "CAPABILITY_MISSING"
+    USAGE_ERROR = "USAGE_ERROR"
+    INTERNAL_ERROR = "INTERNAL_ERROR"
+
+
+# Codes a caller may retry unchanged; everything else needs a different request.
+RETRYABLE = frozenset(
+    {
+        ErrorCode.API_UNREACHABLE,
+        ErrorCode.TIMEOUT,
+        ErrorCode.OUTCOME_UNKNOWN,
+        ErrorCode.IDEMPOTENCY_KEY_IN_FLIGHT,
+        ErrorCode.CAPACITY_UNAVAILABLE,
+    }
+)
+
+
+class ItoError(Exception):
+    """A user-facing failure with a stable code and a message that is safe to print."""
+
+    def __init__(self, code: ErrorCode, message: str, *, retryable: bool | None = None):
+        super().__init__(f"{code.value}: {message}")
+        self.code = code
+        self.message = message
+        self.retryable = code in RETRYABLE if retryable is None else retryable
+
+    def to_dict(self) -> dict:
+        return {"code": self.code.value, "message": self.message, "retryable": self.retryable}

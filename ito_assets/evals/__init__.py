@@ -1,0 +1,1 @@
+"""The eval suite the data is decontaminated against and the gates are measured on."""

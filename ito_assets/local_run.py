@@ -1,0 +1,97 @@
+"""`make run`: evaluate the sensors in process against the embedded instance, execute what they
+request, and print a short summary. The daemon (`make ui`) runs the same sensors and jobs, so the
+headless path and the daemon path are one code path; both tag runs with the sensor's run key, so
+neither launches work the other already did.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+
+import dagster as dg
+from dagster._core.storage.tags import RUN_KEY_TAG, SENSOR_NAME_TAG
+
+from ito_assets.settings import Settings, load_settings
+
+
+@dataclass
+class RunSummary:
+    num_runs_launched: int = 0
+    num_runs_skipped: int = 0
+    num_runs_failed: int = 0
+    materialized: list[str] = field(default_factory=list)
+    checks_passed: list[str] = field(default_factory=list)
+    checks_failed: list[str] = field(default_factory=list)
+
+
+def _already_launched(instance: dg.DagsterInstance, sensor_name: str, run_key: str) -> bool:
+    runs = instance.get_runs(filters=dg.RunsFilter(tags={SENSOR_NAME_TAG: sensor_name, RUN_KEY_TAG: run_key}), limit=1)
+    return bool(runs)
+
+
+def _record(result: dg.ExecuteInProcessResult, summary: RunSummary, partition: str | None) -> None:
+    suffix = f" [{partition}]" if partition else ""
+    for event in result.get_asset_materialization_events():
+        summary.materialized.append(event.asset_key.to_user_string() + suffix)
+    for evaluation in result.get_asset_check_evaluations():
+        name = f"{evaluation.asset_key.to_user_string()}:{evaluation.check_name}{suffix}"
+        (summary.checks_passed if evaluation.passed else summary.checks_failed).append(name)
+    if not result.success:
+        summary.num_runs_failed += 1
+
+
+def evaluate_sensor(defs: dg.Definitions, instance: dg.DagsterInstance, sensor_name: str, summary: RunSummary) -> None:
+    """One tick of `sensor_name`, then each requested run in process (skipping used run keys)."""
+    sensor = defs.get_sensor_def(sensor_name)
+    context = dg.build_sensor_context(instance=instance, sensor_name=sensor_name, definitions=defs)
+    result = sensor(context)
+    for request in result.dynamic_partitions_requests or []:
+        instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
+    for request in result.run_requests or []:
+        if request.run_key and _already_launched(instance, sensor_name, request.run_key):
+            summary.num_runs_skipped += 1
+            continue
+        job = defs.resolve_job_def(request.job_name or sensor.job_name)
+        tags = {**request.tags, SENSOR_NAME_TAG: sensor_name, RUN_KEY_TAG: request.run_key}
+        run = job.execute_in_process(
+            instance=instance, partition_key=request.partition_key, tags=tags, raise_on_error=False
+        )
+        summary.num_runs_launched += 1
+        _record(run, summary, request.partition_key)
+
+
+def print_summary(summary: RunSummary, settings: Settings) -> None:
+    print(f"runs launched: {summary.num_runs_launched}, already done (same run key): {summary.num_runs_skipped}, "
+          f"failed: {summary.num_runs_failed}")
+    print(f"assets materialized ({len(summary.materialized)}):")
+    for name in summary.materialized:
+        print(f"  - {name}")
+    print(f"checks passed: {len(summary.checks_passed)}, failed: {len(summary.checks_failed)}")
+    for name in summary.checks_failed:
+        print(f"  FAILED {name}")
+    print(f"Dagster instance: {settings.dagster_home}  (see it with `make ui`)")
+    print(f"warehouse: {settings.warehouse_path}{'' if settings.warehouse_path.exists() else ' (not written yet)'}")
+    if summary.num_runs_launched == 0 and summary.num_runs_skipped:
+        print("nothing new: every reviewed manifest was already processed (`make clean` starts afresh)")
+
+
+def main() -> int:
+    from definitions import build_definitions
+    from sensors import SENSORS
+
+    settings = load_settings()
+    os.environ.setdefault("DAGSTER_HOME", str(settings.dagster_home))
+    settings.dagster_home.mkdir(parents=True, exist_ok=True)
+    defs = build_definitions(settings)
+    summary = RunSummary()
+    with dg.DagsterInstance.get() as instance:
+        for sensor in SENSORS:
+            evaluate_sensor(defs, instance, sensor.name, summary)
+    print_summary(summary, settings)
+    return 1 if summary.num_runs_failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The reviewed training manifest: schema, secure read, secret scan, and verification."""

@@ -1,0 +1,96 @@
+"""Discovery of reviewed manifests in a folder, and the verdict on one manifest.
+
+The sensor registers each readable manifest under its short digest; the asset finds the file for
+a partition key again and judges it. A verdict is data (never an exception) so that the Dagster
+checks can show every failure by its code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ito_assets.errors import ItoError
+from ito_assets.manifest.secure_read import read_manifest_bytes
+from ito_assets.manifest.verify import VerifiedManifest, parse_manifest, short_digest, summarize
+
+MANIFEST_SUFFIX = ".json"
+
+
+@dataclass(frozen=True)
+class DiscoveredManifest:
+    path: str
+    sha256_hex: str
+
+    @property
+    def key(self) -> str:
+        return short_digest(self.sha256_hex)
+
+    @property
+    def digest(self) -> str:
+        return "sha256:" + self.sha256_hex
+
+
+@dataclass(frozen=True)
+class Rejected:
+    file_name: str
+    code: str
+
+
+def discover(folder: Path, *, max_bytes: int) -> tuple[list[DiscoveredManifest], list[Rejected]]:
+    """Every *.json file directly in `folder`, read securely; unreadable ones are reported by code."""
+    found: list[DiscoveredManifest] = []
+    rejected: list[Rejected] = []
+    if not folder.is_dir():
+        return found, rejected
+    for entry in sorted(folder.iterdir()):
+        if entry.suffix != MANIFEST_SUFFIX:
+            continue
+        try:
+            raw = read_manifest_bytes(str(entry.absolute()), max_bytes=max_bytes)
+        except ItoError as error:
+            rejected.append(Rejected(entry.name, error.code.value))
+            continue
+        found.append(DiscoveredManifest(str(entry.absolute()), raw.sha256_hex))
+    return found, rejected
+
+
+@dataclass(frozen=True)
+class ManifestVerdict:
+    """The outcome of judging one manifest file: verified content, or the code that refused it."""
+
+    key: str
+    path: str
+    digest: str | None
+    size_bytes: int | None
+    error_code: str | None = None
+    error_message: str | None = None
+    verified: VerifiedManifest | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.verified is not None
+
+    def summary(self) -> dict | None:
+        return summarize(self.verified) if self.verified else None
+
+
+def judge(path: str, key: str, *, max_bytes: int) -> ManifestVerdict:
+    try:
+        raw = read_manifest_bytes(path, max_bytes=max_bytes)
+    except ItoError as error:
+        return ManifestVerdict(key, path, None, None, error.code.value, error.message)
+    base = dict(key=key, path=path, digest=raw.digest, size_bytes=raw.size)
+    if short_digest(raw.sha256_hex) != key:
+        return ManifestVerdict(**base, error_code="MANIFEST_CHANGED", error_message="the manifest changed since it was registered")
+    try:
+        manifest = parse_manifest(raw)
+    except ItoError as error:
+        return ManifestVerdict(**base, error_code=error.code.value, error_message=error.message)
+    return ManifestVerdict(**base, verified=VerifiedManifest(manifest=manifest, raw=raw))
+
+
+def locate(folder: Path, key: str, *, max_bytes: int) -> str | None:
+    """The path of the manifest registered under `key`, if it is still in the folder."""
+    found, _ = discover(folder, max_bytes=max_bytes)
+    return next((m.path for m in found if m.key == key), None)

@@ -1,0 +1,166 @@
+"""The reviewed training manifest (SPEC.md, "CLI and API contract"): strict pydantic v2 models.
+
+Strict mode: integers must be JSON integers (not "8", 8.0 or true); unknown fields are refused at
+every level; money is integer US cents and positive. Errors from these models are never shown to a
+caller with their input (see `verify.py`, which reports field locations only).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+SCHEMA_VERSION = 1
+DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
+HEX64_PATTERN = r"^[0-9a-f]{64}$"
+
+PositiveInt = Annotated[int, Field(gt=0)]
+Cents = Annotated[int, Field(gt=0, description="US dollars in integer cents")]
+Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, hide_input_in_errors=True)
+
+
+class Model(_Strict):
+    """Which model is trained: a named size, its exact parameter count and a revision."""
+
+    size: Name
+    num_parameters: PositiveInt
+    revision: Name
+
+
+class DecontaminationProvenance(_Strict):
+    """Which eval suite the data was decontaminated against, and how."""
+
+    eval_suite_id: Name
+    eval_suite_sha256: Annotated[str, Field(pattern=DIGEST_PATTERN)]
+    method: Literal["ngram"]
+    ngram_size: Annotated[int, Field(ge=4, le=50)] = 13
+
+
+class DataReference(_Strict):
+    """One source of training documents. `uri` is `dataroot://<relative path>` (the configured
+    data root) or `file:///<absolute path>`."""
+
+    uri: Annotated[str, Field(min_length=1, max_length=2048, pattern=r"^(dataroot://|file:///)[^\s]+$")]
+    sha256: Annotated[str, Field(pattern=HEX64_PATTERN)]
+    license: Name
+    format: Literal["jsonl", "parquet"]
+    # Optional in the schema so that a missing provenance is reported as PROVENANCE_MISSING
+    # (its own gate), not as a generic schema error.
+    decontamination: DecontaminationProvenance | None = None
+
+
+StageName = Literal["pretraining", "mid_training", "long_context"]
+STAGE_ORDER: tuple[str, ...] = ("pretraining", "mid_training", "long_context")
+
+
+class Stage(_Strict):
+    name: StageName
+    num_tokens: PositiveInt
+    sequence_length: PositiveInt
+
+
+class TrainingTarget(_Strict):
+    num_tokens: PositiveInt
+    stages: Annotated[tuple[Stage, ...], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _stages_in_order(self) -> "TrainingTarget":
+        names = [s.name for s in self.stages]
+        if len(set(names)) != len(names) or names != sorted(names, key=STAGE_ORDER.index):
+            raise ValueError("stages must be distinct and in curriculum order")
+        if sum(s.num_tokens for s in self.stages) != self.num_tokens:
+            raise ValueError("stage token counts must add up to num_tokens")
+        return self
+
+
+class SftStep(_Strict):
+    kind: Literal["sft"]
+    num_epochs: PositiveInt = 1
+    learning_rate: Annotated[float, Field(gt=0, lt=1)] = 1e-4
+
+
+class DpoStep(_Strict):
+    kind: Literal["dpo"]
+    # beta 0.1 and no label smoothing: the defaults of Rafailov et al. (2023) and TRL's DPOTrainer.
+    beta: Annotated[float, Field(gt=0, le=10)] = 0.1
+    label_smoothing: Annotated[float, Field(ge=0, lt=0.5)] = 0.0
+    learning_rate: Annotated[float, Field(gt=0, lt=1)] = 5e-6
+
+
+class RlvrStep(_Strict):
+    kind: Literal["rlvr"]
+    group_size: Annotated[int, Field(ge=2, le=1024)] = 8
+    # Clip-higher defaults from DAPO (Yu et al., 2025): eps_low 0.2, eps_high 0.28.
+    clip_eps_low: Annotated[float, Field(gt=0, lt=1)] = 0.2
+    clip_eps_high: Annotated[float, Field(gt=0, lt=1)] = 0.28
+    max_staleness: Annotated[int, Field(ge=0, le=64)] = 1
+    learning_rate: Annotated[float, Field(gt=0, lt=1)] = 1e-6
+
+
+PostTrainingStep = Annotated[Union[SftStep, DpoStep, RlvrStep], Field(discriminator="kind")]
+POST_TRAINING_ORDER: tuple[str, ...] = ("sft", "dpo", "rlvr")
+
+
+class Budget(_Strict):
+    cap_cents: Cents
+    max_incremental_cents: Cents
+
+    @model_validator(mode="after")
+    def _increment_within_cap(self) -> "Budget":
+        if self.max_incremental_cents > self.cap_cents:
+            raise ValueError("max_incremental_cents exceeds cap_cents")
+        return self
+
+
+class CheckpointPolicy(_Strict):
+    interval_steps: PositiveInt
+    keep_last: PositiveInt
+    storage_uri: Annotated[str, Field(min_length=1, max_length=2048, pattern=r"^(tenant|file)://[^\s]+$")]
+
+
+class Manifest(_Strict):
+    schema_version: Literal[1]
+    name: Name
+    model: Model
+    data: Annotated[tuple[DataReference, ...], Field(min_length=1)]
+    training_target: TrainingTarget
+    post_training: tuple[PostTrainingStep, ...] = ()
+    budget: Budget
+    checkpoint_policy: CheckpointPolicy
+
+    @field_validator("post_training")
+    @classmethod
+    def _recipe_in_order(cls, steps: tuple) -> tuple:
+        kinds = [s.kind for s in steps]
+        if len(set(kinds)) != len(kinds) or kinds != sorted(kinds, key=POST_TRAINING_ORDER.index):
+            raise ValueError("post_training must be an ordered subset of sft, dpo, rlvr")
+        return steps
+
+    @field_validator("data")
+    @classmethod
+    def _distinct_uris(cls, refs: tuple) -> tuple:
+        uris = [r.uri for r in refs]
+        if len(set(uris)) != len(uris):
+            raise ValueError("data references must have distinct uris")
+        return refs
+
+
+def is_digest_field(path: tuple[str | int, ...], value: str) -> bool:
+    """True when `value` sits where the schema expects a digest and has a digest's form.
+
+    The secret scan uses this so that a validated sha256 is never mistaken for a credential.
+    """
+    if not path:
+        return False
+    key = path[-1]
+    if key == "sha256":
+        return re.fullmatch(HEX64_PATTERN, value) is not None
+    if key == "eval_suite_sha256":
+        return re.fullmatch(DIGEST_PATTERN, value) is not None
+    return False

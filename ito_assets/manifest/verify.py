@@ -1,0 +1,126 @@
+"""Manifest verification: secure read -> strict JSON -> secret scan -> schema, in that order.
+
+The secret scan runs before the schema so that a credential in an unknown field is reported as
+MANIFEST_CONTAINS_SECRET, and schema errors are reported by field location only, never by value.
+The digest is over the very bytes that were parsed; the path is never opened twice.
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from ito_assets.errors import ErrorCode, ItoError
+from ito_assets.manifest import secrets
+from ito_assets.manifest.schema import Manifest, is_digest_field
+from ito_assets.manifest.secure_read import DEFAULT_MAX_BYTES, ManifestBytes, read_manifest_bytes
+from ito_assets.manifest.strict_json import StrictJsonError, loads_strict
+
+_EXPECTED_DIGEST = re.compile(r"^sha256:([0-9a-fA-F]{64})$")
+_MAX_REPORTED_FIELDS = 5
+
+
+@dataclass(frozen=True)
+class VerifiedManifest:
+    manifest: Manifest
+    raw: ManifestBytes
+
+    @property
+    def digest(self) -> str:
+        return self.raw.digest
+
+    @property
+    def short_digest(self) -> str:
+        return short_digest(self.raw.sha256_hex)
+
+
+def short_digest(sha256_hex: str) -> str:
+    """The 12-hex-digit key used for partitions and file names (48 bits: collisions need
+    ~16M manifests by the birthday bound)."""
+    return sha256_hex[:12]
+
+
+def _schema_error(exc: ValidationError) -> ItoError:
+    locations = sorted({".".join(str(p) for p in err["loc"]) or "<root>" for err in exc.errors()})
+    shown = ", ".join(locations[:_MAX_REPORTED_FIELDS])
+    more = f" (+{len(locations) - _MAX_REPORTED_FIELDS} more)" if len(locations) > _MAX_REPORTED_FIELDS else ""
+    return ItoError(ErrorCode.MANIFEST_INVALID, f"the manifest does not match the schema at: {shown}{more}")
+
+
+def parse_manifest(raw: ManifestBytes) -> Manifest:
+    try:
+        document: Any = loads_strict(raw.data)
+    except StrictJsonError as exc:
+        raise ItoError(ErrorCode.MANIFEST_INVALID, f"the manifest is not strict JSON: {exc}") from None
+    findings = secrets.scan(document, is_exempt=is_digest_field)
+    if findings:
+        where = ", ".join(sorted({f"{f.location} ({f.kind})" for f in findings})[:_MAX_REPORTED_FIELDS])
+        raise ItoError(ErrorCode.MANIFEST_CONTAINS_SECRET, f"the manifest contains secret material at: {where}")
+    try:
+        # JSON-mode validation of the same bytes: strict JSON semantics (arrays for tuples,
+        # integers only as JSON integers); duplicate keys and NaN were refused above.
+        return Manifest.model_validate_json(raw.data, strict=True)
+    except ValidationError as exc:
+        raise _schema_error(exc) from None
+
+
+def verify_manifest(path: str, *, max_bytes: int = DEFAULT_MAX_BYTES) -> VerifiedManifest:
+    raw = read_manifest_bytes(path, max_bytes=max_bytes)
+    return VerifiedManifest(manifest=parse_manifest(raw), raw=raw)
+
+
+def check_expected_digest(actual: str, expected: str) -> None:
+    """Constant-time comparison, case-insensitive hex; `expected` is `sha256:` + 64 hex."""
+    match = _EXPECTED_DIGEST.fullmatch(expected.strip())
+    if match is None:
+        raise ItoError(ErrorCode.USAGE_ERROR, "--expect-digest must be sha256: followed by 64 hex digits")
+    wanted = ("sha256:" + match.group(1).lower()).encode()
+    if not hmac.compare_digest(wanted, actual.encode()):
+        raise ItoError(ErrorCode.MANIFEST_DIGEST_MISMATCH, "the manifest digest differs from the expected digest")
+
+
+def provenance_problems(manifest: Manifest) -> list[str]:
+    """Data references without decontamination provenance, by position (SPEC: every data
+    reference carries it)."""
+    return [f"data[{i}]" for i, ref in enumerate(manifest.data) if ref.decontamination is None]
+
+
+def require_provenance(manifest: Manifest) -> None:
+    missing = provenance_problems(manifest)
+    if missing:
+        raise ItoError(
+            ErrorCode.PROVENANCE_MISSING,
+            f"data references without decontamination provenance: {', '.join(missing)}",
+        )
+
+
+def eval_suite_mismatches(manifest: Manifest, suite_id: str, suite_digest: str) -> list[str]:
+    """Data references whose provenance names another eval suite or another suite digest."""
+    bad = []
+    for i, ref in enumerate(manifest.data):
+        prov = ref.decontamination
+        if prov is not None and (prov.eval_suite_id != suite_id or prov.eval_suite_sha256 != suite_digest):
+            bad.append(f"data[{i}]")
+    return bad
+
+
+def summarize(verified: VerifiedManifest) -> dict:
+    """The readable summary shown by `ito manifest verify` and in the Dagster UI."""
+    m = verified.manifest
+    return {
+        "name": m.name,
+        "model": {"size": m.model.size, "num_parameters": m.model.num_parameters, "revision": m.model.revision},
+        "num_data_references": len(m.data),
+        "data_references": [
+            {"uri": r.uri, "license": r.license, "format": r.format, "has_provenance": r.decontamination is not None}
+            for r in m.data
+        ],
+        "num_training_tokens": m.training_target.num_tokens,
+        "stages": [s.name for s in m.training_target.stages],
+        "post_training": [s.kind for s in m.post_training],
+        "budget": {"cap_cents": m.budget.cap_cents, "max_incremental_cents": m.budget.max_incremental_cents},
+    }

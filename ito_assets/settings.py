@@ -1,0 +1,65 @@
+"""Settings, read once at the edge (CLI entry, definitions.py) and passed down as a value.
+
+Defaults give the embedded installation: fixtures under data/fixtures, state under .ito/.
+Nothing reads the environment at import time.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Mapping
+
+from ito_assets.manifest.secure_read import DEFAULT_MAX_BYTES
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_EVAL_SUITE = "fixtures/evals/ito-fixture-evals-v1.jsonl"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    project_root: Path
+    state_dir: Path  # .ito/: Dagster instance, ledger, warehouse
+    data_root: Path  # `dataroot://` URIs resolve here
+    manifests_dir: Path  # reviewed manifests the sensor registers
+    eval_suite_path: Path
+    max_manifest_bytes: int = DEFAULT_MAX_BYTES
+
+    @property
+    def dagster_home(self) -> Path:
+        return self.state_dir / "dagster"
+
+    @property
+    def warehouse_path(self) -> Path:
+        return self.state_dir / "warehouse.duckdb"
+
+    @property
+    def ledger_url(self) -> str:
+        return f"sqlite:///{self.state_dir / 'ledger.db'}"
+
+    def with_overrides(self, **changes) -> "Settings":
+        return replace(self, **changes)
+
+
+def _path(env: Mapping[str, str], name: str, default: Path) -> Path:
+    value = env.get(name)
+    return Path(value).resolve() if value else default
+
+
+def load_settings(env: Mapping[str, str] | None = None) -> Settings:
+    """ITO_STATE_DIR, ITO_DATA_ROOT, ITO_MANIFESTS_DIR, ITO_EVAL_SUITE, ITO_MAX_MANIFEST_BYTES."""
+    env = os.environ if env is None else env
+    root = _path(env, "ITO_PROJECT_ROOT", PROJECT_ROOT)
+    data_root = _path(env, "ITO_DATA_ROOT", root / "data")
+    max_bytes = env.get("ITO_MAX_MANIFEST_BYTES")
+    if max_bytes is not None and not (max_bytes.isdigit() and int(max_bytes) > 0):
+        raise ValueError("ITO_MAX_MANIFEST_BYTES must be a positive integer")
+    return Settings(
+        project_root=root,
+        state_dir=_path(env, "ITO_STATE_DIR", root / ".ito"),
+        data_root=data_root,
+        manifests_dir=_path(env, "ITO_MANIFESTS_DIR", data_root / "fixtures" / "manifests"),
+        eval_suite_path=_path(env, "ITO_EVAL_SUITE", data_root / DEFAULT_EVAL_SUITE),
+        max_manifest_bytes=int(max_bytes) if max_bytes else DEFAULT_MAX_BYTES,
+    )
