@@ -18,12 +18,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-run: $(STAMP)
+$(DAGSTER_HOME)/dagster.yaml:
 	mkdir -p $(DAGSTER_HOME)
+	cp deploy/local/dagster.yaml $@
+
+run: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/python -m ito_assets.local_run
 
-ui: $(STAMP)
-	mkdir -p $(DAGSTER_HOME)
+ui: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/dagster dev -w workspace.yaml
 
 test: $(STAMP)

@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from dataclasses import dataclass, field
 
 import dagster as dg
 from dagster._core.storage.tags import RUN_KEY_TAG, SENSOR_NAME_TAG
 
 from ito_assets.settings import Settings, load_settings
+
+
+# The console shows warnings and errors only; every event is still in the instance for `make ui`.
+_QUIET_CONSOLE = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 
 
 @dataclass
@@ -34,7 +39,10 @@ def _already_launched(instance: dg.DagsterInstance, sensor_name: str, run_key: s
 def _record(result: dg.ExecuteInProcessResult, summary: RunSummary, partition: str | None) -> None:
     suffix = f" [{partition}]" if partition else ""
     for event in result.get_asset_materialization_events():
-        summary.materialized.append(event.asset_key.to_user_string() + suffix)
+        materialization = event.step_materialization_data.materialization
+        summary.materialized.append(
+            materialization.asset_key.to_user_string() + (f" [{materialization.partition}]" if materialization.partition else "")
+        )
     for evaluation in result.get_asset_check_evaluations():
         name = f"{evaluation.asset_key.to_user_string()}:{evaluation.check_name}{suffix}"
         (summary.checks_passed if evaluation.passed else summary.checks_failed).append(name)
@@ -44,8 +52,10 @@ def _record(result: dg.ExecuteInProcessResult, summary: RunSummary, partition: s
 
 def evaluate_sensor(defs: dg.Definitions, instance: dg.DagsterInstance, sensor_name: str, summary: RunSummary) -> None:
     """One tick of `sensor_name`, then each requested run in process (skipping used run keys)."""
-    sensor = defs.get_sensor_def(sensor_name)
-    context = dg.build_sensor_context(instance=instance, sensor_name=sensor_name, definitions=defs)
+    sensor = defs.resolve_sensor_def(sensor_name)
+    context = dg.build_sensor_context(
+        instance=instance, sensor_name=sensor_name, definitions=defs, resources=defs.resources
+    )
     result = sensor(context)
     for request in result.dynamic_partitions_requests or []:
         instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
@@ -56,7 +66,11 @@ def evaluate_sensor(defs: dg.Definitions, instance: dg.DagsterInstance, sensor_n
         job = defs.resolve_job_def(request.job_name or sensor.job_name)
         tags = {**request.tags, SENSOR_NAME_TAG: sensor_name, RUN_KEY_TAG: request.run_key}
         run = job.execute_in_process(
-            instance=instance, partition_key=request.partition_key, tags=tags, raise_on_error=False
+            instance=instance,
+            partition_key=request.partition_key,
+            tags=tags,
+            raise_on_error=False,
+            run_config=_QUIET_CONSOLE,
         )
         summary.num_runs_launched += 1
         _record(run, summary, request.partition_key)
@@ -78,6 +92,8 @@ def print_summary(summary: RunSummary, settings: Settings) -> None:
 
 
 def main() -> int:
+    # Partitioned asset checks are a Dagster preview feature; the warning would drown the summary.
+    warnings.filterwarnings("ignore", category=dg.PreviewWarning)
     from definitions import build_definitions
     from sensors import SENSORS
 

@@ -1,6 +1,5 @@
 """A new reviewed manifest in the manifests folder -> register its partition and verify it."""
 
-from __future__ import annotations
 
 import dagster as dg
 

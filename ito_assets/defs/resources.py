@@ -1,6 +1,5 @@
 """Shared resources, built once in definitions.py under fixed keys and asked for by name."""
 
-from __future__ import annotations
 
 from pathlib import Path
 

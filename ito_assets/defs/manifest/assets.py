@@ -1,6 +1,5 @@
 """The root of the lineage: the reviewed training manifest and the eval suite it is bound to."""
 
-from __future__ import annotations
 
 import json
 from pathlib import Path

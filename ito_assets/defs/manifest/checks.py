@@ -1,11 +1,11 @@
 """Blocking checks on the manifest: the face of the core's gates in the UI. Each failure stops
 the rest of the run; the gates themselves are enforced again where side effects happen."""
 
-from __future__ import annotations
 
 import dagster as dg
 
 from ito_assets.defs.manifest.assets import training_manifest
+from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.errors import ErrorCode
 from ito_assets.evals.suite import EvalSuite
 from ito_assets.manifest.discovery import ManifestVerdict
@@ -14,7 +14,12 @@ from ito_assets.manifest.verify import eval_suite_mismatches, provenance_problem
 _NOT_VERIFIED = "the manifest did not verify, so its content cannot be trusted"
 
 
-@dg.asset_check(asset=training_manifest, blocking=True, description="Secure read, strict JSON and schema.")
+@dg.asset_check(
+    asset=training_manifest,
+    blocking=True,
+    partitions_def=manifests_partitions,
+    description="Secure read, strict JSON and schema.",
+)
 def manifest_verified(training_manifest: ManifestVerdict) -> dg.AssetCheckResult:
     return dg.AssetCheckResult(
         passed=training_manifest.ok,
@@ -23,7 +28,12 @@ def manifest_verified(training_manifest: ManifestVerdict) -> dg.AssetCheckResult
     )
 
 
-@dg.asset_check(asset=training_manifest, blocking=True, description="No credential anywhere in the manifest.")
+@dg.asset_check(
+    asset=training_manifest,
+    blocking=True,
+    partitions_def=manifests_partitions,
+    description="No credential anywhere in the manifest.",
+)
 def manifest_has_no_secrets(training_manifest: ManifestVerdict) -> dg.AssetCheckResult:
     secret = training_manifest.error_code == ErrorCode.MANIFEST_CONTAINS_SECRET.value
     unread = training_manifest.digest is None
@@ -32,7 +42,10 @@ def manifest_has_no_secrets(training_manifest: ManifestVerdict) -> dg.AssetCheck
 
 
 @dg.asset_check(
-    asset=training_manifest, blocking=True, description="Every data reference carries decontamination provenance."
+    asset=training_manifest,
+    blocking=True,
+    partitions_def=manifests_partitions,
+    description="Every data reference carries decontamination provenance.",
 )
 def provenance_present(training_manifest: ManifestVerdict) -> dg.AssetCheckResult:
     if not training_manifest.ok:
@@ -47,6 +60,7 @@ def provenance_present(training_manifest: ManifestVerdict) -> dg.AssetCheckResul
 @dg.asset_check(
     asset=training_manifest,
     blocking=True,
+    partitions_def=manifests_partitions,
     additional_ins={"eval_suite": dg.AssetIn("eval_suite")},
     description="The provenance's eval suite id and digest equal the eval_suite asset's.",
 )

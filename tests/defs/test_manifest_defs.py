@@ -1,0 +1,113 @@
+"""The manifest domain in Dagster: sensor registration, blocking checks, no secrets in logs."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from helpers import CANARIES
+from definitions import build_definitions
+from ito_assets.defs.manifest.partitions import manifests_partitions
+from ito_assets.local_run import RunSummary, evaluate_sensor
+from ito_assets.manifest.discovery import ManifestVerdict
+
+
+def _tick(defs: dg.Definitions, instance) -> dg.SensorResult:
+    context = dg.build_sensor_context(
+        instance=instance, sensor_name="reviewed_manifest_sensor", definitions=defs, resources=defs.resources
+    )
+    return defs.resolve_sensor_def("reviewed_manifest_sensor")(context)
+
+
+def test_sensor_registers_manifests_with_stable_run_keys(installation, instance):
+    installation.manifest("alpha")
+    installation.manifest("beta")
+    defs = build_definitions(installation.settings)
+    first, second = _tick(defs, instance), _tick(defs, instance)
+    keys = sorted(r.run_key for r in first.run_requests)
+    assert keys == sorted(r.run_key for r in second.run_requests)
+    assert all(k.startswith("sha256:") and len(k) == 71 for k in keys)
+    assert {r.partition_key for r in first.run_requests} == {k[7:19] for k in keys}
+    (added,) = first.dynamic_partitions_requests
+    assert sorted(added.partition_keys) == sorted(k[7:19] for k in keys)
+
+
+def test_sensor_skips_unreadable_files_without_failing(installation, instance):
+    (installation.manifests_dir / "unsafe.json").write_text("{}")
+    (installation.manifests_dir / "unsafe.json").chmod(0o666)
+    result = _tick(build_definitions(installation.settings), instance)
+    assert result.run_requests == [] and result.skip_reason
+
+
+def test_valid_manifest_passes_every_check(installation, instance):
+    installation.manifest("alpha")
+    summary = RunSummary()
+    evaluate_sensor(build_definitions(installation.settings), instance, "reviewed_manifest_sensor", summary)
+    assert summary.num_runs_launched == 1 and summary.num_runs_failed == 0
+    assert len(summary.checks_passed) == 4 and summary.checks_failed == []
+    assert any(name.startswith("training_manifest") for name in summary.materialized)
+    again = RunSummary()
+    evaluate_sensor(build_definitions(installation.settings), instance, "reviewed_manifest_sensor", again)
+    assert again.num_runs_launched == 0 and again.num_runs_skipped == 1
+
+
+@dg.asset(partitions_def=manifests_partitions, deps=["training_manifest"])
+def downstream_step() -> None:
+    """Stands in for the data stage: must never run after a failed blocking check."""
+
+
+def _run_with_downstream(installation, instance, key: str) -> dg.ExecuteInProcessResult:
+    base = build_definitions(installation.settings)
+    defs = dg.Definitions.merge(base, dg.Definitions(assets=[downstream_step]))
+    job = dg.define_asset_job("with_downstream", selection=dg.AssetSelection.all(), partitions_def=manifests_partitions)
+    defs = dg.Definitions.merge(defs, dg.Definitions(jobs=[job]))
+    instance.add_dynamic_partitions("manifests", [key])
+    return defs.resolve_job_def("with_downstream").execute_in_process(
+        instance=instance, partition_key=key, raise_on_error=False
+    )
+
+
+def _key(path: str) -> str:
+    from ito_assets.manifest.secure_read import read_manifest_bytes
+
+    return read_manifest_bytes(path).sha256_hex[:12]
+
+
+def test_failing_provenance_check_stops_downstream(installation, instance):
+    key = _key(installation.manifest("no-provenance", provenance=False))
+    result = _run_with_downstream(installation, instance, key)
+    verdicts = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
+    assert verdicts["provenance_present"] is False
+    assert verdicts["manifest_verified"] is True
+    materialized = {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
+    assert "downstream_step" not in materialized
+    assert not result.success
+
+
+def test_passing_checks_let_downstream_run(installation, instance):
+    key = _key(installation.manifest("alpha"))
+    result = _run_with_downstream(installation, instance, key)
+    assert result.success
+    assert "downstream_step" in {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
+
+
+def test_eval_suite_digest_mismatch_blocks(installation, instance):
+    path = installation.manifest("stale")
+    (installation.data_root / "evals" / "ito-fixture-evals-v1.jsonl").write_text(
+        '{"id": "q9", "benchmark": "b", "question": "Changed suite?", "answer": "yes"}\n'
+    )
+    result = _run_with_downstream(installation, instance, _key(path))
+    verdicts = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
+    assert verdicts["eval_suite_digest_matches"] is False
+    assert "downstream_step" not in {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
+
+
+def test_secret_manifest_fails_closed_and_never_reaches_the_event_log(installation, instance):
+    path = installation.manifest("leaky", hf_token=CANARIES["hugging_face"])
+    result = _run_with_downstream(installation, instance, _key(path))
+    verdicts = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
+    assert verdicts["manifest_has_no_secrets"] is False and verdicts["manifest_verified"] is False
+    output: ManifestVerdict = result.output_for_node("training_manifest")
+    assert output.error_code == "MANIFEST_CONTAINS_SECRET" and output.verified is None
+    records = instance.all_logs(result.run_id)
+    text = "\n".join(repr(r) for r in records)
+    assert CANARIES["hugging_face"] not in text

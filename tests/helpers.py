@@ -1,0 +1,106 @@
+"""Test builders: canary secrets, a valid manifest document, safely written files, and an
+isolated embedded installation (its own data root, eval suite, manifests and state dir)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import hashlib
+import os
+from pathlib import Path
+
+from ito_assets.settings import Settings
+
+# Canaries of each secret family; tests assert none of them ever reaches an output.
+CANARIES = {
+    "aws": "AKIAZZCANARY0000TEST",
+    "github": "ghp_CANARYcanary0123456789abcdefghijABCD",
+    "github_fine": "github_pat_11CANARY0123456789_abcdefghijklmnopqrstuvwxyzABCDEFGHIJ",
+    "hugging_face": "hf_CANARYcanaryCANARYcanaryCANARYcan",
+    "pem": "-----BEGIN RSA PRIVATE KEY-----\nMIIcanary\n-----END RSA PRIVATE KEY-----",
+    "jwt": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJjYW5hcnkifQ.c2lnbmF0dXJlY2FuYXJ5",
+    "bearer": "Bearer CANARYtoken0123456789abcdef",
+    "url": "https://canaryuser:CanaryPassw0rd@example.invalid/data.jsonl",
+    "slack": "xoxb-0000000000-CANARYslacktoken",
+    "entropy": "Zq8XvK2mP9wL4rT7yB3nJ6hF1dG5sA0cQeRuIoP",
+}
+
+_BASE = {
+    "schema_version": 1,
+    "name": "unit-test",
+    "model": {"size": "tiny", "num_parameters": 1000000, "revision": "r1"},
+    "data": [
+        {
+            "uri": "dataroot://fixtures/corpora/example.jsonl",
+            "sha256": "0" * 63 + "1",
+            "license": "CC0-1.0",
+            "format": "jsonl",
+            "decontamination": {
+                "eval_suite_id": "ito-fixture-evals-v1",
+                "eval_suite_sha256": "sha256:" + "a" * 64,
+                "method": "ngram",
+                "ngram_size": 13,
+            },
+        }
+    ],
+    "training_target": {
+        "num_tokens": 300,
+        "stages": [
+            {"name": "pretraining", "num_tokens": 200, "sequence_length": 128},
+            {"name": "mid_training", "num_tokens": 100, "sequence_length": 128},
+        ],
+    },
+    "post_training": [{"kind": "sft"}, {"kind": "dpo", "beta": 0.1}, {"kind": "rlvr"}],
+    "budget": {"cap_cents": 100000, "max_incremental_cents": 50000},
+    "checkpoint_policy": {"interval_steps": 10, "keep_last": 2, "storage_uri": "tenant://checkpoints/unit"},
+}
+
+
+def valid_manifest() -> dict:
+    return copy.deepcopy(_BASE)
+
+
+def write_file(path: Path, content: bytes | str, mode: int = 0o644) -> str:
+    data = content.encode() if isinstance(content, str) else content
+    path.write_bytes(data)
+    os.chmod(path, mode)
+    return str(path)
+
+
+def write_manifest(path: Path, document: dict) -> str:
+    return write_file(path, json.dumps(document, indent=2))
+
+
+
+SUITE_LINES = (
+    '{"id": "q1", "benchmark": "trivia", "question": "Which keyword defines a function in Python?", "answer": "def"}\n'
+    '{"id": "q2", "benchmark": "arith", "question": "What is seven times six?", "answer": "42"}\n'
+)
+
+
+class Installation:
+    def __init__(self, root: Path):
+        self.root = root
+        self.data_root = root / "data"
+        self.manifests_dir = self.data_root / "manifests"
+        self.manifests_dir.mkdir(parents=True)
+        suite = self.data_root / "evals" / "ito-fixture-evals-v1.jsonl"
+        suite.parent.mkdir(parents=True)
+        write_file(suite, SUITE_LINES)
+        self.suite_digest = "sha256:" + hashlib.sha256(SUITE_LINES.encode()).hexdigest()
+        self.settings = Settings(
+            project_root=root,
+            state_dir=root / ".ito",
+            data_root=self.data_root,
+            manifests_dir=self.manifests_dir,
+            eval_suite_path=suite,
+        )
+
+    def manifest(self, name: str, *, provenance: bool = True, **top_level) -> str:
+        document = valid_manifest()
+        document["name"] = name
+        document["data"][0]["decontamination"]["eval_suite_sha256"] = self.suite_digest
+        if not provenance:
+            del document["data"][0]["decontamination"]
+        document.update(top_level)
+        return write_manifest(self.manifests_dir / f"{name}.json", document)

@@ -1,0 +1,67 @@
+"""The code location loaded whole: a change to the asset graph is a visible change in review."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+
+from definitions import build_definitions
+from ito_assets.settings import load_settings
+
+ROOT = Path(__file__).resolve().parents[1]
+
+EXPECTED_ASSETS = {
+    "eval_suite": "manifest",
+    "training_manifest": "manifest",
+}
+EXPECTED_CHECKS = {
+    ("training_manifest", "manifest_verified"),
+    ("training_manifest", "manifest_has_no_secrets"),
+    ("training_manifest", "provenance_present"),
+    ("training_manifest", "eval_suite_digest_matches"),
+}
+EXPECTED_SENSORS = {"reviewed_manifest_sensor"}
+
+
+def _graph():
+    defs = build_definitions(load_settings())
+    graph = defs.resolve_asset_graph()
+    assets = {key.to_user_string(): graph.get(key).group_name for key in graph.get_all_asset_keys()}
+    checks = {(k.asset_key.to_user_string(), k.name) for k in graph.asset_check_keys}
+    sensors = {s.name for s in defs.get_repository_def().sensor_defs}
+    return defs, assets, checks, sensors
+
+
+def test_asset_graph_snapshot():
+    _, assets, checks, sensors = _graph()
+    assert {k: v for k, v in assets.items() if k in EXPECTED_ASSETS} == EXPECTED_ASSETS
+    assert EXPECTED_CHECKS <= checks
+    assert EXPECTED_SENSORS <= sensors
+
+
+def test_manifest_checks_are_blocking():
+    defs, _, _, _ = _graph()
+    graph = defs.resolve_asset_graph()
+    for key in graph.asset_check_keys:
+        if key.asset_key.to_user_string() == "training_manifest":
+            assert graph.get_check_spec(key).blocking, key
+
+
+def test_reactive_sensors_start_running():
+    defs, _, _, _ = _graph()
+    for sensor in defs.get_repository_def().sensor_defs:
+        assert sensor.default_status is dg.DefaultSensorStatus.RUNNING, sensor.name
+
+
+def test_dagster_definitions_validate(tmp_path):
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path)}
+    dagster = str(Path(sys.executable).with_name("dagster"))
+    result = subprocess.run(
+        [dagster, "definitions", "validate", "-w", "workspace.yaml"],
+        cwd=ROOT, capture_output=True, text=True, timeout=240, env=env,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
