@@ -6,13 +6,18 @@ from __future__ import annotations
 import dagster as dg
 
 from ito_assets.defs import manifest
+from ito_assets.defs.executors import executor_for
 from ito_assets.defs.resources import ItoSettingsResource
 from ito_assets.settings import Settings, load_settings
 from sensors import SENSORS
 
 
 def build_definitions(settings: Settings) -> dg.Definitions:
-    shell = dg.Definitions(sensors=SENSORS, resources={"ito": ItoSettingsResource.from_settings(settings)})
+    shell = dg.Definitions(
+        sensors=SENSORS,
+        resources={"ito": ItoSettingsResource.from_settings(settings)},
+        executor=executor_for(settings.executor),
+    )
     return dg.Definitions.merge(manifest.defs(), shell)
 
 

@@ -15,6 +15,7 @@ from ito_assets.manifest.secure_read import DEFAULT_MAX_BYTES
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_EVAL_SUITE = "fixtures/evals/ito-fixture-evals-v1.jsonl"
+EXECUTORS = ("multiprocess", "in_process", "k8s")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -25,6 +26,11 @@ class Settings:
     manifests_dir: Path  # reviewed manifests the sensor registers
     eval_suite_path: Path
     max_manifest_bytes: int = DEFAULT_MAX_BYTES
+    executor: str = "multiprocess"  # one of EXECUTORS: where a run's steps execute
+
+    def __post_init__(self) -> None:
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}")
 
     @property
     def dagster_home(self) -> Path:
@@ -48,7 +54,8 @@ def _path(env: Mapping[str, str], name: str, default: Path) -> Path:
 
 
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
-    """ITO_STATE_DIR, ITO_DATA_ROOT, ITO_MANIFESTS_DIR, ITO_EVAL_SUITE, ITO_MAX_MANIFEST_BYTES."""
+    """ITO_STATE_DIR, ITO_DATA_ROOT, ITO_MANIFESTS_DIR, ITO_EVAL_SUITE, ITO_MAX_MANIFEST_BYTES,
+    ITO_EXECUTOR."""
     env = os.environ if env is None else env
     root = _path(env, "ITO_PROJECT_ROOT", PROJECT_ROOT)
     data_root = _path(env, "ITO_DATA_ROOT", root / "data")
@@ -62,4 +69,5 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         manifests_dir=_path(env, "ITO_MANIFESTS_DIR", data_root / "fixtures" / "manifests"),
         eval_suite_path=_path(env, "ITO_EVAL_SUITE", data_root / DEFAULT_EVAL_SUITE),
         max_manifest_bytes=int(max_bytes) if max_bytes else DEFAULT_MAX_BYTES,
+        executor=env.get("ITO_EXECUTOR", "multiprocess"),
     )

@@ -104,3 +104,19 @@ class Installation:
             del document["data"][0]["decontamination"]
         document.update(top_level)
         return write_manifest(self.manifests_dir / f"{name}.json", document)
+
+
+POSTGRES_URL = os.environ.get("ITO_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def postgres_url_or_skip() -> str:
+    """The test server's URL, or a visible skip where none is reachable (a laptop without one)."""
+    import psycopg
+    import pytest
+
+    try:
+        with psycopg.connect(POSTGRES_URL, connect_timeout=3):
+            pass
+    except psycopg.OperationalError:
+        pytest.skip(f"no PostgreSQL reachable for the Postgres path (set ITO_TEST_POSTGRES_URL); tried {POSTGRES_URL.split('@')[-1]}")
+    return POSTGRES_URL
