@@ -1,0 +1,2 @@
+"""Training launch: one spec, several back ends (this machine, Kubernetes, Slurm), all running
+`torch.distributed.run` with a c10d rendezvous. No scheduler of our own."""

@@ -1,0 +1,61 @@
+"""What to launch: the plan's node and GPU counts, the worker module, the rendezvous."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+BACKENDS = ("gloo", "nccl")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchSpec:
+    run_id: str  # also the rendezvous id: two runs never join each other's rendezvous
+    nnodes: int
+    nproc_per_node: int
+    module: str  # the worker, run as `python -m module`
+    args: tuple[str, ...] = ()
+    backend: str = "gloo"  # gloo on CPU, nccl on GPUs
+    rdzv_host: str = "127.0.0.1"
+    rdzv_port: int = 29400  # torchrun's default c10d port
+    env: tuple[tuple[str, str], ...] = field(default=())  # non-secret settings only
+
+    def __post_init__(self) -> None:
+        if not _RUN_ID.match(self.run_id):
+            raise ValueError("run_id must be 1-63 letters, digits, '-' or '_'")
+        if self.nnodes < 1:
+            raise ValueError("nnodes must be >= 1")
+        if self.nproc_per_node < 1:
+            raise ValueError("nproc_per_node must be >= 1")
+        if not _MODULE.match(self.module):
+            raise ValueError("module must be a dotted Python module name")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}")
+        if not 1 <= self.rdzv_port <= 65535:
+            raise ValueError("rdzv_port must be a TCP port")
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+    @property
+    def rdzv_endpoint(self) -> str:
+        return f"{self.rdzv_host}:{self.rdzv_port}"
+
+
+def torchrun_args(spec: LaunchSpec, *, rdzv_endpoint: str | None = None) -> list[str]:
+    """The arguments after `python -m torch.distributed.run`, identical on every node: c10d
+    rendezvous lets the nodes agree on ranks without a static node rank."""
+    return [
+        f"--nnodes={spec.nnodes}",
+        f"--nproc-per-node={spec.nproc_per_node}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={rdzv_endpoint or spec.rdzv_endpoint}",
+        f"--rdzv-id={spec.run_id}",
+        "--max-restarts=0",  # restarts are the supervisor's decision (from the last good checkpoint)
+        "-m",
+        spec.module,
+        *spec.args,
+    ]
