@@ -25,6 +25,11 @@ class ErrorCode(str, enum.Enum):
     PROVENANCE_MISSING = "PROVENANCE_MISSING"
     EVAL_SUITE_INVALID = "EVAL_SUITE_INVALID"
     EVAL_SUITE_MISMATCH = "EVAL_SUITE_MISMATCH"
+    SOURCE_NOT_FOUND = "SOURCE_NOT_FOUND"
+    SOURCE_DIGEST_MISMATCH = "SOURCE_DIGEST_MISMATCH"
+    SOURCE_INVALID = "SOURCE_INVALID"
+    WAREHOUSE_NOT_FOUND = "WAREHOUSE_NOT_FOUND"
+    AUDIT_NOT_FOUND = "AUDIT_NOT_FOUND"
     BOOKING_NOT_FOUND = "BOOKING_NOT_FOUND"
     BOOKING_EXPIRED = "BOOKING_EXPIRED"
     BOOKING_REVOKED = "BOOKING_REVOKED"
@@ -55,6 +60,17 @@ class ErrorCode(str, enum.Enum):
     CAPABILITY_MISSING = "CAPABILITY_MISSING"
     USAGE_ERROR = "USAGE_ERROR"
     INTERNAL_ERROR = "INTERNAL_ERROR"
+    # Added by issue 3 (the canonical API): cancelling a run that already ended.
+    RUN_FINISHED = "RUN_FINISHED"
+    # Added by issue 6 (the training runtime): loss-spike proposals the desk decides.
+    PROPOSAL_NOT_FOUND = "PROPOSAL_NOT_FOUND"
+    PROPOSAL_ALREADY_DECIDED = "PROPOSAL_ALREADY_DECIDED"
+    # Added by issue 7 (post-training): the generator process died or stopped producing samples;
+    # a post-training fixture file (instruction or preference pairs) is malformed.
+    GENERATION_FAILED = "GENERATION_FAILED"
+    POSTTRAINING_DATA_INVALID = "POSTTRAINING_DATA_INVALID"
+    # Added by issue 7: a post-training checkpoint's bytes differ from the digest it was recorded with.
+    CHECKPOINT_DIGEST_MISMATCH = "CHECKPOINT_DIGEST_MISMATCH"
 
 
 # Codes a caller may retry unchanged; everything else needs a different request.

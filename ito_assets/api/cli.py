@@ -35,11 +35,14 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ito_assets.api.commands import manifest
+    from ito_assets.api.commands import confirm, desk, lifecycle, manifest, readiness, serve, train
 
     parser = _Parser(prog="ito", description="The canonical ito-training client.")
     verbs = parser.add_subparsers(dest="verb", parser_class=_Parser, required=True)
     manifest.register(verbs)
+    # Issue 3: the gates and the run lifecycle. Each module imports its heavy dependencies lazily.
+    for module in (confirm, train, lifecycle, readiness, desk, serve):
+        module.register(verbs)
     return parser
 
 

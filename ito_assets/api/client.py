@@ -1,0 +1,276 @@
+"""The `ito` client's transport and retry logic (SPEC.md, "Lifecycle and recovery").
+
+Every call has a bounded connect timeout and a bounded total time. Failures are told apart by
+what may have reached the server:
+  - NotDelivered: no connection, nothing sent -> retrying is always safe (API_UNREACHABLE).
+  - NoAnswer: the request may have arrived, no complete answer came back -> ambiguous. A
+    mutation with an idempotency key first asks the server what happened under that key and
+    only retries when nothing did; when that lookup fails too the answer is OUTCOME_UNKNOWN.
+    A mutation without a key is never retried after an ambiguous failure.
+A revoked or missing credential ends the call at once: no retry, no login.
+Errors carry safe messages: never the token, the URL's credentials, or a server's raw text.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import time
+from dataclasses import dataclass
+from typing import Callable, Protocol
+from urllib.parse import quote
+
+from ito_assets.errors import ErrorCode, ItoError
+
+MAX_RESPONSE_BYTES = 8 * 1024 * 1024
+_STOP_CODES = frozenset({ErrorCode.AUTH_REQUIRED, ErrorCode.CREDENTIAL_REVOKED})
+_REVOKED = {"ok": False, "error": {"code": ErrorCode.CREDENTIAL_REVOKED.value, "retryable": False,
+                                   "message": "the API refused the credential (HTTP 401/403)"}}
+
+
+class NotDelivered(Exception):
+    """Nothing reached the server (connection refused, DNS, connect timeout)."""
+
+    def __init__(self, timed_out: bool = False):
+        super().__init__("not delivered")
+        self.timed_out = timed_out
+
+
+class NoAnswer(Exception):
+    """The request may have reached the server, but no complete answer came back."""
+
+    def __init__(self, timed_out: bool = False):
+        super().__init__("no answer")
+        self.timed_out = timed_out
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int
+    document: dict
+
+
+class Transport(Protocol):
+    def request(self, method: str, path: str, body: dict | None) -> Reply: ...
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    scheme: str
+    host: str
+    port: int
+
+
+class HttpTransport:
+    """One HTTP/1.1 request per call over http.client, with a connect timeout and a deadline
+    for the whole exchange (the socket timeout is re-armed with the time left before each read)."""
+
+    def __init__(self, endpoint: Endpoint, token: str | None, *, connect_timeout_s: float, total_timeout_s: float):
+        self._endpoint = endpoint
+        self._token = token
+        self._connect_timeout_s = connect_timeout_s
+        self._total_timeout_s = total_timeout_s
+
+    def __repr__(self) -> str:  # the token stays out of reprs and tracebacks
+        return f"HttpTransport({self._endpoint.scheme}://{self._endpoint.host}:{self._endpoint.port})"
+
+    def _connection(self) -> http.client.HTTPConnection:
+        if self._endpoint.scheme == "https":
+            import ssl
+
+            return http.client.HTTPSConnection(self._endpoint.host, self._endpoint.port,
+                                               timeout=self._connect_timeout_s, context=ssl.create_default_context())
+        return http.client.HTTPConnection(self._endpoint.host, self._endpoint.port, timeout=self._connect_timeout_s)
+
+    def request(self, method: str, path: str, body: dict | None) -> Reply:
+        deadline = time.monotonic() + self._total_timeout_s
+        conn = self._connection()
+        try:
+            try:
+                conn.connect()
+            except (OSError, http.client.HTTPException) as exc:
+                raise NotDelivered(timed_out=isinstance(exc, (socket.timeout, TimeoutError))) from None
+            return self._exchange(conn, method, path, body, deadline)
+        finally:
+            conn.close()
+
+    def _exchange(self, conn, method: str, path: str, body: dict | None, deadline: float) -> Reply:
+        headers = {"Accept": "application/json", "Connection": "close"}
+        if self._token:
+            headers["Authorization"] = f"Bearer {self._token}"
+        payload = None
+        if body is not None:
+            payload = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        sock = conn.sock  # http.client drops conn.sock once a closing response is read; keep ours
+        try:
+            sock.settimeout(max(0.001, deadline - time.monotonic()))
+            conn.request(method, path, body=payload, headers=headers)
+            response = conn.getresponse()
+            chunks, total = [], 0
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise NoAnswer(timed_out=True)
+                sock.settimeout(left)
+                chunk = response.read1(64 * 1024) if hasattr(response, "read1") else response.read(64 * 1024)
+                if not chunk:
+                    break
+                total += len(chunk)
+                if total > MAX_RESPONSE_BYTES:
+                    raise NoAnswer()
+                chunks.append(chunk)
+        except (socket.timeout, TimeoutError):
+            raise NoAnswer(timed_out=True) from None
+        except (OSError, http.client.HTTPException):
+            raise NoAnswer() from None
+        try:
+            document = json.loads(b"".join(chunks))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            document = None
+        if not isinstance(document, dict) or "ok" not in document:
+            if response.status in (401, 403):
+                # A bare refusal (say, from a proxy in front of the API) still means: this
+                # credential is not accepted. Stop, never retry, never start a login.
+                return Reply(status=response.status, document=_REVOKED)
+            raise NoAnswer()
+        return Reply(status=response.status, document=document)
+
+
+def client_error(code: ErrorCode, message: str, *, contacted: bool, retryable: bool | None = None) -> ItoError:
+    error = ItoError(code, message, retryable=retryable)
+    error.live_api_contacted = contacted  # read by cli.run for the envelope
+    return error
+
+
+def _server_error(document: dict) -> ItoError:
+    raw = document.get("error") or {}
+    try:
+        code = ErrorCode(raw.get("code"))
+    except ValueError:
+        code = ErrorCode.INTERNAL_ERROR
+    message = raw.get("message") if isinstance(raw.get("message"), str) else "the API refused the request"
+    return client_error(code, message[:500], contacted=True, retryable=bool(raw.get("retryable", False)))
+
+
+class ApiClient:
+    """Calls with bounded retries. `contacted` turns true once any byte may have reached the API."""
+
+    def __init__(self, transport: Transport, *, max_attempts: int = 3, backoff_s: float = 0.25,
+                 sleep: Callable[[float], None] = time.sleep):
+        self._transport = transport
+        self._max_attempts = max_attempts
+        self._backoff_s = backoff_s
+        self._sleep = sleep
+        self.contacted = False
+
+    def _pause(self, attempt: int) -> None:
+        # Exponential backoff, doubling per attempt (AWS Architecture Blog, "Exponential Backoff
+        # and Jitter", 2015); three attempts at most keep a call within a few seconds.
+        self._sleep(self._backoff_s * (2 ** attempt))
+
+    def _send(self, method: str, path: str, body: dict | None) -> Reply:
+        try:
+            return self._transport.request(method, path, body)
+        except NoAnswer:
+            self.contacted = True
+            raise
+
+    def _unwrap(self, reply: Reply) -> dict:
+        self.contacted = True
+        if reply.document.get("ok") is True and isinstance(reply.document.get("data"), dict):
+            return reply.document["data"]
+        raise _server_error(reply.document)
+
+    def get(self, path: str) -> dict:
+        """A read: retried on any transport failure, since reading twice changes nothing."""
+        timed_out = False
+        for attempt in range(self._max_attempts):
+            try:
+                reply = self._send("GET", path, None)
+            except (NotDelivered, NoAnswer) as exc:
+                timed_out = timed_out or exc.timed_out
+                if attempt + 1 < self._max_attempts:
+                    self._pause(attempt)
+                continue
+            return self._unwrap(reply)
+        raise self._transport_error(timed_out)
+
+    def post(self, path: str, body: dict) -> dict:
+        """A mutation without an idempotency key: retried only when nothing was delivered."""
+        for attempt in range(self._max_attempts):
+            try:
+                reply = self._send("POST", path, body)
+            except NotDelivered:
+                if attempt + 1 < self._max_attempts:
+                    self._pause(attempt)
+                continue
+            except NoAnswer:
+                raise client_error(ErrorCode.OUTCOME_UNKNOWN, "the API may have applied the request but its "
+                                   "answer was lost; check before repeating it", contacted=True) from None
+            return self._unwrap(reply)
+        raise self._transport_error(False)
+
+    def lookup(self, key: str, *, action: str | None = None, fingerprint: str | None = None) -> dict | None:
+        """What the server did under `key`, or None when it did nothing (yet). With `action`
+        (and `fingerprint`), an answer recorded for another request is IDEMPOTENCY_KEY_REUSED,
+        never mistaken for this request's outcome."""
+        try:
+            data = self.get(f"/v1/idempotency-keys/{quote(key, safe='')}")
+        except ItoError as error:
+            if error.code is ErrorCode.RUN_NOT_FOUND:
+                return None
+            raise
+        if (action is not None and data.get("action") != action) or (
+                fingerprint is not None and data.get("fingerprint") != fingerprint):
+            raise client_error(ErrorCode.IDEMPOTENCY_KEY_REUSED, "this idempotency key was already used for a "
+                               "different request", contacted=True)
+        return data.get("result")
+
+    def post_idempotent(self, path: str, body: dict, *, key: str, action: str,
+                        fingerprint: str | None = None) -> dict:
+        """A mutation under an idempotency key: after an ambiguous failure, query by key before
+        any retry; never a second workload because an answer was lost. `action` and
+        `fingerprint` (gates.fingerprint) identify this request among answers under the key."""
+        ambiguous = False
+        for attempt in range(self._max_attempts):
+            try:
+                reply = self._send("POST", path, body)
+            except NotDelivered:
+                if attempt + 1 < self._max_attempts:
+                    self._pause(attempt)
+                continue
+            except NoAnswer:
+                ambiguous = True
+                found = self._lookup_or_unknown(key, action, fingerprint)
+                if found is not None:
+                    return found
+                if attempt + 1 < self._max_attempts:
+                    self._pause(attempt)
+                continue
+            try:
+                return self._unwrap(reply)
+            except ItoError as error:
+                if error.code is ErrorCode.IDEMPOTENCY_KEY_IN_FLIGHT and attempt + 1 < self._max_attempts:
+                    self._pause(attempt)
+                    continue
+                raise
+        if ambiguous:
+            raise client_error(ErrorCode.OUTCOME_UNKNOWN, "the outcome is unknown; retry with the same "
+                               "idempotency key, which never creates a second run", contacted=True)
+        raise self._transport_error(False)
+
+    def _lookup_or_unknown(self, key: str, action: str, fingerprint: str | None) -> dict | None:
+        try:
+            return self.lookup(key, action=action, fingerprint=fingerprint)
+        except ItoError as error:
+            if error.code in _STOP_CODES or error.code is ErrorCode.IDEMPOTENCY_KEY_REUSED:
+                raise
+            raise client_error(ErrorCode.OUTCOME_UNKNOWN, "the answer was lost and the lookup by idempotency "
+                               "key failed; retry with the same key", contacted=True) from None
+
+    def _transport_error(self, timed_out: bool) -> ItoError:
+        if timed_out:
+            return client_error(ErrorCode.TIMEOUT, "the API did not answer in time", contacted=self.contacted)
+        return client_error(ErrorCode.API_UNREACHABLE, "the API could not be reached", contacted=self.contacted)

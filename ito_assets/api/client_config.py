@@ -1,0 +1,150 @@
+"""Where the client finds the API and its identity, read once per command at the edge.
+
+ITO_API_URL (default http://127.0.0.1:8765), ITO_TOKEN_FILE (a 0600 file owned by the user,
+holding one identity token), ITO_CONNECT_TIMEOUT_S (default 3), ITO_TIMEOUT_S (default 30).
+A token is never an argument and never printed; errors about the token file never name it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from dataclasses import dataclass
+from typing import Mapping
+from urllib.parse import urlsplit
+
+from ito_assets.api.client import ApiClient, Endpoint, HttpTransport
+from ito_assets.errors import ErrorCode, ItoError
+
+DEFAULT_API_URL = "http://127.0.0.1:8765"
+# 3 s to connect: a loopback or LAN API connects in milliseconds; longer means it is down.
+DEFAULT_CONNECT_TIMEOUT_S = 3.0
+# 30 s in all: creating a run waits at most the ledger's lock timeout (30 s) behind a twin.
+DEFAULT_TOTAL_TIMEOUT_S = 30.0
+_MAX_TOKEN_FILE_BYTES = 4096
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    endpoint: Endpoint
+    token_file: str | None
+    connect_timeout_s: float
+    total_timeout_s: float
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    value = env.get(name)
+    if not value:
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds <= 3600:
+        raise ItoError(ErrorCode.USAGE_ERROR, f"{name} must be a number of seconds between 0 and 3600")
+    return seconds
+
+
+_IPV4_LOOPBACK = re.compile(r"^127(\.\d{1,3}){3}$")
+
+
+def is_loopback(host: str) -> bool:
+    """localhost, 127.0.0.0/8 or ::1. The common forms are matched without `ipaddress`, whose
+    import alone costs a client start ~15 ms."""
+    if host in ("localhost", "::1") or _IPV4_LOOPBACK.fullmatch(host):
+        return True
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _endpoint(url: str) -> Endpoint:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.username or parts.password:
+        raise ItoError(ErrorCode.USAGE_ERROR, "ITO_API_URL must be http(s)://host[:port] without credentials")
+    # A bearer token must never cross a network in clear: plain http is for loopback only.
+    if parts.scheme == "http" and not is_loopback(parts.hostname):
+        raise ItoError(ErrorCode.USAGE_ERROR, "ITO_API_URL must use https unless the API is on loopback")
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        raise ItoError(ErrorCode.USAGE_ERROR, "ITO_API_URL has an invalid port") from None
+    return Endpoint(scheme=parts.scheme, host=parts.hostname, port=port)
+
+
+def load_client_config(env: Mapping[str, str] | None = None) -> ClientConfig:
+    env = os.environ if env is None else env
+    return ClientConfig(
+        endpoint=_endpoint(env.get("ITO_API_URL") or DEFAULT_API_URL),
+        token_file=env.get("ITO_TOKEN_FILE") or None,
+        connect_timeout_s=_seconds(env, "ITO_CONNECT_TIMEOUT_S", DEFAULT_CONNECT_TIMEOUT_S),
+        total_timeout_s=_seconds(env, "ITO_TIMEOUT_S", DEFAULT_TOTAL_TIMEOUT_S),
+    )
+
+
+def _auth_error(message: str) -> ItoError:
+    error = ItoError(ErrorCode.AUTH_REQUIRED, message)
+    error.live_api_contacted = False
+    return error
+
+
+def read_token(path: str | None) -> str:
+    """The identity token from ITO_TOKEN_FILE: an absolute path to a regular file (no link),
+    owned by this user, readable by nobody else (0600 or stricter), holding one ito token."""
+    from ito_assets.gates.ids import TOKEN
+
+    if not path:
+        raise _auth_error("no identity: set ITO_TOKEN_FILE to the 0600 file the desk issued")
+    if not os.path.isabs(path):
+        raise _auth_error("ITO_TOKEN_FILE must be an absolute path")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        raise _auth_error("the token file cannot be opened (missing, or a symbolic link)") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _auth_error("the token file must be a regular file")
+        if st.st_uid != os.geteuid():
+            raise _auth_error("the token file must be owned by the current user")
+        if st.st_mode & 0o077:
+            raise _auth_error("the token file must not be accessible to group or others (chmod 600)")
+        data = os.read(fd, _MAX_TOKEN_FILE_BYTES + 1)
+    finally:
+        os.close(fd)
+    token = data.decode("ascii", errors="replace").strip()
+    if len(data) > _MAX_TOKEN_FILE_BYTES or TOKEN.fullmatch(token) is None:
+        raise _auth_error("the token file does not hold an ito identity token")
+    return token
+
+
+def write_secret_file(path: str, secret: str) -> None:
+    """Create `path` exclusively with mode 0600 (never overwrite, never follow a link) and write
+    the secret once. Used for issued tokens: they go to a file, never to stdout."""
+    if not os.path.isabs(path):
+        raise ItoError(ErrorCode.USAGE_ERROR, "the token output path must be absolute")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        raise ItoError(ErrorCode.USAGE_ERROR, "the token output file already exists; choose a new path") from None
+    except OSError:
+        raise ItoError(ErrorCode.USAGE_ERROR, "the token output file cannot be created") from None
+    try:
+        os.fchmod(fd, 0o600)  # the umask cannot widen it, but make the mode explicit
+        os.write(fd, (secret + "\n").encode("ascii"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def connect(*, authenticated: bool = True, env: Mapping[str, str] | None = None) -> ApiClient:
+    """An ApiClient for this command: the token is read here, after every local check passed."""
+    config = load_client_config(env)
+    token = read_token(config.token_file) if authenticated else None
+    transport = HttpTransport(config.endpoint, token, connect_timeout_s=config.connect_timeout_s,
+                              total_timeout_s=config.total_timeout_s)
+    return ApiClient(transport)

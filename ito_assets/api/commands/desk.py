@@ -1,0 +1,198 @@
+"""`ito desk ...`: the booking desk's administration through the API, with a desk token.
+
+accounts (create, list), tokens (issue to a new 0600 file, revoke by id), bookings (create,
+list, complete, amend, revoke, release), `show` and `approve` for confirmations. `bootstrap`
+is the one local action: on the server's machine it writes the first desk token straight from
+the ledger. Issued tokens are written once to a file and never printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+from datetime import datetime
+
+from ito_assets.api.cli import Outcome
+from ito_assets.errors import ErrorCode, ItoError
+
+
+def _time(value: str) -> int:
+    """Epoch seconds, or ISO 8601 with an explicit zone (a bare local time is ambiguous)."""
+    if value.isdigit():
+        return int(value)
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected epoch seconds or ISO 8601 with a zone") from None
+    if parsed.tzinfo is None:
+        raise argparse.ArgumentTypeError("the time needs a zone, e.g. 2026-12-01T08:00:00Z")
+    return int(parsed.timestamp())
+
+
+def _add(actions, name: str, help_text: str, handler, *args: tuple) -> argparse.ArgumentParser:
+    parser = actions.add_parser(name, help=help_text)
+    for flags, options in args:
+        parser.add_argument(*flags, **options)
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.set_defaults(handler=handler)
+    return parser
+
+
+def register(verbs: argparse._SubParsersAction) -> None:
+    desk = verbs.add_parser("desk", help="the booking desk: accounts, tokens, bookings, approvals")
+    groups = desk.add_subparsers(dest="desk_group", required=True, parser_class=type(desk))
+    _add(groups, "bootstrap", "write the first desk token from the local ledger (server machine only)", _bootstrap,
+         (("--token-out",), {"required": True, "help": "absolute path of the new 0600 token file"}))
+    _add(groups, "show", "show what a confirmation binds", _show, (("ref",), {"help": "cfr_ reference"}))
+    _add(groups, "approve", "approve a confirmation after reading its binding", _approve,
+         (("ref",), {"help": "cfr_ reference"}),
+         (("--cost-cents",), {"type": int, "required": True, "help": "the cost you read, in cents"}),
+         (("--manifest-digest",), {"help": "the manifest digest you read (sha256:...)"}))
+    accounts = groups.add_parser("accounts", help="tenant accounts").add_subparsers(dest="a", required=True,
+                                                                                    parser_class=type(desk))
+    _add(accounts, "create", "create an account", _post("/v1/desk/accounts", name="name"),
+         (("--name",), {"required": True}))
+    _add(accounts, "list", "list accounts", _get("/v1/desk/accounts"))
+    tokens = groups.add_parser("tokens", help="identity tokens").add_subparsers(dest="t", required=True,
+                                                                                parser_class=type(desk))
+    _add(tokens, "issue", "issue a token into a new 0600 file", _issue,
+         (("--role",), {"choices": ["account", "desk"], "default": "account"}),
+         (("--account",), {"help": "account id (account tokens)"}),
+         (("--label",), {"default": ""}),
+         (("--out",), {"required": True, "help": "absolute path of the new 0600 token file"}))
+    _add(tokens, "revoke", "revoke a token by id", _post("/v1/desk/tokens/revoke", token_id="token_id"),
+         (("token_id",), {"help": "tok_ id"}))
+    bookings = groups.add_parser("bookings", help="booked GPU blocks").add_subparsers(dest="b", required=True,
+                                                                                      parser_class=type(desk))
+    terms = ((("--gpu-type",), {"dest": "gpu_type"}), (("--gpus",), {"dest": "num_gpus", "type": int}),
+             (("--nodes",), {"dest": "num_nodes", "type": int}), (("--topology",), {}), (("--region",), {}),
+             (("--network",), {}), (("--start",), {"dest": "starts_at", "type": _time}),
+             (("--end",), {"dest": "ends_at", "type": _time}),
+             (("--price-cents",), {"dest": "price_per_gpu_hour_cents", "type": int,
+                                   "help": "price per GPU-hour in US cents"}))
+    _add(bookings, "create", "create a pending booking", _create_booking,
+         (("--account",), {"required": True}), *terms)
+    _add(bookings, "list", "list bookings", _list_bookings, (("--account",), {}))
+    for verb in ("complete", "revoke", "release"):
+        _add(bookings, verb, f"{verb} a booking", _transition(verb), (("booking_id",), {}))
+    amendable = tuple(t for t in terms if t[1].get("dest", t[0][0][2:]) not in ("gpu_type", "num_gpus", "num_nodes"))
+    _add(bookings, "amend", "amend region, network, topology, window or price", _amend,
+         (("booking_id",), {}), *amendable)
+
+
+def _client():
+    from ito_assets.api.client_config import connect
+
+    return connect()
+
+
+def _done(client, data: dict, text: list[str] | None = None) -> Outcome:
+    return Outcome(data=data, live_api_contacted=client.contacted, text=text or [])
+
+
+def _post(path: str, **fields: str):
+    def handler(args: argparse.Namespace) -> Outcome:
+        client = _client()
+        return _done(client, client.post(path, {name: getattr(args, attr) for name, attr in fields.items()}))
+    return handler
+
+
+def _get(path: str):
+    def handler(_args: argparse.Namespace) -> Outcome:
+        client = _client()
+        return _done(client, client.get(path))
+    return handler
+
+
+def _issue(args: argparse.Namespace) -> Outcome:
+    from ito_assets.api.client_config import write_secret_file
+
+    if (args.role == "account") != bool(args.account):
+        raise ItoError(ErrorCode.USAGE_ERROR, "account tokens need --account; desk tokens take none")
+    client = _client()
+    data = client.post("/v1/desk/tokens", {"role": args.role, "account_id": args.account, "label": args.label})
+    secret = data.pop("token")
+    write_secret_file(args.out, secret)
+    data["written_to_file"] = True
+    return _done(client, data, [f"token {data['token_id']} ({args.role}) written to the 0600 file given by --out"])
+
+
+def _create_booking(args: argparse.Namespace) -> Outcome:
+    names = ("gpu_type", "num_gpus", "num_nodes", "topology", "region", "network", "starts_at", "ends_at",
+             "price_per_gpu_hour_cents")
+    missing = [n for n in names if getattr(args, n) is None]
+    if missing:
+        raise ItoError(ErrorCode.USAGE_ERROR, f"bookings create needs: {', '.join(missing)}")
+    client = _client()
+    return _done(client, client.post("/v1/desk/bookings", {"account_id": args.account,
+                                                           **{n: getattr(args, n) for n in names}}))
+
+
+def _list_bookings(args: argparse.Namespace) -> Outcome:
+    from urllib.parse import quote
+
+    client = _client()
+    suffix = f"?account_id={quote(args.account, safe='')}" if args.account else ""
+    return _done(client, client.get("/v1/desk/bookings" + suffix))
+
+
+def _booking_path(booking_id: str, verb: str) -> str:
+    from ito_assets.gates.ids import ALPHABET
+
+    if not (booking_id.startswith("bkg_") and len(booking_id) == 30 and set(booking_id[4:]) <= set(ALPHABET)):
+        raise ItoError(ErrorCode.USAGE_ERROR, "a booking id has the form bkg_ followed by 26 characters")
+    return f"/v1/desk/bookings/{booking_id}/{verb}"
+
+
+def _transition(verb: str):
+    def handler(args: argparse.Namespace) -> Outcome:
+        client = _client()
+        return _done(client, client.post(_booking_path(args.booking_id, verb), {}))
+    return handler
+
+
+def _amend(args: argparse.Namespace) -> Outcome:
+    from ito_assets.gates.bookings import AMENDABLE
+
+    changes = {n: getattr(args, n) for n in AMENDABLE if getattr(args, n, None) is not None}
+    if not changes:
+        raise ItoError(ErrorCode.USAGE_ERROR, "an amendment changes at least one term")
+    client = _client()
+    return _done(client, client.post(_booking_path(args.booking_id, "amend"), changes))
+
+
+def _show(args: argparse.Namespace) -> Outcome:
+    client = _client()
+    data = client.post("/v1/desk/confirmations/show", {"confirmation_ref": args.ref})
+    text = [f"{k}: {v}" for k, v in data.items() if k != "eligibility"]
+    return _done(client, data, text)
+
+
+def _approve(args: argparse.Namespace) -> Outcome:
+    client = _client()
+    body = {"confirmation_ref": args.ref, "cost_cents": args.cost_cents, "manifest_digest": args.manifest_digest}
+    return _done(client, client.post("/v1/desk/confirmations/approve", body))
+
+
+def _bootstrap(args: argparse.Namespace) -> Outcome:
+    """Local: whoever can open the ledger administers it; the token goes to a new 0600 file."""
+    import os
+
+    from ito_assets.api.client_config import write_secret_file
+    from ito_assets.gates.identity import issue_token
+    from ito_assets.gates.ledger import open_ledger
+    from ito_assets.gates.states import Role
+    from ito_assets.settings import load_settings
+
+    if not os.path.isabs(args.token_out) or os.path.lexists(args.token_out):
+        raise ItoError(ErrorCode.USAGE_ERROR, "--token-out must be an absolute path that does not exist yet")
+    url = os.environ.get("ITO_LEDGER_URL") or load_settings().ledger_url
+    if url.startswith("sqlite:///"):
+        os.makedirs(os.path.dirname(url[len("sqlite:///"):]), exist_ok=True)
+    ledger = open_ledger(url, schema=os.environ.get("ITO_LEDGER_SCHEMA") or None)
+    try:
+        issued = issue_token(ledger, Role.DESK, account_id=None, label="bootstrap", actor="bootstrap")
+    finally:
+        ledger.dispose()
+    write_secret_file(args.token_out, issued.secret)
+    return Outcome(data={"token_id": issued.token_id, "role": "desk", "written_to_file": True},
+                   live_api_contacted=False, text=[f"desk token {issued.token_id} written to --token-out"])

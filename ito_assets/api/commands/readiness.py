@@ -1,0 +1,62 @@
+"""`ito readiness [--json]`: which gates and lifecycle operations are available, on this client
+and (when it answers) on the API. `ito train` runs the client half before any credential is read.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ito_assets.api.cli import Outcome
+from ito_assets.errors import ErrorCode, ItoError
+
+
+def register(verbs: argparse._SubParsersAction) -> None:
+    parser = verbs.add_parser("readiness", help="list each gate and lifecycle operation as available or missing")
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.set_defaults(handler=_readiness)
+
+
+def client_verbs() -> set[str]:
+    from ito_assets.api.cli import build_parser
+
+    parser = build_parser()
+    return {name for action in parser._subparsers._group_actions for name in action.choices}  # noqa: SLF001
+
+
+def require_local_capabilities() -> None:
+    """SPEC.md, "Production limit today": train fails closed, before any credential is resolved,
+    while a gate or lifecycle operation is missing from this client."""
+    from ito_assets.gates.capabilities import missing
+
+    absent = missing(client_verbs())
+    if absent:
+        raise ItoError(ErrorCode.CAPABILITY_MISSING, f"managed training is unavailable; missing: {', '.join(absent)}")
+
+
+def _server_view() -> tuple[dict[str, bool] | None, bool]:
+    from ito_assets.api.client_config import connect
+
+    client = connect(authenticated=False)
+    try:
+        data = client.get("/v1/readiness")
+    except ItoError:
+        return None, client.contacted
+    return {c["name"]: bool(c.get("available")) for c in data.get("capabilities", [])}, True
+
+
+def _readiness(_args: argparse.Namespace) -> Outcome:
+    from ito_assets.gates.capabilities import CAPABILITIES
+
+    verbs = client_verbs()
+    server, contacted = _server_view()
+    rows = []
+    for c in CAPABILITIES:
+        api = None if server is None else server.get(c.name, False)
+        available = c.client_verb in verbs and api is True
+        rows.append({"name": c.name, "kind": c.kind, "client": c.client_verb in verbs,
+                     "api": "unreachable" if api is None else api, "status": "available" if available else "missing"})
+    ready = all(r["status"] == "available" for r in rows)
+    notice = None if server is not None else "the API did not answer; its capabilities are unknown"
+    text = [f"{r['kind']:<9} {r['name']:<18} {r['status']}" for r in rows]
+    text.append("managed training: " + ("available" if ready else "unavailable"))
+    return Outcome(data={"ready": ready, "capabilities": rows}, live_api_contacted=contacted, notice=notice, text=text)

@@ -1,0 +1,118 @@
+"""`ito serve`: the canonical API (Starlette on uvicorn), loopback by default.
+
+Configuration is read once here, at the edge: ITO_LEDGER_URL (default: the SQLite file under the
+state dir), ITO_LEDGER_SCHEMA (PostgreSQL schema), ITO_LEDGER_LOCK_TIMEOUT_S, plus the gate
+policy (gates/policy.py). Bearer identity tokens travel in the Authorization header only; the
+server neither logs requests nor echoes bodies, so no token or reference reaches a log.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from ito_assets.errors import ErrorCode, ItoError
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8765
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerConfig:
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    ledger_url: str
+    ledger_schema: str | None = None
+    lock_timeout_s: float = 30.0
+
+
+def load_config(host: str, port: int, env: Mapping[str, str] | None = None) -> ServerConfig:
+    from ito_assets.gates.ledger import DEFAULT_LOCK_TIMEOUT_S
+    from ito_assets.settings import load_settings
+
+    env = os.environ if env is None else env
+    lock = env.get("ITO_LEDGER_LOCK_TIMEOUT_S")
+    try:
+        lock_s = float(lock) if lock else DEFAULT_LOCK_TIMEOUT_S
+    except ValueError:
+        raise ItoError(ErrorCode.USAGE_ERROR, "ITO_LEDGER_LOCK_TIMEOUT_S must be a number of seconds") from None
+    return ServerConfig(host=host, port=port, ledger_url=env.get("ITO_LEDGER_URL") or load_settings(env).ledger_url,
+                        ledger_schema=env.get("ITO_LEDGER_SCHEMA") or None, lock_timeout_s=lock_s)
+
+
+def build_app(api):
+    """The Starlette application over `api` (routes.common.Api)."""
+    from starlette.applications import Starlette
+    from starlette.responses import Response
+
+    from ito_assets.api import envelope
+    from ito_assets.api.routes import confirmations, desk, meta, runs
+
+    served = [*runs.routes(api), *confirmations.routes(api), *desk.routes(api)]
+    all_routes = [*served, *meta.routes(api, meta.served_routes(served))]
+
+    async def not_found(_request, _exc) -> Response:
+        error = ItoError(ErrorCode.USAGE_ERROR, "no such API route")
+        return Response(envelope.dumps(envelope.failure(error, live_api_contacted=True)), status_code=404,
+                        media_type="application/json")
+
+    return Starlette(routes=all_routes, exception_handlers={404: not_found, 405: not_found})
+
+
+def open_api(config: ServerConfig, env: Mapping[str, str] | None = None):
+    from ito_assets.api.routes.common import Api
+    from ito_assets.gates.ledger import open_ledger
+    from ito_assets.gates.policy import load_policy
+    from ito_assets.settings import load_settings
+
+    env = os.environ if env is None else env
+    settings = load_settings(env)
+    if config.ledger_url.startswith("sqlite:///"):
+        Path(config.ledger_url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    ledger = open_ledger(config.ledger_url, schema=config.ledger_schema, lock_timeout_s=config.lock_timeout_s)
+    return Api(ledger=ledger, policy=load_policy(settings, env))
+
+
+def bind(config: ServerConfig) -> socket.socket:
+    """Bind before serving, so a caller passing port 0 learns the real port (`--ready-file`)."""
+    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((config.host, config.port))
+    except OSError:
+        sock.close()
+        raise ItoError(ErrorCode.USAGE_ERROR, "the API address is not available (port in use?)") from None
+    sock.listen(2048)
+    return sock
+
+
+def write_ready_file(path: str, host: str, port: int) -> None:
+    """Atomically publish the URL (rename), so a reader never sees half of it."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as handle:
+        handle.write(f"http://{host}:{port}\n")
+    os.replace(tmp, path)
+
+
+def serve(config: ServerConfig, *, ready_file: str | None = None) -> None:
+    import uvicorn
+
+    api = open_api(config)
+    sock = bind(config)
+    host, port = sock.getsockname()[:2]
+    app = build_app(api)
+    # No access log: paths and headers stay out of logs (DESIGN.md: no secret in any log).
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+                                           timeout_keep_alive=5, server_header=False))
+    if ready_file:
+        write_ready_file(ready_file, host, port)
+    print(f"ito serve: listening on http://{host}:{port}", file=sys.stderr, flush=True)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        api.ledger.dispose()

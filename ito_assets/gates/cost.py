@@ -1,0 +1,32 @@
+"""What a training run costs, in integer US cents.
+
+Until the plan of issue 5 exists, a run is priced as the whole booked block it runs on: price per
+GPU-hour x GPUs x booked hours (SPEC.md, "Confirmation": the confirmation binds the cost). The
+window, not the clock, sets the hours, so the same request always costs the same and a
+confirmation's cost can be compared to the cent.
+"""
+
+from __future__ import annotations
+
+from ito_assets.errors import ErrorCode, ItoError
+from ito_assets.gates.bookings import Booking
+from ito_assets.manifest.schema import Budget
+
+_SECONDS_PER_HOUR = 3600
+
+
+def booking_cost_cents(booking: Booking) -> int:
+    """Rounded up to the next cent: a price quoted to a human is never below what is charged."""
+    numerator = booking.price_per_gpu_hour_cents * booking.num_gpus * booking.duration_s
+    return -(-numerator // _SECONDS_PER_HOUR)
+
+
+def training_cost_cents(booking: Booking, budget: Budget, *, spent_cents: int) -> int:
+    """The cost a train confirmation binds, refused when above the manifest's maximum incremental
+    cost or when it would take the manifest's total (`spent_cents` so far) above its cap."""
+    cost = booking_cost_cents(booking)
+    if cost > budget.max_incremental_cents:
+        raise ItoError(ErrorCode.BUDGET_EXCEEDED, "the run's cost exceeds the manifest's maximum incremental cost")
+    if spent_cents + cost > budget.cap_cents:
+        raise ItoError(ErrorCode.BUDGET_EXCEEDED, "the run's cost would exceed the manifest's budget cap")
+    return cost

@@ -1,0 +1,36 @@
+"""Gate 4's pure half: the idempotency key's form and the request fingerprint.
+
+Stdlib and the manifest secret patterns only: the client checks a key before any network call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+
+from ito_assets.errors import ErrorCode, ItoError
+
+# 8-128 characters of a conservative alphabet: room for a UUID (36) or a ULID (26) with a prefix;
+# 128 bounds the index (the IETF draft "The Idempotency-Key HTTP Header Field" recommends UUIDs).
+IDEMPOTENCY_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{7,127}$")
+
+
+def validate_key(key: object) -> str:
+    """A well-formed key that does not look like a credential: keys are echoed in every answer
+    and the audit trail, so a pasted token must never be accepted as one."""
+    from ito_assets.manifest.secrets import value_secret_kind
+
+    if not isinstance(key, str) or IDEMPOTENCY_KEY.fullmatch(key) is None:
+        raise ItoError(ErrorCode.IDEMPOTENCY_KEY_INVALID,
+                       "the idempotency key must be 8-128 characters of letters, digits, '.', '_', ':' or '-'")
+    if value_secret_kind(key) is not None or key.startswith(("ito_", "cfr_")):
+        raise ItoError(ErrorCode.IDEMPOTENCY_KEY_INVALID, "the idempotency key looks like a secret; use a random id")
+    return key
+
+
+def request_fingerprint(action: str, **params: object) -> str:
+    """sha256 over the canonical JSON of what the request asks for. The confirmation reference is
+    not part of it: a retry with a fresh confirmation is still the same request."""
+    canonical = json.dumps({"action": action, **params}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()

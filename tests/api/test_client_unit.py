@@ -1,0 +1,96 @@
+"""The client's retry rules on a scripted transport: what is retried, what is looked up by key,
+and what is reported, for each kind of transport failure."""
+
+from __future__ import annotations
+
+import pytest
+
+from ito_assets.api import envelope
+from ito_assets.api.client import ApiClient, NoAnswer, NotDelivered, Reply
+from ito_assets.errors import ErrorCode, ItoError
+
+RUN = {"run_id": "run_" + "1" * 26, "state": "queued"}
+
+
+class Script:
+    def __init__(self, *steps):
+        self.steps = list(steps)
+        self.calls: list[tuple[str, str]] = []
+
+    def request(self, method, path, body):
+        self.calls.append((method, path.split("/")[2]))
+        step = self.steps.pop(0)
+        if isinstance(step, Exception):
+            raise step
+        return step
+
+
+def ok(data: dict) -> Reply:
+    return Reply(200, envelope.success(data, live_api_contacted=True))
+
+
+def failed(code: ErrorCode) -> Reply:
+    return Reply(400, envelope.failure(ItoError(code, "x"), live_api_contacted=True))
+
+
+def client(script: Script) -> ApiClient:
+    return ApiClient(script, sleep=lambda _s: None)
+
+
+def code_of(call) -> tuple[ErrorCode, bool]:
+    with pytest.raises(ItoError) as info:
+        call()
+    return info.value.code, info.value.live_api_contacted
+
+
+def test_lost_answer_is_recovered_by_key_without_a_second_post() -> None:
+    script = Script(NoAnswer(), ok({"action": "train", "fingerprint": "f", "result": {**RUN, "replayed": True}}))
+    assert client(script).post_idempotent("/v1/runs", {}, key="k", action="train", fingerprint="f")["replayed"]
+    assert script.calls == [("POST", "runs"), ("GET", "idempotency-keys")]
+
+
+def test_nothing_under_the_key_means_retry_the_post() -> None:
+    script = Script(NoAnswer(), failed(ErrorCode.RUN_NOT_FOUND), ok(RUN))
+    assert client(script).post_idempotent("/v1/runs", {}, key="k", action="train")["run_id"] == RUN["run_id"]
+    assert script.calls == [("POST", "runs"), ("GET", "idempotency-keys"), ("POST", "runs")]
+
+
+def test_an_answer_for_another_request_is_never_taken_as_ours() -> None:
+    script = Script(NoAnswer(), ok({"action": "train", "fingerprint": "other", "result": RUN}))
+    call = lambda: client(script).post_idempotent("/v1/runs", {}, key="k", action="train", fingerprint="f")  # noqa: E731
+    assert code_of(call) == (ErrorCode.IDEMPOTENCY_KEY_REUSED, True)
+
+
+def test_failed_lookup_is_outcome_unknown() -> None:
+    script = Script(NoAnswer(), NoAnswer(), NoAnswer(), NoAnswer())
+    call = lambda: client(script).post_idempotent("/v1/runs", {}, key="k", action="train")  # noqa: E731
+    assert code_of(call) == (ErrorCode.OUTCOME_UNKNOWN, True)
+    assert script.calls[0] == ("POST", "runs") and ("POST", "runs") not in script.calls[1:]
+
+
+def test_revoked_during_lookup_stops_at_once() -> None:
+    script = Script(NoAnswer(), failed(ErrorCode.CREDENTIAL_REVOKED))
+    call = lambda: client(script).post_idempotent("/v1/runs", {}, key="k", action="train")  # noqa: E731
+    assert code_of(call) == (ErrorCode.CREDENTIAL_REVOKED, True) and len(script.calls) == 2
+
+
+def test_undelivered_requests_are_retried_then_unreachable() -> None:
+    script = Script(NotDelivered(), NotDelivered(), NotDelivered())
+    assert code_of(lambda: client(script).get("/v1/runs/x")) == (ErrorCode.API_UNREACHABLE, False)
+    assert len(script.calls) == 3
+
+
+def test_a_mutation_without_a_key_is_never_retried_after_an_ambiguous_failure() -> None:
+    script = Script(NoAnswer())
+    assert code_of(lambda: client(script).post("/v1/desk/accounts", {})) == (ErrorCode.OUTCOME_UNKNOWN, True)
+    assert len(script.calls) == 1
+
+
+def test_in_flight_is_retried_with_the_same_key() -> None:
+    script = Script(failed(ErrorCode.IDEMPOTENCY_KEY_IN_FLIGHT), ok(RUN))
+    assert client(script).post_idempotent("/v1/runs", {}, key="k", action="train")["run_id"] == RUN["run_id"]
+
+
+def test_reads_are_retried_after_a_lost_answer() -> None:
+    script = Script(NoAnswer(timed_out=True), ok(RUN))
+    assert client(script).get("/v1/runs/x") == RUN
