@@ -6,6 +6,7 @@ neither launches work the other already did.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import warnings
@@ -14,7 +15,11 @@ from dataclasses import dataclass, field
 import dagster as dg
 from dagster._core.storage.tags import RUN_KEY_TAG, SENSOR_NAME_TAG
 
+from ito_assets.defs.workload.assets import RUN_ID_TAG
+from ito_assets.defs.workload.outcome import report_outcome
 from ito_assets.settings import Settings, load_settings
+
+MAIN_MANIFEST = "fixture-small.json"  # the fixture manifest `make run` also trains through the API
 
 
 # The console shows warnings and errors only; every event is still in the instance for `make ui`.
@@ -57,6 +62,8 @@ def evaluate_sensor(defs: dg.Definitions, instance: dg.DagsterInstance, sensor_n
         instance=instance, sensor_name=sensor_name, definitions=defs, resources=defs.resources
     )
     result = sensor(context)
+    if not isinstance(result, dg.SensorResult):  # a sensor that only acts (cancellations) launches nothing
+        return
     for request in result.dynamic_partitions_requests or []:
         instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
     for request in result.run_requests or []:
@@ -74,6 +81,37 @@ def evaluate_sensor(defs: dg.Definitions, instance: dg.DagsterInstance, sensor_n
         )
         summary.num_runs_launched += 1
         _record(run, summary, request.partition_key)
+        if RUN_ID_TAG in tags:
+            _report_to_ledger(defs, instance, run.dagster_run, tags[RUN_ID_TAG])
+
+
+def _report_to_ledger(defs: dg.Definitions, instance: dg.DagsterInstance, dagster_run, run_id: str) -> None:
+    """What the run-status sensors do under the daemon: the run's end, written to the ledger."""
+    with defs.resources["ledger"].open() as ledger:
+        report_outcome(ledger, instance, dagster_run, run_id)
+
+
+def request_training_run(settings: Settings) -> dict:
+    """The README's API flow against a real `ito serve`, once per state dir: the desk books, the
+    account requests a confirmation, the desk approves, the account trains (a queued run)."""
+    from ito_assets.api.server_walkthrough import walk
+
+    marker = settings.state_dir / "walkthrough" / "make-run.json"
+    if marker.exists():
+        return json.loads(marker.read_text())
+    result = walk(settings, str(settings.manifests_dir / MAIN_MANIFEST))
+    for step in result.steps:
+        print(f"api: {step}")
+    marker.write_text(json.dumps(result.ids))
+    return result.ids
+
+
+def ledger_run_state(defs: dg.Definitions, run_id: str) -> str:
+    from ito_assets.gates import runs
+
+    with defs.resources["ledger"].open() as ledger:
+        run = runs.get(ledger, run_id)
+    return f"{run.state.value}" + (f" ({run.state_reason})" if run.state_reason else "")
 
 
 def print_summary(summary: RunSummary, settings: Settings) -> None:
@@ -103,9 +141,13 @@ def main() -> int:
     defs = build_definitions(settings)
     summary = RunSummary()
     with dg.DagsterInstance.get() as instance:
-        for sensor in SENSORS:
+        evaluate_sensor(defs, instance, SENSORS[0].name, summary)  # reviewed manifests first
+        ids = request_training_run(settings)
+        for sensor in SENSORS[1:]:
             evaluate_sensor(defs, instance, sensor.name, summary)
     print_summary(summary, settings)
+    print(f"ledger: {settings.ledger_url}; run {ids['run_id']} (key {ids['idempotency_key']}) is "
+          f"{ledger_run_state(defs, ids['run_id'])}")
     return 1 if summary.num_runs_failed else 0
 
 

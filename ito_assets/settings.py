@@ -27,10 +27,14 @@ class Settings:
     eval_suite_path: Path
     max_manifest_bytes: int = DEFAULT_MAX_BYTES
     executor: str = "multiprocess"  # one of EXECUTORS: where a run's steps execute
+    ledger_url: str = ""  # SQLAlchemy URL; empty means the SQLite file <state_dir>/ledger.db
+    ledger_schema: str | None = None  # PostgreSQL schema holding the ledger's tables
 
     def __post_init__(self) -> None:
         if self.executor not in EXECUTORS:
             raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}")
+        if not self.ledger_url:
+            object.__setattr__(self, "ledger_url", f"sqlite:///{self.state_dir / 'ledger.db'}")
 
     @property
     def dagster_home(self) -> Path:
@@ -39,10 +43,6 @@ class Settings:
     @property
     def warehouse_path(self) -> Path:
         return self.state_dir / "warehouse.duckdb"
-
-    @property
-    def ledger_url(self) -> str:
-        return f"sqlite:///{self.state_dir / 'ledger.db'}"
 
     def with_overrides(self, **changes) -> "Settings":
         return replace(self, **changes)
@@ -55,7 +55,7 @@ def _path(env: Mapping[str, str], name: str, default: Path) -> Path:
 
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     """ITO_STATE_DIR, ITO_DATA_ROOT, ITO_MANIFESTS_DIR, ITO_EVAL_SUITE, ITO_MAX_MANIFEST_BYTES,
-    ITO_EXECUTOR."""
+    ITO_EXECUTOR, ITO_LEDGER_URL, ITO_LEDGER_SCHEMA."""
     env = os.environ if env is None else env
     root = _path(env, "ITO_PROJECT_ROOT", PROJECT_ROOT)
     data_root = _path(env, "ITO_DATA_ROOT", root / "data")
@@ -70,4 +70,6 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         eval_suite_path=_path(env, "ITO_EVAL_SUITE", data_root / DEFAULT_EVAL_SUITE),
         max_manifest_bytes=int(max_bytes) if max_bytes else DEFAULT_MAX_BYTES,
         executor=env.get("ITO_EXECUTOR", "multiprocess"),
+        ledger_url=env.get("ITO_LEDGER_URL", ""),
+        ledger_schema=env.get("ITO_LEDGER_SCHEMA") or None,
     )

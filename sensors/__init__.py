@@ -2,5 +2,14 @@
 run keys, so a restarted daemon never launches the same work twice."""
 
 from sensors.manifests import reviewed_manifest_sensor
+from sensors.training_runs import (
+    cancellation_sensor,
+    confirmed_run_sensor,
+    training_canceled_sensor,
+    training_failed_sensor,
+    training_succeeded_sensor,
+)
 
-SENSORS = [reviewed_manifest_sensor]
+# Evaluated in this order by `make run` (in process); the daemon runs them all on their own.
+SENSORS = [reviewed_manifest_sensor, confirmed_run_sensor, cancellation_sensor]
+RUN_STATUS_SENSORS = [training_succeeded_sensor, training_failed_sensor, training_canceled_sensor]

@@ -17,14 +17,19 @@ ROOT = Path(__file__).resolve().parents[1]
 EXPECTED_ASSETS = {
     "eval_suite": "manifest",
     "training_manifest": "manifest",
+    "run_authorization": "workload",
 }
 EXPECTED_CHECKS = {
     ("training_manifest", "manifest_verified"),
     ("training_manifest", "manifest_has_no_secrets"),
     ("training_manifest", "provenance_present"),
     ("training_manifest", "eval_suite_digest_matches"),
+    ("run_authorization", "run_still_authorized"),
 }
-EXPECTED_SENSORS = {"reviewed_manifest_sensor"}
+EXPECTED_SENSORS = {
+    "reviewed_manifest_sensor", "confirmed_run_sensor", "cancellation_sensor",
+    "training_succeeded_sensor", "training_failed_sensor", "training_canceled_sensor",
+}
 
 
 def _graph():
@@ -47,7 +52,7 @@ def test_manifest_checks_are_blocking():
     defs, _, _, _ = _graph()
     graph = defs.resolve_asset_graph()
     for key in graph.asset_check_keys:
-        if key.asset_key.to_user_string() == "training_manifest":
+        if key.asset_key.to_user_string() in ("training_manifest", "run_authorization"):
             assert graph.get_check_spec(key).blocking, key
 
 

@@ -1,7 +1,7 @@
 """`ito serve`: the canonical API (Starlette on uvicorn), loopback by default.
 
-Configuration is read once here, at the edge: ITO_LEDGER_URL (default: the SQLite file under the
-state dir), ITO_LEDGER_SCHEMA (PostgreSQL schema), ITO_LEDGER_LOCK_TIMEOUT_S, plus the gate
+Configuration is read once here, at the edge: the settings (ITO_LEDGER_URL, default the SQLite
+file under the state dir; ITO_LEDGER_SCHEMA), ITO_LEDGER_LOCK_TIMEOUT_S, plus the gate
 policy (gates/policy.py). Bearer identity tokens travel in the Authorization header only; the
 server neither logs requests nor echoes bodies, so no token or reference reaches a log.
 """
@@ -40,8 +40,9 @@ def load_config(host: str, port: int, env: Mapping[str, str] | None = None) -> S
         lock_s = float(lock) if lock else DEFAULT_LOCK_TIMEOUT_S
     except ValueError:
         raise ItoError(ErrorCode.USAGE_ERROR, "ITO_LEDGER_LOCK_TIMEOUT_S must be a number of seconds") from None
-    return ServerConfig(host=host, port=port, ledger_url=env.get("ITO_LEDGER_URL") or load_settings(env).ledger_url,
-                        ledger_schema=env.get("ITO_LEDGER_SCHEMA") or None, lock_timeout_s=lock_s)
+    settings = load_settings(env)
+    return ServerConfig(host=host, port=port, ledger_url=settings.ledger_url, ledger_schema=settings.ledger_schema,
+                        lock_timeout_s=lock_s)
 
 
 def build_app(api):

@@ -1,10 +1,13 @@
 """Shared resources, built once in definitions.py under fixed keys and asked for by name."""
 
 
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import dagster as dg
 
+from ito_assets.gates.ledger import Ledger, open_ledger
 from ito_assets.settings import Settings
 
 
@@ -38,3 +41,25 @@ class ItoSettingsResource(dg.ConfigurableResource):
             eval_suite_path=Path(self.eval_suite_path),
             max_manifest_bytes=self.max_manifest_bytes,
         )
+
+
+class LedgerResource(dg.ConfigurableResource):
+    """The ledger of bookings, confirmations and runs (key `ledger`): the same database the
+    canonical API writes, opened per use so that no connection outlives a step."""
+
+    url: str
+    db_schema: str | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> "LedgerResource":
+        return cls(url=settings.ledger_url, db_schema=settings.ledger_schema)
+
+    @contextmanager
+    def open(self) -> Iterator[Ledger]:
+        if self.url.startswith("sqlite:///"):
+            Path(self.url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        ledger = open_ledger(self.url, schema=self.db_schema)
+        try:
+            yield ledger
+        finally:
+            ledger.dispose()

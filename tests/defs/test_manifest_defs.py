@@ -58,7 +58,8 @@ def downstream_step() -> None:
 def _run_with_downstream(installation, instance, key: str) -> dg.ExecuteInProcessResult:
     base = build_definitions(installation.settings)
     defs = dg.Definitions.merge(base, dg.Definitions(assets=[downstream_step]))
-    job = dg.define_asset_job("with_downstream", selection=dg.AssetSelection.all(), partitions_def=manifests_partitions)
+    selection = dg.AssetSelection.groups("manifest") | dg.AssetSelection.assets(downstream_step)
+    job = dg.define_asset_job("with_downstream", selection=selection, partitions_def=manifests_partitions)
     defs = dg.Definitions.merge(defs, dg.Definitions(jobs=[job]))
     instance.add_dynamic_partitions("manifests", [key])
     return defs.resolve_job_def("with_downstream").execute_in_process(

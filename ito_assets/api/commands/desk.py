@@ -185,10 +185,11 @@ def _bootstrap(args: argparse.Namespace) -> Outcome:
 
     if not os.path.isabs(args.token_out) or os.path.lexists(args.token_out):
         raise ItoError(ErrorCode.USAGE_ERROR, "--token-out must be an absolute path that does not exist yet")
-    url = os.environ.get("ITO_LEDGER_URL") or load_settings().ledger_url
+    settings = load_settings()
+    url = settings.ledger_url
     if url.startswith("sqlite:///"):
         os.makedirs(os.path.dirname(url[len("sqlite:///"):]), exist_ok=True)
-    ledger = open_ledger(url, schema=os.environ.get("ITO_LEDGER_SCHEMA") or None)
+    ledger = open_ledger(url, schema=settings.ledger_schema)
     try:
         issued = issue_token(ledger, Role.DESK, account_id=None, label="bootstrap", actor="bootstrap")
     finally:

@@ -1,0 +1,29 @@
+"""How a finished Dagster run is written back to the ledger, so that `ito status` tells the truth.
+
+A run stopped by a gate (its authorization no longer holds, or an eval gate failed) ends
+`gate_failed` with that gate's code; any other failure ends `failed`; a run whose cancellation
+was confirmed ends `cancelled`. A run already in a terminal state is left as it is, so a
+repeated report (a retried sensor tick, `make run` and the daemon both seeing it) is harmless.
+"""
+
+from __future__ import annotations
+
+from ito_assets.gates import runs
+from ito_assets.gates.ledger import Ledger
+from ito_assets.gates.states import TERMINAL_RUN_STATES, RunState
+
+
+def record_outcome(ledger: Ledger, run_id: str, *, succeeded: bool, gate_code: str | None = None,
+                   reason: str | None = None) -> runs.Run:
+    run = runs.get(ledger, run_id)
+    if run.state in TERMINAL_RUN_STATES:
+        return run
+    if run.state is RunState.CANCELLING:
+        return runs.set_state(ledger, run_id, RunState.CANCELLED, reason="cancelled by request")
+    if succeeded:
+        if run.state is RunState.QUEUED:
+            runs.set_state(ledger, run_id, RunState.RUNNING)
+        return runs.set_state(ledger, run_id, RunState.SUCCEEDED)
+    if gate_code is not None:
+        return runs.set_state(ledger, run_id, RunState.GATE_FAILED, reason=gate_code)
+    return runs.set_state(ledger, run_id, RunState.FAILED, reason=reason or "the Dagster run failed")

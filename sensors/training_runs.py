@@ -1,0 +1,91 @@
+"""A run the canonical API created -> launch the training job; its end -> the ledger; a confirmed
+cancellation -> terminate it. Run keys are ledger run ids, so a restarted daemon never launches
+a run twice."""
+
+import dagster as dg
+
+from ito_assets.defs.manifest.partitions import manifests_partitions
+from ito_assets.defs.resources import LedgerResource
+from ito_assets.defs.workload.assets import RUN_ID_TAG
+from ito_assets.defs.workload.jobs import training_job
+from ito_assets.defs.workload.outcome import report_outcome
+from ito_assets.gates import runs
+from ito_assets.gates.states import RunState
+from ito_assets.manifest.verify import short_digest
+
+
+def run_tags(run: runs.Run) -> dict[str, str]:
+    return {RUN_ID_TAG: run.run_id, "ito/account_id": run.account_id, "ito/booking_id": run.booking_id,
+            "ito/manifest_digest": run.manifest_digest, "ito/idempotency_key": run.idempotency_key}
+
+
+@dg.sensor(
+    job=training_job,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    minimum_interval_seconds=15,
+    description="Launches the training job for each queued ledger run (run key = the ledger run id).",
+)
+def confirmed_run_sensor(context: dg.SensorEvaluationContext, ledger: LedgerResource) -> dg.SensorResult:
+    with ledger.open() as opened:
+        pending = runs.pending_runs(opened)
+    known = set(context.instance.get_dynamic_partitions(manifests_partitions.name))
+    keys = sorted({short_digest(r.manifest_digest[len("sha256:"):]) for r in pending} - known)
+    requests = [
+        dg.RunRequest(run_key=r.run_id, partition_key=short_digest(r.manifest_digest[len("sha256:"):]),
+                      tags=run_tags(r))
+        for r in pending
+    ]
+    return dg.SensorResult(
+        run_requests=requests,
+        dynamic_partitions_requests=[manifests_partitions.build_add_request(keys)] if keys else [],
+        skip_reason=None if requests else "no queued runs in the ledger",
+    )
+
+
+@dg.sensor(
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    minimum_interval_seconds=15,
+    description="Terminates the Dagster run of every run whose cancellation was confirmed.",
+)
+def cancellation_sensor(context: dg.SensorEvaluationContext, ledger: LedgerResource) -> dg.SkipReason:
+    with ledger.open() as opened:
+        for run in runs.cancelling_runs(opened):
+            dagster_run = context.instance.get_run_by_id(run.dagster_run_id) if run.dagster_run_id else None
+            if dagster_run is not None and not dagster_run.is_finished:
+                context.instance.run_coordinator.cancel_run(dagster_run.run_id)
+                context.log.info(f"terminating {dagster_run.run_id} for {run.run_id}")
+                continue
+            runs.set_state(opened, run.run_id, RunState.CANCELLED, reason="cancelled by request")
+    return dg.SkipReason("cancellations handled")
+
+
+def _report(context: dg.RunStatusSensorContext, ledger: LedgerResource) -> None:
+    run_id = context.dagster_run.tags.get(RUN_ID_TAG)
+    if run_id:
+        with ledger.open() as opened:
+            report_outcome(opened, context.instance, context.dagster_run, run_id)
+
+
+@dg.run_status_sensor(
+    run_status=dg.DagsterRunStatus.SUCCESS, monitored_jobs=[training_job],
+    default_status=dg.DefaultSensorStatus.RUNNING, description="A training run succeeded -> the ledger.",
+)
+def training_succeeded_sensor(context: dg.RunStatusSensorContext, ledger: LedgerResource) -> None:
+    _report(context, ledger)
+
+
+@dg.run_status_sensor(
+    run_status=dg.DagsterRunStatus.FAILURE, monitored_jobs=[training_job],
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="A training run failed or was stopped by a gate -> failed / gate_failed in the ledger.",
+)
+def training_failed_sensor(context: dg.RunStatusSensorContext, ledger: LedgerResource) -> None:
+    _report(context, ledger)
+
+
+@dg.run_status_sensor(
+    run_status=dg.DagsterRunStatus.CANCELED, monitored_jobs=[training_job],
+    default_status=dg.DefaultSensorStatus.RUNNING, description="A training run was terminated -> the ledger.",
+)
+def training_canceled_sensor(context: dg.RunStatusSensorContext, ledger: LedgerResource) -> None:
+    _report(context, ledger)
