@@ -80,3 +80,13 @@ def test_cancellation_of_a_finished_dagster_run_is_recorded(world_and_defs, inst
     assert runs.get(world.ledger, run.run_id).state is RunState.CANCELLING
     _tick(defs, instance, "cancellation_sensor")
     assert runs.get(world.ledger, run.run_id).state is RunState.CANCELLED
+
+
+def test_the_dagster_event_log_reaches_ito_logs(world_and_defs, instance):
+    from ito_assets.gates import telemetry
+
+    world, defs = world_and_defs
+    run = _create(world)
+    _tick(defs, instance)
+    text = "\n".join(line.message for line in telemetry.logs(world.ledger, run.run_id, limit=500))
+    assert "STEP_SUCCESS run_authorization" in text and "RUN_SUCCESS" in text

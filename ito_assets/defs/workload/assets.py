@@ -22,7 +22,7 @@ RUN_ID_TAG = "ito/run_id"
     partitions_def=manifests_partitions,
     deps=["training_manifest"],
     description="Re-verifies in the ledger that the run this job was launched for is still authorized "
-    "(booking entitlement, consumed confirmation, manifest digest). A failure marks the run gate_failed.",
+    "(booking entitlement, consumed confirmation, manifest digest); its blocking check stops the run.",
 )
 def run_authorization(context: dg.AssetExecutionContext, ledger: LedgerResource) -> dict:
     run_id = context.run.tags.get(RUN_ID_TAG)
@@ -30,13 +30,14 @@ def run_authorization(context: dg.AssetExecutionContext, ledger: LedgerResource)
         raise dg.Failure(description="the training job runs only for a ledger run (tag ito/run_id)")
     with ledger.open() as opened:
         try:
+            runs.attach_dagster_run(opened, run_id, context.run_id)
             granted = authorization.reverify(opened, run_id)
         except ItoError as error:
-            runs.set_state(opened, run_id, RunState.GATE_FAILED, reason=error.code.value)
+            # The blocking check stops the run; its end (gate_failed, with this code) reaches the
+            # ledger through the run-status sensor, together with the run's event log.
             verdict = {"run_id": run_id, "authorized": False, "error_code": error.code.value}
             context.add_output_metadata({**verdict, "error_message": error.message})
             return verdict
-        runs.attach_dagster_run(opened, run_id, context.run_id)
         runs.set_state(opened, run_id, RunState.RUNNING)
     verdict = {"run_id": run_id, "authorized": True, "account_id": granted.account_id,
                "booking_id": granted.booking_id, "manifest_digest": granted.manifest_digest,

@@ -4,9 +4,19 @@ run-status sensors (daemon) and for `make run` (in process)."""
 import dagster as dg
 
 from ito_assets.errors import ErrorCode
+from ito_assets.gates import runs, telemetry
 from ito_assets.gates.ledger import Ledger
 from ito_assets.gates.outcome import record_outcome
 from ito_assets.gates.runs import Run
+from ito_assets.gates.states import TERMINAL_RUN_STATES
+
+# The events a caller of `ito logs` wants to read: steps, materializations, checks, the run's end.
+_LOGGED_EVENTS = frozenset({
+    dg.DagsterEventType.STEP_START, dg.DagsterEventType.STEP_SUCCESS, dg.DagsterEventType.STEP_FAILURE,
+    dg.DagsterEventType.STEP_SKIPPED, dg.DagsterEventType.ASSET_MATERIALIZATION,
+    dg.DagsterEventType.ASSET_CHECK_EVALUATION, dg.DagsterEventType.RUN_SUCCESS,
+    dg.DagsterEventType.RUN_FAILURE, dg.DagsterEventType.RUN_CANCELED,
+})
 
 AUTHORIZATION_CHECK = "run_still_authorized"
 EVAL_GATE_SUFFIX = "_gate"  # eval-gate checks are named <stage>_gate
@@ -27,7 +37,26 @@ def failed_gate_code(instance: dg.DagsterInstance, dagster_run_id: str) -> str |
     return None
 
 
+def copy_event_log(ledger: Ledger, instance: dg.DagsterInstance, dagster_run_id: str, run_id: str) -> int:
+    """The run's Dagster events into the ledger's log (redacted there), for `ito logs`."""
+    count = 0
+    for entry in instance.all_logs(dagster_run_id):
+        event = entry.dagster_event
+        if event is None or event.event_type not in _LOGGED_EVENTS:
+            continue
+        level = "error" if event.is_failure else "info"
+        step = f"{event.step_key}: " if event.step_key else ""
+        telemetry.append_log(ledger, run_id, level, f"{event.event_type.name} {step}{event.message or ''}".strip())
+        count += 1
+    return count
+
+
 def report_outcome(ledger: Ledger, instance: dg.DagsterInstance, dagster_run: dg.DagsterRun, run_id: str) -> Run:
+    """Once per run: its event log and its end. A run already terminal is left as it is."""
+    current = runs.get(ledger, run_id)
+    if current.state in TERMINAL_RUN_STATES:
+        return current
+    copy_event_log(ledger, instance, dagster_run.run_id, run_id)
     succeeded = dagster_run.status == dg.DagsterRunStatus.SUCCESS
     gate_code = None if succeeded else failed_gate_code(instance, dagster_run.run_id)
     return record_outcome(ledger, run_id, succeeded=succeeded, gate_code=gate_code)
