@@ -1,0 +1,24 @@
+"""Post-training's knobs as a Dagster resource (key `posttraining`): what the manifest's recipe
+does not say. Defaults are the embedded CPU installation's (`PostTrainingRuntime`)."""
+
+import dagster as dg
+
+from ito_assets.posttraining.pipeline import PostTrainingRuntime
+
+_DEFAULT = PostTrainingRuntime()
+
+
+class PostTrainingResource(dg.ConfigurableResource):
+    model_name: str = _DEFAULT.model_name
+    seed: int = _DEFAULT.seed
+    held_out_fraction: float = _DEFAULT.held_out_fraction
+    num_eval_prompts: int = _DEFAULT.num_eval_prompts
+    batch_size: int = _DEFAULT.batch_size
+    rlvr_num_steps: int = _DEFAULT.rlvr_num_steps
+    rlvr_groups_per_step: int = _DEFAULT.rlvr_groups_per_step
+    max_new_tokens: int = _DEFAULT.max_new_tokens
+    overlong_cache: int = _DEFAULT.overlong_cache
+    num_threads: int = _DEFAULT.num_threads
+
+    def runtime(self) -> PostTrainingRuntime:
+        return PostTrainingRuntime(**self.model_dump())

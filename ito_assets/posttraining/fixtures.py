@@ -1,0 +1,97 @@
+"""Instruction pairs (SFT) and preference pairs (DPO): the records, their JSONL files, and the
+deterministic generator behind `scripts/make_posttraining_fixtures.py`.
+
+The pairs are built from the verifiable tasks (tasks.py) so that the three stages pull the same
+way: SFT teaches the answer format on the train prompts, DPO prefers the right answer over a
+plausible wrong one, RLVR then optimises the verifiable reward itself. Held-out prompts (the
+eval battery's) never appear in any pair.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Sequence
+
+from ito_assets.errors import ErrorCode, ItoError
+from ito_assets.posttraining.tasks import Task
+
+
+@dataclass(frozen=True, kw_only=True)
+class InstructionPair:
+    pair_id: str
+    prompt: str
+    response: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreferencePair:
+    pair_id: str
+    prompt: str
+    chosen: str
+    rejected: str
+
+
+def _wrong_answer(task: Task, rng: random.Random) -> str:
+    """A near miss, never the right answer: a number off by 1-3; for other tasks another
+    character of the prompt's operand (for "max 371=": 3 or 1)."""
+    if task.family == "arithmetic":
+        return str(int(task.answer) + rng.choice((-3, -2, -1, 1, 2, 3)))
+    operand = task.prompt.split(" ", 1)[-1].rstrip("=")
+    others = sorted(set(operand) - set(task.answer)) or sorted(set("0123456789") - set(task.answer))
+    return rng.choice(others)
+
+
+def instruction_pairs(tasks: Sequence[Task], *, copies: int, seed: int, error_rate: float) -> list[InstructionPair]:
+    """Each task `copies` times in a seeded order; a share `error_rate` of responses are wrong,
+    as in real instruction data, which leaves DPO and RLVR something to fix."""
+    rng = random.Random(seed)
+    pairs = []
+    for copy in range(copies):
+        for task in tasks:
+            response = _wrong_answer(task, rng) if rng.random() < error_rate else task.answer
+            pairs.append(InstructionPair(pair_id=f"sft/{task.task_id}/{copy}", prompt=task.prompt, response=response))
+    rng.shuffle(pairs)
+    return pairs
+
+
+def preference_pairs(tasks: Sequence[Task], *, copies: int, seed: int) -> list[PreferencePair]:
+    rng = random.Random(seed)
+    pairs = [
+        PreferencePair(pair_id=f"dpo/{t.task_id}/{c}", prompt=t.prompt, chosen=t.answer, rejected=_wrong_answer(t, rng))
+        for c in range(copies)
+        for t in tasks
+    ]
+    rng.shuffle(pairs)
+    return pairs
+
+
+def write_jsonl(path: Path, records: Sequence[InstructionPair | PreferencePair]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps(asdict(r), sort_keys=True, ensure_ascii=True) for r in records]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _read(path: Path, kind: type, fields: tuple[str, ...]) -> list:
+    records = []
+    try:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            row = json.loads(line)
+            if sorted(row) != sorted(fields) or not all(isinstance(row[f], str) for f in fields):
+                raise ValueError
+            records.append(kind(**row))
+    except (OSError, ValueError):
+        raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID, f"{path.name} is missing or malformed") from None
+    if not records:
+        raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID, f"{path.name} holds no pairs")
+    return records
+
+
+def read_instruction_pairs(path: Path) -> list[InstructionPair]:
+    return _read(path, InstructionPair, ("pair_id", "prompt", "response"))
+
+
+def read_preference_pairs(path: Path) -> list[PreferencePair]:
+    return _read(path, PreferencePair, ("pair_id", "prompt", "chosen", "rejected"))

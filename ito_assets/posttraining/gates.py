@@ -1,0 +1,88 @@
+"""The post-training eval gate: held-out verifiable reward before and after a stage, compared
+per prompt (paired), against the sampling noise band.
+
+Two rules:
+- improvement: the stage must raise the held-out reward by at least `min_gain`, beyond noise:
+  delta - z x SE >= min_gain. SFT (the base has never seen the answer format) and RLVR (the
+  stage whose objective is this reward) are held to it.
+- no_regression: the held-out reward must not drop beyond noise: delta + z x SE >= 0. DPO, which
+  optimises preferences rather than the reward, is held to this.
+SE is the standard error of the per-prompt differences. A failed gate stops the chain: the next
+stage refuses to start (EVAL_GATE_FAILED), whatever retries or flags are used.
+"""
+
+from __future__ import annotations
+
+import enum
+import statistics
+from dataclasses import dataclass
+
+from ito_assets.errors import ErrorCode, ItoError
+from ito_assets.posttraining.evaluation import RewardEval
+
+# 1.96: the two-sided 95% quantile of the normal distribution.
+Z_95 = 1.96
+
+
+class GateRule(str, enum.Enum):
+    IMPROVEMENT = "improvement"
+    NO_REGRESSION = "no_regression"
+
+
+@dataclass(frozen=True, kw_only=True)
+class GateSpec:
+    rule: GateRule
+    min_gain: float = 0.0  # improvement only: the margin the rise must clear beyond noise
+    z: float = Z_95
+
+    def __post_init__(self) -> None:
+        if self.min_gain < 0 or self.z < 0:
+            raise ValueError("min_gain and z must be >= 0")
+
+
+# The post-training battery: one rule per stage of the recipe.
+BATTERY: dict[str, GateSpec] = {
+    "sft": GateSpec(rule=GateRule.IMPROVEMENT),
+    "dpo": GateSpec(rule=GateRule.NO_REGRESSION),
+    "rlvr": GateSpec(rule=GateRule.IMPROVEMENT),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class GateVerdict:
+    stage: str
+    rule: str
+    passed: bool
+    reward_before: float
+    reward_after: float
+    delta: float
+    standard_error: float
+    min_gain: float
+    reason: str
+
+    def as_dict(self) -> dict:
+        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
+
+
+def judge(stage: str, before: RewardEval, after: RewardEval, spec: GateSpec) -> GateVerdict:
+    """`before` and `after` must be evaluations of the same held-out prompts, in the same order."""
+    if before.num_tasks != after.num_tasks or before.num_tasks < 2:
+        raise ValueError("before and after must cover the same held-out prompts (at least 2)")
+    diffs = [a - b for a, b in zip(after.per_task, before.per_task)]
+    delta, se = statistics.fmean(diffs), statistics.stdev(diffs) / len(diffs) ** 0.5
+    if spec.rule is GateRule.IMPROVEMENT:
+        passed = delta - spec.z * se >= spec.min_gain and delta > 0
+        reason = f"held-out reward rose by {delta:+.4f} (SE {se:.4f}); needed > {spec.min_gain} beyond {spec.z} SE"
+    else:
+        passed = delta + spec.z * se >= 0
+        reason = f"held-out reward moved by {delta:+.4f} (SE {se:.4f}); a drop beyond {spec.z} SE fails"
+    return GateVerdict(
+        stage=stage, rule=spec.rule.value, passed=passed, reward_before=before.mean_reward,
+        reward_after=after.mean_reward, delta=delta, standard_error=se, min_gain=spec.min_gain, reason=reason,
+    )
+
+
+def require_passed(verdict: GateVerdict) -> None:
+    """Where the side effect happens: a stage does not start after a failed gate."""
+    if not verdict.passed:
+        raise ItoError(ErrorCode.EVAL_GATE_FAILED, f"the {verdict.stage} eval gate failed: {verdict.reason}")

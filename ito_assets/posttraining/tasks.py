@@ -1,0 +1,127 @@
+"""Verifiable tasks that can be shipped: generated from a seed, checked without a judge model.
+
+Three families, each answerable by exact comparison or by running code:
+- arithmetic: "a+b=", "a-b=", "a*b=" with an exact integer answer;
+- exact_match: string transformations with one right answer (reverse, sort digits, parity bit);
+- code: complete a one-line Python function body; checked by running its unit tests (rewards.py).
+
+The same (family, seed, count) always gives the same tasks, in the same order, on any machine.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Literal, Sequence
+
+Family = Literal["arithmetic", "exact_match", "code"]
+FAMILIES: tuple[str, ...] = ("arithmetic", "exact_match", "code")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Task:
+    task_id: str
+    family: Family
+    prompt: str
+    answer: str  # the reference answer (for code: a reference body that passes the tests)
+    tests: str = ""  # code only: assert statements run after prompt + completion
+
+
+def addition_tasks(*, max_operand: int = 9) -> list[Task]:
+    """Every "a+b=" with 0 <= a, b <= max_operand, in order: the tiny runs' task."""
+    return [
+        Task(task_id=f"add/{a}+{b}", family="arithmetic", prompt=f"{a}+{b}=", answer=str(a + b))
+        for a in range(max_operand + 1)
+        for b in range(max_operand + 1)
+    ]
+
+
+def largest_digit_tasks(*, num_digits: int = 3) -> list[Task]:
+    """Every "max d1d2d3=" -> the largest digit, in order: the tiny runs' task. A skill (compare
+    and copy) rather than a table of facts, so that learning on some prompts carries to held-out
+    ones; a uniform guess among the prompt's digits is right about half the time, which gives
+    GRPO groups with mixed rewards from the first step."""
+    digits = [str(d) for d in range(10)]
+    strings = [""]
+    for _ in range(num_digits):
+        strings = [s + d for s in strings for d in digits]
+    return [Task(task_id=f"max/{s}", family="exact_match", prompt=f"max {s}=", answer=max(s)) for s in strings]
+
+
+def arithmetic_tasks(*, seed: int, count: int, max_operand: int = 99) -> list[Task]:
+    rng = random.Random(seed)
+    tasks = []
+    for index in range(count):
+        a, b, op = rng.randint(0, max_operand), rng.randint(0, max_operand), rng.choice("+-*")
+        value = {"+": a + b, "-": a - b, "*": a * b}[op]
+        task_id = f"arith/{seed}/{index}"
+        tasks.append(Task(task_id=task_id, family="arithmetic", prompt=f"{a}{op}{b}=", answer=str(value)))
+    return tasks
+
+
+def _exact_match(rng: random.Random) -> tuple[str, str]:
+    kind = rng.choice(("rev", "sort", "parity"))
+    if kind == "parity":
+        bits = "".join(rng.choice("01") for _ in range(rng.randint(3, 8)))
+        return f"parity {bits}=", str(bits.count("1") % 2)
+    word = "".join(rng.choice("abcdefghij0123456789") for _ in range(rng.randint(3, 6)))
+    if kind == "rev":
+        return f"rev {word}=", word[::-1]
+    return f"sort {word}=", "".join(sorted(word))
+
+
+def exact_match_tasks(*, seed: int, count: int) -> list[Task]:
+    rng = random.Random(seed)
+    tasks = []
+    for index in range(count):
+        prompt, answer = _exact_match(rng)
+        tasks.append(Task(task_id=f"exact/{seed}/{index}", family="exact_match", prompt=prompt, answer=answer))
+    return tasks
+
+
+# (description, reference body over x and k): one-line functions a small model can complete.
+_CODE_TEMPLATES: tuple[tuple[str, str], ...] = (
+    ("return x plus {k}", "x + {k}"),
+    ("return x times {k}", "x * {k}"),
+    ("return x modulo {k}", "x % {k}"),
+    ("return the larger of x and {k}", "max(x, {k})"),
+    ("return x squared minus {k}", "x * x - {k}"),
+    ("return True when x is divisible by {k}", "x % {k} == 0"),
+)
+_CODE_INPUTS = (-3, 0, 1, 2, 7, 10)
+
+
+def code_tasks(*, seed: int, count: int) -> list[Task]:
+    """`def f(x):` one-liners; tests compare against the reference on fixed inputs."""
+    rng = random.Random(seed)
+    tasks = []
+    for index in range(count):
+        description, body = rng.choice(_CODE_TEMPLATES)
+        k = rng.randint(2, 9)
+        reference = body.format(k=k)
+        expected = [(x, eval(reference, {}, {"x": x})) for x in _CODE_INPUTS]  # noqa: S307 - our own template
+        tests = "\n".join(f"assert f({x}) == {value!r}" for x, value in expected)
+        prompt = f"# {description.format(k=k)}\ndef f(x):\n    return "
+        tasks.append(Task(task_id=f"code/{seed}/{index}", family="code", prompt=prompt, answer=reference, tests=tests))
+    return tasks
+
+
+def make_tasks(family: str, *, seed: int, count: int) -> list[Task]:
+    if family == "arithmetic":
+        return arithmetic_tasks(seed=seed, count=count)
+    if family == "exact_match":
+        return exact_match_tasks(seed=seed, count=count)
+    if family == "code":
+        return code_tasks(seed=seed, count=count)
+    raise ValueError(f"family must be one of {FAMILIES}")
+
+
+def split_held_out(tasks: Sequence[Task], *, held_out_fraction: float, seed: int) -> tuple[list[Task], list[Task]]:
+    """A seeded split into (train, held_out); held-out prompts are never trained on."""
+    if not 0 < held_out_fraction < 1:
+        raise ValueError("held_out_fraction must be in (0, 1)")
+    order = list(range(len(tasks)))
+    random.Random(seed).shuffle(order)
+    num_held_out = max(1, round(held_out_fraction * len(tasks)))
+    held = set(order[:num_held_out])
+    return [t for i, t in enumerate(tasks) if i not in held], [t for i, t in enumerate(tasks) if i in held]
