@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import dagster as dg
 
-from ito_assets.defs import manifest, workload
+from ito_assets.defs import data, manifest, workload
 from ito_assets.defs.executors import executor_for
+from ito_assets.defs.jobs import preparation_job, training_job
 from ito_assets.defs.resources import ItoSettingsResource, LedgerResource
 from ito_assets.settings import Settings, load_settings
 from sensors import RUN_STATUS_SENSORS, SENSORS
@@ -15,10 +16,11 @@ from sensors import RUN_STATUS_SENSORS, SENSORS
 def build_definitions(settings: Settings) -> dg.Definitions:
     shell = dg.Definitions(
         sensors=[*SENSORS, *RUN_STATUS_SENSORS],
+        jobs=[preparation_job, training_job],
         resources={"ito": ItoSettingsResource.from_settings(settings), "ledger": LedgerResource.from_settings(settings)},
         executor=executor_for(settings.executor),
     )
-    return dg.Definitions.merge(manifest.defs(), workload.defs(), shell)
+    return dg.Definitions.merge(manifest.defs(), data.defs(), workload.defs(), shell)
 
 
 @dg.definitions

@@ -1,9 +1,9 @@
-"""A new reviewed manifest in the manifests folder -> register its partition and verify it."""
+"""A new reviewed manifest in the manifests folder -> register its partition and prepare it."""
 
 
 import dagster as dg
 
-from ito_assets.defs.manifest.jobs import manifest_job
+from ito_assets.defs.jobs import preparation_job
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.resources import ItoSettingsResource
 from ito_assets.manifest import discovery
@@ -12,10 +12,10 @@ MANIFEST_DIGEST_TAG = "ito/manifest_digest"
 
 
 @dg.sensor(
-    job=manifest_job,
+    job=preparation_job,
     default_status=dg.DefaultSensorStatus.RUNNING,
     minimum_interval_seconds=30,
-    description="Registers each reviewed manifest (keyed by its short digest) and verifies it once; "
+    description="Registers each reviewed manifest (keyed by its short digest) and prepares it once; "
     "the run key is the manifest's full digest.",
 )
 def reviewed_manifest_sensor(context: dg.SensorEvaluationContext, ito: ItoSettingsResource) -> dg.SensorResult:

@@ -7,7 +7,7 @@ import dagster as dg
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.resources import LedgerResource
 from ito_assets.defs.workload.assets import RUN_ID_TAG
-from ito_assets.defs.workload.jobs import training_job
+from ito_assets.defs.jobs import training_job
 from ito_assets.defs.workload.outcome import report_outcome
 from ito_assets.gates import runs
 from ito_assets.gates.states import RunState

@@ -77,6 +77,18 @@ SUITE_LINES = (
     '{"id": "q2", "benchmark": "arith", "question": "What is seven times six?", "answer": "42"}\n'
 )
 
+# A tiny real corpus: two near-duplicates, one document that quotes an eval item verbatim.
+CORPUS_LINES = "".join(
+    json.dumps({"id": f"n{i}", "text": text}) + "\n"
+    for i, text in enumerate([
+        "Generators produce values lazily, one at a time, and remember where they stopped between calls.",
+        "Generators produce values lazily, one at a time, and remember where they stopped between the calls.",
+        "A dictionary maps hashable keys to values and keeps the order in which the keys were inserted.",
+        "Quiz night: Which keyword defines a function in Python? The answer was def, of course.",
+        "List comprehensions build a new list from an iterable, optionally filtering its elements first.",
+    ])
+)
+
 
 class Installation:
     def __init__(self, root: Path):
@@ -88,6 +100,10 @@ class Installation:
         suite.parent.mkdir(parents=True)
         write_file(suite, SUITE_LINES)
         self.suite_digest = "sha256:" + hashlib.sha256(SUITE_LINES.encode()).hexdigest()
+        corpus = self.data_root / "corpora" / "notes.jsonl"
+        corpus.parent.mkdir(parents=True)
+        write_file(corpus, CORPUS_LINES)
+        self.corpus_sha256 = hashlib.sha256(CORPUS_LINES.encode()).hexdigest()
         self.settings = Settings(
             project_root=root,
             state_dir=root / ".ito",
@@ -100,6 +116,8 @@ class Installation:
         document = valid_manifest()
         document["name"] = name
         document["data"][0]["decontamination"]["eval_suite_sha256"] = self.suite_digest
+        document["data"][0]["uri"] = "dataroot://corpora/notes.jsonl"
+        document["data"][0]["sha256"] = self.corpus_sha256
         if not provenance:
             del document["data"][0]["decontamination"]
         document.update(top_level)

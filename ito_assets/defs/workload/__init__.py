@@ -4,8 +4,7 @@ import dagster as dg
 
 from ito_assets.defs.workload.assets import run_authorization
 from ito_assets.defs.workload.checks import run_still_authorized
-from ito_assets.defs.workload.jobs import training_job
 
 
 def defs() -> dg.Definitions:
-    return dg.Definitions(assets=[run_authorization], asset_checks=[run_still_authorized], jobs=[training_job])
+    return dg.Definitions(assets=[run_authorization], asset_checks=[run_still_authorized])

@@ -1,0 +1,133 @@
+"""`ito audit doc ID`, `ito audit eval-item ID`, `ito audit manifest DIGEST` [--json]: local reads
+of the DuckDB warehouse (read-only), no API contact. They answer "why is document X not in the
+training data" and "which documents matched eval item Y" with one command each."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from datetime import datetime
+
+from ito_assets.api.cli import Outcome
+from ito_assets.errors import ErrorCode, ItoError
+
+_DOC_ID = re.compile(r"^[0-9a-f]{16}$")
+_DIGEST = re.compile(r"^(sha256:)?[0-9a-fA-F]{6,64}$")
+_ITEM_ID = re.compile(r"^[\x21-\x7e]{1,256}$")
+
+
+def register(verbs: argparse._SubParsersAction) -> None:
+    group = verbs.add_parser("audit", help="trace documents and eval items through data preparation")
+    actions = group.add_subparsers(dest="action", required=True, parser_class=type(group))
+    for name, arg, helptext, handler in (
+        ("doc", "doc_id", "a document id (16 hex digits)", _doc),
+        ("eval-item", "item_id", "an eval item id, e.g. py-trivia/007", _eval_item),
+        ("manifest", "digest", "a manifest digest: sha256:HEX, HEX, or its 12-digit key", _manifest),
+    ):
+        parser = actions.add_parser(name, help=f"audit {helptext}")
+        parser.add_argument(arg, help=helptext)
+        parser.add_argument("--json", action="store_true", help="print one JSON document")
+        parser.set_defaults(handler=handler)
+
+
+def _open():
+    from ito_assets.data import lineage
+    from ito_assets.settings import load_settings
+
+    path = load_settings().warehouse_path
+    if not path.is_file():
+        raise ItoError(ErrorCode.WAREHOUSE_NOT_FOUND, "no warehouse yet: materialize the data stage first (make run)")
+    import duckdb
+
+    try:
+        return lineage, lineage.connect(path, read_only=True)
+    except duckdb.IOException:
+        # DuckDB lets no reader in while a writing step holds the file: try again when it is done.
+        raise ItoError(ErrorCode.WAREHOUSE_BUSY, "the warehouse is being written by a running step; retry shortly", retryable=True) from None
+
+
+def _plain(value):
+    """JSON-safe values (timestamps as ISO text)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return value
+
+
+def _table(rows: list[dict], columns: list[str]) -> list[str]:
+    if not rows:
+        return ["  (none)"]
+    cells = [[("" if r.get(c) is None else str(r.get(c))) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    line = lambda values: "  " + "  ".join(v.ljust(w) for v, w in zip(values, widths))  # noqa: E731
+    return [line(columns), line(["-" * w for w in widths]), *(line(row) for row in cells)]
+
+
+def _why(entry: dict) -> str:
+    state = entry.get("state")
+    if state == "kept":
+        return "kept: in the clean shards"
+    if state == "duplicate":
+        return f"removed as {entry['method']} duplicate of {entry['duplicate_of']} (cluster {entry['cluster_id']}, Jaccard {entry['similarity']:.3f})"
+    if state == "contaminated":
+        return f"contaminated by {', '.join(entry['eval_item_ids'] or [])}: action {entry['action']} ({entry['num_pieces']} pieces kept)"
+    return "no decision recorded yet (the clean_shards asset has not run for this manifest)"
+
+
+def _doc(args: argparse.Namespace) -> Outcome:
+    if not _DOC_ID.fullmatch(args.doc_id):
+        raise ItoError(ErrorCode.USAGE_ERROR, "a document id is 16 lower-case hex digits")
+    lineage, con = _open()
+    with con:
+        found = _plain(lineage.audit_document(con, args.doc_id))
+    if not found:
+        raise ItoError(ErrorCode.AUDIT_NOT_FOUND, "no document with this id is in the warehouse")
+    text = []
+    for entry in found:
+        text += [
+            f"document {entry['doc_id']} in manifest {entry['manifest_digest']}",
+            f"  from: {entry['source_uri']} row {entry['row']} (id {entry['source_record_id']}, licence {entry['license']}, source sha256 {entry['source_sha256']})",
+            f"  what happened: {_why(entry)}",
+            "  contamination hits:",
+            *_table(entry["contamination_hits"], ["eval_item_id", "benchmark", "view", "char_start", "char_end", "overlap_ratio", "matched_ngram"]),
+            "  clean shards:",
+            *_table(entry["clean_pieces"], ["piece", "char_start", "char_end", "shard_sha256", "shard_path"]),
+            "  consumed by runs:",
+            *_table(entry["consumed_by"], ["run_id", "stage", "consumed_at"]),
+        ]
+    return Outcome(data={"doc_id": args.doc_id, "manifests": found}, live_api_contacted=False, text=text)
+
+
+def _eval_item(args: argparse.Namespace) -> Outcome:
+    if not _ITEM_ID.fullmatch(args.item_id):
+        raise ItoError(ErrorCode.USAGE_ERROR, "an eval item id is 1-256 printable characters without spaces")
+    lineage, con = _open()
+    with con:
+        hits = _plain(lineage.audit_eval_item(con, args.item_id))
+    text = [f"eval item {args.item_id}: {len(hits)} matching document(s)", *_table(hits, ["doc_id", "source_uri", "row", "view", "overlap_ratio", "action", "char_start", "char_end", "matched_ngram"])]
+    return Outcome(data={"eval_item_id": args.item_id, "num_documents": len({h["doc_id"] for h in hits}), "hits": hits}, live_api_contacted=False, text=text)
+
+
+def _manifest(args: argparse.Namespace) -> Outcome:
+    if not _DIGEST.fullmatch(args.digest):
+        raise ItoError(ErrorCode.USAGE_ERROR, "a manifest digest is sha256: and hex digits, or at least 6 hex digits")
+    lineage, con = _open()
+    with con:
+        matches = lineage.resolve_manifest(con, args.digest)
+        if len(matches) != 1:
+            code = ErrorCode.AUDIT_NOT_FOUND if not matches else ErrorCode.USAGE_ERROR
+            raise ItoError(code, "no manifest with this digest is in the warehouse" if not matches else "the digest prefix is ambiguous")
+        report = _plain(lineage.audit_manifest(con, matches[0]))
+    head = report["manifest"] or {}
+    text = [
+        f"manifest {matches[0]} ({head.get('name')}), eval suite {head.get('eval_suite_id')} {head.get('eval_suite_digest')}",
+        "sources:", *_table(report["sources"], ["source_index", "uri", "license", "num_documents", "sha256"]),
+        "what happened to the documents:", *_table(report["states"], ["state", "detail", "num_documents"]),
+        "contamination by benchmark:", *_table(report["contamination_by_benchmark"], ["benchmark", "num_documents", "num_eval_items"]),
+        "clean shards:", *_table(report["clean_shards"], ["shard_sha256", "num_rows", "shard_path"]),
+        "consumed by runs:", *_table(report["consumed_by"], ["run_id", "stage", "consumed_at"]),
+    ]
+    return Outcome(data={"manifest_digest": matches[0], **report}, live_api_contacted=False, text=text)

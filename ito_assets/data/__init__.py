@@ -1,0 +1,6 @@
+"""Data preparation, pure core (no Dagster): sources -> shards -> exact and near-duplicate removal
+-> decontamination against the eval suite -> clean shards, with the lineage an auditor follows.
+
+Modules, in pipeline order: config, text, sources, shards, exact_dedup, minhash, near_dedup,
+dedup, eval_index, decontam, clean, lineage; `stages` runs them per manifest for the shell.
+"""

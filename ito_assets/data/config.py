@@ -1,0 +1,145 @@
+"""Configuration of the data-preparation stage: one frozen, keyword-only dataclass per step.
+
+Every default names where it comes from. Values are validated on construction with a ValueError
+that names the field, so a bad configuration fails before any document is read.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+DecontamAction = Literal["drop", "cut"]
+
+
+def _require(condition: bool, name: str, rule: str) -> None:
+    if not condition:
+        raise ValueError(f"{name} {rule}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DedupConfig:
+    """Exact and near-duplicate removal (MinHash LSH with verification).
+
+    - shingle_size 5 words and threshold 0.8: Lee et al. (2022), "Deduplicating Training Data Makes
+      Language Models Better" (NearDup: word 5-grams, Jaccard >= 0.8); datatrove's MinhashConfig
+      also shingles word 5-grams.
+    - bands x rows = 20 x 6 (num_perm 120): the S-curve 1 - (1 - J^6)^20 makes a pair at J = 0.8 a
+      candidate with probability 0.9977 (0.23% missed; at J = 0.85, 0.01%), where datatrove's 14 x 8
+      misses 7.6% at J = 0.8. The price is more candidates below the threshold (61% at J = 0.6),
+      which verification discards cheaply.
+    - verify "exact": a removal needs the exact Jaccard of the shingle sets >= threshold (the
+      signature estimate has a standard deviation of sqrt(J(1-J)/num_perm) = 0.037 at J = 0.8,
+      which would make ~30% of removals near the threshold unjustified). "signature" trusts the
+      estimate alone. Either way, pairs whose estimate is below threshold - prefilter_margin are
+      not verified (margin 0.15 = 4 standard deviations at J = 0.8: a true 0.8 pair is lost with
+      probability 3e-5).
+    """
+
+    shingle_size: int = 5
+    num_perm: int = 120
+    bands: int = 20
+    rows: int = 6
+    threshold: float = 0.8
+    verify: Literal["exact", "signature"] = "exact"
+    prefilter_margin: float = 0.15
+    seed: int = 1
+    # Above this share of removed documents the WARN check fires: the fixture corpora lose ~15%
+    # (stdlib re-exports and inherited docstrings); a source listed twice would lose >= 50%.
+    warn_duplicate_rate: float = 0.4
+
+    def __post_init__(self) -> None:
+        _require(1 <= self.shingle_size <= 32, "shingle_size", "must be between 1 and 32 words")
+        _require(self.bands >= 1 and self.rows >= 1, "bands", "and rows must be positive")
+        _require(self.bands * self.rows <= self.num_perm, "num_perm", "must be at least bands x rows")
+        _require(0.0 < self.threshold <= 1.0, "threshold", "must be in (0, 1]")
+        _require(self.verify in ("exact", "signature"), "verify", "must be 'exact' or 'signature'")
+        _require(0.0 <= self.prefilter_margin < 1.0, "prefilter_margin", "must be in [0, 1)")
+        _require(0.0 < self.warn_duplicate_rate <= 1.0, "warn_duplicate_rate", "must be in (0, 1]")
+
+    @property
+    def lsh_threshold(self) -> float:
+        """Where the banding S-curve crosses 1/2, approximately (1/b)^(1/r)."""
+        return (1.0 / self.bands) ** (1.0 / self.rows)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecontamConfig:
+    """N-gram decontamination against the eval suite.
+
+    - ngram_size 13: GPT-3 (Brown et al. 2020, appendix C): a document is contaminated by an item
+      when 13 of the item's words (normalised) are matched; views shorter than 13 / min_overlap
+      words need min_overlap of their words instead (the shorter n for short items).
+    - min_overlap 0.7: PaLM (Chowdhery et al. 2022, section 8) calls an example contaminated when
+      70% of its 8-grams occur in the training data.
+    - seed_ngram_size 6: matches are found through shared word 6-grams ("seeds"). An edit breaks
+      every seed that spans it, so a seed shorter than the evidence keeps an edited question
+      detectable: with two edits in 25 words, the unedited stretches of >= 6 words always cover
+      >= 13 words. Short views use seeds of half their length, never below min_seed_ngram_size.
+    - common_min_docs 10: GPT-3 ignored 13-grams with more than 10 hits (common phrases, legal
+      boilerplate). A plain cut would also hide a benchmark copied into many documents, so a seed
+      is ignored only when it is also common_relative_factor times more frequent than the median
+      seed of its own item view.
+    - cut_window_chars 200, min_piece_chars 200, max_pieces 10: the GPT-3 rule for "cut": remove
+      the match and 200 characters either side, drop pieces under 200 characters, drop the whole
+      document when it would be split into more than 10 pieces.
+    """
+
+    ngram_size: int = 13
+    min_overlap: float = 0.7
+    seed_ngram_size: int = 6
+    min_seed_ngram_size: int = 4
+    min_view_words: int = 8
+    min_answer_words: int = 13
+    common_min_docs: int = 10
+    common_relative_factor: float = 4.0
+    # A seed whose distinct tokens are fewer than this share of its length (a run of numbers
+    # becomes "0 0 0 ..." after digit normalisation) or whose number tokens exceed it never counts.
+    degenerate_fraction: float = 0.5
+    action: DecontamAction = "drop"
+    cut_window_chars: int = 200
+    min_piece_chars: int = 200
+    max_pieces: int = 10
+
+    def __post_init__(self) -> None:
+        _require(4 <= self.ngram_size <= 50, "ngram_size", "must be between 4 and 50 (the manifest schema's range)")
+        _require(0.0 < self.min_overlap <= 1.0, "min_overlap", "must be in (0, 1]")
+        _require(2 <= self.min_seed_ngram_size <= self.seed_ngram_size, "min_seed_ngram_size", "must be between 2 and seed_ngram_size")
+        _require(self.seed_ngram_size <= self.ngram_size, "seed_ngram_size", "must not exceed ngram_size")
+        _require(self.min_view_words >= self.min_seed_ngram_size, "min_view_words", "must be at least min_seed_ngram_size")
+        _require(self.min_answer_words >= 1, "min_answer_words", "must be positive")
+        _require(self.common_min_docs >= 1, "common_min_docs", "must be positive")
+        _require(self.common_relative_factor >= 1.0, "common_relative_factor", "must be at least 1")
+        _require(0.0 < self.degenerate_fraction < 1.0, "degenerate_fraction", "must be in (0, 1)")
+        _require(self.action in ("drop", "cut"), "action", "must be 'drop' or 'cut'")
+        _require(self.cut_window_chars >= 0 and self.min_piece_chars >= 0, "cut_window_chars", "and min_piece_chars must be >= 0")
+        _require(self.max_pieces >= 1, "max_pieces", "must be positive")
+
+    def seed_size(self, view_len: int) -> int:
+        """Seed n-gram size for a view of `view_len` words: the shorter n for short items."""
+        return max(self.min_seed_ngram_size, min(self.seed_ngram_size, view_len // 2))
+
+    def evidence_words(self, view_len: int) -> int:
+        """Matched words needed to call a view contaminated: 13, or min_overlap of a short view."""
+        return min(self.ngram_size, max(1, math.ceil(self.min_overlap * view_len - 1e-9)))
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataPrepConfig:
+    dedup: DedupConfig = field(default_factory=DedupConfig)
+    decontam: DecontamConfig = field(default_factory=DecontamConfig)
+    # Rows per Parquet shard: ~50k documents of a few kB keep a shard near 100 MB, the size that
+    # Parquet readers and object stores handle best (Apache Parquet docs: 512 MB-1 GB row groups
+    # for HDFS; smaller files for local, parallel reads).
+    shard_max_rows: int = 50_000
+
+    def __post_init__(self) -> None:
+        _require(self.shard_max_rows >= 1, "shard_max_rows", "must be positive")
+
+    def as_metadata(self) -> dict:
+        """Flat parameters for the materialisation metadata (what a data engineer sees in the UI)."""
+        flat = {f"dedup.{k}": v for k, v in asdict(self.dedup).items()}
+        flat.update({f"decontam.{k}": v for k, v in asdict(self.decontam).items()})
+        flat["shard_max_rows"] = self.shard_max_rows
+        return flat

@@ -1,0 +1,156 @@
+"""Lineage tables in the DuckDB warehouse, and the queries auditors run on them.
+
+Every row carries the manifest digest, so one warehouse holds many manifests; each writing step
+replaces its own rows for its manifest in one transaction (a rerun never duplicates). Tables:
+
+    manifests          manifest_digest, manifest_key, name, eval_suite_id, eval_suite_digest, ...
+    sources            one row per data reference: uri, sha256, licence, format, normalisation
+    documents          one row per input document: id, provenance, length, source shard
+    duplicates         removed duplicate -> kept document, cluster id, method, similarity
+    contamination_hits document x eval item: view, matched n-gram, offsets, overlap, action
+    decisions          final state of every input document (kept / duplicate / contaminated)
+    clean_shards       clean shard path, sha256, rows
+    clean_pieces       which clean shard holds each kept document or piece
+    shard_consumers    which later run consumed a clean shard (written by the training stage)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import polars as pl
+
+SCHEMA = {
+    "manifests": "manifest_digest VARCHAR, manifest_key VARCHAR, name VARCHAR, eval_suite_id VARCHAR, "
+    "eval_suite_digest VARCHAR, config JSON, recorded_at TIMESTAMP DEFAULT current_timestamp",
+    "sources": "manifest_digest VARCHAR, source_index INTEGER, uri VARCHAR, sha256 VARCHAR, license VARCHAR, "
+    "format VARCHAR, num_documents BIGINT, num_bytes BIGINT, normalization VARCHAR",
+    "documents": "manifest_digest VARCHAR, doc_id VARCHAR, source_index INTEGER, source_uri VARCHAR, "
+    "source_sha256 VARCHAR, license VARCHAR, row BIGINT, source_record_id VARCHAR, num_chars BIGINT, shard_path VARCHAR",
+    "duplicates": "manifest_digest VARCHAR, doc_id VARCHAR, method VARCHAR, duplicate_of VARCHAR, cluster_id VARCHAR, "
+    "similarity DOUBLE, exact_copy_of VARCHAR",
+    "contamination_hits": "manifest_digest VARCHAR, doc_id VARCHAR, eval_item_id VARCHAR, benchmark VARCHAR, view VARCHAR, "
+    "matched_ngram VARCHAR, char_start BIGINT, char_end BIGINT, covered_words INTEGER, view_words INTEGER, "
+    "overlap_ratio DOUBLE, action VARCHAR, eval_suite_digest VARCHAR",
+    "decisions": "manifest_digest VARCHAR, doc_id VARCHAR, state VARCHAR, method VARCHAR, duplicate_of VARCHAR, "
+    "cluster_id VARCHAR, similarity DOUBLE, eval_item_ids VARCHAR[], action VARCHAR, num_pieces INTEGER",
+    "clean_shards": "manifest_digest VARCHAR, shard_path VARCHAR, shard_sha256 VARCHAR, num_rows BIGINT",
+    "clean_pieces": "manifest_digest VARCHAR, doc_id VARCHAR, piece INTEGER, char_start BIGINT, char_end BIGINT, "
+    "shard_path VARCHAR, shard_sha256 VARCHAR",
+    "shard_consumers": "shard_sha256 VARCHAR, run_id VARCHAR, stage VARCHAR, consumed_at TIMESTAMP",
+}
+
+
+def connect(path: Path, *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+    if not read_only:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    return duckdb.connect(str(path), read_only=read_only)
+
+
+def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
+    for table, columns in SCHEMA.items():
+        con.execute(f"CREATE TABLE IF NOT EXISTS {table} ({columns})")
+
+
+def replace_rows(con: duckdb.DuckDBPyConnection, table: str, manifest_digest: str, frame: pl.DataFrame) -> int:
+    """Replace `table`'s rows of one manifest with `frame` (its columns minus manifest_digest, in
+    any order) in one transaction."""
+    columns = [c.split()[0] for c in SCHEMA[table].split(", ")]
+    if columns[0] != "manifest_digest":
+        raise ValueError(f"table {table} is not keyed by manifest")
+    present = [c for c in columns[1:] if c in frame.columns]
+    arrow = frame.select(present).to_arrow()
+    con.execute("BEGIN TRANSACTION")
+    try:
+        con.execute(f"DELETE FROM {table} WHERE manifest_digest = ?", [manifest_digest])
+        con.register("incoming", arrow)
+        names = ", ".join(present)
+        con.execute(f"INSERT INTO {table} (manifest_digest, {names}) SELECT ?, {names} FROM incoming", [manifest_digest])
+        con.unregister("incoming")
+        con.execute("COMMIT")
+    except Exception:
+        con.execute("ROLLBACK")
+        raise
+    return frame.height
+
+
+def write_tables(path: Path, manifest_digest: str, frames: dict[str, pl.DataFrame]) -> dict[str, int]:
+    """Open the warehouse, make sure the tables exist, replace the given tables' rows."""
+    with connect(path) as con:
+        ensure_schema(con)
+        return {table: replace_rows(con, table, manifest_digest, frame) for table, frame in frames.items()}
+
+
+def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: list) -> list[dict]:
+    cursor = con.execute(sql, params)
+    names = [d[0] for d in cursor.description]
+    return [dict(zip(names, row)) for row in cursor.fetchall()]
+
+
+def audit_document(con: duckdb.DuckDBPyConnection, doc_id: str) -> list[dict]:
+    """Where a document came from, what happened to it and why, where it went — per manifest."""
+    found = _rows(
+        con,
+        "SELECT d.manifest_digest, d.doc_id, d.source_uri, d.source_sha256, d.license, d.row, d.source_record_id, "
+        "d.num_chars, x.state, x.method, x.duplicate_of, x.cluster_id, x.similarity, x.eval_item_ids, x.action, "
+        "x.num_pieces FROM documents d LEFT JOIN decisions x USING (manifest_digest, doc_id) "
+        "WHERE d.doc_id = ? ORDER BY d.manifest_digest",
+        [doc_id],
+    )
+    for entry in found:
+        params = [entry["manifest_digest"], doc_id]
+        entry["contamination_hits"] = _rows(
+            con,
+            "SELECT eval_item_id, benchmark, view, matched_ngram, char_start, char_end, overlap_ratio, action "
+            "FROM contamination_hits WHERE manifest_digest = ? AND doc_id = ? ORDER BY char_start, eval_item_id",
+            params,
+        )
+        entry["clean_pieces"] = _rows(
+            con,
+            "SELECT piece, char_start, char_end, shard_path, shard_sha256 FROM clean_pieces "
+            "WHERE manifest_digest = ? AND doc_id = ? ORDER BY piece NULLS FIRST",
+            params,
+        )
+        entry["consumed_by"] = _rows(
+            con,
+            "SELECT DISTINCT c.run_id, c.stage, c.consumed_at FROM clean_pieces p JOIN shard_consumers c "
+            "ON c.shard_sha256 = p.shard_sha256 WHERE p.manifest_digest = ? AND p.doc_id = ? ORDER BY c.consumed_at",
+            params,
+        )
+    return found
+
+
+def audit_eval_item(con: duckdb.DuckDBPyConnection, item_id: str) -> list[dict]:
+    """Every document that matched an eval item, with the evidence and the action taken."""
+    return _rows(
+        con,
+        "SELECT h.manifest_digest, h.doc_id, d.source_uri, d.row, d.source_record_id, h.benchmark, h.view, "
+        "h.matched_ngram, h.char_start, h.char_end, h.overlap_ratio, h.action, h.eval_suite_digest "
+        "FROM contamination_hits h LEFT JOIN documents d USING (manifest_digest, doc_id) "
+        "WHERE h.eval_item_id = ? ORDER BY h.manifest_digest, d.source_index, d.row",
+        [item_id],
+    )
+
+
+def resolve_manifest(con: duckdb.DuckDBPyConnection, digest: str) -> list[str]:
+    """Manifest digests matching `sha256:HEX`, a bare hex digest or a prefix (the partition key)."""
+    wanted = digest.lower().removeprefix("sha256:")
+    rows = con.execute(
+        "SELECT DISTINCT manifest_digest FROM manifests WHERE starts_with(manifest_digest, ?) ORDER BY 1",
+        ["sha256:" + wanted],
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def audit_manifest(con: duckdb.DuckDBPyConnection, manifest_digest: str) -> dict:
+    params = [manifest_digest]
+    manifest = _rows(con, "SELECT manifest_digest, manifest_key, name, eval_suite_id, eval_suite_digest, recorded_at FROM manifests WHERE manifest_digest = ?", params)
+    return {
+        "manifest": manifest[0] if manifest else None,
+        "sources": _rows(con, "SELECT source_index, uri, sha256, license, format, num_documents, normalization FROM sources WHERE manifest_digest = ? ORDER BY source_index", params),
+        "states": _rows(con, "SELECT state, coalesce(method, action) AS detail, count(*) AS num_documents FROM decisions WHERE manifest_digest = ? GROUP BY ALL ORDER BY 1, 2", params),
+        "contamination_by_benchmark": _rows(con, "SELECT benchmark, count(DISTINCT doc_id) AS num_documents, count(DISTINCT eval_item_id) AS num_eval_items FROM contamination_hits WHERE manifest_digest = ? GROUP BY 1 ORDER BY 1", params),
+        "clean_shards": _rows(con, "SELECT shard_path, shard_sha256, num_rows FROM clean_shards WHERE manifest_digest = ? ORDER BY shard_path", params),
+        "consumed_by": _rows(con, "SELECT DISTINCT c.run_id, c.stage, c.consumed_at FROM clean_shards s JOIN shard_consumers c ON c.shard_sha256 = s.shard_sha256 WHERE s.manifest_digest = ? ORDER BY c.consumed_at", params),
+    }

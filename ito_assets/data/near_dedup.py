@@ -1,0 +1,153 @@
+"""Near-duplicate removal: LSH banding -> candidate pairs -> verified Jaccard -> keep rule.
+
+1. Banding: the P signature slots are cut into `bands` bands of `rows` slots; two documents that
+   agree on every slot of some band are a candidate pair (Broder 1997; Leskovec et al., Mining of
+   Massive Datasets, ch. 3.4).
+2. Verification: a pair is a duplicate only when its Jaccard is >= threshold, computed exactly on
+   the two shingle sets (default) or estimated from the signatures; pairs whose estimate is far
+   below the threshold are discarded first.
+3. Keep rule: documents are visited in keep order and one is removed only when it duplicates a
+   document that is already KEPT. Removals are therefore always justified against a survivor, and
+   nothing is chained transitively (a union-find over candidate pairs would remove documents that
+   resemble no survivor). Each removed document is recorded with the kept document it duplicates,
+   the similarity, and the cluster id (the kept document's id).
+
+Indices here are positions in the keep order ("rank"), so "earlier" is simply "smaller".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from ito_assets.data.config import DedupConfig
+from ito_assets.data.minhash import EMPTY, Shingles, estimated_jaccard
+from ito_assets.data.text import NGRAM_MULTIPLIERS, mix64
+
+HISTOGRAM_BINS = 20  # 0.05-wide bins of estimated Jaccard
+
+
+@dataclass(frozen=True)
+class NearDedupCounts:
+    num_input: int
+    num_candidate_pairs: int
+    num_pairs_verified: int
+    num_pairs_above_threshold: int
+    num_removed: int
+    similarity_histogram: tuple[int, ...]  # candidate pairs per 0.05 bin of estimated Jaccard
+
+
+def band_keys(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
+    """(N, bands) uint64: the hash of each band's `rows` slots."""
+    n = signatures.shape[0]
+    keys = np.zeros((n, bands), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for j in range(bands):
+            block = signatures[:, j * rows : (j + 1) * rows].astype(np.uint64)
+            acc = np.full(n, np.uint64(j), dtype=np.uint64)
+            for k in range(rows):
+                acc = acc * np.uint64(0x100000001B3) + block[:, k] * NGRAM_MULTIPLIERS[k % len(NGRAM_MULTIPLIERS)]
+            keys[:, j] = mix64(acc)
+    return keys
+
+
+def candidate_pairs(signatures: np.ndarray, bands: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct pairs (a < b) of documents sharing at least one band. Documents without shingles
+    never pair."""
+    eligible = np.flatnonzero(signatures[:, 0] != EMPTY) if len(signatures) else np.zeros(0, dtype=np.int64)
+    if len(eligible) < 2:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    keys = band_keys(signatures[eligible], bands, rows)
+    table = pl.DataFrame(
+        {
+            "doc": np.repeat(eligible, bands),
+            "band": np.tile(np.arange(bands, dtype=np.int32), len(eligible)),
+            "key": keys.reshape(-1),
+        }
+    )
+    # Only buckets with two or more members can produce pairs.
+    shared = table.filter(pl.len().over("band", "key") > 1)
+    pairs = (
+        shared.join(shared, on=["band", "key"], suffix="_b")
+        .filter(pl.col("doc") < pl.col("doc_b"))
+        .select("doc", "doc_b")
+        .unique()
+        .sort("doc_b", "doc")
+    )
+    return pairs["doc"].to_numpy().astype(np.int64), pairs["doc_b"].to_numpy().astype(np.int64)
+
+
+def exact_jaccard(shingles: Shingles, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Exact Jaccard of the shingle sets of each pair, vectorised: gather both sets, sort by
+    (pair, hash), and count hashes that occur twice within a pair (the intersection)."""
+    if len(a) == 0:
+        return np.zeros(0, dtype=np.float64)
+    la, lb = shingles.lengths[a], shingles.lengths[b]
+
+    def gather(docs: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        starts = np.repeat(shingles.offsets[docs] - np.cumsum(lengths) + lengths, lengths)
+        return shingles.hashes[starts + np.arange(lengths.sum())]
+
+    pair = np.concatenate([np.repeat(np.arange(len(a)), la), np.repeat(np.arange(len(a)), lb)])
+    values = np.concatenate([gather(a, la), gather(b, lb)])
+    order = np.lexsort((values, pair))
+    pair, values = pair[order], values[order]
+    twice = (values[1:] == values[:-1]) & (pair[1:] == pair[:-1])
+    intersection = np.bincount(pair[1:][twice], minlength=len(a))
+    union = la + lb - intersection
+    return np.where(union > 0, intersection / np.maximum(union, 1), 0.0)
+
+
+def verify_pairs(
+    signatures: np.ndarray, shingles: Shingles, a: np.ndarray, b: np.ndarray, config: DedupConfig
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """-> (a, b, similarity) of pairs at or above the threshold, the estimates of all candidate
+    pairs (for the histogram), and the number of pairs that went to exact verification."""
+    estimate = estimated_jaccard(signatures, a, b)
+    if config.verify == "signature":
+        ok = estimate >= config.threshold
+        return a[ok], b[ok], estimate[ok], estimate, 0
+    worth = estimate >= config.threshold - config.prefilter_margin
+    va, vb = a[worth], b[worth]
+    sets, position = shingles.as_sets(np.concatenate([va, vb]))
+    similarity = exact_jaccard(sets, position[va], position[vb])
+    ok = similarity >= config.threshold
+    return va[ok], vb[ok], similarity[ok], estimate, int(worth.sum())
+
+
+def keep_rule(a: np.ndarray, b: np.ndarray, similarity: np.ndarray) -> dict[int, tuple[int, float]]:
+    """Removed rank -> (kept rank it duplicates, similarity), visiting documents in keep order.
+
+    Edges are sorted by their later document, so every edge into an earlier document is settled
+    before it serves as a target; among kept targets the most similar wins (ties: the earliest)."""
+    order = np.lexsort((a, -similarity, b))
+    removed: dict[int, tuple[int, float]] = {}
+    for i in order.tolist():
+        later, earlier = int(b[i]), int(a[i])
+        if later in removed or earlier in removed:
+            continue
+        removed[later] = (earlier, float(similarity[i]))
+    return removed
+
+
+def histogram(values: np.ndarray) -> tuple[int, ...]:
+    counts, _ = np.histogram(values, bins=HISTOGRAM_BINS, range=(0.0, 1.0))
+    return tuple(int(c) for c in counts)
+
+
+def near_duplicates(signatures: np.ndarray, shingles: Shingles, config: DedupConfig) -> tuple[dict[int, tuple[int, float]], NearDedupCounts]:
+    """Signatures and shingle sets of documents in keep order -> removals by rank, counters."""
+    a, b = candidate_pairs(signatures, config.bands, config.rows)
+    va, vb, similarity, estimate, num_verified = verify_pairs(signatures, shingles, a, b, config)
+    removed = keep_rule(va, vb, similarity)
+    counts = NearDedupCounts(
+        num_input=len(signatures),
+        num_candidate_pairs=len(a),
+        num_pairs_verified=num_verified,
+        num_pairs_above_threshold=len(va),
+        num_removed=len(removed),
+        similarity_histogram=histogram(estimate),
+    )
+    return removed, counts

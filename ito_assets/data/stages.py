@@ -1,0 +1,167 @@
+"""The four data-preparation stages as plain functions over folders: each reads what the previous
+stage wrote, calls the steps, writes its Parquet and lineage rows, and returns a small frozen
+result (paths, digests, counters) that the Dagster shell passes on and shows as metadata.
+
+Layout under `<state_dir>/shards/<manifest key>/`:
+    source/   documents-NNNNN.parquet        every input document with provenance
+    dedup/    decisions.parquet              dedup state of every document
+              kept-NNNNN.parquet             the documents that survive deduplication
+    decontam/ hits.parquet, actions.parquet, pieces.parquet
+    clean/    clean-NNNNN.parquet            the clean shards; decisions.parquet (final states)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import polars as pl
+
+from ito_assets.data import clean, lineage
+from ito_assets.data.config import DataPrepConfig, DecontamConfig
+from ito_assets.data.decontam import ScanCounts, scan
+from ito_assets.data.dedup import DedupCounts, deduplicate, kept_documents
+from ito_assets.data.eval_index import build_index
+from ito_assets.data.shards import Shard, ShardSet, write_shards, write_table
+from ito_assets.data.sources import SourceCounts, read_sources
+from ito_assets.errors import ErrorCode, ItoError
+from ito_assets.evals.suite import EvalSuite
+from ito_assets.manifest.verify import VerifiedManifest, eval_suite_mismatches, require_provenance
+
+
+@dataclass(frozen=True)
+class SourceStage:
+    manifest_digest: str
+    manifest_key: str
+    shards: ShardSet
+    sources: tuple[SourceCounts, ...]
+
+    @property
+    def num_documents(self) -> int:
+        return self.shards.num_rows
+
+
+@dataclass(frozen=True)
+class DedupStage:
+    manifest_digest: str
+    decisions: Shard
+    kept: ShardSet
+    counts: DedupCounts
+    config: dict
+
+
+@dataclass(frozen=True)
+class DecontamStage:
+    manifest_digest: str
+    eval_suite_id: str
+    eval_suite_digest: str
+    hits: Shard
+    actions: Shard
+    pieces: Shard
+    counts: ScanCounts
+    num_items: int
+    num_items_unindexed: int
+    num_degenerate_seeds: int
+    config: dict
+
+    def decontam_config(self) -> DecontamConfig:
+        return DecontamConfig(**self.config)
+
+
+@dataclass(frozen=True)
+class CleanStage:
+    manifest_digest: str
+    shards: ShardSet
+    decisions: Shard
+    conservation: clean.Conservation
+
+
+def stage_folder(state_dir: Path, manifest_key: str) -> Path:
+    return state_dir / "shards" / manifest_key
+
+
+def decontam_config_for(verified: VerifiedManifest, base: DecontamConfig) -> DecontamConfig:
+    """The manifest's provenance fixes n (the smallest, i.e. strictest, over its references)."""
+    sizes = [ref.decontamination.ngram_size for ref in verified.manifest.data if ref.decontamination]
+    n = min(sizes) if sizes else base.ngram_size
+    seed = min(base.seed_ngram_size, n)
+    return DecontamConfig(**{**asdict(base), "ngram_size": n, "seed_ngram_size": seed, "min_seed_ngram_size": min(base.min_seed_ngram_size, seed)})
+
+
+def run_sources(verified: VerifiedManifest, data_root: Path, state_dir: Path, warehouse: Path, config: DataPrepConfig) -> SourceStage:
+    require_provenance(verified.manifest)
+    docs, counts = read_sources(verified.manifest.data, data_root)
+    key = verified.short_digest
+    shards = write_shards(docs, stage_folder(state_dir, key) / "source", prefix="documents", max_rows=config.shard_max_rows)
+    documents = pl.concat(
+        [pl.read_parquet(s.path).select(pl.exclude("text"), pl.col("text").str.len_chars().cast(pl.Int64).alias("num_chars"), pl.lit(s.path).alias("shard_path")) for s in shards.shards]
+    )
+    sources = pl.DataFrame([{**asdict(c), "source_index": i} for i, c in enumerate(counts)])
+    manifest_row = pl.DataFrame({"manifest_key": [key], "name": [verified.manifest.name], "config": [json.dumps(config.as_metadata(), sort_keys=True)]})
+    lineage.write_tables(warehouse, verified.digest, {"manifests": manifest_row, "sources": sources, "documents": documents})
+    return SourceStage(manifest_digest=verified.digest, manifest_key=key, shards=shards, sources=tuple(counts))
+
+
+def run_dedup(source: SourceStage, state_dir: Path, warehouse: Path, config: DataPrepConfig) -> DedupStage:
+    docs = source.shards.read()
+    decisions, counts = deduplicate(docs, config.dedup)
+    folder = stage_folder(state_dir, source.manifest_key) / "dedup"
+    kept = write_shards(kept_documents(docs, decisions), folder / "kept", prefix="kept", max_rows=config.shard_max_rows)
+    table = write_table(decisions, folder / "decisions.parquet")
+    duplicates = decisions.filter(pl.col("dedup_state") == "duplicate").drop("dedup_state")
+    lineage.write_tables(warehouse, source.manifest_digest, {"duplicates": duplicates})
+    return DedupStage(manifest_digest=source.manifest_digest, decisions=table, kept=kept, counts=counts, config=asdict(config.dedup))
+
+
+def run_decontam(verified: VerifiedManifest, suite: EvalSuite, dedup: DedupStage, state_dir: Path, warehouse: Path, config: DataPrepConfig) -> DecontamStage:
+    decontam = decontam_config_for(verified, config.decontam)
+    docs = dedup.kept.read()
+    index = build_index(suite, decontam)
+    hits, counts = scan(docs, index, decontam)
+    actions, pieces = clean.apply_actions(docs, hits, decontam)
+    hits = hits.join(actions.select("doc_id", "action"), on="doc_id", how="left")
+    folder = stage_folder(state_dir, verified.short_digest) / "decontam"
+    stage = DecontamStage(
+        manifest_digest=verified.digest,
+        eval_suite_id=suite.suite_id,
+        eval_suite_digest=suite.digest,
+        hits=write_table(hits, folder / "hits.parquet"),
+        actions=write_table(actions, folder / "actions.parquet"),
+        pieces=write_table(pieces, folder / "pieces.parquet"),
+        counts=counts,
+        num_items=index.num_items,
+        num_items_unindexed=index.num_items_unindexed,
+        num_degenerate_seeds=index.num_degenerate_seeds,
+        config=asdict(decontam),
+    )
+    manifest_row = pl.DataFrame({"manifest_key": [verified.short_digest], "name": [verified.manifest.name], "eval_suite_id": [suite.suite_id], "eval_suite_digest": [suite.digest], "config": [json.dumps(config.as_metadata() | {f"decontam.{k}": v for k, v in asdict(decontam).items()}, sort_keys=True)]})
+    lineage.write_tables(warehouse, verified.digest, {"contamination_hits": hits.with_columns(pl.lit(suite.digest).alias("eval_suite_digest")), "manifests": manifest_row})
+    return stage
+
+
+def run_clean(verified: VerifiedManifest, source: SourceStage, dedup: DedupStage, decontam: DecontamStage, state_dir: Path, warehouse: Path, config: DataPrepConfig) -> CleanStage:
+    # The gate where the clean data is written: decontaminated against the suite the manifest names.
+    if eval_suite_mismatches(verified.manifest, decontam.eval_suite_id, decontam.eval_suite_digest):
+        raise ItoError(ErrorCode.EVAL_SUITE_MISMATCH, "the data was decontaminated against another eval suite than the manifest names")
+    scanned = dedup.kept.read()
+    actions, pieces, hits = (pl.read_parquet(s.path) for s in (decontam.actions, decontam.pieces, decontam.hits))
+    rows = clean.clean_documents(scanned, actions, pieces)
+    final = clean.decisions(pl.read_parquet(dedup.decisions.path), hits, actions)
+    conservation = clean.account(source.shards.read(columns=["doc_id"])["doc_id"], final, rows)
+    folder = stage_folder(state_dir, source.manifest_key) / "clean"
+    shards = write_shards(rows, folder / "shards", prefix="clean", max_rows=config.shard_max_rows)
+    table = write_table(final, folder / "decisions.parquet")
+    placed = pl.concat([pl.read_parquet(s.path, columns=["doc_id", "piece", "char_start", "char_end"]).with_columns(pl.lit(s.path).alias("shard_path"), pl.lit(s.sha256).alias("shard_sha256")) for s in shards.shards])
+    shard_rows = pl.DataFrame([{"shard_path": s.path, "shard_sha256": s.sha256, "num_rows": s.num_rows} for s in shards.shards])
+    lineage.write_tables(warehouse, source.manifest_digest, {"decisions": final, "clean_shards": shard_rows, "clean_pieces": placed})
+    return CleanStage(manifest_digest=source.manifest_digest, shards=shards, decisions=table, conservation=conservation)
+
+
+def residual_contamination(shards: ShardSet, suite: EvalSuite, config: DecontamConfig) -> pl.DataFrame:
+    """An independent re-scan of the clean shards (fresh index, fresh scan): the hits found."""
+    rows = shards.read(columns=["doc_id", "piece", "text"]).with_columns(
+        pl.concat_str([pl.col("doc_id"), pl.col("piece").cast(pl.String).fill_null("")], separator="#").alias("doc_id")
+    )
+    hits, _ = scan(rows, build_index(suite, config), config)
+    return hits

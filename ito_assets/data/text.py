@@ -1,0 +1,137 @@
+"""Text normalisation and word tokenisation shared by deduplication and decontamination.
+
+Documents are stored NFC-normalised (the version is recorded with every source). Both dedup and
+decontamination work on *words*: maximal runs of Unicode letters and digits (`[^\\W_]+`), lower
+cased, so punctuation is stripped and whitespace collapsed by construction. Decontamination also
+normalises digits (every run of digits becomes "0"), so that "Question 12" and "question 7" agree.
+
+Tokens are hashed to uint64 with polars' string hash (vectorised, in Rust). The hashes are only
+compared within one process run, never stored, so their exact values may change with polars.
+Shapes below: N documents, T tokens in total; `offsets` has N + 1 entries (CSR layout), the
+tokens of document i are `hashes[offsets[i]:offsets[i + 1]]`.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+NORMALIZATION_FORM = "NFC"
+# Recorded with every source: the same bytes normalise identically under the same Unicode version.
+NORMALIZATION_VERSION = f"NFC/unicode-{unicodedata.unidata_version}"
+
+WORD_PATTERN = r"[^\W_]+"
+DIGITS_PATTERN = r"\d+"
+_WORD = re.compile(WORD_PATTERN)
+_DIGITS = re.compile(DIGITS_PATTERN)
+_HASH_SEED = 0x1705
+
+# Odd multipliers for combining word hashes into n-gram hashes (from splitmix64 / xxhash primes).
+NGRAM_MULTIPLIERS = np.array(
+    [0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93,
+     0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53, 0x94D049BB133111EB, 0xBF58476D1CE4E5B9],
+    dtype=np.uint64,
+)
+
+
+def normalize(text: str) -> str:
+    return unicodedata.normalize(NORMALIZATION_FORM, text)
+
+
+@dataclass(frozen=True)
+class TokenHashes:
+    """Word hashes of N documents in CSR layout: hashes (T,) uint64, offsets (N + 1,) int64."""
+
+    hashes: np.ndarray
+    offsets: np.ndarray
+
+    @property
+    def num_docs(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def doc_index(self) -> np.ndarray:
+        """(T,) the document of every token."""
+        return np.repeat(np.arange(self.num_docs, dtype=np.int64), self.lengths)
+
+
+def _word_lists(texts: pl.Series, *, digits_normalized: bool) -> pl.Series:
+    lowered = texts.str.to_lowercase()
+    if digits_normalized:
+        lowered = lowered.str.replace_all(DIGITS_PATTERN, "0")
+    return lowered.str.extract_all(WORD_PATTERN)
+
+
+def hash_words(words: pl.Series) -> np.ndarray:
+    return words.hash(seed=_HASH_SEED).to_numpy().astype(np.uint64, copy=False)
+
+
+def token_hashes(texts: pl.Series, *, digits_normalized: bool) -> TokenHashes:
+    """Vectorised tokenisation of a text column (polars, in Rust)."""
+    lists = _word_lists(texts, digits_normalized=digits_normalized)
+    lengths = lists.list.len().fill_null(0).to_numpy().astype(np.int64)
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = lists.explode().drop_nulls()
+    hashes = hash_words(flat) if len(flat) else np.zeros(0, dtype=np.uint64)
+    return TokenHashes(hashes=hashes, offsets=offsets)
+
+
+def words_with_spans(text: str, *, digits_normalized: bool) -> tuple[list[str], list[tuple[int, int]]]:
+    """Words of one text with their character spans in `text` (the authoritative slow path, used
+    only for documents that matched, to report offsets)."""
+    lowered = text.lower()
+    # Lower-casing first matches the vectorised path; when it changes the length (a handful of
+    # characters expand, e.g. U+0130), spans are taken on the original text instead.
+    source = lowered if len(lowered) == len(text) else text
+    words: list[str] = []
+    spans: list[tuple[int, int]] = []
+    for match in _WORD.finditer(source):
+        word = match.group().lower()
+        words.append(_DIGITS.sub("0", word) if digits_normalized else word)
+        spans.append(match.span())
+    return words, spans
+
+
+def words_of(text: str, *, digits_normalized: bool) -> list[str]:
+    return words_with_spans(text, digits_normalized=digits_normalized)[0]
+
+
+def ngram_hashes(tokens: TokenHashes, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Hashes of every word n-gram that lies inside one document.
+
+    Returns (hashes (G,) uint64, starts (G,) int64): `starts` indexes the first token in the flat
+    token array. Combination: sum_k w[s + k] * MIX[k] (mod 2^64), then the splitmix64 finaliser,
+    so that n-grams of different sizes do not collide systematically.
+    """
+    hashes, total = tokens.hashes, len(tokens.hashes)
+    if total < n:
+        return np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int64)
+    width = total - n + 1
+    acc = np.full(width, np.uint64(n), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for k in range(n):
+            acc += hashes[k : k + width] * NGRAM_MULTIPLIERS[k % len(NGRAM_MULTIPLIERS)] + np.uint64(k)
+        acc = mix64(acc)
+    starts = np.arange(width, dtype=np.int64)
+    # An n-gram is valid when its last token belongs to the same document as its first.
+    doc_end = np.repeat(tokens.offsets[1:], tokens.lengths)[:width]
+    valid = starts + n <= doc_end
+    return acc[valid], starts[valid]
+
+
+def mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser (Steele et al. 2014): spreads every input bit over the output."""
+    with np.errstate(over="ignore"):
+        x = x ^ (x >> np.uint64(30))
+        x = x * np.uint64(0xBF58476D1CE4E5B9)
+        x = x ^ (x >> np.uint64(27))
+        x = x * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))

@@ -1,0 +1,14 @@
+"""The data stage's own job: decontamination again after the eval suite changed (the whole path
+from a manifest to clean shards is `preparation_job` in ito_assets/defs/jobs.py)."""
+
+import dagster as dg
+
+from ito_assets.defs.manifest.partitions import manifests_partitions
+
+# What a changed eval suite invalidates: the suite itself, the report and the clean shards.
+decontamination_job = dg.define_asset_job(
+    "decontamination_job",
+    selection=dg.AssetSelection.assets("eval_suite", "contamination_report", "clean_shards"),
+    partitions_def=manifests_partitions,
+    description="Decontaminate one manifest's deduplicated data again (launched when the eval suite changes).",
+)

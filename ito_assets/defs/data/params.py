@@ -1,0 +1,39 @@
+"""Run configuration of the data stage (editable in the launchpad), defaulting to the core's
+documented defaults (`ito_assets.data.config`)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import dagster as dg
+
+from ito_assets.data.config import DataPrepConfig, DecontamConfig, DedupConfig
+
+_DEDUP = DedupConfig()
+_DECONTAM = DecontamConfig()
+
+
+class DedupParams(dg.Config):
+    shingle_size: int = _DEDUP.shingle_size
+    num_perm: int = _DEDUP.num_perm
+    bands: int = _DEDUP.bands
+    rows: int = _DEDUP.rows
+    threshold: float = _DEDUP.threshold
+    verify: Literal["exact", "signature"] = _DEDUP.verify
+    warn_duplicate_rate: float = _DEDUP.warn_duplicate_rate
+
+    def to_config(self) -> DataPrepConfig:
+        return DataPrepConfig(dedup=DedupConfig(**self.model_dump()))
+
+
+class DecontamParams(dg.Config):
+    """n (ngram_size) comes from the manifest's decontamination provenance, not from here."""
+
+    seed_ngram_size: int = _DECONTAM.seed_ngram_size
+    min_overlap: float = _DECONTAM.min_overlap
+    common_min_docs: int = _DECONTAM.common_min_docs
+    action: Literal["drop", "cut"] = _DECONTAM.action
+    cut_window_chars: int = _DECONTAM.cut_window_chars
+
+    def to_config(self) -> DataPrepConfig:
+        return DataPrepConfig(decontam=DecontamConfig(**self.model_dump()))

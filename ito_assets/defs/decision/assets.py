@@ -1,0 +1,146 @@
+"""The data decision and the plan: `decision_run` trains the proxy on both arms, `data_decision`
+judges it (verdict, gate, economics), `training_plan` plans the full run on the booked hardware.
+Bodies fetch resources and the partition key, call the core, and report metadata."""
+
+from pathlib import Path
+
+import dagster as dg
+import torch
+
+from ito_assets.data.stages import CleanStage
+from ito_assets.defs.decision.params import DataDecisionParams, DecisionRunParams
+from ito_assets.defs.decision.resources import BookedHardwareResource
+from ito_assets.defs.manifest.partitions import manifests_partitions
+from ito_assets.defs.resources import ItoSettingsResource
+from ito_assets.errors import ItoError
+from ito_assets.evals.suite import EvalSuite
+from ito_assets.manifest.discovery import ManifestVerdict
+from ito_assets.manifest.schema import Manifest
+from ito_assets.training.decision import DecisionResult, run_decision
+from ito_assets.training.gate import DataDecision, judge_decision
+from ito_assets.training.mixtures import read_mixture
+from ito_assets.training.run_plan import PlanOutcome, plan_outcome
+
+GROUP = "decision"
+
+
+def _manifest(verdict: ManifestVerdict) -> Manifest:
+    if not verdict.ok or verdict.verified is None:
+        raise dg.Failure(description=f"{verdict.error_code}: the manifest did not verify; the decision refuses to run",
+                         metadata={"error_code": verdict.error_code or ""})
+    return verdict.verified.manifest
+
+
+def _failure(error: ItoError) -> dg.Failure:
+    return dg.Failure(description=f"{error.code.value}: {error.message}", metadata={"error_code": error.code.value})
+
+
+@dg.asset(
+    group_name=GROUP,
+    kinds={"torch"},
+    partitions_def=manifests_partitions,
+    ins={"clean_shards": dg.AssetIn("clean_shards")},
+    description="The proxy trained on the candidate mixture (the clean shards) and on the baseline "
+    "mixture, same token budget and seeds, scored on the eval battery (DataDecide method).",
+)
+def decision_run(
+    context: dg.AssetExecutionContext, config: DecisionRunParams, ito: ItoSettingsResource,
+    training_manifest: ManifestVerdict, eval_suite: EvalSuite, clean_shards: CleanStage,
+) -> DecisionResult:
+    _manifest(training_manifest)
+    settings = ito.settings()
+    try:
+        baseline = read_mixture(config.baseline_uris, settings.data_root)
+    except ItoError as error:
+        raise _failure(error) from None
+    candidate = clean_shards.shards.read(["text"])["text"].to_list()
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    work_dir = settings.state_dir / "decision" / context.partition_key
+    result = run_decision(candidate_texts=candidate, baseline_texts=baseline.texts, eval_items=eval_suite.items,
+                          config=config.to_config(), work_dir=work_dir)
+    context.add_output_metadata(_run_metadata(result, baseline.sources, work_dir))
+    return result
+
+
+def _run_metadata(result: DecisionResult, baseline_sources, work_dir: Path) -> dict:
+    rows = "\n".join(
+        f"| {r.arm} | {r.seed} | {r.primary:.4f} | {r.report.metric('accuracy'):.3f} | {r.report.metric('correct_prob'):.3f} "
+        f"| {r.train.final_loss:.3f} | {r.train.tokens_per_second:,.0f} |" for r in result.runs
+    )
+    return {
+        "verdict": result.verdict.value,
+        "difference_bits_per_byte": result.difference,
+        # Empty when a single seed could not measure the noise (the verdict is then WITHIN_NOISE).
+        "noise_band": "" if result.noise_band is None else f"{result.noise_band:.6f}",
+        "explanation": result.explanation,
+        "model": result.model_name,
+        "num_parameters": result.num_parameters,
+        "num_tokens_per_run": result.num_tokens_per_run,
+        "num_runs": len(result.runs),
+        "train_wall_seconds": round(result.train_wall_seconds, 2),
+        "tokenizer_sha256": result.tokenizer_sha256 or "",
+        "work_dir": dg.MetadataValue.path(str(work_dir)),
+        "baseline_sources": dg.MetadataValue.json([vars(s) for s in baseline_sources]),
+        "runs": dg.MetadataValue.md(
+            "| arm | seed | answer bits/byte | accuracy | P(correct) | final loss | tokens/s |\n|---|---|---|---|---|---|---|\n" + rows
+        ),
+    }
+
+
+@dg.asset(
+    group_name=GROUP,
+    kinds={"python"},
+    partitions_def=manifests_partitions,
+    description="GO / NO_GO / WITHIN_NOISE against the seed-to-seed noise band, the gate (GO, or a "
+    "no-go the manifest accepted), and the economics: decision cost, projected full-run cost, thresholds.",
+)
+def data_decision(
+    context: dg.AssetExecutionContext, config: DataDecisionParams, booked_hardware: BookedHardwareResource,
+    training_manifest: ManifestVerdict, decision_run: DecisionResult,
+) -> DataDecision:
+    manifest = _manifest(training_manifest)
+    judged = judge_decision(decision_run, manifest, booked_hardware.hardware(), config.to_config())
+    summary = judged.summary()
+    economics = summary["economics"] or {}
+    context.add_output_metadata({
+        "verdict": summary["verdict"], "gate_passed": judged.gate.passed, "gate_reason": judged.gate.reason,
+        "decision_cost_cents": economics.get("decision_cost_cents", -1),
+        "full_run_cost_cents": economics.get("full_run_cost_cents", -1),
+        "benefit_clears_thresholds": bool(economics.get("benefit_clears_thresholds", False)),
+        "summary": dg.MetadataValue.json(summary),
+    })
+    return judged
+
+
+@dg.asset(
+    group_name=GROUP,
+    kinds={"python"},
+    partitions_def=manifests_partitions,
+    description="The parallelism and precision plan of every curriculum stage on the booked hardware: "
+    "degrees, precision, checkpointing, memory per GPU, step time, MFU and cost; refusals by stable reason.",
+)
+def training_plan(
+    context: dg.AssetExecutionContext, booked_hardware: BookedHardwareResource,
+    training_manifest: ManifestVerdict, data_decision: DataDecision,
+) -> PlanOutcome:
+    outcome = plan_outcome(_manifest(training_manifest), booked_hardware.hardware())
+    context.add_output_metadata(_plan_metadata(outcome, data_decision))
+    return outcome
+
+
+def _plan_metadata(outcome: PlanOutcome, decision: DataDecision) -> dict:
+    metadata = {"refused": outcome.refused, "decision_verdict": decision.decision.verdict.value,
+                "plan": dg.MetadataValue.json(outcome.to_dict())}
+    if outcome.run_plan is None:
+        return {**metadata, "refusal_reasons": ", ".join(outcome.refusal_reasons)}
+    plan = outcome.run_plan
+    rows = "\n".join(
+        f"| {s.stage} | {s.plan.layout.describe()} | {s.plan.memory.total / 2**30:.1f} | {s.plan.step.mfu:.1%} "
+        f"| {s.plan.num_steps:,} | {s.plan.cost_cents / 100:,.2f} |" for s in plan.stages
+    )
+    return {
+        **metadata, "cost_cents": plan.cost_cents, "cap_cents": plan.budget.cap_cents,
+        "max_incremental_cents": plan.budget.max_incremental_cents, "wall_hours": round(plan.wall_seconds / 3600, 4),
+        "stages": dg.MetadataValue.md("| stage | layout | GiB/GPU | MFU | steps | USD |\n|---|---|---|---|---|---|\n" + rows),
+    }

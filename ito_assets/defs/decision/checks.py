@@ -1,0 +1,57 @@
+"""Blocking checks: the faces of the decision gate and the plan's gates in the UI. The gates are
+enforced again where side effects happen (the server before creating a run)."""
+
+import dagster as dg
+
+from ito_assets.defs.decision.assets import data_decision, training_plan
+from ito_assets.defs.manifest.partitions import manifests_partitions
+from ito_assets.errors import ErrorCode
+from ito_assets.training.gate import DataDecision
+from ito_assets.training.run_plan import PlanOutcome
+
+_REFUSED = "the plan was refused, so it has no cost to compare"
+
+
+@dg.asset_check(asset=data_decision, blocking=True, partitions_def=manifests_partitions,
+                description="GO, unless the manifest records an accepted no-go.")
+def decision_is_go(data_decision: DataDecision) -> dg.AssetCheckResult:
+    return dg.AssetCheckResult(
+        passed=data_decision.gate.passed,
+        metadata={"verdict": data_decision.gate.verdict.value, "accepted_by_manifest": data_decision.gate.accepted_by_manifest},
+        description=data_decision.gate.reason,
+    )
+
+
+@dg.asset_check(asset=training_plan, blocking=True, partitions_def=manifests_partitions,
+                description="The planner found a layout that is neither impossible nor wasteful.")
+def plan_not_refused(training_plan: PlanOutcome) -> dg.AssetCheckResult:
+    return dg.AssetCheckResult(
+        passed=not training_plan.refused,
+        metadata={"error_code": ErrorCode.PLAN_REFUSED.value if training_plan.refused else "",
+                  "reasons": ", ".join(training_plan.refusal_reasons)},
+        description=training_plan.refusal_message,
+    )
+
+
+@dg.asset_check(asset=training_plan, blocking=True, partitions_def=manifests_partitions,
+                description="The projected cost is within the manifest's budget cap.")
+def plan_within_budget_cap(training_plan: PlanOutcome) -> dg.AssetCheckResult:
+    if training_plan.run_plan is None:
+        return dg.AssetCheckResult(passed=False, description=_REFUSED)
+    budget = training_plan.run_plan.budget
+    return dg.AssetCheckResult(passed=budget.within_cap, metadata={"cost_cents": budget.cost_cents, "cap_cents": budget.cap_cents,
+                               "error_code": "" if budget.within_cap else ErrorCode.BUDGET_EXCEEDED.value})
+
+
+@dg.asset_check(asset=training_plan, blocking=True, partitions_def=manifests_partitions,
+                description="The projected cost is within the manifest's maximum incremental cost.")
+def plan_within_max_incremental(training_plan: PlanOutcome) -> dg.AssetCheckResult:
+    if training_plan.run_plan is None:
+        return dg.AssetCheckResult(passed=False, description=_REFUSED)
+    budget = training_plan.run_plan.budget
+    ok = budget.within_max_incremental
+    return dg.AssetCheckResult(passed=ok, metadata={"cost_cents": budget.cost_cents, "max_incremental_cents": budget.max_incremental_cents,
+                               "error_code": "" if ok else ErrorCode.BUDGET_EXCEEDED.value})
+
+
+DECISION_CHECKS = [decision_is_go, plan_not_refused, plan_within_budget_cap, plan_within_max_incremental]

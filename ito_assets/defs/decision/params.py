@@ -1,0 +1,43 @@
+"""Run configuration of the decision assets (Dagster Config), mapped onto the core's frozen
+configuration; the defaults are the core's (`DecisionConfig`, `EconomicsConfig`)."""
+
+import dagster as dg
+
+from ito_assets.training.decision import DecisionConfig
+from ito_assets.training.economics import EconomicsConfig
+from ito_assets.training.evaluation import EvalConfig
+from ito_assets.training.mixtures import DEFAULT_BASELINE_URIS
+from ito_assets.training.tokenizer import TokenizerConfig
+
+_DEFAULT = DecisionConfig()
+
+
+class DecisionRunParams(dg.Config):
+    model_name: str = _DEFAULT.model_name
+    vocab_size: int = _DEFAULT.tokenizer.vocab_size
+    seeds: list[int] = list(_DEFAULT.seeds)
+    num_steps: int = _DEFAULT.num_steps
+    batch_size: int = _DEFAULT.batch_size
+    sequence_length: int = _DEFAULT.sequence_length
+    learning_rate: float = _DEFAULT.learning_rate
+    num_eval_candidates: int = _DEFAULT.eval.num_candidates
+    baseline_uris: list[str] = list(DEFAULT_BASELINE_URIS)
+    # 0: torch's default (one thread per core). On a shared machine 1 avoids OpenMP threads
+    # spinning against other processes (measured ~6x slower training with 2 threads under load).
+    num_threads: int = 0
+
+    def to_config(self) -> DecisionConfig:
+        return DecisionConfig(
+            model_name=self.model_name, tokenizer=TokenizerConfig(vocab_size=self.vocab_size), seeds=tuple(self.seeds),
+            num_steps=self.num_steps, batch_size=self.batch_size, sequence_length=self.sequence_length,
+            learning_rate=self.learning_rate, eval=EvalConfig(num_candidates=self.num_eval_candidates),
+        )
+
+
+class DataDecisionParams(dg.Config):
+    max_decision_cost_fraction: float = EconomicsConfig().max_decision_cost_fraction
+    min_relative_improvement: float = EconomicsConfig().min_relative_improvement
+
+    def to_config(self) -> EconomicsConfig:
+        return EconomicsConfig(max_decision_cost_fraction=self.max_decision_cost_fraction,
+                               min_relative_improvement=self.min_relative_improvement)

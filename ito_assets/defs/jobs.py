@@ -1,0 +1,29 @@
+"""The two jobs that span domains, one manifest partition per run.
+
+`preparation_job`: what a reviewed manifest needs before any compute is booked: verification,
+data preparation, the decision run and the plan (launched by the reviewed-manifest sensor).
+`training_job`: what a confirmed ledger run spends the booking on: its re-authorization, the
+training stages and post-training (launched by the confirmed-run sensor, once per ledger run).
+A domain joins a job through its group; a group that does not exist yet selects nothing.
+"""
+
+import dagster as dg
+
+from ito_assets.defs.manifest.partitions import manifests_partitions
+
+PREPARATION_GROUPS = ("manifest", "data", "decision")
+TRAINING_GROUPS = ("workload", "training", "posttraining")
+
+preparation_job = dg.define_asset_job(
+    "preparation_job",
+    selection=dg.AssetSelection.groups(*PREPARATION_GROUPS),
+    partitions_def=manifests_partitions,
+    description="Verify one reviewed manifest, prepare its data (dedup, decontamination), decide and plan.",
+)
+
+training_job = dg.define_asset_job(
+    "training_job",
+    selection=dg.AssetSelection.groups(*TRAINING_GROUPS),
+    partitions_def=manifests_partitions,
+    description="Launched by the confirmed-run sensor, once per ledger run (run key = run id).",
+)

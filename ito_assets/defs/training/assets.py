@@ -1,0 +1,182 @@
+"""The curriculum as assets: token shards, one checkpoint asset per stage, and desk telemetry.
+
+Each stage asset launches the supervisor through Dagster Pipes; the supervisor runs
+`torch.distributed.run` with the worker (rank 0 reports through Pipes) and restarts it from the
+newest whole checkpoint after a fault. Gates are enforced here, before the first step: the ledger's
+authorization of the run (`run_authorization`), and the eval gates: a run whose gate failed never
+trains again (EVAL_GATE_FAILED), whatever is retried. Checkpoints and metrics go to the ledger for
+`ito checkpoints` and `ito metrics`.
+"""
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import dagster as dg
+
+from ito_assets.defs.manifest.partitions import manifests_partitions
+from ito_assets.defs.resources import ItoSettingsResource, LedgerResource
+from ito_assets.defs.training import telemetry_table
+from ito_assets.defs.training.resources import TrainingRuntimeResource
+from ito_assets.defs.training.stage_outcome import outcome_metadata, read_outcome
+from ito_assets.errors import ErrorCode, ItoError
+from ito_assets.manifest.discovery import ManifestVerdict
+from ito_assets.manifest.schema import STAGE_ORDER, Manifest
+from ito_assets.runtime import corpus, stages
+from ito_assets.runtime.gates import VerdictStore, judge
+from ito_assets.runtime.publish import publish_stage
+from ito_assets.runtime.stages import RunLayout, StageSizing
+from ito_assets.runtime.supervisor import REPORT_NAME
+from ito_assets.runtime.storage import write_atomic
+from ito_assets.training.tokenizer import TokenizerConfig
+
+GROUP = "training"
+POOL = "duckdb_writer"
+
+
+def _manifest(verdict: ManifestVerdict) -> Manifest:
+    if not verdict.ok or verdict.verified is None:
+        raise dg.Failure(description=f"{verdict.error_code}: the manifest did not verify; training refuses to run",
+                         metadata={"error_code": verdict.error_code or ""})
+    return verdict.verified.manifest
+
+
+def _failure(error: ItoError) -> dg.Failure:
+    return dg.Failure(description=error.message, metadata={"error_code": error.code.value})
+
+
+def _authorized(authorization: dict) -> tuple[str, Path]:
+    """(ledger run id, the run's checkpoint folder): no step runs for a run the ledger refused."""
+    if not authorization.get("authorized"):
+        code = authorization.get("error_code") or ErrorCode.CONFIRMATION_INVALID.value
+        raise dg.Failure(description=f"{code}: the run is not authorized; training refuses to run",
+                         metadata={"error_code": code})
+    return authorization["run_id"], Path(authorization["checkpoint_dir"])
+
+
+@dg.asset(
+    group_name=GROUP,
+    kinds={"numpy"},
+    partitions_def=manifests_partitions,
+    ins={"clean_shards": dg.AssetIn("clean_shards")},
+    description="Byte-level BPE trained on the clean shards and the token shards every stage reads "
+    "(training split and the held-out split the stage gates evaluate on).",
+)
+def training_tokens(context: dg.AssetExecutionContext, ito: ItoSettingsResource, clean_shards) -> corpus.TokenSet:
+    texts = clean_shards.shards.read(["text"])["text"].to_list()
+    folder = ito.settings().state_dir / "runs" / context.partition_key / "tokens"
+    tokens = corpus.prepare(texts, folder, config=TokenizerConfig())
+    context.add_output_metadata({
+        "vocab_size": tokens.vocab_size, "num_train_tokens": tokens.num_train_tokens,
+        "num_heldout_tokens": tokens.num_heldout_tokens, "tokenizer_sha256": tokens.tokenizer_sha256,
+        "train_sha256": tokens.train_sha256, "heldout_sha256": tokens.heldout_sha256,
+    })
+    return tokens
+
+
+def _run_stage(context, ito, runtime, pipes, ledger, authorization, verdict, tokens, previous, name: str):
+    manifest = _manifest(verdict)
+    stage = stages.find_stage(manifest.training_target, name)
+    if stage is None:  # the next stage starts from the last trained one
+        context.log.info(f"the manifest has no {name} stage: the previous checkpoint carries forward")
+        yield dg.Output(previous, metadata={"in_manifest": False})
+        return
+    run_id, checkpoint_dir = _authorized(authorization)
+    try:
+        layout = RunLayout.for_run(checkpoint_dir, run_id)
+        store = VerdictStore(layout.run_dir)
+        store.ensure_not_failed(STAGE_ORDER[: STAGE_ORDER.index(name) + 1])
+        config = stages.worker_config(
+            run_key=run_id, stage=stage, policy=manifest.checkpoint_policy, layout=layout,
+            sizing=StageSizing(model=manifest.model.size, vocab_size=tokens.vocab_size,
+                               batch_size=runtime.batch_size, seed=runtime.seed),
+            tokens_path=Path(tokens.train_path), heldout_path=Path(tokens.heldout_path),
+            init_from=previous.final_checkpoint if previous else None)
+    except ItoError as error:
+        raise _failure(error) from None
+    stage_dir = Path(config.stage_dir)
+    write_atomic(stage_dir / "stage.json", config.to_json().encode())
+    pipes.run(context=context, command=[
+        sys.executable, "-m", "ito_assets.runtime.supervisor", "--worker", str(stage_dir / "stage.json"),
+        "--supervisor", json.dumps(dataclasses.asdict(runtime.supervisor()))])
+    result = json.loads((stage_dir / REPORT_NAME).read_text())["result"]
+    reference = previous.eval if previous else result["initial_eval"]
+    prior = stages.previous_stage(manifest.training_target, name)
+    gate = store.record(judge(name, result["eval"], reference, runtime.gate_policy(), previous_stage=prior))
+    with ledger.open() as opened:
+        publish_stage(opened, run_id, name, stage_dir, result["eval"])
+    outcome = read_outcome(name, layout.run_dir, stage_dir, gate)
+    yield dg.Output(outcome, metadata=outcome_metadata(outcome))
+
+
+def _stage_asset(name: str, upstream: str | None):
+    ins = {"run_authorization": dg.AssetIn("run_authorization"), "training_manifest": dg.AssetIn("training_manifest"),
+           "training_tokens": dg.AssetIn("training_tokens")}
+    if upstream:
+        ins["previous"] = dg.AssetIn(f"{upstream}_checkpoint")
+    decorate = dg.asset(
+        name=f"{name}_checkpoint",
+        group_name=GROUP,
+        kinds={"pytorch"},
+        partitions_def=manifests_partitions,
+        ins=ins,
+        description=f"The {name} stage's final checkpoint (torch.distributed.checkpoint), trained out of process "
+        f"under the supervisor from the previous stage's; the previous one carried forward when the manifest has "
+        f"no {name} stage.",
+    )
+
+    def body(context, ito, training_runtime, pipes_subprocess_client, ledger, inputs: dict, previous):
+        yield from _run_stage(context, ito, training_runtime, pipes_subprocess_client, ledger,
+                              inputs["run_authorization"], inputs["training_manifest"], inputs["training_tokens"],
+                              previous, name)
+
+    if upstream is None:
+        def first_stage(context: dg.AssetExecutionContext, ito: ItoSettingsResource,
+                        training_runtime: TrainingRuntimeResource, pipes_subprocess_client: dg.PipesSubprocessClient,
+                        ledger: LedgerResource, **inputs):
+            yield from body(context, ito, training_runtime, pipes_subprocess_client, ledger, inputs, None)
+
+        return decorate(first_stage)
+
+    def later_stage(context: dg.AssetExecutionContext, ito: ItoSettingsResource,
+                    training_runtime: TrainingRuntimeResource, pipes_subprocess_client: dg.PipesSubprocessClient,
+                    ledger: LedgerResource, **inputs):
+        yield from body(context, ito, training_runtime, pipes_subprocess_client, ledger, inputs, inputs["previous"])
+
+    return decorate(later_stage)
+
+
+pretraining_checkpoint = _stage_asset("pretraining", None)
+mid_training_checkpoint = _stage_asset("mid_training", "pretraining")
+long_context_checkpoint = _stage_asset("long_context", "mid_training")
+STAGE_NAMES = ("pretraining", "mid_training", "long_context")
+
+
+@dg.asset(
+    group_name=GROUP,
+    kinds={"duckdb"},
+    partitions_def=manifests_partitions,
+    pool=POOL,
+    ins={f"{name}_checkpoint": dg.AssetIn(f"{name}_checkpoint") for name in STAGE_NAMES},
+    description="Desk telemetry of the run, from the runtime's event logs: goodput with badput by cause, "
+    "interruptions per 1,000 device-hours (planned, unplanned), checkpoint bandwidth and blocking seconds; "
+    "one row per stage and one for the run in the warehouse table `training_telemetry`.",
+)
+def training_telemetry(context: dg.AssetExecutionContext, ito: ItoSettingsResource, **stage_checkpoints):
+    trained = {c.stage: Path(c.stage_dir) for c in stage_checkpoints.values() if c is not None}
+    rows = telemetry_table.rows_for_run(context.partition_key, trained)
+    telemetry_table.write(ito.settings().warehouse_path, context.partition_key, rows)
+    run_row = rows[-1]
+    context.add_output_metadata({
+        "goodput": run_row["goodput"], "device_hours": run_row["device_hours"],
+        "unplanned_interruptions_per_1000_device_hours": run_row["unplanned_interruptions_per_1000_device_hours"],
+        "checkpoint_bandwidth_bytes_per_second": run_row["checkpoint_bandwidth_bytes_per_second"],
+        "badput_seconds": dg.MetadataValue.json({k: v for k, v in run_row.items() if k.startswith("badput_")}),
+        "stages": ", ".join(trained),
+    })
+    return rows
+
+
+TRAINING_ASSETS = [training_tokens, pretraining_checkpoint, mid_training_checkpoint, long_context_checkpoint,
+                   training_telemetry]

@@ -1,0 +1,41 @@
+"""Blocking checks: each stage's eval gate (the verdict the stage asset recorded before handing on
+its checkpoint). A failed gate stops the rest of the run here and, through the verdict store, every
+later run of the same partition (no override exists)."""
+
+import dagster as dg
+
+from ito_assets.defs.manifest.partitions import manifests_partitions
+from ito_assets.defs.training.assets import STAGE_NAMES, long_context_checkpoint, mid_training_checkpoint, pretraining_checkpoint
+from ito_assets.errors import ErrorCode
+
+
+def _gate_check(stage: str, asset):
+    @dg.asset_check(
+        name=f"{stage}_eval_gate",
+        asset=asset,
+        blocking=True,
+        partitions_def=manifests_partitions,
+        description=f"The {stage} stage's eval battery against the previous stage (or the untrained model) "
+        "and the seed noise band; EVAL_GATE_FAILED stops the run.",
+    )
+    def gate(context: dg.AssetCheckExecutionContext, **checkpoint) -> dg.AssetCheckResult:
+        (value,) = checkpoint.values()
+        if value is None or value.stage != stage:
+            return dg.AssetCheckResult(passed=True, description=f"the manifest has no {stage} stage")
+        failed = not value.gate_passed
+        checks = {c["metric"]: {k: c[k] for k in ("value", "previous", "improvement", "required")}
+                  for c in value.gate["checks"]}
+        return dg.AssetCheckResult(
+            passed=not failed,
+            severity=dg.AssetCheckSeverity.ERROR,
+            description=f"{ErrorCode.EVAL_GATE_FAILED.value}: failed against {value.gate['compared_with']}" if failed
+            else f"passed against {value.gate['compared_with']}",
+            metadata={"error_code": ErrorCode.EVAL_GATE_FAILED.value if failed else "",
+                      "compared_with": value.gate["compared_with"], "metrics": dg.MetadataValue.json(checks)},
+        )
+
+    return gate
+
+
+TRAINING_CHECKS = [_gate_check(stage, asset) for stage, asset in
+                   zip(STAGE_NAMES, (pretraining_checkpoint, mid_training_checkpoint, long_context_checkpoint))]

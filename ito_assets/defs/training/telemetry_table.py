@@ -1,0 +1,37 @@
+"""The warehouse table `training_telemetry`: one row per stage and one for the whole run (stage
+'run'), replaced per manifest partition. Figures from `ito_assets.runtime.telemetry`."""
+
+import time
+from pathlib import Path
+
+import duckdb
+
+from ito_assets.runtime import events
+from ito_assets.runtime.telemetry import summarize
+
+TABLE = "training_telemetry"
+_COLUMNS = ("goodput", "allocated_seconds", "device_hours", "productive_seconds", "badput_startup_seconds",
+            "badput_checkpoint_seconds", "badput_recovery_seconds", "badput_wasted_step_seconds",
+            "badput_evaluation_seconds", "badput_other_seconds", "num_steps", "num_wasted_steps",
+            "planned_interruptions_per_1000_device_hours", "unplanned_interruptions_per_1000_device_hours",
+            "num_checkpoints", "checkpoint_bytes", "checkpoint_bandwidth_bytes_per_second")
+
+
+def rows_for_run(partition_key: str, stage_dirs: dict[str, Path]) -> list[dict]:
+    logs = {stage: events.read(folder) for stage, folder in stage_dirs.items()}
+    rows = [{"partition_key": partition_key, "stage": stage, **summarize(log).as_row()} for stage, log in logs.items()]
+    everything = [event for log in logs.values() for event in log]
+    return rows + [{"partition_key": partition_key, "stage": "run", **summarize(everything).as_row()}]
+
+
+def write(warehouse: Path, partition_key: str, rows: list[dict]) -> None:
+    warehouse.parent.mkdir(parents=True, exist_ok=True)
+    columns = ", ".join(f"{c} DOUBLE" for c in _COLUMNS)
+    with duckdb.connect(str(warehouse)) as connection:
+        connection.execute(f"CREATE TABLE IF NOT EXISTS {TABLE} (partition_key VARCHAR, stage VARCHAR, {columns}, "
+                           "computed_at DOUBLE)")
+        connection.execute(f"DELETE FROM {TABLE} WHERE partition_key = ?", [partition_key])
+        placeholders = ", ".join("?" for _ in range(len(_COLUMNS) + 3))
+        now = time.time()
+        connection.executemany(f"INSERT INTO {TABLE} VALUES ({placeholders})",
+                               [[r["partition_key"], r["stage"], *(float(r[c]) for c in _COLUMNS), now] for r in rows])

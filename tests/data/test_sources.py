@@ -1,0 +1,75 @@
+"""ito_assets.data.sources: verified bytes, NFC text, stable ids, JSONL and Parquet."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import unicodedata
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from ito_assets.data.sources import doc_id, read_source, resolve_uri
+from ito_assets.data.text import NORMALIZATION_VERSION
+from ito_assets.errors import ErrorCode, ItoError
+from ito_assets.manifest.schema import DataReference
+
+DECOMPOSED = "Cafe\u0301 au lait"  # "e" + combining acute: NFC composes it
+
+
+def reference(path: Path, fmt: str = "jsonl", sha: str | None = None) -> DataReference:
+    digest = sha or hashlib.sha256(path.read_bytes()).hexdigest()
+    return DataReference(uri=f"dataroot://{path.name}", sha256=digest, license="CC0-1.0", format=fmt)
+
+
+def write_jsonl(path: Path, records: list[dict]) -> Path:
+    path.write_bytes("".join(json.dumps(r) + "\n" for r in records).encode())
+    return path
+
+
+def test_reads_jsonl_normalises_and_ids(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "a.jsonl", [{"id": "x", "text": DECOMPOSED}, {"id": "y", "text": "  "}, {"id": "z", "text": "plain"}])
+    ref = reference(path)
+    docs, counts = read_source(ref, 0, tmp_path)
+    assert docs["text"].to_list() == [unicodedata.normalize("NFC", DECOMPOSED), "plain"]
+    assert docs["row"].to_list() == [0, 2]
+    assert docs["doc_id"].to_list() == [doc_id(ref.sha256, 0), doc_id(ref.sha256, 2)]
+    assert counts.num_documents == 2 and counts.num_empty_skipped == 1 and counts.num_changed_by_normalization == 1
+    assert counts.normalization == NORMALIZATION_VERSION
+    assert docs["license"].unique().to_list() == ["CC0-1.0"]
+
+
+def test_ids_are_stable_and_depend_on_source_and_row() -> None:
+    assert doc_id("a" * 64, 3) == doc_id("a" * 64, 3)
+    assert len({doc_id("a" * 64, 3), doc_id("a" * 64, 4), doc_id("b" * 64, 3)}) == 3
+    assert len(doc_id("a" * 64, 3)) == 16
+
+
+def test_digest_mismatch_blocks(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "a.jsonl", [{"text": "hello"}])
+    with pytest.raises(ItoError) as info:
+        read_source(reference(path, sha="f" * 64), 0, tmp_path)
+    assert info.value.code is ErrorCode.SOURCE_DIGEST_MISMATCH
+
+
+def test_reads_parquet(tmp_path: Path) -> None:
+    path = tmp_path / "a.parquet"
+    pl.DataFrame({"id": ["p", "q"], "text": ["one", "two"]}).write_parquet(path)
+    docs, counts = read_source(reference(path, "parquet"), 1, tmp_path)
+    assert docs["source_record_id"].to_list() == ["p", "q"] and docs["source_index"].to_list() == [1, 1]
+    assert counts.format == "parquet"
+
+
+def test_refuses_bad_records_and_escapes(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(b'{"id": 1}\n')
+    with pytest.raises(ItoError) as info:
+        read_source(reference(path), 0, tmp_path)
+    assert info.value.code is ErrorCode.SOURCE_INVALID
+    with pytest.raises(ItoError):
+        resolve_uri("dataroot://../outside.jsonl", tmp_path)
+    missing = DataReference(uri="dataroot://nope.jsonl", sha256="0" * 64, license="CC0-1.0", format="jsonl")
+    with pytest.raises(ItoError) as info:
+        read_source(missing, 0, tmp_path)
+    assert info.value.code is ErrorCode.SOURCE_NOT_FOUND
