@@ -13,6 +13,9 @@ import warnings
 from dataclasses import dataclass, field
 
 import dagster as dg
+
+# Partitioned asset checks are a Dagster preview feature; the warning would drown the summary.
+warnings.filterwarnings("ignore", category=dg.PreviewWarning)
 from dagster._core.storage.tags import RUN_KEY_TAG, SENSOR_NAME_TAG
 
 from ito_assets.defs.workload.assets import RUN_ID_TAG
@@ -130,8 +133,6 @@ def print_summary(summary: RunSummary, settings: Settings) -> None:
 
 
 def main() -> int:
-    # Partitioned asset checks are a Dagster preview feature; the warning would drown the summary.
-    warnings.filterwarnings("ignore", category=dg.PreviewWarning)
     from definitions import build_definitions
     from sensors import SENSORS
 

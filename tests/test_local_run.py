@@ -29,7 +29,9 @@ def test_local_run_materializes_the_fixtures_then_finds_nothing_new(tmp_path):
 
     first = run()
     launched = int(re.search(r"runs launched: (\d+)", first).group(1))
-    assert launched == len(list((ROOT / "data/fixtures/manifests").glob("*.json")))
+    # One preparation run per reviewed manifest, one training run for the ledger run the API created.
+    assert launched == len(list((ROOT / "data/fixtures/manifests").glob("*.json"))) + 1
+    assert re.search(r"ledger: .*; run run_\w+ \(key walkthrough-\w+\) is succeeded", first)
     assert re.search(r"checks passed: [1-9]\d*, failed: 0", first)
     assert "training_manifest [" in first
     assert str(tmp_path / "state" / "dagster") in first
