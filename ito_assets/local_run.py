@@ -80,12 +80,19 @@ def evaluate_sensor(defs: dg.Definitions, instance: dg.DagsterInstance, sensor_n
             partition_key=request.partition_key,
             tags=tags,
             raise_on_error=False,
-            run_config=_QUIET_CONSOLE,
+            run_config=_run_config(job, request.partition_key),
         )
         summary.num_runs_launched += 1
         _record(run, summary, request.partition_key)
         if RUN_ID_TAG in tags:
             _report_to_ledger(defs, instance, run.dagster_run, tags[RUN_ID_TAG])
+
+
+def _run_config(job: dg.JobDefinition, partition_key: str | None) -> dict:
+    """The job's own default config for the partition (as the daemon would use it), plus a quiet console."""
+    partitioned = job.partitioned_config
+    base = partitioned.get_run_config_for_partition_key(partition_key) if partitioned and partition_key else {}
+    return {**(base or {}), **_QUIET_CONSOLE}
 
 
 def _report_to_ledger(defs: dg.Definitions, instance: dg.DagsterInstance, dagster_run, run_id: str) -> None:

@@ -524,16 +524,24 @@ def check_contamination(corpora: dict[str, list[dict]], planted: list[dict], ind
 
 # --- manifests ----------------------------------------------------------------------------------
 
-POST_TRAINING = [  # the schema defaults, written out so the reviewed file says what will run
-    {"kind": "sft", "num_epochs": 1, "learning_rate": 1e-4},
-    {"kind": "dpo", "beta": 0.1, "label_smoothing": 0.0, "learning_rate": 5e-6},
+# Written out in full so the reviewed file says what will run. The learning rates are the tiny CPU
+# model's, not the schema defaults (which suit billion-parameter models): measured on the fixture
+# recipe, the defaults leave the SFT gate honestly failing, these pass every gate on 3 of 3 seeds.
+POST_TRAINING = [
+    {"kind": "sft", "num_epochs": 1, "learning_rate": 3e-3},
+    {"kind": "dpo", "beta": 0.1, "label_smoothing": 0.0, "learning_rate": 1e-4},
     {"kind": "rlvr", "group_size": 8, "clip_eps_low": 0.2, "clip_eps_high": 0.28, "max_staleness": 1,
-     "learning_rate": 1e-6},
+     "learning_rate": 1e-3},
 ]
+# The docs-only mixture is kept for its licence (PSF only); its benefit over the baseline is within
+# the seed noise of the tiny decision run, and its reviewers say so in writing.
+DOCS_ONLY_ACCEPTANCE = {"accepted_verdicts": ["WITHIN_NOISE"], "reviewed_by": "fixture-review",
+                        "reason": "PSF-only mixture chosen for its licence; a within-noise benefit is accepted."}
 
 
 def manifest(name: str, corpora: list[tuple[str, str]], suite_sha: str, stages: list[tuple[str, int, int]],
-             post_training: list[dict], cap_cents: int, max_incremental_cents: int) -> dict:
+             post_training: list[dict], cap_cents: int, max_incremental_cents: int,
+             data_decision: dict | None = None) -> dict:
     decontamination = {"eval_suite_id": SUITE_ID, "eval_suite_sha256": f"sha256:{suite_sha}",
                        "method": "ngram", "ngram_size": NGRAM}
     return {
@@ -548,6 +556,7 @@ def manifest(name: str, corpora: list[tuple[str, str]], suite_sha: str, stages: 
         "post_training": post_training,
         "budget": {"cap_cents": cap_cents, "max_incremental_cents": max_incremental_cents},
         "checkpoint_policy": {"interval_steps": 50, "keep_last": 3, "storage_uri": f"tenant://checkpoints/{name}"},
+        **({"data_decision": data_decision} if data_decision else {}),
     }
 
 
@@ -581,7 +590,7 @@ def main() -> None:
     write_json(FIXTURES / "manifests" / "fixture-docs-only.json", manifest(
         "fixture-docs-only", [("stdlib_docstrings.jsonl", "PSF-2.0"), ("pydoc_topics.jsonl", "PSF-2.0")],
         suite_sha, [("pretraining", 100_000, 128), ("mid_training", 20_000, 128)],
-        POST_TRAINING[:1], 1_000_000, 500_000))
+        POST_TRAINING[:1], 1_000_000, 500_000, DOCS_ONLY_ACCEPTANCE))
 
     # The README's table is kept by hand; print what it needs.
     print(f"Python {sys.version.split()[0]}; edited_question plants still holding a {NGRAM}-gram: "

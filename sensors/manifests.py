@@ -3,7 +3,7 @@
 
 import dagster as dg
 
-from ito_assets.defs.jobs import preparation_job
+from ito_assets.defs.jobs import PREPARATION_JOB
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.resources import ItoSettingsResource
 from ito_assets.manifest import discovery
@@ -12,7 +12,7 @@ MANIFEST_DIGEST_TAG = "ito/manifest_digest"
 
 
 @dg.sensor(
-    job=preparation_job,
+    job_name=PREPARATION_JOB,
     default_status=dg.DefaultSensorStatus.RUNNING,
     minimum_interval_seconds=30,
     description="Registers each reviewed manifest (keyed by its short digest) and prepares it once; "

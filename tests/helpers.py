@@ -89,6 +89,14 @@ CORPUS_LINES = "".join(
     ])
 )
 
+BASELINE_LINES = "".join(
+    json.dumps({"id": f"b{i}", "text": f"Baseline note {i}: tuples are immutable sequences; sets hold unique items."}) + "\n"
+    for i in range(8)
+)
+# A decision run small enough for unit tests (seconds); the fixtures use the asset's defaults.
+QUICK_DECISION = {"num_steps": 2, "batch_size": 2, "sequence_length": 32, "vocab_size": 300,
+                  "baseline_uris": ["dataroot://corpora/baseline.jsonl"], "num_threads": 1}
+
 
 class Installation:
     def __init__(self, root: Path):
@@ -104,6 +112,7 @@ class Installation:
         corpus.parent.mkdir(parents=True)
         write_file(corpus, CORPUS_LINES)
         self.corpus_sha256 = hashlib.sha256(CORPUS_LINES.encode()).hexdigest()
+        write_file(corpus.parent / "baseline.jsonl", BASELINE_LINES)
         self.settings = Settings(
             project_root=root,
             state_dir=root / ".ito",
@@ -118,6 +127,9 @@ class Installation:
         document["data"][0]["decontamination"]["eval_suite_sha256"] = self.suite_digest
         document["data"][0]["uri"] = "dataroot://corpora/notes.jsonl"
         document["data"][0]["sha256"] = self.corpus_sha256
+        # The quick decision below is too small to measure anything: its reviewers accept that.
+        document["data_decision"] = {"accepted_verdicts": ["NO_GO", "WITHIN_NOISE"], "reason": "unit test",
+                                     "reviewed_by": "tests"}
         if not provenance:
             del document["data"][0]["decontamination"]
         document.update(top_level)

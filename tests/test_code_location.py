@@ -18,6 +18,13 @@ EXPECTED_ASSETS = {
     "eval_suite": "manifest",
     "training_manifest": "manifest",
     "run_authorization": "workload",
+    "source_documents": "data",
+    "deduplicated_documents": "data",
+    "contamination_report": "data",
+    "clean_shards": "data",
+    "decision_run": "decision",
+    "data_decision": "decision",
+    "training_plan": "decision",
 }
 EXPECTED_CHECKS = {
     ("training_manifest", "manifest_verified"),
@@ -25,9 +32,19 @@ EXPECTED_CHECKS = {
     ("training_manifest", "provenance_present"),
     ("training_manifest", "eval_suite_digest_matches"),
     ("run_authorization", "run_still_authorized"),
+    ("source_documents", "source_digests_match"),
+    ("source_documents", "document_provenance_present"),
+    ("contamination_report", "eval_suite_digest_recorded"),
+    ("clean_shards", "conservation_holds"),
+    ("clean_shards", "zero_residual_contamination"),
+    ("deduplicated_documents", "duplicate_rate_plausible"),
+    ("data_decision", "decision_is_go"),
+    ("training_plan", "plan_not_refused"),
+    ("training_plan", "plan_within_budget_cap"),
+    ("training_plan", "plan_within_max_incremental"),
 }
 EXPECTED_SENSORS = {
-    "reviewed_manifest_sensor", "confirmed_run_sensor", "cancellation_sensor",
+    "reviewed_manifest_sensor", "eval_suite_changed", "confirmed_run_sensor", "cancellation_sensor",
     "training_succeeded_sensor", "training_failed_sensor", "training_canceled_sensor",
 }
 

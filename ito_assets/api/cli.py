@@ -35,12 +35,13 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ito_assets.api.commands import audit, confirm, desk, lifecycle, manifest, readiness, serve, train
+    from ito_assets.api.commands import audit, confirm, desk, lifecycle, manifest, plan, readiness, serve, train
 
     parser = _Parser(prog="ito", description="The canonical ito-training client.")
     verbs = parser.add_subparsers(dest="verb", parser_class=_Parser, required=True)
     manifest.register(verbs)
     audit.register(verbs)  # issue 4: lineage in the warehouse, read-only, no API contact
+    plan.register(verbs)  # issue 5: the plan and its cost, computed locally; creates no workload
     # Issue 3: the gates and the run lifecycle. Each module imports its heavy dependencies lazily.
     for module in (confirm, train, lifecycle, readiness, desk, serve):
         module.register(verbs)

@@ -7,6 +7,8 @@ training stages and post-training (launched by the confirmed-run sensor, once pe
 A domain joins a job through its group; a group that does not exist yet selects nothing.
 """
 
+from typing import Mapping
+
 import dagster as dg
 
 from ito_assets.defs.manifest.partitions import manifests_partitions
@@ -14,12 +16,20 @@ from ito_assets.defs.manifest.partitions import manifests_partitions
 PREPARATION_GROUPS = ("manifest", "data", "decision")
 TRAINING_GROUPS = ("workload", "training", "posttraining")
 
-preparation_job = dg.define_asset_job(
-    "preparation_job",
-    selection=dg.AssetSelection.groups(*PREPARATION_GROUPS),
-    partitions_def=manifests_partitions,
-    description="Verify one reviewed manifest, prepare its data (dedup, decontamination), decide and plan.",
-)
+PREPARATION_JOB = "preparation_job"
+
+
+def preparation_job(decision_run_config: Mapping | None = None):
+    """`decision_run_config`, when given, is the job's default config of `decision_run` (shown in
+    the launchpad); the embedded default uses the asset's own defaults."""
+    config = {"ops": {"decision_run": {"config": dict(decision_run_config)}}} if decision_run_config else None
+    return dg.define_asset_job(
+        PREPARATION_JOB,
+        selection=dg.AssetSelection.groups(*PREPARATION_GROUPS),
+        partitions_def=manifests_partitions,
+        config=config,
+        description="Verify one reviewed manifest, prepare its data (dedup, decontamination), decide and plan.",
+    )
 
 training_job = dg.define_asset_job(
     "training_job",

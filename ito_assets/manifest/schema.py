@@ -124,6 +124,15 @@ class CheckpointPolicy(_Strict):
     storage_uri: Annotated[str, Field(min_length=1, max_length=2048, pattern=r"^(tenant|file)://[^\s]+$")]
 
 
+class DataDecisionAcceptance(_Strict):
+    """A verdict of the 150M decision job that the manifest's reviewers accept in writing (e.g.
+    data chosen for licence or coverage reasons whose benefit is within the seed noise)."""
+
+    accepted_verdicts: Annotated[tuple[Literal["NO_GO", "WITHIN_NOISE"], ...], Field(min_length=1)]
+    reason: Annotated[str, Field(min_length=1, max_length=1000)]
+    reviewed_by: Name
+
+
 class Manifest(_Strict):
     schema_version: Literal[1]
     name: Name
@@ -133,6 +142,7 @@ class Manifest(_Strict):
     post_training: tuple[PostTrainingStep, ...] = ()
     budget: Budget
     checkpoint_policy: CheckpointPolicy
+    data_decision: DataDecisionAcceptance | None = None
 
     @field_validator("post_training")
     @classmethod

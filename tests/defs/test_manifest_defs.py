@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from helpers import CANARIES
+from helpers import CANARIES, QUICK_DECISION
 from definitions import build_definitions
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.local_run import RunSummary, evaluate_sensor
@@ -41,13 +41,13 @@ def test_sensor_skips_unreadable_files_without_failing(installation, instance):
 def test_valid_manifest_passes_every_check(installation, instance):
     installation.manifest("alpha")
     summary = RunSummary()
-    evaluate_sensor(build_definitions(installation.settings), instance, "reviewed_manifest_sensor", summary)
+    evaluate_sensor(build_definitions(installation.settings, decision_run_config=QUICK_DECISION), instance, "reviewed_manifest_sensor", summary)
     assert summary.num_runs_launched == 1 and summary.num_runs_failed == 0
     assert summary.checks_failed == []
     assert sum(name.startswith("training_manifest:") for name in summary.checks_passed) == 4
     assert any(name.startswith("training_manifest") for name in summary.materialized)
     again = RunSummary()
-    evaluate_sensor(build_definitions(installation.settings), instance, "reviewed_manifest_sensor", again)
+    evaluate_sensor(build_definitions(installation.settings, decision_run_config=QUICK_DECISION), instance, "reviewed_manifest_sensor", again)
     assert again.num_runs_launched == 0 and again.num_runs_skipped == 1
 
 

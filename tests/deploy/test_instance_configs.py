@@ -13,7 +13,7 @@ import yaml
 from dagster._core.instance.config import dagster_instance_config
 
 from definitions import build_definitions
-from helpers import postgres_url_or_skip
+from helpers import QUICK_DECISION, postgres_url_or_skip
 from ito_assets.settings import load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,7 +90,7 @@ def _run_manifest_job(installation, instance: dg.DagsterInstance) -> None:
     installation.manifest("alpha")
     settings = installation.settings.with_overrides(executor="in_process")
     summary = RunSummary()
-    evaluate_sensor(build_definitions(settings), instance, "reviewed_manifest_sensor", summary)
+    evaluate_sensor(build_definitions(settings, decision_run_config=QUICK_DECISION), instance, "reviewed_manifest_sensor", summary)
     assert summary.num_runs_launched == 1 and summary.num_runs_failed == 0
     assert summary.checks_failed == []
     assert sum(name.startswith("training_manifest:") for name in summary.checks_passed) == 4

@@ -1,0 +1,232 @@
+"""The decision job (SPEC stage 1): is the candidate mixture worth a training block?
+
+A proxy model is trained on the candidate mixture and on a baseline mixture with the same token
+budget, the same seeds (paired: seed s gives both arms the same initial weights and the same
+batch order over their own tokens) and one tokenizer fitted on equal bytes of both, then scored on
+the eval battery. The verdict compares the difference of the arms' mean primary metric with the
+seed-to-seed noise band: GO or NO_GO only when the difference is outside the band, WITHIN_NOISE
+otherwise (and always with a single seed, where the noise is not measured).
+
+DataDecide (Magnusson et al. 2025) is the method: a single small scale, several seeds, and
+continuous metrics (here: the answer's bits per byte) decide better than accuracy at small compute.
+"""
+
+from __future__ import annotations
+
+import enum
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ito_assets.evals.suite import EvalItem
+from ito_assets.training.evaluation import EvalConfig, EvalReport, evaluate
+from ito_assets.training.model import build_model, config_by_name, parameter_count
+from ito_assets.training.tokenizer import (
+    LoaderConfig, TokenizerConfig, encode_documents, iterate_batches, open_token_shard, save_tokenizer,
+    train_tokenizer, write_token_shard,
+)
+from ito_assets.training.trainer import TrainConfig, TrainResult, train
+
+ARMS = ("candidate", "baseline")
+# Lower is better for bits per byte; the band and the verdict use this metric.
+PRIMARY_METRIC = "answer_bits_per_byte"
+
+
+class Verdict(str, enum.Enum):
+    GO = "GO"
+    NO_GO = "NO_GO"
+    WITHIN_NOISE = "WITHIN_NOISE"
+
+
+def _require(condition: bool, name: str, rule: str) -> None:
+    if not condition:
+        raise ValueError(f"{name} {rule}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecisionConfig:
+    # The embedded default runs `tiny` on CPU; a booked cluster runs `proxy-150m` (same code).
+    model_name: str = "tiny"
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    # Two seeds: the fewest that measure seed-to-seed noise (DataDecide trains 3 at every scale).
+    seeds: tuple[int, ...] = (0, 1)
+    # 32 steps x 16 x 128 = 65,536 tokens per run: the four runs and their evals take about a
+    # minute on two CPU cores (benchmarks/decision_run.py); a proxy-150m decision on a booking
+    # uses DataDecide's budget instead (100 tokens per parameter, Magnusson et al. 2025).
+    num_steps: int = 32
+    batch_size: int = 16
+    sequence_length: int = 128
+    learning_rate: float = 3e-3
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    # The verdict needs |difference| > 2 standard errors of the difference of the seed means
+    # (a two-sided ~95% band under a normal approximation; with two seeds it is rough, and said so).
+    noise_multiplier: float = 2.0
+    # 5% of each arm's documents are held out for its bits per byte (reported, not decisive).
+    heldout_fraction: float = 0.05
+
+    def __post_init__(self) -> None:
+        config_by_name(self.model_name)
+        _require(len(self.seeds) >= 1 and len(set(self.seeds)) == len(self.seeds), "seeds", "must be distinct and non-empty")
+        for name in ("num_steps", "batch_size", "sequence_length"):
+            _require(getattr(self, name) >= 1, name, "must be positive")
+        _require(self.noise_multiplier > 0, "noise_multiplier", "must be positive")
+        _require(0 <= self.heldout_fraction < 0.5, "heldout_fraction", "must be in [0, 0.5)")
+
+    @property
+    def num_tokens_per_run(self) -> int:
+        return self.num_steps * self.batch_size * self.sequence_length
+
+    def train_config(self, seed: int) -> TrainConfig:
+        return TrainConfig(num_steps=self.num_steps, batch_size=self.batch_size, sequence_length=self.sequence_length,
+                           seed=seed, learning_rate=self.learning_rate)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArmRun:
+    arm: str
+    seed: int
+    train: TrainResult
+    report: EvalReport
+    heldout_bits_per_byte: float | None
+
+    @property
+    def primary(self) -> float:
+        return self.report.metric("bits_per_byte")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArmSummary:
+    arm: str
+    num_documents: int
+    num_tokens_available: int
+    mean: float  # of the primary metric over seeds
+    stdev: float  # sample standard deviation over seeds (0 with one seed)
+    accuracy: float
+    correct_prob: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecisionResult:
+    verdict: Verdict
+    metric: str
+    difference: float  # baseline mean - candidate mean: > 0 means the candidate is better
+    noise_band: float | None  # None when a single seed cannot measure the noise
+    explanation: str
+    candidate: ArmSummary
+    baseline: ArmSummary
+    runs: tuple[ArmRun, ...]
+    config: DecisionConfig
+    model_name: str
+    num_parameters: int
+    num_tokens_per_run: int
+    tokenizer_sha256: str | None
+    train_wall_seconds: float  # training only, all runs
+    model_flops: int
+
+    def to_dict(self) -> dict:
+        return {
+            "verdict": self.verdict.value, "metric": self.metric, "lower_is_better": True,
+            "difference": self.difference, "noise_band": self.noise_band, "explanation": self.explanation,
+            "candidate": vars(self.candidate), "baseline": vars(self.baseline),
+            "model_name": self.model_name, "num_parameters": self.num_parameters,
+            "num_tokens_per_run": self.num_tokens_per_run, "num_runs": len(self.runs),
+            "tokenizer_sha256": self.tokenizer_sha256, "train_wall_seconds": round(self.train_wall_seconds, 3),
+            "model_flops": self.model_flops,
+            "runs": [{"arm": r.arm, "seed": r.seed, "primary": r.primary, "heldout_bits_per_byte": r.heldout_bits_per_byte,
+                      "train": r.train.summary(), "eval": r.report.summary()} for r in self.runs],
+        }
+
+
+def balanced_sample(candidate: Sequence[str], baseline: Sequence[str]) -> list[str]:
+    """Documents of both arms, alternating, with each arm contributing about the same number of
+    bytes: the tokenizer favours neither arm."""
+    budget = min(sum(len(t.encode()) for t in candidate), sum(len(t.encode()) for t in baseline))
+    picked: list[str] = []
+    for texts in (candidate, baseline):
+        used = 0
+        for text in texts:
+            if used >= budget:
+                break
+            picked.append(text)
+            used += len(text.encode())
+    return picked
+
+
+def split_heldout(texts: Sequence[str], fraction: float, seed: int) -> tuple[list[str], list[str]]:
+    """(train, held out), drawn with `seed`; at least one document stays in training."""
+    order = np.random.default_rng(seed).permutation(len(texts))
+    num_heldout = min(len(texts) - 1, int(len(texts) * fraction))
+    heldout = {int(i) for i in order[:num_heldout]}
+    return [t for i, t in enumerate(texts) if i not in heldout], [t for i, t in enumerate(texts) if i in heldout]
+
+
+def noise_verdict(candidate: Sequence[float], baseline: Sequence[float], multiplier: float) -> tuple[Verdict, float, float | None, str]:
+    """Verdict from per-seed values of a lower-is-better metric: (verdict, difference, band, why)."""
+    difference = statistics.fmean(baseline) - statistics.fmean(candidate)
+    n = min(len(candidate), len(baseline))
+    if n < 2:
+        return Verdict.WITHIN_NOISE, difference, None, "one seed per arm cannot measure seed-to-seed noise; no decision"
+    pooled = ((statistics.variance(candidate) + statistics.variance(baseline)) / 2) ** 0.5
+    band = multiplier * pooled * (2 / n) ** 0.5
+    caveat = f" (noise from {n} seeds per arm: a rough band)" if n < 3 else f" (noise from {n} seeds per arm)"
+    if difference > band:
+        return Verdict.GO, difference, band, f"candidate better by {difference:.4f} bits/byte, outside the noise band {band:.4f}{caveat}"
+    if difference < -band:
+        return Verdict.NO_GO, difference, band, f"candidate worse by {-difference:.4f} bits/byte, outside the noise band {band:.4f}{caveat}"
+    return Verdict.WITHIN_NOISE, difference, band, (
+        f"difference {difference:+.4f} bits/byte is within the noise band {band:.4f}{caveat}: "
+        "the data is not shown to be better or worse")
+
+
+def _arm_tokens(tokenizer, texts: Sequence[str], work_dir: Path | None, arm: str) -> np.ndarray:
+    tokens = encode_documents(tokenizer, texts)
+    if work_dir is None:
+        return tokens
+    shard = write_token_shard(tokens, work_dir / "tokens" / f"{arm}.npy")
+    return open_token_shard(Path(shard.path))
+
+
+def _summarize(arm: str, runs: list[ArmRun], num_documents: int, num_tokens: int) -> ArmSummary:
+    values = [r.primary for r in runs]
+    return ArmSummary(
+        arm=arm, num_documents=num_documents, num_tokens_available=num_tokens,
+        mean=statistics.fmean(values), stdev=statistics.stdev(values) if len(values) > 1 else 0.0,
+        accuracy=statistics.fmean(r.report.metric("accuracy") for r in runs),
+        correct_prob=statistics.fmean(r.report.metric("correct_prob") for r in runs),
+    )
+
+
+def run_decision(
+    *, candidate_texts: Sequence[str], baseline_texts: Sequence[str], eval_items: Sequence[EvalItem],
+    config: DecisionConfig, work_dir: Path | None = None,
+) -> DecisionResult:
+    """Train and evaluate both arms for every seed; `work_dir` keeps the tokenizer and token shards."""
+    _require(len(candidate_texts) >= 2 and len(baseline_texts) >= 2, "texts", "must hold at least two documents per arm")
+    texts = {"candidate": list(candidate_texts), "baseline": list(baseline_texts)}
+    split = {arm: split_heldout(texts[arm], config.heldout_fraction, config.seeds[0]) for arm in ARMS}
+    tokenizer = train_tokenizer(balanced_sample(split["candidate"][0], split["baseline"][0]), config.tokenizer)
+    tokenizer_sha = save_tokenizer(tokenizer, work_dir / "tokenizer.json") if work_dir is not None else None
+    tokens = {arm: _arm_tokens(tokenizer, split[arm][0], work_dir, arm) for arm in ARMS}
+    model_config = config_by_name(config.model_name, vocab_size=tokenizer.get_vocab_size())
+    runs: dict[str, list[ArmRun]] = {arm: [] for arm in ARMS}
+    for seed in config.seeds:
+        for arm in ARMS:
+            model = build_model(model_config, seed=seed)
+            loader = iterate_batches(tokens[arm], LoaderConfig(batch_size=config.batch_size, sequence_length=config.sequence_length, seed=seed))
+            trained = train(model, loader, config.train_config(seed))
+            report = evaluate(model, tokenizer, eval_items, config.eval, heldout_texts=split[arm][1],
+                              heldout_sequence_length=config.sequence_length)
+            runs[arm].append(ArmRun(arm=arm, seed=seed, train=trained, report=report, heldout_bits_per_byte=report.heldout_bits_per_byte))
+    verdict, difference, band, why = noise_verdict([r.primary for r in runs["candidate"]], [r.primary for r in runs["baseline"]], config.noise_multiplier)
+    all_runs = tuple(runs["candidate"] + runs["baseline"])
+    return DecisionResult(
+        verdict=verdict, metric=PRIMARY_METRIC, difference=difference, noise_band=band, explanation=why,
+        candidate=_summarize("candidate", runs["candidate"], len(split["candidate"][0]), len(tokens["candidate"])),
+        baseline=_summarize("baseline", runs["baseline"], len(split["baseline"][0]), len(tokens["baseline"])),
+        runs=all_runs, config=config, model_name=config.model_name, num_parameters=parameter_count(model_config),
+        num_tokens_per_run=config.num_tokens_per_run, tokenizer_sha256=tokenizer_sha,
+        train_wall_seconds=sum(r.train.wall_seconds for r in all_runs), model_flops=sum(r.train.model_flops for r in all_runs),
+    )

@@ -1,0 +1,223 @@
+"""The eval battery: continuous metrics and accuracy on the eval suite's items, and bits per byte
+on held-out text.
+
+Per item, the prompt is `Question: {question}\\nAnswer:` and the continuation ` {answer}`; context
+and continuation are tokenized separately and concatenated (lm-evaluation-harness, OLMES).
+- Continuous (the metrics DataDecide found most predictive at small scale, Magnusson et al. 2025):
+  the answer's log-likelihood per token, its bits per byte (negative log2-likelihood over UTF-8
+  bytes, tokenizer-independent) and the probability of the correct answer normalized over the
+  candidates.
+- Accuracy: where the benchmark has enough distinct answers, argmax over the correct answer and
+  `num_candidates - 1` distractors drawn from the same benchmark's other answers, scored by
+  log-likelihood per byte (OLMES "per character" normalization, Gu et al. 2024); otherwise exact
+  match of the greedy continuation.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tokenizers import Tokenizer
+
+from ito_assets.evals.suite import EvalItem
+from ito_assets.training.model import DecoderLM
+from ito_assets.training.tokenizer import encode_documents, end_of_text_id
+
+PROMPT = "Question: {question}\nAnswer:"
+_LN2 = math.log(2.0)
+
+
+def _require(condition: bool, name: str, rule: str) -> None:
+    if not condition:
+        raise ValueError(f"{name} {rule}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalConfig:
+    # Four choices: ARC / MMLU / OLMES multiple-choice format.
+    num_candidates: int = 4
+    seed: int = 0  # which distractors each item gets
+    batch_size: int = 32
+    # Longest greedy continuation: the fixture answers are at most 19 words.
+    max_new_tokens: int = 32
+
+    def __post_init__(self) -> None:
+        _require(self.num_candidates >= 2, "num_candidates", "must be at least 2")
+        _require(self.batch_size >= 1, "batch_size", "must be positive")
+        _require(self.max_new_tokens >= 1, "max_new_tokens", "must be positive")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchmarkScore:
+    benchmark: str
+    mode: str  # "choice" or "greedy"
+    num_items: int
+    accuracy: float
+    correct_prob: float  # mean over items; 1 / num_candidates is chance in "choice" mode
+    logprob_per_token: float  # mean over items of the answer's mean token log-likelihood (nats)
+    bits_per_byte: float  # answer bits per byte, pooled over the benchmark's answers
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalReport:
+    benchmarks: tuple[BenchmarkScore, ...]
+    heldout_bits_per_byte: float | None
+
+    def metric(self, name: str) -> float:
+        """Macro average of a BenchmarkScore field over benchmarks (each benchmark counts once)."""
+        values = [getattr(b, name) for b in self.benchmarks]
+        return sum(values) / len(values)
+
+    def summary(self) -> dict:
+        return {
+            "answer_bits_per_byte": self.metric("bits_per_byte"),
+            "correct_prob": self.metric("correct_prob"),
+            "accuracy": self.metric("accuracy"),
+            "logprob_per_token": self.metric("logprob_per_token"),
+            "heldout_bits_per_byte": self.heldout_bits_per_byte,
+            "benchmarks": {b.benchmark: {k: v for k, v in vars(b).items() if k != "benchmark"} for b in self.benchmarks},
+        }
+
+
+@torch.no_grad()
+def continuation_logprobs(model: DecoderLM, pairs: Sequence[tuple[list[int], list[int]]], batch_size: int) -> list[list[float]]:
+    """For each (context, continuation) of token ids, the log-probability of every continuation
+    token. Contexts are cut from the left to fit the model's window; batches are right-padded."""
+    model.eval()
+    limit = model.config.max_seq_len + 1
+    out: list[list[float]] = []
+    for first in range(0, len(pairs), batch_size):
+        chunk = [(c + k)[-limit:] for c, k in pairs[first : first + batch_size]]
+        width = max(len(s) for s in chunk) - 1
+        rows = torch.zeros((len(chunk), width + 1), dtype=torch.long)
+        for i, seq in enumerate(chunk):
+            rows[i, : len(seq)] = torch.tensor(seq)
+        logp = F.log_softmax(model(rows[:, :-1]).float(), dim=-1)  # (B, T, V)
+        picked = logp.gather(-1, rows[:, 1:].unsqueeze(-1)).squeeze(-1)  # (B, T)
+        for i, (seq, (_, cont)) in enumerate(zip(chunk, pairs[first : first + batch_size])):
+            end = len(seq) - 1
+            out.append(picked[i, end - len(cont) : end].tolist())
+    return out
+
+
+def _encode(tokenizer: Tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text).ids
+
+
+def _candidates(items: Sequence[EvalItem], config: EvalConfig) -> list[list[str]] | None:
+    """Correct answer first, then distractors; None when the benchmark has too few answers."""
+    answers = sorted({item.answer for item in items})
+    if len(answers) < config.num_candidates:
+        return None
+    rng = np.random.default_rng(config.seed)
+    result = []
+    for item in items:
+        others = [a for a in answers if a != item.answer]
+        picks = rng.choice(len(others), size=config.num_candidates - 1, replace=False)
+        result.append([item.answer] + [others[int(j)] for j in sorted(picks)])
+    return result
+
+
+@torch.no_grad()
+def greedy_continuation(model: DecoderLM, tokenizer: Tokenizer, prompt: str, max_new_tokens: int) -> str:
+    model.eval()
+    ids = _encode(tokenizer, prompt)
+    stop = {end_of_text_id(tokenizer), *(_encode(tokenizer, "\n"))}
+    generated: list[int] = []
+    for _ in range(max_new_tokens):
+        window = torch.tensor([(ids + generated)[-model.config.max_seq_len:]])
+        next_id = int(model(window)[0, -1].argmax())
+        if next_id in stop:
+            break
+        generated.append(next_id)
+    return tokenizer.decode(generated)
+
+
+def score_benchmark(model: DecoderLM, tokenizer: Tokenizer, name: str, items: Sequence[EvalItem], config: EvalConfig) -> BenchmarkScore:
+    candidates = _candidates(items, config)
+    options = candidates if candidates is not None else [[item.answer] for item in items]
+    contexts = [_encode(tokenizer, PROMPT.format(question=item.question)) for item in items]
+    pairs = [(ctx, _encode(tokenizer, " " + option)) for ctx, opts in zip(contexts, options) for option in opts]
+    logprobs = continuation_logprobs(model, pairs, config.batch_size)
+    per_item, offset = [], 0
+    for opts in options:
+        per_item.append(logprobs[offset : offset + len(opts)])
+        offset += len(opts)
+    gold = [lp[0] for lp in per_item]  # the correct answer is always option 0
+    gold_bytes = [len((" " + item.answer).encode()) for item in items]
+    if candidates is not None:
+        correct = [_argmax_per_byte(lp, opts) == 0 for lp, opts in zip(per_item, options)]
+        probs = [_normalized_prob(lp) for lp in per_item]
+    else:
+        outputs = [greedy_continuation(model, tokenizer, PROMPT.format(question=i.question), config.max_new_tokens) for i in items]
+        correct = [out.strip() == item.answer.strip() for out, item in zip(outputs, items)]
+        probs = [math.exp(sum(lp)) for lp in gold]
+    return BenchmarkScore(
+        benchmark=name,
+        mode="choice" if candidates is not None else "greedy",
+        num_items=len(items),
+        accuracy=sum(correct) / len(items),
+        correct_prob=sum(probs) / len(items),
+        logprob_per_token=sum(sum(lp) / len(lp) for lp in gold) / len(items),
+        bits_per_byte=-sum(sum(lp) for lp in gold) / (_LN2 * sum(gold_bytes)),
+    )
+
+
+def _argmax_per_byte(logprobs: list[list[float]], options: list[str]) -> int:
+    scores = [sum(lp) / len((" " + opt).encode()) for lp, opt in zip(logprobs, options)]
+    return int(np.argmax(scores))
+
+
+def _normalized_prob(logprobs: list[list[float]]) -> float:
+    """P(correct) / sum of P(candidate): a softmax over the candidates' total log-likelihoods."""
+    totals = torch.tensor([sum(lp) for lp in logprobs], dtype=torch.float64)
+    return float(torch.softmax(totals, dim=0)[0])
+
+
+@torch.no_grad()
+def bits_per_byte(model: DecoderLM, tokenizer: Tokenizer, texts: Iterable[str], sequence_length: int, batch_size: int = 16) -> float:
+    """Negative log2-likelihood of held-out documents per UTF-8 byte, over non-overlapping windows."""
+    texts = list(texts)
+    tokens = encode_documents(tokenizer, texts).astype(np.int64)
+    num_bytes = sum(len(t.encode()) for t in texts)
+    _require(len(tokens) > 1 and num_bytes > 0, "texts", "must not be empty")
+    model.eval()
+    t = sequence_length
+    num_full = (len(tokens) - 1) // t
+    full = torch.from_numpy(tokens[: num_full * t + 1])
+    windows = [full[i * t : i * t + t + 1] for i in range(num_full)]  # each (T+1,)
+    if num_full * t < len(tokens) - 1:
+        windows.append(torch.from_numpy(tokens[num_full * t :]))  # the shorter tail
+    total_nats = 0.0
+    for first in range(0, len(windows), batch_size):
+        group = windows[first : first + batch_size]
+        for rows in ([w for w in group if len(w) == t + 1], [w for w in group if len(w) != t + 1]):
+            if rows:
+                batch = torch.stack(rows)  # (B, T+1)
+                logits = model(batch[:, :-1]).float()  # (B, T, V)
+                total_nats += float(F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten(), reduction="sum"))
+    return total_nats / (_LN2 * num_bytes)
+
+
+def evaluate(
+    model: DecoderLM,
+    tokenizer: Tokenizer,
+    items: Sequence[EvalItem],
+    config: EvalConfig,
+    *,
+    heldout_texts: Sequence[str] = (),
+    heldout_sequence_length: int = 128,
+) -> EvalReport:
+    """The whole battery: every benchmark of `items` (sorted by name), and held-out BPB if given."""
+    _require(len(items) > 0, "items", "must not be empty")
+    by_benchmark: dict[str, list[EvalItem]] = {}
+    for item in items:
+        by_benchmark.setdefault(item.benchmark, []).append(item)
+    scores = tuple(score_benchmark(model, tokenizer, name, group, config) for name, group in sorted(by_benchmark.items()))
+    heldout = bits_per_byte(model, tokenizer, heldout_texts, heldout_sequence_length) if heldout_texts else None
+    return EvalReport(benchmarks=scores, heldout_bits_per_byte=heldout)

@@ -1,0 +1,71 @@
+"""The data-decision gate: training proceeds on GO, or on a verdict the manifest's reviewers
+accepted in writing.
+
+The acceptance is the manifest's optional `data_decision` (schema.DataDecisionAcceptance):
+`{"accepted_verdicts": ["NO_GO" | "WITHIN_NOISE", ...], "reason": str, "reviewed_by": str}`;
+without it every verdict other than GO blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ito_assets.manifest.schema import Manifest
+from ito_assets.training.decision import DecisionResult, Verdict
+from ito_assets.training.economics import Economics, EconomicsConfig, decision_economics
+from ito_assets.training.layout import PlanRefused
+from ito_assets.training.planner import Hardware
+from ito_assets.training.run_plan import plan_run
+
+
+@dataclass(frozen=True, kw_only=True)
+class GateVerdict:
+    passed: bool
+    verdict: Verdict
+    accepted_by_manifest: bool
+    reason: str
+
+
+def accepted_verdicts(manifest: Manifest) -> frozenset[str]:
+    if manifest.data_decision is None:
+        return frozenset()
+    return frozenset(manifest.data_decision.accepted_verdicts)
+
+
+def decision_gate(verdict: Verdict, manifest: Manifest) -> GateVerdict:
+    if verdict is Verdict.GO:
+        return GateVerdict(passed=True, verdict=verdict, accepted_by_manifest=False, reason="the candidate data is better beyond noise")
+    if verdict.value in accepted_verdicts(manifest):
+        return GateVerdict(passed=True, verdict=verdict, accepted_by_manifest=True,
+                           reason=f"{verdict.value}, accepted by the manifest's reviewers")
+    return GateVerdict(passed=False, verdict=verdict, accepted_by_manifest=False,
+                       reason=f"{verdict.value}: the manifest records no accepted no-go")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataDecision:
+    """What the `data_decision` asset records: the verdict, the gate, and the economics (None
+    with `plan_refusal` set when the full run could not be planned on the booked hardware)."""
+
+    decision: DecisionResult
+    gate: GateVerdict
+    economics: Economics | None
+    plan_refusal: str | None
+
+    def summary(self) -> dict:
+        return {
+            "verdict": self.decision.verdict.value, "difference": self.decision.difference,
+            "noise_band": self.decision.noise_band, "explanation": self.decision.explanation,
+            "gate_passed": self.gate.passed, "gate_reason": self.gate.reason,
+            "accepted_by_manifest": self.gate.accepted_by_manifest,
+            "economics": self.economics.to_dict() if self.economics else None, "plan_refusal": self.plan_refusal,
+        }
+
+
+def judge_decision(result: DecisionResult, manifest: Manifest, hardware: Hardware, config: EconomicsConfig) -> DataDecision:
+    gate = decision_gate(result.verdict, manifest)
+    try:
+        run_plan = plan_run(manifest, hardware)
+    except PlanRefused as refused:
+        return DataDecision(decision=result, gate=gate, economics=None, plan_refusal=", ".join(refused.reasons))
+    return DataDecision(decision=result, gate=gate, economics=decision_economics(result, run_plan, config), plan_refusal=None)

@@ -1,0 +1,126 @@
+"""Accelerators and networks the planner knows, with the vendor figures they come from.
+
+Peak FLOP/s are dense (no 2:4 sparsity) tensor-core figures from the vendors' datasheets; memory is
+the usable HBM/GDDR capacity as sold. Bandwidths are per GPU and per direction.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+TERA = 10**12
+GB = 10**9  # vendors quote decimal gigabytes
+GIB = 1 << 30
+
+
+def _require(condition: bool, name: str, rule: str) -> None:
+    if not condition:
+        raise ValueError(f"{name} {rule}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuSpec:
+    name: str
+    peak_bf16_flops: float  # dense, per GPU
+    peak_fp8_flops: float | None  # None: no fp8 tensor cores
+    memory_bytes: int
+    intra_node_bandwidth: float  # bytes/s per GPU, one direction (NVLink, or PCIe without it)
+    has_nvlink: bool
+    source: str
+
+    def __post_init__(self) -> None:
+        _require(self.peak_bf16_flops > 0, "peak_bf16_flops", "must be positive")
+        _require(self.peak_fp8_flops is None or self.peak_fp8_flops > 0, "peak_fp8_flops", "must be positive or None")
+        _require(self.memory_bytes > 0, "memory_bytes", "must be positive")
+        _require(self.intra_node_bandwidth > 0, "intra_node_bandwidth", "must be positive")
+
+    @property
+    def supports_fp8(self) -> bool:
+        return self.peak_fp8_flops is not None
+
+
+GPUS: dict[str, GpuSpec] = {
+    spec.name: spec
+    for spec in (
+        GpuSpec(
+            name="H100-SXM", peak_bf16_flops=989.4 * TERA, peak_fp8_flops=1978.9 * TERA, memory_bytes=80 * GB,
+            intra_node_bandwidth=450 * GB, has_nvlink=True,
+            source="NVIDIA H100 Tensor Core GPU datasheet (SXM5): BF16 1,979 TFLOPS and FP8 3,958 TFLOPS with "
+            "sparsity (half dense), 80 GB HBM3, NVLink 900 GB/s bidirectional",
+        ),
+        GpuSpec(
+            name="H200", peak_bf16_flops=989.4 * TERA, peak_fp8_flops=1978.9 * TERA, memory_bytes=141 * GB,
+            intra_node_bandwidth=450 * GB, has_nvlink=True,
+            source="NVIDIA H200 Tensor Core GPU datasheet (SXM): BF16 1,979 TFLOPS and FP8 3,958 TFLOPS with "
+            "sparsity (half dense), 141 GB HBM3e, NVLink 900 GB/s bidirectional",
+        ),
+        GpuSpec(
+            name="A100-80GB", peak_bf16_flops=312 * TERA, peak_fp8_flops=None, memory_bytes=80 * GB,
+            intra_node_bandwidth=300 * GB, has_nvlink=True,
+            source="NVIDIA A100 Tensor Core GPU datasheet (SXM 80GB): BF16 312 TFLOPS dense, no FP8, "
+            "80 GB HBM2e, NVLink 600 GB/s bidirectional",
+        ),
+        GpuSpec(
+            name="L40S", peak_bf16_flops=362.05 * TERA, peak_fp8_flops=733 * TERA, memory_bytes=48 * GB,
+            intra_node_bandwidth=32 * GB, has_nvlink=False,
+            source="NVIDIA L40S datasheet: BF16 362.05 TFLOPS and FP8 733 TFLOPS dense, 48 GB GDDR6, "
+            "no NVLink (PCIe Gen4 x16: 64 GB/s bidirectional)",
+        ),
+        GpuSpec(
+            name="CPU", peak_bf16_flops=0.192 * TERA, peak_fp8_flops=None, memory_bytes=8 * GIB,
+            intra_node_bandwidth=10 * GB, has_nvlink=False,
+            source="nominal x86-64 host for the embedded default: 2 cores x 3.0 GHz x 32 FP32 FLOP/cycle "
+            "(two 256-bit FMA units); 8 GiB for training; memory copy ~10 GB/s",
+        ),
+    )
+}
+
+
+class Network(str, enum.Enum):
+    """The inter-node fabric a booking names."""
+
+    INFINIBAND = "infiniband"
+    ROCE = "roce"
+    ETHERNET = "ethernet"
+
+
+@dataclass(frozen=True, kw_only=True)
+class NetworkSpec:
+    kind: Network
+    bandwidth: float  # bytes/s per GPU, one direction
+    source: str
+
+
+NETWORKS: dict[Network, NetworkSpec] = {
+    Network.INFINIBAND: NetworkSpec(
+        kind=Network.INFINIBAND, bandwidth=50 * GB,
+        source="one NDR 400 Gb/s ConnectX-7 adapter per GPU (NVIDIA DGX H100 reference architecture)",
+    ),
+    Network.ROCE: NetworkSpec(
+        kind=Network.ROCE, bandwidth=50 * GB,
+        source="one 400 GbE RoCEv2 NIC per GPU (the Llama 3 training clusters, Dubey et al. 2024, section 3.3)",
+    ),
+    Network.ETHERNET: NetworkSpec(
+        kind=Network.ETHERNET, bandwidth=100 / 8 * GB / 8,
+        source="one 100 GbE TCP link per node shared by 8 GPUs (commodity cloud instances without RDMA)",
+    ),
+}
+
+# Below this inter-node bandwidth per GPU, a fabric is "slow": all-gathering a full shard across
+# nodes every layer costs more than keeping a replica per node. 25 GB/s = a 200 Gb/s RDMA NIC per
+# GPU, the smallest fabric the DGX/HGX reference designs use.
+SLOW_INTERCONNECT_BANDWIDTH = 25 * GB
+
+
+def gpu_spec(name: str) -> GpuSpec:
+    if name not in GPUS:
+        raise ValueError(f"gpu_type must be one of {sorted(GPUS)}")
+    return GPUS[name]
+
+
+def network_spec(kind: str | Network) -> NetworkSpec:
+    try:
+        return NETWORKS[Network(kind)]
+    except ValueError:
+        raise ValueError(f"network must be one of {[n.value for n in Network]}") from None

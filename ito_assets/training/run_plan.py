@@ -1,0 +1,115 @@
+"""The plan of a manifest's whole training run: one planner call per curriculum stage (each has its
+own sequence length and token count), their summed cost, and the budget verdict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ito_assets.manifest.schema import Budget, Manifest
+from ito_assets.training.layout import PlanRefused, Refusal, RefusalReason
+from ito_assets.training.model import CONFIGS, ModelConfig, config_by_name, parameter_count
+from ito_assets.training.planner import Hardware, Plan, PlanRequest, default_global_batch_sequences, plan
+
+
+@dataclass(frozen=True, kw_only=True)
+class StagePlan:
+    stage: str
+    plan: Plan
+
+
+@dataclass(frozen=True, kw_only=True)
+class BudgetVerdict:
+    cost_cents: int
+    cap_cents: int
+    max_incremental_cents: int
+
+    @property
+    def within_cap(self) -> bool:
+        return self.cost_cents <= self.cap_cents
+
+    @property
+    def within_max_incremental(self) -> bool:
+        return self.cost_cents <= self.max_incremental_cents
+
+    def to_dict(self) -> dict:
+        return {**vars(self), "within_cap": self.within_cap, "within_max_incremental": self.within_max_incremental}
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunPlan:
+    model: ModelConfig
+    manifest_num_parameters: int
+    hardware: Hardware
+    stages: tuple[StagePlan, ...]
+    budget: BudgetVerdict
+
+    @property
+    def cost_cents(self) -> int:
+        return sum(s.plan.cost_cents for s in self.stages)
+
+    @property
+    def wall_seconds(self) -> float:
+        return sum(s.plan.wall_seconds for s in self.stages)
+
+    def to_dict(self) -> dict:
+        return {
+            "model": {"name": self.model.name, "num_parameters": parameter_count(self.model),
+                      "manifest_num_parameters": self.manifest_num_parameters, "vocab_size": self.model.vocab_size},
+            "hardware": self.hardware.describe(),
+            "stages": [{"stage": s.stage, **s.plan.to_dict()} for s in self.stages],
+            "cost_cents": self.cost_cents, "wall_seconds": round(self.wall_seconds, 3), "budget": self.budget.to_dict(),
+        }
+
+
+def manifest_model(manifest: Manifest) -> ModelConfig:
+    """The named shape the manifest's `model.size` refers to; an unknown size cannot be planned."""
+    if manifest.model.size not in CONFIGS:
+        refusal = Refusal(reason=RefusalReason.UNKNOWN_MODEL_SIZE, detail=f"known sizes: {', '.join(sorted(CONFIGS))}")
+        raise PlanRefused((refusal,), "the manifest's model size is not one the planner knows")
+    return config_by_name(manifest.model.size)
+
+
+def plan_run(manifest: Manifest, hardware: Hardware) -> RunPlan:
+    """Plan every stage of the manifest's training target on `hardware` (raises PlanRefused)."""
+    model = manifest_model(manifest)
+    stages = []
+    for stage in manifest.training_target.stages:
+        request = PlanRequest(
+            model=model, sequence_length=stage.sequence_length, num_training_tokens=stage.num_tokens, hardware=hardware,
+            global_batch_sequences=default_global_batch_sequences(model, stage.sequence_length, hardware.world_size),
+        )
+        stages.append(StagePlan(stage=stage.name, plan=plan(request)))
+    cost = sum(s.plan.cost_cents for s in stages)
+    return RunPlan(model=model, manifest_num_parameters=manifest.model.num_parameters, hardware=hardware,
+                   stages=tuple(stages), budget=budget_verdict(cost, manifest.budget))
+
+
+def budget_verdict(cost_cents: int, budget: Budget) -> BudgetVerdict:
+    return BudgetVerdict(cost_cents=cost_cents, cap_cents=budget.cap_cents, max_incremental_cents=budget.max_incremental_cents)
+
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanOutcome:
+    """A plan or the refusal of one, as data (the `training_plan` asset's value)."""
+
+    run_plan: RunPlan | None
+    refusal_reasons: tuple[str, ...] = ()
+    refusal_message: str | None = None
+
+    @property
+    def refused(self) -> bool:
+        return self.run_plan is None
+
+    def to_dict(self) -> dict:
+        if self.run_plan is None:
+            return {"refused": True, "reasons": list(self.refusal_reasons), "message": self.refusal_message}
+        return {"refused": False, **self.run_plan.to_dict()}
+
+
+def plan_outcome(manifest: Manifest, hardware: Hardware) -> PlanOutcome:
+    try:
+        return PlanOutcome(run_plan=plan_run(manifest, hardware))
+    except PlanRefused as refused:
+        return PlanOutcome(run_plan=None, refusal_reasons=refused.reasons, refusal_message=refused.message)

@@ -1,0 +1,112 @@
+"""The decision job prefers a clean mixture over garbage, says so honestly within noise, and
+prices itself against the full run."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from ito_assets.evals.suite import load_suite
+from ito_assets.training.decision import DecisionConfig, Verdict, noise_verdict, run_decision
+from ito_assets.training.economics import EconomicsConfig, decision_economics
+from ito_assets.training.evaluation import EvalConfig
+from ito_assets.training.hardware import gpu_spec, network_spec
+from ito_assets.training.planner import Hardware
+from ito_assets.training.run_plan import plan_run
+from ito_assets.training.tokenizer import TokenizerConfig
+from ito_assets.manifest.schema import Manifest
+
+FIXTURES = Path(__file__).resolve().parents[2] / "data" / "fixtures"
+
+
+def _texts(name: str, limit: int) -> list[str]:
+    with (FIXTURES / "corpora" / f"{name}.jsonl").open() as handle:
+        return [json.loads(line)["text"] for line in handle][:limit]
+
+
+def _shuffled_words(texts: list[str], seed: int) -> list[str]:
+    """Every word's letters shuffled: the same characters and lengths, no language left. (Words
+    drawn at random keep the unigram statistics, which a 40-step micro model is all that learns.)"""
+    rng = random.Random(seed)
+
+    def shuffle(word: str) -> str:
+        letters = list(word)
+        rng.shuffle(letters)
+        return "".join(letters)
+
+    return [" ".join(shuffle(word) for word in text.split()) for text in texts]
+
+
+def _random_bytes(count: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [bytes(rng.randrange(32, 127) for _ in range(600)).decode() for _ in range(count)]
+
+
+CONFIG = DecisionConfig(
+    model_name="micro", tokenizer=TokenizerConfig(vocab_size=512), seeds=(0, 1), num_steps=40, batch_size=8,
+    sequence_length=64, learning_rate=1e-2, eval=EvalConfig(batch_size=64),
+)
+
+
+@pytest.fixture(scope="module")
+def suite():
+    return load_suite(FIXTURES / "evals" / "ito-fixture-evals-v1.jsonl")
+
+
+@pytest.mark.parametrize("garbage", ["shuffled_words", "random_bytes"])
+def test_clean_mixture_beats_garbage(garbage, suite, tmp_path):
+    clean = _texts("pydoc_topics", 200) + _texts("forum_posts", 200)
+    junk = _shuffled_words(clean, seed=1) if garbage == "shuffled_words" else _random_bytes(400, seed=1)
+    result = run_decision(candidate_texts=clean, baseline_texts=junk, eval_items=suite.items[::2], config=CONFIG, work_dir=tmp_path)
+    assert result.verdict is Verdict.GO, result.explanation
+    assert result.difference > result.noise_band > 0
+    assert len(result.runs) == 4 and {r.seed for r in result.runs} == {0, 1}
+    assert (tmp_path / "tokenizer.json").is_file() and (tmp_path / "tokens" / "candidate.npy").is_file()
+    assert result.tokenizer_sha256 and result.to_dict()["verdict"] == "GO"
+    reverse = noise_verdict([r.primary for r in result.runs if r.arm == "baseline"],
+                            [r.primary for r in result.runs if r.arm == "candidate"], CONFIG.noise_multiplier)
+    assert reverse[0] is Verdict.NO_GO
+
+
+def test_noise_band_verdicts():
+    assert noise_verdict([1.0, 1.1], [2.0, 2.1], 2.0)[0] is Verdict.GO
+    assert noise_verdict([2.0, 2.1], [1.0, 1.1], 2.0)[0] is Verdict.NO_GO
+    verdict, difference, band, why = noise_verdict([1.0, 1.4], [1.1, 1.5], 2.0)
+    assert verdict is Verdict.WITHIN_NOISE and abs(difference) < band and "within the noise band" in why
+    verdict, _, band, why = noise_verdict([1.0], [5.0], 2.0)
+    assert verdict is Verdict.WITHIN_NOISE and band is None and "one seed" in why
+
+
+def test_economics_prices_the_decision_against_the_full_run(suite):
+    from helpers import valid_manifest  # the shared manifest builder (tests/helpers.py)
+
+    document = valid_manifest()
+    document["model"]["size"] = "proxy-150m"
+    document["training_target"] = {"num_tokens": 3_000_000_000, "stages": [
+        {"name": "pretraining", "num_tokens": 3_000_000_000, "sequence_length": 2048}]}
+    document["budget"] = {"cap_cents": 10_000_000, "max_incremental_cents": 5_000_000}
+    manifest = Manifest.model_validate_json(json.dumps(document))
+    hw = Hardware(gpu=gpu_spec("H100-SXM"), network=network_spec("infiniband"), num_nodes=1, gpus_per_node=8, price_cents_per_gpu_hour=250)
+    run_plan = plan_run(manifest, hw)
+    clean, junk = _texts("pydoc_topics", 100), _random_bytes(100, seed=2)
+    config = DecisionConfig(model_name="micro", tokenizer=TokenizerConfig(vocab_size=512), seeds=(0, 1), num_steps=10,
+                            batch_size=8, sequence_length=64, learning_rate=1e-2)
+    result = run_decision(candidate_texts=clean, baseline_texts=junk, eval_items=suite.items[:40], config=config)
+    economics = decision_economics(result, run_plan, EconomicsConfig())
+    assert economics.full_run_cost_cents == run_plan.cost_cents > 0
+    assert economics.decision_num_tokens == 4 * config.num_tokens_per_run
+    assert 0 < economics.decision_cost_fraction < 0.02
+    assert economics.within_budget_cap and economics.within_max_incremental
+    assert economics.benefit_clears_thresholds == (result.verdict is Verdict.GO)
+    strict = decision_economics(result, run_plan, EconomicsConfig(min_relative_improvement=0.99))
+    assert not strict.benefit_clears_thresholds and strict.reasons
+
+
+def test_validation_names_the_field():
+    with pytest.raises(ValueError, match="seeds"):
+        DecisionConfig(seeds=())
+    with pytest.raises(ValueError, match="model config"):
+        DecisionConfig(model_name="huge")

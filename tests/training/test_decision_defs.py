@@ -1,0 +1,91 @@
+"""The decision domain's Dagster shell: graph shape, blocking checks, and the assets invoked on a
+small installation (the micro model, so that it runs in seconds)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import dagster as dg
+import polars as pl
+import pytest
+
+from ito_assets.data.shards import write_shards
+from ito_assets.data.stages import CleanStage
+from ito_assets.defs import data, decision, manifest
+from ito_assets.defs.decision.assets import data_decision, decision_run, training_plan
+from ito_assets.defs.decision.checks import decision_is_go, plan_not_refused, plan_within_budget_cap, plan_within_max_incremental
+from ito_assets.defs.decision.params import DataDecisionParams, DecisionRunParams
+from ito_assets.defs.decision.resources import BookedHardwareResource
+from ito_assets.defs.resources import ItoSettingsResource
+from ito_assets.evals.suite import load_suite
+from ito_assets.manifest.discovery import judge
+from ito_assets.settings import load_settings
+
+FIXTURES = Path(__file__).resolve().parents[2] / "data" / "fixtures"
+
+
+def test_graph_groups_deps_and_blocking_checks():
+    shell = dg.Definitions(resources={"ito": ItoSettingsResource.from_settings(load_settings())})
+    defs = dg.Definitions.merge(manifest.defs(), data.defs(), decision.defs(), shell)
+    graph = defs.resolve_asset_graph()
+    groups = {k.to_user_string(): graph.get(k).group_name for k in graph.get_all_asset_keys()}
+    assert {k: groups[k] for k in ("decision_run", "data_decision", "training_plan")} == dict.fromkeys(
+        ("decision_run", "data_decision", "training_plan"), "decision")
+    deps = {k.to_user_string(): {p.to_user_string() for p in graph.get(k).parent_keys} for k in graph.get_all_asset_keys()}
+    assert deps["decision_run"] == {"training_manifest", "eval_suite", "clean_shards"}
+    assert deps["data_decision"] == {"training_manifest", "decision_run"}
+    assert deps["training_plan"] == {"training_manifest", "data_decision"}
+    checks = {(k.asset_key.to_user_string(), k.name): graph.get_check_spec(k).blocking for k in graph.asset_check_keys}
+    for key in [("data_decision", "decision_is_go"), ("training_plan", "plan_not_refused"),
+                ("training_plan", "plan_within_budget_cap"), ("training_plan", "plan_within_max_incremental")]:
+        assert checks[key] is True
+
+
+@pytest.fixture
+def world(installation, tmp_path):
+    manifest_path = installation.manifest("decision-defs")
+    verdict = judge(manifest_path, _short_key(manifest_path), max_bytes=installation.settings.max_manifest_bytes)
+    assert verdict.ok, verdict.error_message
+    texts = [json.loads(line)["text"] for line in (FIXTURES / "corpora" / "pydoc_topics.jsonl").open()][:150]
+    shards = write_shards(pl.DataFrame({"text": texts}), tmp_path / "clean", prefix="clean", max_rows=100)
+    clean = CleanStage(manifest_digest=verdict.digest, shards=shards, decisions=shards.shards[0], conservation=None)
+    garbage = tmp_path / "garbage.jsonl"
+    garbage.write_text("".join(json.dumps({"text": "".join(reversed(t))}) + "\n" for t in texts))
+    return installation, verdict, clean, f"file://{garbage}"
+
+
+def _short_key(path: str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12]
+
+
+def test_assets_decide_plan_and_check(world):
+    installation, verdict, clean, baseline_uri = world
+    ito = ItoSettingsResource.from_settings(installation.settings)
+    hardware = BookedHardwareResource()
+    suite = load_suite(FIXTURES / "evals" / "ito-fixture-evals-v1.jsonl")
+    params = DecisionRunParams(model_name="micro", vocab_size=512, num_steps=30, batch_size=8, sequence_length=64,
+                               learning_rate=1e-2, baseline_uris=[baseline_uri], num_threads=1)
+    context = dg.build_asset_context(partition_key=verdict.key)
+    result = decision_run(context=context, config=params, ito=ito, training_manifest=verdict, eval_suite=suite, clean_shards=clean)
+    assert result.verdict.value == "GO", result.explanation
+    assert (installation.settings.state_dir / "decision" / verdict.key / "tokenizer.json").is_file()
+    judged = data_decision(context=dg.build_asset_context(partition_key=verdict.key), config=DataDecisionParams(),
+                           booked_hardware=hardware, training_manifest=verdict, decision_run=result)
+    assert judged.gate.passed and judged.economics is not None and judged.economics.full_run_cost_cents > 0
+    outcome = training_plan(context=dg.build_asset_context(partition_key=verdict.key), booked_hardware=hardware,
+                            training_manifest=verdict, data_decision=judged)
+    assert not outcome.refused
+    for check in (plan_not_refused, plan_within_budget_cap, plan_within_max_incremental):
+        assert check(training_plan=outcome).passed
+    assert decision_is_go(data_decision=judged).passed
+
+
+def test_missing_baseline_fails_with_its_code(world):
+    installation, verdict, clean, _ = world
+    params = DecisionRunParams(model_name="micro", baseline_uris=["dataroot://nowhere.jsonl"])
+    with pytest.raises(dg.Failure, match="SOURCE_NOT_FOUND"):
+        decision_run(context=dg.build_asset_context(partition_key=verdict.key), config=params,
+                     ito=ItoSettingsResource.from_settings(installation.settings), training_manifest=verdict,
+                     eval_suite=load_suite(FIXTURES / "evals" / "ito-fixture-evals-v1.jsonl"), clean_shards=clean)

@@ -1,0 +1,53 @@
+"""The eval battery on a small suite: metric ranges, modes, bits per byte."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from ito_assets.evals.suite import EvalItem
+from ito_assets.training.evaluation import EvalConfig, bits_per_byte, evaluate
+from ito_assets.training.model import build_model, config_by_name
+from ito_assets.training.tokenizer import TokenizerConfig, train_tokenizer
+
+
+def _items() -> list[EvalItem]:
+    arith = [EvalItem(id=f"a{i}", benchmark="arith", question=f"What is {i} plus {i}?", answer=str(2 * i)) for i in range(6)]
+    yes_no = [EvalItem(id=f"y{i}", benchmark="yesno", question=f"Is {i} even?", answer="yes" if i % 2 == 0 else "no") for i in range(4)]
+    return arith + yes_no
+
+
+@pytest.fixture(scope="module")
+def setup():
+    texts = [f"Question: What is {i} plus {i}?\nAnswer: {2 * i}" for i in range(50)] + ["Is it even? yes", "no"]
+    tokenizer = train_tokenizer(texts, TokenizerConfig(vocab_size=320))
+    model = build_model(config_by_name("micro", vocab_size=tokenizer.get_vocab_size()), seed=0)
+    return model, tokenizer
+
+
+def test_choice_and_greedy_modes(setup):
+    model, tokenizer = setup
+    report = evaluate(model, tokenizer, _items(), EvalConfig(num_candidates=4, max_new_tokens=4), heldout_texts=["held out text here"])
+    by_name = {b.benchmark: b for b in report.benchmarks}
+    assert by_name["arith"].mode == "choice" and by_name["yesno"].mode == "greedy"  # two distinct answers < 4
+    for score in report.benchmarks:
+        assert 0 <= score.accuracy <= 1 and 0 < score.correct_prob <= 1
+        assert score.logprob_per_token < 0 and score.bits_per_byte > 0
+    assert report.heldout_bits_per_byte > 0
+    summary = report.summary()
+    assert set(summary["benchmarks"]) == {"arith", "yesno"}
+    assert summary["answer_bits_per_byte"] == pytest.approx((by_name["arith"].bits_per_byte + by_name["yesno"].bits_per_byte) / 2)
+
+
+def test_untrained_model_is_near_uniform(setup):
+    model, tokenizer = setup
+    bpb = bits_per_byte(model, tokenizer, ["some held out words, and more of them."] * 3, sequence_length=16)
+    tokens_per_byte = len(tokenizer.encode("some held out words, and more of them.").ids) / 39
+    uniform = math.log2(tokenizer.get_vocab_size()) * tokens_per_byte
+    assert 0.7 * uniform < bpb < 1.3 * uniform
+
+
+def test_validation_names_the_field():
+    with pytest.raises(ValueError, match="num_candidates"):
+        EvalConfig(num_candidates=1)

@@ -1,0 +1,71 @@
+"""The plan of a manifest's run, its budget verdict, and the decision gate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from ito_assets.manifest.schema import Manifest
+from ito_assets.training.decision import Verdict
+from ito_assets.training.gate import decision_gate
+from ito_assets.training.hardware import gpu_spec, network_spec
+from ito_assets.training.layout import PlanRefused
+from ito_assets.training.planner import Hardware
+from ito_assets.training.run_plan import plan_outcome, plan_run
+
+MANIFESTS = Path(__file__).resolve().parents[2] / "data" / "fixtures" / "manifests"
+
+
+def _manifest(name: str = "fixture-small", **changes) -> Manifest:
+    document = json.loads((MANIFESTS / f"{name}.json").read_text())
+    for key, value in changes.items():
+        document[key] = value
+    return Manifest.model_validate_json(json.dumps(document))
+
+
+def _hardware(price: int = 250) -> Hardware:
+    return Hardware(gpu=gpu_spec("H100-SXM"), network=network_spec("infiniband"), num_nodes=1, gpus_per_node=8,
+                    price_cents_per_gpu_hour=price)
+
+
+def test_fixture_manifest_plans_every_stage_within_budget():
+    plan = plan_run(_manifest(), _hardware())
+    assert [s.stage for s in plan.stages] == ["pretraining", "mid_training", "long_context"]
+    assert plan.cost_cents == sum(s.plan.cost_cents for s in plan.stages) > 0
+    assert plan.budget.within_cap and plan.budget.within_max_incremental
+    data = plan.to_dict()
+    assert data["model"]["name"] == "tiny" and data["model"]["manifest_num_parameters"] == 1_000_000
+    assert data["stages"][2]["sequence_length"] == 256
+    json.dumps(data, allow_nan=False)
+
+
+def test_over_budget_is_visible_in_the_verdict():
+    model = {"size": "llama3-8b", "num_parameters": 8_030_261_248, "revision": "r1"}
+    target = {"num_tokens": 10**12, "stages": [{"name": "pretraining", "num_tokens": 10**12, "sequence_length": 8192}]}
+    plan = plan_run(_manifest(model=model, training_target=target), _hardware())
+    assert plan.cost_cents > 5_000_000
+    assert not plan.budget.within_cap and not plan.budget.within_max_incremental
+
+
+def test_unknown_model_size_is_refused_with_its_reason():
+    manifest = _manifest(model={"size": "mystery-3b", "num_parameters": 3, "revision": "r1"})
+    with pytest.raises(PlanRefused) as raised:
+        plan_run(manifest, _hardware())
+    assert raised.value.reasons == ("UNKNOWN_MODEL_SIZE",)
+    outcome = plan_outcome(manifest, _hardware())
+    assert outcome.refused and outcome.to_dict()["reasons"] == ["UNKNOWN_MODEL_SIZE"]
+
+
+def test_decision_gate_passes_go_or_an_accepted_no_go():
+    manifest = _manifest()
+    assert decision_gate(Verdict.GO, manifest).passed
+    assert not decision_gate(Verdict.NO_GO, manifest).passed
+    assert not decision_gate(Verdict.WITHIN_NOISE, manifest).passed
+    # The field the schema will add (see ito_assets/training/gate.py), duck-typed here.
+    accepted = SimpleNamespace(data_decision=SimpleNamespace(accepted_verdicts=("WITHIN_NOISE",)))
+    gate = decision_gate(Verdict.WITHIN_NOISE, accepted)
+    assert gate.passed and gate.accepted_by_manifest
+    assert not decision_gate(Verdict.NO_GO, accepted).passed
