@@ -10,5 +10,5 @@ mkdir -p "$OUT"
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   python3 -c "import torch, sys; print(sys.version.split()[0], torch.__version__, torch.cuda.get_device_name())"
 } 2>&1 | tee "$OUT/gpu.txt"
-timeout 330 python3 benchmarks/gpu_proxy150m.py --micro-batches 4 8 16 --out "$OUT/proxy150m.json" 2>&1 | tee "$OUT/proxy150m.log"
-timeout 150 python3 benchmarks/checkpoint_async.py --device cuda --world-size 1 --model proxy-150m --repeat 3 2>&1 | tee "$OUT/checkpoint.log"
+timeout 270 python3 benchmarks/gpu_proxy150m.py --micro-batches 8 16 --steps 20 --warmup 6 --out "$OUT/proxy150m.json" 2>&1 | tee "$OUT/proxy150m.log"
+timeout 120 python3 benchmarks/checkpoint_async.py --device cuda --world-size 1 --model proxy-150m --repeat 3 2>&1 | tee "$OUT/checkpoint.log"
