@@ -1,28 +1,45 @@
-"""The code location: merges each domain's definitions with the sensors and shared resources.
-Wiring only; settings are read once here, at the edge."""
+"""The code location: merges each domain's definitions with the sensors, the shared resources and
+the jobs that span domains. Wiring only; settings are read once here, at the edge."""
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Callable, Mapping, Sequence
 
 import dagster as dg
 
-from ito_assets.defs import data, decision, manifest, workload
+from ito_assets.defs import data, decision, manifest, posttraining, training, workload
 from ito_assets.defs.executors import executor_for
 from ito_assets.defs.jobs import preparation_job, training_job
 from ito_assets.defs.resources import ItoSettingsResource, LedgerResource
 from ito_assets.settings import Settings, load_settings
 from sensors import RUN_STATUS_SENSORS, SENSORS
 
+# The lineage, in order: manifest -> data -> decision and plan -> workload -> training -> post-training.
+DOMAINS: dict[str, Callable[[], dg.Definitions]] = {
+    "manifest": manifest.defs,
+    "data": data.defs,
+    "decision": decision.defs,
+    "workload": workload.defs,
+    "training": training.defs,
+    "posttraining": posttraining.defs,
+}
 
-def build_definitions(settings: Settings, *, decision_run_config: Mapping | None = None) -> dg.Definitions:
+
+def build_definitions(
+    settings: Settings,
+    *,
+    decision_run_config: Mapping | None = None,
+    domains: Sequence[str] = tuple(DOMAINS),
+) -> dg.Definitions:
+    """`decision_run_config` overrides the decision run's defaults (tests use a tiny one); `domains`
+    loads a prefix of the lineage only (tests of one domain), the whole of it by default."""
     shell = dg.Definitions(
         sensors=[*SENSORS, *RUN_STATUS_SENSORS],
         jobs=[preparation_job(decision_run_config), training_job],
         resources={"ito": ItoSettingsResource.from_settings(settings), "ledger": LedgerResource.from_settings(settings)},
         executor=executor_for(settings.executor),
     )
-    return dg.Definitions.merge(manifest.defs(), data.defs(), decision.defs(), workload.defs(), shell)
+    return dg.Definitions.merge(*(DOMAINS[name]() for name in domains), shell)
 
 
 @dg.definitions

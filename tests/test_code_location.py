@@ -25,6 +25,14 @@ EXPECTED_ASSETS = {
     "decision_run": "decision",
     "data_decision": "decision",
     "training_plan": "decision",
+    "training_tokens": "training",
+    "pretraining_checkpoint": "training",
+    "mid_training_checkpoint": "training",
+    "long_context_checkpoint": "training",
+    "training_telemetry": "training",
+    "sft_checkpoint": "posttraining",
+    "dpo_checkpoint": "posttraining",
+    "rlvr_checkpoint": "posttraining",
 }
 EXPECTED_CHECKS = {
     ("training_manifest", "manifest_verified"),
@@ -42,6 +50,12 @@ EXPECTED_CHECKS = {
     ("training_plan", "plan_not_refused"),
     ("training_plan", "plan_within_budget_cap"),
     ("training_plan", "plan_within_max_incremental"),
+    ("pretraining_checkpoint", "pretraining_eval_gate"),
+    ("mid_training_checkpoint", "mid_training_eval_gate"),
+    ("long_context_checkpoint", "long_context_eval_gate"),
+    ("sft_checkpoint", "sft_eval_gate"),
+    ("dpo_checkpoint", "dpo_eval_gate"),
+    ("rlvr_checkpoint", "rlvr_eval_gate"),
 }
 EXPECTED_SENSORS = {
     "reviewed_manifest_sensor", "eval_suite_changed", "confirmed_run_sensor", "cancellation_sensor",

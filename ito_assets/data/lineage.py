@@ -154,3 +154,16 @@ def audit_manifest(con: duckdb.DuckDBPyConnection, manifest_digest: str) -> dict
         "clean_shards": _rows(con, "SELECT shard_path, shard_sha256, num_rows FROM clean_shards WHERE manifest_digest = ? ORDER BY shard_path", params),
         "consumed_by": _rows(con, "SELECT DISTINCT c.run_id, c.stage, c.consumed_at FROM clean_shards s JOIN shard_consumers c ON c.shard_sha256 = s.shard_sha256 WHERE s.manifest_digest = ? ORDER BY c.consumed_at", params),
     }
+
+
+def record_consumption(path: Path, shard_sha256s: list[str], run_id: str, stage: str) -> int:
+    """Which run consumed which clean shards (for `ito audit`); a repeated record is not duplicated."""
+    with connect(path) as con:
+        ensure_schema(con)
+        con.execute("BEGIN TRANSACTION")
+        for digest in shard_sha256s:
+            con.execute(
+                "INSERT INTO shard_consumers SELECT ?, ?, ?, now() WHERE NOT EXISTS (SELECT 1 FROM shard_consumers "
+                "WHERE shard_sha256 = ? AND run_id = ? AND stage = ?)", [digest, run_id, stage, digest, run_id, stage])
+        con.execute("COMMIT")
+    return len(shard_sha256s)

@@ -23,7 +23,9 @@ def world_and_defs(installation, tmp_path):
     ledger = open_ledger(url, clock=Clock(now))
     world = make_world(ledger, make_policy(tmp_path), Clock(now))
     world.booking_id = world.booking(starts_at=now - 3600, ends_at=now + 3600)
-    defs = build_definitions(installation.settings.with_overrides(ledger_url=url, executor="in_process"))
+    # The workload shell alone: the training stages need prepared data (tested in tests/runtime).
+    defs = build_definitions(installation.settings.with_overrides(ledger_url=url, executor="in_process"),
+                             domains=("manifest", "workload"))
     yield world, defs
     ledger.dispose()
 

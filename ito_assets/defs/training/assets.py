@@ -15,6 +15,7 @@ from pathlib import Path
 
 import dagster as dg
 
+from ito_assets.data import lineage
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.resources import ItoSettingsResource, LedgerResource
 from ito_assets.defs.training import telemetry_table
@@ -29,6 +30,7 @@ from ito_assets.runtime.publish import publish_stage
 from ito_assets.runtime.stages import RunLayout, StageSizing
 from ito_assets.runtime.supervisor import REPORT_NAME
 from ito_assets.runtime.storage import write_atomic
+from ito_assets.training.run_plan import PlanOutcome
 from ito_assets.training.tokenizer import TokenizerConfig
 
 GROUP = "training"
@@ -59,12 +61,23 @@ def _authorized(authorization: dict) -> tuple[str, Path]:
     group_name=GROUP,
     kinds={"numpy"},
     partitions_def=manifests_partitions,
-    ins={"clean_shards": dg.AssetIn("clean_shards")},
+    pool=POOL,  # it records the shards' consumption in the warehouse
+    ins={"clean_shards": dg.AssetIn("clean_shards"), "training_plan": dg.AssetIn("training_plan"),
+         "run_authorization": dg.AssetIn("run_authorization")},
     description="Byte-level BPE trained on the clean shards and the token shards every stage reads "
-    "(training split and the held-out split the stage gates evaluate on).",
+    "(training split and the held-out split the stage gates evaluate on). Refuses a run the ledger "
+    "no longer authorizes and a plan that was refused or exceeds the budget.",
 )
-def training_tokens(context: dg.AssetExecutionContext, ito: ItoSettingsResource, clean_shards) -> corpus.TokenSet:
+def training_tokens(
+    context: dg.AssetExecutionContext, ito: ItoSettingsResource, clean_shards, training_plan: PlanOutcome,
+    run_authorization: dict,
+) -> corpus.TokenSet:
+    run_id, _ = _authorized(run_authorization)
+    _require_plan(training_plan)
     texts = clean_shards.shards.read(["text"])["text"].to_list()
+    # Lineage for auditors: this ledger run consumed these clean shards.
+    lineage.record_consumption(ito.settings().warehouse_path, [s.sha256 for s in clean_shards.shards.shards],
+                               run_id, "training_tokens")
     folder = ito.settings().state_dir / "runs" / context.partition_key / "tokens"
     tokens = corpus.prepare(texts, folder, config=TokenizerConfig())
     context.add_output_metadata({
@@ -73,6 +86,16 @@ def training_tokens(context: dg.AssetExecutionContext, ito: ItoSettingsResource,
         "train_sha256": tokens.train_sha256, "heldout_sha256": tokens.heldout_sha256,
     })
     return tokens
+
+
+def _require_plan(outcome: PlanOutcome) -> None:
+    """The plan's gates, enforced again where compute is spent (its checks ran in another job)."""
+    if outcome.run_plan is None:
+        raise dg.Failure(description="the training plan was refused", metadata={"error_code": ErrorCode.PLAN_REFUSED.value})
+    budget = outcome.run_plan.budget
+    if not (budget.within_cap and budget.within_max_incremental):
+        raise dg.Failure(description="the planned cost exceeds the manifest's budget",
+                         metadata={"error_code": ErrorCode.BUDGET_EXCEEDED.value})
 
 
 def _run_stage(context, ito, runtime, pipes, ledger, authorization, verdict, tokens, previous, name: str):

@@ -1,0 +1,194 @@
+"""Asynchronous checkpoints with torch.distributed.checkpoint (DCP), per the manifest's policy.
+
+`dcp.async_save` plans the save on the calling thread and writes the shards on a background
+thread. The state is first staged (copied) by a `DefaultStager` that this checkpointer keeps for
+its lifetime, so that the staging buffers are allocated once and reused, and that copies on its own
+thread (pinned memory and a side stream on a GPU: torchtitan's "zero-overhead" staging). Training
+goes on with the next forward and backward pass while the copy runs and waits only before the
+optimizer changes the weights (`wait_staged`). Training-blocking seconds are the save call plus
+that wait plus any wait for the previous save.
+
+The save runs on its own gloo process group: the background thread's collectives must never
+interleave with the training step's collectives on the default group (the advice of the DCP async
+tutorial and torchtitan's `async_mode="async"`). When rank 0's save completes, the done callback
+(still off the training thread) hashes the files and writes the completion marker; the training
+thread then appends the registry record and prunes to `keep_last` in `poll`, never touching a
+folder being written.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
+
+from ito_assets.runtime import markers, registry
+from ito_assets.runtime.holds import held_steps
+from ito_assets.runtime.markers import Marker
+from ito_assets.runtime.registry import CheckpointRecord
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointConfig:
+    directory: Path  # the stage folder (`storage.stage_dir`)
+    interval_steps: int  # CheckpointPolicy.interval_steps of the manifest
+    keep_last: int  # CheckpointPolicy.keep_last of the manifest
+
+    def __post_init__(self) -> None:
+        if self.interval_steps < 1:
+            raise ValueError("interval_steps must be positive")
+        if self.keep_last < 1:
+            raise ValueError("keep_last must be positive")
+
+
+@dataclass
+class _InFlight:
+    step: int
+    folder: Path
+    started: float  # time.monotonic() at the save call
+    blocking_seconds: float  # grows while the training thread waits for this save
+    staged: Future
+    done: threading.Event
+    stager: DefaultStager | None  # this save's own stager, closed once it finished (GPU)
+    marker: Marker | None = None
+    finished: float | None = None  # time.monotonic() once the marker is written
+    error: BaseException | None = None
+
+
+def _stager() -> DefaultStager:
+    on_gpu = torch.cuda.is_available()
+    return DefaultStager(StagingOptions(use_pinned_memory=on_gpu, use_shared_memory=False, use_async_staging=True,
+                                        use_non_blocking_copy=on_gpu))
+
+
+class Checkpointer:
+    """Saves asynchronously, at most one save in flight; rank 0 finalizes and prunes."""
+
+    def __init__(self, config: CheckpointConfig, *, process_group: dist.ProcessGroup | None, rank: int):
+        self.config = config
+        self.process_group = process_group
+        self.rank = rank
+        # A stager reused across saves keeps its staging buffers (on CPU, as the tests show). On an
+        # H200 with torch 2.11 a reused pinned-memory stager failed its second save (KeyError in
+        # StateDictStager, 2026-11-29), so on a GPU every save gets a stager of its own.
+        self._stager = None if torch.cuda.is_available() else _stager()
+        self._in_flight: _InFlight | None = None
+        self._ready: list[CheckpointRecord] = []  # finished while save() waited for them
+        if rank == 0:
+            config.directory.mkdir(parents=True, exist_ok=True)
+
+    def due(self, step: int) -> bool:
+        return step > 0 and step % self.config.interval_steps == 0
+
+    def save(self, step: int, state: dict[str, Any]) -> float:
+        """Start an asynchronous save of `state` at `step`; returns the seconds training was blocked."""
+        self._ready.extend(self.wait())  # at most one save in flight; the wait is the previous save's blocking
+        started = time.monotonic()
+        folder = markers.checkpoint_dir(self.config.directory, step)
+        if self.rank == 0 and folder.exists():
+            shutil.rmtree(folder)  # a partial save of this step from a killed attempt
+        _barrier(self.process_group)
+        own = _stager() if self._stager is None else None
+        response = dcp.async_save(state, checkpoint_id=str(folder), process_group=self.process_group,
+                                  async_stager=own or self._stager)
+        assert isinstance(response, AsyncSaveResponse), "an asynchronous stager yields an AsyncSaveResponse"
+        flight = _InFlight(step=step, folder=folder, started=started, blocking_seconds=time.monotonic() - started,
+                           staged=response.staging_completion, done=threading.Event(), stager=own)
+        self._in_flight = flight
+        response.upload_completion.add_done_callback(lambda f: self._on_done(flight, f))
+        return flight.blocking_seconds
+
+    def wait_staged(self) -> float:
+        """Block until the state of the save in flight is copied; call before changing the weights."""
+        flight = self._in_flight
+        if flight is None or flight.staged.done():
+            return 0.0
+        started = time.monotonic()
+        flight.staged.result()
+        waited = time.monotonic() - started
+        flight.blocking_seconds += waited
+        return waited
+
+    def _on_done(self, flight: _InFlight, future: Future) -> None:
+        """Runs on the thread that finished the save: hash the files and write the marker (rank 0)."""
+        try:
+            future.result()
+            if self.rank == 0:
+                flight.marker = markers.write_marker(flight.folder, flight.step)
+        except BaseException as error:  # surfaced on the training thread by poll()/wait()
+            flight.error = error
+        finally:
+            flight.finished = time.monotonic()
+            flight.done.set()
+
+    def poll(self) -> list[CheckpointRecord]:
+        """Non-blocking: records of saves finished since the last call (rank 0), after pruning."""
+        ready, self._ready = self._ready, []
+        flight = self._in_flight
+        if flight is None or not flight.done.is_set():
+            return ready
+        self._in_flight = None
+        if flight.stager is not None:
+            flight.stager.close()
+        if flight.error is not None:
+            raise RuntimeError("an asynchronous checkpoint save failed") from flight.error
+        if self.rank != 0:
+            return ready
+        record = CheckpointRecord(
+            step=flight.step, path=str(flight.folder), num_bytes=flight.marker.num_bytes,
+            blocking_seconds=flight.blocking_seconds,
+            total_seconds=max(flight.finished - flight.started, flight.blocking_seconds),
+            metadata_sha256=flight.marker.metadata_sha256, completed_at=time.time(),
+        )
+        registry.append(self.config.directory, record)
+        self.prune()
+        return ready + [record]
+
+    def wait(self, on_tick: Callable[[], None] | None = None, tick_s: float = 1.0) -> list[CheckpointRecord]:
+        """Block until the save in flight (if any) is finalized; `on_tick` every `tick_s` meanwhile
+        (the worker's heartbeat: a long save is not a hang)."""
+        flight = self._in_flight
+        if flight is not None:
+            started = time.monotonic()
+            while not flight.done.wait(timeout=tick_s):
+                if on_tick is not None:
+                    on_tick()
+            flight.blocking_seconds += time.monotonic() - started
+        return self.poll()
+
+    def close(self) -> list[CheckpointRecord]:
+        records = self.wait()
+        if self._stager is not None:
+            self._stager.close()
+        return records
+
+    def prune(self) -> list[int]:
+        """Keep the newest `keep_last` whole checkpoints; remove older ones and old partial folders."""
+        folders = sorted((markers.step_of(p), p) for p in self.config.directory.iterdir()
+                         if p.is_dir() and markers.step_of(p) is not None)
+        whole = [step for step, p in folders if markers.read_marker(p) is not None]
+        keep = set(whole[-self.config.keep_last:]) | held_steps(self.config.directory)
+        newest_whole = whole[-1] if whole else -1
+        in_flight = self._in_flight.step if self._in_flight else None
+        removed = []
+        for step, folder in folders:
+            if step in keep or step == in_flight or step > newest_whole:
+                continue
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(step)
+        return removed
+
+
+def _barrier(group: dist.ProcessGroup | None) -> None:
+    if dist.is_initialized():
+        dist.barrier(group=group)

@@ -1,0 +1,95 @@
+"""What one worker attempt of one stage needs to know, as one JSON document (`--config`).
+
+The supervisor writes a fresh document per attempt (the attempt number, the launch time, the batch
+ranges an approved spike proposal skips); everything else is the stage as the Dagster layer
+planned it. Paths are absolute; sizes are validated here so that a bad plan fails before torch
+starts.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from ito_assets.runtime.spikes import SpikeConfig
+
+# The heldout evaluation reads at most this many windows: enough for a stable mean on the
+# fixture corpora (64 x 128 tokens), bounded so that an eval never dominates a tiny stage.
+DEFAULT_EVAL_WINDOWS = 64
+# What rank 0 writes into the stage folder when the stage has finished: final checkpoint and evals.
+RESULT_NAME = "result.json"
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerConfig:
+    run_key: str
+    stage: str
+    model: str  # a name of ito_assets.training.model.CONFIGS
+    vocab_size: int
+    tokens_path: str  # .npy token shard (ito_assets.training.tokenizer.write_token_shard)
+    heldout_path: str | None  # .npy held-out shard for the stage's eval; None: no eval
+    stage_dir: str  # checkpoints, registry, events, proposals of this stage
+    heartbeat_dir: str
+    metrics_path: str  # JSONL metrics when not launched under Dagster Pipes
+    num_steps: int
+    batch_size: int  # global, in sequences
+    sequence_length: int
+    interval_steps: int  # checkpoint policy
+    keep_last: int
+    seed: int = 0
+    learning_rate: float = 3e-3  # ito_assets.training.trainer.TrainConfig's default for small models
+    init_from: str | None = None  # the previous stage's final checkpoint
+    # A planned stop: the attempt ends after this step with a whole checkpoint (the end of a booked
+    # window); a later launch resumes from it.
+    stop_after_step: int | None = None
+    eval_sequence_length: int = 128  # the same for every stage, so that stages compare
+    eval_windows: int = DEFAULT_EVAL_WINDOWS
+    attempt: int = 0
+    launched_at: float = 0.0  # Unix seconds at which the supervisor launched this attempt
+    skip_ranges: tuple[tuple[int, int], ...] = ()
+    spikes: SpikeConfig = field(default_factory=SpikeConfig)
+    # Rewind target of a spike proposal: the newest checkpoint at least this many steps before the
+    # spike (PaLM restarted "about 100 steps before the spike", Chowdhery et al. 2022, 5.1).
+    spike_rewind_steps: int = 100
+    # 10 minutes: a collective blocked longer than this is a hang the supervisor has long since
+    # detected (its bound is 5 minutes); NCCL's own default is 10 minutes as well.
+    collective_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "num_steps", "batch_size", "sequence_length", "interval_steps", "keep_last",
+                     "eval_sequence_length", "eval_windows"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive")
+        for name in ("tokens_path", "stage_dir", "heartbeat_dir", "metrics_path"):
+            if not Path(getattr(self, name)).is_absolute():
+                raise ValueError(f"{name} must be an absolute path")
+        if not 0 < self.learning_rate < 1:
+            raise ValueError("learning_rate must be in (0, 1)")
+        if self.attempt < 0 or self.spike_rewind_steps < 0 or self.collective_timeout_s <= 0:
+            raise ValueError("attempt and spike_rewind_steps must be >= 0, collective_timeout_s positive")
+        object.__setattr__(self, "skip_ranges", tuple((int(a), int(b)) for a, b in self.skip_ranges))
+        if isinstance(self.spikes, dict):
+            object.__setattr__(self, "spikes", SpikeConfig(**self.spikes))
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "WorkerConfig":
+        body = json.loads(text)
+        known = {f.name for f in fields(cls)}
+        unknown = set(body) - known
+        if unknown:
+            raise ValueError(f"unknown worker config fields: {sorted(unknown)}")
+        return cls(**body)
+
+    @classmethod
+    def from_argument(cls, argument: str) -> "WorkerConfig":
+        """`--config` takes the JSON itself or the path of a file holding it."""
+        text = argument if argument.lstrip().startswith("{") else Path(argument).read_text()
+        return cls.from_json(text)
+
+    def with_attempt(self, attempt: int, launched_at: float, skip_ranges: tuple[tuple[int, int], ...]) -> "WorkerConfig":
+        body = asdict(self) | {"attempt": attempt, "launched_at": launched_at, "skip_ranges": skip_ranges}
+        return WorkerConfig(**body)

@@ -1,0 +1,76 @@
+"""The runtime event log: what happened to a stage, one JSON line per event (`events.jsonl`).
+
+Rank 0 of the worker appends steps, checkpoints, evaluations, its start-up and where it resumed;
+the supervisor appends the allocation, each interruption and each recovery. Telemetry is computed
+from this log alone (`telemetry.summarize`), so the desk's figures can be recomputed by anyone who
+has the file.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ito_assets.runtime.storage import append_line
+
+EVENTS_NAME = "events.jsonl"
+
+
+class EventKind(str, enum.Enum):
+    ALLOCATION = "allocation"  # seconds: wall time the devices were held; num_devices
+    STARTUP = "startup"  # seconds: process launch to the first step (per attempt)
+    RESUME = "resume"  # step: the checkpoint an attempt resumed from (-1: fresh start)
+    STEP = "step"  # step, seconds, loss: one optimizer step
+    CHECKPOINT = "checkpoint"  # step, seconds (training-blocking), total_seconds, num_bytes
+    EVALUATION = "evaluation"  # seconds: the stage's eval battery
+    INTERRUPTION = "interruption"  # planned, seconds (detection: last sign of life to detection)
+    RECOVERY = "recovery"  # seconds: detection to the first step of the next attempt
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    kind: EventKind
+    at: float  # Unix seconds
+    attempt: int = 0
+    step: int | None = None
+    seconds: float = 0.0
+    total_seconds: float = 0.0
+    num_bytes: int = 0
+    num_devices: int = 0
+    planned: bool | None = None
+    loss: float | None = None
+    detail: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", EventKind(self.kind))
+        if self.seconds < 0 or self.total_seconds < 0 or self.num_bytes < 0 or self.attempt < 0:
+            raise ValueError("seconds, total_seconds, num_bytes and attempt must be >= 0")
+        if self.kind in (EventKind.STEP, EventKind.CHECKPOINT, EventKind.RESUME) and self.step is None:
+            raise ValueError(f"a {self.kind.value} event needs a step")
+        if self.kind is EventKind.ALLOCATION and self.num_devices < 1:
+            raise ValueError("an allocation event needs num_devices >= 1")
+        if self.kind is EventKind.INTERRUPTION and self.planned is None:
+            raise ValueError("an interruption event must say whether it was planned")
+
+    def to_json(self) -> str:
+        return json.dumps({**asdict(self), "kind": self.kind.value}, sort_keys=True)
+
+
+def append(folder: Path, event: Event) -> None:
+    # Step events are many and cheap to lose on a machine crash; the rest are fsynced.
+    append_line(folder / EVENTS_NAME, event.to_json(), durable=event.kind is not EventKind.STEP)
+
+
+def read(folder: Path) -> list[Event]:
+    path = folder / EVENTS_NAME
+    if not path.exists():
+        return []
+    found = []
+    for line in path.read_text().splitlines():
+        try:
+            found.append(Event(**json.loads(line)))
+        except (ValueError, TypeError):
+            continue  # a line torn by a kill during the append
+    return found

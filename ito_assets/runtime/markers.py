@@ -1,0 +1,101 @@
+"""Completion markers: how a resume tells a whole checkpoint from a partial or corrupt one.
+
+A DCP checkpoint is a folder of `.distcp` shards plus a `.metadata` file that rank 0 writes last.
+After the asynchronous save has finished, rank 0 writes `COMPLETE.json` atomically: the step, the
+sha256 of `.metadata`, and the size and sha256 of every file. A folder is trusted only when that
+marker exists and every digest still matches (the datatrove habit of completion markers, with the
+digests added because a marker alone does not catch a flipped byte).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ito_assets.runtime.storage import write_atomic
+
+MARKER_NAME = "COMPLETE.json"
+METADATA_NAME = ".metadata"
+_DIR_PATTERN = re.compile(r"^step-(\d{9})$")
+_CHUNK = 1 << 20
+
+
+def checkpoint_dir(stage_dir: Path, step: int) -> Path:
+    return stage_dir / f"step-{step:09d}"
+
+
+def step_of(path: Path) -> int | None:
+    match = _DIR_PATTERN.match(path.name)
+    return int(match.group(1)) if match else None
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _payload_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.name != MARKER_NAME and not p.name.startswith(".tmp"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Marker:
+    step: int
+    metadata_sha256: str
+    files: tuple[tuple[str, int, str], ...]  # (name, size, sha256)
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(size for _, size, _ in self.files)
+
+
+def write_marker(folder: Path, step: int) -> Marker:
+    """Hash every file of a finished save and write the marker last (atomic rename)."""
+    files = tuple((p.name, p.stat().st_size, sha256_file(p)) for p in _payload_files(folder))
+    metadata = next((digest for name, _, digest in files if name == METADATA_NAME), None)
+    if metadata is None:
+        raise RuntimeError("a finished DCP save has a .metadata file; this folder has none")
+    marker = Marker(step=step, metadata_sha256=metadata, files=files)
+    body = {"step": step, "metadata_sha256": metadata, "files": [list(f) for f in files]}
+    write_atomic(folder / MARKER_NAME, json.dumps(body, sort_keys=True).encode())
+    return marker
+
+
+def read_marker(folder: Path) -> Marker | None:
+    try:
+        body = json.loads((folder / MARKER_NAME).read_text())
+        return Marker(step=int(body["step"]), metadata_sha256=str(body["metadata_sha256"]),
+                      files=tuple((str(n), int(s), str(d)) for n, s, d in body["files"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def validate(folder: Path) -> str | None:
+    """None when the checkpoint is whole; otherwise why it must be skipped."""
+    marker = read_marker(folder)
+    if marker is None:
+        return "no completion marker (partial save)"
+    if marker.step != step_of(folder):
+        return "the marker names another step"
+    present = {p.name for p in _payload_files(folder)}
+    if present != {name for name, _, _ in marker.files}:
+        return "files differ from the marker's list"
+    for name, size, digest in marker.files:
+        path = folder / name
+        if path.stat().st_size != size or sha256_file(path) != digest:
+            return f"digest mismatch in {name}"
+    return None
+
+
+def candidates(stage_dir: Path) -> list[Path]:
+    """Checkpoint folders of the stage, newest first."""
+    if not stage_dir.is_dir():
+        return []
+    found = [p for p in stage_dir.iterdir() if p.is_dir() and step_of(p) is not None]
+    return sorted(found, key=step_of, reverse=True)

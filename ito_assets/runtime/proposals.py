@@ -1,0 +1,183 @@
+"""Proposed actions after a loss spike: nothing restarts until a person approves.
+
+SPEC.md stage 3: "A restart after a loss spike is a proposed action that needs human approval."
+A proposal says: restart the stage from the checkpoint at `restart_from_step` and skip the global
+batches [skip_first, skip_end) (PaLM's remedy, Chowdhery et al. 2022, section 5.1). Its state
+moves pending -> approved or pending -> rejected, once; a decided proposal never changes again.
+
+Storage is one JSON file per proposal in the stage folder, replaced atomically under an exclusive
+`flock`, so the desk (through the API) and the supervisor can race without losing a decision.
+Once the supervisor has carried out an approved proposal it marks it applied (approved -> applied),
+so that a restarted supervisor never rewinds twice.
+`decide` is the function the API calls when the desk approves or rejects.
+"""
+
+from __future__ import annotations
+
+import enum
+import fcntl
+import json
+import re
+import secrets
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Iterator
+
+from ito_assets.errors import ErrorCode, ItoError
+from ito_assets.runtime import holds
+from ito_assets.runtime.spikes import Spike
+from ito_assets.runtime.storage import write_atomic
+
+FOLDER_NAME = "proposals"
+_ID = re.compile(r"^spk_[0-9a-f]{16}$")
+
+
+class ProposalState(str, enum.Enum):
+    PENDING = "pending"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    APPLIED = "applied"  # approved, and carried out by the supervisor
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProposedAction:
+    proposal_id: str
+    run_key: str
+    stage: str
+    spike_step: int
+    metric: str
+    value: float
+    z_score: float
+    restart_from_step: int
+    skip_first: int  # global batch positions, half-open
+    skip_end: int
+    state: ProposalState = ProposalState.PENDING
+    created_at: float = 0.0
+    decided_by: str | None = None
+    decided_at: float | None = None
+    applied_at: float | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "state", ProposalState(self.state))
+        if not _ID.fullmatch(self.proposal_id):
+            raise ValueError("proposal_id must be spk_ followed by 16 hex digits")
+        if not 0 <= self.restart_from_step <= self.spike_step:
+            raise ValueError("restart_from_step must lie in [0, spike_step]")
+        if not 0 <= self.skip_first < self.skip_end:
+            raise ValueError("skip range must be a non-empty half-open range")
+        if (self.state is ProposalState.PENDING) != (self.decided_by is None):
+            raise ValueError("decided_by is set exactly when the proposal is decided")
+        if (self.state is ProposalState.APPLIED) != (self.applied_at is not None):
+            raise ValueError("applied_at is set exactly when the proposal was applied")
+
+
+def propose(spike: Spike, *, run_key: str, stage: str, restart_from_step: int, skip_first: int,
+            skip_end: int) -> ProposedAction:
+    return ProposedAction(
+        proposal_id=f"spk_{secrets.token_hex(8)}", run_key=run_key, stage=stage, spike_step=spike.step,
+        metric=spike.metric, value=spike.value, z_score=spike.z_score,
+        restart_from_step=restart_from_step, skip_first=skip_first, skip_end=skip_end, created_at=time.time(),
+    )
+
+
+def plan_restart(spike_step: int, spike_position: int, *, whole_steps: list[int], next_positions: dict[int, int],
+                 rewind_steps: int) -> tuple[int, int, int]:
+    """(restart_from_step, skip_first, skip_end) for a spike at `spike_step` on global batch
+    `spike_position`: restart from the newest whole checkpoint at least `rewind_steps` before the
+    spike (else the oldest one before it, else the stage's start) and skip every batch from the one
+    after that checkpoint through the spike's. `next_positions` maps a step to the position of
+    the batch after it; a restart point it does not know is estimated from the spike's position."""
+    before = sorted(s for s in whole_steps if s < spike_step)
+    early = [s for s in before if s <= spike_step - rewind_steps]
+    restart = early[-1] if early else (before[0] if before else 0)
+    skip_first = next_positions.get(restart, spike_position - (spike_step - 1 - restart))
+    return restart, max(0, skip_first), spike_position + 1
+
+
+def transition(proposal: ProposedAction, *, approve: bool, actor: str, at: float) -> ProposedAction:
+    """The only state change: pending -> approved | rejected."""
+    if proposal.state is not ProposalState.PENDING:
+        raise ItoError(ErrorCode.PROPOSAL_ALREADY_DECIDED, "this proposal was already decided")
+    if not actor:
+        raise ValueError("actor must name who decided")
+    state = ProposalState.APPROVED if approve else ProposalState.REJECTED
+    return replace(proposal, state=state, decided_by=actor, decided_at=at)
+
+
+class ProposalStore:
+    def __init__(self, stage_dir: Path):
+        self.folder = stage_dir / FOLDER_NAME
+
+    def _path(self, proposal_id: str) -> Path:
+        if not _ID.fullmatch(proposal_id):
+            raise ItoError(ErrorCode.PROPOSAL_NOT_FOUND, "no such proposal")
+        return self.folder / f"{proposal_id}.json"
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with open(self.folder / ".lock", "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def add(self, proposal: ProposedAction) -> ProposedAction:
+        with self._locked():
+            write_atomic(self._path(proposal.proposal_id), _dump(proposal))
+        return proposal
+
+    def get(self, proposal_id: str) -> ProposedAction:
+        path = self._path(proposal_id)
+        if not path.exists():
+            raise ItoError(ErrorCode.PROPOSAL_NOT_FOUND, "no such proposal")
+        return ProposedAction(**json.loads(path.read_text()))
+
+    def all(self) -> list[ProposedAction]:
+        if not self.folder.is_dir():
+            return []
+        found = [ProposedAction(**json.loads(p.read_text())) for p in self.folder.glob("spk_*.json")]
+        return sorted(found, key=lambda p: (p.created_at, p.proposal_id))
+
+    def pending(self) -> list[ProposedAction]:
+        return [p for p in self.all() if p.state is ProposalState.PENDING]
+
+    def decide(self, proposal_id: str, *, approve: bool, actor: str) -> ProposedAction:
+        with self._locked():
+            decided = transition(self.get(proposal_id), approve=approve, actor=actor, at=time.time())
+            write_atomic(self._path(proposal_id), _dump(decided))
+        if decided.state is ProposalState.REJECTED:
+            holds.release(self.folder.parent, proposal_id)
+        return decided
+
+    def mark_applied(self, proposal_id: str) -> ProposedAction:
+        with self._locked():
+            proposal = self.get(proposal_id)
+            if proposal.state is not ProposalState.APPROVED:
+                raise ValueError("only an approved proposal can be applied")
+            applied = replace(proposal, state=ProposalState.APPLIED, applied_at=time.time())
+            write_atomic(self._path(proposal_id), _dump(applied))
+        return applied
+
+
+def decide(stage_dir: Path, proposal_id: str, *, approve: bool, actor: str) -> ProposedAction:
+    """For the API: the desk approves or rejects a pending proposal of a run's stage."""
+    return ProposalStore(stage_dir).decide(proposal_id, approve=approve, actor=actor)
+
+
+def approved_restart(stage_dir: Path) -> ProposedAction | None:
+    """The oldest approved proposal not yet applied: the only thing that may restart a stage."""
+    return next((p for p in ProposalStore(stage_dir).all() if p.state is ProposalState.APPROVED), None)
+
+
+def skip_ranges(stage_dir: Path) -> tuple[tuple[int, int], ...]:
+    """The batch ranges every later attempt skips: those of approved and applied proposals."""
+    chosen = (ProposalState.APPROVED, ProposalState.APPLIED)
+    return tuple((p.skip_first, p.skip_end) for p in ProposalStore(stage_dir).all() if p.state in chosen)
+
+
+def _dump(proposal: ProposedAction) -> bytes:
+    return json.dumps({**asdict(proposal), "state": proposal.state.value}, sort_keys=True).encode()

@@ -1,0 +1,55 @@
+"""A finished stage's figures into the ledger, where `ito checkpoints` and `ito metrics` read them.
+
+Checkpoints: every registry record whose folder is still a whole checkpoint (pruned and set-aside
+ones are not listed). Metrics, named `<stage>/<metric>`: the loss every `LOG_EVERY_STEPS` steps
+(the last attempt's value where a step was redone), the stage's eval and its goodput. Publishing
+twice adds nothing: rows already in the ledger for the run are skipped.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ito_assets.gates import telemetry as ledger_telemetry
+from ito_assets.gates.ledger import Ledger
+from ito_assets.runtime import events, markers, registry
+from ito_assets.runtime.events import EventKind
+from ito_assets.runtime.telemetry import summarize
+
+LOG_EVERY_STEPS = 10  # the worker's Pipes reporting interval (torchtitan's default log_freq)
+
+
+def _all(fetch) -> list:
+    rows, after = [], 0
+    while page := fetch(after=after, limit=ledger_telemetry.MAX_PAGE):
+        rows.extend(page)
+        after = page[-1].seq
+    return rows
+
+
+def stage_metrics(stage: str, stage_dir: Path, evaluation: dict[str, float]) -> list[tuple[int, str, float]]:
+    log = events.read(stage_dir)
+    losses = {e.step: e.loss for e in log if e.kind is EventKind.STEP and e.loss is not None}
+    last = max(losses, default=0)
+    found = [(step, f"{stage}/loss", loss) for step, loss in sorted(losses.items())
+             if step % LOG_EVERY_STEPS == 0 or step == last]
+    found += [(last, f"{stage}/{name}", value) for name, value in sorted(evaluation.items())]
+    found.append((last, f"{stage}/goodput", summarize(log).goodput))
+    return found
+
+
+def publish_stage(ledger: Ledger, run_id: str, stage: str, stage_dir: Path, evaluation: dict[str, float]) -> tuple[int, int]:
+    """Returns (checkpoints added, metrics added)."""
+    known_checkpoints = {(c.step, c.path) for c in _all(lambda **p: ledger_telemetry.checkpoints(ledger, run_id, **p))}
+    known_metrics = {(m.step, m.name) for m in _all(lambda **p: ledger_telemetry.metrics(ledger, run_id, **p))}
+    whole = {str(p) for p in markers.candidates(stage_dir) if markers.read_marker(p) is not None}
+    added_checkpoints = 0
+    for record in registry.read(stage_dir):
+        if record.path in whole and (record.step, record.path) not in known_checkpoints:
+            ledger_telemetry.record_checkpoint(ledger, run_id, step=record.step, path=record.path,
+                                               size_bytes=record.num_bytes, sha256=record.metadata_sha256)
+            added_checkpoints += 1
+    fresh = [m for m in stage_metrics(stage, stage_dir, evaluation) if (m[0], m[1]) not in known_metrics]
+    for step, name, value in fresh:
+        ledger_telemetry.record_metric(ledger, run_id, step, name, value)
+    return added_checkpoints, len(fresh)

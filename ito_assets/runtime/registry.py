@@ -1,0 +1,67 @@
+"""The checkpoint registry: one JSON line per finished checkpoint of a stage (`registry.jsonl`).
+
+A record is appended by rank 0 only after the checkpoint's completion marker is on disk, so every
+line names a checkpoint that was whole when written. Pruning and corruption are judged from the
+folder itself (`markers.validate`), never from this list: the registry is what `ito checkpoints`
+and the desk read; the marker is what a resume trusts.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ito_assets.runtime.storage import append_line
+
+REGISTRY_NAME = "registry.jsonl"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointRecord:
+    step: int
+    path: str
+    num_bytes: int
+    blocking_seconds: float  # training stopped for this long (staging, planning, waiting)
+    total_seconds: float  # from the save call to the completion marker
+    metadata_sha256: str  # sha256 of the checkpoint's DCP `.metadata` file
+    completed_at: float  # Unix seconds
+
+    def __post_init__(self) -> None:
+        if self.step < 0:
+            raise ValueError("step must be >= 0")
+        if self.num_bytes <= 0:
+            raise ValueError("num_bytes must be positive")
+        if self.blocking_seconds < 0 or self.total_seconds < self.blocking_seconds:
+            raise ValueError("total_seconds must be >= blocking_seconds >= 0")
+        if len(self.metadata_sha256) != 64:
+            raise ValueError("metadata_sha256 must be 64 hex digits")
+
+    @property
+    def bandwidth_bytes_per_second(self) -> float:
+        """Bytes over the whole save (staging, writing, hashing): what the desk can plan on."""
+        return self.num_bytes / self.total_seconds if self.total_seconds > 0 else float("inf")
+
+    def to_json(self) -> str:
+        return json.dumps({**asdict(self), "bandwidth_bytes_per_second": self.bandwidth_bytes_per_second},
+                          sort_keys=True)
+
+
+def append(directory: Path, record: CheckpointRecord) -> None:
+    append_line(directory / REGISTRY_NAME, record.to_json())
+
+
+def read(directory: Path) -> list[CheckpointRecord]:
+    """Every record of the stage folder, in the order written; a torn last line is ignored."""
+    path = directory / REGISTRY_NAME
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            fields = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by a kill during the append
+        fields.pop("bandwidth_bytes_per_second", None)
+        records.append(CheckpointRecord(**fields))
+    return records

@@ -1,0 +1,74 @@
+"""Files of the runtime: folders kept inside the run's checkpoint folder, atomic writes, appends.
+
+The server resolves the policy's `storage_uri` inside the tenant's area before a run exists
+(`ito_assets.gates.validation.resolve_checkpoint_dir`); here every folder the runtime creates is
+named from safe parts only (no `..`, no empty or hidden component) and checked again after it was
+created, so that a link planted inside the area cannot lead out of it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from ito_assets.errors import ErrorCode, ItoError
+
+_SAFE_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def _parts(relative: str) -> list[str]:
+    parts = relative.split("/")
+    if not parts or any(not _SAFE_PART.fullmatch(p) for p in parts):
+        raise ItoError(ErrorCode.CHECKPOINT_STORAGE_INVALID, "a checkpoint folder name is malformed")
+    return parts
+
+
+def _inside(path: Path, area: Path) -> bool:
+    return os.path.commonpath([os.path.realpath(path), os.path.realpath(area)]) == os.path.realpath(area)
+
+
+def child(folder: Path, name: str) -> Path:
+    """`folder/name` for a name made of safe parts (a run id, a stage name)."""
+    return folder.joinpath(*_parts(name))
+
+
+def ensure_dir(path: Path, area: Path) -> Path:
+    """Create `path` (0700) and prove it still lies inside `area` (the run's checkpoint folder)."""
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError:
+        raise ItoError(ErrorCode.CHECKPOINT_STORAGE_INVALID, "checkpoint storage is not writable") from None
+    if path.is_symlink() or not _inside(path, area):
+        raise ItoError(ErrorCode.CHECKPOINT_STORAGE_INVALID, "checkpoint storage must lie inside the tenant's area")
+    return path
+
+
+def write_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
+    """Write to a temporary sibling and rename: readers see all or nothing. `durable` adds the
+    fsyncs that make it survive a machine crash (markers, verdicts), not just a process kill."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(temporary, "wb") as handle:
+        handle.write(data)
+        if durable:
+            handle.flush()
+            os.fsync(handle.fileno())
+    os.replace(temporary, path)
+    if not durable:
+        return
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+
+
+def append_line(path: Path, line: str, *, durable: bool = True) -> None:
+    """Append one line with O_APPEND (one write: lines do not interleave between processes)."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(descriptor, (line.rstrip("\n") + "\n").encode())
+        if durable:
+            os.fsync(descriptor)
+    finally:
+        os.close(descriptor)

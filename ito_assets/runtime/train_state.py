@@ -1,0 +1,45 @@
+"""Everything a bit-exact resume needs, as one DCP state dict.
+
+    model   parameters (get_state_dict: DDP and FSDP wrappers unwrapped, shared weights once)
+    optim   AdamW moments and step counts
+    train   the step reached and the data-loader position (`batches.ResumableBatches.position`)
+    rng     torch, numpy and Python generator states, per rank (`rng.capture`)
+
+`init_from` (the previous stage's final checkpoint) loads only model and optimizer: a new stage
+starts its own step count and data order on its own data.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from ito_assets.runtime import rng
+
+
+def capture(model: nn.Module, optimizer: torch.optim.Optimizer, *, step: int, position: int, rank: int) -> dict[str, Any]:
+    model_state, optim_state = get_state_dict(model, optimizer)
+    return {
+        "model": model_state,
+        "optim": optim_state,
+        "train": {"step": torch.tensor(step, dtype=torch.int64), "position": torch.tensor(position, dtype=torch.int64)},
+        "rng": rng.capture(rank),
+    }
+
+
+def template(model: nn.Module, optimizer: torch.optim.Optimizer, *, rank: int, weights_only: bool = False) -> dict[str, Any]:
+    """A state dict of the right keys and shapes for `dcp.load` to fill in place."""
+    state = capture(model, optimizer, step=0, position=0, rank=rank)
+    return {"model": state["model"], "optim": state["optim"]} if weights_only else state
+
+
+def apply(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any], *, rank: int) -> tuple[int, int]:
+    """Load `state` into model, optimizer and generators; returns (step, position)."""
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    if "train" not in state:
+        return 0, 0
+    rng.restore(rank, state["rng"])
+    return int(state["train"]["step"]), int(state["train"]["position"])

@@ -1,0 +1,246 @@
+"""The worker: one rank of one stage attempt, launched by `torch.distributed.run`.
+
+    python -m torch.distributed.run --nproc-per-node 2 -m ito_assets.runtime.worker --config CONFIG
+
+It resumes from the newest whole checkpoint of the stage (else the previous stage's final
+checkpoint, else fresh), trains to the stage's step count with heartbeats and asynchronous
+checkpoints, flushes a checkpoint when asked to stop (SIGTERM/SIGINT), proposes a restart when the
+loss or gradient norm spikes (and keeps training: only the desk restarts), and at the end saves the
+final checkpoint, evaluates, and writes `result.json`. Rank 0 reports through Dagster Pipes when
+launched under Pipes, else to a JSONL metrics file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ito_assets.runtime import distributed, events, holds, markers, proposals, resume, stage_eval, train_state
+from ito_assets.runtime.batches import BatchPlan, ResumableBatches
+from ito_assets.runtime.checkpoint import CheckpointConfig, Checkpointer, CheckpointRecord
+from ito_assets.runtime.config import RESULT_NAME, WorkerConfig
+from ito_assets.runtime.events import Event, EventKind
+from ito_assets.runtime.heartbeat import HeartbeatWriter
+from ito_assets.runtime.reporting import Reporter, open_reporter
+from ito_assets.runtime.spikes import Spike, SpikeDetector
+from ito_assets.runtime.step import StepResult, train_step
+from ito_assets.runtime.storage import write_atomic
+from ito_assets.training.model import build_model, config_by_name
+from ito_assets.training.trainer import TrainConfig, build_optimizer
+
+# sysexits.h EX_TEMPFAIL: stopped on request after flushing a checkpoint; resumable.
+EXIT_STOPPED = 75
+# Report every 10 steps through Pipes (torchtitan's default `log_freq`); every step goes to the events.
+LOG_EVERY_STEPS = 10
+
+
+class StageWorker:
+    def __init__(self, config: WorkerConfig, group: distributed.Distributed, reporter: Reporter):
+        self.config, self.group, self.reporter = config, group, reporter
+        self.rank = group.rank
+        self.stage_dir = Path(config.stage_dir)
+        self.train_config = TrainConfig(num_steps=config.num_steps, batch_size=config.batch_size // group.world_size,
+                                        sequence_length=config.sequence_length, seed=config.seed,
+                                        learning_rate=config.learning_rate)
+        self.model = build_model(config_by_name(config.model, vocab_size=config.vocab_size), seed=config.seed,
+                                 device=group.device)
+        self.optimizer = build_optimizer(self.model, self.train_config)
+        self.parallel = distributed.data_parallel(self.model, group.world_size, group.device)
+        self.checkpointer = Checkpointer(CheckpointConfig(directory=self.stage_dir, interval_steps=config.interval_steps,
+                                                          keep_last=config.keep_last),
+                                         process_group=group.checkpoint_group, rank=self.rank)
+        self.heartbeat = HeartbeatWriter(Path(config.heartbeat_dir), rank=self.rank, attempt=config.attempt)
+        self.stop = distributed.StopFlag(group.device)
+        self.spikes = SpikeDetector(config.spikes)
+        self.next_positions: dict[int, int] = {}  # step -> data position of the batch after it
+        self.saved_step = -1
+
+    # --- the loop -------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        self.heartbeat.beat(-1, "starting", force=True)
+        step, position = self.resume()
+        batches = ResumableBatches(np.load(self.config.tokens_path, mmap_mode="r"), self._plan(), position=position)
+        self.event(EventKind.STARTUP, seconds=max(0.0, time.time() - self.config.launched_at))
+        while step < self.config.num_steps:
+            if self.stop.agreed() or step == self.config.stop_after_step:
+                return self.flush(step, batches.position)
+            result = self.train_one(step + 1, batches)
+            step = result.step
+            self.observe(result)
+            if self.checkpointer.due(step):
+                self.save(step, batches.position)
+            self.collect(self.checkpointer.poll())
+        self.finish(step, batches.position)
+        return 0
+
+    def train_one(self, step: int, batches: ResumableBatches) -> StepResult:
+        started = time.perf_counter()
+        position, x, y = batches.next_batch()
+        x, y = x.to(self.group.device), y.to(self.group.device)
+        loss, grad_norm, lr = train_step(self.parallel, self.model, self.optimizer, x, y, step, self.train_config,
+                                         before_update=self.checkpointer.wait_staged)
+        result = StepResult(step=step, position=position, loss=loss, grad_norm=grad_norm, learning_rate=lr,
+                            seconds=time.perf_counter() - started)
+        self.next_positions[step - 1] = position
+        # A spike proposal rewinds at most this far (its checkpoint is within two intervals of the
+        # rewind target); older positions are estimated, so the map stays bounded.
+        self.next_positions.pop(step - 1 - self.config.spike_rewind_steps - 2 * self.config.interval_steps, None)
+        self.heartbeat.beat(step, "training")
+        return result
+
+    # --- resume, save, finish -------------------------------------------------------------------
+
+    def resume(self) -> tuple[int, int]:
+        state = train_state.template(self.model, self.optimizer, rank=self.rank)
+        point = resume.load_latest(self.stage_dir, state, rank=self.rank, group=self.group.checkpoint_group)
+        for skipped in point.skipped:
+            self.log(f"skipped checkpoint step {skipped.step}: {skipped.reason}")
+        step, position = 0, 0
+        if point.step is not None:
+            step, position = train_state.apply(self.model, self.optimizer, state, rank=self.rank)
+        elif self.config.init_from:
+            self._init_from(Path(self.config.init_from))
+        else:
+            # The template's get_state_dict initialized AdamW's state with a zero-learning-rate
+            # step; a fresh start begins from an untouched optimizer, as the trainer does.
+            self.optimizer.state.clear()
+        self.saved_step = step if point.step is not None else -1
+        self.next_positions[step] = position
+        self.event(EventKind.RESUME, step=step if point.step is not None else -1,
+                   detail=f"from {point.path}" if point.path else "fresh")
+        self.log(f"attempt {self.config.attempt}: starting at step {step} (position {position})")
+        return step, position
+
+    def _init_from(self, path: Path) -> None:
+        state = train_state.template(self.model, self.optimizer, rank=self.rank, weights_only=True)
+        reason = resume.load_checkpoint(path, state, rank=self.rank, group=self.group.checkpoint_group)
+        if reason is not None:
+            raise RuntimeError(f"the previous stage's final checkpoint cannot be used: {reason}")
+        train_state.apply(self.model, self.optimizer, state, rank=self.rank)
+
+    def save(self, step: int, position: int) -> None:
+        self.heartbeat.beat(step, "checkpointing", force=True)
+        state = train_state.capture(self.model, self.optimizer, step=step, position=position, rank=self.rank)
+        self.checkpointer.save(step, state)
+        self.saved_step = step
+
+    def collect(self, records: list[CheckpointRecord]) -> None:
+        for record in records:
+            self.event(EventKind.CHECKPOINT, step=record.step, seconds=record.blocking_seconds,
+                       total_seconds=record.total_seconds, num_bytes=record.num_bytes)
+            self.reporter.metrics(record.step, {"checkpoint_bytes": record.num_bytes,
+                                                "checkpoint_blocking_seconds": record.blocking_seconds,
+                                                "checkpoint_total_seconds": record.total_seconds})
+
+    def drain(self, step: int) -> None:
+        """Wait for the save in flight (heartbeating meanwhile), record it, release the stager."""
+        self.collect(self.checkpointer.wait(on_tick=lambda: self.heartbeat.beat(step, "checkpointing")))
+        self.checkpointer.close()
+
+    def flush(self, step: int, position: int) -> int:
+        """Stop requested: make sure the step reached is in a whole checkpoint, then exit."""
+        if self.saved_step != step:
+            self.save(step, position)
+        self.drain(step)
+        self.heartbeat.beat(step, "stopped", force=True)
+        self.log(f"stopped at step {step} after flushing a checkpoint")
+        return EXIT_STOPPED
+
+    def finish(self, step: int, position: int) -> None:
+        if self.saved_step != step:
+            self.save(step, position)
+        self.drain(step)
+        self.heartbeat.beat(step, "evaluating", force=True)
+        evaluation = self.evaluate()
+        if self.rank == 0:
+            final = markers.checkpoint_dir(self.stage_dir, step)
+            body = {"stage": self.config.stage, "num_steps": step, "final_checkpoint": str(final),
+                    "metadata_sha256": markers.read_marker(final).metadata_sha256, **evaluation}
+            write_atomic(self.stage_dir / RESULT_NAME, json.dumps(body, sort_keys=True).encode())
+        self.heartbeat.beat(step, "finished", force=True)
+
+    def evaluate(self) -> dict:
+        """Held-out loss of the trained model and, for a first stage, of the untrained one."""
+        if self.rank != 0 or not self.config.heldout_path:
+            return {}
+        started = time.perf_counter()
+        heldout = np.load(self.config.heldout_path, mmap_mode="r")
+        beat = lambda: self.heartbeat.beat(self.config.num_steps, "evaluating")
+        measure = lambda model: stage_eval.heldout_loss(model, heldout, sequence_length=self.config.eval_sequence_length,
+                                                        num_windows=self.config.eval_windows, on_batch=beat)
+        body = {"eval": {"heldout_loss": measure(self.model)}}
+        if self.config.init_from is None:
+            untrained = build_model(self.model.config, seed=self.config.seed, device=self.group.device)
+            body["initial_eval"] = {"heldout_loss": measure(untrained)}
+        self.event(EventKind.EVALUATION, seconds=time.perf_counter() - started)
+        self.reporter.metrics(self.config.num_steps, {f"eval_{k}": v for k, v in body["eval"].items()})
+        return body
+
+    # --- observation: events, metrics, spikes ---------------------------------------------------
+
+    def observe(self, result: StepResult) -> None:
+        self.event(EventKind.STEP, step=result.step, seconds=result.seconds, loss=result.loss)
+        if result.step % LOG_EVERY_STEPS == 0 or result.step == self.config.num_steps:
+            tokens_per_second = self.config.batch_size * self.config.sequence_length / result.seconds
+            self.reporter.metrics(result.step, {"loss": result.loss, "grad_norm": result.grad_norm,
+                                                "learning_rate": result.learning_rate,
+                                                "tokens_per_second": tokens_per_second})
+        spike = self.spikes.observe(result.step, result.loss, result.grad_norm)
+        if spike is not None and self.rank == 0:
+            self.propose(spike, result.position)
+
+    def propose(self, spike: Spike, spike_position: int) -> None:
+        store = proposals.ProposalStore(self.stage_dir)
+        if store.pending():
+            self.log(f"{spike.metric} spike at step {spike.step}; a proposal is already pending")
+            return
+        whole = [markers.step_of(p) for p in markers.candidates(self.stage_dir) if markers.read_marker(p) is not None]
+        restart, skip_first, skip_end = proposals.plan_restart(
+            spike.step, spike_position, whole_steps=whole, next_positions=self.next_positions,
+            rewind_steps=self.config.spike_rewind_steps)
+        proposal = proposals.propose(spike, run_key=self.config.run_key, stage=self.config.stage,
+                                     restart_from_step=restart, skip_first=skip_first, skip_end=skip_end)
+        if restart > 0:
+            holds.hold(self.stage_dir, restart, proposal.proposal_id)
+        store.add(proposal)
+        self.log(f"{spike.metric} spike at step {spike.step} ({spike.value:.4g}, mean {spike.mean:.4g}): "
+                 f"proposal {proposal.proposal_id} awaits the desk (restart from step {restart})")
+
+    def event(self, kind: EventKind, **fields) -> None:
+        if self.rank == 0:
+            events.append(self.stage_dir, Event(kind=kind, at=time.time(), attempt=self.config.attempt, **fields))
+
+    def log(self, message: str) -> None:
+        self.reporter.log(f"[{self.config.stage}] {message}")
+
+    def _plan(self) -> BatchPlan:
+        return BatchPlan(batch_size=self.config.batch_size, sequence_length=self.config.sequence_length,
+                         seed=self.config.seed, rank=self.rank, world_size=self.group.world_size,
+                         skip_ranges=self.config.skip_ranges)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ito_assets.runtime.worker")
+    parser.add_argument("--config", required=True, help="the worker config as JSON, or the path of a JSON file")
+    config = WorkerConfig.from_argument(parser.parse_args(argv).config)
+    # Deterministic kernels make a resume bit-exact; cuBLAS needs this workspace setting for it.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    group = distributed.init(config.collective_timeout_s)
+    try:
+        with open_reporter(group.rank, Path(config.metrics_path)) as reporter:
+            return StageWorker(config, group, reporter).run()
+    finally:
+        distributed.shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""Builders for the runtime tests: learnable token shards, worker configs, and torchrun launches."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from ito_assets.runtime import events
+from ito_assets.runtime.config import WorkerConfig
+from ito_assets.runtime.launch import torchrun_command
+from ito_assets.runtime.storage import write_atomic
+
+VOCAB = 512
+
+
+def write_tokens(folder: Path, *, num_tokens: int = 40_000, seed: int = 0) -> tuple[Path, Path]:
+    """A Markov chain over VOCAB states with four successors each: learnable in a few dozen steps."""
+    rng = np.random.default_rng(seed)
+    successors = rng.integers(0, VOCAB, size=(VOCAB, 4))
+    choices = rng.integers(0, 4, size=num_tokens + 4_000)
+    tokens = np.empty(num_tokens + 4_000, dtype=np.uint16)
+    tokens[0] = 0
+    for i in range(1, len(tokens)):
+        tokens[i] = successors[tokens[i - 1], choices[i]]
+    folder.mkdir(parents=True, exist_ok=True)
+    np.save(folder / "train.npy", tokens[:num_tokens])
+    np.save(folder / "heldout.npy", tokens[num_tokens:])
+    return folder / "train.npy", folder / "heldout.npy"
+
+
+def worker_config(root: Path, tokens: tuple[Path, Path], **changes) -> WorkerConfig:
+    base = WorkerConfig(
+        run_key="run-test", stage="pretraining", model="micro", vocab_size=VOCAB,
+        tokens_path=str(tokens[0]), heldout_path=str(tokens[1]),
+        stage_dir=str(root / "checkpoints" / "pretraining"), heartbeat_dir=str(root / "heartbeats"),
+        metrics_path=str(root / "metrics.jsonl"), num_steps=24, batch_size=8, sequence_length=32,
+        interval_steps=8, keep_last=3, eval_windows=8, eval_sequence_length=32, launched_at=time.time(),
+    )
+    return replace(base, **changes)
+
+
+def start_worker(config: WorkerConfig, *, nproc: int) -> subprocess.Popen:
+    """One attempt under torchrun (no supervisor); output captured as text."""
+    path = Path(config.stage_dir).parent / f"config-{time.monotonic_ns()}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, config.to_json().encode())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")}
+    return subprocess.Popen(torchrun_command(path, nproc), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+
+
+def finish(process: subprocess.Popen, timeout: float = 180) -> subprocess.CompletedProcess:
+    stdout, stderr = process.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def run_worker(config: WorkerConfig, *, nproc: int, timeout: float = 180) -> subprocess.CompletedProcess:
+    return finish(start_worker(config, nproc=nproc), timeout)
+
+
+def step_losses(stage_dir: Path) -> dict[int, float]:
+    """step -> loss of the last attempt that ran it."""
+    found: dict[int, float] = {}
+    for event in events.read(stage_dir):
+        if event.kind is events.EventKind.STEP:
+            found[event.step] = event.loss
+    return found

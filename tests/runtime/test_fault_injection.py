@@ -1,0 +1,106 @@
+"""Fault injection under the supervisor: a worker killed mid-step, a hung worker, a corrupt
+latest checkpoint. Each is detected within its bound and the stage finishes from the newest whole
+checkpoint under the same run (same stage folder, one report, attempts counted)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ito_assets.runtime import events, heartbeat, markers, registry
+from ito_assets.runtime.events import EventKind
+from ito_assets.runtime.supervisor import Supervisor, SupervisorConfig, SupervisionReport
+from runtime_helpers import run_worker, step_losses, worker_config
+
+pytestmark = pytest.mark.slow
+
+STEPS = 200  # long enough on an idle machine for the fault to land mid-training
+HANG_BOUND_S = 3.0
+POLL_S = 0.2
+FAST = SupervisorConfig(nproc_per_node=2, hang_timeout_s=HANG_BOUND_S, startup_timeout_s=90.0,
+                        poll_interval_s=POLL_S, grace_s=3.0, max_restarts=2)
+
+
+def _start(supervisor: Supervisor) -> tuple[threading.Thread, list[SupervisionReport]]:
+    reports: list[SupervisionReport] = []
+    thread = threading.Thread(target=lambda: reports.append(supervisor.run()), daemon=True)
+    thread.start()
+    return thread, reports
+
+
+def _wait_past_first_checkpoint(config, rank: int, timeout: float = 90.0) -> heartbeat.Heartbeat:
+    """Mid-training, once the first checkpoint is whole (so that there is something to resume from)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        beat = heartbeat.read_all(Path(config.heartbeat_dir), attempt=0).get(rank)
+        saved = registry.read(Path(config.stage_dir))
+        if saved and beat is not None and beat.phase in ("training", "checkpointing"):
+            return beat
+        time.sleep(0.01)
+    raise AssertionError(f"rank {rank} never got past the first checkpoint")
+
+
+def _resumes(stage_dir: Path) -> list[tuple[int, int]]:
+    return [(e.attempt, e.step) for e in events.read(stage_dir) if e.kind is EventKind.RESUME]
+
+
+def _check_recovered(report: SupervisionReport, config, kind: str) -> None:
+    assert report.outcome == "succeeded" and report.num_attempts == 2
+    (fault,) = report.faults
+    assert fault.kind == kind and not fault.planned and fault.recovery_seconds is not None
+    (first, second) = _resumes(Path(config.stage_dir))
+    assert first == (0, -1) and second[0] == 1 and second[1] >= config.interval_steps
+    assert sorted(step_losses(Path(config.stage_dir))) == list(range(1, config.num_steps + 1))
+    assert report.result["num_steps"] == config.num_steps
+
+
+def test_sigkill_of_a_worker_mid_step_is_detected_and_the_stage_resumes(tmp_path, tokens):
+    config = worker_config(tmp_path, tokens, num_steps=STEPS)
+    thread, reports = _start(Supervisor(worker=config, config=FAST))
+    beat = _wait_past_first_checkpoint(config, rank=1)
+    killed_at = time.time()
+    os.kill(beat.pid, signal.SIGKILL)
+    thread.join(timeout=150)
+    (report,) = reports
+    _check_recovered(report, config, "dead")
+    assert report.faults[0].detected_at - killed_at < 10.0  # torchrun notices at once; one poll more
+
+
+def test_a_hung_worker_is_detected_by_its_stale_heartbeat(tmp_path, tokens):
+    config = worker_config(tmp_path, tokens, num_steps=STEPS)
+    thread, reports = _start(Supervisor(worker=config, config=FAST))
+    beat = _wait_past_first_checkpoint(config, rank=0)
+    os.kill(beat.pid, signal.SIGSTOP)  # alive, silent: a hang, not an exit
+    thread.join(timeout=150)
+    (report,) = reports
+    _check_recovered(report, config, "hung")
+    detection = report.faults[0].detection_seconds
+    assert HANG_BOUND_S <= detection <= HANG_BOUND_S + 2 * POLL_S + 1.0
+
+
+def test_a_corrupt_latest_checkpoint_is_skipped_never_loaded(tmp_path, tokens):
+    config = worker_config(tmp_path, tokens, stop_after_step=16)
+    stage_dir = Path(config.stage_dir)
+    assert run_worker(config, nproc=1).returncode != 0  # stopped after flushing step 16
+    latest = markers.checkpoint_dir(stage_dir, 16)
+    shard = next(latest.glob("*.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    partial = markers.checkpoint_dir(stage_dir, 20)  # a save killed before its marker
+    partial.mkdir()
+    (partial / "__0_0.distcp").write_bytes(b"\0" * 64)
+
+    finished = Supervisor(worker=worker_config(tmp_path, tokens), config=SupervisorConfig(
+        nproc_per_node=1, hang_timeout_s=30.0, startup_timeout_s=90.0, poll_interval_s=POLL_S, grace_s=3.0)).run()
+
+    assert finished.outcome == "succeeded"
+    assert _resumes(stage_dir)[-1] == (0, 8)  # not 20 (partial), not 16 (corrupt)
+    log = (stage_dir / "attempt-0.log").read_text() + Path(config.metrics_path).read_text()
+    assert "skipped checkpoint step 20: no completion marker" in log
+    assert "skipped checkpoint step 16: digest mismatch" in log

@@ -1,0 +1,65 @@
+"""Checkpoint folders stay inside the run's checkpoint folder; the data loader's position is the
+whole of its state; RNG state round-trips."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from ito_assets.errors import ErrorCode, ItoError
+from ito_assets.runtime import rng
+from ito_assets.runtime.batches import BatchPlan, ResumableBatches
+from ito_assets.runtime.stages import RunLayout
+
+
+def test_a_link_planted_inside_the_area_cannot_lead_out(tmp_path):
+    area, outside = tmp_path / "area", tmp_path / "outside"
+    area.mkdir()
+    outside.mkdir()
+    (area / "run_1").symlink_to(outside)
+    with pytest.raises(ItoError) as caught:
+        RunLayout.for_run(area, "run_1").stage_dir("pretraining")
+    assert caught.value.code is ErrorCode.CHECKPOINT_STORAGE_INVALID
+    assert RunLayout.for_run(area, "run_2").stage_dir("pretraining") == area / "run_2" / "pretraining"
+
+
+@pytest.mark.parametrize("run_id", ["../escape", "a//b", ".hidden", ""])
+def test_run_and_stage_names_must_be_safe(tmp_path, run_id):
+    with pytest.raises(ItoError):
+        RunLayout.for_run(tmp_path, run_id).stage_dir("pretraining")
+
+
+def _plan(**changes) -> BatchPlan:
+    return BatchPlan(**{"batch_size": 4, "sequence_length": 8, "seed": 3, **changes})
+
+
+def test_a_loader_resumed_at_a_position_yields_the_same_batches():
+    tokens = np.arange(1000, dtype=np.uint16)
+    straight = ResumableBatches(tokens, _plan())
+    expected = [straight.next_batch() for _ in range(70)]  # crosses two epoch boundaries (30 per epoch)
+    resumed = ResumableBatches(tokens, _plan(), position=40)
+    for position, x, y in expected[40:]:
+        got = resumed.next_batch()
+        assert got[0] == position and torch.equal(got[1], x) and torch.equal(got[2], y)
+        assert torch.equal(x[:, 1:], y[:, :-1])
+
+
+def test_ranks_split_the_global_batch_and_skips_jump_over_ranges():
+    tokens = np.arange(1000, dtype=np.uint16)
+    whole = ResumableBatches(tokens, _plan()).next_batch()[1]
+    halves = [ResumableBatches(tokens, _plan(rank=r, world_size=2)).next_batch()[1] for r in (0, 1)]
+    assert torch.equal(torch.cat(halves), whole)
+    skipping = ResumableBatches(tokens, _plan(skip_ranges=((1, 5),)))
+    assert [skipping.next_batch()[0] for _ in range(3)] == [0, 5, 6]
+
+
+def test_rng_state_round_trips_for_all_three_generators():
+    import random
+
+    torch.manual_seed(1), np.random.seed(2), random.seed(3)
+    saved = {k: v.clone() for k, v in rng.capture(0).items()}
+    first = (torch.rand(3), np.random.rand(3), random.random())
+    rng.restore(0, saved)
+    second = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(first[0], second[0]) and np.array_equal(first[1], second[1]) and first[2] == second[2]

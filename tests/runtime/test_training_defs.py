@@ -1,0 +1,148 @@
+"""The training domain in Dagster: the stages materialize through Pipes and the supervisor, each
+with its blocking eval gate; a failed gate stops the run and stays failed on retry. The upstream
+assets (manifest, clean shards) are stand-ins with the same keys, so only the training group runs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import dagster as dg
+import duckdb
+import polars as pl
+import pytest
+
+from gates.gate_world import Clock, make_policy, make_world, verified
+from helpers import valid_manifest, write_manifest
+from ito_assets.defs.manifest.partitions import manifests_partitions
+from ito_assets.defs.resources import ItoSettingsResource, LedgerResource
+from ito_assets.defs.training import pipes_client
+from ito_assets.defs.training.assets import TRAINING_ASSETS
+from ito_assets.defs.training.checks import TRAINING_CHECKS
+from ito_assets.defs.training.resources import TrainingRuntimeResource
+from ito_assets.data.shards import Shard, ShardSet
+from ito_assets.gates import create_run
+from ito_assets.gates import telemetry as ledger_telemetry
+from ito_assets.gates.create_run import TrainRequest
+from ito_assets.gates.ledger import open_ledger
+from ito_assets.manifest import discovery
+from ito_assets.settings import load_settings
+
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::dagster.PreviewWarning")]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _texts() -> list[str]:
+    path = ROOT / "data" / "fixtures" / "corpora" / "pydoc_topics.jsonl"
+    return [json.loads(line)["text"] for line in path.read_text().splitlines()]
+
+
+def _upstream(manifest_path: str, key: str, folder: Path, run):
+    @dg.asset(name="training_manifest", partitions_def=manifests_partitions)
+    def manifest_stand_in():
+        return discovery.judge(manifest_path, key, max_bytes=1 << 20)
+
+    @dg.asset(name="clean_shards", partitions_def=manifests_partitions)
+    def clean_shards_stand_in():
+        path = folder / "clean-00000.parquet"
+        pl.DataFrame({"text": _texts()}).write_parquet(path)
+        shard = Shard(path=str(path), sha256=hashlib.sha256(path.read_bytes()).hexdigest(), num_rows=len(_texts()))
+        return SimpleNamespace(shards=ShardSet(folder=str(folder), shards=(shard,)))
+
+    @dg.asset(name="run_authorization", partitions_def=manifests_partitions)
+    def authorization_stand_in():
+        return {"authorized": True, "run_id": run.run_id, "checkpoint_dir": run.checkpoint_dir}
+
+    @dg.asset(name="training_plan", partitions_def=manifests_partitions)
+    def plan_stand_in():
+        from ito_assets.defs.decision.resources import BookedHardwareResource
+        from ito_assets.training.run_plan import plan_outcome
+
+        manifest = discovery.judge(manifest_path, key, max_bytes=1 << 20).verified.manifest
+        return plan_outcome(manifest, BookedHardwareResource().hardware())
+
+    return [manifest_stand_in, clean_shards_stand_in, authorization_stand_in, plan_stand_in]
+
+
+TWO_STAGES = [{"name": "pretraining", "num_tokens": 8 * 64 * 30, "sequence_length": 64},
+              {"name": "mid_training", "num_tokens": 8 * 64 * 10, "sequence_length": 64}]
+
+
+@pytest.fixture
+def ledger_run(tmp_path):
+    """A real run in a real ledger (created through the gates), for its id and checkpoint folder."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    now = int(time.time())
+    ledger = open_ledger(url, clock=Clock(now))
+    world = make_world(ledger, make_policy(tmp_path), Clock(now))
+    world.booking_id = world.booking(starts_at=now - 3600, ends_at=now + 3600)
+    request = TrainRequest(booking_id=world.booking_id, verified=verified(),
+                           confirmation_ref=world.confirm_train(world.booking_id), idempotency_key="train-key-0001")
+    yield create_run.create_run(ledger, world.policy, world.account, request).run, url, ledger
+    ledger.dispose()
+
+
+def _materialize(tmp_path: Path, instance, runtime: TrainingRuntimeResource, ledger_run, stages=TWO_STAGES):
+    document = valid_manifest()
+    document["model"]["size"] = "micro"
+    document["training_target"] = {"num_tokens": sum(s["num_tokens"] for s in stages), "stages": stages}
+    document["checkpoint_policy"] = {"interval_steps": 10, "keep_last": 2, "storage_uri": "tenant://checkpoints/unit"}
+    (tmp_path / "manifests").mkdir(exist_ok=True)
+    manifest_path = write_manifest(tmp_path / "manifests" / "manifest.json", document)
+    (found,), _ = discovery.discover(tmp_path / "manifests", max_bytes=1 << 20)
+    settings = load_settings({"ITO_STATE_DIR": str(tmp_path / "state")})
+    instance.add_dynamic_partitions("manifests", [found.key])
+    return dg.materialize(
+        [*_upstream(manifest_path, found.key, tmp_path, ledger_run[0]), *TRAINING_ASSETS, *TRAINING_CHECKS],
+        partition_key=found.key, instance=instance,
+        resources={"ito": ItoSettingsResource.from_settings(settings), "training_runtime": runtime,
+                   "pipes_subprocess_client": pipes_client(), "ledger": LedgerResource(url=ledger_run[1])},
+        raise_on_error=False,
+    )
+
+
+def _runtime(**changes) -> TrainingRuntimeResource:
+    return TrainingRuntimeResource(poll_interval_s=0.2, hang_timeout_s=60.0, grace_s=5.0, **changes)
+
+
+def test_the_stages_train_through_pipes_with_gates_and_telemetry(tmp_path, instance, ledger_run):
+    result = _materialize(tmp_path, instance, _runtime(), ledger_run)
+    assert result.success
+    materialized = {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
+    assert {"training_tokens", "pretraining_checkpoint", "mid_training_checkpoint", "long_context_checkpoint",
+            "training_telemetry"} <= materialized
+    gates = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
+    assert gates == {"pretraining_eval_gate": True, "mid_training_eval_gate": True, "long_context_eval_gate": True}
+    mid = result.output_for_node("mid_training_checkpoint")
+    assert mid.stage == "mid_training" and mid.num_steps == 10 and mid.gate["compared_with"] == "pretraining"
+    assert result.output_for_node("long_context_checkpoint") == mid  # not in the manifest: carried forward
+    pipes_metrics = [e for e in instance.all_logs(result.run_id) if "[pretraining] attempt 0" in (e.user_message or "")]
+    assert pipes_metrics, "rank 0 logs through Dagster Pipes"
+    with duckdb.connect(str(tmp_path / "state" / "warehouse.duckdb"), read_only=True) as connection:
+        stages = connection.execute("SELECT stage, num_steps FROM training_telemetry ORDER BY stage").fetchall()
+    assert stages == [("mid_training", 10.0), ("pretraining", 30.0), ("run", 40.0)]
+    run, _, ledger = ledger_run
+    listed = ledger_telemetry.checkpoints(ledger, run.run_id)  # what `ito checkpoints` shows
+    assert {(c.step, Path(c.path).parent.name) for c in listed} >= {(30, "pretraining"), (10, "mid_training")}
+    assert all(Path(c.path).is_relative_to(run.checkpoint_dir) for c in listed)
+    names = {m.name for m in ledger_telemetry.metrics(ledger, run.run_id, limit=500)}  # `ito metrics`
+    assert {"pretraining/loss", "pretraining/heldout_loss", "pretraining/goodput", "mid_training/loss"} <= names
+
+
+def test_a_failed_gate_stops_the_run_and_stays_failed_on_retry(tmp_path, instance, ledger_run):
+    impossible = _runtime(min_improvement_bands=1e6)  # no training improves by a million noise bands
+    first = _materialize(tmp_path, instance, impossible, ledger_run)
+    gates = {e.check_name: e.passed for e in first.get_asset_check_evaluations()}
+    assert gates["pretraining_eval_gate"] is False
+    materialized = {e.asset_key.to_user_string() for e in first.get_asset_materialization_events()}
+    assert "pretraining_checkpoint" in materialized and "mid_training_checkpoint" not in materialized
+
+    retry = _materialize(tmp_path, instance, _runtime(), ledger_run)  # with a policy it would now pass
+    assert not retry.success
+    failure = next(e for e in retry.all_events if e.event_type_value == "STEP_FAILURE")
+    assert failure.step_key == "pretraining_checkpoint"
+    assert failure.event_specific_data.user_failure_data.metadata["error_code"].value == "EVAL_GATE_FAILED"
+    assert "the pretraining eval gate failed; the run stays stopped" in failure.event_specific_data.error.message
