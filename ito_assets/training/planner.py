@@ -194,7 +194,7 @@ def judge(request: PlanRequest, layout: Layout) -> tuple[Refusal, ...]:
 
 
 def candidate_layouts(request: PlanRequest) -> list[Layout]:
-    hw, world = request.hardware, request.hardware.world_size
+    world = request.hardware.world_size
     per_rank = request.global_batch_sequences
     layouts = []
     degrees = [d for d in _POWERS_OF_TWO if world % d == 0]

@@ -22,7 +22,8 @@ SMALL = PostTrainingResource(num_eval_prompts=12, batch_size=16, rlvr_num_steps=
 
 
 def _defs(installation, runtime: PostTrainingResource = SMALL) -> dg.Definitions:
-    return dg.Definitions.merge(build_definitions(installation.settings), posttraining.defs(runtime))
+    lineage = ("manifest", "data", "decision", "workload", "training")  # post-training's own resource below
+    return dg.Definitions.merge(build_definitions(installation.settings, domains=lineage), posttraining.defs(runtime))
 
 
 def _write_fixtures(installation, num_prompts: int) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from ito_assets.defs import data, manifest, training, workload
+from ito_assets.defs import data, decision, manifest, training, workload
 from ito_assets.defs.resources import ItoSettingsResource, LedgerResource
 from ito_assets.settings import load_settings
 
@@ -17,7 +17,7 @@ EXPECTED_ASSETS = {"training_tokens", "pretraining_checkpoint", "mid_training_ch
 EXPECTED_CHECKS = {("pretraining_checkpoint", "pretraining_eval_gate"), ("mid_training_checkpoint", "mid_training_eval_gate"),
                    ("long_context_checkpoint", "long_context_eval_gate")}
 EXPECTED_UPSTREAM = {
-    "training_tokens": {"clean_shards"},
+    "training_tokens": {"clean_shards", "training_plan", "run_authorization"},
     "pretraining_checkpoint": {"run_authorization", "training_manifest", "training_tokens"},
     "mid_training_checkpoint": {"run_authorization", "training_manifest", "training_tokens", "pretraining_checkpoint"},
     "long_context_checkpoint": {"run_authorization", "training_manifest", "training_tokens", "mid_training_checkpoint"},
@@ -29,7 +29,7 @@ def _graph():
     settings = load_settings()
     shell = dg.Definitions(resources={"ito": ItoSettingsResource.from_settings(settings),
                                       "ledger": LedgerResource.from_settings(settings)})
-    merged = dg.Definitions.merge(manifest.defs(), data.defs(), workload.defs(), training.defs(), shell)
+    merged = dg.Definitions.merge(manifest.defs(), data.defs(), decision.defs(), workload.defs(), training.defs(), shell)
     return merged.resolve_asset_graph()
 
 

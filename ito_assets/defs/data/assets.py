@@ -9,29 +9,15 @@ from ito_assets.data import stages
 from ito_assets.data.config import DataPrepConfig
 from ito_assets.defs.data import metadata
 from ito_assets.defs.data.params import DecontamParams, DedupParams
+from ito_assets.defs.failures import failure, verified_or_fail
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.resources import ItoSettingsResource
 from ito_assets.errors import ItoError
 from ito_assets.evals.suite import EvalSuite
 from ito_assets.manifest.discovery import ManifestVerdict
-from ito_assets.manifest.verify import VerifiedManifest
 
 GROUP = "data"
 POOL = "duckdb_writer"  # DuckDB has one writer at a time (DESIGN.md)
-
-
-def verified_or_fail(verdict: ManifestVerdict) -> VerifiedManifest:
-    """The gate: no data step runs on a manifest that did not verify."""
-    if not verdict.ok or verdict.verified is None:
-        raise dg.Failure(
-            description=f"{verdict.error_code}: the manifest did not verify; the data stage refuses to run",
-            metadata={"error_code": verdict.error_code or ""},
-        )
-    return verdict.verified
-
-
-def _failure(error: ItoError) -> dg.Failure:
-    return dg.Failure(description=f"{error.code.value}: {error.message}", metadata={"error_code": error.code.value})
 
 
 @dg.asset(
@@ -44,11 +30,11 @@ def _failure(error: ItoError) -> dg.Failure:
 )
 def source_documents(context: dg.AssetExecutionContext, ito: ItoSettingsResource, training_manifest: ManifestVerdict) -> stages.SourceStage:
     settings = ito.settings()
-    verified = verified_or_fail(training_manifest)
+    verified = verified_or_fail(training_manifest, "the data stage")
     try:
         stage = stages.run_sources(verified, settings.data_root, settings.state_dir, settings.warehouse_path, DataPrepConfig())
     except ItoError as error:
-        raise _failure(error) from None
+        raise failure(error) from None
     context.add_output_metadata(metadata.source_metadata(stage))
     return stage
 
@@ -85,7 +71,7 @@ def contamination_report(
     deduplicated_documents: stages.DedupStage,
 ) -> stages.DecontamStage:
     settings = ito.settings()
-    verified = verified_or_fail(training_manifest)
+    verified = verified_or_fail(training_manifest, "the data stage")
     stage = stages.run_decontam(verified, eval_suite, deduplicated_documents, settings.state_dir, settings.warehouse_path, config.to_config())
     context.add_output_metadata(metadata.decontam_metadata(stage))
     return stage
@@ -108,11 +94,11 @@ def clean_shards(
     contamination_report: stages.DecontamStage,
 ) -> stages.CleanStage:
     settings = ito.settings()
-    verified = verified_or_fail(training_manifest)
+    verified = verified_or_fail(training_manifest, "the data stage")
     try:
         stage = stages.run_clean(verified, source_documents, deduplicated_documents, contamination_report, settings.state_dir, settings.warehouse_path, DataPrepConfig())
     except ItoError as error:
-        raise _failure(error) from None
+        raise failure(error) from None
     context.add_output_metadata(metadata.clean_metadata(stage))
     return stage
 

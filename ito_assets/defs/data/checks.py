@@ -4,7 +4,6 @@ partitioned like its asset, so that it loads the run's own manifest partition on
 
 
 import dagster as dg
-import polars as pl
 
 from ito_assets.data import stages
 from ito_assets.data.sources import source_digest

@@ -10,29 +10,18 @@ import torch
 from ito_assets.data.stages import CleanStage
 from ito_assets.defs.decision.params import DataDecisionParams, DecisionRunParams
 from ito_assets.defs.decision.resources import BookedHardwareResource
+from ito_assets.defs.failures import failure, verified_or_fail
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.resources import ItoSettingsResource
 from ito_assets.errors import ItoError
 from ito_assets.evals.suite import EvalSuite
 from ito_assets.manifest.discovery import ManifestVerdict
-from ito_assets.manifest.schema import Manifest
 from ito_assets.training.decision import DecisionResult, run_decision
 from ito_assets.training.gate import DataDecision, judge_decision
 from ito_assets.training.mixtures import read_mixture
 from ito_assets.training.run_plan import PlanOutcome, plan_outcome
 
 GROUP = "decision"
-
-
-def _manifest(verdict: ManifestVerdict) -> Manifest:
-    if not verdict.ok or verdict.verified is None:
-        raise dg.Failure(description=f"{verdict.error_code}: the manifest did not verify; the decision refuses to run",
-                         metadata={"error_code": verdict.error_code or ""})
-    return verdict.verified.manifest
-
-
-def _failure(error: ItoError) -> dg.Failure:
-    return dg.Failure(description=f"{error.code.value}: {error.message}", metadata={"error_code": error.code.value})
 
 
 @dg.asset(
@@ -47,12 +36,12 @@ def decision_run(
     context: dg.AssetExecutionContext, config: DecisionRunParams, ito: ItoSettingsResource,
     training_manifest: ManifestVerdict, eval_suite: EvalSuite, clean_shards: CleanStage,
 ) -> DecisionResult:
-    _manifest(training_manifest)
+    verified_or_fail(training_manifest, "the decision").manifest
     settings = ito.settings()
     try:
         baseline = read_mixture(config.baseline_uris, settings.data_root)
     except ItoError as error:
-        raise _failure(error) from None
+        raise failure(error) from None
     candidate = clean_shards.shards.read(["text"])["text"].to_list()
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
@@ -99,7 +88,7 @@ def data_decision(
     context: dg.AssetExecutionContext, config: DataDecisionParams, booked_hardware: BookedHardwareResource,
     training_manifest: ManifestVerdict, decision_run: DecisionResult,
 ) -> DataDecision:
-    manifest = _manifest(training_manifest)
+    manifest = verified_or_fail(training_manifest, "the decision").manifest
     judged = judge_decision(decision_run, manifest, booked_hardware.hardware(), config.to_config())
     summary = judged.summary()
     economics = summary["economics"] or {}
@@ -124,7 +113,7 @@ def training_plan(
     context: dg.AssetExecutionContext, booked_hardware: BookedHardwareResource,
     training_manifest: ManifestVerdict, data_decision: DataDecision,
 ) -> PlanOutcome:
-    outcome = plan_outcome(_manifest(training_manifest), booked_hardware.hardware())
+    outcome = plan_outcome(verified_or_fail(training_manifest, "the decision").manifest, booked_hardware.hardware())
     context.add_output_metadata(_plan_metadata(outcome, data_decision))
     return outcome
 

@@ -9,6 +9,7 @@ import json
 
 import dagster as dg
 
+from ito_assets.defs.failures import verified_or_fail
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.posttraining.resources import PostTrainingResource
 from ito_assets.defs.resources import ItoSettingsResource
@@ -20,10 +21,8 @@ GROUP = "posttraining"
 
 
 def _recipe_step(verdict: ManifestVerdict, kind: str):
-    if not verdict.ok or verdict.verified is None:
-        raise dg.Failure(description=f"{verdict.error_code}: the manifest did not verify; post-training refuses to run",
-                         metadata={"error_code": verdict.error_code or ""})
-    return next((s for s in verdict.verified.manifest.post_training if s.kind == kind), None)
+    manifest = verified_or_fail(verdict, "post-training").manifest
+    return next((s for s in manifest.post_training if s.kind == kind), None)
 
 
 def _series(values: list[float], num_rows: int = 12) -> str:

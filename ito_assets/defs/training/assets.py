@@ -16,14 +16,14 @@ from pathlib import Path
 import dagster as dg
 
 from ito_assets.data import lineage
+from ito_assets.defs.failures import failure, verified_or_fail
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.resources import ItoSettingsResource, LedgerResource
 from ito_assets.defs.training import telemetry_table
 from ito_assets.defs.training.resources import TrainingRuntimeResource
 from ito_assets.defs.training.stage_outcome import outcome_metadata, read_outcome
 from ito_assets.errors import ErrorCode, ItoError
-from ito_assets.manifest.discovery import ManifestVerdict
-from ito_assets.manifest.schema import STAGE_ORDER, Manifest
+from ito_assets.manifest.schema import STAGE_ORDER
 from ito_assets.runtime import corpus, stages
 from ito_assets.runtime.gates import VerdictStore, judge
 from ito_assets.runtime.publish import publish_stage
@@ -35,17 +35,6 @@ from ito_assets.training.tokenizer import TokenizerConfig
 
 GROUP = "training"
 POOL = "duckdb_writer"
-
-
-def _manifest(verdict: ManifestVerdict) -> Manifest:
-    if not verdict.ok or verdict.verified is None:
-        raise dg.Failure(description=f"{verdict.error_code}: the manifest did not verify; training refuses to run",
-                         metadata={"error_code": verdict.error_code or ""})
-    return verdict.verified.manifest
-
-
-def _failure(error: ItoError) -> dg.Failure:
-    return dg.Failure(description=error.message, metadata={"error_code": error.code.value})
 
 
 def _authorized(authorization: dict) -> tuple[str, Path]:
@@ -99,7 +88,7 @@ def _require_plan(outcome: PlanOutcome) -> None:
 
 
 def _run_stage(context, ito, runtime, pipes, ledger, authorization, verdict, tokens, previous, name: str):
-    manifest = _manifest(verdict)
+    manifest = verified_or_fail(verdict, "training").manifest
     stage = stages.find_stage(manifest.training_target, name)
     if stage is None:  # the next stage starts from the last trained one
         context.log.info(f"the manifest has no {name} stage: the previous checkpoint carries forward")
@@ -117,7 +106,7 @@ def _run_stage(context, ito, runtime, pipes, ledger, authorization, verdict, tok
             tokens_path=Path(tokens.train_path), heldout_path=Path(tokens.heldout_path),
             init_from=previous.final_checkpoint if previous else None)
     except ItoError as error:
-        raise _failure(error) from None
+        raise failure(error) from None
     stage_dir = Path(config.stage_dir)
     write_atomic(stage_dir / "stage.json", config.to_json().encode())
     pipes.run(context=context, command=[

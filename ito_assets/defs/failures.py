@@ -1,0 +1,21 @@
+"""How a Dagster step refuses: a core error or an unverified manifest becomes a `dg.Failure` that
+carries the stable error code as metadata (the UI shows it; the ledger outcome can read it)."""
+
+import dagster as dg
+
+from ito_assets.errors import ErrorCode, ItoError
+from ito_assets.manifest.discovery import ManifestVerdict
+from ito_assets.manifest.verify import VerifiedManifest
+
+
+def failure(error: ItoError) -> dg.Failure:
+    return dg.Failure(description=f"{error.code.value}: {error.message}", metadata={"error_code": error.code.value})
+
+
+def verified_or_fail(verdict: ManifestVerdict, step: str) -> VerifiedManifest:
+    """The manifest gate, enforced again by every step that acts on a manifest's content."""
+    if not verdict.ok or verdict.verified is None:
+        code = verdict.error_code or ErrorCode.MANIFEST_INVALID.value
+        raise dg.Failure(description=f"{code}: the manifest did not verify; {step} refuses to run",
+                         metadata={"error_code": code})
+    return verdict.verified
