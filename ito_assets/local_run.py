@@ -116,6 +116,13 @@ def request_training_run(settings: Settings) -> dict:
     return result.ids
 
 
+def _safe_url(url: str) -> str:
+    """The ledger URL without its password (a production URL carries one)."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
 def ledger_run_state(defs: dg.Definitions, run_id: str) -> str:
     from ito_assets.gates import runs
 
@@ -154,7 +161,7 @@ def main() -> int:
         for sensor in SENSORS[1:]:
             evaluate_sensor(defs, instance, sensor.name, summary)
     print_summary(summary, settings)
-    print(f"ledger: {settings.ledger_url}; run {ids['run_id']} (key {ids['idempotency_key']}) is "
+    print(f"ledger: {_safe_url(settings.ledger_url)}; run {ids['run_id']} (key {ids['idempotency_key']}) is "
           f"{ledger_run_state(defs, ids['run_id'])}")
     return 1 if summary.num_runs_failed else 0
 

@@ -42,21 +42,36 @@ def confirmed_run_sensor(context: dg.SensorEvaluationContext, ledger: LedgerReso
     )
 
 
+def _dagster_runs_of(instance: dg.DagsterInstance, run_id: str) -> list[dg.DagsterRun]:
+    return list(instance.get_runs(filters=dg.RunsFilter(tags={RUN_ID_TAG: run_id})))
+
+
 @dg.sensor(
     default_status=dg.DefaultSensorStatus.RUNNING,
     minimum_interval_seconds=15,
-    description="Terminates the Dagster run of every run whose cancellation was confirmed.",
+    description="Terminates the Dagster runs of every run whose cancellation was confirmed, and "
+    "reconciles runs whose Dagster run ended without its end reaching the ledger.",
 )
 def cancellation_sensor(context: dg.SensorEvaluationContext, ledger: LedgerResource) -> dg.SkipReason:
     with ledger.open() as opened:
         for run in runs.cancelling_runs(opened):
-            dagster_run = context.instance.get_run_by_id(run.dagster_run_id) if run.dagster_run_id else None
-            if dagster_run is not None and not dagster_run.is_finished:
+            live = [r for r in _dagster_runs_of(context.instance, run.run_id) if not r.is_finished]
+            for dagster_run in live:  # queued ones too: nothing of a cancelled run starts later
                 context.instance.run_coordinator.cancel_run(dagster_run.run_id)
                 context.log.info(f"terminating {dagster_run.run_id} for {run.run_id}")
-                continue
-            runs.set_state(opened, run.run_id, RunState.CANCELLED, reason="cancelled by request")
-    return dg.SkipReason("cancellations handled")
+            if not live:
+                attached = context.instance.get_run_by_id(run.dagster_run_id) if run.dagster_run_id else None
+                if attached is not None:
+                    report_outcome(opened, context.instance, attached, run.run_id)
+                else:
+                    runs.set_state(opened, run.run_id, RunState.CANCELLED, reason="cancelled by request")
+        # A run-status sensor advances past a run even when writing its end failed (a locked
+        # ledger): without this sweep such a run would hold its booking as active forever.
+        for run in runs.launched_active_runs(opened):
+            attached = context.instance.get_run_by_id(run.dagster_run_id)
+            if attached is not None and attached.is_finished and run.state is not RunState.CANCELLING:
+                report_outcome(opened, context.instance, attached, run.run_id)
+    return dg.SkipReason("cancellations and unreported ends handled")
 
 
 def _report(context: dg.RunStatusSensorContext, ledger: LedgerResource) -> None:

@@ -111,6 +111,16 @@ def cancelling_runs(ledger: Ledger, *, limit: int = 100) -> list[Run]:
         return [from_row(r) for r in conn.execute(query).mappings().all()]
 
 
+def launched_active_runs(ledger: Ledger, *, limit: int = 100) -> list[Run]:
+    """Runs a Dagster run was launched for that the ledger still holds as active: the sensor that
+    reconciles them finds those whose Dagster run ended without being reported."""
+    query = (sa.select(runs).where(runs.c.state.in_([s.value for s in ACTIVE_RUN_STATES]),
+                                   runs.c.dagster_run_id.is_not(None))
+             .order_by(runs.c.updated_at, runs.c.run_id).limit(limit))
+    with ledger.read() as conn:
+        return [from_row(r) for r in conn.execute(query).mappings().all()]
+
+
 def attach_dagster_run(ledger: Ledger, run_id: str, dagster_run_id: str) -> Run:
     """Record the Dagster run launched for `run_id`; idempotent for the same Dagster run id,
     refused (INTERNAL_ERROR) when another Dagster run was already attached."""

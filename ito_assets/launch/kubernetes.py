@@ -4,18 +4,28 @@ Kubernetes client (dagster-k8s) from the Dagster layer; this module only renders
 
 from __future__ import annotations
 
+import re
+
 from ito_assets.launch.spec import LaunchSpec, torchrun_args
+
+_MAX_NAME = 63  # a DNS-1123 label
+
+
+def _name(spec: LaunchSpec, suffix: str = "") -> str:
+    """`ito-<run id>` as a DNS-1123 label: lower case, '-' for '_', short enough for its suffix."""
+    slug = re.sub(r"[^a-z0-9-]", "-", spec.run_id.lower())
+    return f"ito-{slug}"[: _MAX_NAME - len(suffix)].rstrip("-") + suffix
 
 
 def rendezvous_host(spec: LaunchSpec, namespace: str) -> str:
-    return f"ito-{spec.run_id}-node0.ito-{spec.run_id}.{namespace}.svc"
+    return f"{_name(spec, '-node0')}.{_name(spec)}.{namespace}.svc"
 
 
 def headless_service(spec: LaunchSpec, namespace: str) -> dict:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": f"ito-{spec.run_id}", "namespace": namespace},
+        "metadata": {"name": _name(spec), "namespace": namespace},
         "spec": {
             "clusterIP": "None",
             "selector": {"ito/run": spec.run_id},
@@ -33,13 +43,13 @@ def pod_specs(spec: LaunchSpec, *, image: str, namespace: str, gpus_per_node: in
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {
-                "name": f"ito-{spec.run_id}-node{node}",
+                "name": _name(spec, f"-node{node}"),
                 "namespace": namespace,
                 "labels": {"ito/run": spec.run_id, "ito/node": str(node)},
             },
             "spec": {
-                "hostname": f"ito-{spec.run_id}-node{node}",
-                "subdomain": f"ito-{spec.run_id}",
+                "hostname": _name(spec, f"-node{node}"),
+                "subdomain": _name(spec),
                 "restartPolicy": "Never",  # restarts are the supervisor's decision, not the kubelet's
                 "containers": [
                     {

@@ -3,7 +3,9 @@ plain single-node launch; with more, the multi-node path runs for real on one ma
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -33,7 +35,9 @@ def launch_local(spec: LaunchSpec, *, cwd: Path, log_dir: Path, timeout_s: float
         log_path = log_dir / f"node{node}.log"
         with open(log_path, "wb") as log:
             processes.append(
-                (node, log_path, subprocess.Popen(local_argv(spec), cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT))
+                # A session per launcher, so a timeout kills its workers too, not only torchrun.
+                (node, log_path, subprocess.Popen(local_argv(spec), cwd=cwd, env=env, stdout=log,
+                                                  stderr=subprocess.STDOUT, start_new_session=True))
             )
     deadline = time.monotonic() + timeout_s
     results = []
@@ -42,7 +46,8 @@ def launch_local(spec: LaunchSpec, *, cwd: Path, log_dir: Path, timeout_s: float
             code = process.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             for _, _, other in processes:
-                other.kill()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(other.pid, signal.SIGKILL)
             code = process.wait()
         results.append(NodeResult(node, code, str(log_path)))
     return results

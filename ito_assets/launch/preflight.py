@@ -18,6 +18,8 @@ def main() -> int:
     parser.add_argument("--out", required=True, help="JSON file rank 0 writes")
     parser.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
     args = parser.parse_args()
+    if args.backend == "nccl":  # each local rank on its own device before NCCL binds one
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group(backend=args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if args.backend == "nccl" else torch.device("cpu")

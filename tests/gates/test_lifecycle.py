@@ -133,3 +133,26 @@ def test_cleanup_releases_a_booking_only_with_its_own_confirmation(world) -> Non
     report = unapproved()
     assert report["bookings_changed"] == [{"booking_id": world.booking_id, "state": "released"}]
     assert bookings.get(world.ledger, world.booking_id).state is BookingState.RELEASED
+
+
+def test_a_failed_gate_is_never_reported_as_a_cancellation(world) -> None:
+    from ito_assets.gates.outcome import record_outcome
+
+    run = make_run(world)
+    runs.attach_dagster_run(world.ledger, run.run_id, "dagster-1")
+    runs.set_state(world.ledger, run.run_id, RunState.RUNNING)
+    runs.set_state(world.ledger, run.run_id, RunState.CANCELLING)
+    ended = record_outcome(world.ledger, run.run_id, succeeded=False, gate_code="EVAL_GATE_FAILED")
+    assert ended.state is RunState.GATE_FAILED and ended.state_reason == "EVAL_GATE_FAILED"
+    again = record_outcome(world.ledger, run.run_id, succeeded=False)  # a repeated report changes nothing
+    assert again.state is RunState.GATE_FAILED
+
+
+def test_a_cancelled_run_that_ended_without_a_gate_is_cancelled(world) -> None:
+    from ito_assets.gates.outcome import record_outcome
+
+    run = make_run(world)
+    runs.attach_dagster_run(world.ledger, run.run_id, "dagster-1")
+    runs.set_state(world.ledger, run.run_id, RunState.CANCELLING)
+    assert record_outcome(world.ledger, run.run_id, succeeded=False).state is RunState.CANCELLED
+    assert runs.launched_active_runs(world.ledger) == []

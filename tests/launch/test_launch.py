@@ -78,3 +78,12 @@ def test_kubernetes_pods_and_service():
     assert all(p["spec"]["restartPolicy"] == "Never" for p in pods)
     service = headless_service(SPEC, "ito")
     assert service["spec"]["clusterIP"] == "None" and service["spec"]["selector"] == {"ito/run": "run42"}
+
+
+def test_kubernetes_names_are_dns_labels_for_ledger_run_ids():
+    spec = LaunchSpec(run_id="run_" + "Q" * 58, nnodes=2, nproc_per_node=1, module="m")
+    pods = pod_specs(spec, image="i", namespace="ito", gpus_per_node=0)
+    import re
+
+    for name in [p["metadata"]["name"] for p in pods] + [headless_service(spec, "ito")["metadata"]["name"]]:
+        assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name) and len(name) <= 63, name

@@ -17,7 +17,7 @@ EXPECTED_ASSETS = {"training_tokens", "pretraining_checkpoint", "mid_training_ch
 EXPECTED_CHECKS = {("pretraining_checkpoint", "pretraining_eval_gate"), ("mid_training_checkpoint", "mid_training_eval_gate"),
                    ("long_context_checkpoint", "long_context_eval_gate")}
 EXPECTED_UPSTREAM = {
-    "training_tokens": {"clean_shards", "training_plan", "run_authorization"},
+    "training_tokens": {"clean_shards", "training_plan", "data_decision", "run_authorization"},
     "pretraining_checkpoint": {"run_authorization", "training_manifest", "training_tokens"},
     "mid_training_checkpoint": {"run_authorization", "training_manifest", "training_tokens", "pretraining_checkpoint"},
     "long_context_checkpoint": {"run_authorization", "training_manifest", "training_tokens", "mid_training_checkpoint"},

@@ -21,6 +21,7 @@ from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.resources import ItoSettingsResource, LedgerResource
 from ito_assets.defs.training import telemetry_table
 from ito_assets.defs.training.resources import TrainingRuntimeResource
+from ito_assets.defs.workload.live import require_live_authorization
 from ito_assets.defs.training.stage_outcome import outcome_metadata, read_outcome
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.schema import STAGE_ORDER
@@ -37,37 +38,30 @@ GROUP = "training"
 POOL = "duckdb_writer"
 
 
-def _authorized(authorization: dict) -> tuple[str, Path]:
-    """(ledger run id, the run's checkpoint folder): no step runs for a run the ledger refused."""
-    if not authorization.get("authorized"):
-        code = authorization.get("error_code") or ErrorCode.CONFIRMATION_INVALID.value
-        raise dg.Failure(description=f"{code}: the run is not authorized; training refuses to run",
-                         metadata={"error_code": code})
-    return authorization["run_id"], Path(authorization["checkpoint_dir"])
-
-
 @dg.asset(
     group_name=GROUP,
     kinds={"numpy"},
     partitions_def=manifests_partitions,
     pool=POOL,  # it records the shards' consumption in the warehouse
     ins={"clean_shards": dg.AssetIn("clean_shards"), "training_plan": dg.AssetIn("training_plan"),
-         "run_authorization": dg.AssetIn("run_authorization")},
+         "data_decision": dg.AssetIn("data_decision"), "run_authorization": dg.AssetIn("run_authorization")},
     description="Byte-level BPE trained on the clean shards and the token shards every stage reads "
     "(training split and the held-out split the stage gates evaluate on). Refuses a run the ledger "
-    "no longer authorizes and a plan that was refused or exceeds the budget.",
+    "no longer authorizes, a data decision that did not pass, clean shards whose digests or "
+    "accounting do not hold, and a plan that was refused or exceeds the budget.",
 )
 def training_tokens(
-    context: dg.AssetExecutionContext, ito: ItoSettingsResource, clean_shards, training_plan: PlanOutcome,
-    run_authorization: dict,
+    context: dg.AssetExecutionContext, ito: ItoSettingsResource, ledger: LedgerResource, clean_shards,
+    training_plan: PlanOutcome, data_decision, run_authorization: dict,
 ) -> corpus.TokenSet:
-    run_id, _ = _authorized(run_authorization)
+    run_id, checkpoint_dir = require_live_authorization(context, ledger, run_authorization, "training")
+    _require_data(clean_shards, data_decision)
     _require_plan(training_plan)
     texts = clean_shards.shards.read(["text"])["text"].to_list()
     # Lineage for auditors: this ledger run consumed these clean shards.
     lineage.record_consumption(ito.settings().warehouse_path, [s.sha256 for s in clean_shards.shards.shards],
                                run_id, "training_tokens")
-    folder = ito.settings().state_dir / "runs" / context.partition_key / "tokens"
+    folder = checkpoint_dir / run_id / "tokens"  # the run's own area: runs of one manifest never share it
     tokens = corpus.prepare(texts, folder, config=TokenizerConfig())
     context.add_output_metadata({
         "vocab_size": tokens.vocab_size, "num_train_tokens": tokens.num_train_tokens,
@@ -75,6 +69,17 @@ def training_tokens(
         "train_sha256": tokens.train_sha256, "heldout_sha256": tokens.heldout_sha256,
     })
     return tokens
+
+
+def _require_data(clean_shards, decision) -> None:  # a CleanStage and a training.gate.DataDecision
+    """The data and decision gates, enforced again where compute is spent: their blocking checks
+    ran in another job, and a checked asset is written even when its check fails."""
+    if not decision.gate.passed:
+        raise dg.Failure(description=f"the data decision did not pass: {decision.gate.reason}",
+                         metadata={"error_code": ErrorCode.EVAL_GATE_FAILED.value})
+    if not clean_shards.conservation.holds or clean_shards.shards.verify():
+        raise dg.Failure(description="the clean shards' digests or document accounting do not hold",
+                         metadata={"error_code": ErrorCode.DATA_POLICY_VIOLATION.value})
 
 
 def _require_plan(outcome: PlanOutcome) -> None:
@@ -94,7 +99,8 @@ def _run_stage(context, ito, runtime, pipes, ledger, authorization, verdict, tok
         context.log.info(f"the manifest has no {name} stage: the previous checkpoint carries forward")
         yield dg.Output(previous, metadata={"in_manifest": False})
         return
-    run_id, checkpoint_dir = _authorized(authorization)
+    run_id, checkpoint_dir = require_live_authorization(context, ledger, authorization, "training",
+                                                        manifest_digest=verdict.digest)
     try:
         layout = RunLayout.for_run(checkpoint_dir, run_id)
         store = VerdictStore(layout.run_dir)

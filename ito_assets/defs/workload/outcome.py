@@ -22,8 +22,7 @@ AUTHORIZATION_CHECK = "run_still_authorized"
 EVAL_GATE_SUFFIX = "_gate"  # eval-gate checks are named <stage>_gate
 
 
-def failed_gate_code(instance: dg.DagsterInstance, dagster_run_id: str) -> str | None:
-    """The code of the first gate whose blocking check failed in this run, if any."""
+def _check_gate_code(instance: dg.DagsterInstance, dagster_run_id: str) -> str | None:
     records = instance.get_records_for_run(dagster_run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION).records
     for record in records:
         evaluation = record.event_log_entry.dagster_event.event_specific_data
@@ -35,6 +34,23 @@ def failed_gate_code(instance: dg.DagsterInstance, dagster_run_id: str) -> str |
         if evaluation.check_name.endswith(EVAL_GATE_SUFFIX):
             return ErrorCode.EVAL_GATE_FAILED.value
     return None
+
+
+def _refusal_code(instance: dg.DagsterInstance, dagster_run_id: str) -> str | None:
+    """The stable code a step refused with (`dg.Failure` metadata, see defs/failures.py)."""
+    records = instance.get_records_for_run(dagster_run_id, of_type=dg.DagsterEventType.STEP_FAILURE).records
+    for record in records:
+        data = record.event_log_entry.dagster_event.event_specific_data
+        user_failure = getattr(data, "user_failure_data", None)
+        code = user_failure.metadata.get("error_code") if user_failure is not None else None
+        if code is not None and code.value and code.value != ErrorCode.INTERNAL_ERROR.value:
+            return code.value
+    return None
+
+
+def failed_gate_code(instance: dg.DagsterInstance, dagster_run_id: str) -> str | None:
+    """The code of the gate that stopped this run: a failed blocking check, or a step's refusal."""
+    return _check_gate_code(instance, dagster_run_id) or _refusal_code(instance, dagster_run_id)
 
 
 def copy_event_log(ledger: Ledger, instance: dg.DagsterInstance, dagster_run_id: str, run_id: str) -> int:
@@ -54,7 +70,9 @@ def copy_event_log(ledger: Ledger, instance: dg.DagsterInstance, dagster_run_id:
 def report_outcome(ledger: Ledger, instance: dg.DagsterInstance, dagster_run: dg.DagsterRun, run_id: str) -> Run:
     """Once per run: its event log and its end. A run already terminal is left as it is."""
     current = runs.get(ledger, run_id)
-    if current.state in TERMINAL_RUN_STATES:
+    # Only the Dagster run the ledger attached speaks for the run (a re-execution or a racing
+    # launch that the authorization refused must not end the one that is training).
+    if current.state in TERMINAL_RUN_STATES or current.dagster_run_id not in (None, dagster_run.run_id):
         return current
     copy_event_log(ledger, instance, dagster_run.run_id, run_id)
     succeeded = dagster_run.status == dg.DagsterRunStatus.SUCCESS
