@@ -12,8 +12,13 @@ import dagster as dg
 from ito_assets.defs.failures import verified_or_fail
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.posttraining.resources import PostTrainingResource
-from ito_assets.defs.resources import ItoSettingsResource
+from ito_assets.defs.resources import ItoSettingsResource, LedgerResource
+from ito_assets.defs.workload.live import require_live_authorization
 from ito_assets.errors import ItoError
+from ito_assets.manifest.schema import STAGE_ORDER
+from ito_assets.posttraining.gates import require_passed
+from ito_assets.runtime.gates import VerdictStore
+from ito_assets.runtime.stages import RunLayout
 from ito_assets.manifest.discovery import ManifestVerdict
 from ito_assets.posttraining.pipeline import StageOutcome, run_stage
 
@@ -58,34 +63,38 @@ def outcome_metadata(outcome: StageOutcome, step) -> dict:
     return metadata
 
 
-def _stage(context, ito: ItoSettingsResource, posttraining: PostTrainingResource, verdict: ManifestVerdict,
-           previous: StageOutcome | None, kind: str):
+def _stage(context, ito: ItoSettingsResource, posttraining: PostTrainingResource, ledger: LedgerResource,
+           verdict: ManifestVerdict, authorization: dict, previous: StageOutcome | None, kind: str):
     step = _recipe_step(verdict, kind)
     if step is None:
         context.log.info(f"the recipe has no {kind} step: the previous outcome carries forward")
         yield dg.Output(previous, metadata={"in_recipe": False})
         return
     settings = ito.settings()
-    out_dir = settings.state_dir / "runs" / context.partition_key / "posttraining"
     try:
+        if previous is not None:  # a failed gate stays failed, whatever is retried
+            require_passed(previous.gate)
+        # The gates are enforced here, where compute is spent, not only by the checks of this run:
+        # the ledger still authorizes this very run, and no training stage's eval gate failed.
+        run_id, checkpoint_dir = require_live_authorization(context, ledger, authorization, "post-training",
+                                                            manifest_digest=verdict.digest)
+        run_dir = RunLayout.for_run(checkpoint_dir, run_id).run_dir
+        VerdictStore(run_dir).ensure_not_failed(STAGE_ORDER)
         outcome = run_stage(step, previous=previous, fixtures_dir=settings.data_root / "fixtures" / "posttraining",
-                            out_dir=out_dir, runtime=posttraining.runtime())
+                            out_dir=run_dir / "posttraining", runtime=posttraining.runtime())
     except ItoError as error:
         raise dg.Failure(description=error.message, metadata={"error_code": error.code.value}) from None
     context.log.info(json.dumps({"stage": kind, "gate": outcome.gate.as_dict()}))
     yield dg.Output(outcome, metadata={"in_recipe": True, **outcome_metadata(outcome, step)})
 
 
-_INS = {"training_manifest": dg.AssetIn("training_manifest")}
+_INS = {"training_manifest": dg.AssetIn("training_manifest"), "run_authorization": dg.AssetIn("run_authorization")}
 
 
 # The last pretraining-stage checkpoint (issue 6; carried forward when the manifest has no long-context
 # stage): post-training starts only after its blocking gate passed. Ordering only, for now: the base
 # policy is initialised from the seed (see PostTrainingRuntime) until its weights are loaded.
 PRETRAINING_CHECKPOINT = dg.AssetKey("long_context_checkpoint")
-# The ledger's word that this run may spend the booking (workload domain): its blocking check
-# stops post-training in the same run.
-RUN_AUTHORIZATION = dg.AssetKey("run_authorization")
 
 
 def _spec(kind: str, upstream: str | None) -> dict:
@@ -93,7 +102,7 @@ def _spec(kind: str, upstream: str | None) -> dict:
     start = f"`{upstream}`" if upstream else "the base policy (after the pretraining stages' gates)"
     return dict(
         name=f"{kind}_checkpoint", group_name=GROUP, kinds={"pytorch"}, partitions_def=manifests_partitions, ins=ins,
-        deps=[] if upstream else [RUN_AUTHORIZATION, PRETRAINING_CHECKPOINT],
+        deps=[] if upstream else [PRETRAINING_CHECKPOINT],
         description=f"The post-training {kind} stage trained from {start} with the manifest's {kind} recipe step; "
         "its checkpoint, held-out verifiable reward, KL to its reference, and eval-gate verdict.",
     )
@@ -101,20 +110,20 @@ def _spec(kind: str, upstream: str | None) -> dict:
 
 @dg.asset(**_spec("sft", None))
 def sft_checkpoint(context: dg.AssetExecutionContext, ito: ItoSettingsResource, posttraining: PostTrainingResource,
-                   training_manifest: ManifestVerdict):
-    yield from _stage(context, ito, posttraining, training_manifest, None, "sft")
+                   ledger: LedgerResource, training_manifest: ManifestVerdict, run_authorization: dict):
+    yield from _stage(context, ito, posttraining, ledger, training_manifest, run_authorization, None, "sft")
 
 
 @dg.asset(**_spec("dpo", "sft_checkpoint"))
 def dpo_checkpoint(context: dg.AssetExecutionContext, ito: ItoSettingsResource, posttraining: PostTrainingResource,
-                   training_manifest: ManifestVerdict, previous):
-    yield from _stage(context, ito, posttraining, training_manifest, previous, "dpo")
+                   ledger: LedgerResource, training_manifest: ManifestVerdict, run_authorization: dict, previous):
+    yield from _stage(context, ito, posttraining, ledger, training_manifest, run_authorization, previous, "dpo")
 
 
 @dg.asset(**_spec("rlvr", "dpo_checkpoint"))
 def rlvr_checkpoint(context: dg.AssetExecutionContext, ito: ItoSettingsResource, posttraining: PostTrainingResource,
-                    training_manifest: ManifestVerdict, previous):
-    yield from _stage(context, ito, posttraining, training_manifest, previous, "rlvr")
+                    ledger: LedgerResource, training_manifest: ManifestVerdict, run_authorization: dict, previous):
+    yield from _stage(context, ito, posttraining, ledger, training_manifest, run_authorization, previous, "rlvr")
 
 
 POSTTRAINING_ASSETS = [sft_checkpoint, dpo_checkpoint, rlvr_checkpoint]
