@@ -361,7 +361,7 @@ CLOSERS = ["Thanks in advance!", "Any pointers appreciated.", "Cheers, {name}.",
 
 
 class _Slots(dict):
-    """format_map() mapping that invents a fresh random value for every placeholder it is asked for."""
+    """format_map() mapping that invents a fresh random value for every replacement field it is asked for."""
 
     def __init__(self, rng: random.Random):
         super().__init__()

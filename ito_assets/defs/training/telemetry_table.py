@@ -31,7 +31,7 @@ def write(warehouse: Path, partition_key: str, rows: list[dict]) -> None:
         connection.execute(f"CREATE TABLE IF NOT EXISTS {TABLE} (partition_key VARCHAR, stage VARCHAR, {columns}, "
                            "computed_at DOUBLE)")
         connection.execute(f"DELETE FROM {TABLE} WHERE partition_key = ?", [partition_key])
-        placeholders = ", ".join("?" for _ in range(len(_COLUMNS) + 3))
+        parameters = ", ".join("?" for _ in range(len(_COLUMNS) + 3))
         now = time.time()
-        connection.executemany(f"INSERT INTO {TABLE} VALUES ({placeholders})",
+        connection.executemany(f"INSERT INTO {TABLE} VALUES ({parameters})",
                                [[r["partition_key"], r["stage"], *(float(r[c]) for c in _COLUMNS), now] for r in rows])
