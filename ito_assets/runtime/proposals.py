@@ -9,7 +9,7 @@ Storage is one JSON file per proposal in the stage folder, replaced atomically u
 `flock`, so the desk (through the API) and the supervisor can race without losing a decision.
 Once the supervisor has carried out an approved proposal it marks it applied (approved -> applied),
 so that a restarted supervisor never rewinds twice.
-`decide` is the function the API calls when the desk approves or rejects.
+`decide_in_run` is what the API calls when the desk approves or rejects; `in_run` is what it lists.
 """
 
 from __future__ import annotations
@@ -73,6 +73,10 @@ class ProposedAction:
             raise ValueError("applied_at is set exactly when the proposal was applied")
 
 
+    def as_dict(self) -> dict:
+        return {**asdict(self), "state": self.state.value}
+
+
 def propose(spike: Spike, *, run_key: str, stage: str, restart_from_step: int, skip_first: int,
             skip_end: int) -> ProposedAction:
     return ProposedAction(
@@ -110,7 +114,7 @@ class ProposalStore:
     def __init__(self, stage_dir: Path):
         self.folder = stage_dir / FOLDER_NAME
 
-    def _path(self, proposal_id: str) -> Path:
+    def path(self, proposal_id: str) -> Path:
         if not _ID.fullmatch(proposal_id):
             raise ItoError(ErrorCode.PROPOSAL_NOT_FOUND, "no such proposal")
         return self.folder / f"{proposal_id}.json"
@@ -127,11 +131,11 @@ class ProposalStore:
 
     def add(self, proposal: ProposedAction) -> ProposedAction:
         with self._locked():
-            write_atomic(self._path(proposal.proposal_id), _dump(proposal))
+            write_atomic(self.path(proposal.proposal_id), _dump(proposal))
         return proposal
 
     def get(self, proposal_id: str) -> ProposedAction:
-        path = self._path(proposal_id)
+        path = self.path(proposal_id)
         if not path.exists():
             raise ItoError(ErrorCode.PROPOSAL_NOT_FOUND, "no such proposal")
         return ProposedAction(**json.loads(path.read_text()))
@@ -148,7 +152,7 @@ class ProposalStore:
     def decide(self, proposal_id: str, *, approve: bool, actor: str) -> ProposedAction:
         with self._locked():
             decided = transition(self.get(proposal_id), approve=approve, actor=actor, at=time.time())
-            write_atomic(self._path(proposal_id), _dump(decided))
+            write_atomic(self.path(proposal_id), _dump(decided))
         if decided.state is ProposalState.REJECTED:
             holds.release(self.folder.parent, proposal_id)
         return decided
@@ -159,13 +163,28 @@ class ProposalStore:
             if proposal.state is not ProposalState.APPROVED:
                 raise ValueError("only an approved proposal can be applied")
             applied = replace(proposal, state=ProposalState.APPLIED, applied_at=time.time())
-            write_atomic(self._path(proposal_id), _dump(applied))
+            write_atomic(self.path(proposal_id), _dump(applied))
         return applied
 
 
 def decide(stage_dir: Path, proposal_id: str, *, approve: bool, actor: str) -> ProposedAction:
     """For the API: the desk approves or rejects a pending proposal of a run's stage."""
     return ProposalStore(stage_dir).decide(proposal_id, approve=approve, actor=actor)
+
+
+def in_run(run_dir: Path) -> list[ProposedAction]:
+    """Every proposal of every stage of one run, oldest first: what the desk reviews."""
+    found = [p for folder in sorted(run_dir.glob(f"*/{FOLDER_NAME}")) for p in ProposalStore(folder.parent).all()]
+    return sorted(found, key=lambda p: (p.created_at, p.proposal_id))
+
+
+def decide_in_run(run_dir: Path, proposal_id: str, *, approve: bool, actor: str) -> ProposedAction:
+    """The desk's decision on one proposal of a run, in whichever stage folder holds it."""
+    for folder in sorted(run_dir.glob(f"*/{FOLDER_NAME}")):
+        store = ProposalStore(folder.parent)
+        if store.path(proposal_id).exists():
+            return store.decide(proposal_id, approve=approve, actor=actor)
+    raise ItoError(ErrorCode.PROPOSAL_NOT_FOUND, "no such proposal")
 
 
 def approved_restart(stage_dir: Path) -> ProposedAction | None:
@@ -180,4 +199,4 @@ def skip_ranges(stage_dir: Path) -> tuple[tuple[int, int], ...]:
 
 
 def _dump(proposal: ProposedAction) -> bytes:
-    return json.dumps({**asdict(proposal), "state": proposal.state.value}, sort_keys=True).encode()
+    return json.dumps(proposal.as_dict(), sort_keys=True).encode()

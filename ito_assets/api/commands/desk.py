@@ -47,6 +47,12 @@ def register(verbs: argparse._SubParsersAction) -> None:
          (("ref",), {"help": "cfr_ reference"}),
          (("--cost-cents",), {"type": int, "required": True, "help": "the cost you read, in cents"}),
          (("--manifest-digest",), {"help": "the manifest digest you read (sha256:...)"}))
+    spikes = groups.add_parser("proposals", help="restarts proposed after loss spikes").add_subparsers(
+        dest="p", required=True, parser_class=type(desk))
+    _add(spikes, "list", "list a run's proposals", _list_proposals, (("run_id",), {"help": "run id (run_...)"}))
+    for decision in ("approve", "reject"):
+        _add(spikes, decision, f"{decision} a pending proposal (decided once, for good)", _decide_proposal(decision),
+             (("run_id",), {"help": "run id (run_...)"}), (("proposal_id",), {"help": "spk_ id"}))
     accounts = groups.add_parser("accounts", help="tenant accounts").add_subparsers(dest="a", required=True,
                                                                                     parser_class=type(desk))
     _add(accounts, "create", "create an account", _post("/v1/desk/accounts", name="name"),
@@ -171,6 +177,36 @@ def _approve(args: argparse.Namespace) -> Outcome:
     client = _client()
     body = {"confirmation_ref": args.ref, "cost_cents": args.cost_cents, "manifest_digest": args.manifest_digest}
     return _done(client, client.post("/v1/desk/confirmations/approve", body))
+
+
+def _proposals_path(run_id: str, proposal_id: str | None = None) -> str:
+    import re
+
+    from ito_assets.gates.ids import is_run_id
+
+    if not is_run_id(run_id):
+        raise ItoError(ErrorCode.USAGE_ERROR, "a run id has the form run_ followed by 26 characters")
+    if proposal_id is not None and not re.fullmatch(r"spk_[0-9a-f]{16}", proposal_id):
+        raise ItoError(ErrorCode.USAGE_ERROR, "a proposal id has the form spk_ followed by 16 hex digits")
+    return f"/v1/desk/runs/{run_id}/proposals" + (f"/{proposal_id}" if proposal_id else "")
+
+
+def _list_proposals(args: argparse.Namespace) -> Outcome:
+    path = _proposals_path(args.run_id)
+    client = _client()
+    data = client.get(path)
+    text = [f"{p['proposal_id']} [{p['stage']}] {p['state']}: {p['metric']} spike at step {p['spike_step']}; "
+            f"restart from step {p['restart_from_step']}, skip batches [{p['skip_first']}, {p['skip_end']})"
+            for p in data.get("proposals", [])]
+    return _done(client, data, text or ["no proposals"])
+
+
+def _decide_proposal(decision: str):
+    def handler(args: argparse.Namespace) -> Outcome:
+        path = _proposals_path(args.run_id, args.proposal_id)
+        client = _client()
+        return _done(client, client.post(path, {"decision": decision}))
+    return handler
 
 
 def _bootstrap(args: argparse.Namespace) -> Outcome:

@@ -1,19 +1,23 @@
-"""The booking desk's routes: accounts, identity tokens, bookings and approvals. Desk tokens
-only; an account token is refused, so no account can approve its own confirmation."""
+"""The booking desk's routes: accounts, identity tokens, bookings, approvals of confirmations and
+of the restarts that loss spikes propose. Desk tokens only; an account token is refused, so no
+account can approve its own confirmation or restart its own run."""
 
 from __future__ import annotations
 
 from dataclasses import asdict
+from pathlib import Path
 
 from starlette.requests import Request
 from starlette.routing import Route
 
 from ito_assets.api.routes.common import Api, endpoint, field
 from ito_assets.errors import ErrorCode, ItoError
-from ito_assets.gates import bookings, confirmations, identity
+from ito_assets.gates import audit, bookings, confirmations, identity, runs
 from ito_assets.gates.bookings import AMENDABLE, BookingTerms
 from ito_assets.gates.identity import Identity
 from ito_assets.gates.states import Role
+from ito_assets.runtime import proposals
+from ito_assets.runtime.stages import RunLayout
 
 _TERMS = ("gpu_type", "num_gpus", "num_nodes", "topology", "region", "network", "starts_at", "ends_at",
           "price_per_gpu_hour_cents")
@@ -97,6 +101,37 @@ def _approve(api: Api, who: Identity, _r: Request, body: dict) -> dict:
     return {**approved.binding(), "approved_by": approved.approved_by, "approved_at": approved.approved_at}
 
 
+def _run_dir(api: Api, run_id: str) -> tuple[runs.Run, Path]:
+    """The run's folder under the checkpoint area the server approved for it (shared storage: the
+    workers write proposals there, the desk decides them there)."""
+    run = runs.get(api.ledger, run_id)
+    return run, RunLayout.for_run(Path(run.checkpoint_dir), run.run_id).run_dir
+
+
+@desk_only
+def _list_proposals(api: Api, _who: Identity, request: Request, _body: dict) -> dict:
+    run, run_dir = _run_dir(api, request.path_params["run_id"])
+    found = [p.as_dict() for p in proposals.in_run(run_dir)]
+    return {"run_id": run.run_id, "state": run.state.value, "proposals": found,
+            "num_pending": sum(p["state"] == proposals.ProposalState.PENDING.value for p in found)}
+
+
+@desk_only
+def _decide_proposal(api: Api, who: Identity, request: Request, body: dict) -> dict:
+    decision = field(body, "decision")
+    if decision not in ("approve", "reject"):
+        raise ItoError(ErrorCode.USAGE_ERROR, "field 'decision' must be approve or reject")
+    run, run_dir = _run_dir(api, request.path_params["run_id"])
+    decided = proposals.decide_in_run(run_dir, request.path_params["proposal_id"], approve=decision == "approve",
+                                      actor=who.token_id)
+    with api.ledger.write() as conn:
+        audit.record(conn, api.ledger.now(), f"proposal.{decided.state.value}", actor=who.token_id,
+                     account_id=run.account_id, subject=run.run_id, proposal_id=decided.proposal_id,
+                     stage=decided.stage, restart_from_step=decided.restart_from_step,
+                     skip_first=decided.skip_first, skip_end=decided.skip_end)
+    return {"run_id": run.run_id, **decided.as_dict()}
+
+
 def routes(api: Api) -> list[Route]:
     post = ["POST"]
     return [
@@ -111,4 +146,7 @@ def routes(api: Api) -> list[Route]:
         Route("/v1/desk/bookings/{booking_id}/amend", endpoint(api, _amend, with_body=True), methods=post),
         Route("/v1/desk/confirmations/show", endpoint(api, _show, with_body=True), methods=post),
         Route("/v1/desk/confirmations/approve", endpoint(api, _approve, with_body=True), methods=post),
+        Route("/v1/desk/runs/{run_id}/proposals", endpoint(api, _list_proposals), methods=["GET"]),
+        Route("/v1/desk/runs/{run_id}/proposals/{proposal_id}", endpoint(api, _decide_proposal, with_body=True),
+              methods=post),
     ]
