@@ -29,6 +29,9 @@ class Settings:
     executor: str = "multiprocess"  # one of EXECUTORS: where a run's steps execute
     ledger_url: str = ""  # SQLAlchemy URL; empty means the SQLite file <state_dir>/ledger.db
     ledger_schema: str | None = None  # PostgreSQL schema holding the ledger's tables
+    # The environment variable `ledger_url` came from, if any: Dagster resources name it instead of
+    # holding the value, so that a production URL's password never shows in the UI or run config.
+    ledger_url_env: str | None = None
 
     def __post_init__(self) -> None:
         if self.executor not in EXECUTORS:
@@ -45,6 +48,8 @@ class Settings:
         return self.state_dir / "warehouse.duckdb"
 
     def with_overrides(self, **changes) -> "Settings":
+        if "ledger_url" in changes:  # an explicit URL no longer comes from the environment
+            changes.setdefault("ledger_url_env", None)
         return replace(self, **changes)
 
 
@@ -72,4 +77,5 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         executor=env.get("ITO_EXECUTOR", "multiprocess"),
         ledger_url=env.get("ITO_LEDGER_URL", ""),
         ledger_schema=env.get("ITO_LEDGER_SCHEMA") or None,
+        ledger_url_env="ITO_LEDGER_URL" if env.get("ITO_LEDGER_URL") else None,
     )

@@ -10,7 +10,8 @@ from ito_assets.defs.workload.assets import RUN_ID_TAG
 from ito_assets.defs.jobs import training_job
 from ito_assets.defs.workload.outcome import report_outcome
 from ito_assets.gates import runs
-from ito_assets.gates.states import RunState
+from ito_assets.errors import ItoError
+from ito_assets.gates.states import TERMINAL_RUN_STATES, RunState
 from ito_assets.manifest.verify import short_digest
 
 
@@ -65,6 +66,7 @@ def cancellation_sensor(context: dg.SensorEvaluationContext, ledger: LedgerResou
                     report_outcome(opened, context.instance, attached, run.run_id)
                 else:
                     runs.set_state(opened, run.run_id, RunState.CANCELLED, reason="cancelled by request")
+        _withdraw_queued_runs_of_ended(context, opened)
         # A run-status sensor advances past a run even when writing its end failed (a locked
         # ledger): without this sweep such a run would hold its booking as active forever.
         for run in runs.launched_active_runs(opened):
@@ -72,6 +74,27 @@ def cancellation_sensor(context: dg.SensorEvaluationContext, ledger: LedgerResou
             if attached is not None and attached.is_finished and run.state is not RunState.CANCELLING:
                 report_outcome(opened, context.instance, attached, run.run_id)
     return dg.SkipReason("cancellations and unreported ends handled")
+
+
+def _withdraw_queued_runs_of_ended(context: dg.SensorEvaluationContext, opened) -> None:
+    """A run cancelled before its first step ends at once in the ledger (nothing to terminate),
+    while the Dagster run the sensor requested may still wait in the run queue: withdraw it, so it
+    never starts only to be refused by its authorization step."""
+    waiting = context.instance.get_runs(filters=dg.RunsFilter(
+        job_name=training_job.name, statuses=[dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED]))
+    for dagster_run in waiting:
+        run_id = dagster_run.tags.get(RUN_ID_TAG)
+        try:
+            ended = run_id is not None and runs.get(opened, run_id).state in TERMINAL_RUN_STATES
+        except ItoError:  # not a ledger run: not ours to withdraw
+            ended = False
+        if not ended:
+            continue
+        if dagster_run.status is dg.DagsterRunStatus.QUEUED:
+            context.instance.run_coordinator.cancel_run(dagster_run.run_id)
+        else:  # created, not launched: no process to terminate; its run worker will not start steps
+            context.instance.report_run_canceled(dagster_run, message=f"{run_id} ended before this run started")
+        context.log.info(f"withdrew waiting {dagster_run.run_id}: {run_id} already ended")
 
 
 def _report(context: dg.RunStatusSensorContext, ledger: LedgerResource) -> None:

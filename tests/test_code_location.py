@@ -101,3 +101,19 @@ def test_dagster_definitions_validate(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=240, env=env,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+
+
+def test_a_ledger_url_from_the_environment_stays_an_env_var(tmp_path, monkeypatch):
+    """A production ledger URL carries a password: the code location names the variable, and
+    only a step (or `make run`'s direct use) resolves it."""
+    canary = "canary-pw-7f3e9a"
+    url = f"sqlite:///{tmp_path / 'ledger.db'}?password={canary}"  # SQLite ignores the query
+    monkeypatch.setenv("ITO_LEDGER_URL", url)
+    resource = build_definitions(load_settings(), domains=("manifest",)).resources["ledger"]
+    assert isinstance(resource.url, dg.EnvVar) and resource.url.env_var_name == "ITO_LEDGER_URL"
+    assert canary not in repr(resource)
+    assert resource.process_config_and_initialize().url == url
+    with resource.open() as ledger:  # the direct caller resolves it too
+        assert ledger.engine.url.database == str(tmp_path / "ledger.db")
+    explicit = load_settings().with_overrides(ledger_url=f"sqlite:///{tmp_path / 'other.db'}")
+    assert explicit.ledger_url_env is None

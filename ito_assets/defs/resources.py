@@ -45,20 +45,26 @@ class ItoSettingsResource(dg.ConfigurableResource):
 
 class LedgerResource(dg.ConfigurableResource):
     """The ledger of bookings, confirmations and runs (key `ledger`): the same database the
-    canonical API writes, opened per use so that no connection outlives a step."""
+    canonical API writes, opened per use so that no connection outlives a step.
+
+    A URL read from the environment stays `dg.EnvVar("ITO_LEDGER_URL")`: the UI and the run config
+    show the variable's name, never the URL with its password."""
 
     url: str
     db_schema: str | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "LedgerResource":
-        return cls(url=settings.ledger_url, db_schema=settings.ledger_schema)
+        url = dg.EnvVar(settings.ledger_url_env) if settings.ledger_url_env else settings.ledger_url
+        return cls(url=url, db_schema=settings.ledger_schema)
 
     @contextmanager
     def open(self) -> Iterator[Ledger]:
-        if self.url.startswith("sqlite:///"):
-            Path(self.url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
-        ledger = open_ledger(self.url, schema=self.db_schema)
+        # Dagster resolves the variable for a step; a direct caller (make run) holds the EnvVar.
+        url = self.url.get_value() if isinstance(self.url, dg.EnvVar) else self.url
+        if url.startswith("sqlite:///"):
+            Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        ledger = open_ledger(url, schema=self.db_schema)
         try:
             yield ledger
         finally:
