@@ -1,17 +1,19 @@
-"""Detection and recovery seconds of the supervisor under injected faults, and the seed noise band
+"""Detection and recovery seconds of the supervisor under injected faults, and the seed noise bands
 the stage gates use.
 
-On the fixture corpora (all three, tokenized by the run's own BPE), the `tiny` model trains a
-pretraining-sized stage (196 steps of 8 x 128 tokens, like fixture-small's 200,000 tokens) under
-the supervisor, world size 2 on gloo:
-  clean     seeds 0, 1, 2 with no fault: goodput, and the held-out loss whose sample standard
-            deviation over seeds is the noise band of `HELDOUT_LOSS_NOISE_BAND`
+On the fixture corpora (all three, tokenized by the run's own BPE), the `tiny` model trains
+fixture-small's pretraining stage as the training assets size it: the plan's global batch and
+data-parallel strategy on the default booked hardware (`BookedHardwareResource`), world size 2 on
+gloo, under the supervisor, then runs the stage's eval battery (held-out loss and answer loss on
+the fixture eval suite):
+  clean     seeds 0, 1, 2 with no fault: goodput, and the battery whose sample standard deviations
+            over seeds are the noise bands `HELDOUT_LOSS_NOISE_BAND` and `ANSWER_LOSS_NOISE_BAND`
   sigkill   rank 1 killed (SIGKILL) mid-step after the first whole checkpoint
   hang      rank 0 stopped (SIGSTOP) after the first whole checkpoint: alive and silent
 For each fault: detection seconds (last heartbeat to decision), recovery seconds (decision to the
 first step of the next attempt), and the stage's goodput with its badput split.
 
-    .venv/bin/python benchmarks/fault_recovery.py [--steps 196] [--hang-timeout 10] [--seeds 0 1 2]
+    .venv/bin/python benchmarks/fault_recovery.py [--hang-timeout 10] [--seeds 0 1 2] [--faults sigkill hang]
 """
 
 from __future__ import annotations
@@ -26,16 +28,25 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ito_assets.runtime import corpus, events, heartbeat, registry  # noqa: E402
+from ito_assets.defs.decision.resources import BookedHardwareResource  # noqa: E402
+from ito_assets.evals.suite import load_suite  # noqa: E402
+from ito_assets.manifest.schema import Manifest  # noqa: E402
+from ito_assets.runtime import corpus, events, heartbeat, registry, stages  # noqa: E402
 from ito_assets.runtime.config import WorkerConfig  # noqa: E402
 from ito_assets.runtime.supervisor import Supervisor, SupervisorConfig  # noqa: E402
 from ito_assets.runtime.telemetry import summarize  # noqa: E402
+from ito_assets.training.run_plan import plan_run  # noqa: E402
 from ito_assets.training.tokenizer import TokenizerConfig  # noqa: E402
+
+FIXTURES = ROOT / "data" / "fixtures"
+WORLD_SIZE = 2
+FAULTS = {"sigkill": (1, signal.SIGKILL), "hang": (0, signal.SIGSTOP)}
 
 
 def _texts() -> list[str]:
@@ -43,13 +54,19 @@ def _texts() -> list[str]:
     return [json.loads(line)["text"] for path in sorted(folder.glob("*.jsonl")) for line in path.read_text().splitlines()]
 
 
-def _config(root: Path, tokens: corpus.TokenSet, *, seed: int, steps: int) -> WorkerConfig:
-    return WorkerConfig(
-        run_key=f"bench-{root.name}", stage="pretraining", model="tiny", vocab_size=tokens.vocab_size,
-        tokens_path=tokens.train_path, heldout_path=tokens.heldout_path, stage_dir=str(root / "pretraining"),
-        heartbeat_dir=str(root / "heartbeats"), metrics_path=str(root / "metrics.jsonl"), num_steps=steps,
-        batch_size=8, sequence_length=128, interval_steps=50, keep_last=3, seed=seed, launched_at=time.time(),
-    )
+def _config(root: Path, tokens: corpus.TokenSet, *, seed: int) -> WorkerConfig:
+    """fixture-small's pretraining stage, sized as `_stage_config` in the training assets sizes it."""
+    manifest = Manifest.model_validate_json((FIXTURES / "manifests" / "fixture-small.json").read_bytes())
+    run_plan = plan_run(manifest, BookedHardwareResource().hardware())
+    sizing = stages.sizing_from_plan(stages.stage_plan(run_plan, "pretraining"), vocab_size=tokens.vocab_size,
+                                     world_size=WORLD_SIZE, seed=seed)
+    suite_path = FIXTURES / "evals" / "ito-fixture-evals-v1.jsonl"
+    return stages.worker_config(
+        run_key=f"bench-{root.name}", stage=manifest.training_target.stages[0], policy=manifest.checkpoint_policy,
+        layout=stages.RunLayout(checkpoint_dir=root, run_dir=root), sizing=sizing,
+        tokens_path=Path(tokens.train_path), heldout_path=Path(tokens.heldout_path), init_from=None,
+        tokenizer_path=tokens.tokenizer_path, eval_suite_path=str(suite_path),
+        eval_suite_sha256=load_suite(suite_path).digest)
 
 
 def _inject(config: WorkerConfig, rank: int, number: int) -> None:
@@ -77,7 +94,8 @@ def _run(config: WorkerConfig, supervisor: SupervisorConfig, fault: tuple[int, i
         "faults": [{"kind": f.kind, "detection_s": round(f.detection_seconds, 2),
                     "recovery_s": None if f.recovery_seconds is None else round(f.recovery_seconds, 2)}
                    for f in report.faults],
-        "heldout_loss": report.result["eval"]["heldout_loss"] if report.result else None,
+        "num_steps": config.num_steps, "batch_size": config.batch_size, "data_parallel": config.data_parallel.value,
+        "eval": report.result["eval"] if report.result else None,
         "goodput": round(telemetry.goodput, 4),
         "badput_s": {k: round(v, 2) for k, v in telemetry.as_row().items() if k.startswith("badput_")},
         "checkpoint_blocking_s": round(telemetry.checkpoint_blocking_seconds, 3),
@@ -86,9 +104,9 @@ def _run(config: WorkerConfig, supervisor: SupervisorConfig, fault: tuple[int, i
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=196)
     parser.add_argument("--hang-timeout", type=float, default=10.0)
     parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
+    parser.add_argument("--faults", nargs="*", choices=sorted(FAULTS), default=sorted(FAULTS))
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="ito-fault-bench-"))
     try:
@@ -99,17 +117,19 @@ def main() -> None:
 
 def _measure(work: Path, args: argparse.Namespace) -> dict:
     tokens = corpus.prepare(_texts(), work / "tokens", config=TokenizerConfig())
-    supervisor = SupervisorConfig(nproc_per_node=2, hang_timeout_s=args.hang_timeout, startup_timeout_s=120.0,
+    supervisor = SupervisorConfig(nproc_per_node=WORLD_SIZE, hang_timeout_s=args.hang_timeout, startup_timeout_s=120.0,
                                   poll_interval_s=0.5, grace_s=10.0, max_restarts=2)
     figures: dict = {"hang_timeout_s": args.hang_timeout, "poll_interval_s": supervisor.poll_interval_s, "runs": {}}
     for seed in args.seeds:
-        figures["runs"][f"clean-seed{seed}"] = _run(_config(work / f"clean{seed}", tokens, seed=seed, steps=args.steps),
-                                                    supervisor, None)
-    losses = [figures["runs"][f"clean-seed{s}"]["heldout_loss"] for s in args.seeds]
-    if len(losses) > 1:
-        figures["heldout_loss_seed_stdev"] = statistics.stdev(losses)
-    for name, fault in (("sigkill", (1, signal.SIGKILL)), ("hang", (0, signal.SIGSTOP))):
-        figures["runs"][name] = _run(_config(work / name, tokens, seed=0, steps=args.steps), supervisor, fault)
+        figures["runs"][f"clean-seed{seed}"] = _run(_config(work / f"clean{seed}", tokens, seed=seed), supervisor, None)
+    battery = [figures["runs"][f"clean-seed{s}"]["eval"] for s in args.seeds]
+    if len(battery) > 1:
+        figures["seed_stdev"] = {name: statistics.stdev(b[name] for b in battery) for name in battery[0]}
+    for name in args.faults:
+        # A whole checkpoint to recover from before the fault: fixture-small's 50-step interval is
+        # longer than its 13-step pretraining stage at the plan's batch.
+        config = replace(_config(work / name, tokens, seed=0), interval_steps=4)
+        figures["runs"][name] = _run(config, supervisor, FAULTS[name])
     return figures
 
 

@@ -65,9 +65,22 @@ class Stage(_Strict):
     sequence_length: PositiveInt
 
 
+class EvalGate(_Strict):
+    """The stage gates' thresholds, in seed noise bands of each gated metric (the bands themselves
+    are measured, not reviewed: `ito_assets.defs.training.resources`). Absent: the runtime's
+    defaults, 2 bands each (`ito_assets.runtime.gates`)."""
+
+    # The first stage must beat the untrained model by at least this many bands on every metric.
+    min_improvement_bands: Annotated[float, Field(ge=0, le=100)] = 2.0
+    # A later stage may fall behind the stage before it by at most this many bands on any metric.
+    max_regression_bands: Annotated[float, Field(ge=0, le=100)] = 2.0
+
+
 class TrainingTarget(_Strict):
     num_tokens: PositiveInt
     stages: Annotated[tuple[Stage, ...], Field(min_length=1)]
+    # Optional, so that manifests reviewed before it existed keep their bytes and digests.
+    eval_gate: EvalGate | None = None
 
     @model_validator(mode="after")
     def _stages_in_order(self) -> "TrainingTarget":
@@ -83,6 +96,9 @@ class SftStep(_Strict):
     kind: Literal["sft"]
     num_epochs: PositiveInt = 1
     learning_rate: Annotated[float, Field(gt=0, lt=1)] = 1e-4
+    # The instruction pairs (JSONL) bound by uri and sha256. Optional in the schema so that an
+    # unbound step is reported as PROVENANCE_MISSING by the stage, not as a generic schema error.
+    data: DataReference | None = None
 
 
 class DpoStep(_Strict):
@@ -91,6 +107,8 @@ class DpoStep(_Strict):
     beta: Annotated[float, Field(gt=0, le=10)] = 0.1
     label_smoothing: Annotated[float, Field(ge=0, lt=0.5)] = 0.0
     learning_rate: Annotated[float, Field(gt=0, lt=1)] = 5e-6
+    # The preference pairs (JSONL), bound as SftStep.data is.
+    data: DataReference | None = None
 
 
 class RlvrStep(_Strict):

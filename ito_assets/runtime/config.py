@@ -8,6 +8,7 @@ starts.
 
 from __future__ import annotations
 
+import enum
 import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -19,6 +20,14 @@ from ito_assets.runtime.spikes import SpikeConfig
 DEFAULT_EVAL_WINDOWS = 64
 # What rank 0 writes into the stage folder when the stage has finished: final checkpoint and evals.
 RESULT_NAME = "result.json"
+
+
+class DataParallel(str, enum.Enum):
+    """How the ranks share the model (`distributed.data_parallel`): replicas whose gradients are
+    all-reduced, or FSDP2 shards of parameters, gradients and optimizer state."""
+
+    DDP = "ddp"
+    FSDP2 = "fsdp2"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,12 +42,18 @@ class WorkerConfig:
     heartbeat_dir: str
     metrics_path: str  # JSONL metrics when not launched under Dagster Pipes
     num_steps: int
-    batch_size: int  # global, in sequences
+    batch_size: int  # global, in sequences (the plan's, unless the runtime resource overrides it)
     sequence_length: int
     interval_steps: int  # checkpoint policy
     keep_last: int
     seed: int = 0
     learning_rate: float = 3e-3  # ito_assets.training.trainer.TrainConfig's default for small models
+    data_parallel: DataParallel = DataParallel.DDP  # from the plan's layout (`stages.data_parallel_for`)
+    # The eval suite's items join the stage's eval battery (`stage_eval.battery`) when all three are
+    # set: scored with the run's tokenizer, on the suite whose digest the stage was planned with.
+    tokenizer_path: str | None = None
+    eval_suite_path: str | None = None
+    eval_suite_sha256: str | None = None  # "sha256:" + 64 hex, as `ito_assets.evals.suite` digests
     init_from: str | None = None  # the previous stage's final checkpoint
     # A planned stop: the attempt ends after this step with a whole checkpoint (the end of a booked
     # window); a later launch resumes from it.
@@ -61,13 +76,17 @@ class WorkerConfig:
                      "eval_sequence_length", "eval_windows"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive")
-        for name in ("tokens_path", "stage_dir", "heartbeat_dir", "metrics_path"):
-            if not Path(getattr(self, name)).is_absolute():
+        for name in ("tokens_path", "stage_dir", "heartbeat_dir", "metrics_path", "tokenizer_path", "eval_suite_path"):
+            if getattr(self, name) is not None and not Path(getattr(self, name)).is_absolute():
                 raise ValueError(f"{name} must be an absolute path")
         if not 0 < self.learning_rate < 1:
             raise ValueError("learning_rate must be in (0, 1)")
         if self.attempt < 0 or self.spike_rewind_steps < 0 or self.collective_timeout_s <= 0:
             raise ValueError("attempt and spike_rewind_steps must be >= 0, collective_timeout_s positive")
+        object.__setattr__(self, "data_parallel", DataParallel(self.data_parallel))
+        suite = (self.tokenizer_path, self.eval_suite_path, self.eval_suite_sha256)
+        if any(v is not None for v in suite) and not all(v is not None for v in suite):
+            raise ValueError("tokenizer_path, eval_suite_path and eval_suite_sha256 must be set together")
         object.__setattr__(self, "skip_ranges", tuple((int(a), int(b)) for a, b in self.skip_ranges))
         if isinstance(self.spikes, dict):
             object.__setattr__(self, "spikes", SpikeConfig(**self.spikes))

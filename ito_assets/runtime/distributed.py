@@ -1,4 +1,5 @@
-"""The worker's process groups, launched by `torch.distributed.run`: gloo on CPU, nccl on GPU.
+"""The worker's process groups, launched by `torch.distributed.run`: gloo on CPU, nccl on GPU,
+and the data-parallel wrapper the plan's layout asks for (DDP or FSDP2).
 
 Two groups: the default one for the training step's collectives and a separate gloo group for
 checkpoint saves (see `checkpoint.py`). A stop request (SIGTERM from torchrun, forwarded from the
@@ -16,6 +17,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+from ito_assets.runtime.config import DataParallel
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,10 +82,26 @@ class LossModule(nn.Module):
         return self.model.loss(tokens, targets)
 
 
-def data_parallel(model: nn.Module, world_size: int, device: torch.device) -> nn.Module:
-    """DDP over the default group when there is more than one rank; the loss module otherwise."""
+def data_parallel(model: nn.Module, strategy: DataParallel, world_size: int, device: torch.device) -> nn.Module:
+    """The module the training step calls, `(tokens, targets) -> loss`, for `strategy` over the
+    default group; one rank needs no wrapper. Build the optimizer after this: FSDP2 replaces the
+    parameters with sharded DTensors."""
     wrapped = LossModule(model)
     if world_size == 1:
         return wrapped
+    if strategy is DataParallel.FSDP2:
+        shard(model, world_size, device)
+        return wrapped
     ids = [device.index] if device.type == "cuda" else None
     return nn.parallel.DistributedDataParallel(wrapped, device_ids=ids)
+
+
+def shard(model: nn.Module, world_size: int, device: torch.device) -> None:
+    """FSDP2 (`fully_shard`) over a 1-D mesh of all ranks: each block is its own unit (its
+    parameters are gathered just before its forward and freed after, torchtitan's wrapping), then
+    the root, which holds the embedding and the output head (tied weights must share a unit).
+    Parameters stay fp32: the bit-exact resume is defined at full precision."""
+    mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("dp_shard",))
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)

@@ -10,8 +10,16 @@ only keeps every path it creates inside it.
         <stage>/heartbeats/                              one file per rank
         <stage>/metrics.jsonl                            rank 0's metrics when not under Pipes
 
+What comes from where:
+    the plan (`training_plan`, per stage)   the model shape, the global batch in sequences, and
+                                            the data-parallel strategy: a layout that shards
+                                            (dp_shard > 1) trains under FSDP2, else under DDP
+    the runtime resource (this machine)     the number of local ranks, the seed, and optionally a
+                                            smaller global batch for a host that cannot hold the
+                                            plan's
 Step counts come from the stage's token count: ceil(num_tokens / (batch_size x sequence_length)),
-so a stage trains on at least the tokens the manifest reviewed.
+the plan's own formula, so a stage trains on at least the tokens the manifest reviewed and, at the
+plan's batch, for exactly the plan's number of steps.
 """
 
 from __future__ import annotations
@@ -21,9 +29,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.schema import CheckpointPolicy, Stage, TrainingTarget
-from ito_assets.runtime.config import WorkerConfig
+from ito_assets.runtime.config import DataParallel, WorkerConfig
 from ito_assets.runtime.storage import child, ensure_dir
+from ito_assets.training.layout import Layout
+from ito_assets.training.planner import Plan
+from ito_assets.training.run_plan import RunPlan
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,10 +59,41 @@ class StageSizing:
     batch_size: int  # global, in sequences
     seed: int = 0
     learning_rate: float = 3e-3
+    data_parallel: DataParallel = DataParallel.DDP
+    world_size: int = 1  # ranks that will train the stage on this machine
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1 or self.vocab_size < 1:
-            raise ValueError("batch_size and vocab_size must be positive")
+        if self.batch_size < 1 or self.vocab_size < 1 or self.world_size < 1:
+            raise ValueError("batch_size, vocab_size and world_size must be positive")
+        if self.batch_size % self.world_size:
+            raise ValueError("batch_size must be divisible by world_size: every rank takes an equal share")
+
+
+def stage_plan(run_plan: RunPlan, name: str) -> Plan:
+    found = next((s.plan for s in run_plan.stages if s.stage == name), None)
+    if found is None:
+        raise ItoError(ErrorCode.PLAN_REFUSED, f"the training plan has no {name} stage")
+    return found
+
+
+def data_parallel_for(layout: Layout) -> DataParallel:
+    """FSDP2 where the plan shards (dp_shard > 1), DDP where it only replicates. A hybrid plan
+    (dp_replicate and dp_shard > 1, HSDP) is sharded over all local ranks: the 2-D mesh is not
+    built yet. This runtime has no tensor, pipeline or context parallelism: such a plan is
+    refused here rather than trained under another layout."""
+    if layout.tp > 1 or layout.pp > 1 or layout.cp > 1:
+        raise ItoError(ErrorCode.CAPABILITY_MISSING,
+                       "the plan needs tensor, pipeline or context parallelism, which this runtime does not train")
+    return DataParallel.FSDP2 if layout.dp_shard > 1 else DataParallel.DDP
+
+
+def sizing_from_plan(plan: Plan, *, vocab_size: int, world_size: int, seed: int,
+                     batch_size: int | None = None) -> StageSizing:
+    """The plan's model, global batch and strategy on `world_size` local ranks; `batch_size`
+    (the runtime resource's override) replaces the plan's batch."""
+    return StageSizing(model=plan.request.model.name, vocab_size=vocab_size, seed=seed, world_size=world_size,
+                       batch_size=batch_size or plan.request.global_batch_sequences,
+                       data_parallel=data_parallel_for(plan.layout))
 
 
 def num_steps(stage: Stage, batch_size: int) -> int:
@@ -68,7 +111,8 @@ def find_stage(target: TrainingTarget, name: str) -> Stage | None:
 
 
 def worker_config(*, run_key: str, stage: Stage, policy: CheckpointPolicy, layout: RunLayout, sizing: StageSizing,
-                  tokens_path: Path, heldout_path: Path, init_from: str | None) -> WorkerConfig:
+                  tokens_path: Path, heldout_path: Path, init_from: str | None, **battery: str) -> WorkerConfig:
+    """`battery`: tokenizer_path, eval_suite_path and eval_suite_sha256 (`WorkerConfig`)."""
     folder = layout.stage_dir(stage.name)
     return WorkerConfig(
         run_key=run_key, stage=stage.name, model=sizing.model, vocab_size=sizing.vocab_size,
@@ -76,5 +120,6 @@ def worker_config(*, run_key: str, stage: Stage, policy: CheckpointPolicy, layou
         heartbeat_dir=str(folder / "heartbeats"), metrics_path=str(folder / "metrics.jsonl"),
         num_steps=num_steps(stage, sizing.batch_size), batch_size=sizing.batch_size,
         sequence_length=stage.sequence_length, interval_steps=policy.interval_steps, keep_last=policy.keep_last,
-        seed=sizing.seed, learning_rate=sizing.learning_rate, init_from=init_from, launched_at=time.time(),
+        seed=sizing.seed, learning_rate=sizing.learning_rate, data_parallel=sizing.data_parallel, init_from=init_from,
+        launched_at=time.time(), **battery,
     )

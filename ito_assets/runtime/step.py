@@ -1,6 +1,7 @@
 """One data-parallel optimizer step: `ito_assets.training.trainer.train_step` with the forward pass
-routed through DDP (whose hooks all-reduce the gradients), a hook before the weights change (the
-checkpoint's staging copy), and the loss averaged over ranks for reporting and spike detection."""
+routed through DDP or FSDP2 (whose hooks all-reduce or reduce-scatter the gradients), a hook before
+the weights change (the checkpoint's staging copy), and the loss averaged over ranks for reporting
+and spike detection."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from ito_assets.training.trainer import TrainConfig, learning_rate_at
 
@@ -39,6 +41,8 @@ def train_step(parallel: nn.Module, model: nn.Module, optimizer: torch.optim.Opt
     if before_update is not None:
         before_update()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+    if isinstance(grad_norm, DTensor):  # FSDP2: the norm of sharded gradients, reduced over ranks
+        grad_norm = grad_norm.full_tensor()
     optimizer.step()
     reported = loss.detach().clone()
     if dist.is_initialized() and dist.get_world_size() > 1:

@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
+                                                     set_state_dict)
 
 from ito_assets.runtime import rng
 
@@ -43,3 +44,9 @@ def apply(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, A
         return 0, 0
     rng.restore(rank, state["rng"])
     return int(state["train"]["step"]), int(state["train"]["position"])
+
+
+def full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's unsharded weights on rank 0's CPU (empty on the other ranks). A collective:
+    under FSDP2 every rank must call it."""
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

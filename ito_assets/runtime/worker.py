@@ -6,8 +6,9 @@ It resumes from the newest whole checkpoint of the stage (else the previous stag
 checkpoint, else fresh), trains to the stage's step count with heartbeats and asynchronous
 checkpoints, flushes a checkpoint when asked to stop (SIGTERM/SIGINT), proposes a restart when the
 loss or gradient norm spikes (and keeps training: only the desk restarts), and at the end saves the
-final checkpoint, evaluates, and writes `result.json`. Rank 0 reports through Dagster Pipes when
-launched under Pipes, else to a JSONL metrics file.
+final checkpoint, runs the stage's eval battery, and writes `result.json`. The ranks share the
+model as the plan's layout says (`WorkerConfig.data_parallel`: DDP replicas or FSDP2 shards).
+Rank 0 reports through Dagster Pipes when launched under Pipes, else to a JSONL metrics file.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.distributed.fsdp import FSDPModule
 
 from ito_assets.runtime import distributed, events, holds, markers, proposals, resume, stage_eval, train_state
 from ito_assets.runtime.batches import BatchPlan, ResumableBatches
@@ -32,7 +34,9 @@ from ito_assets.runtime.reporting import Reporter, open_reporter
 from ito_assets.runtime.spikes import Spike, SpikeDetector
 from ito_assets.runtime.step import StepResult, train_step
 from ito_assets.runtime.storage import write_atomic
+from ito_assets.evals.suite import load_suite
 from ito_assets.training.model import build_model, config_by_name
+from ito_assets.training.tokenizer import load_tokenizer
 from ito_assets.training.trainer import TrainConfig, build_optimizer
 
 # sysexits.h EX_TEMPFAIL: stopped on request after flushing a checkpoint; resumable.
@@ -51,8 +55,9 @@ class StageWorker:
                                         learning_rate=config.learning_rate)
         self.model = build_model(config_by_name(config.model, vocab_size=config.vocab_size), seed=config.seed,
                                  device=group.device)
+        # Wrap before building the optimizer: FSDP2 replaces the parameters with sharded ones.
+        self.parallel = distributed.data_parallel(self.model, config.data_parallel, group.world_size, group.device)
         self.optimizer = build_optimizer(self.model, self.train_config)
-        self.parallel = distributed.data_parallel(self.model, group.world_size, group.device)
         self.checkpointer = Checkpointer(CheckpointConfig(directory=self.stage_dir, interval_steps=config.interval_steps,
                                                           keep_last=config.keep_last),
                                          process_group=group.checkpoint_group, rank=self.rank)
@@ -168,21 +173,45 @@ class StageWorker:
         self.heartbeat.beat(step, "finished", force=True)
 
     def evaluate(self) -> dict:
-        """Held-out loss of the trained model and, for a first stage, of the untrained one."""
-        if self.rank != 0 or not self.config.heldout_path:
+        """The eval battery of the trained model and, for a first stage, of the untrained one."""
+        if not self.config.heldout_path:
+            return {}
+        trained = self.unsharded_model()  # a collective under FSDP2: every rank takes part
+        if self.rank != 0:
             return {}
         started = time.perf_counter()
-        heldout = np.load(self.config.heldout_path, mmap_mode="r")
+        battery = self.battery()
         beat = lambda: self.heartbeat.beat(self.config.num_steps, "evaluating")
-        measure = lambda model: stage_eval.heldout_loss(model, heldout, sequence_length=self.config.eval_sequence_length,
-                                                        num_windows=self.config.eval_windows, on_batch=beat)
-        body = {"eval": {"heldout_loss": measure(self.model)}}
+        body = {"eval": stage_eval.run_battery(trained, battery, on_batch=beat)}
         if self.config.init_from is None:
             untrained = build_model(self.model.config, seed=self.config.seed, device=self.group.device)
-            body["initial_eval"] = {"heldout_loss": measure(untrained)}
+            body["initial_eval"] = stage_eval.run_battery(untrained, battery, on_batch=beat)
         self.event(EventKind.EVALUATION, seconds=time.perf_counter() - started)
         self.reporter.metrics(self.config.num_steps, {f"eval_{k}": v for k, v in body["eval"].items()})
         return body
+
+    def unsharded_model(self) -> torch.nn.Module | None:
+        """The trained model as one plain module on rank 0 (None on the others). FSDP2's shards
+        are gathered into a fresh copy, so that rank 0 evaluates alone, as under DDP."""
+        if not isinstance(self.model, FSDPModule):
+            return self.model if self.rank == 0 else None
+        weights = train_state.full_weights(self.model)
+        if self.rank != 0:
+            return None
+        copy = build_model(self.model.config, seed=self.config.seed, device=self.group.device)
+        copy.load_state_dict(weights)
+        return copy
+
+    def battery(self) -> stage_eval.Battery:
+        heldout = np.load(self.config.heldout_path, mmap_mode="r")
+        sizes = {"sequence_length": self.config.eval_sequence_length, "num_windows": self.config.eval_windows}
+        if self.config.eval_suite_path is None:
+            return stage_eval.Battery(heldout=heldout, **sizes)
+        suite = load_suite(Path(self.config.eval_suite_path))
+        if suite.digest != self.config.eval_suite_sha256:
+            raise RuntimeError("the eval suite changed since the stage was planned; its battery would not compare")
+        return stage_eval.Battery(heldout=heldout, tokenizer=load_tokenizer(Path(self.config.tokenizer_path)),
+                                  items=suite.items, **sizes)
 
     # --- observation: events, metrics, spikes ---------------------------------------------------
 

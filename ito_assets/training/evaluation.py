@@ -97,6 +97,7 @@ def continuation_logprobs(model: DecoderLM, pairs: Sequence[tuple[list[int], lis
         rows = torch.zeros((len(chunk), width + 1), dtype=torch.long)
         for i, seq in enumerate(chunk):
             rows[i, : len(seq)] = torch.tensor(seq)
+        rows = rows.to(next(model.parameters()).device)  # the stage gates score on the training device
         logp = F.log_softmax(model(rows[:, :-1]).float(), dim=-1)  # (B, T, V)
         picked = logp.gather(-1, rows[:, 1:].unsqueeze(-1)).squeeze(-1)  # (B, T)
         for i, (seq, (_, cont)) in enumerate(zip(chunk, pairs[first : first + batch_size])):

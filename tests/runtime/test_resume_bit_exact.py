@@ -1,8 +1,10 @@
 """Resume is bit-exact: N steps straight equal N/2 steps, a checkpoint, and N/2 more in a fresh
-process group (world size 2 on gloo: DDP, per-rank RNG state, the data-loader position)."""
+process group (world size 2 on gloo, DDP replicas and FSDP2 shards: per-rank RNG state, the
+data-loader position, sharded parameters and optimizer state through DCP)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,10 +12,18 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from ito_assets.runtime import events, markers
+from ito_assets.runtime.config import RESULT_NAME
 from ito_assets.runtime.worker import EXIT_STOPPED
 from runtime_helpers import finish, run_worker, start_worker, step_losses, worker_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
+
+
+def _num_shards(stage_dir: Path, step: int) -> set[int]:
+    """How many chunks each saved parameter has: 1 for DDP's replicas, one per rank for FSDP2's."""
+    metadata = dcp.FileSystemReader(str(markers.checkpoint_dir(stage_dir, step))).read_metadata()
+    return {len(meta.chunks) for key, meta in metadata.state_dict_metadata.items()
+            if key.startswith("model.") and hasattr(meta, "chunks")}
 
 
 def _final_weights(stage_dir: Path, step: int) -> dict[str, torch.Tensor]:
@@ -28,15 +38,16 @@ def _final_weights(stage_dir: Path, step: int) -> dict[str, torch.Tensor]:
     return state
 
 
-def test_straight_and_resumed_runs_are_identical(tmp_path, tokens):
-    straight = worker_config(tmp_path / "straight", tokens)
-    halves = worker_config(tmp_path / "halves", tokens, stop_after_step=12)
+@pytest.mark.parametrize("data_parallel", ["ddp", "fsdp2"])
+def test_straight_and_resumed_runs_are_identical(tmp_path, tokens, data_parallel):
+    straight = worker_config(tmp_path / "straight", tokens, data_parallel=data_parallel)
+    halves = worker_config(tmp_path / "halves", tokens, stop_after_step=12, data_parallel=data_parallel)
     running = start_worker(straight, nproc=2)  # two launches at once: start-up dominates on CPU
     first = run_worker(halves, nproc=2)
     done = finish(running)
     assert done.returncode == 0, done.stderr[-3000:]
     assert first.returncode != 0 and f"exitcode  : {EXIT_STOPPED}" in first.stderr, first.stderr[-3000:]
-    second = run_worker(worker_config(tmp_path / "halves", tokens, attempt=1), nproc=2)
+    second = run_worker(worker_config(tmp_path / "halves", tokens, attempt=1, data_parallel=data_parallel), nproc=2)
     assert second.returncode == 0, second.stderr[-3000:]
 
     resumed = [e for e in events.read(Path(halves.stage_dir)) if e.kind is events.EventKind.RESUME]
@@ -47,3 +58,6 @@ def test_straight_and_resumed_runs_are_identical(tmp_path, tokens):
     a, b = _final_weights(Path(straight.stage_dir), 24), _final_weights(Path(halves.stage_dir), 24)
     assert a.keys() == b.keys() and len(a) > 10
     assert all(torch.equal(a[key], b[key]) for key in a)
+    assert _num_shards(Path(straight.stage_dir), 24) == ({2} if data_parallel == "fsdp2" else {1})
+    results = [json.loads((Path(c.stage_dir) / RESULT_NAME).read_text()) for c in (straight, halves)]
+    assert results[0]["eval"] == results[1]["eval"]  # the battery sees identical weights

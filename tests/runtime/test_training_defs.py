@@ -25,6 +25,7 @@ from ito_assets.defs.training.checks import TRAINING_CHECKS
 from ito_assets.defs.training.resources import TrainingRuntimeResource
 from ito_assets.data.shards import Shard, ShardSet
 from ito_assets.defs.workload.assets import RUN_ID_TAG
+from ito_assets.evals.suite import load_suite
 from ito_assets.gates import create_run
 from ito_assets.gates.ledger import runs as ledger_runs
 from ito_assets.gates import telemetry as ledger_telemetry
@@ -79,8 +80,12 @@ def _upstream(manifest_path: str, key: str, folder: Path, run, ledger):
     return [manifest_stand_in, clean_shards_stand_in, authorization_stand_in, plan_stand_in, decision_stand_in]
 
 
-TWO_STAGES = [{"name": "pretraining", "num_tokens": 8 * 64 * 30, "sequence_length": 64},
-              {"name": "mid_training", "num_tokens": 8 * 64 * 10, "sequence_length": 64}]
+# 32 sequences: the plan's global batch for `micro` at 64 tokens on the default booked hardware
+# (the OLMo ladder rule, `planner.default_global_batch_sequences`), so 30 and 10 steps.
+PLAN_BATCH = 32
+TWO_STAGES = [{"name": "pretraining", "num_tokens": PLAN_BATCH * 64 * 30, "sequence_length": 64},
+              {"name": "mid_training", "num_tokens": PLAN_BATCH * 64 * 10, "sequence_length": 64}]
+SUITE = ROOT / "data" / "fixtures" / "evals" / "ito-fixture-evals-v1.jsonl"
 
 
 @pytest.fixture
@@ -104,6 +109,8 @@ def _document(stages) -> dict:
     document["model"]["size"] = "micro"
     document["training_target"] = {"num_tokens": sum(s["num_tokens"] for s in stages), "stages": stages}
     document["checkpoint_policy"] = {"interval_steps": 10, "keep_last": 2, "storage_uri": "tenant://checkpoints/unit"}
+    for reference in document["data"]:  # the suite the stage battery scores on
+        reference["decontamination"]["eval_suite_sha256"] = load_suite(SUITE).digest
     return document
 
 
@@ -138,6 +145,9 @@ def test_the_stages_train_through_pipes_with_gates_and_telemetry(tmp_path, insta
     assert gates == {"pretraining_eval_gate": True, "mid_training_eval_gate": True, "long_context_eval_gate": True}
     mid = result.output_for_node("mid_training_checkpoint")
     assert mid.stage == "mid_training" and mid.num_steps == 10 and mid.gate["compared_with"] == "pretraining"
+    assert {c["metric"] for c in mid.gate["checks"]} == {"heldout_loss", "answer_loss"}  # the whole battery
+    config = json.loads((Path(mid.stage_dir) / "stage.json").read_text())
+    assert (config["batch_size"], config["data_parallel"]) == (PLAN_BATCH, "fsdp2")  # the plan's (dp_shard 8)
     assert result.output_for_node("long_context_checkpoint") == mid  # not in the manifest: carried forward
     pipes_metrics = [e for e in instance.all_logs(result.run_id) if "[pretraining] attempt 0" in (e.user_message or "")]
     assert pipes_metrics, "rank 0 logs through Dagster Pipes"
@@ -149,7 +159,8 @@ def test_the_stages_train_through_pipes_with_gates_and_telemetry(tmp_path, insta
     assert {(c.step, Path(c.path).parent.name) for c in listed} >= {(30, "pretraining"), (10, "mid_training")}
     assert all(Path(c.path).is_relative_to(run.checkpoint_dir) for c in listed)
     names = {m.name for m in ledger_telemetry.metrics(ledger, run.run_id, limit=500)}  # `ito metrics`
-    assert {"pretraining/loss", "pretraining/heldout_loss", "pretraining/goodput", "mid_training/loss"} <= names
+    assert {"pretraining/loss", "pretraining/heldout_loss", "pretraining/answer_loss", "pretraining/goodput",
+            "mid_training/loss"} <= names
 
 
 def test_a_failed_gate_stops_the_run_and_stays_failed_on_retry(tmp_path, instance, ledger_run):

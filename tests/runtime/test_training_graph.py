@@ -18,9 +18,11 @@ EXPECTED_CHECKS = {("pretraining_checkpoint", "pretraining_eval_gate"), ("mid_tr
                    ("long_context_checkpoint", "long_context_eval_gate")}
 EXPECTED_UPSTREAM = {
     "training_tokens": {"clean_shards", "training_plan", "data_decision", "run_authorization"},
-    "pretraining_checkpoint": {"run_authorization", "training_manifest", "training_tokens"},
-    "mid_training_checkpoint": {"run_authorization", "training_manifest", "training_tokens", "pretraining_checkpoint"},
-    "long_context_checkpoint": {"run_authorization", "training_manifest", "training_tokens", "mid_training_checkpoint"},
+    "pretraining_checkpoint": {"run_authorization", "training_manifest", "training_tokens", "training_plan"},
+    "mid_training_checkpoint": {"run_authorization", "training_manifest", "training_tokens", "training_plan",
+                                "pretraining_checkpoint"},
+    "long_context_checkpoint": {"run_authorization", "training_manifest", "training_tokens", "training_plan",
+                                "mid_training_checkpoint"},
     "training_telemetry": {"pretraining_checkpoint", "mid_training_checkpoint", "long_context_checkpoint"},
 }
 

@@ -1,10 +1,11 @@
 """The curriculum as assets: token shards, one checkpoint asset per stage, and desk telemetry.
 
-Each stage asset launches the supervisor through Dagster Pipes; the supervisor runs
-`torch.distributed.run` with the worker (rank 0 reports through Pipes) and restarts it from the
-newest whole checkpoint after a fault. Gates are enforced here, before the first step: the ledger's
-authorization of the run (`run_authorization`), and the eval gates: a run whose gate failed never
-trains again (EVAL_GATE_FAILED), whatever is retried. Checkpoints and metrics go to the ledger for
+Each stage asset sizes its stage from the plan (global batch, DDP or FSDP2) and launches the
+supervisor through Dagster Pipes; the supervisor runs `torch.distributed.run` with the worker
+(rank 0 reports through Pipes) and restarts it from the newest whole checkpoint after a fault.
+Gates are enforced here, before the first step: the ledger's authorization of the run
+(`run_authorization`), and the eval gates: a run whose gate failed never trains again
+(EVAL_GATE_FAILED), whatever is retried. Checkpoints and metrics go to the ledger for
 `ito checkpoints` and `ito metrics`.
 """
 
@@ -24,11 +25,13 @@ from ito_assets.defs.training.resources import TrainingRuntimeResource
 from ito_assets.defs.workload.live import require_live_authorization
 from ito_assets.defs.training.stage_outcome import outcome_metadata, read_outcome
 from ito_assets.errors import ErrorCode, ItoError
-from ito_assets.manifest.schema import STAGE_ORDER
+from ito_assets.evals.suite import EvalSuite, load_suite
+from ito_assets.manifest.schema import STAGE_ORDER, Manifest
+from ito_assets.manifest.verify import eval_suite_mismatches
 from ito_assets.runtime import corpus, stages
 from ito_assets.runtime.gates import VerdictStore, judge
 from ito_assets.runtime.publish import publish_stage
-from ito_assets.runtime.stages import RunLayout, StageSizing
+from ito_assets.runtime.stages import RunLayout
 from ito_assets.runtime.supervisor import REPORT_NAME
 from ito_assets.runtime.storage import write_atomic
 from ito_assets.training.run_plan import PlanOutcome
@@ -92,7 +95,31 @@ def _require_plan(outcome: PlanOutcome) -> None:
                          metadata={"error_code": ErrorCode.BUDGET_EXCEEDED.value})
 
 
-def _run_stage(context, ito, runtime, pipes, ledger, authorization, verdict, tokens, previous, name: str):
+def _eval_suite(ito: ItoSettingsResource, manifest: Manifest) -> tuple[Path, EvalSuite]:
+    """The suite of the stage's eval battery: the one the data was decontaminated against, else
+    its answers may have been trained on."""
+    path = ito.settings().eval_suite_path
+    suite = load_suite(path)
+    if eval_suite_mismatches(manifest, suite.suite_id, suite.digest):
+        raise ItoError(ErrorCode.EVAL_SUITE_MISMATCH,
+                       "the eval suite differs from the one the training data was decontaminated against")
+    return path, suite
+
+
+def _stage_config(ito, runtime, manifest: Manifest, stage, plan: PlanOutcome, run_id: str, layout: RunLayout, tokens,
+                  previous):
+    suite_path, suite = _eval_suite(ito, manifest)
+    sizing = stages.sizing_from_plan(stages.stage_plan(plan.run_plan, stage.name), vocab_size=tokens.vocab_size,
+                                     world_size=runtime.nproc_per_node, seed=runtime.seed,
+                                     batch_size=runtime.batch_size)
+    return stages.worker_config(
+        run_key=run_id, stage=stage, policy=manifest.checkpoint_policy, layout=layout, sizing=sizing,
+        tokens_path=Path(tokens.train_path), heldout_path=Path(tokens.heldout_path),
+        init_from=previous.final_checkpoint if previous else None, tokenizer_path=tokens.tokenizer_path,
+        eval_suite_path=str(suite_path), eval_suite_sha256=suite.digest)
+
+
+def _run_stage(context, ito, runtime, pipes, ledger, authorization, verdict, tokens, plan, previous, name: str):
     manifest = verified_or_fail(verdict, "training").manifest
     stage = stages.find_stage(manifest.training_target, name)
     if stage is None:  # the next stage starts from the last trained one
@@ -105,12 +132,8 @@ def _run_stage(context, ito, runtime, pipes, ledger, authorization, verdict, tok
         layout = RunLayout.for_run(checkpoint_dir, run_id)
         store = VerdictStore(layout.run_dir)
         store.ensure_not_failed(STAGE_ORDER[: STAGE_ORDER.index(name) + 1])
-        config = stages.worker_config(
-            run_key=run_id, stage=stage, policy=manifest.checkpoint_policy, layout=layout,
-            sizing=StageSizing(model=manifest.model.size, vocab_size=tokens.vocab_size,
-                               batch_size=runtime.batch_size, seed=runtime.seed),
-            tokens_path=Path(tokens.train_path), heldout_path=Path(tokens.heldout_path),
-            init_from=previous.final_checkpoint if previous else None)
+        _require_plan(plan)
+        config = _stage_config(ito, runtime, manifest, stage, plan, run_id, layout, tokens, previous)
     except ItoError as error:
         raise failure(error) from None
     stage_dir = Path(config.stage_dir)
@@ -121,7 +144,8 @@ def _run_stage(context, ito, runtime, pipes, ledger, authorization, verdict, tok
     result = json.loads((stage_dir / REPORT_NAME).read_text())["result"]
     reference = previous.eval if previous else result["initial_eval"]
     prior = stages.previous_stage(manifest.training_target, name)
-    gate = store.record(judge(name, result["eval"], reference, runtime.gate_policy(), previous_stage=prior))
+    policy = runtime.gate_policy(manifest.training_target.eval_gate)
+    gate = store.record(judge(name, result["eval"], reference, policy, previous_stage=prior))
     with ledger.open() as opened:
         publish_stage(opened, run_id, name, stage_dir, result["eval"])
     outcome = read_outcome(name, layout.run_dir, stage_dir, gate)
@@ -130,7 +154,7 @@ def _run_stage(context, ito, runtime, pipes, ledger, authorization, verdict, tok
 
 def _stage_asset(name: str, upstream: str | None):
     ins = {"run_authorization": dg.AssetIn("run_authorization"), "training_manifest": dg.AssetIn("training_manifest"),
-           "training_tokens": dg.AssetIn("training_tokens")}
+           "training_tokens": dg.AssetIn("training_tokens"), "training_plan": dg.AssetIn("training_plan")}
     if upstream:
         ins["previous"] = dg.AssetIn(f"{upstream}_checkpoint")
     decorate = dg.asset(
@@ -140,14 +164,14 @@ def _stage_asset(name: str, upstream: str | None):
         partitions_def=manifests_partitions,
         ins=ins,
         description=f"The {name} stage's final checkpoint (torch.distributed.checkpoint), trained out of process "
-        f"under the supervisor from the previous stage's; the previous one carried forward when the manifest has "
-        f"no {name} stage.",
+        f"under the supervisor from the previous stage's, with the plan's global batch and data-parallel layout "
+        f"(DDP or FSDP2); the previous one carried forward when the manifest has no {name} stage.",
     )
 
     def body(context, ito, training_runtime, pipes_subprocess_client, ledger, inputs: dict, previous):
         yield from _run_stage(context, ito, training_runtime, pipes_subprocess_client, ledger,
                               inputs["run_authorization"], inputs["training_manifest"], inputs["training_tokens"],
-                              previous, name)
+                              inputs["training_plan"], previous, name)
 
     if upstream is None:
         def first_stage(context: dg.AssetExecutionContext, ito: ItoSettingsResource,

@@ -58,7 +58,7 @@ def outcome_metadata(outcome: StageCheckpoint) -> dict:
         "metadata_sha256": outcome.metadata_sha256,
         "num_steps": outcome.num_steps,
         "num_attempts": outcome.num_attempts,
-        "heldout_loss": outcome.eval.get("heldout_loss", float("nan")),
+        **{name: value for name, value in sorted(outcome.eval.items())},  # the stage's eval battery
         "gate_passed": outcome.gate_passed,
         "gate": dg.MetadataValue.json(outcome.gate),
         "goodput": telemetry.goodput,
