@@ -1,5 +1,9 @@
 """Starting and stopping one attempt: `torch.distributed.run` and the workers it spawns.
 
+One node: a standalone torchrun. Several nodes on this machine (the multi-node path exercised for
+real on loopback): one torchrun launcher per node, joined by a c10d rendezvous on a free loopback
+port, with a rendezvous id per attempt so that a restarted attempt never meets the old one's ranks.
+
 torchrun runs in its own session; it starts every worker in a session of its own as well, so the
 workers are found by the pids in their heartbeats (checked against /proc before any signal, so a
 recycled pid is never hit). Termination is SIGTERM first (torchrun forwards it; the workers flush
@@ -10,11 +14,14 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from ito_assets.launch.spec import LaunchSpec, torchrun_args
 
 WORKER_MODULE = "ito_assets.runtime.worker"
 
@@ -25,23 +32,47 @@ def torchrun_command(config_path: Path, nproc_per_node: int) -> list[str]:
             "--max-restarts=0", "-m", WORKER_MODULE, "--config", str(config_path)]
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def node_commands(config_path: Path, *, nnodes: int, nproc_per_node: int, rdzv_id: str) -> list[list[str]]:
+    """The launch command of every node: one standalone torchrun, or `nnodes` identical launchers
+    (`ito_assets.launch.spec.torchrun_args`) meeting at a c10d rendezvous on loopback."""
+    if nnodes == 1:
+        return [torchrun_command(config_path, nproc_per_node)]
+    spec = LaunchSpec(run_id=rdzv_id, nnodes=nnodes, nproc_per_node=nproc_per_node, module=WORKER_MODULE,
+                      args=("--config", str(config_path)), rdzv_port=_free_port())
+    return [[sys.executable, "-m", "torch.distributed.run", *torchrun_args(spec)]] * nnodes
+
+
 @dataclass
 class Attempt:
     number: int
-    process: subprocess.Popen
+    processes: list[subprocess.Popen]  # one launcher per node
     launched_at: float  # Unix seconds
     log_path: Path
 
     def exit_code(self) -> int | None:
-        return self.process.poll()
+        """The first non-zero exit of any node (a dead rank ends the attempt), 0 once every node
+        exited cleanly, None while one still runs."""
+        codes = [p.poll() for p in self.processes]
+        failed = [c for c in codes if c not in (None, 0)]
+        if failed:
+            return failed[0]
+        return None if None in codes else 0
 
 
-def start(command: list[str], *, number: int, log_path: Path, env: dict[str, str] | None = None) -> Attempt:
+def start(commands: list[list[str]], *, number: int, log_path: Path, env: dict[str, str] | None = None) -> Attempt:
     launched_at = time.time()
+    processes = []
     with open(log_path, "ab") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                   env={**os.environ, **(env or {})})
-    return Attempt(number=number, process=process, launched_at=launched_at, log_path=log_path)
+        for command in commands:
+            processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                              env={**os.environ, **(env or {})}))
+    return Attempt(number=number, processes=processes, launched_at=launched_at, log_path=log_path)
 
 
 def _is_worker(pid: int) -> bool:
@@ -74,20 +105,23 @@ def _running(pids: set[int]) -> bool:
 
 
 def terminate(attempt: Attempt, worker_pids: set[int], *, grace_s: float, poll_s: float = 0.05) -> float:
-    """SIGTERM the launcher and the workers, SIGKILL them after `grace_s`; returns seconds spent."""
+    """SIGTERM the launchers and the workers, SIGKILL them after `grace_s`; returns seconds spent."""
     started = time.monotonic()
     workers = {pid for pid in worker_pids if _is_worker(pid)}
-    if attempt.exit_code() is None:
-        _signal_group(attempt.process.pid, signal.SIGTERM)
+    launchers = [p for p in attempt.processes if p.poll() is None]
+    for process in launchers:
+        _signal_group(process.pid, signal.SIGTERM)
     for pid in workers:
         _signal_group(pid, signal.SIGTERM)
     deadline = started + grace_s
-    while time.monotonic() < deadline and (attempt.exit_code() is None or _running(workers)):
+    while time.monotonic() < deadline and (any(p.poll() is None for p in launchers) or _running(workers)):
         time.sleep(poll_s)
-    if attempt.exit_code() is None:
-        _signal_group(attempt.process.pid, signal.SIGKILL)
+    for process in attempt.processes:
+        if process.poll() is None:
+            _signal_group(process.pid, signal.SIGKILL)
     for pid in workers:
         if _is_worker(pid):
             _signal_group(pid, signal.SIGKILL)
-    attempt.process.wait()
+    for process in attempt.processes:
+        process.wait()
     return time.monotonic() - started

@@ -38,6 +38,9 @@ REPORT_NAME = "supervision.json"
 @dataclass(frozen=True, kw_only=True)
 class SupervisorConfig:
     nproc_per_node: int = 1
+    # Nodes of one attempt. On this machine several nodes are several torchrun launchers on
+    # loopback (c10d rendezvous): the multi-node path, exercised for real without a cluster.
+    nnodes: int = 1
     # 300 s: SPEC.md asks for failure detection in under 10 minutes; a 5-minute bound plus one poll
     # leaves half of that as margin, and a healthy step (even a 70B step) beats far more often.
     hang_timeout_s: float = 300.0
@@ -51,11 +54,15 @@ class SupervisorConfig:
     max_restarts: int = 3
 
     def __post_init__(self) -> None:
-        if self.nproc_per_node < 1 or self.max_restarts < 0:
-            raise ValueError("nproc_per_node must be positive and max_restarts >= 0")
+        if self.nproc_per_node < 1 or self.nnodes < 1 or self.max_restarts < 0:
+            raise ValueError("nproc_per_node and nnodes must be positive and max_restarts >= 0")
         for name in ("hang_timeout_s", "startup_timeout_s", "poll_interval_s", "grace_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
 
 
 class AttemptEnd(str, enum.Enum):
@@ -137,7 +144,7 @@ class Supervisor:
                 attempt_number += 1
         finally:
             self._event(EventKind.ALLOCATION, attempt=attempt_number, seconds=time.time() - started,
-                        num_devices=self.config.nproc_per_node)
+                        num_devices=self.config.world_size)
 
     def _next_attempt_number(self) -> int:
         """Attempt numbers continue across supervisor runs of the same stage (a retried step), so
@@ -152,8 +159,10 @@ class Supervisor:
         config = self.worker.with_attempt(number, time.time(), proposals.skip_ranges(self.stage_dir))
         config_path = self.stage_dir / f"attempt-{number}.json"
         write_atomic(config_path, config.to_json().encode())
-        command = launch.torchrun_command(config_path, self.config.nproc_per_node)
-        return launch.start(command, number=number, log_path=self.stage_dir / f"attempt-{number}.log")
+        commands = launch.node_commands(config_path, nnodes=self.config.nnodes,
+                                        nproc_per_node=self.config.nproc_per_node,
+                                        rdzv_id=f"{self.worker.run_key}-{self.worker.stage}-{number}")
+        return launch.start(commands, number=number, log_path=self.stage_dir / f"attempt-{number}.log")
 
     def _watch(self, attempt: launch.Attempt) -> _Watch:
         while True:
@@ -182,12 +191,12 @@ class Supervisor:
     def _exit_kind(self, code: int, beats: dict[int, heartbeat.Heartbeat]) -> AttemptEnd:
         if code == 0 and (self.stage_dir / RESULT_NAME).exists():
             return AttemptEnd.FINISHED
-        stopped = len(beats) == self.config.nproc_per_node and all(b.phase == "stopped" for b in beats.values())
+        stopped = len(beats) == self.config.world_size and all(b.phase == "stopped" for b in beats.values())
         return AttemptEnd.STOPPED if stopped else AttemptEnd.DEAD
 
     def _hung(self, attempt: launch.Attempt, beats: dict[int, heartbeat.Heartbeat]) -> bool:
         now = time.time()
-        if len(beats) < self.config.nproc_per_node:
+        if len(beats) < self.config.world_size:
             return now - attempt.launched_at > self.config.startup_timeout_s
         for beat in beats.values():
             if beat.phase in ("finished", "stopped"):

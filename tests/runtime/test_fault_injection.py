@@ -104,3 +104,29 @@ def test_a_corrupt_latest_checkpoint_is_skipped_never_loaded(tmp_path, tokens):
     log = (stage_dir / "attempt-0.log").read_text() + Path(config.metrics_path).read_text()
     assert "skipped checkpoint step 20: no completion marker" in log
     assert "skipped checkpoint step 16: digest mismatch" in log
+
+
+def test_two_nodes_on_loopback_survive_the_sigkill_of_the_second_nodes_rank(tmp_path, tokens):
+    """Issue 8, item 3: the multi-node path for real. Two torchrun launchers (`--nnodes 2`, c10d on
+    loopback), one rank each; the second node's rank dies, its launcher exits, the supervisor ends
+    both nodes and resumes the stage on two fresh launchers from the newest whole checkpoint."""
+    config = worker_config(tmp_path, tokens, num_steps=STEPS)
+    two_nodes = SupervisorConfig(nnodes=2, nproc_per_node=1, hang_timeout_s=HANG_BOUND_S, startup_timeout_s=90.0,
+                                 poll_interval_s=POLL_S, grace_s=3.0, max_restarts=2)
+    thread, reports = _start(Supervisor(worker=config, config=two_nodes))
+    beat = _wait_past_first_checkpoint(config, rank=1)
+    beats = heartbeat.read_all(Path(config.heartbeat_dir), attempt=0)
+    # Each rank was started by its own node's launcher: node (group) ranks 0 and 1, one rank each.
+    assert sorted(_torchrun_env(b.pid)["GROUP_RANK"] for b in beats.values()) == ["0", "1"]
+    assert {_torchrun_env(b.pid)["LOCAL_WORLD_SIZE"] for b in beats.values()} == {"1"}
+    os.kill(beat.pid, signal.SIGKILL)
+    thread.join(timeout=150)
+    (report,) = reports
+    _check_recovered(report, config, "dead")
+    (allocation,) = [e for e in events.read(Path(config.stage_dir)) if e.kind is EventKind.ALLOCATION]
+    assert allocation.num_devices == 2
+
+
+def _torchrun_env(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)

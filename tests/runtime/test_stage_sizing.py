@@ -78,3 +78,13 @@ def test_the_worker_config_carries_strategy_and_battery(tmp_path):
         replace(config, eval_suite_sha256=None)
     with pytest.raises(ValueError):
         replace(config, data_parallel="zero3")
+
+
+def test_the_launcher_takes_the_plans_node_and_gpu_counts_unless_set():
+    from ito_assets.defs.training.launcher import TrainingLauncherResource
+
+    hardware = Hardware(gpu=gpu_spec("H100-SXM"), network=network_spec("infiniband"), num_nodes=4,
+                        gpus_per_node=8, price_cents_per_gpu_hour=250)
+    assert TrainingLauncherResource().counts(hardware, has_cuda=True) == (4, 8)
+    assert TrainingLauncherResource().counts(hardware, has_cuda=False) == (4, 1)  # one CPU rank per node
+    assert TrainingLauncherResource(nnodes=2, nproc_per_node=1).counts(hardware, has_cuda=True) == (2, 1)

@@ -22,6 +22,7 @@ from ito_assets.defs.resources import ItoSettingsResource, LedgerResource
 from ito_assets.defs.training import pipes_client
 from ito_assets.defs.training.assets import TRAINING_ASSETS
 from ito_assets.defs.training.checks import TRAINING_CHECKS
+from ito_assets.defs.training.launcher import TrainingLauncherResource
 from ito_assets.defs.training.resources import TrainingRuntimeResource
 from ito_assets.data.shards import Shard, ShardSet
 from ito_assets.defs.workload.assets import RUN_ID_TAG
@@ -126,6 +127,7 @@ def _materialize(tmp_path: Path, instance, runtime: TrainingRuntimeResource, led
          *TRAINING_CHECKS],
         partition_key=found.key, instance=instance, tags={RUN_ID_TAG: ledger_run[0].run_id},
         resources={"ito": ItoSettingsResource.from_settings(settings), "training_runtime": runtime,
+                   "training_launcher": TrainingLauncherResource(),
                    "pipes_subprocess_client": pipes_client(), "ledger": LedgerResource(url=ledger_run[1])},
         raise_on_error=False,
     )

@@ -6,6 +6,7 @@ import dagster as dg
 
 from ito_assets.defs.training.assets import TRAINING_ASSETS
 from ito_assets.defs.training.checks import TRAINING_CHECKS
+from ito_assets.defs.training.launcher import TrainingLauncherResource
 from ito_assets.defs.training.resources import TrainingRuntimeResource
 
 
@@ -13,7 +14,8 @@ def defs() -> dg.Definitions:
     return dg.Definitions(
         assets=TRAINING_ASSETS,
         asset_checks=TRAINING_CHECKS,
-        resources={"training_runtime": TrainingRuntimeResource(), "pipes_subprocess_client": pipes_client()},
+        resources={"training_runtime": TrainingRuntimeResource(), "training_launcher": TrainingLauncherResource(),
+                   "pipes_subprocess_client": pipes_client()},
     )
 
 

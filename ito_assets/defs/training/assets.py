@@ -15,12 +15,14 @@ import sys
 from pathlib import Path
 
 import dagster as dg
+import torch
 
 from ito_assets.data import lineage
 from ito_assets.defs.failures import failure, verified_or_fail
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.resources import ItoSettingsResource, LedgerResource
 from ito_assets.defs.training import telemetry_table
+from ito_assets.defs.training.launcher import TrainingLauncherResource
 from ito_assets.defs.training.resources import TrainingRuntimeResource
 from ito_assets.defs.workload.live import require_live_authorization
 from ito_assets.defs.training.stage_outcome import outcome_metadata, read_outcome
@@ -106,12 +108,20 @@ def _eval_suite(ito: ItoSettingsResource, manifest: Manifest) -> tuple[Path, Eva
     return path, suite
 
 
-def _stage_config(ito, runtime, manifest: Manifest, stage, plan: PlanOutcome, run_id: str, layout: RunLayout, tokens,
-                  previous):
-    suite_path, suite = _eval_suite(ito, manifest)
+@dataclasses.dataclass(frozen=True)
+class _StageResources:
+    ito: ItoSettingsResource
+    runtime: TrainingRuntimeResource
+    launcher: TrainingLauncherResource
+    pipes: dg.PipesSubprocessClient
+    ledger: LedgerResource
+
+
+def _stage_config(res: _StageResources, manifest: Manifest, stage, plan: PlanOutcome, run_id: str,
+                  layout: RunLayout, tokens, previous, world_size: int):
+    suite_path, suite = _eval_suite(res.ito, manifest)
     sizing = stages.sizing_from_plan(stages.stage_plan(plan.run_plan, stage.name), vocab_size=tokens.vocab_size,
-                                     world_size=runtime.nproc_per_node, seed=runtime.seed,
-                                     batch_size=runtime.batch_size)
+                                     world_size=world_size, seed=res.runtime.seed, batch_size=res.runtime.batch_size)
     return stages.worker_config(
         run_key=run_id, stage=stage, policy=manifest.checkpoint_policy, layout=layout, sizing=sizing,
         tokens_path=Path(tokens.train_path), heldout_path=Path(tokens.heldout_path),
@@ -119,37 +129,40 @@ def _stage_config(ito, runtime, manifest: Manifest, stage, plan: PlanOutcome, ru
         eval_suite_path=str(suite_path), eval_suite_sha256=suite.digest)
 
 
-def _run_stage(context, ito, runtime, pipes, ledger, authorization, verdict, tokens, plan, previous, name: str):
+def _run_stage(context, res: _StageResources, inputs: dict, previous, name: str):
+    verdict, tokens, plan = inputs["training_manifest"], inputs["training_tokens"], inputs["training_plan"]
     manifest = verified_or_fail(verdict, "training").manifest
     stage = stages.find_stage(manifest.training_target, name)
     if stage is None:  # the next stage starts from the last trained one
         context.log.info(f"the manifest has no {name} stage: the previous checkpoint carries forward")
         yield dg.Output(previous, metadata={"in_manifest": False})
         return
-    run_id, checkpoint_dir = require_live_authorization(context, ledger, authorization, "training",
+    run_id, checkpoint_dir = require_live_authorization(context, res.ledger, inputs["run_authorization"], "training",
                                                         manifest_digest=verdict.digest)
     try:
         layout = RunLayout.for_run(checkpoint_dir, run_id)
         store = VerdictStore(layout.run_dir)
         store.ensure_not_failed(STAGE_ORDER[: STAGE_ORDER.index(name) + 1])
         _require_plan(plan)
-        config = _stage_config(ito, runtime, manifest, stage, plan, run_id, layout, tokens, previous)
+        nnodes, nproc = res.launcher.counts(plan.run_plan.hardware, has_cuda=torch.cuda.is_available())
+        config = _stage_config(res, manifest, stage, plan, run_id, layout, tokens, previous, nnodes * nproc)
     except ItoError as error:
         raise failure(error) from None
     stage_dir = Path(config.stage_dir)
     write_atomic(stage_dir / "stage.json", config.to_json().encode())
-    pipes.run(context=context, command=[
+    supervisor = res.runtime.supervisor(nnodes=nnodes, nproc_per_node=nproc)
+    res.pipes.run(context=context, command=[
         sys.executable, "-m", "ito_assets.runtime.supervisor", "--worker", str(stage_dir / "stage.json"),
-        "--supervisor", json.dumps(dataclasses.asdict(runtime.supervisor()))])
+        "--supervisor", json.dumps(dataclasses.asdict(supervisor))])
     result = json.loads((stage_dir / REPORT_NAME).read_text())["result"]
     reference = previous.eval if previous else result["initial_eval"]
     prior = stages.previous_stage(manifest.training_target, name)
-    policy = runtime.gate_policy(manifest.training_target.eval_gate)
+    policy = res.runtime.gate_policy(manifest.training_target.eval_gate)
     gate = store.record(judge(name, result["eval"], reference, policy, previous_stage=prior))
-    with ledger.open() as opened:
+    with res.ledger.open() as opened:
         publish_stage(opened, run_id, name, stage_dir, result["eval"])
     outcome = read_outcome(name, layout.run_dir, stage_dir, gate)
-    yield dg.Output(outcome, metadata=outcome_metadata(outcome))
+    yield dg.Output(outcome, metadata={**outcome_metadata(outcome), "nnodes": nnodes, "nproc_per_node": nproc})
 
 
 def _stage_asset(name: str, upstream: str | None):
@@ -165,28 +178,17 @@ def _stage_asset(name: str, upstream: str | None):
         ins=ins,
         description=f"The {name} stage's final checkpoint (torch.distributed.checkpoint), trained out of process "
         f"under the supervisor from the previous stage's, with the plan's global batch and data-parallel layout "
-        f"(DDP or FSDP2); the previous one carried forward when the manifest has no {name} stage.",
+        f"(DDP or FSDP2) on the plan's nodes (`training_launcher`); the previous one carried forward when the "
+        f"manifest has no {name} stage.",
     )
 
-    def body(context, ito, training_runtime, pipes_subprocess_client, ledger, inputs: dict, previous):
-        yield from _run_stage(context, ito, training_runtime, pipes_subprocess_client, ledger,
-                              inputs["run_authorization"], inputs["training_manifest"], inputs["training_tokens"],
-                              inputs["training_plan"], previous, name)
+    def stage(context: dg.AssetExecutionContext, ito: ItoSettingsResource, training_runtime: TrainingRuntimeResource,
+              training_launcher: TrainingLauncherResource, pipes_subprocess_client: dg.PipesSubprocessClient,
+              ledger: LedgerResource, **inputs):
+        res = _StageResources(ito, training_runtime, training_launcher, pipes_subprocess_client, ledger)
+        yield from _run_stage(context, res, inputs, inputs.get("previous"), name)
 
-    if upstream is None:
-        def first_stage(context: dg.AssetExecutionContext, ito: ItoSettingsResource,
-                        training_runtime: TrainingRuntimeResource, pipes_subprocess_client: dg.PipesSubprocessClient,
-                        ledger: LedgerResource, **inputs):
-            yield from body(context, ito, training_runtime, pipes_subprocess_client, ledger, inputs, None)
-
-        return decorate(first_stage)
-
-    def later_stage(context: dg.AssetExecutionContext, ito: ItoSettingsResource,
-                    training_runtime: TrainingRuntimeResource, pipes_subprocess_client: dg.PipesSubprocessClient,
-                    ledger: LedgerResource, **inputs):
-        yield from body(context, ito, training_runtime, pipes_subprocess_client, ledger, inputs, inputs["previous"])
-
-    return decorate(later_stage)
+    return decorate(stage)
 
 
 pretraining_checkpoint = _stage_asset("pretraining", None)

@@ -1,6 +1,6 @@
-"""The training runtime's knobs as a Dagster resource (key `training_runtime`): how many ranks this
-machine runs, an optional batch override, the supervisor's bounds, the gates' measured noise bands
-and their default thresholds. Defaults are the embedded CPU installation's.
+"""The training runtime's knobs as a Dagster resource (key `training_runtime`): an optional batch
+override, the supervisor's bounds, the gates' measured noise bands and their default thresholds.
+Defaults are the embedded CPU installation's; where the ranks run is `training_launcher`'s.
 
 The plan decides the model, the global batch and the data-parallel strategy of every stage
 (`ito_assets.runtime.stages`); the manifest's `training_target.eval_gate`, when set, decides the
@@ -24,7 +24,6 @@ ANSWER_LOSS_NOISE_BAND = 0.017
 
 
 class TrainingRuntimeResource(dg.ConfigurableResource):
-    nproc_per_node: int = 1
     # None: every stage trains the plan's global batch. Set it on a host that cannot hold that
     # batch: the stage then takes more, smaller steps over the same reviewed tokens.
     batch_size: Optional[int] = None
@@ -40,8 +39,9 @@ class TrainingRuntimeResource(dg.ConfigurableResource):
     min_improvement_bands: float = MIN_IMPROVEMENT_BANDS
     max_regression_bands: float = MAX_REGRESSION_BANDS
 
-    def supervisor(self) -> SupervisorConfig:
-        return SupervisorConfig(nproc_per_node=self.nproc_per_node, hang_timeout_s=self.hang_timeout_s,
+    def supervisor(self, *, nnodes: int, nproc_per_node: int) -> SupervisorConfig:
+        """The supervisor's bounds for an attempt of `nnodes` x `nproc_per_node` ranks (`training_launcher`)."""
+        return SupervisorConfig(nnodes=nnodes, nproc_per_node=nproc_per_node, hang_timeout_s=self.hang_timeout_s,
                                 startup_timeout_s=self.startup_timeout_s, poll_interval_s=self.poll_interval_s,
                                 grace_s=self.grace_s, max_restarts=self.max_restarts)
 
