@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "torch==2.13.0"
-	$(BIN)/pip install --quiet -e '.[dev,cluster]'
+	$(BIN)/pip install --quiet -e '.[dev,cluster,ft]'
 	touch $(STAMP)
 
 $(DAGSTER_HOME)/dagster.yaml:
