@@ -150,3 +150,20 @@ def postgres_url_or_skip() -> str:
     except psycopg.OperationalError:
         pytest.skip(f"no PostgreSQL reachable for the Postgres path (set ITO_TEST_POSTGRES_URL); tried {POSTGRES_URL.split('@')[-1]}")
     return POSTGRES_URL
+
+
+def postgres_dagster_instance(home: Path, database: str, monkeypatch):
+    """A Dagster instance from deploy/postgres/dagster.yaml on `database` of the test server."""
+    import shutil
+
+    import dagster as dg
+
+    env = {"DAGSTER_PG_HOST": "127.0.0.1", "DAGSTER_PG_PORT": "5432", "DAGSTER_PG_USER": "postgres",
+           "DAGSTER_PG_PASSWORD": "", "DAGSTER_PG_DB": database}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    home.mkdir()
+    shutil.copy(Path(__file__).resolve().parents[1] / "deploy/postgres/dagster.yaml", home / "dagster.yaml")
+    instance = dg.DagsterInstance.from_config(str(home))
+    assert type(instance.run_storage).__name__ == "PostgresRunStorage"
+    return instance

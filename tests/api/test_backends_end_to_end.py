@@ -20,7 +20,7 @@ import pytest
 
 from api_harness import Client, Server
 from definitions import build_definitions
-from helpers import postgres_url_or_skip
+from helpers import postgres_dagster_instance, postgres_url_or_skip
 from ito_assets.defs.workload.assets import RUN_ID_TAG
 from ito_assets.local_run import RunSummary, evaluate_sensor
 
@@ -49,14 +49,7 @@ def _postgres(root: Path, monkeypatch, request) -> tuple[dict, dg.DagsterInstanc
             admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
     request.addfinalizer(drop)
-    for name, value in {"DAGSTER_PG_HOST": "127.0.0.1", "DAGSTER_PG_PORT": "5432", "DAGSTER_PG_USER": "postgres",
-                        "DAGSTER_PG_PASSWORD": "", "DAGSTER_PG_DB": database}.items():
-        monkeypatch.setenv(name, value)
-    home = root / "dagster"
-    home.mkdir()
-    shutil.copy(ROOT / "deploy/postgres/dagster.yaml", home / "dagster.yaml")
-    instance = dg.DagsterInstance.from_config(str(home))
-    assert type(instance.run_storage).__name__ == "PostgresRunStorage"
+    instance = postgres_dagster_instance(root / "dagster", database, monkeypatch)
     ledger = {"ITO_LEDGER_URL": url.replace("postgresql://", "postgresql+psycopg://", 1), "ITO_LEDGER_SCHEMA": schema}
     return ledger, instance
 

@@ -13,7 +13,7 @@ import yaml
 from dagster._core.instance.config import dagster_instance_config
 
 from definitions import build_definitions
-from helpers import QUICK_DECISION, postgres_url_or_skip
+from helpers import QUICK_DECISION, postgres_dagster_instance, postgres_url_or_skip
 from ito_assets.settings import load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,13 +70,7 @@ def test_postgres_instance_runs_the_manifest_job(installation, tmp_path, monkeyp
     with psycopg.connect(url, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{database}"')
     try:
-        for name, value in {**PG_ENV, "DAGSTER_PG_DB": database}.items():
-            monkeypatch.setenv(name, value)
-        home = tmp_path / "home"
-        home.mkdir()
-        shutil.copy(ROOT / "deploy/postgres/dagster.yaml", home / "dagster.yaml")
-        instance = dg.DagsterInstance.from_config(str(home))
-        assert type(instance.run_storage).__name__ == "PostgresRunStorage"
+        instance = postgres_dagster_instance(tmp_path / "home", database, monkeypatch)
         _run_manifest_job(installation, instance)
         instance.dispose()
     finally:
