@@ -12,6 +12,7 @@ the kept documents plus the pieces of cut ones.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import polars as pl
@@ -90,6 +91,14 @@ def apply_actions(docs: pl.DataFrame, hits: pl.DataFrame, config: DecontamConfig
     return pl.DataFrame(actions, schema=ACTION_SCHEMA), pl.DataFrame(pieces, schema=PIECE_SCHEMA)
 
 
+def clean_batches(batches: Iterable[pl.DataFrame], actions: pl.DataFrame, pieces: pl.DataFrame) -> Iterator[pl.DataFrame]:
+    """`clean_documents` a batch of scanned documents at a time. The batches come in keep order
+    (source_index, doc_id) and a piece sorts beside its own document, so the batches' clean rows,
+    each sorted, are in the order `clean_documents` gives the whole frame."""
+    for batch in batches:
+        yield clean_documents(batch, actions, pieces)
+
+
 def clean_documents(scanned: pl.DataFrame, actions: pl.DataFrame, pieces: pl.DataFrame) -> pl.DataFrame:
     """The clean rows: uncontaminated documents whole, and the pieces of cut ones, with provenance."""
     whole = (
@@ -131,13 +140,13 @@ def account(input_ids: pl.Series, final: pl.DataFrame, clean: pl.DataFrame) -> C
     dropped = final.filter((pl.col("state") == CONTAMINATED) & (pl.col("action") == DROP)).height
     if final["doc_id"].n_unique() != final.height:
         problems.append("a document has more than one decision")
-    if set(final["doc_id"].to_list()) != set(input_ids.to_list()):
+    if not _same_ids(final["doc_id"], input_ids):
         problems.append("the decisions and the input documents differ")
     if sum(counts.values()) != len(input_ids):
         problems.append("the states do not add up to the input")
     whole = clean.filter(pl.col("piece").is_null())["doc_id"]
     kept = final.filter(pl.col("state") == KEPT)["doc_id"]
-    if whole.n_unique() != whole.len() or set(whole.to_list()) != set(kept.to_list()):
+    if whole.n_unique() != whole.len() or not _same_ids(whole, kept):
         problems.append("the whole documents in the clean shards are not exactly the kept ones")
     cut = final.filter(pl.col("action") == CUT).select("doc_id", "num_pieces")
     pieces = clean.filter(pl.col("piece").is_not_null()).group_by("doc_id").agg(pl.len().alias("found"))
@@ -163,3 +172,10 @@ def account(input_ids: pl.Series, final: pl.DataFrame, clean: pl.DataFrame) -> C
         num_pieces=clean.height - whole.len(),
         problems=tuple(problems),
     )
+
+
+def _same_ids(a: pl.Series, b: pl.Series) -> bool:
+    """Whether two columns of ids hold the same set, by anti-joins: Python sets of every id would
+    cost ~100 bytes per document."""
+    left, right = a.to_frame("id"), b.to_frame("id")
+    return not left.join(right, on="id", how="anti").height and not right.join(left, on="id", how="anti").height

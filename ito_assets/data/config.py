@@ -125,10 +125,55 @@ class DecontamConfig:
         return min(self.ngram_size, max(1, math.ceil(self.min_overlap * view_len - 1e-9)))
 
 
+# DuckDB's documented minimum of 125 MB per thread, rounded up to a power of two.
+MIN_MB_PER_DUCKDB_THREAD = 128
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScaleConfig:
+    """How one data step spreads its work over a machine. None of these changes a result (the
+    streamed and in-memory paths agree exactly: tests/data/test_dedup_units.py,
+    test_decontam_units.py); they bound memory.
+
+    - unit_bytes 8 MiB: the documents are cut into work units of about this many bytes of text;
+      a unit's shingling, signatures and decontamination scan are independent steps. A worker
+      on an 8 MiB unit peaked at ~350 MB RSS, ~200 MB of it the interpreter with polars, DuckDB
+      and numpy loaded (benchmarks/data_scaling.py): ~18x the unit's text on top (token and
+      shingle hashes, polars' word lists), so a worker stays near 350 MB whatever the corpus.
+    - num_workers 1: worker processes per step (1 runs the units in the step's own process).
+    - memory_limit_mb 512: DuckDB's buffer-manager cap for the out-of-core joins and sorts (keep
+      order, exact-copy groups, the LSH band join); past it DuckDB spills to the step's scratch
+      folder (DuckDB docs, "Memory management"). Its default, 80% of RAM, would crowd the workers.
+      DuckDB asks for at least 125 MB per thread (DuckDB docs, "Tuning workloads"), so the
+      scratch database runs min(num_workers, memory_limit_mb // 128) threads: measured on a
+      120 MB corpus, 2 threads under a 128 MB cap ran out of memory where 1 thread spilled, and
+      under 64 MB even 1 thread did (hence the 128 MB floor).
+    - pair_batch 16,384 candidate pairs per verification batch: a batch gathers the shingle sets
+      of both documents of each pair, ~2 x 16k x 300 x 8 bytes = 80 MB for 300-shingle documents.
+    """
+
+    unit_bytes: int = 8 * 2**20
+    num_workers: int = 1
+    memory_limit_mb: int = 512
+    pair_batch: int = 16_384
+
+    @property
+    def duckdb_threads(self) -> int:
+        return max(1, min(self.num_workers, self.memory_limit_mb // MIN_MB_PER_DUCKDB_THREAD))
+
+    def __post_init__(self) -> None:
+        _require(self.unit_bytes >= 1, "unit_bytes", "must be positive")
+        _require(self.num_workers >= 1, "num_workers", "must be positive")
+        _require(self.memory_limit_mb >= MIN_MB_PER_DUCKDB_THREAD, "memory_limit_mb", f"must be at least {MIN_MB_PER_DUCKDB_THREAD} (DuckDB's floor for one thread)")
+        _require(self.pair_batch >= 1, "pair_batch", "must be positive")
+
+
 @dataclass(frozen=True, kw_only=True)
 class DataPrepConfig:
     dedup: DedupConfig = field(default_factory=DedupConfig)
     decontam: DecontamConfig = field(default_factory=DecontamConfig)
+    # Not in `as_metadata`: how the work is spread never changes what it produces.
+    scale: ScaleConfig = field(default_factory=ScaleConfig)
     # Rows per Parquet shard: ~50k documents of a few kB keep a shard near 100 MB, the size that
     # Parquet readers and object stores handle best (Apache Parquet docs: 512 MB-1 GB row groups
     # for HDFS; smaller files for local, parallel reads).

@@ -70,9 +70,13 @@ def seed_matches(tokens: TokenHashes, index: EvalIndex) -> pl.DataFrame:
     return pl.concat(frames) if frames else pl.DataFrame(schema=_EMPTY_MATCHES)
 
 
-def common_seeds(matches: pl.DataFrame, index: EvalIndex, config: DecontamConfig) -> pl.DataFrame:
+def seed_frequency(matches: pl.DataFrame) -> pl.DataFrame:
+    """Documents per seed (seed, num_docs). Units hold disjoint documents, so theirs add up."""
+    return matches.group_by("seed").agg(pl.col("doc").n_unique().cast(pl.Int64).alias("num_docs"))
+
+
+def common_seeds(frequency: pl.DataFrame, index: EvalIndex, config: DecontamConfig) -> pl.DataFrame:
     """(seed, view) pairs to ignore: frequent in the corpus and far above their view's median."""
-    frequency = matches.group_by("seed").agg(pl.col("doc").n_unique().alias("num_docs"))
     per_view = index.seeds.join(frequency, on="seed", how="left").with_columns(pl.col("num_docs").fill_null(0))
     median = per_view.group_by("view").agg(pl.col("num_docs").median().alias("median_docs"))
     return (
@@ -83,6 +87,7 @@ def common_seeds(matches: pl.DataFrame, index: EvalIndex, config: DecontamConfig
         )
         .select("seed", "view")
         .unique()
+        .sort("seed", "view")
     )
 
 
@@ -180,18 +185,29 @@ def _attribute(hits: list[dict]) -> list[dict]:
     return sorted(({k: v for k, v in h.items() if k != "_raw"} for h in kept), key=lambda h: (h["char_start"], h["eval_item_id"]))
 
 
-def scan(docs: pl.DataFrame, index: EvalIndex, config: DecontamConfig) -> tuple[pl.DataFrame, ScanCounts]:
-    """docs (doc_id, text) -> (hits in HIT_SCHEMA, counters)."""
-    tokens = token_hashes(docs["text"], digits_normalized=True)
-    matches = seed_matches(tokens, index)
-    ignored = common_seeds(matches, index, config)
+def candidate_documents(matches: pl.DataFrame, ignored: pl.DataFrame, index: EvalIndex) -> list[int]:
+    """Documents (positions) with at least one hit on the fast path, in order."""
     useful = matches.join(ignored, on=["seed", "view"], how="anti")
-    candidates = occurrences(useful, index).filter(pl.col("is_hit"))["doc"].unique().sort().to_list()
+    return occurrences(useful, index).filter(pl.col("is_hit"))["doc"].unique().sort().to_list()
+
+
+def hits_of(candidates: list[int], docs: pl.DataFrame, index: EvalIndex, ignored: pl.DataFrame, config: DecontamConfig) -> pl.DataFrame:
+    """The authoritative hits of the candidate documents (positions in `docs`), in HIT_SCHEMA."""
     ids, texts = docs["doc_id"], docs["text"]
     rows: list[dict] = []
     for doc in candidates:
         rows.extend(_hits_in_document(ids[doc], texts[doc], index, ignored, config))
-    hits = pl.DataFrame(rows, schema=HIT_SCHEMA) if rows else pl.DataFrame(schema=HIT_SCHEMA)
+    return pl.DataFrame(rows, schema=HIT_SCHEMA) if rows else pl.DataFrame(schema=HIT_SCHEMA)
+
+
+def scan(docs: pl.DataFrame, index: EvalIndex, config: DecontamConfig) -> tuple[pl.DataFrame, ScanCounts]:
+    """docs (doc_id, text) -> (hits in HIT_SCHEMA, counters), in memory (`decontam_units` is the
+    streamed equivalent)."""
+    tokens = token_hashes(docs["text"], digits_normalized=True)
+    matches = seed_matches(tokens, index)
+    ignored = common_seeds(seed_frequency(matches), index, config)
+    candidates = candidate_documents(matches, ignored, index)
+    hits = hits_of(candidates, docs, index, ignored, config)
     counts = ScanCounts(
         num_documents=docs.height,
         num_seed_matches=matches.height,

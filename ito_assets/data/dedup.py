@@ -45,28 +45,42 @@ class DedupCounts:
 
 
 def deduplicate(docs: pl.DataFrame, config: DedupConfig) -> tuple[pl.DataFrame, DedupCounts]:
-    """docs (DOCUMENT_SCHEMA) -> (one decision row per document in DEDUP_SCHEMA, counters)."""
+    """docs (DOCUMENT_SCHEMA) -> (one decision row per document in DEDUP_SCHEMA, counters), in
+    memory (`dedup_units` is the out-of-core equivalent)."""
     ordered = in_keep_order(docs)
     representatives, copies, exact_counts = exact_duplicates(ordered)
     hasher = MinHasher(num_perm=config.num_perm, seed=config.seed)
     signatures, shingles = hasher.signatures_of_texts(representatives["text"], config.shingle_size)
     removed, near_counts = near_duplicates(signatures, shingles, config)
+    return decide(ordered["doc_id"], copies, representatives["doc_id"], removed, exact_counts, near_counts)
 
-    ids = representatives["doc_id"].to_list()
+
+def decide(
+    ordered_ids: pl.Series,
+    copies: pl.DataFrame,
+    representative_ids: pl.Series,
+    removed: dict[int, tuple[int, float]],
+    exact_counts: ExactDedupCounts,
+    near_counts: NearDedupCounts,
+) -> tuple[pl.DataFrame, DedupCounts]:
+    """Every document's decision from the exact copies (doc_id, exact_copy_of) and the
+    near-duplicate removals (by position among the representatives, in keep order)."""
+    # Gathered by position in polars: a Python list of every representative's id would cost ~100
+    # bytes per document in the out-of-core path, where nothing else holds the ids as objects.
     near = pl.DataFrame(
         {
-            "doc_id": [ids[r] for r in removed],
-            "near_of": [ids[k] for k, _ in removed.values()],
+            "doc_id": representative_ids.gather(list(removed)),
+            "near_of": representative_ids.gather([k for k, _ in removed.values()]),
             "near_similarity": [s for _, s in removed.values()],
         },
         schema={"doc_id": pl.String, "near_of": pl.String, "near_similarity": pl.Float64},
     )
     decisions = (
-        ordered.select("doc_id")
-        .join(copies, on="doc_id", how="left")
+        ordered_ids.to_frame("doc_id")
+        .join(copies, on="doc_id", how="left", maintain_order="left")
         # A copy inherits its representative's fate; a representative has its own.
         .with_columns(pl.coalesce("exact_copy_of", "doc_id").alias("_representative"))
-        .join(near.rename({"doc_id": "_representative"}), on="_representative", how="left")
+        .join(near.rename({"doc_id": "_representative"}), on="_representative", how="left", maintain_order="left")
         .with_columns(
             pl.when(pl.col("near_of").is_not_null()).then(pl.col("near_of"))
             .when(pl.col("exact_copy_of").is_not_null()).then(pl.col("exact_copy_of"))
@@ -85,14 +99,9 @@ def deduplicate(docs: pl.DataFrame, config: DedupConfig) -> tuple[pl.DataFrame, 
         .select(list(DEDUP_SCHEMA))
         .cast(DEDUP_SCHEMA)
     )
+    num_input = len(ordered_ids)
     num_removed = decisions.filter(pl.col("dedup_state") == DUPLICATE).height
-    counts = DedupCounts(
-        exact=exact_counts,
-        near=near_counts,
-        num_input=docs.height,
-        num_kept=docs.height - num_removed,
-        num_removed=num_removed,
-    )
+    counts = DedupCounts(exact=exact_counts, near=near_counts, num_input=num_input, num_kept=num_input - num_removed, num_removed=num_removed)
     return decisions, counts
 
 

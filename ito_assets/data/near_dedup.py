@@ -53,20 +53,25 @@ def band_keys(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
     return keys
 
 
-def candidate_pairs(signatures: np.ndarray, bands: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
-    """Distinct pairs (a < b) of documents sharing at least one band. Documents without shingles
-    never pair."""
+def band_rows(signatures: np.ndarray, bands: int, rows: int, first: int = 0) -> pl.DataFrame:
+    """One (doc, band, key) row per band of every document with shingles; `doc` is the position
+    in the keep order (`first` + the row). Documents without shingles never pair."""
     eligible = np.flatnonzero(signatures[:, 0] != EMPTY) if len(signatures) else np.zeros(0, dtype=np.int64)
-    if len(eligible) < 2:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     keys = band_keys(signatures[eligible], bands, rows)
-    table = pl.DataFrame(
+    return pl.DataFrame(
         {
-            "doc": np.repeat(eligible, bands),
+            "doc": np.repeat(eligible.astype(np.int64) + first, bands),
             "band": np.tile(np.arange(bands, dtype=np.int32), len(eligible)),
             "key": keys.reshape(-1),
-        }
+        },
+        schema={"doc": pl.Int64, "band": pl.Int32, "key": pl.UInt64},
     )
+
+
+def candidate_pairs(signatures: np.ndarray, bands: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct pairs (a < b) of documents sharing at least one band, in memory (`band_join` is
+    the out-of-core equivalent)."""
+    table = band_rows(signatures, bands, rows)
     # Only buckets with two or more members can produce pairs.
     shared = table.filter(pl.len().over("band", "key") > 1)
     pairs = (

@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -20,6 +21,10 @@ import polars as pl
 SUCCESS_MARKER = "_SUCCESS"
 # zstd level 3: polars' default codec and level, a good size/speed trade-off for text.
 COMPRESSION = "zstd"
+# Rows per Parquet row group. Readers that stream a shard (pyarrow's iter_batches, DuckDB) decode
+# a whole row group at a time, so this, not the shard's size, bounds what one batch costs: 8k
+# documents of a few kB, a few tens of MB (polars' default, 512^2 rows, is a whole shard).
+ROW_GROUP_ROWS = 8192
 
 
 @dataclass(frozen=True)
@@ -65,21 +70,39 @@ def write_shards(frame: pl.DataFrame, folder: Path, *, prefix: str, max_rows: in
     """Replace `folder` with `frame` split into parts `<prefix>-NNNNN.parquet` of <= max_rows rows.
 
     An empty frame still writes one (empty) part, so that the schema travels downstream."""
+    return write_shard_stream([frame], folder, prefix=prefix, max_rows=max_rows, schema=frame.schema)
+
+
+def write_shard_stream(frames: Iterable[pl.DataFrame], folder: Path, *, prefix: str, max_rows: int, schema: Mapping) -> ShardSet:
+    """`write_shards` for frames that arrive a batch at a time: the same parts, holding at most
+    one part (plus one batch) in memory."""
     if folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
-    shards = []
-    num_parts = max(1, -(-frame.height // max_rows))
-    for part in range(num_parts):
-        chunk = frame.slice(part * max_rows, max_rows)
-        final = folder / f"{prefix}-{part:05d}.parquet"
-        temporary = folder / f".{final.name}.tmp"
-        chunk.write_parquet(temporary, compression=COMPRESSION, statistics=True)
-        os.replace(temporary, final)
-        shards.append(Shard(path=str(final), sha256=file_sha256(final), num_rows=chunk.height))
+    shards: list[Shard] = []
+    pending: list[pl.DataFrame] = []
+    num_pending = 0
+    for frame in frames:
+        pending.append(frame)
+        num_pending += frame.height
+        while num_pending >= max_rows:
+            rows = pl.concat(pending)
+            shards.append(_write_part(rows.head(max_rows), folder, prefix, len(shards)))
+            pending, num_pending = [rows.slice(max_rows)], rows.height - max_rows
+    if num_pending or not shards:
+        rows = pl.concat(pending) if pending else pl.DataFrame(schema=schema)
+        shards.append(_write_part(rows, folder, prefix, len(shards)))
     shard_set = ShardSet(folder=str(folder), shards=tuple(shards))
     (folder / SUCCESS_MARKER).write_text(json.dumps(shard_set.as_dicts(), indent=2) + "\n")
     return shard_set
+
+
+def _write_part(chunk: pl.DataFrame, folder: Path, prefix: str, part: int) -> Shard:
+    final = folder / f"{prefix}-{part:05d}.parquet"
+    temporary = folder / f".{final.name}.tmp"
+    chunk.rechunk().write_parquet(temporary, compression=COMPRESSION, statistics=True, row_group_size=ROW_GROUP_ROWS)
+    os.replace(temporary, final)
+    return Shard(path=str(final), sha256=file_sha256(final), num_rows=chunk.height)
 
 
 def write_table(frame: pl.DataFrame, path: Path) -> Shard:

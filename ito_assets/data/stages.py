@@ -1,12 +1,16 @@
 """The four data-preparation stages as plain functions over folders: each reads what the previous
 stage wrote, calls the steps, writes its Parquet and lineage rows, and returns a small frozen
 result (paths, digests, counters) that the Dagster shell passes on and shows as metadata.
+Deduplication and decontamination stream their input in byte-sized work units (`units`), with
+DuckDB under a memory cap for the corpus-wide joins, and cleaning streams the kept documents a
+batch at a time, so no stage after `run_sources` holds the corpus's text.
 
 Layout under `<state_dir>/shards/<manifest key>/`:
     source/   documents-NNNNN.parquet        every input document with provenance
     dedup/    decisions.parquet              dedup state of every document
               kept-NNNNN.parquet             the documents that survive deduplication
     decontam/ hits.parquet, actions.parquet, pieces.parquet
+    */_scratch/                              work units and spill of a running step (removed after)
     clean/    clean-NNNNN.parquet            the clean shards; decisions.parquet (final states)
 """
 
@@ -21,10 +25,14 @@ import polars as pl
 from ito_assets.data import clean, lineage
 from ito_assets.data.config import DataPrepConfig, DecontamConfig
 from ito_assets.data.decontam import ScanCounts, scan
-from ito_assets.data.dedup import DedupCounts, deduplicate, kept_documents
+from ito_assets.data.decontam_units import documents_with_hits, scan_shards
+from ito_assets.data.dedup import DedupCounts
+from ito_assets.data.dedup_units import deduplicate_units, kept_frames
 from ito_assets.data.eval_index import build_index
-from ito_assets.data.shards import Shard, ShardSet, write_shards, write_table
-from ito_assets.data.sources import SourceCounts, read_sources
+from ito_assets.data.scratch import scratch_space
+from ito_assets.data.shards import Shard, ShardSet, write_shard_stream, write_shards, write_table
+from ito_assets.data.sources import DOCUMENT_SCHEMA, SourceCounts, read_sources
+from ito_assets.data.units import parquet_frames
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.evals.suite import EvalSuite
 from ito_assets.manifest.verify import VerifiedManifest, eval_suite_mismatches, require_provenance
@@ -77,6 +85,9 @@ class CleanStage:
     conservation: clean.Conservation
 
 
+SCRATCH = "_scratch"  # work units, worker outputs and DuckDB spill of a running step; removed after
+
+
 def stage_folder(state_dir: Path, manifest_key: str) -> Path:
     return state_dir / "shards" / manifest_key
 
@@ -104,10 +115,11 @@ def run_sources(verified: VerifiedManifest, data_root: Path, state_dir: Path, wa
 
 
 def run_dedup(source: SourceStage, state_dir: Path, warehouse: Path, config: DataPrepConfig) -> DedupStage:
-    docs = source.shards.read()
-    decisions, counts = deduplicate(docs, config.dedup)
     folder = stage_folder(state_dir, source.manifest_key) / "dedup"
-    kept = write_shards(kept_documents(docs, decisions), folder / "kept", prefix="kept", max_rows=config.shard_max_rows)
+    paths = [s.path for s in source.shards.shards]
+    with scratch_space(folder / SCRATCH, config.scale) as scratch:
+        decisions, counts = deduplicate_units(scratch, paths, config.dedup)
+        kept = write_shard_stream(kept_frames(scratch, decisions), folder / "kept", prefix="kept", max_rows=config.shard_max_rows, schema=DOCUMENT_SCHEMA)
     table = write_table(decisions, folder / "decisions.parquet")
     duplicates = decisions.filter(pl.col("dedup_state") == "duplicate").drop("dedup_state")
     lineage.write_tables(warehouse, source.manifest_digest, {"duplicates": duplicates})
@@ -116,12 +128,13 @@ def run_dedup(source: SourceStage, state_dir: Path, warehouse: Path, config: Dat
 
 def run_decontam(verified: VerifiedManifest, suite: EvalSuite, dedup: DedupStage, state_dir: Path, warehouse: Path, config: DataPrepConfig) -> DecontamStage:
     decontam = decontam_config_for(verified, config.decontam)
-    docs = dedup.kept.read()
     index = build_index(suite, decontam)
-    hits, counts = scan(docs, index, decontam)
-    actions, pieces = clean.apply_actions(docs, hits, decontam)
-    hits = hits.join(actions.select("doc_id", "action"), on="doc_id", how="left")
     folder = stage_folder(state_dir, verified.short_digest) / "decontam"
+    paths = [s.path for s in dedup.kept.shards]
+    with scratch_space(folder / SCRATCH, config.scale) as scratch:
+        hits, counts = scan_shards(scratch, paths, index, decontam)
+    actions, pieces = clean.apply_actions(documents_with_hits(paths, hits), hits, decontam)
+    hits = hits.join(actions.select("doc_id", "action"), on="doc_id", how="left")
     stage = DecontamStage(
         manifest_digest=verified.digest,
         eval_suite_id=suite.suite_id,
@@ -144,18 +157,25 @@ def run_clean(verified: VerifiedManifest, source: SourceStage, dedup: DedupStage
     # The gate where the clean data is written: decontaminated against the suite the manifest names.
     if eval_suite_mismatches(verified.manifest, decontam.eval_suite_id, decontam.eval_suite_digest):
         raise ItoError(ErrorCode.EVAL_SUITE_MISMATCH, "the data was decontaminated against another eval suite than the manifest names")
-    scanned = dedup.kept.read()
     actions, pieces, hits = (pl.read_parquet(s.path) for s in (decontam.actions, decontam.pieces, decontam.hits))
-    rows = clean.clean_documents(scanned, actions, pieces)
-    final = clean.decisions(pl.read_parquet(dedup.decisions.path), hits, actions)
-    conservation = clean.account(source.shards.read(columns=["doc_id"])["doc_id"], final, rows)
     folder = stage_folder(state_dir, source.manifest_key) / "clean"
-    shards = write_shards(rows, folder / "shards", prefix="clean", max_rows=config.shard_max_rows)
-    table = write_table(final, folder / "decisions.parquet")
+    shards = write_clean_shards(dedup.kept, actions, pieces, folder / "shards", config.shard_max_rows)
+    # Everything below holds ids and offsets (tens of bytes per document), never text.
     placed = pl.concat([pl.read_parquet(s.path, columns=["doc_id", "piece", "char_start", "char_end"]).with_columns(pl.lit(s.path).alias("shard_path"), pl.lit(s.sha256).alias("shard_sha256")) for s in shards.shards])
+    final = clean.decisions(pl.read_parquet(dedup.decisions.path), hits, actions)
+    conservation = clean.account(source.shards.read(columns=["doc_id"])["doc_id"], final, placed)
+    table = write_table(final, folder / "decisions.parquet")
     shard_rows = pl.DataFrame([{"shard_path": s.path, "shard_sha256": s.sha256, "num_rows": s.num_rows} for s in shards.shards])
     lineage.write_tables(warehouse, source.manifest_digest, {"decisions": final, "clean_shards": shard_rows, "clean_pieces": placed})
     return CleanStage(manifest_digest=source.manifest_digest, shards=shards, decisions=table, conservation=conservation)
+
+
+def write_clean_shards(kept: ShardSet, actions: pl.DataFrame, pieces: pl.DataFrame, folder: Path, max_rows: int) -> ShardSet:
+    """The clean shards, from the kept documents read a batch at a time (the same parts as
+    `clean.clean_documents` on the whole frame)."""
+    batches = (frame.cast(DOCUMENT_SCHEMA) for frame in parquet_frames([s.path for s in kept.shards], list(DOCUMENT_SCHEMA)))
+    schema = clean.clean_documents(pl.DataFrame(schema=DOCUMENT_SCHEMA), actions.clear(), pieces.clear()).schema
+    return write_shard_stream(clean.clean_batches(batches, actions, pieces), folder, prefix="clean", max_rows=max_rows, schema=schema)
 
 
 def residual_contamination(shards: ShardSet, suite: EvalSuite, config: DecontamConfig) -> pl.DataFrame:

@@ -7,13 +7,25 @@ from typing import Literal
 
 import dagster as dg
 
-from ito_assets.data.config import DataPrepConfig, DecontamConfig, DedupConfig
+from ito_assets.data.config import DataPrepConfig, DecontamConfig, DedupConfig, ScaleConfig
 
 _DEDUP = DedupConfig()
 _DECONTAM = DecontamConfig()
+_SCALE = ScaleConfig()
+_SCALE_FIELDS = {"num_workers", "unit_bytes"}
 
 
-class DedupParams(dg.Config):
+class ScaleParams(dg.Config):
+    """How a step spreads its work over the machine; never what it produces."""
+
+    num_workers: int = _SCALE.num_workers
+    unit_bytes: int = _SCALE.unit_bytes
+
+    def scale(self) -> ScaleConfig:
+        return ScaleConfig(num_workers=self.num_workers, unit_bytes=self.unit_bytes)
+
+
+class DedupParams(ScaleParams):
     shingle_size: int = _DEDUP.shingle_size
     num_perm: int = _DEDUP.num_perm
     bands: int = _DEDUP.bands
@@ -23,10 +35,10 @@ class DedupParams(dg.Config):
     warn_duplicate_rate: float = _DEDUP.warn_duplicate_rate
 
     def to_config(self) -> DataPrepConfig:
-        return DataPrepConfig(dedup=DedupConfig(**self.model_dump()))
+        return DataPrepConfig(dedup=DedupConfig(**self.model_dump(exclude=_SCALE_FIELDS)), scale=self.scale())
 
 
-class DecontamParams(dg.Config):
+class DecontamParams(ScaleParams):
     """n (ngram_size) comes from the manifest's decontamination provenance, not from here."""
 
     seed_ngram_size: int = _DECONTAM.seed_ngram_size
@@ -36,4 +48,4 @@ class DecontamParams(dg.Config):
     cut_window_chars: int = _DECONTAM.cut_window_chars
 
     def to_config(self) -> DataPrepConfig:
-        return DataPrepConfig(decontam=DecontamConfig(**self.model_dump()))
+        return DataPrepConfig(decontam=DecontamConfig(**self.model_dump(exclude=_SCALE_FIELDS)), scale=self.scale())

@@ -1,0 +1,294 @@
+"""Data stages that scale: peak memory and throughput of deduplication + decontamination +
+cleaning as the corpus grows, and with 1 and 2 worker processes.
+
+Corpora of 1x, 4x, 16x and 64x the fixture corpus (data/fixtures/corpora, ~3k documents, ~1.7 MB)
+are generated into a temporary folder: copy 0 is the fixtures themselves (with their planted eval
+items and reposts); every further copy of a fixture document is an exact copy (5%), a near copy
+with 1-20% of its words dropped, replaced or inserted (20%), or a new document of fixture
+sentences about as long as the one it stands for (75%), so that a k-x corpus has ~k times the
+fixtures' documents and bytes, and every stage does real work at every size. Standard library
+only; nothing is downloaded.
+
+Each run is a fresh subprocess that reads the corpus's Parquet source shards and runs the chain
+source -> dedup -> kept shards -> decontam -> clean shards + final decisions + conservation account:
+- "units": the stage path (`dedup_units`, `decontam_units`, `stages.write_clean_shards`: work
+  units, DuckDB under its cap, batches), with 1 or 2 worker processes;
+- "memory": the in-memory path it replaced (`dedup.deduplicate`, `decontam.scan`,
+  `clean.clean_documents` on whole frames), the baseline in the same run.
+A third kind of subprocess only imports the libraries: its peak RSS is the fixed baseline (the
+interpreter with polars, pyarrow, DuckDB and numpy loaded), so that what the data costs shows.
+Peak RSS is the subprocess's own high-water mark (VmHWM) and, for worker processes, the largest
+worker's (getrusage RUSAGE_CHILDREN after the pool has exited). One polars thread per process
+(POLARS_MAX_THREADS=1), so that 2 workers means 2 cores.
+
+The stage path runs under a ScaleConfig scaled to the fixtures (`BENCH_SCALE`): units of 1 MiB, so
+that even 1x is several units, DuckDB capped at 128 MB (its floor for one thread), and candidate
+pairs verified 1,024 at a time. Its peak is then baseline + DuckDB's buffer pool (which fills
+towards the cap as the corpus grows, and is full from ~16x on) + one unit's and one batch's work;
+from 16x to 64x the corpus grows 4x and the peak should not.
+
+    .venv/bin/python benchmarks/data_scaling.py [--scales 1 4 16 64] [--workers-at 16] [--out benchmarks/results/data_scaling.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from ito_assets.data.config import ScaleConfig  # noqa: E402
+
+SUITE = ROOT / "data" / "fixtures" / "evals" / "ito-fixture-evals-v1.jsonl"
+BENCH_SCALE = {"unit_bytes": 2**20, "memory_limit_mb": 128, "pair_batch": 1024}
+# The stage path counts as bounded when its data-dependent peak (peak - baseline) grows by at
+# most this factor while the corpus grows 4x from 16x to 64x (DuckDB's pool is full by 16x):
+# held text would grow it ~4x; 1.2 leaves room for run-to-run noise on a shared machine.
+BOUNDED_FACTOR = 1.2
+
+
+def generate(scale: int, seed: int = 0) -> list[str]:
+    import dedup_corpus
+
+    rng = random.Random(seed)
+    base = dedup_corpus.fixture_texts()
+    sentences = [s for t in base for s in dedup_corpus._SENTENCE.split(t) if len(s.split()) >= 4]
+    texts = list(base)
+    for _ in range(scale - 1):
+        for text in base:
+            roll = rng.random()
+            if roll < 0.05:
+                texts.append(text)
+            elif roll < 0.25:
+                texts.append(dedup_corpus._edit(rng, text, rng.uniform(0.01, 0.2)))
+            else:
+                texts.append(_like(rng, sentences, len(text.split())))
+    rng.shuffle(texts)
+    return texts
+
+
+def _like(rng: random.Random, sentences: list[str], num_words: int) -> str:
+    """A new document of fixture sentences, about as long as the fixture document it stands for."""
+    out: list[str] = []
+    while sum(len(s.split()) for s in out) < num_words:
+        out.append(rng.choice(sentences))
+    return " ".join(out)
+
+
+def write_source(texts: list[str], folder: Path) -> list[str]:
+    import polars as pl
+
+    from ito_assets.data.shards import write_shards
+    from ito_assets.data.sources import DOCUMENT_SCHEMA, doc_id
+
+    n = len(texts)
+    sha = "0" * 64
+    docs = pl.DataFrame(
+        {"doc_id": [doc_id(sha, i) for i in range(n)], "source_index": [0] * n, "source_uri": ["dataroot://bench.jsonl"] * n,
+         "source_sha256": [sha] * n, "license": ["CC0-1.0"] * n, "row": list(range(n)), "source_record_id": [None] * n, "text": texts},
+        schema=DOCUMENT_SCHEMA,
+    )
+    # 10k rows per shard: several shards even at 4x, as a real multi-shard source would be.
+    return [s.path for s in write_shards(docs, folder, prefix="documents", max_rows=10_000).shards]
+
+
+def peak_rss_mb() -> tuple[float, float]:
+    """(this process's peak RSS, the largest waited-for child's), in MB."""
+    status = Path("/proc/self/status").read_text()
+    hwm = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:"))
+    return hwm / 1024, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+
+
+def imports() -> None:
+    """Everything the chain imports, nothing run: the baseline child measures only this."""
+    import duckdb  # noqa: F401
+    import numpy  # noqa: F401
+    import polars  # noqa: F401
+    import pyarrow.parquet  # noqa: F401
+
+    from ito_assets.data import clean, dedup_units, decontam_units, stages  # noqa: F401
+    from ito_assets.evals.suite import load_suite  # noqa: F401
+
+
+def child(paths: list[str], mode: str, workers: int, work: Path) -> dict:
+    imports()
+    if mode == "baseline":
+        return {"peak_rss_mb": round(peak_rss_mb()[0], 1)}
+    import polars as pl
+
+    from ito_assets.data.config import DecontamConfig, DedupConfig
+    from ito_assets.data.eval_index import build_index
+    from ito_assets.evals.suite import load_suite
+
+    dedup_config, decontam_config = DedupConfig(), DecontamConfig()
+    index = build_index(load_suite(SUITE), decontam_config)
+    input_ids = pl.concat([pl.read_parquet(p, columns=["doc_id"]) for p in paths])["doc_id"]
+    run = memory_chain if mode == "memory" else units_chain
+    timings: dict[str, float] = {"start": time.perf_counter()}
+    counts, scan_counts, clean_shards, conservation = run(paths, work, index, dedup_config, decontam_config, ScaleConfig(**BENCH_SCALE, num_workers=workers), input_ids, timings)
+    main_mb, worker_mb = peak_rss_mb()
+    seconds = {k: round(timings[k] - timings[prev], 2) for prev, k in (("start", "dedup"), ("dedup", "decontam"), ("decontam", "clean"))}
+    return {
+        "num_removed": counts.num_removed, "num_hits": scan_counts.num_hits, "num_kept": counts.num_kept, "num_clean_rows": conservation.num_clean_rows,
+        "conservation_holds": conservation.holds,
+        # One digest over the clean shards' digests: the paths must write the same bytes.
+        "clean_digest": hashlib.sha256("".join(sh.sha256 for sh in clean_shards.shards).encode()).hexdigest()[:16],
+        **{f"{k}_seconds": v for k, v in seconds.items()}, "seconds": round(timings["clean"] - timings["start"], 2),
+        "peak_rss_mb": round(main_mb, 1), "worker_peak_rss_mb": round(worker_mb, 1) if workers > 1 else None,
+    }
+
+
+def memory_chain(paths, work, index, dedup_config, decontam_config, scale, input_ids, timings):
+    import polars as pl
+
+    from ito_assets.data import clean
+    from ito_assets.data.decontam import scan
+    from ito_assets.data.dedup import deduplicate, kept_documents
+    from ito_assets.data.shards import write_shards
+
+    docs = pl.concat([pl.read_parquet(p) for p in paths])
+    decisions, counts = deduplicate(docs, dedup_config)
+    kept = write_shards(kept_documents(docs, decisions), work / "kept", prefix="kept", max_rows=50_000)
+    del docs
+    timings["dedup"] = time.perf_counter()
+    scanned = kept.read()
+    hits, scan_counts = scan(scanned, index, decontam_config)
+    actions, pieces = clean.apply_actions(scanned, hits, decontam_config)
+    timings["decontam"] = time.perf_counter()
+    rows = clean.clean_documents(scanned, actions, pieces)
+    shards = write_shards(rows, work / "clean", prefix="clean", max_rows=50_000)
+    conservation = clean.account(input_ids, clean.decisions(decisions, hits, actions), rows)
+    timings["clean"] = time.perf_counter()
+    return counts, scan_counts, shards, conservation
+
+
+def units_chain(paths, work, index, dedup_config, decontam_config, scale, input_ids, timings):
+    import polars as pl
+
+    from ito_assets.data import clean
+    from ito_assets.data.decontam_units import documents_with_hits, scan_shards
+    from ito_assets.data.dedup_units import deduplicate_units, kept_frames
+    from ito_assets.data.scratch import scratch_space
+    from ito_assets.data.shards import write_shard_stream
+    from ito_assets.data.sources import DOCUMENT_SCHEMA
+    from ito_assets.data.stages import write_clean_shards
+
+    with scratch_space(work / "dedup-scratch", scale) as scratch:
+        decisions, counts = deduplicate_units(scratch, paths, dedup_config)
+        kept = write_shard_stream(kept_frames(scratch, decisions), work / "kept", prefix="kept", max_rows=50_000, schema=DOCUMENT_SCHEMA)
+    timings["dedup"] = time.perf_counter()
+    kept_paths = [s.path for s in kept.shards]
+    with scratch_space(work / "decontam-scratch", scale) as scratch:
+        hits, scan_counts = scan_shards(scratch, kept_paths, index, decontam_config)
+    actions, pieces = clean.apply_actions(documents_with_hits(kept_paths, hits), hits, decontam_config)
+    timings["decontam"] = time.perf_counter()
+    # As stages.run_clean: clean shards streamed, the account over ids read back from them.
+    shards = write_clean_shards(kept, actions, pieces, work / "clean", 50_000)
+    placed = pl.concat([pl.read_parquet(s.path, columns=["doc_id", "piece"]) for s in shards.shards])
+    conservation = clean.account(input_ids, clean.decisions(decisions, hits, actions), placed)
+    timings["clean"] = time.perf_counter()
+    return counts, scan_counts, shards, conservation
+
+
+def run_child(paths: list[str], mode: str, workers: int, work: Path) -> dict:
+    env = {**os.environ, "POLARS_MAX_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    spec = json.dumps({"paths": paths, "mode": mode, "workers": workers, "work": str(work)})
+    done = subprocess.run([sys.executable, __file__, "--child", spec], capture_output=True, text=True, env=env, check=False)
+    if done.returncode:
+        raise SystemExit(f"child failed ({mode}, {workers} workers):\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def table(rows: list[dict], baseline_mb: float) -> str:
+    header = f"{'scale':>5} {'docs':>7} {'MB':>6} {'path':>7} {'workers':>7} {'peak MB':>8} {'data MB':>8} {'worker MB':>9} {'dedup s':>8} {'decontam s':>10} {'clean s':>8} {'docs/s':>8}"
+    lines = [header]
+    for r in rows:
+        worker = "" if r["worker_peak_rss_mb"] is None else f"{r['worker_peak_rss_mb']:.0f}"
+        lines.append(
+            f"{r['scale']:>4}x {r['num_docs']:>7} {r['corpus_mb']:>6.1f} {r['path']:>7} {r['workers']:>7} {r['peak_rss_mb']:>8.0f} {r['peak_rss_mb'] - baseline_mb:>8.0f} {worker:>9} "
+            f"{r['dedup_seconds']:>8.1f} {r['decontam_seconds']:>10.1f} {r['clean_seconds']:>8.1f} {r['docs_per_second']:>8.0f}"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scales", type=int, nargs="+", default=[1, 4, 16, 64])
+    parser.add_argument("--workers-at", type=int, default=16, help="the scale run with 1 and 2 workers")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "data_scaling.json")
+    parser.add_argument("--child")
+    args = parser.parse_args()
+    if args.child:
+        spec = json.loads(args.child)
+        print(json.dumps(child(spec["paths"], spec["mode"], spec["workers"], Path(spec["work"]))))
+        return
+    from dedup_speed import machine
+
+    host = f"{machine().replace('1 used', '1 polars thread per process')}; load average {os.getloadavg()[0]:.1f} at start"
+    print(host)
+    baseline_mb = run_child([], "baseline", 1, Path(tempfile.gettempdir()))["peak_rss_mb"]
+    print(f"baseline (interpreter + libraries imported): {baseline_mb:.0f} MB")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="ito-data-scaling-") as tmp:
+        for scale in args.scales:
+            texts = generate(scale, seed=scale)
+            corpus_mb, num_docs = sum(len(t.encode()) for t in texts) / 1e6, len(texts)
+            paths = write_source(texts, Path(tmp) / f"source-{scale}x")
+            del texts
+            plans = [("memory", 1), ("units", 1)] + ([("units", 2)] if scale == args.workers_at else [])
+            for mode, workers in plans:
+                result = run_child(paths, mode, workers, Path(tmp) / f"work-{scale}-{mode}-{workers}")
+                rows.append({"scale": scale, "num_docs": num_docs, "corpus_mb": round(corpus_mb, 2), "path": mode, "workers": workers, **result,
+                             "docs_per_second": round(num_docs / result["seconds"], 1), "mb_per_second": round(corpus_mb / result["seconds"], 3)})
+                print(table(rows[-1:], baseline_mb).splitlines()[1], flush=True)
+    host += f", {os.getloadavg()[0]:.1f} at end"
+    print(table(rows, baseline_mb))
+    summary = summarize(rows, baseline_mb, args.workers_at)
+    print(json.dumps(summary, indent=1))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    result = {"benchmark": "data_scaling", "machine": host, "scale_config": BENCH_SCALE, "baseline_rss_mb": baseline_mb, "runs": rows, "summary": summary}
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+def summarize(rows: list[dict], baseline_mb: float, workers_at: int) -> dict:
+    def pick(scale: int, path: str, workers: int = 1) -> dict | None:
+        return next((r for r in rows if r["scale"] == scale and r["path"] == path and r["workers"] == workers), None)
+
+    scales = sorted({r["scale"] for r in rows})
+    low, high = scales[0], scales[-1]
+    summary: dict = {"bounded_factor": BOUNDED_FACTOR, "baseline_rss_mb": baseline_mb}
+    for path in ("units", "memory"):
+        peaks = {s: pick(s, path)["peak_rss_mb"] for s in scales}
+        summary[f"{path}_peak_rss_mb"] = {f"{s}x": peaks[s] for s in scales}
+        summary[f"{path}_data_rss_mb"] = {f"{s}x": round(peaks[s] - baseline_mb, 1) for s in scales}
+        summary[f"{path}_peak_rss_growth_{low}x_to_{high}x"] = round(peaks[high] / peaks[low], 2)
+        summary[f"{path}_data_rss_growth_{low}x_to_{high}x"] = round((peaks[high] - baseline_mb) / (peaks[low] - baseline_mb), 2)
+        if 16 in peaks and high > 16:
+            summary[f"{path}_data_rss_growth_16x_to_{high}x"] = round((peaks[high] - baseline_mb) / (peaks[16] - baseline_mb), 2)
+    # Every result must agree between the paths: the streamed path changes memory, not output.
+    keys = ("num_removed", "num_hits", "num_kept", "num_clean_rows", "clean_digest")
+    summary["paths_agree"] = all(tuple(pick(r["scale"], "memory")[k] for k in keys) == tuple(r[k] for k in keys) for r in rows)
+    summary["conservation_holds"] = all(r["conservation_holds"] for r in rows)
+    one, two = pick(workers_at, "units", 1), pick(workers_at, "units", 2)
+    if one and two:
+        summary[f"docs_per_second_at_{workers_at}x"] = {"1_worker": one["docs_per_second"], "2_workers": two["docs_per_second"]}
+        summary[f"speedup_2_workers_at_{workers_at}x"] = round(one["seconds"] / two["seconds"], 2)
+    if 16 in scales and high > 16:
+        summary["units_peak_rss_bounded"] = summary[f"units_data_rss_growth_16x_to_{high}x"] <= BOUNDED_FACTOR
+    return summary
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""The decontamination scan over byte-sized work units: the same hits as `decontam.scan`, with
+memory bounded by a unit rather than the corpus.
+
+The scan has one corpus-wide quantity, the number of documents each seed occurs in (the
+common-seed rule), so it runs in two passes over the units, each unit an independent step:
+1. `match_unit`: tokenise the unit, find its seed matches (written beside the unit) and count
+   documents per seed. Units hold disjoint documents, so the counts add up to the corpus's.
+2. The common seeds are decided once, from the summed counts.
+3. `hits_unit`: the unit's candidate documents and their authoritative hits.
+Hits come back in unit order, and within a unit in document order: the order of `scan`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import polars as pl
+
+from ito_assets.data.config import DecontamConfig
+from ito_assets.data.decontam import HIT_SCHEMA, ScanCounts, candidate_documents, common_seeds, hits_of, seed_frequency, seed_matches
+from ito_assets.data.eval_index import EvalIndex
+from ito_assets.data.scratch import Scratch
+from ito_assets.data.text import token_hashes
+from ito_assets.data.units import WorkUnit, map_units, parquet_frames, worker_pool, write_units
+
+
+@dataclass(frozen=True)
+class MatchTask:
+    unit: WorkUnit
+    index: EvalIndex
+    matches_path: str
+
+
+@dataclass(frozen=True)
+class HitTask:
+    unit: WorkUnit
+    index: EvalIndex
+    ignored: pl.DataFrame
+    config: DecontamConfig
+    matches_path: str
+
+
+def match_unit(task: MatchTask) -> tuple[int, pl.DataFrame]:
+    """-> (number of seed matches, documents per seed) of one unit; the matches go to disk."""
+    tokens = token_hashes(task.unit.read(["text"])["text"], digits_normalized=True)
+    matches = seed_matches(tokens, task.index)
+    matches.write_parquet(task.matches_path, compression="lz4")
+    return matches.height, seed_frequency(matches)
+
+
+def hits_unit(task: HitTask) -> tuple[int, pl.DataFrame]:
+    """-> (number of candidate documents, hits) of one unit."""
+    matches = pl.read_parquet(task.matches_path)
+    candidates = candidate_documents(matches, task.ignored, task.index)
+    docs = task.unit.read() if candidates else pl.DataFrame(schema={"doc_id": pl.String, "text": pl.String})
+    return len(candidates), hits_of(candidates, docs, task.index, task.ignored, task.config)
+
+
+def scan_units(scratch: Scratch, units: Sequence[WorkUnit], index: EvalIndex, config: DecontamConfig) -> tuple[pl.DataFrame, ScanCounts]:
+    """Work units (doc_id, text) -> (hits in HIT_SCHEMA, counters), as `decontam.scan` returns them."""
+    folder = scratch.sub("decontam-matches")
+    paths = [str(folder / f"matches-{u.index:05d}.parquet") for u in units]
+    with worker_pool(scratch.scale.num_workers) as pool:
+        matched = map_units(match_unit, [MatchTask(unit=u, index=index, matches_path=p) for u, p in zip(units, paths)], pool)
+        ignored = common_seeds(_summed(f for _, f in matched), index, config)
+        tasks = [HitTask(unit=u, index=index, ignored=ignored, config=config, matches_path=p) for u, p in zip(units, paths)]
+        found = map_units(hits_unit, tasks, pool)
+    hits = pl.concat([h for _, h in found]) if found else pl.DataFrame(schema=HIT_SCHEMA)
+    counts = ScanCounts(
+        num_documents=sum(u.num_docs for u in units),
+        num_seed_matches=sum(n for n, _ in matched),
+        num_common_seeds_ignored=ignored.height,
+        num_candidate_documents=sum(n for n, _ in found),
+        num_contaminated_documents=hits["doc_id"].n_unique() if hits.height else 0,
+        num_hits=hits.height,
+    )
+    return hits, counts
+
+
+def _summed(frequencies: Iterable[pl.DataFrame]) -> pl.DataFrame:
+    """The corpus's documents per seed from the units' (disjoint documents: counts add up)."""
+    frames = list(frequencies)
+    if not frames:
+        return pl.DataFrame(schema={"seed": pl.UInt64, "num_docs": pl.Int64})
+    return pl.concat(frames).group_by("seed").agg(pl.col("num_docs").sum())
+
+
+def scan_shards(scratch: Scratch, shard_paths: Sequence[str], index: EvalIndex, config: DecontamConfig) -> tuple[pl.DataFrame, ScanCounts]:
+    """Parquet shards (doc_id, text, ...) -> hits and counters, a unit at a time."""
+    units = write_units(parquet_frames(shard_paths, ["doc_id", "text"]), scratch.sub("decontam-units"), scratch.scale.unit_bytes)
+    return scan_units(scratch, units, index, config)
+
+
+def documents_with_hits(shard_paths: Sequence[str], hits: pl.DataFrame) -> pl.DataFrame:
+    """Only the scanned documents that have a hit (doc_id, text): what `clean.apply_actions` reads.
+    The shards are read a batch at a time, so only the contaminated documents' text is held."""
+    empty = pl.DataFrame(schema={"doc_id": pl.String, "text": pl.String})
+    ids = hits["doc_id"].unique()
+    if not len(ids):
+        return empty
+    found = [frame.filter(pl.col("doc_id").is_in(ids)) for frame in parquet_frames(shard_paths, ["doc_id", "text"])]
+    return pl.concat([empty, *found]) if found else empty

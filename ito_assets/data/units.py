@@ -1,0 +1,108 @@
+"""Work units: a step's documents cut into parts of about `unit_bytes` bytes of text, each an
+independent piece of work that a worker process can do alone.
+
+A unit is a Parquet file of consecutive documents in the step's order (columns `doc_id`, `text`)
+plus where it starts in that order, so that a unit's local document positions map back to the
+step's by one addition. Units are written from a stream of frames, one unit in memory at a time;
+a document is never split. `map_units` runs a top-level function over tasks, in order, in this
+process (one worker) or in a pool of fresh ("spawn") processes: forking a process that already
+runs polars' or DuckDB's thread pools can deadlock a child on a lock another thread held.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import numpy as np
+import polars as pl
+import pyarrow.parquet as pq
+
+UNIT_SCHEMA = {"doc_id": pl.String, "text": pl.String}
+# Rows read per batch when streaming a Parquet file: ~8k documents of a few kB, a few tens of MB.
+READ_BATCH_ROWS = 8192
+
+Task = TypeVar("Task")
+Result = TypeVar("Result")
+
+
+@dataclass(frozen=True)
+class WorkUnit:
+    index: int
+    path: str
+    first: int  # position of the unit's first document in the step's order
+    num_docs: int
+    num_bytes: int  # UTF-8 bytes of text
+
+    def read(self, columns: list[str] | None = None) -> pl.DataFrame:
+        return pl.read_parquet(self.path, columns=columns)
+
+
+class _UnitWriter:
+    def __init__(self, folder: Path, target_bytes: int) -> None:
+        self.folder, self.target = folder, target_bytes
+        self.units: list[WorkUnit] = []
+        self.pending: list[pl.DataFrame] = []
+        self.pending_bytes = 0
+        self.next_first = 0
+
+    def add(self, frame: pl.DataFrame) -> None:
+        while frame.height:
+            sizes = frame["text"].str.len_bytes().cast(pl.Int64).to_numpy()
+            # Rows needed to reach the target: the unit closes on the document that crosses it.
+            take = int(np.searchsorted(np.cumsum(sizes), self.target - self.pending_bytes, side="left")) + 1
+            self.pending.append(frame.head(take))
+            self.pending_bytes += int(sizes[:take].sum())
+            frame = frame.slice(take)
+            if self.pending_bytes >= self.target:
+                self.flush()
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        unit = pl.concat(self.pending).cast(UNIT_SCHEMA)
+        path = self.folder / f"unit-{len(self.units):05d}.parquet"
+        unit.write_parquet(path, compression="lz4")  # scratch data: fast over small
+        self.units.append(WorkUnit(index=len(self.units), path=str(path), first=self.next_first, num_docs=unit.height, num_bytes=self.pending_bytes))
+        self.next_first += unit.height
+        self.pending, self.pending_bytes = [], 0
+
+
+def write_units(frames: Iterable[pl.DataFrame], folder: Path, target_bytes: int) -> tuple[WorkUnit, ...]:
+    """Frames (doc_id, text) in the step's order -> unit files under `folder` (none when empty)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    writer = _UnitWriter(folder, target_bytes)
+    for frame in frames:
+        writer.add(frame.select(list(UNIT_SCHEMA)))
+    writer.flush()
+    return tuple(writer.units)
+
+
+def parquet_frames(paths: Sequence[str], columns: list[str], batch_rows: int = READ_BATCH_ROWS) -> Iterator[pl.DataFrame]:
+    """The rows of several Parquet files, in order, a bounded batch at a time."""
+    for path in paths:
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=batch_rows, columns=columns):
+            yield pl.from_arrow(batch)
+
+
+@contextmanager
+def worker_pool(num_workers: int) -> Iterator[ProcessPoolExecutor | None]:
+    """A pool of `num_workers` fresh processes for one step (started once: each start imports
+    polars and numpy, ~1-2 s), or None for one worker: the step's own process does the work."""
+    if num_workers <= 1:
+        yield None
+        return
+    with ProcessPoolExecutor(max_workers=num_workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        yield pool
+
+
+def map_units(function: Callable[[Task], Result], tasks: Sequence[Task], pool: ProcessPoolExecutor | None) -> list[Result]:
+    """function(task) for every task, results in task order."""
+    if pool is None or len(tasks) <= 1:
+        return [function(task) for task in tasks]
+    return list(pool.map(function, tasks))

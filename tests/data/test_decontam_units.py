@@ -1,0 +1,69 @@
+"""The decontamination scan over tiny work units gives exactly the in-memory hits and counters,
+including the corpus-wide common-seed rule, whose counts must add up across units."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import polars as pl
+import pytest
+from polars.testing import assert_frame_equal
+
+from data_frames import frame, random_text
+from ito_assets.data.config import DecontamConfig, ScaleConfig
+from ito_assets.data.decontam import scan
+from ito_assets.data.decontam_units import documents_with_hits, scan_shards
+from ito_assets.data.eval_index import build_index
+from ito_assets.data.scratch import scratch_space
+from ito_assets.data.shards import write_shards
+from test_decontam import ANSWER, QUESTION, SIBLING_A, SIBLING_B, suite, wrap
+
+BOILERPLATE = "permission is hereby granted free of charge to any person obtaining a copy"
+ITEMS = [
+    ("py-trivia/002", QUESTION, ANSWER),
+    ("arith/a", SIBLING_A, "307"),
+    ("arith/b", SIBLING_B, "99"),
+    ("lic/1", f"{BOILERPLATE} what does the licence header of the zebra project forbid", "nothing"),
+]
+
+
+def corpus() -> pl.DataFrame:
+    rng = random.Random(8)
+    texts = [f"{random_text(rng, 20)} {BOILERPLATE} {random_text(rng, 20)}" for _ in range(30)]
+    texts += [wrap(rng, f"{QUESTION}? Answer: {ANSWER}.") for _ in range(4)]
+    texts += [wrap(rng, SIBLING_B), wrap(rng, SIBLING_A), ""]
+    texts += [random_text(rng, rng.randint(10, 120)) for _ in range(40)]
+    rng.shuffle(texts)
+    return frame(texts)
+
+
+def scanned(tmp_path: Path, docs: pl.DataFrame, scale: ScaleConfig, config: DecontamConfig = DecontamConfig()):
+    shards = write_shards(docs, tmp_path / "kept", prefix="k", max_rows=13)
+    with scratch_space(tmp_path / "_scratch", scale) as scratch:
+        hits, counts = scan_shards(scratch, [s.path for s in shards.shards], build_index(suite(*ITEMS), config), config)
+        num_units = len(list((tmp_path / "_scratch" / "decontam-units").glob("unit-*.parquet")))
+    return hits, counts, num_units, shards
+
+
+@pytest.mark.parametrize("num_workers", [1, 2])
+def test_scan_over_units_equals_the_in_memory_scan(tmp_path: Path, num_workers: int) -> None:
+    docs = corpus()
+    config = DecontamConfig()
+    expected, expected_counts = scan(docs, build_index(suite(*ITEMS), config), config)
+    # The boilerplate item is ignored as common, the copied question is not, siblings resolve.
+    assert expected["eval_item_id"].unique().sort().to_list() == ["arith/a", "arith/b", "py-trivia/002"]
+    assert expected_counts.num_common_seeds_ignored > 0
+    # About one document per unit: the boilerplate's 30 documents are spread over ~30 units.
+    hits, counts, num_units, _ = scanned(tmp_path, docs, ScaleConfig(unit_bytes=200, num_workers=num_workers))
+    assert num_units > 30
+    assert_frame_equal(hits, expected)
+    assert counts == expected_counts
+
+
+def test_documents_with_hits_reads_only_those(tmp_path: Path) -> None:
+    docs = corpus()
+    hits, _, _, shards = scanned(tmp_path, docs, ScaleConfig(unit_bytes=2_000))
+    texts = documents_with_hits([s.path for s in shards.shards], hits)
+    assert sorted(texts["doc_id"].to_list()) == sorted(hits["doc_id"].unique().to_list())
+    assert_frame_equal(texts.sort("doc_id"), docs.join(hits.select("doc_id").unique(), on="doc_id", how="semi").select("doc_id", "text").sort("doc_id"))

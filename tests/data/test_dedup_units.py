@@ -1,0 +1,114 @@
+"""Out-of-core deduplication over tiny work units gives exactly the in-memory decisions."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from polars.testing import assert_frame_equal
+
+from data_frames import edit_words, frame, random_text
+from ito_assets.data.band_join import candidate_batches
+from ito_assets.data.config import DataPrepConfig, DedupConfig, ScaleConfig
+from ito_assets.data.dedup import deduplicate, kept_documents
+from ito_assets.data.dedup_units import deduplicate_units, kept_frames
+from ito_assets.data.near_dedup import band_rows, candidate_pairs
+from ito_assets.data.scratch import scratch_space
+from ito_assets.data.shards import write_shard_stream, write_shards
+from ito_assets.data.sources import DOCUMENT_SCHEMA, read_sources
+from ito_assets.data.stages import SCRATCH, SourceStage, run_dedup, stage_folder
+from ito_assets.manifest.schema import DataReference
+
+# Units of a few documents, verification batches of a few pairs, DuckDB at its floor.
+TINY = ScaleConfig(unit_bytes=3_000, pair_batch=7, memory_limit_mb=128)
+
+
+def corpus(seed: int = 0) -> pl.DataFrame:
+    """Two sources with near-copies, exact copies (also across sources), chains and empties."""
+    rng = random.Random(seed)
+    texts: list[str] = []
+    for _ in range(60):
+        original = random_text(rng, rng.randint(20, 200))
+        texts.append(original)
+        for _ in range(rng.randint(0, 3)):
+            texts.append(rng.choice([original, edit_words(rng, original, rng.randint(1, 6)), edit_words(rng, texts[-1], 2)]))
+    texts += ["", "too short", "too short", "   "]
+    order = list(range(len(texts)))
+    rng.shuffle(order)
+    texts = [texts[i] for i in order]
+    half = len(texts) // 2
+    return pl.concat([frame(texts[:half], source_index=1, prefix="b"), frame(texts[half:], source_index=0)])
+
+
+@pytest.mark.parametrize("num_workers", [1, 2])
+def test_out_of_core_decisions_and_kept_documents_equal_in_memory(tmp_path: Path, num_workers: int) -> None:
+    docs = corpus()
+    expected, expected_counts = deduplicate(docs, DedupConfig())
+    assert expected_counts.exact.num_removed > 5 and expected_counts.near.num_removed > 5
+    shards = write_shards(docs, tmp_path / "source", prefix="d", max_rows=37)
+    scale = ScaleConfig(unit_bytes=TINY.unit_bytes, pair_batch=TINY.pair_batch, memory_limit_mb=128, num_workers=num_workers)
+    with scratch_space(tmp_path / "_scratch", scale) as scratch:
+        decisions, counts = deduplicate_units(scratch, [s.path for s in shards.shards], DedupConfig())
+        assert len(list((tmp_path / "_scratch" / "dedup-units").glob("unit-*.parquet"))) >= 10
+        kept = write_shard_stream(kept_frames(scratch, decisions), tmp_path / "kept", prefix="k", max_rows=25, schema=DOCUMENT_SCHEMA)
+    assert_frame_equal(decisions, expected)
+    assert counts == expected_counts
+    assert_frame_equal(kept.read(), kept_documents(docs, expected))
+
+
+def test_signature_verification_mode_agrees_too(tmp_path: Path) -> None:
+    docs = corpus(seed=3)
+    config = DedupConfig(verify="signature")
+    shards = write_shards(docs, tmp_path / "source", prefix="d", max_rows=50)
+    with scratch_space(tmp_path / "_scratch", TINY) as scratch:
+        decisions, counts = deduplicate_units(scratch, [s.path for s in shards.shards], config)
+    expected, expected_counts = deduplicate(docs, config)
+    assert_frame_equal(decisions, expected)
+    assert counts == expected_counts
+
+
+def test_duckdb_band_join_finds_the_in_memory_candidate_pairs(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    # Small slot values make many shared bands: buckets of all sizes, pairs sharing several bands.
+    signatures = rng.integers(0, 3, size=(300, 12), dtype=np.uint32)
+    signatures[::17] = np.uint32(0xFFFFFFFF)  # documents without shingles never pair
+    a, b = candidate_pairs(signatures, 4, 3)
+    files = []
+    for i, start in enumerate(range(0, 300, 64)):
+        path = tmp_path / f"bands-{i}.parquet"
+        band_rows(signatures[start : start + 64], 4, 3, first=start).write_parquet(path)
+        files.append(str(path))
+    with scratch_space(tmp_path / "_scratch", TINY) as scratch:
+        batches = list(candidate_batches(scratch.db, files, 500))
+    assert len(batches) > 1 and all(len(x) <= 500 for x, _ in batches)
+    got = np.concatenate([np.stack(batch, axis=1) for batch in batches])
+    got = got[np.lexsort((got[:, 0], got[:, 1]))]
+    assert len(a) > 1000 and np.array_equal(got, np.stack([a, b], axis=1))
+
+
+def test_an_all_empty_corpus_keeps_everything(tmp_path: Path) -> None:
+    docs = frame(["", " "])
+    shards = write_shards(docs, tmp_path / "source", prefix="d", max_rows=50)
+    with scratch_space(tmp_path / "_scratch", TINY) as scratch:
+        decisions, counts = deduplicate_units(scratch, [s.path for s in shards.shards], DedupConfig())
+    expected, expected_counts = deduplicate(docs, DedupConfig())
+    assert_frame_equal(decisions, expected)
+    assert counts == expected_counts
+
+
+def test_the_dedup_stage_on_the_fixtures_matches_in_memory_with_two_workers(tmp_path: Path, fixtures: Path) -> None:
+    paths = sorted((fixtures / "corpora").glob("*.jsonl"))
+    refs = tuple(DataReference(uri=f"dataroot://{p.name}", sha256=hashlib.sha256(p.read_bytes()).hexdigest(), license="CC0-1.0", format="jsonl") for p in paths)
+    docs, counts = read_sources(refs, fixtures / "corpora")
+    source = SourceStage(manifest_digest="sha256:" + "0" * 64, manifest_key="k", shards=write_shards(docs, tmp_path / "source", prefix="d", max_rows=1000), sources=tuple(counts))
+    config = DataPrepConfig(scale=ScaleConfig(unit_bytes=200_000, num_workers=2, pair_batch=64))
+    stage = run_dedup(source, tmp_path, tmp_path / "warehouse.duckdb", config)
+    expected, expected_counts = deduplicate(docs, config.dedup)
+    assert stage.counts == expected_counts and expected_counts.num_removed > 0
+    assert_frame_equal(pl.read_parquet(stage.decisions.path), expected)
+    assert_frame_equal(stage.kept.read(), kept_documents(docs, expected))
+    assert not (stage_folder(tmp_path, "k") / "dedup" / SCRATCH).exists()

@@ -1,0 +1,71 @@
+"""Work units sized by bytes, the worker pool, the scratch space and the streamed shard writer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pytest
+from polars.testing import assert_frame_equal
+
+from ito_assets.data.config import ScaleConfig
+from ito_assets.data.scratch import scratch_space
+from ito_assets.data.shards import write_shard_stream, write_shards
+from ito_assets.data.units import map_units, parquet_frames, worker_pool, write_units
+
+
+def _docs(sizes: list[int]) -> pl.DataFrame:
+    return pl.DataFrame({"doc_id": [f"d{i:03d}" for i in range(len(sizes))], "text": ["x" * n for n in sizes]})
+
+
+def test_units_close_on_the_document_that_crosses_the_target(tmp_path: Path) -> None:
+    docs = _docs([40, 70, 10, 100, 5, 5, 300, 1])
+    # Arriving in awkward batches must not change where units are cut.
+    batches = [docs.slice(0, 3), docs.slice(3, 1), docs.slice(4, 4)]
+    units = write_units(batches, tmp_path, target_bytes=100)
+    assert [u.num_docs for u in units] == [2, 2, 3, 1]
+    assert [u.num_bytes for u in units] == [110, 110, 310, 1]
+    assert [u.first for u in units] == [0, 2, 4, 7]
+    assert_frame_equal(pl.concat([u.read() for u in units]), docs)
+
+
+def test_no_documents_no_units(tmp_path: Path) -> None:
+    assert write_units([_docs([]).cast({"text": pl.String})], tmp_path, target_bytes=10) == ()
+
+
+def test_a_pool_of_two_workers_returns_results_in_task_order() -> None:
+    tasks = list(range(-20, 0))
+    with worker_pool(2) as pool:
+        assert pool is not None
+        assert map_units(abs, tasks, pool) == [abs(t) for t in tasks]
+    with worker_pool(1) as pool:
+        assert pool is None and map_units(abs, tasks, pool) == [abs(t) for t in tasks]
+
+
+def test_scratch_caps_duckdb_memory_and_is_removed_after(tmp_path: Path) -> None:
+    folder = tmp_path / "_scratch"
+    with scratch_space(folder, ScaleConfig(memory_limit_mb=200, num_workers=2)) as scratch:
+        limit, spill, threads = scratch.db.execute("SELECT current_setting('memory_limit'), current_setting('temp_directory'), current_setting('threads')").fetchone()
+        assert limit == "190.7 MiB"  # 200 MB, as DuckDB prints it
+        assert Path(spill) == folder / "spill"
+        assert threads == 1  # 200 MB leaves room for one thread of DuckDB's 125 MB each, not two
+    assert not folder.exists()
+    with pytest.raises(RuntimeError), scratch_space(folder, ScaleConfig()):
+        raise RuntimeError("a failed step")
+    assert not folder.exists()
+
+
+def test_streamed_shards_equal_whole_frame_shards(tmp_path: Path) -> None:
+    frame = _docs(list(range(1, 24)))
+    whole = write_shards(frame, tmp_path / "whole", prefix="p", max_rows=5)
+    stream = write_shard_stream(parquet_frames([s.path for s in whole.shards], ["doc_id", "text"], batch_rows=3), tmp_path / "stream", prefix="p", max_rows=5, schema=frame.schema)
+    assert [s.num_rows for s in stream.shards] == [s.num_rows for s in whole.shards] == [5, 5, 5, 5, 3]
+    assert_frame_equal(stream.read(), frame)
+    empty = write_shard_stream([], tmp_path / "empty", prefix="p", max_rows=5, schema=frame.schema)
+    assert empty.num_rows == 0 and empty.read().schema == frame.schema
+
+
+def test_scale_config_names_the_bad_field() -> None:
+    for bad in ({"unit_bytes": 0}, {"num_workers": 0}, {"memory_limit_mb": 64}, {"pair_batch": 0}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            ScaleConfig(**bad)
