@@ -12,6 +12,7 @@ the SFT gate stop the chain on a model that rate cannot move in one epoch.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import statistics
 import sys
@@ -23,32 +24,44 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ito_assets.errors import ItoError  # noqa: E402
-from ito_assets.manifest.schema import DpoStep, RlvrStep, SftStep  # noqa: E402
-from ito_assets.posttraining.pipeline import PostTrainingRuntime, run_stage  # noqa: E402
+from ito_assets.manifest.schema import DataReference, DpoStep, RlvrStep, SftStep  # noqa: E402
+from ito_assets.posttraining.base import seeded  # noqa: E402
+from ito_assets.posttraining.pipeline import DPO_FILE, SFT_FILE, PostTrainingRuntime, run_stage  # noqa: E402
 
-FIXTURES = ROOT / "data" / "fixtures" / "posttraining"
+DATA_ROOT = ROOT / "data"
+FIXTURES = DATA_ROOT / "fixtures" / "posttraining"
+
+
+def _bound(name: str) -> DataReference:
+    """The pair file bound by digest, as the fixture manifest binds it."""
+    digest = hashlib.sha256((FIXTURES / name).read_bytes()).hexdigest()
+    return DataReference(uri=f"dataroot://fixtures/posttraining/{name}", sha256=digest, license="CC0-1.0",
+                         format="jsonl")
 
 
 def run_recipe(seed: int, rates: tuple[float, float, float], out: Path) -> list[dict]:
+    """The small char model from a seeded start (the benchmark of the recipe's loops; the Dagster
+    path starts from the pretraining chain's checkpoint and tokenizer instead)."""
     runtime = PostTrainingRuntime(seed=seed)
-    steps = (SftStep(kind="sft", learning_rate=rates[0]), DpoStep(kind="dpo", learning_rate=rates[1]),
+    steps = (SftStep(kind="sft", learning_rate=rates[0], data=_bound(SFT_FILE)),
+             DpoStep(kind="dpo", learning_rate=rates[1], data=_bound(DPO_FILE)),
              RlvrStep(kind="rlvr", learning_rate=rates[2]))
-    rows, previous = [], None
+    rows, start = [], seeded(seed=seed)
     for step in steps:
         started = time.perf_counter()
         try:
-            previous = run_stage(step, previous=previous, fixtures_dir=FIXTURES, out_dir=out / str(seed), runtime=runtime)
+            start = run_stage(step, start=start, data_root=DATA_ROOT, out_dir=out / str(seed), runtime=runtime)
         except ItoError as error:
             rows.append({"seed": seed, "stage": step.kind, "refused": error.code.value})
             break
         row = {"seed": seed, "stage": step.kind, "wall_seconds": round(time.perf_counter() - started, 2),
-               "gate": previous.gate.as_dict(), "kl_to_reference": round(previous.metrics["kl_to_reference"], 4),
-               "greedy_accuracy_after": previous.eval_after.greedy_accuracy}
+               "gate": start.gate.as_dict(), "kl_to_reference": round(start.metrics["kl_to_reference"], 4),
+               "greedy_accuracy_after": start.eval_after.greedy_accuracy}
         if step.kind == "rlvr":
-            num_groups = len(previous.metrics["reward_curve"]) * runtime.rlvr_groups_per_step
-            row["rlvr_groups_used_per_second"] = round(num_groups / previous.metrics["train_seconds"], 2)
-            row["staleness"] = previous.metrics["staleness"]
-            row["num_dropped_all_equal"] = previous.metrics["num_dropped_all_equal"]
+            num_groups = len(start.metrics["reward_curve"]) * runtime.rlvr_groups_per_step
+            row["rlvr_groups_used_per_second"] = round(num_groups / start.metrics["train_seconds"], 2)
+            row["staleness"] = start.metrics["staleness"]
+            row["num_dropped_all_equal"] = start.metrics["num_dropped_all_equal"]
         rows.append(row)
     return rows
 

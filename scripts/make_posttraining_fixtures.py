@@ -22,7 +22,8 @@ OUT = ROOT / "data" / "fixtures" / "posttraining"
 SEED = 20241129
 # Two copies of each train prompt, 30% of SFT responses wrong (a near miss from the prompt):
 # 800 train prompts -> 1,600 SFT pairs = 200 steps of 8 in one epoch (measured: enough for the
-# answer format and most of the skill on the `micro` model at a tiny-model learning rate).
+# answer format and part of the skill, on the `micro` model with characters and on the pretrained
+# `tiny` model with the run's BPE, at a tiny-model learning rate).
 SFT_COPIES, SFT_ERROR_RATE = 2, 0.3
 DPO_COPIES = 1
 

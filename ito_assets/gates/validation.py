@@ -13,7 +13,7 @@ from pathlib import Path, PurePosixPath
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.gates.entitlement import Eligibility
 from ito_assets.gates.policy import GatePolicy
-from ito_assets.manifest.schema import Manifest
+from ito_assets.manifest.schema import DataReference, Manifest
 from ito_assets.manifest.verify import provenance_problems
 
 
@@ -71,21 +71,30 @@ def resolve_data_uri(uri: str, policy: GatePolicy) -> Path:
     return path
 
 
+def _bound_data(manifest: Manifest) -> list[tuple[str, DataReference]]:
+    """Every data file the manifest trains on: its corpora and the post-training pair files."""
+    corpora = [(f"data[{i}]", ref) for i, ref in enumerate(manifest.data)]
+    pairs = [(f"post_training[{i}].data", step.data) for i, step in enumerate(manifest.post_training)
+             if getattr(step, "data", None) is not None]
+    return corpora + pairs
+
+
 def check_data_policy(manifest: Manifest, policy: GatePolicy) -> None:
     missing = provenance_problems(manifest)
     if missing:
         raise ItoError(ErrorCode.PROVENANCE_MISSING,
                        f"data references without decontamination provenance: {', '.join(missing)}")
-    unlicensed = [f"data[{i}]" for i, ref in enumerate(manifest.data) if ref.license not in policy.allowed_licenses]
+    bound = _bound_data(manifest)
+    unlicensed = [name for name, ref in bound if ref.license not in policy.allowed_licenses]
     if unlicensed:
         raise ItoError(ErrorCode.DATA_POLICY_VIOLATION,
                        f"data references whose licence does not allow training: {', '.join(unlicensed)}")
     outside = []
-    for i, ref in enumerate(manifest.data):
+    for name, ref in bound:
         try:
             resolve_data_uri(ref.uri, policy)
         except ValueError:
-            outside.append(f"data[{i}]")
+            outside.append(name)
     if outside:
         raise ItoError(ErrorCode.DATA_POLICY_VIOLATION,
                        f"data references outside the allowed data roots: {', '.join(outside)}")

@@ -1,5 +1,6 @@
 """Instruction pairs (SFT) and preference pairs (DPO): the records, their JSONL files, and the
-deterministic generator behind `scripts/make_posttraining_fixtures.py`.
+deterministic generator behind `scripts/make_posttraining_fixtures.py`, and the reading of the
+files a manifest's recipe binds by digest.
 
 The pairs are built from the verifiable tasks (tasks.py) so that the three stages pull the same
 way: SFT teaches the answer format on the train prompts, DPO prefers the right answer over a
@@ -15,7 +16,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
+from ito_assets.data.sources import read_verified_bytes
 from ito_assets.errors import ErrorCode, ItoError
+from ito_assets.manifest.schema import DpoStep, SftStep
 from ito_assets.posttraining.tasks import Task
 
 
@@ -74,24 +77,51 @@ def write_jsonl(path: Path, records: Sequence[InstructionPair | PreferencePair])
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-def _read(path: Path, kind: type, fields: tuple[str, ...]) -> list:
+def _parse(data: bytes, name: str, kind: type, fields: tuple[str, ...]) -> list:
     records = []
     try:
-        for line in path.read_text(encoding="utf-8").splitlines():
+        for line in data.decode("utf-8").splitlines():
             row = json.loads(line)
             if sorted(row) != sorted(fields) or not all(isinstance(row[f], str) for f in fields):
                 raise ValueError
             records.append(kind(**row))
-    except (OSError, ValueError):
-        raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID, f"{path.name} is missing or malformed") from None
+    except ValueError:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID, f"{name} is malformed") from None
     if not records:
-        raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID, f"{path.name} holds no pairs")
+        raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID, f"{name} holds no pairs")
     return records
 
 
+_INSTRUCTION_FIELDS = ("pair_id", "prompt", "response")
+_PREFERENCE_FIELDS = ("pair_id", "prompt", "chosen", "rejected")
+
+
+def _read(path: Path, kind: type, fields: tuple[str, ...]) -> list:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID, f"{path.name} is missing") from None
+    return _parse(data, path.name, kind, fields)
+
+
 def read_instruction_pairs(path: Path) -> list[InstructionPair]:
-    return _read(path, InstructionPair, ("pair_id", "prompt", "response"))
+    return _read(path, InstructionPair, _INSTRUCTION_FIELDS)
 
 
 def read_preference_pairs(path: Path) -> list[PreferencePair]:
-    return _read(path, PreferencePair, ("pair_id", "prompt", "chosen", "rejected"))
+    return _read(path, PreferencePair, _PREFERENCE_FIELDS)
+
+
+def read_bound_pairs(step: SftStep | DpoStep, data_root: Path) -> list[InstructionPair] | list[PreferencePair]:
+    """The pairs of the file the manifest's recipe step binds by uri and sha256: the bytes are read
+    once, checked against the digest (SOURCE_NOT_FOUND, SOURCE_DIGEST_MISMATCH) and parsed, so what
+    was reviewed is what trains. A step that binds no file is refused (PROVENANCE_MISSING), as a
+    data reference without decontamination provenance is."""
+    if step.data is None:
+        raise ItoError(ErrorCode.PROVENANCE_MISSING, f"the {step.kind} step names no data file with its sha256")
+    if step.data.format != "jsonl":
+        raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID, f"the {step.kind} pairs must be JSONL")
+    data = read_verified_bytes(step.data, data_root)
+    if isinstance(step, SftStep):
+        return _parse(data, step.data.uri, InstructionPair, _INSTRUCTION_FIELDS)
+    return _parse(data, step.data.uri, PreferencePair, _PREFERENCE_FIELDS)

@@ -1,33 +1,33 @@
-"""One post-training stage end to end, as the Dagster assets run it: load the policy the previous
-stage left (or the base), refuse to start after a failed gate, train, evaluate on the held-out
-battery, save the checkpoint, judge the gate, and return everything as one frozen record.
+"""One post-training stage end to end, as the Dagster assets run it: start from the policy the
+previous stage left (or the pretraining chain's result), refuse to start after a failed gate,
+train, evaluate on the held-out battery, save the checkpoint, judge the gate, and return
+everything as one frozen record.
 
-`PostTrainingRuntime` holds what the manifest's recipe does not say (sizes of the tiny CPU
+`PostTrainingRuntime` holds what the manifest's recipe does not say (sizes of the CPU
 configuration); the manifest's own fields (learning rates, beta, group size, clip range,
-staleness bound) always come from the manifest.
+staleness bound, the bound pair files) always come from the manifest.
 """
 
 from __future__ import annotations
 
 import copy
-import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Union
 
 import torch
 
 from ito_assets.manifest.schema import DpoStep, RlvrStep, SftStep
+from ito_assets.posttraining.base import PolicySpec
 from ito_assets.posttraining.checkpoint import CheckpointRecord, load_policy, save_policy
 from ito_assets.posttraining.dpo import DpoConfig, run_dpo
 from ito_assets.posttraining.evaluation import RewardEval, evaluate_reward, sampled_kl
-from ito_assets.posttraining.fixtures import read_instruction_pairs, read_preference_pairs
+from ito_assets.posttraining.fixtures import read_bound_pairs
 from ito_assets.posttraining.gates import BATTERY, GateVerdict, judge, require_passed
 from ito_assets.posttraining.rlvr import RlvrConfig, run_rlvr
 from ito_assets.posttraining.sft import SftConfig, run_sft
 from ito_assets.posttraining.tasks import Task, largest_digit_tasks, split_held_out
-from ito_assets.posttraining.vocab import CharVocab
-from ito_assets.training.model import build_model, config_by_name
 
 SFT_FILE, DPO_FILE = "sft_pairs.jsonl", "dpo_pairs.jsonl"
 # The battery's train / held-out split is fixed (not the run's seed): the committed fixtures are
@@ -37,21 +37,18 @@ BATTERY_SPLIT_SEED = 0
 
 @dataclass(frozen=True, kw_only=True)
 class PostTrainingRuntime:
-    # `micro` (2 layers, d_model 32): the model configuration that learns the battery's task in
-    # seconds on CPU (measured: tests/posttraining/test_end_to_end.py).
-    model_name: str = "micro"
     seed: int = 0
     # The battery: 3-digit "largest digit" prompts, a fifth held out (never trained on), all 200
-    # evaluated with 8 samples each (avg@8): measured paired SE of a stage's gain ~0.015-0.02,
+    # evaluated with 8 samples each (avg@8): measured paired SE of a stage's gain ~0.015-0.03,
     # against ~0.03-0.05 with 50 prompts, which left real RLVR gains inside the noise band.
-    # `seed` seeds weights, data order and sampling (not the split).
+    # `seed` seeds data order and sampling (not the split).
     held_out_fraction: float = 0.2
     num_eval_prompts: int = 200
     batch_size: int = 8
     rlvr_num_steps: int = 40
     rlvr_groups_per_step: int = 8
-    # Answers are one character + eos: L_max 8 leaves room for rambling, L_cache 4 punishes it
-    # softly from 5 tokens on (DAPO's L_cache / L_max is 4,096 / 20,480).
+    # Answers are one token + eos (one character, or one BPE digit token): L_max 8 leaves room for
+    # rambling, L_cache 4 punishes it softly from 5 tokens on (DAPO's L_cache / L_max is 4,096 / 20,480).
     max_new_tokens: int = 8
     overlong_cache: int = 4
     # One intra-op thread: for models this small, thread start-up costs more than it saves, and the
@@ -63,11 +60,17 @@ class PostTrainingRuntime:
 @dataclass(frozen=True, kw_only=True)
 class StageOutcome:
     stage: str
+    policy: PolicySpec  # architecture, codec and first weights: every later stage keeps them
     checkpoint: CheckpointRecord
     gate: GateVerdict
     eval_before: RewardEval
     eval_after: RewardEval
     metrics: dict  # JSON-able: curves, staleness histogram, KL to reference
+
+
+# Where a stage starts: the previous stage's outcome, or (for the first stage of the recipe) the
+# base policy. A stage the recipe leaves out hands on what it was given.
+Start = Union[StageOutcome, PolicySpec]
 
 
 def battery(runtime: PostTrainingRuntime) -> tuple[list[Task], list[Task]]:
@@ -77,26 +80,19 @@ def battery(runtime: PostTrainingRuntime) -> tuple[list[Task], list[Task]]:
     return train, held_out[: runtime.num_eval_prompts]
 
 
-def policy_factory(runtime: PostTrainingRuntime, codec: CharVocab) -> functools.partial:
-    """A picklable builder of the policy architecture, initialised deterministically from the seed."""
-    config = config_by_name(runtime.model_name, vocab_size=codec.vocab_size)
-    return functools.partial(build_model, config, seed=runtime.seed)
-
-
 def _evaluate(policy, codec, tasks, runtime) -> RewardEval:
     return evaluate_reward(policy, codec, tasks, max_new_tokens=runtime.max_new_tokens, seed=runtime.seed)
 
 
-def _train(step, policy, reference, codec, fixtures_dir: Path, train_tasks, runtime) -> tuple[dict, int]:
+def _train(step, policy, reference, codec, spec: PolicySpec, pairs, train_tasks, runtime) -> tuple[dict, int]:
     """Run the stage's loop; returns (metrics, optimizer steps)."""
-    factory = policy_factory(runtime, codec)
     if isinstance(step, SftStep):
-        result = run_sft(policy, codec, read_instruction_pairs(fixtures_dir / SFT_FILE),
+        result = run_sft(policy, codec, pairs,
                          SftConfig.from_step(step, batch_size=runtime.batch_size, seed=runtime.seed))
         return {"loss_curve": list(result.losses), "num_response_tokens": result.num_response_tokens,
                 "train_seconds": round(result.wall_seconds, 2)}, result.num_steps
     if isinstance(step, DpoStep):
-        result = run_dpo(policy, reference, codec, read_preference_pairs(fixtures_dir / DPO_FILE),
+        result = run_dpo(policy, reference, codec, pairs,
                          DpoConfig.from_step(step, batch_size=runtime.batch_size, seed=runtime.seed))
         return {"loss_curve": list(result.losses), "accuracy_curve": list(result.accuracies),
                 "final_margin": result.mean_margin, "train_seconds": round(result.wall_seconds, 2)}, result.num_steps
@@ -104,7 +100,7 @@ def _train(step, policy, reference, codec, fixtures_dir: Path, train_tasks, runt
         step, num_steps=runtime.rlvr_num_steps, groups_per_step=runtime.rlvr_groups_per_step,
         max_new_tokens=runtime.max_new_tokens, overlong_cache=runtime.overlong_cache, seed=runtime.seed,
     )
-    result = run_rlvr(policy, reference, codec, train_tasks, config, policy_factory=factory)
+    result = run_rlvr(policy, reference, codec, train_tasks, config, policy_factory=spec.factory())
     return {
         "reward_curve": list(result.reward_curve),
         "kl_curve": [s.kl_to_reference for s in result.steps],
@@ -117,36 +113,43 @@ def _train(step, policy, reference, codec, fixtures_dir: Path, train_tasks, runt
     }, result.steps[-1].policy_version if result.steps else 0
 
 
+def _starting_policy(start: Start):
+    """(spec, policy module, previous outcome or None)."""
+    if isinstance(start, StageOutcome):
+        return start.policy, load_policy(start.policy.factory()(), start.checkpoint), start
+    return start, start.initial_policy(), None
+
+
 def run_stage(
-    step: SftStep | DpoStep | RlvrStep, *, previous: StageOutcome | None, fixtures_dir: Path, out_dir: Path,
+    step: SftStep | DpoStep | RlvrStep, *, start: Start, data_root: Path, out_dir: Path,
     runtime: PostTrainingRuntime = PostTrainingRuntime(),
 ) -> StageOutcome:
-    """Train one stage of the recipe from `previous` (None: the deterministic base policy)."""
-    if previous is not None:
-        require_passed(previous.gate)
+    """Train one stage of the recipe from `start`; pair files resolve under `data_root`."""
     torch.set_num_threads(runtime.num_threads)
-    codec = CharVocab()
-    policy = policy_factory(runtime, codec)()
-    if previous is not None:
-        load_policy(policy, previous.checkpoint)
+    if isinstance(start, StageOutcome):  # a failed gate stays failed: refused before anything is read
+        require_passed(start.gate)
+    # The bound pair file is checked against the manifest's digest before any compute is spent.
+    pairs = None if isinstance(step, RlvrStep) else read_bound_pairs(step, data_root)
+    spec, policy, previous = _starting_policy(start)
+    codec = spec.codec()
     reference = copy.deepcopy(policy).eval()  # frozen: the stage's starting point
     train_tasks, held_out = battery(runtime)
     before = previous.eval_after if previous is not None else _evaluate(policy, codec, held_out, runtime)
-    metrics, num_steps = _train(step, policy, reference, codec, fixtures_dir, train_tasks, runtime)
+    metrics, num_steps = _train(step, policy, reference, codec, spec, pairs, train_tasks, runtime)
     after = _evaluate(policy, codec, held_out, runtime)
     metrics["kl_to_reference"] = sampled_kl(policy, reference, codec, held_out,
                                             max_new_tokens=runtime.max_new_tokens, seed=runtime.seed)
     checkpoint = save_policy(policy, out_dir / step.kind / "policy.pt", stage=step.kind, policy_version=num_steps)
     gate = judge(step.kind, before, after, BATTERY[step.kind])
-    outcome = StageOutcome(stage=step.kind, checkpoint=checkpoint, gate=gate, eval_before=before, eval_after=after,
-                           metrics=metrics)
+    outcome = StageOutcome(stage=step.kind, policy=spec, checkpoint=checkpoint, gate=gate, eval_before=before,
+                           eval_after=after, metrics=metrics)
     write_metrics(outcome, out_dir / step.kind / "metrics.json")
     return outcome
 
 
 def write_metrics(outcome: StageOutcome, path: Path) -> None:
-    """The stage's figures beside its checkpoint, for `ito metrics` and auditors."""
-    document = {"stage": outcome.stage, "checkpoint": outcome.checkpoint.as_dict(), "gate": outcome.gate.as_dict(),
-                "eval_before": outcome.eval_before.as_dict(), "eval_after": outcome.eval_after.as_dict(),
-                "metrics": outcome.metrics}
+    """The stage's figures beside its checkpoint, for auditors (`publish` puts them in the ledger)."""
+    document = {"stage": outcome.stage, "policy": outcome.policy.as_dict(), "checkpoint": outcome.checkpoint.as_dict(),
+                "gate": outcome.gate.as_dict(), "eval_before": outcome.eval_before.as_dict(),
+                "eval_after": outcome.eval_after.as_dict(), "metrics": outcome.metrics}
     path.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n", encoding="utf-8")

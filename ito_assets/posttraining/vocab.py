@@ -1,9 +1,10 @@
 """The text codec of post-training: a Protocol, and the character vocabulary of the tiny CPU runs.
 
 A policy that comes from a pretraining checkpoint must be post-trained with that checkpoint's own
-tokenizer; anything with `encode`, `decode`, `vocab_size`, `bos_id`, `eos_id` and `pad_id` fits.
-The character vocabulary is what the embedded default and the tests use: every task here is
-printable ASCII, and one token per character makes a 2-layer model learn them in seconds.
+tokenizer; anything with `encode`, `decode`, `vocab_size`, `bos_id`, `eos_id` and `pad_id` fits:
+the run's byte-level BPE (`bpe.BpeCodec`) is what the Dagster stages use. The character
+vocabulary is what the unit tests of the losses and loops use: every task here is printable
+ASCII, and one token per character makes a 2-layer model learn them in seconds.
 """
 
 from __future__ import annotations

@@ -100,6 +100,20 @@ def test_missing_provenance_is_its_own_code(world) -> None:
     assert code_of(lambda: world.confirm_train(manifest=bad)) is ErrorCode.PROVENANCE_MISSING
 
 
+@pytest.mark.parametrize("change, code", [
+    ({"license": "CC-BY-NC-4.0"}, ErrorCode.DATA_POLICY_VIOLATION),
+    ({"uri": "dataroot://../outside.jsonl"}, ErrorCode.DATA_POLICY_VIOLATION),
+])
+def test_a_post_training_pair_file_meets_the_same_data_policy(world, change, code) -> None:
+    document = json.loads(manifest_bytes())
+    pairs = {"uri": "dataroot://fixtures/posttraining/sft_pairs.jsonl", "sha256": "a" * 64, "license": "CC0-1.0",
+             "format": "jsonl"}
+    document["post_training"] = [{"kind": "sft", "data": pairs}]
+    assert world.confirm_train(manifest=verified(json.dumps(document).encode()))  # the bound file as reviewed
+    document["post_training"] = [{"kind": "sft", "data": {**pairs, **change}}]
+    assert code_of(lambda: world.confirm_train(manifest=verified(json.dumps(document).encode()))) is code
+
+
 def test_budget_cap_counts_earlier_runs_of_the_same_manifest(world, policy) -> None:
     capped = verified(manifest_bytes(budget__cap_cents=COST * 3 // 2, budget__max_incremental_cents=COST))
     first = world.confirm_train(manifest=capped)

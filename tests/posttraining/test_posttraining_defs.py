@@ -1,8 +1,15 @@
-"""The post-training domain in Dagster: the graph, the blocking gates, a failed gate that stops
-the chain (and keeps stopping it), and a whole chain with its metrics as metadata."""
+"""The post-training domain in Dagster: the graph (the first stage starts from the pretraining
+chain's checkpoint and tokenizer), the blocking gates, a failed gate that stops the chain (and
+keeps stopping it), pair files bound by digest, and a whole chain with its metrics as metadata
+and in the ledger (what `ito metrics` serves).
+
+The pretraining chain is stood in for by assets with its keys (`long_context_checkpoint`,
+`training_tokens`) that hand on a real DCP checkpoint and BPE tokenizer, written the runtime's
+way (pretrained_checkpoint.py): the training domain's own tests run the supervisor."""
 
 from __future__ import annotations
 
+import hashlib
 import time
 import warnings
 from pathlib import Path
@@ -12,28 +19,66 @@ import pytest
 
 from definitions import build_definitions
 from ito_assets.defs import posttraining
+from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.posttraining.resources import PostTrainingResource
+from ito_assets.defs.training.stage_outcome import StageCheckpoint
 from ito_assets.defs.workload.assets import RUN_ID_TAG
+from ito_assets.gates import telemetry as ledger_telemetry
+from ito_assets.gates.ledger import open_ledger
 from ito_assets.posttraining.fixtures import instruction_pairs, preference_pairs, write_jsonl
 from ito_assets.posttraining.pipeline import DPO_FILE, SFT_FILE, PostTrainingRuntime, battery
+from posttraining.pretrained_checkpoint import Pretrained, make_pretrained
 
 warnings.filterwarnings("ignore", category=dg.PreviewWarning)
 
 STAGES = ("sft_checkpoint", "dpo_checkpoint", "rlvr_checkpoint")
-# Small enough for seconds on CPU; the SFT rate is one the `micro` model learns the format at.
+# Small enough for seconds on CPU; the SFT rate is one the tiny model learns the format at.
 SMALL = PostTrainingResource(num_eval_prompts=12, batch_size=16, rlvr_num_steps=4, rlvr_groups_per_step=2)
+_PAIR_FILES = {"sft": SFT_FILE, "dpo": DPO_FILE}
 
 
-def _defs(installation, runtime: PostTrainingResource = SMALL) -> dg.Definitions:
-    lineage = ("manifest", "data", "decision", "workload", "training")  # post-training's own resource below
-    return dg.Definitions.merge(build_definitions(installation.settings, domains=lineage), posttraining.defs(runtime))
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Pretrained:
+    """One pretraining result for the module: the tokenizer takes a second, 30 steps of the tiny
+    model a few more (measured: enough for SFT to teach the answer format)."""
+    return make_pretrained(tmp_path_factory.mktemp("pretrained"), num_steps=30)
 
 
-def _write_fixtures(installation, num_prompts: int) -> None:
+def _pretraining_stand_ins(base: Pretrained) -> list:
+    @dg.asset(name="training_tokens", group_name="training", partitions_def=manifests_partitions)
+    def tokens_stand_in():
+        return base.tokens
+
+    @dg.asset(name="long_context_checkpoint", group_name="training", partitions_def=manifests_partitions)
+    def final_stand_in():
+        folder = str(Path(base.checkpoint).parent)
+        return StageCheckpoint(stage="long_context", run_dir=str(Path(folder).parent), stage_dir=folder,
+                               final_checkpoint=base.checkpoint, num_steps=30, metadata_sha256="", eval={},
+                               gate={"passed": True}, num_attempts=1)
+
+    return [tokens_stand_in, final_stand_in]
+
+
+def _defs(installation, base: Pretrained, runtime: PostTrainingResource = SMALL) -> dg.Definitions:
+    lineage = ("manifest", "data", "decision", "workload")  # training stood in, post-training's resource below
+    return dg.Definitions.merge(build_definitions(installation.settings, domains=lineage), posttraining.defs(runtime),
+                                dg.Definitions(assets=_pretraining_stand_ins(base)))
+
+
+def _write_fixtures(installation, num_prompts: int) -> dict[str, dict]:
+    """The pair files, and their data references as a recipe step binds them."""
     train, _ = battery(PostTrainingRuntime())
     folder = installation.data_root / "fixtures" / "posttraining"
     write_jsonl(folder / SFT_FILE, instruction_pairs(train[:num_prompts], copies=1, seed=0, error_rate=0.2))
     write_jsonl(folder / DPO_FILE, preference_pairs(train[:64], copies=1, seed=0))
+    return {kind: {"uri": f"dataroot://fixtures/posttraining/{name}", "format": "jsonl", "license": "CC0-1.0",
+                   "sha256": hashlib.sha256((folder / name).read_bytes()).hexdigest()}
+            for kind, name in _PAIR_FILES.items()}
+
+
+def _bind(recipe: list[dict], references: dict[str, dict]) -> list[dict]:
+    return [{**step, "data": references[step["kind"]]} if step["kind"] in references and "data" not in step else step
+            for step in recipe]
 
 
 def _ledger_run(installation, manifest_path: str) -> str:
@@ -55,8 +100,10 @@ def _ledger_run(installation, manifest_path: str) -> str:
     return run_id
 
 
-def _materialize(installation, instance, defs, recipe: list[dict], selection, *, num_prompts: int = 800):
-    _write_fixtures(installation, num_prompts)
+def _materialize(installation, instance, defs, recipe: list[dict], selection, *, num_prompts: int = 800,
+                 bind: bool = True):
+    references = _write_fixtures(installation, num_prompts)
+    recipe = _bind(recipe, references) if bind else recipe
     run_id = _ledger_run(installation, installation.manifest("post", post_training=recipe))
     key = _register(installation, instance)
     job = dg.define_asset_job("adhoc", selection=selection).resolve(asset_graph=defs.resolve_asset_graph())
@@ -73,11 +120,14 @@ def _register(installation, instance) -> str:
 
 
 def test_graph_chain_in_recipe_order(installation):
-    graph = _defs(installation).resolve_asset_graph()
+    graph = build_definitions(installation.settings).resolve_asset_graph()  # the real training domain
     for name in STAGES:
         assert graph.get(dg.AssetKey(name)).group_name == "posttraining"
     assert dg.AssetKey("sft_checkpoint") in graph.get(dg.AssetKey("dpo_checkpoint")).parent_keys
     assert dg.AssetKey("dpo_checkpoint") in graph.get(dg.AssetKey("rlvr_checkpoint")).parent_keys
+    # The first stage starts from the pretraining chain's result: its checkpoint and its tokenizer.
+    sft_parents = graph.get(dg.AssetKey("sft_checkpoint")).parent_keys
+    assert {dg.AssetKey("long_context_checkpoint"), dg.AssetKey("training_tokens")} <= sft_parents
     checks = {k.name: graph.get_check_spec(k) for k in graph.asset_check_keys if k.asset_key.path[0] in STAGES}
     assert set(checks) == {"sft_eval_gate", "dpo_eval_gate", "rlvr_eval_gate"}
     assert all(spec.blocking for spec in checks.values())
@@ -92,11 +142,11 @@ def _materialized(result) -> set[str]:
 
 
 @pytest.mark.slow
-def test_failed_gate_stops_the_chain_and_keeps_stopping_it(installation, instance):
-    defs = _defs(installation)
+def test_failed_gate_stops_the_chain_and_keeps_stopping_it(installation, instance, base):
+    defs = _defs(installation, base)
     # A learning rate too small to teach anything in one epoch: SFT cannot raise the reward.
     recipe = [{"kind": "sft", "learning_rate": 1e-9}, {"kind": "dpo"}, {"kind": "rlvr"}]
-    everything = dg.AssetSelection.groups("manifest", "workload", "posttraining")
+    everything = dg.AssetSelection.groups("manifest", "workload", "training", "posttraining")
     result = _materialize(installation, instance, defs, recipe, everything, num_prompts=64)
     assert _evaluations(result)["sft_eval_gate"] is False
     assert "sft_checkpoint" in _materialized(result)
@@ -111,11 +161,11 @@ def test_failed_gate_stops_the_chain_and_keeps_stopping_it(installation, instanc
 
 
 @pytest.mark.slow
-def test_chain_materializes_with_metrics(installation, instance):
-    defs = _defs(installation)
+def test_chain_materializes_with_metrics(installation, instance, base):
+    defs = _defs(installation, base)
     recipe = [{"kind": "sft", "learning_rate": 3e-3}, {"kind": "dpo", "learning_rate": 1e-4},
               {"kind": "rlvr", "learning_rate": 1e-3, "group_size": 4, "max_staleness": 1}]
-    result = _materialize(installation, instance, defs, recipe, dg.AssetSelection.groups("manifest", "workload", "posttraining"))
+    result = _materialize(installation, instance, defs, recipe, dg.AssetSelection.groups("manifest", "workload", "training", "posttraining"))
     assert _evaluations(result)["sft_eval_gate"] is True
     assert _evaluations(result)["dpo_eval_gate"] is True
     assert set(STAGES) <= _materialized(result)
@@ -124,13 +174,50 @@ def test_chain_materializes_with_metrics(installation, instance):
     assert {"reward_curve", "staleness_histogram", "kl_to_reference", "gate"} <= set(metadata)
     assert max(int(k) for k in metadata["staleness_histogram"].value["admitted_by_staleness"]) <= 1
     assert "rlvr_eval_gate" in _evaluations(result)
+    assert metadata["policy"].value["init_checkpoint"] == base.checkpoint  # started from the pretraining chain
+    assert metadata["policy"].value["tokenizer"]["sha256"] == base.tokens.tokenizer_sha256
+    published = _ledger_metrics(installation, result.dagster_run.tags[RUN_ID_TAG])
+    assert {"sft/loss", "dpo/accuracy", "rlvr/reward", "rlvr/kl_to_reference", "rlvr/heldout_kl_to_reference",
+            "rlvr/heldout_reward", "rlvr/gate_passed", "rlvr/staleness_admitted/0"} <= set(published)
+    assert published["rlvr/heldout_reward"] == [pytest.approx(metadata["heldout_reward_after"].value)]
+    assert len(published["rlvr/reward"]) == SMALL.rlvr_num_steps  # one point per step (fewer than 100)
+
+
+def _ledger_metrics(installation, run_id: str) -> dict[str, list[float]]:
+    """What `ito metrics` serves for the run (the route pages through this very reader)."""
+    ledger = open_ledger(installation.settings.ledger_url)
+    try:
+        found: dict[str, list[float]] = {}
+        for metric in ledger_telemetry.metrics(ledger, run_id, limit=ledger_telemetry.MAX_PAGE):
+            found.setdefault(metric.name, []).append(metric.value)
+        return found
+    finally:
+        ledger.dispose()
 
 
 @pytest.mark.slow
-def test_a_stage_left_out_of_the_recipe_carries_forward(installation, instance):
-    defs = _defs(installation)
+def test_a_changed_pair_file_is_refused_before_training(installation, instance, base):
+    defs = _defs(installation, base)
+    references = _write_fixtures(installation, 16)
+    recipe = _bind([{"kind": "sft", "learning_rate": 3e-3}], references)
+    run_id = _ledger_run(installation, installation.manifest("post", post_training=recipe))
+    key = _register(installation, instance)
+    sft_file = installation.data_root / "fixtures" / "posttraining" / SFT_FILE
+    sft_file.write_text(sft_file.read_text().replace('"response": "', '"response": "9', 1))  # one answer changed
+    job = dg.define_asset_job("adhoc", selection=dg.AssetSelection.groups("manifest", "workload", "training",
+                                                                         "posttraining"))
+    result = job.resolve(asset_graph=defs.resolve_asset_graph()).execute_in_process(
+        instance=instance, partition_key=key, raise_on_error=False, resources=defs.resources, tags={RUN_ID_TAG: run_id})
+    assert "sft_checkpoint" not in _materialized(result)
+    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+    assert failure.step_failure_data.user_failure_data.metadata["error_code"].value == "SOURCE_DIGEST_MISMATCH"
+
+
+@pytest.mark.slow
+def test_a_stage_left_out_of_the_recipe_carries_forward(installation, instance, base):
+    defs = _defs(installation, base)
     recipe = [{"kind": "dpo", "learning_rate": 1e-6}]  # no SFT, no RLVR
-    result = _materialize(installation, instance, defs, recipe, dg.AssetSelection.groups("manifest", "workload", "posttraining"),
+    result = _materialize(installation, instance, defs, recipe, dg.AssetSelection.groups("manifest", "workload", "training", "posttraining"),
                           num_prompts=64)
     evaluations = _evaluations(result)
     assert evaluations["sft_eval_gate"] is True and evaluations["rlvr_eval_gate"] is True  # "no such step"
@@ -142,10 +229,10 @@ def test_a_stage_left_out_of_the_recipe_carries_forward(installation, instance):
     assert events["rlvr_checkpoint"]["in_recipe"].value is False
 
 
-def test_a_stage_materialized_alone_asks_the_ledger_and_is_refused(installation, instance):
-    defs = _defs(installation)
+def test_a_stage_materialized_alone_asks_the_ledger_and_is_refused(installation, instance, base):
+    defs = _defs(installation, base)
     recipe = [{"kind": "sft", "learning_rate": 3e-3}]
-    first = _materialize(installation, instance, defs, recipe, dg.AssetSelection.groups("manifest", "workload"),
+    first = _materialize(installation, instance, defs, recipe, dg.AssetSelection.groups("manifest", "workload", "training"),
                          num_prompts=16)
     assert first.success  # the authorization is on record, for that run
     job = dg.define_asset_job("alone", selection=["sft_checkpoint"]).resolve(asset_graph=defs.resolve_asset_graph())

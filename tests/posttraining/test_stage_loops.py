@@ -18,7 +18,8 @@ from ito_assets.posttraining.fixtures import (
     InstructionPair, instruction_pairs, preference_pairs, read_instruction_pairs, read_preference_pairs,
 )
 from ito_assets.posttraining.gates import BATTERY, GateRule, GateSpec, judge, require_passed
-from ito_assets.posttraining.pipeline import PostTrainingRuntime, battery, policy_factory
+from ito_assets.posttraining.base import seeded
+from ito_assets.posttraining.pipeline import PostTrainingRuntime, battery
 from ito_assets.posttraining.rollouts import Group, Rollout, collate
 from ito_assets.posttraining.sft import SftConfig, response_batch, run_sft
 from ito_assets.posttraining.vocab import CharVocab
@@ -28,7 +29,7 @@ VOCAB = CharVocab()
 
 
 def _policy():
-    return policy_factory(PostTrainingRuntime(), VOCAB)()
+    return seeded().factory()()
 
 
 def test_response_batch_masks_prompt_and_padding():
@@ -76,7 +77,7 @@ def test_dpo_prefers_chosen_and_leaves_the_reference_alone():
 def test_checkpoint_round_trip_and_tamper_detection(tmp_path):
     policy = _policy()
     record = save_policy(policy, tmp_path / "sft" / "policy.pt", stage="sft", policy_version=12)
-    other = policy_factory(PostTrainingRuntime(seed=1), VOCAB)()
+    other = seeded(seed=1).factory()()
     load_policy(other, record)
     assert all(torch.equal(a, b) for a, b in zip(policy.state_dict().values(), other.state_dict().values()))
     with open(record.path, "ab") as handle:

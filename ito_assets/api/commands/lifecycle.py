@@ -16,6 +16,10 @@ from ito_assets.errors import ErrorCode, ItoError
 _WATCH_GROWTH = 1.5
 _WATCH_MAX_INTERVAL_S = 15.0
 _STOP = frozenset({ErrorCode.AUTH_REQUIRED, ErrorCode.CREDENTIAL_REVOKED, ErrorCode.RUN_NOT_FOUND})
+# Named `<stage>/<metric>` (ito_assets.runtime.publish, ito_assets.posttraining.publish).
+_METRICS_HELP = ("the run's metrics, paged: per training stage its loss, held-out eval and goodput; per "
+                 "post-training stage (sft, dpo, rlvr) its loss or reward curve, KL to reference, held-out "
+                 "reward, gate and RLVR's staleness histogram")
 
 
 def _json_flag(parser: argparse.ArgumentParser) -> None:
@@ -36,7 +40,7 @@ def register(verbs: argparse._SubParsersAction) -> None:
     status.add_argument("--max-wait", type=float, default=3600.0, help="stop watching after this many seconds")
     _json_flag(status)
     status.set_defaults(handler=_status)
-    for name, help_text in (("logs", "the run's event log, redacted, paged"), ("metrics", "the run's metrics"),
+    for name, help_text in (("logs", "the run's event log, redacted, paged"), ("metrics", _METRICS_HELP),
                             ("checkpoints", "the run's checkpoint list (empty until checkpoints exist)")):
         parser = verbs.add_parser(name, help=help_text)
         parser.add_argument("run_id", help="run id (run_...)")

@@ -1,6 +1,6 @@
 """Post-training domain: one checkpoint asset per recipe stage (SFT -> DPO -> RLVR), each with a
 blocking eval-gate check. The assets run in the workload domain's `training_job` (group
-`posttraining`), after the last pretraining-stage checkpoint."""
+`posttraining`), starting from the last pretraining-stage checkpoint and the run's tokenizer."""
 
 import dagster as dg
 

@@ -1,26 +1,34 @@
 """The post-training recipe as assets, in the manifest's order: sft_checkpoint -> dpo_checkpoint
--> rlvr_checkpoint. Each trains from the one before (the first from the base policy), evaluates
-the held-out battery, and hands on its checkpoint, metrics and gate verdict. A stage the recipe
-leaves out carries the previous outcome forward. The gate is enforced here, before the first step:
-after a failed gate the next stage refuses to train (EVAL_GATE_FAILED), whatever is retried.
+-> rlvr_checkpoint. The first starts from the pretraining chain's result: the final checkpoint of
+`long_context_checkpoint` (torch.distributed.checkpoint) with the run's byte-level BPE from
+`training_tokens`; each later one from the stage before. Each trains, evaluates the held-out
+battery, publishes its figures to the ledger (`ito metrics`, `ito checkpoints`), and hands on its
+checkpoint, metrics and gate verdict. A stage the recipe leaves out carries forward what it was
+given. The gate is enforced here, before the first step: after a failed gate the next stage
+refuses to train (EVAL_GATE_FAILED), whatever is retried.
 """
 
 import json
 
 import dagster as dg
 
-from ito_assets.defs.failures import verified_or_fail
+from ito_assets.defs.failures import failure, verified_or_fail
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.posttraining.resources import PostTrainingResource
 from ito_assets.defs.resources import ItoSettingsResource, LedgerResource
+from ito_assets.defs.training.stage_outcome import StageCheckpoint
 from ito_assets.defs.workload.live import require_live_authorization
-from ito_assets.errors import ItoError
+from ito_assets.errors import ErrorCode, ItoError
+from ito_assets.manifest.discovery import ManifestVerdict
 from ito_assets.manifest.schema import STAGE_ORDER
+from ito_assets.posttraining.base import PolicySpec, pretrained
+from ito_assets.posttraining.bpe import TokenizerRef
 from ito_assets.posttraining.gates import require_passed
+from ito_assets.posttraining.pipeline import Start, StageOutcome, run_stage
+from ito_assets.posttraining.publish import publish_outcome
+from ito_assets.runtime.corpus import TokenSet
 from ito_assets.runtime.gates import VerdictStore
 from ito_assets.runtime.stages import RunLayout
-from ito_assets.manifest.discovery import ManifestVerdict
-from ito_assets.posttraining.pipeline import StageOutcome, run_stage
 
 GROUP = "posttraining"
 
@@ -41,6 +49,7 @@ def outcome_metadata(outcome: StageOutcome, step) -> dict:
     metrics = outcome.metrics
     metadata = {
         "recipe_step": dg.MetadataValue.json(step.model_dump()),
+        "policy": dg.MetadataValue.json(outcome.policy.as_dict()),
         "checkpoint": dg.MetadataValue.path(outcome.checkpoint.path),
         "checkpoint_sha256": outcome.checkpoint.sha256,
         "num_optimizer_steps": outcome.checkpoint.policy_version,
@@ -64,45 +73,57 @@ def outcome_metadata(outcome: StageOutcome, step) -> dict:
 
 
 def _stage(context, ito: ItoSettingsResource, posttraining: PostTrainingResource, ledger: LedgerResource,
-           verdict: ManifestVerdict, authorization: dict, previous: StageOutcome | None, kind: str):
+           verdict: ManifestVerdict, authorization: dict, start: Start, kind: str):
     step = _recipe_step(verdict, kind)
     if step is None:
-        context.log.info(f"the recipe has no {kind} step: the previous outcome carries forward")
-        yield dg.Output(previous, metadata={"in_recipe": False})
+        context.log.info(f"the recipe has no {kind} step: what this stage was given carries forward")
+        yield dg.Output(start, metadata={"in_recipe": False})
         return
-    settings = ito.settings()
     try:
-        if previous is not None:  # a failed gate stays failed, whatever is retried
-            require_passed(previous.gate)
+        if isinstance(start, StageOutcome):  # a failed gate stays failed, whatever is retried
+            require_passed(start.gate)
         # The gates are enforced here, where compute is spent, not only by the checks of this run:
         # the ledger still authorizes this very run, and no training stage's eval gate failed.
         run_id, checkpoint_dir = require_live_authorization(context, ledger, authorization, "post-training",
                                                             manifest_digest=verdict.digest)
         run_dir = RunLayout.for_run(checkpoint_dir, run_id).run_dir
         VerdictStore(run_dir).ensure_not_failed(STAGE_ORDER)
-        outcome = run_stage(step, previous=previous, fixtures_dir=settings.data_root / "fixtures" / "posttraining",
-                            out_dir=run_dir / "posttraining", runtime=posttraining.runtime())
+        outcome = run_stage(step, start=start, data_root=ito.settings().data_root, out_dir=run_dir / "posttraining",
+                            runtime=posttraining.runtime())
+        with ledger.open() as opened:
+            num_checkpoints, num_metrics = publish_outcome(opened, run_id, outcome)
     except ItoError as error:
-        raise dg.Failure(description=error.message, metadata={"error_code": error.code.value}) from None
+        raise failure(error) from None
     context.log.info(json.dumps({"stage": kind, "gate": outcome.gate.as_dict()}))
-    yield dg.Output(outcome, metadata={"in_recipe": True, **outcome_metadata(outcome, step)})
+    yield dg.Output(outcome, metadata={"in_recipe": True, "num_metrics_published": num_metrics,
+                                       "num_checkpoints_published": num_checkpoints, **outcome_metadata(outcome, step)})
+
+
+def _base_policy(verdict: ManifestVerdict, final: StageCheckpoint | None, tokens: TokenSet,
+                 posttraining: PostTrainingResource) -> PolicySpec:
+    """The pretraining chain's result as the first stage's start: the model the manifest names,
+    sized to the run's tokenizer, with the last trained stage's final checkpoint (carried forward
+    through stages the manifest leaves out) as its weights."""
+    if final is None:  # every manifest has a stage, and a stage always hands on a checkpoint
+        raise failure(ItoError(ErrorCode.INTERNAL_ERROR, "the pretraining chain left no checkpoint"))
+    manifest = verified_or_fail(verdict, "post-training").manifest
+    return pretrained(model_name=manifest.model.size, vocab_size=tokens.vocab_size, checkpoint=final.final_checkpoint,
+                      tokenizer=TokenizerRef(path=tokens.tokenizer_path, sha256=tokens.tokenizer_sha256),
+                      seed=posttraining.seed)
 
 
 _INS = {"training_manifest": dg.AssetIn("training_manifest"), "run_authorization": dg.AssetIn("run_authorization")}
-
-
-# The last pretraining-stage checkpoint (issue 6; carried forward when the manifest has no long-context
-# stage): post-training starts only after its blocking gate passed. Ordering only, for now: the base
-# policy is initialised from the seed (see PostTrainingRuntime) until its weights are loaded.
-PRETRAINING_CHECKPOINT = dg.AssetKey("long_context_checkpoint")
+# The pretraining chain's result: the last stage's checkpoint (issue 6; carried forward when the
+# manifest has no long-context stage) and the tokenizer it was trained with.
+_BASE_INS = {"long_context_checkpoint": dg.AssetIn("long_context_checkpoint"),
+             "training_tokens": dg.AssetIn("training_tokens")}
 
 
 def _spec(kind: str, upstream: str | None) -> dict:
-    ins = dict(_INS, **({"previous": dg.AssetIn(upstream)} if upstream else {}))
-    start = f"`{upstream}`" if upstream else "the base policy (after the pretraining stages' gates)"
+    ins = dict(_INS, **({"previous": dg.AssetIn(upstream)} if upstream else _BASE_INS))
+    start = f"`{upstream}`" if upstream else "the final checkpoint of `long_context_checkpoint` with the run's tokenizer"
     return dict(
         name=f"{kind}_checkpoint", group_name=GROUP, kinds={"pytorch"}, partitions_def=manifests_partitions, ins=ins,
-        deps=[] if upstream else [PRETRAINING_CHECKPOINT],
         description=f"The post-training {kind} stage trained from {start} with the manifest's {kind} recipe step; "
         "its checkpoint, held-out verifiable reward, KL to its reference, and eval-gate verdict.",
     )
@@ -110,8 +131,10 @@ def _spec(kind: str, upstream: str | None) -> dict:
 
 @dg.asset(**_spec("sft", None))
 def sft_checkpoint(context: dg.AssetExecutionContext, ito: ItoSettingsResource, posttraining: PostTrainingResource,
-                   ledger: LedgerResource, training_manifest: ManifestVerdict, run_authorization: dict):
-    yield from _stage(context, ito, posttraining, ledger, training_manifest, run_authorization, None, "sft")
+                   ledger: LedgerResource, training_manifest: ManifestVerdict, run_authorization: dict,
+                   long_context_checkpoint: StageCheckpoint | None, training_tokens: TokenSet):
+    start = _base_policy(training_manifest, long_context_checkpoint, training_tokens, posttraining)
+    yield from _stage(context, ito, posttraining, ledger, training_manifest, run_authorization, start, "sft")
 
 
 @dg.asset(**_spec("dpo", "sft_checkpoint"))

@@ -1,5 +1,6 @@
 """Post-training's knobs as a Dagster resource (key `posttraining`): what the manifest's recipe
-does not say. Defaults are the embedded CPU installation's (`PostTrainingRuntime`)."""
+does not say. Defaults are the embedded CPU installation's (`PostTrainingRuntime`); the model is
+the one the manifest names, from the pretraining chain's checkpoint."""
 
 import dagster as dg
 
@@ -9,7 +10,6 @@ _DEFAULT = PostTrainingRuntime()
 
 
 class PostTrainingResource(dg.ConfigurableResource):
-    model_name: str = _DEFAULT.model_name
     seed: int = _DEFAULT.seed
     held_out_fraction: float = _DEFAULT.held_out_fraction
     num_eval_prompts: int = _DEFAULT.num_eval_prompts

@@ -1,0 +1,84 @@
+"""Where post-training starts: the policy's architecture, its text codec and its first weights, as
+one frozen record (`PolicySpec`) that every stage hands on to the next.
+
+Two kinds of start:
+- pretrained: the pretraining chain's final checkpoint (torch.distributed.checkpoint, written by
+  the runtime) with the run's byte-level BPE. What the Dagster stages always use.
+- seeded: the `micro` model initialised from the seed with the character vocabulary. What the
+  unit tests of the losses and loops use: it learns the battery's task in seconds on CPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+from ito_assets.errors import ErrorCode, ItoError
+from ito_assets.posttraining.bpe import BpeCodec, TokenizerRef
+from ito_assets.posttraining.vocab import CharVocab, TextCodec
+from ito_assets.runtime import resume
+from ito_assets.training.model import DecoderLM, build_model, config_by_name
+
+
+@dataclass(frozen=True, kw_only=True)
+class PolicySpec:
+    model_name: str  # a name of ito_assets.training.model.CONFIGS
+    vocab_size: int
+    seed: int = 0
+    tokenizer: TokenizerRef | None = None  # None: the character vocabulary
+    init_checkpoint: str | None = None  # a DCP checkpoint folder; None: weights from the seed
+
+    def as_dict(self) -> dict:
+        tokenizer = None if self.tokenizer is None else {"path": self.tokenizer.path, "sha256": self.tokenizer.sha256}
+        return {"model_name": self.model_name, "vocab_size": self.vocab_size, "seed": self.seed,
+                "tokenizer": tokenizer, "init_checkpoint": self.init_checkpoint}
+
+    def codec(self) -> TextCodec:
+        codec = BpeCodec.load(self.tokenizer) if self.tokenizer is not None else CharVocab()
+        if codec.vocab_size > self.vocab_size:
+            raise ItoError(ErrorCode.CHECKPOINT_DIGEST_MISMATCH, "the tokenizer is not the one the model was trained with")
+        return codec
+
+    def factory(self) -> functools.partial:
+        """A picklable builder of the architecture (the generator process builds its own copy)."""
+        return functools.partial(build_model, config_by_name(self.model_name, vocab_size=self.vocab_size),
+                                 seed=self.seed)
+
+    def initial_policy(self) -> DecoderLM:
+        policy = self.factory()()
+        if self.init_checkpoint is not None:
+            load_pretrained(policy, Path(self.init_checkpoint))
+        return policy
+
+
+# `micro` (2 layers, d_model 32) with the character vocabulary: the configuration that learns the
+# battery's task in seconds on CPU (measured: tests/posttraining/test_end_to_end.py).
+SMALL_MODEL = "micro"
+
+
+def seeded(model_name: str = SMALL_MODEL, *, seed: int = 0) -> PolicySpec:
+    return PolicySpec(model_name=model_name, vocab_size=CharVocab().vocab_size, seed=seed)
+
+
+def pretrained(*, model_name: str, vocab_size: int, checkpoint: str, tokenizer: TokenizerRef,
+               seed: int = 0) -> PolicySpec:
+    return PolicySpec(model_name=model_name, vocab_size=vocab_size, seed=seed, tokenizer=tokenizer,
+                      init_checkpoint=checkpoint)
+
+
+def load_pretrained(policy: DecoderLM, folder: Path) -> DecoderLM:
+    """The model weights of a runtime checkpoint (its optimizer, data position and generators are
+    the pretraining run's, not ours), after the completion marker's digests are checked."""
+    state = {"model": get_model_state_dict(policy)}
+    with warnings.catch_warnings():  # DCP warns that it loads in one process, as intended here
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        reason = resume.load_checkpoint(folder, state, rank=0, group=None)
+    if reason is not None:
+        raise ItoError(ErrorCode.CHECKPOINT_DIGEST_MISMATCH,
+                       f"the pretraining chain's final checkpoint cannot be used: {reason}")
+    set_model_state_dict(policy, state["model"])
+    return policy

@@ -1,0 +1,194 @@
+"""Post-training from the pretraining chain's result: the BPE codec and its special tokens, the
+DCP checkpoint loaded (and refused when changed), pair files bound to the manifest by digest, and
+the stage figures as the ledger receives them for `ito metrics`."""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from ito_assets.errors import ErrorCode, ItoError
+from ito_assets.manifest.schema import DpoStep, SftStep
+from ito_assets.posttraining.base import load_pretrained, pretrained, seeded
+from ito_assets.posttraining.bpe import BpeCodec, TokenizerRef
+from ito_assets.posttraining.fixtures import instruction_pairs, read_bound_pairs, write_jsonl
+from ito_assets.posttraining.pipeline import PostTrainingRuntime, StageOutcome, battery
+from ito_assets.posttraining.publish import MAX_CURVE_POINTS, publish_outcome, stage_metrics
+from ito_assets.posttraining.sft import response_batch
+from ito_assets.training.tokenizer import END_OF_TEXT
+from posttraining.pretrained_checkpoint import Pretrained, make_pretrained
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Pretrained:
+    return make_pretrained(tmp_path_factory.mktemp("pretrained"), num_steps=2)
+
+
+def test_bpe_codec_uses_end_of_text_for_every_special_role(base):
+    codec = BpeCodec.load(base.tokenizer)
+    separator = codec.encode(END_OF_TEXT)  # not split: it is the tokenizer's one special token
+    assert [codec.bos_id] == [codec.eos_id] == [codec.pad_id] == separator
+    assert codec.vocab_size == base.tokens.vocab_size
+    prompt, answer = codec.encode("max 371="), codec.encode("7")
+    assert codec.decode(prompt) == "max 371=" and codec.decode(answer + [codec.eos_id]) == "7"
+    assert codec.decode(prompt + answer) == "max 371=7"  # joined encodings decode as the joined text
+
+
+def test_bpe_response_batch_masks_response_and_eos(base):
+    codec = BpeCodec.load(base.tokenizer)
+    tokens, mask = response_batch(codec, ["max 371="], ["7"])
+    num_prompt = 1 + len(codec.encode("max 371="))  # bos + prompt
+    assert tokens[0].tolist() == [codec.bos_id, *codec.encode("max 371="), *codec.encode("7"), codec.eos_id]
+    assert mask[0].tolist() == [0.0] * (num_prompt - 1) + [1.0, 1.0]  # targets: the answer, then eos
+
+
+def test_bpe_codec_pickles_into_the_generator_process(base):
+    codec = BpeCodec.load(base.tokenizer)
+    copy = pickle.loads(pickle.dumps(codec))
+    assert copy == codec and copy.encode("max 905=") == codec.encode("max 905=")
+
+
+def test_changed_tokenizer_is_refused(base, tmp_path):
+    changed = tmp_path / "tokenizer.json"
+    changed.write_text(Path(base.tokens.tokenizer_path).read_text().replace("max", "mux", 1))
+    with pytest.raises(ItoError) as caught:
+        BpeCodec.load(TokenizerRef(path=str(changed), sha256=base.tokens.tokenizer_sha256))
+    assert caught.value.code is ErrorCode.CHECKPOINT_DIGEST_MISMATCH
+
+
+def _spec(base: Pretrained):
+    return pretrained(model_name="tiny", vocab_size=base.tokens.vocab_size, checkpoint=base.checkpoint,
+                      tokenizer=base.tokenizer, seed=7)  # another seed: the weights must come from the checkpoint
+
+
+def test_the_first_stage_starts_from_the_checkpoint_weights(base):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    policy = _spec(base).initial_policy()
+    template = {"model": {k: torch.zeros_like(v) for k, v in get_model_state_dict(policy).items()}}
+    with pytest.warns(UserWarning):  # DCP says it reads in one process
+        dcp.load(template, checkpoint_id=base.checkpoint)  # what the runtime wrote, read independently
+    loaded = get_model_state_dict(policy)
+    assert all(torch.equal(loaded[k], v) for k, v in template["model"].items())
+    fresh = _spec(base).factory()()
+    assert not torch.equal(fresh.embedding.weight, policy.embedding.weight)
+
+
+def test_a_changed_checkpoint_is_refused(base, tmp_path):
+    import shutil
+
+    folder = tmp_path / "step-000000002"
+    shutil.copytree(base.checkpoint, folder)
+    shard = next(p for p in folder.iterdir() if p.suffix == ".distcp")
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte in the weights
+    shard.write_bytes(bytes(data))
+    with pytest.raises(ItoError) as caught:
+        load_pretrained(_spec(base).factory()(), folder)
+    assert caught.value.code is ErrorCode.CHECKPOINT_DIGEST_MISMATCH
+
+
+# --- pair files bound by digest ---------------------------------------------------------------
+
+
+def _bound(tmp_path: Path, kind: str = "sft", sha256: str | None = None):
+    train, _ = battery(PostTrainingRuntime())
+    path = tmp_path / "data" / "pairs.jsonl"
+    write_jsonl(path, instruction_pairs(train[:8], copies=1, seed=0, error_rate=0.0))
+    data = {"uri": "dataroot://pairs.jsonl", "format": "jsonl", "license": "CC0-1.0",
+            "sha256": sha256 or hashlib.sha256(path.read_bytes()).hexdigest()}
+    step = (SftStep if kind == "sft" else DpoStep).model_validate({"kind": kind, "data": data})
+    return step, path
+
+
+def test_bound_pairs_are_read_when_the_digest_holds(tmp_path):
+    step, _ = _bound(tmp_path)
+    assert len(read_bound_pairs(step, tmp_path / "data")) == 8
+
+
+@pytest.mark.parametrize("change, code", [
+    ("edit", ErrorCode.SOURCE_DIGEST_MISMATCH), ("remove", ErrorCode.SOURCE_NOT_FOUND),
+    ("unbind", ErrorCode.PROVENANCE_MISSING),
+])
+def test_bound_pairs_are_refused(tmp_path, change, code):
+    step, path = _bound(tmp_path)
+    if change == "edit":
+        path.write_text(path.read_text().replace('"response": "', '"response": "9', 1))
+    elif change == "remove":
+        path.unlink()
+    else:
+        step = SftStep.model_validate({"kind": "sft"})
+    with pytest.raises(ItoError) as caught:
+        read_bound_pairs(step, tmp_path / "data")
+    assert caught.value.code is code
+
+
+def test_dpo_step_refuses_instruction_pairs(tmp_path):
+    step, _ = _bound(tmp_path, kind="dpo")  # bound by digest, but the records are not preference pairs
+    with pytest.raises(ItoError) as caught:
+        read_bound_pairs(step, tmp_path / "data")
+    assert caught.value.code is ErrorCode.POSTTRAINING_DATA_INVALID
+
+
+# --- figures for `ito metrics` ----------------------------------------------------------------
+
+
+def _outcome(tmp_path: Path) -> StageOutcome:
+    from ito_assets.posttraining.checkpoint import save_policy
+    from ito_assets.posttraining.evaluation import RewardEval
+    from ito_assets.posttraining.gates import BATTERY, judge
+
+    before = RewardEval(mean_reward=0.25, per_task=(0.25, 0.25, 0.25), greedy_accuracy=0.3, num_tasks=3, num_samples=8)
+    after = RewardEval(mean_reward=0.5, per_task=(0.5, 0.375, 0.625), greedy_accuracy=0.6, num_tasks=3, num_samples=8)
+    policy = seeded().factory()()
+    metrics = {"reward_curve": [i / 250 for i in range(250)], "kl_curve": [0.01] * 250, "kl_to_reference": 0.02,
+               "train_seconds": 3.5, "num_dropped_all_equal": 4, "num_weight_syncs": 251,
+               "staleness": {"max_staleness": 1, "num_admitted": 30, "num_dropped_stale": 2,
+                             "admitted_by_staleness": {"0": 10, "1": 20}, "dropped_by_staleness": {"2": 2}}}
+    return StageOutcome(stage="rlvr", policy=seeded(),
+                        checkpoint=save_policy(policy, tmp_path / "policy.pt", stage="rlvr", policy_version=250),
+                        gate=judge("rlvr", before, after, BATTERY["rlvr"]), eval_before=before, eval_after=after,
+                        metrics=metrics)
+
+
+def test_stage_metrics_name_curves_histogram_and_kl(tmp_path):
+    rows = stage_metrics(_outcome(tmp_path))
+    by_name: dict[str, list[tuple[int, float]]] = {}
+    for step, name, value in rows:
+        by_name.setdefault(name, []).append((step, value))
+    reward = by_name["rlvr/reward"]
+    assert len(reward) <= MAX_CURVE_POINTS and reward[-1] == (250, pytest.approx(249 / 250))
+    assert by_name["rlvr/staleness_admitted/1"] == [(250, 20.0)] and by_name["rlvr/staleness_dropped/2"] == [(250, 2.0)]
+    assert by_name["rlvr/heldout_kl_to_reference"] == [(250, 0.02)]
+    assert by_name["rlvr/heldout_reward"] == [(250, 0.5)] and by_name["rlvr/heldout_reward_before"] == [(250, 0.25)]
+    assert by_name["rlvr/gate_passed"] == [(250, 1.0)]
+
+
+def test_publishing_twice_adds_nothing(tmp_path):
+    from gates.gate_world import Clock, make_policy, make_world, verified
+    from ito_assets.gates import telemetry
+    from ito_assets.gates.create_run import TrainRequest, create_run
+    from ito_assets.gates.ledger import open_ledger
+
+    now = int(time.time())
+    ledger = open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}", clock=Clock(now))
+    try:
+        world = make_world(ledger, make_policy(tmp_path), Clock(now))
+        booking = world.booking(starts_at=now - 3600, ends_at=now + 3600)
+        request = TrainRequest(booking_id=booking, verified=verified(), idempotency_key="publish-0001",
+                               confirmation_ref=world.confirm_train(booking, manifest=verified()))
+        run_id = create_run(ledger, world.policy, world.account, request).run.run_id
+        outcome = _outcome(tmp_path)
+        first = publish_outcome(ledger, run_id, outcome)
+        assert first == (1, len(stage_metrics(outcome)))
+        assert publish_outcome(ledger, run_id, outcome) == (0, 0)
+        (listed,) = telemetry.checkpoints(ledger, run_id)
+        assert listed.sha256 == outcome.checkpoint.sha256 and listed.step == 250
+    finally:
+        ledger.dispose()
