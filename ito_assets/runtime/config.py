@@ -70,6 +70,14 @@ class WorkerConfig:
     # 10 minutes: a collective blocked longer than this is a hang the supervisor has long since
     # detected (its bound is 5 minutes); NCCL's own default is 10 minutes as well.
     collective_timeout_s: float = 600.0
+    # torchft replica groups (`replicas.py`): the stage trains as `replica_groups` copies of this
+    # attempt's ranks that average gradients across groups every step and heal a restarted group
+    # from its peers. Group 0 alone writes checkpoints, events and the result into `stage_dir`.
+    replica_groups: int = 1
+    replica_id: int = 0
+    # torchft's Manager default (60 s) for cross-group collectives, quorum and connections; below
+    # the supervisor's hang bound, so a group waiting on a dead peer is never taken for hung itself.
+    replica_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "num_steps", "batch_size", "sequence_length", "interval_steps", "keep_last",
@@ -83,6 +91,10 @@ class WorkerConfig:
             raise ValueError("learning_rate must be in (0, 1)")
         if self.attempt < 0 or self.spike_rewind_steps < 0 or self.collective_timeout_s <= 0:
             raise ValueError("attempt and spike_rewind_steps must be >= 0, collective_timeout_s positive")
+        if self.replica_groups < 1 or not 0 <= self.replica_id < self.replica_groups:
+            raise ValueError("replica_groups must be positive and replica_id lie in [0, replica_groups)")
+        if self.batch_size % self.replica_groups or self.replica_timeout_s <= 0:
+            raise ValueError("batch_size must be divisible by replica_groups and replica_timeout_s positive")
         object.__setattr__(self, "data_parallel", DataParallel(self.data_parallel))
         suite = (self.tokenizer_path, self.eval_suite_path, self.eval_suite_sha256)
         if any(v is not None for v in suite) and not all(v is not None for v in suite):
@@ -112,3 +124,14 @@ class WorkerConfig:
     def with_attempt(self, attempt: int, launched_at: float, skip_ranges: tuple[tuple[int, int], ...]) -> "WorkerConfig":
         body = asdict(self) | {"attempt": attempt, "launched_at": launched_at, "skip_ranges": skip_ranges}
         return WorkerConfig(**body)
+
+
+def group_shape(nnodes: int, nproc_per_node: int, groups: int) -> tuple[int, int] | None:
+    """(nodes, ranks per node) of one of `groups` equal replica groups of an attempt: whole nodes
+    per group where the nodes split evenly (a group never straddles a node it shares), else the
+    ranks of a single node; None where neither splits evenly."""
+    if nnodes % groups == 0:
+        return nnodes // groups, nproc_per_node
+    if nnodes == 1 and nproc_per_node % groups == 0:
+        return 1, nproc_per_node // groups
+    return None

@@ -1,4 +1,6 @@
-"""Starting and stopping one attempt: `torch.distributed.run` and the workers it spawns.
+"""Starting and stopping one attempt on this machine (the local back end of
+`ito_assets.launch.backend`): `torch.distributed.run` and the workers it spawns; and the choice of
+back end for a `LaunchConfig`.
 
 One node: a standalone torchrun. Several nodes on this machine (the multi-node path exercised for
 real on loopback): one torchrun launcher per node, joined by a c10d rendezvous on a free loopback
@@ -18,18 +20,27 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ito_assets.launch.backend import Backend, BackendKind, LaunchConfig
+from ito_assets.launch.kubernetes import KubernetesBackend
+from ito_assets.launch.slurm import SlurmBackend
 from ito_assets.launch.spec import LaunchSpec, torchrun_args
 
 WORKER_MODULE = "ito_assets.runtime.worker"
 
 
+def worker_spec(config_path: Path, *, nnodes: int, nproc_per_node: int, rdzv_id: str) -> LaunchSpec:
+    """The worker on the attempt's config: what every back end launches."""
+    return LaunchSpec(run_id=rdzv_id, nnodes=nnodes, nproc_per_node=nproc_per_node, module=WORKER_MODULE,
+                      args=("--config", str(config_path)))
+
+
 def torchrun_command(config_path: Path, nproc_per_node: int) -> list[str]:
     """One node, `nproc_per_node` ranks, no restarts inside torchrun: the supervisor restarts."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc_per_node}",
-            "--max-restarts=0", "-m", WORKER_MODULE, "--config", str(config_path)]
+    (command,) = node_commands(worker_spec(config_path, nnodes=1, nproc_per_node=nproc_per_node, rdzv_id="standalone"))
+    return command
 
 
 def _free_port() -> int:
@@ -38,14 +49,14 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def node_commands(config_path: Path, *, nnodes: int, nproc_per_node: int, rdzv_id: str) -> list[list[str]]:
+def node_commands(spec: LaunchSpec) -> list[list[str]]:
     """The launch command of every node: one standalone torchrun, or `nnodes` identical launchers
-    (`ito_assets.launch.spec.torchrun_args`) meeting at a c10d rendezvous on loopback."""
-    if nnodes == 1:
-        return [torchrun_command(config_path, nproc_per_node)]
-    spec = LaunchSpec(run_id=rdzv_id, nnodes=nnodes, nproc_per_node=nproc_per_node, module=WORKER_MODULE,
-                      args=("--config", str(config_path)), rdzv_port=_free_port())
-    return [[sys.executable, "-m", "torch.distributed.run", *torchrun_args(spec)]] * nnodes
+    (`ito_assets.launch.spec.torchrun_args`) meeting at a c10d rendezvous on a free loopback port."""
+    if spec.nnodes == 1:
+        return [[sys.executable, "-m", "torch.distributed.run", "--standalone",
+                 f"--nproc-per-node={spec.nproc_per_node}", "--max-restarts=0", "-m", spec.module, *spec.args]]
+    loopback = replace(spec, rdzv_host="127.0.0.1", rdzv_port=_free_port())
+    return [[sys.executable, "-m", "torch.distributed.run", *torchrun_args(loopback)]] * spec.nnodes
 
 
 @dataclass
@@ -63,6 +74,12 @@ class Attempt:
         if failed:
             return failed[0]
         return None if None in codes else 0
+
+    def terminate(self, worker_pids: set[int], *, grace_s: float) -> float:
+        return terminate(self, worker_pids, grace_s=grace_s)
+
+    def release(self) -> None:
+        """Processes that exited hold nothing."""
 
 
 def start(commands: list[list[str]], *, number: int, log_path: Path, env: dict[str, str] | None = None) -> Attempt:
@@ -125,3 +142,16 @@ def terminate(attempt: Attempt, worker_pids: set[int], *, grace_s: float, poll_s
     for process in attempt.processes:
         process.wait()
     return time.monotonic() - started
+
+
+class LocalBackend:
+    def start(self, spec: LaunchSpec, *, number: int, log_path: Path) -> Attempt:
+        return start(node_commands(spec), number=number, log_path=log_path, env=dict(spec.env))
+
+
+def backend_for(config: LaunchConfig) -> Backend:
+    if config.backend is BackendKind.SLURM:
+        return SlurmBackend(config.slurm)
+    if config.backend is BackendKind.KUBERNETES:
+        return KubernetesBackend(config.kubernetes)
+    return LocalBackend()

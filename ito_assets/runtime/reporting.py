@@ -57,11 +57,12 @@ class PipesReporter:
 
 
 @contextmanager
-def open_reporter(rank: int, metrics_path: Path) -> Iterator[Reporter]:
+def open_reporter(rank: int, metrics_path: Path, *, pipes: bool = True) -> Iterator[Reporter]:
+    """`pipes=False`: the JSONL file even when launched under Pipes (a replica group other than 0)."""
     if rank != 0:
         yield NullReporter()
         return
-    if PIPES_CONTEXT_ENV_VAR not in os.environ:
+    if not pipes or PIPES_CONTEXT_ENV_VAR not in os.environ:
         yield JsonlReporter(metrics_path)
         return
     import dagster_pipes  # the worker's only Dagster dependency: rank 0, under Pipes

@@ -13,10 +13,12 @@ only keeps every path it creates inside it.
 What comes from where:
     the plan (`training_plan`, per stage)   the model shape, the global batch in sequences, and
                                             the data-parallel strategy: a layout that shards
-                                            (dp_shard > 1) trains under FSDP2, else under DDP
-    the runtime resource (this machine)     the number of local ranks, the seed, and optionally a
+                                            (dp_shard > 1) trains under FSDP2, else under DDP; a
+                                            layout that replicates (dp_replicate > 1) trains as
+                                            torchft replica groups (`replicas.py`)
+    the runtime resource (this machine)     the number of local ranks, the seed, optionally a
                                             smaller global batch for a host that cannot hold the
-                                            plan's
+                                            plan's, and whether replica groups are used at all
 Step counts come from the stage's token count: ceil(num_tokens / (batch_size x sequence_length)),
 the plan's own formula, so a stage trains on at least the tokens the manifest reviewed and, at the
 plan's batch, for exactly the plan's number of steps.
@@ -24,6 +26,7 @@ plan's batch, for exactly the plan's number of steps.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import time
 from dataclasses import dataclass
@@ -31,7 +34,7 @@ from pathlib import Path
 
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.schema import CheckpointPolicy, Stage, TrainingTarget
-from ito_assets.runtime.config import DataParallel, WorkerConfig
+from ito_assets.runtime.config import DataParallel, WorkerConfig, group_shape
 from ito_assets.runtime.storage import child, ensure_dir
 from ito_assets.training.layout import Layout
 from ito_assets.training.planner import Plan
@@ -60,13 +63,16 @@ class StageSizing:
     seed: int = 0
     learning_rate: float = 3e-3
     data_parallel: DataParallel = DataParallel.DDP
-    world_size: int = 1  # ranks that will train the stage on this machine
+    world_size: int = 1  # ranks that will train the stage, over all replica groups
+    replica_groups: int = 1  # torchft replica groups the ranks form (`replica_groups_for`)
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1 or self.vocab_size < 1 or self.world_size < 1:
-            raise ValueError("batch_size, vocab_size and world_size must be positive")
+        if self.batch_size < 1 or self.vocab_size < 1 or self.world_size < 1 or self.replica_groups < 1:
+            raise ValueError("batch_size, vocab_size, world_size and replica_groups must be positive")
         if self.batch_size % self.world_size:
             raise ValueError("batch_size must be divisible by world_size: every rank takes an equal share")
+        if self.world_size % self.replica_groups:
+            raise ValueError("world_size must be divisible by replica_groups: every group has as many ranks")
 
 
 def stage_plan(run_plan: RunPlan, name: str) -> Plan:
@@ -77,9 +83,9 @@ def stage_plan(run_plan: RunPlan, name: str) -> Plan:
 
 
 def data_parallel_for(layout: Layout) -> DataParallel:
-    """FSDP2 where the plan shards (dp_shard > 1), DDP where it only replicates. A hybrid plan
-    (dp_replicate and dp_shard > 1, HSDP) is sharded over all local ranks: the 2-D mesh is not
-    built yet. This runtime has no tensor, pipeline or context parallelism: such a plan is
+    """FSDP2 where the plan shards (dp_shard > 1), DDP where it only replicates: the strategy inside
+    one replica group. A hybrid plan (dp_replicate and dp_shard > 1, HSDP) shards inside each
+    torchft replica group (`replica_groups_for`), else over all ranks. This runtime has no tensor, pipeline or context parallelism: such a plan is
     refused here rather than trained under another layout."""
     if layout.tp > 1 or layout.pp > 1 or layout.cp > 1:
         raise ItoError(ErrorCode.CAPABILITY_MISSING,
@@ -87,13 +93,27 @@ def data_parallel_for(layout: Layout) -> DataParallel:
     return DataParallel.FSDP2 if layout.dp_shard > 1 else DataParallel.DDP
 
 
+def replica_groups_for(layout: Layout, *, nnodes: int, nproc_per_node: int) -> int:
+    """torchft replica groups where the plan replicates (dp_replicate > 1) and the attempt's nodes,
+    or the ranks of its one node, split evenly into dp_replicate groups (`config.group_shape`);
+    else 1: one DDP or FSDP2 group over all ranks, as before replica groups existed."""
+    groups = layout.dp_replicate
+    if groups < 2 or group_shape(nnodes, nproc_per_node, groups) is None:
+        return 1
+    if importlib.util.find_spec("torchft") is None:
+        raise ItoError(ErrorCode.CAPABILITY_MISSING,
+                       f"the plan replicates (dp_replicate={groups}) and torchft is not installed: install the "
+                       "`ft` extra, or turn replica groups off in the training runtime resource")
+    return groups
+
+
 def sizing_from_plan(plan: Plan, *, vocab_size: int, world_size: int, seed: int,
-                     batch_size: int | None = None) -> StageSizing:
-    """The plan's model, global batch and strategy on `world_size` local ranks; `batch_size`
-    (the runtime resource's override) replaces the plan's batch."""
+                     batch_size: int | None = None, replica_groups: int = 1) -> StageSizing:
+    """The plan's model, global batch and strategy on `world_size` ranks in `replica_groups`
+    groups; `batch_size` (the runtime resource's override) replaces the plan's batch."""
     return StageSizing(model=plan.request.model.name, vocab_size=vocab_size, seed=seed, world_size=world_size,
                        batch_size=batch_size or plan.request.global_batch_sequences,
-                       data_parallel=data_parallel_for(plan.layout))
+                       data_parallel=data_parallel_for(plan.layout), replica_groups=replica_groups)
 
 
 def num_steps(stage: Stage, batch_size: int) -> int:
@@ -121,5 +141,5 @@ def worker_config(*, run_key: str, stage: Stage, policy: CheckpointPolicy, layou
         num_steps=num_steps(stage, sizing.batch_size), batch_size=sizing.batch_size,
         sequence_length=stage.sequence_length, interval_steps=policy.interval_steps, keep_last=policy.keep_last,
         seed=sizing.seed, learning_rate=sizing.learning_rate, data_parallel=sizing.data_parallel, init_from=init_from,
-        launched_at=time.time(), **battery,
+        replica_groups=sizing.replica_groups, launched_at=time.time(), **battery,
     )

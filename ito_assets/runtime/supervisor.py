@@ -11,6 +11,9 @@ from its newest whole checkpoint under the same run record.
 - a stop request (SIGTERM/SIGINT to the supervisor, e.g. Dagster terminating the run): the workers
   flush a checkpoint within the grace period and the supervisor exits without restarting.
 
+Attempts run where `SupervisorConfig.launch` says (`ito_assets.launch.backend`): torchrun on this
+machine, an sbatch job, or one pod per node; the supervisor only polls and terminates them.
+
 Detection seconds run from the faulty rank's last sign of life (the oldest of the ranks' newest
 heartbeats, else the launch) to the moment the supervisor decided; recovery seconds from that decision to the first step of the next
 attempt. Both go to the event log as INTERRUPTION and RECOVERY events.
@@ -24,9 +27,10 @@ import json
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from ito_assets.launch.backend import Attempt, Backend, LaunchConfig
 from ito_assets.runtime import events, heartbeat, holds, launch, markers, proposals
 from ito_assets.runtime.config import RESULT_NAME, WorkerConfig
 from ito_assets.runtime.events import Event, EventKind
@@ -52,6 +56,8 @@ class SupervisorConfig:
     grace_s: float = 60.0
     # Unplanned restarts before the stage fails: torchelastic's documented example value (3).
     max_restarts: int = 3
+    # Where the attempts run: this machine (default), Slurm or Kubernetes (`ito_assets.launch.backend`).
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
 
     def __post_init__(self) -> None:
         if self.nproc_per_node < 1 or self.nnodes < 1 or self.max_restarts < 0:
@@ -63,6 +69,12 @@ class SupervisorConfig:
     @property
     def world_size(self) -> int:
         return self.nnodes * self.nproc_per_node
+
+    @classmethod
+    def from_dict(cls, data: dict) -> SupervisorConfig:
+        """From JSON (`dataclasses.asdict` of one): the `--supervisor` argument."""
+        launch_config = LaunchConfig.from_dict(data.get("launch", {}))
+        return cls(**{**data, "launch": launch_config})
 
 
 class AttemptEnd(str, enum.Enum):
@@ -116,6 +128,11 @@ class Supervisor:
     config: SupervisorConfig
     faults: list[Fault] = field(default_factory=list)
     stop_requested: bool = False
+    backend: Backend | None = None  # None: the one `config.launch` names
+    env: dict[str, str] = field(default_factory=dict)  # for the workers (a replica group's lighthouse)
+
+    def __post_init__(self) -> None:
+        self.backend = self.backend or launch.backend_for(self.config.launch)
 
     @property
     def stage_dir(self) -> Path:
@@ -134,6 +151,7 @@ class Supervisor:
                 attempt = self._launch(attempt_number)
                 watch = self._watch(attempt)
                 if watch.kind is AttemptEnd.FINISHED:
+                    attempt.release()
                     return self._report(Outcome.SUCCEEDED, attempt_number + 1 - first)
                 fault = self._interrupt(attempt, watch)
                 if fault.kind is AttemptEnd.STOPPED:
@@ -154,24 +172,25 @@ class Supervisor:
 
     # --- one attempt ----------------------------------------------------------------------------
 
-    def _launch(self, number: int) -> launch.Attempt:
+    def _launch(self, number: int) -> Attempt:
         heartbeat.clear(Path(self.worker.heartbeat_dir))
         config = self.worker.with_attempt(number, time.time(), proposals.skip_ranges(self.stage_dir))
         config_path = self.stage_dir / f"attempt-{number}.json"
         write_atomic(config_path, config.to_json().encode())
-        commands = launch.node_commands(config_path, nnodes=self.config.nnodes,
-                                        nproc_per_node=self.config.nproc_per_node,
-                                        rdzv_id=f"{self.worker.run_key}-{self.worker.stage}-{number}")
-        return launch.start(commands, number=number, log_path=self.stage_dir / f"attempt-{number}.log")
+        # A rendezvous id per attempt: a restarted attempt never meets the old one's ranks.
+        spec = launch.worker_spec(config_path, nnodes=self.config.nnodes, nproc_per_node=self.config.nproc_per_node,
+                                  rdzv_id=f"{self.worker.run_key}-{self.worker.stage}-{number}")
+        spec = replace(spec, env=(*spec.env, *sorted(self.env.items())))
+        return self.backend.start(spec, number=number, log_path=self.stage_dir / f"attempt-{number}.log")
 
-    def _watch(self, attempt: launch.Attempt) -> _Watch:
+    def _watch(self, attempt: Attempt) -> _Watch:
         while True:
             watch = self._poll(attempt)
             if watch.kind is not None:
                 return watch
             time.sleep(self.config.poll_interval_s)
 
-    def _poll(self, attempt: launch.Attempt) -> _Watch:
+    def _poll(self, attempt: Attempt) -> _Watch:
         beats = heartbeat.read_all(Path(self.worker.heartbeat_dir), attempt=attempt.number)
         self._note_recovery(attempt, beats)
         # The faulty rank is the one whose newest heartbeat is oldest; its last sign of life.
@@ -194,7 +213,7 @@ class Supervisor:
         stopped = len(beats) == self.config.world_size and all(b.phase == "stopped" for b in beats.values())
         return AttemptEnd.STOPPED if stopped else AttemptEnd.DEAD
 
-    def _hung(self, attempt: launch.Attempt, beats: dict[int, heartbeat.Heartbeat]) -> bool:
+    def _hung(self, attempt: Attempt, beats: dict[int, heartbeat.Heartbeat]) -> bool:
         now = time.time()
         if len(beats) < self.config.world_size:
             return now - attempt.launched_at > self.config.startup_timeout_s
@@ -209,7 +228,7 @@ class Supervisor:
 
     # --- interruption and recovery --------------------------------------------------------------
 
-    def _interrupt(self, attempt: launch.Attempt, watch: _Watch) -> Fault:
+    def _interrupt(self, attempt: Attempt, watch: _Watch) -> Fault:
         detected_at = time.time()
         planned = watch.kind in PLANNED_ENDS
         fault = Fault(kind=watch.kind, attempt=attempt.number, planned=planned, detected_at=detected_at,
@@ -218,7 +237,7 @@ class Supervisor:
         self._event(EventKind.INTERRUPTION, attempt=attempt.number, planned=planned,
                     seconds=fault.detection_seconds, detail=watch.kind.value)
         pids = {b.pid for b in heartbeat.read_all(Path(self.worker.heartbeat_dir), attempt=attempt.number).values()}
-        launch.terminate(attempt, pids, grace_s=self.config.grace_s)
+        attempt.terminate(pids, grace_s=self.config.grace_s)
         if watch.proposal_id is not None:
             self._apply(watch.proposal_id)
         return fault
@@ -238,7 +257,7 @@ class Supervisor:
         store.mark_applied(proposal_id)
         holds.release(self.stage_dir, proposal_id)
 
-    def _note_recovery(self, attempt: launch.Attempt, beats: dict[int, heartbeat.Heartbeat]) -> None:
+    def _note_recovery(self, attempt: Attempt, beats: dict[int, heartbeat.Heartbeat]) -> None:
         if not self.faults or self.faults[-1].recovery_seconds is not None or self.faults[-1].attempt >= attempt.number:
             return
         first_step = [b.at for b in beats.values() if b.step >= 0 and b.phase != "starting"]
@@ -270,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--supervisor", default="{}", help="SupervisorConfig fields (JSON or a path to it)")
     args = parser.parse_args(argv)
     text = args.supervisor if args.supervisor.lstrip().startswith("{") else Path(args.supervisor).read_text()
-    supervisor = Supervisor(worker=WorkerConfig.from_argument(args.worker), config=SupervisorConfig(**json.loads(text)))
+    supervisor = Supervisor(worker=WorkerConfig.from_argument(args.worker), config=SupervisorConfig.from_dict(json.loads(text)))
     for number in (signal.SIGTERM, signal.SIGINT):
         signal.signal(number, supervisor.request_stop)
     report = supervisor.run()

@@ -8,12 +8,17 @@ checkpoints, flushes a checkpoint when asked to stop (SIGTERM/SIGINT), proposes 
 loss or gradient norm spikes (and keeps training: only the desk restarts), and at the end saves the
 final checkpoint, runs the stage's eval battery, and writes `result.json`. The ranks share the
 model as the plan's layout says (`WorkerConfig.data_parallel`: DDP replicas or FSDP2 shards).
-Rank 0 reports through Dagster Pipes when launched under Pipes, else to a JSONL metrics file.
+Under torchft replica groups (`WorkerConfig.replica_groups` > 1, `replica_sync`) the ranks are one
+group of several that average gradients every step and heal each other; only group 0 saves
+checkpoints, evaluates and proposes; every group's rank 0 writes a result with a digest of its
+final weights. Rank 0 of group 0 reports through Dagster Pipes when launched under Pipes, else
+(and in the other groups) to a JSONL metrics file.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -30,6 +35,7 @@ from ito_assets.runtime.checkpoint import CheckpointConfig, Checkpointer, Checkp
 from ito_assets.runtime.config import RESULT_NAME, WorkerConfig
 from ito_assets.runtime.events import Event, EventKind
 from ito_assets.runtime.heartbeat import HeartbeatWriter
+from ito_assets.runtime.replica_sync import ReplicaSync
 from ito_assets.runtime.reporting import Reporter, open_reporter
 from ito_assets.runtime.spikes import Spike, SpikeDetector
 from ito_assets.runtime.step import StepResult, train_step
@@ -50,7 +56,8 @@ class StageWorker:
         self.config, self.group, self.reporter = config, group, reporter
         self.rank = group.rank
         self.stage_dir = Path(config.stage_dir)
-        self.train_config = TrainConfig(num_steps=config.num_steps, batch_size=config.batch_size // group.world_size,
+        self.data_world_size = group.world_size * config.replica_groups  # every rank of every group
+        self.train_config = TrainConfig(num_steps=config.num_steps, batch_size=config.batch_size // self.data_world_size,
                                         sequence_length=config.sequence_length, seed=config.seed,
                                         learning_rate=config.learning_rate)
         self.model = build_model(config_by_name(config.model, vocab_size=config.vocab_size), seed=config.seed,
@@ -66,6 +73,9 @@ class StageWorker:
         self.spikes = SpikeDetector(config.spikes)
         self.next_positions: dict[int, int] = {}  # step -> data position of the batch after it
         self.saved_step = -1
+        self.writes_checkpoints = config.replica_id == 0  # one checkpoint lineage per stage: group 0's
+        self.replicas = (ReplicaSync(config, group.device, self.model, self.optimizer, self.train_config)
+                         if config.replica_groups > 1 else None)
 
     # --- the loop -------------------------------------------------------------------------------
 
@@ -73,14 +83,25 @@ class StageWorker:
         self.heartbeat.beat(-1, "starting", force=True)
         step, position = self.resume()
         batches = ResumableBatches(np.load(self.config.tokens_path, mmap_mode="r"), self._plan(), position=position)
+        if self.replicas is not None:
+            self.replicas.start(step, position)
         self.event(EventKind.STARTUP, seconds=max(0.0, time.time() - self.config.launched_at))
+        try:
+            return self.train(step, batches)
+        finally:
+            if self.replicas is not None:
+                self.replicas.shutdown()
+
+    def train(self, step: int, batches: ResumableBatches) -> int:
         while step < self.config.num_steps:
             if self.stop.agreed() or step == self.config.stop_after_step:
                 return self.flush(step, batches.position)
             result = self.train_one(step + 1, batches)
             step = result.step
+            if not result.committed:
+                continue
             self.observe(result)
-            if self.checkpointer.due(step):
+            if self.writes_checkpoints and self.checkpointer.due(step):
                 self.save(step, batches.position)
             self.collect(self.checkpointer.poll())
         self.finish(step, batches.position)
@@ -90,10 +111,21 @@ class StageWorker:
         started = time.perf_counter()
         position, x, y = batches.next_batch()
         x, y = x.to(self.group.device), y.to(self.group.device)
-        loss, grad_norm, lr = train_step(self.parallel, self.model, self.optimizer, x, y, step, self.train_config,
-                                         before_update=self.checkpointer.wait_staged)
+        optimizer = self.optimizer if self.replicas is None else self.replicas.optimizer_step
+        reduce = None if self.replicas is None else self.replicas.reduce_gradients
+        loss, grad_norm, lr = train_step(self.parallel, self.model, optimizer, x, y, step, self.train_config,
+                                         before_update=self.checkpointer.wait_staged, reduce_gradients=reduce)
+        committed = True
+        if self.replicas is not None:
+            reached, committed, position = self.replicas.settle(step, position, batches)
+            if reached > step:
+                self.log(f"healed from a peer replica group: step {step - 1} -> {reached}")
+            step = reached
         result = StepResult(step=step, position=position, loss=loss, grad_norm=grad_norm, learning_rate=lr,
-                            seconds=time.perf_counter() - started)
+                            seconds=time.perf_counter() - started, committed=committed)
+        if not committed:
+            self.heartbeat.beat(step, "training")
+            return result
         self.next_positions[step - 1] = position
         # A spike proposal rewinds at most this far (its checkpoint is within two intervals of the
         # rewind target); older positions are estimated, so the map stays bounded.
@@ -152,7 +184,7 @@ class StageWorker:
 
     def flush(self, step: int, position: int) -> int:
         """Stop requested: make sure the step reached is in a whole checkpoint, then exit."""
-        if self.saved_step != step:
+        if self.writes_checkpoints and self.saved_step != step:
             self.save(step, position)
         self.drain(step)
         self.heartbeat.beat(step, "stopped", force=True)
@@ -160,17 +192,32 @@ class StageWorker:
         return EXIT_STOPPED
 
     def finish(self, step: int, position: int) -> None:
-        if self.saved_step != step:
+        if self.writes_checkpoints and self.saved_step != step:
             self.save(step, position)
         self.drain(step)
         self.heartbeat.beat(step, "evaluating", force=True)
-        evaluation = self.evaluate()
+        body: dict = {"stage": self.config.stage, "num_steps": step}
+        if self.replicas is not None:
+            body |= {"replica_id": self.config.replica_id, "parameters_sha256": self.parameters_digest()}
+        body |= self.evaluate() if self.writes_checkpoints else {}
         if self.rank == 0:
-            final = markers.checkpoint_dir(self.stage_dir, step)
-            body = {"stage": self.config.stage, "num_steps": step, "final_checkpoint": str(final),
-                    "metadata_sha256": markers.read_marker(final).metadata_sha256, **evaluation}
+            if self.writes_checkpoints:
+                final = markers.checkpoint_dir(self.stage_dir, step)
+                body |= {"final_checkpoint": str(final), "metadata_sha256": markers.read_marker(final).metadata_sha256}
             write_atomic(self.stage_dir / RESULT_NAME, json.dumps(body, sort_keys=True).encode())
         self.heartbeat.beat(step, "finished", force=True)
+
+    def parameters_digest(self) -> str | None:
+        """sha256 of the full weights (rank 0; None elsewhere): equal in every replica group that
+        trained in step, whatever healed it. A collective under FSDP2: every rank calls it."""
+        weights = train_state.full_weights(self.model)
+        if self.rank != 0:
+            return None
+        digest = hashlib.sha256()
+        for name in sorted(weights):
+            digest.update(name.encode())
+            digest.update(weights[name].detach().cpu().contiguous().numpy().tobytes())
+        return "sha256:" + digest.hexdigest()
 
     def evaluate(self) -> dict:
         """The eval battery of the trained model and, for a first stage, of the untrained one."""
@@ -223,7 +270,7 @@ class StageWorker:
                                                 "learning_rate": result.learning_rate,
                                                 "tokens_per_second": tokens_per_second})
         spike = self.spikes.observe(result.step, result.loss, result.grad_norm)
-        if spike is not None and self.rank == 0:
+        if spike is not None and self.rank == 0 and self.writes_checkpoints:
             self.propose(spike, result.position)
 
     def propose(self, spike: Spike, spike_position: int) -> None:
@@ -252,8 +299,13 @@ class StageWorker:
 
     def _plan(self) -> BatchPlan:
         return BatchPlan(batch_size=self.config.batch_size, sequence_length=self.config.sequence_length,
-                         seed=self.config.seed, rank=self.rank, world_size=self.group.world_size,
-                         skip_ranges=self.config.skip_ranges)
+                         seed=self.config.seed, rank=data_rank(self.config, self.rank, self.group.world_size),
+                         world_size=self.data_world_size, skip_ranges=self.config.skip_ranges)
+
+
+def data_rank(config: WorkerConfig, rank: int, group_world_size: int) -> int:
+    """This rank's share of every global batch: replica groups split it first, then their ranks."""
+    return config.replica_id * group_world_size + rank
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -265,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.use_deterministic_algorithms(True)
     group = distributed.init(config.collective_timeout_s)
     try:
-        with open_reporter(group.rank, Path(config.metrics_path)) as reporter:
+        # One Pipes writer per stage: replica group 0's rank 0; the other groups' go to their files.
+        with open_reporter(group.rank, Path(config.metrics_path), pipes=config.replica_id == 0) as reporter:
             return StageWorker(config, group, reporter).run()
     finally:
         distributed.shutdown()

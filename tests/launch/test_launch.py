@@ -4,14 +4,16 @@ Kubernetes forms of the same spec."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 from pathlib import Path
 
 import pytest
 
-from ito_assets.launch.kubernetes import headless_service, pod_specs
+from ito_assets.launch.backend import BackendKind, LaunchConfig
+from ito_assets.launch.kubernetes import KubernetesSettings, headless_service, pod_specs
 from ito_assets.launch.local import launch_local
-from ito_assets.launch.slurm import sbatch_script
+from ito_assets.launch.slurm import SlurmSettings, exit_code_of, sbatch_script
 from ito_assets.launch.spec import LaunchSpec, torchrun_args
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,21 +62,50 @@ def test_torchrun_args_are_the_same_on_every_node():
 
 
 def test_slurm_script():
-    script = sbatch_script(SPEC, partition="gpu", time_limit="02:00:00", gpus_per_node=8, workdir="/opt/ito")
+    settings = SlurmSettings(partition="gpu", time_limit="02:00:00", gpus_per_node=8, workdir="/opt/ito")
+    script = sbatch_script(SPEC, settings)
     assert "#SBATCH --nodes=4" in script and "#SBATCH --ntasks-per-node=1" in script
-    assert "#SBATCH --gpus-per-node=8" in script
+    assert "#SBATCH --gpus-per-node=8" in script and "cd /opt/ito\n" in script
     assert '--rdzv-endpoint="$RDZV_HOST:29400"' in script
     assert "srun --kill-on-bad-exit=1 python -m torch.distributed.run" in script
     assert "export ITO_STATE_DIR=/var/lib/ito" in script
+    assert "| head" not in script  # under pipefail a SIGPIPE would fail the job
+
+
+def test_slurm_settings_refuse_what_would_break_an_sbatch_line():
+    with pytest.raises(ValueError, match="partition"):
+        SlurmSettings(partition="gpu\n#SBATCH --account=x", time_limit="1:00:00")
+    with pytest.raises(ValueError, match="time_limit"):
+        SlurmSettings(partition="gpu", time_limit="two hours")
+
+
+@pytest.mark.parametrize(("line", "code"), [
+    ("COMPLETED|0:0", 0), ("FAILED|1:0", 1), ("FAILED|0:9", 137), ("CANCELLED by 1000|0:15", 143),
+    ("TIMEOUT|0:0", 1), ("NODE_FAIL|0:0", 1), ("RUNNING|0:0", None),
+    ("PENDING|0:0", None), ("COMPLETED|2:0", 2),
+])
+def test_sacct_states_as_exit_codes(line, code):
+    assert exit_code_of(line) == code
+
+
+def test_launch_config_needs_the_chosen_back_ends_settings():
+    with pytest.raises(ValueError, match="slurm settings"):
+        LaunchConfig(backend="slurm")
+    with pytest.raises(ValueError, match="kubernetes settings"):
+        LaunchConfig(backend=BackendKind.KUBERNETES)
+    assert LaunchConfig.from_dict({}) == LaunchConfig()
+    with pytest.raises(ValueError, match="mount_path"):
+        KubernetesSettings(image="i", volume_claim="c", mount_path="relative")
 
 
 def test_kubernetes_pods_and_service():
-    pods = pod_specs(SPEC, image="ito-training:0.1.0", namespace="ito", gpus_per_node=8)
+    pods = pod_specs(SPEC, KubernetesSettings(image="ito-training:0.1.0", volume_claim="ito-runs",
+                                              mount_path="/var/lib/ito", namespace="ito", gpus_per_node=8))
     assert [p["metadata"]["name"] for p in pods] == [f"ito-run42-node{i}" for i in range(4)]
     commands = {tuple(p["spec"]["containers"][0]["command"]) for p in pods}
     assert len(commands) == 1  # the same command on every node
     assert "--rdzv-endpoint=ito-run42-node0.ito-run42.ito.svc:29400" in next(iter(commands))
-    assert pods[0]["spec"]["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": 8}}
+    assert pods[0]["spec"]["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": "8"}}
     assert all(p["spec"]["restartPolicy"] == "Never" for p in pods)
     service = headless_service(SPEC, "ito")
     assert service["spec"]["clusterIP"] == "None" and service["spec"]["selector"] == {"ito/run": "run42"}
@@ -82,8 +113,12 @@ def test_kubernetes_pods_and_service():
 
 def test_kubernetes_names_are_dns_labels_for_ledger_run_ids():
     spec = LaunchSpec(run_id="run_" + "Q" * 58, nnodes=2, nproc_per_node=1, module="m")
-    pods = pod_specs(spec, image="i", namespace="ito", gpus_per_node=0)
-    import re
-
-    for name in [p["metadata"]["name"] for p in pods] + [headless_service(spec, "ito")["metadata"]["name"]]:
+    pods = pod_specs(spec, KubernetesSettings(image="i", volume_claim="c", mount_path="/data", namespace="ito"))
+    names = [p["metadata"]["name"] for p in pods] + [headless_service(spec, "ito")["metadata"]["name"]]
+    for name in names:
         assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name) and len(name) <= 63, name
+    assert len(set(names)) == 3
+    # Cut names keep a digest of the whole id: two attempts of a long run id never share a pod.
+    other = pod_specs(LaunchSpec(run_id="run_" + "Q" * 57 + "1", nnodes=1, nproc_per_node=1, module="m"),
+                      KubernetesSettings(image="i", volume_claim="c", mount_path="/data"))
+    assert other[0]["metadata"]["name"] != pods[0]["metadata"]["name"]

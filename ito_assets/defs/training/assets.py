@@ -1,7 +1,8 @@
 """The curriculum as assets: token shards, one checkpoint asset per stage, and desk telemetry.
 
-Each stage asset sizes its stage from the plan (global batch, DDP or FSDP2) and launches the
-supervisor through Dagster Pipes; the supervisor runs `torch.distributed.run` with the worker
+Each stage asset sizes its stage from the plan (global batch, DDP or FSDP2, torchft replica groups
+where the plan replicates) and launches the supervisor through Dagster Pipes (or, for replica
+groups, `ito_assets.runtime.replicas`, one supervisor per group); the supervisor runs `torch.distributed.run` with the worker
 (rank 0 reports through Pipes) and restarts it from the newest whole checkpoint after a fault.
 Gates are enforced here, before the first step: the ledger's authorization of the run
 (`run_authorization`), and the eval gates: a run whose gate failed never trains again
@@ -118,10 +119,13 @@ class _StageResources:
 
 
 def _stage_config(res: _StageResources, manifest: Manifest, stage, plan: PlanOutcome, run_id: str,
-                  layout: RunLayout, tokens, previous, world_size: int):
+                  layout: RunLayout, tokens, previous, nnodes: int, nproc: int):
     suite_path, suite = _eval_suite(res.ito, manifest)
-    sizing = stages.sizing_from_plan(stages.stage_plan(plan.run_plan, stage.name), vocab_size=tokens.vocab_size,
-                                     world_size=world_size, seed=res.runtime.seed, batch_size=res.runtime.batch_size)
+    stage_plan = stages.stage_plan(plan.run_plan, stage.name)
+    replicas = (stages.replica_groups_for(stage_plan.layout, nnodes=nnodes, nproc_per_node=nproc)
+                if res.runtime.replica_groups else 1)
+    sizing = stages.sizing_from_plan(stage_plan, vocab_size=tokens.vocab_size, world_size=nnodes * nproc,
+                                     seed=res.runtime.seed, batch_size=res.runtime.batch_size, replica_groups=replicas)
     return stages.worker_config(
         run_key=run_id, stage=stage, policy=manifest.checkpoint_policy, layout=layout, sizing=sizing,
         tokens_path=Path(tokens.train_path), heldout_path=Path(tokens.heldout_path),
@@ -145,14 +149,20 @@ def _run_stage(context, res: _StageResources, inputs: dict, previous, name: str)
         store.ensure_not_failed(STAGE_ORDER[: STAGE_ORDER.index(name) + 1])
         _require_plan(plan)
         nnodes, nproc = res.launcher.counts(plan.run_plan.hardware, has_cuda=torch.cuda.is_available())
-        config = _stage_config(res, manifest, stage, plan, run_id, layout, tokens, previous, nnodes * nproc)
+        config = _stage_config(res, manifest, stage, plan, run_id, layout, tokens, previous, nnodes, nproc)
     except ItoError as error:
         raise failure(error) from None
     stage_dir = Path(config.stage_dir)
     write_atomic(stage_dir / "stage.json", config.to_json().encode())
-    supervisor = res.runtime.supervisor(nnodes=nnodes, nproc_per_node=nproc)
+    try:  # the launcher's settings are checked before the supervisor starts
+        supervisor = dataclasses.replace(res.runtime.supervisor(nnodes=nnodes, nproc_per_node=nproc),
+                                         launch=res.launcher.launch_config(nproc))
+    except ValueError as error:
+        raise dg.Failure(description=f"training_launcher: {error}") from None
+    # Replica groups: one supervisor per group around a torchft lighthouse, the same CLI and report.
+    module = "ito_assets.runtime.replicas" if config.replica_groups > 1 else "ito_assets.runtime.supervisor"
     res.pipes.run(context=context, command=[
-        sys.executable, "-m", "ito_assets.runtime.supervisor", "--worker", str(stage_dir / "stage.json"),
+        sys.executable, "-m", module, "--worker", str(stage_dir / "stage.json"),
         "--supervisor", json.dumps(dataclasses.asdict(supervisor))])
     result = json.loads((stage_dir / REPORT_NAME).read_text())["result"]
     reference = previous.eval if previous else result["initial_eval"]
@@ -162,7 +172,8 @@ def _run_stage(context, res: _StageResources, inputs: dict, previous, name: str)
     with res.ledger.open() as opened:
         publish_stage(opened, run_id, name, stage_dir, result["eval"])
     outcome = read_outcome(name, layout.run_dir, stage_dir, gate)
-    yield dg.Output(outcome, metadata={**outcome_metadata(outcome), "nnodes": nnodes, "nproc_per_node": nproc})
+    yield dg.Output(outcome, metadata={**outcome_metadata(outcome), "nnodes": nnodes, "nproc_per_node": nproc,
+                                       "replica_groups": config.replica_groups})
 
 
 def _stage_asset(name: str, upstream: str | None):

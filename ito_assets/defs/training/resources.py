@@ -28,6 +28,9 @@ class TrainingRuntimeResource(dg.ConfigurableResource):
     # batch: the stage then takes more, smaller steps over the same reviewed tokens.
     batch_size: Optional[int] = None
     seed: int = 0
+    # True: a plan that replicates (dp_replicate > 1) trains as torchft replica groups that heal each
+    # other (`ito_assets.runtime.replicas`); False: one DDP/FSDP2 group over all ranks.
+    replica_groups: bool = True
     hang_timeout_s: float = SupervisorConfig.hang_timeout_s
     startup_timeout_s: float = SupervisorConfig.startup_timeout_s
     poll_interval_s: float = SupervisorConfig.poll_interval_s

@@ -1,0 +1,131 @@
+"""torchft replica groups (`ito_assets.runtime.replicas`): how the data and the ranks split across
+groups, and, for real on two one-rank groups, a group killed mid-stage that restarts and heals from
+its peer while the other group trains on without a restart."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ito_assets.runtime import events, heartbeat
+from ito_assets.runtime.batches import BatchPlan, ResumableBatches
+from ito_assets.runtime.config import RESULT_NAME, group_shape
+from ito_assets.runtime.events import EventKind
+from ito_assets.runtime.replicas import ReplicaStage, group_supervision, group_worker, replica_dir
+from ito_assets.runtime.stages import StageSizing, replica_groups_for
+from ito_assets.runtime.supervisor import REPORT_NAME, SupervisorConfig
+from ito_assets.runtime.worker import data_rank
+from ito_assets.training.layout import Layout
+from runtime_helpers import worker_config
+
+# Long enough that the healthy group is still training when the killed one is back (start-up of a
+# restarted worker: ~15 s on the 2-core machine; the healthy group alone: ~10 steps a second).
+STEPS = 400
+KILL_AT_STEP = 20
+SUPERVISION = SupervisorConfig(nproc_per_node=2, hang_timeout_s=30.0, startup_timeout_s=90.0, poll_interval_s=0.2,
+                               grace_s=5.0, max_restarts=2)
+
+
+def _rows(plan: BatchPlan, tokens: np.ndarray) -> set[tuple[int, ...]]:
+    _, x, _ = ResumableBatches(tokens, plan).next_batch()
+    return {tuple(row) for row in x.tolist()}
+
+
+def test_replica_groups_split_every_global_batch_into_disjoint_shares(tmp_path, tokens):
+    data = np.load(tokens[0], mmap_mode="r")
+    config = worker_config(tmp_path, tokens, replica_groups=2)
+    whole = _rows(BatchPlan(batch_size=8, sequence_length=32, seed=0), data)
+    shares = [_rows(BatchPlan(batch_size=8, sequence_length=32, seed=0, world_size=4,
+                              rank=data_rank(replace(config, replica_id=group), rank, group_world_size=2)), data)
+              for group in (0, 1) for rank in (0, 1)]
+    assert [data_rank(replace(config, replica_id=g), r, group_world_size=2) for g in (0, 1) for r in (0, 1)] == [0, 1, 2, 3]
+    assert all(len(share) == 2 for share in shares) and set().union(*shares) == whole
+
+
+def test_the_ranks_split_into_groups_by_nodes_first():
+    assert group_shape(4, 8, 2) == (2, 8)  # whole nodes per group
+    assert group_shape(1, 2, 2) == (1, 1)  # one node: its ranks
+    assert group_shape(3, 2, 2) is None
+    assert replica_groups_for(Layout(dp_replicate=2), nnodes=1, nproc_per_node=2) == 2
+    assert replica_groups_for(Layout(dp_replicate=2), nnodes=1, nproc_per_node=1) == 1  # nothing to split
+    assert replica_groups_for(Layout(dp_shard=8), nnodes=1, nproc_per_node=8) == 1
+    assert group_supervision(SUPERVISION, 2).nproc_per_node == 1
+    with pytest.raises(ValueError, match="divisible by replica_groups"):
+        StageSizing(model="micro", vocab_size=512, batch_size=6, world_size=3, replica_groups=2)
+
+
+def test_only_group_zero_keeps_the_stage_folder(tmp_path, tokens):
+    config = worker_config(tmp_path, tokens, replica_groups=2)
+    first, second = group_worker(config, 0), group_worker(config, 1)
+    assert (first.stage_dir, first.heartbeat_dir) == (config.stage_dir, config.heartbeat_dir)
+    assert Path(second.stage_dir) == Path(config.stage_dir) / "replica-1" and second.replica_id == 1
+    assert Path(second.heartbeat_dir).parent == Path(second.stage_dir)
+    with pytest.raises(ValueError, match="replica_id"):
+        replace(config, replica_id=2)
+    with pytest.raises(ValueError, match="below hang_timeout_s"):
+        ReplicaStage(worker=replace(config, replica_timeout_s=60.0), config=SUPERVISION)
+
+
+def _steps(folder: Path) -> dict[int, list[tuple[int, float]]]:
+    """attempt -> [(step, at)] of the group's step events."""
+    found: dict[int, list[tuple[int, float]]] = {}
+    for event in events.read(folder):
+        if event.kind is EventKind.STEP:
+            found.setdefault(event.attempt, []).append((event.step, event.at))
+    return found
+
+
+def _wait_for_step(folder: Path, step: int, timeout: float = 90.0) -> heartbeat.Heartbeat:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        beat = heartbeat.read_all(folder, attempt=0).get(0)
+        if beat is not None and beat.step >= step:
+            return beat
+        time.sleep(0.01)
+    raise AssertionError(f"replica group 1 never reached step {step}")
+
+
+@pytest.mark.slow
+def test_a_killed_replica_group_restarts_and_heals_while_the_other_trains_on(tmp_path, tokens):
+    config = worker_config(tmp_path, tokens, num_steps=STEPS, interval_steps=50, replica_groups=2,
+                           replica_timeout_s=10.0)
+    stage_dir = Path(config.stage_dir)
+    stage = ReplicaStage(worker=config, config=SUPERVISION)
+    reports = []
+    thread = threading.Thread(target=lambda: reports.append(stage.run()), daemon=True)
+    thread.start()
+    # torchrun starts each worker in a session of its own: the worker's pid, from its heartbeat.
+    beat = _wait_for_step(replica_dir(stage_dir, 1) / "heartbeats", KILL_AT_STEP)
+    killed_at = time.time()
+    os.kill(beat.pid, signal.SIGKILL)
+    thread.join(timeout=240)
+    (report,) = reports
+
+    assert report.outcome == "succeeded" and report.result["num_steps"] == STEPS
+    summary = json.loads((stage_dir / REPORT_NAME).read_text())["replica_groups"]
+    assert [(g["replica_id"], g["outcome"], g["num_attempts"]) for g in summary] == [
+        (0, "succeeded", 1), (1, "succeeded", 2)]
+    # Group 0 was never restarted and never lost a step: one attempt, consecutive steps to the end.
+    (survivor,) = _steps(stage_dir).values()
+    steps = [s for s, _ in survivor]
+    assert steps == list(range(steps[0], STEPS + 1)) and steps[0] <= KILL_AT_STEP
+    # Group 1's second attempt started from scratch and healed: its first step is the quorum's,
+    # one group 0 also took, after the kill.
+    healed = _steps(replica_dir(stage_dir, 1))[1]
+    first_step = healed[0][0]
+    assert first_step > beat.step and first_step in steps
+    assert [s for s, _ in healed] == list(range(first_step, STEPS + 1))
+    # In step from then on: both groups end with the same weights, bit for bit.
+    digests = [json.loads((replica_dir(stage_dir, i) / RESULT_NAME).read_text())["parameters_sha256"] for i in (0, 1)]
+    assert digests[0] is not None and digests[0] == digests[1]
+    # Generous bound: the survivor waits at most for the lighthouse to drop the dead group (5 s).
+    pause = max(b - a for (_, a), (_, b) in zip(survivor, survivor[1:]) if a >= killed_at - 1.0)
+    assert pause < 30.0
