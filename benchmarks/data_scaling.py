@@ -1,31 +1,37 @@
 """Data stages that scale: peak memory and throughput of deduplication + decontamination +
 cleaning as the corpus grows, and with 1 and 2 worker processes.
 
-Corpora of 1x, 4x, 16x and 64x the fixture corpus (data/fixtures/corpora, ~3k documents, ~1.7 MB)
-are generated into a temporary folder: copy 0 is the fixtures themselves (with their planted eval
-items and reposts); every further copy of a fixture document is an exact copy (5%), a near copy
-with 1-20% of its words dropped, replaced or inserted (20%), or a new document of fixture
-sentences about as long as the one it stands for (75%), so that a k-x corpus has ~k times the
-fixtures' documents and bytes, and every stage does real work at every size. Standard library
+Corpora of 1x, 4x, 16x, 64x and 128x the fixture corpus (data/fixtures/corpora, ~3k documents,
+~1.7 MB) are generated into a temporary folder: copy 0 is the fixtures themselves (with their
+planted eval items and reposts); every further copy of a fixture document is an exact copy (5%),
+a near copy with 1-20% of its words dropped, replaced or inserted (20%), or a new document of
+fixture sentences about as long as the one it stands for (75%), so that a k-x corpus has ~k times
+the fixtures' documents and bytes, and every stage does real work at every size. Standard library
 only; nothing is downloaded.
 
 Each run is a fresh subprocess that reads the corpus's Parquet source shards and runs the chain
 source -> dedup -> kept shards -> decontam -> clean shards + final decisions + conservation account:
 - "units": the stage path (`dedup_units`, `decontam_units`, `stages.write_clean_shards`: work
-  units, DuckDB under its cap, batches), with 1 or 2 worker processes;
+  units, DuckDB under its cap on ids and hashes only, text ordered by `bucket_sort`, batches),
+  with 1 or 2 worker processes;
 - "memory": the in-memory path it replaced (`dedup.deduplicate`, `decontam.scan`,
-  `clean.clean_documents` on whole frames), the baseline in the same run.
+  `clean.clean_documents` on whole frames), the baseline in the same run, up to
+  `--memory-up-to` (64x: it held 1.3 GB there and grows ~linearly; at 128x it would hold
+  ~2.6 GB and add ~2 minutes to a run of ~6).
 A third kind of subprocess only imports the libraries: its peak RSS is the fixed baseline (the
 interpreter with polars, pyarrow, DuckDB and numpy loaded), so that what the data costs shows.
 Peak RSS is the subprocess's own high-water mark (VmHWM) and, for worker processes, the largest
 worker's (getrusage RUSAGE_CHILDREN after the pool has exited). One polars thread per process
 (POLARS_MAX_THREADS=1), so that 2 workers means 2 cores.
 
-The stage path runs under a ScaleConfig scaled to the fixtures (`BENCH_SCALE`): units of 1 MiB, so
-that even 1x is several units, DuckDB capped at 128 MB (its floor for one thread), and candidate
-pairs verified 1,024 at a time. Its peak is then baseline + DuckDB's buffer pool (which fills
-towards the cap as the corpus grows, and is full from ~16x on) + one unit's and one batch's work;
-from 16x to 64x the corpus grows 4x and the peak should not.
+The stage path runs under a ScaleConfig scaled to the fixtures (`BENCH_SCALE`): units (and sort
+buckets) of 1 MiB, so that even 1x is several units, DuckDB capped at 128 MB (its floor for one
+thread), and candidate pairs verified 1,024 at a time; shards of 50,000 rows (the stages'
+default `shard_max_rows`). Its peak is then baseline + DuckDB's memory (up to its cap, plus what
+its allocator keeps until the step reconnects) + one shard being written + one unit's and one
+batch's work + the per-document ids and decisions (tens of bytes a document, the one part that
+still grows with the corpus). The verdict compares the two largest sizes: "bounded" when the
+data-dependent part grows by at most `BOUNDED_FACTOR` while the corpus doubles or more.
 
     .venv/bin/python benchmarks/data_scaling.py [--scales 1 4 16 64] [--workers-at 16] [--out benchmarks/results/data_scaling.json]
 """
@@ -53,8 +59,9 @@ from ito_assets.data.config import ScaleConfig  # noqa: E402
 SUITE = ROOT / "data" / "fixtures" / "evals" / "ito-fixture-evals-v1.jsonl"
 BENCH_SCALE = {"unit_bytes": 2**20, "memory_limit_mb": 128, "pair_batch": 1024}
 # The stage path counts as bounded when its data-dependent peak (peak - baseline) grows by at
-# most this factor while the corpus grows 4x from 16x to 64x (DuckDB's pool is full by 16x):
-# held text would grow it ~4x; 1.2 leaves room for run-to-run noise on a shared machine.
+# most this factor between the two largest sizes (the corpus doubling or more): held text would
+# grow it 2x or more; 1.2 leaves room for run-to-run noise on a shared machine and for the
+# per-document ids and decisions, which do grow (tens of bytes a document).
 BOUNDED_FACTOR = 1.2
 
 
@@ -133,7 +140,9 @@ def child(paths: list[str], mode: str, workers: int, work: Path) -> dict:
 
     dedup_config, decontam_config = DedupConfig(), DecontamConfig()
     index = build_index(load_suite(SUITE), decontam_config)
-    input_ids = pl.concat([pl.read_parquet(p, columns=["doc_id"]) for p in paths])["doc_id"]
+    def input_ids() -> pl.Series:  # read where the account needs them, as stages.run_clean does
+        return pl.concat([pl.read_parquet(p, columns=["doc_id"]) for p in paths])["doc_id"]
+
     run = memory_chain if mode == "memory" else units_chain
     timings: dict[str, float] = {"start": time.perf_counter()}
     counts, scan_counts, clean_shards, conservation = run(paths, work, index, dedup_config, decontam_config, ScaleConfig(**BENCH_SCALE, num_workers=workers), input_ids, timings)
@@ -168,7 +177,7 @@ def memory_chain(paths, work, index, dedup_config, decontam_config, scale, input
     timings["decontam"] = time.perf_counter()
     rows = clean.clean_documents(scanned, actions, pieces)
     shards = write_shards(rows, work / "clean", prefix="clean", max_rows=50_000)
-    conservation = clean.account(input_ids, clean.decisions(decisions, hits, actions), rows)
+    conservation = clean.account(input_ids(), clean.decisions(decisions, hits, actions), rows)
     timings["clean"] = time.perf_counter()
     return counts, scan_counts, shards, conservation
 
@@ -180,13 +189,16 @@ def units_chain(paths, work, index, dedup_config, decontam_config, scale, input_
     from ito_assets.data.decontam_units import documents_with_hits, scan_shards
     from ito_assets.data.dedup_units import deduplicate_units, kept_frames
     from ito_assets.data.scratch import scratch_space
-    from ito_assets.data.shards import write_shard_stream
+    from ito_assets.data.shards import write_shard_stream, write_table
     from ito_assets.data.sources import DOCUMENT_SCHEMA
     from ito_assets.data.stages import write_clean_shards
 
     with scratch_space(work / "dedup-scratch", scale) as scratch:
         decisions, counts = deduplicate_units(scratch, paths, dedup_config)
         kept = write_shard_stream(kept_frames(scratch, decisions), work / "kept", prefix="kept", max_rows=50_000, schema=DOCUMENT_SCHEMA)
+    # As stages.run_dedup / run_clean: the decisions go to disk and are read back for cleaning.
+    decisions_path = write_table(decisions, work / "decisions.parquet").path
+    del decisions
     timings["dedup"] = time.perf_counter()
     kept_paths = [s.path for s in kept.shards]
     with scratch_space(work / "decontam-scratch", scale) as scratch:
@@ -196,7 +208,7 @@ def units_chain(paths, work, index, dedup_config, decontam_config, scale, input_
     # As stages.run_clean: clean shards streamed, the account over ids read back from them.
     shards = write_clean_shards(kept, actions, pieces, work / "clean", 50_000)
     placed = pl.concat([pl.read_parquet(s.path, columns=["doc_id", "piece"]) for s in shards.shards])
-    conservation = clean.account(input_ids, clean.decisions(decisions, hits, actions), placed)
+    conservation = clean.account(input_ids(), clean.decisions(pl.read_parquet(decisions_path), hits, actions), placed)
     timings["clean"] = time.perf_counter()
     return counts, scan_counts, shards, conservation
 
@@ -224,7 +236,8 @@ def table(rows: list[dict], baseline_mb: float) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scales", type=int, nargs="+", default=[1, 4, 16, 64])
+    parser.add_argument("--scales", type=int, nargs="+", default=[1, 4, 16, 64, 128])
+    parser.add_argument("--memory-up-to", type=int, default=64, help="the largest scale the in-memory path runs at")
     parser.add_argument("--workers-at", type=int, default=16, help="the scale run with 1 and 2 workers")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "data_scaling.json")
     parser.add_argument("--child")
@@ -246,7 +259,7 @@ def main() -> None:
             corpus_mb, num_docs = sum(len(t.encode()) for t in texts) / 1e6, len(texts)
             paths = write_source(texts, Path(tmp) / f"source-{scale}x")
             del texts
-            plans = [("memory", 1), ("units", 1)] + ([("units", 2)] if scale == args.workers_at else [])
+            plans = ([("memory", 1)] if scale <= args.memory_up_to else []) + [("units", 1)] + ([("units", 2)] if scale == args.workers_at else [])
             for mode, workers in plans:
                 result = run_child(paths, mode, workers, Path(tmp) / f"work-{scale}-{mode}-{workers}")
                 rows.append({"scale": scale, "num_docs": num_docs, "corpus_mb": round(corpus_mb, 2), "path": mode, "workers": workers, **result,
@@ -257,7 +270,7 @@ def main() -> None:
     summary = summarize(rows, baseline_mb, args.workers_at)
     print(json.dumps(summary, indent=1))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    result = {"benchmark": "data_scaling", "machine": host, "scale_config": BENCH_SCALE, "baseline_rss_mb": baseline_mb, "runs": rows, "summary": summary}
+    result = {"benchmark": "data_scaling", "machine": host, "scale_config": BENCH_SCALE, "memory_path_up_to": args.memory_up_to, "baseline_rss_mb": baseline_mb, "runs": rows, "summary": summary}
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out}")
 
@@ -266,27 +279,32 @@ def summarize(rows: list[dict], baseline_mb: float, workers_at: int) -> dict:
     def pick(scale: int, path: str, workers: int = 1) -> dict | None:
         return next((r for r in rows if r["scale"] == scale and r["path"] == path and r["workers"] == workers), None)
 
-    scales = sorted({r["scale"] for r in rows})
-    low, high = scales[0], scales[-1]
     summary: dict = {"bounded_factor": BOUNDED_FACTOR, "baseline_rss_mb": baseline_mb}
     for path in ("units", "memory"):
-        peaks = {s: pick(s, path)["peak_rss_mb"] for s in scales}
+        peaks = {s: pick(s, path)["peak_rss_mb"] for s in sorted({r["scale"] for r in rows}) if pick(s, path)}
+        if not peaks:
+            continue
+        scales = list(peaks)
         summary[f"{path}_peak_rss_mb"] = {f"{s}x": peaks[s] for s in scales}
         summary[f"{path}_data_rss_mb"] = {f"{s}x": round(peaks[s] - baseline_mb, 1) for s in scales}
-        summary[f"{path}_peak_rss_growth_{low}x_to_{high}x"] = round(peaks[high] / peaks[low], 2)
-        summary[f"{path}_data_rss_growth_{low}x_to_{high}x"] = round((peaks[high] - baseline_mb) / (peaks[low] - baseline_mb), 2)
-        if 16 in peaks and high > 16:
-            summary[f"{path}_data_rss_growth_16x_to_{high}x"] = round((peaks[high] - baseline_mb) / (peaks[16] - baseline_mb), 2)
+        # Growth of the data-dependent part from each size to the next.
+        summary[f"{path}_data_rss_growth"] = {f"{a}x_to_{b}x": round((peaks[b] - baseline_mb) / (peaks[a] - baseline_mb), 2) for a, b in zip(scales, scales[1:])}
     # Every result must agree between the paths: the streamed path changes memory, not output.
     keys = ("num_removed", "num_hits", "num_kept", "num_clean_rows", "clean_digest")
-    summary["paths_agree"] = all(tuple(pick(r["scale"], "memory")[k] for k in keys) == tuple(r[k] for k in keys) for r in rows)
+    both = [r for r in rows if r["path"] == "units" and pick(r["scale"], "memory")]
+    summary["paths_agree"] = all(tuple(pick(r["scale"], "memory")[k] for k in keys) == tuple(r[k] for k in keys) for r in both)
+    summary["paths_compared_at"] = sorted({f"{r['scale']}x" for r in both}, key=lambda s: int(s[:-1]))
     summary["conservation_holds"] = all(r["conservation_holds"] for r in rows)
     one, two = pick(workers_at, "units", 1), pick(workers_at, "units", 2)
     if one and two:
         summary[f"docs_per_second_at_{workers_at}x"] = {"1_worker": one["docs_per_second"], "2_workers": two["docs_per_second"]}
         summary[f"speedup_2_workers_at_{workers_at}x"] = round(one["seconds"] / two["seconds"], 2)
-    if 16 in scales and high > 16:
-        summary["units_peak_rss_bounded"] = summary[f"units_data_rss_growth_16x_to_{high}x"] <= BOUNDED_FACTOR
+    units = sorted(r["scale"] for r in rows if r["path"] == "units" and r["workers"] == 1)
+    if len(units) >= 2:
+        low, high = units[-2], units[-1]
+        growth = round((pick(high, "units")["peak_rss_mb"] - baseline_mb) / (pick(low, "units")["peak_rss_mb"] - baseline_mb), 2)
+        summary["units_bounded_between"] = f"{low}x_to_{high}x"
+        summary["units_peak_rss_bounded"] = growth <= BOUNDED_FACTOR and high >= 2 * low
     return summary
 
 

@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # the whole lineage twice: about 5 minutes on an idle 2-core machine
 def test_local_run_materializes_the_fixtures_then_finds_nothing_new(tmp_path):
     env = {**os.environ, "ITO_STATE_DIR": str(tmp_path / "state"), "DAGSTER_HOME": str(tmp_path / "state" / "dagster")}
     (tmp_path / "state" / "dagster").mkdir(parents=True)

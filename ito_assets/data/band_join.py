@@ -48,13 +48,22 @@ class UnitArrays:
     The arrays are memory-mapped afresh for each gather and unmapped after it: a mapping kept
     open for the whole step keeps every page it ever touched resident, so the step's RSS would
     grow to the size of all units' arrays (~1.5x the corpus text, measured in
-    benchmarks/data_scaling.py); per gather it is bounded by one batch's documents. The offsets
-    (8 bytes per document) stay in memory."""
+    benchmarks/data_scaling.py); per gather it is bounded by one batch's documents. A batch's
+    pairs touch most units, so each file's .npy header is read once, here: `np.load` per gather
+    re-parsed it and took 3x as long as the mapping itself (~200 vs ~70 us a file, and a batch
+    maps two files per unit). The offsets (8 bytes per document) stay in memory."""
 
     def __init__(self, folder: Path, firsts: Sequence[int]) -> None:
         self.folder = folder
         self.firsts = np.asarray(firsts, dtype=np.int64)
         self.offsets_of = [np.load(folder / f"offsets-{u:05d}.npy") for u in range(len(firsts))]
+        self.layouts = {name: [_npy_layout(folder / f"{name}-{u:05d}.npy") for u in range(len(firsts))] for name in ("signatures", "shingles")}
+
+    def _mapped(self, name: str, unit: int) -> np.ndarray:
+        offset, shape, dtype = self.layouts[name][unit]
+        if 0 in shape:  # nothing to map (a unit of documents without shingles)
+            return np.zeros(shape, dtype=dtype)
+        return np.memmap(self.folder / f"{name}-{unit:05d}.npy", dtype=dtype, mode="r", offset=offset, shape=shape)
 
     def _by_unit(self, docs: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
         """(unit, local positions) for sorted `docs`, in order."""
@@ -68,14 +77,23 @@ class UnitArrays:
         for u, local in self._by_unit(docs):
             offsets = self.offsets_of[u]
             # Fancy indexing copies out of the mapping; the mapping goes when the name does.
-            signatures.append(np.load(self.folder / f"signatures-{u:05d}.npy", mmap_mode="r")[local])
+            signatures.append(self._mapped("signatures", u)[local])
             lengths.append(offsets[local + 1] - offsets[local])
             starts = np.repeat(offsets[local], lengths[-1])
             within = np.arange(int(lengths[-1].sum()), dtype=np.int64) - np.repeat(np.cumsum(lengths[-1]) - lengths[-1], lengths[-1])
-            hashes.append(np.load(self.folder / f"shingles-{u:05d}.npy", mmap_mode="r")[starts + within])
+            hashes.append(self._mapped("shingles", u)[starts + within])
         offsets = np.zeros(len(docs) + 1, dtype=np.int64)
         np.cumsum(np.concatenate(lengths), out=offsets[1:])
         return np.concatenate(signatures), Shingles(hashes=np.concatenate(hashes), offsets=offsets)
+
+
+def _npy_layout(path: Path) -> tuple[int, tuple[int, ...], np.dtype]:
+    """(data offset, shape, dtype) of a C-ordered .npy file, from its header."""
+    with path.open("rb") as handle:
+        read_header = np.lib.format.read_array_header_1_0 if np.lib.format.read_magic(handle) == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran_order, dtype = read_header(handle)
+        assert not fortran_order, "unit arrays are written C-ordered by np.save"
+        return handle.tell(), shape, dtype
 
 
 def near_duplicates_out_of_core(

@@ -140,10 +140,13 @@ class ScaleConfig:
       on an 8 MiB unit peaked at ~350 MB RSS, ~200 MB of it the interpreter with polars, DuckDB
       and numpy loaded (benchmarks/data_scaling.py): ~18x the unit's text on top (token and
       shingle hashes, polars' word lists), so a worker stays near 350 MB whatever the corpus.
+      It also sizes the buckets of `bucket_sort`, which puts text into keep order: one bucket,
+      sorted in the step's own process, holds about a unit's text.
     - num_workers 1: worker processes per step (1 runs the units in the step's own process).
     - memory_limit_mb 512: DuckDB's buffer-manager cap for the out-of-core joins and sorts (keep
-      order, exact-copy groups, the LSH band join); past it DuckDB spills to the step's scratch
-      folder (DuckDB docs, "Memory management"). Its default, 80% of RAM, would crowd the workers.
+      order, exact-copy groups, the LSH band join: ids, hashes and band keys, never text); past
+      it DuckDB spills to the step's scratch folder (DuckDB docs, "Memory management"). Its
+      default, 80% of RAM, would crowd the workers.
       DuckDB asks for at least 125 MB per thread (DuckDB docs, "Tuning workloads"), so the
       scratch database runs min(num_workers, memory_limit_mb // 128) threads: measured on a
       120 MB corpus, 2 threads under a 128 MB cap ran out of memory where 1 thread spilled, and

@@ -22,7 +22,7 @@ from ito_assets.data.decontam import HIT_SCHEMA, ScanCounts, candidate_documents
 from ito_assets.data.eval_index import EvalIndex
 from ito_assets.data.scratch import Scratch
 from ito_assets.data.text import token_hashes
-from ito_assets.data.units import WorkUnit, map_units, parquet_frames, worker_pool, write_units
+from ito_assets.data.units import WorkUnit, compacted, map_units, parquet_frames, worker_pool, write_units
 
 
 @dataclass(frozen=True)
@@ -99,5 +99,5 @@ def documents_with_hits(shard_paths: Sequence[str], hits: pl.DataFrame) -> pl.Da
     ids = hits["doc_id"].unique()
     if not len(ids):
         return empty
-    found = [frame.filter(pl.col("doc_id").is_in(ids)) for frame in parquet_frames(shard_paths, ["doc_id", "text"])]
+    found = [compacted(frame.filter(pl.col("doc_id").is_in(ids.implode()))) for frame in parquet_frames(shard_paths, ["doc_id", "text"])]
     return pl.concat([empty, *found]) if found else empty

@@ -21,7 +21,6 @@ from typing import TypeVar
 
 import numpy as np
 import polars as pl
-import pyarrow.parquet as pq
 
 UNIT_SCHEMA = {"doc_id": pl.String, "text": pl.String}
 # Rows read per batch when streaming a Parquet file: ~8k documents of a few kB, a few tens of MB.
@@ -84,10 +83,24 @@ def write_units(frames: Iterable[pl.DataFrame], folder: Path, target_bytes: int)
 
 
 def parquet_frames(paths: Sequence[str], columns: list[str], batch_rows: int = READ_BATCH_ROWS) -> Iterator[pl.DataFrame]:
-    """The rows of several Parquet files, in order, a bounded batch at a time."""
+    """The rows of several Parquet files, in order, a bounded batch at a time.
+
+    Read by polars' streaming engine, not pyarrow's `iter_batches`: reading 50,000-row shards
+    and writing them again peaked ~100 MB lower (benchmarks/data_scaling.py, 64x), as pyarrow's
+    default (mimalloc) pool kept what its reader had freed."""
     for path in paths:
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=batch_rows, columns=columns):
-            yield pl.from_arrow(batch)
+        for frame in pl.scan_parquet(path).select(columns).collect_batches(chunk_size=batch_rows):
+            if frame.height:
+                yield frame
+
+
+def compacted(frame: pl.DataFrame) -> pl.DataFrame:
+    """The same rows, holding only their own bytes. A filtered polars frame's strings still point
+    into the buffers of the batch they came from (string views), so keeping a few rows of every
+    batch kept every batch's text: the hits' documents held the whole kept corpus (~180 MB at
+    128x in benchmarks/data_scaling.py). Arrow's plain string layout has no views: the round
+    trip copies the rows kept, and nothing else."""
+    return pl.from_arrow(frame.to_arrow(compat_level=pl.CompatLevel.oldest())).cast(frame.schema)
 
 
 @contextmanager

@@ -35,24 +35,10 @@ from pathlib import Path
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.schema import CheckpointPolicy, Stage, TrainingTarget
 from ito_assets.runtime.config import DataParallel, WorkerConfig, group_shape
-from ito_assets.runtime.storage import child, ensure_dir
+from ito_assets.runtime.storage import RunLayout
 from ito_assets.training.layout import Layout
 from ito_assets.training.planner import Plan
 from ito_assets.training.run_plan import RunPlan
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunLayout:
-    checkpoint_dir: Path  # the run's folder as the server approved it
-    run_dir: Path
-
-    @classmethod
-    def for_run(cls, checkpoint_dir: Path, run_id: str) -> "RunLayout":
-        return cls(checkpoint_dir=checkpoint_dir, run_dir=child(checkpoint_dir, run_id))
-
-    def stage_dir(self, stage: str) -> Path:
-        """One folder per run and stage: restarts of a stage share it, runs never do."""
-        return ensure_dir(child(self.run_dir, stage), self.checkpoint_dir)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from ito_assets.errors import ErrorCode, ItoError
@@ -72,3 +73,17 @@ def append_line(path: Path, line: str, *, durable: bool = True) -> None:
             os.fsync(descriptor)
     finally:
         os.close(descriptor)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunLayout:
+    checkpoint_dir: Path  # the run's folder as the server approved it
+    run_dir: Path
+
+    @classmethod
+    def for_run(cls, checkpoint_dir: Path, run_id: str) -> "RunLayout":
+        return cls(checkpoint_dir=checkpoint_dir, run_dir=child(checkpoint_dir, run_id))
+
+    def stage_dir(self, stage: str) -> Path:
+        """One folder per run and stage: restarts of a stage share it, runs never do."""
+        return ensure_dir(child(self.run_dir, stage), self.checkpoint_dir)

@@ -57,6 +57,15 @@ def test_client_verbs_import_no_dagster_torch_or_polars(api) -> None:
         assert done.stdout.strip() == "[]"
 
 
+def test_the_server_imports_no_dagster_torch_or_polars() -> None:
+    """`ito serve` starts in a second (the desk's routes read the runtime's folders without torch)."""
+    probe = ("import sys; import ito_assets.api.server, ito_assets.api.routes; "
+             "print(sorted({m.split('.')[0] for m in sys.modules} & {'dagster', 'torch', 'polars'}))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-500:]
+    assert done.stdout.strip() == "[]"
+
+
 def test_cleanup_releases_a_booking_only_when_separately_confirmed(api) -> None:
     booking = api.booking()
     release_ref = api.ok("confirm", "request", "--action", "release", "--booking", booking)["confirmation_ref"]

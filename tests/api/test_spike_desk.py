@@ -13,7 +13,7 @@ from ito_assets.gates.ledger import open_ledger
 from ito_assets.runtime import proposals
 from ito_assets.runtime.proposals import ProposalStore
 from ito_assets.runtime.spikes import Spike
-from ito_assets.runtime.stages import RunLayout
+from ito_assets.runtime.storage import RunLayout
 
 
 def _propose(api, run_id: str, stage: str, step: int) -> str:

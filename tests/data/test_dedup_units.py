@@ -15,6 +15,7 @@ from data_frames import edit_words, frame, random_text
 from ito_assets.data.band_join import candidate_batches
 from ito_assets.data.config import DataPrepConfig, DedupConfig, ScaleConfig
 from ito_assets.data.dedup import deduplicate, kept_documents
+from ito_assets.data import exact_units
 from ito_assets.data.dedup_units import deduplicate_units, kept_frames
 from ito_assets.data.near_dedup import band_rows, candidate_pairs
 from ito_assets.data.scratch import scratch_space
@@ -112,3 +113,25 @@ def test_the_dedup_stage_on_the_fixtures_matches_in_memory_with_two_workers(tmp_
     assert_frame_equal(pl.read_parquet(stage.decisions.path), expected)
     assert_frame_equal(stage.kept.read(), kept_documents(docs, expected))
     assert not (stage_folder(tmp_path, "k") / "dedup" / SCRATCH).exists()
+
+
+def test_exact_copies_never_rest_on_the_hash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every text hashes alike: one hash group, so only the text comparison inside it can decide.
+    monkeypatch.setattr(exact_units, "text_hashes", lambda texts: np.zeros((len(texts), 2), dtype=np.uint64))
+    docs = corpus(seed=5)
+    shards = write_shards(docs, tmp_path / "source", prefix="d", max_rows=40)
+    with scratch_space(tmp_path / "_scratch", TINY) as scratch:
+        decisions, counts = deduplicate_units(scratch, [s.path for s in shards.shards], DedupConfig())
+    expected, expected_counts = deduplicate(docs, DedupConfig())
+    assert_frame_equal(decisions, expected)
+    assert counts == expected_counts and counts.exact.num_removed > 5
+
+
+def test_hash_groups_are_never_split_between_chunks() -> None:
+    rows = pl.DataFrame({"hi": [1, 1, 2, 2, 2, 3, 4, 4], "lo": [0] * 8, "doc_id": list("abcdefgh")}, schema={"hi": pl.UInt64, "lo": pl.UInt64, "doc_id": pl.String})
+    batches = [rows.slice(0, 3), rows.slice(3, 0), rows.slice(3, 1), rows.slice(4, 4)]
+    chunks = list(exact_units._whole_groups(iter(batches)))
+    assert_frame_equal(pl.concat(chunks), rows)
+    for chunk in chunks:
+        others = pl.concat([c for c in chunks if c is not chunk]) if len(chunks) > 1 else rows.clear()
+        assert not set(chunk["hi"].to_list()) & set(others["hi"].to_list())

@@ -11,7 +11,7 @@ from polars.testing import assert_frame_equal
 from ito_assets.data.config import ScaleConfig
 from ito_assets.data.scratch import scratch_space
 from ito_assets.data.shards import write_shard_stream, write_shards
-from ito_assets.data.units import map_units, parquet_frames, worker_pool, write_units
+from ito_assets.data.units import compacted, map_units, parquet_frames, worker_pool, write_units
 
 
 def _docs(sizes: list[int]) -> pl.DataFrame:
@@ -69,3 +69,18 @@ def test_scale_config_names_the_bad_field() -> None:
     for bad in ({"unit_bytes": 0}, {"num_workers": 0}, {"memory_limit_mb": 64}, {"pair_batch": 0}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             ScaleConfig(**bad)
+
+
+def test_compacted_rows_hold_only_their_own_text() -> None:
+    frame = pl.DataFrame({"doc_id": [f"d{i:04d}" for i in range(2000)], "text": [f"{i} " + "x" * 1000 for i in range(2000)], "n": list(range(2000))})
+    kept = frame.filter(pl.col("n") % 500 == 0)
+    small = compacted(kept)
+    assert_frame_equal(small, kept)
+    # A filtered frame's strings still point into all 2 MB of the batch's text; compacted, ~4 kB.
+    assert _text_buffer_bytes(small) < 20_000 < 2_000_000 < _text_buffer_bytes(kept)
+
+
+def _text_buffer_bytes(frame: pl.DataFrame) -> int:
+    """Bytes of the buffers the text column holds, shared ones included (as polars keeps them)."""
+    buffers = frame["text"].to_arrow(compat_level=pl.CompatLevel.newest()).buffers()
+    return sum(b.size for b in buffers if b is not None)

@@ -78,7 +78,7 @@ def test_the_gate_judges_every_metric_of_the_battery_with_the_manifests_threshol
 
 
 def test_eval_gate_is_optional_in_the_manifest():
-    document = json.loads((ROOT / "data/fixtures/manifests/fixture-small.json").read_bytes())
+    document = json.loads((ROOT / "data/fixtures/manifests/fixture-docs-only.json").read_bytes())
     assert Manifest.model_validate_json(json.dumps(document)).training_target.eval_gate is None  # unchanged
     document["training_target"]["eval_gate"] = {"min_improvement_bands": 4, "max_regression_bands": 1.5}
     gate = Manifest.model_validate_json(json.dumps(document)).training_target.eval_gate

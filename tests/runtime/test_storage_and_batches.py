@@ -10,7 +10,7 @@ import torch
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.runtime import rng
 from ito_assets.runtime.batches import BatchPlan, ResumableBatches
-from ito_assets.runtime.stages import RunLayout
+from ito_assets.runtime.storage import RunLayout
 
 
 def test_a_link_planted_inside_the_area_cannot_lead_out(tmp_path):

@@ -17,7 +17,7 @@ from ito_assets.gates.bookings import AMENDABLE, BookingTerms
 from ito_assets.gates.identity import Identity
 from ito_assets.gates.states import Role
 from ito_assets.runtime import proposals
-from ito_assets.runtime.stages import RunLayout
+from ito_assets.runtime.storage import RunLayout
 
 _TERMS = ("gpu_type", "num_gpus", "num_nodes", "topology", "region", "network", "starts_at", "ends_at",
           "price_per_gpu_hour_cents")

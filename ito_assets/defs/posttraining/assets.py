@@ -28,7 +28,7 @@ from ito_assets.posttraining.pipeline import Start, StageOutcome, run_stage
 from ito_assets.posttraining.publish import publish_outcome
 from ito_assets.runtime.corpus import TokenSet
 from ito_assets.runtime.gates import VerdictStore
-from ito_assets.runtime.stages import RunLayout
+from ito_assets.runtime.storage import RunLayout
 
 GROUP = "posttraining"
 

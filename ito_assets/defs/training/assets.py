@@ -34,7 +34,7 @@ from ito_assets.manifest.verify import eval_suite_mismatches
 from ito_assets.runtime import corpus, stages
 from ito_assets.runtime.gates import VerdictStore, judge
 from ito_assets.runtime.publish import publish_stage
-from ito_assets.runtime.stages import RunLayout
+from ito_assets.runtime.storage import RunLayout
 from ito_assets.runtime.supervisor import REPORT_NAME
 from ito_assets.runtime.storage import write_atomic
 from ito_assets.training.run_plan import PlanOutcome

@@ -1,0 +1,114 @@
+"""Source rows in an order computed on ids, without sorting text in DuckDB: an external bucket sort.
+
+DuckDB orders what is small (ids, hashes, byte counts) and writes a placement table: for every
+row to be ordered, its shard, its position in that shard (`shard_row`), its `rank` in the wanted
+order and its `bucket`, a run of consecutive ranks holding about `bucket_bytes` of text (a
+cumulative sum of the byte counts in rank order). One pass over the source shards, a batch at a time, appends each
+row, with its rank, to its bucket's file; each bucket is then small enough to sort in memory,
+and the buckets read in turn are the rows in rank order.
+
+Why not let DuckDB sort the rows: measured in benchmarks/data_scaling.py, its keep-order sort of
+the text held its 128 MB cap plus ~100 MB that its allocator kept until the connection closed,
+and a sort of every column ran out of memory at 64x the fixtures. Here memory is one source
+batch, one bucket and a small buffer per open bucket file; at most `fan_out` bucket files are
+open at once (more buckets are sorted in two or more passes, `fan_out` at a time).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+import duckdb
+import polars as pl
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from ito_assets.data.units import READ_BATCH_ROWS, parquet_frames
+
+# Open bucket files in one pass: far under the usual limit of 1,024 file descriptors, and each
+# open Arrow stream writer costs only its file handle (its batches go straight to the file).
+FAN_OUT = 256
+# Scratch data read back once: lz4, fast over small (as the work units).
+IPC_OPTIONS = ipc.IpcWriteOptions(compression="lz4")
+
+PLACEMENT_SQL = """
+CREATE OR REPLACE TABLE {name} AS
+SELECT shard, shard_row, {extra} row_number() OVER w - 1 AS rank,
+       CAST((sum(num_bytes) OVER w - num_bytes) // {bucket_bytes} AS BIGINT) AS bucket
+FROM ({rows}) WINDOW w AS (ORDER BY {order_by} ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+"""
+
+
+def place(db: duckdb.DuckDBPyConnection, name: str, rows: str, order_by: str, bucket_bytes: int, extra: Sequence[str] = ()) -> int:
+    """Table `name` (shard, shard_row, *extra, rank, bucket) for the rows of query `rows` (which
+    has shard, shard_row, num_bytes and the `order_by` columns), ranked by `order_by`, which must
+    be unique per row; -> the number of buckets. Only integers are sorted: the text stays in the shards."""
+    columns = "".join(f"{c}, " for c in extra)
+    db.execute(PLACEMENT_SQL.format(name=name, extra=columns, rows=rows, order_by=order_by, bucket_bytes=int(bucket_bytes)))
+    last = db.execute(f"SELECT max(bucket) FROM {name}").fetchone()[0]
+    return 0 if last is None else int(last) + 1
+
+
+def placed_rows(db: duckdb.DuckDBPyConnection, name: str, shard_paths: Sequence[str], columns: list[str]) -> Iterator[pl.DataFrame]:
+    """The placed rows of every shard, `columns` plus the placement's own (rank, bucket, extras),
+    in shard order, a batch at a time. A shard's placement (integers) is fetched whole."""
+    for shard, path in enumerate(shard_paths):
+        placement = db.execute(f"SELECT * EXCLUDE (shard) FROM {name} WHERE shard = ? ORDER BY shard_row", [shard]).pl()
+        if not placement.height:
+            continue
+        first = 0
+        for batch in parquet_frames([path], columns):
+            rows = batch.with_columns(pl.int_range(first, first + batch.height, dtype=placement["shard_row"].dtype).alias("shard_row"))
+            first += batch.height
+            yield rows.join(placement, on="shard_row", how="inner").drop("shard_row")
+
+
+def bucket_sort(frames: Iterable[pl.DataFrame], folder: Path, num_buckets: int, fan_out: int = FAN_OUT) -> Iterator[pl.DataFrame]:
+    """Frames with `rank` and `bucket` (0 .. num_buckets - 1, non-decreasing in rank) -> the same
+    rows ordered by rank, one bucket at a time (the `bucket` column dropped)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    width = -(-num_buckets // fan_out)  # buckets per file in this pass: 1 when they all fit
+    paths = _spread(frames, folder, pl.col("bucket") // width)
+    for part, path in enumerate(paths):
+        if not path.exists():
+            continue
+        if width == 1:
+            yield pl.read_ipc_stream(path).sort("rank").drop("bucket")
+        else:  # a run of `width` buckets, sorted in further passes of its own
+            shifted = (frame.with_columns(pl.col("bucket") - part * width) for frame in _stream(path))
+            yield from bucket_sort(shifted, folder / f"pass-{part:05d}", width, fan_out)
+        path.unlink()
+
+
+def _spread(frames: Iterable[pl.DataFrame], folder: Path, key: pl.Expr) -> list[Path]:
+    """Append each frame's rows to the file of their `key` (an Arrow stream per key) -> the
+    files by key (a key with no rows has no file)."""
+    writers: dict[int, ipc.RecordBatchStreamWriter] = {}
+    try:
+        for frame in frames:
+            for (k,), part in frame.with_columns(key.alias("_key")).partition_by("_key", as_dict=True, include_key=False).items():
+                table = part.to_arrow()
+                if k not in writers:
+                    writers[k] = ipc.new_stream(str(folder / f"bucket-{k:05d}.arrows"), table.schema, options=IPC_OPTIONS)
+                writers[k].write_table(table)
+    finally:
+        for writer in writers.values():
+            writer.close()
+    return [folder / f"bucket-{k:05d}.arrows" for k in range(max(writers, default=-1) + 1)]
+
+
+def _stream(path: Path) -> Iterator[pl.DataFrame]:
+    """A bucket file's rows a few record batches at a time (never the whole file)."""
+    with pa.OSFile(str(path)) as source:
+        reader = ipc.open_stream(source)
+        pending: list[pa.RecordBatch] = []
+        num_pending = 0
+        for batch in reader:
+            pending.append(batch)
+            num_pending += batch.num_rows
+            if num_pending >= READ_BATCH_ROWS:
+                yield pl.from_arrow(pa.Table.from_batches(pending))
+                pending, num_pending = [], 0
+        if pending:
+            yield pl.from_arrow(pa.Table.from_batches(pending))

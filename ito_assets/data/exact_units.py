@@ -1,0 +1,128 @@
+"""Exact copies out of core: the same groups as `exact_dedup`, with no text in DuckDB's numbering
+or grouping.
+
+1. `key_shard` (a worker per source shard, streaming it a batch at a time): each document's id,
+   source and a 128-bit BLAKE2b hash of its text, written as a small Parquet file.
+2. DuckDB numbers the keys in keep order (`rank`) and finds the hashes held by two or more
+   documents: ids and hashes only, ~50 bytes a document, so the window and the grouping spill
+   under the memory cap where the same over whole texts ran out of memory.
+3. Only the documents of those hash groups have their text read back from the source shards, in
+   (hash, rank) order (`bucket_sort`: DuckDB orders their ids, never their text);
+   `_first_of_identical` compares the texts inside each hash group, so a collision can never
+   make two different texts copies: the hash only says where to look.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+import pyarrow.parquet as pq
+
+from ito_assets.data.bucket_sort import bucket_sort, place, placed_rows
+from ito_assets.data.exact_dedup import ExactDedupCounts
+from ito_assets.data.scratch import Scratch, sql_list
+from ito_assets.data.units import map_units, parquet_frames, worker_pool
+
+# Where each document lives (shard, shard_row: its position there) and how long its text is, for `bucket_sort`.
+KEY_SCHEMA = {"doc_id": pl.String, "source_index": pl.Int32, "shard": pl.Int32, "shard_row": pl.Int64, "num_bytes": pl.Int64, "hi": pl.UInt64, "lo": pl.UInt64}
+KEYS_SQL = """
+CREATE OR REPLACE TABLE keys AS
+SELECT row_number() OVER (ORDER BY source_index, doc_id) - 1 AS rank, doc_id, shard, shard_row, num_bytes, hi, lo FROM read_parquet({files})
+"""
+# The documents whose hash another document shares: only these have their texts compared.
+SHARED_SQL = "SELECT k.* FROM keys k SEMI JOIN (SELECT hi, lo FROM keys GROUP BY hi, lo HAVING count(*) > 1) USING (hi, lo)"
+
+
+@dataclass(frozen=True)
+class KeyTask:
+    shard: int
+    shard_path: str
+    keys_path: str
+
+
+def text_hashes(texts: pl.Series) -> np.ndarray:
+    """(len(texts), 2) uint64: BLAKE2b-128 of each text's UTF-8 bytes (a null hashes as "")."""
+    digests = b"".join(hashlib.blake2b((t or "").encode(), digest_size=16).digest() for t in texts)
+    return np.frombuffer(digests, dtype="<u8").reshape(-1, 2)
+
+
+def key_shard(task: KeyTask) -> None:
+    writer, first = None, 0
+    for batch in parquet_frames([task.shard_path], ["doc_id", "source_index", "text"]):
+        hashes = text_hashes(batch["text"])
+        keys = batch.select(
+            "doc_id",
+            "source_index",
+            pl.lit(task.shard).alias("shard"),
+            pl.int_range(first, first + batch.height).alias("shard_row"),
+            pl.col("text").str.len_bytes().fill_null(0).alias("num_bytes"),
+            pl.Series("hi", hashes[:, 0]),
+            pl.Series("lo", hashes[:, 1]),
+        ).cast(KEY_SCHEMA).to_arrow()
+        first += batch.height
+        writer = writer or pq.ParquetWriter(task.keys_path, keys.schema)
+        writer.write_table(keys)
+    if writer is None:  # an empty shard still says what a key looks like
+        pl.DataFrame(schema=KEY_SCHEMA).write_parquet(task.keys_path)
+    else:
+        writer.close()
+
+
+def _first_of_identical(rows: pl.DataFrame) -> pl.DataFrame:
+    """Whole hash groups in (hash, rank) order -> (doc_id, exact_copy_of) of their copies: the
+    first document of each set of identical texts is their representative, as in `exact_dedup`."""
+    first = rows.with_columns(pl.col("doc_id").first().over(["hi", "lo", "text"]).alias("exact_copy_of"))
+    return first.filter(pl.col("doc_id") != pl.col("exact_copy_of")).select("doc_id", "exact_copy_of")
+
+
+def _whole_groups(batches: Iterator[pl.DataFrame]) -> Iterator[pl.DataFrame]:
+    """Batches in hash order -> chunks that never split a hash group (the last group of a batch
+    waits for the next batch, where it may continue)."""
+    pending: pl.DataFrame | None = None
+    for batch in batches:
+        if not batch.height:
+            continue
+        rows = batch if pending is None else pl.concat([pending, batch])
+        last = rows.tail(1)
+        tail = (pl.col("hi") == last["hi"][0]) & (pl.col("lo") == last["lo"][0])
+        pending = rows.filter(tail)
+        yield rows.filter(~tail)
+    if pending is not None:
+        yield pending
+
+
+def exact_copies(scratch: Scratch, shard_paths: Sequence[str]) -> tuple[pl.Series, pl.DataFrame, ExactDedupCounts]:
+    """-> (every doc id in keep order, copies (doc_id, exact_copy_of), counters); leaves the
+    tables `keys` and `copies` in the scratch database."""
+    folder = scratch.sub("exact-keys")
+    tasks = [KeyTask(shard=i, shard_path=p, keys_path=str(folder / f"keys-{i:05d}.parquet")) for i, p in enumerate(shard_paths)]
+    with worker_pool(scratch.scale.num_workers) as pool:
+        map_units(key_shard, tasks, pool)
+    db = scratch.db
+    db.execute(KEYS_SQL.format(files=sql_list([t.keys_path for t in tasks])))
+    empty = pl.DataFrame(schema={"doc_id": pl.String, "exact_copy_of": pl.String})
+    chunks = _whole_groups(_shared_texts(scratch, shard_paths))
+    copies = pl.concat([empty, *(_first_of_identical(chunk) for chunk in chunks)]).cast(pl.String)
+    db.register("copy_frame", copies.to_arrow())
+    db.execute("CREATE OR REPLACE TABLE copies AS SELECT * FROM copy_frame")
+    db.unregister("copy_frame")
+    ordered = db.execute("SELECT doc_id FROM keys ORDER BY rank").pl()["doc_id"].cast(pl.String)
+    counts = ExactDedupCounts(
+        num_input=len(ordered),
+        num_distinct_texts=len(ordered) - copies.height,
+        num_removed=copies.height,
+        num_groups_with_copies=copies["exact_copy_of"].n_unique() if copies.height else 0,
+    )
+    return ordered, copies, counts
+
+
+def _shared_texts(scratch: Scratch, shard_paths: Sequence[str]) -> Iterator[pl.DataFrame]:
+    """(hi, lo, rank, doc_id, text) of the documents of shared hashes, in (hash, keep order)."""
+    num_buckets = place(scratch.db, "shared_placement", SHARED_SQL, "hi, lo, rank", scratch.scale.unit_bytes, extra=("hi", "lo"))
+    rows = placed_rows(scratch.db, "shared_placement", shard_paths, ["doc_id", "text"])
+    for frame in bucket_sort(rows, scratch.sub("exact-buckets"), num_buckets):
+        yield frame.select("hi", "lo", "rank", "doc_id", "text")
