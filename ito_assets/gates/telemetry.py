@@ -100,5 +100,14 @@ def checkpoints(ledger: Ledger, run_id: str, *, after: int = 0, limit: int = 100
             for r in _page(ledger, run_checkpoints, run_id, after, limit)]
 
 
+def every_page(reader, ledger: Ledger, run_id: str) -> list:
+    """All of a run's rows from one of the readers above (`logs`, `metrics`, `checkpoints`)."""
+    rows, after = [], 0
+    while page := reader(ledger, run_id, after=after, limit=MAX_PAGE):
+        rows.extend(page)
+        after = page[-1].seq
+    return rows
+
+
 def as_dicts(items: list) -> list[dict]:
     return [asdict(item) for item in items]

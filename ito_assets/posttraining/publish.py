@@ -61,18 +61,10 @@ def stage_metrics(outcome: StageOutcome) -> list[tuple[int, str, float]]:
     return rows
 
 
-def _all(fetch) -> list:
-    rows, after = [], 0
-    while page := fetch(after=after, limit=ledger_telemetry.MAX_PAGE):
-        rows.extend(page)
-        after = page[-1].seq
-    return rows
-
-
 def publish_outcome(ledger: Ledger, run_id: str, outcome: StageOutcome) -> tuple[int, int]:
     """Returns (checkpoints added, metrics added)."""
-    known_metrics = {(m.step, m.name) for m in _all(lambda **p: ledger_telemetry.metrics(ledger, run_id, **p))}
-    known_files = {(c.path, c.sha256) for c in _all(lambda **p: ledger_telemetry.checkpoints(ledger, run_id, **p))}
+    known_metrics = {(m.step, m.name) for m in ledger_telemetry.every_page(ledger_telemetry.metrics, ledger, run_id)}
+    known_files = {(c.path, c.sha256) for c in ledger_telemetry.every_page(ledger_telemetry.checkpoints, ledger, run_id)}
     record = outcome.checkpoint
     added_checkpoints = 0
     if (record.path, record.sha256) not in known_files:

@@ -19,14 +19,6 @@ from ito_assets.runtime.telemetry import summarize
 LOG_EVERY_STEPS = 10  # the worker's Pipes reporting interval (torchtitan's default log_freq)
 
 
-def _all(fetch) -> list:
-    rows, after = [], 0
-    while page := fetch(after=after, limit=ledger_telemetry.MAX_PAGE):
-        rows.extend(page)
-        after = page[-1].seq
-    return rows
-
-
 def stage_metrics(stage: str, stage_dir: Path, evaluation: dict[str, float]) -> list[tuple[int, str, float]]:
     log = events.read(stage_dir)
     losses = {e.step: e.loss for e in log if e.kind is EventKind.STEP and e.loss is not None}
@@ -40,8 +32,8 @@ def stage_metrics(stage: str, stage_dir: Path, evaluation: dict[str, float]) -> 
 
 def publish_stage(ledger: Ledger, run_id: str, stage: str, stage_dir: Path, evaluation: dict[str, float]) -> tuple[int, int]:
     """Returns (checkpoints added, metrics added)."""
-    known_checkpoints = {(c.step, c.path) for c in _all(lambda **p: ledger_telemetry.checkpoints(ledger, run_id, **p))}
-    known_metrics = {(m.step, m.name) for m in _all(lambda **p: ledger_telemetry.metrics(ledger, run_id, **p))}
+    known_checkpoints = {(c.step, c.path) for c in ledger_telemetry.every_page(ledger_telemetry.checkpoints, ledger, run_id)}
+    known_metrics = {(m.step, m.name) for m in ledger_telemetry.every_page(ledger_telemetry.metrics, ledger, run_id)}
     whole = {str(p) for p in markers.candidates(stage_dir) if markers.read_marker(p) is not None}
     added_checkpoints = 0
     for record in registry.read(stage_dir):
