@@ -40,7 +40,7 @@ def _race(client: Client, booking: str, manifest: str, ref: str, keys: list[str]
     jobs = [(env, ["train", "--booking", booking, "--manifest", manifest, "--confirmation-ref", ref,
                    "--idempotency-key", key, "--json"]) for key in keys]
     # spawn: each caller is its own process with its own connection. Not fork: a fork copies whatever
-    # threads earlier tests left in this process (a lock held at the fork hung a child once, in a clean-clone run).
+    # threads earlier tests left in this process (a lock held at the fork hung a child, once in CI).
     with multiprocessing.get_context("spawn").Pool(NUM_CALLERS) as pool:
         return pool.map(_call, jobs, chunksize=1)
 
