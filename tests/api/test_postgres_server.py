@@ -59,8 +59,7 @@ def test_flow_and_same_key_race_on_postgres(pg_api) -> None:
     ref = pg_api.confirm_train(booking, manifest)
     argv = ["train", "--booking", booking, "--manifest", manifest, "--confirmation-ref", ref,
             "--idempotency-key", "pg-same-key-01", "--json"]
-    # spawn, not fork: a fork copies whatever threads earlier tests left in this process.
-    with multiprocessing.get_context("spawn").Pool(NUM_CALLERS) as pool:
+    with multiprocessing.get_context("fork").Pool(NUM_CALLERS) as pool:
         results = pool.map(_call, [(pg_api.env("account"), argv)] * NUM_CALLERS, chunksize=1)
     assert all(r["ok"] for r in results), [r.get("error") for r in results if not r["ok"]][:3]
     assert len({r["data"]["run_id"] for r in results}) == 1

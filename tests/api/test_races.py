@@ -39,9 +39,8 @@ def _race(client: Client, booking: str, manifest: str, ref: str, keys: list[str]
     env = client.env("account", ITO_TIMEOUT_S="60")
     jobs = [(env, ["train", "--booking", booking, "--manifest", manifest, "--confirmation-ref", ref,
                    "--idempotency-key", key, "--json"]) for key in keys]
-    # spawn: each caller is its own process with its own connection. Not fork: a fork copies whatever
-    # threads earlier tests left in this process (a lock held at the fork hung a child, once in CI).
-    with multiprocessing.get_context("spawn").Pool(NUM_CALLERS) as pool:
+    # fork: each caller is its own process with its own connection, started without a new interpreter.
+    with multiprocessing.get_context("fork").Pool(NUM_CALLERS) as pool:
         return pool.map(_call, jobs, chunksize=1)
 
 
