@@ -18,7 +18,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from api_harness import Client, Server
+from api.api_harness import Client, Server  # tests/api: the real `ito serve` and client
 from definitions import build_definitions
 from helpers import postgres_dagster_instance, postgres_url_or_skip
 from ito_assets.defs.workload.assets import RUN_ID_TAG
