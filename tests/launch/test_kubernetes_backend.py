@@ -32,7 +32,7 @@ def _model(body: dict, kind: str):
 
 
 class FakeCoreV1:
-    """Pods and services of one namespace. `stubborn` pods outlive a graceful delete (a rank that
+    """Pods and services of one namespace. `lingering` pods outlive a graceful delete (a rank that
     ignores SIGTERM) until deleted with grace 0."""
 
     def __init__(self) -> None:
@@ -40,7 +40,7 @@ class FakeCoreV1:
         self.services: dict[str, dict] = {}
         self.calls: list[tuple] = []
         self.sent: list[dict] = []  # the pod bodies, as given
-        self.stubborn: set[str] = set()
+        self.lingering: set[str] = set()
         self.unavailable = False  # the API server answers 503
         self.on_create = lambda body: None
 
@@ -74,7 +74,7 @@ class FakeCoreV1:
         self.calls.append(("delete_pod", name, grace_period_seconds))
         if name not in self.pods:
             raise ApiException(status=404, reason="Not Found")
-        if name in self.stubborn and grace_period_seconds != 0:
+        if name in self.lingering and grace_period_seconds != 0:
             return  # Terminating: still listed until the kubelet gives up or a forced delete
         del self.pods[name]
 
@@ -152,7 +152,7 @@ def test_terminate_deletes_with_the_grace_period_then_forces_what_is_left(tmp_pa
     attempt = _start(api, tmp_log=tmp_path / "attempt-0.log")
     attempt.poll_s = 0.05
     node0, node1 = attempt.pods
-    api.stubborn.add(node0)
+    api.lingering.add(node0)
     api.set(node0, "Running")  # node 1 still pending: it has no log yet
 
     seconds = attempt.terminate({1234}, grace_s=0.5)

@@ -121,11 +121,11 @@ def test_a_stop_request_signals_the_steps_and_the_ranks_flush_a_checkpoint(tmp_p
 
 
 def test_a_job_that_ignores_sigterm_is_cancelled_after_the_grace_period(tmp_path, slurm):
-    module = tmp_path / "mods" / "stubborn.py"
+    module = tmp_path / "mods" / "lingering.py"
     module.parent.mkdir()
     module.write_text("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('up', flush=True)\n"
                       "time.sleep(120)\n")
-    spec = LaunchSpec(run_id="stubborn-0", nnodes=1, nproc_per_node=1, module="stubborn",
+    spec = LaunchSpec(run_id="lingering-0", nnodes=1, nproc_per_node=1, module="lingering",
                       env=(("PYTHONPATH", str(module.parent)),))
     log_path = tmp_path / "attempt-0.log"
     attempt = SlurmBackend(_settings()).start(spec, number=0, log_path=log_path)
