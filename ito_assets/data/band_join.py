@@ -20,7 +20,7 @@ import numpy as np
 
 from ito_assets.data.config import DedupConfig
 from ito_assets.data.minhash import Shingles
-from ito_assets.data.near_dedup import HISTOGRAM_BINS, NearDedupCounts, histogram, keep_rule, verify_pairs
+from ito_assets.data.near_dedup import HISTOGRAM_BINS, NearDedupCounts, Removals, histogram, keep_rule, verify_pairs
 from ito_assets.data.scratch import sql_list
 
 CANDIDATES_SQL = """
@@ -98,7 +98,7 @@ def _npy_layout(path: Path) -> tuple[int, tuple[int, ...], np.dtype]:
 
 def near_duplicates_out_of_core(
     db: duckdb.DuckDBPyConnection, band_files: Sequence[str], arrays: UnitArrays, num_input: int, config: DedupConfig, batch_rows: int
-) -> tuple[dict[int, tuple[int, float]], NearDedupCounts]:
+) -> tuple[Removals, NearDedupCounts]:
     """Removals by keep-order position and counters, as `near_dedup.near_duplicates` returns them."""
     kept_a, kept_b, kept_similarity = [], [], []
     num_candidates = num_verified = 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+import duckdb
 import polars as pl
 
 from ito_assets.data.config import DecontamConfig
@@ -114,68 +115,84 @@ def clean_documents(scanned: pl.DataFrame, actions: pl.DataFrame, pieces: pl.Dat
     return pl.concat([whole, cut]).sort("source_index", "doc_id", "piece", nulls_last=False)
 
 
+# One row per input document, in the deduplication's order: its final state and why. Relations:
+# `dedup` (position, and the columns of DEDUP_SCHEMA), `hits` (doc_id, eval_item_id), `actions`
+# (ACTION_SCHEMA). In DuckDB, so that the stage holds no per-document frame in Python.
+FINAL_SQL = f"""
+WITH items AS (SELECT doc_id, list_sort(list_distinct(list(eval_item_id))) AS eval_item_ids FROM hits GROUP BY doc_id)
+SELECT d.doc_id,
+       CASE WHEN d.dedup_state = '{DUPLICATE}' THEN '{DUPLICATE}' WHEN a.action IS NOT NULL THEN '{CONTAMINATED}' ELSE '{KEPT}' END AS state,
+       d.method, d.duplicate_of, d.cluster_id, d.similarity, i.eval_item_ids, a.action,
+       CAST(coalesce(a.num_pieces, 0) AS INTEGER) AS num_pieces
+FROM dedup d LEFT JOIN actions a USING (doc_id) LEFT JOIN items i USING (doc_id)
+ORDER BY d.position
+"""
+
+
 def decisions(dedup: pl.DataFrame, hits: pl.DataFrame, actions: pl.DataFrame) -> pl.DataFrame:
-    """One row per input document: its final state and why."""
-    items = hits.group_by("doc_id").agg(pl.col("eval_item_id").unique().sort().alias("eval_item_ids"))
-    return (
-        dedup.join(actions, on="doc_id", how="left")
-        .join(items, on="doc_id", how="left")
-        .with_columns(
-            pl.when(pl.col("dedup_state") == DUPLICATE).then(pl.lit(DUPLICATE))
-            .when(pl.col("action").is_not_null()).then(pl.lit(CONTAMINATED))
-            .otherwise(pl.lit(KEPT))
-            .alias("state")
-        )
-        .select(
-            "doc_id", "state", "method", "duplicate_of", "cluster_id", "similarity",
-            "eval_item_ids", "action", pl.col("num_pieces").fill_null(0),
-        )
-    )
+    """FINAL_SQL over frames."""
+    with duckdb.connect() as db:
+        db.register("dedup", dedup.with_row_index("position"))
+        db.register("hits", hits.select("doc_id", "eval_item_id"))
+        db.register("actions", actions.select(list(ACTION_SCHEMA)))
+        return db.execute(FINAL_SQL).pl()
 
 
 def account(input_ids: pl.Series, final: pl.DataFrame, clean: pl.DataFrame) -> Conservation:
-    """Check that every input document is in exactly one state and the clean rows match them."""
+    """`account_of` over frames."""
+    with duckdb.connect() as db:
+        db.register("input_documents", input_ids.to_frame("doc_id"))
+        db.register("final_decisions", final)
+        db.register("clean_rows", clean.select("doc_id", "piece"))
+        return account_of(db)
+
+
+def account_of(db: duckdb.DuckDBPyConnection) -> Conservation:
+    """Check that every input document is in exactly one state and the clean rows match them.
+    Relations: `input_documents` (doc_id), `final_decisions` (FINAL_SQL's rows), `clean_rows`
+    (doc_id, piece: null for a whole document). Counts and anti-joins only, in DuckDB."""
+
+    def count(rows: str) -> int:  # rows: what follows FROM
+        return int(db.execute(f"SELECT count(*) FROM {rows}").fetchone()[0])
+
+    def differ(left: str, right: str) -> bool:  # two queries of doc_id: not the same set
+        return bool(count(f"({left}) ANTI JOIN ({right}) USING (doc_id)") or count(f"({right}) ANTI JOIN ({left}) USING (doc_id)"))
+
+    states = dict(db.execute("SELECT state, count(*) FROM final_decisions GROUP BY state").fetchall())
+    counts = {state: int(states.get(state, 0)) for state in STATES}
+    num_input = count("input_documents")
+    decided = "SELECT doc_id FROM final_decisions"
+    whole = "SELECT doc_id FROM clean_rows WHERE piece IS NULL"
     problems: list[str] = []
-    counts = {state: final.filter(pl.col("state") == state).height for state in STATES}
-    dropped = final.filter((pl.col("state") == CONTAMINATED) & (pl.col("action") == DROP)).height
-    if final["doc_id"].n_unique() != final.height:
+    if count("(SELECT DISTINCT doc_id FROM final_decisions)") != count("final_decisions"):
         problems.append("a document has more than one decision")
-    if not _same_ids(final["doc_id"], input_ids):
+    if differ(decided, "SELECT doc_id FROM input_documents"):
         problems.append("the decisions and the input documents differ")
-    if sum(counts.values()) != len(input_ids):
+    if sum(counts.values()) != num_input:
         problems.append("the states do not add up to the input")
-    whole = clean.filter(pl.col("piece").is_null())["doc_id"]
-    kept = final.filter(pl.col("state") == KEPT)["doc_id"]
-    if whole.n_unique() != whole.len() or not _same_ids(whole, kept):
+    if count(f"(SELECT DISTINCT doc_id FROM ({whole}))") != count(f"({whole})") or differ(whole, f"{decided} WHERE state = '{KEPT}'"):
         problems.append("the whole documents in the clean shards are not exactly the kept ones")
-    cut = final.filter(pl.col("action") == CUT).select("doc_id", "num_pieces")
-    pieces = clean.filter(pl.col("piece").is_not_null()).group_by("doc_id").agg(pl.len().alias("found"))
-    joined = cut.join(pieces, on="doc_id", how="full", coalesce=True)
-    if joined.filter(pl.col("num_pieces").cast(pl.UInt32, strict=False) != pl.col("found")).height or joined.filter(pl.col("num_pieces").is_null() | pl.col("found").is_null()).height:
+    cut = f"SELECT doc_id, num_pieces FROM final_decisions WHERE action = '{CUT}'"
+    pieces = "SELECT doc_id, count(*) AS found FROM clean_rows WHERE piece IS NOT NULL GROUP BY doc_id"
+    if count(f"({cut}) FULL JOIN ({pieces}) USING (doc_id) WHERE num_pieces IS DISTINCT FROM found"):
         problems.append("the pieces in the clean shards do not match the cut documents")
-    contaminated = final.filter(pl.col("state") == CONTAMINATED)
-    if contaminated.filter(pl.col("eval_item_ids").is_null()).height:
+    if count(f"final_decisions WHERE state = '{CONTAMINATED}' AND eval_item_ids IS NULL"):
         problems.append("a contaminated document has no eval item")
-    duplicates = final.filter(pl.col("state") == DUPLICATE)
-    if duplicates.filter(pl.col("duplicate_of").is_null() | pl.col("cluster_id").is_null()).height:
+    duplicates = f"SELECT * FROM final_decisions WHERE state = '{DUPLICATE}'"
+    if count(f"({duplicates}) WHERE duplicate_of IS NULL OR cluster_id IS NULL"):
         problems.append("a duplicate has no kept document or cluster")
-    survivors = final.filter(pl.col("state") != DUPLICATE).select(pl.col("doc_id").alias("duplicate_of"))
-    if duplicates.join(survivors, on="duplicate_of", how="anti").height:
+    survivors = f"SELECT doc_id AS duplicate_of FROM final_decisions WHERE state <> '{DUPLICATE}'"
+    if count(f"({duplicates}) ANTI JOIN ({survivors}) USING (duplicate_of)"):
         problems.append("a duplicate is recorded against a document that was not kept by deduplication")
+    dropped = count(f"final_decisions WHERE state = '{CONTAMINATED}' AND action = '{DROP}'")
+    num_clean_rows = count("clean_rows")
     return Conservation(
-        num_input=len(input_ids),
+        num_input=num_input,
         num_kept=counts[KEPT],
         num_duplicate=counts[DUPLICATE],
         num_contaminated_dropped=dropped,
         num_contaminated_cut=counts[CONTAMINATED] - dropped,
-        num_clean_rows=clean.height,
-        num_pieces=clean.height - whole.len(),
+        num_clean_rows=num_clean_rows,
+        num_pieces=num_clean_rows - count(f"({whole})"),
         problems=tuple(problems),
     )
-
-
-def _same_ids(a: pl.Series, b: pl.Series) -> bool:
-    """Whether two columns of ids hold the same set, by anti-joins: Python sets of every id would
-    cost ~100 bytes per document."""
-    left, right = a.to_frame("id"), b.to_frame("id")
-    return not left.join(right, on="id", how="anti").height and not right.join(left, on="id", how="anti").height

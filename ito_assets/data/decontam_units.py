@@ -88,7 +88,12 @@ def _summed(frequencies: Iterable[pl.DataFrame]) -> pl.DataFrame:
 
 def scan_shards(scratch: Scratch, shard_paths: Sequence[str], index: EvalIndex, config: DecontamConfig) -> tuple[pl.DataFrame, ScanCounts]:
     """Parquet shards (doc_id, text, ...) -> hits and counters, a unit at a time."""
-    units = write_units(parquet_frames(shard_paths, ["doc_id", "text"]), scratch.sub("decontam-units"), scratch.scale.unit_bytes)
+    return scan_frames(scratch, parquet_frames(shard_paths, ["doc_id", "text"]), index, config)
+
+
+def scan_frames(scratch: Scratch, frames: Iterable[pl.DataFrame], index: EvalIndex, config: DecontamConfig) -> tuple[pl.DataFrame, ScanCounts]:
+    """Frames (doc_id, text) -> hits and counters, a unit at a time."""
+    units = write_units(frames, scratch.sub("decontam-units"), scratch.scale.unit_bytes)
     return scan_units(scratch, units, index, config)
 
 

@@ -10,7 +10,9 @@
    signatures and band rows are computed by a worker alone and written to the scratch folder
    (`signature_unit`).
 3. `band_join` finds, verifies and settles the near-duplicates from those files.
-4. The kept documents, a subset of the representatives, are the side file's rows filtered by
+4. Every document's decision is computed in DuckDB (`dedup.DECISIONS_SQL`) from the keys, the
+   copies and the removals, and streamed to a Parquet file: no per-document frame in Python.
+5. The kept documents, a subset of the representatives, are the side file's rows filtered by
    position (`kept_frames`): no second pass over the source shards, no second sort.
 
 DuckDB's allocator keeps memory it used after a query, beyond its cap's accounting, until the
@@ -31,18 +33,21 @@ import pyarrow.parquet as pq
 from ito_assets.data.band_join import UnitArrays, near_duplicates_out_of_core
 from ito_assets.data.bucket_sort import bucket_sort, place, placed_rows
 from ito_assets.data.config import DedupConfig
-from ito_assets.data.dedup import KEPT, DedupCounts, decide
+from ito_assets.data.dedup import DedupCounts, counts_of, decision_batches
 from ito_assets.data.exact_units import exact_copies
 from ito_assets.data.minhash import MinHasher
 from ito_assets.data.near_dedup import band_rows
 from ito_assets.data.scratch import Scratch
 from ito_assets.data.sources import DOCUMENT_SCHEMA
-from ito_assets.data.units import WorkUnit, compacted, map_units, parquet_frames, worker_pool, write_units
+from ito_assets.data.shards import Shard, write_table_batches
+from ito_assets.data.units import READ_BATCH_ROWS, WorkUnit, compacted, map_units, parquet_frames, worker_pool, write_units
 
 # The representatives: the documents that are no exact copy.
 REPRESENTATIVES_SQL = "SELECT k.* FROM keys k ANTI JOIN copies USING (doc_id)"
-# Their whole rows in keep order, written while their units are: what `kept_frames` reads.
+# Their whole rows in keep order, written while their units are, and the positions among them of
+# the near-duplicates removed: what `kept_frames` reads.
 REPRESENTATIVES_FILE = "representatives.parquet"
+REMOVED_FILE = "removed.npy"
 
 
 @dataclass(frozen=True)
@@ -85,11 +90,11 @@ def written_aside(frames: Iterable[pl.DataFrame], path: Path) -> Iterator[pl.Dat
             writer.close()
 
 
-def deduplicate_units(scratch: Scratch, shard_paths: Sequence[str], config: DedupConfig) -> tuple[pl.DataFrame, DedupCounts]:
-    """Source shards -> (one decision row per document in DEDUP_SCHEMA, counters); leaves the
-    representatives' rows in the scratch folder for `kept_frames`."""
-    ordered, copies, exact_counts = exact_copies(scratch, shard_paths)
-    representatives = ordered.filter(~ordered.is_in(copies["doc_id"].implode()))
+def deduplicate_units(scratch: Scratch, shard_paths: Sequence[str], config: DedupConfig, decisions_path: Path) -> tuple[Shard, DedupCounts]:
+    """Source shards -> (the decisions file: one row per document in DEDUP_SCHEMA, keep order;
+    counters); leaves the representatives' rows and removals in the scratch folder for
+    `kept_frames`."""
+    exact_counts = exact_copies(scratch, shard_paths)
     frames = written_aside(representative_frames(scratch, shard_paths), scratch.folder / REPRESENTATIVES_FILE)
     units = write_units(frames, scratch.sub("dedup-units"), scratch.scale.unit_bytes)
     scratch.reconnect()
@@ -98,22 +103,24 @@ def deduplicate_units(scratch: Scratch, shard_paths: Sequence[str], config: Dedu
         map_units(signature_unit, [SignatureTask(unit=u, folder=str(folder), config=config) for u in units], pool)
     band_files = [str(folder / f"bands-{u.index:05d}.parquet") for u in units]
     arrays = UnitArrays(folder, [u.first for u in units])
-    removed, near_counts = near_duplicates_out_of_core(scratch.db, band_files, arrays, len(representatives), config, scratch.scale.pair_batch)
+    removals, near_counts = near_duplicates_out_of_core(scratch.db, band_files, arrays, exact_counts.num_distinct_texts, config, scratch.scale.pair_batch)
+    np.save(scratch.folder / REMOVED_FILE, removals.removed)
     scratch.reconnect()
-    return decide(ordered, copies, representatives, removed, exact_counts, near_counts)
+    decisions = write_table_batches(decision_batches(scratch.db, removals, READ_BATCH_ROWS), decisions_path)
+    scratch.reconnect()
+    return decisions, counts_of(exact_counts, near_counts)
 
 
-def kept_frames(scratch: Scratch, decisions: pl.DataFrame) -> Iterator[pl.DataFrame]:
+def kept_frames(scratch: Scratch) -> Iterator[pl.DataFrame]:
     """The documents that survive deduplication, in keep order, a batch at a time (as
-    `dedup.kept_documents` returns them whole): the representatives' side file, filtered."""
-    # Decisions are in keep order, so the representatives' rows among them line up with the file.
-    kept = decisions.filter(pl.col("exact_copy_of").is_null()).select("doc_id", (pl.col("dedup_state") == KEPT).alias("kept"))
+    `dedup.kept_documents` returns them whole): the representatives' side file, less the rows
+    at the positions of the near-duplicates removed."""
     path = scratch.folder / REPRESENTATIVES_FILE
+    removed = np.load(scratch.folder / REMOVED_FILE)
     first = 0
     for frame in parquet_frames([str(path)] if path.exists() else [], list(DOCUMENT_SCHEMA)):
-        these = kept.slice(first, frame.height)
+        kept = ~np.isin(np.arange(first, first + frame.height), removed, assume_unique=True)
         first += frame.height
-        assert these["doc_id"].equals(frame["doc_id"]), "the representatives' file is out of step with the decisions"
         # Compacted: the shard writer holds up to a shard of these, not the batches they came from.
-        yield compacted(frame.filter(these["kept"])).cast(DOCUMENT_SCHEMA)
-    assert first == kept.height, "the representatives' file is out of step with the decisions"
+        yield compacted(frame.filter(pl.Series(kept))).cast(DOCUMENT_SCHEMA)
+    assert first > removed.max(initial=-1), "the representatives' file is out of step with the removals"

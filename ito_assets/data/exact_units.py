@@ -95,29 +95,23 @@ def _whole_groups(batches: Iterator[pl.DataFrame]) -> Iterator[pl.DataFrame]:
         yield pending
 
 
-def exact_copies(scratch: Scratch, shard_paths: Sequence[str]) -> tuple[pl.Series, pl.DataFrame, ExactDedupCounts]:
-    """-> (every doc id in keep order, copies (doc_id, exact_copy_of), counters); leaves the
-    tables `keys` and `copies` in the scratch database."""
+def exact_copies(scratch: Scratch, shard_paths: Sequence[str]) -> ExactDedupCounts:
+    """-> counters; leaves the tables `keys` (every document, numbered in keep order) and `copies`
+    (doc_id, exact_copy_of) in the scratch database."""
     folder = scratch.sub("exact-keys")
     tasks = [KeyTask(shard=i, shard_path=p, keys_path=str(folder / f"keys-{i:05d}.parquet")) for i, p in enumerate(shard_paths)]
     with worker_pool(scratch.scale.num_workers) as pool:
         map_units(key_shard, tasks, pool)
     db = scratch.db
     db.execute(KEYS_SQL.format(files=sql_list([t.keys_path for t in tasks])))
-    empty = pl.DataFrame(schema={"doc_id": pl.String, "exact_copy_of": pl.String})
-    chunks = _whole_groups(_shared_texts(scratch, shard_paths))
-    copies = pl.concat([empty, *(_first_of_identical(chunk) for chunk in chunks)]).cast(pl.String)
-    db.register("copy_frame", copies.to_arrow())
-    db.execute("CREATE OR REPLACE TABLE copies AS SELECT * FROM copy_frame")
-    db.unregister("copy_frame")
-    ordered = db.execute("SELECT doc_id FROM keys ORDER BY rank").pl()["doc_id"].cast(pl.String)
-    counts = ExactDedupCounts(
-        num_input=len(ordered),
-        num_distinct_texts=len(ordered) - copies.height,
-        num_removed=copies.height,
-        num_groups_with_copies=copies["exact_copy_of"].n_unique() if copies.height else 0,
-    )
-    return ordered, copies, counts
+    db.execute("CREATE OR REPLACE TABLE copies (doc_id VARCHAR, exact_copy_of VARCHAR)")
+    # A hash group's copies go to DuckDB as the group is settled: none are held here.
+    for chunk in _whole_groups(_shared_texts(scratch, shard_paths)):
+        db.register("copy_frame", _first_of_identical(chunk).to_arrow())
+        db.execute("INSERT INTO copies SELECT * FROM copy_frame")
+        db.unregister("copy_frame")
+    num_input, num_removed, num_groups = db.execute("SELECT (SELECT count(*) FROM keys), count(*), count(DISTINCT exact_copy_of) FROM copies").fetchone()
+    return ExactDedupCounts(num_input=num_input, num_distinct_texts=num_input - num_removed, num_removed=num_removed, num_groups_with_copies=num_groups)
 
 
 def _shared_texts(scratch: Scratch, shard_paths: Sequence[str]) -> Iterator[pl.DataFrame]:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import duckdb
 import polars as pl
+import pyarrow as pa
 
 SCHEMA = {
     "manifests": "manifest_digest VARCHAR, manifest_key VARCHAR, name VARCHAR, eval_suite_id VARCHAR, "
@@ -53,18 +54,19 @@ def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
         con.execute(f"CREATE TABLE IF NOT EXISTS {table} ({columns})")
 
 
-def replace_rows(con: duckdb.DuckDBPyConnection, table: str, manifest_digest: str, frame: pl.DataFrame) -> int:
-    """Replace `table`'s rows of one manifest with `frame` (its columns minus manifest_digest, in
-    any order) in one transaction."""
+def replace_rows(con: duckdb.DuckDBPyConnection, table: str, manifest_digest: str, rows: pl.DataFrame | pl.LazyFrame) -> int:
+    """Replace `table`'s rows of one manifest with `rows` (its columns minus manifest_digest, in
+    any order) in one transaction. A LazyFrame (a scan of Parquet files) is streamed in batches,
+    so a table of every document is never held in memory."""
     columns = [c.split()[0] for c in SCHEMA[table].split(", ")]
     if columns[0] != "manifest_digest":
         raise ValueError(f"table {table} is not keyed by manifest")
-    present = [c for c in columns[1:] if c in frame.columns]
-    arrow = frame.select(present).to_arrow()
+    present = [c for c in columns[1:] if c in rows.collect_schema().names()]
+    incoming = _arrow(rows.select(present))
     con.execute("BEGIN TRANSACTION")
     try:
         con.execute(f"DELETE FROM {table} WHERE manifest_digest = ?", [manifest_digest])
-        con.register("incoming", arrow)
+        con.register("incoming", incoming)
         names = ", ".join(present)
         con.execute(f"INSERT INTO {table} (manifest_digest, {names}) SELECT ?, {names} FROM incoming", [manifest_digest])
         con.unregister("incoming")
@@ -72,14 +74,21 @@ def replace_rows(con: duckdb.DuckDBPyConnection, table: str, manifest_digest: st
     except Exception:
         con.execute("ROLLBACK")
         raise
-    return frame.height
+    return con.execute(f"SELECT count(*) FROM {table} WHERE manifest_digest = ?", [manifest_digest]).fetchone()[0]
 
 
-def write_tables(path: Path, manifest_digest: str, frames: dict[str, pl.DataFrame]) -> dict[str, int]:
+def _arrow(rows: pl.DataFrame | pl.LazyFrame) -> pa.Table | pa.RecordBatchReader:
+    if isinstance(rows, pl.DataFrame):
+        return rows.to_arrow()
+    schema = pl.DataFrame(schema=rows.collect_schema()).to_arrow().schema
+    return pa.RecordBatchReader.from_batches(schema, (b for frame in rows.collect_batches() for b in frame.to_arrow().to_batches()))
+
+
+def write_tables(path: Path, manifest_digest: str, tables: dict[str, pl.DataFrame | pl.LazyFrame]) -> dict[str, int]:
     """Open the warehouse, make sure the tables exist, replace the given tables' rows."""
     with connect(path) as con:
         ensure_schema(con)
-        return {table: replace_rows(con, table, manifest_digest, frame) for table, frame in frames.items()}
+        return {table: replace_rows(con, table, manifest_digest, rows) for table, rows in tables.items()}
 
 
 def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: list) -> list[dict]:

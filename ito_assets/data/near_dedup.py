@@ -122,19 +122,39 @@ def verify_pairs(
     return va[ok], vb[ok], similarity[ok], estimate, int(worth.sum())
 
 
-def keep_rule(a: np.ndarray, b: np.ndarray, similarity: np.ndarray) -> dict[int, tuple[int, float]]:
+@dataclass(frozen=True)
+class Removals:
+    """Near-duplicates by keep-order position among the representatives, in removal order:
+    `removed[i]` duplicates the kept `kept[i]` with Jaccard `similarity[i]`. Arrays, not a dict:
+    a dict entry with its tuple and boxed numbers cost ~250 bytes per removed document."""
+
+    removed: np.ndarray
+    kept: np.ndarray
+    similarity: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.removed)
+
+    def as_dict(self) -> dict[int, tuple[int, float]]:
+        return {int(r): (int(k), float(s)) for r, k, s in zip(self.removed, self.kept, self.similarity)}
+
+
+def keep_rule(a: np.ndarray, b: np.ndarray, similarity: np.ndarray) -> Removals:
     """Removed rank -> (kept rank it duplicates, similarity), visiting documents in keep order.
 
     Edges are sorted by their later document, so every edge into an earlier document is settled
     before it serves as a target; among kept targets the most similar wins (ties: the earliest)."""
     order = np.lexsort((a, -similarity, b))
-    removed: dict[int, tuple[int, float]] = {}
+    size = int(max(a.max(initial=-1), b.max(initial=-1))) + 1
+    is_removed = np.zeros(size, dtype=bool)
+    chosen = np.zeros(len(order), dtype=bool)
     for i in order.tolist():
         later, earlier = int(b[i]), int(a[i])
-        if later in removed or earlier in removed:
+        if is_removed[later] or is_removed[earlier]:
             continue
-        removed[later] = (earlier, float(similarity[i]))
-    return removed
+        is_removed[later] = chosen[i] = True
+    picked = order[chosen[order]]  # edges in the order they were chosen: by later document
+    return Removals(removed=b[picked].astype(np.int64), kept=a[picked].astype(np.int64), similarity=similarity[picked].astype(np.float64))
 
 
 def histogram(values: np.ndarray) -> tuple[int, ...]:
@@ -142,7 +162,7 @@ def histogram(values: np.ndarray) -> tuple[int, ...]:
     return tuple(int(c) for c in counts)
 
 
-def near_duplicates(signatures: np.ndarray, shingles: Shingles, config: DedupConfig) -> tuple[dict[int, tuple[int, float]], NearDedupCounts]:
+def near_duplicates(signatures: np.ndarray, shingles: Shingles, config: DedupConfig) -> tuple[Removals, NearDedupCounts]:
     """Signatures and shingle sets of documents in keep order -> removals by rank, counters."""
     a, b = candidate_pairs(signatures, config.bands, config.rows)
     va, vb, similarity, estimate, num_verified = verify_pairs(signatures, shingles, a, b, config)

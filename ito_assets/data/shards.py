@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 SUCCESS_MARKER = "_SUCCESS"
 # zstd level 3: polars' default codec and level, a good size/speed trade-off for text.
@@ -112,3 +114,17 @@ def write_table(frame: pl.DataFrame, path: Path) -> Shard:
     frame.write_parquet(temporary, compression=COMPRESSION)
     os.replace(temporary, path)
     return Shard(path=str(path), sha256=file_sha256(path), num_rows=frame.height)
+
+
+def write_table_batches(batches: pa.RecordBatchReader, path: Path) -> Shard:
+    """`write_table` for a table that arrives a record batch at a time (a DuckDB query's result):
+    one batch in memory, whatever the table's size."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp")
+    num_rows = 0
+    with pq.ParquetWriter(temporary, batches.schema, compression=COMPRESSION) as writer:
+        for batch in batches:
+            writer.write_batch(batch, row_group_size=ROW_GROUP_ROWS)
+            num_rows += batch.num_rows
+    os.replace(temporary, path)
+    return Shard(path=str(path), sha256=file_sha256(path), num_rows=num_rows)

@@ -1,8 +1,9 @@
 """Source documents: read one data reference of a manifest into a frame of documents.
 
-The file's bytes are read once, their sha256 compared with the manifest's (a mismatch blocks:
-SOURCE_DIGEST_MISMATCH), and the same bytes parsed, so what was verified is what is used. Text is
-NFC-normalised (`text.NORMALIZATION_VERSION` is recorded). Each document gets a stable id: the
+The file is copied once into the stage's scratch folder and hashed as it is copied; the copy's
+sha256 is compared with the manifest's (a mismatch blocks: SOURCE_DIGEST_MISMATCH), and the copy
+is parsed a batch at a time, so what was verified is what is used and no file is held whole.
+Text is NFC-normalised (`text.NORMALIZATION_VERSION` is recorded). Each document gets a stable id: the
 first 16 hex digits of sha256(source sha256 + ":" + row), which depends only on the source's bytes
 and the row, never on the manifest or the run (64 bits: a collision needs ~4 billion documents by
 the birthday bound).
@@ -12,8 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import io
 import json
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,77 +94,134 @@ def source_digest(ref: DataReference, data_root: Path) -> str:
     return digest.hexdigest()
 
 
-def _parse_jsonl(data: bytes, uri: str) -> tuple[list[str | None], list[str], list[int]]:
+# Records parsed per frame: ~8k documents of a few kB, as the later stages read them.
+BATCH_RECORDS = 8192
+Records = tuple[list[str | None], list[str], list[int]]  # source record ids, texts, rows
+
+
+def snapshot(ref: DataReference, data_root: Path, copy: Path) -> None:
+    """A private copy of the file a reference names, at `copy`, hashed while it is copied (1 MiB
+    at a time); a copy that does not hash to the manifest's sha256 is removed and blocks
+    (SOURCE_DIGEST_MISMATCH). The copy is what is parsed, so what was verified is what is used,
+    without holding the file in memory; the source itself may change meanwhile."""
+    path = resolve_uri(ref.uri, data_root)
+    if not path.is_file():
+        raise ItoError(ErrorCode.SOURCE_NOT_FOUND, f"data reference {ref.uri} does not exist")
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    with path.open("rb") as source, copy.open("wb") as target:
+        for block in iter(lambda: source.read(1 << 20), b""):
+            digest.update(block)
+            target.write(block)
+    if not hmac.compare_digest(digest.hexdigest(), ref.sha256):
+        copy.unlink()
+        raise ItoError(ErrorCode.SOURCE_DIGEST_MISMATCH, f"data reference {ref.uri} does not hash to the manifest's sha256")
+
+
+def _jsonl_records(path: Path, uri: str) -> Iterator[Records]:
     ids: list[str | None] = []
     texts: list[str] = []
     rows: list[int] = []
-    for row, line in enumerate(data.split(b"\n")):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: line {row + 1} is not JSON") from None
-        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-            raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: line {row + 1} has no string 'text'")
-        record_id = record.get("id")
-        ids.append(None if record_id is None else str(record_id))
-        texts.append(record["text"])
-        rows.append(row)
-    return ids, texts, rows
+    with path.open("rb") as handle:
+        for row, line in enumerate(handle):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: line {row + 1} is not JSON") from None
+            if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+                raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: line {row + 1} has no string 'text'")
+            record_id = record.get("id")
+            ids.append(None if record_id is None else str(record_id))
+            texts.append(record["text"])
+            rows.append(row)
+            if len(texts) == BATCH_RECORDS:
+                yield ids, texts, rows
+                ids, texts, rows = [], [], []
+    if texts:
+        yield ids, texts, rows
 
 
-def _parse_parquet(data: bytes, uri: str) -> tuple[list[str | None], list[str], list[int]]:
+def _parquet_records(path: Path, uri: str) -> Iterator[Records]:
     try:
-        table = pq.read_table(io.BytesIO(data))
+        handle = pq.ParquetFile(path)
     except Exception:  # noqa: BLE001 - any parse failure is the same user-facing error
         raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: not a readable Parquet file") from None
-    if "text" not in table.column_names:
+    names = handle.schema_arrow.names
+    if "text" not in names:
         raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: has no 'text' column")
-    texts = table.column("text").to_pylist()
-    if any(not isinstance(t, str) for t in texts):
-        raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: 'text' must be a non-null string column")
-    ids = [None if i is None else str(i) for i in table.column("id").to_pylist()] if "id" in table.column_names else [None] * len(texts)
-    return ids, texts, list(range(len(texts)))
+    first = 0
+    with handle:
+        for batch in handle.iter_batches(batch_size=BATCH_RECORDS, columns=["text", "id"] if "id" in names else ["text"]):
+            texts = batch.column("text").to_pylist()
+            if any(not isinstance(t, str) for t in texts):
+                raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: 'text' must be a non-null string column")
+            ids = [None if i is None else str(i) for i in batch.column("id").to_pylist()] if "id" in names else [None] * len(texts)
+            yield ids, texts, list(range(first, first + len(texts)))
+            first += len(texts)
 
 
 def doc_id(source_sha256: str, row: int) -> str:
     return hashlib.sha256(f"{source_sha256}:{row}".encode()).hexdigest()[:DOC_ID_HEX]
 
 
+class SourceRead:
+    """One data reference read a batch at a time: `frames()` yields documents (DOCUMENT_SCHEMA),
+    and `counts` is complete once they are exhausted. Empty texts are skipped and counted; they
+    are not documents. `folder` holds the verified snapshot while it is read."""
+
+    def __init__(self, ref: DataReference, source_index: int, data_root: Path, folder: Path) -> None:
+        self.ref, self.source_index, self.data_root, self.folder = ref, source_index, data_root, folder
+        self.counts: SourceCounts | None = None
+
+    def frames(self) -> Iterator[pl.DataFrame]:
+        ref = self.ref
+        copy = self.folder / f"source-{self.source_index:05d}.{ref.format}"
+        snapshot(ref, self.data_root, copy)
+        num_bytes = copy.stat().st_size
+        num_documents = num_empty = num_changed = 0
+        parse = _jsonl_records if ref.format == "jsonl" else _parquet_records
+        try:
+            for ids, raw_texts, rows in parse(copy, ref.uri):
+                texts = [normalize(t) for t in raw_texts]
+                num_changed += sum(1 for a, b in zip(raw_texts, texts) if a != b)
+                keep = [i for i, t in enumerate(texts) if t.strip()]
+                num_empty += len(texts) - len(keep)
+                num_documents += len(keep)
+                if keep:
+                    yield self._frame([ids[i] for i in keep], [texts[i] for i in keep], [rows[i] for i in keep])
+        finally:
+            copy.unlink(missing_ok=True)
+        self.counts = SourceCounts(
+            uri=ref.uri, sha256=ref.sha256, license=ref.license, format=ref.format, num_documents=num_documents,
+            num_bytes=num_bytes, num_empty_skipped=num_empty, num_changed_by_normalization=num_changed,
+        )
+
+    def _frame(self, ids: list[str | None], texts: list[str], rows: list[int]) -> pl.DataFrame:
+        ref, n = self.ref, len(texts)
+        return pl.DataFrame(
+            {
+                "doc_id": [doc_id(ref.sha256, row) for row in rows],
+                "source_index": [self.source_index] * n,
+                "source_uri": [ref.uri] * n,
+                "source_sha256": [ref.sha256] * n,
+                "license": [ref.license] * n,
+                "row": rows,
+                "source_record_id": ids,
+                "text": texts,
+            },
+            schema=DOCUMENT_SCHEMA,
+        )
+
+
 def read_source(ref: DataReference, source_index: int, data_root: Path) -> tuple[pl.DataFrame, SourceCounts]:
-    """One data reference -> (documents frame in DOCUMENT_SCHEMA, counters). Empty texts are
-    skipped and counted; they are not documents."""
-    data = read_verified_bytes(ref, data_root)
-    parse = _parse_jsonl if ref.format == "jsonl" else _parse_parquet
-    ids, raw_texts, rows = parse(data, ref.uri)
-    texts = [normalize(t) for t in raw_texts]
-    changed = sum(1 for a, b in zip(raw_texts, texts) if a != b)
-    keep = [i for i, t in enumerate(texts) if t.strip()]
-    frame = pl.DataFrame(
-        {
-            "doc_id": [doc_id(ref.sha256, rows[i]) for i in keep],
-            "source_index": [source_index] * len(keep),
-            "source_uri": [ref.uri] * len(keep),
-            "source_sha256": [ref.sha256] * len(keep),
-            "license": [ref.license] * len(keep),
-            "row": [rows[i] for i in keep],
-            "source_record_id": [ids[i] for i in keep],
-            "text": [texts[i] for i in keep],
-        },
-        schema=DOCUMENT_SCHEMA,
-    )
-    counts = SourceCounts(
-        uri=ref.uri,
-        sha256=ref.sha256,
-        license=ref.license,
-        format=ref.format,
-        num_documents=frame.height,
-        num_bytes=len(data),
-        num_empty_skipped=len(texts) - len(keep),
-        num_changed_by_normalization=changed,
-    )
-    return frame, counts
+    """One data reference -> (its whole documents frame, counters): `SourceRead` collected."""
+    with tempfile.TemporaryDirectory(prefix="ito-source-") as folder:
+        read = SourceRead(ref, source_index, data_root, Path(folder))
+        frame = pl.concat([pl.DataFrame(schema=DOCUMENT_SCHEMA), *read.frames()])
+    assert read.counts is not None
+    return frame, read.counts
 
 
 def read_sources(refs: tuple[DataReference, ...], data_root: Path) -> tuple[pl.DataFrame, list[SourceCounts]]:

@@ -3,9 +3,11 @@ stage wrote, calls the steps, writes its Parquet and lineage rows, and returns a
 result (paths, digests, counters) that the Dagster shell passes on and shows as metadata.
 Deduplication and decontamination stream their input in byte-sized work units (`units`), with
 DuckDB under a memory cap for the corpus-wide joins, and cleaning streams the kept documents a
-batch at a time, so no stage after `run_sources` holds the corpus's text.
+batch at a time. `run_sources` parses a verified snapshot of each source a batch at a time, so
+no stage holds the corpus's text.
 
 Layout under `<state_dir>/shards/<manifest key>/`:
+    _scratch/                                verified snapshots of the sources being read
     source/   documents-NNNNN.parquet        every input document with provenance
     dedup/    decisions.parquet              dedup state of every document
               kept-NNNNN.parquet             the documents that survive deduplication
@@ -23,16 +25,16 @@ from pathlib import Path
 import polars as pl
 
 from ito_assets.data import clean, lineage
-from ito_assets.data.config import DataPrepConfig, DecontamConfig
-from ito_assets.data.decontam import ScanCounts, scan
-from ito_assets.data.decontam_units import documents_with_hits, scan_shards
-from ito_assets.data.dedup import DedupCounts
+from ito_assets.data.config import DataPrepConfig, DecontamConfig, ScaleConfig
+from ito_assets.data.decontam import ScanCounts
+from ito_assets.data.decontam_units import documents_with_hits, scan_frames, scan_shards
+from ito_assets.data.dedup import DUPLICATE, DedupCounts
 from ito_assets.data.dedup_units import deduplicate_units, kept_frames
 from ito_assets.data.eval_index import build_index
-from ito_assets.data.scratch import scratch_space
-from ito_assets.data.shards import Shard, ShardSet, write_shard_stream, write_shards, write_table
-from ito_assets.data.sources import DOCUMENT_SCHEMA, SourceCounts, read_sources
-from ito_assets.data.units import parquet_frames
+from ito_assets.data.scratch import scratch_space, sql_list
+from ito_assets.data.shards import Shard, ShardSet, write_shard_stream, write_shards, write_table, write_table_batches
+from ito_assets.data.sources import DOCUMENT_SCHEMA, SourceCounts, SourceRead
+from ito_assets.data.units import READ_BATCH_ROWS, parquet_frames
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.evals.suite import EvalSuite
 from ito_assets.manifest.verify import VerifiedManifest, eval_suite_mismatches, require_provenance
@@ -102,12 +104,14 @@ def decontam_config_for(verified: VerifiedManifest, base: DecontamConfig) -> Dec
 
 def run_sources(verified: VerifiedManifest, data_root: Path, state_dir: Path, warehouse: Path, config: DataPrepConfig) -> SourceStage:
     require_provenance(verified.manifest)
-    docs, counts = read_sources(verified.manifest.data, data_root)
     key = verified.short_digest
-    shards = write_shards(docs, stage_folder(state_dir, key) / "source", prefix="documents", max_rows=config.shard_max_rows)
-    documents = pl.concat(
-        [pl.read_parquet(s.path).select(pl.exclude("text"), pl.col("text").str.len_chars().cast(pl.Int64).alias("num_chars"), pl.lit(s.path).alias("shard_path")) for s in shards.shards]
-    )
+    folder = stage_folder(state_dir, key)
+    with scratch_space(folder / SCRATCH, config.scale) as scratch:
+        reads = [SourceRead(ref, i, data_root, scratch.folder) for i, ref in enumerate(verified.manifest.data)]
+        frames = (frame for read in reads for frame in read.frames())
+        shards = write_shard_stream(frames, folder / "source", prefix="documents", max_rows=config.shard_max_rows, schema=DOCUMENT_SCHEMA)
+    counts = [read.counts for read in reads]
+    documents = pl.concat([pl.scan_parquet(s.path).select(pl.exclude("text"), pl.col("text").str.len_chars().cast(pl.Int64).alias("num_chars"), pl.lit(s.path).alias("shard_path")) for s in shards.shards])
     sources = pl.DataFrame([{**asdict(c), "source_index": i} for i, c in enumerate(counts)])
     manifest_row = pl.DataFrame({"manifest_key": [key], "name": [verified.manifest.name], "config": [json.dumps(config.as_metadata(), sort_keys=True)]})
     lineage.write_tables(warehouse, verified.digest, {"manifests": manifest_row, "sources": sources, "documents": documents})
@@ -118,12 +122,11 @@ def run_dedup(source: SourceStage, state_dir: Path, warehouse: Path, config: Dat
     folder = stage_folder(state_dir, source.manifest_key) / "dedup"
     paths = [s.path for s in source.shards.shards]
     with scratch_space(folder / SCRATCH, config.scale) as scratch:
-        decisions, counts = deduplicate_units(scratch, paths, config.dedup)
-        kept = write_shard_stream(kept_frames(scratch, decisions), folder / "kept", prefix="kept", max_rows=config.shard_max_rows, schema=DOCUMENT_SCHEMA)
-    table = write_table(decisions, folder / "decisions.parquet")
-    duplicates = decisions.filter(pl.col("dedup_state") == "duplicate").drop("dedup_state")
+        decisions, counts = deduplicate_units(scratch, paths, config.dedup, folder / "decisions.parquet")
+        kept = write_shard_stream(kept_frames(scratch), folder / "kept", prefix="kept", max_rows=config.shard_max_rows, schema=DOCUMENT_SCHEMA)
+    duplicates = pl.scan_parquet(decisions.path).filter(pl.col("dedup_state") == DUPLICATE).drop("dedup_state")
     lineage.write_tables(warehouse, source.manifest_digest, {"duplicates": duplicates})
-    return DedupStage(manifest_digest=source.manifest_digest, decisions=table, kept=kept, counts=counts, config=asdict(config.dedup))
+    return DedupStage(manifest_digest=source.manifest_digest, decisions=decisions, kept=kept, counts=counts, config=asdict(config.dedup))
 
 
 def run_decontam(verified: VerifiedManifest, suite: EvalSuite, dedup: DedupStage, state_dir: Path, warehouse: Path, config: DataPrepConfig) -> DecontamStage:
@@ -157,16 +160,24 @@ def run_clean(verified: VerifiedManifest, source: SourceStage, dedup: DedupStage
     # The gate where the clean data is written: decontaminated against the suite the manifest names.
     if eval_suite_mismatches(verified.manifest, decontam.eval_suite_id, decontam.eval_suite_digest):
         raise ItoError(ErrorCode.EVAL_SUITE_MISMATCH, "the data was decontaminated against another eval suite than the manifest names")
-    actions, pieces, hits = (pl.read_parquet(s.path) for s in (decontam.actions, decontam.pieces, decontam.hits))
+    actions, pieces = (pl.read_parquet(s.path) for s in (decontam.actions, decontam.pieces))
     folder = stage_folder(state_dir, source.manifest_key) / "clean"
     shards = write_clean_shards(dedup.kept, actions, pieces, folder / "shards", config.shard_max_rows)
-    # Everything below holds ids and offsets (tens of bytes per document), never text.
-    placed = pl.concat([pl.read_parquet(s.path, columns=["doc_id", "piece", "char_start", "char_end"]).with_columns(pl.lit(s.path).alias("shard_path"), pl.lit(s.sha256).alias("shard_sha256")) for s in shards.shards])
-    final = clean.decisions(pl.read_parquet(dedup.decisions.path), hits, actions)
-    conservation = clean.account(source.shards.read(columns=["doc_id"])["doc_id"], final, placed)
-    table = write_table(final, folder / "decisions.parquet")
+    # Below, every per-document table is a Parquet file that DuckDB reads under the scratch cap.
+    with scratch_space(folder / SCRATCH, config.scale) as scratch:
+        db = scratch.db
+        db.execute(f"CREATE VIEW dedup AS SELECT file_row_number AS position, * EXCLUDE (file_row_number) FROM read_parquet({sql_list([dedup.decisions.path])}, file_row_number = true)")
+        db.execute(f"CREATE VIEW hits AS SELECT * FROM read_parquet({sql_list([decontam.hits.path])})")
+        db.execute(f"CREATE VIEW actions AS SELECT * FROM read_parquet({sql_list([decontam.actions.path])})")
+        table = write_table_batches(db.execute(clean.FINAL_SQL).fetch_record_batch(READ_BATCH_ROWS), folder / "decisions.parquet")
+        db.execute(f"CREATE VIEW input_documents AS SELECT doc_id FROM read_parquet({sql_list([s.path for s in source.shards.shards])})")
+        db.execute(f"CREATE VIEW final_decisions AS SELECT * FROM read_parquet({sql_list([table.path])})")
+        db.execute(f"CREATE VIEW clean_rows AS SELECT doc_id, piece FROM read_parquet({sql_list([s.path for s in shards.shards])})")
+        conservation = clean.account_of(db)
+    # Which clean shard holds each kept document or piece: ids and offsets, streamed.
+    placed = pl.concat([pl.scan_parquet(s.path).select("doc_id", "piece", "char_start", "char_end", pl.lit(s.path).alias("shard_path"), pl.lit(s.sha256).alias("shard_sha256")) for s in shards.shards])
     shard_rows = pl.DataFrame([{"shard_path": s.path, "shard_sha256": s.sha256, "num_rows": s.num_rows} for s in shards.shards])
-    lineage.write_tables(warehouse, source.manifest_digest, {"decisions": final, "clean_shards": shard_rows, "clean_pieces": placed})
+    lineage.write_tables(warehouse, source.manifest_digest, {"decisions": pl.scan_parquet(table.path), "clean_shards": shard_rows, "clean_pieces": placed})
     return CleanStage(manifest_digest=source.manifest_digest, shards=shards, decisions=table, conservation=conservation)
 
 
@@ -178,10 +189,13 @@ def write_clean_shards(kept: ShardSet, actions: pl.DataFrame, pieces: pl.DataFra
     return write_shard_stream(clean.clean_batches(batches, actions, pieces), folder, prefix="clean", max_rows=max_rows, schema=schema)
 
 
-def residual_contamination(shards: ShardSet, suite: EvalSuite, config: DecontamConfig) -> pl.DataFrame:
-    """An independent re-scan of the clean shards (fresh index, fresh scan): the hits found."""
-    rows = shards.read(columns=["doc_id", "piece", "text"]).with_columns(
-        pl.concat_str([pl.col("doc_id"), pl.col("piece").cast(pl.String).fill_null("")], separator="#").alias("doc_id")
+def residual_contamination(shards: ShardSet, suite: EvalSuite, config: DecontamConfig, scale: ScaleConfig) -> pl.DataFrame:
+    """An independent re-scan of the clean shards (fresh index, fresh scan, in work units as
+    `run_decontam`'s): the hits found. A piece is scanned under its own id, doc_id#piece."""
+    frames = (
+        frame.select(pl.concat_str([pl.col("doc_id"), pl.col("piece").cast(pl.String).fill_null("")], separator="#").alias("doc_id"), "text")
+        for frame in parquet_frames([s.path for s in shards.shards], ["doc_id", "piece", "text"])
     )
-    hits, _ = scan(rows, build_index(suite, config), config)
+    with scratch_space(Path(shards.folder).parent / SCRATCH, scale) as scratch:
+        hits, _ = scan_frames(scratch, frames, build_index(suite, config), config)
     return hits

@@ -81,9 +81,9 @@ def test_near_duplicates_are_removed_against_the_kept_document() -> None:
 def test_keep_rule_never_chains_through_a_removed_document() -> None:
     # 0 ~ 1 and 1 ~ 2 but 0 !~ 2: 1 goes (against 0); 2 stays, since 1 is no longer kept.
     removed = keep_rule(np.array([0, 1]), np.array([1, 2]), np.array([0.9, 0.9]))
-    assert removed == {1: (0, 0.9)}
+    assert removed.as_dict() == {1: (0, 0.9)}
     # Of two kept targets, the more similar one wins.
-    assert keep_rule(np.array([0, 1]), np.array([2, 2]), np.array([0.85, 0.95])) == {2: (1, 0.95)}
+    assert keep_rule(np.array([0, 1]), np.array([2, 2]), np.array([0.85, 0.95])).as_dict() == {2: (1, 0.95)}
 
 
 def test_signature_verification_mode_and_config_validation() -> None:

@@ -53,10 +53,11 @@ def test_out_of_core_decisions_and_kept_documents_equal_in_memory(tmp_path: Path
     shards = write_shards(docs, tmp_path / "source", prefix="d", max_rows=37)
     scale = ScaleConfig(unit_bytes=TINY.unit_bytes, pair_batch=TINY.pair_batch, memory_limit_mb=128, num_workers=num_workers)
     with scratch_space(tmp_path / "_scratch", scale) as scratch:
-        decisions, counts = deduplicate_units(scratch, [s.path for s in shards.shards], DedupConfig())
+        table, counts = deduplicate_units(scratch, [s.path for s in shards.shards], DedupConfig(), tmp_path / "decisions.parquet")
         assert len(list((tmp_path / "_scratch" / "dedup-units").glob("unit-*.parquet"))) >= 10
-        kept = write_shard_stream(kept_frames(scratch, decisions), tmp_path / "kept", prefix="k", max_rows=25, schema=DOCUMENT_SCHEMA)
-    assert_frame_equal(decisions, expected)
+        kept = write_shard_stream(kept_frames(scratch), tmp_path / "kept", prefix="k", max_rows=25, schema=DOCUMENT_SCHEMA)
+    assert_frame_equal(pl.read_parquet(table.path), expected)
+    assert table.num_rows == docs.height
     assert counts == expected_counts
     assert_frame_equal(kept.read(), kept_documents(docs, expected))
 
@@ -66,9 +67,9 @@ def test_signature_verification_mode_agrees_too(tmp_path: Path) -> None:
     config = DedupConfig(verify="signature")
     shards = write_shards(docs, tmp_path / "source", prefix="d", max_rows=50)
     with scratch_space(tmp_path / "_scratch", TINY) as scratch:
-        decisions, counts = deduplicate_units(scratch, [s.path for s in shards.shards], config)
+        table, counts = deduplicate_units(scratch, [s.path for s in shards.shards], config, tmp_path / "decisions.parquet")
     expected, expected_counts = deduplicate(docs, config)
-    assert_frame_equal(decisions, expected)
+    assert_frame_equal(pl.read_parquet(table.path), expected)
     assert counts == expected_counts
 
 
@@ -95,9 +96,9 @@ def test_an_all_empty_corpus_keeps_everything(tmp_path: Path) -> None:
     docs = frame(["", " "])
     shards = write_shards(docs, tmp_path / "source", prefix="d", max_rows=50)
     with scratch_space(tmp_path / "_scratch", TINY) as scratch:
-        decisions, counts = deduplicate_units(scratch, [s.path for s in shards.shards], DedupConfig())
+        table, counts = deduplicate_units(scratch, [s.path for s in shards.shards], DedupConfig(), tmp_path / "decisions.parquet")
     expected, expected_counts = deduplicate(docs, DedupConfig())
-    assert_frame_equal(decisions, expected)
+    assert_frame_equal(pl.read_parquet(table.path), expected)
     assert counts == expected_counts
 
 
@@ -121,9 +122,9 @@ def test_exact_copies_never_rest_on_the_hash(tmp_path: Path, monkeypatch: pytest
     docs = corpus(seed=5)
     shards = write_shards(docs, tmp_path / "source", prefix="d", max_rows=40)
     with scratch_space(tmp_path / "_scratch", TINY) as scratch:
-        decisions, counts = deduplicate_units(scratch, [s.path for s in shards.shards], DedupConfig())
+        table, counts = deduplicate_units(scratch, [s.path for s in shards.shards], DedupConfig(), tmp_path / "decisions.parquet")
     expected, expected_counts = deduplicate(docs, DedupConfig())
-    assert_frame_equal(decisions, expected)
+    assert_frame_equal(pl.read_parquet(table.path), expected)
     assert counts == expected_counts and counts.exact.num_removed > 5
 
 

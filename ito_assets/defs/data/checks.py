@@ -6,6 +6,7 @@ partitioned like its asset, so that it loads the run's own manifest partition on
 import dagster as dg
 
 from ito_assets.data import stages
+from ito_assets.data.config import ScaleConfig
 from ito_assets.data.sources import source_digest
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.data.assets import clean_shards, contamination_report, deduplicated_documents, source_documents
@@ -94,7 +95,7 @@ def conservation_holds(clean_shards: stages.CleanStage) -> dg.AssetCheckResult:
     description="An independent re-scan of the clean shards against the eval suite finds nothing.",
 )
 def zero_residual_contamination(clean_shards: stages.CleanStage, eval_suite: EvalSuite, contamination_report: stages.DecontamStage) -> dg.AssetCheckResult:
-    hits = stages.residual_contamination(clean_shards.shards, eval_suite, contamination_report.decontam_config())
+    hits = stages.residual_contamination(clean_shards.shards, eval_suite, contamination_report.decontam_config(), ScaleConfig())
     sample = hits.select("doc_id", "eval_item_id").head(10).to_dicts() if hits.height else []
     return dg.AssetCheckResult(
         passed=hits.height == 0,
