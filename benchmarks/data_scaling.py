@@ -9,15 +9,21 @@ fixture sentences about as long as the one it stands for (75%), so that a k-x co
 the fixtures' documents and bytes, and every stage does real work at every size. Standard library
 only; nothing is downloaded.
 
-Each run is a fresh subprocess that reads the corpus's Parquet source shards and runs the chain
-source -> dedup -> kept shards -> decontam -> clean shards + final decisions + conservation account:
-- "units": the stage path (`dedup_units`, `decontam_units`, `stages.write_clean_shards`: work
-  units, DuckDB under its cap on ids and hashes only, text ordered by `bucket_sort`, batches),
-  with 1 or 2 worker processes;
-- "memory": the in-memory path it replaced (`dedup.deduplicate`, `decontam.scan`,
-  `clean.clean_documents` on whole frames), the baseline in the same run, up to
-  `--memory-up-to` (64x: it held 1.3 GB there and grows ~linearly; at 128x it would hold
-  ~2.6 GB and add ~2 minutes to a run of ~6).
+The corpus is one JSONL source named by a manifest (fixture-small's, its data replaced), and
+runs are fresh subprocesses:
+- "units": the stages themselves (`stages.run_sources`, `run_dedup`, `run_decontam`,
+  `run_clean`, lineage tables included, then the independent re-scan of the blocking check
+  `zero_residual_contamination`), each in a subprocess of its own, as Dagster's multiprocess
+  executor (the default) and its Kubernetes executor run each step; results pass between them as
+  pickles, as through Dagster's IO manager. Its peak is the largest stage's. Sources are parsed
+  from a verified snapshot a batch at a time; deduplication and decontamination run over work
+  units, DuckDB under its cap holds ids, hashes and per-document decisions, `bucket_sort` puts
+  text into keep order. With 1 or 2 worker processes;
+- "memory": the in-memory path they replaced (`sources.read_sources`, `dedup.deduplicate`,
+  `decontam.scan`, `clean.clean_documents` on whole frames), in one subprocess (its peak is its
+  deduplication's, which holds the whole corpus, whichever process runs it), the baseline in the
+  same run, up to `--memory-up-to` (64x: it held 1.3 GB there and grows ~linearly; at 128x it
+  would hold ~2.6 GB and add ~2 minutes to a run of ~6).
 A third kind of subprocess only imports the libraries: its peak RSS is the fixed baseline (the
 interpreter with polars, pyarrow, DuckDB and numpy loaded), so that what the data costs shows.
 Peak RSS is the subprocess's own high-water mark (VmHWM) and, for worker processes, the largest
@@ -29,9 +35,9 @@ buckets) of 1 MiB, so that even 1x is several units, DuckDB capped at 128 MB (it
 thread), and candidate pairs verified 1,024 at a time; shards of 50,000 rows (the stages'
 default `shard_max_rows`). Its peak is then baseline + DuckDB's memory (up to its cap, plus what
 its allocator keeps until the step reconnects) + one shard being written + one unit's and one
-batch's work + the per-document ids and decisions (tens of bytes a document, the one part that
-still grows with the corpus). The verdict compares the two largest sizes: "bounded" when the
-data-dependent part grows by at most `BOUNDED_FACTOR` while the corpus doubles or more.
+batch's work + what still grows with the corpus: a few bytes a document (the near-duplicates'
+positions, the units' shingle offsets). The verdict compares the two largest sizes: "bounded"
+when the data-dependent part grows by at most `BOUNDED_FACTOR` while the corpus doubles or more.
 
     .venv/bin/python benchmarks/data_scaling.py [--scales 1 4 16 64] [--workers-at 16] [--out benchmarks/results/data_scaling.json]
 """
@@ -42,6 +48,7 @@ import argparse
 import hashlib
 import json
 import os
+import pickle
 import random
 import resource
 import subprocess
@@ -57,6 +64,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ito_assets.data.config import ScaleConfig  # noqa: E402
 
 SUITE = ROOT / "data" / "fixtures" / "evals" / "ito-fixture-evals-v1.jsonl"
+MANIFEST = ROOT / "data" / "fixtures" / "manifests" / "fixture-small.json"
+# Rows per Parquet shard: the stages' default (DataPrepConfig.shard_max_rows).
+SHARD_ROWS = 50_000
+UNIT_STAGES = ("sources", "dedup", "decontam", "clean", "check")
 BENCH_SCALE = {"unit_bytes": 2**20, "memory_limit_mb": 128, "pair_batch": 1024}
 # The stage path counts as bounded when its data-dependent peak (peak - baseline) grows by at
 # most this factor between the two largest sizes (the corpus doubling or more): held text would
@@ -93,21 +104,18 @@ def _like(rng: random.Random, sentences: list[str], num_words: int) -> str:
     return " ".join(out)
 
 
-def write_source(texts: list[str], folder: Path) -> list[str]:
-    import polars as pl
-
-    from ito_assets.data.shards import write_shards
-    from ito_assets.data.sources import DOCUMENT_SCHEMA, doc_id
-
-    n = len(texts)
-    sha = "0" * 64
-    docs = pl.DataFrame(
-        {"doc_id": [doc_id(sha, i) for i in range(n)], "source_index": [0] * n, "source_uri": ["dataroot://bench.jsonl"] * n,
-         "source_sha256": [sha] * n, "license": ["CC0-1.0"] * n, "row": list(range(n)), "source_record_id": [None] * n, "text": texts},
-        schema=DOCUMENT_SCHEMA,
-    )
-    # 10k rows per shard: several shards even at 4x, as a real multi-shard source would be.
-    return [s.path for s in write_shards(docs, folder, prefix="documents", max_rows=10_000).shards]
+def write_corpus(texts: list[str], folder: Path) -> str:
+    """The texts as one JSONL source under `folder` (the data root) and a manifest that names it
+    (fixture-small's, with its data replaced) -> the manifest's path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    source = folder / "bench.jsonl"
+    source.write_bytes("".join(json.dumps({"id": str(i), "text": t}) + "\n" for i, t in enumerate(texts)).encode())
+    manifest = json.loads(MANIFEST.read_text())
+    provenance = manifest["data"][0]["decontamination"]
+    manifest["data"] = [{"uri": "dataroot://bench.jsonl", "sha256": hashlib.sha256(source.read_bytes()).hexdigest(), "license": "CC0-1.0", "format": "jsonl", "decontamination": provenance}]
+    path = folder / "manifest.json"
+    path.write_text(json.dumps(manifest, sort_keys=True))
+    return str(path)
 
 
 def peak_rss_mb() -> tuple[float, float]:
@@ -126,96 +134,109 @@ def imports() -> None:
 
     from ito_assets.data import clean, dedup_units, decontam_units, stages  # noqa: F401
     from ito_assets.evals.suite import load_suite  # noqa: F401
+    from ito_assets.manifest.verify import verify_manifest  # noqa: F401
 
 
-def child(paths: list[str], mode: str, workers: int, work: Path) -> dict:
+def child(manifest_path: str, mode: str, workers: int, work: Path) -> dict:
+    """One subprocess's work: the baseline, the whole in-memory chain, or one stage of the units
+    path (`mode` "units:<stage>")."""
     imports()
     if mode == "baseline":
         return {"peak_rss_mb": round(peak_rss_mb()[0], 1)}
-    import polars as pl
-
-    from ito_assets.data.config import DecontamConfig, DedupConfig
-    from ito_assets.data.eval_index import build_index
+    from ito_assets.data.config import DataPrepConfig
     from ito_assets.evals.suite import load_suite
+    from ito_assets.manifest.verify import verify_manifest
 
-    dedup_config, decontam_config = DedupConfig(), DecontamConfig()
-    index = build_index(load_suite(SUITE), decontam_config)
-    def input_ids() -> pl.Series:  # read where the account needs them, as stages.run_clean does
-        return pl.concat([pl.read_parquet(p, columns=["doc_id"]) for p in paths])["doc_id"]
-
-    run = memory_chain if mode == "memory" else units_chain
-    timings: dict[str, float] = {"start": time.perf_counter()}
-    counts, scan_counts, clean_shards, conservation = run(paths, work, index, dedup_config, decontam_config, ScaleConfig(**BENCH_SCALE, num_workers=workers), input_ids, timings)
+    verified = verify_manifest(manifest_path)
+    config = DataPrepConfig(scale=ScaleConfig(**BENCH_SCALE, num_workers=workers), shard_max_rows=SHARD_ROWS)
+    suite, data_root = load_suite(SUITE), Path(manifest_path).parent
+    start = time.perf_counter()
+    if mode == "memory":
+        timings: dict[str, float] = {"start": start}
+        out = memory_chain(verified, data_root, work, suite, config, timings)
+        phases = list(timings)
+        out |= {f"{k}_seconds": round(timings[k] - timings[prev], 2) for prev, k in zip(phases, phases[1:])}
+    else:
+        out = units_stage(mode.split(":")[1], verified, data_root, work, suite, config)
+        out["seconds"] = round(time.perf_counter() - start, 2)
     main_mb, worker_mb = peak_rss_mb()
-    seconds = {k: round(timings[k] - timings[prev], 2) for prev, k in (("start", "dedup"), ("dedup", "decontam"), ("decontam", "clean"))}
-    return {
-        "num_removed": counts.num_removed, "num_hits": scan_counts.num_hits, "num_kept": counts.num_kept, "num_clean_rows": conservation.num_clean_rows,
-        "conservation_holds": conservation.holds,
-        # One digest over the clean shards' digests: the paths must write the same bytes.
-        "clean_digest": hashlib.sha256("".join(sh.sha256 for sh in clean_shards.shards).encode()).hexdigest()[:16],
-        **{f"{k}_seconds": v for k, v in seconds.items()}, "seconds": round(timings["clean"] - timings["start"], 2),
-        "peak_rss_mb": round(main_mb, 1), "worker_peak_rss_mb": round(worker_mb, 1) if workers > 1 else None,
-    }
+    return {**out, "peak_rss_mb": round(main_mb, 1), "worker_peak_rss_mb": round(worker_mb, 1) if workers > 1 else None}
 
 
-def memory_chain(paths, work, index, dedup_config, decontam_config, scale, input_ids, timings):
-    import polars as pl
+def units_stage(stage: str, verified, data_root, work, suite, config) -> dict:
+    """One stage as its Dagster asset runs it, in a process of its own as the multiprocess
+    executor runs a step (lineage included); the results pass on as pickles, as Dagster's IO
+    manager passes them. "check" is the blocking check `zero_residual_contamination`."""
+    from ito_assets.data import stages
 
+    state_file, warehouse = work / "stages.pickle", work / "warehouse.duckdb"
+    state = pickle.loads(state_file.read_bytes()) if state_file.exists() else {}
+    if stage == "sources":
+        state[stage] = stages.run_sources(verified, data_root, work, warehouse, config)
+    elif stage == "dedup":
+        state[stage] = stages.run_dedup(state["sources"], work, warehouse, config)
+    elif stage == "decontam":
+        state[stage] = stages.run_decontam(verified, suite, state["dedup"], work, warehouse, config)
+    elif stage == "clean":
+        state[stage] = stages.run_clean(verified, state["sources"], state["dedup"], state["decontam"], work, warehouse, config)
+    else:
+        clean, dedup = state["clean"], state["dedup"]
+        residual = stages.residual_contamination(clean.shards, suite, state["decontam"], config.scale)
+        return {"num_removed": dedup.counts.num_removed, "num_hits": state["decontam"].counts.num_hits, "num_kept": dedup.counts.num_kept,
+                "num_clean_rows": clean.conservation.num_clean_rows, "conservation_holds": clean.conservation.holds,
+                "num_residual_hits": residual.height, "clean_sha256s": [s.sha256 for s in clean.shards.shards]}
+    state_file.write_bytes(pickle.dumps(state))
+    return {}
+
+
+def run_units(manifest_path: str, workers: int, work: Path) -> dict:
+    """The units path, a subprocess per stage: its peak is the largest stage's."""
+    out: dict = {}
+    for stage in UNIT_STAGES:
+        done = run_child(manifest_path, f"units:{stage}", workers, work)
+        out |= {k: v for k, v in done.items() if k not in ("seconds", "peak_rss_mb", "worker_peak_rss_mb")}
+        out[f"{stage}_seconds"], out[f"{stage}_peak_rss_mb"] = done["seconds"], done["peak_rss_mb"]
+        if workers > 1:
+            out["worker_peak_rss_mb"] = max(out.get("worker_peak_rss_mb") or 0, done["worker_peak_rss_mb"])
+    out["peak_rss_mb"] = max(out[f"{stage}_peak_rss_mb"] for stage in UNIT_STAGES)
+    out.setdefault("worker_peak_rss_mb", None)
+    out["seconds"] = round(sum(out[f"{stage}_seconds"] for stage in UNIT_STAGES if stage != "check"), 2)
+    return out
+
+
+def memory_chain(verified, data_root, work, suite, config, timings) -> dict:
+    """The in-memory path the stages replaced: every step on whole frames."""
     from ito_assets.data import clean
     from ito_assets.data.decontam import scan
     from ito_assets.data.dedup import deduplicate, kept_documents
+    from ito_assets.data.eval_index import build_index
     from ito_assets.data.shards import write_shards
+    from ito_assets.data.sources import read_sources
+    from ito_assets.data.stages import decontam_config_for
 
-    docs = pl.concat([pl.read_parquet(p) for p in paths])
-    decisions, counts = deduplicate(docs, dedup_config)
-    kept = write_shards(kept_documents(docs, decisions), work / "kept", prefix="kept", max_rows=50_000)
+    docs, _ = read_sources(verified.manifest.data, data_root)
+    timings["sources"] = time.perf_counter()
+    decisions, counts = deduplicate(docs, config.dedup)
+    scanned = kept_documents(docs, decisions)
+    input_ids = docs["doc_id"]
     del docs
     timings["dedup"] = time.perf_counter()
-    scanned = kept.read()
-    hits, scan_counts = scan(scanned, index, decontam_config)
-    actions, pieces = clean.apply_actions(scanned, hits, decontam_config)
+    decontam = decontam_config_for(verified, config.decontam)
+    hits, scan_counts = scan(scanned, build_index(suite, decontam), decontam)
+    actions, pieces = clean.apply_actions(scanned, hits, decontam)
     timings["decontam"] = time.perf_counter()
     rows = clean.clean_documents(scanned, actions, pieces)
-    shards = write_shards(rows, work / "clean", prefix="clean", max_rows=50_000)
-    conservation = clean.account(input_ids(), clean.decisions(decisions, hits, actions), rows)
+    shards = write_shards(rows, work / "clean", prefix="clean", max_rows=config.shard_max_rows)
+    conservation = clean.account(input_ids, clean.decisions(decisions, hits, actions), rows)
     timings["clean"] = time.perf_counter()
-    return counts, scan_counts, shards, conservation
+    return {"num_removed": counts.num_removed, "num_hits": scan_counts.num_hits, "num_kept": counts.num_kept,
+            "num_clean_rows": conservation.num_clean_rows, "conservation_holds": conservation.holds,
+            "num_residual_hits": None, "clean_sha256s": [s.sha256 for s in shards.shards], "seconds": round(timings["clean"] - timings["start"], 2)}
 
 
-def units_chain(paths, work, index, dedup_config, decontam_config, scale, input_ids, timings):
-    import polars as pl
-
-    from ito_assets.data import clean
-    from ito_assets.data.decontam_units import documents_with_hits, scan_shards
-    from ito_assets.data.dedup_units import deduplicate_units, kept_frames
-    from ito_assets.data.scratch import scratch_space
-    from ito_assets.data.shards import write_shard_stream, write_table
-    from ito_assets.data.sources import DOCUMENT_SCHEMA
-    from ito_assets.data.stages import write_clean_shards
-
-    with scratch_space(work / "dedup-scratch", scale) as scratch:
-        decisions, counts = deduplicate_units(scratch, paths, dedup_config)
-        kept = write_shard_stream(kept_frames(scratch, decisions), work / "kept", prefix="kept", max_rows=50_000, schema=DOCUMENT_SCHEMA)
-    # As stages.run_dedup / run_clean: the decisions go to disk and are read back for cleaning.
-    decisions_path = write_table(decisions, work / "decisions.parquet").path
-    del decisions
-    timings["dedup"] = time.perf_counter()
-    kept_paths = [s.path for s in kept.shards]
-    with scratch_space(work / "decontam-scratch", scale) as scratch:
-        hits, scan_counts = scan_shards(scratch, kept_paths, index, decontam_config)
-    actions, pieces = clean.apply_actions(documents_with_hits(kept_paths, hits), hits, decontam_config)
-    timings["decontam"] = time.perf_counter()
-    # As stages.run_clean: clean shards streamed, the account over ids read back from them.
-    shards = write_clean_shards(kept, actions, pieces, work / "clean", 50_000)
-    placed = pl.concat([pl.read_parquet(s.path, columns=["doc_id", "piece"]) for s in shards.shards])
-    conservation = clean.account(input_ids(), clean.decisions(pl.read_parquet(decisions_path), hits, actions), placed)
-    timings["clean"] = time.perf_counter()
-    return counts, scan_counts, shards, conservation
-
-
-def run_child(paths: list[str], mode: str, workers: int, work: Path) -> dict:
+def run_child(manifest_path: str, mode: str, workers: int, work: Path) -> dict:
     env = {**os.environ, "POLARS_MAX_THREADS": "1", "OMP_NUM_THREADS": "1"}
-    spec = json.dumps({"paths": paths, "mode": mode, "workers": workers, "work": str(work)})
+    spec = json.dumps({"manifest": manifest_path, "mode": mode, "workers": workers, "work": str(work)})
     done = subprocess.run([sys.executable, __file__, "--child", spec], capture_output=True, text=True, env=env, check=False)
     if done.returncode:
         raise SystemExit(f"child failed ({mode}, {workers} workers):\n{done.stderr[-4000:]}")
@@ -223,13 +244,13 @@ def run_child(paths: list[str], mode: str, workers: int, work: Path) -> dict:
 
 
 def table(rows: list[dict], baseline_mb: float) -> str:
-    header = f"{'scale':>5} {'docs':>7} {'MB':>6} {'path':>7} {'workers':>7} {'peak MB':>8} {'data MB':>8} {'worker MB':>9} {'dedup s':>8} {'decontam s':>10} {'clean s':>8} {'docs/s':>8}"
+    header = f"{'scale':>5} {'docs':>7} {'MB':>6} {'path':>7} {'workers':>7} {'peak MB':>8} {'data MB':>8} {'worker MB':>9} {'source s':>8} {'dedup s':>8} {'decontam s':>10} {'clean s':>8} {'docs/s':>8}"
     lines = [header]
     for r in rows:
         worker = "" if r["worker_peak_rss_mb"] is None else f"{r['worker_peak_rss_mb']:.0f}"
         lines.append(
             f"{r['scale']:>4}x {r['num_docs']:>7} {r['corpus_mb']:>6.1f} {r['path']:>7} {r['workers']:>7} {r['peak_rss_mb']:>8.0f} {r['peak_rss_mb'] - baseline_mb:>8.0f} {worker:>9} "
-            f"{r['dedup_seconds']:>8.1f} {r['decontam_seconds']:>10.1f} {r['clean_seconds']:>8.1f} {r['docs_per_second']:>8.0f}"
+            f"{r['sources_seconds']:>8.1f} {r['dedup_seconds']:>8.1f} {r['decontam_seconds']:>10.1f} {r['clean_seconds']:>8.1f} {r['docs_per_second']:>8.0f}"
         )
     return "\n".join(lines)
 
@@ -244,24 +265,27 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         spec = json.loads(args.child)
-        print(json.dumps(child(spec["paths"], spec["mode"], spec["workers"], Path(spec["work"]))))
+        print(json.dumps(child(spec["manifest"], spec["mode"], spec["workers"], Path(spec["work"]))))
         return
     from dedup_speed import machine
 
     host = f"{machine().replace('1 used', '1 polars thread per process')}; load average {os.getloadavg()[0]:.1f} at start"
     print(host)
-    baseline_mb = run_child([], "baseline", 1, Path(tempfile.gettempdir()))["peak_rss_mb"]
+    baseline_mb = run_child("", "baseline", 1, Path(tempfile.gettempdir()))["peak_rss_mb"]
     print(f"baseline (interpreter + libraries imported): {baseline_mb:.0f} MB")
     rows = []
     with tempfile.TemporaryDirectory(prefix="ito-data-scaling-") as tmp:
         for scale in args.scales:
             texts = generate(scale, seed=scale)
             corpus_mb, num_docs = sum(len(t.encode()) for t in texts) / 1e6, len(texts)
-            paths = write_source(texts, Path(tmp) / f"source-{scale}x")
+            manifest_path = write_corpus(texts, Path(tmp) / f"corpus-{scale}x")
             del texts
             plans = ([("memory", 1)] if scale <= args.memory_up_to else []) + [("units", 1)] + ([("units", 2)] if scale == args.workers_at else [])
             for mode, workers in plans:
-                result = run_child(paths, mode, workers, Path(tmp) / f"work-{scale}-{mode}-{workers}")
+                work = Path(tmp) / f"work-{scale}-{mode}-{workers}"
+                result = run_units(manifest_path, workers, work) if mode == "units" else run_child(manifest_path, mode, workers, work)
+                # One digest over the clean shards' digests: the paths must write the same bytes.
+                result["clean_digest"] = hashlib.sha256("".join(result.pop("clean_sha256s")).encode()).hexdigest()[:16]
                 rows.append({"scale": scale, "num_docs": num_docs, "corpus_mb": round(corpus_mb, 2), "path": mode, "workers": workers, **result,
                              "docs_per_second": round(num_docs / result["seconds"], 1), "mb_per_second": round(corpus_mb / result["seconds"], 3)})
                 print(table(rows[-1:], baseline_mb).splitlines()[1], flush=True)
@@ -295,6 +319,7 @@ def summarize(rows: list[dict], baseline_mb: float, workers_at: int) -> dict:
     summary["paths_agree"] = all(tuple(pick(r["scale"], "memory")[k] for k in keys) == tuple(r[k] for k in keys) for r in both)
     summary["paths_compared_at"] = sorted({f"{r['scale']}x" for r in both}, key=lambda s: int(s[:-1]))
     summary["conservation_holds"] = all(r["conservation_holds"] for r in rows)
+    summary["no_residual_contamination"] = all(r["num_residual_hits"] == 0 for r in rows if r["path"] == "units")
     one, two = pick(workers_at, "units", 1), pick(workers_at, "units", 2)
     if one and two:
         summary[f"docs_per_second_at_{workers_at}x"] = {"1_worker": one["docs_per_second"], "2_workers": two["docs_per_second"]}
@@ -305,6 +330,7 @@ def summarize(rows: list[dict], baseline_mb: float, workers_at: int) -> dict:
         growth = round((pick(high, "units")["peak_rss_mb"] - baseline_mb) / (pick(low, "units")["peak_rss_mb"] - baseline_mb), 2)
         summary["units_bounded_between"] = f"{low}x_to_{high}x"
         summary["units_peak_rss_bounded"] = growth <= BOUNDED_FACTOR and high >= 2 * low
+        summary[f"units_stage_peak_rss_mb_at_{high}x"] = {stage: pick(high, "units")[f"{stage}_peak_rss_mb"] for stage in UNIT_STAGES}
     return summary
 
 

@@ -115,27 +115,43 @@ def clean_documents(scanned: pl.DataFrame, actions: pl.DataFrame, pieces: pl.Dat
     return pl.concat([whole, cut]).sort("source_index", "doc_id", "piece", nulls_last=False)
 
 
-# One row per input document, in the deduplication's order: its final state and why. Relations:
-# `dedup` (position, and the columns of DEDUP_SCHEMA), `hits` (doc_id, eval_item_id), `actions`
-# (ACTION_SCHEMA). In DuckDB, so that the stage holds no per-document frame in Python.
-FINAL_SQL = f"""
-WITH items AS (SELECT doc_id, list_sort(list_distinct(list(eval_item_id))) AS eval_item_ids FROM hits GROUP BY doc_id)
-SELECT d.doc_id,
-       CASE WHEN d.dedup_state = '{DUPLICATE}' THEN '{DUPLICATE}' WHEN a.action IS NOT NULL THEN '{CONTAMINATED}' ELSE '{KEPT}' END AS state,
-       d.method, d.duplicate_of, d.cluster_id, d.similarity, i.eval_item_ids, a.action,
-       CAST(coalesce(a.num_pieces, 0) AS INTEGER) AS num_pieces
-FROM dedup d LEFT JOIN actions a USING (doc_id) LEFT JOIN items i USING (doc_id)
-ORDER BY d.position
-"""
+FINAL_SCHEMA = {
+    "doc_id": pl.String,
+    "state": pl.String,
+    "method": pl.String,
+    "duplicate_of": pl.String,
+    "cluster_id": pl.String,
+    "similarity": pl.Float64,
+    "eval_item_ids": pl.List(pl.String),
+    "action": pl.String,
+    "num_pieces": pl.Int32,
+}
+
+
+def final_batches(dedup: Iterable[pl.DataFrame], hits: pl.DataFrame, actions: pl.DataFrame) -> Iterator[pl.DataFrame]:
+    """One row per input document, its final state and why (FINAL_SCHEMA), a batch of the
+    deduplication's decisions at a time and in their order. Only the contaminated documents'
+    rows (hits, actions) are held whole: no sort, no frame of every document."""
+    items = hits.group_by("doc_id").agg(pl.col("eval_item_id").unique().sort().alias("eval_item_ids"))
+    for batch in dedup:
+        yield (
+            batch.join(actions, on="doc_id", how="left", maintain_order="left")
+            .join(items, on="doc_id", how="left", maintain_order="left")
+            .with_columns(
+                pl.when(pl.col("dedup_state") == DUPLICATE).then(pl.lit(DUPLICATE))
+                .when(pl.col("action").is_not_null()).then(pl.lit(CONTAMINATED))
+                .otherwise(pl.lit(KEPT))
+                .alias("state"),
+                pl.col("num_pieces").fill_null(0),
+            )
+            .select(list(FINAL_SCHEMA))
+            .cast(FINAL_SCHEMA)
+        )
 
 
 def decisions(dedup: pl.DataFrame, hits: pl.DataFrame, actions: pl.DataFrame) -> pl.DataFrame:
-    """FINAL_SQL over frames."""
-    with duckdb.connect() as db:
-        db.register("dedup", dedup.with_row_index("position"))
-        db.register("hits", hits.select("doc_id", "eval_item_id"))
-        db.register("actions", actions.select(list(ACTION_SCHEMA)))
-        return db.execute(FINAL_SQL).pl()
+    """`final_batches` of a whole frame of decisions."""
+    return pl.concat([pl.DataFrame(schema=FINAL_SCHEMA), *final_batches([dedup], hits, actions)])
 
 
 def account(input_ids: pl.Series, final: pl.DataFrame, clean: pl.DataFrame) -> Conservation:
@@ -149,7 +165,7 @@ def account(input_ids: pl.Series, final: pl.DataFrame, clean: pl.DataFrame) -> C
 
 def account_of(db: duckdb.DuckDBPyConnection) -> Conservation:
     """Check that every input document is in exactly one state and the clean rows match them.
-    Relations: `input_documents` (doc_id), `final_decisions` (FINAL_SQL's rows), `clean_rows`
+    Relations: `input_documents` (doc_id), `final_decisions` (FINAL_SCHEMA), `clean_rows`
     (doc_id, piece: null for a whole document). Counts and anti-joins only, in DuckDB."""
 
     def count(rows: str) -> int:  # rows: what follows FROM

@@ -7,6 +7,9 @@ common-seed rule), so it runs in two passes over the units, each unit an indepen
    documents per seed. Units hold disjoint documents, so the counts add up to the corpus's.
 2. The common seeds are decided once, from the summed counts.
 3. `hits_unit`: the unit's candidate documents and their authoritative hits.
+A re-scan of the cleaned data passes the first scan's common seeds (`ignored`): counted on the
+cleaned data, a subset, a seed can fall under the threshold, and the two scans would then apply
+different rules to the same text.
 Hits come back in unit order, and within a unit in document order: the order of `scan`.
 """
 
@@ -57,13 +60,16 @@ def hits_unit(task: HitTask) -> tuple[int, pl.DataFrame]:
     return len(candidates), hits_of(candidates, docs, task.index, task.ignored, task.config)
 
 
-def scan_units(scratch: Scratch, units: Sequence[WorkUnit], index: EvalIndex, config: DecontamConfig) -> tuple[pl.DataFrame, ScanCounts]:
-    """Work units (doc_id, text) -> (hits in HIT_SCHEMA, counters), as `decontam.scan` returns them."""
+def scan_units(scratch: Scratch, units: Sequence[WorkUnit], index: EvalIndex, config: DecontamConfig, ignored: pl.DataFrame | None = None) -> tuple[pl.DataFrame, ScanCounts, pl.DataFrame]:
+    """Work units (doc_id, text) -> (hits in HIT_SCHEMA, counters, the (seed, view) pairs ignored
+    as common), as `decontam.scan` returns them. `ignored` given: those pairs, not the ones
+    these units' own seed frequencies would pick."""
     folder = scratch.sub("decontam-matches")
     paths = [str(folder / f"matches-{u.index:05d}.parquet") for u in units]
     with worker_pool(scratch.scale.num_workers) as pool:
         matched = map_units(match_unit, [MatchTask(unit=u, index=index, matches_path=p) for u, p in zip(units, paths)], pool)
-        ignored = common_seeds(_summed(f for _, f in matched), index, config)
+        if ignored is None:
+            ignored = common_seeds(_summed(f for _, f in matched), index, config)
         tasks = [HitTask(unit=u, index=index, ignored=ignored, config=config, matches_path=p) for u, p in zip(units, paths)]
         found = map_units(hits_unit, tasks, pool)
     hits = pl.concat([h for _, h in found]) if found else pl.DataFrame(schema=HIT_SCHEMA)
@@ -75,7 +81,7 @@ def scan_units(scratch: Scratch, units: Sequence[WorkUnit], index: EvalIndex, co
         num_contaminated_documents=hits["doc_id"].n_unique() if hits.height else 0,
         num_hits=hits.height,
     )
-    return hits, counts
+    return hits, counts, ignored
 
 
 def _summed(frequencies: Iterable[pl.DataFrame]) -> pl.DataFrame:
@@ -86,15 +92,15 @@ def _summed(frequencies: Iterable[pl.DataFrame]) -> pl.DataFrame:
     return pl.concat(frames).group_by("seed").agg(pl.col("num_docs").sum())
 
 
-def scan_shards(scratch: Scratch, shard_paths: Sequence[str], index: EvalIndex, config: DecontamConfig) -> tuple[pl.DataFrame, ScanCounts]:
-    """Parquet shards (doc_id, text, ...) -> hits and counters, a unit at a time."""
+def scan_shards(scratch: Scratch, shard_paths: Sequence[str], index: EvalIndex, config: DecontamConfig) -> tuple[pl.DataFrame, ScanCounts, pl.DataFrame]:
+    """Parquet shards (doc_id, text, ...) -> hits, counters and common seeds, a unit at a time."""
     return scan_frames(scratch, parquet_frames(shard_paths, ["doc_id", "text"]), index, config)
 
 
-def scan_frames(scratch: Scratch, frames: Iterable[pl.DataFrame], index: EvalIndex, config: DecontamConfig) -> tuple[pl.DataFrame, ScanCounts]:
-    """Frames (doc_id, text) -> hits and counters, a unit at a time."""
+def scan_frames(scratch: Scratch, frames: Iterable[pl.DataFrame], index: EvalIndex, config: DecontamConfig, ignored: pl.DataFrame | None = None) -> tuple[pl.DataFrame, ScanCounts, pl.DataFrame]:
+    """Frames (doc_id, text) -> hits, counters and common seeds, a unit at a time."""
     units = write_units(frames, scratch.sub("decontam-units"), scratch.scale.unit_bytes)
-    return scan_units(scratch, units, index, config)
+    return scan_units(scratch, units, index, config, ignored)
 
 
 def documents_with_hits(shard_paths: Sequence[str], hits: pl.DataFrame) -> pl.DataFrame:

@@ -22,6 +22,9 @@ import duckdb
 import polars as pl
 import pyarrow as pa
 
+from ito_assets.data.config import MIN_MB_PER_DUCKDB_THREAD
+from ito_assets.data.shards import record_batches
+
 SCHEMA = {
     "manifests": "manifest_digest VARCHAR, manifest_key VARCHAR, name VARCHAR, eval_suite_id VARCHAR, "
     "eval_suite_digest VARCHAR, config JSON, recorded_at TIMESTAMP DEFAULT current_timestamp",
@@ -43,10 +46,17 @@ SCHEMA = {
 }
 
 
+# DuckDB's buffer cap for the warehouse: its default, 80% of RAM, let a write of every
+# document's row grow a stage's memory with the corpus (+40 MB from 64x to 128x the fixtures in
+# benchmarks/data_scaling.py); capped, the rows go to the database file. DuckDB's floor for one
+# thread.
+MEMORY_LIMIT_MB = MIN_MB_PER_DUCKDB_THREAD
+
+
 def connect(path: Path, *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
     if not read_only:
         path.parent.mkdir(parents=True, exist_ok=True)
-    return duckdb.connect(str(path), read_only=read_only)
+    return duckdb.connect(str(path), read_only=read_only, config={"memory_limit": f"{MEMORY_LIMIT_MB}MB", "threads": 1, "preserve_insertion_order": False})
 
 
 def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
@@ -80,8 +90,7 @@ def replace_rows(con: duckdb.DuckDBPyConnection, table: str, manifest_digest: st
 def _arrow(rows: pl.DataFrame | pl.LazyFrame) -> pa.Table | pa.RecordBatchReader:
     if isinstance(rows, pl.DataFrame):
         return rows.to_arrow()
-    schema = pl.DataFrame(schema=rows.collect_schema()).to_arrow().schema
-    return pa.RecordBatchReader.from_batches(schema, (b for frame in rows.collect_batches() for b in frame.to_arrow().to_batches()))
+    return record_batches(rows.collect_batches(), rows.collect_schema())
 
 
 def write_tables(path: Path, manifest_digest: str, tables: dict[str, pl.DataFrame | pl.LazyFrame]) -> dict[str, int]:

@@ -128,3 +128,10 @@ def write_table_batches(batches: pa.RecordBatchReader, path: Path) -> Shard:
             num_rows += batch.num_rows
     os.replace(temporary, path)
     return Shard(path=str(path), sha256=file_sha256(path), num_rows=num_rows)
+
+
+def record_batches(frames: Iterable[pl.DataFrame], schema: Mapping) -> pa.RecordBatchReader:
+    """Polars frames of one schema as an Arrow stream (what DuckDB and `write_table_batches`
+    read), converted a frame at a time."""
+    arrow_schema = pl.DataFrame(schema=schema).to_arrow().schema
+    return pa.RecordBatchReader.from_batches(arrow_schema, (b for frame in frames for b in frame.cast(schema).to_arrow().to_batches()))

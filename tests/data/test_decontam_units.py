@@ -13,7 +13,7 @@ from polars.testing import assert_frame_equal
 from data_frames import frame, random_text
 from ito_assets.data.config import DecontamConfig, ScaleConfig
 from ito_assets.data.decontam import scan
-from ito_assets.data.decontam_units import documents_with_hits, scan_shards
+from ito_assets.data.decontam_units import documents_with_hits, scan_frames, scan_shards
 from ito_assets.data.eval_index import build_index
 from ito_assets.data.scratch import scratch_space
 from ito_assets.data.shards import write_shards
@@ -41,7 +41,7 @@ def corpus() -> pl.DataFrame:
 def scanned(tmp_path: Path, docs: pl.DataFrame, scale: ScaleConfig, config: DecontamConfig = DecontamConfig()):
     shards = write_shards(docs, tmp_path / "kept", prefix="k", max_rows=13)
     with scratch_space(tmp_path / "_scratch", scale) as scratch:
-        hits, counts = scan_shards(scratch, [s.path for s in shards.shards], build_index(suite(*ITEMS), config), config)
+        hits, counts, _ = scan_shards(scratch, [s.path for s in shards.shards], build_index(suite(*ITEMS), config), config)
         num_units = len(list((tmp_path / "_scratch" / "decontam-units").glob("unit-*.parquet")))
     return hits, counts, num_units, shards
 
@@ -67,3 +67,25 @@ def test_documents_with_hits_reads_only_those(tmp_path: Path) -> None:
     texts = documents_with_hits([s.path for s in shards.shards], hits)
     assert sorted(texts["doc_id"].to_list()) == sorted(hits["doc_id"].unique().to_list())
     assert_frame_equal(texts.sort("doc_id"), docs.join(hits.select("doc_id").unique(), on="doc_id", how="semi").select("doc_id", "text").sort("doc_id"))
+
+
+def test_a_rescan_of_the_cleaned_documents_keeps_the_first_scans_common_seeds(tmp_path: Path) -> None:
+    # The boilerplate is in 11 documents (common: > 10), 2 of which hold the whole licence item
+    # and are removed; in the 9 left it would no longer be common.
+    rng = random.Random(3)
+    texts = [f"{random_text(rng, 20)} {BOILERPLATE} {random_text(rng, 20)}" for _ in range(9)]
+    texts += [wrap(rng, ITEMS[3][1]) for _ in range(2)] + [random_text(rng, 60) for _ in range(10)]
+    docs = frame(texts).select("doc_id", "text")
+    config = DecontamConfig()
+
+    def scan_of(name: str, rows: pl.DataFrame, ignored: pl.DataFrame | None = None):
+        with scratch_space(tmp_path / name, ScaleConfig(unit_bytes=500)) as scratch:
+            return scan_frames(scratch, [rows], build_index(suite(*ITEMS), config), config, ignored)
+
+    hits, _, ignored = scan_of("first", docs)
+    assert hits["doc_id"].n_unique() == 2 and ignored.height > 0
+    survivors = docs.join(hits, on="doc_id", how="anti")
+    counted_again, _, _ = scan_of("fresh", survivors)
+    assert counted_again["doc_id"].n_unique() == 9  # the same text, judged by another rule
+    same_rule, counts, _ = scan_of("same", survivors, ignored)
+    assert same_rule.height == 0 and counts.num_common_seeds_ignored == ignored.height

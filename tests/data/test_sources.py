@@ -10,6 +10,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from ito_assets.data import sources
 from ito_assets.data.sources import doc_id, read_source, resolve_uri
 from ito_assets.data.text import NORMALIZATION_VERSION
 from ito_assets.errors import ErrorCode, ItoError
@@ -73,3 +74,42 @@ def test_refuses_bad_records_and_escapes(tmp_path: Path) -> None:
     with pytest.raises(ItoError) as info:
         read_source(missing, 0, tmp_path)
     assert info.value.code is ErrorCode.SOURCE_NOT_FOUND
+
+
+def test_batches_number_rows_as_one_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    records = [{"id": str(i), "text": "" if i % 4 == 1 else f"text {i}"} for i in range(11)]
+    jsonl = write_jsonl(tmp_path / "a.jsonl", records)
+    parquet = tmp_path / "a.parquet"
+    pl.DataFrame(records).write_parquet(parquet)
+    whole = {fmt: read_source(reference(path, fmt), 0, tmp_path) for fmt, path in (("jsonl", jsonl), ("parquet", parquet))}
+    monkeypatch.setattr(sources, "BATCH_RECORDS", 2)
+    for fmt, path in (("jsonl", jsonl), ("parquet", parquet)):
+        read = sources.SourceRead(reference(path, fmt), 0, tmp_path, tmp_path / "scratch")
+        frames = list(read.frames())
+        assert len(frames) >= 4
+        assert pl.concat(frames).equals(whole[fmt][0]) and read.counts == whole[fmt][1]
+        assert whole[fmt][0]["row"].to_list() == [0, 2, 3, 4, 6, 7, 8, 10] and read.counts.num_empty_skipped == 3
+    assert not list((tmp_path / "scratch").iterdir())  # the snapshots are gone
+
+
+def test_what_is_parsed_is_the_verified_snapshot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write_jsonl(tmp_path / "a.jsonl", [{"text": "the verified text"}])
+    ref = reference(path)
+    parse = sources._jsonl_records
+
+    def swapped_after_verification(copy: Path, uri: str):
+        path.write_bytes(b'{"text": "a swapped text"}\n')  # the source changes once verified
+        return parse(copy, uri)
+
+    monkeypatch.setattr(sources, "_jsonl_records", swapped_after_verification)
+    docs, _ = read_source(ref, 0, tmp_path)
+    assert docs["text"].to_list() == ["the verified text"]
+
+
+def test_a_mismatching_snapshot_is_removed(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "a.jsonl", [{"text": "hello"}])
+    read = sources.SourceRead(reference(path, sha="f" * 64), 0, tmp_path, tmp_path / "scratch")
+    with pytest.raises(ItoError) as info:
+        next(read.frames())
+    assert info.value.code is ErrorCode.SOURCE_DIGEST_MISMATCH
+    assert not list((tmp_path / "scratch").iterdir()) and read.counts is None
