@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import math
+import mmap
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -23,17 +25,24 @@ from ito_assets.data.minhash import Shingles
 from ito_assets.data.near_dedup import HISTOGRAM_BINS, NearDedupCounts, Removals, histogram, keep_rule, verify_pairs
 from ito_assets.data.scratch import sql_list
 
+# Pairs come out ordered by the units of their two documents, so that a verification batch
+# gathers from few units (each gather maps a unit's files: across every unit, the mapping alone
+# took 26 of the 34 s of near-duplicate removal at 128x the fixtures, benchmarks/data_scaling.py).
 CANDIDATES_SQL = """
-WITH bands AS (SELECT doc, band, key FROM read_parquet({files})),
+WITH bands AS (SELECT doc, band, key, unit FROM read_parquet({files})),
 shared AS (SELECT band, key FROM bands GROUP BY band, key HAVING count(*) > 1),
-members AS (SELECT bands.* FROM bands SEMI JOIN shared USING (band, key))
-SELECT DISTINCT l.doc AS a, r.doc AS b
-FROM members l JOIN members r ON l.band = r.band AND l.key = r.key AND l.doc < r.doc
+members AS (SELECT bands.* FROM bands SEMI JOIN shared USING (band, key)),
+pairs AS (
+    SELECT DISTINCT l.doc AS a, r.doc AS b, l.unit AS unit_a, r.unit AS unit_b
+    FROM members l JOIN members r ON l.band = r.band AND l.key = r.key AND l.doc < r.doc
+)
+SELECT a, b FROM pairs ORDER BY unit_a, unit_b
 """
 
 
 def candidate_batches(db: duckdb.DuckDBPyConnection, band_files: Sequence[str], batch_rows: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Distinct pairs (a < b) sharing a band, as arrays of at most `batch_rows` pairs, unordered."""
+    """Distinct pairs (a < b) sharing a band, as arrays of at most `batch_rows` pairs, ordered by
+    the units of a and b. Band files have columns doc, band, key and unit."""
     if not band_files:
         return
     reader = db.execute(CANDIDATES_SQL.format(files=sql_list(band_files))).fetch_record_batch(batch_rows)
@@ -48,22 +57,26 @@ class UnitArrays:
     The arrays are memory-mapped afresh for each gather and unmapped after it: a mapping kept
     open for the whole step keeps every page it ever touched resident, so the step's RSS would
     grow to the size of all units' arrays (~1.5x the corpus text, measured in
-    benchmarks/data_scaling.py); per gather it is bounded by one batch's documents. A batch's
-    pairs touch most units, so each file's .npy header is read once, here: `np.load` per gather
-    re-parsed it and took 3x as long as the mapping itself (~200 vs ~70 us a file, and a batch
-    maps two files per unit). The offsets (8 bytes per document) stay in memory."""
+    benchmarks/data_scaling.py); per gather it is bounded by one batch's documents. A batch maps
+    two files per unit it touches, so each file's .npy header is read once, here: `np.load` per
+    gather re-parsed it and took 3x as long as the mapping itself. The offsets (8 bytes per
+    document) stay in memory."""
 
     def __init__(self, folder: Path, firsts: Sequence[int]) -> None:
-        self.folder = folder
         self.firsts = np.asarray(firsts, dtype=np.int64)
         self.offsets_of = [np.load(folder / f"offsets-{u:05d}.npy") for u in range(len(firsts))]
-        self.layouts = {name: [_npy_layout(folder / f"{name}-{u:05d}.npy") for u in range(len(firsts))] for name in ("signatures", "shingles")}
+        self.files = {name: [str(folder / f"{name}-{u:05d}.npy") for u in range(len(firsts))] for name in ("signatures", "shingles")}
+        self.layouts = {name: [_npy_layout(Path(path)) for path in paths] for name, paths in self.files.items()}
 
     def _mapped(self, name: str, unit: int) -> np.ndarray:
         offset, shape, dtype = self.layouts[name][unit]
         if 0 in shape:  # nothing to map (a unit of documents without shingles)
             return np.zeros(shape, dtype=dtype)
-        return np.memmap(self.folder / f"{name}-{unit:05d}.npy", dtype=dtype, mode="r", offset=offset, shape=shape)
+        # `mmap` itself, not np.memmap: np.memmap resolves the path on every call, ~70 us of its ~90.
+        with open(self.files[name][unit], "rb") as handle:
+            mapping = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        # The array holds the mapping; it is unmapped when the last view of it goes.
+        return np.frombuffer(mapping, dtype=dtype, count=math.prod(shape), offset=offset).reshape(shape)
 
     def _by_unit(self, docs: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
         """(unit, local positions) for sorted `docs`, in order."""

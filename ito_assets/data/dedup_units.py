@@ -65,7 +65,8 @@ def signature_unit(task: SignatureTask) -> None:
     np.save(folder / f"signatures-{unit.index:05d}.npy", signatures)
     np.save(folder / f"shingles-{unit.index:05d}.npy", shingles.hashes)
     np.save(folder / f"offsets-{unit.index:05d}.npy", shingles.offsets)
-    band_rows(signatures, config.bands, config.rows, first=unit.first).write_parquet(folder / f"bands-{unit.index:05d}.parquet")
+    bands = band_rows(signatures, config.bands, config.rows, first=unit.first).with_columns(pl.lit(unit.index, dtype=pl.Int32).alias("unit"))
+    bands.write_parquet(folder / f"bands-{unit.index:05d}.parquet")
 
 
 def representative_frames(scratch: Scratch, shard_paths: Sequence[str]) -> Iterator[pl.DataFrame]:

@@ -82,12 +82,14 @@ def test_duckdb_band_join_finds_the_in_memory_candidate_pairs(tmp_path: Path) ->
     files = []
     for i, start in enumerate(range(0, 300, 64)):
         path = tmp_path / f"bands-{i}.parquet"
-        band_rows(signatures[start : start + 64], 4, 3, first=start).write_parquet(path)
+        band_rows(signatures[start : start + 64], 4, 3, first=start).with_columns(pl.lit(i, dtype=pl.Int32).alias("unit")).write_parquet(path)
         files.append(str(path))
     with scratch_space(tmp_path / "_scratch", TINY) as scratch:
         batches = list(candidate_batches(scratch.db, files, 500))
     assert len(batches) > 1 and all(len(x) <= 500 for x, _ in batches)
     got = np.concatenate([np.stack(batch, axis=1) for batch in batches])
+    units = got // 64  # the batches come out in the order of the units of a, then b
+    assert np.all(np.diff(units[:, 0] * 10 + units[:, 1]) >= 0)
     got = got[np.lexsort((got[:, 0], got[:, 1]))]
     assert len(a) > 1000 and np.array_equal(got, np.stack([a, b], axis=1))
 
