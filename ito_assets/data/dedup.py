@@ -19,7 +19,6 @@ from ito_assets.data.config import DedupConfig
 from ito_assets.data.exact_dedup import ExactDedupCounts, exact_duplicates, in_keep_order
 from ito_assets.data.minhash import MinHasher
 from ito_assets.data.near_dedup import NearDedupCounts, Removals, near_duplicates
-from ito_assets.data.units import READ_BATCH_ROWS
 
 KEPT = "kept"
 DUPLICATE = "duplicate"
@@ -47,32 +46,18 @@ class DedupCounts:
         return self.num_removed / self.num_input if self.num_input else 0.0
 
 
-# Every document's decision, in keep order, from tables `keys` (rank, doc_id: every document),
-# `copies` (doc_id, exact_copy_of) and `removals` (removed, kept, similarity: near-duplicates by
-# position among the representatives, the documents that are no exact copy, in keep order). A
-# copy inherits its representative's fate; a representative has its own. In DuckDB, under the
-# step's memory cap, so that no per-document frame is held in Python.
-DECISIONS_SQL = f"""
+# The near-duplicates' ids, from tables `keys` (rank, doc_id: every document), `copies` (doc_id,
+# exact_copy_of) and `removals` (removed, kept, similarity: near-duplicates by position among the
+# representatives, the documents that are no exact copy, in keep order). In DuckDB: the
+# positions are numbered there, under the step's memory cap, and only the removals come back.
+NEAR_SQL = """
 WITH representatives AS (
     SELECT doc_id, row_number() OVER (ORDER BY rank) - 1 AS position FROM keys ANTI JOIN copies USING (doc_id)
-),
-near AS (
-    SELECT r.doc_id, k.doc_id AS near_of, n.similarity AS near_similarity
-    FROM removals n JOIN representatives r ON r.position = n.removed JOIN representatives k ON k.position = n.kept
-),
-joined AS (
-    SELECT keys.rank, keys.doc_id, c.exact_copy_of, near.near_of, near.near_similarity
-    FROM keys LEFT JOIN copies c USING (doc_id) LEFT JOIN near ON near.doc_id = coalesce(c.exact_copy_of, keys.doc_id)
 )
-SELECT CAST(doc_id AS VARCHAR) AS doc_id,
-       CASE WHEN coalesce(near_of, exact_copy_of) IS NULL THEN '{KEPT}' ELSE '{DUPLICATE}' END AS dedup_state,
-       CASE WHEN near_of IS NOT NULL THEN 'near' WHEN exact_copy_of IS NOT NULL THEN 'exact' END AS method,
-       coalesce(near_of, exact_copy_of) AS duplicate_of,
-       coalesce(near_of, exact_copy_of, doc_id) AS cluster_id,
-       CASE WHEN near_of IS NOT NULL THEN near_similarity WHEN exact_copy_of IS NOT NULL THEN CAST(1.0 AS DOUBLE) END AS similarity,
-       CAST(exact_copy_of AS VARCHAR) AS exact_copy_of
-FROM joined ORDER BY rank
+SELECT CAST(r.doc_id AS VARCHAR) AS doc_id, CAST(k.doc_id AS VARCHAR) AS near_of, n.similarity AS near_similarity
+FROM removals n JOIN representatives r ON r.position = n.removed JOIN representatives k ON k.position = n.kept
 """
+NEAR_SCHEMA = {"doc_id": pl.String, "near_of": pl.String, "near_similarity": pl.Float64}
 
 
 def deduplicate(docs: pl.DataFrame, config: DedupConfig) -> tuple[pl.DataFrame, DedupCounts]:
@@ -83,18 +68,47 @@ def deduplicate(docs: pl.DataFrame, config: DedupConfig) -> tuple[pl.DataFrame, 
     hasher = MinHasher(num_perm=config.num_perm, seed=config.seed)
     signatures, shingles = hasher.signatures_of_texts(representatives["text"], config.shingle_size)
     removals, near_counts = near_duplicates(signatures, shingles, config)
-    with duckdb.connect() as db:
-        db.register("keys", ordered.select("rank", "doc_id"))
-        db.register("copies", copies)
-        decisions = pl.from_arrow(decision_batches(db, removals, READ_BATCH_ROWS).read_all())
-    return decisions.cast(DEDUP_SCHEMA), counts_of(exact_counts, near_counts)
+    ids = representatives["doc_id"]
+    near = pl.DataFrame({"doc_id": ids.gather(removals.removed), "near_of": ids.gather(removals.kept), "near_similarity": removals.similarity}, schema=NEAR_SCHEMA)
+    return decide(ordered.select("doc_id"), copies, near), counts_of(exact_counts, near_counts)
 
 
-def decision_batches(db: duckdb.DuckDBPyConnection, removals: Removals, batch_rows: int) -> pa.RecordBatchReader:
-    """Every document's decision (DEDUP_SCHEMA) in keep order, `batch_rows` at a time, from the
-    tables `keys` and `copies` of `db` and the near-duplicate removals."""
+def near_ids(db: duckdb.DuckDBPyConnection, removals: Removals) -> pl.DataFrame:
+    """NEAR_SQL's rows (NEAR_SCHEMA) for the removals, over the tables `keys` and `copies` of `db`."""
     db.register("removals", pa.table({"removed": removals.removed, "kept": removals.kept, "similarity": removals.similarity}))
-    return db.execute(DECISIONS_SQL).fetch_record_batch(batch_rows)
+    near = db.execute(NEAR_SQL).pl()
+    db.unregister("removals")
+    return near.cast(NEAR_SCHEMA)
+
+
+def decide(ordered: pl.DataFrame, copies: pl.DataFrame, near: pl.DataFrame) -> pl.DataFrame:
+    """Decisions (DEDUP_SCHEMA) of documents `ordered` (doc_id; any slice of the keep order, in
+    order), from all the exact copies (doc_id, exact_copy_of) and near-duplicates (NEAR_SCHEMA):
+    only those are held whole, so the decisions can be made a batch of documents at a time."""
+    return (
+        ordered.select("doc_id")
+        .join(copies, on="doc_id", how="left", maintain_order="left")
+        # A copy inherits its representative's fate; a representative has its own.
+        .with_columns(pl.coalesce("exact_copy_of", "doc_id").alias("_representative"))
+        .join(near.rename({"doc_id": "_representative"}), on="_representative", how="left", maintain_order="left")
+        .with_columns(
+            pl.when(pl.col("near_of").is_not_null()).then(pl.col("near_of"))
+            .when(pl.col("exact_copy_of").is_not_null()).then(pl.col("exact_copy_of"))
+            .alias("duplicate_of")
+        )
+        .with_columns(
+            pl.when(pl.col("duplicate_of").is_null()).then(pl.lit(KEPT)).otherwise(pl.lit(DUPLICATE)).alias("dedup_state"),
+            pl.when(pl.col("near_of").is_not_null()).then(pl.lit("near"))
+            .when(pl.col("exact_copy_of").is_not_null()).then(pl.lit("exact"))
+            .alias("method"),
+            pl.when(pl.col("near_of").is_not_null()).then(pl.col("near_similarity"))
+            .when(pl.col("exact_copy_of").is_not_null()).then(pl.lit(1.0))
+            .alias("similarity"),
+            pl.coalesce("duplicate_of", "doc_id").alias("cluster_id"),
+        )
+        .select(list(DEDUP_SCHEMA))
+        .cast(DEDUP_SCHEMA)
+    )
 
 
 def counts_of(exact: ExactDedupCounts, near: NearDedupCounts) -> DedupCounts:

@@ -10,8 +10,8 @@
    signatures and band rows are computed by a worker alone and written to the scratch folder
    (`signature_unit`).
 3. `band_join` finds, verifies and settles the near-duplicates from those files.
-4. Every document's decision is computed in DuckDB (`dedup.DECISIONS_SQL`) from the keys, the
-   copies and the removals, and streamed to a Parquet file: no per-document frame in Python.
+4. Every document's decision is made a batch of ids at a time (`decision_frames`) and streamed
+   to a Parquet file: only the duplicates' rows are held whole, never a frame of every document.
 5. The kept documents, a subset of the representatives, are the side file's rows filtered by
    position (`kept_frames`): no second pass over the source shards, no second sort.
 
@@ -33,13 +33,13 @@ import pyarrow.parquet as pq
 from ito_assets.data.band_join import UnitArrays, near_duplicates_out_of_core
 from ito_assets.data.bucket_sort import bucket_sort, place, placed_rows
 from ito_assets.data.config import DedupConfig
-from ito_assets.data.dedup import DedupCounts, counts_of, decision_batches
+from ito_assets.data.dedup import DEDUP_SCHEMA, DedupCounts, counts_of, decide, near_ids
 from ito_assets.data.exact_units import exact_copies
 from ito_assets.data.minhash import MinHasher
-from ito_assets.data.near_dedup import band_rows
+from ito_assets.data.near_dedup import Removals, band_rows
 from ito_assets.data.scratch import Scratch
 from ito_assets.data.sources import DOCUMENT_SCHEMA
-from ito_assets.data.shards import Shard, write_table_batches
+from ito_assets.data.shards import Shard, record_batches, write_table_batches
 from ito_assets.data.units import READ_BATCH_ROWS, WorkUnit, compacted, map_units, parquet_frames, worker_pool, write_units
 
 # The representatives: the documents that are no exact copy.
@@ -107,9 +107,19 @@ def deduplicate_units(scratch: Scratch, shard_paths: Sequence[str], config: Dedu
     removals, near_counts = near_duplicates_out_of_core(scratch.db, band_files, arrays, exact_counts.num_distinct_texts, config, scratch.scale.pair_batch)
     np.save(scratch.folder / REMOVED_FILE, removals.removed)
     scratch.reconnect()
-    decisions = write_table_batches(decision_batches(scratch.db, removals, READ_BATCH_ROWS), decisions_path)
+    decisions = write_table_batches(record_batches(decision_frames(scratch, removals), DEDUP_SCHEMA), decisions_path)
     scratch.reconnect()
     return decisions, counts_of(exact_counts, near_counts)
+
+
+def decision_frames(scratch: Scratch, removals: Removals) -> Iterator[pl.DataFrame]:
+    """Every document's decision (DEDUP_SCHEMA), in keep order, a batch at a time: DuckDB orders
+    the ids (a narrow sort, spilling past its cap), and `dedup.decide` joins each batch with the
+    exact copies and near-duplicates, the only per-document rows held whole (duplicates only)."""
+    copies = scratch.db.execute("SELECT doc_id, exact_copy_of FROM copies").pl().cast(pl.String)
+    near = near_ids(scratch.db, removals)
+    for batch in scratch.db.execute("SELECT doc_id FROM keys ORDER BY rank").fetch_record_batch(READ_BATCH_ROWS):
+        yield decide(pl.from_arrow(batch), copies, near)
 
 
 def kept_frames(scratch: Scratch) -> Iterator[pl.DataFrame]:

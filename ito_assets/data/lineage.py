@@ -16,14 +16,14 @@ replaces its own rows for its manifest in one transaction (a rerun never duplica
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
 import polars as pl
-import pyarrow as pa
 
 from ito_assets.data.config import MIN_MB_PER_DUCKDB_THREAD
-from ito_assets.data.shards import record_batches
+from ito_assets.data.scratch import sql_list
 
 SCHEMA = {
     "manifests": "manifest_digest VARCHAR, manifest_key VARCHAR, name VARCHAR, eval_suite_id VARCHAR, "
@@ -64,36 +64,54 @@ def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
         con.execute(f"CREATE TABLE IF NOT EXISTS {table} ({columns})")
 
 
-def replace_rows(con: duckdb.DuckDBPyConnection, table: str, manifest_digest: str, rows: pl.DataFrame | pl.LazyFrame) -> int:
+@dataclass(frozen=True)
+class ParquetRows:
+    """Rows that DuckDB reads from Parquet files itself, under the warehouse's cap: inserting a
+    polars stream of every document's row held ~110 MB more at 128x the fixtures
+    (benchmarks/data_scaling.py). `columns` maps a table column to a SQL expression over the
+    files' columns and `filename` (the path as given); `where` filters; `by_file`, a small frame
+    with a `filename` column, adds per-file values."""
+
+    paths: tuple[str, ...]
+    columns: dict[str, str]
+    where: str = "TRUE"
+    by_file: pl.DataFrame | None = None
+
+    def select(self, present: list[str]) -> str:
+        exprs = ", ".join(self.columns[c] for c in present)
+        joined = " JOIN by_file USING (filename)" if self.by_file is not None else ""
+        return f"SELECT ?, {exprs} FROM read_parquet({sql_list(list(self.paths))}, filename = true){joined} WHERE {self.where}"
+
+
+def replace_rows(con: duckdb.DuckDBPyConnection, table: str, manifest_digest: str, rows: pl.DataFrame | ParquetRows) -> int:
     """Replace `table`'s rows of one manifest with `rows` (its columns minus manifest_digest, in
-    any order) in one transaction. A LazyFrame (a scan of Parquet files) is streamed in batches,
-    so a table of every document is never held in memory."""
+    any order) in one transaction."""
     columns = [c.split()[0] for c in SCHEMA[table].split(", ")]
     if columns[0] != "manifest_digest":
         raise ValueError(f"table {table} is not keyed by manifest")
-    present = [c for c in columns[1:] if c in rows.collect_schema().names()]
-    incoming = _arrow(rows.select(present))
+    present = [c for c in columns[1:] if c in rows.columns]
+    names = ", ".join(present)
     con.execute("BEGIN TRANSACTION")
     try:
         con.execute(f"DELETE FROM {table} WHERE manifest_digest = ?", [manifest_digest])
-        con.register("incoming", incoming)
-        names = ", ".join(present)
-        con.execute(f"INSERT INTO {table} (manifest_digest, {names}) SELECT ?, {names} FROM incoming", [manifest_digest])
-        con.unregister("incoming")
+        if isinstance(rows, ParquetRows):
+            if rows.by_file is not None:
+                con.register("by_file", rows.by_file)
+            con.execute(f"INSERT INTO {table} (manifest_digest, {names}) {rows.select(present)}", [manifest_digest])
+        else:
+            con.register("incoming", rows.select(present).to_arrow())
+            con.execute(f"INSERT INTO {table} (manifest_digest, {names}) SELECT ?, {names} FROM incoming", [manifest_digest])
         con.execute("COMMIT")
     except Exception:
         con.execute("ROLLBACK")
         raise
+    finally:
+        for name in ("incoming", "by_file"):
+            con.unregister(name)
     return con.execute(f"SELECT count(*) FROM {table} WHERE manifest_digest = ?", [manifest_digest]).fetchone()[0]
 
 
-def _arrow(rows: pl.DataFrame | pl.LazyFrame) -> pa.Table | pa.RecordBatchReader:
-    if isinstance(rows, pl.DataFrame):
-        return rows.to_arrow()
-    return record_batches(rows.collect_batches(), rows.collect_schema())
-
-
-def write_tables(path: Path, manifest_digest: str, tables: dict[str, pl.DataFrame | pl.LazyFrame]) -> dict[str, int]:
+def write_tables(path: Path, manifest_digest: str, tables: dict[str, pl.DataFrame | ParquetRows]) -> dict[str, int]:
     """Open the warehouse, make sure the tables exist, replace the given tables' rows."""
     with connect(path) as con:
         ensure_schema(con)

@@ -112,7 +112,8 @@ def run_sources(verified: VerifiedManifest, data_root: Path, state_dir: Path, wa
         frames = (frame for read in reads for frame in read.frames())
         shards = write_shard_stream(frames, folder / "source", prefix="documents", max_rows=config.shard_max_rows, schema=DOCUMENT_SCHEMA)
     counts = [read.counts for read in reads]
-    documents = pl.concat([pl.scan_parquet(s.path).select(pl.exclude("text"), pl.col("text").str.len_chars().cast(pl.Int64).alias("num_chars"), pl.lit(s.path).alias("shard_path")) for s in shards.shards])
+    provenance = {c: c for c in DOCUMENT_SCHEMA if c != "text"}
+    documents = lineage.ParquetRows(_paths(shards), provenance | {"num_chars": "length(text)", "shard_path": "filename"})
     sources = pl.DataFrame([{**asdict(c), "source_index": i} for i, c in enumerate(counts)])
     manifest_row = pl.DataFrame({"manifest_key": [key], "name": [verified.manifest.name], "config": [json.dumps(config.as_metadata(), sort_keys=True)]})
     lineage.write_tables(warehouse, verified.digest, {"manifests": manifest_row, "sources": sources, "documents": documents})
@@ -125,7 +126,7 @@ def run_dedup(source: SourceStage, state_dir: Path, warehouse: Path, config: Dat
     with scratch_space(folder / SCRATCH, config.scale) as scratch:
         decisions, counts = deduplicate_units(scratch, paths, config.dedup, folder / "decisions.parquet")
         kept = write_shard_stream(kept_frames(scratch), folder / "kept", prefix="kept", max_rows=config.shard_max_rows, schema=DOCUMENT_SCHEMA)
-    duplicates = pl.scan_parquet(decisions.path).filter(pl.col("dedup_state") == DUPLICATE).drop("dedup_state")
+    duplicates = lineage.ParquetRows((decisions.path,), {c: c for c in DEDUP_SCHEMA}, where=f"dedup_state = '{DUPLICATE}'")
     lineage.write_tables(warehouse, source.manifest_digest, {"duplicates": duplicates})
     return DedupStage(manifest_digest=source.manifest_digest, decisions=decisions, kept=kept, counts=counts, config=asdict(config.dedup))
 
@@ -171,15 +172,24 @@ def run_clean(verified: VerifiedManifest, source: SourceStage, dedup: DedupStage
     # The account: every per-document table a Parquet file, counted by DuckDB under the scratch cap.
     with scratch_space(folder / SCRATCH, config.scale) as scratch:
         db = scratch.db
-        db.execute(f"CREATE VIEW input_documents AS SELECT doc_id FROM read_parquet({sql_list([s.path for s in source.shards.shards])})")
+        db.execute(f"CREATE VIEW input_documents AS SELECT doc_id FROM read_parquet({sql_list(_paths(source.shards))})")
         db.execute(f"CREATE VIEW final_decisions AS SELECT * FROM read_parquet({sql_list([table.path])})")
-        db.execute(f"CREATE VIEW clean_rows AS SELECT doc_id, piece FROM read_parquet({sql_list([s.path for s in shards.shards])})")
+        db.execute(f"CREATE VIEW clean_rows AS SELECT doc_id, piece FROM read_parquet({sql_list(_paths(shards))})")
         conservation = clean.account_of(db)
-    # Which clean shard holds each kept document or piece: ids and offsets, streamed.
-    placed = pl.concat([pl.scan_parquet(s.path).select("doc_id", "piece", "char_start", "char_end", pl.lit(s.path).alias("shard_path"), pl.lit(s.sha256).alias("shard_sha256")) for s in shards.shards])
-    shard_rows = pl.DataFrame([{"shard_path": s.path, "shard_sha256": s.sha256, "num_rows": s.num_rows} for s in shards.shards])
-    lineage.write_tables(warehouse, source.manifest_digest, {"decisions": pl.scan_parquet(table.path), "clean_shards": shard_rows, "clean_pieces": placed})
+    # Which clean shard holds each kept document or piece: ids and offsets.
+    shard_rows = pl.DataFrame([{"shard_path": s.path, "shard_sha256": s.sha256, "num_rows": s.num_rows} for s in shards.shards], schema={"shard_path": pl.String, "shard_sha256": pl.String, "num_rows": pl.Int64})
+    placed = lineage.ParquetRows(
+        _paths(shards),
+        {c: c for c in ("doc_id", "piece", "char_start", "char_end", "shard_sha256")} | {"shard_path": "filename"},
+        by_file=shard_rows.select(pl.col("shard_path").alias("filename"), "shard_sha256"),
+    )
+    final_rows = lineage.ParquetRows((table.path,), {c: c for c in clean.FINAL_SCHEMA})
+    lineage.write_tables(warehouse, source.manifest_digest, {"decisions": final_rows, "clean_shards": shard_rows, "clean_pieces": placed})
     return CleanStage(manifest_digest=source.manifest_digest, shards=shards, decisions=table, conservation=conservation)
+
+
+def _paths(shards: ShardSet) -> tuple[str, ...]:
+    return tuple(s.path for s in shards.shards)
 
 
 def write_clean_shards(kept: ShardSet, actions: pl.DataFrame, pieces: pl.DataFrame, folder: Path, max_rows: int) -> ShardSet:
