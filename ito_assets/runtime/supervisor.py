@@ -12,7 +12,8 @@ from its newest whole checkpoint under the same run record.
   flush a checkpoint within the grace period and the supervisor exits without restarting.
 
 Attempts run where `SupervisorConfig.launch` says (`ito_assets.launch.backend`): torchrun on this
-machine, an sbatch job, or one pod per node; the supervisor only polls and terminates them.
+machine, an sbatch job, or one pod per node; the supervisor only polls and terminates them. When
+they run remotely, it relays rank 0's metrics to its Dagster Pipes channel (`relay`).
 
 Detection seconds run from the faulty rank's last sign of life (the oldest of the ranks' newest
 heartbeats, else the launch) to the moment the supervisor decided; recovery seconds from that decision to the first step of the next
@@ -34,6 +35,7 @@ from ito_assets.launch.backend import Attempt, Backend, LaunchConfig
 from ito_assets.runtime import events, heartbeat, holds, launch, markers, proposals
 from ito_assets.runtime.config import RESULT_NAME, WorkerConfig
 from ito_assets.runtime.events import Event, EventKind
+from ito_assets.runtime.relay import MetricsRelay, open_relay
 from ito_assets.runtime.storage import write_atomic
 
 REPORT_NAME = "supervision.json"
@@ -130,6 +132,7 @@ class Supervisor:
     stop_requested: bool = False
     backend: Backend | None = None  # None: the one `config.launch` names
     env: dict[str, str] = field(default_factory=dict)  # for the workers (a replica group's lighthouse)
+    relay: MetricsRelay | None = None  # remote ranks' metrics to this process's Pipes channel
 
     def __post_init__(self) -> None:
         self.backend = self.backend or launch.backend_for(self.config.launch)
@@ -161,6 +164,8 @@ class Supervisor:
                     return self._report(Outcome.FAILED, attempt_number + 1 - first)
                 attempt_number += 1
         finally:
+            if self.relay is not None:
+                self.relay.forward()
             self._event(EventKind.ALLOCATION, attempt=attempt_number, seconds=time.time() - started,
                         num_devices=self.config.world_size)
 
@@ -191,6 +196,8 @@ class Supervisor:
             time.sleep(self.config.poll_interval_s)
 
     def _poll(self, attempt: Attempt) -> _Watch:
+        if self.relay is not None:
+            self.relay.forward()
         beats = heartbeat.read_all(Path(self.worker.heartbeat_dir), attempt=attempt.number)
         self._note_recovery(attempt, beats)
         # The faulty rank is the one whose newest heartbeat is oldest; its last sign of life.
@@ -292,7 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     supervisor = Supervisor(worker=WorkerConfig.from_argument(args.worker), config=SupervisorConfig.from_dict(json.loads(text)))
     for number in (signal.SIGTERM, signal.SIGINT):
         signal.signal(number, supervisor.request_stop)
-    report = supervisor.run()
+    with open_relay(supervisor.config.launch.backend, Path(supervisor.worker.metrics_path)) as relay:
+        supervisor.relay = relay
+        report = supervisor.run()
     print(json.dumps({"stage": report.stage, "outcome": report.outcome.value, "num_attempts": report.num_attempts}))
     return 0 if report.outcome is Outcome.SUCCEEDED else 1
 

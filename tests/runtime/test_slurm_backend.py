@@ -20,8 +20,10 @@ from ito_assets.launch.slurm import SlurmBackend, SlurmSettings
 from ito_assets.launch.spec import LaunchSpec
 from ito_assets.runtime import events, heartbeat, registry
 from ito_assets.runtime.events import EventKind
+from ito_assets.runtime.relay import MetricsRelay
 from ito_assets.runtime.supervisor import Supervisor, SupervisorConfig, SupervisionReport
 from runtime_helpers import step_losses, worker_config
+from test_relay import Recorder
 
 pytestmark = pytest.mark.slow
 
@@ -64,7 +66,9 @@ def _accounting(state: Path) -> list[str]:
 
 def test_a_two_node_stage_trains_to_completion_through_sbatch_and_srun(tmp_path, tokens, slurm):
     config = worker_config(tmp_path, tokens)
-    report = _supervisor(config).run()
+    supervisor = _supervisor(config)
+    supervisor.relay = MetricsRelay(Path(config.metrics_path), recorder := Recorder())
+    report = supervisor.run()
 
     log = (Path(config.stage_dir) / "attempt-0.log").read_text()
     assert report.outcome == "succeeded" and report.num_attempts == 1, log[-3000:]
@@ -78,6 +82,8 @@ def test_a_two_node_stage_trains_to_completion_through_sbatch_and_srun(tmp_path,
     tasks = (slurm / "jobs" / str(fake_slurm.FIRST_JOB_ID) / "tasks").read_text().split()
     assert tasks[0::2] == ["0", "1"]  # one torchrun per node, joined in one rendezvous (world size 2)
     assert sorted(step_losses(Path(config.stage_dir))) == list(range(1, config.num_steps + 1))
+    # Rank 0 ran on a "node" without the Pipes channel; the supervisor relayed its metrics.
+    assert {step for step, _ in recorder.metrics_seen} >= {config.num_steps}
 
 
 def test_a_sigkilled_rank_under_slurm_fails_the_job_and_the_stage_resumes_in_a_new_job(tmp_path, tokens, slurm):

@@ -1,0 +1,65 @@
+"""Rank 0's metrics, relayed to Dagster by the supervisor when the ranks run remotely.
+
+Under the local back end, rank 0 inherits the supervisor's Dagster Pipes channel and reports
+through it. A rank on a Slurm or Kubernetes node does not: the channel is a file on the
+supervisor's machine (sbatch is given an environment without it). There, rank 0 appends its
+metrics and log lines to `metrics.jsonl` on the shared storage, and the supervisor, which runs
+under Pipes, forwards each new line through its own channel at every poll and once at the end.
+Only whole lines are read: a line being written is forwarded at the next poll.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from ito_assets.launch.backend import BackendKind
+from ito_assets.runtime.reporting import PIPES_CONTEXT_ENV_VAR, PipesReporter, Reporter
+
+
+class MetricsRelay:
+    """Lines appended to `path` from now on (a retried step does not relay its earlier runs')."""
+
+    def __init__(self, path: Path, reporter: Reporter) -> None:
+        self.path, self.reporter = path, reporter
+        self.offset = path.stat().st_size if path.exists() else 0
+        self.num_forwarded = 0
+
+    def forward(self) -> int:
+        """Forward the whole lines appended since the last call -> how many."""
+        try:
+            with self.path.open("rb") as handle:
+                handle.seek(self.offset)
+                data = handle.read()
+        except FileNotFoundError:  # rank 0 has not reported yet
+            return 0
+        whole = data[: data.rfind(b"\n") + 1]
+        self.offset += len(whole)
+        lines = [line for line in whole.decode().splitlines() if line.strip()]
+        for line in lines:
+            self._forward(json.loads(line))
+        self.num_forwarded += len(lines)
+        return len(lines)
+
+    def _forward(self, record: dict) -> None:
+        if record.get("kind") == "log":
+            self.reporter.log(str(record.get("message", "")))
+            return
+        values = {k: v for k, v in record.items() if k not in ("kind", "step", "at")}
+        self.reporter.metrics(int(record["step"]), values)
+
+
+@contextmanager
+def open_relay(backend: BackendKind, metrics_path: Path) -> Iterator[MetricsRelay | None]:
+    """A relay through this process's Pipes channel when the ranks run remotely and this process
+    runs under Pipes; None otherwise (rank 0 reports itself, or nobody listens)."""
+    if backend is BackendKind.LOCAL or PIPES_CONTEXT_ENV_VAR not in os.environ:
+        yield None
+        return
+    import dagster_pipes
+
+    with dagster_pipes.open_dagster_pipes() as context:
+        yield MetricsRelay(metrics_path, PipesReporter(context))

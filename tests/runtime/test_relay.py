@@ -1,0 +1,57 @@
+"""Rank 0's metrics file, relayed by the supervisor to its Pipes channel when ranks run remotely."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ito_assets.launch.backend import BackendKind
+from ito_assets.runtime.relay import MetricsRelay, open_relay
+from ito_assets.runtime.reporting import PIPES_CONTEXT_ENV_VAR, JsonlReporter
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.metrics_seen: list[tuple[int, dict]] = []
+        self.logs: list[str] = []
+
+    def metrics(self, step: int, values: dict) -> None:
+        self.metrics_seen.append((step, values))
+
+    def log(self, message: str) -> None:
+        self.logs.append(message)
+
+
+def test_forwards_whole_lines_once_and_only_those_written_after_it_started(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    rank0 = JsonlReporter(path)
+    rank0.metrics(1, {"loss": 9.0})  # an earlier run of the step: not relayed again
+    recorder = Recorder()
+    relay = MetricsRelay(path, recorder)
+    rank0.metrics(2, {"loss": 4.5, "tokens_per_second": 10.0})
+    rank0.log("saved checkpoint step-2")
+    with path.open("ab") as handle:  # a line rank 0 is still writing
+        handle.write(json.dumps({"kind": "metrics", "step": 3, "loss": 4.0}).encode())
+    assert relay.forward() == 2
+    assert recorder.metrics_seen == [(2, {"loss": 4.5, "tokens_per_second": 10.0})] and recorder.logs == ["saved checkpoint step-2"]
+    assert relay.forward() == 0
+    with path.open("ab") as handle:
+        handle.write(b"\n")
+    assert relay.forward() == 1 and recorder.metrics_seen[-1] == (3, {"loss": 4.0}) and relay.num_forwarded == 3
+
+
+def test_a_missing_file_is_nothing_yet(tmp_path: Path) -> None:
+    assert MetricsRelay(tmp_path / "metrics.jsonl", Recorder()).forward() == 0
+
+
+@pytest.mark.parametrize("backend", list(BackendKind))
+def test_relays_only_for_remote_ranks_under_pipes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: BackendKind) -> None:
+    monkeypatch.delenv(PIPES_CONTEXT_ENV_VAR, raising=False)
+    with open_relay(backend, tmp_path / "metrics.jsonl") as relay:
+        assert relay is None  # not under Pipes: nobody listens
+    if backend is BackendKind.LOCAL:
+        monkeypatch.setenv(PIPES_CONTEXT_ENV_VAR, "unused")
+        with open_relay(backend, tmp_path / "metrics.jsonl") as relay:
+            assert relay is None  # local ranks inherit the channel and report themselves
