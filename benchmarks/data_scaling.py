@@ -22,8 +22,8 @@ runs are fresh subprocesses:
 - "memory": the in-memory path they replaced (`sources.read_sources`, `dedup.deduplicate`,
   `decontam.scan`, `clean.clean_documents` on whole frames), in one subprocess (its peak is its
   deduplication's, which holds the whole corpus, whichever process runs it), the baseline in the
-  same run, up to `--memory-up-to` (64x: it held 1.3 GB there and grows ~linearly; at 128x it
-  would hold ~2.6 GB and add ~2 minutes to a run of ~6).
+  same run, up to `--memory-up-to` (64x: it held 1.5 GB there and grows ~linearly; at 128x it
+  would hold ~2.8 GB and add ~2 minutes to a run of ~8).
 A third kind of subprocess only imports the libraries: its peak RSS is the fixed baseline (the
 interpreter with polars, pyarrow, DuckDB and numpy loaded), so that what the data costs shows.
 Peak RSS is the subprocess's own high-water mark (VmHWM) and, for worker processes, the largest
