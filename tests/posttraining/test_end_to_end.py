@@ -53,10 +53,12 @@ def test_rlvr_raises_held_out_reward():
     assert all(s.kl_to_reference >= 0 for s in result.steps)
 
 
-# Measured on this configuration (tiny model after 30 pretraining steps, seed 0, four repeats): held-out
-# avg@8 0.127 after SFT (greedy 0.185), 0.386-0.426 after RLVR (paired SE 0.024-0.029), greedy
-# 0.375-0.46. The bar is about half the measured RLVR gain (+0.26 to +0.30).
-BPE_MIN_GAIN = 0.12
+# Measured on this configuration (tiny model after 30 pretraining steps): on the first machine, seed 0
+# four times, held-out avg@8 0.127 after SFT and 0.386-0.426 after RLVR (gain +0.26 to +0.30, paired
+# SE 0.024-0.029). On a later 2-core AMD EPYC machine, with the same code, tokenizer and SFT result,
+# seeds 0-2 gained +0.11, +0.14 and +0.19 (SE ~0.018): the RL trajectory depends on the machine's
+# arithmetic. The bar is about half the smallest measured gain.
+BPE_MIN_GAIN = 0.05
 
 
 @pytest.mark.slow
