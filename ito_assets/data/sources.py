@@ -118,6 +118,17 @@ def snapshot(ref: DataReference, data_root: Path, copy: Path) -> None:
         raise ItoError(ErrorCode.SOURCE_DIGEST_MISMATCH, f"data reference {ref.uri} does not hash to the manifest's sha256")
 
 
+def jsonl_record(line: bytes, number: int, uri: str) -> dict:
+    """One JSONL line (1-based `number`) as an object with a string 'text' (SOURCE_INVALID if not)."""
+    try:
+        record = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: line {number} is not JSON") from None
+    if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+        raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: line {number} has no string 'text'")
+    return record
+
+
 def _jsonl_records(path: Path, uri: str) -> Iterator[Records]:
     ids: list[str | None] = []
     texts: list[str] = []
@@ -126,12 +137,7 @@ def _jsonl_records(path: Path, uri: str) -> Iterator[Records]:
         for row, line in enumerate(handle):
             if not line.strip():
                 continue
-            try:
-                record = json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: line {row + 1} is not JSON") from None
-            if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-                raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: line {row + 1} has no string 'text'")
+            record = jsonl_record(line, row + 1, uri)
             record_id = record.get("id")
             ids.append(None if record_id is None else str(record_id))
             texts.append(record["text"])

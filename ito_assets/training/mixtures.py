@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import pyarrow.parquet as pq
 
-from ito_assets.data.sources import resolve_uri
+from ito_assets.data.sources import jsonl_record, resolve_uri
 from ito_assets.errors import ErrorCode, ItoError
 
 # The embedded default's reference mixture: the Python language reference (PSF-2.0), curated text
@@ -47,13 +46,7 @@ def _jsonl_texts(data: bytes, uri: str) -> list[str]:
     for number, line in enumerate(data.split(b"\n"), start=1):
         if not line.strip():
             continue
-        try:
-            record = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: line {number} is not JSON") from None
-        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-            raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: line {number} has no string 'text'")
-        texts.append(record["text"])
+        texts.append(jsonl_record(line, number, uri)["text"])
     return texts
 
 
