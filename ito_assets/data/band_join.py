@@ -1,9 +1,10 @@
 """Near-duplicate removal out of core: the same banding, verification and keep rule as
 `near_dedup`, with nothing held in memory that grows with the corpus but the verified pairs.
 
-- The band rows (doc, band, key) of every unit are Parquet files written by the workers; DuckDB
-  finds the buckets with two or more members and joins them, under the scratch database's memory
-  cap (spilling past it), and streams the distinct candidate pairs out in batches.
+- The band rows (doc, band, key, unit) of every unit are Parquet files written by the workers;
+  DuckDB finds the buckets with two or more members and joins them, under the scratch database's
+  memory cap (spilling past it), and streams the distinct candidate pairs out in batches ordered
+  by the units of their documents.
 - Each batch is verified on its own: signatures and shingle lists of the batch's documents are
   gathered from the units' memory-mapped arrays, and `near_dedup.verify_pairs` runs on them.
   Verification is per pair, so batching cannot change a verdict; the histogram adds up.

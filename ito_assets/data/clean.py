@@ -6,8 +6,9 @@ Every input document ends in exactly one state:
 - contaminated: removed whole (action drop) or cut (action cut: the GPT-3 rule, the hit and a
   window either side removed, the remaining pieces of at least `min_piece_chars` in the clean
   shards with their offsets), recorded with the eval items it matched.
-`account` checks that the states add up to the input exactly and that the clean rows are exactly
-the kept documents plus the pieces of cut ones.
+`account_of` (in DuckDB, over the stage's Parquet files; `account` over frames) checks that the
+states add up to the input exactly and that the clean rows are exactly the kept documents plus the
+pieces of cut ones.
 """
 
 from __future__ import annotations

@@ -62,8 +62,8 @@ def hits_unit(task: HitTask) -> tuple[int, pl.DataFrame]:
 
 def scan_units(scratch: Scratch, units: Sequence[WorkUnit], index: EvalIndex, config: DecontamConfig, ignored: pl.DataFrame | None = None) -> tuple[pl.DataFrame, ScanCounts, pl.DataFrame]:
     """Work units (doc_id, text) -> (hits in HIT_SCHEMA, counters, the (seed, view) pairs ignored
-    as common), as `decontam.scan` returns them. `ignored` given: those pairs, not the ones
-    these units' own seed frequencies would pick."""
+    as common): the hits and counters `decontam.scan` returns. `ignored` given: those pairs, not
+    the ones these units' own seed frequencies would pick."""
     folder = scratch.sub("decontam-matches")
     paths = [str(folder / f"matches-{u.index:05d}.parquet") for u in units]
     with worker_pool(scratch.scale.num_workers) as pool:

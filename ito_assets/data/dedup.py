@@ -76,9 +76,10 @@ def deduplicate(docs: pl.DataFrame, config: DedupConfig) -> tuple[pl.DataFrame, 
 def near_ids(db: duckdb.DuckDBPyConnection, removals: Removals) -> pl.DataFrame:
     """NEAR_SQL's rows (NEAR_SCHEMA) for the removals, over the tables `keys` and `copies` of `db`."""
     db.register("removals", pa.table({"removed": removals.removed, "kept": removals.kept, "similarity": removals.similarity}))
-    near = db.execute(NEAR_SQL).pl()
-    db.unregister("removals")
-    return near.cast(NEAR_SCHEMA)
+    try:
+        return db.execute(NEAR_SQL).pl().cast(NEAR_SCHEMA)
+    finally:
+        db.unregister("removals")
 
 
 def decide(ordered: pl.DataFrame, copies: pl.DataFrame, near: pl.DataFrame) -> pl.DataFrame:

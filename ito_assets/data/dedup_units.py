@@ -134,4 +134,5 @@ def kept_frames(scratch: Scratch) -> Iterator[pl.DataFrame]:
         first += frame.height
         # Compacted: the shard writer holds up to a shard of these, not the batches they came from.
         yield compacted(frame.filter(pl.Series(kept))).cast(DOCUMENT_SCHEMA)
-    assert first > removed.max(initial=-1), "the representatives' file is out of step with the removals"
+    num_representatives = scratch.db.execute(f"SELECT count(*) FROM ({REPRESENTATIVES_SQL})").fetchone()[0]
+    assert first == num_representatives > removed.max(initial=-1), "the representatives' file is out of step with the removals"

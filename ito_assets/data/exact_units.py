@@ -108,8 +108,10 @@ def exact_copies(scratch: Scratch, shard_paths: Sequence[str]) -> ExactDedupCoun
     # A hash group's copies go to DuckDB as the group is settled: none are held here.
     for chunk in _whole_groups(_shared_texts(scratch, shard_paths)):
         db.register("copy_frame", _first_of_identical(chunk).to_arrow())
-        db.execute("INSERT INTO copies SELECT * FROM copy_frame")
-        db.unregister("copy_frame")
+        try:
+            db.execute("INSERT INTO copies SELECT * FROM copy_frame")
+        finally:
+            db.unregister("copy_frame")
     num_input, num_removed, num_groups = db.execute("SELECT (SELECT count(*) FROM keys), count(*), count(DISTINCT exact_copy_of) FROM copies").fetchone()
     return ExactDedupCounts(num_input=num_input, num_distinct_texts=num_input - num_removed, num_removed=num_removed, num_groups_with_copies=num_groups)
 

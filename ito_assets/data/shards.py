@@ -35,6 +35,11 @@ class Shard:
     sha256: str
     num_rows: int
 
+    def changed(self) -> bool:
+        """Whether the file no longer hashes to the recorded digest (or is gone)."""
+        path = Path(self.path)
+        return not path.is_file() or file_sha256(path) != self.sha256
+
 
 @dataclass(frozen=True)
 class ShardSet:
@@ -54,7 +59,7 @@ class ShardSet:
 
     def verify(self) -> list[str]:
         """Paths of shards whose bytes no longer hash to the recorded digest."""
-        return [s.path for s in self.shards if file_sha256(Path(s.path)) != s.sha256]
+        return [s.path for s in self.shards if s.changed()]
 
     def as_dicts(self) -> list[dict]:
         return [asdict(s) for s in self.shards]

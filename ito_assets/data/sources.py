@@ -154,18 +154,32 @@ def _parquet_records(path: Path, uri: str) -> Iterator[Records]:
         handle = pq.ParquetFile(path)
     except Exception:  # noqa: BLE001 - any parse failure is the same user-facing error
         raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: not a readable Parquet file") from None
-    names = handle.schema_arrow.names
-    if "text" not in names:
-        raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: has no 'text' column")
-    first = 0
     with handle:
-        for batch in handle.iter_batches(batch_size=BATCH_RECORDS, columns=["text", "id"] if "id" in names else ["text"]):
+        names = handle.schema_arrow.names
+        if "text" not in names:
+            raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: has no 'text' column")
+        first = 0
+        for batch in _batches(handle, ["text", "id"] if "id" in names else ["text"], uri):
             texts = batch.column("text").to_pylist()
             if any(not isinstance(t, str) for t in texts):
                 raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: 'text' must be a non-null string column")
             ids = [None if i is None else str(i) for i in batch.column("id").to_pylist()] if "id" in names else [None] * len(texts)
             yield ids, texts, list(range(first, first + len(texts)))
             first += len(texts)
+
+
+def _batches(handle: pq.ParquetFile, columns: list[str], uri: str) -> Iterator:
+    """The file's record batches; a page that does not decode is the same user-facing error as
+    a footer that does not (SOURCE_INVALID), wherever in the file it is."""
+    batches = handle.iter_batches(batch_size=BATCH_RECORDS, columns=columns)
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except Exception:  # noqa: BLE001 - pyarrow raises several types for a corrupt page
+            raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: not a readable Parquet file") from None
+        yield batch
 
 
 def doc_id(source_sha256: str, row: int) -> str:
@@ -181,10 +195,19 @@ class SourceRead:
         self.ref, self.source_index, self.data_root, self.folder = ref, source_index, data_root, folder
         self.counts: SourceCounts | None = None
 
+    @property
+    def copy(self) -> Path:
+        return self.folder / f"source-{self.source_index:05d}.{self.ref.format}"
+
+    def verify(self) -> None:
+        """Take the verified snapshot now (`frames` takes it if not): a stage that verifies every
+        source before it writes a shard leaves its earlier output alone when one has changed."""
+        if not self.copy.exists():
+            snapshot(self.ref, self.data_root, self.copy)
+
     def frames(self) -> Iterator[pl.DataFrame]:
-        ref = self.ref
-        copy = self.folder / f"source-{self.source_index:05d}.{ref.format}"
-        snapshot(ref, self.data_root, copy)
+        ref, copy = self.ref, self.copy
+        self.verify()
         num_bytes = copy.stat().st_size
         num_documents = num_empty = num_changed = 0
         parse = _jsonl_records if ref.format == "jsonl" else _parquet_records

@@ -32,9 +32,9 @@ from ito_assets.data.dedup import DEDUP_SCHEMA, DUPLICATE, DedupCounts
 from ito_assets.data.dedup_units import deduplicate_units, kept_frames
 from ito_assets.data.eval_index import build_index
 from ito_assets.data.scratch import scratch_space, sql_list
-from ito_assets.data.shards import Shard, ShardSet, record_batches, write_shard_stream, write_shards, write_table, write_table_batches
+from ito_assets.data.shards import Shard, ShardSet, record_batches, write_shard_stream, write_table, write_table_batches
 from ito_assets.data.sources import DOCUMENT_SCHEMA, SourceCounts, SourceRead
-from ito_assets.data.units import READ_BATCH_ROWS, parquet_frames
+from ito_assets.data.units import parquet_frames
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.evals.suite import EvalSuite
 from ito_assets.manifest.verify import VerifiedManifest, eval_suite_mismatches, require_provenance
@@ -109,6 +109,8 @@ def run_sources(verified: VerifiedManifest, data_root: Path, state_dir: Path, wa
     folder = stage_folder(state_dir, key)
     with scratch_space(folder / SCRATCH, config.scale) as scratch:
         reads = [SourceRead(ref, i, data_root, scratch.folder) for i, ref in enumerate(verified.manifest.data)]
+        for read in reads:  # every source verified before the folder of the last good output is replaced
+            read.verify()
         frames = (frame for read in reads for frame in read.frames())
         shards = write_shard_stream(frames, folder / "source", prefix="documents", max_rows=config.shard_max_rows, schema=DOCUMENT_SCHEMA)
     counts = [read.counts for read in reads]

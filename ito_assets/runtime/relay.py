@@ -5,7 +5,9 @@ through it. A rank on a Slurm or Kubernetes node does not: the channel is a file
 supervisor's machine (sbatch is given an environment without it). There, rank 0 appends its
 metrics and log lines to `metrics.jsonl` on the shared storage, and the supervisor, which runs
 under Pipes, forwards each new line through its own channel at every poll and once at the end.
-Only whole lines are read: a line being written is forwarded at the next poll.
+Only whole lines are read: a line being written is forwarded at the next poll. Relaying is
+best effort: a line that does not parse is skipped and counted, and a channel that fails to
+send loses those lines, never the supervision of the stage.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ class MetricsRelay:
     def __init__(self, path: Path, reporter: Reporter) -> None:
         self.path, self.reporter = path, reporter
         self.offset = path.stat().st_size if path.exists() else 0
-        self.num_forwarded = 0
+        self.num_forwarded = self.num_skipped = 0
 
     def forward(self) -> int:
         """Forward the whole lines appended since the last call -> how many."""
@@ -38,14 +40,22 @@ class MetricsRelay:
             return 0
         whole = data[: data.rfind(b"\n") + 1]
         self.offset += len(whole)
-        lines = [line for line in whole.decode().splitlines() if line.strip()]
-        for line in lines:
-            self._forward(json.loads(line))
-        self.num_forwarded += len(lines)
-        return len(lines)
+        forwarded = 0
+        for line in whole.splitlines():
+            if not line.strip():
+                continue
+            try:
+                self._forward(json.loads(line))
+                forwarded += 1
+            except (ValueError, KeyError, TypeError):  # not a record rank 0 writes
+                self.num_skipped += 1
+            except OSError:  # the channel failed: the supervision goes on without it
+                self.num_skipped += 1
+        self.num_forwarded += forwarded
+        return forwarded
 
     def _forward(self, record: dict) -> None:
-        if record.get("kind") == "log":
+        if record["kind"] == "log":
             self.reporter.log(str(record.get("message", "")))
             return
         values = {k: v for k, v in record.items() if k not in ("kind", "step", "at")}

@@ -15,7 +15,7 @@ from ito_assets.api.cli import build_parser, run
 from ito_assets.defs import manifest
 from ito_assets.defs.data import defs as data_defs
 from ito_assets.defs.data.assets import DATA_ASSETS
-from ito_assets.defs.data.checks import DATA_CHECKS
+from ito_assets.defs.data.checks import DATA_CHECKS, zero_residual_contamination
 from ito_assets.defs.manifest.assets import eval_suite, training_manifest
 from ito_assets.defs.resources import ItoSettingsResource
 from ito_assets.manifest.secure_read import read_manifest_bytes
@@ -195,3 +195,17 @@ def test_lineage_tables_hold_every_document_and_every_clean_row(chain) -> None:
     assert num_placed == num_clean_rows > 0 and num_unplaced == 0
     text = pl.read_parquet(shard_path).filter(pl.col("doc_id") == doc_id)["text"][0]
     assert num_chars == len(text)
+
+
+def test_the_residual_check_refuses_changed_ignored_seeds(chain) -> None:
+    _, _, _, result = chain
+    clean, suite, report = (result.output_for_node(n) for n in ("clean_shards", "eval_suite", "contamination_report"))
+    assert zero_residual_contamination(clean, suite, report).passed
+    seeds = Path(report.ignored_seeds.path)
+    original = seeds.read_bytes()
+    try:
+        pl.DataFrame({"seed": [1], "view": [0]}, schema={"seed": pl.UInt64, "view": pl.Int32}).write_parquet(seeds)
+        verdict = zero_residual_contamination(clean, suite, report)
+    finally:
+        seeds.write_bytes(original)
+    assert not verdict.passed and "ignored seeds changed" in verdict.metadata["problems"].value

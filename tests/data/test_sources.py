@@ -113,3 +113,42 @@ def test_a_mismatching_snapshot_is_removed(tmp_path: Path) -> None:
         next(read.frames())
     assert info.value.code is ErrorCode.SOURCE_DIGEST_MISMATCH
     assert not list((tmp_path / "scratch").iterdir()) and read.counts is None
+
+
+def test_a_corrupt_page_is_source_invalid(tmp_path: Path) -> None:
+    path = tmp_path / "a.parquet"
+    texts = [f"document number {i} " * 20 for i in range(4000)]
+    pl.DataFrame({"text": texts}).write_parquet(path, compression="zstd", row_group_size=1000)
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2  # inside a data page; the footer still reads
+    data[middle : middle + 64] = bytes(64)
+    path.write_bytes(bytes(data))
+    with pytest.raises(ItoError) as info:
+        read_source(reference(path, "parquet"), 0, tmp_path)
+    assert info.value.code is ErrorCode.SOURCE_INVALID
+
+
+def test_a_changed_source_leaves_the_last_good_output(tmp_path: Path) -> None:
+    from ito_assets.data.config import DataPrepConfig
+    from ito_assets.data.stages import run_sources
+    from ito_assets.manifest.verify import verify_manifest
+    from ito_assets.settings import PROJECT_ROOT
+
+    root = tmp_path.resolve()
+    first, second = write_jsonl(root / "a.jsonl", [{"text": "the first source"}]), write_jsonl(root / "b.jsonl", [{"text": "the second source"}])
+    manifest = json.loads((PROJECT_ROOT / "data" / "fixtures" / "manifests" / "fixture-small.json").read_text())
+    provenance = manifest["data"][0]["decontamination"]
+    manifest["data"] = [{**reference(p).model_dump(mode="json", exclude_none=True), "decontamination": provenance} for p in (first, second)]
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    verified = verify_manifest(str(root / "manifest.json"))
+
+    def run():
+        return run_sources(verified, root, root / "state", root / "warehouse.duckdb", DataPrepConfig())
+
+    folder = Path(run().shards.folder)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    second.write_bytes(b'{"text": "a changed second source"}\n')
+    with pytest.raises(ItoError) as info:
+        run()
+    assert info.value.code is ErrorCode.SOURCE_DIGEST_MISMATCH
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before

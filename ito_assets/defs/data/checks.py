@@ -95,6 +95,8 @@ def conservation_holds(clean_shards: stages.CleanStage) -> dg.AssetCheckResult:
     description="An independent re-scan of the clean shards against the eval suite, under the decontamination's rule (its common seeds stay ignored), finds nothing.",
 )
 def zero_residual_contamination(clean_shards: stages.CleanStage, eval_suite: EvalSuite, contamination_report: stages.DecontamStage) -> dg.AssetCheckResult:
+    if contamination_report.ignored_seeds.changed():  # the rule the re-scan applies is the stage's, as recorded
+        return dg.AssetCheckResult(passed=False, metadata={"problems": "the decontamination's ignored seeds changed since they were written"})
     hits = stages.residual_contamination(clean_shards.shards, eval_suite, contamination_report, ScaleConfig())
     sample = hits.select("doc_id", "eval_item_id").head(10).to_dicts() if hits.height else []
     return dg.AssetCheckResult(
