@@ -28,7 +28,6 @@ around one torchft lighthouse (the quorum's coordinator) in this process:
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -40,7 +39,7 @@ from pathlib import Path
 from ito_assets.runtime import heartbeat
 from ito_assets.runtime.config import WorkerConfig, group_shape
 from ito_assets.runtime.storage import write_atomic
-from ito_assets.runtime.supervisor import REPORT_NAME, Outcome, SupervisionReport, Supervisor, SupervisorConfig
+from ito_assets.runtime.supervisor import REPORT_NAME, Outcome, SupervisionReport, Supervisor, SupervisorConfig, stage_arguments
 
 # What torchft's Manager reads for the lighthouse's address (torchft.manager, `TORCHFT_LIGHTHOUSE`).
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
@@ -174,13 +173,8 @@ class ReplicaStage:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m ito_assets.runtime.replicas --worker W.json --supervisor S.json` (what Pipes runs)."""
-    parser = argparse.ArgumentParser(prog="ito_assets.runtime.replicas")
-    parser.add_argument("--worker", required=True, help="the stage's WorkerConfig (JSON or a path to it)")
-    parser.add_argument("--supervisor", default="{}", help="SupervisorConfig fields for the whole attempt")
-    args = parser.parse_args(argv)
-    text = args.supervisor if args.supervisor.lstrip().startswith("{") else Path(args.supervisor).read_text()
-    stage = ReplicaStage(worker=WorkerConfig.from_argument(args.worker),
-                         config=SupervisorConfig.from_dict(json.loads(text)))
+    worker, config = stage_arguments("ito_assets.runtime.replicas", argv)  # config: the whole attempt's
+    stage = ReplicaStage(worker=worker, config=config)
     for number in (signal.SIGTERM, signal.SIGINT):
         signal.signal(number, stage.request_stop)
     report = stage.run()

@@ -289,14 +289,21 @@ class Supervisor:
         return report
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`python -m ito_assets.runtime.supervisor --worker W.json --supervisor S.json` (what Pipes runs)."""
-    parser = argparse.ArgumentParser(prog="ito_assets.runtime.supervisor")
+def stage_arguments(prog: str, argv: list[str] | None) -> tuple[WorkerConfig, SupervisorConfig]:
+    """`--worker W.json --supervisor S.json` (each JSON or a path to it): what Pipes passes to a
+    stage's supervising process, a single supervisor or a replica stage."""
+    parser = argparse.ArgumentParser(prog=prog)
     parser.add_argument("--worker", required=True, help="the stage's WorkerConfig (JSON or a path to it)")
     parser.add_argument("--supervisor", default="{}", help="SupervisorConfig fields (JSON or a path to it)")
     args = parser.parse_args(argv)
     text = args.supervisor if args.supervisor.lstrip().startswith("{") else Path(args.supervisor).read_text()
-    supervisor = Supervisor(worker=WorkerConfig.from_argument(args.worker), config=SupervisorConfig.from_dict(json.loads(text)))
+    return WorkerConfig.from_argument(args.worker), SupervisorConfig.from_dict(json.loads(text))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m ito_assets.runtime.supervisor --worker W.json --supervisor S.json` (what Pipes runs)."""
+    worker, config = stage_arguments("ito_assets.runtime.supervisor", argv)
+    supervisor = Supervisor(worker=worker, config=config)
     for number in (signal.SIGTERM, signal.SIGINT):
         signal.signal(number, supervisor.request_stop)
     with open_relay(supervisor.config.launch.backend, Path(supervisor.worker.metrics_path)) as relay:
