@@ -59,6 +59,9 @@ def loads_strict(data: bytes) -> Any:
     except (json.JSONDecodeError, RecursionError):
         # json reports trailing bytes as "Extra data"; positions only, never the text.
         raise StrictJsonError("not a single well-formed JSON document") from None
+    except ValueError:
+        # An integer past Python's digit limit for int() (4300 digits by default, CVE-2020-10735).
+        raise StrictJsonError("a number has too many digits") from None
     if _depth(value) > _MAX_DEPTH:
         raise StrictJsonError("nesting is too deep")
     return value

@@ -4,11 +4,16 @@ from helpers import CANARIES
 from ito_assets.manifest import secrets
 from ito_assets.manifest.schema import is_digest_field
 
+# The kind each canary family is reported as.
+KINDS = {"aws": "aws_access_key_id", "github": "github_token", "github_fine": "github_fine_grained_token",
+         "hugging_face": "hugging_face_token", "pem": "private_key", "jwt": "jwt", "bearer": "bearer_token",
+         "url": "url_credentials", "slack": "slack_token", "entropy": "high_entropy_string"}
+
 
 @pytest.mark.parametrize("name", sorted(CANARIES))
 def test_each_canary_family_is_found(name):
     findings = secrets.scan({"note": f"see {CANARIES[name]} here"})
-    assert findings, name
+    assert [f.kind for f in findings] == [KINDS[name]], name
     assert all(CANARIES[name] not in f.location for f in findings)
 
 
@@ -48,8 +53,11 @@ def test_digest_fields_are_exempt_only_in_digest_form():
     assert is_digest_field(("data", 0, "sha256"), digest)
     assert not is_digest_field(("data", 0, "uri"), digest)
     assert not is_digest_field(("data", 0, "sha256"), CANARIES["entropy"])
+    assert [f.kind for f in secrets.scan({"sha256": CANARIES["entropy"]}, is_exempt=is_digest_field)] == [
+        "high_entropy_string"]
 
 
 def test_secret_in_a_key_name_is_not_echoed():
     findings = secrets.scan({CANARIES["github"]: 1})
+    assert [f.kind for f in findings] == ["github_token"]
     assert findings and all(CANARIES["github"] not in f.location for f in findings)

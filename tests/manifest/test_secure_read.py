@@ -184,6 +184,7 @@ def test_racing_directory_swap_never_yields_decoy(root: Path, use_openat2) -> No
                 results[err.code.value] = results.get(err.code.value, 0) + 1
                 continue
             assert got.data == REAL, "the decoy was returned through a swapped-in symlink"
+            assert got.sha256_hex == hashlib.sha256(got.data).hexdigest(), "the digest is not of the bytes read"
             results["ok"] = results.get("ok", 0) + 1
     finally:
         stop.set()

@@ -1,0 +1,369 @@
+"""ito_assets.manifest.secrets at its boundaries: the exact kind of every token format, a near miss
+of each that is not flagged, the entropy rule pinned at its threshold and at the alphabets users
+meet, key names, and the locations `scan` reports (never the value)."""
+
+from __future__ import annotations
+
+import math
+import random
+import string
+
+import pytest
+
+from ito_assets.manifest import secrets
+from ito_assets.manifest.secrets import SecretFinding, key_looks_secret, scan, value_secret_kind
+
+# --- the entropy rule on random tokens ----------------------------------------------------------
+
+HEX_LOWER = "0123456789abcdef"
+HEX_UPPER = "0123456789ABCDEF"
+HEX_MIXED = "0123456789abcdefABCDEF"
+BASE62 = string.ascii_letters + string.digits
+BASE64 = BASE62 + "+/"
+BASE64_URL = BASE62 + "-_"
+
+
+def _random_tokens(alphabet: str, length: int, seed: int, count: int = 200) -> list[str]:
+    rng = random.Random(seed)  # an int seed: the same tokens on every Python and every run
+    return ["".join(rng.choice(alphabet) for _ in range(length)) for _ in range(count)]
+
+
+def _num_flagged(tokens: list[str]) -> int:
+    return sum(value_secret_kind(t) is not None for t in tokens)
+
+
+# (alphabet, length, seed) -> how many of 200 tokens are flagged today. Random base62/base64 at 32
+# chars sit around 4.2-4.9 bits/char, so a few draws land under 4.2 bits; hex has at most 16
+# symbols (4.0 bits), and one case of it has no upper (or no lower) case letter at all.
+RANDOM_CASES = {
+    "hex-lower-32": (HEX_LOWER, 32, 1, 0),
+    "hex-upper-32": (HEX_UPPER, 32, 2, 0),
+    "hex-lower-64": (HEX_LOWER, 64, 3, 0),
+    "hex-mixed-32": (HEX_MIXED, 32, 4, 1),  # log2(22) = 4.46 bits at most: only a lucky draw passes
+    "base62-32": (BASE62, 32, 5, 195),
+    "base62-40": (BASE62, 40, 6, 200),
+    "base64-32": (BASE64, 32, 7, 198),
+    "base64url-32": (BASE64_URL, 32, 8, 196),
+    "base64-40": (BASE64, 40, 9, 200),
+    "base64url-40": (BASE64_URL, 40, 10, 199),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RANDOM_CASES))
+def test_random_tokens_are_flagged_exactly_as_today(case):
+    alphabet, length, seed, expected = RANDOM_CASES[case]
+    tokens = _random_tokens(alphabet, length, seed)
+    assert _num_flagged(tokens) == expected
+    for token in tokens:
+        kind = value_secret_kind(token)
+        assert kind in (None, "high_entropy_string")
+        mixed = any(c.islower() for c in token) and any(c.isupper() for c in token) and any(c.isdigit() for c in token)
+        # Every verdict is the rule itself: flagged exactly when mixed and at 4.2 bits or more.
+        assert (kind is not None) == (mixed and secrets._entropy(token) >= 4.2), token
+
+
+def test_lowercase_hex_is_never_flagged_at_any_length():
+    for length in (32, 40, 64, 128):
+        assert _num_flagged(_random_tokens(HEX_LOWER, length, length)) == 0
+
+
+@pytest.mark.parametrize(
+    "alphabet", [string.ascii_letters, string.ascii_lowercase + string.digits, string.ascii_uppercase + string.digits],
+    ids=["no-digit", "no-upper", "no-lower"],
+)
+def test_high_entropy_without_all_three_classes_is_not_flagged(alphabet):
+    tokens = _random_tokens(alphabet, 40, 11)
+    assert sum(secrets._entropy(t) >= 4.2 for t in tokens) >= 190  # entropy alone would flag these
+    assert _num_flagged(tokens) == 0
+
+
+def test_31_chars_are_not_a_candidate_32_are():
+    token = _random_tokens(BASE62, 40, 12, count=1)[0]
+    assert value_secret_kind(token[:32]) == "high_entropy_string"
+    assert value_secret_kind(token[:31]) is None
+    # A separator splits the candidate: 31 + 31 characters is two short runs, not one long one.
+    assert value_secret_kind(token[:31] + " " + token[:31]) is None
+    assert value_secret_kind(token[:31] + "." + token[:31]) is None
+
+
+def test_a_later_candidate_is_still_checked():
+    low = "a" * 40  # a candidate, but one letter class only
+    high = _random_tokens(BASE62, 40, 13, count=1)[0]
+    assert value_secret_kind(f"{low} {high}") == "high_entropy_string"
+    assert value_secret_kind(f"{high} {low}") == "high_entropy_string"
+
+
+def _token_from_counts(counts: tuple[int, ...]) -> str:
+    """A token whose character multiset has exactly these counts (the first three symbols are an
+    upper-case letter, a lower-case letter and a digit, so the token always has all three classes)."""
+    symbols = "Ab7" + "".join(c for c in BASE62 if c not in "Ab7")
+    return "".join(symbols[i] * n for i, n in enumerate(counts))
+
+
+# The 32-character multisets closest to 4.2 bits on either side (an exhaustive search over the
+# partitions of 32; exactly 4.2 bits is impossible for a multiset, so >= and > agree).
+JUST_ABOVE = (6, 4, 2) + (1,) * 20  # 4.20282 bits
+JUST_BELOW = (5, 4, 2, 2, 2) + (1,) * 17  # 4.19970 bits
+
+
+def test_threshold_is_pinned_between_the_closest_multisets():
+    above, below = _token_from_counts(JUST_ABOVE), _token_from_counts(JUST_BELOW)
+    assert len(above) == len(below) == 32
+    assert 4.2 < secrets._entropy(above) < 4.203
+    assert 4.1996 < secrets._entropy(below) < 4.2
+    assert value_secret_kind(above) == "high_entropy_string"
+    assert value_secret_kind(below) is None
+    # Shuffling the same multiset changes nothing: the rule is about counts, not order.
+    rng = random.Random(14)
+    for token, kind in ((above, "high_entropy_string"), (below, None)):
+        chars = list(token)
+        rng.shuffle(chars)
+        assert value_secret_kind("".join(chars)) == kind
+
+
+@pytest.mark.parametrize(
+    "token,bits",
+    [("ab", 1.0), ("aabb", 1.0), ("abcd", 2.0), ("aaab", 0.8112781244591328), ("a", 0.0),
+     ("abcdefgh" * 4, 3.0), (BASE64, 6.0)],
+)
+def test_entropy_is_shannon_bits_per_character(token, bits):
+    assert math.isclose(secrets._entropy(token), bits, abs_tol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "dataroot://fixtures/corpora/stdlib_docstrings.jsonl",
+        "dataroot://fixtures/posttraining/dpo_pairs.jsonl",
+        "file:///srv/data/ito/corpora/2026-11-01/stdlib_docstrings_cleaned_v2_deduplicated.jsonl",
+        "tenant://checkpoints/fixture-small-with-a-rather-long-run-name-2026",
+        "PSF-only mixture chosen for its licence; a within-noise benefit is accepted.",
+        "decontaminated_against_the_fixture_eval_suite_version_two",
+        "internationalization_and_localization_configuration",
+        "3f786850e387550fdab836ed7e6dc881de23001b",  # a git revision
+        "sha256:" + "0123456789abcdef" * 4,
+        "0123456789abcdef" * 4,
+        "3F786850E387550FDAB836ED7E6DC881DE23001B",  # upper-case hex: no lower case
+        "ito-fixture-evals-v1",
+        "CC0-1.0",
+    ],
+)
+def test_manifest_words_paths_and_digests_are_not_flagged(value):
+    assert value_secret_kind(value) is None
+    assert scan({"uri": value}) == []
+
+
+# --- every token format: the exact kind, and a near miss ---------------------------------------
+
+PEM = "-----BEGIN {} PRIVATE KEY-----\nMIIcanary\n-----END {} PRIVATE KEY-----"
+
+CANARIES = {
+    # kind -> values that match it (first in _PATTERNS order wins)
+    "aws_access_key_id": ["AKIAIOSFODNN7EXAMPLE", "ASIAIOSFODNN7EXAMPLE", "ABIAIOSFODNN7EXAMPLE",
+                          "ACCAIOSFODNN7EXAMPLE", "AIDAIOSFODNN7EXAMPLE", "AROAIOSFODNN7EXAMPLE"],
+    "aws_secret_access_key": ["aws_secret_access_key = " + "abcd" * 10,
+                              'AWS_SECRET: "' + "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY" + '"'],
+    "github_token": [f"gh{c}_" + "a" * 36 for c in "pousr"] + ["ghp_" + "a" * 255],
+    "github_fine_grained_token": ["github_pat_" + "a" * 22],
+    "hugging_face_token": ["hf_" + "a" * 30],
+    "private_key": [PEM.format("RSA", "RSA"), PEM.format("EC", "EC"), "-----BEGIN PRIVATE KEY-----",
+                    "-----BEGIN PGP PRIVATE KEY BLOCK-----",
+                    # The OpenSSH header also matches the generic PEM pattern, which comes first:
+                    # ssh_private_key is never the kind reported (see test_ssh_pattern_is_shadowed).
+                    "-----BEGIN OPENSSH PRIVATE KEY-----"],
+    "jwt": ["eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJjYW5hcnkifQ.c2lnbmF0dXJl", "eyJabcde.eyJabcde.abcde"],
+    "bearer_token": ["Authorization: Bearer " + "a" * 16, "bearer " + "a" * 16, "token " + "a" * 16 + "=="],
+    "url_credentials": ["https://user:pass@example.invalid/x.jsonl", "postgresql://ito:pw@db:5432/ito"],
+    "slack_token": ["xoxb-" + "1" * 10, "xoxp-0000-aaaa-bb"],
+    "slack_webhook": ["https://hooks.slack.com/services/T00000000/B00000000/XXXXXXXXXXXXXXXXXXXXXXXX"],
+}
+
+NEAR_MISSES = {
+    "aws_access_key_id": ["AKIAIOSFODNN7EXAMPL", "AKIAiosfodnn7example", "AKIBIOSFODNN7EXAMPLE",
+                          "XAKIAIOSFODNN7EXAMPLE"],
+    "aws_secret_access_key": ["aws_secret_access_key = " + ("abcd" * 10)[:39], "aws key " + "abcd" * 10],
+    "github_token": ["ghp_" + "a" * 35, "ghx_" + "a" * 36, "ghp-" + "a" * 36],
+    "github_fine_grained_token": ["github_pat_" + "a" * 21, "github_pot_" + "a" * 22],
+    "hugging_face_token": ["hf_" + "a" * 29, "hf-" + "a" * 30],
+    "private_key": ["-----BEGIN PUBLIC KEY-----", "-----BEGIN CERTIFICATE-----",
+                    "-----BEGIN rsa PRIVATE KEY-----", "BEGIN RSA PRIVATE KEY"],
+    "jwt": ["eyJabcde.eyJabcde.abcd", "eyJabcd.eyJabcde.abcde", "eyXabcde.eyJabcde.abcde"],
+    "bearer_token": ["Bearer " + "a" * 15, "token count", "tokens " + "a" * 16],
+    "url_credentials": ["https://user@example.invalid/x.jsonl", "https://example.invalid:8443/x.jsonl",
+                        "dataroot://fixtures/corpora/a:b.jsonl"],
+    "slack_token": ["xoxb-" + "1" * 9, "xoxz-" + "1" * 10],
+    "slack_webhook": ["https://hooks.slack.com/services/X00000000/B00000000/XXXXXXXXXXXXXXXXXXXXXXXX",
+                      "https://hooks.slack.com/services/T00000000"],
+}
+
+
+def test_every_pattern_has_canaries_and_near_misses():
+    kinds = {kind for kind, _ in secrets._PATTERNS}
+    assert set(CANARIES) == set(NEAR_MISSES) == kinds - {"ssh_private_key"}
+
+
+@pytest.mark.parametrize("kind,value", [(k, v) for k, vs in CANARIES.items() for v in vs])
+def test_canary_reports_its_exact_kind(kind, value):
+    assert value_secret_kind(value) == kind
+    assert value_secret_kind(f"see {value} here") == kind  # embedded in prose, too
+
+
+@pytest.mark.parametrize("kind,value", [(k, v) for k, vs in NEAR_MISSES.items() for v in vs])
+def test_near_miss_is_not_flagged(kind, value):
+    assert value_secret_kind(value) is None, kind
+
+
+def test_ssh_pattern_is_shadowed_by_the_generic_private_key():
+    header = "-----BEGIN OPENSSH PRIVATE KEY-----"
+    patterns = dict(secrets._PATTERNS)
+    assert patterns["ssh_private_key"].search(header)
+    assert patterns["private_key"].search(header)
+    assert value_secret_kind(header) == "private_key"
+
+
+def test_first_matching_pattern_wins():
+    both = "AKIAIOSFODNN7EXAMPLE " + "ghp_" + "a" * 36
+    assert value_secret_kind(both) == "aws_access_key_id"
+    assert value_secret_kind("ghp_" + "a" * 36 + " AKIAIOSFODNN7EXAMPLE") == "aws_access_key_id"
+
+
+def test_a_pattern_beats_the_entropy_rule():
+    token = _random_tokens(BASE62, 36, 15, count=1)[0]
+    assert value_secret_kind(token) == "high_entropy_string"
+    assert value_secret_kind("ghp_" + token) == "github_token"
+
+
+# --- key names ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["password", "passwd", "pwd", "secret", "secrets", "credential", "credentials", "apikey", "token",
+     "authorization", "auth", "privatekey", "passphrase", "cookie", "session",
+     "DB_PASSWORD", "hf_token", "HF_TOKEN", "hfToken", "session-id", "x.auth.mode", "userPwd",
+     # pairs whose words are harmless alone
+     "api_key", "apiKey", "API-KEY", "access_key", "accessKey", "private_key", "privateKey", "ssh_key",
+     "sshKey", "openai_api_key", "my_ssh_key_path", "OPENAI_API_KEY"],
+)
+def test_secret_key_names(key):
+    assert key_looks_secret(key)
+    assert scan({key: "x"}) == [SecretFinding(key, "credential_key_name")]
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["num_tokens", "tokenizer", "max_tokens", "tokens", "author", "authority", "keep_last", "sha256",
+     "eval_suite_sha256", "storage_uri", "max_incremental_cents", "key", "api", "keyboard", "key_api",
+     "api_name", "access_log", "ssh_port", "primary_key", "monkey", "sessions_per_day",
+     "api__name", ""],
+)
+def test_ordinary_key_names(key):
+    assert not key_looks_secret(key)
+    assert scan({key: "x"}) == []
+
+
+@pytest.mark.parametrize(
+    "key,words",
+    [("apiKey", ["api", "key"]), ("hf_token", ["hf", "token"]), ("db-credentials", ["db", "credentials"]),
+     ("x.auth.mode", ["x", "auth", "mode"]), ("v2Token", ["v2", "token"]), ("__a__b__", ["a", "b"]),
+     ("ABC", ["abc"]), ("", [])],
+)
+def test_key_words(key, words):
+    assert secrets._key_words(key) == words
+
+
+def test_pairs_must_be_adjacent():
+    assert not key_looks_secret("api_name_key")
+    assert key_looks_secret("name_api_key")
+
+
+# --- scan: exact locations and kinds, never the value --------------------------------------------
+
+GITHUB = "ghp_CANARYcanary0123456789abcdefghijABCD"
+HF = "hf_CANARYcanaryCANARYcanaryCANARYcan"
+ENTROPY = "Zq8XvK2mP9wL4rT7yB3nJ6hF1dG5sA0cQeRuIoP"
+
+
+def test_scan_reports_exact_locations_and_kinds_in_walk_order():
+    document = {
+        "name": "ok",
+        "data": [{"uri": "dataroot://x.jsonl"}, {"uri": f"see {GITHUB}", "tags": ["fine", ENTROPY]}],
+        "hf_token": HF,
+        GITHUB: {"nested": "fine"},
+        "model": {"apiKey": "x"},
+    }
+    findings = scan(document)
+    assert findings == [
+        SecretFinding("data[1].uri", "github_token"),
+        SecretFinding("data[1].tags[1]", "high_entropy_string"),
+        SecretFinding("hf_token", "credential_key_name"),
+        SecretFinding("hf_token", "hugging_face_token"),
+        SecretFinding("<key>", "github_token"),
+        SecretFinding("model.apiKey", "credential_key_name"),
+    ]
+    text = repr(findings) + str(findings)
+    for canary in (GITHUB, HF, ENTROPY, "CANARY", "Zq8X"):
+        assert canary not in text
+
+
+def test_a_secret_key_is_hidden_in_every_location_below_it():
+    findings = scan({"a": {GITHUB: {"b": [HF]}}})
+    assert findings == [SecretFinding("a.<key>", "github_token"), SecretFinding("a.<key>.b[0]", "hugging_face_token")]
+    assert GITHUB not in repr(findings)
+
+
+def test_credential_key_names_are_shown_by_name():
+    # A key that merely *names* a credential is not itself a secret: the location shows it.
+    assert scan({"outer": {"password": "hunter2"}}) == [SecretFinding("outer.password", "credential_key_name")]
+
+
+@pytest.mark.parametrize(
+    "document,expected",
+    [
+        (GITHUB, [SecretFinding("<root>", "github_token")]),
+        ([GITHUB], [SecretFinding("[0]", "github_token")]),
+        ([[1, GITHUB]], [SecretFinding("[0][1]", "github_token")]),
+        ({"a": [{"b": GITHUB}]}, [SecretFinding("a[0].b", "github_token")]),
+        ({"a": 1, "b": None, "c": 2.5, "d": True, "e": []}, []),
+        ("fine", []),
+        (3, []),
+    ],
+)
+def test_scan_locations(document, expected):
+    assert scan(document) == expected
+
+
+def test_non_string_values_are_not_scanned_but_their_keys_are():
+    assert scan({"token": 12345}) == [SecretFinding("token", "credential_key_name")]
+    assert scan({"n": 10**40}) == []
+
+
+def test_is_exempt_spares_only_the_values_it_names():
+    document = {"sha256": ENTROPY, "other": ENTROPY}
+    assert scan(document) == [SecretFinding("sha256", "high_entropy_string"), SecretFinding("other", "high_entropy_string")]
+    seen = []
+
+    def exempt(path, value):
+        seen.append((path, value))
+        return path == ("sha256",)
+
+    assert scan(document, is_exempt=exempt) == [SecretFinding("other", "high_entropy_string")]
+    assert seen == [(("sha256",), ENTROPY), (("other",), ENTROPY)]  # called for string values only
+    # Exempting a value never exempts its key name.
+    assert scan({"password": ENTROPY}, is_exempt=lambda p, v: True) == [SecretFinding("password", "credential_key_name")]
+
+
+def test_scan_never_contains_any_canary_value():
+    values = [v for vs in CANARIES.values() for v in vs] + [GITHUB, HF, ENTROPY]
+    document = {"values": values, **{f"k{i}": v for i, v in enumerate(values)}}
+    findings = scan(document)
+    assert len(findings) == 2 * len(values)
+    text = repr(findings)
+    for value in values:
+        assert value not in text
+
+
+@pytest.mark.parametrize("key", ["XYZ", "Xray", "X.y"])
+def test_locations_keep_leading_characters_of_key_names(key):
+    assert scan({key: GITHUB}) == [SecretFinding(key, "github_token")]
+    assert scan({"a": {key: GITHUB}}) == [SecretFinding(f"a.{key}", "github_token")]
