@@ -1,14 +1,15 @@
-"""A Hypothesis state machine over the client's retry logic (issue 3): requests lost before
+"""A Hypothesis state machine over the client's retry logic: requests lost before
 they arrive, answers lost after the server committed, lookups that fail, and revocation.
 Whatever happens, a key never has more than one run, every success names that run, and a
 revoked credential ends the call without another request.
 
-The server side is the real core (`create_run` on a SQLite ledger) behind an in-process
-transport that injects the faults; the client is the real `ApiClient`.
+The server side is the real application of `ito serve` (its routes over a SQLite ledger), called
+in process by a transport that injects the faults; the client is the real `ApiClient`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import json
@@ -20,10 +21,11 @@ import sqlalchemy as sa
 from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from ito_assets.api import envelope
+from ito_assets.api.routes.common import Api
+from ito_assets.api.server import build_app
 from ito_assets.api.client import ApiClient, NoAnswer, NotDelivered, Reply
 from ito_assets.errors import ErrorCode, ItoError
-from ito_assets.gates import bookings, confirm_request, confirmations, create_run, identity, idempotency, intake, runs
+from ito_assets.gates import bookings, confirm_request, confirmations, identity, intake
 from ito_assets.gates.bookings import BookingTerms
 from ito_assets.gates.fingerprint import request_fingerprint
 from ito_assets.gates.ledger import open_ledger, runs as runs_table
@@ -61,27 +63,32 @@ class FaultyTransport:
         return reply
 
     def _dispatch(self, method: str, path: str, body: dict | None) -> Reply:
-        try:
-            who = identity.authenticate(self.m.ledger, self.m.token)
-            if method == "POST" and path == "/v1/runs":
-                verified = intake.verify_submitted(base64.b64decode(body["manifest_b64"]), body["manifest_digest"],
-                                                   max_bytes=1 << 20)
-                created = create_run.create_run(self.m.ledger, self.m.policy, who, create_run.TrainRequest(
-                    booking_id=body["booking_id"], verified=verified, confirmation_ref=body["confirmation_ref"],
-                    idempotency_key=body["idempotency_key"]))
-                data = {**created.run.to_dict(), "replayed": created.replayed}
-            elif method == "GET" and path.startswith("/v1/idempotency-keys/"):
-                with self.m.ledger.read() as conn:
-                    record = idempotency.lookup(conn, who.tenant, path.rsplit("/", 1)[1])
-                if record is None:
-                    raise ItoError(ErrorCode.RUN_NOT_FOUND, "nothing under this key")
-                data = {"action": record.action, "fingerprint": record.fingerprint,
-                        "result": {**runs.get(self.m.ledger, record.run_id).to_dict(), "replayed": True}}
-            else:
-                raise AssertionError(f"unexpected call {method} {path}")
-        except ItoError as error:
-            return Reply(400, envelope.failure(error, live_api_contacted=True))
-        return Reply(200, envelope.success(data, live_api_contacted=True))
+        status, document = asgi_request(self.m.app, method, path, body, token=self.m.token)
+        return Reply(status, document)
+
+
+def asgi_request(app, method: str, path: str, body: dict | None, *, token: str) -> tuple[int, dict]:
+    """One request through the real application of `ito serve` (its routes, authentication and
+    envelope), in process: the ASGI call that uvicorn would make, without a socket."""
+    payload = b"" if body is None else json.dumps(body).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
+             "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+             "headers": [(b"host", b"127.0.0.1"), (b"authorization", f"Bearer {token}".encode()),
+                         (b"content-type", b"application/json"),
+                         (b"content-length", str(len(payload)).encode())],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
+    incoming = [{"type": "http.request", "body": payload, "more_body": False}]
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        return incoming.pop(0) if incoming else {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    asyncio.run(app(scope, receive, send))
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    return status, json.loads(b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body"))
 
 
 class RetryMachine(RuleBasedStateMachine):
@@ -115,6 +122,7 @@ class RetryMachine(RuleBasedStateMachine):
                                 "manifest_b64": base64.b64encode(content).decode(),
                                 "confirmation_ref": issued.ref, "idempotency_key": key}
         self.revoked = False
+        self.app = build_app(Api(ledger=self.ledger, policy=self.policy))
         self.transport = FaultyTransport(self)
         self.seen: dict[str, set[str]] = {key: set() for key in KEYS}
 
