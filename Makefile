@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export DAGSTER_HOME ?= $(CURDIR)/.ito/dagster
 
-.PHONY: run ui test bootstrap clean
+.PHONY: run ui test mutation bootstrap clean
 
 bootstrap: $(STAMP)
 
@@ -30,6 +30,10 @@ ui: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# A benchmark, not a test: the mutation score of the modules that enforce promises (README, Testing).
+mutation: $(STAMP)
+	$(BIN)/python benchmarks/mutation.py
 
 clean:
 	rm -rf .ito
