@@ -82,3 +82,41 @@ def test_the_same_key_under_another_account_is_that_accounts_own(world) -> None:
         manifest=theirs_manifest, booking_id=their_booking))
     assert not theirs.replayed and theirs.run.run_id != mine.run.run_id
     assert theirs.run.account_id == world.other.account_id
+
+
+# --- a twin that lost the race --------------------------------------------------------------------
+
+class _DriverError(Exception):
+    pass
+
+
+@pytest.mark.parametrize("raised", [
+    sa.exc.IntegrityError("INSERT", {}, _DriverError("UNIQUE constraint failed: idempotency_keys.key")),
+    sa.exc.OperationalError("BEGIN", {}, _DriverError("database is locked")),
+])
+def test_a_lost_race_with_no_winner_yet_is_in_flight_and_never_a_second_run(world, monkeypatch, raised) -> None:
+    def lose(*_args, **_kwargs):
+        raise raised
+    monkeypatch.setattr(create_run, "_create_locked", lose)
+    with pytest.raises(ItoError) as info:
+        create_run.create_run(world.ledger, world.policy, world.account, request_for(world, world.confirm_train()))
+    assert info.value.code is ErrorCode.IDEMPOTENCY_KEY_IN_FLIGHT
+
+
+def test_a_database_failure_that_is_no_lock_timeout_is_not_disguised(world, monkeypatch) -> None:
+    def fail(*_args, **_kwargs):
+        raise sa.exc.OperationalError("INSERT", {}, _DriverError("disk I/O error"))
+    monkeypatch.setattr(create_run, "_create_locked", fail)
+    with pytest.raises(sa.exc.OperationalError):
+        create_run.create_run(world.ledger, world.policy, world.account, request_for(world, world.confirm_train()))
+
+
+def test_a_lost_race_answers_from_the_winners_committed_key(world) -> None:
+    ref = world.confirm_train()
+    winner = create_run.create_run(world.ledger, world.policy, world.account, request_for(world, ref))
+    request = request_for(world, ref)
+    replay = create_run._replay_after_race(world.ledger, world.account.account_id, KEY, request.fingerprint())
+    assert replay.replayed and replay.run.run_id == winner.run.run_id
+    with pytest.raises(ItoError) as info:
+        create_run._replay_after_race(world.ledger, world.account.account_id, KEY, "0" * 64)
+    assert info.value.code is ErrorCode.IDEMPOTENCY_KEY_REUSED
