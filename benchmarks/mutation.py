@@ -11,7 +11,7 @@ Each target runs in its own scratch copy (benchmarks/out/mutation/<target>), so 
 never changed. Prints one row per module (killed / mutants, the score against the 90 % goal) and
 every surviving mutant with its diff; writes the same as JSON.
 
-    .venv/bin/python benchmarks/mutation.py [--targets gates manifest ...] [--max-children 2]
+    .venv/bin/python benchmarks/mutation.py [--targets gates manifest ...] [--modules cost.py ...]
 
 mutmut mutates the bodies of functions and methods only, not module-level constants (a threshold
 such as the secret scanner's entropy bits): those are pinned by boundary tests instead. Statements
@@ -66,9 +66,14 @@ TARGETS: dict[str, Target] = {
                "tests/data/test_conservation_account.py", "tests/data/test_thresholds.py"),
     ),
     "runtime": Target(
-        modules=("ito_assets/runtime/markers.py", "ito_assets/runtime/supervisor.py"),
+        modules=("ito_assets/runtime/markers.py", "ito_assets/runtime/supervisor.py",
+                 "ito_assets/runtime/spikes.py", "ito_assets/runtime/gates.py"),
         tests=("tests/runtime/test_restart_budget.py", "tests/runtime/test_markers.py",
-               "tests/runtime/test_thresholds.py"),
+               "tests/runtime/test_runtime_thresholds.py", "tests/runtime/test_spike_proposals.py",
+               "tests/runtime/test_eval_gates.py",
+               # real torchrun workers: too slow to run once per mutant, and out of process anyway
+               "--deselect",
+               "tests/runtime/test_spike_proposals.py::test_a_real_worker_proposes_on_a_spike_and_keeps_training"),
     ),
     "planner": Target(
         modules=("ito_assets/training/planner.py",),
@@ -173,10 +178,17 @@ def print_table(results: list[dict]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--targets", nargs="*", default=list(TARGETS), choices=list(TARGETS))
+    parser.add_argument("--modules", nargs="*", default=None,
+                        help="only these modules of the targets (file names such as cost.py)")
     parser.add_argument("--max-children", type=int, default=2)
     args = parser.parse_args()
     mutmut = shutil.which("mutmut", path=str(Path(sys.executable).parent)) or "mutmut"
-    results = [run_target(name, TARGETS[name], mutmut, args.max_children) for name in args.targets]
+    chosen = {name: TARGETS[name] for name in args.targets}
+    if args.modules:
+        chosen = {name: Target(tuple(m for m in t.modules if Path(m).name in args.modules), t.tests)
+                  for name, t in chosen.items()}
+        chosen = {name: t for name, t in chosen.items() if t.modules}
+    results = [run_target(name, target, mutmut, args.max_children) for name, target in chosen.items()]
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "results.json").write_text(json.dumps(results, indent=2))
     print_table(results)

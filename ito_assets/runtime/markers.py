@@ -19,7 +19,7 @@ from ito_assets.runtime.storage import write_atomic
 
 MARKER_NAME = "COMPLETE.json"
 METADATA_NAME = ".metadata"
-_DIR_PATTERN = re.compile(r"^step-(\d{9})$")
+_DIR_PATTERN = re.compile(r"step-([0-9]{9})")  # ASCII digits, the whole name (fullmatch)
 _CHUNK = 1 << 20
 
 
@@ -28,7 +28,7 @@ def checkpoint_dir(stage_dir: Path, step: int) -> Path:
 
 
 def step_of(path: Path) -> int | None:
-    match = _DIR_PATTERN.match(path.name)
+    match = _DIR_PATTERN.fullmatch(path.name)
     return int(match.group(1)) if match else None
 
 
@@ -40,8 +40,14 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _is_temporary(name: str) -> bool:
+    """A writer's temporary sibling, never a payload: `.tmp...`, or `.NAME...tmp` as
+    storage.write_atomic and DCP's own metadata writer (`.metadata.tmp`) name theirs."""
+    return name.startswith(".tmp") or (name.startswith(".") and name.endswith(".tmp"))
+
+
 def _payload_files(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir() if p.is_file() and p.name != MARKER_NAME and not p.name.startswith(".tmp"))
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.name != MARKER_NAME and not _is_temporary(p.name))
 
 
 @dataclass(frozen=True, kw_only=True)
