@@ -14,7 +14,7 @@ from gate_world import COST, TERMS, T0, verified
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.gates import audit, confirm_request, confirmations, create_run, idempotency
 from ito_assets.gates.create_run import TrainRequest
-from ito_assets.gates.fingerprint import request_fingerprint
+from ito_assets.gates.fingerprint import request_fingerprint, validate_key
 from ito_assets.gates.policy import DEFAULT_CONFIRMATION_TTL_S
 from ito_assets.gates.states import Action
 
@@ -167,3 +167,20 @@ def test_in_flight_is_retryable_with_the_same_key() -> None:
     error = idempotency.in_flight()
     assert error.code is ErrorCode.IDEMPOTENCY_KEY_IN_FLIGHT and error.retryable is True
     assert "same key" in error.message
+
+
+@pytest.mark.parametrize(("key", "valid"), [
+    ("k" * 7, False), ("k" * 8, True),            # 8-128 characters
+    ("k" * 128, True), ("k" * 129, False),
+    ("run-2026.12.01:a_b", True),                 # every allowed punctuation mark
+    ("-leading-dash", False), ("key/with/slash", False), ("kéy-accented", False),
+    ("ito_looks_like_a_token", False), ("cfr_looks_like_a_ref", False),
+    ("ghp_" + "A1b2" * 9, False),                 # a credential pattern is never a key
+])
+def test_an_idempotency_key_at_each_edge(key, valid) -> None:
+    if valid:
+        assert validate_key(key) == key
+    else:
+        with pytest.raises(ItoError) as info:
+            validate_key(key)
+        assert info.value.code is ErrorCode.IDEMPOTENCY_KEY_INVALID and key not in info.value.message
