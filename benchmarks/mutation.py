@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,6 +38,15 @@ GOAL = 0.90  # the kill rate asked of every module that enforces a promise
 
 # What the copy needs to import and test the package.
 COPIED = ("ito_assets", "sensors", "definitions.py", "tests", "data", "pyproject.toml")
+# In the copy only: Hypothesis generates the same examples every run (scores comparable across
+# runs) and does not shrink a failure (a killed mutant must not cost minutes).
+HYPOTHESIS_PROFILE = """
+
+from hypothesis import Phase, settings as _mutation_settings
+_mutation_settings.register_profile("mutation", phases=[Phase.explicit, Phase.generate], derandomize=True,
+                                    database=None)
+_mutation_settings.load_profile("mutation")
+"""
 NOT_MUTATED = (r"raise ItoError\(", r"return ItoError\(", r"raise ValueError\(")
 
 
@@ -45,6 +54,9 @@ NOT_MUTATED = (r"raise ItoError\(", r"return ItoError\(", r"raise ValueError\(")
 class Target:
     modules: tuple[str, ...]
     tests: tuple[str, ...]
+    # "fork" forks each mutant's run from the process that collected the tests (fastest);
+    # "forkserver" from a clean one: polars' thread pool hangs in a child forked after it ran.
+    isolation: str = "fork"
 
 
 TARGETS: dict[str, Target] = {
@@ -53,7 +65,8 @@ TARGETS: dict[str, Target] = {
             "authorization", "bookings", "cancel", "cleanup", "confirm_request", "confirmations", "cost",
             "create_run", "entitlement", "fingerprint", "idempotency", "identity", "intake", "outcome",
             "policy", "runs", "states", "validation")),
-        tests=("tests/gates",),
+        # The PostgreSQL variants run the same Python code as the SQLite ones, a schema slower each.
+        tests=("tests/gates", "-m", "not postgres"),
     ),
     "manifest": Target(
         modules=tuple(f"ito_assets/manifest/{name}.py" for name in (
@@ -64,6 +77,7 @@ TARGETS: dict[str, Target] = {
         modules=("ito_assets/data/clean.py", "ito_assets/data/near_dedup.py", "ito_assets/data/decontam.py"),
         tests=("tests/data/test_clean.py", "tests/data/test_dedup.py", "tests/data/test_decontam.py",
                "tests/data/test_conservation_account.py", "tests/data/test_thresholds.py"),
+        isolation="forkserver",
     ),
     "runtime": Target(
         modules=("ito_assets/runtime/markers.py", "ito_assets/runtime/supervisor.py",
@@ -110,9 +124,12 @@ def prepare(name: str, target: Target) -> Path:
         f"pytest_add_cli_args_test_selection = {toml_list(target.tests)}\n"
         f"also_copy = {toml_list(COPIED[:-1])}\n"
         f"do_not_mutate_patterns = {toml_list(NOT_MUTATED)}\n"
+        f"process_isolation = {json.dumps(target.isolation)}\n"
     )
     with open(work / "pyproject.toml", "a") as file:
         file.write(section)
+    with open(work / "tests" / "conftest.py", "a") as file:
+        file.write(HYPOTHESIS_PROFILE)
     return work
 
 
@@ -185,7 +202,7 @@ def main() -> int:
     mutmut = shutil.which("mutmut", path=str(Path(sys.executable).parent)) or "mutmut"
     chosen = {name: TARGETS[name] for name in args.targets}
     if args.modules:
-        chosen = {name: Target(tuple(m for m in t.modules if Path(m).name in args.modules), t.tests)
+        chosen = {name: replace(t, modules=tuple(m for m in t.modules if Path(m).name in args.modules))
                   for name, t in chosen.items()}
         chosen = {name: t for name, t in chosen.items() if t.modules}
     results = [run_target(name, target, mutmut, args.max_children) for name, target in chosen.items()]
