@@ -114,6 +114,11 @@ def test_listings_are_one_accounts_in_creation_order(world) -> None:
     assert [b.booking_id for b in bookings.list_for(world.ledger)] == [world.booking_id, second, theirs, third]
 
 
+def test_bookings_made_in_the_same_second_list_by_id(world) -> None:
+    made = [world.booking() for _ in range(4)] + [world.booking_id]
+    assert [b.booking_id for b in bookings.list_for(world.ledger, world.account.account_id)] == sorted(made)
+
+
 def test_a_booking_as_the_desk_reads_it(world) -> None:
     booking = bookings.get(world.ledger, world.booking_id)
     assert booking.to_dict() == {**TERMS, "booking_id": world.booking_id, "account_id": world.account.account_id,

@@ -67,6 +67,7 @@ def test_cancel_release_and_cleanup_confirmations_bind_their_own_terms(world) ->
     assert json.loads(release.eligibility)["booking_id"] == world.booking_id
     assert (cleanup.action, cleanup.booking_id, cleanup.target_run_id, cleanup.cost_cents) == (
         Action.CLEANUP, None, None, 0)
+    assert cleanup.binding()["eligibility"] is None and cancel.binding()["eligibility"] is None
     actors = {e.detail["action"]: e.actor for e in events_of(world, "confirmation_requested")}
     assert actors == {"train": world.account.token_id, "cancel": world.account.token_id,
                       "release": world.account.token_id, "cleanup": world.account.token_id}
@@ -131,12 +132,19 @@ def test_a_key_record_keeps_its_result_as_canonical_json(ledger) -> None:
         {"a": [2, 3], "b": 1}, "cleanup", None, T0)
     assert (without.result, without.run_id) == (None, "run_x")
     assert foreign is None
+    with ledger.read() as conn:
+        assert conn.execute(sa.text("SELECT result FROM idempotency_keys WHERE key = 'key-noresult1'")).scalar_one() is None
     with ledger.write() as conn:
+        idempotency.reserve(conn, account_id="acct_b", key="key-noresult1", action="train", fingerprint="d" * 64,
+                            run_id="run_y", now=T0)
         idempotency.store_result(conn, "acct_a", "key-noresult1", {"z": 0, "y": "done"})
     with ledger.read() as conn:
-        stored = conn.execute(sa.text("SELECT result FROM idempotency_keys WHERE key = 'key-noresult1'")).scalar_one()
+        stored = conn.execute(sa.text("SELECT result FROM idempotency_keys WHERE key = 'key-noresult1' "
+                                      "AND account_id = 'acct_a'")).scalar_one()
         untouched = idempotency.lookup(conn, "acct_a", "key-result-01").result
+        other_account = idempotency.lookup(conn, "acct_b", "key-noresult1").result
     assert stored == '{"y": "done", "z": 0}' and untouched == {"a": [2, 3], "b": 1}
+    assert other_account is None  # the same key of another account is another record
 
 
 class _Orig(Exception):

@@ -53,12 +53,15 @@ def test_no_or_malformed_token_is_auth_required(world, presented) -> None:
 def test_an_unknown_well_formed_token_is_auth_required_and_a_revoked_one_is_revoked(world) -> None:
     issued = identity.issue_token(world.ledger, Role.ACCOUNT, account_id=world.account.account_id, label="x",
                                   actor=None)
+    kept = identity.issue_token(world.ledger, Role.ACCOUNT, account_id=world.account.account_id, label="y",
+                                actor=None)
     unknown = issued.secret[:-1] + ("A" if issued.secret[-1] != "A" else "B")
     assert code_of(lambda: identity.authenticate(world.ledger, unknown)) is ErrorCode.AUTH_REQUIRED
     world.clock.now = T0 + 7
     assert identity.revoke_token(world.ledger, issued.token_id, actor=world.desk.token_id) is True
     assert identity.revoke_token(world.ledger, issued.token_id, actor=world.desk.token_id) is False
     assert code_of(lambda: identity.authenticate(world.ledger, issued.secret)) is ErrorCode.CREDENTIAL_REVOKED
+    assert identity.authenticate(world.ledger, kept.secret).token_id == kept.token_id  # only that one
     [revoked] = events(world, "token_revoked")
     assert (revoked.actor, revoked.account_id, revoked.subject, revoked.at) == (
         world.desk.token_id, world.account.account_id, issued.token_id, T0 + 7)
@@ -84,14 +87,17 @@ def test_the_desk_has_no_tenant_and_an_account_is_no_desk(world) -> None:
     world.account.require_role(Role.ACCOUNT)
 
 
-def test_accounts_have_unique_names_and_list_in_creation_order(world) -> None:
+def test_accounts_have_unique_names_and_list_in_creation_order_then_by_name(world) -> None:
     world.clock.now = T0 + 1
     later = identity.create_account(world.ledger, "zeta", actor=world.desk.token_id)
+    world.clock.now = T0 + 2
+    identity.create_account(world.ledger, "beta", actor=None)
+    identity.create_account(world.ledger, "alpha", actor=None)
     assert code_of(lambda: identity.create_account(world.ledger, "zeta", actor=None)) is ErrorCode.USAGE_ERROR
     names = [a.name for a in identity.list_accounts(world.ledger)]
-    assert names == ["lab", "rival", "zeta"]
-    assert identity.list_accounts(world.ledger)[-1] == later and later.created_at == T0 + 1
-    event = events(world, "account_created")[-1]
+    assert names == ["lab", "rival", "zeta", "alpha", "beta"]
+    assert identity.list_accounts(world.ledger)[2] == later and later.created_at == T0 + 1
+    event = [e for e in events(world, "account_created") if e.subject == later.account_id][0]
     assert (event.actor, event.account_id, event.subject) == (world.desk.token_id, later.account_id, later.account_id)
 
 
@@ -99,7 +105,8 @@ def test_accounts_have_unique_names_and_list_in_creation_order(world) -> None:
 
 @pytest.fixture
 def settings(tmp_path: Path):
-    return load_settings({"ITO_STATE_DIR": str(tmp_path / "state"), "ITO_DATA_ROOT": str(tmp_path / "data")})
+    return load_settings({"ITO_STATE_DIR": str(tmp_path / "state"), "ITO_DATA_ROOT": str(tmp_path / "data"),
+                          "ITO_MAX_MANIFEST_BYTES": "12345"})
 
 
 def test_the_default_policy(settings) -> None:
@@ -109,7 +116,12 @@ def test_the_default_policy(settings) -> None:
     assert policy.allowed_licenses == DEFAULT_LICENSES
     assert (policy.confirmation_ttl_s, policy.max_concurrent_runs_per_booking) == (
         DEFAULT_CONFIRMATION_TTL_S, DEFAULT_MAX_CONCURRENT_RUNS)
-    assert policy.max_manifest_bytes == settings.max_manifest_bytes
+    assert policy.max_manifest_bytes == settings.max_manifest_bytes == 12345
+
+
+def test_the_policy_reads_the_process_environment_by_default(settings, monkeypatch) -> None:
+    monkeypatch.setenv("ITO_CONFIRMATION_TTL_S", "42")
+    assert load_policy(settings).confirmation_ttl_s == 42
 
 
 def test_every_policy_variable_is_read(settings, tmp_path: Path) -> None:

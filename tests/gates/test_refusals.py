@@ -102,8 +102,22 @@ def test_a_refused_train_changes_nothing_but_the_audit_trail(world, make, code) 
     assert side_effects(world) == before
     last = audit.events(world.ledger, limit=10_000)[-1]
     if code is not ErrorCode.IDEMPOTENCY_KEY_INVALID:  # refused before the ledger is read at all
-        assert (last.kind, last.code, last.account_id) == ("run_refused", code.value, world.account.account_id)
+        assert (last.kind, last.code, last.account_id, last.actor) == (
+            "run_refused", code.value, world.account.account_id, world.account.token_id)
+        assert last.subject.startswith("bkg_")
+        assert set(last.detail) == {"manifest_digest", "idempotency_key"}
+        assert last.detail["idempotency_key"] == "key-refused-01" and last.detail["manifest_digest"].startswith("sha256:")
     assert ref not in str(last.detail)
+
+
+def test_the_refusal_event_names_the_booking_and_manifest_that_were_refused(world) -> None:
+    ref = world.confirm_train()
+    other = verified(manifest_bytes(name="not-the-confirmed-one"))
+    with pytest.raises(ItoError):
+        train(world, ref, manifest=other)
+    last = audit.events(world.ledger, limit=10_000)[-1]
+    assert (last.subject, last.detail) == (world.booking_id, {"manifest_digest": other.digest,
+                                                             "idempotency_key": "key-refused-01"})
 
 
 def test_just_inside_every_time_bound_the_same_confirmation_creates_the_run(world) -> None:

@@ -9,7 +9,7 @@ import sqlalchemy as sa
 
 from gate_world import COST, T0, manifest_bytes, verified
 from ito_assets.errors import ErrorCode, ItoError
-from ito_assets.gates import audit, create_run, idempotency
+from ito_assets.gates import audit, bookings, create_run, idempotency
 from ito_assets.gates.create_run import TrainRequest
 from ito_assets.gates.fingerprint import request_fingerprint
 from ito_assets.gates.ledger import confirmations
@@ -120,3 +120,34 @@ def test_a_lost_race_answers_from_the_winners_committed_key(world) -> None:
     with pytest.raises(ItoError) as info:
         create_run._replay_after_race(world.ledger, world.account.account_id, KEY, "0" * 64)
     assert info.value.code is ErrorCode.IDEMPOTENCY_KEY_REUSED
+
+
+def test_a_retry_replays_its_run_even_after_the_booking_ended(world) -> None:
+    """The answer to a lost response is the run already created, whatever became of the booking
+    since: the replay is read before any gate is checked again."""
+    ref = world.confirm_train()
+    first = create_run.create_run(world.ledger, world.policy, world.account, request_for(world, ref))
+    bookings.transition(world.ledger, world.booking_id, "revoke", actor=None)
+    again = create_run.create_run(world.ledger, world.policy, world.account, request_for(world, ref))
+    assert again.replayed and again.run.run_id == first.run.run_id
+
+
+def test_a_twin_that_loses_the_race_after_the_winner_committed_answers_with_the_winners_run(world, monkeypatch) -> None:
+    """The loser's first read ran before the winner committed (seen as no key), then its insert
+    hit the unique key: it answers from the winner's committed key, never a second run."""
+    ref = world.confirm_train()
+    winner = create_run.create_run(world.ledger, world.policy, world.account, request_for(world, ref))
+    real_replay = create_run._replay
+    reads = []
+
+    def first_read_misses(conn, account_id, key, fingerprint):
+        reads.append(key)
+        return None if len(reads) == 1 else real_replay(conn, account_id, key, fingerprint)
+
+    def unique_violation(*_args, **_kwargs):
+        raise sa.exc.IntegrityError("INSERT", {}, _DriverError("UNIQUE constraint failed"))
+
+    monkeypatch.setattr(create_run, "_replay", first_read_misses)
+    monkeypatch.setattr(create_run, "_create_locked", unique_violation)
+    loser = create_run.create_run(world.ledger, world.policy, world.account, request_for(world, ref))
+    assert loser.replayed and loser.run.run_id == winner.run.run_id and reads == [KEY, KEY]
