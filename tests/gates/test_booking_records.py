@@ -55,6 +55,7 @@ def last_event(world, kind: str) -> audit.AuditEvent:
 
 def test_create_complete_amend_and_revoke_are_audited_with_actor_subject_and_terms(world) -> None:
     booking = bookings.create(world.ledger, world.account.account_id, terms(), actor=world.desk.token_id)
+    assert booking.booking_id.startswith("bkg_")
     created = last_event(world, "booking_created")
     assert (created.actor, created.account_id, created.subject, created.detail) == (
         world.desk.token_id, world.account.account_id, booking.booking_id, TERMS)
@@ -74,8 +75,10 @@ def test_create_complete_amend_and_revoke_are_audited_with_actor_subject_and_ter
     stored = bookings.get(world.ledger, booking.booking_id)
     assert (stored.region, stored.revision, stored.updated_at, stored.created_at) == ("us-east", 2, T0 + 5, T0)
 
+    world.clock.now = T0 + 9
     revoked = bookings.transition(world.ledger, booking.booking_id, "revoke", actor=world.desk.token_id)
-    assert (revoked.state.value, revoked.updated_at) == ("revoked", T0 + 5)
+    assert (revoked.state.value, revoked.updated_at) == ("revoked", T0 + 9)
+    assert bookings.get(world.ledger, booking.booking_id).updated_at == T0 + 9
     assert last_event(world, "booking_revoked").detail == {"previous_state": "completed"}
 
 
@@ -124,3 +127,20 @@ def test_a_booking_as_the_desk_reads_it(world) -> None:
     assert booking.to_dict() == {**TERMS, "booking_id": world.booking_id, "account_id": world.account.account_id,
                                  "state": "completed", "revision": 1, "created_at": T0, "updated_at": T0,
                                  "duration_s": TERMS["ends_at"] - TERMS["starts_at"]}
+
+
+@pytest.mark.parametrize(("verb", "state", "code"), [
+    ("release", "pending", ErrorCode.BOOKING_INCOMPLETE),   # never completed: nothing to release
+    ("complete", "revoked", ErrorCode.BOOKING_REVOKED),
+    ("revoke", "released", ErrorCode.BOOKING_RELEASED),
+])
+def test_a_transition_from_the_wrong_state_names_that_state(world, verb, state, code) -> None:
+    booking = world.booking(complete=False)
+    if state == "revoked":
+        bookings.transition(world.ledger, booking, "revoke", actor=None)
+    elif state == "released":
+        bookings.transition(world.ledger, booking, "complete", actor=None)
+        bookings.transition(world.ledger, booking, "release", actor=None)
+    with pytest.raises(ItoError) as info:
+        bookings.transition(world.ledger, booking, verb, actor=None)
+    assert info.value.code is code and bookings.get(world.ledger, booking).state.value == state

@@ -49,8 +49,36 @@ def test_requesting_and_approving_are_audited_with_who_and_what(world) -> None:
     assert requested.detail == {"action": "train", "booking_id": world.booking_id,
                                 "manifest_digest": verified().digest, "run_id": None, "cost_cents": COST,
                                 "expires_at": T0 + DEFAULT_CONFIRMATION_TTL_S}
-    assert (approved.actor, approved.account_id, approved.detail) == (
-        world.desk.token_id, world.account.account_id, {"action": "train", "cost_cents": COST})
+    assert (approved.actor, approved.account_id, approved.subject, approved.detail) == (
+        world.desk.token_id, world.account.account_id, issued.confirmation.confirmation_id,
+        {"action": "train", "cost_cents": COST})
+    assert issued.confirmation.confirmation_id.startswith("cfm_")
+    stored = confirmations.show(world.ledger, issued.ref)
+    assert (stored.approved_by, stored.approved_at) == (world.desk.token_id, T0)
+    world.approve(issued.ref, COST)  # approving again changes nothing and audits nothing
+    assert len(events_of(world, "confirmation_approved")) == 1
+
+
+def test_approval_is_refused_from_the_second_of_expiry(world) -> None:
+    issued = confirm_request.request_train(world.ledger, world.policy, world.account, world.booking_id, verified())
+    world.clock.now = T0 + DEFAULT_CONFIRMATION_TTL_S - 1
+    world.approve(issued.ref, COST)
+    late = confirm_request.request_train(world.ledger, world.policy, world.account, world.booking_id, verified())
+    world.clock.now += DEFAULT_CONFIRMATION_TTL_S
+    with pytest.raises(ItoError) as info:
+        world.approve(late.ref, COST)
+    assert info.value.code is ErrorCode.CONFIRMATION_EXPIRED
+    assert confirmations.show(world.ledger, late.ref).approved_at is None
+
+
+def test_a_request_that_needs_another_network_is_refused_before_a_confirmation(world) -> None:
+    from ito_assets.gates.validation import RunRequirements
+
+    with pytest.raises(ItoError) as info:
+        confirm_request.request_train(world.ledger, world.policy, world.account, world.booking_id, verified(),
+                                      RunRequirements(region="us-east"))
+    assert info.value.code is ErrorCode.NETWORK_MISMATCH
+    assert not events_of(world, "confirmation_requested")
 
 
 def test_cancel_release_and_cleanup_confirmations_bind_their_own_terms(world) -> None:
@@ -68,6 +96,8 @@ def test_cancel_release_and_cleanup_confirmations_bind_their_own_terms(world) ->
     assert (cleanup.action, cleanup.booking_id, cleanup.target_run_id, cleanup.cost_cents) == (
         Action.CLEANUP, None, None, 0)
     assert cleanup.binding()["eligibility"] is None and cancel.binding()["eligibility"] is None
+    runs_named = {e.detail["action"]: e.detail["run_id"] for e in events_of(world, "confirmation_requested")}
+    assert runs_named == {"train": None, "cancel": run.run_id, "release": None, "cleanup": None}
     actors = {e.detail["action"]: e.actor for e in events_of(world, "confirmation_requested")}
     assert actors == {"train": world.account.token_id, "cancel": world.account.token_id,
                       "release": world.account.token_id, "cleanup": world.account.token_id}
