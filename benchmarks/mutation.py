@@ -15,8 +15,8 @@ every surviving mutant with its diff; writes the same as JSON.
 
 mutmut mutates the bodies of functions and methods only, not module-level constants (a threshold
 such as the secret scanner's entropy bits): those are pinned by boundary tests instead. Statements
-that raise (or return) an ItoError, or raise a ValueError, are not mutated: their code is what
-callers rely on, and the only changes mutmut could make there are to the wording of the message.
+that raise an error (or return an ItoError) are not mutated: their type and code are what callers
+rely on, and the only changes mutmut could make there are to the wording of the message.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ _mutation_settings.register_profile("mutation", phases=[Phase.explicit, Phase.ge
                                     database=None)
 _mutation_settings.load_profile("mutation")
 """
-NOT_MUTATED = (r"raise ItoError\(", r"return ItoError\(", r"raise ValueError\(")
+NOT_MUTATED = (r"raise \w*Error\(", r"return ItoError\(")
 
 
 @dataclass(frozen=True)
