@@ -12,6 +12,7 @@ from helpers import valid_manifest, write_file, write_manifest
 from ito_assets.manifest import discovery
 
 MAX = 1 << 20
+MISSING_MESSAGE = "the manifest file does not exist"
 
 
 def sha(path: str) -> str:
@@ -22,6 +23,7 @@ def test_every_json_file_directly_in_the_folder_is_found_or_rejected_by_code(tmp
     good = write_manifest(tmp_path / "b-good.json", valid_manifest())
     write_file(tmp_path / "a-loose.json", "{}", mode=0o666)                    # unsafe permissions
     write_file(tmp_path / "notes.txt", "not a manifest")                       # other suffixes ignored
+    write_file(tmp_path / "0-readme.md", "listed first, skipped, and the walk goes on")
     (tmp_path / "c-folder.json").mkdir()                                        # not a regular file
     (tmp_path / "nested").mkdir()
     write_manifest(tmp_path / "nested" / "deep.json", valid_manifest())        # not directly inside
@@ -70,6 +72,13 @@ def test_a_verdict_carries_the_verified_manifest_or_the_code_that_refused_it(tmp
     assert verdict.summary()["name"] == valid_manifest()["name"]
 
 
+def test_a_verdict_applies_the_size_bound(tmp_path: Path) -> None:
+    path = write_manifest(tmp_path / "m.json", valid_manifest())
+    size = Path(path).stat().st_size
+    assert discovery.judge(path, sha(path)[:12], max_bytes=size).ok
+    assert discovery.judge(path, sha(path)[:12], max_bytes=size - 1).error_code == "MANIFEST_TOO_LARGE"
+
+
 def test_a_manifest_changed_since_registration_is_refused_with_its_new_digest(tmp_path: Path) -> None:
     path = write_manifest(tmp_path / "m.json", valid_manifest())
     key = sha(path)[:12]
@@ -78,12 +87,16 @@ def test_a_manifest_changed_since_registration_is_refused_with_its_new_digest(tm
     write_manifest(Path(path), document)
     verdict = discovery.judge(path, key, max_bytes=MAX)
     assert (verdict.ok, verdict.error_code, verdict.digest) == (False, "MANIFEST_CHANGED", "sha256:" + sha(path))
+    assert verdict.error_message == "the manifest changed since it was registered"
     assert verdict.summary() is None and verdict.verified is None
 
 
 def test_an_unreadable_or_invalid_manifest_is_a_verdict_not_an_exception(tmp_path: Path) -> None:
-    missing = discovery.judge(str(tmp_path / "gone.json"), "0" * 12, max_bytes=MAX)
-    assert (missing.ok, missing.digest, missing.size_bytes) == (False, None, None)
+    gone = str(tmp_path / "gone.json")
+    missing = discovery.judge(gone, "0" * 12, max_bytes=MAX)
+    assert (missing.ok, missing.key, missing.path, missing.digest, missing.size_bytes) == (
+        False, "0" * 12, gone, None, None)
+    assert missing.error_message == MISSING_MESSAGE
     assert missing.error_code == "MANIFEST_NOT_FOUND"
     bad = write_file(tmp_path / "bad.json", json.dumps({"name": "x"}))
     verdict = discovery.judge(bad, sha(bad)[:12], max_bytes=MAX)
