@@ -132,7 +132,12 @@ def test_a_retry_replays_its_run_even_after_the_booking_ended(world) -> None:
     assert again.replayed and again.run.run_id == first.run.run_id
 
 
-def test_a_twin_that_loses_the_race_after_the_winner_committed_answers_with_the_winners_run(world, monkeypatch) -> None:
+@pytest.mark.parametrize("raised", [
+    sa.exc.IntegrityError("INSERT", {}, _DriverError("UNIQUE constraint failed")),
+    sa.exc.OperationalError("BEGIN", {}, _DriverError("database is locked")),
+], ids=["unique_violation", "lock_timeout"])
+def test_a_twin_that_loses_the_race_after_the_winner_committed_answers_with_the_winners_run(
+        world, monkeypatch, raised) -> None:
     """The loser's first read ran before the winner committed (seen as no key), then its insert
     hit the unique key: it answers from the winner's committed key, never a second run."""
     ref = world.confirm_train()
@@ -144,10 +149,10 @@ def test_a_twin_that_loses_the_race_after_the_winner_committed_answers_with_the_
         reads.append(key)
         return None if len(reads) == 1 else real_replay(conn, account_id, key, fingerprint)
 
-    def unique_violation(*_args, **_kwargs):
-        raise sa.exc.IntegrityError("INSERT", {}, _DriverError("UNIQUE constraint failed"))
+    def lose(*_args, **_kwargs):
+        raise raised
 
     monkeypatch.setattr(create_run, "_replay", first_read_misses)
-    monkeypatch.setattr(create_run, "_create_locked", unique_violation)
+    monkeypatch.setattr(create_run, "_create_locked", lose)
     loser = create_run.create_run(world.ledger, world.policy, world.account, request_for(world, ref))
     assert loser.replayed and loser.run.run_id == winner.run.run_id and reads == [KEY, KEY]

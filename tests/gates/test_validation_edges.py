@@ -158,6 +158,22 @@ def test_checkpoint_storage_that_cannot_be_written_is_invalid(tmp_path: Path) ->
         (area / "ro").chmod(0o700)
 
 
+def test_the_writability_probe_is_written_in_the_checkpoint_folder_itself(tmp_path: Path, monkeypatch) -> None:
+    """Root can write anywhere, so the probe's place is what proves the folder is the one checked."""
+    policy = make_policy(tmp_path)
+    probes = []
+    real = validation.tempfile.NamedTemporaryFile
+
+    def recording(*args, **kwargs):
+        handle = real(*args, **kwargs)
+        probes.append(Path(handle.name))
+        return handle
+    monkeypatch.setattr(validation.tempfile, "NamedTemporaryFile", recording)
+    folder = validation.check_checkpoint_storage("tenant://probed", "acc_a", policy)
+    assert [p.parent for p in probes] == [folder] and probes[0].name.startswith(".ito-probe-")
+    assert not probes[0].exists()
+
+
 def test_a_full_or_unwritable_checkpoint_folder_is_invalid_even_for_root(tmp_path: Path, monkeypatch) -> None:
     policy = make_policy(tmp_path)
 
