@@ -628,3 +628,15 @@ def test_cancel_and_cleanup_keys_and_confirmations_are_separate(world) -> None:
     cref = cleanup_ref(world)
     assert code_of(lambda: do_cancel(world, run.run_id, cref, "cancel-key-0001")) is ErrorCode.CONFIRMATION_MISMATCH
     assert untouched(world, ref) and untouched(world, cref)
+
+
+def test_cleanup_marks_removed_only_the_checkpoints_of_the_runs_it_cleaned(world) -> None:
+    finished = new_run(world)
+    telemetry.record_checkpoint(world.ledger, finished.run_id, step=10, path="step-10.pt", size_bytes=1)
+    finish(world, finished)
+    active = new_run(world, booking_id=world.booking())  # still queued: not cleaned
+    telemetry.record_checkpoint(world.ledger, active.run_id, step=10, path="step-10.pt", size_bytes=1)
+    clean(world, cleanup_ref(world), "clean-key-0003")
+    with world.ledger.read() as conn:
+        removed = dict(conn.execute(sa.select(run_checkpoints.c.run_id, run_checkpoints.c.removed_at)).all())
+    assert removed[finished.run_id] is not None and removed[active.run_id] is None
