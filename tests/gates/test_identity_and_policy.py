@@ -34,6 +34,7 @@ def test_a_token_authenticates_as_exactly_its_role_and_account(world) -> None:
                                   actor=world.desk.token_id)
     who = identity.authenticate(world.ledger, issued.secret)
     assert issued.token_id.startswith("tok_") and world.account.account_id.startswith("acc_")
+    assert (issued.role, issued.account_id) == (Role.ACCOUNT, world.account.account_id)
     assert (who.token_id, who.role, who.account_id, who.tenant) == (
         issued.token_id, Role.ACCOUNT, world.account.account_id, world.account.account_id)
     assert issued.secret not in repr(issued) and issued.secret not in repr(who)
