@@ -8,16 +8,14 @@ unless that release was explicitly confirmed."""
 from __future__ import annotations
 
 import os
-import uuid
 
 import pytest
 import sqlalchemy as sa
 
-from gate_world import T0, verified
+from gate_world import T0, new_run, verified
 from ito_assets.errors import ErrorCode, ItoError
-from ito_assets.gates import (audit, bookings, cancel, cleanup, confirm_request, create_run, idempotency, ids,
+from ito_assets.gates import (audit, bookings, cancel, cleanup, confirm_request, idempotency, ids,
                               runs, telemetry)
-from ito_assets.gates.create_run import TrainRequest
 from ito_assets.gates.fingerprint import request_fingerprint
 from ito_assets.gates.ledger import confirmations as confirmations_table
 from ito_assets.gates.ledger import run_checkpoints
@@ -36,16 +34,6 @@ def error_of(call) -> ItoError:
 def code_of(call) -> ErrorCode:
     return error_of(call).code
 
-
-def new_run(world, *, booking_id: str | None = None, account=None, content: bytes | None = None,
-            key: str | None = None) -> runs.Run:
-    account = account or world.account
-    booking_id = booking_id or world.booking_id
-    manifest = verified(content)
-    ref = world.confirm_train(booking_id, manifest, account=account)
-    request = TrainRequest(booking_id=booking_id, verified=manifest, confirmation_ref=ref,
-                           idempotency_key=key or f"train-{uuid.uuid4().hex[:12]}")
-    return create_run.create_run(world.ledger, world.policy, account, request).run
 
 
 def cleanup_ref(world, account=None) -> str:

@@ -8,15 +8,13 @@ Dagster shell re-verifies the ledger run (tags, attached Dagster run, manifest d
 from __future__ import annotations
 
 import hashlib
-import uuid
 
 import pytest
 import sqlalchemy as sa
 
-from gate_world import COST, T0, manifest_bytes, verified
+from gate_world import COST, T0, manifest_bytes, new_run, verified
 from ito_assets.errors import ErrorCode, ItoError
-from ito_assets.gates import audit, authorization, bookings, create_run, entitlement, runs
-from ito_assets.gates.create_run import TrainRequest
+from ito_assets.gates import audit, authorization, bookings, entitlement, runs
 from ito_assets.gates.ledger import confirmations as confirmations_table
 from ito_assets.gates.ledger import manifests as manifests_table
 from ito_assets.gates.ledger import runs as runs_table
@@ -31,16 +29,6 @@ def code_of(call) -> ErrorCode:
         call()
     return info.value.code
 
-
-def new_run(world, *, booking_id: str | None = None, account=None, content: bytes | None = None,
-            key: str | None = None) -> runs.Run:
-    account = account or world.account
-    booking_id = booking_id or world.booking_id
-    manifest = verified(content)
-    ref = world.confirm_train(booking_id, manifest, account=account)
-    request = TrainRequest(booking_id=booking_id, verified=manifest, confirmation_ref=ref,
-                           idempotency_key=key or f"train-{uuid.uuid4().hex[:12]}")
-    return create_run.create_run(world.ledger, world.policy, account, request).run
 
 
 def update_run(world, which: str, /, **values) -> None:
