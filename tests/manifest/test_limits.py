@@ -122,35 +122,32 @@ def test_reads_ask_for_at_most_one_byte_past_the_limit(root: Path, monkeypatch, 
     assert sum(calls) <= limit + 1 + 65536  # bounded by the limit, never by the file
 
 
-def test_growth_to_one_byte_past_the_limit_is_too_large(root: Path, monkeypatch):
-    """fstat saw 63 bytes; the file grows by 2 before the reads: exactly limit + 1 bytes are read."""
-    path = write_file(root / "m.json", b"z" * 63)
+def _grows_before_the_first_read(monkeypatch, path: str, extra: bytes) -> list[int]:
+    """Append `extra` to the file after fstat, just before the first read; -> the sizes asked for."""
     real_read, asked = os.read, []
 
     def read(fd: int, n: int) -> bytes:
         if not asked:
             with open(path, "ab") as fh:
-                fh.write(b"zz")
+                fh.write(extra)
         asked.append(n)
         return real_read(fd, n)
 
     monkeypatch.setattr(secure_read.os, "read", read)
+    return asked
+
+
+def test_growth_to_one_byte_past_the_limit_is_too_large(root: Path, monkeypatch):
+    """fstat saw 63 bytes; the file grows by 2 before the reads: exactly limit + 1 bytes are read."""
+    path = write_file(root / "m.json", b"z" * 63)
+    asked = _grows_before_the_first_read(monkeypatch, path, b"zz")
     assert _error(read_manifest_bytes, path, max_bytes=64).code is ErrorCode.MANIFEST_TOO_LARGE
     assert asked == [65]
 
 
 def test_growth_to_exactly_the_limit_is_a_change_not_too_large(root: Path, monkeypatch):
     path = write_file(root / "m.json", b"z" * 63)
-    real_read, asked = os.read, []
-
-    def read(fd: int, n: int) -> bytes:
-        if not asked:
-            with open(path, "ab") as fh:
-                fh.write(b"z")
-        asked.append(n)
-        return real_read(fd, n)
-
-    monkeypatch.setattr(secure_read.os, "read", read)
+    _grows_before_the_first_read(monkeypatch, path, b"z")
     err = _error(read_manifest_bytes, path, max_bytes=64)
     assert err.code is ErrorCode.MANIFEST_CHANGED and err.message == "the manifest changed while it was read"
 

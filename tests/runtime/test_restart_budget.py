@@ -623,6 +623,14 @@ def test_an_attempt_never_records_its_own_recovery(tmp_path, clock):
     assert supervisor.faults[-1].recovery_seconds is None
 
 
+def _recover_after_one_failure(tmp_path, clock, then):
+    """A stage whose first attempt dies and whose second runs `then`, with bounds far from the test's
+    times: only recovery is measured. -> (supervisor, report)"""
+    supervisor, _ = _supervise(tmp_path, ["fail", then], clock=clock, max_restarts=1, hang_timeout_s=50.0,
+                               startup_timeout_s=50.0)
+    return supervisor, supervisor.run()
+
+
 def test_a_heartbeat_at_step_zero_after_the_start_is_the_first_sign_of_recovery(tmp_path, clock):
     def step_zero(attempt, backend):
         write_beat(backend.heartbeat_dir, rank=0, attempt=attempt.number, step=0, phase="training",
@@ -635,9 +643,8 @@ def test_a_heartbeat_at_step_zero_after_the_start_is_the_first_sign_of_recovery(
         attempt.code = None
         attempt.on_poll = on_poll
 
-    supervisor, _ = _supervise(tmp_path, ["fail", step_zero], clock=clock, max_restarts=1, hang_timeout_s=50.0,
-                               startup_timeout_s=50.0)
-    assert supervisor.run().faults[0].recovery_seconds == 1.5
+    _, report = _recover_after_one_failure(tmp_path, clock, step_zero)
+    assert report.faults[0].recovery_seconds == 1.5
 
 
 def test_the_detection_runs_from_the_oldest_of_the_newest_heartbeats(tmp_path, clock):
@@ -684,9 +691,7 @@ def test_recovery_runs_from_the_detection_to_the_next_attempts_first_step(tmp_pa
         attempt.code = None
         attempt.on_poll = on_poll
 
-    supervisor, _ = _supervise(tmp_path, ["fail", first_step_later], clock=clock, max_restarts=1,
-                               hang_timeout_s=50.0, startup_timeout_s=50.0)
-    report = supervisor.run()
+    supervisor, report = _recover_after_one_failure(tmp_path, clock, first_step_later)
     assert report.outcome is Outcome.SUCCEEDED
     (fault,) = report.faults
     # detected at T0; attempt 1 polls at T0, T0+1, T0+2 (first step written at T0+2.5).
@@ -705,9 +710,7 @@ def test_recovery_is_recorded_once_per_fault(tmp_path, clock):
         attempt.code = None
         attempt.on_poll = on_poll
 
-    supervisor, _ = _supervise(tmp_path, ["fail", steps_for_a_while], clock=clock, max_restarts=1,
-                               hang_timeout_s=50.0, startup_timeout_s=50.0)
-    report = supervisor.run()
+    supervisor, report = _recover_after_one_failure(tmp_path, clock, steps_for_a_while)
     assert report.faults[0].recovery_seconds == 0.0 and report.faults[1].recovery_seconds is None
     recoveries = _events(Path(supervisor.worker.stage_dir), EventKind.RECOVERY)
     assert [(e.attempt, e.seconds) for e in recoveries] == [(1, 0.0)]
