@@ -683,30 +683,31 @@ def test_a_descriptor_that_names_another_path_is_a_change(root: Path, monkeypatc
     assert err.code is ErrorCode.MANIFEST_CHANGED and err.message == "the manifest path changed while it was opened"
 
 
+def _read_or_refused(path: str, ok: bool, code: ErrorCode, message: str) -> None:
+    """The file is read whole when `ok`; otherwise refused with exactly `code` and `message`."""
+    if ok:
+        assert read_manifest_bytes(path).data == b"{}"
+    else:
+        err = _error(read_manifest_bytes, path)
+        assert (err.code, err.message) == (code, message)
+
+
 @pytest.mark.parametrize("uid,ok", [(0, True), (1, False), (65534, False)])
 def test_owner_is_the_caller_or_root_exactly(root: Path, uid: int, ok: bool):
     if os.geteuid() != 0:
         pytest.skip("changing a file's owner needs root")
     path = write_file(root / "m.json", b"{}")
     os.chown(path, uid, 0)
-    if ok:
-        assert read_manifest_bytes(path).data == b"{}"
-    else:
-        err = _error(read_manifest_bytes, path)
-        assert err.code is ErrorCode.MANIFEST_UNSAFE_OWNER
-        assert err.message == "the manifest must be owned by the caller or root"
+    _read_or_refused(path, ok, ErrorCode.MANIFEST_UNSAFE_OWNER,
+                     "the manifest must be owned by the caller or root")
 
 
 @pytest.mark.parametrize("mode,ok", [(0o600, True), (0o601, True), (0o611, True), (0o645, True), (0o755, True),
                                      (0o4644, True), (0o602, False), (0o620, False), (0o622, False), (0o1646, False)])
 def test_only_group_or_world_write_bits_are_refused(root: Path, mode: int, ok: bool):
     path = write_file(root / "m.json", b"{}", mode=mode)
-    if ok:
-        assert read_manifest_bytes(path).data == b"{}"
-    else:
-        err = _error(read_manifest_bytes, path)
-        assert err.code is ErrorCode.MANIFEST_UNSAFE_PERMISSIONS
-        assert err.message == "the manifest must not be group- or world-writable"
+    _read_or_refused(path, ok, ErrorCode.MANIFEST_UNSAFE_PERMISSIONS,
+                     "the manifest must not be group- or world-writable")
 
 
 def test_a_metadata_change_during_the_read_is_a_change_even_at_the_same_size(root: Path, monkeypatch):

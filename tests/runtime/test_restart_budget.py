@@ -166,6 +166,18 @@ def _supervise(tmp_path: Path, script=(), *, default="fail", clock: FakeClock | 
     return supervisor, backend
 
 
+def _keep_running(attempt: FakeAttempt, on_poll) -> None:
+    """The attempt runs on, and `on_poll(running)` scripts what each poll of it sees."""
+    attempt.code = None
+    attempt.on_poll = on_poll
+
+
+def _finish(backend: FakeBackend, running: FakeAttempt) -> None:
+    """The attempt writes its result and exits 0: a finished stage."""
+    (backend.stage_dir / RESULT_NAME).write_text("{}")
+    running.code = 0
+
+
 def _events(stage_dir: Path, kind: EventKind) -> list[events.Event]:
     return [e for e in events.read(stage_dir) if e.kind is kind]
 
@@ -281,8 +293,7 @@ def _approves_on_first_poll(proposal_id: str):
         def on_poll(running):
             if running.polls == 1:
                 proposals.decide(backend.stage_dir, proposal_id, approve=True, actor="desk:alice")
-        attempt.code = None
-        attempt.on_poll = on_poll
+        _keep_running(attempt, on_poll)
     return behaviour
 
 
@@ -356,8 +367,7 @@ def test_a_stop_request_ends_the_stage_stopped_without_a_restart(tmp_path):
     supervisor = None
 
     def stop_on_first_poll(attempt, backend):
-        attempt.code = None
-        attempt.on_poll = lambda running: supervisor.request_stop()
+        _keep_running(attempt, lambda running: supervisor.request_stop())
 
     supervisor, backend = _supervise(tmp_path, [stop_on_first_poll, "succeed"], max_restarts=3)
     report = supervisor.run()
@@ -571,8 +581,7 @@ def test_a_finished_or_stopped_rank_is_never_hung(tmp_path, clock, phase):
         def on_poll(running):
             if running.polls == 8:  # long past the 2 s hang bound
                 running.code = 1
-        attempt.code = None
-        attempt.on_poll = on_poll
+        _keep_running(attempt, on_poll)
 
     supervisor, backend = _supervise(tmp_path, [stale_done_rank_then_exit], clock=clock, hang_timeout_s=2.0,
                                      startup_timeout_s=3.0, max_restarts=0)
@@ -638,10 +647,8 @@ def test_a_heartbeat_at_step_zero_after_the_start_is_the_first_sign_of_recovery(
 
         def on_poll(running):
             if running.polls == 2:
-                (backend.stage_dir / RESULT_NAME).write_text("{}")
-                running.code = 0
-        attempt.code = None
-        attempt.on_poll = on_poll
+                _finish(backend, running)
+        _keep_running(attempt, on_poll)
 
     _, report = _recover_after_one_failure(tmp_path, clock, step_zero)
     assert report.faults[0].recovery_seconds == 1.5
@@ -686,10 +693,8 @@ def test_recovery_runs_from_the_detection_to_the_next_attempts_first_step(tmp_pa
                 write_beat(backend.heartbeat_dir, rank=0, attempt=running.number, step=9, phase="training",
                            at=backend.now() + 0.5)
             if running.polls == 5:
-                (backend.stage_dir / RESULT_NAME).write_text("{}")
-                running.code = 0
-        attempt.code = None
-        attempt.on_poll = on_poll
+                _finish(backend, running)
+        _keep_running(attempt, on_poll)
 
     supervisor, report = _recover_after_one_failure(tmp_path, clock, first_step_later)
     assert report.outcome is Outcome.SUCCEEDED
@@ -707,8 +712,7 @@ def test_recovery_is_recorded_once_per_fault(tmp_path, clock):
                        phase="training", at=backend.now())
             if running.polls == 4:
                 running.code = 1
-        attempt.code = None
-        attempt.on_poll = on_poll
+        _keep_running(attempt, on_poll)
 
     supervisor, report = _recover_after_one_failure(tmp_path, clock, steps_for_a_while)
     assert report.faults[0].recovery_seconds == 0.0 and report.faults[1].recovery_seconds is None
