@@ -72,6 +72,18 @@ class ErrorCode(str, enum.Enum):
     POSTTRAINING_DATA_INVALID = "POSTTRAINING_DATA_INVALID"
     # Added by issue 7: a post-training checkpoint's bytes differ from the digest it was recorded with.
     CHECKPOINT_DIGEST_MISMATCH = "CHECKPOINT_DIGEST_MISMATCH"
+    # A known identity asking for an operation its role does not allow (a tenant on a desk route).
+    PERMISSION_DENIED = "PERMISSION_DENIED"
+    # A request body above the server's limit, refused while it streams in.
+    REQUEST_TOO_LARGE = "REQUEST_TOO_LARGE"
+    # The disk under the ledger (or a data store) is full: nothing was written, retry once space returns.
+    STORAGE_FULL = "STORAGE_FULL"
+    # A shard's bytes no longer hash to the sha256 recorded when it was written.
+    SHARD_CORRUPT = "SHARD_CORRUPT"
+    # The DuckDB warehouse cannot be opened or read; it is derived from the Parquet lineage.
+    WAREHOUSE_CORRUPT = "WAREHOUSE_CORRUPT"
+    # The ledger was migrated by a newer release than this one knows.
+    LEDGER_SCHEMA_TOO_NEW = "LEDGER_SCHEMA_TOO_NEW"
 
 
 # Codes a caller may retry unchanged; everything else needs a different request.
@@ -82,6 +94,7 @@ RETRYABLE = frozenset(
         ErrorCode.OUTCOME_UNKNOWN,
         ErrorCode.IDEMPOTENCY_KEY_IN_FLIGHT,
         ErrorCode.CAPACITY_UNAVAILABLE,
+        ErrorCode.STORAGE_FULL,
     }
 )
 

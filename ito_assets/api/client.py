@@ -24,7 +24,7 @@ from urllib.parse import quote
 from ito_assets.errors import ErrorCode, ItoError
 
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024
-_STOP_CODES = frozenset({ErrorCode.AUTH_REQUIRED, ErrorCode.CREDENTIAL_REVOKED})
+_STOP_CODES = frozenset({ErrorCode.AUTH_REQUIRED, ErrorCode.CREDENTIAL_REVOKED, ErrorCode.PERMISSION_DENIED})
 _REVOKED = {"ok": False, "error": {"code": ErrorCode.CREDENTIAL_REVOKED.value, "retryable": False,
                                    "message": "the API refused the credential (HTTP 401/403)"}}
 

@@ -21,12 +21,12 @@ class Identity:
 
     def require_role(self, role: Role) -> None:
         if self.role is not role:
-            raise ItoError(ErrorCode.AUTH_REQUIRED, f"this operation needs a {role.value} identity")
+            raise ItoError(ErrorCode.PERMISSION_DENIED, f"this operation needs a {role.value} identity")
 
     @property
     def tenant(self) -> str:
         if self.role is not Role.ACCOUNT or self.account_id is None:
-            raise ItoError(ErrorCode.AUTH_REQUIRED, "this operation needs an account identity")
+            raise ItoError(ErrorCode.PERMISSION_DENIED, "this operation needs an account identity")
         return self.account_id
 
 
@@ -51,17 +51,17 @@ class IssuedToken:
 
 
 def authenticate(ledger: Ledger, presented: str | None) -> Identity:
-    """Hash the presented token and look it up; unknown -> AUTH_REQUIRED, revoked ->
-    CREDENTIAL_REVOKED. The comparison is on the hash by an indexed equality lookup, so timing
+    """Hash the presented token and look it up. No token, or not a token's shape -> AUTH_REQUIRED;
+    a well-formed token the ledger does not accept (unknown or revoked) -> CREDENTIAL_REVOKED: the
+    caller must get a new one, and an unknown token is told apart from a revoked one by nobody but
+    the desk. The comparison is on the hash by an indexed equality lookup, so timing
     reveals nothing about any stored token."""
     if not presented or ids.TOKEN.fullmatch(presented) is None:
         raise ItoError(ErrorCode.AUTH_REQUIRED, "a valid identity token is required")
     with ledger.read() as conn:
         row = conn.execute(sa.select(tokens).where(tokens.c.token_hash == ids.secret_hash(presented))).mappings().first()
-    if row is None:
-        raise ItoError(ErrorCode.AUTH_REQUIRED, "a valid identity token is required")
-    if row["revoked_at"] is not None:
-        raise ItoError(ErrorCode.CREDENTIAL_REVOKED, "the identity token was revoked")
+    if row is None or row["revoked_at"] is not None:
+        raise ItoError(ErrorCode.CREDENTIAL_REVOKED, "the identity token is unknown or was revoked")
     return Identity(token_id=row["token_id"], role=Role(row["role"]), account_id=row["account_id"])
 
 

@@ -59,7 +59,7 @@ def test_only_the_desk_decides_and_unknown_ids_are_refused(api) -> None:
     _booking, run_id = api.started_run()
     proposal = _propose(api, run_id, "pretraining", 30)
     refused = api.ito("desk", "proposals", "approve", run_id, proposal)  # an account token
-    assert refused["ok"] is False and refused["error"]["code"] == "AUTH_REQUIRED"
+    assert refused["ok"] is False and refused["error"]["code"] == "PERMISSION_DENIED"
     assert api.ok("desk", "proposals", "list", run_id, token="desk")["num_pending"] == 1
     missing = api.ito("desk", "proposals", "approve", run_id, "spk_0000000000000000", token="desk")
     assert missing["error"]["code"] == "PROPOSAL_NOT_FOUND"

@@ -46,7 +46,7 @@ def test_unknown_and_foreign_bookings_look_the_same(world) -> None:
 
 
 def test_desk_identity_cannot_request_training(world) -> None:
-    assert refused(world, world.booking_id, account=world.desk) is ErrorCode.AUTH_REQUIRED
+    assert refused(world, world.booking_id, account=world.desk) is ErrorCode.PERMISSION_DENIED
 
 
 def test_amendment_moves_the_revision_and_validates_terms(world) -> None:

@@ -52,13 +52,13 @@ def test_no_or_malformed_token_is_auth_required(world, presented) -> None:
     assert code_of(lambda: identity.authenticate(world.ledger, presented)) is ErrorCode.AUTH_REQUIRED
 
 
-def test_an_unknown_well_formed_token_is_auth_required_and_a_revoked_one_is_revoked(world) -> None:
+def test_an_unknown_well_formed_token_and_a_revoked_one_are_both_credential_revoked(world) -> None:
     issued = identity.issue_token(world.ledger, Role.ACCOUNT, account_id=world.account.account_id, label="x",
                                   actor=None)
     kept = identity.issue_token(world.ledger, Role.ACCOUNT, account_id=world.account.account_id, label="y",
                                 actor=None)
     unknown = issued.secret[:-1] + ("A" if issued.secret[-1] != "A" else "B")
-    assert code_of(lambda: identity.authenticate(world.ledger, unknown)) is ErrorCode.AUTH_REQUIRED
+    assert code_of(lambda: identity.authenticate(world.ledger, unknown)) is ErrorCode.CREDENTIAL_REVOKED
     world.clock.now = T0 + 7
     assert identity.revoke_token(world.ledger, issued.token_id, actor=world.desk.token_id) is True
     assert identity.revoke_token(world.ledger, issued.token_id, actor=world.desk.token_id) is False
@@ -83,8 +83,8 @@ def test_a_token_for_no_account_is_refused(world) -> None:
 
 
 def test_the_desk_has_no_tenant_and_an_account_is_no_desk(world) -> None:
-    assert code_of(lambda: world.desk.tenant) is ErrorCode.AUTH_REQUIRED
-    assert code_of(lambda: world.account.require_role(Role.DESK)) is ErrorCode.AUTH_REQUIRED
+    assert code_of(lambda: world.desk.tenant) is ErrorCode.PERMISSION_DENIED
+    assert code_of(lambda: world.account.require_role(Role.DESK)) is ErrorCode.PERMISSION_DENIED
     world.desk.require_role(Role.DESK)
     world.account.require_role(Role.ACCOUNT)
 

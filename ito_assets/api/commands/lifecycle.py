@@ -15,7 +15,8 @@ from ito_assets.errors import ErrorCode, ItoError
 # costs a poll every 15 s and a short one is seen ending within about a second.
 _WATCH_GROWTH = 1.5
 _WATCH_MAX_INTERVAL_S = 15.0
-_STOP = frozenset({ErrorCode.AUTH_REQUIRED, ErrorCode.CREDENTIAL_REVOKED, ErrorCode.RUN_NOT_FOUND})
+_STOP = frozenset({ErrorCode.AUTH_REQUIRED, ErrorCode.CREDENTIAL_REVOKED, ErrorCode.PERMISSION_DENIED,
+                   ErrorCode.RUN_NOT_FOUND})
 # Named `<stage>/<metric>` (ito_assets.runtime.publish, ito_assets.posttraining.publish).
 _METRICS_HELP = ("the run's metrics, paged: per training stage its loss, held-out eval and goodput; per "
                  "post-training stage (sft, dpo, rlvr) its loss or reward curve, KL to reference, held-out "
