@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export DAGSTER_HOME ?= $(CURDIR)/.ito/dagster
 
-.PHONY: run ui test mutation bootstrap clean
+.PHONY: run ui test test-long mutation bootstrap clean
 
 bootstrap: $(STAMP)
 
@@ -30,6 +30,10 @@ ui: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# The long matrices (races of 16 and 64 callers, 20 trials each); `make test` runs a short version of each.
+test-long: $(STAMP)
+	$(BIN)/python -m pytest -q --run-long -m long
 
 # A benchmark, not a test: the mutation score of the modules that enforce promises (README, Testing).
 mutation: $(STAMP)

@@ -24,3 +24,17 @@ def installation(tmp_path: Path) -> Installation:
 def instance():
     with dg.instance_for_test() as test_instance:
         yield test_instance
+
+
+def pytest_addoption(parser) -> None:
+    parser.addoption("--run-long", action="store_true", default=False,
+                     help="also run the long matrices (`make test-long`)")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    if config.getoption("--run-long"):
+        return
+    skip = pytest.mark.skip(reason="a long matrix: `make test-long` runs it")
+    for item in items:
+        if "long" in item.keywords:
+            item.add_marker(skip)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ito_assets.errors import ErrorCode, ItoError
-from ito_assets.gates import bookings, confirmations, cost, entitlement, runs, validation
+from ito_assets.gates import bookings, budget, confirmations, cost, entitlement, runs, validation
 from ito_assets.gates.confirmations import IssuedConfirmation
 from ito_assets.gates.identity import Identity
 from ito_assets.gates.ledger import Ledger
@@ -43,8 +43,8 @@ def validate(conn, policy: GatePolicy, account_id: str, booking: bookings.Bookin
     validation.check_network(requirements, eligible)
     validation.check_capacity(requirements, eligible, num_active_runs=runs.count_active(conn, booking.booking_id),
                               policy=policy)
-    spent = runs.spent_cents(conn, account_id, verified.digest)
-    cost_cents = cost.training_cost_cents(booking, manifest.budget, spent_cents=spent)
+    committed = budget.state(conn, account_id, verified.digest, manifest.budget).committed_cents
+    cost_cents = cost.training_cost_cents(booking, manifest.budget, committed_cents=committed)
     return TrainPreflight(eligibility=eligible, cost_cents=cost_cents, checkpoint_root=str(folder))
 
 

@@ -21,12 +21,12 @@ def booking_cost_cents(booking: Booking) -> int:
     return -(-numerator // _SECONDS_PER_HOUR)
 
 
-def training_cost_cents(booking: Booking, budget: Budget, *, spent_cents: int) -> int:
+def training_cost_cents(booking: Booking, budget: Budget, *, committed_cents: int) -> int:
     """The cost a train confirmation binds, refused when above the manifest's maximum incremental
-    cost or when it would take the manifest's total (`spent_cents` so far) above its cap."""
+    cost or when it would take what the manifest's runs committed so far above its cap."""
     cost = booking_cost_cents(booking)
     if cost > budget.max_incremental_cents:
         raise ItoError(ErrorCode.BUDGET_EXCEEDED, "the run's cost exceeds the manifest's maximum incremental cost")
-    if spent_cents + cost > budget.cap_cents:
+    if committed_cents + cost > budget.cap_cents:
         raise ItoError(ErrorCode.BUDGET_EXCEEDED, "the run's cost would exceed the manifest's budget cap")
     return cost

@@ -5,9 +5,10 @@
 2. One write transaction: the booking row is locked (FOR UPDATE on PostgreSQL; BEGIN IMMEDIATE
    holds SQLite's write lock) and the entitlement re-read from it, so a booking released between
    confirm and train never yields a run; the key is looked up again under that lock; the
-   confirmation is checked against the request; gate 5 is re-validated; the confirmation is
-   consumed by one conditional update, the key reserved and the run inserted. All of it commits
-   or none does.
+   confirmation is checked against the request; the manifest's budget row is locked, so trains
+   of one manifest on different bookings still sum its spend one at a time; gate 5 is
+   re-validated; the confirmation is consumed by one conditional update, the key reserved and
+   the run inserted. All of it commits or none does.
 3. A concurrent twin that lost the race (unique violation) or waited too long for the lock
    answers from the winner's committed key, or IDEMPOTENCY_KEY_IN_FLIGHT: never a second run.
 """
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 import sqlalchemy as sa
 
 from ito_assets.errors import ErrorCode, ItoError
-from ito_assets.gates import audit, confirmations, entitlement, idempotency, ids, intake, runs
+from ito_assets.gates import audit, budget, confirmations, entitlement, idempotency, ids, intake, runs
 from ito_assets.gates.confirm_request import entitle, validate
 from ito_assets.gates.fingerprint import request_fingerprint, validate_key
 from ito_assets.gates.identity import Identity
@@ -100,8 +101,10 @@ def _insert(conn: sa.Connection, request: TrainRequest, account_id: str, checkpo
 
 def _create_locked(conn: sa.Connection, ledger: Ledger, policy: GatePolicy, account_id: str,
                    request: TrainRequest) -> Created:
-    """The gates in SPEC.md's order, under the booking lock: entitlement, the manifest bound in
-    the confirmation, the confirmation itself, the key, then server-side validation and cost."""
+    """The gates in order, under the booking lock and then the manifest's budget lock:
+    entitlement, the manifest bound in the confirmation, the confirmation itself, the key, then
+    server-side validation and cost. Booking before budget, always: no two trains can wait on
+    each other's lock."""
     now = ledger.now()
     booking, eligible = entitle(conn, ledger, account_id, request.booking_id, for_update=True)
     # Under the booking lock: a twin that committed while we waited is visible now.
@@ -111,10 +114,12 @@ def _create_locked(conn: sa.Connection, ledger: Ledger, policy: GatePolicy, acco
     confirmation = confirmations.resolve(conn, request.confirmation_ref, account_id=account_id, for_update=True)
     confirmations.require_usable(confirmation, now=now, action=Action.TRAIN, booking_id=request.booking_id,
                                  manifest_digest=request.verified.digest)
-    entitlement.require_unchanged(confirmation.eligibility, eligible)
+    entitlement.require_same_network(confirmation.eligibility, eligible)
+    budget.lock(conn, account_id, request.verified.digest, now=now)
     pre = validate(conn, policy, account_id, booking, eligible, request.verified, request.requirements)
     if confirmation.cost_cents != pre.cost_cents:
-        raise ItoError(ErrorCode.CONFIRMATION_MISMATCH, "the confirmation is bound to a different cost")
+        raise ItoError(ErrorCode.CONFIRMATION_MISMATCH, "the cost changed since the confirmation was approved")
+    entitlement.require_unchanged(confirmation.eligibility, eligible)
     return Created(run=_insert(conn, request, account_id, pre.checkpoint_root, confirmation, now), replayed=False)
 
 

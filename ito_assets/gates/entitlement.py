@@ -66,17 +66,25 @@ def eligibility(booking: Booking | None, account_id: str, now: int) -> Eligibili
     )
 
 
+def _bound(bound_json: str | None) -> dict:
+    if bound_json is None:
+        raise ItoError(ErrorCode.BOOKING_MISMATCH, "the confirmation is not bound to this booking")
+    return json.loads(bound_json)
+
+
+def require_same_network(bound_json: str | None, current: Eligibility) -> None:
+    """The region and network a confirmation was computed against still hold (NETWORK_MISMATCH)."""
+    bound, now = _bound(bound_json), current.to_dict()
+    if any(bound.get(name) != now[name] for name in _NETWORK_FIELDS):
+        raise ItoError(ErrorCode.NETWORK_MISMATCH, "the booking's region or network changed since confirmation")
+
+
 def require_unchanged(bound_json: str | None, current: Eligibility) -> None:
     """The eligibility a confirmation was computed against must still hold, field for field.
 
     A region or network change is NETWORK_MISMATCH; any other amendment (topology, window,
     price: the revision moves) is BOOKING_MISMATCH.
     """
-    if bound_json is None:
-        raise ItoError(ErrorCode.BOOKING_MISMATCH, "the confirmation is not bound to this booking")
-    bound = json.loads(bound_json)
-    now = current.to_dict()
-    if any(bound.get(name) != now[name] for name in _NETWORK_FIELDS):
-        raise ItoError(ErrorCode.NETWORK_MISMATCH, "the booking's region or network changed since confirmation")
-    if bound != now:
+    require_same_network(bound_json, current)
+    if _bound(bound_json) != current.to_dict():
         raise ItoError(ErrorCode.BOOKING_MISMATCH, "the booking was amended since confirmation")

@@ -12,7 +12,7 @@ import re
 import sqlalchemy as sa
 
 from ito_assets.errors import ErrorCode, ItoError
-from ito_assets.gates.ledger import manifests
+from ito_assets.gates.ledger import insert_if_absent, manifests
 from ito_assets.manifest.secure_read import ManifestBytes
 from ito_assets.manifest.verify import VerifiedManifest, parse_manifest
 
@@ -31,8 +31,6 @@ def verify_submitted(content: bytes, claimed_digest: str, *, max_bytes: int) -> 
 
 
 def store(conn: sa.Connection, verified: VerifiedManifest, *, now: int) -> None:
-    """Keep the bytes under their digest once (content-addressed; a second insert is skipped)."""
-    exists = conn.execute(sa.select(manifests.c.digest).where(manifests.c.digest == verified.digest)).first()
-    if exists is None:
-        conn.execute(manifests.insert().values(digest=verified.digest, content=verified.raw.data,
-                                               size_bytes=verified.raw.size, first_seen_at=now))
+    """Keep the bytes under their digest once (content-addressed; a concurrent twin's insert is a no-op)."""
+    insert_if_absent(conn, manifests, dict(digest=verified.digest, content=verified.raw.data,
+                                           size_bytes=verified.raw.size, first_seen_at=now))

@@ -1,4 +1,7 @@
-"""The ledger: SQLAlchemy Core tables and the engine that holds them (DESIGN.md, "Ledger").
+"""The ledger: SQLAlchemy Core tables and the engine that holds them.
+
+The tables below are the model every query uses; the schema in a database is made and changed
+only by the Alembic migrations in gates/migrations, which a test keeps identical to this model.
 
 SQLite file by default (WAL; write transactions start with BEGIN IMMEDIATE so two reservations
 never interleave), any PostgreSQL URL in production (row locks with SELECT ... FOR UPDATE,
@@ -9,9 +12,11 @@ Timestamps are integer seconds since the epoch, UTC: expiry is compared to the s
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Iterator
 
 import sqlalchemy as sa
@@ -91,6 +96,16 @@ manifests = sa.Table(
     sa.Column("first_seen_at", _Time, nullable=False),
 )
 
+# One row per (account, manifest): the lock every train of that manifest takes before it sums
+# what the manifest has committed, whatever booking it runs on, so two trains on two bookings
+# cannot both fit under the cap.
+budgets = sa.Table(
+    "budgets", metadata,
+    sa.Column("account_id", _Id, sa.ForeignKey("accounts.account_id"), primary_key=True),
+    sa.Column("manifest_digest", sa.String(71), primary_key=True),
+    sa.Column("created_at", _Time, nullable=False),
+)
+
 idempotency_keys = sa.Table(
     "idempotency_keys", metadata,
     sa.Column("account_id", _Id, primary_key=True),
@@ -166,22 +181,19 @@ audit_events = sa.Table(
     sa.Column("detail", sa.Text, nullable=False),
 )
 
-# Append-only is enforced by the database, so neither a bug nor a direct SQL session can edit it.
-_SQLITE_APPEND_ONLY = [
-    sa.DDL(f"CREATE TRIGGER IF NOT EXISTS audit_events_no_{op} BEFORE {op.upper()} ON audit_events "
-           "BEGIN SELECT RAISE(ABORT, 'audit_events is append-only'); END")
-    for op in ("update", "delete")
-]
-_PG_APPEND_ONLY = [
-    sa.DDL("CREATE OR REPLACE FUNCTION ito_audit_append_only() RETURNS trigger AS $$ "
-           "BEGIN RAISE EXCEPTION 'audit_events is append-only'; END $$ LANGUAGE plpgsql"),
-    sa.DDL("CREATE TRIGGER audit_events_append_only BEFORE UPDATE OR DELETE ON audit_events "
-           "FOR EACH ROW EXECUTE FUNCTION ito_audit_append_only()"),
-]
-for _ddl in _SQLITE_APPEND_ONLY:
-    event.listen(audit_events, "after_create", _ddl.execute_if(dialect="sqlite"))
-for _ddl in _PG_APPEND_ONLY:
-    event.listen(audit_events, "after_create", _ddl.execute_if(dialect="postgresql"))
+# Append-only is enforced by the database, so neither a bug nor a direct SQL session can edit
+# it: triggers refuse UPDATE and DELETE (and TRUNCATE on PostgreSQL); they are created by the
+# migrations (gates/migrations/versions), like every table here.
+
+
+def insert_if_absent(conn: sa.Connection, table: sa.Table, values: dict) -> None:
+    """INSERT ... ON CONFLICT DO NOTHING: concurrent writers of the same shared row (a manifest
+    copy, a budget row) both succeed, and no unique violation is mistaken for a key race."""
+    if conn.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert
+    conn.execute(insert(table).values(**values).on_conflict_do_nothing())
 
 
 def _now() -> int:
@@ -240,6 +252,26 @@ def _sqlite_hooks(engine: sa.Engine, lock_timeout_ms: int) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
 
+def _private_sqlite_file(url: str) -> None:
+    """The ledger holds token hashes, bookings and the audit trail: its file is 0600, in a folder
+    created 0700. SQLite gives its -wal and -shm files the database file's mode."""
+    name = url.split("///", 1)[1] if "///" in url else ""
+    if not name or name == ":memory:" or name.startswith("file:"):
+        return
+    path = Path(name)
+    if not path.parent.exists():
+        path.parent.mkdir(mode=0o700, parents=True)
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(descriptor, 0o600)
+    finally:
+        os.close(descriptor)
+    for suffix in ("-wal", "-shm"):
+        companion = path.with_name(path.name + suffix)
+        if companion.exists():
+            os.chmod(companion, 0o600)
+
+
 def normalize_url(url: str) -> str:
     """`postgresql://` and `postgres://` use psycopg 3, the driver this project installs."""
     return re.sub(r"^postgres(ql)?://", "postgresql+psycopg://", url)
@@ -257,6 +289,7 @@ def open_ledger(url: str, *, schema: str | None = None, clock: Callable[[], int]
     url = normalize_url(url)
     lock_ms = max(1, int(lock_timeout_s * 1000))
     if url.startswith("sqlite"):
+        _private_sqlite_file(url)
         engine = sa.create_engine(url, connect_args={"timeout": lock_timeout_s, "check_same_thread": False},
                                   pool_size=20, max_overflow=40, pool_timeout=60)
         _sqlite_hooks(engine, lock_ms)
@@ -271,7 +304,11 @@ def open_ledger(url: str, *, schema: str | None = None, clock: Callable[[], int]
                                   pool_timeout=60, pool_pre_ping=True)
         if schema is not None and create:
             with engine.begin() as conn:
+                # IF NOT EXISTS still races on the catalogue's unique index: serialize the creators.
+                conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock(hashtext('ito-ledger-schema:{schema}'))")
                 conn.exec_driver_sql(f"CREATE SCHEMA IF NOT EXISTS {schema}")
     if create:
-        metadata.create_all(engine)
+        from ito_assets.gates import migrate
+
+        migrate.upgrade(engine)
     return Ledger(engine=engine, clock=clock or _now)

@@ -87,14 +87,6 @@ def count_active(conn: sa.Connection, booking_id: str) -> int:
     return int(conn.execute(query).scalar_one())
 
 
-def spent_cents(conn: sa.Connection, account_id: str, manifest_digest: str) -> int:
-    """What runs of this manifest already committed to spend: the budget cap bounds the total."""
-    query = sa.select(sa.func.coalesce(sa.func.sum(runs.c.cost_cents), 0)).where(
-        runs.c.account_id == account_id, runs.c.manifest_digest == manifest_digest,
-        runs.c.state != RunState.GATE_FAILED.value)
-    return int(conn.execute(query).scalar_one())
-
-
 def pending_runs(ledger: Ledger, *, limit: int = 100) -> list[Run]:
     """Queued runs that no Dagster run has been launched for yet, oldest first (for the sensor)."""
     query = (sa.select(runs).where(runs.c.state == RunState.QUEUED.value, runs.c.dagster_run_id.is_(None))

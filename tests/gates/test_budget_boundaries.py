@@ -54,10 +54,10 @@ def priced(cents_cost: int) -> Booking:
 def test_the_cap_admits_exactly_its_remainder(spent, cap, allowed) -> None:
     budget = Budget(cap_cents=cap, max_incremental_cents=1000)
     if allowed:
-        assert cost.training_cost_cents(priced(1000), budget, spent_cents=spent) == 1000
+        assert cost.training_cost_cents(priced(1000), budget, committed_cents=spent) == 1000
     else:
         with pytest.raises(ItoError) as info:
-            cost.training_cost_cents(priced(1000), budget, spent_cents=spent)
+            cost.training_cost_cents(priced(1000), budget, committed_cents=spent)
         assert info.value.code is ErrorCode.BUDGET_EXCEEDED and "budget cap" in info.value.message
 
 
@@ -65,10 +65,10 @@ def test_the_cap_admits_exactly_its_remainder(spent, cap, allowed) -> None:
 def test_the_maximum_incremental_cost_admits_exactly_itself(max_incremental, allowed) -> None:
     budget = Budget(cap_cents=10_000, max_incremental_cents=max_incremental)
     if allowed:
-        assert cost.training_cost_cents(priced(1000), budget, spent_cents=0) == 1000
+        assert cost.training_cost_cents(priced(1000), budget, committed_cents=0) == 1000
     else:
         with pytest.raises(ItoError) as info:
-            cost.training_cost_cents(priced(1000), budget, spent_cents=0)
+            cost.training_cost_cents(priced(1000), budget, committed_cents=0)
         assert info.value.code is ErrorCode.BUDGET_EXCEEDED and "incremental" in info.value.message
 
 

@@ -87,7 +87,7 @@ def test_unknown_and_foreign_references_are_both_invalid(world) -> None:
     ({"region": "us-east"}, ErrorCode.NETWORK_MISMATCH),
     ({"network": "eth-100g"}, ErrorCode.NETWORK_MISMATCH),
     ({"topology": "2x4-pcie"}, ErrorCode.BOOKING_MISMATCH),
-    ({"price_per_gpu_hour_cents": 99}, ErrorCode.BOOKING_MISMATCH),
+    ({"price_per_gpu_hour_cents": 99}, ErrorCode.CONFIRMATION_MISMATCH),
 ])
 def test_amendment_invalidates_pending_confirmations(world, change, code) -> None:
     ref = world.confirm_train()

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 
 from gate_world import COST, T0, manifest_bytes, new_run, verified
 from ito_assets.errors import ErrorCode, ItoError
-from ito_assets.gates import audit, authorization, bookings, entitlement, runs
+from ito_assets.gates import audit, authorization, bookings, budget, entitlement, runs
 from ito_assets.gates.ledger import confirmations as confirmations_table
 from ito_assets.gates.ledger import manifests as manifests_table
 from ito_assets.gates.ledger import runs as runs_table
@@ -123,10 +123,10 @@ def test_count_active_counts_the_bookings_active_runs_only(world) -> None:
         assert runs.count_active(conn, world.booking_id) == 0
 
 
-def test_spent_cents_sums_the_manifests_runs_except_gate_failed(world) -> None:
+def test_committed_sums_the_manifests_runs_except_gate_failed_split_by_ended_and_active(world) -> None:
     digest = verified().digest
     with world.ledger.read() as conn:
-        assert runs.spent_cents(conn, world.account.account_id, digest) == 0
+        assert budget.committed(conn, world.account.account_id, digest) == (0, 0, 0)
     made = {}
     for state, cost in [(RunState.FAILED, 1), (RunState.GATE_FAILED, 10), (RunState.SUCCEEDED, 100),
                         (RunState.CANCELLED, 1000), (RunState.QUEUED, 10_000)]:
@@ -139,10 +139,10 @@ def test_spent_cents_sums_the_manifests_runs_except_gate_failed(world) -> None:
     rival = new_run(world, account=world.other, booking_id=world.booking(account=world.other))
     update_run(world, rival.run_id, cost_cents=1_000_000)
     with world.ledger.read() as conn:
-        assert runs.spent_cents(conn, world.account.account_id, digest) == 11_101
-        assert runs.spent_cents(conn, world.account.account_id, verified(OTHER_MANIFEST).digest) == 100_000
-        assert runs.spent_cents(conn, world.other.account_id, digest) == 1_000_000
-        assert runs.spent_cents(conn, world.other.account_id, verified(OTHER_MANIFEST).digest) == 0
+        assert budget.committed(conn, world.account.account_id, digest) == (1_101, 10_000, 4)
+        assert budget.committed(conn, world.account.account_id, verified(OTHER_MANIFEST).digest) == (0, 100_000, 1)
+        assert budget.committed(conn, world.other.account_id, digest) == (0, 1_000_000, 1)
+        assert budget.committed(conn, world.other.account_id, verified(OTHER_MANIFEST).digest) == (0, 0, 0)
 
 
 def test_pending_runs_are_the_unlaunched_queued_ones_oldest_first(world) -> None:
