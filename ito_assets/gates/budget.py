@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass
 
 import sqlalchemy as sa
 
-from ito_assets.gates.ledger import budgets, insert_if_absent, runs
+from ito_assets.errors import ErrorCode, ItoError
+from ito_assets.gates.ledger import budgets, insert_if_absent, manifests, runs
 from ito_assets.gates.states import ACTIVE_RUN_STATES, RunState
 from ito_assets.manifest.schema import Budget
 
@@ -68,3 +69,30 @@ def state(conn: sa.Connection, account_id: str, manifest_digest: str, budget: Bu
     return BudgetState(manifest_digest=manifest_digest, cap_cents=budget.cap_cents,
                        max_incremental_cents=budget.max_incremental_cents, spent_cents=spent,
                        reserved_cents=reserved, num_runs=count)
+
+
+def stored_budget(conn: sa.Connection, manifest_digest: str) -> Budget:
+    """The budget of a manifest the ledger stored when a run was created from it: its cap is read
+    from the very bytes that were confirmed, never from a file that may have changed since."""
+    import hashlib
+
+    from ito_assets.manifest.secure_read import ManifestBytes
+    from ito_assets.manifest.verify import parse_manifest
+
+    content = conn.execute(sa.select(manifests.c.content).where(
+        manifests.c.digest == manifest_digest)).scalar_one_or_none()
+    if content is None:
+        raise ItoError(ErrorCode.RUN_NOT_FOUND, "no run of this account was created from this manifest")
+    data = bytes(content)
+    return parse_manifest(ManifestBytes(data=data, sha256_hex=hashlib.sha256(data).hexdigest())).budget
+
+
+def states_for(conn: sa.Connection, account_id: str, manifest_digest: str | None = None) -> list[BudgetState]:
+    """The budget of every manifest the account created runs from (or of the one named), by digest."""
+    query = sa.select(runs.c.manifest_digest).where(runs.c.account_id == account_id).distinct()
+    if manifest_digest is not None:
+        query = query.where(runs.c.manifest_digest == manifest_digest)
+    digests = sorted(conn.execute(query).scalars())
+    if manifest_digest is not None and not digests:
+        raise ItoError(ErrorCode.RUN_NOT_FOUND, "no run of this account was created from this manifest")
+    return [state(conn, account_id, digest, stored_budget(conn, digest)) for digest in digests]

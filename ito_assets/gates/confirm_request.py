@@ -48,6 +48,31 @@ def validate(conn, policy: GatePolicy, account_id: str, booking: bookings.Bookin
     return TrainPreflight(eligibility=eligible, cost_cents=cost_cents, checkpoint_root=str(folder))
 
 
+@dataclass(frozen=True)
+class TrainQuote:
+    """What a train confirmation for this booking and manifest would bind, asked without issuing
+    one: the same gate 5 and the same price, in a read-only transaction."""
+
+    booking: bookings.Booking
+    cost_cents: int
+    budget: budget.BudgetState
+
+    def to_dict(self) -> dict:
+        return {"booking": self.booking.to_dict(), "cost_cents": self.cost_cents, "budget": self.budget.to_dict(),
+                "confirmation_issued": False, "workload_created": False}
+
+
+def quote_train(ledger: Ledger, policy: GatePolicy, identity: Identity, booking_id: str,
+                verified: VerifiedManifest, requirements: validation.RunRequirements | None = None) -> TrainQuote:
+    account_id = identity.tenant
+    with ledger.read() as conn:
+        booking, eligible = entitle(conn, ledger, account_id, booking_id, for_update=False)
+        pre = validate(conn, policy, account_id, booking, eligible, verified,
+                       requirements or validation.RunRequirements())
+        state = budget.state(conn, account_id, verified.digest, verified.manifest.budget)
+    return TrainQuote(booking=booking, cost_cents=pre.cost_cents, budget=state)
+
+
 def request_train(ledger: Ledger, policy: GatePolicy, identity: Identity, booking_id: str,
                   verified: VerifiedManifest, requirements: validation.RunRequirements | None = None
                   ) -> IssuedConfirmation:

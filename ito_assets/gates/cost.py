@@ -1,9 +1,8 @@
-"""What a training run costs, in integer US cents.
-
-Until the plan of issue 5 exists, a run is priced as the whole booked block it runs on: price per
-GPU-hour x GPUs x booked hours (SPEC.md, "Confirmation": the confirmation binds the cost). The
-window, not the clock, sets the hours, so the same request always costs the same and a
-confirmation's cost can be compared to the cent.
+"""What a training run is charged, in integer US cents: the whole booked block it runs on
+(price per GPU-hour x GPUs x booked hours), which is what the account bought. The window, not the
+clock, sets the hours, so the same request always costs the same and a confirmation's cost can be
+compared to the cent. The arithmetic is the planner's (training/cost.py), so a plan and a
+confirmation priced for the same booking agree.
 """
 
 from __future__ import annotations
@@ -11,14 +10,11 @@ from __future__ import annotations
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.gates.bookings import Booking
 from ito_assets.manifest.schema import Budget
-
-_SECONDS_PER_HOUR = 3600
-
+from ito_assets.training.cost import cost_cents
 
 def booking_cost_cents(booking: Booking) -> int:
     """Rounded up to the next cent: a price quoted to a human is never below what is charged."""
-    numerator = booking.price_per_gpu_hour_cents * booking.num_gpus * booking.duration_s
-    return -(-numerator // _SECONDS_PER_HOUR)
+    return cost_cents(booking.num_gpus, booking.duration_s, booking.price_per_gpu_hour_cents)
 
 
 def training_cost_cents(booking: Booking, budget: Budget, *, committed_cents: int) -> int:
