@@ -124,3 +124,28 @@ def network_spec(kind: str | Network) -> NetworkSpec:
         return NETWORKS[Network(kind)]
     except ValueError:
         raise ValueError(f"network must be one of {[n.value for n in Network]}") from None
+
+
+# How a booking's network label names its fabric: the desk writes labels like `ib-400g`,
+# `roce-400g` or `eth-100g`; the planner needs the kind.
+_NETWORK_PREFIXES = {"ib": Network.INFINIBAND, "infiniband": Network.INFINIBAND, "roce": Network.ROCE,
+                     "eth": Network.ETHERNET, "ethernet": Network.ETHERNET, "tcp": Network.ETHERNET}
+
+
+def booked_gpu(label: str) -> GpuSpec:
+    """The GPU a booking's `gpu_type` names: a planner name exactly (any case), or the one name
+    it is the model of (`H100` is `H100-SXM`); anything else is not a GPU the planner can price."""
+    by_lower = {name.lower(): spec for name, spec in GPUS.items()}
+    if label.lower() in by_lower:
+        return by_lower[label.lower()]
+    models = [spec for name, spec in by_lower.items() if name.split("-")[0] == label.lower()]
+    if len(models) != 1:
+        raise ValueError(f"the booked gpu_type is none of {sorted(GPUS)}")
+    return models[0]
+
+
+def booked_network(label: str) -> NetworkSpec:
+    head = label.lower().replace("_", "-").split("-")[0]
+    if head not in _NETWORK_PREFIXES:
+        raise ValueError(f"the booked network is none of {sorted(_NETWORK_PREFIXES)} (optionally -<speed>)")
+    return NETWORKS[_NETWORK_PREFIXES[head]]
