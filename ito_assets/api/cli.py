@@ -1,18 +1,32 @@
 """`ito`: the canonical client. Every verb prints one JSON envelope with --json (DESIGN.md).
 
 Imports stay light: verbs import their heavy dependencies lazily, so client verbs start fast.
-Exit status: 0 when ok, 1 on a reported error, 2 on a usage error.
+Exit status: 0 when ok, 1 on a reported error, 2 on a usage error, 141 (a shell's code for
+SIGPIPE) when the reader of stdout went away, as in `ito logs RUN | head -1`.
+`--timeout SECONDS` (before or after the verb) bounds everything a verb does with the API.
+Readable (non --json) output goes through `terminal.escape`: no control character reaches the
+terminal raw.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ito_assets.api import envelope
+from ito_assets.api.terminal import escape
 from ito_assets.errors import ErrorCode, ItoError
+
+# The whole operation, all attempts and pauses included: a hung API costs at most this long.
+# It equals what four 30 s requests (ITO_TIMEOUT_S) took before one deadline bounded them.
+DEFAULT_TIMEOUT_S = 120.0
+# An hour: as long as ITO_TIMEOUT_S may be for one request.
+MAX_TIMEOUT_S = 3600.0
+TIMEOUT_HELP = f"seconds the whole operation may take, retries included (default {DEFAULT_TIMEOUT_S:g})"
+EXIT_BROKEN_PIPE = 141
 
 
 @dataclass
@@ -34,10 +48,32 @@ class _Parser(argparse.ArgumentParser):
         raise ItoError(ErrorCode.USAGE_ERROR, f"invalid arguments for '{self.prog}'; see '{self.prog} --help'")
 
 
+def timeout_seconds(value: str) -> float:
+    """--timeout's value: a number of seconds in (0, MAX_TIMEOUT_S]; NaN and infinity are refused."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds <= MAX_TIMEOUT_S:
+        raise ItoError(ErrorCode.USAGE_ERROR,
+                       f"--timeout must be a number of seconds above 0 and at most {MAX_TIMEOUT_S:g}")
+    return seconds
+
+
+def _subparsers(parser: argparse.ArgumentParser):
+    for action in parser._actions:  # noqa: SLF001 - argparse lists subcommands nowhere public
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            for sub in dict.fromkeys(action.choices.values()):
+                yield sub
+                yield from _subparsers(sub)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from ito_assets.api.commands import audit, confirm, desk, lifecycle, manifest, plan, readiness, serve, train
 
     parser = _Parser(prog="ito", description="The canonical ito-training client.")
+    parser.add_argument("--timeout", type=timeout_seconds, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+                        help=TIMEOUT_HELP)
     verbs = parser.add_subparsers(dest="verb", parser_class=_Parser, required=True)
     manifest.register(verbs)
     audit.register(verbs)  # issue 4: lineage in the warehouse, read-only, no API contact
@@ -45,12 +81,17 @@ def build_parser() -> argparse.ArgumentParser:
     # Issue 3: the gates and the run lifecycle. Each module imports its heavy dependencies lazily.
     for module in (confirm, train, lifecycle, readiness, desk, serve):
         module.register(verbs)
+    # Also accepted after the verb. SUPPRESS: a subcommand that was not given --timeout must not
+    # overwrite the top-level value (argparse copies a subparser's defaults over its parent's).
+    for sub in _subparsers(parser):
+        sub.add_argument("--timeout", type=timeout_seconds, default=argparse.SUPPRESS, metavar="SECONDS",
+                         help=TIMEOUT_HELP)
     return parser
 
 
 def _print_text(outcome: Outcome) -> None:
     for line in outcome.text or [f"{k}: {v}" for k, v in outcome.data.items()]:
-        print(line)
+        print(escape(str(line)))
 
 
 def run(argv: Sequence[str]) -> tuple[dict, int]:
@@ -63,6 +104,8 @@ def run(argv: Sequence[str]) -> tuple[dict, int]:
         return envelope.failure(error, live_api_contacted=contacted), 2 if error.code is ErrorCode.USAGE_ERROR else 1
     except SystemExit as exit_:  # --help
         raise exit_
+    except BrokenPipeError:  # a closed stdout is no internal error: main() ends quietly
+        raise
     except Exception:  # noqa: BLE001 - the caller gets a safe code, never a traceback with values
         error = ItoError(ErrorCode.INTERNAL_ERROR, "an internal error occurred")
         return envelope.failure(error, live_api_contacted=False), 1
@@ -71,8 +114,7 @@ def run(argv: Sequence[str]) -> tuple[dict, int]:
     return document, 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+def _main(argv: list[str]) -> int:
     as_json = "--json" in argv
     document, status = run(argv)
     text = document.pop("_text", None)
@@ -82,8 +124,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         _print_text(Outcome(data=document["data"], text=text or []))
     else:
         err = document["error"]
-        print(f"error {err['code']}: {err['message']}", file=sys.stderr)
+        print(f"error {err['code']}: {escape(str(err['message']))}", file=sys.stderr)
     return status
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        try:
+            return _main(argv)
+        finally:
+            sys.stdout.flush()  # here, not at exit, so a closed pipe is seen below (--help included)
+    except BrokenPipeError:
+        # The reader went away. As the signal module's docs advise ("Note on SIGPIPE"): point
+        # stdout at devnull so the interpreter's last flush cannot fail again, and exit non-zero.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

@@ -1,13 +1,16 @@
 """The `ito` client's transport and retry logic (SPEC.md, "Lifecycle and recovery").
 
-Every call has a bounded connect timeout and a bounded total time. Failures are told apart by
-what may have reached the server:
+Every request has a bounded connect timeout and a bounded total time, and one Deadline bounds
+the whole operation: all attempts, the backoff pauses between them and the lookup by
+idempotency key share it, and each request's socket timeouts are cut to the time it leaves.
+Failures are told apart by what may have reached the server:
   - NotDelivered: no connection, nothing sent -> retrying is always safe (API_UNREACHABLE).
   - NoAnswer: the request may have arrived, no complete answer came back -> ambiguous. A
     mutation with an idempotency key first asks the server what happened under that key and
     only retries when nothing did; when that lookup fails too the answer is OUTCOME_UNKNOWN.
     A mutation without a key is never retried after an ambiguous failure.
-A revoked or missing credential ends the call at once: no retry, no login.
+When the deadline runs out the answer is TIMEOUT, or OUTCOME_UNKNOWN once a mutation may have
+been delivered. A revoked or missing credential ends the call at once: no retry, no login.
 Errors carry safe messages: never the token, the URL's credentials, or a server's raw text.
 """
 
@@ -15,6 +18,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
+import random
 import socket
 import time
 from dataclasses import dataclass
@@ -27,6 +32,20 @@ MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 _STOP_CODES = frozenset({ErrorCode.AUTH_REQUIRED, ErrorCode.CREDENTIAL_REVOKED, ErrorCode.PERMISSION_DENIED})
 _REVOKED = {"ok": False, "error": {"code": ErrorCode.CREDENTIAL_REVOKED.value, "retryable": False,
                                    "message": "the API refused the credential (HTTP 401/403)"}}
+
+
+class Deadline:
+    """The end of one whole operation on a monotonic clock (injectable for tests)."""
+
+    def __init__(self, seconds: float, *, clock: Callable[[], float] = time.monotonic):
+        self._clock = clock
+        self._end = clock() + seconds
+
+    def left(self) -> float:
+        return self._end - self._clock()
+
+    def restart(self, seconds: float) -> None:
+        self._end = self._clock() + seconds
 
 
 class NotDelivered(Exception):
@@ -64,28 +83,37 @@ class Endpoint:
 
 class HttpTransport:
     """One HTTP/1.1 request per call over http.client, with a connect timeout and a deadline
-    for the whole exchange (the socket timeout is re-armed with the time left before each read)."""
+    for the whole exchange (the socket timeout is re-armed with the time left before each read).
+    With an operation `deadline`, both are cut to the time it leaves."""
 
-    def __init__(self, endpoint: Endpoint, token: str | None, *, connect_timeout_s: float, total_timeout_s: float):
+    def __init__(self, endpoint: Endpoint, token: str | None, *, connect_timeout_s: float, total_timeout_s: float,
+                 deadline: Deadline | None = None):
         self._endpoint = endpoint
         self._token = token
         self._connect_timeout_s = connect_timeout_s
         self._total_timeout_s = total_timeout_s
+        self._deadline = deadline
 
     def __repr__(self) -> str:  # the token stays out of reprs and tracebacks
         return f"HttpTransport({self._endpoint.scheme}://{self._endpoint.host}:{self._endpoint.port})"
 
-    def _connection(self) -> http.client.HTTPConnection:
+    def _connection(self, connect_timeout_s: float) -> http.client.HTTPConnection:
         if self._endpoint.scheme == "https":
             import ssl
 
             return http.client.HTTPSConnection(self._endpoint.host, self._endpoint.port,
-                                               timeout=self._connect_timeout_s, context=ssl.create_default_context())
-        return http.client.HTTPConnection(self._endpoint.host, self._endpoint.port, timeout=self._connect_timeout_s)
+                                               timeout=connect_timeout_s, context=ssl.create_default_context())
+        return http.client.HTTPConnection(self._endpoint.host, self._endpoint.port, timeout=connect_timeout_s)
 
     def request(self, method: str, path: str, body: dict | None) -> Reply:
-        deadline = time.monotonic() + self._total_timeout_s
-        conn = self._connection()
+        connect_s, total_s = self._connect_timeout_s, self._total_timeout_s
+        if self._deadline is not None:
+            left = self._deadline.left()
+            if left <= 0:
+                raise NotDelivered(timed_out=True)
+            connect_s, total_s = min(connect_s, left), min(total_s, left)
+        deadline = time.monotonic() + total_s
+        conn = self._connection(connect_s)
         try:
             try:
                 conn.connect()
@@ -155,20 +183,33 @@ def _server_error(document: dict) -> ItoError:
 
 
 class ApiClient:
-    """Calls with bounded retries. `contacted` turns true once any byte may have reached the API."""
+    """Calls with bounded retries under one deadline. `contacted` turns true once any byte may
+    have reached the API."""
 
     def __init__(self, transport: Transport, *, max_attempts: int = 3, backoff_s: float = 0.25,
-                 sleep: Callable[[float], None] = time.sleep):
+                 backoff_cap_s: float = 4.0, sleep: Callable[[float], None] = time.sleep,
+                 deadline: Deadline | None = None, rng: random.Random | None = None):
         self._transport = transport
         self._max_attempts = max_attempts
         self._backoff_s = backoff_s
+        self._backoff_cap_s = backoff_cap_s
         self._sleep = sleep
+        # Without a deadline only the attempt count bounds a call (library use; the CLI passes one).
+        self.deadline = deadline if deadline is not None else Deadline(math.inf)
+        self._rng = rng if rng is not None else random.Random()
         self.contacted = False
 
-    def _pause(self, attempt: int) -> None:
-        # Exponential backoff, doubling per attempt (AWS Architecture Blog, "Exponential Backoff
-        # and Jitter", 2015); three attempts at most keep a call within a few seconds.
-        self._sleep(self._backoff_s * (2 ** attempt))
+    def _ready_for(self, attempt: int) -> bool:
+        """Before attempt `attempt` (from 0): the pause after the failed one before it, then
+        whether the deadline leaves time to try. Full jitter (AWS Architecture Blog, "Exponential
+        Backoff And Jitter", 2015): a uniform draw up to the capped exponential, so clients that
+        failed together do not retry together."""
+        if attempt > 0:
+            pause = self._rng.uniform(0.0, min(self._backoff_cap_s, self._backoff_s * 2 ** (attempt - 1)))
+            if pause >= self.deadline.left():
+                return False  # the pause alone would use up the deadline: no attempt could follow
+            self._sleep(pause)
+        return self.deadline.left() > 0
 
     def _send(self, method: str, path: str, body: dict | None) -> Reply:
         try:
@@ -187,30 +228,33 @@ class ApiClient:
         """A read: retried on any transport failure, since reading twice changes nothing."""
         timed_out = False
         for attempt in range(self._max_attempts):
+            if not self._ready_for(attempt):
+                timed_out = True
+                break
             try:
                 reply = self._send("GET", path, None)
             except (NotDelivered, NoAnswer) as exc:
                 timed_out = timed_out or exc.timed_out
-                if attempt + 1 < self._max_attempts:
-                    self._pause(attempt)
                 continue
             return self._unwrap(reply)
-        raise self._transport_error(timed_out)
+        raise self._transport_error(timed_out or self.deadline.left() <= 0)
 
     def post(self, path: str, body: dict) -> dict:
         """A mutation without an idempotency key: retried only when nothing was delivered."""
+        expired = False
         for attempt in range(self._max_attempts):
+            if not self._ready_for(attempt):
+                expired = True
+                break
             try:
                 reply = self._send("POST", path, body)
             except NotDelivered:
-                if attempt + 1 < self._max_attempts:
-                    self._pause(attempt)
                 continue
             except NoAnswer:
                 raise client_error(ErrorCode.OUTCOME_UNKNOWN, "the API may have applied the request but its "
                                    "answer was lost; check before repeating it", contacted=True) from None
             return self._unwrap(reply)
-        raise self._transport_error(False)
+        raise self._transport_error(expired or self.deadline.left() <= 0)
 
     def lookup(self, key: str, *, action: str | None = None, fingerprint: str | None = None) -> dict | None:
         """What the server did under `key`, or None when it did nothing (yet). With `action`
@@ -232,34 +276,37 @@ class ApiClient:
                         fingerprint: str | None = None) -> dict:
         """A mutation under an idempotency key: after an ambiguous failure, query by key before
         any retry; never a second workload because an answer was lost. `action` and
-        `fingerprint` (gates.fingerprint) identify this request among answers under the key."""
+        `fingerprint` (gates.fingerprint) identify this request among answers under the key.
+        The lookup shares the deadline: when it runs out there, the outcome is unknown."""
         ambiguous = False
+        in_flight: ItoError | None = None  # the server's answer to the latest attempt, if "in flight"
         for attempt in range(self._max_attempts):
+            if not self._ready_for(attempt):
+                break
+            in_flight = None
             try:
                 reply = self._send("POST", path, body)
             except NotDelivered:
-                if attempt + 1 < self._max_attempts:
-                    self._pause(attempt)
                 continue
             except NoAnswer:
                 ambiguous = True
                 found = self._lookup_or_unknown(key, action, fingerprint)
                 if found is not None:
                     return found
-                if attempt + 1 < self._max_attempts:
-                    self._pause(attempt)
                 continue
             try:
                 return self._unwrap(reply)
             except ItoError as error:
-                if error.code is ErrorCode.IDEMPOTENCY_KEY_IN_FLIGHT and attempt + 1 < self._max_attempts:
-                    self._pause(attempt)
+                if error.code is ErrorCode.IDEMPOTENCY_KEY_IN_FLIGHT:
+                    in_flight = error
                     continue
                 raise
+        if in_flight is not None:
+            raise in_flight
         if ambiguous:
             raise client_error(ErrorCode.OUTCOME_UNKNOWN, "the outcome is unknown; retry with the same "
                                "idempotency key, which never creates a second run", contacted=True)
-        raise self._transport_error(False)
+        raise self._transport_error(self.deadline.left() <= 0)
 
     def _lookup_or_unknown(self, key: str, action: str, fingerprint: str | None) -> dict | None:
         try:

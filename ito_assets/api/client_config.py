@@ -1,7 +1,8 @@
 """Where the client finds the API and its identity, read once per command at the edge.
 
 ITO_API_URL (default http://127.0.0.1:8765), ITO_TOKEN_FILE (a 0600 file owned by the user,
-holding one identity token), ITO_CONNECT_TIMEOUT_S (default 3), ITO_TIMEOUT_S (default 30).
+holding one identity token), ITO_CONNECT_TIMEOUT_S (default 3), ITO_TIMEOUT_S (default 30, per
+request). The whole operation is bounded apart from these by `ito --timeout` (default 120).
 A token is never an argument and never printed; errors about the token file never name it.
 """
 
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from typing import Mapping
 from urllib.parse import urlsplit
 
-from ito_assets.api.client import ApiClient, Endpoint, HttpTransport
+from ito_assets.api.client import ApiClient, Deadline, Endpoint, HttpTransport
 from ito_assets.errors import ErrorCode, ItoError
 
 DEFAULT_API_URL = "http://127.0.0.1:8765"
@@ -141,10 +142,13 @@ def write_secret_file(path: str, secret: str) -> None:
         os.close(fd)
 
 
-def connect(*, authenticated: bool = True, env: Mapping[str, str] | None = None) -> ApiClient:
-    """An ApiClient for this command: the token is read here, after every local check passed."""
+def connect(*, timeout_s: float, authenticated: bool = True, env: Mapping[str, str] | None = None) -> ApiClient:
+    """An ApiClient for this command: the token is read here, after every local check passed.
+    `timeout_s` (the CLI's --timeout) bounds everything the client does from here on; the
+    transport and the client share one Deadline, so no request outlives it."""
     config = load_client_config(env)
     token = read_token(config.token_file) if authenticated else None
+    deadline = Deadline(timeout_s)
     transport = HttpTransport(config.endpoint, token, connect_timeout_s=config.connect_timeout_s,
-                              total_timeout_s=config.total_timeout_s)
-    return ApiClient(transport)
+                              total_timeout_s=config.total_timeout_s, deadline=deadline)
+    return ApiClient(transport, deadline=deadline)

@@ -23,4 +23,7 @@ def failure(error: ItoError, *, live_api_contacted: bool, notice: str | None = N
 
 def dumps(document: dict) -> str:
     # allow_nan=False: the envelope is strict JSON, as callers parse it with strict parsers.
-    return json.dumps(document, sort_keys=True, allow_nan=False)
+    # ensure_ascii=True (json's default, spelled out because it matters): every non-ASCII
+    # character, U+2028/U+2029 and C1 controls included, goes out as a \uXXXX escape, and C0
+    # controls are escaped either way, so the envelope is one line of plain ASCII on any terminal.
+    return json.dumps(document, sort_keys=True, allow_nan=False, ensure_ascii=True)

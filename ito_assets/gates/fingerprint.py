@@ -13,18 +13,24 @@ from ito_assets.errors import ErrorCode, ItoError
 
 # 8-128 characters of a conservative alphabet: room for a UUID (36) or a ULID (26) with a prefix;
 # 128 bounds the index (the IETF draft "The Idempotency-Key HTTP Header Field" recommends UUIDs).
-IDEMPOTENCY_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{7,127}$")
+# Any URL-safe base64 character may come first, so every secrets.token_urlsafe key fits (one in
+# 32 starts with '-' or '_'; on the command line such a key is given as --idempotency-key=KEY).
+IDEMPOTENCY_KEY = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._:-]{7,127}$")
 
 
 def validate_key(key: object) -> str:
     """A well-formed key that does not look like a credential: keys are echoed in every answer
-    and the audit trail, so a pasted token must never be accepted as one."""
-    from ito_assets.manifest.secrets import value_secret_kind
+    and the audit trail, so a pasted token must never be accepted as one.
+
+    Only known credential formats are refused, not high entropy: a good key is random by design
+    (secrets.token_urlsafe(16) or more), and the entropy rule refused most such keys of 32
+    characters and up."""
+    from ito_assets.manifest.secrets import pattern_secret_kind
 
     if not isinstance(key, str) or IDEMPOTENCY_KEY.fullmatch(key) is None:
         raise ItoError(ErrorCode.IDEMPOTENCY_KEY_INVALID,
                        "the idempotency key must be 8-128 characters of letters, digits, '.', '_', ':' or '-'")
-    if value_secret_kind(key) is not None or key.startswith(("ito_", "cfr_")):
+    if pattern_secret_kind(key) is not None or key.startswith(("ito_", "cfr_")):
         raise ItoError(ErrorCode.IDEMPOTENCY_KEY_INVALID, "the idempotency key looks like a secret; use a random id")
     return key
 

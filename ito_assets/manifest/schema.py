@@ -1,8 +1,10 @@
 """The reviewed training manifest (SPEC.md, "CLI and API contract"): strict pydantic v2 models.
 
 Strict mode: integers must be JSON integers (not "8", 8.0 or true); unknown fields are refused at
-every level; money is integer US cents and positive. Errors from these models are never shown to a
-caller with their input (see `verify.py`, which reports field locations only).
+every level; money is integer US cents and positive. Every number has a range, lower and upper:
+a reviewed manifest never carries a value no real run could have (a 4,000-digit budget would
+otherwise be approved and priced). Errors from these models are never shown to a caller with
+their input (see `verify.py`, which reports field locations only).
 """
 
 from __future__ import annotations
@@ -16,8 +18,20 @@ SCHEMA_VERSION = 1
 DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
 HEX64_PATTERN = r"^[0-9a-f]{64}$"
 
-PositiveInt = Annotated[int, Field(gt=0)]
-Cents = Annotated[int, Field(gt=0, description="US dollars in integer cents")]
+# Upper bounds, each far above any real run and far below where arithmetic on it gets slow.
+MAX_CENTS = 10**15  # ten trillion US dollars
+MAX_PARAMETERS = 10**13  # ten trillion parameters
+MAX_TOKENS = 10**15  # a quadrillion tokens, over 10x the largest published pretraining corpora
+MAX_SEQUENCE_LENGTH = 2**24  # 16M tokens per sequence
+MAX_STEPS = 10**9
+MAX_KEPT_CHECKPOINTS = 10_000
+MAX_EPOCHS = 1_000
+
+Cents = Annotated[int, Field(ge=1, le=MAX_CENTS, description="US dollars in integer cents")]
+Parameters = Annotated[int, Field(ge=1, le=MAX_PARAMETERS)]
+Tokens = Annotated[int, Field(ge=1, le=MAX_TOKENS)]
+SequenceLength = Annotated[int, Field(ge=1, le=MAX_SEQUENCE_LENGTH)]
+Steps = Annotated[int, Field(ge=1, le=MAX_STEPS)]
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 
 
@@ -29,7 +43,7 @@ class Model(_Strict):
     """Which model is trained: a named size, its exact parameter count and a revision."""
 
     size: Name
-    num_parameters: PositiveInt
+    num_parameters: Parameters
     revision: Name
 
 
@@ -61,8 +75,8 @@ STAGE_ORDER: tuple[str, ...] = ("pretraining", "mid_training", "long_context")
 
 class Stage(_Strict):
     name: StageName
-    num_tokens: PositiveInt
-    sequence_length: PositiveInt
+    num_tokens: Tokens
+    sequence_length: SequenceLength
 
 
 class EvalGate(_Strict):
@@ -77,7 +91,7 @@ class EvalGate(_Strict):
 
 
 class TrainingTarget(_Strict):
-    num_tokens: PositiveInt
+    num_tokens: Tokens
     stages: Annotated[tuple[Stage, ...], Field(min_length=1)]
     # Optional, so that manifests reviewed before it existed keep their bytes and digests.
     eval_gate: EvalGate | None = None
@@ -94,7 +108,7 @@ class TrainingTarget(_Strict):
 
 class SftStep(_Strict):
     kind: Literal["sft"]
-    num_epochs: PositiveInt = 1
+    num_epochs: Annotated[int, Field(ge=1, le=MAX_EPOCHS)] = 1
     learning_rate: Annotated[float, Field(gt=0, lt=1)] = 1e-4
     # The instruction pairs (JSONL) bound by uri and sha256. Optional in the schema so that an
     # unbound step is reported as PROVENANCE_MISSING by the stage, not as a generic schema error.
@@ -137,8 +151,8 @@ class Budget(_Strict):
 
 
 class CheckpointPolicy(_Strict):
-    interval_steps: PositiveInt
-    keep_last: PositiveInt
+    interval_steps: Steps
+    keep_last: Annotated[int, Field(ge=1, le=MAX_KEPT_CHECKPOINTS)]
     storage_uri: Annotated[str, Field(min_length=1, max_length=2048, pattern=r"^(tenant|file)://[^\s]+$")]
 
 

@@ -13,7 +13,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 # Token formats as published by their issuers (AWS IAM key ids, GitHub token prefixes,
-# Hugging Face user tokens, Slack token prefixes) plus generic credential carriers.
+# Hugging Face user tokens, Slack token prefixes, OpenAI, Stripe, Google and GitLab keys) plus
+# generic credential carriers. The provider keys after ssh_private_key may follow "_" or "-"
+# (ENV_NAME_sk-...), so they are anchored on "no letter or digit before", not on \b.
+_NOT_AFTER_ALNUM = r"(?<![A-Za-z0-9])"
 _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("aws_access_key_id", re.compile(r"\b(?:AKIA|ASIA|ABIA|ACCA|AIDA|AROA)[0-9A-Z]{16}\b")),
     ("aws_secret_access_key", re.compile(r"(?i)aws.{0,20}?[=:]\s*['\"]?[A-Za-z0-9/+]{40}\b")),
@@ -27,6 +30,19 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("slack_token", re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}")),
     ("slack_webhook", re.compile(r"hooks\.slack\.com/services/T[A-Za-z0-9_]+/B[A-Za-z0-9_]+/[A-Za-z0-9_]+")),
     ("ssh_private_key", re.compile(r"-----BEGIN OPENSSH PRIVATE KEY-----")),
+    # OpenAI: user keys "sk-" and 48 letters or digits; project, service-account and admin keys
+    # "sk-proj-", "sk-svcacct-", "sk-admin-" and a longer URL-safe body (no fixed length is
+    # published; 40 is well below every issued one).
+    ("openai_api_key",
+     re.compile(_NOT_AFTER_ALNUM + r"sk-(?:[A-Za-z0-9]{48}|(?:proj|svcacct|admin)-[A-Za-z0-9_-]{40,})")),
+    # Stripe secret and restricted keys, live and test (publishable pk_ keys are public by design);
+    # Stripe's security team gave secret scanners bodies of 10 to 128 letters and digits.
+    ("stripe_api_key", re.compile(_NOT_AFTER_ALNUM + r"[sr]k_(?:live|test)_[A-Za-z0-9]{10,}")),
+    # Google API keys: "AIza" and 35 URL-safe characters, 39 in all.
+    ("google_api_key", re.compile(_NOT_AFTER_ALNUM + r"AIza[A-Za-z0-9_-]{35}")),
+    # GitLab personal access tokens: "glpat-" and at least 20 URL-safe characters (newer,
+    # routable tokens are longer and continue with ".01." and more).
+    ("gitlab_token", re.compile(_NOT_AFTER_ALNUM + r"glpat-[A-Za-z0-9_-]{20,}")),
 )
 
 # Key names that carry credentials. Matched on whole words of the key (snake, kebab or camel
@@ -44,6 +60,10 @@ _SECRET_PAIRS = frozenset(
 # words and lowercase hex (at most 4.0) and below random base64 (about 5-6 at these lengths).
 _CANDIDATE = re.compile(r"[A-Za-z0-9+/_=-]{32,}")
 _ENTROPY_BITS = 4.2
+# A URI is judged per "/"-separated segment: mixed-case directory names with digits, joined into
+# one run, reach a token's entropy although no segment is one (dataroot://Corpora/Stdlib2026/...).
+# A bare base64 token keeps its "/" (it has no scheme), so it is still judged whole.
+_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S*")
 
 
 @dataclass(frozen=True)
@@ -70,6 +90,7 @@ def _entropy(token: str) -> float:
 
 
 def _high_entropy(value: str) -> bool:
+    value = _URI.sub(lambda uri: uri.group(0).replace("/", " "), value)
     for match in _CANDIDATE.finditer(value):
         token = match.group(0)
         mixed = any(c.islower() for c in token) and any(c.isupper() for c in token) and any(
@@ -80,10 +101,19 @@ def _high_entropy(value: str) -> bool:
     return False
 
 
-def value_secret_kind(value: str) -> str | None:
+def pattern_secret_kind(value: str) -> str | None:
+    """The kind of the first known credential format found in `value` (no entropy rule): for
+    values meant to be random, such as idempotency keys, where high entropy is no evidence."""
     for kind, pattern in _PATTERNS:
         if pattern.search(value):
             return kind
+    return None
+
+
+def value_secret_kind(value: str) -> str | None:
+    kind = pattern_secret_kind(value)
+    if kind is not None:
+        return kind
     return "high_entropy_string" if _high_entropy(value) else None
 
 

@@ -211,7 +211,9 @@ def test_in_flight_is_retryable_with_the_same_key() -> None:
     ("k" * 7, False), ("k" * 8, True),            # 8-128 characters
     ("k" * 128, True), ("k" * 129, False),
     ("run-2026.12.01:a_b", True),                 # every allowed punctuation mark
-    ("-leading-dash", False), ("key/with/slash", False), ("kéy-accented", False),
+    ("-leading-dash", True), ("_leading-underscore", True),  # token_urlsafe may start with either
+    (".leading-dot", False), (":leading-colon", False),
+    ("key/with/slash", False), ("kéy-accented", False),
     ("ito_looks_like_a_token", False), ("cfr_looks_like_a_ref", False),
     ("ghp_" + "A1b2" * 9, False),                 # a credential pattern is never a key
 ])

@@ -257,7 +257,7 @@ BELOW_1 = math.nextafter(1.0, 0.0)
 
 # field path -> (accepted values, refused values, the location reported)
 RANGES = {
-    "num_parameters": (("model", "num_parameters"), [1, 10**23], [0, -1], "model.num_parameters"),
+    "num_parameters": (("model", "num_parameters"), [1, 10**13], [0, -1, 10**13 + 1], "model.num_parameters"),
     "model.size": (("model", "size"), ["a", "a" * 128, "A0._-"], ["", "a" * 129, "-a", "a b"], "model.size"),
     "ngram_size": (("data", 0, "decontamination", "ngram_size"), [4, 50], [3, 51], "data.0.decontamination.ngram_size"),
     "uri": (("data", 0, "uri"), ["dataroot://" + "a" * 2037, "file:///x", "dataroot://x"],
@@ -266,7 +266,7 @@ RANGES = {
     "eval_suite_sha256": (("data", 0, "decontamination", "eval_suite_sha256"), ["sha256:" + "0" * 64],
                           ["sha256:" + "0" * 63, "0" * 64], "data.0.decontamination.eval_suite_sha256"),
     "sequence_length": (("training_target", "stages", 0, "sequence_length"), [1], [0], "training_target.stages.0.sequence_length"),
-    "cap_cents": (("budget", "cap_cents"), [50000, 10**23], [49999], "budget"),
+    "cap_cents": (("budget", "cap_cents"), [50000, 10**15], [49999], "budget"),
     "interval_steps": (("checkpoint_policy", "interval_steps"), [1], [0], "checkpoint_policy.interval_steps"),
     "keep_last": (("checkpoint_policy", "keep_last"), [1], [0], "checkpoint_policy.keep_last"),
     "storage_uri": (("checkpoint_policy", "storage_uri"), ["tenant://" + "c" * 2039, "file://x"],
@@ -293,8 +293,9 @@ def test_schema_range_boundaries(case):
     [({"cap_cents": 1, "max_incremental_cents": 1}, True), ({"cap_cents": 2, "max_incremental_cents": 1}, True),
      ({"cap_cents": 1, "max_incremental_cents": 2}, False), ({"cap_cents": 1, "max_incremental_cents": 0}, False),
      ({"cap_cents": 0, "max_incremental_cents": 0}, False),
-     ({"cap_cents": 10**23, "max_incremental_cents": 10**23}, True),
-     ({"cap_cents": 10**23, "max_incremental_cents": 10**23 + 1}, False)],
+     ({"cap_cents": 10**15, "max_incremental_cents": 10**15}, True),
+     ({"cap_cents": 10**15, "max_incremental_cents": 10**15 + 1}, False),
+     ({"cap_cents": 10**15 + 1, "max_incremental_cents": 1}, False)],
 )
 def test_budget_increment_may_equal_the_cap_but_not_exceed_it(budget, ok):
     err = _verdict(_with(budget=budget))
@@ -319,7 +320,8 @@ def _target(total: int, *stages: tuple[str, int]) -> dict:
      (_target(2, ("long_context", 1), ("mid_training", 1)), False),
      (_target(2, ("pretraining", 1), ("pretraining", 1)), False),
      (_target(0), False),
-     (_target(10**23, ("pretraining", 10**23 - 1), ("mid_training", 1)), True)],
+     (_target(10**15, ("pretraining", 10**15 - 1), ("mid_training", 1)), True),
+     (_target(10**15 + 1, ("pretraining", 10**15), ("mid_training", 1)), False)],
 )
 def test_stage_tokens_add_up_exactly_and_stages_are_ordered(target, ok):
     err = _verdict(_with(training_target=target))
@@ -414,13 +416,13 @@ def test_data_decision_bounds(decision, location):
 # --- huge integers ------------------------------------------------------------------------------
 
 
-def test_huge_integers_are_exact_where_unbounded(root: Path):
-    document = _with(budget={"cap_cents": 10**23, "max_incremental_cents": 10**23 - 1})
-    document["model"]["num_parameters"] = 10**23
+def test_the_largest_allowed_integers_are_exact(root: Path):
+    document = _with(budget={"cap_cents": 10**15, "max_incremental_cents": 10**15 - 1})
+    document["model"]["num_parameters"] = 10**13
     verified = verify_manifest(write_manifest(root / "m.json", document))
     summary = summarize(verified)
-    assert summary["budget"] == {"cap_cents": 10**23, "max_incremental_cents": 10**23 - 1}
-    assert summary["model"]["num_parameters"] == 100_000_000_000_000_000_000_000
+    assert summary["budget"] == {"cap_cents": 10**15, "max_incremental_cents": 10**15 - 1}
+    assert summary["model"]["num_parameters"] == 10_000_000_000_000
     assert isinstance(verified.manifest.budget.cap_cents, int)
 
 

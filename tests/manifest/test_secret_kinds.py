@@ -67,6 +67,48 @@ def test_lowercase_hex_is_never_flagged_at_any_length():
         assert _num_flagged(_random_tokens(HEX_LOWER, length, length)) == 0
 
 
+# A URI is judged per path segment: joined, these mixed-case directory names with digits reach a
+# token's entropy; apart, no segment is even a candidate.
+MIXED_CASE_PATHS = [
+    "dataroot://Corpora/Stdlib2026/part-0001.jsonl",
+    "dataroot://Corpora/Stdlib2026/Python3Docs/part-0001-of-0128.jsonl",
+    "dataroot://Corpora/Stdlib2026/part-0001/Shard17Xy-Qz.jsonl",
+    "file:///srv/Data/Corpora2026/StdlibDocs/Part-0001_Split7B.jsonl",
+    "see dataroot://Corpora/Stdlib2026/Python3Docs/part-0001-of-0128.jsonl for the split",
+]
+
+
+@pytest.mark.parametrize("value", MIXED_CASE_PATHS)
+def test_a_uri_is_judged_per_path_segment(value):
+    assert value_secret_kind(value) is None
+    assert scan({"uri": value}) == []
+
+
+def test_the_paths_would_be_flagged_if_judged_as_one_run():
+    for value in MIXED_CASE_PATHS[1:4]:
+        run = max(secrets._CANDIDATE.findall(value), key=len)
+        assert len(run) >= 32 and secrets._entropy(run) >= 4.2, value
+        assert secrets._high_entropy(run.strip("/"))  # the same run without a scheme is flagged
+
+
+def test_a_random_segment_of_a_uri_is_still_flagged():
+    token = _random_tokens(BASE62, 40, 16, count=1)[0]
+    assert value_secret_kind(token) == "high_entropy_string"
+    assert value_secret_kind(f"https://example.invalid/hooks/{token}") == "high_entropy_string"
+    assert value_secret_kind(f"dataroot://corpora/{token}/part-0001.jsonl") == "high_entropy_string"
+    # 31 characters between slashes are not a candidate, 32 are.
+    assert value_secret_kind(f"dataroot://a/{token[:31]}/b") is None
+    assert value_secret_kind(f"dataroot://a/{token[:32]}/b") == "high_entropy_string"
+
+
+def test_a_base64_token_without_a_scheme_keeps_its_slashes():
+    token = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"  # AWS's documented example secret key
+    assert value_secret_kind(token) == "high_entropy_string"
+    # The price of judging URIs per segment: a base64 secret pasted after a scheme is split like a
+    # path and its pieces are short (the token formats above still match anywhere).
+    assert value_secret_kind("dataroot://" + token) is None
+
+
 @pytest.mark.parametrize(
     "alphabet", [string.ascii_letters, string.ascii_lowercase + string.digits, string.ascii_uppercase + string.digits],
     ids=["no-digit", "no-upper", "no-lower"],
@@ -176,6 +218,11 @@ CANARIES = {
     "url_credentials": ["https://user:pass@example.invalid/x.jsonl", "postgresql://ito:pw@db:5432/ito"],
     "slack_token": ["xoxb-" + "1" * 10, "xoxp-0000-aaaa-bb"],
     "slack_webhook": ["https://hooks.slack.com/services/T00000000/B00000000/XXXXXXXXXXXXXXXXXXXXXXXX"],
+    "openai_api_key": ["sk-" + "a" * 48, "sk-proj-" + "a" * 40, "sk-svcacct-" + "a" * 40, "sk-admin-" + "a" * 40,
+                       "OPENAI_API_KEY=sk-" + "a" * 48],
+    "stripe_api_key": ["sk_live_" + "a" * 10, "sk_test_" + "a" * 10, "rk_live_" + "a" * 10, "rk_test_" + "a" * 10],
+    "google_api_key": ["AIza" + "a" * 35, "key=AIza" + "a" * 35],
+    "gitlab_token": ["glpat-" + "a" * 20, "GITLAB_TOKEN_glpat-" + "a" * 20],
 }
 
 NEAR_MISSES = {
@@ -194,6 +241,11 @@ NEAR_MISSES = {
     "slack_token": ["xoxb-" + "1" * 9, "xoxz-" + "1" * 10],
     "slack_webhook": ["https://hooks.slack.com/services/X00000000/B00000000/XXXXXXXXXXXXXXXXXXXXXXXX",
                       "https://hooks.slack.com/services/T00000000"],
+    "openai_api_key": ["sk-" + "a" * 47, "sx-" + "a" * 48, "task-" + "a" * 48, "sk-proj-" + "a" * 39,
+                       "sk-prod-" + "a" * 40],
+    "stripe_api_key": ["sk_live_" + "a" * 9, "pk_live_" + "a" * 10, "sk_prod_" + "a" * 10, "desk_live_" + "a" * 10],
+    "google_api_key": ["AIza" + "a" * 34, "AIzb" + "a" * 35, "xAIza" + "a" * 35],
+    "gitlab_token": ["glpat-" + "a" * 19, "glpat_" + "a" * 20, "xglpat-" + "a" * 20],
 }
 
 

@@ -9,6 +9,7 @@ import re
 from datetime import datetime
 
 from ito_assets.api.cli import Outcome
+from ito_assets.api.terminal import escape
 from ito_assets.errors import ErrorCode, ItoError
 
 _DOC_ID = re.compile(r"^[0-9a-f]{16}$")
@@ -60,7 +61,8 @@ def _plain(value):
 def _table(rows: list[dict], columns: list[str]) -> list[str]:
     if not rows:
         return ["  (none)"]
-    cells = [[("" if r.get(c) is None else str(r.get(c))) for c in columns] for r in rows]
+    # Escaped before measuring, so that the columns line up as printed.
+    cells = [[("" if r.get(c) is None else escape(str(r.get(c)))) for c in columns] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
     line = lambda values: "  " + "  ".join(v.ljust(w) for v, w in zip(values, widths))  # noqa: E731
     return [line(columns), line(["-" * w for w in widths]), *(line(row) for row in cells)]

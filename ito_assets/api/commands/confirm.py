@@ -54,7 +54,7 @@ def _request(args: argparse.Namespace) -> Outcome:
         body.update(booking_id=args.booking)
     elif args.booking or args.manifest or args.run:
         raise ItoError(ErrorCode.USAGE_ERROR, "--action cleanup is per tenant and takes no --booking, --manifest or --run")
-    client = connect()
+    client = connect(timeout_s=args.timeout)
     data = client.post("/v1/confirmations", body)
     binding = data.get("binding", {})
     text = [

@@ -85,10 +85,10 @@ def register(verbs: argparse._SubParsersAction) -> None:
          (("booking_id",), {}), *amendable)
 
 
-def _client():
+def _client(args: argparse.Namespace):
     from ito_assets.api.client_config import connect
 
-    return connect()
+    return connect(timeout_s=args.timeout)
 
 
 def _done(client, data: dict, text: list[str] | None = None) -> Outcome:
@@ -97,14 +97,14 @@ def _done(client, data: dict, text: list[str] | None = None) -> Outcome:
 
 def _post(path: str, **fields: str):
     def handler(args: argparse.Namespace) -> Outcome:
-        client = _client()
+        client = _client(args)
         return _done(client, client.post(path, {name: getattr(args, attr) for name, attr in fields.items()}))
     return handler
 
 
 def _get(path: str):
-    def handler(_args: argparse.Namespace) -> Outcome:
-        client = _client()
+    def handler(args: argparse.Namespace) -> Outcome:
+        client = _client(args)
         return _done(client, client.get(path))
     return handler
 
@@ -114,7 +114,7 @@ def _issue(args: argparse.Namespace) -> Outcome:
 
     if (args.role == "account") != bool(args.account):
         raise ItoError(ErrorCode.USAGE_ERROR, "account tokens need --account; desk tokens take none")
-    client = _client()
+    client = _client(args)
     data = client.post("/v1/desk/tokens", {"role": args.role, "account_id": args.account, "label": args.label})
     secret = data.pop("token")
     write_secret_file(args.out, secret)
@@ -128,7 +128,7 @@ def _create_booking(args: argparse.Namespace) -> Outcome:
     missing = [n for n in names if getattr(args, n) is None]
     if missing:
         raise ItoError(ErrorCode.USAGE_ERROR, f"bookings create needs: {', '.join(missing)}")
-    client = _client()
+    client = _client(args)
     return _done(client, client.post("/v1/desk/bookings", {"account_id": args.account,
                                                            **{n: getattr(args, n) for n in names}}))
 
@@ -136,7 +136,7 @@ def _create_booking(args: argparse.Namespace) -> Outcome:
 def _list_bookings(args: argparse.Namespace) -> Outcome:
     from urllib.parse import quote
 
-    client = _client()
+    client = _client(args)
     suffix = f"?account_id={quote(args.account, safe='')}" if args.account else ""
     return _done(client, client.get("/v1/desk/bookings" + suffix))
 
@@ -151,7 +151,7 @@ def _booking_path(booking_id: str, verb: str) -> str:
 
 def _transition(verb: str):
     def handler(args: argparse.Namespace) -> Outcome:
-        client = _client()
+        client = _client(args)
         return _done(client, client.post(_booking_path(args.booking_id, verb), {}))
     return handler
 
@@ -162,19 +162,19 @@ def _amend(args: argparse.Namespace) -> Outcome:
     changes = {n: getattr(args, n) for n in AMENDABLE if getattr(args, n, None) is not None}
     if not changes:
         raise ItoError(ErrorCode.USAGE_ERROR, "an amendment changes at least one term")
-    client = _client()
+    client = _client(args)
     return _done(client, client.post(_booking_path(args.booking_id, "amend"), changes))
 
 
 def _show(args: argparse.Namespace) -> Outcome:
-    client = _client()
+    client = _client(args)
     data = client.post("/v1/desk/confirmations/show", {"confirmation_ref": args.ref})
     text = [f"{k}: {v}" for k, v in data.items() if k != "eligibility"]
     return _done(client, data, text)
 
 
 def _approve(args: argparse.Namespace) -> Outcome:
-    client = _client()
+    client = _client(args)
     body = {"confirmation_ref": args.ref, "cost_cents": args.cost_cents, "manifest_digest": args.manifest_digest}
     return _done(client, client.post("/v1/desk/confirmations/approve", body))
 
@@ -193,7 +193,7 @@ def _proposals_path(run_id: str, proposal_id: str | None = None) -> str:
 
 def _list_proposals(args: argparse.Namespace) -> Outcome:
     path = _proposals_path(args.run_id)
-    client = _client()
+    client = _client(args)
     data = client.get(path)
     text = [f"{p['proposal_id']} [{p['stage']}] {p['state']}: {p['metric']} spike at step {p['spike_step']}; "
             f"restart from step {p['restart_from_step']}, skip batches [{p['skip_first']}, {p['skip_end']})"
@@ -204,7 +204,7 @@ def _list_proposals(args: argparse.Namespace) -> Outcome:
 def _decide_proposal(decision: str):
     def handler(args: argparse.Namespace) -> Outcome:
         path = _proposals_path(args.run_id, args.proposal_id)
-        client = _client()
+        client = _client(args)
         return _done(client, client.post(path, {"decision": decision}))
     return handler
 

@@ -15,6 +15,7 @@ from ito_assets.errors import ErrorCode, ItoError
 # costs a poll every 15 s and a short one is seen ending within about a second.
 _WATCH_GROWTH = 1.5
 _WATCH_MAX_INTERVAL_S = 15.0
+_LAST_POLL_S = 0.1
 _STOP = frozenset({ErrorCode.AUTH_REQUIRED, ErrorCode.CREDENTIAL_REVOKED, ErrorCode.PERMISSION_DENIED,
                    ErrorCode.RUN_NOT_FOUND})
 # Named `<stage>/<metric>` (ito_assets.runtime.publish, ito_assets.posttraining.publish).
@@ -93,11 +94,14 @@ def _fetch(client, args: argparse.Namespace) -> dict:
 
 def _watch(client, args: argparse.Namespace) -> tuple[dict, str | None]:
     """Poll until the run ends or --max-wait passes. A revoked credential stops at once (and
-    starts no login); a transient failure is retried on the next poll."""
+    starts no login); a transient failure is retried on the next poll. --max-wait bounds the
+    watch; --timeout bounds each poll, cut to what --max-wait leaves (at least a moment: a
+    sleep may overshoot by a little, and the last poll still deserves an answer)."""
     deadline = time.monotonic() + args.max_wait
     interval = max(0.05, args.interval)
     data: dict | None = None
     while True:
+        client.deadline.restart(max(_LAST_POLL_S, min(args.timeout, deadline - time.monotonic())))
         try:
             data = _fetch(client, args)
         except ItoError as error:
@@ -122,7 +126,7 @@ def _status(args: argparse.Namespace) -> Outcome:
         _run_path(args.run_id)
     if args.max_wait <= 0 or args.interval <= 0:
         raise ItoError(ErrorCode.USAGE_ERROR, "--interval and --max-wait must be positive")
-    client = connect()
+    client = connect(timeout_s=args.timeout)
     try:
         data, notice = _watch(client, args) if args.watch else (_fetch(client, args), None)
     except ItoError as error:
@@ -138,7 +142,7 @@ def _telemetry(name: str):
         path = _run_path(args.run_id)
         if args.after < 0 or not 0 < args.limit <= 500:
             raise ItoError(ErrorCode.USAGE_ERROR, "--after must be >= 0 and --limit between 1 and 500")
-        client = connect()
+        client = connect(timeout_s=args.timeout)
         data = client.get(f"{path}/{name}?after={args.after}&limit={args.limit}")
         text = [f"{name} of {data.get('run_id')} ({data.get('state')}): {data.get(f'num_{name}')} entries"]
         for item in data.get(name, []):
@@ -161,7 +165,7 @@ def _cancel(args: argparse.Namespace) -> Outcome:
 
     path = _run_path(args.run_id)
     key = _checked_mutation(args)
-    client = connect()
+    client = connect(timeout_s=args.timeout)
     from ito_assets.gates.fingerprint import request_fingerprint
 
     data = client.post_idempotent(f"{path}/cancel", {"confirmation_ref": args.confirmation_ref,
@@ -183,7 +187,7 @@ def _cleanup(args: argparse.Namespace) -> Outcome:
         if not is_confirmation_ref(args.release_confirmation_ref):
             raise ItoError(ErrorCode.CONFIRMATION_INVALID, "the release confirmation reference is malformed")
         body.update(release_booking_id=args.release_booking, release_confirmation_ref=args.release_confirmation_ref)
-    client = connect()
+    client = connect(timeout_s=args.timeout)
     # The cleanup fingerprint binds the account, which the server knows: the action suffices here.
     data = client.post_idempotent("/v1/cleanup", body, key=key, action="cleanup")
     text = [f"runs cleaned: {data.get('num_runs_cleaned')}, bytes removed: {data.get('num_bytes_removed')}",

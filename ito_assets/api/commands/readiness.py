@@ -33,10 +33,10 @@ def require_local_capabilities() -> None:
         raise ItoError(ErrorCode.CAPABILITY_MISSING, f"managed training is unavailable; missing: {', '.join(absent)}")
 
 
-def _server_view() -> tuple[dict[str, bool] | None, bool]:
+def _server_view(args: argparse.Namespace) -> tuple[dict[str, bool] | None, bool]:
     from ito_assets.api.client_config import connect
 
-    client = connect(authenticated=False)
+    client = connect(timeout_s=args.timeout, authenticated=False)
     try:
         data = client.get("/v1/readiness")
     except ItoError:
@@ -44,11 +44,11 @@ def _server_view() -> tuple[dict[str, bool] | None, bool]:
     return {c["name"]: bool(c.get("available")) for c in data.get("capabilities", [])}, True
 
 
-def _readiness(_args: argparse.Namespace) -> Outcome:
+def _readiness(args: argparse.Namespace) -> Outcome:
     from ito_assets.gates.capabilities import CAPABILITIES
 
     verbs = client_verbs()
-    server, contacted = _server_view()
+    server, contacted = _server_view(args)
     rows = []
     for c in CAPABILITIES:
         api = None if server is None else server.get(c.name, False)

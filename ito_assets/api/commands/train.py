@@ -36,7 +36,7 @@ def _train(args: argparse.Namespace) -> Outcome:
         raise ItoError(ErrorCode.CONFIRMATION_INVALID, "the confirmation reference is malformed (expected cfr_...)")
     key = validate_key(args.idempotency_key)
     digest, content = read_manifest_for_upload(args.manifest)
-    client = connect()
+    client = connect(timeout_s=args.timeout)
     body = {"booking_id": args.booking, "manifest_digest": digest, "manifest_b64": content,
             "confirmation_ref": args.confirmation_ref, "idempotency_key": key}
     fingerprint = request_fingerprint("train", booking_id=args.booking, manifest_digest=digest)

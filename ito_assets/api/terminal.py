@@ -1,0 +1,25 @@
+"""Text bound for a terminal or a log line, with every control character made visible.
+
+Run logs, audit details, corpus excerpts and server messages are text from elsewhere: printed raw,
+an ESC sequence could clear the screen or recolour what follows, a carriage return could overwrite
+a line, and a newline, NUL or Unicode line separator could forge one. Each such character becomes
+a visible escape instead: C0 (U+0000-U+001F, newline and tab included), DEL, C1 (U+0080-U+009F)
+as \\xNN, the line and paragraph separators U+2028/U+2029 as \\uNNNN. Backslashes stay as they
+are, so escaping twice changes nothing.
+"""
+
+from __future__ import annotations
+
+import re
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _visible(match: re.Match[str]) -> str:
+    code = ord(match.group(0))
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def escape(text: str) -> str:
+    """`text` with each control character replaced by its visible escape."""
+    return _CONTROL.sub(_visible, text)
