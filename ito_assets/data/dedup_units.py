@@ -91,7 +91,7 @@ def written_aside(frames: Iterable[pl.DataFrame], path: Path) -> Iterator[pl.Dat
             writer.close()
 
 
-def deduplicate_units(scratch: Scratch, shard_paths: Sequence[str], config: DedupConfig, decisions_path: Path) -> tuple[Shard, DedupCounts]:
+def deduplicate_units(scratch: Scratch, shard_paths: Sequence[str], config: DedupConfig, decisions_path: Path, store: Path | None = None) -> tuple[Shard, DedupCounts]:
     """Source shards -> (the decisions file: one row per document in DEDUP_SCHEMA, keep order;
     counters); leaves the representatives' rows and removals in the scratch folder for
     `kept_frames`."""
@@ -107,7 +107,7 @@ def deduplicate_units(scratch: Scratch, shard_paths: Sequence[str], config: Dedu
     removals, near_counts = near_duplicates_out_of_core(scratch.db, band_files, arrays, exact_counts.num_distinct_texts, config, scratch.scale.pair_batch)
     np.save(scratch.folder / REMOVED_FILE, removals.removed)
     scratch.reconnect()
-    decisions = write_table_batches(record_batches(decision_frames(scratch, removals), DEDUP_SCHEMA), decisions_path)
+    decisions = write_table_batches(record_batches(decision_frames(scratch, removals), DEDUP_SCHEMA), decisions_path, store=store)
     scratch.reconnect()
     return decisions, counts_of(exact_counts, near_counts)
 

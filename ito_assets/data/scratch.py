@@ -1,7 +1,8 @@
 """A step's scratch space: a folder for work units and worker outputs, and a DuckDB database in it
 whose memory is capped, so that joins, groupings and sorts larger than the cap spill to disk
 instead of growing the step's memory with the corpus. The folder is removed when the step ends,
-whether it succeeds or not (a rerun starts from a clean folder)."""
+whether it succeeds or not (a rerun starts from a clean folder). A full disk under it (work units,
+DuckDB's spill) is STORAGE_FULL."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from pathlib import Path
 import duckdb
 
 from ito_assets.data.config import ScaleConfig
+from ito_assets.data.shards import disk_full, storage_full
+from ito_assets.errors import ItoError
 
 
 class Scratch:
@@ -66,10 +69,16 @@ def connect(folder: Path, scale: ScaleConfig) -> duckdb.DuckDBPyConnection:
 def scratch_space(folder: Path, scale: ScaleConfig) -> Iterator[Scratch]:
     if folder.exists():
         shutil.rmtree(folder)
-    folder.mkdir(parents=True)
-    scratch = Scratch(folder, scale)
+    scratch = None
     try:
+        folder.mkdir(parents=True)
+        scratch = Scratch(folder, scale)
         yield scratch
+    except Exception as error:
+        if not isinstance(error, ItoError) and disk_full(error):
+            raise storage_full(f"a step's scratch space ({folder.parent.name}/{folder.name})") from None
+        raise
     finally:
-        scratch.close()
+        if scratch is not None:
+            scratch.close()
         shutil.rmtree(folder, ignore_errors=True)

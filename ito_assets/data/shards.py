@@ -1,24 +1,32 @@
 """Parquet shards: frames written in parts of at most `max_rows` rows, each with its sha256.
 
 A shard set is described by a small frozen value (paths, digests, row counts) that Dagster passes
-between assets; the frames themselves stay on disk. Files are written to a temporary name and
-renamed, so a crashed write never leaves a partial shard under a final name, and a completed
-set is marked by its `_SUCCESS` file listing every part and digest (a rerun replaces the folder).
+between assets; the frames themselves stay on disk. A file is written to a temporary name and a
+set into a hidden sibling folder, each renamed into place only once complete (the set with its
+`_SUCCESS` file listing every part and digest), so a failed write — a full disk is STORAGE_FULL —
+leaves the previous file or set, never part of a new one. A reader verifies a shard's bytes
+against its recorded sha256 before it reads them (`verified_path`): a changed, truncated or
+unreadable file is SHARD_CORRUPT, named relative to its store.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import hmac
 import json
 import os
 import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from ito_assets.errors import ErrorCode, ItoError
 
 SUCCESS_MARKER = "_SUCCESS"
 # zstd level 3: polars' default codec and level, a good size/speed trade-off for text.
@@ -34,11 +42,17 @@ class Shard:
     path: str
     sha256: str
     num_rows: int
+    # The folder the shard is named relative to in messages (a stage's `<state>/shards`): an
+    # absolute path would show a user's home. Empty (shards written before it existed): the name.
+    store: str = ""
+
+    @property
+    def name(self) -> str:
+        return store_name(self.path, self.store)
 
     def changed(self) -> bool:
-        """Whether the file no longer hashes to the recorded digest (or is gone)."""
-        path = Path(self.path)
-        return not path.is_file() or file_sha256(path) != self.sha256
+        """Whether the file no longer hashes to the recorded digest (or is gone, or unreadable)."""
+        return shard_problem(self) is not None
 
 
 @dataclass(frozen=True)
@@ -53,13 +67,17 @@ class ShardSet:
         return sum(s.num_rows for s in self.shards)
 
     def read(self, columns: list[str] | None = None) -> pl.DataFrame:
+        """Every part, each verified against its digest just before it is read (SHARD_CORRUPT)."""
         if not self.shards:
             raise ValueError("an empty shard set has no schema to read")
-        return pl.concat([pl.read_parquet(s.path, columns=columns) for s in self.shards], how="vertical")
+        return pl.concat([pl.read_parquet(verified_path(s), columns=columns) for s in self.shards], how="vertical")
+
+    def verified_paths(self) -> list[str]:
+        return verified_paths(self.shards)
 
     def verify(self) -> list[str]:
-        """Paths of shards whose bytes no longer hash to the recorded digest."""
-        return [s.path for s in self.shards if s.changed()]
+        """Names (relative to the store) of shards whose bytes no longer hash to the recorded digest."""
+        return [s.name for s in self.shards if s.changed()]
 
     def as_dicts(self) -> list[dict]:
         return [asdict(s) for s in self.shards]
@@ -73,66 +91,195 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def write_shards(frame: pl.DataFrame, folder: Path, *, prefix: str, max_rows: int) -> ShardSet:
+def store_name(path: str | Path, store: str | Path = "") -> str:
+    """`path` relative to `store` when it lies under it, else its file name: never absolute."""
+    path = Path(path)
+    if store and path.is_relative_to(store):
+        return path.relative_to(store).as_posix()
+    return path.name
+
+
+def shard_problem(shard: Shard) -> str | None:
+    """What is wrong with the shard's file (missing, unreadable, other bytes than recorded), or None."""
+    expected = f"expected sha256 {shard.sha256}"
+    try:
+        actual = file_sha256(Path(shard.path))
+    except FileNotFoundError:
+        return f"shard {shard.name} is missing ({expected})"
+    except OSError as error:
+        return f"shard {shard.name} cannot be read ({error.strerror or type(error).__name__}; {expected})"
+    if not hmac.compare_digest(actual, shard.sha256):
+        return f"shard {shard.name} does not hash to its recorded digest ({expected}, found {actual})"
+    return None
+
+
+def verified_path(shard: Shard) -> str:
+    """The shard's path, once its bytes hash to the recorded sha256. Hashed by this process just
+    before the read, so replaced bytes (even a valid Parquet file of the same schema), a flipped
+    byte or a truncated file are SHARD_CORRUPT here rather than a parser's error or wrong rows."""
+    problem = shard_problem(shard)
+    if problem is not None:
+        raise ItoError(ErrorCode.SHARD_CORRUPT, f"{problem}; re-materialize the asset that wrote it")
+    return shard.path
+
+
+def verified_paths(shards: Iterable[Shard]) -> list[str]:
+    return [verified_path(s) for s in shards]
+
+
+def disk_full(error: BaseException) -> bool:
+    """A write that failed for want of space: an OSError with its errno (Python, pyarrow, and
+    polars writing through `_Sink`), or DuckDB's (or polars') error whose text carries the OS's."""
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(error)
+    return "No space left on device" in text or "Disk quota exceeded" in text
+
+
+def storage_full(what: str) -> ItoError:
+    return ItoError(ErrorCode.STORAGE_FULL, f"the disk is full while writing {what}; nothing of it was kept: retry once space returns")
+
+
+@contextmanager
+def writing(what: str, *leftovers: Path) -> Iterator[None]:
+    """A write that leaves nothing behind when it fails: `leftovers` (temporary files or folders)
+    are removed, and a full disk is STORAGE_FULL (retryable) naming `what`."""
+    try:
+        yield
+    except BaseException as error:
+        for leftover in leftovers:
+            if leftover.is_dir() and not leftover.is_symlink():
+                shutil.rmtree(leftover, ignore_errors=True)
+            else:
+                leftover.unlink(missing_ok=True)
+        if not isinstance(error, ItoError) and disk_full(error):
+            raise storage_full(what) from None
+        raise
+
+
+def write_bytes_atomic(path: Path, data: bytes, *, what: str) -> None:
+    """`data` under `path`, or (on any failure) nothing new under it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp")
+    with writing(what, temporary):
+        with temporary.open("wb") as handle:
+            handle.write(data)
+        os.replace(temporary, path)
+
+
+class _Sink:
+    """The file polars writes a Parquet file through, keeping the OS error of a failed write:
+    polars reports some failures (a footer written to a full disk) only as "Invalid thrift:
+    transport error", without the OS's reason."""
+
+    def __init__(self, handle) -> None:
+        self.handle, self.error = handle, None
+
+    def write(self, data) -> int:
+        try:
+            return self.handle.write(data)
+        except OSError as error:
+            self.error = error
+            raise
+
+    def flush(self) -> None:
+        try:
+            self.handle.flush()
+        except OSError as error:
+            self.error = error
+            raise
+
+    def __getattr__(self, name: str):
+        return getattr(self.handle, name)
+
+
+def _write_parquet(frame: pl.DataFrame, path: Path, **options) -> None:
+    with path.open("wb") as handle:
+        sink = _Sink(handle)
+        try:
+            frame.write_parquet(sink, **options)
+        except Exception as error:
+            if sink.error is not None:
+                raise sink.error from error
+            raise
+
+
+def write_shards(frame: pl.DataFrame, folder: Path, *, prefix: str, max_rows: int, store: Path | None = None) -> ShardSet:
     """Replace `folder` with `frame` split into parts `<prefix>-NNNNN.parquet` of <= max_rows rows.
 
     An empty frame still writes one (empty) part, so that the schema travels downstream."""
-    return write_shard_stream([frame], folder, prefix=prefix, max_rows=max_rows, schema=frame.schema)
+    return write_shard_stream([frame], folder, prefix=prefix, max_rows=max_rows, schema=frame.schema, store=store)
 
 
-def write_shard_stream(frames: Iterable[pl.DataFrame], folder: Path, *, prefix: str, max_rows: int, schema: Mapping) -> ShardSet:
+def write_shard_stream(frames: Iterable[pl.DataFrame], folder: Path, *, prefix: str, max_rows: int, schema: Mapping, store: Path | None = None) -> ShardSet:
     """`write_shards` for frames that arrive a batch at a time: the same parts, holding at most
-    one part (plus one batch) in memory."""
-    if folder.exists():
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True)
-    shards: list[Shard] = []
-    pending: list[pl.DataFrame] = []
-    num_pending = 0
-    for frame in frames:
-        pending.append(frame)
-        num_pending += frame.height
-        while num_pending >= max_rows:
-            rows = pl.concat(pending)
-            shards.append(_write_part(rows.head(max_rows), folder, prefix, len(shards)))
-            pending, num_pending = [rows.slice(max_rows)], rows.height - max_rows
-    if num_pending or not shards:
-        rows = pl.concat(pending) if pending else pl.DataFrame(schema=schema)
-        shards.append(_write_part(rows, folder, prefix, len(shards)))
-    shard_set = ShardSet(folder=str(folder), shards=tuple(shards))
-    (folder / SUCCESS_MARKER).write_text(json.dumps(shard_set.as_dicts(), indent=2) + "\n")
+    one part (plus one batch) in memory. The parts are written into a hidden sibling folder that
+    replaces `folder` once the set is complete (the recorded paths are the final ones)."""
+    staging = folder.with_name(f".{folder.name}.tmp")
+    store_text = str(store or "")
+    with writing(f"shards under {store_name(folder, store_text)}", staging):
+        if staging.exists():
+            shutil.rmtree(staging)
+        staging.mkdir(parents=True)
+        shards: list[Shard] = []
+        pending: list[pl.DataFrame] = []
+        num_pending = 0
+        for frame in frames:
+            pending.append(frame)
+            num_pending += frame.height
+            while num_pending >= max_rows:
+                rows = pl.concat(pending)
+                shards.append(_write_part(rows.head(max_rows), staging, folder, prefix, len(shards), store_text))
+                pending, num_pending = [rows.slice(max_rows)], rows.height - max_rows
+        if num_pending or not shards:
+            rows = pl.concat(pending) if pending else pl.DataFrame(schema=schema)
+            shards.append(_write_part(rows, staging, folder, prefix, len(shards), store_text))
+        shard_set = ShardSet(folder=str(folder), shards=tuple(shards))
+        (staging / SUCCESS_MARKER).write_text(json.dumps(shard_set.as_dicts(), indent=2) + "\n")
+        _swap_in(staging, folder)
     return shard_set
 
 
-def _write_part(chunk: pl.DataFrame, folder: Path, prefix: str, part: int) -> Shard:
-    final = folder / f"{prefix}-{part:05d}.parquet"
-    temporary = folder / f".{final.name}.tmp"
-    chunk.rechunk().write_parquet(temporary, compression=COMPRESSION, statistics=True, row_group_size=ROW_GROUP_ROWS)
-    os.replace(temporary, final)
-    return Shard(path=str(final), sha256=file_sha256(final), num_rows=chunk.height)
+def _swap_in(staging: Path, folder: Path) -> None:
+    """`staging` renamed to `folder`; the previous `folder`, if any, removed after."""
+    retired = folder.with_name(f".{folder.name}.old")
+    if retired.exists():
+        shutil.rmtree(retired)
+    if folder.exists():
+        os.replace(folder, retired)
+    os.replace(staging, folder)
+    shutil.rmtree(retired, ignore_errors=True)
 
 
-def write_table(frame: pl.DataFrame, path: Path) -> Shard:
+def _write_part(chunk: pl.DataFrame, staging: Path, folder: Path, prefix: str, part: int, store: str) -> Shard:
+    name = f"{prefix}-{part:05d}.parquet"
+    _write_parquet(chunk.rechunk(), staging / name, compression=COMPRESSION, statistics=True, row_group_size=ROW_GROUP_ROWS)
+    return Shard(path=str(folder / name), sha256=file_sha256(staging / name), num_rows=chunk.height, store=store)
+
+
+def write_table(frame: pl.DataFrame, path: Path, store: Path | None = None) -> Shard:
     """One side table (decisions, duplicates, hits) as a single Parquet file with its digest."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.tmp")
-    frame.write_parquet(temporary, compression=COMPRESSION)
-    os.replace(temporary, path)
-    return Shard(path=str(path), sha256=file_sha256(path), num_rows=frame.height)
+    with writing(store_name(path, store or ""), temporary):
+        _write_parquet(frame, temporary, compression=COMPRESSION)
+        os.replace(temporary, path)
+    return Shard(path=str(path), sha256=file_sha256(path), num_rows=frame.height, store=str(store or ""))
 
 
-def write_table_batches(batches: pa.RecordBatchReader, path: Path) -> Shard:
+def write_table_batches(batches: pa.RecordBatchReader, path: Path, store: Path | None = None) -> Shard:
     """`write_table` for a table that arrives a record batch at a time (a DuckDB query's result):
     one batch in memory, whatever the table's size."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.tmp")
     num_rows = 0
-    with pq.ParquetWriter(temporary, batches.schema, compression=COMPRESSION) as writer:
-        for batch in batches:
-            writer.write_batch(batch, row_group_size=ROW_GROUP_ROWS)
-            num_rows += batch.num_rows
-    os.replace(temporary, path)
-    return Shard(path=str(path), sha256=file_sha256(path), num_rows=num_rows)
+    with writing(store_name(path, store or ""), temporary):
+        with pq.ParquetWriter(temporary, batches.schema, compression=COMPRESSION) as writer:
+            for batch in batches:
+                writer.write_batch(batch, row_group_size=ROW_GROUP_ROWS)
+                num_rows += batch.num_rows
+        os.replace(temporary, path)
+    return Shard(path=str(path), sha256=file_sha256(path), num_rows=num_rows, store=str(store or ""))
 
 
 def record_batches(frames: Iterable[pl.DataFrame], schema: Mapping) -> pa.RecordBatchReader:

@@ -4,7 +4,9 @@ result (paths, digests, counters) that the Dagster shell passes on and shows as 
 Deduplication and decontamination stream their input in byte-sized work units (`units`), with
 DuckDB under a memory cap for the corpus-wide joins, and cleaning streams the kept documents a
 batch at a time. `run_sources` parses a verified snapshot of each source a batch at a time, so
-no stage holds the corpus's text.
+no stage holds the corpus's text. Every stage verifies the shards it reads against the digests
+recorded when they were written before it reads them (SHARD_CORRUPT names the file relative to
+`<state_dir>/shards`); a step's own output, hashed from disk as it was written, is read unhashed.
 
 Layout under `<state_dir>/shards/<manifest key>/`:
     _scratch/                                verified snapshots of the sources being read
@@ -32,7 +34,7 @@ from ito_assets.data.dedup import DEDUP_SCHEMA, DUPLICATE, DedupCounts
 from ito_assets.data.dedup_units import deduplicate_units, kept_frames
 from ito_assets.data.eval_index import build_index
 from ito_assets.data.scratch import scratch_space, sql_list
-from ito_assets.data.shards import Shard, ShardSet, record_batches, write_shard_stream, write_table, write_table_batches
+from ito_assets.data.shards import Shard, ShardSet, record_batches, verified_path, verified_paths, write_shard_stream, write_table, write_table_batches
 from ito_assets.data.sources import DOCUMENT_SCHEMA, SourceCounts, SourceRead
 from ito_assets.data.units import parquet_frames
 from ito_assets.errors import ErrorCode, ItoError
@@ -91,8 +93,13 @@ class CleanStage:
 SCRATCH = "_scratch"  # work units, worker outputs and DuckDB spill of a running step; removed after
 
 
+def shard_store(state_dir: Path) -> Path:
+    """Where every stage's files live; the name a shard goes by in messages is relative to it."""
+    return state_dir / "shards"
+
+
 def stage_folder(state_dir: Path, manifest_key: str) -> Path:
-    return state_dir / "shards" / manifest_key
+    return shard_store(state_dir) / manifest_key
 
 
 def decontam_config_for(verified: VerifiedManifest, base: DecontamConfig) -> DecontamConfig:
@@ -112,10 +119,10 @@ def run_sources(verified: VerifiedManifest, data_root: Path, state_dir: Path, wa
         for read in reads:  # every source verified before the folder of the last good output is replaced
             read.verify()
         frames = (frame for read in reads for frame in read.frames())
-        shards = write_shard_stream(frames, folder / "source", prefix="documents", max_rows=config.shard_max_rows, schema=DOCUMENT_SCHEMA)
+        shards = write_shard_stream(frames, folder / "source", prefix="documents", max_rows=config.shard_max_rows, schema=DOCUMENT_SCHEMA, store=shard_store(state_dir))
     counts = [read.counts for read in reads]
     provenance = {c: c for c in DOCUMENT_SCHEMA if c != "text"}
-    documents = lineage.ParquetRows(_paths(shards), provenance | {"num_chars": "length(text)", "shard_path": "filename"})
+    documents = lineage.ParquetRows(shards.shards, provenance | {"num_chars": "length(text)", "shard_path": "filename"})
     sources = pl.DataFrame([{**asdict(c), "source_index": i} for i, c in enumerate(counts)])
     manifest_row = pl.DataFrame({"manifest_key": [key], "name": [verified.manifest.name], "config": [json.dumps(config.as_metadata(), sort_keys=True)]})
     lineage.write_tables(warehouse, verified.digest, {"manifests": manifest_row, "sources": sources, "documents": documents})
@@ -124,11 +131,12 @@ def run_sources(verified: VerifiedManifest, data_root: Path, state_dir: Path, wa
 
 def run_dedup(source: SourceStage, state_dir: Path, warehouse: Path, config: DataPrepConfig) -> DedupStage:
     folder = stage_folder(state_dir, source.manifest_key) / "dedup"
-    paths = [s.path for s in source.shards.shards]
+    store = shard_store(state_dir)
+    paths = verified_paths(source.shards.shards)
     with scratch_space(folder / SCRATCH, config.scale) as scratch:
-        decisions, counts = deduplicate_units(scratch, paths, config.dedup, folder / "decisions.parquet")
-        kept = write_shard_stream(kept_frames(scratch), folder / "kept", prefix="kept", max_rows=config.shard_max_rows, schema=DOCUMENT_SCHEMA)
-    duplicates = lineage.ParquetRows((decisions.path,), {c: c for c in DEDUP_SCHEMA}, where=f"dedup_state = '{DUPLICATE}'")
+        decisions, counts = deduplicate_units(scratch, paths, config.dedup, folder / "decisions.parquet", store=store)
+        kept = write_shard_stream(kept_frames(scratch), folder / "kept", prefix="kept", max_rows=config.shard_max_rows, schema=DOCUMENT_SCHEMA, store=store)
+    duplicates = lineage.ParquetRows((decisions,), {c: c for c in DEDUP_SCHEMA}, where=f"dedup_state = '{DUPLICATE}'")
     lineage.write_tables(warehouse, source.manifest_digest, {"duplicates": duplicates})
     return DedupStage(manifest_digest=source.manifest_digest, decisions=decisions, kept=kept, counts=counts, config=asdict(config.dedup))
 
@@ -137,7 +145,8 @@ def run_decontam(verified: VerifiedManifest, suite: EvalSuite, dedup: DedupStage
     decontam = decontam_config_for(verified, config.decontam)
     index = build_index(suite, decontam)
     folder = stage_folder(state_dir, verified.short_digest) / "decontam"
-    paths = [s.path for s in dedup.kept.shards]
+    store = shard_store(state_dir)
+    paths = verified_paths(dedup.kept.shards)  # read twice below: hashed once, here
     with scratch_space(folder / SCRATCH, config.scale) as scratch:
         hits, counts, ignored = scan_shards(scratch, paths, index, decontam)
     actions, pieces = clean.apply_actions(documents_with_hits(paths, hits), hits, decontam)
@@ -146,10 +155,10 @@ def run_decontam(verified: VerifiedManifest, suite: EvalSuite, dedup: DedupStage
         manifest_digest=verified.digest,
         eval_suite_id=suite.suite_id,
         eval_suite_digest=suite.digest,
-        hits=write_table(hits, folder / "hits.parquet"),
-        actions=write_table(actions, folder / "actions.parquet"),
-        pieces=write_table(pieces, folder / "pieces.parquet"),
-        ignored_seeds=write_table(ignored, folder / "ignored-seeds.parquet"),
+        hits=write_table(hits, folder / "hits.parquet", store=store),
+        actions=write_table(actions, folder / "actions.parquet", store=store),
+        pieces=write_table(pieces, folder / "pieces.parquet", store=store),
+        ignored_seeds=write_table(ignored, folder / "ignored-seeds.parquet", store=store),
         counts=counts,
         num_items=index.num_items,
         num_items_unindexed=index.num_items_unindexed,
@@ -165,27 +174,31 @@ def run_clean(verified: VerifiedManifest, source: SourceStage, dedup: DedupStage
     # The gate where the clean data is written: decontaminated against the suite the manifest names.
     if eval_suite_mismatches(verified.manifest, decontam.eval_suite_id, decontam.eval_suite_digest):
         raise ItoError(ErrorCode.EVAL_SUITE_MISMATCH, "the data was decontaminated against another eval suite than the manifest names")
-    actions, pieces = (pl.read_parquet(s.path) for s in (decontam.actions, decontam.pieces))
+    # Every input but the kept documents (`write_clean_shards` verifies those) before anything is written.
+    actions_path, pieces_path, hits_path, decisions_path = verified_paths((decontam.actions, decontam.pieces, decontam.hits, dedup.decisions))
+    input_paths = verified_paths(source.shards.shards)
+    actions, pieces = pl.read_parquet(actions_path), pl.read_parquet(pieces_path)
     folder = stage_folder(state_dir, source.manifest_key) / "clean"
-    shards = write_clean_shards(dedup.kept, actions, pieces, folder / "shards", config.shard_max_rows)
-    hits = pl.read_parquet(decontam.hits.path, columns=["doc_id", "eval_item_id"])
-    final = clean.final_batches(parquet_frames([dedup.decisions.path], list(DEDUP_SCHEMA)), hits, actions)
-    table = write_table_batches(record_batches(final, clean.FINAL_SCHEMA), folder / "decisions.parquet")
+    store = shard_store(state_dir)
+    shards = write_clean_shards(dedup.kept, actions, pieces, folder / "shards", config.shard_max_rows, store=store)
+    hits = pl.read_parquet(hits_path, columns=["doc_id", "eval_item_id"])
+    final = clean.final_batches(parquet_frames([decisions_path], list(DEDUP_SCHEMA)), hits, actions)
+    table = write_table_batches(record_batches(final, clean.FINAL_SCHEMA), folder / "decisions.parquet", store=store)
     # The account: every per-document table a Parquet file, counted by DuckDB under the scratch cap.
     with scratch_space(folder / SCRATCH, config.scale) as scratch:
         db = scratch.db
-        db.execute(f"CREATE VIEW input_documents AS SELECT doc_id FROM read_parquet({sql_list(_paths(source.shards))})")
+        db.execute(f"CREATE VIEW input_documents AS SELECT doc_id FROM read_parquet({sql_list(input_paths)})")
         db.execute(f"CREATE VIEW final_decisions AS SELECT * FROM read_parquet({sql_list([table.path])})")
         db.execute(f"CREATE VIEW clean_rows AS SELECT doc_id, piece FROM read_parquet({sql_list(_paths(shards))})")
         conservation = clean.account_of(db)
     # Which clean shard holds each kept document or piece: ids and offsets.
     shard_rows = pl.DataFrame([{"shard_path": s.path, "shard_sha256": s.sha256, "num_rows": s.num_rows} for s in shards.shards], schema={"shard_path": pl.String, "shard_sha256": pl.String, "num_rows": pl.Int64})
     placed = lineage.ParquetRows(
-        _paths(shards),
+        shards.shards,
         {c: c for c in ("doc_id", "piece", "char_start", "char_end", "shard_sha256")} | {"shard_path": "filename"},
         by_file=shard_rows.select(pl.col("shard_path").alias("filename"), "shard_sha256"),
     )
-    final_rows = lineage.ParquetRows((table.path,), {c: c for c in clean.FINAL_SCHEMA})
+    final_rows = lineage.ParquetRows((table,), {c: c for c in clean.FINAL_SCHEMA})
     lineage.write_tables(warehouse, source.manifest_digest, {"decisions": final_rows, "clean_shards": shard_rows, "clean_pieces": placed})
     return CleanStage(manifest_digest=source.manifest_digest, shards=shards, decisions=table, conservation=conservation)
 
@@ -194,12 +207,12 @@ def _paths(shards: ShardSet) -> tuple[str, ...]:
     return tuple(s.path for s in shards.shards)
 
 
-def write_clean_shards(kept: ShardSet, actions: pl.DataFrame, pieces: pl.DataFrame, folder: Path, max_rows: int) -> ShardSet:
-    """The clean shards, from the kept documents read a batch at a time (the same parts as
-    `clean.clean_documents` on the whole frame)."""
-    batches = (frame.cast(DOCUMENT_SCHEMA) for frame in parquet_frames([s.path for s in kept.shards], list(DOCUMENT_SCHEMA)))
+def write_clean_shards(kept: ShardSet, actions: pl.DataFrame, pieces: pl.DataFrame, folder: Path, max_rows: int, store: Path | None = None) -> ShardSet:
+    """The clean shards, from the kept documents (verified first) read a batch at a time (the
+    same parts as `clean.clean_documents` on the whole frame)."""
+    batches = (frame.cast(DOCUMENT_SCHEMA) for frame in parquet_frames(verified_paths(kept.shards), list(DOCUMENT_SCHEMA)))
     schema = clean.clean_documents(pl.DataFrame(schema=DOCUMENT_SCHEMA), actions.clear(), pieces.clear()).schema
-    return write_shard_stream(clean.clean_batches(batches, actions, pieces), folder, prefix="clean", max_rows=max_rows, schema=schema)
+    return write_shard_stream(clean.clean_batches(batches, actions, pieces), folder, prefix="clean", max_rows=max_rows, schema=schema, store=store)
 
 
 def residual_contamination(shards: ShardSet, suite: EvalSuite, decontam: DecontamStage, scale: ScaleConfig) -> pl.DataFrame:
@@ -208,12 +221,14 @@ def residual_contamination(shards: ShardSet, suite: EvalSuite, decontam: Deconta
     ignored as common stay ignored: counted again on the clean shards (the scanned corpus less
     what was removed), a common phrase can fall under the threshold and turn into evidence
     against a document the rule had cleared (seen at 4x the fixtures in benchmarks/data_scaling.py).
-    A piece is scanned under its own id, doc_id#piece."""
+    A piece is scanned under its own id, doc_id#piece. The shards and the ignored seeds are
+    verified first (SHARD_CORRUPT)."""
     config = decontam.decontam_config()
+    ignored = pl.read_parquet(verified_path(decontam.ignored_seeds))
     frames = (
         frame.select(pl.concat_str([pl.col("doc_id"), pl.col("piece").cast(pl.String).fill_null("")], separator="#").alias("doc_id"), "text")
-        for frame in parquet_frames([s.path for s in shards.shards], ["doc_id", "piece", "text"])
+        for frame in parquet_frames(shards.verified_paths(), ["doc_id", "piece", "text"])
     )
     with scratch_space(Path(shards.folder).parent / SCRATCH, scale) as scratch:
-        hits, _, _ = scan_frames(scratch, frames, build_index(suite, config), config, pl.read_parquet(decontam.ignored_seeds.path))
+        hits, _, _ = scan_frames(scratch, frames, build_index(suite, config), config, ignored)
     return hits

@@ -1,11 +1,17 @@
 """The data stage: source documents -> deduplicated documents -> contamination report -> clean
 shards, one partition per reviewed manifest. Each body fetches the settings, refuses to work on
-an unverified manifest, calls the core stage, and reports metadata."""
+an unverified manifest, calls the core stage, and reports metadata. A core refusal (a shard that
+no longer verifies: SHARD_CORRUPT; a full disk: STORAGE_FULL; a warehouse that cannot be rebuilt:
+WAREHOUSE_CORRUPT) fails the step with its code; a warehouse rebuilt from its lineage on the way
+is a warning in the run's log and in the materialisation's metadata."""
 
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import dagster as dg
 
-from ito_assets.data import stages
+from ito_assets.data import lineage, stages
 from ito_assets.data.config import DataPrepConfig
 from ito_assets.defs.data import metadata
 from ito_assets.defs.data.params import DecontamParams, DedupParams
@@ -20,6 +26,33 @@ GROUP = "data"
 POOL = "duckdb_writer"  # DuckDB has one writer at a time (DESIGN.md)
 
 
+class _Collected(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@contextmanager
+def core_stage(context: dg.AssetExecutionContext) -> Iterator[None]:
+    """Runs a core stage: an ItoError becomes a Failure carrying its code; the warehouse's
+    warnings (a rebuild from the lineage) go to the run's log and to the output's metadata."""
+    collected = _Collected()
+    lineage.LOG.addHandler(collected)
+    try:
+        yield
+    except ItoError as error:
+        raise failure(error) from None
+    finally:
+        lineage.LOG.removeHandler(collected)
+        for message in collected.messages:
+            context.log.warning(message)
+    if collected.messages:
+        context.add_output_metadata({"warehouse_rebuilt": True, "warehouse_warning": "\n".join(collected.messages)})
+
+
 @dg.asset(
     group_name=GROUP,
     kinds={"parquet", "duckdb"},
@@ -31,10 +64,8 @@ POOL = "duckdb_writer"  # DuckDB has one writer at a time (DESIGN.md)
 def source_documents(context: dg.AssetExecutionContext, ito: ItoSettingsResource, training_manifest: ManifestVerdict) -> stages.SourceStage:
     settings = ito.settings()
     verified = verified_or_fail(training_manifest, "the data stage")
-    try:
+    with core_stage(context):
         stage = stages.run_sources(verified, settings.data_root, settings.state_dir, settings.warehouse_path, DataPrepConfig())
-    except ItoError as error:
-        raise failure(error) from None
     context.add_output_metadata(metadata.source_metadata(stage))
     return stage
 
@@ -49,7 +80,8 @@ def source_documents(context: dg.AssetExecutionContext, ito: ItoSettingsResource
 )
 def deduplicated_documents(context: dg.AssetExecutionContext, config: DedupParams, ito: ItoSettingsResource, source_documents: stages.SourceStage) -> stages.DedupStage:
     settings = ito.settings()
-    stage = stages.run_dedup(source_documents, settings.state_dir, settings.warehouse_path, config.to_config())
+    with core_stage(context):
+        stage = stages.run_dedup(source_documents, settings.state_dir, settings.warehouse_path, config.to_config())
     context.add_output_metadata(metadata.dedup_metadata(stage))
     return stage
 
@@ -72,7 +104,8 @@ def contamination_report(
 ) -> stages.DecontamStage:
     settings = ito.settings()
     verified = verified_or_fail(training_manifest, "the data stage")
-    stage = stages.run_decontam(verified, eval_suite, deduplicated_documents, settings.state_dir, settings.warehouse_path, config.to_config())
+    with core_stage(context):
+        stage = stages.run_decontam(verified, eval_suite, deduplicated_documents, settings.state_dir, settings.warehouse_path, config.to_config())
     context.add_output_metadata(metadata.decontam_metadata(stage))
     return stage
 
@@ -95,10 +128,8 @@ def clean_shards(
 ) -> stages.CleanStage:
     settings = ito.settings()
     verified = verified_or_fail(training_manifest, "the data stage")
-    try:
+    with core_stage(context):
         stage = stages.run_clean(verified, source_documents, deduplicated_documents, contamination_report, settings.state_dir, settings.warehouse_path, DataPrepConfig())
-    except ItoError as error:
-        raise failure(error) from None
     context.add_output_metadata(metadata.clean_metadata(stage))
     return stage
 

@@ -11,7 +11,7 @@ from ito_assets.data.sources import source_digest
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.data.assets import clean_shards, contamination_report, deduplicated_documents, source_documents
 from ito_assets.defs.resources import ItoSettingsResource
-from ito_assets.errors import ErrorCode
+from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.evals.suite import EvalSuite
 from ito_assets.manifest.discovery import ManifestVerdict
 from ito_assets.manifest.verify import eval_suite_mismatches, provenance_problems
@@ -19,6 +19,11 @@ from ito_assets.manifest.verify import eval_suite_mismatches, provenance_problem
 _MANIFEST = {"training_manifest": dg.AssetIn("training_manifest")}
 _NOT_VERIFIED = dg.AssetCheckResult(passed=False, description="the manifest did not verify")
 PROVENANCE_COLUMNS = ["doc_id", "source_uri", "source_sha256", "license", "row"]
+
+
+def _refused(error: ItoError) -> dg.AssetCheckResult:
+    """A check whose input no longer verifies fails, with the code, rather than erroring."""
+    return dg.AssetCheckResult(passed=False, metadata={"error_code": error.code.value, "problems": error.message})
 
 
 @dg.asset_check(partitions_def=manifests_partitions, asset=source_documents, blocking=True, additional_ins=_MANIFEST, description="Each source file, hashed again now, equals the manifest's sha256.")
@@ -39,7 +44,10 @@ def document_provenance_present(source_documents: stages.SourceStage, training_m
     if not training_manifest.ok:
         return _NOT_VERIFIED
     missing_refs = provenance_problems(training_manifest.verified.manifest)
-    docs = source_documents.shards.read(columns=PROVENANCE_COLUMNS)
+    try:
+        docs = source_documents.shards.read(columns=PROVENANCE_COLUMNS)
+    except ItoError as error:
+        return _refused(error)
     nulls = {c: int(n) for c, n in docs.null_count().row(0, named=True).items() if n}
     return dg.AssetCheckResult(
         passed=not missing_refs and not nulls and docs["doc_id"].n_unique() == docs.height,
@@ -77,6 +85,7 @@ def conservation_holds(clean_shards: stages.CleanStage) -> dg.AssetCheckResult:
     return dg.AssetCheckResult(
         passed=c.holds and not tampered,
         metadata={
+            "error_code": ErrorCode.SHARD_CORRUPT.value if tampered else "",
             "num_input": c.num_input,
             "num_kept": c.num_kept,
             "num_duplicate": c.num_duplicate,
@@ -96,8 +105,11 @@ def conservation_holds(clean_shards: stages.CleanStage) -> dg.AssetCheckResult:
 )
 def zero_residual_contamination(clean_shards: stages.CleanStage, eval_suite: EvalSuite, contamination_report: stages.DecontamStage) -> dg.AssetCheckResult:
     if contamination_report.ignored_seeds.changed():  # the rule the re-scan applies is the stage's, as recorded
-        return dg.AssetCheckResult(passed=False, metadata={"problems": "the decontamination's ignored seeds changed since they were written"})
-    hits = stages.residual_contamination(clean_shards.shards, eval_suite, contamination_report, ScaleConfig())
+        return dg.AssetCheckResult(passed=False, metadata={"error_code": ErrorCode.SHARD_CORRUPT.value, "problems": "the decontamination's ignored seeds changed since they were written"})
+    try:
+        hits = stages.residual_contamination(clean_shards.shards, eval_suite, contamination_report, ScaleConfig())
+    except ItoError as error:
+        return _refused(error)
     sample = hits.select("doc_id", "eval_item_id").head(10).to_dicts() if hits.height else []
     return dg.AssetCheckResult(
         passed=hits.height == 0,
