@@ -1,13 +1,16 @@
 """`ito serve`: the canonical API (Starlette on uvicorn), loopback by default.
 
 Configuration is read once here, at the edge: the settings (ITO_LEDGER_URL, default the SQLite
-file under the state dir; ITO_LEDGER_SCHEMA), ITO_LEDGER_LOCK_TIMEOUT_S, plus the gate
+file under the state dir; ITO_LEDGER_SCHEMA), ITO_LEDGER_LOCK_TIMEOUT_S, the socket edge's
+ITO_API_READ_TIMEOUT_S (seconds to read a whole request, 0.1-3600, default 10) and
+ITO_API_MAX_CONNECTIONS_PER_CLIENT (1-65536, default 32; api/transport.py), plus the gate
 policy (gates/policy.py). Bearer identity tokens travel in the Authorization header only; the
 server neither logs requests nor echoes bodies, so no token or reference reaches a log.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import sys
@@ -28,6 +31,40 @@ class ServerConfig:
     ledger_url: str
     ledger_schema: str | None = None
     lock_timeout_s: float = 30.0
+    read_timeout_s: float = 10.0
+    max_connections_per_client: int = 32
+
+
+def _read_timeout(env: Mapping[str, str]) -> float:
+    from ito_assets.api.transport import READ_TIMEOUT_RANGE_S, READ_TIMEOUT_S
+
+    text = env.get("ITO_API_READ_TIMEOUT_S")
+    if not text:
+        return READ_TIMEOUT_S
+    low, high = READ_TIMEOUT_RANGE_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and low <= value <= high):
+        raise ItoError(ErrorCode.USAGE_ERROR, f"ITO_API_READ_TIMEOUT_S must be a number of seconds from {low:g} "
+                                              f"to {high:g}")
+    return value
+
+
+def _connections_per_client(env: Mapping[str, str]) -> int:
+    from ito_assets.api.transport import CONNECTIONS_PER_CLIENT_RANGE, MAX_CONNECTIONS_PER_CLIENT
+
+    text = env.get("ITO_API_MAX_CONNECTIONS_PER_CLIENT")
+    if not text:
+        return MAX_CONNECTIONS_PER_CLIENT
+    low, high = CONNECTIONS_PER_CLIENT_RANGE
+    # Digits only, and few of them: int() would also take "+1", " 1" and "1_000".
+    value = int(text) if text.isascii() and text.isdigit() and len(text) <= 6 else -1
+    if not low <= value <= high:
+        raise ItoError(ErrorCode.USAGE_ERROR, f"ITO_API_MAX_CONNECTIONS_PER_CLIENT must be a whole number from {low} "
+                                              f"to {high}")
+    return value
 
 
 def load_config(host: str, port: int, env: Mapping[str, str] | None = None) -> ServerConfig:
@@ -40,9 +77,10 @@ def load_config(host: str, port: int, env: Mapping[str, str] | None = None) -> S
         lock_s = float(lock) if lock else DEFAULT_LOCK_TIMEOUT_S
     except ValueError:
         raise ItoError(ErrorCode.USAGE_ERROR, "ITO_LEDGER_LOCK_TIMEOUT_S must be a number of seconds") from None
+    read_timeout_s, per_client = _read_timeout(env), _connections_per_client(env)
     settings = load_settings(env)
     return ServerConfig(host=host, port=port, ledger_url=settings.ledger_url, ledger_schema=settings.ledger_schema,
-                        lock_timeout_s=lock_s)
+                        lock_timeout_s=lock_s, read_timeout_s=read_timeout_s, max_connections_per_client=per_client)
 
 
 def build_app(api):
@@ -61,7 +99,11 @@ def build_app(api):
         return Response(envelope.dumps(envelope.failure(error, live_api_contacted=True)), status_code=404,
                         media_type="application/json")
 
-    return Starlette(routes=all_routes, exception_handlers={404: not_found, 405: not_found})
+    app = Starlette(routes=all_routes, exception_handlers={404: not_found, 405: not_found})
+    # Starlette answers a path with a stray trailing slash with a bare 307; every answer here is an
+    # envelope, so such a path is just not a route.
+    app.router.redirect_slashes = False
+    return app
 
 
 def open_api(config: ServerConfig, env: Mapping[str, str] | None = None):
@@ -80,6 +122,8 @@ def open_api(config: ServerConfig, env: Mapping[str, str] | None = None):
 
 def bind(config: ServerConfig) -> socket.socket:
     """Bind before serving, so a caller passing port 0 learns the real port (`--ready-file`)."""
+    from ito_assets.api.transport import BACKLOG
+
     family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -88,7 +132,7 @@ def bind(config: ServerConfig) -> socket.socket:
     except OSError:
         sock.close()
         raise ItoError(ErrorCode.USAGE_ERROR, "the API address is not available (port in use?)") from None
-    sock.listen(2048)
+    sock.listen(BACKLOG)
     return sock
 
 
@@ -103,13 +147,15 @@ def write_ready_file(path: str, host: str, port: int) -> None:
 def serve(config: ServerConfig, *, ready_file: str | None = None) -> None:
     import uvicorn
 
+    from ito_assets.api.transport import EdgeLimits, uvicorn_config
+
     api = open_api(config)
     sock = bind(config)
     host, port = sock.getsockname()[:2]
     app = build_app(api)
-    # No access log: paths and headers stay out of logs (DESIGN.md: no secret in any log).
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                                           timeout_keep_alive=5, server_header=False))
+    limits = EdgeLimits(read_timeout_s=config.read_timeout_s,
+                        max_connections_per_client=config.max_connections_per_client)
+    server = uvicorn.Server(uvicorn_config(app, limits))
     if ready_file:
         write_ready_file(ready_file, host, port)
     print(f"ito serve: listening on http://{host}:{port}", file=sys.stderr, flush=True)

@@ -9,26 +9,27 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.routing import Route
 
-from ito_assets.api.routes.common import Api, decode_b64, endpoint, field
+from ito_assets.api.bodies import ConfirmationBody
+from ito_assets.api.routes.common import Api, decode_b64, endpoint, require
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.gates import confirm_request, intake
 from ito_assets.gates.identity import Identity
 from ito_assets.gates.states import Action
 
 
-def _request(api: Api, who: Identity, _request: Request, body: dict) -> dict:
+def _request(api: Api, who: Identity, _request: Request, body: ConfirmationBody) -> dict:
     try:
-        action = Action(field(body, "action"))
+        action = Action(body.action)
     except ValueError:
         raise ItoError(ErrorCode.USAGE_ERROR, "field 'action' must be train, cancel, cleanup or release") from None
     if action is Action.TRAIN:
-        verified = intake.verify_submitted(decode_b64(body, "manifest_b64"), field(body, "manifest_digest"),
-                                           max_bytes=api.policy.max_manifest_bytes)
-        issued = confirm_request.request_train(api.ledger, api.policy, who, field(body, "booking_id"), verified)
+        verified = intake.verify_submitted(decode_b64(require(body, "manifest_b64"), "manifest_b64"),
+                                           require(body, "manifest_digest"), max_bytes=api.policy.max_manifest_bytes)
+        issued = confirm_request.request_train(api.ledger, api.policy, who, require(body, "booking_id"), verified)
     elif action is Action.CANCEL:
-        issued = confirm_request.request_cancel(api.ledger, api.policy, who, field(body, "run_id"))
+        issued = confirm_request.request_cancel(api.ledger, api.policy, who, require(body, "run_id"))
     elif action is Action.RELEASE:
-        issued = confirm_request.request_release(api.ledger, api.policy, who, field(body, "booking_id"))
+        issued = confirm_request.request_release(api.ledger, api.policy, who, require(body, "booking_id"))
     else:
         issued = confirm_request.request_cleanup(api.ledger, api.policy, who)
     return {"confirmation_ref": issued.ref, "binding": issued.confirmation.binding(),
@@ -36,4 +37,4 @@ def _request(api: Api, who: Identity, _request: Request, body: dict) -> dict:
 
 
 def routes(api: Api) -> list[Route]:
-    return [Route("/v1/confirmations", endpoint(api, _request, with_body=True), methods=["POST"])]
+    return [Route("/v1/confirmations", endpoint(api, _request, body=ConfirmationBody), methods=["POST"])]

@@ -10,10 +10,12 @@ from pathlib import Path
 from starlette.requests import Request
 from starlette.routing import Route
 
-from ito_assets.api.routes.common import Api, endpoint, field
+from ito_assets.api.bodies import (AccountBody, AmendBody, ApproveBody, BookingBody, BookingsQuery,
+                                   ConfirmationRefBody, DecisionBody, EmptyBody, RevokeBody, TokenBody, parse_query)
+from ito_assets.api.routes.common import Api, endpoint
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.gates import audit, bookings, confirmations, identity, runs
-from ito_assets.gates.bookings import AMENDABLE, BookingTerms
+from ito_assets.gates.bookings import BookingTerms
 from ito_assets.gates.identity import Identity
 from ito_assets.gates.states import Role
 from ito_assets.runtime import proposals
@@ -24,80 +26,78 @@ _TERMS = ("gpu_type", "num_gpus", "num_nodes", "topology", "region", "network", 
 
 
 def desk_only(handler):
-    def wrapped(api: Api, who: Identity, request: Request, body: dict) -> dict:
+    def wrapped(api: Api, who: Identity, request: Request, body) -> dict:
         who.require_role(Role.DESK)
         return handler(api, who, request, body)
     return wrapped
 
 
 @desk_only
-def _create_account(api: Api, who: Identity, _r: Request, body: dict) -> dict:
-    account = identity.create_account(api.ledger, field(body, "name"), actor=who.token_id)
+def _create_account(api: Api, who: Identity, _r: Request, body: AccountBody) -> dict:
+    account = identity.create_account(api.ledger, body.name, actor=who.token_id)
     return {"account_id": account.account_id, "name": account.name, "created_at": account.created_at}
 
 
 @desk_only
-def _list_accounts(api: Api, _who: Identity, _r: Request, _body: dict) -> dict:
+def _list_accounts(api: Api, _who: Identity, _r: Request, _body: None) -> dict:
     return {"accounts": [asdict(a) for a in identity.list_accounts(api.ledger)]}
 
 
 @desk_only
-def _issue_token(api: Api, who: Identity, _r: Request, body: dict) -> dict:
+def _issue_token(api: Api, who: Identity, _r: Request, body: TokenBody) -> dict:
     try:
-        role = Role(field(body, "role"))
+        role = Role(body.role)
     except ValueError:
         raise ItoError(ErrorCode.USAGE_ERROR, "field 'role' must be desk or account") from None
-    issued = identity.issue_token(api.ledger, role, account_id=field(body, "account_id", required=False),
-                                  label=field(body, "label", required=False) or "", actor=who.token_id)
+    issued = identity.issue_token(api.ledger, role, account_id=body.account_id, label=body.label or "",
+                                  actor=who.token_id)
     # The one answer that carries a secret: the desk client writes it to a 0600 file, never stdout.
     return {"token_id": issued.token_id, "role": role.value, "account_id": issued.account_id,
             "token": issued.secret}
 
 
 @desk_only
-def _revoke_token(api: Api, who: Identity, _r: Request, body: dict) -> dict:
-    token_id = field(body, "token_id")
+def _revoke_token(api: Api, who: Identity, _r: Request, body: RevokeBody) -> dict:
+    token_id = body.token_id
     changed = identity.revoke_token(api.ledger, token_id, actor=who.token_id)
     return {"token_id": token_id, "revoked": True, "already_revoked": not changed}
 
 
 @desk_only
-def _create_booking(api: Api, who: Identity, _r: Request, body: dict) -> dict:
-    terms = BookingTerms(**{name: body.get(name) for name in _TERMS})
-    return bookings.create(api.ledger, field(body, "account_id"), terms, actor=who.token_id).to_dict()
+def _create_booking(api: Api, who: Identity, _r: Request, body: BookingBody) -> dict:
+    terms = BookingTerms(**{name: getattr(body, name) for name in _TERMS})
+    return bookings.create(api.ledger, body.account_id, terms, actor=who.token_id).to_dict()
 
 
 @desk_only
-def _list_bookings(api: Api, _who: Identity, request: Request, _body: dict) -> dict:
-    found = bookings.list_for(api.ledger, request.query_params.get("account_id"))
+def _list_bookings(api: Api, _who: Identity, request: Request, _body: None) -> dict:
+    query = parse_query(BookingsQuery, request.query_params.multi_items())
+    found = bookings.list_for(api.ledger, query.account_id)
     return {"bookings": [b.to_dict() for b in found]}
 
 
 def _transition(verb: str):
     @desk_only
-    def handler(api: Api, who: Identity, request: Request, _body: dict) -> dict:
+    def handler(api: Api, who: Identity, request: Request, _body: EmptyBody) -> dict:
         return bookings.transition(api.ledger, request.path_params["booking_id"], verb, actor=who.token_id).to_dict()
     return handler
 
 
 @desk_only
-def _amend(api: Api, who: Identity, request: Request, body: dict) -> dict:
-    changes = {k: v for k, v in body.items() if k in AMENDABLE and v is not None}
-    if set(body) - set(AMENDABLE):
-        raise ItoError(ErrorCode.USAGE_ERROR, f"an amendment changes one or more of: {', '.join(AMENDABLE)}")
+def _amend(api: Api, who: Identity, request: Request, body: AmendBody) -> dict:
+    changes = body.model_dump(exclude_none=True)  # AmendBody's fields are AMENDABLE, no more
     return bookings.amend(api.ledger, request.path_params["booking_id"], changes, actor=who.token_id).to_dict()
 
 
 @desk_only
-def _show(api: Api, _who: Identity, _r: Request, body: dict) -> dict:
-    return confirmations.show(api.ledger, field(body, "confirmation_ref")).binding()
+def _show(api: Api, _who: Identity, _r: Request, body: ConfirmationRefBody) -> dict:
+    return confirmations.show(api.ledger, body.confirmation_ref).binding()
 
 
 @desk_only
-def _approve(api: Api, who: Identity, _r: Request, body: dict) -> dict:
-    approved = confirmations.approve(api.ledger, field(body, "confirmation_ref"), approver_token_id=who.token_id,
-                                     expected_cost_cents=field(body, "cost_cents", int),
-                                     expected_digest=field(body, "manifest_digest", required=False))
+def _approve(api: Api, who: Identity, _r: Request, body: ApproveBody) -> dict:
+    approved = confirmations.approve(api.ledger, body.confirmation_ref, approver_token_id=who.token_id,
+                                     expected_cost_cents=body.cost_cents, expected_digest=body.manifest_digest)
     return {**approved.binding(), "approved_by": approved.approved_by, "approved_at": approved.approved_at}
 
 
@@ -109,7 +109,7 @@ def _run_dir(api: Api, run_id: str) -> tuple[runs.Run, Path]:
 
 
 @desk_only
-def _list_proposals(api: Api, _who: Identity, request: Request, _body: dict) -> dict:
+def _list_proposals(api: Api, _who: Identity, request: Request, _body: None) -> dict:
     run, run_dir = _run_dir(api, request.path_params["run_id"])
     found = [p.as_dict() for p in proposals.in_run(run_dir)]
     return {"run_id": run.run_id, "state": run.state.value, "proposals": found,
@@ -117,8 +117,8 @@ def _list_proposals(api: Api, _who: Identity, request: Request, _body: dict) -> 
 
 
 @desk_only
-def _decide_proposal(api: Api, who: Identity, request: Request, body: dict) -> dict:
-    decision = field(body, "decision")
+def _decide_proposal(api: Api, who: Identity, request: Request, body: DecisionBody) -> dict:
+    decision = body.decision
     if decision not in ("approve", "reject"):
         raise ItoError(ErrorCode.USAGE_ERROR, "field 'decision' must be approve or reject")
     run, run_dir = _run_dir(api, request.path_params["run_id"])
@@ -134,19 +134,24 @@ def _decide_proposal(api: Api, who: Identity, request: Request, body: dict) -> d
 
 def routes(api: Api) -> list[Route]:
     post = ["POST"]
+
+    def desk(handler, body=None):
+        # The role is checked from the token, before the body is read: an account token never
+        # gets a desk route to buffer or parse anything it sends.
+        return endpoint(api, handler, body=body, role=Role.DESK)
+
     return [
-        Route("/v1/desk/accounts", endpoint(api, _create_account, with_body=True), methods=post),
-        Route("/v1/desk/accounts", endpoint(api, _list_accounts), methods=["GET"]),
-        Route("/v1/desk/tokens", endpoint(api, _issue_token, with_body=True), methods=post),
-        Route("/v1/desk/tokens/revoke", endpoint(api, _revoke_token, with_body=True), methods=post),
-        Route("/v1/desk/bookings", endpoint(api, _create_booking, with_body=True), methods=post),
-        Route("/v1/desk/bookings", endpoint(api, _list_bookings), methods=["GET"]),
-        *[Route(f"/v1/desk/bookings/{{booking_id}}/{verb}", endpoint(api, _transition(verb), with_body=True),
-                methods=post) for verb in ("complete", "revoke", "release")],
-        Route("/v1/desk/bookings/{booking_id}/amend", endpoint(api, _amend, with_body=True), methods=post),
-        Route("/v1/desk/confirmations/show", endpoint(api, _show, with_body=True), methods=post),
-        Route("/v1/desk/confirmations/approve", endpoint(api, _approve, with_body=True), methods=post),
-        Route("/v1/desk/runs/{run_id}/proposals", endpoint(api, _list_proposals), methods=["GET"]),
-        Route("/v1/desk/runs/{run_id}/proposals/{proposal_id}", endpoint(api, _decide_proposal, with_body=True),
-              methods=post),
+        Route("/v1/desk/accounts", desk(_create_account, AccountBody), methods=post),
+        Route("/v1/desk/accounts", desk(_list_accounts), methods=["GET"]),
+        Route("/v1/desk/tokens", desk(_issue_token, TokenBody), methods=post),
+        Route("/v1/desk/tokens/revoke", desk(_revoke_token, RevokeBody), methods=post),
+        Route("/v1/desk/bookings", desk(_create_booking, BookingBody), methods=post),
+        Route("/v1/desk/bookings", desk(_list_bookings), methods=["GET"]),
+        *[Route(f"/v1/desk/bookings/{{booking_id}}/{verb}", desk(_transition(verb), EmptyBody), methods=post)
+          for verb in ("complete", "revoke", "release")],
+        Route("/v1/desk/bookings/{booking_id}/amend", desk(_amend, AmendBody), methods=post),
+        Route("/v1/desk/confirmations/show", desk(_show, ConfirmationRefBody), methods=post),
+        Route("/v1/desk/confirmations/approve", desk(_approve, ApproveBody), methods=post),
+        Route("/v1/desk/runs/{run_id}/proposals", desk(_list_proposals), methods=["GET"]),
+        Route("/v1/desk/runs/{run_id}/proposals/{proposal_id}", desk(_decide_proposal, DecisionBody), methods=post),
     ]

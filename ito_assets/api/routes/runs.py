@@ -6,7 +6,8 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.routing import Route
 
-from ito_assets.api.routes.common import Api, decode_b64, endpoint, field
+from ito_assets.api.bodies import CancelBody, CleanupBody, PageQuery, TrainBody, parse_query
+from ito_assets.api.routes.common import Api, decode_b64, endpoint, require
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.gates import cancel, cleanup, create_run, idempotency, intake, runs, telemetry
 from ito_assets.gates.fingerprint import validate_key
@@ -18,22 +19,22 @@ def _run_data(run: runs.Run, replayed: bool) -> dict:
     return {**run.to_dict(), "replayed": replayed}
 
 
-def _train(api: Api, who: Identity, _request: Request, body: dict) -> dict:
-    verified = intake.verify_submitted(decode_b64(body, "manifest_b64"), field(body, "manifest_digest"),
+def _train(api: Api, who: Identity, _request: Request, body: TrainBody) -> dict:
+    verified = intake.verify_submitted(decode_b64(body.manifest_b64, "manifest_b64"), body.manifest_digest,
                                        max_bytes=api.policy.max_manifest_bytes)
     request = create_run.TrainRequest(
-        booking_id=field(body, "booking_id"), verified=verified,
-        confirmation_ref=field(body, "confirmation_ref"), idempotency_key=field(body, "idempotency_key"),
+        booking_id=body.booking_id, verified=verified,
+        confirmation_ref=body.confirmation_ref, idempotency_key=body.idempotency_key,
     )
     created = create_run.create_run(api.ledger, api.policy, who, request)
     return _run_data(created.run, created.replayed)
 
 
-def _get(api: Api, who: Identity, request: Request, _body: dict) -> dict:
+def _get(api: Api, who: Identity, request: Request, _body: None) -> dict:
     return _run_data(runs.get(api.ledger, request.path_params["run_id"], account_id=who.tenant), False)
 
 
-def _by_key(api: Api, who: Identity, request: Request, _body: dict) -> dict:
+def _by_key(api: Api, who: Identity, request: Request, _body: None) -> dict:
     """What the first request under this key answered, for a client that lost that answer."""
     key = validate_key(request.path_params["key"])
     with api.ledger.read() as conn:
@@ -48,18 +49,12 @@ def _by_key(api: Api, who: Identity, request: Request, _body: dict) -> dict:
 
 
 def _page_args(request: Request) -> tuple[int, int]:
-    try:
-        after = int(request.query_params.get("after", "0"))
-        limit = int(request.query_params.get("limit", "100"))
-    except ValueError:
-        raise ItoError(ErrorCode.USAGE_ERROR, "after and limit must be integers") from None
-    if after < 0 or limit <= 0:
-        raise ItoError(ErrorCode.USAGE_ERROR, "after must be >= 0 and limit > 0")
-    return after, limit
+    page = parse_query(PageQuery, request.query_params.multi_items())
+    return page.after, page.limit
 
 
 def _telemetry(reader, name: str):
-    def handler(api: Api, who: Identity, request: Request, _body: dict) -> dict:
+    def handler(api: Api, who: Identity, request: Request, _body: None) -> dict:
         run = runs.get(api.ledger, request.path_params["run_id"], account_id=who.tenant)
         after, limit = _page_args(request)
         items = telemetry.as_dicts(reader(api.ledger, run.run_id, after=after, limit=limit))
@@ -68,31 +63,30 @@ def _telemetry(reader, name: str):
     return handler
 
 
-def _cancel(api: Api, who: Identity, request: Request, body: dict) -> dict:
+def _cancel(api: Api, who: Identity, request: Request, body: CancelBody) -> dict:
     result = cancel.cancel_run(api.ledger, who, request.path_params["run_id"],
-                               confirmation_ref=field(body, "confirmation_ref"),
-                               idempotency_key=field(body, "idempotency_key"))
+                               confirmation_ref=body.confirmation_ref, idempotency_key=body.idempotency_key)
     return _run_data(result.run, result.replayed)
 
 
-def _cleanup(api: Api, who: Identity, _request: Request, body: dict) -> dict:
-    booking_id = field(body, "release_booking_id", required=False)
+def _cleanup(api: Api, who: Identity, _request: Request, body: CleanupBody) -> dict:
     release = None
-    if booking_id is not None:
-        release = cleanup.Release(booking_id=booking_id, confirmation_ref=field(body, "release_confirmation_ref"))
-    return cleanup.cleanup_tenant(api.ledger, api.policy, who, confirmation_ref=field(body, "confirmation_ref"),
-                                  idempotency_key=field(body, "idempotency_key"), release=release)
+    if body.release_booking_id is not None:
+        release = cleanup.Release(booking_id=body.release_booking_id,
+                                  confirmation_ref=require(body, "release_confirmation_ref"))
+    return cleanup.cleanup_tenant(api.ledger, api.policy, who, confirmation_ref=body.confirmation_ref,
+                                  idempotency_key=body.idempotency_key, release=release)
 
 
 def routes(api: Api) -> list[Route]:
     return [
-        Route("/v1/runs", endpoint(api, _train, with_body=True), methods=["POST"]),
+        Route("/v1/runs", endpoint(api, _train, body=TrainBody), methods=["POST"]),
         Route("/v1/runs/{run_id}", endpoint(api, _get), methods=["GET"]),
         Route("/v1/idempotency-keys/{key}", endpoint(api, _by_key), methods=["GET"]),
         Route("/v1/runs/{run_id}/logs", endpoint(api, _telemetry(telemetry.logs, "logs")), methods=["GET"]),
         Route("/v1/runs/{run_id}/metrics", endpoint(api, _telemetry(telemetry.metrics, "metrics")), methods=["GET"]),
         Route("/v1/runs/{run_id}/checkpoints", endpoint(api, _telemetry(telemetry.checkpoints, "checkpoints")),
               methods=["GET"]),
-        Route("/v1/runs/{run_id}/cancel", endpoint(api, _cancel, with_body=True), methods=["POST"]),
-        Route("/v1/cleanup", endpoint(api, _cleanup, with_body=True), methods=["POST"]),
+        Route("/v1/runs/{run_id}/cancel", endpoint(api, _cancel, body=CancelBody), methods=["POST"]),
+        Route("/v1/cleanup", endpoint(api, _cleanup, body=CleanupBody), methods=["POST"]),
     ]

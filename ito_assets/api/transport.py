@@ -1,0 +1,233 @@
+"""The socket edge of `ito serve`: uvicorn's HTTP protocol with a deadline for reading each request
+and a cap on concurrent connections per client address.
+
+uvicorn closes idle keep-alive connections, but nothing bounds how long a request may take to
+arrive: a client sending its headers a byte at a time (slowloris) holds a connection, and enough
+of them hold every connection the process can have. Here each request must be read whole (request
+line, headers and body) within `read_timeout_s` of its first byte, or of the connection opening;
+on expiry the connection is closed. A client address holding `max_connections_per_client`
+connections has any further one closed at once, so one client cannot take every slot.
+
+httptools (uvicorn's default when installed) has no bound on the request head; it is bounded
+here as h11 bounds it (h11_max_incomplete_event_size): MAX_HEAD_BYTES of request target plus
+header names and values, exactly, and the raw bytes of an unfinished head to 8x that (a head
+that never ends must not grow in memory until the deadline).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+READ_TIMEOUT_S = 10.0
+MAX_CONNECTIONS_PER_CLIENT = 32
+# Connections plus in-flight requests past which uvicorn answers 503 at once (limit_concurrency).
+LIMIT_CONCURRENCY = 1024
+BACKLOG = 2048
+TIMEOUT_KEEP_ALIVE_S = 5
+MAX_HEAD_BYTES = 16 * 1024  # h11's default; a request here carries one bearer token and a short URL
+MAX_RAW_HEAD_BYTES = 8 * MAX_HEAD_BYTES  # also what h11 buffers of an incomplete head
+
+_TIMEOUT_RESPONSE = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+
+# Bounds on the settings read from the environment (server.load_config).
+READ_TIMEOUT_RANGE_S = (0.1, 3600.0)
+CONNECTIONS_PER_CLIENT_RANGE = (1, 65536)
+
+
+@dataclass(frozen=True)
+class EdgeLimits:
+    read_timeout_s: float = READ_TIMEOUT_S
+    max_connections_per_client: int = MAX_CONNECTIONS_PER_CLIENT
+    max_head_bytes: int = MAX_HEAD_BYTES
+    max_raw_head_bytes: int = MAX_RAW_HEAD_BYTES
+
+
+class HeadTooLarge(Exception):
+    """Raised from a parser callback; uvicorn answers it as an invalid request (400, closed)."""
+
+
+class _Guard:
+    """The deadline and the per-address count, shared by the httptools and h11 protocols.
+
+    Everything runs on the event loop thread, so the counter needs no lock."""
+
+    limits: ClassVar[EdgeLimits]
+    open_per_client: ClassVar[collections.Counter]
+    transport: asyncio.Transport
+    loop: asyncio.AbstractEventLoop
+    client: tuple[str, int] | None
+    cycle: Any
+
+    def _guard_open(self) -> bool:
+        """Count the connection; False (and closed) when its address already has its share."""
+        self._deadline: asyncio.TimerHandle | None = None
+        self._peer = self.client[0] if self.client else None
+        if self._peer is None:  # a Unix socket: no address to count
+            self._arm()
+            return True
+        self.open_per_client[self._peer] += 1
+        if self.open_per_client[self._peer] > self.limits.max_connections_per_client:
+            self.transport.close()
+            return False
+        self._arm()
+        return True
+
+    def _guard_close(self) -> None:
+        self._disarm()
+        peer, self._peer = self._peer, None
+        if peer is not None:
+            self.open_per_client[peer] -= 1
+            if self.open_per_client[peer] <= 0:
+                del self.open_per_client[peer]
+
+    def _arm(self) -> None:
+        if self._deadline is None and not self.transport.is_closing():
+            self._deadline = self.loop.call_later(self.limits.read_timeout_s, self._read_expired)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _read_expired(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        # Between requests the 408 is a valid answer; once the app holds the request, closing
+        # is what tells it (its receive() reports the disconnect).
+        if self.cycle is None or self.cycle.response_complete:
+            self.transport.write(_TIMEOUT_RESPONSE)
+        self.transport.close()
+
+
+def _httptools_class() -> type:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class GuardedHttpTools(_Guard, HttpToolsProtocol):
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._head_pending = True
+            self._head_bytes = 0
+            self._raw_head_bytes = 0
+            self._guard_open()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._guard_close()
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            if self.transport.is_closing():
+                return  # refused or expired: nothing more is parsed
+            if self._head_pending:
+                self._raw_head_bytes += len(data)
+            super().data_received(data)
+            if (self._head_pending and self._raw_head_bytes > self.limits.max_raw_head_bytes
+                    and not self.transport.is_closing()):
+                self.send_400_response("Request head too large.")
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._head_pending = True
+            self._head_bytes = 0
+            self._raw_head_bytes = 0
+            self._arm()
+
+        def on_url(self, url: bytes) -> None:
+            self._count_head(len(url))
+            super().on_url(url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._count_head(len(name) + len(value))
+            super().on_header(name, value)
+
+        def on_headers_complete(self) -> None:
+            self._head_pending = False
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            self._disarm()
+
+        def _count_head(self, num_bytes: int) -> None:
+            self._head_bytes += num_bytes
+            if self._head_bytes > self.limits.max_head_bytes:
+                raise HeadTooLarge()
+
+    return GuardedHttpTools
+
+
+class _CheckedConnection:
+    """h11's connection with the exact head bound: the Request event is refused past it."""
+
+    def __init__(self, conn: h11.Connection, max_head_bytes: int):
+        self._conn = conn
+        self._max = max_head_bytes
+
+    def next_event(self) -> Any:
+        event = self._conn.next_event()
+        if isinstance(event, h11.Request):
+            size = len(event.target) + sum(len(k) + len(v) for k, v in event.headers.raw_items())
+            if size > self._max:
+                raise h11.RemoteProtocolError("request head too large", error_status_hint=431)
+        return event
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
+class GuardedH11(_Guard, H11Protocol):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.conn = _CheckedConnection(self.conn, self.limits.max_head_bytes)  # type: ignore[assignment]
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._guard_open()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._guard_close()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self.transport.is_closing():
+            return
+        self._arm()  # the first byte of a request (or more of one) starts or keeps its deadline
+        super().data_received(data)
+        if self.conn.their_state in (h11.DONE, h11.MUST_CLOSE, h11.CLOSED):
+            self._disarm()
+
+
+def _has_httptools() -> bool:
+    try:
+        import httptools  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def protocol_class(limits: EdgeLimits, http: str = "auto") -> type[asyncio.Protocol]:
+    """A protocol class for uvicorn.Config(http=...) with its own per-address counter (one per
+    server). `http`: "httptools", "h11" or "auto" (httptools when installed, as uvicorn does)."""
+    if http == "auto":
+        http = "httptools" if _has_httptools() else "h11"
+    if http not in ("httptools", "h11"):
+        raise ValueError("http must be auto, httptools or h11")
+    base = _httptools_class() if http == "httptools" else GuardedH11
+    return type(base.__name__, (base,), {"limits": limits, "open_per_client": collections.Counter()})
+
+
+def uvicorn_config(app: Any, limits: EdgeLimits, *, http: str = "auto") -> Any:
+    """uvicorn's settings for `ito serve`, its own limits included."""
+    import uvicorn
+
+    # No access log: paths and headers may carry secrets, so they stay out of logs.
+    return uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", server_header=False,
+                          http=protocol_class(limits, http), timeout_keep_alive=TIMEOUT_KEEP_ALIVE_S,
+                          limit_concurrency=LIMIT_CONCURRENCY, backlog=BACKLOG,
+                          h11_max_incomplete_event_size=limits.max_raw_head_bytes)
