@@ -11,7 +11,8 @@ wrong value keeps its own error code. The bounds are the contract, documented pe
 - booking labels (gpu_type, topology, region, network): at most 64 characters;
 - manifest digests: at most 128 characters; a base64 manifest: at most the body limit;
 - num_gpus, num_nodes: 1..65536; prices per GPU-hour: 1..10**15 cents; approved costs:
-  0..10**15 cents; timestamps: 0..2**53 seconds; paging: after 0..2**63-1, limit 1..500.
+  0..10**15 cents; timestamps: 0..2**53 seconds; paging: after 0..2**63-1, limit 1..500 (runs:
+  after a run id, limit 1..500).
 
 NUL bytes are refused in every string: PostgreSQL cannot store one, and no field needs one.
 Messages name the field and the rule, never the value, and never a field the route does not
@@ -26,6 +27,7 @@ from typing import Annotated, Any, Mapping, TypeVar
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from ito_assets.errors import ErrorCode, ItoError
+from ito_assets.gates.runs import MAX_PAGE as MAX_RUNS_PAGE
 from ito_assets.gates.telemetry import MAX_PAGE
 
 MAX_BODY_BYTES = 1024 * 1024  # a base64 manifest at the 256 KiB read limit is ~342 KiB
@@ -171,6 +173,30 @@ class DecisionBody(Strict):
     """POST /v1/desk/runs/{run_id}/proposals/{proposal_id}"""
 
     decision: Choice
+
+
+class QuoteBody(Strict):
+    """POST /v1/quotes: what a train confirmation for this booking and manifest would bind."""
+
+    booking_id: Id
+    manifest_digest: Digest
+    manifest_b64: Manifest64
+
+
+class RunsQuery(Strict):
+    """?manifest_digest=&booking_id=&state=&after=&limit= on GET /v1/runs; `after` is a run id."""
+
+    manifest_digest: Digest | None = None
+    booking_id: Id | None = None
+    state: Choice | None = None
+    after: Id | None = None
+    limit: Annotated[int, Field(ge=1, le=MAX_RUNS_PAGE)] = 100
+
+
+class BudgetsQuery(Strict):
+    """?manifest_digest= on GET /v1/budgets and GET /v1/desk/accounts/{account_id}/budgets."""
+
+    manifest_digest: Digest | None = None
 
 
 class PageQuery(Strict):

@@ -69,7 +69,8 @@ def _subparsers(parser: argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ito_assets.api.commands import audit, confirm, desk, lifecycle, manifest, plan, readiness, serve, train
+    from ito_assets.api.commands import (audit, confirm, desk, lifecycle, manifest, plan, readiness, serve, spend,
+                                         train)
 
     parser = _Parser(prog="ito", description="The canonical ito-training client.")
     parser.add_argument("--timeout", type=timeout_seconds, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
@@ -79,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     audit.register(verbs)  # issue 4: lineage in the warehouse, read-only, no API contact
     plan.register(verbs)  # issue 5: the plan and its cost, computed locally; creates no workload
     # Issue 3: the gates and the run lifecycle. Each module imports its heavy dependencies lazily.
-    for module in (confirm, train, lifecycle, readiness, desk, serve):
+    for module in (confirm, train, lifecycle, spend, readiness, desk, serve):
         module.register(verbs)
     # Also accepted after the verb. SUPPRESS: a subcommand that was not given --timeout must not
     # overwrite the top-level value (argparse copies a subparser's defaults over its parent's).

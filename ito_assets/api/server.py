@@ -89,9 +89,9 @@ def build_app(api):
     from starlette.responses import Response
 
     from ito_assets.api import envelope
-    from ito_assets.api.routes import confirmations, desk, meta, runs
+    from ito_assets.api.routes import budgets, confirmations, desk, meta, runs
 
-    served = [*runs.routes(api), *confirmations.routes(api), *desk.routes(api)]
+    served = [*runs.routes(api), *budgets.routes(api), *confirmations.routes(api), *desk.routes(api)]
     all_routes = [*served, *meta.routes(api, meta.served_routes(served))]
 
     async def not_found(_request, _exc) -> Response:

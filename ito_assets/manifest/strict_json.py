@@ -1,12 +1,14 @@
 """Strict JSON decoding for reviewed files: exactly one UTF-8 JSON document and nothing else.
 
-Python's json module accepts duplicate keys (last wins), NaN/Infinity and a leading BOM via
-utf-8-sig; each of those lets two readers see different content, so each is refused here.
+Python's json module accepts duplicate keys (last wins), NaN/Infinity (also spelled 1e400) and
+a leading BOM via utf-8-sig; each of those lets two readers see different content, so each is
+refused here.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 _BOM = b"\xef\xbb\xbf"
@@ -28,6 +30,14 @@ def _pairs_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def _reject_constant(_name: str) -> Any:
     raise StrictJsonError("NaN and Infinity are not JSON numbers")
+
+
+def _finite_float(text: str) -> float:
+    # 1e400 parses as inf: Infinity by another name, so it is refused like Infinity.
+    value = float(text)
+    if not math.isfinite(value):
+        raise StrictJsonError("a number is out of a double's range")
+    return value
 
 
 def _depth(value: Any, level: int = 0) -> int:
@@ -53,6 +63,7 @@ def loads_strict(data: bytes) -> Any:
             text,
             object_pairs_hook=_pairs_without_duplicates,
             parse_constant=_reject_constant,
+            parse_float=_finite_float,
         )
     except StrictJsonError:
         raise

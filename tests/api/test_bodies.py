@@ -347,6 +347,7 @@ INT_BOUNDS = {
     (bodies.AmendBody, "price_per_gpu_hour_cents"): (1, 10**15),
     (bodies.ApproveBody, "cost_cents"): (0, 10**15),
     (bodies.PageQuery, "after"): (0, 2**63 - 1), (bodies.PageQuery, "limit"): (1, 500),
+    (bodies.RunsQuery, "limit"): (1, 500),
 }
 ID, NAME, LABEL, DIGEST, CHOICE = 256, 128, 64, 128, 16
 STR_MAX = {
@@ -368,6 +369,9 @@ STR_MAX = {
     bodies.DecisionBody: {"decision": CHOICE},
     bodies.PageQuery: {},
     bodies.BookingsQuery: {"account_id": ID},
+    bodies.QuoteBody: {"booking_id": ID, "manifest_digest": DIGEST, "manifest_b64": MAX_BODY_BYTES},
+    bodies.RunsQuery: {"manifest_digest": DIGEST, "booking_id": ID, "state": CHOICE, "after": ID},
+    bodies.BudgetsQuery: {"manifest_digest": DIGEST},
 }
 MODELS = sorted(STR_MAX, key=lambda m: m.__name__)
 

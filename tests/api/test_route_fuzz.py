@@ -30,6 +30,7 @@ BODY_MODELS = {
     ("POST", "/v1/runs/{run_id}/cancel"): bodies.CancelBody,
     ("POST", "/v1/cleanup"): bodies.CleanupBody,
     ("POST", "/v1/confirmations"): bodies.ConfirmationBody,
+    ("POST", "/v1/quotes"): bodies.QuoteBody,
     ("POST", "/v1/desk/accounts"): bodies.AccountBody,
     ("POST", "/v1/desk/tokens"): bodies.TokenBody,
     ("POST", "/v1/desk/tokens/revoke"): bodies.RevokeBody,

@@ -42,3 +42,16 @@ def test_error_never_carries_input():
     with pytest.raises(StrictJsonError) as info:
         loads_strict(b'{"secret-canary-xyz": 1, "secret-canary-xyz": 2}')
     assert "canary" not in str(info.value)
+
+
+@pytest.mark.parametrize("text", ["1e400", "-1e400", "[1.8e308]", '{"a": 2e308}'])
+def test_a_float_past_a_doubles_range_is_refused_like_infinity(text) -> None:
+    with pytest.raises(StrictJsonError, match="out of a double's range"):
+        loads_strict(text.encode())
+
+
+@pytest.mark.parametrize(("text", "value"), [("1.7976931348623157e308", 1.7976931348623157e308),
+                                              ("-1.7976931348623157e308", -1.7976931348623157e308),
+                                              ("1e-400", 0.0), ("0.1", 0.1)])
+def test_the_largest_double_and_underflow_to_zero_are_kept(text, value) -> None:
+    assert loads_strict(text.encode()) == value

@@ -58,6 +58,9 @@ def register(verbs: argparse._SubParsersAction) -> None:
     _add(accounts, "create", "create an account", _post("/v1/desk/accounts", name="name"),
          (("--name",), {"required": True}))
     _add(accounts, "list", "list accounts", _get("/v1/desk/accounts"))
+    _add(accounts, "budgets", "an account's budget per manifest: cap, spent, reserved, left", _budgets,
+         (("account_id",), {"help": "account id (acc_...)"}),
+         (("--manifest",), {"help": "only this manifest digest (sha256:...)"}))
     tokens = groups.add_parser("tokens", help="identity tokens").add_subparsers(dest="t", required=True,
                                                                                 parser_class=type(desk))
     _add(tokens, "issue", "issue a token into a new 0600 file", _issue,
@@ -107,6 +110,17 @@ def _get(path: str):
         client = _client(args)
         return _done(client, client.get(path))
     return handler
+
+
+def _budgets(args: argparse.Namespace) -> Outcome:
+    from urllib.parse import quote
+
+    from ito_assets.api.commands.spend import budget_lines, query
+
+    client = _client(args)
+    data = client.get(f"/v1/desk/accounts/{quote(args.account_id, safe='')}/budgets" + query(manifest_digest=args.manifest))
+    return _done(client, data, [f"budgets of {data.get('account_id')}: {data.get('num_budgets')}",
+                                *budget_lines(data.get("budgets", []))])
 
 
 def _issue(args: argparse.Namespace) -> Outcome:

@@ -76,9 +76,14 @@ def _run_path(run_id: str) -> str:
 
 
 def _status_text(data: dict) -> list[str]:
-    return [f"run: {data.get('run_id')}", f"state: {data.get('state')}",
-            f"booking: {data.get('booking_id')}", f"manifest: {data.get('manifest_sha256')}",
-            f"idempotency key: {data.get('idempotency_key')}"]
+    from ito_assets.api.commands.spend import budget_lines
+
+    lines = [f"run: {data.get('run_id')}", f"state: {data.get('state')}",
+             f"booking: {data.get('booking_id')}", f"manifest: {data.get('manifest_sha256')}",
+             f"idempotency key: {data.get('idempotency_key')}"]
+    if data.get("budget"):
+        lines += ["manifest budget:", *budget_lines([data["budget"]])]
+    return lines
 
 
 def _fetch(client, args: argparse.Namespace) -> dict:

@@ -1,7 +1,14 @@
-"""`ito plan --booking ID --manifest PATH --json`: the parallelism, precision and cost plan of a
-manifest's run, computed on this machine. Inspection only: no workload is created, no API is
-contacted. The hardware comes from flags until the booking lookup of the canonical API is wired
-here; the booking id is carried through so that the plan names what it was made for.
+"""`ito plan --booking ID --manifest PATH --json`: the parallelism, precision and memory plan of a
+manifest's run on the booked hardware, and the cost a train confirmation for them will bind.
+
+Inspection only: no confirmation is issued and no workload is created. The booking is read
+through the API (POST /v1/quotes), which prices the run with the very gate a confirmation
+request runs, so `cost_cents` here is the cost the desk will be asked to approve. The plan's own
+per-stage figures are the compute the run is expected to use inside that block.
+
+With every hardware flag (--gpu-type, --nodes, --gpus-per-node, --network,
+--price-cents-per-gpu-hour) the plan is computed offline instead, for a booking not yet made: no
+API is contacted and there is no bound cost.
 """
 
 from __future__ import annotations
@@ -13,25 +20,28 @@ from ito_assets.api.cli import Outcome
 from ito_assets.errors import ErrorCode, ItoError
 
 _BOOKING_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
-NOTICE = "plan computed locally from the manifest and the hardware flags; the booking was not looked up and no workload was created"
+_HARDWARE_FLAGS = ("gpu_type", "nodes", "gpus_per_node", "network", "price_cents_per_gpu_hour")
+OFFLINE_NOTICE = ("plan computed offline from the hardware flags: the booking was not looked up, no cost is "
+                  "bound and no workload was created")
 
 
 def register(verbs: argparse._SubParsersAction) -> None:
     from ito_assets.training.hardware import GPUS, Network
 
-    plan = verbs.add_parser("plan", help="plan a manifest's run on booked hardware (creates no workload)")
+    plan = verbs.add_parser("plan", help="plan a manifest's run on its booking and price it (creates nothing)")
     plan.add_argument("--booking", required=True, help="server-verified booking id the plan is for")
     plan.add_argument("--manifest", required=True, help="absolute, canonical path of the reviewed JSON file")
-    plan.add_argument("--gpu-type", required=True, choices=sorted(GPUS), help="the booked GPU type")
-    plan.add_argument("--nodes", required=True, type=int, help="number of nodes")
-    plan.add_argument("--gpus-per-node", required=True, type=int, help="GPUs per node")
-    plan.add_argument("--network", required=True, choices=[n.value for n in Network], help="inter-node fabric")
-    plan.add_argument("--price-cents-per-gpu-hour", required=True, type=int, help="booking price, US cents per GPU-hour")
+    offline = plan.add_argument_group("offline", "all five together: plan without the API, for hardware not yet booked")
+    offline.add_argument("--gpu-type", choices=sorted(GPUS), help="the GPU type")
+    offline.add_argument("--nodes", type=int, help="number of nodes")
+    offline.add_argument("--gpus-per-node", type=int, help="GPUs per node")
+    offline.add_argument("--network", choices=[n.value for n in Network], help="inter-node fabric")
+    offline.add_argument("--price-cents-per-gpu-hour", type=int, help="price, US cents per GPU-hour")
     plan.add_argument("--json", action="store_true", help="print one JSON document")
     plan.set_defaults(handler=_plan)
 
 
-def _hardware(args: argparse.Namespace):
+def _offline_hardware(args: argparse.Namespace):
     from ito_assets.training.hardware import gpu_spec, network_spec
     from ito_assets.training.planner import Hardware
 
@@ -44,6 +54,31 @@ def _hardware(args: argparse.Namespace):
                     gpus_per_node=args.gpus_per_node, price_cents_per_gpu_hour=args.price_cents_per_gpu_hour)
 
 
+def booked_hardware(booking: dict):
+    """The planner's hardware for a booking as the API describes it."""
+    from ito_assets.training.hardware import booked_gpu, booked_network
+    from ito_assets.training.planner import Hardware
+
+    try:
+        gpu, network = booked_gpu(booking["gpu_type"]), booked_network(booking["network"])
+    except ValueError as exc:
+        raise ItoError(ErrorCode.PLAN_REFUSED, f"the booking's hardware cannot be planned: {exc}") from None
+    return Hardware(gpu=gpu, network=network, num_nodes=booking["num_nodes"],
+                    gpus_per_node=booking["num_gpus"] // booking["num_nodes"],
+                    price_cents_per_gpu_hour=booking["price_per_gpu_hour_cents"])
+
+
+def _quote(args: argparse.Namespace) -> tuple[dict, bool]:
+    from ito_assets.api.client_config import connect
+    from ito_assets.api.commands.confirm import read_manifest_for_upload
+
+    digest, content = read_manifest_for_upload(args.manifest)
+    client = connect(timeout_s=args.timeout)
+    quote = client.post("/v1/quotes", {"booking_id": args.booking, "manifest_digest": digest,
+                                       "manifest_b64": content})
+    return quote, client.contacted
+
+
 def _plan(args: argparse.Namespace) -> Outcome:
     from ito_assets.manifest import verify
     from ito_assets.settings import load_settings
@@ -51,12 +86,21 @@ def _plan(args: argparse.Namespace) -> Outcome:
 
     if not _BOOKING_ID.fullmatch(args.booking):
         raise ItoError(ErrorCode.USAGE_ERROR, "--booking must be a booking id (letters, digits, . _ : -)")
-    hardware = _hardware(args)
+    given = [name for name in _HARDWARE_FLAGS if getattr(args, name) is not None]
+    if given and len(given) != len(_HARDWARE_FLAGS):
+        raise ItoError(ErrorCode.USAGE_ERROR, "the offline hardware flags go together: give all five or none")
     verified = verify.verify_manifest(args.manifest, max_bytes=load_settings().max_manifest_bytes)
-    run_plan = plan_run(verified.manifest, hardware)  # PlanRefused is an ItoError (PLAN_REFUSED)
     data = {"booking_id": args.booking, "manifest_digest": verified.digest, "workload_created": False,
-            "plan": run_plan.to_dict()}
-    return Outcome(data=data, live_api_contacted=False, notice=NOTICE, text=_text(data))
+            "confirmation_issued": False}
+    if given:
+        run_plan = plan_run(verified.manifest, _offline_hardware(args))  # PlanRefused is PLAN_REFUSED
+        data.update(cost_cents=None, plan=run_plan.to_dict())
+        return Outcome(data=data, live_api_contacted=False, notice=OFFLINE_NOTICE, text=_text(data))
+    quote, contacted = _quote(args)
+    run_plan = plan_run(verified.manifest, booked_hardware(quote["booking"]))
+    data.update(cost_cents=quote["cost_cents"], budget=quote["budget"], booking=quote["booking"],
+                plan=run_plan.to_dict())
+    return Outcome(data=data, live_api_contacted=contacted, text=_text(data))
 
 
 def _text(data: dict) -> list[str]:
@@ -66,8 +110,15 @@ def _text(data: dict) -> list[str]:
     for stage in plan["stages"]:
         layout = ", ".join(f"{k}={v}" for k, v in stage["layout"].items())
         lines.append(f"  {stage['stage']}: {layout}; {stage['memory_per_gpu']['total_gib']} GiB/GPU, "
-                     f"MFU {stage['step']['mfu']:.1%}, {stage['num_steps']} steps, {stage['cost_cents'] / 100:,.2f} USD")
-    budget = plan["budget"]
-    lines.append(f"cost: {plan['cost_cents'] / 100:,.2f} USD (cap {budget['cap_cents'] / 100:,.2f}, "
-                 f"max incremental {budget['max_incremental_cents'] / 100:,.2f}); no workload created")
+                     f"MFU {stage['step']['mfu']:.1%}, {stage['num_steps']} steps, "
+                     f"compute {stage['cost_cents'] / 100:,.2f} USD")
+    if data["cost_cents"] is None:
+        lines.append(f"compute: {plan['cost_cents'] / 100:,.2f} USD at the flags' price; no cost bound, "
+                     "no workload created")
+        return lines
+    budget = data["budget"]
+    lines.append(f"cost: {data['cost_cents'] / 100:,.2f} USD, the booked block a confirmation binds "
+                 f"(compute used: {plan['cost_cents'] / 100:,.2f} USD of it)")
+    lines.append(f"budget: cap {budget['cap_cents'] / 100:,.2f}, committed {budget['committed_cents'] / 100:,.2f}, "
+                 f"left {budget['left_cents'] / 100:,.2f} USD; no confirmation issued, no workload created")
     return lines

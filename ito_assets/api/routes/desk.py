@@ -12,6 +12,7 @@ from starlette.routing import Route
 
 from ito_assets.api.bodies import (AccountBody, AmendBody, ApproveBody, BookingBody, BookingsQuery,
                                    ConfirmationRefBody, DecisionBody, EmptyBody, RevokeBody, TokenBody, parse_query)
+from ito_assets.api.routes.budgets import budgets_of
 from ito_assets.api.routes.common import Api, endpoint
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.gates import audit, bookings, confirmations, identity, runs
@@ -41,6 +42,11 @@ def _create_account(api: Api, who: Identity, _r: Request, body: AccountBody) -> 
 @desk_only
 def _list_accounts(api: Api, _who: Identity, _r: Request, _body: None) -> dict:
     return {"accounts": [asdict(a) for a in identity.list_accounts(api.ledger)]}
+
+
+@desk_only
+def _account_budgets(api: Api, _who: Identity, request: Request, _body: None) -> dict:
+    return budgets_of(api, request.path_params["account_id"], request)
 
 
 @desk_only
@@ -152,6 +158,7 @@ def routes(api: Api) -> list[Route]:
         Route("/v1/desk/bookings/{booking_id}/amend", desk(_amend, AmendBody), methods=post),
         Route("/v1/desk/confirmations/show", desk(_show, ConfirmationRefBody), methods=post),
         Route("/v1/desk/confirmations/approve", desk(_approve, ApproveBody), methods=post),
+        Route("/v1/desk/accounts/{account_id}/budgets", desk(_account_budgets), methods=["GET"]),
         Route("/v1/desk/runs/{run_id}/proposals", desk(_list_proposals), methods=["GET"]),
         Route("/v1/desk/runs/{run_id}/proposals/{proposal_id}", desk(_decide_proposal, DecisionBody), methods=post),
     ]

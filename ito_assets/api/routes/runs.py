@@ -1,18 +1,18 @@
-"""Runs: create (train), read by id or by idempotency key, logs, metrics, checkpoints, cancel,
-and the tenant's cleanup. Every read is scoped to the calling account."""
+"""Runs: create (train), list, read by id or by idempotency key, logs, metrics, checkpoints,
+cancel, and the tenant's cleanup. Every read is scoped to the calling account."""
 
 from __future__ import annotations
 
 from starlette.requests import Request
 from starlette.routing import Route
 
-from ito_assets.api.bodies import CancelBody, CleanupBody, PageQuery, TrainBody, parse_query
+from ito_assets.api.bodies import CancelBody, CleanupBody, PageQuery, RunsQuery, TrainBody, parse_query
 from ito_assets.api.routes.common import Api, decode_b64, endpoint, require
 from ito_assets.errors import ErrorCode, ItoError
-from ito_assets.gates import cancel, cleanup, create_run, idempotency, intake, runs, telemetry
+from ito_assets.gates import budget, cancel, cleanup, create_run, idempotency, intake, runs, telemetry
 from ito_assets.gates.fingerprint import validate_key
 from ito_assets.gates.identity import Identity
-from ito_assets.gates.states import Action
+from ito_assets.gates.states import Action, RunState
 
 
 def _run_data(run: runs.Run, replayed: bool) -> dict:
@@ -31,7 +31,24 @@ def _train(api: Api, who: Identity, _request: Request, body: TrainBody) -> dict:
 
 
 def _get(api: Api, who: Identity, request: Request, _body: None) -> dict:
-    return _run_data(runs.get(api.ledger, request.path_params["run_id"], account_id=who.tenant), False)
+    """The run, with its manifest's budget as the budget gate sums it now."""
+    run = runs.get(api.ledger, request.path_params["run_id"], account_id=who.tenant)
+    with api.ledger.read() as conn:
+        state = budget.state(conn, run.account_id, run.manifest_digest, budget.stored_budget(conn, run.manifest_digest))
+    return {**_run_data(run, False), "budget": state.to_dict()}
+
+
+def _list(api: Api, who: Identity, request: Request, _body: None) -> dict:
+    query = parse_query(RunsQuery, request.query_params.multi_items())
+    try:
+        state = RunState(query.state) if query.state is not None else None
+    except ValueError:
+        raise ItoError(ErrorCode.USAGE_ERROR, "parameter 'state' is not a run state") from None
+    listed = runs.list_for(api.ledger, who.tenant, manifest_digest=query.manifest_digest,
+                           booking_id=query.booking_id, state=state, after=query.after, limit=query.limit)
+    items = [run.to_dict() for run in listed]
+    return {"runs": items, "num_runs": len(items),
+            "next_after": items[-1]["run_id"] if len(items) == query.limit else None}
 
 
 def _by_key(api: Api, who: Identity, request: Request, _body: None) -> dict:
@@ -81,6 +98,7 @@ def _cleanup(api: Api, who: Identity, _request: Request, body: CleanupBody) -> d
 def routes(api: Api) -> list[Route]:
     return [
         Route("/v1/runs", endpoint(api, _train, body=TrainBody), methods=["POST"]),
+        Route("/v1/runs", endpoint(api, _list), methods=["GET"]),
         Route("/v1/runs/{run_id}", endpoint(api, _get), methods=["GET"]),
         Route("/v1/idempotency-keys/{key}", endpoint(api, _by_key), methods=["GET"]),
         Route("/v1/runs/{run_id}/logs", endpoint(api, _telemetry(telemetry.logs, "logs")), methods=["GET"]),
