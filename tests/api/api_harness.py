@@ -188,6 +188,13 @@ def fake_api(mode: str) -> Iterator[str]:
     """A loopback listener that misbehaves: "silent" accepts and never answers; "hangup" reads
     the request and closes without a byte of answer; "bare401" answers 401 without a body, as
     an authenticating proxy in front of the API would."""
+    with fake_api_holding(mode) as (url, _held):
+        yield url
+
+
+@contextlib.contextmanager
+def fake_api_holding(mode: str) -> Iterator[tuple[str, list[socket.socket]]]:
+    """`fake_api`, also yielding the connections a "silent" listener holds open (to count them)."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(64)
@@ -214,7 +221,7 @@ def fake_api(mode: str) -> Iterator[str]:
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}", held
     finally:
         stop.set()
         thread.join()

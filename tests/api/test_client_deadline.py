@@ -7,19 +7,17 @@ accepts and never answers, in process and through `python -m ito_assets.api.cli`
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
+from api_harness import fake_api_holding
 from helpers import valid_manifest, write_manifest
 from ito_assets.api import cli, envelope
 from ito_assets.api.client import ApiClient, Deadline, Endpoint, HttpTransport, NoAnswer, NotDelivered, Reply
@@ -279,31 +277,9 @@ def test_the_lower_end_of_the_range_is_no_pause_at_all():
 # --- the real transport: socket timeouts cut to the deadline ------------------------------------
 
 
-@contextlib.contextmanager
-def hung_server() -> Iterator[tuple[str, list]]:
+def hung_server():
     """A loopback socket that accepts every connection and never answers."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(64)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def serve() -> None:
-        listener.settimeout(0.05)
-        while not stop.is_set():
-            with contextlib.suppress(OSError):
-                held.append(listener.accept()[0])
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}", held
-    finally:
-        stop.set()
-        thread.join()
-        for conn in held:
-            conn.close()
-        listener.close()
+    return fake_api_holding("silent")
 
 
 def test_the_read_timeout_is_cut_to_the_time_left():

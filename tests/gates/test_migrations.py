@@ -181,27 +181,36 @@ def test_two_processes_opening_a_fresh_ledger_at_once_both_succeed(engine_url) -
         ledger.dispose()
 
 
-@pytest.mark.postgres
-@pytest.mark.parametrize("statement", ["TRUNCATE audit_events", "DELETE FROM audit_events",
-                                       "UPDATE audit_events SET kind = 'x'"])
-def test_postgres_audit_trail_refuses_truncate_delete_and_update(statement) -> None:
+@pytest.fixture
+def pg_ledger():
+    """A migrated ledger in a fresh PostgreSQL schema, dropped afterwards."""
     reason = postgres_reason()
     if reason:
         pytest.skip(reason)
     schema = f"t_{uuid.uuid4().hex[:16]}"
     ledger = open_ledger(PG_URL, schema=schema)
-    try:
+    yield ledger, schema
+    with ledger.engine.begin() as conn:
+        conn.exec_driver_sql(f"DROP SCHEMA {schema} CASCADE")
+    ledger.dispose()
+
+
+def _audit_kinds(ledger) -> list[str]:
+    with ledger.read() as conn:
+        return conn.exec_driver_sql("SELECT kind FROM audit_events").scalars().all()
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("statement", ["TRUNCATE audit_events", "DELETE FROM audit_events",
+                                       "UPDATE audit_events SET kind = 'x'"])
+def test_postgres_audit_trail_refuses_truncate_delete_and_update(pg_ledger, statement) -> None:
+    ledger, _schema = pg_ledger
+    with ledger.write() as conn:
+        conn.exec_driver_sql("INSERT INTO audit_events (at, kind, detail) VALUES (1, 'kept', '{}')")
+    with pytest.raises(sa.exc.DBAPIError, match="append-only"):
         with ledger.write() as conn:
-            conn.exec_driver_sql("INSERT INTO audit_events (at, kind, detail) VALUES (1, 'kept', '{}')")
-        with pytest.raises(sa.exc.DBAPIError, match="append-only"):
-            with ledger.write() as conn:
-                conn.exec_driver_sql(statement)
-        with ledger.read() as conn:
-            assert conn.exec_driver_sql("SELECT kind FROM audit_events").scalars().all() == ["kept"]
-    finally:
-        with ledger.engine.begin() as conn:
-            conn.exec_driver_sql(f"DROP SCHEMA {schema} CASCADE")
-        ledger.dispose()
+            conn.exec_driver_sql(statement)
+    assert _audit_kinds(ledger) == ["kept"]
 
 
 @pytest.mark.parametrize("statement", ["DELETE FROM audit_events", "UPDATE audit_events SET kind = 'x'"])
@@ -212,8 +221,7 @@ def test_sqlite_audit_trail_refuses_delete_and_update(tmp_path: Path, statement)
     with pytest.raises(sa.exc.DBAPIError, match="append-only"):
         with ledger.write() as conn:
             conn.exec_driver_sql(statement)
-    with ledger.read() as conn:
-        assert conn.exec_driver_sql("SELECT kind FROM audit_events").scalars().all() == ["kept"]
+    assert _audit_kinds(ledger) == ["kept"]
 
 
 # The grants the README gives a server role that does not own the ledger's tables.
@@ -226,18 +234,14 @@ REVOKE UPDATE, DELETE, TRUNCATE ON {schema}.audit_events FROM {role};
 
 
 @pytest.mark.postgres
-def test_a_server_role_with_the_readme_grants_can_append_but_not_erase_the_audit_trail() -> None:
-    reason = postgres_reason()
-    if reason:
-        pytest.skip(reason)
-    suffix = uuid.uuid4().hex[:12]
-    schema, role = f"t_{suffix}", f"ito_server_{suffix}"
-    ledger = open_ledger(PG_URL, schema=schema)
+def test_a_server_role_with_the_readme_grants_can_append_but_not_erase_the_audit_trail(pg_ledger) -> None:
+    ledger, schema = pg_ledger
+    role = f"ito_server_{schema[2:]}"
+    with ledger.engine.begin() as conn:
+        conn.exec_driver_sql(f"CREATE ROLE {role} NOLOGIN")
+        for statement in filter(str.strip, SERVER_ROLE_GRANTS.format(schema=schema, role=role).split(";")):
+            conn.exec_driver_sql(statement)
     try:
-        with ledger.engine.begin() as conn:
-            conn.exec_driver_sql(f"CREATE ROLE {role} NOLOGIN")
-            for statement in filter(str.strip, SERVER_ROLE_GRANTS.format(schema=schema, role=role).split(";")):
-                conn.exec_driver_sql(statement)
         with ledger.engine.begin() as conn:
             conn.exec_driver_sql(f"SET LOCAL ROLE {role}")
             conn.exec_driver_sql("INSERT INTO audit_events (at, kind, detail) VALUES (1, 'kept', '{}')")
@@ -246,13 +250,11 @@ def test_a_server_role_with_the_readme_grants_can_append_but_not_erase_the_audit
                 with ledger.engine.begin() as conn:
                     conn.exec_driver_sql(f"SET LOCAL ROLE {role}")
                     conn.exec_driver_sql(statement)
-        with ledger.read() as conn:
-            assert conn.exec_driver_sql("SELECT kind FROM audit_events").scalars().all() == ["kept"]
+        assert _audit_kinds(ledger) == ["kept"]
     finally:
         with ledger.engine.begin() as conn:
-            conn.exec_driver_sql(f"DROP SCHEMA {schema} CASCADE")
-            conn.exec_driver_sql(f"DROP ROLE IF EXISTS {role}")
-        ledger.dispose()
+            conn.exec_driver_sql(f"DROP OWNED BY {role}")
+            conn.exec_driver_sql(f"DROP ROLE {role}")
 
 
 def test_ito_serve_refuses_to_start_on_a_ledger_from_a_newer_release(tmp_path: Path) -> None:
