@@ -1,4 +1,6 @@
-"""Lineage tables in the DuckDB warehouse, and the queries auditors run on them.
+"""Lineage tables in the DuckDB warehouse, the writes that replace their rows, and the queries
+auditors run on them. Opening the warehouse, its lineage journal and its rebuild from that journal
+are in `ito_assets.data.warehouse`.
 
 Every row carries the manifest digest, so one warehouse holds many manifests; each writing step
 replaces its own rows for its manifest in one transaction (a rerun never duplicates). Tables:
@@ -13,27 +15,16 @@ replaces its own rows for its manifest in one transaction (a rerun never duplica
     clean_pieces       which clean shard holds each kept document or piece
     shard_consumers    which later run consumed a clean shard (written by the training stage)
 
-The warehouse is derived: every write is first recorded in its lineage journal, `<name>.lineage/`
-beside it (per manifest and table: the Parquet files the rows are read from, with their sha256;
-rows that exist only in memory are written there as Parquet first). A warehouse that DuckDB cannot
-open or read because it is corrupt is rebuilt from the journal, with a logged warning, when every
-file it names verifies; otherwise it is refused (WAREHOUSE_CORRUPT) with the one-line fix. A
-warehouse deleted by hand is rebuilt from the records that verify when it is next written (the
-others are dropped, with a warning naming the asset that writes them again). A lock held by a
-writer is WAREHOUSE_BUSY; a full disk is STORAGE_FULL, the transaction rolled back.
+Every write is recorded in the warehouse's lineage journal before its rows are replaced, and an
+audit that finds the warehouse corrupt as it reads it is answered from the warehouse rebuilt.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
-import itertools
-import json
-import logging
-import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import TypeVar
@@ -41,12 +32,13 @@ from typing import TypeVar
 import duckdb
 import polars as pl
 
-from ito_assets.data.config import MIN_MB_PER_DUCKDB_THREAD
+# warehouse imports this module too; each uses the other's names only when called.
+from ito_assets.data import warehouse
 from ito_assets.data.scratch import sql_list
-from ito_assets.data.shards import Shard, disk_full, shard_problem, storage_full, write_bytes_atomic, write_table, writing
+from ito_assets.data.shards import Shard
 from ito_assets.errors import ErrorCode, ItoError
 
-LOG = logging.getLogger(__name__)
+T = TypeVar("T")
 
 SCHEMA = {
     "manifests": "manifest_digest VARCHAR, manifest_key VARCHAR, name VARCHAR, eval_suite_id VARCHAR, "
@@ -69,92 +61,12 @@ SCHEMA = {
 }
 
 
-# DuckDB's buffer cap for the warehouse: its default, 80% of RAM, let a write of every
-# document's row grow a stage's memory with the corpus (+40 MB from 64x to 128x the fixtures in
-# benchmarks/data_scaling.py); capped, the rows go to the database file. DuckDB's floor for one
-# thread.
-MEMORY_LIMIT_MB = MIN_MB_PER_DUCKDB_THREAD
-
-# The asset(s) whose materialisation writes a table's rows: what a refusal asks to run again.
-TABLE_ASSETS = {
-    "manifests": ("source_documents", "contamination_report"),
-    "sources": ("source_documents",),
-    "documents": ("source_documents",),
-    "duplicates": ("deduplicated_documents",),
-    "contamination_hits": ("contamination_report",),
-    "decisions": ("clean_shards",),
-    "clean_shards": ("clean_shards",),
-    "clean_pieces": ("clean_shards",),
-    "shard_consumers": ("training_tokens",),
-}
-CONSUMERS = "shard_consumers"  # the journal's folder of consumption records
-# What DuckDB says of a file it cannot trust (an IOException's text); InternalException and
-# SerializationException (a catalog that does not deserialise) count too. A lock held by another
-# process is also an IOException, but "Could not set lock": WAREHOUSE_BUSY, never a rebuild.
-_CORRUPT_TEXTS = ("not a valid DuckDB database file", "Corrupt database file", "Could not read enough bytes", "checksum")
-_ATTACHED = itertools.count()
-T = TypeVar("T")
-
-
-def is_busy(error: BaseException) -> bool:
-    return isinstance(error, duckdb.IOException) and "Could not set lock" in str(error)
-
-
-def is_corrupt(error: BaseException) -> bool:
-    if not isinstance(error, duckdb.Error) or disk_full(error) or is_busy(error):
-        return False
-    if isinstance(error, (duckdb.InternalException, duckdb.SerializationException)):
-        return True
-    return any(text in str(error) for text in _CORRUPT_TEXTS)
-
-
-def _refused(error: BaseException, path: Path) -> BaseException:
-    """The user-facing error for a DuckDB failure on the warehouse (or the error itself)."""
-    if disk_full(error):
-        return storage_full(f"the warehouse {path.name}")
-    if is_busy(error):
-        return ItoError(ErrorCode.WAREHOUSE_BUSY, "the warehouse is being written by a running step; retry shortly", retryable=True)
-    if is_corrupt(error):
-        return ItoError(ErrorCode.WAREHOUSE_CORRUPT, f"the warehouse {path.name} is unreadable even as rebuilt from its lineage; one-line fix: delete {path.name} and re-materialize the data assets of every manifest")
-    return error
-
-
-def journal_folder(path: Path) -> Path:
-    """The warehouse's lineage journal: `warehouse.lineage/` beside `warehouse.duckdb`."""
-    return path.with_suffix(".lineage")
-
-
-def _open(path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
-    return duckdb.connect(str(path), read_only=read_only, config={"memory_limit": f"{MEMORY_LIMIT_MB}MB", "threads": 1, "preserve_insertion_order": False})
-
-
-def connect(path: Path, *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
-    """The warehouse, rebuilt from its lineage first when DuckDB cannot open it because it is
-    corrupt (WAREHOUSE_CORRUPT when the lineage is incomplete); WAREHOUSE_BUSY while another
-    process writes it; STORAGE_FULL when the disk is full."""
-    if not read_only:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if not path.exists():
-            _restore_missing(path)
-    try:
-        return _open(path, read_only)
-    except duckdb.Error as error:
-        if not is_corrupt(error):
-            raise _refused(error, path) from None
-        reason = error
-    rebuild(path, reason)
-    try:
-        return _open(path, read_only)
-    except duckdb.Error as error:
-        raise _refused(error, path) from None
-
-
 def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
     for table, columns in SCHEMA.items():
         con.execute(f"CREATE TABLE IF NOT EXISTS {table} ({columns})")
 
 
-def _columns(table: str) -> list[str]:
+def table_columns(table: str) -> list[str]:
     return [c.split()[0] for c in SCHEMA[table].split(", ")]
 
 
@@ -185,7 +97,7 @@ class ParquetRows:
 def replace_rows(con: duckdb.DuckDBPyConnection, table: str, manifest_digest: str, rows: pl.DataFrame | ParquetRows) -> int:
     """Replace `table`'s rows of one manifest with `rows` (its columns minus manifest_digest, in
     any order) in one transaction."""
-    columns = _columns(table)
+    columns = table_columns(table)
     if columns[0] != "manifest_digest":
         raise ValueError(f"table {table} is not keyed by manifest")
     present = [c for c in columns[1:] if c in rows.columns]
@@ -213,127 +125,19 @@ def replace_rows(con: duckdb.DuckDBPyConnection, table: str, manifest_digest: st
     return con.execute(f"SELECT count(*) FROM {table} WHERE manifest_digest = ?", [manifest_digest]).fetchone()[0]
 
 
-def _writing_to(path: Path, work: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
-    """work(con) on the warehouse; a file found corrupt only once it is read is rebuilt from the
-    lineage and the work done again, once (it replaces rows, so twice is the same as once)."""
-    for attempt in (0, 1):
-        con = connect(path)
-        try:
-            result = work(con)
-            con.close()  # DuckDB may checkpoint here: a full disk shows now, not later
-            return result
-        except duckdb.Error as error:
-            if attempt or not is_corrupt(error):
-                raise _refused(error, path) from None
-            reason = error
-        finally:
-            with contextlib.suppress(duckdb.Error):
-                con.close()
-        rebuild(path, reason)
-    raise AssertionError("unreachable")
-
-
 def write_tables(path: Path, manifest_digest: str, tables: dict[str, pl.DataFrame | ParquetRows]) -> dict[str, int]:
     """Open the warehouse, make sure the tables exist, record the rows in the lineage journal,
     replace the given tables' rows."""
 
     def work(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
         ensure_schema(con)
-        journaled = {table: _journaled(path, manifest_digest, table, rows) for table, rows in tables.items()}
+        journaled = {table: warehouse.journal_rows(path, manifest_digest, table, rows) for table, rows in tables.items()}
         return {table: replace_rows(con, table, manifest_digest, rows) for table, rows in journaled.items()}
 
-    return _writing_to(path, work)
+    return warehouse.writing_to(path, work)
 
 
-# The lineage journal. Per manifest and table, `<journal>/<manifest hex>/<table>.json` names the
-# Parquet files (path, sha256) and the SQL that give the table's rows; rows that exist only in
-# memory are written beside it as `<table>.parquet` first, so that every write, and every
-# rebuild, goes through the same read of Parquet. Consumption records are JSON of their own.
-
-
-def _record_folder(path: Path, manifest_digest: str) -> Path:
-    hexdigest = manifest_digest.removeprefix("sha256:")
-    safe = hexdigest if len(hexdigest) == 64 and all(c in "0123456789abcdef" for c in hexdigest) else hashlib.sha256(manifest_digest.encode()).hexdigest()
-    return journal_folder(path) / safe
-
-
-def _journaled(path: Path, manifest_digest: str, table: str, rows: pl.DataFrame | ParquetRows) -> ParquetRows:
-    """Record `rows` in the journal; the rows to insert, as the journal will replay them."""
-    folder = _record_folder(path, manifest_digest)
-    store = path.parent
-    if isinstance(rows, pl.DataFrame):
-        columns = _columns(table)
-        if "recorded_at" in columns and "recorded_at" not in rows.columns:  # a rebuild keeps the time
-            rows = rows.with_columns(pl.lit(datetime.now()).alias("recorded_at"))
-        frame = write_table(rows, folder / f"{table}.parquet", store=store)
-        rows = ParquetRows((frame,), {c: c for c in columns[1:] if c in rows.columns})
-    by_file = write_table(rows.by_file, folder / f"{table}.by-file.parquet", store=store) if rows.by_file is not None else None
-    body = {"table": table, "manifest_digest": manifest_digest, "files": [asdict(f) for f in rows.files], "columns": rows.columns,
-            "where": rows.where, "by_file": asdict(by_file) if by_file else None}
-    write_bytes_atomic(folder / f"{table}.json", (json.dumps(body, indent=1) + "\n").encode(), what=f"the warehouse's lineage of {table}")
-    return rows
-
-
-@dataclass(frozen=True)
-class _Record:
-    table: str
-    manifest_digest: str
-    rows: ParquetRows
-
-
-@dataclass(frozen=True)
-class _Problem:
-    table: str  # "" when unknown
-    manifest_digest: str  # "" when not per manifest
-    detail: str
-    record: Path | None = None
-
-
-def _records(path: Path) -> tuple[list[_Record], list[tuple], list[_Problem]]:
-    """The journal's records, each file verified against its digest, its consumption rows, and
-    what is missing or does not verify."""
-    folder = journal_folder(path)
-    if not folder.is_dir():
-        return [], [], [_Problem("", "", "no lineage was recorded beside it")]
-    records, consumers, problems = [], [], []
-    for file in sorted(folder.glob("*/*.json")):
-        name = file.relative_to(folder.parent).as_posix()
-        table = digest = ""
-        try:
-            body = json.loads(file.read_bytes())
-            if file.parent.name == CONSUMERS:
-                table = CONSUMERS
-                consumers += [(sha, body["run_id"], body["stage"], datetime.fromisoformat(at)) for sha, at in body["rows"]]
-                continue
-            table, digest = body["table"], body["manifest_digest"]
-            if table not in SCHEMA:
-                raise KeyError(table)
-            files = tuple(Shard(**f) for f in body["files"])
-            by_file = Shard(**body["by_file"]) if body["by_file"] else None
-            found = [p for p in map(shard_problem, (*files, *([by_file] if by_file else []))) if p]
-            if found:
-                problems.append(_Problem(table, digest, found[0], file))
-                continue
-            frame = pl.read_parquet(by_file.path) if by_file else None
-            records.append(_Record(table, digest, ParquetRows(files, dict(body["columns"]), body["where"], frame)))
-        except (OSError, ValueError, KeyError, TypeError):
-            problems.append(_Problem(table, digest, f"the lineage record {name} is unreadable", file))
-    return records, consumers, problems
-
-
-def _fix(path: Path, problems: list[_Problem]) -> tuple[str, str]:
-    """(what is wrong, in one clause; the assets to materialise again)."""
-    assets: list[str] = []
-    for problem in problems:
-        partition = f" (partition {problem.manifest_digest.removeprefix('sha256:')[:12]})" if problem.manifest_digest else ""
-        for asset in TABLE_ASSETS.get(problem.table, ("the data assets of every manifest",)):
-            if asset + partition not in assets:
-                assets.append(asset + partition)
-    more = f", and {len(problems) - 1} more" if len(problems) > 1 else ""
-    return problems[0].detail + more, ", ".join(assets)
-
-
-def _insert_consumers(con: duckdb.DuckDBPyConnection, rows: list[tuple]) -> None:
+def insert_consumers(con: duckdb.DuckDBPyConnection, rows: list[tuple]) -> None:
     con.execute("BEGIN TRANSACTION")
     try:
         for digest, run_id, stage, at in rows:
@@ -347,75 +151,6 @@ def _insert_consumers(con: duckdb.DuckDBPyConnection, rows: list[tuple]) -> None
         raise
 
 
-def _wal(path: Path) -> Path:
-    return path.with_name(path.name + ".wal")
-
-
-def rebuild(path: Path, reason: BaseException | str, *, partial: bool = False, attach: duckdb.DuckDBPyConnection | None = None) -> None:
-    """Replace the warehouse by one built from its lineage journal, every file verified first.
-    Incomplete lineage: WAREHOUSE_CORRUPT with the fix, or, `partial` (the file was deleted by
-    hand, which is that fix), built from the records that verify, the others forgotten. The
-    unreadable file is kept as `<name>.corrupt`. `attach`: a caller's connection, pointed at the
-    rebuilt file before it takes the warehouse's name (the same process cannot open that name
-    again while the connection to the corrupt file is open)."""
-    name = path.name
-    why = str(reason).replace(str(path), name)
-    records, consumers, problems = _records(path)
-    if problems and not partial:
-        detail, assets = _fix(path, problems)
-        raise ItoError(ErrorCode.WAREHOUSE_CORRUPT, f"the warehouse {name} is corrupt ({why}) and its lineage is incomplete: {detail}; "
-                       f"one-line fix: delete {name} and re-materialize {assets}")
-    temporary = path.with_name(f".{name}.rebuild-{os.getpid()}")
-    with writing(f"the warehouse {name}", temporary, _wal(temporary)):
-        temporary.unlink(missing_ok=True)
-        _wal(temporary).unlink(missing_ok=True)
-        con = _open(temporary, read_only=False)
-        try:
-            ensure_schema(con)
-            for record in records:
-                replace_rows(con, record.table, record.manifest_digest, record.rows)
-            _insert_consumers(con, consumers)
-            con.execute("CHECKPOINT")
-        finally:
-            con.close()
-        if attach is not None:
-            alias = f"rebuilt_{next(_ATTACHED)}"
-            attach.execute(f"ATTACH '{str(temporary).replace(chr(39), chr(39) * 2)}' AS {alias} (READ_ONLY)")
-            attach.execute(f"USE {alias}")
-        kept = path.with_name(name + ".corrupt")
-        kept.unlink(missing_ok=True)
-        if path.exists():
-            with contextlib.suppress(OSError):  # kept for inspection where the file system links
-                os.link(path, kept)
-        _wal(path).unlink(missing_ok=True)
-        os.replace(temporary, path)
-    state = "missing" if partial else f"corrupt ({why})"
-    manifests = len({r.manifest_digest for r in records})
-    kept_note = f"; the unreadable file is kept as {kept.name}" if kept.exists() else ""
-    if problems:
-        for problem in problems:
-            if problem.record is not None:
-                problem.record.unlink(missing_ok=True)
-        detail, assets = _fix(path, problems)
-        LOG.warning("the warehouse %s was %s; rebuilt from the %d lineage records that verify (%d manifests); left out: %s; "
-                    "re-materialize %s to restore them", name, state, len(records), manifests, detail, assets)
-    else:
-        LOG.warning("the warehouse %s was %s; rebuilt from its lineage: %d records of %d manifests, every file verified%s; "
-                    "tables outside the lineage (training_telemetry) are written again when their assets next materialize",
-                    name, state, len(records), manifests, kept_note)
-
-
-def _restore_missing(path: Path) -> None:
-    """Before a warehouse is created: the first one starts its journal; one deleted by hand is
-    rebuilt from the records that verify."""
-    folder = journal_folder(path)
-    _wal(path).unlink(missing_ok=True)  # a stale log must not replay into a new file
-    if folder.is_dir() and any(folder.glob("*/*.json")):
-        rebuild(path, "missing", partial=True)
-    else:
-        folder.mkdir(parents=True, exist_ok=True)
-
-
 def _reads(query: Callable[..., T]) -> Callable[..., T]:
     """An auditor's query over the caller's connection: when the warehouse turns out corrupt as it
     is read (DuckDB checks each block as it reads it, so a damaged block shows only then), the
@@ -426,17 +161,17 @@ def _reads(query: Callable[..., T]) -> Callable[..., T]:
         try:
             return query(con, *args)
         except duckdb.Error as error:
-            if not is_corrupt(error):
+            if not warehouse.is_corrupt(error):
                 raise
             reason = error
         path = _database_path(con)
         if path is None:
             raise ItoError(ErrorCode.WAREHOUSE_CORRUPT, "the warehouse is corrupt; one-line fix: delete it and re-materialize the data assets of every manifest")
-        rebuild(path, reason, attach=con)
+        warehouse.rebuild(path, reason, attach=con)
         try:
             return query(con, *args)
         except duckdb.Error as error:
-            raise _refused(error, path) from None
+            raise warehouse.refused(error, path) from None
 
     return run
 
@@ -534,21 +269,8 @@ def record_consumption(path: Path, shard_sha256s: list[str], run_id: str, stage:
 
     def work(con: duckdb.DuckDBPyConnection) -> None:
         ensure_schema(con)
-        _journal_consumption(path, shard_sha256s, run_id, stage, at)
-        _insert_consumers(con, [(digest, run_id, stage, at) for digest in shard_sha256s])
+        warehouse.journal_consumption(path, shard_sha256s, run_id, stage, at)
+        insert_consumers(con, [(digest, run_id, stage, at) for digest in shard_sha256s])
 
-    _writing_to(path, work)
+    warehouse.writing_to(path, work)
     return len(shard_sha256s)
-
-
-def _journal_consumption(path: Path, shard_sha256s: list[str], run_id: str, stage: str, at: datetime) -> None:
-    """One record per (run, stage), its shards merged with what it held (the first time kept, as
-    the table keeps the first row)."""
-    record = journal_folder(path) / CONSUMERS / (hashlib.sha256(f"{run_id}\0{stage}".encode()).hexdigest()[:32] + ".json")
-    rows: dict[str, str] = {}
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        rows = {sha: first for sha, first in json.loads(record.read_bytes())["rows"]}
-    for digest in shard_sha256s:
-        rows.setdefault(digest, at.isoformat())
-    body = {"run_id": run_id, "stage": stage, "rows": sorted(rows.items())}
-    write_bytes_atomic(record, (json.dumps(body, indent=1) + "\n").encode(), what="the warehouse's lineage of shard_consumers")

@@ -26,6 +26,7 @@ from ito_assets.data import lineage, shards, stages
 from ito_assets.data.config import DataPrepConfig, ScaleConfig
 from ito_assets.data.scratch import scratch_space
 from ito_assets.data.shards import Shard, file_sha256
+from ito_assets.data.warehouse import CONSUMERS, LOG, connect, is_corrupt, journal_folder
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.evals.suite import EvalSuite, load_suite
 from ito_assets.manifest.verify import VerifiedManifest, verify_manifest
@@ -228,7 +229,7 @@ def test_a_shard_is_named_by_its_file_name_outside_any_store(tmp_path: Path) -> 
 
 
 def test_an_untampered_run_is_unaffected(real_tmp: Path, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger=lineage.LOG.name):
+    with caplog.at_level(logging.WARNING, logger=LOG.name):
         p = prepare(real_tmp)
         kept = p.dedup.kept
         again = _run_dedup(p)  # a rerun replaces its folder whole, with the same bytes
@@ -242,8 +243,8 @@ def test_an_untampered_run_is_unaffected(real_tmp: Path, caplog: pytest.LogCaptu
     assert leftovers == []
     rows = tables(p.warehouse)
     assert len(rows["documents"]) == len(rows["decisions"]) == 77 and len(rows["shard_consumers"]) == len(p.clean.shards.shards)
-    journal = lineage.journal_folder(p.warehouse)
-    recorded = {json.loads(f.read_text())["table"] for f in journal.glob("*/*.json") if f.parent.name != lineage.CONSUMERS}
+    journal = journal_folder(p.warehouse)
+    recorded = {json.loads(f.read_text())["table"] for f in journal.glob("*/*.json") if f.parent.name != CONSUMERS}
     assert recorded == set(lineage.SCHEMA) - {"shard_consumers"}
 
 
@@ -262,18 +263,18 @@ def answers(con: duckdb.DuckDBPyConnection, p: Prepared) -> dict:
 
 
 def _rebuilt_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == lineage.LOG.name and r.levelno == logging.WARNING]
+    return [r.getMessage() for r in caplog.records if r.name == LOG.name and r.levelno == logging.WARNING]
 
 
 def test_a_garbage_warehouse_is_rebuilt_with_a_warning_and_the_same_answers(fresh: Prepared, caplog: pytest.LogCaptureFixture) -> None:
     warehouse = fresh.warehouse
     before = tables(warehouse)
-    with lineage.connect(warehouse, read_only=True) as con:
+    with connect(warehouse, read_only=True) as con:
         expected = answers(con, fresh)
     garbage = random.Random(3).randbytes(warehouse.stat().st_size)
     warehouse.write_bytes(garbage)
-    with caplog.at_level(logging.WARNING, logger=lineage.LOG.name):
-        with lineage.connect(warehouse, read_only=True) as con:  # as `ito audit` opens it
+    with caplog.at_level(logging.WARNING, logger=LOG.name):
+        with connect(warehouse, read_only=True) as con:  # as `ito audit` opens it
             assert answers(con, fresh) == expected
     (warning,) = _rebuilt_warnings(caplog)
     assert "warehouse.duckdb was corrupt" in warning and "rebuilt from its lineage" in warning and "every file verified" in warning
@@ -281,7 +282,7 @@ def test_a_garbage_warehouse_is_rebuilt_with_a_warning_and_the_same_answers(fres
     assert tables(warehouse) == before
     assert warehouse.with_name("warehouse.duckdb.corrupt").read_bytes() == garbage  # kept for inspection
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger=lineage.LOG.name):
+    with caplog.at_level(logging.WARNING, logger=LOG.name):
         _run_dedup(fresh)  # and the rebuilt warehouse takes writes again, without a second rebuild
     assert not _rebuilt_warnings(caplog) and tables(warehouse) == before
 
@@ -308,7 +309,7 @@ def _opens(warehouse: Path) -> bool:
 def test_a_warehouse_damaged_in_a_block_is_rebuilt_when_a_read_finds_it(fresh: Prepared, caplog: pytest.LogCaptureFixture) -> None:
     warehouse = fresh.warehouse
     before = tables(warehouse)
-    with lineage.connect(warehouse, read_only=True) as con:
+    with connect(warehouse, read_only=True) as con:
         expected = lineage.audit_manifest(con, fresh.verified.digest)
     data = warehouse.read_bytes()
     for block in _blocks(warehouse):  # a block that DuckDB reads only when the audit asks for it
@@ -323,8 +324,8 @@ def test_a_warehouse_damaged_in_a_block_is_rebuilt_when_a_read_finds_it(fresh: P
                 break
     else:
         pytest.fail("no block of the warehouse is read by the manifest audit")
-    with caplog.at_level(logging.WARNING, logger=lineage.LOG.name):
-        with lineage.connect(warehouse, read_only=True) as con:
+    with caplog.at_level(logging.WARNING, logger=LOG.name):
+        with connect(warehouse, read_only=True) as con:
             assert not _rebuilt_warnings(caplog)  # the file opens: the damage shows only as it is read
             assert lineage.audit_manifest(con, fresh.verified.digest) == expected
             assert lineage.audit_manifest(con, fresh.verified.digest) == expected  # the connection now reads the rebuilt file
@@ -342,7 +343,7 @@ def test_a_warehouse_found_corrupt_while_a_stage_writes_it_is_rebuilt(fresh: Pre
         if not _opens(warehouse):
             continue
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger=lineage.LOG.name):
+        with caplog.at_level(logging.WARNING, logger=LOG.name):
             _run_dedup(fresh)
         if _rebuilt_warnings(caplog):
             break
@@ -361,7 +362,7 @@ def test_a_corrupt_warehouse_with_lineage_missing_is_refused_with_the_fix_and_th
     decisions.unlink()
     warehouse.write_bytes(b"not a database")
     with pytest.raises(ItoError) as info:
-        lineage.connect(warehouse, read_only=True)
+        connect(warehouse, read_only=True)
     error = info.value
     assert error.code is ErrorCode.WAREHOUSE_CORRUPT and not error.retryable
     assert f"shard {fresh.key}/dedup/decisions.parquet is missing" in error.message
@@ -373,15 +374,15 @@ def test_a_corrupt_warehouse_with_lineage_missing_is_refused_with_the_fix_and_th
     assert again.value.code in (ErrorCode.SHARD_CORRUPT, ErrorCode.WAREHOUSE_CORRUPT)
     # The fix, as the line says it. Rerun first, deduplicated_documents rewrites what was missing.
     warehouse.unlink()
-    with caplog.at_level(logging.WARNING, logger=lineage.LOG.name):
+    with caplog.at_level(logging.WARNING, logger=LOG.name):
         _run_dedup(fresh)
     (warning,) = _rebuilt_warnings(caplog)
     assert "was missing; rebuilt from its lineage: 8 records" in warning
     assert tables(warehouse) == before
     caplog.clear()
     warehouse.write_bytes(b"not a database")  # the lineage is whole again: the next corruption rebuilds
-    with caplog.at_level(logging.WARNING, logger=lineage.LOG.name):
-        lineage.connect(warehouse, read_only=True).close()
+    with caplog.at_level(logging.WARNING, logger=LOG.name):
+        connect(warehouse, read_only=True).close()
     assert len(_rebuilt_warnings(caplog)) == 1 and tables(warehouse) == before
 
 
@@ -392,7 +393,7 @@ def test_a_warehouse_deleted_by_hand_is_rebuilt_from_the_lineage_that_verifies(f
     recorded = decisions.read_bytes()
     decisions.unlink()
     warehouse.unlink()
-    with caplog.at_level(logging.WARNING, logger=lineage.LOG.name):
+    with caplog.at_level(logging.WARNING, logger=LOG.name):
         _run_decontam(fresh)  # another asset first: the duplicates' record cannot be replayed
     (warning,) = _rebuilt_warnings(caplog)
     assert "was missing; rebuilt from the 7 lineage records that verify" in warning
@@ -401,7 +402,7 @@ def test_a_warehouse_deleted_by_hand_is_rebuilt_from_the_lineage_that_verifies(f
     after = tables(warehouse)
     assert after["duplicates"] == [] and all(after[t] == before[t] for t in lineage.SCHEMA if t not in ("duplicates", "manifests"))
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger=lineage.LOG.name):
+    with caplog.at_level(logging.WARNING, logger=LOG.name):
         _run_dedup(fresh)  # the asset the warning names: the record, and the rows, are back
     assert not _rebuilt_warnings(caplog) and decisions.read_bytes() == recorded
     after = tables(warehouse)
@@ -415,22 +416,22 @@ def test_a_tampered_lineage_file_or_record_is_refused(fresh: Prepared) -> None:
     replace_with_other_parquet(clean_shard)
     warehouse.write_bytes(b"\0" * 4096)
     with pytest.raises(ItoError) as info:
-        lineage.connect(warehouse)
+        connect(warehouse)
     assert info.value.code is ErrorCode.WAREHOUSE_CORRUPT and "does not hash to its recorded digest" in info.value.message
     assert "re-materialize clean_shards (partition" in info.value.message
     clean_shard.write_bytes(original)
-    record = next(lineage.journal_folder(warehouse).glob("*/sources.json"))
+    record = next(journal_folder(warehouse).glob("*/sources.json"))
     record.write_text("{")
     with pytest.raises(ItoError) as unreadable:
-        lineage.connect(warehouse)
+        connect(warehouse)
     assert unreadable.value.code is ErrorCode.WAREHOUSE_CORRUPT and "sources.json is unreadable" in unreadable.value.message
 
 
 def test_a_corrupt_warehouse_without_any_lineage_is_refused(fresh: Prepared) -> None:
-    shutil.rmtree(lineage.journal_folder(fresh.warehouse))  # a warehouse from before lineage was journaled
+    shutil.rmtree(journal_folder(fresh.warehouse))  # a warehouse from before lineage was journaled
     fresh.warehouse.write_bytes(b"garbage")
     with pytest.raises(ItoError) as info:
-        lineage.connect(fresh.warehouse, read_only=True)
+        connect(fresh.warehouse, read_only=True)
     assert info.value.code is ErrorCode.WAREHOUSE_CORRUPT and "no lineage was recorded beside it" in info.value.message
     assert info.value.message.endswith("one-line fix: delete warehouse.duckdb and re-materialize the data assets of every manifest")
 
@@ -444,7 +445,7 @@ def test_a_warehouse_held_by_a_writer_is_busy_and_never_rebuilt(fresh: Prepared)
     )
     try:
         assert holder.stdout.readline().strip() == "held"
-        for attempt in (lambda: lineage.connect(warehouse, read_only=True), lambda: lineage.record_consumption(warehouse, ["x"], "run-2", "s")):
+        for attempt in (lambda: connect(warehouse, read_only=True), lambda: lineage.record_consumption(warehouse, ["x"], "run-2", "s")):
             with pytest.raises(ItoError) as info:
                 attempt()
             assert info.value.code is ErrorCode.WAREHOUSE_BUSY and info.value.retryable
@@ -528,7 +529,7 @@ def test_a_full_disk_under_the_warehouse_leaves_its_rows(fresh: Prepared) -> Non
 def test_a_full_disk_under_the_lineage_journal_leaves_the_warehouse_alone(fresh: Prepared) -> None:
     warehouse = fresh.warehouse
     before = tables(warehouse)
-    record = next(lineage.journal_folder(warehouse).glob("*/duplicates.json"))
+    record = next(journal_folder(warehouse).glob("*/duplicates.json"))
     recorded = record.read_bytes()
     temporary = record.with_name(".duplicates.json.tmp")
     temporary.symlink_to("/dev/full")  # where the record is written before it is renamed
@@ -555,6 +556,6 @@ def test_disk_full_is_told_apart_from_other_failures() -> None:
     assert shards.disk_full(pl.exceptions.ComputeError("parquet: underlying IO error: No space left on device (os error 28)"))
     assert shards.disk_full(duckdb.IOException('IO Error: Could not write file "x": No space left on device'))
     assert not shards.disk_full(OSError(errno.EACCES, "Permission denied"))
-    assert lineage.is_corrupt(duckdb.IOException('IO Error: The file "x" exists, but it is not a valid DuckDB database file!'))
-    assert not lineage.is_corrupt(duckdb.IOException('IO Error: Could not set lock on file "x": Conflicting lock is held'))
-    assert not lineage.is_corrupt(duckdb.IOException('IO Error: Cannot open file "x": Permission denied'))
+    assert is_corrupt(duckdb.IOException('IO Error: The file "x" exists, but it is not a valid DuckDB database file!'))
+    assert not is_corrupt(duckdb.IOException('IO Error: Could not set lock on file "x": Conflicting lock is held'))
+    assert not is_corrupt(duckdb.IOException('IO Error: Cannot open file "x": Permission denied'))

@@ -32,7 +32,7 @@ def register(verbs: argparse._SubParsersAction) -> None:
 
 
 def _open():
-    from ito_assets.data import lineage
+    from ito_assets.data import lineage, warehouse
     from ito_assets.settings import load_settings
 
     path = load_settings().warehouse_path
@@ -41,7 +41,7 @@ def _open():
     import duckdb
 
     try:
-        return lineage, lineage.connect(path, read_only=True)
+        return lineage, warehouse.connect(path, read_only=True)
     except duckdb.IOException:
         # DuckDB lets no reader in while a writing step holds the file: try again when it is done.
         raise ItoError(ErrorCode.WAREHOUSE_BUSY, "the warehouse is being written by a running step; retry shortly", retryable=True) from None

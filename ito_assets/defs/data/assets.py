@@ -11,7 +11,7 @@ from contextlib import contextmanager
 
 import dagster as dg
 
-from ito_assets.data import lineage, stages
+from ito_assets.data import stages, warehouse
 from ito_assets.data.config import DataPrepConfig
 from ito_assets.defs.data import metadata
 from ito_assets.defs.data.params import DecontamParams, DedupParams
@@ -40,13 +40,13 @@ def core_stage(context: dg.AssetExecutionContext) -> Iterator[None]:
     """Runs a core stage: an ItoError becomes a Failure carrying its code; the warehouse's
     warnings (a rebuild from the lineage) go to the run's log and to the output's metadata."""
     collected = _Collected()
-    lineage.LOG.addHandler(collected)
+    warehouse.LOG.addHandler(collected)
     try:
         yield
     except ItoError as error:
         raise failure(error) from None
     finally:
-        lineage.LOG.removeHandler(collected)
+        warehouse.LOG.removeHandler(collected)
         for message in collected.messages:
             context.log.warning(message)
     if collected.messages:

@@ -4,7 +4,7 @@
 import time
 from pathlib import Path
 
-from ito_assets.data import lineage
+from ito_assets.data.warehouse import connect
 from ito_assets.runtime import events
 from ito_assets.runtime.telemetry import summarize
 
@@ -26,7 +26,7 @@ def rows_for_run(partition_key: str, stage_dirs: dict[str, Path]) -> list[dict]:
 def write(warehouse: Path, partition_key: str, rows: list[dict]) -> None:
     warehouse.parent.mkdir(parents=True, exist_ok=True)
     columns = ", ".join(f"{c} DOUBLE" for c in _COLUMNS)
-    with lineage.connect(warehouse) as connection:
+    with connect(warehouse) as connection:
         connection.execute(f"CREATE TABLE IF NOT EXISTS {TABLE} (partition_key VARCHAR, stage VARCHAR, {columns}, "
                            "computed_at DOUBLE)")
         connection.execute(f"DELETE FROM {TABLE} WHERE partition_key = ?", [partition_key])
