@@ -31,9 +31,10 @@ ui: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
-# The long matrices (races of 16 and 64 callers, 20 trials each); `make test` runs a short version of each.
+# The long matrices (races of 16 and 64 callers, 20 trials each) and the property tests with many
+# more examples; `make test` runs a short version of each.
 test-long: $(STAMP)
-	$(BIN)/python -m pytest -q --run-long -m long
+	$(BIN)/python -m pytest -q --run-long -m "long or fuzz"
 
 # A benchmark, not a test: the mutation score of the modules that enforce promises (README, Testing).
 mutation: $(STAMP)

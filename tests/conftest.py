@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import dagster as dg
@@ -29,6 +30,12 @@ def instance():
 def pytest_addoption(parser) -> None:
     parser.addoption("--run-long", action="store_true", default=False,
                      help="also run the long matrices (`make test-long`)")
+
+
+def pytest_configure(config) -> None:
+    # Read by helpers.examples(): the property tests draw many more examples under test-long.
+    if config.getoption("--run-long"):
+        os.environ["ITO_TEST_LONG"] = "1"
 
 
 def pytest_collection_modifyitems(config, items) -> None:

@@ -167,3 +167,10 @@ def postgres_dagster_instance(home: Path, database: str, monkeypatch):
     instance = dg.DagsterInstance.from_config(str(home))
     assert type(instance.run_storage).__name__ == "PostgresRunStorage"
     return instance
+
+
+def examples(short: int, long: int) -> int:
+    """How many examples a property test draws: `short` in `make test`, `long` in `make test-long`."""
+    import os
+
+    return long if os.environ.get("ITO_TEST_LONG") == "1" else short

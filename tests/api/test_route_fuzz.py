@@ -22,6 +22,7 @@ from starlette.routing import Route
 
 from ito_assets.api import bodies
 from ito_assets.errors import ErrorCode
+from helpers import examples
 from test_bodies import World, asgi
 
 # The model each body route validates against (checked complete against the app below).
@@ -129,11 +130,12 @@ def check(reply) -> None:
         assert reply.status >= 400
 
 
-FUZZ = settings(max_examples=50, deadline=None,
+FUZZ = settings(max_examples=examples(20, 400), deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                        HealthCheck.function_scoped_fixture])
 
 
+@pytest.mark.fuzz
 @pytest.mark.parametrize("method, template", ROUTES, ids=[f"{m} {p}" for m, p in ROUTES])
 @FUZZ
 @given(data=st.data())

@@ -7,10 +7,11 @@ import copy
 import hashlib
 import json
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import valid_manifest
+from helpers import examples, valid_manifest
 from ito_assets.errors import ItoError
 from ito_assets.gates import intake
 from ito_assets.manifest.secure_read import ManifestBytes
@@ -55,19 +56,22 @@ def _replace(document: dict, path: tuple, value) -> dict:
     return changed
 
 
-@settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.fuzz
+@settings(max_examples=examples(300, 3000), deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(path=st.sampled_from(PATHS), value=VALUE)
 def test_any_value_anywhere_in_a_valid_manifest(path, value) -> None:
     _read(json.dumps(_replace(valid_manifest(), path, value)).encode())
 
 
-@settings(max_examples=300, deadline=None, derandomize=True)
+@pytest.mark.fuzz
+@settings(max_examples=examples(300, 3000), deadline=None, derandomize=True)
 @given(data=st.binary(max_size=512))
 def test_any_bytes(data) -> None:
     _read(data)
 
 
-@settings(max_examples=200, deadline=None, derandomize=True)
+@pytest.mark.fuzz
+@settings(max_examples=examples(200, 2000), deadline=None, derandomize=True)
 @given(cut=st.integers(min_value=0), flip=st.integers(min_value=0, max_value=255))
 def test_a_valid_manifest_truncated_or_with_a_byte_changed(cut, flip) -> None:
     data = json.dumps(valid_manifest(), indent=2).encode()
@@ -76,7 +80,8 @@ def test_a_valid_manifest_truncated_or_with_a_byte_changed(cut, flip) -> None:
     _read(data[:index] + bytes([data[index] ^ flip]) + data[index + 1:])
 
 
-@settings(max_examples=100, deadline=None, derandomize=True)
+@pytest.mark.fuzz
+@settings(max_examples=examples(100, 1000), deadline=None, derandomize=True)
 @given(data=st.binary(max_size=256), claimed=st.text(max_size=80))
 def test_the_servers_intake_of_any_bytes_and_any_claimed_digest(data, claimed) -> None:
     for digest in (claimed, "sha256:" + hashlib.sha256(data).hexdigest()):
