@@ -4,15 +4,17 @@ Run logs, audit details, corpus excerpts and server messages are text from elsew
 an ESC sequence could clear the screen or recolour what follows, a carriage return could overwrite
 a line, and a newline, NUL or Unicode line separator could forge one. Each such character becomes
 a visible escape instead: C0 (U+0000-U+001F, newline and tab included), DEL, C1 (U+0080-U+009F)
-as \\xNN, the line and paragraph separators U+2028/U+2029 as \\uNNNN. Backslashes stay as they
-are, so escaping twice changes nothing.
+as \\xNN, the line and paragraph separators U+2028/U+2029 and the bidirectional embeddings,
+overrides and isolates (U+202A-U+202E, U+2066-U+2069: text shown in another order than it reads,
+the "Trojan Source" characters of CVE-2021-42574) as \\uNNNN. Backslashes stay as they are, so
+escaping twice changes nothing.
 """
 
 from __future__ import annotations
 
 import re
 
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
 def _visible(match: re.Match[str]) -> str:

@@ -36,19 +36,22 @@ SHOWN = "loss ok\\x1b[2J\\x0dFAKE: approved\\u2028forged line\\x00\\x9b31m end"
 @pytest.mark.parametrize("char,shown", [
     ("\x00", "\\x00"), ("\x1f", "\\x1f"), ("\n", "\\x0a"), ("\t", "\\x09"), ("\r", "\\x0d"), ("\x1b", "\\x1b"),
     ("\x7f", "\\x7f"), ("\x80", "\\x80"), ("\x9f", "\\x9f"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029"),
+    ("\u202a", "\\u202a"), ("\u202e", "\\u202e"), ("\u2066", "\\u2066"), ("\u2069", "\\u2069"),
 ])
 def test_each_control_character_becomes_a_visible_escape(char, shown):
     assert escape(f"a{char}b") == f"a{shown}b"
 
 
-@pytest.mark.parametrize("char", [" ", "~", "\xa0", "\xff", "\u2027", "\u202a", "é", "名", "\\", "\U0001f600"])
+@pytest.mark.parametrize("char", [" ", "~", "\xa0", "\xff", "\u2027", "\u202f", "\u2065", "\u206a", "é", "名", "\\",
+                                  "\U0001f600"])
 def test_printable_neighbours_of_the_ranges_are_kept(char):
     assert escape(f"a{char}b") == f"a{char}b"
 
 
 def test_every_code_point_of_the_ranges_and_nothing_else():
     escaped = {c for c in range(0x3000) if escape(chr(c)) != chr(c)}
-    assert escaped == set(range(0x20)) | set(range(0x7f, 0xa0)) | {0x2028, 0x2029}
+    assert escaped == (set(range(0x20)) | set(range(0x7f, 0xa0)) | {0x2028, 0x2029} | set(range(0x202a, 0x202f))
+                       | set(range(0x2066, 0x206a)))
 
 
 def test_escaping_is_idempotent_and_leaves_no_raw_control():
