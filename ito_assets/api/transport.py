@@ -78,6 +78,11 @@ class _Guard:
         self._arm()
         return True
 
+    def connection_lost(self, exc: Exception | None) -> None:
+        # First in the method order of both protocols: uncount, then uvicorn's own cleanup.
+        self._guard_close()
+        super().connection_lost(exc)  # type: ignore[misc]
+
     def _guard_close(self) -> None:
         self._disarm()
         peer, self._peer = self._peer, None
@@ -116,10 +121,6 @@ def _httptools_class() -> type:
             self._head_bytes = 0
             self._raw_head_bytes = 0
             self._guard_open()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._guard_close()
-            super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
             if self.transport.is_closing():
@@ -189,10 +190,6 @@ class GuardedH11(_Guard, H11Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._guard_open()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._guard_close()
-        super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         if self.transport.is_closing():
