@@ -12,13 +12,14 @@ import asyncio
 import base64
 import hashlib
 import json
+import contextlib
 import shutil
 import tempfile
 import urllib.parse
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 import sqlalchemy as sa
@@ -155,13 +156,22 @@ class World:
         self.ledger.dispose()
 
 
+@contextlib.contextmanager
+def built_world(prefix: str) -> Iterator[World]:
+    """A World in a fresh temporary folder, closed and removed afterwards (module fixtures)."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    built = World(root)
+    try:
+        yield built
+    finally:
+        built.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
 @pytest.fixture(scope="module")
 def world():
-    root = Path(tempfile.mkdtemp(prefix="ito-bodies-"))
-    built = World(root)
-    yield built
-    built.close()
-    shutil.rmtree(root, ignore_errors=True)
+    with built_world("ito-bodies-") as built:
+        yield built
 
 
 def booking_body(world: World, **changes) -> dict:

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import tempfile
 import urllib.parse
 from pathlib import Path
 
@@ -23,7 +21,7 @@ from starlette.routing import Route
 from ito_assets.api import bodies
 from ito_assets.errors import ErrorCode
 from helpers import examples
-from test_bodies import World, asgi
+from test_bodies import World, asgi, built_world
 
 # The model each body route validates against (checked complete against the app below).
 BODY_MODELS = {
@@ -49,11 +47,8 @@ CODES = {code.value for code in ErrorCode}
 
 @pytest.fixture(scope="module")
 def world():
-    root = Path(tempfile.mkdtemp(prefix="ito-fuzz-"))
-    built = World(root)
-    yield built
-    built.close()
-    shutil.rmtree(root, ignore_errors=True)
+    with built_world("ito-fuzz-") as built:
+        yield built
 
 
 def app_routes() -> list[tuple[str, str]]:

@@ -14,12 +14,10 @@ import contextlib
 import json
 import os
 import select
-import shutil
 import socket
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -39,7 +37,7 @@ from ito_assets.api.routes.common import storage_full
 from ito_assets.api.transport import EdgeLimits, uvicorn_config
 from ito_assets.errors import ItoError
 from ito_assets.gates.ledger import accounts, audit_events
-from test_bodies import World
+from test_bodies import World, built_world
 
 PROTOCOLS = ("httptools", "h11")
 SECRET = CANARIES["github"]
@@ -47,11 +45,8 @@ SECRET = CANARIES["github"]
 
 @pytest.fixture(scope="module")
 def world():
-    root = Path(tempfile.mkdtemp(prefix="ito-transport-"))
-    built = World(root)
-    yield built
-    built.close()
-    shutil.rmtree(root, ignore_errors=True)
+    with built_world("ito-transport-") as built:
+        yield built
 
 
 @contextlib.contextmanager
@@ -352,15 +347,7 @@ def test_ito_serve_refuses_a_bad_edge_setting(tmp_path, name, value) -> None:
     ("abc", None), (SECRET, None),
 ])
 def test_read_timeout_setting(tmp_path, value, expected) -> None:
-    env = {"ITO_STATE_DIR": str(tmp_path)}
-    if value is not None:
-        env["ITO_API_READ_TIMEOUT_S"] = value
-    if expected is None:
-        with pytest.raises(ItoError) as refused:
-            api_server.load_config("127.0.0.1", 0, env)
-        assert refused.value.code.value == "USAGE_ERROR" and SECRET not in refused.value.message
-    else:
-        assert api_server.load_config("127.0.0.1", 0, env).read_timeout_s == expected
+    _expect_setting(tmp_path, "ITO_API_READ_TIMEOUT_S", "read_timeout_s", value, expected)
 
 
 @pytest.mark.parametrize("value, expected", [
@@ -369,15 +356,21 @@ def test_read_timeout_setting(tmp_path, value, expected) -> None:
     ("9" * 50, None), ("\u00b2", None), (SECRET, None),
 ])
 def test_connections_per_client_setting(tmp_path, value, expected) -> None:
+    _expect_setting(tmp_path, "ITO_API_MAX_CONNECTIONS_PER_CLIENT", "max_connections_per_client", value, expected)
+
+
+def _expect_setting(tmp_path, variable: str, attribute: str, value, expected) -> None:
+    """`variable` set to `value` (unset for None) gives `expected`, or USAGE_ERROR for None,
+    without echoing the value."""
     env = {"ITO_STATE_DIR": str(tmp_path)}
     if value is not None:
-        env["ITO_API_MAX_CONNECTIONS_PER_CLIENT"] = value
+        env[variable] = value
     if expected is None:
         with pytest.raises(ItoError) as refused:
             api_server.load_config("127.0.0.1", 0, env)
         assert refused.value.code.value == "USAGE_ERROR" and SECRET not in refused.value.message
     else:
-        assert api_server.load_config("127.0.0.1", 0, env).max_connections_per_client == expected
+        assert getattr(api_server.load_config("127.0.0.1", 0, env), attribute) == expected
 
 
 def test_the_defaults_agree_and_uvicorn_gets_its_own_limits() -> None:

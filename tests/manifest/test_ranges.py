@@ -43,30 +43,22 @@ def _locations(err: ItoError) -> list[str]:
 # --- how each field is set in an otherwise valid manifest -------------------------------------
 
 
-def _model(field):
+def _at(*path):
+    """A builder that sets the field at `path` of an otherwise valid manifest."""
     def build(value):
         document = valid_manifest()
-        document["model"][field] = value
+        node = document
+        for step in path[:-1]:
+            node = node[step]
+        node[path[-1]] = value
         return document
     return build
-
-
-def _ngram(value):
-    document = valid_manifest()
-    document["data"][0]["decontamination"]["ngram_size"] = value
-    return document
 
 
 def _total_tokens(value):
     document = valid_manifest()  # one stage, so that the stage tokens add up to the total
     document["training_target"] = {"num_tokens": value,
                                    "stages": [{"name": "pretraining", "num_tokens": value, "sequence_length": 128}]}
-    return document
-
-
-def _sequence_length(value):
-    document = valid_manifest()
-    document["training_target"]["stages"][0]["sequence_length"] = value
     return document
 
 
@@ -98,22 +90,14 @@ def _budget(field):
     return build
 
 
-def _checkpoints(field):
-    def build(value):
-        document = valid_manifest()
-        document["checkpoint_policy"][field] = value
-        return document
-    return build
-
-
 INF, NEG = math.inf, -math.inf
 # (schema class, field) -> (builder, reported location, lower, lower inclusive, upper, upper inclusive)
 RANGES = {
-    ("Model", "num_parameters"): (_model("num_parameters"), "model.num_parameters", 1, True, 10**13, True),
-    ("DecontaminationProvenance", "ngram_size"): (_ngram, "data.0.decontamination.ngram_size", 4, True, 50, True),
+    ("Model", "num_parameters"): (_at("model", "num_parameters"), "model.num_parameters", 1, True, 10**13, True),
+    ("DecontaminationProvenance", "ngram_size"): (_at("data", 0, "decontamination", "ngram_size"), "data.0.decontamination.ngram_size", 4, True, 50, True),
     ("TrainingTarget", "num_tokens"): (_total_tokens, "training_target.num_tokens", 1, True, 10**15, True),
     ("Stage", "num_tokens"): (_total_tokens, "training_target.stages.0.num_tokens", 1, True, 10**15, True),
-    ("Stage", "sequence_length"): (_sequence_length, "training_target.stages.0.sequence_length", 1, True, 2**24, True),
+    ("Stage", "sequence_length"): (_at("training_target", "stages", 0, "sequence_length"), "training_target.stages.0.sequence_length", 1, True, 2**24, True),
     ("EvalGate", "min_improvement_bands"): (_eval_gate("min_improvement_bands"),
                                             "training_target.eval_gate.min_improvement_bands", 0.0, True, 100.0, True),
     ("EvalGate", "max_regression_bands"): (_eval_gate("max_regression_bands"),
@@ -137,9 +121,9 @@ RANGES = {
     ("Budget", "cap_cents"): (_budget("cap_cents"), "budget.cap_cents", 1, True, 10**15, True),
     ("Budget", "max_incremental_cents"): (_budget("max_incremental_cents"), "budget.max_incremental_cents",
                                           1, True, 10**15, True),
-    ("CheckpointPolicy", "interval_steps"): (_checkpoints("interval_steps"), "checkpoint_policy.interval_steps",
+    ("CheckpointPolicy", "interval_steps"): (_at("checkpoint_policy", "interval_steps"), "checkpoint_policy.interval_steps",
                                              1, True, 10**9, True),
-    ("CheckpointPolicy", "keep_last"): (_checkpoints("keep_last"), "checkpoint_policy.keep_last", 1, True, 10_000, True),
+    ("CheckpointPolicy", "keep_last"): (_at("checkpoint_policy", "keep_last"), "checkpoint_policy.keep_last", 1, True, 10_000, True),
 }
 
 
