@@ -12,8 +12,10 @@ Timestamps are integer seconds since the epoch, UTC: expiry is compared to the s
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
+import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -239,7 +241,6 @@ def _sqlite_hooks(engine: sa.Engine, lock_timeout_ms: int) -> None:
     def _on_connect(dbapi_conn, _record) -> None:
         dbapi_conn.isolation_level = None
         cursor = dbapi_conn.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
         # NORMAL is durable against corruption in WAL mode (sqlite.org/wal.html, "Performance").
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.execute("PRAGMA foreign_keys=ON")
@@ -252,9 +253,14 @@ def _sqlite_hooks(engine: sa.Engine, lock_timeout_ms: int) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
 
-def _private_sqlite_file(url: str) -> None:
+def _prepare_sqlite_file(url: str, timeout_s: float) -> None:
     """The ledger holds token hashes, bookings and the audit trail: its file is 0600, in a folder
-    created 0700. SQLite gives its -wal and -shm files the database file's mode."""
+    created 0700. SQLite gives its -wal and -shm files the database file's mode.
+
+    WAL is set here, once, while holding an flock on the file: switching a fresh file's journal
+    mode needs an exclusive lock that SQLite does not wait for, so processes opening a new ledger
+    at once failed with "database is locked". WAL is persistent; later connections find it set.
+    (flock and SQLite's own POSIX record locks do not interact on Linux.)"""
     name = url.split("///", 1)[1] if "///" in url else ""
     if not name or name == ":memory:" or name.startswith("file:"):
         return
@@ -264,12 +270,17 @@ def _private_sqlite_file(url: str) -> None:
     descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         os.fchmod(descriptor, 0o600)
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        connection = sqlite3.connect(path, timeout=timeout_s)
+        try:
+            connection.execute("PRAGMA journal_mode=WAL")
+        finally:
+            connection.close()
     finally:
-        os.close(descriptor)
+        os.close(descriptor)  # releases the flock
     for suffix in ("-wal", "-shm"):
-        companion = path.with_name(path.name + suffix)
-        if companion.exists():
-            os.chmod(companion, 0o600)
+        with contextlib.suppress(FileNotFoundError):  # the last connection to close removes them
+            os.chmod(path.with_name(path.name + suffix), 0o600)
 
 
 def normalize_url(url: str) -> str:
@@ -289,7 +300,7 @@ def open_ledger(url: str, *, schema: str | None = None, clock: Callable[[], int]
     url = normalize_url(url)
     lock_ms = max(1, int(lock_timeout_s * 1000))
     if url.startswith("sqlite"):
-        _private_sqlite_file(url)
+        _prepare_sqlite_file(url, lock_timeout_s)
         engine = sa.create_engine(url, connect_args={"timeout": lock_timeout_s, "check_same_thread": False},
                                   pool_size=20, max_overflow=40, pool_timeout=60)
         _sqlite_hooks(engine, lock_ms)

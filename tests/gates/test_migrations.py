@@ -290,6 +290,8 @@ def test_a_new_sqlite_ledger_is_0600_in_a_0700_folder_and_an_old_one_is_tightene
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in folder.iterdir()}
     assert modes == {"ledger.db": 0o600, "ledger.db-wal": 0o600, "ledger.db-shm": 0o600}
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    with ledger.read() as conn:  # set once at open, persistent, so every later connection has it
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
     ledger.dispose()
     old = tmp_path / "old.db"
     old.touch(mode=0o644)
