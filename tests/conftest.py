@@ -38,7 +38,16 @@ def pytest_configure(config) -> None:
         os.environ["ITO_TEST_LONG"] = "1"
 
 
+def _longest_first(item) -> tuple[bool, float]:
+    """Slow tests first, the longest declared timeout first among them: under pytest-xdist the
+    whole of `make run` (test_local_run) starts at once and overlaps the thousands of short tests
+    instead of running alone at the end. The sort is stable, so file order holds otherwise."""
+    timeout = item.get_closest_marker("timeout")
+    return "slow" not in item.keywords, -(timeout.args[0] if timeout and timeout.args else 0)
+
+
 def pytest_collection_modifyitems(config, items) -> None:
+    items.sort(key=_longest_first)
     if config.getoption("--run-long"):
         return
     skip = pytest.mark.skip(reason="a long matrix: `make test-long` runs it")

@@ -1,24 +1,31 @@
-"""`make run`'s driver on the shipped fixtures, in a temporary state dir: the headless path."""
+"""`make run`'s driver on the shipped fixtures, in a temporary state dir: the headless path.
+
+`make test` runs it on the main manifest alone with the in-process executor; `make test-long` runs
+exactly what `make run` does (every fixture manifest, steps in subprocesses)."""
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from ito_assets.local_run import MAIN_MANIFEST
+
 ROOT = Path(__file__).resolve().parents[1]
+MANIFESTS = ROOT / "data/fixtures/manifests"
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(1200)  # the whole lineage twice: about 5 minutes on an idle 2-core machine
-def test_local_run_materializes_the_fixtures_then_finds_nothing_new(tmp_path):
-    env = {**os.environ, "ITO_STATE_DIR": str(tmp_path / "state"), "DAGSTER_HOME": str(tmp_path / "state" / "dagster")}
-    (tmp_path / "state" / "dagster").mkdir(parents=True)
-    (tmp_path / "state" / "dagster" / "dagster.yaml").write_text((ROOT / "deploy/local/dagster.yaml").read_text())
+def _run_twice(tmp_path: Path, manifests: Path, extra_env: dict[str, str]) -> None:
+    state = tmp_path / "state"
+    env = {**os.environ, "ITO_STATE_DIR": str(state), "DAGSTER_HOME": str(state / "dagster"),
+           "ITO_MANIFESTS_DIR": str(manifests), **extra_env}
+    (state / "dagster").mkdir(parents=True)
+    (state / "dagster" / "dagster.yaml").write_text((ROOT / "deploy/local/dagster.yaml").read_text())
 
     def run() -> str:
         result = subprocess.run(
@@ -31,10 +38,26 @@ def test_local_run_materializes_the_fixtures_then_finds_nothing_new(tmp_path):
     first = run()
     launched = int(re.search(r"runs launched: (\d+)", first).group(1))
     # One preparation run per reviewed manifest, one training run for the ledger run the API created.
-    assert launched == len(list((ROOT / "data/fixtures/manifests").glob("*.json"))) + 1
+    assert launched == len(list(manifests.glob("*.json"))) + 1
     assert re.search(r"ledger: .*; run run_\w+ \(key walkthrough-\w+\) is succeeded", first)
     assert re.search(r"checks passed: [1-9]\d*, failed: 0", first)
     assert "training_manifest [" in first
-    assert str(tmp_path / "state" / "dagster") in first
+    assert str(state / "dagster") in first
     second = run()
     assert "runs launched: 0" in second and "nothing new" in second
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # one manifest's lineage, trained through the API, then a second pass: ~3 minutes
+def test_local_run_on_the_main_manifest_then_finds_nothing_new(tmp_path):
+    manifests = tmp_path / "manifests"
+    manifests.mkdir()
+    shutil.copy(MANIFESTS / MAIN_MANIFEST, manifests / MAIN_MANIFEST)
+    _run_twice(tmp_path, manifests, {"ITO_EXECUTOR": "in_process"})
+
+
+@pytest.mark.slow
+@pytest.mark.long
+@pytest.mark.timeout(1800)  # the whole lineage of every fixture, twice: about 5-6 minutes on an idle 2-core machine
+def test_local_run_materializes_every_fixture_then_finds_nothing_new(tmp_path):
+    _run_twice(tmp_path, MANIFESTS, {})
