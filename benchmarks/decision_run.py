@@ -1,6 +1,6 @@
 """A decision run on the fixtures, timed (issue 5 benchmark): the embedded default's candidate
 (the fixture manifest's corpora) against its baseline (the reference corpus), with the default
-`DecisionConfig` (tiny, two seeds), then the economics on the default booked hardware.
+`DecisionConfig` (tiny, three seeds), then the economics on the default booked hardware.
 
 The candidate is read from the manifest's data references (digest-checked). The Dagster asset
 reads the data stage's clean shards instead, which hold the same documents less the duplicates and

@@ -84,6 +84,9 @@ class ErrorCode(str, enum.Enum):
     WAREHOUSE_CORRUPT = "WAREHOUSE_CORRUPT"
     # The ledger was migrated by a newer release than this one knows.
     LEDGER_SCHEMA_TOO_NEW = "LEDGER_SCHEMA_TOO_NEW"
+    # The data decision found the candidate data worse, or could not tell, and no reviewer accepted it.
+    DATA_DECISION_NO_GO = "DATA_DECISION_NO_GO"
+    DATA_DECISION_INCONCLUSIVE = "DATA_DECISION_INCONCLUSIVE"
 
 
 # Codes a caller may retry unchanged; everything else needs a different request.

@@ -160,7 +160,7 @@ class DataDecisionAcceptance(_Strict):
     """A verdict of the 150M decision job that the manifest's reviewers accept in writing (e.g.
     data chosen for licence or coverage reasons whose benefit is within the seed noise)."""
 
-    accepted_verdicts: Annotated[tuple[Literal["NO_GO", "WITHIN_NOISE"], ...], Field(min_length=1)]
+    accepted_verdicts: Annotated[tuple[Literal["NO_GO", "WITHIN_NOISE", "INCONCLUSIVE"], ...], Field(min_length=1)]
     reason: Annotated[str, Field(min_length=1, max_length=1000)]
     reviewed_by: Name
 

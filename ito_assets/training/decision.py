@@ -3,9 +3,9 @@
 A proxy model is trained on the candidate mixture and on a baseline mixture with the same token
 budget, the same seeds (paired: seed s gives both arms the same initial weights and the same
 batch order over their own tokens) and one tokenizer fitted on equal bytes of both, then scored on
-the eval battery. The verdict compares the difference of the arms' mean primary metric with the
-seed-to-seed noise band: GO or NO_GO only when the difference is outside the band, WITHIN_NOISE
-otherwise (and always with a single seed, where the noise is not measured).
+the eval battery. The verdict is a paired test over seeds (verdict.py): GO or NO_GO only
+when the 95% confidence interval of the per-seed difference excludes zero, WITHIN_NOISE when it
+does not, INCONCLUSIVE with a single seed, where the noise is not measured.
 
 DataDecide (Magnusson et al. 2025) is the method: a single small scale, several seeds, and
 continuous metrics (here: the answer's bits per byte) decide better than accuracy at small compute.
@@ -13,7 +13,6 @@ continuous metrics (here: the answer's bits per byte) decide better than accurac
 
 from __future__ import annotations
 
-import enum
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,16 +28,11 @@ from ito_assets.training.tokenizer import (
     train_tokenizer, write_token_shard,
 )
 from ito_assets.training.trainer import TrainConfig, TrainResult, train
+from ito_assets.training.verdict import PairedTest, Verdict, paired_test
 
 ARMS = ("candidate", "baseline")
 # Lower is better for bits per byte; the band and the verdict use this metric.
 PRIMARY_METRIC = "answer_bits_per_byte"
-
-
-class Verdict(str, enum.Enum):
-    GO = "GO"
-    NO_GO = "NO_GO"
-    WITHIN_NOISE = "WITHIN_NOISE"
 
 
 def _require(condition: bool, name: str, rule: str) -> None:
@@ -51,19 +45,20 @@ class DecisionConfig:
     # The embedded default runs `tiny` on CPU; a booked cluster runs `proxy-150m` (same code).
     model_name: str = "tiny"
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
-    # Two seeds: the fewest that measure seed-to-seed noise (DataDecide trains 3 at every scale).
-    seeds: tuple[int, ...] = (0, 1)
-    # 32 steps x 16 x 128 = 65,536 tokens per run: the four runs and their evals take about a
-    # minute on two CPU cores (benchmarks/decision_run.py); a proxy-150m decision on a booking
+    # Three seeds, as DataDecide trains at every scale: two leave the paired test one degree of
+    # freedom (a 95% interval of +-12.7 standard errors), which decides almost nothing.
+    seeds: tuple[int, ...] = (0, 1, 2)
+    # 32 steps x 16 x 128 = 65,536 tokens per run: the six runs and their evals take about a
+    # minute and a half on two CPU cores (benchmarks/decision_run.py); a proxy-150m decision on a booking
     # uses DataDecide's budget instead (100 tokens per parameter, Magnusson et al. 2025).
     num_steps: int = 32
     batch_size: int = 16
     sequence_length: int = 128
     learning_rate: float = 3e-3
     eval: EvalConfig = field(default_factory=EvalConfig)
-    # The verdict needs |difference| > 2 standard errors of the difference of the seed means
-    # (a two-sided ~95% band under a normal approximation; with two seeds it is rough, and said so).
-    noise_multiplier: float = 2.0
+    # The paired test's two-sided confidence: a false GO or NO_GO in at most 5% of decisions
+    # between arms that do not differ (benchmarks/decision_rule.py measures it).
+    confidence: float = 0.95
     # 5% of each arm's documents are held out for its bits per byte (reported, not decisive).
     heldout_fraction: float = 0.05
 
@@ -72,7 +67,7 @@ class DecisionConfig:
         _require(len(self.seeds) >= 1 and len(set(self.seeds)) == len(self.seeds), "seeds", "must be distinct and non-empty")
         for name in ("num_steps", "batch_size", "sequence_length"):
             _require(getattr(self, name) >= 1, name, "must be positive")
-        _require(self.noise_multiplier > 0, "noise_multiplier", "must be positive")
+        _require(0.5 <= self.confidence < 1, "confidence", "must be in [0.5, 1)")
         _require(0 <= self.heldout_fraction < 0.5, "heldout_fraction", "must be in [0, 0.5)")
 
     @property
@@ -110,11 +105,8 @@ class ArmSummary:
 
 @dataclass(frozen=True, kw_only=True)
 class DecisionResult:
-    verdict: Verdict
     metric: str
-    difference: float  # baseline mean - candidate mean: > 0 means the candidate is better
-    noise_band: float | None  # None when a single seed cannot measure the noise
-    explanation: str
+    test: PairedTest
     candidate: ArmSummary
     baseline: ArmSummary
     runs: tuple[ArmRun, ...]
@@ -126,10 +118,27 @@ class DecisionResult:
     train_wall_seconds: float  # training only, all runs
     model_flops: int
 
+    @property
+    def verdict(self) -> Verdict:
+        return self.test.verdict
+
+    @property
+    def difference(self) -> float:
+        return self.test.difference
+
+    @property
+    def noise_band(self) -> float | None:
+        return self.test.half_width
+
+    @property
+    def explanation(self) -> str:
+        return self.test.explanation
+
     def to_dict(self) -> dict:
         return {
             "verdict": self.verdict.value, "metric": self.metric, "lower_is_better": True,
             "difference": self.difference, "noise_band": self.noise_band, "explanation": self.explanation,
+            "test": self.test.to_dict(),
             "candidate": vars(self.candidate), "baseline": vars(self.baseline),
             "model_name": self.model_name, "num_parameters": self.num_parameters,
             "num_tokens_per_run": self.num_tokens_per_run, "num_runs": len(self.runs),
@@ -161,24 +170,6 @@ def split_heldout(texts: Sequence[str], fraction: float, seed: int) -> tuple[lis
     num_heldout = min(len(texts) - 1, int(len(texts) * fraction))
     heldout = {int(i) for i in order[:num_heldout]}
     return [t for i, t in enumerate(texts) if i not in heldout], [t for i, t in enumerate(texts) if i in heldout]
-
-
-def noise_verdict(candidate: Sequence[float], baseline: Sequence[float], multiplier: float) -> tuple[Verdict, float, float | None, str]:
-    """Verdict from per-seed values of a lower-is-better metric: (verdict, difference, band, why)."""
-    difference = statistics.fmean(baseline) - statistics.fmean(candidate)
-    n = min(len(candidate), len(baseline))
-    if n < 2:
-        return Verdict.WITHIN_NOISE, difference, None, "one seed per arm cannot measure seed-to-seed noise; no decision"
-    pooled = ((statistics.variance(candidate) + statistics.variance(baseline)) / 2) ** 0.5
-    band = multiplier * pooled * (2 / n) ** 0.5
-    caveat = f" (noise from {n} seeds per arm: a rough band)" if n < 3 else f" (noise from {n} seeds per arm)"
-    if difference > band:
-        return Verdict.GO, difference, band, f"candidate better by {difference:.4f} bits/byte, outside the noise band {band:.4f}{caveat}"
-    if difference < -band:
-        return Verdict.NO_GO, difference, band, f"candidate worse by {-difference:.4f} bits/byte, outside the noise band {band:.4f}{caveat}"
-    return Verdict.WITHIN_NOISE, difference, band, (
-        f"difference {difference:+.4f} bits/byte is within the noise band {band:.4f}{caveat}: "
-        "the data is not shown to be better or worse")
 
 
 def _arm_tokens(tokenizer, texts: Sequence[str], work_dir: Path | None, arm: str) -> np.ndarray:
@@ -220,10 +211,10 @@ def run_decision(
             report = evaluate(model, tokenizer, eval_items, config.eval, heldout_texts=split[arm][1],
                               heldout_sequence_length=config.sequence_length)
             runs[arm].append(ArmRun(arm=arm, seed=seed, train=trained, report=report, heldout_bits_per_byte=report.heldout_bits_per_byte))
-    verdict, difference, band, why = noise_verdict([r.primary for r in runs["candidate"]], [r.primary for r in runs["baseline"]], config.noise_multiplier)
+    test = paired_test([r.primary for r in runs["candidate"]], [r.primary for r in runs["baseline"]], config.confidence)
     all_runs = tuple(runs["candidate"] + runs["baseline"])
     return DecisionResult(
-        verdict=verdict, metric=PRIMARY_METRIC, difference=difference, noise_band=band, explanation=why,
+        test=test, metric=PRIMARY_METRIC,
         candidate=_summarize("candidate", runs["candidate"], len(split["candidate"][0]), len(tokens["candidate"])),
         baseline=_summarize("baseline", runs["baseline"], len(split["baseline"][0]), len(tokens["baseline"])),
         runs=all_runs, config=config, model_name=config.model_name, num_parameters=parameter_count(model_config),

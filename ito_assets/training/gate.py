@@ -2,20 +2,23 @@
 accepted in writing.
 
 The acceptance is the manifest's optional `data_decision` (schema.DataDecisionAcceptance):
-`{"accepted_verdicts": ["NO_GO" | "WITHIN_NOISE", ...], "reason": str, "reviewed_by": str}`;
-without it every verdict other than GO blocks.
+`{"accepted_verdicts": ["NO_GO" | "WITHIN_NOISE" | "INCONCLUSIVE", ...], "reason": str,
+"reviewed_by": str}`; without it every verdict other than GO blocks: a NO_GO with
+DATA_DECISION_NO_GO, the verdicts that did not tell with DATA_DECISION_INCONCLUSIVE.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ito_assets.errors import ErrorCode
 from ito_assets.manifest.schema import Manifest
-from ito_assets.training.decision import DecisionResult, Verdict
+from ito_assets.training.decision import DecisionResult
 from ito_assets.training.economics import Economics, EconomicsConfig, decision_economics
 from ito_assets.training.layout import PlanRefused
 from ito_assets.training.planner import Hardware
 from ito_assets.training.run_plan import plan_run
+from ito_assets.training.verdict import Verdict
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -24,6 +27,13 @@ class GateVerdict:
     verdict: Verdict
     accepted_by_manifest: bool
     reason: str
+
+    @property
+    def error_code(self) -> ErrorCode | None:
+        """The code a blocked training reports; None when the gate passed."""
+        if self.passed:
+            return None
+        return ErrorCode.DATA_DECISION_NO_GO if self.verdict is Verdict.NO_GO else ErrorCode.DATA_DECISION_INCONCLUSIVE
 
 
 def accepted_verdicts(manifest: Manifest) -> frozenset[str]:
@@ -56,7 +66,9 @@ class DataDecision:
         return {
             "verdict": self.decision.verdict.value, "difference": self.decision.difference,
             "noise_band": self.decision.noise_band, "explanation": self.decision.explanation,
+            "test": self.decision.test.to_dict(),
             "gate_passed": self.gate.passed, "gate_reason": self.gate.reason,
+            "error_code": self.gate.error_code.value if self.gate.error_code else "",
             "accepted_by_manifest": self.gate.accepted_by_manifest,
             "economics": self.economics.to_dict() if self.economics else None, "plan_refusal": self.plan_refusal,
         }

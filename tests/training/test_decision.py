@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 
 from ito_assets.evals.suite import load_suite
-from ito_assets.training.decision import DecisionConfig, Verdict, noise_verdict, run_decision
+from ito_assets.training.decision import DecisionConfig, run_decision
 from ito_assets.training.economics import EconomicsConfig, decision_economics
 from ito_assets.training.evaluation import EvalConfig
 from ito_assets.training.hardware import gpu_spec, network_spec
 from ito_assets.training.planner import Hardware
 from ito_assets.training.run_plan import plan_run
 from ito_assets.training.tokenizer import TokenizerConfig
+from ito_assets.training.verdict import Verdict, paired_test
 from ito_assets.manifest.schema import Manifest
 
 FIXTURES = Path(__file__).resolve().parents[2] / "data" / "fixtures"
@@ -46,7 +47,7 @@ def _random_bytes(count: int, seed: int) -> list[str]:
 
 
 CONFIG = DecisionConfig(
-    model_name="micro", tokenizer=TokenizerConfig(vocab_size=512), seeds=(0, 1), num_steps=40, batch_size=8,
+    model_name="micro", tokenizer=TokenizerConfig(vocab_size=512), seeds=(0, 1, 2), num_steps=40, batch_size=8,
     sequence_length=64, learning_rate=1e-2, eval=EvalConfig(batch_size=64),
 )
 
@@ -62,22 +63,15 @@ def test_clean_mixture_beats_garbage(garbage, suite, tmp_path):
     junk = _shuffled_words(clean, seed=1) if garbage == "shuffled_words" else _random_bytes(400, seed=1)
     result = run_decision(candidate_texts=clean, baseline_texts=junk, eval_items=suite.items[::2], config=CONFIG, work_dir=tmp_path)
     assert result.verdict is Verdict.GO, result.explanation
-    assert result.difference > result.noise_band > 0
-    assert len(result.runs) == 4 and {r.seed for r in result.runs} == {0, 1}
+    assert result.difference > result.noise_band > 0 and result.test.interval_low > 0
+    assert len(result.runs) == 6 and {r.seed for r in result.runs} == {0, 1, 2}
     assert (tmp_path / "tokenizer.json").is_file() and (tmp_path / "tokens" / "candidate.npy").is_file()
     assert result.tokenizer_sha256 and result.to_dict()["verdict"] == "GO"
-    reverse = noise_verdict([r.primary for r in result.runs if r.arm == "baseline"],
-                            [r.primary for r in result.runs if r.arm == "candidate"], CONFIG.noise_multiplier)
-    assert reverse[0] is Verdict.NO_GO
-
-
-def test_noise_band_verdicts():
-    assert noise_verdict([1.0, 1.1], [2.0, 2.1], 2.0)[0] is Verdict.GO
-    assert noise_verdict([2.0, 2.1], [1.0, 1.1], 2.0)[0] is Verdict.NO_GO
-    verdict, difference, band, why = noise_verdict([1.0, 1.4], [1.1, 1.5], 2.0)
-    assert verdict is Verdict.WITHIN_NOISE and abs(difference) < band and "within the noise band" in why
-    verdict, _, band, why = noise_verdict([1.0], [5.0], 2.0)
-    assert verdict is Verdict.WITHIN_NOISE and band is None and "one seed" in why
+    assert result.to_dict()["test"]["degrees_of_freedom"] == 2
+    # The test pairs by seed: the same runs with the arms swapped are a NO_GO.
+    reverse = paired_test([r.primary for r in result.runs if r.arm == "baseline"],
+                          [r.primary for r in result.runs if r.arm == "candidate"], CONFIG.confidence)
+    assert reverse.verdict is Verdict.NO_GO
 
 
 def test_economics_prices_the_decision_against_the_full_run(suite):

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from ito_assets.manifest.schema import Manifest
-from ito_assets.training.decision import Verdict
+from ito_assets.errors import ErrorCode
+from ito_assets.training.verdict import Verdict
 from ito_assets.training.gate import decision_gate
 from ito_assets.training.hardware import gpu_spec, network_spec
 from ito_assets.training.layout import PlanRefused
@@ -61,11 +62,13 @@ def test_unknown_model_size_is_refused_with_its_reason():
 
 def test_decision_gate_passes_go_or_an_accepted_no_go():
     manifest = _manifest()
-    assert decision_gate(Verdict.GO, manifest).passed
-    assert not decision_gate(Verdict.NO_GO, manifest).passed
-    assert not decision_gate(Verdict.WITHIN_NOISE, manifest).passed
-    # The field the schema will add (see ito_assets/training/gate.py), duck-typed here.
-    accepted = SimpleNamespace(data_decision=SimpleNamespace(accepted_verdicts=("WITHIN_NOISE",)))
-    gate = decision_gate(Verdict.WITHIN_NOISE, accepted)
-    assert gate.passed and gate.accepted_by_manifest
+    assert decision_gate(Verdict.GO, manifest).passed and decision_gate(Verdict.GO, manifest).error_code is None
+    # Each verdict that blocks has its own code: a NO_GO, and the two that could not tell.
+    assert decision_gate(Verdict.NO_GO, manifest).error_code is ErrorCode.DATA_DECISION_NO_GO
+    assert decision_gate(Verdict.WITHIN_NOISE, manifest).error_code is ErrorCode.DATA_DECISION_INCONCLUSIVE
+    assert decision_gate(Verdict.INCONCLUSIVE, manifest).error_code is ErrorCode.DATA_DECISION_INCONCLUSIVE
+    accepted = SimpleNamespace(data_decision=SimpleNamespace(accepted_verdicts=("WITHIN_NOISE", "INCONCLUSIVE")))
+    for verdict in (Verdict.WITHIN_NOISE, Verdict.INCONCLUSIVE):
+        gate = decision_gate(verdict, accepted)
+        assert gate.passed and gate.accepted_by_manifest and gate.error_code is None
     assert not decision_gate(Verdict.NO_GO, accepted).passed

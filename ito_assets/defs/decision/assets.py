@@ -20,6 +20,7 @@ from ito_assets.training.decision import DecisionResult, run_decision
 from ito_assets.training.gate import DataDecision, judge_decision
 from ito_assets.training.mixtures import read_mixture
 from ito_assets.training.run_plan import PlanOutcome, plan_outcome
+from ito_assets.training.verdict import PairedTest
 
 GROUP = "decision"
 
@@ -52,6 +53,18 @@ def decision_run(
     return result
 
 
+def _test_table(test: PairedTest) -> dg.TableMetadataValue:
+    """The paired test as one sortable row; the interval and its figures are empty with one seed."""
+    figures = {"num_seeds": test.num_seeds, "difference": test.difference, "interval_low": test.interval_low,
+               "interval_high": test.interval_high, "p_value": test.p_value,
+               "minimum_detectable_effect": test.minimum_detectable_effect}
+    columns = [dg.TableColumn("verdict", "string"), dg.TableColumn("confidence", "float")]
+    columns += [dg.TableColumn(name, "int" if name == "num_seeds" else "float") for name in figures]
+    row = {"verdict": test.verdict.value, "confidence": test.confidence,
+           **{name: value for name, value in figures.items() if value is not None}}
+    return dg.MetadataValue.table([dg.TableRecord(row)], schema=dg.TableSchema(columns=columns))
+
+
 def _run_metadata(result: DecisionResult, baseline_sources, work_dir: Path) -> dict:
     rows = "\n".join(
         f"| {r.arm} | {r.seed} | {r.primary:.4f} | {r.report.metric('accuracy'):.3f} | {r.report.metric('correct_prob'):.3f} "
@@ -60,8 +73,7 @@ def _run_metadata(result: DecisionResult, baseline_sources, work_dir: Path) -> d
     return {
         "verdict": result.verdict.value,
         "difference_bits_per_byte": result.difference,
-        # Empty when a single seed could not measure the noise (the verdict is then WITHIN_NOISE).
-        "noise_band": "" if result.noise_band is None else f"{result.noise_band:.6f}",
+        "paired_test": _test_table(result.test),
         "explanation": result.explanation,
         "model": result.model_name,
         "num_parameters": result.num_parameters,
@@ -81,8 +93,8 @@ def _run_metadata(result: DecisionResult, baseline_sources, work_dir: Path) -> d
     group_name=GROUP,
     kinds={"python"},
     partitions_def=manifests_partitions,
-    description="GO / NO_GO / WITHIN_NOISE against the seed-to-seed noise band, the gate (GO, or a "
-    "no-go the manifest accepted), and the economics: decision cost, projected full-run cost, thresholds.",
+    description="GO / NO_GO / WITHIN_NOISE / INCONCLUSIVE from a paired t-test over seeds (95% interval), "
+    "the gate (GO, or a verdict the manifest's reviewers accepted), and the economics: decision cost, projected full-run cost, thresholds.",
 )
 def data_decision(
     context: dg.AssetExecutionContext, config: DataDecisionParams, booked_hardware: BookedHardwareResource,

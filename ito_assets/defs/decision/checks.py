@@ -17,7 +17,8 @@ _REFUSED = "the plan was refused, so it has no cost to compare"
 def decision_is_go(data_decision: DataDecision) -> dg.AssetCheckResult:
     return dg.AssetCheckResult(
         passed=data_decision.gate.passed,
-        metadata={"verdict": data_decision.gate.verdict.value, "accepted_by_manifest": data_decision.gate.accepted_by_manifest},
+        metadata={"verdict": data_decision.gate.verdict.value, "accepted_by_manifest": data_decision.gate.accepted_by_manifest,
+                  "error_code": data_decision.gate.error_code.value if data_decision.gate.error_code else ""},
         description=data_decision.gate.reason,
     )
 

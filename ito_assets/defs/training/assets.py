@@ -82,7 +82,7 @@ def _require_data(clean_shards, decision) -> None:  # a CleanStage and a trainin
     ran in another job, and a checked asset is written even when its check fails."""
     if not decision.gate.passed:
         raise dg.Failure(description=f"the data decision did not pass: {decision.gate.reason}",
-                         metadata={"error_code": ErrorCode.EVAL_GATE_FAILED.value})
+                         metadata={"error_code": decision.gate.error_code.value})
     if not clean_shards.conservation.holds or clean_shards.shards.verify():
         raise dg.Failure(description="the clean shards' digests or document accounting do not hold",
                          metadata={"error_code": ErrorCode.DATA_POLICY_VIOLATION.value})

@@ -1,0 +1,84 @@
+"""The data decision's error rates, simulated: how often each rule says GO or NO_GO when the arms do
+not differ, and how often it says GO when the candidate is truly better (power), at 2, 3 and 5 seeds.
+
+Model of one decision (the same for both rules): seed s gives both arms a shared seed effect
+u_s ~ N(0, seed_sd^2) (same initial weights, same batch order) plus each arm its own noise
+e ~ N(0, arm_sd^2); the candidate's true gain is `effect`, in units of arm_sd. Two scenarios:
+`independent` (seed_sd 0: nothing shared, where a fixed band is too narrow for few seeds) and
+`shared` (seed_sd 3: most of a seed's luck is common to both arms, where pairing gains power). The baseline rule is
+the one this project used before: GO/NO_GO when the mean difference leaves 2 standard errors of a
+pooled, unpaired standard deviation. The paired rule is `training.verdict.paired_test` itself.
+
+    .venv/bin/python benchmarks/decision_rule.py [--trials 10000] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from ito_assets.training.verdict import Verdict, paired_test  # noqa: E402
+
+SEED_COUNTS = (2, 3, 5)
+EFFECTS = (0.0, 0.5, 1.0, 2.0, 4.0)  # true gain, in arm noise standard deviations
+SCENARIOS = {"independent": 0.0, "shared": 3.0}  # seed_sd per scenario
+ARM_SD = 1.0
+
+
+def unpaired_two_se(candidate: list[float], baseline: list[float]) -> Verdict:
+    """The rule before the paired test: a fixed 2-standard-error band from a pooled variance."""
+    n = len(candidate)
+    difference = statistics.fmean(baseline) - statistics.fmean(candidate)
+    band = 2.0 * ((statistics.variance(candidate) + statistics.variance(baseline)) / 2) ** 0.5 * (2 / n) ** 0.5
+    return Verdict.GO if difference > band else Verdict.NO_GO if difference < -band else Verdict.WITHIN_NOISE
+
+
+def simulate(rule, seed_sd: float, num_seeds: int, effect: float, trials: int, rng: np.random.Generator) -> dict:
+    shared = rng.normal(0, seed_sd, size=(trials, num_seeds))
+    baseline = 10.0 + shared + rng.normal(0, ARM_SD, size=(trials, num_seeds))
+    candidate = 10.0 - effect * ARM_SD + shared + rng.normal(0, ARM_SD, size=(trials, num_seeds))
+    verdicts = [rule(c.tolist(), b.tolist()) for c, b in zip(candidate, baseline)]
+    return {"go": sum(v is Verdict.GO for v in verdicts) / trials, "no_go": sum(v is Verdict.NO_GO for v in verdicts) / trials}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=10_000)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    rules = {"unpaired_2se": unpaired_two_se, "paired_t_95": lambda c, b: paired_test(c, b, 0.95).verdict}
+    started, rows = time.perf_counter(), []
+    for scenario, seed_sd in SCENARIOS.items():
+        for num_seeds in SEED_COUNTS:
+            for effect in EFFECTS:
+                row = {"scenario": scenario, "num_seeds": num_seeds, "effect_arm_sd": effect}
+                for name, rule in rules.items():
+                    rng = np.random.default_rng([args.seed, int(seed_sd), num_seeds, int(effect * 10)])
+                    row[name] = simulate(rule, seed_sd, num_seeds, effect, args.trials, rng)
+                rows.append(row)
+    print(f"{args.trials} trials per cell; arm sd {ARM_SD}; seed sd shared by both arms: {SCENARIOS}")
+    print("scenario     seeds  effect | unpaired 2-SE: GO   NO_GO | paired t 95%: GO   NO_GO")
+    for row in rows:
+        old, new = row["unpaired_2se"], row["paired_t_95"]
+        print(f"{row['scenario']:<12} {row['num_seeds']:>5}  {row['effect_arm_sd']:>6.1f} | {old['go']:>17.3f} {old['no_go']:>7.3f} |"
+              f" {new['go']:>16.3f} {new['no_go']:>7.3f}")
+    null = [r for r in rows if r["effect_arm_sd"] == 0.0]
+    verdict = {
+        "paired_false_decision_rate_max": max(r["paired_t_95"]["go"] + r["paired_t_95"]["no_go"] for r in null),
+        "unpaired_false_decision_rate_max": max(r["unpaired_2se"]["go"] + r["unpaired_2se"]["no_go"] for r in null),
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    print(json.dumps(verdict))
+
+
+if __name__ == "__main__":
+    main()

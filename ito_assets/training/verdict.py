@@ -1,0 +1,106 @@
+"""The data decision's verdict: a paired t-test over seeds.
+
+Seed s trains both arms from the same initial weights in the same batch order, so the seed's own
+luck is shared and cancels in the per-seed difference d_s = baseline_s - candidate_s (lower bits
+per byte is better, so d_s > 0 favours the candidate). The test is Student's paired t-test on the
+d_s (Student 1908; any statistics text, e.g. Wasserman, "All of Statistics", 10.4): with n seeds the
+mean difference over its standard error follows a t distribution with n - 1 degrees of freedom
+when the arms do not differ. A fixed two-standard-error band instead treats that ratio as normal,
+which at n = 2 says GO or NO_GO about a null difference in about 18% of decisions
+(benchmarks/decision_rule.py). The interval's half-width replaces that band.
+
+- GO: the interval lies above zero; NO_GO: below zero; WITHIN_NOISE: it contains zero.
+- INCONCLUSIVE: fewer than two paired seeds, so there is no noise to test against.
+The minimum detectable effect is the true difference this many seeds would find with 80% power
+at this confidence, from the observed spread (Cohen 1988, ch. 2; the t quantiles make it exact
+for the observed spread, not for the unknown true one): a run records what it could have seen.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import math
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+# The power the minimum detectable effect is stated at: Cohen's (1988) conventional 80%.
+POWER = 0.80
+
+
+class Verdict(str, enum.Enum):
+    GO = "GO"
+    NO_GO = "NO_GO"
+    WITHIN_NOISE = "WITHIN_NOISE"
+    INCONCLUSIVE = "INCONCLUSIVE"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PairedTest:
+    verdict: Verdict
+    num_seeds: int
+    difference: float  # mean of baseline - candidate per seed: > 0 favours the candidate
+    confidence: float
+    interval_low: float | None  # None with fewer than two seeds
+    interval_high: float | None
+    p_value: float | None
+    minimum_detectable_effect: float | None
+    explanation: str
+
+    @property
+    def half_width(self) -> float | None:
+        return None if self.interval_high is None else (self.interval_high - self.interval_low) / 2
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "verdict": self.verdict.value, "degrees_of_freedom": self.num_seeds - 1}
+
+
+@functools.lru_cache(maxsize=256)
+def _t_quantile(probability: float, degrees: int) -> float:
+    from scipy import stats  # imported here: the code location loads without it
+
+    return float(stats.t.ppf(probability, degrees))
+
+
+def _two_sided_p(t: float, degrees: int) -> float:
+    from scipy import stats
+
+    return float(2 * stats.t.sf(abs(t), degrees))
+
+
+def paired_test(candidate: Sequence[float], baseline: Sequence[float], confidence: float) -> PairedTest:
+    """The verdict from per-seed values of a lower-is-better metric, paired by position (seed)."""
+    if len(candidate) != len(baseline):
+        raise ValueError("candidate and baseline need one value per seed each")
+    differences = [b - c for c, b in zip(candidate, baseline)]
+    n = len(differences)
+    if n == 0:
+        raise ValueError("a paired test needs at least one seed")
+    mean = statistics.fmean(differences)
+    if n < 2:
+        return PairedTest(verdict=Verdict.INCONCLUSIVE, num_seeds=n, difference=mean, confidence=confidence,
+                          interval_low=None, interval_high=None, p_value=None, minimum_detectable_effect=None,
+                          explanation="one seed per arm cannot measure seed-to-seed noise; no decision")
+    standard_error = statistics.stdev(differences) / math.sqrt(n)
+    degrees = n - 1
+    critical = _t_quantile(0.5 + confidence / 2, degrees)
+    half_width = critical * standard_error
+    low, high = mean - half_width, mean + half_width
+    p_value = 1.0 if standard_error == 0 and mean == 0 else (
+        0.0 if standard_error == 0 else _two_sided_p(mean / standard_error, degrees))
+    detectable = (critical + _t_quantile(POWER, degrees)) * standard_error
+    verdict = Verdict.GO if low > 0 else Verdict.NO_GO if high < 0 else Verdict.WITHIN_NOISE
+    return PairedTest(verdict=verdict, num_seeds=n, difference=mean, confidence=confidence, interval_low=low,
+                      interval_high=high, p_value=p_value, minimum_detectable_effect=detectable,
+                      explanation=_explain(verdict, mean, low, high, confidence, n, detectable))
+
+
+def _explain(verdict: Verdict, mean: float, low: float, high: float, confidence: float, n: int, detectable: float) -> str:
+    interval = f"{confidence:.0%} interval [{low:+.4f}, {high:+.4f}] bits/byte over {n} paired seeds"
+    if verdict is Verdict.GO:
+        return f"candidate better by {mean:.4f} bits/byte; {interval} lies above zero"
+    if verdict is Verdict.NO_GO:
+        return f"candidate worse by {-mean:.4f} bits/byte; {interval} lies below zero"
+    return (f"difference {mean:+.4f} bits/byte; {interval} contains zero: the data is not shown to be better "
+            f"or worse (these seeds detect about {detectable:.4f} bits/byte with {POWER:.0%} power)")
