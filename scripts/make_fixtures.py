@@ -554,6 +554,15 @@ DOCS_ONLY_ACCEPTANCE = {"accepted_verdicts": ["WITHIN_NOISE"], "reviewed_by": "f
                         "reason": "PSF-only mixture chosen for its licence; a within-noise benefit is accepted."}
 
 
+# The main fixture's benefit over the baseline is about one interval half-width at the tiny decision
+# run's three seeds (benchmarks/decision_run.py, 2026-12-02: +0.164 bits/byte, 95% interval
+# +-0.199 on the raw sources): a GO on one machine can be WITHIN_NOISE on another, so its reviewers
+# accept within-noise in writing and `make run` trains on every machine.
+SMALL_ACCEPTANCE = {"accepted_verdicts": ["WITHIN_NOISE"], "reviewed_by": "fixture-review",
+                    "reason": "fixture corpora too small for a tiny 3-seed decision to show their gain; "
+                              "a within-noise benefit is accepted."}
+
+
 # The fixture's later stages are a handful of steps (at the plan's batch of 128 sequences: 4 for
 # mid_training, 1 for long_context), and the tiny model's noise bands were measured on 3 seeds, an
 # estimate that can be off by a factor of 2 either way (chi-square, 2 degrees of freedom). Its
@@ -611,7 +620,7 @@ def main() -> None:
         "fixture-small", [("stdlib_docstrings.jsonl", "PSF-2.0"), ("pydoc_topics.jsonl", "PSF-2.0"),
                           ("forum_posts.jsonl", "CC0-1.0")], suite_sha,
         [("pretraining", 200_000, 128), ("mid_training", 50_000, 128), ("long_context", 20_000, 256)],
-        POST_TRAINING, 5_000_000, 2_500_000, eval_gate=FIXTURE_EVAL_GATE))
+        POST_TRAINING, 5_000_000, 2_500_000, SMALL_ACCEPTANCE, eval_gate=FIXTURE_EVAL_GATE))
     write_json(FIXTURES / "manifests" / "fixture-docs-only.json", manifest(
         "fixture-docs-only", [("stdlib_docstrings.jsonl", "PSF-2.0"), ("pydoc_topics.jsonl", "PSF-2.0")],
         suite_sha, [("pretraining", 100_000, 128), ("mid_training", 20_000, 128)],

@@ -61,7 +61,7 @@ def test_unknown_model_size_is_refused_with_its_reason():
 
 
 def test_decision_gate_passes_go_or_an_accepted_no_go():
-    manifest = _manifest()
+    manifest = _manifest(data_decision=None)  # no reviewer accepted anything
     assert decision_gate(Verdict.GO, manifest).passed and decision_gate(Verdict.GO, manifest).error_code is None
     # Each verdict that blocks has its own code: a NO_GO, and the two that could not tell.
     assert decision_gate(Verdict.NO_GO, manifest).error_code is ErrorCode.DATA_DECISION_NO_GO
