@@ -28,12 +28,13 @@ run: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 ui: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/dagster dev -w workspace.yaml
 
-# Two pytest-xdist workers, the slow tests handed out first (tests/conftest.py), so the whole of
-# `make run` overlaps the short tests (README, Testing). WORKERS=0 runs in one process.
+# Two pytest-xdist workers, handed two tests at a time with the slow ones first (tests/conftest.py),
+# so the whole of `make run` on one worker overlaps everything else on the other (README, Testing).
+# WORKERS=0 runs in one process.
 WORKERS ?= 2
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(WORKERS)
+	$(BIN)/python -m pytest -q -n $(WORKERS) --maxschedchunk=2
 
 # The long matrices (races of 16 and 64 callers, 20 trials each) and the property tests with many
 # more examples; `make test` runs a short version of each.

@@ -58,7 +58,7 @@ def main() -> None:
         "manifest": Path(args.manifest).name, "wall_seconds": round(wall, 1), "train_wall_seconds": round(result.train_wall_seconds, 1),
         "num_runs": len(result.runs), "tokens_per_run": result.num_tokens_per_run, "model": result.model_name,
         "verdict": result.verdict.value, "difference": round(result.difference, 4),
-        "noise_band": None if result.noise_band is None else round(result.noise_band, 4),
+        "half_width": None if result.half_width is None else round(result.half_width, 4),
         "candidate_mean": round(result.candidate.mean, 4), "baseline_mean": round(result.baseline.mean, 4),
         "economics": judged.economics.to_dict() if judged.economics else judged.plan_refusal,
     }, indent=1))

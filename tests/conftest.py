@@ -42,8 +42,10 @@ def _longest_first(item) -> tuple[bool, float]:
     """Slow tests first, the longest declared timeout first among them: under pytest-xdist the
     whole of `make run` (test_local_run) starts at once and overlaps the thousands of short tests
     instead of running alone at the end. The sort is stable, so file order holds otherwise."""
+    if item.get_closest_marker("slow") is None:
+        return True, 0.0
     timeout = item.get_closest_marker("timeout")
-    return "slow" not in item.keywords, -(timeout.args[0] if timeout and timeout.args else 0)
+    return False, -(timeout.args[0] if timeout and timeout.args else item.config.getini("timeout") or 0)
 
 
 def pytest_collection_modifyitems(config, items) -> None:

@@ -253,31 +253,48 @@ def _sqlite_hooks(engine: sa.Engine, lock_timeout_ms: int) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
 
+@contextlib.contextmanager
+def _folder_lock(folder: Path, timeout_s: float) -> Iterator[None]:
+    """An flock on the ledger's folder, never on the database file: closing any descriptor of the
+    database would drop the POSIX locks SQLite holds on it in this process (sqlite.org, "How To
+    Corrupt An SQLite Database File", 2.2). flock and those record locks do not interact on Linux."""
+    descriptor = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the ledger folder's set-up lock was held for more than {timeout_s:g} s") from None
+                time.sleep(0.01)
+        yield
+    finally:
+        os.close(descriptor)  # releases the flock
+
+
 def _prepare_sqlite_file(url: str, timeout_s: float) -> None:
     """The ledger holds token hashes, bookings and the audit trail: its file is 0600, in a folder
     created 0700. SQLite gives its -wal and -shm files the database file's mode.
 
-    WAL is set here, once, while holding an flock on the file: switching a fresh file's journal
-    mode needs an exclusive lock that SQLite does not wait for, so processes opening a new ledger
-    at once failed with "database is locked". WAL is persistent; later connections find it set.
-    (flock and SQLite's own POSIX record locks do not interact on Linux.)"""
+    WAL is set here, once, under a lock on the folder: switching a fresh file's journal mode needs
+    an exclusive lock that SQLite does not wait for, so processes opening a new ledger at once
+    failed with "database is locked". WAL is persistent; later connections find it set."""
     name = url.split("///", 1)[1] if "///" in url else ""
     if not name or name == ":memory:" or name.startswith("file:"):
         return
     path = Path(name)
-    if not path.parent.exists():
-        path.parent.mkdir(mode=0o700, parents=True)
-    descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        os.fchmod(descriptor, 0o600)
-        fcntl.flock(descriptor, fcntl.LOCK_EX)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with _folder_lock(path.parent, timeout_s):
+        if not path.exists():
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+        os.chmod(path, 0o600)  # an older, wider file is tightened
         connection = sqlite3.connect(path, timeout=timeout_s)
         try:
             connection.execute("PRAGMA journal_mode=WAL")
         finally:
             connection.close()
-    finally:
-        os.close(descriptor)  # releases the flock
     for suffix in ("-wal", "-shm"):
         with contextlib.suppress(FileNotFoundError):  # the last connection to close removes them
             os.chmod(path.with_name(path.name + suffix), 0o600)

@@ -127,7 +127,8 @@ class DecisionResult:
         return self.test.difference
 
     @property
-    def noise_band(self) -> float | None:
+    def half_width(self) -> float | None:
+        """The half-width of the paired test's interval (None with one seed)."""
         return self.test.half_width
 
     @property
@@ -137,7 +138,7 @@ class DecisionResult:
     def to_dict(self) -> dict:
         return {
             "verdict": self.verdict.value, "metric": self.metric, "lower_is_better": True,
-            "difference": self.difference, "noise_band": self.noise_band, "explanation": self.explanation,
+            "difference": self.difference, "half_width": self.half_width, "explanation": self.explanation,
             "test": self.test.to_dict(),
             "candidate": vars(self.candidate), "baseline": vars(self.baseline),
             "model_name": self.model_name, "num_parameters": self.num_parameters,

@@ -49,7 +49,7 @@ def decision_gate(verdict: Verdict, manifest: Manifest) -> GateVerdict:
         return GateVerdict(passed=True, verdict=verdict, accepted_by_manifest=True,
                            reason=f"{verdict.value}, accepted by the manifest's reviewers")
     return GateVerdict(passed=False, verdict=verdict, accepted_by_manifest=False,
-                       reason=f"{verdict.value}: the manifest records no accepted no-go")
+                       reason=f"{verdict.value}: the manifest's reviewers did not accept this verdict")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,7 +65,7 @@ class DataDecision:
     def summary(self) -> dict:
         return {
             "verdict": self.decision.verdict.value, "difference": self.decision.difference,
-            "noise_band": self.decision.noise_band, "explanation": self.decision.explanation,
+            "half_width": self.decision.half_width, "explanation": self.decision.explanation,
             "test": self.decision.test.to_dict(),
             "gate_passed": self.gate.passed, "gate_reason": self.gate.reason,
             "error_code": self.gate.error_code.value if self.gate.error_code else "",

@@ -5,15 +5,17 @@ luck is shared and cancels in the per-seed difference d_s = baseline_s - candida
 per byte is better, so d_s > 0 favours the candidate). The test is Student's paired t-test on the
 d_s (Student 1908; any statistics text, e.g. Wasserman, "All of Statistics", 10.4): with n seeds the
 mean difference over its standard error follows a t distribution with n - 1 degrees of freedom
-when the arms do not differ. A fixed two-standard-error band instead treats that ratio as normal,
-which at n = 2 says GO or NO_GO about a null difference in about 18% of decisions
-(benchmarks/decision_rule.py). The interval's half-width replaces that band.
+when the arms do not differ. The rule it replaces (the difference of seed means against 2 standard
+errors of a pooled, unpaired spread) said GO or NO_GO about equal arms in 18% of decisions at
+n = 2 (benchmarks/decision_rule.py). The interval's half-width replaces that band.
 
 - GO: the interval lies above zero; NO_GO: below zero; WITHIN_NOISE: it contains zero.
-- INCONCLUSIVE: fewer than two paired seeds, so there is no noise to test against.
-The minimum detectable effect is the true difference this many seeds would find with 80% power
-at this confidence, from the observed spread (Cohen 1988, ch. 2; the t quantiles make it exact
-for the observed spread, not for the unknown true one): a run records what it could have seen.
+- INCONCLUSIVE: fewer than two paired seeds (no noise to test against), or a run whose metric is
+  not finite (a diverged proxy says nothing about its data).
+The minimum detectable effect is (t_{1-a/2} + t_{power}) standard errors from the observed spread,
+the usual approximation (Cohen 1988, ch. 2) of the true difference these seeds would find with
+80% power; if the true spread is the observed one, its exact power is lower at few seeds (about
+73% at 2, 77% at 3, 79% at 5, from the noncentral t): a run records roughly what it could have seen.
 """
 
 from __future__ import annotations
@@ -69,6 +71,12 @@ def _two_sided_p(t: float, degrees: int) -> float:
     return float(2 * stats.t.sf(abs(t), degrees))
 
 
+def _inconclusive(num_seeds: int, difference: float, confidence: float, why: str) -> PairedTest:
+    return PairedTest(verdict=Verdict.INCONCLUSIVE, num_seeds=num_seeds, difference=difference, confidence=confidence,
+                      interval_low=None, interval_high=None, p_value=None, minimum_detectable_effect=None,
+                      explanation=why)
+
+
 def paired_test(candidate: Sequence[float], baseline: Sequence[float], confidence: float) -> PairedTest:
     """The verdict from per-seed values of a lower-is-better metric, paired by position (seed)."""
     if len(candidate) != len(baseline):
@@ -77,11 +85,11 @@ def paired_test(candidate: Sequence[float], baseline: Sequence[float], confidenc
     n = len(differences)
     if n == 0:
         raise ValueError("a paired test needs at least one seed")
+    if not all(math.isfinite(d) for d in differences):
+        return _inconclusive(n, math.nan, confidence, "a run's metric is not finite (a diverged proxy); no decision")
     mean = statistics.fmean(differences)
     if n < 2:
-        return PairedTest(verdict=Verdict.INCONCLUSIVE, num_seeds=n, difference=mean, confidence=confidence,
-                          interval_low=None, interval_high=None, p_value=None, minimum_detectable_effect=None,
-                          explanation="one seed per arm cannot measure seed-to-seed noise; no decision")
+        return _inconclusive(n, mean, confidence, "one seed per arm cannot measure seed-to-seed noise; no decision")
     standard_error = statistics.stdev(differences) / math.sqrt(n)
     degrees = n - 1
     critical = _t_quantile(0.5 + confidence / 2, degrees)

@@ -63,7 +63,7 @@ def test_clean_mixture_beats_garbage(garbage, suite, tmp_path):
     junk = _shuffled_words(clean, seed=1) if garbage == "shuffled_words" else _random_bytes(400, seed=1)
     result = run_decision(candidate_texts=clean, baseline_texts=junk, eval_items=suite.items[::2], config=CONFIG, work_dir=tmp_path)
     assert result.verdict is Verdict.GO, result.explanation
-    assert result.difference > result.noise_band > 0 and result.test.interval_low > 0
+    assert result.difference > result.half_width > 0 and result.test.interval_low > 0
     assert len(result.runs) == 6 and {r.seed for r in result.runs} == {0, 1, 2}
     assert (tmp_path / "tokenizer.json").is_file() and (tmp_path / "tokens" / "candidate.npy").is_file()
     assert result.tokenizer_sha256 and result.to_dict()["verdict"] == "GO"

@@ -1,0 +1,31 @@
+"""Where compute is spent, a data decision that did not pass stops training with its own code, not
+an eval gate's: NO_GO, and the verdicts that could not tell (WITHIN_NOISE, INCONCLUSIVE)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import dagster as dg
+import pytest
+
+from helpers import valid_manifest
+from ito_assets.defs.training.assets import _require_data
+from ito_assets.manifest.schema import Manifest
+from ito_assets.training.gate import decision_gate
+from ito_assets.training.verdict import Verdict
+
+
+@pytest.mark.parametrize(("verdict", "code"), [
+    (Verdict.NO_GO, "DATA_DECISION_NO_GO"),
+    (Verdict.WITHIN_NOISE, "DATA_DECISION_INCONCLUSIVE"),
+    (Verdict.INCONCLUSIVE, "DATA_DECISION_INCONCLUSIVE"),
+])
+def test_a_blocked_decision_stops_training_with_its_own_code(verdict: Verdict, code: str) -> None:
+    unreviewed = Manifest.model_validate_json(json.dumps(valid_manifest()))
+    assert unreviewed.data_decision is None
+    decision = SimpleNamespace(gate=decision_gate(verdict, unreviewed))
+    with pytest.raises(dg.Failure) as refused:
+        _require_data(SimpleNamespace(), decision)
+    assert refused.value.metadata["error_code"].value == code
+    assert f"the data decision did not pass: {verdict.value}" in refused.value.description
