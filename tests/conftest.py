@@ -45,7 +45,7 @@ def _longest_first(item) -> tuple[bool, float]:
     if item.get_closest_marker("slow") is None:
         return True, 0.0
     timeout = item.get_closest_marker("timeout")
-    return False, -(timeout.args[0] if timeout and timeout.args else item.config.getini("timeout") or 0)
+    return False, -float(timeout.args[0] if timeout and timeout.args else item.config.getini("timeout") or 0)
 
 
 def pytest_collection_modifyitems(config, items) -> None:
