@@ -159,23 +159,35 @@ def test_a_ledger_from_a_newer_release_is_refused(engine_url) -> None:
     engine.dispose()
 
 
-def test_two_processes_opening_a_fresh_ledger_at_once_both_succeed(engine_url) -> None:
-    url, schema = engine_url
-    barrier, errors, ledgers = threading.Barrier(4), [], []
+def _open_at_once(url: str, schema: str | None, num_openers: int = 4) -> list:
+    """`num_openers` threads open the ledger at `url` behind one barrier and each appends one audit
+    event; returns the ledgers (every opener must succeed)."""
+    barrier, errors, ledgers = threading.Barrier(num_openers), [], []
 
     def opener() -> None:
         barrier.wait()
         try:
-            ledgers.append(open_ledger(url, schema=schema))
+            ledger = open_ledger(url, schema=schema)
+            with ledger.write() as conn:
+                conn.exec_driver_sql("INSERT INTO audit_events (at, kind, detail) VALUES (1, 'opened', '{}')")
+            ledgers.append(ledger)
         except Exception as exc:  # noqa: BLE001 - collected and asserted below
             errors.append(exc)
 
-    threads = [threading.Thread(target=opener) for _ in range(4)]
+    threads = [threading.Thread(target=opener) for _ in range(num_openers)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    assert errors == [] and len(ledgers) == 4
+    assert errors == [] and len(ledgers) == num_openers
+    with ledgers[0].read() as conn:
+        assert conn.exec_driver_sql("SELECT count(*) FROM audit_events WHERE kind = 'opened'").scalar() == num_openers
+    return ledgers
+
+
+def test_two_processes_opening_a_fresh_ledger_at_once_both_succeed(engine_url) -> None:
+    url, schema = engine_url
+    ledgers = _open_at_once(url, schema)
     assert _revision(ledgers[0].engine) == (migrate.head(),)
     for ledger in ledgers:
         ledger.dispose()
@@ -185,28 +197,9 @@ def test_many_fresh_sqlite_ledgers_opened_by_racing_openers_all_open_in_wal(tmp_
     # Switching a new file to WAL once failed one opener in about nine races of four; twenty races,
     # each in a folder that does not exist yet, so the folder's creation races too.
     for attempt in range(20):
-        path = tmp_path / f"race-{attempt}" / "state" / "ledger.db"
-        barrier, errors, ledgers = threading.Barrier(4), [], []
-
-        def opener() -> None:
-            barrier.wait()
-            try:
-                ledger = open_ledger(f"sqlite:///{path}")
-                with ledger.write() as conn:
-                    conn.exec_driver_sql("INSERT INTO audit_events (at, kind, detail) VALUES (1, 'x', '{}')")
-                ledgers.append(ledger)
-            except Exception as exc:  # noqa: BLE001 - collected and asserted below
-                errors.append(exc)
-
-        threads = [threading.Thread(target=opener) for _ in range(4)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        assert errors == [] and len(ledgers) == 4
+        ledgers = _open_at_once(f"sqlite:///{tmp_path / f'race-{attempt}' / 'state' / 'ledger.db'}", None)
         with ledgers[0].read() as conn:
             assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
-            assert conn.exec_driver_sql("SELECT count(*) FROM audit_events WHERE kind = 'x'").scalar() == 4
         for ledger in ledgers:
             ledger.dispose()
 
