@@ -1,7 +1,9 @@
 """Tiny end-to-end runs: SFT on noisy instruction pairs, then RLVR with the generator in its own
 process; RLVR must raise the verifiable reward on held-out prompts beyond noise (paired, 95%).
-Once with the seeded `micro` model and the character vocabulary (the loops alone), once from a
-pretraining checkpoint with its BPE tokenizer through `run_stage` (what the Dagster stages run)."""
+Once with the seeded `micro` model and the character vocabulary (the loops alone), and in
+`make test-long` once from a pretraining checkpoint with its BPE tokenizer through `run_stage`
+(what the Dagster stages run; `make test` runs those stages through Dagster in
+test_posttraining_defs.py)."""
 
 from __future__ import annotations
 
@@ -62,6 +64,7 @@ BPE_MIN_GAIN = 0.05
 
 
 @pytest.mark.slow
+@pytest.mark.long  # 45-80 s on two cores: pretraining, SFT and RLVR with the BPE tokenizer
 def test_rlvr_raises_held_out_reward_from_a_pretrained_checkpoint(tmp_path):
     """The Dagster path without Dagster: the pretraining chain's DCP checkpoint and BPE tokenizer,
     the manifest's steps bound to the committed pair file, SFT then RLVR through `run_stage`."""
