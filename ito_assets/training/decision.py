@@ -185,7 +185,8 @@ def _summarize(arm: str, runs: list[ArmRun], num_documents: int, num_tokens: int
     values = [r.primary for r in runs]
     return ArmSummary(
         arm=arm, num_documents=num_documents, num_tokens_available=num_tokens,
-        mean=statistics.fmean(values), stdev=statistics.stdev(values) if len(values) > 1 else 0.0,
+        # numpy's spread, not statistics.stdev: a diverged run's NaN or inf gives NaN, not a crash.
+        mean=statistics.fmean(values), stdev=float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
         accuracy=statistics.fmean(r.report.metric("accuracy") for r in runs),
         correct_prob=statistics.fmean(r.report.metric("correct_prob") for r in runs),
     )

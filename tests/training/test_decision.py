@@ -104,3 +104,16 @@ def test_validation_names_the_field():
         DecisionConfig(seeds=())
     with pytest.raises(ValueError, match="model config"):
         DecisionConfig(model_name="huge")
+
+
+def test_an_arm_with_a_diverged_run_is_summarized_not_a_crash():
+    from types import SimpleNamespace
+
+    from ito_assets.training.decision import _summarize
+
+    report = SimpleNamespace(metric=lambda name: 0.5)
+    runs = [SimpleNamespace(primary=value, report=report) for value in (1.0, float("nan"), 1.2)]
+    summary = _summarize("candidate", runs, num_documents=3, num_tokens=30)
+    assert summary.stdev != summary.stdev and summary.accuracy == 0.5  # NaN, reported as such
+    steady = _summarize("candidate", [SimpleNamespace(primary=v, report=report) for v in (1.0, 1.2)], 2, 20)
+    assert steady.stdev == pytest.approx(0.1414213562, rel=1e-9)
