@@ -1,4 +1,4 @@
-"""The README's code table is the catalogue: every code once, with the status the API answers it
+"""The code table of docs/api.md is the catalogue: every code once, with the status the API answers it
 with and its default retryability."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from pathlib import Path
 from ito_assets.api.routes.common import _STATUS
 from ito_assets.errors import RETRYABLE, ErrorCode
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+CODE_TABLE = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 _ROW = re.compile(r"^\| `([A-Z0-9_]+)` \| (\d{3}|-) \| (yes|no) \| .+ \|$")
 
 
 def _table() -> dict[str, tuple[str, str]]:
-    section = README.read_text().split("\n## Error codes\n", 1)[1].split("\n## ", 1)[0]
+    section = CODE_TABLE.read_text().split("\n## Error codes\n", 1)[1].split("\n## ", 1)[0]
     rows = [_ROW.match(line) for line in section.splitlines() if line.startswith("| `")]
     assert all(rows), "a row of the code table is malformed"
     codes = [row.group(1) for row in rows]

@@ -1,4 +1,4 @@
-"""The whole flow of the README through the client against a real server."""
+"""The whole flow of docs/api.md through the client against a real server."""
 
 from __future__ import annotations
 

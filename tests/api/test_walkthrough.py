@@ -1,4 +1,4 @@
-"""The README's whole flow on the embedded default (what `make run` can call) with the fixture manifest."""
+"""The whole flow of docs/api.md on the embedded default (what `make run` can call) with the fixture manifest."""
 
 from __future__ import annotations
 
