@@ -12,7 +12,6 @@ unreadable file is SHARD_CORRUPT, named relative to its store.
 from __future__ import annotations
 
 import errno
-import hashlib
 import hmac
 import json
 import os
@@ -26,6 +25,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ito_assets.digests import file_sha256
 from ito_assets.errors import ErrorCode, ItoError
 
 SUCCESS_MARKER = "_SUCCESS"
@@ -81,14 +81,6 @@ class ShardSet:
 
     def as_dicts(self) -> list[dict]:
         return [asdict(s) for s in self.shards]
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def store_name(path: str | Path, store: str | Path = "") -> str:

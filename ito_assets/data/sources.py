@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from ito_assets.data.text import NORMALIZATION_VERSION, normalize
+from ito_assets.digests import file_sha256
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.schema import DataReference
 
@@ -87,11 +89,7 @@ def source_digest(ref: DataReference, data_root: Path) -> str:
     path = resolve_uri(ref.uri, data_root)
     if not path.is_file():
         return ""
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return file_sha256(path)
 
 
 # Records parsed per frame: ~8k documents of a few kB, as the later stages read them.
@@ -100,20 +98,16 @@ Records = tuple[list[str | None], list[str], list[int]]  # source record ids, te
 
 
 def snapshot(ref: DataReference, data_root: Path, copy: Path) -> None:
-    """A private copy of the file a reference names, at `copy`, hashed while it is copied (1 MiB
-    at a time); a copy that does not hash to the manifest's sha256 is removed and blocks
+    """A private copy of the file a reference names, at `copy`, then the copy's own bytes hashed;
+    a copy that does not hash to the manifest's sha256 is removed and blocks
     (SOURCE_DIGEST_MISMATCH). The copy is what is parsed, so what was verified is what is used,
     without holding the file in memory; the source itself may change meanwhile."""
     path = resolve_uri(ref.uri, data_root)
     if not path.is_file():
         raise ItoError(ErrorCode.SOURCE_NOT_FOUND, f"data reference {ref.uri} does not exist")
     copy.parent.mkdir(parents=True, exist_ok=True)
-    digest = hashlib.sha256()
-    with path.open("rb") as source, copy.open("wb") as target:
-        for block in iter(lambda: source.read(1 << 20), b""):
-            digest.update(block)
-            target.write(block)
-    if not hmac.compare_digest(digest.hexdigest(), ref.sha256):
+    shutil.copyfile(path, copy)
+    if not hmac.compare_digest(file_sha256(copy), ref.sha256):
         copy.unlink()
         raise ItoError(ErrorCode.SOURCE_DIGEST_MISMATCH, f"data reference {ref.uri} does not hash to the manifest's sha256")
 

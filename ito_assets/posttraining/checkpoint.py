@@ -7,13 +7,13 @@ is loaded only when its bytes still hash to the recorded digest.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from ito_assets.digests import file_sha256
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.posttraining.policy import CausalLM
 
@@ -31,14 +31,6 @@ class CheckpointRecord:
                 "policy_version": self.policy_version}
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def save_policy(policy: CausalLM, path: Path, *, stage: str, policy_version: int) -> CheckpointRecord:
     """Write atomically (temporary file, fsync, rename): a crash never leaves a partial file
     under the final name."""
@@ -50,14 +42,14 @@ def save_policy(policy: CausalLM, path: Path, *, stage: str, policy_version: int
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(partial, path)
-    return CheckpointRecord(stage=stage, path=str(path), sha256=_sha256(path), num_bytes=path.stat().st_size,
+    return CheckpointRecord(stage=stage, path=str(path), sha256=file_sha256(path), num_bytes=path.stat().st_size,
                             policy_version=policy_version)
 
 
 def load_policy(policy: CausalLM, record: CheckpointRecord) -> CausalLM:
     """Load `record` into `policy` (same architecture) after checking its digest."""
     path = Path(record.path)
-    if not path.is_file() or _sha256(path) != record.sha256:
+    if not path.is_file() or file_sha256(path) != record.sha256:
         raise ItoError(ErrorCode.CHECKPOINT_DIGEST_MISMATCH, f"the {record.stage} checkpoint is missing or changed")
     policy.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
     return policy

@@ -9,18 +9,17 @@ digests added because a marker alone does not catch a flipped byte).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ito_assets.digests import file_sha256
 from ito_assets.runtime.storage import write_atomic
 
 MARKER_NAME = "COMPLETE.json"
 METADATA_NAME = ".metadata"
 _DIR_PATTERN = re.compile(r"step-([0-9]{9})")  # ASCII digits, the whole name (fullmatch)
-_CHUNK = 1 << 20
 
 
 def checkpoint_dir(stage_dir: Path, step: int) -> Path:
@@ -30,14 +29,6 @@ def checkpoint_dir(stage_dir: Path, step: int) -> Path:
 def step_of(path: Path) -> int | None:
     match = _DIR_PATTERN.fullmatch(path.name)
     return int(match.group(1)) if match else None
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _is_temporary(name: str) -> bool:
@@ -63,7 +54,7 @@ class Marker:
 
 def write_marker(folder: Path, step: int) -> Marker:
     """Hash every file of a finished save and write the marker last (atomic rename)."""
-    files = tuple((p.name, p.stat().st_size, sha256_file(p)) for p in _payload_files(folder))
+    files = tuple((p.name, p.stat().st_size, file_sha256(p)) for p in _payload_files(folder))
     metadata = next((digest for name, _, digest in files if name == METADATA_NAME), None)
     if metadata is None:
         raise RuntimeError("a finished DCP save has a .metadata file; this folder has none")
@@ -94,7 +85,7 @@ def validate(folder: Path) -> str | None:
         return "files differ from the marker's list"
     for name, size, digest in marker.files:
         path = folder / name
-        if path.stat().st_size != size or sha256_file(path) != digest:
+        if path.stat().st_size != size or file_sha256(path) != digest:
             return f"digest mismatch in {name}"
     return None
 

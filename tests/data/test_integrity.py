@@ -25,8 +25,9 @@ from data_frames import edit_words, random_text
 from ito_assets.data import lineage, shards, stages
 from ito_assets.data.config import DataPrepConfig, ScaleConfig
 from ito_assets.data.scratch import scratch_space
-from ito_assets.data.shards import Shard, file_sha256
+from ito_assets.data.shards import Shard
 from ito_assets.data.warehouse import CONSUMERS, LOG, connect, is_corrupt, journal_folder
+from ito_assets.digests import file_sha256
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.evals.suite import EvalSuite, load_suite
 from ito_assets.manifest.verify import VerifiedManifest, verify_manifest

@@ -31,7 +31,7 @@ def test_a_finished_save_has_a_marker_a_registry_record_and_a_metadata_digest(tm
     records = registry.read(tmp_path)
     assert [r.step for r in records] == [5, 10]
     folder = markers.checkpoint_dir(tmp_path, 10)
-    assert records[1].metadata_sha256 == markers.sha256_file(folder / ".metadata")
+    assert records[1].metadata_sha256 == markers.file_sha256(folder / ".metadata")
     assert records[1].num_bytes == sum(p.stat().st_size for p in folder.iterdir() if p.name != "COMPLETE.json")
     assert 0 <= records[1].blocking_seconds <= records[1].total_seconds
     assert records[1].bandwidth_bytes_per_second == records[1].num_bytes / records[1].total_seconds

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from ito_assets import digests
 from ito_assets.runtime import markers
 from ito_assets.runtime.markers import MARKER_NAME, METADATA_NAME, Marker
 
@@ -46,13 +47,13 @@ def no_hashing(monkeypatch):
     must come before any digest is computed)."""
     def arm(*names: str) -> None:
         """`names`: only these files may not be hashed (those a size check already refuses)."""
-        real = markers.sha256_file
+        real = markers.file_sha256
 
         def refuse(path):
             if names and path.name not in names:
                 return real(path)
             raise AssertionError(f"hashed {path.name} although it was already refused")
-        monkeypatch.setattr(markers, "sha256_file", refuse)
+        monkeypatch.setattr(markers, "file_sha256", refuse)
     return arm
 
 
@@ -97,12 +98,12 @@ def test_step_of_reads_only_the_last_path_component():
 # --- hashing and writing -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("size", [0, 1, (1 << 20) - 1, 1 << 20, (1 << 20) + 1, 2 * (1 << 20) + 3])
-def test_sha256_file_hashes_every_byte_across_chunk_boundaries(tmp_path, size):
-    data = bytes((i * 31 + 7) % 256 for i in range(size))
+def test_markers_hash_files_with_the_one_file_digest(tmp_path):
+    # Across block sizes: tests/test_digests.py.
     path = tmp_path / "blob"
-    path.write_bytes(data)
-    assert markers.sha256_file(path) == _sha(data)
+    path.write_bytes(b"checkpoint bytes")
+    assert markers.file_sha256 is digests.file_sha256
+    assert markers.file_sha256(path) == _sha(b"checkpoint bytes")
 
 
 def test_write_marker_lists_every_payload_file_sorted_with_size_and_digest(tmp_path):
@@ -340,8 +341,8 @@ def test_the_first_mismatching_file_in_the_markers_order_is_named(tmp_path):
 def test_validate_hashes_every_listed_file_of_a_whole_checkpoint(tmp_path, monkeypatch):
     folder = _save(tmp_path)
     hashed = []
-    real = markers.sha256_file
-    monkeypatch.setattr(markers, "sha256_file", lambda path: hashed.append(path.name) or real(path))
+    real = markers.file_sha256
+    monkeypatch.setattr(markers, "file_sha256", lambda path: hashed.append(path.name) or real(path))
     assert markers.validate(folder) is None
     assert sorted(hashed) == sorted([METADATA_NAME, *SHARDS])
 
