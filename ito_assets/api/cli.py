@@ -13,10 +13,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Sequence
 
 from ito_assets.api import envelope
+from ito_assets.api.commands.result import VerbResult
 from ito_assets.api.terminal import escape
 from ito_assets.errors import ErrorCode, ItoError
 
@@ -27,19 +27,6 @@ DEFAULT_TIMEOUT_S = 120.0
 MAX_TIMEOUT_S = 3600.0
 TIMEOUT_HELP = f"seconds the whole operation may take, retries included (default {DEFAULT_TIMEOUT_S:g})"
 EXIT_BROKEN_PIPE = 141
-
-
-@dataclass
-class Outcome:
-    """What a verb returns: the envelope's data, and whether any byte reached the API."""
-
-    data: dict[str, Any]
-    live_api_contacted: bool = False
-    notice: str | None = None
-    text: list[str] = field(default_factory=list)  # readable lines for the non-JSON mode
-
-
-Handler = Callable[[argparse.Namespace], Outcome]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -82,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     # Issue 3: the gates and the run lifecycle. Each module imports its heavy dependencies lazily.
     for module in (confirm, train, lifecycle, spend, readiness, desk, serve):
         module.register(verbs)
+    # `readiness` and `train` compare these verbs with the capabilities they need.
+    parser.set_defaults(**{readiness.CLIENT_VERBS: frozenset(verbs.choices)})
     # Also accepted after the verb. SUPPRESS: a subcommand that was not given --timeout must not
     # overwrite the top-level value (argparse copies a subparser's defaults over its parent's).
     for sub in _subparsers(parser):
@@ -90,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _print_text(outcome: Outcome) -> None:
+def _print_text(outcome: VerbResult) -> None:
     for line in outcome.text or [f"{k}: {v}" for k, v in outcome.data.items()]:
         print(escape(str(line)))
 
@@ -99,7 +88,7 @@ def run(argv: Sequence[str]) -> tuple[dict, int]:
     """Parse and dispatch; returns the envelope and the exit status (also used by tests)."""
     try:
         args = build_parser().parse_args(list(argv))
-        outcome: Outcome = args.handler(args)
+        outcome: VerbResult = args.handler(args)
     except ItoError as error:
         contacted = bool(getattr(error, "live_api_contacted", False))
         return envelope.failure(error, live_api_contacted=contacted), 2 if error.code is ErrorCode.USAGE_ERROR else 1
@@ -122,7 +111,7 @@ def _main(argv: list[str]) -> int:
     if as_json:
         print(envelope.dumps(document))
     elif document["ok"]:
-        _print_text(Outcome(data=document["data"], text=text or []))
+        _print_text(VerbResult(data=document["data"], text=text or []))
     else:
         err = document["error"]
         print(f"error {err['code']}: {escape(str(err['message']))}", file=sys.stderr)

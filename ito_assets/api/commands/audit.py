@@ -8,7 +8,7 @@ import argparse
 import re
 from datetime import datetime
 
-from ito_assets.api.cli import Outcome
+from ito_assets.api.commands.result import VerbResult
 from ito_assets.api.terminal import escape
 from ito_assets.errors import ErrorCode, ItoError
 
@@ -79,7 +79,7 @@ def _why(entry: dict) -> str:
     return "no decision recorded yet (the clean_shards asset has not run for this manifest)"
 
 
-def _doc(args: argparse.Namespace) -> Outcome:
+def _doc(args: argparse.Namespace) -> VerbResult:
     if not _DOC_ID.fullmatch(args.doc_id):
         raise ItoError(ErrorCode.USAGE_ERROR, "a document id is 16 lower-case hex digits")
     lineage, con = _open()
@@ -100,20 +100,20 @@ def _doc(args: argparse.Namespace) -> Outcome:
             "  consumed by runs:",
             *_table(entry["consumed_by"], ["run_id", "stage", "consumed_at"]),
         ]
-    return Outcome(data={"doc_id": args.doc_id, "manifests": found}, live_api_contacted=False, text=text)
+    return VerbResult(data={"doc_id": args.doc_id, "manifests": found}, live_api_contacted=False, text=text)
 
 
-def _eval_item(args: argparse.Namespace) -> Outcome:
+def _eval_item(args: argparse.Namespace) -> VerbResult:
     if not _ITEM_ID.fullmatch(args.item_id):
         raise ItoError(ErrorCode.USAGE_ERROR, "an eval item id is 1-256 printable characters without spaces")
     lineage, con = _open()
     with con:
         hits = _plain(lineage.audit_eval_item(con, args.item_id))
     text = [f"eval item {args.item_id}: {len(hits)} matching document(s)", *_table(hits, ["doc_id", "source_uri", "row", "view", "overlap_ratio", "action", "char_start", "char_end", "matched_ngram"])]
-    return Outcome(data={"eval_item_id": args.item_id, "num_documents": len({h["doc_id"] for h in hits}), "hits": hits}, live_api_contacted=False, text=text)
+    return VerbResult(data={"eval_item_id": args.item_id, "num_documents": len({h["doc_id"] for h in hits}), "hits": hits}, live_api_contacted=False, text=text)
 
 
-def _manifest(args: argparse.Namespace) -> Outcome:
+def _manifest(args: argparse.Namespace) -> VerbResult:
     if not _DIGEST.fullmatch(args.digest):
         raise ItoError(ErrorCode.USAGE_ERROR, "a manifest digest is sha256: and hex digits, or at least 6 hex digits")
     lineage, con = _open()
@@ -132,4 +132,4 @@ def _manifest(args: argparse.Namespace) -> Outcome:
         "clean shards:", *_table(report["clean_shards"], ["shard_sha256", "num_rows", "shard_path"]),
         "consumed by runs:", *_table(report["consumed_by"], ["run_id", "stage", "consumed_at"]),
     ]
-    return Outcome(data={"manifest_digest": matches[0], **report}, live_api_contacted=False, text=text)
+    return VerbResult(data={"manifest_digest": matches[0], **report}, live_api_contacted=False, text=text)

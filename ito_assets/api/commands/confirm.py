@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import base64
 
-from ito_assets.api.cli import Outcome
+from ito_assets.api.commands.result import VerbResult
 from ito_assets.errors import ErrorCode, ItoError
 
 
@@ -35,7 +35,7 @@ def read_manifest_for_upload(path: str) -> tuple[str, str]:
     return verified.digest, base64.b64encode(verified.raw.data).decode("ascii")
 
 
-def _request(args: argparse.Namespace) -> Outcome:
+def _request(args: argparse.Namespace) -> VerbResult:
     from ito_assets.api.client_config import connect
 
     body: dict = {"action": args.action}
@@ -65,4 +65,4 @@ def _request(args: argparse.Namespace) -> Outcome:
         f"cost: {binding.get('cost_cents', 0) / 100:.2f} USD  expires at: {binding.get('expires_at')}",
         "approval: pending (the booking desk approves with `ito desk approve`)",
     ]
-    return Outcome(data=data, live_api_contacted=client.contacted, text=text)
+    return VerbResult(data=data, live_api_contacted=client.contacted, text=text)

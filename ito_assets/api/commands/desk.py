@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from datetime import datetime
 
-from ito_assets.api.cli import Outcome
+from ito_assets.api.commands.result import VerbResult
 from ito_assets.errors import ErrorCode, ItoError
 
 
@@ -94,25 +94,25 @@ def _client(args: argparse.Namespace):
     return connect(timeout_s=args.timeout)
 
 
-def _done(client, data: dict, text: list[str] | None = None) -> Outcome:
-    return Outcome(data=data, live_api_contacted=client.contacted, text=text or [])
+def _done(client, data: dict, text: list[str] | None = None) -> VerbResult:
+    return VerbResult(data=data, live_api_contacted=client.contacted, text=text or [])
 
 
 def _post(path: str, **fields: str):
-    def handler(args: argparse.Namespace) -> Outcome:
+    def handler(args: argparse.Namespace) -> VerbResult:
         client = _client(args)
         return _done(client, client.post(path, {name: getattr(args, attr) for name, attr in fields.items()}))
     return handler
 
 
 def _get(path: str):
-    def handler(args: argparse.Namespace) -> Outcome:
+    def handler(args: argparse.Namespace) -> VerbResult:
         client = _client(args)
         return _done(client, client.get(path))
     return handler
 
 
-def _budgets(args: argparse.Namespace) -> Outcome:
+def _budgets(args: argparse.Namespace) -> VerbResult:
     from urllib.parse import quote
 
     from ito_assets.api.commands.spend import budget_lines, query
@@ -123,7 +123,7 @@ def _budgets(args: argparse.Namespace) -> Outcome:
                                 *budget_lines(data.get("budgets", []))])
 
 
-def _issue(args: argparse.Namespace) -> Outcome:
+def _issue(args: argparse.Namespace) -> VerbResult:
     from ito_assets.api.client_config import write_secret_file
 
     if (args.role == "account") != bool(args.account):
@@ -136,7 +136,7 @@ def _issue(args: argparse.Namespace) -> Outcome:
     return _done(client, data, [f"token {data['token_id']} ({args.role}) written to the 0600 file given by --out"])
 
 
-def _create_booking(args: argparse.Namespace) -> Outcome:
+def _create_booking(args: argparse.Namespace) -> VerbResult:
     names = ("gpu_type", "num_gpus", "num_nodes", "topology", "region", "network", "starts_at", "ends_at",
              "price_per_gpu_hour_cents")
     missing = [n for n in names if getattr(args, n) is None]
@@ -147,7 +147,7 @@ def _create_booking(args: argparse.Namespace) -> Outcome:
                                                            **{n: getattr(args, n) for n in names}}))
 
 
-def _list_bookings(args: argparse.Namespace) -> Outcome:
+def _list_bookings(args: argparse.Namespace) -> VerbResult:
     from urllib.parse import quote
 
     client = _client(args)
@@ -164,13 +164,13 @@ def _booking_path(booking_id: str, verb: str) -> str:
 
 
 def _transition(verb: str):
-    def handler(args: argparse.Namespace) -> Outcome:
+    def handler(args: argparse.Namespace) -> VerbResult:
         client = _client(args)
         return _done(client, client.post(_booking_path(args.booking_id, verb), {}))
     return handler
 
 
-def _amend(args: argparse.Namespace) -> Outcome:
+def _amend(args: argparse.Namespace) -> VerbResult:
     from ito_assets.gates.bookings import AMENDABLE
 
     changes = {n: getattr(args, n) for n in AMENDABLE if getattr(args, n, None) is not None}
@@ -180,14 +180,14 @@ def _amend(args: argparse.Namespace) -> Outcome:
     return _done(client, client.post(_booking_path(args.booking_id, "amend"), changes))
 
 
-def _show(args: argparse.Namespace) -> Outcome:
+def _show(args: argparse.Namespace) -> VerbResult:
     client = _client(args)
     data = client.post("/v1/desk/confirmations/show", {"confirmation_ref": args.ref})
     text = [f"{k}: {v}" for k, v in data.items() if k != "eligibility"]
     return _done(client, data, text)
 
 
-def _approve(args: argparse.Namespace) -> Outcome:
+def _approve(args: argparse.Namespace) -> VerbResult:
     client = _client(args)
     body = {"confirmation_ref": args.ref, "cost_cents": args.cost_cents, "manifest_digest": args.manifest_digest}
     return _done(client, client.post("/v1/desk/confirmations/approve", body))
@@ -205,7 +205,7 @@ def _proposals_path(run_id: str, proposal_id: str | None = None) -> str:
     return f"/v1/desk/runs/{run_id}/proposals" + (f"/{proposal_id}" if proposal_id else "")
 
 
-def _list_proposals(args: argparse.Namespace) -> Outcome:
+def _list_proposals(args: argparse.Namespace) -> VerbResult:
     path = _proposals_path(args.run_id)
     client = _client(args)
     data = client.get(path)
@@ -216,14 +216,14 @@ def _list_proposals(args: argparse.Namespace) -> Outcome:
 
 
 def _decide_proposal(decision: str):
-    def handler(args: argparse.Namespace) -> Outcome:
+    def handler(args: argparse.Namespace) -> VerbResult:
         path = _proposals_path(args.run_id, args.proposal_id)
         client = _client(args)
         return _done(client, client.post(path, {"decision": decision}))
     return handler
 
 
-def _bootstrap(args: argparse.Namespace) -> Outcome:
+def _bootstrap(args: argparse.Namespace) -> VerbResult:
     """Local: whoever can open the ledger administers it; the token goes to a new 0600 file."""
     import os
 
@@ -245,5 +245,5 @@ def _bootstrap(args: argparse.Namespace) -> Outcome:
     finally:
         ledger.dispose()
     write_secret_file(args.token_out, issued.secret)
-    return Outcome(data={"token_id": issued.token_id, "role": "desk", "written_to_file": True},
+    return VerbResult(data={"token_id": issued.token_id, "role": "desk", "written_to_file": True},
                    live_api_contacted=False, text=[f"desk token {issued.token_id} written to --token-out"])

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from ito_assets.api.cli import Outcome
+from ito_assets.api.commands.result import VerbResult
 from ito_assets.errors import ErrorCode, ItoError
 
 # Watch backoff: start at --interval, grow by half each poll, never above 15 s, so a long run
@@ -122,7 +122,7 @@ def _watch(client, args: argparse.Namespace) -> tuple[dict, str | None]:
         interval = min(interval * _WATCH_GROWTH, _WATCH_MAX_INTERVAL_S)
 
 
-def _status(args: argparse.Namespace) -> Outcome:
+def _status(args: argparse.Namespace) -> VerbResult:
     from ito_assets.api.client_config import connect
 
     if bool(args.run_id) == bool(args.idempotency_key):
@@ -137,11 +137,11 @@ def _status(args: argparse.Namespace) -> Outcome:
     except ItoError as error:
         error.live_api_contacted = getattr(error, "live_api_contacted", False) or client.contacted
         raise
-    return Outcome(data=data, live_api_contacted=client.contacted, notice=notice, text=_status_text(data))
+    return VerbResult(data=data, live_api_contacted=client.contacted, notice=notice, text=_status_text(data))
 
 
 def _telemetry(name: str):
-    def handler(args: argparse.Namespace) -> Outcome:
+    def handler(args: argparse.Namespace) -> VerbResult:
         from ito_assets.api.client_config import connect
 
         path = _run_path(args.run_id)
@@ -152,7 +152,7 @@ def _telemetry(name: str):
         text = [f"{name} of {data.get('run_id')} ({data.get('state')}): {data.get(f'num_{name}')} entries"]
         for item in data.get(name, []):
             text.append("  " + "  ".join(f"{k}={v}" for k, v in item.items()))
-        return Outcome(data=data, live_api_contacted=client.contacted, text=text)
+        return VerbResult(data=data, live_api_contacted=client.contacted, text=text)
     return handler
 
 
@@ -165,7 +165,7 @@ def _checked_mutation(args: argparse.Namespace) -> str:
     return validate_key(args.idempotency_key)
 
 
-def _cancel(args: argparse.Namespace) -> Outcome:
+def _cancel(args: argparse.Namespace) -> VerbResult:
     from ito_assets.api.client_config import connect
 
     path = _run_path(args.run_id)
@@ -176,10 +176,10 @@ def _cancel(args: argparse.Namespace) -> Outcome:
     data = client.post_idempotent(f"{path}/cancel", {"confirmation_ref": args.confirmation_ref,
                                                      "idempotency_key": key}, key=key, action="cancel",
                                   fingerprint=request_fingerprint("cancel", run_id=args.run_id))
-    return Outcome(data=data, live_api_contacted=client.contacted, text=_status_text(data))
+    return VerbResult(data=data, live_api_contacted=client.contacted, text=_status_text(data))
 
 
-def _cleanup(args: argparse.Namespace) -> Outcome:
+def _cleanup(args: argparse.Namespace) -> VerbResult:
     from ito_assets.api.client_config import connect
 
     from ito_assets.gates.ids import is_confirmation_ref
@@ -199,6 +199,6 @@ def _cleanup(args: argparse.Namespace) -> Outcome:
             *[f"  - {r['run_id']}: {r['num_files_removed']} files, {r['num_checkpoints_removed']} checkpoints"
               for r in data.get("runs", [])],
             f"bookings released: {', '.join(b['booking_id'] for b in data.get('bookings_changed', [])) or 'none'}"]
-    return Outcome(data=data, live_api_contacted=client.contacted, text=text)
+    return VerbResult(data=data, live_api_contacted=client.contacted, text=text)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ito_assets.api.cli import Outcome
+from ito_assets.api.commands.result import VerbResult
 
 
 def register(verbs: argparse._SubParsersAction) -> None:
@@ -17,7 +17,7 @@ def register(verbs: argparse._SubParsersAction) -> None:
     verify.set_defaults(handler=_verify)
 
 
-def _verify(args: argparse.Namespace) -> Outcome:
+def _verify(args: argparse.Namespace) -> VerbResult:
     from ito_assets.manifest import verify
     from ito_assets.settings import load_settings
 
@@ -37,4 +37,4 @@ def _verify(args: argparse.Namespace) -> Outcome:
         *[f"  - {r['uri']} [{r['license']}, {r['format']}]" for r in summary["data_references"]],
         f"budget: cap {summary['budget']['cap_cents'] / 100:.2f} USD, max incremental {summary['budget']['max_incremental_cents'] / 100:.2f} USD",
     ]
-    return Outcome(data=data, live_api_contacted=False, text=text)
+    return VerbResult(data=data, live_api_contacted=False, text=text)

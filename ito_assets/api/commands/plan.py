@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from ito_assets.api.cli import Outcome
+from ito_assets.api.commands.result import VerbResult
 from ito_assets.errors import ErrorCode, ItoError
 
 _BOOKING_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
@@ -79,7 +79,7 @@ def _quote(args: argparse.Namespace) -> tuple[dict, bool]:
     return quote, client.contacted
 
 
-def _plan(args: argparse.Namespace) -> Outcome:
+def _plan(args: argparse.Namespace) -> VerbResult:
     from ito_assets.manifest import verify
     from ito_assets.settings import load_settings
     from ito_assets.training.run_plan import plan_run
@@ -95,12 +95,12 @@ def _plan(args: argparse.Namespace) -> Outcome:
     if given:
         run_plan = plan_run(verified.manifest, _offline_hardware(args))  # PlanRefused is PLAN_REFUSED
         data.update(cost_cents=None, plan=run_plan.to_dict())
-        return Outcome(data=data, live_api_contacted=False, notice=OFFLINE_NOTICE, text=_text(data))
+        return VerbResult(data=data, live_api_contacted=False, notice=OFFLINE_NOTICE, text=_text(data))
     quote, contacted = _quote(args)
     run_plan = plan_run(verified.manifest, booked_hardware(quote["booking"]))
     data.update(cost_cents=quote["cost_cents"], budget=quote["budget"], booking=quote["booking"],
                 plan=run_plan.to_dict())
-    return Outcome(data=data, live_api_contacted=contacted, text=_text(data))
+    return VerbResult(data=data, live_api_contacted=contacted, text=_text(data))
 
 
 def _text(data: dict) -> list[str]:

@@ -6,8 +6,14 @@ from __future__ import annotations
 
 import argparse
 
-from ito_assets.api.cli import Outcome
+from ito_assets.api.commands.result import VerbResult
+from collections.abc import Collection
+
 from ito_assets.errors import ErrorCode, ItoError
+
+# The entry point stores the verbs it registered in every parse result under this name, so that a
+# verb can list its siblings without importing the entry point (which imports every verb).
+CLIENT_VERBS = "client_verbs"
 
 
 def register(verbs: argparse._SubParsersAction) -> None:
@@ -16,19 +22,17 @@ def register(verbs: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=_readiness)
 
 
-def client_verbs() -> set[str]:
-    from ito_assets.api.cli import build_parser
-
-    parser = build_parser()
-    return {name for action in parser._subparsers._group_actions for name in action.choices}  # noqa: SLF001
+def client_verbs(args: argparse.Namespace) -> set[str]:
+    """The verbs of the parser that parsed `args` (none when it did not record them)."""
+    return set(getattr(args, CLIENT_VERBS, ()))
 
 
-def require_local_capabilities() -> None:
+def require_local_capabilities(verbs: Collection[str]) -> None:
     """SPEC.md, "Production limit today": train fails closed, before any credential is resolved,
-    while a gate or lifecycle operation is missing from this client."""
+    while a gate or lifecycle operation is missing from this client (`verbs`: its verbs)."""
     from ito_assets.gates.capabilities import missing
 
-    absent = missing(client_verbs())
+    absent = missing(set(verbs))
     if absent:
         raise ItoError(ErrorCode.CAPABILITY_MISSING, f"managed training is unavailable; missing: {', '.join(absent)}")
 
@@ -44,10 +48,10 @@ def _server_view(args: argparse.Namespace) -> tuple[dict[str, bool] | None, bool
     return {c["name"]: bool(c.get("available")) for c in data.get("capabilities", [])}, True
 
 
-def _readiness(args: argparse.Namespace) -> Outcome:
+def _readiness(args: argparse.Namespace) -> VerbResult:
     from ito_assets.gates.capabilities import CAPABILITIES
 
-    verbs = client_verbs()
+    verbs = client_verbs(args)
     server, contacted = _server_view(args)
     rows = []
     for c in CAPABILITIES:
@@ -59,4 +63,4 @@ def _readiness(args: argparse.Namespace) -> Outcome:
     notice = None if server is not None else "the API did not answer; its capabilities are unknown"
     text = [f"{r['kind']:<9} {r['name']:<18} {r['status']}" for r in rows]
     text.append("managed training: " + ("available" if ready else "unavailable"))
-    return Outcome(data={"ready": ready, "capabilities": rows}, live_api_contacted=contacted, notice=notice, text=text)
+    return VerbResult(data={"ready": ready, "capabilities": rows}, live_api_contacted=contacted, notice=notice, text=text)

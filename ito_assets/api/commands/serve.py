@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from ito_assets.api.cli import Outcome
+from ito_assets.api.commands.result import VerbResult
 from ito_assets.errors import ErrorCode, ItoError
 
 
@@ -22,7 +22,7 @@ def register(verbs: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=_serve)
 
 
-def _serve(args: argparse.Namespace) -> Outcome:
+def _serve(args: argparse.Namespace) -> VerbResult:
     from ito_assets.api import server
     from ito_assets.api.client_config import is_loopback
 
@@ -33,4 +33,4 @@ def _serve(args: argparse.Namespace) -> Outcome:
     if not 0 <= port <= 65535:
         raise ItoError(ErrorCode.USAGE_ERROR, "--port must be between 0 and 65535")
     server.serve(server.load_config(host, port), ready_file=args.ready_file)
-    return Outcome(data={"stopped": True}, text=["ito serve: stopped"])
+    return VerbResult(data={"stopped": True}, text=["ito serve: stopped"])

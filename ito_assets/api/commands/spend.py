@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from urllib.parse import urlencode
 
-from ito_assets.api.cli import Outcome
+from ito_assets.api.commands.result import VerbResult
 from ito_assets.errors import ErrorCode, ItoError
 
 MAX_LIMIT = 500
@@ -42,7 +42,7 @@ def budget_lines(budgets: list[dict]) -> list[str]:
             f"({b['num_runs']} runs)" for b in budgets]
 
 
-def _runs(args: argparse.Namespace) -> Outcome:
+def _runs(args: argparse.Namespace) -> VerbResult:
     from ito_assets.api.client_config import connect
 
     if not 1 <= args.limit <= MAX_LIMIT:
@@ -55,14 +55,14 @@ def _runs(args: argparse.Namespace) -> Outcome:
              f"manifest {r['manifest_sha256']}" for r in data.get("runs", [])]
     if data.get("next_after"):
         text.append(f"more: --after {data['next_after']}")
-    return Outcome(data=data, live_api_contacted=client.contacted, text=text)
+    return VerbResult(data=data, live_api_contacted=client.contacted, text=text)
 
 
-def _budget(args: argparse.Namespace) -> Outcome:
+def _budget(args: argparse.Namespace) -> VerbResult:
     from ito_assets.api.client_config import connect
 
     client = connect(timeout_s=args.timeout)
     data = client.get("/v1/budgets" + query(manifest_digest=args.manifest))
-    return Outcome(data=data, live_api_contacted=client.contacted,
+    return VerbResult(data=data, live_api_contacted=client.contacted,
                    text=[f"budgets of {data.get('account_id')}: {data.get('num_budgets')}",
                          *budget_lines(data.get("budgets", []))])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from ito_assets.api.cli import Outcome
+from ito_assets.api.commands.result import VerbResult
 from ito_assets.errors import ErrorCode, ItoError
 
 
@@ -23,14 +23,14 @@ def register(verbs: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=_train)
 
 
-def _train(args: argparse.Namespace) -> Outcome:
+def _train(args: argparse.Namespace) -> VerbResult:
     from ito_assets.api.client_config import connect
     from ito_assets.api.commands.confirm import read_manifest_for_upload
-    from ito_assets.api.commands.readiness import require_local_capabilities
+    from ito_assets.api.commands.readiness import client_verbs, require_local_capabilities
     from ito_assets.gates.fingerprint import request_fingerprint, validate_key
     from ito_assets.gates.ids import is_confirmation_ref
 
-    require_local_capabilities()
+    require_local_capabilities(client_verbs(args))
     if not is_confirmation_ref(args.confirmation_ref):
         # A pasted token or anything else that is not a reference never travels.
         raise ItoError(ErrorCode.CONFIRMATION_INVALID, "the confirmation reference is malformed (expected cfr_...)")
@@ -45,4 +45,4 @@ def _train(args: argparse.Namespace) -> Outcome:
     text = [f"run {verb}: {data.get('run_id')}", f"state: {data.get('state')}",
             f"booking: {data.get('booking_id')}", f"manifest: {data.get('manifest_sha256')}",
             f"idempotency key: {data.get('idempotency_key')}"]
-    return Outcome(data=data, live_api_contacted=client.contacted, text=text)
+    return VerbResult(data=data, live_api_contacted=client.contacted, text=text)
