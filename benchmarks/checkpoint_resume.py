@@ -31,7 +31,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata  # noqa:
 
 from ito_assets.runtime import events, markers  # noqa: E402
 from ito_assets.runtime.config import WorkerConfig  # noqa: E402
-from ito_assets.runtime.launch import torchrun_command  # noqa: E402
+from ito_assets.runtime.launch import worker_command  # noqa: E402
 
 VOCAB = 512
 
@@ -53,7 +53,7 @@ def _run(config: WorkerConfig, nproc: int) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(config.to_json())
     env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")}
-    done = subprocess.run(torchrun_command(path, nproc), env=env, capture_output=True, text=True)
+    done = subprocess.run(worker_command(path, nproc), env=env, capture_output=True, text=True)
     expected = 0 if config.stop_after_step is None else 1  # a planned stop exits EXIT_STOPPED: torchrun says 1
     if done.returncode != expected:
         print(done.stderr[-3000:], file=sys.stderr)

@@ -26,6 +26,8 @@ class BackendKind(str, enum.Enum):
 
 
 class Attempt(Protocol):
+    """One started attempt: `local.LocalAttempt`, `slurm.SlurmAttempt` or `kubernetes.KubernetesAttempt`."""
+
     @property
     def number(self) -> int: ...
 
@@ -45,6 +47,8 @@ class Attempt(Protocol):
 
 
 class Backend(Protocol):
+    """`local.LocalBackend`, `slurm.SlurmBackend` or `kubernetes.KubernetesBackend`."""
+
     def start(self, spec: LaunchSpec, *, number: int, log_path: Path) -> Attempt:
         """Start attempt `number` of `spec`; its launchers' output goes to `log_path` where the back end can."""
 

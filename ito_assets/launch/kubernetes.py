@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from ito_assets.launch.spec import LaunchSpec, torchrun_args
+from ito_assets.launch.spec import LaunchSpec, torchrun_command
 
 _MAX_NAME = 63  # a DNS-1123 label
 VOLUME_NAME = "ito-shared"
@@ -98,7 +98,7 @@ def _container(spec: LaunchSpec, settings: KubernetesSettings) -> dict:
     return {
         "name": CONTAINER_NAME,
         "image": settings.image,
-        "command": [settings.python, "-m", "torch.distributed.run", *torchrun_args(spec, rdzv_endpoint=endpoint)],
+        "command": torchrun_command(spec, python=settings.python, rdzv_endpoint=endpoint),
         "env": [{"name": k, "value": v} for k, v in spec.env],
         "resources": resources,
         "ports": [{"containerPort": spec.rdzv_port, "name": "c10d"}],

@@ -1,53 +1,136 @@
-"""This machine: one torchrun launcher per simulated node, all on loopback. With nnodes=1 it is a
-plain single-node launch; with more, the multi-node path runs for real on one machine."""
+"""This machine: `torch.distributed.run` and the workers it spawns.
+
+One node: a standalone torchrun. Several nodes on this machine (the multi-node path exercised for
+real on loopback): one torchrun launcher per node, joined by a c10d rendezvous on a free loopback
+port, with a rendezvous id per attempt so that a restarted attempt never meets the old one's ranks.
+
+torchrun runs in its own session; it starts every worker in a session of its own as well, so the
+workers are found by the pids in their heartbeats (checked against /proc before any signal, so a
+recycled pid is never hit). Termination is SIGTERM first (torchrun forwards it; the workers flush
+a checkpoint), then SIGKILL to whatever is left after the grace period.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
+import socket
 import subprocess
-import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ito_assets.launch.spec import LaunchSpec, torchrun_args
+from ito_assets.launch.spec import LaunchSpec, torchrun_command
 
 
-@dataclass(frozen=True)
-class NodeResult:
-    node: int
-    returncode: int
-    log_path: str
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
-def local_argv(spec: LaunchSpec, python: str = sys.executable) -> list[str]:
-    return [python, "-m", "torch.distributed.run", *torchrun_args(spec)]
+def node_commands(spec: LaunchSpec) -> list[list[str]]:
+    """The launch command of every node: one standalone torchrun, or `nnodes` identical launchers
+    meeting at a c10d rendezvous on a free loopback port."""
+    if spec.nnodes == 1:
+        return [torchrun_command(spec, standalone=True)]
+    loopback = replace(spec, rdzv_host="127.0.0.1", rdzv_port=_free_port())
+    return [torchrun_command(loopback)] * spec.nnodes
 
 
-def launch_local(spec: LaunchSpec, *, cwd: Path, log_dir: Path, timeout_s: float) -> list[NodeResult]:
-    """Start every node's launcher, wait for all (killing all on timeout), return exit codes."""
-    log_dir.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, **dict(spec.env)}
+@dataclass
+class LocalAttempt:
+    """An attempt on this machine (`ito_assets.launch.backend.Attempt`)."""
+
+    number: int
+    processes: list[subprocess.Popen]  # one launcher per node
+    launched_at: float  # Unix seconds
+    log_path: Path
+    worker_module: str  # what a worker's command line names: only such pids are ever signalled
+
+    def exit_code(self) -> int | None:
+        """The first non-zero exit of any node (a dead rank ends the attempt), 0 once every node
+        exited cleanly, None while one still runs."""
+        codes = [p.poll() for p in self.processes]
+        failed = [c for c in codes if c not in (None, 0)]
+        if failed:
+            return failed[0]
+        return None if None in codes else 0
+
+    def terminate(self, worker_pids: set[int], *, grace_s: float) -> float:
+        return terminate(self, worker_pids, grace_s=grace_s)
+
+    def release(self) -> None:
+        """Processes that exited hold nothing."""
+
+
+def start(commands: list[list[str]], *, number: int, log_path: Path, worker_module: str,
+          env: dict[str, str] | None = None) -> LocalAttempt:
+    """Run every node's command in a session of its own, all writing to `log_path`."""
+    launched_at = time.time()
     processes = []
-    for node in range(spec.nnodes):
-        log_path = log_dir / f"node{node}.log"
-        with open(log_path, "wb") as log:
-            processes.append(
-                # A session per launcher, so a timeout kills its workers too, not only torchrun.
-                (node, log_path, subprocess.Popen(local_argv(spec), cwd=cwd, env=env, stdout=log,
-                                                  stderr=subprocess.STDOUT, start_new_session=True))
-            )
-    deadline = time.monotonic() + timeout_s
-    results = []
-    for node, log_path, process in processes:
+    with open(log_path, "ab") as log:
+        for command in commands:
+            processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                              env={**os.environ, **(env or {})}))
+    return LocalAttempt(number=number, processes=processes, launched_at=launched_at, log_path=log_path,
+                        worker_module=worker_module)
+
+
+def _is_worker(pid: int, module: str) -> bool:
+    try:
+        return module.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def _signal_group(pid: int, number: int) -> None:
+    """The process group led by `pid` (torchrun's and each worker's own session), else the process."""
+    try:
+        os.killpg(pid, number)
+    except ProcessLookupError:
         try:
-            code = process.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for _, _, other in processes:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(other.pid, signal.SIGKILL)
-            code = process.wait()
-        results.append(NodeResult(node, code, str(log_path)))
-    return results
+            os.kill(pid, number)
+        except ProcessLookupError:
+            pass
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
+    except (OSError, IndexError):
+        return True
+
+
+def _running(pids: set[int], module: str) -> bool:
+    return any(_is_worker(pid, module) and not _zombie(pid) for pid in pids)
+
+
+def terminate(attempt: LocalAttempt, worker_pids: set[int], *, grace_s: float, poll_s: float = 0.05) -> float:
+    """SIGTERM the launchers and the workers, SIGKILL them after `grace_s`; returns seconds spent."""
+    started = time.monotonic()
+    module = attempt.worker_module
+    workers = {pid for pid in worker_pids if _is_worker(pid, module)}
+    launchers = [p for p in attempt.processes if p.poll() is None]
+    for process in launchers:
+        _signal_group(process.pid, signal.SIGTERM)
+    for pid in workers:
+        _signal_group(pid, signal.SIGTERM)
+    deadline = started + grace_s
+    while time.monotonic() < deadline and (any(p.poll() is None for p in launchers) or _running(workers, module)):
+        time.sleep(poll_s)
+    for process in attempt.processes:
+        if process.poll() is None:
+            _signal_group(process.pid, signal.SIGKILL)
+    for pid in workers:
+        if _is_worker(pid, module):
+            _signal_group(pid, signal.SIGKILL)
+    for process in attempt.processes:
+        process.wait()
+    return time.monotonic() - started
+
+
+class LocalBackend:
+    def start(self, spec: LaunchSpec, *, number: int, log_path: Path) -> LocalAttempt:
+        return start(node_commands(spec), number=number, log_path=log_path, worker_module=spec.module,
+                     env=dict(spec.env))

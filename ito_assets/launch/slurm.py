@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ito_assets.launch.spec import LaunchSpec, torchrun_args
+from ito_assets.launch.spec import LaunchSpec, torchrun_command
 
 # sbatch's own time formats: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
 _TIME_LIMIT = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
@@ -58,7 +58,7 @@ class SlurmSettings:
 def _command(spec: LaunchSpec, settings: SlurmSettings) -> str:
     """The torchrun command line, quoted for bash; the endpoint is expanded on the first node."""
     endpoint = "--rdzv-endpoint=RDZV"
-    args = [settings.python, "-m", "torch.distributed.run", *torchrun_args(spec, rdzv_endpoint="RDZV")]
+    args = torchrun_command(spec, python=settings.python, rdzv_endpoint="RDZV")
     return " ".join(f'--rdzv-endpoint="$RDZV_HOST:{settings.rdzv_port}"' if a == endpoint else shlex.quote(a)
                     for a in args)
 

@@ -1,8 +1,10 @@
-"""What to launch: the plan's node and GPU counts, the worker module, the rendezvous."""
+"""What to launch (the plan's node and GPU counts, the worker module, the rendezvous) and the
+torchrun command that launches it, the same for every back end."""
 
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass, field
 
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
@@ -45,15 +47,22 @@ class LaunchSpec:
         return f"{self.rdzv_host}:{self.rdzv_port}"
 
 
-def torchrun_args(spec: LaunchSpec, *, rdzv_endpoint: str | None = None) -> list[str]:
-    """The arguments after `python -m torch.distributed.run`, identical on every node: c10d
-    rendezvous lets the nodes agree on ranks without a static node rank."""
+def torchrun_command(spec: LaunchSpec, *, python: str = sys.executable, rdzv_endpoint: str | None = None,
+                     standalone: bool = False) -> list[str]:
+    """`python -m torch.distributed.run ...` for `spec`, the one command every back end runs on
+    every node. A c10d rendezvous (at `rdzv_endpoint`, else the spec's) lets the nodes agree on
+    ranks without a static node rank, so the command is identical on every node; `standalone`
+    (one node) lets torchrun host its own rendezvous on a free port instead."""
+    if standalone and spec.nnodes != 1:
+        raise ValueError("a standalone torchrun is one node")
+    nodes = ["--standalone"] if standalone else [f"--nnodes={spec.nnodes}"]
+    rendezvous = [] if standalone else ["--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint or spec.rdzv_endpoint}",
+                                        f"--rdzv-id={spec.run_id}"]
     return [
-        f"--nnodes={spec.nnodes}",
+        python, "-m", "torch.distributed.run",
+        *nodes,
         f"--nproc-per-node={spec.nproc_per_node}",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={rdzv_endpoint or spec.rdzv_endpoint}",
-        f"--rdzv-id={spec.run_id}",
+        *rendezvous,
         "--max-restarts=0",  # restarts are the supervisor's decision (from the last good checkpoint)
         "-m",
         spec.module,

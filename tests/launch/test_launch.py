@@ -1,40 +1,57 @@
-"""The launch back ends: a real two-"node" torchrun on loopback, and the rendered Slurm and
-Kubernetes forms of the same spec."""
+"""The launch back ends: a real two-"node" torchrun on loopback through the local back end, and
+the rendered Slurm and Kubernetes forms of the same spec, all from one torchrun command."""
 
 from __future__ import annotations
 
 import json
 import re
-import socket
-from pathlib import Path
+import sys
+import time
 
 import pytest
 
 from ito_assets.launch.backend import BackendKind, LaunchConfig
 from ito_assets.launch.kubernetes import KubernetesSettings, headless_service, pod_specs
-from ito_assets.launch.local import launch_local
+from ito_assets.launch.local import LocalBackend, node_commands
 from ito_assets.launch.slurm import SlurmSettings, exit_code_of, sbatch_script
-from ito_assets.launch.spec import LaunchSpec, torchrun_args
+from ito_assets.launch.spec import LaunchSpec, torchrun_command
 
-ROOT = Path(__file__).resolve().parents[2]
+# Every rank joins the group and all-reduces its rank; rank 0 writes what each rank saw.
+PROBE = """
+import json, os, sys
+import torch, torch.distributed as dist
+dist.init_process_group(backend="gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+total = torch.tensor([float(rank)])
+dist.all_reduce(total)
+ranks = [None] * world
+dist.all_gather_object(ranks, {"rank": rank, "group_rank": os.environ.get("GROUP_RANK")})
+if rank == 0:
+    with open(sys.argv[1], "w") as out:
+        json.dump({"world_size": world, "rank_sum": total.item(), "ranks": ranks}, out)
+dist.destroy_process_group()
+"""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _wait(attempt, timeout_s: float) -> int | None:
+    deadline = time.monotonic() + timeout_s
+    while (code := attempt.exit_code()) is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if code is None:
+        attempt.terminate(set(), grace_s=5)
+    return code
 
 
 @pytest.mark.slow
 def test_two_node_torchrun_on_loopback(tmp_path):
-    out = tmp_path / "preflight.json"
-    spec = LaunchSpec(
-        run_id="two-node-test", nnodes=2, nproc_per_node=1, module="ito_assets.launch.preflight",
-        args=("--out", str(out)), rdzv_port=_free_port(),
-    )
-    results = launch_local(spec, cwd=ROOT, log_dir=tmp_path / "logs", timeout_s=180)
-    logs = "\n".join(Path(r.log_path).read_text() for r in results)
-    assert [r.returncode for r in results] == [0, 0], logs[-3000:]
+    (tmp_path / "probe.py").write_text(PROBE)
+    out = tmp_path / "probe.json"
+    spec = LaunchSpec(run_id="two-node-test", nnodes=2, nproc_per_node=1, module="probe", args=(str(out),),
+                      env=(("PYTHONPATH", str(tmp_path)),))
+    attempt = LocalBackend().start(spec, number=0, log_path=tmp_path / "attempt.log")
+    assert len(attempt.processes) == 2  # one launcher per node
+    code = _wait(attempt, timeout_s=180)
+    assert code == 0, (tmp_path / "attempt.log").read_text()[-3000:]
     result = json.loads(out.read_text())
     assert result["world_size"] == 2 and result["rank_sum"] == 1.0
     assert sorted(r["group_rank"] for r in result["ranks"]) == ["0", "1"]
@@ -51,14 +68,33 @@ def test_spec_validation():
         LaunchSpec(run_id="r", nnodes=1, nproc_per_node=1, module="m", backend="mpi")
 
 
-SPEC = LaunchSpec(run_id="run42", nnodes=4, nproc_per_node=8, module="ito_assets.launch.preflight",
-                  args=("--out", "/tmp/x.json"), backend="nccl", env=(("ITO_STATE_DIR", "/var/lib/ito"),))
+SPEC = LaunchSpec(run_id="run42", nnodes=4, nproc_per_node=8, module="ito_assets.runtime.worker",
+                  args=("--config", "/tmp/x.json"), backend="nccl", env=(("ITO_STATE_DIR", "/var/lib/ito"),))
 
 
-def test_torchrun_args_are_the_same_on_every_node():
-    args = torchrun_args(SPEC)
-    assert "--nnodes=4" in args and "--nproc-per-node=8" in args and "--rdzv-backend=c10d" in args
-    assert "--rdzv-id=run42" in args and not any(a.startswith("--node-rank") for a in args)
+def test_the_torchrun_command_is_the_same_on_every_node():
+    command = torchrun_command(SPEC, python="python3")
+    assert command[:3] == ["python3", "-m", "torch.distributed.run"]
+    assert "--nnodes=4" in command and "--nproc-per-node=8" in command and "--rdzv-backend=c10d" in command
+    assert "--rdzv-id=run42" in command and not any(a.startswith("--node-rank") for a in command)
+    assert "--rdzv-endpoint=127.0.0.1:29400" in command and "--max-restarts=0" in command
+    assert command[-4:] == ["-m", "ito_assets.runtime.worker", "--config", "/tmp/x.json"]
+    assert "--rdzv-endpoint=host:1" in torchrun_command(SPEC, rdzv_endpoint="host:1")
+
+
+def test_one_node_on_this_machine_is_a_standalone_torchrun():
+    one = LaunchSpec(run_id="r", nnodes=1, nproc_per_node=2, module="m", args=("--config", "c.json"))
+    assert node_commands(one) == [[sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                   "--nproc-per-node=2", "--max-restarts=0", "-m", "m", "--config", "c.json"]]
+    with pytest.raises(ValueError, match="one node"):
+        torchrun_command(SPEC, standalone=True)
+
+
+def test_several_nodes_on_this_machine_meet_on_a_free_loopback_port():
+    commands = node_commands(SPEC)
+    assert len(commands) == 4 and all(c == commands[0] for c in commands)
+    endpoint = next(a for a in commands[0] if a.startswith("--rdzv-endpoint="))
+    assert endpoint.startswith("--rdzv-endpoint=127.0.0.1:")
 
 
 def test_slurm_script():

@@ -12,7 +12,7 @@ import numpy as np
 
 from ito_assets.runtime import events
 from ito_assets.runtime.config import WorkerConfig
-from ito_assets.runtime.launch import torchrun_command
+from ito_assets.runtime.launch import worker_command
 from ito_assets.runtime.storage import write_atomic
 
 VOCAB = 512
@@ -50,7 +50,7 @@ def start_worker(config: WorkerConfig, *, nproc: int) -> subprocess.Popen:
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, config.to_json().encode())
     env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")}
-    return subprocess.Popen(torchrun_command(path, nproc), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    return subprocess.Popen(worker_command(path, nproc), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from ito_assets.errors import ErrorCode, ItoError
+from ito_assets.launch import local
 from ito_assets.runtime import events, heartbeat, holds, launch, markers, proposals
 from ito_assets.runtime.proposals import ProposalState, ProposalStore
 from ito_assets.runtime.spikes import Spike, SpikeConfig, SpikeDetector
@@ -86,7 +87,8 @@ def test_the_supervisor_restarts_nothing_until_the_desk_approves(tmp_path, token
         (folder / ".metadata").write_bytes(b"m")
         markers.write_marker(folder, step)
     supervisor = Supervisor(worker=config, config=SupervisorConfig(hang_timeout_s=60, poll_interval_s=0.1, grace_s=2))
-    attempt = launch.start([["sleep", "60"]], number=0, log_path=tmp_path / "attempt.log")
+    attempt = local.start([["sleep", "60"]], number=0, log_path=tmp_path / "attempt.log",
+                          worker_module=launch.WORKER_MODULE)
     heartbeat.HeartbeatWriter(Path(config.heartbeat_dir), rank=0, attempt=0).beat(24, "training", force=True)
     proposal = ProposalStore(stage_dir).add(proposals.propose(
         _spike(), run_key=config.run_key, stage=config.stage, restart_from_step=8, skip_first=8, skip_end=25))
