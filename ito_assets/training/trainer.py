@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ito_assets.training.model import DecoderLM, flops_per_token
+from ito_assets.training.optim import adamw, optimizer_step
 
 
 def _require(condition: bool, name: str, rule: str) -> None:
@@ -72,17 +73,9 @@ def learning_rate_at(step: int, config: TrainConfig) -> float:
 
 
 def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
-    """Weight decay on matrices only; norm gains are not decayed (nanoGPT, OLMo).
-
-    The embedding is a matrix and decays with the rest (GPT-2/nanoGPT practice)."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    # CPU: the single-tensor path (foreach=False), whose results are bit-stable. CUDA: the fused
-    # kernel, the fastest AdamW implementation there (PyTorch torch.optim docs).
-    on_cuda = any(p.is_cuda for p in decay)
-    implementation = {"fused": True} if on_cuda else {"foreach": False}
-    return torch.optim.AdamW(groups, lr=config.learning_rate, betas=(config.beta1, config.beta2), **implementation)
+    """The shared AdamW (`ito_assets.training.optim`) with this config's rate, betas and decay."""
+    return adamw(model, learning_rate=config.learning_rate, betas=(config.beta1, config.beta2),
+                 weight_decay=config.weight_decay)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,12 +93,9 @@ def train_step(
     lr = learning_rate_at(step, config)
     for group in optimizer.param_groups:
         group["lr"] = lr
-    optimizer.zero_grad(set_to_none=True)
     loss = model.loss(x, y)
-    loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-    optimizer.step()
-    return StepStats(step=step, loss=float(loss.detach()), grad_norm=float(grad_norm), learning_rate=lr)
+    grad_norm = optimizer_step(model, optimizer, loss, grad_clip=config.grad_clip)
+    return StepStats(step=step, loss=float(loss.detach()), grad_norm=grad_norm, learning_rate=lr)
 
 
 @dataclass(frozen=True, kw_only=True)
