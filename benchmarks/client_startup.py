@@ -1,4 +1,5 @@
-"""How fast `ito status` answers against a local `ito serve` (issue 3: well under half a second).
+"""How fast `ito status` answers against a local `ito serve` (goal: well under half a
+second).
 
 Starts a throwaway server on a free loopback port with its own state folder, creates one run
 through the client, then times fresh processes (median and p90 of --repeat runs):

@@ -1,4 +1,4 @@
-"""A decision run on the fixtures, timed (issue 5 benchmark): the embedded default's candidate
+"""A decision run on the fixtures, timed: the embedded default's candidate
 (the fixture manifest's corpora) against its baseline (the reference corpus), with the default
 `DecisionConfig` (tiny, three seeds), then the economics on the default booked hardware.
 

@@ -1,6 +1,5 @@
 """proxy-150m on one GPU: tokens/s and MFU in bf16 with torch.compile, and the planner's memory
-estimate against torch.cuda.max_memory_allocated (issue 5 GPU benchmark; goal >= 40% MFU on H100/
-H200 class).
+estimate against torch.cuda.max_memory_allocated (goal: >= 40% MFU on an H100/H200-class GPU).
 
 Standalone: needs only torch (CUDA build) and this repository (no numpy, no Dagster, no network).
 For each micro-batch size: fp32 master weights, bf16 autocast, fused AdamW, gradient clipping,

@@ -1,4 +1,4 @@
-"""Training tokens per second of the CPU configurations (issue 5 benchmark).
+"""Training tokens per second of the CPU configurations.
 
 For each configuration: a warm-up of `--warmup` steps, then `--steps` timed AdamW steps on
 random tokens (throughput does not depend on the token values), with 1 and with all intra-op

@@ -1,10 +1,11 @@
-"""Every error code of the catalogue that issue 3 owns, reached through the client against the
-real server (or, for transport failures, against a misbehaving listener on loopback).
+"""Every error code a client call can meet at the API's edge (the manifest reader, the five gates,
+identity, transport, the run lifecycle), reached through the client against the real server (or,
+for transport failures, against a misbehaving listener on loopback).
 
 Each case builds what it needs and returns the envelope; the table states the code and whether
 any byte may have reached the API. Not reachable here by design: INTERNAL_ERROR (a bug),
-MANIFEST_CHANGED (a race inside one read, covered by tests/manifest), PLAN_REFUSED and the eval
-codes (later issues).
+MANIFEST_CHANGED (a race inside one read, covered by tests/manifest), and the codes the pipeline
+reports (PLAN_REFUSED, the data, eval and post-training codes), tested with their stages.
 """
 
 from __future__ import annotations
@@ -323,8 +324,8 @@ def test_capability_missing_fails_closed_before_any_credential(api, monkeypatch)
     assert document["error"]["code"] == "CAPABILITY_MISSING" and document["live_api_contacted"] is False
 
 
-# DESIGN.md's catalogue (plus RUN_FINISHED, MANIFEST_NOT_FOUND, MANIFEST_HARD_LINKED), less the
-# codes other issues own or that no client call can reach (see the module docstring).
+# The codes of the client's contract that a client call can reach; pipeline codes and those no
+# client call can reach are tested elsewhere (see the module docstring).
 ISSUE_3_CODES = {
     "MANIFEST_PATH_NOT_CANONICAL", "MANIFEST_NOT_FOUND", "MANIFEST_SYMLINK", "MANIFEST_NOT_REGULAR",
     "MANIFEST_HARD_LINKED", "MANIFEST_UNSAFE_OWNER", "MANIFEST_UNSAFE_PERMISSIONS", "MANIFEST_TOO_LARGE",
