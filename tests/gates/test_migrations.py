@@ -248,7 +248,7 @@ def test_the_audit_trail_refuses_every_erasure(any_ledger) -> None:
     assert _audit_kinds(any_ledger) == ["kept"]
 
 
-# The grants the README gives a server role that does not own the ledger's tables.
+# The grants docs/operations.md gives a server role that does not own the ledger's tables.
 SERVER_ROLE_GRANTS = """
 GRANT USAGE ON SCHEMA {schema} TO {role};
 GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} TO {role};
@@ -258,7 +258,7 @@ REVOKE UPDATE, DELETE, TRUNCATE ON {schema}.audit_events FROM {role};
 
 
 @pytest.mark.postgres
-def test_a_server_role_with_the_readme_grants_can_append_but_not_erase_the_audit_trail(pg_ledger) -> None:
+def test_a_server_role_with_the_documented_grants_can_append_but_not_erase_the_audit_trail(pg_ledger) -> None:
     ledger, schema = pg_ledger
     role = f"ito_server_{schema[2:]}"
     with ledger.engine.begin() as conn:
