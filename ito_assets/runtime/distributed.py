@@ -1,5 +1,6 @@
 """The worker's process groups, launched by `torch.distributed.run`: gloo on CPU, nccl on GPU,
-and the data-parallel wrapper the plan's layout asks for (DDP or FSDP2).
+and the data-parallel wrapper the plan's layout asks for (DDP, or FSDP2 over the plan's mesh from
+`ito_assets.training.mesh`).
 
 Two groups: the default one for the training step's collectives and a separate gloo group for
 checkpoint saves (see `checkpoint.py`). A stop request (SIGTERM from torchrun, forwarded from the
@@ -17,10 +18,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
 
 from ito_assets.runtime.config import DataParallel
+from ito_assets.training.layout import Layout
+from ito_assets.training.mesh import build_device_mesh, parallelize
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,11 +98,10 @@ def data_parallel(model: nn.Module, strategy: DataParallel, world_size: int, dev
 
 
 def shard(model: nn.Module, world_size: int, device: torch.device) -> None:
-    """FSDP2 (`fully_shard`) over a 1-D mesh of all ranks: each block is its own unit (its
-    parameters are gathered just before its forward and freed after, torchtitan's wrapping), then
-    the root, which holds the embedding and the output head (tied weights must share a unit).
-    Parameters stay fp32: the bit-exact resume is defined at full precision."""
-    mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("dp_shard",))
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    """FSDP2 (`fully_shard`) over all ranks: the plan's mesh for a layout that only shards (1-D,
+    dp_shard), each block its own unit (its parameters are gathered just before its forward and
+    freed after, torchtitan's wrapping), then the root, which holds the embedding and the output
+    head (tied weights must share a unit). Parameters stay fp32: the bit-exact resume is defined at
+    full precision."""
+    layout = Layout(dp_shard=world_size)
+    parallelize(model, build_device_mesh(layout, device.type), layout)

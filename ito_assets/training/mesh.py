@@ -2,10 +2,11 @@
 parallelism (Megatron column/row split with `parallelize_module`) inside, FSDP2 (`fully_shard`)
 over dp_shard x cp, HSDP when dp_replicate > 1; pipeline stages hold a slice of the layers.
 
-Used by the workers on a cluster and, on one machine, on torch's fake process group to validate a
-plan's placements without GPUs (`init_process_group("fake", ...)`). Context parallelism is
-represented in the mesh and in FSDP's shard group; ring attention itself (torch's experimental
-`context_parallel`) is applied by the training worker, not here.
+The training runtime's workers shard through it (`ito_assets.runtime.distributed`), and the tests
+validate chosen plans' placements on torch's fake process group without GPUs
+(`init_process_group("fake", ...)`). Context parallelism is represented in the mesh and in FSDP's
+shard group; ring attention itself (torch's experimental `context_parallel`) is applied nowhere
+yet: the runtime refuses a plan with cp > 1 (`ito_assets.runtime.stages.data_parallel_for`).
 """
 
 from __future__ import annotations
@@ -33,13 +34,32 @@ TENSOR_PARALLEL_PLAN = {
 }
 
 
+def mesh_dims(layout: Layout) -> dict[str, int]:
+    """The mesh's dimensions, outermost first: those the layout splits (degree > 1), and dp_shard
+    always, so that FSDP has a shard dimension (of size 1 under pure replication, HSDP's 2-D mesh).
+    A dimension of size 1 would only add process groups, so a plan that only shards is the 1-D
+    mesh ("dp_shard",) over every rank, as torchtitan builds it."""
+    return {name: degree for name, degree in layout.degrees().items() if degree > 1 or name == "dp_shard"}
+
+
 def build_device_mesh(layout: Layout, device_type: str) -> DeviceMesh:
-    """The 5-D mesh (pp, dp_replicate, dp_shard, cp, tp), outermost first, with the flattened
-    `dp_shard_cp` dimension FSDP shards over. The process group must have `world_size` ranks."""
-    shape = tuple(layout.degrees()[name] for name in MESH_DIMS)
-    mesh = init_device_mesh(device_type, shape, mesh_dim_names=MESH_DIMS)
-    mesh[("dp_shard", "cp")]._flatten("dp_shard_cp")
+    """The mesh of `mesh_dims`, with the flattened `dp_shard_cp` dimension FSDP shards over when
+    context parallelism splits. The process group must have `world_size` ranks."""
+    dims = mesh_dims(layout)
+    mesh = init_device_mesh(device_type, tuple(dims.values()), mesh_dim_names=tuple(dims))
+    if layout.cp > 1:
+        mesh[("dp_shard", "cp")]._flatten("dp_shard_cp")
     return mesh
+
+
+def data_mesh(mesh: DeviceMesh, layout: Layout) -> DeviceMesh:
+    """FSDP's mesh: the shard group (dp_shard x cp), behind dp_replicate's replicas for HSDP."""
+    shard = "dp_shard_cp" if layout.cp > 1 else "dp_shard"
+    with warnings.catch_warnings():
+        # torch 2.13 warns that slicing a flattened dimension from the root mesh will change;
+        # torchtitan 0.2 slices it the same way. Revisit with the torch pin.
+        warnings.simplefilter("ignore", UserWarning)
+        return mesh[("dp_replicate", shard)] if layout.dp_replicate > 1 else mesh[shard]
 
 
 def stage_layer_range(num_layers: int, pp: int, stage: int) -> range:
@@ -61,14 +81,10 @@ def parallelize(model: DecoderLM, mesh: DeviceMesh, layout: Layout) -> DecoderLM
         for block in model.blocks:
             parallelize_module(block, mesh["tp"], plan)
     if layout.shard_group > 1 or layout.dp_replicate > 1:
-        with warnings.catch_warnings():
-            # torch 2.13 warns that slicing a flattened dimension from the root mesh will change;
-            # torchtitan 0.2 slices it the same way. Revisit with the torch pin.
-            warnings.simplefilter("ignore", UserWarning)
-            data_mesh = mesh[("dp_replicate", "dp_shard_cp")] if layout.dp_replicate > 1 else mesh["dp_shard_cp"]
+        fsdp_mesh = data_mesh(mesh, layout)
         for block in model.blocks:
-            fully_shard(block, mesh=data_mesh)
-        fully_shard(model, mesh=data_mesh)
+            fully_shard(block, mesh=fsdp_mesh)
+        fully_shard(model, mesh=fsdp_mesh)
     return model
 
 

@@ -17,7 +17,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from ito_assets.training.hardware import gpu_spec, network_spec
 from ito_assets.training.layout import Layout
-from ito_assets.training.mesh import build_device_mesh, keep_stage, parallelize, stage_layer_range
+from ito_assets.training.mesh import build_device_mesh, keep_stage, mesh_dims, parallelize, stage_layer_range
 from ito_assets.training.model import build_model, config_by_name
 from ito_assets.training.planner import Hardware, PlanRequest, default_global_batch_sequences, plan
 
@@ -62,7 +62,8 @@ def test_chosen_plan_builds_its_mesh_and_placements(booking, fake_world):
     fake_world(layout.world_size)
     mesh = build_device_mesh(layout, "cpu")
     assert mesh.size() == layout.world_size
-    assert dict(zip(mesh.mesh_dim_names, mesh.shape)) == layout.degrees()
+    dims = dict(zip(mesh.mesh_dim_names, mesh.shape))
+    assert dims == mesh_dims(layout) and all(dims.get(name, 1) == d for name, d in layout.degrees().items())
     model = parallelize(keep_stage(_stand_in(layout), layout, stage=0), mesh, layout)
     q = model.blocks[0].attention.q.weight
     o = model.blocks[0].attention.o.weight
@@ -85,6 +86,27 @@ def test_fsdp_shards_hold_one_shard_group_share(fake_world):
     parallelize(model, build_device_mesh(layout, "cpu"), layout)
     local = sum(p.to_local().numel() for p in model.parameters())
     assert local == pytest.approx(total / 8, rel=0.05)  # the planner's 16 bytes x N / shard group
+
+
+@pytest.mark.parametrize(("layout", "names", "shape"), [
+    (Layout(dp_shard=4), ("dp_shard",), (4,)),  # the runtime's FSDP2 mesh over all ranks
+    (Layout(dp_replicate=2, dp_shard=2), ("dp_replicate", "dp_shard"), (2, 2)),  # HSDP
+    (Layout(dp_replicate=4), ("dp_replicate", "dp_shard"), (4, 1)),  # replicas: a shard group of one
+    (Layout(dp_shard=2, tp=2), ("dp_shard", "tp"), (2, 2)),
+    (Layout(), ("dp_shard",), (1,)),
+])
+def test_the_mesh_has_the_dimensions_the_layout_splits(layout, names, shape, fake_world):
+    fake_world(layout.world_size, rank=0)
+    mesh = build_device_mesh(layout, "cpu")
+    assert (mesh.mesh_dim_names, tuple(mesh.shape)) == (names, shape)
+
+
+def test_replicas_hold_whole_parameters(fake_world):
+    layout = Layout(dp_replicate=4)
+    fake_world(4, rank=2)
+    model = parallelize(build_model(config_by_name("micro"), seed=0), build_device_mesh(layout, "cpu"), layout)
+    q = model.blocks[0].attention.q.weight
+    assert q.placements[0] == Replicate() and q.to_local().shape == q.shape
 
 
 def test_pipeline_stages_split_the_layers():
