@@ -1,8 +1,9 @@
 """Token shards for the training stages, from the clean shards' text.
 
 A byte-level BPE (`ito_assets.training.tokenizer`) is trained on the training split and saved with
-the run; documents are split into training and held-out sets by a seeded draw (the held-out set is
-what the stage gates evaluate on, the same for every stage of a run). Written once per run folder:
+the run; documents are split into training and held-out sets by the data decision's seeded draw
+(`ito_assets.training.heldout`; the held-out set is what the stage gates evaluate on, the same for
+every stage of a run). Written once per run folder:
 a rerun finds the completion marker and reads the recorded digests instead of tokenizing again.
 """
 
@@ -13,9 +14,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
-
 from ito_assets.runtime.storage import write_atomic
+from ito_assets.training.heldout import split_heldout
 from ito_assets.training.tokenizer import (TokenizerConfig, encode_documents, save_tokenizer, train_tokenizer,
                                            write_token_shard)
 
@@ -40,21 +40,11 @@ class TokenSet:
     num_heldout_documents: int
 
 
-def split(texts: Sequence[str], fraction: float, seed: int) -> tuple[list[str], list[str]]:
-    """(train, held out) by a seeded permutation; at least one document on each side."""
-    if len(texts) < 2:
-        raise ValueError("texts must hold at least two documents")
-    order = np.random.default_rng(seed).permutation(len(texts))
-    num_heldout = min(len(texts) - 1, max(1, round(len(texts) * fraction)))
-    chosen = {int(i) for i in order[:num_heldout]}
-    return [t for i, t in enumerate(texts) if i not in chosen], [t for i, t in enumerate(texts) if i in chosen]
-
-
 def prepare(texts: Sequence[str], folder: Path, *, config: TokenizerConfig, seed: int = 0) -> TokenSet:
     marker = folder / MARKER_NAME
     if marker.exists():
         return TokenSet(**json.loads(marker.read_text()))
-    train_texts, heldout_texts = split(texts, HELDOUT_FRACTION, seed)
+    train_texts, heldout_texts = split_heldout(texts, HELDOUT_FRACTION, seed)
     tokenizer = train_tokenizer(train_texts, config)
     tokenizer_sha256 = save_tokenizer(tokenizer, folder / "tokenizer.json")
     train = write_token_shard(encode_documents(tokenizer, train_texts), folder / "train.npy")

@@ -22,6 +22,7 @@ import numpy as np
 
 from ito_assets.evals.suite import EvalItem
 from ito_assets.training.evaluation import EvalConfig, EvalReport, evaluate
+from ito_assets.training.heldout import split_heldout
 from ito_assets.training.model import build_model, config_by_name, parameter_count
 from ito_assets.training.tokenizer import (
     LoaderConfig, TokenizerConfig, encode_documents, iterate_batches, open_token_shard, save_tokenizer,
@@ -163,14 +164,6 @@ def balanced_sample(candidate: Sequence[str], baseline: Sequence[str]) -> list[s
             picked.append(text)
             used += len(text.encode())
     return picked
-
-
-def split_heldout(texts: Sequence[str], fraction: float, seed: int) -> tuple[list[str], list[str]]:
-    """(train, held out), drawn with `seed`; at least one document stays in training."""
-    order = np.random.default_rng(seed).permutation(len(texts))
-    num_heldout = min(len(texts) - 1, int(len(texts) * fraction))
-    heldout = {int(i) for i in order[:num_heldout]}
-    return [t for i, t in enumerate(texts) if i not in heldout], [t for i, t in enumerate(texts) if i in heldout]
 
 
 def _arm_tokens(tokenizer, texts: Sequence[str], work_dir: Path | None, arm: str) -> np.ndarray:
