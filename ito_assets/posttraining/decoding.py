@@ -1,4 +1,6 @@
-"""Autoregressive sampling from a policy, one prompt at a time, G completions in parallel.
+"""Autoregressive sampling from a policy, one prompt at a time, G completions in parallel; at
+temperature 0 the one greedy decoder (the pretraining eval battery's continuations are decoded
+here too, `ito_assets.training.evaluation.greedy_continuation`).
 
 The G rows of a group share one prompt, so they have one length: no padding and no attention
 mask are needed while decoding. Rows that produced eos keep decoding into a pad that is thrown
@@ -7,6 +9,7 @@ away (the tiny models have no KV cache; each step is one forward over the whole 
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import torch
@@ -17,9 +20,9 @@ from ito_assets.posttraining.vocab import TextCodec
 
 @dataclass(frozen=True, kw_only=True)
 class Completion:
-    ids: tuple[int, ...]  # eos included when generated
+    ids: tuple[int, ...]  # eos (or the stop id that ended it) included when generated
     logprobs: tuple[float, ...]  # log pi(token) at the sampling temperature, one per id
-    truncated: bool  # no eos within max_new_tokens
+    truncated: bool  # no eos or stop id within max_new_tokens
 
     def text(self, codec: TextCodec) -> str:
         return codec.decode([i for i in self.ids if i != codec.eos_id])
@@ -39,13 +42,19 @@ def sample(
     eos_id: int,
     temperature: float = 1.0,
     generator: torch.Generator | None = None,
+    stop_ids: Collection[int] = (),
+    max_context: int | None = None,
 ) -> list[Completion]:
-    """num_samples completions of one prompt; temperature 0 decodes greedily."""
+    """num_samples completions of one prompt; temperature 0 decodes greedily. A completion ends at
+    its first eos or `stop_ids` token; `max_context` feeds the model only the last that many tokens
+    (a model with a fixed context length)."""
+    stops = torch.tensor(sorted({eos_id, *stop_ids}), dtype=torch.long)
     tokens = torch.tensor([prompt_ids] * num_samples, dtype=torch.long)  # (G, P)
     picked, logps = [], []
     done = torch.zeros(num_samples, dtype=torch.bool)  # (G,)
     for _ in range(max_new_tokens):
-        logits = policy(tokens)[:, -1, :].float()  # (G, V)
+        window = tokens if max_context is None else tokens[:, -max_context:]
+        logits = policy(window)[:, -1, :].float()  # (G, V)
         log_probs = torch.log_softmax(logits / max(temperature, 1e-8), dim=-1)  # (G, V)
         if temperature == 0:
             nxt = logits.argmax(dim=-1)  # (G,)
@@ -54,14 +63,14 @@ def sample(
         picked.append(nxt)
         logps.append(log_probs.gather(1, nxt.unsqueeze(1)).squeeze(1))
         tokens = torch.cat([tokens, nxt.unsqueeze(1)], dim=1)  # (G, P + t + 1)
-        done |= nxt == eos_id
+        done |= torch.isin(nxt, stops)
         if bool(done.all()):
             break
-    return [_cut(torch.stack(picked)[:, g], torch.stack(logps)[:, g], eos_id) for g in range(num_samples)]
+    return [_cut(torch.stack(picked)[:, g], torch.stack(logps)[:, g], stops) for g in range(num_samples)]
 
 
-def _cut(ids: torch.Tensor, logps: torch.Tensor, eos_id: int) -> Completion:
-    """ids, logps (steps,) of one row -> the completion up to and including its first eos."""
-    hits = (ids == eos_id).nonzero()
+def _cut(ids: torch.Tensor, logps: torch.Tensor, stops: torch.Tensor) -> Completion:
+    """ids, logps (steps,) of one row -> the completion up to and including its first stop."""
+    hits = torch.isin(ids, stops).nonzero()
     end = int(hits[0]) + 1 if len(hits) else len(ids)
     return Completion(ids=tuple(ids[:end].tolist()), logprobs=tuple(logps[:end].tolist()), truncated=not len(hits))

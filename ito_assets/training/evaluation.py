@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 
 from ito_assets.evals.suite import EvalItem
+from ito_assets.posttraining.decoding import sample
 from ito_assets.training.model import DecoderLM
 from ito_assets.training.tokenizer import encode_documents, end_of_text_id
 
@@ -126,17 +127,13 @@ def _candidates(items: Sequence[EvalItem], config: EvalConfig) -> list[list[str]
 
 @torch.no_grad()
 def greedy_continuation(model: DecoderLM, tokenizer: Tokenizer, prompt: str, max_new_tokens: int) -> str:
+    """The continuation up to the end of text or the end of the line, neither included."""
     model.eval()
-    ids = _encode(tokenizer, prompt)
     stop = {end_of_text_id(tokenizer), *(_encode(tokenizer, "\n"))}
-    generated: list[int] = []
-    for _ in range(max_new_tokens):
-        window = torch.tensor([(ids + generated)[-model.config.max_seq_len:]])
-        next_id = int(model(window)[0, -1].argmax())
-        if next_id in stop:
-            break
-        generated.append(next_id)
-    return tokenizer.decode(generated)
+    [completion] = sample(model, _encode(tokenizer, prompt), num_samples=1, max_new_tokens=max_new_tokens,
+                          eos_id=end_of_text_id(tokenizer), stop_ids=stop, temperature=0,
+                          max_context=model.config.max_seq_len)
+    return tokenizer.decode([i for i in completion.ids if i not in stop])
 
 
 def score_benchmark(model: DecoderLM, tokenizer: Tokenizer, name: str, items: Sequence[EvalItem], config: EvalConfig) -> BenchmarkScore:
