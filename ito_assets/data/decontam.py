@@ -12,6 +12,10 @@
    each hit gets its offsets, the matched words, its overlap ratio (covered words / view length),
    and overlapping hits of different items keep only the items whose raw words (digits kept)
    agree best, so that template siblings differing only in numbers are not all blamed.
+
+The steps here are what the streamed scan (`decontam_units`, run by the data stage) assembles; the
+whole-frame composition the tests check it against is the reference implementation in
+tests/reference_impl.py, not a production path.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import polars as pl
 
 from ito_assets.data.config import DecontamConfig
 from ito_assets.data.eval_index import EvalIndex
-from ito_assets.data.text import TokenHashes, hash_words, ngram_hashes, token_hashes, words_with_spans
+from ito_assets.data.text import TokenHashes, hash_words, ngram_hashes, words_with_spans
 
 HIT_SCHEMA = {
     "doc_id": pl.String,
@@ -199,21 +203,3 @@ def hits_of(candidates: list[int], docs: pl.DataFrame, index: EvalIndex, ignored
         rows.extend(_hits_in_document(ids[doc], texts[doc], index, ignored, config))
     return pl.DataFrame(rows, schema=HIT_SCHEMA) if rows else pl.DataFrame(schema=HIT_SCHEMA)
 
-
-def scan(docs: pl.DataFrame, index: EvalIndex, config: DecontamConfig) -> tuple[pl.DataFrame, ScanCounts]:
-    """docs (doc_id, text) -> (hits in HIT_SCHEMA, counters), in memory (`decontam_units` is the
-    streamed equivalent)."""
-    tokens = token_hashes(docs["text"], digits_normalized=True)
-    matches = seed_matches(tokens, index)
-    ignored = common_seeds(seed_frequency(matches), index, config)
-    candidates = candidate_documents(matches, ignored, index)
-    hits = hits_of(candidates, docs, index, ignored, config)
-    counts = ScanCounts(
-        num_documents=docs.height,
-        num_seed_matches=matches.height,
-        num_common_seeds_ignored=ignored.height,
-        num_candidate_documents=len(candidates),
-        num_contaminated_documents=hits["doc_id"].n_unique() if hits.height else 0,
-        num_hits=hits.height,
-    )
-    return hits, counts

@@ -1,5 +1,5 @@
-"""The decontamination scan over byte-sized work units: the same hits as `decontam.scan`, with
-memory bounded by a unit rather than the corpus.
+"""The decontamination scan over byte-sized work units: the same hits as the in-memory reference
+(`scan`, tests/reference_impl.py), with memory bounded by a unit rather than the corpus.
 
 The scan has one corpus-wide quantity, the number of documents each seed occurs in (the
 common-seed rule), so it runs in two passes over the units, each unit an independent step:
@@ -62,7 +62,7 @@ def hits_unit(task: HitTask) -> tuple[int, pl.DataFrame]:
 
 def scan_units(scratch: Scratch, units: Sequence[WorkUnit], index: EvalIndex, config: DecontamConfig, ignored: pl.DataFrame | None = None) -> tuple[pl.DataFrame, ScanCounts, pl.DataFrame]:
     """Work units (doc_id, text) -> (hits in HIT_SCHEMA, counters, the (seed, view) pairs ignored
-    as common): the hits and counters `decontam.scan` returns. `ignored` given: those pairs, not
+    as common): the hits and counters the reference `scan` returns. `ignored` given: those pairs, not
     the ones these units' own seed frequencies would pick."""
     folder = scratch.sub("decontam-matches")
     paths = [str(folder / f"matches-{u.index:05d}.parquet") for u in units]

@@ -5,6 +5,10 @@ duplicates (`duplicate_of`, always a kept document), the cluster id (that kept d
 the method (exact / near) and the Jaccard similarity to the kept document. An exact copy of a
 text whose representative was itself removed as a near-duplicate points at the same kept
 document with the representative's similarity (identical texts have identical shingle sets).
+
+The pieces here are what the streamed path (`dedup_units`, run by the data stage) assembles; the
+whole-frame composition the tests check it against is the reference implementation in
+tests/reference_impl.py, not a production path.
 """
 
 from __future__ import annotations
@@ -15,10 +19,8 @@ import duckdb
 import polars as pl
 import pyarrow as pa
 
-from ito_assets.data.config import DedupConfig
-from ito_assets.data.exact_dedup import ExactDedupCounts, exact_duplicates, in_keep_order
-from ito_assets.data.minhash import MinHasher
-from ito_assets.data.near_dedup import NearDedupCounts, Removals, near_duplicates
+from ito_assets.data.exact_dedup import ExactDedupCounts
+from ito_assets.data.near_dedup import NearDedupCounts, Removals
 
 KEPT = "kept"
 DUPLICATE = "duplicate"
@@ -58,19 +60,6 @@ SELECT CAST(r.doc_id AS VARCHAR) AS doc_id, CAST(k.doc_id AS VARCHAR) AS near_of
 FROM removals n JOIN representatives r ON r.position = n.removed JOIN representatives k ON k.position = n.kept
 """
 NEAR_SCHEMA = {"doc_id": pl.String, "near_of": pl.String, "near_similarity": pl.Float64}
-
-
-def deduplicate(docs: pl.DataFrame, config: DedupConfig) -> tuple[pl.DataFrame, DedupCounts]:
-    """docs (DOCUMENT_SCHEMA) -> (one decision row per document in DEDUP_SCHEMA, counters), in
-    memory (`dedup_units` is the out-of-core equivalent)."""
-    ordered = in_keep_order(docs)
-    representatives, copies, exact_counts = exact_duplicates(ordered)
-    hasher = MinHasher(num_perm=config.num_perm, seed=config.seed)
-    signatures, shingles = hasher.signatures_of_texts(representatives["text"], config.shingle_size)
-    removals, near_counts = near_duplicates(signatures, shingles, config)
-    ids = representatives["doc_id"]
-    near = pl.DataFrame({"doc_id": ids.gather(removals.removed), "near_of": ids.gather(removals.kept), "near_similarity": removals.similarity}, schema=NEAR_SCHEMA)
-    return decide(ordered.select("doc_id"), copies, near), counts_of(exact_counts, near_counts)
 
 
 def near_ids(db: duckdb.DuckDBPyConnection, removals: Removals) -> pl.DataFrame:
@@ -117,8 +106,3 @@ def counts_of(exact: ExactDedupCounts, near: NearDedupCounts) -> DedupCounts:
     num_removed = exact.num_removed + near.num_removed
     return DedupCounts(exact=exact, near=near, num_input=exact.num_input, num_kept=exact.num_input - num_removed, num_removed=num_removed)
 
-
-def kept_documents(docs: pl.DataFrame, decisions: pl.DataFrame) -> pl.DataFrame:
-    """The documents that survive deduplication, in keep order."""
-    kept = decisions.filter(pl.col("dedup_state") == KEPT).select("doc_id")
-    return in_keep_order(docs.join(kept, on="doc_id", how="semi")).drop("rank")

@@ -1,5 +1,6 @@
-"""Deduplication out of core, over byte-sized work units: the same decisions as
-`dedup.deduplicate`, with memory bounded by the units and DuckDB's cap rather than the corpus.
+"""Deduplication out of core, over byte-sized work units: the same decisions as the in-memory
+reference (`deduplicate`, tests/reference_impl.py), with memory bounded by the units and DuckDB's
+cap rather than the corpus.
 
 1. `exact_units` numbers the documents in keep order and finds the exact copies (ids and text
    hashes in DuckDB; texts compared only inside a hash group); the first of each group of
@@ -124,7 +125,7 @@ def decision_frames(scratch: Scratch, removals: Removals) -> Iterator[pl.DataFra
 
 def kept_frames(scratch: Scratch) -> Iterator[pl.DataFrame]:
     """The documents that survive deduplication, in keep order, a batch at a time (as
-    `dedup.kept_documents` returns them whole): the representatives' side file, less the rows
+    the reference `kept_documents` returns them whole): the representatives' side file, less the rows
     at the positions of the near-duplicates removed."""
     path = scratch.folder / REPRESENTATIVES_FILE
     removed = np.load(scratch.folder / REMOVED_FILE)

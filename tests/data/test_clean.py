@@ -11,10 +11,9 @@ from hypothesis import strategies as st
 from data_frames import edit_words, frame, random_text
 from ito_assets.data.clean import account, apply_actions, clean_documents, cut_pieces, decisions
 from ito_assets.data.config import DecontamConfig, DedupConfig
-from ito_assets.data.decontam import scan
-from ito_assets.data.dedup import deduplicate, kept_documents
 from ito_assets.data.eval_index import build_index
 from ito_assets.evals.suite import EvalItem, EvalSuite
+from reference_impl import deduplicate, kept_documents, scan
 
 QUESTION = "Which built in exception is raised when you look up a key in a dictionary that does not contain that key at all"
 SUITE = EvalSuite("unit", "sha256:" + "0" * 64, (EvalItem(id="t/1", benchmark="t", question=QUESTION, answer="KeyError"),))

