@@ -1,4 +1,11 @@
-"""Settings, read once at the edge (CLI entry, definitions.py) and passed down as a value.
+"""Settings, read once at the edge (CLI entry, `ito serve`, definitions.py) and passed down as a value.
+
+`ItoSettings` is the one reading of the environment: every ITO_ variable, as text. The typed views
+are built from it: `Settings` here (the pipeline's folders and ledger), the gate policy
+(gates/policy.py) and the server's configuration (api/server.py); their numbers go through
+env.parse, the one parsing and error path. A view parses only the variables it uses, so a bad value
+fails the commands that read it and no other. The client reads its four variables (api/client_config.py)
+through the same env.parse without this module: pydantic-settings' import would slow every `ito status`.
 
 Defaults give the embedded installation: fixtures under data/fixtures, state under .ito/.
 Nothing reads the environment at import time.
@@ -6,11 +13,14 @@ Nothing reads the environment at import time.
 
 from __future__ import annotations
 
-import os
+import contextvars
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping
 
+from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
+
+from ito_assets import env as env_text
 from ito_assets.manifest.secure_read import DEFAULT_MAX_BYTES
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -53,29 +63,96 @@ class Settings:
         return replace(self, **changes)
 
 
-def _path(env: Mapping[str, str], name: str, default: Path) -> Path:
-    value = env.get(name)
+# The mapping ItoSettings.read is reading; the process environment when unset.
+_READING: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar("ito_settings_env", default=None)
+
+
+class _MappingSource(EnvSettingsSource):
+    # pydantic-settings reads os.environ in this hook; callers and tests may pass their own mapping.
+    # Only upper-case names count (ITO_STATE_DIR, not ito_state_dir), as they always have; the
+    # source matches names in lower case, so they are handed over lowered.
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        return {name.lower(): value for name, value in env_text.environment(_READING.get()).items()
+                if name.startswith(env_text.PREFIX) and name == name.upper()}
+
+
+class ItoSettings(BaseSettings):
+    """Every ITO_ variable as set (None when unset; an empty value stays empty, as some variables
+    treat it differently from unset). Only the environment is read: no .env file, no secrets folder."""
+
+    model_config = SettingsConfigDict(env_prefix=env_text.PREFIX, case_sensitive=False, frozen=True, extra="ignore")
+
+    # Settings: the pipeline's folders, limits and ledger.
+    project_root: str | None = None
+    state_dir: str | None = None
+    data_root: str | None = None
+    manifests_dir: str | None = None
+    eval_suite: str | None = None
+    max_manifest_bytes: str | None = None
+    executor: str | None = None
+    ledger_url: str | None = None
+    ledger_schema: str | None = None
+    # The gate policy (gates/policy.py).
+    allowed_data_roots: str | None = None
+    allowed_licenses: str | None = None
+    tenants_root: str | None = None
+    confirmation_ttl_s: str | None = None
+    max_concurrent_runs_per_booking: str | None = None
+    # `ito serve` (api/server.py).
+    ledger_lock_timeout_s: str | None = None
+    api_read_timeout_s: str | None = None
+    api_max_connections_per_client: str | None = None
+    # The client (api/client_config.py reads these four itself, through env.parse).
+    api_url: str | None = None
+    token_file: str | None = None
+    connect_timeout_s: str | None = None
+    timeout_s: str | None = None
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
+                                   file_secret_settings):
+        return init_settings, _MappingSource(settings_cls)
+
+    @classmethod
+    def read(cls, env: Mapping[str, str] | None = None) -> "ItoSettings":
+        """The settings from `env` (default: the process environment)."""
+        token = _READING.set(env)
+        try:
+            return cls()
+        finally:
+            _READING.reset(token)
+
+    @staticmethod
+    def variable(field: str) -> str:
+        return env_text.PREFIX + field.upper()
+
+
+def _path(value: str | None, default: Path) -> Path:
     return Path(value).resolve() if value else default
 
 
-def load_settings(env: Mapping[str, str] | None = None) -> Settings:
-    """ITO_STATE_DIR, ITO_DATA_ROOT, ITO_MANIFESTS_DIR, ITO_EVAL_SUITE, ITO_MAX_MANIFEST_BYTES,
-    ITO_EXECUTOR, ITO_LEDGER_URL, ITO_LEDGER_SCHEMA."""
-    env = os.environ if env is None else env
-    root = _path(env, "ITO_PROJECT_ROOT", PROJECT_ROOT)
-    data_root = _path(env, "ITO_DATA_ROOT", root / "data")
-    max_bytes = env.get("ITO_MAX_MANIFEST_BYTES")
-    if max_bytes is not None and not (max_bytes.isdigit() and int(max_bytes) > 0):
-        raise ValueError("ITO_MAX_MANIFEST_BYTES must be a positive integer")
+def settings_from(environment: ItoSettings) -> Settings:
+    """The pipeline's settings: ITO_PROJECT_ROOT, ITO_STATE_DIR, ITO_DATA_ROOT, ITO_MANIFESTS_DIR,
+    ITO_EVAL_SUITE, ITO_MAX_MANIFEST_BYTES, ITO_EXECUTOR, ITO_LEDGER_URL, ITO_LEDGER_SCHEMA."""
+    e = environment
+    root = _path(e.project_root, PROJECT_ROOT)
+    data_root = _path(e.data_root, root / "data")
     return Settings(
         project_root=root,
-        state_dir=_path(env, "ITO_STATE_DIR", root / ".ito"),
+        state_dir=_path(e.state_dir, root / ".ito"),
         data_root=data_root,
-        manifests_dir=_path(env, "ITO_MANIFESTS_DIR", data_root / "fixtures" / "manifests"),
-        eval_suite_path=_path(env, "ITO_EVAL_SUITE", data_root / DEFAULT_EVAL_SUITE),
-        max_manifest_bytes=int(max_bytes) if max_bytes else DEFAULT_MAX_BYTES,
-        executor=env.get("ITO_EXECUTOR", "multiprocess"),
-        ledger_url=env.get("ITO_LEDGER_URL", ""),
-        ledger_schema=env.get("ITO_LEDGER_SCHEMA") or None,
-        ledger_url_env="ITO_LEDGER_URL" if env.get("ITO_LEDGER_URL") else None,
+        manifests_dir=_path(e.manifests_dir, data_root / "fixtures" / "manifests"),
+        eval_suite_path=_path(e.eval_suite, data_root / DEFAULT_EVAL_SUITE),
+        max_manifest_bytes=env_text.parse(e.max_manifest_bytes, default=DEFAULT_MAX_BYTES, whole=True, low=1,
+                                          empty_is_default=False, usage=False,
+                                          message="ITO_MAX_MANIFEST_BYTES must be a positive integer"),
+        executor="multiprocess" if e.executor is None else e.executor,
+        ledger_url=e.ledger_url or "",
+        ledger_schema=e.ledger_schema or None,
+        ledger_url_env="ITO_LEDGER_URL" if e.ledger_url else None,
     )
+
+
+def load_settings(env: Mapping[str, str] | None = None) -> Settings:
+    """The pipeline's settings from `env` (default: the process environment); see settings_from."""
+    return settings_from(ItoSettings.read(env))

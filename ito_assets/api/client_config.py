@@ -4,6 +4,8 @@ ITO_API_URL (default http://127.0.0.1:8765), ITO_TOKEN_FILE (a 0600 file owned b
 holding one identity token), ITO_CONNECT_TIMEOUT_S (default 3), ITO_TIMEOUT_S (default 30, per
 request). The whole operation is bounded apart from these by `ito --timeout` (default 120).
 A token is never an argument and never printed; errors about the token file never name it.
+These are fields of the one settings model (settings.ItoSettings) and parsed by its env.parse; they
+are read here without that model, whose import (pydantic-settings) would slow every client call.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 from typing import Mapping
 from urllib.parse import urlsplit
 
+from ito_assets import env as env_text
 from ito_assets.api.client import ApiClient, Deadline, Endpoint, HttpTransport
 from ito_assets.errors import ErrorCode, ItoError
 
@@ -34,17 +37,13 @@ class ClientConfig:
     total_timeout_s: float
 
 
+# The ItoSettings fields this module reads (tests hold them to the model's).
+FIELDS = ("api_url", "token_file", "connect_timeout_s", "timeout_s")
+
+
 def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
-    value = env.get(name)
-    if not value:
-        return default
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = -1.0
-    if not 0 < seconds <= 3600:
-        raise ItoError(ErrorCode.USAGE_ERROR, f"{name} must be a number of seconds between 0 and 3600")
-    return seconds
+    return env_text.parse(env.get(name), default=default, whole=False, low=0, low_open=True, high=3600, usage=True,
+                          message=f"{name} must be a number of seconds between 0 and 3600")
 
 
 _IPV4_LOOPBACK = re.compile(r"^127(\.\d{1,3}){3}$")
@@ -78,7 +77,7 @@ def _endpoint(url: str) -> Endpoint:
 
 
 def load_client_config(env: Mapping[str, str] | None = None) -> ClientConfig:
-    env = os.environ if env is None else env
+    env = env_text.environment(env)
     return ClientConfig(
         endpoint=_endpoint(env.get("ITO_API_URL") or DEFAULT_API_URL),
         token_file=env.get("ITO_TOKEN_FILE") or None,

@@ -10,13 +10,12 @@ server neither logs requests nor echoes bodies, so no token or reference reaches
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 from ito_assets.errors import ErrorCode, ItoError
 
@@ -33,54 +32,35 @@ class ServerConfig:
     lock_timeout_s: float = 30.0
     read_timeout_s: float = 10.0
     max_connections_per_client: int = 32
-
-
-def _read_timeout(env: Mapping[str, str]) -> float:
-    from ito_assets.api.transport import READ_TIMEOUT_RANGE_S, READ_TIMEOUT_S
-
-    text = env.get("ITO_API_READ_TIMEOUT_S")
-    if not text:
-        return READ_TIMEOUT_S
-    low, high = READ_TIMEOUT_RANGE_S
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and low <= value <= high):
-        raise ItoError(ErrorCode.USAGE_ERROR, f"ITO_API_READ_TIMEOUT_S must be a number of seconds from {low:g} "
-                                              f"to {high:g}")
-    return value
-
-
-def _connections_per_client(env: Mapping[str, str]) -> int:
-    from ito_assets.api.transport import CONNECTIONS_PER_CLIENT_RANGE, MAX_CONNECTIONS_PER_CLIENT
-
-    text = env.get("ITO_API_MAX_CONNECTIONS_PER_CLIENT")
-    if not text:
-        return MAX_CONNECTIONS_PER_CLIENT
-    low, high = CONNECTIONS_PER_CLIENT_RANGE
-    # Digits only, and few of them: int() would also take "+1", " 1" and "1_000".
-    value = int(text) if text.isascii() and text.isdigit() and len(text) <= 6 else -1
-    if not low <= value <= high:
-        raise ItoError(ErrorCode.USAGE_ERROR, f"ITO_API_MAX_CONNECTIONS_PER_CLIENT must be a whole number from {low} "
-                                              f"to {high}")
-    return value
+    # The settings load_config read, so that open_api builds the policy from the same reading.
+    environment: Any = field(default=None, compare=False, repr=False)
 
 
 def load_config(host: str, port: int, env: Mapping[str, str] | None = None) -> ServerConfig:
+    """The server's configuration from the settings read once from `env` (default: the process
+    environment); a bad value is a USAGE_ERROR naming the variable, never echoing the value."""
+    from ito_assets import env as env_text
+    from ito_assets.api.transport import (CONNECTIONS_PER_CLIENT_RANGE, MAX_CONNECTIONS_PER_CLIENT,
+                                          READ_TIMEOUT_RANGE_S, READ_TIMEOUT_S)
     from ito_assets.gates.ledger import DEFAULT_LOCK_TIMEOUT_S
-    from ito_assets.settings import load_settings
+    from ito_assets.settings import ItoSettings, settings_from
 
-    env = os.environ if env is None else env
-    lock = env.get("ITO_LEDGER_LOCK_TIMEOUT_S")
-    try:
-        lock_s = float(lock) if lock else DEFAULT_LOCK_TIMEOUT_S
-    except ValueError:
-        raise ItoError(ErrorCode.USAGE_ERROR, "ITO_LEDGER_LOCK_TIMEOUT_S must be a number of seconds") from None
-    read_timeout_s, per_client = _read_timeout(env), _connections_per_client(env)
-    settings = load_settings(env)
+    environment = ItoSettings.read(env)
+    lock_s = env_text.parse(environment.ledger_lock_timeout_s, default=DEFAULT_LOCK_TIMEOUT_S, whole=False, usage=True,
+                            message="ITO_LEDGER_LOCK_TIMEOUT_S must be a number of seconds")
+    low, high = READ_TIMEOUT_RANGE_S
+    read_timeout_s = env_text.parse(environment.api_read_timeout_s, default=READ_TIMEOUT_S, whole=False, low=low,
+                                    high=high, usage=True, message=f"ITO_API_READ_TIMEOUT_S must be a number of "
+                                                                   f"seconds from {low:g} to {high:g}")
+    low, high = CONNECTIONS_PER_CLIENT_RANGE
+    per_client = env_text.parse(environment.api_max_connections_per_client, default=MAX_CONNECTIONS_PER_CLIENT,
+                                whole=True, low=low, high=high, usage=True,
+                                message=f"ITO_API_MAX_CONNECTIONS_PER_CLIENT must be a whole number from {low} "
+                                        f"to {high}")
+    settings = settings_from(environment)
     return ServerConfig(host=host, port=port, ledger_url=settings.ledger_url, ledger_schema=settings.ledger_schema,
-                        lock_timeout_s=lock_s, read_timeout_s=read_timeout_s, max_connections_per_client=per_client)
+                        lock_timeout_s=lock_s, read_timeout_s=read_timeout_s, max_connections_per_client=per_client,
+                        environment=environment)
 
 
 def build_app(api):
@@ -109,15 +89,15 @@ def build_app(api):
 def open_api(config: ServerConfig, env: Mapping[str, str] | None = None):
     from ito_assets.api.routes.common import Api
     from ito_assets.gates.ledger import open_ledger
-    from ito_assets.gates.policy import load_policy
-    from ito_assets.settings import load_settings
+    from ito_assets.gates.policy import policy_from
+    from ito_assets.settings import ItoSettings, settings_from
 
-    env = os.environ if env is None else env
-    settings = load_settings(env)
+    environment = config.environment if env is None and config.environment is not None else ItoSettings.read(env)
+    settings = settings_from(environment)
     if config.ledger_url.startswith("sqlite:///"):
         Path(config.ledger_url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
     ledger = open_ledger(config.ledger_url, schema=config.ledger_schema, lock_timeout_s=config.lock_timeout_s)
-    return Api(ledger=ledger, policy=load_policy(settings, env))
+    return Api(ledger=ledger, policy=policy_from(settings, environment))
 
 
 def bind(config: ServerConfig) -> socket.socket:

@@ -1,7 +1,8 @@
 """The server's gate policy: where data may come from, which licences allow training, where
 tenants keep checkpoints, how long a confirmation lives and how many runs a booking holds.
 
-Read once at the edge (`ito serve`) from the environment; passed down as a value.
+Built once at the edge (`ito serve`) from the settings read from the environment (settings.py);
+passed down as a value.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from ito_assets import env as env_text
 from ito_assets.manifest.secure_read import DEFAULT_MAX_BYTES
-from ito_assets.settings import Settings
+from ito_assets.settings import ItoSettings, Settings
 
 # SPDX identifiers of licences whose terms allow use for model training without a separate
 # agreement: public-domain dedications and permissive/attribution licences (SPDX License List).
@@ -49,22 +51,18 @@ class GatePolicy:
         return self.tenants_root / account_id
 
 
-def _positive(env: Mapping[str, str], name: str, default: int) -> int:
-    value = env.get(name)
-    if value is None:
-        return default
-    if not value.isdigit() or int(value) <= 0:
-        raise ValueError(f"{name} must be a positive integer")
-    return int(value)
+def _positive(text: str | None, name: str, default: int) -> int:
+    # Unset gives the default; set, even empty, it must be a positive integer.
+    return env_text.parse(text, default=default, whole=True, low=1, empty_is_default=False, usage=False,
+                          message=f"{name} must be a positive integer")
 
 
-def load_policy(settings: Settings, env: Mapping[str, str] | None = None) -> GatePolicy:
+def policy_from(settings: Settings, environment: ItoSettings) -> GatePolicy:
     """ITO_ALLOWED_DATA_ROOTS (os.pathsep-separated), ITO_ALLOWED_LICENSES (comma-separated),
-    ITO_TENANTS_ROOT, ITO_CONFIRMATION_TTL_S, ITO_MAX_CONCURRENT_RUNS_PER_BOOKING."""
-    env = os.environ if env is None else env
-    roots = env.get("ITO_ALLOWED_DATA_ROOTS")
-    licenses = env.get("ITO_ALLOWED_LICENSES")
-    tenants = env.get("ITO_TENANTS_ROOT")
+    ITO_TENANTS_ROOT, ITO_CONFIRMATION_TTL_S, ITO_MAX_CONCURRENT_RUNS_PER_BOOKING, over `settings`."""
+    roots = environment.allowed_data_roots
+    licenses = environment.allowed_licenses
+    tenants = environment.tenants_root
     return GatePolicy(
         data_root=settings.data_root,
         allowed_data_roots=tuple(Path(p).resolve() for p in roots.split(os.pathsep) if p) if roots
@@ -72,8 +70,14 @@ def load_policy(settings: Settings, env: Mapping[str, str] | None = None) -> Gat
         tenants_root=Path(tenants).resolve() if tenants else settings.state_dir / "tenants",
         allowed_licenses=frozenset(s.strip() for s in licenses.split(",") if s.strip()) if licenses
         else DEFAULT_LICENSES,
-        confirmation_ttl_s=_positive(env, "ITO_CONFIRMATION_TTL_S", DEFAULT_CONFIRMATION_TTL_S),
-        max_concurrent_runs_per_booking=_positive(env, "ITO_MAX_CONCURRENT_RUNS_PER_BOOKING",
-                                                  DEFAULT_MAX_CONCURRENT_RUNS),
+        confirmation_ttl_s=_positive(environment.confirmation_ttl_s, "ITO_CONFIRMATION_TTL_S",
+                                     DEFAULT_CONFIRMATION_TTL_S),
+        max_concurrent_runs_per_booking=_positive(environment.max_concurrent_runs_per_booking,
+                                                  "ITO_MAX_CONCURRENT_RUNS_PER_BOOKING", DEFAULT_MAX_CONCURRENT_RUNS),
         max_manifest_bytes=settings.max_manifest_bytes,
     )
+
+
+def load_policy(settings: Settings, env: Mapping[str, str] | None = None) -> GatePolicy:
+    """The policy over `settings` from `env` (default: the process environment); see policy_from."""
+    return policy_from(settings, ItoSettings.read(env))

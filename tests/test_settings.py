@@ -1,0 +1,167 @@
+"""The one settings model (settings.ItoSettings) and the views built from it: every bounded number
+at its bound and one either side, the error each variable gives, and which reader pays for what."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ito_assets import env as env_text
+from ito_assets.api import client_config, server
+from ito_assets.errors import ItoError
+from ito_assets.gates.policy import load_policy, policy_from
+from ito_assets.settings import ItoSettings, load_settings, settings_from
+
+SECRET = "ito_acct_" + "s" * 43  # a token pasted into the wrong variable must never be echoed
+
+
+def _refused_as_value_error(read, name: str) -> None:
+    with pytest.raises(ValueError) as refused:
+        read()
+    assert not isinstance(refused.value, ItoError) and str(refused.value) == f"{name} must be a positive integer"
+
+
+# --- ValueError: the pipeline's settings and the gate policy ---------------------------------------
+
+@pytest.mark.parametrize("value, expected", [(None, 262144), ("1", 1), ("2", 2), ("262144", 262144),
+                                             ("0", None), ("", None), ("-1", None), ("1.0", None), (" 1", None),
+                                             ("+1", None), ("1_0", None), ("\u0663", None), ("9" * 5000, None),
+                                             (SECRET, None)])
+def test_max_manifest_bytes_is_a_positive_integer(value, expected) -> None:
+    env = {} if value is None else {"ITO_MAX_MANIFEST_BYTES": value}
+    if expected is None:
+        _refused_as_value_error(lambda: load_settings(env), "ITO_MAX_MANIFEST_BYTES")
+    else:
+        assert load_settings(env).max_manifest_bytes == expected
+
+
+@pytest.mark.parametrize("name, attribute, default", [
+    ("ITO_CONFIRMATION_TTL_S", "confirmation_ttl_s", 600),
+    ("ITO_MAX_CONCURRENT_RUNS_PER_BOOKING", "max_concurrent_runs_per_booking", 1)])
+@pytest.mark.parametrize("value, expected", [(None, "default"), ("1", 1), ("2", 2), ("0", None), ("", None),
+                                             ("-1", None), ("\u0663", None), (SECRET, None)])
+def test_policy_counts_at_their_bound(tmp_path, name, attribute, default, value, expected) -> None:
+    settings = load_settings({"ITO_STATE_DIR": str(tmp_path)})
+    env = {} if value is None else {name: value}
+    if expected is None:
+        _refused_as_value_error(lambda: load_policy(settings, env), name)
+    else:
+        assert getattr(load_policy(settings, env), attribute) == (default if expected == "default" else expected)
+
+
+# --- USAGE_ERROR: `ito serve` and the client -----------------------------------------------------------
+
+def _usage_error(read, name: str) -> None:
+    with pytest.raises(ItoError) as refused:
+        read()
+    assert refused.value.code.value == "USAGE_ERROR" and name in refused.value.message
+    assert SECRET not in refused.value.message
+
+
+@pytest.mark.parametrize("name", ["ITO_CONNECT_TIMEOUT_S", "ITO_TIMEOUT_S"])
+@pytest.mark.parametrize("value, expected", [("0", None), ("1e-9", 1e-9), ("0.5", 0.5), ("3599.999", 3599.999),
+                                             ("3600", 3600.0), ("3600.001", None), ("-0", None), ("nan", None),
+                                             ("inf", None), (SECRET, None)])
+def test_client_seconds_at_their_bounds(name, value, expected) -> None:
+    attribute = {"ITO_CONNECT_TIMEOUT_S": "connect_timeout_s", "ITO_TIMEOUT_S": "total_timeout_s"}[name]
+    if expected is None:
+        _usage_error(lambda: client_config.load_client_config({name: value}), name)
+    else:
+        assert getattr(client_config.load_client_config({name: value}), attribute) == expected
+
+
+def test_client_seconds_default_when_unset_or_empty() -> None:
+    for env in ({}, {"ITO_CONNECT_TIMEOUT_S": "", "ITO_TIMEOUT_S": ""}):
+        config = client_config.load_client_config(env)
+        assert (config.connect_timeout_s, config.total_timeout_s) == (3.0, 30.0)
+
+
+@pytest.mark.parametrize("value, expected", [(None, 30.0), ("", 30.0), ("0.3", 0.3), ("abc", None), (SECRET, None)])
+def test_ledger_lock_timeout(tmp_path, value, expected) -> None:
+    env = {"ITO_STATE_DIR": str(tmp_path)} | ({} if value is None else {"ITO_LEDGER_LOCK_TIMEOUT_S": value})
+    if expected is None:
+        _usage_error(lambda: server.load_config("127.0.0.1", 0, env), "ITO_LEDGER_LOCK_TIMEOUT_S")
+    else:
+        assert server.load_config("127.0.0.1", 0, env).lock_timeout_s == expected
+
+
+# --- the one reading ------------------------------------------------------------------------------
+
+def test_only_the_exact_upper_case_names_count(tmp_path) -> None:
+    env = {"ito_state_dir": "/lower", "Ito_State_Dir": "/mixed", "ITO_STATE_DIR": str(tmp_path), "XITO_DATA_ROOT": "/x"}
+    reading = ItoSettings.read(env)
+    assert reading.state_dir == str(tmp_path) and reading.data_root is None
+    assert ItoSettings.read({"ito_state_dir": "/lower"}).state_dir is None
+
+
+def test_a_value_is_text_as_set(tmp_path) -> None:
+    # No JSON decoding, no stripping: the views parse every value themselves.
+    reading = ItoSettings.read({"ITO_ALLOWED_LICENSES": '["MIT"]', "ITO_LEDGER_SCHEMA": "", "ITO_TIMEOUT_S": " 5 "})
+    assert (reading.allowed_licenses, reading.ledger_schema, reading.timeout_s) == ('["MIT"]', "", " 5 ")
+
+
+def test_the_process_environment_is_the_default(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("ITO_STATE_DIR", str(tmp_path))
+    assert ItoSettings.read().state_dir == str(tmp_path) == str(load_settings().state_dir)
+    assert ItoSettings.read({}).state_dir is None  # a given mapping replaces the environment
+
+
+def test_every_variable_a_view_reads_is_a_field_of_the_model(tmp_path) -> None:
+    fields = set(ItoSettings.model_fields)
+    assert set(client_config.FIELDS) <= fields
+    assert all(ItoSettings.variable(f).startswith(env_text.PREFIX) for f in fields)
+    # Each field changes what some view builds from it.
+    values = {"project_root": str(tmp_path), "state_dir": str(tmp_path / "s"), "data_root": str(tmp_path / "d"),
+              "manifests_dir": str(tmp_path / "m"), "eval_suite": str(tmp_path / "e"), "max_manifest_bytes": "7",
+              "executor": "in_process", "ledger_url": "sqlite:///x.db", "ledger_schema": "ito",
+              "allowed_data_roots": str(tmp_path / "r"), "allowed_licenses": "MIT", "tenants_root": str(tmp_path / "t"),
+              "confirmation_ttl_s": "5", "max_concurrent_runs_per_booking": "4", "ledger_lock_timeout_s": "2",
+              "api_read_timeout_s": "3", "api_max_connections_per_client": "9", "api_url": "http://127.0.0.1:1",
+              "token_file": "/t", "connect_timeout_s": "6", "timeout_s": "8"}
+    assert set(values) == fields
+    env = {ItoSettings.variable(f): v for f, v in values.items()}
+    default = (settings_from(ItoSettings.read({})), server.load_config("h", 1, {}),
+               client_config.load_client_config({}))
+    changed = (settings_from(ItoSettings.read(env)), server.load_config("h", 1, env),
+               client_config.load_client_config(env))
+    policy = policy_from(changed[0], ItoSettings.read(env))
+    seen = {**vars(changed[0]), **{f"server.{k}": v for k, v in vars(changed[1]).items()},
+            **{f"client.{k}": v for k, v in vars(changed[2]).items()}, **{f"policy.{k}": v for k, v in vars(policy).items()}}
+    assert changed[0] != default[0] and changed[1] != default[1] and changed[2] != default[2]
+    assert seen["max_manifest_bytes"] == 7 and seen["policy.confirmation_ttl_s"] == 5
+    assert (seen["server.lock_timeout_s"], seen["server.read_timeout_s"], seen["server.max_connections_per_client"]) \
+        == (2.0, 3.0, 9)
+    assert (seen["client.connect_timeout_s"], seen["client.total_timeout_s"], seen["client.token_file"]) == (6.0, 8.0, "/t")
+
+
+def test_a_bad_value_fails_only_the_views_that_read_it(tmp_path) -> None:
+    env = {"ITO_STATE_DIR": str(tmp_path), "ITO_CONFIRMATION_TTL_S": "0", "ITO_API_READ_TIMEOUT_S": "0",
+           "ITO_TIMEOUT_S": "0"}
+    assert load_settings(env).state_dir == tmp_path  # the pipeline reads none of the three
+    with pytest.raises(ValueError, match="ITO_CONFIRMATION_TTL_S"):
+        load_policy(load_settings(env), env)
+    _usage_error(lambda: server.load_config("127.0.0.1", 0, env), "ITO_API_READ_TIMEOUT_S")
+    _usage_error(lambda: client_config.load_client_config(env), "ITO_TIMEOUT_S")
+
+
+def test_the_server_builds_its_policy_from_the_reading_load_config_made(tmp_path) -> None:
+    env = {"ITO_STATE_DIR": str(tmp_path), "ITO_CONFIRMATION_TTL_S": "42"}
+    config = server.load_config("127.0.0.1", 0, env)
+    assert config.environment == ItoSettings.read(env) and config == server.load_config("127.0.0.1", 0, {**env, "X": "1"})
+    api = server.open_api(config)  # the process environment is not read again
+    try:
+        assert api.policy.confirmation_ttl_s == 42 and api.policy.tenants_root == tmp_path / "tenants"
+    finally:
+        api.ledger.dispose()
+
+
+def test_the_client_does_not_import_the_settings_model() -> None:
+    probe = ("import sys; from ito_assets.api import cli, client_config; "
+             "client_config.load_client_config({}); "
+             "print(sorted(m for m in ('pydantic', 'pydantic_settings', 'ito_assets.settings') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                          env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert done.stdout.strip() == "[]"
