@@ -18,7 +18,7 @@ import dagster as dg
 warnings.filterwarnings("ignore", category=dg.PreviewWarning)
 from dagster._core.storage.tags import RUN_KEY_TAG, SENSOR_NAME_TAG
 
-from ito_assets.defs.workload.assets import RUN_ID_TAG
+from ito_assets.gates import run_tags
 from ito_assets.defs.workload.outcome import report_outcome
 from ito_assets.settings import Settings, load_settings
 
@@ -84,8 +84,8 @@ def evaluate_sensor(defs: dg.Definitions, instance: dg.DagsterInstance, sensor_n
         )
         summary.num_runs_launched += 1
         _record(run, summary, request.partition_key)
-        if RUN_ID_TAG in tags:
-            _report_to_ledger(defs, instance, run.dagster_run, tags[RUN_ID_TAG])
+        if run_tags.run_id_of(tags):
+            _report_to_ledger(defs, instance, run.dagster_run, run_tags.run_id_of(tags))
 
 
 def _run_config(job: dg.JobDefinition, partition_key: str | None) -> dict:

@@ -11,10 +11,9 @@ from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.resources import ItoSettingsResource
 from ito_assets.errors import ItoError
 from ito_assets.evals.suite import load_suite
+from ito_assets.gates import run_tags
 from ito_assets.manifest import discovery
 
-EVAL_SUITE_DIGEST_TAG = "ito/eval_suite_digest"
-MANIFEST_DIGEST_TAG = "ito/manifest_digest"
 REPORT = dg.AssetKey("contamination_report")
 
 
@@ -56,7 +55,7 @@ def eval_suite_changed(context: dg.SensorEvaluationContext, ito: ItoSettingsReso
             dg.RunRequest(
                 run_key=run_key(manifest.digest, suite.digest),
                 partition_key=manifest.key,
-                tags={MANIFEST_DIGEST_TAG: manifest.digest, EVAL_SUITE_DIGEST_TAG: suite.digest},
+                tags=run_tags.for_preparation(manifest.digest, suite.digest),
             )
         )
     return dg.SensorResult(run_requests=requests, skip_reason=None if requests else "every decontaminated manifest is up to date with the eval suite")

@@ -6,9 +6,9 @@ import dagster as dg
 from ito_assets.defs.jobs import PREPARATION_JOB
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.resources import ItoSettingsResource
+from ito_assets.gates import run_tags
 from ito_assets.manifest import discovery
 
-MANIFEST_DIGEST_TAG = "ito/manifest_digest"
 
 
 @dg.sensor(
@@ -26,7 +26,7 @@ def reviewed_manifest_sensor(context: dg.SensorEvaluationContext, ito: ItoSettin
     known = set(context.instance.get_dynamic_partitions(manifests_partitions.name))
     new_keys = sorted({m.key for m in found} - known)
     requests = [
-        dg.RunRequest(run_key=m.digest, partition_key=m.key, tags={MANIFEST_DIGEST_TAG: m.digest})
+        dg.RunRequest(run_key=m.digest, partition_key=m.key, tags=run_tags.for_preparation(m.digest))
         for m in {m.key: m for m in found}.values()
     ]
     return dg.SensorResult(

@@ -6,18 +6,12 @@ import dagster as dg
 
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.resources import LedgerResource
-from ito_assets.defs.workload.assets import RUN_ID_TAG
 from ito_assets.defs.jobs import training_job
 from ito_assets.defs.workload.outcome import report_outcome
-from ito_assets.gates import runs
+from ito_assets.gates import run_tags, runs
 from ito_assets.errors import ItoError
 from ito_assets.gates.states import TERMINAL_RUN_STATES, RunState
 from ito_assets.manifest.verify import short_digest
-
-
-def run_tags(run: runs.Run) -> dict[str, str]:
-    return {RUN_ID_TAG: run.run_id, "ito/account_id": run.account_id, "ito/booking_id": run.booking_id,
-            "ito/manifest_digest": run.manifest_digest, "ito/idempotency_key": run.idempotency_key}
 
 
 @dg.sensor(
@@ -33,7 +27,7 @@ def confirmed_run_sensor(context: dg.SensorEvaluationContext, ledger: LedgerReso
     keys = sorted({short_digest(r.manifest_digest[len("sha256:"):]) for r in pending} - known)
     requests = [
         dg.RunRequest(run_key=r.run_id, partition_key=short_digest(r.manifest_digest[len("sha256:"):]),
-                      tags=run_tags(r))
+                      tags=run_tags.for_run(r))
         for r in pending
     ]
     return dg.SensorResult(
@@ -44,7 +38,7 @@ def confirmed_run_sensor(context: dg.SensorEvaluationContext, ledger: LedgerReso
 
 
 def _dagster_runs_of(instance: dg.DagsterInstance, run_id: str) -> list[dg.DagsterRun]:
-    return list(instance.get_runs(filters=dg.RunsFilter(tags={RUN_ID_TAG: run_id})))
+    return list(instance.get_runs(filters=dg.RunsFilter(tags={run_tags.RUN_ID: run_id})))
 
 
 @dg.sensor(
@@ -83,7 +77,7 @@ def _withdraw_queued_runs_of_ended(context: dg.SensorEvaluationContext, opened) 
     waiting = context.instance.get_runs(filters=dg.RunsFilter(
         job_name=training_job.name, statuses=[dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED]))
     for dagster_run in waiting:
-        run_id = dagster_run.tags.get(RUN_ID_TAG)
+        run_id = run_tags.run_id_of(dagster_run.tags)
         try:
             ended = run_id is not None and runs.get(opened, run_id).state in TERMINAL_RUN_STATES
         except ItoError:  # not a ledger run: not ours to withdraw
@@ -98,7 +92,7 @@ def _withdraw_queued_runs_of_ended(context: dg.SensorEvaluationContext, opened) 
 
 
 def _report(context: dg.RunStatusSensorContext, ledger: LedgerResource) -> None:
-    run_id = context.dagster_run.tags.get(RUN_ID_TAG)
+    run_id = run_tags.run_id_of(context.dagster_run.tags)
     if run_id:
         with ledger.open() as opened:
             report_outcome(opened, context.instance, context.dagster_run, run_id)

@@ -7,15 +7,15 @@ check turns that into a stopped run and the sensor reports `gate_failed` with it
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import sqlalchemy as sa
 
 from ito_assets.errors import ErrorCode, ItoError
-from ito_assets.gates import bookings, entitlement, runs
+from ito_assets.gates import bookings, entitlement, intake, run_tags, runs
 from ito_assets.gates.ledger import Ledger, confirmations, manifests
 from ito_assets.gates.states import RunState
+from ito_assets.manifest.secure_read import ManifestBytes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,11 +29,12 @@ class Authorization:
     cost_cents: int
     checkpoint_dir: str
     eligibility: entitlement.Eligibility
+    # The bytes confirmed and digested when the run was created, read back and verified: what
+    # the run trains, whatever has happened to any file since.
+    manifest: ManifestBytes = field(repr=False, compare=False)
 
     def tags(self) -> dict[str, str]:
-        """The Dagster run tags issue 3 asks for (account, booking, manifest digest, key)."""
-        return {"ito/run_id": self.run_id, "ito/account_id": self.account_id, "ito/booking_id": self.booking_id,
-                "ito/manifest_digest": self.manifest_digest, "ito/idempotency_key": self.idempotency_key}
+        return run_tags.for_run(self)
 
 
 def reverify(ledger: Ledger, run_id: str) -> Authorization:
@@ -54,11 +55,10 @@ def reverify(ledger: Ledger, run_id: str) -> Authorization:
     if bound is None or bound["consumed_by_run"] != run.run_id or bound["account_id"] != run.account_id:
         raise ItoError(ErrorCode.CONFIRMATION_INVALID, "the run's confirmation does not authorize it")
     entitlement.require_unchanged(bound["eligibility"], eligible)
-    if content is None or "sha256:" + hashlib.sha256(bytes(content)).hexdigest() != run.manifest_digest:
-        raise ItoError(ErrorCode.MANIFEST_DIGEST_MISMATCH, "the stored manifest no longer matches the run's digest")
+    confirmed = intake.verify_stored(None if content is None else bytes(content), run.manifest_digest)
     return Authorization(
         run_id=run.run_id, account_id=run.account_id, booking_id=run.booking_id,
         manifest_digest=run.manifest_digest, idempotency_key=run.idempotency_key,
         confirmation_id=run.confirmation_id, cost_cents=run.cost_cents, checkpoint_dir=run.checkpoint_dir,
-        eligibility=eligible,
+        eligibility=eligible, manifest=confirmed,
     )

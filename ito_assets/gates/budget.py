@@ -74,17 +74,14 @@ def state(conn: sa.Connection, account_id: str, manifest_digest: str, budget: Bu
 def stored_budget(conn: sa.Connection, manifest_digest: str) -> Budget:
     """The budget of a manifest the ledger stored when a run was created from it: its cap is read
     from the very bytes that were confirmed, never from a file that may have changed since."""
-    import hashlib
-
-    from ito_assets.manifest.secure_read import ManifestBytes
+    from ito_assets.gates import intake
     from ito_assets.manifest.verify import parse_manifest
 
     content = conn.execute(sa.select(manifests.c.content).where(
         manifests.c.digest == manifest_digest)).scalar_one_or_none()
     if content is None:
         raise ItoError(ErrorCode.RUN_NOT_FOUND, "no run of this account was created from this manifest")
-    data = bytes(content)
-    return parse_manifest(ManifestBytes(data=data, sha256_hex=hashlib.sha256(data).hexdigest())).budget
+    return parse_manifest(intake.verify_stored(bytes(content), manifest_digest)).budget
 
 
 def states_for(conn: sa.Connection, account_id: str, manifest_digest: str | None = None) -> list[BudgetState]:

@@ -30,6 +30,22 @@ def verify_submitted(content: bytes, claimed_digest: str, *, max_bytes: int) -> 
     return VerifiedManifest(manifest=parse_manifest(raw), raw=raw)
 
 
+def stored(conn: sa.Connection, digest: str) -> ManifestBytes:
+    """The exact bytes a run was confirmed with, read back by their digest."""
+    content = conn.execute(sa.select(manifests.c.content).where(manifests.c.digest == digest)).scalar_one_or_none()
+    if content is None:
+        raise ItoError(ErrorCode.RUN_NOT_FOUND, "no manifest stored under this digest")
+    return verify_stored(bytes(content), digest)
+
+
+def verify_stored(content: bytes | None, digest: str) -> ManifestBytes:
+    """Stored bytes that no longer hash to their digest (a tampered or lost row) are refused, never parsed."""
+    raw = None if content is None else ManifestBytes(data=content, sha256_hex=hashlib.sha256(content).hexdigest())
+    if raw is None or not hmac.compare_digest(raw.digest.encode(), digest.encode()):
+        raise ItoError(ErrorCode.MANIFEST_DIGEST_MISMATCH, "the stored manifest no longer matches its digest")
+    return raw
+
+
 def store(conn: sa.Connection, verified: VerifiedManifest, *, now: int) -> None:
     """Keep the bytes under their digest once (content-addressed; a concurrent twin's insert is a no-op)."""
     insert_if_absent(conn, manifests, dict(digest=verified.digest, content=verified.raw.data,

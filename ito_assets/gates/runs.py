@@ -188,9 +188,8 @@ def set_state(ledger: Ledger, run_id: str, state: RunState, *, reason: str | Non
 
 
 def manifest_bytes(ledger: Ledger, digest: str) -> bytes:
-    """The exact manifest bytes a run was created from (content-addressed by digest)."""
+    """The exact manifest bytes a run was created from (content-addressed by digest, verified)."""
+    from ito_assets.gates import intake
+
     with ledger.read() as conn:
-        content = conn.execute(sa.select(manifests.c.content).where(manifests.c.digest == digest)).scalar_one_or_none()
-    if content is None:
-        raise ItoError(ErrorCode.RUN_NOT_FOUND, "no manifest stored under this digest")
-    return bytes(content)
+        return intake.stored(conn, digest).data

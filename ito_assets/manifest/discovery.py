@@ -1,8 +1,10 @@
 """Discovery of reviewed manifests in a folder, and the verdict on one manifest.
 
-The sensor registers each readable manifest under its short digest; the asset finds the file for
-a partition key again and judges it. A verdict is data (never an exception) so that the Dagster
-checks can show every failure by its code.
+The folder is the inbox of reviewed manifests awaiting preparation: the sensor registers each
+readable one under its short digest, and the preparation job finds the file for a partition key
+again. A run created through the API never comes back here: it trains the bytes the ledger stored
+when the run was confirmed (`judge_bytes`). A verdict is data (never an exception) so that the
+Dagster checks can show every failure by its code.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ito_assets.errors import ItoError
-from ito_assets.manifest.secure_read import read_manifest_bytes
+from ito_assets.manifest.secure_read import ManifestBytes, read_manifest_bytes
 from ito_assets.manifest.verify import VerifiedManifest, parse_manifest, short_digest, summarize
 
 MANIFEST_SUFFIX = ".json"
@@ -60,7 +62,7 @@ class ManifestVerdict:
     """The outcome of judging one manifest file: verified content, or the code that refused it."""
 
     key: str
-    path: str
+    source: str  # the file's path, or `ledger:<digest>` for the bytes a confirmed run was created from
     digest: str | None
     size_bytes: int | None
     error_code: str | None = None
@@ -80,7 +82,11 @@ def judge(path: str, key: str, *, max_bytes: int) -> ManifestVerdict:
         raw = read_manifest_bytes(path, max_bytes=max_bytes)
     except ItoError as error:
         return ManifestVerdict(key, path, None, None, error.code.value, error.message)
-    base = dict(key=key, path=path, digest=raw.digest, size_bytes=raw.size)
+    return judge_bytes(raw, key, source=path)
+
+
+def judge_bytes(raw: ManifestBytes, key: str, *, source: str) -> ManifestVerdict:
+    base = dict(key=key, source=source, digest=raw.digest, size_bytes=raw.size)
     if short_digest(raw.sha256_hex) != key:
         return ManifestVerdict(**base, error_code="MANIFEST_CHANGED", error_message="the manifest changed since it was registered")
     try:

@@ -22,7 +22,7 @@ from ito_assets.defs import posttraining
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.posttraining.resources import PostTrainingResource
 from ito_assets.defs.training.stage_outcome import StageCheckpoint
-from ito_assets.defs.workload.assets import RUN_ID_TAG
+from ito_assets.gates.run_tags import RUN_ID as RUN_ID_TAG
 from ito_assets.gates import telemetry as ledger_telemetry
 from ito_assets.gates.ledger import open_ledger
 from ito_assets.posttraining.fixtures import instruction_pairs, preference_pairs, write_jsonl

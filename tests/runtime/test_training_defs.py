@@ -4,6 +4,7 @@ assets (manifest, clean shards) are stand-ins with the same keys, so only the tr
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
@@ -25,7 +26,7 @@ from ito_assets.defs.training.checks import TRAINING_CHECKS
 from ito_assets.defs.training.launcher import TrainingLauncherResource
 from ito_assets.defs.training.resources import TrainingRuntimeResource
 from ito_assets.data.shards import Shard, ShardSet
-from ito_assets.defs.workload.assets import RUN_ID_TAG
+from ito_assets.gates.run_tags import RUN_ID as RUN_ID_TAG
 from ito_assets.evals.suite import load_suite
 from ito_assets.gates import create_run
 from ito_assets.gates.ledger import runs as ledger_runs
@@ -44,10 +45,28 @@ def _texts() -> list[str]:
     return [json.loads(line)["text"] for line in path.read_text().splitlines()]
 
 
-def _upstream(manifest_path: str, key: str, folder: Path, run, ledger):
+def _tampered(verdict: discovery.ManifestVerdict) -> discovery.ManifestVerdict:
+    """The preparation's stored record with its manifest edited after confirmation (one more
+    stage) while its digest still reads as the confirmed one."""
+    manifest = verdict.verified.manifest
+    document = manifest.model_dump(mode="json")
+    document["training_target"]["stages"].append({"name": "long_context", "num_tokens": PLAN_BATCH * 64 * 5,
+                                                  "sequence_length": 64})
+    document["training_target"]["num_tokens"] += PLAN_BATCH * 64 * 5
+    edited = type(manifest).model_validate_json(json.dumps(document), strict=True)
+    return dataclasses.replace(verdict, verified=dataclasses.replace(verdict.verified, manifest=edited))
+
+
+def _upstream(manifest_path: str, key: str, folder: Path, run, ledger, *, after_confirmation=None):
+    prepared = discovery.judge(manifest_path, key, max_bytes=1 << 20)
+    if after_confirmation == "file deleted":
+        Path(manifest_path).unlink()
+    elif after_confirmation == "record edited":
+        prepared = _tampered(prepared)
+
     @dg.asset(name="training_manifest", partitions_def=manifests_partitions)
     def manifest_stand_in():
-        return discovery.judge(manifest_path, key, max_bytes=1 << 20)
+        return prepared
 
     @dg.asset(name="clean_shards", partitions_def=manifests_partitions)
     def clean_shards_stand_in():
@@ -75,8 +94,7 @@ def _upstream(manifest_path: str, key: str, folder: Path, run, ledger):
         from ito_assets.defs.decision.resources import BookedHardwareResource
         from ito_assets.training.run_plan import plan_outcome
 
-        manifest = discovery.judge(manifest_path, key, max_bytes=1 << 20).verified.manifest
-        return plan_outcome(manifest, BookedHardwareResource().hardware())
+        return plan_outcome(prepared.verified.manifest, BookedHardwareResource().hardware())
 
     return [manifest_stand_in, clean_shards_stand_in, authorization_stand_in, plan_stand_in, decision_stand_in]
 
@@ -115,7 +133,8 @@ def _document(stages) -> dict:
     return document
 
 
-def _materialize(tmp_path: Path, instance, runtime: TrainingRuntimeResource, ledger_run, stages=TWO_STAGES):
+def _materialize(tmp_path: Path, instance, runtime: TrainingRuntimeResource, ledger_run, stages=TWO_STAGES,
+                 *, after_confirmation=None):
     document = _document(stages)
     (tmp_path / "manifests").mkdir(exist_ok=True)
     manifest_path = write_manifest(tmp_path / "manifests" / "manifest.json", document)
@@ -123,7 +142,8 @@ def _materialize(tmp_path: Path, instance, runtime: TrainingRuntimeResource, led
     settings = load_settings({"ITO_STATE_DIR": str(tmp_path / "state")})
     instance.add_dynamic_partitions("manifests", [found.key])
     return dg.materialize(
-        [*_upstream(manifest_path, found.key, tmp_path, ledger_run[0], ledger_run[2]), *TRAINING_ASSETS,
+        [*_upstream(manifest_path, found.key, tmp_path, ledger_run[0], ledger_run[2],
+                    after_confirmation=after_confirmation), *TRAINING_ASSETS,
          *TRAINING_CHECKS],
         partition_key=found.key, instance=instance, tags={RUN_ID_TAG: ledger_run[0].run_id},
         resources={"ito": ItoSettingsResource.from_settings(settings), "training_runtime": runtime,
@@ -138,7 +158,9 @@ def _runtime(**changes) -> TrainingRuntimeResource:
 
 
 def test_the_stages_train_through_pipes_with_gates_and_telemetry(tmp_path, instance, ledger_run):
-    result = _materialize(tmp_path, instance, _runtime(), ledger_run)
+    # The stages train the bytes the ledger stored at confirmation: the file is no longer needed.
+    result = _materialize(tmp_path, instance, _runtime(), ledger_run, after_confirmation="file deleted")
+    assert not (tmp_path / "manifests" / "manifest.json").exists()
     assert result.success
     materialized = {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
     assert {"training_tokens", "pretraining_checkpoint", "mid_training_checkpoint", "long_context_checkpoint",
@@ -179,3 +201,12 @@ def test_a_failed_gate_stops_the_run_and_stays_failed_on_retry(tmp_path, instanc
     assert failure.step_key == "pretraining_checkpoint"
     assert failure.event_specific_data.user_failure_data.metadata["error_code"].value == "EVAL_GATE_FAILED"
     assert "the pretraining eval gate failed; the run stays stopped" in failure.event_specific_data.error.message
+
+
+def test_a_prepared_record_edited_after_confirmation_is_refused_before_training(tmp_path, instance, ledger_run):
+    result = _materialize(tmp_path, instance, _runtime(), ledger_run, after_confirmation="record edited")
+    assert not result.success
+    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+    assert failure.step_key == "pretraining_checkpoint"
+    assert failure.event_specific_data.user_failure_data.metadata["error_code"].value == "MANIFEST_DIGEST_MISMATCH"
+    assert not (Path(ledger_run[0].checkpoint_dir) / ledger_run[0].run_id / "pretraining").exists()

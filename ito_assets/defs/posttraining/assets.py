@@ -20,7 +20,7 @@ from ito_assets.defs.training.stage_outcome import StageCheckpoint
 from ito_assets.defs.workload.live import require_live_authorization
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.discovery import ManifestVerdict
-from ito_assets.manifest.schema import STAGE_ORDER
+from ito_assets.manifest.schema import STAGE_ORDER, Manifest
 from ito_assets.posttraining.base import PolicySpec, pretrained
 from ito_assets.posttraining.bpe import TokenizerRef
 from ito_assets.posttraining.gates import require_passed
@@ -33,8 +33,7 @@ from ito_assets.runtime.storage import RunLayout
 GROUP = "posttraining"
 
 
-def _recipe_step(verdict: ManifestVerdict, kind: str):
-    manifest = verified_or_fail(verdict, "post-training").manifest
+def _recipe_step(manifest: Manifest, kind: str):
     return next((s for s in manifest.post_training if s.kind == kind), None)
 
 
@@ -74,8 +73,8 @@ def outcome_metadata(outcome: StageOutcome, step) -> dict:
 
 def _stage(context, ito: ItoSettingsResource, posttraining: PostTrainingResource, ledger: LedgerResource,
            verdict: ManifestVerdict, authorization: dict, start: Start, kind: str):
-    step = _recipe_step(verdict, kind)
-    if step is None:
+    prepared = verified_or_fail(verdict, "post-training")
+    if _recipe_step(prepared.manifest, kind) is None:
         context.log.info(f"the recipe has no {kind} step: what this stage was given carries forward")
         yield dg.Output(start, metadata={"in_recipe": False})
         return
@@ -83,9 +82,12 @@ def _stage(context, ito: ItoSettingsResource, posttraining: PostTrainingResource
         if isinstance(start, StageOutcome):  # a failed gate stays failed, whatever is retried
             require_passed(start.gate)
         # The gates are enforced here, where compute is spent, not only by the checks of this run:
-        # the ledger still authorizes this very run, and no training stage's eval gate failed.
-        run_id, checkpoint_dir = require_live_authorization(context, ledger, authorization, "post-training",
-                                                            manifest_digest=verdict.digest)
+        # the ledger still authorizes this very run, and no training stage's eval gate failed. The
+        # recipe trained is the one in the ledger's confirmed bytes (the prepared one has its digest).
+        live = require_live_authorization(context, ledger, authorization, "post-training",
+                                          prepared=prepared)
+        run_id, checkpoint_dir = live.run_id, live.checkpoint_dir
+        step = _recipe_step(live.manifest.manifest, kind)
         run_dir = RunLayout.for_run(checkpoint_dir, run_id).run_dir
         VerdictStore(run_dir).ensure_not_failed(STAGE_ORDER)
         outcome = run_stage(step, start=start, data_root=ito.settings().data_root, out_dir=run_dir / "posttraining",

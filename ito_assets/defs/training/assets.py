@@ -60,7 +60,8 @@ def training_tokens(
     context: dg.AssetExecutionContext, ito: ItoSettingsResource, ledger: LedgerResource, clean_shards,
     training_plan: PlanOutcome, data_decision, run_authorization: dict,
 ) -> corpus.TokenSet:
-    run_id, checkpoint_dir = require_live_authorization(context, ledger, run_authorization, "training")
+    live = require_live_authorization(context, ledger, run_authorization, "training")
+    run_id, checkpoint_dir = live.run_id, live.checkpoint_dir
     _require_data(clean_shards, data_decision)
     _require_plan(training_plan)
     texts = clean_shards.shards.read(["text"])["text"].to_list()
@@ -135,14 +136,16 @@ def _stage_config(res: _StageResources, manifest: Manifest, stage, plan: PlanOut
 
 def _run_stage(context, res: _StageResources, inputs: dict, previous, name: str):
     verdict, tokens, plan = inputs["training_manifest"], inputs["training_tokens"], inputs["training_plan"]
-    manifest = verified_or_fail(verdict, "training").manifest
-    stage = stages.find_stage(manifest.training_target, name)
-    if stage is None:  # the next stage starts from the last trained one
+    prepared = verified_or_fail(verdict, "training")
+    if stages.find_stage(prepared.manifest.training_target, name) is None:  # the next stage starts from the last trained one
         context.log.info(f"the manifest has no {name} stage: the previous checkpoint carries forward")
         yield dg.Output(previous, metadata={"in_manifest": False})
         return
-    run_id, checkpoint_dir = require_live_authorization(context, res.ledger, inputs["run_authorization"], "training",
-                                                        manifest_digest=verdict.digest)
+    # What is trained is the ledger's confirmed manifest; the prepared one must have its digest.
+    live = require_live_authorization(context, res.ledger, inputs["run_authorization"], "training",
+                                      prepared=prepared)
+    run_id, checkpoint_dir, manifest = live.run_id, live.checkpoint_dir, live.manifest.manifest
+    stage = stages.find_stage(manifest.training_target, name)
     try:
         layout = RunLayout.for_run(checkpoint_dir, run_id)
         store = VerdictStore(layout.run_dir)

@@ -9,11 +9,10 @@ import dagster as dg
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.resources import LedgerResource
 from ito_assets.errors import ItoError
-from ito_assets.gates import authorization, runs
+from ito_assets.gates import authorization, run_tags, runs
 from ito_assets.gates.states import RunState
 
 GROUP = "workload"
-RUN_ID_TAG = "ito/run_id"
 
 
 @dg.asset(
@@ -25,7 +24,7 @@ RUN_ID_TAG = "ito/run_id"
     "(booking entitlement, consumed confirmation, manifest digest); its blocking check stops the run.",
 )
 def run_authorization(context: dg.AssetExecutionContext, ledger: LedgerResource) -> dict:
-    run_id = context.run.tags.get(RUN_ID_TAG)
+    run_id = run_tags.run_id_of(context.run.tags)
     if not run_id:
         raise dg.Failure(description="the training job runs only for a ledger run (tag ito/run_id)")
     with ledger.open() as opened:

@@ -1,31 +1,41 @@
 """The authorization gate as every training step enforces it: the stored `run_authorization` is
 only a record (Dagster keeps one per manifest partition, shared by every run and every re-execution),
-so a step that spends compute asks the ledger again, now, for the run it was launched for."""
+so a step that spends compute asks the ledger again, now, for the run it was launched for, and
+trains the manifest bytes the ledger stored when the run was confirmed (never a file read again)."""
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import dagster as dg
 
 from ito_assets.defs.failures import failure
 from ito_assets.defs.resources import LedgerResource
-from ito_assets.defs.workload.assets import RUN_ID_TAG
 from ito_assets.errors import ErrorCode, ItoError
-from ito_assets.gates import authorization, runs
+from ito_assets.gates import authorization, run_tags, runs
+from ito_assets.manifest.verify import VerifiedManifest, parse_manifest
 
 
 def _refuse(code: ErrorCode, why: str, step: str) -> dg.Failure:
     return dg.Failure(description=f"{code.value}: {why}; {step} refuses to run", metadata={"error_code": code.value})
 
 
+@dataclass(frozen=True)
+class LiveRun:
+    run_id: str
+    checkpoint_dir: Path
+    manifest: VerifiedManifest  # parsed from the ledger's confirmed bytes
+
+
 def require_live_authorization(context: dg.AssetExecutionContext, ledger: LedgerResource, recorded: dict,
-                               step: str, *, manifest_digest: str | None = None) -> tuple[str, Path]:
-    """(ledger run id, the run's checkpoint folder), or a Failure with the gate's code when the
-    record is not this run's, the ledger no longer authorizes it, another Dagster run holds it, or
-    the manifest this step read is not the one the confirmation was bound to."""
+                               step: str, *, prepared: VerifiedManifest | None = None) -> LiveRun:
+    """The ledger run, its checkpoint folder and its confirmed manifest, or a Failure with the
+    gate's code when the record is not this run's, the ledger no longer authorizes it, another
+    Dagster run holds it, or the manifest the data was prepared from (`prepared`, the preparation
+    job's stored record) is not the one the confirmation was bound to, by digest and by content."""
     if not recorded.get("authorized"):
         code = ErrorCode(recorded.get("error_code") or ErrorCode.CONFIRMATION_INVALID.value)
         raise _refuse(code, "the run is not authorized", step)
-    run_id = context.run.tags.get(RUN_ID_TAG)
+    run_id = run_tags.run_id_of(context.run.tags)
     if not run_id or recorded.get("run_id") != run_id:
         raise _refuse(ErrorCode.CONFIRMATION_INVALID, "the authorization on record belongs to another run", step)
     with ledger.open() as opened:
@@ -33,8 +43,9 @@ def require_live_authorization(context: dg.AssetExecutionContext, ledger: Ledger
             if runs.get(opened, run_id).dagster_run_id != context.run_id:
                 raise _refuse(ErrorCode.CONFIRMATION_INVALID, "another Dagster run holds this ledger run", step)
             granted = authorization.reverify(opened, run_id)
+            confirmed = VerifiedManifest(manifest=parse_manifest(granted.manifest), raw=granted.manifest)
         except ItoError as error:
             raise failure(error) from None
-    if manifest_digest is not None and manifest_digest != granted.manifest_digest:
-        raise _refuse(ErrorCode.MANIFEST_DIGEST_MISMATCH, "the manifest read is not the one confirmed", step)
-    return run_id, Path(granted.checkpoint_dir)
+    if prepared is not None and (prepared.digest != granted.manifest_digest or prepared.manifest != confirmed.manifest):
+        raise _refuse(ErrorCode.MANIFEST_DIGEST_MISMATCH, "the manifest prepared is not the one confirmed", step)
+    return LiveRun(run_id, Path(granted.checkpoint_dir), confirmed)
