@@ -61,13 +61,13 @@ class Target:
 
 TARGETS: dict[str, Target] = {
     "gates": Target(
-        modules=tuple(f"ito_assets/gates/{name}.py" for name in (
+        modules=tuple(f"ito_assets/control/{name}.py" for name in (
             "authorization", "bookings", "cancel", "cleanup", "confirm_request", "confirmations", "cost",
             "create_run", "entitlement", "fingerprint", "idempotency", "identity", "intake", "outcome",
             "policy", "runs", "states", "validation")),
         # The PostgreSQL variants run the same Python code as the SQLite ones, a schema slower each;
         # the booking-lock test is kept: FOR UPDATE is a no-op on SQLite, so only it can tell.
-        tests=("tests/gates", "-k", "not postgres or booking_lock"),
+        tests=("tests/control", "-k", "not postgres or booking_lock"),
     ),
     "manifest": Target(
         modules=tuple(f"ito_assets/manifest/{name}.py" for name in (

@@ -18,7 +18,7 @@ import dagster as dg
 warnings.filterwarnings("ignore", category=dg.PreviewWarning)
 from dagster._core.storage.tags import RUN_KEY_TAG, SENSOR_NAME_TAG
 
-from ito_assets.gates import run_tags
+from ito_assets.control import run_tags
 from ito_assets.defs.workload.outcome import report_outcome
 from ito_assets.settings import Settings, load_settings
 
@@ -124,7 +124,7 @@ def _safe_url(url: str) -> str:
 
 
 def ledger_run_state(defs: dg.Definitions, run_id: str) -> str:
-    from ito_assets.gates import runs
+    from ito_assets.control import runs
 
     with defs.resources["ledger"].open() as ledger:
         run = runs.get(ledger, run_id)

@@ -2,7 +2,7 @@
 
 `ItoSettings` is the one reading of the environment: every ITO_ variable, as text. The typed views
 are built from it: `Settings` here (the pipeline's folders and ledger), the gate policy
-(gates/policy.py) and the server's configuration (api/server.py); their numbers go through
+(control/policy.py) and the server's configuration (api/server.py); their numbers go through
 env.parse, the one parsing and error path. A view parses only the variables it uses, so a bad value
 fails the commands that read it and no other. The client reads its four variables (api/client_config.py)
 through the same env.parse without this module: pydantic-settings' import would slow every `ito status`.
@@ -92,7 +92,7 @@ class ItoSettings(BaseSettings):
     executor: str | None = None
     ledger_url: str | None = None
     ledger_schema: str | None = None
-    # The gate policy (gates/policy.py).
+    # The gate policy (control/policy.py).
     allowed_data_roots: str | None = None
     allowed_licenses: str | None = None
     tenants_root: str | None = None

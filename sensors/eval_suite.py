@@ -11,7 +11,7 @@ from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.resources import ItoSettingsResource
 from ito_assets.errors import ItoError
 from ito_assets.evals.suite import load_suite
-from ito_assets.gates import run_tags
+from ito_assets.control import run_tags
 from ito_assets.manifest import discovery
 
 REPORT = dg.AssetKey("contamination_report")

@@ -6,7 +6,7 @@ import dagster as dg
 from ito_assets.defs.jobs import PREPARATION_JOB
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.resources import ItoSettingsResource
-from ito_assets.gates import run_tags
+from ito_assets.control import run_tags
 from ito_assets.manifest import discovery
 
 

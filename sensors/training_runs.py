@@ -8,9 +8,9 @@ from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.resources import LedgerResource
 from ito_assets.defs.jobs import training_job
 from ito_assets.defs.workload.outcome import report_outcome
-from ito_assets.gates import run_tags, runs
+from ito_assets.control import run_tags, runs
 from ito_assets.errors import ItoError
-from ito_assets.gates.states import TERMINAL_RUN_STATES, RunState
+from ito_assets.control.states import TERMINAL_RUN_STATES, RunState
 from ito_assets.manifest.verify import short_digest
 
 

@@ -12,7 +12,7 @@ import pytest
 from ito_assets import env as env_text
 from ito_assets.api import client_config, server
 from ito_assets.errors import ItoError
-from ito_assets.gates.policy import load_policy, policy_from
+from ito_assets.control.policy import load_policy, policy_from
 from ito_assets.settings import ItoSettings, load_settings, settings_from
 
 SECRET = "ito_acct_" + "s" * 43  # a token pasted into the wrong variable must never be echoed

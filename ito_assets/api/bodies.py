@@ -27,8 +27,8 @@ from typing import Annotated, Any, Mapping, TypeVar
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from ito_assets.errors import ErrorCode, ItoError
-from ito_assets.gates.runs import MAX_PAGE as MAX_RUNS_PAGE
-from ito_assets.gates.telemetry import MAX_PAGE
+from ito_assets.control.runs import MAX_PAGE as MAX_RUNS_PAGE
+from ito_assets.control.telemetry import MAX_PAGE
 
 MAX_BODY_BYTES = 1024 * 1024  # a base64 manifest at the 256 KiB read limit is ~342 KiB
 MAX_ID_CHARS = 256

@@ -95,7 +95,7 @@ def _auth_error(message: str) -> ItoError:
 def read_token(path: str | None) -> str:
     """The identity token from ITO_TOKEN_FILE: an absolute path to a regular file (no link),
     owned by this user, readable by nobody else (0600 or stricter), holding one ito token."""
-    from ito_assets.gates.ids import TOKEN
+    from ito_assets.control.ids import TOKEN
 
     if not path:
         raise _auth_error("no identity: set ITO_TOKEN_FILE to the 0600 file the desk issued")

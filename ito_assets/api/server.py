@@ -4,7 +4,7 @@ Configuration is read once here, at the edge: the settings (ITO_LEDGER_URL, defa
 file under the state dir; ITO_LEDGER_SCHEMA), ITO_LEDGER_LOCK_TIMEOUT_S, the socket edge's
 ITO_API_READ_TIMEOUT_S (seconds to read a whole request, 0.1-3600, default 10) and
 ITO_API_MAX_CONNECTIONS_PER_CLIENT (1-65536, default 32; api/transport.py), plus the gate
-policy (gates/policy.py). Bearer identity tokens travel in the Authorization header only; the
+policy (control/policy.py). Bearer identity tokens travel in the Authorization header only; the
 server neither logs requests nor echoes bodies, so no token or reference reaches a log.
 """
 
@@ -42,7 +42,7 @@ def load_config(host: str, port: int, env: Mapping[str, str] | None = None) -> S
     from ito_assets import env as env_text
     from ito_assets.api.transport import (CONNECTIONS_PER_CLIENT_RANGE, MAX_CONNECTIONS_PER_CLIENT,
                                           READ_TIMEOUT_RANGE_S, READ_TIMEOUT_S)
-    from ito_assets.gates.ledger import DEFAULT_LOCK_TIMEOUT_S
+    from ito_assets.control.ledger import DEFAULT_LOCK_TIMEOUT_S
     from ito_assets.settings import ItoSettings, settings_from
 
     environment = ItoSettings.read(env)
@@ -88,8 +88,8 @@ def build_app(api):
 
 def open_api(config: ServerConfig, env: Mapping[str, str] | None = None):
     from ito_assets.api.routes.common import Api
-    from ito_assets.gates.ledger import open_ledger
-    from ito_assets.gates.policy import policy_from
+    from ito_assets.control.ledger import open_ledger
+    from ito_assets.control.policy import policy_from
     from ito_assets.settings import ItoSettings, settings_from
 
     environment = config.environment if env is None and config.environment is not None else ItoSettings.read(env)

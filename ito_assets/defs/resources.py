@@ -7,7 +7,7 @@ from typing import Iterator
 
 import dagster as dg
 
-from ito_assets.gates.ledger import Ledger, open_ledger
+from ito_assets.control.ledger import Ledger, open_ledger
 from ito_assets.settings import Settings
 
 

@@ -19,8 +19,8 @@ published stands, as for the pretraining stages), and a checkpoint is listed onc
 
 from __future__ import annotations
 
-from ito_assets.gates import telemetry as ledger_telemetry
-from ito_assets.gates.ledger import Ledger
+from ito_assets.control import telemetry as ledger_telemetry
+from ito_assets.control.ledger import Ledger
 from ito_assets.posttraining.pipeline import StageOutcome
 
 # 100 points draw a readable curve in any plot, and keep a 10,000-step stage to 100 ledger rows.

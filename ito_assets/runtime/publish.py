@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ito_assets.gates import telemetry as ledger_telemetry
-from ito_assets.gates.ledger import Ledger
+from ito_assets.control import telemetry as ledger_telemetry
+from ito_assets.control.ledger import Ledger
 from ito_assets.runtime import events, markers, registry
 from ito_assets.runtime.events import EventKind
 from ito_assets.runtime.telemetry import summarize

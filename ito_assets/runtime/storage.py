@@ -1,7 +1,7 @@
 """Files of the runtime: folders kept inside the run's checkpoint folder, atomic writes, appends.
 
 The server resolves the policy's `storage_uri` inside the tenant's area before a run exists
-(`ito_assets.gates.validation.resolve_checkpoint_dir`); here every folder the runtime creates is
+(`ito_assets.control.validation.resolve_checkpoint_dir`); here every folder the runtime creates is
 named from safe parts only (no `..`, no empty or hidden component) and checked again after it was
 created, so that a link planted inside the area cannot lead out of it.
 """

@@ -29,11 +29,11 @@ from ito_assets.api import bodies
 from ito_assets.api.bodies import MAX_BODY_BYTES
 from ito_assets.api.routes.common import Api
 from ito_assets.api.server import build_app
-from ito_assets.gates import bookings, confirm_request, confirmations, create_run, identity, intake
-from ito_assets.gates.bookings import AMENDABLE, BookingTerms
-from ito_assets.gates.ledger import accounts, audit_events, open_ledger
-from ito_assets.gates.policy import GatePolicy
-from ito_assets.gates.states import Role
+from ito_assets.control import bookings, confirm_request, confirmations, create_run, identity, intake
+from ito_assets.control.bookings import AMENDABLE, BookingTerms
+from ito_assets.control.ledger import accounts, audit_events, open_ledger
+from ito_assets.control.policy import GatePolicy
+from ito_assets.control.states import Role
 
 NOW = 1_800_000_000
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"

@@ -19,8 +19,8 @@ import pytest
 from api_harness import fake_api, free_port
 from helpers import CANARIES, valid_manifest
 from ito_assets.errors import ErrorCode
-from ito_assets.gates import capabilities
-from ito_assets.gates.capabilities import Capability
+from ito_assets.control import capabilities
+from ito_assets.control.capabilities import Capability
 
 UNKNOWN_RUN = "run_" + "0" * 26
 UNKNOWN_REF = "cfr_" + "0" * 26

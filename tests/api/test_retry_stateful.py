@@ -25,12 +25,12 @@ from ito_assets.api.routes.common import Api
 from ito_assets.api.server import build_app
 from ito_assets.api.client import ApiClient, NoAnswer, NotDelivered, Reply
 from ito_assets.errors import ErrorCode, ItoError
-from ito_assets.gates import bookings, confirm_request, confirmations, identity, intake
-from ito_assets.gates.bookings import BookingTerms
-from ito_assets.gates.fingerprint import request_fingerprint
-from ito_assets.gates.ledger import open_ledger, runs as runs_table
-from ito_assets.gates.policy import GatePolicy
-from ito_assets.gates.states import Role
+from ito_assets.control import bookings, confirm_request, confirmations, identity, intake
+from ito_assets.control.bookings import BookingTerms
+from ito_assets.control.fingerprint import request_fingerprint
+from ito_assets.control.ledger import open_ledger, runs as runs_table
+from ito_assets.control.policy import GatePolicy
+from ito_assets.control.states import Role
 
 from helpers import valid_manifest
 

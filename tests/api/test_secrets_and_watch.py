@@ -79,9 +79,9 @@ def test_revoked_token_stops_status_watch_at_once(api) -> None:
 def test_watch_prints_one_document_when_the_run_ends(api) -> None:
     import threading
 
-    from ito_assets.gates.ledger import open_ledger
-    from ito_assets.gates import runs
-    from ito_assets.gates.states import RunState
+    from ito_assets.control.ledger import open_ledger
+    from ito_assets.control import runs
+    from ito_assets.control.states import RunState
 
     _booking, run = api.started_run()
     ledger = open_ledger(f"sqlite:///{api.server.ledger_path}", create=False)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ito_assets.gates import audit, runs
-from ito_assets.gates.ledger import open_ledger
+from ito_assets.control import audit, runs
+from ito_assets.control.ledger import open_ledger
 from ito_assets.runtime import proposals
 from ito_assets.runtime.proposals import ProposalStore
 from ito_assets.runtime.spikes import Spike

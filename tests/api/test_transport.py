@@ -36,7 +36,7 @@ from ito_assets.api import transport
 from ito_assets.api.routes.common import storage_full
 from ito_assets.api.transport import EdgeLimits, uvicorn_config
 from ito_assets.errors import ItoError
-from ito_assets.gates.ledger import accounts, audit_events
+from ito_assets.control.ledger import accounts, audit_events
 from test_bodies import World, built_world
 
 PROTOCOLS = ("httptools", "h11")

@@ -8,11 +8,11 @@ import time
 import pytest
 
 from definitions import build_definitions
-from gates.gate_world import Clock, make_policy, make_world, verified
-from ito_assets.gates import bookings, confirm_request, create_run, runs
-from ito_assets.gates.create_run import TrainRequest
-from ito_assets.gates.ledger import open_ledger
-from ito_assets.gates.states import RunState
+from control.gate_world import Clock, make_policy, make_world, verified
+from ito_assets.control import bookings, confirm_request, create_run, runs
+from ito_assets.control.create_run import TrainRequest
+from ito_assets.control.ledger import open_ledger
+from ito_assets.control.states import RunState
 from ito_assets.local_run import RunSummary, evaluate_sensor
 
 
@@ -76,7 +76,7 @@ def test_cancellation_of_a_finished_dagster_run_is_recorded(world_and_defs, inst
     runs.set_state(world.ledger, run.run_id, RunState.RUNNING)
     ref = confirm_request.request_cancel(world.ledger, world.policy, world.account, run.run_id).ref
     world.approve(ref)
-    from ito_assets.gates import cancel
+    from ito_assets.control import cancel
 
     cancel.cancel_run(world.ledger, world.account, run.run_id, confirmation_ref=ref, idempotency_key="cancel-0001")
     assert runs.get(world.ledger, run.run_id).state is RunState.CANCELLING
@@ -85,7 +85,7 @@ def test_cancellation_of_a_finished_dagster_run_is_recorded(world_and_defs, inst
 
 
 def test_the_dagster_event_log_reaches_ito_logs(world_and_defs, instance):
-    from ito_assets.gates import telemetry
+    from ito_assets.control import telemetry
 
     world, defs = world_and_defs
     run = _create(world)

@@ -21,7 +21,7 @@ import pytest
 from api.api_harness import Client, Server  # tests/api: the real `ito serve` and client
 from definitions import build_definitions
 from helpers import postgres_dagster_instance, postgres_url_or_skip
-from ito_assets.gates.run_tags import RUN_ID as RUN_ID_TAG
+from ito_assets.control.run_tags import RUN_ID as RUN_ID_TAG
 from ito_assets.local_run import RunSummary, evaluate_sensor
 
 ROOT = Path(__file__).resolve().parents[2]

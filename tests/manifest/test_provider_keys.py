@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from ito_assets.errors import ErrorCode, ItoError
-from ito_assets.gates.fingerprint import validate_key
-from ito_assets.gates.telemetry import REDACTED, redact
+from ito_assets.control.fingerprint import validate_key
+from ito_assets.control.telemetry import REDACTED, redact
 from ito_assets.manifest.secrets import SecretFinding, pattern_secret_kind, scan, value_secret_kind
 
 ALNUM = string.ascii_letters + string.digits

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from helpers import examples, valid_manifest
 from ito_assets.errors import ItoError
-from ito_assets.gates import intake
+from ito_assets.control import intake
 from ito_assets.manifest.secure_read import ManifestBytes
 from ito_assets.manifest.verify import parse_manifest
 

@@ -22,9 +22,9 @@ from ito_assets.defs import posttraining
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.posttraining.resources import PostTrainingResource
 from ito_assets.defs.training.stage_outcome import StageCheckpoint
-from ito_assets.gates.run_tags import RUN_ID as RUN_ID_TAG
-from ito_assets.gates import telemetry as ledger_telemetry
-from ito_assets.gates.ledger import open_ledger
+from ito_assets.control.run_tags import RUN_ID as RUN_ID_TAG
+from ito_assets.control import telemetry as ledger_telemetry
+from ito_assets.control.ledger import open_ledger
 from ito_assets.posttraining.fixtures import instruction_pairs, preference_pairs, write_jsonl
 from ito_assets.posttraining.pipeline import DPO_FILE, SFT_FILE, PostTrainingRuntime, battery
 from posttraining.pretrained_checkpoint import Pretrained, make_pretrained
@@ -83,9 +83,9 @@ def _bind(recipe: list[dict], references: dict[str, dict]) -> list[dict]:
 
 def _ledger_run(installation, manifest_path: str) -> str:
     """A run created through the gates for this very manifest: post-training asks the ledger."""
-    from gates.gate_world import Clock, make_policy, make_world, verified
-    from ito_assets.gates.create_run import TrainRequest, create_run
-    from ito_assets.gates.ledger import open_ledger
+    from control.gate_world import Clock, make_policy, make_world, verified
+    from ito_assets.control.create_run import TrainRequest, create_run
+    from ito_assets.control.ledger import open_ledger
 
     now = int(time.time())
     installation.settings.state_dir.mkdir(parents=True, exist_ok=True)

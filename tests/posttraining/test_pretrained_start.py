@@ -171,10 +171,10 @@ def test_stage_metrics_name_curves_histogram_and_kl(tmp_path):
 
 
 def test_publishing_twice_adds_nothing(tmp_path):
-    from gates.gate_world import Clock, make_policy, make_world, verified
-    from ito_assets.gates import telemetry
-    from ito_assets.gates.create_run import TrainRequest, create_run
-    from ito_assets.gates.ledger import open_ledger
+    from control.gate_world import Clock, make_policy, make_world, verified
+    from ito_assets.control import telemetry
+    from ito_assets.control.create_run import TrainRequest, create_run
+    from ito_assets.control.ledger import open_ledger
 
     now = int(time.time())
     ledger = open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}", clock=Clock(now))

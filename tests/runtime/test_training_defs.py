@@ -16,7 +16,7 @@ import duckdb
 import polars as pl
 import pytest
 
-from gates.gate_world import Clock, make_policy, make_world, verified
+from control.gate_world import Clock, make_policy, make_world, verified
 from helpers import valid_manifest, write_manifest
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.resources import ItoSettingsResource, LedgerResource
@@ -26,13 +26,13 @@ from ito_assets.defs.training.checks import TRAINING_CHECKS
 from ito_assets.defs.training.launcher import TrainingLauncherResource
 from ito_assets.defs.training.resources import TrainingRuntimeResource
 from ito_assets.data.shards import Shard, ShardSet
-from ito_assets.gates.run_tags import RUN_ID as RUN_ID_TAG
+from ito_assets.control.run_tags import RUN_ID as RUN_ID_TAG
 from ito_assets.evals.suite import load_suite
-from ito_assets.gates import create_run
-from ito_assets.gates.ledger import runs as ledger_runs
-from ito_assets.gates import telemetry as ledger_telemetry
-from ito_assets.gates.create_run import TrainRequest
-from ito_assets.gates.ledger import open_ledger
+from ito_assets.control import create_run
+from ito_assets.control.ledger import runs as ledger_runs
+from ito_assets.control import telemetry as ledger_telemetry
+from ito_assets.control.create_run import TrainRequest
+from ito_assets.control.ledger import open_ledger
 from ito_assets.manifest import discovery
 from ito_assets.settings import load_settings
 

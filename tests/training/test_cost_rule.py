@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ito_assets.gates.bookings import Booking
-from ito_assets.gates.cost import booking_cost_cents
-from ito_assets.gates.states import BookingState
+from ito_assets.control.bookings import Booking
+from ito_assets.control.cost import booking_cost_cents
+from ito_assets.control.states import BookingState
 from ito_assets.training.cost import cost_cents
 
 

@@ -156,7 +156,7 @@ def _list_bookings(args: argparse.Namespace) -> VerbResult:
 
 
 def _booking_path(booking_id: str, verb: str) -> str:
-    from ito_assets.gates.ids import ALPHABET
+    from ito_assets.control.ids import ALPHABET
 
     if not (booking_id.startswith("bkg_") and len(booking_id) == 30 and set(booking_id[4:]) <= set(ALPHABET)):
         raise ItoError(ErrorCode.USAGE_ERROR, "a booking id has the form bkg_ followed by 26 characters")
@@ -171,7 +171,7 @@ def _transition(verb: str):
 
 
 def _amend(args: argparse.Namespace) -> VerbResult:
-    from ito_assets.gates.bookings import AMENDABLE
+    from ito_assets.control.bookings import AMENDABLE
 
     changes = {n: getattr(args, n) for n in AMENDABLE if getattr(args, n, None) is not None}
     if not changes:
@@ -196,7 +196,7 @@ def _approve(args: argparse.Namespace) -> VerbResult:
 def _proposals_path(run_id: str, proposal_id: str | None = None) -> str:
     import re
 
-    from ito_assets.gates.ids import is_run_id
+    from ito_assets.control.ids import is_run_id
 
     if not is_run_id(run_id):
         raise ItoError(ErrorCode.USAGE_ERROR, "a run id has the form run_ followed by 26 characters")
@@ -228,9 +228,9 @@ def _bootstrap(args: argparse.Namespace) -> VerbResult:
     import os
 
     from ito_assets.api.client_config import write_secret_file
-    from ito_assets.gates.identity import issue_token
-    from ito_assets.gates.ledger import open_ledger
-    from ito_assets.gates.states import Role
+    from ito_assets.control.identity import issue_token
+    from ito_assets.control.ledger import open_ledger
+    from ito_assets.control.states import Role
     from ito_assets.settings import load_settings
 
     if not os.path.isabs(args.token_out) or os.path.lexists(args.token_out):

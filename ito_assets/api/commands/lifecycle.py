@@ -68,7 +68,7 @@ def _mutation_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_path(run_id: str) -> str:
-    from ito_assets.gates.ids import is_run_id
+    from ito_assets.control.ids import is_run_id
 
     if not is_run_id(run_id):
         raise ItoError(ErrorCode.USAGE_ERROR, "a run id has the form run_ followed by 26 characters")
@@ -88,7 +88,7 @@ def _status_text(data: dict) -> list[str]:
 
 def _fetch(client, args: argparse.Namespace) -> dict:
     if args.idempotency_key:
-        from ito_assets.gates.fingerprint import validate_key
+        from ito_assets.control.fingerprint import validate_key
 
         found = client.lookup(validate_key(args.idempotency_key))
         if not found or "run_id" not in found:
@@ -157,8 +157,8 @@ def _telemetry(name: str):
 
 
 def _checked_mutation(args: argparse.Namespace) -> str:
-    from ito_assets.gates.fingerprint import validate_key
-    from ito_assets.gates.ids import is_confirmation_ref
+    from ito_assets.control.fingerprint import validate_key
+    from ito_assets.control.ids import is_confirmation_ref
 
     if not is_confirmation_ref(args.confirmation_ref):
         raise ItoError(ErrorCode.CONFIRMATION_INVALID, "the confirmation reference is malformed (expected cfr_...)")
@@ -171,7 +171,7 @@ def _cancel(args: argparse.Namespace) -> VerbResult:
     path = _run_path(args.run_id)
     key = _checked_mutation(args)
     client = connect(timeout_s=args.timeout)
-    from ito_assets.gates.fingerprint import request_fingerprint
+    from ito_assets.control.fingerprint import request_fingerprint
 
     data = client.post_idempotent(f"{path}/cancel", {"confirmation_ref": args.confirmation_ref,
                                                      "idempotency_key": key}, key=key, action="cancel",
@@ -182,7 +182,7 @@ def _cancel(args: argparse.Namespace) -> VerbResult:
 def _cleanup(args: argparse.Namespace) -> VerbResult:
     from ito_assets.api.client_config import connect
 
-    from ito_assets.gates.ids import is_confirmation_ref
+    from ito_assets.control.ids import is_confirmation_ref
 
     key = _checked_mutation(args)
     body = {"confirmation_ref": args.confirmation_ref, "idempotency_key": key}

@@ -30,7 +30,7 @@ def client_verbs(args: argparse.Namespace) -> set[str]:
 def require_local_capabilities(verbs: Collection[str]) -> None:
     """SPEC.md, "Production limit today": train fails closed, before any credential is resolved,
     while a gate or lifecycle operation is missing from this client (`verbs`: its verbs)."""
-    from ito_assets.gates.capabilities import missing
+    from ito_assets.control.capabilities import missing
 
     absent = missing(set(verbs))
     if absent:
@@ -49,7 +49,7 @@ def _server_view(args: argparse.Namespace) -> tuple[dict[str, bool] | None, bool
 
 
 def _readiness(args: argparse.Namespace) -> VerbResult:
-    from ito_assets.gates.capabilities import CAPABILITIES
+    from ito_assets.control.capabilities import CAPABILITIES
 
     verbs = client_verbs(args)
     server, contacted = _server_view(args)

@@ -14,7 +14,7 @@ MAX_LIMIT = 500
 
 
 def register(verbs: argparse._SubParsersAction) -> None:
-    from ito_assets.gates.states import RunState
+    from ito_assets.control.states import RunState
 
     listing = verbs.add_parser("runs", help="this account's runs").add_subparsers(dest="runs_verb", required=True)
     runs = listing.add_parser("list", help="this account's runs, oldest first, filtered and paged")

@@ -27,8 +27,8 @@ def _train(args: argparse.Namespace) -> VerbResult:
     from ito_assets.api.client_config import connect
     from ito_assets.api.commands.confirm import read_manifest_for_upload
     from ito_assets.api.commands.readiness import client_verbs, require_local_capabilities
-    from ito_assets.gates.fingerprint import request_fingerprint, validate_key
-    from ito_assets.gates.ids import is_confirmation_ref
+    from ito_assets.control.fingerprint import request_fingerprint, validate_key
+    from ito_assets.control.ids import is_confirmation_ref
 
     require_local_capabilities(client_verbs(args))
     if not is_confirmation_ref(args.confirmation_ref):

@@ -12,8 +12,8 @@ from starlette.routing import Route
 
 from ito_assets.api.bodies import BudgetsQuery, QuoteBody, parse_query
 from ito_assets.api.routes.common import Api, decode_b64, endpoint
-from ito_assets.gates import budget, confirm_request, intake
-from ito_assets.gates.identity import Identity
+from ito_assets.control import budget, confirm_request, intake
+from ito_assets.control.identity import Identity
 
 
 def budgets_of(api: Api, account_id: str, request: Request) -> dict:

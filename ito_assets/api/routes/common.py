@@ -25,11 +25,11 @@ from starlette.responses import Response
 from ito_assets.api import envelope
 from ito_assets.api.bodies import MAX_BODY_BYTES, Strict, check_path_params, parse
 from ito_assets.errors import ErrorCode, ItoError
-from ito_assets.gates import identity
-from ito_assets.gates.identity import Identity
-from ito_assets.gates.ledger import Ledger
-from ito_assets.gates.policy import GatePolicy
-from ito_assets.gates.states import Role
+from ito_assets.control import identity
+from ito_assets.control.identity import Identity
+from ito_assets.control.ledger import Ledger
+from ito_assets.control.policy import GatePolicy
+from ito_assets.control.states import Role
 from ito_assets.manifest.strict_json import StrictJsonError, loads_strict
 
 __all__ = ["MAX_BODY_BYTES", "Api", "decode_b64", "endpoint", "failed", "ok", "read_body", "respond"]

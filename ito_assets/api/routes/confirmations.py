@@ -12,9 +12,9 @@ from starlette.routing import Route
 from ito_assets.api.bodies import ConfirmationBody
 from ito_assets.api.routes.common import Api, decode_b64, endpoint, require
 from ito_assets.errors import ErrorCode, ItoError
-from ito_assets.gates import confirm_request, intake
-from ito_assets.gates.identity import Identity
-from ito_assets.gates.states import Action
+from ito_assets.control import confirm_request, intake
+from ito_assets.control.identity import Identity
+from ito_assets.control.states import Action
 
 
 def _request(api: Api, who: Identity, _request: Request, body: ConfirmationBody) -> dict:

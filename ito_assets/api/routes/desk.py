@@ -15,10 +15,10 @@ from ito_assets.api.bodies import (AccountBody, AmendBody, ApproveBody, BookingB
 from ito_assets.api.routes.budgets import budgets_of
 from ito_assets.api.routes.common import Api, endpoint
 from ito_assets.errors import ErrorCode, ItoError
-from ito_assets.gates import audit, bookings, confirmations, identity, runs
-from ito_assets.gates.bookings import BookingTerms
-from ito_assets.gates.identity import Identity
-from ito_assets.gates.states import Role
+from ito_assets.control import audit, bookings, confirmations, identity, runs
+from ito_assets.control.bookings import BookingTerms
+from ito_assets.control.identity import Identity
+from ito_assets.control.states import Role
 from ito_assets.runtime import proposals
 from ito_assets.runtime.storage import RunLayout
 

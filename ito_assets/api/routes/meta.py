@@ -6,7 +6,7 @@ from starlette.requests import Request
 from starlette.routing import Route
 
 from ito_assets.api.routes.common import Api, endpoint
-from ito_assets.gates.capabilities import CAPABILITIES
+from ito_assets.control.capabilities import CAPABILITIES
 
 
 def served_routes(route_list: list[Route]) -> set[str]:

@@ -9,10 +9,10 @@ from starlette.routing import Route
 from ito_assets.api.bodies import CancelBody, CleanupBody, PageQuery, RunsQuery, TrainBody, parse_query
 from ito_assets.api.routes.common import Api, decode_b64, endpoint, require
 from ito_assets.errors import ErrorCode, ItoError
-from ito_assets.gates import budget, cancel, cleanup, create_run, idempotency, intake, runs, telemetry
-from ito_assets.gates.fingerprint import validate_key
-from ito_assets.gates.identity import Identity
-from ito_assets.gates.states import Action, RunState
+from ito_assets.control import budget, cancel, cleanup, create_run, idempotency, intake, runs, telemetry
+from ito_assets.control.fingerprint import validate_key
+from ito_assets.control.identity import Identity
+from ito_assets.control.states import Action, RunState
 
 
 def _run_data(run: runs.Run, replayed: bool) -> dict:

@@ -9,8 +9,8 @@ import dagster as dg
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.resources import LedgerResource
 from ito_assets.errors import ItoError
-from ito_assets.gates import authorization, run_tags, runs
-from ito_assets.gates.states import RunState
+from ito_assets.control import authorization, run_tags, runs
+from ito_assets.control.states import RunState
 
 GROUP = "workload"
 

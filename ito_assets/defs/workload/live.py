@@ -11,7 +11,7 @@ import dagster as dg
 from ito_assets.defs.failures import failure
 from ito_assets.defs.resources import LedgerResource
 from ito_assets.errors import ErrorCode, ItoError
-from ito_assets.gates import authorization, run_tags, runs
+from ito_assets.control import authorization, run_tags, runs
 from ito_assets.manifest.verify import VerifiedManifest, parse_manifest
 
 

@@ -4,11 +4,11 @@ run-status sensors (daemon) and for `make run` (in process)."""
 import dagster as dg
 
 from ito_assets.errors import ErrorCode
-from ito_assets.gates import runs, telemetry
-from ito_assets.gates.ledger import Ledger
-from ito_assets.gates.outcome import record_outcome
-from ito_assets.gates.runs import Run
-from ito_assets.gates.states import TERMINAL_RUN_STATES
+from ito_assets.control import runs, telemetry
+from ito_assets.control.ledger import Ledger
+from ito_assets.control.outcome import record_outcome
+from ito_assets.control.runs import Run
+from ito_assets.control.states import TERMINAL_RUN_STATES
 
 # The events a caller of `ito logs` wants to read: steps, materializations, checks, the run's end.
 _LOGGED_EVENTS = frozenset({

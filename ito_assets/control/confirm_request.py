@@ -1,0 +1,125 @@
+"""`confirm request`: the server computes what a mutation would do and what it costs, and issues
+an unapproved, short-lived confirmation bound to exactly that. Nothing here creates a workload.
+
+Every gate that can be checked before approval is checked here too, so a human is never asked
+to approve a request that would fail anyway; `create_run` checks them all again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ito_assets.errors import ErrorCode, ItoError
+from ito_assets.control import bookings, budget, confirmations, cost, entitlement, runs, validation
+from ito_assets.control.confirmations import IssuedConfirmation
+from ito_assets.control.identity import Identity
+from ito_assets.control.ledger import Ledger
+from ito_assets.control.policy import GatePolicy
+from ito_assets.control.states import TERMINAL_RUN_STATES, Action
+from ito_assets.manifest.verify import VerifiedManifest
+
+
+@dataclass(frozen=True)
+class TrainPreflight:
+    """Everything gate 5 establishes for a train request, computed inside one transaction."""
+
+    eligibility: entitlement.Eligibility
+    cost_cents: int
+    checkpoint_root: str
+
+
+def entitle(conn, ledger: Ledger, account_id: str, booking_id: str, *, for_update: bool) -> tuple:
+    """Gate 1 from the booking row (locked FOR UPDATE inside a creating transaction)."""
+    booking = bookings.load(conn, booking_id, for_update=for_update)
+    return booking, entitlement.eligibility(booking, account_id, ledger.now())
+
+
+def validate(conn, policy: GatePolicy, account_id: str, booking: bookings.Booking, eligible: entitlement.Eligibility,
+             verified: VerifiedManifest, requirements: validation.RunRequirements) -> TrainPreflight:
+    """Gate 5: data policy, checkpoint storage, network, capacity and cost, in that order."""
+    manifest = verified.manifest
+    validation.check_data_policy(manifest, policy)
+    folder = validation.check_checkpoint_storage(manifest.checkpoint_policy.storage_uri, account_id, policy)
+    validation.check_network(requirements, eligible)
+    validation.check_capacity(requirements, eligible, num_active_runs=runs.count_active(conn, booking.booking_id),
+                              policy=policy)
+    committed = budget.state(conn, account_id, verified.digest, manifest.budget).committed_cents
+    cost_cents = cost.training_cost_cents(booking, manifest.budget, committed_cents=committed)
+    return TrainPreflight(eligibility=eligible, cost_cents=cost_cents, checkpoint_root=str(folder))
+
+
+@dataclass(frozen=True)
+class TrainQuote:
+    """What a train confirmation for this booking and manifest would bind, asked without issuing
+    one: the same gate 5 and the same price, in a read-only transaction."""
+
+    booking: bookings.Booking
+    cost_cents: int
+    budget: budget.BudgetState
+
+    def to_dict(self) -> dict:
+        return {"booking": self.booking.to_dict(), "cost_cents": self.cost_cents, "budget": self.budget.to_dict(),
+                "confirmation_issued": False, "workload_created": False}
+
+
+def quote_train(ledger: Ledger, policy: GatePolicy, identity: Identity, booking_id: str,
+                verified: VerifiedManifest, requirements: validation.RunRequirements | None = None) -> TrainQuote:
+    account_id = identity.tenant
+    with ledger.read() as conn:
+        booking, eligible = entitle(conn, ledger, account_id, booking_id, for_update=False)
+        pre = validate(conn, policy, account_id, booking, eligible, verified,
+                       requirements or validation.RunRequirements())
+        state = budget.state(conn, account_id, verified.digest, verified.manifest.budget)
+    return TrainQuote(booking=booking, cost_cents=pre.cost_cents, budget=state)
+
+
+def request_train(ledger: Ledger, policy: GatePolicy, identity: Identity, booking_id: str,
+                  verified: VerifiedManifest, requirements: validation.RunRequirements | None = None
+                  ) -> IssuedConfirmation:
+    account_id = identity.tenant
+    now = ledger.now()
+    with ledger.write() as conn:
+        booking, eligible = entitle(conn, ledger, account_id, booking_id, for_update=False)
+        pre = validate(conn, policy, account_id, booking, eligible, verified,
+                       requirements or validation.RunRequirements())
+        return confirmations.issue(
+            conn, now=now, ttl_s=policy.confirmation_ttl_s, account_id=account_id, action=Action.TRAIN,
+            cost_cents=pre.cost_cents, booking_id=booking_id,
+            booking_revision=pre.eligibility.booking_revision, manifest_digest=verified.digest,
+            eligibility_json=pre.eligibility.to_json(), actor=identity.token_id,
+        )
+
+
+def request_cancel(ledger: Ledger, policy: GatePolicy, identity: Identity, run_id: str) -> IssuedConfirmation:
+    """Cancellation costs nothing to confirm; it binds the run, its booking and its manifest."""
+    account_id = identity.tenant
+    run = runs.get(ledger, run_id, account_id=account_id)
+    if run.state in TERMINAL_RUN_STATES:
+        raise ItoError(ErrorCode.RUN_FINISHED, f"the run already ended ({run.state.value})")
+    with ledger.write() as conn:
+        return confirmations.issue(
+            conn, now=ledger.now(), ttl_s=policy.confirmation_ttl_s, account_id=account_id,
+            action=Action.CANCEL, cost_cents=0, booking_id=run.booking_id,
+            manifest_digest=run.manifest_digest, target_run_id=run.run_id, actor=identity.token_id,
+        )
+
+
+def request_release(ledger: Ledger, policy: GatePolicy, identity: Identity, booking_id: str) -> IssuedConfirmation:
+    """Releasing a booking with a cleanup: bound to the booking and its current revision."""
+    account_id = identity.tenant
+    with ledger.write() as conn:
+        _booking, eligible = entitle(conn, ledger, account_id, booking_id, for_update=False)
+        return confirmations.issue(
+            conn, now=ledger.now(), ttl_s=policy.confirmation_ttl_s, account_id=account_id,
+            action=Action.RELEASE, cost_cents=0, booking_id=booking_id,
+            booking_revision=eligible.booking_revision, eligibility_json=eligible.to_json(), actor=identity.token_id,
+        )
+
+
+def request_cleanup(ledger: Ledger, policy: GatePolicy, identity: Identity) -> IssuedConfirmation:
+    """Cleanup is per tenant: it binds the account only, never a booking."""
+    with ledger.write() as conn:
+        return confirmations.issue(
+            conn, now=ledger.now(), ttl_s=policy.confirmation_ttl_s, account_id=identity.tenant,
+            action=Action.CLEANUP, cost_cents=0, actor=identity.token_id,
+        )

@@ -1,0 +1,195 @@
+"""Training runs in the ledger: read by the API, advanced by the Dagster shell.
+
+The sensor polls `pending_runs`, launches the job with run key = run id, then calls
+`attach_dagster_run`; the job and the sensor report progress through `set_state`. Every change
+is one conditional UPDATE on the state it expects, so two daemons cannot both move a run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import sqlalchemy as sa
+
+from ito_assets.errors import ErrorCode, ItoError
+from ito_assets.control import audit
+from ito_assets.control.ledger import Ledger, manifests, runs
+from ito_assets.control.states import ACTIVE_RUN_STATES, RUN_TRANSITIONS, TERMINAL_RUN_STATES, RunState
+
+
+@dataclass(frozen=True, kw_only=True)
+class Run:
+    run_id: str
+    account_id: str
+    booking_id: str
+    manifest_digest: str
+    idempotency_key: str
+    request_fingerprint: str
+    confirmation_id: str
+    state: RunState
+    state_reason: str | None
+    dagster_run_id: str | None
+    cost_cents: int
+    checkpoint_dir: str
+    created_at: int
+    updated_at: int
+    finished_at: int | None
+    cleaned_at: int | None
+
+    def to_dict(self) -> dict:
+        """The public view (train and status data): stable identifiers and the state enum. The
+        checkpoint folder is a server path and stays out of it."""
+        return {
+            "run_id": self.run_id, "booking_id": self.booking_id, "manifest_sha256": self.manifest_digest,
+            "idempotency_key": self.idempotency_key, "state": self.state.value,
+            "state_reason": self.state_reason, "dagster_run_id": self.dagster_run_id,
+            "cost_cents": self.cost_cents, "created_at": self.created_at, "updated_at": self.updated_at,
+            "finished_at": self.finished_at, "cleaned_at": self.cleaned_at,
+            "terminal": self.state in TERMINAL_RUN_STATES,
+        }
+
+
+_COLUMNS = {f.name for f in fields(Run)}
+
+
+def from_row(row) -> Run:
+    values = {k: v for k, v in dict(row).items() if k in _COLUMNS}
+    return Run(**{**values, "state": RunState(values["state"])})
+
+
+def load(conn: sa.Connection, run_id: str, *, for_update: bool = False) -> Run | None:
+    query = sa.select(runs).where(runs.c.run_id == run_id)
+    row = conn.execute(query.with_for_update() if for_update else query).mappings().first()
+    return None if row is None else from_row(row)
+
+
+def get(ledger: Ledger, run_id: str, *, account_id: str | None = None) -> Run:
+    """The run, or RUN_NOT_FOUND; another account's run is not found either."""
+    with ledger.read() as conn:
+        run = load(conn, run_id)
+    if run is None or (account_id is not None and run.account_id != account_id):
+        raise ItoError(ErrorCode.RUN_NOT_FOUND, "no such run for this account")
+    return run
+
+
+def by_key(ledger: Ledger, account_id: str, key: str) -> Run:
+    with ledger.read() as conn:
+        row = conn.execute(sa.select(runs).where(runs.c.account_id == account_id,
+                                                 runs.c.idempotency_key == key)).mappings().first()
+    if row is None:
+        raise ItoError(ErrorCode.RUN_NOT_FOUND, "no run was created with this idempotency key")
+    return from_row(row)
+
+
+# A page of `ito runs list`: large enough for a desk's day, small enough for one answer.
+MAX_PAGE = 500
+
+
+def list_for(ledger: Ledger, account_id: str, *, manifest_digest: str | None = None,
+             booking_id: str | None = None, state: RunState | None = None, after: str | None = None,
+             limit: int = 100) -> list[Run]:
+    """An account's runs, oldest first, filtered; `after` is the last run id of the previous page."""
+    if not 1 <= limit <= MAX_PAGE:
+        raise ItoError(ErrorCode.USAGE_ERROR, f"limit must be between 1 and {MAX_PAGE}")
+    query = sa.select(runs).where(runs.c.account_id == account_id)
+    for column, value in ((runs.c.manifest_digest, manifest_digest), (runs.c.booking_id, booking_id),
+                          (runs.c.state, state.value if state else None)):
+        if value is not None:
+            query = query.where(column == value)
+    with ledger.read() as conn:
+        if after is not None:
+            last = load(conn, after)
+            if last is None or last.account_id != account_id:
+                raise ItoError(ErrorCode.RUN_NOT_FOUND, "the page cursor names no run of this account")
+            query = query.where(sa.tuple_(runs.c.created_at, runs.c.run_id) > (last.created_at, last.run_id))
+        query = query.order_by(runs.c.created_at, runs.c.run_id).limit(limit)
+        return [from_row(r) for r in conn.execute(query).mappings().all()]
+
+
+def count_active(conn: sa.Connection, booking_id: str) -> int:
+    query = sa.select(sa.func.count()).select_from(runs).where(
+        runs.c.booking_id == booking_id, runs.c.state.in_([s.value for s in ACTIVE_RUN_STATES]))
+    return int(conn.execute(query).scalar_one())
+
+
+def pending_runs(ledger: Ledger, *, limit: int = 100) -> list[Run]:
+    """Queued runs that no Dagster run has been launched for yet, oldest first (for the sensor)."""
+    query = (sa.select(runs).where(runs.c.state == RunState.QUEUED.value, runs.c.dagster_run_id.is_(None))
+             .order_by(runs.c.created_at, runs.c.run_id).limit(limit))
+    with ledger.read() as conn:
+        return [from_row(r) for r in conn.execute(query).mappings().all()]
+
+
+def cancelling_runs(ledger: Ledger, *, limit: int = 100) -> list[Run]:
+    """Runs whose cancellation was confirmed and whose Dagster run must be terminated."""
+    query = (sa.select(runs).where(runs.c.state == RunState.CANCELLING.value)
+             .order_by(runs.c.updated_at, runs.c.run_id).limit(limit))
+    with ledger.read() as conn:
+        return [from_row(r) for r in conn.execute(query).mappings().all()]
+
+
+def launched_active_runs(ledger: Ledger, *, limit: int = 100) -> list[Run]:
+    """Runs a Dagster run was launched for that the ledger still holds as active: the sensor that
+    reconciles them finds those whose Dagster run ended without being reported."""
+    query = (sa.select(runs).where(runs.c.state.in_([s.value for s in ACTIVE_RUN_STATES]),
+                                   runs.c.dagster_run_id.is_not(None))
+             .order_by(runs.c.updated_at, runs.c.run_id).limit(limit))
+    with ledger.read() as conn:
+        return [from_row(r) for r in conn.execute(query).mappings().all()]
+
+
+def attach_dagster_run(ledger: Ledger, run_id: str, dagster_run_id: str) -> Run:
+    """Record the Dagster run launched for `run_id`; idempotent for the same Dagster run id,
+    refused (INTERNAL_ERROR) when another Dagster run was already attached."""
+    now = ledger.now()
+    with ledger.write() as conn:
+        run = load(conn, run_id, for_update=True)
+        if run is None:
+            raise ItoError(ErrorCode.RUN_NOT_FOUND, "no such run")
+        if run.dagster_run_id not in (None, dagster_run_id):
+            raise ItoError(ErrorCode.INTERNAL_ERROR, "another Dagster run is already attached to this run")
+        if run.dagster_run_id is None:
+            conn.execute(runs.update().where(runs.c.run_id == run_id, runs.c.dagster_run_id.is_(None))
+                         .values(dagster_run_id=dagster_run_id, updated_at=now))
+            audit.record(conn, now, "run_launched", actor="dagster", account_id=run.account_id,
+                         subject=run_id, dagster_run_id=dagster_run_id)
+    return get(ledger, run_id)
+
+
+def transition(conn: sa.Connection, run: Run, state: RunState, *, now: int, reason: str | None,
+               actor: str | None) -> Run:
+    """Move `run` to `state` inside the caller's transaction, if the state machine allows it."""
+    if state not in RUN_TRANSITIONS[run.state]:
+        raise ItoError(ErrorCode.USAGE_ERROR, f"a {run.state.value} run cannot become {state.value}")
+    finished = now if state in TERMINAL_RUN_STATES else None
+    changed = conn.execute(runs.update().where(runs.c.run_id == run.run_id, runs.c.state == run.state.value)
+                           .values(state=state.value, state_reason=reason, updated_at=now,
+                                   finished_at=finished)).rowcount
+    if changed != 1:
+        raise ItoError(ErrorCode.IDEMPOTENCY_KEY_IN_FLIGHT, "the run changed concurrently; retry")
+    audit.record(conn, now, f"run_{state.value}", actor=actor, account_id=run.account_id,
+                 subject=run.run_id, previous_state=run.state.value, reason=reason)
+    return Run(**{**{f: getattr(run, f) for f in _COLUMNS}, "state": state, "state_reason": reason,
+                  "updated_at": now, "finished_at": finished})
+
+
+def set_state(ledger: Ledger, run_id: str, state: RunState, *, reason: str | None = None,
+              actor: str = "dagster") -> Run:
+    """The Dagster shell's one way to report progress (running, succeeded, failed, gate_failed,
+    cancelled). Setting the state a run already has is a no-op, so a retried sensor tick is safe."""
+    now = ledger.now()
+    with ledger.write() as conn:
+        run = load(conn, run_id, for_update=True)
+        if run is None:
+            raise ItoError(ErrorCode.RUN_NOT_FOUND, "no such run")
+        if run.state is state:
+            return run
+        return transition(conn, run, state, now=now, reason=reason, actor=actor)
+
+
+def manifest_bytes(ledger: Ledger, digest: str) -> bytes:
+    """The exact manifest bytes a run was created from (content-addressed by digest, verified)."""
+    from ito_assets.control import intake
+
+    with ledger.read() as conn:
+        return intake.stored(conn, digest).data

@@ -1,0 +1,133 @@
+"""Gate 5, server-side validation before a workload is created (SPEC.md, gate 5): network and
+region, capacity, data policy, checkpoint storage. Cost is `cost.py`. Each check raises the
+ItoError of its own code; messages name positions (data[1]), never paths or values.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from ito_assets.errors import ErrorCode, ItoError
+from ito_assets.control.entitlement import Eligibility
+from ito_assets.control.policy import GatePolicy
+from ito_assets.manifest.schema import DataReference, Manifest
+from ito_assets.manifest.verify import provenance_problems
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunRequirements:
+    """What the run needs from the booking. Until the plan of issue 5 exists: one GPU anywhere;
+    the plan will fill in its GPU count and, for multi-node plans, the network it assumes."""
+
+    num_gpus: int = 1
+    region: str | None = None
+    network: str | None = None
+
+
+def check_network(requirements: RunRequirements, eligibility: Eligibility) -> None:
+    if requirements.region is not None and requirements.region != eligibility.region:
+        raise ItoError(ErrorCode.NETWORK_MISMATCH, "the run needs a different region than the booking's")
+    if requirements.network is not None and requirements.network != eligibility.network:
+        raise ItoError(ErrorCode.NETWORK_MISMATCH, "the run needs a different network than the booking's")
+
+
+def check_capacity(requirements: RunRequirements, eligibility: Eligibility, *, num_active_runs: int,
+                   policy: GatePolicy) -> None:
+    if requirements.num_gpus > eligibility.num_gpus:
+        raise ItoError(ErrorCode.CAPACITY_UNAVAILABLE, "the booking has fewer GPUs than the run needs",
+                       retryable=False)
+    if num_active_runs >= policy.max_concurrent_runs_per_booking:
+        raise ItoError(ErrorCode.CAPACITY_UNAVAILABLE, "the booking already runs its maximum number of runs")
+
+
+def _relative_parts(text: str) -> tuple[str, ...]:
+    """Components of a relative location; '..', '.', empty and absolute forms are refused."""
+    path = PurePosixPath(text)
+    if not text or path.is_absolute() or any(p in ("..", ".") for p in text.split("/")) or "\x00" in text:
+        raise ValueError("not a plain relative location")
+    return path.parts
+
+
+def inside(path: Path | str, root: Path | str) -> bool:
+    """True when `path` (links resolved) is `root` or lies below it."""
+    real, real_root = os.path.realpath(path), os.path.realpath(root)
+    return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)
+
+
+def resolve_data_uri(uri: str, policy: GatePolicy) -> Path:
+    """`dataroot://rel` under the data root, `file:///abs` as is; either must lie (after links are
+    resolved) inside one of the allowed data roots."""
+    if uri.startswith("dataroot://"):
+        path = policy.data_root.joinpath(*_relative_parts(uri[len("dataroot://"):]))
+    elif uri.startswith("file:///"):
+        path = Path("/").joinpath(*_relative_parts(uri[len("file:///"):]))
+    else:
+        raise ValueError("unsupported scheme")
+    if not any(inside(path, root) for root in policy.allowed_data_roots):
+        raise ValueError("outside the allowed data roots")
+    return path
+
+
+def _bound_data(manifest: Manifest) -> list[tuple[str, DataReference]]:
+    """Every data file the manifest trains on: its corpora and the post-training pair files."""
+    corpora = [(f"data[{i}]", ref) for i, ref in enumerate(manifest.data)]
+    pairs = [(f"post_training[{i}].data", step.data) for i, step in enumerate(manifest.post_training)
+             if getattr(step, "data", None) is not None]
+    return corpora + pairs
+
+
+def check_data_policy(manifest: Manifest, policy: GatePolicy) -> None:
+    missing = provenance_problems(manifest)
+    if missing:
+        raise ItoError(ErrorCode.PROVENANCE_MISSING,
+                       f"data references without decontamination provenance: {', '.join(missing)}")
+    bound = _bound_data(manifest)
+    unlicensed = [name for name, ref in bound if ref.license not in policy.allowed_licenses]
+    if unlicensed:
+        raise ItoError(ErrorCode.DATA_POLICY_VIOLATION,
+                       f"data references whose licence does not allow training: {', '.join(unlicensed)}")
+    outside = []
+    for name, ref in bound:
+        try:
+            resolve_data_uri(ref.uri, policy)
+        except ValueError:
+            outside.append(name)
+    if outside:
+        raise ItoError(ErrorCode.DATA_POLICY_VIOLATION,
+                       f"data references outside the allowed data roots: {', '.join(outside)}")
+
+
+def resolve_checkpoint_dir(storage_uri: str, account_id: str, policy: GatePolicy) -> Path:
+    """The folder of `checkpoint_policy.storage_uri`, which must lie inside the tenant's area:
+    `tenant://rel` is relative to it, `file:///abs` must point into it."""
+    area = policy.tenant_area(account_id)
+    try:
+        if storage_uri.startswith("tenant://"):
+            path = area.joinpath(*_relative_parts(storage_uri[len("tenant://"):]))
+        elif storage_uri.startswith("file:///"):
+            path = Path("/").joinpath(*_relative_parts(storage_uri[len("file:///"):]))
+        else:
+            raise ValueError("unsupported scheme")
+    except ValueError:
+        raise ItoError(ErrorCode.CHECKPOINT_STORAGE_INVALID, "the checkpoint storage uri is malformed") from None
+    if not inside(path, area):
+        raise ItoError(ErrorCode.CHECKPOINT_STORAGE_INVALID, "checkpoint storage must lie inside the tenant's area")
+    return path
+
+
+def check_checkpoint_storage(storage_uri: str, account_id: str, policy: GatePolicy) -> Path:
+    """Resolve, create (0700) and prove writable by writing a probe file; re-check containment
+    after creation so that a link planted inside the area cannot lead out of it."""
+    path = resolve_checkpoint_dir(storage_uri, account_id, policy)
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not inside(path, policy.tenant_area(account_id)) or path.is_symlink():
+            raise ItoError(ErrorCode.CHECKPOINT_STORAGE_INVALID, "checkpoint storage must lie inside the tenant's area")
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".ito-probe-"):
+            pass
+    except OSError:
+        raise ItoError(ErrorCode.CHECKPOINT_STORAGE_INVALID, "checkpoint storage is not writable") from None
+    return path

@@ -1,0 +1,129 @@
+"""Every gate of `create_run` refuses before any side effect: no run, no reserved key, no stored
+manifest, no consumed confirmation; only the refusal itself is audited, with its code."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+import pytest
+
+from gate_world import TERMS, T0, manifest_bytes, verified
+from ito_assets.errors import ErrorCode, ItoError
+from ito_assets.control import audit, bookings, create_run
+from ito_assets.control.create_run import TrainRequest
+from ito_assets.control.ledger import confirmations, idempotency_keys, manifests, runs
+from ito_assets.control.policy import DEFAULT_CONFIRMATION_TTL_S
+
+UNKNOWN_REF = "cfr_" + "0" * 26
+
+
+def side_effects(world) -> dict[str, int]:
+    with world.ledger.read() as conn:
+        def count(table, *where) -> int:
+            return conn.execute(sa.select(sa.func.count()).select_from(table).where(*where)).scalar_one()
+        return {"runs": count(runs), "keys": count(idempotency_keys), "manifests": count(manifests),
+                "consumed": count(confirmations, confirmations.c.consumed_at.is_not(None))}
+
+
+def train(world, ref: str, *, key: str = "key-refused-01", manifest=None, booking_id: str | None = None):
+    request = TrainRequest(booking_id=booking_id or world.booking_id, verified=manifest or verified(),
+                           confirmation_ref=ref, idempotency_key=key)
+    return create_run.create_run(world.ledger, world.policy, world.account, request)
+
+
+# Each case: (what to do to the world after an approved confirmation, how to call train) -> code.
+def revoke_booking(world, ref):
+    bookings.transition(world.ledger, world.booking_id, "revoke", actor=None)
+    return lambda: train(world, ref)
+
+
+def booking_ends(world, ref):
+    world.clock.now = TERMS["ends_at"]  # exactly the end: expired
+    return lambda: train(world, ref)
+
+
+def foreign_booking(world, ref):
+    theirs = world.booking(account=world.other)
+    return lambda: train(world, ref, booking_id=theirs)
+
+
+def amend_booking(world, ref):
+    bookings.amend(world.ledger, world.booking_id, {"topology": "2x4-pcie"}, actor=world.desk.token_id)
+    return lambda: train(world, ref)
+
+
+def other_manifest(world, ref):
+    return lambda: train(world, ref, manifest=verified(manifest_bytes(name="not-the-confirmed-one")))
+
+
+def unknown_reference(world, ref):
+    return lambda: train(world, UNKNOWN_REF)
+
+
+def unapproved(world, ref):
+    return lambda: train(world, world.confirm_train(approve=False))
+
+
+def confirmation_expires(world, ref):
+    world.clock.now = T0 + DEFAULT_CONFIRMATION_TTL_S  # exactly the expiry: expired
+    return lambda: train(world, ref)
+
+
+def malformed_key(world, ref):
+    return lambda: train(world, ref, key="has space")
+
+
+def capacity_taken(world, ref):
+    train(world, world.confirm_train(), key="key-occupant-1")  # the booking's one concurrent run
+    return lambda: train(world, ref)
+
+
+CASES = [
+    (revoke_booking, ErrorCode.BOOKING_REVOKED),
+    (booking_ends, ErrorCode.BOOKING_EXPIRED),
+    (foreign_booking, ErrorCode.BOOKING_NOT_FOUND),
+    (amend_booking, ErrorCode.BOOKING_MISMATCH),
+    (other_manifest, ErrorCode.MANIFEST_DIGEST_MISMATCH),
+    (unknown_reference, ErrorCode.CONFIRMATION_INVALID),
+    (unapproved, ErrorCode.CONFIRMATION_NOT_APPROVED),
+    (confirmation_expires, ErrorCode.CONFIRMATION_EXPIRED),
+    (malformed_key, ErrorCode.IDEMPOTENCY_KEY_INVALID),
+    (capacity_taken, ErrorCode.CAPACITY_UNAVAILABLE),
+]
+
+
+@pytest.mark.parametrize(("make", "code"), CASES, ids=[make.__name__ for make, _ in CASES])
+def test_a_refused_train_changes_nothing_but_the_audit_trail(world, make, code) -> None:
+    ref = world.confirm_train()
+    call = make(world, ref)
+    before = side_effects(world)
+    with pytest.raises(ItoError) as info:
+        call()
+    assert info.value.code is code
+    assert side_effects(world) == before
+    last = audit.events(world.ledger, limit=10_000)[-1]
+    if code is not ErrorCode.IDEMPOTENCY_KEY_INVALID:  # refused before the ledger is read at all
+        assert (last.kind, last.code, last.account_id, last.actor) == (
+            "run_refused", code.value, world.account.account_id, world.account.token_id)
+        assert last.subject.startswith("bkg_")
+        assert set(last.detail) == {"manifest_digest", "idempotency_key"}
+        assert last.detail["idempotency_key"] == "key-refused-01" and last.detail["manifest_digest"].startswith("sha256:")
+    assert ref not in str(last.detail)
+
+
+def test_the_refusal_event_names_the_booking_and_manifest_that_were_refused(world) -> None:
+    ref = world.confirm_train()
+    other = verified(manifest_bytes(name="not-the-confirmed-one"))
+    with pytest.raises(ItoError):
+        train(world, ref, manifest=other)
+    last = audit.events(world.ledger, limit=10_000)[-1]
+    assert (last.subject, last.detail) == (world.booking_id, {"manifest_digest": other.digest,
+                                                             "idempotency_key": "key-refused-01"})
+
+
+def test_just_inside_every_time_bound_the_same_confirmation_creates_the_run(world) -> None:
+    """The other side of the two time bounds above: one second before the booking's end and the
+    confirmation's expiry, the same approved confirmation still creates exactly one run."""
+    ref = world.confirm_train()
+    world.clock.now = min(TERMS["ends_at"], T0 + DEFAULT_CONFIRMATION_TTL_S) - 1
+    created = train(world, ref)
+    assert created.run.state.value == "queued" and side_effects(world)["runs"] == 1
