@@ -11,7 +11,7 @@ from ito_assets.defs.workload.outcome import report_outcome
 from ito_assets.control import run_tags, runs
 from ito_assets.errors import ItoError
 from ito_assets.control.states import TERMINAL_RUN_STATES, RunState
-from ito_assets.manifest.verify import short_digest
+from ito_assets.digests import Digest
 
 
 @dg.sensor(
@@ -24,9 +24,9 @@ def confirmed_run_sensor(context: dg.SensorEvaluationContext, ledger: LedgerReso
     with ledger.open() as opened:
         pending = runs.pending_runs(opened)
     known = set(context.instance.get_dynamic_partitions(manifests_partitions.name))
-    keys = sorted({short_digest(r.manifest_digest[len("sha256:"):]) for r in pending} - known)
+    keys = sorted({Digest(r.manifest_digest).short for r in pending} - known)
     requests = [
-        dg.RunRequest(run_key=r.run_id, partition_key=short_digest(r.manifest_digest[len("sha256:"):]),
+        dg.RunRequest(run_key=r.run_id, partition_key=Digest(r.manifest_digest).short,
                       tags=run_tags.for_run(r))
         for r in pending
     ]

@@ -39,3 +39,85 @@ def test_a_source_digest_and_its_verified_snapshot_agree_with_the_bytes(tmp_path
     assert sources.source_digest(ref, tmp_path) == expected
     sources.snapshot(ref, tmp_path, tmp_path / "copy" / "a.jsonl")
     assert (tmp_path / "copy" / "a.jsonl").read_bytes() == data
+
+
+# The Digest value: `sha256:` + 64 lower-case hex digits, checked where text becomes one.
+
+HEX = hashlib.sha256(b"x").hexdigest()
+
+
+@pytest.mark.parametrize("text", [
+    "sha256:" + "a" * 63, "sha256:" + "a" * 65, "sha256:" + "A" * 64, "sha256:" + "g" * 64, HEX,
+    "SHA256:" + HEX, "sha256:" + HEX + "\n", " sha256:" + HEX, "sha256:", "", "sha256:" + "٣" * 64,
+])
+def test_a_digest_is_sha256_and_exactly_64_lower_case_hex_digits(text: str) -> None:
+    with pytest.raises(ValueError):
+        digests.Digest(text)
+    with pytest.raises(ValueError):
+        digests.Digest.parse(text)
+
+
+def test_a_valid_digest_is_a_str_with_its_hex_and_short_key() -> None:
+    digest = digests.Digest.parse("sha256:" + HEX)
+    assert digest == "sha256:" + HEX and isinstance(digest, str)
+    assert digest.hex == HEX and digest.short == HEX[:12] == digests.short_key(HEX) == digests.short_key(digest)
+    assert type(digest.hex) is str and type(digest.short) is str
+    assert digests.Digest.of_bytes(b"x") == digests.Digest.of_hex(HEX) == digest
+    assert {digest: 1}["sha256:" + HEX] == 1  # hashes and compares as the plain text
+
+
+@pytest.mark.parametrize("bad", [None, 7, b"sha256:" + HEX.encode()])
+def test_only_text_names_a_digest(bad) -> None:
+    with pytest.raises(ValueError):
+        digests.Digest.parse(bad)
+
+
+def test_the_parse_options_widen_only_what_they_name() -> None:
+    upper = "sha256:" + HEX.upper()
+    assert digests.Digest.parse(upper, any_case=True) == "sha256:" + HEX
+    assert digests.Digest.parse(HEX, bare=True) == digests.Digest.parse("sha256:" + HEX, bare=True) == "sha256:" + HEX
+    for text, options in [(upper, {}), (HEX, {}), (HEX.upper(), {"any_case": True}),
+                          ("SHA256:" + HEX, {"any_case": True}), ("sha256:" + "A" * 63, {"any_case": True}),
+                          (HEX[:-1], {"bare": True}), ("sha256:sha256:" + HEX, {"bare": True})]:
+        with pytest.raises(ValueError):
+            digests.Digest.parse(text, **options)
+    for bad in (HEX[:-1], HEX + "0", HEX.upper(), "sha256:" + HEX):
+        with pytest.raises(ValueError):
+            digests.Digest.of_hex(bad)
+
+
+def test_a_digest_survives_json_pickle_and_sqlite_as_its_text() -> None:
+    import json
+    import pickle
+    import sqlite3
+
+    digest = digests.Digest.of_hex(HEX)
+    assert json.loads(json.dumps({"d": digest})) == {"d": "sha256:" + HEX}
+    assert pickle.loads(pickle.dumps(digest)) == digest
+    with sqlite3.connect(":memory:") as db:
+        assert db.execute("SELECT ?", (digest,)).fetchone() == ("sha256:" + HEX,)
+
+
+def test_the_places_that_read_or_take_apart_a_digest_use_the_one_type(tmp_path: Path) -> None:
+    from ito_assets.control import intake
+    from ito_assets.evals.suite import parse_suite
+    from ito_assets.manifest import discovery, schema, secure_read
+
+    assert intake.Digest is digests.Digest
+    raw = secure_read.ManifestBytes(data=b"{}", sha256_hex=hashlib.sha256(b"{}").hexdigest())
+    assert type(raw.digest) is digests.Digest and raw.digest == digests.Digest.of_bytes(b"{}")
+    found = discovery.DiscoveredManifest(path="/m.json", sha256_hex=raw.sha256_hex)
+    assert type(found.digest) is digests.Digest and found.key == raw.digest.short
+    suite = parse_suite("s", b'{"id": "a", "benchmark": "b", "question": "q", "answer": "a"}\n')
+    assert type(suite.digest) is digests.Digest
+    assert schema.DIGEST_PATTERN == f"^{digests.DIGEST_REGEX}$" and schema.HEX64_PATTERN == f"^{digests.HEX64_REGEX}$"
+
+
+def test_the_journal_names_a_digest_folder_by_its_hex_and_anything_else_by_a_hash(tmp_path: Path) -> None:
+    from ito_assets.data import warehouse
+
+    store = tmp_path / "warehouse.duckdb"
+    assert warehouse._record_folder(store, "sha256:" + HEX).name == HEX
+    assert warehouse._record_folder(store, HEX).name == HEX
+    for other in ("sha256:" + HEX.upper(), "../x"):
+        assert warehouse._record_folder(store, other).name == hashlib.sha256(other.encode()).hexdigest()

@@ -7,21 +7,21 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import re
 
 import sqlalchemy as sa
 
+from ito_assets.digests import Digest
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.control.ledger import insert_if_absent, manifests
 from ito_assets.manifest.secure_read import ManifestBytes
 from ito_assets.manifest.verify import VerifiedManifest, parse_manifest
 
-_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
-
 
 def verify_submitted(content: bytes, claimed_digest: str, *, max_bytes: int) -> VerifiedManifest:
-    if not isinstance(claimed_digest, str) or _DIGEST.fullmatch(claimed_digest) is None:
-        raise ItoError(ErrorCode.USAGE_ERROR, "manifest_digest must be sha256: followed by 64 lowercase hex digits")
+    try:
+        claimed_digest = Digest.parse(claimed_digest)
+    except ValueError:
+        raise ItoError(ErrorCode.USAGE_ERROR, "manifest_digest must be sha256: followed by 64 lowercase hex digits") from None
     if len(content) > max_bytes:
         raise ItoError(ErrorCode.MANIFEST_TOO_LARGE, "the manifest exceeds the size limit")
     raw = ManifestBytes(data=content, sha256_hex=hashlib.sha256(content).hexdigest())

@@ -32,6 +32,7 @@ from typing import TypeVar
 import duckdb
 import polars as pl
 
+from ito_assets import digests
 # warehouse imports this module too; each uses the other's names only when called.
 from ito_assets.data import warehouse
 from ito_assets.data.scratch import sql_list
@@ -240,10 +241,10 @@ def audit_eval_item(con: duckdb.DuckDBPyConnection, item_id: str) -> list[dict]:
 @_reads
 def resolve_manifest(con: duckdb.DuckDBPyConnection, digest: str) -> list[str]:
     """Manifest digests matching `sha256:HEX`, a bare hex digest or a prefix (the partition key)."""
-    wanted = digest.lower().removeprefix("sha256:")
+    wanted = digest.lower().removeprefix(digests.PREFIX)
     rows = con.execute(
         "SELECT DISTINCT manifest_digest FROM manifests WHERE starts_with(manifest_digest, ?) ORDER BY 1",
-        ["sha256:" + wanted],
+        [digests.PREFIX + wanted],
     ).fetchall()
     return [r[0] for r in rows]
 

@@ -39,7 +39,7 @@ import polars as pl
 from ito_assets.data import lineage, shards
 from ito_assets.data.config import MIN_MB_PER_DUCKDB_THREAD
 from ito_assets.data.shards import Shard, disk_full, shard_problem, storage_full, store_name, writing
-from ito_assets.digests import file_sha256
+from ito_assets.digests import Digest, file_sha256, short_key
 from ito_assets.errors import ErrorCode, ItoError
 
 LOG = logging.getLogger(__name__)
@@ -236,8 +236,10 @@ def _journal_subfolder(path: Path, name: str) -> Path:
 
 
 def _record_folder(path: Path, manifest_digest: str) -> Path:
-    hexdigest = manifest_digest.removeprefix("sha256:")
-    safe = hexdigest if len(hexdigest) == 64 and all(c in "0123456789abcdef" for c in hexdigest) else hashlib.sha256(manifest_digest.encode()).hexdigest()
+    try:
+        safe = Digest.parse(manifest_digest, bare=True).hex
+    except ValueError:  # not a digest: still one folder per name, and no path syntax from it
+        safe = hashlib.sha256(manifest_digest.encode()).hexdigest()
     return _journal_subfolder(path, safe)
 
 
@@ -330,7 +332,7 @@ def _fix(path: Path, problems: list[_Problem]) -> tuple[str, str]:
     """(what is wrong, in one clause; the assets to materialise again)."""
     assets: list[str] = []
     for problem in problems:
-        partition = f" (partition {problem.manifest_digest.removeprefix('sha256:')[:12]})" if problem.manifest_digest else ""
+        partition = f" (partition {short_key(problem.manifest_digest)})" if problem.manifest_digest else ""
         for asset in TABLE_ASSETS.get(problem.table, ("the data assets of every manifest",)):
             if asset + partition not in assets:
                 assets.append(asset + partition)

@@ -6,13 +6,13 @@ reproduce it with `sha256sum`. Manifests bind to both through their decontaminat
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ito_assets.digests import Digest
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.strict_json import StrictJsonError, loads_strict
 
@@ -31,7 +31,7 @@ class EvalItem(BaseModel):
 @dataclass(frozen=True)
 class EvalSuite:
     suite_id: str
-    digest: str  # "sha256:" + 64 hex
+    digest: Digest
     items: tuple[EvalItem, ...]
 
     def by_benchmark(self) -> dict[str, int]:
@@ -58,7 +58,7 @@ def parse_suite(suite_id: str, data: bytes) -> EvalSuite:
         items.append(item)
     if not items:
         raise ItoError(ErrorCode.EVAL_SUITE_INVALID, "the eval suite has no items")
-    return EvalSuite(suite_id=suite_id, digest="sha256:" + hashlib.sha256(data).hexdigest(), items=tuple(items))
+    return EvalSuite(suite_id=suite_id, digest=Digest.of_bytes(data), items=tuple(items))
 
 
 def load_suite(path: Path) -> EvalSuite:

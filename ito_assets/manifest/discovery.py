@@ -12,9 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ito_assets.digests import Digest
 from ito_assets.errors import ItoError
 from ito_assets.manifest.secure_read import ManifestBytes, read_manifest_bytes
-from ito_assets.manifest.verify import VerifiedManifest, parse_manifest, short_digest, summarize
+from ito_assets.manifest.verify import VerifiedManifest, parse_manifest, summarize
 
 MANIFEST_SUFFIX = ".json"
 
@@ -26,11 +27,11 @@ class DiscoveredManifest:
 
     @property
     def key(self) -> str:
-        return short_digest(self.sha256_hex)
+        return self.digest.short
 
     @property
-    def digest(self) -> str:
-        return "sha256:" + self.sha256_hex
+    def digest(self) -> Digest:
+        return Digest.of_hex(self.sha256_hex)
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ def judge(path: str, key: str, *, max_bytes: int) -> ManifestVerdict:
 
 def judge_bytes(raw: ManifestBytes, key: str, *, source: str) -> ManifestVerdict:
     base = dict(key=key, source=source, digest=raw.digest, size_bytes=raw.size)
-    if short_digest(raw.sha256_hex) != key:
+    if raw.digest.short != key:
         return ManifestVerdict(**base, error_code="MANIFEST_CHANGED", error_message="the manifest changed since it was registered")
     try:
         manifest = parse_manifest(raw)

@@ -14,9 +14,11 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ito_assets.digests import DIGEST_REGEX, HEX64_REGEX
+
 SCHEMA_VERSION = 1
-DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
-HEX64_PATTERN = r"^[0-9a-f]{64}$"
+DIGEST_PATTERN = f"^{DIGEST_REGEX}$"
+HEX64_PATTERN = f"^{HEX64_REGEX}$"
 
 # Upper bounds, each far above any real run and far below where arithmetic on it gets slow.
 MAX_CENTS = 10**15  # ten trillion US dollars

@@ -20,6 +20,7 @@ import platform
 import stat
 from dataclasses import dataclass
 
+from ito_assets.digests import Digest
 from ito_assets.errors import ErrorCode, ItoError
 
 # Manifests are small, reviewed JSON documents: a tight bound keeps memory and time per read
@@ -62,8 +63,8 @@ class ManifestBytes:
     sha256_hex: str  # 64 lowercase hex digits over exactly `data`
 
     @property
-    def digest(self) -> str:
-        return "sha256:" + self.sha256_hex
+    def digest(self) -> Digest:
+        return Digest.of_hex(self.sha256_hex)
 
     @property
     def size(self) -> int:

@@ -8,19 +8,18 @@ The digest is over the very bytes that were parsed; the path is never opened twi
 from __future__ import annotations
 
 import hmac
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
+from ito_assets.digests import Digest
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest import secrets
 from ito_assets.manifest.schema import Manifest, is_digest_field
 from ito_assets.manifest.secure_read import DEFAULT_MAX_BYTES, ManifestBytes, read_manifest_bytes
 from ito_assets.manifest.strict_json import StrictJsonError, loads_strict
 
-_EXPECTED_DIGEST = re.compile(r"^sha256:([0-9a-fA-F]{64})$")
 _MAX_REPORTED_FIELDS = 5
 
 
@@ -30,18 +29,12 @@ class VerifiedManifest:
     raw: ManifestBytes
 
     @property
-    def digest(self) -> str:
+    def digest(self) -> Digest:
         return self.raw.digest
 
     @property
     def short_digest(self) -> str:
-        return short_digest(self.raw.sha256_hex)
-
-
-def short_digest(sha256_hex: str) -> str:
-    """The 12-hex-digit key used for partitions and file names (48 bits: collisions need
-    ~16M manifests by the birthday bound)."""
-    return sha256_hex[:12]
+        return self.raw.digest.short
 
 
 def _schema_error(exc: ValidationError) -> ItoError:
@@ -75,11 +68,11 @@ def verify_manifest(path: str, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Verifie
 
 def check_expected_digest(actual: str, expected: str) -> None:
     """Constant-time comparison, case-insensitive hex; `expected` is `sha256:` + 64 hex."""
-    match = _EXPECTED_DIGEST.fullmatch(expected.strip())
-    if match is None:
-        raise ItoError(ErrorCode.USAGE_ERROR, "--expect-digest must be sha256: followed by 64 hex digits")
-    wanted = ("sha256:" + match.group(1).lower()).encode()
-    if not hmac.compare_digest(wanted, actual.encode()):
+    try:
+        wanted = Digest.parse(expected.strip(), any_case=True)
+    except ValueError:
+        raise ItoError(ErrorCode.USAGE_ERROR, "--expect-digest must be sha256: followed by 64 hex digits") from None
+    if not hmac.compare_digest(wanted.encode(), actual.encode()):
         raise ItoError(ErrorCode.MANIFEST_DIGEST_MISMATCH, "the manifest digest differs from the expected digest")
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from helpers import valid_manifest, write_file, write_manifest
+from ito_assets.digests import Digest
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest import secure_read
 from ito_assets.manifest.schema import is_digest_field
@@ -25,7 +26,6 @@ from ito_assets.manifest.verify import (
     parse_manifest,
     provenance_problems,
     require_provenance,
-    short_digest,
     summarize,
     verify_manifest,
 )
@@ -545,7 +545,7 @@ def test_summary_and_digests_of_a_verified_manifest(root: Path):
     assert isinstance(verified, VerifiedManifest)
     assert verified.raw.data == data
     assert verified.digest == "sha256:" + sha
-    assert verified.short_digest == sha[:12] == short_digest(sha)
+    assert verified.short_digest == sha[:12] == Digest.of_hex(sha).short
     assert summarize(verified) == {
         "name": "unit-test",
         "model": {"size": "tiny", "num_parameters": 1000000, "revision": "r1"},
