@@ -8,6 +8,7 @@ stack trace with a URL, an environment dump) never leaves the ledger.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 import sqlalchemy as sa
@@ -98,6 +99,38 @@ def metrics(ledger: Ledger, run_id: str, *, after: int = 0, limit: int = 100) ->
 def checkpoints(ledger: Ledger, run_id: str, *, after: int = 0, limit: int = 100) -> list[Checkpoint]:
     return [Checkpoint(**{k: r[k] for k in ("seq", "step", "path", "sha256", "size_bytes", "created_at", "removed_at")})
             for r in _page(ledger, run_checkpoints, run_id, after, limit)]
+
+
+@dataclass(frozen=True)
+class FinishedCheckpoint:
+    """A checkpoint a finished stage hands to `publish`."""
+
+    step: int
+    path: str
+    size_bytes: int
+    sha256: str | None = None
+
+
+def publish(ledger: Ledger, run_id: str, finished: Iterable[FinishedCheckpoint],
+            figures: Iterable[tuple[int, str, float]], *,
+            same_checkpoint: tuple[str, ...] = ("step", "path")) -> tuple[int, int]:
+    """A finished stage's checkpoints and (step, name, value) metrics into the ledger, where `ito
+    checkpoints` and `ito metrics` read them. A stage is published again when its step is retried,
+    so what the run already has is skipped: a checkpoint equal in the `same_checkpoint` fields, a
+    metric at the same (step, name) (the first value published stands). Returns (checkpoints
+    added, metrics added)."""
+    known_checkpoints = {tuple(getattr(c, f) for f in same_checkpoint) for c in every_page(checkpoints, ledger, run_id)}
+    known_metrics = {(m.step, m.name) for m in every_page(metrics, ledger, run_id)}
+    added_checkpoints = 0
+    for checkpoint in finished:
+        if tuple(getattr(checkpoint, f) for f in same_checkpoint) not in known_checkpoints:
+            record_checkpoint(ledger, run_id, step=checkpoint.step, path=checkpoint.path,
+                              size_bytes=checkpoint.size_bytes, sha256=checkpoint.sha256)
+            added_checkpoints += 1
+    fresh = [row for row in figures if (row[0], row[1]) not in known_metrics]
+    for step, name, value in fresh:
+        record_metric(ledger, run_id, step, name, value)
+    return added_checkpoints, len(fresh)
 
 
 def every_page(reader, ledger: Ledger, run_id: str) -> list:

@@ -62,16 +62,8 @@ def stage_metrics(outcome: StageOutcome) -> list[tuple[int, str, float]]:
 
 
 def publish_outcome(ledger: Ledger, run_id: str, outcome: StageOutcome) -> tuple[int, int]:
-    """Returns (checkpoints added, metrics added)."""
-    known_metrics = {(m.step, m.name) for m in ledger_telemetry.every_page(ledger_telemetry.metrics, ledger, run_id)}
-    known_files = {(c.path, c.sha256) for c in ledger_telemetry.every_page(ledger_telemetry.checkpoints, ledger, run_id)}
+    """Returns (checkpoints added, metrics added); the checkpoint is known by its file's (path, sha256)."""
     record = outcome.checkpoint
-    added_checkpoints = 0
-    if (record.path, record.sha256) not in known_files:
-        ledger_telemetry.record_checkpoint(ledger, run_id, step=record.policy_version, path=record.path,
-                                           size_bytes=record.num_bytes, sha256=record.sha256)
-        added_checkpoints = 1
-    fresh = [row for row in stage_metrics(outcome) if (row[0], row[1]) not in known_metrics]
-    for step, name, value in fresh:
-        ledger_telemetry.record_metric(ledger, run_id, step, name, value)
-    return added_checkpoints, len(fresh)
+    finished = ledger_telemetry.FinishedCheckpoint(step=record.policy_version, path=record.path,
+                                                   size_bytes=record.num_bytes, sha256=record.sha256)
+    return ledger_telemetry.publish(ledger, run_id, [finished], stage_metrics(outcome), same_checkpoint=("path", "sha256"))

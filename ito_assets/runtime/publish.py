@@ -31,17 +31,9 @@ def stage_metrics(stage: str, stage_dir: Path, evaluation: dict[str, float]) -> 
 
 
 def publish_stage(ledger: Ledger, run_id: str, stage: str, stage_dir: Path, evaluation: dict[str, float]) -> tuple[int, int]:
-    """Returns (checkpoints added, metrics added)."""
-    known_checkpoints = {(c.step, c.path) for c in ledger_telemetry.every_page(ledger_telemetry.checkpoints, ledger, run_id)}
-    known_metrics = {(m.step, m.name) for m in ledger_telemetry.every_page(ledger_telemetry.metrics, ledger, run_id)}
+    """Returns (checkpoints added, metrics added); a checkpoint is known by (step, path)."""
     whole = {str(p) for p in markers.candidates(stage_dir) if markers.read_marker(p) is not None}
-    added_checkpoints = 0
-    for record in registry.read(stage_dir):
-        if record.path in whole and (record.step, record.path) not in known_checkpoints:
-            ledger_telemetry.record_checkpoint(ledger, run_id, step=record.step, path=record.path,
-                                               size_bytes=record.num_bytes, sha256=record.metadata_sha256)
-            added_checkpoints += 1
-    fresh = [m for m in stage_metrics(stage, stage_dir, evaluation) if (m[0], m[1]) not in known_metrics]
-    for step, name, value in fresh:
-        ledger_telemetry.record_metric(ledger, run_id, step, name, value)
-    return added_checkpoints, len(fresh)
+    finished = [ledger_telemetry.FinishedCheckpoint(step=record.step, path=record.path, size_bytes=record.num_bytes,
+                                                    sha256=record.metadata_sha256)
+                for record in registry.read(stage_dir) if record.path in whole]
+    return ledger_telemetry.publish(ledger, run_id, finished, stage_metrics(stage, stage_dir, evaluation))
