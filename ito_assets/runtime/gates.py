@@ -11,7 +11,7 @@ Magnusson et al. 2025, judges every comparison against exactly this seed-to-seed
 
 2 bands: a difference beyond two standard deviations of seed noise, the usual ~95% two-sided
 criterion for "not noise". A failed gate is final: the verdict is written once and no argument,
-flag or retry turns it into a pass (SPEC.md: "never override a failed eval gate").
+flag or retry turns it into a pass (a gate that can be overridden gates nothing).
 """
 
 from __future__ import annotations

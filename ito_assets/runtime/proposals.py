@@ -1,6 +1,6 @@
 """Proposed actions after a loss spike: nothing restarts until a person approves.
 
-SPEC.md stage 3: "A restart after a loss spike is a proposed action that needs human approval."
+A restart skips data and spends booked compute again, so it is a proposal a person approves.
 A proposal says: restart the stage from the checkpoint at `restart_from_step` and skip the global
 batches [skip_first, skip_end) (PaLM's remedy, Chowdhery et al. 2022, section 5.1). Its state
 moves pending -> approved or pending -> rejected, once; a decided proposal never changes again.

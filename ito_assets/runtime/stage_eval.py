@@ -12,7 +12,7 @@ Both are continuous and lower is better: at the tiny scale accuracy sits at chan
 log-likelihood moves with training (DataDecide, Magnusson et al. 2025, found the continuous
 likelihood metrics the most predictive at small scale). Pooled, not a mean of per-item means: on
 the fixture curriculum the per-item mean, dominated by one- and two-token answers, rose and fell by
-~0.1 nats between stages while the pooled loss fell at every stage (README "Training runtime").
+~0.1 nats between stages while the pooled loss fell at every stage (docs/training-runtime.md).
 """
 
 from __future__ import annotations
