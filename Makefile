@@ -29,7 +29,7 @@ ui: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/dagster dev -w workspace.yaml
 
 # Two pytest-xdist workers, handed two tests at a time with the slow ones first (tests/conftest.py),
-# so the whole of `make run` on one worker overlaps everything else on the other (README, Testing).
+# so the whole of `make run` on one worker overlaps everything else on the other (docs/testing.md).
 # WORKERS=0 runs in one process.
 WORKERS ?= 2
 
@@ -41,7 +41,7 @@ test: $(STAMP)
 test-long: $(STAMP)
 	$(BIN)/python -m pytest -q --run-long -m "long or fuzz"
 
-# A benchmark, not a test: the mutation score of the modules that enforce promises (README, Testing).
+# A benchmark, not a test: the mutation score of the modules that enforce promises (docs/testing.md).
 mutation: $(STAMP)
 	$(BIN)/python benchmarks/mutation.py
 

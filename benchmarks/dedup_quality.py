@@ -6,7 +6,7 @@ similarity search"; Chaudhuri et al. 2006): shingles ordered by global frequency
 indexed by its first |x| - ceil(t|x|) + 1 shingles, candidates checked with the size filter and
 then exactly with Python sets. It uses its own tokeniser and hashing, nothing from ito_assets.
 
-Metrics (issue 4): (a) justified removals: share of removed documents whose exact Jaccard with the
+Metrics: (a) justified removals: share of removed documents whose exact Jaccard with the
 kept document they are recorded against is >= 0.8; (b) residual near-duplicates: pairs of kept
 documents with J >= 0.8, as a share of the input's J >= 0.8 pairs; (c) "same cluster" pair
 precision and recall against the J >= 0.8 pairs.

@@ -1,5 +1,6 @@
 """ito-training: gated, auditable LLM training runs on booked GPU compute.
 
-Layers (DESIGN.md): pure core packages (manifest, evals, gates, data, training) import no
-Dagster; `defs/` is the thin Dagster shell; `api/` is the HTTP server and the `ito` client.
+Layers: pure core packages (manifest, evals, control, data, training) import no Dagster, so they
+run and test without it; `defs/` is the thin Dagster shell; `api/` is the HTTP server and the
+`ito` client.
 """

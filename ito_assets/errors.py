@@ -1,6 +1,6 @@
 """Stable error codes and the one exception type the core raises for user-facing failures.
 
-Codes are part of the public contract (DESIGN.md, "Stable error codes"): add, never rename.
+Codes are part of the public contract (scripts branch on them without parsing messages): add, never rename.
 Messages are safe text: they never echo caller-supplied values that could be secrets.
 """
 
@@ -61,16 +61,16 @@ class ErrorCode(str, enum.Enum):
     CAPABILITY_MISSING = "CAPABILITY_MISSING"
     USAGE_ERROR = "USAGE_ERROR"
     INTERNAL_ERROR = "INTERNAL_ERROR"
-    # Added by issue 3 (the canonical API): cancelling a run that already ended.
+    # Cancelling a run that already ended: nothing is left to stop.
     RUN_FINISHED = "RUN_FINISHED"
-    # Added by issue 6 (the training runtime): loss-spike proposals the desk decides.
+    # Loss-spike proposals the desk decides.
     PROPOSAL_NOT_FOUND = "PROPOSAL_NOT_FOUND"
     PROPOSAL_ALREADY_DECIDED = "PROPOSAL_ALREADY_DECIDED"
-    # Added by issue 7 (post-training): the generator process died or stopped producing samples;
+    # Post-training: the generator process died or stopped producing samples;
     # a post-training fixture file (instruction or preference pairs) is malformed.
     GENERATION_FAILED = "GENERATION_FAILED"
     POSTTRAINING_DATA_INVALID = "POSTTRAINING_DATA_INVALID"
-    # Added by issue 7: a post-training checkpoint's bytes differ from the digest it was recorded with.
+    # A post-training checkpoint's bytes differ from the digest it was recorded with.
     CHECKPOINT_DIGEST_MISMATCH = "CHECKPOINT_DIGEST_MISMATCH"
     # A known identity asking for an operation its role does not allow (a tenant on a desk route).
     PERMISSION_DENIED = "PERMISSION_DENIED"

@@ -102,7 +102,7 @@ def _report_to_ledger(defs: dg.Definitions, instance: dg.DagsterInstance, dagste
 
 
 def request_training_run(settings: Settings) -> dict:
-    """The README's API flow against a real `ito serve`, once per state dir: the desk books, the
+    """The API flow of docs/api.md against a real `ito serve`, once per state dir: the desk books, the
     account requests a confirmation, the desk approves, the account trains (a queued run)."""
     from ito_assets.api.server_walkthrough import walk
 

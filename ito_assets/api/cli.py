@@ -1,4 +1,4 @@
-"""`ito`: the canonical client. Every verb prints one JSON envelope with --json (DESIGN.md).
+"""`ito`: the canonical client. Every verb prints one JSON envelope with --json, one shape for scripts.
 
 Imports stay light: verbs import their heavy dependencies lazily, so client verbs start fast.
 Exit status: 0 when ok, 1 on a reported error, 2 on a usage error, 141 (a shell's code for
@@ -64,9 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help=TIMEOUT_HELP)
     verbs = parser.add_subparsers(dest="verb", parser_class=_Parser, required=True)
     manifest.register(verbs)
-    audit.register(verbs)  # issue 4: lineage in the warehouse, read-only, no API contact
-    plan.register(verbs)  # issue 5: the plan and its cost, computed locally; creates no workload
-    # Issue 3: the gates and the run lifecycle. Each module imports its heavy dependencies lazily.
+    audit.register(verbs)  # lineage in the warehouse, read-only, no API contact
+    plan.register(verbs)  # the plan and its cost, computed locally; creates no workload
+    # The gates and the run lifecycle. Each module imports its heavy dependencies lazily, so verbs start fast.
     for module in (confirm, train, lifecycle, spend, readiness, desk, serve):
         module.register(verbs)
     # `readiness` and `train` compare these verbs with the capabilities they need.

@@ -1,4 +1,4 @@
-"""The `ito` client's transport and retry logic (SPEC.md, "Lifecycle and recovery").
+"""The `ito` client's transport and retry logic.
 
 Every request has a bounded connect timeout and a bounded total time, and one Deadline bounds
 the whole operation: all attempts, the backoff pauses between them and the lookup by

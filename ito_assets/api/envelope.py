@@ -1,4 +1,4 @@
-"""The one JSON document every `ito` verb prints with --json (DESIGN.md, client contract)."""
+"""The one JSON document every `ito` verb prints with --json: one shape for scripts, whatever the verb."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The README's whole flow, end to end on the embedded default, for `make run` and for people:
+"""The whole flow of docs/api.md, end to end on the embedded default, for `make run` and for people:
 start `ito serve` on a free loopback port, then through the `ito` client: the desk books, the
 account requests a confirmation, the desk approves, the account trains, reads status and logs,
 and (optionally) cancels and cleans up. Every step is the real client against the real server.

@@ -1,5 +1,6 @@
 """Defence in depth for the Dagster shell: before its first step, the training job re-verifies in
-the ledger that the run it was launched for is still authorized (DESIGN.md, "Gates are code").
+the ledger that the run it was launched for is still authorized: a booking released or the run
+cancelled while it waited must not spend compute.
 
 `reverify` raises the ItoError of the first gate that no longer holds; the job's blocking asset
 check turns that into a stopped run and the sensor reports `gate_failed` with its code.

@@ -1,6 +1,6 @@
 """Bookings: the booked blocks of GPU compute, administered by the desk.
 
-A booking is the first gate's evidence (SPEC.md, "Entitlement"); only the desk changes one.
+A booking is the first gate's evidence (entitlement); only the desk changes one.
 Every amendment bumps `revision`, which invalidates each eligibility and pending confirmation
 computed against an earlier revision (they carry the revision they saw).
 """

@@ -1,5 +1,5 @@
 """Cancellation: its own confirmation (action cancel, bound to the run) and its own idempotency
-key (SPEC.md: cancellation and cleanup are separate mutations with their own bounds).
+key: cancellation and cleanup are separate mutations, so approving one never approves the other.
 
 A queued run that no Dagster run was launched for is cancelled at once; otherwise it becomes
 `cancelling` and the Dagster shell terminates its run, then reports `cancelled` via set_state.

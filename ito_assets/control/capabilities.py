@@ -1,8 +1,8 @@
-"""The gates and lifecycle operations SPEC.md requires before managed training is available.
+"""The gates and lifecycle operations that must exist before managed training is available.
 
 Stdlib only: `ito train` checks them before it resolves any credential. Each capability names
 the client verb and the API route that implement it; readiness is "available" only when both
-exist (SPEC.md, "Production limit today": until then train fails closed).
+exist; until then train fails closed (a run nobody could follow or stop must not start).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Per-tenant cleanup: removes the artifacts of the account's finished runs and reports exactly
 what it removed. It never touches a booking unless a release was asked for with its own,
 separately approved confirmation (action release, bound to that booking): an economic action
-is never a side effect of cleanup (SPEC.md, "Lifecycle and recovery").
+is never a side effect of cleanup.
 
 The files are removed inside the transaction that consumes the confirmation and reserves the
 key: if removal fails nothing is consumed; if the commit fails after removal, a rerun finds

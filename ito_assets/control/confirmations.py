@@ -39,8 +39,8 @@ class Confirmation:
     consumed_by_key: str | None
 
     def binding(self) -> dict:
-        """What a human must see before approving (issue 3): account, action, booking,
-        manifest digest, cost and expiry."""
+        """What a human must see before approving, since an approval covers exactly this: account,
+        action, booking, manifest digest, cost and expiry."""
         return {
             "confirmation_id": self.confirmation_id, "account_id": self.account_id,
             "action": self.action.value, "booking_id": self.booking_id,
@@ -114,7 +114,7 @@ def require_usable(c: Confirmation, *, now: int, action: Action, booking_id: str
         raise ItoError(ErrorCode.CONFIRMATION_MISMATCH,
                        "the confirmation is bound to a different action, booking, run or cost")
     if c.manifest_digest != manifest_digest:
-        # SPEC.md: the manifest digest must exactly equal the digest bound in the confirmation.
+        # Exact equality: the approver saw this digest, so any other manifest was never approved.
         raise ItoError(ErrorCode.MANIFEST_DIGEST_MISMATCH, "the manifest differs from the one the confirmation is bound to")
     if c.consumed_at is not None:
         raise ItoError(ErrorCode.CONFIRMATION_CONSUMED, "the confirmation was already used")

@@ -1,4 +1,4 @@
-"""The one transaction that creates a training run (SPEC.md, "Confirmation and execution gates").
+"""The one transaction that creates a training run.
 
 1. The idempotency key is validated and looked up first: the same request replays its run, even
    after its confirmation was consumed; a different request under the key is refused.

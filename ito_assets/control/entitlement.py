@@ -1,6 +1,6 @@
 """Gate 1, entitlement: a fresh training eligibility computed from the booking at request time.
 
-SPEC.md, "Entitlement": only a completed booking verified by the server entitles; the eligibility
+Only a completed booking verified by the server entitles (never the client's word); the eligibility
 is bound to the account, booking, GPU topology, region, network and duration. Expired, revoked,
 released, incomplete, another account's or mismatched bookings fail closed.
 """

@@ -1,4 +1,4 @@
-"""Accounts and identity tokens. Authentication is identity, not workload authority (SPEC.md):
+"""Accounts and identity tokens. Authentication is identity, not workload authority:
 a token says who is calling; only a consumed confirmation authorizes a mutation."""
 
 from __future__ import annotations

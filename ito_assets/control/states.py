@@ -54,7 +54,7 @@ class Action(str, enum.Enum):
     CANCEL = "cancel"
     CLEANUP = "cleanup"
     # Releasing a booking is an economic action: only with cleanup, and only with its own
-    # confirmation (SPEC.md, "Lifecycle and recovery").
+    # confirmation.
     RELEASE = "release"
 
 

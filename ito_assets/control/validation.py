@@ -1,4 +1,4 @@
-"""Gate 5, server-side validation before a workload is created (SPEC.md, gate 5): network and
+"""Gate 5, server-side validation before a workload is created: network and
 region, capacity, data policy, checkpoint storage. Cost is `cost.py`. Each check raises the
 ItoError of its own code; messages name positions (data[1]), never paths or values.
 """
@@ -19,8 +19,8 @@ from ito_assets.manifest.verify import provenance_problems
 
 @dataclass(frozen=True, kw_only=True)
 class RunRequirements:
-    """What the run needs from the booking. Until the plan of issue 5 exists: one GPU anywhere;
-    the plan will fill in its GPU count and, for multi-node plans, the network it assumes."""
+    """What the run needs from the booking. Callers that pass none ask for one GPU anywhere; a
+    plan fills in its GPU count and, for multi-node plans, the network it assumes."""
 
     num_gpus: int = 1
     region: str | None = None

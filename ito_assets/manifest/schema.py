@@ -1,4 +1,4 @@
-"""The reviewed training manifest (SPEC.md, "CLI and API contract"): strict pydantic v2 models.
+"""The reviewed training manifest: strict pydantic v2 models.
 
 Strict mode: integers must be JSON integers (not "8", 8.0 or true); unknown fields are refused at
 every level; money is integer US cents and positive. Every number has a range, lower and upper:

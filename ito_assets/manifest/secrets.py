@@ -1,5 +1,5 @@
-"""Secret scan of every key and value of a parsed manifest (SPEC.md: no raw API key, SSH key,
-node password, bearer token or dataset credential may appear in a manifest).
+"""Secret scan of every key and value of a parsed manifest: no raw API key, SSH key, node
+password, bearer token or dataset credential may appear in one (it is reviewed, stored, shown).
 
 Findings name the field location and the kind of secret, never the value.
 """

@@ -1,9 +1,10 @@
 """Read a reviewed manifest from disk without following links and hash exactly what was read.
 
-SPEC.md, "CLI and API contract": the client canonicalizes the path, rejects symlinks, opens a regular
-file without following links, requires proper ownership and restrictive permissions, bounds the size
-and hashes the bytes read from the open descriptor. Anything unexpected fails closed with an
-ItoError whose message never echoes the path or the file's content (either may hold secrets).
+So that what is hashed is the very file a reviewer named, the client canonicalizes the path,
+rejects symlinks, opens a regular file without following links, requires proper ownership and
+restrictive permissions, bounds the size and hashes the bytes read from the open descriptor.
+Anything unexpected fails closed with an ItoError whose message never echoes the path or the
+file's content (either may hold secrets).
 
 Linux only: openat2(2) with RESOLVE_NO_SYMLINKS where the kernel and seccomp allow it, else an
 O_PATH component walk from "/" that refuses a symlink at every step.

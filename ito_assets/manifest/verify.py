@@ -77,8 +77,8 @@ def check_expected_digest(actual: str, expected: str) -> None:
 
 
 def provenance_problems(manifest: Manifest) -> list[str]:
-    """Data references without decontamination provenance, by position (SPEC: every data
-    reference carries it)."""
+    """Data references without decontamination provenance, by position (every data reference
+    must carry it, so that what was removed against which eval suite can be audited)."""
     return [f"data[{i}]" for i, ref in enumerate(manifest.data) if ref.decontamination is None]
 
 

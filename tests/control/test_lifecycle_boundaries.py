@@ -1,7 +1,7 @@
 """Boundaries of cleanup and cancellation in the core: exact reports, rows left in the ledger,
 files removed and kept, audit events and the idempotency record each mutation leaves behind.
 
-SPEC.md: cancellation and cleanup are separate mutations with their own confirmation and
+The promises: cancellation and cleanup are separate mutations with their own confirmation and
 idempotency bounds; cleanup is per tenant, observable, and never releases or modifies a booking
 unless that release was explicitly confirmed."""
 

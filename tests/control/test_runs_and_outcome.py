@@ -1,7 +1,7 @@
 """Runs in the ledger, how a finished Dagster run is written back, and the re-verification of a
 run before training: exact rows, orderings, scoping and audit events.
 
-SPEC.md: every read is scoped to the calling account; the budget counts what runs of a manifest
+The promises: every read is scoped to the calling account; the budget counts what runs of a manifest
 spent (gate_failed runs excluded); a failed eval gate is never reported as a cancellation; the
 Dagster shell re-verifies the ledger run (tags, attached Dagster run, manifest digest)."""
 

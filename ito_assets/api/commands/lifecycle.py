@@ -1,4 +1,4 @@
-"""The run lifecycle through the same client (SPEC.md, "Lifecycle and recovery"): `status`
+"""The run lifecycle through the same client: `status`
 (by run id or idempotency key, `--watch` with backoff), `logs`, `metrics`, `checkpoints`,
 `cancel` and `cleanup`; the last two are mutations with their own confirmation and key.
 """

@@ -28,8 +28,8 @@ def client_verbs(args: argparse.Namespace) -> set[str]:
 
 
 def require_local_capabilities(verbs: Collection[str]) -> None:
-    """SPEC.md, "Production limit today": train fails closed, before any credential is resolved,
-    while a gate or lifecycle operation is missing from this client (`verbs`: its verbs)."""
+    """Train fails closed, before any credential is resolved, while a gate or lifecycle operation
+    is missing from this client (`verbs`: its verbs): a run it could not stop must not start."""
     from ito_assets.control.capabilities import missing
 
     absent = missing(set(verbs))

@@ -1,8 +1,9 @@
 """`ito train --booking ID --manifest PATH --confirmation-ref REF --idempotency-key KEY --json`.
 
-Order matters (SPEC.md): capabilities first (fail closed before any credential is resolved),
-then every local check that needs no network (reference form, key form, secure manifest read),
-then the token, then one idempotent request that carries the digest and the very bytes hashed.
+Order matters, so that whatever can refuse without a credential or the network does so first:
+capabilities (fail closed before any credential is resolved), then every local check that needs no
+network (reference form, key form, secure manifest read), then the token, then one idempotent
+request that carries the digest and the very bytes hashed.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What every route shares: JSON envelopes (DESIGN.md, client contract), one HTTP status per
+"""What every route shares: JSON envelopes (the one shape the client reads), one HTTP status per
 error code, bearer authentication and bounded request bodies.
 
 A request is authenticated from its headers before a byte of its body is read, so a caller

@@ -23,7 +23,7 @@ from ito_assets.evals.suite import EvalSuite
 from ito_assets.manifest.discovery import ManifestVerdict
 
 GROUP = "data"
-POOL = "duckdb_writer"  # DuckDB has one writer at a time (DESIGN.md)
+POOL = "duckdb_writer"  # DuckDB has one writer at a time: the warehouse writers queue here
 
 
 class _Collected(logging.Handler):

@@ -1,6 +1,6 @@
 """The first asset of the training job: the ledger's word that this run may spend the booking.
 
-Defence in depth (DESIGN.md, "Gates are code"): the server already checked every gate when it
+Defence in depth: the server already checked every gate when it
 created the run; here the ledger is asked again, at the moment compute is about to be spent.
 """
 
