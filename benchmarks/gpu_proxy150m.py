@@ -28,7 +28,8 @@ import torch  # noqa: E402
 from ito_assets.training.hardware import GIB, GPUS, gpu_spec, network_spec  # noqa: E402
 from ito_assets.training.layout import Layout  # noqa: E402
 from ito_assets.training.memory import estimate_memory  # noqa: E402
-from ito_assets.training.model import build_model, config_by_name, flops_per_token, parameter_count  # noqa: E402
+from ito_assets.training.model import build_model, config_by_name  # noqa: E402
+from ito_assets.training.model_config import flops_per_token, parameter_count  # noqa: E402
 from ito_assets.training.planner import Hardware, PlanRequest, default_global_batch_sequences, plan  # noqa: E402
 from ito_assets.training.throughput import estimate_step  # noqa: E402
 from ito_assets.training.trainer import TrainConfig, build_optimizer, learning_rate_at  # noqa: E402

@@ -21,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from ito_assets.training.model import build_model, config_by_name, flops_per_token, parameter_count  # noqa: E402
+from ito_assets.training.model import build_model, config_by_name  # noqa: E402
+from ito_assets.training.model_config import flops_per_token, parameter_count  # noqa: E402
 from ito_assets.training.trainer import TrainConfig, build_optimizer, train_step  # noqa: E402
 
 

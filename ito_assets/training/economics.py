@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from ito_assets.training.decision import DecisionConfig, DecisionResult
 from ito_assets.training.verdict import Verdict
-from ito_assets.training.model import config_by_name
+from ito_assets.training.model_config import config_by_name
 from ito_assets.training.planner import Hardware, PlanRequest, default_global_batch_sequences, plan
 from ito_assets.training.run_plan import RunPlan
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from ito_assets.training.hardware import GIB, GpuSpec
 from ito_assets.training.layout import Checkpointing, Layout
-from ito_assets.training.model import ModelConfig, layer_parameter_count
+from ito_assets.training.model_config import ModelConfig, layer_parameter_count
 
 BYTES_PER_PARAMETER_STATES = 16
 BYTES_PER_PARAMETER_IN_FLIGHT = 2 + 4

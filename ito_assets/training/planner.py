@@ -14,7 +14,7 @@ from ito_assets.training.cost import cost_cents, gpu_hours
 from ito_assets.training.hardware import SLOW_INTERCONNECT_BANDWIDTH, GpuSpec, Network, NetworkSpec
 from ito_assets.training.layout import Checkpointing, Layout, PlanRefused, Precision, Refusal, RefusalReason as R
 from ito_assets.training.memory import MemoryEstimate, estimate_memory
-from ito_assets.training.model import ModelConfig, parameter_count
+from ito_assets.training.model_config import ModelConfig, parameter_count
 from ito_assets.training.throughput import StepEstimate, estimate_step, fp8_flop_fraction
 
 # 1F1B keeps the bubble (p - 1) / m at most 1/4 when m >= 4 (p - 1) micro-batches (Narayanan et al.

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ito_assets.manifest.schema import Budget, Manifest
 from ito_assets.training.layout import PlanRefused, Refusal, RefusalReason
-from ito_assets.training.model import CONFIGS, ModelConfig, config_by_name, parameter_count
+from ito_assets.training.model_config import CONFIGS, ModelConfig, config_by_name, parameter_count
 from ito_assets.training.planner import Hardware, Plan, PlanRequest, default_global_batch_sequences, plan
 
 

@@ -3,7 +3,7 @@ links each parallel dimension uses, and the pipeline bubble.
 
 An analytical model, not a measurement: its assumed constants are stated here and compared
 with measured figures by benchmarks/gpu_proxy150m.py. MFU is model FLOPs (6 N + 12 L D T per
-token, `model.flops_per_token`) over the bf16 dense peak of the GPUs, the PaLM convention.
+token, `model_config.flops_per_token`) over the bf16 dense peak of the GPUs, the PaLM convention.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from ito_assets.training.hardware import GpuSpec, NetworkSpec
 from ito_assets.training.layout import Checkpointing, Layout, Precision
 from ito_assets.training.memory import stage_parameter_count
-from ito_assets.training.model import ModelConfig, flops_per_token, matmul_parameter_count
+from ito_assets.training.model_config import ModelConfig, flops_per_token, matmul_parameter_count
 
 # Fraction of the bf16 peak a well-compiled transformer step reaches when the matmuls are large:
 # 0.5, the upper end of published large-run MFU (PaLM 46%, Llama 3 38-43% on H100, torchtitan

@@ -14,7 +14,8 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from ito_assets.training.model import DecoderLM, flops_per_token
+from ito_assets.training.model import DecoderLM
+from ito_assets.training.model_config import flops_per_token
 from ito_assets.training.optim import adamw, optimizer_step
 
 

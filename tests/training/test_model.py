@@ -7,8 +7,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from ito_assets.training.model import (
-    CONFIGS, DecoderLM, ModelConfig, build_model, config_by_name, flops_per_token, matmul_parameter_count, parameter_count,
+from ito_assets.training.model import DecoderLM, build_model
+from ito_assets.training.model_config import (
+    CONFIGS, ModelConfig, config_by_name, flops_per_token, matmul_parameter_count, parameter_count,
 )
 
 # Published totals: Llama 3 (Meta's model cards: 8.03B / 70.6B, exact from params.json shapes),

@@ -8,7 +8,7 @@ from ito_assets.errors import ErrorCode
 from ito_assets.training.hardware import GIB, gpu_spec, network_spec
 from ito_assets.training.layout import Checkpointing, Layout, PlanRefused, RefusalReason as R
 from ito_assets.training.memory import estimate_memory
-from ito_assets.training.model import config_by_name, parameter_count
+from ito_assets.training.model_config import config_by_name, parameter_count
 from ito_assets.training.planner import Hardware, PlanRequest, candidate_layouts, default_global_batch_sequences, judge, plan
 
 

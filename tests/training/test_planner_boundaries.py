@@ -14,7 +14,7 @@ from ito_assets.training.cost import cost_cents, gpu_hours
 from ito_assets.training.hardware import GB, GIB, Network, NetworkSpec, gpu_spec, network_spec
 from ito_assets.training.layout import Checkpointing, Layout, PlanRefused, Precision, Refusal, RefusalReason as R
 from ito_assets.training.memory import FIXED_RESERVE_BYTES, FRAGMENTATION_FRACTION, estimate_memory
-from ito_assets.training.model import ModelConfig, config_by_name, parameter_count
+from ito_assets.training.model_config import ModelConfig, config_by_name, parameter_count
 from ito_assets.training.planner import (
     Hardware,
     Plan,
