@@ -16,20 +16,25 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from ito_assets.evals.suite import EvalItem
-from ito_assets.training.evaluation import EvalConfig, EvalReport, evaluate
+from ito_assets.training.eval_config import EvalConfig
 from ito_assets.training.heldout import split_heldout
-from ito_assets.training.model import build_model, config_by_name, parameter_count
+from ito_assets.training.model_config import config_by_name, parameter_count
 from ito_assets.training.tokenizer import (
     LoaderConfig, TokenizerConfig, encode_documents, iterate_batches, open_token_shard, save_tokenizer,
     train_tokenizer, write_token_shard,
 )
-from ito_assets.training.trainer import TrainConfig, TrainResult, train
 from ito_assets.training.verdict import PairedTest, Verdict, paired_test
+
+# The training and the eval battery need torch; they are imported where a decision runs, so that
+# its configuration and result types (the Dagster parameters, the economics, the gate) do not.
+if TYPE_CHECKING:
+    from ito_assets.training.evaluation import EvalReport
+    from ito_assets.training.trainer import TrainConfig, TrainResult
 
 ARMS = ("candidate", "baseline")
 # Lower is better for bits per byte; the band and the verdict use this metric.
@@ -76,6 +81,8 @@ class DecisionConfig:
         return self.num_steps * self.batch_size * self.sequence_length
 
     def train_config(self, seed: int) -> TrainConfig:
+        from ito_assets.training.trainer import TrainConfig
+
         return TrainConfig(num_steps=self.num_steps, batch_size=self.batch_size, sequence_length=self.sequence_length,
                            seed=seed, learning_rate=self.learning_rate)
 
@@ -190,6 +197,10 @@ def run_decision(
     config: DecisionConfig, work_dir: Path | None = None,
 ) -> DecisionResult:
     """Train and evaluate both arms for every seed; `work_dir` keeps the tokenizer and token shards."""
+    from ito_assets.training.evaluation import evaluate
+    from ito_assets.training.model import build_model
+    from ito_assets.training.trainer import train
+
     _require(len(candidate_texts) >= 2 and len(baseline_texts) >= 2, "texts", "must hold at least two documents per arm")
     texts = {"candidate": list(candidate_texts), "baseline": list(baseline_texts)}
     split = {arm: split_heldout(texts[arm], config.heldout_fraction, config.seeds[0]) for arm in ARMS}

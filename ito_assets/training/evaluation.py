@@ -26,6 +26,7 @@ from tokenizers import Tokenizer
 
 from ito_assets.evals.suite import EvalItem
 from ito_assets.posttraining.decoding import sample
+from ito_assets.training.eval_config import EvalConfig
 from ito_assets.training.model import DecoderLM
 from ito_assets.training.tokenizer import encode_documents, end_of_text_id
 
@@ -36,21 +37,6 @@ _LN2 = math.log(2.0)
 def _require(condition: bool, name: str, rule: str) -> None:
     if not condition:
         raise ValueError(f"{name} {rule}")
-
-
-@dataclass(frozen=True, kw_only=True)
-class EvalConfig:
-    # Four choices: ARC / MMLU / OLMES multiple-choice format.
-    num_candidates: int = 4
-    seed: int = 0  # which distractors each item gets
-    batch_size: int = 32
-    # Longest greedy continuation: the fixture answers are at most 19 words.
-    max_new_tokens: int = 32
-
-    def __post_init__(self) -> None:
-        _require(self.num_candidates >= 2, "num_candidates", "must be at least 2")
-        _require(self.batch_size >= 1, "batch_size", "must be positive")
-        _require(self.max_new_tokens >= 1, "max_new_tokens", "must be positive")
 
 
 @dataclass(frozen=True, kw_only=True)

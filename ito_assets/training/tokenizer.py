@@ -15,11 +15,13 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 import numpy as np
-import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+if TYPE_CHECKING:
+    import torch
 
 END_OF_TEXT = "<|endoftext|>"
 _UINT16_LIMIT = 1 << 16
@@ -139,6 +141,10 @@ def num_windows(num_tokens: int, sequence_length: int) -> int:
 def iterate_batches(tokens: np.ndarray, config: LoaderConfig) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Endless (x, y) batches of shape (B, T), int64: each epoch visits every window once in an
     order drawn from `seed` (numpy's PCG64), so the same seed gives the same batches anywhere."""
+    # Imported here, not at the top: the tokenizer's config and shards are read where torch is not
+    # (the data decision's parameters, the code location).
+    import torch
+
     windows = num_windows(len(tokens), config.sequence_length)
     _require(windows >= config.batch_size, "tokens", "must hold at least batch_size windows of sequence_length + 1")
     rng = np.random.default_rng(config.seed)

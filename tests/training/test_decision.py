@@ -12,7 +12,7 @@ import pytest
 from ito_assets.evals.suite import load_suite
 from ito_assets.training.decision import DecisionConfig, run_decision
 from ito_assets.training.economics import EconomicsConfig, decision_economics
-from ito_assets.training.evaluation import EvalConfig
+from ito_assets.training.eval_config import EvalConfig
 from ito_assets.training.hardware import gpu_spec, network_spec
 from ito_assets.training.planner import Hardware
 from ito_assets.training.run_plan import plan_run

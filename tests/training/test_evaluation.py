@@ -7,7 +7,8 @@ import math
 import pytest
 
 from ito_assets.evals.suite import EvalItem
-from ito_assets.training.evaluation import EvalConfig, bits_per_byte, evaluate
+from ito_assets.training.eval_config import EvalConfig
+from ito_assets.training.evaluation import bits_per_byte, evaluate
 from ito_assets.training.model import build_model, config_by_name
 from ito_assets.training.tokenizer import TokenizerConfig, train_tokenizer
 

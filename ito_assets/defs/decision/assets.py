@@ -5,7 +5,6 @@ Bodies fetch resources and the partition key, call the core, and report metadata
 from pathlib import Path
 
 import dagster as dg
-import torch
 
 from ito_assets.data.stages import CleanStage
 from ito_assets.defs.decision.params import DataDecisionParams, DecisionRunParams
@@ -45,6 +44,8 @@ def decision_run(
         raise failure(error) from None
     candidate = clean_shards.shards.read(["text"])["text"].to_list()
     if config.num_threads:
+        import torch  # paid by the decision run, not by loading the code location
+
         torch.set_num_threads(config.num_threads)
     work_dir = settings.state_dir / "decision" / context.partition_key
     result = run_decision(candidate_texts=candidate, baseline_texts=baseline.texts, eval_items=eval_suite.items,

@@ -5,7 +5,7 @@ import dagster as dg
 
 from ito_assets.training.decision import DecisionConfig
 from ito_assets.training.economics import EconomicsConfig
-from ito_assets.training.evaluation import EvalConfig
+from ito_assets.training.eval_config import EvalConfig
 from ito_assets.training.mixtures import DEFAULT_BASELINE_URIS
 from ito_assets.training.tokenizer import TokenizerConfig
 

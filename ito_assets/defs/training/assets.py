@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 
 import dagster as dg
-import torch
 
 from ito_assets.data import lineage
 from ito_assets.defs.failures import failure, verified_or_fail
@@ -135,6 +134,8 @@ def _stage_config(res: _StageResources, manifest: Manifest, stage, plan: PlanOut
 
 
 def _run_stage(context, res: _StageResources, inputs: dict, previous, name: str):
+    import torch  # to count local GPUs; torch's import is paid by a stage run, not by the code location
+
     verdict, tokens, plan = inputs["training_manifest"], inputs["training_tokens"], inputs["training_plan"]
     prepared = verified_or_fail(verdict, "training")
     if stages.find_stage(prepared.manifest.training_target, name) is None:  # the next stage starts from the last trained one
