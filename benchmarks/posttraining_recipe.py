@@ -26,7 +26,8 @@ sys.path.insert(0, str(ROOT))
 from ito_assets.errors import ItoError  # noqa: E402
 from ito_assets.manifest.schema import DataReference, DpoStep, RlvrStep, SftStep  # noqa: E402
 from ito_assets.posttraining.base import seeded  # noqa: E402
-from ito_assets.posttraining.pipeline import DPO_FILE, SFT_FILE, PostTrainingRuntime, run_stage  # noqa: E402
+from ito_assets.posttraining.pipeline import DPO_FILE, SFT_FILE, run_stage  # noqa: E402
+from ito_assets.posttraining.stage import PostTrainingRuntime  # noqa: E402
 
 DATA_ROOT = ROOT / "data"
 FIXTURES = DATA_ROOT / "fixtures" / "posttraining"

@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from ito_assets.posttraining.fixtures import instruction_pairs, preference_pairs, write_jsonl  # noqa: E402
-from ito_assets.posttraining.pipeline import DPO_FILE, SFT_FILE, PostTrainingRuntime, battery  # noqa: E402
+from ito_assets.posttraining.pipeline import DPO_FILE, SFT_FILE, battery  # noqa: E402
+from ito_assets.posttraining.stage import PostTrainingRuntime  # noqa: E402
 
 OUT = ROOT / "data" / "fixtures" / "posttraining"
 SEED = 20241129

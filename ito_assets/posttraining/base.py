@@ -14,19 +14,22 @@ import functools
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-
-from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+from typing import TYPE_CHECKING
 
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.posttraining.bpe import BpeCodec, TokenizerRef
 from ito_assets.posttraining.vocab import CharVocab, TextCodec
-from ito_assets.runtime import resume
-from ito_assets.training.model import DecoderLM, build_model, config_by_name
+from ito_assets.training.model_config import config_by_name
+
+# The model and the checkpoint reader need torch, imported where a policy is built: the spec itself
+# is read where torch is not (the post-training assets' start, the code location).
+if TYPE_CHECKING:
+    from ito_assets.training.model import DecoderLM
 
 
 @dataclass(frozen=True, kw_only=True)
 class PolicySpec:
-    model_name: str  # a name of ito_assets.training.model.CONFIGS
+    model_name: str  # a name of ito_assets.training.model_config.CONFIGS
     vocab_size: int
     seed: int = 0
     tokenizer: TokenizerRef | None = None  # None: the character vocabulary
@@ -45,6 +48,8 @@ class PolicySpec:
 
     def factory(self) -> functools.partial:
         """A picklable builder of the architecture (the generator process builds its own copy)."""
+        from ito_assets.training.model import build_model
+
         return functools.partial(build_model, config_by_name(self.model_name, vocab_size=self.vocab_size),
                                  seed=self.seed)
 
@@ -73,6 +78,10 @@ def pretrained(*, model_name: str, vocab_size: int, checkpoint: str, tokenizer: 
 def load_pretrained(policy: DecoderLM, folder: Path) -> DecoderLM:
     """The model weights of a runtime checkpoint (its optimizer, data position and generators are
     the pretraining run's, not ours), after the completion marker's digests are checked."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    from ito_assets.runtime import resume
+
     state = {"model": get_model_state_dict(policy)}
     with warnings.catch_warnings():  # DCP warns that it loads in one process, as intended here
         warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)

@@ -16,9 +16,14 @@ from __future__ import annotations
 import enum
 import statistics
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ito_assets.errors import ErrorCode, ItoError
-from ito_assets.posttraining.evaluation import RewardEval
+
+# Only read here (its fields), never built: the evaluation that produces it needs torch, the gate
+# (and the checks that name its battery) must not.
+if TYPE_CHECKING:
+    from ito_assets.posttraining.evaluation import RewardEval
 
 # 1.96: the two-sided 95% quantile of the normal distribution.
 Z_95 = 1.96

@@ -3,74 +3,35 @@ previous stage left (or the pretraining chain's result), refuse to start after a
 train, evaluate on the held-out battery, save the checkpoint, judge the gate, and return
 everything as one frozen record.
 
-`PostTrainingRuntime` holds what the manifest's recipe does not say (sizes of the CPU
-configuration); the manifest's own fields (learning rates, beta, group size, clip range,
-staleness bound, the bound pair files) always come from the manifest.
+`PostTrainingRuntime` (stage.py, with the record a stage hands on) holds what the manifest's
+recipe does not say (sizes of the CPU configuration); the manifest's own fields (learning rates,
+beta, group size, clip range, staleness bound, the bound pair files) always come from the manifest.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
 
 import torch
 
 from ito_assets.manifest.schema import DpoStep, RlvrStep, SftStep
 from ito_assets.posttraining.base import PolicySpec
-from ito_assets.posttraining.checkpoint import CheckpointRecord, load_policy, save_policy
+from ito_assets.posttraining.checkpoint import load_policy, save_policy
 from ito_assets.posttraining.dpo import DpoConfig, run_dpo
 from ito_assets.posttraining.evaluation import RewardEval, evaluate_reward, sampled_kl
 from ito_assets.posttraining.fixtures import read_bound_pairs
-from ito_assets.posttraining.gates import BATTERY, GateVerdict, judge, require_passed
+from ito_assets.posttraining.gates import BATTERY, judge, require_passed
 from ito_assets.posttraining.rlvr import RlvrConfig, run_rlvr
 from ito_assets.posttraining.sft import SftConfig, run_sft
+from ito_assets.posttraining.stage import PostTrainingRuntime, StageOutcome, Start
 from ito_assets.posttraining.tasks import Task, largest_digit_tasks, split_held_out
 
 SFT_FILE, DPO_FILE = "sft_pairs.jsonl", "dpo_pairs.jsonl"
 # The battery's train / held-out split is fixed (not the run's seed): the committed fixtures are
 # built from its train side, so another split would leak held-out prompts into training.
 BATTERY_SPLIT_SEED = 0
-
-
-@dataclass(frozen=True, kw_only=True)
-class PostTrainingRuntime:
-    seed: int = 0
-    # The battery: 3-digit "largest digit" prompts, a fifth held out (never trained on), all 200
-    # evaluated with 8 samples each (avg@8): measured paired SE of a stage's gain ~0.015-0.03,
-    # against ~0.03-0.05 with 50 prompts, which left real RLVR gains inside the noise band.
-    # `seed` seeds data order and sampling (not the split).
-    held_out_fraction: float = 0.2
-    num_eval_prompts: int = 200
-    batch_size: int = 8
-    rlvr_num_steps: int = 40
-    rlvr_groups_per_step: int = 8
-    # Answers are one token + eos (one character, or one BPE digit token): L_max 8 leaves room for
-    # rambling, L_cache 4 punishes it softly from 5 tokens on (DAPO's L_cache / L_max is 4,096 / 20,480).
-    max_new_tokens: int = 8
-    overlong_cache: int = 4
-    # One intra-op thread: for models this small, thread start-up costs more than it saves, and the
-    # generator process needs the other core (measured: SFT of 200 steps took 2.3 s of CPU with
-    # one thread, 18 s with two on a shared 2-core machine).
-    num_threads: int = 1
-
-
-@dataclass(frozen=True, kw_only=True)
-class StageOutcome:
-    stage: str
-    policy: PolicySpec  # architecture, codec and first weights: every later stage keeps them
-    checkpoint: CheckpointRecord
-    gate: GateVerdict
-    eval_before: RewardEval
-    eval_after: RewardEval
-    metrics: dict  # JSON-able: curves, staleness histogram, KL to reference
-
-
-# Where a stage starts: the previous stage's outcome, or (for the first stage of the recipe) the
-# base policy. A stage the recipe leaves out hands on what it was given.
-Start = Union[StageOutcome, PolicySpec]
 
 
 def battery(runtime: PostTrainingRuntime) -> tuple[list[Task], list[Task]]:

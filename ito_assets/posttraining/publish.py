@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from ito_assets.control import telemetry as ledger_telemetry
 from ito_assets.control.ledger import Ledger
-from ito_assets.posttraining.pipeline import StageOutcome
+from ito_assets.posttraining.stage import StageOutcome
 
 # 100 points draw a readable curve in any plot, and keep a 10,000-step stage to 100 ledger rows.
 MAX_CURVE_POINTS = 100

@@ -18,7 +18,8 @@ from ito_assets.posttraining.fixtures import instruction_pairs
 from ito_assets.posttraining.gates import GateRule, GateSpec, judge
 from ito_assets.manifest.schema import RlvrStep, SftStep
 from ito_assets.posttraining.base import pretrained, seeded
-from ito_assets.posttraining.pipeline import PostTrainingRuntime, battery, run_stage
+from ito_assets.posttraining.pipeline import battery, run_stage
+from ito_assets.posttraining.stage import PostTrainingRuntime
 from ito_assets.posttraining.rlvr import RlvrConfig, run_rlvr
 from ito_assets.posttraining.sft import SftConfig, run_sft
 from ito_assets.posttraining.vocab import CharVocab

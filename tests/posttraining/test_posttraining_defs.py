@@ -26,7 +26,8 @@ from ito_assets.control.run_tags import RUN_ID as RUN_ID_TAG
 from ito_assets.control import telemetry as ledger_telemetry
 from ito_assets.control.ledger import open_ledger
 from ito_assets.posttraining.fixtures import instruction_pairs, preference_pairs, write_jsonl
-from ito_assets.posttraining.pipeline import DPO_FILE, SFT_FILE, PostTrainingRuntime, battery
+from ito_assets.posttraining.pipeline import DPO_FILE, SFT_FILE, battery
+from ito_assets.posttraining.stage import PostTrainingRuntime
 from posttraining.pretrained_checkpoint import Pretrained, make_pretrained
 
 warnings.filterwarnings("ignore", category=dg.PreviewWarning)

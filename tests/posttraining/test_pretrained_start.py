@@ -17,9 +17,10 @@ from ito_assets.manifest.schema import DpoStep, SftStep
 from ito_assets.posttraining.base import load_pretrained, pretrained, seeded
 from ito_assets.posttraining.bpe import BpeCodec, TokenizerRef
 from ito_assets.posttraining.fixtures import instruction_pairs, read_bound_pairs, write_jsonl
-from ito_assets.posttraining.pipeline import PostTrainingRuntime, StageOutcome, battery
+from ito_assets.posttraining.pipeline import battery
 from ito_assets.posttraining.publish import MAX_CURVE_POINTS, publish_outcome, stage_metrics
 from ito_assets.posttraining.sft import response_batch
+from ito_assets.posttraining.stage import PostTrainingRuntime, StageOutcome
 from ito_assets.training.tokenizer import END_OF_TEXT
 from posttraining.pretrained_checkpoint import Pretrained, make_pretrained
 

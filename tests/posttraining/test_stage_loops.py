@@ -19,7 +19,8 @@ from ito_assets.posttraining.fixtures import (
 )
 from ito_assets.posttraining.gates import BATTERY, GateRule, GateSpec, judge, require_passed
 from ito_assets.posttraining.base import seeded
-from ito_assets.posttraining.pipeline import PostTrainingRuntime, battery
+from ito_assets.posttraining.pipeline import battery
+from ito_assets.posttraining.stage import PostTrainingRuntime
 from ito_assets.posttraining.rollouts import Group, Rollout, collate
 from ito_assets.posttraining.sft import SftConfig, response_batch, run_sft
 from ito_assets.posttraining.vocab import CharVocab

@@ -24,8 +24,8 @@ from ito_assets.manifest.schema import STAGE_ORDER, Manifest
 from ito_assets.posttraining.base import PolicySpec, pretrained
 from ito_assets.posttraining.bpe import TokenizerRef
 from ito_assets.posttraining.gates import require_passed
-from ito_assets.posttraining.pipeline import Start, StageOutcome, run_stage
 from ito_assets.posttraining.publish import publish_outcome
+from ito_assets.posttraining.stage import Start, StageOutcome
 from ito_assets.runtime.corpus import TokenSet
 from ito_assets.runtime.gates import VerdictStore
 from ito_assets.runtime.storage import RunLayout
@@ -78,6 +78,9 @@ def _stage(context, ito: ItoSettingsResource, posttraining: PostTrainingResource
         context.log.info(f"the recipe has no {kind} step: what this stage was given carries forward")
         yield dg.Output(start, metadata={"in_recipe": False})
         return
+    # The training needs torch: imported when a stage runs, not when the code location loads.
+    from ito_assets.posttraining.pipeline import run_stage
+
     try:
         if isinstance(start, StageOutcome):  # a failed gate stays failed, whatever is retried
             require_passed(start.gate)

@@ -7,7 +7,7 @@ from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.posttraining.assets import dpo_checkpoint, rlvr_checkpoint, sft_checkpoint
 from ito_assets.errors import ErrorCode
 from ito_assets.posttraining.gates import BATTERY
-from ito_assets.posttraining.pipeline import StageOutcome
+from ito_assets.posttraining.stage import StageOutcome
 
 
 def _gate_check(kind: str, asset):

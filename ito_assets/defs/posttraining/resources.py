@@ -4,7 +4,7 @@ the one the manifest names, from the pretraining chain's checkpoint."""
 
 import dagster as dg
 
-from ito_assets.posttraining.pipeline import PostTrainingRuntime
+from ito_assets.posttraining.stage import PostTrainingRuntime
 
 _DEFAULT = PostTrainingRuntime()
 
