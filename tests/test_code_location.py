@@ -103,6 +103,24 @@ def test_dagster_definitions_validate(tmp_path):
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
 
 
+# Loaded by the webserver, the daemon and every step's process: torch's import (seconds) is paid
+# only where a model is built or trained, inside the asset bodies that do so.
+_LOAD_WITHOUT_TORCH = """
+import sys
+import definitions
+definitions.build_definitions(definitions.load_settings()).get_repository_def()
+heavy = sorted(m for m in ("torch", "ito_assets.training.model") if m in sys.modules)
+assert not heavy, heavy
+"""
+
+
+def test_the_code_location_loads_without_torch(tmp_path):
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-c", _LOAD_WITHOUT_TORCH], cwd=ROOT, capture_output=True, text=True,
+                            timeout=240, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
 def test_a_ledger_url_from_the_environment_stays_an_env_var(tmp_path, monkeypatch):
     """A production ledger URL carries a password: the code location names the variable, and
     only a step (or `make run`'s direct use) resolves it."""
