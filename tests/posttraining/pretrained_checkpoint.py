@@ -9,6 +9,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 import torch.distributed.checkpoint as dcp
 
 from ito_assets.posttraining.bpe import TokenizerRef
@@ -46,10 +47,20 @@ def make_pretrained(folder: Path, *, model_name: str = "tiny", num_steps: int = 
     optimizer = build_optimizer(model, config)
     batches = iterate_batches(open_token_shard(Path(tokens.train_path)),
                               LoaderConfig(batch_size=batch_size, sequence_length=sequence_length, seed=seed))
-    model.train()
-    for step in range(num_steps):
-        x, y = next(batches)
-        train_step(model, optimizer, x, y, step, config)
+    # One intra-op thread, whatever the caller left: the weights depend on the thread count (the
+    # order of float reductions), and a module-scoped fixture runs before the conftest's function-
+    # scoped one-thread fixture, with the thread count earlier tests in the process left (a Dagster
+    # decision_run sets 1, the default is the core count). Measured: 30 steps with 2 threads vs 1
+    # gave different checkpoints, and the chain test's SFT gate margin went -0.008 vs +0.026.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model.train()
+        for step in range(num_steps):
+            x, y = next(batches)
+            train_step(model, optimizer, x, y, step, config)
+    finally:
+        torch.set_num_threads(threads)
     checkpoint = markers.checkpoint_dir(folder / "long_context", num_steps)
     state = train_state.capture(model, optimizer, step=num_steps, position=num_steps * batch_size, rank=0)
     with warnings.catch_warnings():  # DCP says it writes in one process, as intended here
