@@ -22,7 +22,7 @@ from ito_assets.posttraining.checkpoint import load_policy, save_policy
 from ito_assets.posttraining.dpo import DpoConfig, run_dpo
 from ito_assets.posttraining.evaluation import RewardEval, evaluate_reward, sampled_kl
 from ito_assets.posttraining.fixtures import read_bound_pairs
-from ito_assets.posttraining.gates import BATTERY, judge, require_passed
+from ito_assets.posttraining.eval_gate import BATTERY, judge_rewards, require_passed
 from ito_assets.posttraining.rlvr import RlvrConfig, run_rlvr
 from ito_assets.posttraining.sft import SftConfig, run_sft
 from ito_assets.posttraining.stage import PostTrainingRuntime, StageOutcome, Start
@@ -101,7 +101,7 @@ def run_stage(
     metrics["kl_to_reference"] = sampled_kl(policy, reference, codec, held_out,
                                             max_new_tokens=runtime.max_new_tokens, seed=runtime.seed)
     checkpoint = save_policy(policy, out_dir / step.kind / "policy.pt", stage=step.kind, policy_version=num_steps)
-    gate = judge(step.kind, before, after, BATTERY[step.kind])
+    gate = judge_rewards(step.kind, before, after, BATTERY[step.kind])
     outcome = StageOutcome(stage=step.kind, policy=spec, checkpoint=checkpoint, gate=gate, eval_before=before,
                            eval_after=after, metrics=metrics)
     write_metrics(outcome, out_dir / step.kind / "metrics.json")

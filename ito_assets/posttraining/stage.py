@@ -15,7 +15,7 @@ from ito_assets.posttraining.base import PolicySpec
 if TYPE_CHECKING:
     from ito_assets.posttraining.checkpoint import CheckpointRecord
     from ito_assets.posttraining.evaluation import RewardEval
-    from ito_assets.posttraining.gates import GateVerdict
+    from ito_assets.posttraining.eval_gate import RewardGateVerdict
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,7 +45,7 @@ class StageOutcome:
     stage: str
     policy: PolicySpec  # architecture, codec and first weights: every later stage keeps them
     checkpoint: CheckpointRecord
-    gate: GateVerdict
+    gate: RewardGateVerdict
     eval_before: RewardEval
     eval_after: RewardEval
     metrics: dict  # JSON-able: curves, staleness histogram, KL to reference

@@ -15,7 +15,7 @@ import pytest
 
 from ito_assets.posttraining.evaluation import evaluate_reward
 from ito_assets.posttraining.fixtures import instruction_pairs
-from ito_assets.posttraining.gates import GateRule, GateSpec, judge
+from ito_assets.posttraining.eval_gate import GateRule, GateSpec, judge_rewards
 from ito_assets.manifest.schema import RlvrStep, SftStep
 from ito_assets.posttraining.base import pretrained, seeded
 from ito_assets.posttraining.pipeline import battery, run_stage
@@ -49,7 +49,7 @@ def test_rlvr_raises_held_out_reward():
     result = run_rlvr(policy, copy.deepcopy(policy), codec, train[:400], config, policy_factory=factory)
     after = evaluate_reward(policy, codec, held_out, max_new_tokens=RUNTIME.max_new_tokens)
 
-    verdict = judge("rlvr", before, after, GateSpec(rule=GateRule.IMPROVEMENT, min_gain=MIN_GAIN))
+    verdict = judge_rewards("rlvr", before, after, GateSpec(rule=GateRule.IMPROVEMENT, min_gain=MIN_GAIN))
     assert verdict.passed, verdict.reason
     assert max(result.staleness.admitted) <= config.max_staleness
     assert result.num_weight_syncs == 1 + sum(1 for _ in result.steps)  # initial + one per optimizer step
@@ -80,7 +80,7 @@ def test_rlvr_raises_held_out_reward_from_a_pretrained_checkpoint(tmp_path):
     after_sft = run_stage(sft, start=spec, data_root=ROOT / "data", out_dir=tmp_path / "out", runtime=RUNTIME)
     assert after_sft.gate.passed, after_sft.gate.reason
     after_rlvr = run_stage(rlvr, start=after_sft, data_root=ROOT / "data", out_dir=tmp_path / "out", runtime=RUNTIME)
-    verdict = judge("rlvr", after_rlvr.eval_before, after_rlvr.eval_after,
+    verdict = judge_rewards("rlvr", after_rlvr.eval_before, after_rlvr.eval_after,
                     GateSpec(rule=GateRule.IMPROVEMENT, min_gain=BPE_MIN_GAIN))
     assert verdict.passed, verdict.reason
     assert after_rlvr.policy == spec  # the whole chain keeps the pretrained architecture and tokenizer

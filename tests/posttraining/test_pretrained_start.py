@@ -143,7 +143,7 @@ def test_dpo_step_refuses_instruction_pairs(tmp_path):
 def _outcome(tmp_path: Path) -> StageOutcome:
     from ito_assets.posttraining.checkpoint import save_policy
     from ito_assets.posttraining.evaluation import RewardEval
-    from ito_assets.posttraining.gates import BATTERY, judge
+    from ito_assets.posttraining.eval_gate import BATTERY, judge_rewards
 
     before = RewardEval(mean_reward=0.25, per_task=(0.25, 0.25, 0.25), greedy_accuracy=0.3, num_tasks=3, num_samples=8)
     after = RewardEval(mean_reward=0.5, per_task=(0.5, 0.375, 0.625), greedy_accuracy=0.6, num_tasks=3, num_samples=8)
@@ -154,8 +154,8 @@ def _outcome(tmp_path: Path) -> StageOutcome:
                              "admitted_by_staleness": {"0": 10, "1": 20}, "dropped_by_staleness": {"2": 2}}}
     return StageOutcome(stage="rlvr", policy=seeded(),
                         checkpoint=save_policy(policy, tmp_path / "policy.pt", stage="rlvr", policy_version=250),
-                        gate=judge("rlvr", before, after, BATTERY["rlvr"]), eval_before=before, eval_after=after,
-                        metrics=metrics)
+                        gate=judge_rewards("rlvr", before, after, BATTERY["rlvr"]), eval_before=before,
+                        eval_after=after, metrics=metrics)
 
 
 def test_stage_metrics_name_curves_histogram_and_kl(tmp_path):

@@ -17,7 +17,7 @@ from ito_assets.posttraining.evaluation import RewardEval, kl_to_reference
 from ito_assets.posttraining.fixtures import (
     InstructionPair, instruction_pairs, preference_pairs, read_instruction_pairs, read_preference_pairs,
 )
-from ito_assets.posttraining.gates import BATTERY, GateRule, GateSpec, judge, require_passed
+from ito_assets.posttraining.eval_gate import BATTERY, GateRule, GateSpec, judge_rewards, require_passed
 from ito_assets.posttraining.base import seeded
 from ito_assets.posttraining.pipeline import battery
 from ito_assets.posttraining.stage import PostTrainingRuntime
@@ -96,15 +96,15 @@ def _eval(per_task: list[float]) -> RewardEval:
 def test_gate_rules():
     before = _eval([0.5, 0.5, 0.5, 0.5])
     up = _eval([0.75, 0.75, 0.625, 0.75])  # diffs .25 .25 .125 .25: mean .21875, SE .03125
-    assert judge("rlvr", before, up, BATTERY["rlvr"]).passed
-    assert not judge("rlvr", before, up, GateSpec(rule=GateRule.IMPROVEMENT, min_gain=0.2)).passed
+    assert judge_rewards("rlvr", before, up, BATTERY["rlvr"]).passed
+    assert not judge_rewards("rlvr", before, up, GateSpec(rule=GateRule.IMPROVEMENT, min_gain=0.2)).passed
     flat = _eval([0.5, 0.5, 0.5, 0.5])
-    assert not judge("sft", before, flat, BATTERY["sft"]).passed  # no rise is not a rise
-    assert judge("dpo", before, flat, BATTERY["dpo"]).passed
+    assert not judge_rewards("sft", before, flat, BATTERY["sft"]).passed  # no rise is not a rise
+    assert judge_rewards("dpo", before, flat, BATTERY["dpo"]).passed
     noisy_drop = _eval([0.25, 0.75, 0.5, 0.375])  # mean drop .03125, SE .1 : within noise
-    assert judge("dpo", before, noisy_drop, BATTERY["dpo"]).passed
+    assert judge_rewards("dpo", before, noisy_drop, BATTERY["dpo"]).passed
     clear_drop = _eval([0.25, 0.25, 0.125, 0.25])
-    verdict = judge("dpo", before, clear_drop, BATTERY["dpo"])
+    verdict = judge_rewards("dpo", before, clear_drop, BATTERY["dpo"])
     assert not verdict.passed
     with pytest.raises(ItoError) as caught:
         require_passed(verdict)

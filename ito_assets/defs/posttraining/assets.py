@@ -23,7 +23,7 @@ from ito_assets.manifest.discovery import ManifestVerdict
 from ito_assets.manifest.schema import STAGE_ORDER, Manifest
 from ito_assets.posttraining.base import PolicySpec, pretrained
 from ito_assets.posttraining.bpe import TokenizerRef
-from ito_assets.posttraining.gates import require_passed
+from ito_assets.posttraining.eval_gate import require_passed
 from ito_assets.posttraining.publish import publish_outcome
 from ito_assets.posttraining.stage import Start, StageOutcome
 from ito_assets.runtime.corpus import TokenSet

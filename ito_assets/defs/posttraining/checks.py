@@ -6,7 +6,7 @@ import dagster as dg
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.posttraining.assets import dpo_checkpoint, rlvr_checkpoint, sft_checkpoint
 from ito_assets.errors import ErrorCode
-from ito_assets.posttraining.gates import BATTERY
+from ito_assets.posttraining.eval_gate import BATTERY
 from ito_assets.posttraining.stage import StageOutcome
 
 

@@ -54,7 +54,7 @@ BATTERY: dict[str, GateSpec] = {
 
 
 @dataclass(frozen=True, kw_only=True)
-class GateVerdict:
+class RewardGateVerdict:
     stage: str
     rule: str
     passed: bool
@@ -69,7 +69,7 @@ class GateVerdict:
         return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
 
 
-def judge(stage: str, before: RewardEval, after: RewardEval, spec: GateSpec) -> GateVerdict:
+def judge_rewards(stage: str, before: RewardEval, after: RewardEval, spec: GateSpec) -> RewardGateVerdict:
     """`before` and `after` must be evaluations of the same held-out prompts, in the same order."""
     if before.num_tasks != after.num_tasks or before.num_tasks < 2:
         raise ValueError("before and after must cover the same held-out prompts (at least 2)")
@@ -81,13 +81,13 @@ def judge(stage: str, before: RewardEval, after: RewardEval, spec: GateSpec) -> 
     else:
         passed = delta + spec.z * se >= 0
         reason = f"held-out reward moved by {delta:+.4f} (SE {se:.4f}); a drop beyond {spec.z} SE fails"
-    return GateVerdict(
+    return RewardGateVerdict(
         stage=stage, rule=spec.rule.value, passed=passed, reward_before=before.mean_reward,
         reward_after=after.mean_reward, delta=delta, standard_error=se, min_gain=spec.min_gain, reason=reason,
     )
 
 
-def require_passed(verdict: GateVerdict) -> None:
+def require_passed(verdict: RewardGateVerdict) -> None:
     """Where the side effect happens: a stage does not start after a failed gate."""
     if not verdict.passed:
         raise ItoError(ErrorCode.EVAL_GATE_FAILED, f"the {verdict.stage} eval gate failed: {verdict.reason}")
