@@ -28,7 +28,7 @@ from ito_assets.evals.suite import load_suite  # noqa: E402
 from ito_assets.manifest.schema import Manifest  # noqa: E402
 from ito_assets.settings import load_settings  # noqa: E402
 from ito_assets.training.decision import DecisionConfig, run_decision  # noqa: E402
-from ito_assets.training.gate import judge_decision  # noqa: E402
+from ito_assets.training.decision_gate import judge_decision  # noqa: E402
 from ito_assets.training.economics import EconomicsConfig  # noqa: E402
 from ito_assets.training.hardware import gpu_spec, network_spec  # noqa: E402
 from ito_assets.training.mixtures import DEFAULT_BASELINE_URIS, read_mixture  # noqa: E402

@@ -12,7 +12,7 @@ import pytest
 from helpers import valid_manifest
 from ito_assets.defs.training.assets import _require_data
 from ito_assets.manifest.schema import Manifest
-from ito_assets.training.gate import decision_gate
+from ito_assets.training.decision_gate import decision_gate
 from ito_assets.training.verdict import Verdict
 
 

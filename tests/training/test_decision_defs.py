@@ -24,7 +24,7 @@ from ito_assets.defs.resources import ItoSettingsResource
 from ito_assets.evals.suite import load_suite
 from ito_assets.manifest.discovery import judge
 from ito_assets.settings import load_settings
-from ito_assets.training.gate import decision_gate
+from ito_assets.training.decision_gate import decision_gate
 from ito_assets.training.verdict import Verdict
 
 FIXTURES = Path(__file__).resolve().parents[2] / "data" / "fixtures"

@@ -11,7 +11,7 @@ import pytest
 from ito_assets.manifest.schema import Manifest
 from ito_assets.errors import ErrorCode
 from ito_assets.training.verdict import Verdict
-from ito_assets.training.gate import decision_gate
+from ito_assets.training.decision_gate import decision_gate
 from ito_assets.training.hardware import gpu_spec, network_spec
 from ito_assets.training.layout import PlanRefused
 from ito_assets.training.planner import Hardware

@@ -16,7 +16,7 @@ from ito_assets.errors import ItoError
 from ito_assets.evals.suite import EvalSuite
 from ito_assets.manifest.discovery import ManifestVerdict
 from ito_assets.training.decision import DecisionResult, run_decision
-from ito_assets.training.gate import DataDecision, judge_decision
+from ito_assets.training.decision_gate import DataDecision, judge_decision
 from ito_assets.training.mixtures import read_mixture
 from ito_assets.training.run_plan import PlanOutcome, plan_outcome
 from ito_assets.training.verdict import PairedTest

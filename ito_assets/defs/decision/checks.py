@@ -6,7 +6,7 @@ import dagster as dg
 from ito_assets.defs.decision.assets import data_decision, training_plan
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.errors import ErrorCode
-from ito_assets.training.gate import DataDecision
+from ito_assets.training.decision_gate import DataDecision
 from ito_assets.training.run_plan import PlanOutcome
 
 _REFUSED = "the plan was refused, so it has no cost to compare"

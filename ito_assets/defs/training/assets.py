@@ -77,7 +77,7 @@ def training_tokens(
     return tokens
 
 
-def _require_data(clean_shards, decision) -> None:  # a CleanStage and a training.gate.DataDecision
+def _require_data(clean_shards, decision) -> None:  # a CleanStage and a training.decision_gate.DataDecision
     """The data and decision gates, enforced again where compute is spent: their blocking checks
     ran in another job, and a checked asset is written even when its check fails."""
     if not decision.gate.passed:

@@ -22,7 +22,7 @@ from ito_assets.training.verdict import Verdict
 
 
 @dataclass(frozen=True, kw_only=True)
-class GateVerdict:
+class DecisionGateVerdict:
     passed: bool
     verdict: Verdict
     accepted_by_manifest: bool
@@ -42,14 +42,15 @@ def accepted_verdicts(manifest: Manifest) -> frozenset[str]:
     return frozenset(manifest.data_decision.accepted_verdicts)
 
 
-def decision_gate(verdict: Verdict, manifest: Manifest) -> GateVerdict:
+def decision_gate(verdict: Verdict, manifest: Manifest) -> DecisionGateVerdict:
     if verdict is Verdict.GO:
-        return GateVerdict(passed=True, verdict=verdict, accepted_by_manifest=False, reason="the candidate data is better beyond noise")
+        return DecisionGateVerdict(passed=True, verdict=verdict, accepted_by_manifest=False,
+                                   reason="the candidate data is better beyond noise")
     if verdict.value in accepted_verdicts(manifest):
-        return GateVerdict(passed=True, verdict=verdict, accepted_by_manifest=True,
-                           reason=f"{verdict.value}, accepted by the manifest's reviewers")
-    return GateVerdict(passed=False, verdict=verdict, accepted_by_manifest=False,
-                       reason=f"{verdict.value}: the manifest's reviewers did not accept this verdict")
+        return DecisionGateVerdict(passed=True, verdict=verdict, accepted_by_manifest=True,
+                                   reason=f"{verdict.value}, accepted by the manifest's reviewers")
+    return DecisionGateVerdict(passed=False, verdict=verdict, accepted_by_manifest=False,
+                               reason=f"{verdict.value}: the manifest's reviewers did not accept this verdict")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,7 +59,7 @@ class DataDecision:
     with `plan_refusal` set when the full run could not be planned on the booked hardware)."""
 
     decision: DecisionResult
-    gate: GateVerdict
+    gate: DecisionGateVerdict
     economics: Economics | None
     plan_refusal: str | None
 
