@@ -21,7 +21,7 @@ from ito_assets.control import audit, bookings, confirmations, entitlement, idem
 from ito_assets.control.fingerprint import request_fingerprint, validate_key
 from ito_assets.control.identity import Identity
 from ito_assets.control.ledger import Ledger, bookings as bookings_table, run_checkpoints, runs
-from ito_assets.control.policy import GatePolicy
+from ito_assets.control.policy import ServerPolicy
 from ito_assets.control.states import ACTIVE_RUN_STATES, TERMINAL_RUN_STATES, Action, BookingState
 from ito_assets.control.validation import inside
 
@@ -89,7 +89,7 @@ def _release_locked(conn: sa.Connection, ledger: Ledger, identity: Identity, rel
     return {"booking_id": booking.booking_id, "state": BookingState.RELEASED.value}
 
 
-def _clean_locked(conn: sa.Connection, ledger: Ledger, policy: GatePolicy, identity: Identity, ref: str,
+def _clean_locked(conn: sa.Connection, ledger: Ledger, policy: ServerPolicy, identity: Identity, ref: str,
                   key: str, fingerprint: str, release: Release | None) -> dict:
     now = ledger.now()
     account_id = identity.tenant
@@ -133,7 +133,7 @@ def _replay(ledger: Ledger, account_id: str, key: str, fingerprint: str) -> dict
     return {**(record.result or {}), "replayed": True}
 
 
-def cleanup_tenant(ledger: Ledger, policy: GatePolicy, identity: Identity, *, confirmation_ref: str,
+def cleanup_tenant(ledger: Ledger, policy: ServerPolicy, identity: Identity, *, confirmation_ref: str,
                    idempotency_key: str, release: Release | None = None) -> dict:
     """Returns the cleanup report (with `replayed`); replays the first report for the same key."""
     account_id = identity.tenant

@@ -14,7 +14,7 @@ from ito_assets.control import bookings, budget, confirmations, cost, entitlemen
 from ito_assets.control.confirmations import IssuedConfirmation
 from ito_assets.control.identity import Identity
 from ito_assets.control.ledger import Ledger
-from ito_assets.control.policy import GatePolicy
+from ito_assets.control.policy import ServerPolicy
 from ito_assets.control.states import TERMINAL_RUN_STATES, Action
 from ito_assets.manifest.verify import VerifiedManifest
 
@@ -34,7 +34,7 @@ def entitle(conn, ledger: Ledger, account_id: str, booking_id: str, *, for_updat
     return booking, entitlement.eligibility(booking, account_id, ledger.now())
 
 
-def validate(conn, policy: GatePolicy, account_id: str, booking: bookings.Booking, eligible: entitlement.Eligibility,
+def validate(conn, policy: ServerPolicy, account_id: str, booking: bookings.Booking, eligible: entitlement.Eligibility,
              verified: VerifiedManifest, requirements: validation.RunRequirements) -> TrainPreflight:
     """Gate 5: data policy, checkpoint storage, network, capacity and cost, in that order."""
     manifest = verified.manifest
@@ -62,7 +62,7 @@ class TrainQuote:
                 "confirmation_issued": False, "workload_created": False}
 
 
-def quote_train(ledger: Ledger, policy: GatePolicy, identity: Identity, booking_id: str,
+def quote_train(ledger: Ledger, policy: ServerPolicy, identity: Identity, booking_id: str,
                 verified: VerifiedManifest, requirements: validation.RunRequirements | None = None) -> TrainQuote:
     account_id = identity.tenant
     with ledger.read() as conn:
@@ -73,7 +73,7 @@ def quote_train(ledger: Ledger, policy: GatePolicy, identity: Identity, booking_
     return TrainQuote(booking=booking, cost_cents=pre.cost_cents, budget=state)
 
 
-def request_train(ledger: Ledger, policy: GatePolicy, identity: Identity, booking_id: str,
+def request_train(ledger: Ledger, policy: ServerPolicy, identity: Identity, booking_id: str,
                   verified: VerifiedManifest, requirements: validation.RunRequirements | None = None
                   ) -> IssuedConfirmation:
     account_id = identity.tenant
@@ -90,7 +90,7 @@ def request_train(ledger: Ledger, policy: GatePolicy, identity: Identity, bookin
         )
 
 
-def request_cancel(ledger: Ledger, policy: GatePolicy, identity: Identity, run_id: str) -> IssuedConfirmation:
+def request_cancel(ledger: Ledger, policy: ServerPolicy, identity: Identity, run_id: str) -> IssuedConfirmation:
     """Cancellation costs nothing to confirm; it binds the run, its booking and its manifest."""
     account_id = identity.tenant
     run = runs.get(ledger, run_id, account_id=account_id)
@@ -104,7 +104,7 @@ def request_cancel(ledger: Ledger, policy: GatePolicy, identity: Identity, run_i
         )
 
 
-def request_release(ledger: Ledger, policy: GatePolicy, identity: Identity, booking_id: str) -> IssuedConfirmation:
+def request_release(ledger: Ledger, policy: ServerPolicy, identity: Identity, booking_id: str) -> IssuedConfirmation:
     """Releasing a booking with a cleanup: bound to the booking and its current revision."""
     account_id = identity.tenant
     with ledger.write() as conn:
@@ -116,7 +116,7 @@ def request_release(ledger: Ledger, policy: GatePolicy, identity: Identity, book
         )
 
 
-def request_cleanup(ledger: Ledger, policy: GatePolicy, identity: Identity) -> IssuedConfirmation:
+def request_cleanup(ledger: Ledger, policy: ServerPolicy, identity: Identity) -> IssuedConfirmation:
     """Cleanup is per tenant: it binds the account only, never a booking."""
     with ledger.write() as conn:
         return confirmations.issue(

@@ -27,7 +27,7 @@ from ito_assets.control.fingerprint import request_fingerprint, validate_key
 from ito_assets.control.identity import Identity
 from ito_assets.control.ledger import Ledger
 from ito_assets.control.ledger import runs as runs_table
-from ito_assets.control.policy import GatePolicy
+from ito_assets.control.policy import ServerPolicy
 from ito_assets.control.runs import Run
 from ito_assets.control.states import Action, RunState
 from ito_assets.control.validation import RunRequirements
@@ -99,7 +99,7 @@ def _insert(conn: sa.Connection, request: TrainRequest, account_id: str, checkpo
     return runs.from_row(values)
 
 
-def _create_locked(conn: sa.Connection, ledger: Ledger, policy: GatePolicy, account_id: str,
+def _create_locked(conn: sa.Connection, ledger: Ledger, policy: ServerPolicy, account_id: str,
                    request: TrainRequest) -> Created:
     """The gates in order, under the booking lock and then the manifest's budget lock:
     entitlement, the manifest bound in the confirmation, the confirmation itself, the key, then
@@ -123,7 +123,7 @@ def _create_locked(conn: sa.Connection, ledger: Ledger, policy: GatePolicy, acco
     return Created(run=_insert(conn, request, account_id, pre.checkpoint_root, confirmation, now), replayed=False)
 
 
-def create_run(ledger: Ledger, policy: GatePolicy, identity: Identity, request: TrainRequest) -> Created:
+def create_run(ledger: Ledger, policy: ServerPolicy, identity: Identity, request: TrainRequest) -> Created:
     account_id = identity.tenant
     validate_key(request.idempotency_key)
     with ledger.read() as conn:

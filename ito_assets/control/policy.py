@@ -1,4 +1,4 @@
-"""The server's gate policy: where data may come from, which licences allow training, where
+"""The server's policy: where data may come from, which licences allow training, where
 tenants keep checkpoints, how long a confirmation lives and how many runs a booking holds.
 
 Built once at the edge (`ito serve`) from the settings read from the environment (settings.py);
@@ -30,7 +30,7 @@ DEFAULT_MAX_CONCURRENT_RUNS = 1
 
 
 @dataclass(frozen=True, kw_only=True)
-class GatePolicy:
+class ServerPolicy:
     data_root: Path
     allowed_data_roots: tuple[Path, ...]
     tenants_root: Path
@@ -57,13 +57,13 @@ def _positive(text: str | None, name: str, default: int) -> int:
                           message=f"{name} must be a positive integer")
 
 
-def policy_from(settings: Settings, environment: ItoSettings) -> GatePolicy:
+def policy_from(settings: Settings, environment: ItoSettings) -> ServerPolicy:
     """ITO_ALLOWED_DATA_ROOTS (os.pathsep-separated), ITO_ALLOWED_LICENSES (comma-separated),
     ITO_TENANTS_ROOT, ITO_CONFIRMATION_TTL_S, ITO_MAX_CONCURRENT_RUNS_PER_BOOKING, over `settings`."""
     roots = environment.allowed_data_roots
     licenses = environment.allowed_licenses
     tenants = environment.tenants_root
-    return GatePolicy(
+    return ServerPolicy(
         data_root=settings.data_root,
         allowed_data_roots=tuple(Path(p).resolve() for p in roots.split(os.pathsep) if p) if roots
         else (settings.data_root,),
@@ -78,6 +78,6 @@ def policy_from(settings: Settings, environment: ItoSettings) -> GatePolicy:
     )
 
 
-def load_policy(settings: Settings, env: Mapping[str, str] | None = None) -> GatePolicy:
+def load_policy(settings: Settings, env: Mapping[str, str] | None = None) -> ServerPolicy:
     """The policy over `settings` from `env` (default: the process environment); see policy_from."""
     return policy_from(settings, ItoSettings.read(env))

@@ -12,7 +12,7 @@ from pathlib import Path, PurePosixPath
 
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.control.entitlement import Eligibility
-from ito_assets.control.policy import GatePolicy
+from ito_assets.control.policy import ServerPolicy
 from ito_assets.manifest.schema import DataReference, Manifest
 from ito_assets.manifest.verify import provenance_problems
 
@@ -35,7 +35,7 @@ def check_network(requirements: RunRequirements, eligibility: Eligibility) -> No
 
 
 def check_capacity(requirements: RunRequirements, eligibility: Eligibility, *, num_active_runs: int,
-                   policy: GatePolicy) -> None:
+                   policy: ServerPolicy) -> None:
     if requirements.num_gpus > eligibility.num_gpus:
         raise ItoError(ErrorCode.CAPACITY_UNAVAILABLE, "the booking has fewer GPUs than the run needs",
                        retryable=False)
@@ -57,7 +57,7 @@ def inside(path: Path | str, root: Path | str) -> bool:
     return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)
 
 
-def resolve_data_uri(uri: str, policy: GatePolicy) -> Path:
+def resolve_data_uri(uri: str, policy: ServerPolicy) -> Path:
     """`dataroot://rel` under the data root, `file:///abs` as is; either must lie (after links are
     resolved) inside one of the allowed data roots."""
     if uri.startswith("dataroot://"):
@@ -79,7 +79,7 @@ def _bound_data(manifest: Manifest) -> list[tuple[str, DataReference]]:
     return corpora + pairs
 
 
-def check_data_policy(manifest: Manifest, policy: GatePolicy) -> None:
+def check_data_policy(manifest: Manifest, policy: ServerPolicy) -> None:
     missing = provenance_problems(manifest)
     if missing:
         raise ItoError(ErrorCode.PROVENANCE_MISSING,
@@ -100,7 +100,7 @@ def check_data_policy(manifest: Manifest, policy: GatePolicy) -> None:
                        f"data references outside the allowed data roots: {', '.join(outside)}")
 
 
-def resolve_checkpoint_dir(storage_uri: str, account_id: str, policy: GatePolicy) -> Path:
+def resolve_checkpoint_dir(storage_uri: str, account_id: str, policy: ServerPolicy) -> Path:
     """The folder of `checkpoint_policy.storage_uri`, which must lie inside the tenant's area:
     `tenant://rel` is relative to it, `file:///abs` must point into it."""
     area = policy.tenant_area(account_id)
@@ -118,7 +118,7 @@ def resolve_checkpoint_dir(storage_uri: str, account_id: str, policy: GatePolicy
     return path
 
 
-def check_checkpoint_storage(storage_uri: str, account_id: str, policy: GatePolicy) -> Path:
+def check_checkpoint_storage(storage_uri: str, account_id: str, policy: ServerPolicy) -> Path:
     """Resolve, create (0700) and prove writable by writing a probe file; re-check containment
     after creation so that a link planted inside the area cannot lead out of it."""
     path = resolve_checkpoint_dir(storage_uri, account_id, policy)

@@ -32,7 +32,7 @@ from ito_assets.api.server import build_app
 from ito_assets.control import bookings, confirm_request, confirmations, create_run, identity, intake
 from ito_assets.control.bookings import AMENDABLE, BookingTerms
 from ito_assets.control.ledger import accounts, audit_events, open_ledger
-from ito_assets.control.policy import GatePolicy
+from ito_assets.control.policy import ServerPolicy
 from ito_assets.control.states import Role
 
 NOW = 1_800_000_000
@@ -99,7 +99,7 @@ class World:
         self.root = root
         (root / "data").mkdir(parents=True, exist_ok=True)
         self.ledger = open_ledger(url or f"sqlite:///{root / 'ledger.db'}", schema=schema, clock=lambda: NOW)
-        self.policy = GatePolicy(data_root=root / "data", allowed_data_roots=(root / "data",),
+        self.policy = ServerPolicy(data_root=root / "data", allowed_data_roots=(root / "data",),
                                  tenants_root=root / "tenants", max_concurrent_runs_per_booking=64)
         desk = identity.issue_token(self.ledger, Role.DESK, account_id=None, label="d", actor=None)
         self.desk = desk.secret

@@ -29,7 +29,7 @@ from ito_assets.control import bookings, confirm_request, confirmations, identit
 from ito_assets.control.bookings import BookingTerms
 from ito_assets.control.fingerprint import request_fingerprint
 from ito_assets.control.ledger import open_ledger, runs as runs_table
-from ito_assets.control.policy import GatePolicy
+from ito_assets.control.policy import ServerPolicy
 from ito_assets.control.states import Role
 
 from helpers import valid_manifest
@@ -97,7 +97,7 @@ class RetryMachine(RuleBasedStateMachine):
         self.dir = Path(tempfile.mkdtemp(prefix="ito-retry-"))
         self.ledger = open_ledger(f"sqlite:///{self.dir / 'ledger.db'}", clock=lambda: NOW)
         (self.dir / "data").mkdir()
-        self.policy = GatePolicy(data_root=self.dir / "data", allowed_data_roots=(self.dir / "data",),
+        self.policy = ServerPolicy(data_root=self.dir / "data", allowed_data_roots=(self.dir / "data",),
                                  tenants_root=self.dir / "tenants", max_concurrent_runs_per_booking=len(KEYS))
         desk = identity.issue_token(self.ledger, Role.DESK, account_id=None, label="d", actor=None)
         account = identity.create_account(self.ledger, "lab", actor=None)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gate_world import Clock, World, make_ledger, make_policy, make_world
-from ito_assets.control.policy import GatePolicy
+from ito_assets.control.policy import ServerPolicy
 
 
 @pytest.fixture
@@ -23,10 +23,10 @@ def ledger(request, tmp_path: Path, clock: Clock):
 
 
 @pytest.fixture
-def policy(tmp_path: Path) -> GatePolicy:
+def policy(tmp_path: Path) -> ServerPolicy:
     return make_policy(tmp_path)
 
 
 @pytest.fixture
-def world(ledger, policy: GatePolicy, clock: Clock) -> World:
+def world(ledger, policy: ServerPolicy, clock: Clock) -> World:
     return make_world(ledger, policy, clock)

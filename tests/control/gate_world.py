@@ -15,7 +15,7 @@ from ito_assets.control import bookings, confirmations, confirm_request, identit
 from ito_assets.control.bookings import BookingTerms
 from ito_assets.control.identity import Identity
 from ito_assets.control.ledger import Ledger, open_ledger
-from ito_assets.control.policy import GatePolicy
+from ito_assets.control.policy import ServerPolicy
 from ito_assets.control.states import Role
 
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -63,10 +63,10 @@ def make_ledger(backend: str, tmp_path: Path, clock: Clock):
     return ledger, drop
 
 
-def make_policy(tmp_path: Path, **changes) -> GatePolicy:
+def make_policy(tmp_path: Path, **changes) -> ServerPolicy:
     data_root = tmp_path / "data"
     data_root.mkdir(exist_ok=True)
-    return GatePolicy(**{"data_root": data_root, "allowed_data_roots": (data_root,),
+    return ServerPolicy(**{"data_root": data_root, "allowed_data_roots": (data_root,),
                          "tenants_root": tmp_path / "tenants", **changes})
 
 
@@ -101,7 +101,7 @@ def verified(content: bytes | None = None):
 @dataclass
 class World:
     ledger: Ledger
-    policy: GatePolicy
+    policy: ServerPolicy
     clock: Clock
     desk: Identity
     account: Identity
@@ -147,7 +147,7 @@ def make_identity(ledger: Ledger, role: Role, account_id: str | None) -> Identit
     return identity.authenticate(ledger, issued.secret)
 
 
-def make_world(ledger: Ledger, policy: GatePolicy, clock: Clock) -> World:
+def make_world(ledger: Ledger, policy: ServerPolicy, clock: Clock) -> World:
     desk = make_identity(ledger, Role.DESK, None)
     acct = identity.create_account(ledger, "lab", actor=desk.token_id)
     other = identity.create_account(ledger, "rival", actor=desk.token_id)

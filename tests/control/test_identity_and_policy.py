@@ -14,7 +14,7 @@ from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.control import audit, identity
 from ito_assets.control.ledger import tokens
 from ito_assets.control.policy import DEFAULT_CONFIRMATION_TTL_S, DEFAULT_LICENSES, DEFAULT_MAX_CONCURRENT_RUNS, \
-    GatePolicy, load_policy
+    ServerPolicy, load_policy
 from ito_assets.control.states import Role
 from ito_assets.settings import load_settings
 
@@ -150,6 +150,6 @@ def test_a_policy_count_must_be_a_positive_integer(settings, name, value) -> Non
                                               ("allowed_data_roots", ())])
 def test_a_policy_built_in_code_is_held_to_the_same_bounds(tmp_path: Path, field, value) -> None:
     base = {"data_root": tmp_path, "allowed_data_roots": (tmp_path,), "tenants_root": tmp_path / "t"}
-    GatePolicy(**{**base, "confirmation_ttl_s": 1, "max_concurrent_runs_per_booking": 1})
+    ServerPolicy(**{**base, "confirmation_ttl_s": 1, "max_concurrent_runs_per_booking": 1})
     with pytest.raises(ValueError, match=field):
-        GatePolicy(**{**base, field: value})
+        ServerPolicy(**{**base, field: value})

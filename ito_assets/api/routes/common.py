@@ -28,7 +28,7 @@ from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.control import identity
 from ito_assets.control.identity import Identity
 from ito_assets.control.ledger import Ledger
-from ito_assets.control.policy import GatePolicy
+from ito_assets.control.policy import ServerPolicy
 from ito_assets.control.states import Role
 from ito_assets.manifest.strict_json import StrictJsonError, loads_strict
 
@@ -62,7 +62,7 @@ class Api:
     """What the routes need, built once by `ito serve`."""
 
     ledger: Ledger
-    policy: GatePolicy
+    policy: ServerPolicy
 
 
 def respond(document: dict, status: int = 200, *, close: bool = False) -> Response:
