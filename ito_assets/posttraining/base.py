@@ -20,7 +20,7 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_mo
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.posttraining.bpe import BpeCodec, TokenizerRef
 from ito_assets.posttraining.vocab import CharVocab, TextCodec
-from ito_assets.runtime import resume
+from ito_assets.runtime.checkpoint import resume
 from ito_assets.training.model import DecoderLM, build_model, config_by_name
 
 

@@ -13,7 +13,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from ito_assets.runtime.spikes import SpikeConfig
+from ito_assets.runtime.supervision.spikes import SpikeConfig
 
 # The heldout evaluation reads at most this many windows: enough for a stable mean on the
 # fixture corpora (64 x 128 tokens), bounded so that an eval never dominates a tiny stage.
