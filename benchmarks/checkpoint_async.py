@@ -37,8 +37,9 @@ import torch.distributed as dist  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from ito_assets.runtime import registry, train_state  # noqa: E402
-from ito_assets.runtime.checkpoint import CheckpointConfig, Checkpointer  # noqa: E402
+from ito_assets.runtime.checkpoint import registry  # noqa: E402
+from ito_assets.runtime.checkpoint.saver import CheckpointConfig, Checkpointer  # noqa: E402
+from ito_assets.runtime.worker import train_state  # noqa: E402
 from ito_assets.training.model import build_model, config_by_name  # noqa: E402
 from ito_assets.training.model_config import parameter_count  # noqa: E402
 from ito_assets.training.trainer import TrainConfig, build_optimizer  # noqa: E402

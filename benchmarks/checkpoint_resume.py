@@ -29,9 +29,10 @@ import torch  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata  # noqa: E402
 
-from ito_assets.runtime import events, markers  # noqa: E402
-from ito_assets.runtime.config import WorkerConfig  # noqa: E402
-from ito_assets.runtime.launch import worker_command  # noqa: E402
+from ito_assets.runtime.record import events  # noqa: E402
+from ito_assets.runtime.checkpoint import markers  # noqa: E402
+from ito_assets.runtime.stage.config import WorkerConfig  # noqa: E402
+from ito_assets.runtime.supervision.launch import worker_command  # noqa: E402
 
 VOCAB = 512
 

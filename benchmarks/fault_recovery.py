@@ -37,10 +37,14 @@ sys.path.insert(0, str(ROOT))
 from ito_assets.defs.decision.resources import BookedHardwareResource  # noqa: E402
 from ito_assets.evals.suite import load_suite  # noqa: E402
 from ito_assets.manifest.schema import Manifest  # noqa: E402
-from ito_assets.runtime import corpus, events, heartbeat, registry, stages  # noqa: E402
-from ito_assets.runtime.config import WorkerConfig  # noqa: E402
-from ito_assets.runtime.supervisor import Supervisor, SupervisorConfig  # noqa: E402
-from ito_assets.runtime.telemetry import summarize  # noqa: E402
+from ito_assets.runtime.stage import corpus  # noqa: E402
+from ito_assets.runtime.record import events  # noqa: E402
+from ito_assets.runtime.supervision import heartbeat  # noqa: E402
+from ito_assets.runtime.checkpoint import registry  # noqa: E402
+from ito_assets.runtime.stage import curriculum as stages  # noqa: E402
+from ito_assets.runtime.stage.config import WorkerConfig  # noqa: E402
+from ito_assets.runtime.supervision.supervisor import Supervisor, SupervisorConfig  # noqa: E402
+from ito_assets.runtime.record.goodput import summarize  # noqa: E402
 from ito_assets.training.run_plan import plan_run  # noqa: E402
 from ito_assets.training.tokenizer import TokenizerConfig  # noqa: E402
 

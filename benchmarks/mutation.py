@@ -81,8 +81,8 @@ TARGETS: dict[str, Target] = {
         isolation="forkserver",
     ),
     "runtime": Target(
-        modules=("ito_assets/runtime/markers.py", "ito_assets/runtime/supervisor.py",
-                 "ito_assets/runtime/spikes.py", "ito_assets/runtime/gates.py"),
+        modules=("ito_assets/runtime/checkpoint/markers.py", "ito_assets/runtime/supervision/supervisor.py",
+                 "ito_assets/runtime/supervision/spikes.py", "ito_assets/runtime/stage/eval_gate.py"),
         tests=("tests/runtime/test_restart_budget.py", "tests/runtime/test_markers.py",
                "tests/runtime/test_runtime_thresholds.py", "tests/runtime/test_spike_proposals.py",
                "tests/runtime/test_eval_gates.py",

@@ -12,7 +12,7 @@ from ito_assets import digests
 from ito_assets.data import shards, sources
 from ito_assets.manifest.schema import DataReference
 from ito_assets.posttraining import checkpoint
-from ito_assets.runtime import markers
+from ito_assets.runtime.checkpoint import markers
 
 # Around the 1 MiB blocks the former hand-written loops read, and around 64 KiB.
 SIZES = [0, 1, (1 << 16) - 1, 1 << 16, (1 << 20) - 1, 1 << 20, (1 << 20) + 1, 2 * (1 << 20) + 3]

@@ -84,7 +84,7 @@ class Stage(_Strict):
 class EvalGate(_Strict):
     """The stage gates' thresholds, in seed noise bands of each gated metric (the bands themselves
     are measured, not reviewed: `ito_assets.defs.training.resources`). Absent: the runtime's
-    defaults, 2 bands each (`ito_assets.runtime.gates`)."""
+    defaults, 2 bands each (`ito_assets.runtime.stage.eval_gate`)."""
 
     # The first stage must beat the untrained model by at least this many bands on every metric.
     min_improvement_bands: Annotated[float, Field(ge=0, le=100)] = 2.0

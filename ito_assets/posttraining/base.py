@@ -80,7 +80,7 @@ def load_pretrained(policy: DecoderLM, folder: Path) -> DecoderLM:
     the pretraining run's, not ours), after the completion marker's digests are checked."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
-    from ito_assets.runtime import resume
+    from ito_assets.runtime.checkpoint import resume
 
     state = {"model": get_model_state_dict(policy)}
     with warnings.catch_warnings():  # DCP warns that it loads in one process, as intended here

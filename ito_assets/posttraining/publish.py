@@ -1,6 +1,6 @@
 """A finished post-training stage's figures into the ledger, where `ito metrics` and `ito
 checkpoints` read them, named `<stage>/<metric>` as the pretraining stages' are
-(`ito_assets.runtime.publish`).
+(`ito_assets.runtime.record.publish`).
 
     curves, at the stage's optimizer step:  <stage>/loss, dpo/accuracy, rlvr/reward,
                                             rlvr/kl_to_reference, rlvr/clip_fraction

@@ -2,11 +2,11 @@
 parallelism (Megatron column/row split with `parallelize_module`) inside, FSDP2 (`fully_shard`)
 over dp_shard x cp, HSDP when dp_replicate > 1; pipeline stages hold a slice of the layers.
 
-The training runtime's workers shard through it (`ito_assets.runtime.distributed`), and the tests
+The training runtime's workers shard through it (`ito_assets.runtime.worker.distributed`), and the tests
 validate chosen plans' placements on torch's fake process group without GPUs
 (`init_process_group("fake", ...)`). Context parallelism is represented in the mesh and in FSDP's
 shard group; ring attention itself (torch's experimental `context_parallel`) is applied nowhere
-yet: the runtime refuses a plan with cp > 1 (`ito_assets.runtime.stages.data_parallel_for`).
+yet: the runtime refuses a plan with cp > 1 (`ito_assets.runtime.stage.curriculum.data_parallel_for`).
 """
 
 from __future__ import annotations

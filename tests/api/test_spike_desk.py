@@ -10,10 +10,10 @@ from pathlib import Path
 
 from ito_assets.control import audit, runs
 from ito_assets.control.ledger import open_ledger
-from ito_assets.runtime import proposals
-from ito_assets.runtime.proposals import ProposalStore
-from ito_assets.runtime.spikes import Spike
-from ito_assets.runtime.storage import RunLayout
+from ito_assets.runtime.supervision import proposals
+from ito_assets.runtime.supervision.proposals import ProposalStore
+from ito_assets.runtime.supervision.spikes import Spike
+from ito_assets.runtime.record.storage import RunLayout
 
 
 def _propose(api, run_id: str, stage: str, step: int) -> str:

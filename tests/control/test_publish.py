@@ -39,7 +39,7 @@ def test_a_checkpoint_is_known_by_the_fields_its_publisher_names(world) -> None:
 
 def test_both_stage_publishers_write_through_the_one_publisher() -> None:
     from ito_assets.posttraining import publish as posttraining_publish
-    from ito_assets.runtime import publish as runtime_publish
+    from ito_assets.runtime.record import publish as runtime_publish
 
     for module in (runtime_publish, posttraining_publish):
         source = inspect.getsource(module)
@@ -48,8 +48,10 @@ def test_both_stage_publishers_write_through_the_one_publisher() -> None:
 
 
 def test_a_pretraining_stage_publishes_its_whole_checkpoints_and_thinned_losses_once(world, tmp_path) -> None:
-    from ito_assets.runtime import events, markers, registry
-    from ito_assets.runtime.publish import publish_stage
+    from ito_assets.runtime.record import events
+    from ito_assets.runtime.checkpoint import markers
+    from ito_assets.runtime.checkpoint import registry
+    from ito_assets.runtime.record.publish import publish_stage
 
     run = make_run(world)
     stage_dir = tmp_path / "pretraining"

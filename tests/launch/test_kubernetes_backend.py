@@ -16,9 +16,9 @@ from kubernetes.client.exceptions import ApiException  # noqa: E402
 
 from ito_assets.launch.backend import BackendKind, LaunchConfig  # noqa: E402
 from ito_assets.launch.kubernetes import KubernetesBackend, KubernetesSettings  # noqa: E402
-from ito_assets.runtime.config import RESULT_NAME, WorkerConfig  # noqa: E402
-from ito_assets.runtime.launch import worker_spec  # noqa: E402
-from ito_assets.runtime.supervisor import Supervisor, SupervisorConfig  # noqa: E402
+from ito_assets.runtime.stage.config import RESULT_NAME, WorkerConfig  # noqa: E402
+from ito_assets.runtime.supervision.launch import worker_spec  # noqa: E402
+from ito_assets.runtime.supervision.supervisor import Supervisor, SupervisorConfig  # noqa: E402
 
 CLIENT = ApiClient()
 
@@ -109,7 +109,7 @@ def test_an_attempt_is_a_headless_service_and_one_pod_per_node_on_the_shared_vol
     pod = _model(api.sent[1], "V1Pod")
     container = pod.spec.containers[0]
     command = " ".join(container.command)
-    assert "-m ito_assets.runtime.worker --config /mnt/ito/run_x/pretraining/attempt-0.json" in command
+    assert "-m ito_assets.runtime.worker.main --config /mnt/ito/run_x/pretraining/attempt-0.json" in command
     assert "--rdzv-id=run_x-pretraining-0" in command and "--nnodes=2" in command and "--nproc-per-node=8" in command
     assert "--rdzv-endpoint=ito-run-x-pretraining-0-node0.ito-run-x-pretraining-0.ito.svc:29400" in command
     assert pod.spec.volumes[0].persistent_volume_claim.claim_name == "ito-runs"

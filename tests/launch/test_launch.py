@@ -68,7 +68,7 @@ def test_spec_validation():
         LaunchSpec(run_id="r", nnodes=1, nproc_per_node=1, module="m", backend="mpi")
 
 
-SPEC = LaunchSpec(run_id="run42", nnodes=4, nproc_per_node=8, module="ito_assets.runtime.worker",
+SPEC = LaunchSpec(run_id="run42", nnodes=4, nproc_per_node=8, module="ito_assets.runtime.worker.main",
                   args=("--config", "/tmp/x.json"), backend="nccl", env=(("ITO_STATE_DIR", "/var/lib/ito"),))
 
 
@@ -78,7 +78,7 @@ def test_the_torchrun_command_is_the_same_on_every_node():
     assert "--nnodes=4" in command and "--nproc-per-node=8" in command and "--rdzv-backend=c10d" in command
     assert "--rdzv-id=run42" in command and not any(a.startswith("--node-rank") for a in command)
     assert "--rdzv-endpoint=127.0.0.1:29400" in command and "--max-restarts=0" in command
-    assert command[-4:] == ["-m", "ito_assets.runtime.worker", "--config", "/tmp/x.json"]
+    assert command[-4:] == ["-m", "ito_assets.runtime.worker.main", "--config", "/tmp/x.json"]
     assert "--rdzv-endpoint=host:1" in torchrun_command(SPEC, rdzv_endpoint="host:1")
 
 

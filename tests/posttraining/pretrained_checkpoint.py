@@ -13,7 +13,9 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from ito_assets.posttraining.bpe import TokenizerRef
-from ito_assets.runtime import corpus, markers, train_state
+from ito_assets.runtime.stage import corpus
+from ito_assets.runtime.checkpoint import markers
+from ito_assets.runtime.worker import train_state
 from ito_assets.training.model import build_model, config_by_name
 from ito_assets.training.tokenizer import LoaderConfig, TokenizerConfig, iterate_batches, open_token_shard
 from ito_assets.training.trainer import TrainConfig, build_optimizer, train_step

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ito_assets.runtime import events
-from ito_assets.runtime.config import WorkerConfig
-from ito_assets.runtime.launch import worker_command
-from ito_assets.runtime.storage import write_atomic
+from ito_assets.runtime.record import events
+from ito_assets.runtime.stage.config import WorkerConfig
+from ito_assets.runtime.supervision.launch import worker_command
+from ito_assets.runtime.record.storage import write_atomic
 
 VOCAB = 512
 

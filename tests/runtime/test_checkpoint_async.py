@@ -8,8 +8,11 @@ import json
 import pytest
 import torch
 
-from ito_assets.runtime import holds, markers, registry, resume
-from ito_assets.runtime.checkpoint import CheckpointConfig, Checkpointer
+from ito_assets.runtime.checkpoint import holds
+from ito_assets.runtime.checkpoint import markers
+from ito_assets.runtime.checkpoint import registry
+from ito_assets.runtime.checkpoint import resume
+from ito_assets.runtime.checkpoint.saver import CheckpointConfig, Checkpointer
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 

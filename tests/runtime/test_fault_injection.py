@@ -12,9 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from ito_assets.runtime import events, heartbeat, markers, registry
-from ito_assets.runtime.events import EventKind
-from ito_assets.runtime.supervisor import Supervisor, SupervisorConfig, SupervisionReport
+from ito_assets.runtime.record import events
+from ito_assets.runtime.supervision import heartbeat
+from ito_assets.runtime.checkpoint import markers
+from ito_assets.runtime.checkpoint import registry
+from ito_assets.runtime.record.events import EventKind
+from ito_assets.runtime.supervision.supervisor import Supervisor, SupervisorConfig, SupervisionReport
 from runtime_helpers import run_worker, step_losses, worker_config
 
 pytestmark = pytest.mark.slow

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from ito_assets import digests
-from ito_assets.runtime import markers
-from ito_assets.runtime.markers import MARKER_NAME, METADATA_NAME, Marker
+from ito_assets.runtime.checkpoint import markers
+from ito_assets.runtime.checkpoint.markers import MARKER_NAME, METADATA_NAME, Marker
 
 STEP = 16
 SHARDS = {"__0_0.distcp": b"rank zero shard bytes" * 7, "__1_0.distcp": b"rank one" * 3}

@@ -9,8 +9,8 @@ import dagster as dg
 import pytest
 
 from ito_assets.launch.backend import BackendKind
-from ito_assets.runtime.relay import MetricsRelay, open_relay
-from ito_assets.runtime.reporting import PIPES_CONTEXT_ENV_VAR, JsonlReporter
+from ito_assets.runtime.supervision.relay import MetricsRelay, open_relay
+from ito_assets.runtime.worker.reporting import PIPES_CONTEXT_ENV_VAR, JsonlReporter
 
 
 class Recorder:

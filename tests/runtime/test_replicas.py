@@ -1,4 +1,4 @@
-"""torchft replica groups (`ito_assets.runtime.replicas`): how the data and the ranks split across
+"""torchft replica groups (`ito_assets.runtime.supervision.replicas`): how the data and the ranks split across
 groups, and, for real on two one-rank groups, a group killed mid-stage that restarts and heals from
 its peer while the other group trains on without a restart."""
 
@@ -15,14 +15,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ito_assets.runtime import events, heartbeat
-from ito_assets.runtime.batches import BatchPlan, ResumableBatches
-from ito_assets.runtime.config import RESULT_NAME, group_shape
-from ito_assets.runtime.events import EventKind
-from ito_assets.runtime.replicas import ReplicaStage, group_supervision, group_worker, replica_dir
-from ito_assets.runtime.stages import StageSizing, replica_groups_for
-from ito_assets.runtime.supervisor import REPORT_NAME, SupervisorConfig
-from ito_assets.runtime.worker import data_rank
+from ito_assets.runtime.record import events
+from ito_assets.runtime.supervision import heartbeat
+from ito_assets.runtime.worker.batches import BatchPlan, ResumableBatches
+from ito_assets.runtime.stage.config import RESULT_NAME, group_shape
+from ito_assets.runtime.record.events import EventKind
+from ito_assets.runtime.supervision.replicas import ReplicaStage, group_supervision, group_worker, replica_dir
+from ito_assets.runtime.stage.curriculum import StageSizing, replica_groups_for
+from ito_assets.runtime.supervision.supervisor import REPORT_NAME, SupervisorConfig
+from ito_assets.runtime.worker.main import data_rank
 from ito_assets.training.layout import Layout
 from runtime_helpers import worker_config
 

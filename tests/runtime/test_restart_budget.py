@@ -21,13 +21,17 @@ import pytest
 
 from ito_assets.launch.backend import BackendKind, LaunchConfig
 from ito_assets.launch.slurm import SlurmSettings
-from ito_assets.runtime import events, heartbeat, launch, markers, proposals
-from ito_assets.runtime import supervisor as supervisor_module
-from ito_assets.runtime.config import RESULT_NAME
-from ito_assets.runtime.events import EventKind
-from ito_assets.runtime.proposals import ProposalState, ProposalStore
-from ito_assets.runtime.spikes import Spike
-from ito_assets.runtime.supervisor import (
+from ito_assets.runtime.record import events
+from ito_assets.runtime.supervision import heartbeat
+from ito_assets.runtime.supervision import launch
+from ito_assets.runtime.checkpoint import markers
+from ito_assets.runtime.supervision import proposals
+from ito_assets.runtime.supervision import supervisor as supervisor_module
+from ito_assets.runtime.stage.config import RESULT_NAME
+from ito_assets.runtime.record.events import EventKind
+from ito_assets.runtime.supervision.proposals import ProposalState, ProposalStore
+from ito_assets.runtime.supervision.spikes import Spike
+from ito_assets.runtime.supervision.supervisor import (
     REPORT_NAME,
     AttemptEnd,
     Outcome,
@@ -880,4 +884,4 @@ def test_the_command_lines_help(capsys, monkeypatch):
     assert "--worker WORKER the stage's WorkerConfig (JSON or a path to it)" in text
     assert "--supervisor SUPERVISOR SupervisorConfig fields (JSON or a path to it)" in text
     text = _help(capsys, monkeypatch, lambda: main(["--help"]))
-    assert text.startswith("usage: ito_assets.runtime.supervisor ")
+    assert text.startswith("usage: ito_assets.runtime.supervision.supervisor ")

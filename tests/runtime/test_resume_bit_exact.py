@@ -11,9 +11,10 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from ito_assets.runtime import events, markers
-from ito_assets.runtime.config import RESULT_NAME
-from ito_assets.runtime.worker import EXIT_STOPPED
+from ito_assets.runtime.record import events
+from ito_assets.runtime.checkpoint import markers
+from ito_assets.runtime.stage.config import RESULT_NAME
+from ito_assets.runtime.worker.main import EXIT_STOPPED
 from runtime_helpers import finish, run_worker, start_worker, step_losses, worker_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]

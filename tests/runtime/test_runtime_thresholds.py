@@ -14,9 +14,10 @@ import torch
 from torch import nn
 
 from ito_assets.errors import ErrorCode, ItoError
-from ito_assets.runtime import gates, stage_eval
-from ito_assets.runtime.gates import Direction, GatedMetric, GatePolicy, GateVerdict, MetricCheck, VerdictStore, judge
-from ito_assets.runtime.spikes import RollingDetector, Spike, SpikeConfig, SpikeDetector
+from ito_assets.runtime.stage import eval_gate as gates
+from ito_assets.runtime.stage import battery as stage_eval
+from ito_assets.runtime.stage.eval_gate import Direction, GatedMetric, EvalGatePolicy, EvalGateVerdict, MetricCheck, VerdictStore, judge_stage
+from ito_assets.runtime.supervision.spikes import RollingDetector, Spike, SpikeConfig, SpikeDetector
 
 up = lambda x: math.nextafter(x, math.inf)  # noqa: E731 - one ulp above
 down = lambda x: math.nextafter(x, -math.inf)  # noqa: E731 - one ulp below
@@ -217,15 +218,15 @@ def test_an_ordinary_step_reports_nothing():
 
 LOWER = GatedMetric(name="heldout_loss", direction=Direction.LOWER_IS_BETTER, noise_band=0.25)
 HIGHER = GatedMetric(name="correct_prob", direction=Direction.HIGHER_IS_BETTER, noise_band=0.125)
-POLICY = GatePolicy(metrics=(LOWER, HIGHER))  # 2 bands each way: 0.5 and 0.25
+POLICY = EvalGatePolicy(metrics=(LOWER, HIGHER))  # 2 bands each way: 0.5 and 0.25
 
 
-def _first(current: dict, previous: dict, policy: GatePolicy = POLICY) -> GateVerdict:
-    return judge("pretraining", current, previous, policy, previous_stage=None)
+def _first(current: dict, previous: dict, policy: EvalGatePolicy = POLICY) -> EvalGateVerdict:
+    return judge_stage("pretraining", current, previous, policy, previous_stage=None)
 
 
-def _later(current: dict, previous: dict, policy: GatePolicy = POLICY) -> GateVerdict:
-    return judge("mid_training", current, previous, policy, previous_stage="pretraining")
+def _later(current: dict, previous: dict, policy: EvalGatePolicy = POLICY) -> EvalGateVerdict:
+    return judge_stage("mid_training", current, previous, policy, previous_stage="pretraining")
 
 
 def test_the_default_bands_are_two():
@@ -274,7 +275,7 @@ def test_a_later_stage_need_not_improve():
 
 
 def test_each_band_count_applies_to_its_own_comparison():
-    policy = GatePolicy(metrics=(LOWER,), min_improvement_bands=1.0, max_regression_bands=3.0)
+    policy = EvalGatePolicy(metrics=(LOWER,), min_improvement_bands=1.0, max_regression_bands=3.0)
     assert _first({"heldout_loss": 5.75}, {"heldout_loss": 6.0}, policy).passed  # 1 band = 0.25
     assert not _first({"heldout_loss": up(5.75)}, {"heldout_loss": 6.0}, policy).passed
     assert _later({"heldout_loss": 4.75}, {"heldout_loss": 4.0}, policy).passed  # 3 bands = 0.75
@@ -284,7 +285,7 @@ def test_each_band_count_applies_to_its_own_comparison():
 
 
 def test_zero_bands_mean_no_worse_at_all():
-    policy = GatePolicy(metrics=(HIGHER,), min_improvement_bands=0.0, max_regression_bands=0.0)
+    policy = EvalGatePolicy(metrics=(HIGHER,), min_improvement_bands=0.0, max_regression_bands=0.0)
     assert _first({"correct_prob": 0.5}, {"correct_prob": 0.5}, policy).passed
     assert not _first({"correct_prob": down(0.5)}, {"correct_prob": 0.5}, policy).passed
     assert _later({"correct_prob": 0.5}, {"correct_prob": 0.5}, policy).passed
@@ -344,23 +345,23 @@ def test_gated_metric_boundaries():
 
 
 def test_gate_policy_boundaries():
-    assert GatePolicy(metrics=(LOWER,), min_improvement_bands=0.0, max_regression_bands=0.0)
+    assert EvalGatePolicy(metrics=(LOWER,), min_improvement_bands=0.0, max_regression_bands=0.0)
     for changes in ({"min_improvement_bands": down(0.0)}, {"max_regression_bands": -1.0}):
         with pytest.raises(ValueError, match="must be >= 0"):
-            GatePolicy(metrics=(LOWER,), **changes)
+            EvalGatePolicy(metrics=(LOWER,), **changes)
     with pytest.raises(ValueError, match="at least one gated metric"):
-        GatePolicy(metrics=())
+        EvalGatePolicy(metrics=())
     with pytest.raises(ValueError, match="distinct names"):
-        GatePolicy(metrics=(LOWER, GatedMetric(name=LOWER.name, direction="higher", noise_band=1.0)))
-    assert len(GatePolicy(metrics=(LOWER, HIGHER)).metrics) == 2
+        EvalGatePolicy(metrics=(LOWER, GatedMetric(name=LOWER.name, direction="higher", noise_band=1.0)))
+    assert len(EvalGatePolicy(metrics=(LOWER, HIGHER)).metrics) == 2
 
 
 # --- the verdict store: a failed gate stays failed -----------------------------------------------------------
 
 
-def _verdict(passed: bool, stage: str = "pretraining") -> GateVerdict:
+def _verdict(passed: bool, stage: str = "pretraining") -> EvalGateVerdict:
     current = {"heldout_loss": 5.0 if passed else 6.0, "correct_prob": 0.5 if passed else 0.25}
-    return judge(stage, current, {"heldout_loss": 6.0, "correct_prob": 0.25}, POLICY, previous_stage=None)
+    return judge_stage(stage, current, {"heldout_loss": 6.0, "correct_prob": 0.25}, POLICY, previous_stage=None)
 
 
 def test_a_recorded_verdict_is_one_file_per_stage(tmp_path):

@@ -18,10 +18,12 @@ import fake_slurm
 from ito_assets.launch.backend import BackendKind, LaunchConfig
 from ito_assets.launch.slurm import SlurmBackend, SlurmSettings
 from ito_assets.launch.spec import LaunchSpec
-from ito_assets.runtime import events, heartbeat, registry
-from ito_assets.runtime.events import EventKind
-from ito_assets.runtime.relay import MetricsRelay
-from ito_assets.runtime.supervisor import Supervisor, SupervisorConfig, SupervisionReport
+from ito_assets.runtime.record import events
+from ito_assets.runtime.supervision import heartbeat
+from ito_assets.runtime.checkpoint import registry
+from ito_assets.runtime.record.events import EventKind
+from ito_assets.runtime.supervision.relay import MetricsRelay
+from ito_assets.runtime.supervision.supervisor import Supervisor, SupervisorConfig, SupervisionReport
 from runtime_helpers import step_losses, worker_config
 from test_relay import Recorder
 

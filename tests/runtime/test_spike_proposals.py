@@ -13,10 +13,15 @@ import pytest
 
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.launch import local
-from ito_assets.runtime import events, heartbeat, holds, launch, markers, proposals
-from ito_assets.runtime.proposals import ProposalState, ProposalStore
-from ito_assets.runtime.spikes import Spike, SpikeConfig, SpikeDetector
-from ito_assets.runtime.supervisor import Supervisor, SupervisorConfig
+from ito_assets.runtime.record import events
+from ito_assets.runtime.supervision import heartbeat
+from ito_assets.runtime.checkpoint import holds
+from ito_assets.runtime.supervision import launch
+from ito_assets.runtime.checkpoint import markers
+from ito_assets.runtime.supervision import proposals
+from ito_assets.runtime.supervision.proposals import ProposalState, ProposalStore
+from ito_assets.runtime.supervision.spikes import Spike, SpikeConfig, SpikeDetector
+from ito_assets.runtime.supervision.supervisor import Supervisor, SupervisorConfig
 from runtime_helpers import worker_config
 
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from ito_assets.defs.training.resources import TrainingRuntimeResource
 from ito_assets.evals.suite import EvalItem
 from ito_assets.manifest.schema import EvalGate, Manifest
-from ito_assets.runtime import stage_eval
+from ito_assets.runtime.stage import battery as stage_eval
 from ito_assets.training.evaluation import PROMPT
 from ito_assets.training.model import build_model, config_by_name
 from ito_assets.training.tokenizer import LoaderConfig, TokenizerConfig, encode_documents, iterate_batches, train_tokenizer

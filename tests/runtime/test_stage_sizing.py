@@ -11,8 +11,8 @@ import pytest
 
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.schema import Manifest
-from ito_assets.runtime import stages
-from ito_assets.runtime.config import DataParallel, WorkerConfig
+from ito_assets.runtime.stage import curriculum as stages
+from ito_assets.runtime.stage.config import DataParallel, WorkerConfig
 from ito_assets.training.hardware import gpu_spec, network_spec
 from ito_assets.training.layout import Layout
 from ito_assets.training.planner import Hardware

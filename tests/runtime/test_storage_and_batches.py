@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from ito_assets.errors import ErrorCode, ItoError
-from ito_assets.runtime import rng
-from ito_assets.runtime.batches import BatchPlan, ResumableBatches
-from ito_assets.runtime.storage import RunLayout
+from ito_assets.runtime.worker import rng
+from ito_assets.runtime.worker.batches import BatchPlan, ResumableBatches
+from ito_assets.runtime.record.storage import RunLayout
 
 
 def test_a_link_planted_inside_the_area_cannot_lead_out(tmp_path):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from ito_assets.runtime import events
-from ito_assets.runtime.events import Event, EventKind
-from ito_assets.runtime.telemetry import summarize
+from ito_assets.runtime.record import events
+from ito_assets.runtime.record.events import Event, EventKind
+from ito_assets.runtime.record.goodput import summarize
 
 
 def _log() -> list[Event]:

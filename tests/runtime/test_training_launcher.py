@@ -13,8 +13,8 @@ from ito_assets.launch.backend import BackendKind
 from ito_assets.launch.kubernetes import KubernetesBackend
 from ito_assets.launch.slurm import SlurmBackend
 from ito_assets.launch.local import LocalBackend
-from ito_assets.runtime.launch import backend_for
-from ito_assets.runtime.supervisor import SupervisorConfig
+from ito_assets.runtime.supervision.launch import backend_for
+from ito_assets.runtime.supervision.supervisor import SupervisorConfig
 from ito_assets.training.hardware import gpu_spec, network_spec
 from ito_assets.training.planner import Hardware
 

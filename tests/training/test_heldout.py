@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ito_assets.runtime import corpus
+from ito_assets.runtime.stage import corpus
 from ito_assets.training import decision
 from ito_assets.training.heldout import num_heldout, split_heldout
 

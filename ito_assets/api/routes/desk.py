@@ -19,8 +19,8 @@ from ito_assets.control import audit, bookings, confirmations, identity, runs
 from ito_assets.control.bookings import BookingTerms
 from ito_assets.control.identity import Identity
 from ito_assets.control.states import Role
-from ito_assets.runtime import proposals
-from ito_assets.runtime.storage import RunLayout
+from ito_assets.runtime.supervision import proposals
+from ito_assets.runtime.record.storage import RunLayout
 
 _TERMS = ("gpu_type", "num_gpus", "num_nodes", "topology", "region", "network", "starts_at", "ends_at",
           "price_per_gpu_hour_cents")

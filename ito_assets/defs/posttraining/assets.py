@@ -26,9 +26,9 @@ from ito_assets.posttraining.bpe import TokenizerRef
 from ito_assets.posttraining.eval_gate import require_passed
 from ito_assets.posttraining.publish import publish_outcome
 from ito_assets.posttraining.stage import Start, StageOutcome
-from ito_assets.runtime.corpus import TokenSet
-from ito_assets.runtime.gates import VerdictStore
-from ito_assets.runtime.storage import RunLayout
+from ito_assets.runtime.stage.corpus import TokenSet
+from ito_assets.runtime.stage.eval_gate import VerdictStore
+from ito_assets.runtime.record.storage import RunLayout
 
 GROUP = "posttraining"
 

@@ -2,7 +2,7 @@
 
 Each stage asset sizes its stage from the plan (global batch, DDP or FSDP2, torchft replica groups
 where the plan replicates) and launches the supervisor through Dagster Pipes (or, for replica
-groups, `ito_assets.runtime.replicas`, one supervisor per group); the supervisor runs `torch.distributed.run` with the worker
+groups, `ito_assets.runtime.supervision.replicas`, one supervisor per group); the supervisor runs `torch.distributed.run` with the worker
 (rank 0 reports through Pipes) and restarts it from the newest whole checkpoint after a fault.
 Gates are enforced here, before the first step: the ledger's authorization of the run
 (`run_authorization`), and the eval gates: a run whose gate failed never trains again
@@ -30,12 +30,13 @@ from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.evals.suite import EvalSuite, load_suite
 from ito_assets.manifest.schema import STAGE_ORDER, Manifest
 from ito_assets.manifest.verify import eval_suite_mismatches
-from ito_assets.runtime import corpus, stages
-from ito_assets.runtime.gates import VerdictStore, judge
-from ito_assets.runtime.publish import publish_stage
-from ito_assets.runtime.storage import RunLayout
-from ito_assets.runtime.supervisor import REPORT_NAME
-from ito_assets.runtime.storage import write_atomic
+from ito_assets.runtime.stage import corpus
+from ito_assets.runtime.stage import curriculum as stages
+from ito_assets.runtime.stage.eval_gate import VerdictStore, judge_stage
+from ito_assets.runtime.record.publish import publish_stage
+from ito_assets.runtime.record.storage import RunLayout
+from ito_assets.runtime.supervision.supervisor import REPORT_NAME
+from ito_assets.runtime.record.storage import write_atomic
 from ito_assets.training.run_plan import PlanOutcome
 from ito_assets.training.tokenizer import TokenizerConfig
 
@@ -164,7 +165,7 @@ def _run_stage(context, res: _StageResources, inputs: dict, previous, name: str)
     except ValueError as error:
         raise dg.Failure(description=f"training_launcher: {error}") from None
     # Replica groups: one supervisor per group around a torchft lighthouse, the same CLI and report.
-    module = "ito_assets.runtime.replicas" if config.replica_groups > 1 else "ito_assets.runtime.supervisor"
+    module = "ito_assets.runtime.supervision.replicas" if config.replica_groups > 1 else "ito_assets.runtime.supervision.supervisor"
     res.pipes.run(context=context, command=[
         sys.executable, "-m", module, "--worker", str(stage_dir / "stage.json"),
         "--supervisor", json.dumps(dataclasses.asdict(supervisor))])
@@ -172,7 +173,7 @@ def _run_stage(context, res: _StageResources, inputs: dict, previous, name: str)
     reference = previous.eval if previous else result["initial_eval"]
     prior = stages.previous_stage(manifest.training_target, name)
     policy = res.runtime.gate_policy(manifest.training_target.eval_gate)
-    gate = store.record(judge(name, result["eval"], reference, policy, previous_stage=prior))
+    gate = store.record(judge_stage(name, result["eval"], reference, policy, previous_stage=prior))
     with res.ledger.open() as opened:
         publish_stage(opened, run_id, name, stage_dir, result["eval"])
     outcome = read_outcome(name, layout.run_dir, stage_dir, gate)

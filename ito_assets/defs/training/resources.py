@@ -3,7 +3,7 @@ override, the supervisor's bounds, the gates' measured noise bands and their def
 Defaults are the embedded CPU installation's; where the ranks run is `training_launcher`'s.
 
 The plan decides the model, the global batch and the data-parallel strategy of every stage
-(`ito_assets.runtime.stages`); the manifest's `training_target.eval_gate`, when set, decides the
+(`ito_assets.runtime.stage.curriculum`); the manifest's `training_target.eval_gate`, when set, decides the
 gate thresholds over the defaults here."""
 
 from typing import Optional
@@ -11,8 +11,8 @@ from typing import Optional
 import dagster as dg
 
 from ito_assets.manifest.schema import EvalGate
-from ito_assets.runtime.gates import MAX_REGRESSION_BANDS, MIN_IMPROVEMENT_BANDS, Direction, GatedMetric, GatePolicy
-from ito_assets.runtime.supervisor import SupervisorConfig
+from ito_assets.runtime.stage.eval_gate import MAX_REGRESSION_BANDS, MIN_IMPROVEMENT_BANDS, Direction, GatedMetric, EvalGatePolicy
+from ito_assets.runtime.supervision.supervisor import SupervisorConfig
 
 # Seed-to-seed sample standard deviations (seeds 0, 1, 2) of the tiny model's battery after
 # fixture-small's pretraining stage at the plan's global batch (13 steps of 128 x 128 tokens, FSDP2,
@@ -29,7 +29,7 @@ class TrainingRuntimeResource(dg.ConfigurableResource):
     batch_size: Optional[int] = None
     seed: int = 0
     # True: a plan that replicates (dp_replicate > 1) trains as torchft replica groups that heal each
-    # other (`ito_assets.runtime.replicas`); False: one DDP/FSDP2 group over all ranks.
+    # other (`ito_assets.runtime.supervision.replicas`); False: one DDP/FSDP2 group over all ranks.
     replica_groups: bool = True
     hang_timeout_s: float = SupervisorConfig.hang_timeout_s
     startup_timeout_s: float = SupervisorConfig.startup_timeout_s
@@ -48,15 +48,15 @@ class TrainingRuntimeResource(dg.ConfigurableResource):
                                 startup_timeout_s=self.startup_timeout_s, poll_interval_s=self.poll_interval_s,
                                 grace_s=self.grace_s, max_restarts=self.max_restarts)
 
-    def gate_policy(self, reviewed: EvalGate | None = None) -> GatePolicy:
-        """Every metric of the stage battery (`ito_assets.runtime.stage_eval`), with the manifest's
+    def gate_policy(self, reviewed: EvalGate | None = None) -> EvalGatePolicy:
+        """Every metric of the stage battery (`ito_assets.runtime.stage.battery`), with the manifest's
         thresholds when it sets them, else this resource's."""
         metrics = (
             GatedMetric(name="heldout_loss", direction=Direction.LOWER_IS_BETTER, noise_band=self.heldout_loss_noise_band),
             GatedMetric(name="answer_loss", direction=Direction.LOWER_IS_BETTER, noise_band=self.answer_loss_noise_band),
         )
         if reviewed is not None:
-            return GatePolicy(metrics=metrics, min_improvement_bands=reviewed.min_improvement_bands,
+            return EvalGatePolicy(metrics=metrics, min_improvement_bands=reviewed.min_improvement_bands,
                               max_regression_bands=reviewed.max_regression_bands)
-        return GatePolicy(metrics=metrics, min_improvement_bands=self.min_improvement_bands,
+        return EvalGatePolicy(metrics=metrics, min_improvement_bands=self.min_improvement_bands,
                           max_regression_bands=self.max_regression_bands)

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import dagster as dg
 
-from ito_assets.runtime import events, registry
-from ito_assets.runtime.events import EventKind
-from ito_assets.runtime.gates import GateVerdict
-from ito_assets.runtime.supervisor import REPORT_NAME
-from ito_assets.runtime.telemetry import summarize
+from ito_assets.runtime.record import events
+from ito_assets.runtime.checkpoint import registry
+from ito_assets.runtime.record.events import EventKind
+from ito_assets.runtime.stage.eval_gate import EvalGateVerdict
+from ito_assets.runtime.supervision.supervisor import REPORT_NAME
+from ito_assets.runtime.record.goodput import summarize
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -23,7 +24,7 @@ class StageCheckpoint:
     num_steps: int
     metadata_sha256: str
     eval: dict
-    gate: dict  # GateVerdict.to_dict()
+    gate: dict  # EvalGateVerdict.to_dict()
     num_attempts: int
 
     @property
@@ -31,7 +32,7 @@ class StageCheckpoint:
         return bool(self.gate["passed"])
 
 
-def read_outcome(stage: str, run_dir: Path, stage_dir: Path, verdict: GateVerdict) -> StageCheckpoint:
+def read_outcome(stage: str, run_dir: Path, stage_dir: Path, verdict: EvalGateVerdict) -> StageCheckpoint:
     report = json.loads((stage_dir / REPORT_NAME).read_text())
     result = report["result"]
     return StageCheckpoint(stage=stage, run_dir=str(run_dir), stage_dir=str(stage_dir),

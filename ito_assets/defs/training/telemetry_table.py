@@ -1,12 +1,12 @@
 """The warehouse table `training_telemetry`: one row per stage and one for the whole run (stage
-'run'), replaced per manifest partition. Figures from `ito_assets.runtime.telemetry`."""
+'run'), replaced per manifest partition. Figures from `ito_assets.runtime.record.goodput`."""
 
 import time
 from pathlib import Path
 
 from ito_assets.data.warehouse import connect
-from ito_assets.runtime import events
-from ito_assets.runtime.telemetry import summarize
+from ito_assets.runtime.record import events
+from ito_assets.runtime.record.goodput import summarize
 
 TABLE = "training_telemetry"
 _COLUMNS = ("goodput", "allocated_seconds", "device_hours", "productive_seconds", "badput_startup_seconds",

@@ -13,7 +13,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ito_assets.runtime.storage import append_line
+from ito_assets.runtime.record.storage import append_line
 
 EVENTS_NAME = "events.jsonl"
 

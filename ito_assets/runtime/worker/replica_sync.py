@@ -23,8 +23,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.utils._pytree import tree_map
 
-from ito_assets.runtime.batches import ResumableBatches
-from ito_assets.runtime.config import WorkerConfig
+from ito_assets.runtime.worker.batches import ResumableBatches
+from ito_assets.runtime.stage.config import WorkerConfig
 from ito_assets.training.trainer import TrainConfig, learning_rate_at
 
 # Gradients travel in buckets of at most this many bytes: DDP's default `bucket_cap_mb` (25 MiB),

@@ -1,6 +1,6 @@
 """The worker: one rank of one stage attempt, launched by `torch.distributed.run`.
 
-    python -m torch.distributed.run --nproc-per-node 2 -m ito_assets.runtime.worker --config CONFIG
+    python -m torch.distributed.run --nproc-per-node 2 -m ito_assets.runtime.worker.main --config CONFIG
 
 It resumes from the newest whole checkpoint of the stage (else the previous stage's final
 checkpoint, else fresh), trains to the stage's step count with heartbeats and asynchronous
@@ -29,17 +29,24 @@ import numpy as np
 import torch
 from torch.distributed.fsdp import FSDPModule
 
-from ito_assets.runtime import distributed, events, holds, markers, proposals, resume, stage_eval, train_state
-from ito_assets.runtime.batches import BatchPlan, ResumableBatches
-from ito_assets.runtime.checkpoint import CheckpointConfig, Checkpointer, CheckpointRecord
-from ito_assets.runtime.config import RESULT_NAME, WorkerConfig
-from ito_assets.runtime.events import Event, EventKind
-from ito_assets.runtime.heartbeat import HeartbeatWriter
-from ito_assets.runtime.replica_sync import ReplicaSync
-from ito_assets.runtime.reporting import Reporter, open_reporter
-from ito_assets.runtime.spikes import Spike, SpikeDetector
-from ito_assets.runtime.step import StepResult, train_step
-from ito_assets.runtime.storage import write_atomic
+from ito_assets.runtime.worker import distributed
+from ito_assets.runtime.record import events
+from ito_assets.runtime.checkpoint import holds
+from ito_assets.runtime.checkpoint import markers
+from ito_assets.runtime.supervision import proposals
+from ito_assets.runtime.checkpoint import resume
+from ito_assets.runtime.stage import battery as stage_eval
+from ito_assets.runtime.worker import train_state
+from ito_assets.runtime.worker.batches import BatchPlan, ResumableBatches
+from ito_assets.runtime.checkpoint.saver import CheckpointConfig, Checkpointer, CheckpointRecord
+from ito_assets.runtime.stage.config import RESULT_NAME, WorkerConfig
+from ito_assets.runtime.record.events import Event, EventKind
+from ito_assets.runtime.supervision.heartbeat import HeartbeatWriter
+from ito_assets.runtime.worker.replica_sync import ReplicaSync
+from ito_assets.runtime.worker.reporting import Reporter, open_reporter
+from ito_assets.runtime.supervision.spikes import Spike, SpikeDetector
+from ito_assets.runtime.worker.step import StepResult, train_step
+from ito_assets.runtime.record.storage import write_atomic
 from ito_assets.evals.suite import load_suite
 from ito_assets.training.model import build_model, config_by_name
 from ito_assets.training.tokenizer import load_tokenizer
@@ -309,7 +316,7 @@ def data_rank(config: WorkerConfig, rank: int, group_world_size: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ito_assets.runtime.worker")
+    parser = argparse.ArgumentParser(prog="ito_assets.runtime.worker.main")
     parser.add_argument("--config", required=True, help="the worker config as JSON, or the path of a JSON file")
     config = WorkerConfig.from_argument(parser.parse_args(argv).config)
     # Deterministic kernels make a resume bit-exact; cuBLAS needs this workspace setting for it.

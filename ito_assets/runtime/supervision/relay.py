@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ito_assets.launch.backend import BackendKind
-from ito_assets.runtime.reporting import PIPES_CONTEXT_ENV_VAR, PipesReporter, Reporter
+from ito_assets.runtime.worker.reporting import PIPES_CONTEXT_ENV_VAR, PipesReporter, Reporter
 
 
 class MetricsRelay:

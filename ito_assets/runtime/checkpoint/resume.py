@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from ito_assets.runtime import markers
+from ito_assets.runtime.checkpoint import markers
 
 
 @dataclass(frozen=True, kw_only=True)

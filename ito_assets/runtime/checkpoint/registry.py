@@ -12,7 +12,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ito_assets.runtime.storage import append_line
+from ito_assets.runtime.record.storage import append_line
 
 REGISTRY_NAME = "registry.jsonl"
 

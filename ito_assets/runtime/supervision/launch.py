@@ -12,7 +12,7 @@ from ito_assets.launch.local import LocalBackend, node_commands
 from ito_assets.launch.slurm import SlurmBackend
 from ito_assets.launch.spec import LaunchSpec
 
-WORKER_MODULE = "ito_assets.runtime.worker"
+WORKER_MODULE = "ito_assets.runtime.worker.main"
 
 
 def worker_spec(config_path: Path, *, nnodes: int, nproc_per_node: int, rdzv_id: str) -> LaunchSpec:

@@ -12,9 +12,11 @@ from pathlib import Path
 
 from ito_assets.control import telemetry as ledger_telemetry
 from ito_assets.control.ledger import Ledger
-from ito_assets.runtime import events, markers, registry
-from ito_assets.runtime.events import EventKind
-from ito_assets.runtime.telemetry import summarize
+from ito_assets.runtime.record import events
+from ito_assets.runtime.checkpoint import markers
+from ito_assets.runtime.checkpoint import registry
+from ito_assets.runtime.record.events import EventKind
+from ito_assets.runtime.record.goodput import summarize
 
 LOG_EVERY_STEPS = 10  # the worker's Pipes reporting interval (torchtitan's default log_freq)
 

@@ -2,10 +2,10 @@
 form `replica_groups` groups that each train a full copy of the model, average their gradients
 every step, and heal each other.
 
-    python -m ito_assets.runtime.replicas --worker W.json --supervisor S.json
+    python -m ito_assets.runtime.supervision.replicas --worker W.json --supervisor S.json
 
 The same arguments and the same report (`supervision.json` in the stage folder) as
-`ito_assets.runtime.supervisor`, whose `Supervisor` runs each group here, one thread per group,
+`ito_assets.runtime.supervision.supervisor`, whose `Supervisor` runs each group here, one thread per group,
 around one torchft lighthouse (the quorum's coordinator) in this process:
 
     <stage>/                 group 0: checkpoints, events, result.json, attempt logs, heartbeats/
@@ -36,10 +36,10 @@ import threading
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from ito_assets.runtime import heartbeat
-from ito_assets.runtime.config import WorkerConfig, group_shape
-from ito_assets.runtime.storage import write_atomic
-from ito_assets.runtime.supervisor import REPORT_NAME, Outcome, SupervisionReport, Supervisor, SupervisorConfig, stage_arguments
+from ito_assets.runtime.supervision import heartbeat
+from ito_assets.runtime.stage.config import WorkerConfig, group_shape
+from ito_assets.runtime.record.storage import write_atomic
+from ito_assets.runtime.supervision.supervisor import REPORT_NAME, Outcome, SupervisionReport, Supervisor, SupervisorConfig, stage_arguments
 
 # What torchft's Manager reads for the lighthouse's address (torchft.manager, `TORCHFT_LIGHTHOUSE`).
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
@@ -172,8 +172,8 @@ class ReplicaStage:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m ito_assets.runtime.replicas --worker W.json --supervisor S.json` (what Pipes runs)."""
-    worker, config = stage_arguments("ito_assets.runtime.replicas", argv)  # config: the whole attempt's
+    """`python -m ito_assets.runtime.supervision.replicas --worker W.json --supervisor S.json` (what Pipes runs)."""
+    worker, config = stage_arguments("ito_assets.runtime.supervision.replicas", argv)  # config: the whole attempt's
     stage = ReplicaStage(worker=worker, config=config)
     for number in (signal.SIGTERM, signal.SIGINT):
         signal.signal(number, stage.request_stop)

@@ -13,7 +13,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from ito_assets.runtime.spikes import SpikeConfig
+from ito_assets.runtime.supervision.spikes import SpikeConfig
 
 # The heldout evaluation reads at most this many windows: enough for a stable mean on the
 # fixture corpora (64 x 128 tokens), bounded so that an eval never dominates a tiny stage.
@@ -34,7 +34,7 @@ class DataParallel(str, enum.Enum):
 class WorkerConfig:
     run_key: str
     stage: str
-    model: str  # a name of ito_assets.training.model.CONFIGS
+    model: str  # a name of ito_assets.training.model_config.CONFIGS
     vocab_size: int
     tokens_path: str  # .npy token shard (ito_assets.training.tokenizer.write_token_shard)
     heldout_path: str | None  # .npy held-out shard for the stage's eval; None: no eval

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ito_assets.runtime.events import Event, EventKind
+from ito_assets.runtime.record.events import Event, EventKind
 
 _SECONDS_PER_HOUR = 3600.0
 

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
-from ito_assets.runtime.storage import write_atomic
+from ito_assets.runtime.record.storage import write_atomic
 from ito_assets.training.heldout import split_heldout
 from ito_assets.training.tokenizer import (TokenizerConfig, encode_documents, save_tokenizer, train_tokenizer,
                                            write_token_shard)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ito_assets.digests import file_sha256
-from ito_assets.runtime.storage import write_atomic
+from ito_assets.runtime.record.storage import write_atomic
 
 MARKER_NAME = "COMPLETE.json"
 METADATA_NAME = ".metadata"

@@ -14,7 +14,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ito_assets.runtime.storage import write_atomic
+from ito_assets.runtime.record.storage import write_atomic
 
 # Writing more often than this buys nothing: the hang bound is minutes (seconds in tests).
 MIN_INTERVAL_SECONDS = 0.2

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Protocol
 
-from ito_assets.runtime.storage import append_line
+from ito_assets.runtime.record.storage import append_line
 
 # What Dagster Pipes sets in a launched process's environment (dagster_pipes.DAGSTER_PIPES_CONTEXT_ENV_VAR).
 PIPES_CONTEXT_ENV_VAR = "DAGSTER_PIPES_CONTEXT"

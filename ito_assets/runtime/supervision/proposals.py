@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Iterator
 
 from ito_assets.errors import ErrorCode, ItoError
-from ito_assets.runtime import holds
-from ito_assets.runtime.spikes import Spike
-from ito_assets.runtime.storage import write_atomic
+from ito_assets.runtime.checkpoint import holds
+from ito_assets.runtime.supervision.spikes import Spike
+from ito_assets.runtime.record.storage import write_atomic
 
 FOLDER_NAME = "proposals"
 _ID = re.compile(r"^spk_[0-9a-f]{16}$")

@@ -32,11 +32,16 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from ito_assets.launch.backend import Attempt, Backend, LaunchConfig
-from ito_assets.runtime import events, heartbeat, holds, launch, markers, proposals
-from ito_assets.runtime.config import RESULT_NAME, WorkerConfig
-from ito_assets.runtime.events import Event, EventKind
-from ito_assets.runtime.relay import MetricsRelay, open_relay
-from ito_assets.runtime.storage import write_atomic
+from ito_assets.runtime.record import events
+from ito_assets.runtime.supervision import heartbeat
+from ito_assets.runtime.checkpoint import holds
+from ito_assets.runtime.supervision import launch
+from ito_assets.runtime.checkpoint import markers
+from ito_assets.runtime.supervision import proposals
+from ito_assets.runtime.stage.config import RESULT_NAME, WorkerConfig
+from ito_assets.runtime.record.events import Event, EventKind
+from ito_assets.runtime.supervision.relay import MetricsRelay, open_relay
+from ito_assets.runtime.record.storage import write_atomic
 
 REPORT_NAME = "supervision.json"
 
@@ -302,8 +307,8 @@ def stage_arguments(prog: str, argv: list[str] | None) -> tuple[WorkerConfig, Su
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m ito_assets.runtime.supervisor --worker W.json --supervisor S.json` (what Pipes runs)."""
-    worker, config = stage_arguments("ito_assets.runtime.supervisor", argv)
+    """`python -m ito_assets.runtime.supervision.supervisor --worker W.json --supervisor S.json` (what Pipes runs)."""
+    worker, config = stage_arguments("ito_assets.runtime.supervision.supervisor", argv)
     supervisor = Supervisor(worker=worker, config=config)
     for number in (signal.SIGTERM, signal.SIGINT):
         signal.signal(number, supervisor.request_stop)

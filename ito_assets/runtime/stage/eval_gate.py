@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Mapping
 
 from ito_assets.errors import ErrorCode, ItoError
-from ito_assets.runtime.storage import write_atomic
+from ito_assets.runtime.record.storage import write_atomic
 
 MIN_IMPROVEMENT_BANDS = 2.0
 MAX_REGRESSION_BANDS = 2.0
@@ -53,7 +53,7 @@ class GatedMetric:
 
 
 @dataclass(frozen=True, kw_only=True)
-class GatePolicy:
+class EvalGatePolicy:
     metrics: tuple[GatedMetric, ...]
     min_improvement_bands: float = MIN_IMPROVEMENT_BANDS
     max_regression_bands: float = MAX_REGRESSION_BANDS
@@ -78,7 +78,7 @@ class MetricCheck:
 
 
 @dataclass(frozen=True, kw_only=True)
-class GateVerdict:
+class EvalGateVerdict:
     stage: str
     compared_with: str  # "initial model" or the previous stage's name
     checks: tuple[MetricCheck, ...]
@@ -100,8 +100,8 @@ class GateVerdict:
                 "error_code": self.error_code, "checks": [asdict(c) for c in self.checks]}
 
 
-def judge(stage: str, current: Mapping[str, float], previous: Mapping[str, float], policy: GatePolicy, *,
-          previous_stage: str | None) -> GateVerdict:
+def judge_stage(stage: str, current: Mapping[str, float], previous: Mapping[str, float], policy: EvalGatePolicy, *,
+          previous_stage: str | None) -> EvalGateVerdict:
     """`previous_stage` None: `previous` is the untrained model and the stage must improve on it."""
     checks = []
     for metric in policy.metrics:
@@ -112,7 +112,7 @@ def judge(stage: str, current: Mapping[str, float], previous: Mapping[str, float
         gained = metric.improvement(current[metric.name], previous[metric.name])
         checks.append(MetricCheck(metric=metric.name, value=current[metric.name], previous=previous[metric.name],
                                   improvement=gained, required=required, passed=gained >= required))
-    return GateVerdict(stage=stage, compared_with=previous_stage or "initial model", checks=tuple(checks))
+    return EvalGateVerdict(stage=stage, compared_with=previous_stage or "initial model", checks=tuple(checks))
 
 
 class VerdictStore:
@@ -124,7 +124,7 @@ class VerdictStore:
     def _path(self, stage: str) -> Path:
         return self.run_dir / f"gate-{stage}.json"
 
-    def record(self, verdict: GateVerdict) -> GateVerdict:
+    def record(self, verdict: EvalGateVerdict) -> EvalGateVerdict:
         existing = self.read(verdict.stage)
         if existing is not None and not existing["passed"]:
             raise ItoError(ErrorCode.EVAL_GATE_FAILED, f"the {verdict.stage} gate already failed and stays failed")

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ito_assets.runtime.config import DataParallel
+from ito_assets.runtime.stage.config import DataParallel
 from ito_assets.training.layout import Layout
 from ito_assets.training.mesh import build_device_mesh, parallelize
 

@@ -34,8 +34,8 @@ from pathlib import Path
 
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.schema import CheckpointPolicy, Stage, TrainingTarget
-from ito_assets.runtime.config import DataParallel, WorkerConfig, group_shape
-from ito_assets.runtime.storage import RunLayout
+from ito_assets.runtime.stage.config import DataParallel, WorkerConfig, group_shape
+from ito_assets.runtime.record.storage import RunLayout
 from ito_assets.training.layout import Layout
 from ito_assets.training.planner import Plan
 from ito_assets.training.run_plan import RunPlan
@@ -43,7 +43,7 @@ from ito_assets.training.run_plan import RunPlan
 
 @dataclass(frozen=True, kw_only=True)
 class StageSizing:
-    model: str  # ito_assets.training.model.CONFIGS name
+    model: str  # ito_assets.training.model_config.CONFIGS name
     vocab_size: int
     batch_size: int  # global, in sequences
     seed: int = 0

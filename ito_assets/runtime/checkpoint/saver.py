@@ -32,10 +32,11 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
-from ito_assets.runtime import markers, registry
-from ito_assets.runtime.holds import held_steps
-from ito_assets.runtime.markers import Marker
-from ito_assets.runtime.registry import CheckpointRecord
+from ito_assets.runtime.checkpoint import markers
+from ito_assets.runtime.checkpoint import registry
+from ito_assets.runtime.checkpoint.holds import held_steps
+from ito_assets.runtime.checkpoint.markers import Marker
+from ito_assets.runtime.checkpoint.registry import CheckpointRecord
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,79 @@
+"""One stage of a run, as the Dagster asset calls it: `prepare`, run the returned command (the asset
+runs it through Pipes), then `conclude`.
+
+`prepare` writes the worker config where the supervisor reads it and names the supervisor's
+command line (the replica-group supervisor when the plan replicates). `conclude` reads the
+supervisor's report once, judges the eval gate against the previous stage, records the verdict,
+publishes the stage's checkpoints and figures to the ledger and returns what the stage hands
+downstream. The Dagster shell only adds metadata.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Mapping
+
+from ito_assets.control.ledger import Ledger
+from ito_assets.runtime.record.publish import publish_stage
+from ito_assets.runtime.record.storage import write_atomic
+from ito_assets.runtime.stage.config import WorkerConfig
+from ito_assets.runtime.stage.eval_gate import EvalGatePolicy, VerdictStore, judge_stage
+from ito_assets.runtime.supervision.supervisor import REPORT_NAME, SupervisorConfig
+
+CONFIG_NAME = "stage.json"
+SUPERVISOR_MODULE = "ito_assets.runtime.supervision.supervisor"
+REPLICA_GROUPS_MODULE = "ito_assets.runtime.supervision.replicas"
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageCheckpoint:
+    """What a finished stage hands downstream: its final checkpoint, evals, gate verdict, attempts."""
+
+    stage: str
+    run_dir: str
+    stage_dir: str
+    final_checkpoint: str
+    num_steps: int
+    metadata_sha256: str
+    eval: dict
+    gate: dict  # EvalGateVerdict.to_dict()
+    num_attempts: int
+
+    @property
+    def gate_passed(self) -> bool:
+        return bool(self.gate["passed"])
+
+
+@dataclass(frozen=True)
+class PreparedStage:
+    stage: str
+    stage_dir: Path
+    command: tuple[str, ...]
+
+
+def prepare(config: WorkerConfig, supervisor: SupervisorConfig, *, python: str = sys.executable) -> PreparedStage:
+    stage_dir = Path(config.stage_dir)
+    write_atomic(stage_dir / CONFIG_NAME, config.to_json().encode())
+    module = REPLICA_GROUPS_MODULE if config.replica_groups > 1 else SUPERVISOR_MODULE
+    command = (python, "-m", module, "--worker", str(stage_dir / CONFIG_NAME),
+               "--supervisor", json.dumps(asdict(supervisor)))
+    return PreparedStage(config.stage, stage_dir, command)
+
+
+def conclude(prepared: PreparedStage, *, ledger: Ledger, run_id: str, run_dir: Path, policy: EvalGatePolicy,
+             previous_eval: Mapping[str, float] | None, previous_stage: str | None) -> StageCheckpoint:
+    """`previous_eval`: the previous stage's battery, or None for the first stage, which is compared
+    with the untrained model's battery (the worker measures it before the first step)."""
+    report = json.loads((prepared.stage_dir / REPORT_NAME).read_text())
+    result = report["result"]
+    reference = previous_eval if previous_eval is not None else result["initial_eval"]
+    verdict = judge_stage(prepared.stage, result["eval"], reference, policy, previous_stage=previous_stage)
+    VerdictStore(run_dir).record(verdict)
+    publish_stage(ledger, run_id, prepared.stage, prepared.stage_dir, result["eval"])
+    return StageCheckpoint(stage=prepared.stage, run_dir=str(run_dir), stage_dir=str(prepared.stage_dir),
+                           final_checkpoint=result["final_checkpoint"], num_steps=result["num_steps"],
+                           metadata_sha256=result["metadata_sha256"], eval=result["eval"], gate=verdict.to_dict(),
+                           num_attempts=report["num_attempts"])

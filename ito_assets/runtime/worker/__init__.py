@@ -1,0 +1,4 @@
+"""One rank of one stage attempt (`python -m ito_assets.runtime.worker.main`): process groups and the
+data-parallel wrapper (`distributed`), the optimizer step, batches addressed by one integer, the
+state a bit-exact resume needs (`train_state`, `rng`), torchft's side of replica groups and where
+metrics go (`reporting`)."""
