@@ -14,8 +14,6 @@ import copy
 import json
 from pathlib import Path
 
-import torch
-
 from ito_assets.manifest.schema import DpoStep, RlvrStep, SftStep
 from ito_assets.posttraining.base import PolicySpec
 from ito_assets.posttraining.checkpoint import load_policy, save_policy
@@ -27,6 +25,7 @@ from ito_assets.posttraining.rlvr import RlvrConfig, run_rlvr
 from ito_assets.posttraining.sft import SftConfig, run_sft
 from ito_assets.posttraining.stage import PostTrainingRuntime, StageOutcome, Start
 from ito_assets.posttraining.tasks import Task, largest_digit_tasks, split_held_out
+from ito_assets.training.threads import torch_threads
 
 SFT_FILE, DPO_FILE = "sft_pairs.jsonl", "dpo_pairs.jsonl"
 # The battery's train / held-out split is fixed (not the run's seed): the committed fixtures are
@@ -86,7 +85,12 @@ def run_stage(
     runtime: PostTrainingRuntime = PostTrainingRuntime(),
 ) -> StageOutcome:
     """Train one stage of the recipe from `start`; pair files resolve under `data_root`."""
-    torch.set_num_threads(runtime.num_threads)
+    with torch_threads(runtime.num_threads):
+        return _run_stage(step, start=start, data_root=data_root, out_dir=out_dir, runtime=runtime)
+
+
+def _run_stage(step: SftStep | DpoStep | RlvrStep, *, start: Start, data_root: Path, out_dir: Path,
+               runtime: PostTrainingRuntime) -> StageOutcome:
     if isinstance(start, StageOutcome):  # a failed gate stays failed: refused before anything is read
         require_passed(start.gate)
     # The bound pair file is checked against the manifest's digest before any compute is spent.

@@ -21,7 +21,7 @@ from definitions import build_definitions
 from ito_assets.defs import posttraining
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.posttraining.resources import PostTrainingResource
-from ito_assets.defs.training.stage_outcome import StageCheckpoint
+from ito_assets.runtime.stage.run import StageCheckpoint
 from ito_assets.control.run_tags import RUN_ID as RUN_ID_TAG
 from ito_assets.control import telemetry as ledger_telemetry
 from ito_assets.control.ledger import open_ledger

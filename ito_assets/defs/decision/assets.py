@@ -18,6 +18,7 @@ from ito_assets.manifest.discovery import ManifestVerdict
 from ito_assets.training.decision import DecisionResult, run_decision
 from ito_assets.training.decision_gate import DataDecision, judge_decision
 from ito_assets.training.mixtures import read_mixture
+from ito_assets.training.threads import torch_threads
 from ito_assets.training.run_plan import PlanOutcome, plan_outcome
 from ito_assets.training.verdict import PairedTest
 
@@ -43,13 +44,10 @@ def decision_run(
     except ItoError as error:
         raise failure(error) from None
     candidate = clean_shards.shards.read(["text"])["text"].to_list()
-    if config.num_threads:
-        import torch  # paid by the decision run, not by loading the code location
-
-        torch.set_num_threads(config.num_threads)
     work_dir = settings.state_dir / "decision" / context.partition_key
-    result = run_decision(candidate_texts=candidate, baseline_texts=baseline.texts, eval_items=eval_suite.items,
-                          config=config.to_config(), work_dir=work_dir)
+    with torch_threads(config.num_threads):
+        result = run_decision(candidate_texts=candidate, baseline_texts=baseline.texts, eval_items=eval_suite.items,
+                              config=config.to_config(), work_dir=work_dir)
     context.add_output_metadata(_run_metadata(result, baseline.sources, work_dir))
     return result
 

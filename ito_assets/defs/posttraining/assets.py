@@ -16,7 +16,7 @@ from ito_assets.defs.failures import failure, verified_or_fail
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.posttraining.resources import PostTrainingResource
 from ito_assets.defs.resources import ItoSettingsResource, LedgerResource
-from ito_assets.defs.training.stage_outcome import StageCheckpoint
+from ito_assets.runtime.stage.run import StageCheckpoint
 from ito_assets.defs.workload.live import require_live_authorization
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.discovery import ManifestVerdict

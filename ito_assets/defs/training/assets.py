@@ -1,18 +1,14 @@
 """The curriculum as assets: token shards, one checkpoint asset per stage, and desk telemetry.
 
 Each stage asset sizes its stage from the plan (global batch, DDP or FSDP2, torchft replica groups
-where the plan replicates) and launches the supervisor through Dagster Pipes (or, for replica
-groups, `ito_assets.runtime.supervision.replicas`, one supervisor per group); the supervisor runs `torch.distributed.run` with the worker
-(rank 0 reports through Pipes) and restarts it from the newest whole checkpoint after a fault.
-Gates are enforced here, before the first step: the ledger's authorization of the run
-(`run_authorization`), and the eval gates: a run whose gate failed never trains again
-(EVAL_GATE_FAILED), whatever is retried. Checkpoints and metrics go to the ledger for
-`ito checkpoints` and `ito metrics`.
+where the plan replicates) and calls the runtime's stage entry points
+(`ito_assets.runtime.stage.run`): `prepare`, the supervisor's command run through Dagster Pipes,
+then `conclude` (the eval gate, the verdict, the ledger); it only adds metadata. Gates are enforced
+here, before the first step: the ledger's authorization of the run (`run_authorization`), and the
+eval gates: a run whose gate failed never trains again (EVAL_GATE_FAILED), whatever is retried.
 """
 
 import dataclasses
-import json
-import sys
 from pathlib import Path
 
 import dagster as dg
@@ -25,18 +21,16 @@ from ito_assets.defs.training import telemetry_table
 from ito_assets.defs.training.launcher import TrainingLauncherResource
 from ito_assets.defs.training.resources import TrainingRuntimeResource
 from ito_assets.defs.workload.live import require_live_authorization
-from ito_assets.defs.training.stage_outcome import outcome_metadata, read_outcome
+from ito_assets.defs.training.stage_outcome import outcome_metadata
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.evals.suite import EvalSuite, load_suite
 from ito_assets.manifest.schema import STAGE_ORDER, Manifest
 from ito_assets.manifest.verify import eval_suite_mismatches
 from ito_assets.runtime.stage import corpus
 from ito_assets.runtime.stage import curriculum as stages
-from ito_assets.runtime.stage.eval_gate import VerdictStore, judge_stage
-from ito_assets.runtime.record.publish import publish_stage
 from ito_assets.runtime.record.storage import RunLayout
-from ito_assets.runtime.supervision.supervisor import REPORT_NAME
-from ito_assets.runtime.record.storage import write_atomic
+from ito_assets.runtime.stage import run as stage_run
+from ito_assets.runtime.stage.eval_gate import VerdictStore
 from ito_assets.training.run_plan import PlanOutcome
 from ito_assets.training.tokenizer import TokenizerConfig
 
@@ -150,33 +144,25 @@ def _run_stage(context, res: _StageResources, inputs: dict, previous, name: str)
     stage = stages.find_stage(manifest.training_target, name)
     try:
         layout = RunLayout.for_run(checkpoint_dir, run_id)
-        store = VerdictStore(layout.run_dir)
-        store.ensure_not_failed(STAGE_ORDER[: STAGE_ORDER.index(name) + 1])
+        VerdictStore(layout.run_dir).ensure_not_failed(STAGE_ORDER[: STAGE_ORDER.index(name) + 1])
         _require_plan(plan)
         nnodes, nproc = res.launcher.counts(plan.run_plan.hardware, has_cuda=torch.cuda.is_available())
         config = _stage_config(res, manifest, stage, plan, run_id, layout, tokens, previous, nnodes, nproc)
     except ItoError as error:
         raise failure(error) from None
-    stage_dir = Path(config.stage_dir)
-    write_atomic(stage_dir / "stage.json", config.to_json().encode())
     try:  # the launcher's settings are checked before the supervisor starts
         supervisor = dataclasses.replace(res.runtime.supervisor(nnodes=nnodes, nproc_per_node=nproc),
                                          launch=res.launcher.launch_config(nproc))
     except ValueError as error:
         raise dg.Failure(description=f"training_launcher: {error}") from None
-    # Replica groups: one supervisor per group around a torchft lighthouse, the same CLI and report.
-    module = "ito_assets.runtime.supervision.replicas" if config.replica_groups > 1 else "ito_assets.runtime.supervision.supervisor"
-    res.pipes.run(context=context, command=[
-        sys.executable, "-m", module, "--worker", str(stage_dir / "stage.json"),
-        "--supervisor", json.dumps(dataclasses.asdict(supervisor))])
-    result = json.loads((stage_dir / REPORT_NAME).read_text())["result"]
-    reference = previous.eval if previous else result["initial_eval"]
-    prior = stages.previous_stage(manifest.training_target, name)
-    policy = res.runtime.gate_policy(manifest.training_target.eval_gate)
-    gate = store.record(judge_stage(name, result["eval"], reference, policy, previous_stage=prior))
+    ready = stage_run.prepare(config, supervisor)
+    res.pipes.run(context=context, command=list(ready.command))
     with res.ledger.open() as opened:
-        publish_stage(opened, run_id, name, stage_dir, result["eval"])
-    outcome = read_outcome(name, layout.run_dir, stage_dir, gate)
+        outcome = stage_run.conclude(
+            ready, ledger=opened, run_id=run_id, run_dir=layout.run_dir,
+            policy=res.runtime.gate_policy(manifest.training_target.eval_gate),
+            previous_eval=previous.eval if previous else None,
+            previous_stage=stages.previous_stage(manifest.training_target, name))
     yield dg.Output(outcome, metadata={**outcome_metadata(outcome), "nnodes": nnodes, "nproc_per_node": nproc,
                                        "replica_groups": config.replica_groups})
 

@@ -1,44 +1,16 @@
-"""What a stage asset hands downstream and shows in the UI: its final checkpoint, its evals, its
-gate verdict and how many attempts it took. Built from the files the runtime wrote."""
+"""What a stage asset shows in the UI about the outcome it hands downstream
+(`ito_assets.runtime.stage.run.StageCheckpoint`): its final checkpoint, evals, eval-gate verdict,
+attempts, goodput and loss curve, read from the files the runtime wrote."""
 
-import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import dagster as dg
 
-from ito_assets.runtime.record import events
 from ito_assets.runtime.checkpoint import registry
+from ito_assets.runtime.record import events
 from ito_assets.runtime.record.events import EventKind
-from ito_assets.runtime.stage.eval_gate import EvalGateVerdict
-from ito_assets.runtime.supervision.supervisor import REPORT_NAME
 from ito_assets.runtime.record.goodput import summarize
-
-
-@dataclass(frozen=True, kw_only=True)
-class StageCheckpoint:
-    stage: str
-    run_dir: str
-    stage_dir: str
-    final_checkpoint: str
-    num_steps: int
-    metadata_sha256: str
-    eval: dict
-    gate: dict  # EvalGateVerdict.to_dict()
-    num_attempts: int
-
-    @property
-    def gate_passed(self) -> bool:
-        return bool(self.gate["passed"])
-
-
-def read_outcome(stage: str, run_dir: Path, stage_dir: Path, verdict: EvalGateVerdict) -> StageCheckpoint:
-    report = json.loads((stage_dir / REPORT_NAME).read_text())
-    result = report["result"]
-    return StageCheckpoint(stage=stage, run_dir=str(run_dir), stage_dir=str(stage_dir),
-                           final_checkpoint=result["final_checkpoint"], num_steps=result["num_steps"],
-                           metadata_sha256=result["metadata_sha256"], eval=result["eval"], gate=verdict.to_dict(),
-                           num_attempts=report["num_attempts"])
+from ito_assets.runtime.stage.run import StageCheckpoint
 
 
 def _loss_table(stage_dir: Path, num_rows: int = 10) -> str:
