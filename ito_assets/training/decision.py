@@ -1,4 +1,4 @@
-"""The decision job (SPEC stage 1): is the candidate mixture worth a training block?
+"""The decision job, before any compute is booked: is the candidate mixture worth a training block?
 
 A proxy model is trained on the candidate mixture and on a baseline mixture with the same token
 budget, the same seeds (paired: seed s gives both arms the same initial weights and the same

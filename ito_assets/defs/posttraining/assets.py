@@ -118,8 +118,8 @@ def _base_policy(verdict: ManifestVerdict, final: StageCheckpoint | None, tokens
 
 
 _INS = {"training_manifest": dg.AssetIn("training_manifest"), "run_authorization": dg.AssetIn("run_authorization")}
-# The pretraining chain's result: the last stage's checkpoint (issue 6; carried forward when the
-# manifest has no long-context stage) and the tokenizer it was trained with.
+# The pretraining chain's result: the last stage's checkpoint (carried forward when the manifest
+# has no long-context stage) and the tokenizer it was trained with.
 _BASE_INS = {"long_context_checkpoint": dg.AssetIn("long_context_checkpoint"),
              "training_tokens": dg.AssetIn("training_tokens")}
 
