@@ -161,6 +161,10 @@ def test_the_stages_train_through_pipes_with_gates_and_telemetry(tmp_path, insta
     # The stages train the bytes the ledger stored at confirmation: the file is no longer needed.
     result = _materialize(tmp_path, instance, _runtime(), ledger_run, after_confirmation="file deleted")
     assert not (tmp_path / "manifests" / "manifest.json").exists()
+    for event in result.get_asset_materialization_events():
+        if event.asset_key.to_user_string() == "pretraining_checkpoint":
+            trained = event.step_materialization_data.materialization.metadata["trained_manifest_digest"].value
+            assert trained == ledger_run[0].manifest_digest
     assert result.success
     materialized = {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
     assert {"training_tokens", "pretraining_checkpoint", "mid_training_checkpoint", "long_context_checkpoint",

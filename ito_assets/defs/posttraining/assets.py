@@ -101,7 +101,8 @@ def _stage(context, ito: ItoSettingsResource, posttraining: PostTrainingResource
         raise failure(error) from None
     context.log.info(json.dumps({"stage": kind, "gate": outcome.gate.as_dict()}))
     yield dg.Output(outcome, metadata={"in_recipe": True, "num_metrics_published": num_metrics,
-                                       "num_checkpoints_published": num_checkpoints, **outcome_metadata(outcome, step)})
+                                       "num_checkpoints_published": num_checkpoints,
+                                       "trained_manifest_digest": live.manifest.digest, **outcome_metadata(outcome, step)})
 
 
 def _base_policy(verdict: ManifestVerdict, final: StageCheckpoint | None, tokens: TokenSet,

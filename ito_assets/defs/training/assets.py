@@ -164,7 +164,9 @@ def _run_stage(context, res: _StageResources, inputs: dict, previous, name: str)
             previous_eval=previous.eval if previous else None,
             previous_stage=stages.previous_stage(manifest.training_target, name))
     yield dg.Output(outcome, metadata={**outcome_metadata(outcome), "nnodes": nnodes, "nproc_per_node": nproc,
-                                       "replica_groups": config.replica_groups})
+                                       "replica_groups": config.replica_groups,
+                                       # what an auditor matches against the confirmation
+                                       "trained_manifest_digest": live.manifest.digest})
 
 
 def _stage_asset(name: str, upstream: str | None):
