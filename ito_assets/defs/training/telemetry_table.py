@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ito_assets.data.warehouse import connect
 from ito_assets.runtime.record import events
-from ito_assets.runtime.record.goodput import summarize
+from ito_assets.runtime.record.goodput import summarize, summarize_run
 
 TABLE = "training_telemetry"
 _COLUMNS = ("goodput", "allocated_seconds", "device_hours", "productive_seconds", "badput_startup_seconds",
@@ -19,8 +19,7 @@ _COLUMNS = ("goodput", "allocated_seconds", "device_hours", "productive_seconds"
 def rows_for_run(partition_key: str, stage_dirs: dict[str, Path]) -> list[dict]:
     logs = {stage: events.read(folder) for stage, folder in stage_dirs.items()}
     rows = [{"partition_key": partition_key, "stage": stage, **summarize(log).as_row()} for stage, log in logs.items()]
-    everything = [event for log in logs.values() for event in log]
-    return rows + [{"partition_key": partition_key, "stage": "run", **summarize(everything).as_row()}]
+    return rows + [{"partition_key": partition_key, "stage": "run", **summarize_run(logs).as_row()}]
 
 
 def write(warehouse: Path, partition_key: str, rows: list[dict]) -> None:

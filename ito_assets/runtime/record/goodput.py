@@ -15,7 +15,8 @@ Definitions (the desk prices a training block from these):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Mapping
 
 from ito_assets.runtime.record.events import Event, EventKind
 
@@ -117,3 +118,11 @@ def summarize(events: list[Event]) -> Telemetry:
         checkpoint_bytes=int(total(EventKind.CHECKPOINT, field="num_bytes")),
         checkpoint_total_seconds=total(EventKind.CHECKPOINT, field="total_seconds"),
     )
+
+
+def summarize_run(logs: Mapping[str, list[Event]]) -> Telemetry:
+    """A run's figures from its stages' logs. Attempts are numbered per stage, so a resume is looked
+    up by (stage, attempt): each stage is summarized alone and the figures, all sums, are added.
+    Concatenating the logs would let one stage's restart mark another stage's steps as wasted."""
+    parts = [summarize(log) for log in logs.values()]
+    return Telemetry(**{f.name: sum(getattr(p, f.name) for p in parts) for f in fields(Telemetry)})

@@ -1,0 +1,102 @@
+"""Run telemetry against an independent oracle, on generated multi-stage, multi-attempt logs.
+
+Attempts are numbered from 0 in every stage, so the run's figures must look a resume up by
+(stage, attempt). The oracle keeps each stage's surviving steps on a stack: a resume from step c
+pops every kept step after c (wasted, done again); what is left at the end is productive. Whole
+seconds keep every sum exact in floats."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ito_assets.defs.training.telemetry_table import rows_for_run
+from ito_assets.runtime.record import events
+from ito_assets.runtime.record.events import Event, EventKind
+
+STAGES = ("pretraining", "mid_training", "long_context")
+seconds = st.integers(min_value=0, max_value=50)
+
+
+@st.composite
+def stage_log(draw) -> tuple[list[Event], dict[str, int]]:
+    """One stage's events, and what the oracle says of them."""
+    e = lambda kind, **f: Event(kind=kind, at=0.0, **f)
+    log, kept, wasted, checkpoints = [], [], 0, [-1]
+    startup = recovery = blocking = evaluation = 0
+    for attempt in range(draw(st.integers(min_value=1, max_value=4))):
+        resumed = -1 if attempt == 0 else draw(st.sampled_from(checkpoints))
+        taken = draw(seconds)
+        if attempt == 0:
+            startup += taken
+            log.append(e(EventKind.STARTUP, attempt=0, seconds=taken))
+        else:  # a restart's start-up lies inside its recovery, which is the badput counted
+            spent = draw(seconds)
+            recovery += spent
+            log += [e(EventKind.INTERRUPTION, attempt=attempt - 1, planned=draw(st.booleans()), seconds=1),
+                    e(EventKind.STARTUP, attempt=attempt, seconds=min(taken, spent)),
+                    e(EventKind.RECOVERY, attempt=attempt, seconds=spent)]
+        log.append(e(EventKind.RESUME, attempt=attempt, step=resumed))
+        while kept and kept[-1][0] > resumed:
+            wasted += kept.pop()[1]
+        for step in range(resumed + 1 if resumed >= 0 else 1, draw(st.integers(min_value=resumed + 1, max_value=resumed + 8)) + 1):
+            step_seconds = draw(seconds)
+            kept.append((step, step_seconds))
+            log.append(e(EventKind.STEP, attempt=attempt, step=step, seconds=step_seconds))
+            if draw(st.booleans()):
+                block = draw(seconds)
+                blocking += block
+                checkpoints.append(step)
+                log.append(e(EventKind.CHECKPOINT, attempt=attempt, step=step, seconds=block, total_seconds=block,
+                             num_bytes=1))
+    evaluation = draw(seconds)
+    log.append(e(EventKind.EVALUATION, attempt=attempt, seconds=evaluation))
+    productive = sum(s for _, s in kept)
+    used = productive + wasted + startup + recovery + blocking + evaluation
+    allocated = used + draw(seconds)  # the supervisor's window holds everything, plus idle time
+    log.insert(0, e(EventKind.ALLOCATION, seconds=allocated, num_devices=1))
+    return log, {"productive": productive, "wasted": wasted, "allocated": allocated, "steps": len(kept)}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(stage_log(), min_size=1, max_size=3))
+def test_the_run_row_matches_the_oracle_and_no_bucket_is_negative(stages) -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        stage_dirs = {}
+        for name, (log, _) in zip(STAGES, stages):
+            stage_dirs[name] = Path(folder) / name
+            stage_dirs[name].mkdir()
+            for event in log:
+                events.append(stage_dirs[name], event)
+        rows = {row["stage"]: row for row in rows_for_run("p", stage_dirs)}
+    truths = [truth for _, truth in stages]
+    for name, truth in zip(STAGES, truths):
+        assert rows[name]["productive_seconds"] == truth["productive"]
+        assert rows[name]["badput_wasted_step_seconds"] == truth["wasted"]
+    run = rows["run"]
+    assert run["productive_seconds"] == sum(t["productive"] for t in truths)
+    assert run["badput_wasted_step_seconds"] == sum(t["wasted"] for t in truths)
+    assert run["num_steps"] == sum(t["steps"] for t in truths)
+    assert run["allocated_seconds"] == sum(t["allocated"] for t in truths)
+    buckets = [v for k, v in run.items() if k.startswith("badput_")] + [run["productive_seconds"]]
+    assert min(buckets) >= 0 and sum(buckets) == run["allocated_seconds"]
+
+
+def test_one_stages_restart_never_wastes_another_stages_steps(tmp_path) -> None:
+    """Concatenated, the two logs read as one: stage b's resume wasted 3 of stage a's steps (4/16)."""
+    e = lambda kind, **f: Event(kind=kind, at=0.0, **f)
+    first = [e(EventKind.ALLOCATION, seconds=8, num_devices=1), e(EventKind.RESUME, attempt=0, step=-1),
+             *[e(EventKind.STEP, attempt=0, step=s, seconds=1) for s in (1, 2, 3, 4)]]
+    second = [e(EventKind.ALLOCATION, seconds=8, num_devices=1), e(EventKind.RESUME, attempt=0, step=-1),
+              *[e(EventKind.STEP, attempt=0, step=s, seconds=1) for s in (1, 2)],
+              e(EventKind.RESUME, attempt=1, step=1), *[e(EventKind.STEP, attempt=1, step=s, seconds=1) for s in (2, 3)]]
+    stage_dirs = {"pretraining": tmp_path / "a", "mid_training": tmp_path / "b"}
+    for (name, folder), log in zip(stage_dirs.items(), (first, second)):
+        folder.mkdir()
+        for event in log:
+            events.append(folder, event)
+    run = {row["stage"]: row for row in rows_for_run("p", stage_dirs)}["run"]
+    assert run["goodput"] == 7 / 16 and run["badput_wasted_step_seconds"] == 1
