@@ -120,8 +120,10 @@ class StageWorker:
         x, y = x.to(self.group.device), y.to(self.group.device)
         optimizer = self.optimizer if self.replicas is None else self.replicas.optimizer_step
         reduce = None if self.replicas is None else self.replicas.reduce_gradients
+        staging = []  # a save's staging wait is the checkpoint's blocking time, not the step's
         loss, grad_norm, lr = train_step(self.parallel, self.model, optimizer, x, y, step, self.train_config,
-                                         before_update=self.checkpointer.wait_staged, reduce_gradients=reduce)
+                                         before_update=lambda: staging.append(self.checkpointer.wait_staged()),
+                                         reduce_gradients=reduce)
         committed = True
         if self.replicas is not None:
             reached, committed, position = self.replicas.settle(step, position, batches)
@@ -129,7 +131,7 @@ class StageWorker:
                 self.log(f"healed from a peer replica group: step {step - 1} -> {reached}")
             step = reached
         result = StepResult(step=step, position=position, loss=loss, grad_norm=grad_norm, learning_rate=lr,
-                            seconds=time.perf_counter() - started, committed=committed)
+                            seconds=max(0.0, time.perf_counter() - started - sum(staging)), committed=committed)
         if not committed:
             self.heartbeat.beat(step, "training")
             return result
