@@ -46,6 +46,10 @@ def _require(condition: bool, name: str, rule: str) -> None:
         raise ValueError(f"{name} {rule}")
 
 
+# The proxy the decision is specified at: a 150M model, a scale at which DataDecide (Magnusson et
+# al. 2025) ranks data recipes to predict the winner at 1B; smaller models are stand-ins for it.
+PROXY_MODEL = "proxy-150m"
+
 @dataclass(frozen=True, kw_only=True)
 class DecisionConfig:
     # The embedded default runs `tiny` on CPU; a booked cluster runs `proxy-150m` (same code).
@@ -143,13 +147,20 @@ class DecisionResult:
     def explanation(self) -> str:
         return self.test.explanation
 
+    @property
+    def scale(self) -> str:
+        """In plain words, whether this is the 150M-scale decision or a small stand-in for it."""
+        if self.model_name == PROXY_MODEL:
+            return f"{PROXY_MODEL} ({self.num_parameters:,} parameters): the 150M-scale decision"
+        return f"{self.model_name} ({self.num_parameters:,} parameters): a small stand-in, not a 150M decision"
+
     def to_dict(self) -> dict:
         return {
             "verdict": self.verdict.value, "metric": self.metric, "lower_is_better": True,
             "difference": self.difference, "half_width": self.half_width, "explanation": self.explanation,
             "test": self.test.to_dict(),
             "candidate": vars(self.candidate), "baseline": vars(self.baseline),
-            "model_name": self.model_name, "num_parameters": self.num_parameters,
+            "model_name": self.model_name, "num_parameters": self.num_parameters, "scale": self.scale,
             "num_tokens_per_run": self.num_tokens_per_run, "num_runs": len(self.runs),
             "tokenizer_sha256": self.tokenizer_sha256, "train_wall_seconds": round(self.train_wall_seconds, 3),
             "model_flops": self.model_flops,

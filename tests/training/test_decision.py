@@ -3,6 +3,7 @@ prices itself against the full run."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -67,6 +68,9 @@ def test_clean_mixture_beats_garbage(garbage, suite, tmp_path):
     assert len(result.runs) == 6 and {r.seed for r in result.runs} == {0, 1, 2}
     assert (tmp_path / "tokenizer.json").is_file() and (tmp_path / "tokens" / "candidate.npy").is_file()
     assert result.tokenizer_sha256 and result.to_dict()["verdict"] == "GO"
+    assert result.scale == f"micro ({result.num_parameters:,} parameters): a small stand-in, not a 150M decision"
+    proxy = dataclasses.replace(result, model_name="proxy-150m")
+    assert proxy.scale.endswith("the 150M-scale decision") and result.to_dict()["scale"] == result.scale
     assert result.to_dict()["test"]["degrees_of_freedom"] == 2
     # The test pairs by seed: the same runs with the arms swapped are a NO_GO.
     reverse = paired_test([r.primary for r in result.runs if r.arm == "baseline"],

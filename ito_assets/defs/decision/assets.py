@@ -75,6 +75,7 @@ def _run_metadata(result: DecisionResult, baseline_sources, work_dir: Path) -> d
         "paired_test": _test_table(result.test),
         "explanation": result.explanation,
         "model": result.model_name,
+        "scale": result.scale,
         "num_parameters": result.num_parameters,
         "num_tokens_per_run": result.num_tokens_per_run,
         "num_runs": len(result.runs),
