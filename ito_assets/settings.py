@@ -13,12 +13,12 @@ Nothing reads the environment at import time.
 
 from __future__ import annotations
 
-import contextvars
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping
 
-from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ito_assets import env as env_text
 from ito_assets.manifest.secure_read import DEFAULT_MAX_BYTES
@@ -63,19 +63,6 @@ class Settings:
         return replace(self, **changes)
 
 
-# The mapping ItoSettings.read is reading; the process environment when unset.
-_READING: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar("ito_settings_env", default=None)
-
-
-class _MappingSource(EnvSettingsSource):
-    # pydantic-settings reads os.environ in this hook; callers and tests may pass their own mapping.
-    # Only upper-case names count (ITO_STATE_DIR, not ito_state_dir), as they always have; the
-    # source matches names in lower case, so they are handed over lowered.
-    def _load_env_vars(self) -> Mapping[str, str | None]:
-        return {name.lower(): value for name, value in env_text.environment(_READING.get()).items()
-                if name.startswith(env_text.PREFIX) and name == name.upper()}
-
-
 class ItoSettings(BaseSettings):
     """Every ITO_ variable as set (None when unset; an empty value stays empty, as some variables
     treat it differently from unset). Only the environment is read: no .env file, no secrets folder."""
@@ -90,7 +77,7 @@ class ItoSettings(BaseSettings):
     eval_suite: str | None = None
     max_manifest_bytes: str | None = None
     executor: str | None = None
-    ledger_url: str | None = None
+    ledger_url: str | None = Field(default=None, repr=False)  # may carry a database password
     ledger_schema: str | None = None
     # The gate policy (control/policy.py).
     allowed_data_roots: str | None = None
@@ -111,16 +98,18 @@ class ItoSettings(BaseSettings):
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
                                    file_secret_settings):
-        return init_settings, _MappingSource(settings_cls)
+        # Only what `read` hands over: callers and tests pass their own mapping, and the process
+        # environment is read in one place (`env.environment`), never behind their back.
+        return (init_settings,)
 
     @classmethod
     def read(cls, env: Mapping[str, str] | None = None) -> "ItoSettings":
-        """The settings from `env` (default: the process environment)."""
-        token = _READING.set(env)
-        try:
-            return cls()
-        finally:
-            _READING.reset(token)
+        """The settings from `env` (default: the process environment). Only upper-case names count
+        (ITO_STATE_DIR, not ito_state_dir), as they always have."""
+        prefix = len(env_text.PREFIX)
+        given = {name[prefix:].lower(): value for name, value in env_text.environment(env).items()
+                 if name.startswith(env_text.PREFIX) and name == name.upper()}
+        return cls(**{name: value for name, value in given.items() if name in cls.model_fields})
 
     @staticmethod
     def variable(field: str) -> str:

@@ -24,12 +24,15 @@ def confirmed_run_sensor(context: dg.SensorEvaluationContext, ledger: LedgerReso
     with ledger.open() as opened:
         pending = runs.pending_runs(opened)
     known = set(context.instance.get_dynamic_partitions(manifests_partitions.name))
-    keys = sorted({Digest(r.manifest_digest).short for r in pending} - known)
-    requests = [
-        dg.RunRequest(run_key=r.run_id, partition_key=Digest(r.manifest_digest).short,
-                      tags=run_tags.for_run(r))
-        for r in pending
-    ]
+    launchable = []
+    for run in pending:  # one damaged row must not hold back every other queued run
+        try:
+            launchable.append((run, Digest(run.manifest_digest).short))
+        except ValueError:
+            context.log.warning(f"{run.run_id}: its manifest digest in the ledger is malformed; not launched")
+    keys = sorted({key for _, key in launchable} - known)
+    requests = [dg.RunRequest(run_key=run.run_id, partition_key=key, tags=run_tags.for_run(run))
+                for run, key in launchable]
     return dg.SensorResult(
         run_requests=requests,
         dynamic_partitions_requests=[manifests_partitions.build_add_request(keys)] if keys else [],

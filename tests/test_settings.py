@@ -165,3 +165,9 @@ def test_the_client_does_not_import_the_settings_model() -> None:
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
                           env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert done.stdout.strip() == "[]"
+
+
+def test_a_printed_settings_object_never_shows_the_ledger_password() -> None:
+    read = ItoSettings.read({"ITO_LEDGER_URL": "postgresql://ito:canary-pw-3f9a@db/ledger"})
+    assert read.ledger_url == "postgresql://ito:canary-pw-3f9a@db/ledger"
+    assert "canary-pw-3f9a" not in repr(read) and "canary-pw-3f9a" not in str(read)

@@ -92,3 +92,23 @@ def test_the_dagster_event_log_reaches_ito_logs(world_and_defs, instance):
     _tick(defs, instance)
     text = "\n".join(line.message for line in telemetry.logs(world.ledger, run.run_id, limit=500))
     assert "STEP_SUCCESS run_authorization" in text and "RUN_SUCCESS" in text
+
+
+def test_a_run_with_a_damaged_digest_does_not_hold_back_the_others(world_and_defs, instance):
+    world, defs = world_and_defs
+    good = _create(world, key="train-key-0001")
+    now = int(time.time())
+    world.booking_id = world.booking(starts_at=now - 3600, ends_at=now + 3600)  # one run per booking
+    damaged = _create(world, key="train-key-0002")
+    raw = world.ledger.engine.raw_connection()
+    try:  # a row no code path writes: the digest is not sha256 hex any more
+        cursor = raw.cursor()
+        cursor.execute("PRAGMA foreign_keys=OFF")
+        cursor.execute("UPDATE runs SET manifest_digest = 'sha256:not-hex' WHERE run_id = ?", (damaged.run_id,))
+        raw.commit()
+        cursor.close()
+    finally:
+        raw.close()
+    assert _tick(defs, instance).num_runs_launched == 1
+    assert runs.get(world.ledger, good.run_id).state is RunState.SUCCEEDED
+    assert runs.get(world.ledger, damaged.run_id).state is RunState.QUEUED
