@@ -26,10 +26,11 @@ def adamw(model: nn.Module, *, learning_rate: float, betas: tuple[float, float],
 
 
 def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss: torch.Tensor, *, grad_clip: float) -> float:
-    """Zero the gradients, backward `loss`, clip the global gradient norm to `grad_clip`, update;
-    returns the gradient norm before clipping."""
-    optimizer.zero_grad(set_to_none=True)
+    """Backward `loss`, clip the global gradient norm to `grad_clip`, update, then free the
+    gradients; returns the gradient norm before clipping. Freeing them here, not before the next
+    backward, keeps the last step's gradients from living through the next forward pass."""
     loss.backward()
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
     return float(norm)

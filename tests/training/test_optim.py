@@ -53,7 +53,18 @@ def test_a_step_returns_the_norm_before_clipping_and_clips_the_update():
     optimizer = optim.adamw(model, learning_rate=1e-3, betas=(0.9, 0.999), weight_decay=0.0)
     x = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
     loss = model.loss(x, torch.roll(x, -1, 1))
+    seen = []  # the gradients as the update reads them (the step frees them afterwards)
+    optimizer.register_step_pre_hook(lambda *_: seen.append(torch.linalg.vector_norm(
+        torch.stack([torch.linalg.vector_norm(p.grad) for p in model.parameters()]))))
     norm = optim.optimizer_step(model, optimizer, loss, grad_clip=1e-6)
     assert norm > 1e-6
-    clipped = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in model.parameters()]))
-    assert float(clipped) == pytest.approx(1e-6, rel=1e-3)
+    assert float(seen[0]) == pytest.approx(1e-6, rel=1e-3)
+
+
+def test_a_step_frees_its_gradients_before_the_next_forward_pass():
+    model = _model()
+    optimizer = optim.adamw(model, learning_rate=1e-3, betas=(0.9, 0.95), weight_decay=0.0)
+    tokens = torch.randint(0, 64, (2, 9))
+    norm = optim.optimizer_step(model, optimizer, model.loss(tokens[:, :-1], tokens[:, 1:]), grad_clip=1.0)
+    assert norm > 0
+    assert all(p.grad is None for p in model.parameters())  # nothing held while the next batch runs
