@@ -11,7 +11,7 @@ Each target runs in its own scratch copy (benchmarks/out/mutation/<target>), so 
 never changed. Prints one row per module (killed / mutants, the score against the 90 % goal) and
 every surviving mutant with its diff; writes the same as JSON.
 
-    .venv/bin/python benchmarks/mutation.py [--targets gates manifest ...] [--modules cost.py ...]
+    .venv/bin/python benchmarks/mutation.py [--targets control manifest ...] [--modules cost.py ...]
 
 mutmut mutates the bodies of functions and methods only, not module-level constants (a threshold
 such as the secret scanner's entropy bits): those are pinned by boundary tests instead. Statements
@@ -60,7 +60,7 @@ class Target:
 
 
 TARGETS: dict[str, Target] = {
-    "gates": Target(
+    "control": Target(
         modules=tuple(f"ito_assets/control/{name}.py" for name in (
             "authorization", "bookings", "cancel", "cleanup", "confirm_request", "confirmations", "cost",
             "create_run", "entitlement", "fingerprint", "idempotency", "identity", "intake", "outcome",

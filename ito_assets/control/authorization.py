@@ -14,7 +14,7 @@ import sqlalchemy as sa
 
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.control import bookings, entitlement, intake, run_tags, runs
-from ito_assets.control.ledger import Ledger, confirmations, manifests
+from ito_assets.control.ledger import Ledger, confirmations
 from ito_assets.control.states import RunState
 from ito_assets.manifest.secure_read import ManifestBytes
 
@@ -51,12 +51,11 @@ def reverify(ledger: Ledger, run_id: str) -> Authorization:
         eligible = entitlement.eligibility(bookings.load(conn, run.booking_id), run.account_id, ledger.now())
         bound = conn.execute(sa.select(confirmations).where(
             confirmations.c.confirmation_id == run.confirmation_id)).mappings().first()
-        content = conn.execute(sa.select(manifests.c.content).where(
-            manifests.c.digest == run.manifest_digest)).scalar_one_or_none()
+        content = intake.stored_content(conn, run.manifest_digest)
     if bound is None or bound["consumed_by_run"] != run.run_id or bound["account_id"] != run.account_id:
         raise ItoError(ErrorCode.CONFIRMATION_INVALID, "the run's confirmation does not authorize it")
     entitlement.require_unchanged(bound["eligibility"], eligible)
-    confirmed = intake.verify_stored(None if content is None else bytes(content), run.manifest_digest)
+    confirmed = intake.verify_stored(content, run.manifest_digest)  # a lost row reads as a mismatch
     return Authorization(
         run_id=run.run_id, account_id=run.account_id, booking_id=run.booking_id,
         manifest_digest=run.manifest_digest, idempotency_key=run.idempotency_key,

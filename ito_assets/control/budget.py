@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 import sqlalchemy as sa
 
 from ito_assets.errors import ErrorCode, ItoError
-from ito_assets.control.ledger import budgets, insert_if_absent, manifests, runs
+from ito_assets.control.ledger import budgets, insert_if_absent, runs
 from ito_assets.control.states import ACTIVE_RUN_STATES, RunState
 from ito_assets.manifest.schema import Budget
 
@@ -77,11 +77,10 @@ def stored_budget(conn: sa.Connection, manifest_digest: str) -> Budget:
     from ito_assets.control import intake
     from ito_assets.manifest.verify import parse_manifest
 
-    content = conn.execute(sa.select(manifests.c.content).where(
-        manifests.c.digest == manifest_digest)).scalar_one_or_none()
+    content = intake.stored_content(conn, manifest_digest)
     if content is None:
         raise ItoError(ErrorCode.RUN_NOT_FOUND, "no run of this account was created from this manifest")
-    return parse_manifest(intake.verify_stored(bytes(content), manifest_digest)).budget
+    return parse_manifest(intake.verify_stored(content, manifest_digest)).budget
 
 
 def states_for(conn: sa.Connection, account_id: str, manifest_digest: str | None = None) -> list[BudgetState]:

@@ -30,12 +30,18 @@ def verify_submitted(content: bytes, claimed_digest: str, *, max_bytes: int) -> 
     return VerifiedManifest(manifest=parse_manifest(raw), raw=raw)
 
 
-def stored(conn: sa.Connection, digest: str) -> ManifestBytes:
-    """The exact bytes a run was confirmed with, read back by their digest."""
+def stored_content(conn: sa.Connection, digest: str) -> bytes | None:
+    """The bytes stored under `digest` as they are now, unverified (None when there are none)."""
     content = conn.execute(sa.select(manifests.c.content).where(manifests.c.digest == digest)).scalar_one_or_none()
+    return None if content is None else bytes(content)
+
+
+def stored(conn: sa.Connection, digest: str) -> ManifestBytes:
+    """The exact bytes a run was confirmed with, read back by their digest and verified."""
+    content = stored_content(conn, digest)
     if content is None:
         raise ItoError(ErrorCode.RUN_NOT_FOUND, "no manifest stored under this digest")
-    return verify_stored(bytes(content), digest)
+    return verify_stored(content, digest)
 
 
 def verify_stored(content: bytes | None, digest: str) -> ManifestBytes:

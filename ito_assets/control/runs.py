@@ -13,7 +13,7 @@ import sqlalchemy as sa
 
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.control import audit
-from ito_assets.control.ledger import Ledger, manifests, runs
+from ito_assets.control.ledger import Ledger, runs
 from ito_assets.control.states import ACTIVE_RUN_STATES, RUN_TRANSITIONS, TERMINAL_RUN_STATES, RunState
 
 

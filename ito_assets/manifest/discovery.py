@@ -3,7 +3,7 @@
 The folder is the inbox of reviewed manifests awaiting preparation: the sensor registers each
 readable one under its short digest, and the preparation job finds the file for a partition key
 again. A run created through the API never comes back here: it trains the bytes the ledger stored
-when the run was confirmed (`judge_bytes`). A verdict is data (never an exception) so that the
+when the run was confirmed (`ito_assets.defs.workload.live`). A verdict is data (never an exception) so that the
 Dagster checks can show every failure by its code.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ito_assets.digests import Digest
 from ito_assets.errors import ItoError
-from ito_assets.manifest.secure_read import ManifestBytes, read_manifest_bytes
+from ito_assets.manifest.secure_read import read_manifest_bytes
 from ito_assets.manifest.verify import VerifiedManifest, parse_manifest, summarize
 
 MANIFEST_SUFFIX = ".json"
@@ -63,7 +63,7 @@ class ManifestVerdict:
     """The outcome of judging one manifest file: verified content, or the code that refused it."""
 
     key: str
-    source: str  # the file's path, or `ledger:<digest>` for the bytes a confirmed run was created from
+    path: str
     digest: str | None
     size_bytes: int | None
     error_code: str | None = None
@@ -83,11 +83,7 @@ def judge(path: str, key: str, *, max_bytes: int) -> ManifestVerdict:
         raw = read_manifest_bytes(path, max_bytes=max_bytes)
     except ItoError as error:
         return ManifestVerdict(key, path, None, None, error.code.value, error.message)
-    return judge_bytes(raw, key, source=path)
-
-
-def judge_bytes(raw: ManifestBytes, key: str, *, source: str) -> ManifestVerdict:
-    base = dict(key=key, source=source, digest=raw.digest, size_bytes=raw.size)
+    base = dict(key=key, path=path, digest=raw.digest, size_bytes=raw.size)
     if raw.digest.short != key:
         return ManifestVerdict(**base, error_code="MANIFEST_CHANGED", error_message="the manifest changed since it was registered")
     try:

@@ -18,7 +18,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from ito_assets.training.layout import MESH_DIMS, Layout
+from ito_assets.training.layout import Layout
 from ito_assets.training.model import DecoderLM
 
 # Megatron-LM's split (Shoeybi et al. 2019): q, k, v and the MLP inputs by output columns, the

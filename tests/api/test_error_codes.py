@@ -326,7 +326,7 @@ def test_capability_missing_fails_closed_before_any_credential(api, monkeypatch)
 
 # The codes of the client's contract that a client call can reach; pipeline codes and those no
 # client call can reach are tested elsewhere (see the module docstring).
-ISSUE_3_CODES = {
+CLIENT_CONTRACT_CODES = {
     "MANIFEST_PATH_NOT_CANONICAL", "MANIFEST_NOT_FOUND", "MANIFEST_SYMLINK", "MANIFEST_NOT_REGULAR",
     "MANIFEST_HARD_LINKED", "MANIFEST_UNSAFE_OWNER", "MANIFEST_UNSAFE_PERMISSIONS", "MANIFEST_TOO_LARGE",
     "MANIFEST_INVALID", "MANIFEST_CONTAINS_SECRET", "MANIFEST_DIGEST_MISMATCH", "PROVENANCE_MISSING",
@@ -340,8 +340,8 @@ ISSUE_3_CODES = {
 }
 
 
-def test_every_issue_3_code_has_a_case() -> None:
+def test_every_client_contract_code_has_a_case() -> None:
     covered = {code for code, _case, _ in CASES} | {"CREDENTIAL_REVOKED", "CAPABILITY_MISSING",
                                                      "IDEMPOTENCY_KEY_IN_FLIGHT"}  # test_races.py
-    assert ISSUE_3_CODES - covered == set()
-    assert ISSUE_3_CODES <= {c.value for c in ErrorCode}
+    assert CLIENT_CONTRACT_CODES - covered == set()
+    assert CLIENT_CONTRACT_CODES <= {c.value for c in ErrorCode}

@@ -46,7 +46,7 @@ def test_readiness_lists_every_gate_and_lifecycle_operation(api) -> None:
 
 
 def test_client_verbs_import_no_dagster_torch_or_polars(api) -> None:
-    """Issue 3, item 10: client verbs start fast; heavy packages load lazily, if ever."""
+    """Client verbs start fast; heavy packages load lazily, if ever."""
     _booking, run = api.started_run()
     probe = ("import sys; from ito_assets.api import cli; doc, _ = cli.run(sys.argv[1:]); assert doc['ok'], doc; "
              "print(sorted({m.split('.')[0] for m in sys.modules} & {'dagster', 'torch', 'polars'}))")

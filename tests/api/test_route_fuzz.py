@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import re
 import urllib.parse
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st

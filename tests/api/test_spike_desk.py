@@ -1,4 +1,4 @@
-"""Issue 6, item 5: a loss spike's proposed restart waits for a person at the desk, through the API.
+"""A loss spike's proposed restart waits for a person at the desk, through the API.
 
 The worker writes proposals into the run's stage folders; the desk lists and decides them through
 `ito desk proposals`. Only a desk token decides, once; the decision is audited in the ledger.

@@ -12,7 +12,7 @@ import os
 import pytest
 import sqlalchemy as sa
 
-from gate_world import T0, new_run, verified
+from gate_world import T0, new_run
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.control import (audit, bookings, cancel, cleanup, confirm_request, idempotency, ids,
                               runs, telemetry)

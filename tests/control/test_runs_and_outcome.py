@@ -411,6 +411,18 @@ def test_reverify_refuses_a_manifest_that_no_longer_hashes_to_its_digest(world) 
     assert code_of(lambda: authorization.reverify(world.ledger, run.run_id)) is ErrorCode.MANIFEST_DIGEST_MISMATCH
 
 
+def test_a_budget_is_never_read_from_stored_bytes_that_no_longer_hash_to_their_digest(world) -> None:
+    run = new_run(world)
+    with world.ledger.read() as conn:
+        assert budget.states_for(conn, run.account_id)[0].cap_cents > 0
+    with world.ledger.write() as conn:
+        conn.execute(manifests_table.update().where(manifests_table.c.digest == run.manifest_digest)
+                     .values(content=manifest_bytes(budget__cap_cents=10**12)))
+    with world.ledger.read() as conn:
+        assert code_of(lambda: budget.states_for(conn, run.account_id)) is ErrorCode.MANIFEST_DIGEST_MISMATCH
+    assert code_of(lambda: runs.manifest_bytes(world.ledger, run.manifest_digest)) is ErrorCode.MANIFEST_DIGEST_MISMATCH
+
+
 def test_reverify_refuses_a_run_whose_manifest_is_gone(world) -> None:
     if not world.ledger.is_sqlite:
         pytest.skip("removing a referenced manifest needs SQLite's foreign_keys pragma")

@@ -1,4 +1,4 @@
-"""Issue 8, item 1: the end-to-end flow once on each backend, SQLite and PostgreSQL.
+"""The end-to-end flow once on each backend, SQLite and PostgreSQL.
 
 On each: a real `ito serve` on the backend's ledger and a Dagster instance from the matching
 `deploy/` dagster.yaml. Through the `ito` client the desk books, the account confirms, the desk

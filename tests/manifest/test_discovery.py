@@ -66,7 +66,7 @@ def test_a_verdict_carries_the_verified_manifest_or_the_code_that_refused_it(tmp
     key = sha(path)[:12]
     verdict = discovery.judge(path, key, max_bytes=MAX)
     assert verdict.ok and verdict.error_code is None and verdict.error_message is None
-    assert (verdict.key, verdict.source, verdict.digest, verdict.size_bytes) == (
+    assert (verdict.key, verdict.path, verdict.digest, verdict.size_bytes) == (
         key, path, "sha256:" + sha(path), Path(path).stat().st_size)
     assert verdict.verified.raw.data == Path(path).read_bytes()
     assert verdict.summary()["name"] == valid_manifest()["name"]
@@ -94,7 +94,7 @@ def test_a_manifest_changed_since_registration_is_refused_with_its_new_digest(tm
 def test_an_unreadable_or_invalid_manifest_is_a_verdict_not_an_exception(tmp_path: Path) -> None:
     gone = str(tmp_path / "gone.json")
     missing = discovery.judge(gone, "0" * 12, max_bytes=MAX)
-    assert (missing.ok, missing.key, missing.source, missing.digest, missing.size_bytes) == (
+    assert (missing.ok, missing.key, missing.path, missing.digest, missing.size_bytes) == (
         False, "0" * 12, gone, None, None)
     assert missing.error_message == MISSING_MESSAGE
     assert missing.error_code == "MANIFEST_NOT_FOUND"

@@ -110,7 +110,7 @@ def test_a_corrupt_latest_checkpoint_is_skipped_never_loaded(tmp_path, tokens):
 
 
 def test_two_nodes_on_loopback_survive_the_sigkill_of_the_second_nodes_rank(tmp_path, tokens):
-    """Issue 8, item 3: the multi-node path for real. Two torchrun launchers (`--nnodes 2`, c10d on
+    """The multi-node path for real. Two torchrun launchers (`--nnodes 2`, c10d on
     loopback), one rank each; the second node's rank dies, its launcher exits, the supervisor ends
     both nodes and resumes the stage on two fresh launchers from the newest whole checkpoint."""
     config = worker_config(tmp_path, tokens, num_steps=STEPS)

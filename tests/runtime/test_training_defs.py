@@ -158,7 +158,7 @@ def _runtime(**changes) -> TrainingRuntimeResource:
 
 
 def test_the_stages_train_through_pipes_with_gates_and_telemetry(tmp_path, instance, ledger_run):
-    # The stages train the bytes the ledger stored at confirmation: the file is no longer needed.
+    # The manifests folder is the preparation's inbox only: a trained run never reads it again.
     result = _materialize(tmp_path, instance, _runtime(), ledger_run, after_confirmation="file deleted")
     assert not (tmp_path / "manifests" / "manifest.json").exists()
     for event in result.get_asset_materialization_events():

@@ -54,8 +54,8 @@ def training_manifest(context: dg.AssetExecutionContext, ito: ItoSettingsResourc
 
 def _verdict_metadata(verdict: ManifestVerdict) -> dict:
     metadata: dict = {
-        "path": dg.MetadataValue.path(verdict.source),
-        "file_name": Path(verdict.source).name,
+        "path": dg.MetadataValue.path(verdict.path),
+        "file_name": Path(verdict.path).name,
         "verified": verdict.ok,
         "digest": verdict.digest or "",
         "size_bytes": verdict.size_bytes or 0,
