@@ -179,7 +179,7 @@ def _wasteful(request: PlanRequest, layout: Layout) -> list[Refusal]:
     return found
 
 
-def judge(request: PlanRequest, layout: Layout) -> tuple[Refusal, ...]:
+def refusals_of(request: PlanRequest, layout: Layout) -> tuple[Refusal, ...]:
     """Every reason to refuse `layout` for `request`; empty when the layout is acceptable."""
     found = _structural(request, layout) + _tensor_parallel(request, layout) + _precision(request, layout)
     memory = estimate_memory(request.model, layout, request.sequence_length, request.hardware.gpu)
@@ -233,12 +233,12 @@ def plan(request: PlanRequest) -> Plan:
     """The proposed layout if acceptable, else the fastest acceptable candidate (ties: fewer
     parallel dimensions, no recomputation, bf16). Raises PlanRefused (PLAN_REFUSED)."""
     if request.layout is not None:
-        refusals = judge(request, request.layout)
+        refusals = refusals_of(request, request.layout)
         if refusals:
             raise PlanRefused(refusals, "the proposed layout is refused: " + ", ".join(sorted({r.reason.value for r in refusals})))
         return _evaluate(request, request.layout, num_candidates=1, num_refused=0)
     candidates = candidate_layouts(request)
-    verdicts = [(layout, judge(request, layout)) for layout in candidates]
+    verdicts = [(layout, refusals_of(request, layout)) for layout in candidates]
     accepted = [layout for layout, refusals in verdicts if not refusals]
     if not accepted:
         smallest = min(verdicts, key=lambda v: estimate_memory(request.model, v[0], request.sequence_length, request.hardware.gpu).total)

@@ -9,7 +9,7 @@ from ito_assets.training.hardware import GIB, gpu_spec, network_spec
 from ito_assets.training.layout import Checkpointing, Layout, PlanRefused, RefusalReason as R
 from ito_assets.training.memory import estimate_memory
 from ito_assets.training.model_config import config_by_name, parameter_count
-from ito_assets.training.planner import Hardware, PlanRequest, candidate_layouts, default_global_batch_sequences, judge, plan
+from ito_assets.training.planner import Hardware, PlanRequest, candidate_layouts, default_global_batch_sequences, plan, refusals_of
 
 
 def hardware(gpu: str = "H100-SXM", nodes: int = 1, per_node: int = 8, network: str = "infiniband") -> Hardware:
@@ -48,7 +48,7 @@ CASES = [
 @pytest.mark.parametrize("reason,model,hw,layout,extra", CASES, ids=[c[0].value for c in CASES])
 def test_each_refusal_has_its_stable_reason(reason, model, hw, layout, extra):
     req = request(model, hw, layout=layout, **extra)
-    assert reason in {r.reason for r in judge(req, layout)}
+    assert reason in {r.reason for r in refusals_of(req, layout)}
     with pytest.raises(PlanRefused) as raised:
         plan(req)
     assert raised.value.code is ErrorCode.PLAN_REFUSED
@@ -69,10 +69,10 @@ def test_every_reason_has_a_case():
 def test_search_returns_the_fastest_acceptable_layout(model, hw, seq):
     req = request(model, hw, seq=seq)
     chosen = plan(req)
-    assert judge(req, chosen.layout) == ()
+    assert refusals_of(req, chosen.layout) == ()
     assert chosen.memory.fits and chosen.layout.world_size == hw.world_size
     assert 0 < chosen.step.mfu < 1 and chosen.cost_cents > 0
-    accepted = [layout for layout in candidate_layouts(req) if not judge(req, layout)]
+    accepted = [layout for layout in candidate_layouts(req) if not refusals_of(req, layout)]
     assert chosen.num_candidates - chosen.num_refused == len(accepted)
 
 

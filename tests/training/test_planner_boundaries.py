@@ -26,8 +26,8 @@ from ito_assets.training.planner import (
     _wasteful,
     candidate_layouts,
     default_global_batch_sequences,
-    judge,
     plan,
+    refusals_of,
 )
 from ito_assets.training.throughput import fp8_flop_fraction
 
@@ -52,7 +52,7 @@ def req(config: ModelConfig, hardware: Hardware, *, seq: int = 2048, batch: int 
 
 
 def reasons(request: PlanRequest, layout: Layout) -> list[str]:
-    return [r.reason.value for r in judge(request, layout)]
+    return [r.reason.value for r in refusals_of(request, layout)]
 
 
 def exact_capacity(config: ModelConfig, layout: Layout, seq: int) -> int:
@@ -89,9 +89,9 @@ def test_memory_that_exactly_fits_is_accepted_one_byte_over_is_refused():
     layout = Layout()
     capacity = exact_capacity(P150, layout, 2048)
     assert capacity == 6_876_774_399
-    assert judge(req(P150, hw(gpu=gpu_with(capacity))), layout) == ()
+    assert refusals_of(req(P150, hw(gpu=gpu_with(capacity))), layout) == ()
     over = req(P150, hw(gpu=gpu_with(capacity - 1)), layout=layout)
-    assert judge(over, layout) == (Refusal(reason=R.OVER_MEMORY, detail="needs 6.4 GiB of 6.4 GiB per GPU"),)
+    assert refusals_of(over, layout) == (Refusal(reason=R.OVER_MEMORY, detail="needs 6.4 GiB of 6.4 GiB per GPU"),)
     err = refused(over)
     assert err.reasons == ("OVER_MEMORY",)
     assert err.message == "the proposed layout is refused: OVER_MEMORY"
@@ -101,7 +101,7 @@ def test_memory_that_exactly_fits_is_accepted_one_byte_over_is_refused():
 
 
 def test_over_memory_detail_is_in_gib_of_two_to_the_thirty():
-    detail = judge(req(config_by_name("llama3-70b"), hw(per_node=8), seq=8192), Layout(dp_shard=8, checkpointing=FULL))
+    detail = refusals_of(req(config_by_name("llama3-70b"), hw(per_node=8), seq=8192), Layout(dp_shard=8, checkpointing=FULL))
     memory = estimate_memory(config_by_name("llama3-70b"), Layout(dp_shard=8, checkpointing=FULL), 8192, H100)
     assert detail == (Refusal(reason=R.OVER_MEMORY, detail=f"needs {memory.total / GIB:.1f} GiB of 74.5 GiB per GPU"),)
     assert 80 * GB / 2**30 == pytest.approx(74.5058, abs=1e-4)
@@ -145,9 +145,9 @@ def _pipe(capacity: int, batch: int) -> PlanRequest:
 
 def test_pipeline_when_sharding_just_fits_is_wasteful(flat_capacity):
     layout = Layout(pp=2, checkpointing=FULL)
-    assert judge(_pipe(flat_capacity, 4), layout) == (
+    assert refusals_of(_pipe(flat_capacity, 4), layout) == (
         Refusal(reason=R.PIPELINE_WHEN_SHARDING_FITS, detail="sharded data parallelism fits without pipeline stages"),)
-    assert judge(_pipe(flat_capacity - 1, 4), layout) == ()  # sharding is one byte over: the pipeline is needed
+    assert refusals_of(_pipe(flat_capacity - 1, 4), layout) == ()  # sharding is one byte over: the pipeline is needed
     # The simpler layout is judged in its most frugal form: recomputation, one sequence per GPU.
     assert not estimate_memory(FAT, Layout(dp_shard=2), 2048, gpu_with(flat_capacity)).fits
     assert not estimate_memory(FAT, Layout(dp_shard=2, checkpointing=FULL, micro_batch_size=2), 2048,
@@ -169,7 +169,7 @@ def test_pipeline_when_sharding_just_fits_is_wasteful(flat_capacity):
     ],
 )
 def test_pipeline_bubble_boundary(flat_capacity, layout, batch, ok):
-    got = judge(_pipe(flat_capacity - 1, batch), layout)
+    got = refusals_of(_pipe(flat_capacity - 1, batch), layout)
     if ok:
         assert got == ()
     else:
@@ -185,7 +185,7 @@ def test_four_stages_need_twelve_micro_batches(batch, too_few):
     got = reasons(request, Layout(pp=4, tp=8, checkpointing=FULL))
     assert ("PIPELINE_TOO_FEW_MICROBATCHES" in got) is too_few
     if too_few:
-        assert Refusal(reason=R.PIPELINE_TOO_FEW_MICROBATCHES, detail="11 micro-batches for 4 stages") in judge(
+        assert Refusal(reason=R.PIPELINE_TOO_FEW_MICROBATCHES, detail="11 micro-batches for 4 stages") in refusals_of(
             request, Layout(pp=4, tp=8, checkpointing=FULL))
 
 
@@ -199,7 +199,7 @@ def test_micro_batches_count_data_parallel_ranks():
 
 
 def test_fewer_sequences_than_one_micro_batch_per_rank_is_too_few_not_a_crash(flat_capacity):
-    # judge() refuses this as BATCH_INDIVISIBLE first; the rule itself must still answer.
+    # refusals_of() refuses this as BATCH_INDIVISIBLE first; the rule itself must still answer.
     request = _pipe(flat_capacity - 1, 1)
     got = _wasteful(request, Layout(pp=2, micro_batch_size=2, checkpointing=FULL))
     assert got == [Refusal(reason=R.PIPELINE_TOO_FEW_MICROBATCHES, detail="0 micro-batches for 2 stages")]
@@ -213,9 +213,9 @@ def test_context_parallel_when_the_sequence_just_fits_is_wasteful(checkpointing)
     capacity = exact_capacity(P150, Layout(dp_shard=2, checkpointing=FULL), 4096)
     layout = Layout(cp=2, checkpointing=checkpointing)
     request = lambda c: req(P150, hw(gpu=gpu_with(c), per_node=2), seq=4096)  # noqa: E731
-    assert judge(request(capacity), layout) == (
+    assert refusals_of(request(capacity), layout) == (
         Refusal(reason=R.CONTEXT_PARALLEL_WHEN_SEQUENCE_FITS, detail="the sequence fits on one GPU without context parallelism"),)
-    assert judge(request(capacity - 1), layout) == ()
+    assert refusals_of(request(capacity - 1), layout) == ()
 
 
 @pytest.mark.parametrize(
@@ -260,26 +260,26 @@ FULL_SHARD = Refusal(reason=R.FULL_SHARD_OVER_SLOW_INTERCONNECT,
     ids=["ethernet", "infiniband", "roce", "exactly-25GB", "25GB-less-1", "fast-ethernet"],
 )
 def test_full_shard_is_wasteful_only_below_25_gb_per_s(hybrid_capacity, network, slow):
-    got = judge(_two_nodes(hybrid_capacity, network), Layout(dp_shard=4, checkpointing=FULL))
+    got = refusals_of(_two_nodes(hybrid_capacity, network), Layout(dp_shard=4, checkpointing=FULL))
     assert got == ((FULL_SHARD,) if slow else ())
 
 
 def test_full_shard_is_needed_when_hybrid_is_one_byte_over(hybrid_capacity):
-    assert judge(_two_nodes(hybrid_capacity - 1, "ethernet"), Layout(dp_shard=4, checkpointing=FULL)) == ()
+    assert refusals_of(_two_nodes(hybrid_capacity - 1, "ethernet"), Layout(dp_shard=4, checkpointing=FULL)) == ()
 
 
 def test_hybrid_and_single_node_sharding_are_never_this_waste(hybrid_capacity):
-    assert judge(_two_nodes(hybrid_capacity, "ethernet"), Layout(dp_replicate=2, dp_shard=2, checkpointing=FULL)) == ()
+    assert refusals_of(_two_nodes(hybrid_capacity, "ethernet"), Layout(dp_replicate=2, dp_shard=2, checkpointing=FULL)) == ()
     one_node = req(P150, hw(gpu=gpu_with(hybrid_capacity), per_node=4, network="ethernet"))
-    assert judge(one_node, Layout(dp_shard=4, checkpointing=FULL)) == ()  # the span is one node exactly
+    assert refusals_of(one_node, Layout(dp_shard=4, checkpointing=FULL)) == ()  # the span is one node exactly
 
 
 def test_the_hybrid_alternative_spans_whole_nodes():
     # 4 nodes of 2 GPUs, a 4-GPU shard group replicated twice: not a full shard, so not this waste,
     # even though a 2 x 2 hybrid of it would fit.
     request = req(P150, hw(nodes=4, per_node=2, network="ethernet"))
-    assert judge(request, Layout(dp_replicate=2, dp_shard=4, checkpointing=FULL)) == ()
-    assert judge(request, Layout(dp_shard=8, checkpointing=FULL)) == (FULL_SHARD,)
+    assert refusals_of(request, Layout(dp_replicate=2, dp_shard=4, checkpointing=FULL)) == ()
+    assert refusals_of(request, Layout(dp_shard=8, checkpointing=FULL)) == (FULL_SHARD,)
 
 
 # --- tensor parallelism -----------------------------------------------------------------------------
@@ -409,9 +409,9 @@ def test_fp8_needs_at_least_half_the_matmul_flops(vocab, ok):
     request = req(_half(vocab), hw(per_node=8))
     layout = Layout(dp_shard=8, precision=Precision.FP8)
     if ok:
-        assert judge(request, layout) == ()
+        assert refusals_of(request, layout) == ()
     else:
-        assert judge(request, layout) == (Refusal(reason=R.FP8_LAYERS_TOO_SMALL,
+        assert refusals_of(request, layout) == (Refusal(reason=R.FP8_LAYERS_TOO_SMALL,
                                                   detail="only 50% of matmul FLOPs are in layers large enough for fp8"),)
 
 
@@ -516,7 +516,7 @@ def test_complexity_orders_dimensions_then_recomputation_then_fp8():
 def test_search_breaks_ties_by_simplicity_then_the_largest_micro_batch():
     request = req(config_by_name("tiny"), hw(gpu=gpu_spec("CPU")), seq=128, batch=128)
     chosen = plan(request)
-    accepted = [layout for layout in candidate_layouts(request) if not judge(request, layout)]
+    accepted = [layout for layout in candidate_layouts(request) if not refusals_of(request, layout)]
     fastest = min(round(plan(replace(request, layout=layout)).step.step_s, 9) for layout in accepted)
     assert round(chosen.step.step_s, 9) == fastest
     ties = [layout for layout in accepted if round(plan(replace(request, layout=layout)).step.step_s, 9) == fastest]
@@ -577,7 +577,7 @@ def test_search_prefers_the_fastest_over_the_simplest(model, booking, seq, expec
     request = req(config, booking, seq=seq, batch=default_global_batch_sequences(config, seq, booking.world_size))
     chosen = plan(request)
     assert chosen.layout == expected
-    accepted = [layout for layout in candidate_layouts(request) if not judge(request, layout)]
+    accepted = [layout for layout in candidate_layouts(request) if not refusals_of(request, layout)]
     fastest = min(plan(replace(request, layout=layout)).step.step_s for layout in accepted)
     assert round(chosen.step.step_s, 9) == round(fastest, 9)
     assert any(_complexity(layout) <= _complexity(expected) for layout in accepted if layout != expected)
