@@ -12,6 +12,7 @@ from ito_assets.control.bookings import Booking
 from ito_assets.manifest.schema import Budget
 from ito_assets.training.cost import cost_cents
 
+
 def booking_cost_cents(booking: Booking) -> int:
     """Rounded up to the next cent: a price quoted to a human is never below what is charged."""
     return cost_cents(booking.num_gpus, booking.duration_s, booking.price_per_gpu_hour_cents)
