@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import contextlib
 import json
+import multiprocessing
 import os
+import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator, Sequence
 
 from helpers import valid_manifest, write_manifest
 from ito_assets.api import cli
@@ -234,3 +236,21 @@ def read_json_line(text: str) -> dict:
     lines = [line for line in text.splitlines() if line.strip()]
     assert len(lines) == 1, f"expected exactly one JSON document, got {len(lines)} lines"
     return json.loads(lines[0])
+
+
+def _default_signals() -> None:
+    # A test worker that ran Dagster in process has SIGTERM mapped to KeyboardInterrupt (Dagster's
+    # interrupt handling); a forked caller inheriting that may not die when the pool ends it.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def map_in_forked_callers(call: Callable, jobs: Sequence, num_callers: int) -> list:
+    """`call` over `jobs` in `num_callers` forked processes (each its own client, started without a
+    new interpreter); the callers finish their queue and exit before this returns."""
+    pool = multiprocessing.get_context("fork").Pool(num_callers, initializer=_default_signals)
+    try:
+        return pool.map(call, jobs, chunksize=1)
+    finally:
+        pool.close()
+        pool.join()

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import uuid
 from pathlib import Path
 
 import pytest
 
-from api_harness import Client, Server, environment
+from api_harness import Client, Server, environment, map_in_forked_callers
 from ito_assets.api import cli
 
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -59,8 +58,7 @@ def test_flow_and_same_key_race_on_postgres(pg_api) -> None:
     ref = pg_api.confirm_train(booking, manifest)
     argv = ["train", "--booking", booking, "--manifest", manifest, "--confirmation-ref", ref,
             "--idempotency-key", "pg-same-key-01", "--json"]
-    with multiprocessing.get_context("fork").Pool(NUM_CALLERS) as pool:
-        results = pool.map(_call, [(pg_api.env("account"), argv)] * NUM_CALLERS, chunksize=1)
+    results = map_in_forked_callers(_call, [(pg_api.env("account"), argv)] * NUM_CALLERS, NUM_CALLERS)
     assert all(r["ok"] for r in results), [r.get("error") for r in results if not r["ok"]][:3]
     assert len({r["data"]["run_id"] for r in results}) == 1
     run_id = results[0]["data"]["run_id"]

@@ -3,8 +3,8 @@ one confirmation, a key still in flight, and an answer dropped after the commit.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
+import signal
 import socket
 import sqlite3
 import threading
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from api_harness import Client, Server, environment
+from api_harness import Client, Server, environment, map_in_forked_callers
 from ito_assets.api import cli
 
 NUM_CALLERS = 64
@@ -39,9 +39,7 @@ def _race(client: Client, booking: str, manifest: str, ref: str, keys: list[str]
     env = client.env("account", ITO_TIMEOUT_S="60")
     jobs = [(env, ["train", "--booking", booking, "--manifest", manifest, "--confirmation-ref", ref,
                    "--idempotency-key", key, "--json"]) for key in keys]
-    # fork: each caller is its own process with its own connection, started without a new interpreter.
-    with multiprocessing.get_context("fork").Pool(NUM_CALLERS) as pool:
-        return pool.map(_call, jobs, chunksize=1)
+    return map_in_forked_callers(_call, jobs, NUM_CALLERS)
 
 
 def _count(server: Server, sql: str, *args) -> int:
@@ -163,3 +161,16 @@ def test_answer_dropped_after_commit_is_recovered_by_key(api) -> None:
     assert [r.split()[0] + " " + r.split()[1].split("/")[2] for r in proxy.requests] == [
         "POST runs", "GET idempotency-keys"]
     assert _count(api.server, "SELECT count(*) FROM runs WHERE booking_id = ?", booking) == 1
+
+
+def _termination_is_default(_job) -> bool:
+    return signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_forked_callers_die_on_sigterm_even_after_dagster_remapped_it() -> None:
+    # What Dagster's in-process execution leaves in a test worker: SIGTERM raises KeyboardInterrupt.
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        assert map_in_forked_callers(_termination_is_default, range(4), 2) == [True] * 4
+    finally:
+        signal.signal(signal.SIGTERM, previous)
