@@ -69,7 +69,7 @@ SUITE = ROOT / "data" / "fixtures" / "evals" / "ito-fixture-evals-v1.jsonl"
 MANIFEST = ROOT / "data" / "fixtures" / "manifests" / "fixture-small.json"
 # Rows per Parquet shard: the stages' default (DataPrepConfig.shard_max_rows).
 SHARD_ROWS = 50_000
-UNIT_STAGES = ("sources", "dedup", "decontam", "clean", "check")
+UNIT_STAGES = ("sources", "decontam", "dedup", "clean", "check")
 BENCH_SCALE = {"unit_bytes": 2**20, "memory_limit_mb": 128, "pair_batch": 1024}
 # The stage path counts as bounded when its data-dependent peak (peak - baseline) grows by at
 # most this factor between the two largest sizes (the corpus doubling or more): held text would
@@ -175,10 +175,10 @@ def units_stage(stage: str, verified, data_root, work, suite, config) -> dict:
     state = pickle.loads(state_file.read_bytes()) if state_file.exists() else {}
     if stage == "sources":
         state[stage] = stages.run_sources(verified, data_root, work, warehouse, config)
-    elif stage == "dedup":
-        state[stage] = stages.run_dedup(state["sources"], work, warehouse, config)
     elif stage == "decontam":
-        state[stage] = stages.run_decontam(verified, suite, state["dedup"], work, warehouse, config)
+        state[stage] = stages.run_decontam(verified, suite, state["sources"], work, warehouse, config)
+    elif stage == "dedup":
+        state[stage] = stages.run_dedup(state["sources"], state["decontam"].actions, work, warehouse, config)
     elif stage == "clean":
         state[stage] = stages.run_clean(verified, state["sources"], state["dedup"], state["decontam"], work, warehouse, config)
     else:
@@ -217,16 +217,17 @@ def memory_chain(verified, data_root, work, suite, config, timings) -> dict:
 
     docs, _ = read_sources(verified.manifest.data, data_root)
     timings["sources"] = time.perf_counter()
-    decisions, counts = deduplicate(docs, config.dedup)
-    scanned = kept_documents(docs, decisions)
+    decontam = decontam_config_for(verified, config.decontam)
+    hits, scan_counts = scan(docs.select("doc_id", "text"), build_index(suite, decontam), decontam)
+    actions, pieces = clean.apply_actions(docs.select("doc_id", "text"), hits, decontam)
+    timings["decontam"] = time.perf_counter()
+    tiers = clean.tiers_of(actions)
+    decisions, counts = deduplicate(docs, config.dedup, tiers)
+    kept = kept_documents(docs, decisions, tiers)
     input_ids = docs["doc_id"]
     del docs
     timings["dedup"] = time.perf_counter()
-    decontam = decontam_config_for(verified, config.decontam)
-    hits, scan_counts = scan(scanned, build_index(suite, decontam), decontam)
-    actions, pieces = clean.apply_actions(scanned, hits, decontam)
-    timings["decontam"] = time.perf_counter()
-    rows = clean.clean_documents(scanned, actions, pieces)
+    rows = clean.clean_documents(kept, actions, pieces)
     shards = write_shards(rows, work / "clean", prefix="clean", max_rows=config.shard_max_rows)
     conservation = clean.account(input_ids, clean.decisions(decisions, hits, actions), rows)
     timings["clean"] = time.perf_counter()

@@ -8,7 +8,8 @@
 - Each batch is verified on its own: signatures and shingle lists of the batch's documents are
   gathered from the units' memory-mapped arrays, and `near_dedup.verify_pairs` runs on them.
   Verification is per pair, so batching cannot change a verdict; the histogram adds up.
-- The keep rule runs once on the verified pairs (few: only pairs at or above the threshold).
+- The keep rule and the families run once on the verified pairs (few: only pairs at or above the
+  threshold).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 
 from ito_assets.data.config import DedupConfig
 from ito_assets.data.minhash import Shingles
-from ito_assets.data.near_dedup import HISTOGRAM_BINS, NearDedupCounts, Removals, histogram, keep_rule, verify_pairs
+from ito_assets.data.near_dedup import HISTOGRAM_BINS, Families, NearDedupCounts, Removals, families_of, histogram, keep_rule, verify_pairs
 from ito_assets.data.scratch import sql_list
 
 # Pairs come out ordered by the units of their two documents, so that a verification batch
@@ -112,8 +113,9 @@ def _npy_layout(path: Path) -> tuple[int, tuple[int, ...], np.dtype]:
 
 def near_duplicates_out_of_core(
     db: duckdb.DuckDBPyConnection, band_files: Sequence[str], arrays: UnitArrays, num_input: int, config: DedupConfig, batch_rows: int
-) -> tuple[Removals, NearDedupCounts]:
-    """Removals by keep-order position and counters, as `near_dedup.near_duplicates` returns them."""
+) -> tuple[Removals, Families, NearDedupCounts]:
+    """Removals and families by keep-order position, and counters, as `near_dedup.near_duplicates`
+    returns them."""
     kept_a, kept_b, kept_similarity = [], [], []
     num_candidates = num_verified = 0
     bins = np.zeros(HISTOGRAM_BINS, dtype=np.int64)
@@ -137,4 +139,4 @@ def near_duplicates_out_of_core(
         num_removed=len(removed),
         similarity_histogram=tuple(int(c) for c in bins),
     )
-    return removed, counts
+    return removed, families_of(a, b), counts

@@ -6,6 +6,10 @@ Every input document ends in exactly one state:
 - contaminated: removed whole (action drop) or cut (action cut: the GPT-3 rule, the hit and a
   window either side removed, the remaining pieces of at least `min_piece_chars` in the clean
   shards with their offsets), recorded with the eval items it matched.
+Every document is scanned, duplicates too: a duplicate with hits keeps its eval items and the
+action decontamination chose for it (not applied: it is already removed). The keep order puts
+contaminated documents after clean ones (`tiers_of`), so no document is recorded as a
+duplicate of one that decontamination treats worse.
 `account_of` (in DuckDB, over the stage's Parquet files; `account` over frames) checks that the
 states add up to the input exactly and that the clean rows are exactly the kept documents plus the
 pieces of cut ones.
@@ -21,14 +25,22 @@ import polars as pl
 
 from ito_assets.data.config import DecontamConfig
 from ito_assets.data.dedup import DUPLICATE, KEPT
+from ito_assets.data.exact_dedup import CLEAN_TIER
 
 CONTAMINATED = "contaminated"
 STATES = (KEPT, DUPLICATE, CONTAMINATED)
 DROP, CUT = "drop", "cut"
+# Where the keep order puts a document: clean first, then cut (part of it survives), then dropped.
+TIERS = {CUT: CLEAN_TIER + 1, DROP: CLEAN_TIER + 2}
 
 ACTION_SCHEMA = {"doc_id": pl.String, "action": pl.String, "num_pieces": pl.Int32}
 PIECE_SCHEMA = {"doc_id": pl.String, "piece": pl.Int32, "char_start": pl.Int64, "char_end": pl.Int64, "text": pl.String}
 PROVENANCE = ["source_index", "source_uri", "source_sha256", "license", "row", "source_record_id"]
+
+
+def tiers_of(actions: pl.DataFrame) -> pl.DataFrame:
+    """(doc_id, tier) of the contaminated documents, for the keep order (`exact_dedup.KEEP_ORDER`)."""
+    return actions.select("doc_id", pl.col("action").replace_strict(TIERS, return_dtype=pl.Int8).alias("tier"))
 
 
 @dataclass(frozen=True)
@@ -94,15 +106,16 @@ def apply_actions(docs: pl.DataFrame, hits: pl.DataFrame, config: DecontamConfig
 
 
 def clean_batches(batches: Iterable[pl.DataFrame], actions: pl.DataFrame, pieces: pl.DataFrame) -> Iterator[pl.DataFrame]:
-    """`clean_documents` a batch of scanned documents at a time. The batches come in keep order
-    (source_index, doc_id) and a piece sorts beside its own document, so the batches' clean rows,
-    each sorted, are in the order `clean_documents` gives the whole frame."""
+    """`clean_documents` a batch of kept documents at a time: a piece stays beside its own
+    document, so the batches' clean rows are in the order `clean_documents` gives the whole frame."""
     for batch in batches:
         yield clean_documents(batch, actions, pieces)
 
 
 def clean_documents(scanned: pl.DataFrame, actions: pl.DataFrame, pieces: pl.DataFrame) -> pl.DataFrame:
-    """The clean rows: uncontaminated documents whole, and the pieces of cut ones, with provenance."""
+    """The clean rows: uncontaminated documents whole, and the pieces of cut ones, with
+    provenance, in the order of `scanned` (a cut document's pieces in its place)."""
+    scanned = scanned.with_row_index("_order")
     whole = (
         scanned.join(actions, on="doc_id", how="anti")
         .with_columns(
@@ -110,19 +123,21 @@ def clean_documents(scanned: pl.DataFrame, actions: pl.DataFrame, pieces: pl.Dat
             pl.lit(0, dtype=pl.Int64).alias("char_start"),
             pl.col("text").str.len_chars().cast(pl.Int64).alias("char_end"),
         )
-        .select("doc_id", "piece", "char_start", "char_end", *PROVENANCE, "text")
+        .select("_order", "doc_id", "piece", "char_start", "char_end", *PROVENANCE, "text")
     )
-    cut = pieces.join(scanned.select("doc_id", *PROVENANCE), on="doc_id").select(whole.columns)
-    return pl.concat([whole, cut]).sort("source_index", "doc_id", "piece", nulls_last=False)
+    cut = pieces.join(scanned.select("_order", "doc_id", *PROVENANCE), on="doc_id").select(whole.columns)
+    return pl.concat([whole, cut]).sort("_order", "piece", nulls_last=False).drop("_order")
 
 
 FINAL_SCHEMA = {
     "doc_id": pl.String,
+    "source_record_id": pl.String,
     "state": pl.String,
     "method": pl.String,
     "duplicate_of": pl.String,
     "cluster_id": pl.String,
     "similarity": pl.Float64,
+    "family_id": pl.String,
     "eval_item_ids": pl.List(pl.String),
     "action": pl.String,
     "num_pieces": pl.Int32,
@@ -131,8 +146,9 @@ FINAL_SCHEMA = {
 
 def final_batches(dedup: Iterable[pl.DataFrame], hits: pl.DataFrame, actions: pl.DataFrame) -> Iterator[pl.DataFrame]:
     """One row per input document, its final state and why (FINAL_SCHEMA), a batch of the
-    deduplication's decisions at a time and in their order. Only the contaminated documents'
-    rows (hits, actions) are held whole: no sort, no frame of every document."""
+    deduplication's decisions at a time and in their order. A duplicate stays a duplicate, with
+    its eval items and decontamination's action for it if it has hits. Only the contaminated
+    documents' rows (hits, actions) are held whole: no sort, no frame of every document."""
     items = hits.group_by("doc_id").agg(pl.col("eval_item_id").unique().sort().alias("eval_item_ids"))
     for batch in dedup:
         yield (
@@ -189,18 +205,23 @@ def account_of(db: duckdb.DuckDBPyConnection) -> Conservation:
         problems.append("the states do not add up to the input")
     if count(f"(SELECT DISTINCT doc_id FROM ({whole}))") != count(f"({whole})") or differ(whole, f"{decided} WHERE state = '{KEPT}'"):
         problems.append("the whole documents in the clean shards are not exactly the kept ones")
-    cut = f"SELECT doc_id, num_pieces FROM final_decisions WHERE action = '{CUT}'"
+    cut = f"SELECT doc_id, num_pieces FROM final_decisions WHERE state = '{CONTAMINATED}' AND action = '{CUT}'"
     pieces = "SELECT doc_id, count(*) AS found FROM clean_rows WHERE piece IS NOT NULL GROUP BY doc_id"
     if count(f"({cut}) FULL JOIN ({pieces}) USING (doc_id) WHERE num_pieces IS DISTINCT FROM found"):
         problems.append("the pieces in the clean shards do not match the cut documents")
-    if count(f"final_decisions WHERE state = '{CONTAMINATED}' AND coalesce(len(eval_item_ids), 0) = 0"):
+    if count(f"final_decisions WHERE action IS NOT NULL AND coalesce(len(eval_item_ids), 0) = 0"):
         problems.append("a contaminated document has no eval item")
+    if count(f"final_decisions WHERE state = '{CONTAMINATED}' AND action IS NULL"):
+        problems.append("a contaminated document has no action")
     duplicates = f"SELECT * FROM final_decisions WHERE state = '{DUPLICATE}'"
     if count(f"({duplicates}) WHERE duplicate_of IS NULL OR cluster_id IS NULL"):
         problems.append("a duplicate has no kept document or cluster")
     survivors = f"SELECT doc_id AS duplicate_of FROM final_decisions WHERE state <> '{DUPLICATE}'"
     if count(f"({duplicates}) ANTI JOIN ({survivors}) USING (duplicate_of)"):
         problems.append("a duplicate is recorded against a document that was not kept by deduplication")
+    tier = lambda column: f"CASE {column} WHEN '{CUT}' THEN {TIERS[CUT]} WHEN '{DROP}' THEN {TIERS[DROP]} ELSE {CLEAN_TIER} END"  # noqa: E731
+    if count(f"({duplicates}) d JOIN final_decisions k ON k.doc_id = d.duplicate_of WHERE {tier('k.action')} > {tier('d.action')}"):
+        problems.append("a document was removed as a duplicate of one that decontamination treats worse")
     dropped = count(f"final_decisions WHERE state = '{CONTAMINATED}' AND action = '{DROP}'")
     num_clean_rows = count("clean_rows")
     return Conservation(

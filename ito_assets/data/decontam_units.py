@@ -103,12 +103,14 @@ def scan_frames(scratch: Scratch, frames: Iterable[pl.DataFrame], index: EvalInd
     return scan_units(scratch, units, index, config, ignored)
 
 
-def documents_with_hits(shard_paths: Sequence[str], hits: pl.DataFrame) -> pl.DataFrame:
-    """Only the scanned documents that have a hit (doc_id, text): what `clean.apply_actions` reads.
-    The shards are read a batch at a time, so only the contaminated documents' text is held."""
-    empty = pl.DataFrame(schema={"doc_id": pl.String, "text": pl.String})
+def documents_with_hits(shard_paths: Sequence[str], hits: pl.DataFrame, extra: Sequence[str] = ()) -> pl.DataFrame:
+    """Only the scanned documents that have a hit (doc_id, text, and the `extra` string columns):
+    what `clean.apply_actions` reads. The shards are read a batch at a time, so only the
+    contaminated documents' text is held."""
+    columns = ["doc_id", *extra, "text"]
+    empty = pl.DataFrame(schema=dict.fromkeys(columns, pl.String))
     ids = hits["doc_id"].unique()
     if not len(ids):
         return empty
-    found = [compacted(frame.filter(pl.col("doc_id").is_in(ids.implode()))) for frame in parquet_frames(shard_paths, ["doc_id", "text"])]
+    found = [compacted(frame.filter(pl.col("doc_id").is_in(ids.implode()))).cast(pl.String) for frame in parquet_frames(shard_paths, columns)]
     return pl.concat([empty, *found]) if found else empty

@@ -34,10 +34,10 @@ import pyarrow.parquet as pq
 from ito_assets.data.band_join import UnitArrays, near_duplicates_out_of_core
 from ito_assets.data.bucket_sort import bucket_sort, place, placed_rows
 from ito_assets.data.config import DedupConfig
-from ito_assets.data.dedup import DEDUP_SCHEMA, DedupCounts, counts_of, decide, near_ids
+from ito_assets.data.dedup import DEDUP_SCHEMA, DedupCounts, counts_of, decide, family_ids, near_ids
 from ito_assets.data.exact_units import exact_copies
 from ito_assets.data.minhash import MinHasher
-from ito_assets.data.near_dedup import Removals, band_rows
+from ito_assets.data.near_dedup import Families, Removals, band_rows
 from ito_assets.data.scratch import Scratch
 from ito_assets.data.sources import DOCUMENT_SCHEMA
 from ito_assets.data.shards import Shard, record_batches, write_table_batches
@@ -92,11 +92,13 @@ def written_aside(frames: Iterable[pl.DataFrame], path: Path) -> Iterator[pl.Dat
             writer.close()
 
 
-def deduplicate_units(scratch: Scratch, shard_paths: Sequence[str], config: DedupConfig, decisions_path: Path, store: Path | None = None) -> tuple[Shard, DedupCounts]:
+def deduplicate_units(
+    scratch: Scratch, shard_paths: Sequence[str], config: DedupConfig, decisions_path: Path, store: Path | None = None, tiers: pl.DataFrame | None = None
+) -> tuple[Shard, DedupCounts]:
     """Source shards -> (the decisions file: one row per document in DEDUP_SCHEMA, keep order;
     counters); leaves the representatives' rows and removals in the scratch folder for
-    `kept_frames`."""
-    exact_counts = exact_copies(scratch, shard_paths)
+    `kept_frames`. `tiers` (doc_id, tier): the contaminated documents, last in the keep order."""
+    exact_counts = exact_copies(scratch, shard_paths, tiers)
     frames = written_aside(representative_frames(scratch, shard_paths), scratch.folder / REPRESENTATIVES_FILE)
     units = write_units(frames, scratch.sub("dedup-units"), scratch.scale.unit_bytes)
     scratch.reconnect()
@@ -105,22 +107,24 @@ def deduplicate_units(scratch: Scratch, shard_paths: Sequence[str], config: Dedu
         map_units(signature_unit, [SignatureTask(unit=u, folder=str(folder), config=config) for u in units], pool)
     band_files = [str(folder / f"bands-{u.index:05d}.parquet") for u in units]
     arrays = UnitArrays(folder, [u.first for u in units])
-    removals, near_counts = near_duplicates_out_of_core(scratch.db, band_files, arrays, exact_counts.num_distinct_texts, config, scratch.scale.pair_batch)
+    removals, families, near_counts = near_duplicates_out_of_core(scratch.db, band_files, arrays, exact_counts.num_distinct_texts, config, scratch.scale.pair_batch)
     np.save(scratch.folder / REMOVED_FILE, removals.removed)
     scratch.reconnect()
-    decisions = write_table_batches(record_batches(decision_frames(scratch, removals), DEDUP_SCHEMA), decisions_path, store=store)
+    decisions = write_table_batches(record_batches(decision_frames(scratch, removals, families), DEDUP_SCHEMA), decisions_path, store=store)
     scratch.reconnect()
     return decisions, counts_of(exact_counts, near_counts)
 
 
-def decision_frames(scratch: Scratch, removals: Removals) -> Iterator[pl.DataFrame]:
+def decision_frames(scratch: Scratch, removals: Removals, families: Families) -> Iterator[pl.DataFrame]:
     """Every document's decision (DEDUP_SCHEMA), in keep order, a batch at a time: DuckDB orders
     the ids (a narrow sort, spilling past its cap), and `dedup.decide` joins each batch with the
-    exact copies and near-duplicates, the only per-document rows held whole (duplicates only)."""
+    exact copies, near-duplicates and family members, the only per-document rows held whole
+    (documents with a duplicate only)."""
     copies = scratch.db.execute("SELECT doc_id, exact_copy_of FROM copies").pl().cast(pl.String)
     near = near_ids(scratch.db, removals)
-    for batch in scratch.db.execute("SELECT doc_id FROM keys ORDER BY rank").fetch_record_batch(READ_BATCH_ROWS):
-        yield decide(pl.from_arrow(batch), copies, near)
+    family = family_ids(scratch.db, families)
+    for batch in scratch.db.execute("SELECT doc_id, source_record_id FROM keys ORDER BY rank").fetch_record_batch(READ_BATCH_ROWS):
+        yield decide(pl.from_arrow(batch).cast(pl.String), copies, near, family)
 
 
 def kept_frames(scratch: Scratch) -> Iterator[pl.DataFrame]:

@@ -1,9 +1,11 @@
 """Exact deduplication on normalised (NFC) text, under the deterministic keep order.
 
-The keep order is the order of the manifest's data references, then the document id: of a group
-of identical texts the first document in that order is kept and the others are recorded against
-it (similarity 1.0). Texts are compared whole, never by hash alone, so no collision can remove a
-document.
+The keep order is the contamination tier (clean documents first, then those decontamination
+cuts, then those it drops: a duplicate cluster's survivor is never a document decontamination
+drops while a clean member exists), then the order of the manifest's data references, then the
+document id. Of a group of identical texts the first document in that order is kept and the
+others are recorded against it (similarity 1.0); identical texts have identical hits, so the
+same tier. Texts are compared whole, never by hash alone, so no collision can remove a document.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from dataclasses import dataclass
 
 import polars as pl
 
-KEEP_ORDER = ["source_index", "doc_id"]
+KEEP_ORDER = ["tier", "source_index", "doc_id"]
+CLEAN_TIER = 0  # a document decontamination leaves alone; cut and drop are `clean.tiers_of`
 
 
 @dataclass(frozen=True)
@@ -23,9 +26,11 @@ class ExactDedupCounts:
     num_groups_with_copies: int
 
 
-def in_keep_order(docs: pl.DataFrame) -> pl.DataFrame:
-    """Documents sorted by the keep order, with their position as `rank` (UInt32)."""
-    return docs.sort(KEEP_ORDER).with_row_index("rank")
+def in_keep_order(docs: pl.DataFrame, tiers: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Documents sorted by the keep order, with their position as `rank` (UInt32); `tiers`
+    (doc_id, tier) names the contaminated ones, every other document is CLEAN_TIER."""
+    tiered = docs.join(tiers.select("doc_id", "tier"), on="doc_id", how="left") if tiers is not None else docs.with_columns(pl.lit(None, dtype=pl.Int8).alias("tier"))
+    return tiered.with_columns(pl.col("tier").fill_null(CLEAN_TIER)).sort(KEEP_ORDER).drop("tier").with_row_index("rank")
 
 
 def exact_duplicates(docs: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, ExactDedupCounts]:

@@ -23,15 +23,17 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from ito_assets.data.bucket_sort import bucket_sort, place, placed_rows
-from ito_assets.data.exact_dedup import ExactDedupCounts
+from ito_assets.data.exact_dedup import CLEAN_TIER, ExactDedupCounts
 from ito_assets.data.scratch import Scratch, sql_list
 from ito_assets.data.units import map_units, parquet_frames, worker_pool
 
 # Where each document lives (shard, shard_row: its position there) and how long its text is, for `bucket_sort`.
-KEY_SCHEMA = {"doc_id": pl.String, "source_index": pl.Int32, "shard": pl.Int32, "shard_row": pl.Int64, "num_bytes": pl.Int64, "hi": pl.UInt64, "lo": pl.UInt64}
+KEY_SCHEMA = {"doc_id": pl.String, "source_record_id": pl.String, "source_index": pl.Int32, "shard": pl.Int32, "shard_row": pl.Int64, "num_bytes": pl.Int64, "hi": pl.UInt64, "lo": pl.UInt64}
 KEYS_SQL = """
 CREATE OR REPLACE TABLE keys AS
-SELECT row_number() OVER (ORDER BY source_index, doc_id) - 1 AS rank, doc_id, shard, shard_row, num_bytes, hi, lo FROM read_parquet({files})
+SELECT row_number() OVER (ORDER BY coalesce(t.tier, {clean}), k.source_index, k.doc_id) - 1 AS rank,
+       k.doc_id, k.source_record_id, k.shard, k.shard_row, k.num_bytes, k.hi, k.lo
+FROM read_parquet({files}) k LEFT JOIN tiers t USING (doc_id)
 """
 # The documents whose hash another document shares: only these have their texts compared.
 SHARED_SQL = "SELECT k.* FROM keys k SEMI JOIN (SELECT hi, lo FROM keys GROUP BY hi, lo HAVING count(*) > 1) USING (hi, lo)"
@@ -52,10 +54,11 @@ def text_hashes(texts: pl.Series) -> np.ndarray:
 
 def key_shard(task: KeyTask) -> None:
     writer, first = None, 0
-    for batch in parquet_frames([task.shard_path], ["doc_id", "source_index", "text"]):
+    for batch in parquet_frames([task.shard_path], ["doc_id", "source_record_id", "source_index", "text"]):
         hashes = text_hashes(batch["text"])
         keys = batch.select(
             "doc_id",
+            "source_record_id",
             "source_index",
             pl.lit(task.shard).alias("shard"),
             pl.int_range(first, first + batch.height).alias("shard_row"),
@@ -95,15 +98,23 @@ def _whole_groups(batches: Iterator[pl.DataFrame]) -> Iterator[pl.DataFrame]:
         yield pending
 
 
-def exact_copies(scratch: Scratch, shard_paths: Sequence[str]) -> ExactDedupCounts:
+def exact_copies(scratch: Scratch, shard_paths: Sequence[str], tiers: pl.DataFrame | None = None) -> ExactDedupCounts:
     """-> counters; leaves the tables `keys` (every document, numbered in keep order) and `copies`
-    (doc_id, exact_copy_of) in the scratch database."""
+    (doc_id, exact_copy_of) in the scratch database. `tiers` (doc_id, tier): the contaminated
+    documents, which the keep order puts last (`exact_dedup.KEEP_ORDER`)."""
     folder = scratch.sub("exact-keys")
     tasks = [KeyTask(shard=i, shard_path=p, keys_path=str(folder / f"keys-{i:05d}.parquet")) for i, p in enumerate(shard_paths)]
     with worker_pool(scratch.scale.num_workers) as pool:
         map_units(key_shard, tasks, pool)
     db = scratch.db
-    db.execute(KEYS_SQL.format(files=sql_list([t.keys_path for t in tasks])))
+    db.execute("CREATE OR REPLACE TABLE tiers (doc_id VARCHAR, tier TINYINT)")
+    if tiers is not None and tiers.height:
+        db.register("tier_frame", tiers.select("doc_id", "tier").to_arrow())
+        try:
+            db.execute("INSERT INTO tiers SELECT * FROM tier_frame")
+        finally:
+            db.unregister("tier_frame")
+    db.execute(KEYS_SQL.format(files=sql_list([t.keys_path for t in tasks]), clean=CLEAN_TIER))
     db.execute("CREATE OR REPLACE TABLE copies (doc_id VARCHAR, exact_copy_of VARCHAR)")
     # A hash group's copies go to DuckDB as the group is settled: none are held here.
     for chunk in _whole_groups(_shared_texts(scratch, shard_paths)):

@@ -8,9 +8,11 @@ replaces its own rows for its manifest in one transaction (a rerun never duplica
     manifests          manifest_digest, manifest_key, name, eval_suite_id, eval_suite_digest, ...
     sources            one row per data reference: uri, sha256, licence, format, normalisation
     documents          one row per input document: id, provenance, length, source shard
-    duplicates         removed duplicate -> kept document, cluster id, method, similarity
+    duplicates         removed duplicate -> kept document, cluster id, family id, method, similarity
     contamination_hits document x eval item: view, matched n-gram, offsets, overlap, action
+                       (every input document is scanned, duplicates too)
     decisions          final state of every input document (kept / duplicate / contaminated)
+Wherever a document id is, the user's own id (`source_record_id`) is beside it.
     clean_shards       clean shard path, sha256, rows
     clean_pieces       which clean shard holds each kept document or piece
     shard_consumers    which later run consumed a clean shard (written by the training stage)
@@ -49,12 +51,13 @@ SCHEMA = {
     "documents": "manifest_digest VARCHAR, doc_id VARCHAR, source_index INTEGER, source_uri VARCHAR, "
     "source_sha256 VARCHAR, license VARCHAR, row BIGINT, source_record_id VARCHAR, num_chars BIGINT, shard_path VARCHAR",
     "duplicates": "manifest_digest VARCHAR, doc_id VARCHAR, method VARCHAR, duplicate_of VARCHAR, cluster_id VARCHAR, "
-    "similarity DOUBLE, exact_copy_of VARCHAR",
+    "similarity DOUBLE, exact_copy_of VARCHAR, source_record_id VARCHAR, family_id VARCHAR",
     "contamination_hits": "manifest_digest VARCHAR, doc_id VARCHAR, eval_item_id VARCHAR, benchmark VARCHAR, view VARCHAR, "
     "matched_ngram VARCHAR, char_start BIGINT, char_end BIGINT, covered_words INTEGER, view_words INTEGER, "
-    "overlap_ratio DOUBLE, action VARCHAR, eval_suite_digest VARCHAR",
+    "overlap_ratio DOUBLE, action VARCHAR, eval_suite_digest VARCHAR, source_record_id VARCHAR",
     "decisions": "manifest_digest VARCHAR, doc_id VARCHAR, state VARCHAR, method VARCHAR, duplicate_of VARCHAR, "
-    "cluster_id VARCHAR, similarity DOUBLE, eval_item_ids VARCHAR[], action VARCHAR, num_pieces INTEGER",
+    "cluster_id VARCHAR, similarity DOUBLE, eval_item_ids VARCHAR[], action VARCHAR, num_pieces INTEGER, "
+    "source_record_id VARCHAR, family_id VARCHAR",
     "clean_shards": "manifest_digest VARCHAR, shard_path VARCHAR, shard_sha256 VARCHAR, num_rows BIGINT",
     "clean_pieces": "manifest_digest VARCHAR, doc_id VARCHAR, piece INTEGER, char_start BIGINT, char_end BIGINT, "
     "shard_path VARCHAR, shard_sha256 VARCHAR",
@@ -63,8 +66,12 @@ SCHEMA = {
 
 
 def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
+    """The tables, and in a warehouse written by an earlier version the columns added since
+    (new columns go at the end of a table, so an old table gains exactly those)."""
     for table, columns in SCHEMA.items():
         con.execute(f"CREATE TABLE IF NOT EXISTS {table} ({columns})")
+        for column in columns.split(", "):
+            con.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column}")
 
 
 def table_columns(table: str) -> list[str]:
@@ -192,18 +199,32 @@ def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: list) -> list[dict]:
 
 
 @_reads
-def audit_document(con: duckdb.DuckDBPyConnection, doc_id: str) -> list[dict]:
-    """Where a document came from, what happened to it and why, where it went — per manifest."""
+def audit_document(con: duckdb.DuckDBPyConnection, wanted: str) -> list[dict]:
+    """Where a document came from, what happened to it and why, where it went — per manifest
+    and source. `wanted` is the internal document id or the user's own record id (the id field
+    of their input): every document either matches, with `matched_by` saying which."""
     found = _rows(
         con,
-        "SELECT d.manifest_digest, d.doc_id, d.source_uri, d.source_sha256, d.license, d.row, d.source_record_id, "
-        "d.num_chars, x.state, x.method, x.duplicate_of, x.cluster_id, x.similarity, x.eval_item_ids, x.action, "
-        "x.num_pieces FROM documents d LEFT JOIN decisions x USING (manifest_digest, doc_id) "
-        "WHERE d.doc_id = ? ORDER BY d.manifest_digest",
-        [doc_id],
+        "SELECT CASE WHEN d.doc_id = $1 THEN 'doc_id' ELSE 'source_record_id' END AS matched_by, "
+        "d.manifest_digest, d.doc_id, d.source_uri, d.source_sha256, d.license, d.row, d.source_record_id, "
+        "d.num_chars, x.state, x.method, x.duplicate_of, k.source_record_id AS duplicate_of_record_id, x.cluster_id, "
+        "x.family_id, x.similarity, x.eval_item_ids, x.action, x.num_pieces "
+        "FROM documents d LEFT JOIN decisions x USING (manifest_digest, doc_id) "
+        "LEFT JOIN documents k ON k.manifest_digest = d.manifest_digest AND k.doc_id = x.duplicate_of "
+        "WHERE d.doc_id = $1 OR d.source_record_id = $1 ORDER BY d.manifest_digest, d.source_index, d.row",
+        [wanted],
     )
     for entry in found:
-        params = [entry["manifest_digest"], doc_id]
+        params = [entry["manifest_digest"], entry["doc_id"]]
+        # Its family: every document linked to it by a chain of verified near-duplicate pairs.
+        family = _rows(
+            con,
+            "SELECT x.doc_id, d.source_record_id, x.state, x.method, x.duplicate_of FROM decisions x "
+            "JOIN documents d USING (manifest_digest, doc_id) WHERE x.manifest_digest = ? AND x.family_id = ? "
+            "ORDER BY d.source_index, d.row",
+            [entry["manifest_digest"], entry["family_id"]],
+        )
+        entry["family"] = family if len(family) > 1 else []
         entry["contamination_hits"] = _rows(
             con,
             "SELECT eval_item_id, benchmark, view, matched_ngram, char_start, char_end, overlap_ratio, action "
@@ -227,12 +248,15 @@ def audit_document(con: duckdb.DuckDBPyConnection, doc_id: str) -> list[dict]:
 
 @_reads
 def audit_eval_item(con: duckdb.DuckDBPyConnection, item_id: str) -> list[dict]:
-    """Every document that matched an eval item, with the evidence and the action taken."""
+    """Every document that matched an eval item, duplicates included, with the evidence, the
+    action decontamination chose and the document's final state (a duplicate was removed as
+    such; its action was never applied)."""
     return _rows(
         con,
         "SELECT h.manifest_digest, h.doc_id, d.source_uri, d.row, d.source_record_id, h.benchmark, h.view, "
-        "h.matched_ngram, h.char_start, h.char_end, h.overlap_ratio, h.action, h.eval_suite_digest "
+        "h.matched_ngram, h.char_start, h.char_end, h.overlap_ratio, h.action, x.state, x.duplicate_of, h.eval_suite_digest "
         "FROM contamination_hits h LEFT JOIN documents d USING (manifest_digest, doc_id) "
+        "LEFT JOIN decisions x USING (manifest_digest, doc_id) "
         "WHERE h.eval_item_id = ? ORDER BY h.manifest_digest, d.source_index, d.row",
         [item_id],
     )

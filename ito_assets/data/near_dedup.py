@@ -11,6 +11,10 @@
    nothing is chained transitively (a union-find over candidate pairs would remove documents that
    resemble no survivor). Each removed document is recorded with the kept document it duplicates,
    the similarity, and the cluster id (the kept document's id).
+4. Families, for auditors: the connected components of the verified pairs. A cluster is a star
+   around one kept document, so two near-duplicates of each other can sit in different clusters;
+   a family holds every document linked to another by a chain of verified pairs. Families never
+   change what is removed.
 
 Indices here are positions in the keep order ("rank"), so "earlier" is simply "smaller".
 """
@@ -21,6 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
 
 from ito_assets.data.config import DedupConfig
 from ito_assets.data.minhash import EMPTY, Shingles, estimated_jaccard
@@ -157,13 +163,37 @@ def keep_rule(a: np.ndarray, b: np.ndarray, similarity: np.ndarray) -> Removals:
     return Removals(removed=b[picked].astype(np.int64), kept=a[picked].astype(np.int64), similarity=similarity[picked].astype(np.float64))
 
 
+@dataclass(frozen=True)
+class Families:
+    """Documents in a family of two or more, by keep-order position: `member[i]` belongs to the
+    family whose first document in keep order is `root[i]` (a root is its own member)."""
+
+    member: np.ndarray
+    root: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.member)
+
+
+def families_of(a: np.ndarray, b: np.ndarray) -> Families:
+    """The connected components of the verified pairs (a, b), each named by its smallest position."""
+    nodes, inverse = np.unique(np.concatenate([a, b]), return_inverse=True)
+    if not len(nodes):
+        return Families(member=np.zeros(0, dtype=np.int64), root=np.zeros(0, dtype=np.int64))
+    edges = coo_matrix((np.ones(len(a), dtype=np.int8), (inverse[: len(a)], inverse[len(a) :])), shape=(len(nodes), len(nodes)))
+    _, labels = connected_components(edges, directed=False)
+    first = np.full(labels.max() + 1, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first, labels, nodes)  # nodes are sorted, but a label's first node need not come first
+    return Families(member=nodes.astype(np.int64), root=first[labels])
+
+
 def histogram(values: np.ndarray) -> tuple[int, ...]:
     counts, _ = np.histogram(values, bins=HISTOGRAM_BINS, range=(0.0, 1.0))
     return tuple(int(c) for c in counts)
 
 
-def near_duplicates(signatures: np.ndarray, shingles: Shingles, config: DedupConfig) -> tuple[Removals, NearDedupCounts]:
-    """Signatures and shingle sets of documents in keep order -> removals by rank, counters."""
+def near_duplicates(signatures: np.ndarray, shingles: Shingles, config: DedupConfig) -> tuple[Removals, Families, NearDedupCounts]:
+    """Signatures and shingle sets of documents in keep order -> removals by rank, families, counters."""
     a, b = candidate_pairs(signatures, config.bands, config.rows)
     va, vb, similarity, estimate, num_verified = verify_pairs(signatures, shingles, a, b, config)
     removed = keep_rule(va, vb, similarity)
@@ -175,4 +205,4 @@ def near_duplicates(signatures: np.ndarray, shingles: Shingles, config: DedupCon
         num_removed=len(removed),
         similarity_histogram=histogram(estimate),
     )
-    return removed, counts
+    return removed, families_of(va, vb), counts

@@ -1,5 +1,7 @@
-"""The four data-preparation stages as plain functions over folders: each reads what the previous
-stage wrote, calls the steps, writes its Parquet and lineage rows, and returns a small frozen
+"""The four data-preparation stages as plain functions over folders: sources -> decontamination
+(every document, so an auditor's "which documents matched eval item Y" covers the duplicates too)
+-> deduplication (whose keep order puts contaminated documents last, so a survivor is chosen
+knowing contamination) -> clean shards. Each reads what the earlier stages wrote, calls the steps, writes its Parquet and lineage rows, and returns a small frozen
 result (paths, digests, counters) that the Dagster shell passes on and shows as metadata.
 Deduplication and decontamination stream their input in byte-sized work units (`units`), with
 DuckDB under a memory cap for the corpus-wide joins, and cleaning streams the kept documents a
@@ -11,9 +13,9 @@ recorded when they were written before it reads them (SHARD_CORRUPT names the fi
 Layout under `<state_dir>/shards/<manifest key>/`:
     _scratch/                                verified snapshots of the sources being read
     source/   documents-NNNNN.parquet        every input document with provenance
+    decontam/ hits.parquet, actions.parquet, pieces.parquet, ignored-seeds.parquet
     dedup/    decisions.parquet              dedup state of every document
               kept-NNNNN.parquet             the documents that survive deduplication
-    decontam/ hits.parquet, actions.parquet, pieces.parquet, ignored-seeds.parquet
     */_scratch/                              work units and spill of a running step (removed after)
     clean/    clean-NNNNN.parquet            the clean shards; decisions.parquet (final states)
 """
@@ -61,6 +63,7 @@ class DedupStage:
     kept: ShardSet
     counts: DedupCounts
     config: dict
+    num_families: int  # families of two or more documents
 
 
 @dataclass(frozen=True)
@@ -129,28 +132,34 @@ def run_sources(verified: VerifiedManifest, data_root: Path, state_dir: Path, wa
     return SourceStage(manifest_digest=verified.digest, manifest_key=key, shards=shards, sources=tuple(counts))
 
 
-def run_dedup(source: SourceStage, state_dir: Path, warehouse: Path, config: DataPrepConfig) -> DedupStage:
+def run_dedup(source: SourceStage, actions: Shard, state_dir: Path, warehouse: Path, config: DataPrepConfig) -> DedupStage:
+    """`actions`: the decontamination's action per contaminated document (DecontamStage.actions),
+    which puts those documents last in the keep order."""
     folder = stage_folder(state_dir, source.manifest_key) / "dedup"
     store = shard_store(state_dir)
+    tiers = clean.tiers_of(pl.read_parquet(verified_path(actions)))
     paths = verified_paths(source.shards.shards)
     with scratch_space(folder / SCRATCH, config.scale) as scratch:
-        decisions, counts = deduplicate_units(scratch, paths, config.dedup, folder / "decisions.parquet", store=store)
+        decisions, counts = deduplicate_units(scratch, paths, config.dedup, folder / "decisions.parquet", store=store, tiers=tiers)
         kept = write_shard_stream(kept_frames(scratch), folder / "kept", prefix="kept", max_rows=config.shard_max_rows, schema=DOCUMENT_SCHEMA, store=store)
+        num_families = scratch.db.execute(f"SELECT count(DISTINCT family_id) FROM read_parquet({sql_list([decisions.path])}) WHERE family_id <> doc_id").fetchone()[0]
     duplicates = lineage.ParquetRows((decisions,), {c: c for c in DEDUP_SCHEMA}, where=f"dedup_state = '{DUPLICATE}'")
     lineage.write_tables(warehouse, source.manifest_digest, {"duplicates": duplicates})
-    return DedupStage(manifest_digest=source.manifest_digest, decisions=decisions, kept=kept, counts=counts, config=asdict(config.dedup))
+    return DedupStage(manifest_digest=source.manifest_digest, decisions=decisions, kept=kept, counts=counts, config=asdict(config.dedup), num_families=int(num_families))
 
 
-def run_decontam(verified: VerifiedManifest, suite: EvalSuite, dedup: DedupStage, state_dir: Path, warehouse: Path, config: DataPrepConfig) -> DecontamStage:
+def run_decontam(verified: VerifiedManifest, suite: EvalSuite, source: SourceStage, state_dir: Path, warehouse: Path, config: DataPrepConfig) -> DecontamStage:
+    """Every source document scanned, the duplicates-to-be too."""
     decontam = decontam_config_for(verified, config.decontam)
     index = build_index(suite, decontam)
     folder = stage_folder(state_dir, verified.short_digest) / "decontam"
     store = shard_store(state_dir)
-    paths = verified_paths(dedup.kept.shards)  # read twice below: hashed once, here
+    paths = verified_paths(source.shards.shards)  # read twice below: hashed once, here
     with scratch_space(folder / SCRATCH, config.scale) as scratch:
         hits, counts, ignored = scan_shards(scratch, paths, index, decontam)
-    actions, pieces = clean.apply_actions(documents_with_hits(paths, hits), hits, decontam)
-    hits = hits.join(actions.select("doc_id", "action"), on="doc_id", how="left")
+    found = documents_with_hits(paths, hits, ["source_record_id"])
+    actions, pieces = clean.apply_actions(found, hits, decontam)
+    hits = hits.join(found.select("doc_id", "source_record_id"), on="doc_id", how="left").join(actions.select("doc_id", "action"), on="doc_id", how="left")
     stage = DecontamStage(
         manifest_digest=verified.digest,
         eval_suite_id=suite.suite_id,

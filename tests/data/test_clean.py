@@ -13,20 +13,14 @@ from ito_assets.data.clean import account, apply_actions, clean_documents, cut_p
 from ito_assets.data.config import DecontamConfig, DedupConfig
 from ito_assets.data.eval_index import build_index
 from ito_assets.evals.suite import EvalItem, EvalSuite
-from reference_impl import deduplicate, kept_documents, scan
+from reference_impl import prepare, scan
 
 QUESTION = "Which built in exception is raised when you look up a key in a dictionary that does not contain that key at all"
 SUITE = EvalSuite("unit", "sha256:" + "0" * 64, (EvalItem(id="t/1", benchmark="t", question=QUESTION, answer="KeyError"),))
 
 
 def pipeline(docs: pl.DataFrame, decontam: DecontamConfig):
-    dedup, _ = deduplicate(docs, DedupConfig())
-    kept = kept_documents(docs, dedup)
-    hits, _ = scan(kept, build_index(SUITE, decontam), decontam)
-    actions, pieces = apply_actions(kept, hits, decontam)
-    rows = clean_documents(kept, actions, pieces)
-    final = decisions(dedup, hits, actions)
-    return final, rows, hits
+    return prepare(docs, build_index(SUITE, decontam), DedupConfig(), decontam)
 
 
 def test_cut_pieces_follow_the_gpt3_rule() -> None:

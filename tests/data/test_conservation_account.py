@@ -33,6 +33,8 @@ PIECES = "the pieces in the clean shards do not match the cut documents"
 NO_ITEM = "a contaminated document has no eval item"
 NO_TARGET = "a duplicate has no kept document or cluster"
 NOT_KEPT = "a duplicate is recorded against a document that was not kept by deduplication"
+NO_ACTION = "a contaminated document has no action"
+WORSE = "a document was removed as a duplicate of one that decontamination treats worse"
 
 
 def decision(doc_id: str, state: str, **fields) -> dict:
@@ -166,8 +168,37 @@ def test_a_duplicate_without_a_cluster_or_a_kept_document() -> None:
 def test_a_duplicate_recorded_against_a_document_that_did_not_survive_deduplication() -> None:
     assert audit(final=replaced("u2", duplicate("u2", "u1"))).problems == (NOT_KEPT,)
     assert audit(final=replaced("u2", duplicate("u2", "ghost"))).problems == (NOT_KEPT,)
-    # A contaminated document did survive deduplication: a duplicate of it is justified.
-    assert audit(final=replaced("u2", duplicate("u2", "c1"))).problems == ()
+    # A contaminated document did survive deduplication: a duplicate of it that decontamination
+    # would drop too is justified.
+    assert audit(final=replaced("u2", duplicate("u2", "c1") | {"eval_item_ids": ["t/1"], "action": "drop"})).problems == ()
+
+
+# The tiers: clean < cut < drop. A duplicate's kept document is never in a worse tier than itself.
+@pytest.mark.parametrize(
+    ("own", "target", "problems"),
+    [
+        (None, "k1", ()),
+        (None, "c2", (WORSE,)),
+        (None, "c1", (WORSE,)),
+        ("cut", "k1", ()),
+        ("cut", "c2", ()),
+        ("cut", "c1", (WORSE,)),
+        ("drop", "k1", ()),
+        ("drop", "c2", ()),
+        ("drop", "c1", ()),
+    ],
+)
+def test_a_duplicate_is_never_kept_in_favour_of_a_worse_document(own: str | None, target: str, problems: tuple) -> None:
+    row = duplicate("u2", target) | ({"eval_item_ids": ["t/1"], "action": own} if own else {})
+    assert audit(final=replaced("u2", row)).problems == problems
+
+
+def test_a_contaminated_document_without_an_action() -> None:
+    assert audit(final=replaced("c1", contaminated("c1", "drop") | {"action": None})).problems == (NO_ACTION,)
+
+
+def test_a_duplicate_with_an_action_but_no_eval_item() -> None:
+    assert audit(final=replaced("u2", duplicate("u2", "c1") | {"action": "drop"})).problems == (NO_ITEM,)
 
 
 def test_every_check_at_once_is_reported_in_order() -> None:
@@ -260,9 +291,11 @@ def test_apply_actions_drops_whole_documents_under_the_drop_action() -> None:
     assert actions.height == 0 and pieces.height == 0 and list(actions.schema) == list(ACTION_SCHEMA)
 
 
-def test_clean_documents_are_whole_rows_and_pieces_in_keep_order() -> None:
-    # Source 1's ids sort before source 0's: the keep order is by source first.
-    docs = pl.concat([frame(["zz", "yy"], source_index=1, prefix="a"), frame(["x" * 100, "w" * 100])])
+def test_clean_documents_are_whole_rows_and_pieces_in_the_order_given() -> None:
+    # The kept documents come in keep order (here a contaminated source-0 document after a clean
+    # source-1 one): the clean rows keep it, a cut document's pieces in its place.
+    docs = pl.concat([frame(["zz", "yy"], source_index=1, prefix="a"), frame(["w" * 100])]).with_columns(pl.Series("doc_id", ["a0000", "a0001", "d0001"]))
+    docs = pl.concat([docs, frame(["x" * 100])])
     actions = pl.DataFrame([{"doc_id": "d0000", "action": "cut", "num_pieces": 2}, {"doc_id": "a0000", "action": "drop", "num_pieces": 0}], schema=ACTION_SCHEMA)
     pieces = pl.DataFrame(
         [
@@ -273,15 +306,15 @@ def test_clean_documents_are_whole_rows_and_pieces_in_keep_order() -> None:
     )
     rows = clean_documents(docs, actions, pieces)
     assert rows.select("doc_id", "piece", "char_start", "char_end", "source_index", "row").rows() == [
+        ("a0001", None, 0, 2, 1, 1),
+        ("d0001", None, 0, 100, 0, 0),
         ("d0000", 0, 0, 40, 0, 0),
         ("d0000", 1, 70, 100, 0, 0),
-        ("d0001", None, 0, 100, 0, 1),
-        ("a0001", None, 0, 2, 1, 1),
     ]
-    assert rows["source_record_id"].to_list() == ["r0", "r0", "r1", "r1"]
+    assert rows["source_record_id"].to_list() == ["r1", "r0", "r0", "r0"]
     # Batch by batch gives the same rows.
     batched = pl.concat(clean_batches([docs.slice(0, 2), docs.slice(2, 2)], actions, pieces))
-    assert batched.sort("source_index", "doc_id", "piece", nulls_last=False).equals(rows)
+    assert batched.equals(rows)
 
 
 def test_a_whole_row_sorts_before_the_pieces_of_its_document() -> None:
@@ -293,16 +326,19 @@ def test_a_whole_row_sorts_before_the_pieces_of_its_document() -> None:
     assert rows["piece"].to_list() == [None, 0]
 
 
+def dedup_rows(**columns) -> pl.DataFrame:
+    n = len(columns["doc_id"])
+    return pl.DataFrame({"source_record_id": [f"r-{d}" for d in columns["doc_id"]], "family_id": columns.get("cluster_id", [None] * n), **columns})
+
+
 def test_final_decisions_give_each_document_its_state() -> None:
-    dedup = pl.DataFrame(
-        {
-            "doc_id": ["d1", "d2", "d3", "d4"],
-            "dedup_state": ["kept", "duplicate", "kept", "kept"],
-            "method": [None, "exact", None, None],
-            "duplicate_of": [None, "d1", None, None],
-            "cluster_id": ["d1", "d1", "d3", "d4"],
-            "similarity": [None, 1.0, None, None],
-        }
+    dedup = dedup_rows(
+        doc_id=["d1", "d2", "d3", "d4"],
+        dedup_state=["kept", "duplicate", "kept", "kept"],
+        method=[None, "exact", None, None],
+        duplicate_of=[None, "d1", None, None],
+        cluster_id=["d1", "d1", "d3", "d4"],
+        similarity=[None, 1.0, None, None],
     )
     hits = hits_of([("d3", "t/2", 0, 1), ("d3", "t/1", 5, 6), ("d3", "t/2", 9, 10), ("d4", "t/3", 0, 1)])
     actions = pl.DataFrame([{"doc_id": "d3", "action": "cut", "num_pieces": 2}, {"doc_id": "d4", "action": "drop", "num_pieces": 0}], schema=ACTION_SCHEMA)
@@ -315,13 +351,16 @@ def test_final_decisions_give_each_document_its_state() -> None:
         ("d4", "contaminated", "drop", 0, ["t/3"]),
     ]
     assert final.row(1, named=True)["duplicate_of"] == "d1" and final.row(1, named=True)["method"] == "exact"
+    assert final["source_record_id"].to_list() == ["r-d1", "r-d2", "r-d3", "r-d4"] and final["family_id"].to_list() == ["d1", "d1", "d3", "d4"]
     # Batches keep their order and give the same rows.
     batched = pl.concat(final_batches([dedup.slice(2, 2), dedup.slice(0, 2)], hits, actions))
     assert batched["doc_id"].to_list() == ["d3", "d4", "d1", "d2"]
 
 
-def test_a_duplicate_stays_a_duplicate_even_with_an_action() -> None:
-    # Decontamination only scans kept documents; should an action name a duplicate, dedup wins.
-    dedup = pl.DataFrame({"doc_id": ["d1", "d2"], "dedup_state": ["kept", "duplicate"], "method": [None, "near"], "duplicate_of": [None, "d1"], "cluster_id": ["d1", "d1"], "similarity": [None, 0.9]})
-    actions = pl.DataFrame([{"doc_id": "d2", "action": "drop", "num_pieces": 0}], schema=ACTION_SCHEMA)
-    assert decisions(dedup, hits_of([("d2", "t/1", 0, 1)]), actions)["state"].to_list() == ["kept", "duplicate"]
+def test_a_duplicate_stays_a_duplicate_with_its_eval_items_and_action() -> None:
+    # Every document is scanned: a duplicate with hits is removed as a duplicate, and keeps the
+    # record of what it matched and what decontamination would have done.
+    dedup = dedup_rows(doc_id=["d1", "d2"], dedup_state=["kept", "duplicate"], method=[None, "near"], duplicate_of=[None, "d1"], cluster_id=["d1", "d1"], similarity=[None, 0.9])
+    actions = pl.DataFrame([{"doc_id": "d1", "action": "drop", "num_pieces": 0}, {"doc_id": "d2", "action": "drop", "num_pieces": 0}], schema=ACTION_SCHEMA)
+    final = decisions(dedup, hits_of([("d1", "t/1", 0, 1), ("d2", "t/1", 0, 1)]), actions)
+    assert final.select("state", "action", "eval_item_ids").rows() == [("contaminated", "drop", ["t/1"]), ("duplicate", "drop", ["t/1"])]

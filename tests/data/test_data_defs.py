@@ -158,12 +158,19 @@ def test_audit_verbs_answer_the_auditors_questions(chain, monkeypatch, capsys) -
     import duckdb
 
     with duckdb.connect(str(settings.warehouse_path), read_only=True) as con:
-        duplicate = con.execute("SELECT doc_id, duplicate_of FROM duplicates WHERE method = 'near' ORDER BY doc_id LIMIT 1").fetchone()
+        duplicate = con.execute("SELECT doc_id, duplicate_of, source_record_id FROM duplicates WHERE method = 'near' ORDER BY doc_id LIMIT 1").fetchone()
         hit = con.execute("SELECT doc_id, eval_item_id FROM contamination_hits ORDER BY doc_id LIMIT 1").fetchone()
     document, status = _audit(settings, monkeypatch, "audit", "doc", duplicate[0], "--json")
     assert status == 0 and document["ok"] and document["live_api_contacted"] is False
     (entry,) = document["data"]["manifests"]
     assert entry["state"] == "duplicate" and entry["duplicate_of"] == duplicate[1] and entry["clean_pieces"] == []
+    assert entry["matched_by"] == "doc_id" and entry["source_record_id"] == duplicate[2] and entry["duplicate_of_record_id"]
+    # Its family holds it and the document it duplicates, each with the user's id.
+    assert {duplicate[0], duplicate[1]} <= {m["doc_id"] for m in entry["family"]} and all(m["source_record_id"] for m in entry["family"])
+    # By the user's own id, the same document, saying how it matched.
+    document, status = _audit(settings, monkeypatch, "audit", "doc", duplicate[2], "--json")
+    (by_record,) = document["data"]["manifests"]
+    assert status == 0 and by_record["matched_by"] == "source_record_id" and by_record["doc_id"] == duplicate[0]
     document, status = _audit(settings, monkeypatch, "audit", "eval-item", hit[1], "--json")
     assert status == 0 and hit[0] in {h["doc_id"] for h in document["data"]["hits"]}
     document, status = _audit(settings, monkeypatch, "audit", "manifest", key, "--json")
@@ -171,8 +178,12 @@ def test_audit_verbs_answer_the_auditors_questions(chain, monkeypatch, capsys) -
     assert status == 0 and sum(states.values()) == 3041 and states[("contaminated", "drop")] == 60
     document, status = _audit(settings, monkeypatch, "audit", "doc", "0" * 16, "--json")
     assert status == 1 and document["error"]["code"] == "AUDIT_NOT_FOUND"
-    document, status = _audit(settings, monkeypatch, "audit", "doc", "not-an-id", "--json")
-    assert status == 2 and document["error"]["code"] == "USAGE_ERROR" and "not-an-id" not in json.dumps(document)
+    # Any id up to 256 characters is looked up; one longer, or with a control character, is refused.
+    document, status = _audit(settings, monkeypatch, "audit", "doc", "x" * 256, "--json")
+    assert status == 1 and document["error"]["code"] == "AUDIT_NOT_FOUND"
+    for bad in ("x" * 257, "not\aan-id"):
+        document, status = _audit(settings, monkeypatch, "audit", "doc", bad, "--json")
+        assert status == 2 and document["error"]["code"] == "USAGE_ERROR" and bad not in json.dumps(document)
     text, _ = _audit(settings, monkeypatch, "audit", "doc", duplicate[0])
     assert any("removed as near duplicate" in line for line in text["_text"])
 

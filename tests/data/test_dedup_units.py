@@ -13,12 +13,13 @@ from polars.testing import assert_frame_equal
 
 from data_frames import edit_words, frame, random_text
 from ito_assets.data.band_join import candidate_batches
+from ito_assets.data.clean import ACTION_SCHEMA, tiers_of
 from ito_assets.data.config import DataPrepConfig, DedupConfig, ScaleConfig
 from ito_assets.data import exact_units
 from ito_assets.data.dedup_units import deduplicate_units, kept_frames
 from ito_assets.data.near_dedup import band_rows, candidate_pairs
 from ito_assets.data.scratch import scratch_space
-from ito_assets.data.shards import write_shard_stream, write_shards
+from ito_assets.data.shards import write_shard_stream, write_shards, write_table
 from ito_assets.data.sources import DOCUMENT_SCHEMA, read_sources
 from ito_assets.data.stages import SCRATCH, SourceStage, run_dedup, stage_folder
 from ito_assets.manifest.schema import DataReference
@@ -60,6 +61,39 @@ def test_out_of_core_decisions_and_kept_documents_equal_in_memory(tmp_path: Path
     assert table.num_rows == docs.height
     assert counts == expected_counts
     assert_frame_equal(kept.read(), kept_documents(docs, expected))
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_out_of_core_with_contamination_tiers_equals_in_memory(tmp_path: Path, seed: int) -> None:
+    docs = corpus(seed)
+    rng = random.Random(seed)
+    tiers = pl.DataFrame({"doc_id": rng.sample(docs["doc_id"].to_list(), 40), "tier": [rng.choice([1, 2]) for _ in range(40)]}, schema={"doc_id": pl.String, "tier": pl.Int8})
+    expected, expected_counts = deduplicate(docs, DedupConfig(), tiers)
+    shards = write_shards(docs, tmp_path / "source", prefix="d", max_rows=37)
+    with scratch_space(tmp_path / "_scratch", TINY) as scratch:
+        table, counts = deduplicate_units(scratch, [s.path for s in shards.shards], DedupConfig(), tmp_path / "decisions.parquet", tiers=tiers)
+        kept = write_shard_stream(kept_frames(scratch), tmp_path / "kept", prefix="k", max_rows=25, schema=DOCUMENT_SCHEMA)
+    assert_frame_equal(pl.read_parquet(table.path), expected)
+    assert counts == expected_counts
+    assert_frame_equal(kept.read(), kept_documents(docs, expected, tiers))
+
+
+def test_a_survivor_is_never_in_a_worse_tier_than_its_duplicates() -> None:
+    rng = random.Random(7)
+    base = random_text(rng, 200)
+    # Source order: dropped, cut, clean, and an exact copy of the dropped one; all near-duplicates.
+    docs = frame([base, edit_words(rng, base, 1), edit_words(rng, base, 2), base])
+    tiers = pl.DataFrame({"doc_id": ["d0000", "d0001", "d0003"], "tier": [2, 1, 2]}, schema={"doc_id": pl.String, "tier": pl.Int8})
+    decisions, _ = deduplicate(docs, DedupConfig(), tiers)
+    rows = {r["doc_id"]: r for r in decisions.iter_rows(named=True)}
+    assert [d for d, r in rows.items() if r["dedup_state"] == "kept"] == ["d0002"]
+    # The exact copy of the dropped document follows it to the same kept document.
+    assert {d: rows[d]["duplicate_of"] for d in ("d0000", "d0001", "d0003")} == dict.fromkeys(("d0000", "d0001", "d0003"), "d0002")
+    # Without tiers the first in source order survives.
+    untiered, _ = deduplicate(docs, DedupConfig())
+    assert untiered.filter(pl.col("dedup_state") == "kept")["doc_id"].to_list() == ["d0000"]
+    # One family, named by its first document in keep order (the clean one).
+    assert set(decisions["family_id"]) == {"d0002"}
 
 
 def test_signature_verification_mode_agrees_too(tmp_path: Path) -> None:
@@ -110,11 +144,18 @@ def test_the_dedup_stage_on_the_fixtures_matches_in_memory_with_two_workers(tmp_
     docs, counts = read_sources(refs, fixtures / "corpora")
     source = SourceStage(manifest_digest="sha256:" + "0" * 64, manifest_key="k", shards=write_shards(docs, tmp_path / "source", prefix="d", max_rows=1000), sources=tuple(counts))
     config = DataPrepConfig(scale=ScaleConfig(unit_bytes=200_000, num_workers=2, pair_batch=64))
-    stage = run_dedup(source, tmp_path, tmp_path / "warehouse.duckdb", config)
-    expected, expected_counts = deduplicate(docs, config.dedup)
+    # Every kept document with duplicates of its own is said to be contaminated, one in two cut.
+    untiered, _ = deduplicate(docs, config.dedup)
+    survivors = untiered.filter(pl.col("dedup_state") == "duplicate")["duplicate_of"].unique().sort()
+    actions = pl.DataFrame({"doc_id": survivors, "action": ["cut", "drop"] * (len(survivors) // 2) + ["cut"] * (len(survivors) % 2), "num_pieces": 0}, schema=ACTION_SCHEMA)
+    stage = run_dedup(source, write_table(actions, tmp_path / "actions.parquet"), tmp_path, tmp_path / "warehouse.duckdb", config)
+    tiers = tiers_of(actions)
+    expected, expected_counts = deduplicate(docs, config.dedup, tiers)
     assert stage.counts == expected_counts and expected_counts.num_removed > 0
     assert_frame_equal(pl.read_parquet(stage.decisions.path), expected)
-    assert_frame_equal(stage.kept.read(), kept_documents(docs, expected))
+    assert_frame_equal(stage.kept.read(), kept_documents(docs, expected, tiers))
+    # The tiers changed which documents survive, not how many.
+    assert (expected["dedup_state"] != untiered["dedup_state"]).any() and expected_counts.num_kept == untiered.filter(pl.col("dedup_state") == "kept").height
     assert not (stage_folder(tmp_path, "k") / "dedup" / SCRATCH).exists()
 
 

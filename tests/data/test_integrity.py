@@ -90,8 +90,8 @@ def prepare(root: Path) -> Prepared:
     state = root / "state"
     warehouse = state / "warehouse.duckdb"
     source = stages.run_sources(verified, root, state, warehouse, CONFIG)
-    dedup = stages.run_dedup(source, state, warehouse, CONFIG)
-    decontam = stages.run_decontam(verified, suite, dedup, state, warehouse, CONFIG)
+    decontam = stages.run_decontam(verified, suite, source, state, warehouse, CONFIG)
+    dedup = stages.run_dedup(source, decontam.actions, state, warehouse, CONFIG)
     clean = stages.run_clean(verified, source, dedup, decontam, state, warehouse, CONFIG)
     lineage.record_consumption(warehouse, [s.sha256 for s in clean.shards.shards], "run-1", "training_tokens")
     return Prepared(root, verified, suite, source, dedup, decontam, clean)
@@ -139,11 +139,11 @@ TAMPERS = {"replaced": replace_with_other_parquet, "flipped": flip_one_byte, "tr
 
 
 def _run_dedup(p: Prepared):
-    return stages.run_dedup(p.source, p.state, p.warehouse, CONFIG)
+    return stages.run_dedup(p.source, p.decontam.actions, p.state, p.warehouse, CONFIG)
 
 
 def _run_decontam(p: Prepared):
-    return stages.run_decontam(p.verified, p.suite, p.dedup, p.state, p.warehouse, CONFIG)
+    return stages.run_decontam(p.verified, p.suite, p.source, p.state, p.warehouse, CONFIG)
 
 
 def _run_clean(p: Prepared):
@@ -159,7 +159,8 @@ READERS = {
     "source documents -> dedup": (lambda p: p.source.shards.shards[0], _run_dedup, "dedup"),
     "source documents -> clean": (lambda p: p.source.shards.shards[-1], _run_clean, "clean"),
     "source documents -> provenance check": (lambda p: p.source.shards.shards[0], lambda p: p.source.shards.read(["doc_id"]), None),
-    "kept documents -> decontam": (lambda p: p.dedup.kept.shards[-1], _run_decontam, "decontam"),
+    "source documents -> decontam": (lambda p: p.source.shards.shards[-1], _run_decontam, "decontam"),
+    "decontam actions -> dedup": (lambda p: p.decontam.actions, _run_dedup, "dedup"),
     "kept documents -> clean": (lambda p: p.dedup.kept.shards[0], _run_clean, "clean"),
     "dedup decisions -> clean": (lambda p: p.dedup.decisions, _run_clean, "clean"),
     "contamination hits -> clean": (lambda p: p.decontam.hits, _run_clean, "clean"),
@@ -200,7 +201,7 @@ def test_a_tampered_shard_is_refused_by_its_reader_naming_it(prepared: Prepared,
 
 
 def test_a_missing_or_unreadable_shard_is_shard_corrupt(prepared: Prepared) -> None:
-    shard = prepared.dedup.kept.shards[0]
+    shard = prepared.source.shards.shards[0]
     path = Path(shard.path)
     original = path.read_bytes()
     try:
@@ -216,7 +217,7 @@ def test_a_missing_or_unreadable_shard_is_shard_corrupt(prepared: Prepared) -> N
         path.write_bytes(original)
     assert missing.value.code is unreadable.value.code is ErrorCode.SHARD_CORRUPT
     assert "is missing" in missing.value.message and "cannot be read" in unreadable.value.message
-    assert prepared.dedup.kept.verify() == [] and shard.changed() is False
+    assert prepared.source.shards.verify() == [] and shard.changed() is False
 
 
 def test_a_shard_is_named_by_its_file_name_outside_any_store(tmp_path: Path) -> None:

@@ -231,8 +231,11 @@ def test_histogram_bins_are_twenty_of_width_0_05() -> None:
 def test_near_duplicates_counts() -> None:
     texts = [" ".join(BASE), extended(AT), extended(BELOW), " ".join(WORDS[1000:1100])]
     signatures, lists = shingles_of(texts)
-    removals, counts = near_duplicates(signatures, lists, DedupConfig())
+    removals, families, counts = near_duplicates(signatures, lists, DedupConfig())
     assert removals.as_dict() == {1: (0, 0.8)}
+    # 2 pairs with 1 only, and 1 is removed, so 2 is kept in a cluster of its own; the chain
+    # 0-1-2 is one family all the same, named by its first document.
+    assert families.member.tolist() == [0, 1, 2] and families.root.tolist() == [0, 0, 0]
     # Candidates: 0-1, 0-2, 1-2 (extended(AT) is a prefix of extended(BELOW): 120 / 121).
     assert (counts.num_input, counts.num_candidate_pairs, counts.num_pairs_verified, counts.num_pairs_above_threshold, counts.num_removed) == (4, 3, 3, 2, 1)
     assert sum(counts.similarity_histogram) == 3 and len(counts.similarity_histogram) == 20

@@ -1,6 +1,7 @@
 """`ito audit doc ID`, `ito audit eval-item ID`, `ito audit manifest DIGEST` [--json]: local reads
 of the DuckDB warehouse (read-only), no API contact. They answer "why is document X not in the
-training data" and "which documents matched eval item Y" with one command each."""
+training data" (X the internal id or the user's own record id) and "which documents matched eval
+item Y" (every document, duplicates included) with one command each."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from ito_assets.api.commands.result import VerbResult
 from ito_assets.api.terminal import escape
 from ito_assets.errors import ErrorCode, ItoError
 
-_DOC_ID = re.compile(r"^[0-9a-f]{16}$")
+# An internal id (16 hex digits) or the user's own record id: printable, without control characters.
+_DOC_ID = re.compile(r"^[^\x00-\x1f\x7f]{1,256}$")
 _DIGEST = re.compile(r"^(sha256:)?[0-9a-fA-F]{6,64}$")
 _ITEM_ID = re.compile(r"^[\x21-\x7e]{1,256}$")
 
@@ -21,7 +23,7 @@ def register(verbs: argparse._SubParsersAction) -> None:
     group = verbs.add_parser("audit", help="trace documents and eval items through data preparation")
     actions = group.add_subparsers(dest="action", required=True, parser_class=type(group))
     for name, arg, helptext, handler in (
-        ("doc", "doc_id", "a document id (16 hex digits)", _doc),
+        ("doc", "doc_id", "a document: its id (16 hex digits) or your record id (the id field of your input)", _doc),
         ("eval-item", "item_id", "an eval item id, e.g. py-trivia/007", _eval_item),
         ("manifest", "digest", "a manifest digest: sha256:HEX, HEX, or its 12-digit key", _manifest),
     ):
@@ -73,7 +75,10 @@ def _why(entry: dict) -> str:
     if state == "kept":
         return "kept: in the clean shards"
     if state == "duplicate":
-        return f"removed as {entry['method']} duplicate of {entry['duplicate_of']} (cluster {entry['cluster_id']}, Jaccard {entry['similarity']:.3f})"
+        why = f"removed as {entry['method']} duplicate of {entry['duplicate_of']} (your id {entry.get('duplicate_of_record_id')}; cluster {entry['cluster_id']}, Jaccard {entry['similarity']:.3f})"
+        if entry.get("eval_item_ids"):
+            why += f"; it also matched {', '.join(entry['eval_item_ids'])} (decontamination would {entry['action']} it)"
+        return why
     if state == "contaminated":
         return f"contaminated by {', '.join(entry['eval_item_ids'] or [])}: action {entry['action']} ({entry['num_pieces']} pieces kept)"
     return "no decision recorded yet (the clean_shards asset has not run for this manifest)"
@@ -81,18 +86,20 @@ def _why(entry: dict) -> str:
 
 def _doc(args: argparse.Namespace) -> VerbResult:
     if not _DOC_ID.fullmatch(args.doc_id):
-        raise ItoError(ErrorCode.USAGE_ERROR, "a document id is 16 lower-case hex digits")
+        raise ItoError(ErrorCode.USAGE_ERROR, "a document id is 1-256 characters without control characters")
     lineage, con = _open()
     with con:
         found = _plain(lineage.audit_document(con, args.doc_id))
     if not found:
-        raise ItoError(ErrorCode.AUDIT_NOT_FOUND, "no document with this id is in the warehouse")
+        raise ItoError(ErrorCode.AUDIT_NOT_FOUND, "no document with this id or record id is in the warehouse")
     text = []
     for entry in found:
         text += [
-            f"document {entry['doc_id']} in manifest {entry['manifest_digest']}",
+            f"document {entry['doc_id']} (your id {entry['source_record_id']}) in manifest {entry['manifest_digest']}",
             f"  from: {entry['source_uri']} row {entry['row']} (id {entry['source_record_id']}, licence {entry['license']}, source sha256 {entry['source_sha256']})",
             f"  what happened: {_why(entry)}",
+            f"  family {entry.get('family_id')}: documents linked to it by verified near-duplicate pairs:",
+            *_table(entry["family"], ["doc_id", "source_record_id", "state", "method", "duplicate_of"]),
             "  contamination hits:",
             *_table(entry["contamination_hits"], ["eval_item_id", "benchmark", "view", "char_start", "char_end", "overlap_ratio", "matched_ngram"]),
             "  clean shards:",
@@ -109,7 +116,10 @@ def _eval_item(args: argparse.Namespace) -> VerbResult:
     lineage, con = _open()
     with con:
         hits = _plain(lineage.audit_eval_item(con, args.item_id))
-    text = [f"eval item {args.item_id}: {len(hits)} matching document(s)", *_table(hits, ["doc_id", "source_uri", "row", "view", "overlap_ratio", "action", "char_start", "char_end", "matched_ngram"])]
+    text = [
+        f"eval item {args.item_id}: {len({h['doc_id'] for h in hits})} matching document(s), duplicates included",
+        *_table(hits, ["doc_id", "source_record_id", "source_uri", "row", "state", "view", "overlap_ratio", "action", "char_start", "char_end", "matched_ngram"]),
+    ]
     return VerbResult(data={"eval_item_id": args.item_id, "num_documents": len({h["doc_id"] for h in hits}), "hits": hits}, live_api_contacted=False, text=text)
 
 

@@ -1,5 +1,6 @@
-"""The data stage: source documents -> deduplicated documents -> contamination report -> clean
-shards, one partition per reviewed manifest. Each body fetches the settings, refuses to work on
+"""The data stage: source documents -> contamination report (every document) -> deduplicated
+documents (survivors chosen knowing contamination) -> clean shards, one partition per reviewed
+manifest. Each body fetches the settings, refuses to work on
 an unverified manifest, calls the core stage, and reports metadata. A core refusal (a shard that
 no longer verifies: SHARD_CORRUPT; a full disk: STORAGE_FULL; a warehouse that cannot be rebuilt:
 WAREHOUSE_CORRUPT) fails the step with its code; a warehouse rebuilt from its lineage on the way
@@ -75,14 +76,23 @@ def source_documents(context: dg.AssetExecutionContext, ito: ItoSettingsResource
     kinds={"parquet", "duckdb"},
     partitions_def=manifests_partitions,
     pool=POOL,
-    description="Exact copies and near-duplicates (MinHash LSH, Jaccard verified on shingle sets) removed; "
-    "each removal recorded against the kept document it duplicates.",
+    description="N-gram decontamination of every source document against the eval suite (duplicates "
+    "too, so an auditor's answer covers every document): each hit with its eval item, the user's "
+    "record id, matched n-gram, offsets, overlap and action.",
 )
-def deduplicated_documents(context: dg.AssetExecutionContext, config: DedupParams, ito: ItoSettingsResource, source_documents: stages.SourceStage) -> stages.DedupStage:
+def contamination_report(
+    context: dg.AssetExecutionContext,
+    config: DecontamParams,
+    ito: ItoSettingsResource,
+    training_manifest: ManifestVerdict,
+    eval_suite: EvalSuite,
+    source_documents: stages.SourceStage,
+) -> stages.DecontamStage:
     settings = ito.settings()
+    verified = verified_or_fail(training_manifest, "the data stage")
     with core_stage(context):
-        stage = stages.run_dedup(source_documents, settings.state_dir, settings.warehouse_path, config.to_config())
-    context.add_output_metadata(metadata.dedup_metadata(stage))
+        stage = stages.run_decontam(verified, eval_suite, source_documents, settings.state_dir, settings.warehouse_path, config.to_config())
+    context.add_output_metadata(metadata.decontam_metadata(stage))
     return stage
 
 
@@ -91,22 +101,18 @@ def deduplicated_documents(context: dg.AssetExecutionContext, config: DedupParam
     kinds={"parquet", "duckdb"},
     partitions_def=manifests_partitions,
     pool=POOL,
-    description="N-gram decontamination of the deduplicated documents against the eval suite: each hit "
-    "with its eval item, matched n-gram, offsets, overlap and action.",
+    description="Exact copies and near-duplicates (MinHash LSH, Jaccard verified on shingle sets) removed; "
+    "each removal recorded against the kept document it duplicates, with its family (the connected "
+    "component of verified pairs). Contaminated documents come last in the keep order, so a clean "
+    "member of a duplicate cluster survives in preference to one decontamination removes.",
 )
-def contamination_report(
-    context: dg.AssetExecutionContext,
-    config: DecontamParams,
-    ito: ItoSettingsResource,
-    training_manifest: ManifestVerdict,
-    eval_suite: EvalSuite,
-    deduplicated_documents: stages.DedupStage,
-) -> stages.DecontamStage:
+def deduplicated_documents(
+    context: dg.AssetExecutionContext, config: DedupParams, ito: ItoSettingsResource, source_documents: stages.SourceStage, contamination_report: stages.DecontamStage
+) -> stages.DedupStage:
     settings = ito.settings()
-    verified = verified_or_fail(training_manifest, "the data stage")
     with core_stage(context):
-        stage = stages.run_decontam(verified, eval_suite, deduplicated_documents, settings.state_dir, settings.warehouse_path, config.to_config())
-    context.add_output_metadata(metadata.decontam_metadata(stage))
+        stage = stages.run_dedup(source_documents, contamination_report.actions, settings.state_dir, settings.warehouse_path, config.to_config())
+    context.add_output_metadata(metadata.dedup_metadata(stage))
     return stage
 
 
@@ -134,4 +140,4 @@ def clean_shards(
     return stage
 
 
-DATA_ASSETS = [source_documents, deduplicated_documents, contamination_report, clean_shards]
+DATA_ASSETS = [source_documents, contamination_report, deduplicated_documents, clean_shards]

@@ -62,6 +62,7 @@ def dedup_metadata(stage: DedupStage) -> dict:
         "num_candidate_pairs": c.near.num_candidate_pairs,
         "num_pairs_verified": c.near.num_pairs_verified,
         "num_pairs_above_threshold": c.near.num_pairs_above_threshold,
+        "num_families": stage.num_families,
         "similarity_histogram": dg.MetadataValue.md(histogram_markdown(c.near.similarity_histogram)),
         "config": dg.MetadataValue.json(stage.config),
         **{f"config.{k}": v for k, v in stage.config.items()},
