@@ -53,6 +53,7 @@ class Conservation:
     num_clean_rows: int
     num_pieces: int
     problems: tuple[str, ...]
+    num_duplicate_contaminated: int = 0  # duplicates that matched eval items too (removed as duplicates)
 
     @property
     def holds(self) -> bool:
@@ -233,4 +234,5 @@ def account_of(db: duckdb.DuckDBPyConnection) -> Conservation:
         num_clean_rows=num_clean_rows,
         num_pieces=num_clean_rows - count(f"({whole})"),
         problems=tuple(problems),
+        num_duplicate_contaminated=count(f"final_decisions WHERE state = '{DUPLICATE}' AND action IS NOT NULL"),
     )

@@ -68,6 +68,8 @@ def test_a_clean_document_survives_its_contaminated_duplicate(real_tmp: Path, ac
     item, clean, _ = _prepare(real_tmp, action)
     final = _final_by_record(clean)
     assert clean.conservation.holds, clean.conservation.problems
+    # planted-copy and contaminated-first: removed as duplicates, their hits on record.
+    assert clean.conservation.num_duplicate_contaminated == 2
     # Without contamination in the keep order, the first in source order would have survived.
     later, first = final["clean-later"], final["contaminated-first"]
     assert later["state"] == "kept" and later["eval_item_ids"] is None

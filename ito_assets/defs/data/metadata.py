@@ -109,6 +109,7 @@ def clean_metadata(stage: CleanStage) -> dict:
         "num_input": c.num_input,
         "num_kept": c.num_kept,
         "num_duplicate": c.num_duplicate,
+        "num_duplicate_contaminated": c.num_duplicate_contaminated,
         "num_contaminated_dropped": c.num_contaminated_dropped,
         "num_contaminated_cut": c.num_contaminated_cut,
         "num_clean_rows": c.num_clean_rows,
