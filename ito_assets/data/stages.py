@@ -1,8 +1,9 @@
 """The four data-preparation stages as plain functions over folders: sources -> decontamination
 (every document, so an auditor's "which documents matched eval item Y" covers the duplicates too)
 -> deduplication (whose keep order puts contaminated documents last, so a survivor is chosen
-knowing contamination) -> clean shards. Each reads what the earlier stages wrote, calls the steps, writes its Parquet and lineage rows, and returns a small frozen
-result (paths, digests, counters) that the Dagster shell passes on and shows as metadata.
+knowing contamination) -> clean shards. Each reads what the earlier stages wrote, calls the
+steps, writes its Parquet and lineage rows, and returns a small frozen result (paths, digests,
+counters) that the Dagster shell passes on and shows as metadata.
 Deduplication and decontamination stream their input in byte-sized work units (`units`), with
 DuckDB under a memory cap for the corpus-wide joins, and cleaning streams the kept documents a
 batch at a time. `run_sources` parses a verified snapshot of each source a batch at a time, so
