@@ -296,8 +296,12 @@ def _match_batch(batch: list[_Piece], items: ItemVectors, embedder: WordEmbedder
     similarity = unit_rows(sums) @ items.vectors.T
     nearest = similarity.argmax(axis=1)
     best = similarity[np.arange(len(nearest)), nearest].astype(np.float64)
-    where = [(piece, i) for piece in batch for i in range(len(piece.starts))]
-    return [(*where[k], int(nearest[k]), float(best[k])) for k in np.flatnonzero(best >= threshold).tolist()]
+    ends = np.cumsum([len(piece.starts) for piece in batch])  # each piece's windows end here
+    matches = []
+    for k in np.flatnonzero(best >= threshold).tolist():
+        p = int(np.searchsorted(ends, k, side="right"))
+        matches.append((batch[p], k - (int(ends[p - 1]) if p else 0), int(nearest[k]), float(best[k])))
+    return matches
 
 
 def _rows(matches: list[tuple], items: ItemVectors) -> list[dict]:
