@@ -129,7 +129,10 @@ def load_embedder() -> WordEmbedder:
 
     `WordLlama.load()` alone looks for the tokenizer in a folder the wheel does not have and then
     downloads it, so the package's own folder is given as the cache (it holds `weights/` and
-    `tokenizers/`) and downloads are disabled.
+    `tokenizers/`) and downloads are disabled. The weights (`l2_supercat_256.safetensors`, 32,000
+    x 256) were trained by WordLlama's author from the token-embedding codebooks of Llama 2 70B
+    and other models with the Llama 2 tokenizer; the package is MIT-licensed and its README names
+    no other licence for them (the Llama 2 tokenizer and codebooks come under Meta's licence).
     """
     wordllama = _import_wordllama()
     try:
