@@ -30,7 +30,6 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
-from scipy import sparse
 
 from ito_assets.data.eval_index import QUESTION, QUESTION_ANSWER
 from ito_assets.data.text import WORD_PATTERN
@@ -105,6 +104,8 @@ class WordEmbedder:
     def word_vectors(self, words: list[str]) -> np.ndarray:
         """(len(words), dim) float32: a sparse (words x vocabulary) token-count matrix times the
         table, so no token row is copied; a word with no token is a zero row."""
+        from scipy import sparse  # imported here, like training/verdict.py: the code location loads without it
+
         ids = self.tokenize(words)
         counts = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
         tokens = np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=int(counts.sum()))
@@ -206,6 +207,7 @@ def _codes(word_lists: list[list[str]]) -> tuple[list[str], list[np.ndarray]]:
 def _window_sums(codes: list[np.ndarray], starts: list[np.ndarray], ends: list[np.ndarray], vectors: np.ndarray) -> np.ndarray:
     """(windows, dim): each window's word vectors summed, as one sparse product of a (windows x
     distinct words) count matrix with the word vectors, so no word vector is copied per window."""
+    from scipy import sparse
     rows, cols = [], []
     for code, start, end in zip(codes, starts, ends):
         lengths = end - start
