@@ -125,6 +125,39 @@ class DecontamConfig:
         return min(self.ngram_size, max(1, math.ceil(self.min_overlap * view_len - 1e-9)))
 
 
+@dataclass(frozen=True, kw_only=True)
+class ParaphraseConfig:
+    """Embedding candidates for eval items restated in other words (off unless asked for).
+
+    Defaults measured by `benchmarks/paraphrase.py` on paraphrases of the fixture suite (918
+    plants, 553 hard negatives) and the 2,981 clean fixture documents (docs/performance.md,
+    "Paraphrase candidates", 2026-12-02):
+
+    - window_words 24, stride_words 8: fixture questions run 17-35 words, 24 on average. Swept
+      from 16/4 to 32/16, each window/stride at its lowest threshold that flags no clean document
+      recovers 3.0-6.6% of the 361 paraphrases the n-gram rule misses: 24/8 5.8% with 9 of 553
+      hard negatives flagged, 24/4 6.1% with 12 (twice the windows), 20/4 6.6% with 21. Longer
+      windows dilute the item (32/16: 3.0%).
+    - threshold 0.9: the lowest swept cosine that flags none of the clean fixture documents (0.875
+      and 0.85 flag 1, 0.8 flags 19); it flags 9 of the 553 hard negatives.
+    - batch_windows 1,024: a batch holds the vectors of its distinct words (at most batch x
+      stride + window), a sparse window x word count matrix (batch x window entries) and batch x
+      (256 + views) floats: a few MB with the fixture suite's 410 views.
+    """
+
+    threshold: float = 0.9
+    window_words: int = 24
+    stride_words: int = 8
+    batch_windows: int = 1024
+
+    def __post_init__(self) -> None:
+        _require(0.0 < self.threshold <= 1.0, "threshold", "must be in (0, 1]")
+        _require(4 <= self.window_words <= 512, "window_words", "must be between 4 and 512")
+        # A stride past the window would leave words that no window sees.
+        _require(1 <= self.stride_words <= self.window_words, "stride_words", "must be between 1 and window_words")
+        _require(1 <= self.batch_windows <= 65_536, "batch_windows", "must be between 1 and 65,536")
+
+
 # DuckDB's documented minimum of 125 MB per thread, rounded up to a power of two.
 MIN_MB_PER_DUCKDB_THREAD = 128
 
@@ -175,6 +208,10 @@ class ScaleConfig:
 class DataPrepConfig:
     dedup: DedupConfig = field(default_factory=DedupConfig)
     decontam: DecontamConfig = field(default_factory=DecontamConfig)
+    # Embedding candidates for paraphrased eval items, a report for review beside the n-gram hits
+    # (`data.paraphrase`); off unless asked for: on the project's benchmark they add little over
+    # the n-gram rule at 8-16x its time (docs/performance.md, "Paraphrase candidates").
+    paraphrase: ParaphraseConfig | None = None
     # Not in `as_metadata`: how the work is spread never changes what it produces.
     scale: ScaleConfig = field(default_factory=ScaleConfig)
     # Rows per Parquet shard: ~50k documents of a few kB keep a shard near 100 MB, the size that
@@ -190,4 +227,6 @@ class DataPrepConfig:
         flat = {f"dedup.{k}": v for k, v in asdict(self.dedup).items()}
         flat.update({f"decontam.{k}": v for k, v in asdict(self.decontam).items()})
         flat["shard_max_rows"] = self.shard_max_rows
+        if self.paraphrase is not None:
+            flat.update({f"paraphrase.{k}": v for k, v in asdict(self.paraphrase).items()})
         return flat

@@ -11,6 +11,8 @@ replaces its own rows for its manifest in one transaction (a rerun never duplica
     duplicates         removed duplicate -> kept document, cluster id, family id, method, similarity
     contamination_hits document x eval item: view, matched n-gram, offsets, overlap, action
                        (every input document is scanned, duplicates too)
+    paraphrase_candidates  document window x eval item by embedding similarity: for review, never
+                       removed (only when the run asked for them)
     decisions          final state of every input document (kept / duplicate / contaminated)
 Wherever a document id is, the user's own id (`source_record_id`) is beside it.
     clean_shards       clean shard path, sha256, rows
@@ -55,6 +57,8 @@ SCHEMA = {
     "contamination_hits": "manifest_digest VARCHAR, doc_id VARCHAR, eval_item_id VARCHAR, benchmark VARCHAR, view VARCHAR, "
     "matched_ngram VARCHAR, char_start BIGINT, char_end BIGINT, covered_words INTEGER, view_words INTEGER, "
     "overlap_ratio DOUBLE, action VARCHAR, eval_suite_digest VARCHAR, source_record_id VARCHAR",
+    "paraphrase_candidates": "manifest_digest VARCHAR, doc_id VARCHAR, source_record_id VARCHAR, eval_item_id VARCHAR, "
+    "benchmark VARCHAR, view VARCHAR, char_start BIGINT, char_end BIGINT, similarity DOUBLE, excerpt VARCHAR",
     "decisions": "manifest_digest VARCHAR, doc_id VARCHAR, state VARCHAR, method VARCHAR, duplicate_of VARCHAR, "
     "cluster_id VARCHAR, similarity DOUBLE, eval_item_ids VARCHAR[], action VARCHAR, num_pieces INTEGER, "
     "source_record_id VARCHAR, family_id VARCHAR",
@@ -258,6 +262,21 @@ def audit_eval_item(con: duckdb.DuckDBPyConnection, item_id: str) -> list[dict]:
         "FROM contamination_hits h LEFT JOIN documents d USING (manifest_digest, doc_id) "
         "LEFT JOIN decisions x USING (manifest_digest, doc_id) "
         "WHERE h.eval_item_id = ? ORDER BY h.manifest_digest, d.source_index, d.row",
+        [item_id],
+    )
+
+
+@_reads
+def paraphrase_candidates(con: duckdb.DuckDBPyConnection, item_id: str) -> list[dict]:
+    """The possible paraphrases of an eval item, for review: never removed by the pipeline. A
+    warehouse that no stage of this version has written yet has no such table: none."""
+    if not con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'paraphrase_candidates'").fetchone()[0]:
+        return []
+    return _rows(
+        con,
+        "SELECT p.manifest_digest, p.doc_id, p.source_record_id, d.source_uri, d.row, p.view, p.similarity, "
+        "p.char_start, p.char_end, p.excerpt FROM paraphrase_candidates p LEFT JOIN documents d USING (manifest_digest, doc_id) "
+        "WHERE p.eval_item_id = ? ORDER BY p.manifest_digest, p.similarity DESC, p.doc_id",
         [item_id],
     )
 

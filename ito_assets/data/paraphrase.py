@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from ito_assets.data.config import ParaphraseConfig
 from ito_assets.data.eval_index import QUESTION, QUESTION_ANSWER
 from ito_assets.data.text import WORD_PATTERN
 from ito_assets.errors import ErrorCode, ItoError
@@ -49,44 +50,6 @@ CANDIDATE_SCHEMA = {
 EXCERPT_CHARS = 200
 EMBEDDING_DIM = 256  # WordLlama's default l2_supercat size, the one its wheel ships
 _WORD = re.compile(WORD_PATTERN)
-
-
-def _require(condition: bool, name: str, rule: str) -> None:
-    if not condition:
-        raise ValueError(f"{name} {rule}")
-
-
-@dataclass(frozen=True, kw_only=True)
-class ParaphraseConfig:
-    """Embedding candidates for eval items restated in other words (off unless asked for).
-
-    Defaults measured by `benchmarks/paraphrase.py` on paraphrases of the fixture suite (918
-    plants, 553 hard negatives) and the 2,981 clean fixture documents (docs/performance.md,
-    "Paraphrase candidates", 2026-12-02):
-
-    - window_words 24, stride_words 8: fixture questions run 17-35 words, 24 on average. Swept
-      from 16/4 to 32/16, each window/stride at its lowest threshold that flags no clean document
-      recovers 3.0-6.6% of the 361 paraphrases the n-gram rule misses: 24/8 5.8% with 9 of 553
-      hard negatives flagged, 24/4 6.1% with 12 (twice the windows), 20/4 6.6% with 21. Longer
-      windows dilute the item (32/16: 3.0%).
-    - threshold 0.9: the lowest swept cosine that flags none of the clean fixture documents (0.875
-      and 0.85 flag 1, 0.8 flags 19); it flags 9 of the 553 hard negatives.
-    - batch_windows 1,024: a batch holds the vectors of its distinct words (at most batch x
-      stride + window), a sparse window x word count matrix (batch x window entries) and batch x
-      (256 + views) floats: a few MB with the fixture suite's 410 views.
-    """
-
-    threshold: float = 0.9
-    window_words: int = 24
-    stride_words: int = 8
-    batch_windows: int = 1024
-
-    def __post_init__(self) -> None:
-        _require(0.0 < self.threshold <= 1.0, "threshold", "must be in (0, 1]")
-        _require(4 <= self.window_words <= 512, "window_words", "must be between 4 and 512")
-        # A stride past the window would leave words that no window sees.
-        _require(1 <= self.stride_words <= self.window_words, "stride_words", "must be between 1 and window_words")
-        _require(1 <= self.batch_windows <= 65_536, "batch_windows", "must be between 1 and 65,536")
 
 
 @dataclass(frozen=True)

@@ -30,12 +30,13 @@ from pathlib import Path
 import polars as pl
 
 from ito_assets.data import clean, lineage
-from ito_assets.data.config import DataPrepConfig, DecontamConfig, ScaleConfig
+from ito_assets.data.config import DataPrepConfig, DecontamConfig, ParaphraseConfig, ScaleConfig
 from ito_assets.data.decontam import ScanCounts
 from ito_assets.data.decontam_units import documents_with_hits, scan_frames, scan_shards
 from ito_assets.data.dedup import DEDUP_SCHEMA, DUPLICATE, DedupCounts
 from ito_assets.data.dedup_units import deduplicate_units, kept_frames
 from ito_assets.data.eval_index import build_index
+from ito_assets.data.paraphrase import CANDIDATE_SCHEMA, find_candidates, item_vectors, load_embedder
 from ito_assets.data.scratch import scratch_space, sql_list
 from ito_assets.data.shards import Shard, ShardSet, record_batches, verified_path, verified_paths, write_shard_stream, write_table, write_table_batches
 from ito_assets.data.sources import DOCUMENT_SCHEMA, SourceCounts, SourceRead
@@ -81,6 +82,7 @@ class DecontamStage:
     num_items_unindexed: int
     num_degenerate_seeds: int
     config: dict
+    paraphrases: Shard | None = None  # possible paraphrases, for review (only when asked for)
 
     def decontam_config(self) -> DecontamConfig:
         return DecontamConfig(**self.config)
@@ -161,6 +163,7 @@ def run_decontam(verified: VerifiedManifest, suite: EvalSuite, source: SourceSta
     found = documents_with_hits(paths, hits, ["source_record_id"])
     actions, pieces = clean.apply_actions(found, hits, decontam)
     hits = hits.join(found.select("doc_id", "source_record_id"), on="doc_id", how="left").join(actions.select("doc_id", "action"), on="doc_id", how="left")
+    paraphrases = paraphrase_report(paths, suite, config.paraphrase) if config.paraphrase else None
     stage = DecontamStage(
         manifest_digest=verified.digest,
         eval_suite_id=suite.suite_id,
@@ -174,10 +177,24 @@ def run_decontam(verified: VerifiedManifest, suite: EvalSuite, source: SourceSta
         num_items_unindexed=index.num_items_unindexed,
         num_degenerate_seeds=index.num_degenerate_seeds,
         config=asdict(decontam),
+        paraphrases=None if paraphrases is None else write_table(paraphrases, folder / "paraphrases.parquet", store=store),
     )
     manifest_row = pl.DataFrame({"manifest_key": [verified.short_digest], "name": [verified.manifest.name], "eval_suite_id": [suite.suite_id], "eval_suite_digest": [suite.digest], "config": [json.dumps(config.as_metadata() | {f"decontam.{k}": v for k, v in asdict(decontam).items()}, sort_keys=True)]})
-    lineage.write_tables(warehouse, verified.digest, {"contamination_hits": hits.with_columns(pl.lit(suite.digest).alias("eval_suite_digest")), "manifests": manifest_row})
+    tables = {"contamination_hits": hits.with_columns(pl.lit(suite.digest).alias("eval_suite_digest")), "manifests": manifest_row}
+    # Replaced either way: a run without the report leaves no stale candidates of an earlier one.
+    tables["paraphrase_candidates"] = paraphrases if paraphrases is not None else pl.DataFrame(schema={**CANDIDATE_SCHEMA, "source_record_id": pl.String})
+    lineage.write_tables(warehouse, verified.digest, tables)
     return stage
+
+
+def paraphrase_report(paths: list[str], suite: EvalSuite, config: ParaphraseConfig) -> pl.DataFrame:
+    """Possible paraphrases of the suite's items in the documents (CANDIDATE_SCHEMA plus the
+    user's record id), the shards read a batch at a time."""
+    embedder = load_embedder()
+    docs = ((doc_id, text) for frame in parquet_frames(paths, ["doc_id", "text"]) for doc_id, text in frame.iter_rows())
+    candidates = find_candidates(docs, item_vectors(suite, embedder), embedder, config)
+    ids = documents_with_hits(paths, candidates, ["source_record_id"]).select("doc_id", "source_record_id")
+    return candidates.join(ids, on="doc_id", how="left")
 
 
 def run_clean(verified: VerifiedManifest, source: SourceStage, dedup: DedupStage, decontam: DecontamStage, state_dir: Path, warehouse: Path, config: DataPrepConfig) -> CleanStage:

@@ -57,6 +57,7 @@ TABLE_ASSETS = {
     "documents": ("source_documents",),
     "duplicates": ("deduplicated_documents",),
     "contamination_hits": ("contamination_report",),
+    "paraphrase_candidates": ("contamination_report",),
     "decisions": ("clean_shards",),
     "clean_shards": ("clean_shards",),
     "clean_pieces": ("clean_shards",),

@@ -187,3 +187,47 @@ def test_the_config_is_frozen_and_keyword_only():
         ParaphraseConfig().threshold = 0.5  # type: ignore[misc]
     with pytest.raises(TypeError):
         ParaphraseConfig(0.5)  # type: ignore[misc]
+
+
+def test_the_contamination_stage_reports_paraphrases_for_review_and_removes_nothing(embedder, suite, real_tmp, monkeypatch):
+    import json
+
+    from ito_assets.api.cli import run
+    from ito_assets.data import stages
+    from ito_assets.data.config import DataPrepConfig, ScaleConfig
+    from ito_assets.digests import file_sha256
+    from ito_assets.manifest.verify import verify_manifest
+
+    records = [{"id": "mine-1", "text": f"{FILLER} {PARAPHRASE} {FILLER}"}, {"id": "mine-2", "text": UNRELATED}]
+    (real_tmp / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    manifest = json.loads((ROOT / "data" / "fixtures" / "manifests" / "fixture-small.json").read_text())
+    manifest["data"] = [{**manifest["data"][0], "uri": "dataroot://corpus.jsonl", "sha256": file_sha256(real_tmp / "corpus.jsonl")}]
+    (real_tmp / "manifest.json").write_text(json.dumps(manifest))
+    verified = verify_manifest(str(real_tmp / "manifest.json"))
+    state, warehouse = real_tmp / "state", real_tmp / "state" / "warehouse.duckdb"
+    config = DataPrepConfig(paraphrase=ParaphraseConfig(), scale=ScaleConfig(memory_limit_mb=128))
+    source = stages.run_sources(verified, real_tmp, state, warehouse, config)
+    decontam = stages.run_decontam(verified, suite, source, state, warehouse, config)
+    dedup = stages.run_dedup(source, decontam.actions, state, warehouse, config)
+    clean = stages.run_clean(verified, source, dedup, decontam, state, warehouse, config)
+    candidates = pl.read_parquet(decontam.paraphrases.path)
+    assert candidates.select("source_record_id", "eval_item_id").rows() == [("mine-1", "py-trivia/004")]
+    # A report, not a removal: both documents are in the clean shards.
+    assert clean.conservation.num_kept == 2 and decontam.counts.num_contaminated_documents == 0
+    monkeypatch.setenv("ITO_STATE_DIR", str(state))
+    report, status = run(["audit", "eval-item", "py-trivia/004", "--json"])
+    assert status == 0 and report["data"]["hits"] == []
+    assert [c["source_record_id"] for c in report["data"]["paraphrase_candidates"]] == ["mine-1"]
+    # Run again without the report: no stale candidates stay in the warehouse.
+    stages.run_decontam(verified, suite, source, state, warehouse, DataPrepConfig(scale=ScaleConfig(memory_limit_mb=128)))
+    report, _ = run(["audit", "eval-item", "py-trivia/004", "--json"])
+    assert report["data"]["paraphrase_candidates"] == []
+
+
+def test_the_launchpad_switch_turns_the_report_on_with_its_threshold():
+    from ito_assets.defs.data.params import DecontamParams
+
+    assert DecontamParams().to_config().paraphrase is None
+    on = DecontamParams(paraphrase_candidates=True, paraphrase_threshold=0.85).to_config()
+    assert on.paraphrase == ParaphraseConfig(threshold=0.85) and on.decontam == DecontamConfig()
+    assert "paraphrase.threshold" in on.as_metadata() and "paraphrase.threshold" not in DecontamParams().to_config().as_metadata()

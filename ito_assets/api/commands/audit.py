@@ -116,11 +116,15 @@ def _eval_item(args: argparse.Namespace) -> VerbResult:
     lineage, con = _open()
     with con:
         hits = _plain(lineage.audit_eval_item(con, args.item_id))
+        paraphrases = _plain(lineage.paraphrase_candidates(con, args.item_id))
     text = [
         f"eval item {args.item_id}: {len({h['doc_id'] for h in hits})} matching document(s), duplicates included",
         *_table(hits, ["doc_id", "source_record_id", "source_uri", "row", "state", "view", "overlap_ratio", "action", "char_start", "char_end", "matched_ngram"]),
     ]
-    return VerbResult(data={"eval_item_id": args.item_id, "num_documents": len({h["doc_id"] for h in hits}), "hits": hits}, live_api_contacted=False, text=text)
+    if paraphrases:
+        text += ["possible paraphrases (by embedding similarity; for review, not removed):", *_table(paraphrases, ["doc_id", "source_record_id", "similarity", "char_start", "char_end", "excerpt"])]
+    data = {"eval_item_id": args.item_id, "num_documents": len({h["doc_id"] for h in hits}), "hits": hits, "paraphrase_candidates": paraphrases}
+    return VerbResult(data=data, live_api_contacted=False, text=text)
 
 
 def _manifest(args: argparse.Namespace) -> VerbResult:

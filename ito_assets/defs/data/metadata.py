@@ -100,6 +100,16 @@ def decontam_metadata(stage: DecontamStage) -> dict:
         ),
         "config": dg.MetadataValue.json(stage.config),
         **{f"config.{k}": v for k, v in stage.config.items()},
+        **(paraphrase_metadata(stage) if stage.paraphrases is not None else {}),
+    }
+
+
+def paraphrase_metadata(stage: DecontamStage) -> dict:
+    candidates = pl.read_parquet(stage.paraphrases.path).sort("similarity", descending=True)
+    rows = [[r["doc_id"], r["eval_item_id"], f"{r['similarity']:.3f}", r["excerpt"][:80]] for r in candidates.head(SAMPLE_HITS).iter_rows(named=True)]
+    return {
+        "num_paraphrase_candidates": candidates.height,
+        "paraphrase_candidates": dg.MetadataValue.md(_table(["doc", "eval item", "similarity", "excerpt"], rows) if rows else "no paraphrase candidates"),
     }
 
 
