@@ -77,6 +77,17 @@ class DecontamConfig:
       every seed that spans it, so a seed shorter than the evidence keeps an edited question
       detectable: with two edits in 25 words, the unedited stretches of >= 6 words always cover
       >= 13 words. Short views use seeds of half their length, never below min_seed_ngram_size.
+      Where a seed leaves 1 to n words of its view after it (before it), the longest run of them
+      up to the view's end (from its start) that the document holds next to the seed, at its
+      alignment or one word off (one word replaced, dropped or inserted), counts too: no seed fits
+      in a tail shorter than a seed, so one edit near the end of a short view would otherwise
+      leave it a word short.
+    - window_bytes 20: join windows (eval_index) hash the 20 bytes of a view's words written end to
+      end from a word start, where punctuation alone joined two words (a copy that deletes it
+      merges them). 20 letters are about 4 English words (4.79 letters a word: Norvig 2013,
+      "English Letter Frequency Counts: Mayzner Revisited", Google Books n-grams), the
+      min_seed_ngram_size seed. A common window is ignored like a common seed, measured against
+      the median of its view's word seeds.
     - common_min_docs 10: GPT-3 ignored 13-grams with more than 10 hits (common phrases, legal
       boilerplate). A plain cut would also hide a benchmark copied into many documents, so a seed
       is ignored only when it is also common_relative_factor times more frequent than the median
@@ -97,6 +108,7 @@ class DecontamConfig:
     # A seed whose distinct tokens are fewer than this share of its length (a run of numbers
     # becomes "0 0 0 ..." after digit normalisation) or whose number tokens exceed it never counts.
     degenerate_fraction: float = 0.5
+    window_bytes: int = 20
     action: DecontamAction = "drop"
     cut_window_chars: int = 200
     min_piece_chars: int = 200
@@ -112,6 +124,7 @@ class DecontamConfig:
         _require(self.common_min_docs >= 1, "common_min_docs", "must be positive")
         _require(self.common_relative_factor >= 1.0, "common_relative_factor", "must be at least 1")
         _require(0.0 < self.degenerate_fraction < 1.0, "degenerate_fraction", "must be in (0, 1)")
+        _require(8 <= self.window_bytes <= 64, "window_bytes", "must be between 8 and 64")
         _require(self.action in ("drop", "cut"), "action", "must be 'drop' or 'cut'")
         _require(self.cut_window_chars >= 0 and self.min_piece_chars >= 0, "cut_window_chars", "and min_piece_chars must be >= 0")
         _require(self.max_pieces >= 1, "max_pieces", "must be positive")

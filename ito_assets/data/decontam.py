@@ -1,13 +1,16 @@
 """Decontamination scan: find where eval items occur in documents.
 
 1. Seeds (vectorised over the whole corpus): every word n-gram of every document is hashed and
-   joined with the index's seeds of the same size.
+   joined with the index's seeds of the same size, and the bytes from every word start with the
+   index's join windows (eval_index). A seed that ends (starts) fewer than a seed's words plus
+   one from its view's end (start) also counts the view's last (first) words that the document
+   holds next to it, aligned or one word off: the words past an edit near an end (`_ends`).
 2. Common seeds are ignored: a seed found in more than `common_min_docs` documents *and* more than
    `common_relative_factor` x the median document frequency of its view's seeds (GPT-3's rule,
    made safe for a benchmark copied into many documents: then every seed of the view is frequent).
 3. Evidence: the matches of one view in one document are grouped into occurrences (a gap larger
-   than the view's length starts a new one); an occurrence whose seeds cover at least
-   `evidence_words` distinct words of the view is a hit.
+   than the view's length starts a new one); an occurrence whose seeds, windows and ends cover at
+   least `evidence_words` distinct words of the view is a hit.
 4. Documents with a hit are re-tokenised one by one with character spans (the authoritative path):
    each hit gets its offsets, the matched words, its overlap ratio (covered words / view length),
    and overlapping hits of different items keep only the items whose raw words (digits kept)
@@ -27,7 +30,7 @@ import polars as pl
 
 from ito_assets.data.config import DecontamConfig
 from ito_assets.data.eval_index import EvalIndex
-from ito_assets.data.text import TokenHashes, hash_words, ngram_hashes, words_with_spans
+from ito_assets.data.text import TokenHashes, ngram_hashes, window_hashes, window_words, word_tokens, words_with_spans
 
 HIT_SCHEMA = {
     "doc_id": pl.String,
@@ -41,7 +44,13 @@ HIT_SCHEMA = {
     "view_words": pl.Int32,
     "overlap_ratio": pl.Float64,
 }
-_EMPTY_MATCHES = {"doc": pl.Int64, "doc_pos": pl.Int64, "seed": pl.UInt64, "n": pl.Int32, "view": pl.Int32, "view_pos": pl.Int32}
+# A match covers view words [view_pos, view_pos + n), the view's first `head` and last `tail` words,
+# and document words [doc_start, doc_end).
+_EMPTY_MATCHES = {"doc": pl.Int64, "doc_pos": pl.Int64, "seed": pl.UInt64, "n": pl.Int32, "view": pl.Int32, "view_pos": pl.Int32,
+                  "head": pl.Int32, "tail": pl.Int32, "doc_start": pl.Int64, "doc_end": pl.Int64}
+# Where a view's words are looked for past an edit: aligned (a word replaced), then one word
+# earlier (the copy dropped one) or later (it inserted one).
+_SHIFTS = (0, -1, 1)
 
 
 @dataclass(frozen=True)
@@ -55,23 +64,93 @@ class ScanCounts:
 
 
 def seed_matches(tokens: TokenHashes, index: EvalIndex) -> pl.DataFrame:
-    """Every (document, position) where an index seed occurs: doc, doc_pos, seed, n, view, view_pos."""
+    """Every (document, position) where an index seed or join window occurs, with what it covers
+    (_EMPTY_MATCHES): doc, doc_pos, seed, n, view, view_pos, head, tail, doc_start, doc_end."""
     doc_of = tokens.doc_index()
-    frames = []
-    for n in index.seed_sizes:
-        grams, starts = ngram_hashes(tokens, n)
-        if len(grams) == 0:
-            continue
-        seeds = index.seeds.filter(pl.col("n") == n)
-        found = pl.DataFrame({"seed": grams, "start": starts}).join(seeds, on="seed", how="inner")
-        if found.height == 0:
-            continue
-        start = found["start"].to_numpy()
-        doc = doc_of[start]
-        frames.append(
-            found.with_columns(doc=pl.Series(doc), doc_pos=pl.Series(start - tokens.offsets[doc])).select(list(_EMPTY_MATCHES))
-        )
+    frames = [_word_matches(tokens, index, n, doc_of) for n in index.seed_sizes]
+    frames.append(_window_matches(tokens, index, doc_of))
+    frames = [f for f in frames if f.height]
     return pl.concat(frames) if frames else pl.DataFrame(schema=_EMPTY_MATCHES)
+
+
+def _word_matches(tokens: TokenHashes, index: EvalIndex, n: int, doc_of: np.ndarray) -> pl.DataFrame:
+    grams, starts = ngram_hashes(tokens, n)
+    found = pl.DataFrame({"seed": grams, "start": starts}).join(index.seeds.filter(pl.col("n") == n), on="seed", how="inner")
+    if found.height == 0:
+        return pl.DataFrame(schema=_EMPTY_MATCHES)
+    start = found["start"].to_numpy()
+    doc = doc_of[start]
+    found = found.with_columns(doc=pl.Series(doc), doc_pos=pl.Series(start - tokens.offsets[doc]))
+    return _ends(found, tokens, index).select(list(_EMPTY_MATCHES))
+
+
+def _window_matches(tokens: TokenHashes, index: EvalIndex, doc_of: np.ndarray) -> pl.DataFrame:
+    """Join windows: the document side covers the words the window touches (fewer than the view's
+    where the copy merged words)."""
+    if index.windows.height == 0 or tokens.chars is None:
+        return pl.DataFrame(schema=_EMPTY_MATCHES)
+    grams, starts = window_hashes(tokens, index.window_bytes)
+    found = pl.DataFrame({"seed": grams, "start": starts}).join(index.windows, on="seed", how="inner")
+    if found.height == 0:
+        return pl.DataFrame(schema=_EMPTY_MATCHES)
+    start = found["start"].to_numpy()
+    doc = doc_of[start]
+    doc_pos = start - tokens.offsets[doc]
+    return found.with_columns(
+        doc=pl.Series(doc),
+        doc_pos=pl.Series(doc_pos),
+        head=pl.lit(0, pl.Int32),
+        tail=pl.lit(0, pl.Int32),
+        doc_start=pl.Series(doc_pos),
+        doc_end=pl.Series(doc_pos + window_words(tokens, start, index.window_bytes)),
+    ).select(list(_EMPTY_MATCHES))
+
+
+def _ends(found: pl.DataFrame, tokens: TokenHashes, index: EvalIndex) -> pl.DataFrame:
+    """Adds head, tail, doc_start and doc_end to word seed matches. A seed that leaves 1..n words
+    before its view's end (an edit, then fewer words than a seed) counts the longest suffix of the
+    view that the document holds contiguously after the seed, at the seed's alignment shifted by
+    _SHIFTS; a seed that leaves 1..n words after the view's start, the longest prefix before it.
+    No seed fits in such a tail, so without this one edit near the end of a short view leaves it a
+    word short. The two sides' word hashes are compared directly, at most 3 x n places a match."""
+    doc, doc_pos = found["doc"].to_numpy(), found["doc_pos"].to_numpy()
+    view, view_pos, n = found["view"].to_numpy(), found["view_pos"].to_numpy().astype(np.int64), found["n"].to_numpy().astype(np.int64)
+    view_len = index.view_tokens.lengths[view]
+    align = doc_pos - view_pos  # where the seed puts the view's first word in the document
+    tail, tail_shift = _end_run(tokens, index, doc, view, align, view_len - view_pos - n, n, doc_pos + n, from_end=True)
+    head, head_shift = _end_run(tokens, index, doc, view, align, view_pos, n, doc_pos, from_end=False)
+    return found.with_columns(
+        head=pl.Series(head, dtype=pl.Int32),
+        tail=pl.Series(tail, dtype=pl.Int32),
+        doc_start=pl.Series(np.where(head > 0, align + head_shift, doc_pos)),
+        doc_end=pl.Series(np.where(tail > 0, align + tail_shift + view_len, doc_pos + n)),
+    )
+
+
+def _end_run(tokens: TokenHashes, index: EvalIndex, doc: np.ndarray, view: np.ndarray, align: np.ndarray, gap: np.ndarray, n: np.ndarray, bound: np.ndarray, *, from_end: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(words, shift) per match: the longest run of view words that ends at the view's end
+    (from_end) or starts at its start, within the `gap` words the seed leaves there (1..n), that
+    the document holds at `align` + shift, beyond the seed (from `bound` on, or before it)."""
+    best = np.zeros(len(doc), dtype=np.int64)
+    best_shift = np.zeros(len(doc), dtype=np.int64)
+    rows = np.flatnonzero((gap >= 1) & (gap <= n))
+    if len(rows) == 0:
+        return best, best_shift
+    doc, view, align, gap, bound = doc[rows, None], view[rows, None], align[rows, None], gap[rows, None], bound[rows, None]
+    step = np.arange(int(n[rows].max()), dtype=np.int64)[None, :]
+    view_at = index.view_tokens.lengths[view] - 1 - step if from_end else step  # outermost word first
+    inside = step < gap
+    view_words = index.view_tokens.hashes[index.view_tokens.offsets[view] + np.where(inside, view_at, 0)]
+    found, found_shift = best[rows], best_shift[rows]
+    for shift in _SHIFTS:
+        at = view_at + align + shift
+        ok = inside & ((at >= bound) if from_end else (at < bound)) & (at >= 0) & (at < tokens.lengths[doc])
+        same = ok & (tokens.hashes[tokens.offsets[doc] + np.where(ok, at, 0)] == view_words)
+        run = np.cumprod(same, axis=1).sum(axis=1)
+        found_shift = np.where(run > found, shift, found_shift)
+        found = np.maximum(run, found)
+    best[rows], best_shift[rows] = found, found_shift
+    return best, best_shift
 
 
 def seed_frequency(matches: pl.DataFrame) -> pl.DataFrame:
@@ -80,11 +159,14 @@ def seed_frequency(matches: pl.DataFrame) -> pl.DataFrame:
 
 
 def common_seeds(frequency: pl.DataFrame, index: EvalIndex, config: DecontamConfig) -> pl.DataFrame:
-    """(seed, view) pairs to ignore: frequent in the corpus and far above their view's median."""
-    per_view = index.seeds.join(frequency, on="seed", how="left").with_columns(pl.col("num_docs").fill_null(0))
-    median = per_view.group_by("view").agg(pl.col("num_docs").median().alias("median_docs"))
+    """(seed, view) pairs to ignore: frequent in the corpus and far above their view's median.
+    The median is of the view's word seeds: join windows are judged by it but do not move it (they
+    sit only around joins and are rarely seen, so they would halve a code item's median and make
+    its shared phrasing common)."""
+    median = _counted(index.seeds, frequency).group_by("view").agg(pl.col("num_docs").median().alias("median_docs"))
     return (
-        per_view.join(median, on="view")
+        _counted(index.all_seeds(), frequency)
+        .join(median, on="view")
         .filter(
             (pl.col("num_docs") > config.common_min_docs)
             & (pl.col("num_docs") > config.common_relative_factor * pl.col("median_docs"))
@@ -93,6 +175,10 @@ def common_seeds(frequency: pl.DataFrame, index: EvalIndex, config: DecontamConf
         .unique()
         .sort("seed", "view")
     )
+
+
+def _counted(seeds: pl.DataFrame, frequency: pl.DataFrame) -> pl.DataFrame:
+    return seeds.join(frequency, on="seed", how="left").with_columns(pl.col("num_docs").fill_null(0))
 
 
 def occurrences(matches: pl.DataFrame, index: EvalIndex) -> pl.DataFrame:
@@ -107,27 +193,27 @@ def occurrences(matches: pl.DataFrame, index: EvalIndex) -> pl.DataFrame:
             "evidence": np.array([v.evidence_words for v in index.views], dtype=np.int32),
         }
     )
-    ordered = matches.join(lengths, on="view").sort("doc", "view", "doc_pos")
+    ordered = _with_extents(matches).join(lengths, on="view").sort("doc", "view", "doc_pos")
     starts_new = (
         (pl.col("doc") != pl.col("doc").shift(1))
         | (pl.col("view") != pl.col("view").shift(1))
         | ((pl.col("doc_pos") - pl.col("doc_pos").shift(1)) > pl.col("view_len"))
     ).fill_null(True)
     grouped = ordered.with_columns(starts_new.cast(pl.UInt32).cum_sum().alias("occurrence"))
-    covered = (
-        grouped.with_columns(pl.int_ranges("view_pos", pl.col("view_pos") + pl.col("n")).alias("word"))
-        .explode("word")
-        .group_by("occurrence")
-        .agg(pl.col("word").n_unique().alias("covered_words"))
+    words = pl.concat_list(
+        pl.int_ranges("view_pos", pl.col("view_pos") + pl.col("n"), dtype=pl.Int64),
+        pl.int_ranges(0, "head", dtype=pl.Int64),
+        pl.int_ranges(pl.col("view_len") - pl.col("tail"), "view_len", dtype=pl.Int64),
     )
+    covered = grouped.with_columns(words.alias("word")).explode("word").drop_nulls("word").group_by("occurrence").agg(pl.col("word").n_unique().alias("covered_words"))
     return (
         grouped.group_by("occurrence")
         .agg(
             pl.col("doc").first(),
             pl.col("view").first(),
             pl.col("evidence").first(),
-            pl.col("doc_pos").min().alias("doc_start"),
-            (pl.col("doc_pos") + pl.col("n")).max().alias("doc_end"),
+            pl.col("doc_start").min(),
+            pl.col("doc_end").max(),
         )
         .join(covered, on="occurrence")
         .with_columns((pl.col("covered_words") >= pl.col("evidence")).alias("is_hit"))
@@ -135,13 +221,25 @@ def occurrences(matches: pl.DataFrame, index: EvalIndex) -> pl.DataFrame:
     )
 
 
+def _with_extents(matches: pl.DataFrame) -> pl.DataFrame:
+    """Matches built without head, tail and document extent (a seed alone) get a seed's."""
+    if "head" in matches.columns:
+        return matches
+    return matches.with_columns(
+        head=pl.lit(0, pl.Int32), tail=pl.lit(0, pl.Int32), doc_start=pl.col("doc_pos"), doc_end=pl.col("doc_pos") + pl.col("n")
+    )
+
+
 def _raw_agreement(doc_raw: list[str], view, matches: pl.DataFrame) -> int:
-    """View positions whose raw word (digits kept) equals the document's at the matched place."""
+    """View positions whose raw word (digits kept) equals the document's at the matched place:
+    the seed's words, and the head and tail words counted with it."""
     agree: set[int] = set()
-    for doc_pos, view_pos, n in matches.select("doc_pos", "view_pos", "n").iter_rows():
-        for k in range(n):
-            if doc_pos + k < len(doc_raw) and doc_raw[doc_pos + k] == view.raw_words[view_pos + k]:
-                agree.add(view_pos + k)
+    rows = matches.select("doc_pos", "view_pos", "n", "head", "tail", "doc_start", "doc_end").iter_rows()
+    for doc_pos, view_pos, n, head, tail, doc_start, doc_end in rows:
+        pairs = [(doc_pos + k, view_pos + k) for k in range(n)]
+        pairs += [(doc_start + k, k) for k in range(head)]
+        pairs += [(doc_end - tail + k, view.length - tail + k) for k in range(tail)]
+        agree.update(v for d, v in pairs if d < len(doc_raw) and doc_raw[d] == view.raw_words[v])
     return len(agree)
 
 
@@ -149,7 +247,7 @@ def _hits_in_document(doc_id: str, text: str, index: EvalIndex, ignored: pl.Data
     """The authoritative path for one document: tokens with spans, same seeds and evidence."""
     words, spans = words_with_spans(text, digits_normalized=True)
     raw = words_with_spans(text, digits_normalized=False)[0]
-    tokens = TokenHashes(hash_words(pl.Series(words, dtype=pl.String)), np.array([0, len(words)], dtype=np.int64))
+    tokens = word_tokens([words])
     matches = seed_matches(tokens, index).join(ignored, on=["seed", "view"], how="anti")
     found = occurrences(matches, index).filter(pl.col("is_hit"))
     hits = []

@@ -6,6 +6,17 @@ is a list of normalised words (lower case, punctuation stripped, digits -> "0").
 its word n-grams of `config.seed_size(len(view))` words, each with its position in the view;
 degenerate seeds (few distinct words, or mostly numbers, e.g. "0 0 0 0 0 0") never enter the index.
 
+Where punctuation alone separates two words of a view ("unique(l: list)", "list(set(l))"), a copy
+that deletes punctuation merges them ("uniquel list", "listset l") and every word seed across the
+place is lost. Such views also get *join windows*: the `window_bytes` bytes of the view's words
+written end to end from a word start, kept where the window crosses such a join (elsewhere the word
+seeds see the same text). A document that merged words still has them from any word start it kept:
+word boundaries are only ever removed. A window covers the view words wholly inside it. A second
+view of joined words ("listsetl") would not do: it misses every stretch where a copy merged only
+some of the joins ("listset l"), while the bytes from "list" on are the same whichever were
+merged. (On benchmarks/decontam.py's merged plants both find every plant, their prose carrying
+enough evidence; they differ on a code line merged in part: test_decontam_miss_classes.py.)
+
 Views shorter than `min_view_words` are not indexed; an item with no indexed view is counted as
 unprotected in the report (`num_items_unindexed`), never silently skipped.
 """
@@ -18,7 +29,8 @@ import numpy as np
 import polars as pl
 
 from ito_assets.data.config import DecontamConfig
-from ito_assets.data.text import TokenHashes, hash_words, ngram_hashes, words_of
+from ito_assets.data.text import (TokenHashes, hash_words, ngram_hashes, window_full_words, window_hashes, window_words,
+                                  word_tokens, words_of, words_with_joins)
 from ito_assets.evals.suite import EvalSuite
 
 QUESTION_ANSWER = "question_answer"
@@ -53,10 +65,17 @@ class EvalIndex:
     num_items: int
     num_items_unindexed: int
     num_degenerate_seeds: int
+    windows: pl.DataFrame  # SEED_SCHEMA, join windows: n is the view words a window covers
+    window_bytes: int
+    view_tokens: TokenHashes  # the views' words, one "document" per view: ends of matches compare them
 
     @property
     def seed_sizes(self) -> tuple[int, ...]:
         return tuple(sorted(set(self.seeds["n"].to_list())))
+
+    def all_seeds(self) -> pl.DataFrame:
+        """Word seeds and join windows: both count towards a view's seed frequencies."""
+        return pl.concat([self.seeds, self.windows])
 
     def view_lengths(self) -> np.ndarray:
         return np.array([v.length for v in self.views], dtype=np.int32)
@@ -93,14 +112,44 @@ def _seeds_of(view_number: int, words: list[str], n: int, fraction: float) -> tu
     return frame, int((~keep).sum())
 
 
+def _windows(views: list[View], joins: list[list[bool]], tokens: TokenHashes, config: DecontamConfig) -> pl.DataFrame:
+    """The views' join windows: from each word start, `window_bytes` bytes that cross a join
+    (punctuation without whitespace), cover at least one whole word and are not degenerate."""
+    width = config.window_bytes
+    hashes, starts = window_hashes(tokens, width)
+    full = window_full_words(tokens, starts, width)
+    touched = window_words(tokens, starts, width)
+    words = [w for v in views for w in v.words]
+    # Token t's join is with token t + 1; a view's last word joins nothing.
+    joined = [j for view_joins in joins for j in [*view_joins, False]]
+    keep = np.array(
+        [
+            covered >= 1 and any(joined[s : s + span - 1]) and not is_degenerate(words[s : s + span], config.degenerate_fraction)
+            for s, covered, span in zip(starts.tolist(), full.tolist(), touched.tolist())
+        ],
+        dtype=bool,
+    )
+    view = tokens.doc_index()[starts[keep]]
+    return pl.DataFrame(
+        {
+            "seed": hashes[keep],
+            "n": full[keep].astype(np.int32),
+            "view": view.astype(np.int32),
+            "view_pos": (starts[keep] - tokens.offsets[view]).astype(np.int32),
+        },
+        schema=SEED_SCHEMA,
+    )
+
+
 def build_index(suite: EvalSuite, config: DecontamConfig) -> EvalIndex:
     views: list[View] = []
     frames: list[pl.DataFrame] = []
+    joins: list[list[bool]] = []
     num_degenerate = 0
     indexed_items: set[str] = set()
     for item in suite.items:
         for kind, text in _views_of(item, config):
-            words = words_of(text, digits_normalized=True)
+            words, view_joins = words_with_joins(text, digits_normalized=True)
             if len(words) < config.min_view_words:
                 continue
             n = config.seed_size(len(words))
@@ -120,8 +169,10 @@ def build_index(suite: EvalSuite, config: DecontamConfig) -> EvalIndex:
                 )
             )
             frames.append(frame)
+            joins.append(view_joins)
             indexed_items.add(item.id)
     seeds = pl.concat(frames) if frames else pl.DataFrame(schema=SEED_SCHEMA)
+    view_tokens = word_tokens([v.words for v in views])
     return EvalIndex(
         suite_id=suite.suite_id,
         suite_digest=suite.digest,
@@ -130,4 +181,7 @@ def build_index(suite: EvalSuite, config: DecontamConfig) -> EvalIndex:
         num_items=len(suite.items),
         num_items_unindexed=len(suite.items) - len(indexed_items),
         num_degenerate_seeds=num_degenerate,
+        windows=_windows(views, joins, view_tokens, config),
+        window_bytes=config.window_bytes,
+        view_tokens=view_tokens,
     )

@@ -9,12 +9,18 @@ Tokens are hashed to uint64 with polars' string hash (vectorised, in Rust). The 
 compared within one process run, never stored, so their exact values may change with polars.
 Shapes below: N documents, T tokens in total; `offsets` has N + 1 entries (CSR layout), the
 tokens of document i are `hashes[offsets[i]:offsets[i + 1]]`.
+
+Decontamination also keeps the words' bytes end to end, without separators (`chars`), and where
+two words of a text are separated by punctuation alone (`words_with_joins`): a copy that deletes
+punctuation merges such words ("unique(l:" -> "uniquel"), which no word n-gram can see, but the
+bytes from a word start on are the same (`window_hashes`).
 """
 
 from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,10 +50,14 @@ def normalize(text: str) -> str:
 
 @dataclass(frozen=True)
 class TokenHashes:
-    """Word hashes of N documents in CSR layout: hashes (T,) uint64, offsets (N + 1,) int64."""
+    """Word hashes of N documents in CSR layout: hashes (T,) uint64, offsets (N + 1,) int64.
+    Decontamination's tokens (digits normalised) also hold `chars`, the words' UTF-8 bytes end to
+    end (uint8), and `char_offsets` (T + 1,) int64, where each word starts in them."""
 
     hashes: np.ndarray
     offsets: np.ndarray
+    chars: np.ndarray | None = None
+    char_offsets: np.ndarray | None = None
 
     @property
     def num_docs(self) -> int:
@@ -81,7 +91,9 @@ def token_hashes(texts: pl.Series, *, digits_normalized: bool) -> TokenHashes:
     np.cumsum(lengths, out=offsets[1:])
     flat = lists.explode().drop_nulls()
     hashes = hash_words(flat) if len(flat) else np.zeros(0, dtype=np.uint64)
-    return TokenHashes(hashes=hashes, offsets=offsets)
+    if not digits_normalized:
+        return TokenHashes(hashes=hashes, offsets=offsets)
+    return TokenHashes(hashes, offsets, *_word_bytes(flat))  # decontamination's: join windows need the bytes
 
 
 def words_with_spans(text: str, *, digits_normalized: bool) -> tuple[list[str], list[tuple[int, int]]]:
@@ -102,6 +114,72 @@ def words_with_spans(text: str, *, digits_normalized: bool) -> tuple[list[str], 
 
 def words_of(text: str, *, digits_normalized: bool) -> list[str]:
     return words_with_spans(text, digits_normalized=digits_normalized)[0]
+
+
+def words_with_joins(text: str, *, digits_normalized: bool) -> tuple[list[str], list[bool]]:
+    """Words of one text and, for each two neighbours, whether punctuation alone separates them
+    (no whitespace): where a copy that deletes punctuation merges words. Spans index `text` (or
+    its lower-cased copy of the same length), so the separators are read from `text`."""
+    words, spans = words_with_spans(text, digits_normalized=digits_normalized)
+    joins = [not any(c.isspace() for c in text[end:start]) for (_, end), (start, _) in zip(spans, spans[1:])]
+    return words, joins
+
+
+def word_tokens(documents: Sequence[Sequence[str]]) -> TokenHashes:
+    """The decontamination tokens of tokenised texts (lists of words), as `token_hashes` gives them."""
+    lengths = np.array([len(words) for words in documents], dtype=np.int64)
+    offsets = np.zeros(len(documents) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = pl.Series([w for words in documents for w in words], dtype=pl.String)
+    hashes = hash_words(flat) if len(flat) else np.zeros(0, dtype=np.uint64)
+    return TokenHashes(hashes, offsets, *_word_bytes(flat))
+
+
+def _word_bytes(words: pl.Series) -> tuple[np.ndarray, np.ndarray]:
+    """(the words' UTF-8 bytes end to end (uint8), each word's start in them (T + 1,) int64)."""
+    lengths = words.str.len_bytes().fill_null(0).to_numpy().astype(np.int64)
+    starts = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=starts[1:])
+    data = words.str.join("").cast(pl.Binary).item()
+    return np.frombuffer(data, dtype=np.uint8), starts
+
+
+def window_hashes(tokens: TokenHashes, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Hashes of the `width` bytes that follow every word start, words joined without separators,
+    for windows inside one document: (hashes (G,) uint64, starts (G,) int64 token index).
+
+    The bytes are read as little-endian uint64 blocks (the last one masked) and combined like
+    `ngram_hashes`' words, the width mixed in. No finaliser: windows are only compared for
+    equality, and a bijection would not change which of them collide."""
+    begins = tokens.char_offsets[:-1]
+    starts = np.flatnonzero(begins + width <= np.repeat(tokens.char_offsets[tokens.offsets[1:]], tokens.lengths))
+    blocks = -(-width // 8)
+    padded = np.zeros(len(tokens.chars) + 8 * blocks + 8, dtype=np.uint8)
+    padded[: len(tokens.chars)] = tokens.chars
+    # Element i is the 8 bytes from byte i on (an unaligned, overlapping view: one gather a block).
+    at_byte = np.ndarray(shape=(len(padded) - 7,), dtype="<u8", buffer=padded, strides=(1,))
+    first = begins[starts]
+    acc = np.full(len(starts), np.uint64(width) << np.uint64(32), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for k in range(blocks):
+            block = at_byte[first + 8 * k].astype(np.uint64, copy=False)
+            if width - 8 * k < 8:
+                block &= np.uint64((1 << (8 * (width - 8 * k))) - 1)
+            block *= NGRAM_MULTIPLIERS[k % len(NGRAM_MULTIPLIERS)]
+            acc += block
+    return acc, starts
+
+
+def window_words(tokens: TokenHashes, starts: np.ndarray, width: int) -> np.ndarray:
+    """Words the `width`-byte window at each token of `starts` touches, the last one perhaps in part."""
+    ends = tokens.char_offsets[starts] + width
+    return np.searchsorted(tokens.char_offsets, ends - 1, side="right") - starts
+
+
+def window_full_words(tokens: TokenHashes, starts: np.ndarray, width: int) -> np.ndarray:
+    """Words wholly inside the `width`-byte window at each token of `starts`."""
+    ends = tokens.char_offsets[starts] + width
+    return np.searchsorted(tokens.char_offsets, ends, side="right") - 1 - starts
 
 
 def ngram_hashes(tokens: TokenHashes, n: int) -> tuple[np.ndarray, np.ndarray]:
