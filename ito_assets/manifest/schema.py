@@ -40,7 +40,9 @@ Parameters = Annotated[int, Field(ge=1, le=MAX_PARAMETERS)]
 Tokens = Annotated[int, Field(ge=1, le=MAX_TOKENS)]
 SequenceLength = Annotated[int, Field(ge=1, le=MAX_SEQUENCE_LENGTH)]
 Steps = Annotated[int, Field(ge=1, le=MAX_STEPS)]
-Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+MAX_NAME_LENGTH = 128
+Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME_LENGTH, pattern=NAME_PATTERN)]
 
 
 class _Strict(BaseModel):
@@ -64,8 +66,9 @@ class DecontaminationProvenance(_Strict):
     ngram_size: Annotated[int, Field(ge=4, le=50)] = 13
 
 
-# A record's field (JSONL) or column (Parquet): printable, no spaces, as a JSON key is typed.
-FieldName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[\x21-\x7e]+$")]
+# A record's field (JSONL) or column (Parquet): printable ASCII without spaces.
+FIELD_NAME_PATTERN = r"^[\x21-\x7e]{1,128}$"
+FieldName = Annotated[str, Field(pattern=FIELD_NAME_PATTERN)]
 
 
 class DataReference(_Strict):
