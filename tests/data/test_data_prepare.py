@@ -112,7 +112,8 @@ def jsonl_run(world) -> dict:
         env={**os.environ, **world["env"]}, cwd=world["root"], capture_output=True, text=True, timeout=300,
     )
     probe = json.loads(done.stderr.strip().splitlines()[-1])
-    return {"document": json.loads(done.stdout), "status": probe["status"], "torch": probe["torch"], "out": out}
+    return {"document": json.loads(done.stdout), "status": probe["status"], "torch": probe["torch"], "out": out,
+            "stderr": done.stderr}
 
 
 @pytest.mark.slow
@@ -134,6 +135,11 @@ def test_gzip_and_zstd_jsonl_end_to_end(jsonl_run, world) -> None:
 @pytest.mark.slow
 def test_the_steps_import_no_torch(jsonl_run) -> None:
     assert jsonl_run["status"] == 0 and jsonl_run["torch"] is False
+
+
+@pytest.mark.slow
+def test_stderr_holds_no_dagster_preview_warning(jsonl_run) -> None:
+    assert "PreviewWarning" not in jsonl_run["stderr"] and "BetaWarning" not in jsonl_run["stderr"]
 
 
 @pytest.mark.slow

@@ -108,3 +108,11 @@ def test_a_tampered_data_manifest_is_refused(tmp_path: Path) -> None:
     again = verify_data_manifest(path)
     assert _error(check_expected_digest, again.digest, verified.digest).code is ErrorCode.MANIFEST_DIGEST_MISMATCH
     assert discovery.judge(str(path), again.short_digest, max_bytes=MAX).ok
+
+
+def test_ito_manifest_verify_shows_a_data_manifest(tmp_path: Path) -> None:
+    from ito_assets.api.cli import run
+
+    document, status = run(["manifest", "verify", write_manifest(tmp_path / "d.json", data_manifest()), "--json"])
+    assert status == 0 and document["data"]["summary"]["kind"] == "data"
+    assert "data manifest ok: my-corpus" in document["_text"][0]

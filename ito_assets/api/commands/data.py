@@ -108,9 +108,12 @@ def _examples(decisions_path: str) -> dict:
     """One document of each removed kind and one eval item that matched, for the audit commands."""
     import polars as pl
 
+    from ito_assets.data.clean import CONTAMINATED
+    from ito_assets.data.dedup import DUPLICATE
+
     frame = pl.read_parquet(decisions_path, columns=["doc_id", "state", "eval_item_ids"])
-    duplicate = frame.filter(pl.col("state") == "duplicate").head(1)
-    contaminated = frame.filter(pl.col("state") == "contaminated").head(1)
+    duplicate = frame.filter(pl.col("state") == DUPLICATE).head(1)
+    contaminated = frame.filter(pl.col("state") == CONTAMINATED).head(1)
     return {
         "duplicate_doc": duplicate["doc_id"][0] if duplicate.height else None,
         "contaminated_doc": contaminated["doc_id"][0] if contaminated.height else None,
