@@ -241,10 +241,11 @@ def _parquet_records(path: Path, uri: str, fields: RecordFields = DEFAULT_FIELDS
         first = 0
         columns = list(dict.fromkeys([fields.text, fields.id] if has_id else [fields.text]))
         for batch in _batches(handle, columns, uri):
-            texts = batch.column(fields.text).to_pylist()
-            null = next((i for i, t in enumerate(texts) if t is None), None)
-            if null is not None:
+            column = batch.column(fields.text)
+            if column.null_count:
+                null = column.is_null().to_pylist().index(True)
                 raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: row {first + null}: '{fields.text}' is null")
+            texts = column.to_pylist()
             raw_ids = batch.column(fields.id).to_pylist() if has_id else [None] * len(texts)
             ids = [record_id(value, fields, f"{uri}: row {first + i}") for i, value in enumerate(raw_ids)]
             yield ids, texts, list(range(first, first + len(texts)))
