@@ -9,7 +9,7 @@ import dagster as dg
 
 from ito_assets.defs import data, decision, manifest, posttraining, training, workload
 from ito_assets.defs.executors import executor_for
-from ito_assets.defs.jobs import preparation_job, training_job
+from ito_assets.defs.jobs import data_preparation_job, preparation_job, training_job
 from ito_assets.defs.resources import ItoSettingsResource, LedgerResource
 from ito_assets.settings import Settings, load_settings
 from sensors import RUN_STATUS_SENSORS, SENSORS
@@ -35,7 +35,10 @@ def build_definitions(
     loads a prefix of the lineage only (tests of one domain), the whole of it by default."""
     shell = dg.Definitions(
         sensors=[*SENSORS, *RUN_STATUS_SENSORS],
-        jobs=[preparation_job(decision_run_config), training_job],
+        # The data job runs its steps in one process, whatever the location's executor: its steps
+        # share no state, and a process per step costs more than the steps do
+        # (docs/performance.md#the-data-job-and-its-executor).
+        jobs=[preparation_job(decision_run_config), training_job, data_preparation_job(dg.in_process_executor)],
         resources={"ito": ItoSettingsResource.from_settings(settings), "ledger": LedgerResource.from_settings(settings)},
         executor=executor_for(settings.executor),
     )

@@ -87,6 +87,9 @@ class ErrorCode(str, enum.Enum):
     # The data decision found the candidate data worse, or could not tell, and no reviewer accepted it.
     DATA_DECISION_NO_GO = "DATA_DECISION_NO_GO"
     DATA_DECISION_INCONCLUSIVE = "DATA_DECISION_INCONCLUSIVE"
+    # A blocking check of the data stage failed (conservation, residual contamination): the clean
+    # shards it judged must not be used.
+    DATA_CHECK_FAILED = "DATA_CHECK_FAILED"
 
 
 # Codes a caller may retry unchanged; everything else needs a different request.

@@ -57,6 +57,12 @@ class Settings:
     def warehouse_path(self) -> Path:
         return self.state_dir / "warehouse.duckdb"
 
+    @property
+    def data_manifests_dir(self) -> Path:
+        """Data manifests written by `ito data prepare`: out of the sensor's inbox (they are
+        prepared by the command, never trained), found here by their partition key."""
+        return self.state_dir / "data-manifests"
+
     def with_overrides(self, **changes) -> "Settings":
         if "ledger_url" in changes:  # an explicit URL no longer comes from the environment
             changes.setdefault("ledger_url_env", None)

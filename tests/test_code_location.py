@@ -121,6 +121,17 @@ def test_the_code_location_loads_without_torch(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
 
 
+def test_loading_the_code_location_prints_no_preview_warning(tmp_path):
+    """Partitioned asset checks are a preview feature we use knowingly: its warning, raised once per
+    check, must not fill the log of every process that loads the code location."""
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path)}
+    probe = "import definitions; definitions.build_definitions(definitions.load_settings()).get_repository_def()"
+    result = subprocess.run([sys.executable, "-W", "default", "-c", probe], cwd=ROOT, capture_output=True, text=True,
+                            timeout=240, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "PreviewWarning" not in result.stderr and "BetaWarning" not in result.stderr
+
+
 def test_a_ledger_url_from_the_environment_stays_an_env_var(tmp_path, monkeypatch):
     """A production ledger URL carries a password: the code location names the variable, and
     only a step (or `make run`'s direct use) resolves it."""

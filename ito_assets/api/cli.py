@@ -56,8 +56,8 @@ def _subparsers(parser: argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ito_assets.api.commands import (audit, confirm, desk, lifecycle, manifest, plan, readiness, serve, spend,
-                                         train)
+    from ito_assets.api.commands import (audit, confirm, data, desk, lifecycle, manifest, plan, readiness, serve,
+                                         spend, train)
 
     parser = _Parser(prog="ito", description="The canonical ito-training client.")
     parser.add_argument("--timeout", type=timeout_seconds, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
@@ -65,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     verbs = parser.add_subparsers(dest="verb", parser_class=_Parser, required=True)
     manifest.register(verbs)
     audit.register(verbs)  # lineage in the warehouse, read-only, no API contact
+    data.register(verbs)  # a corpus of one's own through the data stage, in process; no API contact
     plan.register(verbs)  # the plan and its cost, computed locally; creates no workload
     # The gates and the run lifecycle. Each module imports its heavy dependencies lazily, so verbs start fast.
     for module in (confirm, train, lifecycle, spend, readiness, desk, serve):

@@ -7,20 +7,29 @@ Text is NFC-normalised (`text.NORMALIZATION_VERSION` is recorded). Each document
 first 16 hex digits of sha256(source sha256 + ":" + row), which depends only on the source's bytes
 and the row, never on the manifest or the run (64 bits: a collision needs ~4 billion documents by
 the birthday bound).
+
+Records: JSONL (one object a line, plain or gzip- or zstd-compressed, told apart by their magic
+bytes, not by the file name) or Parquet. The text is in the reference's `text_field`, the record's
+own id (kept as provenance, as text; an integer id as its decimal form) in its `id_field`. A
+missing field or a value of the wrong type is SOURCE_INVALID naming the field and the line
+(1-based) or row (0-based, as the `row` column records it).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
+import io
 import json
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ito_assets.data.text import NORMALIZATION_VERSION, normalize
@@ -112,54 +121,142 @@ def snapshot(ref: DataReference, data_root: Path, copy: Path) -> None:
         raise ItoError(ErrorCode.SOURCE_DIGEST_MISMATCH, f"data reference {ref.uri} does not hash to the manifest's sha256")
 
 
-def jsonl_record(line: bytes, number: int, uri: str) -> dict:
-    """One JSONL line (1-based `number`) as an object with a string 'text' (SOURCE_INVALID if not)."""
+# The first bytes of each compressed stream (RFC 1952; RFC 8878, a zstd frame's magic number).
+COMPRESSION_MAGIC = {"gzip": b"\x1f\x8b", "zstd": b"\x28\xb5\x2f\xfd"}
+_READ_BUFFER = 1 << 20
+
+
+@dataclass(frozen=True)
+class RecordFields:
+    """Where a record keeps its text and its own id. The id is optional per record unless the
+    reference names its field (`id_field`): then every record must have one."""
+
+    text: str = "text"
+    id: str = "id"
+    id_required: bool = False
+
+    @classmethod
+    def of(cls, ref: DataReference) -> RecordFields:
+        return cls(text=ref.text_field, id=ref.id_field or "id", id_required=ref.id_field is not None)
+
+
+DEFAULT_FIELDS = RecordFields()
+
+
+def compression_of(path: Path) -> str | None:
+    """"gzip", "zstd" or None (plain), from the file's first bytes."""
+    with path.open("rb") as handle:
+        head = handle.read(4)
+    return next((name for name, magic in COMPRESSION_MAGIC.items() if head.startswith(magic)), None)
+
+
+def _lines(path: Path, uri: str) -> Iterator[bytes]:
+    """The file's lines, decompressed as they stream when it is gzip or zstd (pyarrow's codecs:
+    this Python's standard library has no zstd); a corrupt or truncated stream is SOURCE_INVALID."""
+    compression = compression_of(path)
+    if compression is None:
+        with path.open("rb") as handle:
+            yield from handle
+        return
+    number = 0
+    try:
+        with pa.input_stream(str(path), compression=compression) as stream:
+            for number, line in enumerate(io.BufferedReader(stream, buffer_size=_READ_BUFFER), start=1):
+                yield line
+    except OSError:  # what pyarrow's codecs raise for bad data
+        raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: the {compression} stream is corrupt or truncated after line {number}") from None
+
+
+def jsonl_record(line: bytes, number: int, uri: str, fields: RecordFields = DEFAULT_FIELDS) -> dict:
+    """One JSONL line (1-based `number`) as an object with a string text field (SOURCE_INVALID if not)."""
     try:
         record = json.loads(line)
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: line {number} is not JSON") from None
-    if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-        raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: line {number} has no string 'text'")
+    if not isinstance(record, dict):
+        raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: line {number} is not a JSON object")
+    if fields.text not in record:
+        raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: line {number} has no field '{fields.text}'")
+    if not isinstance(record[fields.text], str):
+        raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: line {number}: '{fields.text}' is not a string")
     return record
 
 
-def _jsonl_records(path: Path, uri: str) -> Iterator[Records]:
+def record_id(value: object, fields: RecordFields, where: str) -> str | None:
+    """A record's own id as text (an integer as its decimal form); None where it has none and
+    none is required. `where` names the record in the message ("<uri>: line 3")."""
+    if value is None:
+        if fields.id_required:
+            raise ItoError(ErrorCode.SOURCE_INVALID, f"{where} has no field '{fields.id}'")
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise ItoError(ErrorCode.SOURCE_INVALID, f"{where}: '{fields.id}' is neither a string nor an integer")
+    return str(value)
+
+
+def _jsonl_records(path: Path, uri: str, fields: RecordFields = DEFAULT_FIELDS) -> Iterator[Records]:
     ids: list[str | None] = []
     texts: list[str] = []
     rows: list[int] = []
-    with path.open("rb") as handle:
-        for row, line in enumerate(handle):
-            if not line.strip():
-                continue
-            record = jsonl_record(line, row + 1, uri)
-            record_id = record.get("id")
-            ids.append(None if record_id is None else str(record_id))
-            texts.append(record["text"])
-            rows.append(row)
-            if len(texts) == BATCH_RECORDS:
-                yield ids, texts, rows
-                ids, texts, rows = [], [], []
+    for row, line in enumerate(_lines(path, uri)):
+        if not line.strip():
+            continue
+        record = jsonl_record(line, row + 1, uri, fields)
+        ids.append(record_id(record.get(fields.id), fields, f"{uri}: line {row + 1}"))
+        texts.append(record[fields.text])
+        rows.append(row)
+        if len(texts) == BATCH_RECORDS:
+            yield ids, texts, rows
+            ids, texts, rows = [], [], []
     if texts:
         yield ids, texts, rows
 
 
-def _parquet_records(path: Path, uri: str) -> Iterator[Records]:
+def _string_type(type_: pa.DataType) -> bool:
+    if pa.types.is_dictionary(type_):
+        type_ = type_.value_type
+    return pa.types.is_string(type_) or pa.types.is_large_string(type_) or pa.types.is_string_view(type_)
+
+
+def _id_type(type_: pa.DataType) -> bool:
+    return _string_type(type_) or pa.types.is_integer(type_)
+
+
+def _parquet_records(path: Path, uri: str, fields: RecordFields = DEFAULT_FIELDS) -> Iterator[Records]:
     try:
         handle = pq.ParquetFile(path)
     except Exception:  # noqa: BLE001 - any parse failure is the same user-facing error
         raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: not a readable Parquet file") from None
     with handle:
-        names = handle.schema_arrow.names
-        if "text" not in names:
-            raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: has no 'text' column")
+        schema = handle.schema_arrow
+        if fields.text not in schema.names:
+            raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: has no column '{fields.text}'")
+        if not _string_type(schema.field(fields.text).type):
+            raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: column '{fields.text}' is not a string column")
+        has_id = fields.id in schema.names
+        if fields.id_required and not has_id:
+            raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: has no column '{fields.id}'")
+        if has_id and not _id_type(schema.field(fields.id).type):
+            raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: column '{fields.id}' is neither a string nor an integer column")
         first = 0
-        for batch in _batches(handle, ["text", "id"] if "id" in names else ["text"], uri):
-            texts = batch.column("text").to_pylist()
-            if any(not isinstance(t, str) for t in texts):
-                raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: 'text' must be a non-null string column")
-            ids = [None if i is None else str(i) for i in batch.column("id").to_pylist()] if "id" in names else [None] * len(texts)
+        columns = list(dict.fromkeys([fields.text, fields.id] if has_id else [fields.text]))
+        for batch in _batches(handle, columns, uri):
+            column = batch.column(fields.text)
+            if column.null_count:
+                null = column.is_null().to_pylist().index(True)
+                raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: row {first + null}: '{fields.text}' is null")
+            texts = column.to_pylist()
+            raw_ids = batch.column(fields.id).to_pylist() if has_id else [None] * len(texts)
+            ids = [record_id(value, fields, f"{uri}: row {first + i}") for i, value in enumerate(raw_ids)]
             yield ids, texts, list(range(first, first + len(texts)))
             first += len(texts)
+
+
+def record_parser(ref: DataReference) -> Callable[[Path, str], Iterator[Records]]:
+    """The parse function of the reference's format, reading its record fields: (path, uri) ->
+    batches of (source record ids, texts, rows)."""
+    parse = _jsonl_records if ref.format == "jsonl" else _parquet_records
+    return functools.partial(parse, fields=RecordFields.of(ref))
 
 
 def _batches(handle: pq.ParquetFile, columns: list[str], uri: str) -> Iterator:
@@ -204,7 +301,7 @@ class SourceRead:
         self.verify()
         num_bytes = copy.stat().st_size
         num_documents = num_empty = num_changed = 0
-        parse = _jsonl_records if ref.format == "jsonl" else _parquet_records
+        parse = record_parser(ref)
         try:
             for ids, raw_texts, rows in parse(copy, ref.uri):
                 texts = [normalize(t) for t in raw_texts]

@@ -19,3 +19,14 @@ def verified_or_fail(verdict: ManifestVerdict, step: str) -> VerifiedManifest:
         raise dg.Failure(description=f"{code}: the manifest did not verify; {step} refuses to run",
                          metadata={"error_code": code})
     return verdict.verified
+
+
+def training_manifest_or_fail(verdict: ManifestVerdict, step: str) -> VerifiedManifest:
+    """The gate of a step that needs a training manifest: a data manifest verifies (the data stage
+    takes it) but names no model, target or budget."""
+    verified = verified_or_fail(verdict, step)
+    if not verified.is_training:
+        code = ErrorCode.MANIFEST_INVALID.value
+        raise dg.Failure(description=f"{code}: a data manifest prepares data only; {step} needs a training manifest",
+                         metadata={"error_code": code})
+    return verified

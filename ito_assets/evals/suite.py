@@ -1,11 +1,15 @@
 """Eval suite: a JSONL file of items (id, benchmark, question, answer) and its digest.
 
-The suite id is the file's stem; the digest is sha256 over the file's bytes, so an auditor can
-reproduce it with `sha256sum`. Manifests bind to both through their decontamination provenance.
+The suite id is declared by the file's first line when that line is `{"suite_id": "<name>"}`, so
+that the file may be named anything; a file without it goes by its stem (the committed suite
+does, and reviewed manifests name it so). The digest is sha256 over the file's bytes, header
+included, so an auditor can reproduce it with `sha256sum`. Manifests bind to both through their
+decontamination provenance.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -14,8 +18,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ito_assets.digests import Digest
 from ito_assets.errors import ErrorCode, ItoError
+from ito_assets.manifest.schema import MAX_NAME_LENGTH, NAME_PATTERN
 from ito_assets.manifest.strict_json import StrictJsonError, loads_strict
 
+SUITE_ID_KEY = "suite_id"
 MAX_SUITE_BYTES = 64 * 1024 * 1024  # a suite is text; bounds memory on a misconfigured path
 
 
@@ -41,14 +47,24 @@ class EvalSuite:
         return dict(sorted(counts.items()))
 
 
-def parse_suite(suite_id: str, data: bytes) -> EvalSuite:
+def is_suite_id(text: str) -> bool:
+    """Whether `text` can name a suite in a manifest's provenance (the schema's `Name`)."""
+    return len(text) <= MAX_NAME_LENGTH and re.fullmatch(NAME_PATTERN, text) is not None
+
+
+def parse_suite(default_id: str, data: bytes) -> EvalSuite:
+    """The suite in `data`; its id is the one the first line declares, else `default_id`."""
+    declared: str | None = None
     items: list[EvalItem] = []
     seen: set[str] = set()
     for number, line in enumerate(data.splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            loads_strict(line)  # refuses duplicate keys and NaN before validation
+            document = loads_strict(line)  # refuses duplicate keys and NaN before validation
+            if not items and declared is None and isinstance(document, dict) and SUITE_ID_KEY in document:
+                declared = _declared_id(document, number)  # one header at most, before any item
+                continue
             item = EvalItem.model_validate_json(line, strict=True)
         except (StrictJsonError, ValidationError):
             raise ItoError(ErrorCode.EVAL_SUITE_INVALID, f"eval suite line {number} is not a valid item") from None
@@ -58,7 +74,15 @@ def parse_suite(suite_id: str, data: bytes) -> EvalSuite:
         items.append(item)
     if not items:
         raise ItoError(ErrorCode.EVAL_SUITE_INVALID, "the eval suite has no items")
-    return EvalSuite(suite_id=suite_id, digest=Digest.of_bytes(data), items=tuple(items))
+    return EvalSuite(suite_id=declared or default_id, digest=Digest.of_bytes(data), items=tuple(items))
+
+
+def _declared_id(header: dict, number: int) -> str:
+    value = header[SUITE_ID_KEY]
+    if set(header) != {SUITE_ID_KEY} or not isinstance(value, str) or not is_suite_id(value):
+        raise ItoError(ErrorCode.EVAL_SUITE_INVALID, f"eval suite line {number} is not a valid header: "
+                       '{"suite_id": "<letters, digits, . _ ->"} alone')
+    return value
 
 
 def load_suite(path: Path) -> EvalSuite:

@@ -2,9 +2,11 @@
 
 The folder is the inbox of reviewed manifests awaiting preparation: the sensor registers each
 readable one under its short digest, and the preparation job finds the file for a partition key
-again. A run created through the API never comes back here: it trains the bytes the ledger stored
-when the run was confirmed (`ito_assets.defs.workload.live`). A verdict is data (never an exception) so that the
-Dagster checks can show every failure by its code.
+again. Data manifests written by `ito data prepare` live in the state folder instead (the sensor
+never sees them) and are found there the same way. A run created through the API never comes
+back here: it trains the bytes the ledger stored when the run was confirmed
+(`ito_assets.defs.workload.live`). A verdict is data (never an exception) so that the Dagster
+checks can show every failure by its code.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 from ito_assets.digests import Digest
 from ito_assets.errors import ItoError
 from ito_assets.manifest.secure_read import read_manifest_bytes
-from ito_assets.manifest.verify import VerifiedManifest, parse_manifest, summarize
+from ito_assets.manifest.verify import VerifiedManifest, parse_data_manifest, summarize
 
 MANIFEST_SUFFIX = ".json"
 
@@ -79,6 +81,8 @@ class ManifestVerdict:
 
 
 def judge(path: str, key: str, *, max_bytes: int) -> ManifestVerdict:
+    """Either kind verifies here: the data stage takes both; what needs a training manifest
+    refuses a data manifest where it acts."""
     try:
         raw = read_manifest_bytes(path, max_bytes=max_bytes)
     except ItoError as error:
@@ -87,7 +91,7 @@ def judge(path: str, key: str, *, max_bytes: int) -> ManifestVerdict:
     if raw.digest.short != key:
         return ManifestVerdict(**base, error_code="MANIFEST_CHANGED", error_message="the manifest changed since it was registered")
     try:
-        manifest = parse_manifest(raw)
+        manifest = parse_data_manifest(raw)
     except ItoError as error:
         return ManifestVerdict(**base, error_code=error.code.value, error_message=error.message)
     return ManifestVerdict(**base, verified=VerifiedManifest(manifest=manifest, raw=raw))

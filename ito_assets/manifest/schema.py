@@ -1,4 +1,10 @@
-"""The reviewed training manifest: strict pydantic v2 models.
+"""The reviewed manifests: strict pydantic v2 models.
+
+Two kinds share one base. A data manifest (`"kind": "data"`) is the smallest document the data
+stage needs: a name, the data references with their digests, licences and decontamination
+provenance. A training manifest (`Manifest`, kind "training", the default, so that manifests
+reviewed before data manifests existed keep their bytes and digests) adds the model, the training
+target, the budget and the checkpoint policy.
 
 Strict mode: integers must be JSON integers (not "8", 8.0 or true); unknown fields are refused at
 every level; money is integer US cents and positive. Every number has a range, lower and upper:
@@ -34,7 +40,9 @@ Parameters = Annotated[int, Field(ge=1, le=MAX_PARAMETERS)]
 Tokens = Annotated[int, Field(ge=1, le=MAX_TOKENS)]
 SequenceLength = Annotated[int, Field(ge=1, le=MAX_SEQUENCE_LENGTH)]
 Steps = Annotated[int, Field(ge=1, le=MAX_STEPS)]
-Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+MAX_NAME_LENGTH = 128
+Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME_LENGTH, pattern=NAME_PATTERN)]
 
 
 class _Strict(BaseModel):
@@ -58,14 +66,24 @@ class DecontaminationProvenance(_Strict):
     ngram_size: Annotated[int, Field(ge=4, le=50)] = 13
 
 
+# A record's field (JSONL) or column (Parquet): printable ASCII without spaces.
+FIELD_NAME_PATTERN = r"^[\x21-\x7e]{1,128}$"
+FieldName = Annotated[str, Field(pattern=FIELD_NAME_PATTERN)]
+
+
 class DataReference(_Strict):
     """One source of training documents. `uri` is `dataroot://<relative path>` (the configured
-    data root) or `file:///<absolute path>`."""
+    data root) or `file:///<absolute path>`. `sha256` is over the file's bytes as stored (a
+    gzip- or zstd-compressed JSONL file is hashed compressed). Each record's text is in
+    `text_field`; its own id, kept as provenance, in `id_field` (absent: the field `id`, where a
+    record has one; named: every record must have it)."""
 
     uri: Annotated[str, Field(min_length=1, max_length=2048, pattern=r"^(dataroot://|file:///)[^\s]+$")]
     sha256: Annotated[str, Field(pattern=HEX64_PATTERN)]
     license: Name
     format: Literal["jsonl", "parquet"]
+    text_field: FieldName = "text"
+    id_field: FieldName | None = None
     # Optional in the schema so that a missing provenance is reported as PROVENANCE_MISSING
     # (its own gate), not as a generic schema error.
     decontamination: DecontaminationProvenance | None = None
@@ -167,11 +185,32 @@ class DataDecisionAcceptance(_Strict):
     reviewed_by: Name
 
 
-class Manifest(_Strict):
+class DataManifest(_Strict):
+    """What the data stage needs and no more: which documents, under which licence, decontaminated
+    against which eval suite. Verified like a training manifest (secure read, strict JSON, secret
+    scan, schema); it prepares data and can never be trained."""
+
     schema_version: Literal[1]
+    kind: Literal["data"]
     name: Name
-    model: Model
     data: Annotated[tuple[DataReference, ...], Field(min_length=1)]
+
+    @field_validator("data")
+    @classmethod
+    def _distinct_uris(cls, refs: tuple) -> tuple:
+        uris = [r.uri for r in refs]
+        if len(set(uris)) != len(uris):
+            raise ValueError("data references must have distinct uris")
+        return refs
+
+
+class Manifest(DataManifest):
+    """A training manifest: the data manifest's fields, and what a run trains, for how long, at what
+    budget and where its checkpoints go."""
+
+    # Absent from every training manifest reviewed before data manifests existed.
+    kind: Literal["training"] = "training"
+    model: Model
     training_target: TrainingTarget
     post_training: tuple[PostTrainingStep, ...] = ()
     budget: Budget
@@ -186,13 +225,15 @@ class Manifest(_Strict):
             raise ValueError("post_training must be an ordered subset of sft, dpo, rlvr")
         return steps
 
-    @field_validator("data")
-    @classmethod
-    def _distinct_uris(cls, refs: tuple) -> tuple:
-        uris = [r.uri for r in refs]
-        if len(set(uris)) != len(uris):
-            raise ValueError("data references must have distinct uris")
-        return refs
+
+DATA_KIND = "data"
+TRAINING_KIND = "training"
+
+
+def manifest_kind(document: object) -> str:
+    """The kind a parsed JSON document declares: "data" only when it says so; anything else is
+    judged as a training manifest (its own schema errors name what is wrong)."""
+    return DATA_KIND if isinstance(document, dict) and document.get("kind") == DATA_KIND else TRAINING_KIND
 
 
 def is_digest_field(path: tuple[str | int, ...], value: str) -> bool:

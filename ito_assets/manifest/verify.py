@@ -3,6 +3,10 @@
 The secret scan runs before the schema so that a credential in an unknown field is reported as
 MANIFEST_CONTAINS_SECRET, and schema errors are reported by field location only, never by value.
 The digest is over the very bytes that were parsed; the path is never opened twice.
+
+Both kinds go through the same steps. The data stage takes either (`parse_data_manifest`: a
+training manifest names its data as a data manifest does); everything that trains, books or spends
+takes a training manifest only (`parse_manifest`).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from pydantic import ValidationError
 from ito_assets.digests import Digest
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest import secrets
-from ito_assets.manifest.schema import Manifest, is_digest_field
+from ito_assets.manifest.schema import DATA_KIND, DataManifest, Manifest, is_digest_field, manifest_kind
 from ito_assets.manifest.secure_read import DEFAULT_MAX_BYTES, ManifestBytes, read_manifest_bytes
 from ito_assets.manifest.strict_json import StrictJsonError, loads_strict
 
@@ -25,8 +29,12 @@ _MAX_REPORTED_FIELDS = 5
 
 @dataclass(frozen=True)
 class VerifiedManifest:
-    manifest: Manifest
+    manifest: DataManifest  # a training `Manifest` (a DataManifest with more), or a data manifest
     raw: ManifestBytes
+
+    @property
+    def is_training(self) -> bool:
+        return isinstance(self.manifest, Manifest)
 
     @property
     def digest(self) -> Digest:
@@ -44,7 +52,8 @@ def _schema_error(exc: ValidationError) -> ItoError:
     return ItoError(ErrorCode.MANIFEST_INVALID, f"the manifest does not match the schema at: {shown}{more}")
 
 
-def parse_manifest(raw: ManifestBytes) -> Manifest:
+def parse_data_manifest(raw: ManifestBytes) -> DataManifest:
+    """Either kind: a data manifest, or a training manifest (a data manifest with more)."""
     try:
         document: Any = loads_strict(raw.data)
     except StrictJsonError as exc:
@@ -53,17 +62,31 @@ def parse_manifest(raw: ManifestBytes) -> Manifest:
     if findings:
         where = ", ".join(sorted({f"{f.location} ({f.kind})" for f in findings})[:_MAX_REPORTED_FIELDS])
         raise ItoError(ErrorCode.MANIFEST_CONTAINS_SECRET, f"the manifest contains secret material at: {where}")
+    schema = DataManifest if manifest_kind(document) == DATA_KIND else Manifest
     try:
         # JSON-mode validation of the same bytes: strict JSON semantics (arrays for tuples,
         # integers only as JSON integers); duplicate keys and NaN were refused above.
-        return Manifest.model_validate_json(raw.data, strict=True)
+        return schema.model_validate_json(raw.data, strict=True)
     except ValidationError as exc:
         raise _schema_error(exc) from None
+
+
+def parse_manifest(raw: ManifestBytes) -> Manifest:
+    """A training manifest; a data manifest is refused (it names no model, budget or target)."""
+    manifest = parse_data_manifest(raw)
+    if not isinstance(manifest, Manifest):
+        raise ItoError(ErrorCode.MANIFEST_INVALID, 'a data manifest (kind "data") prepares data only; this needs a training manifest')
+    return manifest
 
 
 def verify_manifest(path: str, *, max_bytes: int = DEFAULT_MAX_BYTES) -> VerifiedManifest:
     raw = read_manifest_bytes(path, max_bytes=max_bytes)
     return VerifiedManifest(manifest=parse_manifest(raw), raw=raw)
+
+
+def verify_data_manifest(path: str, *, max_bytes: int = DEFAULT_MAX_BYTES) -> VerifiedManifest:
+    raw = read_manifest_bytes(path, max_bytes=max_bytes)
+    return VerifiedManifest(manifest=parse_data_manifest(raw), raw=raw)
 
 
 def check_expected_digest(actual: str, expected: str) -> None:
@@ -76,13 +99,13 @@ def check_expected_digest(actual: str, expected: str) -> None:
         raise ItoError(ErrorCode.MANIFEST_DIGEST_MISMATCH, "the manifest digest differs from the expected digest")
 
 
-def provenance_problems(manifest: Manifest) -> list[str]:
+def provenance_problems(manifest: DataManifest) -> list[str]:
     """Data references without decontamination provenance, by position (every data reference
     must carry it, so that what was removed against which eval suite can be audited)."""
     return [f"data[{i}]" for i, ref in enumerate(manifest.data) if ref.decontamination is None]
 
 
-def require_provenance(manifest: Manifest) -> None:
+def require_provenance(manifest: DataManifest) -> None:
     missing = provenance_problems(manifest)
     if missing:
         raise ItoError(
@@ -91,7 +114,7 @@ def require_provenance(manifest: Manifest) -> None:
         )
 
 
-def eval_suite_mismatches(manifest: Manifest, suite_id: str, suite_digest: str) -> list[str]:
+def eval_suite_mismatches(manifest: DataManifest, suite_id: str, suite_digest: str) -> list[str]:
     """Data references whose provenance names another eval suite or another suite digest."""
     bad = []
     for i, ref in enumerate(manifest.data):
@@ -104,14 +127,19 @@ def eval_suite_mismatches(manifest: Manifest, suite_id: str, suite_digest: str) 
 def summarize(verified: VerifiedManifest) -> dict:
     """The readable summary shown by `ito manifest verify` and in the Dagster UI."""
     m = verified.manifest
-    return {
+    summary = {
         "name": m.name,
-        "model": {"size": m.model.size, "num_parameters": m.model.num_parameters, "revision": m.model.revision},
+        "kind": m.kind,
         "num_data_references": len(m.data),
         "data_references": [
             {"uri": r.uri, "license": r.license, "format": r.format, "has_provenance": r.decontamination is not None}
             for r in m.data
         ],
+    }
+    if not isinstance(m, Manifest):
+        return summary
+    return summary | {
+        "model": {"size": m.model.size, "num_parameters": m.model.num_parameters, "revision": m.model.revision},
         "num_training_tokens": m.training_target.num_tokens,
         "stages": [s.name for s in m.training_target.stages],
         "post_training": [s.kind for s in m.post_training],

@@ -1,13 +1,16 @@
-"""ito_assets.data.sources: verified bytes, NFC text, stable ids, JSONL and Parquet."""
+"""ito_assets.data.sources: verified bytes, NFC text, stable ids, JSONL (plain, gzip, zstd) and
+Parquet, with the reference's own field names."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import unicodedata
 from pathlib import Path
 
 import polars as pl
+import pyarrow as pa
 import pytest
 
 from ito_assets.data import sources
@@ -19,9 +22,9 @@ from ito_assets.manifest.schema import DataReference
 DECOMPOSED = "Cafe\u0301 au lait"  # "e" + combining acute: NFC composes it
 
 
-def reference(path: Path, fmt: str = "jsonl", sha: str | None = None) -> DataReference:
+def reference(path: Path, fmt: str = "jsonl", sha: str | None = None, **fields) -> DataReference:
     digest = sha or hashlib.sha256(path.read_bytes()).hexdigest()
-    return DataReference(uri=f"dataroot://{path.name}", sha256=digest, license="CC0-1.0", format=fmt)
+    return DataReference(uri=f"dataroot://{path.name}", sha256=digest, license="CC0-1.0", format=fmt, **fields)
 
 
 def write_jsonl(path: Path, records: list[dict]) -> Path:
@@ -97,9 +100,9 @@ def test_what_is_parsed_is_the_verified_snapshot(tmp_path: Path, monkeypatch: py
     ref = reference(path)
     parse = sources._jsonl_records
 
-    def swapped_after_verification(copy: Path, uri: str):
+    def swapped_after_verification(copy: Path, uri: str, **fields):
         path.write_bytes(b'{"text": "a swapped text"}\n')  # the source changes once verified
-        return parse(copy, uri)
+        return parse(copy, uri, **fields)
 
     monkeypatch.setattr(sources, "_jsonl_records", swapped_after_verification)
     docs, _ = read_source(ref, 0, tmp_path)
@@ -152,3 +155,92 @@ def test_a_changed_source_leaves_the_last_good_output(tmp_path: Path) -> None:
         run()
     assert info.value.code is ErrorCode.SOURCE_DIGEST_MISMATCH
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+
+
+def zstd(data: bytes) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.CompressedOutputStream(sink, "zstd") as out:
+        out.write(data)
+    return sink.getvalue().to_pybytes()
+
+
+RECORDS = [{"id": "a", "text": "first document"}, {"id": 7, "text": "  "}, {"id": "c", "text": DECOMPOSED}]
+
+
+def _source_error(ref: DataReference, root: Path) -> ItoError:
+    with pytest.raises(ItoError) as info:
+        read_source(ref, 0, root)
+    assert info.value.code is ErrorCode.SOURCE_INVALID
+    return info.value
+
+
+@pytest.mark.parametrize("compress", [gzip.compress, zstd], ids=["gzip", "zstd"])
+def test_compressed_jsonl_reads_as_the_plain_file_and_is_hashed_as_stored(tmp_path: Path, compress) -> None:
+    plain = write_jsonl(tmp_path / "plain.jsonl", RECORDS + [{"text": f"document {i}"} for i in range(20)])
+    # Told apart by their first bytes, not by their names: neither name says what it is.
+    packed = tmp_path / "packed.jsonl"
+    packed.write_bytes(compress(plain.read_bytes()))
+    ref = reference(packed)
+    assert ref.sha256 == hashlib.sha256(packed.read_bytes()).hexdigest() != reference(plain).sha256
+    docs, counts = read_source(ref, 0, tmp_path)
+    expected, _ = read_source(reference(plain), 0, tmp_path)
+    assert docs.drop("doc_id", "source_uri", "source_sha256").equals(expected.drop("doc_id", "source_uri", "source_sha256"))
+    assert docs["source_record_id"].to_list()[:2] == ["a", "c"] and counts.num_empty_skipped == 1
+    assert counts.num_bytes == packed.stat().st_size
+
+
+def test_a_plain_file_with_a_compressed_name_is_plain(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "corpus.jsonl.gz", RECORDS)
+    assert sources.compression_of(path) is None
+    assert read_source(reference(path), 0, tmp_path)[1].num_documents == 2
+
+
+@pytest.mark.parametrize("compression", ["gzip", "zstd"])
+def test_a_truncated_compressed_stream_is_source_invalid(tmp_path: Path, compression: str) -> None:
+    data = "".join(json.dumps({"text": f"line {i} " * 50}) + "\n" for i in range(2000)).encode()
+    packed = gzip.compress(data) if compression == "gzip" else zstd(data)
+    path = tmp_path / "cut.jsonl"
+    path.write_bytes(packed[: len(packed) // 2])
+    error = _source_error(reference(path), tmp_path)
+    assert compression in error.message and "truncated" in error.message
+
+
+def test_jsonl_with_its_own_field_names(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "a.jsonl", [{"uid": 41, "body": "one"}, {"uid": "x-2", "body": "two", "text": 3}])
+    docs, _ = read_source(reference(path, text_field="body", id_field="uid"), 0, tmp_path)
+    assert docs["text"].to_list() == ["one", "two"] and docs["source_record_id"].to_list() == ["41", "x-2"]
+
+
+@pytest.mark.parametrize("records, fields, message", [
+    ([{"text": "ok"}, {"body": "no text"}], {}, "line 2 has no field 'text'"),
+    ([{"body": "ok"}], {"text_field": "content"}, "line 1 has no field 'content'"),
+    ([{"text": ["a", "list"]}], {}, "line 1: 'text' is not a string"),
+    ([{"text": "ok", "id": [1]}], {}, "line 1: 'id' is neither a string nor an integer"),
+    ([{"text": "ok", "id": True}], {}, "line 1: 'id' is neither a string nor an integer"),
+    ([{"text": "ok", "uid": "u"}, {"text": "ok"}], {"id_field": "uid"}, "line 2 has no field 'uid'"),
+    ([["not", "an", "object"]], {}, "line 1 is not a JSON object"),
+])
+def test_a_missing_field_or_a_wrong_type_names_the_field_and_the_line(tmp_path: Path, records, fields, message) -> None:
+    path = write_jsonl(tmp_path / "a.jsonl", records)
+    assert message in _source_error(reference(path, **fields), tmp_path).message
+
+
+def test_parquet_with_its_own_column_names(tmp_path: Path) -> None:
+    path = tmp_path / "a.parquet"
+    pl.DataFrame({"uid": [10, 11], "body": ["one", "two"]}).write_parquet(path)
+    docs, _ = read_source(reference(path, "parquet", text_field="body", id_field="uid"), 0, tmp_path)
+    assert docs["text"].to_list() == ["one", "two"] and docs["source_record_id"].to_list() == ["10", "11"]
+
+
+@pytest.mark.parametrize("frame, fields, message", [
+    (pl.DataFrame({"text": ["a"]}), {"text_field": "body"}, "has no column 'body'"),
+    (pl.DataFrame({"text": [1, 2]}), {}, "column 'text' is not a string column"),
+    (pl.DataFrame({"text": ["a", None, "c"]}), {}, "row 1: 'text' is null"),
+    (pl.DataFrame({"text": ["a"], "id": [1.5]}), {}, "column 'id' is neither a string nor an integer column"),
+    (pl.DataFrame({"text": ["a"]}), {"id_field": "uid"}, "has no column 'uid'"),
+    (pl.DataFrame({"text": ["a", "b"], "uid": ["x", None]}), {"id_field": "uid"}, "row 1 has no field 'uid'"),
+])
+def test_a_bad_parquet_column_names_the_column_and_the_row(tmp_path: Path, frame, fields, message) -> None:
+    path = tmp_path / "a.parquet"
+    frame.write_parquet(path)
+    assert message in _source_error(reference(path, "parquet", **fields), tmp_path).message

@@ -548,6 +548,7 @@ def test_summary_and_digests_of_a_verified_manifest(root: Path):
     assert verified.short_digest == sha[:12] == Digest.of_hex(sha).short
     assert summarize(verified) == {
         "name": "unit-test",
+        "kind": "training",
         "model": {"size": "tiny", "num_parameters": 1000000, "revision": "r1"},
         "num_data_references": 1,
         "data_references": [{"uri": "dataroot://fixtures/corpora/example.jsonl", "license": "CC0-1.0",

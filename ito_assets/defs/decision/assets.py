@@ -9,7 +9,7 @@ import dagster as dg
 from ito_assets.data.stages import CleanStage
 from ito_assets.defs.decision.params import DataDecisionParams, DecisionRunParams
 from ito_assets.defs.decision.resources import BookedHardwareResource
-from ito_assets.defs.failures import failure, verified_or_fail
+from ito_assets.defs.failures import failure, training_manifest_or_fail
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.resources import ItoSettingsResource
 from ito_assets.errors import ItoError
@@ -37,7 +37,7 @@ def decision_run(
     context: dg.AssetExecutionContext, config: DecisionRunParams, ito: ItoSettingsResource,
     training_manifest: ManifestVerdict, eval_suite: EvalSuite, clean_shards: CleanStage,
 ) -> DecisionResult:
-    verified_or_fail(training_manifest, "the decision").manifest
+    training_manifest_or_fail(training_manifest, "the decision").manifest
     settings = ito.settings()
     try:
         baseline = read_mixture(config.baseline_uris, settings.data_root)
@@ -100,7 +100,7 @@ def data_decision(
     context: dg.AssetExecutionContext, config: DataDecisionParams, booked_hardware: BookedHardwareResource,
     training_manifest: ManifestVerdict, decision_run: DecisionResult,
 ) -> DataDecision:
-    manifest = verified_or_fail(training_manifest, "the decision").manifest
+    manifest = training_manifest_or_fail(training_manifest, "the decision").manifest
     judged = judge_decision(decision_run, manifest, booked_hardware.hardware(), config.to_config())
     summary = judged.summary()
     economics = summary["economics"] or {}
@@ -125,7 +125,7 @@ def training_plan(
     context: dg.AssetExecutionContext, booked_hardware: BookedHardwareResource,
     training_manifest: ManifestVerdict, data_decision: DataDecision,
 ) -> PlanOutcome:
-    outcome = plan_outcome(verified_or_fail(training_manifest, "the decision").manifest, booked_hardware.hardware())
+    outcome = plan_outcome(training_manifest_or_fail(training_manifest, "the decision").manifest, booked_hardware.hardware())
     context.add_output_metadata(_plan_metadata(outcome, data_decision))
     return outcome
 

@@ -6,13 +6,22 @@ from pathlib import Path
 
 import dagster as dg
 
+from ito_assets.defs.failures import failure
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.resources import ItoSettingsResource
+from ito_assets.errors import ItoError
 from ito_assets.evals.suite import EvalSuite, load_suite
 from ito_assets.manifest import discovery
 from ito_assets.manifest.discovery import ManifestVerdict
 
 GROUP = "manifest"
+
+
+class EvalSuiteSource(dg.Config):
+    """Which eval suite file to read: `path`, or, left empty, the configured one (ITO_EVAL_SUITE).
+    `ito data prepare` names its suite here, so that one run's suite is in its run config."""
+
+    path: str = ""
 
 
 @dg.asset(
@@ -21,14 +30,19 @@ GROUP = "manifest"
     description="The eval suite (id, benchmark, question, answer) that data is decontaminated against; "
     "its digest is sha256 over the suite file's bytes.",
 )
-def eval_suite(context: dg.AssetExecutionContext, ito: ItoSettingsResource) -> EvalSuite:
-    suite = load_suite(ito.settings().eval_suite_path)
+def eval_suite(context: dg.AssetExecutionContext, config: EvalSuiteSource, ito: ItoSettingsResource) -> EvalSuite:
+    path = Path(config.path) if config.path else ito.settings().eval_suite_path
+    try:
+        suite = load_suite(path)
+    except ItoError as error:
+        raise failure(error) from None
     context.add_output_metadata(
         {
             "suite_id": suite.suite_id,
             "digest": suite.digest,
             "num_items": len(suite.items),
             "items_by_benchmark": dg.MetadataValue.json(suite.by_benchmark()),
+            "path": dg.MetadataValue.path(str(path)),
         }
     )
     return suite
@@ -38,15 +52,17 @@ def eval_suite(context: dg.AssetExecutionContext, ito: ItoSettingsResource) -> E
     group_name=GROUP,
     kinds={"json"},
     partitions_def=manifests_partitions,
-    description="A reviewed training manifest, read securely and verified (schema, no secrets). "
-    "The blocking checks stop the run when verification or provenance fails.",
+    description="A reviewed training manifest (or a data manifest, for data preparation alone), read "
+    "securely and verified (schema, no secrets). The blocking checks stop the run when verification "
+    "or provenance fails.",
 )
 def training_manifest(context: dg.AssetExecutionContext, ito: ItoSettingsResource) -> ManifestVerdict:
     settings = ito.settings()
     key = context.partition_key
-    path = discovery.locate(settings.manifests_dir, key, max_bytes=settings.max_manifest_bytes)
+    limit = settings.max_manifest_bytes
+    path = discovery.locate(settings.manifests_dir, key, max_bytes=limit) or discovery.locate(settings.data_manifests_dir, key, max_bytes=limit)
     if path is None:
-        raise dg.Failure(description="no manifest with this digest is in the manifests folder any more")
+        raise dg.Failure(description="no manifest with this digest is in the manifests folder (or the data manifests folder) any more")
     verdict = discovery.judge(path, key, max_bytes=settings.max_manifest_bytes)
     context.add_output_metadata(_verdict_metadata(verdict))
     return verdict
@@ -75,11 +91,13 @@ def _summary_markdown(summary: dict) -> str:
         f"| {r['uri']} | {r['license']} | {r['format']} | {'yes' if r['has_provenance'] else '**no**'} |"
         for r in summary["data_references"]
     )
+    table = f"| data reference | licence | format | provenance |\n|---|---|---|---|\n{rows}"
+    if summary["kind"] == "data":
+        return f"**{summary['name']}**: a data manifest (data preparation only, never trained).\n\n{table}"
     budget = summary["budget"]
     return (
         f"**{summary['name']}**: model {summary['model']['size']} "
         f"({summary['model']['num_parameters']:,} parameters), {summary['num_training_tokens']:,} tokens "
         f"over {', '.join(summary['stages'])}; budget cap {budget['cap_cents'] / 100:,.2f} USD.\n\n"
-        f"| data reference | licence | format | provenance |\n|---|---|---|---|\n{rows}\n\n"
-        f"post-training: {json.dumps(summary['post_training'])}"
+        f"{table}\n\npost-training: {json.dumps(summary['post_training'])}"
     )

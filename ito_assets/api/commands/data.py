@@ -1,0 +1,166 @@
+"""`ito data prepare --corpus PATH_OR_GLOB [--corpus ...] --eval-suite PATH [--out DIR]
+[--text-field F] [--id-field F] [--name NAME] [--license SPDX] [--json]`: clean a corpus of one's own
+on this machine. No training manifest, ledger, model or API: the command hashes the files, writes
+and verifies a data manifest, registers its partition in the Dagster instance ($DAGSTER_HOME, by
+default .ito/dagster) and materialises `data_preparation_job` for it in this process
+(deduplication, decontamination against the eval suite, clean shards, every check), then prints
+where every document went. Dagster is imported only once the flags and files are judged good."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+from pathlib import Path
+
+from ito_assets.api.commands.result import VerbResult
+from ito_assets.errors import ErrorCode, ItoError
+
+_MANIFEST_COPY = "data-manifest.json"
+
+
+def register(verbs: argparse._SubParsersAction) -> None:
+    group = verbs.add_parser("data", help="prepare a corpus of your own (no training manifest)")
+    actions = group.add_subparsers(dest="action", required=True, parser_class=type(group))
+    prepare = actions.add_parser(
+        "prepare", help="deduplicate and decontaminate a corpus against an eval suite into clean Parquet shards")
+    prepare.add_argument("--corpus", action="append", required=True, metavar="PATH_OR_GLOB",
+                         help="a JSONL (plain, gzip or zstd) or Parquet file, or a glob ('**' for any depth); repeatable")
+    prepare.add_argument("--eval-suite", required=True, metavar="PATH",
+                         help="the eval suite (JSONL of id, benchmark, question, answer) to decontaminate against")
+    prepare.add_argument("--out", metavar="DIR", help="a new or empty folder to copy the clean shards, the "
+                         "decisions and the data manifest into")
+    prepare.add_argument("--text-field", default="text", metavar="FIELD", help="the field (or column) holding the text")
+    prepare.add_argument("--id-field", metavar="FIELD", help="the field holding each record's own id; named, every "
+                         "record must have one (default: 'id' where a record has it)")
+    prepare.add_argument("--name", help="the data manifest's name (default: the first file's name)")
+    prepare.add_argument("--license", metavar="SPDX", help="the corpus's SPDX licence id (default NOASSERTION: none stated)")
+    prepare.add_argument("--json", action="store_true", help="print one JSON document")
+    prepare.set_defaults(handler=_prepare)
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """Every flag's form before anything is read; messages name the flag, never its value."""
+    from ito_assets.manifest.schema import FIELD_NAME_PATTERN, NAME_PATTERN
+
+    for flag, value in (("--name", args.name), ("--license", args.license)):
+        if value is not None and (len(value) > 128 or not re.fullmatch(NAME_PATTERN, value)):
+            raise ItoError(ErrorCode.USAGE_ERROR, f"{flag} must be 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit")
+    for flag, value in (("--text-field", args.text_field), ("--id-field", args.id_field)):
+        if value is not None and not re.fullmatch(FIELD_NAME_PATTERN, value):
+            raise ItoError(ErrorCode.USAGE_ERROR, f"{flag} must be 1-128 printable characters without spaces")
+    if args.out is not None:
+        out = Path(args.out).expanduser()
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):
+            raise ItoError(ErrorCode.USAGE_ERROR, "--out must name a new or empty folder")
+
+
+def _prepare(args: argparse.Namespace) -> VerbResult:
+    from ito_assets.data import corpus
+    from ito_assets.digests import Digest
+    from ito_assets.evals.suite import load_suite
+    from ito_assets.manifest import verify
+    from ito_assets.settings import load_settings
+
+    _check_flags(args)
+    settings = load_settings()
+    suite_path = Path(args.eval_suite).expanduser().resolve()
+    suite = load_suite(suite_path)
+    files = corpus.describe(corpus.find_files(args.corpus))
+    document = corpus.data_manifest(args.name or corpus.default_name(files), files, suite,
+                                    args.license or corpus.UNSTATED_LICENSE, text_field=args.text_field,
+                                    id_field=args.id_field)
+    stored = corpus.store_manifest(settings.data_manifests_dir, document)
+    # Read back the way every manifest is read: secure read, strict JSON, secret scan, schema.
+    verified = verify.verify_data_manifest(str(stored), max_bytes=settings.max_manifest_bytes)
+    verify.check_expected_digest(verified.digest, Digest.of_bytes(document))
+    verify.require_provenance(verified.manifest)
+
+    from ito_assets.defs.data import prepare as shell  # Dagster, from here on only
+
+    home = Path(os.environ.get("DAGSTER_HOME") or settings.dagster_home).resolve()
+    with shell.open_instance(settings, home) as instance:
+        prepared = shell.prepare(settings, instance, verified.digest, suite_path, suite.digest)
+    copied = _copy_out(Path(args.out).expanduser().resolve(), prepared.clean, stored) if args.out else None
+    return _summary(verified, suite, files, prepared, copied, stored, home)
+
+
+def _copy_out(out: Path, clean, manifest: Path) -> dict:
+    """The clean shards, the decisions and the data manifest copied into `out`, each copy hashed
+    against the digest recorded when it was written (SHARD_CORRUPT otherwise): what lands there
+    is what the checks passed. Copies, not links: editing them cannot touch the recorded shards."""
+    from ito_assets.digests import file_sha256
+
+    (out / "clean").mkdir(parents=True, exist_ok=True)
+    targets = [(Path(s.path), out / "clean" / Path(s.path).name, s.sha256) for s in clean.shards.shards]
+    targets.append((Path(clean.decisions.path), out / "decisions.parquet", clean.decisions.sha256))
+    for source, target, sha256 in targets:
+        shutil.copyfile(source, target)
+        if file_sha256(target) != sha256:
+            raise ItoError(ErrorCode.SHARD_CORRUPT, f"{source.name} does not hash to the digest recorded when it was written")
+    shutil.copyfile(manifest, out / _MANIFEST_COPY)
+    return {"folder": str(out), "clean_shards": [str(t) for _, t, _ in targets[:-1]],
+            "decisions": str(targets[-1][1]), "manifest": str(out / _MANIFEST_COPY)}
+
+
+def _examples(decisions_path: str) -> dict:
+    """One document of each removed kind and one eval item that matched, for the audit commands."""
+    import polars as pl
+
+    from ito_assets.data.clean import CONTAMINATED
+    from ito_assets.data.dedup import DUPLICATE
+
+    frame = pl.read_parquet(decisions_path, columns=["doc_id", "state", "eval_item_ids"])
+    duplicate = frame.filter(pl.col("state") == DUPLICATE).head(1)
+    contaminated = frame.filter(pl.col("state") == CONTAMINATED).head(1)
+    return {
+        "duplicate_doc": duplicate["doc_id"][0] if duplicate.height else None,
+        "contaminated_doc": contaminated["doc_id"][0] if contaminated.height else None,
+        "eval_item": contaminated["eval_item_ids"][0][0] if contaminated.height and len(contaminated["eval_item_ids"][0]) else None,
+    }
+
+
+def _summary(verified, suite, files, prepared, copied: dict | None, stored: Path, home: Path) -> VerbResult:
+    c, shards = prepared.clean.conservation, prepared.clean.shards
+    key = verified.short_digest
+    examples = _examples(prepared.clean.decisions.path)
+    audit = [f"ito audit manifest {key}"]
+    audit += [f"ito audit doc {examples[k]}" for k in ("duplicate_doc", "contaminated_doc") if examples[k]]
+    audit += [f"ito audit eval-item {examples['eval_item']}"] if examples["eval_item"] else []
+    data = {
+        "name": verified.manifest.name,
+        "manifest_digest": verified.digest,
+        "manifest_key": key,
+        "manifest_path": str(stored),
+        "eval_suite": {"id": suite.suite_id, "digest": suite.digest, "num_items": len(suite.items)},
+        "sources": [{"uri": f.uri, "sha256": f.sha256, "format": f.format, "num_bytes": f.num_bytes} for f in files],
+        "documents": {"input": c.num_input, "kept": c.num_kept, "duplicate": c.num_duplicate,
+                      "contaminated": c.num_contaminated, "contaminated_dropped": c.num_contaminated_dropped,
+                      "contaminated_cut": c.num_contaminated_cut, "clean_rows": c.num_clean_rows},
+        "conservation_holds": c.holds,
+        "clean_shards": {"folder": shards.folder,
+                         "files": [{"path": s.path, "sha256": s.sha256, "num_rows": s.num_rows} for s in shards.shards]},
+        "decisions": prepared.clean.decisions.path,
+        "out": copied,
+        "dagster": {"run_id": prepared.run_id, "instance": str(home), "partition": key},
+        "num_checks_passed": prepared.num_checks_passed,
+        "warnings": list(prepared.warnings),
+        "audit": audit,
+    }
+    text = [
+        f"data manifest {verified.manifest.name}: {verified.digest} (partition {key})",
+        f"  written to {stored}",
+        f"eval suite {suite.suite_id}: {suite.digest}, {len(suite.items)} items",
+        f"documents: {c.num_input:,} in, {c.num_kept:,} kept, {c.num_duplicate:,} duplicates, "
+        f"{c.num_contaminated:,} contaminated ({c.num_contaminated_dropped:,} dropped, {c.num_contaminated_cut:,} cut)",
+        f"conservation: {c.num_kept:,} + {c.num_duplicate:,} + {c.num_contaminated:,} = {c.num_input:,}; "
+        f"{prepared.num_checks_passed} checks passed" + (f", warnings: {', '.join(prepared.warnings)}" if prepared.warnings else ""),
+        f"clean shards: {len(shards.shards)} file(s), {shards.num_rows:,} rows, in {shards.folder}",
+        f"decisions (one row per input document): {prepared.clean.decisions.path}",
+    ]
+    if copied:
+        text.append(f"copied to {copied['folder']}: clean/ ({len(copied['clean_shards'])} file(s)), decisions.parquet, {_MANIFEST_COPY}")
+    text += [f"Dagster run {prepared.run_id} in {home} (see it with `make ui`)",
+             "trace a document:", *(f"  {command}" for command in audit)]
+    return VerbResult(data=data, live_api_contacted=False, text=text)

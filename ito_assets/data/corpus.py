@@ -1,0 +1,122 @@
+"""A corpus of one's own, made ready for the data stage: the files that paths or globs name, each
+hashed as stored and its format told from its first bytes, and the data manifest that binds them,
+under a licence, to an eval suite by its id and digest (`ito data prepare`).
+
+Messages name a pattern by its position (`--corpus #2`), never by its text: what a caller typed is
+not echoed (errors.py).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from ito_assets.digests import Digest, file_sha256
+from ito_assets.errors import ErrorCode, ItoError
+from ito_assets.evals.suite import EvalSuite, is_suite_id
+from ito_assets.manifest.schema import DATA_KIND, SCHEMA_VERSION, DecontaminationProvenance
+
+PARQUET_MAGIC = b"PAR1"  # the first (and last) four bytes of every Parquet file
+# SPDX's word for "no licence was stated": the data policy refuses it until someone states one.
+UNSTATED_LICENSE = "NOASSERTION"
+DEFAULT_NAME = "corpus"
+_NOT_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+@dataclass(frozen=True)
+class CorpusFile:
+    path: Path  # absolute, symlinks resolved
+    sha256: str  # of the bytes as stored (a compressed file is hashed compressed)
+    format: str  # "jsonl" (plain, gzip or zstd) or "parquet"
+    num_bytes: int
+
+    @property
+    def uri(self) -> str:
+        return f"file://{self.path}"
+
+
+def find_files(patterns: Sequence[str]) -> list[Path]:
+    """Every regular file the patterns name (a path, or a glob with `**` for any depth), in
+    pattern order and then name order, each once. A pattern that names no file is SOURCE_NOT_FOUND."""
+    found: dict[Path, None] = {}
+    for position, pattern in enumerate(patterns, start=1):
+        expanded = os.path.expanduser(pattern)
+        # An existing path is taken as it is, so that a file name with [ or * in it is no pattern.
+        matches = [expanded] if os.path.lexists(expanded) else sorted(glob.glob(expanded, recursive=True))
+        files = [Path(m).resolve() for m in matches if Path(m).is_file()]
+        if not files:
+            raise ItoError(ErrorCode.SOURCE_NOT_FOUND, f"--corpus #{position} names no file (a folder needs a glob, such as DIR/*.jsonl)")
+        found.update(dict.fromkeys(files))
+    return list(found)
+
+
+def format_of(path: Path) -> str:
+    with path.open("rb") as handle:
+        return "parquet" if handle.read(len(PARQUET_MAGIC)) == PARQUET_MAGIC else "jsonl"
+
+
+def describe(paths: Sequence[Path]) -> list[CorpusFile]:
+    """Each file hashed as stored, its format told from its first bytes."""
+    for position, path in enumerate(paths, start=1):
+        if re.search(r"\s", str(path)):  # a manifest's uri holds no whitespace
+            raise ItoError(ErrorCode.SOURCE_INVALID, f"corpus file #{position} has whitespace in its path; rename it")
+    return [CorpusFile(path=p, sha256=file_sha256(p), format=format_of(p), num_bytes=p.stat().st_size) for p in paths]
+
+
+def default_name(files: Sequence[CorpusFile]) -> str:
+    """The first file's name up to its first dot, as a manifest name."""
+    stem = _NOT_NAME.sub("-", files[0].path.name.split(".", 1)[0]).strip("-._") if files else ""
+    return stem[:128] or DEFAULT_NAME
+
+
+def require_suite_id(suite: EvalSuite) -> None:
+    """The suite's id must be able to name it in the manifest's provenance."""
+    if not is_suite_id(suite.suite_id):
+        raise ItoError(ErrorCode.EVAL_SUITE_INVALID, "the eval suite's file name cannot be its id; declare one in "
+                       'its first line, {"suite_id": "my-evals-v1"} (letters, digits, . _ -)')
+
+
+def data_manifest(name: str, files: Sequence[CorpusFile], suite: EvalSuite, license: str, *,
+                  text_field: str = "text", id_field: str | None = None) -> bytes:
+    """The data manifest's bytes: every file a data reference (its digest, format, licence and
+    field names) decontaminated against `suite` with the schema's default n-gram size. Sorted keys
+    and a final newline, as the reviewed manifests are written; verified once written
+    (`verify.verify_data_manifest`), like any manifest."""
+    require_suite_id(suite)
+    provenance = {"eval_suite_id": suite.suite_id, "eval_suite_sha256": suite.digest, "method": "ngram",
+                  "ngram_size": DecontaminationProvenance.model_fields["ngram_size"].default}
+    fields = {"text_field": text_field} | ({"id_field": id_field} if id_field is not None else {})
+    document = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": DATA_KIND,
+        "name": name,
+        "data": [{"uri": f.uri, "sha256": f.sha256, "license": license, "format": f.format, **fields,
+                  "decontamination": provenance} for f in files],
+    }
+    return (json.dumps(document, indent=2, sort_keys=True) + "\n").encode()
+
+
+def store_manifest(folder: Path, data: bytes) -> Path:
+    """The manifest at `<folder>/<short digest>.json`, written whole (a temporary file renamed into
+    place) and 0600: the secure read refuses a file others may write. The same bytes again are
+    the same file."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = folder / f"{Digest.of_bytes(data).short}.json"
+    if path.is_file() and not path.is_symlink() and path.read_bytes() == data:
+        return path
+    temporary = folder / f".{path.name}.{os.getpid()}.tmp"
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+    return path
