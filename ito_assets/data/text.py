@@ -89,7 +89,8 @@ def word_hashes(texts: pl.Series) -> TokenHashes:
     """`token_hashes(texts, digits_normalized=False)`, the same hashes, for deduplication: a
     document that is pure ASCII (most are) is cut into words in numpy over its UTF-8 bytes, where
     a word is a run of [0-9A-Za-z] (what `[^\\W_]+` matches in ASCII); the others go through
-    polars' regex. Measured on 60,000 documents of 100-600 bytes: 0.31 s -> 0.15 s of CPU."""
+    polars' regex. 0.52 s -> 0.34 s of CPU on 60,000 documents of 100-600 bytes (best of 12,
+    benchmarks/dedup_speed.py's short corpus)."""
     texts = texts.fill_null("")  # a null has no words, as in `token_hashes`
     ascii_ = (texts.str.len_bytes() == texts.str.len_chars()).to_numpy()
     if ascii_.all():
