@@ -2,7 +2,7 @@
 or grouping.
 
 1. `key_shard` (a worker per source shard, streaming it a batch at a time): each document's id,
-   source and a 128-bit BLAKE2b hash of its text, written as a small Parquet file.
+   source and a 128-bit hash of its text (`text_hashes`), written as a small Parquet file.
 2. DuckDB numbers the keys in keep order (`rank`) and finds the hashes held by two or more
    documents: ids and hashes only, ~50 bytes a document, so the window and the grouping spill
    under the memory cap where the same over whole texts ran out of memory.
@@ -14,7 +14,6 @@ or grouping.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -39,6 +38,10 @@ FROM read_parquet({files}) k LEFT JOIN tiers t USING (doc_id)
 SHARED_SQL = "SELECT k.* FROM keys k SEMI JOIN (SELECT hi, lo FROM keys GROUP BY hi, lo HAVING count(*) > 1) USING (hi, lo)"
 
 
+# Two seeds of polars' hash: together a 128-bit key per text.
+TEXT_HASH_SEEDS = (0x7E47_0001, 0x7E47_0002)
+
+
 @dataclass(frozen=True)
 class KeyTask:
     shard: int
@@ -47,9 +50,13 @@ class KeyTask:
 
 
 def text_hashes(texts: pl.Series) -> np.ndarray:
-    """(len(texts), 2) uint64: BLAKE2b-128 of each text's UTF-8 bytes (a null hashes as "")."""
-    digests = b"".join(hashlib.blake2b((t or "").encode(), digest_size=16).digest() for t in texts)
-    return np.frombuffer(digests, dtype="<u8").reshape(-1, 2)
+    """(len(texts), 2) uint64: polars' string hash of each text under two seeds (a null hashes as
+    ""), in Rust over the column. Not cryptographic, and stable only within one polars version:
+    the keys never leave the step (its workers run the same polars). A collision, even a crafted
+    one, only puts two texts in one group, where they are compared whole. It replaced BLAKE2b-128
+    called per text: 0.12 s -> 0.007 s of CPU for 60,000 texts of 100-600 bytes (best of 12)."""
+    filled = texts.fill_null("")
+    return np.column_stack([filled.hash(seed=seed).to_numpy() for seed in TEXT_HASH_SEEDS]).astype(np.uint64, copy=False)
 
 
 def key_shard(task: KeyTask) -> None:

@@ -5,7 +5,10 @@ half of the 64-bit n-gram hash of `text.ngram_hashes`). Permutation i maps a shi
 (a_i * x + b_i) mod 2^32 with a_i odd: a bijection of the 32-bit universe, so the minimum over a
 document is a true min under a permutation, as in datasketch (which uses (a x + b) mod (2^61 - 1)
 truncated to 32 bits). One multiply-add in uint32 per shingle and permutation is SIMD-friendly:
-it is what makes the kernel fast (benchmarks/dedup_speed.py measures it against datasketch).
+it is what makes the kernel fast (benchmarks/dedup_speed.py measures it against datasketch, ~25x
+slower, and rensa, whose R-MinHash is 2.3-4.2x faster on the same shingle hashes but gives other
+signatures: ito keeps its own, 7-9% of its CPU from read to decisions, so that decisions stay the
+same).
 
 Shapes: S shingles in total, N documents, P = num_perm. The kernel works on blocks of whole
 documents holding about BLOCK_SHINGLES shingles, so the (P, block) buffer stays in cache.
@@ -18,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from ito_assets.data.text import TokenHashes, ngram_hashes, token_hashes
+from ito_assets.data.text import NGRAM_MULTIPLIERS, TokenHashes, mix64, word_hashes
 
 EMPTY = np.uint32(0xFFFFFFFF)
 # 4,096 shingles x 120 permutations x 4 bytes = ~2 MB: about an L2 cache (measured fastest
@@ -60,20 +63,59 @@ class Shingles:
 
 def shingle_lists(tokens: TokenHashes, k: int) -> Shingles:
     """Word k-gram hashes per document, in document order. A document shorter than k words has one
-    shingle, all of its words (so short texts still compare); an empty document has none."""
-    grams, starts = ngram_hashes(tokens, k)
+    shingle, all of its words (so short texts still compare); an empty document has none. The
+    hashes are `text.ngram_hashes`' (tests/data/test_dedup_fast_paths.py holds them equal), computed
+    without its per-token document lookups."""
     lengths = tokens.lengths
     counts = np.where(lengths >= k, lengths - k + 1, np.minimum(lengths, 1))
     offsets = np.zeros(tokens.num_docs + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
+    grams = _gram_hashes(tokens, k)
+    short = np.flatnonzero((lengths > 0) & (lengths < k))
+    if not len(short):
+        return Shingles(hashes=grams, offsets=offsets)
     out = np.empty(int(offsets[-1]), dtype=np.uint64)
-    if len(starts):
-        doc = tokens.doc_index()[starts]
-        out[offsets[doc] + (starts - tokens.offsets[doc])] = grams
-    for i in np.flatnonzero((lengths > 0) & (lengths < k)).tolist():
-        words = tokens.hashes[tokens.offsets[i] : tokens.offsets[i + 1]]
-        out[offsets[i]] = ngram_hashes(TokenHashes(words, np.array([0, len(words)], dtype=np.int64)), len(words))[0][0]
+    whole = np.zeros(len(out), dtype=bool)
+    whole[offsets[short]] = True
+    out[~whole] = grams
+    out[offsets[short]] = _whole_hashes(tokens, short)
     return Shingles(hashes=out, offsets=offsets)
+
+
+def _gram_hashes(tokens: TokenHashes, n: int) -> np.ndarray:
+    """`ngram_hashes(tokens, n)[0]`: the n-grams inside one document. The constant terms are summed
+    once (addition mod 2^64 commutes) and the windows that cross a document end are found from
+    the N document ends, not from a (T,) array of them."""
+    hashes, total = tokens.hashes, len(tokens.hashes)
+    width = total - n + 1
+    if width <= 0:
+        return np.zeros(0, dtype=np.uint64)
+    acc = np.full(width, np.uint64(n + n * (n - 1) // 2), dtype=np.uint64)
+    term = np.empty(width, dtype=np.uint64)
+    for k in range(n):
+        np.multiply(hashes[k : k + width], NGRAM_MULTIPLIERS[k % len(NGRAM_MULTIPLIERS)], out=term)
+        acc += term
+    valid = np.ones(width, dtype=bool)
+    begins, ends = tokens.offsets[:-1], tokens.offsets[1:]
+    for back in range(1, n):  # a window starting `back` tokens before its document's end
+        start = ends - back
+        valid[start[(start >= begins) & (start < width)]] = False
+    return mix64(acc[valid])
+
+
+def _whole_hashes(tokens: TokenHashes, docs: np.ndarray) -> np.ndarray:
+    """The hash of all the words of each of `docs` (each shorter than k words), as `ngram_hashes`
+    gives for an n-gram of n = its length; documents grouped by length."""
+    lengths = tokens.lengths[docs]
+    out = np.empty(len(docs), dtype=np.uint64)
+    for n in np.unique(lengths).tolist():
+        group = np.flatnonzero(lengths == n)
+        words = tokens.hashes[tokens.offsets[docs[group]][:, None] + np.arange(n)]
+        acc = np.full(len(group), np.uint64(n + n * (n - 1) // 2), dtype=np.uint64)
+        for k in range(n):
+            acc += words[:, k] * NGRAM_MULTIPLIERS[k % len(NGRAM_MULTIPLIERS)]
+        out[group] = mix64(acc)
+    return out
 
 
 @dataclass(frozen=True)
@@ -116,7 +158,7 @@ class MinHasher:
         return out.T.copy()
 
     def signatures_of_texts(self, texts: pl.Series, shingle_size: int) -> tuple[np.ndarray, Shingles]:
-        shingles = shingle_lists(token_hashes(texts, digits_normalized=False), shingle_size)
+        shingles = shingle_lists(word_hashes(texts), shingle_size)
         return self.signatures(shingles), shingles
 
 
