@@ -207,6 +207,8 @@ def test_parquet_with_its_own_column_names(world) -> None:
     traced, _ = ito("audit", "doc", contaminated)
     sources = {m["source_record_id"] for m in traced["data"]["manifests"]}
     assert sources <= {str(1000 + i) for i in range(NUM_DOCUMENTS)} and sources  # the uid column, as text
+    # The command names the document by the user's own id, which the audit takes.
+    assert {m["matched_by"] for m in traced["data"]["manifests"]} == {"source_record_id"}
 
 
 @pytest.mark.slow

@@ -105,18 +105,25 @@ def _copy_out(out: Path, clean, manifest: Path) -> dict:
 
 
 def _examples(decisions_path: str) -> dict:
-    """One document of each removed kind and one eval item that matched, for the audit commands."""
+    """One document of each removed kind and one eval item that matched, for the audit commands:
+    a document by the user's own id where it has one (quoted for the shell), by ours otherwise."""
+    import shlex
+
     import polars as pl
 
     from ito_assets.data.clean import CONTAMINATED
     from ito_assets.data.dedup import DUPLICATE
 
-    frame = pl.read_parquet(decisions_path, columns=["doc_id", "state", "eval_item_ids"])
+    frame = pl.read_parquet(decisions_path, columns=["doc_id", "source_record_id", "state", "eval_item_ids"])
     duplicate = frame.filter(pl.col("state") == DUPLICATE).head(1)
     contaminated = frame.filter(pl.col("state") == CONTAMINATED).head(1)
+
+    def name(row: pl.DataFrame) -> str | None:
+        return shlex.quote(row["source_record_id"][0] or row["doc_id"][0]) if row.height else None
+
     return {
-        "duplicate_doc": duplicate["doc_id"][0] if duplicate.height else None,
-        "contaminated_doc": contaminated["doc_id"][0] if contaminated.height else None,
+        "duplicate_doc": name(duplicate),
+        "contaminated_doc": name(contaminated),
         "eval_item": contaminated["eval_item_ids"][0][0] if contaminated.height and len(contaminated["eval_item_ids"][0]) else None,
     }
 
