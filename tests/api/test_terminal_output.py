@@ -135,16 +135,22 @@ def test_an_audit_of_corpus_text_is_printed_escaped(monkeypatch, capsys):
     hit = {"doc_id": "0123456789abcdef", "source_uri": "dataroot://c/a.jsonl", "row": 3, "view": "raw",
            "overlap_ratio": 0.5, "action": "drop", "char_start": 0, "char_end": 9, "matched_ngram": HOSTILE}
 
+    candidate = {"doc_id": "0123456789abcdef", "source_record_id": HOSTILE, "similarity": 0.93, "char_start": 0, "char_end": 9, "excerpt": HOSTILE}
+
     class Lineage:
         @staticmethod
         def audit_eval_item(_con, _item_id):
             return [hit]
 
+        @staticmethod
+        def paraphrase_candidates(_con, _item_id):
+            return [candidate]
+
     monkeypatch.setattr(audit, "_open", lambda: (Lineage, contextlib.nullcontext()))
     out, _err, status = printed(capsys, "audit", "eval-item", "py-trivia/007")
     assert status == 0
     assert_safe(out)
-    assert SHOWN in out
+    assert SHOWN in out and "possible paraphrases" in out and out.count(SHOWN) == 3
     header, rule, row = out.splitlines()[1:4]
     # the columns are measured on the escaped text, so they line up as printed
     assert len(header.rstrip()) <= len(rule) == len(row.rstrip())
