@@ -53,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.append(str(ROOT / "tests"))  # reference_impl
 
 import dedup_corpus  # noqa: E402
+from decontam import FIXTURES, SUITE, read_jsonl  # noqa: E402  the decontamination benchmark's fixtures
 from dedup_speed import machine  # noqa: E402
 from ito_assets.data.config import DecontamConfig  # noqa: E402
 from ito_assets.data.eval_index import build_index  # noqa: E402
@@ -60,8 +61,6 @@ from ito_assets.data.paraphrase import ParaphraseConfig, find_candidates, item_v
 from ito_assets.evals.suite import EvalItem, load_suite  # noqa: E402
 from reference_impl import scan  # noqa: E402
 
-FIXTURES = ROOT / "data" / "fixtures"
-SUITE = FIXTURES / "evals" / "ito-fixture-evals-v1.jsonl"
 STYLES = ("verbatim", "synonyms", "reordered", "numbers", "combined")
 NEGATIVES = ("same_words", "other_answers", "sibling")
 THRESHOLDS = (0.80, 0.85, 0.875, 0.90, 0.925, 0.95)
@@ -125,10 +124,6 @@ NEW_NAMES = ["Marta", "Yusuf", "Ilse", "Bruno", "Keiko", "Amara", "Tomas", "Zain
 NEW_OBJECTS = ["erasers", "walnuts", "crayons", "ribbons", "pebbles", "acorns"]
 NEW_EXPRESSIONS = ["sorted('cherry')", "9 // 4", "'xyz' * 3", "len('hello')", "max([4, 9, 2])", "'a-b'.split('-')",
                    "list(range(3))", "abs(-8)", "str(12) + '3'", "min('dog', 'cat')", "15 % 4", "2 ** 5"]
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def number_words(token: str) -> str:

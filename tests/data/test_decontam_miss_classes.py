@@ -85,33 +85,22 @@ def edited_head(words: list[str], head: int, kind: str, matched: int) -> str:
     return " ".join(words[:head] + ([EDIT] if kind == "replace" else []) + after)
 
 
+@pytest.mark.parametrize("end", ["tail", "head"])
 @SETTINGS
 @given(words=words_of_length, data=st.data())
-def test_an_edit_leaving_a_short_tail_counts_the_tail(words: list[str], data) -> None:
+def test_an_edit_leaving_a_short_end_counts_the_end(end: str, words: list[str], data) -> None:
     length = len(words)
     seed, evidence = CONFIG.seed_size(length), CONFIG.evidence_words(length)
-    tail = data.draw(st.integers(1, seed - 1), label="tail")
+    short = data.draw(st.integers(1, seed - 1), label=end)
     kind = data.draw(st.sampled_from(["replace", "drop", "insert"]), label="kind")
-    # The words before the edit fall short of the evidence by 1..tail: only the tail makes it.
-    matched = data.draw(st.integers(max(seed, evidence - tail), evidence - 1), label="matched")
-    assume(matched + tail + (kind != "insert") <= length)
-    question = " ".join(words)
-    hit = question_hit(scanned([planted(edited_tail(words, tail, kind, matched))], [("q/1", question, "ok")]))
-    assert hit is not None and hit["covered_words"] == matched + tail
+    # The words on the seed's side of the edit fall short of the evidence by 1..short: only the
+    # short end makes it.
+    matched = data.draw(st.integers(max(seed, evidence - short), evidence - 1), label="matched")
+    assume(matched + short + (kind != "insert") <= length)
+    edited = edited_tail(words, short, kind, matched) if end == "tail" else edited_head(words, short, kind, matched)
+    hit = question_hit(scanned([planted(edited)], [("q/1", " ".join(words), "ok")]))
+    assert hit is not None and hit["covered_words"] == matched + short
     assert hit["eval_item_id"] == "q/1"
-
-
-@SETTINGS
-@given(words=words_of_length, data=st.data())
-def test_an_edit_leaving_a_short_head_counts_the_head(words: list[str], data) -> None:
-    length = len(words)
-    seed, evidence = CONFIG.seed_size(length), CONFIG.evidence_words(length)
-    head = data.draw(st.integers(1, seed - 1), label="head")
-    kind = data.draw(st.sampled_from(["replace", "drop", "insert"]), label="kind")
-    matched = data.draw(st.integers(max(seed, evidence - head), evidence - 1), label="matched")
-    assume(head + (kind != "insert") + matched <= length)
-    hit = question_hit(scanned([planted(edited_head(words, head, kind, matched))], [("q/1", " ".join(words), "ok")]))
-    assert hit is not None and hit["covered_words"] == head + matched
 
 
 @SETTINGS
