@@ -36,7 +36,6 @@ for _name in ("POLARS_MAX_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "
 os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the tokenizers crate would use every core
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import random  # noqa: E402
 import re  # noqa: E402
 import sys  # noqa: E402
