@@ -33,6 +33,7 @@ from ito_assets.runtime.record import events  # noqa: E402
 from ito_assets.runtime.checkpoint import markers  # noqa: E402
 from ito_assets.runtime.stage.config import WorkerConfig  # noqa: E402
 from ito_assets.runtime.supervision.launch import worker_command  # noqa: E402
+from ito_assets.training.layout import Layout  # noqa: E402
 
 VOCAB = 512
 
@@ -93,7 +94,9 @@ def _measure(work: Path, args: argparse.Namespace) -> dict:
                         heldout_path=heldout, stage_dir=str(work / "straight" / "pretraining"),
                         heartbeat_dir=str(work / "hb"), metrics_path=str(work / "metrics.jsonl"),
                         num_steps=args.steps, batch_size=8, sequence_length=64, interval_steps=8, keep_last=3,
-                        eval_windows=4, launched_at=time.time())
+                        eval_windows=4, launched_at=time.time(), deterministic=True,
+                        # fp32, eager, DDP over every rank: the layout whose resume is compared bit for bit
+                        layout=Layout(dp_replicate=args.nproc, precision="fp32", compile=False, micro_batch_size=8))
     halves = replace(base, stage_dir=str(work / "halves" / "pretraining"), stop_after_step=args.steps // 2)
     started = time.perf_counter()
     codes = [_run(base, args.nproc), _run(halves, args.nproc), _run(replace(halves, stop_after_step=None, attempt=1),

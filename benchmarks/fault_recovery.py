@@ -63,7 +63,8 @@ def _config(root: Path, tokens: corpus.TokenSet, *, seed: int) -> WorkerConfig:
     manifest = Manifest.model_validate_json((FIXTURES / "manifests" / "fixture-small.json").read_bytes())
     run_plan = plan_run(manifest, BookedHardwareResource().hardware())
     sizing = stages.sizing_from_plan(stages.stage_plan(run_plan, "pretraining"), vocab_size=tokens.vocab_size,
-                                     world_size=WORLD_SIZE, seed=seed)
+                                     world_size=WORLD_SIZE, seed=seed,
+                                     eager_reason="a CPU host: compiling costs more than it saves here")
     suite_path = FIXTURES / "evals" / "ito-fixture-evals-v1.jsonl"
     return stages.worker_config(
         run_key=f"bench-{root.name}", stage=manifest.training_target.stages[0], policy=manifest.checkpoint_policy,
@@ -98,7 +99,7 @@ def _run(config: WorkerConfig, supervisor: SupervisorConfig, fault: tuple[int, i
         "faults": [{"kind": f.kind, "detection_s": round(f.detection_seconds, 2),
                     "recovery_s": None if f.recovery_seconds is None else round(f.recovery_seconds, 2)}
                    for f in report.faults],
-        "num_steps": config.num_steps, "batch_size": config.batch_size, "data_parallel": config.data_parallel.value,
+        "num_steps": config.num_steps, "batch_size": config.batch_size, "layout": config.layout.describe(),
         "eval": report.result["eval"] if report.result else None,
         "goodput": round(telemetry.goodput, 4),
         "badput_s": {k: round(v, 2) for k, v in telemetry.as_row().items() if k.startswith("badput_")},

@@ -17,6 +17,9 @@ from ito_assets.errors import ErrorCode, ItoError
 class Precision(str, enum.Enum):
     BF16 = "bf16"
     FP8 = "fp8"  # fp8 matmuls (torchao float8, tensorwise scaling) with bf16 everywhere else
+    # Full precision: the worker's exactness tests and debugging. The price model is of bf16
+    # matmuls, so the planner neither proposes nor accepts it.
+    FP32 = "fp32"
 
 
 class Checkpointing(str, enum.Enum):
@@ -40,6 +43,9 @@ class Layout:
     precision: Precision = Precision.BF16
     checkpointing: Checkpointing = Checkpointing.NONE
     micro_batch_size: int = 1  # sequences per GPU per forward/backward
+    # Regional torch.compile of the transformer blocks: the price model's matmul efficiency is a
+    # compiled step's, so every plan asks for it; the worker records why it ran eager if it did.
+    compile: bool = True
 
     def __post_init__(self) -> None:
         for name in (*MESH_DIMS, "micro_batch_size"):
@@ -48,6 +54,8 @@ class Layout:
                 raise ValueError(f"{name} must be a positive integer")
         object.__setattr__(self, "precision", Precision(self.precision))
         object.__setattr__(self, "checkpointing", Checkpointing(self.checkpointing))
+        if not isinstance(self.compile, bool):
+            raise ValueError("compile must be a boolean")
 
     @property
     def world_size(self) -> int:
@@ -69,7 +77,12 @@ class Layout:
 
     def describe(self) -> dict:
         return {**self.degrees(), "precision": self.precision.value, "checkpointing": self.checkpointing.value,
-                "micro_batch_size": self.micro_batch_size}
+                "micro_batch_size": self.micro_batch_size, "compile": self.compile}
+
+    @classmethod
+    def from_dict(cls, body: dict) -> "Layout":
+        """The inverse of `describe` (a plan's or a worker config's JSON)."""
+        return cls(**body)
 
 
 class RefusalReason(str, enum.Enum):
@@ -88,9 +101,11 @@ class RefusalReason(str, enum.Enum):
     CONTEXT_PARALLEL_INDIVISIBLE = "CONTEXT_PARALLEL_INDIVISIBLE"
     FP8_UNSUPPORTED_GPU = "FP8_UNSUPPORTED_GPU"
     FP8_LAYERS_TOO_SMALL = "FP8_LAYERS_TOO_SMALL"
+    FP32_NOT_PRICED = "FP32_NOT_PRICED"
     FULL_SHARD_OVER_SLOW_INTERCONNECT = "FULL_SHARD_OVER_SLOW_INTERCONNECT"
     OVER_MEMORY = "OVER_MEMORY"
     UNKNOWN_MODEL_SIZE = "UNKNOWN_MODEL_SIZE"
+    RUNTIME_CANNOT_TRAIN = "RUNTIME_CANNOT_TRAIN"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -2,11 +2,11 @@
 parallelism (Megatron column/row split with `parallelize_module`) inside, FSDP2 (`fully_shard`)
 over dp_shard x cp, HSDP when dp_replicate > 1; pipeline stages hold a slice of the layers.
 
-The training runtime's workers shard through it (`ito_assets.runtime.worker.distributed`), and the tests
-validate chosen plans' placements on torch's fake process group without GPUs
+The stage worker builds its mesh and parallelizes its model here (`ito_assets.runtime.worker.execution`),
+and the tests validate chosen plans' placements on torch's fake process group without GPUs
 (`init_process_group("fake", ...)`). Context parallelism is represented in the mesh and in FSDP's
 shard group; ring attention itself (torch's experimental `context_parallel`) is applied nowhere
-yet: the runtime refuses a plan with cp > 1 (`ito_assets.runtime.stage.curriculum.data_parallel_for`).
+yet, so the planner does not offer it (`ito_assets.training.capabilities`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import warnings
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from ito_assets.training.layout import Layout
@@ -74,17 +74,21 @@ def _tensor_parallel_plan(model: DecoderLM) -> dict:
     return {k: v for k, v in TENSOR_PARALLEL_PLAN.items() if k != "mlp.gate" or model.config.mlp == "swiglu"}
 
 
-def parallelize(model: DecoderLM, mesh: DeviceMesh, layout: Layout) -> DecoderLM:
-    """Apply tensor parallelism, then FSDP2 per block and at the root (torchtitan's order)."""
+def parallelize(model: DecoderLM, mesh: DeviceMesh, layout: Layout,
+                mixed_precision: MixedPrecisionPolicy | None = None) -> DecoderLM:
+    """Apply tensor parallelism, then FSDP2 per block and at the root (torchtitan's order), each
+    block its own unit (gathered just before its forward, freed after); the root holds the
+    embedding and the output head (tied weights must share a unit)."""
     if layout.tp > 1:
         plan = _tensor_parallel_plan(model)
         for block in model.blocks:
             parallelize_module(block, mesh["tp"], plan)
     if layout.shard_group > 1 or layout.dp_replicate > 1:
         fsdp_mesh = data_mesh(mesh, layout)
+        policy = mixed_precision or MixedPrecisionPolicy()
         for block in model.blocks:
-            fully_shard(block, mesh=fsdp_mesh)
-        fully_shard(model, mesh=fsdp_mesh)
+            fully_shard(block, mesh=fsdp_mesh, mp_policy=policy)
+        fully_shard(model, mesh=fsdp_mesh, mp_policy=policy)
     return model
 
 

@@ -15,6 +15,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 # config_by_name is re-exported: most callers name a configuration and build it in one breath.
 from ito_assets.training.model_config import ModelConfig, config_by_name  # noqa: F401
@@ -73,7 +74,12 @@ class Mlp(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm residual block: x + Attn(Norm(x)), then x + Mlp(Norm(x))."""
+    """Pre-norm residual block: x + Attn(Norm(x)), then x + Mlp(Norm(x)).
+
+    `body` is what runs: `residual`, or its torch.compile'd form; with `recompute` set, only the
+    block's input is kept for the backward pass and the rest is recomputed (activation
+    checkpointing). Both live inside `forward`, so that FSDP2's hooks on the block stay outside
+    them and the state-dict keys stay the same whatever the execution (torchtitan's order)."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -81,10 +87,17 @@ class Block(nn.Module):
         self.attention = Attention(config)
         self.mlp_norm = nn.RMSNorm(config.d_model, eps=config.norm_eps)
         self.mlp = Mlp(config)
+        self.recompute = False
+        self.body = self.residual
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def residual(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x), cos, sin)  # (B, T, D)
         return x + self.mlp(self.mlp_norm(x))  # (B, T, D)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.recompute and torch.is_grad_enabled():
+            return checkpoint(self.body, x, cos, sin, use_reentrant=False)
+        return self.body(x, cos, sin)
 
 
 class DecoderLM(nn.Module):

@@ -7,9 +7,10 @@ reason (`RefusalReason`) and surfaces as PLAN_REFUSED.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from itertools import product
 
+from ito_assets.training.capabilities import Capabilities, runtime_capabilities
 from ito_assets.training.cost import cost_cents, gpu_hours
 from ito_assets.training.hardware import SLOW_INTERCONNECT_BANDWIDTH, GpuSpec, Network, NetworkSpec
 from ito_assets.training.layout import Checkpointing, Layout, PlanRefused, Precision, Refusal, RefusalReason as R
@@ -60,6 +61,8 @@ class PlanRequest:
     num_training_tokens: int
     hardware: Hardware
     layout: Layout | None = None  # a proposed layout to judge instead of searching
+    # What the runtime can execute; the search never leaves it, a proposed layout outside it is refused.
+    capabilities: Capabilities = field(default_factory=runtime_capabilities)
 
     def __post_init__(self) -> None:
         _require(self.sequence_length >= 1, "sequence_length", "must be positive")
@@ -138,6 +141,8 @@ def _tensor_parallel(request: PlanRequest, layout: Layout) -> list[Refusal]:
 
 
 def _precision(request: PlanRequest, layout: Layout) -> list[Refusal]:
+    if layout.precision is Precision.FP32:
+        return [Refusal(reason=R.FP32_NOT_PRICED, detail="the price model is of bf16 matmuls; fp32 is for exactness tests")]
     if layout.precision is not Precision.FP8:
         return []
     if not request.hardware.gpu.supports_fp8:
@@ -146,6 +151,21 @@ def _precision(request: PlanRequest, layout: Layout) -> list[Refusal]:
     if share < MIN_FP8_FLOP_FRACTION:
         return [Refusal(reason=R.FP8_LAYERS_TOO_SMALL, detail=f"only {share:.0%} of matmul FLOPs are in layers large enough for fp8")]
     return []
+
+
+def _capability(request: PlanRequest, layout: Layout) -> list[Refusal]:
+    can, missing = request.capabilities, []
+    if layout.tp > 1 and not can.tensor_parallel:
+        missing.append("tensor parallelism")
+    if layout.pp > 1 and not can.pipeline_parallel:
+        missing.append("pipeline parallelism")
+    if layout.cp > 1 and not can.context_parallel:
+        missing.append("context parallelism")
+    if layout.precision is Precision.FP8 and not can.fp8:
+        missing.append("fp8")
+    if not missing:
+        return []
+    return [Refusal(reason=R.RUNTIME_CANNOT_TRAIN, detail="the stage runtime has no " + ", ".join(missing))]
 
 
 def _fits(request: PlanRequest, layout: Layout) -> bool:
@@ -181,7 +201,8 @@ def _wasteful(request: PlanRequest, layout: Layout) -> list[Refusal]:
 
 def refusals_of(request: PlanRequest, layout: Layout) -> tuple[Refusal, ...]:
     """Every reason to refuse `layout` for `request`; empty when the layout is acceptable."""
-    found = _structural(request, layout) + _tensor_parallel(request, layout) + _precision(request, layout)
+    found = (_capability(request, layout) + _structural(request, layout) + _tensor_parallel(request, layout)
+             + _precision(request, layout))
     memory = estimate_memory(request.model, layout, request.sequence_length, request.hardware.gpu)
     if not memory.fits:
         found.append(Refusal(reason=R.OVER_MEMORY, detail=f"needs {memory.total / 2**30:.1f} GiB of {memory.capacity / 2**30:.1f} GiB per GPU"))
@@ -194,16 +215,19 @@ def refusals_of(request: PlanRequest, layout: Layout) -> tuple[Refusal, ...]:
 
 
 def candidate_layouts(request: PlanRequest) -> list[Layout]:
-    world = request.hardware.world_size
+    """Every layout of the booking's world within the runtime's capabilities."""
+    world, can = request.hardware.world_size, request.capabilities
     per_rank = request.global_batch_sequences
     layouts = []
     degrees = [d for d in _POWERS_OF_TWO if world % d == 0]
-    for tp, pp, cp in product(degrees, degrees, degrees):
+    precisions = [Precision.BF16, *([Precision.FP8] if can.fp8 else [])]
+    for tp, pp, cp in product(*(degrees if able else [1] for able in
+                                (can.tensor_parallel, can.pipeline_parallel, can.context_parallel))):
         if world % (tp * pp * cp):
             continue
         rest = world // (tp * pp * cp)
         for replicate in (d for d in range(1, rest + 1) if rest % d == 0):
-            for precision, checkpointing, micro in product(Precision, Checkpointing, _POWERS_OF_TWO):
+            for precision, checkpointing, micro in product(precisions, Checkpointing, _POWERS_OF_TWO):
                 if micro > per_rank:
                     continue
                 layouts.append(Layout(dp_replicate=replicate, dp_shard=rest // replicate, tp=tp, pp=pp, cp=cp,

@@ -17,6 +17,7 @@ from kubernetes.client.exceptions import ApiException  # noqa: E402
 from ito_assets.launch.backend import BackendKind, LaunchConfig  # noqa: E402
 from ito_assets.launch.kubernetes import KubernetesBackend, KubernetesSettings  # noqa: E402
 from ito_assets.runtime.stage.config import RESULT_NAME, WorkerConfig  # noqa: E402
+from ito_assets.training.layout import Layout  # noqa: E402
 from ito_assets.runtime.supervision.launch import worker_spec  # noqa: E402
 from ito_assets.runtime.supervision.supervisor import Supervisor, SupervisorConfig  # noqa: E402
 
@@ -202,4 +203,4 @@ def _worker(root: Path) -> WorkerConfig:
                         tokens_path=str(root / "train.npy"), heldout_path=None,
                         stage_dir=str(root / "checkpoints" / "pretraining"), heartbeat_dir=str(root / "heartbeats"),
                         metrics_path=str(root / "metrics.jsonl"), num_steps=24, batch_size=8, sequence_length=32,
-                        interval_steps=8, keep_last=3, launched_at=time.time())
+                        interval_steps=8, keep_last=3, launched_at=time.time(), layout=Layout(dp_shard=2))

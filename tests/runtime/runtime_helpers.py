@@ -9,13 +9,21 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from ito_assets.runtime.checkpoint import markers
 from ito_assets.runtime.record import events
 from ito_assets.runtime.stage.config import WorkerConfig
 from ito_assets.runtime.supervision.launch import worker_command
 from ito_assets.runtime.record.storage import write_atomic
+from ito_assets.training.layout import Layout
 
 VOCAB = 512
+# fp32, eager, each rank's rows in one micro-batch: the layouts whose runs compare bit for bit.
+EXACT_DDP = Layout(dp_replicate=2, precision="fp32", compile=False, micro_batch_size=8)  # DDP on any ranks
+EXACT_FSDP = Layout(dp_shard=2, precision="fp32", compile=False, micro_batch_size=8)  # FSDP2 on 2 ranks
 
 
 def write_tokens(folder: Path, *, num_tokens: int = 40_000, seed: int = 0) -> tuple[Path, Path]:
@@ -40,6 +48,7 @@ def worker_config(root: Path, tokens: tuple[Path, Path], **changes) -> WorkerCon
         stage_dir=str(root / "checkpoints" / "pretraining"), heartbeat_dir=str(root / "heartbeats"),
         metrics_path=str(root / "metrics.jsonl"), num_steps=24, batch_size=8, sequence_length=32,
         interval_steps=8, keep_last=3, eval_windows=8, eval_sequence_length=32, launched_at=time.time(),
+        layout=EXACT_DDP, deterministic=True,
     )
     return replace(base, **changes)
 
@@ -70,3 +79,14 @@ def step_losses(stage_dir: Path) -> dict[int, float]:
         if event.kind is events.EventKind.STEP:
             found[event.step] = event.loss
     return found
+
+
+def final_weights(stage_dir: Path, step: int) -> dict[str, torch.Tensor]:
+    """The model and optimizer tensors of a checkpoint, whatever layout saved it (DCP reshards)."""
+    folder = markers.checkpoint_dir(stage_dir, step)
+    metadata = dcp.FileSystemReader(str(folder)).read_metadata()
+    state = {key: torch.empty(meta.size, dtype=meta.properties.dtype)
+             for key, meta in metadata.state_dict_metadata.items()
+             if isinstance(meta, TensorStorageMetadata) and (key.startswith("model.") or key.startswith("optim."))}
+    dcp.load(state, checkpoint_id=str(folder), no_dist=True)
+    return state

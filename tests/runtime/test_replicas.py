@@ -60,7 +60,8 @@ def test_the_ranks_split_into_groups_by_nodes_first():
     assert replica_groups_for(Layout(dp_shard=8), nnodes=1, nproc_per_node=8) == 1
     assert group_supervision(SUPERVISION, 2).nproc_per_node == 1
     with pytest.raises(ValueError, match="divisible by replica_groups"):
-        StageSizing(model="micro", vocab_size=512, batch_size=6, world_size=3, replica_groups=2)
+        StageSizing(model="micro", vocab_size=512, batch_size=6, world_size=3, replica_groups=2,
+                    layout=Layout(dp_replicate=3))
 
 
 def test_only_group_zero_keeps_the_stage_folder(tmp_path, tokens):

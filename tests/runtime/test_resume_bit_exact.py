@@ -15,7 +15,7 @@ from ito_assets.runtime.record import events
 from ito_assets.runtime.checkpoint import markers
 from ito_assets.runtime.stage.config import RESULT_NAME
 from ito_assets.runtime.worker.main import EXIT_STOPPED
-from runtime_helpers import finish, run_worker, start_worker, step_losses, worker_config
+from runtime_helpers import EXACT_DDP, EXACT_FSDP, final_weights, finish, run_worker, start_worker, step_losses, worker_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
 
@@ -27,28 +27,17 @@ def _num_shards(stage_dir: Path, step: int) -> set[int]:
             if key.startswith("model.") and hasattr(meta, "chunks")}
 
 
-def _final_weights(stage_dir: Path, step: int) -> dict[str, torch.Tensor]:
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    folder = markers.checkpoint_dir(stage_dir, step)
-    metadata = dcp.FileSystemReader(str(folder)).read_metadata()
-    state = {key: torch.empty(meta.size, dtype=meta.properties.dtype)
-             for key, meta in metadata.state_dict_metadata.items()
-             if isinstance(meta, TensorStorageMetadata) and (key.startswith("model.") or key.startswith("optim."))}
-    dcp.load(state, checkpoint_id=str(folder), no_dist=True)
-    return state
-
-
 @pytest.mark.parametrize("data_parallel", ["ddp", "fsdp2"])
 def test_straight_and_resumed_runs_are_identical(tmp_path, tokens, data_parallel):
-    straight = worker_config(tmp_path / "straight", tokens, data_parallel=data_parallel)
-    halves = worker_config(tmp_path / "halves", tokens, stop_after_step=12, data_parallel=data_parallel)
+    layout = EXACT_FSDP if data_parallel == "fsdp2" else EXACT_DDP
+    straight = worker_config(tmp_path / "straight", tokens, layout=layout)
+    halves = worker_config(tmp_path / "halves", tokens, stop_after_step=12, layout=layout)
     running = start_worker(straight, nproc=2)  # two launches at once: start-up dominates on CPU
     first = run_worker(halves, nproc=2)
     done = finish(running)
     assert done.returncode == 0, done.stderr[-3000:]
     assert first.returncode != 0 and f"exitcode  : {EXIT_STOPPED}" in first.stderr, first.stderr[-3000:]
-    second = run_worker(worker_config(tmp_path / "halves", tokens, attempt=1, data_parallel=data_parallel), nproc=2)
+    second = run_worker(worker_config(tmp_path / "halves", tokens, attempt=1, layout=layout), nproc=2)
     assert second.returncode == 0, second.stderr[-3000:]
 
     resumed = [e for e in events.read(Path(halves.stage_dir)) if e.kind is events.EventKind.RESUME]
@@ -56,7 +45,7 @@ def test_straight_and_resumed_runs_are_identical(tmp_path, tokens, data_parallel
     expected, got = step_losses(Path(straight.stage_dir)), step_losses(Path(halves.stage_dir))
     assert sorted(got) == list(range(1, 25))
     assert got == expected  # exact float equality, step by step, including steps 13-24
-    a, b = _final_weights(Path(straight.stage_dir), 24), _final_weights(Path(halves.stage_dir), 24)
+    a, b = final_weights(Path(straight.stage_dir), 24), final_weights(Path(halves.stage_dir), 24)
     assert a.keys() == b.keys() and len(a) > 10
     assert all(torch.equal(a[key], b[key]) for key in a)
     assert _num_shards(Path(straight.stage_dir), 24) == ({2} if data_parallel == "fsdp2" else {1})

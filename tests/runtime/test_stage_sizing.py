@@ -1,5 +1,5 @@
-"""What the plan decides for a stage (model, global batch, DDP or FSDP2) and what this machine
-decides (ranks, seed, an optional smaller batch)."""
+"""What the plan decides for a stage (model, global batch, its layout) and what this machine
+decides (ranks, seed, an optional smaller batch), with every change to the plan's layout named."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import pytest
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.schema import Manifest
 from ito_assets.runtime.stage import curriculum as stages
-from ito_assets.runtime.stage.config import DataParallel, WorkerConfig
+from ito_assets.runtime.stage.config import WorkerConfig
+from ito_assets.runtime.stage.fitting import fit_layout, per_group
 from ito_assets.training.hardware import gpu_spec, network_spec
 from ito_assets.training.layout import Layout
 from ito_assets.training.planner import Hardware
@@ -28,27 +29,62 @@ def _plan(gpus_per_node: int):
     return manifest, plan_run(manifest, hardware)
 
 
-def test_the_stage_takes_the_plans_batch_and_strategy():
+def test_the_stage_takes_the_plans_batch_and_layout():
     manifest, run_plan = _plan(8)
     plan = stages.stage_plan(run_plan, "pretraining")
-    sizing = stages.sizing_from_plan(plan, vocab_size=2048, world_size=2, seed=1)
-    assert (sizing.model, sizing.batch_size, sizing.data_parallel) == ("tiny", plan.request.global_batch_sequences,
-                                                                       DataParallel.FSDP2)
     assert plan.layout.dp_shard == 8
+    on_the_booking = stages.sizing_from_plan(plan, vocab_size=2048, world_size=8, seed=1)
+    assert on_the_booking.layout == plan.layout and on_the_booking.layout_fallbacks == ()
+    sizing = stages.sizing_from_plan(plan, vocab_size=2048, world_size=2, seed=1)
+    assert (sizing.model, sizing.batch_size) == ("tiny", plan.request.global_batch_sequences)
+    assert (sizing.layout.dp_shard, sizing.layout.precision, sizing.layout.compile) == (2, plan.layout.precision, True)
+    assert [f.field for f in sizing.layout_fallbacks] == ["dp_shard"]
     # At the plan's batch the stage trains exactly the plan's number of steps.
     assert stages.num_steps(manifest.training_target.stages[0], sizing.batch_size) == plan.num_steps
 
 
-def test_a_layout_that_only_replicates_trains_under_ddp():
-    assert stages.data_parallel_for(Layout(dp_replicate=8)) is DataParallel.DDP
-    assert stages.data_parallel_for(Layout()) is DataParallel.DDP
-    assert stages.data_parallel_for(Layout(dp_replicate=2, dp_shard=4)) is DataParallel.FSDP2
+@pytest.mark.parametrize("planned,world,groups,fitted", [
+    (Layout(dp_replicate=8), 2, 1, Layout(dp_replicate=2)),  # replication stays DDP
+    (Layout(dp_shard=8), 1, 1, Layout()),  # one rank
+    (Layout(dp_replicate=2, dp_shard=4), 8, 1, Layout(dp_replicate=2, dp_shard=4)),  # HSDP on the booking
+    (Layout(dp_replicate=2, dp_shard=4), 4, 1, Layout(dp_replicate=2, dp_shard=2)),  # shards of 2 still
+    (Layout(dp_replicate=2, dp_shard=4), 2, 1, Layout(dp_shard=2)),  # shards of 1 would not shard
+    (Layout(dp_replicate=2, dp_shard=4), 8, 2, Layout(dp_replicate=2, dp_shard=4)),  # torchft groups replicate
+    (Layout(tp=2, dp_shard=4), 2, 1, Layout(tp=2)),  # tp divides the ranks: kept
+    (Layout(tp=4, dp_shard=2), 2, 1, Layout(dp_shard=2)),  # tp does not: dropped, with its reason
+])
+def test_the_layout_is_fitted_to_the_ranks_that_exist(planned, world, groups, fitted):
+    got, fallbacks = fit_layout(planned, world_size=world, replica_groups=groups, batch_size=64)
+    assert got == fitted and got.world_size == world
+    assert {f.field for f in fallbacks} == {n for n in ("tp", "dp_replicate", "dp_shard")
+                                            if getattr(planned, n) != getattr(fitted, n)}
+    assert all(f"{world} rank(s) here" in f.reason for f in fallbacks)
+    assert per_group(got, groups).world_size == world // groups
+
+
+@pytest.mark.parametrize("micro,per_rank,ran", [(4, 8, 4), (4, 4, 4), (4, 2, 2), (8, 12, 4), (1, 5, 1)])
+def test_the_micro_batch_divides_each_ranks_rows(micro, per_rank, ran):
+    layout, fallbacks = fit_layout(Layout(dp_shard=2, micro_batch_size=micro), world_size=2, replica_groups=1,
+                                   batch_size=2 * per_rank)
+    assert layout.micro_batch_size == ran
+    assert [f.to_dict() for f in fallbacks] == ([] if ran == micro else [
+        {"field": "micro_batch_size", "planned": micro, "ran": ran,
+         "reason": f"each rank's share of the batch is {per_rank} sequence(s)"}])
+
+
+def test_compile_off_on_this_host_is_a_named_fallback():
+    reason = "turned off in the training runtime resource"
+    layout, fallbacks = fit_layout(Layout(), world_size=1, replica_groups=1, batch_size=8, eager_reason=reason)
+    assert not layout.compile
+    assert [f.to_dict() for f in fallbacks] == [{"field": "compile", "planned": True, "ran": False,
+                                                "reason": "turned off in the training runtime resource"}]
 
 
 def test_a_plan_this_runtime_cannot_train_is_refused():
-    with pytest.raises(ItoError) as caught:
-        stages.data_parallel_for(Layout(dp_shard=4, tp=2))
-    assert caught.value.code is ErrorCode.CAPABILITY_MISSING
+    for planned in (Layout(pp=2), Layout(cp=2)):
+        with pytest.raises(ItoError) as caught:
+            fit_layout(planned, world_size=2, replica_groups=1, batch_size=8)
+        assert caught.value.code is ErrorCode.CAPABILITY_MISSING
     _, run_plan = _plan(1)
     with pytest.raises(ItoError) as missing:
         stages.stage_plan(replace(run_plan, stages=run_plan.stages[:1]), "long_context")
@@ -59,11 +95,11 @@ def test_the_runtime_may_override_the_batch_but_not_split_it_unevenly():
     _, run_plan = _plan(8)
     plan = stages.stage_plan(run_plan, "pretraining")
     assert stages.sizing_from_plan(plan, vocab_size=2048, world_size=2, seed=0, batch_size=8).batch_size == 8
-    with pytest.raises(ValueError, match="divisible by world_size"):
+    with pytest.raises(ValueError, match="does not split over 2 data-parallel ranks"):
         stages.sizing_from_plan(plan, vocab_size=2048, world_size=2, seed=0, batch_size=7)
 
 
-def test_the_worker_config_carries_strategy_and_battery(tmp_path):
+def test_the_worker_config_carries_layout_and_battery(tmp_path):
     manifest, run_plan = _plan(8)
     sizing = stages.sizing_from_plan(stages.stage_plan(run_plan, "pretraining"), vocab_size=2048, world_size=2, seed=0)
     config = stages.worker_config(
@@ -72,12 +108,13 @@ def test_the_worker_config_carries_strategy_and_battery(tmp_path):
         heldout_path=tmp_path / "heldout.npy", init_from=None, tokenizer_path=str(tmp_path / "tokenizer.json"),
         eval_suite_path=str(tmp_path / "suite.jsonl"), eval_suite_sha256="sha256:" + "0" * 64)
     again = WorkerConfig.from_json(config.to_json())
-    assert again == config and again.data_parallel is DataParallel.FSDP2
-    assert json.loads(config.to_json())["data_parallel"] == "fsdp2"
+    assert again == config and again.layout == sizing.layout and again.layout_fallbacks == sizing.layout_fallbacks
+    body = json.loads(config.to_json())
+    assert body["layout"]["dp_shard"] == 2 and body["layout_fallbacks"][0]["field"] == "dp_shard"
     with pytest.raises(ValueError, match="set together"):
         replace(config, eval_suite_sha256=None)
     with pytest.raises(ValueError):
-        replace(config, data_parallel="zero3")
+        WorkerConfig.from_json(config.to_json().replace('"precision": "bf16"', '"precision": "fp16"'))
 
 
 def test_the_launcher_takes_the_plans_node_and_gpu_counts_unless_set():

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import torch
 
-from ito_assets.runtime.stage.config import DataParallel
-from ito_assets.runtime.worker.distributed import data_parallel
+from ito_assets.runtime.worker.execution import prepare
+from ito_assets.training.layout import Layout
 from ito_assets.runtime.worker.main import StageWorker
 from ito_assets.training.model import build_model, config_by_name
 from ito_assets.training.optim import adamw
@@ -27,7 +27,9 @@ class _SlowStager:
 def _worker(checkpointer) -> StageWorker:
     model = build_model(config_by_name("micro"), seed=0)
     worker = object.__new__(StageWorker)  # one step's state only: no process group is needed
-    worker.model, worker.parallel = model, data_parallel(model, DataParallel.DDP, 1, torch.device("cpu"))
+    worker.model = model
+    worker.execution = prepare(model, Layout(precision="fp32", compile=False, micro_batch_size=2), (),
+                               device=torch.device("cpu"), world_size=1)
     worker.optimizer = adamw(model, learning_rate=1e-3, betas=(0.9, 0.95), weight_decay=0.0)
     worker.replicas = None
     worker.group = SimpleNamespace(device=torch.device("cpu"))

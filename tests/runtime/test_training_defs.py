@@ -175,7 +175,11 @@ def test_the_stages_train_through_pipes_with_gates_and_telemetry(tmp_path, insta
     assert mid.stage == "mid_training" and mid.num_steps == 10 and mid.gate["compared_with"] == "pretraining"
     assert {c["metric"] for c in mid.gate["checks"]} == {"heldout_loss", "answer_loss"}  # the whole battery
     config = json.loads((Path(mid.stage_dir) / "stage.json").read_text())
-    assert (config["batch_size"], config["data_parallel"]) == (PLAN_BATCH, "fsdp2")  # the plan's (dp_shard 8)
+    # The plan's layout (dp_shard 8 on the booking) on this host's one rank, each change named.
+    assert config["batch_size"] == PLAN_BATCH and config["layout"]["dp_shard"] == 1
+    assert {f["field"] for f in config["layout_fallbacks"]} >= {"dp_shard", "compile"}
+    ran = json.loads((Path(mid.stage_dir) / "result.json").read_text())["layout"]
+    assert ran["ran"] == config["layout"] and mid.layout == ran
     assert result.output_for_node("long_context_checkpoint") == mid  # not in the manifest: carried forward
     pipes_metrics = [e for e in instance.all_logs(result.run_id) if "[pretraining] attempt 0" in (e.user_message or "")]
     assert pipes_metrics, "rank 0 logs through Dagster Pipes"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ito_assets.errors import ErrorCode
+from ito_assets.training.capabilities import Capabilities
 from ito_assets.training.hardware import GIB, gpu_spec, network_spec
 from ito_assets.training.layout import Checkpointing, Layout, PlanRefused, RefusalReason as R
 from ito_assets.training.memory import estimate_memory
@@ -20,8 +21,9 @@ def hardware(gpu: str = "H100-SXM", nodes: int = 1, per_node: int = 8, network: 
 def request(model: str, hw: Hardware, *, seq: int = 2048, batch: int | None = None, layout: Layout | None = None) -> PlanRequest:
     config = config_by_name(model)
     batch = batch or default_global_batch_sequences(config, seq, hw.world_size)
+    # Every capability: these are the price model's rules, whatever this runtime can train today.
     return PlanRequest(model=config, sequence_length=seq, global_batch_sequences=batch, num_training_tokens=10**9,
-                       hardware=hw, layout=layout)
+                       hardware=hw, layout=layout, capabilities=Capabilities.everything())
 
 
 FULL = Checkpointing.FULL
@@ -40,6 +42,7 @@ CASES = [
     (R.CONTEXT_PARALLEL_INDIVISIBLE, "proxy-150m", hardware(), Layout(cp=8), {"seq": 1000, "batch": 8}),
     (R.FP8_UNSUPPORTED_GPU, "llama3-8b", hardware(gpu="A100-80GB"), Layout(dp_shard=8, precision="fp8", checkpointing=FULL), {"seq": 8192}),
     (R.FP8_LAYERS_TOO_SMALL, "proxy-150m", hardware(), Layout(dp_shard=8, precision="fp8"), {}),
+    (R.FP32_NOT_PRICED, "proxy-150m", hardware(), Layout(dp_shard=8, precision="fp32"), {}),
     (R.FULL_SHARD_OVER_SLOW_INTERCONNECT, "llama3-8b", hardware(nodes=2, network="ethernet"), Layout(dp_shard=16, checkpointing=FULL), {"seq": 8192}),
     (R.OVER_MEMORY, "llama3-70b", hardware(), Layout(dp_shard=8, checkpointing=FULL), {"seq": 8192}),
 ]
@@ -56,7 +59,7 @@ def test_each_refusal_has_its_stable_reason(reason, model, hw, layout, extra):
 
 
 def test_every_reason_has_a_case():
-    covered = {case[0] for case in CASES} | {R.UNKNOWN_MODEL_SIZE}  # that one: test_run_plan.py
+    covered = {case[0] for case in CASES} | {R.UNKNOWN_MODEL_SIZE, R.RUNTIME_CANNOT_TRAIN}  # test_run_plan.py, below
     assert covered == set(R)
 
 
@@ -108,3 +111,52 @@ def test_request_validation_names_the_field():
         Layout(tp=0)
     with pytest.raises(ValueError, match="gpu_type"):
         gpu_spec("TPUv5")
+
+
+# --- the runtime's capability set -------------------------------------------------------------
+
+
+def _runtime_request(model: str, hw: Hardware, *, seq: int = 2048, layout: Layout | None = None,
+                     capabilities: Capabilities = Capabilities()) -> PlanRequest:
+    config = config_by_name(model)
+    return PlanRequest(model=config, sequence_length=seq, num_training_tokens=10**9, hardware=hw, layout=layout,
+                       global_batch_sequences=default_global_batch_sequences(config, seq, hw.world_size),
+                       capabilities=capabilities)
+
+
+@pytest.mark.parametrize("model,hw,seq", [("proxy-150m", hardware(), 2048), ("llama3-8b", hardware(nodes=2), 8192),
+                                          ("llama3-70b", hardware(nodes=8), 8192)])
+def test_the_search_stays_within_what_the_runtime_trains(model, hw, seq):
+    req = _runtime_request(model, hw, seq=seq)
+    candidates = candidate_layouts(req)
+    assert candidates and all(c.pp == 1 and c.cp == 1 and c.precision.value == "bf16" for c in candidates)
+    assert any(c.tp > 1 for c in candidates)  # tensor parallelism is a runtime capability
+    chosen = plan(req).layout
+    assert chosen.pp == chosen.cp == 1 and chosen.precision.value == "bf16" and chosen.compile
+
+
+@pytest.mark.parametrize("layout,missing", [
+    (Layout(pp=2, dp_shard=4), "pipeline parallelism"), (Layout(cp=2, dp_shard=4), "context parallelism"),
+    (Layout(dp_shard=8, precision="fp8"), "fp8"),
+])
+def test_a_proposed_layout_the_runtime_cannot_train_is_refused(layout, missing):
+    with pytest.raises(PlanRefused) as raised:
+        plan(_runtime_request("proxy-150m", hardware(), layout=layout))
+    assert "RUNTIME_CANNOT_TRAIN" in raised.value.reasons
+    assert missing in str(refusals_of(_runtime_request("proxy-150m", hardware(), layout=layout), layout))
+
+
+def test_fp8_is_offered_once_the_runtime_has_it():
+    req = _runtime_request("llama3-8b", hardware(nodes=2), seq=8192, capabilities=Capabilities(fp8=True))
+    assert any(c.precision.value == "fp8" for c in candidate_layouts(req))
+    assert "RUNTIME_CANNOT_TRAIN" not in {r.reason.value for r in refusals_of(req, Layout(dp_shard=16, precision="fp8"))}
+
+
+def test_the_default_capabilities_are_the_workers():
+    from ito_assets.training.capabilities import runtime_capabilities
+
+    request = PlanRequest(model=config_by_name("tiny"), sequence_length=128, global_batch_sequences=8,
+                          num_training_tokens=10**6, hardware=hardware(gpu="CPU", per_node=1))
+    assert request.capabilities == runtime_capabilities()
+    can = request.capabilities
+    assert can.tensor_parallel and not (can.pipeline_parallel or can.context_parallel or can.fp8)

@@ -11,6 +11,7 @@ import pytest
 
 from ito_assets.errors import ErrorCode
 from ito_assets.training.cost import cost_cents, gpu_hours
+from ito_assets.training.capabilities import Capabilities
 from ito_assets.training.hardware import GB, GIB, Network, NetworkSpec, gpu_spec, network_spec
 from ito_assets.training.layout import Checkpointing, Layout, PlanRefused, Precision, Refusal, RefusalReason as R
 from ito_assets.training.memory import FIXED_RESERVE_BYTES, FRAGMENTATION_FRACTION, estimate_memory
@@ -48,7 +49,7 @@ def hw(*, gpu=H100, nodes: int = 1, per_node: int = 1, network="infiniband", pri
 def req(config: ModelConfig, hardware: Hardware, *, seq: int = 2048, batch: int = 8, tokens: int = 10**9,
         layout: Layout | None = None) -> PlanRequest:
     return PlanRequest(model=config, sequence_length=seq, global_batch_sequences=batch, num_training_tokens=tokens,
-                       hardware=hardware, layout=layout)
+                       hardware=hardware, layout=layout, capabilities=Capabilities.everything())
 
 
 def reasons(request: PlanRequest, layout: Layout) -> list[str]:

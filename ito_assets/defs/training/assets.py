@@ -1,7 +1,7 @@
 """The curriculum as assets: token shards, one checkpoint asset per stage, and desk telemetry.
 
-Each stage asset sizes its stage from the plan (global batch, DDP or FSDP2, torchft replica groups
-where the plan replicates) and calls the runtime's stage entry points
+Each stage asset sizes its stage from the plan (global batch, the layout fitted to this host's
+ranks, torchft replica groups where the plan replicates) and calls the runtime's stage entry points
 (`ito_assets.runtime.stage.run`): `prepare`, the supervisor's command run through Dagster Pipes,
 then `conclude` (the eval gate, the verdict, the ledger); it only adds metadata. Gates are enforced
 here, before the first step: the ledger's authorization of the run (`run_authorization`), and the
@@ -114,13 +114,15 @@ class _StageResources:
 
 
 def _stage_config(res: _StageResources, manifest: Manifest, stage, plan: PlanOutcome, run_id: str,
-                  layout: RunLayout, tokens, previous, nnodes: int, nproc: int):
+                  layout: RunLayout, tokens, previous, nnodes: int, nproc: int, has_cuda: bool):
     suite_path, suite = _eval_suite(res.ito, manifest)
     stage_plan = stages.stage_plan(plan.run_plan, stage.name)
     replicas = (stages.replica_groups_for(stage_plan.layout, nnodes=nnodes, nproc_per_node=nproc)
                 if res.runtime.replica_groups else 1)
     sizing = stages.sizing_from_plan(stage_plan, vocab_size=tokens.vocab_size, world_size=nnodes * nproc,
-                                     seed=res.runtime.seed, batch_size=res.runtime.batch_size, replica_groups=replicas)
+                                     seed=res.runtime.seed, batch_size=res.runtime.batch_size, replica_groups=replicas,
+                                     eager_reason=res.runtime.eager_reason(has_cuda=has_cuda),
+                                     deterministic=res.runtime.deterministic)
     return stages.worker_config(
         run_key=run_id, stage=stage, policy=manifest.checkpoint_policy, layout=layout, sizing=sizing,
         tokens_path=Path(tokens.train_path), heldout_path=Path(tokens.heldout_path),
@@ -146,10 +148,13 @@ def _run_stage(context, res: _StageResources, inputs: dict, previous, name: str)
         layout = RunLayout.for_run(checkpoint_dir, run_id)
         VerdictStore(layout.run_dir).ensure_not_failed(STAGE_ORDER[: STAGE_ORDER.index(name) + 1])
         _require_plan(plan)
-        nnodes, nproc = res.launcher.counts(plan.run_plan.hardware, has_cuda=torch.cuda.is_available())
-        config = _stage_config(res, manifest, stage, plan, run_id, layout, tokens, previous, nnodes, nproc)
+        has_cuda = torch.cuda.is_available()
+        nnodes, nproc = res.launcher.counts(plan.run_plan.hardware, has_cuda=has_cuda)
+        config = _stage_config(res, manifest, stage, plan, run_id, layout, tokens, previous, nnodes, nproc, has_cuda)
     except ItoError as error:
         raise failure(error) from None
+    except ValueError as error:  # a batch that does not split over this host's data-parallel ranks
+        raise dg.Failure(description=f"training_runtime: {error}") from None
     try:  # the launcher's settings are checked before the supervisor starts
         supervisor = dataclasses.replace(res.runtime.supervisor(nnodes=nnodes, nproc_per_node=nproc),
                                          launch=res.launcher.launch_config(nproc))
@@ -181,8 +186,9 @@ def _stage_asset(name: str, upstream: str | None):
         partitions_def=manifests_partitions,
         ins=ins,
         description=f"The {name} stage's final checkpoint (torch.distributed.checkpoint), trained out of process "
-        f"under the supervisor from the previous stage's, with the plan's global batch and data-parallel layout "
-        f"(DDP or FSDP2) on the plan's nodes (`training_launcher`); the previous one carried forward when the "
+        f"under the supervisor from the previous stage's, with the plan's global batch and layout (degrees, "
+        f"precision, activation checkpointing, micro-batch, compile; what fell back is in `layout_fallbacks`) "
+        f"on the plan's nodes (`training_launcher`); the previous one carried forward when the "
         f"manifest has no {name} stage.",
     )
 

@@ -31,6 +31,12 @@ class TrainingRuntimeResource(dg.ConfigurableResource):
     # True: a plan that replicates (dp_replicate > 1) trains as torchft replica groups that heal each
     # other (`ito_assets.runtime.supervision.replicas`); False: one DDP/FSDP2 group over all ranks.
     replica_groups: bool = True
+    # torch.compile of the blocks, as every plan asks. None: on GPU hosts only. On the 2-core CPU
+    # host, compiling the tiny model's blocks took 16-31 s per rank and the steady step was no
+    # faster (224 against 232 ms in bf16; docs/performance.md), so a CPU stage runs eager.
+    compile: Optional[bool] = None
+    # Deterministic kernels (a bit-exact resume on GPUs, at some speed).
+    deterministic: bool = False
     hang_timeout_s: float = SupervisorConfig.hang_timeout_s
     startup_timeout_s: float = SupervisorConfig.startup_timeout_s
     poll_interval_s: float = SupervisorConfig.poll_interval_s
@@ -41,6 +47,14 @@ class TrainingRuntimeResource(dg.ConfigurableResource):
     # Used when the manifest sets no `eval_gate`.
     min_improvement_bands: float = MIN_IMPROVEMENT_BANDS
     max_regression_bands: float = MAX_REGRESSION_BANDS
+
+    def eager_reason(self, *, has_cuda: bool) -> str | None:
+        """Why this host's stages run without torch.compile, or None when they compile."""
+        if self.compile is False:
+            return "turned off in the training runtime resource (compile: false)"
+        if self.compile is None and not has_cuda:
+            return "a CPU host: compiling costs more than it saves here (training_runtime.compile unset)"
+        return None
 
     def supervisor(self, *, nnodes: int, nproc_per_node: int) -> SupervisorConfig:
         """The supervisor's bounds for an attempt of `nnodes` x `nproc_per_node` ranks (`training_launcher`)."""

@@ -1,6 +1,6 @@
 """What a stage asset shows in the UI about the outcome it hands downstream
 (`ito_assets.runtime.stage.run.StageCheckpoint`): its final checkpoint, evals, eval-gate verdict,
-attempts, goodput and loss curve, read from the files the runtime wrote."""
+attempts, goodput, loss curve and the layout it ran, read from the files the runtime wrote."""
 
 from pathlib import Path
 
@@ -39,4 +39,14 @@ def outcome_metadata(outcome: StageCheckpoint) -> dict:
         "checkpoint_blocking_seconds": telemetry.checkpoint_blocking_seconds,
         "checkpoint_bandwidth_bytes_per_second": telemetry.checkpoint_bandwidth_bytes_per_second,
         "loss_curve": dg.MetadataValue.md(_loss_table(stage_dir)),
+        **_layout_metadata(outcome.layout),
     }
+
+
+def _layout_metadata(layout: dict) -> dict:
+    """The layout the worker ran and every field that differs from the plan's, with its reason."""
+    if not layout:
+        return {}
+    rows = "\n".join(f"| {f['field']} | {f['planned']} | {f['ran']} | {f['reason']} |" for f in layout["fallbacks"])
+    return {"layout_ran": dg.MetadataValue.json(layout["ran"]), "num_layout_fallbacks": len(layout["fallbacks"]),
+            "layout_fallbacks": dg.MetadataValue.md(f"| field | planned | ran | why |\n|---|---|---|---|\n{rows}")}

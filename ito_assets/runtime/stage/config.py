@@ -8,26 +8,19 @@ starts.
 
 from __future__ import annotations
 
-import enum
 import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from ito_assets.runtime.stage.fitting import Fallback
 from ito_assets.runtime.supervision.spikes import SpikeConfig
+from ito_assets.training.layout import Layout
 
 # The heldout evaluation reads at most this many windows: enough for a stable mean on the
 # fixture corpora (64 x 128 tokens), bounded so that an eval never dominates a tiny stage.
 DEFAULT_EVAL_WINDOWS = 64
 # What rank 0 writes into the stage folder when the stage has finished: final checkpoint and evals.
 RESULT_NAME = "result.json"
-
-
-class DataParallel(str, enum.Enum):
-    """How the ranks share the model (`distributed.data_parallel`): replicas whose gradients are
-    all-reduced, or FSDP2 shards of parameters, gradients and optimizer state."""
-
-    DDP = "ddp"
-    FSDP2 = "fsdp2"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,7 +41,13 @@ class WorkerConfig:
     keep_last: int
     seed: int = 0
     learning_rate: float = 3e-3  # ito_assets.training.trainer.TrainConfig's default for small models
-    data_parallel: DataParallel = DataParallel.DDP  # from the plan's layout (`stages.data_parallel_for`)
+    # The plan's layout fitted to this attempt's ranks (`fitting.fit_layout`), over every replica
+    # group, and what the fitting changed; the worker applies every field and adds its device's
+    # own fallbacks (`ito_assets.runtime.worker.execution`).
+    layout: Layout
+    layout_fallbacks: tuple[Fallback, ...] = ()
+    # Deterministic kernels: a bit-exact resume on GPUs, at some speed; CPU kernels are deterministic anyway.
+    deterministic: bool = False
     # The eval suite's items join the stage's eval battery (`stage_eval.battery`) when all three are
     # set: scored with the run's tokenizer, on the suite whose digest the stage was planned with.
     tokenizer_path: str | None = None
@@ -95,7 +94,10 @@ class WorkerConfig:
             raise ValueError("replica_groups must be positive and replica_id lie in [0, replica_groups)")
         if self.batch_size % self.replica_groups or self.replica_timeout_s <= 0:
             raise ValueError("batch_size must be divisible by replica_groups and replica_timeout_s positive")
-        object.__setattr__(self, "data_parallel", DataParallel(self.data_parallel))
+        if isinstance(self.layout, dict):
+            object.__setattr__(self, "layout", Layout.from_dict(self.layout))
+        object.__setattr__(self, "layout_fallbacks", tuple(
+            f if isinstance(f, Fallback) else Fallback.from_dict(f) for f in self.layout_fallbacks))
         suite = (self.tokenizer_path, self.eval_suite_path, self.eval_suite_sha256)
         if any(v is not None for v in suite) and not all(v is not None for v in suite):
             raise ValueError("tokenizer_path, eval_suite_path and eval_suite_sha256 must be set together")

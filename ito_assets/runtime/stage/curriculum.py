@@ -12,13 +12,17 @@ only keeps every path it creates inside it.
 
 What comes from where:
     the plan (`training_plan`, per stage)   the model shape, the global batch in sequences, and
-                                            the data-parallel strategy: a layout that shards
-                                            (dp_shard > 1) trains under FSDP2, else under DDP; a
-                                            layout that replicates (dp_replicate > 1) trains as
-                                            torchft replica groups (`replicas.py`)
+                                            the layout the worker applies: degrees (tensor
+                                            parallelism, FSDP2 shards, HSDP or DDP replicas),
+                                            precision, activation checkpointing, micro-batch and
+                                            compile, fitted to the attempt's ranks
+                                            (`fitting.fit_layout`); a layout that replicates
+                                            (dp_replicate > 1) trains as torchft replica groups
+                                            (`replicas.py`)
     the runtime resource (this machine)     the number of local ranks, the seed, optionally a
                                             smaller global batch for a host that cannot hold the
-                                            plan's, and whether replica groups are used at all
+                                            plan's, whether replica groups are used at all,
+                                            compile and deterministic kernels
 Step counts come from the stage's token count: ceil(num_tokens / (batch_size x sequence_length)),
 the plan's own formula, so a stage trains on at least the tokens the manifest reviewed and, at the
 plan's batch, for exactly the plan's number of steps.
@@ -34,7 +38,8 @@ from pathlib import Path
 
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.schema import CheckpointPolicy, Stage, TrainingTarget
-from ito_assets.runtime.stage.config import DataParallel, WorkerConfig, group_shape
+from ito_assets.runtime.stage.config import WorkerConfig, group_shape
+from ito_assets.runtime.stage.fitting import Fallback, fit_layout
 from ito_assets.runtime.record.storage import RunLayout
 from ito_assets.training.layout import Layout
 from ito_assets.training.planner import Plan
@@ -48,15 +53,19 @@ class StageSizing:
     batch_size: int  # global, in sequences
     seed: int = 0
     learning_rate: float = 3e-3
-    data_parallel: DataParallel = DataParallel.DDP
+    layout: Layout  # fitted to world_size (`fitting.fit_layout`)
+    layout_fallbacks: tuple[Fallback, ...] = ()
     world_size: int = 1  # ranks that will train the stage, over all replica groups
     replica_groups: int = 1  # torchft replica groups the ranks form (`replica_groups_for`)
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.vocab_size < 1 or self.world_size < 1 or self.replica_groups < 1:
             raise ValueError("batch_size, vocab_size, world_size and replica_groups must be positive")
-        if self.batch_size % self.world_size:
-            raise ValueError("batch_size must be divisible by world_size: every rank takes an equal share")
+        if self.layout.world_size != self.world_size:
+            raise ValueError("the layout's degrees must multiply to world_size")
+        if self.batch_size % self.layout.dp:
+            raise ValueError("batch_size must be divisible by the data-parallel ranks: every one takes an equal share")
         if self.world_size % self.replica_groups:
             raise ValueError("world_size must be divisible by replica_groups: every group has as many ranks")
 
@@ -66,17 +75,6 @@ def stage_plan(run_plan: RunPlan, name: str) -> Plan:
     if found is None:
         raise ItoError(ErrorCode.PLAN_REFUSED, f"the training plan has no {name} stage")
     return found
-
-
-def data_parallel_for(layout: Layout) -> DataParallel:
-    """FSDP2 where the plan shards (dp_shard > 1), DDP where it only replicates: the strategy inside
-    one replica group. A hybrid plan (dp_replicate and dp_shard > 1, HSDP) shards inside each
-    torchft replica group (`replica_groups_for`), else over all ranks. This runtime has no tensor, pipeline or context parallelism: such a plan is
-    refused here rather than trained under another layout."""
-    if layout.tp > 1 or layout.pp > 1 or layout.cp > 1:
-        raise ItoError(ErrorCode.CAPABILITY_MISSING,
-                       "the plan needs tensor, pipeline or context parallelism, which this runtime does not train")
-    return DataParallel.FSDP2 if layout.dp_shard > 1 else DataParallel.DDP
 
 
 def replica_groups_for(layout: Layout, *, nnodes: int, nproc_per_node: int) -> int:
@@ -93,13 +91,17 @@ def replica_groups_for(layout: Layout, *, nnodes: int, nproc_per_node: int) -> i
     return groups
 
 
-def sizing_from_plan(plan: Plan, *, vocab_size: int, world_size: int, seed: int,
-                     batch_size: int | None = None, replica_groups: int = 1) -> StageSizing:
-    """The plan's model, global batch and strategy on `world_size` ranks in `replica_groups`
-    groups; `batch_size` (the runtime resource's override) replaces the plan's batch."""
+def sizing_from_plan(plan: Plan, *, vocab_size: int, world_size: int, seed: int, batch_size: int | None = None,
+                     replica_groups: int = 1, eager_reason: str | None = None, deterministic: bool = False) -> StageSizing:
+    """The plan's model, global batch and layout on `world_size` ranks in `replica_groups` groups;
+    `batch_size` (the runtime resource's override) replaces the plan's batch. Raises
+    CAPABILITY_MISSING for a layout the worker cannot train."""
+    batch = batch_size or plan.request.global_batch_sequences
+    layout, fallbacks = fit_layout(plan.layout, world_size=world_size, replica_groups=replica_groups,
+                                   batch_size=batch, eager_reason=eager_reason)
     return StageSizing(model=plan.request.model.name, vocab_size=vocab_size, seed=seed, world_size=world_size,
-                       batch_size=batch_size or plan.request.global_batch_sequences,
-                       data_parallel=data_parallel_for(plan.layout), replica_groups=replica_groups)
+                       batch_size=batch, layout=layout, layout_fallbacks=fallbacks, replica_groups=replica_groups,
+                       deterministic=deterministic)
 
 
 def num_steps(stage: Stage, batch_size: int) -> int:
@@ -126,6 +128,7 @@ def worker_config(*, run_key: str, stage: Stage, policy: CheckpointPolicy, layou
         heartbeat_dir=str(folder / "heartbeats"), metrics_path=str(folder / "metrics.jsonl"),
         num_steps=num_steps(stage, sizing.batch_size), batch_size=sizing.batch_size,
         sequence_length=stage.sequence_length, interval_steps=policy.interval_steps, keep_last=policy.keep_last,
-        seed=sizing.seed, learning_rate=sizing.learning_rate, data_parallel=sizing.data_parallel, init_from=init_from,
+        seed=sizing.seed, learning_rate=sizing.learning_rate, layout=sizing.layout,
+        layout_fallbacks=sizing.layout_fallbacks, deterministic=sizing.deterministic, init_from=init_from,
         replica_groups=sizing.replica_groups, launched_at=time.time(), **battery,
     )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Mapping
 
@@ -41,6 +41,7 @@ class StageCheckpoint:
     eval: dict
     gate: dict  # EvalGateVerdict.to_dict()
     num_attempts: int
+    layout: dict = field(default_factory=dict)  # what the worker ran, and each fallback's reason
 
     @property
     def gate_passed(self) -> bool:
@@ -76,4 +77,4 @@ def conclude(prepared: PreparedStage, *, ledger: Ledger, run_id: str, run_dir: P
     return StageCheckpoint(stage=prepared.stage, run_dir=str(run_dir), stage_dir=str(prepared.stage_dir),
                            final_checkpoint=result["final_checkpoint"], num_steps=result["num_steps"],
                            metadata_sha256=result["metadata_sha256"], eval=result["eval"], gate=verdict.to_dict(),
-                           num_attempts=report["num_attempts"])
+                           num_attempts=report["num_attempts"], layout=result.get("layout", {}))

@@ -1,6 +1,5 @@
-"""The worker's process groups, launched by `torch.distributed.run`: gloo on CPU, nccl on GPU,
-and the data-parallel wrapper the plan's layout asks for (DDP, or FSDP2 over the plan's mesh from
-`ito_assets.training.mesh`).
+"""The worker's process groups, launched by `torch.distributed.run`: gloo on CPU, nccl on GPU
+(the layout's mesh and wrappers are `execution.py`'s).
 
 Two groups: the default one for the training step's collectives and a separate gloo group for
 checkpoint saves (see `checkpoint.py`). A stop request (SIGTERM from torchrun, forwarded from the
@@ -17,11 +16,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch import nn
-
-from ito_assets.runtime.stage.config import DataParallel
-from ito_assets.training.layout import Layout
-from ito_assets.training.mesh import build_device_mesh, parallelize
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,38 +64,3 @@ class StopFlag:
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
-
-
-class LossModule(nn.Module):
-    """Puts the model's loss behind `forward`, so that DDP's hooks see the forward pass."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return self.model.loss(tokens, targets)
-
-
-def data_parallel(model: nn.Module, strategy: DataParallel, world_size: int, device: torch.device) -> nn.Module:
-    """The module the training step calls, `(tokens, targets) -> loss`, for `strategy` over the
-    default group; one rank needs no wrapper. Build the optimizer after this: FSDP2 replaces the
-    parameters with sharded DTensors."""
-    wrapped = LossModule(model)
-    if world_size == 1:
-        return wrapped
-    if strategy is DataParallel.FSDP2:
-        shard(model, world_size, device)
-        return wrapped
-    ids = [device.index] if device.type == "cuda" else None
-    return nn.parallel.DistributedDataParallel(wrapped, device_ids=ids)
-
-
-def shard(model: nn.Module, world_size: int, device: torch.device) -> None:
-    """FSDP2 (`fully_shard`) over all ranks: the plan's mesh for a layout that only shards (1-D,
-    dp_shard), each block its own unit (its parameters are gathered just before its forward and
-    freed after, torchtitan's wrapping), then the root, which holds the embedding and the output
-    head (tied weights must share a unit). Parameters stay fp32: the bit-exact resume is defined at
-    full precision."""
-    layout = Layout(dp_shard=world_size)
-    parallelize(model, build_device_mesh(layout, device.type), layout)

@@ -7,12 +7,13 @@ checkpoint, else fresh), trains to the stage's step count with heartbeats and as
 checkpoints, flushes a checkpoint when asked to stop (SIGTERM/SIGINT), proposes a restart when the
 loss or gradient norm spikes (and keeps training: only the desk restarts), and at the end saves the
 final checkpoint, runs the stage's eval battery, and writes `result.json`. The ranks share the
-model as the plan's layout says (`WorkerConfig.data_parallel`: DDP replicas or FSDP2 shards).
+model as the plan's layout says (`WorkerConfig.layout`, applied by `execution.prepare`).
 Under torchft replica groups (`WorkerConfig.replica_groups` > 1, `replica_sync`) the ranks are one
 group of several that average gradients every step and heal each other; only group 0 saves
 checkpoints, evaluates and proposes; every group's rank 0 writes a result with a digest of its
 final weights. Rank 0 of group 0 reports through Dagster Pipes when launched under Pipes, else
-(and in the other groups) to a JSONL metrics file.
+(and in the other groups) to a JSONL metrics file. The layout it ran (`execution.Execution`) and
+every field that fell back, with its reason, go into `result.json` and every checkpoint's marker.
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 
-from ito_assets.runtime.worker import distributed
+from ito_assets.runtime.worker import distributed, execution
 from ito_assets.runtime.record import events
 from ito_assets.runtime.checkpoint import holds
 from ito_assets.runtime.checkpoint import markers
@@ -40,10 +41,11 @@ from ito_assets.runtime.worker import train_state
 from ito_assets.runtime.worker.batches import BatchPlan, ResumableBatches
 from ito_assets.runtime.checkpoint.saver import CheckpointConfig, Checkpointer, CheckpointRecord
 from ito_assets.runtime.stage.config import RESULT_NAME, WorkerConfig
+from ito_assets.runtime.stage.fitting import fit_layout
 from ito_assets.runtime.record.events import Event, EventKind
 from ito_assets.runtime.supervision.heartbeat import HeartbeatWriter
 from ito_assets.runtime.worker.replica_sync import ReplicaSync
-from ito_assets.runtime.worker.reporting import Reporter, open_reporter
+from ito_assets.runtime.worker.reporting import Reporter, measured_figures, open_reporter
 from ito_assets.runtime.supervision.spikes import Spike, SpikeDetector
 from ito_assets.runtime.worker.step import StepResult, train_step
 from ito_assets.runtime.record.storage import write_atomic
@@ -63,22 +65,29 @@ class StageWorker:
         self.config, self.group, self.reporter = config, group, reporter
         self.rank = group.rank
         self.stage_dir = Path(config.stage_dir)
-        self.data_world_size = group.world_size * config.replica_groups  # every rank of every group
+        # Fitted again to the ranks torchrun really started (a no-op when the plan's host is this one).
+        layout, refitted = fit_layout(config.layout, world_size=group.world_size * config.replica_groups,
+                                      replica_groups=config.replica_groups, batch_size=config.batch_size)
+        self.data_world_size = layout.dp  # ranks that take different rows: every rank but tensor-parallel peers
         self.train_config = TrainConfig(num_steps=config.num_steps, batch_size=config.batch_size // self.data_world_size,
                                         sequence_length=config.sequence_length, seed=config.seed,
                                         learning_rate=config.learning_rate)
         self.model = build_model(config_by_name(config.model, vocab_size=config.vocab_size), seed=config.seed,
                                  device=group.device)
-        # Wrap before building the optimizer: FSDP2 replaces the parameters with sharded ones.
-        self.parallel = distributed.data_parallel(self.model, config.data_parallel, group.world_size, group.device)
+        # Before building the optimizer: FSDP2 replaces the parameters with sharded ones.
+        self.execution = execution.prepare(self.model, layout, (*config.layout_fallbacks, *refitted),
+                                           device=group.device, world_size=group.world_size,
+                                           replica_groups=config.replica_groups)
         self.optimizer = build_optimizer(self.model, self.train_config)
         self.checkpointer = Checkpointer(CheckpointConfig(directory=self.stage_dir, interval_steps=config.interval_steps,
-                                                          keep_last=config.keep_last),
+                                                          keep_last=config.keep_last,
+                                                          layout=self.execution.describe()),
                                          process_group=group.checkpoint_group, rank=self.rank)
         self.heartbeat = HeartbeatWriter(Path(config.heartbeat_dir), rank=self.rank, attempt=config.attempt)
         self.stop = distributed.StopFlag(group.device)
         self.spikes = SpikeDetector(config.spikes)
         self.next_positions: dict[int, int] = {}  # step -> data position of the batch after it
+        self.step_seconds: list[float] = []  # this attempt's, for `measured_figures`
         self.saved_step = -1
         self.writes_checkpoints = config.replica_id == 0  # one checkpoint lineage per stage: group 0's
         self.replicas = (ReplicaSync(config, group.device, self.model, self.optimizer, self.train_config)
@@ -121,7 +130,7 @@ class StageWorker:
         optimizer = self.optimizer if self.replicas is None else self.replicas.optimizer_step
         reduce = None if self.replicas is None else self.replicas.reduce_gradients
         staging = []  # a save's staging wait is the checkpoint's blocking time, not the step's
-        loss, grad_norm, lr = train_step(self.parallel, self.model, optimizer, x, y, step, self.train_config,
+        loss, grad_norm, lr = train_step(self.execution, self.model, optimizer, x, y, step, self.train_config,
                                          before_update=lambda: staging.append(self.checkpointer.wait_staged()),
                                          reduce_gradients=reduce)
         committed = True
@@ -205,7 +214,8 @@ class StageWorker:
             self.save(step, position)
         self.drain(step)
         self.heartbeat.beat(step, "evaluating", force=True)
-        body: dict = {"stage": self.config.stage, "num_steps": step}
+        body: dict = {"stage": self.config.stage, "num_steps": step, "layout": self.execution.describe(),
+                      "measured": measured_figures(self.step_seconds, self.group.device)}
         if self.replicas is not None:
             body |= {"replica_id": self.config.replica_id, "parameters_sha256": self.parameters_digest()}
         body |= self.evaluate() if self.writes_checkpoints else {}
@@ -247,9 +257,9 @@ class StageWorker:
         return body
 
     def unsharded_model(self) -> torch.nn.Module | None:
-        """The trained model as one plain module on rank 0 (None on the others). FSDP2's shards
-        are gathered into a fresh copy, so that rank 0 evaluates alone, as under DDP."""
-        if not isinstance(self.model, FSDPModule):
+        """The trained model as one plain module on rank 0 (None on the others). FSDP2's shards and
+        tensor-parallel slices are gathered into a fresh copy, so that rank 0 evaluates alone."""
+        if not any(isinstance(p, DTensor) for p in self.model.parameters()):  # neither FSDP2 nor tensor parallel
             return self.model if self.rank == 0 else None
         weights = train_state.full_weights(self.model)
         if self.rank != 0:
@@ -273,6 +283,7 @@ class StageWorker:
 
     def observe(self, result: StepResult) -> None:
         self.event(EventKind.STEP, step=result.step, seconds=result.seconds, loss=result.loss)
+        self.step_seconds.append(result.seconds)
         if result.step % LOG_EVERY_STEPS == 0 or result.step == self.config.num_steps:
             tokens_per_second = self.config.batch_size * self.config.sequence_length / result.seconds
             self.reporter.metrics(result.step, {"loss": result.loss, "grad_norm": result.grad_norm,
@@ -308,22 +319,26 @@ class StageWorker:
 
     def _plan(self) -> BatchPlan:
         return BatchPlan(batch_size=self.config.batch_size, sequence_length=self.config.sequence_length,
-                         seed=self.config.seed, rank=data_rank(self.config, self.rank, self.group.world_size),
+                         seed=self.config.seed, rank=data_rank(self.config, self.rank, self.group.world_size,
+                                                               self.execution.layout.tp),
                          world_size=self.data_world_size, skip_ranges=self.config.skip_ranges)
 
 
-def data_rank(config: WorkerConfig, rank: int, group_world_size: int) -> int:
-    """This rank's share of every global batch: replica groups split it first, then their ranks."""
-    return config.replica_id * group_world_size + rank
+def data_rank(config: WorkerConfig, rank: int, group_world_size: int, tp: int = 1) -> int:
+    """This rank's share of every global batch: replica groups split it first, then their
+    data-parallel ranks; the tp ranks of one tensor-parallel group (neighbours, the mesh's
+    innermost dimension) take the same rows."""
+    return config.replica_id * (group_world_size // tp) + rank // tp
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ito_assets.runtime.worker.main")
     parser.add_argument("--config", required=True, help="the worker config as JSON, or the path of a JSON file")
     config = WorkerConfig.from_argument(parser.parse_args(argv).config)
-    # Deterministic kernels make a resume bit-exact; cuBLAS needs this workspace setting for it.
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(True)
+    if config.deterministic:
+        # Deterministic kernels make a resume bit-exact on GPUs; cuBLAS needs this workspace setting for it.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
     group = distributed.init(config.collective_timeout_s)
     try:
         # One Pipes writer per stage: replica group 0's rank 0; the other groups' go to their files.

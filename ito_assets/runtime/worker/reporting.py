@@ -1,15 +1,18 @@
 """Where a worker's metrics and log lines go: Dagster Pipes on rank 0 when launched under Pipes,
 a JSONL file on rank 0 otherwise, nowhere on other ranks (their figures are rank 0's: the
-gradients are all-reduced)."""
+gradients are all-reduced); and the measured figures of an attempt (`measured_figures`)."""
 
 from __future__ import annotations
 
 import json
 import os
+import resource
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Protocol
+
+import torch
 
 from ito_assets.runtime.record.storage import append_line
 
@@ -69,3 +72,21 @@ def open_reporter(rank: int, metrics_path: Path, *, pipes: bool = True) -> Itera
 
     with dagster_pipes.open_dagster_pipes() as context:
         yield PipesReporter(context)
+
+
+# The first steps carry compilation and allocator warm-up; a median over the rest is the steady step.
+WARMUP_STEPS = 2
+
+
+def measured_figures(step_seconds: list[float], device: torch.device) -> dict[str, float | int | None]:
+    """The steady step time of this attempt (median after the warm-up steps; None with too few)
+    and this process's peak memory: the CUDA allocator's peak on a GPU, the peak resident set on
+    CPU (the whole process, not only tensors)."""
+    steady = sorted(step_seconds[WARMUP_STEPS:])
+    median = steady[len(steady) // 2] if steady else None
+    if device.type == "cuda":
+        peak, source = torch.cuda.max_memory_allocated(device), "torch.cuda.max_memory_allocated"
+    else:
+        peak, source = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "ru_maxrss"  # KiB on Linux
+    return {"step_seconds": median, "num_steps_timed": len(steady), "peak_memory_bytes": int(peak),
+            "peak_memory_source": source}

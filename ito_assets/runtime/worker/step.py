@@ -1,5 +1,6 @@
-"""One data-parallel optimizer step: `ito_assets.training.trainer.train_step` with the forward pass
-routed through DDP or FSDP2 (whose hooks all-reduce or reduce-scatter the gradients), a hook before
+"""One optimizer step of the worker: `ito_assets.training.trainer.train_step` with the layout's
+micro-batches, precision and parallel wrapper (`execution.Execution`: DDP, FSDP2 or tensor
+parallelism, whose hooks all-reduce or reduce-scatter the gradients), a hook before
 the weights change (the checkpoint's staging copy), an optional reduction of the gradients across
 replica groups (torchft, `replica_sync`), and the loss averaged over ranks for reporting and spike
 detection."""
@@ -14,6 +15,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from ito_assets.runtime.worker.execution import Execution
 from ito_assets.training.trainer import TrainConfig, learning_rate_at
 
 
@@ -30,30 +32,62 @@ class StepResult:
     committed: bool = True
 
 
-def train_step(parallel: nn.Module, model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor,
+def train_step(execution: Execution, model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor,
                y: torch.Tensor, step: int, config: TrainConfig,
                before_update: Callable[[], object] | None = None,
                reduce_gradients: Callable[[], object] | None = None) -> tuple[float, float, float]:
     """Returns (loss averaged over the group's ranks, gradient norm, learning rate) for 1-based
-    `step`. `before_update` runs after the backward pass, before the weights change (a
-    checkpoint's staging copy may still be reading them until then); `reduce_gradients` after it,
-    before clipping, so that every replica group clips the same averaged gradient."""
+    `step`. The rank's rows run as micro-batches of the layout's size; each one's loss is scaled
+    by 1 / (number of micro-batches), so that the accumulated gradient is the whole batch's, and
+    gradients are reduced across ranks on the last one only. `before_update` runs after the
+    backward passes, before the weights change (a checkpoint's staging copy may still be reading
+    them until then); `reduce_gradients` after it, before clipping, so that every replica group
+    clips the same averaged gradient."""
     lr = learning_rate_at(step - 1, config)
     for group in optimizer.param_groups:
         group["lr"] = lr
     optimizer.zero_grad(set_to_none=True)
-    loss = parallel(x, y)
-    loss.backward()
+    micro = execution.layout.micro_batch_size
+    if x.shape[0] % micro:
+        raise ValueError(f"{x.shape[0]} rows do not split into micro-batches of {micro}")
+    pieces = list(zip(x.split(micro), y.split(micro)))
+    total = torch.zeros((), device=x.device)
+    for index, (tokens, targets) in enumerate(pieces):
+        with execution.gradient_sync(index == len(pieces) - 1):
+            with execution.autocast():
+                loss = execution.parallel(tokens, targets) / len(pieces)
+            loss.backward()
+        total += loss.detach().float()
     if before_update is not None:
         before_update()
     if reduce_gradients is not None:
         reduce_gradients()
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-    if isinstance(grad_norm, DTensor):  # FSDP2: the norm of sharded gradients, reduced over ranks
-        grad_norm = grad_norm.full_tensor()
+    grad_norm = clip_gradients(model, config.grad_clip)
     optimizer.step()
-    reported = loss.detach().clone()
     if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(reported, op=dist.ReduceOp.SUM)  # gloo has no AVG
-        reported /= dist.get_world_size()
-    return float(reported), float(grad_norm), lr
+        dist.all_reduce(total, op=dist.ReduceOp.SUM)  # gloo has no AVG
+        total /= dist.get_world_size()
+    return float(total), grad_norm, lr
+
+
+def clip_gradients(model: nn.Module, max_norm: float) -> float:
+    """`clip_grad_norm_` over parameters that live on different meshes (tensor-parallel blocks
+    beside replicated norms and embeddings, or FSDP2 shards beside plain tensors): each mesh's
+    norm is reduced over its ranks, then combined. Returns the norm before clipping."""
+    groups: dict[object, list[torch.Tensor]] = {}
+    for parameter in model.parameters():
+        if parameter.grad is not None:
+            mesh = parameter.grad.device_mesh if isinstance(parameter.grad, DTensor) else None
+            groups.setdefault(mesh, []).append(parameter.grad)
+    squares = []
+    for grads in groups.values():
+        norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+        squares.append((norm.full_tensor() if isinstance(norm, DTensor) else norm).float() ** 2)
+    if not squares:
+        return 0.0
+    total = float(torch.stack(squares).sum().sqrt())
+    coefficient = max_norm / (total + 1e-6)  # clip_grad_norm_'s epsilon
+    if coefficient < 1.0:
+        for grads in groups.values():
+            torch._foreach_mul_(grads, coefficient)
+    return total
