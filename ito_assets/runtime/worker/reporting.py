@@ -10,11 +10,12 @@ import resource
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Protocol
-
-import torch
+from typing import TYPE_CHECKING, Any, Iterator, Protocol
 
 from ito_assets.runtime.record.storage import append_line
+
+if TYPE_CHECKING:  # the supervisor's relay imports this module without torch
+    import torch
 
 # What Dagster Pipes sets in a launched process's environment (dagster_pipes.DAGSTER_PIPES_CONTEXT_ENV_VAR).
 PIPES_CONTEXT_ENV_VAR = "DAGSTER_PIPES_CONTEXT"
@@ -78,13 +79,15 @@ def open_reporter(rank: int, metrics_path: Path, *, pipes: bool = True) -> Itera
 WARMUP_STEPS = 2
 
 
-def measured_figures(step_seconds: list[float], device: torch.device) -> dict[str, float | int | None]:
+def measured_figures(step_seconds: list[float], device: "torch.device") -> dict[str, float | int | None]:
     """The steady step time of this attempt (median after the warm-up steps; None with too few)
     and this process's peak memory: the CUDA allocator's peak on a GPU, the peak resident set on
     CPU (the whole process, not only tensors)."""
     steady = sorted(step_seconds[WARMUP_STEPS:])
     median = steady[len(steady) // 2] if steady else None
     if device.type == "cuda":
+        import torch
+
         peak, source = torch.cuda.max_memory_allocated(device), "torch.cuda.max_memory_allocated"
     else:
         peak, source = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "ru_maxrss"  # KiB on Linux
