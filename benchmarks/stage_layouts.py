@@ -29,12 +29,12 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from ito_assets.runtime.stage.calibration import PriceBasis, calibrate  # noqa: E402
 from ito_assets.runtime.stage.config import RESULT_NAME, WorkerConfig  # noqa: E402
 from ito_assets.runtime.supervision.launch import worker_command  # noqa: E402
 from ito_assets.training.hardware import gpu_spec, network_spec  # noqa: E402
 from ito_assets.training.layout import Layout  # noqa: E402
 from ito_assets.training.model_config import config_by_name, flops_per_token  # noqa: E402
-from ito_assets.training.throughput import estimate_step  # noqa: E402
 
 EXECUTIONS = {
     "eager_fp32": {"precision": "fp32", "compile": False},
@@ -71,18 +71,18 @@ def _run(work: Path, name: str, args: argparse.Namespace, tokens: str, vocab: in
 
 
 def _figures(measured: dict, args: argparse.Namespace) -> dict:
-    model = config_by_name(args.model)
-    gpu = gpu_spec(args.gpu)
-    ran = Layout.from_dict(measured["ran"])
-    predicted = estimate_step(model, ran, sequence_length=args.sequence_length, global_batch_sequences=args.batch,
-                              gpu=gpu, network=network_spec("infiniband"), gpus_per_node=args.nproc).step_s
-    step = measured["step_seconds"]
-    per_device = args.batch * args.sequence_length / step / args.nproc
+    """The stage's own calibration (`ito_assets.runtime.stage.calibration`) and MFU."""
+    model, gpu = config_by_name(args.model), gpu_spec(args.gpu)
+    basis = PriceBasis(model=model, sequence_length=args.sequence_length, global_batch_sequences=args.batch, gpu=gpu,
+                       network=network_spec("infiniband"), gpus_per_node=args.nproc)
+    figures = calibrate(basis, Layout.from_dict(measured["ran"]), measured)
+    per_device = args.batch * args.sequence_length / figures.measured_step_s / args.nproc
     return {"tokens_per_second_per_device": round(per_device, 1),
             "mfu": round(flops_per_token(model, args.sequence_length) * per_device / gpu.peak_bf16_flops, 4),
-            "peak_memory_gib": round(measured["peak_memory_bytes"] / 2**30, 3),
-            "peak_memory_source": measured["peak_memory_source"], "measured_step_s": round(step, 4),
-            "predicted_step_s": round(predicted, 4), "measured_over_predicted": round(step / predicted, 3)}
+            "peak_memory_gib": round(figures.measured_peak_memory_bytes / 2**30, 3),
+            "peak_memory_source": figures.peak_memory_source, "measured_step_s": round(figures.measured_step_s, 4),
+            "predicted_step_s": round(figures.predicted_step_s, 4),
+            "measured_over_predicted": round(figures.step_time_ratio, 3)}
 
 
 def main() -> None:

@@ -37,6 +37,7 @@ class RunSummary:
     materialized: list[str] = field(default_factory=list)
     checks_passed: list[str] = field(default_factory=list)
     checks_failed: list[str] = field(default_factory=list)
+    checks_warned: list[str] = field(default_factory=list)  # failed checks of WARN severity: nothing stopped
 
 
 def _already_launched(instance: dg.DagsterInstance, sensor_name: str, run_key: str) -> bool:
@@ -53,7 +54,12 @@ def _record(result: dg.ExecuteInProcessResult, summary: RunSummary, partition: s
         )
     for evaluation in result.get_asset_check_evaluations():
         name = f"{evaluation.asset_key.to_user_string()}:{evaluation.check_name}{suffix}"
-        (summary.checks_passed if evaluation.passed else summary.checks_failed).append(name)
+        if evaluation.passed:
+            summary.checks_passed.append(name)
+        elif evaluation.severity is dg.AssetCheckSeverity.WARN:
+            summary.checks_warned.append(name)
+        else:
+            summary.checks_failed.append(name)
     if not result.success:
         summary.num_runs_failed += 1
 
@@ -137,9 +143,12 @@ def print_summary(summary: RunSummary, settings: Settings) -> None:
     print(f"assets materialized ({len(summary.materialized)}):")
     for name in summary.materialized:
         print(f"  - {name}")
-    print(f"checks passed: {len(summary.checks_passed)}, failed: {len(summary.checks_failed)}")
+    print(f"checks passed: {len(summary.checks_passed)}, failed: {len(summary.checks_failed)}, "
+          f"warnings: {len(summary.checks_warned)}")
     for name in summary.checks_failed:
         print(f"  FAILED {name}")
+    for name in summary.checks_warned:
+        print(f"  WARNING {name}")
     print(f"Dagster instance: {settings.dagster_home}  (see it with `make ui`)")
     print(f"warehouse: {settings.warehouse_path}{'' if settings.warehouse_path.exists() else ' (not written yet)'}")
     if summary.num_runs_launched == 0 and summary.num_runs_skipped:

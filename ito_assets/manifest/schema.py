@@ -97,6 +97,12 @@ class Stage(_Strict):
     name: StageName
     num_tokens: Tokens
     sequence_length: SequenceLength
+    # Positions for longer sequences (long-context training): the RoPE base, raised as Llama 3 did
+    # (500,000 for 128k context, Dubey et al. 2024, 3.4), and/or position interpolation, positions
+    # divided by the factor (Chen et al. 2023). Absent: the previous stage's, else the model's.
+    # Optional, so that manifests reviewed before they existed keep their bytes and digests.
+    rope_theta: Annotated[float, Field(ge=1, le=1e9)] | None = None
+    position_scale: Annotated[float, Field(ge=1, le=64)] | None = None
 
 
 class EvalGate(_Strict):

@@ -24,9 +24,15 @@ def num_heldout(num_texts: int, fraction: float) -> int:
     return min(num_texts - 1, max(1, round(num_texts * fraction)))
 
 
+def heldout_mask(num_texts: int, fraction: float, seed: int) -> np.ndarray:
+    """True at the held-out documents' positions: one byte per document, so that a corpus read in
+    batches is split without holding its texts."""
+    mask = np.zeros(num_texts, dtype=bool)
+    mask[np.random.default_rng(seed).permutation(num_texts)[: num_heldout(num_texts, fraction)]] = True
+    return mask
+
+
 def split_heldout(texts: Sequence[str], fraction: float, seed: int) -> tuple[list[str], list[str]]:
     """(train, held out), each in the texts' order."""
-    count = num_heldout(len(texts), fraction)
-    order = np.random.default_rng(seed).permutation(len(texts))
-    chosen = {int(i) for i in order[:count]}
-    return [t for i, t in enumerate(texts) if i not in chosen], [t for i, t in enumerate(texts) if i in chosen]
+    mask = heldout_mask(len(texts), fraction, seed)
+    return [t for t, held in zip(texts, mask) if not held], [t for t, held in zip(texts, mask) if held]

@@ -24,10 +24,11 @@ from ito_assets.training.model_config import ModelConfig, config_by_name  # noqa
 # --- the module ---------------------------------------------------------------------------------
 
 
-def rotary_tables(head_dim: int, length: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin tables of shape (T, E/2) for rotary positions (Su et al. 2021)."""
+def rotary_tables(head_dim: int, length: int, theta: float, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin tables of shape (T, E/2) for rotary positions (Su et al. 2021), positions divided
+    by `scale` (position interpolation, Chen et al. 2023)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))  # (E/2,)
-    angles = torch.outer(torch.arange(length, dtype=torch.float32), inv_freq)  # (T, E/2)
+    angles = torch.outer(torch.arange(length, dtype=torch.float32) / scale, inv_freq)  # (T, E/2)
     return angles.cos(), angles.sin()
 
 
@@ -110,7 +111,7 @@ class DecoderLM(nn.Module):
         self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.head.weight = self.embedding.weight  # (V, D), shared (Press & Wolf 2017)
-        cos, sin = rotary_tables(config.head_dim, config.max_seq_len, config.rope_theta)
+        cos, sin = rotary_tables(config.head_dim, config.max_seq_len, config.rope_theta, config.rope_position_scale)
         self.register_buffer("rope_cos", cos, persistent=False)  # (max T, E/2)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.apply(self._init_weights)

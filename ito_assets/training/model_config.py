@@ -31,6 +31,8 @@ class ModelConfig:
     max_seq_len: int = 2048
     # 10,000: the base of Su et al. (2021, RoFormer) and of Llama 1/2; Llama 3 uses 500,000.
     rope_theta: float = 10_000.0
+    # Position interpolation (Chen et al. 2023): positions divided by this factor; 1 = none.
+    rope_position_scale: float = 1.0
     # 1e-5: Llama's RMSNorm epsilon (Touvron et al. 2023, params.json).
     norm_eps: float = 1e-5
 
@@ -42,6 +44,7 @@ class ModelConfig:
         _require(self.kv_heads > 0 and self.num_heads % self.kv_heads == 0, "num_kv_heads", "must divide num_heads")
         _require(self.mlp in ("swiglu", "gelu"), "mlp", "must be 'swiglu' or 'gelu'")
         _require(self.rope_theta > 0 and self.norm_eps > 0, "rope_theta", "and norm_eps must be positive")
+        _require(self.rope_position_scale >= 1, "rope_position_scale", "must be >= 1")
 
     @property
     def head_dim(self) -> int:

@@ -20,11 +20,15 @@ from typing import TYPE_CHECKING, Iterable, Iterator
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from ito_assets.digests import file_sha256
+
 if TYPE_CHECKING:
     import torch
 
 END_OF_TEXT = "<|endoftext|>"
 _UINT16_LIMIT = 1 << 16
+# Tokens copied per slice from the raw file into the .npy (64 MiB of uint32): bounded memory.
+_COPY_TOKENS = 1 << 24
 
 
 def _require(condition: bool, name: str, rule: str) -> None:
@@ -106,15 +110,35 @@ class TokenShard:
 
 def write_token_shard(tokens: np.ndarray, path: Path) -> TokenShard:
     """Write `tokens` as an .npy memory map (written to a temporary name, then renamed)."""
+    return write_token_stream([tokens], path, tokens.dtype)
+
+
+def write_token_stream(chunks: Iterable[np.ndarray], path: Path, dtype: np.dtype) -> TokenShard:
+    """Write the chunks, in order, as one .npy memory map without holding them all: appended to a
+    raw file, then copied under an .npy header once the length is known (a temporary name, then
+    renamed)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.stem}.tmp.npy")
-    mapped = np.lib.format.open_memmap(temporary, mode="w+", dtype=tokens.dtype, shape=tokens.shape)
-    mapped[:] = tokens
-    mapped.flush()
-    del mapped
-    os.replace(temporary, path)
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    return TokenShard(path=str(path), dtype=tokens.dtype.name, num_tokens=int(tokens.shape[0]), sha256=digest)
+    raw, temporary = path.with_name(f".{path.stem}.raw.tmp"), path.with_name(f".{path.stem}.tmp.npy")
+    count = 0
+    try:
+        with raw.open("wb") as sink:
+            for chunk in chunks:
+                sink.write(np.ascontiguousarray(chunk, dtype=dtype).tobytes())
+                count += len(chunk)
+        mapped = np.lib.format.open_memmap(temporary, mode="w+", dtype=dtype, shape=(count,))
+        if count:
+            source = np.memmap(raw, dtype=dtype, mode="r", shape=(count,))
+            for start in range(0, count, _COPY_TOKENS):
+                mapped[start : start + _COPY_TOKENS] = source[start : start + _COPY_TOKENS]
+            del source
+        mapped.flush()
+        del mapped
+        os.replace(temporary, path)
+    finally:
+        raw.unlink(missing_ok=True)
+        temporary.unlink(missing_ok=True)
+    return TokenShard(path=str(path), dtype=np.dtype(dtype).name, num_tokens=count,
+                      sha256=file_sha256(path))
 
 
 def open_token_shard(path: Path) -> np.ndarray:

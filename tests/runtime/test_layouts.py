@@ -43,7 +43,9 @@ def _fp32(**degrees) -> Layout:
 
 
 def _launch(root: Path, tokens, layout: Layout, nproc: int, **changes):
-    config = worker_config(root, tokens, layout=layout, num_steps=STEPS, interval_steps=10, **changes)
+    # A long-context stage's positions (a raised RoPE base, interpolation by 2) on every run.
+    config = worker_config(root, tokens, layout=layout, num_steps=STEPS, interval_steps=10, rope_theta=500_000.0,
+                           position_scale=2.0, **changes)
     return config, start_worker(config, nproc=nproc)
 
 
@@ -112,7 +114,10 @@ def test_accumulation_and_each_layout_are_recorded_as_they_ran(runs):
     assert all(_ran(config)["fallbacks"] == [] for config in runs.values())
     # Each checkpoint's marker names the layout that wrote it: the first half's tensor parallelism.
     first_half = markers.read_marker(markers.checkpoint_dir(Path(runs["tp_then_fsdp"].stage_dir), 10))
-    assert first_half.layout["ran"]["tp"] == 2
+    assert first_half.trained_with["layout"]["ran"]["tp"] == 2
+    assert first_half.trained_with["positions"] == {"rope_theta": 500_000.0, "position_scale": 2.0}
+    result = json.loads((Path(runs["hsdp"].stage_dir) / RESULT_NAME).read_text())
+    assert result["positions"] == {"rope_theta": 500_000.0, "position_scale": 2.0}
 
 
 def test_bf16_stays_within_its_band_of_fp32(runs):

@@ -169,8 +169,17 @@ def test_the_stages_train_through_pipes_with_gates_and_telemetry(tmp_path, insta
     materialized = {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
     assert {"training_tokens", "pretraining_checkpoint", "mid_training_checkpoint", "long_context_checkpoint",
             "training_telemetry"} <= materialized
-    gates = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
+    evaluations = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    gates = {name: e.passed for name, e in evaluations.items() if name.endswith("_eval_gate")}
     assert gates == {"pretraining_eval_gate": True, "mid_training_eval_gate": True, "long_context_eval_gate": True}
+    # Predicted against measured step time: a warning in the UI, never a stop.
+    calibrated = evaluations["pretraining_step_time_calibration"]
+    assert calibrated.severity is dg.AssetCheckSeverity.WARN
+    pretraining = result.output_for_node("pretraining_checkpoint")
+    assert calibrated.passed is not pretraining.calibration["flagged"]
+    assert pretraining.calibration["device"] == "CPU" and pretraining.calibration["measured_step_s"] > 0
+    assert pretraining.calibration["step_time_ratio"] == pytest.approx(
+        pretraining.calibration["measured_step_s"] / pretraining.calibration["predicted_step_s"], rel=1e-3)
     mid = result.output_for_node("mid_training_checkpoint")
     assert mid.stage == "mid_training" and mid.num_steps == 10 and mid.gate["compared_with"] == "pretraining"
     assert {c["metric"] for c in mid.gate["checks"]} == {"heldout_loss", "answer_loss"}  # the whole battery
@@ -192,7 +201,8 @@ def test_the_stages_train_through_pipes_with_gates_and_telemetry(tmp_path, insta
     assert all(Path(c.path).is_relative_to(run.checkpoint_dir) for c in listed)
     names = {m.name for m in ledger_telemetry.metrics(ledger, run.run_id, limit=500)}  # `ito metrics`
     assert {"pretraining/loss", "pretraining/heldout_loss", "pretraining/answer_loss", "pretraining/goodput",
-            "mid_training/loss"} <= names
+            "mid_training/loss", "pretraining/step_time_ratio", "pretraining/predicted_step_s",
+            "pretraining/measured_step_s"} <= names
 
 
 def test_a_failed_gate_stops_the_run_and_stays_failed_on_retry(tmp_path, instance, ledger_run):

@@ -8,11 +8,14 @@ from hypothesis import strategies as st
 
 from ito_assets.runtime.stage import corpus
 from ito_assets.training import decision
-from ito_assets.training.heldout import num_heldout, split_heldout
+from ito_assets.training.heldout import heldout_mask, num_heldout, split_heldout
 
 
-def test_the_decision_and_the_training_stages_split_with_the_one_function():
-    assert decision.split_heldout is corpus.split_heldout is split_heldout
+def test_the_decision_and_the_training_stages_split_with_the_one_rule():
+    assert decision.split_heldout is split_heldout and corpus.heldout_mask is heldout_mask
+    texts = [f"document {i}" for i in range(585)]
+    mask = heldout_mask(len(texts), 0.05, 3)
+    assert split_heldout(texts, 0.05, 3) == ([t for t, m in zip(texts, mask) if not m], [t for t, m in zip(texts, mask) if m])
 
 
 @pytest.mark.parametrize(("num_texts", "expected"), [

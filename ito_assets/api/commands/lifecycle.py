@@ -19,7 +19,8 @@ _LAST_POLL_S = 0.1
 _STOP = frozenset({ErrorCode.AUTH_REQUIRED, ErrorCode.CREDENTIAL_REVOKED, ErrorCode.PERMISSION_DENIED,
                    ErrorCode.RUN_NOT_FOUND})
 # Named `<stage>/<metric>` (ito_assets.runtime.record.publish, ito_assets.posttraining.publish).
-_METRICS_HELP = ("the run's metrics, paged: per training stage its loss, held-out eval and goodput; per "
+_METRICS_HELP = ("the run's metrics, paged: per training stage its loss, held-out eval, goodput and "
+                 "predicted and measured step time (step_time_ratio); per "
                  "post-training stage (sft, dpo, rlvr) its loss or reward curve, KL to reference, held-out "
                  "reward, gate and RLVR's staleness histogram")
 

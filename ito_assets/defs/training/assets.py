@@ -30,7 +30,9 @@ from ito_assets.runtime.stage import corpus
 from ito_assets.runtime.stage import curriculum as stages
 from ito_assets.runtime.record.storage import RunLayout
 from ito_assets.runtime.stage import run as stage_run
+from ito_assets.runtime.stage.calibration import PriceBasis
 from ito_assets.runtime.stage.eval_gate import VerdictStore
+from ito_assets.training.hardware import gpu_spec
 from ito_assets.training.run_plan import PlanOutcome
 from ito_assets.training.tokenizer import TokenizerConfig
 
@@ -58,12 +60,11 @@ def training_tokens(
     run_id, checkpoint_dir = live.run_id, live.checkpoint_dir
     _require_data(clean_shards, data_decision)
     _require_plan(training_plan)
-    texts = clean_shards.shards.read(["text"])["text"].to_list()
     # Lineage for auditors: this ledger run consumed these clean shards.
     lineage.record_consumption(ito.settings().warehouse_path, [s.sha256 for s in clean_shards.shards.shards],
                                run_id, "training_tokens")
     folder = checkpoint_dir / run_id / "tokens"  # the run's own area: runs of one manifest never share it
-    tokens = corpus.prepare(texts, folder, config=TokenizerConfig())
+    tokens = corpus.prepare_from_shards(clean_shards.shards, folder, config=TokenizerConfig())  # a batch at a time
     context.add_output_metadata({
         "vocab_size": tokens.vocab_size, "num_train_tokens": tokens.num_train_tokens,
         "num_heldout_tokens": tokens.num_heldout_tokens, "tokenizer_sha256": tokens.tokenizer_sha256,
@@ -127,7 +128,8 @@ def _stage_config(res: _StageResources, manifest: Manifest, stage, plan: PlanOut
         run_key=run_id, stage=stage, policy=manifest.checkpoint_policy, layout=layout, sizing=sizing,
         tokens_path=Path(tokens.train_path), heldout_path=Path(tokens.heldout_path),
         init_from=previous.final_checkpoint if previous else None, tokenizer_path=tokens.tokenizer_path,
-        eval_suite_path=str(suite_path), eval_suite_sha256=suite.digest)
+        eval_suite_path=str(suite_path), eval_suite_sha256=suite.digest,
+        **stages.positions(manifest.training_target, stage.name))
 
 
 def _run_stage(context, res: _StageResources, inputs: dict, previous, name: str):
@@ -167,11 +169,19 @@ def _run_stage(context, res: _StageResources, inputs: dict, previous, name: str)
             ready, ledger=opened, run_id=run_id, run_dir=layout.run_dir,
             policy=res.runtime.gate_policy(manifest.training_target.eval_gate),
             previous_eval=previous.eval if previous else None,
-            previous_stage=stages.previous_stage(manifest.training_target, name))
+            previous_stage=stages.previous_stage(manifest.training_target, name),
+            basis=_price_basis(config, plan.run_plan.hardware, nproc, has_cuda))
     yield dg.Output(outcome, metadata={**outcome_metadata(outcome), "nnodes": nnodes, "nproc_per_node": nproc,
                                        "replica_groups": config.replica_groups,
                                        # what an auditor matches against the confirmation
                                        "trained_manifest_digest": live.manifest.digest})
+
+
+def _price_basis(config, booked, nproc: int, has_cuda: bool) -> PriceBasis:
+    """The price model for the hardware the stage ran on: the booking's GPU, or the nominal CPU host."""
+    return PriceBasis(model=config.model_config(),
+                      sequence_length=config.sequence_length, global_batch_sequences=config.batch_size,
+                      gpu=booked.gpu if has_cuda else gpu_spec("CPU"), network=booked.network, gpus_per_node=nproc)
 
 
 def _stage_asset(name: str, upstream: str | None):

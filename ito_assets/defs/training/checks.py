@@ -1,12 +1,14 @@
-"""Blocking checks: each stage's eval gate (the verdict the stage asset recorded before handing on
-its checkpoint). A failed gate stops the rest of the run here and, through the verdict store, every
-later run of the same partition (no override exists)."""
+"""Each stage's checks. Blocking: its eval gate (the verdict the stage asset recorded before handing
+on its checkpoint); a failed gate stops the rest of the run here and, through the verdict store,
+every later run of the same partition (no override exists). A warning: its step time against the
+planner's prediction (`ito_assets.runtime.stage.calibration`)."""
 
 import dagster as dg
 
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.training.assets import STAGE_NAMES, long_context_checkpoint, mid_training_checkpoint, pretraining_checkpoint
 from ito_assets.errors import ErrorCode
+from ito_assets.runtime.stage.calibration import FLAG_FRACTION
 
 
 def _gate_check(stage: str, asset):
@@ -37,5 +39,31 @@ def _gate_check(stage: str, asset):
     return gate
 
 
-TRAINING_CHECKS = [_gate_check(stage, asset) for stage, asset in
-                   zip(STAGE_NAMES, (pretraining_checkpoint, mid_training_checkpoint, long_context_checkpoint))]
+def _calibration_check(stage: str, asset):
+    @dg.asset_check(
+        name=f"{stage}_step_time_calibration",
+        asset=asset,
+        partitions_def=manifests_partitions,
+        description=f"A warning, never blocking: the {stage} stage's measured step time is more than "
+        f"{FLAG_FRACTION:.0%} off the planner's prediction for the layout it ran, so the price model needs correcting.",
+    )
+    def calibration(context: dg.AssetCheckExecutionContext, **checkpoint) -> dg.AssetCheckResult:
+        (value,) = checkpoint.values()
+        figures = value.calibration if value is not None and value.stage == stage else {}
+        if not figures:
+            return dg.AssetCheckResult(passed=True, description="no steady step was timed (or no such stage)")
+        return dg.AssetCheckResult(
+            passed=not figures["flagged"],
+            severity=dg.AssetCheckSeverity.WARN,
+            description=f"measured {figures['measured_step_s']:.4g} s per step against {figures['predicted_step_s']:.4g} s "
+            f"predicted on {figures['device']} (ratio {figures['step_time_ratio']:.3g})",
+            metadata={"step_time_ratio": figures["step_time_ratio"], "predicted_step_s": figures["predicted_step_s"],
+                      "measured_step_s": figures["measured_step_s"]},
+        )
+
+    return calibration
+
+
+_STAGE_ASSETS = tuple(zip(STAGE_NAMES, (pretraining_checkpoint, mid_training_checkpoint, long_context_checkpoint)))
+TRAINING_CHECKS = ([_gate_check(stage, asset) for stage, asset in _STAGE_ASSETS]
+                   + [_calibration_check(stage, asset) for stage, asset in _STAGE_ASSETS])

@@ -40,7 +40,19 @@ def outcome_metadata(outcome: StageCheckpoint) -> dict:
         "checkpoint_bandwidth_bytes_per_second": telemetry.checkpoint_bandwidth_bytes_per_second,
         "loss_curve": dg.MetadataValue.md(_loss_table(stage_dir)),
         **_layout_metadata(outcome.layout),
+        **_calibration_metadata(outcome.calibration),
     }
+
+
+def _calibration_metadata(calibration: dict) -> dict:
+    """Predicted against measured step time and peak memory per device (`calibration.Calibration`)."""
+    if not calibration:
+        return {}
+    return {"predicted_step_s": calibration["predicted_step_s"], "measured_step_s": calibration["measured_step_s"],
+            "step_time_ratio": calibration["step_time_ratio"],
+            "predicted_peak_memory_bytes": calibration["predicted_peak_memory_bytes"],
+            "measured_peak_memory_bytes": calibration["measured_peak_memory_bytes"],
+            "peak_memory_source": calibration["peak_memory_source"], "price_model_device": calibration["device"]}
 
 
 def _layout_metadata(layout: dict) -> dict:

@@ -46,24 +46,24 @@ class Marker:
     step: int
     metadata_sha256: str
     files: tuple[tuple[str, int, str], ...]  # (name, size, sha256)
-    layout: dict | None = None  # the layout that trained it (`execution.Execution.describe`)
+    trained_with: dict | None = None  # the layout and positions that trained it (`StageWorker.trained_with`)
 
     @property
     def num_bytes(self) -> int:
         return sum(size for _, size, _ in self.files)
 
 
-def write_marker(folder: Path, step: int, *, layout: dict | None = None) -> Marker:
-    """Hash every file of a finished save and write the marker last (atomic rename), with the
-    layout that trained the weights: a resume under another layout reshards them (DCP)."""
+def write_marker(folder: Path, step: int, *, trained_with: dict | None = None) -> Marker:
+    """Hash every file of a finished save and write the marker last (atomic rename), with what
+    trained the weights (a resume under another layout reshards them: DCP)."""
     files = tuple((p.name, p.stat().st_size, file_sha256(p)) for p in _payload_files(folder))
     metadata = next((digest for name, _, digest in files if name == METADATA_NAME), None)
     if metadata is None:
         raise RuntimeError("a finished DCP save has a .metadata file; this folder has none")
-    marker = Marker(step=step, metadata_sha256=metadata, files=files, layout=layout)
+    marker = Marker(step=step, metadata_sha256=metadata, files=files, trained_with=trained_with)
     body = {"step": step, "metadata_sha256": metadata, "files": [list(f) for f in files]}
-    if layout is not None:
-        body["layout"] = layout
+    if trained_with is not None:
+        body["trained_with"] = trained_with
     write_atomic(folder / MARKER_NAME, json.dumps(body, sort_keys=True).encode())
     return marker
 
@@ -73,7 +73,7 @@ def read_marker(folder: Path) -> Marker | None:
         body = json.loads((folder / MARKER_NAME).read_text())
         return Marker(step=int(body["step"]), metadata_sha256=str(body["metadata_sha256"]),
                       files=tuple((str(n), int(s), str(d)) for n, s, d in body["files"]),
-                      layout=body.get("layout") if isinstance(body.get("layout"), dict) else None)
+                      trained_with=body.get("trained_with") if isinstance(body.get("trained_with"), dict) else None)
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

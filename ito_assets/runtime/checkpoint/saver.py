@@ -44,7 +44,8 @@ class CheckpointConfig:
     directory: Path  # the stage folder (`storage.stage_dir`)
     interval_steps: int  # CheckpointPolicy.interval_steps of the manifest
     keep_last: int  # CheckpointPolicy.keep_last of the manifest
-    layout: dict | None = None  # the layout the worker ran and its fallbacks, into every marker
+    # What trained the weights (the layout the worker ran, its fallbacks, the RoPE positions), into every marker.
+    trained_with: dict | None = None
 
     def __post_init__(self) -> None:
         if self.interval_steps < 1:
@@ -126,7 +127,7 @@ class Checkpointer:
         try:
             future.result()
             if self.rank == 0:
-                flight.marker = markers.write_marker(flight.folder, flight.step, layout=self.config.layout)
+                flight.marker = markers.write_marker(flight.folder, flight.step, trained_with=self.config.trained_with)
         except BaseException as error:  # surfaced on the training thread by poll()/wait()
             flight.error = error
         finally:

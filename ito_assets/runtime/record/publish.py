@@ -2,7 +2,8 @@
 
 Checkpoints: every registry record whose folder is still a whole checkpoint (pruned and set-aside
 ones are not listed). Metrics, named `<stage>/<metric>`: the loss every `LOG_EVERY_STEPS` steps
-(the last attempt's value where a step was redone), the stage's eval and its goodput. Publishing
+(the last attempt's value where a step was redone), the stage's eval, its goodput and its
+predicted and measured step time with their ratio. Publishing
 twice adds nothing: rows already in the ledger for the run are skipped.
 """
 
@@ -32,10 +33,15 @@ def stage_metrics(stage: str, stage_dir: Path, evaluation: dict[str, float]) -> 
     return found
 
 
-def publish_stage(ledger: Ledger, run_id: str, stage: str, stage_dir: Path, evaluation: dict[str, float]) -> tuple[int, int]:
-    """Returns (checkpoints added, metrics added); a checkpoint is known by (step, path)."""
+def publish_stage(ledger: Ledger, run_id: str, stage: str, stage_dir: Path, evaluation: dict[str, float],
+                  figures: dict[str, float] | None = None) -> tuple[int, int]:
+    """Returns (checkpoints added, metrics added); a checkpoint is known by (step, path). `figures`:
+    more of the stage's figures at its last step (the predicted and measured step time)."""
     whole = {str(p) for p in markers.candidates(stage_dir) if markers.read_marker(p) is not None}
     finished = [ledger_telemetry.FinishedCheckpoint(step=record.step, path=record.path, size_bytes=record.num_bytes,
                                                     sha256=record.metadata_sha256)
                 for record in registry.read(stage_dir) if record.path in whole]
-    return ledger_telemetry.publish(ledger, run_id, finished, stage_metrics(stage, stage_dir, evaluation))
+    found = stage_metrics(stage, stage_dir, evaluation)
+    last = max((step for step, _, _ in found), default=0)
+    found += [(last, f"{stage}/{name}", value) for name, value in sorted((figures or {}).items())]
+    return ledger_telemetry.publish(ledger, run_id, finished, found)

@@ -9,12 +9,13 @@ starts.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from ito_assets.runtime.stage.fitting import Fallback
 from ito_assets.runtime.supervision.spikes import SpikeConfig
 from ito_assets.training.layout import Layout
+from ito_assets.training.model_config import ModelConfig, config_by_name
 
 # The heldout evaluation reads at most this many windows: enough for a stable mean on the
 # fixture corpora (64 x 128 tokens), bounded so that an eval never dominates a tiny stage.
@@ -48,6 +49,9 @@ class WorkerConfig:
     layout_fallbacks: tuple[Fallback, ...] = ()
     # Deterministic kernels: a bit-exact resume on GPUs, at some speed; CPU kernels are deterministic anyway.
     deterministic: bool = False
+    # The stage's RoPE base and position interpolation (`curriculum.positions`); None: the model's.
+    rope_theta: float | None = None
+    position_scale: float | None = None
     # The eval suite's items join the stage's eval battery (`stage_eval.battery`) when all three are
     # set: scored with the run's tokenizer, on the suite whose digest the stage was planned with.
     tokenizer_path: str | None = None
@@ -104,6 +108,12 @@ class WorkerConfig:
         object.__setattr__(self, "skip_ranges", tuple((int(a), int(b)) for a, b in self.skip_ranges))
         if isinstance(self.spikes, dict):
             object.__setattr__(self, "spikes", SpikeConfig(**self.spikes))
+
+    def model_config(self) -> ModelConfig:
+        """The model's shape with this stage's positions."""
+        config = config_by_name(self.model, vocab_size=self.vocab_size)
+        return replace(config, rope_theta=self.rope_theta or config.rope_theta,
+                       rope_position_scale=self.position_scale or config.rope_position_scale)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

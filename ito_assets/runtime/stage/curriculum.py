@@ -108,6 +108,20 @@ def num_steps(stage: Stage, batch_size: int) -> int:
     return math.ceil(stage.num_tokens / (batch_size * stage.sequence_length))
 
 
+def positions(target: TrainingTarget, name: str) -> dict[str, float | None]:
+    """The stage's RoPE base and position interpolation: its own, else the nearest earlier stage's
+    that sets them (a long-context stage's raised base stays for the stages after it), else None,
+    the model's."""
+    found: dict[str, float | None] = {"rope_theta": None, "position_scale": None}
+    for stage in target.stages:
+        for key in found:
+            if getattr(stage, key) is not None:
+                found[key] = getattr(stage, key)
+        if stage.name == name:
+            return found
+    raise ValueError(f"the training target has no {name} stage")
+
+
 def previous_stage(target: TrainingTarget, name: str) -> str | None:
     names = [s.name for s in target.stages]
     index = names.index(name)
@@ -119,8 +133,10 @@ def find_stage(target: TrainingTarget, name: str) -> Stage | None:
 
 
 def worker_config(*, run_key: str, stage: Stage, policy: CheckpointPolicy, layout: RunLayout, sizing: StageSizing,
-                  tokens_path: Path, heldout_path: Path, init_from: str | None, **battery: str) -> WorkerConfig:
-    """`battery`: tokenizer_path, eval_suite_path and eval_suite_sha256 (`WorkerConfig`)."""
+                  tokens_path: Path, heldout_path: Path, init_from: str | None,
+                  rope_theta: float | None = None, position_scale: float | None = None, **battery: str) -> WorkerConfig:
+    """`battery`: tokenizer_path, eval_suite_path and eval_suite_sha256 (`WorkerConfig`); the
+    positions: `positions` of the stage."""
     folder = layout.stage_dir(stage.name)
     return WorkerConfig(
         run_key=run_key, stage=stage.name, model=sizing.model, vocab_size=sizing.vocab_size,
@@ -130,5 +146,6 @@ def worker_config(*, run_key: str, stage: Stage, policy: CheckpointPolicy, layou
         sequence_length=stage.sequence_length, interval_steps=policy.interval_steps, keep_last=policy.keep_last,
         seed=sizing.seed, learning_rate=sizing.learning_rate, layout=sizing.layout,
         layout_fallbacks=sizing.layout_fallbacks, deterministic=sizing.deterministic, init_from=init_from,
-        replica_groups=sizing.replica_groups, launched_at=time.time(), **battery,
+        replica_groups=sizing.replica_groups, launched_at=time.time(), rope_theta=rope_theta,
+        position_scale=position_scale, **battery,
     )

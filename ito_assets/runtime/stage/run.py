@@ -4,8 +4,8 @@ runs it through Pipes), then `conclude`.
 `prepare` writes the worker config where the supervisor reads it and names the supervisor's
 command line (the replica-group supervisor when the plan replicates). `conclude` reads the
 supervisor's report once, judges the eval gate against the previous stage, records the verdict,
-publishes the stage's checkpoints and figures to the ledger and returns what the stage hands
-downstream. The Dagster shell only adds metadata.
+sets the measured step time beside the predicted one (`calibration`), publishes the stage's
+checkpoints and figures to the ledger and returns what the stage hands downstream. The Dagster shell only adds metadata.
 """
 
 from __future__ import annotations
@@ -19,9 +19,11 @@ from typing import Mapping
 from ito_assets.control.ledger import Ledger
 from ito_assets.runtime.record.publish import publish_stage
 from ito_assets.runtime.record.storage import write_atomic
+from ito_assets.runtime.stage.calibration import PriceBasis, calibrate
 from ito_assets.runtime.stage.config import WorkerConfig
 from ito_assets.runtime.stage.eval_gate import EvalGatePolicy, VerdictStore, judge_stage
 from ito_assets.runtime.supervision.supervisor import REPORT_NAME, SupervisorConfig
+from ito_assets.training.layout import Layout
 
 CONFIG_NAME = "stage.json"
 SUPERVISOR_MODULE = "ito_assets.runtime.supervision.supervisor"
@@ -42,6 +44,7 @@ class StageCheckpoint:
     gate: dict  # EvalGateVerdict.to_dict()
     num_attempts: int
     layout: dict = field(default_factory=dict)  # what the worker ran, and each fallback's reason
+    calibration: dict = field(default_factory=dict)  # `calibration.Calibration.to_dict`; empty: not timed
 
     @property
     def gate_passed(self) -> bool:
@@ -65,16 +68,24 @@ def prepare(config: WorkerConfig, supervisor: SupervisorConfig, *, python: str =
 
 
 def conclude(prepared: PreparedStage, *, ledger: Ledger, run_id: str, run_dir: Path, policy: EvalGatePolicy,
-             previous_eval: Mapping[str, float] | None, previous_stage: str | None) -> StageCheckpoint:
+             previous_eval: Mapping[str, float] | None, previous_stage: str | None,
+             basis: PriceBasis | None = None) -> StageCheckpoint:
     """`previous_eval`: the previous stage's battery, or None for the first stage, which is compared
-    with the untrained model's battery (the worker measures it before the first step)."""
+    with the untrained model's battery (the worker measures it before the first step). `basis`:
+    what the stage's predicted step time and memory are priced from (`calibration`)."""
     report = json.loads((prepared.stage_dir / REPORT_NAME).read_text())
     result = report["result"]
     reference = previous_eval if previous_eval is not None else result["initial_eval"]
     verdict = judge_stage(prepared.stage, result["eval"], reference, policy, previous_stage=previous_stage)
     VerdictStore(run_dir).record(verdict)
-    publish_stage(ledger, run_id, prepared.stage, prepared.stage_dir, result["eval"])
+    calibrated = (calibrate(basis, Layout.from_dict(result["layout"]["ran"]), result.get("measured", {}))
+                  if basis is not None and "layout" in result else None)
+    figures = {} if calibrated is None else {"predicted_step_s": calibrated.predicted_step_s,
+                                             "measured_step_s": calibrated.measured_step_s,
+                                             "step_time_ratio": calibrated.step_time_ratio}
+    publish_stage(ledger, run_id, prepared.stage, prepared.stage_dir, result["eval"], figures)
     return StageCheckpoint(stage=prepared.stage, run_dir=str(run_dir), stage_dir=str(prepared.stage_dir),
                            final_checkpoint=result["final_checkpoint"], num_steps=result["num_steps"],
                            metadata_sha256=result["metadata_sha256"], eval=result["eval"], gate=verdict.to_dict(),
-                           num_attempts=report["num_attempts"], layout=result.get("layout", {}))
+                           num_attempts=report["num_attempts"], layout=result.get("layout", {}),
+                           calibration={} if calibrated is None else calibrated.to_dict())

@@ -50,7 +50,7 @@ from ito_assets.runtime.supervision.spikes import Spike, SpikeDetector
 from ito_assets.runtime.worker.step import StepResult, train_step
 from ito_assets.runtime.record.storage import write_atomic
 from ito_assets.evals.suite import load_suite
-from ito_assets.training.model import build_model, config_by_name
+from ito_assets.training.model import build_model
 from ito_assets.training.tokenizer import load_tokenizer
 from ito_assets.training.trainer import TrainConfig, build_optimizer
 
@@ -72,8 +72,7 @@ class StageWorker:
         self.train_config = TrainConfig(num_steps=config.num_steps, batch_size=config.batch_size // self.data_world_size,
                                         sequence_length=config.sequence_length, seed=config.seed,
                                         learning_rate=config.learning_rate)
-        self.model = build_model(config_by_name(config.model, vocab_size=config.vocab_size), seed=config.seed,
-                                 device=group.device)
+        self.model = build_model(config.model_config(), seed=config.seed, device=group.device)
         # Before building the optimizer: FSDP2 replaces the parameters with sharded ones.
         self.execution = execution.prepare(self.model, layout, (*config.layout_fallbacks, *refitted),
                                            device=group.device, world_size=group.world_size,
@@ -81,7 +80,7 @@ class StageWorker:
         self.optimizer = build_optimizer(self.model, self.train_config)
         self.checkpointer = Checkpointer(CheckpointConfig(directory=self.stage_dir, interval_steps=config.interval_steps,
                                                           keep_last=config.keep_last,
-                                                          layout=self.execution.describe()),
+                                                          trained_with=self.trained_with()),
                                          process_group=group.checkpoint_group, rank=self.rank)
         self.heartbeat = HeartbeatWriter(Path(config.heartbeat_dir), rank=self.rank, attempt=config.attempt)
         self.stop = distributed.StopFlag(group.device)
@@ -151,6 +150,12 @@ class StageWorker:
         self.heartbeat.beat(step, "training")
         return result
 
+    def trained_with(self) -> dict:
+        """What trains the weights beyond the model's name: the layout run, its fallbacks, the positions."""
+        shape = self.model.config
+        return {"layout": self.execution.describe(),
+                "positions": {"rope_theta": shape.rope_theta, "position_scale": shape.rope_position_scale}}
+
     # --- resume, save, finish -------------------------------------------------------------------
 
     def resume(self) -> tuple[int, int]:
@@ -214,7 +219,7 @@ class StageWorker:
             self.save(step, position)
         self.drain(step)
         self.heartbeat.beat(step, "evaluating", force=True)
-        body: dict = {"stage": self.config.stage, "num_steps": step, "layout": self.execution.describe(),
+        body: dict = {"stage": self.config.stage, "num_steps": step, **self.trained_with(),
                       "measured": measured_figures(self.step_seconds, self.group.device)}
         if self.replicas is not None:
             body |= {"replica_id": self.config.replica_id, "parameters_sha256": self.parameters_digest()}

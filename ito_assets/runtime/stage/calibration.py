@@ -1,0 +1,72 @@
+"""The price model against the run: a stage's predicted step time and peak memory per device beside
+the measured ones, for the layout the worker ran on the hardware it ran on.
+
+The prediction is the planner's own (`ito_assets.training.throughput.estimate_step`,
+`ito_assets.training.memory.estimate_memory`), so a stage that runs slower than priced shows how
+far the budget gates' cost was from the truth. A measured step more than a quarter off its
+prediction is flagged: the cost the confirmation quoted is then off by as much, a margin a desk
+reads as "correct the price model" rather than as run-to-run noise (measured in
+docs/performance.md with `benchmarks/stage_layouts.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ito_assets.training.hardware import GpuSpec, NetworkSpec
+from ito_assets.training.layout import Layout
+from ito_assets.training.memory import estimate_memory
+from ito_assets.training.model_config import ModelConfig
+from ito_assets.training.throughput import estimate_step
+
+FLAG_FRACTION = 0.25
+
+
+@dataclass(frozen=True, kw_only=True)
+class PriceBasis:
+    """What a stage's prediction is made from, apart from the layout the worker reports it ran."""
+
+    model: ModelConfig
+    sequence_length: int
+    global_batch_sequences: int
+    gpu: GpuSpec
+    network: NetworkSpec
+    gpus_per_node: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Calibration:
+    predicted_step_s: float
+    measured_step_s: float
+    predicted_peak_memory_bytes: int
+    measured_peak_memory_bytes: int
+    peak_memory_source: str  # the CUDA allocator's peak, or the process's resident set on CPU
+    device: str  # the GpuSpec the prediction priced
+
+    @property
+    def step_time_ratio(self) -> float:
+        """Measured over predicted: above 1, the stage ran slower than it was priced."""
+        return self.measured_step_s / self.predicted_step_s
+
+    @property
+    def flagged(self) -> bool:
+        return abs(self.step_time_ratio - 1) > FLAG_FRACTION
+
+    def to_dict(self) -> dict:
+        return {**vars(self), "step_time_ratio": round(self.step_time_ratio, 4),
+                "peak_memory_ratio": round(self.measured_peak_memory_bytes / self.predicted_peak_memory_bytes, 4),
+                "flagged": self.flagged}
+
+
+def calibrate(basis: PriceBasis, ran: Layout, measured: dict) -> Calibration | None:
+    """None when the attempt timed no steady step (`measured_figures`: too few steps)."""
+    if not measured or measured.get("step_seconds") is None:
+        return None
+    step = estimate_step(basis.model, ran, sequence_length=basis.sequence_length,
+                         global_batch_sequences=basis.global_batch_sequences, gpu=basis.gpu, network=basis.network,
+                         gpus_per_node=basis.gpus_per_node)
+    memory = estimate_memory(basis.model, ran, basis.sequence_length, basis.gpu)
+    return Calibration(predicted_step_s=step.step_s, measured_step_s=float(measured["step_seconds"]),
+                       predicted_peak_memory_bytes=memory.total,
+                       measured_peak_memory_bytes=int(measured["peak_memory_bytes"]),
+                       peak_memory_source=str(measured["peak_memory_source"]), device=basis.gpu.name)
