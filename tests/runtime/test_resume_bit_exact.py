@@ -1,6 +1,7 @@
 """Resume is bit-exact: N steps straight equal N/2 steps, a checkpoint, and N/2 more in a fresh
-process group (world size 2 on gloo, DDP replicas and FSDP2 shards: per-rank RNG state, the
-data-loader position, sharded parameters and optimizer state through DCP)."""
+process group (world size 2 on gloo, DDP replicas, FSDP2 shards, and FSDP2 in bf16 with gradient
+accumulation: per-rank RNG state, the data-loader position, sharded parameters and optimizer state
+through DCP)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from ito_assets.runtime.record import events
 from ito_assets.runtime.checkpoint import markers
 from ito_assets.runtime.stage.config import RESULT_NAME
 from ito_assets.runtime.worker.main import EXIT_STOPPED
+from ito_assets.training.layout import Layout
 from runtime_helpers import EXACT_DDP, EXACT_FSDP, final_weights, finish, run_worker, start_worker, step_losses, worker_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
@@ -27,9 +29,17 @@ def _num_shards(stage_dir: Path, step: int) -> set[int]:
             if key.startswith("model.") and hasattr(meta, "chunks")}
 
 
-@pytest.mark.parametrize("data_parallel", ["ddp", "fsdp2"])
+LAYOUTS = {
+    "ddp": EXACT_DDP, "fsdp2": EXACT_FSDP,
+    # bf16 under FSDP2's mixed precision, each rank's rows as 2 micro-batches: the data position and
+    # the generators still resume exactly
+    "fsdp2_bf16_accumulating": Layout(dp_shard=2, compile=False, micro_batch_size=2),
+}
+
+
+@pytest.mark.parametrize("data_parallel", sorted(LAYOUTS))
 def test_straight_and_resumed_runs_are_identical(tmp_path, tokens, data_parallel):
-    layout = EXACT_FSDP if data_parallel == "fsdp2" else EXACT_DDP
+    layout = LAYOUTS[data_parallel]
     straight = worker_config(tmp_path / "straight", tokens, layout=layout)
     halves = worker_config(tmp_path / "halves", tokens, stop_after_step=12, layout=layout)
     running = start_worker(straight, nproc=2)  # two launches at once: start-up dominates on CPU
@@ -48,6 +58,6 @@ def test_straight_and_resumed_runs_are_identical(tmp_path, tokens, data_parallel
     a, b = final_weights(Path(straight.stage_dir), 24), final_weights(Path(halves.stage_dir), 24)
     assert a.keys() == b.keys() and len(a) > 10
     assert all(torch.equal(a[key], b[key]) for key in a)
-    assert _num_shards(Path(straight.stage_dir), 24) == ({2} if data_parallel == "fsdp2" else {1})
+    assert _num_shards(Path(straight.stage_dir), 24) == ({2} if layout.dp_shard == 2 else {1})
     results = [json.loads((Path(c.stage_dir) / RESULT_NAME).read_text()) for c in (straight, halves)]
     assert results[0]["eval"] == results[1]["eval"]  # the battery sees identical weights
