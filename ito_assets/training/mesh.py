@@ -16,21 +16,30 @@ import warnings
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput, RowwiseParallel,
+                                               SequenceParallel, parallelize_module)
 
 from ito_assets.training.layout import Layout
 from ito_assets.training.model import DecoderLM
 
 # Megatron-LM's split (Shoeybi et al. 2019): q, k, v and the MLP inputs by output columns, the
-# attention output and MLP down projection by input rows, so each block needs one reduction.
+# attention output and MLP down projection by input rows. With sequence parallelism (Korthikanti et
+# al. 2022) the norms and the residual stream between them hold a slice of the sequence: each
+# sub-layer all-gathers its input and reduce-scatters its output (torchtitan's Llama plan), so the
+# norms' activations are split tp ways too.
 TENSOR_PARALLEL_PLAN = {
+    "attention_norm": SequenceParallel(),
+    "attention": PrepareModuleInput(input_layouts=(Shard(1), None, None), desired_input_layouts=(Replicate(), None, None)),
     "attention.q": ColwiseParallel(),
     "attention.k": ColwiseParallel(),
     "attention.v": ColwiseParallel(),
-    "attention.o": RowwiseParallel(),
+    "attention.o": RowwiseParallel(output_layouts=Shard(1)),
+    "mlp_norm": SequenceParallel(),
+    "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
     "mlp.up": ColwiseParallel(),
     "mlp.gate": ColwiseParallel(),
-    "mlp.down": RowwiseParallel(),
+    "mlp.down": RowwiseParallel(output_layouts=Shard(1)),
 }
 
 
@@ -83,6 +92,12 @@ def parallelize(model: DecoderLM, mesh: DeviceMesh, layout: Layout,
         plan = _tensor_parallel_plan(model)
         for block in model.blocks:
             parallelize_module(block, mesh["tp"], plan)
+        # The embedding, the final norm and the tied head stay whole on every rank: the first block
+        # takes its slice of the sequence, the last one gives the whole sequence back.
+        parallelize_module(model.blocks[0], mesh["tp"], PrepareModuleInput(
+            input_layouts=(Replicate(), None, None), desired_input_layouts=(Shard(1), None, None), use_local_output=True))
+        parallelize_module(model.blocks[-1], mesh["tp"], PrepareModuleOutput(
+            output_layouts=Shard(1), desired_output_layouts=Replicate(), use_local_output=True))
     if layout.shard_group > 1 or layout.dp_replicate > 1:
         fsdp_mesh = data_mesh(mesh, layout)
         policy = mixed_precision or MixedPrecisionPolicy()

@@ -69,6 +69,8 @@ def test_chosen_plan_builds_its_mesh_and_placements(booking, fake_world):
     o = model.blocks[0].attention.o.weight
     if layout.tp > 1:
         assert isinstance(q, DTensor) and q.placements[-1] == Shard(0) and o.placements[-1] == Shard(1)
+        norm = model.blocks[0].attention_norm.weight  # sequence parallel: the norms' weights replicated over tp
+        assert isinstance(norm, DTensor) and norm.placements[-1] == Replicate()
     if layout.shard_group > 1 or layout.dp_replicate > 1:
         assert isinstance(q, DTensor)
         if layout.dp_replicate > 1:

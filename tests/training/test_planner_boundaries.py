@@ -319,14 +319,17 @@ BASE = dict(name="t", vocab_size=1024, num_layers=4, d_model=256, num_heads=4, d
     "change,ok",
     [({}, True), ({"num_heads": 1}, False), ({"num_heads": 2}, True), ({"num_kv_heads": 1}, False),
      ({"num_kv_heads": 2}, True), ({"d_ff": 514}, True), ({"d_ff": 513}, False), ({"vocab_size": 1025}, False),
-     ({"vocab_size": 1026}, True)],
-    ids=["base", "heads-1", "heads-2", "kv-1", "kv-2", "dff-even", "dff-odd", "vocab-odd", "vocab-even"],
+     ({"vocab_size": 1026}, True), ({"seq": 2047}, False), ({"seq": 2046}, True)],
+    ids=["base", "heads-1", "heads-2", "kv-1", "kv-2", "dff-even", "dff-odd", "vocab-odd", "vocab-even", "seq-odd",
+         "seq-even"],
 )
 def test_tensor_parallel_must_divide_each_dimension(change, ok):
-    config = ModelConfig(**(BASE | change))
-    found = _structural(req(config, hw(per_node=2)), Layout(tp=2))
-    assert found == ([] if ok else [Refusal(reason=R.TENSOR_PARALLEL_INDIVISIBLE,
-                                            detail="tp must divide heads, KV heads, d_ff and the vocabulary")])
+    seq = change.get("seq", 2048)
+    config = ModelConfig(**(BASE | {k: v for k, v in change.items() if k != "seq"}))
+    found = _structural(req(config, hw(per_node=2), seq=seq), Layout(tp=2))
+    assert found == ([] if ok else [Refusal(
+        reason=R.TENSOR_PARALLEL_INDIVISIBLE,
+        detail="tp must divide heads, KV heads, d_ff, the vocabulary and the sequence (sequence parallelism)")])
 
 
 # --- the other structural rules -----------------------------------------------------------------------
