@@ -2,7 +2,7 @@
 override, the supervisor's bounds, the gates' measured noise bands and their default thresholds.
 Defaults are the embedded CPU installation's; where the ranks run is `training_launcher`'s.
 
-The plan decides the model, the global batch and the data-parallel strategy of every stage
+The plan decides the model, the global batch and the layout of every stage
 (`ito_assets.runtime.stage.curriculum`); the manifest's `training_target.eval_gate`, when set, decides the
 gate thresholds over the defaults here."""
 
