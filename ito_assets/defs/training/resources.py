@@ -32,8 +32,9 @@ class TrainingRuntimeResource(dg.ConfigurableResource):
     # other (`ito_assets.runtime.supervision.replicas`); False: one DDP/FSDP2 group over all ranks.
     replica_groups: bool = True
     # torch.compile of the blocks, as every plan asks. None: on GPU hosts only. On the 2-core CPU
-    # host, compiling the tiny model's blocks took 16-31 s per rank and the steady step was no
-    # faster (224 against 232 ms in bf16; docs/performance.md), so a CPU stage runs eager.
+    # host, compiling the tiny model's blocks took 16-31 s per rank for a steady step 0.96-1.17x
+    # as fast (docs/performance.md): the embedded default's stages of a few dozen sub-second steps
+    # never pay it back, so a CPU stage runs eager.
     compile: Optional[bool] = None
     # Deterministic kernels (a bit-exact resume on GPUs, at some speed).
     deterministic: bool = False

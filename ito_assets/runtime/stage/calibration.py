@@ -5,8 +5,8 @@ The prediction is the planner's own (`ito_assets.training.throughput.estimate_st
 `ito_assets.training.memory.estimate_memory`), so a stage that runs slower than priced shows how
 far the budget gates' cost was from the truth. A measured step more than a quarter off its
 prediction is flagged: the cost the confirmation quoted is then off by as much, a margin a desk
-reads as "correct the price model" rather than as run-to-run noise (measured in
-docs/performance.md with `benchmarks/stage_layouts.py`).
+reads as "correct the price model" rather than as run-to-run noise (the same execution's step
+moved by 2-10 % between two runs of `benchmarks/stage_layouts.py`; docs/performance.md).
 """
 
 from __future__ import annotations
