@@ -48,8 +48,8 @@ def fit_layout(planned: Layout, *, world_size: int, replica_groups: int, batch_s
     """The layout of the whole attempt: `world_size` ranks (over every replica group), a global
     batch of `batch_size` sequences. torchft replica groups are its dp_replicate degree
     (`per_group`); `eager_reason`: why this host runs without torch.compile, if it does. Raises
-    CAPABILITY_MISSING for pipeline or context parallelism, which the worker
-    has not (a plan made before the planner knew that)."""
+    CAPABILITY_MISSING for pipeline or context parallelism, which the worker has not (a plan made
+    before the planner knew that)."""
     if planned.pp > 1 or planned.cp > 1:
         raise ItoError(ErrorCode.CAPABILITY_MISSING,
                        "the plan needs pipeline or context parallelism, which this runtime does not train")
