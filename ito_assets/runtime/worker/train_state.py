@@ -1,6 +1,7 @@
 """Everything a bit-exact resume needs, as one DCP state dict.
 
-    model   parameters (get_state_dict: DDP and FSDP wrappers unwrapped, shared weights once)
+    model   parameters (get_state_dict: DDP and FSDP wrappers unwrapped; a tied weight once, under
+            its first name, `tied_aliases`)
     optim   AdamW moments and step counts
     train   the step reached and the data-loader position (`batches.ResumableBatches.position`)
     rng     torch, numpy and Python generator states, per rank (`rng.capture`)
@@ -21,8 +22,23 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from ito_assets.runtime.worker import rng
 
 
+def tied_aliases(model: nn.Module) -> dict[str, str]:
+    """alias -> name of parameters that are another's tensor (the tied output head -> the
+    embedding): saved once, under the first name, and tied again on load."""
+    first: dict[int, str] = {}
+    aliases = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        if id(parameter) in first:
+            aliases[name] = first[id(parameter)]
+        else:
+            first[id(parameter)] = name
+    return aliases
+
+
 def capture(model: nn.Module, optimizer: torch.optim.Optimizer, *, step: int, position: int, rank: int) -> dict[str, Any]:
     model_state, optim_state = get_state_dict(model, optimizer)
+    for alias in tied_aliases(model):
+        model_state.pop(alias, None)
     return {
         "model": model_state,
         "optim": optim_state,
@@ -39,7 +55,10 @@ def template(model: nn.Module, optimizer: torch.optim.Optimizer, *, rank: int, w
 
 def apply(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any], *, rank: int) -> tuple[int, int]:
     """Load `state` into model, optimizer and generators; returns (step, position)."""
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    weights = dict(state["model"])
+    for alias, name in tied_aliases(model).items():  # the one saved tensor, under both names
+        weights[alias] = weights[name]
+    set_state_dict(model, optimizer, model_state_dict=weights, optim_state_dict=state["optim"])
     if "train" not in state:
         return 0, 0
     rng.restore(rank, state["rng"])
