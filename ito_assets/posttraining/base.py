@@ -78,16 +78,15 @@ def pretrained(*, model_name: str, vocab_size: int, checkpoint: str, tokenizer: 
 def load_pretrained(policy: DecoderLM, folder: Path) -> DecoderLM:
     """The model weights of a runtime checkpoint (its optimizer, data position and generators are
     the pretraining run's, not ours), after the completion marker's digests are checked."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
-
     from ito_assets.runtime.checkpoint import resume
+    from ito_assets.runtime.worker import train_state
 
-    state = {"model": get_model_state_dict(policy)}
+    state = {"model": train_state.weights(policy)}
     with warnings.catch_warnings():  # DCP warns that it loads in one process, as intended here
         warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
         reason = resume.load_checkpoint(folder, state, rank=0, group=None)
     if reason is not None:
         raise ItoError(ErrorCode.CHECKPOINT_DIGEST_MISMATCH,
                        f"the pretraining chain's final checkpoint cannot be used: {reason}")
-    set_model_state_dict(policy, state["model"])
+    train_state.set_weights(policy, state["model"])
     return policy

@@ -71,12 +71,15 @@ def test_the_first_stage_starts_from_the_checkpoint_weights(base):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
+    from ito_assets.runtime.worker import train_state
+
     policy = _spec(base).initial_policy()
-    template = {"model": {k: torch.zeros_like(v) for k, v in get_model_state_dict(policy).items()}}
+    template = {"model": {k: torch.zeros_like(v) for k, v in train_state.weights(policy).items()}}
     with pytest.warns(UserWarning):  # DCP says it reads in one process
         dcp.load(template, checkpoint_id=base.checkpoint)  # what the runtime wrote, read independently
     loaded = get_model_state_dict(policy)
     assert all(torch.equal(loaded[k], v) for k, v in template["model"].items())
+    assert policy.head.weight is policy.embedding.weight  # the weight saved once is tied again
     fresh = _spec(base).factory()()
     assert not torch.equal(fresh.embedding.weight, policy.embedding.weight)
 

@@ -1,6 +1,7 @@
 """Everything a bit-exact resume needs, as one DCP state dict.
 
-    model   parameters (get_state_dict: DDP and FSDP wrappers unwrapped, shared weights once)
+    model   parameters (get_state_dict: DDP and FSDP wrappers unwrapped; a tied weight once, under
+            its first name, `tied_aliases`)
     optim   AdamW moments and step counts
     train   the step reached and the data-loader position (`batches.ResumableBatches.position`)
     rng     torch, numpy and Python generator states, per rank (`rng.capture`)
@@ -16,13 +17,46 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
-                                                     set_state_dict)
+                                                     set_model_state_dict, set_state_dict)
 
 from ito_assets.runtime.worker import rng
 
 
+def tied_aliases(model: nn.Module) -> dict[str, str]:
+    """alias -> name of parameters that are another's tensor (the tied output head -> the
+    embedding): saved once, under the first name, and tied again on load."""
+    first: dict[int, str] = {}
+    aliases = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        if id(parameter) in first:
+            aliases[name] = first[id(parameter)]
+        else:
+            first[id(parameter)] = name
+    return aliases
+
+
+def _untied(model: nn.Module, weights: dict[str, Any]) -> dict[str, Any]:
+    return {name: value for name, value in weights.items() if name not in tied_aliases(model)}
+
+
+def _tied(model: nn.Module, weights: dict[str, Any]) -> dict[str, Any]:
+    """The saved weights under every name the model has: a tied alias gets its tensor's."""
+    return {**weights, **{alias: weights[name] for alias, name in tied_aliases(model).items()}}
+
+
+def weights(model: nn.Module) -> dict[str, Any]:
+    """The model's part of a checkpoint (a template for `dcp.load`, or what to save)."""
+    return _untied(model, get_model_state_dict(model))
+
+
+def set_weights(model: nn.Module, saved: dict[str, Any]) -> None:
+    """Load the model's part of a checkpoint, tying what was saved once."""
+    set_model_state_dict(model, _tied(model, saved))
+
+
 def capture(model: nn.Module, optimizer: torch.optim.Optimizer, *, step: int, position: int, rank: int) -> dict[str, Any]:
     model_state, optim_state = get_state_dict(model, optimizer)
+    model_state = _untied(model, model_state)
     return {
         "model": model_state,
         "optim": optim_state,
@@ -39,7 +73,7 @@ def template(model: nn.Module, optimizer: torch.optim.Optimizer, *, rank: int, w
 
 def apply(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any], *, rank: int) -> tuple[int, int]:
     """Load `state` into model, optimizer and generators; returns (step, position)."""
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    set_state_dict(model, optimizer, model_state_dict=_tied(model, state["model"]), optim_state_dict=state["optim"])
     if "train" not in state:
         return 0, 0
     rng.restore(rank, state["rng"])
