@@ -35,7 +35,7 @@ def _gradients(layout: Layout) -> tuple[float, dict[str, torch.Tensor]]:
     optimizer = build_optimizer(model, CONFIG)
     grads = {}
     x, y = _batch()
-    loss, _, _ = train_step(run, model, optimizer, x, y, 1, CONFIG,
+    loss, _, _, _ = train_step(run, model, optimizer, x, y, 1, CONFIG,
                             before_update=lambda: grads.update({n: p.grad.clone() for n, p in model.named_parameters()}))
     return loss, grads
 
@@ -114,7 +114,7 @@ def test_a_toolchain_that_cannot_compile_runs_eager_and_says_why(monkeypatch):
         "field": "compile", "planned": True, "ran": False,
         "reason": "torch.compile failed on this host: RuntimeError: no C compiler on this host"}]
     assert all(block.body == block.residual for block in model.blocks)
-    loss, _, _ = train_step(run, model, build_optimizer(model, CONFIG), *_batch(), 1, CONFIG)
+    loss, _, _, _ = train_step(run, model, build_optimizer(model, CONFIG), *_batch(), 1, CONFIG)
     assert loss > 0
 
 
@@ -125,7 +125,7 @@ def test_compiled_blocks_train_like_eager_ones():
     assert run.layout.compile and run.fallbacks == ()
     assert all(block.body != block.residual for block in model.blocks)
     grads = {}
-    loss, _, _ = train_step(run, model, build_optimizer(model, CONFIG), *_batch(), 1, CONFIG,
+    loss, _, _, _ = train_step(run, model, build_optimizer(model, CONFIG), *_batch(), 1, CONFIG,
                             before_update=lambda: grads.update({n: p.grad.clone() for n, p in model.named_parameters()}))
     assert loss == pytest.approx(eager_loss, abs=1e-5)
     for name in eager:  # inductor fuses and reorders: close, not equal

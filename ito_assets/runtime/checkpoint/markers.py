@@ -47,23 +47,27 @@ class Marker:
     metadata_sha256: str
     files: tuple[tuple[str, int, str], ...]  # (name, size, sha256)
     trained_with: dict | None = None  # the layout and positions that trained it (`StageWorker.trained_with`)
+    spike_history: dict | None = None  # the spike detector's values at this step (`SpikeDetector.state`)
 
     @property
     def num_bytes(self) -> int:
         return sum(size for _, size, _ in self.files)
 
 
-def write_marker(folder: Path, step: int, *, trained_with: dict | None = None) -> Marker:
+def write_marker(folder: Path, step: int, *, trained_with: dict | None = None,
+                 spike_history: dict | None = None) -> Marker:
     """Hash every file of a finished save and write the marker last (atomic rename), with what
     trained the weights (a resume under another layout reshards them: DCP)."""
     files = tuple((p.name, p.stat().st_size, file_sha256(p)) for p in _payload_files(folder))
     metadata = next((digest for name, _, digest in files if name == METADATA_NAME), None)
     if metadata is None:
         raise RuntimeError("a finished DCP save has a .metadata file; this folder has none")
-    marker = Marker(step=step, metadata_sha256=metadata, files=files, trained_with=trained_with)
+    marker = Marker(step=step, metadata_sha256=metadata, files=files, trained_with=trained_with,
+                    spike_history=spike_history)
     body = {"step": step, "metadata_sha256": metadata, "files": [list(f) for f in files]}
-    if trained_with is not None:
-        body["trained_with"] = trained_with
+    for key, value in (("trained_with", trained_with), ("spike_history", spike_history)):
+        if value is not None:
+            body[key] = value
     write_atomic(folder / MARKER_NAME, json.dumps(body, sort_keys=True).encode())
     return marker
 
@@ -73,9 +77,14 @@ def read_marker(folder: Path) -> Marker | None:
         body = json.loads((folder / MARKER_NAME).read_text())
         return Marker(step=int(body["step"]), metadata_sha256=str(body["metadata_sha256"]),
                       files=tuple((str(n), int(s), str(d)) for n, s, d in body["files"]),
-                      trained_with=body.get("trained_with") if isinstance(body.get("trained_with"), dict) else None)
+                      trained_with=_dict_or_none(body.get("trained_with")),
+                      spike_history=_dict_or_none(body.get("spike_history")))
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def _dict_or_none(value: object) -> dict | None:
+    return value if isinstance(value, dict) else None
 
 
 def validate(folder: Path) -> str | None:

@@ -64,6 +64,7 @@ class _InFlight:
     done: threading.Event
     stager: DefaultStager | None  # this save's own stager, closed once it finished (GPU)
     marker: Marker | None = None
+    spike_history: dict | None = None  # into the marker, as of this step
     finished: float | None = None  # time.monotonic() once the marker is written
     error: BaseException | None = None
 
@@ -93,8 +94,9 @@ class Checkpointer:
     def due(self, step: int) -> bool:
         return step > 0 and step % self.config.interval_steps == 0
 
-    def save(self, step: int, state: dict[str, Any]) -> float:
-        """Start an asynchronous save of `state` at `step`; returns the seconds training was blocked."""
+    def save(self, step: int, state: dict[str, Any], *, spike_history: dict | None = None) -> float:
+        """Start an asynchronous save of `state` at `step`; returns the seconds training was blocked.
+        `spike_history` (the detector's values at `step`) goes into the marker."""
         self._ready.extend(self.wait())  # at most one save in flight; the wait is the previous save's blocking
         started = time.monotonic()
         folder = markers.checkpoint_dir(self.config.directory, step)
@@ -106,7 +108,8 @@ class Checkpointer:
                                   async_stager=own or self._stager)
         assert isinstance(response, AsyncSaveResponse), "an asynchronous stager yields an AsyncSaveResponse"
         flight = _InFlight(step=step, folder=folder, started=started, blocking_seconds=time.monotonic() - started,
-                           staged=response.staging_completion, done=threading.Event(), stager=own)
+                           staged=response.staging_completion, done=threading.Event(), stager=own,
+                           spike_history=spike_history)
         self._in_flight = flight
         response.upload_completion.add_done_callback(lambda f: self._on_done(flight, f))
         return flight.blocking_seconds
@@ -127,7 +130,8 @@ class Checkpointer:
         try:
             future.result()
             if self.rank == 0:
-                flight.marker = markers.write_marker(flight.folder, flight.step, trained_with=self.config.trained_with)
+                flight.marker = markers.write_marker(flight.folder, flight.step, trained_with=self.config.trained_with,
+                                                     spike_history=flight.spike_history)
         except BaseException as error:  # surfaced on the training thread by poll()/wait()
             flight.error = error
         finally:

@@ -22,11 +22,15 @@ class EventKind(str, enum.Enum):
     ALLOCATION = "allocation"  # seconds: wall time the devices were held; num_devices
     STARTUP = "startup"  # seconds: process launch to the first step (per attempt)
     RESUME = "resume"  # step: the checkpoint an attempt resumed from (-1: fresh start)
-    STEP = "step"  # step, seconds, loss: one optimizer step
+    STEP = "step"  # step, seconds, loss: one optimizer step (detail NOT_APPLIED: its update was dropped)
     CHECKPOINT = "checkpoint"  # step, seconds (training-blocking), total_seconds, num_bytes
     EVALUATION = "evaluation"  # seconds: the stage's eval battery
     INTERRUPTION = "interruption"  # planned, seconds (detection: last sign of life to detection)
     RECOVERY = "recovery"  # seconds: detection to the first step of the next attempt
+
+
+# A step whose loss or gradient was not finite: its update was not applied, its time is wasted.
+NOT_APPLIED = "not applied: loss or gradient not finite"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Mapping
 
-from ito_assets.runtime.record.events import Event, EventKind
+from ito_assets.runtime.record.events import NOT_APPLIED, Event, EventKind
 
 _SECONDS_PER_HOUR = 3600.0
 
@@ -88,7 +88,10 @@ def _resume_steps(events: list[Event]) -> dict[int, int]:
 
 
 def _wasted(step: Event, resumes: dict[int, int]) -> bool:
-    """A step is wasted when any later attempt resumed from a checkpoint before it."""
+    """A step is wasted when its update was not applied (a non-finite loss or gradient), or when
+    any later attempt resumed from a checkpoint before it."""
+    if step.detail == NOT_APPLIED:
+        return True
     return any(attempt > step.attempt and resumed < step.step for attempt, resumed in resumes.items())
 
 

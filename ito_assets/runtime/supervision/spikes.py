@@ -62,6 +62,13 @@ class RollingDetector:
         self.config = config
         self._history: deque[float] = deque(maxlen=config.window)
 
+    def history(self) -> list[float]:
+        return list(self._history)
+
+    def restore(self, values: list[float]) -> None:
+        self._history.clear()
+        self._history.extend(float(v) for v in values[-self.config.window :])
+
     def observe(self, step: int, value: float) -> Spike | None:
         if not math.isfinite(value):
             return Spike(step=step, metric=self.metric, value=value, mean=math.nan, std=math.nan)
@@ -88,6 +95,16 @@ class SpikeDetector:
         config = config or SpikeConfig()
         self.loss = RollingDetector("loss", config)
         self.grad_norm = RollingDetector("grad_norm", config)
+
+    def state(self) -> dict[str, list[float]]:
+        """The values each metric is judged against: a checkpoint keeps them, so that a resumed
+        attempt judges its first steps as the interrupted one would have, not blind for
+        `min_history` steps."""
+        return {"loss": self.loss.history(), "grad_norm": self.grad_norm.history()}
+
+    def restore(self, state: dict[str, list[float]]) -> None:
+        self.loss.restore(state.get("loss", []))
+        self.grad_norm.restore(state.get("grad_norm", []))
 
     def observe(self, step: int, loss: float, grad_norm: float) -> Spike | None:
         loss_spike = self.loss.observe(step, loss)

@@ -58,6 +58,8 @@ from ito_assets.training.trainer import TrainConfig, build_optimizer
 EXIT_STOPPED = 75
 # Report every 10 steps through Pipes (torchtitan's default `log_freq`); every step goes to the events.
 LOG_EVERY_STEPS = 10
+# How often ranks paused on a non-finite step look for the desk's decision; heartbeats go out as often.
+AWAIT_DESK_POLL_S = 1.0
 
 
 class StageWorker:
@@ -116,6 +118,8 @@ class StageWorker:
             if not result.committed:
                 continue
             self.observe(result)
+            if not result.applied and self.await_desk(step):
+                return self.flush(step, batches.position)
             if self.writes_checkpoints and self.checkpointer.due(step):
                 self.save(step, batches.position)
             self.collect(self.checkpointer.poll())
@@ -129,7 +133,7 @@ class StageWorker:
         optimizer = self.optimizer if self.replicas is None else self.replicas.optimizer_step
         reduce = None if self.replicas is None else self.replicas.reduce_gradients
         staging = []  # a save's staging wait is the checkpoint's blocking time, not the step's
-        loss, grad_norm, lr = train_step(self.execution, self.model, optimizer, x, y, step, self.train_config,
+        loss, grad_norm, lr, applied = train_step(self.execution, self.model, optimizer, x, y, step, self.train_config,
                                          before_update=lambda: staging.append(self.checkpointer.wait_staged()),
                                          reduce_gradients=reduce)
         committed = True
@@ -139,7 +143,8 @@ class StageWorker:
                 self.log(f"healed from a peer replica group: step {step - 1} -> {reached}")
             step = reached
         result = StepResult(step=step, position=position, loss=loss, grad_norm=grad_norm, learning_rate=lr,
-                            seconds=max(0.0, time.perf_counter() - started - sum(staging)), committed=committed)
+                            seconds=max(0.0, time.perf_counter() - started - sum(staging)), committed=committed,
+                            applied=applied)
         if not committed:
             self.heartbeat.beat(step, "training")
             return result
@@ -166,6 +171,9 @@ class StageWorker:
         step, position = 0, 0
         if point.step is not None:
             step, position = train_state.apply(self.model, self.optimizer, state, rank=self.rank)
+            marker = markers.read_marker(Path(point.path))
+            if marker is not None and marker.spike_history:  # absent in checkpoints from before it was kept
+                self.spikes.restore(marker.spike_history)
         elif self.config.init_from:
             self._init_from(Path(self.config.init_from))
         else:
@@ -189,7 +197,7 @@ class StageWorker:
     def save(self, step: int, position: int) -> None:
         self.heartbeat.beat(step, "checkpointing", force=True)
         state = train_state.capture(self.model, self.optimizer, step=step, position=position, rank=self.rank)
-        self.checkpointer.save(step, state)
+        self.checkpointer.save(step, state, spike_history=self.spikes.state())
         self.saved_step = step
 
     def collect(self, records: list[CheckpointRecord]) -> None:
@@ -287,7 +295,8 @@ class StageWorker:
     # --- observation: events, metrics, spikes ---------------------------------------------------
 
     def observe(self, result: StepResult) -> None:
-        self.event(EventKind.STEP, step=result.step, seconds=result.seconds, loss=result.loss)
+        self.event(EventKind.STEP, step=result.step, seconds=result.seconds, loss=result.loss,
+                   detail="" if result.applied else events.NOT_APPLIED)
         self.step_seconds.append(result.seconds)
         if result.step % LOG_EVERY_STEPS == 0 or result.step == self.config.num_steps:
             tokens_per_second = self.config.batch_size * self.config.sequence_length / result.seconds
@@ -297,6 +306,29 @@ class StageWorker:
         spike = self.spikes.observe(result.step, result.loss, result.grad_norm)
         if spike is not None and self.rank == 0 and self.writes_checkpoints:
             self.propose(spike, result.position)
+
+    def await_desk(self, step: int) -> bool:
+        """A step whose loss or gradient was not finite was not applied, and its spike proposal
+        (made at once: the detector flags any non-finite value) awaits the desk: train no further
+        until it is decided. Approved, the supervisor restarts the stage from the proposal's
+        checkpoint (this attempt is stopped); rejected, training goes on. Returns whether a stop
+        was requested meanwhile. Every rank polls and agrees, so none trains alone."""
+        if self.replicas is not None:  # one group cannot hold the others' quorum: the step is only dropped
+            self.log(f"step {step}: loss or gradient not finite; the update was dropped")
+            return False
+        self.log(f"step {step}: loss or gradient not finite; the update was dropped and training waits for the desk")
+        store = proposals.ProposalStore(self.stage_dir)
+        while True:
+            self.heartbeat.beat(step, "awaiting_desk", force=True)
+            flags = torch.tensor([int(self.stop.requested), int(bool(store.pending()))], device=self.group.device)
+            if torch.distributed.is_initialized() and self.group.world_size > 1:
+                torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+            if flags[0]:
+                return True
+            if not flags[1]:
+                self.log(f"step {step}: the desk decided; training goes on")
+                return False
+            time.sleep(AWAIT_DESK_POLL_S)
 
     def propose(self, spike: Spike, spike_position: int) -> None:
         store = proposals.ProposalStore(self.stage_dir)

@@ -7,6 +7,7 @@ detection."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -30,14 +31,17 @@ class StepResult:
     # False: replica groups whose quorum did not commit the step (a peer failed mid-step); the
     # weights did not change and `step` is the step reached (a healed group's may have jumped).
     committed: bool = True
+    # False: the loss or the gradient norm was not finite; the update was dropped, not applied.
+    applied: bool = True
 
 
 def train_step(execution: Execution, model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor,
                y: torch.Tensor, step: int, config: TrainConfig,
                before_update: Callable[[], object] | None = None,
-               reduce_gradients: Callable[[], object] | None = None) -> tuple[float, float, float]:
-    """Returns (loss averaged over the group's ranks, gradient norm, learning rate) for 1-based
-    `step`. The rank's rows run as micro-batches of the layout's size; each one's loss is scaled
+               reduce_gradients: Callable[[], object] | None = None) -> tuple[float, float, float, bool]:
+    """Returns (loss averaged over the group's ranks, gradient norm, learning rate, applied) for
+    1-based `step`; not applied when the loss or the gradient norm is not finite (every rank
+    agrees: both are reduced over the ranks), so that a NaN never reaches the weights. The rank's rows run as micro-batches of the layout's size; each one's loss is scaled
     by 1 / (number of micro-batches), so that the accumulated gradient is the whole batch's, and
     gradients are reduced across ranks on the last one only. `before_update` runs after the
     backward passes, before the weights change (a checkpoint's staging copy may still be reading
@@ -63,11 +67,16 @@ def train_step(execution: Execution, model: nn.Module, optimizer: torch.optim.Op
     if reduce_gradients is not None:
         reduce_gradients()
     grad_norm = clip_gradients(model, config.grad_clip)
-    optimizer.step()
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(total, op=dist.ReduceOp.SUM)  # gloo has no AVG
         total /= dist.get_world_size()
-    return float(total), grad_norm, lr
+    applied = math.isfinite(float(total)) and math.isfinite(grad_norm)
+    if not applied:
+        # No gradient, no update: AdamW leaves a parameter without one untouched (no decay, no
+        # moment), and torchft's optimizer still takes part in its quorum's commit.
+        optimizer.zero_grad(set_to_none=True)
+    optimizer.step()
+    return float(total), grad_norm, lr, applied
 
 
 def clip_gradients(model: nn.Module, max_norm: float) -> float:
