@@ -7,6 +7,7 @@ Messages are safe text: they never echo caller-supplied values that could be sec
 from __future__ import annotations
 
 import enum
+import errno
 
 
 class ErrorCode(str, enum.Enum):
@@ -116,3 +117,16 @@ class ItoError(Exception):
 
     def to_dict(self) -> dict:
         return {"code": self.code.value, "message": self.message, "retryable": self.retryable}
+
+
+def disk_full(error: BaseException) -> bool:
+    """A write that failed for want of space: an OSError with its errno (Python, pyarrow, and
+    polars writing through `_Sink`), or DuckDB's (or polars') error whose text carries the OS's."""
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(error)
+    return "No space left on device" in text or "Disk quota exceeded" in text
+
+
+def storage_full(what: str) -> ItoError:
+    return ItoError(ErrorCode.STORAGE_FULL, f"the disk is full while writing {what}; nothing of it was kept: retry once space returns")

@@ -14,7 +14,7 @@ from pathlib import Path
 import duckdb
 
 from ito_assets.data.config import ScaleConfig
-from ito_assets.data.shards import disk_full, storage_full
+from ito_assets.errors import disk_full, storage_full
 from ito_assets.errors import ItoError
 
 

@@ -11,7 +11,6 @@ unreadable file is SHARD_CORRUPT, named relative to its store.
 
 from __future__ import annotations
 
-import errno
 import hmac
 import json
 import os
@@ -26,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ito_assets.digests import file_sha256
-from ito_assets.errors import ErrorCode, ItoError
+from ito_assets.errors import ErrorCode, ItoError, disk_full, storage_full
 
 SUCCESS_MARKER = "_SUCCESS"
 # zstd level 3: polars' default codec and level, a good size/speed trade-off for text.
@@ -125,19 +124,6 @@ def verified_path(shard: Shard) -> str:
 
 def verified_paths(shards: Iterable[Shard]) -> list[str]:
     return [verified_path(s) for s in shards]
-
-
-def disk_full(error: BaseException) -> bool:
-    """A write that failed for want of space: an OSError with its errno (Python, pyarrow, and
-    polars writing through `_Sink`), or DuckDB's (or polars') error whose text carries the OS's."""
-    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-        return True
-    text = str(error)
-    return "No space left on device" in text or "Disk quota exceeded" in text
-
-
-def storage_full(what: str) -> ItoError:
-    return ItoError(ErrorCode.STORAGE_FULL, f"the disk is full while writing {what}; nothing of it was kept: retry once space returns")
 
 
 @contextmanager

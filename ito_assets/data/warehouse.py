@@ -38,7 +38,8 @@ import polars as pl
 # lineage imports this module too; each uses the other's names only when called.
 from ito_assets.data import lineage, shards
 from ito_assets.data.config import MIN_MB_PER_DUCKDB_THREAD
-from ito_assets.data.shards import Shard, disk_full, shard_problem, storage_full, store_name, writing
+from ito_assets.data.shards import Shard, shard_problem, store_name, writing
+from ito_assets.errors import disk_full, storage_full
 from ito_assets.digests import Digest, file_sha256, short_key
 from ito_assets.errors import ErrorCode, ItoError
 

@@ -10,6 +10,9 @@ from its newest whole checkpoint under the same run record.
   next attempt starts, so re-running the stage carries it out.
 - a stop request (SIGTERM/SIGINT to the supervisor, e.g. Dagster terminating the run): the workers
   flush a checkpoint within the grace period and the supervisor exits without restarting.
+- the stage folder cannot be written (a full disk, a vanished or unwritable folder): the stage
+  ends FAILED with STORAGE_FULL or CHECKPOINT_STORAGE_INVALID and one plain sentence, without a
+  restart (none could help) and without a traceback.
 
 Attempts run where `SupervisorConfig.launch` says (`ito_assets.launch.backend`): torchrun on this
 machine, an sbatch job, or one pod per node; the supervisor only polls and terminates them. When
@@ -23,6 +26,7 @@ attempt. Both go to the event log as INTERRUPTION and RECOVERY events.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import enum
 import json
 import signal
@@ -31,6 +35,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from ito_assets.errors import ErrorCode, disk_full
 from ito_assets.launch.backend import Attempt, Backend, LaunchConfig
 from ito_assets.runtime.record import events
 from ito_assets.runtime.supervision import heartbeat
@@ -119,6 +124,9 @@ class SupervisionReport:
     num_attempts: int
     faults: tuple[Fault, ...]
     result: dict | None  # the worker's result.json when succeeded
+    # FAILED for the stage folder's storage (STORAGE_FULL, CHECKPOINT_STORAGE_INVALID): restarting cannot help.
+    error_code: str | None = None
+    error: str = ""
 
 
 @dataclass
@@ -152,12 +160,13 @@ class Supervisor:
 
     def run(self) -> SupervisionReport:
         self.stage_dir.mkdir(parents=True, exist_ok=True)
-        started, attempt_number, unplanned = time.time(), self._next_attempt_number(), 0
-        first = attempt_number
+        started, attempt_number, unplanned, launched = time.time(), 0, 0, 0
         try:
+            attempt_number = first = self._next_attempt_number()
             while True:
                 self._apply_approved()  # approved while no attempt ran (e.g. after the stage ended)
                 attempt = self._launch(attempt_number)
+                launched += 1
                 watch = self._watch(attempt)
                 if watch.kind is AttemptEnd.FINISHED:
                     attempt.release()
@@ -169,11 +178,16 @@ class Supervisor:
                 if unplanned > self.config.max_restarts:
                     return self._report(Outcome.FAILED, attempt_number + 1 - first)
                 attempt_number += 1
+        except OSError as error:  # the stage folder cannot be written: no restart can fix that
+            if not self._in_stage_storage(error):
+                raise
+            return self._storage_failure(error, launched)
         finally:
             if self.relay is not None:
                 self.relay.forward()
-            self._event(EventKind.ALLOCATION, attempt=attempt_number, seconds=time.time() - started,
-                        num_devices=self.config.world_size)
+            with contextlib.suppress(OSError):  # already reported when the folder is the problem
+                self._event(EventKind.ALLOCATION, attempt=attempt_number, seconds=time.time() - started,
+                            num_devices=self.config.world_size)
 
     def _next_attempt_number(self) -> int:
         """Attempt numbers continue across supervisor runs of the same stage (a retried step), so
@@ -286,13 +300,38 @@ class Supervisor:
     def _event(self, kind: EventKind, **fields) -> None:
         events.append(self.stage_dir, Event(kind=kind, at=time.time(), **fields))
 
-    def _report(self, outcome: str, num_attempts: int) -> SupervisionReport:
+    def _report(self, outcome: str, num_attempts: int, *, error_code: ErrorCode | None = None,
+                error: str = "") -> SupervisionReport:
         result_path = self.stage_dir / RESULT_NAME
         result = json.loads(result_path.read_text()) if outcome is Outcome.SUCCEEDED else None
         report = SupervisionReport(stage=self.worker.stage, outcome=outcome, num_attempts=num_attempts,
-                                   faults=tuple(self.faults), result=result)
+                                   faults=tuple(self.faults), result=result,
+                                   error_code=error_code.value if error_code else None, error=error)
         write_atomic(self.stage_dir / REPORT_NAME, json.dumps(asdict(report), sort_keys=True).encode())
         return report
+
+    def _in_stage_storage(self, error: OSError) -> bool:
+        """A full disk anywhere, or an error on a path in the stage folder: not, say, a launcher
+        that is missing (that one keeps its traceback)."""
+        if disk_full(error):
+            return True
+        paths = [Path(p) for p in (error.filename, error.filename2) if p]
+        return any(p.is_relative_to(self.stage_dir) or p.is_relative_to(self.worker.heartbeat_dir) for p in paths)
+
+    def _storage_failure(self, error: OSError, num_attempts: int) -> SupervisionReport:
+        """The stage ends FAILED with the storage's code and a plain sentence, on stderr (the stage
+        asset's log under Pipes) and in the report where it can still be written; never a traceback.
+        The newest whole checkpoint stays where it was: a retry resumes from it once storage is fixed."""
+        code = ErrorCode.STORAGE_FULL if disk_full(error) else ErrorCode.CHECKPOINT_STORAGE_INVALID
+        reason = error.strerror or type(error).__name__
+        message = (f"{code.value}: the stage folder of {self.worker.stage} could not be written ({reason}); "
+                   "the stage stopped, its newest whole checkpoint is kept for a retry")
+        print(message, file=sys.stderr, flush=True)
+        try:
+            return self._report(Outcome.FAILED, num_attempts, error_code=code, error=message)
+        except OSError:
+            return SupervisionReport(stage=self.worker.stage, outcome=Outcome.FAILED, num_attempts=num_attempts,
+                                     faults=tuple(self.faults), result=None, error_code=code.value, error=message)
 
 
 def stage_arguments(prog: str, argv: list[str] | None) -> tuple[WorkerConfig, SupervisorConfig]:
@@ -315,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     with open_relay(supervisor.config.launch.backend, Path(supervisor.worker.metrics_path)) as relay:
         supervisor.relay = relay
         report = supervisor.run()
-    print(json.dumps({"stage": report.stage, "outcome": report.outcome.value, "num_attempts": report.num_attempts}))
+    print(json.dumps({"stage": report.stage, "outcome": report.outcome.value, "num_attempts": report.num_attempts,
+                      **({"error_code": report.error_code} if report.error_code else {})}))
     return 0 if report.outcome is Outcome.SUCCEEDED else 1
 
 
