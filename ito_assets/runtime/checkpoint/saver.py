@@ -14,6 +14,11 @@ tutorial and torchtitan's `async_mode="async"`). When rank 0's save completes, t
 (still off the training thread) hashes the files and writes the completion marker; the training
 thread then appends the registry record and prunes to `keep_last` in `poll`, never touching a
 folder being written.
+
+A save that fails for its storage (a full disk, EIO, a vanished folder), on any rank, is learned
+by every rank at the next point they all pass (the next save, the final wait: `agree`): its
+partial folder is removed, the previous whole checkpoint stays listed, and the worker decides
+whether to go on. Any other failure still raises.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
+from ito_assets.errors import ErrorCode, disk_full
 from ito_assets.runtime.checkpoint import markers
 from ito_assets.runtime.checkpoint import registry
 from ito_assets.runtime.checkpoint.holds import held_steps
@@ -69,6 +75,30 @@ class _InFlight:
     error: BaseException | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
+class SaveFailure:
+    """A save that failed for its storage, as every rank agreed on it."""
+
+    step: int
+    code: ErrorCode  # STORAGE_FULL or CHECKPOINT_STORAGE_INVALID
+    reason: str  # the OS's words on the rank that saw it; "on another rank" elsewhere
+
+
+def storage_cause(error: BaseException) -> OSError | None:
+    """The OSError behind a failed save, if storage caused it: the error itself, its causes, or
+    a rank's failure inside DCP's CheckpointException."""
+    seen: list[BaseException] = [error]
+    while seen:
+        current = seen.pop()
+        if isinstance(current, OSError):
+            return current
+        seen += [c for c in (current.__cause__, current.__context__) if c is not None]
+        failures = getattr(current, "failures", None)  # torch.distributed.checkpoint.api.CheckpointException
+        if isinstance(failures, dict):
+            seen += [getattr(f, "exc", f) for f in failures.values() if isinstance(getattr(f, "exc", f), BaseException)]
+    return None
+
+
 def _stager() -> DefaultStager:
     on_gpu = torch.cuda.is_available()
     return DefaultStager(StagingOptions(use_pinned_memory=on_gpu, use_shared_memory=False, use_async_staging=True,
@@ -88,6 +118,8 @@ class Checkpointer:
         self._stager = None if torch.cuda.is_available() else _stager()
         self._in_flight: _InFlight | None = None
         self._ready: list[CheckpointRecord] = []  # finished while save() waited for them
+        self._failed: tuple[int, OSError] | None = None  # this rank's storage failure not yet agreed on
+        self.failures: list[SaveFailure] = []  # agreed on, for the worker to act on (`take_failures`)
         if rank == 0:
             config.directory.mkdir(parents=True, exist_ok=True)
 
@@ -98,6 +130,7 @@ class Checkpointer:
         """Start an asynchronous save of `state` at `step`; returns the seconds training was blocked.
         `spike_history` (the detector's values at `step`) goes into the marker."""
         self._ready.extend(self.wait())  # at most one save in flight; the wait is the previous save's blocking
+        self.agree()
         started = time.monotonic()
         folder = markers.checkpoint_dir(self.config.directory, step)
         if self.rank == 0 and folder.exists():
@@ -148,7 +181,11 @@ class Checkpointer:
         if flight.stager is not None:
             flight.stager.close()
         if flight.error is not None:
-            raise RuntimeError("an asynchronous checkpoint save failed") from flight.error
+            cause = storage_cause(flight.error)
+            if cause is None:
+                raise RuntimeError("an asynchronous checkpoint save failed") from flight.error
+            self._failed = (flight.step, cause)  # every rank learns of it in `agree`
+            return ready
         if self.rank != 0:
             return ready
         record = CheckpointRecord(
@@ -172,6 +209,31 @@ class Checkpointer:
                     on_tick()
             flight.blocking_seconds += time.monotonic() - started
         return self.poll()
+
+    def agree(self) -> SaveFailure | None:
+        """A collective on the checkpoint group (every rank, at the same point: the next save, the
+        final wait): whether a save failed for its storage on any rank. Its partial folder is
+        removed (rank 0) and the failure is kept in `failures`."""
+        step, error = self._failed if self._failed is not None else (-1, None)
+        self._failed = None
+        flags = torch.tensor([step, int(error is not None and disk_full(error))], dtype=torch.int64)
+        if dist.is_initialized() and dist.get_world_size(self.process_group) > 1:
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.process_group)
+        failed_step, full = int(flags[0]), bool(flags[1])
+        if failed_step < 0:
+            return None
+        folder = markers.checkpoint_dir(self.config.directory, failed_step)
+        if self.rank == 0 and markers.read_marker(folder) is None:
+            shutil.rmtree(folder, ignore_errors=True)
+        reason = (error.strerror or type(error).__name__) if error is not None else "on another rank"
+        failure = SaveFailure(step=failed_step, code=ErrorCode.STORAGE_FULL if full else ErrorCode.CHECKPOINT_STORAGE_INVALID,
+                              reason=reason)
+        self.failures.append(failure)
+        return failure
+
+    def take_failures(self) -> list[SaveFailure]:
+        taken, self.failures = self.failures, []
+        return taken
 
     def close(self) -> list[CheckpointRecord]:
         records = self.wait()

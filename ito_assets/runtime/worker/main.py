@@ -49,6 +49,7 @@ from ito_assets.runtime.worker.reporting import Reporter, measured_figures, open
 from ito_assets.runtime.supervision.spikes import Spike, SpikeDetector
 from ito_assets.runtime.worker.step import StepResult, train_step
 from ito_assets.runtime.record.storage import write_atomic
+from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.evals.suite import load_suite
 from ito_assets.training.model import build_model
 from ito_assets.training.tokenizer import load_tokenizer
@@ -56,6 +57,8 @@ from ito_assets.training.trainer import TrainConfig, build_optimizer
 
 # sysexits.h EX_TEMPFAIL: stopped on request after flushing a checkpoint; resumable.
 EXIT_STOPPED = 75
+# sysexits.h EX_IOERR: the last checkpoint could not be written (STORAGE_FULL, CHECKPOINT_STORAGE_INVALID).
+EXIT_STORAGE = 74
 # Report every 10 steps through Pipes (torchtitan's default `log_freq`); every step goes to the events.
 LOG_EVERY_STEPS = 10
 # How often ranks paused on a non-finite step look for the desk's decision; heartbeats go out as often.
@@ -201,6 +204,9 @@ class StageWorker:
         self.saved_step = step
 
     def collect(self, records: list[CheckpointRecord]) -> None:
+        for failure in self.checkpointer.take_failures():
+            self.log(f"the checkpoint of step {failure.step} failed ({failure.code.value}: {failure.reason}); its partial "
+                     f"files were removed, the newest whole checkpoint stays, training goes on")
         for record in records:
             self.event(EventKind.CHECKPOINT, step=record.step, seconds=record.blocking_seconds,
                        total_seconds=record.total_seconds, num_bytes=record.num_bytes)
@@ -209,9 +215,15 @@ class StageWorker:
                                                 "checkpoint_total_seconds": record.total_seconds})
 
     def drain(self, step: int) -> None:
-        """Wait for the save in flight (heartbeating meanwhile), record it, release the stager."""
+        """Wait for the save in flight (heartbeating meanwhile), record it, release the stager.
+        The last save must hold: if it failed for its storage, the attempt ends with the storage's
+        code (the supervisor restarts it from the newest whole checkpoint)."""
         self.collect(self.checkpointer.wait(on_tick=lambda: self.heartbeat.beat(step, "checkpointing")))
-        self.checkpointer.close()
+        self.checkpointer.agree()
+        last = next((f for f in self.checkpointer.failures if f.step == step), None)
+        self.collect(self.checkpointer.close())
+        if last is not None:
+            raise ItoError(last.code, f"the checkpoint of step {step} could not be written ({last.reason})")
 
     def flush(self, step: int, position: int) -> int:
         """Stop requested: make sure the step reached is in a whole checkpoint, then exit."""
@@ -381,6 +393,11 @@ def main(argv: list[str] | None = None) -> int:
         # One Pipes writer per stage: replica group 0's rank 0; the other groups' go to their files.
         with open_reporter(group.rank, Path(config.metrics_path), pipes=config.replica_id == 0) as reporter:
             return StageWorker(config, group, reporter).run()
+    except ItoError as error:
+        if error.code not in (ErrorCode.STORAGE_FULL, ErrorCode.CHECKPOINT_STORAGE_INVALID):
+            raise
+        print(f"{error.code.value}: {error}", file=sys.stderr, flush=True)  # the attempt's log, not a traceback
+        return EXIT_STORAGE
     finally:
         distributed.shutdown()
 

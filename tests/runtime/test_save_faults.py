@@ -1,0 +1,67 @@
+"""A checkpoint save that fails for its storage on one rank: every rank learns of it at the next
+save, its partial folder is removed, the previous whole checkpoint stays listed and training goes
+on; when the last save fails, the attempt ends with STORAGE_FULL in its log, not a traceback."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from torch.distributed.checkpoint.api import CheckpointException
+
+from ito_assets.runtime.checkpoint import markers, registry
+from ito_assets.runtime.checkpoint.saver import storage_cause
+from ito_assets.runtime.stage.config import RESULT_NAME
+from ito_assets.runtime.worker.main import EXIT_STORAGE
+from ito_assets.training.layout import Layout
+from runtime_helpers import worker_config
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+
+def test_the_storage_cause_is_found_inside_dcps_wrapper():
+    full = OSError(errno.ENOSPC, "No space left on device")
+    assert storage_cause(full) is full
+    wrapped = RuntimeError("save failed")
+    wrapped.__cause__ = full
+    assert storage_cause(wrapped) is full
+    assert storage_cause(CheckpointException("save", {1: full})) is full
+    assert storage_cause(RuntimeError("a bug, not the disk")) is None
+
+
+def _run(tmp_path: Path, tokens, failing: str):
+    config = worker_config(tmp_path, tokens, num_steps=12, interval_steps=4, layout=Layout(
+        dp_replicate=2, precision="fp32", compile=False, micro_batch_size=4))
+    path = tmp_path / "config.json"
+    path.write_text(config.to_json())
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")}, "ITO_ENOSPC_AT_STEPS": failing}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           str(Path(__file__).with_name("save_fault_driver.py")), "--config", str(path)],
+                          env=env, capture_output=True, text=True, timeout=180)
+    return config, done
+
+
+@pytest.mark.slow
+def test_a_failed_save_on_one_rank_is_dropped_by_every_rank_and_training_goes_on(tmp_path, tokens):
+    config, done = _run(tmp_path, tokens, "8")
+    assert done.returncode == 0, done.stderr[-3000:]
+    stage = Path(config.stage_dir)
+    assert not markers.checkpoint_dir(stage, 8).exists()  # the partial folder is gone
+    assert [r.step for r in registry.read(stage)] == [4, 12]  # step 4 stayed listed, 12 is the final one
+    assert (stage / RESULT_NAME).exists()
+    log = Path(config.metrics_path).read_text()
+    assert "the checkpoint of step 8 failed (STORAGE_FULL: No space left on device)" in log
+
+
+@pytest.mark.slow
+def test_a_failed_last_save_ends_the_attempt_with_the_storages_code(tmp_path, tokens):
+    config, done = _run(tmp_path, tokens, "12")
+    assert done.returncode != 0 and f"exitcode  : {EXIT_STORAGE}" in done.stderr
+    assert "STORAGE_FULL: the checkpoint of step 12 could not be written (No space left on device)" in done.stderr
+    stage = Path(config.stage_dir)
+    assert not markers.checkpoint_dir(stage, 12).exists() and not (stage / RESULT_NAME).exists()
+    assert [r.step for r in registry.read(stage)] == [4, 8]  # the newest whole checkpoints stay for the restart
