@@ -41,9 +41,10 @@ def train_step(execution: Execution, model: nn.Module, optimizer: torch.optim.Op
                reduce_gradients: Callable[[], object] | None = None) -> tuple[float, float, float, bool]:
     """Returns (loss averaged over the group's ranks, gradient norm, learning rate, applied) for
     1-based `step`; not applied when the loss or the gradient norm is not finite (every rank
-    agrees: both are reduced over the ranks), so that a NaN never reaches the weights. The rank's rows run as micro-batches of the layout's size; each one's loss is scaled
-    by 1 / (number of micro-batches), so that the accumulated gradient is the whole batch's, and
-    gradients are reduced across ranks on the last one only. `before_update` runs after the
+    agrees: both are reduced over the ranks), so that a NaN never reaches the weights. The rank's
+    rows run as micro-batches of the layout's size; each one's loss is scaled by 1 / (number of
+    micro-batches), so that the accumulated gradient is the whole batch's, and gradients are
+    reduced across ranks on the last one only. `before_update` runs after the
     backward passes, before the weights change (a checkpoint's staging copy may still be reading
     them until then); `reduce_gradients` after it, before clipping, so that every replica group
     clips the same averaged gradient."""
