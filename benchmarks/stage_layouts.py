@@ -29,12 +29,13 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from ito_assets.runtime.stage.calibration import PriceBasis, calibrate  # noqa: E402
+from ito_assets.runtime.stage.calibration import calibrate  # noqa: E402
 from ito_assets.runtime.stage.config import RESULT_NAME, WorkerConfig  # noqa: E402
 from ito_assets.runtime.supervision.launch import worker_command  # noqa: E402
 from ito_assets.training.hardware import gpu_spec, network_spec  # noqa: E402
 from ito_assets.training.layout import Layout  # noqa: E402
 from ito_assets.training.model_config import config_by_name, flops_per_token  # noqa: E402
+from ito_assets.training.planner import Hardware, PlanRequest  # noqa: E402
 
 EXECUTIONS = {
     "eager_fp32": {"precision": "fp32", "compile": False},
@@ -73,9 +74,11 @@ def _run(work: Path, name: str, args: argparse.Namespace, tokens: str, vocab: in
 def _figures(measured: dict, args: argparse.Namespace) -> dict:
     """The stage's own calibration (`ito_assets.runtime.stage.calibration`) and MFU."""
     model, gpu = config_by_name(args.model), gpu_spec(args.gpu)
-    basis = PriceBasis(model=model, sequence_length=args.sequence_length, global_batch_sequences=args.batch, gpu=gpu,
-                       network=network_spec("infiniband"), gpus_per_node=args.nproc)
-    figures = calibrate(basis, Layout.from_dict(measured["ran"]), measured)
+    hardware = Hardware(gpu=gpu, network=network_spec("infiniband"), num_nodes=1, gpus_per_node=args.nproc,
+                        price_cents_per_gpu_hour=0)
+    request = PlanRequest(model=model, sequence_length=args.sequence_length, global_batch_sequences=args.batch,
+                          num_training_tokens=args.steps * args.batch * args.sequence_length, hardware=hardware)
+    figures = calibrate(request, Layout.from_dict(measured["ran"]), measured)
     per_device = args.batch * args.sequence_length / figures.measured_step_s / args.nproc
     return {"tokens_per_second_per_device": round(per_device, 1),
             "mfu": round(flops_per_token(model, args.sequence_length) * per_device / gpu.peak_bf16_flops, 4),

@@ -7,15 +7,17 @@ from dataclasses import replace
 
 import pytest
 
-from ito_assets.runtime.stage.calibration import FLAG_FRACTION, Calibration, PriceBasis, calibrate
+from ito_assets.runtime.stage.calibration import FLAG_FRACTION, Calibration, calibrate
 from ito_assets.training.hardware import gpu_spec, network_spec
 from ito_assets.training.layout import Layout
 from ito_assets.training.memory import estimate_memory
 from ito_assets.training.model_config import config_by_name
+from ito_assets.training.planner import Hardware, PlanRequest
 from ito_assets.training.throughput import estimate_step
 
-BASIS = PriceBasis(model=config_by_name("proxy-150m"), sequence_length=2048, global_batch_sequences=64,
-                   gpu=gpu_spec("H200"), network=network_spec("infiniband"), gpus_per_node=8)
+BASIS = PlanRequest(model=config_by_name("proxy-150m"), sequence_length=2048, global_batch_sequences=64,
+                    num_training_tokens=10**9, hardware=Hardware(gpu=gpu_spec("H200"), network=network_spec("infiniband"),
+                                                                 num_nodes=1, gpus_per_node=8, price_cents_per_gpu_hour=250))
 RAN = Layout(dp_shard=8, micro_batch_size=8)
 MEASURED = {"step_seconds": 1.0, "num_steps_timed": 10, "peak_memory_bytes": 20 * 2**30,
             "peak_memory_source": "torch.cuda.max_memory_allocated"}
@@ -23,10 +25,10 @@ MEASURED = {"step_seconds": 1.0, "num_steps_timed": 10, "peak_memory_bytes": 20 
 
 def test_the_prediction_is_the_planners_for_the_layout_that_ran():
     found = calibrate(BASIS, RAN, MEASURED)
-    predicted = estimate_step(BASIS.model, RAN, sequence_length=2048, global_batch_sequences=64, gpu=BASIS.gpu,
-                              network=BASIS.network, gpus_per_node=8).step_s
+    predicted = estimate_step(BASIS.model, RAN, sequence_length=2048, global_batch_sequences=64, gpu=BASIS.hardware.gpu,
+                              network=BASIS.hardware.network, gpus_per_node=8).step_s
     assert found.predicted_step_s == predicted and found.measured_step_s == 1.0
-    assert found.predicted_peak_memory_bytes == estimate_memory(BASIS.model, RAN, 2048, BASIS.gpu).total
+    assert found.predicted_peak_memory_bytes == estimate_memory(BASIS.model, RAN, 2048, BASIS.hardware.gpu).total
     assert found.step_time_ratio == pytest.approx(1.0 / predicted)
     # Recomputation is priced: the layout that ran, not the plan's, is the one predicted.
     assert calibrate(BASIS, replace(RAN, checkpointing="full"), MEASURED).predicted_step_s > predicted

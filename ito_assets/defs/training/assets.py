@@ -30,9 +30,9 @@ from ito_assets.runtime.stage import corpus
 from ito_assets.runtime.stage import curriculum as stages
 from ito_assets.runtime.record.storage import RunLayout
 from ito_assets.runtime.stage import run as stage_run
-from ito_assets.runtime.stage.calibration import PriceBasis
 from ito_assets.runtime.stage.eval_gate import VerdictStore
 from ito_assets.training.hardware import gpu_spec
+from ito_assets.training.planner import Hardware, PlanRequest
 from ito_assets.training.run_plan import PlanOutcome
 from ito_assets.training.tokenizer import TokenizerConfig
 
@@ -170,18 +170,19 @@ def _run_stage(context, res: _StageResources, inputs: dict, previous, name: str)
             policy=res.runtime.gate_policy(manifest.training_target.eval_gate),
             previous_eval=previous.eval if previous else None,
             previous_stage=stages.previous_stage(manifest.training_target, name),
-            basis=_price_basis(config, plan.run_plan.hardware, nproc, has_cuda))
+            priced=_host_request(config, stage, plan.run_plan.hardware, nnodes, nproc, has_cuda))
     yield dg.Output(outcome, metadata={**outcome_metadata(outcome), "nnodes": nnodes, "nproc_per_node": nproc,
                                        "replica_groups": config.replica_groups,
                                        # what an auditor matches against the confirmation
                                        "trained_manifest_digest": live.manifest.digest})
 
 
-def _price_basis(config, booked, nproc: int, has_cuda: bool) -> PriceBasis:
-    """The price model for the hardware the stage ran on: the booking's GPU, or the nominal CPU host."""
-    return PriceBasis(model=config.model_config(),
-                      sequence_length=config.sequence_length, global_batch_sequences=config.batch_size,
-                      gpu=booked.gpu if has_cuda else gpu_spec("CPU"), network=booked.network, gpus_per_node=nproc)
+def _host_request(config, stage, booked: Hardware, nnodes: int, nproc: int, has_cuda: bool) -> PlanRequest:
+    """The planner's request for the stage as it ran: its model, batch and ranks, on the booking's
+    GPU, or on the nominal CPU host."""
+    host = dataclasses.replace(booked, gpu=booked.gpu if has_cuda else gpu_spec("CPU"), num_nodes=nnodes, gpus_per_node=nproc)
+    return PlanRequest(model=config.model_config(), sequence_length=config.sequence_length,
+                       global_batch_sequences=config.batch_size, num_training_tokens=stage.num_tokens, hardware=host)
 
 
 def _stage_asset(name: str, upstream: str | None):

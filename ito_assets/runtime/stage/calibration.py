@@ -13,25 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ito_assets.training.hardware import GpuSpec, NetworkSpec
 from ito_assets.training.layout import Layout
 from ito_assets.training.memory import estimate_memory
-from ito_assets.training.model_config import ModelConfig
+from ito_assets.training.planner import PlanRequest
 from ito_assets.training.throughput import estimate_step
 
 FLAG_FRACTION = 0.25
-
-
-@dataclass(frozen=True, kw_only=True)
-class PriceBasis:
-    """What a stage's prediction is made from, apart from the layout the worker reports it ran."""
-
-    model: ModelConfig
-    sequence_length: int
-    global_batch_sequences: int
-    gpu: GpuSpec
-    network: NetworkSpec
-    gpus_per_node: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,15 +45,18 @@ class Calibration:
                 "flagged": self.flagged}
 
 
-def calibrate(basis: PriceBasis, ran: Layout, measured: dict) -> Calibration | None:
-    """None when the attempt timed no steady step (`measured_figures`: too few steps)."""
+def calibrate(request: PlanRequest, ran: Layout, measured: dict) -> Calibration | None:
+    """`request`: the planner's request for the hardware the stage ran on (its model, sequence,
+    batch and hardware price the layout that ran). None when the attempt timed no steady step
+    (`measured_figures`: too few steps)."""
     if not measured or measured.get("step_seconds") is None:
         return None
-    step = estimate_step(basis.model, ran, sequence_length=basis.sequence_length,
-                         global_batch_sequences=basis.global_batch_sequences, gpu=basis.gpu, network=basis.network,
-                         gpus_per_node=basis.gpus_per_node)
-    memory = estimate_memory(basis.model, ran, basis.sequence_length, basis.gpu)
+    hardware = request.hardware
+    step = estimate_step(request.model, ran, sequence_length=request.sequence_length,
+                         global_batch_sequences=request.global_batch_sequences, gpu=hardware.gpu,
+                         network=hardware.network, gpus_per_node=hardware.gpus_per_node)
+    memory = estimate_memory(request.model, ran, request.sequence_length, hardware.gpu)
     return Calibration(predicted_step_s=step.step_s, measured_step_s=float(measured["step_seconds"]),
                        predicted_peak_memory_bytes=memory.total,
                        measured_peak_memory_bytes=int(measured["peak_memory_bytes"]),
-                       peak_memory_source=str(measured["peak_memory_source"]), device=basis.gpu.name)
+                       peak_memory_source=str(measured["peak_memory_source"]), device=hardware.gpu.name)

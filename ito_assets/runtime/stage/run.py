@@ -19,11 +19,12 @@ from typing import Mapping
 from ito_assets.control.ledger import Ledger
 from ito_assets.runtime.record.publish import publish_stage
 from ito_assets.runtime.record.storage import write_atomic
-from ito_assets.runtime.stage.calibration import PriceBasis, calibrate
+from ito_assets.runtime.stage.calibration import calibrate
 from ito_assets.runtime.stage.config import WorkerConfig
 from ito_assets.runtime.stage.eval_gate import EvalGatePolicy, VerdictStore, judge_stage
 from ito_assets.runtime.supervision.supervisor import REPORT_NAME, SupervisorConfig
 from ito_assets.training.layout import Layout
+from ito_assets.training.planner import PlanRequest
 
 CONFIG_NAME = "stage.json"
 SUPERVISOR_MODULE = "ito_assets.runtime.supervision.supervisor"
@@ -69,17 +70,18 @@ def prepare(config: WorkerConfig, supervisor: SupervisorConfig, *, python: str =
 
 def conclude(prepared: PreparedStage, *, ledger: Ledger, run_id: str, run_dir: Path, policy: EvalGatePolicy,
              previous_eval: Mapping[str, float] | None, previous_stage: str | None,
-             basis: PriceBasis | None = None) -> StageCheckpoint:
+             priced: PlanRequest | None = None) -> StageCheckpoint:
     """`previous_eval`: the previous stage's battery, or None for the first stage, which is compared
-    with the untrained model's battery (the worker measures it before the first step). `basis`:
-    what the stage's predicted step time and memory are priced from (`calibration`)."""
+    with the untrained model's battery (the worker measures it before the first step). `priced`:
+    the planner's request for the hardware the stage ran on, which prices its predicted step time
+    and memory (`calibration`)."""
     report = json.loads((prepared.stage_dir / REPORT_NAME).read_text())
     result = report["result"]
     reference = previous_eval if previous_eval is not None else result["initial_eval"]
     verdict = judge_stage(prepared.stage, result["eval"], reference, policy, previous_stage=previous_stage)
     VerdictStore(run_dir).record(verdict)
-    calibrated = (calibrate(basis, Layout.from_dict(result["layout"]["ran"]), result.get("measured", {}))
-                  if basis is not None and "layout" in result else None)
+    calibrated = (calibrate(priced, Layout.from_dict(result["layout"]["ran"]), result.get("measured", {}))
+                  if priced is not None and "layout" in result else None)
     figures = {} if calibrated is None else {"predicted_step_s": calibrated.predicted_step_s,
                                              "measured_step_s": calibrated.measured_step_s,
                                              "step_time_ratio": calibrated.step_time_ratio}
