@@ -7,7 +7,9 @@ background with SLURM_JOB_ID, SLURM_JOB_NODELIST and SLURM_JOB_NUM_NODES set, ou
 one task per node (SLURM_STEP_ID, SLURM_NODEID set) and with --kill-on-bad-exit kills the step when
 a task fails; `scancel --signal=SIG` signals every process of the job's steps, plain `scancel`
 kills every process of the job. "Of the job" is what a cgroup would say; here, whoever carries the
-job's SLURM_JOB_ID in its environment (torchrun's workers inherit it). Every node is 127.0.0.1.
+job's SLURM_JOB_ID and this fake's state folder (FAKE_SLURM_STATE) in its environment
+(torchrun's workers inherit both): every test's fake numbers its first job FIRST_JOB_ID, and a
+test on another pytest worker must never signal this one's ranks. Every node is 127.0.0.1.
 Every call is appended to `calls.jsonl` in the state folder, the tasks of a job to its `tasks`.
 """
 
@@ -78,7 +80,7 @@ def _run_job(state_dir: Path, args: list[str]) -> int:
     job_id, script, output, nodes = args
     job = state_dir / "jobs" / job_id
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
-    env.update(SLURM_JOB_ID=job_id, SLURM_JOB_NUM_NODES=nodes, SLURM_NNODES=nodes,
+    env.update(FAKE_SLURM_STATE=str(state_dir), SLURM_JOB_ID=job_id, SLURM_JOB_NUM_NODES=nodes, SLURM_NNODES=nodes,
                SLURM_JOB_NODELIST=",".join(["127.0.0.1"] * int(nodes)))
     with open(output, "ab") as log:
         code = subprocess.call(["bash", script], env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -108,8 +110,9 @@ def _sacct(state_dir: Path, args: list[str]) -> int:
     return 0
 
 
-def job_processes(job_id: str, *, steps_only: bool) -> list[int]:
+def job_processes(state_dir: Path, job_id: str, *, steps_only: bool) -> list[int]:
     found = []
+    marks = (f"SLURM_JOB_ID={job_id}".encode(), f"FAKE_SLURM_STATE={state_dir}".encode())
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
@@ -117,7 +120,7 @@ def job_processes(job_id: str, *, steps_only: bool) -> list[int]:
             env = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if f"SLURM_JOB_ID={job_id}".encode() in env and (not steps_only or any(e.startswith(b"SLURM_STEP_ID=") for e in env)):
+        if all(mark in env for mark in marks) and (not steps_only or any(e.startswith(b"SLURM_STEP_ID=") for e in env)):
             found.append(int(entry.name))
     return found
 
@@ -139,10 +142,10 @@ def _scancel(state_dir: Path, args: list[str]) -> int:
         return 1
     sent = next((a.split("=", 1)[1] for a in args if a.startswith("--signal=")), None)
     if sent is not None:
-        _signal(job_processes(job_id, steps_only=True), signal.Signals["SIG" + sent])
+        _signal(job_processes(state_dir, job_id, steps_only=True), signal.Signals["SIG" + sent])
     else:
         (job / "cancelled").touch()
-        _signal(job_processes(job_id, steps_only=False), signal.SIGKILL)
+        _signal(job_processes(state_dir, job_id, steps_only=False), signal.SIGKILL)
     return 0
 
 
@@ -158,7 +161,7 @@ def _srun(state_dir: Path, args: list[str]) -> int:
         record.write("".join(f"{node} {task.pid}\n" for node, task in enumerate(tasks)))
     while any(t.poll() is None for t in tasks):
         if "--kill-on-bad-exit=1" in options and any(t.poll() not in (None, 0) for t in tasks):
-            _signal(job_processes(os.environ["SLURM_JOB_ID"], steps_only=True), signal.SIGKILL)
+            _signal(job_processes(state_dir, os.environ["SLURM_JOB_ID"], steps_only=True), signal.SIGKILL)
         time.sleep(0.1)
     codes = [t.returncode if t.returncode >= 0 else 128 - t.returncode for t in tasks]
     return max(codes)

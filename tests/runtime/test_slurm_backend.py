@@ -146,7 +146,7 @@ def test_a_job_that_ignores_sigterm_is_cancelled_after_the_grace_period(tmp_path
     assert [c["args"] for c in fake_slurm.calls(slurm) if c["tool"] == "scancel"] == [
         ["--signal=TERM", attempt.job_id], [attempt.job_id]]
     assert attempt.exit_code() == 128 + signal.SIGKILL  # sacct: CANCELLED by UID|0:9
-    assert fake_slurm.job_processes(attempt.job_id, steps_only=False) == []
+    assert fake_slurm.job_processes(slurm, attempt.job_id, steps_only=False) == []
 
 
 def _start(supervisor: Supervisor) -> tuple[threading.Thread, list[SupervisionReport]]:
