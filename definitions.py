@@ -12,7 +12,7 @@ from ito_assets.defs.executors import executor_for
 from ito_assets.defs.jobs import data_preparation_job, preparation_job, training_job
 from ito_assets.defs.resources import ItoSettingsResource, LedgerResource
 from ito_assets.settings import Settings, load_settings
-from sensors import RUN_STATUS_SENSORS, SENSORS
+from sensors import sensors
 
 # The lineage, in order: manifest -> data -> decision and plan -> workload -> training -> post-training.
 DOMAINS: dict[str, Callable[[], dg.Definitions]] = {
@@ -33,12 +33,14 @@ def build_definitions(
 ) -> dg.Definitions:
     """`decision_run_config` overrides the decision run's defaults (tests use a tiny one); `domains`
     loads a prefix of the lineage only (tests of one domain), the whole of it by default."""
+    preparation = preparation_job(decision_run_config)
+    # The data job runs its steps in one process, whatever the location's executor: its steps
+    # share no state, and a process per step costs more than the steps do
+    # (docs/performance.md#the-data-job-and-its-executor).
+    data_preparation = data_preparation_job(dg.in_process_executor)
     shell = dg.Definitions(
-        sensors=[*SENSORS, *RUN_STATUS_SENSORS],
-        # The data job runs its steps in one process, whatever the location's executor: its steps
-        # share no state, and a process per step costs more than the steps do
-        # (docs/performance.md#the-data-job-and-its-executor).
-        jobs=[preparation_job(decision_run_config), training_job, data_preparation_job(dg.in_process_executor)],
+        sensors=sensors(preparation, data_preparation),
+        jobs=[preparation, training_job, data_preparation],
         resources={"ito": ItoSettingsResource.from_settings(settings), "ledger": LedgerResource.from_settings(settings)},
         executor=executor_for(settings.executor),
     )

@@ -157,7 +157,7 @@ def print_summary(summary: RunSummary, settings: Settings) -> None:
 
 def main() -> int:
     from definitions import build_definitions
-    from sensors import SENSORS
+    from sensors import SENSOR_ORDER
 
     settings = load_settings()
     os.environ.setdefault("DAGSTER_HOME", str(settings.dagster_home))
@@ -165,10 +165,10 @@ def main() -> int:
     defs = build_definitions(settings)
     summary = RunSummary()
     with dg.DagsterInstance.get() as instance:
-        evaluate_sensor(defs, instance, SENSORS[0].name, summary)  # reviewed manifests first
+        evaluate_sensor(defs, instance, SENSOR_ORDER[0], summary)  # reviewed manifests first
         ids = request_training_run(settings)
-        for sensor in SENSORS[1:]:
-            evaluate_sensor(defs, instance, sensor.name, summary)
+        for name in SENSOR_ORDER[1:]:
+            evaluate_sensor(defs, instance, name, summary)
     print_summary(summary, settings)
     print(f"ledger: {_safe_url(settings.ledger_url)}; run {ids['run_id']} (key {ids['idempotency_key']}) is "
           f"{ledger_run_state(defs, ids['run_id'])}")

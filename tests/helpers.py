@@ -122,6 +122,15 @@ class Installation:
         )
 
     def manifest(self, name: str, *, provenance: bool = True, **top_level) -> str:
+        return write_manifest(self.manifests_dir / f"{name}.json", self.document(name, provenance=provenance, **top_level))
+
+    def data_manifest(self, name: str) -> str:
+        """A data manifest (kind "data") over the same corpus, in the same folder."""
+        training = self.document(name)
+        document = {"schema_version": 1, "kind": "data", "name": name, "data": training["data"]}
+        return write_manifest(self.manifests_dir / f"{name}.json", document)
+
+    def document(self, name: str, *, provenance: bool = True, **top_level) -> dict:
         document = valid_manifest()
         document["name"] = name
         document["data"][0]["decontamination"]["eval_suite_sha256"] = self.suite_digest
@@ -133,7 +142,7 @@ class Installation:
         if not provenance:
             del document["data"][0]["decontamination"]
         document.update(top_level)
-        return write_manifest(self.manifests_dir / f"{name}.json", document)
+        return document
 
 
 POSTGRES_URL = os.environ.get("ITO_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")

@@ -1,8 +1,9 @@
 """Discovery of reviewed manifests in a folder, and the verdict on one manifest.
 
 The folder is the inbox of reviewed manifests awaiting preparation: the sensor registers each
-readable one under its short digest, and the preparation job finds the file for a partition key
-again. Data manifests written by `ito data prepare` live in the state folder instead (the sensor
+readable one under its short digest and prepares it by its declared kind (a training manifest with
+the whole preparation, a data manifest with the data alone), and the job finds the file for a
+partition key again. Data manifests written by `ito data prepare` live in the state folder instead (the sensor
 never sees them) and are found there the same way. A run created through the API never comes
 back here: it trains the bytes the ledger stored when the run was confirmed
 (`ito_assets.defs.workload.live`). A verdict is data (never an exception) so that the Dagster
@@ -17,7 +18,8 @@ from pathlib import Path
 from ito_assets.digests import Digest
 from ito_assets.errors import ItoError
 from ito_assets.manifest.secure_read import read_manifest_bytes
-from ito_assets.manifest.verify import VerifiedManifest, parse_data_manifest, summarize
+from ito_assets.manifest.schema import TRAINING_KIND
+from ito_assets.manifest.verify import VerifiedManifest, declared_kind, parse_data_manifest, summarize
 
 MANIFEST_SUFFIX = ".json"
 
@@ -26,6 +28,7 @@ MANIFEST_SUFFIX = ".json"
 class DiscoveredManifest:
     path: str
     sha256_hex: str
+    kind: str = TRAINING_KIND  # as declared, not yet verified (`declared_kind`)
 
     @property
     def key(self) -> str:
@@ -56,7 +59,7 @@ def discover(folder: Path, *, max_bytes: int) -> tuple[list[DiscoveredManifest],
         except ItoError as error:
             rejected.append(Rejected(entry.name, error.code.value))
             continue
-        found.append(DiscoveredManifest(str(entry.absolute()), raw.sha256_hex))
+        found.append(DiscoveredManifest(str(entry.absolute()), raw.sha256_hex, declared_kind(raw)))
     return found, rejected
 
 

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from ito_assets.digests import Digest
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest import secrets
-from ito_assets.manifest.schema import DATA_KIND, DataManifest, Manifest, is_digest_field, manifest_kind
+from ito_assets.manifest.schema import DATA_KIND, TRAINING_KIND, DataManifest, Manifest, is_digest_field, manifest_kind
 from ito_assets.manifest.secure_read import DEFAULT_MAX_BYTES, ManifestBytes, read_manifest_bytes
 from ito_assets.manifest.strict_json import StrictJsonError, loads_strict
 
@@ -69,6 +69,15 @@ def parse_data_manifest(raw: ManifestBytes) -> DataManifest:
         return schema.model_validate_json(raw.data, strict=True)
     except ValidationError as exc:
         raise _schema_error(exc) from None
+
+
+def declared_kind(raw: ManifestBytes) -> str:
+    """The kind the bytes declare, read before any check (to choose the job that verifies them): a
+    file that is not strict JSON counts as a training manifest, whose verification says why."""
+    try:
+        return manifest_kind(loads_strict(raw.data))
+    except StrictJsonError:
+        return TRAINING_KIND
 
 
 def parse_manifest(raw: ManifestBytes) -> Manifest:

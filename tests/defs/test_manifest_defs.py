@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import dagster as dg
 
 from helpers import CANARIES, QUICK_DECISION
@@ -36,6 +38,36 @@ def test_sensor_skips_unreadable_files_without_failing(installation, instance):
     (installation.manifests_dir / "unsafe.json").chmod(0o666)
     result = _tick(build_definitions(installation.settings), instance)
     assert result.run_requests == [] and result.skip_reason
+
+
+def test_the_sensor_prepares_each_manifest_by_its_declared_kind(installation, instance):
+    installation.manifest("trains")
+    installation.data_manifest("cleans")
+    (installation.manifests_dir / "broken.json").write_text('{"kind": "data", "kind": "data"}')  # not strict JSON
+    (installation.manifests_dir / "broken.json").chmod(0o600)
+    requests = _tick(build_definitions(installation.settings), instance).run_requests
+    jobs = {Path(locate(installation, r.partition_key)).stem: r.job_name for r in requests}
+    # A file that is not strict JSON goes to the whole preparation, whose blocking checks say why.
+    assert jobs == {"trains": "preparation_job", "cleans": "data_preparation_job", "broken": "preparation_job"}
+
+
+def locate(installation, key: str) -> str:
+    from ito_assets.manifest.discovery import locate as find
+
+    return find(installation.manifests_dir, key, max_bytes=installation.settings.max_manifest_bytes)
+
+
+def test_a_data_manifest_in_the_inbox_is_prepared_without_decision_or_plan(installation, instance):
+    installation.data_manifest("cleans")
+    summary = RunSummary()
+    evaluate_sensor(build_definitions(installation.settings, decision_run_config=QUICK_DECISION), instance,
+                    "reviewed_manifest_sensor", summary)
+    assert summary.num_runs_launched == 1 and summary.num_runs_failed == 0 and summary.checks_failed == []
+    assets = {name.split(" ")[0] for name in summary.materialized}
+    assert assets == {"eval_suite", "training_manifest", "source_documents", "contamination_report",
+                      "deduplicated_documents", "clean_shards"}  # no decision proxies, no plan
+    (run,) = instance.get_runs()
+    assert run.job_name == "data_preparation_job"
 
 
 def test_valid_manifest_passes_every_check(installation, instance):
