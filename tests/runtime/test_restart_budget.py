@@ -97,9 +97,10 @@ class FakeAttempt:
 
 
 def write_beat(folder: Path, *, rank: int, attempt: int, step: int, phase: str, at: float,
-               pid: int | None = None) -> None:
+               pid: int | None = None, detail: str = "") -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    beat = heartbeat.Heartbeat(rank=rank, pid=pid or os.getpid(), attempt=attempt, step=step, phase=phase, at=at)
+    beat = heartbeat.Heartbeat(rank=rank, pid=pid or os.getpid(), attempt=attempt, step=step, phase=phase, at=at,
+                               detail=detail)
     heartbeat.heartbeat_path(folder, rank).write_text(json.dumps(asdict(beat)))
 
 

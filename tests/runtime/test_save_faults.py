@@ -15,6 +15,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from ito_assets.runtime.checkpoint import markers, registry
 from ito_assets.runtime.checkpoint.saver import storage_cause
+from ito_assets.runtime.supervision import heartbeat
 from ito_assets.runtime.stage.config import RESULT_NAME
 from ito_assets.runtime.worker.main import EXIT_STORAGE
 from ito_assets.training.layout import Layout
@@ -65,3 +66,7 @@ def test_a_failed_last_save_ends_the_attempt_with_the_storages_code(tmp_path, to
     stage = Path(config.stage_dir)
     assert not markers.checkpoint_dir(stage, 12).exists() and not (stage / RESULT_NAME).exists()
     assert [r.step for r in registry.read(stage)] == [4, 8]  # the newest whole checkpoints stay for the restart
+    # torchrun exits 1 whatever its workers' code: each rank's heartbeat tells the supervisor why.
+    beats = heartbeat.read_all(Path(config.heartbeat_dir))
+    assert {(b.rank, b.phase, b.detail) for b in beats.values()} == {
+        (0, heartbeat.STORAGE_FAILED, "STORAGE_FULL"), (1, heartbeat.STORAGE_FAILED, "STORAGE_FULL")}

@@ -1,6 +1,8 @@
 """A stage folder that cannot be written (a full disk, a vanished folder) ends the stage FAILED
 with the storage's code and one plain sentence: no traceback, no restart (none could help), and
-the newest whole checkpoint left where it was. Fake back end, as in the restart-budget tests."""
+the newest whole checkpoint left where it was. Workers whose last save failed say so in their
+heartbeats: a full disk fails the stage at once, another storage error gets one retry, neither
+spends the restart budget. Fake back end, as in the restart-budget tests."""
 
 from __future__ import annotations
 
@@ -12,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from ito_assets.runtime.supervision import launch
+from ito_assets.runtime.supervision import heartbeat, launch
 from ito_assets.runtime.supervision import supervisor as supervisor_module
-from ito_assets.runtime.supervision.supervisor import Outcome, main
-from test_restart_budget import FakeBackend, _supervise, _worker
+from ito_assets.runtime.supervision.supervisor import AttemptEnd, Outcome, main
+from test_restart_budget import FakeAttempt, FakeBackend, _supervise, _worker, write_beat
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -90,3 +92,60 @@ def test_an_error_outside_the_stage_folder_keeps_its_traceback(tmp_path, monkeyp
     monkeypatch.setattr(backend, "start", missing_launcher)
     with pytest.raises(FileNotFoundError):
         supervisor.run()
+
+
+# --- the workers' last save could not be written: their heartbeats carry the code ----------------
+
+
+def _storage_failed(code: str):
+    """An attempt whose ranks beat STORAGE_FAILED with `code` and exit 1 (torchrun's own code)."""
+
+    def behave(attempt: FakeAttempt, backend: FakeBackend) -> None:
+        for rank in range(2):
+            write_beat(backend.heartbeat_dir, rank=rank, attempt=attempt.number, step=12,
+                       phase=heartbeat.STORAGE_FAILED, at=backend.now(), detail=code)
+        attempt.code = 1
+
+    return behave
+
+
+def test_a_full_disk_under_the_workers_fails_the_stage_at_once_off_the_budget(tmp_path, capsys):
+    supervisor, backend = _supervise(tmp_path, [_storage_failed("STORAGE_FULL")], default="succeed", max_restarts=3)
+    report = supervisor.run()
+    assert (report.outcome, report.error_code, len(backend.started)) == (Outcome.FAILED, "STORAGE_FULL", 1)
+    assert [(f.kind, f.error_code) for f in report.faults] == [(AttemptEnd.STORAGE, "STORAGE_FULL")]
+    stderr = capsys.readouterr().err
+    assert stderr.startswith("STORAGE_FULL: the workers of pretraining could not write their last checkpoint")
+    assert "attempt-0.log" in stderr and "Traceback" not in stderr
+
+
+@pytest.mark.parametrize("max_restarts", [0, 1])
+def test_another_storage_error_is_retried_once_outside_the_budget(tmp_path, max_restarts):
+    script = [_storage_failed("CHECKPOINT_STORAGE_INVALID"), "succeed"]
+    supervisor, backend = _supervise(tmp_path, script, max_restarts=max_restarts)
+    report = supervisor.run()
+    assert (report.outcome, report.num_attempts, len(backend.started)) == (Outcome.SUCCEEDED, 2, 2)
+
+
+def test_the_same_storage_error_twice_in_a_row_fails_the_stage(tmp_path):
+    failing = _storage_failed("CHECKPOINT_STORAGE_INVALID")
+    supervisor, backend = _supervise(tmp_path, [failing, failing], default="succeed", max_restarts=3)
+    report = supervisor.run()
+    assert (report.outcome, report.error_code, len(backend.started)) == (Outcome.FAILED, "CHECKPOINT_STORAGE_INVALID", 2)
+    saved = json.loads((backend.stage_dir / supervisor_module.REPORT_NAME).read_text())
+    assert saved["error_code"] == "CHECKPOINT_STORAGE_INVALID" and "attempt-1.log" in saved["error"]
+
+
+def test_storage_errors_apart_are_each_retried_and_spend_none_of_the_budget(tmp_path):
+    failing = _storage_failed("CHECKPOINT_STORAGE_INVALID")
+    # storage, dead (the one restart the budget allows), storage again: not twice in a row.
+    supervisor, backend = _supervise(tmp_path, [failing, "fail", failing, "succeed"], max_restarts=1)
+    report = supervisor.run()
+    assert (report.outcome, len(backend.started)) == (Outcome.SUCCEEDED, 4)
+    assert [f.kind for f in report.faults] == [AttemptEnd.STORAGE, AttemptEnd.DEAD, AttemptEnd.STORAGE]
+
+
+def test_an_unknown_code_in_a_heartbeat_still_ends_with_a_storage_code(tmp_path):
+    failing = _storage_failed("NOT_A_CODE")
+    supervisor, _ = _supervise(tmp_path, [failing, failing], max_restarts=3)
+    assert supervisor.run().error_code == "CHECKPOINT_STORAGE_INVALID"

@@ -18,6 +18,7 @@ from ito_assets.runtime.record.storage import write_atomic
 
 # Writing more often than this buys nothing: the hang bound is minutes (seconds in tests).
 MIN_INTERVAL_SECONDS = 0.2
+STORAGE_FAILED = "storage_failed"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,8 +27,11 @@ class Heartbeat:
     pid: int
     attempt: int
     step: int  # the last step finished; -1 before the first
-    phase: str  # "starting", "training", "checkpointing", "evaluating", "finished", "stopped"
+    # "starting", "training", "checkpointing", "evaluating", "awaiting_desk", "finished", "stopped",
+    # or STORAGE_FAILED (the last save could not be written; `detail` holds the storage's code)
+    phase: str
     at: float  # Unix seconds
+    detail: str = ""
 
     def __post_init__(self) -> None:
         if self.rank < 0 or self.pid <= 0 or self.attempt < 0:
@@ -46,11 +50,12 @@ class HeartbeatWriter:
         self._last_written = 0.0
         folder.mkdir(parents=True, exist_ok=True)
 
-    def beat(self, step: int, phase: str, *, force: bool = False) -> None:
+    def beat(self, step: int, phase: str, *, force: bool = False, detail: str = "") -> None:
         now = time.time()
         if not force and now - self._last_written < MIN_INTERVAL_SECONDS:
             return
-        beat = Heartbeat(rank=self.rank, pid=os.getpid(), attempt=self.attempt, step=step, phase=phase, at=now)
+        beat = Heartbeat(rank=self.rank, pid=os.getpid(), attempt=self.attempt, step=step, phase=phase, at=now,
+                         detail=detail)
         write_atomic(heartbeat_path(self.folder, self.rank), json.dumps(asdict(beat)).encode(), durable=False)
         self._last_written = now
 

@@ -13,6 +13,10 @@ from its newest whole checkpoint under the same run record.
 - the stage folder cannot be written (a full disk, a vanished or unwritable folder): the stage
   ends FAILED with STORAGE_FULL or CHECKPOINT_STORAGE_INVALID and one plain sentence, without a
   restart (none could help) and without a traceback.
+- the workers could not write their last checkpoint (their heartbeats say so, with the code): a
+  full disk ends the stage FAILED with STORAGE_FULL at once; any other storage error is retried
+  once, outside the restart budget (a storage hiccup clears), and ends it FAILED with
+  CHECKPOINT_STORAGE_INVALID when the next attempt fails the same way.
 
 Attempts run where `SupervisorConfig.launch` says (`ito_assets.launch.backend`): torchrun on this
 machine, an sbatch job, or one pod per node; the supervisor only polls and terminates them. When
@@ -96,6 +100,7 @@ class AttemptEnd(str, enum.Enum):
     HUNG = "hung"  # a live rank's heartbeat went stale
     SPIKE_RESTART = "spike_restart"  # the desk approved a spike proposal (planned)
     STOPPED = "stopped"  # a stop request, or a planned stop the workers flushed (planned)
+    STORAGE = "storage"  # the workers' last checkpoint could not be written (off the restart budget)
 
 
 PLANNED_ENDS = frozenset({AttemptEnd.SPIKE_RESTART, AttemptEnd.STOPPED})
@@ -115,6 +120,7 @@ class Fault:
     detected_at: float
     detection_seconds: float
     recovery_seconds: float | None = None  # filled when the next attempt took its first step
+    error_code: str | None = None  # STORAGE: the storage's code, from the workers' heartbeats
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,6 +142,7 @@ class _Watch:
     kind: AttemptEnd | None = None  # None: still running
     last_sign: float = 0.0
     proposal_id: str | None = None
+    error_code: str | None = None  # STORAGE: the code the workers' heartbeats name
 
 
 @dataclass
@@ -174,6 +181,11 @@ class Supervisor:
                 fault = self._interrupt(attempt, watch)
                 if fault.kind is AttemptEnd.STOPPED:
                     return self._report(Outcome.STOPPED, attempt_number + 1 - first)
+                if fault.kind is AttemptEnd.STORAGE:
+                    if not self._retry_storage(fault):
+                        return self._workers_storage_failure(fault, attempt_number + 1 - first)
+                    attempt_number += 1
+                    continue
                 unplanned += 0 if fault.planned else 1
                 if unplanned > self.config.max_restarts:
                     return self._report(Outcome.FAILED, attempt_number + 1 - first)
@@ -223,6 +235,9 @@ class Supervisor:
         # The faulty rank is the one whose newest heartbeat is oldest; its last sign of life.
         last_sign = min(b.at for b in beats.values()) if beats else attempt.launched_at
         code = attempt.exit_code()
+        failed = [b.detail for b in beats.values() if b.phase == heartbeat.STORAGE_FAILED]
+        if code is not None and failed:
+            return _Watch(kind=AttemptEnd.STORAGE, last_sign=last_sign, error_code=failed[0])
         if code is not None:
             return _Watch(kind=self._exit_kind(code, beats), last_sign=last_sign)
         if self.stop_requested:
@@ -259,7 +274,7 @@ class Supervisor:
         detected_at = time.time()
         planned = watch.kind in PLANNED_ENDS
         fault = Fault(kind=watch.kind, attempt=attempt.number, planned=planned, detected_at=detected_at,
-                      detection_seconds=max(0.0, detected_at - watch.last_sign))
+                      detection_seconds=max(0.0, detected_at - watch.last_sign), error_code=watch.error_code)
         self.faults.append(fault)
         self._event(EventKind.INTERRUPTION, attempt=attempt.number, planned=planned,
                     seconds=fault.detection_seconds, detail=watch.kind.value)
@@ -318,14 +333,32 @@ class Supervisor:
         paths = [Path(p) for p in (error.filename, error.filename2) if p]
         return any(p.is_relative_to(self.stage_dir) or p.is_relative_to(self.worker.heartbeat_dir) for p in paths)
 
+    def _retry_storage(self, fault: Fault) -> bool:
+        """Once, for an error that may pass (EIO on a network mount); never for a full disk, and
+        never when the attempt before failed the same way."""
+        before = self.faults[-2] if len(self.faults) > 1 else None
+        again = before is not None and before.kind is AttemptEnd.STORAGE and before.attempt == fault.attempt - 1
+        return fault.error_code != ErrorCode.STORAGE_FULL.value and not again
+
+    def _workers_storage_failure(self, fault: Fault, num_attempts: int) -> SupervisionReport:
+        known = {c.value for c in (ErrorCode.STORAGE_FULL, ErrorCode.CHECKPOINT_STORAGE_INVALID)}
+        code = ErrorCode(fault.error_code) if fault.error_code in known else ErrorCode.CHECKPOINT_STORAGE_INVALID
+        message = (f"{code.value}: the workers of {self.worker.stage} could not write their last checkpoint "
+                   f"(attempt-{fault.attempt}.log says why); the stage stopped, its newest whole checkpoint is "
+                   "kept for a retry")
+        return self._end_for_storage(code, message, num_attempts)
+
     def _storage_failure(self, error: OSError, num_attempts: int) -> SupervisionReport:
-        """The stage ends FAILED with the storage's code and a plain sentence, on stderr (the stage
-        asset's log under Pipes) and in the report where it can still be written; never a traceback.
-        The newest whole checkpoint stays where it was: a retry resumes from it once storage is fixed."""
         code = ErrorCode.STORAGE_FULL if disk_full(error) else ErrorCode.CHECKPOINT_STORAGE_INVALID
         reason = error.strerror or type(error).__name__
         message = (f"{code.value}: the stage folder of {self.worker.stage} could not be written ({reason}); "
                    "the stage stopped, its newest whole checkpoint is kept for a retry")
+        return self._end_for_storage(code, message, num_attempts)
+
+    def _end_for_storage(self, code: ErrorCode, message: str, num_attempts: int) -> SupervisionReport:
+        """The stage ends FAILED with the storage's code and a plain sentence, on stderr (the stage
+        asset's log under Pipes) and in the report where it can still be written; never a traceback.
+        The newest whole checkpoint stays where it was: a retry resumes from it once storage is fixed."""
         print(message, file=sys.stderr, flush=True)
         try:
             return self._report(Outcome.FAILED, num_attempts, error_code=code, error=message)

@@ -19,6 +19,7 @@ every field that fell back, with its reason, go into `result.json` and every che
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -43,6 +44,7 @@ from ito_assets.runtime.checkpoint.saver import CheckpointConfig, Checkpointer, 
 from ito_assets.runtime.stage.config import RESULT_NAME, WorkerConfig
 from ito_assets.runtime.stage.fitting import fit_layout
 from ito_assets.runtime.record.events import Event, EventKind
+from ito_assets.runtime.supervision import heartbeat
 from ito_assets.runtime.supervision.heartbeat import HeartbeatWriter
 from ito_assets.runtime.worker.replica_sync import ReplicaSync
 from ito_assets.runtime.worker.reporting import Reporter, measured_figures, open_reporter
@@ -217,12 +219,14 @@ class StageWorker:
     def drain(self, step: int) -> None:
         """Wait for the save in flight (heartbeating meanwhile), record it, release the stager.
         The last save must hold: if it failed for its storage, the attempt ends with the storage's
-        code (the supervisor restarts it from the newest whole checkpoint)."""
+        code, which every rank's heartbeat tells the supervisor (torchrun's own exit code does not)."""
         self.collect(self.checkpointer.wait(on_tick=lambda: self.heartbeat.beat(step, "checkpointing")))
         self.checkpointer.agree()
         last = next((f for f in self.checkpointer.failures if f.step == step), None)
         self.collect(self.checkpointer.close())
         if last is not None:
+            with contextlib.suppress(OSError):  # the heartbeats may share the broken storage
+                self.heartbeat.beat(step, heartbeat.STORAGE_FAILED, force=True, detail=last.code.value)
             raise ItoError(last.code, f"the checkpoint of step {step} could not be written ({last.reason})")
 
     def flush(self, step: int, position: int) -> int:
