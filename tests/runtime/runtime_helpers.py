@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
@@ -21,6 +22,9 @@ from ito_assets.runtime.record.storage import write_atomic
 from ito_assets.training.layout import Layout
 
 VOCAB = 512
+# The fault matrix: every injected fault once in `make test`, four times more in `make test-long`
+# (a recovery that holds one time in five is not a recovery).
+TRIALS = [0, *(pytest.param(trial, marks=pytest.mark.long) for trial in range(1, 5))]
 # fp32, eager, each rank's rows in one micro-batch: the layouts whose runs compare bit for bit.
 EXACT_DDP = Layout(dp_replicate=2, precision="fp32", compile=False, micro_batch_size=8)  # DDP on any ranks
 EXACT_FSDP = Layout(dp_shard=2, precision="fp32", compile=False, micro_batch_size=8)  # FSDP2 on 2 ranks

@@ -18,7 +18,7 @@ from ito_assets.runtime.checkpoint import markers
 from ito_assets.runtime.checkpoint import registry
 from ito_assets.runtime.record.events import EventKind
 from ito_assets.runtime.supervision.supervisor import Supervisor, SupervisorConfig, SupervisionReport
-from runtime_helpers import run_worker, step_losses, worker_config
+from runtime_helpers import TRIALS, run_worker, step_losses, worker_config
 
 pytestmark = pytest.mark.slow
 
@@ -62,7 +62,8 @@ def _check_recovered(report: SupervisionReport, config, kind: str) -> None:
     assert report.result["num_steps"] == config.num_steps
 
 
-def test_sigkill_of_a_worker_mid_step_is_detected_and_the_stage_resumes(tmp_path, tokens):
+@pytest.mark.parametrize("trial", TRIALS)
+def test_sigkill_of_a_worker_mid_step_is_detected_and_the_stage_resumes(tmp_path, tokens, trial):
     config = worker_config(tmp_path, tokens, num_steps=STEPS)
     thread, reports = _start(Supervisor(worker=config, config=FAST))
     beat = _wait_past_first_checkpoint(config, rank=1)
@@ -74,7 +75,8 @@ def test_sigkill_of_a_worker_mid_step_is_detected_and_the_stage_resumes(tmp_path
     assert report.faults[0].detected_at - killed_at < 10.0  # torchrun notices at once; one poll more
 
 
-def test_a_hung_worker_is_detected_by_its_stale_heartbeat(tmp_path, tokens):
+@pytest.mark.parametrize("trial", TRIALS)
+def test_a_hung_worker_is_detected_by_its_stale_heartbeat(tmp_path, tokens, trial):
     config = worker_config(tmp_path, tokens, num_steps=STEPS)
     thread, reports = _start(Supervisor(worker=config, config=FAST))
     beat = _wait_past_first_checkpoint(config, rank=0)
@@ -86,7 +88,8 @@ def test_a_hung_worker_is_detected_by_its_stale_heartbeat(tmp_path, tokens):
     assert HANG_BOUND_S <= detection <= HANG_BOUND_S + 2 * POLL_S + 1.0
 
 
-def test_a_corrupt_latest_checkpoint_is_skipped_never_loaded(tmp_path, tokens):
+@pytest.mark.parametrize("trial", TRIALS)
+def test_a_corrupt_latest_checkpoint_is_skipped_never_loaded(tmp_path, tokens, trial):
     config = worker_config(tmp_path, tokens, stop_after_step=16)
     stage_dir = Path(config.stage_dir)
     assert run_worker(config, nproc=1).returncode != 0  # stopped after flushing step 16

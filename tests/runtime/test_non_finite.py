@@ -25,7 +25,7 @@ from ito_assets.runtime.worker.step import train_step
 from ito_assets.training.layout import Layout
 from ito_assets.training.model import build_model, config_by_name
 from ito_assets.training.trainer import TrainConfig, build_optimizer
-from runtime_helpers import worker_config
+from runtime_helpers import TRIALS, worker_config
 
 CONFIG = TrainConfig(num_steps=4, batch_size=4, sequence_length=16)
 
@@ -73,7 +73,8 @@ def test_the_detectors_values_round_trip():
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
-def test_a_nan_pauses_the_ranks_until_the_desk_decides(tmp_path, tokens):
+@pytest.mark.parametrize("trial", TRIALS)
+def test_a_nan_pauses_the_ranks_until_the_desk_decides(tmp_path, tokens, trial):
     config = worker_config(tmp_path, tokens, num_steps=12, interval_steps=4, layout=Layout(
         dp_replicate=2, precision="fp32", compile=False, micro_batch_size=4))
     path = tmp_path / "config.json"

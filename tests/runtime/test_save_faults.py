@@ -19,7 +19,7 @@ from ito_assets.runtime.supervision import heartbeat
 from ito_assets.runtime.stage.config import RESULT_NAME
 from ito_assets.runtime.worker.main import EXIT_STORAGE
 from ito_assets.training.layout import Layout
-from runtime_helpers import worker_config
+from runtime_helpers import TRIALS, worker_config
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -47,7 +47,8 @@ def _run(tmp_path: Path, tokens, failing: str):
 
 
 @pytest.mark.slow
-def test_a_failed_save_on_one_rank_is_dropped_by_every_rank_and_training_goes_on(tmp_path, tokens):
+@pytest.mark.parametrize("trial", TRIALS)
+def test_a_failed_save_on_one_rank_is_dropped_by_every_rank_and_training_goes_on(tmp_path, tokens, trial):
     config, done = _run(tmp_path, tokens, "8")
     assert done.returncode == 0, done.stderr[-3000:]
     stage = Path(config.stage_dir)
@@ -59,7 +60,8 @@ def test_a_failed_save_on_one_rank_is_dropped_by_every_rank_and_training_goes_on
 
 
 @pytest.mark.slow
-def test_a_failed_last_save_ends_the_attempt_with_the_storages_code(tmp_path, tokens):
+@pytest.mark.parametrize("trial", TRIALS)
+def test_a_failed_last_save_ends_the_attempt_with_the_storages_code(tmp_path, tokens, trial):
     config, done = _run(tmp_path, tokens, "12")
     assert done.returncode != 0 and f"exitcode  : {EXIT_STORAGE}" in done.stderr
     assert "STORAGE_FULL: the checkpoint of step 12 could not be written (No space left on device)" in done.stderr
