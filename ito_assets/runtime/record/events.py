@@ -1,9 +1,12 @@
-"""The runtime event log: what happened to a stage, one JSON line per event (`events.jsonl`).
+"""The runtime event log: what happened to a stage, one JSON line per event.
 
-Rank 0 of the worker appends steps, checkpoints, evaluations, its start-up and where it resumed;
-the supervisor appends the allocation, each interruption and each recovery. Telemetry is computed
-from this log alone (`telemetry.summarize`), so the desk's figures can be recomputed by anyone who
-has the file.
+The supervisor appends the allocation, each interruption and each recovery to `events.jsonl`;
+rank 0 of attempt N appends its steps, checkpoints, evaluations, start-up and where it resumed to
+`events-attempt-N.jsonl`. One writer per file: on shared storage (NFS, a cluster volume) appends
+from two hosts to one file are not atomic, and an attempt's rank that outlives its end (a pod
+still terminating) never writes into the next attempt's file. `read` merges them in time order.
+Telemetry is computed from this log alone (`telemetry.summarize`), so the desk's figures can be
+recomputed by anyone who has the files.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from pathlib import Path
 
 from ito_assets.runtime.record.storage import append_line
 
-EVENTS_NAME = "events.jsonl"
+EVENTS_NAME = "events.jsonl"  # the supervisor's
+_WORKER_EVENTS = "events-attempt-{attempt}.jsonl"  # rank 0 of one attempt's
 
 
 class EventKind(str, enum.Enum):
@@ -62,15 +66,28 @@ class Event:
         return json.dumps({**asdict(self), "kind": self.kind.value}, sort_keys=True)
 
 
-def append(folder: Path, event: Event) -> None:
+def append(folder: Path, event: Event, *, by_worker: bool = False) -> None:
+    """`by_worker`: rank 0 of `event.attempt` writes it (its own file); otherwise the supervisor."""
+    name = _WORKER_EVENTS.format(attempt=event.attempt) if by_worker else EVENTS_NAME
     # Step events are many and cheap to lose on a machine crash; the rest are fsynced.
-    append_line(folder / EVENTS_NAME, event.to_json(), durable=event.kind is not EventKind.STEP)
+    append_line(folder / name, event.to_json(), durable=event.kind is not EventKind.STEP)
 
 
 def read(folder: Path) -> list[Event]:
-    path = folder / EVENTS_NAME
-    if not path.exists():
-        return []
+    """Every event of the stage folder, in time order (a stable sort: each file keeps its order)."""
+    workers = {_attempt_of(p): p for p in folder.glob(_WORKER_EVENTS.format(attempt="*"))}
+    workers.pop(None, None)  # not an attempt's file
+    paths = [folder / EVENTS_NAME, *(workers[n] for n in sorted(workers))]
+    found = [event for path in paths if path.is_file() for event in _read_file(path)]
+    return sorted(found, key=lambda e: e.at)
+
+
+def _attempt_of(path: Path) -> int | None:
+    digits = path.name.removeprefix("events-attempt-").removesuffix(".jsonl")
+    return int(digits) if digits.isascii() and digits.isdigit() else None
+
+
+def _read_file(path: Path) -> list[Event]:
     found = []
     for line in path.read_text().splitlines():
         try:

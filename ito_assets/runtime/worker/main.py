@@ -365,7 +365,8 @@ class StageWorker:
 
     def event(self, kind: EventKind, **fields) -> None:
         if self.rank == 0:
-            events.append(self.stage_dir, Event(kind=kind, at=time.time(), attempt=self.config.attempt, **fields))
+            events.append(self.stage_dir, Event(kind=kind, at=time.time(), attempt=self.config.attempt, **fields),
+                          by_worker=True)
 
     def log(self, message: str) -> None:
         self.reporter.log(f"[{self.config.stage}] {message}")
