@@ -88,6 +88,9 @@ class ErrorCode(str, enum.Enum):
     # The data decision found the candidate data worse, or could not tell, and no reviewer accepted it.
     DATA_DECISION_NO_GO = "DATA_DECISION_NO_GO"
     DATA_DECISION_INCONCLUSIVE = "DATA_DECISION_INCONCLUSIVE"
+    # The candidate data is better beyond noise, but the gain does not pay for the full run (the
+    # manifest's cost per point of improvement, or the desk's minimum improvement), and no reviewer accepted that.
+    DATA_DECISION_NOT_WORTH_IT = "DATA_DECISION_NOT_WORTH_IT"
     # A blocking check of the data stage failed (conservation, residual contamination): the clean
     # shards it judged must not be used.
     DATA_CHECK_FAILED = "DATA_CHECK_FAILED"

@@ -184,11 +184,20 @@ class CheckpointPolicy(_Strict):
 
 class DataDecisionAcceptance(_Strict):
     """A verdict of the 150M decision job that the manifest's reviewers accept in writing (e.g.
-    data chosen for licence or coverage reasons whose benefit is within the seed noise)."""
+    data chosen for licence or coverage reasons whose benefit is within the seed noise, or a GO
+    whose gain is small for its cost: NOT_WORTH_IT)."""
 
-    accepted_verdicts: Annotated[tuple[Literal["NO_GO", "WITHIN_NOISE", "INCONCLUSIVE"], ...], Field(min_length=1)]
+    accepted_verdicts: Annotated[tuple[Literal["NO_GO", "WITHIN_NOISE", "INCONCLUSIVE", "NOT_WORTH_IT"], ...],
+                                 Field(min_length=1)]
     reason: Annotated[str, Field(min_length=1, max_length=1000)]
     reviewed_by: Name
+
+
+class DecisionEconomics(_Strict):
+    """What a GO must be worth: the full run may cost at most this much per percentage point of
+    relative improvement of the decision's metric (bits per byte); dearer is NOT_WORTH_IT."""
+
+    max_cost_cents_per_improvement_point: Cents
 
 
 class DataManifest(_Strict):
@@ -222,6 +231,7 @@ class Manifest(DataManifest):
     budget: Budget
     checkpoint_policy: CheckpointPolicy
     data_decision: DataDecisionAcceptance | None = None
+    decision_economics: DecisionEconomics | None = None
 
     @field_validator("post_training")
     @classmethod

@@ -1,15 +1,18 @@
-"""The data-decision gate: training proceeds on GO, or on a verdict the manifest's reviewers
-accepted in writing.
+"""The data-decision gate: training proceeds on a GO worth its cost, or on an outcome the
+manifest's reviewers accepted in writing.
 
 The acceptance is the manifest's optional `data_decision` (schema.DataDecisionAcceptance):
-`{"accepted_verdicts": ["NO_GO" | "WITHIN_NOISE" | "INCONCLUSIVE", ...], "reason": str,
-"reviewed_by": str}`; without it every verdict other than GO blocks: a NO_GO with
-DATA_DECISION_NO_GO, the verdicts that did not tell with DATA_DECISION_INCONCLUSIVE.
+`{"accepted_verdicts": ["NO_GO" | "WITHIN_NOISE" | "INCONCLUSIVE" | "NOT_WORTH_IT", ...],
+"reason": str, "reviewed_by": str}`; without it every other outcome blocks: a NO_GO with
+DATA_DECISION_NO_GO, the verdicts that did not tell with DATA_DECISION_INCONCLUSIVE, and a GO whose
+gain does not pay for the full run (economics.not_worth_it) with DATA_DECISION_NOT_WORTH_IT. A GO
+the planner could not price (the plan was refused) is judged on its verdict: the plan's own gate
+refuses the run.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ito_assets.errors import ErrorCode
 from ito_assets.manifest.schema import Manifest
@@ -21,18 +24,30 @@ from ito_assets.training.run_plan import plan_run
 from ito_assets.training.verdict import Verdict
 
 
+# The outcome a reviewer can accept for a GO whose gain does not pay for the full run.
+NOT_WORTH_IT = "NOT_WORTH_IT"
+
+
 @dataclass(frozen=True, kw_only=True)
 class DecisionGateVerdict:
     passed: bool
     verdict: Verdict
     accepted_by_manifest: bool
     reason: str
+    worth_it: bool = True  # False: a GO whose gain does not pay for the full run
+
+    @property
+    def outcome(self) -> str:
+        """The verdict, or NOT_WORTH_IT for a GO that is not: what the desk reads."""
+        return NOT_WORTH_IT if self.verdict is Verdict.GO and not self.worth_it else self.verdict.value
 
     @property
     def error_code(self) -> ErrorCode | None:
         """The code a blocked training reports; None when the gate passed."""
         if self.passed:
             return None
+        if self.verdict is Verdict.GO:
+            return ErrorCode.DATA_DECISION_NOT_WORTH_IT
         return ErrorCode.DATA_DECISION_NO_GO if self.verdict is Verdict.NO_GO else ErrorCode.DATA_DECISION_INCONCLUSIVE
 
 
@@ -42,15 +57,17 @@ def accepted_verdicts(manifest: Manifest) -> frozenset[str]:
     return frozenset(manifest.data_decision.accepted_verdicts)
 
 
-def decision_gate(verdict: Verdict, manifest: Manifest) -> DecisionGateVerdict:
-    if verdict is Verdict.GO:
-        return DecisionGateVerdict(passed=True, verdict=verdict, accepted_by_manifest=False,
-                                   reason="the candidate data is better beyond noise")
-    if verdict.value in accepted_verdicts(manifest):
-        return DecisionGateVerdict(passed=True, verdict=verdict, accepted_by_manifest=True,
-                                   reason=f"{verdict.value}, accepted by the manifest's reviewers")
-    return DecisionGateVerdict(passed=False, verdict=verdict, accepted_by_manifest=False,
-                               reason=f"{verdict.value}: the manifest's reviewers did not accept this verdict")
+def decision_gate(verdict: Verdict, manifest: Manifest, economics: Economics | None = None) -> DecisionGateVerdict:
+    worth_it = economics is None or economics.worth_it
+    gate = DecisionGateVerdict(passed=True, verdict=verdict, accepted_by_manifest=False, worth_it=worth_it,
+                               reason="the candidate data is better beyond noise, and worth the full run's cost")
+    if gate.outcome == Verdict.GO.value:
+        return gate
+    if gate.outcome in accepted_verdicts(manifest):
+        return replace(gate, accepted_by_manifest=True, reason=f"{gate.outcome}, accepted by the manifest's reviewers")
+    why = f" ({'; '.join(economics.reasons)})" if gate.outcome == NOT_WORTH_IT else ""
+    return replace(gate, passed=False,
+                   reason=f"{gate.outcome}{why}: the manifest's reviewers did not accept this outcome")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,7 +82,7 @@ class DataDecision:
 
     def summary(self) -> dict:
         return {
-            "verdict": self.decision.verdict.value, "difference": self.decision.difference,
+            "verdict": self.decision.verdict.value, "outcome": self.gate.outcome, "difference": self.decision.difference,
             "half_width": self.decision.half_width, "explanation": self.decision.explanation,
             "test": self.decision.test.to_dict(),
             "gate_passed": self.gate.passed, "gate_reason": self.gate.reason,
@@ -76,9 +93,12 @@ class DataDecision:
 
 
 def judge_decision(result: DecisionResult, manifest: Manifest, hardware: Hardware, config: EconomicsConfig) -> DataDecision:
-    gate = decision_gate(result.verdict, manifest)
     try:
         run_plan = plan_run(manifest, hardware)
     except PlanRefused as refused:
-        return DataDecision(decision=result, gate=gate, economics=None, plan_refusal=", ".join(refused.reasons))
-    return DataDecision(decision=result, gate=gate, economics=decision_economics(result, run_plan, config), plan_refusal=None)
+        return DataDecision(decision=result, gate=decision_gate(result.verdict, manifest), economics=None,
+                            plan_refusal=", ".join(refused.reasons))
+    threshold = manifest.decision_economics.max_cost_cents_per_improvement_point if manifest.decision_economics else None
+    economics = decision_economics(result, run_plan, config, threshold)
+    return DataDecision(decision=result, gate=decision_gate(result.verdict, manifest, economics), economics=economics,
+                        plan_refusal=None)

@@ -1,8 +1,14 @@
 """The economics of a data decision: what the decision job costs, what the full run it gates
-costs, and whether the projected benefit clears the thresholds.
+costs, and whether the gain is worth that cost.
 
 The decision job is priced as if run on the booked hardware: its total tokens (every arm and seed)
-planned with the same planner and the booking's price. The full run is the manifest's plan.
+planned with the same planner and the booking's price. The full run is the manifest's plan, priced
+by the same planner the confirmation charges from.
+
+Worth it binds (a GO that is not is NOT_WORTH_IT, `decision_gate`): the relative improvement must
+reach `min_relative_improvement`, and the full run's cost per percentage point of improvement must
+not exceed the manifest's `decision_economics.max_cost_cents_per_improvement_point`. What the
+decision job itself cost is a note, never a reason: it is spent by the time the verdict is known.
 """
 
 from __future__ import annotations
@@ -10,7 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ito_assets.training.decision import DecisionConfig, DecisionResult
-from ito_assets.training.verdict import Verdict
 from ito_assets.training.model_config import config_by_name
 from ito_assets.training.planner import Hardware, PlanRequest, default_global_batch_sequences, plan
 from ito_assets.training.run_plan import RunPlan
@@ -26,8 +31,8 @@ class EconomicsConfig:
     # DataDecide (Magnusson et al. 2025): 150M proxies at < 2% of a 1B target's compute decide
     # ~80% of pairwise comparisons correctly; a decision job dearer than that is not a pre-check.
     max_decision_cost_fraction: float = 0.02
-    # Relative improvement of the primary metric (bits per byte) the full run must promise, on top
-    # of clearing the noise band: 0 by default (any improvement beyond noise); raise it to demand more.
+    # Relative improvement of the primary metric (bits per byte) a GO must show, on top of clearing
+    # the noise band: 0 by default (any improvement beyond noise); raise it to demand more.
     min_relative_improvement: float = 0.0
 
     def __post_init__(self) -> None:
@@ -42,13 +47,16 @@ class Economics:
     full_run_cost_cents: int
     decision_cost_fraction: float
     relative_improvement: float
+    cost_cents_per_improvement_point: float | None  # None: no improvement to pay for
+    max_cost_cents_per_improvement_point: int | None  # the manifest's threshold, None when it sets none
     within_budget_cap: bool
     within_max_incremental: bool
-    benefit_clears_thresholds: bool
-    reasons: tuple[str, ...]  # why the benefit does not clear, empty when it does
+    worth_it: bool
+    reasons: tuple[str, ...]  # why the gain is not worth the cost; empty when it is
+    notes: tuple[str, ...]  # what a desk should know that decides nothing
 
     def to_dict(self) -> dict:
-        return {**vars(self), "reasons": list(self.reasons)}
+        return {**vars(self), "reasons": list(self.reasons), "notes": list(self.notes)}
 
 
 def decision_job_cost_cents(config: DecisionConfig, num_runs: int, hardware: Hardware) -> tuple[int, int]:
@@ -62,30 +70,51 @@ def decision_job_cost_cents(config: DecisionConfig, num_runs: int, hardware: Har
     return tokens, plan(request).cost_cents
 
 
-def _shortfalls(result: DecisionResult, run_plan: RunPlan, fraction: float, improvement: float, config: EconomicsConfig) -> tuple[str, ...]:
+def cost_per_point(full_run_cost_cents: int, relative_improvement: float) -> float | None:
+    """Cents of the full run per percentage point of relative improvement; None without improvement."""
+    return full_run_cost_cents / (relative_improvement * 100) if relative_improvement > 0 else None
+
+
+def not_worth_it(relative_improvement: float, full_run_cost_cents: int, config: EconomicsConfig,
+                 max_cents_per_point: int | None) -> tuple[str, ...]:
+    """Why the gain does not pay for the full run; empty when it does. At the threshold is worth it."""
     reasons = []
-    if result.verdict is not Verdict.GO:
-        reasons.append(f"the decision is {result.verdict.value}, not GO")
-    if improvement < config.min_relative_improvement:
-        reasons.append(f"relative improvement {improvement:.2%} is below {config.min_relative_improvement:.2%}")
-    if fraction > config.max_decision_cost_fraction:
-        reasons.append(f"the decision job costs {fraction:.2%} of the full run, above {config.max_decision_cost_fraction:.0%}")
-    if not run_plan.budget.within_cap:
-        reasons.append("the full run's projected cost exceeds the budget cap")
-    if not run_plan.budget.within_max_incremental:
-        reasons.append("the full run's projected cost exceeds the maximum incremental cost")
+    if relative_improvement < config.min_relative_improvement:
+        reasons.append(f"relative improvement {relative_improvement:.2%} is below {config.min_relative_improvement:.2%}")
+    if max_cents_per_point is not None:
+        per_point = cost_per_point(full_run_cost_cents, relative_improvement)
+        if per_point is None:
+            reasons.append("no improvement to pay for the full run")
+        elif per_point > max_cents_per_point:
+            reasons.append(f"the full run costs {per_point / 100:,.2f} USD per point of improvement, above the "
+                           f"manifest's {max_cents_per_point / 100:,.2f}")
     return tuple(reasons)
 
 
-def decision_economics(result: DecisionResult, run_plan: RunPlan, config: EconomicsConfig) -> Economics:
+def _notes(fraction: float, run_plan: RunPlan, config: EconomicsConfig) -> tuple[str, ...]:
+    notes = []
+    if fraction > config.max_decision_cost_fraction:
+        notes.append(f"the decision job cost {fraction:.2%} of the full run, above the {config.max_decision_cost_fraction:.0%} "
+                     "a pre-check should (DataDecide)")
+    if not run_plan.budget.within_cap:
+        notes.append("the full run's projected cost exceeds the budget cap (the plan's gate refuses it)")
+    if not run_plan.budget.within_max_incremental:
+        notes.append("the full run's projected cost exceeds the maximum incremental cost (the plan's gate refuses it)")
+    return tuple(notes)
+
+
+def decision_economics(result: DecisionResult, run_plan: RunPlan, config: EconomicsConfig,
+                       max_cents_per_point: int | None = None) -> Economics:
     tokens, decision_cents = decision_job_cost_cents(result.config, len(result.runs), run_plan.hardware)
     full = run_plan.cost_cents
     fraction = decision_cents / full if full > 0 else float("inf")
     improvement = result.difference / result.baseline.mean if result.baseline.mean > 0 else 0.0
-    reasons = _shortfalls(result, run_plan, fraction, improvement, config)
+    reasons = not_worth_it(improvement, full, config, max_cents_per_point)
     return Economics(
         decision_num_tokens=tokens, decision_cost_cents=decision_cents, full_run_cost_cents=full,
         decision_cost_fraction=fraction, relative_improvement=improvement,
+        cost_cents_per_improvement_point=cost_per_point(full, improvement),
+        max_cost_cents_per_improvement_point=max_cents_per_point,
         within_budget_cap=run_plan.budget.within_cap, within_max_incremental=run_plan.budget.within_max_incremental,
-        benefit_clears_thresholds=not reasons, reasons=reasons,
+        worth_it=not reasons, reasons=reasons, notes=_notes(fraction, run_plan, config),
     )

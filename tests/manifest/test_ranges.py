@@ -90,6 +90,12 @@ def _budget(field):
     return build
 
 
+def _decision_economics(value):
+    document = valid_manifest()
+    document["decision_economics"] = {"max_cost_cents_per_improvement_point": value}
+    return document
+
+
 INF, NEG = math.inf, -math.inf
 # (schema class, field) -> (builder, reported location, lower, lower inclusive, upper, upper inclusive)
 RANGES = {
@@ -124,6 +130,8 @@ RANGES = {
     ("CheckpointPolicy", "interval_steps"): (_at("checkpoint_policy", "interval_steps"), "checkpoint_policy.interval_steps",
                                              1, True, 10**9, True),
     ("CheckpointPolicy", "keep_last"): (_at("checkpoint_policy", "keep_last"), "checkpoint_policy.keep_last", 1, True, 10_000, True),
+    ("DecisionEconomics", "max_cost_cents_per_improvement_point"): (
+        _decision_economics, "decision_economics.max_cost_cents_per_improvement_point", 1, True, 10**15, True),
 }
 
 

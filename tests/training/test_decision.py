@@ -98,9 +98,15 @@ def test_economics_prices_the_decision_against_the_full_run(suite):
     assert economics.decision_num_tokens == 4 * config.num_tokens_per_run
     assert 0 < economics.decision_cost_fraction < 0.02
     assert economics.within_budget_cap and economics.within_max_incremental
-    assert economics.benefit_clears_thresholds == (result.verdict is Verdict.GO)
+    assert economics.worth_it and economics.reasons == () and economics.notes == ()
+    assert economics.relative_improvement > 0  # random bytes are the worse arm
+    assert economics.cost_cents_per_improvement_point == pytest.approx(
+        run_plan.cost_cents / (economics.relative_improvement * 100))
     strict = decision_economics(result, run_plan, EconomicsConfig(min_relative_improvement=0.99))
-    assert not strict.benefit_clears_thresholds and strict.reasons
+    assert not strict.worth_it and strict.reasons[0].startswith("relative improvement")
+    per_point = economics.cost_cents_per_improvement_point
+    dear = decision_economics(result, run_plan, EconomicsConfig(), max_cents_per_point=int(per_point) - 1)
+    assert not dear.worth_it and "per point of improvement" in dear.reasons[0]
 
 
 def test_validation_names_the_field():

@@ -17,6 +17,7 @@ from ito_assets.evals.suite import EvalSuite
 from ito_assets.manifest.discovery import ManifestVerdict
 from ito_assets.training.decision import DecisionResult, run_decision
 from ito_assets.training.decision_gate import DataDecision, judge_decision
+from ito_assets.training.economics import Economics
 from ito_assets.training.mixtures import read_mixture
 from ito_assets.training.threads import torch_threads
 from ito_assets.training.run_plan import PlanOutcome, plan_outcome
@@ -93,8 +94,9 @@ def _run_metadata(result: DecisionResult, baseline_sources, work_dir: Path) -> d
     group_name=GROUP,
     kinds={"python"},
     partitions_def=manifests_partitions,
-    description="GO / NO_GO / WITHIN_NOISE / INCONCLUSIVE from a paired t-test over seeds (95% interval), "
-    "the gate (GO, or a verdict the manifest's reviewers accepted), and the economics: decision cost, projected full-run cost, thresholds.",
+    description="GO / NO_GO / WITHIN_NOISE / INCONCLUSIVE from a paired t-test over seeds (95% interval); NOT_WORTH_IT "
+    "for a GO whose gain does not pay for the full run; the gate (a GO worth its cost, or an outcome the manifest's "
+    "reviewers accepted); the economics: decision cost, projected full-run cost, cost per point of improvement.",
 )
 def data_decision(
     context: dg.AssetExecutionContext, config: DataDecisionParams, booked_hardware: BookedHardwareResource,
@@ -102,16 +104,35 @@ def data_decision(
 ) -> DataDecision:
     manifest = training_manifest_or_fail(training_manifest, "the decision").manifest
     judged = judge_decision(decision_run, manifest, booked_hardware.hardware(), config.to_config())
-    summary = judged.summary()
-    economics = summary["economics"] or {}
-    context.add_output_metadata({
-        "verdict": summary["verdict"], "gate_passed": judged.gate.passed, "gate_reason": judged.gate.reason,
-        "decision_cost_cents": economics.get("decision_cost_cents", -1),
-        "full_run_cost_cents": economics.get("full_run_cost_cents", -1),
-        "benefit_clears_thresholds": bool(economics.get("benefit_clears_thresholds", False)),
-        "summary": dg.MetadataValue.json(summary),
-    })
+    metadata = {"verdict": judged.decision.verdict.value, "outcome": judged.gate.outcome,
+                "gate_passed": judged.gate.passed, "gate_reason": judged.gate.reason,
+                "summary": dg.MetadataValue.json(judged.summary())}
+    if judged.economics is not None:
+        metadata["economics"] = _economics_table(judged.economics)
+        metadata["full_run_cost_usd"] = round(judged.economics.full_run_cost_cents / 100, 2)
+        metadata["worth_it"] = judged.economics.worth_it
+    else:
+        metadata["plan_refusal"] = judged.plan_refusal or ""
+    context.add_output_metadata(metadata)
     return judged
+
+
+def _economics_table(economics: Economics) -> dg.TableMetadataValue:
+    """One row per figure, in the unit a desk reads; a threshold the manifest does not set is absent."""
+    figures = [
+        ("decision job cost", economics.decision_cost_cents / 100, "USD"),
+        ("full run projected cost", economics.full_run_cost_cents / 100, "USD"),
+        ("decision job / full run", economics.decision_cost_fraction * 100, "%"),
+        ("relative improvement", economics.relative_improvement * 100, "%"),
+    ]
+    if economics.cost_cents_per_improvement_point is not None:
+        figures.append(("full run cost per point of improvement", economics.cost_cents_per_improvement_point / 100, "USD"))
+    if economics.max_cost_cents_per_improvement_point is not None:
+        figures.append(("manifest's maximum per point", economics.max_cost_cents_per_improvement_point / 100, "USD"))
+    schema = dg.TableSchema(columns=[dg.TableColumn("figure", "string"), dg.TableColumn("value", "float"),
+                                     dg.TableColumn("unit", "string")])
+    rows = [dg.TableRecord({"figure": name, "value": round(value, 4), "unit": unit}) for name, value, unit in figures]
+    return dg.MetadataValue.table(rows, schema=schema)
 
 
 @dg.asset(

@@ -13,11 +13,12 @@ _REFUSED = "the plan was refused, so it has no cost to compare"
 
 
 @dg.asset_check(asset=data_decision, blocking=True, partitions_def=manifests_partitions,
-                description="GO, unless the manifest records an accepted no-go.")
+                description="A GO worth the full run's cost, unless the manifest's reviewers accepted the outcome.")
 def decision_is_go(data_decision: DataDecision) -> dg.AssetCheckResult:
     return dg.AssetCheckResult(
         passed=data_decision.gate.passed,
-        metadata={"verdict": data_decision.gate.verdict.value, "accepted_by_manifest": data_decision.gate.accepted_by_manifest,
+        metadata={"verdict": data_decision.gate.verdict.value, "outcome": data_decision.gate.outcome,
+                  "accepted_by_manifest": data_decision.gate.accepted_by_manifest,
                   "error_code": data_decision.gate.error_code.value if data_decision.gate.error_code else ""},
         description=data_decision.gate.reason,
     )
