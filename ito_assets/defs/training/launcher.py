@@ -4,9 +4,11 @@ The plan's node and GPU counts drive it: a field left unset takes the plan's. `b
 starts each attempt (`ito_assets.launch.backend`): `local` runs torchrun on this machine (several
 nodes are launchers on loopback joined by a c10d rendezvous: the multi-node path, run for real
 without a cluster); `slurm` submits an sbatch script per attempt (srun starts one torchrun per
-node); `kubernetes` creates one Indexed Job (a pod per node) and a headless service. With `local`, a host without
-CUDA trains one rank per node (gloo): it is a laptop or a test, not the booked hardware; the other
-back ends run on the booked nodes, so they take the plan's GPUs per node whatever this host has.
+node); `kubernetes` creates one Indexed Job per attempt (a pod per node) and a headless service,
+which the cluster deletes `k8s_ttl_after_finished_s` after the attempt ended (or failed at
+`k8s_active_deadline_s`), whether or not the supervisor lives. With `local`, a host without CUDA
+trains one rank per node (gloo): it is a laptop or a test, not the booked hardware; the other back
+ends run on the booked nodes, so they take the plan's GPUs per node whatever this host has.
 
 The remote back ends need the stage's folders on storage that the nodes share with the supervisor
 (Slurm: a shared filesystem; Kubernetes: the `k8s_volume_claim` mounted at `k8s_mount_path` in the
