@@ -25,6 +25,7 @@ from kubernetes.client.exceptions import ApiException  # noqa: E402
 from ito_assets.launch.backend import BackendKind, LaunchConfig  # noqa: E402
 from ito_assets.launch.kubernetes import (  # noqa: E402
     DEADLINE_EXIT, INDEX_KEY, JOB_NAME_LABEL, KubernetesBackend, KubernetesSettings, headless_service, job_body,
+    job_exit_code,
 )
 from ito_assets.launch.spec import LaunchSpec  # noqa: E402
 from ito_assets.runtime.stage.config import RESULT_NAME, WorkerConfig  # noqa: E402
@@ -382,6 +383,20 @@ def test_past_its_deadline_the_job_fails_and_its_pods_go(tmp_path):
     cluster.tick(1)
     assert cluster.jobs[JOB].condition == ("Failed", "DeadlineExceeded") and not cluster.pods
     assert attempt.exit_code() == DEADLINE_EXIT != 0
+
+
+@pytest.mark.parametrize(("kind", "reason", "code"), [
+    ("FailureTarget", "DeadlineExceeded", DEADLINE_EXIT),  # Kubernetes 1.31+: before Failed, while pods stop
+    ("Failed", "DeadlineExceeded", DEADLINE_EXIT),
+    ("Failed", "BackoffLimitExceeded", 1),
+    ("Complete", "CompletionsReached", 0),
+])
+def test_the_jobs_conditions_as_exit_codes(kind, reason, code):
+    condition = {"type": kind, "status": "True", "reason": reason}
+    job = CLIENT._ApiClient__deserialize({"status": {"conditions": [condition]}}, "V1Job")
+    assert job_exit_code(job, [], nnodes=2) == code
+    condition["status"] = "False"
+    assert job_exit_code(CLIENT._ApiClient__deserialize({"status": {"conditions": [condition]}}, "V1Job"), [], 2) is None
 
 
 def _abandon(cluster: FakeCluster, tmp_path: Path, settings: KubernetesSettings) -> None:
