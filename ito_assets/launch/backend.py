@@ -22,7 +22,7 @@ from ito_assets.launch.spec import LaunchSpec
 class BackendKind(str, enum.Enum):
     LOCAL = "local"  # torch.distributed.run on this machine (one launcher per node on loopback)
     SLURM = "slurm"  # an sbatch script: srun starts one torchrun per node
-    KUBERNETES = "kubernetes"  # one pod per node behind a headless service
+    KUBERNETES = "kubernetes"  # one Indexed Job (a pod per node) behind a headless service
 
 
 class Attempt(Protocol):
@@ -43,7 +43,7 @@ class Attempt(Protocol):
         returns the seconds spent. `worker_pids` are the heartbeats' pids, meaningful on this machine only."""
 
     def release(self) -> None:
-        """Free what an attempt that ended on its own still holds (pods, a service); idempotent."""
+        """Free what an attempt that ended on its own still holds (a Job, its pods and service); idempotent."""
 
 
 class Backend(Protocol):

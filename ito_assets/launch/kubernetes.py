@@ -1,12 +1,25 @@
-"""Kubernetes: one pod per node, each running the same torchrun command; a headless service gives
-node 0's pod a stable name for the c10d rendezvous. Every attempt has pods and a service of its own
-(named by the attempt's rendezvous id), so a restart never meets the old attempt's ranks.
+"""Kubernetes: each attempt is one Indexed `batch/v1` Job with a pod per node, each running the same
+torchrun command, and a headless service that gives node 0's pod a stable name for the c10d
+rendezvous. Every attempt has a Job and a service of its own (named by the attempt's rendezvous id),
+so a restart never meets the old attempt's ranks. The c10d rendezvous assigns the node ranks, so
+the pods need no rank of their own (the Job controller's JOB_COMPLETION_INDEX goes unused).
 
-`KubernetesBackend` creates them with the plain `kubernetes` client (CoreV1Api), reads the exit
-codes from the pods' container statuses and stops an attempt by deleting its pods with a grace
-period (SIGTERM: the ranks flush a checkpoint), force-deleting what is left after it. The attempt's
-config, checkpoints and heartbeats live on a volume (a PersistentVolumeClaim) that the supervisor's
-pod mounts at the same path as the trainer pods.
+The cluster cleans up after an attempt whether or not its supervisor lives to do it:
+- `backoffLimit: 0`: the first failed pod fails the Job, and the Job controller stops the other
+  nodes' pods at once (restarts are the supervisor's decision, from a checkpoint);
+- `activeDeadlineSeconds` (`active_deadline_s`): an attempt that hangs is failed and its pods are
+  deleted once it ran that long;
+- `ttlSecondsAfterFinished` (`ttl_after_finished_s`): a finished Job and its pods are deleted that
+  long after it ended;
+- the service names the Job as its owner, so the garbage collector deletes it with the Job.
+
+`KubernetesBackend` drives it with the plain `kubernetes` client: BatchV1Api for the Job, CoreV1Api
+for the service, the pods and their logs. It reads the exit codes from the pods' container statuses
+and the Job's conditions, stops an attempt by deleting its pods with a grace period (SIGTERM: the
+ranks flush a checkpoint), then the Job, forcing what is left after the grace period. The
+attempt's config, checkpoints and heartbeats live on a volume (a PersistentVolumeClaim) that the
+supervisor's pod mounts at the same path as the trainer pods. The supervisor's service account
+needs create, get, list and delete on jobs (batch), services and pods, and get on pods/log.
 
 Not through dagster_k8s.PipesK8sClient: its `run` needs the Dagster context (the supervisor runs
 out of process, without Dagster), starts one pod per Dagster step (named by run and op) and blocks
@@ -30,9 +43,26 @@ from ito_assets.launch.spec import LaunchSpec, torchrun_command
 _MAX_NAME = 63  # a DNS-1123 label
 VOLUME_NAME = "ito-shared"
 CONTAINER_NAME = "trainer"
-# A pod gone from the API while its attempt ran (deleted by someone, evicted and collected): the
-# attempt has lost a node, which is a failure whatever the pod's own code would have been.
-MISSING_POD_EXIT = 1
+# Set by the Job controller on every pod of an Indexed Job (the annotation exists since 1.21).
+INDEX_KEY = "batch.kubernetes.io/job-completion-index"
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+# The back end is not told the booking's wall time, so the default only bounds an attempt that
+# nobody watches any more (a hung rank under a dead supervisor): a week, longer than any attempt
+# we plan between checkpoints. A healthy attempt that outruns it is failed and restarted from its
+# last checkpoint, so set `active_deadline_s` to the booking where it is known. It counts from the
+# Job's start, pods waiting for nodes included.
+ACTIVE_DEADLINE_S = 7 * 24 * 3600
+# A finished attempt holds no GPU (its pods have terminated), only API objects and logs: an hour
+# leaves time to read an orphaned attempt's logs (kubectl logs) and bounds how long they stay.
+TTL_AFTER_FINISHED_S = 3600
+# A Job gone from the API while its attempt ran (deleted by someone, or collected before the
+# supervisor looked): the attempt's outcome is lost, which is a failure.
+MISSING_JOB_EXIT = 1
+# The Job ran past activeDeadlineSeconds and Kubernetes killed its pods: timeout(1)'s code for a
+# command that ran out of time, so the log tells it from a rank's own failure.
+DEADLINE_EXIT = 124
+# The Job failed (a pod deleted, the pods' codes already gone) without a code of its own.
+FAILED_JOB_EXIT = 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,6 +74,8 @@ class KubernetesSettings:
     gpus_per_node: int = 0  # nvidia.com/gpu per pod; 0: CPU pods (gloo)
     python: str = "python"  # the interpreter in the image
     rdzv_port: int = 29400  # torchrun's default c10d port, on node 0's pod
+    active_deadline_s: int = ACTIVE_DEADLINE_S  # the Job's activeDeadlineSeconds, per attempt
+    ttl_after_finished_s: int = TTL_AFTER_FINISHED_S  # the Job's ttlSecondsAfterFinished
 
     def __post_init__(self) -> None:
         if not self.image or not self.volume_claim or not self.namespace:
@@ -54,32 +86,50 @@ class KubernetesSettings:
             raise ValueError("gpus_per_node must be >= 0")
         if not 1 <= self.rdzv_port <= 65535:
             raise ValueError("rdzv_port must be a TCP port")
+        if self.active_deadline_s < 1:
+            raise ValueError("active_deadline_s must be >= 1")
+        # 0 is valid for Kubernetes but would delete the pods before the supervisor reads their codes.
+        if self.ttl_after_finished_s < 1:
+            raise ValueError("ttl_after_finished_s must be >= 1")
 
 
-def _name(spec: LaunchSpec, suffix: str = "") -> str:
-    """`ito-<run id>` as a DNS-1123 label: lower case, '-' for '_', short enough for its suffix; a
-    name that had to be cut ends in a digest of the whole id, so two attempts never share one."""
+def _name(spec: LaunchSpec, room: int = 0) -> str:
+    """`ito-<run id>` as a DNS-1123 label with `room` characters to spare: lower case, '-' for '_';
+    a name that had to be cut ends in a digest of the whole id, so two attempts never share one."""
     name = "ito-" + re.sub(r"[^a-z0-9-]", "-", spec.run_id.lower())
-    limit = _MAX_NAME - len(suffix)
+    limit = _MAX_NAME - room
     if len(name) > limit:
         digest = hashlib.sha256(spec.run_id.encode()).hexdigest()[:8]
         name = name[: limit - len(digest) - 1].rstrip("-") + "-" + digest
-    return name + suffix
+    return name
 
 
-def pod_name(spec: LaunchSpec, node: int) -> str:
-    return _name(spec, f"-node{node}")
+def job_name(spec: LaunchSpec) -> str:
+    """The Job's and the service's name, short enough for the pods' hostnames `<job>-<index>`."""
+    return _name(spec, room=len(f"-{spec.nnodes - 1}"))
+
+
+def pod_hostname(spec: LaunchSpec, index: int) -> str:
+    """What the Job controller names index `index`'s pod's host when the template sets a subdomain."""
+    return f"{job_name(spec)}-{index}"
 
 
 def rendezvous_host(spec: LaunchSpec, namespace: str) -> str:
-    return f"{pod_name(spec, 0)}.{_name(spec)}.{namespace}.svc"
+    return f"{pod_hostname(spec, 0)}.{job_name(spec)}.{namespace}.svc"
 
 
-def headless_service(spec: LaunchSpec, namespace: str) -> dict:
+def headless_service(spec: LaunchSpec, namespace: str, job_uid: str) -> dict:
+    name = job_name(spec)
+    # The garbage collector deletes the service with its Job. Not blockOwnerDeletion: it only
+    # orders a foreground delete, and setting it needs update on jobs/finalizers where the
+    # OwnerReferencesPermissionEnforcement admission plugin runs.
+    owner = {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": job_uid,
+             "blockOwnerDeletion": False, "controller": False}
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": _name(spec), "namespace": namespace, "labels": {"ito/run": spec.run_id}},
+        "metadata": {"name": name, "namespace": namespace, "labels": {"ito/run": spec.run_id},
+                     "ownerReferences": [owner]},
         "spec": {
             "clusterIP": "None",
             "selector": {"ito/run": spec.run_id},
@@ -106,38 +156,70 @@ def _container(spec: LaunchSpec, settings: KubernetesSettings) -> dict:
     }
 
 
-def pod_specs(spec: LaunchSpec, settings: KubernetesSettings) -> list[dict]:
-    return [
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": pod_name(spec, node),
-                "namespace": settings.namespace,
-                "labels": {"ito/run": spec.run_id, "ito/node": str(node)},
+def job_body(spec: LaunchSpec, settings: KubernetesSettings) -> dict:
+    name = job_name(spec)
+    labels = {"ito/run": spec.run_id}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": settings.namespace, "labels": labels},
+        "spec": {
+            "completionMode": "Indexed",  # one pod per index, hostname `<job>-<index>`
+            "completions": spec.nnodes,
+            "parallelism": spec.nnodes,
+            "backoffLimit": 0,  # restarts are the supervisor's decision, not the Job controller's
+            "activeDeadlineSeconds": settings.active_deadline_s,
+            "ttlSecondsAfterFinished": settings.ttl_after_finished_s,
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "subdomain": name,  # the headless service: `<job>-0.<service>.<namespace>.svc`
+                    "restartPolicy": "Never",  # nor the kubelet's
+                    "containers": [_container(spec, settings)],
+                    "volumes": [{"name": VOLUME_NAME, "persistentVolumeClaim": {"claimName": settings.volume_claim}}],
+                },
             },
-            "spec": {
-                "hostname": pod_name(spec, node),
-                "subdomain": _name(spec),
-                "restartPolicy": "Never",  # restarts are the supervisor's decision, not the kubelet's
-                "containers": [_container(spec, settings)],
-                "volumes": [{"name": VOLUME_NAME, "persistentVolumeClaim": {"claimName": settings.volume_claim}}],
-            },
-        }
-        for node in range(spec.nnodes)
-    ]
+        },
+    }
 
 
-def pod_exit_code(pod: Any | None) -> int | None:
+def pod_exit_code(pod: Any) -> int | None:
     """A V1Pod's outcome: the trainer container's exit code once it terminated, 1 for a pod that
-    failed without one (evicted), MISSING_POD_EXIT for no pod, None while it runs or waits."""
-    if pod is None:
-        return MISSING_POD_EXIT
+    failed without one (evicted), None while it runs or waits."""
     for status in (pod.status.container_statuses or []) if pod.status else []:
         if status.name == CONTAINER_NAME and status.state and status.state.terminated:
             return status.state.terminated.exit_code
     phase = pod.status.phase if pod.status else None
     return {"Failed": 1, "Succeeded": 0}.get(phase)
+
+
+def pod_index(pod: Any) -> int:
+    return int((pod.metadata.annotations or {}).get(INDEX_KEY, -1))
+
+
+def _condition(job: Any, *types: str) -> Any | None:
+    """The Job's first true condition among `types` (FailureTarget precedes Failed on 1.31+)."""
+    for condition in (job.status.conditions or []) if job.status else []:
+        if condition.type in types and condition.status == "True":
+            return condition
+    return None
+
+
+def job_exit_code(job: Any, pods: list[Any], nnodes: int) -> int | None:
+    """A V1Job's outcome from it and its pods: DEADLINE_EXIT past its deadline, else the first
+    failed index's code, FAILED_JOB_EXIT for a Job failed without one, 0 once every index
+    succeeded, None while it runs."""
+    failed = _condition(job, "FailureTarget", "Failed")
+    if failed is not None and failed.reason == "DeadlineExceeded":
+        return DEADLINE_EXIT
+    codes = [(pod_index(pod), pod_exit_code(pod)) for pod in sorted(pods, key=pod_index)]
+    bad = [code for _, code in codes if code not in (None, 0)]
+    if bad:
+        return bad[0]
+    if failed is not None:
+        return FAILED_JOB_EXIT
+    succeeded = {index for index, code in codes if code == 0}
+    return 0 if len(succeeded) >= nnodes or _condition(job, "Complete") else None
 
 
 def _api_exception() -> type[Exception]:
@@ -155,57 +237,61 @@ def _not_found(call, *args, **kwargs) -> None:
             raise
 
 
+def _delete_job(batch: Any, name: str, namespace: str) -> None:
+    # The API's default for a batch/v1 Job orphans its pods: name the propagation. Background: the
+    # Job goes at once, the garbage collector deletes its pods and service after it.
+    _not_found(batch.delete_namespaced_job, name, namespace, propagation_policy="Background")
+
+
 @dataclass
 class KubernetesAttempt:
     number: int
     launched_at: float
-    api: Any  # kubernetes.client.CoreV1Api
+    api: Any  # kubernetes.client.CoreV1Api: the pods and their logs
+    batch: Any  # kubernetes.client.BatchV1Api: the Job
     namespace: str
-    service: str
-    pods: list[str]  # node order
-    run_label: str
+    job: str
+    nnodes: int
     log_path: Path
     poll_s: float = 1.0
 
-    def _listed(self) -> dict[str, Any]:
-        listed = self.api.list_namespaced_pod(self.namespace, label_selector=f"ito/run={self.run_label}")
-        return {pod.metadata.name: pod for pod in listed.items}
+    def _pods(self) -> list[Any]:
+        listed = self.api.list_namespaced_pod(self.namespace, label_selector=f"{JOB_NAME_LABEL}={self.job}")
+        return sorted(listed.items, key=pod_index)
 
     def exit_code(self) -> int | None:
         try:
-            listed = self._listed()
-        except _api_exception():  # an API server busy or restarting: ask again at the next poll
-            return None
-        codes = [pod_exit_code(listed.get(name)) for name in self.pods]
-        failed = [code for code in codes if code not in (None, 0)]
-        if failed:
-            return failed[0]
-        return None if None in codes else 0
+            job = self.batch.read_namespaced_job(self.job, self.namespace)
+            pods = self._pods()
+        except _api_exception() as error:  # an API server busy or restarting: ask again at the next poll
+            return MISSING_JOB_EXIT if error.status == 404 else None
+        return job_exit_code(job, pods, self.nnodes)
 
     def terminate(self, worker_pids: set[int], *, grace_s: float) -> float:
         """`worker_pids` live in the pods: the kubelet signals the containers itself."""
         started = time.monotonic()
         self._save_logs()
-        for name in self.pods:  # the kubelet sends SIGTERM, then SIGKILL after the grace period
-            _not_found(self.api.delete_namespaced_pod, name, self.namespace, grace_period_seconds=math.ceil(grace_s))
-        while self._listed() and time.monotonic() < started + grace_s:
+        for pod in self._pods():  # the kubelet sends SIGTERM, then SIGKILL after the grace period
+            self._delete_pod(pod.metadata.name, math.ceil(grace_s))
+        while self._pods() and time.monotonic() < started + grace_s:
             time.sleep(self.poll_s)
-        for name in self._listed():  # still there: force, so that the next attempt starts clean
-            _not_found(self.api.delete_namespaced_pod, name, self.namespace, grace_period_seconds=0)
-        _not_found(self.api.delete_namespaced_service, self.service, self.namespace)
+        _delete_job(self.batch, self.job, self.namespace)
+        for pod in self._pods():  # still there: force, so that no rank outlives its attempt
+            self._delete_pod(pod.metadata.name, 0)
         return time.monotonic() - started
 
     def release(self) -> None:
         self._save_logs()
-        for name in self.pods:
-            _not_found(self.api.delete_namespaced_pod, name, self.namespace)
-        _not_found(self.api.delete_namespaced_service, self.service, self.namespace)
+        _delete_job(self.batch, self.job, self.namespace)
+
+    def _delete_pod(self, name: str, grace_s: int) -> None:
+        _not_found(self.api.delete_namespaced_pod, name, self.namespace, grace_period_seconds=grace_s)
 
     def _save_logs(self) -> None:
         """The pods' output into the attempt's log before they go: a failed rank's traceback."""
-        listed = self._listed()
         with open(self.log_path, "a") as log:
-            for name in (n for n in self.pods if n in listed):
+            for pod in self._pods():
+                name = pod.metadata.name
                 try:
                     text = self.api.read_namespaced_pod_log(name, self.namespace)
                 except _api_exception() as error:  # a container not started yet has no log (400)
@@ -213,35 +299,47 @@ class KubernetesAttempt:
                 log.write(f"--- {name}\n{text}\n")
 
 
-def _default_api() -> Any:
-    """In-cluster credentials where the supervisor runs in a pod, else the local kubeconfig."""
+def _client() -> Any:
+    """The client module, configured with in-cluster credentials where the supervisor runs in a
+    pod, else with the local kubeconfig."""
     from kubernetes import client, config
 
     try:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
-    return client.CoreV1Api()
+    return client
 
 
 @dataclass
 class KubernetesBackend:
     settings: KubernetesSettings
     api: Any = None  # a CoreV1Api; None: built on first use from the cluster's credentials
+    batch: Any = None  # a BatchV1Api; likewise
 
     def start(self, spec: LaunchSpec, *, number: int, log_path: Path) -> KubernetesAttempt:
         self._require_on_volume(spec)
-        self.api = self.api or _default_api()
+        self._connect()
         spec = replace(spec, rdzv_port=self.settings.rdzv_port)
-        namespace = self.settings.namespace
+        namespace, name = self.settings.namespace, job_name(spec)
         launched_at = time.time()
-        self.api.create_namespaced_service(namespace, headless_service(spec, namespace))
-        bodies = pod_specs(spec, self.settings)
-        for body in bodies:
-            self.api.create_namespaced_pod(namespace, body)
-        return KubernetesAttempt(number=number, launched_at=launched_at, api=self.api, namespace=namespace,
-                                 service=_name(spec), pods=[b["metadata"]["name"] for b in bodies],
-                                 run_label=spec.run_id, log_path=log_path)
+        # The Job first: a supervisor that dies before the service leaves a Job whose rendezvous
+        # times out and which its deadline and TTL collect; a service created first would have no
+        # owner to go with.
+        job = self.batch.create_namespaced_job(namespace, job_body(spec, self.settings))
+        try:
+            self.api.create_namespaced_service(namespace, headless_service(spec, namespace, job.metadata.uid))
+        except Exception:
+            _delete_job(self.batch, name, namespace)
+            raise
+        return KubernetesAttempt(number=number, launched_at=launched_at, api=self.api, batch=self.batch,
+                                 namespace=namespace, job=name, nnodes=spec.nnodes, log_path=log_path)
+
+    def _connect(self) -> None:
+        if self.api is None or self.batch is None:
+            client = _client()
+            self.api = self.api or client.CoreV1Api()
+            self.batch = self.batch or client.BatchV1Api()
 
     def _require_on_volume(self, spec: LaunchSpec) -> None:
         """The pods see only the shared volume: the attempt's config (an absolute path among the

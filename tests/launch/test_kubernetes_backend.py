@@ -1,11 +1,19 @@
-"""The Kubernetes back end against a fake CoreV1Api (no cluster is reachable here): every body it
-sends must round-trip through the client's own V1Pod/V1Service models, and the fake answers with
-V1Pod models in the phases and exit codes a cluster would give."""
+"""The Kubernetes back end against a fake cluster (no cluster is reachable here): every body it
+sends must round-trip through the client's own V1Job/V1Service models, and the fake answers with
+V1Job and V1Pod models in the states and exit codes a cluster would give. The fake also plays the
+controllers the back end relies on once its supervisor is gone: the Job controller (pods from the
+template, the deadline, backoffLimit 0), the TTL-after-finished controller and the garbage
+collector."""
 
 from __future__ import annotations
 
+import copy
 import json
+import random
+import string
 import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -15,13 +23,18 @@ from kubernetes.client import ApiClient  # noqa: E402
 from kubernetes.client.exceptions import ApiException  # noqa: E402
 
 from ito_assets.launch.backend import BackendKind, LaunchConfig  # noqa: E402
-from ito_assets.launch.kubernetes import KubernetesBackend, KubernetesSettings  # noqa: E402
+from ito_assets.launch.kubernetes import (  # noqa: E402
+    DEADLINE_EXIT, INDEX_KEY, JOB_NAME_LABEL, KubernetesBackend, KubernetesSettings, headless_service, job_body,
+    job_exit_code,
+)
+from ito_assets.launch.spec import LaunchSpec  # noqa: E402
 from ito_assets.runtime.stage.config import RESULT_NAME, WorkerConfig  # noqa: E402
 from ito_assets.training.layout import Layout  # noqa: E402
 from ito_assets.runtime.supervision.launch import worker_spec  # noqa: E402
 from ito_assets.runtime.supervision.supervisor import Supervisor, SupervisorConfig  # noqa: E402
 
 CLIENT = ApiClient()
+FINISHED = ("Succeeded", "Failed")
 
 
 def _model(body: dict, kind: str):
@@ -32,30 +45,110 @@ def _model(body: dict, kind: str):
     return model
 
 
-class FakeCoreV1:
-    """Pods and services of one namespace. `lingering` pods outlive a graceful delete (a rank that
-    ignores SIGTERM) until deleted with grace 0."""
+def _stamp(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
-    def __init__(self) -> None:
-        self.pods: dict[str, dict] = {}
-        self.services: dict[str, dict] = {}
-        self.calls: list[tuple] = []
-        self.sent: list[dict] = []  # the pod bodies, as given
-        self.lingering: set[str] = set()
-        self.unavailable = False  # the API server answers 503
-        self.on_create = lambda body: None
+
+def _not_found() -> ApiException:
+    return ApiException(status=404, reason="Not Found")
+
+
+@dataclass
+class FakeJob:
+    body: dict
+    uid: str
+    started: float
+    finished: float | None = None
+    condition: tuple[str, str] | None = None  # (type, reason) once finished
+    lost_pod: bool = False  # a pod deleted before it finished: a failure, with backoffLimit 0
+
+    @property
+    def name(self) -> str:
+        return self.body["metadata"]["name"]
+
+
+@dataclass
+class FakeCluster:
+    """One namespace behind both APIs (the CoreV1Api and BatchV1Api methods the back end calls).
+    `lingering` pods outlive a graceful delete (a rank that ignores SIGTERM) until deleted with
+    grace 0. `now` is the cluster's clock (Unix seconds), moved by `tick`."""
+
+    now: float = field(default_factory=time.time)
+    jobs: dict[str, FakeJob] = field(default_factory=dict)
+    pods: dict[str, dict] = field(default_factory=dict)
+    services: dict[str, dict] = field(default_factory=dict)
+    calls: list[tuple] = field(default_factory=list)
+    sent: list[dict] = field(default_factory=list)  # the Job bodies, as given
+    lingering: set[str] = field(default_factory=set)
+    unavailable: bool = False  # the API server answers 503
+    on_create: object = lambda pod: None  # what a pod's ranks do once it exists
+
+    # --- BatchV1Api -----------------------------------------------------------------------------
+
+    def create_namespaced_job(self, namespace, body):
+        _model(body, "V1Job")
+        name = body["metadata"]["name"]
+        self.calls.append(("create_job", name))
+        self.sent.append(body)
+        job = FakeJob(body=body, uid=f"uid-{name}-{len(self.calls)}", started=self.now)
+        self.jobs[name] = job
+        pods = [self._create_pod(job, index) for index in range(body["spec"]["completions"])]
+        for pod in pods:
+            self.on_create(pod)
+        return self.read_namespaced_job(name, namespace)
+
+    def read_namespaced_job(self, name, namespace):
+        self._answer()
+        if name not in self.jobs:
+            raise _not_found()
+        job = self.jobs[name]
+        metadata = {**job.body["metadata"], "uid": job.uid}
+        return CLIENT._ApiClient__deserialize({**job.body, "metadata": metadata, "status": self._status(job)}, "V1Job")
+
+    def delete_namespaced_job(self, name, namespace, propagation_policy=None):
+        self.calls.append(("delete_job", name, propagation_policy))
+        if name not in self.jobs:
+            raise _not_found()
+        self._delete_job(name, propagation_policy)
+
+    # --- CoreV1Api ------------------------------------------------------------------------------
 
     def create_namespaced_service(self, namespace, body):
         _model(body, "V1Service")
         self.calls.append(("create_service", body["metadata"]["name"]))
         self.services[body["metadata"]["name"]] = body
 
-    def create_namespaced_pod(self, namespace, body):
-        _model(body, "V1Pod")
-        self.calls.append(("create_pod", body["metadata"]["name"]))
-        self.sent.append(body)
-        self.pods[body["metadata"]["name"]] = {**body, "status": {"phase": "Pending"}}
-        self.on_create(body)
+    def list_namespaced_pod(self, namespace, label_selector):
+        self._answer()
+        key, value = label_selector.split("=")
+        items = [p for p in self.pods.values() if p["metadata"]["labels"].get(key) == value]
+        return CLIENT._ApiClient__deserialize({"items": items}, "V1PodList")
+
+    def delete_namespaced_pod(self, name, namespace, grace_period_seconds=None):
+        self.calls.append(("delete_pod", self.index_of(name), grace_period_seconds))
+        if name not in self.pods:
+            raise _not_found()
+        self._delete_pod(name, force=grace_period_seconds == 0)
+        self._sync()
+
+    def read_namespaced_pod_log(self, name, namespace):
+        if name not in self.pods:
+            raise _not_found()
+        if self.pods[name]["status"]["phase"] == "Pending":
+            raise ApiException(status=400, reason="container is waiting to start")
+        return f"output of {name}"
+
+    # --- what the tests do to it ----------------------------------------------------------------
+
+    def pod(self, index: int, job: str | None = None) -> str:
+        """The name of index `index`'s pod (the Job controller's `<job>-<index>-<random>`) of `job`,
+        or of the one Job there is."""
+        (name,) = [n for n, p in self.pods.items() if self.index_of(n) == index
+                   and p["metadata"]["labels"][JOB_NAME_LABEL] == (job or p["metadata"]["labels"][JOB_NAME_LABEL])]
+        return name
+
+    def index_of(self, name: str) -> int:
+        return int(name.rsplit("-", 2)[1])
 
     def set(self, name: str, phase: str, exit_code: int | None = None) -> None:
         status: dict = {"phase": phase}
@@ -63,138 +156,347 @@ class FakeCoreV1:
             status["containerStatuses"] = [{"name": "trainer", "image": "i", "imageID": "", "ready": False,
                                             "restartCount": 0, "state": {"terminated": {"exitCode": exit_code}}}]
         self.pods[name]["status"] = status
+        self._sync()
 
-    def list_namespaced_pod(self, namespace, label_selector):
+    def tick(self, seconds: float) -> None:
+        """Time passes on the cluster: deadlines and TTLs fall due."""
+        self.now += seconds
+        self._sync()
+
+    def empty(self) -> bool:
+        return not self.jobs and not self.pods and not self.services
+
+    # --- the controllers ------------------------------------------------------------------------
+
+    def _answer(self) -> None:
         if self.unavailable:
             raise ApiException(status=503, reason="Service Unavailable")
-        key, value = label_selector.split("=")
-        items = [p for p in self.pods.values() if p["metadata"]["labels"].get(key) == value]
-        return CLIENT._ApiClient__deserialize({"items": items}, "V1PodList")
 
-    def delete_namespaced_pod(self, name, namespace, grace_period_seconds=None):
-        self.calls.append(("delete_pod", name, grace_period_seconds))
-        if name not in self.pods:
-            raise ApiException(status=404, reason="Not Found")
-        if name in self.lingering and grace_period_seconds != 0:
-            return  # Terminating: still listed until the kubelet gives up or a forced delete
-        del self.pods[name]
+    def _create_pod(self, job: FakeJob, index: int) -> dict:
+        template = copy.deepcopy(job.body["spec"]["template"])
+        spec = template["spec"]
+        spec["hostname"] = f"{job.name}-{index}"
+        for container in spec["containers"]:
+            container["env"] = [*container.get("env", []), {"name": "JOB_COMPLETION_INDEX", "valueFrom": {
+                "fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_KEY}']"}}}]
+        suffix = "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
+        labels = {**template["metadata"]["labels"], JOB_NAME_LABEL: job.name, INDEX_KEY: str(index)}
+        owner = {"apiVersion": "batch/v1", "kind": "Job", "name": job.name, "uid": job.uid, "controller": True,
+                 "blockOwnerDeletion": True}
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": f"{job.name}-{index}-{suffix}", "namespace": job.body["metadata"]["namespace"],
+                            "labels": labels, "annotations": {INDEX_KEY: str(index)}, "ownerReferences": [owner]},
+               "spec": spec}
+        _model(pod, "V1Pod")
+        self.pods[pod["metadata"]["name"]] = {**pod, "status": {"phase": "Pending"}}
+        return pod
 
-    def delete_namespaced_service(self, name, namespace):
-        self.calls.append(("delete_service", name))
-        if self.services.pop(name, None) is None:
-            raise ApiException(status=404, reason="Not Found")
+    def _pods_of(self, job: FakeJob) -> list[dict]:
+        return [p for p in self.pods.values() if p["metadata"]["labels"][JOB_NAME_LABEL] == job.name]
 
-    def read_namespaced_pod_log(self, name, namespace):
-        if self.pods[name]["status"]["phase"] == "Pending":
-            raise ApiException(status=400, reason="container is waiting to start")
-        return f"output of {name}"
+    def _status(self, job: FakeJob) -> dict:
+        phases = [p["status"]["phase"] for p in self._pods_of(job)]
+        status = {"startTime": _stamp(job.started), "active": sum(p not in FINISHED for p in phases),
+                  "succeeded": phases.count("Succeeded"), "failed": phases.count("Failed")}
+        if job.condition is not None:
+            kind, reason = job.condition
+            status["conditions"] = [{"type": kind, "status": "True", "reason": reason,
+                                     "lastTransitionTime": _stamp(job.finished)}]
+        return status
+
+    def _sync(self) -> None:
+        for job in list(self.jobs.values()):
+            if job.finished is None:
+                self._sync_job(job)
+        for job in list(self.jobs.values()):  # the TTL-after-finished controller
+            ttl = job.body["spec"].get("ttlSecondsAfterFinished")
+            if job.finished is not None and ttl is not None and self.now >= job.finished + ttl:
+                self._delete_job(job.name, "Background")
+
+    def _sync_job(self, job: FakeJob) -> None:
+        deadline = job.body["spec"].get("activeDeadlineSeconds")
+        phases = [p["status"]["phase"] for p in self._pods_of(job)]
+        if deadline is not None and self.now >= job.started + deadline:
+            self._fail(job, "DeadlineExceeded")
+        elif job.lost_pod or "Failed" in phases:  # backoffLimit 0: the first failure ends the Job
+            self._fail(job, "BackoffLimitExceeded")
+        elif phases.count("Succeeded") == job.body["spec"]["completions"]:
+            job.finished, job.condition = self.now, ("Complete", "")
+
+    def _fail(self, job: FakeJob, reason: str) -> None:
+        job.finished, job.condition = self.now, ("Failed", reason)
+        for pod in self._pods_of(job):  # the controller deletes the pods still running
+            if pod["status"]["phase"] not in FINISHED:
+                self._delete_pod(pod["metadata"]["name"], force=False)
+
+    def _delete_pod(self, name: str, *, force: bool) -> None:
+        pod = self.pods[name]
+        for job in self.jobs.values():
+            if job.name == pod["metadata"]["labels"][JOB_NAME_LABEL] and pod["status"]["phase"] not in FINISHED:
+                job.lost_pod = True
+        if force or name not in self.lingering:  # else Terminating: listed until forced
+            del self.pods[name]
+
+    def _delete_job(self, name: str, propagation_policy: str | None) -> None:
+        """The garbage collector: background or foreground deletes every object the Job owns;
+        the API's default for a batch/v1 Job (orphan) leaves them behind, without their owner."""
+        uid = self.jobs.pop(name).uid
+        for objects in (self.pods, self.services):
+            for key, body in list(objects.items()):
+                owners = body["metadata"].get("ownerReferences", [])
+                if not any(owner["uid"] == uid for owner in owners):
+                    continue
+                if propagation_policy in ("Background", "Foreground"):
+                    self._collect(objects, key)
+                else:
+                    body["metadata"]["ownerReferences"] = [o for o in owners if o["uid"] != uid]
+
+    def _collect(self, objects: dict, key: str) -> None:
+        if objects is self.pods:
+            self._delete_pod(key, force=False)
+        else:
+            del objects[key]
 
 
 SETTINGS = KubernetesSettings(image="ito-training:0.1.0", volume_claim="ito-runs", mount_path="/mnt/ito",
                               namespace="ito", gpus_per_node=8)
 STAGE = Path("/mnt/ito/run_x/pretraining")
+JOB = "ito-run-x-pretraining-0"
 
 
-def _start(api: FakeCoreV1, *, nnodes: int = 2, number: int = 0, stage: Path = STAGE, tmp_log: Path | None = None):
+def _start(cluster: FakeCluster, *, nnodes: int = 2, number: int = 0, stage: Path = STAGE,
+           tmp_log: Path | None = None, settings: KubernetesSettings = SETTINGS):
     spec = worker_spec(stage / f"attempt-{number}.json", nnodes=nnodes, nproc_per_node=8,
                        rdzv_id=f"run_x-pretraining-{number}")
     log_path = tmp_log or stage / f"attempt-{number}.log"
-    return KubernetesBackend(SETTINGS, api=api).start(spec, number=number, log_path=log_path)
+    return KubernetesBackend(settings, api=cluster, batch=cluster).start(spec, number=number, log_path=log_path)
 
 
-def test_an_attempt_is_a_headless_service_and_one_pod_per_node_on_the_shared_volume():
-    api = FakeCoreV1()
-    attempt = _start(api)
-    assert api.calls == [("create_service", "ito-run-x-pretraining-0"), ("create_pod", "ito-run-x-pretraining-0-node0"),
-                         ("create_pod", "ito-run-x-pretraining-0-node1")]
-    pod = _model(api.sent[1], "V1Pod")
-    container = pod.spec.containers[0]
+def test_an_attempt_is_one_indexed_job_and_a_headless_service_it_owns():
+    cluster = FakeCluster()
+    attempt = _start(cluster)
+    assert cluster.calls == [("create_job", JOB), ("create_service", JOB)]  # the Job first: the service needs its uid
+    job = _model(cluster.sent[0], "V1Job")
+    assert job.spec.completion_mode == "Indexed" and job.spec.completions == job.spec.parallelism == 2
+    assert job.spec.backoff_limit == 0 and job.spec.template.spec.restart_policy == "Never"
+    assert job.spec.active_deadline_seconds == 7 * 24 * 3600 and job.spec.ttl_seconds_after_finished == 3600
+    assert job.spec.template.spec.subdomain == JOB
+    container = job.spec.template.spec.containers[0]
     command = " ".join(container.command)
     assert "-m ito_assets.runtime.worker.main --config /mnt/ito/run_x/pretraining/attempt-0.json" in command
     assert "--rdzv-id=run_x-pretraining-0" in command and "--nnodes=2" in command and "--nproc-per-node=8" in command
-    assert "--rdzv-endpoint=ito-run-x-pretraining-0-node0.ito-run-x-pretraining-0.ito.svc:29400" in command
-    assert pod.spec.volumes[0].persistent_volume_claim.claim_name == "ito-runs"
+    # The Job controller names index 0's host `<job>-0`; the service is the subdomain.
+    assert f"--rdzv-endpoint={JOB}-0.{JOB}.ito.svc:29400" in command and "--node-rank" not in command
+    assert job.spec.template.spec.volumes[0].persistent_volume_claim.claim_name == "ito-runs"
     assert container.volume_mounts[0].mount_path == "/mnt/ito" and container.resources.limits == {"nvidia.com/gpu": "8"}
-    service = _model(api.services["ito-run-x-pretraining-0"], "V1Service")
+    service = _model(cluster.services[JOB], "V1Service")
     assert service.spec.cluster_ip == "None" and service.spec.publish_not_ready_addresses
-    assert attempt.pods == ["ito-run-x-pretraining-0-node0", "ito-run-x-pretraining-0-node1"]
+    (owner,) = service.metadata.owner_references
+    assert (owner.api_version, owner.kind, owner.name, owner.uid) == ("batch/v1", "Job", JOB, cluster.jobs[JOB].uid)
+    pod = cluster.pods[cluster.pod(0)]
+    assert pod["spec"]["hostname"] == f"{JOB}-0" and service.spec.selector.items() <= pod["metadata"]["labels"].items()
+    assert attempt.job == JOB and attempt.nnodes == 2
 
 
-def test_a_config_outside_the_shared_volume_is_refused_before_any_pod():
-    api = FakeCoreV1()
+def test_the_bodies_round_trip_through_the_client_models():
+    spec = LaunchSpec(run_id="run42", nnodes=4, nproc_per_node=1, module="m")
+    body = job_body(spec, SETTINGS)
+    assert CLIENT.sanitize_for_serialization(_model(body, "V1Job")) == body
+    service = headless_service(spec, "ito", "0b5e-uid")
+    (owner,) = _model(service, "V1Service").metadata.owner_references
+    assert owner.uid == "0b5e-uid" and owner.controller is False and owner.block_owner_deletion is False
+
+
+@pytest.mark.parametrize("name", ["active_deadline_s", "ttl_after_finished_s"])
+def test_the_deadline_and_ttl_must_be_positive_seconds(name):
+    for refused in (0, -1):
+        with pytest.raises(ValueError, match=name):
+            KubernetesSettings(image="i", volume_claim="c", mount_path="/d", **{name: refused})
+    settings = KubernetesSettings(image="i", volume_claim="c", mount_path="/d", **{name: 1})
+    assert KubernetesSettings(**asdict(settings)) == settings  # the form the supervisor's JSON config carries
+    spec = job_body(LaunchSpec(run_id="r", nnodes=1, nproc_per_node=1, module="m"), settings)["spec"]
+    field_of = {"active_deadline_s": "activeDeadlineSeconds", "ttl_after_finished_s": "ttlSecondsAfterFinished"}
+    assert spec[field_of[name]] == 1
+
+
+def test_a_config_outside_the_shared_volume_is_refused_before_any_job():
+    cluster = FakeCluster()
     with pytest.raises(ValueError, match="mount_path"):
-        _start(api, stage=Path("/tmp/elsewhere"))
-    assert api.calls == []
+        _start(cluster, stage=Path("/tmp/elsewhere"))
+    assert cluster.calls == []
 
 
-def test_the_exit_code_is_the_first_failed_nodes_else_zero_once_all_succeeded(tmp_path):
-    api = FakeCoreV1()
-    attempt = _start(api, tmp_log=tmp_path / "a.log")
-    node0, node1 = attempt.pods
+def test_a_refused_service_takes_its_job_with_it():
+    cluster = FakeCluster()
+
+    def refuse(namespace, body):
+        raise ApiException(status=403, reason="Forbidden")
+
+    cluster.create_namespaced_service = refuse
+    with pytest.raises(ApiException):
+        _start(cluster)
+    assert cluster.calls[-1] == ("delete_job", JOB, "Background") and cluster.empty()
+
+
+def test_the_exit_code_is_the_first_failed_index_else_zero_once_all_succeeded(tmp_path):
+    cluster = FakeCluster()
+    attempt = _start(cluster, tmp_log=tmp_path / "a.log")
+    node0, node1 = cluster.pod(0), cluster.pod(1)
     assert attempt.exit_code() is None  # pending
-    api.set(node0, "Running")
-    api.set(node1, "Succeeded", exit_code=0)
+    cluster.set(node0, "Running")
+    cluster.set(node1, "Succeeded", exit_code=0)
     assert attempt.exit_code() is None  # one node still runs
-    api.set(node0, "Running", exit_code=137)  # terminated, phase not yet updated
-    api.unavailable = True
+    cluster.set(node0, "Running", exit_code=137)  # terminated, phase not yet updated
+    cluster.unavailable = True
     assert attempt.exit_code() is None  # unknown is not an end: ask again at the next poll
-    api.unavailable = False
+    cluster.unavailable = False
     assert attempt.exit_code() == 137
-    api.set(node0, "Failed")  # evicted: no container status
-    assert attempt.exit_code() == 1
-    api.set(node0, "Succeeded", exit_code=0)
-    assert attempt.exit_code() == 0
-    del api.pods[node1]  # deleted behind the supervisor's back: a lost node
-    assert attempt.exit_code() == 1
+    cluster.set(node0, "Failed")  # evicted: no container status; the Job fails with it
+    assert cluster.jobs[JOB].condition == ("Failed", "BackoffLimitExceeded") and attempt.exit_code() == 1
+
+    finished = _start(cluster, number=1, tmp_log=tmp_path / "b.log")
+    cluster.set(cluster.pod(0, finished.job), "Succeeded", exit_code=0)
+    assert finished.exit_code() is None
+    cluster.set(cluster.pod(1, finished.job), "Succeeded", exit_code=0)
+    assert finished.exit_code() == 0
 
 
-def test_terminate_deletes_with_the_grace_period_then_forces_what_is_left(tmp_path):
-    api = FakeCoreV1()
-    attempt = _start(api, tmp_log=tmp_path / "attempt-0.log")
+def test_a_deleted_pod_or_job_is_a_failed_attempt(tmp_path):
+    cluster = FakeCluster()
+    attempt = _start(cluster, tmp_log=tmp_path / "a.log")
+    cluster.set(cluster.pod(0), "Running")
+    cluster.delete_namespaced_pod(cluster.pod(1), "ito")  # behind the supervisor's back, its code with it
+    assert cluster.jobs[JOB].condition == ("Failed", "BackoffLimitExceeded") and attempt.exit_code() == 1
+    cluster.delete_namespaced_job(JOB, "ito", propagation_policy="Background")
+    assert attempt.exit_code() == 1 and cluster.empty()
+
+
+def test_past_its_deadline_the_job_fails_and_its_pods_go(tmp_path):
+    cluster = FakeCluster()
+    settings = KubernetesSettings(image="i", volume_claim="c", mount_path="/mnt/ito", namespace="ito",
+                                  active_deadline_s=600)
+    attempt = _start(cluster, tmp_log=tmp_path / "a.log", settings=settings)
+    for index in (0, 1):
+        cluster.set(cluster.pod(index), "Running")  # a hung rank: it never ends on its own
+    cluster.tick(599)
+    assert attempt.exit_code() is None
+    cluster.tick(1)
+    assert cluster.jobs[JOB].condition == ("Failed", "DeadlineExceeded") and not cluster.pods
+    assert attempt.exit_code() == DEADLINE_EXIT != 0
+
+
+@pytest.mark.parametrize(("kind", "reason", "code"), [
+    ("FailureTarget", "DeadlineExceeded", DEADLINE_EXIT),  # Kubernetes 1.31+: before Failed, while pods stop
+    ("Failed", "DeadlineExceeded", DEADLINE_EXIT),
+    ("Failed", "BackoffLimitExceeded", 1),
+    ("Complete", "CompletionsReached", 0),
+])
+def test_the_jobs_conditions_as_exit_codes(kind, reason, code):
+    condition = {"type": kind, "status": "True", "reason": reason}
+    job = CLIENT._ApiClient__deserialize({"status": {"conditions": [condition]}}, "V1Job")
+    assert job_exit_code(job, [], nnodes=2) == code
+    condition["status"] = "False"
+    assert job_exit_code(CLIENT._ApiClient__deserialize({"status": {"conditions": [condition]}}, "V1Job"), [], 2) is None
+
+
+def _abandon(cluster: FakeCluster, tmp_path: Path, settings: KubernetesSettings) -> None:
+    """A supervisor that started an attempt and died: nobody calls terminate or release."""
+    _start(cluster, tmp_log=tmp_path / "a.log", settings=settings)
+    assert cluster.jobs and len(cluster.pods) == 2 and cluster.services
+
+
+def test_a_dead_supervisors_finished_attempt_is_collected_after_its_ttl(tmp_path):
+    cluster = FakeCluster()
+    _abandon(cluster, tmp_path, SETTINGS)
+    cluster.tick(60)
+    for index in (0, 1):
+        cluster.set(cluster.pod(index), "Succeeded", exit_code=0)
+    cluster.tick(3599)
+    assert len(cluster.pods) == 2  # an hour to read the logs
+    cluster.tick(1)
+    assert cluster.empty()  # the Job by its TTL, the pods and the service by the garbage collector
+
+
+def test_a_dead_supervisors_hung_attempt_is_collected_after_its_deadline_and_ttl(tmp_path):
+    cluster = FakeCluster()
+    settings = KubernetesSettings(image="i", volume_claim="c", mount_path="/mnt/ito", namespace="ito",
+                                  active_deadline_s=7200, ttl_after_finished_s=600)
+    _abandon(cluster, tmp_path, settings)
+    for index in (0, 1):
+        cluster.set(cluster.pod(index), "Running")
+    cluster.tick(7200)
+    assert not cluster.pods and cluster.jobs and cluster.services  # the deadline frees the nodes
+    cluster.tick(600)
+    assert cluster.empty()
+
+
+def test_a_dead_supervisors_failed_rank_stops_the_other_nodes(tmp_path):
+    cluster = FakeCluster()
+    _abandon(cluster, tmp_path, SETTINGS)
+    cluster.set(cluster.pod(0), "Running")
+    cluster.set(cluster.pod(1), "Failed", exit_code=137)
+    assert [cluster.index_of(n) for n in cluster.pods] == [1]  # node 0 no longer waits in a collective
+    cluster.tick(3600)
+    assert cluster.empty()
+
+
+def test_terminate_deletes_with_the_grace_period_then_the_job_then_forces_what_is_left(tmp_path):
+    cluster = FakeCluster()
+    attempt = _start(cluster, tmp_log=tmp_path / "attempt-0.log")
     attempt.poll_s = 0.05
-    node0, node1 = attempt.pods
-    api.lingering.add(node0)
-    api.set(node0, "Running")  # node 1 still pending: it has no log yet
+    node0, node1 = cluster.pod(0), cluster.pod(1)
+    cluster.lingering.add(node0)
+    cluster.set(node0, "Running")  # node 1 still pending: it has no log yet
 
     seconds = attempt.terminate({1234}, grace_s=0.5)
 
-    deletes = [c for c in api.calls if c[0].startswith("delete")]
-    assert deletes == [("delete_pod", node0, 1), ("delete_pod", node1, 1), ("delete_pod", node0, 0),
-                       ("delete_service", "ito-run-x-pretraining-0")]
-    assert 0.5 <= seconds < 5.0 and api.pods == {} and api.services == {}
+    deletes = [c for c in cluster.calls if c[0].startswith("delete")]
+    assert deletes == [("delete_pod", 0, 1), ("delete_pod", 1, 1), ("delete_job", JOB, "Background"),
+                       ("delete_pod", 0, 0)]
+    assert 0.5 <= seconds < 5.0 and cluster.empty()
     log = (tmp_path / "attempt-0.log").read_text()
     assert f"output of {node0}" in log and f"--- {node1}\n(no log: 400" in log
     attempt.release()  # already gone: nothing raises
 
 
-def test_the_supervisor_restarts_a_failed_pod_attempt_with_fresh_pods(tmp_path):
-    """Through the supervisor's JSON config: attempt 0 loses node 1 (exit 137), its pods go, attempt 1
-    runs on new pods with its own rendezvous id and finishes."""
-    api = FakeCoreV1()
+def test_release_deletes_the_job_with_its_pods_and_service(tmp_path):
+    cluster = FakeCluster()
+    attempt = _start(cluster, tmp_log=tmp_path / "a.log")
+    for index in (0, 1):
+        cluster.set(cluster.pod(index), "Succeeded", exit_code=0)
+    attempt.release()
+    # The API's default propagation for a Job would orphan its pods: the back end names one.
+    assert cluster.calls[-1] == ("delete_job", JOB, "Background") and cluster.empty()
+    assert (tmp_path / "a.log").read_text().count("output of") == 2
+
+
+def test_the_supervisor_restarts_a_failed_attempt_with_a_fresh_job(tmp_path):
+    """Through the supervisor's JSON config: attempt 0 loses node 1 (exit 137), its Job goes, attempt 1
+    runs as a new Job with its own rendezvous id and finishes."""
+    cluster = FakeCluster()
     settings = KubernetesSettings(image="i", volume_claim="c", mount_path=str(tmp_path), namespace="ito")
     stage_dir = tmp_path / "checkpoints" / "pretraining"
 
-    def on_create(body: dict) -> None:  # what the pods' ranks would do
-        name = body["metadata"]["name"]
-        if name.endswith("-0-node1"):
-            api.set(name, "Failed", exit_code=137)
-        elif "-1-node" in name:
-            api.set(name, "Succeeded", exit_code=0)
+    def on_create(pod: dict) -> None:  # what the pods' ranks would do
+        name = pod["metadata"]["name"]
+        if name.startswith("ito-run-x-pretraining-0-1-"):
+            cluster.set(name, "Failed", exit_code=137)
+        elif name.startswith("ito-run-x-pretraining-1-"):
+            cluster.set(name, "Succeeded", exit_code=0)
             (stage_dir / RESULT_NAME).write_text(json.dumps({"num_steps": 24}))
 
-    api.on_create = on_create
+    cluster.on_create = on_create
     config = SupervisorConfig.from_dict(json.loads(json.dumps({
         "nnodes": 2, "poll_interval_s": 0.05, "grace_s": 0.2, "startup_timeout_s": 30,
-        "launch": {"backend": "kubernetes", "kubernetes": settings.__dict__}})))
+        "launch": {"backend": "kubernetes", "kubernetes": asdict(settings)}})))
     assert config.launch == LaunchConfig(backend=BackendKind.KUBERNETES, kubernetes=settings)
-    supervisor = Supervisor(worker=_worker(tmp_path), config=config, backend=KubernetesBackend(settings, api=api))
-    report = supervisor.run()
+    backend = KubernetesBackend(settings, api=cluster, batch=cluster)
+    report = Supervisor(worker=_worker(tmp_path), config=config, backend=backend).run()
 
     assert report.outcome == "succeeded" and report.num_attempts == 2 and report.faults[0].kind == "dead"
-    created = [c[1] for c in api.calls if c[0] == "create_pod"]
-    assert created == [f"ito-run-x-pretraining-{n}-node{i}" for n in (0, 1) for i in (0, 1)]
-    assert api.pods == {} and api.services == {}  # the failed attempt terminated, the finished one released
-    command = " ".join(_model(api.sent[2], "V1Pod").spec.containers[0].command)  # attempt 1, node 0
+    assert [c[1] for c in cluster.calls if c[0] == "create_job"] == [f"ito-run-x-pretraining-{n}" for n in (0, 1)]
+    assert cluster.empty()  # the failed attempt terminated, the finished one released
+    command = " ".join(_model(cluster.sent[1], "V1Job").spec.template.spec.containers[0].command)  # attempt 1
     assert f"--config {stage_dir}/attempt-1.json" in command and "--rdzv-id=run_x-pretraining-1" in command
 
 

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from ito_assets.launch.backend import BackendKind, LaunchConfig
-from ito_assets.launch.kubernetes import KubernetesSettings, headless_service, pod_specs
+from ito_assets.launch.kubernetes import KubernetesSettings, headless_service, job_body, pod_hostname
 from ito_assets.launch.local import LocalBackend, node_commands
 from ito_assets.launch.slurm import SlurmSettings, exit_code_of, sbatch_script
 from ito_assets.launch.spec import LaunchSpec, torchrun_command
@@ -134,27 +134,28 @@ def test_launch_config_needs_the_chosen_back_ends_settings():
         KubernetesSettings(image="i", volume_claim="c", mount_path="relative")
 
 
-def test_kubernetes_pods_and_service():
-    pods = pod_specs(SPEC, KubernetesSettings(image="ito-training:0.1.0", volume_claim="ito-runs",
-                                              mount_path="/var/lib/ito", namespace="ito", gpus_per_node=8))
-    assert [p["metadata"]["name"] for p in pods] == [f"ito-run42-node{i}" for i in range(4)]
-    commands = {tuple(p["spec"]["containers"][0]["command"]) for p in pods}
-    assert len(commands) == 1  # the same command on every node
-    assert "--rdzv-endpoint=ito-run42-node0.ito-run42.ito.svc:29400" in next(iter(commands))
-    assert pods[0]["spec"]["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": "8"}}
-    assert all(p["spec"]["restartPolicy"] == "Never" for p in pods)
-    service = headless_service(SPEC, "ito")
+def test_kubernetes_job_and_service():
+    job = job_body(SPEC, KubernetesSettings(image="ito-training:0.1.0", volume_claim="ito-runs",
+                                            mount_path="/var/lib/ito", namespace="ito", gpus_per_node=8))
+    assert job["metadata"]["name"] == "ito-run42" and job["spec"]["completions"] == job["spec"]["parallelism"] == 4
+    pod = job["spec"]["template"]["spec"]
+    assert "--rdzv-endpoint=ito-run42-0.ito-run42.ito.svc:29400" in pod["containers"][0]["command"]
+    assert pod["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": "8"}}
+    assert pod["restartPolicy"] == "Never" and pod["subdomain"] == "ito-run42"
+    service = headless_service(SPEC, "ito", "uid-1")
     assert service["spec"]["clusterIP"] == "None" and service["spec"]["selector"] == {"ito/run": "run42"}
+    assert service["spec"]["selector"].items() <= job["spec"]["template"]["metadata"]["labels"].items()
 
 
 def test_kubernetes_names_are_dns_labels_for_ledger_run_ids():
-    spec = LaunchSpec(run_id="run_" + "Q" * 58, nnodes=2, nproc_per_node=1, module="m")
-    pods = pod_specs(spec, KubernetesSettings(image="i", volume_claim="c", mount_path="/data", namespace="ito"))
-    names = [p["metadata"]["name"] for p in pods] + [headless_service(spec, "ito")["metadata"]["name"]]
+    settings = KubernetesSettings(image="i", volume_claim="c", mount_path="/data", namespace="ito")
+    spec = LaunchSpec(run_id="run_" + "Q" * 58, nnodes=12, nproc_per_node=1, module="m")
+    job = job_body(spec, settings)
+    # The Job controller names each pod's host `<job>-<index>`: the last index must fit a label too.
+    names = [job["metadata"]["name"], headless_service(spec, "ito", "u")["metadata"]["name"], pod_hostname(spec, 11)]
     for name in names:
         assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name) and len(name) <= 63, name
-    assert len(set(names)) == 3
-    # Cut names keep a digest of the whole id: two attempts of a long run id never share a pod.
-    other = pod_specs(LaunchSpec(run_id="run_" + "Q" * 57 + "1", nnodes=1, nproc_per_node=1, module="m"),
-                      KubernetesSettings(image="i", volume_claim="c", mount_path="/data"))
-    assert other[0]["metadata"]["name"] != pods[0]["metadata"]["name"]
+    assert len(pod_hostname(spec, 11)) == 63 and job["spec"]["template"]["spec"]["subdomain"] == names[0]
+    # Cut names keep a digest of the whole id: two attempts of a long run id never share a Job.
+    other = LaunchSpec(run_id="run_" + "Q" * 57 + "1", nnodes=12, nproc_per_node=1, module="m")
+    assert job_body(other, settings)["metadata"]["name"] != names[0]

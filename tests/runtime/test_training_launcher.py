@@ -35,7 +35,8 @@ def test_remote_back_ends_take_the_plans_gpus_whatever_this_host_has():
     (TrainingLauncherResource(backend="slurm", slurm_partition="gpu", slurm_time_limit="1-00:00:00"),
      BackendKind.SLURM, SlurmBackend),
     (TrainingLauncherResource(backend="kubernetes", k8s_image="ito-training:0.1.0", k8s_volume_claim="ito-runs",
-                              k8s_mount_path="/var/lib/ito", k8s_namespace="ito"),
+                              k8s_mount_path="/var/lib/ito", k8s_namespace="ito", k8s_active_deadline_s=86400,
+                              k8s_ttl_after_finished_s=600),
      BackendKind.KUBERNETES, KubernetesBackend),
 ])
 def test_the_chosen_back_end_reaches_the_supervisor_through_its_json_config(resource, kind, backend_type):
@@ -45,6 +46,8 @@ def test_the_chosen_back_end_reaches_the_supervisor_through_its_json_config(reso
     assert isinstance(backend_for(received.launch), backend_type)
     settings = received.launch.slurm or received.launch.kubernetes
     assert settings is None or settings.gpus_per_node == 8  # one GPU per rank unless gpus_per_node says
+    if kind is BackendKind.KUBERNETES:
+        assert (settings.active_deadline_s, settings.ttl_after_finished_s) == (86400, 600)
 
 
 def test_a_remote_back_end_without_its_settings_is_refused():
@@ -54,3 +57,6 @@ def test_a_remote_back_end_without_its_settings_is_refused():
         TrainingLauncherResource(backend="kubernetes", k8s_volume_claim="c").launch_config(8)
     assert TrainingLauncherResource(backend="kubernetes", k8s_image="i", k8s_volume_claim="c", k8s_mount_path="/d",
                                     gpus_per_node=0).launch_config(1).kubernetes.gpus_per_node == 0
+    with pytest.raises(ValueError, match="active_deadline_s"):
+        TrainingLauncherResource(backend="kubernetes", k8s_image="i", k8s_volume_claim="c", k8s_mount_path="/d",
+                                 k8s_active_deadline_s=0).launch_config(1)

@@ -4,9 +4,11 @@ The plan's node and GPU counts drive it: a field left unset takes the plan's. `b
 starts each attempt (`ito_assets.launch.backend`): `local` runs torchrun on this machine (several
 nodes are launchers on loopback joined by a c10d rendezvous: the multi-node path, run for real
 without a cluster); `slurm` submits an sbatch script per attempt (srun starts one torchrun per
-node); `kubernetes` creates one pod per node and a headless service. With `local`, a host without
-CUDA trains one rank per node (gloo): it is a laptop or a test, not the booked hardware; the other
-back ends run on the booked nodes, so they take the plan's GPUs per node whatever this host has.
+node); `kubernetes` creates one Indexed Job per attempt (a pod per node) and a headless service,
+which the cluster deletes `k8s_ttl_after_finished_s` after the attempt ended (or failed at
+`k8s_active_deadline_s`), whether or not the supervisor lives. With `local`, a host without CUDA
+trains one rank per node (gloo): it is a laptop or a test, not the booked hardware; the other back
+ends run on the booked nodes, so they take the plan's GPUs per node whatever this host has.
 
 The remote back ends need the stage's folders on storage that the nodes share with the supervisor
 (Slurm: a shared filesystem; Kubernetes: the `k8s_volume_claim` mounted at `k8s_mount_path` in the
@@ -19,7 +21,7 @@ from typing import Optional
 import dagster as dg
 
 from ito_assets.launch.backend import BackendKind, LaunchConfig
-from ito_assets.launch.kubernetes import KubernetesSettings
+from ito_assets.launch.kubernetes import ACTIVE_DEADLINE_S, TTL_AFTER_FINISHED_S, KubernetesSettings
 from ito_assets.launch.slurm import SlurmSettings
 from ito_assets.training.planner import Hardware
 
@@ -41,6 +43,8 @@ class TrainingLauncherResource(dg.ConfigurableResource):
     k8s_image: Optional[str] = None
     k8s_volume_claim: Optional[str] = None
     k8s_mount_path: Optional[str] = None
+    k8s_active_deadline_s: int = ACTIVE_DEADLINE_S  # each attempt's Job is failed after this long
+    k8s_ttl_after_finished_s: int = TTL_AFTER_FINISHED_S  # a finished Job and its pods go after this long
 
     def counts(self, hardware: Hardware, *, has_cuda: bool) -> tuple[int, int]:
         """(nodes, ranks per node) of one attempt of a stage."""
@@ -71,4 +75,6 @@ class TrainingLauncherResource(dg.ConfigurableResource):
             raise ValueError("backend 'kubernetes' needs k8s_image, k8s_volume_claim and k8s_mount_path")
         return KubernetesSettings(image=self.k8s_image, volume_claim=self.k8s_volume_claim,
                                   mount_path=self.k8s_mount_path, namespace=self.k8s_namespace, gpus_per_node=gpus,
-                                  python=self.remote_python, rdzv_port=self.rdzv_port)
+                                  python=self.remote_python, rdzv_port=self.rdzv_port,
+                                  active_deadline_s=self.k8s_active_deadline_s,
+                                  ttl_after_finished_s=self.k8s_ttl_after_finished_s)

@@ -19,7 +19,7 @@ from its newest whole checkpoint under the same run record.
   CHECKPOINT_STORAGE_INVALID when the next attempt fails the same way.
 
 Attempts run where `SupervisorConfig.launch` says (`ito_assets.launch.backend`): torchrun on this
-machine, an sbatch job, or one pod per node; the supervisor only polls and terminates them. When
+machine, an sbatch job, or a Kubernetes Job; the supervisor only polls and terminates them. When
 they run remotely, it relays rank 0's metrics to its Dagster Pipes channel (`relay`).
 
 Detection seconds run from the faulty rank's last sign of life (the oldest of the ranks' newest
