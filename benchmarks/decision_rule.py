@@ -9,6 +9,12 @@ e ~ N(0, arm_sd^2); the candidate's true gain is `effect`, in units of arm_sd. T
 the one this project used before: GO/NO_GO when the mean difference leaves 2 standard errors of a
 pooled, unpaired standard deviation. The paired rule is `training.verdict.paired_test` itself.
 
+Then the seed count chosen by the data, when a manifest asks for a minimum detectable effect: a
+pilot of 3 seeds, at most 20, targets in units of the per-seed difference's sd. Stein's two-stage
+test (`stein_seed_count`, `stein_test`) against adding one seed at a time until the observed MDE
+is small enough and then testing as usual: false-decision rate under the null, power at the
+target, mean seeds trained.
+
     .venv/bin/python benchmarks/decision_rule.py [--trials 10000] [--seed 0]
 """
 
@@ -26,7 +32,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ito_assets.training.verdict import Verdict, paired_test  # noqa: E402
+from ito_assets.training.verdict import Verdict, paired_test, stein_seed_count, stein_test  # noqa: E402
 
 SEED_COUNTS = (2, 3, 5)
 EFFECTS = (0.0, 0.5, 1.0, 2.0, 4.0)  # true gain, in arm noise standard deviations
@@ -50,6 +56,42 @@ def simulate(rule, seed_sd: float, num_seeds: int, effect: float, trials: int, r
     return {"go": sum(v is Verdict.GO for v in verdicts) / trials, "no_go": sum(v is Verdict.NO_GO for v in verdicts) / trials}
 
 
+PILOT, MAX_SEEDS = 3, 20
+TARGETS = (1.0, 1.5, 2.5)  # minimum detectable effect, in sds of the per-seed difference
+
+
+def stein(rng: np.random.Generator, effect: float, target: float) -> tuple[Verdict, int]:
+    pilot = list(rng.normal(effect, 1.0, PILOT))
+    total = stein_seed_count(pilot, target, 0.95, MAX_SEEDS)
+    differences = pilot + list(rng.normal(effect, 1.0, total - PILOT))
+    return stein_test([0.0] * total, differences, PILOT, 0.95).verdict, total
+
+
+def until_small_enough(rng: np.random.Generator, effect: float, target: float) -> tuple[Verdict, int]:
+    differences = list(rng.normal(effect, 1.0, PILOT))
+    while (test := paired_test([0.0] * len(differences), differences, 0.95)).minimum_detectable_effect > target \
+            and len(differences) < MAX_SEEDS:
+        differences.append(rng.normal(effect, 1.0))
+    return test.verdict, len(differences)
+
+
+def seed_count_rows(trials: int, seed: int) -> list[dict]:
+    rows = []
+    for target in TARGETS:
+        row: dict = {"target_sd": target}
+        for name, rule in (("stein", stein), ("until_small_enough", until_small_enough)):
+            figures = {}
+            for label, effect in (("null", 0.0), ("at_target", target)):
+                rng = np.random.default_rng([seed, int(target * 10), int(effect > 0)])
+                outcomes = [rule(rng, effect, target) for _ in range(trials)]
+                decided = {"null": (Verdict.GO, Verdict.NO_GO), "at_target": (Verdict.GO,)}[label]
+                figures[label] = sum(v in decided for v, _ in outcomes) / trials
+                figures[f"{label}_mean_seeds"] = statistics.fmean(n for _, n in outcomes)
+            row[name] = figures
+        rows.append(row)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=10_000)
@@ -71,8 +113,17 @@ def main() -> None:
         old, new = row["unpaired_2se"], row["paired_t_95"]
         print(f"{row['scenario']:<12} {row['num_seeds']:>5}  {row['effect_arm_sd']:>6.1f} | {old['go']:>17.3f} {old['no_go']:>7.3f} |"
               f" {new['go']:>16.3f} {new['no_go']:>7.3f}")
+    counted = seed_count_rows(args.trials, args.seed)
+    print(f"seeds chosen by the data: pilot {PILOT}, at most {MAX_SEEDS}; target in sds of the per-seed difference")
+    print("target | Stein: false  power  seeds | until small enough: false  power  seeds")
+    for row in counted:
+        a, b = row["stein"], row["until_small_enough"]
+        print(f"{row['target_sd']:>6.1f} | {a['null']:>12.3f} {a['at_target']:>6.3f} {a['at_target_mean_seeds']:>6.2f} |"
+              f" {b['null']:>25.3f} {b['at_target']:>6.3f} {b['at_target_mean_seeds']:>6.2f}")
     null = [r for r in rows if r["effect_arm_sd"] == 0.0]
     verdict = {
+        "stein_false_decision_rate_max": max(r["stein"]["null"] for r in counted),
+        "until_small_enough_false_decision_rate_max": max(r["until_small_enough"]["null"] for r in counted),
         "paired_false_decision_rate_max": max(r["paired_t_95"]["go"] + r["paired_t_95"]["no_go"] for r in null),
         "unpaired_false_decision_rate_max": max(r["unpaired_2se"]["go"] + r["unpaired_2se"]["no_go"] for r in null),
         "seconds": round(time.perf_counter() - started, 1),

@@ -200,6 +200,15 @@ class DecisionEconomics(_Strict):
     max_cost_cents_per_improvement_point: Cents
 
 
+class DecisionPower(_Strict):
+    """How small a difference the data decision must be able to see (bits per byte, with 80%
+    power): its first seeds are a pilot, their spread sets how many it trains, up to `max_seeds`."""
+
+    minimum_detectable_effect: Annotated[float, Field(gt=0, le=10)]  # 10 bits per byte: no text is worse
+    # 12: four times DataDecide's three seeds (24 proxy runs); 64 bounds what one decision may spend.
+    max_seeds: Annotated[int, Field(ge=2, le=64)] = 12
+
+
 class DataManifest(_Strict):
     """What the data stage needs and no more: which documents, under which licence, decontaminated
     against which eval suite. Verified like a training manifest (secure read, strict JSON, secret
@@ -232,6 +241,7 @@ class Manifest(DataManifest):
     checkpoint_policy: CheckpointPolicy
     data_decision: DataDecisionAcceptance | None = None
     decision_economics: DecisionEconomics | None = None
+    decision_power: DecisionPower | None = None
 
     @field_validator("post_training")
     @classmethod

@@ -5,7 +5,9 @@ budget, the same seeds (paired: seed s gives both arms the same initial weights 
 batch order over their own tokens) and one tokenizer fitted on equal bytes of both, then scored on
 the eval battery. The verdict is a paired test over seeds (verdict.py): GO or NO_GO only
 when the 95% confidence interval of the per-seed difference excludes zero, WITHIN_NOISE when it
-does not, INCONCLUSIVE with a single seed, where the noise is not measured.
+does not, INCONCLUSIVE with a single seed, where the noise is not measured. When the manifest asks
+for a minimum detectable effect, the configured seeds are a pilot and their spread sets how many
+seeds are trained in all (Stein's two-stage test, verdict.py).
 
 DataDecide (Magnusson et al. 2025) is the method: a single small scale, several seeds, and
 continuous metrics (here: the answer's bits per byte) decide better than accuracy at small compute.
@@ -14,13 +16,14 @@ continuous metrics (here: the answer's bits per byte) decide better than accurac
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from ito_assets.evals.suite import EvalItem
+from ito_assets.manifest.schema import DecisionPower
 from ito_assets.training.eval_config import EvalConfig
 from ito_assets.training.heldout import split_heldout
 from ito_assets.training.model_config import config_by_name, parameter_count
@@ -28,7 +31,7 @@ from ito_assets.training.tokenizer import (
     LoaderConfig, TokenizerConfig, encode_documents, iterate_batches, open_token_shard, save_tokenizer,
     train_tokenizer, write_token_shard,
 )
-from ito_assets.training.verdict import PairedTest, Verdict, paired_test
+from ito_assets.training.verdict import PairedTest, Verdict, paired_test, stein_seed_count, stein_test
 
 # The training and the eval battery need torch; they are imported where a decision runs, so that
 # its configuration and result types (the Dagster parameters, the economics, the gate) do not.
@@ -71,6 +74,11 @@ class DecisionConfig:
     confidence: float = 0.95
     # 5% of each arm's documents are held out for its bits per byte (reported, not decisive).
     heldout_fraction: float = 0.05
+    # The manifest's `decision_power`: the difference (bits per byte) the decision must be able to
+    # detect with 80% power. Set, `seeds` are Stein's pilot and the data choose how many more to
+    # train, up to `max_seeds` (verdict.stein_seed_count); None: exactly `seeds`.
+    target_detectable_effect: float | None = None
+    max_seeds: int = 12
 
     def __post_init__(self) -> None:
         config_by_name(self.model_name)
@@ -79,6 +87,21 @@ class DecisionConfig:
             _require(getattr(self, name) >= 1, name, "must be positive")
         _require(0.5 <= self.confidence < 1, "confidence", "must be in [0.5, 1)")
         _require(0 <= self.heldout_fraction < 0.5, "heldout_fraction", "must be in [0, 0.5)")
+        if self.target_detectable_effect is not None:
+            _require(self.target_detectable_effect > 0, "target_detectable_effect", "must be positive")
+            _require(len(self.seeds) >= 2, "seeds", "must hold a pilot of two or more when a detectable effect is set")
+            _require(self.max_seeds >= len(self.seeds), "max_seeds", "must be at least the number of pilot seeds")
+
+    def with_power(self, power: DecisionPower | None) -> DecisionConfig:
+        """This configuration under the manifest's `decision_power`, when it sets one."""
+        if power is None:
+            return self
+        return replace(self, target_detectable_effect=power.minimum_detectable_effect,
+                       max_seeds=max(power.max_seeds, len(self.seeds)))
+
+    def extra_seeds(self, count: int) -> tuple[int, ...]:
+        """`count` seeds after the pilot's, none of them the pilot's."""
+        return tuple(range(max(self.seeds) + 1, max(self.seeds) + 1 + count))
 
     @property
     def num_tokens_per_run(self) -> int:
@@ -161,6 +184,7 @@ class DecisionResult:
             "test": self.test.to_dict(),
             "candidate": vars(self.candidate), "baseline": vars(self.baseline),
             "model_name": self.model_name, "num_parameters": self.num_parameters, "scale": self.scale,
+            "seeds": sorted({r.seed for r in self.runs}), "target_detectable_effect": self.config.target_detectable_effect,
             "num_tokens_per_run": self.num_tokens_per_run, "num_runs": len(self.runs),
             "tokenizer_sha256": self.tokenizer_sha256, "train_wall_seconds": round(self.train_wall_seconds, 3),
             "model_flops": self.model_flops,
@@ -220,15 +244,29 @@ def run_decision(
     tokens = {arm: _arm_tokens(tokenizer, split[arm][0], work_dir, arm) for arm in ARMS}
     model_config = config_by_name(config.model_name, vocab_size=tokenizer.get_vocab_size())
     runs: dict[str, list[ArmRun]] = {arm: [] for arm in ARMS}
-    for seed in config.seeds:
-        for arm in ARMS:
-            model = build_model(model_config, seed=seed)
-            loader = iterate_batches(tokens[arm], LoaderConfig(batch_size=config.batch_size, sequence_length=config.sequence_length, seed=seed))
-            trained = train(model, loader, config.train_config(seed))
-            report = evaluate(model, tokenizer, eval_items, config.eval, heldout_texts=split[arm][1],
-                              heldout_sequence_length=config.sequence_length)
-            runs[arm].append(ArmRun(arm=arm, seed=seed, train=trained, report=report, heldout_bits_per_byte=report.heldout_bits_per_byte))
-    test = paired_test([r.primary for r in runs["candidate"]], [r.primary for r in runs["baseline"]], config.confidence)
+
+    def train_seeds(seeds: Sequence[int]) -> None:
+        for seed in seeds:
+            for arm in ARMS:
+                model = build_model(model_config, seed=seed)
+                loader = iterate_batches(tokens[arm], LoaderConfig(batch_size=config.batch_size,
+                                                                   sequence_length=config.sequence_length, seed=seed))
+                trained = train(model, loader, config.train_config(seed))
+                report = evaluate(model, tokenizer, eval_items, config.eval, heldout_texts=split[arm][1],
+                                  heldout_sequence_length=config.sequence_length)
+                runs[arm].append(ArmRun(arm=arm, seed=seed, train=trained, report=report,
+                                        heldout_bits_per_byte=report.heldout_bits_per_byte))
+
+    def primaries(arm: str) -> list[float]:
+        return [r.primary for r in runs[arm]]
+
+    train_seeds(config.seeds)
+    test = paired_test(primaries("candidate"), primaries("baseline"), config.confidence)
+    if config.target_detectable_effect is not None and test.verdict is not Verdict.INCONCLUSIVE:
+        pilot = [b - c for c, b in zip(primaries("candidate"), primaries("baseline"))]
+        total = stein_seed_count(pilot, config.target_detectable_effect, config.confidence, config.max_seeds)
+        train_seeds(config.extra_seeds(total - len(config.seeds)))
+        test = stein_test(primaries("candidate"), primaries("baseline"), len(config.seeds), config.confidence)
     all_runs = tuple(runs["candidate"] + runs["baseline"])
     return DecisionResult(
         test=test, metric=PRIMARY_METRIC,

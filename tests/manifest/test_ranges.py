@@ -96,6 +96,14 @@ def _decision_economics(value):
     return document
 
 
+def _decision_power(field):
+    def build(value):
+        document = valid_manifest()
+        document["decision_power"] = {"minimum_detectable_effect": 0.01, field: value}
+        return document
+    return build
+
+
 INF, NEG = math.inf, -math.inf
 # (schema class, field) -> (builder, reported location, lower, lower inclusive, upper, upper inclusive)
 RANGES = {
@@ -132,6 +140,9 @@ RANGES = {
     ("CheckpointPolicy", "keep_last"): (_at("checkpoint_policy", "keep_last"), "checkpoint_policy.keep_last", 1, True, 10_000, True),
     ("DecisionEconomics", "max_cost_cents_per_improvement_point"): (
         _decision_economics, "decision_economics.max_cost_cents_per_improvement_point", 1, True, 10**15, True),
+    ("DecisionPower", "minimum_detectable_effect"): (
+        _decision_power("minimum_detectable_effect"), "decision_power.minimum_detectable_effect", 0.0, False, 10.0, True),
+    ("DecisionPower", "max_seeds"): (_decision_power("max_seeds"), "decision_power.max_seeds", 2, True, 64, True),
 }
 
 

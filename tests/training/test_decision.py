@@ -127,3 +127,17 @@ def test_an_arm_with_a_diverged_run_is_summarized_not_a_crash():
     assert summary.stdev != summary.stdev and summary.accuracy == 0.5  # NaN, reported as such
     steady = _summarize("candidate", [SimpleNamespace(primary=v, report=report) for v in (1.0, 1.2)], 2, 20)
     assert steady.stdev == pytest.approx(0.1414213562, rel=1e-9)
+
+
+def test_a_detectable_effect_trains_the_seeds_the_pilot_asks_for(suite):
+    clean, junk = _texts("pydoc_topics", 60), _random_bytes(60, seed=3)
+    config = DecisionConfig(model_name="micro", tokenizer=TokenizerConfig(vocab_size=512), seeds=(0, 1), num_steps=6,
+                            batch_size=4, sequence_length=32, learning_rate=1e-2, target_detectable_effect=1e-9,
+                            max_seeds=3)
+    result = run_decision(candidate_texts=clean, baseline_texts=junk, eval_items=suite.items[:10], config=config)
+    assert sorted({r.seed for r in result.runs}) == [0, 1, 2] and len(result.runs) == 6  # the ceiling, one seed more
+    assert (result.test.method, result.test.degrees_of_freedom, result.test.num_seeds) == ("Stein two-stage paired t", 1, 3)
+    assert result.to_dict()["seeds"] == [0, 1, 2] and result.to_dict()["target_detectable_effect"] == 1e-9
+    loose = dataclasses.replace(config, target_detectable_effect=1e9)  # the pilot already detects it
+    assert sorted({r.seed for r in run_decision(candidate_texts=clean, baseline_texts=junk, eval_items=suite.items[:10],
+                                                config=loose).runs}) == [0, 1]

@@ -38,7 +38,7 @@ def decision_run(
     context: dg.AssetExecutionContext, config: DecisionRunParams, ito: ItoSettingsResource,
     training_manifest: ManifestVerdict, eval_suite: EvalSuite, clean_shards: CleanStage,
 ) -> DecisionResult:
-    training_manifest_or_fail(training_manifest, "the decision").manifest
+    manifest = training_manifest_or_fail(training_manifest, "the decision").manifest
     settings = ito.settings()
     try:
         baseline = read_mixture(config.baseline_uris, settings.data_root)
@@ -48,19 +48,20 @@ def decision_run(
     work_dir = settings.state_dir / "decision" / context.partition_key
     with torch_threads(config.num_threads):
         result = run_decision(candidate_texts=candidate, baseline_texts=baseline.texts, eval_items=eval_suite.items,
-                              config=config.to_config(), work_dir=work_dir)
+                              config=config.to_config().with_power(manifest.decision_power), work_dir=work_dir)
     context.add_output_metadata(_run_metadata(result, baseline.sources, work_dir))
     return result
 
 
 def _test_table(test: PairedTest) -> dg.TableMetadataValue:
     """The paired test as one sortable row; the interval and its figures are empty with one seed."""
-    figures = {"num_seeds": test.num_seeds, "difference": test.difference, "interval_low": test.interval_low,
+    figures = {"num_seeds": test.num_seeds, "degrees_of_freedom": test.degrees_of_freedom,
+               "difference": test.difference, "interval_low": test.interval_low,
                "interval_high": test.interval_high, "p_value": test.p_value,
                "minimum_detectable_effect": test.minimum_detectable_effect}
-    columns = [dg.TableColumn("verdict", "string"), dg.TableColumn("confidence", "float")]
-    columns += [dg.TableColumn(name, "int" if name == "num_seeds" else "float") for name in figures]
-    row = {"verdict": test.verdict.value, "confidence": test.confidence,
+    columns = [dg.TableColumn("verdict", "string"), dg.TableColumn("method", "string"), dg.TableColumn("confidence", "float")]
+    columns += [dg.TableColumn(name, "int" if name in ("num_seeds", "degrees_of_freedom") else "float") for name in figures]
+    row = {"verdict": test.verdict.value, "method": test.method, "confidence": test.confidence,
            **{name: value for name, value in figures.items() if value is not None}}
     return dg.MetadataValue.table([dg.TableRecord(row)], schema=dg.TableSchema(columns=columns))
 
@@ -80,6 +81,8 @@ def _run_metadata(result: DecisionResult, baseline_sources, work_dir: Path) -> d
         "num_parameters": result.num_parameters,
         "num_tokens_per_run": result.num_tokens_per_run,
         "num_runs": len(result.runs),
+        "seeds": ", ".join(str(seed) for seed in sorted({r.seed for r in result.runs})),
+        "target_detectable_effect": result.config.target_detectable_effect or 0.0,
         "train_wall_seconds": round(result.train_wall_seconds, 2),
         "tokenizer_sha256": result.tokenizer_sha256 or "",
         "work_dir": dg.MetadataValue.path(str(work_dir)),
