@@ -59,10 +59,11 @@ class Checkpoint:
     removed_at: int | None
 
 
-def append_log(ledger: Ledger, run_id: str, level: str, message: str) -> None:
+def append_log(ledger: Ledger, run_id: str, level: str, message: str, *, at: int | None = None) -> None:
+    """One log line; `at` is when it happened (epoch seconds), now when the caller has no time."""
     with ledger.write() as conn:
-        conn.execute(run_logs.insert().values(run_id=run_id, at=ledger.now(), level=level[:16],
-                                              message=redact(message)))
+        conn.execute(run_logs.insert().values(run_id=run_id, at=ledger.now() if at is None else at,
+                                              level=level[:16], message=redact(message)))
 
 
 def record_metric(ledger: Ledger, run_id: str, step: int, name: str, value: float) -> None:

@@ -146,3 +146,51 @@ def test_the_logs_route_counts_the_run_and_ends_its_cursor(world):
 def test_the_runs_route_counts_the_matching_runs_and_ends_its_cursor(world):
     full = world.call("GET", "/v1/runs", token="account", query="limit=1").document["data"]
     assert (full["num_runs"], full["num_total"], full["next_after"]) == (1, 1, None)
+
+
+# --- 2. each log entry's own time ---------------------------------------------------------------
+
+
+def test_each_copied_event_keeps_its_own_time(world):
+    import types
+
+    import dagster as dg
+
+    from ito_assets.defs.workload.outcome import copy_event_log
+
+    def entry(kind, at: float, step: str | None = "pretraining"):
+        event = types.SimpleNamespace(event_type=kind, is_failure=kind is dg.DagsterEventType.STEP_FAILURE,
+                                      step_key=step, message="m")
+        return types.SimpleNamespace(dagster_event=event, timestamp=at)
+
+    events = [entry(dg.DagsterEventType.STEP_START, 1_796_236_805.9),
+              entry(dg.DagsterEventType.STEP_SUCCESS, 1_796_236_865.2),
+              entry(dg.DagsterEventType.RUN_SUCCESS, 1_796_236_866.0, None)]
+    instance = types.SimpleNamespace(all_logs=lambda _dagster_run_id: events)
+    run_id = world.run_id
+    before = telemetry.every_page(telemetry.logs, world.ledger, run_id)
+    assert copy_event_log(world.ledger, instance, "dagster-run", run_id) == 3
+    copied = telemetry.every_page(telemetry.logs, world.ledger, run_id)[len(before):]
+    assert [line.at for line in copied] == [1_796_236_805, 1_796_236_865, 1_796_236_866]
+
+
+def test_log_times_print_as_iso_utc_and_stay_numbers_in_json(answering, capsys):
+    import calendar
+
+    at = calendar.timegm((2026, 12, 2, 18, 40, 5))
+    logs = {"run_id": RUN_ID, "state": "succeeded", "num_logs": 2, "num_total": 2, "next_after": None,
+            "logs": [{"seq": 1, "at": at, "level": "info", "message": "STEP_START"},
+                     {"seq": 2, "at": at + 60, "level": "info", "message": "STEP_SUCCESS"}]}
+
+    class Answer:
+        def request(self, method, path, body):
+            return Reply(200, envelope.success(logs, live_api_contacted=True))
+
+    answering(Answer())
+    out, _err, status = printed(capsys, "logs", RUN_ID)
+    assert status == 0 and out.splitlines() == [
+        f"logs of {RUN_ID} (succeeded): 2 entries",
+        "  seq=1  at=2026-12-02T18:40:05Z  level=info  message=STEP_START",
+        "  seq=2  at=2026-12-02T18:41:05Z  level=info  message=STEP_SUCCESS"]
+    document = json.loads(printed(capsys, "logs", RUN_ID, "--json")[0])
+    assert [line["at"] for line in document["data"]["logs"]] == [at, at + 60]

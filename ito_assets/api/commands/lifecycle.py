@@ -47,7 +47,7 @@ def register(verbs: argparse._SubParsersAction) -> None:
     status.add_argument("--max-wait", type=float, default=3600.0, help="stop watching after this many seconds")
     _json_flag(status)
     status.set_defaults(handler=_status)
-    for name, help_text in (("logs", "the run's event log, redacted, paged"), ("metrics", _METRICS_HELP),
+    for name, help_text in (("logs", "the run's event log, redacted, paged; each line at its own time (ISO 8601 UTC)"), ("metrics", _METRICS_HELP),
                             ("checkpoints", "the run's checkpoint list (empty until checkpoints exist)")):
         parser = verbs.add_parser(name, help=help_text)
         parser.add_argument("run_id", help="run id (run_...)")
