@@ -194,3 +194,58 @@ def test_log_times_print_as_iso_utc_and_stay_numbers_in_json(answering, capsys):
         "  seq=2  at=2026-12-02T18:41:05Z  level=info  message=STEP_SUCCESS"]
     document = json.loads(printed(capsys, "logs", RUN_ID, "--json")[0])
     assert [line["at"] for line in document["data"]["logs"]] == [at, at + 60]
+
+
+# --- 3. desk listings as tables -----------------------------------------------------------------
+
+
+class Answer:
+    def __init__(self, data: dict) -> None:
+        self.data = data
+
+    def request(self, method, path, body):
+        return Reply(200, envelope.success(self.data, live_api_contacted=True))
+
+
+def test_desk_accounts_list_is_an_aligned_table(answering, capsys):
+    import calendar
+
+    at = calendar.timegm((2026, 12, 1, 8, 0, 0))
+    accounts = {"accounts": [{"account_id": "acc_" + "A" * 26, "name": "lab", "created_at": at},
+                             {"account_id": "acc_" + "B" * 26, "name": "second-lab\x1b[2J", "created_at": at + 5}]}
+    answering(Answer(accounts))
+    out, err, status = printed(capsys, "desk", "accounts", "list")
+    assert status == 0 and err == ""
+    assert out.splitlines() == [
+        "accounts: 2",
+        "  account_id                      name               created_at",
+        "  ------------------------------  -----------------  --------------------",
+        f"  acc_{'A' * 26}  lab                2026-12-01T08:00:00Z",
+        f"  acc_{'B' * 26}  second-lab\\x1b[2J  2026-12-01T08:00:05Z"]
+    assert json.loads(printed(capsys, "desk", "accounts", "list", "--json")[0])["data"] == accounts
+
+
+def test_desk_accounts_list_without_accounts_says_none(answering, capsys):
+    answering(Answer({"accounts": []}))
+    out, _err, status = printed(capsys, "desk", "accounts", "list")
+    assert status == 0 and out.splitlines() == ["accounts: 0", "  (none)"]
+
+
+def test_desk_bookings_list_is_an_aligned_table(answering, capsys):
+    booking = {"booking_id": "bkg_" + "C" * 26, "account_id": "acc_" + "A" * 26, "state": "completed",
+               "gpu_type": "H100", "num_gpus": 8, "num_nodes": 1, "topology": "1x8-nvlink", "region": "eu-west",
+               "network": "ib-400g", "starts_at": 1_796_112_000, "ends_at": 1_796_284_800,
+               "price_per_gpu_hour_cents": 250, "revision": 0, "created_at": 1, "updated_at": 1, "duration_s": 172800}
+    answering(Answer({"bookings": [booking]}))
+    out, _err, status = printed(capsys, "desk", "bookings", "list")
+    lines = out.splitlines()
+    assert status == 0 and lines[0] == "bookings: 1" and len(lines) == 4
+    assert lines[1].split() == ["booking_id", "account_id", "state", "gpu_type", "num_gpus", "num_nodes", "topology",
+                                "region", "network", "starts_at", "ends_at", "price_per_gpu_hour_cents", "revision"]
+    assert lines[3].split() == [booking["booking_id"], booking["account_id"], "completed", "H100", "8", "1",
+                                "1x8-nvlink", "eu-west", "ib-400g", "2026-12-01T08:00:00Z", "2026-12-03T08:00:00Z",
+                                "250", "0"]
+    # every column lines up: each value starts where its column's name does
+    starts = [lines[1].index(name) for name in lines[1].split()]
+    assert [lines[3].index(value, start) for value, start in zip(lines[3].split(), starts)] == starts
+    assert "{" not in out and "'" not in out

@@ -10,7 +10,7 @@ import re
 from datetime import datetime
 
 from ito_assets.api.commands.result import VerbResult
-from ito_assets.api.terminal import escape
+from ito_assets.api.terminal import table
 from ito_assets.errors import ErrorCode, ItoError
 
 # An internal id (16 hex digits) or the user's own record id: printable, without control characters.
@@ -60,16 +60,6 @@ def _plain(value):
     return value
 
 
-def _table(rows: list[dict], columns: list[str]) -> list[str]:
-    if not rows:
-        return ["  (none)"]
-    # Escaped before measuring, so that the columns line up as printed.
-    cells = [[("" if r.get(c) is None else escape(str(r.get(c)))) for c in columns] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
-    line = lambda values: "  " + "  ".join(v.ljust(w) for v, w in zip(values, widths))  # noqa: E731
-    return [line(columns), line(["-" * w for w in widths]), *(line(row) for row in cells)]
-
-
 def _why(entry: dict) -> str:
     state = entry.get("state")
     if state == "kept":
@@ -99,13 +89,13 @@ def _doc(args: argparse.Namespace) -> VerbResult:
             f"  from: {entry['source_uri']} row {entry['row']} (id {entry['source_record_id']}, licence {entry['license']}, source sha256 {entry['source_sha256']})",
             f"  what happened: {_why(entry)}",
             f"  family {entry.get('family_id')}: documents linked to it by verified near-duplicate pairs:",
-            *_table(entry["family"], ["doc_id", "source_record_id", "state", "method", "duplicate_of"]),
+            *table(entry["family"], ["doc_id", "source_record_id", "state", "method", "duplicate_of"]),
             "  contamination hits:",
-            *_table(entry["contamination_hits"], ["eval_item_id", "benchmark", "view", "char_start", "char_end", "overlap_ratio", "matched_ngram"]),
+            *table(entry["contamination_hits"], ["eval_item_id", "benchmark", "view", "char_start", "char_end", "overlap_ratio", "matched_ngram"]),
             "  clean shards:",
-            *_table(entry["clean_pieces"], ["piece", "char_start", "char_end", "shard_sha256", "shard_path"]),
+            *table(entry["clean_pieces"], ["piece", "char_start", "char_end", "shard_sha256", "shard_path"]),
             "  consumed by runs:",
-            *_table(entry["consumed_by"], ["run_id", "stage", "consumed_at"]),
+            *table(entry["consumed_by"], ["run_id", "stage", "consumed_at"]),
         ]
     return VerbResult(data={"doc_id": args.doc_id, "manifests": found}, live_api_contacted=False, text=text)
 
@@ -119,10 +109,10 @@ def _eval_item(args: argparse.Namespace) -> VerbResult:
         paraphrases = _plain(lineage.paraphrase_candidates(con, args.item_id))
     text = [
         f"eval item {args.item_id}: {len({h['doc_id'] for h in hits})} matching document(s), duplicates included",
-        *_table(hits, ["doc_id", "source_record_id", "source_uri", "row", "state", "view", "overlap_ratio", "action", "char_start", "char_end", "matched_ngram"]),
+        *table(hits, ["doc_id", "source_record_id", "source_uri", "row", "state", "view", "overlap_ratio", "action", "char_start", "char_end", "matched_ngram"]),
     ]
     if paraphrases:
-        text += ["possible paraphrases (by embedding similarity; for review, not removed):", *_table(paraphrases, ["doc_id", "source_record_id", "similarity", "char_start", "char_end", "excerpt"])]
+        text += ["possible paraphrases (by embedding similarity; for review, not removed):", *table(paraphrases, ["doc_id", "source_record_id", "similarity", "char_start", "char_end", "excerpt"])]
     data = {"eval_item_id": args.item_id, "num_documents": len({h["doc_id"] for h in hits}), "hits": hits, "paraphrase_candidates": paraphrases}
     return VerbResult(data=data, live_api_contacted=False, text=text)
 
@@ -140,10 +130,10 @@ def _manifest(args: argparse.Namespace) -> VerbResult:
     head = report["manifest"] or {}
     text = [
         f"manifest {matches[0]} ({head.get('name')}), eval suite {head.get('eval_suite_id')} {head.get('eval_suite_digest')}",
-        "sources:", *_table(report["sources"], ["source_index", "uri", "license", "num_documents", "sha256"]),
-        "what happened to the documents:", *_table(report["states"], ["state", "detail", "num_documents"]),
-        "contamination by benchmark:", *_table(report["contamination_by_benchmark"], ["benchmark", "num_documents", "num_eval_items"]),
-        "clean shards:", *_table(report["clean_shards"], ["shard_sha256", "num_rows", "shard_path"]),
-        "consumed by runs:", *_table(report["consumed_by"], ["run_id", "stage", "consumed_at"]),
+        "sources:", *table(report["sources"], ["source_index", "uri", "license", "num_documents", "sha256"]),
+        "what happened to the documents:", *table(report["states"], ["state", "detail", "num_documents"]),
+        "contamination by benchmark:", *table(report["contamination_by_benchmark"], ["benchmark", "num_documents", "num_eval_items"]),
+        "clean shards:", *table(report["clean_shards"], ["shard_sha256", "num_rows", "shard_path"]),
+        "consumed by runs:", *table(report["consumed_by"], ["run_id", "stage", "consumed_at"]),
     ]
     return VerbResult(data={"manifest_digest": matches[0], **report}, live_api_contacted=False, text=text)

@@ -13,7 +13,7 @@ from typing import Callable
 # --all asks for pages this large (the server's most): few requests, each answer bounded.
 ALL_PAGE = 500
 # The keys whose numbers are epoch seconds, shown as ISO 8601 UTC in readable output.
-TIME_KEYS = frozenset({"at", "created_at", "removed_at"})
+TIME_KEYS = frozenset({"at", "created_at", "removed_at", "updated_at", "starts_at", "ends_at"})
 
 
 def iso_utc(seconds: int) -> str:
