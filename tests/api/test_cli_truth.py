@@ -249,3 +249,78 @@ def test_desk_bookings_list_is_an_aligned_table(answering, capsys):
     starts = [lines[1].index(name) for name in lines[1].split()]
     assert [lines[3].index(value, start) for value, start in zip(lines[3].split(), starts)] == starts
     assert "{" not in out and "'" not in out
+
+
+# --- 4. an unknown eval item is not found -------------------------------------------------------
+
+
+class Lineage:
+    """The warehouse's answers for an item with no matching document; `known` says whether a
+    suite the warehouse was decontaminated against holds it."""
+
+    def __init__(self, known: bool) -> None:
+        self.known = known
+
+    def audit_eval_item(self, _con, _item_id):
+        return []
+
+    def paraphrase_candidates(self, _con, _item_id):
+        return []
+
+    def eval_item_known(self, _con, _item_id):
+        return self.known
+
+
+@pytest.fixture
+def warehouse(monkeypatch, tmp_path):
+    """A configured suite holding py-trivia/001 only, and a warehouse answering as `Lineage`."""
+    import contextlib
+
+    from ito_assets.api.commands import audit
+
+    suite = tmp_path / "suite.jsonl"
+    suite.write_text(json.dumps({"id": "py-trivia/001", "benchmark": "py-trivia", "question": "q", "answer": "a"}) + "\n")
+    monkeypatch.setenv("ITO_EVAL_SUITE", str(suite))
+
+    def install(known: bool) -> None:
+        monkeypatch.setattr(audit, "_open", lambda: (Lineage(known), contextlib.nullcontext()))
+    return install
+
+
+def test_an_unknown_eval_item_is_not_found(warehouse, capsys):
+    warehouse(known=False)
+    out, err, status = printed(capsys, "audit", "eval-item", "nope/999")
+    assert (status, out) == (1, "")
+    assert err == ("error AUDIT_NOT_FOUND: no eval item with this id is in the eval suites the warehouse was "
+                   "decontaminated against, nor in the configured eval suite (ITO_EVAL_SUITE)\n")
+    document = json.loads(printed(capsys, "audit", "eval-item", "nope/999", "--json")[0])
+    assert document["ok"] is False and document["live_api_contacted"] is False
+    assert document["error"]["code"] == "AUDIT_NOT_FOUND" and document["error"]["retryable"] is False
+
+
+def test_a_real_item_without_matches_is_zero_matches(warehouse, capsys):
+    warehouse(known=True)
+    out, err, status = printed(capsys, "audit", "eval-item", "custom/042")
+    assert status == 0 and err == ""
+    assert out.splitlines() == ["eval item custom/042: 0 matching document(s), duplicates included", "  (none)"]
+    document = json.loads(printed(capsys, "audit", "eval-item", "custom/042", "--json")[0])
+    assert document["ok"] is True and document["data"]["num_documents"] == 0 and document["data"]["hits"] == []
+
+
+def test_an_item_of_the_configured_suite_is_known_to_an_older_warehouse(warehouse, capsys):
+    warehouse(known=False)
+    out, _err, status = printed(capsys, "audit", "eval-item", "py-trivia/001")
+    assert status == 0 and out.startswith("eval item py-trivia/001: 0 matching document(s)")
+
+
+def test_the_warehouse_knows_every_item_of_a_suite_it_was_decontaminated_against():
+    import duckdb
+
+    from ito_assets.data import lineage
+
+    with duckdb.connect(":memory:") as con:
+        assert lineage.eval_item_known(con, "py-trivia/001") is False  # a warehouse without the table
+        lineage.ensure_schema(con)
+        con.execute("INSERT INTO eval_items VALUES ('sha256:m', 'py-trivia/001', 'py-trivia')")
+        con.execute("INSERT INTO contamination_hits (manifest_digest, doc_id, eval_item_id) VALUES ('sha256:m', 'd', 'x/2')")
+        assert [lineage.eval_item_known(con, i) for i in ("py-trivia/001", "x/2", "nope/999")] == [True, True, False]

@@ -24,7 +24,8 @@ def register(verbs: argparse._SubParsersAction) -> None:
     actions = group.add_subparsers(dest="action", required=True, parser_class=type(group))
     for name, arg, helptext, handler in (
         ("doc", "doc_id", "a document: its id (16 hex digits) or your record id (the id field of your input)", _doc),
-        ("eval-item", "item_id", "an eval item id, e.g. py-trivia/007", _eval_item),
+        ("eval-item", "item_id", "an eval item id, e.g. py-trivia/007 (AUDIT_NOT_FOUND, exit 1, when no suite the "
+                                 "warehouse was decontaminated against holds it)", _eval_item),
         ("manifest", "digest", "a manifest digest: sha256:HEX, HEX, or its 12-digit key", _manifest),
     ):
         parser = actions.add_parser(name, help=f"audit {helptext}")
@@ -107,6 +108,10 @@ def _eval_item(args: argparse.Namespace) -> VerbResult:
     with con:
         hits = _plain(lineage.audit_eval_item(con, args.item_id))
         paraphrases = _plain(lineage.paraphrase_candidates(con, args.item_id))
+        known = bool(hits or paraphrases) or lineage.eval_item_known(con, args.item_id)
+    if not (known or _in_configured_suite(args.item_id)):
+        raise ItoError(ErrorCode.AUDIT_NOT_FOUND, "no eval item with this id is in the eval suites the warehouse "
+                       "was decontaminated against, nor in the configured eval suite (ITO_EVAL_SUITE)")
     text = [
         f"eval item {args.item_id}: {len({h['doc_id'] for h in hits})} matching document(s), duplicates included",
         *table(hits, ["doc_id", "source_record_id", "source_uri", "row", "state", "view", "overlap_ratio", "action", "char_start", "char_end", "matched_ngram"]),
@@ -115,6 +120,19 @@ def _eval_item(args: argparse.Namespace) -> VerbResult:
         text += ["possible paraphrases (by embedding similarity; for review, not removed):", *table(paraphrases, ["doc_id", "source_record_id", "similarity", "char_start", "char_end", "excerpt"])]
     data = {"eval_item_id": args.item_id, "num_documents": len({h["doc_id"] for h in hits}), "hits": hits, "paraphrase_candidates": paraphrases}
     return VerbResult(data=data, live_api_contacted=False, text=text)
+
+
+def _in_configured_suite(item_id: str) -> bool:
+    """A warehouse written before it listed each suite's items knows only the matched ones: the
+    configured suite (the one `make run` decontaminates against) still names the rest."""
+    from ito_assets.evals.suite import load_suite
+    from ito_assets.settings import load_settings
+
+    try:
+        suite = load_suite(load_settings().eval_suite_path)
+    except ItoError:
+        return False
+    return any(item.id == item_id for item in suite.items)
 
 
 def _manifest(args: argparse.Namespace) -> VerbResult:
