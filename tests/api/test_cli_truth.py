@@ -324,3 +324,90 @@ def test_the_warehouse_knows_every_item_of_a_suite_it_was_decontaminated_against
         con.execute("INSERT INTO eval_items VALUES ('sha256:m', 'py-trivia/001', 'py-trivia')")
         con.execute("INSERT INTO contamination_hits (manifest_digest, doc_id, eval_item_id) VALUES ('sha256:m', 'd', 'x/2')")
         assert [lineage.eval_item_known(con, i) for i in ("py-trivia/001", "x/2", "nope/999")] == [True, True, False]
+
+
+# --- 5. connection and identity errors say what to do -------------------------------------------
+
+TOKEN = "ito_acct_" + "CanarySecretToken0123456789abcdefghijklmnopq"[:43]
+
+
+def _token_file(folder, name: str = "lab.token"):
+    import os
+
+    path = folder / name
+    path.write_text(TOKEN + "\n")
+    os.chmod(path, 0o600)
+    return path
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_unreachable_names_the_url_and_the_command_that_starts_the_api(monkeypatch, tmp_path, capsys):
+    port = _free_port()
+    monkeypatch.setenv("ITO_API_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("ITO_TOKEN_FILE", str(_token_file(tmp_path)))
+    out, err, status = printed(capsys, "status", RUN_ID, "--timeout", "5")
+    assert (status, out) == (1, "")
+    assert err == (f"error API_UNREACHABLE: no API answers at http://127.0.0.1:{port}: start it on this machine "
+                   f"with `ito serve --port {port}`, or set ITO_API_URL to the API's address\n")
+    document = json.loads(printed(capsys, "status", RUN_ID, "--timeout", "5", "--json")[0])
+    assert document["error"]["code"] == "API_UNREACHABLE" and document["error"]["retryable"] is True
+    assert document["live_api_contacted"] is False
+    assert TOKEN not in out + err + json.dumps(document)
+
+
+def test_the_unreachable_hint_follows_the_address():
+    from ito_assets.api import server
+    from ito_assets.api.client import Endpoint, unreachable_message
+
+    default = Endpoint("http", server.DEFAULT_HOST, server.DEFAULT_PORT)
+    assert unreachable_message(default) == ("no API answers at http://127.0.0.1:8765: start it on this machine "
+                                            "with `ito serve`, or set ITO_API_URL to the API's address")
+    assert "`ito serve --host ::1`" in unreachable_message(Endpoint("http", "::1", 8765))
+    assert unreachable_message(Endpoint("https", "api.example.org", 443)) == (
+        "no API answers at https://api.example.org:443: check that `ito serve` runs there, or set ITO_API_URL "
+        "to the API's address")
+
+
+def test_no_identity_names_the_variable_and_the_tokens_make_run_left(monkeypatch, tmp_path, capsys):
+    state = tmp_path / ".ito"
+    (state / "walkthrough").mkdir(parents=True)
+    _token_file(state / "walkthrough", "desk-0a1b2c3d.token")
+    monkeypatch.setenv("ITO_STATE_DIR", str(state))
+    monkeypatch.delenv("ITO_TOKEN_FILE", raising=False)
+    out, err, status = printed(capsys, "status", RUN_ID)
+    assert (status, out) == (1, "")
+    assert err == ("error AUTH_REQUIRED: no identity: set ITO_TOKEN_FILE to the absolute path of the 0600 token "
+                   f"file the desk issued; `make run` left its tokens in {state / 'walkthrough'}/ (newest: "
+                   "desk-0a1b2c3d.token)\n")
+    document = json.loads(printed(capsys, "status", RUN_ID, "--json")[0])
+    assert document["error"]["code"] == "AUTH_REQUIRED" and document["live_api_contacted"] is False
+    assert TOKEN not in out + err + json.dumps(document)
+
+
+def test_no_identity_without_make_run_says_how_to_get_a_first_token(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("ITO_STATE_DIR", str(tmp_path / "empty"))
+    monkeypatch.delenv("ITO_TOKEN_FILE", raising=False)
+    _out, err, status = printed(capsys, "status", RUN_ID)
+    assert status == 1 and err == (
+        "error AUTH_REQUIRED: no identity: set ITO_TOKEN_FILE to the absolute path of the 0600 token file the desk "
+        "issued; on the server's machine `ito desk bootstrap --token-out PATH` writes a first desk token\n")
+
+
+@pytest.mark.parametrize("value", ["CANARY", "/nonexistent/CANARY.token"])
+def test_a_token_pasted_into_ito_token_file_is_never_echoed(monkeypatch, tmp_path, capsys, value):
+    from helpers import CANARIES
+
+    secret = value.replace("CANARY", CANARIES["github"])
+    monkeypatch.setenv("ITO_STATE_DIR", str(tmp_path / "empty"))
+    monkeypatch.setenv("ITO_TOKEN_FILE", secret)
+    out, err, status = printed(capsys, "status", RUN_ID)
+    document = json.loads(printed(capsys, "status", RUN_ID, "--json")[0])
+    assert status == 1 and document["error"]["code"] == "AUTH_REQUIRED" and "ITO_TOKEN_FILE" in err
+    assert CANARIES["github"] not in out + err + json.dumps(document)
