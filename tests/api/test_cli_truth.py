@@ -411,3 +411,41 @@ def test_a_token_pasted_into_ito_token_file_is_never_echoed(monkeypatch, tmp_pat
     document = json.loads(printed(capsys, "status", RUN_ID, "--json")[0])
     assert status == 1 and document["error"]["code"] == "AUTH_REQUIRED" and "ITO_TOKEN_FILE" in err
     assert CANARIES["github"] not in out + err + json.dumps(document)
+
+
+# --- 6. one parameter count ---------------------------------------------------------------------
+
+PLAN_HARDWARE = ["--gpu-type", "H100-SXM", "--nodes", "1", "--gpus-per-node", "8", "--network", "infiniband",
+                 "--price-cents-per-gpu-hour", "250"]
+
+
+@pytest.fixture
+def small_manifest(tmp_path) -> str:
+    from pathlib import Path
+
+    from helpers import write_manifest
+
+    fixture = Path(__file__).resolve().parents[2] / "data" / "fixtures" / "manifests" / "fixture-small.json"
+    return write_manifest(tmp_path / "m.json", json.loads(fixture.read_text()))
+
+
+def test_verify_and_plan_print_the_same_parameter_count(small_manifest, capsys):
+    out, err, status = printed(capsys, "manifest", "verify", small_manifest)
+    assert status == 0 and err == ""
+    assert "model: tiny (1,115,264 parameters; the manifest declares 1,000,000), revision r1" in out.splitlines()
+    assert "budget: cap 50,000.00 USD, max incremental 25,000.00 USD" in out.splitlines()
+    planned, _err, status = printed(capsys, "plan", "--booking", "bkg_1", "--manifest", small_manifest, *PLAN_HARDWARE)
+    assert status == 0 and "model: tiny (1,115,264 parameters)" in planned.splitlines()
+    summary = json.loads(printed(capsys, "manifest", "verify", small_manifest, "--json")[0])["data"]["summary"]
+    plan = json.loads(printed(capsys, "plan", "--booking", "bkg_1", "--manifest", small_manifest, *PLAN_HARDWARE,
+                              "--json")[0])["data"]["plan"]
+    assert summary["model"]["num_parameters"] == plan["model"]["num_parameters"] == 1_115_264
+    assert summary["model"]["manifest_num_parameters"] == plan["model"]["manifest_num_parameters"] == 1_000_000
+
+
+def test_the_parameter_phrase_for_an_exact_or_unknown_size():
+    from ito_assets.manifest.verify import parameters_phrase
+
+    assert parameters_phrase({"num_parameters": 43_168, "manifest_num_parameters": 43_168}) == "43,168 parameters"
+    assert parameters_phrase({"num_parameters": None, "manifest_num_parameters": 7_000_000}) == (
+        "a size the planner does not know; the manifest declares 7,000,000 parameters")
