@@ -80,6 +80,28 @@ class Endpoint:
     host: str
     port: int
 
+    @property
+    def url(self) -> str:
+        """scheme://host:port: ITO_API_URL refuses credentials, so this is safe to print."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{host}:{self.port}"
+
+
+def unreachable_message(endpoint: Endpoint | None) -> str:
+    """API_UNREACHABLE's message: the URL tried, and how to start the API there."""
+    if endpoint is None:
+        return "the API could not be reached"
+    from ito_assets.api.client_config import is_loopback
+
+    if not is_loopback(endpoint.host):
+        return (f"no API answers at {endpoint.url}: check that `ito serve` runs there, or set ITO_API_URL "
+                "to the API's address")
+    # `ito serve`'s defaults (server.DEFAULT_HOST and DEFAULT_PORT; server imports too much for here).
+    flags = "" if endpoint.host == "127.0.0.1" else f" --host {endpoint.host}"
+    flags += "" if endpoint.port == 8765 else f" --port {endpoint.port}"
+    return (f"no API answers at {endpoint.url}: start it on this machine with `ito serve{flags}`, "
+            "or set ITO_API_URL to the API's address")
+
 
 class HttpTransport:
     """One HTTP/1.1 request per call over http.client, with a connect timeout and a deadline
@@ -96,6 +118,10 @@ class HttpTransport:
 
     def __repr__(self) -> str:  # the token stays out of reprs and tracebacks
         return f"HttpTransport({self._endpoint.scheme}://{self._endpoint.host}:{self._endpoint.port})"
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return self._endpoint
 
     def _connection(self, connect_timeout_s: float) -> http.client.HTTPConnection:
         if self._endpoint.scheme == "https":
@@ -320,4 +346,5 @@ class ApiClient:
     def _transport_error(self, timed_out: bool) -> ItoError:
         if timed_out:
             return client_error(ErrorCode.TIMEOUT, "the API did not answer in time", contacted=self.contacted)
-        return client_error(ErrorCode.API_UNREACHABLE, "the API could not be reached", contacted=self.contacted)
+        return client_error(ErrorCode.API_UNREACHABLE, unreachable_message(getattr(self._transport, "endpoint", None)),
+                            contacted=self.contacted)

@@ -3,7 +3,8 @@
 ITO_API_URL (default http://127.0.0.1:8765), ITO_TOKEN_FILE (a 0600 file owned by the user,
 holding one identity token), ITO_CONNECT_TIMEOUT_S (default 3), ITO_TIMEOUT_S (default 30, per
 request). The whole operation is bounded apart from these by `ito --timeout` (default 120).
-A token is never an argument and never printed; errors about the token file never name it.
+A token is never an argument and never printed; errors about the token file name the variable,
+never its value (a token pasted into ITO_TOKEN_FILE by mistake must not be echoed).
 These are fields of the one settings model (settings.ItoSettings) and parsed by its env.parse; they
 are read here without that model, whose import (pydantic-settings) would slow every client call.
 """
@@ -98,28 +99,46 @@ def read_token(path: str | None) -> str:
     from ito_assets.control.ids import TOKEN
 
     if not path:
-        raise _auth_error("no identity: set ITO_TOKEN_FILE to the 0600 file the desk issued")
+        raise _auth_error("no identity: set ITO_TOKEN_FILE to the absolute path of the 0600 token file the desk "
+                          f"issued; {walkthrough_tokens_hint()}")
     if not os.path.isabs(path):
         raise _auth_error("ITO_TOKEN_FILE must be an absolute path")
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
-        raise _auth_error("the token file cannot be opened (missing, or a symbolic link)") from None
+        raise _auth_error("the file ITO_TOKEN_FILE names cannot be opened (missing, or a symbolic link); "
+                          f"{walkthrough_tokens_hint()}") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise _auth_error("the token file must be a regular file")
+            raise _auth_error("the file ITO_TOKEN_FILE names must be a regular file")
         if st.st_uid != os.geteuid():
-            raise _auth_error("the token file must be owned by the current user")
+            raise _auth_error("the file ITO_TOKEN_FILE names must be owned by the current user")
         if st.st_mode & 0o077:
-            raise _auth_error("the token file must not be accessible to group or others (chmod 600)")
+            raise _auth_error("the file ITO_TOKEN_FILE names must not be accessible to group or others (chmod 600)")
         data = os.read(fd, _MAX_TOKEN_FILE_BYTES + 1)
     finally:
         os.close(fd)
     token = data.decode("ascii", errors="replace").strip()
     if len(data) > _MAX_TOKEN_FILE_BYTES or TOKEN.fullmatch(token) is None:
-        raise _auth_error("the token file does not hold an ito identity token")
+        raise _auth_error("the file ITO_TOKEN_FILE names does not hold an ito identity token")
     return token
+
+
+def walkthrough_tokens_hint() -> str:
+    """Where `make run` (the API walkthrough) left its desk and account tokens, newest first, or
+    how to make a first one. Names files, never their contents."""
+    try:
+        from ito_assets.settings import load_settings  # here only: its import slows every client call
+
+        folder = load_settings().state_dir / "walkthrough"
+        tokens = sorted(folder.glob("*.token"), key=lambda p: p.stat().st_mtime, reverse=True)
+    except Exception:  # noqa: BLE001 - a hint must never hide the error it belongs to
+        tokens = []
+    if not tokens:
+        return "on the server's machine `ito desk bootstrap --token-out PATH` writes a first desk token"
+    names = ", ".join(t.name for t in tokens[:2])
+    return f"`make run` left its tokens in {tokens[0].parent}/ (newest: {names})"
 
 
 def write_secret_file(path: str, secret: str) -> None:

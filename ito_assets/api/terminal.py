@@ -25,3 +25,17 @@ def _visible(match: re.Match[str]) -> str:
 def escape(text: str) -> str:
     """`text` with each control character replaced by its visible escape."""
     return _CONTROL.sub(_visible, text)
+
+
+def table(rows: list[dict], columns: list[str]) -> list[str]:
+    """`rows` as an aligned plain-text table under a header of the column names, indented two
+    spaces; cells escaped before they are measured, so the columns line up as printed."""
+    if not rows:
+        return ["  (none)"]
+    cells = [[("" if r.get(c) is None else escape(str(r.get(c)))) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+
+    def line(values: list[str]) -> str:
+        return ("  " + "  ".join(v.ljust(w) for v, w in zip(values, widths))).rstrip()
+
+    return [line(columns), line(["-" * w for w in widths]), *(line(row) for row in cells)]

@@ -85,25 +85,42 @@ def by_key(ledger: Ledger, account_id: str, key: str) -> Run:
 MAX_PAGE = 500
 
 
-def list_for(ledger: Ledger, account_id: str, *, manifest_digest: str | None = None,
-             booking_id: str | None = None, state: RunState | None = None, after: str | None = None,
-             limit: int = 100) -> list[Run]:
+@dataclass(frozen=True)
+class RunPage:
+    """One page of an account's runs, the runs the filters match in all, and whether any follow."""
+
+    runs: list[Run]
+    num_total: int
+    more: bool
+
+
+def list_for(ledger: Ledger, account_id: str, **filters) -> list[Run]:
     """An account's runs, oldest first, filtered; `after` is the last run id of the previous page."""
+    return page_for(ledger, account_id, **filters).runs
+
+
+def page_for(ledger: Ledger, account_id: str, *, manifest_digest: str | None = None,
+             booking_id: str | None = None, state: RunState | None = None, after: str | None = None,
+             limit: int = 100) -> RunPage:
+    """`list_for`'s page with its counts: one row past the page tells whether more follow."""
     if not 1 <= limit <= MAX_PAGE:
         raise ItoError(ErrorCode.USAGE_ERROR, f"limit must be between 1 and {MAX_PAGE}")
-    query = sa.select(runs).where(runs.c.account_id == account_id)
+    matching = [runs.c.account_id == account_id]
     for column, value in ((runs.c.manifest_digest, manifest_digest), (runs.c.booking_id, booking_id),
                           (runs.c.state, state.value if state else None)):
         if value is not None:
-            query = query.where(column == value)
+            matching.append(column == value)
     with ledger.read() as conn:
+        total = conn.execute(sa.select(sa.func.count()).select_from(runs).where(*matching)).scalar_one()
+        query = sa.select(runs).where(*matching)
         if after is not None:
             last = load(conn, after)
             if last is None or last.account_id != account_id:
                 raise ItoError(ErrorCode.RUN_NOT_FOUND, "the page cursor names no run of this account")
             query = query.where(sa.tuple_(runs.c.created_at, runs.c.run_id) > (last.created_at, last.run_id))
-        query = query.order_by(runs.c.created_at, runs.c.run_id).limit(limit)
-        return [from_row(r) for r in conn.execute(query).mappings().all()]
+        query = query.order_by(runs.c.created_at, runs.c.run_id).limit(limit + 1)
+        found = [from_row(r) for r in conn.execute(query).mappings().all()]
+    return RunPage(runs=found[:limit], num_total=int(total), more=len(found) > limit)
 
 
 def count_active(conn: sa.Connection, booking_id: str) -> int:

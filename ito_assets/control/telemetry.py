@@ -59,10 +59,11 @@ class Checkpoint:
     removed_at: int | None
 
 
-def append_log(ledger: Ledger, run_id: str, level: str, message: str) -> None:
+def append_log(ledger: Ledger, run_id: str, level: str, message: str, *, at: int | None = None) -> None:
+    """One log line; `at` is when it happened (epoch seconds), now when the caller has no time."""
     with ledger.write() as conn:
-        conn.execute(run_logs.insert().values(run_id=run_id, at=ledger.now(), level=level[:16],
-                                              message=redact(message)))
+        conn.execute(run_logs.insert().values(run_id=run_id, at=ledger.now() if at is None else at,
+                                              level=level[:16], message=redact(message)))
 
 
 def record_metric(ledger: Ledger, run_id: str, step: int, name: str, value: float) -> None:
@@ -84,6 +85,27 @@ def _page(ledger: Ledger, table: sa.Table, run_id: str, after: int, limit: int) 
              .order_by(table.c.seq).limit(limit))
     with ledger.read() as conn:
         return conn.execute(query).mappings().all()
+
+
+@dataclass(frozen=True)
+class PageCount:
+    """What one page leaves out: the run's entries in all, and whether any come after the page."""
+
+    num_total: int
+    more: bool
+
+
+_TABLES = {"logs": run_logs, "metrics": run_metrics, "checkpoints": run_checkpoints}
+
+
+def page_count(ledger: Ledger, name: str, run_id: str, last_seq: int) -> PageCount:
+    """Counted on the run_id index, so a page's answer can say how much is left."""
+    table = _TABLES[name]
+    mine = table.c.run_id == run_id
+    with ledger.read() as conn:
+        total = conn.execute(sa.select(sa.func.count()).select_from(table).where(mine)).scalar_one()
+        later = conn.execute(sa.select(table.c.seq).where(mine, table.c.seq > last_seq).limit(1)).first()
+    return PageCount(num_total=int(total), more=later is not None)
 
 
 def logs(ledger: Ledger, run_id: str, *, after: int = 0, limit: int = 100) -> list[LogLine]:

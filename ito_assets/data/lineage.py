@@ -13,6 +13,7 @@ replaces its own rows for its manifest in one transaction (a rerun never duplica
                        (every input document is scanned, duplicates too)
     paraphrase_candidates  document window x eval item by embedding similarity: for review, never
                        removed (only when the run asked for them)
+    eval_items         every item of the suite a manifest was decontaminated against, matched or not
     decisions          final state of every input document (kept / duplicate / contaminated)
 Wherever a document id is, the user's own id (`source_record_id`) is beside it.
     clean_shards       clean shard path, sha256, rows
@@ -66,6 +67,9 @@ SCHEMA = {
     "clean_pieces": "manifest_digest VARCHAR, doc_id VARCHAR, piece INTEGER, char_start BIGINT, char_end BIGINT, "
     "shard_path VARCHAR, shard_sha256 VARCHAR",
     "shard_consumers": "shard_sha256 VARCHAR, run_id VARCHAR, stage VARCHAR, consumed_at TIMESTAMP",
+    # Every item of the suite a manifest was decontaminated against, matched or not: an audit of
+    # an item tells "no document matched it" from "no such item".
+    "eval_items": "manifest_digest VARCHAR, eval_item_id VARCHAR, benchmark VARCHAR",
 }
 
 
@@ -270,7 +274,7 @@ def audit_eval_item(con: duckdb.DuckDBPyConnection, item_id: str) -> list[dict]:
 def paraphrase_candidates(con: duckdb.DuckDBPyConnection, item_id: str) -> list[dict]:
     """The possible paraphrases of an eval item, for review: never removed by the pipeline. A
     warehouse that no stage of this version has written yet has no such table: none."""
-    if not con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'paraphrase_candidates'").fetchone()[0]:
+    if not _has_table(con, "paraphrase_candidates"):
         return []
     return _rows(
         con,
@@ -279,6 +283,19 @@ def paraphrase_candidates(con: duckdb.DuckDBPyConnection, item_id: str) -> list[
         "WHERE p.eval_item_id = ? ORDER BY p.manifest_digest, p.similarity DESC, p.doc_id",
         [item_id],
     )
+
+
+def _has_table(con: duckdb.DuckDBPyConnection, table: str) -> bool:
+    """A warehouse written before a table was added lacks it until a stage writes again."""
+    return bool(con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [table]).fetchone()[0])
+
+
+@_reads
+def eval_item_known(con: duckdb.DuckDBPyConnection, item_id: str) -> bool:
+    """Whether a suite some manifest was decontaminated against holds this item, or a document
+    matched it."""
+    tables = [t for t in ("eval_items", "contamination_hits", "paraphrase_candidates") if _has_table(con, t)]
+    return any(con.execute(f"SELECT 1 FROM {t} WHERE eval_item_id = ? LIMIT 1", [item_id]).fetchone() for t in tables)
 
 
 @_reads

@@ -180,7 +180,10 @@ def run_decontam(verified: VerifiedManifest, suite: EvalSuite, source: SourceSta
         paraphrases=None if paraphrases is None else write_table(paraphrases, folder / "paraphrases.parquet", store=store),
     )
     manifest_row = pl.DataFrame({"manifest_key": [verified.short_digest], "name": [verified.manifest.name], "eval_suite_id": [suite.suite_id], "eval_suite_digest": [suite.digest], "config": [json.dumps(config.as_metadata() | {f"decontam.{k}": v for k, v in asdict(decontam).items()}, sort_keys=True)]})
-    tables = {"contamination_hits": hits.with_columns(pl.lit(suite.digest).alias("eval_suite_digest")), "manifests": manifest_row}
+    items = pl.DataFrame({"eval_item_id": [i.id for i in suite.items], "benchmark": [i.benchmark for i in suite.items]},
+                         schema={"eval_item_id": pl.String, "benchmark": pl.String})
+    tables = {"contamination_hits": hits.with_columns(pl.lit(suite.digest).alias("eval_suite_digest")), "manifests": manifest_row,
+              "eval_items": items}
     # Replaced either way: a run without the report leaves no stale candidates of an earlier one.
     tables["paraphrase_candidates"] = paraphrases if paraphrases is not None else pl.DataFrame(schema={**CANDIDATE_SCHEMA, "source_record_id": pl.String})
     lineage.write_tables(warehouse, verified.digest, tables)

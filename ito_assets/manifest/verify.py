@@ -133,6 +133,23 @@ def eval_suite_mismatches(manifest: DataManifest, suite_id: str, suite_digest: s
     return bad
 
 
+def planned_parameters(size: str) -> int | None:
+    """The exact count `ito plan` shows for a named size (`parameter_count` of the planner's
+    config), None for a size the planner does not know."""
+    from ito_assets.training.model_config import CONFIGS, parameter_count
+
+    return parameter_count(CONFIGS[size]) if size in CONFIGS else None
+
+
+def parameters_phrase(model: dict) -> str:
+    """`1,115,264 parameters`, as `ito plan` prints it, and the manifest's own figure when it differs."""
+    declared = model["manifest_num_parameters"]
+    if model["num_parameters"] is None:
+        return f"a size the planner does not know; the manifest declares {declared:,} parameters"
+    phrase = f"{model['num_parameters']:,} parameters"
+    return phrase if declared == model["num_parameters"] else f"{phrase}; the manifest declares {declared:,}"
+
+
 def summarize(verified: VerifiedManifest) -> dict:
     """The readable summary shown by `ito manifest verify` and in the Dagster UI."""
     m = verified.manifest
@@ -148,7 +165,8 @@ def summarize(verified: VerifiedManifest) -> dict:
     if not isinstance(m, Manifest):
         return summary
     return summary | {
-        "model": {"size": m.model.size, "num_parameters": m.model.num_parameters, "revision": m.model.revision},
+        "model": {"size": m.model.size, "num_parameters": planned_parameters(m.model.size),
+                  "manifest_num_parameters": m.model.num_parameters, "revision": m.model.revision},
         "num_training_tokens": m.training_target.num_tokens,
         "stages": [s.name for s in m.training_target.stages],
         "post_training": [s.kind for s in m.post_training],

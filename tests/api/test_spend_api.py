@@ -49,9 +49,14 @@ def test_runs_list_pages_with_after(api, spent) -> None:
     first = api.ok("runs", "list", "--manifest", digest, "--limit", "1")
     assert first["next_after"] == oldest["run_id"]
     second = api.ok("runs", "list", "--manifest", digest, "--limit", "1", "--after", first["next_after"])
-    assert [r["run_id"] for r in second["runs"]] == [newest["run_id"]] and second["next_after"] == newest["run_id"]
+    # The last page carries no cursor, even when it is full: none is needed to know the end.
+    assert [r["run_id"] for r in second["runs"]] == [newest["run_id"]] and second["next_after"] is None
+    assert first["num_total"] == second["num_total"] == 2
     third = api.ok("runs", "list", "--manifest", digest, "--limit", "1", "--after", newest["run_id"])
     assert third["runs"] == [] and third["next_after"] is None
+    every = api.ok("runs", "list", "--manifest", digest, "--limit", "1", "--all")
+    assert [r["run_id"] for r in every["runs"]] == [oldest["run_id"], newest["run_id"]]
+    assert (every["num_runs"], every["next_after"]) == (2, None)
 
 
 @pytest.mark.parametrize("limit", ["0", "501"])

@@ -125,7 +125,7 @@ def test_an_error_message_from_the_api_is_printed_escaped(api_answers, capsys):
 
 def test_data_printed_without_text_lines_is_escaped_too(api_answers, capsys):
     api_answers(envelope.success({"name\x1b]0;title\x07": "v\u2028"}, live_api_contacted=True))
-    out, _err, status = printed(capsys, "desk", "accounts", "list")
+    out, _err, status = printed(capsys, "desk", "approve", "cfr_x", "--cost-cents", "0")
     assert status == 0 and out == "name\\x1b]0;title\\x07: v\\u2028\n"
 
 

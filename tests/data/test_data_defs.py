@@ -173,6 +173,15 @@ def test_audit_verbs_answer_the_auditors_questions(chain, monkeypatch, capsys) -
     assert status == 0 and by_record["matched_by"] == "source_record_id" and by_record["doc_id"] == duplicate[0]
     document, status = _audit(settings, monkeypatch, "audit", "eval-item", hit[1], "--json")
     assert status == 0 and hit[0] in {h["doc_id"] for h in document["data"]["hits"]}
+    # An item of the suite that matched nothing is 0 documents; an id of no suite is not found.
+    with duckdb.connect(str(settings.warehouse_path), read_only=True) as con:
+        (unmatched,) = con.execute("SELECT eval_item_id FROM eval_items WHERE eval_item_id NOT IN "
+                                   "(SELECT eval_item_id FROM contamination_hits) ORDER BY 1 LIMIT 1").fetchone()
+    monkeypatch.setenv("ITO_EVAL_SUITE", "/nonexistent/suite.jsonl")  # the warehouse alone must know it
+    document, status = _audit(settings, monkeypatch, "audit", "eval-item", unmatched, "--json")
+    assert status == 0 and document["data"]["num_documents"] == 0
+    document, status = _audit(settings, monkeypatch, "audit", "eval-item", "nope/999", "--json")
+    assert status == 1 and document["error"]["code"] == "AUDIT_NOT_FOUND"
     document, status = _audit(settings, monkeypatch, "audit", "manifest", key, "--json")
     states = {(s["state"], s["detail"]): s["num_documents"] for s in document["data"]["states"]}
     assert status == 0 and sum(states.values()) == 3041 and states[("contaminated", "drop")] == 60

@@ -379,7 +379,7 @@ def test_a_corrupt_warehouse_with_lineage_missing_is_refused_with_the_fix_and_th
     with caplog.at_level(logging.WARNING, logger=LOG.name):
         _run_dedup(fresh)
     (warning,) = _rebuilt_warnings(caplog)
-    assert "was missing; rebuilt from its lineage: 9 records" in warning
+    assert "was missing; rebuilt from its lineage: 10 records" in warning  # eval_items included
     assert tables(warehouse) == before
     caplog.clear()
     warehouse.write_bytes(b"not a database")  # the lineage is whole again: the next corruption rebuilds
@@ -398,7 +398,7 @@ def test_a_warehouse_deleted_by_hand_is_rebuilt_from_the_lineage_that_verifies(f
     with caplog.at_level(logging.WARNING, logger=LOG.name):
         _run_decontam(fresh)  # another asset first: the duplicates' record cannot be replayed
     (warning,) = _rebuilt_warnings(caplog)
-    assert "was missing; rebuilt from the 8 lineage records that verify" in warning
+    assert "was missing; rebuilt from the 9 lineage records that verify" in warning  # eval_items included
     assert f"left out: shard {fresh.key}/dedup/decisions.parquet is missing" in warning
     assert warning.endswith(f"re-materialize deduplicated_documents (partition {fresh.key}) to restore them")
     after = tables(warehouse)

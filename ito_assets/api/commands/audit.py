@@ -10,7 +10,7 @@ import re
 from datetime import datetime
 
 from ito_assets.api.commands.result import VerbResult
-from ito_assets.api.terminal import escape
+from ito_assets.api.terminal import table
 from ito_assets.errors import ErrorCode, ItoError
 
 # An internal id (16 hex digits) or the user's own record id: printable, without control characters.
@@ -24,7 +24,8 @@ def register(verbs: argparse._SubParsersAction) -> None:
     actions = group.add_subparsers(dest="action", required=True, parser_class=type(group))
     for name, arg, helptext, handler in (
         ("doc", "doc_id", "a document: its id (16 hex digits) or your record id (the id field of your input)", _doc),
-        ("eval-item", "item_id", "an eval item id, e.g. py-trivia/007", _eval_item),
+        ("eval-item", "item_id", "an eval item id, e.g. py-trivia/007 (AUDIT_NOT_FOUND, exit 1, when no suite the "
+                                 "warehouse was decontaminated against holds it)", _eval_item),
         ("manifest", "digest", "a manifest digest: sha256:HEX, HEX, or its 12-digit key", _manifest),
     ):
         parser = actions.add_parser(name, help=f"audit {helptext}")
@@ -60,16 +61,6 @@ def _plain(value):
     return value
 
 
-def _table(rows: list[dict], columns: list[str]) -> list[str]:
-    if not rows:
-        return ["  (none)"]
-    # Escaped before measuring, so that the columns line up as printed.
-    cells = [[("" if r.get(c) is None else escape(str(r.get(c)))) for c in columns] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
-    line = lambda values: "  " + "  ".join(v.ljust(w) for v, w in zip(values, widths))  # noqa: E731
-    return [line(columns), line(["-" * w for w in widths]), *(line(row) for row in cells)]
-
-
 def _why(entry: dict) -> str:
     state = entry.get("state")
     if state == "kept":
@@ -99,13 +90,13 @@ def _doc(args: argparse.Namespace) -> VerbResult:
             f"  from: {entry['source_uri']} row {entry['row']} (id {entry['source_record_id']}, licence {entry['license']}, source sha256 {entry['source_sha256']})",
             f"  what happened: {_why(entry)}",
             f"  family {entry.get('family_id')}: documents linked to it by verified near-duplicate pairs:",
-            *_table(entry["family"], ["doc_id", "source_record_id", "state", "method", "duplicate_of"]),
+            *table(entry["family"], ["doc_id", "source_record_id", "state", "method", "duplicate_of"]),
             "  contamination hits:",
-            *_table(entry["contamination_hits"], ["eval_item_id", "benchmark", "view", "char_start", "char_end", "overlap_ratio", "matched_ngram"]),
+            *table(entry["contamination_hits"], ["eval_item_id", "benchmark", "view", "char_start", "char_end", "overlap_ratio", "matched_ngram"]),
             "  clean shards:",
-            *_table(entry["clean_pieces"], ["piece", "char_start", "char_end", "shard_sha256", "shard_path"]),
+            *table(entry["clean_pieces"], ["piece", "char_start", "char_end", "shard_sha256", "shard_path"]),
             "  consumed by runs:",
-            *_table(entry["consumed_by"], ["run_id", "stage", "consumed_at"]),
+            *table(entry["consumed_by"], ["run_id", "stage", "consumed_at"]),
         ]
     return VerbResult(data={"doc_id": args.doc_id, "manifests": found}, live_api_contacted=False, text=text)
 
@@ -117,14 +108,31 @@ def _eval_item(args: argparse.Namespace) -> VerbResult:
     with con:
         hits = _plain(lineage.audit_eval_item(con, args.item_id))
         paraphrases = _plain(lineage.paraphrase_candidates(con, args.item_id))
+        known = bool(hits or paraphrases) or lineage.eval_item_known(con, args.item_id)
+    if not (known or _in_configured_suite(args.item_id)):
+        raise ItoError(ErrorCode.AUDIT_NOT_FOUND, "no eval item with this id is in the eval suites the warehouse "
+                       "was decontaminated against, nor in the configured eval suite (ITO_EVAL_SUITE)")
     text = [
         f"eval item {args.item_id}: {len({h['doc_id'] for h in hits})} matching document(s), duplicates included",
-        *_table(hits, ["doc_id", "source_record_id", "source_uri", "row", "state", "view", "overlap_ratio", "action", "char_start", "char_end", "matched_ngram"]),
+        *table(hits, ["doc_id", "source_record_id", "source_uri", "row", "state", "view", "overlap_ratio", "action", "char_start", "char_end", "matched_ngram"]),
     ]
     if paraphrases:
-        text += ["possible paraphrases (by embedding similarity; for review, not removed):", *_table(paraphrases, ["doc_id", "source_record_id", "similarity", "char_start", "char_end", "excerpt"])]
+        text += ["possible paraphrases (by embedding similarity; for review, not removed):", *table(paraphrases, ["doc_id", "source_record_id", "similarity", "char_start", "char_end", "excerpt"])]
     data = {"eval_item_id": args.item_id, "num_documents": len({h["doc_id"] for h in hits}), "hits": hits, "paraphrase_candidates": paraphrases}
     return VerbResult(data=data, live_api_contacted=False, text=text)
+
+
+def _in_configured_suite(item_id: str) -> bool:
+    """A warehouse written before it listed each suite's items knows only the matched ones: the
+    configured suite (the one `make run` decontaminates against) still names the rest."""
+    from ito_assets.evals.suite import load_suite
+    from ito_assets.settings import load_settings
+
+    try:
+        suite = load_suite(load_settings().eval_suite_path)
+    except ItoError:
+        return False
+    return any(item.id == item_id for item in suite.items)
 
 
 def _manifest(args: argparse.Namespace) -> VerbResult:
@@ -140,10 +148,10 @@ def _manifest(args: argparse.Namespace) -> VerbResult:
     head = report["manifest"] or {}
     text = [
         f"manifest {matches[0]} ({head.get('name')}), eval suite {head.get('eval_suite_id')} {head.get('eval_suite_digest')}",
-        "sources:", *_table(report["sources"], ["source_index", "uri", "license", "num_documents", "sha256"]),
-        "what happened to the documents:", *_table(report["states"], ["state", "detail", "num_documents"]),
-        "contamination by benchmark:", *_table(report["contamination_by_benchmark"], ["benchmark", "num_documents", "num_eval_items"]),
-        "clean shards:", *_table(report["clean_shards"], ["shard_sha256", "num_rows", "shard_path"]),
-        "consumed by runs:", *_table(report["consumed_by"], ["run_id", "stage", "consumed_at"]),
+        "sources:", *table(report["sources"], ["source_index", "uri", "license", "num_documents", "sha256"]),
+        "what happened to the documents:", *table(report["states"], ["state", "detail", "num_documents"]),
+        "contamination by benchmark:", *table(report["contamination_by_benchmark"], ["benchmark", "num_documents", "num_eval_items"]),
+        "clean shards:", *table(report["clean_shards"], ["shard_sha256", "num_rows", "shard_path"]),
+        "consumed by runs:", *table(report["consumed_by"], ["run_id", "stage", "consumed_at"]),
     ]
     return VerbResult(data={"manifest_digest": matches[0], **report}, live_api_contacted=False, text=text)

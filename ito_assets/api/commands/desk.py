@@ -15,6 +15,11 @@ from ito_assets.api.commands.result import VerbResult
 from ito_assets.errors import ErrorCode, ItoError
 
 
+ACCOUNT_COLUMNS = ["account_id", "name", "created_at"]
+BOOKING_COLUMNS = ["booking_id", "account_id", "state", "gpu_type", "num_gpus", "num_nodes", "topology", "region",
+                   "network", "starts_at", "ends_at", "price_per_gpu_hour_cents", "revision"]
+
+
 def _time(value: str) -> int:
     """Epoch seconds, or ISO 8601 with an explicit zone (a bare local time is ambiguous)."""
     if value.isdigit():
@@ -57,7 +62,8 @@ def register(verbs: argparse._SubParsersAction) -> None:
                                                                                     parser_class=type(desk))
     _add(accounts, "create", "create an account", _post("/v1/desk/accounts", name="name"),
          (("--name",), {"required": True}))
-    _add(accounts, "list", "list accounts", _get("/v1/desk/accounts"))
+    _add(accounts, "list", "list accounts (a table; --json for the document)",
+         _listing("/v1/desk/accounts", "accounts", ACCOUNT_COLUMNS))
     _add(accounts, "budgets", "an account's budget per manifest: cap, spent, reserved, left", _budgets,
          (("account_id",), {"help": "account id (acc_...)"}),
          (("--manifest",), {"help": "only this manifest digest (sha256:...)"}))
@@ -80,7 +86,8 @@ def register(verbs: argparse._SubParsersAction) -> None:
                                    "help": "price per GPU-hour in US cents"}))
     _add(bookings, "create", "create a pending booking", _create_booking,
          (("--account",), {"required": True}), *terms)
-    _add(bookings, "list", "list bookings", _list_bookings, (("--account",), {}))
+    _add(bookings, "list", "list bookings (a table; --json for the document)", _list_bookings,
+         (("--account",), {"help": "only this account's bookings (acc_...)"}))
     for verb in ("complete", "revoke", "release"):
         _add(bookings, verb, f"{verb} a booking", _transition(verb), (("booking_id",), {}))
     amendable = tuple(t for t in terms if t[1].get("dest", t[0][0][2:]) not in ("gpu_type", "num_gpus", "num_nodes"))
@@ -105,10 +112,20 @@ def _post(path: str, **fields: str):
     return handler
 
 
-def _get(path: str):
+def listing_text(data: dict, key: str, columns: list[str]) -> list[str]:
+    """`accounts: 3` and an aligned table of them, times in ISO 8601 UTC."""
+    from ito_assets.api.commands.paging import shown_value
+    from ito_assets.api.terminal import table
+
+    rows = [{c: shown_value(c, item.get(c)) for c in columns} for item in data.get(key, [])]
+    return [f"{key}: {len(rows)}", *table(rows, columns)]
+
+
+def _listing(path: str, key: str, columns: list[str]):
     def handler(args: argparse.Namespace) -> VerbResult:
         client = _client(args)
-        return _done(client, client.get(path))
+        data = client.get(path)
+        return _done(client, data, listing_text(data, key, columns))
     return handler
 
 
@@ -152,7 +169,8 @@ def _list_bookings(args: argparse.Namespace) -> VerbResult:
 
     client = _client(args)
     suffix = f"?account_id={quote(args.account, safe='')}" if args.account else ""
-    return _done(client, client.get("/v1/desk/bookings" + suffix))
+    data = client.get("/v1/desk/bookings" + suffix)
+    return _done(client, data, listing_text(data, "bookings", BOOKING_COLUMNS))
 
 
 def _booking_path(booking_id: str, verb: str) -> str:

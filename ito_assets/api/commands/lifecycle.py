@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from ito_assets.api.commands import paging
 from ito_assets.api.commands.result import VerbResult
 from ito_assets.errors import ErrorCode, ItoError
 
@@ -31,7 +32,10 @@ def _json_flag(parser: argparse.ArgumentParser) -> None:
 
 def _page_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--after", type=int, default=0, help="only entries after this sequence number")
-    parser.add_argument("--limit", type=int, default=100, help="at most this many entries (<= 500)")
+    parser.add_argument("--limit", type=int, default=None,
+                        help="at most this many entries (1-500, default 100); with --all, per request (default 500)")
+    parser.add_argument("--all", action="store_true",
+                        help="every entry: follows the cursor page by page to the end, one document in all")
 
 
 def register(verbs: argparse._SubParsersAction) -> None:
@@ -43,7 +47,7 @@ def register(verbs: argparse._SubParsersAction) -> None:
     status.add_argument("--max-wait", type=float, default=3600.0, help="stop watching after this many seconds")
     _json_flag(status)
     status.set_defaults(handler=_status)
-    for name, help_text in (("logs", "the run's event log, redacted, paged"), ("metrics", _METRICS_HELP),
+    for name, help_text in (("logs", "the run's event log, redacted, paged; each line at its own time (ISO 8601 UTC)"), ("metrics", _METRICS_HELP),
                             ("checkpoints", "the run's checkpoint list (empty until checkpoints exist)")):
         parser = verbs.add_parser(name, help=help_text)
         parser.add_argument("run_id", help="run id (run_...)")
@@ -146,15 +150,25 @@ def _telemetry(name: str):
         from ito_assets.api.client_config import connect
 
         path = _run_path(args.run_id)
-        if args.after < 0 or not 0 < args.limit <= 500:
+        limit = args.limit if args.limit is not None else (paging.ALL_PAGE if args.all else 100)
+        if args.after < 0 or not 0 < limit <= 500:
             raise ItoError(ErrorCode.USAGE_ERROR, "--after must be >= 0 and --limit between 1 and 500")
         client = connect(timeout_s=args.timeout)
-        data = client.get(f"{path}/{name}?after={args.after}&limit={args.limit}")
-        text = [f"{name} of {data.get('run_id')} ({data.get('state')}): {data.get(f'num_{name}')} entries"]
-        for item in data.get(name, []):
-            text.append("  " + "  ".join(f"{k}={v}" for k, v in item.items()))
-        return VerbResult(data=data, live_api_contacted=client.contacted, text=text)
+        get = lambda after: client.get(f"{path}/{name}?after={after}&limit={limit}")  # noqa: E731
+        data = paging.follow(get, args.after, name) if args.all else get(args.after)
+        return VerbResult(data=data, live_api_contacted=client.contacted, text=_telemetry_text(name, data))
     return handler
+
+
+def _telemetry_text(name: str, data: dict) -> list[str]:
+    """A header with how many entries of how many, one line per entry (times in ISO 8601 UTC),
+    and, when more follow, how to read them."""
+    items = data.get(name, [])
+    total = data.get("num_total")
+    text = [f"{name} of {data.get('run_id')} ({data.get('state')}): {paging.count_phrase(len(items), total, 'entries')}"]
+    for item in items:
+        text.append("  " + "  ".join(f"{k}={paging.shown_value(k, v)}" for k, v in item.items()))
+    return text + paging.more_lines(len(items), total, data.get("next_after"))
 
 
 def _checked_mutation(args: argparse.Namespace) -> str:

@@ -30,10 +30,11 @@ def _verify(args: argparse.Namespace) -> VerbResult:
     data = {"digest": verified.digest, "size_bytes": verified.raw.size, "summary": summary}
     text = [f"{summary['kind']} manifest ok: {summary['name']}", f"digest: {verified.digest}", f"size: {verified.raw.size} bytes"]
     if verified.is_training:
-        text.append(f"model: {summary['model']['size']} ({summary['model']['num_parameters']} parameters, revision {summary['model']['revision']})")
+        model = summary["model"]
+        text.append(f"model: {model['size']} ({verify.parameters_phrase(model)}), revision {model['revision']}")
     text += [f"data references: {summary['num_data_references']}",
              *[f"  - {r['uri']} [{r['license']}, {r['format']}]" for r in summary["data_references"]]]
     if verified.is_training:
         budget = summary["budget"]
-        text.append(f"budget: cap {budget['cap_cents'] / 100:.2f} USD, max incremental {budget['max_incremental_cents'] / 100:.2f} USD")
+        text.append(f"budget: cap {budget['cap_cents'] / 100:,.2f} USD, max incremental {budget['max_incremental_cents'] / 100:,.2f} USD")
     return VerbResult(data=data, live_api_contacted=False, text=text)

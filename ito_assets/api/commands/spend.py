@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 from urllib.parse import urlencode
 
+from ito_assets.api.commands import paging
 from ito_assets.api.commands.result import VerbResult
 from ito_assets.errors import ErrorCode, ItoError
 
@@ -22,7 +23,10 @@ def register(verbs: argparse._SubParsersAction) -> None:
     runs.add_argument("--booking", help="only runs on this booking")
     runs.add_argument("--state", choices=[s.value for s in RunState], help="only runs in this state")
     runs.add_argument("--after", help="the last run id of the previous page")
-    runs.add_argument("--limit", type=int, default=100, help=f"at most this many runs (1-{MAX_LIMIT})")
+    runs.add_argument("--limit", type=int, default=None,
+                      help=f"at most this many runs (1-{MAX_LIMIT}, default 100); with --all, per request")
+    runs.add_argument("--all", action="store_true",
+                      help="every run: follows the cursor page by page to the end, one document in all")
     runs.add_argument("--json", action="store_true", help="print one JSON document")
     runs.set_defaults(handler=_runs)
     budget = verbs.add_parser("budget", help="each manifest's budget: cap, spent, reserved, left")
@@ -45,16 +49,18 @@ def budget_lines(budgets: list[dict]) -> list[str]:
 def _runs(args: argparse.Namespace) -> VerbResult:
     from ito_assets.api.client_config import connect
 
-    if not 1 <= args.limit <= MAX_LIMIT:
+    limit = args.limit if args.limit is not None else (MAX_LIMIT if args.all else 100)
+    if not 1 <= limit <= MAX_LIMIT:
         raise ItoError(ErrorCode.USAGE_ERROR, f"--limit must be between 1 and {MAX_LIMIT}")
     client = connect(timeout_s=args.timeout)
-    data = client.get("/v1/runs" + query(manifest_digest=args.manifest, booking_id=args.booking, state=args.state,
-                                         after=args.after, limit=args.limit))
-    text = [f"runs: {data.get('num_runs')}"]
+    filters = dict(manifest_digest=args.manifest, booking_id=args.booking, state=args.state, limit=limit)
+    get = lambda after: client.get("/v1/runs" + query(**filters, after=after))  # noqa: E731
+    data = paging.follow(get, args.after, "runs") if args.all else get(args.after)
+    listed, total = data.get("runs", []), data.get("num_total")
+    text = [paging.count_phrase(len(listed), total, "runs")]
     text += [f"  {r['run_id']}  {r['state']}  booking {r['booking_id']}  {r['cost_cents'] / 100:,.2f} USD  "
-             f"manifest {r['manifest_sha256']}" for r in data.get("runs", [])]
-    if data.get("next_after"):
-        text.append(f"more: --after {data['next_after']}")
+             f"manifest {r['manifest_sha256']}" for r in listed]
+    text += paging.more_lines(len(listed), total, data.get("next_after"))
     return VerbResult(data=data, live_api_contacted=client.contacted, text=text)
 
 

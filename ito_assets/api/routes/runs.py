@@ -44,11 +44,11 @@ def _list(api: Api, who: Identity, request: Request, _body: None) -> dict:
         state = RunState(query.state) if query.state is not None else None
     except ValueError:
         raise ItoError(ErrorCode.USAGE_ERROR, "parameter 'state' is not a run state") from None
-    listed = runs.list_for(api.ledger, who.tenant, manifest_digest=query.manifest_digest,
-                           booking_id=query.booking_id, state=state, after=query.after, limit=query.limit)
-    items = [run.to_dict() for run in listed]
-    return {"runs": items, "num_runs": len(items),
-            "next_after": items[-1]["run_id"] if len(items) == query.limit else None}
+    page = runs.page_for(api.ledger, who.tenant, manifest_digest=query.manifest_digest,
+                         booking_id=query.booking_id, state=state, after=query.after, limit=query.limit)
+    items = [run.to_dict() for run in page.runs]
+    return {"runs": items, "num_runs": len(items), "num_total": page.num_total,
+            "next_after": items[-1]["run_id"] if page.more else None}
 
 
 def _by_key(api: Api, who: Identity, request: Request, _body: None) -> dict:
@@ -75,8 +75,11 @@ def _telemetry(reader, name: str):
         run = runs.get(api.ledger, request.path_params["run_id"], account_id=who.tenant)
         after, limit = _page_args(request)
         items = telemetry.as_dicts(reader(api.ledger, run.run_id, after=after, limit=limit))
-        return {"run_id": run.run_id, "state": run.state.value, name: items,
-                f"num_{name}": len(items), "next_after": items[-1]["seq"] if items else after}
+        last = items[-1]["seq"] if items else after
+        count = telemetry.page_count(api.ledger, name, run.run_id, last)
+        # next_after is null on the last page, as on GET /v1/runs: a cursor means more is there.
+        return {"run_id": run.run_id, "state": run.state.value, name: items, f"num_{name}": len(items),
+                "num_total": count.num_total, "next_after": last if count.more else None}
     return handler
 
 

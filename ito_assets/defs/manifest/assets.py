@@ -13,6 +13,7 @@ from ito_assets.errors import ItoError
 from ito_assets.evals.suite import EvalSuite, load_suite
 from ito_assets.manifest import discovery
 from ito_assets.manifest.discovery import ManifestVerdict
+from ito_assets.manifest.verify import parameters_phrase
 
 GROUP = "manifest"
 
@@ -97,7 +98,7 @@ def _summary_markdown(summary: dict) -> str:
     budget = summary["budget"]
     return (
         f"**{summary['name']}**: model {summary['model']['size']} "
-        f"({summary['model']['num_parameters']:,} parameters), {summary['num_training_tokens']:,} tokens "
+        f"({parameters_phrase(summary['model'])}), {summary['num_training_tokens']:,} tokens "
         f"over {', '.join(summary['stages'])}; budget cap {budget['cap_cents'] / 100:,.2f} USD.\n\n"
         f"{table}\n\npost-training: {json.dumps(summary['post_training'])}"
     )

@@ -62,7 +62,9 @@ def copy_event_log(ledger: Ledger, instance: dg.DagsterInstance, dagster_run_id:
             continue
         level = "error" if event.is_failure else "info"
         step = f"{event.step_key}: " if event.step_key else ""
-        telemetry.append_log(ledger, run_id, level, f"{event.event_type.name} {step}{event.message or ''}".strip())
+        # The event's own time: the log is copied when the run ends, and that moment is no line's.
+        telemetry.append_log(ledger, run_id, level, f"{event.event_type.name} {step}{event.message or ''}".strip(),
+                             at=int(entry.timestamp))
         count += 1
     return count
 
