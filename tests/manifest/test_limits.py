@@ -422,7 +422,7 @@ def test_the_largest_allowed_integers_are_exact(root: Path):
     verified = verify_manifest(write_manifest(root / "m.json", document))
     summary = summarize(verified)
     assert summary["budget"] == {"cap_cents": 10**15, "max_incremental_cents": 10**15 - 1}
-    assert summary["model"]["num_parameters"] == 10_000_000_000_000
+    assert summary["model"]["manifest_num_parameters"] == 10_000_000_000_000
     assert isinstance(verified.manifest.budget.cap_cents, int)
 
 
@@ -549,7 +549,7 @@ def test_summary_and_digests_of_a_verified_manifest(root: Path):
     assert summarize(verified) == {
         "name": "unit-test",
         "kind": "training",
-        "model": {"size": "tiny", "num_parameters": 1000000, "revision": "r1"},
+        "model": {"size": "tiny", "num_parameters": 1115264, "manifest_num_parameters": 1000000, "revision": "r1"},
         "num_data_references": 1,
         "data_references": [{"uri": "dataroot://fixtures/corpora/example.jsonl", "license": "CC0-1.0",
                              "format": "jsonl", "has_provenance": True}],
