@@ -20,11 +20,12 @@ from ito_assets.digests import file_sha256
 # Markers written before the algorithm was recorded hashed every file with sha256.
 LEGACY = "sha256"
 # xxh3_128, by benchmarks/checkpoint_digest.py on 2026-12-02 (2-core AMD EPYC VM, torch 2.13 CPU,
-# another engineer's tests sharing it): 11.8 GB/s per core from cached files against sha256's
-# 1.40 and blake2b's 0.67 (blake3 3.98); a 1 GB dcp.save hashing as it writes took +2 % (median,
-# to disk with fsync) and +6 % (best, to /dev/shm) against +61 % and +99 % with sha256. It guards
-# against corruption, not against someone who can rewrite the marker too; `.metadata` and the
-# marker's own list (`manifest_sha256`) keep sha256.
+# shared with another engineer's tests, so noisy): 12.3 GB/s per core hashing cached files against
+# sha256's 1.47, blake2b's 0.79 and blake3's 3.06. Hashing while writing a 1 GB dcp.save to disk
+# with fsync cost nothing measurable (-2 % best, -14 % median) where sha256 cost +88 % / +53 %; on
+# /dev/shm, where only CPU counts, +36 % / +16 % (+6 % / +17 % in an earlier run) against sha256's
+# +88 % / +85 %. It guards against corruption, not against someone who can rewrite the marker
+# too; `.metadata` and the marker's own list (`manifest_sha256`) keep sha256.
 FILE_DIGEST = "xxh3_128"
 
 _CHUNK = 8 << 20  # large reads: hashlib and xxhash drop the GIL for the whole buffer
