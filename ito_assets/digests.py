@@ -1,7 +1,8 @@
 """Digests as every layer passes them: the sha256 of a file on disk, and the `Digest` value.
 
-`file_sha256` is the one way shards, sources, checkpoint markers and post-training checkpoints are
-hashed, so their digests agree byte for byte. `hashlib.file_digest` reads the file in buffered
+`file_sha256` is the one way shards, sources, checkpoint markers' `.metadata` and post-training
+checkpoints are hashed, so their digests agree byte for byte (a training checkpoint's shard files
+get a faster digest, named in their marker: `runtime/checkpoint/file_digest.py`). `hashlib.file_digest` reads the file in buffered
 blocks (or hands the descriptor to OpenSSL), so memory stays flat whatever the file's size.
 
 `Digest` is a manifest's or an eval suite's digest, `sha256:` + 64 lower-case hex digits, checked

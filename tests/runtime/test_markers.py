@@ -12,6 +12,7 @@ import pytest
 
 from ito_assets import digests
 from ito_assets.runtime.checkpoint import markers
+from ito_assets.runtime.checkpoint.file_digest import FILE_DIGEST, new_hasher
 from ito_assets.runtime.checkpoint.markers import MARKER_NAME, METADATA_NAME, Marker
 
 STEP = 16
@@ -20,6 +21,13 @@ SHARDS = {"__0_0.distcp": b"rank zero shard bytes" * 7, "__1_0.distcp": b"rank o
 
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def _digest(data: bytes) -> str:
+    """A payload file's digest under the algorithm new markers use."""
+    hasher = new_hasher(FILE_DIGEST)
+    hasher.update(data)
+    return hasher.hexdigest()
 
 
 def _save(stage_dir: Path, step: int = STEP, *, metadata: bytes = b"dcp metadata", shards=None) -> Path:
@@ -38,6 +46,10 @@ def _body(folder: Path) -> dict:
 
 
 def _rewrite_marker(folder: Path, **changes) -> None:
+    """Changed files come with their manifest digest recomputed, so that the check under test is
+    the one that refuses them."""
+    if "files" in changes and "manifest_sha256" not in changes:
+        changes["manifest_sha256"] = markers.manifest_sha256(changes["files"])
     (folder / MARKER_NAME).write_text(json.dumps({**_body(folder), **changes}))
 
 
@@ -47,13 +59,13 @@ def no_hashing(monkeypatch):
     must come before any digest is computed)."""
     def arm(*names: str) -> None:
         """`names`: only these files may not be hashed (those a size check already refuses)."""
-        real = markers.file_sha256
+        real = markers.file_digest
 
-        def refuse(path):
+        def refuse(path, algorithm):
             if names and path.name not in names:
-                return real(path)
+                return real(path, algorithm)
             raise AssertionError(f"hashed {path.name} although it was already refused")
-        monkeypatch.setattr(markers, "file_sha256", refuse)
+        monkeypatch.setattr(markers, "file_digest", refuse)
     return arm
 
 
@@ -109,11 +121,14 @@ def test_markers_hash_files_with_the_one_file_digest(tmp_path):
 def test_write_marker_lists_every_payload_file_sorted_with_size_and_digest(tmp_path):
     folder = _save(tmp_path)
     body = _body(folder)
-    expected = sorted([(METADATA_NAME, len(b"dcp metadata"), _sha(b"dcp metadata"))]
-                      + [(name, len(data), _sha(data)) for name, data in SHARDS.items()])
-    assert body == {"step": STEP, "metadata_sha256": _sha(b"dcp metadata"), "files": [list(f) for f in expected]}
+    expected = sorted([(METADATA_NAME, len(b"dcp metadata"), _digest(b"dcp metadata"))]
+                      + [(name, len(data), _digest(data)) for name, data in SHARDS.items()])
+    manifest = hashlib.sha256(json.dumps([list(f) for f in expected], separators=(",", ":")).encode()).hexdigest()
+    assert body == {"step": STEP, "metadata_sha256": _sha(b"dcp metadata"), "files": [list(f) for f in expected],
+                    "file_digest": FILE_DIGEST, "manifest_sha256": manifest}
     marker = markers.read_marker(folder)
-    assert marker == Marker(step=STEP, metadata_sha256=_sha(b"dcp metadata"), files=tuple(expected))
+    assert marker == Marker(step=STEP, metadata_sha256=_sha(b"dcp metadata"), files=tuple(expected),
+                            algorithm=FILE_DIGEST, manifest_sha256=manifest)
     assert marker.num_bytes == len(b"dcp metadata") + sum(len(d) for d in SHARDS.values())
     assert markers.validate(folder) is None
 
@@ -122,7 +137,7 @@ def test_the_marker_is_written_with_sorted_keys(tmp_path):
     # Canonical bytes: the same save always gives the same marker file.
     folder = _save(tmp_path)
     text = (folder / MARKER_NAME).read_text()
-    assert list(json.loads(text)) == ["files", "metadata_sha256", "step"]
+    assert list(json.loads(text)) == ["file_digest", "files", "manifest_sha256", "metadata_sha256", "step"]
     assert text == json.dumps(_body(folder), sort_keys=True)
 
 
@@ -162,7 +177,7 @@ def test_the_metadata_digest_is_the_metadata_files_and_not_another(tmp_path):
 
 def test_an_empty_payload_file_is_listed_with_size_zero(tmp_path):
     folder = _save(tmp_path, shards={"__0_0.distcp": b""})
-    assert ("__0_0.distcp", 0, _sha(b"")) in markers.read_marker(folder).files
+    assert ("__0_0.distcp", 0, _digest(b"")) in markers.read_marker(folder).files
     assert markers.validate(folder) is None
 
 
@@ -341,8 +356,8 @@ def test_the_first_mismatching_file_in_the_markers_order_is_named(tmp_path):
 def test_validate_hashes_every_listed_file_of_a_whole_checkpoint(tmp_path, monkeypatch):
     folder = _save(tmp_path)
     hashed = []
-    real = markers.file_sha256
-    monkeypatch.setattr(markers, "file_sha256", lambda path: hashed.append(path.name) or real(path))
+    real = markers.file_digest
+    monkeypatch.setattr(markers, "file_digest", lambda path, algorithm: hashed.append(path.name) or real(path, algorithm))
     assert markers.validate(folder) is None
     assert sorted(hashed) == sorted([METADATA_NAME, *SHARDS])
 

@@ -2,24 +2,39 @@
 
 A DCP checkpoint is a folder of `.distcp` shards plus a `.metadata` file that rank 0 writes last.
 After the asynchronous save has finished, rank 0 writes `COMPLETE.json` atomically: the step, the
-sha256 of `.metadata`, and the size and sha256 of every file. A folder is trusted only when that
-marker exists and every digest still matches (the datatrove habit of completion markers, with the
-digests added because a marker alone does not catch a flipped byte).
+sha256 of `.metadata`, the size and digest of every file, the name of the digest's algorithm
+(`file_digest`; a marker without one is sha256, as every marker was before it was named), and the
+sha256 of that file list (`manifest_sha256`). The shards' digests are the ones each rank computed
+while writing them (`digest_writer`); only `.metadata`, and any file no writer reported, is read
+back. A folder is trusted only when that marker exists and every digest still matches (the
+datatrove habit of completion markers, with the digests added because a marker alone does not
+catch a flipped byte).
+
+Verification hashes the files on a pool of threads (`first_mismatch`); `resume` splits them
+among the ranks (`shares`) and agrees on the first bad one, so every rank gives the same answer.
 """
 
 from __future__ import annotations
 
+import hashlib
+import heapq
 import json
+import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable, Sequence
 
 from ito_assets.digests import file_sha256
+from ito_assets.runtime.checkpoint.file_digest import ALGORITHMS, FILE_DIGEST, LEGACY, FileDigest, file_digest
 from ito_assets.runtime.record.storage import write_atomic
 
 MARKER_NAME = "COMPLETE.json"
 METADATA_NAME = ".metadata"
 _DIR_PATTERN = re.compile(r"step-([0-9]{9})")  # ASCII digits, the whole name (fullmatch)
+# Threads that hash one rank's files: bounded, as eight ranks of a node share its cores and its reads.
+VERIFY_THREADS = min(8, os.cpu_count() or 1)
 
 
 def checkpoint_dir(stage_dir: Path, step: int) -> Path:
@@ -41,45 +56,76 @@ def _payload_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_file() and p.name != MARKER_NAME and not _is_temporary(p.name))
 
 
+def manifest_sha256(files: Iterable[tuple[str, int, str]]) -> str:
+    """The sha256 of the file list as canonical JSON: one value that names the whole payload."""
+    text = json.dumps([list(f) for f in files], separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 @dataclass(frozen=True, kw_only=True)
 class Marker:
     step: int
     metadata_sha256: str
-    files: tuple[tuple[str, int, str], ...]  # (name, size, sha256)
+    files: tuple[tuple[str, int, str], ...]  # (name, size, digest under `algorithm`)
     trained_with: dict | None = None  # the layout and positions that trained it (`StageWorker.trained_with`)
     spike_history: dict | None = None  # the spike detector's values at this step (`SpikeDetector.state`)
+    algorithm: str = LEGACY  # of the files' digests
+    manifest_sha256: str | None = None  # None in a marker written before it was recorded
 
     @property
     def num_bytes(self) -> int:
         return sum(size for _, size, _ in self.files)
 
 
-def write_marker(folder: Path, step: int, *, trained_with: dict | None = None,
+def _entry(path: Path, streamed: FileDigest | None) -> tuple[str, int, str]:
+    size = path.stat().st_size
+    if streamed is None:
+        return path.name, size, file_digest(path, FILE_DIGEST)
+    if streamed.size != size:
+        raise RuntimeError(f"{path.name} holds {size} bytes but its writer wrote {streamed.size}")
+    return path.name, size, streamed.digest
+
+
+def write_marker(folder: Path, step: int, *, streamed: Sequence[FileDigest] = (), trained_with: dict | None = None,
                  spike_history: dict | None = None) -> Marker:
-    """Hash every file of a finished save and write the marker last (atomic rename), with what
-    trained the weights (a resume under another layout reshards them: DCP)."""
-    files = tuple((p.name, p.stat().st_size, file_sha256(p)) for p in _payload_files(folder))
-    metadata = next((digest for name, _, digest in files if name == METADATA_NAME), None)
-    if metadata is None:
+    """Write the marker last (atomic rename), with the digests the writers `streamed` and the
+    other payload files hashed here, and what trained the weights (a resume under another layout
+    reshards them: DCP)."""
+    if not (folder / METADATA_NAME).is_file():
         raise RuntimeError("a finished DCP save has a .metadata file; this folder has none")
-    marker = Marker(step=step, metadata_sha256=metadata, files=files, trained_with=trained_with,
-                    spike_history=spike_history)
-    body = {"step": step, "metadata_sha256": metadata, "files": [list(f) for f in files]}
-    for key, value in (("trained_with", trained_with), ("spike_history", spike_history)):
+    by_name = {d.name: d for d in streamed}
+    paths = _payload_files(folder)
+    missing = sorted(set(by_name) - {p.name for p in paths})
+    if missing:
+        raise RuntimeError(f"written but not in the folder: {', '.join(missing)}")
+    files = tuple(_entry(p, by_name.get(p.name)) for p in paths)
+    marker = Marker(step=step, metadata_sha256=file_sha256(folder / METADATA_NAME), files=files,
+                    trained_with=trained_with, spike_history=spike_history, algorithm=FILE_DIGEST,
+                    manifest_sha256=manifest_sha256(files))
+    write_atomic(folder / MARKER_NAME, json.dumps(_body(marker), sort_keys=True).encode())
+    return marker
+
+
+def _body(marker: Marker) -> dict:
+    body = {"step": marker.step, "metadata_sha256": marker.metadata_sha256, "files": [list(f) for f in marker.files],
+            "file_digest": marker.algorithm, "manifest_sha256": marker.manifest_sha256}
+    for key, value in (("trained_with", marker.trained_with), ("spike_history", marker.spike_history)):
         if value is not None:
             body[key] = value
-    write_atomic(folder / MARKER_NAME, json.dumps(body, sort_keys=True).encode())
-    return marker
+    return body
 
 
 def read_marker(folder: Path) -> Marker | None:
     try:
         body = json.loads((folder / MARKER_NAME).read_text())
+        manifest = body.get("manifest_sha256")
         return Marker(step=int(body["step"]), metadata_sha256=str(body["metadata_sha256"]),
                       files=tuple((str(n), int(s), str(d)) for n, s, d in body["files"]),
                       trained_with=_dict_or_none(body.get("trained_with")),
-                      spike_history=_dict_or_none(body.get("spike_history")))
-    except (OSError, ValueError, KeyError, TypeError):
+                      spike_history=_dict_or_none(body.get("spike_history")),
+                      algorithm=str(body.get("file_digest", LEGACY)),
+                      manifest_sha256=None if manifest is None else str(manifest))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
@@ -87,21 +133,64 @@ def _dict_or_none(value: object) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
-def validate(folder: Path) -> str | None:
-    """None when the checkpoint is whole; otherwise why it must be skipped."""
+def precheck(folder: Path) -> tuple[Marker | None, str | None]:
+    """Everything but the digests: (the marker, None) when the files may be hashed, else (None, why not)."""
     marker = read_marker(folder)
     if marker is None:
-        return "no completion marker (partial save)"
+        return None, "no completion marker (partial save)"
     if marker.step != step_of(folder):
-        return "the marker names another step"
-    present = {p.name for p in _payload_files(folder)}
-    if present != {name for name, _, _ in marker.files}:
-        return "files differ from the marker's list"
-    for name, size, digest in marker.files:
-        path = folder / name
-        if path.stat().st_size != size or file_sha256(path) != digest:
-            return f"digest mismatch in {name}"
-    return None
+        return None, "the marker names another step"
+    if marker.algorithm not in ALGORITHMS:
+        return None, f"the marker's file digest {marker.algorithm!r} is not known here"
+    if marker.manifest_sha256 is not None and marker.manifest_sha256 != manifest_sha256(marker.files):
+        return None, "the marker's file list does not match its manifest digest"
+    if {p.name for p in _payload_files(folder)} != {name for name, _, _ in marker.files}:
+        return None, "files differ from the marker's list"
+    return marker, None
+
+
+def _matches(folder: Path, marker: Marker, index: int) -> bool:
+    name, size, digest = marker.files[index]
+    path = folder / name
+    try:
+        return path.stat().st_size == size and file_digest(path, marker.algorithm) == digest
+    except OSError:  # gone or unreadable since the listing: not whole either
+        return False
+
+
+def first_mismatch(folder: Path, marker: Marker, indices: Sequence[int], *, threads: int = VERIFY_THREADS) -> int | None:
+    """The lowest index among `indices` whose file does not match the marker, or None; the
+    files are hashed on up to `threads` threads (hashlib and xxhash drop the GIL while hashing)."""
+    if not indices:
+        return None
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(indices)))) as pool:
+        matches = list(pool.map(lambda i: _matches(folder, marker, i), indices))
+    return min((i for i, ok in zip(indices, matches) if not ok), default=None)
+
+
+def mismatch_reason(marker: Marker, index: int) -> str:
+    return f"digest mismatch in {marker.files[index][0]}"
+
+
+def shares(marker: Marker, count: int) -> list[list[int]]:
+    """The marker's file indices split among `count` verifiers, balanced by bytes (largest file
+    first, to the least loaded verifier, ties to the lowest): the same split on every rank."""
+    loads = [(0, verifier) for verifier in range(count)]  # a heap: (bytes so far, verifier)
+    split: list[list[int]] = [[] for _ in range(count)]
+    for index in sorted(range(len(marker.files)), key=lambda i: (-marker.files[i][1], i)):
+        load, verifier = heapq.heappop(loads)
+        split[verifier].append(index)
+        heapq.heappush(loads, (load + marker.files[index][1], verifier))
+    return [sorted(indices) for indices in split]
+
+
+def validate(folder: Path, *, threads: int = VERIFY_THREADS) -> str | None:
+    """None when the checkpoint is whole; otherwise why it must be skipped (one process, every file)."""
+    marker, reason = precheck(folder)
+    if marker is None:
+        return reason
+    index = first_mismatch(folder, marker, range(len(marker.files)), threads=threads)
+    return None if index is None else mismatch_reason(marker, index)
 
 
 def candidates(stage_dir: Path) -> list[Path]:

@@ -1,9 +1,11 @@
 """Resume from the newest whole checkpoint of a stage, skipping partial and corrupt ones.
 
 Candidates are tried newest first. A folder is skipped when its marker is missing, a digest does
-not match (`markers.validate`), or DCP fails to load it; the ranks agree on every decision
-(rank 0 validates and broadcasts, a load counts only if it succeeded on every rank), so that two
-ranks never resume from different steps.
+not match, or DCP fails to load it; the ranks agree on every decision, so that two ranks never
+resume from different steps. Rank 0 reads the marker and checks the listing, and broadcasts both;
+then every rank hashes its own share of the files (`markers.shares`, balanced by bytes) on a few
+threads, and an all_reduce(MIN) of the first bad file's index gives every rank the same verdict,
+naming the same file. A checkpoint's check then takes one share's time, not the whole folder's.
 """
 
 from __future__ import annotations
@@ -62,9 +64,23 @@ def load_latest(stage_dir: Path, state: dict[str, Any], *, rank: int,
 
 
 def load_checkpoint(path: Path, state: dict[str, Any], *, rank: int, group: dist.ProcessGroup | None) -> str | None:
-    """Validate (rank 0, agreed by all) and load one checkpoint; None on success, else why not."""
-    reason = _agree(markers.validate(path) if rank == 0 else None, group)
+    """Verify (every rank its share, agreed by all) and load one checkpoint; None on success, else why not."""
+    reason = verify(path, rank=rank, group=group)
     return reason if reason is not None else _try_load(path, state, group)
+
+
+def verify(path: Path, *, rank: int, group: dist.ProcessGroup | None) -> str | None:
+    """None when the checkpoint is whole, else why not: the same answer on every rank."""
+    if not dist.is_initialized():
+        return markers.validate(path)
+    marker, reason = _agree(markers.precheck(path) if rank == 0 else None, group)
+    if marker is None:
+        return reason
+    share = markers.shares(marker, dist.get_world_size(group))[dist.get_rank(group)]
+    first = markers.first_mismatch(path, marker, share)
+    flag = torch.tensor([len(marker.files) if first is None else first], dtype=torch.int64)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+    return None if int(flag) == len(marker.files) else markers.mismatch_reason(marker, int(flag))
 
 
 def _try_load(path: Path, state: dict[str, Any], group: dist.ProcessGroup | None) -> str | None:

@@ -10,8 +10,10 @@ that wait plus any wait for the previous save.
 
 The save runs on its own gloo process group: the background thread's collectives must never
 interleave with the training step's collectives on the default group (the advice of the DCP async
-tutorial and torchtitan's `async_mode="async"`). When rank 0's save completes, the done callback
-(still off the training thread) hashes the files and writes the completion marker; the training
+tutorial and torchtitan's `async_mode="async"`). Every rank hashes the shard files it writes while
+writing them (`DigestingWriter`), and DCP's gather of write results brings the digests to rank 0;
+when rank 0's save completes, the done callback (still off the training thread) hashes only the
+small `.metadata` and writes the completion marker; the training
 thread then appends the registry record and prunes to `keep_last` in `poll`, never touching a
 folder being written.
 
@@ -40,6 +42,7 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 from ito_assets.errors import ErrorCode, disk_full
 from ito_assets.runtime.checkpoint import markers
 from ito_assets.runtime.checkpoint import registry
+from ito_assets.runtime.checkpoint.digest_writer import DigestingWriter
 from ito_assets.runtime.checkpoint.holds import held_steps
 from ito_assets.runtime.checkpoint.markers import Marker
 from ito_assets.runtime.checkpoint.registry import CheckpointRecord
@@ -69,6 +72,7 @@ class _InFlight:
     staged: Future
     done: threading.Event
     stager: DefaultStager | None  # this save's own stager, closed once it finished (GPU)
+    writer: DigestingWriter  # rank 0's holds every rank's file digests once the save finished
     marker: Marker | None = None
     spike_history: dict | None = None  # into the marker, as of this step
     finished: float | None = None  # time.monotonic() once the marker is written
@@ -137,12 +141,13 @@ class Checkpointer:
             shutil.rmtree(folder)  # a partial save of this step from a killed attempt
         _barrier(self.process_group)
         own = _stager() if self._stager is None else None
-        response = dcp.async_save(state, checkpoint_id=str(folder), process_group=self.process_group,
-                                  async_stager=own or self._stager)
+        writer = DigestingWriter(folder)
+        response = dcp.async_save(state, checkpoint_id=str(folder), storage_writer=writer,
+                                  process_group=self.process_group, async_stager=own or self._stager)
         assert isinstance(response, AsyncSaveResponse), "an asynchronous stager yields an AsyncSaveResponse"
         flight = _InFlight(step=step, folder=folder, started=started, blocking_seconds=time.monotonic() - started,
                            staged=response.staging_completion, done=threading.Event(), stager=own,
-                           spike_history=spike_history)
+                           writer=writer, spike_history=spike_history)
         self._in_flight = flight
         response.upload_completion.add_done_callback(lambda f: self._on_done(flight, f))
         return flight.blocking_seconds
@@ -159,11 +164,12 @@ class Checkpointer:
         return waited
 
     def _on_done(self, flight: _InFlight, future: Future) -> None:
-        """Runs on the thread that finished the save: hash the files and write the marker (rank 0)."""
+        """Runs on the thread that finished the save: write the marker with the streamed digests (rank 0)."""
         try:
             future.result()
             if self.rank == 0:
-                flight.marker = markers.write_marker(flight.folder, flight.step, trained_with=self.config.trained_with,
+                flight.marker = markers.write_marker(flight.folder, flight.step, streamed=flight.writer.file_digests,
+                                                     trained_with=self.config.trained_with,
                                                      spike_history=flight.spike_history)
         except BaseException as error:  # surfaced on the training thread by poll()/wait()
             flight.error = error
