@@ -92,34 +92,47 @@ def seed_count_rows(trials: int, seed: int) -> list[dict]:
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trials", type=int, default=10_000)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+def fixed_seed_rows(trials: int, seed: int) -> list[dict]:
     rules = {"unpaired_2se": unpaired_two_se, "paired_t_95": lambda c, b: paired_test(c, b, 0.95).verdict}
-    started, rows = time.perf_counter(), []
+    rows = []
     for scenario, seed_sd in SCENARIOS.items():
         for num_seeds in SEED_COUNTS:
             for effect in EFFECTS:
                 row = {"scenario": scenario, "num_seeds": num_seeds, "effect_arm_sd": effect}
                 for name, rule in rules.items():
-                    rng = np.random.default_rng([args.seed, int(seed_sd), num_seeds, int(effect * 10)])
-                    row[name] = simulate(rule, seed_sd, num_seeds, effect, args.trials, rng)
+                    rng = np.random.default_rng([seed, int(seed_sd), num_seeds, int(effect * 10)])
+                    row[name] = simulate(rule, seed_sd, num_seeds, effect, trials, rng)
                 rows.append(row)
-    print(f"{args.trials} trials per cell; arm sd {ARM_SD}; seed sd shared by both arms: {SCENARIOS}")
+    return rows
+
+
+def print_fixed(rows: list[dict], trials: int) -> None:
+    print(f"{trials} trials per cell; arm sd {ARM_SD}; seed sd shared by both arms: {SCENARIOS}")
     print("scenario     seeds  effect | unpaired 2-SE: GO   NO_GO | paired t 95%: GO   NO_GO")
     for row in rows:
         old, new = row["unpaired_2se"], row["paired_t_95"]
         print(f"{row['scenario']:<12} {row['num_seeds']:>5}  {row['effect_arm_sd']:>6.1f} | {old['go']:>17.3f} {old['no_go']:>7.3f} |"
               f" {new['go']:>16.3f} {new['no_go']:>7.3f}")
-    counted = seed_count_rows(args.trials, args.seed)
+
+
+def print_seed_counts(rows: list[dict]) -> None:
     print(f"seeds chosen by the data: pilot {PILOT}, at most {MAX_SEEDS}; target in sds of the per-seed difference")
     print("target | Stein: false  power  seeds | until small enough: false  power  seeds")
-    for row in counted:
-        a, b = row["stein"], row["until_small_enough"]
-        print(f"{row['target_sd']:>6.1f} | {a['null']:>12.3f} {a['at_target']:>6.3f} {a['at_target_mean_seeds']:>6.2f} |"
-              f" {b['null']:>25.3f} {b['at_target']:>6.3f} {b['at_target_mean_seeds']:>6.2f}")
+    for row in rows:
+        cells = [row[name] for name in ("stein", "until_small_enough")]
+        print(f"{row['target_sd']:>6.1f} | " + " | ".join(
+            f"{c['null']:>12.3f} {c['at_target']:>6.3f} {c['at_target_mean_seeds']:>6.2f}" for c in cells))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=10_000)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    started = time.perf_counter()
+    rows, counted = fixed_seed_rows(args.trials, args.seed), seed_count_rows(args.trials, args.seed)
+    print_fixed(rows, args.trials)
+    print_seed_counts(counted)
     null = [r for r in rows if r["effect_arm_sd"] == 0.0]
     verdict = {
         "stein_false_decision_rate_max": max(r["stein"]["null"] for r in counted),
