@@ -436,13 +436,14 @@ def test_the_windows_do_not_overlap_and_are_capped_by_num_windows():
     assert stage_eval.heldout_loss(_TargetMean(), tokens[:12], sequence_length=4, num_windows=3) == 4.5
 
 
-def test_batches_are_weighted_by_their_windows_and_each_one_beats():
+def test_windows_are_scored_one_by_one_and_every_batch_of_them_beats():
     tokens = np.arange(13, dtype=np.uint16)
     model, beats = _TargetMean(), []
     model.eval()
-    loss = stage_eval.heldout_loss(model, tokens, sequence_length=4, num_windows=3, batch_size=2,
-                                   on_batch=lambda: beats.append(1))
-    assert loss == 6.5 and model.batches == [(2, 4), (1, 4)] and len(beats) == 2
+    units = stage_eval.heldout_units(model, tokens, sequence_length=4, num_windows=3, batch_size=2,
+                                     on_batch=lambda: beats.append(1))
+    assert units.pooled == 6.5 and units.loss == (10.0, 26.0, 42.0) and units.tokens == (4, 4, 4)
+    assert model.batches == [(1, 4)] * 3 and len(beats) == 2  # after windows 2 and 3
     assert not model.training  # the mode it came in with
 
 

@@ -40,9 +40,13 @@ def test_prepare_writes_the_config_and_names_the_supervisor(tmp_path) -> None:
     assert stage_run.prepare(config, SupervisorConfig(nnodes=1, nproc_per_node=2)).command[0] == sys.executable
 
 
+def _units(loss: float) -> dict:
+    return {"heldout_loss": {"loss": [loss * 4] * 3, "tokens": [4] * 3}}  # three windows that agree
+
+
 def _report(ready: stage_run.PreparedStage, loss: float) -> None:
     result = {"eval": {"heldout_loss": loss}, "initial_eval": {"heldout_loss": 6.0}, "final_checkpoint": "ck",
-              "num_steps": 3, "metadata_sha256": "a" * 64}
+              "num_steps": 3, "metadata_sha256": "a" * 64, "eval_units": _units(loss), "initial_eval_units": _units(6.0)}
     (ready.stage_dir / REPORT_NAME).write_text(json.dumps({"result": result, "num_attempts": 2}))
 
 

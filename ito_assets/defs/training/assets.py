@@ -169,6 +169,7 @@ def _run_stage(context, res: _StageResources, inputs: dict, previous, name: str)
             ready, ledger=opened, run_id=run_id, run_dir=layout.run_dir,
             policy=res.runtime.gate_policy(manifest.training_target.eval_gate),
             previous_eval=previous.eval if previous else None,
+            previous_units=previous.eval_units if previous else None,
             previous_stage=stages.previous_stage(manifest.training_target, name),
             priced=_host_request(config, stage, plan.run_plan.hardware, nnodes, nproc, has_cuda))
     yield dg.Output(outcome, metadata={**outcome_metadata(outcome), "nnodes": nnodes, "nproc_per_node": nproc,

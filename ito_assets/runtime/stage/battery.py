@@ -8,6 +8,10 @@ like with like:
                    prompt, `ito_assets.training.evaluation`); the suite the data was
                    decontaminated against
 
+Each metric is pooled over units (a window, an item): the battery keeps every unit's loss sum and
+token count (`Units`), so that a gate can bootstrap the eval's own sampling noise over the same
+units of two models (`runtime.stage.noise`).
+
 Both are continuous and lower is better: at the tiny scale accuracy sits at chance, while answer
 log-likelihood moves with training (DataDecide, Magnusson et al. 2025, found the continuous
 likelihood metrics the most predictive at small scale). Pooled, not a mean of per-item means: on
@@ -26,6 +30,7 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from ito_assets.evals.suite import EvalItem
+from ito_assets.runtime.stage.noise import Units
 from ito_assets.training.evaluation import PROMPT, continuation_logprobs
 
 
@@ -40,19 +45,32 @@ class Battery:
 
 def run_battery(model: nn.Module, battery: Battery, on_batch: Callable[[], None] | None = None) -> dict[str, float]:
     """Every metric of the battery, by name; `on_batch` is the worker's heartbeat."""
-    found = {"heldout_loss": heldout_loss(model, battery.heldout, sequence_length=battery.sequence_length,
-                                          num_windows=battery.num_windows, on_batch=on_batch)}
+    return {name: units.pooled for name, units in battery_units(model, battery, on_batch).items()}
+
+
+def battery_units(model: nn.Module, battery: Battery, on_batch: Callable[[], None] | None = None) -> dict[str, Units]:
+    """Every metric of the battery as its units, by name."""
+    found = {"heldout_loss": heldout_units(model, battery.heldout, sequence_length=battery.sequence_length,
+                                           num_windows=battery.num_windows, on_batch=on_batch)}
     if battery.tokenizer is not None and battery.items:
-        found["answer_loss"] = answer_loss(model, battery.tokenizer, battery.items)
+        found["answer_loss"] = answer_units(model, battery.tokenizer, battery.items)
         if on_batch is not None:
             on_batch()
     return found
 
 
-@torch.no_grad()
 def heldout_loss(model: nn.Module, tokens: np.ndarray, *, sequence_length: int, num_windows: int,
                  batch_size: int = 16, on_batch: Callable[[], None] | None = None) -> float:
-    """`on_batch` is called after every batch (the worker's heartbeat: an eval is not a hang)."""
+    return heldout_units(model, tokens, sequence_length=sequence_length, num_windows=num_windows,
+                         batch_size=batch_size, on_batch=on_batch).pooled
+
+
+@torch.no_grad()
+def heldout_units(model: nn.Module, tokens: np.ndarray, *, sequence_length: int, num_windows: int,
+                  batch_size: int = 16, on_batch: Callable[[], None] | None = None) -> Units:
+    """One unit per window, each scored alone (its own loss sum is what the bootstrap resamples);
+    `on_batch` is called after every `batch_size` windows and after the last (the worker's
+    heartbeat: an eval is not a hang)."""
     t = sequence_length
     available = (len(tokens) - 1) // t
     if available < 1:
@@ -61,22 +79,23 @@ def heldout_loss(model: nn.Module, tokens: np.ndarray, *, sequence_length: int, 
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
-    total, num_tokens = 0.0, 0
-    for first in range(0, count, batch_size):
-        rows = [np.asarray(tokens[i * t : i * t + t + 1], dtype=np.int64) for i in range(first, min(count, first + batch_size))]
-        batch = torch.from_numpy(np.stack(rows)).to(device)  # (B, T+1)
-        loss = model.loss(batch[:, :-1], batch[:, 1:])  # mean over B x T
-        total += float(loss) * batch.shape[0] * t
-        num_tokens += batch.shape[0] * t
-        if on_batch is not None:
+    losses = []
+    for i in range(count):
+        row = torch.from_numpy(np.asarray(tokens[i * t : i * t + t + 1], dtype=np.int64)).to(device)[None]  # (1, T+1)
+        losses.append(float(model.loss(row[:, :-1], row[:, 1:])) * t)  # the window's mean, back to its sum
+        if on_batch is not None and ((i + 1) % batch_size == 0 or i + 1 == count):
             on_batch()
     model.train(was_training)
-    return total / num_tokens
+    return Units(loss=tuple(losses), tokens=(t,) * count)
 
 
 def answer_loss(model: nn.Module, tokenizer: Tokenizer, items: Sequence[EvalItem], *, batch_size: int = 32) -> float:
-    """-sum log p(answer token | prompt, earlier answer tokens) / number of answer tokens, over
-    all items. Prompt and answer are tokenized separately and concatenated, as the decision job
+    return answer_units(model, tokenizer, items, batch_size=batch_size).pooled
+
+
+def answer_units(model: nn.Module, tokenizer: Tokenizer, items: Sequence[EvalItem], *, batch_size: int = 32) -> Units:
+    """One unit per item: -sum log p(answer token | prompt, earlier answer tokens) and its answer
+    tokens. Prompt and answer are tokenized separately and concatenated, as the decision job
     scores them."""
     if not items:
         raise ValueError("items must not be empty")
@@ -85,4 +104,4 @@ def answer_loss(model: nn.Module, tokenizer: Tokenizer, items: Sequence[EvalItem
     was_training = model.training
     logprobs = continuation_logprobs(model, pairs, batch_size)
     model.train(was_training)
-    return -sum(sum(lp) for lp in logprobs) / sum(len(lp) for lp in logprobs)
+    return Units(loss=tuple(-sum(lp) for lp in logprobs), tokens=tuple(len(lp) for lp in logprobs))

@@ -1,8 +1,10 @@
 """Stage eval gates: a stage passes only if its eval battery holds up against the previous stage.
 
-Each gated metric has a direction and a seed noise band: the standard deviation of the metric
-across training seeds at the same budget (measured by the decision job's seeds; DataDecide,
-Magnusson et al. 2025, judges every comparison against exactly this seed-to-seed spread).
+Each gated metric has a direction and a noise band, measured for the run (`noise.band`): the
+seed-to-seed standard deviation of the metric at the same budget (DataDecide, Magnusson et al.
+2025, judges every comparison against this spread) combined with the eval's own sampling noise,
+bootstrapped over the battery's units for the two models compared. A band of the seed part alone
+is refused: every verdict records the band it used and both of its parts.
 
 - The first stage must beat the untrained model by at least `min_improvement_bands` bands on
   every gated metric: training that did not move the metric beyond noise did nothing.
@@ -24,6 +26,8 @@ from typing import Mapping
 
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.runtime.record.storage import write_atomic
+from ito_assets.runtime.stage import noise
+from ito_assets.runtime.stage.noise import Units
 
 MIN_IMPROVEMENT_BANDS = 2.0
 MAX_REGRESSION_BANDS = 2.0
@@ -38,7 +42,7 @@ class Direction(str, enum.Enum):
 class GatedMetric:
     name: str
     direction: Direction
-    noise_band: float  # seed-to-seed standard deviation, in the metric's unit
+    noise_band: float  # the seed-to-seed standard deviation, in the metric's unit (the band's seed part)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "direction", Direction(self.direction))
@@ -75,6 +79,7 @@ class MetricCheck:
     improvement: float
     required: float  # the least improvement that passes (negative: an allowed regression)
     passed: bool
+    band: dict  # noise.Band.to_dict(): the seed and item parts, their total, the method
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,18 +105,24 @@ class EvalGateVerdict:
                 "error_code": self.error_code, "checks": [asdict(c) for c in self.checks]}
 
 
-def judge_stage(stage: str, current: Mapping[str, float], previous: Mapping[str, float], policy: EvalGatePolicy, *,
-          previous_stage: str | None) -> EvalGateVerdict:
-    """`previous_stage` None: `previous` is the untrained model and the stage must improve on it."""
+def judge_stage(stage: str, current: Mapping[str, Units], previous: Mapping[str, float],
+                policy: EvalGatePolicy, *, previous_stage: str | None,
+                previous_units: Mapping[str, Units] | None = None) -> EvalGateVerdict:
+    """`current`: the stage's battery as units; `previous` the reference's metrics, with their
+    units when recorded (`previous_units`). `previous_stage` None: the reference is the untrained
+    model and the stage must improve on it."""
     checks = []
     for metric in policy.metrics:
         if metric.name not in current or metric.name not in previous:
             raise ValueError(f"metric {metric.name} is missing from the eval results")
+        measured = noise.band(metric.noise_band, current[metric.name], (previous_units or {}).get(metric.name))
         required = (policy.min_improvement_bands if previous_stage is None else -policy.max_regression_bands)
-        required *= metric.noise_band
-        gained = metric.improvement(current[metric.name], previous[metric.name])
-        checks.append(MetricCheck(metric=metric.name, value=current[metric.name], previous=previous[metric.name],
-                                  improvement=gained, required=required, passed=gained >= required))
+        required *= measured.total
+        value = current[metric.name].pooled
+        gained = metric.improvement(value, previous[metric.name])
+        checks.append(MetricCheck(metric=metric.name, value=value, previous=previous[metric.name],
+                                  improvement=gained, required=required, passed=gained >= required,
+                                  band=measured.to_dict()))
     return EvalGateVerdict(stage=stage, compared_with=previous_stage or "initial model", checks=tuple(checks))
 
 

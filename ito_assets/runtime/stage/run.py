@@ -22,6 +22,7 @@ from ito_assets.runtime.record.storage import write_atomic
 from ito_assets.runtime.stage.calibration import calibrate
 from ito_assets.runtime.stage.config import WorkerConfig
 from ito_assets.runtime.stage.eval_gate import EvalGatePolicy, VerdictStore, judge_stage
+from ito_assets.runtime.stage.noise import Units
 from ito_assets.runtime.supervision.supervisor import REPORT_NAME, SupervisorConfig
 from ito_assets.training.layout import Layout
 from ito_assets.training.planner import PlanRequest
@@ -46,6 +47,7 @@ class StageCheckpoint:
     num_attempts: int
     layout: dict = field(default_factory=dict)  # what the worker ran, and each fallback's reason
     calibration: dict = field(default_factory=dict)  # `calibration.Calibration.to_dict`; empty: not timed
+    eval_units: dict = field(default_factory=dict)  # each metric's units (`noise.Units.to_dict`); empty: not recorded
 
     @property
     def gate_passed(self) -> bool:
@@ -68,17 +70,24 @@ def prepare(config: WorkerConfig, supervisor: SupervisorConfig, *, python: str =
     return PreparedStage(config.stage, stage_dir, command)
 
 
+def _units(recorded: Mapping[str, dict]) -> dict[str, Units]:
+    return {name: Units.from_dict(body) for name, body in recorded.items()}
+
+
 def conclude(prepared: PreparedStage, *, ledger: Ledger, run_id: str, run_dir: Path, policy: EvalGatePolicy,
              previous_eval: Mapping[str, float] | None, previous_stage: str | None,
-             priced: PlanRequest | None = None) -> StageCheckpoint:
-    """`previous_eval`: the previous stage's battery, or None for the first stage, which is compared
-    with the untrained model's battery (the worker measures it before the first step). `priced`:
+             previous_units: Mapping[str, dict] | None = None, priced: PlanRequest | None = None) -> StageCheckpoint:
+    """`previous_eval`: the previous stage's battery (`previous_units`: its units, when recorded),
+    or None for the first stage, which is compared with the untrained model's battery (the worker
+    measures it, and its units, before the first step). `priced`:
     the planner's request for the hardware the stage ran on, which prices its predicted step time
     and memory (`calibration`)."""
     report = json.loads((prepared.stage_dir / REPORT_NAME).read_text())
     result = report["result"]
-    reference = previous_eval if previous_eval is not None else result["initial_eval"]
-    verdict = judge_stage(prepared.stage, result["eval"], reference, policy, previous_stage=previous_stage)
+    if previous_eval is None:
+        previous_eval, previous_units = result["initial_eval"], result.get("initial_eval_units")
+    verdict = judge_stage(prepared.stage, _units(result["eval_units"]), previous_eval, policy,
+                          previous_stage=previous_stage, previous_units=_units(previous_units) if previous_units else None)
     VerdictStore(run_dir).record(verdict)
     calibrated = (calibrate(priced, Layout.from_dict(result["layout"]["ran"]), result.get("measured", {}))
                   if priced is not None and "layout" in result else None)
@@ -88,6 +97,7 @@ def conclude(prepared: PreparedStage, *, ledger: Ledger, run_id: str, run_dir: P
     publish_stage(ledger, run_id, prepared.stage, prepared.stage_dir, result["eval"], figures)
     return StageCheckpoint(stage=prepared.stage, run_dir=str(run_dir), stage_dir=str(prepared.stage_dir),
                            final_checkpoint=result["final_checkpoint"], num_steps=result["num_steps"],
-                           metadata_sha256=result["metadata_sha256"], eval=result["eval"], gate=verdict.to_dict(),
+                           metadata_sha256=result["metadata_sha256"], eval=result["eval"],
+                           eval_units=result["eval_units"], gate=verdict.to_dict(),
                            num_attempts=report["num_attempts"], layout=result.get("layout", {}),
                            calibration={} if calibrated is None else calibrated.to_dict())

@@ -277,10 +277,11 @@ class StageWorker:
         started = time.perf_counter()
         battery = self.battery()
         beat = lambda: self.heartbeat.beat(self.config.num_steps, "evaluating")
-        body = {"eval": stage_eval.run_battery(trained, battery, on_batch=beat)}
+        # The units go with the metrics: the gate bootstraps its noise band over them (runtime.stage.noise).
+        body = _scored("eval", stage_eval.battery_units(trained, battery, on_batch=beat))
         if self.config.init_from is None:
             untrained = build_model(self.model.config, seed=self.config.seed, device=self.group.device)
-            body["initial_eval"] = stage_eval.run_battery(untrained, battery, on_batch=beat)
+            body |= _scored("initial_eval", stage_eval.battery_units(untrained, battery, on_batch=beat))
         self.event(EventKind.EVALUATION, seconds=time.perf_counter() - started)
         self.reporter.metrics(self.config.num_steps, {f"eval_{k}": v for k, v in body["eval"].items()})
         return body
@@ -383,6 +384,11 @@ def data_rank(config: WorkerConfig, rank: int, group_world_size: int, tp: int = 
     data-parallel ranks; the tp ranks of one tensor-parallel group (neighbours, the mesh's
     innermost dimension) take the same rows."""
     return config.replica_id * (group_world_size // tp) + rank // tp
+
+
+def _scored(name: str, units: dict) -> dict:
+    """`name`: each metric's pooled value; `name`_units: the units it pooled."""
+    return {name: {k: u.pooled for k, u in units.items()}, f"{name}_units": {k: u.to_dict() for k, u in units.items()}}
 
 
 def main(argv: list[str] | None = None) -> int:
