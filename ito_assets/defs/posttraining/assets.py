@@ -45,6 +45,17 @@ def _series(values: list[float], num_rows: int = 12) -> str:
     return f"| step | value |\n|---|---|\n{rows}"
 
 
+def start_metadata(outcome: StageOutcome) -> dict:
+    """The checkpoint the stage loaded and the chain's first weights, each with its digest: a
+    stage's `policy.init_checkpoint` is the chain's start, never what this stage loaded."""
+    metadata = {}
+    for name, ref in (("started_from", outcome.started_from), ("chain_start", outcome.chain_start)):
+        if ref is not None:  # the Dagster stages always start from a checkpoint
+            metadata[name] = dg.MetadataValue.path(ref.path)
+            metadata[f"{name}_sha256"] = ref.sha256
+    return metadata
+
+
 def outcome_metadata(outcome: StageOutcome, step) -> dict:
     metrics = outcome.metrics
     metadata = {
@@ -52,6 +63,7 @@ def outcome_metadata(outcome: StageOutcome, step) -> dict:
         "policy": dg.MetadataValue.json(outcome.policy.as_dict()),
         "checkpoint": dg.MetadataValue.path(outcome.checkpoint.path),
         "checkpoint_sha256": outcome.checkpoint.sha256,
+        **start_metadata(outcome),
         "num_optimizer_steps": outcome.checkpoint.policy_version,
         "gate_passed": outcome.gate.passed,
         "gate": dg.MetadataValue.json(outcome.gate.as_dict()),
