@@ -34,6 +34,11 @@ EXPECTED_ASSETS = {
     "dpo_checkpoint": "posttraining",
     "rlvr_checkpoint": "posttraining",
 }
+# One owning team per group (ito_assets/defs/owners.py): a new asset must name its team.
+EXPECTED_OWNERS = {
+    "manifest": ["team:data"], "data": ["team:data"], "decision": ["team:research"],
+    "workload": ["team:training"], "training": ["team:training"], "posttraining": ["team:training"],
+}
 EXPECTED_CHECKS = {
     ("training_manifest", "manifest_verified"),
     ("training_manifest", "manifest_has_no_secrets"),
@@ -77,6 +82,27 @@ def test_asset_graph_snapshot():
     assert {k: v for k, v in assets.items() if k in EXPECTED_ASSETS} == EXPECTED_ASSETS
     assert EXPECTED_CHECKS <= checks
     assert EXPECTED_SENSORS <= sensors
+
+
+def test_every_asset_has_its_team_and_a_description():
+    """Every asset of the location, not only the listed ones: the UI's owner and description are
+    how a reader finds who answers for an asset and where it comes from."""
+    defs, assets, _, _ = _graph()
+    graph = defs.resolve_asset_graph()
+    for name, group in assets.items():
+        node = graph.get(dg.AssetKey.from_user_string(name))
+        assert node.owners, f"{name} has no owner"
+        assert node.owners == EXPECTED_OWNERS[group], (name, node.owners)
+        assert (node.description or "").strip(), f"{name} has no description"
+
+
+def test_the_assets_of_a_trained_run_explain_their_partial_fill():
+    """`make run` prepares two manifests and trains one: the run's assets say so in the UI."""
+    defs, assets, _, _ = _graph()
+    graph = defs.resolve_asset_graph()
+    for name, group in assets.items():
+        if group in ("workload", "training", "posttraining"):
+            assert "50% filled / 1 missing" in graph.get(dg.AssetKey.from_user_string(name)).description, name
 
 
 def test_manifest_checks_are_blocking():

@@ -113,6 +113,11 @@ def decide(ordered: pl.DataFrame, copies: pl.DataFrame, near: pl.DataFrame, fami
         )
         .with_columns(
             pl.when(pl.col("duplicate_of").is_null()).then(pl.lit(KEPT)).otherwise(pl.lit(DUPLICATE)).alias("dedup_state"),
+            # The method names the relation to `duplicate_of`, the kept document a removal points at:
+            # an exact copy whose representative was removed as a near-duplicate is "near" (it points
+            # at that near-duplicate's kept document, Jaccard below 1), and "exact" always means
+            # byte-identical to `duplicate_of`. Its identical twin stays in `exact_copy_of`. Every
+            # count of removals by method reads this column (lineage.removals_by_method).
             pl.when(pl.col("near_of").is_not_null()).then(pl.lit("near"))
             .when(pl.col("exact_copy_of").is_not_null()).then(pl.lit("exact"))
             .alias("method"),

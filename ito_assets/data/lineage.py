@@ -309,6 +309,23 @@ def resolve_manifest(con: duckdb.DuckDBPyConnection, digest: str) -> list[str]:
     return [r[0] for r in rows]
 
 
+REMOVAL_METHODS = ("exact", "near")
+
+
+def removals_by_method(con: duckdb.DuckDBPyConnection, manifest_digest: str) -> dict[str, int]:
+    """The manifest's duplicate removals by method, from the `duplicates` table: the one count that
+    the `deduplicated_documents` asset's metadata and `ito audit manifest` both report (the rule
+    that classifies a removal is in `dedup.decide`)."""
+    sql = "SELECT method, count(*) FROM duplicates WHERE manifest_digest = ? GROUP BY method"
+    found = dict(con.execute(sql, [manifest_digest]).fetchall())
+    return {method: int(found.get(method, 0)) for method in REMOVAL_METHODS}
+
+
+def written_removals_by_method(path: Path, manifest_digest: str) -> dict[str, int]:
+    """`removals_by_method` as the dedup stage reads it back, once its rows are written."""
+    return warehouse.writing_to(path, lambda con: removals_by_method(con, manifest_digest))
+
+
 @_reads
 def audit_manifest(con: duckdb.DuckDBPyConnection, manifest_digest: str) -> dict:
     params = [manifest_digest]
@@ -317,6 +334,7 @@ def audit_manifest(con: duckdb.DuckDBPyConnection, manifest_digest: str) -> dict
         "manifest": manifest[0] if manifest else None,
         "sources": _rows(con, "SELECT source_index, uri, sha256, license, format, num_documents, normalization FROM sources WHERE manifest_digest = ? ORDER BY source_index", params),
         "states": _rows(con, "SELECT state, coalesce(method, action) AS detail, count(*) AS num_documents FROM decisions WHERE manifest_digest = ? GROUP BY ALL ORDER BY 1, 2", params),
+        "removed_by_method": removals_by_method(con, manifest_digest),
         "contamination_by_benchmark": _rows(con, "SELECT benchmark, count(DISTINCT doc_id) AS num_documents, count(DISTINCT eval_item_id) AS num_eval_items FROM contamination_hits WHERE manifest_digest = ? GROUP BY 1 ORDER BY 1", params),
         "clean_shards": _rows(con, "SELECT shard_path, shard_sha256, num_rows FROM clean_shards WHERE manifest_digest = ? ORDER BY shard_path", params),
         "consumed_by": _rows(con, "SELECT DISTINCT c.run_id, c.stage, c.consumed_at FROM clean_shards s JOIN shard_consumers c ON c.shard_sha256 = s.shard_sha256 WHERE s.manifest_digest = ? ORDER BY c.consumed_at", params),

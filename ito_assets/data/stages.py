@@ -66,6 +66,9 @@ class DedupStage:
     counts: DedupCounts
     config: dict
     num_families: int  # families of two or more documents
+    # Removals by method as the warehouse counts them (lineage.removals_by_method), the figure the
+    # UI and `ito audit manifest` share; `counts.exact` / `counts.near` are what each pass removed.
+    removed_by_method: dict[str, int]
 
 
 @dataclass(frozen=True)
@@ -148,7 +151,9 @@ def run_dedup(source: SourceStage, actions: Shard, state_dir: Path, warehouse: P
         num_families = scratch.db.execute(f"SELECT count(DISTINCT family_id) FROM read_parquet({sql_list([decisions.path])}) WHERE family_id <> doc_id").fetchone()[0]
     duplicates = lineage.ParquetRows((decisions,), {c: c for c in DEDUP_SCHEMA}, where=f"dedup_state = '{DUPLICATE}'")
     lineage.write_tables(warehouse, source.manifest_digest, {"duplicates": duplicates})
-    return DedupStage(manifest_digest=source.manifest_digest, decisions=decisions, kept=kept, counts=counts, config=asdict(config.dedup), num_families=int(num_families))
+    removed = lineage.written_removals_by_method(warehouse, source.manifest_digest)
+    return DedupStage(manifest_digest=source.manifest_digest, decisions=decisions, kept=kept, counts=counts, config=asdict(config.dedup),
+                      num_families=int(num_families), removed_by_method=removed)
 
 
 def run_decontam(verified: VerifiedManifest, suite: EvalSuite, source: SourceStage, state_dir: Path, warehouse: Path, config: DataPrepConfig) -> DecontamStage:

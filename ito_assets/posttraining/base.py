@@ -28,6 +28,20 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CheckpointRef:
+    """A checkpoint a stage started from: its path and the sha256 it was verified against before
+    loading. A post-training checkpoint's is its file's digest (CheckpointRecord.sha256); a
+    pretraining DCP folder's is its `.metadata` file's, the digest its completion marker checks and
+    that StageCheckpoint.metadata_sha256 and `ito checkpoints` carry."""
+
+    path: str
+    sha256: str
+
+    def as_dict(self) -> dict:
+        return {"path": self.path, "sha256": self.sha256}
+
+
+@dataclass(frozen=True, kw_only=True)
 class PolicySpec:
     model_name: str  # a name of ito_assets.training.model_config.CONFIGS
     vocab_size: int
@@ -59,6 +73,12 @@ class PolicySpec:
             load_pretrained(policy, Path(self.init_checkpoint))
         return policy
 
+    def initial_checkpoint(self) -> CheckpointRef | None:
+        """The first weights' checkpoint and digest; None: the weights come from the seed."""
+        if self.init_checkpoint is None:
+            return None
+        return CheckpointRef(path=self.init_checkpoint, sha256=pretrained_sha256(Path(self.init_checkpoint)))
+
 
 # `micro` (2 layers, d_model 32) with the character vocabulary: the configuration that learns the
 # battery's task in seconds on CPU (measured: tests/posttraining/test_end_to_end.py).
@@ -73,6 +93,15 @@ def pretrained(*, model_name: str, vocab_size: int, checkpoint: str, tokenizer: 
                seed: int = 0) -> PolicySpec:
     return PolicySpec(model_name=model_name, vocab_size=vocab_size, seed=seed, tokenizer=tokenizer,
                       init_checkpoint=checkpoint)
+
+
+def pretrained_sha256(folder: Path) -> str:
+    """The digest a runtime checkpoint folder is named by: its `.metadata` file's sha256 (the one
+    its completion marker records; `load_pretrained` refuses a folder whose files no longer match)."""
+    from ito_assets.digests import file_sha256
+    from ito_assets.runtime.checkpoint.markers import METADATA_NAME
+
+    return file_sha256(folder / METADATA_NAME)
 
 
 def load_pretrained(policy: DecoderLM, folder: Path) -> DecoderLM:

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 from ito_assets.manifest.schema import DpoStep, RlvrStep, SftStep
-from ito_assets.posttraining.base import PolicySpec
+from ito_assets.posttraining.base import CheckpointRef, PolicySpec
 from ito_assets.posttraining.checkpoint import load_policy, save_policy
 from ito_assets.posttraining.dpo import DpoConfig, run_dpo
 from ito_assets.posttraining.evaluation import RewardEval, evaluate_reward, sampled_kl
@@ -74,10 +74,12 @@ def _train(step, policy, reference, codec, spec: PolicySpec, pairs, train_tasks,
 
 
 def _starting_policy(start: Start):
-    """(spec, policy module, previous outcome or None)."""
+    """(spec, policy module, previous outcome or None, the checkpoint loaded or None for the seed's
+    weights). Each checkpoint is loaded only when its bytes still hash to the digest recorded here."""
     if isinstance(start, StageOutcome):
-        return start.policy, load_policy(start.policy.factory()(), start.checkpoint), start
-    return start, start.initial_policy(), None
+        loaded = CheckpointRef(path=start.checkpoint.path, sha256=start.checkpoint.sha256)
+        return start.policy, load_policy(start.policy.factory()(), start.checkpoint), start, loaded
+    return start, start.initial_policy(), None, start.initial_checkpoint()
 
 
 def run_stage(
@@ -95,7 +97,7 @@ def _run_stage(step: SftStep | DpoStep | RlvrStep, *, start: Start, data_root: P
         require_passed(start.gate)
     # The bound pair file is checked against the manifest's digest before any compute is spent.
     pairs = None if isinstance(step, RlvrStep) else read_bound_pairs(step, data_root)
-    spec, policy, previous = _starting_policy(start)
+    spec, policy, previous, started_from = _starting_policy(start)
     codec = spec.codec()
     reference = copy.deepcopy(policy).eval()  # frozen: the stage's starting point
     train_tasks, held_out = battery(runtime)
@@ -106,8 +108,9 @@ def _run_stage(step: SftStep | DpoStep | RlvrStep, *, start: Start, data_root: P
                                             max_new_tokens=runtime.max_new_tokens, seed=runtime.seed)
     checkpoint = save_policy(policy, out_dir / step.kind / "policy.pt", stage=step.kind, policy_version=num_steps)
     gate = judge_rewards(step.kind, before, after, BATTERY[step.kind])
+    chain_start = previous.chain_start if previous is not None else started_from
     outcome = StageOutcome(stage=step.kind, policy=spec, checkpoint=checkpoint, gate=gate, eval_before=before,
-                           eval_after=after, metrics=metrics)
+                           eval_after=after, metrics=metrics, started_from=started_from, chain_start=chain_start)
     write_metrics(outcome, out_dir / step.kind / "metrics.json")
     return outcome
 
@@ -116,5 +119,5 @@ def write_metrics(outcome: StageOutcome, path: Path) -> None:
     """The stage's figures beside its checkpoint, for auditors (`publish` puts them in the ledger)."""
     document = {"stage": outcome.stage, "policy": outcome.policy.as_dict(), "checkpoint": outcome.checkpoint.as_dict(),
                 "gate": outcome.gate.as_dict(), "eval_before": outcome.eval_before.as_dict(),
-                "eval_after": outcome.eval_after.as_dict(), "metrics": outcome.metrics}
+                "eval_after": outcome.eval_after.as_dict(), "metrics": outcome.metrics, **outcome.start_record()}
     path.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n", encoding="utf-8")

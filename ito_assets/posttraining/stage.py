@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Union
 
-from ito_assets.posttraining.base import PolicySpec
+from ito_assets.posttraining.base import CheckpointRef, PolicySpec
 
 if TYPE_CHECKING:
     from ito_assets.posttraining.checkpoint import CheckpointRecord
@@ -49,6 +49,16 @@ class StageOutcome:
     eval_before: RewardEval
     eval_after: RewardEval
     metrics: dict  # JSON-able: curves, staleness histogram, KL to reference
+    # What this stage actually loaded (the previous stage's checkpoint, or the pretraining chain's
+    # for the first), and the chain's first weights; `policy.init_checkpoint` alone names only the
+    # latter, the same on every stage. None: the weights came from the seed (the unit tests' start).
+    started_from: CheckpointRef | None
+    chain_start: CheckpointRef | None
+
+    def start_record(self) -> dict:
+        """Where the stage started, as its metrics.json and its asset's metadata record it."""
+        return {name: None if ref is None else ref.as_dict()
+                for name, ref in (("started_from", self.started_from), ("chain_start", self.chain_start))}
 
 
 # Where a stage starts: the previous stage's outcome, or (for the first stage of the recipe) the

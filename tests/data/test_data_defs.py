@@ -229,3 +229,22 @@ def test_the_residual_check_refuses_changed_ignored_seeds(chain) -> None:
     finally:
         seeds.write_bytes(original)
     assert not verdict.passed and "ignored seeds changed" in verdict.metadata["problems"].value
+
+
+def test_the_asset_and_the_audit_report_one_count_of_removals(chain, monkeypatch) -> None:
+    """The deduplicated_documents asset's metadata and `ito audit manifest` give the same number
+    of exact and of near removals for a partition, and the documents' states agree with both."""
+    settings, _, key, _ = chain
+    event = next(e for e in chain[3].get_asset_materialization_events() if e.asset_key.to_user_string() == "deduplicated_documents")
+    shown = {method: event.materialization.metadata[f"num_{method}_removed"].value for method in ("exact", "near")}
+    document, status = _audit(settings, monkeypatch, "audit", "manifest", key, "--json")
+    assert status == 0 and document["data"]["removed_by_method"] == shown
+    states = {s["detail"]: s["num_documents"] for s in document["data"]["states"] if s["state"] == "duplicate"}
+    assert states == shown and shown["exact"] > 0 and shown["near"] > 0
+    # The case that once split the two counts: an exact copy of a document removed as near.
+    import duckdb
+
+    with duckdb.connect(str(settings.warehouse_path), read_only=True) as con:
+        (twins,) = con.execute("SELECT count(*) FROM duplicates WHERE method = 'near' AND exact_copy_of IS NOT NULL").fetchone()
+    deduplicated = chain[3].output_for_node("deduplicated_documents")
+    assert twins > 0 and deduplicated.counts.exact.num_removed == shown["exact"] + twins

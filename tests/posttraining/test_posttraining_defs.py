@@ -10,6 +10,7 @@ way (pretrained_checkpoint.py): the training domain's own tests run the supervis
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 import warnings
 from pathlib import Path
@@ -18,9 +19,11 @@ import dagster as dg
 import pytest
 
 from definitions import build_definitions
+from ito_assets.digests import file_sha256
 from ito_assets.defs import posttraining
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.posttraining.resources import PostTrainingResource
+from ito_assets.runtime.checkpoint import markers
 from ito_assets.runtime.stage.run import StageCheckpoint
 from ito_assets.control.run_tags import RUN_ID as RUN_ID_TAG
 from ito_assets.control import telemetry as ledger_telemetry
@@ -62,7 +65,8 @@ def _pretraining_stand_ins(base: Pretrained) -> list:
     def final_stand_in():
         folder = str(Path(base.checkpoint).parent)
         return StageCheckpoint(stage="long_context", run_dir=str(Path(folder).parent), stage_dir=folder,
-                               final_checkpoint=base.checkpoint, num_steps=30, metadata_sha256="", eval={},
+                               final_checkpoint=base.checkpoint, num_steps=30,
+                               metadata_sha256=markers.read_marker(Path(base.checkpoint)).metadata_sha256, eval={},
                                gate={"passed": True}, num_attempts=1)
 
     return [tokens_stand_in, final_stand_in]
@@ -183,13 +187,33 @@ def test_chain_materializes_with_metrics(installation, instance, base):
     assert {"reward_curve", "staleness_histogram", "kl_to_reference", "gate"} <= set(metadata)
     assert max(int(k) for k in metadata["staleness_histogram"].value["admitted_by_staleness"]) <= 1
     assert "rlvr_eval_gate" in _evaluations(result)
-    assert metadata["policy"].value["init_checkpoint"] == base.checkpoint  # started from the pretraining chain
+    assert metadata["policy"].value["init_checkpoint"] == base.checkpoint  # the chain's first weights
+    _assert_each_stage_started_from_the_one_before(result, base)
     assert metadata["policy"].value["tokenizer"]["sha256"] == base.tokens.tokenizer_sha256
     published = _ledger_metrics(installation, result.dagster_run.tags[RUN_ID_TAG])
     assert {"sft/loss", "dpo/accuracy", "rlvr/reward", "rlvr/kl_to_reference", "rlvr/heldout_kl_to_reference",
             "rlvr/heldout_reward", "rlvr/gate_passed", "rlvr/staleness_admitted/0"} <= set(published)
     assert published["rlvr/heldout_reward"] == [pytest.approx(metadata["heldout_reward_after"].value)]
     assert len(published["rlvr/reward"]) == CHAIN.rlvr_num_steps  # one point per step (fewer than 100)
+
+
+def _assert_each_stage_started_from_the_one_before(result, base: Pretrained) -> None:
+    """SFT starts from the pretraining chain's checkpoint, DPO from SFT's, RLVR from DPO's: in each
+    asset's metadata and its metrics.json, with the digest the stage before recorded."""
+    pretrained = (base.checkpoint, markers.read_marker(Path(base.checkpoint)).metadata_sha256)
+    assert pretrained[1] == file_sha256(Path(base.checkpoint) / markers.METADATA_NAME)
+    previous = pretrained
+    for name in STAGES:
+        (event,) = [e for e in result.get_asset_materialization_events() if e.asset_key.path == [name]]
+        metadata = event.step_materialization_data.materialization.metadata
+        started = (metadata["started_from"].value, metadata["started_from_sha256"].value)
+        assert started == previous, name
+        assert (metadata["chain_start"].value, metadata["chain_start_sha256"].value) == pretrained, name
+        record = json.loads((Path(metadata["checkpoint"].value).parent / "metrics.json").read_text())
+        assert record["started_from"] == {"path": previous[0], "sha256": previous[1]}, name
+        assert record["chain_start"] == {"path": pretrained[0], "sha256": pretrained[1]}, name
+        previous = (metadata["checkpoint"].value, metadata["checkpoint_sha256"].value)
+        assert previous[1] == file_sha256(previous[0])
 
 
 def _ledger_metrics(installation, run_id: str) -> dict[str, list[float]]:

@@ -158,7 +158,7 @@ def _outcome(tmp_path: Path) -> StageOutcome:
     return StageOutcome(stage="rlvr", policy=seeded(),
                         checkpoint=save_policy(policy, tmp_path / "policy.pt", stage="rlvr", policy_version=250),
                         gate=judge_rewards("rlvr", before, after, BATTERY["rlvr"]), eval_before=before,
-                        eval_after=after, metrics=metrics)
+                        eval_after=after, metrics=metrics, started_from=None, chain_start=None)
 
 
 def test_stage_metrics_name_curves_histogram_and_kl(tmp_path):

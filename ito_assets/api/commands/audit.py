@@ -150,6 +150,8 @@ def _manifest(args: argparse.Namespace) -> VerbResult:
         f"manifest {matches[0]} ({head.get('name')}), eval suite {head.get('eval_suite_id')} {head.get('eval_suite_digest')}",
         "sources:", *table(report["sources"], ["source_index", "uri", "license", "num_documents", "sha256"]),
         "what happened to the documents:", *table(report["states"], ["state", "detail", "num_documents"]),
+        "duplicates removed (the count the deduplicated_documents asset shows): "
+        + ", ".join(f"{n} {method}" for method, n in report["removed_by_method"].items()),
         "contamination by benchmark:", *table(report["contamination_by_benchmark"], ["benchmark", "num_documents", "num_eval_items"]),
         "clean shards:", *table(report["clean_shards"], ["shard_sha256", "num_rows", "shard_path"]),
         "consumed by runs:", *table(report["consumed_by"], ["run_id", "stage", "consumed_at"]),

@@ -14,6 +14,7 @@ import dagster as dg
 
 from ito_assets.data import stages, warehouse
 from ito_assets.data.config import DataPrepConfig
+from ito_assets.defs import owners
 from ito_assets.defs.data import metadata
 from ito_assets.defs.data.params import DecontamParams, DedupParams
 from ito_assets.defs.failures import failure, verified_or_fail
@@ -56,11 +57,13 @@ def core_stage(context: dg.AssetExecutionContext) -> Iterator[None]:
 
 @dg.asset(
     group_name=GROUP,
+    owners=[owners.DATA],
     kinds={"parquet", "duckdb"},
     partitions_def=manifests_partitions,
     pool=POOL,
-    description="Every document of the manifest's data references, digest-verified, NFC-normalised, "
-    "with a stable id and provenance (source uri, sha256, licence, row), as Parquet shards.",
+    description="Every document of the manifest's data references (read from the data root, each file "
+    "digest-verified against the manifest), NFC-normalised, with a stable id and provenance (source "
+    "uri, sha256, licence, row), as Parquet shards and the warehouse's `documents` table.",
 )
 def source_documents(context: dg.AssetExecutionContext, ito: ItoSettingsResource, training_manifest: ManifestVerdict) -> stages.SourceStage:
     settings = ito.settings()
@@ -73,12 +76,13 @@ def source_documents(context: dg.AssetExecutionContext, ito: ItoSettingsResource
 
 @dg.asset(
     group_name=GROUP,
+    owners=[owners.DATA],
     kinds={"parquet", "duckdb"},
     partitions_def=manifests_partitions,
     pool=POOL,
-    description="N-gram decontamination of every source document against the eval suite (duplicates "
-    "too, so an auditor's answer covers every document): each hit with its eval item, the user's "
-    "record id, matched n-gram, offsets, overlap and action.",
+    description="N-gram decontamination of every document of `source_documents` against `eval_suite` "
+    "(duplicates too, so an auditor's answer covers every document): each hit with its eval item, the "
+    "user's record id, matched n-gram, offsets, overlap and action; the warehouse's `contamination_hits`.",
 )
 def contamination_report(
     context: dg.AssetExecutionContext,
@@ -98,12 +102,14 @@ def contamination_report(
 
 @dg.asset(
     group_name=GROUP,
+    owners=[owners.DATA],
     kinds={"parquet", "duckdb"},
     partitions_def=manifests_partitions,
     pool=POOL,
-    description="Exact copies and near-duplicates (MinHash LSH, Jaccard verified on shingle sets) removed; "
-    "each removal recorded against the kept document it duplicates, with its family (the connected "
-    "component of verified pairs). Contaminated documents come last in the keep order, so a clean "
+    description="`source_documents` without exact copies and near-duplicates (MinHash LSH, Jaccard verified "
+    "on shingle sets); each removal recorded in the warehouse's `duplicates` table against the kept "
+    "document it duplicates, with its family (the connected component of verified pairs). "
+    "Contaminated documents (from `contamination_report`) come last in the keep order, so a clean "
     "member of a duplicate cluster survives in preference to one decontamination removes.",
 )
 def deduplicated_documents(
@@ -118,11 +124,13 @@ def deduplicated_documents(
 
 @dg.asset(
     group_name=GROUP,
+    owners=[owners.DATA],
     kinds={"parquet", "duckdb"},
     partitions_def=manifests_partitions,
     pool=POOL,
-    description="What remains: kept documents and the pieces of cut ones, with a digest per shard; "
-    "every input document accounted for (kept, duplicate, contaminated).",
+    description="What remains of `deduplicated_documents` after `contamination_report`'s actions: kept "
+    "documents and the pieces of cut ones, with a digest per shard; every input document accounted "
+    "for (kept, duplicate, contaminated) in the warehouse's `decisions` table.",
 )
 def clean_shards(
     context: dg.AssetExecutionContext,

@@ -56,8 +56,9 @@ def dedup_metadata(stage: DedupStage) -> dict:
     return {
         "num_input": c.num_input,
         "num_kept": c.num_kept,
-        "num_exact_removed": c.exact.num_removed,
-        "num_near_removed": c.near.num_removed,
+        # The warehouse's count, the one `ito audit manifest` reports (lineage.removals_by_method).
+        "num_exact_removed": stage.removed_by_method["exact"],
+        "num_near_removed": stage.removed_by_method["near"],
         "duplicate_rate": _rate(c.num_removed, c.num_input),
         "num_candidate_pairs": c.near.num_candidate_pairs,
         "num_pairs_verified": c.near.num_pairs_verified,

@@ -7,6 +7,7 @@ from pathlib import Path
 import dagster as dg
 
 from ito_assets.data.stages import CleanStage
+from ito_assets.defs import owners
 from ito_assets.defs.decision.params import DataDecisionParams, DecisionRunParams
 from ito_assets.defs.decision.resources import BookedHardwareResource
 from ito_assets.defs.failures import failure, training_manifest_or_fail
@@ -28,11 +29,13 @@ GROUP = "decision"
 
 @dg.asset(
     group_name=GROUP,
+    owners=[owners.RESEARCH],
     kinds={"torch"},
     partitions_def=manifests_partitions,
     ins={"clean_shards": dg.AssetIn("clean_shards")},
-    description="The proxy trained on the candidate mixture (the clean shards) and on the baseline "
-    "mixture, same token budget and seeds, scored on the eval battery (DataDecide method).",
+    description="The proxy trained on the candidate mixture (`clean_shards`) and on the baseline mixture "
+    "(the run config's `baseline_uris` under the data root), same token budget and seeds, scored on "
+    "`eval_suite`'s battery (DataDecide method).",
 )
 def decision_run(
     context: dg.AssetExecutionContext, config: DecisionRunParams, ito: ItoSettingsResource,
@@ -95,9 +98,11 @@ def _run_metadata(result: DecisionResult, baseline_sources, work_dir: Path) -> d
 
 @dg.asset(
     group_name=GROUP,
+    owners=[owners.RESEARCH],
     kinds={"python"},
     partitions_def=manifests_partitions,
-    description="GO / NO_GO / WITHIN_NOISE / INCONCLUSIVE from a paired t-test over seeds (95% interval); NOT_WORTH_IT "
+    description="The data decision, judged from `decision_run` with the manifest and the booked hardware: "
+    "GO / NO_GO / WITHIN_NOISE / INCONCLUSIVE from a paired t-test over seeds (95% interval); NOT_WORTH_IT "
     "for a GO whose gain does not pay for the full run; the gate (a GO worth its cost, or an outcome the manifest's "
     "reviewers accepted); the economics: decision cost, projected full-run cost, cost per point of improvement.",
 )
@@ -140,10 +145,12 @@ def _economics_table(economics: Economics) -> dg.TableMetadataValue:
 
 @dg.asset(
     group_name=GROUP,
+    owners=[owners.RESEARCH],
     kinds={"python"},
     partitions_def=manifests_partitions,
-    description="The parallelism and precision plan of every curriculum stage on the booked hardware: "
-    "degrees, precision, checkpointing, memory per GPU, step time, MFU and cost; refusals by stable reason.",
+    description="The parallelism and precision plan of every curriculum stage of the manifest on the booked "
+    "hardware, after `data_decision`: degrees, precision, checkpointing, memory per GPU, step time, MFU "
+    "and cost; refusals by stable reason.",
 )
 def training_plan(
     context: dg.AssetExecutionContext, booked_hardware: BookedHardwareResource,

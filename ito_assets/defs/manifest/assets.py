@@ -7,6 +7,7 @@ from pathlib import Path
 import dagster as dg
 
 from ito_assets.defs.failures import failure
+from ito_assets.defs import owners
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.resources import ItoSettingsResource
 from ito_assets.errors import ItoError
@@ -27,9 +28,11 @@ class EvalSuiteSource(dg.Config):
 
 @dg.asset(
     group_name=GROUP,
+    owners=[owners.DATA],
     kinds={"json"},
-    description="The eval suite (id, benchmark, question, answer) that data is decontaminated against; "
-    "its digest is sha256 over the suite file's bytes.",
+    description="The eval suite (id, benchmark, question, answer) that data is decontaminated against, "
+    "read from the configured suite file (ITO_EVAL_SUITE) or the run config's `path`; its digest is "
+    "sha256 over the suite file's bytes.",
 )
 def eval_suite(context: dg.AssetExecutionContext, config: EvalSuiteSource, ito: ItoSettingsResource) -> EvalSuite:
     path = Path(config.path) if config.path else ito.settings().eval_suite_path
@@ -51,11 +54,13 @@ def eval_suite(context: dg.AssetExecutionContext, config: EvalSuiteSource, ito: 
 
 @dg.asset(
     group_name=GROUP,
+    owners=[owners.DATA],
     kinds={"json"},
     partitions_def=manifests_partitions,
     description="A reviewed training manifest (or a data manifest, for data preparation alone), read "
-    "securely and verified (schema, no secrets). The blocking checks stop the run when verification "
-    "or provenance fails.",
+    "securely from the manifests folder (or the data manifests folder) by its digest, one partition "
+    "per manifest, and verified (schema, no secrets). The blocking checks stop the run when "
+    "verification or provenance fails.",
 )
 def training_manifest(context: dg.AssetExecutionContext, ito: ItoSettingsResource) -> ManifestVerdict:
     settings = ito.settings()

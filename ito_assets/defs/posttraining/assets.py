@@ -13,7 +13,8 @@ import json
 import dagster as dg
 
 from ito_assets.defs.failures import failure, verified_or_fail
-from ito_assets.defs.manifest.partitions import manifests_partitions
+from ito_assets.defs import owners
+from ito_assets.defs.manifest.partitions import TRAINED_ONE_OF_TWO, manifests_partitions
 from ito_assets.defs.posttraining.resources import PostTrainingResource
 from ito_assets.defs.resources import ItoSettingsResource, LedgerResource
 from ito_assets.runtime.stage.run import StageCheckpoint
@@ -44,6 +45,17 @@ def _series(values: list[float], num_rows: int = 12) -> str:
     return f"| step | value |\n|---|---|\n{rows}"
 
 
+def start_metadata(outcome: StageOutcome) -> dict:
+    """The checkpoint the stage loaded and the chain's first weights, each with its digest: a
+    stage's `policy.init_checkpoint` is the chain's start, never what this stage loaded."""
+    metadata = {}
+    for name, ref in (("started_from", outcome.started_from), ("chain_start", outcome.chain_start)):
+        if ref is not None:  # the Dagster stages always start from a checkpoint
+            metadata[name] = dg.MetadataValue.path(ref.path)
+            metadata[f"{name}_sha256"] = ref.sha256
+    return metadata
+
+
 def outcome_metadata(outcome: StageOutcome, step) -> dict:
     metrics = outcome.metrics
     metadata = {
@@ -51,6 +63,7 @@ def outcome_metadata(outcome: StageOutcome, step) -> dict:
         "policy": dg.MetadataValue.json(outcome.policy.as_dict()),
         "checkpoint": dg.MetadataValue.path(outcome.checkpoint.path),
         "checkpoint_sha256": outcome.checkpoint.sha256,
+        **start_metadata(outcome),
         "num_optimizer_steps": outcome.checkpoint.policy_version,
         "gate_passed": outcome.gate.passed,
         "gate": dg.MetadataValue.json(outcome.gate.as_dict()),
@@ -127,11 +140,13 @@ _BASE_INS = {"long_context_checkpoint": dg.AssetIn("long_context_checkpoint"),
 
 def _spec(kind: str, upstream: str | None) -> dict:
     ins = dict(_INS, **({"previous": dg.AssetIn(upstream)} if upstream else _BASE_INS))
-    start = f"`{upstream}`" if upstream else "the final checkpoint of `long_context_checkpoint` with the run's tokenizer"
+    start = f"`{upstream}`" if upstream else "the final checkpoint of `long_context_checkpoint` (and `training_tokens`' tokenizer)"
     return dict(
-        name=f"{kind}_checkpoint", group_name=GROUP, kinds={"pytorch"}, partitions_def=manifests_partitions, ins=ins,
+        name=f"{kind}_checkpoint", group_name=GROUP, owners=[owners.TRAINING], kinds={"pytorch"}, partitions_def=manifests_partitions, ins=ins,
         description=f"The post-training {kind} stage trained from {start} with the manifest's {kind} recipe step; "
-        "its checkpoint, held-out verifiable reward, KL to its reference, and eval-gate verdict.",
+        "its checkpoint, held-out verifiable reward, KL to its reference, and eval-gate verdict; "
+        "`started_from` names the checkpoint it actually started from, `chain_start` the chain's first "
+        "weights." + TRAINED_ONE_OF_TWO,
     )
 
 

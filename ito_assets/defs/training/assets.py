@@ -15,7 +15,8 @@ import dagster as dg
 
 from ito_assets.data import lineage
 from ito_assets.defs.failures import failure, verified_or_fail
-from ito_assets.defs.manifest.partitions import manifests_partitions
+from ito_assets.defs import owners
+from ito_assets.defs.manifest.partitions import TRAINED_ONE_OF_TWO, manifests_partitions
 from ito_assets.defs.resources import ItoSettingsResource, LedgerResource
 from ito_assets.defs.training import telemetry_table
 from ito_assets.defs.training.launcher import TrainingLauncherResource
@@ -42,15 +43,16 @@ POOL = "duckdb_writer"
 
 @dg.asset(
     group_name=GROUP,
+    owners=[owners.TRAINING],
     kinds={"numpy"},
     partitions_def=manifests_partitions,
     pool=POOL,  # it records the shards' consumption in the warehouse
     ins={"clean_shards": dg.AssetIn("clean_shards"), "training_plan": dg.AssetIn("training_plan"),
          "data_decision": dg.AssetIn("data_decision"), "run_authorization": dg.AssetIn("run_authorization")},
-    description="Byte-level BPE trained on the clean shards and the token shards every stage reads "
+    description="Byte-level BPE trained on `clean_shards`, and the token shards every stage reads "
     "(training split and the held-out split the stage gates evaluate on). Refuses a run the ledger "
     "no longer authorizes, a data decision that did not pass, clean shards whose digests or "
-    "accounting do not hold, and a plan that was refused or exceeds the budget.",
+    "accounting do not hold, and a plan that was refused or exceeds the budget." + TRAINED_ONE_OF_TWO,
 )
 def training_tokens(
     context: dg.AssetExecutionContext, ito: ItoSettingsResource, ledger: LedgerResource, clean_shards,
@@ -194,6 +196,7 @@ def _stage_asset(name: str, upstream: str | None):
     decorate = dg.asset(
         name=f"{name}_checkpoint",
         group_name=GROUP,
+        owners=[owners.TRAINING],
         kinds={"pytorch"},
         partitions_def=manifests_partitions,
         ins=ins,
@@ -201,7 +204,7 @@ def _stage_asset(name: str, upstream: str | None):
         f"under the supervisor from the previous stage's, with the plan's global batch and layout (degrees, "
         f"precision, activation checkpointing, micro-batch, compile; what fell back is in `layout_fallbacks`) "
         f"on the plan's nodes (`training_launcher`); the previous one carried forward when the "
-        f"manifest has no {name} stage.",
+        f"manifest has no {name} stage." + TRAINED_ONE_OF_TWO,
     )
 
     def stage(context: dg.AssetExecutionContext, ito: ItoSettingsResource, training_runtime: TrainingRuntimeResource,
@@ -221,13 +224,14 @@ STAGE_NAMES = ("pretraining", "mid_training", "long_context")
 
 @dg.asset(
     group_name=GROUP,
+    owners=[owners.TRAINING],
     kinds={"duckdb"},
     partitions_def=manifests_partitions,
     pool=POOL,
     ins={f"{name}_checkpoint": dg.AssetIn(f"{name}_checkpoint") for name in STAGE_NAMES},
     description="Desk telemetry of the run, from the runtime's event logs: goodput with badput by cause, "
     "interruptions per 1,000 device-hours (planned, unplanned), checkpoint bandwidth and blocking seconds; "
-    "one row per stage and one for the run in the warehouse table `training_telemetry`.",
+    "one row per stage and one for the run in the warehouse table `training_telemetry`." + TRAINED_ONE_OF_TWO,
 )
 def training_telemetry(context: dg.AssetExecutionContext, ito: ItoSettingsResource, **stage_checkpoints):
     trained = {c.stage: Path(c.stage_dir) for c in stage_checkpoints.values() if c is not None}

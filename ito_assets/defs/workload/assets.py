@@ -6,7 +6,8 @@ created the run; here the ledger is asked again, at the moment compute is about 
 
 import dagster as dg
 
-from ito_assets.defs.manifest.partitions import manifests_partitions
+from ito_assets.defs import owners
+from ito_assets.defs.manifest.partitions import TRAINED_ONE_OF_TWO, manifests_partitions
 from ito_assets.defs.resources import LedgerResource
 from ito_assets.errors import ItoError
 from ito_assets.control import authorization, run_tags, runs
@@ -17,11 +18,13 @@ GROUP = "workload"
 
 @dg.asset(
     group_name=GROUP,
+    owners=[owners.TRAINING],
     kinds={"sqlite", "postgres"},
     partitions_def=manifests_partitions,
     deps=["training_manifest"],
-    description="Re-verifies in the ledger that the run this job was launched for is still authorized "
-    "(booking entitlement, consumed confirmation, manifest digest); its blocking check stops the run.",
+    description="Re-verifies in the ledger that the run this job was launched for (its `ito/run_id` tag) "
+    "is still authorized (booking entitlement, consumed confirmation, manifest digest); its blocking "
+    "check stops the run." + TRAINED_ONE_OF_TWO,
 )
 def run_authorization(context: dg.AssetExecutionContext, ledger: LedgerResource) -> dict:
     run_id = run_tags.run_id_of(context.run.tags)
