@@ -51,9 +51,10 @@ class StageOutcome:
     metrics: dict  # JSON-able: curves, staleness histogram, KL to reference
     # What this stage actually loaded (the previous stage's checkpoint, or the pretraining chain's
     # for the first), and the chain's first weights; `policy.init_checkpoint` alone names only the
-    # latter, the same on every stage. None: the weights came from the seed (the unit tests' start).
-    started_from: CheckpointRef | None
-    chain_start: CheckpointRef | None
+    # latter, the same on every stage. None: the weights came from the seed (the unit tests' start),
+    # or an outcome stored before these were recorded (the class default is what it then reads).
+    started_from: CheckpointRef | None = None
+    chain_start: CheckpointRef | None = None
 
     def start_record(self) -> dict:
         """Where the stage started, as its metrics.json and its asset's metadata record it."""
