@@ -8,8 +8,10 @@ seconds keep every sum exact in floats."""
 from __future__ import annotations
 
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -61,18 +63,26 @@ def stage_log(draw) -> tuple[list[Event], dict[str, int]]:
     return log, {"productive": productive, "wasted": wasted, "allocated": allocated, "steps": len(kept)}
 
 
+def _placed(log: list[Event], ends_at: float) -> list[Event]:
+    """The stage's allocation as the supervisor writes it: ending at `ends_at`."""
+    return [replace(e, at=ends_at) if e.kind is EventKind.ALLOCATION else e for e in log]
+
+
 @settings(max_examples=60, deadline=None)
-@given(st.lists(stage_log(), min_size=1, max_size=3))
-def test_the_run_row_matches_the_oracle_and_no_bucket_is_negative(stages) -> None:
+@given(st.lists(stage_log(), min_size=1, max_size=3), st.lists(seconds, min_size=2, max_size=2))
+def test_the_run_row_matches_the_oracle_and_no_bucket_is_negative(stages, gaps) -> None:
     with tempfile.TemporaryDirectory() as folder:
-        stage_dirs = {}
-        for name, (log, _) in zip(STAGES, stages):
+        stage_dirs, cursor = {}, 1_800_000_000.0  # whole seconds: every sum stays exact
+        for index, (name, (log, truth)) in enumerate(zip(STAGES, stages)):
+            cursor += truth["allocated"]
             stage_dirs[name] = Path(folder) / name
             stage_dirs[name].mkdir()
-            for event in log:
+            for event in _placed(log, cursor):
                 events.append(stage_dirs[name], event)
+            cursor += gaps[index] if index < len(gaps) else 0
         rows = {row["stage"]: row for row in rows_for_run("p", stage_dirs)}
     truths = [truth for _, truth in stages]
+    idle = sum(gaps[: len(stages) - 1])  # between stages; none after the last
     for name, truth in zip(STAGES, truths):
         assert rows[name]["productive_seconds"] == truth["productive"]
         assert rows[name]["badput_wasted_step_seconds"] == truth["wasted"]
@@ -80,7 +90,9 @@ def test_the_run_row_matches_the_oracle_and_no_bucket_is_negative(stages) -> Non
     assert run["productive_seconds"] == sum(t["productive"] for t in truths)
     assert run["badput_wasted_step_seconds"] == sum(t["wasted"] for t in truths)
     assert run["num_steps"] == sum(t["steps"] for t in truths)
-    assert run["allocated_seconds"] == sum(t["allocated"] for t in truths)
+    assert run["badput_idle_seconds"] == idle and all(rows[n]["badput_idle_seconds"] == 0 for n in STAGES[: len(stages)])
+    assert run["allocated_seconds"] == sum(t["allocated"] for t in truths) + idle
+    assert run["device_hours"] == pytest.approx(run["allocated_seconds"] / 3600, rel=1e-12)  # one device throughout
     buckets = [v for k, v in run.items() if k.startswith("badput_")] + [run["productive_seconds"]]
     assert min(buckets) >= 0 and sum(buckets) == run["allocated_seconds"]
 
@@ -100,3 +112,29 @@ def test_one_stages_restart_never_wastes_another_stages_steps(tmp_path) -> None:
             events.append(folder, event)
     run = {row["stage"]: row for row in rows_for_run("p", stage_dirs)}["run"]
     assert run["goodput"] == 7 / 16 and run["badput_wasted_step_seconds"] == 1
+
+
+def test_overlapping_windows_are_not_idle_and_a_gap_is_counted_at_the_runs_devices(tmp_path) -> None:
+    from ito_assets.runtime.record.goodput import _idle_seconds, summarize_run
+
+    assert _idle_seconds([(0, 10), (5, 12), (20, 30)]) == 8  # 12 -> 20
+    assert _idle_seconds([(0, 10), (10, 20)]) == 0 and _idle_seconds([]) == 0
+    e = lambda at, seconds, devices: Event(kind=EventKind.ALLOCATION, at=at, seconds=seconds, num_devices=devices)
+    run = summarize_run({"a": [e(100.0, 100.0, 8)], "b": [e(400.0, 100.0, 4)]})  # 200 s idle between them
+    assert (run.idle_seconds, run.allocated_seconds) == (200.0, 400.0)
+    assert run.device_hours == pytest.approx((100 * 8 + 100 * 4 + 200 * 8) / 3600, rel=1e-12)
+
+
+def test_a_table_written_before_the_idle_figure_takes_it(tmp_path) -> None:
+    from ito_assets.data.warehouse import connect
+    from ito_assets.defs.training import telemetry_table
+
+    warehouse = tmp_path / "w.duckdb"
+    old_columns = [c for c in telemetry_table._COLUMNS if c != "badput_idle_seconds"]
+    with connect(warehouse) as connection:
+        connection.execute(f"CREATE TABLE {telemetry_table.TABLE} (partition_key VARCHAR, stage VARCHAR, "
+                           + ", ".join(f"{c} DOUBLE" for c in old_columns) + ", computed_at DOUBLE)")
+    row = {"partition_key": "p", "stage": "run", **{c: 1.0 for c in telemetry_table._COLUMNS}}
+    telemetry_table.write(warehouse, "p", [row])
+    with connect(warehouse) as connection:
+        assert connection.execute(f"SELECT badput_idle_seconds, goodput FROM {telemetry_table.TABLE}").fetchall() == [(1.0, 1.0)]

@@ -11,7 +11,7 @@ from ito_assets.runtime.record.goodput import summarize, summarize_run
 TABLE = "training_telemetry"
 _COLUMNS = ("goodput", "allocated_seconds", "device_hours", "productive_seconds", "badput_startup_seconds",
             "badput_checkpoint_seconds", "badput_recovery_seconds", "badput_wasted_step_seconds",
-            "badput_evaluation_seconds", "badput_other_seconds", "num_steps", "num_wasted_steps",
+            "badput_evaluation_seconds", "badput_idle_seconds", "badput_other_seconds", "num_steps", "num_wasted_steps",
             "planned_interruptions_per_1000_device_hours", "unplanned_interruptions_per_1000_device_hours",
             "num_checkpoints", "checkpoint_bytes", "checkpoint_bandwidth_bytes_per_second")
 
@@ -25,11 +25,14 @@ def rows_for_run(partition_key: str, stage_dirs: dict[str, Path]) -> list[dict]:
 def write(warehouse: Path, partition_key: str, rows: list[dict]) -> None:
     warehouse.parent.mkdir(parents=True, exist_ok=True)
     columns = ", ".join(f"{c} DOUBLE" for c in _COLUMNS)
+    names = ["partition_key", "stage", *_COLUMNS, "computed_at"]
     with connect(warehouse) as connection:
         connection.execute(f"CREATE TABLE IF NOT EXISTS {TABLE} (partition_key VARCHAR, stage VARCHAR, {columns}, "
                            "computed_at DOUBLE)")
+        for column in _COLUMNS:  # a table written by an earlier release lacks the newer figures
+            connection.execute(f"ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS {column} DOUBLE")
         connection.execute(f"DELETE FROM {TABLE} WHERE partition_key = ?", [partition_key])
-        parameters = ", ".join("?" for _ in range(len(_COLUMNS) + 3))
+        parameters = ", ".join("?" for _ in names)
         now = time.time()
-        connection.executemany(f"INSERT INTO {TABLE} VALUES ({parameters})",
+        connection.executemany(f"INSERT INTO {TABLE} ({', '.join(names)}) VALUES ({parameters})",
                                [[r["partition_key"], r["stage"], *(float(r[c]) for c in _COLUMNS), now] for r in rows])

@@ -6,7 +6,11 @@ Definitions (the desk prices a training block from these):
   attempt resumed from an earlier checkpoint, which makes it wasted: it is done again.
 - badput, split: start-up (launch to first step of the first attempt), checkpointing (seconds a
   save blocked training), recovery (detection to the first step after a restart), wasted steps,
-  evaluation, and `other` (the rest of the allocation: data loading, logging, idle).
+  evaluation, idle between stages (the run's row only: the devices stay booked while no stage
+  runs), and `other` (the rest of a stage's window: data loading, logging).
+- a stage's window is its supervisors' allocation events (each ends at `at`, lasts `seconds`); the
+  run's is the first window's start to the last one's end, so a gap between stages is counted
+  once, as idle, at the run's largest device count.
 - interruption rate = interruptions per 1,000 GPU-hours (device-hours), planned and unplanned,
   the unit cluster operators quote failure rates in (e.g. the Llama 3 paper's 466 interruptions
   in 54 days, Dubey et al. 2024, section 3.3.4).
@@ -15,7 +19,7 @@ Definitions (the desk prices a training block from these):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Mapping
 
 from ito_assets.runtime.record.events import NOT_APPLIED, Event, EventKind
@@ -40,6 +44,7 @@ class Telemetry:
     num_checkpoints: int
     checkpoint_bytes: int
     checkpoint_total_seconds: float
+    idle_seconds: float = 0.0  # between stages' windows (a run's figure; 0 for one stage)
 
     @property
     def goodput(self) -> float:
@@ -48,7 +53,7 @@ class Telemetry:
     @property
     def other_seconds(self) -> float:
         accounted = (self.productive_seconds + self.startup_seconds + self.checkpoint_blocking_seconds
-                     + self.recovery_seconds + self.wasted_step_seconds + self.evaluation_seconds)
+                     + self.recovery_seconds + self.wasted_step_seconds + self.evaluation_seconds + self.idle_seconds)
         return self.allocated_seconds - accounted
 
     def interruptions_per_1000_device_hours(self, *, planned: bool) -> float:
@@ -71,6 +76,7 @@ class Telemetry:
             "badput_recovery_seconds": self.recovery_seconds,
             "badput_wasted_step_seconds": self.wasted_step_seconds,
             "badput_evaluation_seconds": self.evaluation_seconds,
+            "badput_idle_seconds": self.idle_seconds,
             "badput_other_seconds": self.other_seconds,
             "num_steps": self.num_steps,
             "num_wasted_steps": self.num_wasted_steps,
@@ -126,6 +132,22 @@ def summarize(events: list[Event]) -> Telemetry:
 def summarize_run(logs: Mapping[str, list[Event]]) -> Telemetry:
     """A run's figures from its stages' logs. Attempts are numbered per stage, so a resume is looked
     up by (stage, attempt): each stage is summarized alone and the figures, all sums, are added.
-    Concatenating the logs would let one stage's restart mark another stage's steps as wasted."""
+    Concatenating the logs would let one stage's restart mark another stage's steps as wasted. The
+    time between the stages' windows is added to the allocation as idle."""
     parts = [summarize(log) for log in logs.values()]
-    return Telemetry(**{f.name: sum(getattr(p, f.name) for p in parts) for f in fields(Telemetry)})
+    total = Telemetry(**{f.name: sum(getattr(p, f.name) for p in parts) for f in fields(Telemetry)})
+    allocations = [e for log in logs.values() for e in log if e.kind is EventKind.ALLOCATION]
+    idle = _idle_seconds([(e.at - e.seconds, e.at) for e in allocations])
+    devices = max((e.num_devices for e in allocations), default=0)
+    return replace(total, allocated_seconds=total.allocated_seconds + idle, idle_seconds=idle,
+                   device_hours=total.device_hours + idle * devices / _SECONDS_PER_HOUR)
+
+
+def _idle_seconds(windows: list[tuple[float, float]]) -> float:
+    """The time inside the span of `windows` that none of them covers."""
+    idle, reached = 0.0, None
+    for start, end in sorted(windows):
+        if reached is not None and start > reached:
+            idle += start - reached
+        reached = end if reached is None else max(reached, end)
+    return idle
