@@ -97,7 +97,20 @@ def test_chain_materialises_with_every_check_green(chain) -> None:
     report = next(e for e in result.get_asset_materialization_events() if e.asset_key.to_user_string() == "contamination_report")
     meta = report.materialization.metadata
     assert json.loads(json.dumps(meta["contamination_by_benchmark"].value)) == {b: {"documents": 20, "eval_items": 20} for b in ("arith-words", "code-reading", "py-trivia")}
-    assert "| doc |" in meta["sample_hits"].value and meta["config.ngram_size"].value == 13
+    assert meta["config.ngram_size"].value == 13
+    assert [c.name for c in meta["sample_hits"].schema.columns] == ["doc", "eval item", "view", "matched n-gram", "chars",
+                                                                   "overlap %", "action"]
+    assert len(meta["sample_hits"].records) == 10
+    assert meta["contamination_chart"].value.startswith("![contamination by benchmark](data:image/png;base64,")
+    dedup = next(e for e in result.get_asset_materialization_events()
+                 if e.asset_key.to_user_string() == "deduplicated_documents").materialization.metadata
+    assert dedup["similarity_chart"].value.startswith("![near-duplicate similarity](data:image/png;base64,")
+    assert [c.name for c in dedup["similarity_histogram"].schema.columns] == ["Jaccard from", "Jaccard to", "candidate pairs"]
+    assert sum(r.data["candidate pairs"] for r in dedup["similarity_histogram"].records) == dedup["num_candidate_pairs"].value
+    sources = next(e for e in result.get_asset_materialization_events()
+                   if e.asset_key.to_user_string() == "source_documents").materialization.metadata
+    assert [c.name for c in sources["sources"].schema.columns] == ["uri", "licence", "format", "documents", "size MB", "sha256"]
+    assert [c.name for c in sources["shards"].schema.columns] == ["shard", "rows", "sha256"]
 
 
 def test_unverified_manifest_is_refused(real_tmp: Path, fixtures) -> None:

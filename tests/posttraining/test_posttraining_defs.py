@@ -184,7 +184,7 @@ def test_chain_materializes_with_metrics(installation, instance, base):
     assert set(STAGES) <= _materialized(result)
     (rlvr,) = [e for e in result.get_asset_materialization_events() if e.asset_key.path == ["rlvr_checkpoint"]]
     metadata = rlvr.step_materialization_data.materialization.metadata
-    assert {"reward_curve", "staleness_histogram", "kl_to_reference", "gate"} <= set(metadata)
+    assert {"curves_chart", "final_reward", "staleness_histogram", "kl_to_reference", "gate"} <= set(metadata)
     assert max(int(k) for k in metadata["staleness_histogram"].value["admitted_by_staleness"]) <= 1
     assert "rlvr_eval_gate" in _evaluations(result)
     assert metadata["policy"].value["init_checkpoint"] == base.checkpoint  # the chain's first weights

@@ -63,6 +63,10 @@ def world(installation, tmp_path):
     return installation, verdict, clean, f"file://{garbage}"
 
 
+def _columns(table) -> list[str]:
+    return [c.name for c in table.schema.columns]
+
+
 def _short_key(path: str) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12]
 
@@ -81,12 +85,23 @@ def test_assets_decide_plan_and_check(world):
     # manifest, whose reviewers accept NO_GO and WITHIN_NOISE (tests/helpers.py).
     assert result.test.num_seeds == 3 and result.test.interval_low is not None
     assert (installation.settings.state_dir / "decision" / verdict.key / "tokenizer.json").is_file()
-    judged = data_decision(context=dg.build_asset_context(partition_key=verdict.key), config=DataDecisionParams(),
+    runs = context.get_output_metadata("result")["runs"]
+    assert _columns(runs) == ["arm", "seed", "answer bits/byte", "accuracy %", "P(correct) %", "final loss", "tokens/s"]
+    assert len(runs.records) == 6  # two arms, three seeds
+    decided = dg.build_asset_context(partition_key=verdict.key)
+    judged = data_decision(context=decided, config=DataDecisionParams(),
                            booked_hardware=hardware, training_manifest=verdict, decision_run=result)
     assert judged.gate.passed and judged.economics is not None and judged.economics.full_run_cost_cents > 0
-    outcome = training_plan(context=dg.build_asset_context(partition_key=verdict.key), booked_hardware=hardware,
-                            training_manifest=verdict, data_decision=judged)
+    metadata = decided.get_output_metadata("result")
+    assert metadata["effect_chart"].value.startswith("![data decision effect](data:image/png;base64,")
+    assert (metadata["interval_low"], metadata["interval_high"]) == (result.test.interval_low, result.test.interval_high)
+    planned = dg.build_asset_context(partition_key=verdict.key)
+    outcome = training_plan(context=planned, booked_hardware=hardware, training_manifest=verdict, data_decision=judged)
     assert not outcome.refused
+    stages = planned.get_output_metadata("result")["stages"]
+    assert _columns(stages) == ["stage", "layout", "GiB/GPU", "MFU %", "steps", "cost USD"]
+    assert [r.data["stage"] for r in stages.records] == [s.stage for s in outcome.run_plan.stages]
+    assert "checkpointing" in stages.records[0].data["layout"]  # one readable cell, e.g. "dp_shard=8, bf16, ..."
     for check in (plan_not_refused, plan_within_budget_cap, plan_within_max_incremental):
         assert check(training_plan=outcome).passed
     assert decision_is_go(data_decision=judged).passed

@@ -1,11 +1,15 @@
-"""Materialisation metadata a data engineer reads in the UI: counts, rates, a histogram, tables."""
+"""Materialisation metadata a data engineer reads in the UI: counts and rates (numbers, plotted
+across partitions), charts of the near-duplicate similarities and of contamination by benchmark,
+and tables with schemas."""
 
 from __future__ import annotations
 
 import dagster as dg
 import polars as pl
 
+from ito_assets import charts
 from ito_assets.data.near_dedup import HISTOGRAM_BINS
+from ito_assets.defs.metadata_values import chart, table
 from ito_assets.data.shards import ShardSet
 from ito_assets.data.stages import CleanStage, DecontamStage, DedupStage, SourceStage
 
@@ -16,22 +20,27 @@ def _rate(part: int, whole: int) -> float:
     return round(part / whole, 6) if whole else 0.0
 
 
-def _table(header: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in row) + " |" for row in rows]
-    return "\n".join(lines)
+SHARD_COLUMNS = [("shard", "string"), ("rows", "int"), ("sha256", "string")]
+SOURCE_COLUMNS = [("uri", "string"), ("licence", "string"), ("format", "string"), ("documents", "int"),
+                  ("size MB", "float"), ("sha256", "string")]
+SIMILARITY_COLUMNS = [("Jaccard from", "float"), ("Jaccard to", "float"), ("candidate pairs", "int")]
+HIT_COLUMNS = [("doc", "string"), ("eval item", "string"), ("view", "string"), ("matched n-gram", "string"),
+               ("chars", "string"), ("overlap %", "float"), ("action", "string")]
+PARAPHRASE_COLUMNS = [("doc", "string"), ("eval item", "string"), ("similarity", "float"), ("excerpt", "string")]
 
 
 def shard_metadata(shards: ShardSet) -> dict:
+    rows = [{"shard": s.path.rsplit("/", 1)[-1], "rows": s.num_rows, "sha256": s.sha256} for s in shards.shards]
     return {
         "num_shards": len(shards.shards),
-        "shards": dg.MetadataValue.md(_table(["shard", "rows", "sha256"], [[s.path.rsplit("/", 1)[-1], s.num_rows, s.sha256] for s in shards.shards])),
+        "shards": table(SHARD_COLUMNS, rows),
         "folder": dg.MetadataValue.path(shards.folder),
     }
 
 
 def source_metadata(stage: SourceStage) -> dict:
-    rows = [[c.uri, c.license, c.format, c.num_documents, c.num_bytes, c.sha256[:16] + "…"] for c in stage.sources]
+    rows = [{"uri": c.uri, "licence": c.license, "format": c.format, "documents": c.num_documents,
+             "size MB": round(c.num_bytes / 1e6, 3), "sha256": c.sha256[:16] + "…"} for c in stage.sources]
     return {
         "manifest_digest": stage.manifest_digest,
         "num_documents": stage.num_documents,
@@ -39,16 +48,19 @@ def source_metadata(stage: SourceStage) -> dict:
         "num_empty_skipped": sum(c.num_empty_skipped for c in stage.sources),
         "num_changed_by_normalization": sum(c.num_changed_by_normalization for c in stage.sources),
         "normalization": stage.sources[0].normalization if stage.sources else "",
-        "sources": dg.MetadataValue.md(_table(["uri", "licence", "format", "documents", "bytes", "sha256"], rows)),
+        "sources": table(SOURCE_COLUMNS, rows),
         **shard_metadata(stage.shards),
     }
 
 
-def histogram_markdown(counts: tuple[int, ...]) -> str:
+def similarity_metadata(counts: tuple[int, ...], threshold: float | None) -> dict:
+    """Candidate pairs by estimated Jaccard: a chart with the removal threshold, and the non-empty
+    bins as a table."""
     width = 1.0 / HISTOGRAM_BINS
-    peak = max(counts) if counts and max(counts) else 1
-    rows = [[f"{i * width:.2f}-{(i + 1) * width:.2f}", c, "█" * round(30 * c / peak)] for i, c in enumerate(counts) if c]
-    return _table(["estimated Jaccard", "candidate pairs", ""], rows) if rows else "no candidate pairs"
+    rows = [{"Jaccard from": round(i * width, 2), "Jaccard to": round((i + 1) * width, 2), "candidate pairs": c}
+            for i, c in enumerate(counts) if c]
+    return {"similarity_chart": chart("near-duplicate similarity", charts.similarity_chart(counts, threshold)),
+            "similarity_histogram": table(SIMILARITY_COLUMNS, rows)}
 
 
 def dedup_metadata(stage: DedupStage) -> dict:
@@ -64,7 +76,7 @@ def dedup_metadata(stage: DedupStage) -> dict:
         "num_pairs_verified": c.near.num_pairs_verified,
         "num_pairs_above_threshold": c.near.num_pairs_above_threshold,
         "num_families": stage.num_families,
-        "similarity_histogram": dg.MetadataValue.md(histogram_markdown(c.near.similarity_histogram)),
+        **similarity_metadata(c.near.similarity_histogram, stage.config.get("threshold")),
         "config": dg.MetadataValue.json(stage.config),
         **{f"config.{k}": v for k, v in stage.config.items()},
         **shard_metadata(stage.kept),
@@ -79,6 +91,11 @@ def decontam_metadata(stage: DecontamStage) -> dict:
     )
     sample = hits.sort("overlap_ratio", "doc_id", descending=[False, False]).head(SAMPLE_HITS)
     c = stage.counts
+    benchmarks = {r["benchmark"]: {"documents": r["documents"], "eval_items": r["eval_items"]}
+                  for r in by_benchmark.iter_rows(named=True)}
+    hit_rows = [{"doc": r["doc_id"], "eval item": r["eval_item_id"], "view": r["view"], "matched n-gram": r["matched_ngram"],
+                 "chars": f"{r['char_start']}-{r['char_end']}", "overlap %": round(100 * r["overlap_ratio"], 1),
+                 "action": r["action"]} for r in sample.iter_rows(named=True)]
     return {
         "eval_suite_id": stage.eval_suite_id,
         "eval_suite_digest": stage.eval_suite_digest,
@@ -91,14 +108,9 @@ def decontam_metadata(stage: DecontamStage) -> dict:
         "num_eval_items": stage.num_items,
         "num_eval_items_unindexed": stage.num_items_unindexed,
         "num_degenerate_seeds": stage.num_degenerate_seeds,
-        "contamination_by_benchmark": dg.MetadataValue.json({r["benchmark"]: {"documents": r["documents"], "eval_items": r["eval_items"]} for r in by_benchmark.iter_rows(named=True)}),
-        "sample_hits": dg.MetadataValue.md(
-            _table(
-                ["doc", "eval item", "view", "matched n-gram", "chars", "overlap", "action"],
-                [[r["doc_id"], r["eval_item_id"], r["view"], r["matched_ngram"], f"{r['char_start']}-{r['char_end']}", f"{r['overlap_ratio']:.2f}", r["action"]] for r in sample.iter_rows(named=True)],
-            )
-            if sample.height else "no contamination found"
-        ),
+        "contamination_by_benchmark": dg.MetadataValue.json(benchmarks),
+        "contamination_chart": chart("contamination by benchmark", charts.contamination_chart(benchmarks)),
+        "sample_hits": table(HIT_COLUMNS, hit_rows),  # empty: no contamination found
         "config": dg.MetadataValue.json(stage.config),
         **{f"config.{k}": v for k, v in stage.config.items()},
         **(paraphrase_metadata(stage) if stage.paraphrases is not None else {}),
@@ -107,10 +119,11 @@ def decontam_metadata(stage: DecontamStage) -> dict:
 
 def paraphrase_metadata(stage: DecontamStage) -> dict:
     candidates = pl.read_parquet(stage.paraphrases.path).sort("similarity", descending=True)
-    rows = [[r["doc_id"], r["eval_item_id"], f"{r['similarity']:.3f}", r["excerpt"][:80]] for r in candidates.head(SAMPLE_HITS).iter_rows(named=True)]
+    rows = [{"doc": r["doc_id"], "eval item": r["eval_item_id"], "similarity": round(r["similarity"], 3),
+             "excerpt": r["excerpt"][:80]} for r in candidates.head(SAMPLE_HITS).iter_rows(named=True)]
     return {
         "num_paraphrase_candidates": candidates.height,
-        "paraphrase_candidates": dg.MetadataValue.md(_table(["doc", "eval item", "similarity", "excerpt"], rows) if rows else "no paraphrase candidates"),
+        "paraphrase_candidates": table(PARAPHRASE_COLUMNS, rows),
     }
 
 

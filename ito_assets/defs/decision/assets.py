@@ -6,11 +6,13 @@ from pathlib import Path
 
 import dagster as dg
 
+from ito_assets import charts
 from ito_assets.data.stages import CleanStage
 from ito_assets.defs import owners
 from ito_assets.defs.decision.params import DataDecisionParams, DecisionRunParams
 from ito_assets.defs.decision.resources import BookedHardwareResource
 from ito_assets.defs.failures import failure, training_manifest_or_fail
+from ito_assets.defs.metadata_values import chart, table
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.resources import ItoSettingsResource
 from ito_assets.errors import ItoError
@@ -69,11 +71,17 @@ def _test_table(test: PairedTest) -> dg.TableMetadataValue:
     return dg.MetadataValue.table([dg.TableRecord(row)], schema=dg.TableSchema(columns=columns))
 
 
+RUN_COLUMNS = [("arm", "string"), ("seed", "int"), ("answer bits/byte", "float"), ("accuracy %", "float"),
+               ("P(correct) %", "float"), ("final loss", "float"), ("tokens/s", "float")]
+PLAN_STAGE_COLUMNS = [("stage", "string"), ("layout", "string"), ("GiB/GPU", "float"), ("MFU %", "float"),
+                      ("steps", "int"), ("cost USD", "float")]
+
+
 def _run_metadata(result: DecisionResult, baseline_sources, work_dir: Path) -> dict:
-    rows = "\n".join(
-        f"| {r.arm} | {r.seed} | {r.primary:.4f} | {r.report.metric('accuracy'):.3f} | {r.report.metric('correct_prob'):.3f} "
-        f"| {r.train.final_loss:.3f} | {r.train.tokens_per_second:,.0f} |" for r in result.runs
-    )
+    rows = [{"arm": r.arm, "seed": r.seed, "answer bits/byte": round(r.primary, 4),
+             "accuracy %": round(100 * r.report.metric("accuracy"), 1),
+             "P(correct) %": round(100 * r.report.metric("correct_prob"), 1), "final loss": round(r.train.final_loss, 3),
+             "tokens/s": round(r.train.tokens_per_second)} for r in result.runs]
     return {
         "verdict": result.verdict.value,
         "difference_bits_per_byte": result.difference,
@@ -90,9 +98,7 @@ def _run_metadata(result: DecisionResult, baseline_sources, work_dir: Path) -> d
         "tokenizer_sha256": result.tokenizer_sha256 or "",
         "work_dir": dg.MetadataValue.path(str(work_dir)),
         "baseline_sources": dg.MetadataValue.json([vars(s) for s in baseline_sources]),
-        "runs": dg.MetadataValue.md(
-            "| arm | seed | answer bits/byte | accuracy | P(correct) | final loss | tokens/s |\n|---|---|---|---|---|---|---|\n" + rows
-        ),
+        "runs": table(RUN_COLUMNS, rows),
     }
 
 
@@ -114,7 +120,7 @@ def data_decision(
     judged = judge_decision(decision_run, manifest, booked_hardware.hardware(), config.to_config())
     metadata = {"verdict": judged.decision.verdict.value, "outcome": judged.gate.outcome,
                 "gate_passed": judged.gate.passed, "gate_reason": judged.gate.reason,
-                "summary": dg.MetadataValue.json(judged.summary())}
+                "summary": dg.MetadataValue.json(judged.summary()), **_effect_metadata(judged)}
     if judged.economics is not None:
         metadata["economics"] = _economics_table(judged.economics)
         metadata["full_run_cost_usd"] = round(judged.economics.full_run_cost_cents / 100, 2)
@@ -123,6 +129,17 @@ def data_decision(
         metadata["plan_refusal"] = judged.plan_refusal or ""
     context.add_output_metadata(metadata)
     return judged
+
+
+def _effect_metadata(judged: DataDecision) -> dict:
+    """The effect the decision rests on, with its interval, as a chart and as numbers (plotted across
+    partitions); the interval is absent with one seed."""
+    test = judged.decision.test
+    png = charts.effect_chart(test.difference, test.interval_low, test.interval_high, test.verdict.value,
+                              unit="answer bits/byte", minimum_detectable_effect=test.minimum_detectable_effect)
+    interval = {name: value for name, value in (("interval_low", test.interval_low), ("interval_high", test.interval_high))
+                if value is not None}
+    return {"effect_chart": chart("data decision effect", png), "difference_bits_per_byte": test.difference, **interval}
 
 
 def _economics_table(economics: Economics) -> dg.TableMetadataValue:
@@ -161,18 +178,26 @@ def training_plan(
     return outcome
 
 
+def _layout_text(layout: dict) -> str:
+    """A layout in one cell: the parallel degrees above 1, then precision, checkpointing, micro-batch
+    and compile (the full layout is in `plan`)."""
+    settings = {"precision", "checkpointing", "micro_batch_size", "compile"}
+    degrees = [f"{name}={value}" for name, value in layout.items() if name not in settings and value != 1]
+    rest = [layout["precision"], f"checkpointing {layout['checkpointing']}", f"micro-batch {layout['micro_batch_size']}"]
+    return ", ".join((degrees or ["one device"]) + rest + (["compile"] if layout["compile"] else []))
+
+
 def _plan_metadata(outcome: PlanOutcome, decision: DataDecision) -> dict:
     metadata = {"refused": outcome.refused, "decision_verdict": decision.decision.verdict.value,
                 "plan": dg.MetadataValue.json(outcome.to_dict())}
     if outcome.run_plan is None:
         return {**metadata, "refusal_reasons": ", ".join(outcome.refusal_reasons)}
     plan = outcome.run_plan
-    rows = "\n".join(
-        f"| {s.stage} | {s.plan.layout.describe()} | {s.plan.memory.total / 2**30:.1f} | {s.plan.step.mfu:.1%} "
-        f"| {s.plan.num_steps:,} | {s.plan.cost_cents / 100:,.2f} |" for s in plan.stages
-    )
+    rows = [{"stage": s.stage, "layout": _layout_text(s.plan.layout.describe()), "GiB/GPU": round(s.plan.memory.total / 2**30, 1),
+             "MFU %": round(100 * s.plan.step.mfu, 1), "steps": s.plan.num_steps, "cost USD": round(s.plan.cost_cents / 100, 2)}
+            for s in plan.stages]
     return {
         **metadata, "cost_cents": plan.cost_cents, "cap_cents": plan.budget.cap_cents,
         "max_incremental_cents": plan.budget.max_incremental_cents, "wall_hours": round(plan.wall_seconds / 3600, 4),
-        "stages": dg.MetadataValue.md("| stage | layout | GiB/GPU | MFU | steps | USD |\n|---|---|---|---|---|---|\n" + rows),
+        "stages": table(PLAN_STAGE_COLUMNS, rows),
     }

@@ -9,6 +9,7 @@ import dagster as dg
 from ito_assets.defs.failures import failure
 from ito_assets.defs import owners
 from ito_assets.defs.manifest.partitions import manifests_partitions
+from ito_assets.defs.metadata_values import table
 from ito_assets.defs.resources import ItoSettingsResource
 from ito_assets.errors import ItoError
 from ito_assets.evals.suite import EvalSuite, load_suite
@@ -86,24 +87,31 @@ def _verdict_metadata(verdict: ManifestVerdict) -> dict:
         summary = verdict.summary()
         metadata["summary"] = dg.MetadataValue.json(summary)
         metadata["overview"] = dg.MetadataValue.md(_summary_markdown(summary))
+        metadata["data_references"] = _references_table(summary["data_references"])
     else:
         metadata["error_code"] = verdict.error_code
         metadata["error_message"] = verdict.error_message
     return metadata
 
 
+REFERENCE_COLUMNS = [("data reference", "string"), ("licence", "string"), ("format", "string"),
+                     ("provenance", "bool")]
+
+
+def _references_table(references: list[dict]) -> dg.TableMetadataValue:
+    rows = [{"data reference": r["uri"], "licence": r["license"], "format": r["format"],
+             "provenance": bool(r["has_provenance"])} for r in references]
+    return table(REFERENCE_COLUMNS, rows)
+
+
 def _summary_markdown(summary: dict) -> str:
-    rows = "\n".join(
-        f"| {r['uri']} | {r['license']} | {r['format']} | {'yes' if r['has_provenance'] else '**no**'} |"
-        for r in summary["data_references"]
-    )
-    table = f"| data reference | licence | format | provenance |\n|---|---|---|---|\n{rows}"
+    """The manifest in a sentence; its data references are the `data_references` table."""
     if summary["kind"] == "data":
-        return f"**{summary['name']}**: a data manifest (data preparation only, never trained).\n\n{table}"
+        return f"**{summary['name']}**: a data manifest (data preparation only, never trained)."
     budget = summary["budget"]
     return (
         f"**{summary['name']}**: model {summary['model']['size']} "
         f"({parameters_phrase(summary['model'])}), {summary['num_training_tokens']:,} tokens "
         f"over {', '.join(summary['stages'])}; budget cap {budget['cap_cents'] / 100:,.2f} USD.\n\n"
-        f"{table}\n\npost-training: {json.dumps(summary['post_training'])}"
+        f"post-training: {json.dumps(summary['post_training'])}"
     )

@@ -12,6 +12,8 @@ import json
 
 import dagster as dg
 
+from ito_assets import charts
+from ito_assets.defs.metadata_values import chart
 from ito_assets.defs.failures import failure, verified_or_fail
 from ito_assets.defs import owners
 from ito_assets.defs.manifest.partitions import TRAINED_ONE_OF_TWO, manifests_partitions
@@ -38,11 +40,18 @@ def _recipe_step(manifest: Manifest, kind: str):
     return next((s for s in manifest.post_training if s.kind == kind), None)
 
 
-def _series(values: list[float], num_rows: int = 12) -> str:
-    """A markdown table of a curve, thinned to about `num_rows` rows (first and last kept)."""
-    picked = sorted(set(range(0, len(values), max(1, len(values) // num_rows))) | {len(values) - 1})
-    rows = "\n".join(f"| {i} | {values[i]:.4f} |" for i in picked if values)
-    return f"| step | value |\n|---|---|\n{rows}"
+CURVES = {"loss_curve": "loss", "accuracy_curve": "accuracy", "reward_curve": "reward", "kl_curve": "KL"}
+
+
+def _curve_metadata(kind: str, metrics: dict) -> dict:
+    """The stage's curves by optimizer step in one chart, and each curve's last value as a number (so
+    the Plots view follows it across partitions); no chart when the stage recorded no curve."""
+    curves = {label: metrics[name] for name, label in CURVES.items() if name in metrics}
+    if not curves:
+        return {}
+    final = {f"final_{name.removesuffix('_curve')}": float(metrics[name][-1])
+             for name in CURVES if metrics.get(name)}
+    return {"curves_chart": chart(f"{kind} curves", charts.curves_chart(f"{kind}: by optimizer step", curves)), **final}
 
 
 def start_metadata(outcome: StageOutcome) -> dict:
@@ -73,9 +82,7 @@ def outcome_metadata(outcome: StageOutcome, step) -> dict:
         "kl_to_reference": metrics["kl_to_reference"],
         "train_seconds": metrics["train_seconds"],
     }
-    for name in ("loss_curve", "accuracy_curve", "reward_curve", "kl_curve"):
-        if name in metrics:
-            metadata[name] = dg.MetadataValue.md(_series(metrics[name]))
+    metadata.update(_curve_metadata(outcome.stage, metrics))
     if "staleness" in metrics:
         metadata["staleness_histogram"] = dg.MetadataValue.json(metrics["staleness"])
         metadata["num_dropped_stale"] = metrics["staleness"]["num_dropped_stale"]

@@ -23,6 +23,7 @@ from ito_assets.defs.training.launcher import TrainingLauncherResource
 from ito_assets.defs.training.resources import TrainingRuntimeResource
 from ito_assets.defs.workload.live import require_live_authorization
 from ito_assets.defs.training.stage_outcome import outcome_metadata
+from ito_assets.defs.training.telemetry_metadata import goodput_metadata, step_time_metadata
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.evals.suite import EvalSuite, load_suite
 from ito_assets.manifest.schema import STAGE_ORDER, Manifest
@@ -166,15 +167,15 @@ def _run_stage(context, res: _StageResources, inputs: dict, previous, name: str)
         raise dg.Failure(description=f"training_launcher: {error}") from None
     ready = stage_run.prepare(config, supervisor)
     res.pipes.run(context=context, command=list(ready.command))
+    policy = res.runtime.gate_policy(manifest.training_target.eval_gate)
     with res.ledger.open() as opened:
         outcome = stage_run.conclude(
-            ready, ledger=opened, run_id=run_id, run_dir=layout.run_dir,
-            policy=res.runtime.gate_policy(manifest.training_target.eval_gate),
+            ready, ledger=opened, run_id=run_id, run_dir=layout.run_dir, policy=policy,
             previous_eval=previous.eval if previous else None,
             previous_units=previous.eval_units if previous else None,
             previous_stage=stages.previous_stage(manifest.training_target, name),
             priced=_host_request(config, stage, plan.run_plan.hardware, nnodes, nproc, has_cuda))
-    yield dg.Output(outcome, metadata={**outcome_metadata(outcome), "nnodes": nnodes, "nproc_per_node": nproc,
+    yield dg.Output(outcome, metadata={**outcome_metadata(outcome, policy), "nnodes": nnodes, "nproc_per_node": nproc,
                                        "replica_groups": config.replica_groups,
                                        # what an auditor matches against the confirmation
                                        "trained_manifest_digest": live.manifest.digest})
@@ -231,7 +232,8 @@ STAGE_NAMES = ("pretraining", "mid_training", "long_context")
     ins={f"{name}_checkpoint": dg.AssetIn(f"{name}_checkpoint") for name in STAGE_NAMES},
     description="Desk telemetry of the run, from the runtime's event logs: goodput with badput by cause, "
     "interruptions per 1,000 device-hours (planned, unplanned), checkpoint bandwidth and blocking seconds; "
-    "one row per stage and one for the run in the warehouse table `training_telemetry`." + TRAINED_ONE_OF_TWO,
+    "one row per stage and one for the run in the warehouse table `training_telemetry`; charts of goodput by "
+    "cause and of each stage's predicted against measured step time." + TRAINED_ONE_OF_TWO,
 )
 def training_telemetry(context: dg.AssetExecutionContext, ito: ItoSettingsResource, **stage_checkpoints):
     trained = {c.stage: Path(c.stage_dir) for c in stage_checkpoints.values() if c is not None}
@@ -244,6 +246,8 @@ def training_telemetry(context: dg.AssetExecutionContext, ito: ItoSettingsResour
         "checkpoint_bandwidth_bytes_per_second": run_row["checkpoint_bandwidth_bytes_per_second"],
         "badput_seconds": dg.MetadataValue.json({k: v for k, v in run_row.items() if k.startswith("badput_")}),
         "stages": ", ".join(trained),
+        **goodput_metadata(rows),
+        **step_time_metadata({c.stage: getattr(c, "calibration", {}) for c in stage_checkpoints.values() if c}),
     })
     return rows
 

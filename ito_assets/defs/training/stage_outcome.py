@@ -1,32 +1,56 @@
 """What a stage asset shows in the UI about the outcome it hands downstream
 (`ito_assets.runtime.stage.run.StageCheckpoint`): its final checkpoint, evals, eval-gate verdict,
-attempts, goodput, loss curve and the layout it ran, read from the files the runtime wrote."""
+attempts, goodput, the loss chart against the gate and the layout it ran, read from the files the
+runtime wrote."""
 
 from pathlib import Path
 
 import dagster as dg
 
+from ito_assets import charts
+from ito_assets.defs.metadata_values import chart, table
 from ito_assets.runtime.checkpoint import registry
 from ito_assets.runtime.record import events
 from ito_assets.runtime.record.events import EventKind
 from ito_assets.runtime.record.goodput import summarize
+from ito_assets.runtime.stage.eval_gate import Direction, EvalGatePolicy
 from ito_assets.runtime.stage.run import StageCheckpoint
 
 
-def _loss_table(stage_dir: Path, num_rows: int = 10) -> str:
-    losses = sorted((e.step, e.loss) for e in events.read(stage_dir) if e.kind is EventKind.STEP and e.loss is not None)
-    latest = dict(losses)  # a step redone after a restart keeps its last loss
+def training_losses(stage_dir: Path) -> tuple[list[int], list[float]]:
+    """Loss by step; a step redone after a restart keeps its last loss."""
+    latest = {e.step: e.loss for e in events.read(stage_dir) if e.kind is EventKind.STEP and e.loss is not None}
     steps = sorted(latest)
-    picked = steps[:: max(1, len(steps) // num_rows)] + steps[-1:]
-    rows = "\n".join(f"| {s} | {latest[s]:.4f} |" for s in dict.fromkeys(picked))
-    return f"| step | loss |\n|---|---|\n{rows}"
+    return steps, [latest[s] for s in steps]
 
 
-def outcome_metadata(outcome: StageCheckpoint) -> dict:
+def gate_marks(gate: dict, policy: EvalGatePolicy | None) -> list[dict]:
+    """Each gated metric of the verdict against its threshold, in the metric's unit and in noise
+    bands: the band the verdict measured (`noise.Band`), else the policy's seed band; the policy
+    gives the direction (without it only the verdict is drawn)."""
+    metrics = {m.name: m for m in policy.metrics} if policy is not None else {}
+    marks = []
+    for check in gate.get("checks", []):
+        metric = metrics.get(check["metric"])
+        mark = {"metric": check["metric"], "value": check["value"], "reference": check["previous"],
+                "compared_with": gate.get("compared_with", "reference"), "passed": check["passed"]}
+        if metric is not None:
+            band = check.get("band", {}).get("total") or metric.noise_band
+            # passes when value is at or beyond previous -+ required, in the metric's direction
+            sign = -1.0 if metric.direction is Direction.LOWER_IS_BETTER else 1.0
+            mark.update(threshold=check["previous"] + sign * check["required"], band=band,
+                        margin_bands=(check["improvement"] - check["required"]) / band)
+        marks.append(mark)
+    return marks
+
+
+def outcome_metadata(outcome: StageCheckpoint, policy: EvalGatePolicy | None = None) -> dict:
+    """`policy`: the eval-gate policy that judged the stage, for its thresholds' noise bands."""
     stage_dir = Path(outcome.stage_dir)
     telemetry = summarize(events.read(stage_dir))
     checkpoints = registry.read(stage_dir)
-    return {
+    steps, losses = training_losses(stage_dir)
+    metadata = {
         "final_checkpoint": dg.MetadataValue.path(outcome.final_checkpoint),
         "metadata_sha256": outcome.metadata_sha256,
         "num_steps": outcome.num_steps,
@@ -38,10 +62,14 @@ def outcome_metadata(outcome: StageCheckpoint) -> dict:
         "num_checkpoints": len(checkpoints),
         "checkpoint_blocking_seconds": telemetry.checkpoint_blocking_seconds,
         "checkpoint_bandwidth_bytes_per_second": telemetry.checkpoint_bandwidth_bytes_per_second,
-        "loss_curve": dg.MetadataValue.md(_loss_table(stage_dir)),
+        "loss_chart": chart(f"{outcome.stage} loss and eval gate", charts.stage_loss_chart(
+            outcome.stage, steps, losses, gate_marks(outcome.gate, policy))),
         **_layout_metadata(outcome.layout),
         **_calibration_metadata(outcome.calibration),
     }
+    if losses:
+        metadata["final_train_loss"] = losses[-1]  # numeric: plotted across partitions
+    return metadata
 
 
 def _calibration_metadata(calibration: dict) -> dict:
@@ -55,10 +83,14 @@ def _calibration_metadata(calibration: dict) -> dict:
             "peak_memory_source": calibration["peak_memory_source"], "price_model_device": calibration["device"]}
 
 
+LAYOUT_FALLBACK_COLUMNS = [("field", "string"), ("planned", "string"), ("ran", "string"), ("why", "string")]
+
+
 def _layout_metadata(layout: dict) -> dict:
     """The layout the worker ran and every field that differs from the plan's, with its reason."""
     if not layout:
         return {}
-    rows = "\n".join(f"| {f['field']} | {f['planned']} | {f['ran']} | {f['reason']} |" for f in layout["fallbacks"])
+    rows = [{"field": f["field"], "planned": str(f["planned"]), "ran": str(f["ran"]), "why": f["reason"]}
+            for f in layout["fallbacks"]]
     return {"layout_ran": dg.MetadataValue.json(layout["ran"]), "num_layout_fallbacks": len(layout["fallbacks"]),
-            "layout_fallbacks": dg.MetadataValue.md(f"| field | planned | ran | why |\n|---|---|---|---|\n{rows}")}
+            "layout_fallbacks": table(LAYOUT_FALLBACK_COLUMNS, rows)}

@@ -1,0 +1,91 @@
+"""The training assets' charts and tables: a stage's loss chart against its eval gate and its layout
+fallbacks as a table; `training_telemetry`'s goodput chart, goodput table and step-time chart,
+from event logs written the way the runtime writes them (no training runs here)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("matplotlib")
+
+import dagster as dg  # noqa: E402
+
+from ito_assets.defs.resources import ItoSettingsResource  # noqa: E402
+from ito_assets.defs.training.assets import training_telemetry  # noqa: E402
+from ito_assets.defs.training.stage_outcome import gate_marks, outcome_metadata  # noqa: E402
+from ito_assets.runtime.record import events  # noqa: E402
+from ito_assets.runtime.record.events import Event, EventKind  # noqa: E402
+from ito_assets.runtime.stage.eval_gate import Direction, EvalGatePolicy, GatedMetric, judge_stage  # noqa: E402
+from ito_assets.runtime.stage.run import StageCheckpoint  # noqa: E402
+
+POLICY = EvalGatePolicy(metrics=(GatedMetric(name="heldout_loss", direction=Direction.LOWER_IS_BETTER, noise_band=0.1),
+                                 GatedMetric(name="answer_loss", direction=Direction.LOWER_IS_BETTER, noise_band=0.2)))
+CALIBRATION = {"predicted_step_s": 0.5, "measured_step_s": 0.8, "step_time_ratio": 1.6,
+               "predicted_peak_memory_bytes": 2**30, "measured_peak_memory_bytes": 2**29, "peak_memory_source": "rss",
+               "device": "CPU", "peak_memory_ratio": 0.5, "flagged": True}
+
+
+def _stage(tmp_path, name: str, *, previous: dict | None = None) -> StageCheckpoint:
+    folder = tmp_path / name
+    folder.mkdir()
+    at = 1000.0
+    events.append(folder, Event(kind=EventKind.ALLOCATION, at=at, seconds=100.0, num_devices=1))
+    events.append(folder, Event(kind=EventKind.STARTUP, at=at + 1, seconds=10.0), by_worker=True)
+    for step in range(20):
+        events.append(folder, Event(kind=EventKind.STEP, at=at + 2 + step, step=step, seconds=3.0, loss=6.0 - 0.2 * step),
+                      by_worker=True)
+    events.append(folder, Event(kind=EventKind.EVALUATION, at=at + 30, seconds=5.0), by_worker=True)
+    evals = {"heldout_loss": 2.5, "answer_loss": 4.0}
+    verdict = judge_stage(name, evals, previous or {"heldout_loss": 6.2, "answer_loss": 5.0}, POLICY,
+                          previous_stage=None if previous is None else "pretraining")
+    layout = {"ran": {"dp_shard": 1}, "fallbacks": [{"field": "compile", "planned": True, "ran": False,
+                                                     "reason": "no compiler on this host"}]}
+    return StageCheckpoint(stage=name, run_dir=str(tmp_path), stage_dir=str(folder), final_checkpoint=str(folder / "ckpt"),
+                           num_steps=20, metadata_sha256="0" * 64, eval=evals, gate=verdict.to_dict(), num_attempts=1,
+                           layout=layout, calibration=CALIBRATION)
+
+
+def _columns(value) -> list[str]:
+    return [c.name for c in value.schema.columns]
+
+
+def test_a_stage_shows_its_loss_chart_and_its_fallbacks_as_a_table(tmp_path):
+    metadata = outcome_metadata(_stage(tmp_path, "pretraining"), POLICY)
+    assert metadata["loss_chart"].value.startswith("![pretraining loss and eval gate](data:image/png;base64,")
+    assert metadata["final_train_loss"] == pytest.approx(6.0 - 0.2 * 19)  # numeric, for the Plots view
+    assert metadata["heldout_loss"] == 2.5 and metadata["goodput"] == pytest.approx(0.6)
+    fallbacks = metadata["layout_fallbacks"]
+    assert _columns(fallbacks) == ["field", "planned", "ran", "why"]
+    assert fallbacks.records[0].data == {"field": "compile", "planned": "True", "ran": "False",
+                                         "why": "no compiler on this host"}
+
+
+def test_gate_marks_place_the_threshold_bands_from_the_reference():
+    gate = judge_stage("pretraining", {"heldout_loss": 5.9, "answer_loss": 4.0}, {"heldout_loss": 6.2, "answer_loss": 5.0},
+                       POLICY, previous_stage=None).to_dict()
+    heldout, answer = gate_marks(gate, POLICY)
+    # the first stage must beat the untrained model by 2 bands: threshold 6.2 - 2 x 0.1
+    assert heldout["threshold"] == pytest.approx(6.0) and heldout["margin_bands"] == pytest.approx(1.0)
+    assert heldout["passed"] and answer["threshold"] == pytest.approx(4.6) and answer["band"] == 0.2
+    # without the policy only the verdict's own figures are drawn
+    assert "threshold" not in gate_marks(gate, None)[0]
+
+
+def test_telemetry_shows_goodput_by_cause_and_step_time(tmp_path, installation):
+    first = _stage(tmp_path, "pretraining")
+    second = _stage(tmp_path, "mid_training", previous=first.eval)
+    context = dg.build_asset_context(partition_key="abc123")
+    training_telemetry(context=context, ito=ItoSettingsResource.from_settings(installation.settings),
+                       pretraining_checkpoint=first, mid_training_checkpoint=second, long_context_checkpoint=second)
+    metadata = context.get_output_metadata("result")
+    assert metadata["goodput_chart"].value.startswith("![goodput and badput by cause](data:image/png;base64,")
+    table = metadata["goodput_by_stage"]
+    assert _columns(table) == ["stage", "goodput %", "device hours", "productive s", "startup s", "checkpoint s",
+                               "recovery s", "wasted_step s", "evaluation s", "other s",
+                               "unplanned interruptions /1000 device-h"]
+    assert [r.data["stage"] for r in table.records] == ["pretraining", "mid_training", "run"]
+    assert table.records[-1].data["goodput %"] == 60.0 and table.records[-1].data["startup s"] == 20.0
+    assert _columns(metadata["step_time"]) == ["stage", "predicted s/step", "measured s/step", "measured/predicted",
+                                               "flagged"]
+    assert metadata["step_time_chart"].value.startswith("![predicted and measured step time](data:image/png;base64,")
+    assert metadata["goodput"] == pytest.approx(0.6)  # the number stays beside the picture
