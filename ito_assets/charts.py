@@ -166,8 +166,8 @@ def _draw_curves(figure, p: dict) -> None:
 
 # Goodput ----------------------------------------------------------------------------------------
 
-BADPUT_CAUSES = ("startup", "checkpoint", "recovery", "wasted_step", "evaluation", "other")
-_CAUSE_COLORS = ("#f0a202", "#7b68ee", "#c0392b", "#e67e22", "#16a085", "#b0b0b0")
+BADPUT_CAUSES = ("startup", "checkpoint", "recovery", "wasted_step", "evaluation", "idle", "other")
+_CAUSE_COLORS = ("#f0a202", "#7b68ee", "#c0392b", "#e67e22", "#16a085", "#5d6d7e", "#b0b0b0")
 
 
 def goodput_chart(rows: Sequence[Mapping]) -> bytes:

@@ -26,7 +26,7 @@ GATE = [
 ]
 ROW = {"allocated_seconds": 100.0, "productive_seconds": 70.0, "badput_startup_seconds": 10.0,
        "badput_checkpoint_seconds": 5.0, "badput_recovery_seconds": 3.0, "badput_wasted_step_seconds": 2.0,
-       "badput_evaluation_seconds": 6.0, "badput_other_seconds": 4.0}
+       "badput_evaluation_seconds": 6.0, "badput_idle_seconds": 0.0, "badput_other_seconds": 4.0}
 
 TYPICAL = {
     "stage_loss": lambda: charts.stage_loss_chart("pretraining", list(range(0, 100, 5)),

@@ -16,6 +16,7 @@ from ito_assets.defs.training.stage_outcome import gate_marks, outcome_metadata 
 from ito_assets.runtime.record import events  # noqa: E402
 from ito_assets.runtime.record.events import Event, EventKind  # noqa: E402
 from ito_assets.runtime.stage.eval_gate import Direction, EvalGatePolicy, GatedMetric, judge_stage  # noqa: E402
+from ito_assets.runtime.stage.noise import Units  # noqa: E402
 from ito_assets.runtime.stage.run import StageCheckpoint  # noqa: E402
 
 POLICY = EvalGatePolicy(metrics=(GatedMetric(name="heldout_loss", direction=Direction.LOWER_IS_BETTER, noise_band=0.1),
@@ -23,6 +24,11 @@ POLICY = EvalGatePolicy(metrics=(GatedMetric(name="heldout_loss", direction=Dire
 CALIBRATION = {"predicted_step_s": 0.5, "measured_step_s": 0.8, "step_time_ratio": 1.6,
                "predicted_peak_memory_bytes": 2**30, "measured_peak_memory_bytes": 2**29, "peak_memory_source": "rss",
                "device": "CPU", "peak_memory_ratio": 0.5, "flagged": True}
+
+
+def _steady(values: dict[str, float]) -> dict[str, Units]:
+    """Units that agree with one another: no item noise, so each band is the policy's seed band."""
+    return {name: Units(loss=(value * 10,) * 4, tokens=(10,) * 4) for name, value in values.items()}
 
 
 def _stage(tmp_path, name: str, *, previous: dict | None = None) -> StageCheckpoint:
@@ -36,7 +42,7 @@ def _stage(tmp_path, name: str, *, previous: dict | None = None) -> StageCheckpo
                       by_worker=True)
     events.append(folder, Event(kind=EventKind.EVALUATION, at=at + 30, seconds=5.0), by_worker=True)
     evals = {"heldout_loss": 2.5, "answer_loss": 4.0}
-    verdict = judge_stage(name, evals, previous or {"heldout_loss": 6.2, "answer_loss": 5.0}, POLICY,
+    verdict = judge_stage(name, _steady(evals), previous or {"heldout_loss": 6.2, "answer_loss": 5.0}, POLICY,
                           previous_stage=None if previous is None else "pretraining")
     layout = {"ran": {"dp_shard": 1}, "fallbacks": [{"field": "compile", "planned": True, "ran": False,
                                                      "reason": "no compiler on this host"}]}
@@ -61,7 +67,7 @@ def test_a_stage_shows_its_loss_chart_and_its_fallbacks_as_a_table(tmp_path):
 
 
 def test_gate_marks_place_the_threshold_bands_from_the_reference():
-    gate = judge_stage("pretraining", {"heldout_loss": 5.9, "answer_loss": 4.0}, {"heldout_loss": 6.2, "answer_loss": 5.0},
+    gate = judge_stage("pretraining", _steady({"heldout_loss": 5.9, "answer_loss": 4.0}), {"heldout_loss": 6.2, "answer_loss": 5.0},
                        POLICY, previous_stage=None).to_dict()
     heldout, answer = gate_marks(gate, POLICY)
     # the first stage must beat the untrained model by 2 bands: threshold 6.2 - 2 x 0.1
@@ -81,7 +87,7 @@ def test_telemetry_shows_goodput_by_cause_and_step_time(tmp_path, installation):
     assert metadata["goodput_chart"].value.startswith("![goodput and badput by cause](data:image/png;base64,")
     table = metadata["goodput_by_stage"]
     assert _columns(table) == ["stage", "goodput %", "device hours", "productive s", "startup s", "checkpoint s",
-                               "recovery s", "wasted_step s", "evaluation s", "other s",
+                               "recovery s", "wasted_step s", "evaluation s", "idle s", "other s",
                                "unplanned interruptions /1000 device-h"]
     assert [r.data["stage"] for r in table.records] == ["pretraining", "mid_training", "run"]
     assert table.records[-1].data["goodput %"] == 60.0 and table.records[-1].data["startup s"] == 20.0
