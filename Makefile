@@ -11,11 +11,14 @@ bootstrap: $(STAMP)
 
 # torch is installed first and exactly: 2.13.0 is the CPU build on this machine's disk;
 # an open range could resolve to a multi-GB CUDA wheel.
+# The installers' own output (setuptools' warnings among it) goes to a log, shown only on failure.
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet "torch==2.13.0"
-	$(BIN)/pip install --quiet -e '.[dev,cluster,ft]'
+	@echo "installing the project into $(VENV) (log: $(VENV)/bootstrap.log)"
+	@{ $(BIN)/pip install --quiet --upgrade pip && \
+	   $(BIN)/pip install --quiet "torch==2.13.0" && \
+	   $(BIN)/pip install --quiet -e '.[dev,cluster,ft]'; } > $(VENV)/bootstrap.log 2>&1 \
+	   || { cat $(VENV)/bootstrap.log; exit 1; }
 	touch $(STAMP)
 
 $(DAGSTER_HOME)/dagster.yaml:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import warnings
 from dataclasses import dataclass, field
 
@@ -64,6 +65,12 @@ def _record(result: dg.ExecuteInProcessResult, summary: RunSummary, partition: s
         summary.num_runs_failed += 1
 
 
+def _progress(line: str) -> float:
+    """One line as each run starts and ends: `make run` takes minutes, and its summary comes last."""
+    print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
+    return time.monotonic()
+
+
 def evaluate_sensor(defs: dg.Definitions, instance: dg.DagsterInstance, sensor_name: str, summary: RunSummary) -> None:
     """One tick of `sensor_name`, then each requested run in process (skipping used run keys)."""
     sensor = defs.resolve_sensor_def(sensor_name)
@@ -81,6 +88,7 @@ def evaluate_sensor(defs: dg.Definitions, instance: dg.DagsterInstance, sensor_n
             continue
         job = defs.resolve_job_def(request.job_name or sensor.job_name)
         tags = {**request.tags, SENSOR_NAME_TAG: sensor_name, RUN_KEY_TAG: request.run_key}
+        started = _progress(f"{job.name} for partition {request.partition_key}: running")
         run = job.execute_in_process(
             instance=instance,
             partition_key=request.partition_key,
@@ -89,7 +97,10 @@ def evaluate_sensor(defs: dg.Definitions, instance: dg.DagsterInstance, sensor_n
             run_config=_run_config(job, request.partition_key),
         )
         summary.num_runs_launched += 1
+        done = len(summary.materialized)
         _record(run, summary, request.partition_key)
+        _progress(f"{job.name} for partition {request.partition_key}: {'succeeded' if run.success else 'FAILED'} "
+                  f"in {time.monotonic() - started:.0f} s, {len(summary.materialized) - done} materializations")
         if run_tags.run_id_of(tags):
             _report_to_ledger(defs, instance, run.dagster_run, run_tags.run_id_of(tags))
 

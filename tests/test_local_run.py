@@ -42,6 +42,10 @@ def _run_twice(tmp_path: Path, manifests: Path, extra_env: dict[str, str]) -> No
     assert re.search(r"ledger: .*; run run_\w+ \(key walkthrough-\w+\) is succeeded", first)
     assert re.search(r"checks passed: [1-9]\d*, failed: 0", first)
     assert "training_manifest [" in first
+    # Progress while it runs: a line as each run starts and one as it ends, before the summary.
+    assert re.search(r"^\[\d\d:\d\d:\d\d\] preparation_job for partition \w+: running$", first, re.M)
+    assert re.search(r"^\[\d\d:\d\d:\d\d\] training_job for partition \w+: succeeded in \d+ s, [1-9]\d* materializations$",
+                     first, re.M)
     assert str(state / "dagster") in first
     second = run()
     assert "runs launched: 0" in second and "nothing new" in second

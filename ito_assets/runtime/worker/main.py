@@ -63,6 +63,8 @@ EXIT_STOPPED = 75
 EXIT_STORAGE = 74
 # Report every 10 steps through Pipes (torchtitan's default `log_freq`); every step goes to the events.
 LOG_EVERY_STEPS = 10
+# Progress lines in the stage's log: one per tenth of its steps, whatever its length.
+PROGRESS_PARTS = 10
 # How often ranks paused on a non-finite step look for the desk's decision; heartbeats go out as often.
 AWAIT_DESK_POLL_S = 1.0
 
@@ -315,6 +317,7 @@ class StageWorker:
         self.event(EventKind.STEP, step=result.step, seconds=result.seconds, loss=result.loss,
                    detail="" if result.applied else events.NOT_APPLIED)
         self.step_seconds.append(result.seconds)
+        self.report_progress(result.step)
         if result.step % LOG_EVERY_STEPS == 0 or result.step == self.config.num_steps:
             tokens_per_second = self.config.batch_size * self.config.sequence_length / result.seconds
             self.reporter.metrics(result.step, {"loss": result.loss, "grad_norm": result.grad_norm,
@@ -363,6 +366,16 @@ class StageWorker:
         store.add(proposal)
         self.log(f"{spike.metric} spike at step {spike.step} ({spike.value:.4g}, mean {spike.mean:.4g}): "
                  f"proposal {proposal.proposal_id} awaits the desk (restart from step {restart})")
+
+    def report_progress(self, step: int) -> None:
+        """A line in the stage's log at every tenth of its steps: where it is, how fast, how long to go."""
+        total = self.config.num_steps
+        if self.rank != 0 or step % max(1, total // PROGRESS_PARTS) != 0:
+            return
+        recent = self.step_seconds[-LOG_EVERY_STEPS:]
+        per_step = sum(recent) / len(recent)
+        rate = f"{1 / per_step:.2f} steps/s" if per_step > 0 else "rate unknown"
+        self.log(f"step {step} of {total} ({step / total:.0%}), {rate}, about {per_step * (total - step):.0f} s to go")
 
     def event(self, kind: EventKind, **fields) -> None:
         if self.rank == 0:
