@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.control import bookings, budget, confirmations, cost, entitlement, runs, validation
 from ito_assets.control.confirmations import IssuedConfirmation
+from ito_assets.control.history import BlockHistory, block_history
 from ito_assets.control.identity import Identity
 from ito_assets.control.ledger import Ledger
 from ito_assets.control.policy import ServerPolicy
@@ -51,15 +52,17 @@ def validate(conn, policy: ServerPolicy, account_id: str, booking: bookings.Book
 @dataclass(frozen=True)
 class TrainQuote:
     """What a train confirmation for this booking and manifest would bind, asked without issuing
-    one: the same gate 5 and the same price, in a read-only transaction."""
+    one: the same gate 5 and the same price, in a read-only transaction; and what past runs on
+    blocks like this one delivered (`history`), which the price does not depend on."""
 
     booking: bookings.Booking
     cost_cents: int
     budget: budget.BudgetState
+    history: BlockHistory
 
     def to_dict(self) -> dict:
         return {"booking": self.booking.to_dict(), "cost_cents": self.cost_cents, "budget": self.budget.to_dict(),
-                "confirmation_issued": False, "workload_created": False}
+                "history": self.history.to_dict(), "confirmation_issued": False, "workload_created": False}
 
 
 def quote_train(ledger: Ledger, policy: ServerPolicy, identity: Identity, booking_id: str,
@@ -70,7 +73,8 @@ def quote_train(ledger: Ledger, policy: ServerPolicy, identity: Identity, bookin
         pre = validate(conn, policy, account_id, booking, eligible, verified,
                        requirements or validation.RunRequirements())
         state = budget.state(conn, account_id, verified.digest, verified.manifest.budget)
-    return TrainQuote(booking=booking, cost_cents=pre.cost_cents, budget=state)
+        history = block_history(conn, booking)
+    return TrainQuote(booking=booking, cost_cents=pre.cost_cents, budget=state, history=history)
 
 
 def request_train(ledger: Ledger, policy: ServerPolicy, identity: Identity, booking_id: str,

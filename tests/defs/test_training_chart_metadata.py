@@ -10,7 +10,7 @@ pytest.importorskip("matplotlib")
 
 import dagster as dg  # noqa: E402
 
-from ito_assets.defs.resources import ItoSettingsResource  # noqa: E402
+from ito_assets.defs.resources import ItoSettingsResource, LedgerResource  # noqa: E402
 from ito_assets.defs.training.assets import training_telemetry  # noqa: E402
 from ito_assets.defs.training.stage_outcome import gate_marks, outcome_metadata  # noqa: E402
 from ito_assets.runtime.record import events  # noqa: E402
@@ -82,6 +82,7 @@ def test_telemetry_shows_goodput_by_cause_and_step_time(tmp_path, installation):
     second = _stage(tmp_path, "mid_training", previous=first.eval)
     context = dg.build_asset_context(partition_key="abc123")
     training_telemetry(context=context, ito=ItoSettingsResource.from_settings(installation.settings),
+                       ledger=LedgerResource.from_settings(installation.settings),
                        pretraining_checkpoint=first, mid_training_checkpoint=second, long_context_checkpoint=second)
     metadata = context.get_output_metadata("result")
     assert metadata["goodput_chart"].value.startswith("![goodput and badput by cause](data:image/png;base64,")

@@ -17,6 +17,7 @@ from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.runtime.stage import eval_gate as gates
 from ito_assets.runtime.stage import battery as stage_eval
 from ito_assets.runtime.stage.eval_gate import Direction, GatedMetric, EvalGatePolicy, EvalGateVerdict, MetricCheck, VerdictStore, judge_stage
+from ito_assets.runtime.stage.noise import Units
 from ito_assets.runtime.supervision.spikes import RollingDetector, Spike, SpikeConfig, SpikeDetector
 
 up = lambda x: math.nextafter(x, math.inf)  # noqa: E731 - one ulp above
@@ -221,12 +222,22 @@ HIGHER = GatedMetric(name="correct_prob", direction=Direction.HIGHER_IS_BETTER, 
 POLICY = EvalGatePolicy(metrics=(LOWER, HIGHER))  # 2 bands each way: 0.5 and 0.25
 
 
+def _units(current: dict) -> dict[str, Units]:
+    """One unit per metric: its pooled value is the value itself, and it has no item noise to
+    measure, so each band is the policy's seed band and the thresholds below stay exact."""
+    return {name: Units(loss=(value,), tokens=(1,)) for name, value in current.items()}
+
+
+def _seed_only(seed_band: float) -> dict:
+    return {"seed_band": seed_band, "item_band": 0.0, "method": "unpaired bootstrap", "total": seed_band}
+
+
 def _first(current: dict, previous: dict, policy: EvalGatePolicy = POLICY) -> EvalGateVerdict:
-    return judge_stage("pretraining", current, previous, policy, previous_stage=None)
+    return judge_stage("pretraining", _units(current), previous, policy, previous_stage=None)
 
 
 def _later(current: dict, previous: dict, policy: EvalGatePolicy = POLICY) -> EvalGateVerdict:
-    return judge_stage("mid_training", current, previous, policy, previous_stage="pretraining")
+    return judge_stage("mid_training", _units(current), previous, policy, previous_stage="pretraining")
 
 
 def test_the_default_bands_are_two():
@@ -239,8 +250,10 @@ def test_a_first_stage_improving_by_exactly_two_bands_passes_one_ulp_less_fails(
     exact = _first({"heldout_loss": 5.5, "correct_prob": 0.5}, untrained)
     assert exact.passed and exact.error_code is None and exact.summary() == "passed"
     assert exact.checks == (
-        MetricCheck(metric="heldout_loss", value=5.5, previous=6.0, improvement=0.5, required=0.5, passed=True),
-        MetricCheck(metric="correct_prob", value=0.5, previous=0.25, improvement=0.25, required=0.25, passed=True),
+        MetricCheck(metric="heldout_loss", value=5.5, previous=6.0, improvement=0.5, required=0.5, passed=True,
+                    band=_seed_only(0.25)),
+        MetricCheck(metric="correct_prob", value=0.5, previous=0.25, improvement=0.25, required=0.25, passed=True,
+                    band=_seed_only(0.125)),
     )
     short_lower = _first({"heldout_loss": up(5.5), "correct_prob": 0.5}, untrained)
     assert [c.passed for c in short_lower.checks] == [False, True]
@@ -310,9 +323,11 @@ def test_the_verdict_as_a_dict():
         "error_code": "EVAL_GATE_FAILED",
         "checks": [
             {"metric": "heldout_loss", "value": 5.5, "previous": 6.0, "improvement": 0.5, "required": 0.5,
-             "passed": True},
+             "passed": True, "band": {"seed_band": 0.25, "item_band": 0.0, "method": "unpaired bootstrap",
+                                      "total": 0.25}},
             {"metric": "correct_prob", "value": 0.25, "previous": 0.25, "improvement": 0.0, "required": 0.25,
-             "passed": False},
+             "passed": False, "band": {"seed_band": 0.125, "item_band": 0.0, "method": "unpaired bootstrap",
+                                       "total": 0.125}},
         ]}
 
 
@@ -361,7 +376,7 @@ def test_gate_policy_boundaries():
 
 def _verdict(passed: bool, stage: str = "pretraining") -> EvalGateVerdict:
     current = {"heldout_loss": 5.0 if passed else 6.0, "correct_prob": 0.5 if passed else 0.25}
-    return judge_stage(stage, current, {"heldout_loss": 6.0, "correct_prob": 0.25}, POLICY, previous_stage=None)
+    return judge_stage(stage, _units(current), {"heldout_loss": 6.0, "correct_prob": 0.25}, POLICY, previous_stage=None)
 
 
 def test_a_recorded_verdict_is_one_file_per_stage(tmp_path):

@@ -99,7 +99,7 @@ def _plan(args: argparse.Namespace) -> VerbResult:
     quote, contacted = _quote(args)
     run_plan = plan_run(verified.manifest, booked_hardware(quote["booking"]))
     data.update(cost_cents=quote["cost_cents"], budget=quote["budget"], booking=quote["booking"],
-                plan=run_plan.to_dict())
+                history=quote.get("history"), plan=run_plan.to_dict())
     return VerbResult(data=data, live_api_contacted=contacted, text=_text(data))
 
 
@@ -121,4 +121,8 @@ def _text(data: dict) -> list[str]:
                  f"(compute used: {plan['cost_cents'] / 100:,.2f} USD of it)")
     lines.append(f"budget: cap {budget['cap_cents'] / 100:,.2f}, committed {budget['committed_cents'] / 100:,.2f}, "
                  f"left {budget['left_cents'] / 100:,.2f} USD; no confirmation issued, no workload created")
+    if data.get("history"):  # an older server sends none
+        from ito_assets.control.history import BlockHistory, describe
+
+        lines.append("history: " + describe(BlockHistory(**data["history"])))
     return lines

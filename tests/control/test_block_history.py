@@ -1,0 +1,66 @@
+"""The desk's quote states what past runs on blocks like the one quoted delivered: the expected
+goodput (time-weighted), the unplanned interruption rate and the effective price per productive
+GPU-hour, from the run figures the training telemetry publishes; with no such run, it says so."""
+
+from __future__ import annotations
+
+import pytest
+
+from test_lifecycle import make_run
+
+from ito_assets.control import bookings, history, telemetry
+from ito_assets.control.history import block_history, describe
+
+
+
+def _publish(world, run_id: str, allocated: float, productive: float, device_hours: float, per_1000: float) -> None:
+    row = {"allocated_seconds": allocated, "productive_seconds": productive, "device_hours": device_hours,
+           "unplanned_interruptions_per_1000_device_hours": per_1000}
+    telemetry.publish(world.ledger, run_id, [], [(0, name, value) for name, value in history.run_figures(row).items()])
+
+
+def _finished(world, key: str):
+    """A run that ended: the booking takes the next one (it runs one at a time)."""
+    from ito_assets.control.ledger import runs
+
+    run = make_run(world, key)
+    with world.ledger.write() as conn:
+        conn.execute(runs.update().where(runs.c.run_id == run.run_id).values(state="succeeded", finished_at=1))
+    return run
+
+
+def _history(world):
+    from ito_assets.control.ledger import bookings as table
+
+    with world.ledger.read() as conn:
+        row = conn.execute(table.select().where(table.c.booking_id == world.booking_id)).mappings().one()
+        terms = bookings.BookingTerms(**{f: row[f] for f in bookings.BookingTerms.__dataclass_fields__})
+        return block_history(conn, terms), terms
+
+
+def test_no_past_run_says_so_and_gives_the_list_price(world):
+    found, terms = _history(world)
+    assert (found.num_runs, found.expected_goodput, found.effective_price_per_productive_gpu_hour_cents) == (0, None, None)
+    assert describe(found).startswith(f"no past run on {terms.num_gpus} x {terms.gpu_type}")
+
+
+def test_past_runs_are_weighted_by_their_time(world):
+    first, second = _finished(world, "history-key-0001"), _finished(world, "history-key-0002")
+    _publish(world, first.run_id, allocated=1000, productive=900, device_hours=2.0, per_1000=500.0)  # 1 interruption
+    _publish(world, second.run_id, allocated=3000, productive=1500, device_hours=6.0, per_1000=0.0)
+    found, terms = _history(world)
+    assert found.num_runs == 2
+    assert found.expected_goodput == pytest.approx(2400 / 4000)  # not the mean of 0.9 and 0.5
+    assert found.unplanned_interruptions_per_1000_device_hours == pytest.approx(1000 * 1 / 8)
+    assert found.effective_price_per_productive_gpu_hour_cents == pytest.approx(terms.price_per_gpu_hour_cents / 0.6)
+    assert describe(found).startswith("from 2 past run(s) on ") and "expected goodput 60.0%" in describe(found)
+
+
+def test_the_quote_carries_the_history(world):
+    from test_lifecycle import verified
+    from ito_assets.control import confirm_request
+
+    run = _finished(world, "history-key-0003")
+    _publish(world, run.run_id, allocated=100, productive=25, device_hours=1.0, per_1000=0.0)
+    quote = confirm_request.quote_train(world.ledger, world.policy, world.account, world.booking_id, verified())
+    assert quote.to_dict()["history"]["expected_goodput"] == pytest.approx(0.25)
