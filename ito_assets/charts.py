@@ -233,14 +233,20 @@ def contamination_chart(by_benchmark: Mapping[str, Mapping[str, int]]) -> bytes:
     return _render("contamination", payload)
 
 
-def _draw_contamination(figure, p: dict) -> None:
+def _categories(figure, rows: Mapping, empty: str, names: list[str]) -> tuple | None:
+    """One axes with a position per category name, or None after drawing `empty` when there is none."""
     axes = figure.subplots()
-    rows = p["rows"]
     if not rows:
-        _no_data(axes, "contamination by benchmark: none found")
+        _no_data(axes, empty)
+        return None
+    return axes, names, list(range(len(names)))
+
+
+def _draw_contamination(figure, p: dict) -> None:
+    rows = p["rows"]
+    if (found := _categories(figure, rows, "contamination by benchmark: none found", sorted(rows))) is None:
         return
-    names = sorted(rows)
-    ys = list(range(len(names)))
+    axes, names, ys = found
     axes.barh([y - 0.2 for y in ys], [rows[n]["documents"] for n in names], height=0.4, color=FAIL, label="documents")
     axes.barh([y + 0.2 for y in ys], [rows[n]["eval_items"] for n in names], height=0.4, color=MUTED, label="eval items")
     axes.set_yticks(ys, names)
@@ -290,13 +296,10 @@ def step_time_chart(stages: Mapping[str, tuple[float, float]], flag_fraction: fl
 
 
 def _draw_step_time(figure, p: dict) -> None:
-    axes = figure.subplots()
     stages = p["stages"]
-    if not stages:
-        _no_data(axes, "step time: no stage was timed")
+    if (found := _categories(figure, stages, "step time: no stage was timed", list(stages))) is None:
         return
-    names = list(stages)
-    xs = list(range(len(names)))
+    axes, names, xs = found
     predicted = [stages[n][0] for n in names]
     measured = [stages[n][1] for n in names]
     axes.errorbar([x - 0.2 for x in xs], predicted, yerr=[[v * p["flag"] for v in predicted]] * 2, fmt="none",
