@@ -14,20 +14,38 @@ from ito_assets.runtime.record.storage import RunLayout
 
 
 def test_a_link_planted_inside_the_area_cannot_lead_out(tmp_path):
-    area, outside = tmp_path / "area", tmp_path / "outside"
-    area.mkdir()
+    area, outside = tmp_path / "area" / "run_1", tmp_path / "outside"
+    area.mkdir(parents=True)
     outside.mkdir()
-    (area / "run_1").symlink_to(outside)
+    (area / "pretraining").symlink_to(outside)
     with pytest.raises(ItoError) as caught:
         RunLayout.for_run(area, "run_1").stage_dir("pretraining")
     assert caught.value.code is ErrorCode.CHECKPOINT_STORAGE_INVALID
-    assert RunLayout.for_run(area, "run_2").stage_dir("pretraining") == area / "run_2" / "pretraining"
+    assert RunLayout.for_run(area, "run_1").stage_dir("mid_training") == area / "mid_training"
 
 
-@pytest.mark.parametrize("run_id", ["../escape", "a//b", ".hidden", ""])
-def test_run_and_stage_names_must_be_safe(tmp_path, run_id):
+def test_a_path_names_the_run_once(tmp_path):
+    run_folder = tmp_path / "run_7"  # the folder the server approved: <root>/<run_id>
+    layout = RunLayout.for_run(run_folder, "run_7")
+    assert layout.run_dir == run_folder
+    assert layout.stage_dir("pretraining") == run_folder / "pretraining"
+    assert str(layout.stage_dir("pretraining")).count("run_7") == 1
+
+
+def test_a_run_started_with_the_earlier_layout_keeps_its_folder(tmp_path):
+    run_folder = tmp_path / "run_7"
+    (run_folder / "run_7" / "pretraining").mkdir(parents=True)  # checkpoints written one level down
+    layout = RunLayout.for_run(run_folder, "run_7")
+    assert layout.run_dir == run_folder / "run_7"
+    assert layout.stage_dir("pretraining") == run_folder / "run_7" / "pretraining"
+
+
+@pytest.mark.parametrize("name", ["../escape", "a//b", ".hidden", ""])
+def test_run_and_stage_names_must_be_safe(tmp_path, name):
     with pytest.raises(ItoError):
-        RunLayout.for_run(tmp_path, run_id).stage_dir("pretraining")
+        RunLayout.for_run(tmp_path, name)
+    with pytest.raises(ItoError):
+        RunLayout.for_run(tmp_path, "run_1").stage_dir(name)
 
 
 def _plan(**changes) -> BatchPlan:

@@ -227,4 +227,4 @@ def test_a_prepared_record_edited_after_confirmation_is_refused_before_training(
     failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
     assert failure.step_key == "pretraining_checkpoint"
     assert failure.event_specific_data.user_failure_data.metadata["error_code"].value == "MANIFEST_DIGEST_MISMATCH"
-    assert not (Path(ledger_run[0].checkpoint_dir) / ledger_run[0].run_id / "pretraining").exists()
+    assert not (Path(ledger_run[0].checkpoint_dir) / "pretraining").exists()

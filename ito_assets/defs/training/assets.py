@@ -68,7 +68,7 @@ def training_tokens(
     # Lineage for auditors: this ledger run consumed these clean shards.
     lineage.record_consumption(ito.settings().warehouse_path, [s.sha256 for s in clean_shards.shards.shards],
                                run_id, "training_tokens")
-    folder = checkpoint_dir / run_id / "tokens"  # the run's own area: runs of one manifest never share it
+    folder = RunLayout.for_run(checkpoint_dir, run_id).run_dir / "tokens"  # runs of one manifest never share it
     tokens = corpus.prepare_from_shards(clean_shards.shards, folder, config=TokenizerConfig())  # a batch at a time
     context.add_output_metadata({
         "vocab_size": tokens.vocab_size, "num_train_tokens": tokens.num_train_tokens,

@@ -82,7 +82,11 @@ class RunLayout:
 
     @classmethod
     def for_run(cls, checkpoint_dir: Path, run_id: str) -> "RunLayout":
-        return cls(checkpoint_dir=checkpoint_dir, run_dir=child(checkpoint_dir, run_id))
+        """The server approves one folder per run, already named after it (`<root>/<run_id>`), so
+        the stages live directly in it and a path names the run once. A run started before that
+        rule kept them one level down, in a second folder named after the run: it is found there."""
+        earlier = child(checkpoint_dir, run_id)
+        return cls(checkpoint_dir=checkpoint_dir, run_dir=earlier if earlier.is_dir() else checkpoint_dir)
 
     def stage_dir(self, stage: str) -> Path:
         """One folder per run and stage: restarts of a stage share it, runs never do."""
