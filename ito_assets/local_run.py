@@ -9,11 +9,15 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
+import uuid
 import warnings
 from dataclasses import dataclass, field
+from typing import TextIO
 
 import dagster as dg
+from tqdm import tqdm
 
 # Partitioned asset checks are a Dagster preview feature; the warning would drown the summary.
 warnings.filterwarnings("ignore", category=dg.PreviewWarning)
@@ -71,6 +75,55 @@ def _progress(line: str) -> float:
     return time.monotonic()
 
 
+class StepBar:
+    """In a terminal, a bar over one run's steps (tqdm: done of total, rate, time to go), named after
+    the step running and followed by the newest line of its log (the data plane's and the stage
+    worker's progress). It reads the run's events from the instance on a thread while the run
+    executes in process; where stdout is not a terminal (CI, a pipe) tqdm leaves it off."""
+
+    FINISHED = {dg.DagsterEventType.STEP_SUCCESS, dg.DagsterEventType.STEP_FAILURE,
+                dg.DagsterEventType.STEP_SKIPPED}
+    POLL_S = 0.5
+
+    def __init__(self, instance: dg.DagsterInstance, run_id: str, num_steps: int, *, file: TextIO | None = None,
+                 disable: bool | None = None):
+        self.instance, self.run_id, self.cursor = instance, run_id, None
+        self.bar = tqdm(total=num_steps, unit="step", file=file or sys.stdout, disable=disable, leave=False,
+                        dynamic_ncols=True)
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._follow, daemon=True)
+
+    def __enter__(self) -> "StepBar":
+        if not self.bar.disable:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *_) -> None:
+        if not self.bar.disable:
+            self.stopped.set()
+            self.thread.join()
+            self.poll()
+        self.bar.close()
+
+    def _follow(self) -> None:
+        while not self.stopped.wait(self.POLL_S):
+            self.poll()
+
+    def poll(self) -> None:
+        page = self.instance.get_records_for_run(self.run_id, cursor=self.cursor)
+        self.cursor = page.cursor
+        for record in page.records:
+            entry = record.event_log_entry
+            event = entry.dagster_event
+            if event is None:
+                self.bar.set_postfix_str(entry.user_message[:100], refresh=False)
+            elif event.event_type is dg.DagsterEventType.STEP_START:
+                self.bar.set_description(event.step_key, refresh=False)
+            elif event.event_type in self.FINISHED:
+                self.bar.update(1)
+        self.bar.refresh()
+
+
 def evaluate_sensor(defs: dg.Definitions, instance: dg.DagsterInstance, sensor_name: str, summary: RunSummary) -> None:
     """One tick of `sensor_name`, then each requested run in process (skipping used run keys)."""
     sensor = defs.resolve_sensor_def(sensor_name)
@@ -89,13 +142,16 @@ def evaluate_sensor(defs: dg.Definitions, instance: dg.DagsterInstance, sensor_n
         job = defs.resolve_job_def(request.job_name or sensor.job_name)
         tags = {**request.tags, SENSOR_NAME_TAG: sensor_name, RUN_KEY_TAG: request.run_key}
         started = _progress(f"{job.name} for partition {request.partition_key}: running")
-        run = job.execute_in_process(
-            instance=instance,
-            partition_key=request.partition_key,
-            tags=tags,
-            raise_on_error=False,
-            run_config=_run_config(job, request.partition_key),
-        )
+        run_id = str(uuid.uuid4())
+        with StepBar(instance, run_id, len(job.nodes)):
+            run = job.execute_in_process(
+                instance=instance,
+                partition_key=request.partition_key,
+                tags=tags,
+                raise_on_error=False,
+                run_config=_run_config(job, request.partition_key),
+                run_id=run_id,
+            )
         summary.num_runs_launched += 1
         done = len(summary.materialized)
         _record(run, summary, request.partition_key)

@@ -67,11 +67,12 @@ def scan_units(scratch: Scratch, units: Sequence[WorkUnit], index: EvalIndex, co
     folder = scratch.sub("decontam-matches")
     paths = [str(folder / f"matches-{u.index:05d}.parquet") for u in units]
     with worker_pool(scratch.scale.num_workers) as pool:
-        matched = map_units(match_unit, [MatchTask(unit=u, index=index, matches_path=p) for u, p in zip(units, paths)], pool)
+        matched = map_units(match_unit, [MatchTask(unit=u, index=index, matches_path=p) for u, p in zip(units, paths)], pool,
+                            phase="decontamination seeds")
         if ignored is None:
             ignored = common_seeds(_summed(f for _, f in matched), index, config)
         tasks = [HitTask(unit=u, index=index, ignored=ignored, config=config, matches_path=p) for u, p in zip(units, paths)]
-        found = map_units(hits_unit, tasks, pool)
+        found = map_units(hits_unit, tasks, pool, phase="decontamination hits")
     hits = pl.concat([h for _, h in found]) if found else pl.DataFrame(schema=HIT_SCHEMA)
     counts = ScanCounts(
         num_documents=sum(u.num_docs for u in units),

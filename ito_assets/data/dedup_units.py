@@ -104,7 +104,8 @@ def deduplicate_units(
     scratch.reconnect()
     folder = scratch.sub("dedup-arrays")
     with worker_pool(scratch.scale.num_workers) as pool:
-        map_units(signature_unit, [SignatureTask(unit=u, folder=str(folder), config=config) for u in units], pool)
+        map_units(signature_unit, [SignatureTask(unit=u, folder=str(folder), config=config) for u in units], pool,
+                  phase="dedup signatures")
     band_files = [str(folder / f"bands-{u.index:05d}.parquet") for u in units]
     arrays = UnitArrays(folder, [u.first for u in units])
     removals, families, near_counts = near_duplicates_out_of_core(scratch.db, band_files, arrays, exact_counts.num_distinct_texts, config, scratch.scale.pair_batch)

@@ -112,7 +112,7 @@ def exact_copies(scratch: Scratch, shard_paths: Sequence[str], tiers: pl.DataFra
     folder = scratch.sub("exact-keys")
     tasks = [KeyTask(shard=i, shard_path=p, keys_path=str(folder / f"keys-{i:05d}.parquet")) for i, p in enumerate(shard_paths)]
     with worker_pool(scratch.scale.num_workers) as pool:
-        map_units(key_shard, tasks, pool)
+        map_units(key_shard, tasks, pool, phase="exact-copy keys", unit="source shards")
     db = scratch.db
     db.execute("CREATE OR REPLACE TABLE tiers (doc_id VARCHAR, tier TINYINT)")
     if tiers is not None and tiers.height:

@@ -22,6 +22,8 @@ from typing import TypeVar
 import numpy as np
 import polars as pl
 
+from ito_assets.progress import Progress
+
 UNIT_SCHEMA = {"doc_id": pl.String, "text": pl.String}
 # Rows read per batch when streaming a Parquet file: ~8k documents of a few kB, a few tens of MB.
 READ_BATCH_ROWS = 8192
@@ -114,8 +116,13 @@ def worker_pool(num_workers: int) -> Iterator[ProcessPoolExecutor | None]:
         yield pool
 
 
-def map_units(function: Callable[[Task], Result], tasks: Sequence[Task], pool: ProcessPoolExecutor | None) -> list[Result]:
-    """function(task) for every task, results in task order."""
-    if pool is None or len(tasks) <= 1:
-        return [function(task) for task in tasks]
-    return list(pool.map(function, tasks))
+def map_units(function: Callable[[Task], Result], tasks: Sequence[Task], pool: ProcessPoolExecutor | None, *,
+              phase: str, unit: str = "work units") -> list[Result]:
+    """function(task) for every task, results in task order; progress in the run's log at every
+    tenth of the tasks (`phase` names the work, `unit` what a task is)."""
+    progress = Progress(phase, len(tasks), unit)
+    results = []
+    for result in (map(function, tasks) if pool is None or len(tasks) <= 1 else pool.map(function, tasks)):
+        results.append(result)
+        progress.advance()
+    return results

@@ -10,6 +10,7 @@ from pathlib import Path
 import dagster as dg
 import polars as pl
 import pytest
+import yaml
 
 from ito_assets.api.cli import build_parser, run
 from ito_assets.defs import manifest
@@ -23,6 +24,8 @@ from ito_assets.settings import PROJECT_ROOT, Settings
 from sensors.eval_suite import eval_suite_changed, run_key
 
 FIXTURES = PROJECT_ROOT / "data" / "fixtures"
+# The embedded instance's Python-log capture, as `make run` and `make ui` use it.
+LOCAL_PYTHON_LOGS = yaml.safe_load((PROJECT_ROOT / "deploy/local/dagster.yaml").read_text())["python_logs"]
 EXPECTED_CHECKS = {
     "source_digests_match", "document_provenance_present", "duplicate_rate_plausible",
     "eval_suite_digest_recorded", "conservation_holds", "zero_residual_contamination",
@@ -58,9 +61,19 @@ def chain(tmp_path_factory, fixtures_dir):
     """One materialisation of the whole chain on fixture-small, shared by the tests below."""
     root = Path(str(tmp_path_factory.mktemp("chain"))).resolve()
     settings = _settings(root, fixtures_dir)
-    with dg.instance_for_test() as instance:
+    with dg.instance_for_test(overrides={"python_logs": LOCAL_PYTHON_LOGS}) as instance:
         key, result = _materialize(settings, instance)
         yield settings, instance, key, result
+
+
+def test_the_data_steps_log_their_progress_in_the_run(chain) -> None:
+    _, instance, _, result = chain
+    lines = [e.user_message for e in instance.all_logs(result.run_id) if e.dagster_event is None]
+    for phase, unit in (("exact-copy keys", "source shards"), ("dedup signatures", "work units"),
+                        ("decontamination seeds", "work units"), ("decontamination hits", "work units")):
+        done = [line for line in lines if line.startswith(f"[{phase}] ") and f" {unit} (100%), " in line]
+        assert done, f"no final progress line for {phase}"
+        assert " s to go" in done[-1] or "time to go unknown" in done[-1]
 
 
 @pytest.fixture(scope="module")

@@ -37,9 +37,9 @@ def test_a_pool_of_two_workers_returns_results_in_task_order() -> None:
     tasks = list(range(-20, 0))
     with worker_pool(2) as pool:
         assert pool is not None
-        assert map_units(abs, tasks, pool) == [abs(t) for t in tasks]
+        assert map_units(abs, tasks, pool, phase="test") == [abs(t) for t in tasks]
     with worker_pool(1) as pool:
-        assert pool is None and map_units(abs, tasks, pool) == [abs(t) for t in tasks]
+        assert pool is None and map_units(abs, tasks, pool, phase="test") == [abs(t) for t in tasks]
 
 
 def test_scratch_caps_duckdb_memory_and_is_removed_after(tmp_path: Path) -> None:

@@ -51,6 +51,7 @@ from ito_assets.runtime.worker.reporting import Reporter, measured_figures, open
 from ito_assets.runtime.supervision.spikes import Spike, SpikeDetector
 from ito_assets.runtime.worker.step import StepResult, train_step
 from ito_assets.runtime.record.storage import write_atomic
+from ito_assets import progress
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.evals.suite import load_suite
 from ito_assets.training.model import build_model
@@ -63,8 +64,6 @@ EXIT_STOPPED = 75
 EXIT_STORAGE = 74
 # Report every 10 steps through Pipes (torchtitan's default `log_freq`); every step goes to the events.
 LOG_EVERY_STEPS = 10
-# Progress lines in the stage's log: one per tenth of its steps, whatever its length.
-PROGRESS_PARTS = 10
 # How often ranks paused on a non-finite step look for the desk's decision; heartbeats go out as often.
 AWAIT_DESK_POLL_S = 1.0
 
@@ -370,12 +369,11 @@ class StageWorker:
     def report_progress(self, step: int) -> None:
         """A line in the stage's log at every tenth of its steps: where it is, how fast, how long to go."""
         total = self.config.num_steps
-        if self.rank != 0 or step % max(1, total // PROGRESS_PARTS) != 0:
+        if self.rank != 0 or not progress.crossed(step - 1, step, total):
             return
         recent = self.step_seconds[-LOG_EVERY_STEPS:]
         per_step = sum(recent) / len(recent)
-        rate = f"{1 / per_step:.2f} steps/s" if per_step > 0 else "rate unknown"
-        self.log(f"step {step} of {total} ({step / total:.0%}), {rate}, about {per_step * (total - step):.0f} s to go")
+        self.log(progress.line(step, total, "steps", 1 / per_step if per_step > 0 else None))
 
     def event(self, kind: EventKind, **fields) -> None:
         if self.rank == 0:
