@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	@echo "installing the project into $(VENV) (log: $(VENV)/bootstrap.log)"
 	@{ $(BIN)/pip install --quiet --upgrade pip && \
 	   $(BIN)/pip install --quiet "torch==2.13.0" && \
-	   $(BIN)/pip install --quiet -e '.[dev,cluster,ft]'; } > $(VENV)/bootstrap.log 2>&1 \
+	   $(BIN)/pip install --quiet -e '.[dev,cluster,ft,ray]'; } > $(VENV)/bootstrap.log 2>&1 \
 	   || { cat $(VENV)/bootstrap.log; exit 1; }
 	touch $(STAMP)
 

@@ -91,6 +91,9 @@ class ErrorCode(str, enum.Enum):
     # The candidate data is better beyond noise, but the gain does not pay for the full run (the
     # manifest's cost per point of improvement, or the desk's minimum improvement), and no reviewer accepted that.
     DATA_DECISION_NOT_WORTH_IT = "DATA_DECISION_NOT_WORTH_IT"
+    # A data step's work unit failed on every attempt (a Ray task retried until its limit): the step
+    # fails naming the phase and the unit, and nothing it would have written is used.
+    DATA_WORK_UNIT_FAILED = "DATA_WORK_UNIT_FAILED"
     # A blocking check of the data stage failed (conservation, residual contamination): the clean
     # shards it judged must not be used.
     DATA_CHECK_FAILED = "DATA_CHECK_FAILED"

@@ -21,6 +21,9 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ito_assets import env as env_text
+# Where the data plane's work units run: this machine's processes, or a Ray cluster (`RAY_ADDRESS`,
+# else a Ray started for the step); the same bytes either way (ito_assets/data/ray_engine.py).
+from ito_assets.data.config import ENGINES as DATA_ENGINES
 from ito_assets.manifest.secure_read import DEFAULT_MAX_BYTES
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -37,6 +40,7 @@ class Settings:
     eval_suite_path: Path
     max_manifest_bytes: int = DEFAULT_MAX_BYTES
     executor: str = "multiprocess"  # one of EXECUTORS: where a run's steps execute
+    data_engine: str = "local"  # one of DATA_ENGINES: where the data plane's work units run
     ledger_url: str = ""  # SQLAlchemy URL; empty means the SQLite file <state_dir>/ledger.db
     ledger_schema: str | None = None  # PostgreSQL schema holding the ledger's tables
     # The environment variable `ledger_url` came from, if any: Dagster resources name it instead of
@@ -46,6 +50,8 @@ class Settings:
     def __post_init__(self) -> None:
         if self.executor not in EXECUTORS:
             raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}")
+        if self.data_engine not in DATA_ENGINES:
+            raise ValueError(f"data engine must be one of {', '.join(DATA_ENGINES)}")
         if not self.ledger_url:
             object.__setattr__(self, "ledger_url", f"sqlite:///{self.state_dir / 'ledger.db'}")
 
@@ -83,6 +89,7 @@ class ItoSettings(BaseSettings):
     eval_suite: str | None = None
     max_manifest_bytes: str | None = None
     executor: str | None = None
+    data_engine: str | None = None
     ledger_url: str | None = Field(default=None, repr=False)  # may carry a database password
     ledger_schema: str | None = None
     # The gate policy (control/policy.py).
@@ -128,7 +135,7 @@ def _path(value: str | None, default: Path) -> Path:
 
 def settings_from(environment: ItoSettings) -> Settings:
     """The pipeline's settings: ITO_PROJECT_ROOT, ITO_STATE_DIR, ITO_DATA_ROOT, ITO_MANIFESTS_DIR,
-    ITO_EVAL_SUITE, ITO_MAX_MANIFEST_BYTES, ITO_EXECUTOR, ITO_LEDGER_URL, ITO_LEDGER_SCHEMA."""
+    ITO_EVAL_SUITE, ITO_MAX_MANIFEST_BYTES, ITO_EXECUTOR, ITO_DATA_ENGINE, ITO_LEDGER_URL, ITO_LEDGER_SCHEMA."""
     e = environment
     root = _path(e.project_root, PROJECT_ROOT)
     data_root = _path(e.data_root, root / "data")
@@ -142,6 +149,7 @@ def settings_from(environment: ItoSettings) -> Settings:
                                           empty_is_default=False, usage=False,
                                           message="ITO_MAX_MANIFEST_BYTES must be a positive integer"),
         executor="multiprocess" if e.executor is None else e.executor,
+        data_engine="local" if e.data_engine is None else e.data_engine,
         ledger_url=e.ledger_url or "",
         ledger_schema=e.ledger_schema or None,
         ledger_url_env="ITO_LEDGER_URL" if e.ledger_url else None,

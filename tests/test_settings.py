@@ -116,7 +116,7 @@ def test_every_variable_a_view_reads_is_a_field_of_the_model(tmp_path) -> None:
     # Each field changes what some view builds from it.
     values = {"project_root": str(tmp_path), "state_dir": str(tmp_path / "s"), "data_root": str(tmp_path / "d"),
               "manifests_dir": str(tmp_path / "m"), "eval_suite": str(tmp_path / "e"), "max_manifest_bytes": "7",
-              "executor": "in_process", "ledger_url": "sqlite:///x.db", "ledger_schema": "ito",
+              "executor": "in_process", "data_engine": "ray", "ledger_url": "sqlite:///x.db", "ledger_schema": "ito",
               "allowed_data_roots": str(tmp_path / "r"), "allowed_licenses": "MIT", "tenants_root": str(tmp_path / "t"),
               "confirmation_ttl_s": "5", "max_concurrent_runs_per_booking": "4", "ledger_lock_timeout_s": "2",
               "api_read_timeout_s": "3", "api_max_connections_per_client": "9", "api_url": "http://127.0.0.1:1",
@@ -171,3 +171,14 @@ def test_a_printed_settings_object_never_shows_the_ledger_password() -> None:
     read = ItoSettings.read({"ITO_LEDGER_URL": "postgresql://ito:canary-pw-3f9a@db/ledger"})
     assert read.ledger_url == "postgresql://ito:canary-pw-3f9a@db/ledger"
     assert "canary-pw-3f9a" not in repr(read) and "canary-pw-3f9a" not in str(read)
+
+
+@pytest.mark.parametrize("engine,valid", [(None, True), ("local", True), ("ray", True), ("spark", False), ("", False),
+                                          ("Ray", False)])
+def test_the_data_engine_is_local_or_ray(engine, valid) -> None:
+    env = {} if engine is None else {"ITO_DATA_ENGINE": engine}
+    if valid:
+        assert load_settings(env).data_engine == (engine or "local")
+        return
+    with pytest.raises(ValueError, match="data engine must be one of local, ray"):
+        load_settings(env)

@@ -171,6 +171,7 @@ class ParaphraseConfig:
         _require(1 <= self.batch_windows <= 65_536, "batch_windows", "must be between 1 and 65,536")
 
 
+ENGINES = ("local", "ray")
 # DuckDB's documented minimum of 125 MB per thread, rounded up to a power of two.
 MIN_MB_PER_DUCKDB_THREAD = 128
 
@@ -189,6 +190,9 @@ class ScaleConfig:
       It also sizes the buckets of `bucket_sort`, which puts text into keep order: one bucket,
       sorted in the step's own process, holds about a unit's text.
     - num_workers 1: worker processes per step (1 runs the units in the step's own process).
+    - engine "local": where the units run; "ray" sends each unit to a Ray cluster as a task
+      (`ray_engine.py`), which then decides the parallelism; the global steps stay in the step's
+      process either way.
     - memory_limit_mb 512: DuckDB's buffer-manager cap for the out-of-core joins and sorts (keep
       order, exact-copy groups, the LSH band join: ids, hashes and band keys, never text); past
       it DuckDB spills to the step's scratch folder (DuckDB docs, "Memory management"). Its
@@ -205,6 +209,7 @@ class ScaleConfig:
     num_workers: int = 1
     memory_limit_mb: int = 512
     pair_batch: int = 16_384
+    engine: str = "local"
 
     @property
     def duckdb_threads(self) -> int:
@@ -215,6 +220,7 @@ class ScaleConfig:
         _require(self.num_workers >= 1, "num_workers", "must be positive")
         _require(self.memory_limit_mb >= MIN_MB_PER_DUCKDB_THREAD, "memory_limit_mb", f"must be at least {MIN_MB_PER_DUCKDB_THREAD} (DuckDB's floor for one thread)")
         _require(self.pair_batch >= 1, "pair_batch", "must be positive")
+        _require(self.engine in ENGINES, "engine", f"must be one of {', '.join(ENGINES)}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -66,7 +66,7 @@ def scan_units(scratch: Scratch, units: Sequence[WorkUnit], index: EvalIndex, co
     the ones these units' own seed frequencies would pick."""
     folder = scratch.sub("decontam-matches")
     paths = [str(folder / f"matches-{u.index:05d}.parquet") for u in units]
-    with worker_pool(scratch.scale.num_workers) as pool:
+    with worker_pool(scratch.scale.num_workers, scratch.scale.engine) as pool:
         matched = map_units(match_unit, [MatchTask(unit=u, index=index, matches_path=p) for u, p in zip(units, paths)], pool,
                             phase="decontamination seeds")
         if ignored is None:

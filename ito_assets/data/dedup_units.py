@@ -103,7 +103,7 @@ def deduplicate_units(
     units = write_units(frames, scratch.sub("dedup-units"), scratch.scale.unit_bytes)
     scratch.reconnect()
     folder = scratch.sub("dedup-arrays")
-    with worker_pool(scratch.scale.num_workers) as pool:
+    with worker_pool(scratch.scale.num_workers, scratch.scale.engine) as pool:
         map_units(signature_unit, [SignatureTask(unit=u, folder=str(folder), config=config) for u in units], pool,
                   phase="dedup signatures")
     band_files = [str(folder / f"bands-{u.index:05d}.parquet") for u in units]

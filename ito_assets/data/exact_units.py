@@ -111,7 +111,7 @@ def exact_copies(scratch: Scratch, shard_paths: Sequence[str], tiers: pl.DataFra
     documents, which the keep order puts last (`exact_dedup.KEEP_ORDER`)."""
     folder = scratch.sub("exact-keys")
     tasks = [KeyTask(shard=i, shard_path=p, keys_path=str(folder / f"keys-{i:05d}.parquet")) for i, p in enumerate(shard_paths)]
-    with worker_pool(scratch.scale.num_workers) as pool:
+    with worker_pool(scratch.scale.num_workers, scratch.scale.engine) as pool:
         map_units(key_shard, tasks, pool, phase="exact-copy keys", unit="source shards")
     db = scratch.db
     db.execute("CREATE OR REPLACE TABLE tiers (doc_id VARCHAR, tier TINYINT)")

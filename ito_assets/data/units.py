@@ -17,11 +17,12 @@ from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import numpy as np
 import polars as pl
 
+from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.progress import Progress
 
 UNIT_SCHEMA = {"doc_id": pl.String, "text": pl.String}
@@ -30,6 +31,12 @@ READ_BATCH_ROWS = 8192
 
 Task = TypeVar("Task")
 Result = TypeVar("Result")
+
+
+class Pool(Protocol):
+    """What `map_units` needs of a pool: ProcessPoolExecutor's `map`, or ray_engine.RayPool's."""
+
+    def map(self, function: Callable[[Task], Result], tasks: Sequence[Task]) -> Iterable[Result]: ...
 
 
 @dataclass(frozen=True)
@@ -106,9 +113,16 @@ def compacted(frame: pl.DataFrame) -> pl.DataFrame:
 
 
 @contextmanager
-def worker_pool(num_workers: int) -> Iterator[ProcessPoolExecutor | None]:
-    """A pool of `num_workers` fresh processes for one step (started once: each start imports
-    polars and numpy, ~1-2 s), or None for one worker: the step's own process does the work."""
+def worker_pool(num_workers: int, engine: str = "local") -> Iterator[Pool | None]:
+    """Where a step's units run: for the local engine a pool of `num_workers` fresh processes
+    (started once: each start imports polars and numpy, ~1-2 s), or None for one worker (the
+    step's own process does the work); for "ray", tasks on a Ray cluster (ray_engine.py)."""
+    if engine == "ray":
+        from ito_assets.data.ray_engine import ray_pool
+
+        with ray_pool() as pool:
+            yield pool
+        return
     if num_workers <= 1:
         yield None
         return
@@ -116,13 +130,20 @@ def worker_pool(num_workers: int) -> Iterator[ProcessPoolExecutor | None]:
         yield pool
 
 
-def map_units(function: Callable[[Task], Result], tasks: Sequence[Task], pool: ProcessPoolExecutor | None, *,
+def map_units(function: Callable[[Task], Result], tasks: Sequence[Task], pool: Pool | None, *,
               phase: str, unit: str = "work units") -> list[Result]:
     """function(task) for every task, results in task order; progress in the run's log at every
     tenth of the tasks (`phase` names the work, `unit` what a task is)."""
+    from ito_assets.data.ray_engine import WorkUnitFailed
+
     progress = Progress(phase, len(tasks), unit)
     results = []
-    for result in (map(function, tasks) if pool is None or len(tasks) <= 1 else pool.map(function, tasks)):
-        results.append(result)
-        progress.advance()
+    try:
+        # One task is not worth a process start; on Ray it still goes to the cluster (memory).
+        in_process = pool is None or (len(tasks) <= 1 and isinstance(pool, ProcessPoolExecutor))
+        for result in (map(function, tasks) if in_process else pool.map(function, tasks)):
+            results.append(result)
+            progress.advance()
+    except WorkUnitFailed as failed:
+        raise ItoError(ErrorCode.DATA_WORK_UNIT_FAILED, f"{phase}: {failed}") from None
     return results

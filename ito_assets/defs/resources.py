@@ -20,6 +20,7 @@ class ItoSettingsResource(dg.ConfigurableResource):
     manifests_dir: str
     eval_suite_path: str
     max_manifest_bytes: int
+    data_engine: str = "local"  # where the data plane's work units run (ITO_DATA_ENGINE)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "ItoSettingsResource":
@@ -30,6 +31,7 @@ class ItoSettingsResource(dg.ConfigurableResource):
             manifests_dir=str(settings.manifests_dir),
             eval_suite_path=str(settings.eval_suite_path),
             max_manifest_bytes=settings.max_manifest_bytes,
+            data_engine=settings.data_engine,
         )
 
     def settings(self) -> Settings:
@@ -40,6 +42,7 @@ class ItoSettingsResource(dg.ConfigurableResource):
             manifests_dir=Path(self.manifests_dir),
             eval_suite_path=Path(self.eval_suite_path),
             max_manifest_bytes=self.max_manifest_bytes,
+            data_engine=self.data_engine,
         )
 
 

@@ -84,3 +84,12 @@ def _text_buffer_bytes(frame: pl.DataFrame) -> int:
     """Bytes of the buffers the text column holds, shared ones included (as polars keeps them)."""
     buffers = frame["text"].to_arrow(compat_level=pl.CompatLevel.newest()).buffers()
     return sum(b.size for b in buffers if b is not None)
+
+
+@pytest.mark.parametrize("engine,valid", [("local", True), ("ray", True), ("dask", False), ("", False)])
+def test_the_engine_is_local_or_ray(engine: str, valid: bool) -> None:
+    if valid:
+        assert ScaleConfig(engine=engine).engine == engine
+        return
+    with pytest.raises(ValueError, match="engine must be one of local, ray"):
+        ScaleConfig(engine=engine)

@@ -95,7 +95,7 @@ def contamination_report(
     settings = ito.settings()
     verified = verified_or_fail(training_manifest, "the data stage")
     with core_stage(context):
-        stage = stages.run_decontam(verified, eval_suite, source_documents, settings.state_dir, settings.warehouse_path, config.to_config())
+        stage = stages.run_decontam(verified, eval_suite, source_documents, settings.state_dir, settings.warehouse_path, config.to_config(settings.data_engine))
     context.add_output_metadata(metadata.decontam_metadata(stage))
     return stage
 
@@ -117,7 +117,7 @@ def deduplicated_documents(
 ) -> stages.DedupStage:
     settings = ito.settings()
     with core_stage(context):
-        stage = stages.run_dedup(source_documents, contamination_report.actions, settings.state_dir, settings.warehouse_path, config.to_config())
+        stage = stages.run_dedup(source_documents, contamination_report.actions, settings.state_dir, settings.warehouse_path, config.to_config(settings.data_engine))
     context.add_output_metadata(metadata.dedup_metadata(stage))
     return stage
 

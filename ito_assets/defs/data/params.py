@@ -23,8 +23,9 @@ class ScaleParams(dg.Config):
     num_workers: int = _SCALE.num_workers
     unit_bytes: int = _SCALE.unit_bytes
 
-    def scale(self) -> ScaleConfig:
-        return ScaleConfig(num_workers=self.num_workers, unit_bytes=self.unit_bytes)
+    def scale(self, engine: str) -> ScaleConfig:
+        """`engine` is the instance's (ITO_DATA_ENGINE), not a run's choice: it changes no result."""
+        return ScaleConfig(num_workers=self.num_workers, unit_bytes=self.unit_bytes, engine=engine)
 
 
 class DedupParams(ScaleParams):
@@ -36,8 +37,8 @@ class DedupParams(ScaleParams):
     verify: Literal["exact", "signature"] = _DEDUP.verify
     warn_duplicate_rate: float = _DEDUP.warn_duplicate_rate
 
-    def to_config(self) -> DataPrepConfig:
-        return DataPrepConfig(dedup=DedupConfig(**self.model_dump(exclude=_SCALE_FIELDS)), scale=self.scale())
+    def to_config(self, engine: str = "local") -> DataPrepConfig:
+        return DataPrepConfig(dedup=DedupConfig(**self.model_dump(exclude=_SCALE_FIELDS)), scale=self.scale(engine))
 
 
 class DecontamParams(ScaleParams):
@@ -53,7 +54,7 @@ class DecontamParams(ScaleParams):
     paraphrase_candidates: bool = False
     paraphrase_threshold: float = _PARAPHRASE.threshold
 
-    def to_config(self) -> DataPrepConfig:
+    def to_config(self, engine: str = "local") -> DataPrepConfig:
         paraphrase = ParaphraseConfig(threshold=self.paraphrase_threshold) if self.paraphrase_candidates else None
         decontam = DecontamConfig(**self.model_dump(exclude=_SCALE_FIELDS | _PARAPHRASE_FIELDS))
-        return DataPrepConfig(decontam=decontam, scale=self.scale(), paraphrase=paraphrase)
+        return DataPrepConfig(decontam=decontam, scale=self.scale(engine), paraphrase=paraphrase)

@@ -1,0 +1,160 @@
+"""The Ray engine: the data plane's work units as Ray tasks on a cluster of two simulated nodes on
+loopback (`ray.cluster_utils.Cluster`), the same bytes as the local engine, a killed worker retried,
+a unit that fails three times failing the step with a code that names it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import polars as pl
+import pytest
+from polars.testing import assert_frame_equal
+
+ray = pytest.importorskip("ray", reason="Ray is not installed (the `ray` extra; `make test` installs it)")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from ito_assets.data import ray_engine  # noqa: E402
+from ito_assets.data.config import DecontamConfig, DedupConfig, ScaleConfig  # noqa: E402
+from ito_assets.data.dedup_units import deduplicate_units  # noqa: E402
+from ito_assets.data.decontam_units import scan_shards  # noqa: E402
+from ito_assets.data.eval_index import build_index  # noqa: E402
+from ito_assets.data.scratch import scratch_space  # noqa: E402
+from ito_assets.data.shards import write_shards  # noqa: E402
+from ito_assets.data.units import map_units, worker_pool  # noqa: E402
+from ito_assets.errors import ErrorCode, ItoError  # noqa: E402
+from reference_impl import deduplicate, scan  # noqa: E402
+from test_decontam_units import ITEMS, corpus as decontam_corpus  # noqa: E402
+from test_decontam import suite  # noqa: E402
+from test_dedup_units import TINY, corpus as dedup_corpus  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Two nodes of one CPU each on this machine: tasks spread over both, as on two hosts."""
+    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    nodes.add_node(num_cpus=1)
+    # The task functions below live in this test module: Ray's workers import it as pytest does.
+    here = Path(__file__).resolve().parent
+    ray.init(address=nodes.address, log_to_driver=False, configure_logging=False,
+             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(map(str, [here, here.parent, here.parents[1]]))}})
+    try:
+        yield nodes
+    finally:
+        ray.shutdown()
+        nodes.shutdown()
+
+
+def _on_ray(function, tasks, phase="test phase"):
+    with worker_pool(1, "ray") as pool:
+        assert isinstance(pool, ray_engine.RayPool)
+        return map_units(function, tasks, pool, phase=phase)
+
+
+# Top-level task functions: Ray ships them to its workers by reference.
+def square(value: int) -> int:
+    return value * value
+
+
+def fails_until(task: tuple[str, int]) -> int:
+    """Fails (raises) on its first `failures` attempts, counted in files: Ray retries a task in a
+    new attempt, maybe on another node, so memory cannot count them."""
+    folder, failures = task
+    attempt = len(os.listdir(folder)) + 1
+    Path(folder, f"attempt-{attempt}").touch()
+    if attempt <= failures:
+        raise RuntimeError("this unit's file is unreadable")
+    return attempt
+
+
+def dies_once(folder: str) -> int:
+    """Kills its own worker process on the first attempt: a lost worker, not an exception."""
+    if not os.listdir(folder):
+        Path(folder, "killed").touch()
+        os._exit(1)
+    return 42
+
+
+def test_results_come_back_in_task_order(cluster):
+    assert _on_ray(square, list(range(-15, 15))) == [v * v for v in range(-15, 15)]
+    assert _on_ray(square, [7]) == [49]  # one task still goes to the cluster
+    assert _on_ray(square, []) == []
+
+
+def test_a_killed_worker_is_retried_and_the_result_is_the_same(cluster, tmp_path):
+    assert _on_ray(dies_once, [str(tmp_path)]) == [42]
+    assert (tmp_path / "killed").exists()
+
+
+@pytest.mark.parametrize("failures,succeeds", [(ray_engine.ATTEMPTS - 1, True), (ray_engine.ATTEMPTS, False)])
+def test_a_unit_gets_three_attempts_then_fails_the_step_naming_it(cluster, tmp_path, failures, succeeds):
+    folders = [tmp_path / "unit-0", tmp_path / "unit-1"]
+    for folder in folders:
+        folder.mkdir()
+    tasks = [(str(folders[0]), 0), (str(folders[1]), failures)]
+    if succeeds:
+        assert _on_ray(fails_until, tasks, phase="dedup signatures") == [1, ray_engine.ATTEMPTS]
+        return
+    with pytest.raises(ItoError) as caught:
+        _on_ray(fails_until, tasks, phase="dedup signatures")
+    assert caught.value.code is ErrorCode.DATA_WORK_UNIT_FAILED
+    assert caught.value.message == f"dedup signatures: work unit 1 failed {ray_engine.ATTEMPTS} times (RuntimeError)"
+    assert "unreadable" not in caught.value.message  # a task's message may quote a document
+    assert len(os.listdir(folders[1])) == ray_engine.ATTEMPTS
+
+
+def test_dedup_on_ray_gives_the_in_memory_decisions(cluster, tmp_path):
+    docs = dedup_corpus()
+    expected, expected_counts = deduplicate(docs, DedupConfig())
+    shards = write_shards(docs, tmp_path / "source", prefix="d", max_rows=37)
+    scale = ScaleConfig(unit_bytes=TINY.unit_bytes, pair_batch=TINY.pair_batch, memory_limit_mb=128, engine="ray")
+    with scratch_space(tmp_path / "_scratch", scale) as scratch:
+        table, counts = deduplicate_units(scratch, [s.path for s in shards.shards], DedupConfig(), tmp_path / "decisions.parquet")
+        assert len(list((tmp_path / "_scratch" / "dedup-units").glob("unit-*.parquet"))) >= 10
+    assert_frame_equal(pl.read_parquet(table.path), expected)
+    assert counts == expected_counts
+
+
+def test_decontamination_on_ray_gives_the_in_memory_hits(cluster, tmp_path):
+    docs, config = decontam_corpus(), DecontamConfig()
+    expected, expected_counts = scan(docs, build_index(suite(*ITEMS), config), config)
+    shards = write_shards(docs, tmp_path / "kept", prefix="k", max_rows=13)
+    with scratch_space(tmp_path / "_scratch", ScaleConfig(unit_bytes=200, engine="ray")) as scratch:
+        hits, counts, _ = scan_shards(scratch, [s.path for s in shards.shards], build_index(suite(*ITEMS), config), config)
+    assert_frame_equal(hits, expected)
+    assert counts == expected_counts
+
+
+def _digests(result) -> dict:
+    """What an auditor compares between two runs: every shard's sha256 and the conservation."""
+    dedup, decontam, clean = (result.output_for_node(name) for name in
+                              ("deduplicated_documents", "contamination_report", "clean_shards"))
+    return {
+        "dedup decisions": dedup.decisions.sha256, "kept": [s.sha256 for s in dedup.kept.shards],
+        "hits": decontam.hits.sha256, "actions": decontam.actions.sha256, "pieces": decontam.pieces.sha256,
+        "clean": [s.sha256 for s in clean.shards.shards], "clean decisions": clean.decisions.sha256,
+        "conservation": vars(clean.conservation),
+    }
+
+
+def test_the_data_chain_through_dagster_on_ray_writes_the_local_engines_bytes(cluster, tmp_path_factory, monkeypatch):
+    import dagster as dg
+
+    from test_data_defs import FIXTURES, _materialize, _settings
+
+    sent = []  # the phases whose units went to the cluster
+    original = ray_engine.RayPool.map
+    monkeypatch.setattr(ray_engine.RayPool, "map", lambda pool, function, tasks: (
+        sent.append(function.__name__), original(pool, function, tasks))[1])
+    runs = {}
+    for engine in ("local", "ray"):
+        settings = _settings(tmp_path_factory.mktemp(engine).resolve(), FIXTURES).with_overrides(data_engine=engine)
+        with dg.instance_for_test() as instance:
+            _, result = _materialize(settings, instance)
+            assert result.success
+            runs[engine] = _digests(result)
+        assert set(sent) == (set() if engine == "local" else {"key_shard", "signature_unit", "match_unit", "hits_unit"})
+    assert runs["ray"] == runs["local"]
+    assert runs["local"]["conservation"]["problems"] == ()
