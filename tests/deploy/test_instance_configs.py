@@ -89,3 +89,29 @@ def _run_manifest_job(installation, instance: dg.DagsterInstance) -> None:
     assert summary.checks_failed == []
     assert sum(name.startswith("training_manifest:") for name in summary.checks_passed) == 4
     assert len(instance.get_runs()) == 1
+
+
+def test_the_ray_cluster_runs_the_steps_image_ray_release_and_state_volume():
+    """The data plane's RayCluster must match the code location it serves: Ray refuses a client of
+    another release, and work units are read and written by path on the shared state volume."""
+    import tomllib
+
+    cluster = yaml.safe_load((ROOT / "deploy/cluster/raycluster.yaml").read_text())
+    values = yaml.safe_load((ROOT / "deploy/cluster/values.yaml").read_text())
+    pinned = next(r for r in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["ray"]
+                  if r.startswith("ray=="))
+    assert (cluster["apiVersion"], cluster["kind"]) == ("ray.io/v1", "RayCluster")
+    assert cluster["spec"]["rayVersion"] == pinned.removeprefix("ray==")
+    deployment = values["dagster-user-deployments"]["deployments"][0]
+    image = f"{deployment['image']['repository']}:{deployment['image']['tag']}"
+    env = {e["name"]: e["value"] for e in deployment["env"]}
+    state_mount = next(m["mountPath"] for m in deployment["volumeMounts"] if m["name"] == "ito-state")
+    assert env["ITO_DATA_ENGINE"] == "ray" and env["ITO_STATE_DIR"] == state_mount
+    assert env["RAY_ADDRESS"] == f"ray://{cluster['metadata']['name']}-head-svc.ito-training.svc:10001"
+    pods = [cluster["spec"]["headGroupSpec"]["template"]] + [g["template"] for g in cluster["spec"]["workerGroupSpecs"]]
+    for pod in pods:
+        container = pod["spec"]["containers"][0]
+        assert container["image"] == image
+        assert {"name": "ito-state", "mountPath": state_mount} in container["volumeMounts"]
+        assert {"name": "ito-state", "persistentVolumeClaim": {"claimName": "ito-state"}} in pod["spec"]["volumes"]
+    assert 'pip install ".[cluster,ft,ray]"' in (ROOT / "deploy/Dockerfile").read_text()
