@@ -56,10 +56,19 @@ def _columns(value) -> list[str]:
 
 
 def test_a_stage_shows_its_loss_chart_and_its_fallbacks_as_a_table(tmp_path):
-    metadata = outcome_metadata(_stage(tmp_path, "pretraining"), POLICY)
+    stage = _stage(tmp_path, "pretraining")
+    metadata = outcome_metadata(stage, POLICY)
     assert metadata["loss_chart"].value.startswith("![pretraining loss and eval gate](data:image/png;base64,")
     assert metadata["final_train_loss"] == pytest.approx(6.0 - 0.2 * 19)  # numeric, for the Plots view
     assert metadata["heldout_loss"] == 2.5 and metadata["goodput"] == pytest.approx(0.6)
+    # Figures rounded to what they mean, with their unit in the key; the verdict is a table.
+    assert all(round(v, 4) == v for v in metadata.values() if isinstance(v, float))
+    assert "checkpoint_bandwidth_mb_per_s" in metadata and "checkpoint_blocking_s" in metadata
+    gate = metadata["gate"]
+    assert _columns(gate) == ["metric", "value", "reference", "gain", "required gain", "band", "band from", "passed"]
+    assert [r.data["metric"] for r in gate.records] == [c["metric"] for c in stage.gate["checks"]]
+    assert all(round(v, 4) == v for r in gate.records for v in r.data.values() if isinstance(v, float))
+    assert _columns(metadata["layout_ran"]) == ["field", "value"]
     fallbacks = metadata["layout_fallbacks"]
     assert _columns(fallbacks) == ["field", "planned", "ran", "why"]
     assert fallbacks.records[0].data == {"field": "compile", "planned": "True", "ran": "False",
@@ -96,3 +105,5 @@ def test_telemetry_shows_goodput_by_cause_and_step_time(tmp_path, installation):
                                                "flagged"]
     assert metadata["step_time_chart"].value.startswith("![predicted and measured step time](data:image/png;base64,")
     assert metadata["goodput"] == pytest.approx(0.6)  # the number stays beside the picture
+    assert "badput_seconds" not in metadata  # by cause in goodput_by_stage, not a JSON blob
+    assert all(round(v, 4) == v for v in metadata.values() if isinstance(v, float))

@@ -13,7 +13,7 @@ import json
 import dagster as dg
 
 from ito_assets import charts
-from ito_assets.defs.metadata_values import chart
+from ito_assets.defs.metadata_values import chart, table
 from ito_assets.defs.failures import failure, verified_or_fail
 from ito_assets.defs import owners
 from ito_assets.defs.manifest.partitions import TRAINED_ONE_OF_TWO, manifests_partitions
@@ -49,9 +49,21 @@ def _curve_metadata(kind: str, metrics: dict) -> dict:
     curves = {label: metrics[name] for name, label in CURVES.items() if name in metrics}
     if not curves:
         return {}
-    final = {f"final_{name.removesuffix('_curve')}": float(metrics[name][-1])
+    final = {f"final_{name.removesuffix('_curve')}": round(float(metrics[name][-1]), 4)
              for name in CURVES if metrics.get(name)}
     return {"curves_chart": chart(f"{kind} curves", charts.curves_chart(f"{kind}: by optimizer step", curves)), **final}
+
+
+GATE_COLUMNS = [("rule", "string"), ("reward_before", "number"), ("reward_after", "number"), ("delta", "number"),
+                ("standard_error", "number"), ("min_gain", "number"), ("passed", "bool"), ("reason", "string")]
+STALENESS_COLUMNS = [("staleness (versions)", "int"), ("groups used", "int"), ("groups dropped", "int")]
+
+
+def staleness_table(report: dict) -> dg.TableMetadataValue:
+    """A row per staleness seen: the groups used and dropped (`staleness.StalenessReport.as_dict`)."""
+    seen = sorted({*report["admitted_by_staleness"], *report["dropped_by_staleness"]}, key=int)
+    return table(STALENESS_COLUMNS, [{"staleness (versions)": int(k), "groups used": report["admitted_by_staleness"].get(k, 0),
+                                      "groups dropped": report["dropped_by_staleness"].get(k, 0)} for k in seen])
 
 
 def start_metadata(outcome: StageOutcome) -> dict:
@@ -75,16 +87,17 @@ def outcome_metadata(outcome: StageOutcome, step) -> dict:
         **start_metadata(outcome),
         "num_optimizer_steps": outcome.checkpoint.policy_version,
         "gate_passed": outcome.gate.passed,
-        "gate": dg.MetadataValue.json(outcome.gate.as_dict()),
-        "heldout_reward_before": outcome.eval_before.mean_reward,
-        "heldout_reward_after": outcome.eval_after.mean_reward,
-        "heldout_greedy_accuracy": outcome.eval_after.greedy_accuracy,
-        "kl_to_reference": metrics["kl_to_reference"],
-        "train_seconds": metrics["train_seconds"],
+        "gate": table(GATE_COLUMNS, [outcome.gate.as_dict()]),
+        # rewards are means over 200 prompts x 8 samples: 4 decimals is below their standard error
+        "heldout_reward_before": round(outcome.eval_before.mean_reward, 4),
+        "heldout_reward_after": round(outcome.eval_after.mean_reward, 4),
+        "heldout_greedy_accuracy": round(outcome.eval_after.greedy_accuracy, 4),
+        "kl_to_reference": round(metrics["kl_to_reference"], 4),
+        "train_s": round(metrics["train_seconds"], 1),
     }
     metadata.update(_curve_metadata(outcome.stage, metrics))
     if "staleness" in metrics:
-        metadata["staleness_histogram"] = dg.MetadataValue.json(metrics["staleness"])
+        metadata["staleness_histogram"] = staleness_table(metrics["staleness"])
         metadata["num_dropped_stale"] = metrics["staleness"]["num_dropped_stale"]
         metadata["num_dropped_all_equal"] = metrics["num_dropped_all_equal"]
         metadata["num_weight_syncs"] = metrics["num_weight_syncs"]

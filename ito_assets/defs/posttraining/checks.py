@@ -31,8 +31,8 @@ def _gate_check(kind: str, asset):
             severity=dg.AssetCheckSeverity.ERROR,
             description=("" if verdict.passed else f"{ErrorCode.EVAL_GATE_FAILED.value}: ") + verdict.reason,
             metadata={"error_code": "" if verdict.passed else ErrorCode.EVAL_GATE_FAILED.value, "rule": verdict.rule,
-                      "reward_before": verdict.reward_before, "reward_after": verdict.reward_after,
-                      "delta": verdict.delta, "standard_error": verdict.standard_error},
+                      **{name: round(getattr(verdict, name), 4)
+                         for name in ("reward_before", "reward_after", "delta", "standard_error")}},
         )
 
     return gate

@@ -249,10 +249,10 @@ def training_telemetry(context: dg.AssetExecutionContext, ito: ItoSettingsResour
             ledger_telemetry.publish(opened, run_id, [], [(0, name, value) for name, value in
                                                           history.run_figures(run_row).items()])
     context.add_output_metadata({
-        "goodput": run_row["goodput"], "device_hours": run_row["device_hours"],
-        "unplanned_interruptions_per_1000_device_hours": run_row["unplanned_interruptions_per_1000_device_hours"],
-        "checkpoint_bandwidth_bytes_per_second": run_row["checkpoint_bandwidth_bytes_per_second"],
-        "badput_seconds": dg.MetadataValue.json({k: v for k, v in run_row.items() if k.startswith("badput_")}),
+        # numeric, for the Plots view across partitions; badput by cause is the goodput_by_stage table
+        "goodput": round(run_row["goodput"], 4), "device_hours": round(run_row["device_hours"], 4),
+        "unplanned_interruptions_per_1000_device_hours": round(run_row["unplanned_interruptions_per_1000_device_hours"], 2),
+        "checkpoint_bandwidth_mb_per_s": round(run_row["checkpoint_bandwidth_bytes_per_second"] / 1e6, 1),
         "stages": ", ".join(trained),
         **goodput_metadata(rows),
         **step_time_metadata({c.stage: getattr(c, "calibration", {}) for c in stage_checkpoints.values() if c}),

@@ -7,6 +7,7 @@ import dagster as dg
 
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.training.assets import STAGE_NAMES, long_context_checkpoint, mid_training_checkpoint, pretraining_checkpoint
+from ito_assets.defs.training.stage_outcome import LOSS_DIGITS
 from ito_assets.errors import ErrorCode
 from ito_assets.runtime.stage.calibration import FLAG_FRACTION
 
@@ -25,7 +26,7 @@ def _gate_check(stage: str, asset):
         if value is None or value.stage != stage:
             return dg.AssetCheckResult(passed=True, description=f"the manifest has no {stage} stage")
         failed = not value.gate_passed
-        checks = {c["metric"]: {k: c[k] for k in ("value", "previous", "improvement", "required")}
+        checks = {c["metric"]: {k: round(c[k], LOSS_DIGITS) for k in ("value", "previous", "improvement", "required")}
                   for c in value.gate["checks"]}
         return dg.AssetCheckResult(
             passed=not failed,
@@ -57,8 +58,9 @@ def _calibration_check(stage: str, asset):
             severity=dg.AssetCheckSeverity.WARN,
             description=f"measured {figures['measured_step_s']:.4g} s per step against {figures['predicted_step_s']:.4g} s "
             f"predicted on {figures['device']} (ratio {figures['step_time_ratio']:.3g})",
-            metadata={"step_time_ratio": figures["step_time_ratio"], "predicted_step_s": figures["predicted_step_s"],
-                      "measured_step_s": figures["measured_step_s"]},
+            metadata={"step_time_ratio": round(figures["step_time_ratio"], 2),
+                      "predicted_step_s": round(figures["predicted_step_s"], 4),
+                      "measured_step_s": round(figures["measured_step_s"], 4)},
         )
 
     return calibration

@@ -55,34 +55,53 @@ def outcome_metadata(outcome: StageCheckpoint, policy: EvalGatePolicy | None = N
         "metadata_sha256": outcome.metadata_sha256,
         "num_steps": outcome.num_steps,
         "num_attempts": outcome.num_attempts,
-        **{name: value for name, value in sorted(outcome.eval.items())},  # the stage's eval battery
+        # the stage's eval battery (losses in nats), numeric: plotted across partitions
+        **{name: round(value, LOSS_DIGITS) for name, value in sorted(outcome.eval.items())},
         "gate_passed": outcome.gate_passed,
-        "gate": dg.MetadataValue.json(outcome.gate),
-        "goodput": telemetry.goodput,
+        "gate": gate_table(outcome.gate),
+        "goodput": round(telemetry.goodput, 4),
         "num_checkpoints": len(checkpoints),
-        "checkpoint_blocking_seconds": telemetry.checkpoint_blocking_seconds,
-        "checkpoint_bandwidth_bytes_per_second": telemetry.checkpoint_bandwidth_bytes_per_second,
+        "checkpoint_blocking_s": round(telemetry.checkpoint_blocking_seconds, 2),
+        "checkpoint_bandwidth_mb_per_s": round(telemetry.checkpoint_bandwidth_bytes_per_second / 1e6, 1),
         "loss_chart": chart(f"{outcome.stage} loss and eval gate", charts.stage_loss_chart(
             outcome.stage, steps, losses, gate_marks(outcome.gate, policy))),
         **_layout_metadata(outcome.layout),
         **_calibration_metadata(outcome.calibration),
     }
     if losses:
-        metadata["final_train_loss"] = losses[-1]  # numeric: plotted across partitions
+        metadata["final_train_loss"] = round(losses[-1], LOSS_DIGITS)  # numeric: plotted across partitions
     return metadata
+
+
+# Losses in nats to 4 decimals: the gates' noise bands are ~0.02, so the 5th decimal means nothing.
+LOSS_DIGITS = 4
+GATE_COLUMNS = [("metric", "string"), ("value", "number"), ("reference", "number"), ("gain", "number"),
+                ("required gain", "number"), ("band", "number"), ("band from", "string"), ("passed", "bool")]
+
+
+def gate_table(gate: dict) -> dg.TableMetadataValue:
+    """The verdict's checks, a row per gated metric: its value, the reference it was judged
+    against (`compared_with`), the gain and the gain required, the noise band that sized it."""
+    rows = [{"metric": c["metric"], "value": round(c["value"], LOSS_DIGITS), "reference": round(c["previous"], LOSS_DIGITS),
+             "gain": round(c["improvement"], LOSS_DIGITS), "required gain": round(c["required"], LOSS_DIGITS),
+             "band": round(c["band"]["total"], LOSS_DIGITS) if c.get("band") else None,
+             "band from": c.get("band", {}).get("method"), "passed": c["passed"]} for c in gate.get("checks", [])]
+    return table(GATE_COLUMNS, rows)
 
 
 def _calibration_metadata(calibration: dict) -> dict:
     """Predicted against measured step time and peak memory per device (`calibration.Calibration`)."""
     if not calibration:
         return {}
-    return {"predicted_step_s": calibration["predicted_step_s"], "measured_step_s": calibration["measured_step_s"],
-            "step_time_ratio": calibration["step_time_ratio"],
+    return {"predicted_step_s": round(calibration["predicted_step_s"], 4),
+            "measured_step_s": round(calibration["measured_step_s"], 4),
+            "step_time_ratio": round(calibration["step_time_ratio"], 2),
             "predicted_peak_memory_bytes": calibration["predicted_peak_memory_bytes"],
             "measured_peak_memory_bytes": calibration["measured_peak_memory_bytes"],
             "peak_memory_source": calibration["peak_memory_source"], "price_model_device": calibration["device"]}
 
 
+LAYOUT_COLUMNS = [("field", "string"), ("value", "string")]
 LAYOUT_FALLBACK_COLUMNS = [("field", "string"), ("planned", "string"), ("ran", "string"), ("why", "string")]
 
 
@@ -92,5 +111,6 @@ def _layout_metadata(layout: dict) -> dict:
         return {}
     rows = [{"field": f["field"], "planned": str(f["planned"]), "ran": str(f["ran"]), "why": f["reason"]}
             for f in layout["fallbacks"]]
-    return {"layout_ran": dg.MetadataValue.json(layout["ran"]), "num_layout_fallbacks": len(layout["fallbacks"]),
+    ran = [{"field": name, "value": str(value)} for name, value in layout["ran"].items()]
+    return {"layout_ran": table(LAYOUT_COLUMNS, ran), "num_layout_fallbacks": len(layout["fallbacks"]),
             "layout_fallbacks": table(LAYOUT_FALLBACK_COLUMNS, rows)}
