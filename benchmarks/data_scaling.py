@@ -25,6 +25,11 @@ runs are fresh subprocesses:
   corpus, whichever process runs it), the baseline in the same run, up to `--memory-up-to` (64x:
   it held 1.5 GB there and grows ~linearly; at 128x it would hold ~2.8 GB and add ~2 minutes to a
   run of ~8).
+- "ray": the units path with ITO_DATA_ENGINE's "ray" (`--ray-at`): the stage subprocesses join a Ray
+  started by the benchmark on this machine with 1 and with 2 CPUs (`ray start --head`; the stages
+  connect through RAY_ADDRESS, as on a cluster), each work unit one Ray task; compared with the
+  local engine's 1 and 2 workers at the same size: its overhead and that the clean shards are the
+  same bytes. Ray's workers are not the stage's children, so no worker peak is reported for it.
 A third kind of subprocess only imports the libraries: its peak RSS is the fixed baseline (the
 interpreter with polars, pyarrow, DuckDB and numpy loaded), so that what the data costs shows.
 Peak RSS is the subprocess's own high-water mark (VmHWM) and, for worker processes, the largest
@@ -40,7 +45,7 @@ batch's work + what still grows with the corpus: a few bytes a document (the nea
 positions, the units' shingle offsets). The verdict compares the two largest sizes: "bounded"
 when the data-dependent part grows by at most `BOUNDED_FACTOR` while the corpus doubles or more.
 
-    .venv/bin/python benchmarks/data_scaling.py [--scales 1 4 16 64] [--workers-at 16] [--out benchmarks/results/data_scaling.json]
+    .venv/bin/python benchmarks/data_scaling.py [--scales 1 4 16 64] [--workers-at 16] [--ray-at 16] [--out benchmarks/results/data_scaling.json]
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -139,7 +145,7 @@ def imports() -> None:
     from ito_assets.manifest.verify import verify_manifest  # noqa: F401
 
 
-def child(manifest_path: str, mode: str, workers: int, work: Path) -> dict:
+def child(manifest_path: str, mode: str, workers: int, work: Path, engine: str = "local") -> dict:
     """One subprocess's work: the baseline, the whole in-memory chain, or one stage of the units
     path (`mode` "units:<stage>")."""
     imports()
@@ -150,7 +156,7 @@ def child(manifest_path: str, mode: str, workers: int, work: Path) -> dict:
     from ito_assets.manifest.verify import verify_manifest
 
     verified = verify_manifest(manifest_path)
-    config = DataPrepConfig(scale=ScaleConfig(**BENCH_SCALE, num_workers=workers), shard_max_rows=SHARD_ROWS)
+    config = DataPrepConfig(scale=ScaleConfig(**BENCH_SCALE, num_workers=workers, engine=engine), shard_max_rows=SHARD_ROWS)
     suite, data_root = load_suite(SUITE), Path(manifest_path).parent
     start = time.perf_counter()
     if mode == "memory":
@@ -162,7 +168,8 @@ def child(manifest_path: str, mode: str, workers: int, work: Path) -> dict:
         out = units_stage(mode.split(":")[1], verified, data_root, work, suite, config)
         out["seconds"] = round(time.perf_counter() - start, 2)
     main_mb, worker_mb = peak_rss_mb()
-    return {**out, "peak_rss_mb": round(main_mb, 1), "worker_peak_rss_mb": round(worker_mb, 1) if workers > 1 else None}
+    worker = round(worker_mb, 1) if workers > 1 and engine == "local" else None
+    return {**out, "peak_rss_mb": round(main_mb, 1), "worker_peak_rss_mb": worker}
 
 
 def units_stage(stage: str, verified, data_root, work, suite, config) -> dict:
@@ -191,14 +198,14 @@ def units_stage(stage: str, verified, data_root, work, suite, config) -> dict:
     return {}
 
 
-def run_units(manifest_path: str, workers: int, work: Path) -> dict:
+def run_units(manifest_path: str, workers: int, work: Path, engine: str = "local") -> dict:
     """The units path, a subprocess per stage: its peak is the largest stage's."""
     out: dict = {}
     for stage in UNIT_STAGES:
-        done = run_child(manifest_path, f"units:{stage}", workers, work)
+        done = run_child(manifest_path, f"units:{stage}", workers, work, engine)
         out |= {k: v for k, v in done.items() if k not in ("seconds", "peak_rss_mb", "worker_peak_rss_mb")}
         out[f"{stage}_seconds"], out[f"{stage}_peak_rss_mb"] = done["seconds"], done["peak_rss_mb"]
-        if workers > 1:
+        if done["worker_peak_rss_mb"] is not None:
             out["worker_peak_rss_mb"] = max(out.get("worker_peak_rss_mb") or 0, done["worker_peak_rss_mb"])
     out["peak_rss_mb"] = max(out[f"{stage}_peak_rss_mb"] for stage in UNIT_STAGES)
     out.setdefault("worker_peak_rss_mb", None)
@@ -236,13 +243,30 @@ def memory_chain(verified, data_root, work, suite, config, timings) -> dict:
             "num_residual_hits": None, "clean_sha256s": [s.sha256 for s in shards.shards], "seconds": round(timings["clean"] - timings["start"], 2)}
 
 
-def run_child(manifest_path: str, mode: str, workers: int, work: Path) -> dict:
+def run_child(manifest_path: str, mode: str, workers: int, work: Path, engine: str = "local") -> dict:
     env = {**os.environ, "POLARS_MAX_THREADS": "1", "OMP_NUM_THREADS": "1"}
-    spec = json.dumps({"manifest": manifest_path, "mode": mode, "workers": workers, "work": str(work)})
+    spec = json.dumps({"manifest": manifest_path, "mode": mode, "workers": workers, "work": str(work), "engine": engine})
     done = subprocess.run([sys.executable, __file__, "--child", spec], capture_output=True, text=True, env=env, check=False)
     if done.returncode:
         raise SystemExit(f"child failed ({mode}, {workers} workers):\n{done.stderr[-4000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@contextmanager
+def ray_cluster(num_cpus: int):
+    """A Ray head on this machine with `num_cpus` CPUs, joined by the stages through RAY_ADDRESS."""
+    ray = str(Path(sys.executable).parent / "ray")
+    port = 6400 + num_cpus
+    # On loopback only, so without Ray's token authentication (on by default for `ray start`).
+    os.environ.update(RAY_ADDRESS=f"127.0.0.1:{port}", RAY_AUTH_MODE="disabled")
+    subprocess.run([ray, "start", "--head", f"--num-cpus={num_cpus}", f"--port={port}", "--node-ip-address=127.0.0.1",
+                    "--include-dashboard=false", "--disable-usage-stats"], check=True, capture_output=True,
+                   env={**os.environ, "POLARS_MAX_THREADS": "1", "OMP_NUM_THREADS": "1"})
+    try:
+        yield
+    finally:
+        del os.environ["RAY_ADDRESS"], os.environ["RAY_AUTH_MODE"]
+        subprocess.run([ray, "stop", "--force"], check=False, capture_output=True)
 
 
 def table(rows: list[dict], baseline_mb: float) -> str:
@@ -262,12 +286,13 @@ def main() -> None:
     parser.add_argument("--scales", type=int, nargs="+", default=[1, 4, 16, 64, 128])
     parser.add_argument("--memory-up-to", type=int, default=64, help="the largest scale the in-memory path runs at")
     parser.add_argument("--workers-at", type=int, default=16, help="the scale run with 1 and 2 workers")
+    parser.add_argument("--ray-at", type=int, default=16, help="the scale run on Ray with 1 and 2 CPUs (0: none)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "data_scaling.json")
     parser.add_argument("--child")
     args = parser.parse_args()
     if args.child:
         spec = json.loads(args.child)
-        print(json.dumps(child(spec["manifest"], spec["mode"], spec["workers"], Path(spec["work"]))))
+        print(json.dumps(child(spec["manifest"], spec["mode"], spec["workers"], Path(spec["work"]), spec["engine"])))
         return
     from dedup_speed import machine
 
@@ -282,10 +307,15 @@ def main() -> None:
             corpus_mb, num_docs = sum(len(t.encode()) for t in texts) / 1e6, len(texts)
             manifest_path = write_corpus(texts, Path(tmp) / f"corpus-{scale}x")
             del texts
-            plans = ([("memory", 1)] if scale <= args.memory_up_to else []) + [("units", 1)] + ([("units", 2)] if scale == args.workers_at else [])
+            plans = ([("memory", 1)] if scale <= args.memory_up_to else []) + [("units", 1)] + ([("units", 2)] if scale in (args.workers_at, args.ray_at) else []) \
+                + ([("ray", 1), ("ray", 2)] if scale == args.ray_at else [])
             for mode, workers in plans:
                 work = Path(tmp) / f"work-{scale}-{mode}-{workers}"
-                result = run_units(manifest_path, workers, work) if mode == "units" else run_child(manifest_path, mode, workers, work)
+                if mode == "ray":
+                    with ray_cluster(workers):
+                        result = run_units(manifest_path, workers, work, engine="ray")
+                else:
+                    result = run_units(manifest_path, workers, work) if mode == "units" else run_child(manifest_path, mode, workers, work)
                 # One digest over the clean shards' digests: the paths must write the same bytes.
                 result["clean_digest"] = hashlib.sha256("".join(result.pop("clean_sha256s")).encode()).hexdigest()[:16]
                 rows.append({"scale": scale, "num_docs": num_docs, "corpus_mb": round(corpus_mb, 2), "path": mode, "workers": workers, **result,
@@ -326,6 +356,16 @@ def summarize(rows: list[dict], baseline_mb: float, workers_at: int) -> dict:
     if one and two:
         summary[f"docs_per_second_at_{workers_at}x"] = {"1_worker": one["docs_per_second"], "2_workers": two["docs_per_second"]}
         summary[f"speedup_2_workers_at_{workers_at}x"] = round(one["seconds"] / two["seconds"], 2)
+    # The Ray engine against the local one at the same size and cores: overhead, and the same bytes.
+    for workers in (1, 2):
+        for scale in sorted({r["scale"] for r in rows if r["path"] == "ray" and r["workers"] == workers}):
+            ray_run, local_run = pick(scale, "ray", workers), pick(scale, "units", workers)
+            if local_run:
+                summary[f"ray_overhead_{workers}_cpu_at_{scale}x"] = round(ray_run["seconds"] / local_run["seconds"] - 1, 3)
+                summary[f"ray_same_bytes_{workers}_cpu_at_{scale}x"] = all(ray_run[k] == local_run[k] for k in keys)
+    ray_one, ray_two = (next((r for r in rows if r["path"] == "ray" and r["workers"] == w), None) for w in (1, 2))
+    if ray_one and ray_two:
+        summary["ray_speedup_2_cpus"] = round(ray_one["seconds"] / ray_two["seconds"], 2)
     units = sorted(r["scale"] for r in rows if r["path"] == "units" and r["workers"] == 1)
     if len(units) >= 2:
         low, high = units[-2], units[-1]
