@@ -139,6 +139,26 @@ def _digests(result) -> dict:
     }
 
 
+def _audits(warehouse: Path) -> dict:
+    """What `ito audit eval-item` and `ito audit doc` answer, for every eval item that matched and
+    every document it matched (the shards' folders differ between the runs; their digests do not)."""
+    import duckdb
+
+    from ito_assets.data import lineage
+
+    with duckdb.connect(str(warehouse), read_only=True) as con:
+        items = [r[0] for r in con.execute("SELECT DISTINCT eval_item_id FROM contamination_hits ORDER BY 1").fetchall()]
+        hits = {item: lineage.audit_eval_item(con, item) for item in items}
+        docs = sorted({h["doc_id"] for found in hits.values() for h in found})
+        answers = {doc: lineage.audit_document(con, doc) for doc in docs}
+    for found in answers.values():
+        for entry in found:
+            for piece in entry["clean_pieces"]:
+                piece["shard_path"] = Path(piece["shard_path"]).name
+    assert items and docs
+    return {"eval items": hits, "documents": answers}
+
+
 def test_the_data_chain_through_dagster_on_ray_writes_the_local_engines_bytes(cluster, tmp_path_factory, monkeypatch):
     import dagster as dg
 
@@ -154,7 +174,7 @@ def test_the_data_chain_through_dagster_on_ray_writes_the_local_engines_bytes(cl
         with dg.instance_for_test() as instance:
             _, result = _materialize(settings, instance)
             assert result.success
-            runs[engine] = _digests(result)
+            runs[engine] = _digests(result) | {"audit": _audits(settings.warehouse_path)}
         assert set(sent) == (set() if engine == "local" else {"key_shard", "signature_unit", "match_unit", "hits_unit"})
     assert runs["ray"] == runs["local"]
     assert runs["local"]["conservation"]["problems"] == ()
