@@ -107,7 +107,10 @@ class StepBar:
 
     def _follow(self) -> None:
         while not self.stopped.wait(self.POLL_S):
-            self.poll()
+            try:
+                self.poll()
+            except Exception:  # the bar is only a view: a busy event store skips one refresh
+                continue
 
     def poll(self) -> None:
         page = self.instance.get_records_for_run(self.run_id, cursor=self.cursor)

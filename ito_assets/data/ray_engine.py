@@ -7,7 +7,7 @@ by path: on a cluster of several nodes the step's scratch folder must be storage
 mounts at the same path.
 
 `ray.init()` connects to the cluster `RAY_ADDRESS` names, or starts a Ray on this machine for the
-step (about 5-15 s) and stops it after. A task whose worker dies (a killed process, a lost node)
+step (about 14 s on a 2-core VM) and stops it after. A task whose worker dies (a killed process, a lost node)
 or that raises is tried again by Ray, `ATTEMPTS` times in all; then the step fails with
 DATA_WORK_UNIT_FAILED naming the phase and the unit.
 
