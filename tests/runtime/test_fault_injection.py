@@ -112,6 +112,7 @@ def test_a_corrupt_latest_checkpoint_is_skipped_never_loaded(tmp_path, tokens, t
     assert "skipped checkpoint step 16: digest mismatch" in log
 
 
+@pytest.mark.long  # `make test` kills a rank on one node (the fault matrix above); two nodes in test-long
 def test_two_nodes_on_loopback_survive_the_sigkill_of_the_second_nodes_rank(tmp_path, tokens):
     """The multi-node path for real. Two torchrun launchers (`--nnodes 2`, c10d on
     loopback), one rank each; the second node's rank dies, its launcher exits, the supervisor ends
