@@ -61,7 +61,9 @@ def runs(tmp_path_factory, tokens):
         "reference": _launch(root / "reference", tokens, _fp32(micro_batch_size=8), 1),
         # dp=2, 4 rows per rank as 4 micro-batches of 1: gradients reduced on the last one only
         "ddp_accumulating": _launch(root / "ddp", tokens, _fp32(dp_replicate=2, micro_batch_size=1), 2),
-        "hsdp": _launch(root / "hsdp", tokens, _fp32(dp_replicate=2, dp_shard=2, micro_batch_size=2), 4),
+        # Four ranks: `make test-long` only; `make test` runs HSDP through the fixtures' plans below.
+        **({"hsdp": _launch(root / "hsdp", tokens, _fp32(dp_replicate=2, dp_shard=2, micro_batch_size=2), 4)}
+           if os.environ.get("ITO_TEST_LONG") else {}),
         "bf16": _launch(root / "bf16", tokens, Layout(compile=False, micro_batch_size=8), 1),
         "fsdp_then_one": _launch(root / "fsdp", tokens, _fp32(dp_shard=2, micro_batch_size=2), 2, stop_after_step=10),
         "tp_then_fsdp": _launch(root / "tp", tokens, _fp32(tp=2, micro_batch_size=8), 2, stop_after_step=10),
@@ -93,7 +95,8 @@ def _grad_norms(config) -> dict[int, float]:
     return {m["step"]: m["grad_norm"] for m in lines if m["kind"] == "metrics" and "grad_norm" in m}
 
 
-@pytest.mark.parametrize("name", ["ddp_accumulating", "hsdp", "fsdp_then_one", "tp_then_fsdp"])
+@pytest.mark.parametrize("name", ["ddp_accumulating", pytest.param("hsdp", marks=pytest.mark.long), "fsdp_then_one",
+                                  "tp_then_fsdp"])
 def test_every_layout_trains_the_same_model(runs, name):
     assert _gap(runs[name], runs["reference"]) <= FP32_TOLERANCE
     norms, reference_norms = _grad_norms(runs[name]), _grad_norms(runs["reference"])
@@ -109,14 +112,15 @@ def test_every_layout_trains_the_same_model(runs, name):
 
 def test_accumulation_and_each_layout_are_recorded_as_they_ran(runs):
     assert _ran(runs["ddp_accumulating"])["ran"] == _fp32(dp_replicate=2, micro_batch_size=1).describe()
-    assert _ran(runs["hsdp"])["ran"] == _fp32(dp_replicate=2, dp_shard=2, micro_batch_size=2).describe()
+    if "hsdp" in runs:
+        assert _ran(runs["hsdp"])["ran"] == _fp32(dp_replicate=2, dp_shard=2, micro_batch_size=2).describe()
     assert _ran(runs["tp_then_fsdp"])["ran"] == _fp32(dp_shard=2, micro_batch_size=4).describe()
     assert all(_ran(config)["fallbacks"] == [] for config in runs.values())
     # Each checkpoint's marker names the layout that wrote it: the first half's tensor parallelism.
     first_half = markers.read_marker(markers.checkpoint_dir(Path(runs["tp_then_fsdp"].stage_dir), 10))
     assert first_half.trained_with["layout"]["ran"]["tp"] == 2
     assert first_half.trained_with["positions"] == {"rope_theta": 500_000.0, "position_scale": 2.0}
-    result = json.loads((Path(runs["hsdp"].stage_dir) / RESULT_NAME).read_text())
+    result = json.loads((Path(runs["ddp_accumulating"].stage_dir) / RESULT_NAME).read_text())
     assert result["positions"] == {"rope_theta": 500_000.0, "position_scale": 2.0}
 
 

@@ -88,6 +88,7 @@ def test_a_two_node_stage_trains_to_completion_through_sbatch_and_srun(tmp_path,
     assert {step for step, _ in recorder.metrics_seen} >= {config.num_steps}
 
 
+@pytest.mark.long  # `make test` has the SIGKILL fault under torchrun (test_fault_injection.py)
 def test_a_sigkilled_rank_under_slurm_fails_the_job_and_the_stage_resumes_in_a_new_job(tmp_path, tokens, slurm):
     config = worker_config(tmp_path, tokens, num_steps=96)
     supervisor = _supervisor(config)
