@@ -7,14 +7,15 @@ from typing import Callable, Mapping, Sequence
 
 import dagster as dg
 
-from ito_assets.defs import data, decision, manifest, posttraining, training, workload
+from ito_assets.defs import data, decision, manifest, posttraining, telemetry, training, workload
 from ito_assets.defs.executors import executor_for
 from ito_assets.defs.jobs import data_preparation_job, preparation_job, training_job
 from ito_assets.defs.resources import ItoSettingsResource, LedgerResource
 from ito_assets.settings import Settings, load_settings
 from sensors import sensors
 
-# The lineage, in order: manifest -> data -> decision and plan -> workload -> training -> post-training.
+# The lineage, in order: manifest -> data -> decision and plan -> workload -> training -> post-training
+# -> desk telemetry.
 DOMAINS: dict[str, Callable[[], dg.Definitions]] = {
     "manifest": manifest.defs,
     "data": data.defs,
@@ -22,6 +23,7 @@ DOMAINS: dict[str, Callable[[], dg.Definitions]] = {
     "workload": workload.defs,
     "training": training.defs,
     "posttraining": posttraining.defs,
+    "telemetry": telemetry.defs,
 }
 
 

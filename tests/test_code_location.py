@@ -29,7 +29,7 @@ EXPECTED_ASSETS = {
     "pretraining_checkpoint": "training",
     "mid_training_checkpoint": "training",
     "long_context_checkpoint": "training",
-    "training_telemetry": "training",
+    "training_telemetry": "telemetry",
     "sft_checkpoint": "posttraining",
     "dpo_checkpoint": "posttraining",
     "rlvr_checkpoint": "posttraining",
@@ -38,6 +38,7 @@ EXPECTED_ASSETS = {
 EXPECTED_OWNERS = {
     "manifest": ["team:data"], "data": ["team:data"], "decision": ["team:research"],
     "workload": ["team:training"], "training": ["team:training"], "posttraining": ["team:training"],
+    "telemetry": ["team:training"],
 }
 EXPECTED_CHECKS = {
     ("training_manifest", "manifest_verified"),

@@ -1,7 +1,7 @@
 """What past runs on the same kind of block delivered, for the desk's quote of a new one.
 
 A block is known by what the desk sells: the GPU type, the number of GPUs and the number of nodes.
-The training telemetry of each finished run (`defs.training` `training_telemetry`) is published to
+The training telemetry of each finished run (`defs.telemetry` `training_telemetry`) is published to
 the ledger as run figures (RUN_FIGURES, the run row of the warehouse table `training_telemetry`);
 this module sums them over the runs of blocks like the one being quoted:
 

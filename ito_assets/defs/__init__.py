@@ -13,4 +13,4 @@ import dagster as dg
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", category=dg.PreviewWarning)
     warnings.filterwarnings("ignore", category=dg.BetaWarning)
-    from ito_assets.defs import data, decision, manifest, posttraining, training, workload  # noqa: E402, F401
+    from ito_assets.defs import data, decision, manifest, posttraining, telemetry, training, workload  # noqa: E402, F401

@@ -6,7 +6,7 @@ data preparation, the decision run and the plan (launched by the reviewed-manife
 the eval suite, sources, decontamination, deduplication, clean shards; no decision proxies, no
 training (launched by `ito data prepare`).
 `training_job`: what a confirmed ledger run spends the booking on: its re-authorization, the
-training stages and post-training (launched by the confirmed-run sensor, once per ledger run).
+training stages, post-training and desk telemetry (launched by the confirmed-run sensor, once per ledger run).
 A domain joins a job through its group; a group that does not exist yet selects nothing.
 """
 
@@ -17,7 +17,7 @@ import dagster as dg
 from ito_assets.defs.manifest.partitions import manifests_partitions
 
 PREPARATION_GROUPS = ("manifest", "data", "decision")
-TRAINING_GROUPS = ("workload", "training", "posttraining")
+TRAINING_GROUPS = ("workload", "training", "posttraining", "telemetry")
 
 PREPARATION_JOB = "preparation_job"
 DATA_PREPARATION_JOB = "data_preparation_job"

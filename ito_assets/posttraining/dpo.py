@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -61,9 +61,11 @@ def _pair_logprobs(
 
 
 def run_dpo(
-    policy: CausalLM, reference: CausalLM, codec: TextCodec, pairs: Sequence[PreferencePair], config: DpoConfig
+    policy: CausalLM, reference: CausalLM, codec: TextCodec, pairs: Sequence[PreferencePair], config: DpoConfig,
+    on_step: Callable[[float, float], object] | None = None,
 ) -> DpoResult:
-    """Train `policy` in place; `reference` is only read (no gradient)."""
+    """Train `policy` in place; `reference` is only read (no gradient); `on_step(seconds, loss)`
+    after each optimizer step."""
     if not pairs:
         raise ValueError("pairs must not be empty")
     policy.train()
@@ -74,6 +76,7 @@ def run_dpo(
         order = list(range(len(pairs)))
         rng.shuffle(order)
         for start in range(0, len(order), config.batch_size):
+            step_started = time.perf_counter()
             batch = [pairs[i] for i in order[start : start + config.batch_size]]
             with torch.no_grad():
                 ref_chosen, ref_rejected = _pair_logprobs(reference, codec, batch)
@@ -84,6 +87,8 @@ def run_dpo(
             losses.append(float(result.loss.detach()))
             accuracies.append(result.accuracy)
             margin = float(result.margins.mean())
+            if on_step is not None:
+                on_step(time.perf_counter() - step_started, losses[-1])
     return DpoResult(
         losses=tuple(losses), accuracies=tuple(accuracies), mean_margin=margin, num_steps=len(losses),
         wall_seconds=time.perf_counter() - started,

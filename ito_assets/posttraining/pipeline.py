@@ -1,7 +1,8 @@
 """One post-training stage end to end, as the Dagster assets run it: start from the policy the
 previous stage left (or the pretraining chain's result), refuse to start after a failed gate,
 train, evaluate on the held-out battery, save the checkpoint, judge the gate, and return
-everything as one frozen record.
+everything as one frozen record. Its time goes to the runtime event log of its folder
+(`timeline.StageTimeline`), where desk telemetry reads it beside the pretraining stages'.
 
 `PostTrainingRuntime` (stage.py, with the record a stage hands on) holds what the manifest's
 recipe does not say (sizes of the CPU configuration); the manifest's own fields (learning rates,
@@ -10,8 +11,10 @@ beta, group size, clip range, staleness bound, the bound pair files) always come
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+import time
 from pathlib import Path
 
 from ito_assets.manifest.schema import DpoStep, RlvrStep, SftStep
@@ -25,6 +28,7 @@ from ito_assets.posttraining.rlvr import RlvrConfig, run_rlvr
 from ito_assets.posttraining.sft import SftConfig, run_sft
 from ito_assets.posttraining.stage import PostTrainingRuntime, StageOutcome, Start
 from ito_assets.posttraining.tasks import Task, largest_digit_tasks, split_held_out
+from ito_assets.posttraining.timeline import StageTimeline
 from ito_assets.training.threads import torch_threads
 
 SFT_FILE, DPO_FILE = "sft_pairs.jsonl", "dpo_pairs.jsonl"
@@ -44,23 +48,24 @@ def _evaluate(policy, codec, tasks, runtime) -> RewardEval:
     return evaluate_reward(policy, codec, tasks, max_new_tokens=runtime.max_new_tokens, seed=runtime.seed)
 
 
-def _train(step, policy, reference, codec, spec: PolicySpec, pairs, train_tasks, runtime) -> tuple[dict, int]:
+def _train(step, policy, reference, codec, spec: PolicySpec, pairs, train_tasks, runtime,
+           on_step) -> tuple[dict, int]:
     """Run the stage's loop; returns (metrics, optimizer steps)."""
     if isinstance(step, SftStep):
         result = run_sft(policy, codec, pairs,
-                         SftConfig.from_step(step, batch_size=runtime.batch_size, seed=runtime.seed))
+                         SftConfig.from_step(step, batch_size=runtime.batch_size, seed=runtime.seed), on_step)
         return {"loss_curve": list(result.losses), "num_response_tokens": result.num_response_tokens,
                 "train_seconds": round(result.wall_seconds, 2)}, result.num_steps
     if isinstance(step, DpoStep):
         result = run_dpo(policy, reference, codec, pairs,
-                         DpoConfig.from_step(step, batch_size=runtime.batch_size, seed=runtime.seed))
+                         DpoConfig.from_step(step, batch_size=runtime.batch_size, seed=runtime.seed), on_step)
         return {"loss_curve": list(result.losses), "accuracy_curve": list(result.accuracies),
                 "final_margin": result.mean_margin, "train_seconds": round(result.wall_seconds, 2)}, result.num_steps
     config = RlvrConfig.from_step(
         step, num_steps=runtime.rlvr_num_steps, groups_per_step=runtime.rlvr_groups_per_step,
         max_new_tokens=runtime.max_new_tokens, overlong_cache=runtime.overlong_cache, seed=runtime.seed,
     )
-    result = run_rlvr(policy, reference, codec, train_tasks, config, policy_factory=spec.factory())
+    result = run_rlvr(policy, reference, codec, train_tasks, config, policy_factory=spec.factory(), on_step=on_step)
     return {
         "reward_curve": list(result.reward_curve),
         "kl_curve": [s.kl_to_reference for s in result.steps],
@@ -95,24 +100,47 @@ def _run_stage(step: SftStep | DpoStep | RlvrStep, *, start: Start, data_root: P
                runtime: PostTrainingRuntime) -> StageOutcome:
     if isinstance(start, StageOutcome):  # a failed gate stays failed: refused before anything is read
         require_passed(start.gate)
+    timeline = StageTimeline(out_dir / step.kind)
+    try:
+        return _timed_stage(step, start, data_root, out_dir, runtime, timeline)
+    finally:  # a stage that failed held its device too
+        timeline.close()
+
+
+def _timed_stage(step, start: Start, data_root: Path, out_dir: Path, runtime: PostTrainingRuntime,
+                 timeline: StageTimeline) -> StageOutcome:
     # The bound pair file is checked against the manifest's digest before any compute is spent.
     pairs = None if isinstance(step, RlvrStep) else read_bound_pairs(step, data_root)
     spec, policy, previous, started_from = _starting_policy(start)
     codec = spec.codec()
     reference = copy.deepcopy(policy).eval()  # frozen: the stage's starting point
     train_tasks, held_out = battery(runtime)
-    before = previous.eval_after if previous is not None else _evaluate(policy, codec, held_out, runtime)
-    metrics, num_steps = _train(step, policy, reference, codec, spec, pairs, train_tasks, runtime)
-    after = _evaluate(policy, codec, held_out, runtime)
-    metrics["kl_to_reference"] = sampled_kl(policy, reference, codec, held_out,
-                                            max_new_tokens=runtime.max_new_tokens, seed=runtime.seed)
+    timeline.startup()
+    before = previous.eval_after if previous is not None else None  # the previous stage's "after"
+    if before is None:
+        with _timed(timeline.evaluation):
+            before = _evaluate(policy, codec, held_out, runtime)
+    metrics, num_steps = _train(step, policy, reference, codec, spec, pairs, train_tasks, runtime, timeline.step)
+    with _timed(timeline.evaluation):
+        after = _evaluate(policy, codec, held_out, runtime)
+        metrics["kl_to_reference"] = sampled_kl(policy, reference, codec, held_out,
+                                                max_new_tokens=runtime.max_new_tokens, seed=runtime.seed)
+    saving = time.perf_counter()
     checkpoint = save_policy(policy, out_dir / step.kind / "policy.pt", stage=step.kind, policy_version=num_steps)
+    timeline.checkpoint(time.perf_counter() - saving, checkpoint.num_bytes)
     gate = judge_rewards(step.kind, before, after, BATTERY[step.kind])
     chain_start = previous.chain_start if previous is not None else started_from
     outcome = StageOutcome(stage=step.kind, policy=spec, checkpoint=checkpoint, gate=gate, eval_before=before,
                            eval_after=after, metrics=metrics, started_from=started_from, chain_start=chain_start)
     write_metrics(outcome, out_dir / step.kind / "metrics.json")
     return outcome
+
+
+@contextlib.contextmanager
+def _timed(report):
+    started = time.perf_counter()
+    yield
+    report(time.perf_counter() - started)
 
 
 def write_metrics(outcome: StageOutcome, path: Path) -> None:

@@ -162,15 +162,18 @@ class _Trainer:
 
 def run_rlvr(
     policy: CausalLM, reference: CausalLM, codec: TextCodec, tasks: Sequence[Task], config: RlvrConfig, *,
-    policy_factory: Callable[[], CausalLM],
+    policy_factory: Callable[[], CausalLM], on_step: Callable[[float, float], object] | None = None,
 ) -> RlvrResult:
     """Train `policy` in place; `policy_factory` builds an architecture-equal module in the
-    generator process (it must be picklable: a module-level function or functools.partial)."""
+    generator process (it must be picklable: a module-level function or functools.partial).
+    `on_step(seconds, loss)` after each trainer step, its generator draws included; a step
+    without signal (no usable group) trains nothing and is not reported."""
     trainer, started = _Trainer(policy.train(), reference.eval(), config, codec.pad_id), time.perf_counter()
     steps, without_signal = [], 0
     generator = GeneratorProcess(policy_factory=policy_factory, codec=codec, tasks=tasks, config=config.generation())
     with generator.start(policy.state_dict(), trainer.version):
         for index in range(config.num_steps):
+            step_started = time.perf_counter()
             drawn: list[float] = []
 
             def draw() -> Group:
@@ -186,6 +189,8 @@ def run_rlvr(
                 without_signal += 1
                 continue
             steps.append(trainer.step(index, filled, filled.groups[:usable], drawn, generator.publish))
+            if on_step is not None:
+                on_step(time.perf_counter() - step_started, steps[-1].loss)
         syncs = generator.num_weight_syncs
     return RlvrResult(
         steps=tuple(steps), staleness=trainer.staleness.report(), num_weight_syncs=syncs,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -64,8 +64,10 @@ def _epoch_batches(pairs: Sequence[InstructionPair], batch_size: int, rng: rando
         yield [pairs[i] for i in order[start : start + batch_size]]
 
 
-def run_sft(policy: CausalLM, codec: TextCodec, pairs: Sequence[InstructionPair], config: SftConfig) -> SftResult:
-    """Train `policy` in place for `num_epochs` over `pairs` (seeded order)."""
+def run_sft(policy: CausalLM, codec: TextCodec, pairs: Sequence[InstructionPair], config: SftConfig,
+            on_step: Callable[[float, float], object] | None = None) -> SftResult:
+    """Train `policy` in place for `num_epochs` over `pairs` (seeded order); `on_step(seconds,
+    loss)` after each optimizer step."""
     if not pairs:
         raise ValueError("pairs must not be empty")
     policy.train()
@@ -73,11 +75,14 @@ def run_sft(policy: CausalLM, codec: TextCodec, pairs: Sequence[InstructionPair]
     rng, losses, num_tokens, started = random.Random(config.seed), [], 0, time.perf_counter()
     for _ in range(config.num_epochs):
         for batch in _epoch_batches(pairs, config.batch_size, rng):
+            step_started = time.perf_counter()
             tokens, mask = response_batch(codec, [p.prompt for p in batch], [p.response for p in batch])
             loss = sft_loss(token_logprobs(policy, tokens), mask)
             optimizer_step(policy, optimizer, loss)
             losses.append(float(loss.detach()))
             num_tokens += int(mask.sum())
+            if on_step is not None:
+                on_step(time.perf_counter() - step_started, losses[-1])
     return SftResult(
         losses=tuple(losses), num_steps=len(losses), num_response_tokens=num_tokens,
         wall_seconds=time.perf_counter() - started,

@@ -8,6 +8,7 @@ read them without importing torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import PurePath
 from typing import TYPE_CHECKING, Union
 
 from ito_assets.posttraining.base import CheckpointRef, PolicySpec
@@ -55,6 +56,11 @@ class StageOutcome:
     # or an outcome stored before these were recorded (the class default is what it then reads).
     started_from: CheckpointRef | None = None
     chain_start: CheckpointRef | None = None
+
+    @property
+    def stage_dir(self) -> str:
+        """The stage's folder: its checkpoint, metrics.json and event log (`timeline`)."""
+        return str(PurePath(self.checkpoint.path).parent)
 
     def start_record(self) -> dict:
         """Where the stage started, as its metrics.json and its asset's metadata record it."""

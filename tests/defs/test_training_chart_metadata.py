@@ -9,10 +9,12 @@ import pytest
 pytest.importorskip("matplotlib")
 
 import dagster as dg  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
 
 from ito_assets.defs.resources import ItoSettingsResource, LedgerResource  # noqa: E402
-from ito_assets.defs.training.assets import training_telemetry  # noqa: E402
+from ito_assets.defs.telemetry.assets import training_telemetry  # noqa: E402
 from ito_assets.defs.training.stage_outcome import gate_marks, outcome_metadata  # noqa: E402
+from ito_assets.posttraining.timeline import StageTimeline  # noqa: E402
 from ito_assets.runtime.record import events  # noqa: E402
 from ito_assets.runtime.record.events import Event, EventKind  # noqa: E402
 from ito_assets.runtime.stage.eval_gate import Direction, EvalGatePolicy, GatedMetric, judge_stage  # noqa: E402
@@ -92,13 +94,14 @@ def test_telemetry_shows_goodput_by_cause_and_step_time(tmp_path, installation):
     context = dg.build_asset_context(partition_key="abc123")
     training_telemetry(context=context, ito=ItoSettingsResource.from_settings(installation.settings),
                        ledger=LedgerResource.from_settings(installation.settings),
-                       pretraining_checkpoint=first, mid_training_checkpoint=second, long_context_checkpoint=second)
+                       pretraining_checkpoint=first, mid_training_checkpoint=second, long_context_checkpoint=second,
+                       sft_checkpoint=None, dpo_checkpoint=None, rlvr_checkpoint=None)
     metadata = context.get_output_metadata("result")
     assert metadata["goodput_chart"].value.startswith("![goodput and badput by cause](data:image/png;base64,")
     table = metadata["goodput_by_stage"]
     assert _columns(table) == ["stage", "goodput %", "device hours", "productive s", "startup s", "checkpoint s",
                                "recovery s", "wasted_step s", "evaluation s", "idle s", "other s",
-                               "unplanned interruptions /1000 device-h"]
+                               "post-training s", "unplanned interruptions /1000 device-h"]
     assert [r.data["stage"] for r in table.records] == ["pretraining", "mid_training", "run"]
     assert table.records[-1].data["goodput %"] == 60.0 and table.records[-1].data["startup s"] == 20.0
     assert _columns(metadata["step_time"]) == ["stage", "predicted s/step", "measured s/step", "measured/predicted",
@@ -107,3 +110,63 @@ def test_telemetry_shows_goodput_by_cause_and_step_time(tmp_path, installation):
     assert metadata["goodput"] == pytest.approx(0.6)  # the number stays beside the picture
     assert "badput_seconds" not in metadata  # by cause in goodput_by_stage, not a JSON blob
     assert all(round(v, 4) == v for v in metadata.values() if isinstance(v, float))
+
+
+class _Clock:
+    def __init__(self, now: float):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _posttraining_stage(tmp_path, kind: str, *, starts_at: float) -> SimpleNamespace:
+    """A post-training stage's log as its timeline writes it: 2 s start-up, 5 s evaluation, ten
+    steps of 3 s, a 1 s save, 4 s evaluation, in a 50 s window (8 s of it other)."""
+    clock = _Clock(starts_at)
+    timeline = StageTimeline(tmp_path / "posttraining" / kind, clock=clock)
+    clock.now += 2
+    timeline.startup()
+    for seconds, report in ((5, timeline.evaluation), *((3, lambda s: timeline.step(s, 1.0)),) * 10,
+                            (1, lambda s: timeline.checkpoint(s, 100)), (4, timeline.evaluation)):
+        clock.now += seconds
+        report(seconds)
+    clock.now = starts_at + 50
+    timeline.close()
+    return SimpleNamespace(stage=kind, stage_dir=str(tmp_path / "posttraining" / kind))
+
+
+def test_telemetry_counts_post_training_once_each_with_the_gap_before_it_idle(tmp_path, installation):
+    first = _stage(tmp_path, "pretraining")  # its window: 900 to 1000
+    sft = _posttraining_stage(tmp_path, "sft", starts_at=1100.0)  # 100 s idle before it
+    context = dg.build_asset_context(partition_key="abc123")
+    rows = training_telemetry(context=context, ito=ItoSettingsResource.from_settings(installation.settings),
+                              ledger=LedgerResource.from_settings(installation.settings), pretraining_checkpoint=first,
+                              mid_training_checkpoint=first, long_context_checkpoint=first, sft_checkpoint=sft,
+                              dpo_checkpoint=sft, rlvr_checkpoint=sft)  # dpo and rlvr not in the recipe: carried
+    assert [r["stage"] for r in rows] == ["pretraining", "sft", "run"]
+    sft_row, run = rows[1], rows[-1]
+    assert sft_row["allocated_seconds"] == 50 and sft_row["productive_seconds"] == 30
+    assert sft_row["posttraining_seconds"] == 50 and rows[0]["posttraining_seconds"] == 0
+    assert (sft_row["badput_startup_seconds"], sft_row["badput_evaluation_seconds"],
+            sft_row["badput_checkpoint_seconds"], sft_row["badput_other_seconds"]) == (2, 9, 1, 8)
+    assert run["allocated_seconds"] == 100 + 50 + 100 and run["badput_idle_seconds"] == 100
+    assert run["productive_seconds"] == 60 + 30 and run["posttraining_seconds"] == 50
+    buckets = [v for k, v in run.items() if k.startswith("badput_")] + [run["productive_seconds"]]
+    assert min(buckets) >= 0 and sum(buckets) == run["allocated_seconds"]
+    metadata = context.get_output_metadata("result")
+    assert metadata["posttraining_s"] == 50.0 and metadata["stages"] == "pretraining, sft"
+    assert [r.data["post-training s"] for r in metadata["goodput_by_stage"].records] == [0.0, 50.0, 50.0]
+    assert [r.data["stage"] for r in metadata["step_time"].records] == ["pretraining"]  # nothing priced post-training
+
+
+def test_a_rerun_post_training_stage_wastes_its_first_attempts_steps(tmp_path):
+    from ito_assets.runtime.record.goodput import summarize
+
+    _posttraining_stage(tmp_path, "dpo", starts_at=1000.0)
+    _posttraining_stage(tmp_path, "dpo", starts_at=2000.0)  # the stage run again in the same run folder
+    log = events.read(tmp_path / "posttraining" / "dpo")
+    assert {e.attempt for e in log} == {0, 1}
+    figures = summarize(log, posttraining=True)
+    assert (figures.num_steps, figures.num_wasted_steps) == (10, 10)
+    assert figures.wasted_step_seconds == 30 and figures.posttraining_seconds == figures.allocated_seconds == 100

@@ -20,10 +20,12 @@ import pytest
 
 from definitions import build_definitions
 from ito_assets.digests import file_sha256
-from ito_assets.defs import posttraining
+from ito_assets.defs import posttraining, telemetry
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.posttraining.resources import PostTrainingResource
 from ito_assets.runtime.checkpoint import markers
+from ito_assets.runtime.record import events
+from ito_assets.runtime.record.events import EventKind
 from ito_assets.runtime.stage.run import StageCheckpoint
 from ito_assets.control.run_tags import RUN_ID as RUN_ID_TAG
 from ito_assets.control import telemetry as ledger_telemetry
@@ -69,13 +71,19 @@ def _pretraining_stand_ins(base: Pretrained) -> list:
                                metadata_sha256=markers.read_marker(Path(base.checkpoint)).metadata_sha256, eval={},
                                gate={"passed": True}, num_attempts=1)
 
-    return [tokens_stand_in, final_stand_in]
+    def untrained(stage: str):  # the manifest's other stages, as telemetry reads them when absent
+        @dg.asset(name=f"{stage}_checkpoint", group_name="training", partitions_def=manifests_partitions)
+        def _absent():
+            return None
+        return _absent
+
+    return [tokens_stand_in, final_stand_in, untrained("pretraining"), untrained("mid_training")]
 
 
 def _defs(installation, base: Pretrained, runtime: PostTrainingResource = SMALL) -> dg.Definitions:
     lineage = ("manifest", "data", "decision", "workload")  # training stood in, post-training's resource below
     return dg.Definitions.merge(build_definitions(installation.settings, domains=lineage), posttraining.defs(runtime),
-                                dg.Definitions(assets=_pretraining_stand_ins(base)))
+                                telemetry.defs(), dg.Definitions(assets=_pretraining_stand_ins(base)))
 
 
 def _write_fixtures(installation, num_prompts: int) -> dict[str, dict]:
@@ -178,7 +186,8 @@ def test_chain_materializes_with_metrics(installation, instance, base):
     defs = _defs(installation, base, CHAIN)
     recipe = [{"kind": "sft", "learning_rate": 3e-3}, {"kind": "dpo", "learning_rate": 1e-4},
               {"kind": "rlvr", "learning_rate": 1e-3, "group_size": 4, "max_staleness": 1}]
-    result = _materialize(installation, instance, defs, recipe, dg.AssetSelection.groups("manifest", "workload", "training", "posttraining"))
+    groups = ("manifest", "workload", "training", "posttraining", "telemetry")
+    result = _materialize(installation, instance, defs, recipe, dg.AssetSelection.groups(*groups))
     assert _evaluations(result)["sft_eval_gate"] is True
     assert _evaluations(result)["dpo_eval_gate"] is True
     assert set(STAGES) <= _materialized(result)
@@ -199,6 +208,28 @@ def test_chain_materializes_with_metrics(installation, instance, base):
     # the ledger keeps the figure whole; the UI shows it to 4 decimals
     assert published["rlvr/heldout_reward"] == [pytest.approx(metadata["heldout_reward_after"].value, abs=5e-5)]
     assert len(published["rlvr/reward"]) == CHAIN.rlvr_num_steps  # one point per step (fewer than 100)
+    _assert_each_stage_is_in_the_runs_telemetry(result)
+
+
+def _assert_each_stage_is_in_the_runs_telemetry(result) -> None:
+    """Each stage's event log holds one event per optimizer step (RLVR: per trainer step), and the
+    run's telemetry counts the three stages' windows as post-training, every bucket >= 0."""
+    rows = {row["stage"]: row for row in result.output_for_node("training_telemetry")}
+    assert {"sft", "dpo", "rlvr", "run"} <= set(rows)
+    for name in STAGES:
+        outcome = result.output_for_node(name)
+        steps = [e for e in events.read(Path(outcome.stage_dir)) if e.kind is EventKind.STEP]
+        curve = outcome.metrics["reward_curve" if outcome.stage == "rlvr" else "loss_curve"]
+        assert len(steps) == len(curve), name
+        if outcome.stage != "rlvr":  # RLVR's curve is the reward; its events carry the loss
+            assert [e.loss for e in steps] == pytest.approx(curve), name
+        row = rows[outcome.stage]
+        assert row["num_steps"] == len(curve) and row["posttraining_seconds"] == row["allocated_seconds"] > 0
+        assert 0 < row["productive_seconds"] < row["allocated_seconds"] and row["badput_other_seconds"] >= 0
+    run = rows["run"]
+    assert run["posttraining_seconds"] == pytest.approx(sum(rows[k]["allocated_seconds"] for k in ("sft", "dpo", "rlvr")))
+    buckets = [v for k, v in run.items() if k.startswith("badput_")] + [run["productive_seconds"]]
+    assert min(buckets) >= 0 and sum(buckets) == pytest.approx(run["allocated_seconds"])
 
 
 def _assert_each_stage_started_from_the_one_before(result, base: Pretrained) -> None:

@@ -15,11 +15,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ito_assets.defs.training.telemetry_table import rows_for_run
+from ito_assets.defs.telemetry.table import rows_for_run
 from ito_assets.runtime.record import events
 from ito_assets.runtime.record.events import Event, EventKind
 
-STAGES = ("pretraining", "mid_training", "long_context")
+# The post-training stages write the same kinds of events (ito_assets.posttraining.timeline).
+STAGES = ("pretraining", "mid_training", "long_context", "sft", "dpo", "rlvr")
+POSTTRAINING = {"sft", "dpo", "rlvr"}
 seconds = st.integers(min_value=0, max_value=50)
 
 
@@ -69,7 +71,7 @@ def _placed(log: list[Event], ends_at: float) -> list[Event]:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(stage_log(), min_size=1, max_size=3), st.lists(seconds, min_size=2, max_size=2))
+@given(st.lists(stage_log(), min_size=1, max_size=len(STAGES)), st.lists(seconds, min_size=5, max_size=5))
 def test_the_run_row_matches_the_oracle_and_no_bucket_is_negative(stages, gaps) -> None:
     with tempfile.TemporaryDirectory() as folder:
         stage_dirs, cursor = {}, 1_800_000_000.0  # whole seconds: every sum stays exact
@@ -92,6 +94,7 @@ def test_the_run_row_matches_the_oracle_and_no_bucket_is_negative(stages, gaps) 
     assert run["num_steps"] == sum(t["steps"] for t in truths)
     assert run["badput_idle_seconds"] == idle and all(rows[n]["badput_idle_seconds"] == 0 for n in STAGES[: len(stages)])
     assert run["allocated_seconds"] == sum(t["allocated"] for t in truths) + idle
+    assert run["posttraining_seconds"] == sum(t["allocated"] for name, t in zip(STAGES, truths) if name in POSTTRAINING)
     assert run["device_hours"] == pytest.approx(run["allocated_seconds"] / 3600, rel=1e-12)  # one device throughout
     buckets = [v for k, v in run.items() if k.startswith("badput_")] + [run["productive_seconds"]]
     assert min(buckets) >= 0 and sum(buckets) == run["allocated_seconds"]
@@ -127,7 +130,7 @@ def test_overlapping_windows_are_not_idle_and_a_gap_is_counted_at_the_runs_devic
 
 def test_a_table_written_before_the_idle_figure_takes_it(tmp_path) -> None:
     from ito_assets.data.warehouse import connect
-    from ito_assets.defs.training import telemetry_table
+    from ito_assets.defs.telemetry import table as telemetry_table
 
     warehouse = tmp_path / "w.duckdb"
     old_columns = [c for c in telemetry_table._COLUMNS if c != "badput_idle_seconds"]

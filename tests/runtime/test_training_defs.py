@@ -21,6 +21,7 @@ from helpers import valid_manifest, write_manifest
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.resources import ItoSettingsResource, LedgerResource
 from ito_assets.defs.training import pipes_client
+from ito_assets.defs.telemetry.assets import TELEMETRY_ASSETS
 from ito_assets.defs.training.assets import TRAINING_ASSETS
 from ito_assets.defs.training.checks import TRAINING_CHECKS
 from ito_assets.defs.training.launcher import TrainingLauncherResource
@@ -99,6 +100,16 @@ def _upstream(manifest_path: str, key: str, folder: Path, run, ledger, *, after_
     return [manifest_stand_in, clean_shards_stand_in, authorization_stand_in, plan_stand_in, decision_stand_in]
 
 
+def _posttraining_stand_ins() -> list:
+    """The recipe's stages as telemetry reads them when none trained (post-training has its own tests)."""
+    def stand_in(kind: str):
+        @dg.asset(name=f"{kind}_checkpoint", partitions_def=manifests_partitions)
+        def _untrained():
+            return None
+        return _untrained
+    return [stand_in(kind) for kind in ("sft", "dpo", "rlvr")]
+
+
 # 32 sequences: the plan's global batch for `micro` at 64 tokens on the default booked hardware
 # (the OLMo ladder rule, `planner.default_global_batch_sequences`), so 30 and 10 steps.
 PLAN_BATCH = 32
@@ -144,7 +155,7 @@ def _materialize(tmp_path: Path, instance, runtime: TrainingRuntimeResource, led
     return dg.materialize(
         [*_upstream(manifest_path, found.key, tmp_path, ledger_run[0], ledger_run[2],
                     after_confirmation=after_confirmation), *TRAINING_ASSETS,
-         *TRAINING_CHECKS],
+         *TRAINING_CHECKS, *_posttraining_stand_ins(), *TELEMETRY_ASSETS],
         partition_key=found.key, instance=instance, tags={RUN_ID_TAG: ledger_run[0].run_id},
         resources={"ito": ItoSettingsResource.from_settings(settings), "training_runtime": runtime,
                    "training_launcher": TrainingLauncherResource(),

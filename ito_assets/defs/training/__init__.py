@@ -1,5 +1,5 @@
-"""Training domain: token shards, the curriculum stages (each a checkpoint asset with a blocking
-eval gate), and desk telemetry; workers run out of process through Dagster Pipes. The assets run
+"""Training domain: token shards and the curriculum stages (each a checkpoint asset with a blocking
+eval gate); workers run out of process through Dagster Pipes. The assets run
 in the workload domain's `training_job` (group `training`), after `run_authorization`."""
 
 import dagster as dg

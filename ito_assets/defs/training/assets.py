@@ -1,4 +1,4 @@
-"""The curriculum as assets: token shards, one checkpoint asset per stage, and desk telemetry.
+"""The curriculum as assets: token shards and one checkpoint asset per stage.
 
 Each stage asset sizes its stage from the plan (global batch, the layout fitted to this host's
 ranks, torchft replica groups where the plan replicates) and calls the runtime's stage entry points
@@ -13,19 +13,15 @@ from pathlib import Path
 
 import dagster as dg
 
-from ito_assets.control import history, run_tags
-from ito_assets.control import telemetry as ledger_telemetry
 from ito_assets.data import lineage
 from ito_assets.defs.failures import failure, verified_or_fail
 from ito_assets.defs import owners
 from ito_assets.defs.manifest.partitions import TRAINED_ONE_OF_TWO, manifests_partitions
 from ito_assets.defs.resources import ItoSettingsResource, LedgerResource
-from ito_assets.defs.training import telemetry_table
 from ito_assets.defs.training.launcher import TrainingLauncherResource
 from ito_assets.defs.training.resources import TrainingRuntimeResource
 from ito_assets.defs.workload.live import require_live_authorization
 from ito_assets.defs.training.stage_outcome import outcome_metadata
-from ito_assets.defs.training.telemetry_metadata import goodput_metadata, step_time_metadata
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.evals.suite import EvalSuite, load_suite
 from ito_assets.manifest.schema import STAGE_ORDER, Manifest
@@ -222,43 +218,6 @@ def _stage_asset(name: str, upstream: str | None):
 pretraining_checkpoint = _stage_asset("pretraining", None)
 mid_training_checkpoint = _stage_asset("mid_training", "pretraining")
 long_context_checkpoint = _stage_asset("long_context", "mid_training")
-STAGE_NAMES = ("pretraining", "mid_training", "long_context")
 
 
-@dg.asset(
-    group_name=GROUP,
-    owners=[owners.TRAINING],
-    kinds={"duckdb"},
-    partitions_def=manifests_partitions,
-    pool=POOL,
-    ins={f"{name}_checkpoint": dg.AssetIn(f"{name}_checkpoint") for name in STAGE_NAMES},
-    description="Desk telemetry of the run, from the runtime's event logs: goodput with badput by cause, "
-    "interruptions per 1,000 device-hours (planned, unplanned), checkpoint bandwidth and blocking seconds; "
-    "one row per stage and one for the run in the warehouse table `training_telemetry`; charts of goodput by "
-    "cause and of each stage's predicted against measured step time." + TRAINED_ONE_OF_TWO,
-)
-def training_telemetry(context: dg.AssetExecutionContext, ito: ItoSettingsResource, ledger: LedgerResource,
-                       **stage_checkpoints):
-    trained = {c.stage: Path(c.stage_dir) for c in stage_checkpoints.values() if c is not None}
-    rows = telemetry_table.rows_for_run(context.partition_key, trained)
-    telemetry_table.write(ito.settings().warehouse_path, context.partition_key, rows)
-    run_row = rows[-1]
-    run_id = run_tags.run_id_of(context.run.tags) if context.has_tag(run_tags.RUN_ID) else None
-    if run_id is not None:  # the desk's quotes read what runs on such a block delivered (control.history)
-        with ledger.open() as opened:
-            ledger_telemetry.publish(opened, run_id, [], [(0, name, value) for name, value in
-                                                          history.run_figures(run_row).items()])
-    context.add_output_metadata({
-        # numeric, for the Plots view across partitions; badput by cause is the goodput_by_stage table
-        "goodput": round(run_row["goodput"], 4), "device_hours": round(run_row["device_hours"], 4),
-        "unplanned_interruptions_per_1000_device_hours": round(run_row["unplanned_interruptions_per_1000_device_hours"], 2),
-        "checkpoint_bandwidth_mb_per_s": round(run_row["checkpoint_bandwidth_bytes_per_second"] / 1e6, 1),
-        "stages": ", ".join(trained),
-        **goodput_metadata(rows),
-        **step_time_metadata({c.stage: getattr(c, "calibration", {}) for c in stage_checkpoints.values() if c}),
-    })
-    return rows
-
-
-TRAINING_ASSETS = [training_tokens, pretraining_checkpoint, mid_training_checkpoint, long_context_checkpoint,
-                   training_telemetry]
+TRAINING_ASSETS = [training_tokens, pretraining_checkpoint, mid_training_checkpoint, long_context_checkpoint]

@@ -6,9 +6,10 @@ planner's prediction (`ito_assets.runtime.stage.calibration`)."""
 import dagster as dg
 
 from ito_assets.defs.manifest.partitions import manifests_partitions
-from ito_assets.defs.training.assets import STAGE_NAMES, long_context_checkpoint, mid_training_checkpoint, pretraining_checkpoint
+from ito_assets.defs.training.assets import long_context_checkpoint, mid_training_checkpoint, pretraining_checkpoint
 from ito_assets.defs.training.stage_outcome import LOSS_DIGITS
 from ito_assets.errors import ErrorCode
+from ito_assets.manifest.schema import STAGE_ORDER
 from ito_assets.runtime.stage.calibration import FLAG_FRACTION
 
 
@@ -66,6 +67,6 @@ def _calibration_check(stage: str, asset):
     return calibration
 
 
-_STAGE_ASSETS = tuple(zip(STAGE_NAMES, (pretraining_checkpoint, mid_training_checkpoint, long_context_checkpoint)))
+_STAGE_ASSETS = tuple(zip(STAGE_ORDER, (pretraining_checkpoint, mid_training_checkpoint, long_context_checkpoint)))
 TRAINING_CHECKS = ([_gate_check(stage, asset) for stage, asset in _STAGE_ASSETS]
                    + [_calibration_check(stage, asset) for stage, asset in _STAGE_ASSETS])

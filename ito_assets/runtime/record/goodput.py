@@ -11,6 +11,10 @@ Definitions (the desk prices a training block from these):
 - a stage's window is its supervisors' allocation events (each ends at `at`, lasts `seconds`); the
   run's is the first window's start to the last one's end, so a gap between stages is counted
   once, as idle, at the run's largest device count.
+- post-training: the post-training stages (SFT, DPO, RLVR) write the same events for their one
+  device (`ito_assets.posttraining.timeline`), so their steps, evaluations and saves fall in the
+  buckets above and the gap before them is idle; `posttraining_seconds` says how much of the
+  allocation their windows took (a share by phase, not another bucket: the buckets stay disjoint).
 - interruption rate = interruptions per 1,000 GPU-hours (device-hours), planned and unplanned,
   the unit cluster operators quote failure rates in (e.g. the Llama 3 paper's 466 interruptions
   in 54 days, Dubey et al. 2024, section 3.3.4).
@@ -22,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Mapping
 
+from ito_assets.manifest.schema import POST_TRAINING_ORDER
 from ito_assets.runtime.record.events import NOT_APPLIED, Event, EventKind
 
 _SECONDS_PER_HOUR = 3600.0
@@ -45,6 +50,7 @@ class Telemetry:
     checkpoint_bytes: int
     checkpoint_total_seconds: float
     idle_seconds: float = 0.0  # between stages' windows (a run's figure; 0 for one stage)
+    posttraining_seconds: float = 0.0  # the post-training stages' windows, inside allocated_seconds
 
     @property
     def goodput(self) -> float:
@@ -78,6 +84,7 @@ class Telemetry:
             "badput_evaluation_seconds": self.evaluation_seconds,
             "badput_idle_seconds": self.idle_seconds,
             "badput_other_seconds": self.other_seconds,
+            "posttraining_seconds": self.posttraining_seconds,
             "num_steps": self.num_steps,
             "num_wasted_steps": self.num_wasted_steps,
             "planned_interruptions_per_1000_device_hours": self.interruptions_per_1000_device_hours(planned=True),
@@ -101,7 +108,9 @@ def _wasted(step: Event, resumes: dict[int, int]) -> bool:
     return any(attempt > step.attempt and resumed < step.step for attempt, resumed in resumes.items())
 
 
-def summarize(events: list[Event]) -> Telemetry:
+def summarize(events: list[Event], *, posttraining: bool = False) -> Telemetry:
+    """One stage's figures; `posttraining`: the stage is a post-training one (its whole window is
+    `posttraining_seconds`)."""
     def total(kind: EventKind, *, field: str = "seconds", where=lambda e: True) -> float:
         return sum(getattr(e, field) for e in events if e.kind is kind and where(e))
 
@@ -110,8 +119,10 @@ def summarize(events: list[Event]) -> Telemetry:
     wasted = [e for e in steps if _wasted(e, resumes)]
     allocations = [e for e in events if e.kind is EventKind.ALLOCATION]
     interruptions = [e for e in events if e.kind is EventKind.INTERRUPTION]
+    allocated = sum(e.seconds for e in allocations)
     return Telemetry(
-        allocated_seconds=sum(e.seconds for e in allocations),
+        allocated_seconds=allocated,
+        posttraining_seconds=allocated if posttraining else 0.0,
         device_hours=sum(e.seconds * e.num_devices for e in allocations) / _SECONDS_PER_HOUR,
         productive_seconds=sum(e.seconds for e in steps) - sum(e.seconds for e in wasted),
         startup_seconds=total(EventKind.STARTUP, where=lambda e: e.attempt == 0),
@@ -134,7 +145,7 @@ def summarize_run(logs: Mapping[str, list[Event]]) -> Telemetry:
     up by (stage, attempt): each stage is summarized alone and the figures, all sums, are added.
     Concatenating the logs would let one stage's restart mark another stage's steps as wasted. The
     time between the stages' windows is added to the allocation as idle."""
-    parts = [summarize(log) for log in logs.values()]
+    parts = [summarize(log, posttraining=stage in POST_TRAINING_ORDER) for stage, log in logs.items()]
     total = Telemetry(**{f.name: sum(getattr(p, f.name) for p in parts) for f in fields(Telemetry)})
     allocations = [e for log in logs.values() for e in log if e.kind is EventKind.ALLOCATION]
     idle = _idle_seconds([(e.at - e.seconds, e.at) for e in allocations])

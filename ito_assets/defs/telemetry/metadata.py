@@ -9,16 +9,17 @@ from ito_assets.runtime.stage.calibration import FLAG_FRACTION
 
 GOODPUT_COLUMNS = [("stage", "string"), ("goodput %", "float"), ("device hours", "float"),
                    *((f"{cause} s", "float") for cause in ("productive", *charts.BADPUT_CAUSES)),
-                   ("unplanned interruptions /1000 device-h", "float")]
+                   ("post-training s", "float"), ("unplanned interruptions /1000 device-h", "float")]
 STEP_TIME_COLUMNS = [("stage", "string"), ("predicted s/step", "float"), ("measured s/step", "float"),
                      ("measured/predicted", "float"), ("flagged", "bool")]
 
 
 def goodput_metadata(rows: list[dict]) -> dict:
-    """`rows`: `telemetry_table.rows_for_run`, the run's row last."""
+    """`rows`: `table.rows_for_run`, the run's row last."""
     records = [{"stage": r["stage"], "goodput %": round(100 * r["goodput"], 1),
                 "device hours": round(r["device_hours"], 4), "productive s": round(r["productive_seconds"], 1),
                 **{f"{c} s": round(r[f"badput_{c}_seconds"], 1) for c in charts.BADPUT_CAUSES},
+                "post-training s": round(r["posttraining_seconds"], 1),
                 "unplanned interruptions /1000 device-h":
                     round(r["unplanned_interruptions_per_1000_device_hours"], 2)} for r in rows]
     return {"goodput_chart": chart("goodput and badput by cause", charts.goodput_chart(rows)),

@@ -1,24 +1,27 @@
 """The warehouse table `training_telemetry`: one row per stage and one for the whole run (stage
-'run'), replaced per manifest partition. Figures from `ito_assets.runtime.record.goodput`."""
+'run'), replaced per manifest partition; the post-training stages (sft, dpo, rlvr) have rows of
+their own. Figures from `ito_assets.runtime.record.goodput`."""
 
 import time
 from pathlib import Path
 
 from ito_assets.data.warehouse import connect
+from ito_assets.manifest.schema import POST_TRAINING_ORDER
 from ito_assets.runtime.record import events
 from ito_assets.runtime.record.goodput import summarize, summarize_run
 
 TABLE = "training_telemetry"
 _COLUMNS = ("goodput", "allocated_seconds", "device_hours", "productive_seconds", "badput_startup_seconds",
             "badput_checkpoint_seconds", "badput_recovery_seconds", "badput_wasted_step_seconds",
-            "badput_evaluation_seconds", "badput_idle_seconds", "badput_other_seconds", "num_steps", "num_wasted_steps",
+            "badput_evaluation_seconds", "badput_idle_seconds", "badput_other_seconds", "posttraining_seconds", "num_steps", "num_wasted_steps",
             "planned_interruptions_per_1000_device_hours", "unplanned_interruptions_per_1000_device_hours",
             "num_checkpoints", "checkpoint_bytes", "checkpoint_bandwidth_bytes_per_second")
 
 
 def rows_for_run(partition_key: str, stage_dirs: dict[str, Path]) -> list[dict]:
     logs = {stage: events.read(folder) for stage, folder in stage_dirs.items()}
-    rows = [{"partition_key": partition_key, "stage": stage, **summarize(log).as_row()} for stage, log in logs.items()]
+    rows = [{"partition_key": partition_key, "stage": stage,
+             **summarize(log, posttraining=stage in POST_TRAINING_ORDER).as_row()} for stage, log in logs.items()]
     return rows + [{"partition_key": partition_key, "stage": "run", **summarize_run(logs).as_row()}]
 
 

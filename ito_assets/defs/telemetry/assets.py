@@ -1,0 +1,74 @@
+"""`training_telemetry`: the desk's figures of the run, read from the event log of every stage that
+trained, after the last post-training stage. One row per stage and one for the run go to the
+warehouse table (`table`), the run's figures to the ledger, where the desk's quotes read what runs
+on such a block delivered (`ito_assets.control.history`)."""
+
+from pathlib import Path
+
+import dagster as dg
+
+from ito_assets.control import history, run_tags
+from ito_assets.control import telemetry as ledger_telemetry
+from ito_assets.defs import owners
+from ito_assets.defs.manifest.partitions import TRAINED_ONE_OF_TWO, manifests_partitions
+from ito_assets.defs.resources import ItoSettingsResource, LedgerResource
+from ito_assets.defs.telemetry import table
+from ito_assets.defs.telemetry.metadata import goodput_metadata, step_time_metadata
+from ito_assets.manifest.schema import POST_TRAINING_ORDER, STAGE_ORDER
+
+GROUP = "telemetry"
+POOL = "duckdb_writer"
+
+
+@dg.asset(
+    group_name=GROUP,
+    owners=[owners.TRAINING],
+    kinds={"duckdb"},
+    partitions_def=manifests_partitions,
+    pool=POOL,
+    ins={f"{name}_checkpoint": dg.AssetIn(f"{name}_checkpoint") for name in (*STAGE_ORDER, *POST_TRAINING_ORDER)},
+    description="Desk telemetry of the run, from the runtime event log of every stage, post-training "
+    "included: goodput with badput by cause, the post-training stages' share of the allocation, "
+    "interruptions per 1,000 device-hours (planned, unplanned), checkpoint bandwidth and blocking seconds; "
+    "one row per stage and one for the run in the warehouse table `training_telemetry`; charts of goodput "
+    "by cause and of each pretraining stage's predicted against measured step time." + TRAINED_ONE_OF_TWO,
+)
+def training_telemetry(context: dg.AssetExecutionContext, ito: ItoSettingsResource, ledger: LedgerResource,
+                       **stage_outputs):
+    trained = trained_stages(stage_outputs)
+    rows = table.rows_for_run(context.partition_key, {stage: Path(output.stage_dir) for stage, output in trained.items()})
+    table.write(ito.settings().warehouse_path, context.partition_key, rows)
+    run_row = rows[-1]
+    run_id = run_tags.run_id_of(context.run.tags) if context.has_tag(run_tags.RUN_ID) else None
+    if run_id is not None:
+        with ledger.open() as opened:
+            ledger_telemetry.publish(opened, run_id, [], [(0, name, value) for name, value in
+                                                          history.run_figures(run_row).items()])
+    context.add_output_metadata({
+        # numeric, for the Plots view across partitions; badput by cause is the goodput_by_stage table
+        "goodput": round(run_row["goodput"], 4), "device_hours": round(run_row["device_hours"], 4),
+        "posttraining_s": round(run_row["posttraining_seconds"], 1),
+        "unplanned_interruptions_per_1000_device_hours": round(run_row["unplanned_interruptions_per_1000_device_hours"], 2),
+        "checkpoint_bandwidth_mb_per_s": round(run_row["checkpoint_bandwidth_bytes_per_second"] / 1e6, 1),
+        "stages": ", ".join(trained),
+        **goodput_metadata(rows),
+        # the planner prices the pretraining stages; post-training has no predicted step time
+        **step_time_metadata({stage: getattr(output, "calibration", {}) for stage, output in trained.items()
+                              if stage in STAGE_ORDER}),
+    })
+    return rows
+
+
+def trained_stages(outputs: dict) -> dict:
+    """stage -> its output, for each stage that trained, in the run's order. A stage the manifest
+    leaves out hands on what it was given (None, or an earlier stage's record): it is skipped, so
+    that no stage is counted twice."""
+    trained = {}
+    for key, output in outputs.items():
+        stage = key.removesuffix("_checkpoint")
+        if output is not None and getattr(output, "stage", None) == stage:
+            trained[stage] = output
+    return trained
+
+
+TELEMETRY_ASSETS = [training_telemetry]
