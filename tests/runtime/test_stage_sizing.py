@@ -15,7 +15,7 @@ from ito_assets.runtime.stage import curriculum as stages
 from ito_assets.runtime.stage.config import WorkerConfig
 from ito_assets.runtime.stage.fitting import fit_layout, per_group
 from ito_assets.training.hardware import gpu_spec, network_spec
-from ito_assets.training.layout import Layout
+from ito_assets.training.layout import Layout, Precision
 from ito_assets.training.planner import Hardware
 from ito_assets.training.run_plan import plan_run
 
@@ -78,6 +78,35 @@ def test_compile_off_on_this_host_is_a_named_fallback():
     assert not layout.compile
     assert [f.to_dict() for f in fallbacks] == [{"field": "compile", "planned": True, "ran": False,
                                                 "reason": "turned off in the training runtime resource"}]
+
+
+@pytest.mark.parametrize("planned", list(Precision))
+def test_fp32_on_this_host_replaces_only_a_bf16_plan_and_names_why(planned):
+    reason = "a CPU without native bf16"
+    layout, fallbacks = fit_layout(Layout(precision=planned, compile=False), world_size=1, replica_groups=1,
+                                   batch_size=8, fp32_reason=reason)
+    if planned is Precision.BF16:
+        assert layout.precision is Precision.FP32
+        assert [f.to_dict() for f in fallbacks] == [{"field": "precision", "planned": "bf16", "ran": "fp32",
+                                                    "reason": reason}]
+    else:  # fp8 is the worker's to fall back from (to bf16, on a device it knows); fp32 stays
+        assert layout.precision is planned and fallbacks == ()
+    unchanged, none = fit_layout(Layout(precision=planned), world_size=1, replica_groups=1, batch_size=8)
+    assert unchanged.precision is planned and none == ()
+
+
+@pytest.mark.parametrize("has_cuda,cpu_bf16,native,trains_fp32", [
+    (True, None, False, False), (True, False, False, False),  # a GPU host: the worker decides for its GPU
+    (False, None, False, True), (False, None, True, False),  # a CPU host: by what it has natively
+    (False, True, False, False), (False, False, True, True),  # the resource's word over the probe
+])
+def test_the_runtime_resource_says_when_a_cpu_host_trains_fp32(has_cuda, cpu_bf16, native, trains_fp32):
+    from ito_assets.defs.training.resources import TrainingRuntimeResource
+
+    reason = TrainingRuntimeResource(cpu_bf16=cpu_bf16).fp32_reason(has_cuda=has_cuda, native_cpu_bf16=native)
+    assert (reason is not None) is trains_fp32
+    if trains_fp32:
+        assert "cpu_bf16" in reason
 
 
 def test_a_plan_this_runtime_cannot_train_is_refused():

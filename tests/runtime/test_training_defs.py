@@ -26,6 +26,7 @@ from ito_assets.defs.training.assets import TRAINING_ASSETS
 from ito_assets.defs.training.checks import TRAINING_CHECKS
 from ito_assets.defs.training.launcher import TrainingLauncherResource
 from ito_assets.defs.training.resources import TrainingRuntimeResource
+from ito_assets.runtime.worker.execution import native_cpu_bf16
 from ito_assets.data.shards import Shard, ShardSet
 from ito_assets.control.run_tags import RUN_ID as RUN_ID_TAG
 from ito_assets.evals.suite import load_suite
@@ -198,6 +199,8 @@ def test_the_stages_train_through_pipes_with_gates_and_telemetry(tmp_path, insta
     # The plan's layout (dp_shard 8 on the booking) on this host's one rank, each change named.
     assert config["batch_size"] == PLAN_BATCH and config["layout"]["dp_shard"] == 1
     assert {f["field"] for f in config["layout_fallbacks"]} >= {"dp_shard", "compile"}
+    if not native_cpu_bf16():  # this CPU emulates bf16: the plan's bf16 trains as fp32, named
+        assert config["layout"]["precision"] == "fp32" and "precision" in {f["field"] for f in config["layout_fallbacks"]}
     ran = json.loads((Path(mid.stage_dir) / "result.json").read_text())["layout"]
     assert ran["ran"] == config["layout"] and mid.layout == ran
     assert result.output_for_node("long_context_checkpoint") == mid  # not in the manifest: carried forward

@@ -117,6 +117,8 @@ class _StageResources:
 
 def _stage_config(res: _StageResources, manifest: Manifest, stage, plan: PlanOutcome, run_id: str,
                   layout: RunLayout, tokens, previous, nnodes: int, nproc: int, has_cuda: bool):
+    from ito_assets.runtime.worker import execution  # needs torch: imported where a stage runs
+
     suite_path, suite = _eval_suite(res.ito, manifest)
     stage_plan = stages.stage_plan(plan.run_plan, stage.name)
     replicas = (stages.replica_groups_for(stage_plan.layout, nnodes=nnodes, nproc_per_node=nproc)
@@ -124,6 +126,8 @@ def _stage_config(res: _StageResources, manifest: Manifest, stage, plan: PlanOut
     sizing = stages.sizing_from_plan(stage_plan, vocab_size=tokens.vocab_size, world_size=nnodes * nproc,
                                      seed=res.runtime.seed, batch_size=res.runtime.batch_size, replica_groups=replicas,
                                      eager_reason=res.runtime.eager_reason(has_cuda=has_cuda),
+                                     fp32_reason=res.runtime.fp32_reason(has_cuda=has_cuda,
+                                                                         native_cpu_bf16=execution.native_cpu_bf16()),
                                      deterministic=res.runtime.deterministic)
     return stages.worker_config(
         run_key=run_id, stage=stage, policy=manifest.checkpoint_policy, layout=layout, sizing=sizing,

@@ -19,7 +19,7 @@ from ito_assets.runtime.supervision.supervisor import SupervisorConfig
 # world size 2 on gloo): held-out loss 6.581 / 6.600 / 6.615 nats per token, sd 0.0169; answer loss
 # 6.591 / 6.623 / 6.617 nats per answer token, sd 0.0173. Measured by `benchmarks/fault_recovery.py`
 # on the 2-core CPU machine (torch 2.13; docs/performance.md), in fp32. In bf16 with 4 micro-batches
-# per rank, as the stage now runs: sd 0.0150 and 0.0154 (2026-12-02); the larger band is kept.
+# per rank (on a CPU with AVX512-BF16): sd 0.0150 and 0.0154 (2026-12-02); the larger band is kept.
 HELDOUT_LOSS_NOISE_BAND = 0.017
 ANSWER_LOSS_NOISE_BAND = 0.017
 
@@ -37,6 +37,11 @@ class TrainingRuntimeResource(dg.ConfigurableResource):
     # as fast (docs/performance.md): the embedded default's stages of a few dozen sub-second steps
     # never pay it back, so a CPU stage runs eager.
     compile: Optional[bool] = None
+    # bf16, as every plan asks. None: where the host has it natively (a GPU, or a CPU with
+    # AVX512-BF16 or AMX). On the 2-core CPU host, which has neither, the tiny model's forward and
+    # backward over 16 x 128 tokens took 3.0 s under bf16 autocast against 0.31-0.40 s in fp32
+    # (docs/performance.md): the embedded default's stages then train in fp32, named as a fallback.
+    cpu_bf16: Optional[bool] = None
     # Deterministic kernels (a bit-exact resume on GPUs, at some speed).
     deterministic: bool = False
     hang_timeout_s: float = SupervisorConfig.hang_timeout_s
@@ -57,6 +62,17 @@ class TrainingRuntimeResource(dg.ConfigurableResource):
         if self.compile is None and not has_cuda:
             return "a CPU host: compiling costs more than it saves here (training_runtime.compile unset)"
         return None
+
+    def fp32_reason(self, *, has_cuda: bool, native_cpu_bf16: bool) -> str | None:
+        """Why this host's stages train the plan's bf16 in fp32, or None when they train bf16."""
+        if has_cuda or self.cpu_bf16 is True:
+            return None
+        if self.cpu_bf16 is False:
+            return "bf16 on CPU turned off in the training runtime resource (cpu_bf16: false)"
+        if native_cpu_bf16:
+            return None
+        return ("a CPU without native bf16 (no AVX512-BF16 or AMX): emulated bf16 is several times slower "
+                "than fp32 (training_runtime.cpu_bf16 unset)")
 
     def supervisor(self, *, nnodes: int, nproc_per_node: int) -> SupervisorConfig:
         """The supervisor's bounds for an attempt of `nnodes` x `nproc_per_node` ranks (`training_launcher`)."""

@@ -92,13 +92,14 @@ def replica_groups_for(layout: Layout, *, nnodes: int, nproc_per_node: int) -> i
 
 
 def sizing_from_plan(plan: Plan, *, vocab_size: int, world_size: int, seed: int, batch_size: int | None = None,
-                     replica_groups: int = 1, eager_reason: str | None = None, deterministic: bool = False) -> StageSizing:
+                     replica_groups: int = 1, eager_reason: str | None = None, fp32_reason: str | None = None,
+                     deterministic: bool = False) -> StageSizing:
     """The plan's model, global batch and layout on `world_size` ranks in `replica_groups` groups;
     `batch_size` (the runtime resource's override) replaces the plan's batch. Raises
     CAPABILITY_MISSING for a layout the worker cannot train."""
     batch = batch_size or plan.request.global_batch_sequences
     layout, fallbacks = fit_layout(plan.layout, world_size=world_size, replica_groups=replica_groups,
-                                   batch_size=batch, eager_reason=eager_reason)
+                                   batch_size=batch, eager_reason=eager_reason, fp32_reason=fp32_reason)
     return StageSizing(model=plan.request.model.name, vocab_size=vocab_size, seed=seed, world_size=world_size,
                        batch_size=batch, layout=layout, layout_fallbacks=fallbacks, replica_groups=replica_groups,
                        deterministic=deterministic)

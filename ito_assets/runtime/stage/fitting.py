@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, replace
 
 from ito_assets.errors import ErrorCode, ItoError
-from ito_assets.training.layout import Layout
+from ito_assets.training.layout import Layout, Precision
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,10 +44,11 @@ def _plain(value: object) -> object:
 
 
 def fit_layout(planned: Layout, *, world_size: int, replica_groups: int, batch_size: int,
-               eager_reason: str | None = None) -> tuple[Layout, tuple[Fallback, ...]]:
+               eager_reason: str | None = None, fp32_reason: str | None = None) -> tuple[Layout, tuple[Fallback, ...]]:
     """The layout of the whole attempt: `world_size` ranks (over every replica group), a global
     batch of `batch_size` sequences. torchft replica groups are its dp_replicate degree
-    (`per_group`); `eager_reason`: why this host runs without torch.compile, if it does. Raises
+    (`per_group`); `eager_reason`: why this host runs without torch.compile, if it does;
+    `fp32_reason`: why it trains a bf16 plan in fp32, if it does. Raises
     CAPABILITY_MISSING for pipeline or context parallelism, which the worker has not (a plan made
     before the planner knew that)."""
     if planned.pp > 1 or planned.cp > 1:
@@ -71,6 +72,10 @@ def fit_layout(planned: Layout, *, world_size: int, replica_groups: int, batch_s
     if planned.compile and eager_reason is not None:
         ran = replace(fitted, compile=False)
         found += changes(fitted, ran, eager_reason, ("compile",))
+        fitted = ran
+    if planned.precision is Precision.BF16 and fp32_reason is not None:
+        ran = replace(fitted, precision=Precision.FP32)
+        found += changes(fitted, ran, fp32_reason, ("precision",))
         fitted = ran
     return fitted, tuple(found)
 

@@ -82,6 +82,14 @@ def device_fallbacks(layout: Layout, device: torch.device) -> tuple[Layout, list
     return ran, found
 
 
+def native_cpu_bf16() -> bool:
+    """Whether this host's CPU computes bf16 natively (AVX512-BF16 or AMX tiles), where autocast
+    runs bf16 matmuls at speed rather than emulating them. torch's probes are private (torch.cpu,
+    as inductor uses them); a torch without them reads as no."""
+    probes = (getattr(torch.cpu, "_is_avx512_bf16_supported", None), getattr(torch.cpu, "_is_amx_tile_supported", None))
+    return any(probe is not None and bool(probe()) for probe in probes)
+
+
 def compile_problem(device: torch.device) -> str | None:
     """Why torch.compile cannot run here (None when it can): one small block compiled and
     differentiated, outside any collective, so that a failing toolchain is found before training."""
