@@ -91,6 +91,9 @@ class ErrorCode(str, enum.Enum):
     # The candidate data is better beyond noise, but the gain does not pay for the full run (the
     # manifest's cost per point of improvement, or the desk's minimum improvement), and no reviewer accepted that.
     DATA_DECISION_NOT_WORTH_IT = "DATA_DECISION_NOT_WORTH_IT"
+    # An arm of the decision run did not finish on the stage worker (its restarts spent), or left
+    # no usable final checkpoint: no verdict is drawn from the arms that did.
+    DECISION_ARM_FAILED = "DECISION_ARM_FAILED"
     # A data step's work unit failed on every attempt (a Ray task retried until its limit): the step
     # fails naming the phase and the unit, and nothing it would have written is used.
     DATA_WORK_UNIT_FAILED = "DATA_WORK_UNIT_FAILED"

@@ -94,8 +94,10 @@ BASELINE_LINES = "".join(
     for i in range(8)
 )
 # A decision run small enough for unit tests (seconds); the fixtures use the asset's defaults.
+# In this process: the decision's arms on the stage worker have tests of their own
+# (tests/training/test_decision_defs.py, test_decision_on_worker.py, and `make run`'s).
 QUICK_DECISION = {"num_steps": 2, "batch_size": 2, "sequence_length": 32, "vocab_size": 300,
-                  "baseline_uris": ["dataroot://corpora/baseline.jsonl"], "num_threads": 1}
+                  "baseline_uris": ["dataroot://corpora/baseline.jsonl"], "num_threads": 1, "trainer": "in_process"}
 
 
 class Installation:

@@ -11,7 +11,6 @@ Two kinds of start:
 from __future__ import annotations
 
 import functools
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -107,15 +106,10 @@ def pretrained_sha256(folder: Path) -> str:
 def load_pretrained(policy: DecoderLM, folder: Path) -> DecoderLM:
     """The model weights of a runtime checkpoint (its optimizer, data position and generators are
     the pretraining run's, not ours), after the completion marker's digests are checked."""
-    from ito_assets.runtime.checkpoint import resume
     from ito_assets.runtime.worker import train_state
 
-    state = {"model": train_state.weights(policy)}
-    with warnings.catch_warnings():  # DCP warns that it loads in one process, as intended here
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
-        reason = resume.load_checkpoint(folder, state, rank=0, group=None)
+    reason = train_state.load_weights(policy, folder)
     if reason is not None:
         raise ItoError(ErrorCode.CHECKPOINT_DIGEST_MISMATCH,
                        f"the pretraining chain's final checkpoint cannot be used: {reason}")
-    train_state.set_weights(policy, state["model"])
     return policy

@@ -18,7 +18,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 import numpy as np
 
@@ -26,7 +26,7 @@ from ito_assets.evals.suite import EvalItem
 from ito_assets.manifest.schema import DecisionPower
 from ito_assets.training.eval_config import EvalConfig
 from ito_assets.training.heldout import split_heldout
-from ito_assets.training.model_config import config_by_name, parameter_count
+from ito_assets.training.model_config import ModelConfig, config_by_name, parameter_count
 from ito_assets.training.tokenizer import (
     LoaderConfig, TokenizerConfig, encode_documents, iterate_batches, open_token_shard, save_tokenizer,
     train_tokenizer, write_token_shard,
@@ -37,6 +37,7 @@ from ito_assets.training.verdict import PairedTest, Verdict, paired_test, stein_
 # its configuration and result types (the Dagster parameters, the economics, the gate) do not.
 if TYPE_CHECKING:
     from ito_assets.training.evaluation import EvalReport
+    from ito_assets.training.model import DecoderLM
     from ito_assets.training.trainer import TrainConfig, TrainResult
 
 ARMS = ("candidate", "baseline")
@@ -227,11 +228,21 @@ def _summarize(arm: str, runs: list[ArmRun], num_documents: int, num_tokens: int
     )
 
 
+class ArmTrainer(Protocol):
+    """Trains one arm out of this process (`ito_assets.runtime.stage.proxy_arm.ArmLaunch.train`)."""
+
+    def train(self, *, arm_dir: Path, tokens_path: Path, model_config: ModelConfig,
+              config: TrainConfig) -> tuple[DecoderLM, TrainResult]: ...
+
+
 def run_decision(
     *, candidate_texts: Sequence[str], baseline_texts: Sequence[str], eval_items: Sequence[EvalItem],
-    config: DecisionConfig, work_dir: Path | None = None,
+    config: DecisionConfig, work_dir: Path | None = None, trainer: ArmTrainer | None = None,
 ) -> DecisionResult:
-    """Train and evaluate both arms for every seed; `work_dir` keeps the tokenizer and token shards."""
+    """Train and evaluate both arms for every seed; `work_dir` keeps the tokenizer and token shards.
+    `trainer`: train each arm on the stage worker, in `work_dir/arms/<arm>-seed<seed>/`, as the
+    curriculum's stages train; None: in this process, with the trainer's own loop."""
+    _require(trainer is None or work_dir is not None, "work_dir", "must be given to train on the stage worker")
     from ito_assets.training.evaluation import evaluate
     from ito_assets.training.model import build_model
     from ito_assets.training.trainer import train
@@ -248,10 +259,15 @@ def run_decision(
     def train_seeds(seeds: Sequence[int]) -> None:
         for seed in seeds:
             for arm in ARMS:
-                model = build_model(model_config, seed=seed)
-                loader = iterate_batches(tokens[arm], LoaderConfig(batch_size=config.batch_size,
-                                                                   sequence_length=config.sequence_length, seed=seed))
-                trained = train(model, loader, config.train_config(seed))
+                if trainer is not None:
+                    model, trained = trainer.train(arm_dir=work_dir / "arms" / f"{arm}-seed{seed}",
+                                                   tokens_path=work_dir / "tokens" / f"{arm}.npy",
+                                                   model_config=model_config, config=config.train_config(seed))
+                else:
+                    model = build_model(model_config, seed=seed)
+                    loader = iterate_batches(tokens[arm], LoaderConfig(batch_size=config.batch_size,
+                                                                       sequence_length=config.sequence_length, seed=seed))
+                    trained = train(model, loader, config.train_config(seed))
                 report = evaluate(model, tokenizer, eval_items, config.eval, heldout_texts=split[arm][1],
                                   heldout_sequence_length=config.sequence_length)
                 runs[arm].append(ArmRun(arm=arm, seed=seed, train=trained, report=report,

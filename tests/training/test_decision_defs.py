@@ -76,18 +76,24 @@ def test_assets_decide_plan_and_check(world):
     ito = ItoSettingsResource.from_settings(installation.settings)
     hardware = BookedHardwareResource()
     suite = load_suite(FIXTURES / "evals" / "ito-fixture-evals-v1.jsonl")
-    params = DecisionRunParams(model_name="micro", vocab_size=512, num_steps=40, batch_size=8, sequence_length=64,
-                               learning_rate=1e-2, baseline_uris=[baseline_uri], num_threads=1)
+    params = DecisionRunParams(model_name="micro", vocab_size=512, seeds=[0, 1], num_steps=20, batch_size=8,
+                               sequence_length=64, learning_rate=1e-2, baseline_uris=[baseline_uri], num_threads=1)
     context = dg.build_asset_context(partition_key=verdict.key)
     result = decision_run(context=context, config=params, ito=ito, training_manifest=verdict, eval_suite=suite, clean_shards=clean)
-    # A 40-step micro model decides little (the interval is about +-0.8 bits/byte at three seeds), so
-    # this test pins the wiring, not a verdict: three paired seeds, and a gate that follows the
-    # manifest, whose reviewers accept NO_GO and WITHIN_NOISE (tests/helpers.py).
-    assert result.test.num_seeds == 3 and result.test.interval_low is not None
+    # A 20-step micro model decides little, so this test pins the wiring, not a verdict: two paired
+    # seeds, each arm trained on the stage worker, and a gate that follows the manifest, whose
+    # reviewers accept NO_GO and WITHIN_NOISE (tests/helpers.py).
+    assert result.test.num_seeds == 2 and result.test.interval_low is not None
     assert (installation.settings.state_dir / "decision" / verdict.key / "tokenizer.json").is_file()
     runs = context.get_output_metadata("result")["runs"]
     assert _columns(runs) == ["arm", "seed", "answer bits/byte", "accuracy %", "P(correct) %", "final loss", "tokens/s"]
-    assert len(runs.records) == 6  # two arms, three seeds
+    assert len(runs.records) == 4  # two arms, two seeds
+    metadata = context.get_output_metadata("result")
+    assert metadata["arms_trained_on"] == "the stage worker (supervisor and torchrun)"
+    fallbacks = {r.data["field"]: r.data for r in metadata["arm_layout_fallbacks"].value.records}
+    assert fallbacks["compile"]["ran"] == "False"  # a CPU host runs eager, and says why
+    for seed in (0, 1):  # each arm in its own stage folder, with the worker's result
+        assert (installation.settings.state_dir / "decision" / verdict.key / "arms" / f"baseline-seed{seed}" / "result.json").is_file()
     decided = dg.build_asset_context(partition_key=verdict.key)
     judged = data_decision(context=decided, config=DataDecisionParams(),
                            booked_hardware=hardware, training_manifest=verdict, decision_run=result)

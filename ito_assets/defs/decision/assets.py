@@ -2,6 +2,7 @@
 judges it (verdict, gate, economics), `training_plan` plans the full run on the booked hardware.
 Bodies fetch resources and the partition key, call the core, and report metadata."""
 
+import dataclasses
 from pathlib import Path
 
 import dagster as dg
@@ -51,11 +52,54 @@ def decision_run(
         raise failure(error) from None
     candidate = clean_shards.shards.read(["text"])["text"].to_list()
     work_dir = settings.state_dir / "decision" / context.partition_key
-    with torch_threads(config.num_threads):
-        result = run_decision(candidate_texts=candidate, baseline_texts=baseline.texts, eval_items=eval_suite.items,
-                              config=config.to_config().with_power(manifest.decision_power), work_dir=work_dir)
-    context.add_output_metadata(_run_metadata(result, baseline.sources, work_dir))
+    launch = arm_launch(config)
+    try:
+        with torch_threads(config.num_threads):
+            result = run_decision(candidate_texts=candidate, baseline_texts=baseline.texts, eval_items=eval_suite.items,
+                                  config=config.to_config().with_power(manifest.decision_power), work_dir=work_dir,
+                                  trainer=launch)
+    except ItoError as error:
+        raise failure(error) from None
+    context.add_output_metadata({**_run_metadata(result, baseline.sources, work_dir), **_launch_metadata(launch)})
     return result
+
+
+# An arm lasts seconds on the embedded default: its supervisor polls every second, not every five,
+# or each arm would idle up to five seconds after its worker finished.
+ARM_POLL_S = 1.0
+ARM_FALLBACK_COLUMNS = [("field", "string"), ("planned", "string"), ("ran", "string"), ("why", "string")]
+
+
+def arm_launch(config: DecisionRunParams):
+    """How the arms train here: on the stage worker, with a layout of one micro-batch per step fitted to
+    one rank as the training runtime's defaults fit a stage (precision, compile); None: in this process.
+    The plan's own layout comes after the decision, which it depends on."""
+    if config.trainer == "in_process":
+        return None
+    import torch  # a decision run's import, not the code location's
+
+    from ito_assets.defs.training.resources import TrainingRuntimeResource
+    from ito_assets.runtime.stage.fitting import fit_layout
+    from ito_assets.runtime.stage.proxy_arm import ArmLaunch
+    from ito_assets.runtime.worker.execution import native_cpu_bf16
+    from ito_assets.training.layout import Layout
+
+    runtime, has_cuda = TrainingRuntimeResource(), torch.cuda.is_available()
+    layout, fallbacks = fit_layout(
+        Layout(micro_batch_size=config.batch_size), world_size=1, replica_groups=1, batch_size=config.batch_size,
+        eager_reason=runtime.eager_reason(has_cuda=has_cuda),
+        fp32_reason=runtime.fp32_reason(has_cuda=has_cuda, native_cpu_bf16=native_cpu_bf16()))
+    supervisor = dataclasses.replace(runtime.supervisor(nnodes=1, nproc_per_node=1), poll_interval_s=ARM_POLL_S)
+    return ArmLaunch(layout=layout, fallbacks=fallbacks, supervisor=supervisor)
+
+
+def _launch_metadata(launch) -> dict:
+    """Where the arms trained, and what the layout a plan would ask for changed on this host."""
+    if launch is None:
+        return {"arms_trained_on": "this process (the trainer's loop)"}
+    rows = [{"field": f.field, "planned": str(f.planned), "ran": str(f.ran), "why": f.reason} for f in launch.fallbacks]
+    return {"arms_trained_on": "the stage worker (supervisor and torchrun)",
+            "arm_layout_fallbacks": table(ARM_FALLBACK_COLUMNS, rows)}
 
 
 def _test_table(test: PairedTest) -> dg.TableMetadataValue:

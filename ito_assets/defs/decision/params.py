@@ -1,6 +1,8 @@
 """Run configuration of the decision assets (Dagster Config), mapped onto the core's frozen
 configuration; the defaults are the core's (`DecisionConfig`, `EconomicsConfig`)."""
 
+from typing import Literal
+
 import dagster as dg
 
 from ito_assets.training.decision import DecisionConfig
@@ -25,6 +27,10 @@ class DecisionRunParams(dg.Config):
     # 0: torch's default (one thread per core). On a shared machine 1 avoids OpenMP threads
     # spinning against other processes (measured ~6x slower training with 2 threads under load).
     num_threads: int = 0
+    # "stage_worker": each arm trains as a curriculum stage does (the supervisor, torchrun, the
+    # layout and precision fitted to this host); "in_process": the trainer's own loop in this
+    # process (no launch, no restarts), for quick experiments.
+    trainer: Literal["stage_worker", "in_process"] = "stage_worker"
 
     def to_config(self) -> DecisionConfig:
         return DecisionConfig(

@@ -12,6 +12,8 @@ starts its own step count and data order on its own data.
 
 from __future__ import annotations
 
+import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,6 +21,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
                                                      set_model_state_dict, set_state_dict)
 
+from ito_assets.runtime.checkpoint import resume
 from ito_assets.runtime.worker import rng
 
 
@@ -52,6 +55,19 @@ def weights(model: nn.Module) -> dict[str, Any]:
 def set_weights(model: nn.Module, saved: dict[str, Any]) -> None:
     """Load the model's part of a checkpoint, tying what was saved once."""
     set_model_state_dict(model, _tied(model, saved))
+
+
+def load_weights(model: nn.Module, folder: Path) -> str | None:
+    """The model weights of the whole checkpoint `folder` into `model`, in this one process (the
+    optimizer, data position and generators it also holds belong to the run that wrote it), after
+    its marker's digests are checked. Returns why it cannot be used, or None once loaded."""
+    state = {"model": weights(model)}
+    with warnings.catch_warnings():  # DCP warns that it loads in one process, as intended here
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        reason = resume.load_checkpoint(folder, state, rank=0, group=None)
+    if reason is None:
+        set_weights(model, state["model"])
+    return reason
 
 
 def capture(model: nn.Module, optimizer: torch.optim.Optimizer, *, step: int, position: int, rank: int) -> dict[str, Any]:
