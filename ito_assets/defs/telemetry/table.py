@@ -13,7 +13,8 @@ from ito_assets.runtime.record.goodput import summarize, summarize_run
 TABLE = "training_telemetry"
 _COLUMNS = ("goodput", "allocated_seconds", "device_hours", "productive_seconds", "badput_startup_seconds",
             "badput_checkpoint_seconds", "badput_recovery_seconds", "badput_wasted_step_seconds",
-            "badput_evaluation_seconds", "badput_idle_seconds", "badput_other_seconds", "posttraining_seconds", "num_steps", "num_wasted_steps",
+            "badput_evaluation_seconds", "badput_idle_seconds", "badput_other_seconds", "posttraining_seconds",
+            "num_steps", "num_wasted_steps",
             "planned_interruptions_per_1000_device_hours", "unplanned_interruptions_per_1000_device_hours",
             "num_checkpoints", "checkpoint_bytes", "checkpoint_bandwidth_bytes_per_second")
 
