@@ -38,6 +38,10 @@ class Attempt(Protocol):
     def exit_code(self) -> int | None:
         """The first non-zero exit of any node, 0 once every node finished cleanly, None while running."""
 
+    def wait(self, timeout_s: float) -> None:
+        """Return after `timeout_s`, or sooner once a node has exited where the back end can tell
+        cheaply (this machine's launchers), so that a finished or dead attempt is seen at once."""
+
     def terminate(self, worker_pids: set[int], *, grace_s: float) -> float:
         """Ask every rank to stop (SIGTERM: the workers flush a checkpoint), force it after `grace_s`;
         returns the seconds spent. `worker_pids` are the heartbeats' pids, meaningful on this machine only."""

@@ -267,6 +267,10 @@ class KubernetesAttempt:
             return MISSING_JOB_EXIT if error.status == 404 else None
         return job_exit_code(job, pods, self.nnodes)
 
+    def wait(self, timeout_s: float) -> None:
+        """The whole interval: each look at the job asks the scheduler's API, which is not polled faster."""
+        time.sleep(timeout_s)
+
     def terminate(self, worker_pids: set[int], *, grace_s: float) -> float:
         """`worker_pids` live in the pods: the kubelet signals the containers itself."""
         started = time.monotonic()

@@ -38,6 +38,11 @@ def node_commands(spec: LaunchSpec) -> list[list[str]]:
     return [torchrun_command(loopback)] * spec.nnodes
 
 
+# How often a waiting supervisor asks whether a launcher exited: a finished or dead attempt is
+# seen within this, not a whole poll interval (5 s by default) later; a waitpid costs microseconds.
+EXIT_CHECK_S = 0.05
+
+
 @dataclass
 class LocalAttempt:
     """An attempt on this machine (`ito_assets.launch.backend.Attempt`)."""
@@ -56,6 +61,18 @@ class LocalAttempt:
         if failed:
             return failed[0]
         return None if None in codes else 0
+
+    def wait(self, timeout_s: float) -> None:
+        """Until one more node's launcher exits or `timeout_s` passes (a waitpid every EXIT_CHECK_S).
+        A node that had already exited cleanly while others run does not end the wait: that would
+        spin the supervisor's poll until the last node exits."""
+        running = [p for p in self.processes if p.poll() is None]
+        deadline = time.monotonic() + timeout_s
+        while running and all(p.poll() is None for p in running):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(EXIT_CHECK_S, left))
 
     def terminate(self, worker_pids: set[int], *, grace_s: float) -> float:
         return terminate(self, worker_pids, grace_s=grace_s)

@@ -153,6 +153,10 @@ class SlurmAttempt:
         lines = done.stdout.strip().splitlines() if done.returncode == 0 else []
         return exit_code_of(lines[0]) if lines else None  # accounting may lag the queue by a poll
 
+    def wait(self, timeout_s: float) -> None:
+        """The whole interval: each look at the job asks the scheduler's API, which is not polled faster."""
+        time.sleep(timeout_s)
+
     def terminate(self, worker_pids: set[int], *, grace_s: float) -> float:
         """`worker_pids` live on the compute nodes: Slurm signals the job's steps itself."""
         started = time.monotonic()

@@ -77,6 +77,10 @@ class FakeAttempt:
     polls: int = 0
     terminations: list[tuple[set[int], float]] = field(default_factory=list)
     releases: int = 0
+    sleep: Callable[[float], None] | None = None  # the test's clock: a poll interval passes on it
+
+    def wait(self, timeout_s: float) -> None:
+        (self.sleep or supervisor_module.time.sleep)(timeout_s)
 
     def exit_code(self) -> int | None:
         self.polls += 1
@@ -136,7 +140,8 @@ class FakeBackend:
             raise BudgetOverrun(f"the supervisor started more than {START_LIMIT} attempts")
         index = len(self.started)
         behaviour = self.script[index] if index < len(self.script) else self.default
-        attempt = FakeAttempt(number=number, launched_at=self.now())
+        attempt = FakeAttempt(number=number, launched_at=self.now(),
+                              sleep=self.clock.sleep if self.clock is not None else None)
         if behaviour == "fail":
             attempt.code = 1
         elif behaviour == "succeed":

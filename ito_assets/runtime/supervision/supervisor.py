@@ -225,7 +225,7 @@ class Supervisor:
             watch = self._poll(attempt)
             if watch.kind is not None:
                 return watch
-            time.sleep(self.config.poll_interval_s)
+            attempt.wait(self.config.poll_interval_s)  # wakes early where a launcher exit is cheap to see
 
     def _poll(self, attempt: Attempt) -> _Watch:
         if self.relay is not None:
