@@ -34,7 +34,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import torch  # noqa: E402
+
 from ito_assets.defs.decision.resources import BookedHardwareResource  # noqa: E402
+from ito_assets.defs.training.resources import TrainingRuntimeResource  # noqa: E402
 from ito_assets.evals.suite import load_suite  # noqa: E402
 from ito_assets.manifest.schema import Manifest  # noqa: E402
 from ito_assets.runtime.stage import corpus  # noqa: E402
@@ -44,6 +47,7 @@ from ito_assets.runtime.checkpoint import registry  # noqa: E402
 from ito_assets.runtime.stage import curriculum as stages  # noqa: E402
 from ito_assets.runtime.stage.config import WorkerConfig  # noqa: E402
 from ito_assets.runtime.supervision.supervisor import Supervisor, SupervisorConfig  # noqa: E402
+from ito_assets.runtime.worker import execution  # noqa: E402
 from ito_assets.runtime.record.goodput import summarize  # noqa: E402
 from ito_assets.training.run_plan import plan_run  # noqa: E402
 from ito_assets.training.tokenizer import TokenizerConfig  # noqa: E402
@@ -59,12 +63,16 @@ def _texts() -> list[str]:
 
 
 def _config(root: Path, tokens: corpus.TokenSet, *, seed: int) -> WorkerConfig:
-    """fixture-small's pretraining stage, sized as `_stage_config` in the training assets sizes it."""
+    """fixture-small's pretraining stage, sized as `_stage_config` in the training assets sizes it
+    (the training runtime's defaults decide compile and precision on this host)."""
     manifest = Manifest.model_validate_json((FIXTURES / "manifests" / "fixture-small.json").read_bytes())
     run_plan = plan_run(manifest, BookedHardwareResource().hardware())
+    runtime, has_cuda = TrainingRuntimeResource(), torch.cuda.is_available()
     sizing = stages.sizing_from_plan(stages.stage_plan(run_plan, "pretraining"), vocab_size=tokens.vocab_size,
                                      world_size=WORLD_SIZE, seed=seed,
-                                     eager_reason="a CPU host: compiling costs more than it saves here")
+                                     eager_reason=runtime.eager_reason(has_cuda=has_cuda),
+                                     fp32_reason=runtime.fp32_reason(has_cuda=has_cuda,
+                                                                     native_cpu_bf16=execution.native_cpu_bf16()))
     suite_path = FIXTURES / "evals" / "ito-fixture-evals-v1.jsonl"
     return stages.worker_config(
         run_key=f"bench-{root.name}", stage=manifest.training_target.stages[0], policy=manifest.checkpoint_policy,
