@@ -10,6 +10,10 @@ import dagster as dg
 from ito_assets.control.ledger import Ledger, open_ledger
 from ito_assets.settings import Settings
 
+# The Dagster pool every asset that writes the DuckDB warehouse runs in: DuckDB has one writer at a
+# time, so the writers queue here rather than fail on the file lock.
+WAREHOUSE_POOL = "duckdb_writer"
+
 
 class ItoSettingsResource(dg.ConfigurableResource):
     """The settings object of `ito_assets.settings`, as a Dagster resource (key `ito`)."""

@@ -19,13 +19,12 @@ from ito_assets.defs.data import metadata
 from ito_assets.defs.data.params import DecontamParams, DedupParams
 from ito_assets.defs.failures import failure, verified_or_fail
 from ito_assets.defs.manifest.partitions import manifests_partitions
-from ito_assets.defs.resources import ItoSettingsResource
+from ito_assets.defs.resources import ItoSettingsResource, WAREHOUSE_POOL
 from ito_assets.errors import ItoError
 from ito_assets.evals.suite import EvalSuite
 from ito_assets.manifest.discovery import ManifestVerdict
 
 GROUP = "data"
-POOL = "duckdb_writer"  # DuckDB has one writer at a time: the warehouse writers queue here
 
 
 class _Collected(logging.Handler):
@@ -60,7 +59,7 @@ def core_stage(context: dg.AssetExecutionContext) -> Iterator[None]:
     owners=[owners.DATA],
     kinds={"parquet", "duckdb"},
     partitions_def=manifests_partitions,
-    pool=POOL,
+    pool=WAREHOUSE_POOL,
     description="Every document of the manifest's data references (read from the data root, each file "
     "digest-verified against the manifest), NFC-normalised, with a stable id and provenance (source "
     "uri, sha256, licence, row), as Parquet shards and the warehouse's `documents` table.",
@@ -79,7 +78,7 @@ def source_documents(context: dg.AssetExecutionContext, ito: ItoSettingsResource
     owners=[owners.DATA],
     kinds={"parquet", "duckdb"},
     partitions_def=manifests_partitions,
-    pool=POOL,
+    pool=WAREHOUSE_POOL,
     description="N-gram decontamination of every document of `source_documents` against `eval_suite` "
     "(duplicates too, so an auditor's answer covers every document): each hit with its eval item, the "
     "user's record id, matched n-gram, offsets, overlap and action; the warehouse's `contamination_hits`.",
@@ -105,7 +104,7 @@ def contamination_report(
     owners=[owners.DATA],
     kinds={"parquet", "duckdb"},
     partitions_def=manifests_partitions,
-    pool=POOL,
+    pool=WAREHOUSE_POOL,
     description="`source_documents` without exact copies and near-duplicates (MinHash LSH, Jaccard verified "
     "on shingle sets); each removal recorded in the warehouse's `duplicates` table against the kept "
     "document it duplicates, with its family (the connected component of verified pairs). "
@@ -127,7 +126,7 @@ def deduplicated_documents(
     owners=[owners.DATA],
     kinds={"parquet", "duckdb"},
     partitions_def=manifests_partitions,
-    pool=POOL,
+    pool=WAREHOUSE_POOL,
     description="What remains of `deduplicated_documents` after `contamination_report`'s actions: kept "
     "documents and the pieces of cut ones, with a digest per shard; every input document accounted "
     "for (kept, duplicate, contaminated) in the warehouse's `decisions` table.",

@@ -11,13 +11,12 @@ from ito_assets.control import history, run_tags
 from ito_assets.control import telemetry as ledger_telemetry
 from ito_assets.defs import owners
 from ito_assets.defs.manifest.partitions import TRAINED_ONE_OF_TWO, manifests_partitions
-from ito_assets.defs.resources import ItoSettingsResource, LedgerResource
+from ito_assets.defs.resources import ItoSettingsResource, LedgerResource, WAREHOUSE_POOL
 from ito_assets.defs.telemetry import table
 from ito_assets.defs.telemetry.metadata import goodput_metadata, step_time_metadata
 from ito_assets.manifest.schema import POST_TRAINING_ORDER, STAGE_ORDER
 
 GROUP = "telemetry"
-POOL = "duckdb_writer"
 
 
 @dg.asset(
@@ -25,7 +24,7 @@ POOL = "duckdb_writer"
     owners=[owners.TRAINING],
     kinds={"duckdb"},
     partitions_def=manifests_partitions,
-    pool=POOL,
+    pool=WAREHOUSE_POOL,
     ins={f"{name}_checkpoint": dg.AssetIn(f"{name}_checkpoint") for name in (*STAGE_ORDER, *POST_TRAINING_ORDER)},
     description="Desk telemetry of the run, from the runtime event log of every stage, post-training "
     "included: goodput with badput by cause, the post-training stages' share of the allocation, "

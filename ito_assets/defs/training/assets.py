@@ -17,7 +17,7 @@ from ito_assets.data import lineage
 from ito_assets.defs.failures import failure, verified_or_fail
 from ito_assets.defs import owners
 from ito_assets.defs.manifest.partitions import TRAINED_ONE_OF_TWO, manifests_partitions
-from ito_assets.defs.resources import ItoSettingsResource, LedgerResource
+from ito_assets.defs.resources import ItoSettingsResource, LedgerResource, WAREHOUSE_POOL
 from ito_assets.defs.training.launcher import TrainingLauncherResource
 from ito_assets.defs.training.resources import TrainingRuntimeResource
 from ito_assets.defs.workload.live import require_live_authorization
@@ -37,7 +37,6 @@ from ito_assets.training.run_plan import PlanOutcome
 from ito_assets.training.tokenizer import TokenizerConfig
 
 GROUP = "training"
-POOL = "duckdb_writer"
 
 
 @dg.asset(
@@ -45,7 +44,7 @@ POOL = "duckdb_writer"
     owners=[owners.TRAINING],
     kinds={"numpy"},
     partitions_def=manifests_partitions,
-    pool=POOL,  # it records the shards' consumption in the warehouse
+    pool=WAREHOUSE_POOL,  # it records the shards' consumption in the warehouse
     ins={"clean_shards": dg.AssetIn("clean_shards"), "training_plan": dg.AssetIn("training_plan"),
          "data_decision": dg.AssetIn("data_decision"), "run_authorization": dg.AssetIn("run_authorization")},
     description="Byte-level BPE trained on `clean_shards`, and the token shards every stage reads "
