@@ -16,10 +16,11 @@ Hits come back in unit order, and within a unit in document order: the order of 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import polars as pl
 
+from ito_assets.data.completion import frame_digest
 from ito_assets.data.config import DecontamConfig
 from ito_assets.data.decontam import HIT_SCHEMA, ScanCounts, candidate_documents, common_seeds, hits_of, seed_frequency, seed_matches
 from ito_assets.data.eval_index import EvalIndex
@@ -34,6 +35,15 @@ class MatchTask:
     index: EvalIndex
     matches_path: str
 
+    def key(self) -> dict:
+        return {"unit": self.unit.key(), "index": self.index.digest}
+
+    def inputs(self) -> tuple[str, ...]:
+        return (self.unit.path,)
+
+    def outputs(self) -> tuple[str, ...]:
+        return (self.matches_path,)
+
 
 @dataclass(frozen=True)
 class HitTask:
@@ -42,6 +52,15 @@ class HitTask:
     ignored: pl.DataFrame
     config: DecontamConfig
     matches_path: str
+
+    def key(self) -> dict:
+        return {"unit": self.unit.key(), "index": self.index.digest, "ignored": frame_digest(self.ignored), "config": asdict(self.config)}
+
+    def inputs(self) -> tuple[str, ...]:
+        return (self.unit.path, self.matches_path)
+
+    def outputs(self) -> tuple[str, ...]:
+        return ()
 
 
 def match_unit(task: MatchTask) -> tuple[int, pl.DataFrame]:
@@ -64,15 +83,15 @@ def scan_units(scratch: Scratch, units: Sequence[WorkUnit], index: EvalIndex, co
     """Work units (doc_id, text) -> (hits in HIT_SCHEMA, counters, the (seed, view) pairs ignored
     as common): the hits and counters the reference `scan` returns. `ignored` given: those pairs, not
     the ones these units' own seed frequencies would pick."""
-    folder = scratch.sub("decontam-matches")
-    paths = [str(folder / f"matches-{u.index:05d}.parquet") for u in units]
+    match_markers = scratch.finished("decontam-matches")
+    paths = [str(match_markers.folder / f"matches-{u.index:05d}.parquet") for u in units]
     with worker_pool(scratch.scale.num_workers, scratch.scale.engine) as pool:
         matched = map_units(match_unit, [MatchTask(unit=u, index=index, matches_path=p) for u, p in zip(units, paths)], pool,
-                            phase="decontamination seeds")
+                            phase="decontamination seeds", markers=match_markers)
         if ignored is None:
             ignored = common_seeds(_summed(f for _, f in matched), index, config)
         tasks = [HitTask(unit=u, index=index, ignored=ignored, config=config, matches_path=p) for u, p in zip(units, paths)]
-        found = map_units(hits_unit, tasks, pool, phase="decontamination hits")
+        found = map_units(hits_unit, tasks, pool, phase="decontamination hits", markers=scratch.finished("decontam-hits"))
     hits = pl.concat([h for _, h in found]) if found else pl.DataFrame(schema=HIT_SCHEMA)
     counts = ScanCounts(
         num_documents=sum(u.num_docs for u in units),

@@ -24,7 +24,7 @@ DuckDB phases and the phases that hold batches of text.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -57,17 +57,28 @@ class SignatureTask:
     folder: str
     config: DedupConfig
 
+    def key(self) -> dict:
+        return {"unit": self.unit.key(), "config": asdict(self.config)}
+
+    def inputs(self) -> tuple[str, ...]:
+        return (self.unit.path,)
+
+    def outputs(self) -> tuple[str, ...]:
+        return tuple(str(Path(self.folder) / f"{name}-{self.unit.index:05d}.{kind}")
+                     for name, kind in (("signatures", "npy"), ("shingles", "npy"), ("offsets", "npy"), ("bands", "parquet")))
+
 
 def signature_unit(task: SignatureTask) -> None:
     """One unit's shingle lists, signatures and band rows, written beside the unit."""
-    config, unit, folder = task.config, task.unit, Path(task.folder)
+    config, unit = task.config, task.unit
+    signatures_path, shingles_path, offsets_path, bands_path = task.outputs()
     hasher = MinHasher(num_perm=config.num_perm, seed=config.seed)
     signatures, shingles = hasher.signatures_of_texts(unit.read(["text"])["text"], config.shingle_size)
-    np.save(folder / f"signatures-{unit.index:05d}.npy", signatures)
-    np.save(folder / f"shingles-{unit.index:05d}.npy", shingles.hashes)
-    np.save(folder / f"offsets-{unit.index:05d}.npy", shingles.offsets)
+    np.save(signatures_path, signatures)
+    np.save(shingles_path, shingles.hashes)
+    np.save(offsets_path, shingles.offsets)
     bands = band_rows(signatures, config.bands, config.rows, first=unit.first).with_columns(pl.lit(unit.index, dtype=pl.Int32).alias("unit"))
-    bands.write_parquet(folder / f"bands-{unit.index:05d}.parquet")
+    bands.write_parquet(bands_path)
 
 
 def representative_frames(scratch: Scratch, shard_paths: Sequence[str]) -> Iterator[pl.DataFrame]:
@@ -102,9 +113,10 @@ def deduplicate_units(
     frames = written_aside(representative_frames(scratch, shard_paths), scratch.folder / REPRESENTATIVES_FILE)
     units = write_units(frames, scratch.sub("dedup-units"), scratch.scale.unit_bytes)
     scratch.reconnect()
-    folder = scratch.sub("dedup-arrays")
+    markers = scratch.finished("dedup-arrays")
+    folder = markers.folder
     with worker_pool(scratch.scale.num_workers, scratch.scale.engine) as pool:
-        map_units(signature_unit, [SignatureTask(unit=u, folder=str(folder), config=config) for u in units], pool,
+        map_units(signature_unit, [SignatureTask(unit=u, folder=str(folder), config=config) for u in units], pool, markers=markers,
                   phase="dedup signatures")
     band_files = [str(folder / f"bands-{u.index:05d}.parquet") for u in units]
     arrays = UnitArrays(folder, [u.first for u in units])

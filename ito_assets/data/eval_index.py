@@ -23,11 +23,15 @@ unprotected in the report (`num_items_unindexed`), never silently skipped.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from functools import cached_property
 
 import numpy as np
 import polars as pl
 
+from ito_assets.data.completion import frame_digest
 from ito_assets.data.config import DecontamConfig
 from ito_assets.data.text import (TokenHashes, hash_words, ngram_hashes, window_full_words, window_hashes, window_words,
                                   word_tokens, words_of, words_with_joins)
@@ -68,6 +72,12 @@ class EvalIndex:
     windows: pl.DataFrame  # SEED_SCHEMA, join windows: n is the view words a window covers
     window_bytes: int
     view_tokens: TokenHashes  # the views' words, one "document" per view: ends of matches compare them
+
+    @cached_property
+    def digest(self) -> str:
+        """SHA-256 of what a scan looks for: the views, their seeds and join windows."""
+        body = hashlib.sha256(json.dumps([self.suite_digest, self.window_bytes, [asdict(v) for v in self.views]]).encode())
+        return hashlib.sha256((body.hexdigest() + frame_digest(self.seeds) + frame_digest(self.windows)).encode()).hexdigest()
 
     @property
     def seed_sizes(self) -> tuple[int, ...]:

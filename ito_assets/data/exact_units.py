@@ -48,6 +48,15 @@ class KeyTask:
     shard_path: str
     keys_path: str
 
+    def key(self) -> dict:
+        return {"shard": self.shard}
+
+    def inputs(self) -> tuple[str, ...]:
+        return (self.shard_path,)
+
+    def outputs(self) -> tuple[str, ...]:
+        return (self.keys_path,)
+
 
 def text_hashes(texts: pl.Series) -> np.ndarray:
     """(len(texts), 2) uint64: polars' string hash of each text under two seeds (a null hashes as
@@ -109,10 +118,10 @@ def exact_copies(scratch: Scratch, shard_paths: Sequence[str], tiers: pl.DataFra
     """-> counters; leaves the tables `keys` (every document, numbered in keep order) and `copies`
     (doc_id, exact_copy_of) in the scratch database. `tiers` (doc_id, tier): the contaminated
     documents, which the keep order puts last (`exact_dedup.KEEP_ORDER`)."""
-    folder = scratch.sub("exact-keys")
-    tasks = [KeyTask(shard=i, shard_path=p, keys_path=str(folder / f"keys-{i:05d}.parquet")) for i, p in enumerate(shard_paths)]
+    markers = scratch.finished("exact-keys")
+    tasks = [KeyTask(shard=i, shard_path=p, keys_path=str(markers.folder / f"keys-{i:05d}.parquet")) for i, p in enumerate(shard_paths)]
     with worker_pool(scratch.scale.num_workers, scratch.scale.engine) as pool:
-        map_units(key_shard, tasks, pool, phase="exact-copy keys", unit="source shards")
+        map_units(key_shard, tasks, pool, phase="exact-copy keys", unit="source shards", markers=markers)
     db = scratch.db
     db.execute("CREATE OR REPLACE TABLE tiers (doc_id VARCHAR, tier TINYINT)")
     if tiers is not None and tiers.height:

@@ -36,6 +36,11 @@ class WorkUnitFailed(Exception):
         super().__init__(f"work unit {index} failed {ATTEMPTS} times ({cause})")
         self.index, self.cause = index, cause
 
+    def renumbered(self, indices: Sequence[int]) -> WorkUnitFailed:
+        """The same failure named by the step's unit number, where the pool was handed only the
+        units `indices` (the others finished in an earlier attempt)."""
+        return WorkUnitFailed(indices[self.index], self.cause)
+
 
 class RayPool:
     """`map` over Ray tasks: one task per item, results in item order."""

@@ -2,7 +2,11 @@
 whose memory is capped, so that joins, groupings and sorts larger than the cap spill to disk
 instead of growing the step's memory with the corpus. The folder is removed when the step ends,
 whether it succeeds or not (a rerun starts from a clean folder). A full disk under it (work units,
-DuckDB's spill) is STORAGE_FULL."""
+DuckDB's spill) is STORAGE_FULL.
+
+Beside it, `_finished/` holds what the step's work units wrote, with their completion markers
+(completion.py). It outlives a failed or killed step, so that the rerun redoes only the units
+that did not finish, and goes when the step succeeds."""
 
 from __future__ import annotations
 
@@ -13,9 +17,13 @@ from pathlib import Path
 
 import duckdb
 
+from ito_assets.data.completion import CompletionMarkers
 from ito_assets.data.config import ScaleConfig
 from ito_assets.errors import disk_full, storage_full
 from ito_assets.errors import ItoError
+
+
+FINISHED = "_finished"  # the units' outputs and completion markers, kept until the step succeeds
 
 
 class Scratch:
@@ -33,6 +41,10 @@ class Scratch:
         path = self.folder / name
         path.mkdir(parents=True, exist_ok=True)
         return path
+
+    def finished(self, phase: str) -> CompletionMarkers:
+        """The folder where a phase's units write, and their completion markers."""
+        return CompletionMarkers(self.folder.parent / FINISHED / phase)
 
     def reconnect(self) -> None:
         """Close the database and open it again: its tables stay in the file, and the memory
@@ -78,6 +90,8 @@ def scratch_space(folder: Path, scale: ScaleConfig) -> Iterator[Scratch]:
         if not isinstance(error, ItoError) and disk_full(error):
             raise storage_full(f"a step's scratch space ({folder.parent.name}/{folder.name})") from None
         raise
+    else:
+        shutil.rmtree(folder.parent / FINISHED, ignore_errors=True)
     finally:
         if scratch is not None:
             scratch.close()

@@ -18,6 +18,8 @@ Layout under `<state_dir>/shards/<manifest key>/`:
     dedup/    decisions.parquet              dedup state of every document
               kept-NNNNN.parquet             the documents that survive deduplication
     */_scratch/                              work units and spill of a running step (removed after)
+    */_finished/<phase>/                     what finished units wrote, and their completion markers:
+                                             kept after a failure for the rerun, removed on success
     clean/    clean-NNNNN.parquet            the clean shards; decisions.parquet (final states)
 """
 

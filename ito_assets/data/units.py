@@ -22,6 +22,7 @@ from typing import Protocol, TypeVar
 import numpy as np
 import polars as pl
 
+from ito_assets.data.completion import Checked, CompletionMarkers, run_checked, task_key
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.progress import Progress
 
@@ -49,6 +50,10 @@ class WorkUnit:
 
     def read(self, columns: list[str] | None = None) -> pl.DataFrame:
         return pl.read_parquet(self.path, columns=columns)
+
+    def key(self) -> dict:
+        """Where the unit sits in the step's order (its bytes are digested from its file)."""
+        return {"index": self.index, "first": self.first, "num_docs": self.num_docs}
 
 
 class _UnitWriter:
@@ -131,19 +136,26 @@ def worker_pool(num_workers: int, engine: str = "local") -> Iterator[Pool | None
 
 
 def map_units(function: Callable[[Task], Result], tasks: Sequence[Task], pool: Pool | None, *,
-              phase: str, unit: str = "work units") -> list[Result]:
+              phase: str, unit: str = "work units", markers: CompletionMarkers | None = None) -> list[Result]:
     """function(task) for every task, results in task order; progress in the run's log at every
-    tenth of the tasks (`phase` names the work, `unit` what a task is)."""
+    tenth of the tasks (`phase` names the work, `unit` what a task is). With `markers`, the tasks
+    an earlier attempt finished are not done again, and each task finished now is marked."""
     from ito_assets.data.ray_engine import WorkUnitFailed
 
-    progress = Progress(phase, len(tasks), unit)
-    results = []
+    keys = [task_key(function, task) for task in tasks] if markers is not None else []
+    results: dict[int, Result] = markers.finished(keys) if markers is not None else {}
+    todo = [i for i in range(len(tasks)) if i not in results]
+    progress = Progress(phase, len(todo), unit)
+    work, run = ([tasks[i] for i in todo], function) if markers is None else ([Checked(function, tasks[i]) for i in todo], run_checked)
     try:
         # One task is not worth a process start; on Ray it still goes to the cluster (memory).
-        in_process = pool is None or (len(tasks) <= 1 and isinstance(pool, ProcessPoolExecutor))
-        for result in (map(function, tasks) if in_process else pool.map(function, tasks)):
-            results.append(result)
+        in_process = pool is None or (len(work) <= 1 and isinstance(pool, ProcessPoolExecutor))
+        for index, result in zip(todo, map(run, work) if in_process else pool.map(run, work)):
+            if markers is not None:
+                result, digests = result
+                markers.record(index, keys[index], result, digests)
+            results[index] = result
             progress.advance()
     except WorkUnitFailed as failed:
-        raise ItoError(ErrorCode.DATA_WORK_UNIT_FAILED, f"{phase}: {failed}") from None
-    return results
+        raise ItoError(ErrorCode.DATA_WORK_UNIT_FAILED, f"{phase}: {failed.renumbered(todo)}") from None
+    return [results[i] for i in range(len(tasks))]

@@ -5,6 +5,7 @@ a unit that fails three times failing the step with a code that names it."""
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
@@ -15,6 +16,7 @@ ray = pytest.importorskip("ray", reason="Ray is not installed (the `ray` extra; 
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from ito_assets.data import ray_engine  # noqa: E402
+from ito_assets.data.completion import CompletionMarkers  # noqa: E402
 from ito_assets.data.config import DecontamConfig, DedupConfig, ScaleConfig  # noqa: E402
 from ito_assets.data.dedup_units import deduplicate_units  # noqa: E402
 from ito_assets.data.decontam_units import scan_shards  # noqa: E402
@@ -105,6 +107,51 @@ def test_a_unit_gets_three_attempts_then_fails_the_step_naming_it(cluster, tmp_p
     assert len(os.listdir(folders[1])) == ray_engine.ATTEMPTS
 
 
+@dataclass(frozen=True)
+class CountedTask:
+    """Unit `unit`, failing on every attempt when `fails`; its attempts counted in files."""
+
+    folder: str
+    unit: int
+    fails: bool
+
+    def key(self) -> dict:
+        return {"unit": self.unit}
+
+    def inputs(self) -> tuple[str, ...]:
+        return ()
+
+    def outputs(self) -> tuple[str, ...]:
+        return ()
+
+
+def counted(task: CountedTask) -> int:
+    folder = Path(task.folder, f"unit-{task.unit}")
+    Path(folder, f"attempt-{len(os.listdir(folder)) + 1}").touch()
+    if task.fails:
+        raise RuntimeError("this unit's file is unreadable")
+    return task.unit * 10
+
+
+def test_a_rerun_on_ray_resumes_from_the_units_that_finished(cluster, tmp_path):
+    markers = CompletionMarkers(tmp_path / "finished")
+    for unit in range(4):
+        (tmp_path / f"unit-{unit}").mkdir()
+
+    def attempt(failing: int):
+        tasks = [CountedTask(str(tmp_path), unit, unit == failing) for unit in range(4)]
+        with worker_pool(1, "ray") as pool:
+            return map_units(counted, tasks, pool, phase="dedup signatures", markers=markers)
+
+    with pytest.raises(ItoError, match="work unit 1 failed"):
+        attempt(failing=1)
+    with pytest.raises(ItoError, match="work unit 2 failed"):  # the step's unit number, not the pool's
+        attempt(failing=2)
+    assert attempt(failing=-1) == [0, 10, 20, 30]
+    assert len(os.listdir(tmp_path / "unit-0")) == 1  # finished in the first attempt, never redone
+    assert len(os.listdir(tmp_path / "unit-1")) == ray_engine.ATTEMPTS + 1  # finished in the second
+
+
 def test_dedup_on_ray_gives_the_in_memory_decisions(cluster, tmp_path):
     docs = dedup_corpus()
     expected, expected_counts = deduplicate(docs, DedupConfig())
@@ -166,8 +213,8 @@ def test_the_data_chain_through_dagster_on_ray_writes_the_local_engines_bytes(cl
 
     sent = []  # the phases whose units went to the cluster
     original = ray_engine.RayPool.map
-    monkeypatch.setattr(ray_engine.RayPool, "map", lambda pool, function, tasks: (
-        sent.append(function.__name__), original(pool, function, tasks))[1])
+    monkeypatch.setattr(ray_engine.RayPool, "map", lambda pool, function, tasks: (  # the unit's function, inside its marker's wrapper
+        sent.extend(task.function.__name__ for task in tasks[:1]), original(pool, function, tasks))[1])
     runs = {}
     for engine in ("local", "ray"):
         settings = _settings(tmp_path_factory.mktemp(engine).resolve(), FIXTURES).with_overrides(data_engine=engine)
