@@ -29,7 +29,9 @@ runs are fresh subprocesses:
   started by the benchmark on this machine with 1 and with 2 CPUs (`ray start --head`; the stages
   connect through RAY_ADDRESS, as on a cluster), each work unit one Ray task; compared with the
   local engine's 1 and 2 workers at the same size: its overhead and that the clean shards are the
-  same bytes. Ray's workers are not the stage's children, so no worker peak is reported for it.
+  same bytes. Ray's workers are not the stage's children: their peak is the largest VmHWM among
+  the cluster's worker processes (`ray::…` in /proc) at the end of each stage, read before the
+  stage disconnects (Ray ends a job's workers with its driver), the largest over the stages.
 A third kind of subprocess only imports the libraries: its peak RSS is the fixed baseline (the
 interpreter with polars, pyarrow, DuckDB and numpy loaded), so that what the data costs shows.
 Peak RSS is the subprocess's own high-water mark (VmHWM) and, for worker processes, the largest
@@ -45,7 +47,7 @@ batch's work + what still grows with the corpus: a few bytes a document (the nea
 positions, the units' shingle offsets). The verdict compares the two largest sizes: "bounded"
 when the data-dependent part grows by at most `BOUNDED_FACTOR` while the corpus doubles or more.
 
-    .venv/bin/python benchmarks/data_scaling.py [--scales 1 4 16 64] [--workers-at 16] [--ray-at 16] [--out benchmarks/results/data_scaling.json]
+    .venv/bin/python benchmarks/data_scaling.py [--scales 1 4 16 64] [--workers-at 16] [--ray-at 16 64] [--out benchmarks/results/data_scaling.json]
 """
 
 from __future__ import annotations
@@ -157,6 +159,10 @@ def child(manifest_path: str, mode: str, workers: int, work: Path, engine: str =
 
     verified = verify_manifest(manifest_path)
     config = DataPrepConfig(scale=ScaleConfig(**BENCH_SCALE, num_workers=workers, engine=engine), shard_max_rows=SHARD_ROWS)
+    if engine == "ray":  # joined here, not by the stage: a job's workers end with its driver's connection
+        import ray
+
+        ray.init(log_to_driver=False, configure_logging=False)
     suite, data_root = load_suite(SUITE), Path(manifest_path).parent
     start = time.perf_counter()
     if mode == "memory":
@@ -169,6 +175,9 @@ def child(manifest_path: str, mode: str, workers: int, work: Path, engine: str =
         out["seconds"] = round(time.perf_counter() - start, 2)
     main_mb, worker_mb = peak_rss_mb()
     worker = round(worker_mb, 1) if workers > 1 and engine == "local" else None
+    if engine == "ray":
+        worker = ray_worker_peak_mb()  # while this stage's workers still live
+        ray.shutdown()
     return {**out, "peak_rss_mb": round(main_mb, 1), "worker_peak_rss_mb": worker}
 
 
@@ -269,6 +278,21 @@ def ray_cluster(num_cpus: int):
         subprocess.run([ray, "stop", "--force"], check=False, capture_output=True)
 
 
+def ray_worker_peak_mb() -> float | None:
+    """The largest high-water mark (VmHWM) among this machine's Ray worker processes, whose
+    process title Ray sets to `ray::<task or IDLE>`."""
+    peaks = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            if not (status.parent / "cmdline").read_bytes().startswith(b"ray::"):
+                continue
+            line = next(line for line in status.read_text().splitlines() if line.startswith("VmHWM:"))
+        except (OSError, StopIteration):
+            continue  # gone meanwhile, or a kernel thread
+        peaks.append(int(line.split()[1]) / 1024)
+    return round(max(peaks), 1) if peaks else None
+
+
 def table(rows: list[dict], baseline_mb: float) -> str:
     header = f"{'scale':>5} {'docs':>7} {'MB':>6} {'path':>7} {'workers':>7} {'peak MB':>8} {'data MB':>8} {'worker MB':>9} {'source s':>8} {'dedup s':>8} {'decontam s':>10} {'clean s':>8} {'docs/s':>8}"
     lines = [header]
@@ -286,7 +310,7 @@ def main() -> None:
     parser.add_argument("--scales", type=int, nargs="+", default=[1, 4, 16, 64, 128])
     parser.add_argument("--memory-up-to", type=int, default=64, help="the largest scale the in-memory path runs at")
     parser.add_argument("--workers-at", type=int, default=16, help="the scale run with 1 and 2 workers")
-    parser.add_argument("--ray-at", type=int, default=16, help="the scale run on Ray with 1 and 2 CPUs (0: none)")
+    parser.add_argument("--ray-at", type=int, nargs="*", default=[16], help="the scales run on Ray with 1 and 2 CPUs (none: no Ray)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "data_scaling.json")
     parser.add_argument("--child")
     args = parser.parse_args()
@@ -307,8 +331,8 @@ def main() -> None:
             corpus_mb, num_docs = sum(len(t.encode()) for t in texts) / 1e6, len(texts)
             manifest_path = write_corpus(texts, Path(tmp) / f"corpus-{scale}x")
             del texts
-            plans = ([("memory", 1)] if scale <= args.memory_up_to else []) + [("units", 1)] + ([("units", 2)] if scale in (args.workers_at, args.ray_at) else []) \
-                + ([("ray", 1), ("ray", 2)] if scale == args.ray_at else [])
+            plans = ([("memory", 1)] if scale <= args.memory_up_to else []) + [("units", 1)] + ([("units", 2)] if scale == args.workers_at or scale in args.ray_at else []) \
+                + ([("ray", 1), ("ray", 2)] if scale in args.ray_at else [])
             for mode, workers in plans:
                 work = Path(tmp) / f"work-{scale}-{mode}-{workers}"
                 if mode == "ray":
@@ -363,9 +387,16 @@ def summarize(rows: list[dict], baseline_mb: float, workers_at: int) -> dict:
             if local_run:
                 summary[f"ray_overhead_{workers}_cpu_at_{scale}x"] = round(ray_run["seconds"] / local_run["seconds"] - 1, 3)
                 summary[f"ray_same_bytes_{workers}_cpu_at_{scale}x"] = all(ray_run[k] == local_run[k] for k in keys)
-    ray_one, ray_two = (next((r for r in rows if r["path"] == "ray" and r["workers"] == w), None) for w in (1, 2))
-    if ray_one and ray_two:
-        summary["ray_speedup_2_cpus"] = round(ray_one["seconds"] / ray_two["seconds"], 2)
+    ray_scales = sorted({r["scale"] for r in rows if r["path"] == "ray"})
+    for scale in ray_scales:
+        ray_one, ray_two = pick(scale, "ray", 1), pick(scale, "ray", 2)
+        if ray_one and ray_two:
+            summary[f"ray_speedup_2_cpus_at_{scale}x"] = round(ray_one["seconds"] / ray_two["seconds"], 2)
+    # A Ray worker's peak should not grow with the corpus: each holds one unit at a time.
+    for workers in (1, 2):
+        peaks = {f"{s}x": pick(s, "ray", workers)["worker_peak_rss_mb"] for s in ray_scales if pick(s, "ray", workers)}
+        if len(peaks) >= 2:
+            summary[f"ray_worker_peak_rss_mb_{workers}_cpu"] = peaks
     units = sorted(r["scale"] for r in rows if r["path"] == "units" and r["workers"] == 1)
     if len(units) >= 2:
         low, high = units[-2], units[-1]

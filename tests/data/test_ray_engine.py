@@ -174,10 +174,21 @@ def test_decontamination_on_ray_gives_the_in_memory_hits(cluster, tmp_path):
     assert counts == expected_counts
 
 
+def _sent_to_ray(monkeypatch) -> list[str]:
+    """The names of the unit functions whose tasks went to the cluster, as they go."""
+    sent: list[str] = []
+    original = ray_engine.RayPool.map
+    monkeypatch.setattr(ray_engine.RayPool, "map", lambda pool, function, tasks: (  # the unit's function, inside its marker's wrapper
+        sent.extend(task.function.__name__ for task in tasks[:1]), original(pool, function, tasks))[1])
+    return sent
+
+
 def _digests(result) -> dict:
+    return _stage_digests(*(result.output_for_node(name) for name in ("deduplicated_documents", "contamination_report", "clean_shards")))
+
+
+def _stage_digests(dedup, decontam, clean) -> dict:
     """What an auditor compares between two runs: every shard's sha256 and the conservation."""
-    dedup, decontam, clean = (result.output_for_node(name) for name in
-                              ("deduplicated_documents", "contamination_report", "clean_shards"))
     return {
         "dedup decisions": dedup.decisions.sha256, "kept": [s.sha256 for s in dedup.kept.shards],
         "hits": decontam.hits.sha256, "actions": decontam.actions.sha256, "pieces": decontam.pieces.sha256,
@@ -211,10 +222,7 @@ def test_the_data_chain_through_dagster_on_ray_writes_the_local_engines_bytes(cl
 
     from test_data_defs import FIXTURES, _materialize, _settings
 
-    sent = []  # the phases whose units went to the cluster
-    original = ray_engine.RayPool.map
-    monkeypatch.setattr(ray_engine.RayPool, "map", lambda pool, function, tasks: (  # the unit's function, inside its marker's wrapper
-        sent.extend(task.function.__name__ for task in tasks[:1]), original(pool, function, tasks))[1])
+    sent = _sent_to_ray(monkeypatch)
     runs = {}
     for engine in ("local", "ray"):
         settings = _settings(tmp_path_factory.mktemp(engine).resolve(), FIXTURES).with_overrides(data_engine=engine)
@@ -225,3 +233,33 @@ def test_the_data_chain_through_dagster_on_ray_writes_the_local_engines_bytes(cl
         assert set(sent) == (set() if engine == "local" else {"key_shard", "signature_unit", "match_unit", "hits_unit"})
     assert runs["ray"] == runs["local"]
     assert runs["local"]["conservation"]["problems"] == ()
+
+
+@pytest.mark.long
+def test_a_generated_16x_corpus_on_ray_writes_the_local_engines_bytes(cluster, tmp_path, monkeypatch):
+    """The benchmark's 16x corpus (48,656 documents; data_scaling.generate) through the four stages
+    on each engine, with its units of 1 MiB: the same digests for every file an auditor compares."""
+    from ito_assets.data import stages
+    from ito_assets.data.config import DataPrepConfig
+    from ito_assets.evals.suite import load_suite
+    from ito_assets.manifest.verify import verify_manifest
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from data_scaling import BENCH_SCALE, SHARD_ROWS, SUITE, generate, write_corpus
+
+    manifest = write_corpus(generate(16, seed=16), tmp_path / "corpus")
+    verified, suite, data_root = verify_manifest(manifest), load_suite(SUITE), Path(manifest).parent
+    sent = _sent_to_ray(monkeypatch)
+    digests = {}
+    for engine in ("local", "ray"):
+        config = DataPrepConfig(scale=ScaleConfig(**BENCH_SCALE, engine=engine), shard_max_rows=SHARD_ROWS)
+        work = tmp_path / engine
+        warehouse = work / "warehouse.duckdb"
+        sources = stages.run_sources(verified, data_root, work, warehouse, config)
+        decontam = stages.run_decontam(verified, suite, sources, work, warehouse, config)
+        dedup = stages.run_dedup(sources, decontam.actions, work, warehouse, config)
+        clean = stages.run_clean(verified, sources, dedup, decontam, work, warehouse, config)
+        digests[engine] = _stage_digests(dedup, decontam, clean)
+    assert sources.num_documents > 40_000 and digests["local"]["conservation"]["problems"] == ()
+    assert set(sent) == {"key_shard", "signature_unit", "match_unit", "hits_unit"}
+    assert digests["ray"] == digests["local"]
