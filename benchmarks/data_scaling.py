@@ -25,6 +25,8 @@ runs are fresh subprocesses:
   corpus, whichever process runs it), the baseline in the same run, up to `--memory-up-to` (64x:
   it held 1.5 GB there and grows ~linearly; at 128x it would hold ~2.8 GB and add ~2 minutes to a
   run of ~8).
+- a paper projection to 1 B documents (`projection`, its assumptions in its docstring), from the
+  largest local one-worker run's split between work-unit phases and global steps;
 - "ray": the units path with ITO_DATA_ENGINE's "ray" (`--ray-at`): the stage subprocesses join a Ray
   started by the benchmark on this machine with 1 and with 2 CPUs (`ray start --head`; the stages
   connect through RAY_ADDRESS, as on a cluster), each work unit one Ray task; compared with the
@@ -164,6 +166,7 @@ def child(manifest_path: str, mode: str, workers: int, work: Path, engine: str =
 
         ray.init(log_to_driver=False, configure_logging=False)
     suite, data_root = load_suite(SUITE), Path(manifest_path).parent
+    unit_seconds = time_unit_phases() if mode.startswith("units:") else [0.0]
     start = time.perf_counter()
     if mode == "memory":
         timings: dict[str, float] = {"start": start}
@@ -173,12 +176,32 @@ def child(manifest_path: str, mode: str, workers: int, work: Path, engine: str =
     else:
         out = units_stage(mode.split(":")[1], verified, data_root, work, suite, config)
         out["seconds"] = round(time.perf_counter() - start, 2)
+        out["unit_seconds"] = round(unit_seconds[0], 2)
     main_mb, worker_mb = peak_rss_mb()
     worker = round(worker_mb, 1) if workers > 1 and engine == "local" else None
     if engine == "ray":
         worker = ray_worker_peak_mb()  # while this stage's workers still live
         ray.shutdown()
     return {**out, "peak_rss_mb": round(main_mb, 1), "worker_peak_rss_mb": worker}
+
+
+def time_unit_phases() -> list[float]:
+    """Wall seconds spent in the stages' work-unit phases (`map_units`: exact-copy keys,
+    signatures, seed matches, hits), summed into the returned one-element list as they run; the
+    rest of a stage is its global steps (parsing, DuckDB's groupings and joins, the bucket sorts,
+    writing shards), which run in the stage's own process."""
+    from ito_assets.data import decontam_units, dedup_units, exact_units
+
+    spent = [0.0]
+    for module in (decontam_units, dedup_units, exact_units):
+        def timed(*args, _original=module.map_units, **kwargs):
+            begin = time.perf_counter()
+            try:
+                return _original(*args, **kwargs)
+            finally:
+                spent[0] += time.perf_counter() - begin
+        module.map_units = timed
+    return spent
 
 
 def units_stage(stage: str, verified, data_root, work, suite, config) -> dict:
@@ -212,13 +235,15 @@ def run_units(manifest_path: str, workers: int, work: Path, engine: str = "local
     out: dict = {}
     for stage in UNIT_STAGES:
         done = run_child(manifest_path, f"units:{stage}", workers, work, engine)
-        out |= {k: v for k, v in done.items() if k not in ("seconds", "peak_rss_mb", "worker_peak_rss_mb")}
+        out |= {k: v for k, v in done.items() if k not in ("seconds", "unit_seconds", "peak_rss_mb", "worker_peak_rss_mb")}
         out[f"{stage}_seconds"], out[f"{stage}_peak_rss_mb"] = done["seconds"], done["peak_rss_mb"]
+        out[f"{stage}_unit_seconds"] = done["unit_seconds"]
         if done["worker_peak_rss_mb"] is not None:
             out["worker_peak_rss_mb"] = max(out.get("worker_peak_rss_mb") or 0, done["worker_peak_rss_mb"])
     out["peak_rss_mb"] = max(out[f"{stage}_peak_rss_mb"] for stage in UNIT_STAGES)
     out.setdefault("worker_peak_rss_mb", None)
     out["seconds"] = round(sum(out[f"{stage}_seconds"] for stage in UNIT_STAGES if stage != "check"), 2)
+    out["unit_seconds"] = round(sum(out[f"{stage}_unit_seconds"] for stage in UNIT_STAGES if stage != "check"), 2)
     return out
 
 
@@ -348,6 +373,7 @@ def main() -> None:
     host += f", {os.getloadavg()[0]:.1f} at end"
     print(table(rows, baseline_mb))
     summary = summarize(rows, baseline_mb, args.workers_at)
+    summary["projection"] = projection(rows)
     print(json.dumps(summary, indent=1))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     result = {"benchmark": "data_scaling", "machine": host, "scale_config": BENCH_SCALE, "memory_path_up_to": args.memory_up_to, "baseline_rss_mb": baseline_mb, "runs": rows, "summary": summary}
@@ -405,6 +431,52 @@ def summarize(rows: list[dict], baseline_mb: float, workers_at: int) -> dict:
         summary["units_peak_rss_bounded"] = growth <= BOUNDED_FACTOR and high >= 2 * low
         summary[f"units_stage_peak_rss_mb_at_{high}x"] = {stage: pick(high, "units")[f"{stage}_peak_rss_mb"] for stage in UNIT_STAGES}
     return summary
+
+
+# The projection's corpus and cluster (a paper exercise: nothing here runs at that size).
+PROJECTED_DOCS = 1_000_000_000
+PROJECTED_NODES = (1, 8, 64)
+CORES_PER_NODE = 32
+BAND_ROW_BYTES = 24  # doc int64, band int32, key uint64, unit int32 (near_dedup.band_rows)
+KEY_ROW_BYTES = 60  # about: two ids, source, shard, row, length and the 128-bit hash (exact_units.KEY_SCHEMA)
+PARTITION_MB = 512  # one worker's DuckDB cap (ScaleConfig.memory_limit_mb's default)
+
+
+def projection(rows: list[dict]) -> dict | None:
+    """1 B documents from the largest local one-worker run, assuming: the same documents (length,
+    duplicate and contamination rates) as the generated corpus; per-document costs constant with
+    size (this run's docs/s at its two largest sizes say how far that holds); nodes whose cores
+    run as this VM's; the work-unit phases spread over every core of every node with no overhead
+    (Ray's was measured above); the global steps (parsing, DuckDB's groupings and band join, the
+    bucket sorts, the shards written) on one core of one node, as today; no network time. The
+    shuffle figures are what hash-partitioning the global steps would have to move."""
+    runs = [r for r in rows if r["path"] == "units" and r["workers"] == 1 and r.get("unit_seconds") is not None]
+    if not runs:
+        return None
+    run = max(runs, key=lambda r: r["scale"])
+    from ito_assets.data.config import DedupConfig
+
+    unit_s, global_s = run["unit_seconds"] / run["num_docs"], (run["seconds"] - run["unit_seconds"]) / run["num_docs"]
+    band_bytes = PROJECTED_DOCS * DedupConfig().bands * BAND_ROW_BYTES
+    key_bytes = PROJECTED_DOCS * KEY_ROW_BYTES
+    ray_peaks = [r["worker_peak_rss_mb"] for r in rows if r["path"] == "ray" and r["worker_peak_rss_mb"]]
+    return {
+        "from_run": f"{run['scale']}x, {run['num_docs']:,} documents, local engine, 1 worker",
+        "documents": PROJECTED_DOCS,
+        "text_tb": round(PROJECTED_DOCS * run["corpus_mb"] / run["num_docs"] / 1e6, 2),
+        "unit_core_seconds_per_doc": round(unit_s, 7),
+        "global_seconds_per_doc": round(global_s, 7),
+        "unit_share_of_cpu": round(run["unit_seconds"] / run["seconds"], 3),
+        "unit_core_hours": round(PROJECTED_DOCS * unit_s / 3600, 1),
+        "global_hours_on_one_node": round(PROJECTED_DOCS * global_s / 3600, 1),
+        "wall_hours_by_nodes": {f"{n} x {CORES_PER_NODE} cores": round(PROJECTED_DOCS * (unit_s / (n * CORES_PER_NODE) + global_s) / 3600, 1)
+                                for n in PROJECTED_NODES},
+        "band_rows_gb_to_shuffle": round(band_bytes / 1e9, 1),
+        "band_partitions_of_512_mb": -(-band_bytes // (PARTITION_MB * 2**20)),
+        "exact_keys_gb_to_shuffle": round(key_bytes / 1e9, 1),
+        "exact_key_partitions_of_512_mb": -(-key_bytes // (PARTITION_MB * 2**20)),
+        "ray_worker_peak_rss_mb": max(ray_peaks) if ray_peaks else None,
+    }
 
 
 if __name__ == "__main__":
