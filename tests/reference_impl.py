@@ -71,3 +71,36 @@ def prepare(docs: pl.DataFrame, index: EvalIndex, dedup_config: DedupConfig, dec
     dedup, _ = deduplicate(docs, dedup_config, tiers)
     kept = kept_documents(docs, dedup, tiers)
     return clean.decisions(dedup, hits, actions), clean.clean_documents(kept, actions, pieces), hits
+
+
+def hits_per_document(candidates: list[int], docs: pl.DataFrame, index: EvalIndex, ignored: pl.DataFrame, config: DecontamConfig) -> pl.DataFrame:
+    """`decontam.hits_of` as it was first written: one candidate at a time, its seeds and
+    occurrences found alone, each occurrence's matches filtered with polars. The batched
+    `hits_of` must give exactly these rows."""
+    from ito_assets.data.decontam import HIT_SCHEMA, _attribute, occurrences, seed_matches
+    from ito_assets.data.text import word_tokens, words_with_spans
+
+    rows: list[dict] = []
+    for doc in candidates:
+        text = docs["text"][doc]
+        words, spans = words_with_spans(text, digits_normalized=True)
+        raw = words_with_spans(text, digits_normalized=False)[0]
+        matches = seed_matches(word_tokens([words]), index).join(ignored, on=["seed", "view"], how="anti")
+        found = occurrences(matches, index).filter(pl.col("is_hit"))
+        hits = []
+        for view_number, start, end, covered in found.select("view", "doc_start", "doc_end", "covered_words").iter_rows():
+            view = index.views[view_number]
+            in_occurrence = matches.filter((pl.col("view") == view_number) & pl.col("doc_pos").is_between(start, end - 1))
+            agree: set[int] = set()
+            for doc_pos, view_pos, n, head, tail, doc_start, doc_end in in_occurrence.select(
+                    "doc_pos", "view_pos", "n", "head", "tail", "doc_start", "doc_end").iter_rows():
+                pairs = [(doc_pos + k, view_pos + k) for k in range(n)]
+                pairs += [(doc_start + k, k) for k in range(head)]
+                pairs += [(doc_end - tail + k, view.length - tail + k) for k in range(tail)]
+                agree.update(v for d, v in pairs if d < len(raw) and raw[d] == view.raw_words[v])
+            hits.append({"doc_id": docs["doc_id"][doc], "eval_item_id": view.item_id, "benchmark": view.benchmark, "view": view.kind,
+                         "matched_ngram": " ".join(words[start: min(end, start + config.ngram_size)]),
+                         "char_start": spans[start][0], "char_end": spans[end - 1][1], "covered_words": covered,
+                         "view_words": view.length, "overlap_ratio": covered / view.length, "_raw": len(agree)})
+        rows.extend(_attribute(hits))
+    return pl.DataFrame(rows, schema=HIT_SCHEMA) if rows else pl.DataFrame(schema=HIT_SCHEMA)

@@ -230,11 +230,14 @@ def _with_extents(matches: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _raw_agreement(doc_raw: list[str], view, matches: pl.DataFrame) -> int:
+_AGREEMENT_COLUMNS = ("view", "doc_pos", "view_pos", "n", "head", "tail", "doc_start", "doc_end")
+
+
+def _raw_agreement(doc_raw: list[str], view, rows: list[list[int]]) -> int:
     """View positions whose raw word (digits kept) equals the document's at the matched place:
-    the seed's words, and the head and tail words counted with it."""
+    the seed's words, and the head and tail words counted with it. `rows`: the occurrence's
+    matches as (doc_pos, view_pos, n, head, tail, doc_start, doc_end)."""
     agree: set[int] = set()
-    rows = matches.select("doc_pos", "view_pos", "n", "head", "tail", "doc_start", "doc_end").iter_rows()
     for doc_pos, view_pos, n, head, tail, doc_start, doc_end in rows:
         pairs = [(doc_pos + k, view_pos + k) for k in range(n)]
         pairs += [(doc_start + k, k) for k in range(head)]
@@ -243,17 +246,16 @@ def _raw_agreement(doc_raw: list[str], view, matches: pl.DataFrame) -> int:
     return len(agree)
 
 
-def _hits_in_document(doc_id: str, text: str, index: EvalIndex, ignored: pl.DataFrame, config: DecontamConfig) -> list[dict]:
-    """The authoritative path for one document: tokens with spans, same seeds and evidence."""
-    words, spans = words_with_spans(text, digits_normalized=True)
-    raw = words_with_spans(text, digits_normalized=False)[0]
-    tokens = word_tokens([words])
-    matches = seed_matches(tokens, index).join(ignored, on=["seed", "view"], how="anti")
-    found = occurrences(matches, index).filter(pl.col("is_hit"))
+def _document_hits(doc_id: str, words: list[str], spans: list[tuple[int, int]], raw: list[str], found: pl.DataFrame,
+                   matches: pl.DataFrame, index: EvalIndex, config: DecontamConfig) -> list[dict]:
+    """One document's hits from its sufficient occurrences (`found`) and its matches."""
     hits = []
-    for occurrence, view_number, start, end, covered in found.select("occurrence", "view", "doc_start", "doc_end", "covered_words").iter_rows():
+    # The matches as one integer array, filtered per occurrence in numpy: a polars filter per
+    # occurrence cost ~0.4 ms, most of the authoritative path's time.
+    table = matches.select(_AGREEMENT_COLUMNS).to_numpy().astype(np.int64, copy=False)
+    for view_number, start, end, covered in found.select("view", "doc_start", "doc_end", "covered_words").iter_rows():
         view = index.views[view_number]
-        in_occurrence = matches.filter((pl.col("view") == view_number) & pl.col("doc_pos").is_between(start, end - 1))
+        in_occurrence = table[(table[:, 0] == view_number) & (table[:, 1] >= start) & (table[:, 1] <= end - 1), 1:].tolist()
         hits.append(
             {
                 "doc_id": doc_id,
@@ -294,10 +296,23 @@ def candidate_documents(matches: pl.DataFrame, ignored: pl.DataFrame, index: Eva
 
 
 def hits_of(candidates: list[int], docs: pl.DataFrame, index: EvalIndex, ignored: pl.DataFrame, config: DecontamConfig) -> pl.DataFrame:
-    """The authoritative hits of the candidate documents (positions in `docs`), in HIT_SCHEMA."""
+    """The authoritative hits of the candidate documents (positions in `docs`), in HIT_SCHEMA:
+    their words re-read with character spans, the same seeds and evidence rule. The candidates'
+    seeds and occurrences are found together, in one pass over all of them (per document they
+    cost ~17 ms of small queries each); each document's hits are then assembled alone."""
     ids, texts = docs["doc_id"], docs["text"]
+    parsed = [words_with_spans(texts[doc], digits_normalized=True) for doc in candidates]
+    tokens = word_tokens([words for words, _ in parsed])
+    matches = seed_matches(tokens, index).join(ignored, on=["seed", "view"], how="anti")
+    found = occurrences(matches, index).filter(pl.col("is_hit"))
+    found_by_doc = found.partition_by("doc", as_dict=True) if found.height else {}
+    matches_by_doc = matches.partition_by("doc", as_dict=True) if matches.height else {}
     rows: list[dict] = []
-    for doc in candidates:
-        rows.extend(_hits_in_document(ids[doc], texts[doc], index, ignored, config))
+    for position, doc in enumerate(candidates):
+        if (position,) not in found_by_doc:
+            continue
+        words, spans = parsed[position]
+        raw = words_with_spans(texts[doc], digits_normalized=False)[0]
+        rows.extend(_document_hits(ids[doc], words, spans, raw, found_by_doc[(position,)], matches_by_doc[(position,)], index, config))
     return pl.DataFrame(rows, schema=HIT_SCHEMA) if rows else pl.DataFrame(schema=HIT_SCHEMA)
 

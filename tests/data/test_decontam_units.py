@@ -89,3 +89,38 @@ def test_a_rescan_of_the_cleaned_documents_keeps_the_first_scans_common_seeds(tm
     assert counted_again["doc_id"].n_unique() == 9  # the same text, judged by another rule
     same_rule, counts, _ = scan_of("same", survivors, ignored)
     assert same_rule.height == 0 and counts.num_common_seeds_ignored == ignored.height
+
+
+FIXTURES = Path(__file__).resolve().parents[2] / "data" / "fixtures"
+
+
+def _fixture_documents() -> pl.DataFrame:
+    import json
+
+    texts = [json.loads(line)["text"] for path in sorted((FIXTURES / "corpora").glob("*.jsonl")) for line in path.open()]
+    return frame(texts)
+
+
+@pytest.mark.parametrize("documents", ["planted", "fixtures"])
+def test_hits_found_for_every_candidate_at_once_equal_one_document_at_a_time(documents: str) -> None:
+    """The fixtures' corpora against their eval suite (real text with planted copies, hundreds of
+    candidates) and the planted corpus above: the batched authoritative path gives exactly the rows
+    of the per-document one."""
+    from ito_assets.data.decontam import candidate_documents, common_seeds, hits_of, seed_frequency, seed_matches
+    from ito_assets.data.text import token_hashes
+    from ito_assets.evals.suite import load_suite
+    from reference_impl import hits_per_document
+
+    config = DecontamConfig()
+    if documents == "planted":
+        docs, index = corpus(), build_index(suite(*ITEMS), config)
+    else:
+        docs, index = _fixture_documents(), build_index(load_suite(FIXTURES / "evals" / "ito-fixture-evals-v1.jsonl"), config)
+    matches = seed_matches(token_hashes(docs["text"], digits_normalized=True), index)
+    ignored = common_seeds(seed_frequency(matches), index, config)
+    candidates = candidate_documents(matches, ignored, index)
+    assert len(candidates) >= 5
+    batched = hits_of(candidates, docs, index, ignored, config)
+    assert batched.height >= 5
+    assert_frame_equal(batched, hits_per_document(candidates, docs, index, ignored, config))
+    assert hits_of([], docs, index, ignored, config).height == 0
