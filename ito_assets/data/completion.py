@@ -96,9 +96,9 @@ class CompletionMarkers:
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
 
-    def finished(self, keys: Sequence[str]) -> dict[int, Any]:
+    def finished(self, keys: Sequence[str], unit: str = "work units") -> dict[int, Any]:
         """{unit: result} of the units whose marker holds for `keys`; every other file in the
-        folder is removed."""
+        folder is removed. `unit` names what a task is, in the run's log."""
         results, keep = {}, set()
         for index, key in enumerate(keys):
             loaded = self._load(index, key)
@@ -109,7 +109,7 @@ class CompletionMarkers:
             if path.name not in keep and path.is_file():
                 path.unlink()
         if results:
-            LOGGER.info(f"{len(results):,} of {len(keys):,} work units were finished by an earlier attempt in {self.folder.name}: not redone")
+            LOGGER.info(f"{len(results):,} of {len(keys):,} {unit} were finished by an earlier attempt in {self.folder.name}: not redone")
         return results
 
     def record(self, index: int, key: str, result: Any, digests: dict[str, str]) -> None:

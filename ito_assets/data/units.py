@@ -143,7 +143,7 @@ def map_units(function: Callable[[Task], Result], tasks: Sequence[Task], pool: P
     from ito_assets.data.ray_engine import WorkUnitFailed
 
     keys = [task_key(function, task) for task in tasks] if markers is not None else []
-    results: dict[int, Result] = markers.finished(keys) if markers is not None else {}
+    results: dict[int, Result] = markers.finished(keys, unit) if markers is not None else {}
     todo = [i for i in range(len(tasks)) if i not in results]
     progress = Progress(phase, len(todo), unit)
     work, run = ([tasks[i] for i in todo], function) if markers is None else ([Checked(function, tasks[i]) for i in todo], run_checked)

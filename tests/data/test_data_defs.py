@@ -76,6 +76,46 @@ def test_the_data_steps_log_their_progress_in_the_run(chain) -> None:
         assert " s to go" in done[-1] or "time to go unknown" in done[-1]
 
 
+def test_a_failed_dedup_step_run_again_resumes_from_its_finished_units(tmp_path, fixtures_dir, monkeypatch) -> None:
+    """A data engineer runs the partition again after a step failed mid-way: the step finds the
+    units its failed attempt finished, says so in the run's log, and does only the rest."""
+    import functools
+
+    from ito_assets.data import dedup_units
+
+    settings = _settings(tmp_path.resolve(), fixtures_dir)
+    key = read_manifest_bytes(str(settings.manifests_dir / "fixture-small.json")).sha256_hex[:12]
+    calls: list[int] = []
+    broken = [True]  # unit 3's file, until the engineer fixes it
+    original = dedup_units.signature_unit
+
+    @functools.wraps(original)  # the marker's key names the unit's function
+    def fails_at_unit_3(task):
+        calls.append(task.unit.index)
+        if task.unit.index == 3 and broken[0]:
+            raise OSError("the unit's file is unreadable")
+        return original(task)
+
+    monkeypatch.setattr(dedup_units, "signature_unit", fails_at_unit_3)
+    small_units = {"ops": {"deduplicated_documents": {"config": {"unit_bytes": 100_000}}}}
+    with dg.instance_for_test(overrides={"python_logs": LOCAL_PYTHON_LOGS}) as instance:
+        instance.add_dynamic_partitions("manifests", [key])
+
+        def attempt() -> dg.ExecuteInProcessResult:
+            return dg.materialize([eval_suite, training_manifest, *DATA_ASSETS[:3]], instance=instance, run_config=small_units,
+                                  resources={"ito": ItoSettingsResource.from_settings(settings)}, partition_key=key, raise_on_error=False)
+
+        failed = attempt()
+        assert not failed.success and calls == [0, 1, 2, 3]
+        calls.clear()
+        broken[0] = False
+        again = attempt()
+        assert again.success
+        assert calls[0] == 3 and len(calls) >= 2  # units 0-2 not redone
+        lines = [e.user_message for e in instance.all_logs(again.run_id) if e.dagster_event is None]
+        assert any(line.startswith("3 of ") and "finished by an earlier attempt in dedup-arrays" in line for line in lines)
+
+
 @pytest.fixture(scope="module")
 def fixtures_dir() -> Path:
     if not (FIXTURES / "manifests" / "fixture-small.json").is_file():
