@@ -94,6 +94,7 @@ class CompletionMarkers:
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
+        self.resumed = 0  # units an earlier attempt finished, found by `finished`
         folder.mkdir(parents=True, exist_ok=True)
 
     def finished(self, keys: Sequence[str], unit: str = "work units") -> dict[int, Any]:
@@ -108,6 +109,7 @@ class CompletionMarkers:
         for path in self.folder.iterdir():
             if path.name not in keep and path.is_file():
                 path.unlink()
+        self.resumed = len(results)
         if results:
             LOGGER.info(f"{len(results):,} of {len(keys):,} {unit} were finished by an earlier attempt in {self.folder.name}: not redone")
         return results

@@ -32,6 +32,7 @@ class Scratch:
     def __init__(self, folder: Path, scale: ScaleConfig) -> None:
         self.folder, self.scale = folder, scale
         self._db = connect(folder, scale)
+        self._phases: list[CompletionMarkers] = []
 
     @property
     def db(self) -> duckdb.DuckDBPyConnection:
@@ -44,7 +45,14 @@ class Scratch:
 
     def finished(self, phase: str) -> CompletionMarkers:
         """The folder where a phase's units write, and their completion markers."""
-        return CompletionMarkers(self.folder.parent / FINISHED / phase)
+        markers = CompletionMarkers(self.folder.parent / FINISHED / phase)
+        self._phases.append(markers)
+        return markers
+
+    @property
+    def units_resumed(self) -> int:
+        """Units of this step's phases that an earlier attempt finished and this one did not redo."""
+        return sum(markers.resumed for markers in self._phases)
 
     def reconnect(self) -> None:
         """Close the database and open it again: its tables stay in the file, and the memory

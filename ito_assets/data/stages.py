@@ -71,6 +71,7 @@ class DedupStage:
     # Removals by method as the warehouse counts them (lineage.removals_by_method), the figure the
     # UI and `ito audit manifest` share; `counts.exact` / `counts.near` are what each pass removed.
     removed_by_method: dict[str, int]
+    units_resumed: int = 0  # finished by a failed earlier attempt, not redone (completion.py)
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,7 @@ class DecontamStage:
     num_degenerate_seeds: int
     config: dict
     paraphrases: Shard | None = None  # possible paraphrases, for review (only when asked for)
+    units_resumed: int = 0  # finished by a failed earlier attempt, not redone (completion.py)
 
     def decontam_config(self) -> DecontamConfig:
         return DecontamConfig(**self.config)
@@ -151,11 +153,12 @@ def run_dedup(source: SourceStage, actions: Shard, state_dir: Path, warehouse: P
         decisions, counts = deduplicate_units(scratch, paths, config.dedup, folder / "decisions.parquet", store=store, tiers=tiers)
         kept = write_shard_stream(kept_frames(scratch), folder / "kept", prefix="kept", max_rows=config.shard_max_rows, schema=DOCUMENT_SCHEMA, store=store)
         num_families = scratch.db.execute(f"SELECT count(DISTINCT family_id) FROM read_parquet({sql_list([decisions.path])}) WHERE family_id <> doc_id").fetchone()[0]
+        resumed = scratch.units_resumed
     duplicates = lineage.ParquetRows((decisions,), {c: c for c in DEDUP_SCHEMA}, where=f"dedup_state = '{DUPLICATE}'")
     lineage.write_tables(warehouse, source.manifest_digest, {"duplicates": duplicates})
     removed = lineage.written_removals_by_method(warehouse, source.manifest_digest)
     return DedupStage(manifest_digest=source.manifest_digest, decisions=decisions, kept=kept, counts=counts, config=asdict(config.dedup),
-                      num_families=int(num_families), removed_by_method=removed)
+                      num_families=int(num_families), removed_by_method=removed, units_resumed=resumed)
 
 
 def run_decontam(verified: VerifiedManifest, suite: EvalSuite, source: SourceStage, state_dir: Path, warehouse: Path, config: DataPrepConfig) -> DecontamStage:
@@ -167,6 +170,7 @@ def run_decontam(verified: VerifiedManifest, suite: EvalSuite, source: SourceSta
     paths = verified_paths(source.shards.shards)  # read twice below: hashed once, here
     with scratch_space(folder / SCRATCH, config.scale) as scratch:
         hits, counts, ignored = scan_shards(scratch, paths, index, decontam)
+        resumed = scratch.units_resumed
     found = documents_with_hits(paths, hits, ["source_record_id"])
     actions, pieces = clean.apply_actions(found, hits, decontam)
     hits = hits.join(found.select("doc_id", "source_record_id"), on="doc_id", how="left").join(actions.select("doc_id", "action"), on="doc_id", how="left")
@@ -185,6 +189,7 @@ def run_decontam(verified: VerifiedManifest, suite: EvalSuite, source: SourceSta
         num_degenerate_seeds=index.num_degenerate_seeds,
         config=asdict(decontam),
         paraphrases=None if paraphrases is None else write_table(paraphrases, folder / "paraphrases.parquet", store=store),
+        units_resumed=resumed,
     )
     manifest_row = pl.DataFrame({"manifest_key": [verified.short_digest], "name": [verified.manifest.name], "eval_suite_id": [suite.suite_id], "eval_suite_digest": [suite.digest], "config": [json.dumps(config.as_metadata() | {f"decontam.{k}": v for k, v in asdict(decontam).items()}, sort_keys=True)]})
     items = pl.DataFrame({"eval_item_id": [i.id for i in suite.items], "benchmark": [i.benchmark for i in suite.items]},

@@ -114,6 +114,11 @@ def test_a_failed_dedup_step_run_again_resumes_from_its_finished_units(tmp_path,
         assert calls[0] == 3 and len(calls) >= 2  # units 0-2 not redone
         lines = [e.user_message for e in instance.all_logs(again.run_id) if e.dagster_event is None]
         assert any(line.startswith("3 of ") and "finished by an earlier attempt in dedup-arrays" in line for line in lines)
+        # The UI says it too: the source shard's exact-copy keys and signature units 0-2.
+        resumed = {e.asset_key.to_user_string(): e.step_materialization_data.materialization.metadata["num_units_resumed"].value
+                   for e in again.get_asset_materialization_events()
+                   if e.asset_key.to_user_string() in ("contamination_report", "deduplicated_documents")}
+        assert resumed == {"contamination_report": 0, "deduplicated_documents": 4}
 
 
 @pytest.fixture(scope="module")

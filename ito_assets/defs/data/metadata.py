@@ -76,6 +76,7 @@ def dedup_metadata(stage: DedupStage) -> dict:
         "num_pairs_verified": c.near.num_pairs_verified,
         "num_pairs_above_threshold": c.near.num_pairs_above_threshold,
         "num_families": stage.num_families,
+        "num_units_resumed": stage.units_resumed,
         **similarity_metadata(c.near.similarity_histogram, stage.config.get("threshold")),
         "config": dg.MetadataValue.json(stage.config),
         **{f"config.{k}": v for k, v in stage.config.items()},
@@ -108,6 +109,7 @@ def decontam_metadata(stage: DecontamStage) -> dict:
         "num_eval_items": stage.num_items,
         "num_eval_items_unindexed": stage.num_items_unindexed,
         "num_degenerate_seeds": stage.num_degenerate_seeds,
+        "num_units_resumed": stage.units_resumed,
         "contamination_by_benchmark": dg.MetadataValue.json(benchmarks),
         "contamination_chart": chart("contamination by benchmark", charts.contamination_chart(benchmarks)),
         "sample_hits": table(HIT_COLUMNS, hit_rows),  # empty: no contamination found
