@@ -31,11 +31,12 @@ run: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 ui: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/dagster dev -w workspace.yaml
 
-# Two pytest-xdist workers, handed two tests at a time with the slow ones first (tests/conftest.py),
-# so the whole of `make run` on one worker overlaps everything else on the other (docs/testing.md).
-# A third worker was measured slower on two cores (16.6 against 16.0 minutes; the suite is
-# CPU-bound) and made `make run`'s test take 815 s instead of 495. WORKERS=0 runs in one process.
-WORKERS ?= 2
+# Three pytest-xdist workers, handed two tests at a time with the slow ones first (tests/conftest.py),
+# so the whole of `make run` on one worker overlaps everything else on the others (docs/testing.md).
+# With one OpenMP thread per process (tests/conftest.py), a third worker fills the time the others
+# spend waiting on launched workers, heartbeats and polls: 8.4 minutes against 11.8 on two, on two
+# cores (docs/performance.md). WORKERS=0 runs in one process.
+WORKERS ?= 3
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(WORKERS) --maxschedchunk=2
