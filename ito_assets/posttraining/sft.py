@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+import numpy as np
 import torch
 
 from ito_assets.manifest.schema import SftStep
@@ -15,6 +16,7 @@ from ito_assets.posttraining.losses import sft_loss
 from ito_assets.posttraining.optim import adamw, optimizer_step
 from ito_assets.posttraining.policy import CausalLM, token_logprobs
 from ito_assets.posttraining.vocab import TextCodec
+from ito_assets.runtime.worker.batches import IGNORE
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,6 +57,23 @@ def response_batch(
         tokens[i, : len(p) + len(r)] = torch.tensor(p + r)
         mask[i, len(p) - 1 : len(p) - 1 + len(r)] = 1.0  # target t is tokens[t + 1]
     return tokens, mask
+
+
+def sft_rows(codec: TextCodec, pairs: Sequence[InstructionPair], sequence_length: int) -> np.ndarray:
+    """The pairs as the stage worker's rows, (N, 2, T) int32: inputs (bos + prompt + response,
+    right-padded) and targets (the next token where it is a response token or the eos, else -100),
+    the same tokens and loss as `response_batch`. A pair longer than T + 1 tokens is refused, not
+    cut: a truncated response would teach the model to stop early."""
+    rows = np.full((len(pairs), 2, sequence_length), IGNORE, dtype=np.int32)
+    rows[:, 0] = codec.pad_id
+    for i, pair in enumerate(pairs):
+        tokens, mask = response_batch(codec, [pair.prompt], [pair.response])
+        width = tokens.shape[1] - 1
+        if width > sequence_length:
+            raise ValueError(f"pair {i} needs {width} positions; the rows have {sequence_length}")
+        rows[i, 0, :width] = tokens[0, :-1].numpy()
+        rows[i, 1, :width] = np.where(mask[0].numpy() > 0, tokens[0, 1:].numpy(), IGNORE)
+    return rows
 
 
 def _epoch_batches(pairs: Sequence[InstructionPair], batch_size: int, rng: random.Random):

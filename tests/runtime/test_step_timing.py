@@ -43,7 +43,7 @@ def _worker(checkpointer) -> StageWorker:
 
 def _batches(vocab_size: int):
     tokens = torch.randint(0, vocab_size, (2, 17))
-    return SimpleNamespace(next_batch=lambda: (1, tokens[:, :-1], tokens[:, 1:]))
+    return SimpleNamespace(next_batch=lambda: (1, tokens[:, :-1], tokens[:, 1:]), has_rows=False)
 
 
 def test_the_staging_wait_is_not_the_steps_time() -> None:

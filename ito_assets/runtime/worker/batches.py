@@ -6,6 +6,11 @@ batch `k` takes its slice of that order. Resuming at position `k` therefore yiel
 batches an uninterrupted run would have seen, with no generator state to save. Under data
 parallelism each rank takes its own `batch_size / world_size` rows of the global batch.
 
+A shard is either a token stream (1-D: pretraining's windows of `sequence_length + 1` tokens) or a
+set of rows with their targets (3-D, (N, 2, T): inputs and targets, a target of -100 where no loss
+is taken, as supervised fine-tuning's prompt and padding; see `ito_assets.posttraining.sft.sft_rows`).
+Rows are visited in the same seeded epoch order as windows.
+
 Skipped ranges (an approved loss-spike proposal) advance the position past the offending global
 batches, as PaLM did after a spike (Chowdhery et al. 2022, section 5.1: restart ~100 steps before
 the spike and skip 200-500 batches).
@@ -43,15 +48,24 @@ class BatchPlan:
         return self.batch_size // self.world_size
 
 
+# F.cross_entropy's default ignore_index: a target that takes no loss.
+IGNORE = -100
+
+
 class ResumableBatches:
     """`next_batch()` returns (position, x, y) with x, y of shape (B / world, T), int64."""
 
     def __init__(self, tokens: np.ndarray, plan: BatchPlan, *, position: int = 0):
         self.tokens = tokens
         self.plan = plan
-        self.num_windows = max(0, (len(tokens) - 1) // plan.sequence_length)
+        self.has_rows = tokens.ndim == 3
+        if self.has_rows:
+            _check_rows(tokens, plan.sequence_length)
+            self.num_windows = len(tokens)
+        else:
+            self.num_windows = max(0, (len(tokens) - 1) // plan.sequence_length)
         if self.num_windows < plan.batch_size:
-            raise ValueError("tokens must hold at least batch_size windows of sequence_length + 1")
+            raise ValueError("tokens must hold at least batch_size windows of sequence_length + 1 (or rows)")
         self.batches_per_epoch = self.num_windows // plan.batch_size
         self.position = position
         self._epoch_order: tuple[int, np.ndarray] | None = None
@@ -72,8 +86,21 @@ class ResumableBatches:
         epoch, index = divmod(position, self.batches_per_epoch)
         b, t = self.plan.batch_size, self.plan.sequence_length
         first = index * b + self.plan.rank * self.plan.rows_per_rank
-        starts = self._order(epoch)[first : first + self.plan.rows_per_rank] * t
+        chosen = self._order(epoch)[first : first + self.plan.rows_per_rank]
+        self.position = position + 1
+        if self.has_rows:
+            rows = torch.from_numpy(np.asarray(self.tokens[chosen], dtype=np.int64))  # (B/W, 2, T)
+            return position, rows[:, 0], rows[:, 1]
+        starts = chosen * t
         rows = np.stack([np.asarray(self.tokens[s : s + t + 1], dtype=np.int64) for s in starts])  # (B/W, T+1)
         batch = torch.from_numpy(rows)
-        self.position = position + 1
         return position, batch[:, :-1], batch[:, 1:]
+
+
+def _check_rows(rows: np.ndarray, sequence_length: int) -> None:
+    """A rows shard must match the stage's sequence length, and every row must take a loss
+    somewhere: a micro-batch of rows without a target would average nothing (NaN)."""
+    if rows.shape[1] != 2 or rows.shape[2] != sequence_length:
+        raise ValueError(f"rows must have shape (N, 2, {sequence_length}), not {tuple(rows.shape)}")
+    if len(rows) and not bool((np.asarray(rows[:, 1]) != IGNORE).any(axis=1).all()):
+        raise ValueError("every row must have at least one target other than -100")

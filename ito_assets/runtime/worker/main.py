@@ -106,6 +106,9 @@ class StageWorker:
         self.heartbeat.beat(-1, "starting", force=True)
         step, position = self.resume()
         batches = ResumableBatches(np.load(self.config.tokens_path, mmap_mode="r"), self._plan(), position=position)
+        if batches.has_rows and self.replicas is not None:
+            # Each group would weigh its own targets; torchft averages the groups' gradients alike.
+            raise ValueError("rows with targets train in one replica group only")
         if self.replicas is not None:
             self.replicas.start(step, position)
         self.event(EventKind.STARTUP, seconds=max(0.0, time.time() - self.config.launched_at))
@@ -141,7 +144,7 @@ class StageWorker:
         staging = []  # a save's staging wait is the checkpoint's blocking time, not the step's
         loss, grad_norm, lr, applied = train_step(self.execution, self.model, optimizer, x, y, step, self.train_config,
                                          before_update=lambda: staging.append(self.checkpointer.wait_staged()),
-                                         reduce_gradients=reduce)
+                                         reduce_gradients=reduce, count_targets=batches.has_rows)
         committed = True
         if self.replicas is not None:
             reached, committed, position = self.replicas.settle(step, position, batches)

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from ito_assets.runtime.worker.batches import IGNORE
 from ito_assets.runtime.worker.execution import Execution
 from ito_assets.training.trainer import TrainConfig, learning_rate_at
 
@@ -38,7 +39,8 @@ class StepResult:
 def train_step(execution: Execution, model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor,
                y: torch.Tensor, step: int, config: TrainConfig,
                before_update: Callable[[], object] | None = None,
-               reduce_gradients: Callable[[], object] | None = None) -> tuple[float, float, float, bool]:
+               reduce_gradients: Callable[[], object] | None = None,
+               count_targets: bool = False) -> tuple[float, float, float, bool]:
     """Returns (loss averaged over the group's ranks, gradient norm, learning rate, applied) for
     1-based `step`; not applied when the loss or the gradient norm is not finite (every rank
     agrees: both are reduced over the ranks), so that a NaN never reaches the weights. The rank's
@@ -47,7 +49,9 @@ def train_step(execution: Execution, model: nn.Module, optimizer: torch.optim.Op
     reduced across ranks on the last one only. `before_update` runs after the
     backward passes, before the weights change (a checkpoint's staging copy may still be reading
     them until then); `reduce_gradients` after it, before clipping, so that every replica group
-    clips the same averaged gradient."""
+    clips the same averaged gradient. `count_targets` (rows whose targets may be -100, every rank
+    alike): each micro-batch weighs by its number of targets instead, so that the step's loss and
+    gradient are the mean over every target of the global batch, however the ranks' shares differ."""
     lr = learning_rate_at(step - 1, config)
     for group in optimizer.param_groups:
         group["lr"] = lr
@@ -56,11 +60,12 @@ def train_step(execution: Execution, model: nn.Module, optimizer: torch.optim.Op
     if x.shape[0] % micro:
         raise ValueError(f"{x.shape[0]} rows do not split into micro-batches of {micro}")
     pieces = list(zip(x.split(micro), y.split(micro)))
+    divisors = target_divisors([targets for _, targets in pieces]) if count_targets else [len(pieces)] * len(pieces)
     total = torch.zeros((), device=x.device)
     for index, (tokens, targets) in enumerate(pieces):
         with execution.gradient_sync(index == len(pieces) - 1):
             with execution.autocast():
-                loss = execution.parallel(tokens, targets) / len(pieces)
+                loss = execution.parallel(tokens, targets) / divisors[index]
             loss.backward()
         total += loss.detach().float()
     if before_update is not None:
@@ -78,6 +83,22 @@ def train_step(execution: Execution, model: nn.Module, optimizer: torch.optim.Op
         optimizer.zero_grad(set_to_none=True)
     optimizer.step()
     return float(total), grad_norm, lr, applied
+
+
+def target_divisors(pieces: list[torch.Tensor]) -> list[float]:
+    """What each micro-batch's mean loss is divided by for a gradient that is the mean over the
+    global batch's targets: N / (n * W), with n its own targets, N those of every rank, and W the
+    ranks, since the data-parallel wrappers average gradients over ranks. Tensor-parallel peers
+    hold the same rows: they count N and W alike, so the ratio holds. (Equal windows give W * k * n
+    / (n * W) = k micro-batches: the windows' divisor.)"""
+    counts = [int((targets != IGNORE).sum()) for targets in pieces]
+    if min(counts, default=1) < 1:
+        raise ValueError("a micro-batch has no target other than -100")
+    total, world = torch.tensor(sum(counts), dtype=torch.int64, device=pieces[0].device), 1
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        world = dist.get_world_size()
+        dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    return [int(total) / (count * world) for count in counts]
 
 
 def clip_gradients(model: nn.Module, max_norm: float) -> float:

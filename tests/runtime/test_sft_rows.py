@@ -1,0 +1,184 @@
+"""Supervised fine-tuning's rows on the stage worker: instruction pairs become rows whose targets
+are -100 except on the response and its eos; the loader resumes rows as it resumes windows; and a
+step weighs every target of the global batch once, however micro-batches and ranks split the rows.
+The pairs are lines of a package's own documentation (SQLAlchemy's description, shipped in its
+wheel), so that responses have every length."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from ito_assets.posttraining.fixtures import InstructionPair
+from ito_assets.posttraining.losses import sft_loss
+from ito_assets.posttraining.policy import token_logprobs
+from ito_assets.posttraining.sft import response_batch, sft_rows
+from ito_assets.posttraining.vocab import PRINTABLE, CharVocab
+from ito_assets.runtime.worker import execution
+from ito_assets.runtime.worker.batches import IGNORE, BatchPlan, ResumableBatches
+from ito_assets.runtime.worker.step import target_divisors, train_step
+from ito_assets.training.layout import Layout
+from ito_assets.training.model import build_model, config_by_name
+from ito_assets.training.trainer import TrainConfig, build_optimizer
+from runtime_helpers import final_weights, finish, run_worker, start_worker, step_losses, worker_config
+
+CODEC = CharVocab()
+LENGTH = 96  # positions per row: the longest documentation line kept below needs at most this
+
+
+def _documentation_pairs() -> list[InstructionPair]:
+    """Each prose line of SQLAlchemy's description: its first word is the prompt, the rest the response."""
+    text = importlib.metadata.metadata("sqlalchemy").get_payload()
+    lines = [line.strip() for line in text.splitlines()]
+    kept = [line for line in lines if 12 <= len(line) <= LENGTH - 3 and " " in line and set(line) <= set(PRINTABLE)]
+    pairs = []
+    for index, line in enumerate(kept):
+        head, _, tail = line.partition(" ")
+        pairs.append(InstructionPair(pair_id=f"doc/{index}", prompt=head + " ", response=tail))
+    return pairs
+
+
+PAIRS = _documentation_pairs()
+
+
+def test_the_documentation_gives_responses_of_many_lengths():
+    lengths = sorted(len(pair.response) for pair in PAIRS)
+    assert len(PAIRS) >= 32 and lengths[-1] >= 4 * lengths[0]
+
+
+def test_rows_take_the_loss_of_the_response_and_its_eos_only():
+    rows = sft_rows(CODEC, PAIRS, LENGTH)
+    assert rows.shape == (len(PAIRS), 2, LENGTH) and rows.dtype == np.int32
+    tokens, mask = response_batch(CODEC, [p.prompt for p in PAIRS], [p.response for p in PAIRS])
+    assert int((rows[:, 1] != IGNORE).sum()) == int(mask.sum())
+    for row, pair in zip(rows, PAIRS):
+        targets = row[1][row[1] != IGNORE].tolist()
+        assert targets == CODEC.encode(pair.response) + [CODEC.eos_id]
+    model = build_model(config_by_name("micro", vocab_size=CODEC.vocab_size), seed=0)
+    with torch.no_grad():
+        expected = sft_loss(token_logprobs(model, tokens), mask)
+        got = model.loss(torch.from_numpy(rows[:, 0]).long(), torch.from_numpy(rows[:, 1]).long())
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+def test_a_pair_fits_at_exactly_its_length_and_is_refused_one_below():
+    pair = InstructionPair(pair_id="p", prompt="ab", response="cd")  # bos a b c d eos: 5 positions
+    a, b, c, d = CODEC.encode("abcd")
+    exact = sft_rows(CODEC, [pair], 5)[0]
+    assert exact[0].tolist() == [CODEC.bos_id, a, b, c, d]
+    assert exact[1].tolist() == [IGNORE, IGNORE, c, d, CODEC.eos_id]
+    padded = sft_rows(CODEC, [pair], 6)[0]
+    assert padded[0].tolist() == [CODEC.bos_id, a, b, c, d, CODEC.pad_id]
+    assert padded[1].tolist() == [IGNORE, IGNORE, c, d, CODEC.eos_id, IGNORE]
+    with pytest.raises(ValueError, match="pair 0 needs 5 positions; the rows have 4"):
+        sft_rows(CODEC, [pair], 4)
+
+
+def _rows(count: int = 32) -> np.ndarray:
+    return sft_rows(CODEC, PAIRS[:count], LENGTH)
+
+
+def test_rows_are_visited_once_an_epoch_and_resume_at_their_position():
+    rows = _rows()
+    plan = BatchPlan(batch_size=8, sequence_length=LENGTH, seed=3)
+    straight = ResumableBatches(rows, plan)
+    assert straight.has_rows and straight.batches_per_epoch == 4
+    batches = [straight.next_batch() for _ in range(6)]
+    seen = torch.cat([x for _, x, _ in batches[:4]])
+    assert sorted(map(tuple, seen.tolist())) == sorted(map(tuple, rows[:, 0].astype(np.int64).tolist()))
+    resumed = ResumableBatches(rows, plan, position=5)
+    position, x, y = resumed.next_batch()
+    assert position == 5 and torch.equal(x, batches[5][1]) and torch.equal(y, batches[5][2])
+    # Two data-parallel ranks take the two halves of the one-rank batch.
+    halves = [ResumableBatches(rows, BatchPlan(batch_size=8, sequence_length=LENGTH, seed=3, rank=r, world_size=2))
+              .next_batch()[1] for r in (0, 1)]
+    assert torch.equal(torch.cat(halves), batches[0][1])
+
+
+def test_rows_of_another_length_or_without_a_target_are_refused():
+    rows = _rows()
+    with pytest.raises(ValueError, match=r"rows must have shape \(N, 2, 64\)"):
+        ResumableBatches(rows, BatchPlan(batch_size=8, sequence_length=64, seed=0))
+    rows[7, 1] = IGNORE
+    with pytest.raises(ValueError, match="every row must have at least one target"):
+        ResumableBatches(rows, BatchPlan(batch_size=8, sequence_length=LENGTH, seed=0))
+
+
+CONFIG = TrainConfig(num_steps=4, batch_size=8, sequence_length=LENGTH, learning_rate=1e-3)
+
+
+def _step(micro: int, *, count_targets: bool) -> tuple[float, dict[str, torch.Tensor]]:
+    model = build_model(config_by_name("micro", vocab_size=CODEC.vocab_size), seed=0)
+    run = execution.prepare(model, Layout(precision="fp32", compile=False, micro_batch_size=micro), (),
+                            device=torch.device("cpu"), world_size=1)
+    grads = {}
+    _, x, y = ResumableBatches(_rows(), BatchPlan(batch_size=8, sequence_length=LENGTH, seed=0)).next_batch()
+    loss, _, _, _ = train_step(run, model, build_optimizer(model, CONFIG), x, y, 1, CONFIG,
+                               before_update=lambda: grads.update({n: p.grad.clone() for n, p in model.named_parameters()}),
+                               count_targets=count_targets)
+    return loss, grads
+
+
+def test_a_step_weighs_every_target_of_the_batch_once_however_micro_batches_split_it():
+    whole_loss, whole = _step(8, count_targets=True)
+    split_loss, split = _step(1, count_targets=True)
+    assert split_loss == pytest.approx(whole_loss, abs=1e-6)
+    for name in whole:
+        torch.testing.assert_close(split[name], whole[name], atol=1e-6, rtol=1e-4, msg=name)
+    # Without the weighting each row would count alike, a short response as much as a long one: the
+    # gradient moves by 12% of its norm (measured), at an untrained model's near-uniform loss.
+    _, rows_alike = _step(1, count_targets=False)
+    assert _norm({n: rows_alike[n] - whole[n] for n in whole}) > 0.05 * _norm(whole)
+
+
+def _norm(grads: dict[str, torch.Tensor]) -> float:
+    return float(torch.stack([g.norm() for g in grads.values()]).norm())
+
+
+def test_the_divisors_are_the_micro_batch_count_for_equal_targets():
+    full = torch.zeros(2, 4, dtype=torch.long)
+    assert target_divisors([full, full, full]) == [3.0, 3.0, 3.0]
+    short = torch.full((2, 4), IGNORE)
+    short[0, 0] = 1
+    assert target_divisors([full, short]) == [9 / 8, 9.0]
+    with pytest.raises(ValueError, match="no target other than -100"):
+        target_divisors([full, torch.full((2, 4), IGNORE)])
+
+
+# fp32 on CPU: the rank count changes only the order of the reductions (tests/runtime/test_layouts.py).
+FP32_TOLERANCE = 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_the_worker_trains_rows_alike_on_one_rank_and_on_two_that_stop_and_resume(tmp_path):
+    """Two ranks, each its rows as two micro-batches, stopped at step 6 and resumed, against one
+    rank straight: the same losses and weights, so each target of the global batch counted once."""
+    folder = tmp_path / "rows"
+    folder.mkdir()
+    np.save(folder / "train.npy", _rows(len(PAIRS)))
+    tokens = (folder / "train.npy", None)
+    settings = dict(model="micro", vocab_size=CODEC.vocab_size, stage="sft", num_steps=12, interval_steps=6,
+                    batch_size=8, sequence_length=LENGTH, heldout_path=None, learning_rate=1e-2)
+    one = worker_config(tmp_path / "one", tokens, layout=Layout(precision="fp32", compile=False, micro_batch_size=8),
+                        **settings)
+    two = worker_config(tmp_path / "two", tokens, stop_after_step=6, **settings,
+                        layout=Layout(dp_replicate=2, precision="fp32", compile=False, micro_batch_size=2))
+    running = start_worker(one, nproc=1)
+    stopped = run_worker(two, nproc=2)
+    done = finish(running)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert stopped.returncode != 0, stopped.stderr[-3000:]
+    resumed = run_worker(worker_config(tmp_path / "two", tokens, attempt=1, **settings, layout=two.layout), nproc=2)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    expected, got = step_losses(Path(one.stage_dir)), step_losses(Path(two.stage_dir))
+    assert sorted(got) == sorted(expected) == list(range(1, 13))
+    assert max(abs(got[s] - expected[s]) for s in got) <= FP32_TOLERANCE
+    assert expected[12] < expected[1]  # it learned the documentation's responses
+    reference, trained = final_weights(Path(one.stage_dir), 12), final_weights(Path(two.stage_dir), 12)
+    for key in reference:
+        torch.testing.assert_close(trained[key], reference[key], atol=FP32_TOLERANCE, rtol=0, msg=key)
