@@ -76,6 +76,15 @@ def test_only_group_zero_keeps_the_stage_folder(tmp_path, tokens):
         ReplicaStage(worker=replace(config, replica_timeout_s=60.0), config=SUPERVISION)
 
 
+def test_rows_with_targets_are_refused_across_replica_groups_before_any_launch(tmp_path, tokens):
+    config = worker_config(tmp_path, tokens, replica_groups=2, replica_timeout_s=10.0)
+    assert ReplicaStage(worker=config, config=SUPERVISION).groups == []  # a token stream is fine
+    rows = np.zeros((8, 2, config.sequence_length), dtype=np.int32)  # an SFT shard: every target takes a loss
+    np.save(tmp_path / "rows.npy", rows)
+    with pytest.raises(ValueError, match="one replica group only"):
+        ReplicaStage(worker=replace(config, tokens_path=str(tmp_path / "rows.npy")), config=SUPERVISION)
+
+
 def _steps(folder: Path) -> dict[int, list[tuple[int, float]]]:
     """attempt -> [(step, at)] of the group's step events."""
     found: dict[int, list[tuple[int, float]]] = {}

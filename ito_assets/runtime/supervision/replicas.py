@@ -36,6 +36,8 @@ import threading
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+import numpy as np
+
 from ito_assets.runtime.supervision import heartbeat
 from ito_assets.runtime.stage.config import WorkerConfig, group_shape
 from ito_assets.runtime.record.storage import write_atomic
@@ -121,6 +123,9 @@ class ReplicaStage:
         if self.worker.replica_timeout_s >= self.config.hang_timeout_s:
             raise ValueError("replica_timeout_s must be below hang_timeout_s: a group waiting on a dead peer "
                              "would be taken for hung")
+        if np.load(self.worker.tokens_path, mmap_mode="r").ndim == 3:
+            # Each group would weigh its own rows' targets, and torchft averages the groups alike.
+            raise ValueError("rows with targets (an SFT shard) train in one replica group only")
         self.groups: list[_Group] = []
 
     def request_stop(self, *_: object) -> None:

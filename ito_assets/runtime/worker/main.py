@@ -106,9 +106,6 @@ class StageWorker:
         self.heartbeat.beat(-1, "starting", force=True)
         step, position = self.resume()
         batches = ResumableBatches(np.load(self.config.tokens_path, mmap_mode="r"), self._plan(), position=position)
-        if batches.has_rows and self.replicas is not None:
-            # Each group would weigh its own targets; torchft averages the groups' gradients alike.
-            raise ValueError("rows with targets train in one replica group only")
         if self.replicas is not None:
             self.replicas.start(step, position)
         self.event(EventKind.STARTUP, seconds=max(0.0, time.time() - self.config.launched_at))
