@@ -6,9 +6,8 @@ import os
 from pathlib import Path
 
 # One OpenMP thread per process, set before torch is imported here or in any worker the tests launch:
-# the two xdist workers already fill both cores, and torch's default of a thread per core made every
-# launched stage worker spin against the other tests (the suite's CPU time measured below in
-# docs/testing.md).
+# the xdist workers already fill both cores, and torch's default of a thread per core made every
+# single-rank stage worker spin against the other tests (measured in docs/testing.md).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import dagster as dg

@@ -58,6 +58,8 @@ class ResumableBatches:
     def __init__(self, tokens: np.ndarray, plan: BatchPlan, *, position: int = 0):
         self.tokens = tokens
         self.plan = plan
+        if tokens.ndim not in (1, 3):
+            raise ValueError(f"a shard is a token stream (1-D) or rows with targets (N, 2, T), not {tokens.ndim}-D")
         self.has_rows = tokens.ndim == 3
         if self.has_rows:
             _check_rows(tokens, plan.sequence_length)
@@ -99,8 +101,14 @@ class ResumableBatches:
 
 def _check_rows(rows: np.ndarray, sequence_length: int) -> None:
     """A rows shard must match the stage's sequence length, and every row must take a loss
-    somewhere: a micro-batch of rows without a target would average nothing (NaN)."""
+    somewhere: a micro-batch of rows without a target would average nothing (NaN). Read in chunks,
+    so that a memory-mapped shard of any size is checked in bounded memory."""
     if rows.shape[1] != 2 or rows.shape[2] != sequence_length:
         raise ValueError(f"rows must have shape (N, 2, {sequence_length}), not {tuple(rows.shape)}")
-    if len(rows) and not bool((np.asarray(rows[:, 1]) != IGNORE).any(axis=1).all()):
-        raise ValueError("every row must have at least one target other than -100")
+    for first in range(0, len(rows), _CHECK_ROWS):
+        if not bool((np.asarray(rows[first : first + _CHECK_ROWS, 1]) != IGNORE).any(axis=1).all()):
+            raise ValueError("every row must have at least one target other than -100")
+
+
+# Rows read at a time by the check: 4,096 rows of 4,096 int32 targets are 64 MiB.
+_CHECK_ROWS = 4096

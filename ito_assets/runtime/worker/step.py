@@ -92,13 +92,14 @@ def target_divisors(pieces: list[torch.Tensor]) -> list[float]:
     hold the same rows: they count N and W alike, so the ratio holds. (Equal windows give W * k * n
     / (n * W) = k micro-batches: the windows' divisor.)"""
     counts = [int((targets != IGNORE).sum()) for targets in pieces]
-    if min(counts, default=1) < 1:
-        raise ValueError("a micro-batch has no target other than -100")
     total, world = torch.tensor(sum(counts), dtype=torch.int64, device=pieces[0].device), 1
     if dist.is_initialized() and dist.get_world_size() > 1:
         world = dist.get_world_size()
         dist.all_reduce(total, op=dist.ReduceOp.SUM)
-    return [int(total) / (count * world) for count in counts]
+    # Every rank reaches the all-reduce above. A micro-batch without a target (the loader refuses
+    # such rows) averages nothing: its NaN loss makes the step non-finite on every rank, and the
+    # step is dropped as any non-finite one is, rather than one rank raising while the others wait.
+    return [int(total) / (max(count, 1) * world) for count in counts]
 
 
 def clip_gradients(model: nn.Module, max_norm: float) -> float:
