@@ -168,9 +168,10 @@ FP32_TOLERANCE = 1e-4
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
-def test_the_worker_trains_rows_alike_on_one_rank_and_on_two_that_stop_and_resume(tmp_path):
-    """Two ranks, each its rows as two micro-batches, stopped at step 6 and resumed, against one
-    rank straight: the same losses and weights, so each target of the global batch counted once."""
+def test_the_worker_trains_rows_alike_on_one_rank_on_two_that_resume_and_on_two_tensor_parallel(tmp_path):
+    """Two ranks, each its rows as two micro-batches, stopped at step 6 and resumed, and two
+    tensor-parallel ranks, against one rank straight: the same losses and weights, so each target of
+    the global batch counted once."""
     folder = tmp_path / "rows"
     folder.mkdir()
     np.save(folder / "train.npy", _rows(len(PAIRS)))
@@ -181,10 +182,13 @@ def test_the_worker_trains_rows_alike_on_one_rank_and_on_two_that_stop_and_resum
                         **settings)
     two = worker_config(tmp_path / "two", tokens, stop_after_step=6, **settings,
                         layout=Layout(dp_replicate=2, precision="fp32", compile=False, micro_batch_size=2))
-    running = start_worker(one, nproc=1)
+    # Tensor-parallel peers hold the same rows: they count each target once per peer, and the ranks too.
+    sliced = worker_config(tmp_path / "tp", tokens, **settings,
+                           layout=Layout(tp=2, precision="fp32", compile=False, micro_batch_size=4))
+    running = [start_worker(one, nproc=1), start_worker(sliced, nproc=2)]
     stopped = run_worker(two, nproc=2)
-    done = finish(running)
-    assert done.returncode == 0, done.stderr[-3000:]
+    for done in map(finish, running):
+        assert done.returncode == 0, done.stderr[-3000:]
     assert stopped.returncode != 0, stopped.stderr[-3000:]
     resumed = run_worker(worker_config(tmp_path / "two", tokens, attempt=1, **settings, layout=two.layout), nproc=2)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -192,6 +196,10 @@ def test_the_worker_trains_rows_alike_on_one_rank_and_on_two_that_stop_and_resum
     assert sorted(got) == sorted(expected) == list(range(1, 13))
     assert max(abs(got[s] - expected[s]) for s in got) <= FP32_TOLERANCE
     assert expected[12] < expected[1]  # it learned the documentation's responses
-    reference, trained = final_weights(Path(one.stage_dir), 12), final_weights(Path(two.stage_dir), 12)
-    for key in reference:
-        torch.testing.assert_close(trained[key], reference[key], atol=FP32_TOLERANCE, rtol=0, msg=key)
+    reference = final_weights(Path(one.stage_dir), 12)
+    for other in (two, sliced):
+        losses = step_losses(Path(other.stage_dir))
+        assert max(abs(losses[s] - expected[s]) for s in expected) <= FP32_TOLERANCE, other.stage_dir
+        trained = final_weights(Path(other.stage_dir), 12)
+        for key in reference:
+            torch.testing.assert_close(trained[key], reference[key], atol=FP32_TOLERANCE, rtol=0, msg=key)
