@@ -104,8 +104,9 @@ def _wait_for_step(folder: Path, step: int, timeout: float = 90.0) -> heartbeat.
     raise AssertionError(f"the replica group in {folder} never reached step {step}")
 
 
-@pytest.mark.slow
-def test_a_killed_replica_group_restarts_and_heals_while_the_other_trains_on(tmp_path, tokens):
+def _kill_group_one(tmp_path: Path, tokens) -> tuple[Path, heartbeat.Heartbeat, float, dict]:
+    """Both groups training, then SIGKILL of group 1's worker; returns (stage folder, its last
+    heartbeat before the kill, the kill's time, the stage's report) once the stage has ended."""
     config = worker_config(tmp_path, tokens, num_steps=STEPS, interval_steps=50, replica_groups=2,
                            replica_timeout_s=10.0)
     stage_dir = Path(config.stage_dir)
@@ -122,24 +123,52 @@ def test_a_killed_replica_group_restarts_and_heals_while_the_other_trains_on(tmp
     os.kill(beat.pid, signal.SIGKILL)
     thread.join(timeout=240)
     (report,) = reports
-
     assert report.outcome == "succeeded" and report.result["num_steps"] == STEPS
-    summary = json.loads((stage_dir / REPORT_NAME).read_text())["replica_groups"]
-    assert [(g["replica_id"], g["outcome"], g["num_attempts"]) for g in summary] == [
-        (0, "succeeded", 1), (1, "succeeded", 2)]
-    # Group 0 was never restarted and never lost a step: one attempt, consecutive steps to the end.
+    return stage_dir, beat, killed_at, json.loads((stage_dir / REPORT_NAME).read_text())
+
+
+def _assert_the_survivor_trained_on(stage_dir: Path, beat: heartbeat.Heartbeat, killed_at: float) -> list[int]:
+    """Group 0 was never restarted and never lost a step: one attempt, consecutive steps to the end,
+    and a pause of at most the lighthouse dropping the dead group (5 s; generous bound)."""
     (survivor,) = _steps(stage_dir).values()
     steps = [s for s, _ in survivor]
     assert steps == list(range(steps[0], STEPS + 1)) and steps[0] <= beat.step
-    # Group 1's second attempt started from scratch and healed: its first step is the quorum's,
-    # one group 0 also took, after the kill.
-    healed = _steps(replica_dir(stage_dir, 1))[1]
-    first_step = healed[0][0]
-    assert first_step > beat.step and first_step in steps
-    assert [s for s, _ in healed] == list(range(first_step, STEPS + 1))
-    # In step from then on: both groups end with the same weights, bit for bit.
-    digests = [json.loads((replica_dir(stage_dir, i) / RESULT_NAME).read_text())["parameters_sha256"] for i in (0, 1)]
-    assert digests[0] is not None and digests[0] == digests[1]
-    # Generous bound: the survivor waits at most for the lighthouse to drop the dead group (5 s).
     pause = max(b - a for (_, a), (_, b) in zip(survivor, survivor[1:]) if a >= killed_at - 1.0)
     assert pause < 30.0
+    return steps
+
+
+def _assert_healed(stage_dir: Path, beat: heartbeat.Heartbeat, survivor_steps: list[int]) -> None:
+    """Group 1's second attempt started from scratch and healed: its first step is the quorum's,
+    one group 0 also took, after the kill; in step from then on, both groups end with the same
+    weights, bit for bit."""
+    healed = _steps(replica_dir(stage_dir, 1))[1]
+    first_step = healed[0][0]
+    assert first_step > beat.step and first_step in survivor_steps
+    assert [s for s, _ in healed] == list(range(first_step, STEPS + 1))
+    digests = [json.loads((replica_dir(stage_dir, i) / RESULT_NAME).read_text())["parameters_sha256"] for i in (0, 1)]
+    assert digests[0] is not None and digests[0] == digests[1]
+
+
+@pytest.mark.slow
+def test_a_killed_replica_group_restarts_and_never_stops_the_other(tmp_path, tokens):
+    """`make test`'s version, beside other tests on a loaded machine: the restarted group may still
+    be starting when the survivor finishes, and is then stopped (nothing is left to heal from);
+    either way the stage succeeds and the survivor never waited. When it did catch up, it healed."""
+    stage_dir, beat, killed_at, report = _kill_group_one(tmp_path, tokens)
+    groups = [(g["replica_id"], g["outcome"], g["num_attempts"]) for g in report["replica_groups"]]
+    assert groups in ([(0, "succeeded", 1), (1, "succeeded", 2)], [(0, "succeeded", 1), (1, "stopped", 2)])
+    steps = _assert_the_survivor_trained_on(stage_dir, beat, killed_at)
+    if groups[1][1] == "succeeded":
+        _assert_healed(stage_dir, beat, steps)
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_a_killed_replica_group_restarts_and_heals_while_the_other_trains_on(tmp_path, tokens):
+    """Alone on the machine (`make test-long` runs one test at a time), the restarted group is back
+    long before the survivor's last step, so it must heal."""
+    stage_dir, beat, killed_at, report = _kill_group_one(tmp_path, tokens)
+    assert [(g["replica_id"], g["outcome"], g["num_attempts"]) for g in report["replica_groups"]] == [
+        (0, "succeeded", 1), (1, "succeeded", 2)]
+    _assert_healed(stage_dir, beat, _assert_the_survivor_trained_on(stage_dir, beat, killed_at))
