@@ -27,6 +27,10 @@ HANG_BOUND_S = 3.0
 POLL_S = 0.2
 FAST = SupervisorConfig(nproc_per_node=2, hang_timeout_s=HANG_BOUND_S, startup_timeout_s=90.0,
                         poll_interval_s=POLL_S, grace_s=3.0, max_restarts=2)
+# The SIGKILL test's: a dead rank is seen through torchrun's exit, and a hang bound of 3 s could
+# fire first on a loaded machine (the killed rank goes silent too) and call the death a hang.
+DEATH_WATCH = SupervisorConfig(nproc_per_node=2, hang_timeout_s=30.0, startup_timeout_s=90.0,
+                               poll_interval_s=POLL_S, grace_s=3.0, max_restarts=2)
 
 
 def _start(supervisor: Supervisor) -> tuple[threading.Thread, list[SupervisionReport]]:
@@ -65,7 +69,7 @@ def _check_recovered(report: SupervisionReport, config, kind: str) -> None:
 @pytest.mark.parametrize("trial", TRIALS)
 def test_sigkill_of_a_worker_mid_step_is_detected_and_the_stage_resumes(tmp_path, tokens, trial):
     config = worker_config(tmp_path, tokens, num_steps=STEPS)
-    thread, reports = _start(Supervisor(worker=config, config=FAST))
+    thread, reports = _start(Supervisor(worker=config, config=DEATH_WATCH))
     beat = _wait_past_first_checkpoint(config, rank=1)
     killed_at = time.time()
     os.kill(beat.pid, signal.SIGKILL)
