@@ -27,8 +27,9 @@ from ito_assets.runtime.worker.main import data_rank
 from ito_assets.training.layout import Layout
 from runtime_helpers import worker_config
 
-# Long enough that the healthy group is still training when the killed one is back (start-up of a
-# restarted worker: ~15 s on the 2-core machine; the healthy group alone: ~10 steps a second).
+# Long enough, on an idle machine, that the healthy group is still training when the killed one is
+# back (start-up of a restarted worker: ~15 s on the 2-core machine; the healthy group alone: ~10
+# steps a second); beside other tests it may not be, which `make test`'s version accepts.
 STEPS = 400
 KILL_AT_STEP = 20
 SUPERVISION = SupervisorConfig(nproc_per_node=2, hang_timeout_s=30.0, startup_timeout_s=90.0, poll_interval_s=0.2,
