@@ -24,3 +24,10 @@ def optimizer_step(
 ) -> float:
     """Backward `loss` and update; returns the gradient norm before clipping."""
     return optim.optimizer_step(policy, optimizer, loss, grad_clip=grad_clip)
+
+
+# The same recipe as the stage worker's optimizer settings (`WorkerConfig.optimizer`, over the
+# pretraining TrainConfig): a constant rate (one warmup step reaches the peak, the cosine's floor
+# is the peak), these betas, clip and decay.
+WORKER_RECIPE = {"warmup_fraction": 0.0, "min_lr_ratio": 1.0, "beta1": BETAS[0], "beta2": BETAS[1],
+                 "weight_decay": WEIGHT_DECAY, "grad_clip": GRAD_CLIP}

@@ -29,6 +29,7 @@ from ito_assets.posttraining.sft import SftConfig, run_sft
 from ito_assets.posttraining.stage import PostTrainingRuntime, StageOutcome, Start
 from ito_assets.posttraining.tasks import Task, largest_digit_tasks, split_held_out
 from ito_assets.posttraining.timeline import StageTimeline
+from ito_assets.posttraining.worker_sft import WorkerLaunch, train_on_worker
 from ito_assets.training.threads import torch_threads
 
 SFT_FILE, DPO_FILE = "sft_pairs.jsonl", "dpo_pairs.jsonl"
@@ -49,11 +50,15 @@ def _evaluate(policy, codec, tasks, runtime) -> RewardEval:
 
 
 def _train(step, policy, reference, codec, spec: PolicySpec, pairs, train_tasks, runtime,
-           on_step) -> tuple[dict, int]:
-    """Run the stage's loop; returns (metrics, optimizer steps)."""
+           on_step, worker: tuple[WorkerLaunch, Path] | None) -> tuple[dict, int]:
+    """Run the stage's loop; returns (metrics, optimizer steps). `worker`: SFT trains on the stage
+    worker (its launch, the stage folder) instead of in this process."""
     if isinstance(step, SftStep):
-        result = run_sft(policy, codec, pairs,
-                         SftConfig.from_step(step, batch_size=runtime.batch_size, seed=runtime.seed), on_step)
+        config = SftConfig.from_step(step, batch_size=runtime.batch_size, seed=runtime.seed)
+        if worker is not None:
+            result = train_on_worker(policy, spec, codec, pairs, config, stage_dir=worker[1], launch=worker[0])
+        else:
+            result = run_sft(policy, codec, pairs, config, on_step)
         return {"loss_curve": list(result.losses), "num_response_tokens": result.num_response_tokens,
                 "train_seconds": round(result.wall_seconds, 2)}, result.num_steps
     if isinstance(step, DpoStep):
@@ -89,26 +94,29 @@ def _starting_policy(start: Start):
 
 def run_stage(
     step: SftStep | DpoStep | RlvrStep, *, start: Start, data_root: Path, out_dir: Path,
-    runtime: PostTrainingRuntime = PostTrainingRuntime(),
+    runtime: PostTrainingRuntime = PostTrainingRuntime(), launch: WorkerLaunch | None = None,
 ) -> StageOutcome:
-    """Train one stage of the recipe from `start`; pair files resolve under `data_root`."""
+    """Train one stage of the recipe from `start`; pair files resolve under `data_root`. `launch`:
+    an SFT stage trains on the stage worker under the supervisor (`worker_sft`); DPO and RLVR
+    train in this process either way."""
     with torch_threads(runtime.num_threads):
-        return _run_stage(step, start=start, data_root=data_root, out_dir=out_dir, runtime=runtime)
+        return _run_stage(step, start=start, data_root=data_root, out_dir=out_dir, runtime=runtime, launch=launch)
 
 
 def _run_stage(step: SftStep | DpoStep | RlvrStep, *, start: Start, data_root: Path, out_dir: Path,
-               runtime: PostTrainingRuntime) -> StageOutcome:
+               runtime: PostTrainingRuntime, launch: WorkerLaunch | None) -> StageOutcome:
     if isinstance(start, StageOutcome):  # a failed gate stays failed: refused before anything is read
         require_passed(start.gate)
-    timeline = StageTimeline(out_dir / step.kind)
+    worker = (launch, out_dir / step.kind) if launch is not None and isinstance(step, SftStep) else None
+    timeline = StageTimeline(out_dir / step.kind, steps_by_worker=worker is not None)
     try:
-        return _timed_stage(step, start, data_root, out_dir, runtime, timeline)
+        return _timed_stage(step, start, data_root, out_dir, runtime, timeline, worker)
     finally:  # a stage that failed held its device too
         timeline.close()
 
 
 def _timed_stage(step, start: Start, data_root: Path, out_dir: Path, runtime: PostTrainingRuntime,
-                 timeline: StageTimeline) -> StageOutcome:
+                 timeline: StageTimeline, worker: tuple[WorkerLaunch, Path] | None) -> StageOutcome:
     # The bound pair file is checked against the manifest's digest before any compute is spent.
     pairs = None if isinstance(step, RlvrStep) else read_bound_pairs(step, data_root)
     spec, policy, previous, started_from = _starting_policy(start)
@@ -120,14 +128,16 @@ def _timed_stage(step, start: Start, data_root: Path, out_dir: Path, runtime: Po
     if before is None:
         with _timed(timeline.evaluation):
             before = _evaluate(policy, codec, held_out, runtime)
-    metrics, num_steps = _train(step, policy, reference, codec, spec, pairs, train_tasks, runtime, timeline.step)
+    with timeline.handed_to_worker() if worker is not None else contextlib.nullcontext():
+        metrics, num_steps = _train(step, policy, reference, codec, spec, pairs, train_tasks, runtime, timeline.step,
+                                    worker)
     with _timed(timeline.evaluation):
         after = _evaluate(policy, codec, held_out, runtime)
         metrics["kl_to_reference"] = sampled_kl(policy, reference, codec, held_out,
                                                 max_new_tokens=runtime.max_new_tokens, seed=runtime.seed)
     saving = time.perf_counter()
     checkpoint = save_policy(policy, out_dir / step.kind / "policy.pt", stage=step.kind, policy_version=num_steps)
-    timeline.checkpoint(time.perf_counter() - saving, checkpoint.num_bytes)
+    timeline.checkpoint(time.perf_counter() - saving, checkpoint.num_bytes, step=num_steps)
     gate = judge_rewards(step.kind, before, after, BATTERY[step.kind])
     chain_start = previous.chain_start if previous is not None else started_from
     outcome = StageOutcome(stage=step.kind, policy=spec, checkpoint=checkpoint, gate=gate, eval_before=before,

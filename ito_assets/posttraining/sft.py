@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -14,9 +13,9 @@ from ito_assets.manifest.schema import SftStep
 from ito_assets.posttraining.fixtures import InstructionPair
 from ito_assets.posttraining.losses import sft_loss
 from ito_assets.posttraining.optim import adamw, optimizer_step
-from ito_assets.posttraining.policy import CausalLM, token_logprobs
+from ito_assets.posttraining.policy import CausalLM, gathered_logprobs
 from ito_assets.posttraining.vocab import TextCodec
-from ito_assets.runtime.worker.batches import IGNORE
+from ito_assets.runtime.worker.batches import IGNORE, BatchPlan, ResumableBatches
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,32 +75,44 @@ def sft_rows(codec: TextCodec, pairs: Sequence[InstructionPair], sequence_length
     return rows
 
 
-def _epoch_batches(pairs: Sequence[InstructionPair], batch_size: int, rng: random.Random):
-    order = list(range(len(pairs)))
-    rng.shuffle(order)
-    for start in range(0, len(order), batch_size):
-        yield [pairs[i] for i in order[start : start + batch_size]]
+def rows_length(codec: TextCodec, pairs: Sequence[InstructionPair]) -> int:
+    """The positions the longest pair needs: bos, prompt and response (its eos is the last target)."""
+    return max(1 + len(codec.encode(p.prompt)) + len(codec.encode(p.response)) for p in pairs)
+
+
+def sft_batches(codec: TextCodec, pairs: Sequence[InstructionPair], config: SftConfig) -> tuple[ResumableBatches, int]:
+    """(the pairs' rows as the stage worker reads them, optimizer steps): every pair once an epoch
+    in the seeded order, full batches only, so that the loop here and the worker draw the same
+    batches. A remainder of fewer than `batch_size` pairs is left out of that epoch."""
+    if len(pairs) < config.batch_size:
+        raise ValueError(f"{len(pairs)} pairs cannot fill one batch of {config.batch_size}")
+    rows = sft_rows(codec, pairs, rows_length(codec, pairs))
+    batches = ResumableBatches(rows, BatchPlan(batch_size=config.batch_size, sequence_length=rows.shape[2],
+                                               seed=config.seed))
+    return batches, config.num_epochs * batches.batches_per_epoch
 
 
 def run_sft(policy: CausalLM, codec: TextCodec, pairs: Sequence[InstructionPair], config: SftConfig,
             on_step: Callable[[float, float], object] | None = None) -> SftResult:
-    """Train `policy` in place for `num_epochs` over `pairs` (seeded order); `on_step(seconds,
-    loss)` after each optimizer step."""
+    """Train `policy` in place for `num_epochs` over `pairs` in one process; `on_step(seconds,
+    loss)` after each optimizer step. The stage worker trains the same batches with the same
+    optimizer (`worker_sft`)."""
     if not pairs:
         raise ValueError("pairs must not be empty")
+    batches, num_steps = sft_batches(codec, pairs, config)
     policy.train()
     optimizer = adamw(policy, learning_rate=config.learning_rate)
-    rng, losses, num_tokens, started = random.Random(config.seed), [], 0, time.perf_counter()
-    for _ in range(config.num_epochs):
-        for batch in _epoch_batches(pairs, config.batch_size, rng):
-            step_started = time.perf_counter()
-            tokens, mask = response_batch(codec, [p.prompt for p in batch], [p.response for p in batch])
-            loss = sft_loss(token_logprobs(policy, tokens), mask)
-            optimizer_step(policy, optimizer, loss)
-            losses.append(float(loss.detach()))
-            num_tokens += int(mask.sum())
-            if on_step is not None:
-                on_step(time.perf_counter() - step_started, losses[-1])
+    losses, num_tokens, started = [], 0, time.perf_counter()
+    for _ in range(num_steps):
+        step_started = time.perf_counter()
+        _, x, y = batches.next_batch()
+        mask = y != IGNORE
+        loss = sft_loss(gathered_logprobs(policy(x).float(), y.clamp(min=0)), mask)
+        optimizer_step(policy, optimizer, loss)
+        losses.append(float(loss.detach()))
+        num_tokens += int(mask.sum())
+        if on_step is not None:
+            on_step(time.perf_counter() - step_started, losses[-1])
     return SftResult(
         losses=tuple(losses), num_steps=len(losses), num_response_tokens=num_tokens,
         wall_seconds=time.perf_counter() - started,

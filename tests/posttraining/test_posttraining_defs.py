@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-import warnings
 from pathlib import Path
 
 import dagster as dg
@@ -20,9 +19,11 @@ import pytest
 
 from definitions import build_definitions
 from ito_assets.digests import file_sha256
-from ito_assets.defs import posttraining, telemetry
+from ito_assets.defs import posttraining, telemetry, training
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.posttraining.resources import PostTrainingResource
+from ito_assets.defs.training.launcher import TrainingLauncherResource
+from ito_assets.defs.training.resources import TrainingRuntimeResource
 from ito_assets.runtime.checkpoint import markers
 from ito_assets.runtime.record import events
 from ito_assets.runtime.record.events import EventKind
@@ -35,7 +36,8 @@ from ito_assets.posttraining.pipeline import DPO_FILE, SFT_FILE, battery
 from ito_assets.posttraining.stage import PostTrainingRuntime
 from posttraining.pretrained_checkpoint import Pretrained, make_pretrained
 
-warnings.filterwarnings("ignore", category=dg.PreviewWarning)
+# Pipes' writer count (SFT's worker) is a preview API in this Dagster; pytest resets the filters per test.
+pytestmark = pytest.mark.filterwarnings("ignore::dagster.PreviewWarning")
 
 STAGES = ("sft_checkpoint", "dpo_checkpoint", "rlvr_checkpoint")
 # Small enough for seconds on CPU; the SFT rate is one the tiny model learns the format at.
@@ -82,8 +84,11 @@ def _pretraining_stand_ins(base: Pretrained) -> list:
 
 def _defs(installation, base: Pretrained, runtime: PostTrainingResource = SMALL) -> dg.Definitions:
     lineage = ("manifest", "data", "decision", "workload")  # training stood in, post-training's resource below
+    # SFT's worker is launched as the training stages' are: their runtime, launcher and Pipes client.
+    worker = {"training_runtime": TrainingRuntimeResource(poll_interval_s=0.2), "training_launcher": TrainingLauncherResource(),
+              "pipes_subprocess_client": training.pipes_client()}
     return dg.Definitions.merge(build_definitions(installation.settings, domains=lineage), posttraining.defs(runtime),
-                                telemetry.defs(), dg.Definitions(assets=_pretraining_stand_ins(base)))
+                                telemetry.defs(), dg.Definitions(assets=_pretraining_stand_ins(base), resources=worker))
 
 
 def _write_fixtures(installation, num_prompts: int) -> dict[str, dict]:
@@ -211,6 +216,18 @@ def test_chain_materializes_with_metrics(installation, instance, base):
     # RLVR's four steps with an asynchronous generator end either side of its gate (measured deltas
     # +0.021 to well above 1.96 SE): a failed gate blocks the telemetry after it, as any gate does.
     _assert_each_stage_is_in_the_runs_telemetry(result, gate_passed=gate["passed"])
+    _assert_sft_trained_on_the_worker(result.output_for_node("sft_checkpoint"))
+
+
+def _assert_sft_trained_on_the_worker(outcome) -> None:
+    """SFT's steps ran on the stage worker under the supervisor: its report, the worker's own event
+    file, and as many worker steps as the stage's checkpoint and loss curve count."""
+    folder = Path(outcome.stage_dir)
+    report = json.loads((folder / "supervision.json").read_text())
+    assert report["outcome"] == "succeeded" and report["num_attempts"] == 1
+    assert report["result"]["num_steps"] == outcome.checkpoint.policy_version == len(outcome.metrics["loss_curve"])
+    assert (folder / "events-attempt-0.jsonl").is_file()
+    assert {e.attempt for e in events.read(folder) if e.kind is EventKind.STEP} == {0}
 
 
 def _assert_each_stage_is_in_the_runs_telemetry(result, *, gate_passed: bool = True) -> None:

@@ -7,6 +7,7 @@ wheel), so that responses have every length."""
 from __future__ import annotations
 
 import importlib.metadata
+import math
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,8 @@ from ito_assets.posttraining.losses import sft_loss
 from ito_assets.posttraining.policy import token_logprobs
 from ito_assets.posttraining.sft import response_batch, sft_rows
 from ito_assets.posttraining.vocab import PRINTABLE, CharVocab
+from ito_assets.posttraining.optim import WORKER_RECIPE
+from ito_assets.runtime.stage.config import WorkerConfig
 from ito_assets.runtime.worker import batches, execution
 from ito_assets.runtime.worker.batches import IGNORE, BatchPlan, ResumableBatches
 from ito_assets.runtime.worker.step import target_divisors, train_step
@@ -203,3 +206,17 @@ def test_the_worker_trains_rows_alike_on_one_rank_on_two_that_resume_and_on_two_
         trained = final_weights(Path(other.stage_dir), 12)
         for key in reference:
             torch.testing.assert_close(trained[key], reference[key], atol=FP32_TOLERANCE, rtol=0, msg=key)
+
+
+@pytest.mark.parametrize("optimizer, message", [
+    ({"momentum": 0.9}, "must be among"),
+    ({"beta2": math.nan}, "finite numbers"),
+    ({"weight_decay": True}, "finite numbers"),
+    ({"grad_clip": "1.0"}, "finite numbers"),
+])
+def test_the_worker_config_refuses_an_unknown_or_non_numeric_optimizer_setting(tmp_path, optimizer, message):
+    tokens = (tmp_path / "train.npy", None)
+    with pytest.raises(ValueError, match=message):
+        worker_config(tmp_path, tokens, optimizer=optimizer)
+    assert worker_config(tmp_path, tokens, optimizer={"beta2": 0.999}).optimizer == {"beta2": 0.999}
+    assert WorkerConfig.from_json(worker_config(tmp_path, tokens, optimizer=dict(WORKER_RECIPE)).to_json()).optimizer == WORKER_RECIPE

@@ -3,11 +3,13 @@
 `long_context_checkpoint` (torch.distributed.checkpoint) with the run's byte-level BPE from
 `training_tokens`; each later one from the stage before. Each trains, evaluates the held-out
 battery, publishes its figures to the ledger (`ito metrics`, `ito checkpoints`), and hands on its
-checkpoint, metrics and gate verdict. A stage the recipe leaves out carries forward what it was
+checkpoint, metrics and gate verdict. SFT's steps run on the stage worker under the supervisor, as
+the pretraining stages' do (one rank, through Pipes); DPO's and RLVR's in this process. A stage the recipe leaves out carries forward what it was
 given. The gate is enforced here, before the first step: after a failed gate the next stage
 refuses to train (EVAL_GATE_FAILED), whatever is retried.
 """
 
+import dataclasses
 import json
 
 import dagster as dg
@@ -18,6 +20,8 @@ from ito_assets.defs.failures import failure, verified_or_fail
 from ito_assets.defs import owners
 from ito_assets.defs.manifest.partitions import TRAINED_ONE_OF_TWO, manifests_partitions
 from ito_assets.defs.posttraining.resources import PostTrainingResource
+from ito_assets.defs.training.launcher import TrainingLauncherResource
+from ito_assets.defs.training.resources import TrainingRuntimeResource
 from ito_assets.defs.resources import ItoSettingsResource, LedgerResource
 from ito_assets.runtime.stage.run import StageCheckpoint
 from ito_assets.defs.workload.live import require_live_authorization
@@ -104,8 +108,29 @@ def outcome_metadata(outcome: StageOutcome, step) -> dict:
     return metadata
 
 
+@dataclasses.dataclass(frozen=True)
+class _Worker:
+    """Where an SFT stage's steps run: on the stage worker, under the supervisor, one rank on one
+    node of the training launcher, its command run through Pipes as the pretraining stages' are."""
+
+    training_runtime: TrainingRuntimeResource
+    training_launcher: TrainingLauncherResource
+    pipes: dg.PipesSubprocessClient
+
+    def launch(self, context, run_id: str):
+        from ito_assets.posttraining.worker_sft import WorkerLaunch  # needs torch
+
+        try:  # the launcher's settings are checked before the supervisor starts
+            supervisor = dataclasses.replace(self.training_runtime.supervisor(nnodes=1, nproc_per_node=1),
+                                             launch=self.training_launcher.launch_config(1))
+        except ValueError as error:
+            raise dg.Failure(description=f"training_launcher: {error}") from None
+        return WorkerLaunch(run=lambda command: self.pipes.run(context=context, command=list(command)),
+                            run_key=run_id, supervisor=supervisor)
+
+
 def _stage(context, ito: ItoSettingsResource, posttraining: PostTrainingResource, ledger: LedgerResource,
-           verdict: ManifestVerdict, authorization: dict, start: Start, kind: str):
+           verdict: ManifestVerdict, authorization: dict, start: Start, kind: str, worker: _Worker | None = None):
     prepared = verified_or_fail(verdict, "post-training")
     if _recipe_step(prepared.manifest, kind) is None:
         context.log.info(f"the recipe has no {kind} step: what this stage was given carries forward")
@@ -127,7 +152,8 @@ def _stage(context, ito: ItoSettingsResource, posttraining: PostTrainingResource
         run_dir = RunLayout.for_run(checkpoint_dir, run_id).run_dir
         VerdictStore(run_dir).ensure_not_failed(STAGE_ORDER)
         outcome = run_stage(step, start=start, data_root=ito.settings().data_root, out_dir=run_dir / "posttraining",
-                            runtime=posttraining.runtime())
+                            runtime=posttraining.runtime(),
+                            launch=None if worker is None else worker.launch(context, run_id))
         with ledger.open() as opened:
             num_checkpoints, num_metrics = publish_outcome(opened, run_id, outcome)
     except ItoError as error:
@@ -172,10 +198,13 @@ def _spec(kind: str, upstream: str | None) -> dict:
 
 @dg.asset(**_spec("sft", None))
 def sft_checkpoint(context: dg.AssetExecutionContext, ito: ItoSettingsResource, posttraining: PostTrainingResource,
-                   ledger: LedgerResource, training_manifest: ManifestVerdict, run_authorization: dict,
+                   ledger: LedgerResource, training_runtime: TrainingRuntimeResource,
+                   training_launcher: TrainingLauncherResource, pipes_subprocess_client: dg.PipesSubprocessClient,
+                   training_manifest: ManifestVerdict, run_authorization: dict,
                    long_context_checkpoint: StageCheckpoint | None, training_tokens: TokenSet):
     start = _base_policy(training_manifest, long_context_checkpoint, training_tokens, posttraining)
-    yield from _stage(context, ito, posttraining, ledger, training_manifest, run_authorization, start, "sft")
+    worker = _Worker(training_runtime, training_launcher, pipes_subprocess_client)
+    yield from _stage(context, ito, posttraining, ledger, training_manifest, run_authorization, start, "sft", worker)
 
 
 @dg.asset(**_spec("dpo", "sft_checkpoint"))

@@ -9,6 +9,7 @@ starts.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
@@ -20,6 +21,10 @@ from ito_assets.training.model_config import ModelConfig, config_by_name
 # The heldout evaluation reads at most this many windows: enough for a stable mean on the
 # fixture corpora (64 x 128 tokens), bounded so that an eval never dominates a tiny stage.
 DEFAULT_EVAL_WINDOWS = 64
+# The optimizer settings a stage may set over TrainConfig's pretraining recipe (warmup then cosine,
+# AdamW betas (0.9, 0.95), weight decay 0.1, clip 1.0): post-training trains at a constant rate
+# with its own betas and no decay (`ito_assets.posttraining.optim.WORKER_RECIPE`).
+OPTIMIZER_FIELDS = ("warmup_fraction", "min_lr_ratio", "beta1", "beta2", "weight_decay", "grad_clip")
 # What rank 0 writes into the stage folder when the stage has finished: final checkpoint and evals.
 RESULT_NAME = "result.json"
 
@@ -42,6 +47,7 @@ class WorkerConfig:
     keep_last: int
     seed: int = 0
     learning_rate: float = 3e-3  # ito_assets.training.trainer.TrainConfig's default for small models
+    optimizer: dict[str, float] = field(default_factory=dict)  # over TrainConfig's; keys of OPTIMIZER_FIELDS
     # The plan's layout fitted to this attempt's ranks (`fitting.fit_layout`), over every replica
     # group, and what the fitting changed; the worker applies every field and adds its device's
     # own fallbacks (`ito_assets.runtime.worker.execution`).
@@ -92,6 +98,12 @@ class WorkerConfig:
                 raise ValueError(f"{name} must be an absolute path")
         if not 0 < self.learning_rate < 1:
             raise ValueError("learning_rate must be in (0, 1)")
+        unknown = set(self.optimizer) - set(OPTIMIZER_FIELDS)
+        if unknown:
+            raise ValueError(f"optimizer settings must be among {OPTIMIZER_FIELDS}, not {sorted(unknown)}")
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                   for v in self.optimizer.values()):
+            raise ValueError("optimizer settings must be finite numbers")  # their ranges: TrainConfig's
         if self.attempt < 0 or self.spike_rewind_steps < 0 or self.collective_timeout_s <= 0:
             raise ValueError("attempt and spike_rewind_steps must be >= 0, collective_timeout_s positive")
         if self.replica_groups < 1 or not 0 <= self.replica_id < self.replica_groups:

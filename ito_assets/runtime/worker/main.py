@@ -79,7 +79,7 @@ class StageWorker:
         self.data_world_size = layout.dp  # ranks that take different rows: every rank but tensor-parallel peers
         self.train_config = TrainConfig(num_steps=config.num_steps, batch_size=config.batch_size // self.data_world_size,
                                         sequence_length=config.sequence_length, seed=config.seed,
-                                        learning_rate=config.learning_rate)
+                                        learning_rate=config.learning_rate, **config.optimizer)
         self.model = build_model(config.model_config(), seed=config.seed, device=group.device)
         # Before building the optimizer: FSDP2 replaces the parameters with sharded ones.
         self.execution = execution.prepare(self.model, layout, (*config.layout_fallbacks, *refitted),
