@@ -28,6 +28,7 @@ from ito_assets.runtime.record import events
 from ito_assets.runtime.record.events import EventKind
 from ito_assets.runtime.supervision import heartbeat
 from ito_assets.runtime.supervision.supervisor import SupervisorConfig
+from runtime.runtime_helpers import TRIALS
 
 CODEC = CharVocab()
 SPEC = seeded()
@@ -99,7 +100,8 @@ def _kill_once_past_the_first_checkpoint(stage_dir: Path, killed: list[int]):
 
 
 @pytest.mark.slow
-def test_a_worker_killed_mid_stage_restarts_from_its_checkpoint_and_ends_where_one_run_ends(tmp_path):
+@pytest.mark.parametrize("trial", TRIALS)  # a fault of the matrix: once here, five times in `make test-long`
+def test_a_worker_killed_mid_stage_restarts_from_its_checkpoint_and_ends_where_one_run_ends(tmp_path, trial):
     # 32 epochs of 4 steps: enough steps after the first checkpoint (step 3) for the kill to land.
     config = SftConfig(num_epochs=32, learning_rate=3e-3, batch_size=16)
     expected_policy, expected = _in_process(config)

@@ -171,10 +171,10 @@ FP32_TOLERANCE = 1e-4
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
-def test_the_worker_trains_rows_alike_on_one_rank_on_two_that_resume_and_on_two_tensor_parallel(tmp_path):
-    """Two ranks, each its rows as two micro-batches, stopped at step 6 and resumed, and two
-    tensor-parallel ranks, against one rank straight: the same losses and weights, so each target of
-    the global batch counted once."""
+def test_the_worker_trains_rows_alike_on_one_rank_and_on_two_by_ddp_with_a_resume_tp_and_fsdp2(tmp_path):
+    """Two ranks, each its rows as two micro-batches, stopped at step 6 and resumed, two
+    tensor-parallel ranks and two FSDP2 ranks, against one rank straight: the same losses and
+    weights, so each target of the global batch counted once."""
     folder = tmp_path / "rows"
     folder.mkdir()
     np.save(folder / "train.npy", _rows(len(PAIRS)))
@@ -188,7 +188,10 @@ def test_the_worker_trains_rows_alike_on_one_rank_on_two_that_resume_and_on_two_
     # Tensor-parallel peers hold the same rows: they count each target once per peer, and the ranks too.
     sliced = worker_config(tmp_path / "tp", tokens, **settings,
                            layout=Layout(tp=2, precision="fp32", compile=False, micro_batch_size=4))
-    running = [start_worker(one, nproc=1), start_worker(sliced, nproc=2)]
+    # FSDP2 shards the weights, not the rows: each rank weighs its own rows' targets as DDP's do.
+    sharded = worker_config(tmp_path / "fsdp", tokens, **settings,
+                            layout=Layout(dp_shard=2, precision="fp32", compile=False, micro_batch_size=2))
+    running = [start_worker(one, nproc=1), start_worker(sliced, nproc=2), start_worker(sharded, nproc=2)]
     stopped = run_worker(two, nproc=2)
     for done in map(finish, running):
         assert done.returncode == 0, done.stderr[-3000:]
@@ -200,7 +203,7 @@ def test_the_worker_trains_rows_alike_on_one_rank_on_two_that_resume_and_on_two_
     assert max(abs(got[s] - expected[s]) for s in got) <= FP32_TOLERANCE
     assert expected[12] < expected[1]  # it learned the documentation's responses
     reference = final_weights(Path(one.stage_dir), 12)
-    for other in (two, sliced):
+    for other in (two, sliced, sharded):
         losses = step_losses(Path(other.stage_dir))
         assert max(abs(losses[s] - expected[s]) for s in expected) <= FP32_TOLERANCE, other.stage_dir
         trained = final_weights(Path(other.stage_dir), 12)
