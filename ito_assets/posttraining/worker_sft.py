@@ -38,6 +38,7 @@ from ito_assets.training.layout import Layout
 
 ROWS_NAME = "sft_rows.npy"
 
+
 def layout(batch_size: int) -> Layout:
     """One rank in fp32, eager, the whole batch as one micro-batch, as the in-process loop steps
     (sixteen micro-batches of one row: 75 ms a step against 9 ms for the micro model on CPU). The
@@ -58,14 +59,13 @@ class WorkerLaunch:
     keep_last: int = 2
 
 
-def worker_config(spec: PolicySpec, config: SftConfig, *, rows_path: Path, num_steps: int, stage_dir: Path,
-                  launch: WorkerLaunch) -> WorkerConfig:
-    rows = np.load(rows_path, mmap_mode="r")
+def worker_config(spec: PolicySpec, config: SftConfig, *, rows_path: Path, sequence_length: int, num_steps: int,
+                  stage_dir: Path, launch: WorkerLaunch) -> WorkerConfig:
     return WorkerConfig(
         run_key=launch.run_key, stage="sft", model=spec.model_name, vocab_size=spec.vocab_size,
         tokens_path=str(rows_path), heldout_path=None, stage_dir=str(stage_dir),
         heartbeat_dir=str(stage_dir / "heartbeats"), metrics_path=str(stage_dir / "metrics.jsonl"),
-        num_steps=num_steps, batch_size=config.batch_size, sequence_length=int(rows.shape[2]),
+        num_steps=num_steps, batch_size=config.batch_size, sequence_length=sequence_length,
         interval_steps=min(launch.interval_steps, num_steps), keep_last=launch.keep_last, seed=config.seed,
         learning_rate=config.learning_rate, optimizer=dict(WORKER_RECIPE), layout=layout(config.batch_size),
         init_from=spec.init_checkpoint)
@@ -82,14 +82,16 @@ def train_on_worker(policy: CausalLM, spec: PolicySpec, codec: TextCodec, pairs:
     stage_dir.mkdir(parents=True, exist_ok=True)
     rows_path = stage_dir / ROWS_NAME
     write_atomic(rows_path, _npy_bytes(batches.tokens))
-    prepared = stage_run.prepare(worker_config(spec, config, rows_path=rows_path, num_steps=num_steps,
-                                               stage_dir=stage_dir, launch=launch), launch.supervisor)
+    worker = worker_config(spec, config, rows_path=rows_path, sequence_length=batches.plan.sequence_length,
+                           num_steps=num_steps, stage_dir=stage_dir, launch=launch)
+    prepared = stage_run.prepare(worker, launch.supervisor)
     launch.run(prepared.command)
     report = json.loads((stage_dir / REPORT_NAME).read_text())
     if report["outcome"] != Outcome.SUCCEEDED.value:
         code = report.get("error_code")
-        raise ItoError(ErrorCode(code) if code else ErrorCode.INTERNAL_ERROR,
-                       f"the SFT stage's worker ended {report['outcome']} after {report['num_attempts']} attempts")
+        attempts = report["num_attempts"]
+        raise ItoError(ErrorCode(code) if code else ErrorCode.INTERNAL_ERROR, f"the SFT stage's worker ended "
+                       f"{report['outcome']} after {attempts} attempt{'' if attempts == 1 else 's'}")
     load_pretrained(policy, Path(report["result"]["final_checkpoint"]))
     steps = _final_losses(stage_dir)
     return SftResult(losses=tuple(steps[s] for s in sorted(steps)), num_steps=num_steps,
@@ -109,6 +111,7 @@ def _final_losses(stage_dir: Path) -> dict[int, float]:
 
 
 def _step_seconds(stage_dir: Path) -> float:
+    """Every attempt's step time, a redone step's included: what training took."""
     return sum(e.seconds for e in events.read(stage_dir) if e.kind is EventKind.STEP)
 
 
