@@ -146,6 +146,9 @@ class DpoStep(_Strict):
     # beta 0.1 and no label smoothing: the defaults of Rafailov et al. (2023) and TRL's DPOTrainer.
     beta: Annotated[float, Field(gt=0, le=10)] = 0.1
     label_smoothing: Annotated[float, Field(ge=0, lt=0.5)] = 0.0
+    # The weight of the chosen responses' log-likelihood added to the DPO loss (RPO, Pang et al.
+    # 2024; TRL's `rpo_alpha`, which suggests 1.0). 0: plain DPO, as manifests that predate it meant.
+    rpo_alpha: Annotated[float, Field(ge=0, le=10)] = 0.0
     learning_rate: Annotated[float, Field(gt=0, lt=1)] = 5e-6
     # The preference pairs (JSONL), bound as SftStep.data is.
     data: DataReference | None = None

@@ -13,7 +13,7 @@ from ito_assets.manifest.schema import DpoStep
 from ito_assets.posttraining.fixtures import PreferencePair
 from ito_assets.posttraining.losses import dpo_loss, sequence_logprobs
 from ito_assets.posttraining.optim import adamw, optimizer_step
-from ito_assets.posttraining.policy import CausalLM, token_logprobs
+from ito_assets.posttraining.policy import CausalLM, masked_mean, token_logprobs
 from ito_assets.posttraining.sft import response_batch
 from ito_assets.posttraining.vocab import TextCodec
 
@@ -24,6 +24,7 @@ _DPO = DpoStep.model_fields
 class DpoConfig:
     beta: float = _DPO["beta"].default
     label_smoothing: float = _DPO["label_smoothing"].default
+    rpo_alpha: float = _DPO["rpo_alpha"].default
     learning_rate: float = _DPO["learning_rate"].default
     # One epoch: Rafailov et al. (2023) and Tulu 3's DPO train a single pass over the pairs.
     num_epochs: int = 1
@@ -36,7 +37,8 @@ class DpoConfig:
 
     @classmethod
     def from_step(cls, step: DpoStep, **runtime) -> "DpoConfig":
-        return cls(beta=step.beta, label_smoothing=step.label_smoothing, learning_rate=step.learning_rate, **runtime)
+        return cls(beta=step.beta, label_smoothing=step.label_smoothing, rpo_alpha=step.rpo_alpha,
+                   learning_rate=step.learning_rate, **runtime)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,14 +52,17 @@ class DpoResult:
 
 def _pair_logprobs(
     policy: CausalLM, codec: TextCodec, batch: Sequence[PreferencePair]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (chosen, rejected) summed response log-probabilities, each (N,). One forward over the
-    2N sequences: chosen rows first, then rejected rows."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> (chosen, rejected) summed response log-probabilities, each (N,), and the chosen
+    responses' negative log-likelihood per token (scalar). One forward over the 2N sequences:
+    chosen rows first, then rejected rows."""
     prompts = [p.prompt for p in batch] * 2
     responses = [p.chosen for p in batch] + [p.rejected for p in batch]
     tokens, mask = response_batch(codec, prompts, responses)  # (2N, T), (2N, T-1)
-    summed = sequence_logprobs(token_logprobs(policy, tokens), mask)  # (2N,)
-    return summed[: len(batch)], summed[len(batch) :]
+    logprobs = token_logprobs(policy, tokens)  # (2N, T-1)
+    summed = sequence_logprobs(logprobs, mask)  # (2N,)
+    n = len(batch)
+    return summed[:n], summed[n:], -masked_mean(logprobs[:n], mask[:n])
 
 
 def run_dpo(
@@ -79,10 +84,11 @@ def run_dpo(
             step_started = time.perf_counter()
             batch = [pairs[i] for i in order[start : start + config.batch_size]]
             with torch.no_grad():
-                ref_chosen, ref_rejected = _pair_logprobs(reference, codec, batch)
-            chosen, rejected = _pair_logprobs(policy, codec, batch)
+                ref_chosen, ref_rejected, _ = _pair_logprobs(reference, codec, batch)
+            chosen, rejected, chosen_nll = _pair_logprobs(policy, codec, batch)
             result = dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta=config.beta,
-                              label_smoothing=config.label_smoothing)
+                              label_smoothing=config.label_smoothing, rpo_alpha=config.rpo_alpha,
+                              chosen_nll=chosen_nll)
             optimizer_step(policy, optimizer, result.loss)
             losses.append(float(result.loss.detach()))
             accuracies.append(result.accuracy)

@@ -122,6 +122,7 @@ RANGES = {
     ("DpoStep", "beta"): (_step("dpo", "beta"), "post_training.0.dpo.beta", 0.0, False, 10.0, True),
     ("DpoStep", "label_smoothing"): (_step("dpo", "label_smoothing"), "post_training.0.dpo.label_smoothing",
                                      0.0, True, 0.5, False),
+    ("DpoStep", "rpo_alpha"): (_step("dpo", "rpo_alpha"), "post_training.0.dpo.rpo_alpha", 0.0, True, 10.0, True),
     ("DpoStep", "learning_rate"): (_step("dpo", "learning_rate"), "post_training.0.dpo.learning_rate",
                                    0.0, False, 1.0, False),
     ("RlvrStep", "group_size"): (_step("rlvr", "group_size"), "post_training.0.rlvr.group_size", 2, True, 1024, True),

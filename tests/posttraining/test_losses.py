@@ -36,6 +36,14 @@ def test_dpo_label_smoothing_is_conservative_dpo():
     assert result.loss.item() == pytest.approx(0.41326169, abs=1e-6)
 
 
+def test_rpo_adds_alpha_times_the_chosen_negative_log_likelihood():
+    args = torch.tensor([-1.0]), torch.tensor([-3.0]), torch.tensor([-2.0]), torch.tensor([-2.0])
+    plain = dpo_loss(*args, beta=0.5).loss.item()  # 0.31326169, as above
+    nll = torch.tensor(0.75)
+    assert dpo_loss(*args, beta=0.5, rpo_alpha=2.0, chosen_nll=nll).loss.item() == pytest.approx(plain + 1.5, abs=1e-6)
+    assert dpo_loss(*args, beta=0.5, rpo_alpha=0.0, chosen_nll=nll).loss.item() == pytest.approx(plain, abs=1e-7)
+
+
 def test_dpo_reference_gets_no_gradient():
     ref = torch.tensor([-2.0], requires_grad=True)
     policy = torch.tensor([-1.0], requires_grad=True)
@@ -112,7 +120,9 @@ def test_all_truncated_batch_has_zero_loss():
     assert result.loss.item() == 0.0 and result.num_tokens == 0
 
 
-@pytest.mark.parametrize("bad", [{"beta": 0.0}, {"beta": 0.1, "label_smoothing": 0.5}])
+@pytest.mark.parametrize("bad", [{"beta": 0.0}, {"beta": 0.1, "label_smoothing": 0.5},
+                                 {"beta": 0.1, "rpo_alpha": -0.01, "chosen_nll": torch.tensor(1.0)},
+                                 {"beta": 0.1, "rpo_alpha": 1.0}])
 def test_dpo_rejects_bad_hyperparameters(bad):
     one = torch.tensor([0.0])
     with pytest.raises(ValueError):

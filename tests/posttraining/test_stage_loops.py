@@ -12,7 +12,7 @@ import torch
 
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.posttraining.checkpoint import load_policy, save_policy
-from ito_assets.posttraining.dpo import DpoConfig, run_dpo
+from ito_assets.posttraining.dpo import DpoConfig, _pair_logprobs, run_dpo
 from ito_assets.posttraining.evaluation import RewardEval, kl_to_reference
 from ito_assets.posttraining.fixtures import (
     InstructionPair, instruction_pairs, preference_pairs, read_instruction_pairs, read_preference_pairs,
@@ -73,6 +73,30 @@ def test_dpo_prefers_chosen_and_leaves_the_reference_alone():
     assert result.losses[0] == pytest.approx(0.6931, abs=1e-3)  # margin 0 at the start: log 2
     assert result.losses[-1] < result.losses[0] and result.accuracies[-1] > 0.5
     assert all(torch.equal(frozen[k], v) for k, v in reference.state_dict().items())
+
+
+def _chosen_nll(policy, pairs) -> float:
+    with torch.no_grad():
+        return float(_pair_logprobs(policy, VOCAB, pairs)[2])
+
+
+def test_the_chosen_answers_log_likelihood_term_keeps_dpo_from_lowering_them():
+    """From an SFT policy, plain DPO lowers the chosen answers' likelihood along with the rejected
+    ones' (the mass goes elsewhere); with rpo_alpha 1 the chosen answers become likelier."""
+    train, _ = battery(PostTrainingRuntime())
+    pairs = preference_pairs(train[:64], copies=1, seed=0)
+    sft = _policy()
+    run_sft(sft, VOCAB, [InstructionPair(pair_id=p.pair_id, prompt=p.prompt, response=p.chosen) for p in pairs],
+            SftConfig(num_epochs=8, learning_rate=3e-3, batch_size=16))
+    start = _chosen_nll(sft, pairs)
+    after = {}
+    for alpha in (0.0, 1.0):
+        policy = copy.deepcopy(sft)
+        result = run_dpo(policy, copy.deepcopy(sft), VOCAB, pairs,
+                         DpoConfig(learning_rate=3e-3, batch_size=16, num_epochs=3, rpo_alpha=alpha))
+        assert result.accuracies[-1] > 0.5
+        after[alpha] = _chosen_nll(policy, pairs)
+    assert after[0.0] > start > after[1.0], (start, after)
 
 
 def test_checkpoint_round_trip_and_tamper_detection(tmp_path):
