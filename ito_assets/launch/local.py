@@ -1,8 +1,10 @@
 """This machine: `torch.distributed.run` and the workers it spawns.
 
-One node: a standalone torchrun. Several nodes on this machine (the multi-node path exercised for
-real on loopback): one torchrun launcher per node, joined by a c10d rendezvous on a free loopback
-port, with a rendezvous id per attempt so that a restarted attempt never meets the old one's ranks.
+One rank: the worker alone, hosting its own store; torchrun's agent would add seconds of start-up
+and nothing else, since restarts are the supervisor's. One node: a standalone torchrun. Several
+nodes on this machine (the multi-node path exercised for real on loopback): one torchrun launcher
+per node, joined by a c10d rendezvous on a free loopback port, with a rendezvous id per attempt so
+that a restarted attempt never meets the old one's ranks.
 
 torchrun runs in its own session; it starts every worker in a session of its own as well, so the
 workers are found by the pids in their heartbeats (checked against /proc before any signal, so a
@@ -20,7 +22,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ito_assets.launch.spec import LaunchSpec, torchrun_command
+from ito_assets.launch.spec import LaunchSpec, direct_command, torchrun_command
 
 
 def _free_port() -> int:
@@ -30,8 +32,11 @@ def _free_port() -> int:
 
 
 def node_commands(spec: LaunchSpec) -> list[list[str]]:
-    """The launch command of every node: one standalone torchrun, or `nnodes` identical launchers
-    meeting at a c10d rendezvous on a free loopback port."""
+    """The launch command of every node: the worker itself where it is the only rank, one
+    standalone torchrun for one node, or `nnodes` identical launchers meeting at a c10d rendezvous
+    on a free loopback port."""
+    if spec.world_size == 1:
+        return [direct_command(spec)]
     if spec.nnodes == 1:
         return [torchrun_command(spec, standalone=True)]
     loopback = replace(spec, rdzv_host="127.0.0.1", rdzv_port=_free_port())

@@ -68,3 +68,10 @@ def torchrun_command(spec: LaunchSpec, *, python: str = sys.executable, rdzv_end
         spec.module,
         *spec.args,
     ]
+
+
+def direct_command(spec: LaunchSpec, *, python: str = sys.executable) -> list[str]:
+    """`python -m module ...`: a world of one needs no launcher; the worker joins it alone."""
+    if spec.world_size != 1:
+        raise ValueError("only a world of one starts without torchrun")
+    return [python, "-m", spec.module, *spec.args]

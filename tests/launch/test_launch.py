@@ -14,7 +14,7 @@ from ito_assets.launch.backend import BackendKind, LaunchConfig
 from ito_assets.launch.kubernetes import KubernetesSettings, headless_service, job_body, pod_hostname
 from ito_assets.launch.local import LocalBackend, node_commands
 from ito_assets.launch.slurm import SlurmSettings, exit_code_of, sbatch_script
-from ito_assets.launch.spec import LaunchSpec, torchrun_command
+from ito_assets.launch.spec import LaunchSpec, direct_command, torchrun_command
 
 # Every rank joins the group and all-reduces its rank; rank 0 writes what each rank saw.
 PROBE = """
@@ -40,6 +40,39 @@ def _wait(attempt, timeout_s: float) -> int | None:
     if code is None:
         attempt.terminate(set(), grace_s=5)
     return code
+
+
+# A world of one: the worker's own `distributed.init`, with no launcher's environment.
+LONE_PROBE = """
+import json, os, sys
+from datetime import timedelta
+import torch.distributed as dist
+from ito_assets.runtime.worker import distributed
+group = distributed.init(30.0)
+# A replica group's torchft manager connects to the store the environment names, as a client.
+client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                       timeout=timedelta(seconds=30))
+client.set("probe", "seen")
+with open(sys.argv[1], "w") as out:
+    json.dump({"pid": os.getpid(), "world_size": group.world_size, "rank": group.rank,
+               "env": {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}}, out)
+distributed.shutdown()
+"""
+
+
+def test_a_world_of_one_starts_alone_and_hosts_the_store_torchrun_would(tmp_path, monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "lone.py").write_text(LONE_PROBE)
+    out = tmp_path / "lone.json"
+    spec = LaunchSpec(run_id="lone", nnodes=1, nproc_per_node=1, module="lone", args=(str(out),),
+                      env=(("PYTHONPATH", str(tmp_path)),))
+    attempt = LocalBackend().start(spec, number=0, log_path=tmp_path / "attempt.log")
+    assert _wait(attempt, timeout_s=120) == 0, (tmp_path / "attempt.log").read_text()[-3000:]
+    result = json.loads(out.read_text())
+    assert result["pid"] == attempt.processes[0].pid  # no launcher between the supervisor and the rank
+    assert (result["world_size"], result["rank"]) == (1, 0)
+    assert result["env"] == {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
 
 
 @pytest.mark.slow
@@ -88,6 +121,16 @@ def test_one_node_on_this_machine_is_a_standalone_torchrun():
                                    "--nproc-per-node=2", "--max-restarts=0", "-m", "m", "--config", "c.json"]]
     with pytest.raises(ValueError, match="one node"):
         torchrun_command(SPEC, standalone=True)
+
+
+def test_a_world_of_one_is_the_worker_alone_and_two_ranks_are_torchrun():
+    one = LaunchSpec(run_id="r", nnodes=1, nproc_per_node=1, module="m", args=("--config", "c.json"))
+    assert node_commands(one) == [[sys.executable, "-m", "m", "--config", "c.json"]]
+    assert direct_command(one, python="python3") == ["python3", "-m", "m", "--config", "c.json"]
+    two_nodes = LaunchSpec(run_id="r", nnodes=2, nproc_per_node=1, module="m")
+    assert all("torch.distributed.run" in command for command in node_commands(two_nodes))
+    with pytest.raises(ValueError, match="world of one"):
+        direct_command(two_nodes)
 
 
 def test_several_nodes_on_this_machine_meet_on_a_free_loopback_port():

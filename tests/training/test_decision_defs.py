@@ -89,7 +89,7 @@ def test_assets_decide_plan_and_check(world):
     assert _columns(runs) == ["arm", "seed", "answer bits/byte", "accuracy %", "P(correct) %", "final loss", "tokens/s"]
     assert len(runs.records) == 4  # two arms, two seeds
     metadata = context.get_output_metadata("result")
-    assert metadata["arms_trained_on"] == "the stage worker (supervisor and torchrun)"
+    assert metadata["arms_trained_on"] == "the stage worker (under the supervisor)"
     fallbacks = {r.data["field"]: r.data for r in metadata["arm_layout_fallbacks"].value.records}
     assert fallbacks["compile"]["ran"] == "False"  # a CPU host runs eager, and says why
     for seed in (0, 1):  # each arm in its own stage folder, with the worker's result

@@ -1,4 +1,4 @@
-"""The decision's arms trained through the stage worker (the supervisor and torchrun, the
+"""The decision's arms trained through the stage worker (under the supervisor, the
 layout fitted to this host), as the curriculum's stages are: the weights the decision scores are
 the worker's final checkpoint, the losses its event log's, and an arm that cannot finish stops
 the decision with DECISION_ARM_FAILED instead of a verdict drawn from the others."""

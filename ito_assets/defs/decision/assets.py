@@ -98,7 +98,7 @@ def _launch_metadata(launch) -> dict:
     if launch is None:
         return {"arms_trained_on": "this process (the trainer's loop)"}
     rows = [{"field": f.field, "planned": str(f.planned), "ran": str(f.ran), "why": f.reason} for f in launch.fallbacks]
-    return {"arms_trained_on": "the stage worker (supervisor and torchrun)",
+    return {"arms_trained_on": "the stage worker (under the supervisor)",
             "arm_layout_fallbacks": table(ARM_FALLBACK_COLUMNS, rows)}
 
 

@@ -1,6 +1,6 @@
 """One arm of the data decision, trained through the stage worker as a curriculum stage is.
 
-The supervisor launches the worker under torchrun (heartbeats, restarts, asynchronous
+The supervisor launches the worker, one rank alone (heartbeats, restarts, asynchronous
 checkpoints); the worker applies the layout (precision, compile, micro-batches) and writes the
 runtime events. The trained weights come back from its final checkpoint, where the decision
 scores them on the eval suite (`ito_assets.training.decision`). The worker runs no eval battery

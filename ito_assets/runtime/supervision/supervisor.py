@@ -1,7 +1,8 @@
 """The supervisor: runs a stage's attempts, notices a dead or hung worker, and restarts the stage
 from its newest whole checkpoint under the same run record.
 
-- dead: torchrun exits non-zero (torchrun stops the other ranks when one dies).
+- dead: the launch exits non-zero (torchrun stops the other ranks when one dies; a rank that is
+  a world of its own is the launch).
 - hung: a live rank's heartbeat is older than `hang_timeout_s` (or no heartbeat arrives within
   `startup_timeout_s` of the launch).
 - an approved spike proposal: a planned restart from the proposal's checkpoint, skipping its
@@ -19,7 +20,7 @@ from its newest whole checkpoint under the same run record.
   CHECKPOINT_STORAGE_INVALID when the next attempt fails the same way.
 
 Attempts run where `SupervisorConfig.launch` says (`ito_assets.launch.backend`): torchrun on this
-machine, an sbatch job, or a Kubernetes Job; the supervisor only polls and terminates them. When
+machine (a lone rank without it), an sbatch job, or a Kubernetes Job; the supervisor only polls and terminates them. When
 they run remotely, it relays rank 0's metrics to its Dagster Pipes channel (`relay`).
 
 Detection seconds run from the faulty rank's last sign of life (the oldest of the ranks' newest

@@ -1,5 +1,5 @@
-"""The worker's process groups, launched by `torch.distributed.run`: gloo on CPU, nccl on GPU
-(the layout's mesh and wrappers are `execution.py`'s).
+"""The worker's process groups, launched by `torch.distributed.run` or alone as a world of one:
+gloo on CPU, nccl on GPU (the layout's mesh and wrappers are `execution.py`'s).
 
 Two groups: the default one for the training step's collectives and a separate gloo group for
 checkpoint saves (see `checkpoint.py`). A stop request (SIGTERM from torchrun, forwarded from the
@@ -27,17 +27,31 @@ class Distributed:
 
 
 def init(collective_timeout_s: float) -> Distributed:
-    """Join the group that torchrun's environment describes (RANK, WORLD_SIZE, MASTER_ADDR...)."""
+    """Join the group that torchrun's environment describes (RANK, WORLD_SIZE, MASTER_ADDR...), or,
+    started without one, be the only rank of a world of one (`launch.local` starts one rank so)."""
     use_cuda = torch.cuda.is_available()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
     timeout = datetime.timedelta(seconds=collective_timeout_s)
-    dist.init_process_group(backend="nccl" if use_cuda else "gloo", timeout=timeout)
+    backend = "nccl" if use_cuda else "gloo"
+    if "RANK" in os.environ:
+        dist.init_process_group(backend=backend, timeout=timeout)
+    else:
+        dist.init_process_group(backend=backend, timeout=timeout, store=_host_own_store(timeout), rank=0, world_size=1)
     checkpoint_group = dist.new_group(backend="gloo", timeout=timeout)
     return Distributed(rank=dist.get_rank(), world_size=dist.get_world_size(), device=device,
                        checkpoint_group=checkpoint_group)
+
+
+def _host_own_store(timeout: datetime.timedelta) -> dist.TCPStore:
+    """The rendezvous store torchrun's agent would host, on a free loopback port, and the
+    environment torchrun would set: a replica group's torchft manager finds the store by it."""
+    store = dist.TCPStore("127.0.0.1", 0, world_size=1, is_master=True, timeout=timeout)
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", GROUP_RANK="0",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port))
+    return store
 
 
 def shutdown() -> None:

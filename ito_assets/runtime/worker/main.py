@@ -73,7 +73,7 @@ class StageWorker:
         self.config, self.group, self.reporter = config, group, reporter
         self.rank = group.rank
         self.stage_dir = Path(config.stage_dir)
-        # Fitted again to the ranks torchrun really started (a no-op when the plan's host is this one).
+        # Fitted again to the ranks really started (a no-op when the plan's host is this one).
         layout, refitted = fit_layout(config.layout, world_size=group.world_size * config.replica_groups,
                                       replica_groups=config.replica_groups, batch_size=config.batch_size)
         self.data_world_size = layout.dp  # ranks that take different rows: every rank but tensor-parallel peers
