@@ -1,15 +1,15 @@
-"""Autoregressive sampling from a policy, one prompt at a time, G completions in parallel; at
-temperature 0 the one greedy decoder (the pretraining eval battery's continuations are decoded
-here too, `ito_assets.training.evaluation.greedy_continuation`).
+"""Autoregressive sampling from a policy: G completions of one prompt in parallel, or of several
+prompts of one length at once; at temperature 0 the one greedy decoder (the pretraining eval
+battery's continuations are decoded here too, `ito_assets.training.evaluation.greedy_continuation`).
 
-The G rows of a group share one prompt, so they have one length: no padding and no attention
-mask are needed while decoding. Rows that produced eos keep decoding into a pad that is thrown
-away (the tiny models have no KV cache; each step is one forward over the whole prefix).
+The rows of a batch share one prompt length, so no padding and no attention mask are needed while
+decoding. Rows that produced eos keep decoding into a pad that is thrown away (the tiny models
+have no KV cache; each step is one forward over the whole prefix).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -48,25 +48,50 @@ def sample(
     """num_samples completions of one prompt; temperature 0 decodes greedily. A completion ends at
     its first eos or `stop_ids` token; `max_context` feeds the model only the last that many tokens
     (a model with a fixed context length)."""
+    [completions] = sample_prompts(policy, [prompt_ids], num_samples=num_samples, max_new_tokens=max_new_tokens,
+                                   eos_id=eos_id, temperature=temperature, generator=generator, stop_ids=stop_ids,
+                                   max_context=max_context)
+    return completions
+
+
+@torch.no_grad()
+def sample_prompts(
+    policy: CausalLM,
+    prompts: Sequence[list[int]],
+    *,
+    num_samples: int,
+    max_new_tokens: int,
+    eos_id: int,
+    temperature: float = 1.0,
+    generator: torch.Generator | None = None,
+    stop_ids: Collection[int] = (),
+    max_context: int | None = None,
+) -> list[list[Completion]]:
+    """`sample` for several prompts of one length in one batch of len(prompts) x num_samples rows:
+    one forward per new token for all of them. Returns each prompt's completions, in order."""
+    if not prompts or len({len(p) for p in prompts}) != 1:
+        raise ValueError("prompts must be one or more of one length")
     stops = torch.tensor(sorted({eos_id, *stop_ids}), dtype=torch.long)
-    tokens = torch.tensor([prompt_ids] * num_samples, dtype=torch.long)  # (G, P)
+    tokens = torch.tensor([p for p in prompts for _ in range(num_samples)], dtype=torch.long)  # (N G, P)
     picked, logps = [], []
-    done = torch.zeros(num_samples, dtype=torch.bool)  # (G,)
+    done = torch.zeros(len(tokens), dtype=torch.bool)  # (N G,)
     for _ in range(max_new_tokens):
         window = tokens if max_context is None else tokens[:, -max_context:]
-        logits = policy(window)[:, -1, :].float()  # (G, V)
-        log_probs = torch.log_softmax(logits / max(temperature, 1e-8), dim=-1)  # (G, V)
+        logits = policy(window)[:, -1, :].float()  # (N G, V)
+        log_probs = torch.log_softmax(logits / max(temperature, 1e-8), dim=-1)  # (N G, V)
         if temperature == 0:
-            nxt = logits.argmax(dim=-1)  # (G,)
+            nxt = logits.argmax(dim=-1)  # (N G,)
         else:
-            nxt = torch.multinomial(log_probs.exp(), 1, generator=generator).squeeze(1)  # (G,)
+            nxt = torch.multinomial(log_probs.exp(), 1, generator=generator).squeeze(1)  # (N G,)
         picked.append(nxt)
         logps.append(log_probs.gather(1, nxt.unsqueeze(1)).squeeze(1))
-        tokens = torch.cat([tokens, nxt.unsqueeze(1)], dim=1)  # (G, P + t + 1)
+        tokens = torch.cat([tokens, nxt.unsqueeze(1)], dim=1)  # (N G, P + t + 1)
         done |= torch.isin(nxt, stops)
         if bool(done.all()):
             break
-    return [_cut(torch.stack(picked)[:, g], torch.stack(logps)[:, g], stops) for g in range(num_samples)]
+    ids, lps = torch.stack(picked, dim=1), torch.stack(logps, dim=1)  # (N G, steps)
+    rows = [_cut(ids[r], lps[r], stops) for r in range(len(ids))]
+    return [rows[i * num_samples : (i + 1) * num_samples] for i in range(len(prompts))]
 
 
 def _cut(ids: torch.Tensor, logps: torch.Tensor, stops: torch.Tensor) -> Completion:

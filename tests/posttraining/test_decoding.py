@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import types
 
+import pytest
 import torch
 
-from ito_assets.posttraining.decoding import sample
+from ito_assets.posttraining.decoding import sample, sample_prompts
 from ito_assets.training import evaluation
 
 VOCAB = 8
@@ -74,3 +75,27 @@ def test_the_eval_batterys_greedy_continuation_is_this_decoder(monkeypatch):
     assert evaluation.greedy_continuation(model, _Tokenizer(), "ab", 10) == "cdef"
     assert calls and calls[0]["temperature"] == 0 and calls[0]["max_context"] == 3
     assert max(model.seen) == 3
+
+
+def test_prompts_of_one_length_decode_at_once_as_each_would_alone():
+    prompts = [[0], [2], [4]]
+    together = sample_prompts(Counter(), prompts, num_samples=2, max_new_tokens=10, eos_id=7, temperature=0)
+    assert together == [sample(Counter(), p, num_samples=2, max_new_tokens=10, eos_id=7, temperature=0)
+                        for p in prompts]
+    assert [len(c) for c in together] == [2, 2, 2]
+    assert [c[0].ids for c in together] == [(1, 2, 3, 4, 5, 6, 7), (3, 4, 5, 6, 7), (5, 6, 7)]
+    model = Counter()
+    sample_prompts(model, prompts, num_samples=2, max_new_tokens=10, eos_id=7, temperature=0)
+    assert len(model.seen) == 7  # one forward per new token for all six rows, until the last ends
+
+
+def test_one_prompt_is_sampled_exactly_as_before_and_mixed_lengths_are_refused():
+    def draw(fn, prompt):
+        generator = torch.Generator().manual_seed(3)
+        return fn(Counter(), prompt, num_samples=4, max_new_tokens=6, eos_id=7, temperature=5.0, generator=generator)
+
+    assert draw(sample_prompts, [[1, 2]]) == [draw(sample, [1, 2])]
+    with pytest.raises(ValueError, match="one length"):
+        sample_prompts(Counter(), [[1], [1, 2]], num_samples=1, max_new_tokens=2, eos_id=7)
+    with pytest.raises(ValueError, match="one length"):
+        sample_prompts(Counter(), [], num_samples=1, max_new_tokens=2, eos_id=7)
