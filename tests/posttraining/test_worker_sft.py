@@ -73,6 +73,12 @@ def test_the_worker_trains_the_in_process_recipe_and_a_rerun_resumes(tmp_path):
     assert stage["optimizer"] == WORKER_RECIPE and stage["learning_rate"] == CONFIG.learning_rate
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [m["learning_rate"] for m in lines if "learning_rate" in m] == [CONFIG.learning_rate]  # step 8's
+    # Throughput counts the rows' tokens: bos, "max 007=" and its answer, 10 a row (no padding here:
+    # every pair is as long; tests/runtime/test_sft_rows.py has rows of many lengths).
+    [rate] = [m["tokens_per_second"] for m in lines if "tokens_per_second" in m]
+    [seconds] = [e.seconds for e in events.read(tmp_path) if e.kind is EventKind.STEP and e.step == 8]
+    batches, _ = sft_batches(CODEC, PAIRS, CONFIG)
+    assert rate * seconds == pytest.approx(batches.tokens_at(7)) and batches.tokens_at(7) == 16 * 10
     assert _steps(tmp_path) == [(0, s) for s in range(1, 9)]
     # The same stage again: the worker resumes at its final checkpoint and trains nothing more.
     again = SPEC.factory()()

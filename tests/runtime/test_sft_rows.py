@@ -7,6 +7,7 @@ wheel), so that responses have every length."""
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import math
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from ito_assets.posttraining.policy import token_logprobs
 from ito_assets.posttraining.sft import response_batch, sft_rows
 from ito_assets.posttraining.vocab import PRINTABLE, CharVocab
 from ito_assets.posttraining.optim import WORKER_RECIPE
+from ito_assets.runtime.record import events
 from ito_assets.runtime.stage.config import WorkerConfig
 from ito_assets.runtime.worker import batches, execution
 from ito_assets.runtime.worker.batches import IGNORE, BatchPlan, ResumableBatches
@@ -100,6 +102,28 @@ def test_rows_are_visited_once_an_epoch_and_resume_at_their_position():
     halves = [ResumableBatches(rows, BatchPlan(batch_size=8, sequence_length=LENGTH, seed=3, rank=r, world_size=2))
               .next_batch()[1] for r in (0, 1)]
     assert torch.equal(torch.cat(halves), batches[0][1])
+
+
+def test_a_batch_counts_each_rows_tokens_up_to_its_last_target_on_every_rank():
+    rows = _rows()
+    plan = BatchPlan(batch_size=8, sequence_length=LENGTH, seed=3)
+    loader = ResumableBatches(rows, plan)
+    for _ in range(6):  # into the second epoch
+        position, x, y = loader.next_batch()
+        # By the text: bos, then the prompt and response's characters (the eos is a target, never an
+        # input, and the codec drops the padding).
+        expected = sum(1 + len(CODEC.decode(row)) for row in x.tolist())
+        assert loader.tokens_at(position) == expected < 8 * LENGTH  # the padding is not counted
+        ranks = [ResumableBatches(rows, BatchPlan(batch_size=8, sequence_length=LENGTH, seed=3, rank=r, world_size=2))
+                 for r in (0, 1)]
+        assert [r.tokens_at(position) for r in ranks] == [expected, expected]  # the global batch's, on every rank
+    # A row whose last target is its last position counts it whole; one whose only target is its first, one.
+    full, first = np.full((2, LENGTH), 5, dtype=np.int32), np.full((2, LENGTH), IGNORE, dtype=np.int32)
+    first[1, 0] = 5
+    edge = ResumableBatches(np.stack([full, first]), BatchPlan(batch_size=2, sequence_length=LENGTH, seed=0))
+    assert edge.tokens_at(0) == LENGTH + 1
+    windows = ResumableBatches(np.arange(8 * 33 + 1, dtype=np.int32), BatchPlan(batch_size=4, sequence_length=32, seed=0))
+    assert windows.tokens_at(1) == 4 * 32
 
 
 def test_rows_of_another_length_or_without_a_target_are_refused():
@@ -209,6 +233,19 @@ def test_the_worker_trains_rows_alike_on_one_rank_and_on_two_by_ddp_with_a_resum
         trained = final_weights(Path(other.stage_dir), 12)
         for key in reference:
             torch.testing.assert_close(trained[key], reference[key], atol=FP32_TOLERANCE, rtol=0, msg=key)
+    # Throughput counts each row up to its last target, the global batch's on one rank and on two.
+    loader = ResumableBatches(_rows(len(PAIRS)), BatchPlan(batch_size=8, sequence_length=LENGTH, seed=one.seed))
+    for config in (one, sliced):
+        assert _tokens_trained(config, steps=(10, 12)) == pytest.approx([loader.tokens_at(9), loader.tokens_at(11)])
+    assert loader.tokens_at(11) < 8 * LENGTH
+
+
+def _tokens_trained(config: WorkerConfig, *, steps: tuple[int, ...]) -> list[float]:
+    """tokens_per_second x the step's seconds, at each logged step of `steps`."""
+    lines = [json.loads(line) for line in Path(config.metrics_path).read_text().splitlines()]
+    rates = {m["step"]: m["tokens_per_second"] for m in lines if "tokens_per_second" in m}
+    seconds = {e.step: e.seconds for e in events.read(Path(config.stage_dir)) if e.kind is events.EventKind.STEP}
+    return [rates[step] * seconds[step] for step in steps]
 
 
 @pytest.mark.parametrize("optimizer, message", [

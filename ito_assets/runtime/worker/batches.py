@@ -99,6 +99,19 @@ class ResumableBatches:
         return position, batch[:, :-1], batch[:, 1:]
 
 
+    def tokens_at(self, position: int) -> int:
+        """The tokens the global batch at `position` trains on, every rank's share: its windows'
+        batch_size x sequence_length, or each row's inputs up to its last target, since the
+        padding after a row's end is computed but is not data."""
+        b, t = self.plan.batch_size, self.plan.sequence_length
+        if not self.has_rows:
+            return b * t
+        epoch, index = divmod(position, self.batches_per_epoch)
+        rows = np.sort(self._order(epoch)[index * b : (index + 1) * b])
+        taken = np.asarray(self.tokens[rows, 1]) != IGNORE  # (B, T); every row has a target (checked)
+        return int((t - np.argmax(taken[:, ::-1], axis=1)).sum())
+
+
 def _check_rows(rows: np.ndarray, sequence_length: int) -> None:
     """A rows shard must match the stage's sequence length, and every row must take a loss
     somewhere: a micro-batch of rows without a target would average nothing (NaN). Read in chunks,

@@ -123,7 +123,7 @@ class StageWorker:
             step = result.step
             if not result.committed:
                 continue
-            self.observe(result)
+            self.observe(result, batches)
             if not result.applied and self.await_desk(step):
                 return self.flush(step, batches.position)
             if self.writes_checkpoints and self.checkpointer.due(step):
@@ -312,13 +312,13 @@ class StageWorker:
 
     # --- observation: events, metrics, spikes ---------------------------------------------------
 
-    def observe(self, result: StepResult) -> None:
+    def observe(self, result: StepResult, batches: ResumableBatches) -> None:
         self.event(EventKind.STEP, step=result.step, seconds=result.seconds, loss=result.loss,
                    detail="" if result.applied else events.NOT_APPLIED)
         self.step_seconds.append(result.seconds)
         self.report_progress(result.step)
         if result.step % LOG_EVERY_STEPS == 0 or result.step == self.config.num_steps:
-            tokens_per_second = self.config.batch_size * self.config.sequence_length / result.seconds
+            tokens_per_second = batches.tokens_at(result.position) / result.seconds
             self.reporter.metrics(result.step, {"loss": result.loss, "grad_norm": result.grad_norm,
                                                 "learning_rate": result.learning_rate,
                                                 "tokens_per_second": tokens_per_second})
