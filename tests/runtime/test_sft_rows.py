@@ -22,7 +22,7 @@ from ito_assets.posttraining.sft import response_batch, sft_rows
 from ito_assets.posttraining.vocab import PRINTABLE, CharVocab
 from ito_assets.posttraining.optim import WORKER_RECIPE
 from ito_assets.runtime.record import events
-from ito_assets.runtime.stage.config import WorkerConfig
+from ito_assets.runtime.stage.config import RESULT_NAME, WorkerConfig
 from ito_assets.runtime.worker import batches, execution
 from ito_assets.runtime.worker.batches import IGNORE, BatchPlan, ResumableBatches
 from ito_assets.runtime.worker.step import target_divisors, train_step
@@ -238,6 +238,37 @@ def test_the_worker_trains_rows_alike_on_one_rank_and_on_two_by_ddp_with_a_resum
     for config in (one, sliced):
         assert _tokens_trained(config, steps=(10, 12)) == pytest.approx([loader.tokens_at(9), loader.tokens_at(11)])
     assert loader.tokens_at(11) < 8 * LENGTH
+
+
+@pytest.mark.long  # four ranks on CI's two cores: `make test-long`
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_hsdp_trains_rows_as_one_rank_does(tmp_path):
+    """FSDP2 inside DDP (two replicas of two shards), each rank two rows: each target of the global
+    batch is counted once across replicas and shards, as on one rank."""
+    folder = tmp_path / "rows"
+    folder.mkdir()
+    np.save(folder / "train.npy", _rows(len(PAIRS)))
+    tokens = (folder / "train.npy", None)
+    settings = dict(model="micro", vocab_size=CODEC.vocab_size, stage="sft", num_steps=12, interval_steps=6,
+                    batch_size=8, sequence_length=LENGTH, heldout_path=None, learning_rate=1e-2)
+    one = worker_config(tmp_path / "one", tokens, layout=Layout(precision="fp32", compile=False, micro_batch_size=8),
+                        **settings)
+    hybrid = worker_config(tmp_path / "hsdp", tokens, **settings,
+                           layout=Layout(dp_replicate=2, dp_shard=2, precision="fp32", compile=False,
+                                         micro_batch_size=1))
+    running = [start_worker(one, nproc=1), start_worker(hybrid, nproc=4)]
+    for done in map(finish, running):
+        assert done.returncode == 0, done.stderr[-3000:]
+    ran = json.loads((Path(hybrid.stage_dir) / RESULT_NAME).read_text())["layout"]
+    assert ran["ran"] == hybrid.layout.describe() and ran["fallbacks"] == []
+    expected, got = step_losses(Path(one.stage_dir)), step_losses(Path(hybrid.stage_dir))
+    assert sorted(got) == sorted(expected) == list(range(1, 13))
+    assert max(abs(got[s] - expected[s]) for s in got) <= FP32_TOLERANCE
+    reference, trained = final_weights(Path(one.stage_dir), 12), final_weights(Path(hybrid.stage_dir), 12)
+    for key in reference:
+        torch.testing.assert_close(trained[key], reference[key], atol=FP32_TOLERANCE, rtol=0, msg=key)
+    loader = ResumableBatches(_rows(len(PAIRS)), BatchPlan(batch_size=8, sequence_length=LENGTH, seed=one.seed))
+    assert _tokens_trained(hybrid, steps=(12,)) == pytest.approx([loader.tokens_at(11)])
 
 
 def _tokens_trained(config: WorkerConfig, *, steps: tuple[int, ...]) -> list[float]:
