@@ -86,15 +86,23 @@ class LocalAttempt:
         """Processes that exited hold nothing."""
 
 
+# What torchrun tells its ranks. A world of one started alone must not inherit them from a parent
+# that is itself a rank (or a shell that set them): it would wait for ranks that never come.
+RANK_ENVIRONMENT = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                    "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+
+
 def start(commands: list[list[str]], *, number: int, log_path: Path, worker_module: str,
-          env: dict[str, str] | None = None) -> LocalAttempt:
-    """Run every node's command in a session of its own, all writing to `log_path`."""
+          env: dict[str, str] | None = None, alone: bool = False) -> LocalAttempt:
+    """Run every node's command in a session of its own, all writing to `log_path`; `alone`: the
+    one command is a world of one, started without the rank environment of this process."""
     launched_at = time.time()
+    inherited = {k: v for k, v in os.environ.items() if not (alone and k in RANK_ENVIRONMENT)}
     processes = []
     with open(log_path, "ab") as log:
         for command in commands:
             processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                              env={**os.environ, **(env or {})}))
+                                              env={**inherited, **(env or {})}))
     return LocalAttempt(number=number, processes=processes, launched_at=launched_at, log_path=log_path,
                         worker_module=worker_module)
 
@@ -155,4 +163,4 @@ def terminate(attempt: LocalAttempt, worker_pids: set[int], *, grace_s: float, p
 class LocalBackend:
     def start(self, spec: LaunchSpec, *, number: int, log_path: Path) -> LocalAttempt:
         return start(node_commands(spec), number=number, log_path=log_path, worker_module=spec.module,
-                     env=dict(spec.env))
+                     env=dict(spec.env), alone=spec.world_size == 1)

@@ -61,8 +61,10 @@ distributed.shutdown()
 
 
 def test_a_world_of_one_starts_alone_and_hosts_the_store_torchrun_would(tmp_path, monkeypatch):
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(name, raising=False)
+    # As if the supervisor were itself rank 3 of 8: the lone rank must not wait for the others.
+    for name, value in (("RANK", "3"), ("WORLD_SIZE", "8"), ("LOCAL_RANK", "3"), ("MASTER_ADDR", "10.9.9.9"),
+                        ("MASTER_PORT", "1")):
+        monkeypatch.setenv(name, value)
     (tmp_path / "lone.py").write_text(LONE_PROBE)
     out = tmp_path / "lone.json"
     spec = LaunchSpec(run_id="lone", nnodes=1, nproc_per_node=1, module="lone", args=(str(out),),
