@@ -32,25 +32,9 @@ def encode_prompt(codec: TextCodec, prompt: str) -> list[int]:
     return [codec.bos_id] + codec.encode(prompt)
 
 
-@torch.no_grad()
-def sample(
-    policy: CausalLM,
-    prompt_ids: list[int],
-    *,
-    num_samples: int,
-    max_new_tokens: int,
-    eos_id: int,
-    temperature: float = 1.0,
-    generator: torch.Generator | None = None,
-    stop_ids: Collection[int] = (),
-    max_context: int | None = None,
-) -> list[Completion]:
-    """num_samples completions of one prompt; temperature 0 decodes greedily. A completion ends at
-    its first eos or `stop_ids` token; `max_context` feeds the model only the last that many tokens
-    (a model with a fixed context length)."""
-    [completions] = sample_prompts(policy, [prompt_ids], num_samples=num_samples, max_new_tokens=max_new_tokens,
-                                   eos_id=eos_id, temperature=temperature, generator=generator, stop_ids=stop_ids,
-                                   max_context=max_context)
+def sample(policy: CausalLM, prompt_ids: list[int], **options) -> list[Completion]:
+    """The completions of one prompt: `sample_prompts` with a single prompt, its options alike."""
+    [completions] = sample_prompts(policy, [prompt_ids], **options)
     return completions
 
 
@@ -67,8 +51,11 @@ def sample_prompts(
     stop_ids: Collection[int] = (),
     max_context: int | None = None,
 ) -> list[list[Completion]]:
-    """`sample` for several prompts of one length in one batch of len(prompts) x num_samples rows:
-    one forward per new token for all of them. Returns each prompt's completions, in order."""
+    """num_samples completions of each prompt, the prompts of one length decoded together in one
+    batch of len(prompts) x num_samples rows (one forward per new token for all of them); returns
+    each prompt's completions, in order. Temperature 0 decodes greedily. A completion ends at its
+    first eos or `stop_ids` token; `max_context` feeds the model only the last that many tokens (a
+    model with a fixed context length)."""
     if not prompts or len({len(p) for p in prompts}) != 1:
         raise ValueError("prompts must be one or more of one length")
     stops = torch.tensor(sorted({eos_id, *stop_ids}), dtype=torch.long)

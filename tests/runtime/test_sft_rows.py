@@ -193,12 +193,9 @@ def test_the_divisors_are_the_micro_batch_count_for_equal_targets():
 FP32_TOLERANCE = 1e-4
 
 
-@pytest.mark.slow
-@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
-def test_the_worker_trains_rows_alike_on_one_rank_and_on_two_by_ddp_with_a_resume_tp_and_fsdp2(tmp_path):
-    """Two ranks, each its rows as two micro-batches, stopped at step 6 and resumed, two
-    tensor-parallel ranks and two FSDP2 ranks, against one rank straight: the same losses and
-    weights, so each target of the global batch counted once."""
+def _one_rank_straight(tmp_path: Path) -> tuple[tuple[Path, None], dict, WorkerConfig]:
+    """The documentation's rows as a shard, the settings every layout of the rows tests shares, and
+    the reference: one rank, the whole batch as one micro-batch, 12 steps."""
     folder = tmp_path / "rows"
     folder.mkdir()
     np.save(folder / "train.npy", _rows(len(PAIRS)))
@@ -207,6 +204,16 @@ def test_the_worker_trains_rows_alike_on_one_rank_and_on_two_by_ddp_with_a_resum
                     batch_size=8, sequence_length=LENGTH, heldout_path=None, learning_rate=1e-2)
     one = worker_config(tmp_path / "one", tokens, layout=Layout(precision="fp32", compile=False, micro_batch_size=8),
                         **settings)
+    return tokens, settings, one
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_the_worker_trains_rows_alike_on_one_rank_and_on_two_by_ddp_with_a_resume_tp_and_fsdp2(tmp_path):
+    """Two ranks, each its rows as two micro-batches, stopped at step 6 and resumed, two
+    tensor-parallel ranks and two FSDP2 ranks, against one rank straight: the same losses and
+    weights, so each target of the global batch counted once."""
+    tokens, settings, one = _one_rank_straight(tmp_path)
     two = worker_config(tmp_path / "two", tokens, stop_after_step=6, **settings,
                         layout=Layout(dp_replicate=2, precision="fp32", compile=False, micro_batch_size=2))
     # Tensor-parallel peers hold the same rows: they count each target once per peer, and the ranks too.
@@ -245,14 +252,7 @@ def test_the_worker_trains_rows_alike_on_one_rank_and_on_two_by_ddp_with_a_resum
 def test_hsdp_trains_rows_as_one_rank_does(tmp_path):
     """FSDP2 inside DDP (two replicas of two shards), each rank two rows: each target of the global
     batch is counted once across replicas and shards, as on one rank."""
-    folder = tmp_path / "rows"
-    folder.mkdir()
-    np.save(folder / "train.npy", _rows(len(PAIRS)))
-    tokens = (folder / "train.npy", None)
-    settings = dict(model="micro", vocab_size=CODEC.vocab_size, stage="sft", num_steps=12, interval_steps=6,
-                    batch_size=8, sequence_length=LENGTH, heldout_path=None, learning_rate=1e-2)
-    one = worker_config(tmp_path / "one", tokens, layout=Layout(precision="fp32", compile=False, micro_batch_size=8),
-                        **settings)
+    tokens, settings, one = _one_rank_straight(tmp_path)
     hybrid = worker_config(tmp_path / "hsdp", tokens, **settings,
                            layout=Layout(dp_replicate=2, dp_shard=2, precision="fp32", compile=False,
                                          micro_batch_size=1))
