@@ -68,7 +68,7 @@ def worker_config(spec: PolicySpec, config: SftConfig, *, rows_path: Path, seque
         num_steps=num_steps, batch_size=config.batch_size, sequence_length=sequence_length,
         interval_steps=min(launch.interval_steps, num_steps), keep_last=launch.keep_last, seed=config.seed,
         learning_rate=config.learning_rate, optimizer=dict(WORKER_RECIPE), layout=layout(config.batch_size),
-        init_from=spec.init_checkpoint)
+        init_from=spec.init_checkpoint, init_optimizer=False)
 
 
 def train_on_worker(policy: CausalLM, spec: PolicySpec, codec: TextCodec, pairs: Sequence[InstructionPair],

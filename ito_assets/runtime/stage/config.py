@@ -64,6 +64,10 @@ class WorkerConfig:
     eval_suite_path: str | None = None
     eval_suite_sha256: str | None = None  # "sha256:" + 64 hex, as `ito_assets.evals.suite` digests
     init_from: str | None = None  # the previous stage's final checkpoint
+    # With `init_from`: also take its optimizer (moments, step counts, betas and decay), as a
+    # continued pretraining stage does. Post-training starts its own AdamW on the weights alone:
+    # its recipe's betas and decay would otherwise be the pretraining run's.
+    init_optimizer: bool = True
     # A planned stop: the attempt ends after this step with a whole checkpoint (the end of a booked
     # window); a later launch resumes from it.
     stop_after_step: int | None = None

@@ -194,11 +194,18 @@ class StageWorker:
         return step, position
 
     def _init_from(self, path: Path) -> None:
-        state = train_state.template(self.model, self.optimizer, rank=self.rank, weights_only=True)
+        if self.config.init_optimizer:
+            state = train_state.template(self.model, self.optimizer, rank=self.rank, weights_only=True)
+        else:
+            state = {"model": train_state.weights(self.model)}
         reason = resume.load_checkpoint(path, state, rank=self.rank, group=self.group.checkpoint_group)
         if reason is not None:
             raise RuntimeError(f"the previous stage's final checkpoint cannot be used: {reason}")
-        train_state.apply(self.model, self.optimizer, state, rank=self.rank)
+        if self.config.init_optimizer:
+            train_state.apply(self.model, self.optimizer, state, rank=self.rank)
+        else:
+            train_state.set_weights(self.model, state["model"])
+            self.optimizer.state.clear()  # the template's zero-rate step: a fresh AdamW, as a fresh start's
 
     def save(self, step: int, position: int) -> None:
         self.heartbeat.beat(step, "checkpointing", force=True)
