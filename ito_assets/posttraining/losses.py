@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ito_assets.posttraining.policy import masked_mean, masked_sum
+from ito_assets.posttraining.policy import CausalLM, gathered_logprobs, masked_mean, masked_sum
+from ito_assets.runtime.worker.batches import IGNORE
 
 # 1e-6 in the advantage's denominator: verl's GRPO advantage estimator (`epsilon=1e-6`).
 ADVANTAGE_EPS = 1e-6
@@ -62,8 +63,8 @@ def dpo_loss(
 ) -> DpoLoss:
     """Each input (N,): the summed log-probability of a pair's response under the policy or the
     frozen reference. loss = mean(-(1 - e) log s(m) - e log s(-m)) + alpha x chosen_nll, with
-    m = beta x (log-ratio margin) and chosen_nll (scalar) the policy's negative log-likelihood per
-    token of the chosen responses."""
+    m = beta x (log-ratio margin) and chosen_nll (scalar) the policy's negative log-likelihood of
+    the chosen responses (`pair_loss`: each per token, averaged over the pairs)."""
     if beta <= 0 or not 0 <= label_smoothing < 0.5 or rpo_alpha < 0:
         raise ValueError("beta must be positive, label_smoothing in [0, 0.5) and rpo_alpha >= 0")
     if rpo_alpha > 0 and chosen_nll is None:
@@ -73,6 +74,28 @@ def dpo_loss(
     losses = -(1 - label_smoothing) * F.logsigmoid(margins) - label_smoothing * F.logsigmoid(-margins)
     loss = losses.mean() + rpo_alpha * chosen_nll if rpo_alpha > 0 else losses.mean()
     return DpoLoss(loss=loss, margins=margins.detach(), accuracy=float((margins > 0).float().mean()))
+
+
+def answer_logprobs(policy: CausalLM, tokens: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pair rows (b, 2, T), chosen then rejected, with targets -100 off the answers -> (each
+    answer's summed log-probability, its number of targets), both (b, 2). One forward pass."""
+    b = tokens.shape[0]
+    targets = targets.flatten(0, 1)  # (2b, T)
+    taken = targets != IGNORE
+    logprobs = gathered_logprobs(policy(tokens.flatten(0, 1)).float(), targets.clamp(min=0))  # (2b, T)
+    return masked_sum(logprobs, taken).view(b, 2), taken.sum(dim=-1).view(b, 2)
+
+
+def pair_loss(policy: CausalLM, tokens: torch.Tensor, targets: torch.Tensor, reference: torch.Tensor, *,
+              beta: float, label_smoothing: float = 0.0, rpo_alpha: float = 0.0) -> DpoLoss:
+    """DPO on pair rows (b, 2, T) against the reference's summed log-probabilities (b, 2). The
+    chosen answers' NLL is each one's per token, averaged over pairs (Pang et al. 2024 divide it by
+    the answer's length): a mean over pairs, like the DPO term, so that a batch split
+    into micro-batches or over ranks takes the whole batch's loss."""
+    sums, lengths = answer_logprobs(policy, tokens, targets)
+    chosen_nll = (-sums[:, 0] / lengths[:, 0]).mean()
+    return dpo_loss(sums[:, 0], sums[:, 1], reference[:, 0], reference[:, 1], beta=beta,
+                    label_smoothing=label_smoothing, rpo_alpha=rpo_alpha, chosen_nll=chosen_nll)
 
 
 def sequence_logprobs(logprobs: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:

@@ -80,10 +80,11 @@ def test_only_group_zero_keeps_the_stage_folder(tmp_path, tokens):
 def test_rows_with_targets_are_refused_across_replica_groups_before_any_launch(tmp_path, tokens):
     config = worker_config(tmp_path, tokens, replica_groups=2, replica_timeout_s=10.0)
     assert ReplicaStage(worker=config, config=SUPERVISION).groups == []  # a token stream is fine
-    rows = np.zeros((8, 2, config.sequence_length), dtype=np.int32)  # an SFT shard: every target takes a loss
-    np.save(tmp_path / "rows.npy", rows)
-    with pytest.raises(ValueError, match="one replica group only"):
-        ReplicaStage(worker=replace(config, tokens_path=str(tmp_path / "rows.npy")), config=SUPERVISION)
+    # An SFT shard and a DPO shard of pairs: every target takes a loss.
+    for shape in ((8, 2, config.sequence_length), (8, 2, 2, config.sequence_length)):
+        np.save(tmp_path / "rows.npy", np.zeros(shape, dtype=np.int32))
+        with pytest.raises(ValueError, match="one replica group only"):
+            ReplicaStage(worker=replace(config, tokens_path=str(tmp_path / "rows.npy")), config=SUPERVISION)
 
 
 def _steps(folder: Path) -> dict[int, list[tuple[int, float]]]:

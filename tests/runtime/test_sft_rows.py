@@ -128,7 +128,7 @@ def test_a_batch_counts_each_rows_tokens_up_to_its_last_target_on_every_rank():
 
 def test_rows_of_another_length_or_without_a_target_are_refused():
     rows = _rows()
-    with pytest.raises(ValueError, match=r"rows must have shape \(N, 2, 64\)"):
+    with pytest.raises(ValueError, match=r"rows must have shape \(N, 2, T\) with T = 64"):
         ResumableBatches(rows, BatchPlan(batch_size=8, sequence_length=64, seed=0))
     with pytest.raises(ValueError, match="not 2-D"):
         ResumableBatches(rows[:, 0], BatchPlan(batch_size=8, sequence_length=LENGTH, seed=0))

@@ -26,7 +26,7 @@ class EventKind(str, enum.Enum):
     ALLOCATION = "allocation"  # seconds: wall time the devices were held; num_devices
     STARTUP = "startup"  # seconds: process launch to the first step (per attempt)
     RESUME = "resume"  # step: the checkpoint an attempt resumed from (-1: fresh start)
-    STEP = "step"  # step, seconds, loss: one optimizer step (detail NOT_APPLIED: its update was dropped)
+    STEP = "step"  # step, seconds, loss, metrics: one optimizer step (detail NOT_APPLIED: its update was dropped)
     CHECKPOINT = "checkpoint"  # step, seconds (training-blocking), total_seconds, num_bytes
     EVALUATION = "evaluation"  # seconds: the stage's eval battery
     INTERRUPTION = "interruption"  # planned, seconds (detection: last sign of life to detection)
@@ -49,6 +49,8 @@ class Event:
     num_devices: int = 0
     planned: bool | None = None
     loss: float | None = None
+    # A step's figures beyond its loss, where the objective has them (DPO's accuracy and margin).
+    metrics: dict[str, float] | None = None
     detail: str = ""
 
     def __post_init__(self) -> None:
@@ -63,7 +65,10 @@ class Event:
             raise ValueError("an interruption event must say whether it was planned")
 
     def to_json(self) -> str:
-        return json.dumps({**asdict(self), "kind": self.kind.value}, sort_keys=True)
+        body = {**asdict(self), "kind": self.kind.value}
+        if body["metrics"] is None:  # most events: the line stays as it was
+            del body["metrics"]
+        return json.dumps(body, sort_keys=True)
 
 
 def append(folder: Path, event: Event, *, by_worker: bool = False) -> None:

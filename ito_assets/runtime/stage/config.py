@@ -30,6 +30,25 @@ RESULT_NAME = "result.json"
 
 
 @dataclass(frozen=True, kw_only=True)
+class PreferenceObjective:
+    """DPO instead of next-token loss: the shard's rows are pairs (N, 2, 2, T), chosen then
+    rejected, and `reference_path` holds each answer's summed log-probability under the frozen
+    reference, (N, 2) float32 in the rows' order (`ito_assets.posttraining.dpo`)."""
+
+    reference_path: str
+    beta: float
+    label_smoothing: float = 0.0
+    rpo_alpha: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not Path(self.reference_path).is_absolute():
+            raise ValueError("reference_path must be an absolute path")
+        if not (math.isfinite(self.beta) and self.beta > 0 and 0 <= self.label_smoothing < 0.5
+                and math.isfinite(self.rpo_alpha) and self.rpo_alpha >= 0):
+            raise ValueError("beta must be positive, label_smoothing in [0, 0.5) and rpo_alpha finite and >= 0")
+
+
+@dataclass(frozen=True, kw_only=True)
 class WorkerConfig:
     run_key: str
     stage: str
@@ -68,6 +87,7 @@ class WorkerConfig:
     # continued pretraining stage does. Post-training starts its own AdamW on the weights alone:
     # its recipe's betas and decay would otherwise be the pretraining run's.
     init_optimizer: bool = True
+    preference: PreferenceObjective | None = None  # None: next-token loss on windows or rows
     # A planned stop: the attempt ends after this step with a whole checkpoint (the end of a booked
     # window); a later launch resumes from it.
     stop_after_step: int | None = None
@@ -124,6 +144,8 @@ class WorkerConfig:
         object.__setattr__(self, "skip_ranges", tuple((int(a), int(b)) for a, b in self.skip_ranges))
         if isinstance(self.spikes, dict):
             object.__setattr__(self, "spikes", SpikeConfig(**self.spikes))
+        if isinstance(self.preference, dict):
+            object.__setattr__(self, "preference", PreferenceObjective(**self.preference))
 
     def model_config(self) -> ModelConfig:
         """The model's shape with this stage's positions."""

@@ -123,9 +123,10 @@ class ReplicaStage:
         if self.worker.replica_timeout_s >= self.config.hang_timeout_s:
             raise ValueError("replica_timeout_s must be below hang_timeout_s: a group waiting on a dead peer "
                              "would be taken for hung")
-        if np.load(self.worker.tokens_path, mmap_mode="r").ndim == 3:
-            # Each group would weigh its own rows' targets, and torchft averages the groups alike.
-            raise ValueError("rows with targets (an SFT shard) train in one replica group only")
+        if np.load(self.worker.tokens_path, mmap_mode="r").ndim > 1:
+            # Each group would weigh its own rows' targets, and torchft averages the groups alike;
+            # DPO's pairs would average right, but no test has trained them across groups yet.
+            raise ValueError("rows with targets (an SFT or DPO shard) train in one replica group only")
         self.groups: list[_Group] = []
 
     def request_stop(self, *_: object) -> None:

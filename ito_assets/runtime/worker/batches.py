@@ -8,8 +8,10 @@ parallelism each rank takes its own `batch_size / world_size` rows of the global
 
 A shard is either a token stream (1-D: pretraining's windows of `sequence_length + 1` tokens) or a
 set of rows with their targets (3-D, (N, 2, T): inputs and targets, a target of -100 where no loss
-is taken, as supervised fine-tuning's prompt and padding; see `ito_assets.posttraining.sft.sft_rows`).
-Rows are visited in the same seeded epoch order as windows.
+is taken, as supervised fine-tuning's prompt and padding; see `ito_assets.posttraining.sft.sft_rows`),
+or rows of S sequences that train together (4-D, (N, S, 2, T): DPO's chosen and rejected answers,
+`ito_assets.posttraining.dpo.dpo_rows`), never split across ranks or micro-batches. Rows are visited
+in the same seeded epoch order as windows.
 
 Skipped ranges (an approved loss-spike proposal) advance the position past the offending global
 batches, as PaLM did after a spike (Chowdhery et al. 2022, section 5.1: restart ~100 steps before
@@ -53,14 +55,16 @@ IGNORE = -100
 
 
 class ResumableBatches:
-    """`next_batch()` returns (position, x, y) with x, y of shape (B / world, T), int64."""
+    """`next_batch()` returns (position, x, y) with x, y of shape (B / world, T), int64, or
+    (B / world, S, T) for rows of S sequences."""
 
     def __init__(self, tokens: np.ndarray, plan: BatchPlan, *, position: int = 0):
         self.tokens = tokens
         self.plan = plan
-        if tokens.ndim not in (1, 3):
-            raise ValueError(f"a shard is a token stream (1-D) or rows with targets (N, 2, T), not {tokens.ndim}-D")
-        self.has_rows = tokens.ndim == 3
+        if tokens.ndim not in (1, 3, 4):
+            raise ValueError(f"a shard is a token stream (1-D) or rows with targets ((N, 2, T) or (N, S, 2, T)), "
+                             f"not {tokens.ndim}-D")
+        self.has_rows = tokens.ndim > 1
         if self.has_rows:
             _check_rows(tokens, plan.sequence_length)
             self.num_windows = len(tokens)
@@ -82,17 +86,22 @@ class ResumableBatches:
             if first <= self.position < end:
                 self.position = end
 
+    def rows_at(self, position: int) -> np.ndarray:
+        """This rank's windows (or rows) of the global batch at `position`, in its order: what a
+        side table indexed like the rows (DPO's reference log-probabilities) is read at."""
+        epoch, index = divmod(position, self.batches_per_epoch)
+        first = index * self.plan.batch_size + self.plan.rank * self.plan.rows_per_rank
+        return self._order(epoch)[first : first + self.plan.rows_per_rank]
+
     def next_batch(self) -> tuple[int, torch.Tensor, torch.Tensor]:
         self._skip()
         position = self.position
-        epoch, index = divmod(position, self.batches_per_epoch)
-        b, t = self.plan.batch_size, self.plan.sequence_length
-        first = index * b + self.plan.rank * self.plan.rows_per_rank
-        chosen = self._order(epoch)[first : first + self.plan.rows_per_rank]
+        chosen = self.rows_at(position)
         self.position = position + 1
         if self.has_rows:
-            rows = torch.from_numpy(np.asarray(self.tokens[chosen], dtype=np.int64))  # (B/W, 2, T)
-            return position, rows[:, 0], rows[:, 1]
+            rows = torch.from_numpy(np.asarray(self.tokens[chosen], dtype=np.int64))  # (B/W, [S,] 2, T)
+            return position, rows.select(-2, 0), rows.select(-2, 1)
+        t = self.plan.sequence_length
         starts = chosen * t
         rows = np.stack([np.asarray(self.tokens[s : s + t + 1], dtype=np.int64) for s in starts])  # (B/W, T+1)
         batch = torch.from_numpy(rows)
@@ -101,25 +110,27 @@ class ResumableBatches:
 
     def tokens_at(self, position: int) -> int:
         """The tokens the global batch at `position` trains on, every rank's share: its windows'
-        batch_size x sequence_length, or each row's inputs up to its last target, since the
-        padding after a row's end is computed but is not data."""
+        batch_size x sequence_length, or each row's (each sequence's) inputs up to its last
+        target, since the padding after a row's end is computed but is not data."""
         b, t = self.plan.batch_size, self.plan.sequence_length
         if not self.has_rows:
             return b * t
         epoch, index = divmod(position, self.batches_per_epoch)
         rows = np.sort(self._order(epoch)[index * b : (index + 1) * b])
-        taken = np.asarray(self.tokens[rows, 1]) != IGNORE  # (B, T); every row has a target (checked)
+        taken = (np.asarray(self.tokens[rows])[..., 1, :] != IGNORE).reshape(-1, t)  # (B [x S], T); each has a target
         return int((t - np.argmax(taken[:, ::-1], axis=1)).sum())
 
 
 def _check_rows(rows: np.ndarray, sequence_length: int) -> None:
-    """A rows shard must match the stage's sequence length, and every row must take a loss
-    somewhere: a micro-batch of rows without a target would average nothing (NaN). Read in chunks,
-    so that a memory-mapped shard of any size is checked in bounded memory."""
-    if rows.shape[1] != 2 or rows.shape[2] != sequence_length:
-        raise ValueError(f"rows must have shape (N, 2, {sequence_length}), not {tuple(rows.shape)}")
+    """A rows shard must match the stage's sequence length, and every row (every sequence of a
+    row) must take a loss somewhere: a micro-batch of rows without a target would average nothing
+    (NaN), and a DPO answer without one has no likelihood. Read in chunks, so that a memory-mapped
+    shard of any size is checked in bounded memory."""
+    if rows.shape[-2] != 2 or rows.shape[-1] != sequence_length:
+        shape = "(N, 2, T)" if rows.ndim == 3 else "(N, S, 2, T)"
+        raise ValueError(f"rows must have shape {shape} with T = {sequence_length}, not {tuple(rows.shape)}")
     for first in range(0, len(rows), _CHECK_ROWS):
-        if not bool((np.asarray(rows[first : first + _CHECK_ROWS, 1]) != IGNORE).any(axis=1).all()):
+        if not bool((np.asarray(rows[first : first + _CHECK_ROWS])[..., 1, :] != IGNORE).any(axis=-1).all()):
             raise ValueError("every row must have at least one target other than -100")
 
 

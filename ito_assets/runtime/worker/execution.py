@@ -46,7 +46,7 @@ class LossModule(nn.Module):
 class Execution:
     layout: Layout  # what runs: the worker config's layout after this device's fallbacks
     fallbacks: tuple[Fallback, ...]  # the fitting's and this device's, in that order
-    parallel: nn.Module  # (tokens, targets) -> loss
+    parallel: nn.Module  # (tokens, targets[, reference]) -> loss: the objective under its parallel wrapper
     sharded: bool  # under FSDP2
     device_type: str
 
@@ -118,9 +118,10 @@ def _agree(problem: str | None, device: torch.device) -> str | None:
 
 
 def prepare(model: DecoderLM, layout: Layout, fitted: tuple[Fallback, ...], *, device: torch.device,
-            world_size: int, replica_groups: int = 1) -> Execution:
+            world_size: int, replica_groups: int = 1, objective: nn.Module | None = None) -> Execution:
     """Apply `layout` (the attempt's, over every replica group) to `model` in place; this process
-    group is one replica group of `world_size` ranks."""
+    group is one replica group of `world_size` ranks. `objective`: a module around `model` whose
+    forward is the loss (DPO's `preference.Preference`); None: next-token loss (`LossModule`)."""
     ran, found = device_fallbacks(layout, device)
     if ran.compile:
         problem = _agree(compile_problem(device), device)
@@ -134,7 +135,7 @@ def prepare(model: DecoderLM, layout: Layout, fitted: tuple[Fallback, ...], *, d
     group = per_group(ran, replica_groups)
     if group.world_size != world_size:
         raise ValueError(f"the layout's degrees multiply to {group.world_size} per group, this group has {world_size} ranks")
-    parallel = LossModule(model)
+    parallel = LossModule(model) if objective is None else objective
     if world_size > 1 and group.tp == 1 and group.dp_shard == 1:
         ids = [device.index] if device.type == "cuda" else None
         parallel = nn.parallel.DistributedDataParallel(parallel, device_ids=ids)

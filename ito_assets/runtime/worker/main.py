@@ -7,7 +7,9 @@ checkpoint, else fresh), trains to the stage's step count with heartbeats and as
 checkpoints, flushes a checkpoint when asked to stop (SIGTERM/SIGINT), proposes a restart when the
 loss or gradient norm spikes (and keeps training: only the desk restarts), and at the end saves the
 final checkpoint, runs the stage's eval battery, and writes `result.json`. The ranks share the
-model as the plan's layout says (`WorkerConfig.layout`, applied by `execution.prepare`).
+model as the plan's layout says (`WorkerConfig.layout`, applied by `execution.prepare`). The loss
+is next-token cross-entropy on windows or rows, or DPO's on pair rows (`WorkerConfig.preference`,
+`preference.Preference`, with the reference's log-probabilities read beside each batch's rows).
 Under torchft replica groups (`WorkerConfig.replica_groups` > 1, `replica_sync`) the ranks are one
 group of several that average gradients every step and heal each other; only group 0 saves
 checkpoints, evaluates and proposes; every group's rank 0 writes a result with a digest of its
@@ -46,6 +48,7 @@ from ito_assets.runtime.stage.fitting import fit_layout
 from ito_assets.runtime.record.events import Event, EventKind
 from ito_assets.runtime.supervision import heartbeat
 from ito_assets.runtime.supervision.heartbeat import HeartbeatWriter
+from ito_assets.runtime.worker.preference import Preference, read_reference
 from ito_assets.runtime.worker.replica_sync import ReplicaSync
 from ito_assets.runtime.worker.reporting import Reporter, measured_figures, open_reporter
 from ito_assets.runtime.supervision.spikes import Spike, SpikeDetector
@@ -81,10 +84,12 @@ class StageWorker:
                                         sequence_length=config.sequence_length, seed=config.seed,
                                         learning_rate=config.learning_rate, **config.optimizer)
         self.model = build_model(config.model_config(), seed=config.seed, device=group.device)
+        self.preference = None if config.preference is None else Preference(self.model, config.preference)
         # Before building the optimizer: FSDP2 replaces the parameters with sharded ones.
         self.execution = execution.prepare(self.model, layout, (*config.layout_fallbacks, *refitted),
                                            device=group.device, world_size=group.world_size,
-                                           replica_groups=config.replica_groups)
+                                           replica_groups=config.replica_groups, objective=self.preference)
+        self.reference: torch.Tensor | None = None  # DPO's, per row: read with the rows in `run`
         self.optimizer = build_optimizer(self.model, self.train_config)
         self.checkpointer = Checkpointer(CheckpointConfig(directory=self.stage_dir, interval_steps=config.interval_steps,
                                                           keep_last=config.keep_last,
@@ -106,6 +111,8 @@ class StageWorker:
         self.heartbeat.beat(-1, "starting", force=True)
         step, position = self.resume()
         batches = ResumableBatches(np.load(self.config.tokens_path, mmap_mode="r"), self._plan(), position=position)
+        if self.config.preference is not None:
+            self.reference = read_reference(Path(self.config.preference.reference_path), len(batches.tokens))
         if self.replicas is not None:
             self.replicas.start(step, position)
         self.event(EventKind.STARTUP, seconds=max(0.0, time.time() - self.config.launched_at))
@@ -136,12 +143,17 @@ class StageWorker:
         started = time.perf_counter()
         position, x, y = batches.next_batch()
         x, y = x.to(self.group.device), y.to(self.group.device)
+        beside = None
+        if self.reference is not None:
+            beside = self.reference[torch.from_numpy(batches.rows_at(position))].to(self.group.device)
         optimizer = self.optimizer if self.replicas is None else self.replicas.optimizer_step
         reduce = None if self.replicas is None else self.replicas.reduce_gradients
         staging = []  # a save's staging wait is the checkpoint's blocking time, not the step's
         loss, grad_norm, lr, applied = train_step(self.execution, self.model, optimizer, x, y, step, self.train_config,
                                          before_update=lambda: staging.append(self.checkpointer.wait_staged()),
-                                         reduce_gradients=reduce, count_targets=batches.has_rows)
+                                         reduce_gradients=reduce,
+                                         count_targets=batches.has_rows and self.preference is None, beside=beside)
+        metrics = {} if self.preference is None else self.preference.take_metrics(self.group.device)
         committed = True
         if self.replicas is not None:
             reached, committed, position = self.replicas.settle(step, position, batches)
@@ -150,7 +162,7 @@ class StageWorker:
             step = reached
         result = StepResult(step=step, position=position, loss=loss, grad_norm=grad_norm, learning_rate=lr,
                             seconds=max(0.0, time.perf_counter() - started - sum(staging)), committed=committed,
-                            applied=applied)
+                            applied=applied, metrics=metrics)
         if not committed:
             self.heartbeat.beat(step, "training")
             return result
@@ -321,14 +333,14 @@ class StageWorker:
 
     def observe(self, result: StepResult, batches: ResumableBatches) -> None:
         self.event(EventKind.STEP, step=result.step, seconds=result.seconds, loss=result.loss,
-                   detail="" if result.applied else events.NOT_APPLIED)
+                   metrics=result.metrics or None, detail="" if result.applied else events.NOT_APPLIED)
         self.step_seconds.append(result.seconds)
         self.report_progress(result.step)
         if result.step % LOG_EVERY_STEPS == 0 or result.step == self.config.num_steps:
             tokens_per_second = batches.tokens_at(result.position) / result.seconds
             self.reporter.metrics(result.step, {"loss": result.loss, "grad_norm": result.grad_norm,
                                                 "learning_rate": result.learning_rate,
-                                                "tokens_per_second": tokens_per_second})
+                                                "tokens_per_second": tokens_per_second, **result.metrics})
         spike = self.spikes.observe(result.step, result.loss, result.grad_norm)
         if spike is not None and self.rank == 0 and self.writes_checkpoints:
             self.propose(spike, result.position)

@@ -8,7 +8,7 @@ detection."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -34,13 +34,14 @@ class StepResult:
     committed: bool = True
     # False: the loss or the gradient norm was not finite; the update was dropped, not applied.
     applied: bool = True
+    metrics: dict[str, float] = field(default_factory=dict)  # the objective's own (DPO's accuracy, margin)
 
 
 def train_step(execution: Execution, model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor,
                y: torch.Tensor, step: int, config: TrainConfig,
                before_update: Callable[[], object] | None = None,
                reduce_gradients: Callable[[], object] | None = None,
-               count_targets: bool = False) -> tuple[float, float, float, bool]:
+               count_targets: bool = False, beside: torch.Tensor | None = None) -> tuple[float, float, float, bool]:
     """Returns (loss averaged over the group's ranks, gradient norm, learning rate, applied) for
     1-based `step`; not applied when the loss or the gradient norm is not finite (every rank
     agrees: both are reduced over the ranks), so that a NaN never reaches the weights. The rank's
@@ -51,7 +52,9 @@ def train_step(execution: Execution, model: nn.Module, optimizer: torch.optim.Op
     them until then); `reduce_gradients` after it, before clipping, so that every replica group
     clips the same averaged gradient. `count_targets` (rows whose targets may be -100, every rank
     alike): each micro-batch weighs by its number of targets instead, so that the step's loss and
-    gradient are the mean over every target of the global batch, however the ranks' shares differ."""
+    gradient are the mean over every target of the global batch, however the ranks' shares differ.
+    `beside`: a value per row that the objective reads with it (DPO's reference log-probabilities),
+    split into the same micro-batches."""
     lr = learning_rate_at(step - 1, config)
     for group in optimizer.param_groups:
         group["lr"] = lr
@@ -60,12 +63,13 @@ def train_step(execution: Execution, model: nn.Module, optimizer: torch.optim.Op
     if x.shape[0] % micro:
         raise ValueError(f"{x.shape[0]} rows do not split into micro-batches of {micro}")
     pieces = list(zip(x.split(micro), y.split(micro)))
+    extras = [()] * len(pieces) if beside is None else [(b,) for b in beside.split(micro)]
     divisors = target_divisors([targets for _, targets in pieces]) if count_targets else [len(pieces)] * len(pieces)
     total = torch.zeros((), device=x.device)
     for index, (tokens, targets) in enumerate(pieces):
         with execution.gradient_sync(index == len(pieces) - 1):
             with execution.autocast():
-                loss = execution.parallel(tokens, targets) / divisors[index]
+                loss = execution.parallel(tokens, targets, *extras[index]) / divisors[index]
             loss.backward()
         total += loss.detach().float()
     if before_update is not None:

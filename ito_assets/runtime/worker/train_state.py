@@ -12,16 +12,18 @@ starts its own step count and data order on its own data.
 
 from __future__ import annotations
 
+import shutil
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
                                                      set_model_state_dict, set_state_dict)
 
-from ito_assets.runtime.checkpoint import resume
+from ito_assets.runtime.checkpoint import markers, resume
 from ito_assets.runtime.worker import rng
 
 
@@ -68,6 +70,23 @@ def load_weights(model: nn.Module, folder: Path) -> str | None:
     if reason is None:
         set_weights(model, state["model"])
     return reason
+
+
+def save_weights(model: nn.Module, parent: Path) -> Path:
+    """A checkpoint of `model`'s weights alone, written in this one process as `parent`/step-0 and
+    sealed by its marker: a stage's start that no worker wrote (a post-training policy handed on
+    in memory), which the worker loads as `init_from`. Written beside and renamed into place, so
+    that the folder holds a whole checkpoint or none. Returns the folder."""
+    folder = markers.checkpoint_dir(parent, 0)
+    partial = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    with warnings.catch_warnings():  # DCP warns that it saves in one process, as intended here
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        dcp.save({"model": weights(model)}, checkpoint_id=str(partial))
+    markers.write_marker(partial, step=0)
+    shutil.rmtree(folder, ignore_errors=True)
+    partial.rename(folder)
+    return folder
 
 
 def capture(model: nn.Module, optimizer: torch.optim.Optimizer, *, step: int, position: int, rank: int) -> dict[str, Any]:

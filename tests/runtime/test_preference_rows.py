@@ -1,0 +1,223 @@
+"""DPO's pair rows on the stage worker: each pair is one row of two sequences (chosen, rejected)
+that the loader draws whole and that micro-batches and ranks never split; the reference's
+log-probabilities are read beside the rows; and a step takes the whole batch's DPO loss however
+micro-batches and ranks split the pairs. The answers are lines of a package's own documentation
+(SQLAlchemy's description, shipped in its wheel), so that they have every length."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from ito_assets.posttraining.dpo import dpo_rows, reference_logprobs
+from ito_assets.posttraining.fixtures import PreferencePair
+from ito_assets.posttraining.losses import pair_loss
+from ito_assets.posttraining.vocab import PRINTABLE, CharVocab
+from ito_assets.runtime.record import events
+from ito_assets.runtime.record.events import EventKind
+from ito_assets.runtime.stage.config import PreferenceObjective, WorkerConfig
+from ito_assets.runtime.worker import execution
+from ito_assets.runtime.worker.batches import IGNORE, BatchPlan, ResumableBatches
+from ito_assets.runtime.worker.preference import Preference, read_reference
+from ito_assets.runtime.worker.step import train_step
+from ito_assets.training.layout import Layout
+from ito_assets.training.model import build_model, config_by_name
+from ito_assets.training.trainer import TrainConfig, build_optimizer
+from runtime_helpers import final_weights, finish, run_worker, start_worker, step_losses, worker_config
+
+CODEC = CharVocab()
+
+
+def _documentation_pairs() -> list[PreferencePair]:
+    """Each prose line of SQLAlchemy's description: its first word the prompt, the rest the chosen
+    answer, the next line's rest the rejected one."""
+    text = importlib.metadata.metadata("sqlalchemy").get_payload()
+    lines = [line.strip() for line in text.splitlines()]
+    kept = [line for line in lines if 12 <= len(line) <= 90 and " " in line and set(line) <= set(PRINTABLE)]
+    split = [line.partition(" ") for line in kept]
+    return [PreferencePair(pair_id=f"doc/{i}", prompt=head + " ", chosen=tail, rejected=split[(i + 1) % len(split)][2])
+            for i, (head, _, tail) in enumerate(split)]
+
+
+PAIRS = _documentation_pairs()
+ROWS = dpo_rows(CODEC, PAIRS)
+LENGTH = ROWS.shape[-1]
+
+
+def test_pair_rows_hold_the_chosen_then_the_rejected_answer_each_with_its_own_targets():
+    assert len(PAIRS) >= 32 and ROWS.shape == (len(PAIRS), 2, 2, LENGTH) and ROWS.dtype == np.int32
+    for index in (0, 7):
+        pair = PAIRS[index]
+        for side, answer in enumerate((pair.chosen, pair.rejected)):
+            targets = ROWS[index, side, 1]
+            assert CODEC.decode([int(t) for t in targets[targets != IGNORE]][:-1]) == answer
+            assert int(targets[targets != IGNORE][-1]) == CODEC.eos_id
+    lengths = sorted(int((ROWS[:, 0, 1] != IGNORE).sum(axis=1)[i]) for i in range(len(PAIRS)))
+    assert lengths[-1] >= 3 * lengths[0]  # answers of many lengths
+    # The longest answer's last target is the rows' last position: T is no wider than it needs.
+    assert (ROWS[:, :, 1, -1] != IGNORE).any()
+
+
+def test_the_loader_draws_pairs_whole_and_rows_at_names_them():
+    plan = BatchPlan(batch_size=8, sequence_length=LENGTH, seed=3, rank=1, world_size=2)
+    loader = ResumableBatches(ROWS, plan)
+    for _ in range(3):
+        position, x, y = loader.next_batch()
+        rows = loader.rows_at(position)
+        assert x.shape == y.shape == (4, 2, LENGTH) and len(rows) == 4
+        assert torch.equal(x, torch.from_numpy(ROWS[rows, :, 0]).long())
+        assert torch.equal(y, torch.from_numpy(ROWS[rows, :, 1]).long())
+    whole = ResumableBatches(ROWS, BatchPlan(batch_size=8, sequence_length=LENGTH, seed=3))
+    assert list(whole.rows_at(2)[4:]) == list(loader.rows_at(2))  # rank 1 takes the second half
+    # Throughput counts both answers of every pair up to its last target.
+    chosen = np.sort(whole.rows_at(0))
+    last = lambda targets: int(LENGTH - np.argmax((targets != IGNORE)[::-1]))
+    assert whole.tokens_at(0) == sum(last(ROWS[r, s, 1]) for r in chosen for s in (0, 1))
+
+
+def test_a_pair_with_an_answer_without_targets_is_refused():
+    for side in (0, 1):
+        rows = ROWS.copy()
+        rows[5, side, 1] = IGNORE
+        with pytest.raises(ValueError, match="every row must have at least one target"):
+            ResumableBatches(rows, BatchPlan(batch_size=8, sequence_length=LENGTH, seed=0))
+    with pytest.raises(ValueError, match=r"\(N, S, 2, T\) with T = 12"):
+        ResumableBatches(ROWS, BatchPlan(batch_size=8, sequence_length=12, seed=0))
+
+
+def test_the_reference_is_refused_unless_one_finite_log_probability_per_answer(tmp_path):
+    path = tmp_path / "reference.npy"
+    good = np.full((len(PAIRS), 2), -3.0, dtype=np.float32)
+    good[0, 0] = 0.0  # a certain answer: log 1, at the bound
+    np.save(path, good)
+    assert read_reference(path, len(PAIRS)).shape == (len(PAIRS), 2)
+    for bad, message in ((good[:-1], "shape"), (good[:, :1], "shape"), (np.where(good == 0.0, 1e-3, good), "at most 0"),
+                         (np.where(good == 0.0, np.nan, good), "finite"), (np.where(good == 0.0, -np.inf, good), "finite")):
+        np.save(path, bad)
+        with pytest.raises(ValueError, match=message):
+            read_reference(path, len(PAIRS))
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"beta": 0.0}, "beta"), ({"beta": float("nan")}, "beta"), ({"label_smoothing": 0.5}, "label_smoothing"),
+    ({"label_smoothing": -1e-9}, "label_smoothing"), ({"rpo_alpha": -1e-9}, "rpo_alpha"),
+    ({"rpo_alpha": float("inf")}, "rpo_alpha"), ({"reference_path": "reference.npy"}, "absolute")])
+def test_the_objectives_settings_are_checked_before_torch_starts(changes, message):
+    settings = dict(reference_path="/tmp/reference.npy", beta=0.1) | changes
+    with pytest.raises(ValueError, match=message):
+        PreferenceObjective(**settings)
+    accepted = PreferenceObjective(reference_path="/tmp/r.npy", beta=1e-9, label_smoothing=0.4999, rpo_alpha=0.0)
+    assert accepted.label_smoothing < 0.5
+
+
+CONFIG = TrainConfig(num_steps=4, batch_size=8, sequence_length=LENGTH, learning_rate=1e-3)
+OBJECTIVE = PreferenceObjective(reference_path="/tmp/unused.npy", beta=0.5, label_smoothing=0.1, rpo_alpha=1.0)
+
+
+def _model():
+    return build_model(config_by_name("micro", vocab_size=CODEC.vocab_size), seed=0)
+
+
+def _reference() -> torch.Tensor:
+    """Another model's log-probabilities: the margins are not all zero at the first step."""
+    return torch.from_numpy(reference_logprobs(build_model(config_by_name("micro", vocab_size=CODEC.vocab_size),
+                                                           seed=1), ROWS))
+
+
+def _step(micro: int) -> tuple[float, dict[str, torch.Tensor], dict[str, float]]:
+    model = _model()
+    objective = Preference(model, OBJECTIVE)
+    run = execution.prepare(model, Layout(precision="fp32", compile=False, micro_batch_size=micro), (),
+                            device=torch.device("cpu"), world_size=1, objective=objective)
+    loader = ResumableBatches(ROWS, BatchPlan(batch_size=8, sequence_length=LENGTH, seed=0))
+    position, x, y = loader.next_batch()
+    grads = {}
+    loss, _, _, _ = train_step(run, model, build_optimizer(model, CONFIG), x, y, 1, CONFIG,
+                               before_update=lambda: grads.update({n: p.grad.clone() for n, p in model.named_parameters()}),
+                               beside=_reference()[torch.from_numpy(loader.rows_at(position))])
+    return loss, grads, objective.take_metrics(torch.device("cpu"))
+
+
+def test_a_step_takes_the_whole_batchs_loss_however_micro_batches_split_the_pairs():
+    whole_loss, whole, whole_metrics = _step(8)
+    split_loss, split, split_metrics = _step(2)
+    assert split_loss == pytest.approx(whole_loss, abs=1e-6)
+    for name in whole:
+        torch.testing.assert_close(split[name], whole[name], atol=1e-6, rtol=1e-4, msg=name)
+    assert split_metrics == pytest.approx(whole_metrics, abs=1e-6)
+    # By hand: the batch's loss from its rows in one piece, and the share of positive margins.
+    loader = ResumableBatches(ROWS, BatchPlan(batch_size=8, sequence_length=LENGTH, seed=0))
+    position, x, y = loader.next_batch()
+    with torch.no_grad():
+        expected = pair_loss(_model(), x, y, _reference()[torch.from_numpy(loader.rows_at(position))], beta=0.5,
+                             label_smoothing=0.1, rpo_alpha=1.0)
+    assert whole_loss == pytest.approx(float(expected.loss), abs=1e-6)
+    assert whole_metrics["accuracy"] == pytest.approx(expected.accuracy)
+    assert whole_metrics["margin"] == pytest.approx(float(expected.margins.mean()), abs=1e-6)
+    assert 0 < whole_metrics["accuracy"] < 1  # another model's reference: margins of both signs
+
+
+def test_the_counts_start_again_after_every_step():
+    objective = Preference(_model(), OBJECTIVE)
+    assert objective.take_metrics(torch.device("cpu")) == {}  # no pair seen: nothing to report
+    _, x, y = ResumableBatches(ROWS, BatchPlan(batch_size=8, sequence_length=LENGTH, seed=0)).next_batch()
+    objective(x, y, _reference()[:8])
+    assert objective.take_metrics(torch.device("cpu")).keys() == {"accuracy", "margin"}
+    assert objective.take_metrics(torch.device("cpu")) == {}
+
+
+# fp32 on CPU: the rank count changes only the order of the reductions (tests/runtime/test_layouts.py).
+FP32_TOLERANCE = 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_the_worker_trains_pairs_alike_on_one_rank_and_on_two_by_ddp_with_a_resume_and_fsdp2(tmp_path):
+    """Two ranks, each its pairs as two micro-batches, stopped at step 4 and resumed, and two FSDP2
+    ranks, against one rank straight: the same losses, accuracies and weights."""
+    folder = tmp_path / "rows"
+    folder.mkdir()
+    np.save(folder / "train.npy", ROWS)
+    np.save(folder / "reference.npy", _reference().numpy())
+    tokens = (folder / "train.npy", None)
+    objective = PreferenceObjective(reference_path=str(folder / "reference.npy"), beta=0.5, label_smoothing=0.1,
+                                    rpo_alpha=1.0)
+    settings = dict(model="micro", vocab_size=CODEC.vocab_size, stage="dpo", num_steps=8, interval_steps=4,
+                    batch_size=8, sequence_length=LENGTH, heldout_path=None, learning_rate=1e-2, preference=objective)
+    one = worker_config(tmp_path / "one", tokens, layout=Layout(precision="fp32", compile=False, micro_batch_size=8),
+                        **settings)
+    two = worker_config(tmp_path / "two", tokens, stop_after_step=4, **settings,
+                        layout=Layout(dp_replicate=2, precision="fp32", compile=False, micro_batch_size=2))
+    sharded = worker_config(tmp_path / "fsdp", tokens, **settings,
+                            layout=Layout(dp_shard=2, precision="fp32", compile=False, micro_batch_size=2))
+    running = [start_worker(one, nproc=1), start_worker(sharded, nproc=2)]
+    stopped = run_worker(two, nproc=2)
+    for done in map(finish, running):
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert stopped.returncode != 0, stopped.stderr[-3000:]
+    resumed = run_worker(WorkerConfig(**{**json.loads(two.to_json()), "attempt": 1, "stop_after_step": None}), nproc=2)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    expected = step_losses(Path(one.stage_dir))
+    assert sorted(expected) == list(range(1, 9))
+    accuracies = _accuracies(Path(one.stage_dir))
+    reference = final_weights(Path(one.stage_dir), 8)
+    untrained = _model().state_dict()
+    assert max(float((reference[f"model.{k}"] - v).abs().max()) for k, v in untrained.items()
+               if f"model.{k}" in reference) > 1e-2  # it trained
+    for other in (two, sharded):
+        losses = step_losses(Path(other.stage_dir))
+        assert sorted(losses) == list(range(1, 9)), other.stage_dir
+        assert max(abs(losses[s] - expected[s]) for s in expected) <= FP32_TOLERANCE, other.stage_dir
+        assert _accuracies(Path(other.stage_dir)) == pytest.approx(accuracies, abs=1e-6)
+        trained = final_weights(Path(other.stage_dir), 8)
+        for key in reference:
+            torch.testing.assert_close(trained[key], reference[key], atol=FP32_TOLERANCE, rtol=0, msg=key)
+
+
+def _accuracies(stage_dir: Path) -> dict[int, float]:
+    return {e.step: e.metrics["accuracy"] for e in events.read(stage_dir) if e.kind is EventKind.STEP}
