@@ -4,12 +4,13 @@ reference, wall seconds, RLVR throughput (groups per second, generator and train
 processes) and the staleness histogram. The seed-to-seed spread is the noise band of the figures.
 
     .venv/bin/python benchmarks/posttraining_recipe.py [--seeds 0 1 2] [--lr-sft 3e-3 --lr-dpo 1e-4 --lr-rlvr 1e-3]
-        [--stages sft dpo rlvr] [--sft-on-worker]
+        [--stages sft dpo rlvr] [--on-worker]
 
 The default rates are the tiny-model ones; pass the fixture manifest's (1e-4, 5e-6, 1e-6) to see
-the SFT gate stop the chain on a model that rate cannot move in one epoch. `--sft-on-worker` trains
-SFT on the stage worker under the supervisor, as the Dagster asset does (the baseline is the
-same recipe in this process: the same batches and optimizer, so the same gate within float noise).
+the SFT gate stop the chain on a model that rate cannot move in one epoch. `--on-worker` trains
+SFT and DPO on the stage worker under the supervisor, as the Dagster assets do (the baseline is the
+same recipe in this process: the same batches, loss and optimizer, so the same gate within float
+noise).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from ito_assets.manifest.schema import DataReference, DpoStep, RlvrStep, SftStep
 from ito_assets.posttraining.base import seeded  # noqa: E402
 from ito_assets.posttraining.pipeline import DPO_FILE, SFT_FILE, run_stage  # noqa: E402
 from ito_assets.posttraining.stage import PostTrainingRuntime  # noqa: E402
-from ito_assets.posttraining.worker_sft import WorkerLaunch  # noqa: E402
+from ito_assets.posttraining.on_worker import WorkerLaunch  # noqa: E402
 from ito_assets.runtime.supervision.supervisor import SupervisorConfig  # noqa: E402
 
 DATA_ROOT = ROOT / "data"
@@ -47,7 +48,7 @@ def _bound(name: str) -> DataReference:
 
 
 def run_recipe(seed: int, rates: tuple[float, float, float], out: Path, *, stages=("sft", "dpo", "rlvr"),
-               sft_on_worker: bool = False) -> list[dict]:
+               on_worker: bool = False) -> list[dict]:
     """The small char model from a seeded start (the benchmark of the recipe's loops; the Dagster
     path starts from the pretraining chain's checkpoint and tokenizer instead)."""
     runtime = PostTrainingRuntime(seed=seed)
@@ -55,7 +56,7 @@ def run_recipe(seed: int, rates: tuple[float, float, float], out: Path, *, stage
              DpoStep(kind="dpo", learning_rate=rates[1], data=_bound(DPO_FILE)),
              RlvrStep(kind="rlvr", learning_rate=rates[2]))
     launch = WorkerLaunch(run=lambda command: subprocess.run(command, check=False), run_key=f"benchmark-{seed}",
-                          supervisor=SupervisorConfig(poll_interval_s=0.2)) if sft_on_worker else None
+                          supervisor=SupervisorConfig(poll_interval_s=0.2)) if on_worker else None
     rows, start = [], seeded(seed=seed)
     for step in (s for s in steps if s.kind in stages):
         started = time.perf_counter()
@@ -84,13 +85,13 @@ def main() -> int:
     parser.add_argument("--lr-dpo", type=float, default=1e-4)
     parser.add_argument("--lr-rlvr", type=float, default=1e-3)
     parser.add_argument("--stages", nargs="+", choices=("sft", "dpo", "rlvr"), default=["sft", "dpo", "rlvr"])
-    parser.add_argument("--sft-on-worker", action="store_true", help="SFT on the stage worker, as the asset trains it")
+    parser.add_argument("--on-worker", action="store_true", help="SFT and DPO on the stage worker, as the assets train them")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         for seed in args.seeds:
             for row in run_recipe(seed, (args.lr_sft, args.lr_dpo, args.lr_rlvr), Path(folder), stages=args.stages,
-                                  sft_on_worker=args.sft_on_worker):
+                                  on_worker=args.on_worker):
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     for stage in ("sft", "dpo", "rlvr"):

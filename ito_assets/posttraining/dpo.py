@@ -1,21 +1,28 @@
-"""Direct preference optimisation on preference pairs, against a frozen reference policy."""
+"""Direct preference optimisation on preference pairs, against a frozen reference policy.
+
+The pairs become rows of two sequences, chosen then rejected (`dpo_rows`), which the stage
+worker's loader draws whole (`dpo_batches`); the reference's log-probability of every answer is
+computed once, before training (`reference_logprobs`), and read beside each batch's rows. The
+in-process loop here and the worker (`on_worker`) train the same batches with the same loss.
+"""
 
 from __future__ import annotations
 
-import random
 import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+import numpy as np
 import torch
 
 from ito_assets.manifest.schema import DpoStep
-from ito_assets.posttraining.fixtures import PreferencePair
-from ito_assets.posttraining.losses import dpo_loss, sequence_logprobs
+from ito_assets.posttraining.fixtures import InstructionPair, PreferencePair
+from ito_assets.posttraining.losses import answer_logprobs, pair_loss
 from ito_assets.posttraining.optim import adamw, optimizer_step
-from ito_assets.posttraining.policy import CausalLM, masked_mean, token_logprobs
-from ito_assets.posttraining.sft import response_batch
+from ito_assets.posttraining.policy import CausalLM
+from ito_assets.posttraining.sft import sft_rows
 from ito_assets.posttraining.vocab import TextCodec
+from ito_assets.runtime.worker.batches import BatchPlan, ResumableBatches
 
 _DPO = DpoStep.model_fields
 
@@ -50,51 +57,76 @@ class DpoResult:
     wall_seconds: float
 
 
-def _pair_logprobs(
-    policy: CausalLM, codec: TextCodec, batch: Sequence[PreferencePair]
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """-> (chosen, rejected) summed response log-probabilities, each (N,), and the chosen
-    responses' negative log-likelihood per token (scalar). One forward over the 2N sequences:
-    chosen rows first, then rejected rows."""
-    prompts = [p.prompt for p in batch] * 2
-    responses = [p.chosen for p in batch] + [p.rejected for p in batch]
-    tokens, mask = response_batch(codec, prompts, responses)  # (2N, T), (2N, T-1)
-    logprobs = token_logprobs(policy, tokens)  # (2N, T-1)
-    summed = sequence_logprobs(logprobs, mask)  # (2N,)
-    n = len(batch)
-    return summed[:n], summed[n:], -masked_mean(logprobs[:n], mask[:n])
+def dpo_rows(codec: TextCodec, pairs: Sequence[PreferencePair]) -> np.ndarray:
+    """The pairs as the stage worker's rows, (N, 2, 2, T) int32: each pair's chosen and rejected
+    answer as SFT's rows are (inputs; targets on the answer and its eos, -100 elsewhere), T the
+    longest answer's positions."""
+    chosen = [(p.prompt, p.chosen) for p in pairs]
+    rejected = [(p.prompt, p.rejected) for p in pairs]
+    width = max(1 + len(codec.encode(prompt)) + len(codec.encode(answer)) for prompt, answer in chosen + rejected)
+    return np.stack([_answer_rows(codec, chosen, width), _answer_rows(codec, rejected, width)], axis=1)
+
+
+def _answer_rows(codec: TextCodec, answers: list[tuple[str, str]], width: int) -> np.ndarray:
+    return sft_rows(codec, [InstructionPair(pair_id=str(i), prompt=p, response=a) for i, (p, a) in enumerate(answers)],
+                    width)
+
+
+def dpo_batches(codec: TextCodec, pairs: Sequence[PreferencePair], config: DpoConfig) -> tuple[ResumableBatches, int]:
+    """(the pairs' rows as the stage worker reads them, optimizer steps): every pair once an epoch
+    in the seeded order, full batches only; a remainder of fewer than `batch_size` pairs is left
+    out of that epoch, and fewer pairs than one batch are refused."""
+    if len(pairs) < config.batch_size:
+        raise ValueError(f"{len(pairs)} pairs cannot fill one batch of {config.batch_size}")
+    rows = dpo_rows(codec, pairs)
+    batches = ResumableBatches(rows, BatchPlan(batch_size=config.batch_size, sequence_length=rows.shape[-1],
+                                               seed=config.seed))
+    return batches, config.num_epochs * batches.batches_per_epoch
+
+
+# Pairs per forward pass of the reference: 64 x 2 answers of the fixtures' lengths stay far below
+# a gigabyte of logits on the char model; the values do not depend on it beyond float order.
+REFERENCE_CHUNK = 64
+
+
+@torch.no_grad()
+def reference_logprobs(reference: CausalLM, rows: np.ndarray) -> np.ndarray:
+    """Every pair's answers' summed log-probability under the frozen reference, (N, 2) float32:
+    computed once, read beside each batch (the reference never changes, so a second forward pass
+    a step buys nothing)."""
+    reference.eval()
+    found = []
+    for first in range(0, len(rows), REFERENCE_CHUNK):
+        chunk = torch.from_numpy(np.asarray(rows[first : first + REFERENCE_CHUNK], dtype=np.int64))
+        sums, _ = answer_logprobs(reference, chunk[:, :, 0], chunk[:, :, 1])
+        found.append(sums.numpy())
+    return np.concatenate(found).astype(np.float32)
 
 
 def run_dpo(
     policy: CausalLM, reference: CausalLM, codec: TextCodec, pairs: Sequence[PreferencePair], config: DpoConfig,
     on_step: Callable[[float, float], object] | None = None,
 ) -> DpoResult:
-    """Train `policy` in place; `reference` is only read (no gradient); `on_step(seconds, loss)`
-    after each optimizer step."""
+    """Train `policy` in place in this process; `reference` is only read (no gradient);
+    `on_step(seconds, loss)` after each optimizer step."""
     if not pairs:
         raise ValueError("pairs must not be empty")
+    batches, num_steps = dpo_batches(codec, pairs, config)
+    references = torch.from_numpy(reference_logprobs(reference, batches.tokens))
     policy.train()
-    reference.eval()
     optimizer = adamw(policy, learning_rate=config.learning_rate)
-    rng, losses, accuracies, margin, started = random.Random(config.seed), [], [], 0.0, time.perf_counter()
-    for _ in range(config.num_epochs):
-        order = list(range(len(pairs)))
-        rng.shuffle(order)
-        for start in range(0, len(order), config.batch_size):
-            step_started = time.perf_counter()
-            batch = [pairs[i] for i in order[start : start + config.batch_size]]
-            with torch.no_grad():
-                ref_chosen, ref_rejected, _ = _pair_logprobs(reference, codec, batch)
-            chosen, rejected, chosen_nll = _pair_logprobs(policy, codec, batch)
-            result = dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta=config.beta,
-                              label_smoothing=config.label_smoothing, rpo_alpha=config.rpo_alpha,
-                              chosen_nll=chosen_nll)
-            optimizer_step(policy, optimizer, result.loss)
-            losses.append(float(result.loss.detach()))
-            accuracies.append(result.accuracy)
-            margin = float(result.margins.mean())
-            if on_step is not None:
-                on_step(time.perf_counter() - step_started, losses[-1])
+    losses, accuracies, margin, started = [], [], 0.0, time.perf_counter()
+    for _ in range(num_steps):
+        step_started = time.perf_counter()
+        position, x, y = batches.next_batch()
+        result = pair_loss(policy, x, y, references[batches.rows_at(position)], beta=config.beta,
+                           label_smoothing=config.label_smoothing, rpo_alpha=config.rpo_alpha)
+        optimizer_step(policy, optimizer, result.loss)
+        losses.append(float(result.loss.detach()))
+        accuracies.append(result.accuracy)
+        margin = float(result.margins.mean())
+        if on_step is not None:
+            on_step(time.perf_counter() - step_started, losses[-1])
     return DpoResult(
         losses=tuple(losses), accuracies=tuple(accuracies), mean_margin=margin, num_steps=len(losses),
         wall_seconds=time.perf_counter() - started,

@@ -1,8 +1,12 @@
-"""Supervised fine-tuning on the stage worker, under the supervisor, as the pretraining stages train:
-the pairs become rows (`sft.sft_rows`), the worker trains them from the stage's starting weights
-with the post-training optimizer (`optim.WORKER_RECIPE`: a constant rate), in the batches the
-in-process loop draws (`sft.sft_batches`), with heartbeats, checkpoints and restarts; the final
+"""SFT and DPO on the stage worker, under the supervisor, as the pretraining stages train: the pairs
+become rows (`sft.sft_rows`, `dpo.dpo_rows`), the worker trains them from the stage's starting
+weights with the post-training optimizer (`optim.WORKER_RECIPE`: a constant rate, a fresh AdamW),
+in the batches the in-process loop draws, with heartbeats, checkpoints and restarts; the final
 checkpoint's weights then come back into the policy the stage evaluates and gates.
+
+SFT starts from the stage's first weights (the pretraining chain's checkpoint, or the seed's);
+DPO from the policy it is given (SFT's), written as a checkpoint the worker loads, against the
+reference log-probabilities computed here once, before launch (`dpo.reference_logprobs`).
 
 The worker's events (each step, its checkpoints, the supervisor's allocation and interruptions)
 go into the stage folder beside the stage's own (its evaluations and the policy's save), so desk
@@ -22,21 +26,25 @@ import numpy as np
 
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.posttraining.base import PolicySpec, load_pretrained
-from ito_assets.posttraining.fixtures import InstructionPair
+from ito_assets.posttraining.dpo import DpoConfig, DpoResult, dpo_batches, reference_logprobs
+from ito_assets.posttraining.fixtures import InstructionPair, PreferencePair
 from ito_assets.posttraining.optim import WORKER_RECIPE
 from ito_assets.posttraining.policy import CausalLM
 from ito_assets.posttraining.sft import SftConfig, SftResult, sft_batches
 from ito_assets.posttraining.vocab import TextCodec
 from ito_assets.runtime.record import events
-from ito_assets.runtime.record.events import EventKind
+from ito_assets.runtime.record.events import Event, EventKind
 from ito_assets.runtime.record.storage import write_atomic
 from ito_assets.runtime.stage import run as stage_run
-from ito_assets.runtime.stage.config import WorkerConfig
+from ito_assets.runtime.stage.config import PreferenceObjective, WorkerConfig
 from ito_assets.runtime.supervision.supervisor import REPORT_NAME, Outcome, SupervisorConfig
+from ito_assets.runtime.worker import train_state
 from ito_assets.runtime.worker.batches import IGNORE, ResumableBatches
 from ito_assets.training.layout import Layout
 
-ROWS_NAME = "sft_rows.npy"
+ROWS_NAME = "rows.npy"
+REFERENCE_NAME = "reference_logprobs.npy"  # DPO's: (N, 2), the rows' order
+START_NAME = "start"  # DPO's starting weights, as a checkpoint folder the worker loads
 
 
 def layout(batch_size: int) -> Layout:
@@ -59,43 +67,82 @@ class WorkerLaunch:
     keep_last: int = 2
 
 
-def worker_config(spec: PolicySpec, config: SftConfig, *, rows_path: Path, sequence_length: int, num_steps: int,
-                  stage_dir: Path, launch: WorkerLaunch) -> WorkerConfig:
+@dataclass(frozen=True, kw_only=True)
+class _Stage:
+    """What differs between the stages a worker trains: the rest is `_config`'s."""
+
+    name: str
+    spec: PolicySpec
+    learning_rate: float
+    batch_size: int
+    seed: int
+    num_steps: int
+    init_from: str | None
+    preference: PreferenceObjective | None = None
+
+
+def _config(stage: _Stage, rows: ResumableBatches, *, stage_dir: Path, launch: WorkerLaunch) -> WorkerConfig:
+    rows_path = stage_dir / ROWS_NAME
+    write_atomic(rows_path, _npy_bytes(rows.tokens))
     return WorkerConfig(
-        run_key=launch.run_key, stage="sft", model=spec.model_name, vocab_size=spec.vocab_size,
+        run_key=launch.run_key, stage=stage.name, model=stage.spec.model_name, vocab_size=stage.spec.vocab_size,
         tokens_path=str(rows_path), heldout_path=None, stage_dir=str(stage_dir),
         heartbeat_dir=str(stage_dir / "heartbeats"), metrics_path=str(stage_dir / "metrics.jsonl"),
-        num_steps=num_steps, batch_size=config.batch_size, sequence_length=sequence_length,
-        interval_steps=min(launch.interval_steps, num_steps), keep_last=launch.keep_last, seed=config.seed,
-        learning_rate=config.learning_rate, optimizer=dict(WORKER_RECIPE), layout=layout(config.batch_size),
-        init_from=spec.init_checkpoint, init_optimizer=False)
+        num_steps=stage.num_steps, batch_size=stage.batch_size, sequence_length=rows.plan.sequence_length,
+        interval_steps=min(launch.interval_steps, stage.num_steps), keep_last=launch.keep_last, seed=stage.seed,
+        learning_rate=stage.learning_rate, optimizer=dict(WORKER_RECIPE), layout=layout(stage.batch_size),
+        init_from=stage.init_from, init_optimizer=False, preference=stage.preference)
 
 
 def train_on_worker(policy: CausalLM, spec: PolicySpec, codec: TextCodec, pairs: Sequence[InstructionPair],
                     config: SftConfig, *, stage_dir: Path, launch: WorkerLaunch) -> SftResult:
-    """Train `pairs` on the worker and load its final weights into `policy`."""
+    """SFT: train `pairs` on the worker from the stage's first weights and load its final weights into `policy`."""
     if spec.init_checkpoint is None and spec.seed != config.seed:
         # The worker draws a fresh start's weights and the batches' order from one seed.
         raise ValueError("a stage that starts from the seed's weights trains on the worker only when the policy's "
                          "seed is the stage's")
     batches, num_steps = sft_batches(codec, pairs, config)
     stage_dir.mkdir(parents=True, exist_ok=True)
-    rows_path = stage_dir / ROWS_NAME
-    write_atomic(rows_path, _npy_bytes(batches.tokens))
-    worker = worker_config(spec, config, rows_path=rows_path, sequence_length=batches.plan.sequence_length,
-                           num_steps=num_steps, stage_dir=stage_dir, launch=launch)
+    stage = _Stage(name="sft", spec=spec, learning_rate=config.learning_rate, batch_size=config.batch_size,
+                   seed=config.seed, num_steps=num_steps, init_from=spec.init_checkpoint)
+    _run(policy, _config(stage, batches, stage_dir=stage_dir, launch=launch), launch)
+    steps = _final_steps(stage_dir)
+    return SftResult(losses=tuple(steps[s].loss for s in sorted(steps)), num_steps=num_steps,
+                     num_response_tokens=_targets(batches, num_steps), wall_seconds=_step_seconds(stage_dir))
+
+
+def dpo_on_worker(policy: CausalLM, reference: CausalLM, spec: PolicySpec, codec: TextCodec,
+                  pairs: Sequence[PreferencePair], config: DpoConfig, *, stage_dir: Path,
+                  launch: WorkerLaunch) -> DpoResult:
+    """DPO: train `pairs` on the worker from `policy`'s weights against `reference` (read here,
+    once) and load the worker's final weights into `policy`."""
+    batches, num_steps = dpo_batches(codec, pairs, config)
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    reference_path = stage_dir / REFERENCE_NAME
+    write_atomic(reference_path, _npy_bytes(reference_logprobs(reference, batches.tokens)))
+    start = train_state.save_weights(policy, stage_dir / START_NAME)
+    objective = PreferenceObjective(reference_path=str(reference_path), beta=config.beta,
+                                    label_smoothing=config.label_smoothing, rpo_alpha=config.rpo_alpha)
+    stage = _Stage(name="dpo", spec=spec, learning_rate=config.learning_rate, batch_size=config.batch_size,
+                   seed=config.seed, num_steps=num_steps, init_from=str(start), preference=objective)
+    _run(policy, _config(stage, batches, stage_dir=stage_dir, launch=launch), launch)
+    steps = [e for _, e in sorted(_final_steps(stage_dir).items())]
+    return DpoResult(losses=tuple(e.loss for e in steps), accuracies=tuple(e.metrics["accuracy"] for e in steps),
+                     mean_margin=steps[-1].metrics["margin"], num_steps=num_steps,
+                     wall_seconds=_step_seconds(stage_dir))
+
+
+def _run(policy: CausalLM, worker: WorkerConfig, launch: WorkerLaunch) -> None:
+    """Launch the supervisor, wait for it, and load the final checkpoint's weights into `policy`."""
     prepared = stage_run.prepare(worker, launch.supervisor)
     launch.run(prepared.command)
-    report = json.loads((stage_dir / REPORT_NAME).read_text())
+    report = json.loads((Path(worker.stage_dir) / REPORT_NAME).read_text())
     if report["outcome"] != Outcome.SUCCEEDED.value:
         code = report.get("error_code")
         attempts = report["num_attempts"]
-        raise ItoError(ErrorCode(code) if code else ErrorCode.INTERNAL_ERROR, f"the SFT stage's worker ended "
-                       f"{report['outcome']} after {attempts} attempt{'' if attempts == 1 else 's'}")
+        raise ItoError(ErrorCode(code) if code else ErrorCode.INTERNAL_ERROR, f"the {worker.stage.upper()} stage's "
+                       f"worker ended {report['outcome']} after {attempts} attempt{'' if attempts == 1 else 's'}")
     load_pretrained(policy, Path(report["result"]["final_checkpoint"]))
-    steps = _final_losses(stage_dir)
-    return SftResult(losses=tuple(steps[s] for s in sorted(steps)), num_steps=num_steps,
-                     num_response_tokens=_targets(batches, num_steps), wall_seconds=_step_seconds(stage_dir))
 
 
 def _npy_bytes(rows: np.ndarray) -> bytes:
@@ -104,10 +151,10 @@ def _npy_bytes(rows: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def _final_losses(stage_dir: Path) -> dict[int, float]:
-    """Each step's loss as the last attempt that trained it recorded it (an earlier attempt's
-    step redone after a restart is superseded)."""
-    return {e.step: e.loss for e in events.read(stage_dir) if e.kind is EventKind.STEP and e.step is not None}
+def _final_steps(stage_dir: Path) -> dict[int, Event]:
+    """Each step as the last attempt that trained it recorded it (an earlier attempt's step redone
+    after a restart is superseded)."""
+    return {e.step: e for e in events.read(stage_dir) if e.kind is EventKind.STEP and e.step is not None}
 
 
 def _step_seconds(stage_dir: Path) -> float:

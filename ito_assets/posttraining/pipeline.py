@@ -29,7 +29,7 @@ from ito_assets.posttraining.sft import SftConfig, run_sft
 from ito_assets.posttraining.stage import PostTrainingRuntime, StageOutcome, Start
 from ito_assets.posttraining.tasks import Task, largest_digit_tasks, split_held_out
 from ito_assets.posttraining.timeline import StageTimeline
-from ito_assets.posttraining.worker_sft import WorkerLaunch, train_on_worker
+from ito_assets.posttraining.on_worker import WorkerLaunch, dpo_on_worker, train_on_worker
 from ito_assets.training.threads import torch_threads
 
 SFT_FILE, DPO_FILE = "sft_pairs.jsonl", "dpo_pairs.jsonl"
@@ -51,8 +51,8 @@ def _evaluate(policy, codec, tasks, runtime) -> RewardEval:
 
 def _train(step, policy, reference, codec, spec: PolicySpec, pairs, train_tasks, runtime,
            on_step, worker: tuple[WorkerLaunch, Path] | None) -> tuple[dict, int]:
-    """Run the stage's loop; returns (metrics, optimizer steps). `worker`: SFT trains on the stage
-    worker (its launch, the stage folder) instead of in this process."""
+    """Run the stage's loop; returns (metrics, optimizer steps). `worker`: SFT and DPO train on the
+    stage worker (its launch, the stage folder) instead of in this process."""
     if isinstance(step, SftStep):
         config = SftConfig.from_step(step, batch_size=runtime.batch_size, seed=runtime.seed)
         if worker is not None:
@@ -62,8 +62,12 @@ def _train(step, policy, reference, codec, spec: PolicySpec, pairs, train_tasks,
         return {"loss_curve": list(result.losses), "num_response_tokens": result.num_response_tokens,
                 "train_seconds": round(result.wall_seconds, 2)}, result.num_steps
     if isinstance(step, DpoStep):
-        result = run_dpo(policy, reference, codec, pairs,
-                         DpoConfig.from_step(step, batch_size=runtime.batch_size, seed=runtime.seed), on_step)
+        config = DpoConfig.from_step(step, batch_size=runtime.batch_size, seed=runtime.seed)
+        if worker is not None:
+            result = dpo_on_worker(policy, reference, spec, codec, pairs, config, stage_dir=worker[1],
+                                   launch=worker[0])
+        else:
+            result = run_dpo(policy, reference, codec, pairs, config, on_step)
         return {"loss_curve": list(result.losses), "accuracy_curve": list(result.accuracies),
                 "final_margin": result.mean_margin, "train_seconds": round(result.wall_seconds, 2)}, result.num_steps
     config = RlvrConfig.from_step(
@@ -97,8 +101,8 @@ def run_stage(
     runtime: PostTrainingRuntime = PostTrainingRuntime(), launch: WorkerLaunch | None = None,
 ) -> StageOutcome:
     """Train one stage of the recipe from `start`; pair files resolve under `data_root`. `launch`:
-    an SFT stage trains on the stage worker under the supervisor (`worker_sft`); DPO and RLVR
-    train in this process either way."""
+    SFT and DPO train on the stage worker under the supervisor (`on_worker`); RLVR trains in this
+    process either way."""
     with torch_threads(runtime.num_threads):
         return _run_stage(step, start=start, data_root=data_root, out_dir=out_dir, runtime=runtime, launch=launch)
 
@@ -107,7 +111,8 @@ def _run_stage(step: SftStep | DpoStep | RlvrStep, *, start: Start, data_root: P
                runtime: PostTrainingRuntime, launch: WorkerLaunch | None) -> StageOutcome:
     if isinstance(start, StageOutcome):  # a failed gate stays failed: refused before anything is read
         require_passed(start.gate)
-    worker = (launch, out_dir / step.kind) if launch is not None and isinstance(step, SftStep) else None
+    on_worker = launch is not None and isinstance(step, (SftStep, DpoStep))
+    worker = (launch, out_dir / step.kind) if on_worker else None
     timeline = StageTimeline(out_dir / step.kind, steps_by_worker=worker is not None)
     try:
         return _timed_stage(step, start, data_root, out_dir, runtime, timeline, worker)

@@ -96,7 +96,7 @@ def run_sft(policy: CausalLM, codec: TextCodec, pairs: Sequence[InstructionPair]
             on_step: Callable[[float, float], object] | None = None) -> SftResult:
     """Train `policy` in place for `num_epochs` over `pairs` in one process; `on_step(seconds,
     loss)` after each optimizer step. The stage worker trains the same batches with the same
-    optimizer (`worker_sft`)."""
+    optimizer (`on_worker`)."""
     if not pairs:
         raise ValueError("pairs must not be empty")
     batches, num_steps = sft_batches(codec, pairs, config)

@@ -14,7 +14,7 @@ to the stage folder's `events.jsonl` as they happen (one writer), in the kinds t
 A rerun of the stage in the same run folder trains again from the stage's start, so it is the
 next attempt, resumed from nothing: telemetry then counts the earlier attempt's steps as wasted.
 
-A stage whose steps run on the stage worker (`worker_sft`) writes only its own part here: its
+A stage whose steps run on the stage worker (`on_worker`) writes only its own part here: its
 start-up, evaluations, the policy's save, and its windows before and after the worker's. The
 worker and its supervisor write the attempts (resume, start-up, steps, checkpoints, their
 allocation) into the same folder, numbered as theirs.

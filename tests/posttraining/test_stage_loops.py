@@ -12,7 +12,8 @@ import torch
 
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.posttraining.checkpoint import load_policy, save_policy
-from ito_assets.posttraining.dpo import DpoConfig, _pair_logprobs, run_dpo
+from ito_assets.posttraining.dpo import DpoConfig, dpo_rows, run_dpo
+from ito_assets.posttraining.losses import answer_logprobs
 from ito_assets.posttraining.evaluation import RewardEval, kl_to_reference
 from ito_assets.posttraining.fixtures import (
     InstructionPair, instruction_pairs, preference_pairs, read_instruction_pairs, read_preference_pairs,
@@ -76,8 +77,11 @@ def test_dpo_prefers_chosen_and_leaves_the_reference_alone():
 
 
 def _chosen_nll(policy, pairs) -> float:
+    """The chosen answers' NLL per token, averaged over the pairs (RPO's term)."""
+    rows = torch.from_numpy(dpo_rows(VOCAB, pairs)).long()
     with torch.no_grad():
-        return float(_pair_logprobs(policy, VOCAB, pairs)[2])
+        sums, lengths = answer_logprobs(policy, rows[:, :, 0], rows[:, :, 1])
+    return float((-sums[:, 0] / lengths[:, 0]).mean())
 
 
 def test_the_chosen_answers_log_likelihood_term_keeps_dpo_from_lowering_them():

@@ -22,7 +22,7 @@ from ito_assets.posttraining.fixtures import InstructionPair
 from ito_assets.posttraining.optim import BETAS, WORKER_RECIPE
 from ito_assets.posttraining.sft import SftConfig, run_sft, sft_batches
 from ito_assets.posttraining.vocab import CharVocab
-from ito_assets.posttraining.worker_sft import ROWS_NAME, WorkerLaunch, train_on_worker
+from ito_assets.posttraining.on_worker import ROWS_NAME, WorkerLaunch, train_on_worker
 from ito_assets.runtime.checkpoint import registry
 from ito_assets.runtime.record import events
 from ito_assets.runtime.record.events import EventKind
