@@ -13,6 +13,7 @@ Tensors cross the weights queue through shared memory (torch.multiprocessing).
 
 from __future__ import annotations
 
+import os
 import queue
 import random
 import traceback
@@ -98,17 +99,20 @@ def _newest_weights(policy: CausalLM, weights: mp.Queue, version: int, *, block:
     return newest[0]
 
 
-def _generator_main(policy_factory, codec, tasks, config, weights, groups, stop) -> None:
+def _generator_main(policy_factory, codec, tasks, config, weights, groups, stop, parent: int) -> None:
     torch.set_num_threads(1)  # one core for generation, the rest for the trainer
+    # A trainer killed outright (SIGKILL, OOM) never sets `stop`: the generator leaves when its
+    # parent is gone (re-parented), rather than sampling for nobody until the machine is reclaimed.
+    running = lambda: not stop.is_set() and os.getppid() == parent
     try:
         policy = policy_factory().eval()
         version = _newest_weights(policy, weights, -1, block=True)
         rng, generator = random.Random(config.seed), torch.Generator().manual_seed(config.seed)
-        while not stop.is_set():
+        while running():
             version = _newest_weights(policy, weights, version, block=False)
             task = tasks[rng.randrange(len(tasks))]
             group = make_group(policy, codec, task, version=version, config=config, generator=generator)
-            while not stop.is_set():
+            while running():
                 try:
                     groups.put(group, timeout=_POLL_SECONDS)
                     break
@@ -134,7 +138,7 @@ class GeneratorProcess:
         self._timeout = timeout_seconds
         self._process = context.Process(
             target=_generator_main, name="ito-posttraining-generator", daemon=True,
-            args=(policy_factory, codec, list(tasks), config, self._weights, self._groups, self._stop),
+            args=(policy_factory, codec, list(tasks), config, self._weights, self._groups, self._stop, os.getpid()),
         )
         self.num_weight_syncs = 0
 

@@ -5,8 +5,10 @@ in the batches the in-process loop draws, with heartbeats, checkpoints and resta
 checkpoint's weights then come back into the policy the stage evaluates and gates.
 
 SFT starts from the stage's first weights (the pretraining chain's checkpoint, or the seed's);
-DPO from the policy it is given (SFT's), written as a checkpoint the worker loads, against the
-reference log-probabilities computed here once, before launch (`dpo.reference_logprobs`).
+DPO and RLVR from the policy they are given, written as a checkpoint the worker loads. DPO trains
+against the reference log-probabilities computed here once, before launch
+(`dpo.reference_logprobs`); RLVR on groups its generator process samples beside the worker
+(`rollout_source`), with the start as the reference its KL is measured against.
 
 The worker's events (each step, its checkpoints, the supervisor's allocation and interruptions)
 go into the stage folder beside the stage's own (its evaluations and the policy's save), so desk
@@ -30,13 +32,17 @@ from ito_assets.posttraining.dpo import DpoConfig, DpoResult, dpo_batches, refer
 from ito_assets.posttraining.fixtures import InstructionPair, PreferencePair
 from ito_assets.posttraining.optim import WORKER_RECIPE
 from ito_assets.posttraining.policy import CausalLM
+from ito_assets.posttraining.rlvr import RlvrConfig, RlvrResult, RlvrStepStats
+from ito_assets.posttraining.rollout_source import write_tasks
 from ito_assets.posttraining.sft import SftConfig, SftResult, sft_batches
+from ito_assets.posttraining.staleness import StalenessReport
+from ito_assets.posttraining.tasks import Task
 from ito_assets.posttraining.vocab import TextCodec
 from ito_assets.runtime.record import events
 from ito_assets.runtime.record.events import Event, EventKind
 from ito_assets.runtime.record.storage import write_atomic
 from ito_assets.runtime.stage import run as stage_run
-from ito_assets.runtime.stage.config import PreferenceObjective, WorkerConfig
+from ito_assets.runtime.stage.config import PreferenceObjective, ReinforcementObjective, WorkerConfig
 from ito_assets.runtime.supervision.supervisor import REPORT_NAME, Outcome, SupervisorConfig
 from ito_assets.runtime.worker import train_state
 from ito_assets.runtime.worker.batches import IGNORE, ResumableBatches
@@ -44,7 +50,8 @@ from ito_assets.training.layout import Layout
 
 ROWS_NAME = "rows.npy"
 REFERENCE_NAME = "reference_logprobs.npy"  # DPO's: (N, 2), the rows' order
-START_NAME = "start"  # DPO's starting weights, as a checkpoint folder the worker loads
+START_NAME = "start"  # DPO's and RLVR's starting weights, as a checkpoint folder the worker loads
+TASKS_NAME = "tasks.jsonl"  # RLVR's prompts
 
 
 def layout(batch_size: int) -> Layout:
@@ -79,19 +86,25 @@ class _Stage:
     num_steps: int
     init_from: str | None
     preference: PreferenceObjective | None = None
+    reinforcement: ReinforcementObjective | None = None
+    micro_batch_size: int | None = None  # None: the whole batch
 
 
-def _config(stage: _Stage, rows: ResumableBatches, *, stage_dir: Path, launch: WorkerLaunch) -> WorkerConfig:
-    rows_path = stage_dir / ROWS_NAME
-    write_atomic(rows_path, _npy_bytes(rows.tokens))
+def _config(stage: _Stage, rows: ResumableBatches | None, *, stage_dir: Path, launch: WorkerLaunch,
+            data_path: Path | None = None, sequence_length: int | None = None) -> WorkerConfig:
+    """The worker's config; `rows` are written beside it, else the stage reads `data_path` (RLVR's tasks)."""
+    if rows is not None:
+        data_path, sequence_length = stage_dir / ROWS_NAME, rows.plan.sequence_length
+        write_atomic(data_path, _npy_bytes(rows.tokens))
     return WorkerConfig(
         run_key=launch.run_key, stage=stage.name, model=stage.spec.model_name, vocab_size=stage.spec.vocab_size,
-        tokens_path=str(rows_path), heldout_path=None, stage_dir=str(stage_dir),
+        tokens_path=str(data_path), heldout_path=None, stage_dir=str(stage_dir),
         heartbeat_dir=str(stage_dir / "heartbeats"), metrics_path=str(stage_dir / "metrics.jsonl"),
-        num_steps=stage.num_steps, batch_size=stage.batch_size, sequence_length=rows.plan.sequence_length,
+        num_steps=stage.num_steps, batch_size=stage.batch_size, sequence_length=sequence_length,
         interval_steps=min(launch.interval_steps, stage.num_steps), keep_last=launch.keep_last, seed=stage.seed,
-        learning_rate=stage.learning_rate, optimizer=dict(WORKER_RECIPE), layout=layout(stage.batch_size),
-        init_from=stage.init_from, init_optimizer=False, preference=stage.preference)
+        learning_rate=stage.learning_rate, optimizer=dict(WORKER_RECIPE),
+        layout=layout(stage.micro_batch_size or stage.batch_size), init_from=stage.init_from, init_optimizer=False,
+        preference=stage.preference, reinforcement=stage.reinforcement)
 
 
 def train_on_worker(policy: CausalLM, spec: PolicySpec, codec: TextCodec, pairs: Sequence[InstructionPair],
@@ -130,6 +143,57 @@ def dpo_on_worker(policy: CausalLM, reference: CausalLM, spec: PolicySpec, codec
     return DpoResult(losses=tuple(e.loss for e in steps), accuracies=tuple(e.metrics["accuracy"] for e in steps),
                      mean_margin=steps[-1].metrics["margin"], num_steps=num_steps,
                      wall_seconds=_step_seconds(stage_dir))
+
+
+def rlvr_on_worker(policy: CausalLM, spec: PolicySpec, tasks: Sequence[Task], config: RlvrConfig, *,
+                   stage_dir: Path, launch: WorkerLaunch, prompt_length: int) -> RlvrResult:
+    """RLVR: GRPO on groups of `tasks` from `policy`'s weights (also the KL's reference), on the
+    worker with its generator process; loads the final weights into `policy`. `prompt_length`:
+    the longest prompt's tokens with bos, so that the worker's model holds prompt and completion."""
+    if config.updates_per_step != 1:
+        raise ValueError("on the worker one batch is one optimizer step: updates_per_step must be 1")
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    tasks_path = stage_dir / TASKS_NAME
+    write_tasks(list(tasks), tasks_path)
+    start = train_state.save_weights(policy, stage_dir / START_NAME)
+    tokenizer = spec.tokenizer
+    objective = ReinforcementObjective(
+        group_size=config.group_size, groups_per_step=config.groups_per_step, max_new_tokens=config.max_new_tokens,
+        overlong_cache=config.overlong_cache, clip_eps_low=config.clip_eps_low, clip_eps_high=config.clip_eps_high,
+        max_staleness=config.max_staleness, importance_weight_cap=config.importance_weight_cap,
+        sync_every=config.sync_every, tokenizer_path=None if tokenizer is None else tokenizer.path,
+        tokenizer_sha256=None if tokenizer is None else tokenizer.sha256)
+    # A micro-batch per group: a short batch (the draw bound hit) still splits evenly.
+    stage = _Stage(name="rlvr", spec=spec, learning_rate=config.learning_rate,
+                   batch_size=config.groups_per_step * config.group_size, seed=config.seed, num_steps=config.num_steps,
+                   init_from=str(start), reinforcement=objective, micro_batch_size=config.group_size)
+    worker = _config(stage, None, stage_dir=stage_dir, launch=launch, data_path=tasks_path,
+                     sequence_length=prompt_length + config.max_new_tokens)
+    _run(policy, worker, launch)
+    steps = [e for _, e in sorted(_final_steps(stage_dir).items())]
+    return RlvrResult(steps=tuple(_rlvr_step(e) for e in steps), staleness=_staleness(steps, config.max_staleness),
+                      num_weight_syncs=int(sum(e.metrics.get("weight_syncs", 0) for e in steps)),
+                      num_steps_without_signal=int(sum(e.metrics.get("steps_without_signal", 0) for e in steps)),
+                      wall_seconds=_step_seconds(stage_dir))
+
+
+def _rlvr_step(event: Event) -> RlvrStepStats:
+    m = event.metrics
+    return RlvrStepStats(step=event.step, policy_version=event.step, mean_score=m["reward"], loss=event.loss,
+                         kl_to_reference=m["kl_to_reference"], clip_fraction=m["clip_fraction"],
+                         num_groups_used=int(m["groups_used"]), num_dropped_all_equal=int(m.get("dropped_all_equal", 0)),
+                         num_dropped_stale=int(sum(v for k, v in m.items() if k.startswith("dropped_staleness_"))))
+
+
+def _staleness(steps: list[Event], max_staleness: int) -> StalenessReport:
+    """The staleness of every group the final steps drew, used and dropped, from their events."""
+    counts = {"admitted": {}, "dropped": {}}
+    for event in steps:
+        for key, value in event.metrics.items():
+            kind, _, lag = key.partition("_staleness_")
+            if kind in counts:
+                counts[kind][int(lag)] = counts[kind].get(int(lag), 0) + int(value)
+    return StalenessReport(max_staleness=max_staleness, admitted=counts["admitted"], dropped=counts["dropped"])
 
 
 def _run(policy: CausalLM, worker: WorkerConfig, launch: WorkerLaunch) -> None:

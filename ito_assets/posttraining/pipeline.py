@@ -29,7 +29,8 @@ from ito_assets.posttraining.sft import SftConfig, run_sft
 from ito_assets.posttraining.stage import PostTrainingRuntime, StageOutcome, Start
 from ito_assets.posttraining.tasks import Task, largest_digit_tasks, split_held_out
 from ito_assets.posttraining.timeline import StageTimeline
-from ito_assets.posttraining.on_worker import WorkerLaunch, dpo_on_worker, train_on_worker
+from ito_assets.posttraining.decoding import encode_prompt
+from ito_assets.posttraining.on_worker import WorkerLaunch, dpo_on_worker, rlvr_on_worker, train_on_worker
 from ito_assets.training.threads import torch_threads
 
 SFT_FILE, DPO_FILE = "sft_pairs.jsonl", "dpo_pairs.jsonl"
@@ -51,7 +52,7 @@ def _evaluate(policy, codec, tasks, runtime) -> RewardEval:
 
 def _train(step, policy, reference, codec, spec: PolicySpec, pairs, train_tasks, runtime,
            on_step, worker: tuple[WorkerLaunch, Path] | None) -> tuple[dict, int]:
-    """Run the stage's loop; returns (metrics, optimizer steps). `worker`: SFT and DPO train on the
+    """Run the stage's loop; returns (metrics, optimizer steps). `worker`: the stage trains on the
     stage worker (its launch, the stage folder) instead of in this process."""
     if isinstance(step, SftStep):
         config = SftConfig.from_step(step, batch_size=runtime.batch_size, seed=runtime.seed)
@@ -74,7 +75,13 @@ def _train(step, policy, reference, codec, spec: PolicySpec, pairs, train_tasks,
         step, num_steps=runtime.rlvr_num_steps, groups_per_step=runtime.rlvr_groups_per_step,
         max_new_tokens=runtime.max_new_tokens, overlong_cache=runtime.overlong_cache, seed=runtime.seed,
     )
-    result = run_rlvr(policy, reference, codec, train_tasks, config, policy_factory=spec.factory(), on_step=on_step)
+    if worker is not None:
+        prompt_length = max(len(encode_prompt(codec, task.prompt)) for task in train_tasks)
+        result = rlvr_on_worker(policy, spec, train_tasks, config, stage_dir=worker[1], launch=worker[0],
+                                prompt_length=prompt_length)
+    else:
+        result = run_rlvr(policy, reference, codec, train_tasks, config, policy_factory=spec.factory(),
+                          on_step=on_step)
     return {
         "reward_curve": list(result.reward_curve),
         "kl_curve": [s.kl_to_reference for s in result.steps],
@@ -101,8 +108,7 @@ def run_stage(
     runtime: PostTrainingRuntime = PostTrainingRuntime(), launch: WorkerLaunch | None = None,
 ) -> StageOutcome:
     """Train one stage of the recipe from `start`; pair files resolve under `data_root`. `launch`:
-    SFT and DPO train on the stage worker under the supervisor (`on_worker`); RLVR trains in this
-    process either way."""
+    every stage trains on the stage worker under the supervisor (`on_worker`); without, in this process."""
     with torch_threads(runtime.num_threads):
         return _run_stage(step, start=start, data_root=data_root, out_dir=out_dir, runtime=runtime, launch=launch)
 
@@ -111,8 +117,7 @@ def _run_stage(step: SftStep | DpoStep | RlvrStep, *, start: Start, data_root: P
                runtime: PostTrainingRuntime, launch: WorkerLaunch | None) -> StageOutcome:
     if isinstance(start, StageOutcome):  # a failed gate stays failed: refused before anything is read
         require_passed(start.gate)
-    on_worker = launch is not None and isinstance(step, (SftStep, DpoStep))
-    worker = (launch, out_dir / step.kind) if on_worker else None
+    worker = (launch, out_dir / step.kind) if launch is not None else None
     timeline = StageTimeline(out_dir / step.kind, steps_by_worker=worker is not None)
     try:
         return _timed_stage(step, start, data_root, out_dir, runtime, timeline, worker)

@@ -36,7 +36,7 @@ from ito_assets.posttraining.pipeline import DPO_FILE, SFT_FILE, battery
 from ito_assets.posttraining.stage import PostTrainingRuntime
 from posttraining.pretrained_checkpoint import Pretrained, make_pretrained
 
-# Pipes' writer count (SFT's and DPO's worker) is a preview API in this Dagster; pytest resets the filters per test.
+# Pipes' writer count (the stages' worker) is a preview API in this Dagster; pytest resets the filters per test.
 pytestmark = pytest.mark.filterwarnings("ignore::dagster.PreviewWarning")
 
 STAGES = ("sft_checkpoint", "dpo_checkpoint", "rlvr_checkpoint")
@@ -84,7 +84,7 @@ def _pretraining_stand_ins(base: Pretrained) -> list:
 
 def _defs(installation, base: Pretrained, runtime: PostTrainingResource = SMALL) -> dg.Definitions:
     lineage = ("manifest", "data", "decision", "workload")  # training stood in, post-training's resource below
-    # SFT's and DPO's worker is launched as the training stages' are: their runtime, launcher and Pipes client.
+    # The stages' worker is launched as the training stages' are: their runtime, launcher and Pipes client.
     worker = {"training_runtime": TrainingRuntimeResource(poll_interval_s=0.2), "training_launcher": TrainingLauncherResource(),
               "pipes_subprocess_client": training.pipes_client()}
     return dg.Definitions.merge(build_definitions(installation.settings, domains=lineage), posttraining.defs(runtime),
@@ -216,7 +216,7 @@ def test_chain_materializes_with_metrics(installation, instance, base):
     # RLVR's four steps with an asynchronous generator end either side of its gate (measured deltas
     # +0.021 to well above 1.96 SE): a failed gate blocks the telemetry after it, as any gate does.
     _assert_each_stage_is_in_the_runs_telemetry(result, gate_passed=gate["passed"])
-    for name in ("sft_checkpoint", "dpo_checkpoint"):
+    for name in STAGES:
         _assert_trained_on_the_worker(result.output_for_node(name))
     dpo = result.output_for_node("dpo_checkpoint")
     assert len(dpo.metrics["accuracy_curve"]) == len(dpo.metrics["loss_curve"])  # the worker's steps report it
@@ -228,7 +228,8 @@ def _assert_trained_on_the_worker(outcome) -> None:
     folder = Path(outcome.stage_dir)
     report = json.loads((folder / "supervision.json").read_text())
     assert report["outcome"] == "succeeded" and report["num_attempts"] == 1
-    assert report["result"]["num_steps"] == outcome.checkpoint.policy_version == len(outcome.metrics["loss_curve"])
+    curve = outcome.metrics["reward_curve" if outcome.stage == "rlvr" else "loss_curve"]
+    assert report["result"]["num_steps"] == outcome.checkpoint.policy_version == len(curve)
     assert (folder / "events-attempt-0.jsonl").is_file()
     assert {e.attempt for e in events.read(folder) if e.kind is EventKind.STEP} == {0}
 

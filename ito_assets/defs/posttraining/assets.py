@@ -3,9 +3,9 @@
 `long_context_checkpoint` (torch.distributed.checkpoint) with the run's byte-level BPE from
 `training_tokens`; each later one from the stage before. Each trains, evaluates the held-out
 battery, publishes its figures to the ledger (`ito metrics`, `ito checkpoints`), and hands on its
-checkpoint, metrics and gate verdict. SFT's and DPO's steps run on the stage worker under the
-supervisor, as the pretraining stages' do (one rank, through Pipes); RLVR's in this process. A
-stage the recipe leaves out carries forward what it was given. The gate is enforced here, before the first step: after a failed gate the next stage
+checkpoint, metrics and gate verdict. Each stage's steps run on the stage worker under the
+supervisor, as the pretraining stages' do (one rank, through Pipes; RLVR's generator beside it).
+A stage the recipe leaves out carries forward what it was given. The gate is enforced here, before the first step: after a failed gate the next stage
 refuses to train (EVAL_GATE_FAILED), whatever is retried.
 """
 
@@ -110,8 +110,8 @@ def outcome_metadata(outcome: StageOutcome, step) -> dict:
 
 @dataclasses.dataclass(frozen=True)
 class _Worker:
-    """Where an SFT or DPO stage's steps run: on the stage worker, under the supervisor, one rank on
-    one node of the training launcher, its command run through Pipes as the pretraining stages' are."""
+    """Where a post-training stage's steps run: on the stage worker, under the supervisor, one rank
+    on one node of the training launcher, its command run through Pipes as the pretraining stages' are."""
 
     training_runtime: TrainingRuntimeResource
     training_launcher: TrainingLauncherResource
@@ -218,8 +218,11 @@ def dpo_checkpoint(context: dg.AssetExecutionContext, ito: ItoSettingsResource, 
 
 @dg.asset(**_spec("rlvr", "dpo_checkpoint"))
 def rlvr_checkpoint(context: dg.AssetExecutionContext, ito: ItoSettingsResource, posttraining: PostTrainingResource,
-                    ledger: LedgerResource, training_manifest: ManifestVerdict, run_authorization: dict, previous):
-    yield from _stage(context, ito, posttraining, ledger, training_manifest, run_authorization, previous, "rlvr")
+                    ledger: LedgerResource, training_runtime: TrainingRuntimeResource,
+                    training_launcher: TrainingLauncherResource, pipes_subprocess_client: dg.PipesSubprocessClient,
+                    training_manifest: ManifestVerdict, run_authorization: dict, previous):
+    worker = _Worker(training_runtime, training_launcher, pipes_subprocess_client)
+    yield from _stage(context, ito, posttraining, ledger, training_manifest, run_authorization, previous, "rlvr", worker)
 
 
 POSTTRAINING_ASSETS = [sft_checkpoint, dpo_checkpoint, rlvr_checkpoint]

@@ -49,12 +49,45 @@ class PreferenceObjective:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ReinforcementObjective:
+    """GRPO with DAPO's fixes instead of a shard: a generator process beside the rank samples
+    groups of the stage's tasks (`tokens_path` is then their JSONL, `posttraining.tasks.Task`) with
+    the newest weights it was sent, and each step trains on `groups_per_step` groups at most
+    `max_staleness` versions old (`ito_assets.posttraining.rollout_source`). One optimizer step a
+    batch: a version is a step."""
+
+    group_size: int
+    groups_per_step: int
+    max_new_tokens: int
+    overlong_cache: int
+    clip_eps_low: float
+    clip_eps_high: float
+    max_staleness: int
+    importance_weight_cap: float
+    sync_every: int = 1  # versions between weight transfers to the generator
+    tokenizer_path: str | None = None  # the run's BPE (with its sha256); None: the character vocabulary
+    tokenizer_sha256: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.tokenizer_path is not None and not Path(self.tokenizer_path).is_absolute():
+            raise ValueError("tokenizer_path must be an absolute path")
+        if (self.tokenizer_path is None) != (self.tokenizer_sha256 is None):
+            raise ValueError("tokenizer_path and tokenizer_sha256 must be set together")
+        if self.group_size < 2 or self.groups_per_step < 1 or self.sync_every < 1 or self.max_staleness < 0:
+            raise ValueError("group_size must be >= 2, groups_per_step and sync_every >= 1, max_staleness >= 0")
+        if not 0 < self.overlong_cache <= self.max_new_tokens:
+            raise ValueError("overlong_cache must be in (0, max_new_tokens]")
+        if not (0 <= self.clip_eps_low < 1 and 0 <= self.clip_eps_high and self.importance_weight_cap >= 1):
+            raise ValueError("clip_eps_low must be in [0, 1), clip_eps_high >= 0 and importance_weight_cap >= 1")
+
+
+@dataclass(frozen=True, kw_only=True)
 class WorkerConfig:
     run_key: str
     stage: str
     model: str  # a name of ito_assets.training.model_config.CONFIGS
     vocab_size: int
-    tokens_path: str  # .npy token shard (ito_assets.training.tokenizer.write_token_shard)
+    tokens_path: str  # .npy token shard (ito_assets.training.tokenizer.write_token_shard), rows, or RLVR's tasks
     heldout_path: str | None  # .npy held-out shard for the stage's eval; None: no eval
     stage_dir: str  # checkpoints, registry, events, proposals of this stage
     heartbeat_dir: str
@@ -88,6 +121,7 @@ class WorkerConfig:
     # its recipe's betas and decay would otherwise be the pretraining run's.
     init_optimizer: bool = True
     preference: PreferenceObjective | None = None  # None: next-token loss on windows or rows
+    reinforcement: ReinforcementObjective | None = None  # GRPO on generated groups of tokens_path's tasks
     # A planned stop: the attempt ends after this step with a whole checkpoint (the end of a booked
     # window); a later launch resumes from it.
     stop_after_step: int | None = None
@@ -146,6 +180,10 @@ class WorkerConfig:
             object.__setattr__(self, "spikes", SpikeConfig(**self.spikes))
         if isinstance(self.preference, dict):
             object.__setattr__(self, "preference", PreferenceObjective(**self.preference))
+        if isinstance(self.reinforcement, dict):
+            object.__setattr__(self, "reinforcement", ReinforcementObjective(**self.reinforcement))
+        if self.preference is not None and self.reinforcement is not None:
+            raise ValueError("a stage has one objective: preference or reinforcement, not both")
 
     def model_config(self) -> ModelConfig:
         """The model's shape with this stage's positions."""

@@ -49,6 +49,7 @@ from ito_assets.runtime.record.events import Event, EventKind
 from ito_assets.runtime.supervision import heartbeat
 from ito_assets.runtime.supervision.heartbeat import HeartbeatWriter
 from ito_assets.runtime.worker.preference import Preference, read_reference
+from ito_assets.runtime.worker.reinforcement import Reinforcement
 from ito_assets.runtime.worker.replica_sync import ReplicaSync
 from ito_assets.runtime.worker.reporting import Reporter, measured_figures, open_reporter
 from ito_assets.runtime.supervision.spikes import Spike, SpikeDetector
@@ -85,11 +86,15 @@ class StageWorker:
                                         learning_rate=config.learning_rate, **config.optimizer)
         self.model = build_model(config.model_config(), seed=config.seed, device=group.device)
         self.preference = None if config.preference is None else Preference(self.model, config.preference)
+        self.reinforcement = None if config.reinforcement is None else Reinforcement(self.model, config.reinforcement)
+        if self.reinforcement is not None and group.world_size * config.replica_groups > 1:
+            raise ValueError("GRPO trains on one rank: its generator serves one trainer")
+        objective = self.preference if self.preference is not None else self.reinforcement
         # Before building the optimizer: FSDP2 replaces the parameters with sharded ones.
         self.execution = execution.prepare(self.model, layout, (*config.layout_fallbacks, *refitted),
                                            device=group.device, world_size=group.world_size,
-                                           replica_groups=config.replica_groups, objective=self.preference)
-        self.reference: torch.Tensor | None = None  # DPO's, per row: read with the rows in `run`
+                                           replica_groups=config.replica_groups, objective=objective)
+        self.reference_logprobs: torch.Tensor | None = None  # DPO's, per row: read with the rows in `run`
         self.optimizer = build_optimizer(self.model, self.train_config)
         self.checkpointer = Checkpointer(CheckpointConfig(directory=self.stage_dir, interval_steps=config.interval_steps,
                                                           keep_last=config.keep_last,
@@ -110,9 +115,7 @@ class StageWorker:
     def run(self) -> int:
         self.heartbeat.beat(-1, "starting", force=True)
         step, position = self.resume()
-        batches = ResumableBatches(np.load(self.config.tokens_path, mmap_mode="r"), self._plan(), position=position)
-        if self.config.preference is not None:
-            self.reference = read_reference(Path(self.config.preference.reference_path), len(batches.tokens))
+        batches = self.open_batches(position)
         if self.replicas is not None:
             self.replicas.start(step, position)
         self.event(EventKind.STARTUP, seconds=max(0.0, time.time() - self.config.launched_at))
@@ -121,6 +124,33 @@ class StageWorker:
         finally:
             if self.replicas is not None:
                 self.replicas.shutdown()
+            if self.reinforcement is not None:
+                batches.close()
+
+    def open_batches(self, position: int):
+        """The stage's loader at `position`: its shard's windows or rows (with DPO's reference
+        log-probabilities beside them), or GRPO's groups from a generator started at this version."""
+        if self.config.reinforcement is not None:
+            from ito_assets.posttraining.rollout_source import RolloutSource, read_tasks  # the generator's stack
+
+            source = RolloutSource(self.config.reinforcement, model=self.model, reference=self.reference_model(),
+                                   tasks=read_tasks(Path(self.config.tokens_path)), seed=self.config.seed,
+                                   version=position)
+            self.log(f"generator process {source.generator.pid} started at policy version {position}")
+            return source
+        batches = ResumableBatches(np.load(self.config.tokens_path, mmap_mode="r"), self._plan(), position=position)
+        if self.config.preference is not None:
+            self.reference_logprobs = read_reference(Path(self.config.preference.reference_path), len(batches.tokens))
+        return batches
+
+    def reference_model(self) -> torch.nn.Module:
+        """The frozen policy KL is measured against: the stage's start (`init_from`), else the seed's."""
+        reference = build_model(self.model.config, seed=self.config.seed, device=self.group.device)
+        if self.config.init_from:
+            reason = train_state.load_weights(reference, Path(self.config.init_from))
+            if reason is not None:
+                raise RuntimeError(f"the stage's starting checkpoint cannot be used as the reference: {reason}")
+        return reference.requires_grad_(False)
 
     def train(self, step: int, batches: ResumableBatches) -> int:
         while step < self.config.num_steps:
@@ -144,8 +174,10 @@ class StageWorker:
         position, x, y = batches.next_batch()
         x, y = x.to(self.group.device), y.to(self.group.device)
         beside = None
-        if self.reference is not None:
-            beside = self.reference[torch.from_numpy(batches.rows_at(position))].to(self.group.device)
+        if self.reference_logprobs is not None:
+            beside = self.reference_logprobs[torch.from_numpy(batches.rows_at(position))].to(self.group.device)
+        elif self.reinforcement is not None:
+            beside = batches.beside.to(self.group.device)
         optimizer = self.optimizer if self.replicas is None else self.replicas.optimizer_step
         reduce = None if self.replicas is None else self.replicas.reduce_gradients
         staging = []  # a save's staging wait is the checkpoint's blocking time, not the step's
@@ -153,7 +185,9 @@ class StageWorker:
                                          before_update=lambda: staging.append(self.checkpointer.wait_staged()),
                                          reduce_gradients=reduce,
                                          count_targets=batches.has_rows and self.preference is None, beside=beside)
-        metrics = {} if self.preference is None else self.preference.take_metrics(self.group.device)
+        if self.reinforcement is not None:  # one rank, no replica groups: this step is committed
+            batches.trained(step)  # the generator's next weights
+        metrics = self.objective_metrics(batches)
         committed = True
         if self.replicas is not None:
             reached, committed, position = self.replicas.settle(step, position, batches)
@@ -172,6 +206,15 @@ class StageWorker:
         self.next_positions.pop(step - 1 - self.config.spike_rewind_steps - 2 * self.config.interval_steps, None)
         self.heartbeat.beat(step, "training")
         return result
+
+    def objective_metrics(self, batches) -> dict[str, float]:
+        """The step's figures beyond its loss: DPO's accuracy and margin; GRPO's reward, KL, clip
+        fraction and staleness counts. A collective on several ranks: every rank calls it every step."""
+        if self.preference is not None:
+            return self.preference.take_metrics(self.group.device)
+        if self.reinforcement is not None:
+            return {**batches.take_metrics(), **self.reinforcement.take_metrics(self.group.device)}
+        return {}
 
     def trained_with(self) -> dict:
         """What trains the weights beyond the model's name: the layout run, its fallbacks, the positions."""
