@@ -107,7 +107,7 @@ def _config(stage: _Stage, rows: ResumableBatches | None, *, stage_dir: Path, la
         preference=stage.preference, reinforcement=stage.reinforcement)
 
 
-def train_on_worker(policy: CausalLM, spec: PolicySpec, codec: TextCodec, pairs: Sequence[InstructionPair],
+def sft_on_worker(policy: CausalLM, spec: PolicySpec, codec: TextCodec, pairs: Sequence[InstructionPair],
                     config: SftConfig, *, stage_dir: Path, launch: WorkerLaunch) -> SftResult:
     """SFT: train `pairs` on the worker from the stage's first weights and load its final weights into `policy`."""
     if spec.init_checkpoint is None and spec.seed != config.seed:

@@ -30,7 +30,7 @@ from ito_assets.posttraining.stage import PostTrainingRuntime, StageOutcome, Sta
 from ito_assets.posttraining.tasks import Task, largest_digit_tasks, split_held_out
 from ito_assets.posttraining.timeline import StageTimeline
 from ito_assets.posttraining.decoding import encode_prompt
-from ito_assets.posttraining.on_worker import WorkerLaunch, dpo_on_worker, rlvr_on_worker, train_on_worker
+from ito_assets.posttraining.on_worker import WorkerLaunch, dpo_on_worker, rlvr_on_worker, sft_on_worker
 from ito_assets.training.threads import torch_threads
 
 SFT_FILE, DPO_FILE = "sft_pairs.jsonl", "dpo_pairs.jsonl"
@@ -57,7 +57,7 @@ def _train(step, policy, reference, codec, spec: PolicySpec, pairs, train_tasks,
     if isinstance(step, SftStep):
         config = SftConfig.from_step(step, batch_size=runtime.batch_size, seed=runtime.seed)
         if worker is not None:
-            result = train_on_worker(policy, spec, codec, pairs, config, stage_dir=worker[1], launch=worker[0])
+            result = sft_on_worker(policy, spec, codec, pairs, config, stage_dir=worker[1], launch=worker[0])
         else:
             result = run_sft(policy, codec, pairs, config, on_step)
         return {"loss_curve": list(result.losses), "num_response_tokens": result.num_response_tokens,

@@ -112,9 +112,10 @@ class RolloutSource:
     def _batch(self, groups: list[Group], drawn: list[float]) -> tuple[int, torch.Tensor, torch.Tensor]:
         batch = collate(groups, pad_id=self.codec.pad_id)
         advantages = group_advantages(batch.rewards.view(len(groups), self.objective.group_size)).flatten()  # (N,)
+        tokens = batch.tokens.to(next(self.model.parameters()).device)
         with torch.no_grad():
-            proximal = token_logprobs(self.model, batch.tokens)  # (N, L)
-            reference = token_logprobs(self.reference, batch.tokens)  # (N, L)
+            proximal = token_logprobs(self.model, tokens).cpu()  # (N, L)
+            reference = token_logprobs(self.reference, tokens).cpu()  # (N, L)
         targets = torch.where(batch.loss_mask > 0, batch.tokens[:, 1:], IGNORE)  # (N, L)
         self.beside = torch.stack([advantages.unsqueeze(1).expand_as(proximal), batch.behaviour_logprobs, proximal],
                                   dim=1)  # (N, 3, L)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import json
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,11 +23,10 @@ from ito_assets.posttraining.pipeline import battery
 from ito_assets.posttraining.sft import SftConfig, run_sft
 from ito_assets.posttraining.stage import PostTrainingRuntime
 from ito_assets.posttraining.vocab import CharVocab
-from ito_assets.runtime.record import events
-from ito_assets.runtime.record.events import EventKind
 from ito_assets.runtime.supervision.supervisor import SupervisorConfig
 from ito_assets.runtime.worker import train_state
-from posttraining.test_worker_sft import _kill_once_past_the_first_checkpoint, _max_difference, _steps
+from posttraining.test_worker_sft import (_kill_once_past_the_first_checkpoint, _max_difference, _steps,
+                                          assert_restarted_once)
 from runtime.runtime_helpers import TRIALS
 
 CODEC = CharVocab()
@@ -102,12 +100,7 @@ def test_a_dpo_worker_killed_mid_stage_restarts_from_its_checkpoint_and_ends_whe
     policy = copy.deepcopy(START)
     result = dpo_on_worker(policy, copy.deepcopy(START), SPEC, CODEC, PAIRS, config, stage_dir=stage_dir,
                            launch=launch)
-    assert killed and killed[0] < expected.num_steps, "the kill must land before the last step"
-    report = json.loads((stage_dir / "supervision.json").read_text())
-    assert report["num_attempts"] == 2 and report["faults"][0]["kind"] == "dead"
-    resumed = [(e.attempt, e.step) for e in events.read(stage_dir) if e.kind is EventKind.RESUME]
-    assert resumed[0] == (0, -1) and resumed[1][0] == 1 and 3 <= resumed[1][1] <= killed[0]
-    assert sorted({step for _, step in _steps(stage_dir)}) == list(range(1, expected.num_steps + 1))
+    assert_restarted_once(stage_dir, killed, num_steps=expected.num_steps, first_checkpoint=3)
     assert result.losses == expected.losses and result.accuracies == expected.accuracies
     assert _max_difference(policy, expected_policy) == 0.0
 

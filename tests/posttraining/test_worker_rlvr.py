@@ -40,7 +40,8 @@ from ito_assets.runtime.worker.reinforcement import Reinforcement
 from ito_assets.runtime.worker.step import train_step
 from ito_assets.training.layout import Layout
 from ito_assets.training.trainer import TrainConfig, build_optimizer
-from posttraining.test_worker_sft import _kill_once_past_the_first_checkpoint, _max_difference, _steps
+from posttraining.test_worker_sft import (_kill_once_past_the_first_checkpoint, _max_difference, _steps,
+                                          assert_restarted_once)
 from runtime.runtime_helpers import TRIALS
 
 CODEC = CharVocab()
@@ -169,15 +170,10 @@ def test_a_rlvr_worker_killed_mid_stage_restarts_with_a_generator_at_the_resumed
                           supervisor=SUPERVISOR, interval_steps=2)
     rlvr_on_worker(copy.deepcopy(START), SPEC, TRAIN, config, stage_dir=tmp_path, launch=launch,
                    prompt_length=PROMPT_LENGTH)
-    assert killed and killed[0] < config.num_steps, "the kill must land before the last step"
-    report = json.loads((tmp_path / "supervision.json").read_text())
-    assert report["num_attempts"] == 2 and report["faults"][0]["kind"] == "dead"
-    resumed = [(e.attempt, e.step) for e in events.read(tmp_path) if e.kind is EventKind.RESUME]
-    assert resumed[0] == (0, -1) and resumed[1][0] == 1 and 2 <= resumed[1][1] <= killed[0]
+    resumed = assert_restarted_once(tmp_path, killed, num_steps=config.num_steps, first_checkpoint=2)
     # Each attempt's generator started at the version its trainer resumed at, with its own seed.
     (first, start_0), (second, start_1) = _generators(tmp_path)
-    assert (start_0, start_1) == (0, resumed[1][1]) and generator_seed(0, start_0) != generator_seed(0, start_1)
-    assert sorted({step for _, step in _steps(tmp_path)}) == list(range(1, config.num_steps + 1))
+    assert (start_0, start_1) == (0, resumed) and generator_seed(0, start_0) != generator_seed(0, start_1)
     lags = _lags(tmp_path)
     assert lags["admitted"] <= {0, 1} and all(lag > 1 for lag in lags["dropped"])
     # The killed trainer's generator left with it; the second one was closed at the end.

@@ -22,7 +22,7 @@ from ito_assets.posttraining.fixtures import InstructionPair
 from ito_assets.posttraining.optim import BETAS, WORKER_RECIPE
 from ito_assets.posttraining.sft import SftConfig, run_sft, sft_batches
 from ito_assets.posttraining.vocab import CharVocab
-from ito_assets.posttraining.on_worker import ROWS_NAME, WorkerLaunch, train_on_worker
+from ito_assets.posttraining.on_worker import ROWS_NAME, WorkerLaunch, sft_on_worker
 from ito_assets.runtime.checkpoint import registry
 from ito_assets.runtime.record import events
 from ito_assets.runtime.record.events import EventKind
@@ -64,7 +64,7 @@ def _steps(stage_dir: Path) -> list[tuple[int, int]]:
 def test_the_worker_trains_the_in_process_recipe_and_a_rerun_resumes(tmp_path):
     expected_policy, expected = _in_process()
     policy = SPEC.factory()()
-    result = train_on_worker(policy, SPEC, CODEC, PAIRS, CONFIG, stage_dir=tmp_path, launch=_launch())
+    result = sft_on_worker(policy, SPEC, CODEC, PAIRS, CONFIG, stage_dir=tmp_path, launch=_launch())
     assert result.num_steps == expected.num_steps == 8
     assert result.num_response_tokens == expected.num_response_tokens == 64 * 2 * 2  # answer + eos, 2 epochs
     assert max(abs(a - b) for a, b in zip(result.losses, expected.losses)) <= TOLERANCE
@@ -82,10 +82,23 @@ def test_the_worker_trains_the_in_process_recipe_and_a_rerun_resumes(tmp_path):
     assert _steps(tmp_path) == [(0, s) for s in range(1, 9)]
     # The same stage again: the worker resumes at its final checkpoint and trains nothing more.
     again = SPEC.factory()()
-    rerun = train_on_worker(again, SPEC, CODEC, PAIRS, CONFIG, stage_dir=tmp_path, launch=_launch())
+    rerun = sft_on_worker(again, SPEC, CODEC, PAIRS, CONFIG, stage_dir=tmp_path, launch=_launch())
     assert _max_difference(again, policy) == 0.0 and rerun.losses == result.losses
     assert _steps(tmp_path) == [(0, s) for s in range(1, 9)]
     assert [(e.attempt, e.step) for e in events.read(tmp_path) if e.kind is EventKind.RESUME][-1] == (1, 8)
+
+
+def assert_restarted_once(stage_dir: Path, killed: list[int], *, num_steps: int, first_checkpoint: int) -> int:
+    """The kill landed mid-stage; the supervisor restarted the dead worker once; the second attempt
+    resumed from a checkpoint between the first one and the kill; every step was trained. Returns
+    the step resumed at."""
+    assert killed and killed[0] < num_steps, "the kill must land before the last step"
+    report = json.loads((stage_dir / "supervision.json").read_text())
+    assert report["num_attempts"] == 2 and report["faults"][0]["kind"] == "dead"
+    resumed = [(e.attempt, e.step) for e in events.read(stage_dir) if e.kind is EventKind.RESUME]
+    assert resumed[0] == (0, -1) and resumed[1][0] == 1 and first_checkpoint <= resumed[1][1] <= killed[0]
+    assert sorted({step for _, step in _steps(stage_dir)}) == list(range(1, num_steps + 1))
+    return resumed[1][1]
 
 
 def _kill_once_past_the_first_checkpoint(stage_dir: Path, killed: list[int]):
@@ -117,20 +130,15 @@ def test_a_worker_killed_mid_stage_restarts_from_its_checkpoint_and_ends_where_o
     # wrong resume.
     config = SftConfig(num_epochs=32, learning_rate=3e-3, batch_size=16)
     expected_policy = SPEC.factory()()
-    expected = train_on_worker(expected_policy, SPEC, CODEC, PAIRS, config, stage_dir=tmp_path / "one-run",
+    expected = sft_on_worker(expected_policy, SPEC, CODEC, PAIRS, config, stage_dir=tmp_path / "one-run",
                                launch=_launch())
     stage_dir = tmp_path / "killed"
     killed: list[int] = []
     launch = WorkerLaunch(run=_kill_once_past_the_first_checkpoint(stage_dir, killed), run_key="sft-test",
                           supervisor=SUPERVISOR, interval_steps=3)
     policy = SPEC.factory()()
-    result = train_on_worker(policy, SPEC, CODEC, PAIRS, config, stage_dir=stage_dir, launch=launch)
-    assert killed and killed[0] < expected.num_steps, "the kill must land before the last step"
-    report = json.loads((stage_dir / "supervision.json").read_text())
-    assert report["num_attempts"] == 2 and report["faults"][0]["kind"] == "dead"
-    resumed = [(e.attempt, e.step) for e in events.read(stage_dir) if e.kind is EventKind.RESUME]
-    assert resumed[0] == (0, -1) and resumed[1][0] == 1 and 3 <= resumed[1][1] <= killed[0]
-    assert sorted({step for _, step in _steps(stage_dir)}) == list(range(1, expected.num_steps + 1))
+    result = sft_on_worker(policy, SPEC, CODEC, PAIRS, config, stage_dir=stage_dir, launch=launch)
+    assert_restarted_once(stage_dir, killed, num_steps=expected.num_steps, first_checkpoint=3)
     assert result.losses == expected.losses
     assert _max_difference(policy, expected_policy) == 0.0
 
@@ -138,7 +146,7 @@ def test_a_worker_killed_mid_stage_restarts_from_its_checkpoint_and_ends_where_o
 def test_a_worker_that_cannot_load_its_start_fails_the_stage_with_a_code(tmp_path):
     spec = PolicySpec(model_name=SPEC.model_name, vocab_size=SPEC.vocab_size, init_checkpoint=str(tmp_path / "absent"))
     with pytest.raises(ItoError) as raised:
-        train_on_worker(SPEC.factory()(), spec, CODEC, PAIRS, CONFIG, stage_dir=tmp_path / "sft",
+        sft_on_worker(SPEC.factory()(), spec, CODEC, PAIRS, CONFIG, stage_dir=tmp_path / "sft",
                         launch=_launch(supervisor=SupervisorConfig(startup_timeout_s=90.0, poll_interval_s=0.2,
                                                                    max_restarts=0)))
     assert raised.value.code is ErrorCode.INTERNAL_ERROR and str(raised.value).endswith("ended failed after 1 attempt")
@@ -146,7 +154,7 @@ def test_a_worker_that_cannot_load_its_start_fails_the_stage_with_a_code(tmp_pat
 
 def test_a_fresh_start_on_the_worker_needs_the_stages_seed(tmp_path):
     with pytest.raises(ValueError, match="the policy's seed is the stage's"):
-        train_on_worker(SPEC.factory()(), seeded(seed=1), CODEC, PAIRS, CONFIG, stage_dir=tmp_path, launch=_launch())
+        sft_on_worker(SPEC.factory()(), seeded(seed=1), CODEC, PAIRS, CONFIG, stage_dir=tmp_path, launch=_launch())
     assert not (tmp_path / ROWS_NAME).exists()  # refused before anything is written
 
 
@@ -219,7 +227,7 @@ def test_from_a_pretrained_checkpoint_the_worker_takes_its_weights_and_starts_it
     expected_policy = load_pretrained(spec.factory()(), Path(base.checkpoint))
     expected = run_sft(expected_policy, codec, PAIRS, config)
     policy = spec.factory()()
-    result = train_on_worker(policy, spec, codec, PAIRS, config, stage_dir=tmp_path / "sft", launch=_launch())
+    result = sft_on_worker(policy, spec, codec, PAIRS, config, stage_dir=tmp_path / "sft", launch=_launch())
     # Measured: losses 4.8e-7 and weights 1.2e-5 apart; with the checkpoint's optimizer taken
     # along, 2.2 and 6.9e-3. The bound leaves CI's host its float order (the tiny model's sums are long).
     assert max(abs(a - b) for a, b in zip(result.losses, expected.losses)) <= 1e-3
