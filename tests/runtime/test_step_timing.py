@@ -32,6 +32,7 @@ def _worker(checkpointer) -> StageWorker:
                                device=torch.device("cpu"), world_size=1)
     worker.optimizer = adamw(model, learning_rate=1e-3, betas=(0.9, 0.95), weight_decay=0.0)
     worker.replicas = None
+    worker.preference = worker.reinforcement = worker.reference_logprobs = None  # next-token loss
     worker.group = SimpleNamespace(device=torch.device("cpu"))
     worker.train_config = TrainConfig(num_steps=4, batch_size=2, sequence_length=16)
     worker.checkpointer = checkpointer
