@@ -9,8 +9,8 @@ advantage, its behaviour log-probabilities (the generator's) and its proximal on
 before this step), which `runtime.worker.reinforcement` turns into DAPO's loss.
 
 A version is an optimizer step: the worker's step count. The generator starts with the weights
-and the version the attempt resumed at (a fresh generator each attempt, seeded by the version, so
-that a restart does not replay the first attempt's draws), and receives the weights after every
+and the version the attempt resumed at (a fresh generator each attempt; a restart's is seeded by
+the version, so that it does not replay the first attempt's draws), and receives the weights after every
 `sync_every` steps. A group from the killed attempt's generator never reaches the new one: the
 staleness bound therefore holds across a restart.
 """
@@ -62,9 +62,10 @@ def codec_of(objective: ReinforcementObjective) -> TextCodec:
 
 
 def generator_seed(seed: int, version: int) -> int:
-    """Each attempt's generator draws its own tasks and samples: seeded by the run's seed and the
-    version it starts at."""
-    return int(np.random.SeedSequence([seed, version]).generate_state(1)[0])
+    """A stage's first generator draws as the in-process loop's does (the run's seed); one
+    started by a restart draws anew, from the seed and the version it starts at, rather than
+    replay the first attempt's tasks and samples."""
+    return seed if version == 0 else int(np.random.SeedSequence([seed, version]).generate_state(1)[0])
 
 
 class RolloutSource:
