@@ -19,7 +19,7 @@ import torch
 
 from ito_assets.manifest.schema import RlvrStep
 from ito_assets.posttraining.evaluation import kl_to_reference
-from ito_assets.posttraining.generation import GenerationConfig, GeneratorProcess
+from ito_assets.posttraining.generation import GenerationConfig, GeneratorProcess, step_queue_size
 from ito_assets.posttraining.losses import (
     IMPORTANCE_WEIGHT_CAP, dapo_policy_loss, group_advantages, truncated_importance_weights,
 )
@@ -73,7 +73,7 @@ class RlvrConfig:
     def generation(self) -> GenerationConfig:
         return GenerationConfig(
             group_size=self.group_size, max_new_tokens=self.max_new_tokens, overlong_cache=self.overlong_cache,
-            seed=self.seed, queue_size=max(2, self.groups_per_step),
+            seed=self.seed, queue_size=step_queue_size(self.groups_per_step),
         )
 
 

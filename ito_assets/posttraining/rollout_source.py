@@ -28,7 +28,7 @@ import torch
 
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.posttraining.evaluation import kl_to_reference
-from ito_assets.posttraining.generation import GenerationConfig, GeneratorProcess
+from ito_assets.posttraining.generation import GenerationConfig, GeneratorProcess, step_queue_size
 from ito_assets.posttraining.losses import group_advantages
 from ito_assets.posttraining.policy import token_logprobs
 from ito_assets.posttraining.rollouts import Group, collate
@@ -78,7 +78,7 @@ class RolloutSource:
         self.position = version  # the loader's name for it: the steps taken
         config = GenerationConfig(group_size=objective.group_size, max_new_tokens=objective.max_new_tokens,
                                   overlong_cache=objective.overlong_cache, seed=generator_seed(seed, version),
-                                  queue_size=max(2, objective.groups_per_step))
+                                  queue_size=step_queue_size(objective.groups_per_step))
         self.generator = GeneratorProcess(policy_factory=_builder(model), codec=self.codec, tasks=tasks, config=config)
         self.generator.start(_weights(model), version)
         self.beside: torch.Tensor | None = None  # (N, 3, L): advantage, behaviour, proximal log-probabilities
