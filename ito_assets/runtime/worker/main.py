@@ -8,8 +8,10 @@ checkpoints, flushes a checkpoint when asked to stop (SIGTERM/SIGINT), proposes 
 loss or gradient norm spikes (and keeps training: only the desk restarts), and at the end saves the
 final checkpoint, runs the stage's eval battery, and writes `result.json`. The ranks share the
 model as the plan's layout says (`WorkerConfig.layout`, applied by `execution.prepare`). The loss
-is next-token cross-entropy on windows or rows, or DPO's on pair rows (`WorkerConfig.preference`,
-`preference.Preference`, with the reference's log-probabilities read beside each batch's rows).
+is next-token cross-entropy on windows or rows; DPO's on pair rows (`WorkerConfig.preference`,
+`preference.Preference`, with the reference's log-probabilities read beside each batch's rows); or
+GRPO's on groups a generator process samples beside the rank (`WorkerConfig.reinforcement`,
+`reinforcement.Reinforcement`, the loader `ito_assets.posttraining.rollout_source`).
 Under torchft replica groups (`WorkerConfig.replica_groups` > 1, `replica_sync`) the ranks are one
 group of several that average gradients every step and heal each other; only group 0 saves
 checkpoints, evaluates and proposes; every group's rank 0 writes a result with a digest of its
