@@ -32,7 +32,7 @@ from ito_assets.posttraining.stage import PostTrainingRuntime
 from ito_assets.posttraining.vocab import CharVocab
 from ito_assets.runtime.record import events
 from ito_assets.runtime.record.events import EventKind
-from ito_assets.runtime.stage.config import ReinforcementObjective
+from ito_assets.runtime.stage.config import PreferenceObjective, ReinforcementObjective
 from ito_assets.runtime.supervision.supervisor import SupervisorConfig
 from ito_assets.runtime.worker import execution
 from ito_assets.runtime.worker.batches import IGNORE
@@ -42,7 +42,7 @@ from ito_assets.training.layout import Layout
 from ito_assets.training.trainer import TrainConfig, build_optimizer
 from posttraining.test_worker_sft import (_kill_once_past_the_first_checkpoint, _max_difference, _steps,
                                           assert_restarted_once)
-from runtime.runtime_helpers import TRIALS
+from runtime.runtime_helpers import TRIALS, worker_config
 
 CODEC = CharVocab()
 SPEC = seeded()
@@ -182,3 +182,38 @@ def test_a_rlvr_worker_killed_mid_stage_restarts_with_a_generator_at_the_resumed
         time.sleep(0.1)
     assert not _alive(first) and not _alive(second)
     assert os.getpid() not in (first, second)
+
+
+def _objective(**changes) -> ReinforcementObjective:
+    settings = dict(group_size=4, groups_per_step=4, max_new_tokens=8, overlong_cache=4, clip_eps_low=0.2,
+                    clip_eps_high=0.28, max_staleness=1, importance_weight_cap=2.0) | changes
+    return ReinforcementObjective(**settings)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"group_size": 1}, "group_size"), ({"groups_per_step": 0}, "groups_per_step"), ({"sync_every": 0}, "sync_every"),
+    ({"max_staleness": -1}, "max_staleness"), ({"overlong_cache": 0}, "overlong_cache"),
+    ({"overlong_cache": 9}, "overlong_cache"), ({"clip_eps_low": 1.0}, "clip_eps_low"),
+    ({"clip_eps_high": -1e-9}, "clip_eps_high"), ({"importance_weight_cap": 0.999}, "importance_weight_cap"),
+    ({"tokenizer_path": "tokenizer.json", "tokenizer_sha256": "sha256:0"}, "absolute"),
+    ({"tokenizer_path": "/tmp/tokenizer.json"}, "together")])
+def test_the_reinforcement_settings_are_checked_at_their_bounds(changes, message):
+    with pytest.raises(ValueError, match=message):
+        _objective(**changes)
+    accepted = _objective(group_size=2, max_staleness=0, overlong_cache=8, clip_eps_low=0.0, clip_eps_high=0.0,
+                          importance_weight_cap=1.0)  # each at its bound
+    assert accepted.overlong_cache == accepted.max_new_tokens
+
+
+def test_reinforcement_trains_on_one_rank_with_no_second_objective(tmp_path):
+    tokens = (tmp_path / "tasks.jsonl", None)
+    one = worker_config(tmp_path, tokens, reinforcement=_objective(), layout=Layout(precision="fp32", compile=False,
+                                                                                     micro_batch_size=4))
+    assert one.reinforcement.group_size == 4
+    for changes in ({"layout": Layout(dp_replicate=2, precision="fp32", compile=False, micro_batch_size=4)},
+                    {"replica_groups": 2}):
+        with pytest.raises(ValueError, match="one rank"):
+            worker_config(tmp_path, tokens, reinforcement=_objective(), **({"layout": one.layout} | changes))
+    with pytest.raises(ValueError, match="one objective"):
+        worker_config(tmp_path, tokens, reinforcement=_objective(), layout=one.layout,
+                      preference=PreferenceObjective(reference_path="/tmp/r.npy", beta=0.1))

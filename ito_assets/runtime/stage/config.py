@@ -184,6 +184,8 @@ class WorkerConfig:
             object.__setattr__(self, "reinforcement", ReinforcementObjective(**self.reinforcement))
         if self.preference is not None and self.reinforcement is not None:
             raise ValueError("a stage has one objective: preference or reinforcement, not both")
+        if self.reinforcement is not None and (self.layout.world_size > 1 or self.replica_groups > 1):
+            raise ValueError("reinforcement trains on one rank: its generator serves one trainer")
 
     def model_config(self) -> ModelConfig:
         """The model's shape with this stage's positions."""

@@ -89,8 +89,8 @@ class StageWorker:
         self.model = build_model(config.model_config(), seed=config.seed, device=group.device)
         self.preference = None if config.preference is None else Preference(self.model, config.preference)
         self.reinforcement = None if config.reinforcement is None else Reinforcement(self.model, config.reinforcement)
-        if self.reinforcement is not None and group.world_size * config.replica_groups > 1:
-            raise ValueError("GRPO trains on one rank: its generator serves one trainer")
+        if self.reinforcement is not None and group.world_size > 1:  # the config allows one; this is what started
+            raise ValueError("reinforcement trains on one rank: its generator serves one trainer")
         objective = self.preference if self.preference is not None else self.reinforcement
         # Before building the optimizer: FSDP2 replaces the parameters with sharded ones.
         self.execution = execution.prepare(self.model, layout, (*config.layout_fallbacks, *refitted),
