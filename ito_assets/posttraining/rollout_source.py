@@ -69,6 +69,9 @@ def generator_seed(seed: int, version: int) -> int:
 
 
 class RolloutSource:
+    """The worker's `batches.Loader` for GRPO, its generator started at `version` with the model's
+    weights; `beside` holds the last batch's per-row values, `trained(step)` follows each update."""
+
     has_rows = True  # targets may be -100: the step weighs every target of the batch once
 
     def __init__(self, objective: ReinforcementObjective, *, model: torch.nn.Module, reference: torch.nn.Module,

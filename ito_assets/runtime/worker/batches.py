@@ -21,6 +21,7 @@ the spike and skip 200-500 batches).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -52,6 +53,18 @@ class BatchPlan:
 
 # F.cross_entropy's default ignore_index: a target that takes no loss.
 IGNORE = -100
+
+
+class Loader(Protocol):
+    """What the worker's loop reads batches from: `ResumableBatches` over a shard, or GRPO's
+    `ito_assets.posttraining.rollout_source.RolloutSource` over a generator's groups."""
+
+    position: int  # what a checkpoint records: the next batch's
+    has_rows: bool  # targets may be -100: a step weighs every target of the global batch once
+
+    def next_batch(self) -> tuple[int, torch.Tensor, torch.Tensor]: ...
+
+    def tokens_at(self, position: int) -> int: ...
 
 
 class ResumableBatches:

@@ -43,7 +43,7 @@ from ito_assets.runtime.supervision import proposals
 from ito_assets.runtime.checkpoint import resume
 from ito_assets.runtime.stage import battery as stage_eval
 from ito_assets.runtime.worker import train_state
-from ito_assets.runtime.worker.batches import BatchPlan, ResumableBatches
+from ito_assets.runtime.worker.batches import BatchPlan, Loader, ResumableBatches
 from ito_assets.runtime.checkpoint.saver import CheckpointConfig, Checkpointer, CheckpointRecord
 from ito_assets.runtime.stage.config import RESULT_NAME, WorkerConfig
 from ito_assets.runtime.stage.fitting import fit_layout
@@ -129,7 +129,7 @@ class StageWorker:
             if self.reinforcement is not None:
                 batches.close()
 
-    def open_batches(self, position: int):
+    def open_batches(self, position: int) -> Loader:
         """The stage's loader at `position`: its shard's windows or rows (with DPO's reference
         log-probabilities beside them), or GRPO's groups from a generator started at this version."""
         if self.config.reinforcement is not None:
@@ -154,7 +154,7 @@ class StageWorker:
                 raise RuntimeError(f"the stage's starting checkpoint cannot be used as the reference: {reason}")
         return reference.requires_grad_(False)
 
-    def train(self, step: int, batches: ResumableBatches) -> int:
+    def train(self, step: int, batches: Loader) -> int:
         while step < self.config.num_steps:
             if self.stop.agreed() or step == self.config.stop_after_step:
                 return self.flush(step, batches.position)
@@ -171,7 +171,7 @@ class StageWorker:
         self.finish(step, batches.position)
         return 0
 
-    def train_one(self, step: int, batches: ResumableBatches) -> StepResult:
+    def train_one(self, step: int, batches: Loader) -> StepResult:
         started = time.perf_counter()
         position, x, y = batches.next_batch()
         x, y = x.to(self.group.device), y.to(self.group.device)
@@ -209,7 +209,7 @@ class StageWorker:
         self.heartbeat.beat(step, "training")
         return result
 
-    def objective_metrics(self, batches) -> dict[str, float]:
+    def objective_metrics(self, batches: Loader) -> dict[str, float]:
         """The step's figures beyond its loss: DPO's accuracy and margin; GRPO's reward, KL, clip
         fraction and staleness counts. A collective on several ranks: every rank calls it every step."""
         if self.preference is not None:
@@ -376,7 +376,7 @@ class StageWorker:
 
     # --- observation: events, metrics, spikes ---------------------------------------------------
 
-    def observe(self, result: StepResult, batches: ResumableBatches) -> None:
+    def observe(self, result: StepResult, batches: Loader) -> None:
         self.event(EventKind.STEP, step=result.step, seconds=result.seconds, loss=result.loss,
                    metrics=result.metrics or None, detail="" if result.applied else events.NOT_APPLIED)
         self.step_seconds.append(result.seconds)
