@@ -23,6 +23,7 @@ from ito_assets.posttraining.policy import CausalLM
 from ito_assets.posttraining.sft import sft_rows
 from ito_assets.posttraining.vocab import TextCodec
 from ito_assets.runtime.worker.batches import BatchPlan, ResumableBatches
+from ito_assets.training.model import DecoderLM
 
 _DPO = DpoStep.model_fields
 
@@ -84,20 +85,27 @@ def dpo_batches(codec: TextCodec, pairs: Sequence[PreferencePair], config: DpoCo
     return batches, config.num_epochs * batches.batches_per_epoch
 
 
-# Pairs per forward pass of the reference: 64 x 2 answers of the fixtures' lengths stay far below
-# a gigabyte of logits on the char model; the values do not depend on it beyond float order.
-REFERENCE_CHUNK = 64
+# The reference's logits held at a time (float32): 256 MiB, so that a real vocabulary and context
+# (128k x 2,048 positions is 1 GiB per answer) runs a pair at a time rather than out of memory. The
+# values do not depend on the chunk beyond float order.
+LOGITS_BUDGET_BYTES = 256 * 2**20
+
+
+def reference_chunk(num_positions: int, vocab_size: int) -> int:
+    """Pairs per forward pass of the reference: their two answers' float32 logits within the budget, at least one."""
+    return max(1, LOGITS_BUDGET_BYTES // (2 * num_positions * vocab_size * 4))
 
 
 @torch.no_grad()
-def reference_logprobs(reference: CausalLM, rows: np.ndarray) -> np.ndarray:
+def reference_logprobs(reference: DecoderLM, rows: np.ndarray) -> np.ndarray:
     """Every pair's answers' summed log-probability under the frozen reference, (N, 2) float32:
     computed once, read beside each batch (the reference never changes, so a second forward pass
     a step buys nothing)."""
     reference.eval()
     found = []
-    for first in range(0, len(rows), REFERENCE_CHUNK):
-        chunk = torch.from_numpy(np.asarray(rows[first : first + REFERENCE_CHUNK], dtype=np.int64))
+    pairs_per_pass = reference_chunk(rows.shape[-1], reference.config.vocab_size)
+    for first in range(0, len(rows), pairs_per_pass):
+        chunk = torch.from_numpy(np.asarray(rows[first : first + pairs_per_pass], dtype=np.int64))
         sums, _ = answer_logprobs(reference, chunk[:, :, 0], chunk[:, :, 1])
         found.append(sums.numpy())
     return np.concatenate(found).astype(np.float32)

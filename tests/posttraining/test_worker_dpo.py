@@ -117,10 +117,25 @@ def test_the_reference_log_probabilities_do_not_depend_on_the_chunk(monkeypatch)
     import ito_assets.posttraining.dpo as dpo
 
     rows = dpo_batches(CODEC, PAIRS, CONFIG)[0].tokens
-    whole = reference_logprobs(START, rows)
-    monkeypatch.setattr(dpo, "REFERENCE_CHUNK", 5)  # 64 pairs: chunks of 5, the last of 4
+    whole = reference_logprobs(START, rows)  # every pair in one pass
+    one_pair = 2 * rows.shape[-1] * START.config.vocab_size * 4
+    monkeypatch.setattr(dpo, "LOGITS_BUDGET_BYTES", 5 * one_pair)  # 64 pairs: chunks of 5, the last of 4
     np.testing.assert_allclose(reference_logprobs(START, rows), whole, atol=1e-5, rtol=0)
     assert whole.shape == (64, 2) and whole.dtype == np.float32 and (whole < 0).all()
     # The chosen answers are likelier than the rejected ones after SFT on the chosen.
     assert (whole[:, 0] > whole[:, 1]).mean() > 0.5
     assert torch.is_grad_enabled()  # computed without a graph, and the mode restored
+
+
+def test_the_reference_runs_as_many_pairs_a_pass_as_the_logits_budget_holds(monkeypatch):
+    import ito_assets.posttraining.dpo as dpo
+
+    one_pair = 2 * 100 * 1000 * 4  # two answers of 100 positions, 1,000 float32 logits each
+    monkeypatch.setattr(dpo, "LOGITS_BUDGET_BYTES", 3 * one_pair)
+    assert dpo.reference_chunk(100, 1000) == 3  # exactly three pairs' logits
+    monkeypatch.setattr(dpo, "LOGITS_BUDGET_BYTES", 3 * one_pair - 1)
+    assert dpo.reference_chunk(100, 1000) == 2  # a byte short of the third
+    monkeypatch.setattr(dpo, "LOGITS_BUDGET_BYTES", one_pair - 1)
+    assert dpo.reference_chunk(100, 1000) == 1  # never none: one pair a pass, whatever its size
+    monkeypatch.undo()
+    assert dpo.reference_chunk(2048, 128_256) == 1 and dpo.reference_chunk(40, 2048) == 409  # a real model; the fixture's
