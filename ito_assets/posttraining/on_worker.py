@@ -43,6 +43,7 @@ from ito_assets.runtime.record.events import Event, EventKind
 from ito_assets.runtime.record.storage import write_atomic
 from ito_assets.runtime.stage import run as stage_run
 from ito_assets.runtime.stage.config import PreferenceObjective, ReinforcementObjective, WorkerConfig
+from ito_assets.runtime.supervision.spikes import SpikeConfig
 from ito_assets.runtime.supervision.supervisor import REPORT_NAME, Outcome, SupervisorConfig
 from ito_assets.runtime.worker import train_state
 from ito_assets.runtime.worker.batches import IGNORE, ResumableBatches
@@ -88,6 +89,7 @@ class _Stage:
     preference: PreferenceObjective | None = None
     reinforcement: ReinforcementObjective | None = None
     micro_batch_size: int | None = None  # None: the whole batch
+    spikes: SpikeConfig = field(default_factory=SpikeConfig)
 
 
 def _config(stage: _Stage, rows: ResumableBatches | None, *, stage_dir: Path, launch: WorkerLaunch,
@@ -104,7 +106,7 @@ def _config(stage: _Stage, rows: ResumableBatches | None, *, stage_dir: Path, la
         interval_steps=min(launch.interval_steps, stage.num_steps), keep_last=launch.keep_last, seed=stage.seed,
         learning_rate=stage.learning_rate, optimizer=dict(WORKER_RECIPE),
         layout=layout(stage.micro_batch_size or stage.batch_size), init_from=stage.init_from, init_optimizer=False,
-        preference=stage.preference, reinforcement=stage.reinforcement)
+        preference=stage.preference, reinforcement=stage.reinforcement, spikes=stage.spikes)
 
 
 def sft_on_worker(policy: CausalLM, spec: PolicySpec, codec: TextCodec, pairs: Sequence[InstructionPair],
@@ -166,7 +168,8 @@ def rlvr_on_worker(policy: CausalLM, spec: PolicySpec, tasks: Sequence[Task], co
     # A micro-batch per group: a short batch (the draw bound hit) still splits evenly.
     stage = _Stage(name="rlvr", spec=spec, learning_rate=config.learning_rate,
                    batch_size=config.groups_per_step * config.group_size, seed=config.seed, num_steps=config.num_steps,
-                   init_from=str(start), reinforcement=objective, micro_batch_size=config.group_size)
+                   init_from=str(start), reinforcement=objective, micro_batch_size=config.group_size,
+                   spikes=SpikeConfig(judge_loss=False))  # a surrogate's loss: only a non-finite one is flagged
     worker = _config(stage, None, stage_dir=stage_dir, launch=launch, data_path=tasks_path,
                      sequence_length=prompt_length + config.max_new_tokens)
     _run(policy, worker, launch)

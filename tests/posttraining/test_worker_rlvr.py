@@ -134,6 +134,7 @@ def test_the_worker_trains_rlvr_from_the_policy_it_is_given_within_the_staleness
     assert read_tasks(tmp_path / TASKS_NAME) == TRAIN
     stage = json.loads((tmp_path / "stage.json").read_text())
     assert stage["reinforcement"]["group_size"] == 4 and stage["layout"]["micro_batch_size"] == 4
+    assert stage["spikes"]["judge_loss"] is False  # a surrogate's loss: only a non-finite one is flagged
     # The same stage again: the worker resumes at its final checkpoint and trains nothing more.
     again = copy.deepcopy(START)
     rerun = rlvr_on_worker(again, SPEC, TRAIN, CONFIG, stage_dir=tmp_path, launch=_launch(),

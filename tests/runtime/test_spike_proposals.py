@@ -47,6 +47,19 @@ def test_gradient_norm_and_non_finite_values_are_spikes_too():
     assert math.isnan(detector.observe(31, float("nan"), 1.0).value)
 
 
+def test_a_loss_left_unjudged_is_flagged_only_when_not_finite_and_the_gradient_norm_still_is():
+    """RLVR's policy-gradient loss: a large value is no divergence, a NaN or an infinity is."""
+    judged, unjudged = (SpikeDetector(SpikeConfig(window=50, min_history=20, judge_loss=j)) for j in (True, False))
+    for step, loss in enumerate(_noisy_loss(200)):
+        for detector in (judged, unjudged):
+            assert detector.observe(step, loss, 1.0) is None
+    assert judged.observe(200, 4.5, 1.0).metric == "loss"
+    assert unjudged.observe(200, 4.5, 1.0) is None
+    assert math.isnan(unjudged.observe(201, float("nan"), 1.0).value)
+    assert unjudged.observe(202, float("inf"), 1.0).metric == "loss"
+    assert unjudged.observe(203, 3.0, 50.0).metric == "grad_norm"
+
+
 def test_a_flat_series_needs_the_relative_jump_as_well():
     detector = SpikeDetector(SpikeConfig(window=30, min_history=20))
     for step in range(25):
