@@ -187,13 +187,14 @@ def child(manifest_path: str, mode: str, workers: int, work: Path, engine: str =
 
 def time_unit_phases() -> list[float]:
     """Wall seconds spent in the stages' work-unit phases (`map_units`: exact-copy keys,
-    signatures, seed matches, hits), summed into the returned one-element list as they run; the
-    rest of a stage is its global steps (parsing, DuckDB's groupings and joins, the bucket sorts,
-    writing shards), which run in the stage's own process."""
-    from ito_assets.data import decontam_units, dedup_units, exact_units
+    signatures, the band join's partitions, seed matches, hits), summed into the returned
+    one-element list as they run; the rest of a stage is its global steps (parsing, DuckDB's
+    groupings, the bucket sorts, the keep rule, writing shards), which run in the stage's own
+    process."""
+    from ito_assets.data import band_join, decontam_units, dedup_units, exact_units
 
     spent = [0.0]
-    for module in (decontam_units, dedup_units, exact_units):
+    for module in (band_join, decontam_units, dedup_units, exact_units):
         def timed(*args, _original=module.map_units, **kwargs):
             begin = time.perf_counter()
             try:
@@ -447,9 +448,11 @@ def projection(rows: list[dict]) -> dict | None:
     duplicate and contamination rates) as the generated corpus; per-document costs constant with
     size (this run's docs/s at its two largest sizes say how far that holds); nodes whose cores
     run as this VM's; the work-unit phases spread over every core of every node with no overhead
-    (Ray's was measured above); the global steps (parsing, DuckDB's groupings and band join, the
-    bucket sorts, the shards written) on one core of one node, as today; no network time. The
-    shuffle figures are what hash-partitioning the global steps would have to move."""
+    (Ray's was measured above), the band join's partitions among them; the other global steps
+    (parsing, DuckDB's groupings, the bucket sorts, the keep rule, the shards written) on one core
+    of one node, as today; no network time. The band rows are what the partitioned join moves
+    (written by the signature units, one row group per partition, read by the partitions); the
+    exact-copy keys are what hash-partitioning the exact-copy groups would have to move."""
     runs = [r for r in rows if r["path"] == "units" and r["workers"] == 1 and r.get("unit_seconds") is not None]
     if not runs:
         return None
@@ -471,8 +474,8 @@ def projection(rows: list[dict]) -> dict | None:
         "global_hours_on_one_node": round(PROJECTED_DOCS * global_s / 3600, 1),
         "wall_hours_by_nodes": {f"{n} x {CORES_PER_NODE} cores": round(PROJECTED_DOCS * (unit_s / (n * CORES_PER_NODE) + global_s) / 3600, 1)
                                 for n in PROJECTED_NODES},
-        "band_rows_gb_to_shuffle": round(band_bytes / 1e9, 1),
-        "band_partitions_of_512_mb": -(-band_bytes // (PARTITION_MB * 2**20)),
+        "band_rows_gb_shuffled": round(band_bytes / 1e9, 1),
+        "band_partitions": -(-PROJECTED_DOCS * DedupConfig().bands // ScaleConfig().partition_rows),
         "exact_keys_gb_to_shuffle": round(key_bytes / 1e9, 1),
         "exact_key_partitions_of_512_mb": -(-key_bytes // (PARTITION_MB * 2**20)),
         "ray_worker_peak_rss_mb": max(ray_peaks) if ray_peaks else None,

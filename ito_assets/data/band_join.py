@@ -1,37 +1,55 @@
-"""Near-duplicate removal out of core: the same banding, verification and keep rule as
-`near_dedup`, with nothing held in memory that grows with the corpus but the verified pairs.
+"""Near-duplicate removal out of core and in partitions: the same banding, verification and keep
+rule as `near_dedup`, with nothing held in one process that grows with the corpus but the
+verified pairs.
 
-- The band rows (doc, band, key, unit) of every unit are Parquet files written by the workers;
-  DuckDB finds the buckets with two or more members and joins them, under the scratch database's
-  memory cap (spilling past it), and streams the distinct candidate pairs out in batches ordered
-  by the units of their documents.
-- Each batch is verified on its own: signatures and shingle lists of the batch's documents are
-  gathered from the units' memory-mapped arrays, and `near_dedup.verify_pairs` runs on them.
-  Verification is per pair, so batching cannot change a verdict; the histogram adds up.
-- The keep rule and the families run once on the verified pairs (few: only pairs at or above the
-  threshold).
+- The band rows (doc, band, key, unit) of every unit are Parquet files written by the workers,
+  hash-partitioned by bucket key (`partition_of`): one row group per partition, so that every
+  row of a bucket is in one partition and a partition's reader reads one row group of each file.
+- Each partition is a task of its own (`partition_pairs`), on a worker of the step's pool or a
+  Ray task: its DuckDB, under its own memory cap, finds the buckets with two or more members and
+  joins them, and streams the distinct candidate pairs out in batches ordered by the units of
+  their documents; each batch is verified there (signatures and shingle lists gathered from the
+  units' memory-mapped arrays, `near_dedup.verify_pairs`) and only the pairs at or above the
+  threshold are written. Verification is per pair, so batching cannot change a verdict.
+- A pair sharing bands in several partitions is counted and verified once: by the partition of
+  the first band the two documents share (`owned`), so the counters and the histogram add up to
+  the one-partition figures exactly.
+- The keep rule and the families run once, in the step's process, on the verified pairs of every
+  partition (few: only pairs at or above the threshold; both sort their input, so the order the
+  partitions come back in changes nothing).
 """
 
 from __future__ import annotations
 
 import math
 import mmap
+import shutil
 from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import duckdb
 import numpy as np
+import polars as pl
+import pyarrow.parquet as pq
 
-from ito_assets.data.config import DedupConfig
+from ito_assets.data.config import DedupConfig, ScaleConfig
 from ito_assets.data.minhash import Shingles
-from ito_assets.data.near_dedup import HISTOGRAM_BINS, Families, NearDedupCounts, Removals, families_of, histogram, keep_rule, verify_pairs
-from ito_assets.data.scratch import sql_list
+from ito_assets.data.near_dedup import HISTOGRAM_BINS, Families, NearDedupCounts, Removals, band_keys, families_of, histogram, keep_rule, verify_pairs
+from ito_assets.data.scratch import Scratch, sql_list
+from ito_assets.data.units import Pool, map_units
+
+# A partition is picked from the key's top 32 bits by a multiply-shift; a cap keeps the product
+# (< 2^32 x 2^16) inside 64 bits and the row groups of a unit's file from getting absurdly small.
+MAX_PARTITIONS = 65_536
+BAND_SCHEMA = {"doc": pl.Int64, "band": pl.Int32, "key": pl.UInt64, "unit": pl.Int32, "part": pl.Int32}
+PAIR_SCHEMA = {"a": pl.Int64, "b": pl.Int64, "similarity": pl.Float64}
 
 # Pairs come out ordered by the units of their two documents, so that a verification batch
 # gathers from few units (each gather maps a unit's files: across every unit, the mapping alone
 # took 26 of the 34 s of near-duplicate removal at 128x the fixtures, benchmarks/data_scaling.py).
 CANDIDATES_SQL = """
-WITH bands AS (SELECT doc, band, key, unit FROM read_parquet({files})),
+WITH bands AS (SELECT doc, band, key, unit FROM read_parquet({files}) {where}),
 shared AS (SELECT band, key FROM bands GROUP BY band, key HAVING count(*) > 1),
 members AS (SELECT bands.* FROM bands SEMI JOIN shared USING (band, key)),
 pairs AS (
@@ -42,15 +60,59 @@ SELECT a, b FROM pairs ORDER BY unit_a, unit_b
 """
 
 
-def candidate_batches(db: duckdb.DuckDBPyConnection, band_files: Sequence[str], batch_rows: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Distinct pairs (a < b) sharing a band, as arrays of at most `batch_rows` pairs, ordered by
-    the units of a and b. Band files have columns doc, band, key and unit."""
+def partition_of(keys: np.ndarray, num_partitions: int) -> np.ndarray:
+    """The partition of each bucket key: keys are mixed 64-bit hashes (`band_keys`), so their
+    top bits spread buckets evenly."""
+    top = np.asarray(keys, dtype=np.uint64) >> np.uint64(32)
+    return ((top * np.uint64(num_partitions)) >> np.uint64(32)).astype(np.int32)
+
+
+def num_partitions(num_docs: int, bands: int, scale: ScaleConfig) -> int:
+    """Partitions of the band join: one per `scale.partition_rows` band rows, and at least one per
+    worker, so that the step's workers share the join."""
+    rows = num_docs * bands
+    return min(MAX_PARTITIONS, max(1, scale.num_workers, -(-rows // scale.partition_rows)))
+
+
+def write_band_rows(bands: pl.DataFrame, path: str, num_partitions: int) -> int:
+    """A unit's band rows (doc, band, key, unit) -> its Parquet file, with their partition, one row
+    group per partition in partition order (DuckDB skips the other row groups by their
+    statistics); -> the number of rows."""
+    parts = partition_of(bands["key"].to_numpy(), num_partitions)
+    order = np.argsort(parts, kind="stable")
+    table = bands.with_columns(pl.Series("part", parts)).cast(BAND_SCHEMA)[order].to_arrow()
+    bounds = np.searchsorted(parts[order], np.arange(num_partitions + 1))
+    with pq.ParquetWriter(path, table.schema) as writer:
+        if not table.num_rows:
+            writer.write_table(table)
+        for start, end in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+            if end > start:
+                writer.write_table(table.slice(start, end - start), row_group_size=end - start)
+    return table.num_rows
+
+
+def candidate_batches(db: duckdb.DuckDBPyConnection, band_files: Sequence[str], batch_rows: int, partition: int | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Distinct pairs (a < b) sharing a band (of `partition` only, when given), as arrays of at
+    most `batch_rows` pairs, ordered by the units of a and b. Band files have columns doc, band,
+    key and unit (and part, the partition)."""
     if not band_files:
         return
-    reader = db.execute(CANDIDATES_SQL.format(files=sql_list(band_files))).fetch_record_batch(batch_rows)
+    where = "" if partition is None else f"WHERE part = {int(partition)}"
+    reader = db.execute(CANDIDATES_SQL.format(files=sql_list(band_files), where=where)).to_arrow_reader(batch_rows)
     for batch in reader:
         if batch.num_rows:
             yield batch.column("a").to_numpy().astype(np.int64), batch.column("b").to_numpy().astype(np.int64)
+
+
+def owned(signatures: np.ndarray, a: np.ndarray, b: np.ndarray, config: DedupConfig, partition: int, num_partitions: int) -> np.ndarray:
+    """Which candidate pairs (rows a, b of `signatures`) this partition settles: those whose first
+    shared band's bucket is in it. A pair sharing several bands reaches every partition holding one
+    of them; exactly one owns it."""
+    if num_partitions == 1:
+        return np.ones(len(a), dtype=bool)
+    keys = band_keys(signatures, config.bands, config.rows)
+    first = (keys[a] == keys[b]).argmax(axis=1)
+    return partition_of(keys[a, first], num_partitions) == partition
 
 
 class UnitArrays:
@@ -60,22 +122,35 @@ class UnitArrays:
     open for the whole step keeps every page it ever touched resident, so the step's RSS would
     grow to the size of all units' arrays (~1.5x the corpus text, measured in
     benchmarks/data_scaling.py); per gather it is bounded by one batch's documents. A batch maps
-    two files per unit it touches, so each file's .npy header is read once, here: `np.load` per
-    gather re-parsed it and took 3x as long as the mapping itself. The offsets (8 bytes per
-    document) stay in memory."""
+    the files of each unit it touches, so each file's .npy header is read once, when first
+    needed: `np.load` per gather re-parsed it and took 3x as long as the mapping itself. A unit's
+    offsets (8 bytes per document) stay in memory once read; a partition reads those of the
+    units its pairs touch only."""
 
     def __init__(self, folder: Path, firsts: Sequence[int]) -> None:
         self.firsts = np.asarray(firsts, dtype=np.int64)
-        self.offsets_of = [np.load(folder / f"offsets-{u:05d}.npy") for u in range(len(firsts))]
-        self.files = {name: [str(folder / f"{name}-{u:05d}.npy") for u in range(len(firsts))] for name in ("signatures", "shingles")}
-        self.layouts = {name: [_npy_layout(Path(path)) for path in paths] for name, paths in self.files.items()}
+        self.folder = str(folder)
+        self._offsets: dict[int, np.ndarray] = {}
+        self._layouts: dict[tuple[str, int], tuple[int, tuple[int, ...], np.dtype]] = {}
+
+    def _path(self, name: str, unit: int) -> str:
+        # A string, not a Path: a gather opens thousands of files, and pathlib's joins cost more
+        # than the opening (profiled).
+        return f"{self.folder}/{name}-{unit:05d}.npy"
+
+    def _offsets_of(self, unit: int) -> np.ndarray:
+        if unit not in self._offsets:
+            self._offsets[unit] = np.load(self._path("offsets", unit))
+        return self._offsets[unit]
 
     def _mapped(self, name: str, unit: int) -> np.ndarray:
-        offset, shape, dtype = self.layouts[name][unit]
+        if (name, unit) not in self._layouts:
+            self._layouts[name, unit] = _npy_layout(Path(self._path(name, unit)))
+        offset, shape, dtype = self._layouts[name, unit]
         if 0 in shape:  # nothing to map (a unit of documents without shingles)
             return np.zeros(shape, dtype=dtype)
         # `mmap` itself, not np.memmap: np.memmap resolves the path on every call, ~70 us of its ~90.
-        with open(self.files[name][unit], "rb") as handle:
+        with open(self._path(name, unit), "rb") as handle:
             mapping = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
         # The array holds the mapping; it is unmapped when the last view of it goes.
         return np.frombuffer(mapping, dtype=dtype, count=math.prod(shape), offset=offset).reshape(shape)
@@ -86,20 +161,42 @@ class UnitArrays:
         for u in np.unique(units).tolist():
             yield u, docs[units == u] - self.firsts[u]
 
-    def gather(self, docs: np.ndarray) -> tuple[np.ndarray, Shingles]:
-        """Signatures (len(docs), P) and shingle lists of sorted, distinct `docs`, in that order."""
-        signatures, lengths, hashes = [], [], []
+    def signatures(self, docs: np.ndarray) -> np.ndarray:
+        """Signatures (len(docs), P) of sorted, distinct `docs`, in that order."""
+        # Fancy indexing copies out of the mapping; the mapping goes when the name does.
+        parts = [self._mapped("signatures", u)[local] for u, local in self._by_unit(docs)]
+        return np.concatenate(parts) if parts else np.zeros((0, 0), dtype=np.uint32)
+
+    def shingles(self, docs: np.ndarray) -> Shingles:
+        """Shingle lists of sorted, distinct `docs`, in that order."""
+        lengths, hashes = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.uint64)]
         for u, local in self._by_unit(docs):
-            offsets = self.offsets_of[u]
-            # Fancy indexing copies out of the mapping; the mapping goes when the name does.
-            signatures.append(self._mapped("signatures", u)[local])
+            offsets = self._offsets_of(u)
             lengths.append(offsets[local + 1] - offsets[local])
             starts = np.repeat(offsets[local], lengths[-1])
             within = np.arange(int(lengths[-1].sum()), dtype=np.int64) - np.repeat(np.cumsum(lengths[-1]) - lengths[-1], lengths[-1])
             hashes.append(self._mapped("shingles", u)[starts + within])
         offsets = np.zeros(len(docs) + 1, dtype=np.int64)
         np.cumsum(np.concatenate(lengths), out=offsets[1:])
-        return np.concatenate(signatures), Shingles(hashes=np.concatenate(hashes), offsets=offsets)
+        return Shingles(hashes=np.concatenate(hashes), offsets=offsets)
+
+
+@dataclass(frozen=True)
+class LazyShingles:
+    """The shingle lists of a batch's documents (`docs`, sorted keep-order positions), read from
+    the unit arrays only for the documents verification asks for: `as_sets`, the one method
+    `verify_pairs` calls, as `Shingles.as_sets` answers it. A candidate pair whose signatures
+    rule it out, or that another partition owns, never has its shingles read."""
+
+    arrays: UnitArrays
+    docs: np.ndarray
+
+    def as_sets(self, positions: np.ndarray) -> tuple[Shingles, np.ndarray]:
+        wanted = np.unique(positions)
+        sets, within = self.arrays.shingles(self.docs[wanted]).as_sets(np.arange(len(wanted)))
+        position = np.full(len(self.docs), -1, dtype=np.int64)
+        position[wanted] = within
+        return sets, position
 
 
 def _npy_layout(path: Path) -> tuple[int, tuple[int, ...], np.dtype]:
@@ -111,32 +208,97 @@ def _npy_layout(path: Path) -> tuple[int, tuple[int, ...], np.dtype]:
         return handle.tell(), shape, dtype
 
 
-def near_duplicates_out_of_core(
-    db: duckdb.DuckDBPyConnection, band_files: Sequence[str], arrays: UnitArrays, num_input: int, config: DedupConfig, batch_rows: int
-) -> tuple[Removals, Families, NearDedupCounts]:
-    """Removals and families by keep-order position, and counters, as `near_dedup.near_duplicates`
-    returns them."""
-    kept_a, kept_b, kept_similarity = [], [], []
+@dataclass(frozen=True)
+class PairTask:
+    """One partition of the band join. The band files and unit arrays it reads are vouched for by
+    `arrays_digest` (the digests the signature phase's workers took of them), not hashed again by
+    every partition."""
+
+    partition: int
+    num_partitions: int
+    band_files: tuple[str, ...]
+    arrays_folder: str
+    firsts: tuple[int, ...]
+    config: DedupConfig
+    batch_rows: int
+    arrays_digest: str
+    pairs_path: str
+    memory_limit_mb: int  # how the work is done, not what it finds: not in the key
+    spill: str
+
+    def key(self) -> dict:
+        return {"partition": self.partition, "num_partitions": self.num_partitions, "firsts": list(self.firsts),
+                "config": asdict(self.config), "batch_rows": self.batch_rows, "arrays": self.arrays_digest}
+
+    def inputs(self) -> tuple[str, ...]:
+        return ()
+
+    def outputs(self) -> tuple[str, ...]:
+        return (self.pairs_path,)
+
+
+def partition_pairs(task: PairTask) -> tuple[int, int, tuple[int, ...]]:
+    """One partition's verified pairs (PAIR_SCHEMA) -> its Parquet file; -> (candidate pairs,
+    pairs sent to exact verification, the candidates' histogram of estimated Jaccard)."""
+    arrays = UnitArrays(Path(task.arrays_folder), task.firsts)
+    kept: list[pl.DataFrame] = []
     num_candidates = num_verified = 0
     bins = np.zeros(HISTOGRAM_BINS, dtype=np.int64)
-    for a, b in candidate_batches(db, band_files, batch_rows):
-        docs = np.unique(np.concatenate([a, b]))
-        signatures, shingles = arrays.gather(docs)
-        va, vb, similarity, estimate, verified = verify_pairs(signatures, shingles, np.searchsorted(docs, a), np.searchsorted(docs, b), config)
-        kept_a.append(docs[va])
-        kept_b.append(docs[vb])
-        kept_similarity.append(similarity)
-        num_candidates += len(a)
-        num_verified += verified
-        bins += np.asarray(histogram(estimate), dtype=np.int64)
-    a, b, similarity = (np.concatenate(x) if x else np.zeros(0, dtype=t) for x, t in ((kept_a, np.int64), (kept_b, np.int64), (kept_similarity, np.float64)))
+    db = _partition_db(task)
+    try:
+        where = None if task.num_partitions == 1 else task.partition
+        for a, b in candidate_batches(db, task.band_files, task.batch_rows, where):
+            docs = np.unique(np.concatenate([a, b]))
+            signatures = arrays.signatures(docs)
+            ia, ib = np.searchsorted(docs, a), np.searchsorted(docs, b)
+            mine = owned(signatures, ia, ib, task.config, task.partition, task.num_partitions)
+            va, vb, similarity, estimate, verified = verify_pairs(signatures, LazyShingles(arrays, docs), ia[mine], ib[mine], task.config)
+            kept.append(pl.DataFrame({"a": docs[va], "b": docs[vb], "similarity": similarity}, schema=PAIR_SCHEMA))
+            num_candidates += int(mine.sum())
+            num_verified += verified
+            bins += np.asarray(histogram(estimate), dtype=np.int64)
+    finally:
+        db.close()
+        shutil.rmtree(task.spill, ignore_errors=True)
+    (pl.concat(kept) if kept else pl.DataFrame(schema=PAIR_SCHEMA)).write_parquet(task.pairs_path)
+    return num_candidates, num_verified, tuple(int(c) for c in bins)
+
+
+def _partition_db(task: PairTask) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB for one partition, one thread under its own cap, spilling past it."""
+    db = duckdb.connect()
+    db.execute(f"SET memory_limit = '{int(task.memory_limit_mb)}MB'")
+    db.execute("SET threads = 1")
+    db.execute(f"SET temp_directory = '{task.spill.replace(chr(39), chr(39) * 2)}'")
+    db.execute("SET preserve_insertion_order = false")
+    return db
+
+
+def near_duplicates_out_of_core(
+    scratch: Scratch, pool: Pool | None, band_files: Sequence[str], arrays_folder: Path, firsts: Sequence[int], arrays_digest: str,
+    partitions: int, num_input: int, config: DedupConfig,
+) -> tuple[Removals, Families, NearDedupCounts]:
+    """Removals and families by keep-order position, and counters, as `near_dedup.near_duplicates`
+    returns them, from band files written in `partitions` partitions (`write_band_rows`); the
+    partitions run on `pool` (units.worker_pool's)."""
+    markers = scratch.finished("dedup-pairs")
+    spill = scratch.sub("pairs-spill")
+    tasks = [
+        PairTask(partition=p, num_partitions=partitions, band_files=tuple(band_files), arrays_folder=str(arrays_folder), firsts=tuple(int(f) for f in firsts),
+                 config=config, batch_rows=scratch.scale.pair_batch, arrays_digest=arrays_digest, pairs_path=str(markers.folder / f"pairs-{p:05d}.parquet"),
+                 memory_limit_mb=scratch.scale.partition_memory_mb, spill=str(spill / f"{p:05d}"))
+        for p in range(partitions)
+    ]
+    results = map_units(partition_pairs, tasks, pool, phase="dedup band join", unit="partitions", markers=markers)
+    pairs = pl.concat([pl.read_parquet(task.pairs_path) for task in tasks]) if tasks else pl.DataFrame(schema=PAIR_SCHEMA)
+    a, b, similarity = (pairs[c].to_numpy() for c in ("a", "b", "similarity"))
     removed = keep_rule(a, b, similarity)
     counts = NearDedupCounts(
         num_input=num_input,
-        num_candidate_pairs=num_candidates,
-        num_pairs_verified=num_verified,
+        num_candidate_pairs=sum(r[0] for r in results),
+        num_pairs_verified=sum(r[1] for r in results),
         num_pairs_above_threshold=len(a),
         num_removed=len(removed),
-        similarity_histogram=tuple(int(c) for c in bins),
+        similarity_histogram=tuple(int(sum(r[2][i] for r in results)) for i in range(HISTOGRAM_BINS)),
     )
     return removed, families_of(a, b), counts

@@ -31,6 +31,7 @@ from ito_assets.digests import file_sha256
 
 LOGGER = logging.getLogger("ito_assets.progress")
 MARKER = "marker-{:05d}.json"
+MARKERS = "marker-*.json"
 RESULT_FRAME = "result-{:05d}-{}.parquet"
 
 
@@ -113,6 +114,15 @@ class CompletionMarkers:
         if results:
             LOGGER.info(f"{len(results):,} of {len(keys):,} {unit} were finished by an earlier attempt in {self.folder.name}: not redone")
         return results
+
+    def digest(self) -> str:
+        """SHA-256 over every file the phase's markers vouch for (names and the digests their
+        workers took): what a later task that reads all of a phase's outputs depends on, without
+        hashing them again."""
+        digest = hashlib.sha256()
+        for path in sorted(self.folder.glob(MARKERS)):
+            digest.update(json.dumps(json.loads(path.read_text())["outputs"], sort_keys=True).encode())
+        return digest.hexdigest()
 
     def record(self, index: int, key: str, result: Any, digests: dict[str, str]) -> None:
         frames: dict[str, str] = {}

@@ -10,7 +10,8 @@ cap rather than the corpus.
    and their texts are cut into work units of about `unit_bytes`; each unit's shingles, MinHash
    signatures and band rows are computed by a worker alone and written to the scratch folder
    (`signature_unit`).
-3. `band_join` finds, verifies and settles the near-duplicates from those files.
+3. `band_join` finds, verifies and settles the near-duplicates from those files, a partition of
+   the band rows a task (on the step's workers or Ray).
 4. Every document's decision is made a batch of ids at a time (`decision_frames`) and streamed
    to a Parquet file: only the duplicates' rows are held whole, never a frame of every document.
 5. The kept documents, a subset of the representatives, are the side file's rows filtered by
@@ -31,7 +32,7 @@ import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 
-from ito_assets.data.band_join import UnitArrays, near_duplicates_out_of_core
+from ito_assets.data.band_join import near_duplicates_out_of_core, num_partitions, write_band_rows
 from ito_assets.data.bucket_sort import bucket_sort, place, placed_rows
 from ito_assets.data.config import DedupConfig
 from ito_assets.data.dedup import DEDUP_SCHEMA, DedupCounts, counts_of, decide, family_ids, near_ids
@@ -56,9 +57,10 @@ class SignatureTask:
     unit: WorkUnit
     folder: str
     config: DedupConfig
+    num_partitions: int  # of the band join, which the unit's band rows are laid out for
 
     def key(self) -> dict:
-        return {"unit": self.unit.key(), "config": asdict(self.config)}
+        return {"unit": self.unit.key(), "config": asdict(self.config), "num_partitions": self.num_partitions}
 
     def inputs(self) -> tuple[str, ...]:
         return (self.unit.path,)
@@ -69,7 +71,8 @@ class SignatureTask:
 
 
 def signature_unit(task: SignatureTask) -> None:
-    """One unit's shingle lists, signatures and band rows, written beside the unit."""
+    """One unit's shingle lists, signatures and band rows (in the band join's partitions), written
+    beside the unit."""
     config, unit = task.config, task.unit
     signatures_path, shingles_path, offsets_path, bands_path = task.outputs()
     hasher = MinHasher(num_perm=config.num_perm, seed=config.seed)
@@ -78,7 +81,7 @@ def signature_unit(task: SignatureTask) -> None:
     np.save(shingles_path, shingles.hashes)
     np.save(offsets_path, shingles.offsets)
     bands = band_rows(signatures, config.bands, config.rows, first=unit.first).with_columns(pl.lit(unit.index, dtype=pl.Int32).alias("unit"))
-    bands.write_parquet(bands_path)
+    write_band_rows(bands, bands_path, task.num_partitions)
 
 
 def representative_frames(scratch: Scratch, shard_paths: Sequence[str]) -> Iterator[pl.DataFrame]:
@@ -115,12 +118,14 @@ def deduplicate_units(
     scratch.reconnect()
     markers = scratch.finished("dedup-arrays")
     folder = markers.folder
-    with worker_pool(scratch.scale.num_workers, scratch.scale.engine) as pool:
-        map_units(signature_unit, [SignatureTask(unit=u, folder=str(folder), config=config) for u in units], pool, markers=markers,
-                  phase="dedup signatures")
+    partitions = num_partitions(sum(u.num_docs for u in units), config.bands, scratch.scale)
     band_files = [str(folder / f"bands-{u.index:05d}.parquet") for u in units]
-    arrays = UnitArrays(folder, [u.first for u in units])
-    removals, families, near_counts = near_duplicates_out_of_core(scratch.db, band_files, arrays, exact_counts.num_distinct_texts, config, scratch.scale.pair_batch)
+    # One pool for both phases: a worker's start (imports) is paid once.
+    with worker_pool(scratch.scale.num_workers, scratch.scale.engine) as pool:
+        map_units(signature_unit, [SignatureTask(unit=u, folder=str(folder), config=config, num_partitions=partitions) for u in units], pool,
+                  markers=markers, phase="dedup signatures")
+        removals, families, near_counts = near_duplicates_out_of_core(
+            scratch, pool, band_files, folder, [u.first for u in units], markers.digest(), partitions, exact_counts.num_distinct_texts, config)
     np.save(scratch.folder / REMOVED_FILE, removals.removed)
     scratch.reconnect()
     decisions = write_table_batches(record_batches(decision_frames(scratch, removals, families), DEDUP_SCHEMA), decisions_path, store=store)

@@ -22,6 +22,7 @@ Indices here are positions in the keep order ("rank"), so "earlier" is simply "s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import polars as pl
@@ -111,8 +112,15 @@ def exact_jaccard(shingles: Shingles, a: np.ndarray, b: np.ndarray) -> np.ndarra
     return np.where(union > 0, intersection / np.maximum(union, 1), 0.0)
 
 
+class ShingleSets(Protocol):
+    """What verification reads of the documents' shingles: `Shingles`, or the band join's
+    `LazyShingles`, which reads only the documents asked for."""
+
+    def as_sets(self, docs: np.ndarray) -> tuple[Shingles, np.ndarray]: ...
+
+
 def verify_pairs(
-    signatures: np.ndarray, shingles: Shingles, a: np.ndarray, b: np.ndarray, config: DedupConfig
+    signatures: np.ndarray, shingles: ShingleSets, a: np.ndarray, b: np.ndarray, config: DedupConfig
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
     """-> (a, b, similarity) of pairs at or above the threshold, the estimates of all candidate
     pairs (for the histogram), and the number of pairs that went to exact verification."""

@@ -21,7 +21,7 @@ from ito_assets.data.config import DecontamConfig, DedupConfig, ScaleConfig  # n
 from ito_assets.data.dedup_units import deduplicate_units  # noqa: E402
 from ito_assets.data.decontam_units import scan_shards  # noqa: E402
 from ito_assets.data.eval_index import build_index  # noqa: E402
-from ito_assets.data.scratch import scratch_space  # noqa: E402
+from ito_assets.data.scratch import FINISHED, scratch_space  # noqa: E402
 from ito_assets.data.shards import write_shards  # noqa: E402
 from ito_assets.data.units import map_units, worker_pool  # noqa: E402
 from ito_assets.errors import ErrorCode, ItoError  # noqa: E402
@@ -156,10 +156,12 @@ def test_dedup_on_ray_gives_the_in_memory_decisions(cluster, tmp_path):
     docs = dedup_corpus()
     expected, expected_counts = deduplicate(docs, DedupConfig())
     shards = write_shards(docs, tmp_path / "source", prefix="d", max_rows=37)
-    scale = ScaleConfig(unit_bytes=TINY.unit_bytes, pair_batch=TINY.pair_batch, memory_limit_mb=128, engine="ray")
+    # Band-join partitions of 300 band rows: several partitions, each a Ray task.
+    scale = ScaleConfig(unit_bytes=TINY.unit_bytes, pair_batch=TINY.pair_batch, memory_limit_mb=128, engine="ray", partition_rows=300)
     with scratch_space(tmp_path / "_scratch", scale) as scratch:
         table, counts = deduplicate_units(scratch, [s.path for s in shards.shards], DedupConfig(), tmp_path / "decisions.parquet")
         assert len(list((tmp_path / "_scratch" / "dedup-units").glob("unit-*.parquet"))) >= 10
+        assert len(list((tmp_path / FINISHED / "dedup-pairs").glob("pairs-*.parquet"))) >= 5
     assert_frame_equal(pl.read_parquet(table.path), expected)
     assert counts == expected_counts
 
@@ -230,7 +232,7 @@ def test_the_data_chain_through_dagster_on_ray_writes_the_local_engines_bytes(cl
             _, result = _materialize(settings, instance)
             assert result.success
             runs[engine] = _digests(result) | {"audit": _audits(settings.warehouse_path)}
-        assert set(sent) == (set() if engine == "local" else {"key_shard", "signature_unit", "match_unit", "hits_unit"})
+        assert set(sent) == (set() if engine == "local" else {"key_shard", "signature_unit", "partition_pairs", "match_unit", "hits_unit"})
     assert runs["ray"] == runs["local"]
     assert runs["local"]["conservation"]["problems"] == ()
 
@@ -261,5 +263,5 @@ def test_a_generated_16x_corpus_on_ray_writes_the_local_engines_bytes(cluster, t
         clean = stages.run_clean(verified, sources, dedup, decontam, work, warehouse, config)
         digests[engine] = _stage_digests(dedup, decontam, clean)
     assert sources.num_documents > 40_000 and digests["local"]["conservation"]["problems"] == ()
-    assert set(sent) == {"key_shard", "signature_unit", "match_unit", "hits_unit"}
+    assert set(sent) == {"key_shard", "signature_unit", "partition_pairs", "match_unit", "hits_unit"}
     assert digests["ray"] == digests["local"]

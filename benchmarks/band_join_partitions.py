@@ -1,0 +1,128 @@
+"""The LSH band join in hash partitions, against one partition, in the same run.
+
+The corpus is data_scaling.py's generated one at each of `--scales` (default 64 and 128x the
+fixtures; reposts and near copies, so the join has real candidate pairs), parsed once
+(`stages.run_sources`). Each configuration then deduplicates its source shards
+(`dedup_units.deduplicate_units`, as the dedup stage runs it) in a fresh subprocess, under
+data_scaling's BENCH_SCALE (units of 1 MiB, DuckDB capped at 128 MB) but with the stages' default
+verification batch (16,384 pairs: BENCH_SCALE's 1,024 made every partition map each unit's files
+16x as often), and one polars thread per process:
+- baseline: one partition on one worker, the band join and its verification in the step's own
+  process, as before the join was partitioned;
+- 2 partitions on 2 workers, and about 8 partitions on 2 workers (smaller tasks, more of them).
+Printed per configuration: wall seconds of the whole deduplication and of its band-join phase
+(the partitions' tasks, the keep rule and the families), the step's peak RSS and its largest
+worker's, and the SHA-256 of the decisions file, which must be the baseline's.
+
+    .venv/bin/python benchmarks/band_join_partitions.py [--scales 64 128] [--out benchmarks/results/band_join_partitions.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import data_scaling  # noqa: E402  (also puts the project on the path)
+
+from ito_assets.data.config import DedupConfig  # noqa: E402
+
+# (label, workers, partitions wanted): partition_rows is chosen to give about that many.
+CONFIGS = (("baseline: 1 partition, 1 worker", 1, 1), ("2 partitions, 2 workers", 2, 2), ("~8 partitions, 2 workers", 2, 8))
+
+
+def child(spec: dict) -> dict:
+    from ito_assets.data import band_join, dedup_units
+    from ito_assets.data.config import ScaleConfig
+    from ito_assets.data.scratch import scratch_space
+
+    seen: dict = {}
+    original = band_join.near_duplicates_out_of_core
+
+    def timed(*args, **kwargs):
+        begin = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            seen["band_join_seconds"] = time.perf_counter() - begin
+            seen["partitions"] = args[6]
+
+    dedup_units.near_duplicates_out_of_core = timed
+    bench = data_scaling.BENCH_SCALE | {"pair_batch": ScaleConfig().pair_batch}
+    scale = ScaleConfig(**bench, num_workers=spec["workers"], partition_rows=spec["partition_rows"])
+    work = Path(spec["work"])
+    start = time.perf_counter()
+    with scratch_space(work / "_scratch", scale) as scratch:
+        decisions, counts = dedup_units.deduplicate_units(scratch, spec["shards"], DedupConfig(), work / "decisions.parquet")
+    seconds = time.perf_counter() - start
+    main_mb, worker_mb = data_scaling.peak_rss_mb()
+    return {"seconds": round(seconds, 2), "band_join_seconds": round(seen["band_join_seconds"], 2), "partitions": seen["partitions"],
+            "num_candidate_pairs": counts.near.num_candidate_pairs, "num_removed": counts.num_removed,
+            "peak_rss_mb": round(main_mb, 1), "worker_peak_rss_mb": round(worker_mb, 1) if spec["workers"] > 1 else None,
+            "decisions_sha256": hashlib.sha256(Path(decisions.path).read_bytes()).hexdigest()}
+
+
+def run_child(spec: dict) -> dict:
+    env = {**os.environ, "POLARS_MAX_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True, env=env, check=False)
+    if done.returncode:
+        raise SystemExit(f"child failed ({spec['workers']} workers):\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def source_shards(scale: int, folder: Path) -> tuple[list[str], int]:
+    from ito_assets.data import stages
+    from ito_assets.data.config import DataPrepConfig
+    from ito_assets.manifest.verify import verify_manifest
+
+    manifest = data_scaling.write_corpus(data_scaling.generate(scale), folder / "corpus")
+    source = stages.run_sources(verify_manifest(manifest), Path(manifest).parent, folder / "state", folder / "warehouse.duckdb",
+                                DataPrepConfig(shard_max_rows=data_scaling.SHARD_ROWS))
+    return [s.path for s in source.shards.shards], source.shards.num_rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--scales", type=int, nargs="+", default=[64, 128])
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--child")
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(json.loads(args.child))))
+        return
+    rows, load = [], os.getloadavg()[0]
+    bands = DedupConfig().bands
+    with tempfile.TemporaryDirectory(prefix="band-join-") as tmp:
+        for scale in args.scales:
+            shards, num_docs = source_shards(scale, Path(tmp) / f"x{scale}")
+            for label, workers, wanted in CONFIGS:
+                spec = {"shards": shards, "workers": workers, "partition_rows": -(-num_docs * bands // wanted), "work": str(Path(tmp) / f"x{scale}" / f"run-{workers}-{wanted}")}
+                rows.append({"scale": scale, "num_docs": num_docs, "config": label, **run_child(spec)})
+                print(json.dumps(rows[-1]), flush=True)
+    for scale in args.scales:
+        runs = [r for r in rows if r["scale"] == scale]
+        base = runs[0]
+        for run in runs:
+            run["band_join_speedup"] = round(base["band_join_seconds"] / run["band_join_seconds"], 2)
+            run["dedup_speedup"] = round(base["seconds"] / run["seconds"], 2)
+            run["same_decisions"] = run["decisions_sha256"] == base["decisions_sha256"]
+    print("\n| scale | configuration | partitions | dedup s | band join s | band join speedup | step peak MB | worker peak MB | same decisions |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['scale']}x | {r['config']} | {r['partitions']} | {r['seconds']} | {r['band_join_seconds']} | {r['band_join_speedup']}x | "
+              f"{r['peak_rss_mb']} | {r['worker_peak_rss_mb'] or '-'} | {r['same_decisions']} |")
+    if args.out:
+        args.out.write_text(json.dumps({"rows": rows, "date": time.strftime("%Y-%m-%d"), "load_average_at_start": load}, indent=1))
+    if not all(r["same_decisions"] for r in rows):
+        raise SystemExit("a partitioned run wrote other decisions than the baseline")
+
+
+if __name__ == "__main__":
+    main()
