@@ -136,6 +136,22 @@ def test_a_failure_after_resumed_units_names_the_steps_unit_number():
     assert WorkUnitFailed(1, "RuntimeError").renumbered([2, 4, 5]).index == 4
 
 
+def test_a_phase_s_digest_covers_every_marked_output_and_nothing_else(tmp_path: Path):
+    markers = CompletionMarkers(tmp_path / "phase")
+    markers.record(0, "key-0", None, {"a.npy": "1" * 64})
+    markers.record(1, "key-1", 3, {"b.npy": "2" * 64})
+    first = markers.digest()
+    markers.record(1, "key-1", 4, {"b.npy": "2" * 64})  # another result, the same files
+    assert markers.digest() == first
+    markers.record(1, "key-1", 3, {"b.npy": "3" * 64})  # a file with other bytes
+    assert markers.digest() != first
+    markers.record(1, "key-1", 3, {"b.npy": "2" * 64})
+    (tmp_path / "phase" / "b.npy.partial").write_text("not a marker")
+    assert markers.digest() == first
+    markers.record(2, "key-2", None, {"c.npy": "4" * 64})  # one unit more
+    assert markers.digest() != first
+
+
 def test_frame_digest_is_of_values_not_of_chunks():
     frame = pl.DataFrame({"seed": [1, 2, 3], "view": ["a", None, "c"]})
     rechunked = pl.concat([frame.head(1), frame.tail(2)], rechunk=False)

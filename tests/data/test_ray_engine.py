@@ -240,7 +240,8 @@ def test_the_data_chain_through_dagster_on_ray_writes_the_local_engines_bytes(cl
 @pytest.mark.long
 def test_a_generated_16x_corpus_on_ray_writes_the_local_engines_bytes(cluster, tmp_path, monkeypatch):
     """The benchmark's 16x corpus (48,656 documents; data_scaling.generate) through the four stages
-    on each engine, with its units of 1 MiB: the same digests for every file an auditor compares."""
+    on each engine, with its units of 1 MiB: the same digests for every file an auditor compares.
+    The local engine joins the band rows in one partition, Ray in five (~1M band rows)."""
     from ito_assets.data import stages
     from ito_assets.data.config import DataPrepConfig
     from ito_assets.evals.suite import load_suite
@@ -254,7 +255,8 @@ def test_a_generated_16x_corpus_on_ray_writes_the_local_engines_bytes(cluster, t
     sent = _sent_to_ray(monkeypatch)
     digests = {}
     for engine in ("local", "ray"):
-        config = DataPrepConfig(scale=ScaleConfig(**BENCH_SCALE, engine=engine), shard_max_rows=SHARD_ROWS)
+        partition_rows = 200_000 if engine == "ray" else ScaleConfig().partition_rows
+        config = DataPrepConfig(scale=ScaleConfig(**BENCH_SCALE, engine=engine, partition_rows=partition_rows), shard_max_rows=SHARD_ROWS)
         work = tmp_path / engine
         warehouse = work / "warehouse.duckdb"
         sources = stages.run_sources(verified, data_root, work, warehouse, config)
