@@ -32,6 +32,7 @@ from pathlib import Path
 import polars as pl
 
 from ito_assets.data import clean, lineage
+from ito_assets.data.band_join import num_partitions
 from ito_assets.data.config import DataPrepConfig, DecontamConfig, ParaphraseConfig, ScaleConfig
 from ito_assets.data.decontam import ScanCounts
 from ito_assets.data.decontam_units import documents_with_hits, scan_frames, scan_shards
@@ -72,6 +73,7 @@ class DedupStage:
     # UI and `ito audit manifest` share; `counts.exact` / `counts.near` are what each pass removed.
     removed_by_method: dict[str, int]
     units_resumed: int = 0  # finished by a failed earlier attempt, not redone (completion.py)
+    band_join_partitions: int = 1  # the LSH band join's hash partitions (band_join.py)
 
 
 @dataclass(frozen=True)
@@ -157,8 +159,10 @@ def run_dedup(source: SourceStage, actions: Shard, state_dir: Path, warehouse: P
     duplicates = lineage.ParquetRows((decisions,), {c: c for c in DEDUP_SCHEMA}, where=f"dedup_state = '{DUPLICATE}'")
     lineage.write_tables(warehouse, source.manifest_digest, {"duplicates": duplicates})
     removed = lineage.written_removals_by_method(warehouse, source.manifest_digest)
+    # The representatives, the documents the signature units hold, are the distinct texts.
+    partitions = num_partitions(counts.exact.num_distinct_texts, config.dedup.bands, config.scale)
     return DedupStage(manifest_digest=source.manifest_digest, decisions=decisions, kept=kept, counts=counts, config=asdict(config.dedup),
-                      num_families=int(num_families), removed_by_method=removed, units_resumed=resumed)
+                      num_families=int(num_families), removed_by_method=removed, units_resumed=resumed, band_join_partitions=partitions)
 
 
 def run_decontam(verified: VerifiedManifest, suite: EvalSuite, source: SourceStage, state_dir: Path, warehouse: Path, config: DataPrepConfig) -> DecontamStage:

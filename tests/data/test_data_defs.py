@@ -165,6 +165,7 @@ def test_chain_materialises_with_every_check_green(chain) -> None:
     assert dedup["similarity_chart"].value.startswith("![near-duplicate similarity](data:image/png;base64,")
     assert [c.name for c in dedup["similarity_histogram"].schema.columns] == ["Jaccard from", "Jaccard to", "candidate pairs"]
     assert sum(r.data["candidate pairs"] for r in dedup["similarity_histogram"].records) == dedup["num_candidate_pairs"].value
+    assert dedup["num_band_join_partitions"].value == 1
     sources = next(e for e in result.get_asset_materialization_events()
                    if e.asset_key.to_user_string() == "source_documents").materialization.metadata
     assert [c.name for c in sources["sources"].schema.columns] == ["uri", "licence", "format", "documents", "size MB", "sha256"]

@@ -152,6 +152,7 @@ def test_the_dedup_stage_on_the_fixtures_matches_in_memory_with_two_workers(tmp_
     tiers = tiers_of(actions)
     expected, expected_counts = deduplicate(docs, config.dedup, tiers)
     assert stage.counts == expected_counts and expected_counts.num_removed > 0
+    assert stage.band_join_partitions == 2  # one a worker: the fixtures are far under partition_rows
     assert_frame_equal(pl.read_parquet(stage.decisions.path), expected)
     assert_frame_equal(stage.kept.read(), kept_documents(docs, expected, tiers))
     # The tiers changed which documents survive, not how many.

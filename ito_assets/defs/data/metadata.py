@@ -77,6 +77,7 @@ def dedup_metadata(stage: DedupStage) -> dict:
         "num_pairs_above_threshold": c.near.num_pairs_above_threshold,
         "num_families": stage.num_families,
         "num_units_resumed": stage.units_resumed,
+        "num_band_join_partitions": stage.band_join_partitions,
         **similarity_metadata(c.near.similarity_histogram, stage.config.get("threshold")),
         "config": dg.MetadataValue.json(stage.config),
         **{f"config.{k}": v for k, v in stage.config.items()},
