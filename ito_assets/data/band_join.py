@@ -223,7 +223,8 @@ class PairTask:
     batch_rows: int
     arrays_digest: str
     pairs_path: str
-    memory_limit_mb: int  # how the work is done, not what it finds: not in the key
+    # How the work is done, not what it finds: neither is in the key.
+    memory_limit_mb: int
     spill: str
 
     def key(self) -> dict:

@@ -194,8 +194,8 @@ class ScaleConfig:
       (`ray_engine.py`), which then decides the parallelism; the band join's partitions go
       the same way, and the other global steps stay in the step's process either way.
     - memory_limit_mb 512: DuckDB's buffer-manager cap for the out-of-core joins and sorts (keep
-      order, exact-copy groups, the LSH band join: ids, hashes and band keys, never text); past
-      it DuckDB spills to the step's scratch folder (DuckDB docs, "Memory management"). Its
+      order, exact-copy groups: ids and hashes, never text; the band join's partitions share it,
+      `partition_memory_mb` each); past it DuckDB spills to the step's scratch folder (DuckDB docs, "Memory management"). Its
       default, 80% of RAM, would crowd the workers.
       DuckDB asks for at least 125 MB per thread (DuckDB docs, "Tuning workloads"), so the
       scratch database runs min(num_workers, memory_limit_mb // 128) threads: measured on a
