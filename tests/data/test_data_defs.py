@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from ito_assets.api.cli import build_parser, run
+from ito_assets.data.config import DedupConfig
 from ito_assets.defs import manifest
 from ito_assets.defs.data import defs as data_defs
 from ito_assets.defs.data.assets import DATA_ASSETS
@@ -97,7 +98,8 @@ def test_a_failed_dedup_step_run_again_resumes_from_its_finished_units(tmp_path,
         return original(task)
 
     monkeypatch.setattr(dedup_units, "signature_unit", fails_at_unit_3)
-    small_units = {"ops": {"deduplicated_documents": {"config": {"unit_bytes": 100_000}}}}
+    # Small units, and band-join partitions of 10,000 band rows: several, each resumable too.
+    small_units = {"ops": {"deduplicated_documents": {"config": {"unit_bytes": 100_000, "partition_rows": 10_000}}}}
     with dg.instance_for_test(overrides={"python_logs": LOCAL_PYTHON_LOGS}) as instance:
         instance.add_dynamic_partitions("manifests", [key])
 
@@ -119,6 +121,10 @@ def test_a_failed_dedup_step_run_again_resumes_from_its_finished_units(tmp_path,
                    for e in again.get_asset_materialization_events()
                    if e.asset_key.to_user_string() in ("contamination_report", "deduplicated_documents")}
         assert resumed == {"contamination_report": 0, "deduplicated_documents": 4}
+        dedup = next(e for e in again.get_asset_materialization_events() if e.asset_key.to_user_string() == "deduplicated_documents")
+        metadata = dedup.step_materialization_data.materialization.metadata
+        # One per 10,000 band rows of the distinct texts (fewer than the documents).
+        assert 3 < metadata["num_band_join_partitions"].value <= -(-metadata["num_input"].value * DedupConfig().bands // 10_000)
 
 
 @pytest.fixture(scope="module")

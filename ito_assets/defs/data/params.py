@@ -3,6 +3,7 @@ documented defaults (`ito_assets.data.config`)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Literal
 
 import dagster as dg
@@ -36,9 +37,13 @@ class DedupParams(ScaleParams):
     threshold: float = _DEDUP.threshold
     verify: Literal["exact", "signature"] = _DEDUP.verify
     warn_duplicate_rate: float = _DEDUP.warn_duplicate_rate
+    # Band rows per partition of the LSH band join (at least one partition per worker): how the
+    # join is spread, never what it finds.
+    partition_rows: int = _SCALE.partition_rows
 
     def to_config(self, engine: str = "local") -> DataPrepConfig:
-        return DataPrepConfig(dedup=DedupConfig(**self.model_dump(exclude=_SCALE_FIELDS)), scale=self.scale(engine))
+        scale = replace(self.scale(engine), partition_rows=self.partition_rows)
+        return DataPrepConfig(dedup=DedupConfig(**self.model_dump(exclude=_SCALE_FIELDS | {"partition_rows"})), scale=scale)
 
 
 class DecontamParams(ScaleParams):
