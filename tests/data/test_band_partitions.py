@@ -5,6 +5,9 @@ partitions that did not finish."""
 from __future__ import annotations
 
 import functools
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import duckdb
@@ -151,3 +154,42 @@ def test_a_rerun_redoes_only_the_partitions_that_did_not_finish(tmp_path: Path, 
     table, counts = run(tmp_path / "run")
     assert calls[0] == 2 and len(calls) >= 2
     assert Path(table.path).read_bytes() == Path(reference.path).read_bytes() and counts == reference_counts
+
+
+KILLED_STEP = """
+import os, signal, sys
+sys.path[:0] = {paths!r}
+from pathlib import Path
+from ito_assets.data import band_join
+from ito_assets.data.dedup_units import deduplicate_units
+from ito_assets.data.config import DedupConfig
+from ito_assets.data.scratch import scratch_space
+from test_band_partitions import scale
+original = band_join.partition_pairs
+def dies(task):
+    if task.partition == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return original(task)
+dies.__module__, dies.__qualname__ = original.__module__, original.__qualname__
+band_join.partition_pairs = dies
+with scratch_space(Path({root!r}) / "_scratch", scale(300)) as scratch:
+    deduplicate_units(scratch, {shards!r}, DedupConfig(), Path({root!r}) / "decisions.parquet")
+"""
+
+
+def test_a_step_killed_in_the_band_join_keeps_its_finished_partitions_for_the_rerun(tmp_path: Path, monkeypatch) -> None:
+    shards = [s.path for s in write_shards(corpus(), tmp_path / "source", prefix="d", max_rows=37).shards]
+    here = Path(__file__).resolve().parent
+    run = tmp_path / "run"
+    code = KILLED_STEP.format(paths=[str(here), str(here.parent)], root=str(run), shards=shards)
+    killed = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL
+    assert sorted(p.name for p in (run / FINISHED / "dedup-pairs").glob("marker-*.json")) == ["marker-00000.json", "marker-00001.json"]
+    calls: list[int] = []
+    monkeypatch.setattr(band_join, "partition_pairs", _counting(calls))
+    with scratch_space(run / "_scratch", scale(300)) as scratch:
+        table, counts = deduplicate_units(scratch, shards, DedupConfig(), run / "decisions.parquet")
+    assert calls[0] == 2 and len(calls) >= 2
+    expected, expected_counts = deduplicate(corpus(), DedupConfig())
+    assert_frame_equal(pl.read_parquet(table.path), expected)
+    assert counts == expected_counts
