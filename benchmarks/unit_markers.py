@@ -80,7 +80,7 @@ def main() -> None:
         index = build_index(load_suite(SUITE), DecontamConfig())
         rows = [
             phase_figures("dedup signatures", signature_unit,
-                          lambda out: [SignatureTask(unit=u, folder=str(out), config=dedup) for u in units], root / "arrays", args.repeat),
+                          lambda out: [SignatureTask(unit=u, folder=str(out), config=dedup, num_partitions=1) for u in units], root / "arrays", args.repeat),
             phase_figures("decontamination seeds", match_unit,
                           lambda out: [MatchTask(unit=u, index=index, matches_path=str(out / f"matches-{u.index:05d}.parquet")) for u in units],
                           root / "matches", args.repeat),

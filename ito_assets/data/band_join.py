@@ -245,8 +245,9 @@ def partition_pairs(task: PairTask) -> tuple[int, int, tuple[int, ...]]:
     kept: list[pl.DataFrame] = []
     num_candidates = num_verified = 0
     bins = np.zeros(HISTOGRAM_BINS, dtype=np.int64)
-    db = _partition_db(task)
+    db = duckdb.connect()  # in memory: one thread under its own cap, spilling past it
     try:
+        _configure(db, task)
         where = None if task.num_partitions == 1 else task.partition
         for a, b in candidate_batches(db, task.band_files, task.batch_rows, where):
             docs = np.unique(np.concatenate([a, b]))
@@ -265,14 +266,11 @@ def partition_pairs(task: PairTask) -> tuple[int, int, tuple[int, ...]]:
     return num_candidates, num_verified, tuple(int(c) for c in bins)
 
 
-def _partition_db(task: PairTask) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB for one partition, one thread under its own cap, spilling past it."""
-    db = duckdb.connect()
+def _configure(db: duckdb.DuckDBPyConnection, task: PairTask) -> None:
     db.execute(f"SET memory_limit = '{int(task.memory_limit_mb)}MB'")
     db.execute("SET threads = 1")
     db.execute(f"SET temp_directory = '{task.spill.replace(chr(39), chr(39) * 2)}'")
     db.execute("SET preserve_insertion_order = false")
-    return db
 
 
 def near_duplicates_out_of_core(

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from polars.testing import assert_frame_equal
 
-from ito_assets.data import band_join
+from ito_assets.data import band_join, dedup_units
 from ito_assets.data.band_join import MAX_PARTITIONS, candidate_batches, num_partitions, owned, partition_of, write_band_rows
 from ito_assets.data.config import DedupConfig, ScaleConfig
 from ito_assets.data.dedup_units import deduplicate_units
@@ -156,11 +156,36 @@ def test_a_rerun_redoes_only_the_partitions_that_did_not_finish(tmp_path: Path, 
     assert Path(table.path).read_bytes() == Path(reference.path).read_bytes() and counts == reference_counts
 
 
+def test_a_rerun_with_another_partition_count_computes_the_signature_units_again(tmp_path: Path, monkeypatch) -> None:
+    shards = [s.path for s in write_shards(corpus(), tmp_path / "source", prefix="d", max_rows=37).shards]
+    signatures: list[int] = []
+    original = dedup_units.signature_unit
+
+    @functools.wraps(original)  # the marker's key names the function: the wrapper keeps its name
+    def counted(task):
+        signatures.append(task.unit.index)
+        return original(task)
+
+    monkeypatch.setattr(dedup_units, "signature_unit", counted)
+    monkeypatch.setattr(band_join, "partition_pairs", _counting([], fail_at=2))
+    with pytest.raises(ItoError), scratch_space(tmp_path / "_scratch", scale(300)) as scratch:
+        deduplicate_units(scratch, shards, DedupConfig(), tmp_path / "decisions.parquet")
+    num_units = len(signatures)
+    signatures.clear()
+    monkeypatch.setattr(band_join, "partition_pairs", PARTITION_PAIRS)
+    with scratch_space(tmp_path / "_scratch", scale(200)) as scratch:  # another partition count
+        table, counts = deduplicate_units(scratch, shards, DedupConfig(), tmp_path / "decisions.parquet")
+    assert num_units > 3 and signatures == list(range(num_units))
+    expected, expected_counts = deduplicate(corpus(), DedupConfig())
+    assert_frame_equal(pl.read_parquet(table.path), expected)
+    assert counts == expected_counts
+
+
 KILLED_STEP = """
 import os, signal, sys
 sys.path[:0] = {paths!r}
 from pathlib import Path
-from ito_assets.data import band_join
+from ito_assets.data import band_join, dedup_units
 from ito_assets.data.dedup_units import deduplicate_units
 from ito_assets.data.config import DedupConfig
 from ito_assets.data.scratch import scratch_space
