@@ -118,7 +118,16 @@ def test_a_toolchain_that_cannot_compile_runs_eager_and_says_why(monkeypatch):
     assert loss > 0
 
 
+def test_a_compiling_layout_compiles_every_block_with_no_fallback():
+    # Only the wrapping: the compile itself happens at the first step (the test below, about 80 s
+    # of inductor's C++ builds on two cores, runs in `make test-long`).
+    model, run = _prepared(Layout(precision="fp32", micro_batch_size=8))
+    assert run.layout.compile and run.fallbacks == ()
+    assert all(block.body != block.residual for block in model.blocks)
+
+
 @pytest.mark.slow
+@pytest.mark.long
 def test_compiled_blocks_train_like_eager_ones():
     eager_loss, eager = _gradients(Layout(precision="fp32", compile=False, micro_batch_size=8))
     model, run = _prepared(Layout(precision="fp32", micro_batch_size=8))
