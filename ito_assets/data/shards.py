@@ -15,7 +15,7 @@ import hmac
 import json
 import os
 import shutil
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -221,6 +221,70 @@ def write_shard_stream(frames: Iterable[pl.DataFrame], folder: Path, *, prefix: 
             rows = pl.concat(pending) if pending else pl.DataFrame(schema=schema)
             shards.append(_write_part(rows, staging, folder, prefix, len(shards), store_text))
         shard_set = ShardSet(folder=str(folder), shards=tuple(shards))
+        (staging / SUCCESS_MARKER).write_text(json.dumps(shard_set.as_dicts(), indent=2) + "\n")
+        _swap_in(staging, folder)
+    return shard_set
+
+
+@dataclass(frozen=True)
+class PartTask:
+    """One part of a shard set, cut from files of rows (`pieces`: path, first row, rows) whose
+    concatenation is the set's rows in order."""
+
+    pieces: tuple[tuple[str, int, int], ...]
+    staging: str
+    name: str
+    schema: tuple[tuple[str, str], ...]  # column and polars type, as text: a task crosses processes
+
+    def frame(self) -> pl.DataFrame:
+        schema = {column: getattr(pl, dtype) for column, dtype in self.schema}
+        parts = [pl.scan_parquet(path).slice(first, rows).collect() for path, first, rows in self.pieces]
+        return pl.concat([pl.DataFrame(schema=schema), *parts]).cast(schema)
+
+
+def write_part(task: PartTask) -> tuple[str, int]:
+    """-> (sha256, rows) of the part written under `task.staging`: `write_shard_stream`'s bytes."""
+    frame, path = task.frame(), Path(task.staging) / task.name
+    _write_parquet(frame.rechunk(), path, compression=COMPRESSION, statistics=True, row_group_size=ROW_GROUP_ROWS)
+    return file_sha256(path), frame.height
+
+
+def part_tasks(files: Sequence[tuple[str, int]], staging: Path, *, prefix: str, max_rows: int, schema: Mapping) -> list[PartTask]:
+    """The parts `write_shard_stream` writes from the rows of `files` (path, rows) in order: each
+    a task of its own, whose pieces are slices of those files."""
+    types = tuple((column, str(dtype)) for column, dtype in schema.items())
+    total = sum(rows for _, rows in files)
+    bounds = [(first, min(first + max_rows, total)) for first in range(0, total, max_rows)] or [(0, 0)]
+    tasks, file_index, file_first = [], 0, 0  # file_first: the first row of files[file_index]
+    for part, (first, end) in enumerate(bounds):
+        pieces = []
+        while first < end:
+            path, rows = files[file_index]
+            if first >= file_first + rows:
+                file_index, file_first = file_index + 1, file_first + rows
+                continue
+            take = min(end, file_first + rows) - first
+            pieces.append((path, first - file_first, take))
+            first += take
+        tasks.append(PartTask(pieces=tuple(pieces), staging=str(staging), name=f"{prefix}-{part:05d}.parquet", schema=types))
+    return tasks
+
+
+def write_shards_in_parts(files: Sequence[tuple[str, int]], folder: Path, *, prefix: str, max_rows: int, schema: Mapping,
+                          store: Path | None, run_parts: Callable[[list[PartTask]], list[tuple[str, int]]]) -> ShardSet:
+    """`write_shard_stream`'s set, the same bytes, from files of rows (path, rows) already on disk:
+    each part written by a task of its own (`run_parts` maps `write_part` over them, on a step's
+    workers) instead of one after another by the step."""
+    staging = folder.with_name(f".{folder.name}.tmp")
+    store_text = str(store or "")
+    with writing(f"shards under {store_name(folder, store_text)}", staging):
+        if staging.exists():
+            shutil.rmtree(staging)
+        staging.mkdir(parents=True)
+        tasks = part_tasks(files, staging, prefix=prefix, max_rows=max_rows, schema=schema)
+        shards = tuple(Shard(path=str(folder / task.name), sha256=sha256, num_rows=rows, store=store_text)
+                       for task, (sha256, rows) in zip(tasks, run_parts(tasks)))
+        shard_set = ShardSet(folder=str(folder), shards=shards)
         (staging / SUCCESS_MARKER).write_text(json.dumps(shard_set.as_dicts(), indent=2) + "\n")
         _swap_in(staging, folder)
     return shard_set

@@ -151,13 +151,18 @@ def compression_of(path: Path) -> str | None:
     return next((name for name, magic in COMPRESSION_MAGIC.items() if head.startswith(magic)), None)
 
 
-def _lines(path: Path, uri: str) -> Iterator[bytes]:
+def _lines(path: Path, uri: str, span: tuple[int, int] | None = None) -> Iterator[bytes]:
     """The file's lines, decompressed as they stream when it is gzip or zstd (pyarrow's codecs:
-    this Python's standard library has no zstd); a corrupt or truncated stream is SOURCE_INVALID."""
+    this Python's standard library has no zstd); a corrupt or truncated stream is SOURCE_INVALID.
+    `span` (start, end): only those bytes of a plain file, which start and end at a line's start."""
     compression = compression_of(path)
     if compression is None:
         with path.open("rb") as handle:
-            yield from handle
+            if span is None:
+                yield from handle
+                return
+            handle.seek(span[0])
+            yield from io.BytesIO(handle.read(span[1] - span[0]))
         return
     number = 0
     try:
@@ -195,11 +200,13 @@ def record_id(value: object, fields: RecordFields, where: str) -> str | None:
     return str(value)
 
 
-def _jsonl_records(path: Path, uri: str, fields: RecordFields = DEFAULT_FIELDS) -> Iterator[Records]:
+def _jsonl_records(path: Path, uri: str, fields: RecordFields = DEFAULT_FIELDS, *,
+                   span: tuple[int, int] | None = None, first_row: int = 0) -> Iterator[Records]:
+    """`span`: a byte range of a plain file (`_lines`) whose first line is row `first_row`."""
     ids: list[str | None] = []
     texts: list[str] = []
     rows: list[int] = []
-    for row, line in enumerate(_lines(path, uri)):
+    for row, line in enumerate(_lines(path, uri, span), start=first_row):
         if not line.strip():
             continue
         record = jsonl_record(line, row + 1, uri, fields)
@@ -223,7 +230,9 @@ def _id_type(type_: pa.DataType) -> bool:
     return _string_type(type_) or pa.types.is_integer(type_)
 
 
-def _parquet_records(path: Path, uri: str, fields: RecordFields = DEFAULT_FIELDS) -> Iterator[Records]:
+def _parquet_records(path: Path, uri: str, fields: RecordFields = DEFAULT_FIELDS, *,
+                     row_groups: list[int] | None = None, first_row: int = 0) -> Iterator[Records]:
+    """`row_groups`: only those, consecutive, the first of which starts at row `first_row`."""
     try:
         handle = pq.ParquetFile(path)
     except Exception:  # noqa: BLE001 - any parse failure is the same user-facing error
@@ -239,9 +248,9 @@ def _parquet_records(path: Path, uri: str, fields: RecordFields = DEFAULT_FIELDS
             raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: has no column '{fields.id}'")
         if has_id and not _id_type(schema.field(fields.id).type):
             raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: column '{fields.id}' is neither a string nor an integer column")
-        first = 0
+        first = first_row
         columns = list(dict.fromkeys([fields.text, fields.id] if has_id else [fields.text]))
-        for batch in _batches(handle, columns, uri):
+        for batch in _batches(handle, columns, uri, row_groups):
             column = batch.column(fields.text)
             if column.null_count:
                 null = column.is_null().to_pylist().index(True)
@@ -260,10 +269,10 @@ def record_parser(ref: DataReference) -> Callable[[Path, str], Iterator[Records]
     return functools.partial(parse, fields=RecordFields.of(ref))
 
 
-def _batches(handle: pq.ParquetFile, columns: list[str], uri: str) -> Iterator:
+def _batches(handle: pq.ParquetFile, columns: list[str], uri: str, row_groups: list[int] | None = None) -> Iterator:
     """The file's record batches; a page that does not decode is the same user-facing error as
     a footer that does not (SOURCE_INVALID), wherever in the file it is."""
-    batches = handle.iter_batches(batch_size=BATCH_RECORDS, columns=columns)
+    batches = handle.iter_batches(batch_size=BATCH_RECORDS, columns=columns, row_groups=row_groups)
     while True:
         try:
             batch = next(batches)
@@ -300,6 +309,23 @@ def normalized(texts: pl.Series) -> tuple[pl.Series, int]:
     return texts.clone().scatter(others[changed], [done[i] for i in changed]), len(changed)  # scatter works in place
 
 
+def documents(ref: DataReference, source_index: int, records: Records) -> tuple[pl.DataFrame, int, int]:
+    """One parsed batch -> (its documents in DOCUMENT_SCHEMA, with ids and provenance; how many
+    empty texts were skipped; how many texts normalisation changed)."""
+    ids, raw_texts, rows = records
+    batch = pl.DataFrame({"row": rows, "source_record_id": ids, "text": raw_texts}, schema=_BATCH_SCHEMA)
+    texts, changed = normalized(batch["text"])
+    kept = batch.with_columns(texts).filter(~texts.str.contains(BLANK))
+    frame = kept.with_columns(
+        pl.Series("doc_id", [doc_id(ref.sha256, row) for row in kept["row"].to_list()], dtype=pl.String),
+        pl.lit(source_index).alias("source_index"),
+        pl.lit(ref.uri).alias("source_uri"),
+        pl.lit(ref.sha256).alias("source_sha256"),
+        pl.lit(ref.license).alias("license"),
+    ).select(list(DOCUMENT_SCHEMA)).cast(DOCUMENT_SCHEMA)
+    return frame, batch.height - kept.height, changed
+
+
 class SourceRead:
     """One data reference read a batch at a time: `frames()` yields documents (DOCUMENT_SCHEMA),
     and `counts` is complete once they are exhausted. Empty texts are skipped and counted; they
@@ -326,15 +352,13 @@ class SourceRead:
         num_documents = num_empty = num_changed = 0
         parse = record_parser(ref)
         try:
-            for ids, raw_texts, rows in parse(copy, ref.uri):
-                batch = pl.DataFrame({"row": rows, "source_record_id": ids, "text": raw_texts}, schema=_BATCH_SCHEMA)
-                texts, changed = normalized(batch["text"])
-                kept = batch.with_columns(texts).filter(~texts.str.contains(BLANK))
+            for records in parse(copy, ref.uri):
+                kept, empty, changed = documents(ref, self.source_index, records)
                 num_changed += changed
-                num_empty += batch.height - kept.height
+                num_empty += empty
                 num_documents += kept.height
                 if kept.height:
-                    yield self._frame(kept)
+                    yield kept
         finally:
             copy.unlink(missing_ok=True)
         self.counts = SourceCounts(
@@ -342,16 +366,6 @@ class SourceRead:
             num_bytes=num_bytes, num_empty_skipped=num_empty, num_changed_by_normalization=num_changed,
         )
 
-    def _frame(self, batch: pl.DataFrame) -> pl.DataFrame:
-        """(row, source_record_id, text) -> DOCUMENT_SCHEMA, with ids and provenance."""
-        ref = self.ref
-        return batch.with_columns(
-            pl.Series("doc_id", [doc_id(ref.sha256, row) for row in batch["row"].to_list()], dtype=pl.String),
-            pl.lit(self.source_index).alias("source_index"),
-            pl.lit(ref.uri).alias("source_uri"),
-            pl.lit(ref.sha256).alias("source_sha256"),
-            pl.lit(ref.license).alias("license"),
-        ).select(list(DOCUMENT_SCHEMA)).cast(DOCUMENT_SCHEMA)
 
 
 def read_source(ref: DataReference, source_index: int, data_root: Path) -> tuple[pl.DataFrame, SourceCounts]:

@@ -6,8 +6,9 @@ steps, writes its Parquet and lineage rows, and returns a small frozen result (p
 counters) that the Dagster shell passes on and shows as metadata.
 Deduplication and decontamination stream their input in byte-sized work units (`units`), with
 DuckDB under a memory cap for the corpus-wide joins, and cleaning streams the kept documents a
-batch at a time. `run_sources` parses a verified snapshot of each source a batch at a time, so
-no stage holds the corpus's text. Every stage verifies the shards it reads against the digests
+batch at a time. `run_sources` parses a verified snapshot of each source a batch at a time, in
+one pass on one worker or in pieces on several (`source_pieces`), so no stage holds the corpus's
+text. Every stage verifies the shards it reads against the digests
 recorded when they were written before it reads them (SHARD_CORRUPT names the file relative to
 `<state_dir>/shards`); a step's own output, hashed from disk as it was written, is read unhashed.
 
@@ -42,8 +43,9 @@ from ito_assets.data.eval_index import build_index
 from ito_assets.data.paraphrase import CANDIDATE_SCHEMA, find_candidates, item_vectors, load_embedder
 from ito_assets.data.scratch import scratch_space, sql_list
 from ito_assets.data.shards import Shard, ShardSet, record_batches, verified_path, verified_paths, write_shard_stream, write_table, write_table_batches
+from ito_assets.data.source_pieces import read_in_pieces
 from ito_assets.data.sources import DOCUMENT_SCHEMA, SourceCounts, SourceRead
-from ito_assets.data.units import parquet_frames
+from ito_assets.data.units import parquet_frames, worker_pool
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.evals.suite import EvalSuite
 from ito_assets.manifest.verify import VerifiedManifest, eval_suite_mismatches, require_provenance
@@ -55,6 +57,8 @@ class SourceStage:
     manifest_key: str
     shards: ShardSet
     sources: tuple[SourceCounts, ...]
+    num_pieces: int = 1  # the pieces the sources were parsed in (source_pieces.py)
+    units_resumed: int = 0  # pieces an earlier attempt parsed
 
     @property
     def num_documents(self) -> int:
@@ -129,19 +133,25 @@ def run_sources(verified: VerifiedManifest, data_root: Path, state_dir: Path, wa
     require_provenance(verified.manifest)
     key = verified.short_digest
     folder = stage_folder(state_dir, key)
-    with scratch_space(folder / SCRATCH, config.scale) as scratch:
+    scale = config.scale
+    with scratch_space(folder / SCRATCH, scale) as scratch, worker_pool(scale.num_workers, scale.engine) as pool:
         reads = [SourceRead(ref, i, data_root, scratch.folder) for i, ref in enumerate(verified.manifest.data)]
         for read in reads:  # every source verified before the folder of the last good output is replaced
             read.verify()
-        frames = (frame for read in reads for frame in read.frames())
-        shards = write_shard_stream(frames, folder / "source", prefix="documents", max_rows=config.shard_max_rows, schema=DOCUMENT_SCHEMA, store=shard_store(state_dir))
-    counts = [read.counts for read in reads]
+        if pool is None:  # one worker: one pass, no piece files between the parser and the shards
+            frames = (frame for read in reads for frame in read.frames())
+            shards = write_shard_stream(frames, folder / "source", prefix="documents", max_rows=config.shard_max_rows, schema=DOCUMENT_SCHEMA, store=shard_store(state_dir))
+            counts, num_pieces = [read.counts for read in reads], len(reads)
+        else:
+            shards, counts, num_pieces = read_in_pieces(reads, scratch, pool, folder / "source", config.shard_max_rows, shard_store(state_dir))
+        resumed = scratch.units_resumed
     provenance = {c: c for c in DOCUMENT_SCHEMA if c != "text"}
     documents = lineage.ParquetRows(shards.shards, provenance | {"num_chars": "length(text)", "shard_path": "filename"})
     sources = pl.DataFrame([{**asdict(c), "source_index": i} for i, c in enumerate(counts)])
     manifest_row = pl.DataFrame({"manifest_key": [key], "name": [verified.manifest.name], "config": [json.dumps(config.as_metadata(), sort_keys=True)]})
     lineage.write_tables(warehouse, verified.digest, {"manifests": manifest_row, "sources": sources, "documents": documents})
-    return SourceStage(manifest_digest=verified.digest, manifest_key=key, shards=shards, sources=tuple(counts))
+    return SourceStage(manifest_digest=verified.digest, manifest_key=key, shards=shards, sources=tuple(counts),
+                       num_pieces=num_pieces, units_resumed=resumed)
 
 
 def run_dedup(source: SourceStage, actions: Shard, state_dir: Path, warehouse: Path, config: DataPrepConfig) -> DedupStage:

@@ -176,6 +176,17 @@ def test_decontamination_on_ray_gives_the_in_memory_hits(cluster, tmp_path):
     assert counts == expected_counts
 
 
+def test_sources_parsed_in_pieces_on_ray_are_the_local_engines_shards(cluster, tmp_path, monkeypatch):
+    from test_source_pieces import SMALL_PIECES, shard_digests, sources_stage, write_corpus
+
+    root = write_corpus(tmp_path.resolve())
+    local = sources_stage(root, "local", unit_bytes=SMALL_PIECES)
+    sent = _sent_to_ray(monkeypatch)
+    on_ray = sources_stage(root, "ray", unit_bytes=SMALL_PIECES, engine="ray")
+    assert sent == ["parse_piece"] and on_ray.num_pieces == local.num_pieces > 20
+    assert shard_digests(on_ray) == shard_digests(local) and on_ray.sources == local.sources
+
+
 def _sent_to_ray(monkeypatch) -> list[str]:
     """The names of the unit functions whose tasks went to the cluster, as they go."""
     sent: list[str] = []
@@ -232,7 +243,7 @@ def test_the_data_chain_through_dagster_on_ray_writes_the_local_engines_bytes(cl
             _, result = _materialize(settings, instance)
             assert result.success
             runs[engine] = _digests(result) | {"audit": _audits(settings.warehouse_path)}
-        assert set(sent) == (set() if engine == "local" else {"key_shard", "signature_unit", "partition_pairs", "match_unit", "hits_unit"})
+        assert set(sent) == (set() if engine == "local" else {"parse_piece", "key_shard", "signature_unit", "partition_pairs", "match_unit", "hits_unit"})
     assert runs["ray"] == runs["local"]
     assert runs["local"]["conservation"]["problems"] == ()
 
@@ -265,5 +276,5 @@ def test_a_generated_16x_corpus_on_ray_writes_the_local_engines_bytes(cluster, t
         clean = stages.run_clean(verified, sources, dedup, decontam, work, warehouse, config)
         digests[engine] = _stage_digests(dedup, decontam, clean)
     assert sources.num_documents > 40_000 and digests["local"]["conservation"]["problems"] == ()
-    assert set(sent) == {"key_shard", "signature_unit", "partition_pairs", "match_unit", "hits_unit"}
+    assert set(sent) == {"parse_piece", "key_shard", "signature_unit", "partition_pairs", "match_unit", "hits_unit"}
     assert digests["ray"] == digests["local"]

@@ -16,7 +16,7 @@ from ito_assets.data import stages, warehouse
 from ito_assets.data.config import DataPrepConfig
 from ito_assets.defs import owners
 from ito_assets.defs.data import metadata
-from ito_assets.defs.data.params import DecontamParams, DedupParams
+from ito_assets.defs.data.params import DecontamParams, DedupParams, ScaleParams
 from ito_assets.defs.failures import failure, verified_or_fail
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.resources import ItoSettingsResource, WAREHOUSE_POOL
@@ -64,11 +64,12 @@ def core_stage(context: dg.AssetExecutionContext) -> Iterator[None]:
     "digest-verified against the manifest), NFC-normalised, with a stable id and provenance (source "
     "uri, sha256, licence, row), as Parquet shards and the warehouse's `documents` table.",
 )
-def source_documents(context: dg.AssetExecutionContext, ito: ItoSettingsResource, training_manifest: ManifestVerdict) -> stages.SourceStage:
+def source_documents(context: dg.AssetExecutionContext, config: ScaleParams, ito: ItoSettingsResource, training_manifest: ManifestVerdict) -> stages.SourceStage:
     settings = ito.settings()
     verified = verified_or_fail(training_manifest, "the data stage")
     with core_stage(context):
-        stage = stages.run_sources(verified, settings.data_root, settings.state_dir, settings.warehouse_path, DataPrepConfig())
+        prep = DataPrepConfig(scale=config.scale(settings.data_engine))
+        stage = stages.run_sources(verified, settings.data_root, settings.state_dir, settings.warehouse_path, prep)
     context.add_output_metadata(metadata.source_metadata(stage))
     return stage
 

@@ -48,6 +48,8 @@ def source_metadata(stage: SourceStage) -> dict:
         "num_empty_skipped": sum(c.num_empty_skipped for c in stage.sources),
         "num_changed_by_normalization": sum(c.num_changed_by_normalization for c in stage.sources),
         "normalization": stage.sources[0].normalization if stage.sources else "",
+        "num_source_pieces": stage.num_pieces,
+        "num_units_resumed": stage.units_resumed,
         "sources": table(SOURCE_COLUMNS, rows),
         **shard_metadata(stage.shards),
     }

@@ -1,0 +1,108 @@
+"""The sources stage parsing in pieces on the step's workers, against one pass, in the same run.
+
+The corpus is data_scaling.py's generated one at each of `--scales` (default 64 and 128x the
+fixtures; one plain JSONL file). Each configuration runs the sources stage
+(`stages.run_sources`) in a fresh subprocess with one polars thread:
+- baseline: one worker, which reads each verified copy in one pass, a batch at a time, streamed
+  into the shards;
+- two workers, which parse pieces of 8 MiB (the default unit) or of 1 MiB and then write the
+  shards a part a task.
+Printed per configuration: wall seconds of the stage (its lineage tables too), of its parsing and
+shard-writing phases where it has them, the process's peak RSS and its largest worker's, and
+whether every shard's SHA-256 is the baseline's.
+
+    .venv/bin/python benchmarks/source_pieces.py [--scales 64 128] [--out benchmarks/results/source_pieces.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import data_scaling  # noqa: E402  (also puts the project on the path)
+
+# (label, workers, unit bytes)
+CONFIGS = (("baseline: one pass, 1 worker", 1, 8 << 20), ("pieces of 8 MiB, 2 workers", 2, 8 << 20), ("pieces of 1 MiB, 2 workers", 2, 1 << 20))
+
+
+def child(spec: dict) -> dict:
+    from ito_assets.data import source_pieces, stages
+    from ito_assets.data.config import DataPrepConfig, ScaleConfig
+    from ito_assets.manifest.verify import verify_manifest
+
+    phases: dict = {}
+    original = source_pieces.map_units
+
+    def timed(*args, **kwargs):
+        begin = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            phases[kwargs["phase"]] = {"seconds": round(time.perf_counter() - begin, 2), "tasks": len(args[1])}
+
+    source_pieces.map_units = timed
+    verified, data_root, work = verify_manifest(spec["manifest"]), Path(spec["manifest"]).parent, Path(spec["work"])
+    config = DataPrepConfig(scale=ScaleConfig(unit_bytes=spec["unit_bytes"], num_workers=spec["workers"]), shard_max_rows=data_scaling.SHARD_ROWS)
+    start = time.perf_counter()
+    stage = stages.run_sources(verified, data_root, work, work / "warehouse.duckdb", config)
+    seconds = time.perf_counter() - start
+    main_mb, worker_mb = data_scaling.peak_rss_mb()
+    parsing, shards = phases.get("source parsing", {}), phases.get("source shards", {})
+    return {"seconds": round(seconds, 2), "pieces": stage.num_pieces, "parse_seconds": parsing.get("seconds"),
+            "shard_seconds": shards.get("seconds"), "peak_rss_mb": round(main_mb, 1),
+            "worker_peak_rss_mb": round(worker_mb, 1) if spec["workers"] > 1 else None, "shards": [s.sha256 for s in stage.shards.shards]}
+
+
+def run_child(spec: dict) -> dict:
+    env = {**os.environ, "POLARS_MAX_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True, env=env, check=False)
+    if done.returncode:
+        raise SystemExit(f"child failed:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--scales", type=int, nargs="+", default=[64, 128])
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--child")
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(json.loads(args.child))))
+        return
+    rows, load = [], os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="source-pieces-") as tmp:
+        for scale in args.scales:
+            texts = data_scaling.generate(scale)
+            manifest = data_scaling.write_corpus(texts, Path(tmp) / f"x{scale}" / "corpus")
+            size_mb = Path(manifest).with_name("bench.jsonl").stat().st_size / 1e6
+            for index, (label, workers, unit_bytes) in enumerate(CONFIGS):
+                spec = {"manifest": manifest, "workers": workers, "unit_bytes": unit_bytes, "work": str(Path(tmp) / f"x{scale}" / f"run-{index}")}
+                rows.append({"scale": scale, "num_docs": len(texts), "file_mb": round(size_mb, 1), "config": label, **run_child(spec)})
+                print(json.dumps({k: v for k, v in rows[-1].items() if k != "shards"}), flush=True)
+    for scale in args.scales:
+        runs = [r for r in rows if r["scale"] == scale]
+        base = runs[0]
+        for run in runs:
+            run["speedup"] = round(base["seconds"] / run["seconds"], 2)
+            run["same_shards"] = run["shards"] == base["shards"]
+    print("\n| scale | file MB | configuration | pieces | seconds | parsing s | shards s | speedup | peak MB | worker peak MB | same shards |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['scale']}x | {r['file_mb']} | {r['config']} | {r['pieces']} | {r['seconds']} | {r['parse_seconds'] or '-'} | {r['shard_seconds'] or '-'} | "
+              f"{r['speedup']}x | {r['peak_rss_mb']} | {r['worker_peak_rss_mb'] or '-'} | {r['same_shards']} |")
+    if args.out:
+        args.out.write_text(json.dumps({"rows": rows, "date": time.strftime("%Y-%m-%d"), "load_average_at_start": load}, indent=1))
+    if not all(r["same_shards"] for r in rows):
+        raise SystemExit("a configuration wrote other shards than the one pass")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""The sources read in pieces, each parsed by a worker alone: the same documents, ids and counters
+as one pass over each file (`SourceRead`), with the parsing spread over the step's workers.
+
+A plain JSONL file is cut at line starts into byte ranges of about `unit_bytes`, a Parquet file
+into runs of whole row groups of about as many uncompressed bytes, and a gzip or zstd file is one
+piece (a compressed stream reads only from its start). The cut needs each range's first line
+number (a document's id is its source's sha256 and its row), so the step counts the lines of
+the verified copy once, at the speed of `bytes.count` (2.4 GB/s measured here, against the copy
+and sha256 that precede it). A piece writes its documents to a Parquet file in the order it read
+them, and the step writes the source shards from those files in piece order, so the shards are
+the bytes one pass writes.
+
+A record a piece cannot parse is a result, not a failure: the step raises SOURCE_INVALID with the
+message of the first such piece in file order (the message one pass gives), on either engine,
+and Ray does not retry a file's content.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+import pyarrow.parquet as pq
+
+from ito_assets.data.scratch import Scratch
+from ito_assets.data.shards import ShardSet, write_part, write_shards_in_parts
+from ito_assets.data.sources import (DOCUMENT_SCHEMA, RecordFields, SourceCounts, SourceRead, _jsonl_records, _parquet_records,
+                                     compression_of, documents)
+from ito_assets.data.units import Pool, map_units
+from ito_assets.errors import ErrorCode, ItoError
+from ito_assets.manifest.schema import DataReference
+
+_COUNT_CHUNK = 8 << 20
+
+
+@dataclass(frozen=True)
+class SourcePiece:
+    """Part of one verified source copy: a byte range of a plain JSONL file (`start`, `end`), a
+    run of row groups of a Parquet file (`start` up to `end`, exclusive), or a whole compressed
+    file (`start` = `end` = 0). `first_row` is the row of its first record in the file."""
+
+    ref: DataReference
+    source_index: int
+    copy: str
+    start: int
+    end: int
+    first_row: int
+    output: str
+
+    def key(self) -> dict:
+        # The copy's bytes are the ones its sha256 names: verified before any piece runs.
+        return {"source": self.ref.model_dump(mode="json"), "source_index": self.source_index,
+                "start": self.start, "end": self.end, "first_row": self.first_row}
+
+    def inputs(self) -> tuple[str, ...]:
+        return ()
+
+    def outputs(self) -> tuple[str, ...]:
+        return (self.output,)
+
+    def records(self) -> Iterator:
+        fields, path, uri = RecordFields.of(self.ref), Path(self.copy), self.ref.uri
+        if self.ref.format == "parquet":
+            return _parquet_records(path, uri, fields, row_groups=list(range(self.start, self.end)), first_row=self.first_row)
+        span = (self.start, self.end) if self.end else None
+        return _jsonl_records(path, uri, fields, span=span, first_row=self.first_row)
+
+
+def parse_piece(piece: SourcePiece) -> tuple[int, int, int, str | None]:
+    """-> (documents, empty texts skipped, texts changed by normalisation, why a record is invalid
+    or None); the documents are written to `piece.output` (none where a record is invalid)."""
+    frames, num_empty, num_changed = [pl.DataFrame(schema=DOCUMENT_SCHEMA)], 0, 0
+    try:
+        for records in piece.records():
+            kept, empty, changed = documents(piece.ref, piece.source_index, records)
+            frames.append(kept)
+            num_empty += empty
+            num_changed += changed
+    except ItoError as error:
+        if error.code is not ErrorCode.SOURCE_INVALID:
+            raise
+        pl.DataFrame(schema=DOCUMENT_SCHEMA).write_parquet(piece.output)
+        return 0, 0, 0, error.message
+    frame = pl.concat(frames)
+    frame.write_parquet(piece.output, compression="lz4")  # scratch data: fast over small
+    return frame.height, num_empty, num_changed, None
+
+
+def line_spans(path: Path, target_bytes: int, chunk_bytes: int = _COUNT_CHUNK) -> list[tuple[int, int, int]]:
+    """(start, end, first row) of ranges that start at a line's start and end on the first line
+    end at or past `target_bytes` from their start (a line longer than the target is a range of
+    its own); the file is read `chunk_bytes` at a time."""
+    spans: list[tuple[int, int, int]] = []
+    start = position = lines = first_row = 0
+    with path.open("rb") as handle:
+        while chunk := handle.read(chunk_bytes):
+            offset = 0
+            while position + len(chunk) - start >= target_bytes:
+                cut = chunk.find(b"\n", max(offset, start + target_bytes - 1 - position))
+                if cut < 0:
+                    break
+                lines += chunk.count(b"\n", offset, cut + 1)
+                offset = cut + 1
+                spans.append((start, position + offset, first_row))
+                start, first_row = position + offset, lines
+            lines += chunk.count(b"\n", offset)
+            position += len(chunk)
+    if position > start:
+        spans.append((start, position, first_row))
+    return spans
+
+
+def row_group_runs(path: Path, uri: str, target_bytes: int) -> list[tuple[int, int, int]]:
+    """(first group, end group, first row) of runs of whole row groups of about `target_bytes`
+    uncompressed; a footer that does not read is SOURCE_INVALID, as in one pass."""
+    try:
+        metadata = pq.ParquetFile(path).metadata
+    except Exception:  # noqa: BLE001 - any parse failure is the same user-facing error
+        raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: not a readable Parquet file") from None
+    runs: list[tuple[int, int, int]] = []
+    first = row = size = 0
+    first_row = 0
+    for group in range(metadata.num_row_groups):
+        size += metadata.row_group(group).total_byte_size
+        row += metadata.row_group(group).num_rows
+        if size >= target_bytes:
+            runs.append((first, group + 1, first_row))
+            first, first_row, size = group + 1, row, 0
+    if first < metadata.num_row_groups or not runs:
+        runs.append((first, metadata.num_row_groups, first_row))
+    return runs
+
+
+def plan_pieces(reads: Sequence[SourceRead], folder: Path, target_bytes: int) -> list[SourcePiece]:
+    """Every verified source's pieces, in manifest order then file order; each writes under `folder`."""
+    pieces: list[SourcePiece] = []
+    for read in reads:
+        ref, copy = read.ref, read.copy
+        if ref.format == "parquet":
+            spans = row_group_runs(copy, ref.uri, target_bytes)
+        elif compression_of(copy) is None:
+            spans = line_spans(copy, target_bytes) or [(0, 0, 0)]
+        else:
+            spans = [(0, 0, 0)]
+        for start, end, first_row in spans:
+            output = str(folder / f"documents-{len(pieces):05d}.parquet")
+            pieces.append(SourcePiece(ref, read.source_index, str(copy), start, end, first_row, output))
+    return pieces
+
+
+def source_counts(reads: Sequence[SourceRead], pieces: Sequence[SourcePiece], results: Sequence[tuple]) -> list[SourceCounts]:
+    """Each source's counters, summed over its pieces; the first invalid record, in manifest and
+    file order, is SOURCE_INVALID."""
+    invalid = next((why for *_, why in results if why is not None), None)
+    if invalid is not None:
+        raise ItoError(ErrorCode.SOURCE_INVALID, invalid)
+    totals = {read.source_index: [0, 0, 0] for read in reads}
+    for piece, (num_documents, num_empty, num_changed, _) in zip(pieces, results):
+        total = totals[piece.source_index]
+        total[0] += num_documents
+        total[1] += num_empty
+        total[2] += num_changed
+    return [SourceCounts(uri=read.ref.uri, sha256=read.ref.sha256, license=read.ref.license, format=read.ref.format,
+                         num_documents=totals[read.source_index][0], num_bytes=read.copy.stat().st_size,
+                         num_empty_skipped=totals[read.source_index][1],
+                         num_changed_by_normalization=totals[read.source_index][2]) for read in reads]
+
+
+def read_in_pieces(reads: Sequence[SourceRead], scratch: Scratch, pool: Pool, folder: Path, max_rows: int,
+                   store: Path) -> tuple[ShardSet, list[SourceCounts], int]:
+    """The verified sources parsed in pieces on `pool`, then written as the shards of `folder`,
+    a part a task: (the shards, each source's counters, the number of pieces). The pieces a
+    failed attempt finished are not parsed again."""
+    markers = scratch.finished("source-pieces")
+    pieces = plan_pieces(reads, markers.folder, scratch.scale.unit_bytes)
+    results = map_units(parse_piece, pieces, pool, phase="source parsing", unit="pieces", markers=markers)
+    counts = source_counts(reads, pieces, results)
+    files = [(piece.output, result[0]) for piece, result in zip(pieces, results)]
+    shards = write_shards_in_parts(files, folder, prefix="documents", max_rows=max_rows, schema=DOCUMENT_SCHEMA, store=store,
+                                   run_parts=lambda tasks: map_units(write_part, tasks, pool, phase="source shards", unit="shards"))
+    return shards, counts, len(pieces)
