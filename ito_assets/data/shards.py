@@ -201,12 +201,8 @@ def write_shard_stream(frames: Iterable[pl.DataFrame], folder: Path, *, prefix: 
     """`write_shards` for frames that arrive a batch at a time: the same parts, holding at most
     one part (plus one batch) in memory. The parts are written into a hidden sibling folder that
     replaces `folder` once the set is complete (the recorded paths are the final ones)."""
-    staging = folder.with_name(f".{folder.name}.tmp")
     store_text = str(store or "")
-    with writing(f"shards under {store_name(folder, store_text)}", staging):
-        if staging.exists():
-            shutil.rmtree(staging)
-        staging.mkdir(parents=True)
+    with _staged(folder, store_text) as staging:
         shards: list[Shard] = []
         pending: list[pl.DataFrame] = []
         num_pending = 0
@@ -221,9 +217,26 @@ def write_shard_stream(frames: Iterable[pl.DataFrame], folder: Path, *, prefix: 
             rows = pl.concat(pending) if pending else pl.DataFrame(schema=schema)
             shards.append(_write_part(rows, staging, folder, prefix, len(shards), store_text))
         shard_set = ShardSet(folder=str(folder), shards=tuple(shards))
-        (staging / SUCCESS_MARKER).write_text(json.dumps(shard_set.as_dicts(), indent=2) + "\n")
-        _swap_in(staging, folder)
+        _seal(staging, shard_set)
     return shard_set
+
+
+@contextmanager
+def _staged(folder: Path, store: str) -> Iterator[Path]:
+    """A hidden sibling folder for a set's parts, which replaces `folder` once the block has
+    sealed it (`_seal`); on a failure it goes, and `folder` keeps the previous set."""
+    staging = folder.with_name(f".{folder.name}.tmp")
+    with writing(f"shards under {store_name(folder, store)}", staging):
+        if staging.exists():
+            shutil.rmtree(staging)
+        staging.mkdir(parents=True)
+        yield staging
+        _swap_in(staging, folder)
+
+
+def _seal(staging: Path, shard_set: ShardSet) -> None:
+    """The `_SUCCESS` file listing every part and digest: the set is complete."""
+    (staging / SUCCESS_MARKER).write_text(json.dumps(shard_set.as_dicts(), indent=2) + "\n")
 
 
 @dataclass(frozen=True)
@@ -234,10 +247,10 @@ class PartTask:
     pieces: tuple[tuple[str, int, int], ...]
     staging: str
     name: str
-    schema: tuple[tuple[str, str], ...]  # column and polars type, as text: a task crosses processes
+    schema: tuple[tuple[str, pl.DataType], ...]  # the set's columns, for a part of no rows
 
     def frame(self) -> pl.DataFrame:
-        schema = {column: getattr(pl, dtype) for column, dtype in self.schema}
+        schema = dict(self.schema)
         parts = [pl.scan_parquet(path).slice(first, rows).collect() for path, first, rows in self.pieces]
         return pl.concat([pl.DataFrame(schema=schema), *parts]).cast(schema)
 
@@ -252,7 +265,7 @@ def write_part(task: PartTask) -> tuple[str, int]:
 def part_tasks(files: Sequence[tuple[str, int]], staging: Path, *, prefix: str, max_rows: int, schema: Mapping) -> list[PartTask]:
     """The parts `write_shard_stream` writes from the rows of `files` (path, rows) in order: each
     a task of its own, whose pieces are slices of those files."""
-    types = tuple((column, str(dtype)) for column, dtype in schema.items())
+    types = tuple(schema.items())
     total = sum(rows for _, rows in files)
     bounds = [(first, min(first + max_rows, total)) for first in range(0, total, max_rows)] or [(0, 0)]
     tasks, file_index, file_first = [], 0, 0  # file_first: the first row of files[file_index]
@@ -275,18 +288,13 @@ def write_shards_in_parts(files: Sequence[tuple[str, int]], folder: Path, *, pre
     """`write_shard_stream`'s set, the same bytes, from files of rows (path, rows) already on disk:
     each part written by a task of its own (`run_parts` maps `write_part` over them, on a step's
     workers) instead of one after another by the step."""
-    staging = folder.with_name(f".{folder.name}.tmp")
     store_text = str(store or "")
-    with writing(f"shards under {store_name(folder, store_text)}", staging):
-        if staging.exists():
-            shutil.rmtree(staging)
-        staging.mkdir(parents=True)
+    with _staged(folder, store_text) as staging:
         tasks = part_tasks(files, staging, prefix=prefix, max_rows=max_rows, schema=schema)
         shards = tuple(Shard(path=str(folder / task.name), sha256=sha256, num_rows=rows, store=store_text)
                        for task, (sha256, rows) in zip(tasks, run_parts(tasks)))
         shard_set = ShardSet(folder=str(folder), shards=shards)
-        (staging / SUCCESS_MARKER).write_text(json.dumps(shard_set.as_dicts(), indent=2) + "\n")
-        _swap_in(staging, folder)
+        _seal(staging, shard_set)
     return shard_set
 
 

@@ -99,7 +99,9 @@ def test_a_failed_dedup_step_run_again_resumes_from_its_finished_units(tmp_path,
 
     monkeypatch.setattr(dedup_units, "signature_unit", fails_at_unit_3)
     # Small units, and band-join partitions of 10,000 band rows: several, each resumable too.
-    small_units = {"ops": {"deduplicated_documents": {"config": {"unit_bytes": 100_000, "partition_rows": 10_000}}}}
+    # The sources in pieces of 100 kB on two workers, each a task.
+    small_units = {"ops": {"deduplicated_documents": {"config": {"unit_bytes": 100_000, "partition_rows": 10_000}},
+                           "source_documents": {"config": {"unit_bytes": 100_000, "num_workers": 2}}}}
     with dg.instance_for_test(overrides={"python_logs": LOCAL_PYTHON_LOGS}) as instance:
         instance.add_dynamic_partitions("manifests", [key])
 
@@ -125,6 +127,8 @@ def test_a_failed_dedup_step_run_again_resumes_from_its_finished_units(tmp_path,
         metadata = dedup.step_materialization_data.materialization.metadata
         # One per 10,000 band rows of the distinct texts (fewer than the documents).
         assert 3 < metadata["num_band_join_partitions"].value <= -(-metadata["num_input"].value * DedupConfig().bands // 10_000)
+        sources = next(e for e in again.get_asset_materialization_events() if e.asset_key.to_user_string() == "source_documents")
+        assert sources.step_materialization_data.materialization.metadata["num_source_pieces"].value > 10
 
 
 @pytest.fixture(scope="module")
@@ -176,6 +180,8 @@ def test_chain_materialises_with_every_check_green(chain) -> None:
                    if e.asset_key.to_user_string() == "source_documents").materialization.metadata
     assert [c.name for c in sources["sources"].schema.columns] == ["uri", "licence", "format", "documents", "size MB", "sha256"]
     assert [c.name for c in sources["shards"].schema.columns] == ["shard", "rows", "sha256"]
+    assert sources["num_source_pieces"].value == sources["num_sources"].value  # one worker: a piece a source
+    assert sources["num_units_resumed"].value == 0
 
 
 def test_unverified_manifest_is_refused(real_tmp: Path, fixtures) -> None:

@@ -268,3 +268,13 @@ def test_a_rerun_after_a_failed_piece_parses_only_the_pieces_left(corpus, monkey
     assert 0 < again.units_resumed < again.num_pieces
     assert shard_digests(again) == shard_digests(done) and again.sources == done.sources
     assert sources_stage(corpus, "state", unit_bytes=SMALL_PIECES, num_workers=2).units_resumed == 0  # success removes the markers
+
+
+def test_a_source_of_no_documents_writes_one_pass_s_one_empty_part(tmp_path):
+    root = tmp_path.resolve()
+    path = root / "blank.jsonl"
+    path.write_text("\n".join(json.dumps({"text": " " * i}) for i in range(50)) + "\n\n")
+    _manifest(root, [(path, "jsonl")])
+    stage = sources_stage(root, "pieces", unit_bytes=100, num_workers=2)
+    assert stage.num_pieces > 5 and stage.num_documents == 0 and stage.sources[0].num_empty_skipped == 50
+    assert shard_digests(stage) == one_pass(root, "pass", 1_000) and len(stage.shards.shards) == 1
