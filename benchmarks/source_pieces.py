@@ -4,7 +4,8 @@ The corpus is data_scaling.py's generated one at each of `--scales` (default 64 
 fixtures; one plain JSONL file). Each configuration runs the sources stage
 (`stages.run_sources`) in a fresh subprocess with one polars thread:
 - baseline: one worker, which reads each verified copy in one pass, a batch at a time, streamed
-  into the shards;
+  into the shards; and the same with the standard library's `json.loads` alone, as the stage
+  parsed before orjson;
 - two workers, which parse pieces of 8 MiB (the default unit) or of 1 MiB and then write the
   shards a part a task.
 Printed per configuration: wall seconds of the stage (its lineage tables too), of its parsing and
@@ -28,8 +29,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import data_scaling  # noqa: E402  (also puts the project on the path)
 
-# (label, workers, unit bytes)
-CONFIGS = (("baseline: one pass, 1 worker", 1, 8 << 20), ("pieces of 8 MiB, 2 workers", 2, 8 << 20), ("pieces of 1 MiB, 2 workers", 2, 1 << 20))
+# (label, workers, unit bytes, JSON parser)
+CONFIGS = (("baseline: one pass, 1 worker", 1, 8 << 20, "orjson"), ("one pass, 1 worker, json.loads", 1, 8 << 20, "json"),
+           ("pieces of 8 MiB, 2 workers", 2, 8 << 20, "orjson"), ("pieces of 1 MiB, 2 workers", 2, 1 << 20, "orjson"))
 
 
 def child(spec: dict) -> dict:
@@ -48,6 +50,10 @@ def child(spec: dict) -> dict:
             phases[kwargs["phase"]] = {"seconds": round(time.perf_counter() - begin, 2), "tasks": len(args[1])}
 
     source_pieces.map_units = timed
+    if spec["parser"] == "json":  # the standard library alone, as the stage parsed before orjson
+        from ito_assets.data import sources
+
+        sources._loads = lambda line, id_field: json.loads(line)
     verified, data_root, work = verify_manifest(spec["manifest"]), Path(spec["manifest"]).parent, Path(spec["work"])
     config = DataPrepConfig(scale=ScaleConfig(unit_bytes=spec["unit_bytes"], num_workers=spec["workers"]), shard_max_rows=data_scaling.SHARD_ROWS)
     start = time.perf_counter()
@@ -83,8 +89,8 @@ def main() -> None:
             texts = data_scaling.generate(scale)
             manifest = data_scaling.write_corpus(texts, Path(tmp) / f"x{scale}" / "corpus")
             size_mb = Path(manifest).with_name("bench.jsonl").stat().st_size / 1e6
-            for index, (label, workers, unit_bytes) in enumerate(CONFIGS):
-                spec = {"manifest": manifest, "workers": workers, "unit_bytes": unit_bytes, "work": str(Path(tmp) / f"x{scale}" / f"run-{index}")}
+            for index, (label, workers, unit_bytes, parser) in enumerate(CONFIGS):
+                spec = {"manifest": manifest, "workers": workers, "unit_bytes": unit_bytes, "parser": parser, "work": str(Path(tmp) / f"x{scale}" / f"run-{index}")}
                 rows.append({"scale": scale, "num_docs": len(texts), "file_mb": round(size_mb, 1), "config": label, **run_child(spec)})
                 print(json.dumps({k: v for k, v in rows[-1].items() if k != "shards"}), flush=True)
     for scale in args.scales:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import orjson
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -173,11 +174,26 @@ def _lines(path: Path, uri: str, span: tuple[int, int] | None = None) -> Iterato
         raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: the {compression} stream is corrupt or truncated after line {number}") from None
 
 
+def _loads(line: bytes, id_field: str) -> object:
+    """`json.loads(line)`, by orjson where that gives the same value (4.3x faster over the
+    benchmark's 64x corpus: 0.18 s against 0.76 s). orjson refuses what the standard library
+    accepts (integers beyond 64 bits, NaN, lone surrogates, a BOM, UTF-16), or reads an integer
+    beyond 64 bits as a float: the standard library reads those lines, and so decides their
+    errors and ids as it always did."""
+    try:
+        record = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return json.loads(line)
+    if isinstance(record, dict) and isinstance(record.get(id_field), float):
+        return json.loads(line)
+    return record
+
+
 def jsonl_record(line: bytes, number: int, uri: str, fields: RecordFields = DEFAULT_FIELDS) -> dict:
     """One JSONL line (1-based `number`) as an object with a string text field (SOURCE_INVALID if not)."""
     try:
-        record = json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        record = _loads(line, fields.id)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):  # RecursionError: arrays nested ~1,000 deep
         raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: line {number} is not JSON") from None
     if not isinstance(record, dict):
         raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: line {number} is not a JSON object")

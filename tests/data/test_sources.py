@@ -12,7 +12,10 @@ from pathlib import Path
 import polars as pl
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from helpers import examples
 from ito_assets.data import sources
 from ito_assets.data.sources import doc_id, read_source, resolve_uri
 from ito_assets.data.text import NORMALIZATION_VERSION
@@ -244,3 +247,67 @@ def test_a_bad_parquet_column_names_the_column_and_the_row(tmp_path: Path, frame
     path = tmp_path / "a.parquet"
     frame.write_parquet(path)
     assert message in _source_error(reference(path, "parquet", **fields), tmp_path).message
+
+
+# --- orjson where it agrees with the standard library ---
+
+def _outcome(parse, line: bytes) -> str:
+    """What a line gives the sources step: the record and its id, or the error's code and message."""
+    fields = sources.RecordFields(id_required=False)
+    try:
+        record = parse(line)
+        return repr((record, sources.record_id(record.get(fields.id), fields, "u: line 1")))
+    except ItoError as error:
+        return f"{error.code.value}: {error.message}"
+
+
+def _standard_library_only(line: bytes) -> dict:
+    """`jsonl_record` as it was before orjson: json.loads alone."""
+    try:
+        record = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        raise ItoError(ErrorCode.SOURCE_INVALID, "u: line 1 is not JSON") from None
+    if not isinstance(record, dict):
+        raise ItoError(ErrorCode.SOURCE_INVALID, "u: line 1 is not a JSON object")
+    if "text" not in record:
+        raise ItoError(ErrorCode.SOURCE_INVALID, "u: line 1 has no field 'text'")
+    if not isinstance(record["text"], str):
+        raise ItoError(ErrorCode.SOURCE_INVALID, "u: line 1: 'text' is not a string")
+    return record
+
+
+# What orjson refuses or reads otherwise than json.loads does, beside ordinary values.
+_SPECIAL = ["NaN", "-Infinity", "1e400", "-0", "2.5", "true", "null", "[1, 2]", '{"a": 1}', '"\\ud800"', '"\\udc00x"',
+            '"\\u00e9"', str(2**64), str(-2**63 - 1), str(2**63), str(2**200), "1E5", '"\\u0000"']
+_VALUES = st.one_of(st.sampled_from(_SPECIAL), st.integers(-2**70, 2**70).map(str),
+                    st.builds(json.dumps, st.text(max_size=20), ensure_ascii=st.booleans()),
+                    st.floats(allow_nan=True).map(json.dumps))
+
+
+@st.composite
+def _lines(draw) -> bytes:
+    pairs = draw(st.lists(st.tuples(st.sampled_from(["text", "id", "other"]), _VALUES), max_size=5))  # keys may repeat
+    body = "{" + ", ".join(f'"{key}": {value}' for key, value in pairs) + "}"
+    prefix = draw(st.sampled_from(["", " ", "\ufeff"]))
+    suffix = draw(st.sampled_from(["", "\n", "\r\n", " x"]))
+    return (prefix + body + suffix).encode(draw(st.sampled_from(["utf-8", "utf-16"])), "surrogatepass")
+
+
+@settings(max_examples=examples(300, 3_000), deadline=None)
+@given(line=_lines())
+def test_a_line_reads_as_the_standard_library_reads_it(line):
+    assert _outcome(lambda data: sources.jsonl_record(data, 1, "u"), line) == _outcome(_standard_library_only, line)
+
+
+@pytest.mark.parametrize("line", [b'{"text": "t", "id": 123456789012345678901234567890}', b'{"text": "t", "id": -9223372036854775809}',
+                                  b'{"text": "t", "id": 18446744073709551615}', b'{"text": "t", "id": 1.5}'])
+def test_an_integer_id_beyond_64_bits_keeps_its_digits(line):
+    # orjson reads such an integer as a float; the standard library keeps every digit.
+    assert _outcome(lambda data: sources.jsonl_record(data, 1, "u"), line) == _outcome(_standard_library_only, line)
+
+
+def test_arrays_nested_beyond_the_recursion_limit_are_not_json(tmp_path):
+    path = tmp_path / "deep.jsonl"
+    path.write_bytes(b'{"text": "fine"}\n{"text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n")
+    error = _source_error(reference(path), tmp_path)
+    assert error.message.endswith("line 2 is not JSON")
