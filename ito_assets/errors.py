@@ -127,6 +127,18 @@ class ItoError(Exception):
     def to_dict(self) -> dict:
         return {"code": self.code.value, "message": self.message, "retryable": self.retryable}
 
+    def __reduce__(self):
+        # A worker process sends its exception to the step pickled; the default rebuilds it as
+        # cls(*args), which an __init__ of (code, message) cannot take, and the pool breaks.
+        return _rebuilt, (type(self), self.args), self.__dict__
+
+
+def _rebuilt(cls: type[ItoError], args: tuple) -> ItoError:
+    """An ItoError (or subclass) with its args, before its attributes are set back."""
+    error = cls.__new__(cls)
+    Exception.__init__(error, *args)
+    return error
+
 
 def disk_full(error: BaseException) -> bool:
     """A write that failed for want of space: an OSError with its errno (Python, pyarrow, and

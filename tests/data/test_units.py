@@ -12,6 +12,8 @@ from ito_assets.data.config import ScaleConfig
 from ito_assets.data.scratch import scratch_space
 from ito_assets.data.shards import write_shard_stream, write_shards
 from ito_assets.data.units import compacted, map_units, parquet_frames, worker_pool, write_units
+from ito_assets.errors import ErrorCode, ItoError
+from ito_assets.training.layout import PlanRefused
 
 
 def _docs(sizes: list[int]) -> pl.DataFrame:
@@ -40,6 +42,24 @@ def test_a_pool_of_two_workers_returns_results_in_task_order() -> None:
         assert map_units(abs, tasks, pool, phase="test") == [abs(t) for t in tasks]
     with worker_pool(1) as pool:
         assert pool is None and map_units(abs, tasks, pool, phase="test") == [abs(t) for t in tasks]
+
+
+def refuse_negative(value: int) -> int:
+    if value < 0:
+        raise PlanRefused((), f"task {value} refused")
+    if value == 0:
+        raise ItoError(ErrorCode.SHARD_CORRUPT, "shard 0 does not hash to its recorded digest")
+    return value
+
+
+@pytest.mark.parametrize("tasks,code", [([1, 0, 2], ErrorCode.SHARD_CORRUPT), ([1, -3], ErrorCode.PLAN_REFUSED)])
+def test_a_workers_error_reaches_the_step_with_its_code(tasks, code) -> None:
+    # A worker process sends its exception back pickled: the step must see the same error, not
+    # a broken pool or a TypeError from rebuilding it.
+    with worker_pool(2) as pool, pytest.raises(ItoError) as caught:
+        map_units(refuse_negative, tasks, pool, phase="test")
+    assert caught.value.code is code and caught.value.message.startswith(("task -3", "shard 0"))
+    assert caught.value.retryable is False
 
 
 def test_scratch_caps_duckdb_memory_and_is_removed_after(tmp_path: Path) -> None:
