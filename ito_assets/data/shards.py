@@ -241,17 +241,17 @@ def _seal(staging: Path, shard_set: ShardSet) -> None:
 
 @dataclass(frozen=True)
 class PartTask:
-    """One part of a shard set, cut from files of rows (`pieces`: path, first row, rows) whose
+    """One part of a shard set, cut from files of rows (`slices`: path, first row, rows) whose
     concatenation is the set's rows in order."""
 
-    pieces: tuple[tuple[str, int, int], ...]
+    slices: tuple[tuple[str, int, int], ...]
     staging: str
     name: str
     schema: tuple[tuple[str, pl.DataType], ...]  # the set's columns, for a part of no rows
 
     def frame(self) -> pl.DataFrame:
         schema = dict(self.schema)
-        parts = [pl.scan_parquet(path).slice(first, rows).collect() for path, first, rows in self.pieces]
+        parts = [pl.scan_parquet(path).slice(first, rows).collect() for path, first, rows in self.slices]
         return pl.concat([pl.DataFrame(schema=schema), *parts]).cast(schema)
 
 
@@ -264,22 +264,22 @@ def write_part(task: PartTask) -> tuple[str, int]:
 
 def part_tasks(files: Sequence[tuple[str, int]], staging: Path, *, prefix: str, max_rows: int, schema: Mapping) -> list[PartTask]:
     """The parts `write_shard_stream` writes from the rows of `files` (path, rows) in order: each
-    a task of its own, whose pieces are slices of those files."""
+    a task of its own, cut from slices of those files."""
     types = tuple(schema.items())
     total = sum(rows for _, rows in files)
     bounds = [(first, min(first + max_rows, total)) for first in range(0, total, max_rows)] or [(0, 0)]
     tasks, file_index, file_first = [], 0, 0  # file_first: the first row of files[file_index]
     for part, (first, end) in enumerate(bounds):
-        pieces = []
+        slices = []
         while first < end:
             path, rows = files[file_index]
             if first >= file_first + rows:
                 file_index, file_first = file_index + 1, file_first + rows
                 continue
             take = min(end, file_first + rows) - first
-            pieces.append((path, first - file_first, take))
+            slices.append((path, first - file_first, take))
             first += take
-        tasks.append(PartTask(pieces=tuple(pieces), staging=str(staging), name=f"{prefix}-{part:05d}.parquet", schema=types))
+        tasks.append(PartTask(slices=tuple(slices), staging=str(staging), name=f"{prefix}-{part:05d}.parquet", schema=types))
     return tasks
 
 

@@ -17,6 +17,7 @@ and Ray does not retry a file's content.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,20 +27,23 @@ import pyarrow.parquet as pq
 
 from ito_assets.data.scratch import Scratch
 from ito_assets.data.shards import ShardSet, write_part, write_shards_in_parts
-from ito_assets.data.sources import (DOCUMENT_SCHEMA, RecordFields, SourceCounts, SourceRead, _jsonl_records, _parquet_records,
+from ito_assets.data.sources import (DOCUMENT_SCHEMA, NORMALIZATION_VERSION, RecordFields, SourceCounts, SourceRead, _jsonl_records, _parquet_records,
                                      compression_of, documents)
 from ito_assets.data.units import Pool, map_units
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.schema import DataReference
 
 _COUNT_CHUNK = 8 << 20
+_ARROW_SCHEMA = pl.DataFrame(schema=DOCUMENT_SCHEMA).to_arrow(compat_level=pl.CompatLevel.oldest()).schema
 
 
 @dataclass(frozen=True)
 class SourcePiece:
     """Part of one verified source copy: a byte range of a plain JSONL file (`start`, `end`), a
-    run of row groups of a Parquet file (`start` up to `end`, exclusive), or a whole compressed
-    file (`start` = `end` = 0). `first_row` is the row of its first record in the file."""
+    run of row groups of a Parquet file (`start` up to `end`, exclusive), or, where `start` =
+    `end` = 0, the whole file (a compressed or empty one, or a Parquet file whose footer does
+    not read, so that its error comes in file order). `first_row` is the row of its first
+    record in the file."""
 
     ref: DataReference
     source_index: int
@@ -52,7 +56,7 @@ class SourcePiece:
     def key(self) -> dict:
         # The copy's bytes are the ones its sha256 names: verified before any piece runs.
         return {"source": self.ref.model_dump(mode="json"), "source_index": self.source_index,
-                "start": self.start, "end": self.end, "first_row": self.first_row}
+                "start": self.start, "end": self.end, "first_row": self.first_row, "normalization": NORMALIZATION_VERSION}
 
     def inputs(self) -> tuple[str, ...]:
         return ()
@@ -63,29 +67,31 @@ class SourcePiece:
     def records(self) -> Iterator:
         fields, path, uri = RecordFields.of(self.ref), Path(self.copy), self.ref.uri
         if self.ref.format == "parquet":
-            return _parquet_records(path, uri, fields, row_groups=list(range(self.start, self.end)), first_row=self.first_row)
+            groups = list(range(self.start, self.end)) if self.end else None
+            return _parquet_records(path, uri, fields, row_groups=groups, first_row=self.first_row)
         span = (self.start, self.end) if self.end else None
         return _jsonl_records(path, uri, fields, span=span, first_row=self.first_row)
 
 
 def parse_piece(piece: SourcePiece) -> tuple[int, int, int, str | None]:
     """-> (documents, empty texts skipped, texts changed by normalisation, why a record is invalid
-    or None); the documents are written to `piece.output` (none where a record is invalid)."""
-    frames, num_empty, num_changed = [pl.DataFrame(schema=DOCUMENT_SCHEMA)], 0, 0
-    try:
-        for records in piece.records():
-            kept, empty, changed = documents(piece.ref, piece.source_index, records)
-            frames.append(kept)
-            num_empty += empty
-            num_changed += changed
-    except ItoError as error:
-        if error.code is not ErrorCode.SOURCE_INVALID:
-            raise
-        pl.DataFrame(schema=DOCUMENT_SCHEMA).write_parquet(piece.output)
-        return 0, 0, 0, error.message
-    frame = pl.concat(frames)
-    frame.write_parquet(piece.output, compression="lz4")  # scratch data: fast over small
-    return frame.height, num_empty, num_changed, None
+    or None); the documents are written to `piece.output` a batch at a time (a compressed file is
+    one piece of any size), none where a record is invalid."""
+    num_documents = num_empty = num_changed = 0
+    with pq.ParquetWriter(piece.output, _ARROW_SCHEMA, compression="lz4") as writer:  # scratch data: fast over small
+        try:
+            for records in piece.records():
+                kept, empty, changed = documents(piece.ref, piece.source_index, records)
+                writer.write_table(kept.to_arrow(compat_level=pl.CompatLevel.oldest()).cast(_ARROW_SCHEMA))
+                num_documents, num_empty, num_changed = num_documents + kept.height, num_empty + empty, num_changed + changed
+        except ItoError as error:
+            if error.code is not ErrorCode.SOURCE_INVALID:
+                raise
+            invalid = error.message
+        else:
+            return num_documents, num_empty, num_changed, None
+    pl.DataFrame(schema=DOCUMENT_SCHEMA).write_parquet(piece.output)
+    return 0, 0, 0, invalid
 
 
 def line_spans(path: Path, target_bytes: int, chunk_bytes: int = _COUNT_CHUNK) -> list[tuple[int, int, int]]:
@@ -139,7 +145,10 @@ def plan_pieces(reads: Sequence[SourceRead], folder: Path, target_bytes: int) ->
     for read in reads:
         ref, copy = read.ref, read.copy
         if ref.format == "parquet":
-            spans = row_group_runs(copy, ref.uri, target_bytes)
+            try:
+                spans = row_group_runs(copy, ref.uri, target_bytes)
+            except ItoError:  # the piece meets the same error, after the earlier sources' pieces
+                spans = [(0, 0, 0)]
         elif compression_of(copy) is None:
             spans = line_spans(copy, target_bytes) or [(0, 0, 0)]
         else:
@@ -176,7 +185,11 @@ def read_in_pieces(reads: Sequence[SourceRead], scratch: Scratch, pool: Pool, fo
     markers = scratch.finished("source-pieces")
     pieces = plan_pieces(reads, markers.folder, scratch.scale.unit_bytes)
     results = map_units(parse_piece, pieces, pool, phase="source parsing", unit="pieces", markers=markers)
-    counts = source_counts(reads, pieces, results)
+    try:
+        counts = source_counts(reads, pieces, results)
+    except ItoError:  # an invalid source is fixed by a new file, under new keys: nothing to resume
+        shutil.rmtree(markers.folder, ignore_errors=True)
+        raise
     files = [(piece.output, result[0]) for piece, result in zip(pieces, results)]
     shards = write_shards_in_parts(files, folder, prefix="documents", max_rows=max_rows, schema=DOCUMENT_SCHEMA, store=store,
                                    run_parts=lambda tasks: map_units(write_part, tasks, pool, phase="source shards", unit="shards"))

@@ -172,11 +172,11 @@ def test_parts_are_the_streams_parts_cut_from_the_files(rows, max_rows):
     assert len(tasks) == max(1, -(-total // max_rows))  # an empty set still has one (empty) part
     assert [t.name for t in tasks] == [f"documents-{i:05d}.parquet" for i in range(len(tasks))]
     expected = [(path, row) for path, n in files for row in range(n)]
-    cut = [(path, row) for t in tasks for path, first, n in t.pieces for row in range(first, first + n)]
+    cut = [(path, row) for t in tasks for path, first, n in t.slices for row in range(first, first + n)]
     assert cut == expected  # every row once, in order
-    sizes = [sum(n for _, _, n in t.pieces) for t in tasks]
+    sizes = [sum(n for _, _, n in t.slices) for t in tasks]
     assert all(size == max_rows for size in sizes[:-1]) and 0 < sizes[-1] <= max_rows if total else sizes == [0]
-    assert all(n > 0 for t in tasks for _, _, n in t.pieces)
+    assert all(n > 0 for t in tasks for _, _, n in t.slices)
 
 
 # --- the same documents ---
@@ -278,3 +278,64 @@ def test_a_source_of_no_documents_writes_one_pass_s_one_empty_part(tmp_path):
     stage = sources_stage(root, "pieces", unit_bytes=100, num_workers=2)
     assert stage.num_pieces > 5 and stage.num_documents == 0 and stage.sources[0].num_empty_skipped == 50
     assert shard_digests(stage) == one_pass(root, "pass", 1_000) and len(stage.shards.shards) == 1
+
+
+def test_crlf_a_bom_and_no_last_newline_read_as_in_one_pass(tmp_path):
+    root = tmp_path.resolve()
+    lines = [json.dumps({"id": i, "text": f"line {i} ends with CR LF " * 3}) for i in range(60)]
+    (root / "a.jsonl").write_bytes(b"\xef\xbb\xbf" + "\r\n".join(lines).encode())
+    _manifest(root, [(root / "a.jsonl", "jsonl")])
+    stage = sources_stage(root, "pieces", unit_bytes=150, num_workers=2)
+    assert stage.num_pieces > 20 and stage.num_documents == 60
+    assert shard_digests(stage) == one_pass(root, "pass", 1_000)
+
+
+def test_empty_row_groups_read_as_in_one_pass(tmp_path):
+    root = tmp_path.resolve()
+    schema = pa.schema([("text", pa.string())])
+    with pq.ParquetWriter(root / "c.parquet", schema) as writer:
+        for group in range(12):
+            rows = [] if group % 3 == 0 else [f"group {group} row {i}" for i in range(group)]
+            writer.write_table(pa.table({"text": rows}, schema=schema))
+    assert pq.ParquetFile(root / "c.parquet").metadata.num_row_groups == 12
+    _manifest(root, [(root / "c.parquet", "parquet")])
+    stage = sources_stage(root, "pieces", unit_bytes=1, num_workers=2)
+    assert stage.num_pieces == 12 and shard_digests(stage) == one_pass(root, "pass", 1_000)
+
+
+def _one_pass_error(root: Path) -> str:
+    with pytest.raises(ItoError) as caught:
+        one_pass(root, "pass", 1_000)
+    assert caught.value.code is ErrorCode.SOURCE_INVALID
+    return caught.value.message
+
+
+def test_a_table_with_two_errors_names_the_one_one_pass_names(tmp_path):
+    # A null id in row 5 and a null text in row 15, in groups of 10 rows: one pass used to read
+    # both in one batch and name the text; each group is a batch now, in either path.
+    root = tmp_path.resolve()
+    ids, texts = [f"r{i}" for i in range(40)], [f"row {i}" for i in range(40)]
+    ids[5], texts[15] = None, None
+    pq.write_table(pa.table({"id": ids, "text": texts}), root / "c.parquet", row_group_size=10)
+    _manifest(root, [(root / "c.parquet", "parquet")])
+    data = json.loads((root / "manifest.json").read_text())
+    data["data"][0]["id_field"] = "id"
+    (root / "manifest.json").write_text(json.dumps(data))
+    expected = _one_pass_error(root)
+    assert expected.endswith("row 5 has no field 'id'")
+    assert _invalid(root, "pieces", unit_bytes=1, num_workers=2).message == expected
+
+
+def test_an_unreadable_table_after_a_bad_line_names_the_bad_line(tmp_path):
+    root = tmp_path.resolve()
+    (root / "a.jsonl").write_text('{"text": "fine"}\n{"text": null}\n')
+    (root / "c.parquet").write_bytes(b"PAR1 not a footer PAR1")
+    _manifest(root, [(root / "a.jsonl", "jsonl"), (root / "c.parquet", "parquet")])
+    expected = _one_pass_error(root)
+    assert expected.endswith("line 2: 'text' is not a string")
+    assert _invalid(root, "pieces", unit_bytes=1, num_workers=2).message == expected
+    # Nothing of an invalid source is kept for a rerun: it is fixed by a new file, under new keys.
+    assert not list((root / "pieces").glob("shards/*/_finished/source-pieces/*"))
+    (root / "c.parquet").write_bytes(b"PAR1 not a footer PAR1")
+    _manifest(root, [(root / "c.parquet", "parquet")])
+    assert _invalid(root, "pieces", unit_bytes=1, num_workers=2).message == _one_pass_error(root)

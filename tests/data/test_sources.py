@@ -311,3 +311,21 @@ def test_arrays_nested_beyond_the_recursion_limit_are_not_json(tmp_path):
     path.write_bytes(b'{"text": "fine"}\n{"text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n")
     error = _source_error(reference(path), tmp_path)
     assert error.message.endswith("line 2 is not JSON")
+
+
+@pytest.mark.parametrize("depth,read", [(1_023, True), (1_024, False)])
+def test_nesting_is_read_up_to_orjsons_limit(tmp_path, depth, read):
+    # The record's object and 1,023 arrays: 1,024 levels, orjson's limit; one more is not JSON
+    # (the standard library stops near 1,000).
+    path = tmp_path / "deep.jsonl"
+    path.write_bytes(b'{"text": "deep", "x": ' + b"[" * depth + b"]" * depth + b"}\n")
+    if read:
+        assert read_source(reference(path), 0, tmp_path)[0]["text"].to_list() == ["deep"]
+    else:
+        assert _source_error(reference(path), tmp_path).message.endswith("line 1 is not JSON")
+
+
+def test_an_integer_beyond_the_interpreters_digit_limit_is_not_json(tmp_path):
+    path = tmp_path / "big.jsonl"
+    path.write_bytes(b'{"text": "fine"}\n{"text": "t", "id": ' + b"7" * 5_000 + b"}\n")
+    assert _source_error(reference(path), tmp_path).message.endswith("line 2 is not JSON")
