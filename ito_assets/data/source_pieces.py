@@ -27,8 +27,8 @@ import pyarrow.parquet as pq
 
 from ito_assets.data.scratch import Scratch
 from ito_assets.data.shards import ShardSet, write_part, write_shards_in_parts
-from ito_assets.data.sources import (DOCUMENT_SCHEMA, NORMALIZATION_VERSION, RecordFields, SourceCounts, SourceRead, _jsonl_records, _parquet_records,
-                                     compression_of, documents)
+from ito_assets.data.sources import (DOCUMENT_SCHEMA, NORMALIZATION_VERSION, RecordFields, SourceCounts, SourceRead, compression_of,
+                                     documents, jsonl_records, parquet_records)
 from ito_assets.data.units import Pool, map_units
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.schema import DataReference
@@ -68,9 +68,9 @@ class SourcePiece:
         fields, path, uri = RecordFields.of(self.ref), Path(self.copy), self.ref.uri
         if self.ref.format == "parquet":
             groups = list(range(self.start, self.end)) if self.end else None
-            return _parquet_records(path, uri, fields, row_groups=groups, first_row=self.first_row)
+            return parquet_records(path, uri, fields, row_groups=groups, first_row=self.first_row)
         span = (self.start, self.end) if self.end else None
-        return _jsonl_records(path, uri, fields, span=span, first_row=self.first_row)
+        return jsonl_records(path, uri, fields, span=span, first_row=self.first_row)
 
 
 def parse_piece(piece: SourcePiece) -> tuple[int, int, int, str | None]:

@@ -219,7 +219,7 @@ def record_id(value: object, fields: RecordFields, where: str) -> str | None:
     return str(value)
 
 
-def _jsonl_records(path: Path, uri: str, fields: RecordFields = DEFAULT_FIELDS, *,
+def jsonl_records(path: Path, uri: str, fields: RecordFields = DEFAULT_FIELDS, *,
                    span: tuple[int, int] | None = None, first_row: int = 0) -> Iterator[Records]:
     """`span`: a byte range of a plain file (`_lines`) whose first line is row `first_row`."""
     ids: list[str | None] = []
@@ -249,7 +249,7 @@ def _id_type(type_: pa.DataType) -> bool:
     return _string_type(type_) or pa.types.is_integer(type_)
 
 
-def _parquet_records(path: Path, uri: str, fields: RecordFields = DEFAULT_FIELDS, *,
+def parquet_records(path: Path, uri: str, fields: RecordFields = DEFAULT_FIELDS, *,
                      row_groups: list[int] | None = None, first_row: int = 0) -> Iterator[Records]:
     """`row_groups`: only those, consecutive, the first of which starts at row `first_row`."""
     try:
@@ -284,7 +284,7 @@ def _parquet_records(path: Path, uri: str, fields: RecordFields = DEFAULT_FIELDS
 def record_parser(ref: DataReference) -> Callable[[Path, str], Iterator[Records]]:
     """The parse function of the reference's format, reading its record fields: (path, uri) ->
     batches of (source record ids, texts, rows)."""
-    parse = _jsonl_records if ref.format == "jsonl" else _parquet_records
+    parse = jsonl_records if ref.format == "jsonl" else parquet_records
     return functools.partial(parse, fields=RecordFields.of(ref))
 
 

@@ -101,13 +101,13 @@ def test_batches_number_rows_as_one_read(tmp_path: Path, monkeypatch: pytest.Mon
 def test_what_is_parsed_is_the_verified_snapshot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = write_jsonl(tmp_path / "a.jsonl", [{"text": "the verified text"}])
     ref = reference(path)
-    parse = sources._jsonl_records
+    parse = sources.jsonl_records
 
     def swapped_after_verification(copy: Path, uri: str, **fields):
         path.write_bytes(b'{"text": "a swapped text"}\n')  # the source changes once verified
         return parse(copy, uri, **fields)
 
-    monkeypatch.setattr(sources, "_jsonl_records", swapped_after_verification)
+    monkeypatch.setattr(sources, "jsonl_records", swapped_after_verification)
     docs, _ = read_source(ref, 0, tmp_path)
     assert docs["text"].to_list() == ["the verified text"]
 
