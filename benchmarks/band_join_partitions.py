@@ -23,7 +23,6 @@ import argparse
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -69,14 +68,6 @@ def child(spec: dict) -> dict:
             "decisions_sha256": hashlib.sha256(Path(decisions.path).read_bytes()).hexdigest()}
 
 
-def run_child(spec: dict) -> dict:
-    env = {**os.environ, "POLARS_MAX_THREADS": "1", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True, env=env, check=False)
-    if done.returncode:
-        raise SystemExit(f"child failed ({spec['workers']} workers):\n{done.stderr[-4000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def source_shards(scale: int, folder: Path) -> tuple[list[str], int]:
     from ito_assets.data import stages
     from ito_assets.data.config import DataPrepConfig
@@ -104,7 +95,7 @@ def main() -> None:
             shards, num_docs = source_shards(scale, Path(tmp) / f"x{scale}")
             for label, workers, wanted in CONFIGS:
                 spec = {"shards": shards, "workers": workers, "partition_rows": -(-num_docs * bands // wanted), "work": str(Path(tmp) / f"x{scale}" / f"run-{workers}-{wanted}")}
-                rows.append({"scale": scale, "num_docs": num_docs, "config": label, **run_child(spec)})
+                rows.append({"scale": scale, "num_docs": num_docs, "config": label, **data_scaling.run_script_child(__file__, spec)})
                 print(json.dumps(rows[-1]), flush=True)
     for scale in args.scales:
         runs = [r for r in rows if r["scale"] == scale]
@@ -118,8 +109,7 @@ def main() -> None:
     for r in rows:
         print(f"| {r['scale']}x | {r['config']} | {r['partitions']} | {r['seconds']} | {r['band_join_seconds']} | {r['band_join_speedup']}x | "
               f"{r['peak_rss_mb']} | {r['worker_peak_rss_mb'] or '-'} | {r['same_decisions']} |")
-    if args.out:
-        args.out.write_text(json.dumps({"rows": rows, "date": time.strftime("%Y-%m-%d"), "load_average_at_start": load}, indent=1))
+    data_scaling.save_rows(args.out, rows, load)
     if not all(r["same_decisions"] for r in rows):
         raise SystemExit("a partitioned run wrote other decisions than the baseline")
 

@@ -130,6 +130,22 @@ def write_corpus(texts: list[str], folder: Path) -> str:
     return str(path)
 
 
+def run_script_child(script: str, spec: dict) -> dict:
+    """`script --child <spec as JSON>` in a fresh process with one polars and one OpenMP thread
+    -> the JSON of its last line (a failed child stops the benchmark with its error)."""
+    env = {**os.environ, "POLARS_MAX_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, script, "--child", json.dumps(spec)], capture_output=True, text=True, env=env, check=False)
+    if done.returncode:
+        raise SystemExit(f"{Path(script).name} child failed ({spec}):\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def save_rows(out: Path | None, rows: list[dict], load: float) -> None:
+    """The rows as a results file, dated, with the load average at the start."""
+    if out:
+        out.write_text(json.dumps({"rows": rows, "date": time.strftime("%Y-%m-%d"), "load_average_at_start": load}, indent=1))
+
+
 def peak_rss_mb() -> tuple[float, float]:
     """(this process's peak RSS, the largest waited-for child's), in MB."""
     status = Path("/proc/self/status").read_text()

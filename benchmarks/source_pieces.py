@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -66,14 +65,6 @@ def child(spec: dict) -> dict:
             "worker_peak_rss_mb": round(worker_mb, 1) if spec["workers"] > 1 else None, "shards": [s.sha256 for s in stage.shards.shards]}
 
 
-def run_child(spec: dict) -> dict:
-    env = {**os.environ, "POLARS_MAX_THREADS": "1", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True, env=env, check=False)
-    if done.returncode:
-        raise SystemExit(f"child failed:\n{done.stderr[-4000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--scales", type=int, nargs="+", default=[64, 128])
@@ -91,7 +82,7 @@ def main() -> None:
             size_mb = Path(manifest).with_name("bench.jsonl").stat().st_size / 1e6
             for index, (label, workers, unit_bytes, parser) in enumerate(CONFIGS):
                 spec = {"manifest": manifest, "workers": workers, "unit_bytes": unit_bytes, "parser": parser, "work": str(Path(tmp) / f"x{scale}" / f"run-{index}")}
-                rows.append({"scale": scale, "num_docs": len(texts), "file_mb": round(size_mb, 1), "config": label, **run_child(spec)})
+                rows.append({"scale": scale, "num_docs": len(texts), "file_mb": round(size_mb, 1), "config": label, **data_scaling.run_script_child(__file__, spec)})
                 print(json.dumps({k: v for k, v in rows[-1].items() if k != "shards"}), flush=True)
     for scale in args.scales:
         runs = [r for r in rows if r["scale"] == scale]
@@ -104,8 +95,7 @@ def main() -> None:
     for r in rows:
         print(f"| {r['scale']}x | {r['file_mb']} | {r['config']} | {r['pieces']} | {r['seconds']} | {r['parse_seconds'] or '-'} | {r['shard_seconds'] or '-'} | "
               f"{r['speedup']}x | {r['peak_rss_mb']} | {r['worker_peak_rss_mb'] or '-'} | {r['same_shards']} |")
-    if args.out:
-        args.out.write_text(json.dumps({"rows": rows, "date": time.strftime("%Y-%m-%d"), "load_average_at_start": load}, indent=1))
+    data_scaling.save_rows(args.out, rows, load)
     if not all(r["same_shards"] for r in rows):
         raise SystemExit("a configuration wrote other shards than the one pass")
 
