@@ -19,7 +19,6 @@ worker's, and the SHA-256 of the decisions file, which must be the baseline's.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -43,17 +42,8 @@ def child(spec: dict) -> dict:
     from ito_assets.data.scratch import scratch_space
 
     seen: dict = {}
-    original = band_join.near_duplicates_out_of_core
-
-    def timed(*args, **kwargs):
-        begin = time.perf_counter()
-        try:
-            return original(*args, **kwargs)
-        finally:
-            seen["band_join_seconds"] = time.perf_counter() - begin
-            seen["partitions"] = args[6]
-
-    dedup_units.near_duplicates_out_of_core = timed
+    dedup_units.near_duplicates_out_of_core = data_scaling.timed(band_join.near_duplicates_out_of_core, lambda seconds, args, kwargs: seen.update(
+        band_join_seconds=seconds, partitions=args[6]))
     bench = data_scaling.BENCH_SCALE | {"pair_batch": ScaleConfig().pair_batch}
     scale = ScaleConfig(**bench, num_workers=spec["workers"], partition_rows=spec["partition_rows"])
     work = Path(spec["work"])
@@ -80,13 +70,8 @@ def source_shards(scale: int, folder: Path) -> tuple[list[str], int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--scales", type=int, nargs="+", default=[64, 128])
-    parser.add_argument("--out", type=Path)
-    parser.add_argument("--child")
-    args = parser.parse_args()
-    if args.child:
-        print(json.dumps(child(json.loads(args.child))))
+    args = data_scaling.scales_or_child(child)
+    if args is None:
         return
     rows, load = [], os.getloadavg()[0]
     bands = DedupConfig().bands
@@ -97,21 +82,14 @@ def main() -> None:
                 spec = {"shards": shards, "workers": workers, "partition_rows": -(-num_docs * bands // wanted), "work": str(Path(tmp) / f"x{scale}" / f"run-{workers}-{wanted}")}
                 rows.append({"scale": scale, "num_docs": num_docs, "config": label, **data_scaling.run_script_child(__file__, spec)})
                 print(json.dumps(rows[-1]), flush=True)
-    for scale in args.scales:
-        runs = [r for r in rows if r["scale"] == scale]
-        base = runs[0]
-        for run in runs:
-            run["band_join_speedup"] = round(base["band_join_seconds"] / run["band_join_seconds"], 2)
-            run["dedup_speedup"] = round(base["seconds"] / run["seconds"], 2)
-            run["same_decisions"] = run["decisions_sha256"] == base["decisions_sha256"]
-    print("\n| scale | configuration | partitions | dedup s | band join s | band join speedup | step peak MB | worker peak MB | same decisions |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['scale']}x | {r['config']} | {r['partitions']} | {r['seconds']} | {r['band_join_seconds']} | {r['band_join_speedup']}x | "
-              f"{r['peak_rss_mb']} | {r['worker_peak_rss_mb'] or '-'} | {r['same_decisions']} |")
-    data_scaling.save_rows(args.out, rows, load)
-    if not all(r["same_decisions"] for r in rows):
-        raise SystemExit("a partitioned run wrote other decisions than the baseline")
+    same = data_scaling.against_baseline(rows, {"band_join_speedup": "band_join_seconds", "dedup_speedup": "seconds"},
+                                         ("same_decisions", "decisions_sha256"))
+    data_scaling.print_table({
+        "scale": lambda r: f"{r['scale']}x", "configuration": lambda r: r["config"], "partitions": lambda r: r["partitions"],
+        "dedup s": lambda r: r["seconds"], "band join s": lambda r: r["band_join_seconds"],
+        "band join speedup": lambda r: f"{r['band_join_speedup']}x", "step peak MB": lambda r: r["peak_rss_mb"],
+        "worker peak MB": lambda r: r["worker_peak_rss_mb"] or "-", "same decisions": lambda r: r["same_decisions"]}, rows)
+    data_scaling.save_rows(args.out, rows, load, same, "a partitioned run wrote other decisions than the baseline")
 
 
 if __name__ == "__main__":

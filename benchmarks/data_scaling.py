@@ -65,6 +65,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -130,6 +131,20 @@ def write_corpus(texts: list[str], folder: Path) -> str:
     return str(path)
 
 
+def scales_or_child(child: Callable[[dict], dict]) -> argparse.Namespace | None:
+    """A comparison benchmark's arguments (--scales, default 64 and 128; --out), or, in one of its
+    children (--child SPEC), None once `child(spec)` has run and its JSON is printed."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--scales", type=int, nargs="+", default=[64, 128])
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--child")
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(json.loads(args.child))))
+        return None
+    return args
+
+
 def run_script_child(script: str, spec: dict) -> dict:
     """`script --child <spec as JSON>` in a fresh process with one polars and one OpenMP thread
     -> the JSON of its last line (a failed child stops the benchmark with its error)."""
@@ -140,10 +155,33 @@ def run_script_child(script: str, spec: dict) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def save_rows(out: Path | None, rows: list[dict], load: float) -> None:
-    """The rows as a results file, dated, with the load average at the start."""
+def save_rows(out: Path | None, rows: list[dict], load: float, same: bool, differs: str) -> None:
+    """The rows as a results file, dated, with the load average at the start; then, unless every
+    configuration wrote the baseline's bytes (`same`), the benchmark fails saying `differs`."""
     if out:
         out.write_text(json.dumps({"rows": rows, "date": time.strftime("%Y-%m-%d"), "load_average_at_start": load}, indent=1))
+    if not same:
+        raise SystemExit(differs)
+
+
+def against_baseline(rows: list[dict], speedups: dict[str, str], same: tuple[str, str]) -> bool:
+    """Per scale, each row against the scale's first (the baseline): `speedups` {new key: seconds
+    key} as the baseline's seconds over the row's, and `same` (new key, key) whether the row's
+    value is the baseline's. -> whether every row's is."""
+    for scale in dict.fromkeys(r["scale"] for r in rows):
+        runs = [r for r in rows if r["scale"] == scale]
+        for run in runs:
+            run.update({name: round(runs[0][key] / run[key], 2) for name, key in speedups.items()})
+            run[same[0]] = run[same[1]] == runs[0][same[1]]
+    return all(r[same[0]] for r in rows)
+
+
+def print_table(columns: dict[str, Callable[[dict], object]], rows: list[dict]) -> None:
+    """The rows as a Markdown table: {header: the cell of a row}."""
+    print("\n| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    for row in rows:
+        print("| " + " | ".join(str(cell(row)) for cell in columns.values()) + " |")
 
 
 def peak_rss_mb() -> tuple[float, float]:
@@ -211,14 +249,19 @@ def time_unit_phases() -> list[float]:
 
     spent = [0.0]
     for module in (band_join, decontam_units, dedup_units, exact_units, source_pieces):
-        def timed(*args, _original=module.map_units, **kwargs):
-            begin = time.perf_counter()
-            try:
-                return _original(*args, **kwargs)
-            finally:
-                spent[0] += time.perf_counter() - begin
-        module.map_units = timed
+        module.map_units = timed(module.map_units, lambda seconds, args, kwargs: spent.__setitem__(0, spent[0] + seconds))
     return spent
+
+
+def timed(function: Callable, record: Callable[[float, tuple, dict], None]) -> Callable:
+    """`function`, which then calls record(seconds, args, kwargs) after each call, even one that raised."""
+    def wrapper(*args, **kwargs):
+        begin = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            record(time.perf_counter() - begin, args, kwargs)
+    return wrapper
 
 
 def units_stage(stage: str, verified, data_root, work, suite, config) -> dict:

@@ -17,7 +17,6 @@ whether every shard's SHA-256 is the baseline's.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -39,16 +38,8 @@ def child(spec: dict) -> dict:
     from ito_assets.manifest.verify import verify_manifest
 
     phases: dict = {}
-    original = source_pieces.map_units
-
-    def timed(*args, **kwargs):
-        begin = time.perf_counter()
-        try:
-            return original(*args, **kwargs)
-        finally:
-            phases[kwargs["phase"]] = {"seconds": round(time.perf_counter() - begin, 2), "tasks": len(args[1])}
-
-    source_pieces.map_units = timed
+    source_pieces.map_units = data_scaling.timed(source_pieces.map_units, lambda seconds, args, kwargs: phases.update(
+        {kwargs["phase"]: {"seconds": round(seconds, 2), "tasks": len(args[1])}}))
     if spec["parser"] == "json":  # the standard library alone, as the stage parsed before orjson
         from ito_assets.data import sources
 
@@ -66,13 +57,8 @@ def child(spec: dict) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--scales", type=int, nargs="+", default=[64, 128])
-    parser.add_argument("--out", type=Path)
-    parser.add_argument("--child")
-    args = parser.parse_args()
-    if args.child:
-        print(json.dumps(child(json.loads(args.child))))
+    args = data_scaling.scales_or_child(child)
+    if args is None:
         return
     rows, load = [], os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="source-pieces-") as tmp:
@@ -84,20 +70,13 @@ def main() -> None:
                 spec = {"manifest": manifest, "workers": workers, "unit_bytes": unit_bytes, "parser": parser, "work": str(Path(tmp) / f"x{scale}" / f"run-{index}")}
                 rows.append({"scale": scale, "num_docs": len(texts), "file_mb": round(size_mb, 1), "config": label, **data_scaling.run_script_child(__file__, spec)})
                 print(json.dumps({k: v for k, v in rows[-1].items() if k != "shards"}), flush=True)
-    for scale in args.scales:
-        runs = [r for r in rows if r["scale"] == scale]
-        base = runs[0]
-        for run in runs:
-            run["speedup"] = round(base["seconds"] / run["seconds"], 2)
-            run["same_shards"] = run["shards"] == base["shards"]
-    print("\n| scale | file MB | configuration | pieces | seconds | parsing s | shards s | speedup | peak MB | worker peak MB | same shards |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['scale']}x | {r['file_mb']} | {r['config']} | {r['pieces']} | {r['seconds']} | {r['parse_seconds'] or '-'} | {r['shard_seconds'] or '-'} | "
-              f"{r['speedup']}x | {r['peak_rss_mb']} | {r['worker_peak_rss_mb'] or '-'} | {r['same_shards']} |")
-    data_scaling.save_rows(args.out, rows, load)
-    if not all(r["same_shards"] for r in rows):
-        raise SystemExit("a configuration wrote other shards than the one pass")
+    same = data_scaling.against_baseline(rows, {"speedup": "seconds"}, ("same_shards", "shards"))
+    data_scaling.print_table({
+        "scale": lambda r: f"{r['scale']}x", "file MB": lambda r: r["file_mb"], "configuration": lambda r: r["config"],
+        "pieces": lambda r: r["pieces"], "seconds": lambda r: r["seconds"], "parsing s": lambda r: r["parse_seconds"] or "-",
+        "shards s": lambda r: r["shard_seconds"] or "-", "speedup": lambda r: f"{r['speedup']}x", "peak MB": lambda r: r["peak_rss_mb"],
+        "worker peak MB": lambda r: r["worker_peak_rss_mb"] or "-", "same shards": lambda r: r["same_shards"]}, rows)
+    data_scaling.save_rows(args.out, rows, load, same, "a configuration wrote other shards than the one pass")
 
 
 if __name__ == "__main__":
