@@ -31,15 +31,16 @@ run: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 ui: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/dagster dev -w workspace.yaml
 
-# Three pytest-xdist workers, handed two tests at a time with the slow ones first (tests/conftest.py),
-# so the whole of `make run` on one worker overlaps everything else on the others (docs/testing.md).
+# Three pytest-xdist workers, handed a test file at a time with the slow ones first (tests/conftest.py),
+# so the whole of `make run` on one worker overlaps everything else on the others, and a module's
+# fixture (the layouts' training runs, a Ray cluster, a data chain) is built once (docs/testing.md).
 # With one OpenMP thread per process (tests/conftest.py), a third worker fills the time the others
 # spend waiting on launched workers, heartbeats and polls: 8.4 minutes against 11.8 on two, on two
 # cores (docs/performance.md). WORKERS=0 runs in one process.
 WORKERS ?= 3
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(WORKERS) --maxschedchunk=2
+	$(BIN)/python -m pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The long matrices (races of 16 and 64 callers, 20 trials each) and the property tests with many
 # more examples; `make test` runs a short version of each.
