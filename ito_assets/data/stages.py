@@ -34,6 +34,7 @@ import polars as pl
 
 from ito_assets.data import clean, lineage
 from ito_assets.data.band_join import num_partitions
+from ito_assets.data.clean_units import clean_in_parts
 from ito_assets.data.config import DataPrepConfig, DecontamConfig, ParaphraseConfig, ScaleConfig
 from ito_assets.data.decontam import ScanCounts
 from ito_assets.data.decontam_units import documents_with_hits, scan_frames, scan_shards
@@ -107,6 +108,7 @@ class CleanStage:
     shards: ShardSet
     decisions: Shard
     conservation: clean.Conservation
+    units_resumed: int = 0  # kept shards an earlier attempt cleaned, not redone (completion.py)
 
 
 SCRATCH = "_scratch"  # work units, worker outputs and DuckDB spill of a running step; removed after
@@ -230,23 +232,29 @@ def run_clean(verified: VerifiedManifest, source: SourceStage, dedup: DedupStage
     # The gate where the clean data is written: decontaminated against the suite the manifest names.
     if eval_suite_mismatches(verified.manifest, decontam.eval_suite_id, decontam.eval_suite_digest):
         raise ItoError(ErrorCode.EVAL_SUITE_MISMATCH, "the data was decontaminated against another eval suite than the manifest names")
-    # Every input but the kept documents (`write_clean_shards` verifies those) before anything is written.
+    # Every input but the kept documents (verified below, where they are read) before anything is written.
     actions_path, pieces_path, hits_path, decisions_path = verified_paths((decontam.actions, decontam.pieces, decontam.hits, dedup.decisions))
     input_paths = verified_paths(source.shards.shards)
-    actions, pieces = pl.read_parquet(actions_path), pl.read_parquet(pieces_path)
     folder = stage_folder(state_dir, source.manifest_key) / "clean"
     store = shard_store(state_dir)
-    shards = write_clean_shards(dedup.kept, actions, pieces, folder / "shards", config.shard_max_rows, store=store)
-    hits = pl.read_parquet(hits_path, columns=["doc_id", "eval_item_id"])
-    final = clean.final_batches(parquet_frames([decisions_path], list(DEDUP_SCHEMA)), hits, actions)
-    table = write_table_batches(record_batches(final, clean.FINAL_SCHEMA), folder / "decisions.parquet", store=store)
-    # The account: every per-document table a Parquet file, counted by DuckDB under the scratch cap.
-    with scratch_space(folder / SCRATCH, config.scale) as scratch:
+    scale, actions = config.scale, pl.read_parquet(actions_path)
+    with scratch_space(folder / SCRATCH, scale) as scratch, worker_pool(scale.num_workers, scale.engine) as pool:
+        if pool is None:  # one worker: one pass, no files between the cleaning and the shards
+            shards = write_clean_shards(dedup.kept, actions, pl.read_parquet(pieces_path), folder / "shards", config.shard_max_rows, store=store)
+        else:
+            verified_paths(dedup.kept.shards)
+            shards = clean_in_parts(dedup.kept, decontam.actions, decontam.pieces, scratch, pool, folder / "shards",
+                                    config.shard_max_rows, store)
+        hits = pl.read_parquet(hits_path, columns=["doc_id", "eval_item_id"])
+        final = clean.final_batches(parquet_frames([decisions_path], list(DEDUP_SCHEMA)), hits, actions)
+        table = write_table_batches(record_batches(final, clean.FINAL_SCHEMA), folder / "decisions.parquet", store=store)
+        # The account: every per-document table a Parquet file, counted by DuckDB under the scratch cap.
         db = scratch.db
         db.execute(f"CREATE VIEW input_documents AS SELECT doc_id FROM read_parquet({sql_list(input_paths)})")
         db.execute(f"CREATE VIEW final_decisions AS SELECT * FROM read_parquet({sql_list([table.path])})")
         db.execute(f"CREATE VIEW clean_rows AS SELECT doc_id, piece FROM read_parquet({sql_list(_paths(shards))})")
         conservation = clean.account_of(db)
+        resumed = scratch.units_resumed
     # Which clean shard holds each kept document or piece: ids and offsets.
     shard_rows = pl.DataFrame([{"shard_path": s.path, "shard_sha256": s.sha256, "num_rows": s.num_rows} for s in shards.shards], schema={"shard_path": pl.String, "shard_sha256": pl.String, "num_rows": pl.Int64})
     placed = lineage.ParquetRows(
@@ -256,7 +264,8 @@ def run_clean(verified: VerifiedManifest, source: SourceStage, dedup: DedupStage
     )
     final_rows = lineage.ParquetRows((table,), {c: c for c in clean.FINAL_SCHEMA})
     lineage.write_tables(warehouse, source.manifest_digest, {"decisions": final_rows, "clean_shards": shard_rows, "clean_pieces": placed})
-    return CleanStage(manifest_digest=source.manifest_digest, shards=shards, decisions=table, conservation=conservation)
+    return CleanStage(manifest_digest=source.manifest_digest, shards=shards, decisions=table, conservation=conservation,
+                      units_resumed=resumed)
 
 
 def _paths(shards: ShardSet) -> tuple[str, ...]:

@@ -38,7 +38,7 @@ from ito_assets.settings import PROJECT_ROOT
 SMALL_PIECES = 3_000  # bytes: tens of pieces per source
 
 
-def _paragraphs() -> list[str]:
+def package_paragraphs() -> list[str]:
     """Paragraphs of the installed packages' descriptions, in a fixed order."""
     folders = sorted(Path(p) for p in site.getsitepackages())
     files = sorted(f for folder in folders for f in folder.glob("*.dist-info/METADATA"))[:40]
@@ -81,7 +81,7 @@ def _jsonl(records: list[dict], blank_every: int = 11) -> bytes:
 
 def write_corpus(root: Path) -> Path:
     """The three sources and their manifest under `root` (returned)."""
-    records = _records(_paragraphs())
+    records = _records(package_paragraphs())
     third = len(records) // 3
     plain, packed, table = records[:third], records[third:2 * third], records[2 * third:]
     (root / "a.jsonl").write_bytes(_jsonl(plain))

@@ -134,6 +134,7 @@ def deduplicated_documents(
 )
 def clean_shards(
     context: dg.AssetExecutionContext,
+    config: ScaleParams,
     ito: ItoSettingsResource,
     training_manifest: ManifestVerdict,
     source_documents: stages.SourceStage,
@@ -143,7 +144,8 @@ def clean_shards(
     settings = ito.settings()
     verified = verified_or_fail(training_manifest, "the data stage")
     with core_stage(context):
-        stage = stages.run_clean(verified, source_documents, deduplicated_documents, contamination_report, settings.state_dir, settings.warehouse_path, DataPrepConfig())
+        prep = DataPrepConfig(scale=config.scale(settings.data_engine))
+        stage = stages.run_clean(verified, source_documents, deduplicated_documents, contamination_report, settings.state_dir, settings.warehouse_path, prep)
     context.add_output_metadata(metadata.clean_metadata(stage))
     return stage
 

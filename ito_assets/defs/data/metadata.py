@@ -145,5 +145,6 @@ def clean_metadata(stage: CleanStage) -> dict:
         "num_pieces": c.num_pieces,
         "kept_rate": _rate(c.num_kept, c.num_input),
         "conservation_holds": c.holds,
+        "num_units_resumed": stage.units_resumed,
         **shard_metadata(stage.shards),
     }
