@@ -99,14 +99,15 @@ def test_a_failed_dedup_step_run_again_resumes_from_its_finished_units(tmp_path,
 
     monkeypatch.setattr(dedup_units, "signature_unit", fails_at_unit_3)
     # Small units, and band-join partitions of 10,000 band rows: several, each resumable too.
-    # The sources in pieces of 100 kB on two workers, each a task.
+    # The sources in pieces of 100 kB on two workers, each a task; the clean shards in parts.
     small_units = {"ops": {"deduplicated_documents": {"config": {"unit_bytes": 100_000, "partition_rows": 10_000}},
-                           "source_documents": {"config": {"unit_bytes": 100_000, "num_workers": 2}}}}
+                           "source_documents": {"config": {"unit_bytes": 100_000, "num_workers": 2}},
+                           "clean_shards": {"config": {"num_workers": 2}}}}
     with dg.instance_for_test(overrides={"python_logs": LOCAL_PYTHON_LOGS}) as instance:
         instance.add_dynamic_partitions("manifests", [key])
 
         def attempt() -> dg.ExecuteInProcessResult:
-            return dg.materialize([eval_suite, training_manifest, *DATA_ASSETS[:3]], instance=instance, run_config=small_units,
+            return dg.materialize([eval_suite, training_manifest, *DATA_ASSETS], instance=instance, run_config=small_units,
                                   resources={"ito": ItoSettingsResource.from_settings(settings)}, partition_key=key, raise_on_error=False)
 
         failed = attempt()
@@ -129,6 +130,9 @@ def test_a_failed_dedup_step_run_again_resumes_from_its_finished_units(tmp_path,
         assert 3 < metadata["num_band_join_partitions"].value <= -(-metadata["num_input"].value * DedupConfig().bands // 10_000)
         sources = next(e for e in again.get_asset_materialization_events() if e.asset_key.to_user_string() == "source_documents")
         assert sources.step_materialization_data.materialization.metadata["num_source_pieces"].value > 10
+        cleaned = next(e for e in again.get_asset_materialization_events() if e.asset_key.to_user_string() == "clean_shards")
+        clean_metadata = cleaned.step_materialization_data.materialization.metadata
+        assert clean_metadata["conservation_holds"].value and clean_metadata["num_units_resumed"].value == 0
 
 
 @pytest.fixture(scope="module")
