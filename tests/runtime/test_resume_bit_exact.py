@@ -37,9 +37,10 @@ LAYOUTS = {
 }
 
 
-# Plain FSDP2 is covered in `make test` by its bf16, accumulating variant (the same sharded
-# state and more); it runs alone in `make test-long`.
-@pytest.mark.parametrize("data_parallel", [pytest.param(name, marks=pytest.mark.long) if name == "fsdp2" else name
+# `make test` runs the bf16, accumulating FSDP2 variant (sharded state, micro-batches and mixed
+# precision all resume bit for bit); plain FSDP2 and DDP run in `make test-long`. DDP's resume is in
+# `make test` through the SFT and preference rows' tests (alike to one rank, not bit for bit).
+@pytest.mark.parametrize("data_parallel", [pytest.param(name, marks=pytest.mark.long) if name in ("fsdp2", "ddp") else name
                                            for name in sorted(LAYOUTS)])
 def test_straight_and_resumed_runs_are_identical(tmp_path, tokens, data_parallel):
     layout = LAYOUTS[data_parallel]
