@@ -82,14 +82,13 @@ def main() -> None:
                 spec = {"shards": shards, "workers": workers, "partition_rows": -(-num_docs * bands // wanted), "work": str(Path(tmp) / f"x{scale}" / f"run-{workers}-{wanted}")}
                 rows.append({"scale": scale, "num_docs": num_docs, "config": label, **data_scaling.run_script_child(__file__, spec)})
                 print(json.dumps(rows[-1]), flush=True)
-    same = data_scaling.against_baseline(rows, {"band_join_speedup": "band_join_seconds", "dedup_speedup": "seconds"},
-                                         ("same_decisions", "decisions_sha256"))
-    data_scaling.print_table({
+    data_scaling.report(
+        args.out, rows, load, speedups={"band_join_speedup": "band_join_seconds", "dedup_speedup": "seconds"}, same=("same_decisions", "decisions_sha256"),
+        differs="a partitioned run wrote other decisions than the baseline", columns={
         "scale": lambda r: f"{r['scale']}x", "configuration": lambda r: r["config"], "partitions": lambda r: r["partitions"],
         "dedup s": lambda r: r["seconds"], "band join s": lambda r: r["band_join_seconds"],
         "band join speedup": lambda r: f"{r['band_join_speedup']}x", "step peak MB": lambda r: r["peak_rss_mb"],
-        "worker peak MB": lambda r: r["worker_peak_rss_mb"] or "-", "same decisions": lambda r: r["same_decisions"]}, rows)
-    data_scaling.save_rows(args.out, rows, load, same, "a partitioned run wrote other decisions than the baseline")
+        "worker peak MB": lambda r: r["worker_peak_rss_mb"] or "-", "same decisions": lambda r: r["same_decisions"]})
 
 
 if __name__ == "__main__":

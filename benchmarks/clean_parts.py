@@ -90,13 +90,13 @@ def main() -> None:
                 spec = {"upstream": pickled, "workers": workers, "work": str(folder / f"run-{index}")}
                 rows.append({"scale": scale, "num_docs": len(texts), **kept, "config": label, **data_scaling.run_script_child(__file__, spec)})
                 print(json.dumps({k: v for k, v in rows[-1].items() if k != "shards"}), flush=True)
-    same = data_scaling.against_baseline(rows, {"speedup": "seconds"}, ("same_shards", "shards"))
-    data_scaling.print_table({
+    data_scaling.report(
+        args.out, rows, load, speedups={"speedup": "seconds"}, same=("same_shards", "shards"),
+        differs="a configuration wrote other clean shards than the one pass", columns={
         "scale": lambda r: f"{r['scale']}x", "kept rows": lambda r: r["kept_rows"], "kept shards": lambda r: r["kept_shards"],
         "configuration": lambda r: r["config"], "seconds": lambda r: r["seconds"], "cleaning s": lambda r: r["rows_seconds"] or "-",
         "shards s": lambda r: r["shard_seconds"] or "-", "speedup": lambda r: f"{r['speedup']}x", "peak MB": lambda r: r["peak_rss_mb"],
-        "worker peak MB": lambda r: r["worker_peak_rss_mb"] or "-", "same shards": lambda r: r["same_shards"]}, rows)
-    data_scaling.save_rows(args.out, rows, load, same, "a configuration wrote other clean shards than the one pass")
+        "worker peak MB": lambda r: r["worker_peak_rss_mb"] or "-", "same shards": lambda r: r["same_shards"]})
 
 
 if __name__ == "__main__":

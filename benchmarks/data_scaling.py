@@ -155,16 +155,24 @@ def run_script_child(script: str, spec: dict) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def save_rows(out: Path | None, rows: list[dict], load: float, same: bool, differs: str) -> None:
-    """The rows as a results file, dated, with the load average at the start; then, unless every
-    configuration wrote the baseline's bytes (`same`), the benchmark fails saying `differs`."""
+def report(out: Path | None, rows: list[dict], load: float, *, speedups: dict[str, str], same: tuple[str, str],
+           columns: dict[str, Callable[[dict], object]], differs: str) -> None:
+    """A comparison benchmark's ending: each row against its scale's baseline (`_against_baseline`),
+    the rows as a Markdown table ({header: the cell of a row}), and, with `out`, a results file,
+    dated, with the load average at the start; then, unless every configuration wrote the
+    baseline's bytes, the benchmark fails saying `differs`."""
+    same_everywhere = _against_baseline(rows, speedups, same)
+    print("\n| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    for row in rows:
+        print("| " + " | ".join(str(cell(row)) for cell in columns.values()) + " |")
     if out:
         out.write_text(json.dumps({"rows": rows, "date": time.strftime("%Y-%m-%d"), "load_average_at_start": load}, indent=1))
-    if not same:
+    if not same_everywhere:
         raise SystemExit(differs)
 
 
-def against_baseline(rows: list[dict], speedups: dict[str, str], same: tuple[str, str]) -> bool:
+def _against_baseline(rows: list[dict], speedups: dict[str, str], same: tuple[str, str]) -> bool:
     """Per scale, each row against the scale's first (the baseline): `speedups` {new key: seconds
     key} as the baseline's seconds over the row's, and `same` (new key, key) whether the row's
     value is the baseline's. -> whether every row's is."""
@@ -174,14 +182,6 @@ def against_baseline(rows: list[dict], speedups: dict[str, str], same: tuple[str
             run.update({name: round(runs[0][key] / run[key], 2) for name, key in speedups.items()})
             run[same[0]] = run[same[1]] == runs[0][same[1]]
     return all(r[same[0]] for r in rows)
-
-
-def print_table(columns: dict[str, Callable[[dict], object]], rows: list[dict]) -> None:
-    """The rows as a Markdown table: {header: the cell of a row}."""
-    print("\n| " + " | ".join(columns) + " |")
-    print("|" + "---|" * len(columns))
-    for row in rows:
-        print("| " + " | ".join(str(cell(row)) for cell in columns.values()) + " |")
 
 
 def peak_rss_mb() -> tuple[float, float]:

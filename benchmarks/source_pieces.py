@@ -70,13 +70,13 @@ def main() -> None:
                 spec = {"manifest": manifest, "workers": workers, "unit_bytes": unit_bytes, "parser": parser, "work": str(Path(tmp) / f"x{scale}" / f"run-{index}")}
                 rows.append({"scale": scale, "num_docs": len(texts), "file_mb": round(size_mb, 1), "config": label, **data_scaling.run_script_child(__file__, spec)})
                 print(json.dumps({k: v for k, v in rows[-1].items() if k != "shards"}), flush=True)
-    same = data_scaling.against_baseline(rows, {"speedup": "seconds"}, ("same_shards", "shards"))
-    data_scaling.print_table({
+    data_scaling.report(
+        args.out, rows, load, speedups={"speedup": "seconds"}, same=("same_shards", "shards"),
+        differs="a configuration wrote other shards than the one pass", columns={
         "scale": lambda r: f"{r['scale']}x", "file MB": lambda r: r["file_mb"], "configuration": lambda r: r["config"],
         "pieces": lambda r: r["pieces"], "seconds": lambda r: r["seconds"], "parsing s": lambda r: r["parse_seconds"] or "-",
         "shards s": lambda r: r["shard_seconds"] or "-", "speedup": lambda r: f"{r['speedup']}x", "peak MB": lambda r: r["peak_rss_mb"],
-        "worker peak MB": lambda r: r["worker_peak_rss_mb"] or "-", "same shards": lambda r: r["same_shards"]}, rows)
-    data_scaling.save_rows(args.out, rows, load, same, "a configuration wrote other shards than the one pass")
+        "worker peak MB": lambda r: r["worker_peak_rss_mb"] or "-", "same shards": lambda r: r["same_shards"]})
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ the clean step meets whole documents, dropped ones, cut ones (their pieces) and 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import polars as pl
@@ -82,20 +82,28 @@ def _digests(stage: stages.CleanStage) -> dict:
             "decisions": stage.decisions.sha256, "conservation": vars(stage.conservation)}
 
 
-@pytest.fixture(scope="module", params=["cut", "drop"])
-def upstream(request, tmp_path_factory) -> Upstream:
-    return _upstream(tmp_path_factory.mktemp(f"clean-{request.param}").resolve(), request.param)
+@pytest.fixture(scope="module")
+def cut(tmp_path_factory) -> Upstream:
+    return _upstream(tmp_path_factory.mktemp("clean-cut").resolve(), "cut")
 
 
-@pytest.mark.parametrize("shard_max_rows", [KEPT_ROWS, 7, 100_000])
-def test_the_parts_are_the_one_pass_s_clean_shards(upstream, shard_max_rows):
+@pytest.fixture(scope="module")
+def drop(tmp_path_factory) -> Upstream:
+    return _upstream(tmp_path_factory.mktemp("clean-drop").resolve(), "drop")
+
+
+# Kept and clean shards of 37 rows (tens of tasks), of 7 (clean shards cut across many kept
+# ones) and of 100,000 (one clean shard from every kept file); dropped documents at 37.
+@pytest.mark.parametrize(("action", "shard_max_rows"), [("cut", KEPT_ROWS), ("cut", 7), ("cut", 100_000), ("drop", KEPT_ROWS)])
+def test_the_parts_are_the_one_pass_s_clean_shards(request, action, shard_max_rows):
+    upstream = request.getfixturevalue(action)
     one_pass = _clean(upstream, f"one-{shard_max_rows}", shard_max_rows)
     parts = _clean(upstream, f"parts-{shard_max_rows}", shard_max_rows, num_workers=2)
     assert _digests(parts) == _digests(one_pass)
     assert len(upstream.dedup.kept.shards) > 20 and one_pass.conservation.holds
     c = one_pass.conservation
     assert c.num_duplicate > 0 and c.num_contaminated_dropped + c.num_contaminated_cut > 0
-    if upstream.decontam.config["action"] == "cut":
+    if action == "cut":
         assert c.num_contaminated_cut > 0 and c.num_pieces > c.num_contaminated_cut  # pieces on either side of a question
     # A cut document's pieces stay beside it: the clean rows are the kept documents' order.
     rows = pl.concat([pl.read_parquet(s.path, columns=["doc_id", "piece"]) for s in parts.shards.shards])
@@ -103,12 +111,13 @@ def test_the_parts_are_the_one_pass_s_clean_shards(upstream, shard_max_rows):
     assert rows.unique("doc_id", keep="first", maintain_order=True)["doc_id"].to_list() == [d for d in kept if d in set(rows["doc_id"])]
 
 
-def test_a_kept_document_s_pieces_are_written_by_the_task_of_its_shard(upstream, tmp_path):
+def test_a_kept_document_s_pieces_are_written_by_the_task_of_its_shard(cut, tmp_path):
     """Each task reads only its own documents' actions and pieces, and writes them as the whole
     frame's `clean_documents` would."""
     from ito_assets.data.clean_units import CleanTask, clean_shard
 
-    decontam, kept = upstream.decontam, upstream.dedup.kept
+    decontam, kept = cut.decontam, cut.dedup.kept
+    assert decontam.pieces.num_rows > 0
     for i, shard in enumerate(kept.shards[:5]):
         task = CleanTask(kept=shard, actions=decontam.actions, pieces=decontam.pieces, output=str(tmp_path / f"rows-{i}.parquet"))
         expected = clean.clean_documents(pl.read_parquet(shard.path), pl.read_parquet(decontam.actions.path), pl.read_parquet(decontam.pieces.path))
@@ -116,7 +125,8 @@ def test_a_kept_document_s_pieces_are_written_by_the_task_of_its_shard(upstream,
         assert pl.read_parquet(task.output).equals(expected.cast(dict(pl.read_parquet(task.output).schema)))
 
 
-def test_a_rerun_after_a_failed_task_cleans_only_the_kept_shards_left(upstream, monkeypatch):
+def test_a_rerun_after_a_failed_task_cleans_only_the_kept_shards_left(cut, monkeypatch):
+    upstream = cut
     done = _clean(upstream, "reference", num_workers=2)
     real, seen = clean.clean_documents, []
 
@@ -137,15 +147,17 @@ def test_a_rerun_after_a_failed_task_cleans_only_the_kept_shards_left(upstream, 
     assert _clean(upstream, "state", num_workers=2).units_resumed == 0  # success removes the markers
 
 
-def test_a_tampered_kept_shard_fails_before_any_task_runs(tmp_path):
-    up = _upstream(tmp_path.resolve(), "drop")
-    shard = up.dedup.kept.shards[3]
-    data = bytearray(Path(shard.path).read_bytes())
+def test_a_tampered_kept_shard_fails_before_any_task_runs(drop, tmp_path):
+    shards = list(drop.dedup.kept.shards)
+    data = bytearray(Path(shards[3].path).read_bytes())
     data[len(data) // 2] ^= 0xFF
-    Path(shard.path).write_bytes(bytes(data))
+    tampered = tmp_path / Path(shards[3].path).name
+    tampered.write_bytes(bytes(data))
+    shards[3] = replace(shards[3], path=str(tampered))
+    up = replace(drop, root=tmp_path, dedup=replace(drop.dedup, kept=replace(drop.dedup.kept, shards=tuple(shards))))
     with pytest.raises(ItoError) as raised:
         _clean(up, "parts", num_workers=2)
-    assert raised.value.code is ErrorCode.SHARD_CORRUPT and shard.name in raised.value.message
+    assert raised.value.code is ErrorCode.SHARD_CORRUPT and tampered.name in raised.value.message
     assert not list((tmp_path / "parts").rglob("rows-*.parquet"))  # no kept shard was cleaned
 
 
