@@ -4,9 +4,10 @@ as one pass over each file (`SourceRead`), with the parsing spread over the step
 A plain JSONL file is cut at line starts into byte ranges of about `unit_bytes`, a Parquet file
 into runs of whole row groups of about as many uncompressed bytes, and a gzip or zstd file is one
 piece (a compressed stream reads only from its start). The cut needs each range's first line
-number (a document's id is its source's sha256 and its row), so the step counts the lines of
-the verified copy once, at the speed of `bytes.count` (2.4 GB/s measured here, against the copy
-and sha256 that precede it). A piece writes its documents to a Parquet file in the order it read
+number (a document's id is its source's sha256 and its row), so the lines of the verified copy
+are counted once, at the speed of `bytes.count` (2.4 GB/s measured here, against the copy and
+sha256 that precede it). Each source is copied, hashed and cut by a task of its own
+(`cut_source`), so a manifest of many files spreads those too. A piece writes its documents to a Parquet file in the order it read
 them, and the step writes the source shards from those files in piece order, so the shards are
 the bytes one pass writes.
 
@@ -139,23 +140,52 @@ def row_group_runs(path: Path, uri: str, target_bytes: int) -> list[tuple[int, i
     return runs
 
 
-def plan_pieces(reads: Sequence[SourceRead], folder: Path, target_bytes: int) -> list[SourcePiece]:
-    """Every verified source's pieces, in manifest order then file order; each writes under `folder`."""
+@dataclass(frozen=True)
+class SourceCut:
+    """One source, to be verified (copied and hashed) and cut into pieces of about `target_bytes`."""
+
+    read: SourceRead
+    target_bytes: int
+
+
+def cut_source(task: SourceCut) -> tuple[list[tuple[int, int, int]], tuple[str, str] | None]:
+    """-> (start, end, first row) of the source's pieces, once its copy hashes to the manifest's
+    sha256, and None; or no pieces and (code, message) of why the source cannot be read, so that
+    the step raises the first such error in manifest order, with its code, on either engine."""
+    read = task.read
+    try:
+        read.verify()
+    except ItoError as error:
+        return [], (error.code.value, error.message)
+    ref, copy = read.ref, read.copy
+    if ref.format == "parquet":
+        try:
+            return row_group_runs(copy, ref.uri, task.target_bytes), None
+        except ItoError:  # the piece meets the same error, after the earlier sources' pieces
+            return [(0, 0, 0)], None
+    if compression_of(copy) is None:
+        return line_spans(copy, task.target_bytes) or [(0, 0, 0)], None
+    return [(0, 0, 0)], None
+
+
+def cut_sources(reads: Sequence[SourceRead], pool: Pool, target_bytes: int) -> list[list[tuple[int, int, int]]]:
+    """Each source verified and cut by a task of its own (the copies, digests and line counts
+    spread over `pool`); the first source that cannot be read, in manifest order, raises."""
+    cuts = map_units(cut_source, [SourceCut(read, target_bytes) for read in reads], pool, phase="source copies", unit="sources")
+    failure = next((failure for _, failure in cuts if failure is not None), None)
+    if failure is not None:
+        raise ItoError(ErrorCode(failure[0]), failure[1])
+    return [spans for spans, _ in cuts]
+
+
+def plan_pieces(reads: Sequence[SourceRead], spans: Sequence[Sequence[tuple[int, int, int]]], folder: Path) -> list[SourcePiece]:
+    """Every verified source's pieces (`spans`, as `cut_source` gives them), in manifest order then
+    file order; each writes under `folder`."""
     pieces: list[SourcePiece] = []
-    for read in reads:
-        ref, copy = read.ref, read.copy
-        if ref.format == "parquet":
-            try:
-                spans = row_group_runs(copy, ref.uri, target_bytes)
-            except ItoError:  # the piece meets the same error, after the earlier sources' pieces
-                spans = [(0, 0, 0)]
-        elif compression_of(copy) is None:
-            spans = line_spans(copy, target_bytes) or [(0, 0, 0)]
-        else:
-            spans = [(0, 0, 0)]
-        for start, end, first_row in spans:
+    for read, cuts in zip(reads, spans):
+        for start, end, first_row in cuts:
             output = str(folder / f"documents-{len(pieces):05d}.parquet")
-            pieces.append(SourcePiece(ref, read.source_index, str(copy), start, end, first_row, output))
+            pieces.append(SourcePiece(read.ref, read.source_index, str(read.copy), start, end, first_row, output))
     return pieces
 
 
@@ -179,11 +209,12 @@ def source_counts(reads: Sequence[SourceRead], pieces: Sequence[SourcePiece], re
 
 def read_in_pieces(reads: Sequence[SourceRead], scratch: Scratch, pool: Pool, folder: Path, max_rows: int,
                    store: Path) -> tuple[ShardSet, list[SourceCounts], int]:
-    """The verified sources parsed in pieces on `pool`, then written as the shards of `folder`,
-    a part a task: (the shards, each source's counters, the number of pieces). The pieces a
+    """The sources verified and cut on `pool`, parsed in pieces there, then written as the shards
+    of `folder`, a part a task: (the shards, each source's counters, the number of pieces). The pieces a
     failed attempt finished are not parsed again."""
+    spans = cut_sources(reads, pool, scratch.scale.unit_bytes)
     markers = scratch.finished("source-pieces")
-    pieces = plan_pieces(reads, markers.folder, scratch.scale.unit_bytes)
+    pieces = plan_pieces(reads, spans, markers.folder)
     results = map_units(parse_piece, pieces, pool, phase="source parsing", unit="pieces", markers=markers)
     try:
         counts = source_counts(reads, pieces, results)

@@ -138,9 +138,11 @@ def run_sources(verified: VerifiedManifest, data_root: Path, state_dir: Path, wa
     scale = config.scale
     with scratch_space(folder / SCRATCH, scale) as scratch, worker_pool(scale.num_workers, scale.engine) as pool:
         reads = [SourceRead(ref, i, data_root, scratch.folder) for i, ref in enumerate(verified.manifest.data)]
-        for read in reads:  # every source verified before the folder of the last good output is replaced
-            read.verify()
+        # Every source verified before the folder of the last good output is replaced (by the
+        # pool's tasks in `read_in_pieces`).
         if pool is None:  # one worker: one pass, no piece files between the parser and the shards
+            for read in reads:
+                read.verify()
             frames = (frame for read in reads for frame in read.frames())
             shards = write_shard_stream(frames, folder / "source", prefix="documents", max_rows=config.shard_max_rows, schema=DOCUMENT_SCHEMA, store=shard_store(state_dir))
             counts, num_pieces = [read.counts for read in reads], len(reads)

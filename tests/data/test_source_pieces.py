@@ -339,3 +339,41 @@ def test_an_unreadable_table_after_a_bad_line_names_the_bad_line(tmp_path):
     (root / "c.parquet").write_bytes(b"PAR1 not a footer PAR1")
     _manifest(root, [(root / "c.parquet", "parquet")])
     assert _invalid(root, "pieces", unit_bytes=1, num_workers=2).message == _one_pass_error(root)
+
+
+# --- each source verified and cut by a task of its own ---
+
+@pytest.mark.parametrize(("damage", "code"), [("b.jsonl.gz", ErrorCode.SOURCE_DIGEST_MISMATCH), ("c.parquet", ErrorCode.SOURCE_NOT_FOUND)])
+def test_a_changed_or_missing_source_fails_the_pieces_as_it_fails_one_pass(tmp_path, damage, code):
+    root = write_corpus(tmp_path.resolve())
+    (root / "b.jsonl.gz").write_bytes((root / "b.jsonl.gz").read_bytes() + b"\0")  # the second source changed
+    if damage == "c.parquet":  # the second source restored, the third gone
+        write_corpus(root)
+        (root / "c.parquet").unlink()
+    errors = []
+    for workers in (1, 2):
+        with pytest.raises(ItoError) as raised:
+            sources_stage(root, f"state-{workers}", unit_bytes=SMALL_PIECES, num_workers=workers)
+        errors.append((raised.value.code, raised.value.message))
+    assert errors[0] == errors[1] and errors[0][0] is code and damage in errors[0][1]
+
+
+def test_the_first_bad_source_in_manifest_order_is_the_one_named(tmp_path):
+    """The second source changed and the third gone: the tasks verify both at once, and the step
+    names the second, as one pass, which stops there, does."""
+    root = write_corpus(tmp_path.resolve())
+    (root / "b.jsonl.gz").write_bytes(b"not the manifest's bytes")
+    (root / "c.parquet").unlink()
+    with pytest.raises(ItoError) as raised:
+        sources_stage(root, "state", unit_bytes=SMALL_PIECES, num_workers=2)
+    assert raised.value.code is ErrorCode.SOURCE_DIGEST_MISMATCH and "b.jsonl.gz" in raised.value.message
+    assert not list((root / "state").rglob("*.parquet"))  # no piece parsed, no shard written
+
+
+def test_each_source_is_cut_by_its_own_task(corpus, monkeypatch):
+    cut = []
+    real = source_pieces.map_units
+    monkeypatch.setattr(source_pieces, "map_units", lambda function, tasks, pool, **kw: (
+        cut.extend(t.read.ref.uri for t in tasks) if function is source_pieces.cut_source else None, real(function, tasks, pool, **kw))[1])
+    stage = sources_stage(corpus, "cut-tasks", unit_bytes=SMALL_PIECES, num_workers=2)
+    assert cut == ["dataroot://a.jsonl", "dataroot://b.jsonl.gz", "dataroot://c.parquet"] and stage.num_pieces > 20
