@@ -7,9 +7,9 @@ piece (a compressed stream reads only from its start). The cut needs each range'
 number (a document's id is its source's sha256 and its row), so the lines of the verified copy
 are counted once, at the speed of `bytes.count` (2.4 GB/s measured here, against the copy and
 sha256 that precede it). Each source is copied, hashed and cut by a task of its own
-(`cut_source`), so a manifest of many files spreads those too. A piece writes its documents to a Parquet file in the order it read
-them, and the step writes the source shards from those files in piece order, so the shards are
-the bytes one pass writes.
+(`cut_source`), so a manifest of many files spreads those too. A piece writes its documents to a
+Parquet file in the order it read them, and the step writes the source shards from those files
+in piece order, so the shards are the bytes one pass writes.
 
 A record a piece cannot parse is a result, not a failure: the step raises SOURCE_INVALID with the
 message of the first such piece in file order (the message one pass gives), on either engine,
@@ -210,8 +210,8 @@ def source_counts(reads: Sequence[SourceRead], pieces: Sequence[SourcePiece], re
 def read_in_pieces(reads: Sequence[SourceRead], scratch: Scratch, pool: Pool, folder: Path, max_rows: int,
                    store: Path) -> tuple[ShardSet, list[SourceCounts], int]:
     """The sources verified and cut on `pool`, parsed in pieces there, then written as the shards
-    of `folder`, a part a task: (the shards, each source's counters, the number of pieces). The pieces a
-    failed attempt finished are not parsed again."""
+    of `folder`, a part a task: (the shards, each source's counters, the number of pieces). The
+    pieces a failed attempt finished are not parsed again."""
     spans = cut_sources(reads, pool, scratch.scale.unit_bytes)
     markers = scratch.finished("source-pieces")
     pieces = plan_pieces(reads, spans, markers.folder)
