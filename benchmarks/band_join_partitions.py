@@ -20,10 +20,7 @@ worker's, and the SHA-256 of the decisions file, which must be the baseline's.
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -58,12 +55,11 @@ def child(spec: dict) -> dict:
             "decisions_sha256": hashlib.sha256(Path(decisions.path).read_bytes()).hexdigest()}
 
 
-def source_shards(scale: int, folder: Path) -> tuple[list[str], int]:
+def source_shards(manifest: str, folder: Path) -> tuple[list[str], int]:
     from ito_assets.data import stages
     from ito_assets.data.config import DataPrepConfig
     from ito_assets.manifest.verify import verify_manifest
 
-    manifest = data_scaling.write_corpus(data_scaling.generate(scale), folder / "corpus")
     source = stages.run_sources(verify_manifest(manifest), Path(manifest).parent, folder / "state", folder / "warehouse.duckdb",
                                 DataPrepConfig(shard_max_rows=data_scaling.SHARD_ROWS))
     return [s.path for s in source.shards.shards], source.shards.num_rows
@@ -73,17 +69,15 @@ def main() -> None:
     args = data_scaling.scales_or_child(child)
     if args is None:
         return
-    rows, load = [], os.getloadavg()[0]
+    rows: list[dict] = []
     bands = DedupConfig().bands
-    with tempfile.TemporaryDirectory(prefix="band-join-") as tmp:
-        for scale in args.scales:
-            shards, num_docs = source_shards(scale, Path(tmp) / f"x{scale}")
-            for label, workers, wanted in CONFIGS:
-                spec = {"shards": shards, "workers": workers, "partition_rows": -(-num_docs * bands // wanted), "work": str(Path(tmp) / f"x{scale}" / f"run-{workers}-{wanted}")}
-                rows.append({"scale": scale, "num_docs": num_docs, "config": label, **data_scaling.run_script_child(__file__, spec)})
-                print(json.dumps(rows[-1]), flush=True)
+    for scale, _, folder, manifest in data_scaling.corpora(args.scales, "band-join-"):
+        shards, num_docs = source_shards(manifest, folder)
+        for label, workers, wanted in CONFIGS:
+            spec = {"shards": shards, "workers": workers, "partition_rows": -(-num_docs * bands // wanted), "work": str(folder / f"run-{workers}-{wanted}")}
+            data_scaling.add_run(rows, __file__, {"scale": scale, "num_docs": num_docs, "config": label}, spec)
     data_scaling.report(
-        args.out, rows, load, speedups={"band_join_speedup": "band_join_seconds", "dedup_speedup": "seconds"}, same=("same_decisions", "decisions_sha256"),
+        args, rows, speedups={"band_join_speedup": "band_join_seconds", "dedup_speedup": "seconds"}, same=("same_decisions", "decisions_sha256"),
         differs="a partitioned run wrote other decisions than the baseline", columns={
         "scale": lambda r: f"{r['scale']}x", "configuration": lambda r: r["config"], "partitions": lambda r: r["partitions"],
         "dedup s": lambda r: r["seconds"], "band join s": lambda r: r["band_join_seconds"],

@@ -17,11 +17,8 @@ worker's, and whether every clean shard's SHA-256 is the baseline's.
 
 from __future__ import annotations
 
-import json
-import os
 import pickle
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -77,26 +74,17 @@ def main() -> None:
     args = data_scaling.scales_or_child(child)
     if args is None:
         return
-    rows, load = [], os.getloadavg()[0]
-    with tempfile.TemporaryDirectory(prefix="clean-parts-") as tmp:
-        for scale in args.scales:
-            texts = data_scaling.generate(scale)
-            folder = Path(tmp) / f"x{scale}"
-            manifest = data_scaling.write_corpus(texts, folder / "corpus")
-            pickled = str(folder / "upstream.pickle")
-            kept = data_scaling.run_script_child(__file__, {"upstream_only": True, "manifest": manifest, "work": str(folder / "upstream"),
-                                                            "upstream": pickled})
-            for index, (label, workers) in enumerate(CONFIGS):
-                spec = {"upstream": pickled, "workers": workers, "work": str(folder / f"run-{index}")}
-                rows.append({"scale": scale, "num_docs": len(texts), **kept, "config": label, **data_scaling.run_script_child(__file__, spec)})
-                print(json.dumps({k: v for k, v in rows[-1].items() if k != "shards"}), flush=True)
-    data_scaling.report(
-        args.out, rows, load, speedups={"speedup": "seconds"}, same=("same_shards", "shards"),
-        differs="a configuration wrote other clean shards than the one pass", columns={
+    rows: list[dict] = []
+    for scale, texts, folder, manifest in data_scaling.corpora(args.scales, "clean-parts-"):
+        pickled = str(folder / "upstream.pickle")
+        kept = data_scaling.run_script_child(__file__, {"upstream_only": True, "manifest": manifest, "work": str(folder / "upstream"),
+                                                        "upstream": pickled})
+        for index, (label, workers) in enumerate(CONFIGS):
+            spec = {"upstream": pickled, "workers": workers, "work": str(folder / f"run-{index}")}
+            data_scaling.add_run(rows, __file__, {"scale": scale, "num_docs": len(texts), **kept, "config": label}, spec)
+    data_scaling.report_shards(args, rows, differs="a configuration wrote other clean shards than the one pass", columns={
         "scale": lambda r: f"{r['scale']}x", "kept rows": lambda r: r["kept_rows"], "kept shards": lambda r: r["kept_shards"],
-        "configuration": lambda r: r["config"], "seconds": lambda r: r["seconds"], "cleaning s": lambda r: r["rows_seconds"] or "-",
-        "shards s": lambda r: r["shard_seconds"] or "-", "speedup": lambda r: f"{r['speedup']}x", "peak MB": lambda r: r["peak_rss_mb"],
-        "worker peak MB": lambda r: r["worker_peak_rss_mb"] or "-", "same shards": lambda r: r["same_shards"]})
+        "configuration": lambda r: r["config"], "seconds": lambda r: r["seconds"], "cleaning s": lambda r: r["rows_seconds"] or "-"})
 
 
 if __name__ == "__main__":

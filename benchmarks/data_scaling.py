@@ -65,7 +65,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -132,8 +132,9 @@ def write_corpus(texts: list[str], folder: Path) -> str:
 
 
 def scales_or_child(child: Callable[[dict], dict]) -> argparse.Namespace | None:
-    """A comparison benchmark's arguments (--scales, default 64 and 128; --out), or, in one of its
-    children (--child SPEC), None once `child(spec)` has run and its JSON is printed."""
+    """A comparison benchmark's arguments (--scales, default 64 and 128; --out; `load`: the load
+    average at the start), or, in one of its children (--child SPEC), None once `child(spec)` has
+    run and its JSON is printed."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--scales", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--out", type=Path)
@@ -142,7 +143,17 @@ def scales_or_child(child: Callable[[dict], dict]) -> argparse.Namespace | None:
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
         return None
+    args.load = os.getloadavg()[0]
     return args
+
+
+def corpora(scales: list[int], prefix: str) -> Iterator[tuple[int, list[str], Path, str]]:
+    """Each scale's generated corpus, written under a temporary folder removed after: (scale, its
+    texts, its folder, the manifest naming it)."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        for scale in scales:
+            texts, folder = generate(scale), Path(tmp) / f"x{scale}"
+            yield scale, texts, folder, write_corpus(texts, folder / "corpus")
 
 
 def run_script_child(script: str, spec: dict) -> dict:
@@ -155,10 +166,31 @@ def run_script_child(script: str, spec: dict) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def report(out: Path | None, rows: list[dict], load: float, *, speedups: dict[str, str], same: tuple[str, str],
+def add_run(rows: list[dict], script: str, row: dict, spec: dict) -> None:
+    """`row` with the figures of `script`'s child run on `spec` appended to `rows`, and printed
+    as it comes (without the shard digests)."""
+    rows.append({**row, **run_script_child(script, spec)})
+    print(json.dumps({k: v for k, v in rows[-1].items() if k != "shards"}), flush=True)
+
+
+# The columns a run that writes shards ends its table with, after its own (`report_shards`).
+_SHARD_RUN_COLUMNS: dict[str, Callable[[dict], object]] = {
+    "shards s": lambda r: r["shard_seconds"] or "-", "speedup": lambda r: f"{r['speedup']}x", "peak MB": lambda r: r["peak_rss_mb"],
+    "worker peak MB": lambda r: r["worker_peak_rss_mb"] or "-", "same shards": lambda r: r["same_shards"]}
+
+
+def report_shards(args: argparse.Namespace, rows: list[dict], columns: dict[str, Callable[[dict], object]], differs: str) -> None:
+    """`report` for runs that write shards (`shards`: their digests; `seconds`, `shard_seconds`,
+    `peak_rss_mb`, `worker_peak_rss_mb`), each against the scale's first run: `columns` are the
+    benchmark's own, before the shared ones."""
+    report(args, rows, speedups={"speedup": "seconds"}, same=("same_shards", "shards"), columns=columns | _SHARD_RUN_COLUMNS,
+           differs=differs)
+
+
+def report(args: argparse.Namespace, rows: list[dict], *, speedups: dict[str, str], same: tuple[str, str],
            columns: dict[str, Callable[[dict], object]], differs: str) -> None:
     """A comparison benchmark's ending: each row against its scale's baseline (`_against_baseline`),
-    the rows as a Markdown table ({header: the cell of a row}), and, with `out`, a results file,
+    the rows as a Markdown table ({header: the cell of a row}), and, with `--out`, a results file,
     dated, with the load average at the start; then, unless every configuration wrote the
     baseline's bytes, the benchmark fails saying `differs`."""
     same_everywhere = _against_baseline(rows, speedups, same)
@@ -166,8 +198,8 @@ def report(out: Path | None, rows: list[dict], load: float, *, speedups: dict[st
     print("|" + "---|" * len(columns))
     for row in rows:
         print("| " + " | ".join(str(cell(row)) for cell in columns.values()) + " |")
-    if out:
-        out.write_text(json.dumps({"rows": rows, "date": time.strftime("%Y-%m-%d"), "load_average_at_start": load}, indent=1))
+    if args.out:
+        args.out.write_text(json.dumps({"rows": rows, "date": time.strftime("%Y-%m-%d"), "load_average_at_start": args.load}, indent=1))
     if not same_everywhere:
         raise SystemExit(differs)
 

@@ -18,9 +18,7 @@ whether every shard's SHA-256 is the baseline's.
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -60,23 +58,15 @@ def main() -> None:
     args = data_scaling.scales_or_child(child)
     if args is None:
         return
-    rows, load = [], os.getloadavg()[0]
-    with tempfile.TemporaryDirectory(prefix="source-pieces-") as tmp:
-        for scale in args.scales:
-            texts = data_scaling.generate(scale)
-            manifest = data_scaling.write_corpus(texts, Path(tmp) / f"x{scale}" / "corpus")
-            size_mb = Path(manifest).with_name("bench.jsonl").stat().st_size / 1e6
-            for index, (label, workers, unit_bytes, parser) in enumerate(CONFIGS):
-                spec = {"manifest": manifest, "workers": workers, "unit_bytes": unit_bytes, "parser": parser, "work": str(Path(tmp) / f"x{scale}" / f"run-{index}")}
-                rows.append({"scale": scale, "num_docs": len(texts), "file_mb": round(size_mb, 1), "config": label, **data_scaling.run_script_child(__file__, spec)})
-                print(json.dumps({k: v for k, v in rows[-1].items() if k != "shards"}), flush=True)
-    data_scaling.report(
-        args.out, rows, load, speedups={"speedup": "seconds"}, same=("same_shards", "shards"),
-        differs="a configuration wrote other shards than the one pass", columns={
+    rows: list[dict] = []
+    for scale, texts, folder, manifest in data_scaling.corpora(args.scales, "source-pieces-"):
+        size_mb = Path(manifest).with_name("bench.jsonl").stat().st_size / 1e6
+        for index, (label, workers, unit_bytes, parser) in enumerate(CONFIGS):
+            spec = {"manifest": manifest, "workers": workers, "unit_bytes": unit_bytes, "parser": parser, "work": str(folder / f"run-{index}")}
+            data_scaling.add_run(rows, __file__, {"scale": scale, "num_docs": len(texts), "file_mb": round(size_mb, 1), "config": label}, spec)
+    data_scaling.report_shards(args, rows, differs="a configuration wrote other shards than the one pass", columns={
         "scale": lambda r: f"{r['scale']}x", "file MB": lambda r: r["file_mb"], "configuration": lambda r: r["config"],
-        "pieces": lambda r: r["pieces"], "seconds": lambda r: r["seconds"], "parsing s": lambda r: r["parse_seconds"] or "-",
-        "shards s": lambda r: r["shard_seconds"] or "-", "speedup": lambda r: f"{r['speedup']}x", "peak MB": lambda r: r["peak_rss_mb"],
-        "worker peak MB": lambda r: r["worker_peak_rss_mb"] or "-", "same shards": lambda r: r["same_shards"]})
+        "pieces": lambda r: r["pieces"], "seconds": lambda r: r["seconds"], "parsing s": lambda r: r["parse_seconds"] or "-"})
 
 
 if __name__ == "__main__":
