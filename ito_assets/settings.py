@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Mapping
+from typing import Literal, Mapping, get_args
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -29,6 +29,11 @@ from ito_assets.manifest.secure_read import DEFAULT_MAX_BYTES
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_EVAL_SUITE = "fixtures/evals/ito-fixture-evals-v1.jsonl"
 EXECUTORS = ("multiprocess", "in_process", "k8s")
+# Where the decision run trains its arms by default: the stage worker under the supervisor, as a
+# curriculum stage trains, or the trainer's own loop in the Dagster process (no launch: about half
+# the time on a laptop). The launchpad's `trainer` still overrides it per run.
+DecisionTrainer = Literal["stage_worker", "in_process"]
+DECISION_TRAINERS: tuple[str, ...] = get_args(DecisionTrainer)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,6 +46,7 @@ class Settings:
     max_manifest_bytes: int = DEFAULT_MAX_BYTES
     executor: str = "multiprocess"  # one of EXECUTORS: where a run's steps execute
     data_engine: str = "local"  # one of DATA_ENGINES: where the data plane's work units run
+    decision_trainer: str = "stage_worker"  # one of DECISION_TRAINERS
     ledger_url: str = ""  # SQLAlchemy URL; empty means the SQLite file <state_dir>/ledger.db
     ledger_schema: str | None = None  # PostgreSQL schema holding the ledger's tables
     # The environment variable `ledger_url` came from, if any: Dagster resources name it instead of
@@ -52,6 +58,8 @@ class Settings:
             raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}")
         if self.data_engine not in DATA_ENGINES:
             raise ValueError(f"data engine must be one of {', '.join(DATA_ENGINES)}")
+        if self.decision_trainer not in DECISION_TRAINERS:
+            raise ValueError(f"decision trainer must be one of {', '.join(DECISION_TRAINERS)}")
         if not self.ledger_url:
             object.__setattr__(self, "ledger_url", f"sqlite:///{self.state_dir / 'ledger.db'}")
 
@@ -90,6 +98,7 @@ class ItoSettings(BaseSettings):
     max_manifest_bytes: str | None = None
     executor: str | None = None
     data_engine: str | None = None
+    decision_trainer: str | None = None
     ledger_url: str | None = Field(default=None, repr=False)  # may carry a database password
     ledger_schema: str | None = None
     # The gate policy (control/policy.py).
@@ -135,7 +144,8 @@ def _path(value: str | None, default: Path) -> Path:
 
 def settings_from(environment: ItoSettings) -> Settings:
     """The pipeline's settings: ITO_PROJECT_ROOT, ITO_STATE_DIR, ITO_DATA_ROOT, ITO_MANIFESTS_DIR,
-    ITO_EVAL_SUITE, ITO_MAX_MANIFEST_BYTES, ITO_EXECUTOR, ITO_DATA_ENGINE, ITO_LEDGER_URL, ITO_LEDGER_SCHEMA."""
+    ITO_EVAL_SUITE, ITO_MAX_MANIFEST_BYTES, ITO_EXECUTOR, ITO_DATA_ENGINE, ITO_DECISION_TRAINER, ITO_LEDGER_URL,
+    ITO_LEDGER_SCHEMA."""
     e = environment
     root = _path(e.project_root, PROJECT_ROOT)
     data_root = _path(e.data_root, root / "data")
@@ -150,6 +160,7 @@ def settings_from(environment: ItoSettings) -> Settings:
                                           message="ITO_MAX_MANIFEST_BYTES must be a positive integer"),
         executor="multiprocess" if e.executor is None else e.executor,
         data_engine="local" if e.data_engine is None else e.data_engine,
+        decision_trainer="stage_worker" if e.decision_trainer is None else e.decision_trainer,
         ledger_url=e.ledger_url or "",
         ledger_schema=e.ledger_schema or None,
         ledger_url_env="ITO_LEDGER_URL" if e.ledger_url else None,

@@ -173,3 +173,21 @@ def test_a_ledger_url_from_the_environment_stays_an_env_var(tmp_path, monkeypatc
         assert ledger.engine.url.database == str(tmp_path / "ledger.db")
     explicit = load_settings().with_overrides(ledger_url=f"sqlite:///{tmp_path / 'other.db'}")
     assert explicit.ledger_url_env is None
+
+
+def _decision_defaults(env: dict, decision_run_config: dict | None = None) -> dict:
+    defs = build_definitions(load_settings(env), decision_run_config=decision_run_config)
+    config = defs.resolve_job_def("preparation_job").partitioned_config.get_run_config_for_partition_key("any")
+    return (config or {}).get("ops", {}).get("decision_run", {}).get("config", {})
+
+
+def test_the_decision_trainer_setting_is_the_preparation_job_s_default():
+    """ITO_DECISION_TRAINER is the job's default (the launchpad shows it; the daemon and `make run`
+    launch with it); a config handed to the location keeps its own fields and wins."""
+    assert _decision_defaults({}) == {}
+    assert _decision_defaults({"ITO_DECISION_TRAINER": "stage_worker"}) == {}
+    assert _decision_defaults({"ITO_DECISION_TRAINER": "in_process"}) == {"trainer": "in_process"}
+    assert _decision_defaults({"ITO_DECISION_TRAINER": "in_process"}, {"num_steps": 3}) == {
+        "trainer": "in_process", "num_steps": 3}
+    assert _decision_defaults({"ITO_DECISION_TRAINER": "in_process"}, {"trainer": "stage_worker"}) == {
+        "trainer": "stage_worker"}

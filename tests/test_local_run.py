@@ -1,7 +1,9 @@
 """`make run`'s driver on the shipped fixtures, in a temporary state dir: the headless path.
 
-`make test` runs it on the main manifest alone with the in-process executor; `make test-long` runs
-exactly what `make run` does (every fixture manifest, steps in subprocesses)."""
+`make test` runs it on the main manifest alone with the in-process executor and the decision's arms
+trained in process (the stage worker trains them in tests/training/test_decision_on_worker.py);
+`make test-long` runs exactly what `make run` does (every fixture manifest, steps in subprocesses,
+arms on the stage worker)."""
 
 from __future__ import annotations
 
@@ -52,12 +54,12 @@ def _run_twice(tmp_path: Path, manifests: Path, extra_env: dict[str, str]) -> No
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # one manifest's lineage, trained through the API, then a second pass: ~3 minutes
+@pytest.mark.timeout(900)  # one manifest's lineage, trained through the API, then a second pass: ~2 minutes
 def test_local_run_on_the_main_manifest_then_finds_nothing_new(tmp_path):
     manifests = tmp_path / "manifests"
     manifests.mkdir()
     shutil.copy(MANIFESTS / MAIN_MANIFEST, manifests / MAIN_MANIFEST)
-    _run_twice(tmp_path, manifests, {"ITO_EXECUTOR": "in_process"})
+    _run_twice(tmp_path, manifests, {"ITO_EXECUTOR": "in_process", "ITO_DECISION_TRAINER": "in_process"})
 
 
 @pytest.mark.slow

@@ -116,7 +116,7 @@ def test_every_variable_a_view_reads_is_a_field_of_the_model(tmp_path) -> None:
     # Each field changes what some view builds from it.
     values = {"project_root": str(tmp_path), "state_dir": str(tmp_path / "s"), "data_root": str(tmp_path / "d"),
               "manifests_dir": str(tmp_path / "m"), "eval_suite": str(tmp_path / "e"), "max_manifest_bytes": "7",
-              "executor": "in_process", "data_engine": "ray", "ledger_url": "sqlite:///x.db", "ledger_schema": "ito",
+              "executor": "in_process", "data_engine": "ray", "decision_trainer": "in_process", "ledger_url": "sqlite:///x.db", "ledger_schema": "ito",
               "allowed_data_roots": str(tmp_path / "r"), "allowed_licenses": "MIT", "tenants_root": str(tmp_path / "t"),
               "confirmation_ttl_s": "5", "max_concurrent_runs_per_booking": "4", "ledger_lock_timeout_s": "2",
               "api_read_timeout_s": "3", "api_max_connections_per_client": "9", "api_url": "http://127.0.0.1:1",
@@ -132,6 +132,7 @@ def test_every_variable_a_view_reads_is_a_field_of_the_model(tmp_path) -> None:
             **{f"client.{k}": v for k, v in vars(changed[2]).items()}, **{f"policy.{k}": v for k, v in vars(policy).items()}}
     assert changed[0] != default[0] and changed[1] != default[1] and changed[2] != default[2]
     assert seen["max_manifest_bytes"] == 7 and seen["policy.confirmation_ttl_s"] == 5
+    assert seen["decision_trainer"] == "in_process"
     assert (seen["server.lock_timeout_s"], seen["server.read_timeout_s"], seen["server.max_connections_per_client"]) \
         == (2.0, 3.0, 9)
     assert (seen["client.connect_timeout_s"], seen["client.total_timeout_s"], seen["client.token_file"]) == (6.0, 8.0, "/t")
@@ -181,4 +182,15 @@ def test_the_data_engine_is_local_or_ray(engine, valid) -> None:
         assert load_settings(env).data_engine == (engine or "local")
         return
     with pytest.raises(ValueError, match="data engine must be one of local, ray"):
+        load_settings(env)
+
+
+@pytest.mark.parametrize("trainer,valid", [(None, True), ("stage_worker", True), ("in_process", True),
+                                           ("In_Process", False), ("", False), ("torchrun", False)])
+def test_the_decision_trainer_is_the_stage_worker_or_this_process(trainer, valid) -> None:
+    env = {} if trainer is None else {"ITO_DECISION_TRAINER": trainer}
+    if valid:
+        assert load_settings(env).decision_trainer == (trainer or "stage_worker")
+        return
+    with pytest.raises(ValueError, match="decision trainer must be one of stage_worker, in_process"):
         load_settings(env)

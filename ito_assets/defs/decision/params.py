@@ -1,10 +1,9 @@
 """Run configuration of the decision assets (Dagster Config), mapped onto the core's frozen
 configuration; the defaults are the core's (`DecisionConfig`, `EconomicsConfig`)."""
 
-from typing import Literal
-
 import dagster as dg
 
+from ito_assets.settings import DecisionTrainer
 from ito_assets.training.decision import DecisionConfig
 from ito_assets.training.economics import EconomicsConfig
 from ito_assets.training.eval_config import EvalConfig
@@ -29,8 +28,9 @@ class DecisionRunParams(dg.Config):
     num_threads: int = 0
     # "stage_worker": each arm trains as a curriculum stage does (the supervisor, torchrun, the
     # layout and precision fitted to this host); "in_process": the trainer's own loop in this
-    # process (no launch, no restarts), for quick experiments.
-    trainer: Literal["stage_worker", "in_process"] = "stage_worker"
+    # process (no launch, no restarts), for quick experiments. ITO_DECISION_TRAINER sets the
+    # preparation job's default for the whole code location (definitions.py).
+    trainer: DecisionTrainer = "stage_worker"
 
     def to_config(self) -> DecisionConfig:
         return DecisionConfig(
