@@ -175,48 +175,67 @@ def test_the_counts_start_again_after_every_step():
 FP32_TOLERANCE = 1e-4
 
 
-@pytest.mark.slow
-@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
-def test_the_worker_trains_pairs_alike_on_one_rank_and_on_two_by_ddp_with_a_resume_and_fsdp2(tmp_path):
-    """Two ranks, each its pairs as two micro-batches, stopped at step 4 and resumed, and two FSDP2
-    ranks, against one rank straight: the same losses, accuracies and weights."""
+def _pair_rows(tmp_path: Path) -> tuple[dict, WorkerConfig]:
+    """The pairs as a shard with their reference log-probabilities, the settings every layout
+    shares, and the reference run: one rank, the whole batch as one micro-batch, 8 steps."""
     folder = tmp_path / "rows"
     folder.mkdir()
     np.save(folder / "train.npy", ROWS)
     np.save(folder / "reference.npy", _reference().numpy())
-    tokens = (folder / "train.npy", None)
     objective = PreferenceObjective(reference_path=str(folder / "reference.npy"), beta=0.5, label_smoothing=0.1,
                                     rpo_alpha=1.0)
     settings = dict(model="micro", vocab_size=CODEC.vocab_size, stage="dpo", num_steps=8, interval_steps=4,
-                    batch_size=8, sequence_length=LENGTH, heldout_path=None, learning_rate=1e-2, preference=objective)
-    one = worker_config(tmp_path / "one", tokens, layout=Layout(precision="fp32", compile=False, micro_batch_size=8),
+                    batch_size=8, sequence_length=LENGTH, heldout_path=None, learning_rate=1e-2, preference=objective,
+                    tokens=(folder / "train.npy", None))
+    one = worker_config(tmp_path / "one", layout=Layout(precision="fp32", compile=False, micro_batch_size=8),
                         **settings)
-    two = worker_config(tmp_path / "two", tokens, stop_after_step=4, **settings,
+    return settings, one
+
+
+def _same_run(one: WorkerConfig, other: WorkerConfig) -> None:
+    """`other` took one rank's losses and accuracies and ended at its weights."""
+    expected = step_losses(Path(one.stage_dir))
+    assert sorted(expected) == list(range(1, 9))
+    losses = step_losses(Path(other.stage_dir))
+    assert sorted(losses) == list(range(1, 9)), other.stage_dir
+    assert max(abs(losses[s] - expected[s]) for s in expected) <= FP32_TOLERANCE, other.stage_dir
+    assert _accuracies(Path(other.stage_dir)) == pytest.approx(_accuracies(Path(one.stage_dir)), abs=1e-6)
+    reference, trained = final_weights(Path(one.stage_dir), 8), final_weights(Path(other.stage_dir), 8)
+    for key in reference:
+        torch.testing.assert_close(trained[key], reference[key], atol=FP32_TOLERANCE, rtol=0, msg=key)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_the_worker_trains_pairs_alike_on_one_rank_and_on_two_by_ddp_with_a_resume(tmp_path):
+    """Two ranks, each its pairs as two micro-batches, stopped at step 4 and resumed, against one
+    rank straight: the same losses, accuracies and weights. (FSDP2: `make test-long`, below.)"""
+    settings, one = _pair_rows(tmp_path)
+    two = worker_config(tmp_path / "two", stop_after_step=4, **settings,
                         layout=Layout(dp_replicate=2, precision="fp32", compile=False, micro_batch_size=2))
-    sharded = worker_config(tmp_path / "fsdp", tokens, **settings,
-                            layout=Layout(dp_shard=2, precision="fp32", compile=False, micro_batch_size=2))
-    running = [start_worker(one, nproc=1), start_worker(sharded, nproc=2)]
+    running = start_worker(one, nproc=1)
     stopped = run_worker(two, nproc=2)
-    for done in map(finish, running):
-        assert done.returncode == 0, done.stderr[-3000:]
+    done = finish(running)
+    assert done.returncode == 0, done.stderr[-3000:]
     assert stopped.returncode != 0, stopped.stderr[-3000:]
     resumed = run_worker(WorkerConfig(**{**json.loads(two.to_json()), "attempt": 1, "stop_after_step": None}), nproc=2)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    expected = step_losses(Path(one.stage_dir))
-    assert sorted(expected) == list(range(1, 9))
-    accuracies = _accuracies(Path(one.stage_dir))
     reference = final_weights(Path(one.stage_dir), 8)
     untrained = _model().state_dict()
     assert max(float((reference[f"model.{k}"] - v).abs().max()) for k, v in untrained.items()
                if f"model.{k}" in reference) > 1e-2  # it trained
-    for other in (two, sharded):
-        losses = step_losses(Path(other.stage_dir))
-        assert sorted(losses) == list(range(1, 9)), other.stage_dir
-        assert max(abs(losses[s] - expected[s]) for s in expected) <= FP32_TOLERANCE, other.stage_dir
-        assert _accuracies(Path(other.stage_dir)) == pytest.approx(accuracies, abs=1e-6)
-        trained = final_weights(Path(other.stage_dir), 8)
-        for key in reference:
-            torch.testing.assert_close(trained[key], reference[key], atol=FP32_TOLERANCE, rtol=0, msg=key)
+    _same_run(one, two)
+
+
+@pytest.mark.long  # `make test` runs DDP above; FSDP2 shards the weights, not the pairs
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_fsdp2_trains_pairs_as_one_rank_does(tmp_path):
+    settings, one = _pair_rows(tmp_path)
+    sharded = worker_config(tmp_path / "fsdp", **settings,
+                            layout=Layout(dp_shard=2, precision="fp32", compile=False, micro_batch_size=2))
+    for done in map(finish, [start_worker(one, nproc=1), start_worker(sharded, nproc=2)]):
+        assert done.returncode == 0, done.stderr[-3000:]
+    _same_run(one, sharded)
 
 
 def _accuracies(stage_dir: Path) -> dict[int, float]:

@@ -207,44 +207,57 @@ def _one_rank_straight(tmp_path: Path) -> tuple[tuple[Path, None], dict, WorkerC
     return tokens, settings, one
 
 
+def _same_run(one: WorkerConfig, other: WorkerConfig) -> None:
+    """`other` took one rank's losses and ended at its weights: each target of the global batch
+    counted once, however the layout split the rows."""
+    expected, got = step_losses(Path(one.stage_dir)), step_losses(Path(other.stage_dir))
+    assert sorted(got) == sorted(expected) == list(range(1, 13)), other.stage_dir
+    assert max(abs(got[s] - expected[s]) for s in got) <= FP32_TOLERANCE, other.stage_dir
+    reference, trained = final_weights(Path(one.stage_dir), 12), final_weights(Path(other.stage_dir), 12)
+    for key in reference:
+        torch.testing.assert_close(trained[key], reference[key], atol=FP32_TOLERANCE, rtol=0, msg=key)
+
+
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
-def test_the_worker_trains_rows_alike_on_one_rank_and_on_two_by_ddp_with_a_resume_tp_and_fsdp2(tmp_path):
-    """Two ranks, each its rows as two micro-batches, stopped at step 6 and resumed, two
-    tensor-parallel ranks and two FSDP2 ranks, against one rank straight: the same losses and
-    weights, so each target of the global batch counted once."""
+def test_the_worker_trains_rows_alike_on_one_rank_and_on_two_by_ddp_with_a_resume_and_tp(tmp_path):
+    """Two ranks, each its rows as two micro-batches, stopped at step 6 and resumed, and two
+    tensor-parallel ranks, against one rank straight: the same losses and weights, so each target
+    of the global batch counted once. (FSDP2 and HSDP: `make test-long`, below.)"""
     tokens, settings, one = _one_rank_straight(tmp_path)
     two = worker_config(tmp_path / "two", tokens, stop_after_step=6, **settings,
                         layout=Layout(dp_replicate=2, precision="fp32", compile=False, micro_batch_size=2))
     # Tensor-parallel peers hold the same rows: they count each target once per peer, and the ranks too.
     sliced = worker_config(tmp_path / "tp", tokens, **settings,
                            layout=Layout(tp=2, precision="fp32", compile=False, micro_batch_size=4))
-    # FSDP2 shards the weights, not the rows: each rank weighs its own rows' targets as DDP's do.
-    sharded = worker_config(tmp_path / "fsdp", tokens, **settings,
-                            layout=Layout(dp_shard=2, precision="fp32", compile=False, micro_batch_size=2))
-    running = [start_worker(one, nproc=1), start_worker(sliced, nproc=2), start_worker(sharded, nproc=2)]
+    running = [start_worker(one, nproc=1), start_worker(sliced, nproc=2)]
     stopped = run_worker(two, nproc=2)
     for done in map(finish, running):
         assert done.returncode == 0, done.stderr[-3000:]
     assert stopped.returncode != 0, stopped.stderr[-3000:]
     resumed = run_worker(worker_config(tmp_path / "two", tokens, attempt=1, **settings, layout=two.layout), nproc=2)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    expected, got = step_losses(Path(one.stage_dir)), step_losses(Path(two.stage_dir))
-    assert sorted(got) == sorted(expected) == list(range(1, 13))
-    assert max(abs(got[s] - expected[s]) for s in got) <= FP32_TOLERANCE
+    expected = step_losses(Path(one.stage_dir))
     assert expected[12] < expected[1]  # it learned the documentation's responses
-    reference = final_weights(Path(one.stage_dir), 12)
-    for other in (two, sliced, sharded):
-        losses = step_losses(Path(other.stage_dir))
-        assert max(abs(losses[s] - expected[s]) for s in expected) <= FP32_TOLERANCE, other.stage_dir
-        trained = final_weights(Path(other.stage_dir), 12)
-        for key in reference:
-            torch.testing.assert_close(trained[key], reference[key], atol=FP32_TOLERANCE, rtol=0, msg=key)
+    for other in (two, sliced):
+        _same_run(one, other)
     # Throughput counts each row up to its last target, the global batch's on one rank and on two.
     loader = ResumableBatches(_rows(len(PAIRS)), BatchPlan(batch_size=8, sequence_length=LENGTH, seed=one.seed))
     for config in (one, sliced):
         assert _tokens_trained(config, steps=(10, 12)) == pytest.approx([loader.tokens_at(9), loader.tokens_at(11)])
     assert loader.tokens_at(11) < 8 * LENGTH
+
+
+@pytest.mark.long  # `make test` runs DDP and TP above; FSDP2's rows are weighed as DDP's are
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_fsdp2_trains_rows_as_one_rank_does(tmp_path):
+    """FSDP2 shards the weights, not the rows: each rank weighs its own rows' targets as DDP's do."""
+    tokens, settings, one = _one_rank_straight(tmp_path)
+    sharded = worker_config(tmp_path / "fsdp", tokens, **settings,
+                            layout=Layout(dp_shard=2, precision="fp32", compile=False, micro_batch_size=2))
+    for done in map(finish, [start_worker(one, nproc=1), start_worker(sharded, nproc=2)]):
+        assert done.returncode == 0, done.stderr[-3000:]
+    _same_run(one, sharded)
 
 
 @pytest.mark.long  # four ranks on CI's two cores: `make test-long`
@@ -261,12 +274,7 @@ def test_hsdp_trains_rows_as_one_rank_does(tmp_path):
         assert done.returncode == 0, done.stderr[-3000:]
     ran = json.loads((Path(hybrid.stage_dir) / RESULT_NAME).read_text())["layout"]
     assert ran["ran"] == hybrid.layout.describe() and ran["fallbacks"] == []
-    expected, got = step_losses(Path(one.stage_dir)), step_losses(Path(hybrid.stage_dir))
-    assert sorted(got) == sorted(expected) == list(range(1, 13))
-    assert max(abs(got[s] - expected[s]) for s in got) <= FP32_TOLERANCE
-    reference, trained = final_weights(Path(one.stage_dir), 12), final_weights(Path(hybrid.stage_dir), 12)
-    for key in reference:
-        torch.testing.assert_close(trained[key], reference[key], atol=FP32_TOLERANCE, rtol=0, msg=key)
+    _same_run(one, hybrid)
     loader = ResumableBatches(_rows(len(PAIRS)), BatchPlan(batch_size=8, sequence_length=LENGTH, seed=one.seed))
     assert _tokens_trained(hybrid, steps=(12,)) == pytest.approx([loader.tokens_at(11)])
 
