@@ -23,7 +23,10 @@ from ito_assets.data.shards import write_shard_stream, write_shards, write_table
 from ito_assets.data.sources import DOCUMENT_SCHEMA, read_sources
 from ito_assets.data.stages import SCRATCH, SourceStage, run_dedup, stage_folder
 from ito_assets.manifest.schema import DataReference
+from ito_assets.data.completion import MARKERS
+from ito_assets.data.scratch import FINISHED
 from reference_impl import deduplicate, kept_documents
+from test_source_pieces import _threads
 
 # Units of a few documents, verification batches of a few pairs, DuckDB at its floor.
 TINY = ScaleConfig(unit_bytes=3_000, pair_batch=7, memory_limit_mb=128)
@@ -57,6 +60,9 @@ def test_out_of_core_decisions_and_kept_documents_equal_in_memory(tmp_path: Path
         table, counts = deduplicate_units(scratch, [s.path for s in shards.shards], DedupConfig(), tmp_path / "decisions.parquet")
         assert len(list((tmp_path / "_scratch" / "dedup-units").glob("unit-*.parquet"))) >= 10
         kept = write_shard_stream(kept_frames(scratch), tmp_path / "kept", prefix="k", max_rows=25, schema=DOCUMENT_SCHEMA)
+        # Several workers compare the exact copies' texts in hash partitions, a task each; one worker in one pass.
+        partitions = list((tmp_path / FINISHED / "exact-compare").glob("copies-*.parquet"))
+        assert len(partitions) >= 2 if num_workers > 1 else not partitions
     assert_frame_equal(pl.read_parquet(table.path), expected)
     assert table.num_rows == docs.height
     assert counts == expected_counts
@@ -170,6 +176,73 @@ def test_exact_copies_never_rest_on_the_hash(tmp_path: Path, monkeypatch: pytest
     expected, expected_counts = deduplicate(docs, DedupConfig())
     assert_frame_equal(pl.read_parquet(table.path), expected)
     assert counts == expected_counts and counts.exact.num_removed > 5
+
+
+def _zero_hashes(texts: pl.Series) -> np.ndarray:
+    return np.zeros((len(texts), 2), dtype=np.uint64)
+
+
+def test_exact_copies_in_partitions_never_rest_on_the_hash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # One hash group for every text, on the step's pool (threads here, so the hash is planted in
+    # the key tasks too): the partition holding it compares the texts, as the one pass does.
+    monkeypatch.setattr(exact_units, "text_hashes", _zero_hashes)
+    monkeypatch.setattr(exact_units, "worker_pool", _threads)
+    docs = corpus(seed=5)
+    shards = write_shards(docs, tmp_path / "source", prefix="d", max_rows=40)
+    scale = ScaleConfig(unit_bytes=TINY.unit_bytes, pair_batch=TINY.pair_batch, memory_limit_mb=128, num_workers=2)
+    with scratch_space(tmp_path / "_scratch", scale) as scratch:
+        table, counts = deduplicate_units(scratch, [s.path for s in shards.shards], DedupConfig(), tmp_path / "decisions.parquet")
+        copies = [pl.read_parquet(path) for path in sorted((tmp_path / FINISHED / "exact-compare").glob("copies-*.parquet"))]
+    expected, expected_counts = deduplicate(docs, DedupConfig())
+    assert_frame_equal(pl.read_parquet(table.path), expected)
+    assert counts == expected_counts and counts.exact.num_removed > 5
+    assert len(copies) > 2 and [c.height > 0 for c in copies].count(True) == 1  # the one group, in one partition
+
+
+def _exact_counts(tmp_path: Path, shards, num_workers: int, unit_bytes: int):
+    scale = ScaleConfig(unit_bytes=unit_bytes, pair_batch=TINY.pair_batch, memory_limit_mb=128, num_workers=num_workers)
+    with scratch_space(tmp_path / f"_scratch-{num_workers}-{unit_bytes}", scale) as scratch:
+        counts = exact_units.exact_copies(scratch, [s.path for s in shards.shards])
+        copies = scratch.db.execute("SELECT doc_id, exact_copy_of FROM copies ORDER BY doc_id").pl()
+        return counts, copies, scratch.units_resumed
+
+
+@pytest.mark.parametrize("unit_bytes", [500, 3_000, 10_000_000])  # many partitions, some, one
+def test_exact_copies_in_partitions_are_the_one_pass_s(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unit_bytes: int) -> None:
+    monkeypatch.setattr(exact_units, "worker_pool", _threads)
+    docs = corpus(seed=7)
+    shards = write_shards(docs, tmp_path / "source", prefix="d", max_rows=23)
+    one_pass = _exact_counts(tmp_path, shards, 1, unit_bytes)
+    parts = _exact_counts(tmp_path, shards, 2, unit_bytes)
+    assert parts[0] == one_pass[0] and one_pass[0].num_removed > 5
+    assert_frame_equal(parts[1], one_pass[1])
+
+
+def test_a_rerun_after_a_failed_partition_compares_only_the_partitions_left(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(exact_units, "worker_pool", _threads)
+    docs = corpus(seed=7)
+    shards = write_shards(docs, tmp_path / "source", prefix="d", max_rows=23)
+    expected = _exact_counts(tmp_path / "reference", shards, 1, 500)
+    real, seen = exact_units._first_of_identical, []
+
+    def failing(rows: pl.DataFrame) -> pl.DataFrame:
+        seen.append(1)
+        if len(seen) == 5:
+            raise RuntimeError("a worker lost")
+        return real(rows)
+
+    monkeypatch.setattr(exact_units, "_first_of_identical", failing)
+    with pytest.raises(RuntimeError, match="a worker lost"):
+        _exact_counts(tmp_path, shards, 2, 500)
+    finished = {phase: len(list((tmp_path / FINISHED / phase).glob(MARKERS))) for phase in ("exact-spread", "exact-compare")}
+    assert finished["exact-spread"] > 1 and finished["exact-compare"] >= 1
+    monkeypatch.setattr(exact_units, "_first_of_identical", real)
+    counts, copies, resumed = _exact_counts(tmp_path, shards, 2, 500)
+    assert counts == expected[0]
+    assert_frame_equal(copies, expected[1])
+    # Every source shard's texts and the partitions compared before the failure (and the keys):
+    # not done again.
+    assert resumed == finished["exact-spread"] + finished["exact-compare"] + len(shards.shards)
 
 
 def test_hash_groups_are_never_split_between_chunks() -> None:
