@@ -74,14 +74,7 @@ def main() -> None:
     args = data_scaling.scales_or_child(child)
     if args is None:
         return
-    rows: list[dict] = []
-    for scale, texts, folder, manifest in data_scaling.corpora(args.scales, "clean-parts-"):
-        pickled = str(folder / "upstream.pickle")
-        kept = data_scaling.run_script_child(__file__, {"upstream_only": True, "manifest": manifest, "work": str(folder / "upstream"),
-                                                        "upstream": pickled})
-        for index, (label, workers) in enumerate(CONFIGS):
-            spec = {"upstream": pickled, "workers": workers, "work": str(folder / f"run-{index}")}
-            data_scaling.add_run(rows, __file__, {"scale": scale, "num_docs": len(texts), **kept, "config": label}, spec)
+    rows = data_scaling.runs_on_upstream(__file__, args.scales, "clean-parts-", CONFIGS)
     data_scaling.report_shards(args, rows, differs="a configuration wrote other clean shards than the one pass", columns={
         "scale": lambda r: f"{r['scale']}x", "kept rows": lambda r: r["kept_rows"], "kept shards": lambda r: r["kept_shards"],
         "configuration": lambda r: r["config"], "seconds": lambda r: r["seconds"], "cleaning s": lambda r: r["rows_seconds"] or "-"})

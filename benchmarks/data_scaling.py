@@ -173,6 +173,21 @@ def add_run(rows: list[dict], script: str, row: dict, spec: dict) -> None:
     print(json.dumps({k: v for k, v in rows[-1].items() if k != "shards"}), flush=True)
 
 
+def runs_on_upstream(script: str, scales: list[int], prefix: str, configs: tuple[tuple[str, int], ...]) -> list[dict]:
+    """A stage's configurations on the same upstream results: per scale, `script`'s child with
+    `upstream_only` pickles the stages before it once (its JSON joins each row), then a child per
+    (label, workers) of `configs` runs the stage on them -> the rows, printed as they come."""
+    rows: list[dict] = []
+    for scale, texts, folder, manifest in corpora(scales, prefix):
+        pickled = str(folder / "upstream.pickle")
+        found = run_script_child(script, {"upstream_only": True, "manifest": manifest, "work": str(folder / "upstream"),
+                                          "upstream": pickled})
+        for index, (label, workers) in enumerate(configs):
+            spec = {"upstream": pickled, "workers": workers, "work": str(folder / f"run-{index}")}
+            add_run(rows, script, {"scale": scale, "num_docs": len(texts), **found, "config": label}, spec)
+    return rows
+
+
 # The columns a run that writes shards ends its table with, after its own (`report_shards`).
 _SHARD_RUN_COLUMNS: dict[str, Callable[[dict], object]] = {
     "shards s": lambda r: r["shard_seconds"] or "-", "speedup": lambda r: f"{r['speedup']}x", "peak MB": lambda r: r["peak_rss_mb"],

@@ -76,14 +76,7 @@ def main() -> None:
     args = data_scaling.scales_or_child(child)
     if args is None:
         return
-    rows: list[dict] = []
-    for scale, texts, folder, manifest in data_scaling.corpora(args.scales, "exact-parts-"):
-        pickled = str(folder / "upstream.pickle")
-        found = data_scaling.run_script_child(__file__, {"upstream_only": True, "manifest": manifest, "work": str(folder / "upstream"),
-                                                         "upstream": pickled})
-        for index, (label, workers) in enumerate(CONFIGS):
-            spec = {"upstream": pickled, "workers": workers, "work": str(folder / f"run-{index}")}
-            data_scaling.add_run(rows, __file__, {"scale": scale, **found, "config": label}, spec)
+    rows = data_scaling.runs_on_upstream(__file__, args.scales, "exact-parts-", CONFIGS)
     data_scaling.report(args, rows, speedups={"speedup": "seconds"}, same=("same_copies", "copies_sha256"),
                         differs="a configuration found other exact copies than the one pass", columns={
         "scale": lambda r: f"{r['scale']}x", "documents": lambda r: r["documents"], "source shards": lambda r: r["source_shards"],
