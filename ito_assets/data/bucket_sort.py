@@ -12,19 +12,28 @@ the text held its 128 MB cap plus ~100 MB that its allocator kept until the conn
 and a sort of every column ran out of memory at 64x the fixtures. Here memory is one source
 batch, one bucket and a small buffer per open bucket file; at most `fan_out` bucket files are
 open at once (more buckets are sorted in two or more passes, `fan_out` at a time).
+
+On a pool (several workers, or Ray) the same placement is spread instead: each source shard is a
+task (`spread_shard`) that writes its placed rows to one file, a row group per key (a bucket, a
+hash partition), and each key's task reads its own row groups of every such file (`gathered`).
+A key's row groups are found by their statistics, so every key's task reads every file's footer:
+right for up to some thousands of keys; beyond that a file per key would be needed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
 import polars as pl
 import pyarrow as pa
 import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
 
-from ito_assets.data.units import READ_BATCH_ROWS, parquet_frames
+from ito_assets.data.scratch import sql_list
+from ito_assets.data.units import READ_BATCH_ROWS, compacted, parquet_frames
 
 # Open bucket files in one pass: far under the usual limit of 1,024 file descriptors, and each
 # open Arrow stream writer costs only its file handle (its batches go straight to the file).
@@ -112,3 +121,64 @@ def _stream(path: Path) -> Iterator[pl.DataFrame]:
                 pending, num_pending = [], 0
         if pending:
             yield pl.from_arrow(pa.Table.from_batches(pending))
+
+
+@dataclass(frozen=True)
+class SpreadTask:
+    """One source shard's placed rows (`placement_path`: shard_row, `key` and the placement's other
+    columns), with `columns` of the shard, to `output`, a row group per value of `key`."""
+
+    shard: int
+    shard_path: str
+    placement_path: str
+    columns: tuple[str, ...]
+    key_column: str
+    output: str
+
+    def key(self) -> dict:
+        return {"shard": self.shard, "columns": list(self.columns), "by": self.key_column}
+
+    def inputs(self) -> tuple[str, ...]:
+        return (self.shard_path, self.placement_path)
+
+    def outputs(self) -> tuple[str, ...]:
+        return (self.output,)
+
+
+def spread_tasks(db: duckdb.DuckDBPyConnection, placement: str, shard_paths: Sequence[str], columns: Sequence[str],
+                 key_column: str, placements: Path, outputs: Path) -> list[SpreadTask]:
+    """A task for every source shard with rows in table `placement` (shard, shard_row, key_column,
+    ...), its placement written under `placements` (in shard_row order, integers and ids only)."""
+    tasks = []
+    for (shard,) in db.execute(f"SELECT DISTINCT shard FROM {placement} ORDER BY shard").fetchall():
+        path = placements / f"placement-{shard:05d}.parquet"
+        db.execute(f"COPY (SELECT * EXCLUDE (shard) FROM {placement} WHERE shard = {int(shard)} ORDER BY shard_row) "
+                   f"TO {sql_list([str(path)])[1:-1]} (FORMAT parquet)")
+        tasks.append(SpreadTask(shard=shard, shard_path=shard_paths[shard], placement_path=str(path), columns=tuple(columns),
+                                key_column=key_column, output=str(outputs / f"spread-{shard:05d}.parquet")))
+    return tasks
+
+
+def spread_shard(task: SpreadTask) -> int:
+    """-> the rows written: the shard's placed rows, read a batch at a time, with their placement
+    (less shard_row), sorted by key, a row group per key (so that a key's task reads only its own).
+    A shard's placed rows are held together: at most the shard."""
+    placement = pl.read_parquet(task.placement_path)
+    shard_schema = pl.read_parquet_schema(task.shard_path)
+    schema = {**{c: shard_schema[c] for c in task.columns}, **{c: t for c, t in placement.schema.items() if c != "shard_row"}}
+    found, first = [], 0
+    for batch in parquet_frames([task.shard_path], list(task.columns)):
+        rows = batch.with_columns(pl.int_range(first, first + batch.height, dtype=placement["shard_row"].dtype).alias("shard_row"))
+        first += batch.height
+        found.append(compacted(rows.join(placement, on="shard_row", how="inner").drop("shard_row")))
+    rows = pl.concat(found).select(list(schema)).cast(schema) if found else pl.DataFrame(schema=schema)
+    empty = pl.DataFrame(schema=schema).to_arrow()
+    with pq.ParquetWriter(task.output, empty.schema, compression="lz4") as writer:  # scratch data: fast over small
+        for group in rows.sort(task.key_column, maintain_order=True).partition_by(task.key_column, maintain_order=True):
+            writer.write_table(group.to_arrow().cast(empty.schema))
+    return rows.height
+
+
+def gathered(paths: Sequence[str], key_column: str, key: int) -> pl.DataFrame:
+    """The rows of one key from every spread file (only its row groups are read)."""
+    return pl.scan_parquet(list(paths)).filter(pl.col(key_column) == key).collect()

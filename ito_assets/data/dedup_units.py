@@ -9,7 +9,9 @@ cap rather than the corpus.
    orders their ids, never their text), once: their whole rows go to a side file in keep order,
    and their texts are cut into work units of about `unit_bytes`; each unit's shingles, MinHash
    signatures and band rows are computed by a worker alone and written to the scratch folder
-   (`signature_unit`).
+   (`signature_unit`). On a pool (several workers, or Ray) the buckets are tasks instead
+   (`bucket_sort.spread_shard`, then `representative_unit`): each bucket of the keep order is a
+   work unit and a part of the side file, and no text passes through the step's process.
 3. `band_join` finds, verifies and settles the near-duplicates from those files, a partition of
    the band rows a task (on the step's workers or Ray).
 4. Every document's decision is made a batch of ids at a time (`decision_frames`) and streamed
@@ -24,6 +26,7 @@ DuckDB phases and the phases that hold batches of text.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,7 +36,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from ito_assets.data.band_join import near_duplicates_out_of_core, num_partitions, write_band_rows
-from ito_assets.data.bucket_sort import bucket_sort, place, placed_rows
+from ito_assets.data.bucket_sort import bucket_sort, gathered, place, placed_rows, spread_shard, spread_tasks
 from ito_assets.data.config import DedupConfig
 from ito_assets.data.dedup import DEDUP_SCHEMA, DedupCounts, counts_of, decide, family_ids, near_ids
 from ito_assets.data.exact_units import exact_copies
@@ -42,13 +45,15 @@ from ito_assets.data.near_dedup import Families, Removals, band_rows
 from ito_assets.data.scratch import Scratch
 from ito_assets.data.sources import DOCUMENT_SCHEMA
 from ito_assets.data.shards import Shard, record_batches, write_table_batches
-from ito_assets.data.units import READ_BATCH_ROWS, WorkUnit, compacted, map_units, parquet_frames, worker_pool, write_units
+from ito_assets.data.units import (READ_BATCH_ROWS, UNIT_SCHEMA, Pool, WorkUnit, compacted, map_units, parquet_frames, worker_pool,
+                                   write_units)
 
 # The representatives: the documents that are no exact copy.
 REPRESENTATIVES_SQL = "SELECT k.* FROM keys k ANTI JOIN copies USING (doc_id)"
 # Their whole rows in keep order, written while their units are, and the positions among them of
 # the near-duplicates removed: what `kept_frames` reads.
 REPRESENTATIVES_FILE = "representatives.parquet"
+REPRESENTATIVES_PARTS = "representatives.json"  # on a pool: the side file's parts, in keep order
 REMOVED_FILE = "removed.npy"
 
 
@@ -92,6 +97,56 @@ def representative_frames(scratch: Scratch, shard_paths: Sequence[str]) -> Itera
         yield frame.select(list(DOCUMENT_SCHEMA)).cast(DOCUMENT_SCHEMA)
 
 
+@dataclass(frozen=True)
+class UnitTask:
+    """One bucket of the keep order, read from every spread file (`spread`: their markers' digest)."""
+
+    bucket: int
+    spread_paths: tuple[str, ...]
+    spread: str
+    unit_path: str
+    rows_path: str
+
+    def key(self) -> dict:
+        return {"bucket": self.bucket, "spread": self.spread}
+
+    def inputs(self) -> tuple[str, ...]:
+        return ()
+
+    def outputs(self) -> tuple[str, ...]:
+        return (self.unit_path, self.rows_path)
+
+
+def representative_unit(task: UnitTask) -> tuple[int, int, int]:
+    """One bucket's representatives in keep order: their ids and texts as a work unit, their whole
+    rows as a part of the side file -> (the first one's position, documents, UTF-8 bytes of text)."""
+    rows = gathered(task.spread_paths, "bucket", task.bucket).sort("rank")
+    rows.select(list(DOCUMENT_SCHEMA)).cast(DOCUMENT_SCHEMA).write_parquet(task.rows_path, compression="lz4")
+    rows.select(list(UNIT_SCHEMA)).cast(UNIT_SCHEMA).write_parquet(task.unit_path, compression="lz4")
+    return int(rows["rank"][0]), rows.height, int(rows["text"].str.len_bytes().fill_null(0).sum())
+
+
+def representatives_in_parts(scratch: Scratch, shard_paths: Sequence[str], pool: Pool) -> tuple[WorkUnit, ...]:
+    """The work units, a bucket of about `unit_bytes` of the representatives' text each in keep
+    order, and the side file's parts (named in REPRESENTATIVES_PARTS): each source shard and then
+    each bucket a task on `pool`."""
+    db = scratch.db
+    place(db, "representative_placement", REPRESENTATIVES_SQL, "rank", scratch.scale.unit_bytes)
+    spread = scratch.finished("representative-spread")
+    tasks = spread_tasks(db, "representative_placement", shard_paths, list(DOCUMENT_SCHEMA), "bucket",
+                         scratch.sub("representative-placements"), spread.folder)
+    map_units(spread_shard, tasks, pool, phase="representatives' rows", unit="source shards", markers=spread)
+    made = scratch.finished("representative-units")
+    spread_paths, digest = tuple(t.output for t in tasks), spread.digest()
+    buckets = [b for (b,) in db.execute("SELECT DISTINCT bucket FROM representative_placement ORDER BY bucket").fetchall()]
+    unit_tasks = [UnitTask(bucket=b, spread_paths=spread_paths, spread=digest, unit_path=str(made.folder / f"unit-{i:05d}.parquet"),
+                           rows_path=str(made.folder / f"representatives-{i:05d}.parquet")) for i, b in enumerate(buckets)]
+    found = map_units(representative_unit, unit_tasks, pool, phase="dedup units", unit="buckets", markers=made)
+    (scratch.folder / REPRESENTATIVES_PARTS).write_text(json.dumps([t.rows_path for t in unit_tasks]))
+    return tuple(WorkUnit(index=i, path=t.unit_path, first=first, num_docs=num_docs, num_bytes=num_bytes)
+                 for i, (t, (first, num_docs, num_bytes)) in enumerate(zip(unit_tasks, found)))
+
+
 def written_aside(frames: Iterable[pl.DataFrame], path: Path) -> Iterator[pl.DataFrame]:
     """The frames, passed on unchanged, also appended to one Parquet file (a row group each)."""
     writer = None
@@ -113,15 +168,18 @@ def deduplicate_units(
     counters); leaves the representatives' rows and removals in the scratch folder for
     `kept_frames`. `tiers` (doc_id, tier): the contaminated documents, last in the keep order."""
     exact_counts = exact_copies(scratch, shard_paths, tiers)
-    frames = written_aside(representative_frames(scratch, shard_paths), scratch.folder / REPRESENTATIVES_FILE)
-    units = write_units(frames, scratch.sub("dedup-units"), scratch.scale.unit_bytes)
-    scratch.reconnect()
-    markers = scratch.finished("dedup-arrays")
-    folder = markers.folder
-    partitions = num_partitions(sum(u.num_docs for u in units), config.bands, scratch.scale)
-    band_files = [str(folder / f"bands-{u.index:05d}.parquet") for u in units]
-    # One pool for both phases: a worker's start (imports) is paid once.
+    # One pool for the phases: a worker's start (imports) is paid once.
     with worker_pool(scratch.scale.num_workers, scratch.scale.engine) as pool:
+        if pool is None:
+            frames = written_aside(representative_frames(scratch, shard_paths), scratch.folder / REPRESENTATIVES_FILE)
+            units = write_units(frames, scratch.sub("dedup-units"), scratch.scale.unit_bytes)
+        else:
+            units = representatives_in_parts(scratch, shard_paths, pool)
+        scratch.reconnect()
+        markers = scratch.finished("dedup-arrays")
+        folder = markers.folder
+        partitions = num_partitions(sum(u.num_docs for u in units), config.bands, scratch.scale)
+        band_files = [str(folder / f"bands-{u.index:05d}.parquet") for u in units]
         map_units(signature_unit, [SignatureTask(unit=u, folder=str(folder), config=config, num_partitions=partitions) for u in units], pool,
                   markers=markers, phase="dedup signatures")
         removals, families, near_counts = near_duplicates_out_of_core(
@@ -149,10 +207,11 @@ def kept_frames(scratch: Scratch) -> Iterator[pl.DataFrame]:
     """The documents that survive deduplication, in keep order, a batch at a time (as
     the reference `kept_documents` returns them whole): the representatives' side file, less the rows
     at the positions of the near-duplicates removed."""
-    path = scratch.folder / REPRESENTATIVES_FILE
+    path, parts = scratch.folder / REPRESENTATIVES_FILE, scratch.folder / REPRESENTATIVES_PARTS
+    paths = [str(path)] if path.exists() else json.loads(parts.read_text()) if parts.exists() else []
     removed = np.load(scratch.folder / REMOVED_FILE)
     first = 0
-    for frame in parquet_frames([str(path)] if path.exists() else [], list(DOCUMENT_SCHEMA)):
+    for frame in parquet_frames(paths, list(DOCUMENT_SCHEMA)):
         kept = ~np.isin(np.arange(first, first + frame.height), removed, assume_unique=True)
         first += frame.height
         # Compacted: the shard writer holds up to a shard of these, not the batches they came from.

@@ -26,10 +26,10 @@ import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 
-from ito_assets.data.bucket_sort import bucket_sort, place, placed_rows
+from ito_assets.data.bucket_sort import bucket_sort, gathered, place, placed_rows, spread_shard, spread_tasks
 from ito_assets.data.exact_dedup import CLEAN_TIER, ExactDedupCounts
 from ito_assets.data.scratch import Scratch, sql_list
-from ito_assets.data.units import Pool, compacted, map_units, parquet_frames, worker_pool
+from ito_assets.data.units import Pool, map_units, parquet_frames, worker_pool
 
 # Where each document lives (shard, shard_row: its position there) and how long its text is, for `bucket_sort`.
 KEY_SCHEMA = {"doc_id": pl.String, "source_record_id": pl.String, "source_index": pl.Int32, "shard": pl.Int32, "shard_row": pl.Int64, "num_bytes": pl.Int64, "hi": pl.UInt64, "lo": pl.UInt64}
@@ -41,14 +41,11 @@ FROM read_parquet({files}) k LEFT JOIN tiers t USING (doc_id)
 """
 # The documents whose hash another document shares: only these have their texts compared.
 SHARED_SQL = "SELECT k.* FROM keys k SEMI JOIN (SELECT hi, lo FROM keys GROUP BY hi, lo HAVING count(*) > 1) USING (hi, lo)"
-SHARED_TABLE_SQL = f"CREATE OR REPLACE TABLE shared AS {SHARED_SQL}"
-# One source shard's shared documents, for its spread task: where each lies, its rank and hash,
-# and its hash partition (a whole hash group in one partition).
-SPREAD_SQL = """
-COPY (SELECT shard_row, rank, doc_id, hi, lo, CAST(hi % {parts} AS INTEGER) AS part
-      FROM shared WHERE shard = {shard} ORDER BY shard_row) TO {path} (FORMAT parquet)
+# The documents of shared hashes with their hash partition (a whole hash group in one partition).
+SHARED_TABLE_SQL = """
+CREATE OR REPLACE TABLE shared AS
+SELECT shard, shard_row, rank, doc_id, hi, lo, CAST(hi % {parts} AS INTEGER) AS part FROM ({shared})
 """
-SPREAD_SCHEMA = {"part": pl.Int32, "hi": pl.UInt64, "lo": pl.UInt64, "rank": pl.Int64, "doc_id": pl.String, "text": pl.String}
 
 
 # Two seeds of polars' hash: together a 128-bit key per text.
@@ -162,25 +159,6 @@ def exact_copies(scratch: Scratch, shard_paths: Sequence[str], tiers: pl.DataFra
 
 
 @dataclass(frozen=True)
-class SpreadTask:
-    """One source shard's shared documents (`placement_path`, written by the step from `shared`)."""
-
-    shard: int
-    shard_path: str
-    placement_path: str
-    output: str
-
-    def key(self) -> dict:
-        return {"shard": self.shard}
-
-    def inputs(self) -> tuple[str, ...]:
-        return (self.shard_path, self.placement_path)
-
-    def outputs(self) -> tuple[str, ...]:
-        return (self.output,)
-
-
-@dataclass(frozen=True)
 class CompareTask:
     """One hash partition, read from every spread file (`spread`: their markers' digest)."""
 
@@ -199,27 +177,10 @@ class CompareTask:
         return (self.output,)
 
 
-def spread_shard(task: SpreadTask) -> int:
-    """-> the shared documents written: their texts, read a batch at a time, with their rank, hash
-    and partition, a row group per partition (so that a partition's task reads only its own)."""
-    placement = pl.read_parquet(task.placement_path)
-    found, first = [], 0
-    for batch in parquet_frames([task.shard_path], ["text"]):
-        rows = batch.with_columns(pl.int_range(first, first + batch.height, dtype=placement["shard_row"].dtype).alias("shard_row"))
-        first += batch.height
-        found.append(compacted(rows.join(placement, on="shard_row", how="inner")))
-    rows = pl.concat(found).select(list(SPREAD_SCHEMA)).cast(SPREAD_SCHEMA) if found else pl.DataFrame(schema=SPREAD_SCHEMA)
-    empty = pl.DataFrame(schema=SPREAD_SCHEMA).to_arrow()
-    with pq.ParquetWriter(task.output, empty.schema, compression="lz4") as writer:  # scratch data: fast over small
-        for part in rows.sort("part", maintain_order=True).partition_by("part", maintain_order=True):
-            writer.write_table(part.to_arrow().cast(empty.schema))
-    return rows.height
-
-
 def compare_partition(task: CompareTask) -> int:
     """-> the copies found in one partition: its whole hash groups, in (hash, rank) order, their
     texts compared (`_first_of_identical`), written to `task.output`."""
-    rows = pl.scan_parquet(list(task.spread_paths)).filter(pl.col("part") == task.part).collect()
+    rows = gathered(task.spread_paths, "part", task.part)
     copies = _first_of_identical(rows.sort(["hi", "lo", "rank"]))
     copies.write_parquet(task.output)
     return copies.height
@@ -229,17 +190,11 @@ def copies_in_parts(scratch: Scratch, shard_paths: Sequence[str], pool: Pool) ->
     """The copies' files, one per hash partition of the shared documents (about `unit_bytes` of
     their text each), each source shard and then each partition a task on `pool`."""
     db = scratch.db
-    db.execute(SHARED_TABLE_SQL)
-    num_bytes, = db.execute("SELECT coalesce(sum(num_bytes), 0) FROM shared").fetchone()
+    num_bytes, = db.execute(f"SELECT coalesce(sum(num_bytes), 0) FROM ({SHARED_SQL})").fetchone()
     parts = max(1, -(-int(num_bytes) // scratch.scale.unit_bytes))
-    placements = scratch.sub("exact-placements")
+    db.execute(SHARED_TABLE_SQL.format(parts=parts, shared=SHARED_SQL))
     spread = scratch.finished("exact-spread")
-    tasks = []
-    for (shard,) in db.execute("SELECT DISTINCT shard FROM shared ORDER BY shard").fetchall():
-        placement = placements / f"placement-{shard:05d}.parquet"
-        db.execute(SPREAD_SQL.format(parts=parts, shard=int(shard), path=sql_list([str(placement)])[1:-1]))
-        tasks.append(SpreadTask(shard=shard, shard_path=shard_paths[shard], placement_path=str(placement),
-                                output=str(spread.folder / f"spread-{shard:05d}.parquet")))
+    tasks = spread_tasks(db, "shared", shard_paths, ["text"], "part", scratch.sub("exact-placements"), spread.folder)
     map_units(spread_shard, tasks, pool, phase="exact-copy texts", unit="source shards", markers=spread)
     compare = scratch.finished("exact-compare")
     spread_paths, digest = tuple(t.output for t in tasks), spread.digest()

@@ -265,8 +265,9 @@ def test_a_process_pool_marks_its_units_too(tmp_path: Path):
     scale = ScaleConfig(unit_bytes=TINY.unit_bytes, pair_batch=TINY.pair_batch, memory_limit_mb=128, num_workers=2)
     with scratch_space(tmp_path / "_scratch", scale) as scratch:
         dedup_units.deduplicate_units(scratch, shards, DedupConfig(), tmp_path / "decisions.parquet")
-        units = len(list((tmp_path / "_scratch" / "dedup-units").glob("unit-*.parquet")))
-        assert len(list((tmp_path / FINISHED / "dedup-arrays").glob("marker-*.json"))) == units
+        units = len(list((tmp_path / FINISHED / "representative-units").glob("unit-*.parquet")))  # a bucket each
+        assert units > 1 and len(list((tmp_path / FINISHED / "dedup-arrays").glob("marker-*.json"))) == units
+        assert len(list((tmp_path / FINISHED / "representative-units").glob("marker-*.json"))) == units
     assert not (tmp_path / FINISHED).exists()
 
 

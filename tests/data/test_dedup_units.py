@@ -15,7 +15,7 @@ from data_frames import edit_words, frame, random_text
 from ito_assets.data.band_join import candidate_batches
 from ito_assets.data.clean import ACTION_SCHEMA, tiers_of
 from ito_assets.data.config import DataPrepConfig, DedupConfig, ScaleConfig
-from ito_assets.data import exact_units
+from ito_assets.data import dedup_units, exact_units
 from ito_assets.data.dedup_units import deduplicate_units, kept_frames
 from ito_assets.data.near_dedup import band_rows, candidate_pairs
 from ito_assets.data.scratch import scratch_space
@@ -58,7 +58,9 @@ def test_out_of_core_decisions_and_kept_documents_equal_in_memory(tmp_path: Path
     scale = ScaleConfig(unit_bytes=TINY.unit_bytes, pair_batch=TINY.pair_batch, memory_limit_mb=128, num_workers=num_workers)
     with scratch_space(tmp_path / "_scratch", scale) as scratch:
         table, counts = deduplicate_units(scratch, [s.path for s in shards.shards], DedupConfig(), tmp_path / "decisions.parquet")
-        assert len(list((tmp_path / "_scratch" / "dedup-units").glob("unit-*.parquet"))) >= 10
+        # One worker cuts the units from the bucket sort; several make a unit of each bucket, a task each.
+        units = tmp_path / "_scratch" / "dedup-units" if num_workers == 1 else tmp_path / FINISHED / "representative-units"
+        assert len(list(units.glob("unit-*.parquet"))) >= 10
         kept = write_shard_stream(kept_frames(scratch), tmp_path / "kept", prefix="k", max_rows=25, schema=DOCUMENT_SCHEMA)
         # Several workers compare the exact copies' texts in hash partitions, a task each; one worker in one pass.
         partitions = list((tmp_path / FINISHED / "exact-compare").glob("copies-*.parquet"))
@@ -243,6 +245,50 @@ def test_a_rerun_after_a_failed_partition_compares_only_the_partitions_left(tmp_
     # Every source shard's texts and the partitions compared before the failure (and the keys):
     # not done again.
     assert resumed == finished["exact-spread"] + finished["exact-compare"] + len(shards.shards)
+
+
+def _dedup_on_threads(tmp_path: Path, shards) -> tuple[pl.DataFrame, pl.DataFrame, int]:
+    scale = ScaleConfig(unit_bytes=TINY.unit_bytes, pair_batch=TINY.pair_batch, memory_limit_mb=128, num_workers=2)
+    with scratch_space(tmp_path / "_scratch", scale) as scratch:
+        table, _ = deduplicate_units(scratch, [s.path for s in shards.shards], DedupConfig(), tmp_path / "decisions.parquet")
+        kept = write_shard_stream(kept_frames(scratch), tmp_path / "kept", prefix="k", max_rows=25, schema=DOCUMENT_SCHEMA)
+        return pl.read_parquet(table.path), kept.read(), scratch.units_resumed
+
+
+def test_the_representatives_units_are_the_keep_order_s_buckets_and_a_rerun_makes_only_those_left(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dedup_units, "worker_pool", _threads)
+    monkeypatch.setattr(exact_units, "worker_pool", _threads)
+    docs = corpus(seed=3)
+    expected, _ = deduplicate(docs, DedupConfig())
+    shards = write_shards(docs, tmp_path / "source", prefix="d", max_rows=37)
+    made: list = []
+    real = dedup_units.representatives_in_parts
+    monkeypatch.setattr(dedup_units, "representatives_in_parts", lambda *args: made.append(real(*args)) or made[-1])
+    decisions, kept, _ = _dedup_on_threads(tmp_path / "straight", shards)
+    assert_frame_equal(decisions, expected)
+    assert_frame_equal(kept, kept_documents(docs, expected))
+    units = made[0]
+    assert len(units) >= 10 and [u.first for u in units] == [sum(u.num_docs for u in units[:i]) for i in range(len(units))]
+    # A bucket's task fails after some have finished: the rerun makes only the buckets left.
+    real_gathered, seen = dedup_units.gathered, []
+
+    def failing(*args):
+        seen.append(1)
+        if len(seen) == 6:
+            raise RuntimeError("a worker lost")
+        return real_gathered(*args)
+
+    monkeypatch.setattr(dedup_units, "gathered", failing)
+    with pytest.raises(RuntimeError, match="a worker lost"):
+        _dedup_on_threads(tmp_path / "state", shards)
+    markers = {phase.name: len(list(phase.glob(MARKERS))) for phase in (tmp_path / "state" / FINISHED).iterdir()}
+    assert 0 < markers["representative-units"] < len(units)
+    monkeypatch.setattr(dedup_units, "gathered", real_gathered)
+    again, kept_again, resumed = _dedup_on_threads(tmp_path / "state", shards)
+    assert_frame_equal(again, expected)
+    assert_frame_equal(kept_again, kept)
+    assert resumed == sum(markers.values())  # every unit finished before the failure, the buckets made among them
 
 
 def test_hash_groups_are_never_split_between_chunks() -> None:

@@ -160,7 +160,8 @@ def test_dedup_on_ray_gives_the_in_memory_decisions(cluster, tmp_path):
     scale = ScaleConfig(unit_bytes=TINY.unit_bytes, pair_batch=TINY.pair_batch, memory_limit_mb=128, engine="ray", partition_rows=300)
     with scratch_space(tmp_path / "_scratch", scale) as scratch:
         table, counts = deduplicate_units(scratch, [s.path for s in shards.shards], DedupConfig(), tmp_path / "decisions.parquet")
-        assert len(list((tmp_path / "_scratch" / "dedup-units").glob("unit-*.parquet"))) >= 10
+        # On Ray each bucket of the keep order is a unit made by a task.
+        assert len(list((tmp_path / FINISHED / "representative-units").glob("unit-*.parquet"))) >= 10
         assert len(list((tmp_path / FINISHED / "dedup-pairs").glob("pairs-*.parquet"))) >= 5
     assert_frame_equal(pl.read_parquet(table.path), expected)
     assert counts == expected_counts
@@ -243,7 +244,7 @@ def test_the_data_chain_through_dagster_on_ray_writes_the_local_engines_bytes(cl
             _, result = _materialize(settings, instance)
             assert result.success
             runs[engine] = _digests(result) | {"audit": _audits(settings.warehouse_path)}
-        assert set(sent) == (set() if engine == "local" else {"cut_source", "parse_piece", "write_part", "key_shard", "signature_unit", "partition_pairs", "match_unit", "hits_unit", "clean_shard", "spread_shard", "compare_partition"})
+        assert set(sent) == (set() if engine == "local" else {"cut_source", "parse_piece", "write_part", "key_shard", "signature_unit", "partition_pairs", "match_unit", "hits_unit", "clean_shard", "spread_shard", "compare_partition", "representative_unit"})
     assert runs["ray"] == runs["local"]
     assert runs["local"]["conservation"]["problems"] == ()
 
@@ -276,5 +277,5 @@ def test_a_generated_16x_corpus_on_ray_writes_the_local_engines_bytes(cluster, t
         clean = stages.run_clean(verified, sources, dedup, decontam, work, warehouse, config)
         digests[engine] = _stage_digests(dedup, decontam, clean)
     assert sources.num_documents > 40_000 and digests["local"]["conservation"]["problems"] == ()
-    assert set(sent) == {"cut_source", "parse_piece", "write_part", "key_shard", "signature_unit", "partition_pairs", "match_unit", "hits_unit", "clean_shard", "spread_shard", "compare_partition"}
+    assert set(sent) == {"cut_source", "parse_piece", "write_part", "key_shard", "signature_unit", "partition_pairs", "match_unit", "hits_unit", "clean_shard", "spread_shard", "compare_partition", "representative_unit"}
     assert digests["ray"] == digests["local"]
