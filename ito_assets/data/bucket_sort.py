@@ -179,6 +179,26 @@ def spread_shard(task: SpreadTask) -> int:
     return rows.height
 
 
+@dataclass(frozen=True)
+class GatherTask:
+    """One key's rows, read from every spread file (`spread`: their markers' digest, which vouches
+    for what they hold), to `files`."""
+
+    key_value: int
+    spread_paths: tuple[str, ...]
+    spread: str
+    files: tuple[str, ...]
+
+    def key(self) -> dict:
+        return {"key": self.key_value, "spread": self.spread}
+
+    def inputs(self) -> tuple[str, ...]:
+        return ()
+
+    def outputs(self) -> tuple[str, ...]:
+        return self.files
+
+
 def gathered(paths: Sequence[str], key_column: str, key: int) -> pl.DataFrame:
     """The rows of one key from every spread file (only its row groups are read)."""
     return pl.scan_parquet(list(paths)).filter(pl.col(key_column) == key).collect()

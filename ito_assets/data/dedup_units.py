@@ -36,7 +36,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from ito_assets.data.band_join import near_duplicates_out_of_core, num_partitions, write_band_rows
-from ito_assets.data.bucket_sort import bucket_sort, gathered, place, placed_rows, spread_shard, spread_tasks
+from ito_assets.data.bucket_sort import GatherTask, bucket_sort, gathered, place, placed_rows, spread_shard, spread_tasks
 from ito_assets.data.config import DedupConfig
 from ito_assets.data.dedup import DEDUP_SCHEMA, DedupCounts, counts_of, decide, family_ids, near_ids
 from ito_assets.data.exact_units import exact_copies
@@ -97,32 +97,14 @@ def representative_frames(scratch: Scratch, shard_paths: Sequence[str]) -> Itera
         yield frame.select(list(DOCUMENT_SCHEMA)).cast(DOCUMENT_SCHEMA)
 
 
-@dataclass(frozen=True)
-class UnitTask:
-    """One bucket of the keep order, read from every spread file (`spread`: their markers' digest)."""
-
-    bucket: int
-    spread_paths: tuple[str, ...]
-    spread: str
-    unit_path: str
-    rows_path: str
-
-    def key(self) -> dict:
-        return {"bucket": self.bucket, "spread": self.spread}
-
-    def inputs(self) -> tuple[str, ...]:
-        return ()
-
-    def outputs(self) -> tuple[str, ...]:
-        return (self.unit_path, self.rows_path)
-
-
-def representative_unit(task: UnitTask) -> tuple[int, int, int]:
+def representative_unit(task: GatherTask) -> tuple[int, int, int]:
     """One bucket's representatives in keep order: their ids and texts as a work unit, their whole
-    rows as a part of the side file -> (the first one's position, documents, UTF-8 bytes of text)."""
-    rows = gathered(task.spread_paths, "bucket", task.bucket).sort("rank")
-    rows.select(list(DOCUMENT_SCHEMA)).cast(DOCUMENT_SCHEMA).write_parquet(task.rows_path, compression="lz4")
-    rows.select(list(UNIT_SCHEMA)).cast(UNIT_SCHEMA).write_parquet(task.unit_path, compression="lz4")
+    rows as a part of the side file (the task's two files) -> (the first one's position,
+    documents, UTF-8 bytes of text)."""
+    unit_path, rows_path = task.files
+    rows = gathered(task.spread_paths, "bucket", task.key_value).sort("rank")
+    rows.select(list(DOCUMENT_SCHEMA)).cast(DOCUMENT_SCHEMA).write_parquet(rows_path, compression="lz4")
+    rows.select(list(UNIT_SCHEMA)).cast(UNIT_SCHEMA).write_parquet(unit_path, compression="lz4")
     return int(rows["rank"][0]), rows.height, int(rows["text"].str.len_bytes().fill_null(0).sum())
 
 
@@ -139,11 +121,12 @@ def representatives_in_parts(scratch: Scratch, shard_paths: Sequence[str], pool:
     made = scratch.finished("representative-units")
     spread_paths, digest = tuple(t.output for t in tasks), spread.digest()
     buckets = [b for (b,) in db.execute("SELECT DISTINCT bucket FROM representative_placement ORDER BY bucket").fetchall()]
-    unit_tasks = [UnitTask(bucket=b, spread_paths=spread_paths, spread=digest, unit_path=str(made.folder / f"unit-{i:05d}.parquet"),
-                           rows_path=str(made.folder / f"representatives-{i:05d}.parquet")) for i, b in enumerate(buckets)]
+    unit_tasks = [GatherTask(key_value=b, spread_paths=spread_paths, spread=digest,
+                             files=(str(made.folder / f"unit-{i:05d}.parquet"), str(made.folder / f"representatives-{i:05d}.parquet")))
+                  for i, b in enumerate(buckets)]
     found = map_units(representative_unit, unit_tasks, pool, phase="dedup units", unit="buckets", markers=made)
-    (scratch.folder / REPRESENTATIVES_PARTS).write_text(json.dumps([t.rows_path for t in unit_tasks]))
-    return tuple(WorkUnit(index=i, path=t.unit_path, first=first, num_docs=num_docs, num_bytes=num_bytes)
+    (scratch.folder / REPRESENTATIVES_PARTS).write_text(json.dumps([t.files[1] for t in unit_tasks]))
+    return tuple(WorkUnit(index=i, path=t.files[0], first=first, num_docs=num_docs, num_bytes=num_bytes)
                  for i, (t, (first, num_docs, num_bytes)) in enumerate(zip(unit_tasks, found)))
 
 

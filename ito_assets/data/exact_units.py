@@ -26,7 +26,7 @@ import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 
-from ito_assets.data.bucket_sort import bucket_sort, gathered, place, placed_rows, spread_shard, spread_tasks
+from ito_assets.data.bucket_sort import GatherTask, bucket_sort, gathered, place, placed_rows, spread_shard, spread_tasks
 from ito_assets.data.exact_dedup import CLEAN_TIER, ExactDedupCounts
 from ito_assets.data.scratch import Scratch, sql_list
 from ito_assets.data.units import Pool, map_units, parquet_frames, worker_pool
@@ -158,31 +158,12 @@ def exact_copies(scratch: Scratch, shard_paths: Sequence[str], tiers: pl.DataFra
     return ExactDedupCounts(num_input=num_input, num_distinct_texts=num_input - num_removed, num_removed=num_removed, num_groups_with_copies=num_groups)
 
 
-@dataclass(frozen=True)
-class CompareTask:
-    """One hash partition, read from every spread file (`spread`: their markers' digest)."""
-
-    part: int
-    spread_paths: tuple[str, ...]
-    spread: str
-    output: str
-
-    def key(self) -> dict:
-        return {"part": self.part, "spread": self.spread}
-
-    def inputs(self) -> tuple[str, ...]:
-        return ()
-
-    def outputs(self) -> tuple[str, ...]:
-        return (self.output,)
-
-
-def compare_partition(task: CompareTask) -> int:
-    """-> the copies found in one partition: its whole hash groups, in (hash, rank) order, their
-    texts compared (`_first_of_identical`), written to `task.output`."""
-    rows = gathered(task.spread_paths, "part", task.part)
+def compare_partition(task: GatherTask) -> int:
+    """-> the copies found in one hash partition: its whole hash groups, in (hash, rank) order,
+    their texts compared (`_first_of_identical`), written to the task's file."""
+    rows = gathered(task.spread_paths, "part", task.key_value)
     copies = _first_of_identical(rows.sort(["hi", "lo", "rank"]))
-    copies.write_parquet(task.output)
+    copies.write_parquet(task.files[0])
     return copies.height
 
 
@@ -198,10 +179,10 @@ def copies_in_parts(scratch: Scratch, shard_paths: Sequence[str], pool: Pool) ->
     map_units(spread_shard, tasks, pool, phase="exact-copy texts", unit="source shards", markers=spread)
     compare = scratch.finished("exact-compare")
     spread_paths, digest = tuple(t.output for t in tasks), spread.digest()
-    parts_tasks = [CompareTask(part=p, spread_paths=spread_paths, spread=digest, output=str(compare.folder / f"copies-{p:05d}.parquet"))
+    parts_tasks = [GatherTask(key_value=p, spread_paths=spread_paths, spread=digest, files=(str(compare.folder / f"copies-{p:05d}.parquet"),))
                    for p in range(parts)] if tasks else []
     map_units(compare_partition, parts_tasks, pool, phase="exact-copy groups", unit="hash partitions", markers=compare)
-    return [t.output for t in parts_tasks]
+    return [t.files[0] for t in parts_tasks]
 
 
 def _shared_texts(scratch: Scratch, shard_paths: Sequence[str]) -> Iterator[pl.DataFrame]:
