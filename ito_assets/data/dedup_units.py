@@ -125,9 +125,17 @@ def representatives_in_parts(scratch: Scratch, shard_paths: Sequence[str], pool:
                              files=(str(made.folder / f"unit-{i:05d}.parquet"), str(made.folder / f"representatives-{i:05d}.parquet")))
                   for i, b in enumerate(buckets)]
     found = map_units(representative_unit, unit_tasks, pool, phase="dedup units", unit="buckets", markers=made)
-    (scratch.folder / REPRESENTATIVES_PARTS).write_text(json.dumps([t.files[1] for t in unit_tasks]))
+    parts = [{"path": t.files[1], "first": first, "num_docs": num_docs} for t, (first, num_docs, _) in zip(unit_tasks, found)]
+    (scratch.folder / REPRESENTATIVES_PARTS).write_text(json.dumps(parts))
     return tuple(WorkUnit(index=i, path=t.files[0], first=first, num_docs=num_docs, num_bytes=num_bytes)
                  for i, (t, (first, num_docs, num_bytes)) in enumerate(zip(unit_tasks, found)))
+
+
+def representative_parts(scratch: Scratch) -> list[dict] | None:
+    """The side file's parts in keep order ({path, first, num_docs}), where a pool made them; None
+    where the step wrote the side file whole."""
+    parts = scratch.folder / REPRESENTATIVES_PARTS
+    return json.loads(parts.read_text()) if parts.exists() else None
 
 
 def written_aside(frames: Iterable[pl.DataFrame], path: Path) -> Iterator[pl.DataFrame]:
@@ -190,8 +198,8 @@ def kept_frames(scratch: Scratch) -> Iterator[pl.DataFrame]:
     """The documents that survive deduplication, in keep order, a batch at a time (as
     the reference `kept_documents` returns them whole): the representatives' side file, less the rows
     at the positions of the near-duplicates removed."""
-    path, parts = scratch.folder / REPRESENTATIVES_FILE, scratch.folder / REPRESENTATIVES_PARTS
-    paths = [str(path)] if path.exists() else json.loads(parts.read_text()) if parts.exists() else []
+    path, parts = scratch.folder / REPRESENTATIVES_FILE, representative_parts(scratch)
+    paths = [str(path)] if path.exists() else [part["path"] for part in parts] if parts is not None else []
     removed = np.load(scratch.folder / REMOVED_FILE)
     first = 0
     for frame in parquet_frames(paths, list(DOCUMENT_SCHEMA)):

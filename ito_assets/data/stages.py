@@ -39,7 +39,8 @@ from ito_assets.data.config import DataPrepConfig, DecontamConfig, ParaphraseCon
 from ito_assets.data.decontam import ScanCounts
 from ito_assets.data.decontam_units import documents_with_hits, scan_frames, scan_shards
 from ito_assets.data.dedup import DEDUP_SCHEMA, DUPLICATE, DedupCounts
-from ito_assets.data.dedup_units import deduplicate_units, kept_frames
+from ito_assets.data.dedup_units import deduplicate_units
+from ito_assets.data.kept_units import kept_shards
 from ito_assets.data.eval_index import build_index
 from ito_assets.data.paraphrase import CANDIDATE_SCHEMA, find_candidates, item_vectors, load_embedder
 from ito_assets.data.scratch import scratch_space, sql_list
@@ -167,7 +168,7 @@ def run_dedup(source: SourceStage, actions: Shard, state_dir: Path, warehouse: P
     paths = verified_paths(source.shards.shards)
     with scratch_space(folder / SCRATCH, config.scale) as scratch:
         decisions, counts = deduplicate_units(scratch, paths, config.dedup, folder / "decisions.parquet", store=store, tiers=tiers)
-        kept = write_shard_stream(kept_frames(scratch), folder / "kept", prefix="kept", max_rows=config.shard_max_rows, schema=DOCUMENT_SCHEMA, store=store)
+        kept = kept_shards(scratch, folder / "kept", config.shard_max_rows, store)
         num_families = scratch.db.execute(f"SELECT count(DISTINCT family_id) FROM read_parquet({sql_list([decisions.path])}) WHERE family_id <> doc_id").fetchone()[0]
         resumed = scratch.units_resumed
     duplicates = lineage.ParquetRows((decisions,), {c: c for c in DEDUP_SCHEMA}, where=f"dedup_state = '{DUPLICATE}'")
