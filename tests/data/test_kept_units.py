@@ -18,6 +18,7 @@ from ito_assets.data.dedup_units import deduplicate_units, representative_parts
 from ito_assets.data.scratch import FINISHED, scratch_space
 from ito_assets.data.shards import write_shards
 from reference_impl import deduplicate, kept_documents
+from data_frames import frame
 from test_dedup_units import TINY, corpus
 from test_source_pieces import _threads
 
@@ -86,3 +87,10 @@ def test_a_rerun_after_a_failed_part_keeps_only_the_parts_left(tmp_path: Path, o
     again, _, resumed = _kept(tmp_path / "state", shards, 2, 25)
     assert _files(again) == _files(one)
     assert resumed == sum(markers.values())
+
+
+def test_no_document_gives_the_one_pass_s_one_empty_shard(tmp_path: Path, on_threads) -> None:
+    shards = write_shards(frame([], source_index=0), tmp_path / "source", prefix="d", max_rows=37)
+    one, _, _ = _kept(tmp_path / "one", shards, 1, 25)
+    parts, in_parts, _ = _kept(tmp_path / "parts", shards, 2, 25)
+    assert in_parts and _files(parts) == _files(one) and [s.num_rows for s in parts.shards] == [0]
