@@ -55,12 +55,12 @@ def kept_shards(scratch: Scratch, folder: Path, max_rows: int, store: Path | Non
     parts = representative_parts(scratch)
     if parts is None:
         return write_shard_stream(kept_frames(scratch), folder, prefix=PREFIX, max_rows=max_rows, schema=DOCUMENT_SCHEMA, store=store)
-    removed = np.load(scratch.folder / REMOVED_FILE)
+    removed = np.sort(np.load(scratch.folder / REMOVED_FILE))
     markers = scratch.finished("kept-rows")
     tasks = []
     for index, part in enumerate(parts):
         first, end = part["first"], part["first"] + part["num_docs"]
-        inside = removed[(removed >= first) & (removed < end)]
+        inside = removed[np.searchsorted(removed, first):np.searchsorted(removed, end)]
         tasks.append(KeptTask(rows_path=part["path"], first=first, removed=tuple(int(p) for p in inside),
                               output=str(markers.folder / f"kept-{index:05d}.parquet")))
     with worker_pool(scratch.scale.num_workers, scratch.scale.engine) as pool:
