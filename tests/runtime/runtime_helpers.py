@@ -85,6 +85,21 @@ def step_losses(stage_dir: Path) -> dict[int, float]:
     return found
 
 
+# fp32 on CPU: the rank count changes only the order of the reductions (tests/runtime/test_layouts.py).
+ROWS_FP32_TOLERANCE = 1e-4
+
+
+def assert_trained_as_one_rank(one: WorkerConfig, other: WorkerConfig) -> None:
+    """`other` took `one`'s losses at every step and ended at its weights, within ROWS_FP32_TOLERANCE:
+    each target of the global batch counted once, however the layout split the rows."""
+    expected, got = step_losses(Path(one.stage_dir)), step_losses(Path(other.stage_dir))
+    assert sorted(got) == sorted(expected) == list(range(1, one.num_steps + 1)), other.stage_dir
+    assert max(abs(got[s] - expected[s]) for s in got) <= ROWS_FP32_TOLERANCE, other.stage_dir
+    reference, trained = final_weights(Path(one.stage_dir), one.num_steps), final_weights(Path(other.stage_dir), one.num_steps)
+    for key in reference:
+        torch.testing.assert_close(trained[key], reference[key], atol=ROWS_FP32_TOLERANCE, rtol=0, msg=key)
+
+
 def final_weights(stage_dir: Path, step: int) -> dict[str, torch.Tensor]:
     """The model and optimizer tensors of a checkpoint, whatever layout saved it (DCP reshards)."""
     folder = markers.checkpoint_dir(stage_dir, step)

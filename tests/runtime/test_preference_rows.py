@@ -28,7 +28,7 @@ from ito_assets.runtime.worker.step import train_step
 from ito_assets.training.layout import Layout
 from ito_assets.training.model import build_model, config_by_name
 from ito_assets.training.trainer import TrainConfig, build_optimizer
-from runtime_helpers import final_weights, finish, run_worker, start_worker, step_losses, worker_config
+from runtime_helpers import assert_trained_as_one_rank, final_weights, finish, run_worker, start_worker, worker_config
 
 CODEC = CharVocab()
 
@@ -171,10 +171,6 @@ def test_the_counts_start_again_after_every_step():
     assert objective.take_metrics(torch.device("cpu")) == {}
 
 
-# fp32 on CPU: the rank count changes only the order of the reductions (tests/runtime/test_layouts.py).
-FP32_TOLERANCE = 1e-4
-
-
 def _pair_rows(tmp_path: Path) -> tuple[dict, WorkerConfig]:
     """The pairs as a shard with their reference log-probabilities, the settings every layout
     shares, and the reference run: one rank, the whole batch as one micro-batch, 8 steps."""
@@ -194,15 +190,8 @@ def _pair_rows(tmp_path: Path) -> tuple[dict, WorkerConfig]:
 
 def _same_run(one: WorkerConfig, other: WorkerConfig) -> None:
     """`other` took one rank's losses and accuracies and ended at its weights."""
-    expected = step_losses(Path(one.stage_dir))
-    assert sorted(expected) == list(range(1, 9))
-    losses = step_losses(Path(other.stage_dir))
-    assert sorted(losses) == list(range(1, 9)), other.stage_dir
-    assert max(abs(losses[s] - expected[s]) for s in expected) <= FP32_TOLERANCE, other.stage_dir
+    assert_trained_as_one_rank(one, other)
     assert _accuracies(Path(other.stage_dir)) == pytest.approx(_accuracies(Path(one.stage_dir)), abs=1e-6)
-    reference, trained = final_weights(Path(one.stage_dir), 8), final_weights(Path(other.stage_dir), 8)
-    for key in reference:
-        torch.testing.assert_close(trained[key], reference[key], atol=FP32_TOLERANCE, rtol=0, msg=key)
 
 
 @pytest.mark.slow

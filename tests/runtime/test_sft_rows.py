@@ -29,7 +29,7 @@ from ito_assets.runtime.worker.step import target_divisors, train_step
 from ito_assets.training.layout import Layout
 from ito_assets.training.model import build_model, config_by_name
 from ito_assets.training.trainer import TrainConfig, build_optimizer
-from runtime_helpers import final_weights, finish, run_worker, start_worker, step_losses, worker_config
+from runtime_helpers import assert_trained_as_one_rank, finish, run_worker, start_worker, step_losses, worker_config
 
 CODEC = CharVocab()
 LENGTH = 96  # positions per row: the longest documentation line kept below needs at most this
@@ -189,10 +189,6 @@ def test_the_divisors_are_the_micro_batch_count_for_equal_targets():
     assert target_divisors([full, torch.full((2, 4), IGNORE)]) == [1.0, 8.0]
 
 
-# fp32 on CPU: the rank count changes only the order of the reductions (tests/runtime/test_layouts.py).
-FP32_TOLERANCE = 1e-4
-
-
 def _one_rank_straight(tmp_path: Path) -> tuple[tuple[Path, None], dict, WorkerConfig]:
     """The documentation's rows as a shard, the settings every layout of the rows tests shares, and
     the reference: one rank, the whole batch as one micro-batch, 12 steps."""
@@ -205,17 +201,6 @@ def _one_rank_straight(tmp_path: Path) -> tuple[tuple[Path, None], dict, WorkerC
     one = worker_config(tmp_path / "one", tokens, layout=Layout(precision="fp32", compile=False, micro_batch_size=8),
                         **settings)
     return tokens, settings, one
-
-
-def _same_run(one: WorkerConfig, other: WorkerConfig) -> None:
-    """`other` took one rank's losses and ended at its weights: each target of the global batch
-    counted once, however the layout split the rows."""
-    expected, got = step_losses(Path(one.stage_dir)), step_losses(Path(other.stage_dir))
-    assert sorted(got) == sorted(expected) == list(range(1, 13)), other.stage_dir
-    assert max(abs(got[s] - expected[s]) for s in got) <= FP32_TOLERANCE, other.stage_dir
-    reference, trained = final_weights(Path(one.stage_dir), 12), final_weights(Path(other.stage_dir), 12)
-    for key in reference:
-        torch.testing.assert_close(trained[key], reference[key], atol=FP32_TOLERANCE, rtol=0, msg=key)
 
 
 @pytest.mark.slow
@@ -240,7 +225,7 @@ def test_the_worker_trains_rows_alike_on_one_rank_and_on_two_by_ddp_with_a_resum
     expected = step_losses(Path(one.stage_dir))
     assert expected[12] < expected[1]  # it learned the documentation's responses
     for other in (two, sliced):
-        _same_run(one, other)
+        assert_trained_as_one_rank(one, other)
     # Throughput counts each row up to its last target, the global batch's on one rank and on two.
     loader = ResumableBatches(_rows(len(PAIRS)), BatchPlan(batch_size=8, sequence_length=LENGTH, seed=one.seed))
     for config in (one, sliced):
@@ -257,7 +242,7 @@ def test_fsdp2_trains_rows_as_one_rank_does(tmp_path):
                             layout=Layout(dp_shard=2, precision="fp32", compile=False, micro_batch_size=2))
     for done in map(finish, [start_worker(one, nproc=1), start_worker(sharded, nproc=2)]):
         assert done.returncode == 0, done.stderr[-3000:]
-    _same_run(one, sharded)
+    assert_trained_as_one_rank(one, sharded)
 
 
 @pytest.mark.long  # four ranks on CI's two cores: `make test-long`
@@ -274,7 +259,7 @@ def test_hsdp_trains_rows_as_one_rank_does(tmp_path):
         assert done.returncode == 0, done.stderr[-3000:]
     ran = json.loads((Path(hybrid.stage_dir) / RESULT_NAME).read_text())["layout"]
     assert ran["ran"] == hybrid.layout.describe() and ran["fallbacks"] == []
-    _same_run(one, hybrid)
+    assert_trained_as_one_rank(one, hybrid)
     loader = ResumableBatches(_rows(len(PAIRS)), BatchPlan(batch_size=8, sequence_length=LENGTH, seed=one.seed))
     assert _tokens_trained(hybrid, steps=(12,)) == pytest.approx([loader.tokens_at(11)])
 
