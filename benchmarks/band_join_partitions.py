@@ -37,6 +37,7 @@ def child(spec: dict) -> dict:
     from ito_assets.data import band_join, dedup_units
     from ito_assets.data.config import ScaleConfig
     from ito_assets.data.scratch import scratch_space
+    from ito_assets.data.shards import Shard
 
     seen: dict = {}
     dedup_units.near_duplicates_out_of_core = data_scaling.timed(band_join.near_duplicates_out_of_core, lambda seconds, args, kwargs: seen.update(
@@ -46,7 +47,7 @@ def child(spec: dict) -> dict:
     work = Path(spec["work"])
     start = time.perf_counter()
     with scratch_space(work / "_scratch", scale) as scratch:
-        decisions, counts = dedup_units.deduplicate_units(scratch, spec["shards"], DedupConfig(), work / "decisions.parquet")
+        decisions, counts = dedup_units.deduplicate_units(scratch, [Shard(**s) for s in spec["shards"]], DedupConfig(), work / "decisions.parquet")
     seconds = time.perf_counter() - start
     main_mb, worker_mb = data_scaling.peak_rss_mb()
     return {"seconds": round(seconds, 2), "band_join_seconds": round(seen["band_join_seconds"], 2), "partitions": seen["partitions"],
@@ -55,14 +56,14 @@ def child(spec: dict) -> dict:
             "decisions_sha256": hashlib.sha256(Path(decisions.path).read_bytes()).hexdigest()}
 
 
-def source_shards(manifest: str, folder: Path) -> tuple[list[str], int]:
+def source_shards(manifest: str, folder: Path) -> tuple[list[dict], int]:
     from ito_assets.data import stages
     from ito_assets.data.config import DataPrepConfig
     from ito_assets.manifest.verify import verify_manifest
 
     source = stages.run_sources(verify_manifest(manifest), Path(manifest).parent, folder / "state", folder / "warehouse.duckdb",
                                 DataPrepConfig(shard_max_rows=data_scaling.SHARD_ROWS))
-    return [s.path for s in source.shards.shards], source.shards.num_rows
+    return source.shards.as_dicts(), source.shards.num_rows
 
 
 def main() -> None:

@@ -112,7 +112,8 @@ def run_ito(corpus: Path, out: Path) -> tuple[float, list[int]]:
         read = SourceRead(ref, 0, Path("/"), scratch.folder)
         shards = write_shard_stream(read.frames(), out / "source", prefix="documents", max_rows=50_000, schema=DOCUMENT_SCHEMA)
     with scratch_space(out / "dedup-scratch", scale) as scratch:
-        deduplicate_units(scratch, verified_paths(shards.shards), config, out / "decisions.parquet")
+        verified_paths(shards.shards)  # as the step does before its work
+        deduplicate_units(scratch, shards.shards, config, out / "decisions.parquet")
     seconds = cpu_seconds() - start
     decisions = pl.read_parquet(out / "decisions.parquet", columns=["doc_id", "duplicate_of"])
     line = {doc_id(ref.sha256, i): i for i in range(corpus.read_bytes().count(b"\n"))}

@@ -61,7 +61,7 @@ def child(spec: dict) -> dict:
     config = _config(spec["workers"])
     start = time.perf_counter()
     with scratch_space(Path(spec["work"]) / "_scratch", config.scale) as scratch:
-        counts = exact_units.exact_copies(scratch, [s.path for s in source.shards.shards])
+        counts = exact_units.exact_copies(scratch, source.shards.shards)
         copies = scratch.db.execute("SELECT doc_id, exact_copy_of FROM copies ORDER BY doc_id").fetchall()
     seconds = time.perf_counter() - start
     main_mb, worker_mb = data_scaling.peak_rss_mb()

@@ -32,7 +32,6 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from ito_assets.data.scratch import sql_list
 from ito_assets.data.units import READ_BATCH_ROWS, compacted, parquet_frames
 
 # Open bucket files in one pass: far under the usual limit of 1,024 file descriptors, and each
@@ -40,6 +39,9 @@ from ito_assets.data.units import READ_BATCH_ROWS, compacted, parquet_frames
 FAN_OUT = 256
 # Scratch data read back once: lz4, fast over small (as the work units).
 IPC_OPTIONS = ipc.IpcWriteOptions(compression="lz4")
+# A source shard's spread file, in its phase's folder.
+SPREAD_FILE = "spread-{:05d}.parquet"
+SPREAD_FILES = "spread-*.parquet"
 
 PLACEMENT_SQL = """
 CREATE OR REPLACE TABLE {name} AS
@@ -59,15 +61,32 @@ def place(db: duckdb.DuckDBPyConnection, name: str, rows: str, order_by: str, bu
     return 0 if last is None else int(last) + 1
 
 
+def placements_by_shard(db: duckdb.DuckDBPyConnection, name: str) -> Iterator[tuple[int, pl.DataFrame]]:
+    """(shard, its placement less `shard`, in shard_row order) for every shard with placed rows,
+    from one ordered scan of table `name` (a scan per shard would read the table once per shard).
+    A shard's placement (integers) is held whole; the scan runs on a cursor of its own."""
+    cursor = db.cursor()
+    try:
+        current, pending = None, []
+        for batch in cursor.execute(f"SELECT * FROM {name} ORDER BY shard, shard_row").fetch_record_batch(READ_BATCH_ROWS):
+            for (shard,), rows in pl.from_arrow(batch).partition_by("shard", as_dict=True, maintain_order=True).items():
+                if shard != current and pending:
+                    yield current, pl.concat(pending).drop("shard")
+                    pending = []
+                current = shard
+                pending.append(rows)
+        if pending:
+            yield current, pl.concat(pending).drop("shard")
+    finally:
+        cursor.close()
+
+
 def placed_rows(db: duckdb.DuckDBPyConnection, name: str, shard_paths: Sequence[str], columns: list[str]) -> Iterator[pl.DataFrame]:
     """The placed rows of every shard, `columns` plus the placement's own (rank, bucket, extras),
-    in shard order, a batch at a time. A shard's placement (integers) is fetched whole."""
-    for shard, path in enumerate(shard_paths):
-        placement = db.execute(f"SELECT * EXCLUDE (shard) FROM {name} WHERE shard = ? ORDER BY shard_row", [shard]).pl()
-        if not placement.height:
-            continue
+    in shard order, a batch at a time."""
+    for shard, placement in placements_by_shard(db, name):
         first = 0
-        for batch in parquet_frames([path], columns):
+        for batch in parquet_frames([shard_paths[shard]], columns):
             rows = batch.with_columns(pl.int_range(first, first + batch.height, dtype=placement["shard_row"].dtype).alias("shard_row"))
             first += batch.height
             yield rows.join(placement, on="shard_row", how="inner").drop("shard_row")
@@ -150,12 +169,11 @@ def spread_tasks(db: duckdb.DuckDBPyConnection, placement: str, shard_paths: Seq
     """A task for every source shard with rows in table `placement` (shard, shard_row, key_column,
     ...), its placement written under `placements` (in shard_row order, integers and ids only)."""
     tasks = []
-    for (shard,) in db.execute(f"SELECT DISTINCT shard FROM {placement} ORDER BY shard").fetchall():
+    for shard, rows in placements_by_shard(db, placement):
         path = placements / f"placement-{shard:05d}.parquet"
-        db.execute(f"COPY (SELECT * EXCLUDE (shard) FROM {placement} WHERE shard = {int(shard)} ORDER BY shard_row) "
-                   f"TO {sql_list([str(path)])[1:-1]} (FORMAT parquet)")
-        tasks.append(SpreadTask(shard=shard, shard_path=shard_paths[shard], placement_path=str(path), columns=tuple(columns),
-                                key_column=key_column, output=str(outputs / f"spread-{shard:05d}.parquet")))
+        rows.write_parquet(path)
+        tasks.append(SpreadTask(shard=shard, shard_path=shard_paths[shard], placement_path=str(path),
+                                columns=tuple(columns), key_column=key_column, output=str(outputs / SPREAD_FILE.format(shard))))
     return tasks
 
 
@@ -183,11 +201,12 @@ def spread_shard(task: SpreadTask) -> int:
 
 @dataclass(frozen=True)
 class GatherTask:
-    """One key's rows, read from every spread file (`spread`: their markers' digest, which vouches
-    for what they hold), to `files`."""
+    """One key's rows, read from every spread file in `spread_folder` (`spread`: their markers'
+    digest, which vouches for what they hold), to `files`. The folder, not a list of its files: a
+    task stays a few hundred bytes however many source shards were spread."""
 
     key_value: int
-    spread_paths: tuple[str, ...]
+    spread_folder: str
     spread: str
     files: tuple[str, ...]
 
@@ -201,6 +220,8 @@ class GatherTask:
         return self.files
 
 
-def gathered(paths: Sequence[str], key_column: str, key: int) -> pl.DataFrame:
-    """The rows of one key from every spread file (only its row groups are read)."""
-    return pl.scan_parquet(list(paths)).filter(pl.col(key_column) == key).collect()
+def gathered(spread_folder: str, key_column: str, key: int) -> pl.DataFrame:
+    """The rows of one key from every spread file of the folder (only its row groups are read).
+    After its phase, the folder holds exactly its tasks' files: the phase's markers removed any
+    other before it ran."""
+    return pl.scan_parquet(str(Path(spread_folder) / SPREAD_FILES)).filter(pl.col(key_column) == key).collect()

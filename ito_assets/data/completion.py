@@ -20,7 +20,7 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -64,11 +64,15 @@ def frame_digest(frame: pl.DataFrame) -> str:
     return digest.hexdigest()
 
 
-def task_key(function: Callable, task: ResumableTask) -> str:
+def task_key(function: Callable, task: ResumableTask, known: Mapping[str, str] | None = None) -> str:
+    """`known`: {path: SHA-256} of inputs whose bytes were already hashed (source shards verified by
+    the step, outputs an earlier phase's workers hashed as they wrote them): taken as they are,
+    so that the step does not read a corpus again only to mark its tasks."""
+    known = known or {}
     body = {
         "function": f"{function.__module__}.{function.__qualname__}",
         "task": task.key(),
-        "inputs": [file_sha256(path) for path in task.inputs()],
+        "inputs": [known.get(str(path)) or file_sha256(path) for path in task.inputs()],
         "outputs": [Path(path).name for path in task.outputs()],
     }
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
@@ -123,6 +127,14 @@ class CompletionMarkers:
         for path in sorted(self.folder.glob(MARKERS)):
             digest.update(json.dumps(json.loads(path.read_text())["outputs"], sort_keys=True).encode())
         return digest.hexdigest()
+
+    def written(self) -> dict[str, str]:
+        """{path: SHA-256} of every file the phase's markers vouch for, as their workers hashed them
+        (`task_key`'s `known` for a later phase that reads them)."""
+        written = {}
+        for path in self.folder.glob(MARKERS):
+            written |= {str(self.folder / name): digest for name, digest in json.loads(path.read_text())["outputs"].items()}
+        return written
 
     def record(self, index: int, key: str, result: Any, digests: dict[str, str]) -> None:
         frames: dict[str, str] = {}

@@ -27,6 +27,7 @@ from ito_assets.data.eval_index import EvalIndex
 from ito_assets.data.scratch import Scratch
 from ito_assets.data.text import token_hashes
 from ito_assets.data.units import WorkUnit, compacted, map_units, parquet_frames, worker_pool, write_units
+from ito_assets.digests import file_sha256
 
 
 @dataclass(frozen=True)
@@ -85,13 +86,16 @@ def scan_units(scratch: Scratch, units: Sequence[WorkUnit], index: EvalIndex, co
     the ones these units' own seed frequencies would pick."""
     match_markers = scratch.finished("decontam-matches")
     paths = [str(match_markers.folder / f"matches-{u.index:05d}.parquet") for u in units]
+    # Both passes read the units: hashed once, here, for both passes' keys.
+    unit_digests = {u.path: file_sha256(u.path) for u in units}
     with worker_pool(scratch.scale.num_workers, scratch.scale.engine) as pool:
         matched = map_units(match_unit, [MatchTask(unit=u, index=index, matches_path=p) for u, p in zip(units, paths)], pool,
-                            phase="decontamination seeds", markers=match_markers)
+                            phase="decontamination seeds", markers=match_markers, known=unit_digests)
         if ignored is None:
             ignored = common_seeds(_summed(f for _, f in matched), index, config)
         tasks = [HitTask(unit=u, index=index, ignored=ignored, config=config, matches_path=p) for u, p in zip(units, paths)]
-        found = map_units(hits_unit, tasks, pool, phase="decontamination hits", markers=scratch.finished("decontam-hits"))
+        found = map_units(hits_unit, tasks, pool, phase="decontamination hits", markers=scratch.finished("decontam-hits"),
+                          known=unit_digests | match_markers.written())
     hits = pl.concat([h for _, h in found]) if found else pl.DataFrame(schema=HIT_SCHEMA)
     counts = ScanCounts(
         num_documents=sum(u.num_docs for u in units),

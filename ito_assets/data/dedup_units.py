@@ -39,7 +39,7 @@ from ito_assets.data.band_join import near_duplicates_out_of_core, num_partition
 from ito_assets.data.bucket_sort import GatherTask, bucket_sort, gathered, place, placed_rows, spread_shard, spread_tasks
 from ito_assets.data.config import DedupConfig
 from ito_assets.data.dedup import DEDUP_SCHEMA, DedupCounts, counts_of, decide, family_ids, near_ids
-from ito_assets.data.exact_units import exact_copies
+from ito_assets.data.exact_units import exact_copies, source_digests
 from ito_assets.data.minhash import MinHasher
 from ito_assets.data.near_dedup import Families, Removals, band_rows
 from ito_assets.data.scratch import Scratch
@@ -102,37 +102,39 @@ def representative_unit(task: GatherTask) -> tuple[int, int, int]:
     rows as a part of the side file (the task's two files) -> (the first one's position,
     documents, UTF-8 bytes of text)."""
     unit_path, rows_path = task.files
-    rows = gathered(task.spread_paths, "bucket", task.key_value).sort("rank")
+    rows = gathered(task.spread_folder, "bucket", task.key_value).sort("rank")
     rows.select(list(DOCUMENT_SCHEMA)).cast(DOCUMENT_SCHEMA).write_parquet(rows_path, compression="lz4")
     rows.select(list(UNIT_SCHEMA)).cast(UNIT_SCHEMA).write_parquet(unit_path, compression="lz4")
     return int(rows["rank"][0]), rows.height, int(rows["text"].str.len_bytes().fill_null(0).sum())
 
 
-def representatives_in_parts(scratch: Scratch, shard_paths: Sequence[str], pool: Pool) -> tuple[WorkUnit, ...]:
+def representatives_in_parts(scratch: Scratch, shards: Sequence[Shard], pool: Pool) -> tuple[tuple[WorkUnit, ...], dict[str, str]]:
     """The work units, a bucket of about `unit_bytes` of the representatives' text each in keep
-    order, and the side file's parts (named in REPRESENTATIVES_PARTS): each source shard and then
-    each bucket a task on `pool`."""
+    order, with their digests as their tasks took them, and the side file's parts (named in
+    REPRESENTATIVES_PARTS, with theirs): each source shard and then each bucket a task on `pool`."""
     db = scratch.db
     place(db, "representative_placement", REPRESENTATIVES_SQL, "rank", scratch.scale.unit_bytes)
     spread = scratch.finished("representative-spread")
-    tasks = spread_tasks(db, "representative_placement", shard_paths, list(DOCUMENT_SCHEMA), "bucket",
+    tasks = spread_tasks(db, "representative_placement", [s.path for s in shards], list(DOCUMENT_SCHEMA), "bucket",
                          scratch.sub("representative-placements"), spread.folder)
-    map_units(spread_shard, tasks, pool, phase="representatives' rows", unit="source shards", markers=spread)
+    map_units(spread_shard, tasks, pool, phase="representatives' rows", unit="source shards", markers=spread, known=source_digests(shards))
     made = scratch.finished("representative-units")
-    spread_paths, digest = tuple(t.output for t in tasks), spread.digest()
+    digest = spread.digest()
     buckets = [b for (b,) in db.execute("SELECT DISTINCT bucket FROM representative_placement ORDER BY bucket").fetchall()]
-    unit_tasks = [GatherTask(key_value=b, spread_paths=spread_paths, spread=digest,
+    unit_tasks = [GatherTask(key_value=b, spread_folder=str(spread.folder), spread=digest,
                              files=(str(made.folder / f"unit-{i:05d}.parquet"), str(made.folder / f"representatives-{i:05d}.parquet")))
                   for i, b in enumerate(buckets)]
     found = map_units(representative_unit, unit_tasks, pool, phase="dedup units", unit="buckets", markers=made)
-    parts = [{"path": t.files[1], "first": first, "num_docs": num_docs} for t, (first, num_docs, _) in zip(unit_tasks, found)]
+    written = made.written()
+    parts = [{"path": t.files[1], "sha256": written[t.files[1]], "first": first, "num_docs": num_docs}
+             for t, (first, num_docs, _) in zip(unit_tasks, found)]
     (scratch.folder / REPRESENTATIVES_PARTS).write_text(json.dumps(parts))
     return tuple(WorkUnit(index=i, path=t.files[0], first=first, num_docs=num_docs, num_bytes=num_bytes)
-                 for i, (t, (first, num_docs, num_bytes)) in enumerate(zip(unit_tasks, found)))
+                 for i, (t, (first, num_docs, num_bytes)) in enumerate(zip(unit_tasks, found))), written
 
 
 def representative_parts(scratch: Scratch) -> list[dict] | None:
-    """The side file's parts in keep order ({path, first, num_docs}), where a pool made them; None
+    """The side file's parts in keep order ({path, sha256, first, num_docs}), where a pool made them; None
     where the step wrote the side file whole."""
     parts = scratch.folder / REPRESENTATIVES_PARTS
     return json.loads(parts.read_text()) if parts.exists() else None
@@ -153,26 +155,26 @@ def written_aside(frames: Iterable[pl.DataFrame], path: Path) -> Iterator[pl.Dat
 
 
 def deduplicate_units(
-    scratch: Scratch, shard_paths: Sequence[str], config: DedupConfig, decisions_path: Path, store: Path | None = None, tiers: pl.DataFrame | None = None
+    scratch: Scratch, shards: Sequence[Shard], config: DedupConfig, decisions_path: Path, store: Path | None = None, tiers: pl.DataFrame | None = None
 ) -> tuple[Shard, DedupCounts]:
-    """Source shards -> (the decisions file: one row per document in DEDUP_SCHEMA, keep order;
+    """Source shards, verified against their digests by the caller -> (the decisions file: one row per document in DEDUP_SCHEMA, keep order;
     counters); leaves the representatives' rows and removals in the scratch folder for
     `kept_frames`. `tiers` (doc_id, tier): the contaminated documents, last in the keep order."""
-    exact_counts = exact_copies(scratch, shard_paths, tiers)
+    exact_counts = exact_copies(scratch, shards, tiers)
     # One pool for the phases: a worker's start (imports) is paid once.
     with worker_pool(scratch.scale.num_workers, scratch.scale.engine) as pool:
         if pool is None:
-            frames = written_aside(representative_frames(scratch, shard_paths), scratch.folder / REPRESENTATIVES_FILE)
-            units = write_units(frames, scratch.sub("dedup-units"), scratch.scale.unit_bytes)
+            frames = written_aside(representative_frames(scratch, [s.path for s in shards]), scratch.folder / REPRESENTATIVES_FILE)
+            units, unit_digests = write_units(frames, scratch.sub("dedup-units"), scratch.scale.unit_bytes), {}
         else:
-            units = representatives_in_parts(scratch, shard_paths, pool)
+            units, unit_digests = representatives_in_parts(scratch, shards, pool)
         scratch.reconnect()
         markers = scratch.finished("dedup-arrays")
         folder = markers.folder
         partitions = num_partitions(sum(u.num_docs for u in units), config.bands, scratch.scale)
         band_files = [str(folder / f"bands-{u.index:05d}.parquet") for u in units]
         map_units(signature_unit, [SignatureTask(unit=u, folder=str(folder), config=config, num_partitions=partitions) for u in units], pool,
-                  markers=markers, phase="dedup signatures")
+                  markers=markers, phase="dedup signatures", known=unit_digests)
         removals, families, near_counts = near_duplicates_out_of_core(
             scratch, pool, band_files, folder, [u.first for u in units], markers.digest(), partitions, exact_counts.num_distinct_texts, config)
     np.save(scratch.folder / REMOVED_FILE, removals.removed)

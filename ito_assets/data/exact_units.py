@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 from ito_assets.data.bucket_sort import GatherTask, bucket_sort, gathered, place, placed_rows, spread_shard, spread_tasks
 from ito_assets.data.exact_dedup import CLEAN_TIER, ExactDedupCounts
 from ito_assets.data.scratch import Scratch, sql_list
+from ito_assets.data.shards import Shard
 from ito_assets.data.units import Pool, map_units, parquet_frames, worker_pool
 
 # Where each document lives (shard, shard_row: its position there) and how long its text is, for `bucket_sort`.
@@ -78,6 +79,11 @@ def text_hashes(texts: pl.Series) -> np.ndarray:
     return np.column_stack([filled.hash(seed=seed).to_numpy() for seed in TEXT_HASH_SEEDS]).astype(np.uint64, copy=False)
 
 
+def source_digests(shards: Sequence[Shard]) -> dict[str, str]:
+    """{path: SHA-256} of verified shards: their tasks' keys without hashing them again."""
+    return {shard.path: shard.sha256 for shard in shards}
+
+
 def key_shard(task: KeyTask) -> None:
     writer, first = None, 0
     for batch in parquet_frames([task.shard_path], ["doc_id", "source_record_id", "source_index", "text"]):
@@ -124,15 +130,15 @@ def _whole_groups(batches: Iterator[pl.DataFrame]) -> Iterator[pl.DataFrame]:
         yield pending
 
 
-def exact_copies(scratch: Scratch, shard_paths: Sequence[str], tiers: pl.DataFrame | None = None) -> ExactDedupCounts:
-    """-> counters; leaves the tables `keys` (every document, numbered in keep order) and `copies`
+def exact_copies(scratch: Scratch, shards: Sequence[Shard], tiers: pl.DataFrame | None = None) -> ExactDedupCounts:
+    """`shards`: the source shards, verified against their digests by the caller. -> counters; leaves the tables `keys` (every document, numbered in keep order) and `copies`
     (doc_id, exact_copy_of) in the scratch database. `tiers` (doc_id, tier): the contaminated
     documents, which the keep order puts last (`exact_dedup.KEEP_ORDER`)."""
     markers = scratch.finished("exact-keys")
-    tasks = [KeyTask(shard=i, shard_path=p, keys_path=str(markers.folder / f"keys-{i:05d}.parquet")) for i, p in enumerate(shard_paths)]
+    tasks = [KeyTask(shard=i, shard_path=s.path, keys_path=str(markers.folder / f"keys-{i:05d}.parquet")) for i, s in enumerate(shards)]
     db = scratch.db
     with worker_pool(scratch.scale.num_workers, scratch.scale.engine) as pool:
-        map_units(key_shard, tasks, pool, phase="exact-copy keys", unit="source shards", markers=markers)
+        map_units(key_shard, tasks, pool, phase="exact-copy keys", unit="source shards", markers=markers, known=source_digests(shards))
         db.execute("CREATE OR REPLACE TABLE tiers (doc_id VARCHAR, tier TINYINT)")
         if tiers is not None and tiers.height:
             db.register("tier_frame", tiers.select("doc_id", "tier").to_arrow())
@@ -144,14 +150,14 @@ def exact_copies(scratch: Scratch, shard_paths: Sequence[str], tiers: pl.DataFra
         db.execute("CREATE OR REPLACE TABLE copies (doc_id VARCHAR, exact_copy_of VARCHAR)")
         if pool is None:
             # A hash group's copies go to DuckDB as the group is settled: none are held here.
-            for chunk in _whole_groups(_shared_texts(scratch, shard_paths)):
+            for chunk in _whole_groups(_shared_texts(scratch, [s.path for s in shards])):
                 db.register("copy_frame", _first_of_identical(chunk).to_arrow())
                 try:
                     db.execute("INSERT INTO copies SELECT * FROM copy_frame")
                 finally:
                     db.unregister("copy_frame")
         else:
-            copy_files = copies_in_parts(scratch, shard_paths, pool)
+            copy_files = copies_in_parts(scratch, shards, pool)
             if copy_files:
                 db.execute(f"INSERT INTO copies SELECT doc_id, exact_copy_of FROM read_parquet({sql_list(copy_files)})")
     num_input, num_removed, num_groups = db.execute("SELECT (SELECT count(*) FROM keys), count(*), count(DISTINCT exact_copy_of) FROM copies").fetchone()
@@ -161,13 +167,13 @@ def exact_copies(scratch: Scratch, shard_paths: Sequence[str], tiers: pl.DataFra
 def compare_partition(task: GatherTask) -> int:
     """-> the copies found in one hash partition: its whole hash groups, in (hash, rank) order,
     their texts compared (`_first_of_identical`), written to the task's file."""
-    rows = gathered(task.spread_paths, "part", task.key_value)
+    rows = gathered(task.spread_folder, "part", task.key_value)
     copies = _first_of_identical(rows.sort(["hi", "lo", "rank"]))
     copies.write_parquet(task.files[0])
     return copies.height
 
 
-def copies_in_parts(scratch: Scratch, shard_paths: Sequence[str], pool: Pool) -> list[str]:
+def copies_in_parts(scratch: Scratch, shards: Sequence[Shard], pool: Pool) -> list[str]:
     """The copies' files, one per hash partition of the shared documents (about `unit_bytes` of
     their text each), each source shard and then each partition a task on `pool`."""
     db = scratch.db
@@ -175,11 +181,11 @@ def copies_in_parts(scratch: Scratch, shard_paths: Sequence[str], pool: Pool) ->
     parts = max(1, -(-int(num_bytes) // scratch.scale.unit_bytes))
     db.execute(SHARED_TABLE_SQL.format(parts=parts, shared=SHARED_SQL))
     spread = scratch.finished("exact-spread")
-    tasks = spread_tasks(db, "shared", shard_paths, ["text"], "part", scratch.sub("exact-placements"), spread.folder)
-    map_units(spread_shard, tasks, pool, phase="exact-copy texts", unit="source shards", markers=spread)
+    tasks = spread_tasks(db, "shared", [s.path for s in shards], ["text"], "part", scratch.sub("exact-placements"), spread.folder)
+    map_units(spread_shard, tasks, pool, phase="exact-copy texts", unit="source shards", markers=spread, known=source_digests(shards))
     compare = scratch.finished("exact-compare")
-    spread_paths, digest = tuple(t.output for t in tasks), spread.digest()
-    parts_tasks = [GatherTask(key_value=p, spread_paths=spread_paths, spread=digest, files=(str(compare.folder / f"copies-{p:05d}.parquet"),))
+    digest = spread.digest()
+    parts_tasks = [GatherTask(key_value=p, spread_folder=str(spread.folder), spread=digest, files=(str(compare.folder / f"copies-{p:05d}.parquet"),))
                    for p in range(parts)] if tasks else []
     map_units(compare_partition, parts_tasks, pool, phase="exact-copy groups", unit="hash partitions", markers=compare)
     return [t.files[0] for t in parts_tasks]

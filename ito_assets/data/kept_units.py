@@ -64,7 +64,8 @@ def kept_shards(scratch: Scratch, folder: Path, max_rows: int, store: Path | Non
         tasks.append(KeptTask(rows_path=part["path"], first=first, removed=tuple(int(p) for p in inside),
                               output=str(markers.folder / f"kept-{index:05d}.parquet")))
     with worker_pool(scratch.scale.num_workers, scratch.scale.engine) as pool:
-        counts = map_units(kept_part, tasks, pool, phase="kept rows", unit="representatives' parts", markers=markers)
+        counts = map_units(kept_part, tasks, pool, phase="kept rows", unit="representatives' parts", markers=markers,
+                           known={part["path"]: part["sha256"] for part in parts})
         files = [(task.output, rows) for task, rows in zip(tasks, counts)]
         return write_shards_in_parts(files, folder, prefix=PREFIX, max_rows=max_rows, schema=DOCUMENT_SCHEMA, store=store,
                                      run_parts=lambda shards: map_units(write_part, shards, pool, phase="kept shards", unit="shards"))

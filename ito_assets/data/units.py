@@ -12,7 +12,7 @@ runs polars' or DuckDB's thread pools can deadlock a child on a lock another thr
 from __future__ import annotations
 
 import multiprocessing
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -136,13 +136,15 @@ def worker_pool(num_workers: int, engine: str = "local") -> Iterator[Pool | None
 
 
 def map_units(function: Callable[[Task], Result], tasks: Sequence[Task], pool: Pool | None, *,
-              phase: str, unit: str = "work units", markers: CompletionMarkers | None = None) -> list[Result]:
+              phase: str, unit: str = "work units", markers: CompletionMarkers | None = None,
+              known: Mapping[str, str] | None = None) -> list[Result]:
     """function(task) for every task, results in task order; progress in the run's log at every
     tenth of the tasks (`phase` names the work, `unit` what a task is). With `markers`, the tasks
-    an earlier attempt finished are not done again, and each task finished now is marked."""
+    an earlier attempt finished are not done again, and each task finished now is marked;
+    `known`: the digests of inputs already hashed (`completion.task_key`)."""
     from ito_assets.data.ray_engine import WorkUnitFailed
 
-    keys = [task_key(function, task) for task in tasks] if markers is not None else []
+    keys = [task_key(function, task, known) for task in tasks] if markers is not None else []
     results: dict[int, Result] = markers.finished(keys, unit) if markers is not None else {}
     todo = [i for i in range(len(tasks)) if i not in results]
     progress = Progress(phase, len(todo), unit)

@@ -113,7 +113,7 @@ def test_partitioned_band_join_gives_the_in_memory_decisions_and_counts(tmp_path
     expected, expected_counts = deduplicate(docs, DedupConfig())
     shards = write_shards(docs, tmp_path / "source", prefix="d", max_rows=37)
     with scratch_space(tmp_path / "_scratch", scale(partition_rows, num_workers)) as scratch:
-        table, counts = deduplicate_units(scratch, [s.path for s in shards.shards], DedupConfig(), tmp_path / "decisions.parquet")
+        table, counts = deduplicate_units(scratch, shards.shards, DedupConfig(), tmp_path / "decisions.parquet")
         pairs = sorted((tmp_path / FINISHED / "dedup-pairs").glob("pairs-*.parquet"))
     expected_partitions = num_partitions(expected_counts.exact.num_distinct_texts, DedupConfig().bands, scale(partition_rows, num_workers))
     assert len(pairs) == expected_partitions and (expected_partitions > 1) == (partition_rows < 10**9 or num_workers > 1)
@@ -137,7 +137,7 @@ def _counting(calls: list[int], fail_at: int | None = None):
 
 
 def test_a_rerun_redoes_only_the_partitions_that_did_not_finish(tmp_path: Path, monkeypatch) -> None:
-    shards = [s.path for s in write_shards(corpus(), tmp_path / "source", prefix="d", max_rows=37).shards]
+    shards = write_shards(corpus(), tmp_path / "source", prefix="d", max_rows=37).shards
 
     def run(folder: Path):
         with scratch_space(folder / "_scratch", scale(300)) as scratch:
@@ -157,7 +157,7 @@ def test_a_rerun_redoes_only_the_partitions_that_did_not_finish(tmp_path: Path, 
 
 
 def test_a_rerun_with_another_partition_count_computes_the_signature_units_again(tmp_path: Path, monkeypatch) -> None:
-    shards = [s.path for s in write_shards(corpus(), tmp_path / "source", prefix="d", max_rows=37).shards]
+    shards = write_shards(corpus(), tmp_path / "source", prefix="d", max_rows=37).shards
     signatures: list[int] = []
     original = dedup_units.signature_unit
 
@@ -189,6 +189,7 @@ from ito_assets.data import band_join, dedup_units
 from ito_assets.data.dedup_units import deduplicate_units
 from ito_assets.data.config import DedupConfig
 from ito_assets.data.scratch import scratch_space
+from ito_assets.data.shards import Shard
 from test_band_partitions import scale
 original = band_join.partition_pairs
 def dies(task):
@@ -203,7 +204,7 @@ with scratch_space(Path({root!r}) / "_scratch", scale(300)) as scratch:
 
 
 def test_a_step_killed_in_the_band_join_keeps_its_finished_partitions_for_the_rerun(tmp_path: Path, monkeypatch) -> None:
-    shards = [s.path for s in write_shards(corpus(), tmp_path / "source", prefix="d", max_rows=37).shards]
+    shards = write_shards(corpus(), tmp_path / "source", prefix="d", max_rows=37).shards
     here = Path(__file__).resolve().parent
     run = tmp_path / "run"
     code = KILLED_STEP.format(paths=[str(here), str(here.parent)], root=str(run), shards=shards)

@@ -9,6 +9,7 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
+from ito_assets.data import bucket_sort as bucket_sort_module
 from ito_assets.data.bucket_sort import bucket_sort, place, placed_rows
 from ito_assets.data.config import ScaleConfig
 from ito_assets.data.dedup_units import written_aside
@@ -91,3 +92,23 @@ def test_written_aside_passes_frames_on_and_keeps_them(tmp_path: Path) -> None:
     assert all(p is f for p, f in zip(passed, frames))
     assert_frame_equal(pl.read_parquet(tmp_path / "aside.parquet"), pl.concat(frames))
     assert list(written_aside(iter([]), tmp_path / "none.parquet")) == [] and not (tmp_path / "none.parquet").exists()
+
+
+@pytest.mark.parametrize("batch_rows", [1, 7, 8192])
+def test_one_scan_gives_each_shard_its_own_placement_in_row_order(tmp_path: Path, monkeypatch, batch_rows: int) -> None:
+    """Batches of the ordered scan cut through shards (1 and 7 rows) or hold them all: each shard
+    with placed rows still comes once, whole, in shard order; a shard with none does not come."""
+    monkeypatch.setattr(bucket_sort_module, "READ_BATCH_ROWS", batch_rows)
+    rng = random.Random(11)
+    rows = [(shard, row, rng.randrange(5)) for shard in (0, 1, 3, 4, 9) for row in rng.sample(range(100), rng.randrange(1, 30))]
+    rng.shuffle(rows)
+    with scratch_space(tmp_path / "_scratch", ScaleConfig()) as scratch:
+        scratch.db.execute("CREATE TABLE placement (shard INTEGER, shard_row BIGINT, part INTEGER)")
+        scratch.db.executemany("INSERT INTO placement VALUES (?, ?, ?)", rows)
+        found = list(bucket_sort_module.placements_by_shard(scratch.db, "placement"))
+        assert [shard for shard, _ in found] == [0, 1, 3, 4, 9]
+        for shard, placement in found:
+            expected = scratch.db.execute(f"SELECT shard_row, part FROM placement WHERE shard = {shard} ORDER BY shard_row").pl()
+            assert_frame_equal(placement, expected)
+        scratch.db.execute("DELETE FROM placement")
+        assert list(bucket_sort_module.placements_by_shard(scratch.db, "placement")) == []

@@ -3,6 +3,7 @@ not finish, and writes the same bytes as a run that never failed."""
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import os
@@ -16,18 +17,21 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
-from ito_assets.data import decontam_units, dedup_units
-from ito_assets.data.completion import CompletionMarkers, frame_digest
+from ito_assets.data import completion, decontam_units, dedup_units, exact_units, kept_units
+from ito_assets.data.completion import CompletionMarkers, frame_digest, task_key
 from ito_assets.data.config import DecontamConfig, DedupConfig, ScaleConfig
 from ito_assets.data.eval_index import build_index
 from ito_assets.data.ray_engine import WorkUnitFailed
 from ito_assets.data.scratch import FINISHED, scratch_space
 from ito_assets.data.shards import write_shards
 from ito_assets.data.units import map_units
+from ito_assets.digests import file_sha256
 from ito_assets.errors import ErrorCode, ItoError
+from reference_impl import deduplicate, kept_documents
 from test_decontam import suite
 from test_decontam_units import ITEMS, corpus as decontam_corpus
 from test_dedup_units import TINY, corpus as dedup_corpus
+from test_source_pieces import _threads
 
 
 @dataclass(frozen=True)
@@ -179,7 +183,7 @@ def _deduplicate(tmp_path: Path, shards, scale=TINY):
 
 
 def test_deduplication_resumes_from_the_signature_units_that_finished(tmp_path: Path, monkeypatch):
-    shards = [s.path for s in write_shards(dedup_corpus(), tmp_path / "source", prefix="d", max_rows=37).shards]
+    shards = write_shards(dedup_corpus(), tmp_path / "source", prefix="d", max_rows=37).shards
     reference, _ = _deduplicate(tmp_path / "reference", shards)
     first: list[int] = []
     monkeypatch.setattr(dedup_units, "signature_unit", _counting(dedup_units.signature_unit, first, fail_at=6))
@@ -230,6 +234,7 @@ sys.path[:0] = {paths!r}
 from ito_assets.data import dedup_units
 from test_completion import _deduplicate
 from pathlib import Path
+from ito_assets.data.shards import Shard
 original = dedup_units.signature_unit
 def dies(task):
     if task.unit.index == 4:
@@ -242,7 +247,7 @@ _deduplicate(Path({root!r}), {shards!r})
 
 
 def test_a_killed_step_leaves_its_finished_units_for_the_rerun(tmp_path: Path, monkeypatch):
-    shards = [s.path for s in write_shards(dedup_corpus(), tmp_path / "source", prefix="d", max_rows=37).shards]
+    shards = write_shards(dedup_corpus(), tmp_path / "source", prefix="d", max_rows=37).shards
     here = Path(__file__).resolve().parent
     code = KILLED_STEP.format(paths=[str(here), str(here.parent)], root=str(tmp_path), shards=shards)
     killed = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=300)
@@ -261,7 +266,7 @@ def test_a_killed_step_leaves_its_finished_units_for_the_rerun(tmp_path: Path, m
 
 
 def test_a_process_pool_marks_its_units_too(tmp_path: Path):
-    shards = [s.path for s in write_shards(dedup_corpus(), tmp_path / "source", prefix="d", max_rows=37).shards]
+    shards = write_shards(dedup_corpus(), tmp_path / "source", prefix="d", max_rows=37).shards
     scale = ScaleConfig(unit_bytes=TINY.unit_bytes, pair_batch=TINY.pair_batch, memory_limit_mb=128, num_workers=2)
     with scratch_space(tmp_path / "_scratch", scale) as scratch:
         dedup_units.deduplicate_units(scratch, shards, DedupConfig(), tmp_path / "decisions.parquet")
@@ -278,3 +283,68 @@ def test_a_step_that_fails_with_a_code_still_keeps_its_finished_units(tmp_path: 
             raise ItoError(ErrorCode.DATA_WORK_UNIT_FAILED, "phase: work unit 1 failed 3 times (OSError)")
     assert (tmp_path / FINISHED / "phase" / "marker-00000.json").exists()
     assert not os.path.exists(tmp_path / "_scratch")
+
+
+def test_a_known_digest_stands_for_its_file_in_a_task_key(tmp_path: Path):
+    source = tmp_path / "source.txt"
+    source.write_text("one")
+    task, digest = Square(number=1, source=str(source), target=str(tmp_path / "target.txt")), file_sha256(source)
+    hashed = task_key(square, task)
+    assert task_key(square, task, {str(source): digest}) == hashed
+    assert task_key(square, task, {str(source): "0" * 64}) != hashed  # the key is the digest it is given
+    assert task_key(square, task, {str(tmp_path / "other.txt"): "0" * 64}) == hashed
+    source.unlink()
+    assert task_key(square, task, {str(source): digest}) == hashed  # not read: taken as given
+
+
+@pytest.fixture
+def hashed(monkeypatch) -> collections.Counter:
+    """How often each file is hashed for the markers (task keys, workers' outputs), the workers
+    being threads of this process."""
+    counts: collections.Counter = collections.Counter()
+    real = completion.file_sha256
+
+    def counted(path):
+        counts[str(path)] += 1
+        return real(path)
+
+    monkeypatch.setattr(completion, "file_sha256", counted)
+    monkeypatch.setattr(decontam_units, "file_sha256", counted)
+    for module in (dedup_units, exact_units, kept_units, decontam_units):
+        monkeypatch.setattr(module, "worker_pool", _threads)
+    return counts
+
+
+def test_on_a_pool_deduplication_hashes_no_source_shard_and_every_other_file_once(tmp_path: Path, hashed):
+    """The source shards were verified by the step: their digests key the tasks that read them;
+    every file a phase's worker wrote keys the next phase's tasks by the digest the worker took."""
+    docs = dedup_corpus()
+    shards = write_shards(docs, tmp_path / "source", prefix="d", max_rows=37).shards
+    scale = ScaleConfig(unit_bytes=TINY.unit_bytes, pair_batch=TINY.pair_batch, memory_limit_mb=128, num_workers=2)
+    with scratch_space(tmp_path / "_scratch", scale) as scratch:
+        table, _ = dedup_units.deduplicate_units(scratch, shards, DedupConfig(), tmp_path / "decisions.parquet")
+        kept = kept_units.kept_shards(scratch, tmp_path / "kept", 25, None)
+    assert not {s.path for s in shards} & set(hashed)
+    phases = {Path(path).parent.name for path in hashed}
+    assert {"exact-keys", "exact-spread", "representative-units", "dedup-arrays", "kept-rows"} <= phases
+    assert max(hashed.values()) == 1
+    expected, _ = deduplicate(docs, DedupConfig())
+    assert_frame_equal(pl.read_parquet(table.path), expected)
+    assert_frame_equal(kept.read(), kept_documents(docs, expected))
+
+
+def test_on_a_pool_decontamination_hashes_each_unit_and_its_matches_once(tmp_path: Path, hashed):
+    config = DecontamConfig()
+    index = build_index(suite(*ITEMS), config)
+    shards = [s.path for s in write_shards(decontam_corpus(), tmp_path / "kept", prefix="k", max_rows=13).shards]
+    with scratch_space(tmp_path / "reference" / "_scratch", ScaleConfig(unit_bytes=200)) as scratch:
+        expected = decontam_units.scan_shards(scratch, shards, index, config)[:2]
+    hashed.clear()
+    with scratch_space(tmp_path / "_scratch", ScaleConfig(unit_bytes=200, num_workers=2)) as scratch:
+        found, counts, _ = decontam_units.scan_shards(scratch, shards, index, config)
+    units = [path for path in hashed if Path(path).name.startswith("unit-")]
+    matches = [path for path in hashed if Path(path).name.startswith("matches-")]
+    assert len(units) > 3 and len(matches) == len(units)
+    assert max(hashed.values()) == 1
+    assert_frame_equal(found, expected[0])
+    assert counts == expected[1]

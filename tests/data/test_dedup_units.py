@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ from ito_assets.data.sources import DOCUMENT_SCHEMA, read_sources
 from ito_assets.data.stages import SCRATCH, SourceStage, run_dedup, stage_folder
 from ito_assets.manifest.schema import DataReference
 from ito_assets.data.completion import MARKERS
+from ito_assets.digests import file_sha256
 from ito_assets.data.scratch import FINISHED
 from reference_impl import deduplicate, kept_documents
 from test_source_pieces import _threads
@@ -57,7 +59,7 @@ def test_out_of_core_decisions_and_kept_documents_equal_in_memory(tmp_path: Path
     shards = write_shards(docs, tmp_path / "source", prefix="d", max_rows=37)
     scale = ScaleConfig(unit_bytes=TINY.unit_bytes, pair_batch=TINY.pair_batch, memory_limit_mb=128, num_workers=num_workers)
     with scratch_space(tmp_path / "_scratch", scale) as scratch:
-        table, counts = deduplicate_units(scratch, [s.path for s in shards.shards], DedupConfig(), tmp_path / "decisions.parquet")
+        table, counts = deduplicate_units(scratch, shards.shards, DedupConfig(), tmp_path / "decisions.parquet")
         # One worker cuts the units from the bucket sort; several make a unit of each bucket, a task each.
         units = tmp_path / "_scratch" / "dedup-units" if num_workers == 1 else tmp_path / FINISHED / "representative-units"
         assert len(list(units.glob("unit-*.parquet"))) >= 10
@@ -79,7 +81,7 @@ def test_out_of_core_with_contamination_tiers_equals_in_memory(tmp_path: Path, s
     expected, expected_counts = deduplicate(docs, DedupConfig(), tiers)
     shards = write_shards(docs, tmp_path / "source", prefix="d", max_rows=37)
     with scratch_space(tmp_path / "_scratch", TINY) as scratch:
-        table, counts = deduplicate_units(scratch, [s.path for s in shards.shards], DedupConfig(), tmp_path / "decisions.parquet", tiers=tiers)
+        table, counts = deduplicate_units(scratch, shards.shards, DedupConfig(), tmp_path / "decisions.parquet", tiers=tiers)
         kept = write_shard_stream(kept_frames(scratch), tmp_path / "kept", prefix="k", max_rows=25, schema=DOCUMENT_SCHEMA)
     assert_frame_equal(pl.read_parquet(table.path), expected)
     assert counts == expected_counts
@@ -109,7 +111,7 @@ def test_signature_verification_mode_agrees_too(tmp_path: Path) -> None:
     config = DedupConfig(verify="signature")
     shards = write_shards(docs, tmp_path / "source", prefix="d", max_rows=50)
     with scratch_space(tmp_path / "_scratch", TINY) as scratch:
-        table, counts = deduplicate_units(scratch, [s.path for s in shards.shards], config, tmp_path / "decisions.parquet")
+        table, counts = deduplicate_units(scratch, shards.shards, config, tmp_path / "decisions.parquet")
     expected, expected_counts = deduplicate(docs, config)
     assert_frame_equal(pl.read_parquet(table.path), expected)
     assert counts == expected_counts
@@ -140,7 +142,7 @@ def test_an_all_empty_corpus_keeps_everything(tmp_path: Path) -> None:
     docs = frame(["", " "])
     shards = write_shards(docs, tmp_path / "source", prefix="d", max_rows=50)
     with scratch_space(tmp_path / "_scratch", TINY) as scratch:
-        table, counts = deduplicate_units(scratch, [s.path for s in shards.shards], DedupConfig(), tmp_path / "decisions.parquet")
+        table, counts = deduplicate_units(scratch, shards.shards, DedupConfig(), tmp_path / "decisions.parquet")
     expected, expected_counts = deduplicate(docs, DedupConfig())
     assert_frame_equal(pl.read_parquet(table.path), expected)
     assert counts == expected_counts
@@ -174,7 +176,7 @@ def test_exact_copies_never_rest_on_the_hash(tmp_path: Path, monkeypatch: pytest
     docs = corpus(seed=5)
     shards = write_shards(docs, tmp_path / "source", prefix="d", max_rows=40)
     with scratch_space(tmp_path / "_scratch", TINY) as scratch:
-        table, counts = deduplicate_units(scratch, [s.path for s in shards.shards], DedupConfig(), tmp_path / "decisions.parquet")
+        table, counts = deduplicate_units(scratch, shards.shards, DedupConfig(), tmp_path / "decisions.parquet")
     expected, expected_counts = deduplicate(docs, DedupConfig())
     assert_frame_equal(pl.read_parquet(table.path), expected)
     assert counts == expected_counts and counts.exact.num_removed > 5
@@ -193,7 +195,7 @@ def test_exact_copies_in_partitions_never_rest_on_the_hash(tmp_path: Path, monke
     shards = write_shards(docs, tmp_path / "source", prefix="d", max_rows=40)
     scale = ScaleConfig(unit_bytes=TINY.unit_bytes, pair_batch=TINY.pair_batch, memory_limit_mb=128, num_workers=2)
     with scratch_space(tmp_path / "_scratch", scale) as scratch:
-        table, counts = deduplicate_units(scratch, [s.path for s in shards.shards], DedupConfig(), tmp_path / "decisions.parquet")
+        table, counts = deduplicate_units(scratch, shards.shards, DedupConfig(), tmp_path / "decisions.parquet")
         copies = [pl.read_parquet(path) for path in sorted((tmp_path / FINISHED / "exact-compare").glob("copies-*.parquet"))]
     expected, expected_counts = deduplicate(docs, DedupConfig())
     assert_frame_equal(pl.read_parquet(table.path), expected)
@@ -204,7 +206,7 @@ def test_exact_copies_in_partitions_never_rest_on_the_hash(tmp_path: Path, monke
 def _exact_counts(tmp_path: Path, shards, num_workers: int, unit_bytes: int):
     scale = ScaleConfig(unit_bytes=unit_bytes, pair_batch=TINY.pair_batch, memory_limit_mb=128, num_workers=num_workers)
     with scratch_space(tmp_path / f"_scratch-{num_workers}-{unit_bytes}", scale) as scratch:
-        counts = exact_units.exact_copies(scratch, [s.path for s in shards.shards])
+        counts = exact_units.exact_copies(scratch, shards.shards)
         copies = scratch.db.execute("SELECT doc_id, exact_copy_of FROM copies ORDER BY doc_id").pl()
         return counts, copies, scratch.units_resumed
 
@@ -247,10 +249,33 @@ def test_a_rerun_after_a_failed_partition_compares_only_the_partitions_left(tmp_
     assert resumed == finished["exact-spread"] + finished["exact-compare"] + len(shards.shards)
 
 
+def test_a_stray_spread_file_in_the_folder_is_removed_before_the_partitions_read_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The partitions read every spread file of their folder: one that no marker vouches for (a
+    copy here; an earlier attempt's) goes when the phase starts again."""
+    monkeypatch.setattr(exact_units, "worker_pool", _threads)
+    shards = write_shards(corpus(seed=7), tmp_path / "source", prefix="d", max_rows=23)
+    expected = _exact_counts(tmp_path / "reference", shards, 1, 500)
+    real = exact_units._first_of_identical
+
+    def failing(rows: pl.DataFrame) -> pl.DataFrame:
+        raise RuntimeError("a worker lost")
+
+    monkeypatch.setattr(exact_units, "_first_of_identical", failing)
+    with pytest.raises(RuntimeError, match="a worker lost"):
+        _exact_counts(tmp_path, shards, 2, 500)
+    spread = tmp_path / FINISHED / "exact-spread"
+    planted = spread / "spread-99999.parquet"
+    shutil.copy(min(spread.glob("spread-*.parquet")), planted)
+    monkeypatch.setattr(exact_units, "_first_of_identical", real)
+    counts, copies, _ = _exact_counts(tmp_path, shards, 2, 500)
+    assert counts == expected[0] and not planted.exists()
+    assert_frame_equal(copies, expected[1])
+
+
 def _dedup_on_threads(tmp_path: Path, shards) -> tuple[pl.DataFrame, pl.DataFrame, int]:
     scale = ScaleConfig(unit_bytes=TINY.unit_bytes, pair_batch=TINY.pair_batch, memory_limit_mb=128, num_workers=2)
     with scratch_space(tmp_path / "_scratch", scale) as scratch:
-        table, _ = deduplicate_units(scratch, [s.path for s in shards.shards], DedupConfig(), tmp_path / "decisions.parquet")
+        table, _ = deduplicate_units(scratch, shards.shards, DedupConfig(), tmp_path / "decisions.parquet")
         kept = write_shard_stream(kept_frames(scratch), tmp_path / "kept", prefix="k", max_rows=25, schema=DOCUMENT_SCHEMA)
         return pl.read_parquet(table.path), kept.read(), scratch.units_resumed
 
@@ -264,11 +289,18 @@ def test_the_representatives_units_are_the_keep_order_s_buckets_and_a_rerun_make
     shards = write_shards(docs, tmp_path / "source", prefix="d", max_rows=37)
     made: list = []
     real = dedup_units.representatives_in_parts
-    monkeypatch.setattr(dedup_units, "representatives_in_parts", lambda *args: made.append(real(*args)) or made[-1])
+
+    def checked(*args):  # the units' digests, as their tasks took them, are their files' (while they exist)
+        units, digests = real(*args)
+        made.append((units, digests == {path: file_sha256(path) for path in digests} and {u.path for u in units} <= set(digests)))
+        return units, digests
+
+    monkeypatch.setattr(dedup_units, "representatives_in_parts", checked)
     decisions, kept, _ = _dedup_on_threads(tmp_path / "straight", shards)
     assert_frame_equal(decisions, expected)
     assert_frame_equal(kept, kept_documents(docs, expected))
-    units = made[0]
+    units, digests_hold = made[0]
+    assert digests_hold
     assert len(units) >= 10 and [u.first for u in units] == [sum(u.num_docs for u in units[:i]) for i in range(len(units))]
     # A bucket's task fails after some have finished: the rerun makes only the buckets left.
     real_gathered, seen = dedup_units.gathered, []

@@ -43,7 +43,7 @@ def on_threads(monkeypatch: pytest.MonkeyPatch) -> None:
 def _kept(root: Path, shards, num_workers: int, max_rows: int):
     scale = ScaleConfig(unit_bytes=TINY.unit_bytes, pair_batch=TINY.pair_batch, memory_limit_mb=128, num_workers=num_workers)
     with scratch_space(root / "_scratch", scale) as scratch:
-        deduplicate_units(scratch, [s.path for s in shards.shards], DedupConfig(), root / "decisions.parquet")
+        deduplicate_units(scratch, shards.shards, DedupConfig(), root / "decisions.parquet")
         in_parts = representative_parts(scratch) is not None
         kept = kept_units.kept_shards(scratch, root / "kept", max_rows, None)
         return kept, in_parts, scratch.units_resumed

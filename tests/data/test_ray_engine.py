@@ -159,7 +159,7 @@ def test_dedup_on_ray_gives_the_in_memory_decisions(cluster, tmp_path):
     # Band-join partitions of 300 band rows: several partitions, each a Ray task.
     scale = ScaleConfig(unit_bytes=TINY.unit_bytes, pair_batch=TINY.pair_batch, memory_limit_mb=128, engine="ray", partition_rows=300)
     with scratch_space(tmp_path / "_scratch", scale) as scratch:
-        table, counts = deduplicate_units(scratch, [s.path for s in shards.shards], DedupConfig(), tmp_path / "decisions.parquet")
+        table, counts = deduplicate_units(scratch, shards.shards, DedupConfig(), tmp_path / "decisions.parquet")
         # On Ray each bucket of the keep order is a unit made by a task.
         assert len(list((tmp_path / FINISHED / "representative-units").glob("unit-*.parquet"))) >= 10
         assert len(list((tmp_path / FINISHED / "dedup-pairs").glob("pairs-*.parquet"))) >= 5

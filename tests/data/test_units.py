@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import polars as pl
@@ -60,6 +61,24 @@ def test_a_workers_error_reaches_the_step_with_its_code(tasks, code) -> None:
         map_units(refuse_negative, tasks, pool, phase="test")
     assert caught.value.code is code and caught.value.message.startswith(("task -3", "shard 0"))
     assert caught.value.retryable is False
+
+
+def fail_first_touch_others(path: str) -> None:
+    """A task: the first fails at once, every other writes its file after 50 ms."""
+    if path.endswith("-000"):
+        raise RuntimeError("a unit failed")
+    time.sleep(0.05)
+    Path(path).touch()
+
+
+def test_a_failed_task_cancels_the_pool_s_tasks_not_yet_started(tmp_path: Path) -> None:
+    # The step fails as soon as the error comes back: the tasks not yet started are dropped (the
+    # pool's `map` cancels them), not run first only for their results to be thrown away.
+    tasks = [str(tmp_path / f"task-{i:03d}") for i in range(40)]
+    with pytest.raises(RuntimeError, match="a unit failed"):
+        with worker_pool(2) as pool:
+            map_units(fail_first_touch_others, tasks, pool, phase="test")
+    assert len(list(tmp_path.glob("task-*"))) <= 10  # those already handed to a worker; 39 before
 
 
 def test_scratch_caps_duckdb_memory_and_is_removed_after(tmp_path: Path) -> None:
