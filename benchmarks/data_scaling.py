@@ -280,6 +280,9 @@ def child(manifest_path: str, mode: str, workers: int, work: Path, engine: str =
         out["unit_seconds"] = round(unit_seconds[0], 2)
     main_mb, worker_mb = peak_rss_mb()
     worker = round(worker_mb, 1) if workers > 1 and engine == "local" else None
+    if worker is not None:  # the pool's processes have exited: their CPU is the stage's unit work
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        out["worker_cpu_seconds"] = round(children.ru_utime + children.ru_stime, 2)
     if engine == "ray":
         worker = ray_worker_peak_mb()  # while this stage's workers still live
         ray.shutdown()
@@ -346,12 +349,14 @@ def run_units(manifest_path: str, workers: int, work: Path, engine: str = "local
         out |= {k: v for k, v in done.items() if k not in ("seconds", "unit_seconds", "peak_rss_mb", "worker_peak_rss_mb")}
         out[f"{stage}_seconds"], out[f"{stage}_peak_rss_mb"] = done["seconds"], done["peak_rss_mb"]
         out[f"{stage}_unit_seconds"] = done["unit_seconds"]
+        out[f"{stage}_worker_cpu_seconds"] = done.get("worker_cpu_seconds", 0.0)
         if done["worker_peak_rss_mb"] is not None:
             out["worker_peak_rss_mb"] = max(out.get("worker_peak_rss_mb") or 0, done["worker_peak_rss_mb"])
     out["peak_rss_mb"] = max(out[f"{stage}_peak_rss_mb"] for stage in UNIT_STAGES)
     out.setdefault("worker_peak_rss_mb", None)
     out["seconds"] = round(sum(out[f"{stage}_seconds"] for stage in UNIT_STAGES if stage != "check"), 2)
     out["unit_seconds"] = round(sum(out[f"{stage}_unit_seconds"] for stage in UNIT_STAGES if stage != "check"), 2)
+    out["worker_cpu_seconds"] = round(sum(out[f"{stage}_worker_cpu_seconds"] for stage in UNIT_STAGES if stage != "check"), 2)
     return out
 
 
@@ -551,43 +556,61 @@ PARTITION_MB = 512  # one worker's DuckDB cap (ScaleConfig.memory_limit_mb's def
 
 
 def projection(rows: list[dict]) -> dict | None:
-    """1 B documents from the largest local one-worker run, assuming: the same documents (length,
-    duplicate and contamination rates) as the generated corpus; per-document costs constant with
-    size (this run's docs/s at its two largest sizes say how far that holds); nodes whose cores
-    run as this VM's; the work-unit phases spread over every core of every node with no overhead
-    (Ray's was measured above), the band join's partitions among them; the other global steps
-    (parsing, DuckDB's groupings, the bucket sorts, the keep rule, the shards written) on one core
-    of one node, as today; no network time. The band rows are what the partitioned join moves
-    (written by the signature units, one row group per partition, read by the partitions); the
-    exact-copy keys are what hash-partitioning the exact-copy groups would have to move."""
-    runs = [r for r in rows if r["path"] == "units" and r["workers"] == 1 and r.get("unit_seconds") is not None]
-    if not runs:
+    """1 B documents from the largest local one-worker run, and from the largest local run with
+    several workers where there is one, assuming: the same documents (length, duplicate and
+    contamination rates) as the generated corpus; per-document costs constant with size (this
+    run's docs/s at its two largest sizes say how far that holds); nodes whose cores run as this
+    VM's; the work-unit phases spread over every core of every node with no overhead (Ray's was
+    measured above), the band join's partitions among them; the global steps on one core of one
+    node, as today; no network time. In the one-worker run the unit work is the time in the
+    work-unit phases and everything else is global (the texts' spreads and gathers, the kept
+    shards, run as one pass there, count as global); in the several-worker run the unit work is
+    the CPU its workers spent and the global steps are the stage's time outside its tasks (what
+    stays on the step's node: DuckDB's numbering and groupings, the decisions, the lineage). The
+    band rows are what the partitioned join moves (written by the signature units, one row group
+    per partition, read by the partitions); the exact-copy keys are what hash-partitioning the
+    exact-copy groups would have to move."""
+    local = [r for r in rows if r["path"] == "units" and r.get("unit_seconds") is not None]
+    one = [r for r in local if r["workers"] == 1]
+    if not one:
         return None
-    run = max(runs, key=lambda r: r["scale"])
+    run = max(one, key=lambda r: r["scale"])
     from ito_assets.data.config import DedupConfig
 
-    unit_s, global_s = run["unit_seconds"] / run["num_docs"], (run["seconds"] - run["unit_seconds"]) / run["num_docs"]
     band_bytes = PROJECTED_DOCS * DedupConfig().bands * BAND_ROW_BYTES
     key_bytes = PROJECTED_DOCS * KEY_ROW_BYTES
     ray_peaks = [r["worker_peak_rss_mb"] for r in rows if r["path"] == "ray" and r["worker_peak_rss_mb"]]
-    return {
-        "from_run": f"{run['scale']}x, {run['num_docs']:,} documents, local engine, 1 worker",
+    result = {
+        **_projected(run, run["unit_seconds"], run["seconds"] - run["unit_seconds"]),
         "documents": PROJECTED_DOCS,
         "text_tb": round(PROJECTED_DOCS * run["corpus_mb"] / run["num_docs"] / 1e6, 2),
-        "unit_core_seconds_per_doc": round(unit_s, 7),
-        "global_seconds_per_doc": round(global_s, 7),
         "unit_share_of_cpu": round(run["unit_seconds"] / run["seconds"], 3),
-        "unit_core_hours": round(PROJECTED_DOCS * unit_s / 3600, 1),
-        "global_hours_on_one_node": round(PROJECTED_DOCS * global_s / 3600, 1),
-        "wall_hours_by_nodes": {f"{n} x {CORES_PER_NODE} cores": round(PROJECTED_DOCS * (unit_s / (n * CORES_PER_NODE) + global_s) / 3600, 1)
-                                for n in PROJECTED_NODES},
         "band_rows_gb_shuffled": round(band_bytes / 1e9, 1),
         "band_partitions": -(-PROJECTED_DOCS * DedupConfig().bands // ScaleConfig().partition_rows),
         "exact_keys_gb_to_shuffle": round(key_bytes / 1e9, 1),
         "exact_key_partitions_of_512_mb": -(-key_bytes // (PARTITION_MB * 2**20)),
         "ray_worker_peak_rss_mb": max(ray_peaks) if ray_peaks else None,
     }
+    several = [r for r in local if r["workers"] > 1 and r.get("worker_cpu_seconds")]
+    if several:
+        run = max(several, key=lambda r: (r["scale"], r["workers"]))
+        result["from_workers_run"] = _projected(run, run["worker_cpu_seconds"], run["seconds"] - run["unit_seconds"])
+    return result
 
+
+def _projected(run: dict, unit_core_seconds: float, global_seconds: float) -> dict:
+    """One run's unit work (core-seconds) and global steps (seconds on one process), per document
+    and at PROJECTED_DOCS."""
+    unit_s, global_s = unit_core_seconds / run["num_docs"], global_seconds / run["num_docs"]
+    return {
+        "from_run": f"{run['scale']}x, {run['num_docs']:,} documents, local engine, {run['workers']} worker{'s' if run['workers'] > 1 else ''}",
+        "unit_core_seconds_per_doc": round(unit_s, 7),
+        "global_seconds_per_doc": round(global_s, 7),
+        "unit_core_hours": round(PROJECTED_DOCS * unit_s / 3600, 1),
+        "global_hours_on_one_node": round(PROJECTED_DOCS * global_s / 3600, 1),
+        "wall_hours_by_nodes": {f"{n} x {CORES_PER_NODE} cores": round(PROJECTED_DOCS * (unit_s / (n * CORES_PER_NODE) + global_s) / 3600, 1)
+                                for n in PROJECTED_NODES},
+    }
 
 if __name__ == "__main__":
     main()

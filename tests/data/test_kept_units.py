@@ -4,6 +4,7 @@ one pass's shards, byte for byte."""
 
 from __future__ import annotations
 
+import random
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -18,9 +19,9 @@ from ito_assets.data.dedup_units import deduplicate_units, representative_parts
 from ito_assets.data.scratch import FINISHED, scratch_space
 from ito_assets.data.shards import write_shards
 from reference_impl import deduplicate, kept_documents
-from data_frames import frame
+from data_frames import edit_words, frame
 from test_dedup_units import TINY, corpus
-from test_source_pieces import _threads
+from test_source_pieces import _threads, package_paragraphs
 
 
 @contextmanager
@@ -94,3 +95,25 @@ def test_no_document_gives_the_one_pass_s_one_empty_shard(tmp_path: Path, on_thr
     one, _, _ = _kept(tmp_path / "one", shards, 1, 25)
     parts, in_parts, _ = _kept(tmp_path / "parts", shards, 2, 25)
     assert in_parts and _files(parts) == _files(one) and [s.num_rows for s in parts.shards] == [0]
+
+
+def test_on_text_we_did_not_write_the_parts_write_the_one_pass_s_decisions_and_kept_shards(tmp_path: Path, on_threads) -> None:
+    """The installed packages' descriptions, a paragraph a document (their licence and install
+    boilerplate shared between packages), with exact copies and near copies planted."""
+    rng, texts = random.Random(5), []
+    for i, paragraph in enumerate(package_paragraphs()):
+        texts.append(paragraph)
+        num_words = len(paragraph.split())
+        if i % 5 == 0:
+            texts.append(paragraph)
+        if i % 7 == 0 and num_words >= 40:
+            texts.append(edit_words(rng, paragraph, num_words // 40))
+    docs = frame(texts)
+    expected, counts = deduplicate(docs, DedupConfig())
+    shards = write_shards(docs, tmp_path / "source", prefix="d", max_rows=37)
+    one, _, _ = _kept(tmp_path / "one", shards, 1, 25)
+    parts, in_parts, _ = _kept(tmp_path / "parts", shards, 2, 25)
+    assert in_parts and _files(parts) == _files(one)
+    assert (tmp_path / "parts" / "decisions.parquet").read_bytes() == (tmp_path / "one" / "decisions.parquet").read_bytes()
+    assert_frame_equal(parts.read(), kept_documents(docs, expected))
+    assert counts.exact.num_removed > 20 and counts.near.num_removed > 5
