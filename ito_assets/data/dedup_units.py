@@ -102,7 +102,7 @@ def representative_unit(task: GatherTask) -> tuple[int, int, int]:
     rows as a part of the side file (the task's two files) -> (the first one's position,
     documents, UTF-8 bytes of text)."""
     unit_path, rows_path = task.files
-    rows = gathered(task.spread_folder, "bucket", task.key_value).sort("rank")
+    rows = gathered(task.spread_folder, task.key_value).sort("rank")
     rows.select(list(DOCUMENT_SCHEMA)).cast(DOCUMENT_SCHEMA).write_parquet(rows_path, compression="lz4")
     rows.select(list(UNIT_SCHEMA)).cast(UNIT_SCHEMA).write_parquet(unit_path, compression="lz4")
     return int(rows["rank"][0]), rows.height, int(rows["text"].str.len_bytes().fill_null(0).sum())

@@ -167,7 +167,7 @@ def exact_copies(scratch: Scratch, shards: Sequence[Shard], tiers: pl.DataFrame 
 def compare_partition(task: GatherTask) -> int:
     """-> the copies found in one hash partition: its whole hash groups, in (hash, rank) order,
     their texts compared (`_first_of_identical`), written to the task's file."""
-    rows = gathered(task.spread_folder, "part", task.key_value)
+    rows = gathered(task.spread_folder, task.key_value)
     copies = _first_of_identical(rows.sort(["hi", "lo", "rank"]))
     copies.write_parquet(task.files[0])
     return copies.height

@@ -112,3 +112,27 @@ def test_one_scan_gives_each_shard_its_own_placement_in_row_order(tmp_path: Path
             assert_frame_equal(placement, expected)
         scratch.db.execute("DELETE FROM placement")
         assert list(bucket_sort_module.placements_by_shard(scratch.db, "placement")) == []
+
+
+def test_a_key_s_gather_reads_its_batch_of_every_spread_file(tmp_path: Path) -> None:
+    """Three source shards: one with keys 0 and 2, one with 2 and 5, one with no placed row (its
+    spread file holds no batch). A key's rows come from every file that has it, none from the
+    others; a key no file has gives no rows, with the spread's columns."""
+    placements = {0: {0: 2, 1: 0, 3: 2}, 1: {0: 5, 2: 2}, 2: {}}
+    spread = tmp_path / "spread"
+    spread.mkdir()
+    for shard, placed in placements.items():
+        texts = [f"shard {shard} row {row}" for row in range(4)]
+        pl.DataFrame({"text": texts}).write_parquet(tmp_path / f"shard-{shard}.parquet")
+        pl.DataFrame({"shard_row": list(placed), "part": list(placed.values())}, schema={"shard_row": pl.Int64, "part": pl.Int32}) \
+            .write_parquet(tmp_path / f"placement-{shard}.parquet")
+        task = bucket_sort_module.SpreadTask(shard=shard, shard_path=str(tmp_path / f"shard-{shard}.parquet"),
+                                             placement_path=str(tmp_path / f"placement-{shard}.parquet"), columns=("text",),
+                                             key_column="part", output=str(spread / bucket_sort_module.SPREAD_FILE.format(shard)))
+        assert bucket_sort_module.spread_shard(task) == len(placed)
+    gathered = {key: bucket_sort_module.gathered(str(spread), key).sort("text") for key in range(7)}
+    assert gathered[2]["text"].to_list() == ["shard 0 row 0", "shard 0 row 3", "shard 1 row 2"]
+    assert gathered[0]["text"].to_list() == ["shard 0 row 1"] and gathered[5]["text"].to_list() == ["shard 1 row 0"]
+    for key in (1, 3, 4, 6):
+        assert gathered[key].height == 0 and gathered[key].schema == {"text": pl.String, "part": pl.Int32}
+    assert set(gathered[2]["part"].to_list()) == {2}

@@ -14,6 +14,7 @@ from polars.testing import assert_frame_equal
 
 from data_frames import edit_words, frame, random_text
 from ito_assets.data.band_join import candidate_batches
+from ito_assets.data.bucket_sort import SPREAD_FILE, SPREAD_FILES
 from ito_assets.data.clean import ACTION_SCHEMA, tiers_of
 from ito_assets.data.config import DataPrepConfig, DedupConfig, ScaleConfig
 from ito_assets.data import dedup_units, exact_units
@@ -264,8 +265,8 @@ def test_a_stray_spread_file_in_the_folder_is_removed_before_the_partitions_read
     with pytest.raises(RuntimeError, match="a worker lost"):
         _exact_counts(tmp_path, shards, 2, 500)
     spread = tmp_path / FINISHED / "exact-spread"
-    planted = spread / "spread-99999.parquet"
-    shutil.copy(min(spread.glob("spread-*.parquet")), planted)
+    planted = spread / SPREAD_FILE.format(99999)
+    shutil.copy(min(spread.glob(SPREAD_FILES)), planted)
     monkeypatch.setattr(exact_units, "_first_of_identical", real)
     counts, copies, _ = _exact_counts(tmp_path, shards, 2, 500)
     assert counts == expected[0] and not planted.exists()
