@@ -15,7 +15,7 @@ Hits come back in unit order, and within a unit in document order: the order of 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import polars as pl
@@ -26,7 +26,8 @@ from ito_assets.data.decontam import HIT_SCHEMA, ScanCounts, candidate_documents
 from ito_assets.data.eval_index import EvalIndex
 from ito_assets.data.scratch import Scratch
 from ito_assets.data.text import token_hashes
-from ito_assets.data.units import WorkUnit, compacted, map_units, parquet_frames, worker_pool, write_units
+from ito_assets.data.shards import Shard
+from ito_assets.data.units import WorkUnit, compacted, map_units, parquet_frames, shard_units, worker_pool, write_units
 from ito_assets.digests import file_sha256
 
 
@@ -53,9 +54,11 @@ class HitTask:
     ignored: pl.DataFrame
     config: DecontamConfig
     matches_path: str
+    extra: tuple[str, ...] = ()  # the unit's columns returned with the documents that have a hit
 
     def key(self) -> dict:
-        return {"unit": self.unit.key(), "index": self.index.digest, "ignored": frame_digest(self.ignored), "config": asdict(self.config)}
+        return {"unit": self.unit.key(), "index": self.index.digest, "ignored": frame_digest(self.ignored), "config": asdict(self.config),
+                "extra": list(self.extra)}
 
     def inputs(self) -> tuple[str, ...]:
         return (self.unit.path, self.matches_path)
@@ -72,40 +75,56 @@ def match_unit(task: MatchTask) -> tuple[int, pl.DataFrame]:
     return matches.height, seed_frequency(matches)
 
 
-def hits_unit(task: HitTask) -> tuple[int, pl.DataFrame]:
-    """-> (number of candidate documents, hits) of one unit."""
+def hits_unit(task: HitTask) -> tuple[int, pl.DataFrame, pl.DataFrame]:
+    """-> (number of candidate documents, hits, the documents with a hit: doc_id, the task's
+    `extra` columns and text) of one unit."""
     matches = pl.read_parquet(task.matches_path)
     candidates = candidate_documents(matches, task.ignored, task.index)
-    docs = task.unit.read() if candidates else pl.DataFrame(schema={"doc_id": pl.String, "text": pl.String})
-    return len(candidates), hits_of(candidates, docs, task.index, task.ignored, task.config)
+    columns = ["doc_id", *task.extra, "text"]
+    docs = task.unit.read(columns).cast(pl.String) if candidates else pl.DataFrame(schema=dict.fromkeys(columns, pl.String))
+    hits = hits_of(candidates, docs.select("doc_id", "text"), task.index, task.ignored, task.config)
+    return len(candidates), hits, compacted(docs.filter(pl.col("doc_id").is_in(hits["doc_id"].implode())))
 
 
-def scan_units(scratch: Scratch, units: Sequence[WorkUnit], index: EvalIndex, config: DecontamConfig, ignored: pl.DataFrame | None = None) -> tuple[pl.DataFrame, ScanCounts, pl.DataFrame]:
-    """Work units (doc_id, text) -> (hits in HIT_SCHEMA, counters, the (seed, view) pairs ignored
-    as common): the hits and counters the reference `scan` returns. `ignored` given: those pairs, not
-    the ones these units' own seed frequencies would pick."""
+@dataclass(frozen=True)
+class Scan:
+    hits: pl.DataFrame  # HIT_SCHEMA, in the units' document order
+    counts: ScanCounts
+    ignored: pl.DataFrame  # the (seed, view) pairs ignored as common
+    documents: pl.DataFrame  # the documents with a hit (doc_id, the `extra` columns, text), in the same order
+
+
+def scan_units(scratch: Scratch, units: Sequence[WorkUnit], index: EvalIndex, config: DecontamConfig, ignored: pl.DataFrame | None = None,
+               known: Mapping[str, str] | None = None, extra: Sequence[str] = ()) -> Scan:
+    """Work units (doc_id, text, and the `extra` columns) -> the hits and counters the reference
+    `scan` returns, and the documents they were found in (read by the units' workers: what
+    `clean.apply_actions` reads, with no second pass over the corpus). `ignored` given: those
+    pairs, not the ones these units' own seed frequencies would pick. `known`: the units' files'
+    digests, where they were verified already."""
     match_markers = scratch.finished("decontam-matches")
     paths = [str(match_markers.folder / f"matches-{u.index:05d}.parquet") for u in units]
     # Both passes read the units: hashed once, here, for both passes' keys.
-    unit_digests = {u.path: file_sha256(u.path) for u in units}
+    unit_digests = dict(known) if known is not None else {u.path: file_sha256(u.path) for u in units}
     with worker_pool(scratch.scale.num_workers, scratch.scale.engine) as pool:
         matched = map_units(match_unit, [MatchTask(unit=u, index=index, matches_path=p) for u, p in zip(units, paths)], pool,
                             phase="decontamination seeds", markers=match_markers, known=unit_digests)
         if ignored is None:
             ignored = common_seeds(_summed(f for _, f in matched), index, config)
-        tasks = [HitTask(unit=u, index=index, ignored=ignored, config=config, matches_path=p) for u, p in zip(units, paths)]
+        tasks = [HitTask(unit=u, index=index, ignored=ignored, config=config, matches_path=p, extra=tuple(extra)) for u, p in zip(units, paths)]
         found = map_units(hits_unit, tasks, pool, phase="decontamination hits", markers=scratch.finished("decontam-hits"),
                           known=unit_digests | match_markers.written())
-    hits = pl.concat([h for _, h in found]) if found else pl.DataFrame(schema=HIT_SCHEMA)
+    hits = pl.concat([h for _, h, _ in found]) if found else pl.DataFrame(schema=HIT_SCHEMA)
+    empty = pl.DataFrame(schema=dict.fromkeys(["doc_id", *extra, "text"], pl.String))
+    documents = pl.concat([empty, *(d for _, _, d in found)])
     counts = ScanCounts(
         num_documents=sum(u.num_docs for u in units),
         num_seed_matches=sum(n for n, _ in matched),
         num_common_seeds_ignored=ignored.height,
-        num_candidate_documents=sum(n for n, _ in found),
+        num_candidate_documents=sum(n for n, _, _ in found),
         num_contaminated_documents=hits["doc_id"].n_unique() if hits.height else 0,
         num_hits=hits.height,
     )
-    return hits, counts, ignored
+    return Scan(hits=hits, counts=counts, ignored=ignored, documents=documents)
 
 
 def _summed(frequencies: Iterable[pl.DataFrame]) -> pl.DataFrame:
@@ -116,13 +135,16 @@ def _summed(frequencies: Iterable[pl.DataFrame]) -> pl.DataFrame:
     return pl.concat(frames).group_by("seed").agg(pl.col("num_docs").sum())
 
 
-def scan_shards(scratch: Scratch, shard_paths: Sequence[str], index: EvalIndex, config: DecontamConfig) -> tuple[pl.DataFrame, ScanCounts, pl.DataFrame]:
-    """Parquet shards (doc_id, text, ...) -> hits, counters and common seeds, a unit at a time."""
-    return scan_frames(scratch, parquet_frames(shard_paths, ["doc_id", "text"]), index, config)
+def scan_shards(scratch: Scratch, shards: Sequence[Shard], index: EvalIndex, config: DecontamConfig, extra: Sequence[str] = ()) -> Scan:
+    """Parquet shards (doc_id, text, `extra`, ...), verified against their digests by the caller;
+    the units are runs of the shards' own row groups (`shard_units`), so no text passes through
+    this process and none is copied."""
+    units = shard_units(shards, scratch.scale.unit_bytes)
+    return scan_units(scratch, units, index, config, known={shard.path: shard.sha256 for shard in shards}, extra=extra)
 
 
-def scan_frames(scratch: Scratch, frames: Iterable[pl.DataFrame], index: EvalIndex, config: DecontamConfig, ignored: pl.DataFrame | None = None) -> tuple[pl.DataFrame, ScanCounts, pl.DataFrame]:
-    """Frames (doc_id, text) -> hits, counters and common seeds, a unit at a time."""
+def scan_frames(scratch: Scratch, frames: Iterable[pl.DataFrame], index: EvalIndex, config: DecontamConfig, ignored: pl.DataFrame | None = None) -> Scan:
+    """Frames (doc_id, text) -> the scan, a unit at a time."""
     units = write_units(frames, scratch.sub("decontam-units"), scratch.scale.unit_bytes)
     return scan_units(scratch, units, index, config, ignored)
 

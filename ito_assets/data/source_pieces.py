@@ -30,7 +30,7 @@ from ito_assets.data.scratch import Scratch
 from ito_assets.data.shards import ShardSet, write_part, write_shards_in_parts
 from ito_assets.data.sources import (DOCUMENT_SCHEMA, NORMALIZATION_VERSION, RecordFields, SourceCounts, SourceRead, compression_of,
                                      documents, jsonl_records, parquet_records)
-from ito_assets.data.units import Pool, map_units
+from ito_assets.data.units import Pool, map_units, row_group_runs
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.schema import DataReference
 
@@ -117,27 +117,6 @@ def line_spans(path: Path, target_bytes: int, chunk_bytes: int = _COUNT_CHUNK) -
     if position > start:
         spans.append((start, position, first_row))
     return spans
-
-
-def row_group_runs(path: Path, uri: str, target_bytes: int) -> list[tuple[int, int, int]]:
-    """(first group, end group, first row) of runs of whole row groups of about `target_bytes`
-    uncompressed; a footer that does not read is SOURCE_INVALID, as in one pass."""
-    try:
-        metadata = pq.ParquetFile(path).metadata
-    except Exception:  # noqa: BLE001 - any parse failure is the same user-facing error
-        raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: not a readable Parquet file") from None
-    runs: list[tuple[int, int, int]] = []
-    first = row = size = 0
-    first_row = 0
-    for group in range(metadata.num_row_groups):
-        size += metadata.row_group(group).total_byte_size
-        row += metadata.row_group(group).num_rows
-        if size >= target_bytes:
-            runs.append((first, group + 1, first_row))
-            first, first_row, size = group + 1, row, 0
-    if first < metadata.num_row_groups or not runs:
-        runs.append((first, metadata.num_row_groups, first_row))
-    return runs
 
 
 @dataclass(frozen=True)

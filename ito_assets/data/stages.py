@@ -186,11 +186,11 @@ def run_decontam(verified: VerifiedManifest, suite: EvalSuite, source: SourceSta
     index = build_index(suite, decontam)
     folder = stage_folder(state_dir, verified.short_digest) / "decontam"
     store = shard_store(state_dir)
-    paths = verified_paths(source.shards.shards)  # read twice below: hashed once, here
+    paths = verified_paths(source.shards.shards)  # hashed once, here: the scan's units are keyed by these digests
     with scratch_space(folder / SCRATCH, config.scale) as scratch:
-        hits, counts, ignored = scan_shards(scratch, paths, index, decontam)
+        scan = scan_shards(scratch, source.shards.shards, index, decontam, extra=["source_record_id"])
         resumed = scratch.units_resumed
-    found = documents_with_hits(paths, hits, ["source_record_id"])
+    hits, counts, ignored, found = scan.hits, scan.counts, scan.ignored, scan.documents
     actions, pieces = clean.apply_actions(found, hits, decontam)
     hits = hits.join(found.select("doc_id", "source_record_id"), on="doc_id", how="left").join(actions.select("doc_id", "action"), on="doc_id", how="left")
     paraphrases = paraphrase_report(paths, suite, config.paraphrase) if config.paraphrase else None
@@ -298,5 +298,5 @@ def residual_contamination(shards: ShardSet, suite: EvalSuite, decontam: Deconta
         for frame in parquet_frames(shards.verified_paths(), ["doc_id", "piece", "text"])
     )
     with scratch_space(Path(shards.folder).parent / SCRATCH, scale) as scratch:
-        hits, _, _ = scan_frames(scratch, frames, build_index(suite, config), config, ignored)
+        hits = scan_frames(scratch, frames, build_index(suite, config), config, ignored).hits
     return hits

@@ -21,8 +21,10 @@ from typing import Protocol, TypeVar
 
 import numpy as np
 import polars as pl
+import pyarrow.parquet as pq
 
 from ito_assets.data.completion import Checked, CompletionMarkers, run_checked, task_key
+from ito_assets.data.shards import Shard
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.progress import Progress
 
@@ -46,14 +48,21 @@ class WorkUnit:
     path: str
     first: int  # position of the unit's first document in the step's order
     num_docs: int
-    num_bytes: int  # UTF-8 bytes of text
+    num_bytes: int  # UTF-8 bytes of text (rows of a larger file: their uncompressed bytes)
+    rows: tuple[int, int] | None = None  # the file's rows [first, end) that are the unit; None: the whole file
 
     def read(self, columns: list[str] | None = None) -> pl.DataFrame:
-        return pl.read_parquet(self.path, columns=columns)
+        if self.rows is None:
+            return pl.read_parquet(self.path, columns=columns)
+        # polars reads only the row groups the slice touches (their footers say which).
+        start, end = self.rows
+        frame = pl.scan_parquet(self.path).slice(start, end - start)
+        return (frame if columns is None else frame.select(columns)).collect()
 
     def key(self) -> dict:
         """Where the unit sits in the step's order (its bytes are digested from its file)."""
-        return {"index": self.index, "first": self.first, "num_docs": self.num_docs}
+        key = {"index": self.index, "first": self.first, "num_docs": self.num_docs}
+        return key if self.rows is None else key | {"rows": list(self.rows)}
 
 
 class _UnitWriter:
@@ -94,6 +103,50 @@ def write_units(frames: Iterable[pl.DataFrame], folder: Path, target_bytes: int)
         writer.add(frame.select(list(UNIT_SCHEMA)))
     writer.flush()
     return tuple(writer.units)
+
+
+def row_group_runs(path: Path | str, uri: str, target_bytes: int) -> list[tuple[int, int, int]]:
+    """(first group, end group, first row) of runs of whole row groups of about `target_bytes`
+    uncompressed; a footer that does not read is SOURCE_INVALID, as in one pass."""
+    try:
+        metadata = pq.ParquetFile(path).metadata
+    except Exception:  # noqa: BLE001 - any parse failure is the same user-facing error
+        raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: not a readable Parquet file") from None
+    runs: list[tuple[int, int, int]] = []
+    first = row = size = 0
+    first_row = 0
+    for group in range(metadata.num_row_groups):
+        size += metadata.row_group(group).total_byte_size
+        row += metadata.row_group(group).num_rows
+        if size >= target_bytes:
+            runs.append((first, group + 1, first_row))
+            first, first_row, size = group + 1, row, 0
+    if first < metadata.num_row_groups or not runs:
+        runs.append((first, metadata.num_row_groups, first_row))
+    return runs
+
+
+def shard_units(shards: Sequence[Shard], target_bytes: int) -> tuple[WorkUnit, ...]:
+    """Work units cut from the shards' footers alone, in shard order: runs of whole row groups of
+    about `target_bytes` uncompressed, and a group of two targets or more (long documents: a
+    group is `shards.ROW_GROUP_ROWS` documents) cut into slices of equal rows of about the
+    target. Each document is read by its unit's worker only, where `write_units` passes every
+    text through the step to copy it. A shard with no rows gives no unit."""
+    units: list[WorkUnit] = []
+    first = 0
+    for shard in shards:
+        metadata = pq.ParquetFile(shard.path).metadata
+        for start, end, first_row in row_group_runs(shard.path, shard.name, target_bytes):
+            num_docs = sum(metadata.row_group(g).num_rows for g in range(start, end))
+            num_bytes = sum(metadata.row_group(g).total_byte_size for g in range(start, end))
+            slices = max(1, min(num_docs, num_bytes // target_bytes)) if end - start == 1 else 1
+            size = -(-num_docs // slices) if num_docs else 1
+            for low in range(0, num_docs, size):
+                high = min(num_docs, low + size)
+                units.append(WorkUnit(index=len(units), path=shard.path, first=first + first_row + low, num_docs=high - low,
+                                      num_bytes=num_bytes * (high - low) // num_docs, rows=(first_row + low, first_row + high)))
+        first += metadata.num_rows
+    return tuple(units)
 
 
 def parquet_frames(paths: Sequence[str], columns: list[str], batch_rows: int = READ_BATCH_ROWS) -> Iterator[pl.DataFrame]:

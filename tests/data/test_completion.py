@@ -24,7 +24,7 @@ from ito_assets.data.eval_index import build_index
 from ito_assets.data.ray_engine import WorkUnitFailed
 from ito_assets.data.scratch import FINISHED, scratch_space
 from ito_assets.data.shards import write_shards
-from ito_assets.data.units import map_units
+from ito_assets.data.units import map_units, shard_units
 from ito_assets.digests import file_sha256
 from ito_assets.errors import ErrorCode, ItoError
 from reference_impl import deduplicate, kept_documents
@@ -204,14 +204,15 @@ def test_deduplication_resumes_from_the_signature_units_that_finished(tmp_path: 
 def test_decontamination_resumes_both_passes(tmp_path: Path, monkeypatch):
     config = DecontamConfig()
     index = build_index(suite(*ITEMS), config)
-    shards = [s.path for s in write_shards(decontam_corpus(), tmp_path / "kept", prefix="k", max_rows=13).shards]
+    shards = write_shards(decontam_corpus(), tmp_path / "kept", prefix="k", max_rows=13).shards
     scale = ScaleConfig(unit_bytes=200)
 
     def scan(folder: Path):
         with scratch_space(folder / "_scratch", scale) as scratch:
-            return decontam_units.scan_shards(scratch, shards, index, config)
+            scanned = decontam_units.scan_shards(scratch, shards, index, config)
+            return scanned.hits, scanned.counts
 
-    expected_hits, expected_counts, _ = scan(tmp_path / "reference")
+    expected_hits, expected_counts = scan(tmp_path / "reference")
     matches: list[int] = []
     hits: list[int] = []
     monkeypatch.setattr(decontam_units, "match_unit", _counting(decontam_units.match_unit, matches))
@@ -222,7 +223,7 @@ def test_decontamination_resumes_both_passes(tmp_path: Path, monkeypatch):
     assert num_units > 3 and hits == [0, 1, 2]
     matches.clear(), hits.clear()
     monkeypatch.setattr(decontam_units, "hits_unit", _counting(decontam_units.hits_unit.__wrapped__, hits))
-    found, counts, _ = scan(tmp_path / "run")
+    found, counts = scan(tmp_path / "run")
     assert matches == [] and hits == list(range(2, num_units))
     assert_frame_equal(found, expected_hits)
     assert counts == expected_counts
@@ -333,18 +334,19 @@ def test_on_a_pool_deduplication_hashes_no_source_shard_and_every_other_file_onc
     assert_frame_equal(kept.read(), kept_documents(docs, expected))
 
 
-def test_on_a_pool_decontamination_hashes_each_unit_and_its_matches_once(tmp_path: Path, hashed):
+def test_on_a_pool_decontamination_reads_no_shard_to_key_its_units_and_hashes_each_matches_file_once(tmp_path: Path, hashed):
+    """The units are runs of the verified shards' row groups: their digests key the tasks; each
+    unit's matches are hashed once, by the worker that wrote them."""
     config = DecontamConfig()
     index = build_index(suite(*ITEMS), config)
-    shards = [s.path for s in write_shards(decontam_corpus(), tmp_path / "kept", prefix="k", max_rows=13).shards]
+    shards = write_shards(decontam_corpus(), tmp_path / "kept", prefix="k", max_rows=13).shards
     with scratch_space(tmp_path / "reference" / "_scratch", ScaleConfig(unit_bytes=200)) as scratch:
-        expected = decontam_units.scan_shards(scratch, shards, index, config)[:2]
+        expected = decontam_units.scan_shards(scratch, shards, index, config)
     hashed.clear()
     with scratch_space(tmp_path / "_scratch", ScaleConfig(unit_bytes=200, num_workers=2)) as scratch:
-        found, counts, _ = decontam_units.scan_shards(scratch, shards, index, config)
-    units = [path for path in hashed if Path(path).name.startswith("unit-")]
+        found = decontam_units.scan_shards(scratch, shards, index, config)
     matches = [path for path in hashed if Path(path).name.startswith("matches-")]
-    assert len(units) > 3 and len(matches) == len(units)
-    assert max(hashed.values()) == 1
-    assert_frame_equal(found, expected[0])
-    assert counts == expected[1]
+    assert not {s.path for s in shards} & set(hashed)
+    assert len(matches) == len(shard_units(shards, 200)) > len(shards) > 3 and max(hashed.values()) == 1
+    assert_frame_equal(found.hits, expected.hits)
+    assert found.counts == expected.counts

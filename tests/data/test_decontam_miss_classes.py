@@ -278,6 +278,7 @@ def test_the_streamed_scan_equals_the_reference_on_both_classes(tmp_path: Path, 
     expected, expected_counts = scan(docs, index, CONFIG)
     assert expected["doc_id"].n_unique() == 5
     with scratch_space(tmp_path / "_scratch", ScaleConfig(unit_bytes=300, num_workers=num_workers)) as scratch:
-        hits, counts, _ = scan_frames(scratch, [docs], index, CONFIG)
+        scanned_units = scan_frames(scratch, [docs], index, CONFIG)
+        hits, counts = scanned_units.hits, scanned_units.counts
     assert_frame_equal(hits, expected)
     assert counts == expected_counts

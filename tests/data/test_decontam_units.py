@@ -13,6 +13,7 @@ from polars.testing import assert_frame_equal
 from data_frames import frame, random_text
 from ito_assets.data.config import DecontamConfig, ScaleConfig
 from ito_assets.data.decontam_units import documents_with_hits, scan_frames, scan_shards
+from ito_assets.data.units import shard_units
 from ito_assets.data.eval_index import build_index
 from ito_assets.data.scratch import scratch_space
 from ito_assets.data.shards import write_shards
@@ -38,12 +39,12 @@ def corpus() -> pl.DataFrame:
     return frame(texts)
 
 
-def scanned(tmp_path: Path, docs: pl.DataFrame, scale: ScaleConfig, config: DecontamConfig = DecontamConfig()):
-    shards = write_shards(docs, tmp_path / "kept", prefix="k", max_rows=13)
+def scanned(tmp_path: Path, docs: pl.DataFrame, scale: ScaleConfig, config: DecontamConfig = DecontamConfig(), max_rows: int = 13):
+    shards = write_shards(docs, tmp_path / "kept", prefix="k", max_rows=max_rows)
     with scratch_space(tmp_path / "_scratch", scale) as scratch:
-        hits, counts, _ = scan_shards(scratch, [s.path for s in shards.shards], build_index(suite(*ITEMS), config), config)
-        num_units = len(list((tmp_path / "_scratch" / "decontam-units").glob("unit-*.parquet")))
-    return hits, counts, num_units, shards
+        scanned_units = scan_shards(scratch, shards.shards, build_index(suite(*ITEMS), config), config)
+        hits, counts = scanned_units.hits, scanned_units.counts
+    return hits, counts, len(shard_units(shards.shards, scale.unit_bytes)), shards
 
 
 @pytest.mark.parametrize("num_workers", [1, 2])
@@ -54,8 +55,8 @@ def test_scan_over_units_equals_the_in_memory_scan(tmp_path: Path, num_workers: 
     # The boilerplate item is ignored as common, the copied question is not, siblings resolve.
     assert expected["eval_item_id"].unique().sort().to_list() == ["arith/a", "arith/b", "py-trivia/002"]
     assert expected_counts.num_common_seeds_ignored > 0
-    # About one document per unit: the boilerplate's 30 documents are spread over ~30 units.
-    hits, counts, num_units, _ = scanned(tmp_path, docs, ScaleConfig(unit_bytes=200, num_workers=num_workers))
+    # One document per unit (shards of one row): the boilerplate's 30 documents in 30 units.
+    hits, counts, num_units, _ = scanned(tmp_path, docs, ScaleConfig(unit_bytes=200, num_workers=num_workers), max_rows=1)
     assert num_units > 30
     assert_frame_equal(hits, expected)
     assert counts == expected_counts
@@ -69,6 +70,20 @@ def test_documents_with_hits_reads_only_those(tmp_path: Path) -> None:
     assert_frame_equal(texts.sort("doc_id"), docs.join(hits.select("doc_id").unique(), on="doc_id", how="semi").select("doc_id", "text").sort("doc_id"))
 
 
+@pytest.mark.parametrize("num_workers,unit_bytes", [(1, 200), (2, 200), (1, 10**9)])  # slices of a group, on a pool, a shard a unit
+def test_the_scan_returns_the_documents_with_a_hit_as_a_pass_over_the_shards_finds_them(tmp_path: Path, num_workers: int, unit_bytes: int) -> None:
+    """What the decontamination step hands to its actions: the hit documents with their extra
+    columns, read by the units' workers, in the order a second pass over the shards reads them."""
+    docs = corpus().with_columns(pl.format("record-{}", pl.col("doc_id")).alias("source_record_id"))
+    shards = write_shards(docs, tmp_path / "kept", prefix="k", max_rows=13)
+    config = DecontamConfig()
+    with scratch_space(tmp_path / "_scratch", ScaleConfig(unit_bytes=unit_bytes, num_workers=num_workers)) as scratch:
+        scanned_units = scan_shards(scratch, shards.shards, build_index(suite(*ITEMS), config), config, extra=["source_record_id"])
+    expected = documents_with_hits([s.path for s in shards.shards], scanned_units.hits, ["source_record_id"])
+    assert expected.height >= 5
+    assert_frame_equal(scanned_units.documents, expected)
+
+
 def test_a_rescan_of_the_cleaned_documents_keeps_the_first_scans_common_seeds(tmp_path: Path) -> None:
     # The boilerplate is in 11 documents (common: > 10), 2 of which hold the whole licence item
     # and are removed; in the 9 left it would no longer be common.
@@ -80,7 +95,8 @@ def test_a_rescan_of_the_cleaned_documents_keeps_the_first_scans_common_seeds(tm
 
     def scan_of(name: str, rows: pl.DataFrame, ignored: pl.DataFrame | None = None):
         with scratch_space(tmp_path / name, ScaleConfig(unit_bytes=500)) as scratch:
-            return scan_frames(scratch, [rows], build_index(suite(*ITEMS), config), config, ignored)
+            scanned = scan_frames(scratch, [rows], build_index(suite(*ITEMS), config), config, ignored)
+            return scanned.hits, scanned.counts, scanned.ignored
 
     hits, _, ignored = scan_of("first", docs)
     assert hits["doc_id"].n_unique() == 2 and ignored.height > 0

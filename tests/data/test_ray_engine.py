@@ -172,7 +172,8 @@ def test_decontamination_on_ray_gives_the_in_memory_hits(cluster, tmp_path):
     expected, expected_counts = scan(docs, build_index(suite(*ITEMS), config), config)
     shards = write_shards(docs, tmp_path / "kept", prefix="k", max_rows=13)
     with scratch_space(tmp_path / "_scratch", ScaleConfig(unit_bytes=200, engine="ray")) as scratch:
-        hits, counts, _ = scan_shards(scratch, [s.path for s in shards.shards], build_index(suite(*ITEMS), config), config)
+        scanned = scan_shards(scratch, shards.shards, build_index(suite(*ITEMS), config), config)
+        hits, counts = scanned.hits, scanned.counts
     assert_frame_equal(hits, expected)
     assert counts == expected_counts
 

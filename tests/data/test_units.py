@@ -6,13 +6,16 @@ import time
 from pathlib import Path
 
 import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from polars.testing import assert_frame_equal
 
 from ito_assets.data.config import ScaleConfig
 from ito_assets.data.scratch import scratch_space
-from ito_assets.data.shards import write_shard_stream, write_shards
-from ito_assets.data.units import compacted, map_units, parquet_frames, worker_pool, write_units
+from ito_assets.data.shards import Shard, write_shard_stream, write_shards
+from ito_assets.data.units import compacted, map_units, parquet_frames, shard_units, worker_pool, write_units
+from ito_assets.digests import file_sha256
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.training.layout import PlanRefused
 
@@ -132,3 +135,39 @@ def test_the_engine_is_local_or_ray(engine: str, valid: bool) -> None:
         return
     with pytest.raises(ValueError, match="engine must be one of local, ray"):
         ScaleConfig(engine=engine)
+
+
+def test_shard_units_are_runs_of_row_groups_read_back_as_the_shards(tmp_path: Path) -> None:
+    """Three shards of 60, 0 and 25 rows in groups of 10: runs of whole groups of about the target
+    (here two groups), numbered through the shards; read back, the shards' rows in order."""
+    shards = []
+    for name, rows in (("a", 60), ("b", 0), ("c", 25)):
+        table = pa.table({"doc_id": [f"{name}{i:04d}" for i in range(rows)], "text": [f"document {name} {i:04d}" for i in range(rows)]},
+                         schema=pa.schema([("doc_id", pa.string()), ("text", pa.string())]))
+        path = tmp_path / f"{name}.parquet"
+        pq.write_table(table, path, row_group_size=10)
+        shards.append(Shard(path=str(path), sha256=file_sha256(path), num_rows=rows))
+    group = pq.ParquetFile(shards[0].path).metadata.row_group(0).total_byte_size
+    units = shard_units(shards, 2 * group)
+    assert [(Path(u.path).stem, u.rows, u.first, u.num_docs) for u in units] == [
+        ("a", (0, 20), 0, 20), ("a", (20, 40), 20, 20), ("a", (40, 60), 40, 20), ("c", (0, 20), 60, 20), ("c", (20, 25), 80, 5)]
+    assert [u.index for u in units] == list(range(5))
+    read = pl.concat([u.read(["doc_id", "text"]) for u in units])
+    assert_frame_equal(read, pl.concat([pl.read_parquet(s.path) for s in shards]))
+    assert len(shard_units(shards, 10**9)) == 2  # a shard each
+
+
+def test_a_row_group_of_two_targets_or_more_is_cut_into_slices_of_equal_rows(tmp_path: Path) -> None:
+    table = pa.table({"doc_id": [f"d{i:04d}" for i in range(30)], "text": [f"a long document {i:04d} " * 20 for i in range(30)]})
+    path = tmp_path / "s.parquet"
+    pq.write_table(table, path, row_group_size=10)
+    shard = Shard(path=str(path), sha256=file_sha256(path), num_rows=30)
+    group = pq.ParquetFile(path).metadata.row_group(0).total_byte_size
+    half = group // 2  # two targets fit in a group: cut
+    sliced = shard_units([shard], half)
+    assert [(u.rows, u.first, u.num_docs) for u in sliced] == [((first, first + 5), first, 5) for first in range(0, 30, 5)]
+    assert_frame_equal(pl.concat([u.read() for u in sliced]), pl.read_parquet(path))
+    assert_frame_equal(sliced[3].read(["text"]), pl.read_parquet(path, columns=["text"]).slice(15, 5))
+    whole = shard_units([shard], half + 1)  # two targets are more than a group: a group each, whole
+    assert [(u.rows, u.num_docs) for u in whole] == [((first, first + 10), 10) for first in range(0, 30, 10)]
+    assert [u.key()["rows"] for u in sliced[:2]] == [[0, 5], [5, 10]]  # in the markers' keys
