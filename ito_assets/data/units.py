@@ -130,8 +130,9 @@ def shard_units(shards: Sequence[Shard], target_bytes: int) -> tuple[WorkUnit, .
     """Work units cut from the shards' footers alone, in shard order: runs of whole row groups of
     about `target_bytes` uncompressed, and a group of two targets or more (long documents: a
     group is `shards.ROW_GROUP_ROWS` documents) cut into slices of equal rows of about the
-    target. Each document is read by its unit's worker only, where `write_units` passes every
-    text through the step to copy it. A shard with no rows gives no unit."""
+    target (each slice's worker still decodes its whole group, briefly: the unit's own work is
+    what the slice bounds). Each document is read by its unit's worker only, where `write_units`
+    passes every text through the step to copy it. A shard with no rows gives no unit."""
     units: list[WorkUnit] = []
     first = 0
     for shard in shards:
