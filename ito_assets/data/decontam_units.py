@@ -55,10 +55,11 @@ class HitTask:
     config: DecontamConfig
     matches_path: str
     extra: tuple[str, ...] = ()  # the unit's columns returned with the documents that have a hit
+    ids: tuple[str, ...] = ("doc_id",)  # the columns that name a document, joined with "#" (a null as "")
 
     def key(self) -> dict:
         return {"unit": self.unit.key(), "index": self.index.digest, "ignored": frame_digest(self.ignored), "config": asdict(self.config),
-                "extra": list(self.extra)}
+                "extra": list(self.extra), "ids": list(self.ids)}
 
     def inputs(self) -> tuple[str, ...]:
         return (self.unit.path, self.matches_path)
@@ -81,7 +82,12 @@ def hits_unit(task: HitTask) -> tuple[int, pl.DataFrame, pl.DataFrame]:
     matches = pl.read_parquet(task.matches_path)
     candidates = candidate_documents(matches, task.ignored, task.index)
     columns = ["doc_id", *task.extra, "text"]
-    docs = task.unit.read(columns).cast(pl.String) if candidates else pl.DataFrame(schema=dict.fromkeys(columns, pl.String))
+    if not candidates:
+        docs = pl.DataFrame(schema=dict.fromkeys(columns, pl.String))
+    else:
+        docs = task.unit.read(list(dict.fromkeys([*task.ids, *columns]))).cast(pl.String)
+        if task.ids != ("doc_id",):  # a piece of a document is scanned under its own id, doc_id#piece
+            docs = docs.with_columns(pl.concat_str([pl.col(c).fill_null("") for c in task.ids], separator="#").alias("doc_id")).select(columns)
     hits = hits_of(candidates, docs.select("doc_id", "text"), task.index, task.ignored, task.config)
     return len(candidates), hits, compacted(docs.filter(pl.col("doc_id").is_in(hits["doc_id"].implode())))
 
@@ -95,12 +101,13 @@ class Scan:
 
 
 def scan_units(scratch: Scratch, units: Sequence[WorkUnit], index: EvalIndex, config: DecontamConfig, ignored: pl.DataFrame | None = None,
-               known: Mapping[str, str] | None = None, extra: Sequence[str] = ()) -> Scan:
+               known: Mapping[str, str] | None = None, extra: Sequence[str] = (), ids: Sequence[str] = ("doc_id",)) -> Scan:
     """Work units (doc_id, text, and the `extra` columns) -> the hits and counters the reference
     `scan` returns, and the documents they were found in (read by the units' workers: what
     `clean.apply_actions` reads, with no second pass over the corpus). `ignored` given: those
     pairs, not the ones these units' own seed frequencies would pick. `known`: the units' files'
-    digests, where they were verified already."""
+    digests, where they were verified already. `ids`: the columns that name a document (joined
+    with "#")."""
     match_markers = scratch.finished("decontam-matches")
     paths = [str(match_markers.folder / f"matches-{u.index:05d}.parquet") for u in units]
     # Both passes read the units: hashed once, here, for both passes' keys.
@@ -110,7 +117,8 @@ def scan_units(scratch: Scratch, units: Sequence[WorkUnit], index: EvalIndex, co
                             phase="decontamination seeds", markers=match_markers, known=unit_digests)
         if ignored is None:
             ignored = common_seeds(_summed(f for _, f in matched), index, config)
-        tasks = [HitTask(unit=u, index=index, ignored=ignored, config=config, matches_path=p, extra=tuple(extra)) for u, p in zip(units, paths)]
+        tasks = [HitTask(unit=u, index=index, ignored=ignored, config=config, matches_path=p, extra=tuple(extra), ids=tuple(ids))
+                 for u, p in zip(units, paths)]
         found = map_units(hits_unit, tasks, pool, phase="decontamination hits", markers=scratch.finished("decontam-hits"),
                           known=unit_digests | match_markers.written())
     hits = pl.concat([h for _, h, _ in found]) if found else pl.DataFrame(schema=HIT_SCHEMA)
@@ -135,12 +143,13 @@ def _summed(frequencies: Iterable[pl.DataFrame]) -> pl.DataFrame:
     return pl.concat(frames).group_by("seed").agg(pl.col("num_docs").sum())
 
 
-def scan_shards(scratch: Scratch, shards: Sequence[Shard], index: EvalIndex, config: DecontamConfig, extra: Sequence[str] = ()) -> Scan:
+def scan_shards(scratch: Scratch, shards: Sequence[Shard], index: EvalIndex, config: DecontamConfig, extra: Sequence[str] = (),
+                ignored: pl.DataFrame | None = None, ids: Sequence[str] = ("doc_id",)) -> Scan:
     """Parquet shards (doc_id, text, `extra`, ...), verified against their digests by the caller;
     the units are runs of the shards' own row groups (`shard_units`), so no text passes through
     this process and none is copied."""
     units = shard_units(shards, scratch.scale.unit_bytes)
-    return scan_units(scratch, units, index, config, known={shard.path: shard.sha256 for shard in shards}, extra=extra)
+    return scan_units(scratch, units, index, config, ignored, known={shard.path: shard.sha256 for shard in shards}, extra=extra, ids=ids)
 
 
 def scan_frames(scratch: Scratch, frames: Iterable[pl.DataFrame], index: EvalIndex, config: DecontamConfig, ignored: pl.DataFrame | None = None) -> Scan:

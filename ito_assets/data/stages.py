@@ -37,7 +37,7 @@ from ito_assets.data.band_join import num_partitions
 from ito_assets.data.clean_units import clean_in_parts
 from ito_assets.data.config import DataPrepConfig, DecontamConfig, ParaphraseConfig, ScaleConfig
 from ito_assets.data.decontam import ScanCounts
-from ito_assets.data.decontam_units import documents_with_hits, scan_frames, scan_shards
+from ito_assets.data.decontam_units import documents_with_hits, scan_shards
 from ito_assets.data.dedup import DEDUP_SCHEMA, DUPLICATE, DedupCounts
 from ito_assets.data.dedup_units import deduplicate_units
 from ito_assets.data.kept_units import kept_shards
@@ -293,10 +293,6 @@ def residual_contamination(shards: ShardSet, suite: EvalSuite, decontam: Deconta
     verified first (SHARD_CORRUPT)."""
     config = decontam.decontam_config()
     ignored = pl.read_parquet(verified_path(decontam.ignored_seeds))
-    frames = (
-        frame.select(pl.concat_str([pl.col("doc_id"), pl.col("piece").cast(pl.String).fill_null("")], separator="#").alias("doc_id"), "text")
-        for frame in parquet_frames(shards.verified_paths(), ["doc_id", "piece", "text"])
-    )
+    shards.verified_paths()  # SHARD_CORRUPT before any work: the units are keyed by these digests
     with scratch_space(Path(shards.folder).parent / SCRATCH, scale) as scratch:
-        hits = scan_frames(scratch, frames, build_index(suite, config), config, ignored).hits
-    return hits
+        return scan_shards(scratch, shards.shards, build_index(suite, config), config, ignored=ignored, ids=("doc_id", "piece")).hits

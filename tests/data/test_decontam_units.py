@@ -140,3 +140,25 @@ def test_hits_found_for_every_candidate_at_once_equal_one_document_at_a_time(doc
     assert batched.height >= 5
     assert_frame_equal(batched, hits_per_document(candidates, docs, index, ignored, config))
     assert hits_of([], docs, index, ignored, config).height == 0
+
+
+@pytest.mark.parametrize("num_workers,unit_bytes", [(1, 200), (2, 200), (1, 10**9)])
+def test_pieces_scanned_from_their_shards_are_named_and_found_as_from_frames(tmp_path: Path, num_workers: int, unit_bytes: int) -> None:
+    """The residual re-scan's units are the clean shards' rows, a piece named doc_id#piece (a
+    whole document doc_id#): the hits of the frames it replaced, under the first scan's ignored seeds."""
+    docs = corpus()
+    pieces = docs.select("doc_id", "text").with_columns(
+        pl.when(pl.int_range(pl.len()) % 3 == 0).then(pl.int_range(pl.len()) % 2).otherwise(None).cast(pl.Int32).alias("piece"))
+    shards = write_shards(pieces, tmp_path / "clean", prefix="c", max_rows=13)
+    config = DecontamConfig()
+    index = build_index(suite(*ITEMS), config)
+    with scratch_space(tmp_path / "first", ScaleConfig(unit_bytes=2_000)) as scratch:
+        ignored = scan_shards(scratch, shards.shards, index, config).ignored
+    assert ignored.height > 0
+    named = pieces.select(pl.concat_str([pl.col("doc_id"), pl.col("piece").cast(pl.String).fill_null("")], separator="#").alias("doc_id"), "text")
+    with scratch_space(tmp_path / "frames", ScaleConfig(unit_bytes=unit_bytes)) as scratch:
+        expected = scan_frames(scratch, [named], index, config, ignored).hits
+    with scratch_space(tmp_path / "shards", ScaleConfig(unit_bytes=unit_bytes, num_workers=num_workers)) as scratch:
+        found = scan_shards(scratch, shards.shards, index, config, ignored=ignored, ids=("doc_id", "piece")).hits
+    assert expected.height >= 5 and expected["doc_id"].str.contains("#").all()
+    assert_frame_equal(found, expected)
