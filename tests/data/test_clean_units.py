@@ -14,7 +14,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from ito_assets.data import clean, stages
+from ito_assets.data import clean, decontam_units, stages
 from ito_assets.data.config import DataPrepConfig, DecontamConfig, ScaleConfig
 from ito_assets.digests import file_sha256
 from ito_assets.errors import ErrorCode, ItoError
@@ -169,3 +169,16 @@ def test_every_document_dropped_writes_one_pass_s_one_empty_part(tmp_path):
     one_pass, parts = _clean(up, "one"), _clean(up, "parts", num_workers=2)
     assert parts.conservation.num_clean_rows == 0 and len(parts.shards.shards) == 1
     assert _digests(parts) == _digests(one_pass)
+
+
+@pytest.mark.parametrize("unit_bytes", [2_000, 10**9])  # row groups cut into slices; a shard a unit
+def test_decontamination_on_two_workers_writes_one_worker_s_files(cut, tmp_path, monkeypatch, unit_bytes):
+    """On the packages' descriptions with questions planted: the scan's units are the source
+    shards' rows, on a pool (threads here) and in slices, and the hits, actions, pieces and
+    common seeds are the bytes of the one-worker stage, whose units are the same shards whole."""
+    monkeypatch.setattr(decontam_units, "worker_pool", _threads)
+    config = _config("cut", num_workers=2, unit_bytes=unit_bytes)
+    stage = stages.run_decontam(cut.verified, SUITE, cut.source, tmp_path, tmp_path / "warehouse.duckdb", config)
+    files = lambda s: [file_sha256(t.path) for t in (s.hits, s.actions, s.pieces, s.ignored_seeds)]  # noqa: E731
+    assert files(stage) == files(cut.decontam) and stage.counts == cut.decontam.counts
+    assert cut.decontam.counts.num_contaminated_documents > 10
