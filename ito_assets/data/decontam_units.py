@@ -1,5 +1,8 @@
 """The decontamination scan over byte-sized work units: the same hits as the in-memory reference
-(`scan`, tests/reference_impl.py), with memory bounded by a unit rather than the corpus.
+(`scan`, tests/reference_impl.py), with memory bounded by a unit rather than the corpus. Over
+shards (`scan_shards`: the source shards, the clean ones for the residual re-scan) the units are
+the shards' own rows, so no text passes through the step's process; over frames they are copied
+into unit files first.
 
 The scan has one corpus-wide quantity, the number of documents each seed occurs in (the
 common-seed rule), so it runs in two passes over the units, each unit an independent step:
