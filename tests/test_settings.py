@@ -174,23 +174,21 @@ def test_a_printed_settings_object_never_shows_the_ledger_password() -> None:
     assert "canary-pw-3f9a" not in repr(read) and "canary-pw-3f9a" not in str(read)
 
 
-@pytest.mark.parametrize("engine,valid", [(None, True), ("local", True), ("ray", True), ("spark", False), ("", False),
-                                          ("Ray", False)])
-def test_the_data_engine_is_local_or_ray(engine, valid) -> None:
-    env = {} if engine is None else {"ITO_DATA_ENGINE": engine}
-    if valid:
-        assert load_settings(env).data_engine == (engine or "local")
-        return
-    with pytest.raises(ValueError, match="data engine must be one of local, ray"):
-        load_settings(env)
+# (variable, field, default, the message's list of choices, value, valid): a value not exactly
+# one of the choices (another case, empty, another tool's name) is refused with the list.
+CHOICES = [("ITO_DATA_ENGINE", "data_engine", "local", "data engine must be one of local, ray")]
+CHOICES += [("ITO_DECISION_TRAINER", "decision_trainer", "stage_worker", "decision trainer must be one of stage_worker, in_process")]
+CHOICE_VALUES = [(0, None, True), (0, "local", True), (0, "ray", True), (0, "spark", False), (0, "", False), (0, "Ray", False),
+                 (1, None, True), (1, "stage_worker", True), (1, "in_process", True), (1, "In_Process", False), (1, "", False),
+                 (1, "torchrun", False)]
 
 
-@pytest.mark.parametrize("trainer,valid", [(None, True), ("stage_worker", True), ("in_process", True),
-                                           ("In_Process", False), ("", False), ("torchrun", False)])
-def test_the_decision_trainer_is_the_stage_worker_or_this_process(trainer, valid) -> None:
-    env = {} if trainer is None else {"ITO_DECISION_TRAINER": trainer}
+@pytest.mark.parametrize("setting,value,valid", CHOICE_VALUES)
+def test_a_choice_setting_takes_its_values_and_refuses_the_others(setting, value, valid) -> None:
+    variable, field, default, message = CHOICES[setting]
+    env = {} if value is None else {variable: value}
     if valid:
-        assert load_settings(env).decision_trainer == (trainer or "stage_worker")
+        assert getattr(load_settings(env), field) == (value or default)
         return
-    with pytest.raises(ValueError, match="decision trainer must be one of stage_worker, in_process"):
+    with pytest.raises(ValueError, match=message):
         load_settings(env)
