@@ -4,7 +4,10 @@ concurrent trains from both fitting under it.
 The cap belongs to the manifest (its digest binds `budget.cap_cents`) and is shared by every
 booking the account trains it on, so the lock is the (account, manifest) row of `budgets`, not a
 booking's row. A run commits its confirmed cost when it is created: it is `reserved` while active
-and `spent` once it ended; a run stopped by a gate never started and commits nothing.
+and `spent` once it ended, whatever its end. The one exception: a run that ended `gate_failed`
+without ever becoming running (its authorization no longer held when its job began) used no
+compute and gives its cost back. A run that trained and then failed a gate (an eval gate, a
+booking revoked between stages) keeps its cost spent: the cap bounds what was trained on.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ class BudgetState:
     manifest_digest: str
     cap_cents: int
     max_incremental_cents: int
-    spent_cents: int  # runs that ended (succeeded, failed, cancelled)
+    spent_cents: int  # runs that ended (succeeded, failed, cancelled, gate_failed after starting)
     reserved_cents: int  # runs still active (queued, running, cancelling)
     num_runs: int
 
@@ -52,14 +55,17 @@ def lock(conn: sa.Connection, account_id: str, manifest_digest: str, *, now: int
 
 
 def committed(conn: sa.Connection, account_id: str, manifest_digest: str) -> tuple[int, int, int]:
-    """(spent, reserved, number of runs) of this account's runs of this manifest, in one query."""
+    """(spent, reserved, number of runs) of this account's runs of this manifest, in one query.
+
+    Only a gate_failed run that never started (no `started_at`) is left out."""
     active = runs.c.state.in_([s.value for s in ACTIVE_RUN_STATES])
+    never_started_gate_failed = sa.and_(runs.c.state == RunState.GATE_FAILED.value, runs.c.started_at.is_(None))
     query = sa.select(
         sa.func.coalesce(sa.func.sum(sa.case((active, 0), else_=runs.c.cost_cents)), 0),
         sa.func.coalesce(sa.func.sum(sa.case((active, runs.c.cost_cents), else_=0)), 0),
         sa.func.count(),
     ).where(runs.c.account_id == account_id, runs.c.manifest_digest == manifest_digest,
-            runs.c.state != RunState.GATE_FAILED.value)
+            sa.not_(never_started_gate_failed))
     spent, reserved, count = conn.execute(query).one()
     return int(spent), int(reserved), int(count)
 

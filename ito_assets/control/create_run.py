@@ -89,7 +89,7 @@ def _insert(conn: sa.Connection, request: TrainRequest, account_id: str, checkpo
         request_fingerprint=request.fingerprint(), confirmation_id=confirmation.confirmation_id,
         state=RunState.QUEUED.value, state_reason=None, dagster_run_id=None,
         cost_cents=confirmation.cost_cents, checkpoint_dir=os.path.join(checkpoint_root, run_id),
-        created_at=now, updated_at=now, finished_at=None, cleaned_at=None,
+        created_at=now, updated_at=now, finished_at=None, cleaned_at=None, started_at=None,
     )
     conn.execute(runs_table.insert().values(**values))
     audit.record(conn, now, "run_created", actor=None, account_id=account_id, subject=run_id,

@@ -137,6 +137,8 @@ runs = sa.Table(
     sa.Column("updated_at", _Time, nullable=False),
     sa.Column("finished_at", _Time, nullable=True),
     sa.Column("cleaned_at", _Time, nullable=True),
+    # Set once, by the move into running: a run that ever started keeps its cost spent, whatever its end.
+    sa.Column("started_at", _Time, nullable=True),
     sa.UniqueConstraint("account_id", "idempotency_key", name="uq_runs_account_key"),
 )
 

@@ -35,6 +35,7 @@ class Run:
     updated_at: int
     finished_at: int | None
     cleaned_at: int | None
+    started_at: int | None  # when it first became running; None while it never started
 
     def to_dict(self) -> dict:
         """The public view (train and status data): stable identifiers and the state enum. The
@@ -44,7 +45,7 @@ class Run:
             "idempotency_key": self.idempotency_key, "state": self.state.value,
             "state_reason": self.state_reason, "dagster_run_id": self.dagster_run_id,
             "cost_cents": self.cost_cents, "created_at": self.created_at, "updated_at": self.updated_at,
-            "finished_at": self.finished_at, "cleaned_at": self.cleaned_at,
+            "finished_at": self.finished_at, "cleaned_at": self.cleaned_at, "started_at": self.started_at,
             "terminal": self.state in TERMINAL_RUN_STATES,
         }
 
@@ -179,15 +180,17 @@ def transition(conn: sa.Connection, run: Run, state: RunState, *, now: int, reas
     if state not in RUN_TRANSITIONS[run.state]:
         raise ItoError(ErrorCode.USAGE_ERROR, f"a {run.state.value} run cannot become {state.value}")
     finished = now if state in TERMINAL_RUN_STATES else None
+    # The first move into running is when compute starts being spent: kept, never moved again.
+    started = now if state is RunState.RUNNING and run.started_at is None else run.started_at
     changed = conn.execute(runs.update().where(runs.c.run_id == run.run_id, runs.c.state == run.state.value)
                            .values(state=state.value, state_reason=reason, updated_at=now,
-                                   finished_at=finished)).rowcount
+                                   finished_at=finished, started_at=started)).rowcount
     if changed != 1:
         raise ItoError(ErrorCode.IDEMPOTENCY_KEY_IN_FLIGHT, "the run changed concurrently; retry")
     audit.record(conn, now, f"run_{state.value}", actor=actor, account_id=run.account_id,
                  subject=run.run_id, previous_state=run.state.value, reason=reason)
     return Run(**{**{f: getattr(run, f) for f in _COLUMNS}, "state": state, "state_reason": reason,
-                  "updated_at": now, "finished_at": finished})
+                  "updated_at": now, "finished_at": finished, "started_at": started})
 
 
 def set_state(ledger: Ledger, run_id: str, state: RunState, *, reason: str | None = None,

@@ -138,3 +138,82 @@ def test_gate_failed_runs_give_their_spend_back_to_the_cap(world) -> None:
         conn.execute(runs_table.update().where(runs_table.c.run_id == created.run.run_id).values(state="gate_failed"))
     world.booking_id = world.booking()
     assert world.confirm_train(manifest=capped)
+
+
+# --- a gate that fails after the run started: its cost stays spent -------------------------------
+
+def _end(world, run_id: str, path: tuple[str, ...]) -> None:
+    """Move a run along `path` through the state machine, as the Dagster shell reports it."""
+    from ito_assets.control import runs
+    from ito_assets.control.states import RunState
+
+    for state in path:
+        world.clock.now += 1
+        runs.set_state(world.ledger, run_id, RunState(state), reason="EVAL_GATE_FAILED" if state == "gate_failed" else None)
+
+
+# (path to gate_failed, cap in runs, whether a third run fits): a started run keeps its cost even
+# when a gate fails afterwards; only a run that never started gives it back.
+GATE_FAILED_AFTER = [
+    (("running", "gate_failed"), 2, False),                 # the reviewer's case: cap exactly two runs
+    (("running", "gate_failed"), 3, True),                  # one run's room more: the third fits
+    (("running", "cancelling", "gate_failed"), 2, False),   # cancel asked while running, then a gate
+    (("gate_failed",), 2, True),                            # refused before starting: cost given back
+    (("cancelling", "gate_failed"), 2, True),               # cancel asked while queued, never started
+]
+
+
+@pytest.mark.parametrize(("path", "cap_runs", "third_fits"), GATE_FAILED_AFTER,
+                         ids=["-".join(p) + f"-cap{c}" for p, c, _ in GATE_FAILED_AFTER])
+def test_a_run_that_started_keeps_its_cost_when_a_gate_fails_later(world, path, cap_runs, third_fits) -> None:
+    from ito_assets.control import budget
+
+    capped = verified(manifest_bytes(budget__cap_cents=cap_runs * COST, budget__max_incremental_cents=COST))
+    first = train(world, world.confirm_train(manifest=capped), "key-started-01", capped).run
+    world.booking_id = world.booking()
+    train(world, world.confirm_train(manifest=capped), "key-started-02", capped)
+    _end(world, first.run_id, path)
+    started = "running" in path
+    with world.ledger.read() as conn:
+        state = budget.state(conn, world.account.account_id, capped.digest, capped.manifest.budget)
+    assert (state.spent_cents, state.reserved_cents, state.num_runs) == (
+        (COST, COST, 2) if started else (0, COST, 1))
+    world.booking_id = world.booking()
+    if third_fits:
+        train(world, world.confirm_train(manifest=capped), "key-started-03", capped)
+        assert counts(world) == (3, 3)
+    else:
+        assert code_of(lambda: world.confirm_train(manifest=capped)) is ErrorCode.BUDGET_EXCEEDED
+        assert counts(world) == (2, 2)
+
+
+def test_a_confirmation_issued_before_the_started_run_gate_failed_is_refused_at_train(world) -> None:
+    """The cap is summed again under the budget lock at train: a run that gate-failed after starting
+    still counts there, so a confirmation issued while the cap had room cannot overspend it."""
+    capped = verified(manifest_bytes(budget__cap_cents=2 * COST, budget__max_incremental_cents=COST))
+    first = train(world, world.confirm_train(manifest=capped), "key-before-001", capped).run
+    bookings_and_refs = []
+    for _ in range(2):  # both issued while one run was committed: each had room then
+        world.booking_id = world.booking()
+        bookings_and_refs.append((world.booking_id, world.confirm_train(manifest=capped)))
+    (second_booking, second_ref), (third_booking, third_ref) = bookings_and_refs
+    world.booking_id = second_booking
+    train(world, second_ref, "key-before-002", capped)
+    _end(world, first.run_id, ("running", "gate_failed"))
+    world.booking_id = third_booking
+    assert code_of(lambda: train(world, third_ref, "key-before-003", capped)) is ErrorCode.BUDGET_EXCEEDED
+    assert counts(world) == (2, 2)
+
+
+def test_started_at_is_set_by_the_first_move_into_running_and_never_moved(world) -> None:
+    from ito_assets.control import runs
+
+    run = train(world, world.confirm_train(), "key-startedat1", verified()).run
+    assert run.started_at is None and run.to_dict()["started_at"] is None
+    world.clock.now = T0 + 10
+    assert runs.set_state(world.ledger, run.run_id, runs.RunState.RUNNING).started_at == T0 + 10
+    world.clock.now = T0 + 20
+    assert runs.set_state(world.ledger, run.run_id, runs.RunState.CANCELLING).started_at == T0 + 10
+    world.clock.now = T0 + 30
+    done = runs.set_state(world.ledger, run.run_id, runs.RunState.GATE_FAILED, reason="EVAL_GATE_FAILED")
+    assert (done.started_at, runs.get(world.ledger, run.run_id).started_at) == (T0 + 10, T0 + 10)

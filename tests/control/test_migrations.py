@@ -129,6 +129,8 @@ def test_a_ledger_from_before_migrations_is_upgraded_and_keeps_every_row(engine_
     ledger = open_ledger(url, schema=schema)
     assert _revision(ledger.engine) == (migrate.head(),)
     after = _rows(ledger.engine)
+    # 0003's column is added; no run_running event in that trail, so the run never started.
+    assert [row.pop("started_at") for row in after["runs"]] == [None]
     assert after == before
     assert sa.inspect(ledger.engine).has_table("budgets")
     ledger.dispose()
@@ -143,6 +145,40 @@ def test_a_versioned_ledger_at_the_first_revision_is_upgraded(engine_url) -> Non
     assert migrate.upgrade(engine) == "0001"
     assert _revision(engine) == (migrate.head(),)
     assert migrate.upgrade(engine) == migrate.head()  # at head: nothing to do
+    engine.dispose()
+
+
+def _insert_run(conn, tables, run_id: str, state: str) -> None:
+    row = {**dict(LEGACY_ROWS)["runs"], "run_id": run_id, "state": state, "idempotency_key": f"key-{run_id}"}
+    conn.execute(tables.tables["runs"].insert().values(**row))
+
+
+def test_0003_backfills_started_at_from_the_audit_trails_run_running_events(engine_url) -> None:
+    """A ledger at 0002 with runs that did and did not start: started_at is the earliest
+    `run_running` event of each run, and None for a run with none (it never started)."""
+    url, schema = engine_url
+    engine = _raw_engine(url, schema)
+    _migrate_to(engine, "0002")
+    with engine.begin() as conn:
+        tables = sa.MetaData()
+        tables.reflect(conn)
+        for name in ("accounts", "bookings", "manifests"):
+            conn.execute(tables.tables[name].insert().values(**dict(LEGACY_ROWS)[name]))
+        for run_id, state in (("run_trained_then_gate", "gate_failed"), ("run_refused_at_start", "gate_failed"),
+                              ("run_done", "succeeded"), ("run_live", "running")):
+            _insert_run(conn, tables, run_id, state)
+        events = [(T0 + 5, "run_running", "run_trained_then_gate"), (T0 + 9, "run_gate_failed", "run_trained_then_gate"),
+                  (T0 + 4, "run_gate_failed", "run_refused_at_start"), (T0 + 7, "run_running", "run_done"),
+                  (T0 + 3, "run_running", "run_live"), (T0 + 8, "run_running", "run_live"),  # the earliest counts
+                  (T0 + 6, "run_running", "bkg_1")]  # another subject: matches no run
+        for at, kind, subject in events:
+            conn.execute(tables.tables["audit_events"].insert().values(
+                at=at, actor=None, account_id="acc_1", kind=kind, subject=subject, code=None, detail="{}"))
+    assert migrate.upgrade(engine) == "0002"
+    with engine.connect() as conn:
+        started = dict(conn.exec_driver_sql("SELECT run_id, started_at FROM runs").all())
+    assert started == {"run_trained_then_gate": T0 + 5, "run_refused_at_start": None, "run_done": T0 + 7,
+                       "run_live": T0 + 3}
     engine.dispose()
 
 

@@ -73,7 +73,7 @@ def test_public_view_is_exact_and_keeps_the_server_path_out(world) -> None:
         "run_id": run.run_id, "booking_id": world.booking_id, "manifest_sha256": verified().digest,
         "idempotency_key": "train-key-0001", "state": "queued", "state_reason": None, "dagster_run_id": None,
         "cost_cents": COST, "created_at": T0 + 3, "updated_at": T0 + 3, "finished_at": None, "cleaned_at": None,
-        "terminal": False,
+        "started_at": None, "terminal": False,
     }
     assert run.checkpoint_dir not in str(view)
     world.clock.now = T0 + 9

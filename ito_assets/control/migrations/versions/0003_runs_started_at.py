@@ -1,0 +1,35 @@
+"""`runs.started_at`: when a run first became running. The budget keeps a run's cost spent once it
+started, whatever its end (a gate that fails after training no longer gives its cost back).
+
+Existing rows are backfilled from the append-only audit trail: the earliest `run_running` event
+of the run (written in the same transaction as every move into running). A run with no such event
+never started.
+
+Revision ID: 0003
+Revises: 0002
+Create Date: 2026-12-05
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0003"
+down_revision = "0002"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    # A nullable column: a plain ALTER TABLE ADD COLUMN on both SQLite and PostgreSQL.
+    op.add_column("runs", sa.Column("started_at", sa.BigInteger(), nullable=True))
+    op.execute(
+        "UPDATE runs SET started_at = (SELECT min(audit_events.at) FROM audit_events "
+        "WHERE audit_events.kind = 'run_running' AND audit_events.subject = runs.run_id) "
+        "WHERE started_at IS NULL"
+    )
+
+
+def downgrade() -> None:
+    raise RuntimeError("the ledger is never downgraded (its audit trail is append-only): restore a backup")
