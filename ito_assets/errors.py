@@ -100,6 +100,8 @@ class ErrorCode(str, enum.Enum):
     # A blocking check of the data stage failed (conservation, residual contamination): the clean
     # shards it judged must not be used.
     DATA_CHECK_FAILED = "DATA_CHECK_FAILED"
+    # The booking's window has not begun: its GPUs are not the account's yet, so nothing trains on them.
+    BOOKING_NOT_STARTED = "BOOKING_NOT_STARTED"
 
 
 # Codes a caller may retry unchanged; everything else needs a different request.

@@ -71,7 +71,7 @@ class Release:
 def _release_locked(conn: sa.Connection, ledger: Ledger, identity: Identity, release: Release, key: str) -> dict:
     now = ledger.now()
     booking = bookings.load(conn, release.booking_id, for_update=True)
-    eligible = entitlement.eligibility(booking, identity.tenant, now)
+    eligible = entitlement.eligibility(booking, identity.tenant, now, require_started=False)  # releasing needs no window
     confirmation = confirmations.resolve(conn, release.confirmation_ref, account_id=identity.tenant, for_update=True)
     confirmations.require_usable(confirmation, now=now, action=Action.RELEASE, booking_id=booking.booking_id,
                                  cost_cents=0)

@@ -29,10 +29,11 @@ class TrainPreflight:
     checkpoint_root: str
 
 
-def entitle(conn, ledger: Ledger, account_id: str, booking_id: str, *, for_update: bool) -> tuple:
+def entitle(conn, ledger: Ledger, account_id: str, booking_id: str, *, for_update: bool,
+            require_started: bool = True) -> tuple:
     """Gate 1 from the booking row (locked FOR UPDATE inside a creating transaction)."""
     booking = bookings.load(conn, booking_id, for_update=for_update)
-    return booking, entitlement.eligibility(booking, account_id, ledger.now())
+    return booking, entitlement.eligibility(booking, account_id, ledger.now(), require_started=require_started)
 
 
 def validate(conn, policy: ServerPolicy, account_id: str, booking: bookings.Booking, eligible: entitlement.Eligibility,
@@ -69,7 +70,8 @@ def quote_train(ledger: Ledger, policy: ServerPolicy, identity: Identity, bookin
                 verified: VerifiedManifest, requirements: validation.RunRequirements | None = None) -> TrainQuote:
     account_id = identity.tenant
     with ledger.read() as conn:
-        booking, eligible = entitle(conn, ledger, account_id, booking_id, for_update=False)
+        # A quote may be asked before the window begins (planning ahead); confirm and train may not.
+        booking, eligible = entitle(conn, ledger, account_id, booking_id, for_update=False, require_started=False)
         pre = validate(conn, policy, account_id, booking, eligible, verified,
                        requirements or validation.RunRequirements())
         state = budget.state(conn, account_id, verified.digest, verified.manifest.budget)
@@ -112,7 +114,8 @@ def request_release(ledger: Ledger, policy: ServerPolicy, identity: Identity, bo
     """Releasing a booking with a cleanup: bound to the booking and its current revision."""
     account_id = identity.tenant
     with ledger.write() as conn:
-        _booking, eligible = entitle(conn, ledger, account_id, booking_id, for_update=False)
+        # Giving a booking back before its window begins is allowed: nothing trains on it.
+        _booking, eligible = entitle(conn, ledger, account_id, booking_id, for_update=False, require_started=False)
         return confirmations.issue(
             conn, now=ledger.now(), ttl_s=policy.confirmation_ttl_s, account_id=account_id,
             action=Action.RELEASE, cost_cents=0, booking_id=booking_id,

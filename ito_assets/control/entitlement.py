@@ -2,12 +2,14 @@
 
 Only a completed booking verified by the server entitles (never the client's word); the eligibility
 is bound to the account, booking, GPU topology, region, network and duration. Expired, revoked,
-released, incomplete, another account's or mismatched bookings fail closed.
+released, incomplete, another account's or mismatched bookings fail closed, and so does a booking
+whose window [starts_at, ends_at) has not begun: its GPUs are not the account's yet.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict, dataclass
 
 from ito_assets.errors import ErrorCode, ItoError
@@ -45,11 +47,13 @@ class Eligibility:
         return asdict(self)
 
 
-def eligibility(booking: Booking | None, account_id: str, now: int) -> Eligibility:
+def eligibility(booking: Booking | None, account_id: str, now: int, *, require_started: bool = True) -> Eligibility:
     """The eligibility of `account_id` to train on `booking` at `now`, or the code that refuses it.
 
     Another account's booking answers BOOKING_NOT_FOUND, exactly like an unknown id: a caller
-    learns nothing about bookings that are not theirs.
+    learns nothing about bookings that are not theirs. Training (confirm, train, the job's
+    re-verification) needs the window begun; `require_started=False` is for what may come
+    before it: a quote, and releasing the booking.
     """
     if booking is None or booking.account_id != account_id:
         raise ItoError(ErrorCode.BOOKING_NOT_FOUND, "no such booking for this account")
@@ -58,6 +62,9 @@ def eligibility(booking: Booking | None, account_id: str, now: int) -> Eligibili
         raise ItoError(code, message)
     if now >= booking.ends_at:
         raise ItoError(ErrorCode.BOOKING_EXPIRED, "the booking has expired")
+    if require_started and now < booking.starts_at:
+        starts = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(booking.starts_at))
+        raise ItoError(ErrorCode.BOOKING_NOT_STARTED, f"the booking's window has not begun: it starts at {starts}")
     return Eligibility(
         account_id=account_id, booking_id=booking.booking_id, booking_revision=booking.revision,
         gpu_type=booking.gpu_type, num_gpus=booking.num_gpus, num_nodes=booking.num_nodes,

@@ -109,6 +109,13 @@ def booking_expired(api):
     return _confirm(api, booking)
 
 
+def booking_not_started(api):
+    booking = api.booking()
+    start = int(time.time()) + 30 * 86400  # a window a month ahead
+    api.ok("desk", "bookings", "amend", booking, "--start", str(start), "--end", str(start + 3600), token="desk")
+    return _confirm(api, booking)
+
+
 def booking_state(verb):
     def case(api):
         booking = api.booking()
@@ -268,6 +275,7 @@ CASES = [
     ("PROVENANCE_MISSING", provenance_missing, False),
     ("BOOKING_NOT_FOUND", booking_not_found, True),
     ("BOOKING_EXPIRED", booking_expired, True),
+    ("BOOKING_NOT_STARTED", booking_not_started, True),
     ("BOOKING_REVOKED", booking_state("revoke"), True),
     ("BOOKING_RELEASED", booking_state("release"), True),
     ("BOOKING_INCOMPLETE", booking_incomplete, True),
@@ -330,7 +338,7 @@ CLIENT_CONTRACT_CODES = {
     "MANIFEST_PATH_NOT_CANONICAL", "MANIFEST_NOT_FOUND", "MANIFEST_SYMLINK", "MANIFEST_NOT_REGULAR",
     "MANIFEST_HARD_LINKED", "MANIFEST_UNSAFE_OWNER", "MANIFEST_UNSAFE_PERMISSIONS", "MANIFEST_TOO_LARGE",
     "MANIFEST_INVALID", "MANIFEST_CONTAINS_SECRET", "MANIFEST_DIGEST_MISMATCH", "PROVENANCE_MISSING",
-    "BOOKING_NOT_FOUND", "BOOKING_EXPIRED", "BOOKING_REVOKED", "BOOKING_RELEASED", "BOOKING_INCOMPLETE",
+    "BOOKING_NOT_FOUND", "BOOKING_EXPIRED", "BOOKING_NOT_STARTED", "BOOKING_REVOKED", "BOOKING_RELEASED", "BOOKING_INCOMPLETE",
     "BOOKING_MISMATCH", "CONFIRMATION_INVALID", "CONFIRMATION_NOT_APPROVED", "CONFIRMATION_EXPIRED",
     "CONFIRMATION_CONSUMED", "CONFIRMATION_MISMATCH", "IDEMPOTENCY_KEY_INVALID", "IDEMPOTENCY_KEY_REUSED",
     "IDEMPOTENCY_KEY_IN_FLIGHT", "BUDGET_EXCEEDED", "CAPACITY_UNAVAILABLE", "NETWORK_MISMATCH",
