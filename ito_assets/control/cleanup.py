@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 import sqlalchemy as sa
 
 from ito_assets.errors import ErrorCode, ItoError
-from ito_assets.control import audit, bookings, confirmations, entitlement, idempotency
+from ito_assets.control import audit, bookings, confirmations, entitlement, idempotency, ids
 from ito_assets.control.fingerprint import request_fingerprint, validate_key
 from ito_assets.control.identity import Identity
 from ito_assets.control.ledger import Ledger, bookings as bookings_table, run_checkpoints, runs
@@ -70,7 +70,7 @@ class Release:
 
 def _release_locked(conn: sa.Connection, ledger: Ledger, identity: Identity, release: Release, key: str) -> dict:
     now = ledger.now()
-    booking = bookings.load(conn, release.booking_id, for_update=True)
+    booking = bookings.load(conn, release.booking_id, for_update=True) if ids.is_booking_id(release.booking_id) else None
     eligible = entitlement.eligibility(booking, identity.tenant, now, require_started=False)  # releasing needs no window
     confirmation = confirmations.resolve(conn, release.confirmation_ref, account_id=identity.tenant, for_update=True)
     confirmations.require_usable(confirmation, now=now, action=Action.RELEASE, booking_id=booking.booking_id,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ito_assets.errors import ErrorCode, ItoError
-from ito_assets.control import bookings, budget, confirmations, cost, entitlement, runs, validation
+from ito_assets.control import bookings, budget, confirmations, cost, entitlement, ids, runs, validation
 from ito_assets.control.confirmations import IssuedConfirmation
 from ito_assets.control.history import BlockHistory, block_history
 from ito_assets.control.identity import Identity
@@ -31,8 +31,9 @@ class TrainPreflight:
 
 def entitle(conn, ledger: Ledger, account_id: str, booking_id: str, *, for_update: bool,
             require_started: bool = True) -> tuple:
-    """Gate 1 from the booking row (locked FOR UPDATE inside a creating transaction)."""
-    booking = bookings.load(conn, booking_id, for_update=for_update)
+    """Gate 1 from the booking row (locked FOR UPDATE inside a creating transaction). An id not in
+    the form the ledger issues is no booking: BOOKING_NOT_FOUND before any query."""
+    booking = bookings.load(conn, booking_id, for_update=for_update) if ids.is_booking_id(booking_id) else None
     return booking, entitlement.eligibility(booking, account_id, ledger.now(), require_started=require_started)
 
 

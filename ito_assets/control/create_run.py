@@ -140,8 +140,11 @@ def create_run(ledger: Ledger, policy: ServerPolicy, identity: Identity, request
             raise
         return _replay_after_race(ledger, account_id, request.idempotency_key, request.fingerprint())
     except ItoError as error:
+        # The subject is the booking only when its id has the ledger's form: caller text never
+        # reaches the audit trail (and cannot overflow its subject column).
+        subject = request.booking_id if ids.is_booking_id(request.booking_id) else None
         audit.record_refusal(ledger, "run_refused", error.code.value, actor=identity.token_id,
-                             account_id=account_id, subject=request.booking_id,
+                             account_id=account_id, subject=subject,
                              manifest_digest=request.verified.digest, idempotency_key=request.idempotency_key)
         raise
     return created

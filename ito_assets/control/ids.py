@@ -17,6 +17,7 @@ _BODY_LENGTH = 26
 
 CONFIRMATION_REF = re.compile(rf"^cfr_[{ALPHABET}]{{{_BODY_LENGTH}}}$")
 RUN_ID = re.compile(rf"^run_[{ALPHABET}]{{{_BODY_LENGTH}}}$")
+BOOKING_ID = re.compile(rf"^bkg_[{ALPHABET}]{{{_BODY_LENGTH}}}$")
 # Identity tokens: 32 random bytes (256 bits), url-safe base64 without padding -> 43 characters.
 TOKEN = re.compile(r"^ito_(desk|acct)_[A-Za-z0-9_-]{43}$")
 
@@ -44,6 +45,10 @@ def is_confirmation_ref(value: str) -> bool:
 
 def is_run_id(value: str) -> bool:
     return isinstance(value, str) and RUN_ID.fullmatch(value) is not None
+
+
+def is_booking_id(value: str) -> bool:
+    return isinstance(value, str) and BOOKING_ID.fullmatch(value) is not None
 
 
 def secret_hash(value: str) -> str:

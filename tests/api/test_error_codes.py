@@ -353,3 +353,23 @@ def test_every_client_contract_code_has_a_case() -> None:
                                                      "IDEMPOTENCY_KEY_IN_FLIGHT"}  # test_races.py
     assert CLIENT_CONTRACT_CODES - covered == set()
     assert CLIENT_CONTRACT_CODES <= {c.value for c in ErrorCode}
+
+
+# Booking ids at and past the audit subject's width (128) up to the body's bound (256), and one past
+# that: the gate's BOOKING_NOT_FOUND, then the body's USAGE_ERROR; the same on PostgreSQL
+# (test_postgres_server.py), where 129..256 characters were once a 500.
+LONG_BOOKING_IDS = [(128, "BOOKING_NOT_FOUND"), (129, "BOOKING_NOT_FOUND"), (256, "BOOKING_NOT_FOUND"),
+                    (257, "USAGE_ERROR")]
+
+
+def refused_train_codes(api) -> list[str]:
+    booking, manifest = api.booking(), api.manifest()
+    ref = api.confirm_train(booking, manifest)
+    ids = ["bkg_" + "x" * (n - 4) for n, _ in LONG_BOOKING_IDS] + ["bkg_" + "0" * 25 + "\u0430", "bkg_\t" + "0" * 25]
+    codes = [api.train(booking_id, manifest, ref, api.unique("odd-bkg"))["error"]["code"] for booking_id in ids]
+    assert api.train(booking, manifest, ref, api.unique("odd-bkg"))["ok"]  # nothing was consumed
+    return codes
+
+
+def test_odd_and_long_booking_ids_are_not_found_never_a_500(api) -> None:
+    assert refused_train_codes(api) == [code for _, code in LONG_BOOKING_IDS] + ["BOOKING_NOT_FOUND"] * 2

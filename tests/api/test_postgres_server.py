@@ -65,3 +65,9 @@ def test_flow_and_same_key_race_on_postgres(pg_api) -> None:
     assert pg_api.ok("status", "--idempotency-key", "pg-same-key-01")["run_id"] == run_id
     again = pg_api.train(booking, manifest, ref, "pg-other-key-1")
     assert again["error"]["code"] == "CONFIRMATION_CONSUMED"
+
+
+def test_odd_and_long_booking_ids_are_not_found_never_a_500_on_postgres(pg_api) -> None:
+    from test_error_codes import LONG_BOOKING_IDS, refused_train_codes
+
+    assert refused_train_codes(pg_api) == [code for _, code in LONG_BOOKING_IDS] + ["BOOKING_NOT_FOUND"] * 2

@@ -8,7 +8,7 @@ import pytest
 
 from gate_world import TERMS, T0, manifest_bytes, verified
 from ito_assets.errors import ErrorCode, ItoError
-from ito_assets.control import audit, bookings, create_run
+from ito_assets.control import audit, bookings, confirm_request, create_run
 from ito_assets.control.create_run import TrainRequest
 from ito_assets.control.ledger import confirmations, idempotency_keys, manifests, runs
 from ito_assets.control.policy import DEFAULT_CONFIRMATION_TTL_S
@@ -127,3 +127,51 @@ def test_just_inside_every_time_bound_the_same_confirmation_creates_the_run(worl
     world.clock.now = min(TERMS["ends_at"], T0 + DEFAULT_CONFIRMATION_TTL_S) - 1
     created = train(world, ref)
     assert created.run.state.value == "queued" and side_effects(world)["runs"] == 1
+
+
+# --- booking ids not in the ledger's form: BOOKING_NOT_FOUND, and never written to the audit ------
+
+ODD_BOOKING_IDS = {
+    "128 chars": "bkg_" + "x" * 124,     # the audit subject's width: still not a booking id
+    "129 chars": "bkg_" + "x" * 125,     # one past it: overflowed the subject on PostgreSQL (500)
+    "256 chars": "bkg_" + "x" * 252,     # the body's bound for an id
+    "25 chars body": "bkg_" + "0" * 25,  # one short of the form
+    "27 chars body": "bkg_" + "0" * 27,  # one past it
+    "upper case": "BKG_" + "0" * 26,
+    "outside the alphabet": "bkg_" + "u" * 26,
+    "newline": "bkg_" + "0" * 25 + "\n",
+    "sql": "bkg_' OR '1'='1" + "0" * 11,
+    "unicode": "bkg_" + "\u0430" * 26,   # Cyrillic a: looks like the alphabet, is not
+    "empty": "",
+}
+
+
+@pytest.mark.parametrize("booking_id", ODD_BOOKING_IDS.values(), ids=ODD_BOOKING_IDS.keys())
+def test_a_booking_id_not_in_the_ledgers_form_is_not_found_and_stays_out_of_the_audit(world, booking_id) -> None:
+
+    manifest = verified()
+    ref = world.confirm_train(manifest=manifest)
+    with pytest.raises(ItoError) as confirm:
+        confirm_request.request_train(world.ledger, world.policy, world.account, booking_id, manifest)
+    request = create_run.TrainRequest(booking_id=booking_id, verified=manifest, confirmation_ref=ref,
+                                      idempotency_key="key-odd-booking")
+    with pytest.raises(ItoError) as train:
+        create_run.create_run(world.ledger, world.policy, world.account, request)
+    assert (confirm.value.code, train.value.code) == (ErrorCode.BOOKING_NOT_FOUND, ErrorCode.BOOKING_NOT_FOUND)
+    refusals = [e for e in audit.events(world.ledger, limit=1000) if e.kind == "run_refused"]
+    assert [(e.code, e.subject) for e in refusals] == [("BOOKING_NOT_FOUND", None)]
+    assert booking_id not in str(refusals[0].detail) or booking_id == ""
+
+
+def test_a_refused_train_on_a_well_formed_booking_id_keeps_it_as_the_subject(world) -> None:
+
+    manifest = verified()
+    unknown = "bkg_" + "0" * 26
+    request = create_run.TrainRequest(booking_id=unknown, verified=manifest,
+                                      confirmation_ref=world.confirm_train(manifest=manifest),
+                                      idempotency_key="key-unknown-bkg")
+    with pytest.raises(ItoError) as train:
+        create_run.create_run(world.ledger, world.policy, world.account, request)
+    assert train.value.code is ErrorCode.BOOKING_NOT_FOUND
+    assert [(e.code, e.subject) for e in audit.events(world.ledger, limit=1000)
+            if e.kind == "run_refused"] == [("BOOKING_NOT_FOUND", unknown)]
