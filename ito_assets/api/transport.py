@@ -5,8 +5,12 @@ uvicorn closes idle keep-alive connections, but nothing bounds how long a reques
 arrive: a client sending its headers a byte at a time (slowloris) holds a connection, and enough
 of them hold every connection the process can have. Here each request must be read whole (request
 line, headers and body) within `read_timeout_s` of its first byte, or of the connection opening;
-on expiry the connection is closed. A client address holding `max_connections_per_client`
-connections has any further one closed at once, so one client cannot take every slot.
+on expiry the connection is closed. A client address holds at most `max_connections_per_client`
+connections, so one client cannot take every slot. At that cap a new connection first reclaims
+the address's oldest idle one (opened with no request yet, or kept alive between requests): every
+local client shares 127.0.0.1, so without this one process holding idle sockets shut `ito` out of
+a loopback server. Only when all of the address's connections are busy (a request being read,
+or being answered) is the new one closed at once; a slow sender is busy until its read deadline.
 
 httptools (uvicorn's default when installed) has no bound on the request head; it is bounded
 here as h11 bounds it (h11_max_incomplete_event_size): MAX_HEAD_BYTES of request target plus
@@ -59,24 +63,42 @@ class _Guard:
 
     limits: ClassVar[EdgeLimits]
     open_per_client: ClassVar[collections.Counter]
+    held_per_client: ClassVar[dict[str, list["_Guard"]]]  # by address, oldest first
     transport: asyncio.Transport
     loop: asyncio.AbstractEventLoop
     client: tuple[str, int] | None
     cycle: Any
 
     def _guard_open(self) -> bool:
-        """Count the connection; False (and closed) when its address already has its share."""
+        """Count the connection, reclaiming its address's oldest idle one at the cap; False (and
+        closed) when every connection of the address is busy."""
         self._deadline: asyncio.TimerHandle | None = None
+        self._in_request = False
         self._peer = self.client[0] if self.client else None
         if self._peer is None:  # a Unix socket: no address to count
             self._arm()
             return True
+        held = self.held_per_client.setdefault(self._peer, [])
+        if len(held) >= self.limits.max_connections_per_client:
+            idle = next((connection for connection in held if connection._idle()), None)
+            if idle is None:
+                self._peer = None  # never counted: connection_lost has nothing to give back
+                self.transport.close()
+                return False
+            idle._reclaim()
+        held.append(self)
         self.open_per_client[self._peer] += 1
-        if self.open_per_client[self._peer] > self.limits.max_connections_per_client:
-            self.transport.close()
-            return False
         self._arm()
         return True
+
+    def _idle(self) -> bool:
+        """No request being read and none being answered: closing it loses nothing."""
+        return (not self._in_request and (self.cycle is None or self.cycle.response_complete)
+                and not self.transport.is_closing())
+
+    def _reclaim(self) -> None:
+        self._guard_close()  # uncounted now, so the new connection fits; connection_lost follows
+        self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         # First in the method order of both protocols: uncount, then uvicorn's own cleanup.
@@ -90,6 +112,11 @@ class _Guard:
             self.open_per_client[peer] -= 1
             if self.open_per_client[peer] <= 0:
                 del self.open_per_client[peer]
+            held = self.held_per_client.get(peer, [])
+            if self in held:
+                held.remove(self)
+            if not held:
+                self.held_per_client.pop(peer, None)
 
     def _arm(self) -> None:
         if self._deadline is None and not self.transport.is_closing():
@@ -127,6 +154,7 @@ def _httptools_class() -> type:
                 return  # refused or expired: nothing more is parsed
             if self._head_pending:
                 self._raw_head_bytes += len(data)
+            self._in_request = True  # until on_message_complete: a byte of a request is not idle
             super().data_received(data)
             if (self._head_pending and self._raw_head_bytes > self.limits.max_raw_head_bytes
                     and not self.transport.is_closing()):
@@ -137,6 +165,7 @@ def _httptools_class() -> type:
             self._head_pending = True
             self._head_bytes = 0
             self._raw_head_bytes = 0
+            self._in_request = True
             self._arm()
 
         def on_url(self, url: bytes) -> None:
@@ -153,6 +182,7 @@ def _httptools_class() -> type:
 
         def on_message_complete(self) -> None:
             super().on_message_complete()
+            self._in_request = False  # read whole; busy still until its response completes (cycle)
             self._disarm()
 
         def _count_head(self, num_bytes: int) -> None:
@@ -195,8 +225,10 @@ class GuardedH11(_Guard, H11Protocol):
         if self.transport.is_closing():
             return
         self._arm()  # the first byte of a request (or more of one) starts or keeps its deadline
+        self._in_request = True
         super().data_received(data)
         if self.conn.their_state in (h11.DONE, h11.MUST_CLOSE, h11.CLOSED):
+            self._in_request = False
             self._disarm()
 
 
@@ -216,7 +248,8 @@ def protocol_class(limits: EdgeLimits, http: str = "auto") -> type[asyncio.Proto
     if http not in ("httptools", "h11"):
         raise ValueError("http must be auto, httptools or h11")
     base = _httptools_class() if http == "httptools" else GuardedH11
-    return type(base.__name__, (base,), {"limits": limits, "open_per_client": collections.Counter()})
+    return type(base.__name__, (base,), {"limits": limits, "open_per_client": collections.Counter(),
+                                         "held_per_client": {}})
 
 
 def uvicorn_config(app: Any, limits: EdgeLimits, *, http: str = "auto") -> Any:

@@ -224,30 +224,90 @@ def wait_for(predicate, limit_s: float = 5.0) -> None:
         time.sleep(0.02)
 
 
+PARTIAL_HEAD = b"GET /v1/health HTTP/1.1\r\nHost: x\r\n"  # a request being read: busy until its deadline
+
+
+def busy(port: int, source: str = "127.0.0.1") -> socket.socket:
+    sock = connect(port, source)
+    sock.sendall(PARTIAL_HEAD)
+    return sock
+
+
+def still_open(sock: socket.socket) -> bool:
+    return until_closed(sock, 0.2) == (b"", False)
+
+
 @pytest.mark.parametrize("http", PROTOCOLS)
-def test_a_client_address_past_its_connection_limit_is_closed_at_once(world, http) -> None:
+def test_a_client_address_whose_connections_are_all_busy_is_closed_at_once_past_its_limit(world, http) -> None:
     with edge(world.app, http, read_timeout_s=10.0, max_connections_per_client=4) as (port, server):
         counter = server.config.http.open_per_client
-        held = [connect(port) for _ in range(4)]
+        held = [busy(port) for _ in range(3)]
         try:
+            wait_for(lambda: counter.get("127.0.0.1") == 3)
+            held.append(connect(port))  # the fourth, at the limit, is served and nothing is reclaimed
+            held[3].sendall(get(close=False))
+            assert one_response(held[3])[0] == 200 and all(still_open(sock) for sock in held[:3])
+            held[3].sendall(PARTIAL_HEAD)  # now every connection of the address is busy
             wait_for(lambda: counter.get("127.0.0.1") == 4)
-            held[3].sendall(get(close=False))  # the fourth, at the limit, is served
-            assert one_response(held[3])[0] == 200
             start = time.monotonic()
             with contextlib.closing(connect(port)) as fifth:
                 with contextlib.suppress(OSError):
                     fifth.sendall(get())
                 received, closed = until_closed(fifth, 5)
             assert closed and received == b"" and time.monotonic() - start < 2.0
+            assert all(still_open(sock) for sock in held)  # a busy connection is never reclaimed
             assert served(port, "127.0.0.2") == 200  # another address has its own share
             for _ in range(10):  # refused connections give their count back
                 with contextlib.closing(connect(port)) as refused:
                     assert until_closed(refused, 5) == (b"", True)
             held.pop(0).close()
             wait_for(lambda: counter.get("127.0.0.1") == 3)
-            held.append(connect(port))  # back at the limit: served again
-            held[-1].sendall(get(close=False))
-            assert one_response(held[-1])[0] == 200
+            assert served(port) == 200  # back under the limit: served again
+        finally:
+            for sock in held:
+                sock.close()
+        wait_for(lambda: not counter)
+
+
+@pytest.mark.parametrize("http", PROTOCOLS)
+@pytest.mark.parametrize("idle_kind", ["never sent a byte", "kept alive after a response"])
+def test_at_its_limit_an_address_reclaims_its_oldest_idle_connection(world, http, idle_kind) -> None:
+    """Every local client shares 127.0.0.1: idle sockets one process holds must not shut `ito` out."""
+    with edge(world.app, http, read_timeout_s=10.0, max_connections_per_client=4) as (port, server):
+        counter = server.config.http.open_per_client
+        held = [busy(port)]
+        try:
+            for _ in range(2):
+                held.append(connect(port))
+                if idle_kind == "kept alive after a response":
+                    held[-1].sendall(get(close=False))
+                    assert one_response(held[-1])[0] == 200
+            held.append(busy(port))  # busy, idle, idle, busy: at the limit
+            wait_for(lambda: counter.get("127.0.0.1") == 4)
+            for reclaimed in (held[1], held[2]):  # oldest idle first, each newcomer served
+                newcomer = connect(port)
+                held.append(newcomer)
+                newcomer.sendall(get(close=False))
+                assert one_response(newcomer)[0] == 200
+                assert until_closed(reclaimed, 5) == (b"", True)
+                assert still_open(held[0]) and still_open(held[3])  # busy ones stay
+                assert counter.get("127.0.0.1") == 4
+        finally:
+            for sock in held:
+                sock.close()
+        wait_for(lambda: not counter)
+
+
+@pytest.mark.parametrize("http", PROTOCOLS)
+def test_idle_sockets_at_the_default_limit_do_not_shut_a_local_client_out(world, http) -> None:
+    """The reviewer's case: one local process holds 32 idle sockets on 127.0.0.1."""
+    with edge(world.app, http) as (port, server):
+        counter = server.config.http.open_per_client
+        held = [connect(port) for _ in range(transport.MAX_CONNECTIONS_PER_CLIENT)]
+        try:
+            wait_for(lambda: counter.get("127.0.0.1") == transport.MAX_CONNECTIONS_PER_CLIENT)
+            assert served(port) == 200
+            assert until_closed(held[0], 5) == (b"", True) and still_open(held[1])
         finally:
             for sock in held:
                 sock.close()
@@ -316,7 +376,7 @@ def test_ito_serve_applies_the_environment_at_its_edge(tmp_path) -> None:
         with contextlib.closing(connect(port)) as slow:
             elapsed, received = trickle(slow, get(), 0.2)
         assert elapsed is not None and 0.8 <= elapsed <= 3.0 and received.startswith(b"HTTP/1.1 408 ")
-        held = [connect(port) for _ in range(3)]
+        held = [busy(port) for _ in range(3)]  # busy: idle ones would be reclaimed for the fourth
         try:
             with contextlib.closing(connect(port)) as fourth:
                 assert until_closed(fourth, 0.8) == (b"", True)  # closed at once, not at the 1 s deadline
