@@ -38,11 +38,14 @@ def entitle(conn, ledger: Ledger, account_id: str, booking_id: str, *, for_updat
 
 
 def validate(conn, policy: ServerPolicy, account_id: str, booking: bookings.Booking, eligible: entitlement.Eligibility,
-             verified: VerifiedManifest, requirements: validation.RunRequirements) -> TrainPreflight:
-    """Gate 5: data policy, checkpoint storage, network, capacity and cost, in that order."""
+             verified: VerifiedManifest, requirements: validation.RunRequirements, *,
+             create_storage: bool = True) -> TrainPreflight:
+    """Gate 5: data policy, checkpoint storage, network, capacity and cost, in that order.
+    `create_storage=False` for a quote: the checkpoint folder is checked, never created."""
     manifest = verified.manifest
     validation.check_data_policy(manifest, policy)
-    folder = validation.check_checkpoint_storage(manifest.checkpoint_policy.storage_uri, account_id, policy)
+    folder = validation.check_checkpoint_storage(manifest.checkpoint_policy.storage_uri, account_id, policy,
+                                                 create=create_storage)
     validation.check_network(requirements, eligible)
     validation.check_capacity(requirements, eligible, num_active_runs=runs.count_active(conn, booking.booking_id),
                               policy=policy)
@@ -74,7 +77,7 @@ def quote_train(ledger: Ledger, policy: ServerPolicy, identity: Identity, bookin
         # A quote may be asked before the window begins (planning ahead); confirm and train may not.
         booking, eligible = entitle(conn, ledger, account_id, booking_id, for_update=False, require_started=False)
         pre = validate(conn, policy, account_id, booking, eligible, verified,
-                       requirements or validation.RunRequirements())
+                       requirements or validation.RunRequirements(), create_storage=False)
         state = budget.state(conn, account_id, verified.digest, verified.manifest.budget)
         history = block_history(conn, booking)
     return TrainQuote(booking=booking, cost_cents=pre.cost_cents, budget=state, history=history)

@@ -118,10 +118,19 @@ def resolve_checkpoint_dir(storage_uri: str, account_id: str, policy: ServerPoli
     return path
 
 
-def check_checkpoint_storage(storage_uri: str, account_id: str, policy: ServerPolicy) -> Path:
+def check_checkpoint_storage(storage_uri: str, account_id: str, policy: ServerPolicy, *,
+                             create: bool = True) -> Path:
     """Resolve, create (0700) and prove writable by writing a probe file; re-check containment
-    after creation so that a link planted inside the area cannot lead out of it."""
+    after creation so that a link planted inside the area cannot lead out of it.
+
+    `create=False` (a quote, which writes nothing): the containment of the path as it stands
+    (links resolved), and an existing folder must be a writable, real folder; the confirmation
+    request still creates and probes it."""
     path = resolve_checkpoint_dir(storage_uri, account_id, policy)
+    if not create:
+        if path.is_symlink() or (path.exists() and not (path.is_dir() and os.access(path, os.W_OK | os.X_OK))):
+            raise ItoError(ErrorCode.CHECKPOINT_STORAGE_INVALID, "checkpoint storage is not a writable folder")
+        return path
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
         if not inside(path, policy.tenant_area(account_id)) or path.is_symlink():

@@ -182,3 +182,27 @@ def test_a_full_or_unwritable_checkpoint_folder_is_invalid_even_for_root(tmp_pat
     monkeypatch.setattr(validation.tempfile, "NamedTemporaryFile", no_space)
     assert code_of(lambda: validation.check_checkpoint_storage("tenant://full", "acc_a", policy)) is \
         ErrorCode.CHECKPOINT_STORAGE_INVALID
+
+
+def test_a_quote_checks_the_checkpoint_storage_without_creating_it(world) -> None:
+    """POST /v1/quotes is read-only: no folder in the tenant's area; the confirmation creates it."""
+    from ito_assets.control import confirm_request
+
+    manifest = verified()
+    area = world.policy.tenant_area(world.account.account_id)
+    quote = confirm_request.quote_train(world.ledger, world.policy, world.account, world.booking_id, manifest)
+    assert quote.cost_cents > 0 and not area.exists()
+    world.confirm_train(manifest=manifest)
+    assert area.exists()
+
+
+def test_a_quote_refuses_a_checkpoint_folder_linked_out_of_the_tenants_area(world, tmp_path: Path) -> None:
+    from ito_assets.control import confirm_request
+
+    manifest = verified(manifest_bytes(checkpoint_policy__storage_uri="tenant://linked/ckpt"))
+    area = world.policy.tenant_area(world.account.account_id)
+    area.mkdir(parents=True)
+    (area / "linked").symlink_to(tmp_path)
+    assert code_of(lambda: confirm_request.quote_train(world.ledger, world.policy, world.account, world.booking_id,
+                                                       manifest)) is ErrorCode.CHECKPOINT_STORAGE_INVALID
+    assert not (tmp_path / "ckpt").exists()
