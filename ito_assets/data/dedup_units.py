@@ -160,9 +160,9 @@ def deduplicate_units(
     """Source shards, verified against their digests by the caller -> (the decisions file: one row per document in DEDUP_SCHEMA, keep order;
     counters); leaves the representatives' rows and removals in the scratch folder for
     `kept_frames`. `tiers` (doc_id, tier): the contaminated documents, last in the keep order."""
-    exact_counts = exact_copies(scratch, shards, tiers)
     # One pool for the phases: a worker's start (imports) is paid once.
     with worker_pool(scratch.scale.num_workers, scratch.scale.engine) as pool:
+        exact_counts = exact_copies(scratch, shards, tiers)
         if pool is None:
             frames = written_aside(representative_frames(scratch, [s.path for s in shards]), scratch.folder / REPRESENTATIVES_FILE)
             units, unit_digests = write_units(frames, scratch.sub("dedup-units"), scratch.scale.unit_bytes), {}

@@ -166,7 +166,7 @@ def run_dedup(source: SourceStage, actions: Shard, state_dir: Path, warehouse: P
     store = shard_store(state_dir)
     tiers = clean.tiers_of(pl.read_parquet(verified_path(actions)))
     verified_paths(source.shards.shards)  # SHARD_CORRUPT before any work: the tasks then trust the digests
-    with scratch_space(folder / SCRATCH, config.scale) as scratch:
+    with scratch_space(folder / SCRATCH, config.scale) as scratch, worker_pool(config.scale.num_workers, config.scale.engine):
         decisions, counts = deduplicate_units(scratch, source.shards.shards, config.dedup, folder / "decisions.parquet", store=store, tiers=tiers)
         kept = kept_shards(scratch, folder / "kept", config.shard_max_rows, store)
         num_families = scratch.db.execute(f"SELECT count(DISTINCT family_id) FROM read_parquet({sql_list([decisions.path])}) WHERE family_id <> doc_id").fetchone()[0]

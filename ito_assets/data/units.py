@@ -15,6 +15,7 @@ import multiprocessing
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar
@@ -171,11 +172,30 @@ def compacted(frame: pl.DataFrame) -> pl.DataFrame:
     return pl.from_arrow(frame.to_arrow(compat_level=pl.CompatLevel.oldest())).cast(frame.schema)
 
 
+# The pool a step opened, which the phases it calls join rather than start their own.
+_open_pool: ContextVar[tuple[tuple[int, str], Pool] | None] = ContextVar("open_pool", default=None)
+
+
 @contextmanager
 def worker_pool(num_workers: int, engine: str = "local") -> Iterator[Pool | None]:
     """Where a step's units run: for the local engine a pool of `num_workers` fresh processes
-    (started once: each start imports polars and numpy, ~1-2 s), or None for one worker (the
-    step's own process does the work); for "ray", tasks on a Ray cluster (ray_engine.py)."""
+    (each start imports polars and numpy, ~1-2 s), or None for one worker (the step's own process
+    does the work); for "ray", tasks on a Ray cluster (ray_engine.py). Inside a pool of the same
+    workers and engine, that pool: a stage's phases start their workers once."""
+    held = _open_pool.get()
+    if held is not None and held[0] == (num_workers, engine):
+        yield held[1]
+        return
+    with _new_pool(num_workers, engine) as pool:
+        token = _open_pool.set(None if pool is None else ((num_workers, engine), pool))
+        try:
+            yield pool
+        finally:
+            _open_pool.reset(token)
+
+
+@contextmanager
+def _new_pool(num_workers: int, engine: str) -> Iterator[Pool | None]:
     if engine == "ray":
         from ito_assets.data.ray_engine import ray_pool
 

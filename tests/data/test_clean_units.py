@@ -8,6 +8,7 @@ the clean step meets whole documents, dropped ones, cut ones (their pieces) and 
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -109,6 +110,27 @@ def test_the_parts_are_the_one_pass_s_clean_shards(request, action, shard_max_ro
     rows = pl.concat([pl.read_parquet(s.path, columns=["doc_id", "piece"]) for s in parts.shards.shards])
     kept = upstream.dedup.kept.read(["doc_id"])["doc_id"].to_list()
     assert rows.unique("doc_id", keep="first", maintain_order=True)["doc_id"].to_list() == [d for d in kept if d in set(rows["doc_id"])]
+
+
+def test_the_dedup_stage_starts_its_workers_once(cut, tmp_path, monkeypatch):
+    """Exact copies, signatures, the band join and the kept shards share the stage's pool (a
+    start imports polars, numpy and DuckDB in each worker), and write the one-worker stage's bytes."""
+    from ito_assets.data import units
+
+    started = []
+
+    @contextmanager
+    def counted(num_workers, engine):
+        started.append(num_workers)
+        with _threads(num_workers, engine) as pool:
+            yield pool
+
+    monkeypatch.setattr(units, "_new_pool", counted)
+    config = _config("cut", num_workers=2)
+    stage = stages.run_dedup(cut.source, cut.decontam.actions, tmp_path, tmp_path / "warehouse.duckdb", config)
+    assert started == [2]
+    assert stage.decisions.sha256 == cut.dedup.decisions.sha256
+    assert [s.sha256 for s in stage.kept.shards] == [s.sha256 for s in cut.dedup.kept.shards]
 
 
 def test_a_kept_document_s_pieces_are_written_by_the_task_of_its_shard(cut, tmp_path):

@@ -48,6 +48,22 @@ def test_a_pool_of_two_workers_returns_results_in_task_order() -> None:
         assert pool is None and map_units(abs, tasks, pool, phase="test") == [abs(t) for t in tasks]
 
 
+def test_a_pool_opened_inside_a_pool_of_the_same_workers_is_that_pool() -> None:
+    # A stage opens its pool once; the phases it calls, which open their own when called alone,
+    # join it instead of starting more worker processes.
+    with worker_pool(2) as outer:
+        with worker_pool(2) as inner:
+            assert inner is outer
+        with worker_pool(3) as other:
+            assert other is not outer and map_units(abs, [-1, -2], other, phase="test") == [1, 2]
+        with worker_pool(1) as one:
+            assert one is None
+        with worker_pool(2) as again:
+            assert again is outer  # still open: the inner pools' ends did not close or forget it
+    with worker_pool(2) as after:
+        assert after is not outer  # a pool that ended is never handed out again
+
+
 def refuse_negative(value: int) -> int:
     if value < 0:
         raise PlanRefused((), f"task {value} refused")
