@@ -30,7 +30,7 @@ from ito_assets.data.eval_index import EvalIndex
 from ito_assets.data.scratch import Scratch
 from ito_assets.data.text import token_hashes
 from ito_assets.data.shards import Shard
-from ito_assets.data.units import WorkUnit, compacted, map_units, parquet_frames, shard_units, worker_pool, write_units
+from ito_assets.data.units import WorkUnit, compacted, map_units, shard_units, worker_pool, write_units
 from ito_assets.digests import file_sha256
 
 
@@ -159,16 +159,3 @@ def scan_frames(scratch: Scratch, frames: Iterable[pl.DataFrame], index: EvalInd
     """Frames (doc_id, text) -> the scan, a unit at a time."""
     units = write_units(frames, scratch.sub("decontam-units"), scratch.scale.unit_bytes)
     return scan_units(scratch, units, index, config, ignored)
-
-
-def documents_with_hits(shard_paths: Sequence[str], hits: pl.DataFrame, extra: Sequence[str] = ()) -> pl.DataFrame:
-    """Only the scanned documents that have a hit (doc_id, text, and the `extra` string columns):
-    what `clean.apply_actions` reads. The shards are read a batch at a time, so only the
-    contaminated documents' text is held."""
-    columns = ["doc_id", *extra, "text"]
-    empty = pl.DataFrame(schema=dict.fromkeys(columns, pl.String))
-    ids = hits["doc_id"].unique()
-    if not len(ids):
-        return empty
-    found = [compacted(frame.filter(pl.col("doc_id").is_in(ids.implode()))).cast(pl.String) for frame in parquet_frames(shard_paths, columns)]
-    return pl.concat([empty, *found]) if found else empty

@@ -35,14 +35,14 @@ import polars as pl
 from ito_assets.data import clean, lineage
 from ito_assets.data.band_join import num_partitions
 from ito_assets.data.clean_units import clean_in_parts
-from ito_assets.data.config import DataPrepConfig, DecontamConfig, ParaphraseConfig, ScaleConfig
+from ito_assets.data.config import DataPrepConfig, DecontamConfig, ScaleConfig
 from ito_assets.data.decontam import ScanCounts
-from ito_assets.data.decontam_units import documents_with_hits, scan_shards
+from ito_assets.data.decontam_units import scan_shards
 from ito_assets.data.dedup import DEDUP_SCHEMA, DUPLICATE, DedupCounts
 from ito_assets.data.dedup_units import deduplicate_units
 from ito_assets.data.kept_units import kept_shards
 from ito_assets.data.eval_index import build_index
-from ito_assets.data.paraphrase import CANDIDATE_SCHEMA, find_candidates, item_vectors, load_embedder
+from ito_assets.data.paraphrase_units import REPORT_SCHEMA, paraphrase_shards
 from ito_assets.data.scratch import scratch_space, sql_list
 from ito_assets.data.shards import Shard, ShardSet, record_batches, verified_path, verified_paths, write_shard_stream, write_table, write_table_batches
 from ito_assets.data.source_pieces import read_in_pieces
@@ -186,14 +186,14 @@ def run_decontam(verified: VerifiedManifest, suite: EvalSuite, source: SourceSta
     index = build_index(suite, decontam)
     folder = stage_folder(state_dir, verified.short_digest) / "decontam"
     store = shard_store(state_dir)
-    paths = verified_paths(source.shards.shards)  # hashed once, here: the scan's units are keyed by these digests
-    with scratch_space(folder / SCRATCH, config.scale) as scratch:
+    verified_paths(source.shards.shards)  # SHARD_CORRUPT before any work: the units are keyed by these digests
+    with scratch_space(folder / SCRATCH, config.scale) as scratch, worker_pool(config.scale.num_workers, config.scale.engine):
         scan = scan_shards(scratch, source.shards.shards, index, decontam, extra=["source_record_id"])
+        paraphrases = paraphrase_shards(scratch, source.shards.shards, suite, config.paraphrase) if config.paraphrase else None
         resumed = scratch.units_resumed
     hits, counts, ignored, found = scan.hits, scan.counts, scan.ignored, scan.documents
     actions, pieces = clean.apply_actions(found, hits, decontam)
     hits = hits.join(found.select("doc_id", "source_record_id"), on="doc_id", how="left").join(actions.select("doc_id", "action"), on="doc_id", how="left")
-    paraphrases = paraphrase_report(paths, suite, config.paraphrase) if config.paraphrase else None
     stage = DecontamStage(
         manifest_digest=verified.digest,
         eval_suite_id=suite.suite_id,
@@ -216,19 +216,9 @@ def run_decontam(verified: VerifiedManifest, suite: EvalSuite, source: SourceSta
     tables = {"contamination_hits": hits.with_columns(pl.lit(suite.digest).alias("eval_suite_digest")), "manifests": manifest_row,
               "eval_items": items}
     # Replaced either way: a run without the report leaves no stale candidates of an earlier one.
-    tables["paraphrase_candidates"] = paraphrases if paraphrases is not None else pl.DataFrame(schema={**CANDIDATE_SCHEMA, "source_record_id": pl.String})
+    tables["paraphrase_candidates"] = paraphrases if paraphrases is not None else pl.DataFrame(schema=REPORT_SCHEMA)
     lineage.write_tables(warehouse, verified.digest, tables)
     return stage
-
-
-def paraphrase_report(paths: list[str], suite: EvalSuite, config: ParaphraseConfig) -> pl.DataFrame:
-    """Possible paraphrases of the suite's items in the documents (CANDIDATE_SCHEMA plus the
-    user's record id), the shards read a batch at a time."""
-    embedder = load_embedder()
-    docs = ((doc_id, text) for frame in parquet_frames(paths, ["doc_id", "text"]) for doc_id, text in frame.iter_rows())
-    candidates = find_candidates(docs, item_vectors(suite, embedder), embedder, config)
-    ids = documents_with_hits(paths, candidates, ["source_record_id"]).select("doc_id", "source_record_id")
-    return candidates.join(ids, on="doc_id", how="left")
 
 
 def run_clean(verified: VerifiedManifest, source: SourceStage, dedup: DedupStage, decontam: DecontamStage, state_dir: Path, warehouse: Path, config: DataPrepConfig) -> CleanStage:

@@ -4,6 +4,7 @@ including the corpus-wide common-seed rule, whose counts must add up across unit
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from pathlib import Path
 
 import polars as pl
@@ -12,8 +13,8 @@ from polars.testing import assert_frame_equal
 
 from data_frames import frame, random_text
 from ito_assets.data.config import DecontamConfig, ScaleConfig
-from ito_assets.data.decontam_units import documents_with_hits, scan_frames, scan_shards
-from ito_assets.data.units import shard_units
+from ito_assets.data.decontam_units import scan_frames, scan_shards
+from ito_assets.data.units import parquet_frames, shard_units
 from ito_assets.data.eval_index import build_index
 from ito_assets.data.scratch import scratch_space
 from ito_assets.data.shards import write_shards
@@ -60,6 +61,15 @@ def test_scan_over_units_equals_the_in_memory_scan(tmp_path: Path, num_workers: 
     assert num_units > 30
     assert_frame_equal(hits, expected)
     assert counts == expected_counts
+
+
+def documents_with_hits(shard_paths: Sequence[str], hits: pl.DataFrame, extra: Sequence[str] = ()) -> pl.DataFrame:
+    """A second pass over the shards: the documents that have a hit (doc_id, the `extra` columns,
+    text), in the shards' order, the reference for what the scan's workers return."""
+    columns = ["doc_id", *extra, "text"]
+    ids = hits["doc_id"].unique().implode()
+    found = [frame.filter(pl.col("doc_id").is_in(ids)).cast(pl.String) for frame in parquet_frames(shard_paths, columns)]
+    return pl.concat([pl.DataFrame(schema=dict.fromkeys(columns, pl.String)), *found])
 
 
 def test_documents_with_hits_reads_only_those(tmp_path: Path) -> None:

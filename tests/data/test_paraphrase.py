@@ -231,3 +231,32 @@ def test_the_launchpad_switch_turns_the_report_on_with_its_threshold():
     on = DecontamParams(paraphrase_candidates=True, paraphrase_threshold=0.85).to_config()
     assert on.paraphrase == ParaphraseConfig(threshold=0.85) and on.decontam == DecontamConfig()
     assert "paraphrase.threshold" in on.as_metadata() and "paraphrase.threshold" not in DecontamParams().to_config().as_metadata()
+
+
+@pytest.mark.parametrize(("num_workers", "unit_bytes"), [(1, 3_000), (2, 3_000), (1, 10**9)])  # small units, on a pool, a shard a unit
+def test_the_report_over_the_shards_units_is_the_whole_corpus_s(embedder, suite, tmp_path, num_workers, unit_bytes):
+    """On the installed packages' descriptions with a paraphrase planted in some: the units'
+    candidates are what one pass over every document finds, with each document's own id, and
+    the same bytes on one worker and on a pool of processes."""
+    from ito_assets.data.config import ScaleConfig
+    from ito_assets.data.paraphrase_units import paraphrase_shards
+    from ito_assets.data.scratch import scratch_space
+    from ito_assets.data.shards import write_shards
+    from test_source_pieces import package_paragraphs
+
+    texts = [f"{text} {PARAPHRASE}" if i % 11 == 0 else text for i, text in enumerate(package_paragraphs()[:400])]
+    # Ids out of the shards' order, as hashes are: the report is ordered by id across units.
+    ids = {f"d{i * 7919 % len(texts):04d}": f"mine-{i}" for i in range(len(texts))}
+    docs = pl.DataFrame({"doc_id": list(ids), "source_record_id": list(ids.values()), "text": texts})
+    shards = write_shards(docs, tmp_path / "source", prefix="d", max_rows=37).shards
+    config = ParaphraseConfig()
+    with scratch_space(tmp_path / "_scratch", ScaleConfig(unit_bytes=unit_bytes, num_workers=num_workers, memory_limit_mb=128)) as scratch:
+        report = paraphrase_shards(scratch, shards, suite, config)
+    whole = find_candidates(docs.select("doc_id", "text").iter_rows(), item_vectors(suite, embedder), embedder, config)
+    found = set(report.filter(pl.col("eval_item_id") == "py-trivia/004")["source_record_id"])
+    assert len(found & {f"mine-{i}" for i in range(0, len(texts), 11)}) >= 20  # where a window lines up with the planted question
+    assert report.drop("similarity", "source_record_id").equals(whole.drop("similarity"))
+    assert np.allclose(report["similarity"].to_numpy(), whole["similarity"].to_numpy(), rtol=0, atol=1e-6)  # batches differ
+    assert report["source_record_id"].to_list() == [ids[d] for d in report["doc_id"]]
+    with scratch_space(tmp_path / "_again", ScaleConfig(unit_bytes=unit_bytes, num_workers=3 - num_workers, memory_limit_mb=128)) as scratch:
+        assert paraphrase_shards(scratch, shards, suite, config).equals(report)  # the other number of workers: the same frame
