@@ -291,15 +291,15 @@ def child(manifest_path: str, mode: str, workers: int, work: Path, engine: str =
 
 def time_unit_phases() -> list[float]:
     """Wall seconds spent in the stages' work-unit phases (`map_units`: exact-copy keys,
-    signatures, the band join's partitions, seed matches, hits, and where there are several
+    signatures, the band join's partitions, seed matches, hits, paraphrase candidates, and where there are several
     workers the source pieces and parts, the exact copies' and the representatives' spread and
     gathers, the kept and clean rows and shards), summed into the returned one-element list as
     they run; the rest of a stage is its global steps (parsing on one worker, DuckDB's groupings,
     the bucket sorts, the keep rule, writing shards), which run in the stage's own process."""
-    from ito_assets.data import band_join, clean_units, decontam_units, dedup_units, exact_units, kept_units, source_pieces
+    from ito_assets.data import band_join, clean_units, decontam_units, dedup_units, exact_units, kept_units, paraphrase_units, source_pieces
 
     spent = [0.0]
-    for module in (band_join, clean_units, decontam_units, dedup_units, exact_units, kept_units, source_pieces):
+    for module in (band_join, clean_units, decontam_units, dedup_units, exact_units, kept_units, paraphrase_units, source_pieces):
         module.map_units = timed(module.map_units, lambda seconds, args, kwargs: spent.__setitem__(0, spent[0] + seconds))
     return spent
 
