@@ -13,6 +13,7 @@ import dagster as dg
 
 from ito_assets.control import run_tags
 from ito_assets.data.stages import CleanStage
+from ito_assets.defs.in_process_runs import fail_orphaned_runs, process_tags
 from ito_assets.defs.jobs import DATA_PREPARATION_JOB
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.errors import ErrorCode, ItoError
@@ -52,11 +53,12 @@ def prepare(settings: Settings, instance: dg.DagsterInstance, manifest_digest: s
     defs = build_definitions(settings, domains=("manifest", "data"))
     if not instance.has_dynamic_partition(manifests_partitions.name, key):
         instance.add_dynamic_partitions(manifests_partitions.name, [key])
+    fail_orphaned_runs(instance)  # a killed earlier run would hold the data steps' pool slot for good
     result = defs.resolve_job_def(DATA_PREPARATION_JOB).execute_in_process(
         instance=instance,
         partition_key=key,
         run_config={"ops": {"eval_suite": {"config": {"path": str(suite_path)}}}, **_SILENT_CONSOLE},
-        tags=run_tags.for_preparation(manifest_digest, suite_digest),
+        tags=run_tags.for_preparation(manifest_digest, suite_digest) | process_tags(),
         raise_on_error=False,
     )
     evaluations = result.get_asset_check_evaluations()
