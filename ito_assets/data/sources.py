@@ -230,14 +230,45 @@ def jsonl_records(path: Path, uri: str, fields: RecordFields = DEFAULT_FIELDS, *
         if not line.strip():
             continue
         record = jsonl_record(line, row + 1, uri, fields)
-        ids.append(record_id(record.get(fields.id), fields, f"{uri}: line {row + 1}"))
-        texts.append(record[fields.text])
+        where = f"{uri}: line {row + 1}"
+        ids.append(_text(record_id(record.get(fields.id), fields, where), where, fields.id))
+        texts.append(_text(record[fields.text], where, fields.text))
         rows.append(row)
         if len(texts) == BATCH_RECORDS:
             yield ids, texts, rows
             ids, texts, rows = [], [], []
     if texts:
         yield ids, texts, rows
+
+
+def _text(value: str | None, where: str, field: str) -> str | None:
+    """`value`, refused (SOURCE_INVALID) when it holds a lone surrogate: the standard library reads
+    `"\\ud800"`, or the raw bytes of one, into a str that no UTF-8 column can hold (ASCII cannot
+    hold one: only other text is encoded to find out)."""
+    if value is not None and not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            raise ItoError(ErrorCode.SOURCE_INVALID, f"{where}: '{field}' holds a lone surrogate, which is not Unicode text") from None
+    return value
+
+
+def _pylist(column: pa.ChunkedArray | pa.Array, uri: str, first: int, field: str) -> list:
+    """The column's values; a string that is not valid UTF-8 (pyarrow does not check on reading)
+    is SOURCE_INVALID naming its row."""
+    try:
+        return column.to_pylist()
+    except UnicodeDecodeError:
+        bad = next(i for i in range(len(column)) if not _decodes(column[i]))
+        raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: row {first + bad}: '{field}' is not valid UTF-8") from None
+
+
+def _decodes(scalar: pa.Scalar) -> bool:
+    try:
+        scalar.as_py()
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _string_type(type_: pa.DataType) -> bool:
@@ -275,8 +306,8 @@ def parquet_records(path: Path, uri: str, fields: RecordFields = DEFAULT_FIELDS,
             if column.null_count:
                 null = column.is_null().to_pylist().index(True)
                 raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: row {first + null}: '{fields.text}' is null")
-            texts = column.to_pylist()
-            raw_ids = batch.column(fields.id).to_pylist() if has_id else [None] * len(texts)
+            texts = _pylist(column, uri, first, fields.text)
+            raw_ids = _pylist(batch.column(fields.id), uri, first, fields.id) if has_id else [None] * len(texts)
             ids = [record_id(value, fields, f"{uri}: row {first + i}") for i, value in enumerate(raw_ids)]
             yield ids, texts, list(range(first, first + len(texts)))
             first += len(texts)

@@ -331,3 +331,40 @@ def test_an_integer_beyond_the_interpreters_digit_limit_is_not_json(tmp_path):
     path = tmp_path / "big.jsonl"
     path.write_bytes(b'{"text": "fine"}\n{"text": "t", "id": ' + b"7" * 5_000 + b"}\n")
     assert _source_error(reference(path), tmp_path).message.endswith("line 2 is not JSON")
+
+
+# The standard library reads a lone surrogate, escaped or as its raw UTF-8-like bytes, into a str
+# no UTF-8 column holds: refused, naming the line and field, where it used to be an internal error.
+@pytest.mark.parametrize(("line", "field"), [
+    (b'{"id": "s1", "text": "lone \\ud800 surrogate"}', "text"),
+    (b'{"id": "s2", "text": "raw \xed\xa0\x80 bytes"}', "text"),
+    (b'{"id": "s3", "text": "a low one \\udc00 alone"}', "text"),
+    (b'{"id": "\\ud83d", "text": "fine"}', "id"),
+])
+def test_a_lone_surrogate_is_source_invalid_naming_its_line(tmp_path, line, field):
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(b'{"id": "ok", "text": "caf\\u00e9 \xf0\x9f\x99\x82 fine"}\n\n' + line + b"\n")
+    error = _source_error(reference(path), tmp_path)
+    assert error.message == f"dataroot://a.jsonl: line 3: '{field}' holds a lone surrogate, which is not Unicode text"
+
+
+def test_a_surrogate_pair_escaped_is_one_character_and_reads(tmp_path):
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(b'{"id": "\\ud83d\\ude42", "text": "smile \\ud83d\\ude42"}\n')
+    docs, _ = read_source(reference(path), 0, tmp_path)
+    assert docs["text"].to_list() == ["smile \U0001f642"] and docs["source_record_id"].to_list() == ["\U0001f642"]
+
+
+@pytest.mark.parametrize("column", ["text", "id"])
+def test_a_parquet_string_that_is_not_utf8_is_source_invalid_naming_its_row(tmp_path, column):
+    # pyarrow does not check UTF-8 on reading: a writer that stored raw bytes as strings shows only here.
+    values = [b"ok text", "caf\u00e9".encode(), b"bad \xff", b"fine"]
+    good = pa.array([v.decode("latin-1").encode() for v in values], pa.binary()).view(pa.string())
+    bad = pa.array(values, pa.binary()).view(pa.string())
+    table = pa.table({"id": bad if column == "id" else good, "text": bad if column == "text" else good})
+    path = tmp_path / "a.parquet"
+    import pyarrow.parquet as pq
+
+    pq.write_table(table, path, row_group_size=2)  # the bad value in the second group: rows count on
+    error = _source_error(reference(path, "parquet"), tmp_path)
+    assert error.message == f"dataroot://a.parquet: row 2: '{column}' is not valid UTF-8"
