@@ -65,7 +65,13 @@ def describe(paths: Sequence[Path]) -> list[CorpusFile]:
     for position, path in enumerate(paths, start=1):
         if re.search(r"\s", str(path)):  # a manifest's uri holds no whitespace
             raise ItoError(ErrorCode.SOURCE_INVALID, f"corpus file #{position} has whitespace in its path; rename it")
-    return [CorpusFile(path=p, sha256=file_sha256(p), format=format_of(p), num_bytes=p.stat().st_size) for p in paths]
+    files = [CorpusFile(path=p, sha256=file_sha256(p), format=format_of(p), num_bytes=p.stat().st_size) for p in paths]
+    first: dict[str, int] = {}
+    for position, file in enumerate(files, start=1):
+        if file.sha256 in first:  # a copied file: its documents twice, under the same ids
+            raise ItoError(ErrorCode.SOURCE_INVALID, f"corpus files #{first[file.sha256]} and #{position} hold the same bytes; pass one of them")
+        first[file.sha256] = position
+    return files
 
 
 def default_name(files: Sequence[CorpusFile]) -> str:

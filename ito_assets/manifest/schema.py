@@ -224,10 +224,12 @@ class DataManifest(_Strict):
 
     @field_validator("data")
     @classmethod
-    def _distinct_uris(cls, refs: tuple) -> tuple:
-        uris = [r.uri for r in refs]
-        if len(set(uris)) != len(uris):
-            raise ValueError("data references must have distinct uris")
+    def _distinct_sources(cls, refs: tuple) -> tuple:
+        # A document's id derives from its source's digest and row: the same bytes named twice
+        # would be every document twice under one id, which no later stage can tell apart.
+        for name, values in (("uris", [r.uri for r in refs]), ("sha256 digests", [r.sha256 for r in refs])):
+            if len(set(values)) != len(values):
+                raise ValueError(f"data references must have distinct {name}")
         return refs
 
 

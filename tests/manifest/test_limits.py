@@ -385,13 +385,16 @@ def test_post_training_is_an_ordered_subset(kinds, ok):
         assert err.message == "the manifest does not match the schema at: post_training"
 
 
-def test_data_references_need_distinct_uris():
+def test_data_references_need_distinct_uris_and_digests():
     document = valid_manifest()
     second = json.loads(json.dumps(document["data"][0]))
-    second["uri"] = "dataroot://fixtures/corpora/other.jsonl"
+    second["uri"], second["sha256"] = "dataroot://fixtures/corpora/other.jsonl", "e" * 64
     document["data"].append(second)
     assert _verdict(document) is None
     document["data"][1]["uri"] = document["data"][0]["uri"]
+    assert _verdict(document).message == "the manifest does not match the schema at: data"
+    # Other names for the same bytes: every document twice under one id.
+    document["data"][1]["uri"], document["data"][1]["sha256"] = "dataroot://fixtures/corpora/other.jsonl", document["data"][0]["sha256"]
     assert _verdict(document).message == "the manifest does not match the schema at: data"
 
 
@@ -525,9 +528,9 @@ def test_expected_digest_boundaries():
 def test_provenance_is_reported_by_position():
     document = valid_manifest()
     second = json.loads(json.dumps(document["data"][0]))
-    second["uri"] = "dataroot://b.jsonl"
+    second["uri"], second["sha256"] = "dataroot://b.jsonl", "b" * 64
     third = json.loads(json.dumps(second))
-    third["uri"] = "dataroot://c.jsonl"
+    third["uri"], third["sha256"] = "dataroot://c.jsonl", "c" * 64
     del second["decontamination"], third["decontamination"]
     document["data"] += [second, third]
     manifest = parse_manifest(_raw(json.dumps(document).encode()))
