@@ -17,6 +17,7 @@ missing field or a value of the wrong type is SOURCE_INVALID naming the field an
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import hmac
@@ -165,13 +166,22 @@ def _lines(path: Path, uri: str, span: tuple[int, int] | None = None) -> Iterato
             handle.seek(span[0])
             yield from io.BytesIO(handle.read(span[1] - span[0]))
         return
-    number = 0
     try:
         with pa.input_stream(str(path), compression=compression) as stream:
-            for number, line in enumerate(io.BufferedReader(stream, buffer_size=_READ_BUFFER), start=1):
-                yield line
+            yield from io.BufferedReader(stream, buffer_size=_READ_BUFFER)
     except OSError:  # what pyarrow's codecs raise for bad data
-        raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: the {compression} stream is corrupt or truncated after line {number}") from None
+        whole = _whole_lines(path, compression)
+        raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: the {compression} stream is corrupt or truncated after line {whole}") from None
+
+
+def _whole_lines(path: Path, compression: str) -> int:
+    """The complete lines a corrupt or truncated stream decodes to before its fault, read again in
+    small pieces (the reader above fails a whole buffer at once, before handing out its lines)."""
+    lines = 0
+    with contextlib.suppress(OSError), pa.input_stream(str(path), compression=compression) as stream:
+        while piece := stream.read(1 << 12):
+            lines += piece.count(b"\n")
+    return lines
 
 
 def _loads(line: bytes, id_field: str) -> object:
