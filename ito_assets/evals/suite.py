@@ -3,7 +3,7 @@
 The suite id is declared by the file's first line when that line is `{"suite_id": "<name>"}`, so
 that the file may be named anything; a file without it goes by its stem (the committed suite
 does, and reviewed manifests name it so). The digest is sha256 over the file's bytes, header
-included, so an auditor can reproduce it with `sha256sum`. Manifests bind to both through their
+(and a leading BOM) included, so an auditor can reproduce it with `sha256sum`. Manifests bind to both through their
 decontamination provenance.
 """
 
@@ -22,13 +22,15 @@ from ito_assets.manifest.schema import MAX_NAME_LENGTH, NAME_PATTERN
 from ito_assets.manifest.strict_json import StrictJsonError, loads_strict
 
 SUITE_ID_KEY = "suite_id"
+MAX_ITEM_ID_CHARS = 256  # `ito audit eval-item` takes exactly the ids a suite can hold
+BOM = b"\xef\xbb\xbf"  # UTF-8's byte order mark, which some editors put at a file's start
 MAX_SUITE_BYTES = 64 * 1024 * 1024  # a suite is text; bounds memory on a misconfigured path
 
 
 class EvalItem(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True, hide_input_in_errors=True)
 
-    id: Annotated[str, Field(min_length=1, max_length=256)]
+    id: Annotated[str, Field(min_length=1, max_length=MAX_ITEM_ID_CHARS)]
     benchmark: Annotated[str, Field(min_length=1, max_length=128)]
     question: Annotated[str, Field(min_length=1)]
     answer: Annotated[str, Field(min_length=1)]
@@ -53,11 +55,13 @@ def is_suite_id(text: str) -> bool:
 
 
 def parse_suite(default_id: str, data: bytes) -> EvalSuite:
-    """The suite in `data`; its id is the one the first line declares, else `default_id`."""
+    """The suite in `data`; its id is the one the first line declares, else `default_id`. A BOM
+    at the file's start is skipped, as the corpora's reader skips it (one anywhere else is not
+    JSON); the digest stays the file's bytes, BOM included, so `sha256sum` still reproduces it."""
     declared: str | None = None
     items: list[EvalItem] = []
     seen: set[str] = set()
-    for number, line in enumerate(data.splitlines(), start=1):
+    for number, line in enumerate(data.removeprefix(BOM).splitlines(), start=1):
         if not line.strip():
             continue
         try:

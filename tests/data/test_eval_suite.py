@@ -52,3 +52,49 @@ def test_a_header_only_comes_first() -> None:
     with pytest.raises(ItoError) as info:
         parse_suite("stem", b'{"suite_id": "only-a-header"}\n')
     assert "no items" in info.value.message
+
+
+BOM = b"\xef\xbb\xbf"
+
+
+@pytest.mark.parametrize("header", ['{"suite_id": "my-evals-v1"}\n', ""])
+def test_a_bom_at_the_start_is_read_past_and_stays_in_the_digest(header: str) -> None:
+    """As the corpora's reader takes one; the digest is still the file's bytes (`sha256sum`)."""
+    data = BOM + (header + LINES).encode()
+    suite = parse_suite("stem", data)
+    assert [i.id for i in suite.items] == ["q1"] and suite.suite_id == ("my-evals-v1" if header else "stem")
+    assert suite.digest == "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def test_a_bom_after_the_start_is_refused() -> None:
+    second = {**ITEM, "id": "q2"}
+    for data in (LINES.encode() + BOM + json.dumps(second).encode() + b"\n", BOM + BOM + LINES.encode()):
+        with pytest.raises(ItoError) as info:
+            parse_suite("stem", data)
+        assert info.value.code is ErrorCode.EVAL_SUITE_INVALID and "not a valid item" in info.value.message
+
+
+def test_crlf_lines_still_read_with_or_without_a_bom() -> None:
+    crlf = (json.dumps(ITEM) + "\r\n" + json.dumps({**ITEM, "id": "q2"}) + "\r\n").encode()
+    for data in (crlf, BOM + crlf):
+        suite = parse_suite("stem", data)
+        assert [i.id for i in suite.items] == ["q1", "q2"] and suite.digest == "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def test_the_committed_suites_digest_is_unchanged() -> None:
+    """The digest reviewed manifests bind to: the file's sha256, as before a BOM was read past."""
+    path = PROJECT_ROOT / "data" / "fixtures" / "evals" / "ito-fixture-evals-v1.jsonl"
+    assert load_suite(path).digest == "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+    assert load_suite(path).digest == "sha256:57fb808bb9a7b8e6496a6eb60004da49ad9fb78cdf01c3e3c4b2ae42371298cd"
+
+
+@pytest.mark.parametrize("length", [255, 256])
+def test_an_item_id_is_any_text_up_to_its_bound(length: int) -> None:
+    """The bound `ito audit eval-item` shares (MAX_ITEM_ID_CHARS), counted in characters."""
+    for item_id in ("ü" * length, "my item/" + "x" * (length - 8), "a\tb" + "y" * (length - 3)):
+        assert parse_suite("stem", json.dumps({**ITEM, "id": item_id}).encode()).items[0].id == item_id
+
+
+def test_an_item_id_over_its_bound_is_refused() -> None:
+    with pytest.raises(ItoError):
+        parse_suite("stem", json.dumps({**ITEM, "id": "ü" * 257}).encode())
