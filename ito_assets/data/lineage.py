@@ -6,7 +6,8 @@ Every row carries the manifest digest, so one warehouse holds many manifests; ea
 replaces its own rows for its manifest in one transaction (a rerun never duplicates). Tables:
 
     manifests          manifest_digest, manifest_key, name, eval_suite_id, eval_suite_digest, ...
-    sources            one row per data reference: uri, sha256, licence, format, normalisation
+    sources            one row per data reference: uri, sha256, licence, format, normalisation,
+                       its documents and the records skipped for an empty text (not documents)
     documents          one row per input document: id, provenance, length, source shard
     duplicates         removed duplicate -> kept document, cluster id, family id, method, similarity
     contamination_hits document x eval item: view, matched n-gram, offsets, overlap, action
@@ -50,7 +51,7 @@ SCHEMA = {
     "manifests": "manifest_digest VARCHAR, manifest_key VARCHAR, name VARCHAR, eval_suite_id VARCHAR, "
     "eval_suite_digest VARCHAR, config JSON, recorded_at TIMESTAMP DEFAULT current_timestamp",
     "sources": "manifest_digest VARCHAR, source_index INTEGER, uri VARCHAR, sha256 VARCHAR, license VARCHAR, "
-    "format VARCHAR, num_documents BIGINT, num_bytes BIGINT, normalization VARCHAR",
+    "format VARCHAR, num_documents BIGINT, num_bytes BIGINT, normalization VARCHAR, num_empty_skipped BIGINT",
     "documents": "manifest_digest VARCHAR, doc_id VARCHAR, source_index INTEGER, source_uri VARCHAR, "
     "source_sha256 VARCHAR, license VARCHAR, row BIGINT, source_record_id VARCHAR, num_chars BIGINT, shard_path VARCHAR",
     "duplicates": "manifest_digest VARCHAR, doc_id VARCHAR, method VARCHAR, duplicate_of VARCHAR, cluster_id VARCHAR, "
@@ -290,6 +291,28 @@ def _has_table(con: duckdb.DuckDBPyConnection, table: str) -> bool:
     return bool(con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [table]).fetchone()[0])
 
 
+def _has_column(con: duckdb.DuckDBPyConnection, table: str, column: str) -> bool:
+    """A read-only audit of a warehouse written before a column was added sees it missing (a
+    writing step adds it, `ensure_schema`)."""
+    sql = "SELECT count(*) FROM information_schema.columns WHERE table_name = ? AND column_name = ?"
+    return bool(con.execute(sql, [table, column]).fetchone()[0])
+
+
+def _empty_skipped_column(con: duckdb.DuckDBPyConnection) -> str:
+    """`num_empty_skipped`, NULL (not recorded) where the warehouse predates it."""
+    return "num_empty_skipped" if _has_column(con, "sources", "num_empty_skipped") else "NULL::BIGINT AS num_empty_skipped"
+
+
+@_reads
+def empty_records_skipped(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
+    """Per manifest, the records its sources stage skipped for an empty or whitespace-only text:
+    they are not documents, so no audit of a document finds them (their ids are not kept)."""
+    if not _has_column(con, "sources", "num_empty_skipped"):
+        return {}
+    sql = "SELECT manifest_digest, sum(num_empty_skipped) FROM sources GROUP BY 1 HAVING sum(num_empty_skipped) > 0 ORDER BY 1"
+    return {digest: int(n) for digest, n in con.execute(sql).fetchall()}
+
+
 @_reads
 def eval_item_known(con: duckdb.DuckDBPyConnection, item_id: str) -> bool:
     """Whether a suite some manifest was decontaminated against holds this item, or a document
@@ -326,13 +349,24 @@ def written_removals_by_method(path: Path, manifest_digest: str) -> dict[str, in
     return warehouse.writing_to(path, lambda con: removals_by_method(con, manifest_digest))
 
 
+def _source_rows(con: duckdb.DuckDBPyConnection, manifest_digest: str) -> list[dict]:
+    """The manifest's sources in manifest order, each with its documents and the records skipped
+    for an empty text (records read = the two together)."""
+    return _rows(con, f"SELECT source_index, uri, sha256, license, format, num_documents, {_empty_skipped_column(con)}, "
+                 "normalization FROM sources WHERE manifest_digest = ? ORDER BY source_index", [manifest_digest])
+
+
+# On its own; inside another query undecorated, so that one read finds the damage and rebuilds.
+source_rows = _reads(_source_rows)
+
+
 @_reads
 def audit_manifest(con: duckdb.DuckDBPyConnection, manifest_digest: str) -> dict:
     params = [manifest_digest]
     manifest = _rows(con, "SELECT manifest_digest, manifest_key, name, eval_suite_id, eval_suite_digest, recorded_at FROM manifests WHERE manifest_digest = ?", params)
     return {
         "manifest": manifest[0] if manifest else None,
-        "sources": _rows(con, "SELECT source_index, uri, sha256, license, format, num_documents, normalization FROM sources WHERE manifest_digest = ? ORDER BY source_index", params),
+        "sources": _source_rows(con, manifest_digest),
         "states": _rows(con, "SELECT state, coalesce(method, action) AS detail, count(*) AS num_documents FROM decisions WHERE manifest_digest = ? GROUP BY ALL ORDER BY 1, 2", params),
         "removed_by_method": removals_by_method(con, manifest_digest),
         "contamination_by_benchmark": _rows(con, "SELECT benchmark, count(DISTINCT doc_id) AS num_documents, count(DISTINCT eval_item_id) AS num_eval_items FROM contamination_hits WHERE manifest_digest = ? GROUP BY 1 ORDER BY 1", params),

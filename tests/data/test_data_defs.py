@@ -275,12 +275,13 @@ def test_audit_verbs_answer_the_auditors_questions(chain, monkeypatch, capsys) -
     assert status == 0 and sum(states.values()) == 3041 and states[("contaminated", "drop")] == 60
     document, status = _audit(settings, monkeypatch, "audit", "doc", "0" * 16, "--json")
     assert status == 1 and document["error"]["code"] == "AUDIT_NOT_FOUND"
-    # Any id up to 256 characters is looked up; one longer, or with a control character, is refused.
-    document, status = _audit(settings, monkeypatch, "audit", "doc", "x" * 256, "--json")
-    assert status == 1 and document["error"]["code"] == "AUDIT_NOT_FOUND"
-    for bad in ("x" * 257, "not\aan-id"):
-        document, status = _audit(settings, monkeypatch, "audit", "doc", bad, "--json")
-        assert status == 2 and document["error"]["code"] == "USAGE_ERROR" and bad not in json.dumps(document)
+    # Any text is looked up, as a record's own id may be any (a control character, any length);
+    # bytes that are not UTF-8 (as argv hands them over) are refused.
+    for absent in ("x" * 256, "x" * 257, "not\aan-id"):
+        document, status = _audit(settings, monkeypatch, "audit", "doc", absent, "--json")
+        assert status == 1 and document["error"]["code"] == "AUDIT_NOT_FOUND"
+    document, status = _audit(settings, monkeypatch, "audit", "doc", "not\udcffutf8", "--json")
+    assert status == 2 and document["error"]["code"] == "USAGE_ERROR" and "not\\udcff" not in json.dumps(document)
     text, _ = _audit(settings, monkeypatch, "audit", "doc", duplicate[0])
     assert any("removed as near duplicate" in line for line in text["_text"])
 

@@ -8,6 +8,8 @@ import gzip
 import json
 import os
 import random
+import shlex
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -190,8 +192,83 @@ def test_the_run_is_in_the_instance_under_the_manifests_partition(jsonl_run, wor
 @pytest.mark.slow
 def test_the_audit_commands_trace_a_document(jsonl_run, world) -> None:
     doc_command = next(a for a in jsonl_run["document"]["data"]["audit"] if a.startswith("ito audit doc"))
-    document, status = ito(*doc_command.split()[1:])
+    document, status = ito(*shlex.split(doc_command)[1:])
     assert status == 0 and document["data"]["manifests"][0]["state"] in {"duplicate", "contaminated"}
+
+
+# Ids the pipeline keeps as they are: a tab, a space, a quote, any script, any length.
+ODD_RECORD_IDS = {10: "dup\tof three", 11: "ü near copy", 12: "quote " + "x" * 300}
+ODD_ITEM_IDS = ["my item/1", "ü/2"]
+
+
+@pytest.mark.slow
+def test_blank_records_are_counted_and_odd_ids_round_trip(world, tmp_path) -> None:
+    """Three records with an empty or whitespace-only text: no documents, but in the account of
+    what was read; every suggested command is one shell word per id and runs as suggested; the
+    manifest's copy in --out is 0600, as the stored one."""
+    records = corpus(4)
+    for index, record_id in ODD_RECORD_IDS.items():
+        records[index]["id"] = record_id
+    records[1:1] = [{"id": "w1", "text": ""}, {"id": "w2", "text": " \t "}, {"id": "w3", "text": "\u3000"}]
+    (tmp_path / "blank.jsonl").write_bytes(jsonl(records))
+    suite = tmp_path / "odd.jsonl"
+    suite.write_bytes(jsonl([{"suite_id": "odd-v1"}, *({**item, "id": i} for item, i in zip(ITEMS, ODD_ITEM_IDS))]))
+    out = tmp_path / "out"
+    document, status = ito("data", "prepare", "--corpus", str(tmp_path / "blank.jsonl"), "--eval-suite", str(suite), "--out", str(out))
+    assert status == 0, document
+    data = document["data"]
+    assert data["records"] == {"read": NUM_DOCUMENTS + 3, "documents": NUM_DOCUMENTS, "empty_skipped": 3}
+    assert data["documents"]["input"] == NUM_DOCUMENTS
+    assert [(s["num_records"], s["num_documents"], s["num_empty_skipped"]) for s in data["sources"]] == [(NUM_DOCUMENTS + 3, NUM_DOCUMENTS, 3)]
+    text, _ = run(["audit", "manifest", data["manifest_key"]])
+    assert f"records read: {NUM_DOCUMENTS + 3} = {NUM_DOCUMENTS} documents + 3 skipped" in "\n".join(text["_text"])
+    traced = {}
+    for command in data["audit"][1:]:
+        argv = shlex.split(command)
+        assert len(argv) == 4, command
+        traced[argv[-1]], status = ito(*argv[1:])
+        assert status == 0, traced[argv[-1]]
+    assert set(traced) & set(ODD_RECORD_IDS.values()) and set(traced) & set(ODD_ITEM_IDS)
+    assert stat.S_IMODE((out / "data-manifest.json").stat().st_mode) == 0o600
+    assert stat.S_IMODE(Path(data["manifest_path"]).stat().st_mode) == 0o600
+    missing, status = ito("audit", "doc", "w2")
+    assert status == 1 and f"ito audit manifest {data['manifest_key']}" in missing["error"]["message"]
+
+
+@pytest.mark.parametrize("record_id", [
+    "with space", "a\tb", "ü/1", "x" * 300, "O'Brien \"q\" \\ $HOME `x`", "line\nbreak",
+    "esc\x1b[31m", "c1\x85", "ls\u2028", "bidi\u202e", "quote'\\\ttab",
+])
+def test_a_suggested_command_gives_back_its_id(record_id: str) -> None:
+    """As JSON, POSIX quoting (shlex.split); as printed, where the terminal shows a control
+    character as an escape, bash's $'...' reads that escape back."""
+    from ito_assets.api.commands.data import _audit_commands, _printable_word, _shell_word
+    from ito_assets.api.terminal import escape
+
+    examples = {"duplicate_doc": record_id, "contaminated_doc": record_id, "eval_item": record_id}
+    for command in _audit_commands("0123456789ab", examples, _shell_word)[1:]:
+        assert shlex.split(command)[3:] == [record_id]
+    printed = _audit_commands("0123456789ab", examples, _printable_word)
+    assert all(escape(line) == line for line in printed)  # printed as built
+    words = [line.split(" ", 3)[3] for line in printed[1:]]
+    shown = subprocess.run(["bash", "-c", "printf '%s\\0' " + " ".join(words)], capture_output=True, check=True,
+                           env={"LC_ALL": "C.UTF-8", "PATH": os.environ["PATH"]}).stdout
+    assert shown.decode().split("\0")[:-1] == [record_id] * 3
+
+
+@pytest.mark.parametrize("umask", [0o000, 0o022, 0o077, 0o277])
+def test_the_manifest_copy_is_0600_whatever_the_umask(tmp_path, umask: int) -> None:
+    from ito_assets.api.commands.data import _copy_private
+
+    source = tmp_path / "m.json"
+    source.write_bytes(b"{}\n")
+    source.chmod(0o600)
+    old = os.umask(umask)
+    try:
+        _copy_private(source, tmp_path / "copy.json")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "copy.json").stat().st_mode) == 0o600 and (tmp_path / "copy.json").read_bytes() == b"{}\n"
 
 
 @pytest.mark.slow

@@ -13,10 +13,33 @@ from ito_assets.api.commands.result import VerbResult
 from ito_assets.api.terminal import table
 from ito_assets.errors import ErrorCode, ItoError
 
-# An internal id (16 hex digits) or the user's own record id: printable, without control characters.
-_DOC_ID = re.compile(r"^[^\x00-\x1f\x7f]{1,256}$")
 _DIGEST = re.compile(r"^(sha256:)?[0-9a-fA-F]{6,64}$")
-_ITEM_ID = re.compile(r"^[\x21-\x7e]{1,256}$")
+
+
+def _is_text(value: str) -> bool:
+    """Whether an argument is text: bytes that are not UTF-8 reach Python as lone surrogates
+    (surrogateescape), which no id in the warehouse (UTF-8, as DuckDB and Arrow keep text) holds."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _doc_id_problem(doc_id: str) -> str | None:
+    """The ids the pipeline gives a document: its internal id (16 hex digits) or the record's own,
+    whatever text the source holds (`sources.record_id`: any string, or an integer's decimal form;
+    spaces, tabs, any script and any length included)."""
+    return None if _is_text(doc_id) else "a document id is its internal id or your record id, as UTF-8 text; this argument is not UTF-8"
+
+
+def _item_id_problem(item_id: str) -> str | None:
+    """The ids an eval suite can hold (`EvalItem.id`): 1-256 characters of any kind."""
+    from ito_assets.evals.suite import MAX_ITEM_ID_CHARS
+
+    if not 1 <= len(item_id) <= MAX_ITEM_ID_CHARS or not _is_text(item_id):
+        return f"an eval item id is 1-{MAX_ITEM_ID_CHARS} characters of UTF-8 text, as an eval suite holds them"
+    return None
 
 
 def register(verbs: argparse._SubParsersAction) -> None:
@@ -76,13 +99,14 @@ def _why(entry: dict) -> str:
 
 
 def _doc(args: argparse.Namespace) -> VerbResult:
-    if not _DOC_ID.fullmatch(args.doc_id):
-        raise ItoError(ErrorCode.USAGE_ERROR, "a document id is 1-256 characters without control characters")
+    if problem := _doc_id_problem(args.doc_id):
+        raise ItoError(ErrorCode.USAGE_ERROR, problem)
     lineage, con = _open()
     with con:
         found = _plain(lineage.audit_document(con, args.doc_id))
+        skipped = lineage.empty_records_skipped(con) if not found else {}
     if not found:
-        raise ItoError(ErrorCode.AUDIT_NOT_FOUND, "no document with this id or record id is in the warehouse")
+        raise ItoError(ErrorCode.AUDIT_NOT_FOUND, "no document with this id or record id is in the warehouse" + _skipped_hint(skipped))
     text = []
     for entry in found:
         text += [
@@ -101,9 +125,20 @@ def _doc(args: argparse.Namespace) -> VerbResult:
     return VerbResult(data={"doc_id": args.doc_id, "manifests": found}, live_api_contacted=False, text=text)
 
 
+def _skipped_hint(skipped: dict[str, int]) -> str:
+    """Records with an empty or whitespace-only text are not documents and their ids are not kept:
+    when a manifest skipped some, the id may be one of them."""
+    if not skipped:
+        return ""
+    keys = {digest.removeprefix("sha256:")[:12]: n for digest, n in skipped.items()}
+    where = ", ".join(f"{n:,} by manifest {key}" for key, n in keys.items())
+    return (f"; it may be a record skipped for an empty or whitespace-only text ({where}), which is no document "
+            f"and whose id is not kept: `ito audit manifest {next(iter(keys))}` counts them per source")
+
+
 def _eval_item(args: argparse.Namespace) -> VerbResult:
-    if not _ITEM_ID.fullmatch(args.item_id):
-        raise ItoError(ErrorCode.USAGE_ERROR, "an eval item id is 1-256 printable characters without spaces")
+    if problem := _item_id_problem(args.item_id):
+        raise ItoError(ErrorCode.USAGE_ERROR, problem)
     lineage, con = _open()
     with con:
         hits = _plain(lineage.audit_eval_item(con, args.item_id))
@@ -146,9 +181,11 @@ def _manifest(args: argparse.Namespace) -> VerbResult:
             raise ItoError(code, "no manifest with this digest is in the warehouse" if not matches else "the digest prefix is ambiguous")
         report = _plain(lineage.audit_manifest(con, matches[0]))
     head = report["manifest"] or {}
+    records = _records(report["sources"])
     text = [
         f"manifest {matches[0]} ({head.get('name')}), eval suite {head.get('eval_suite_id')} {head.get('eval_suite_digest')}",
-        "sources:", *table(report["sources"], ["source_index", "uri", "license", "num_documents", "sha256"]),
+        "sources:", *table(report["sources"], ["source_index", "uri", "license", "num_documents", "num_empty_skipped", "sha256"]),
+        _records_line(records),
         "what happened to the documents:", *table(report["states"], ["state", "detail", "num_documents"]),
         "duplicates removed (the count the deduplicated_documents asset shows): "
         + ", ".join(f"{n} {method}" for method, n in report["removed_by_method"].items()),
@@ -156,4 +193,22 @@ def _manifest(args: argparse.Namespace) -> VerbResult:
         "clean shards:", *table(report["clean_shards"], ["shard_sha256", "num_rows", "shard_path"]),
         "consumed by runs:", *table(report["consumed_by"], ["run_id", "stage", "consumed_at"]),
     ]
-    return VerbResult(data={"manifest_digest": matches[0], **report}, live_api_contacted=False, text=text)
+    return VerbResult(data={"manifest_digest": matches[0], **report, "records": records}, live_api_contacted=False, text=text)
+
+
+def _records(sources: list[dict]) -> dict:
+    """Records read = documents + records skipped for an empty text, over the sources; `read` and
+    `empty_skipped` are None where the warehouse predates recording the skipped ones."""
+    documents = sum(s["num_documents"] or 0 for s in sources)
+    if any(s.get("num_empty_skipped") is None for s in sources):
+        return {"read": None, "documents": documents, "empty_skipped": None}
+    empty = sum(s["num_empty_skipped"] for s in sources)
+    return {"read": documents + empty, "documents": documents, "empty_skipped": empty}
+
+
+def _records_line(records: dict) -> str:
+    if records["read"] is None:
+        return (f"records read: {records['documents']:,} documents; the records skipped for an empty text were not "
+                "recorded by the version that wrote this manifest's sources (materialize source_documents again)")
+    return (f"records read: {records['read']:,} = {records['documents']:,} documents + {records['empty_skipped']:,} "
+            "skipped for an empty or whitespace-only text (not documents: no decision, no `ito audit doc`)")

@@ -83,7 +83,16 @@ def _prepare(args: argparse.Namespace) -> VerbResult:
     with shell.open_instance(settings, home) as instance:
         prepared = shell.prepare(settings, instance, verified.digest, suite_path, suite.digest)
     copied = _copy_out(Path(args.out).expanduser().resolve(), prepared.clean, stored) if args.out else None
-    return _summary(verified, suite, files, prepared, copied, stored, home)
+    return _summary(verified, suite, files, prepared, copied, stored, home, _source_counts(settings.warehouse_path, verified.digest))
+
+
+def _source_counts(path: Path, manifest_digest: str) -> list[dict]:
+    """Per source, as its stage recorded them in the warehouse: the documents and the records
+    skipped for an empty or whitespace-only text, which are no documents and so in no other count."""
+    from ito_assets.data import lineage, warehouse
+
+    with warehouse.connect(path, read_only=True) as con:
+        return lineage.source_rows(con, manifest_digest)
 
 
 def _copy_out(out: Path, clean, manifest: Path) -> dict:
@@ -99,16 +108,49 @@ def _copy_out(out: Path, clean, manifest: Path) -> dict:
         shutil.copyfile(source, target)
         if file_sha256(target) != sha256:
             raise ItoError(ErrorCode.SHARD_CORRUPT, f"{source.name} does not hash to the digest recorded when it was written")
-    shutil.copyfile(manifest, out / _MANIFEST_COPY)
+    _copy_private(manifest, out / _MANIFEST_COPY)
     return {"folder": str(out), "clean_shards": [str(t) for _, t, _ in targets[:-1]],
             "decisions": str(targets[-1][1]), "manifest": str(out / _MANIFEST_COPY)}
 
 
-def _examples(decisions_path: str) -> dict:
-    """One document of each removed kind and one eval item that matched, for the audit commands:
-    a document by the user's own id where it has one (quoted for the shell), by ours otherwise."""
+def _copy_private(source: Path, target: Path) -> None:
+    """A copy that is 0600 from its creation, as the stored manifest is (shutil.copyfile would
+    create it by the umask, 0644 as a rule)."""
+    descriptor = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.fchmod(descriptor, 0o600)  # exactly 0600, whatever the umask took away
+    with os.fdopen(descriptor, "wb") as sink, source.open("rb") as data:
+        shutil.copyfileobj(data, sink)
+
+
+def _shell_word(value: str) -> str:
+    """`value` as one shell word that gives it back (shlex.split, or any POSIX shell)."""
     import shlex
 
+    return shlex.quote(value)
+
+
+def _printable_word(value: str) -> str:
+    """`value` as one word to print. The terminal shows a control character (a tab, a newline)
+    as a visible escape, which pasted inside POSIX quotes would be those backslashes; bash's and
+    zsh's $'...' quoting reads such escapes back as the characters."""
+    from ito_assets.api.terminal import escape
+
+    if escape(value) == value:
+        return _shell_word(value)
+
+    def one(char: str) -> str:
+        if char in "\\'":
+            return "\\" + char
+        if escape(char) == char:
+            return char
+        return f"\\x{ord(char):02x}" if ord(char) < 0x80 else f"\\u{ord(char):04x}"  # \u: UTF-8, as the id is
+
+    return "$'" + "".join(one(c) for c in value) + "'"
+
+
+def _examples(decisions_path: str) -> dict:
+    """One document of each removed kind and one eval item that matched, for the audit commands:
+    a document by the user's own id where it has one, by ours otherwise (unquoted)."""
     import polars as pl
 
     from ito_assets.data.clean import CONTAMINATED
@@ -119,7 +161,7 @@ def _examples(decisions_path: str) -> dict:
     contaminated = frame.filter(pl.col("state") == CONTAMINATED).head(1)
 
     def name(row: pl.DataFrame) -> str | None:
-        return shlex.quote(row["source_record_id"][0] or row["doc_id"][0]) if row.height else None
+        return (row["source_record_id"][0] or row["doc_id"][0]) if row.height else None
 
     return {
         "duplicate_doc": name(duplicate),
@@ -128,20 +170,33 @@ def _examples(decisions_path: str) -> dict:
     }
 
 
-def _summary(verified, suite, files, prepared, copied: dict | None, stored: Path, home: Path) -> VerbResult:
+def _audit_commands(key: str, examples: dict, word) -> list[str]:
+    """The audit commands to suggest, each id one shell word made by `word`."""
+    commands = [f"ito audit manifest {key}"]
+    commands += [f"ito audit doc {word(examples[k])}" for k in ("duplicate_doc", "contaminated_doc") if examples[k]]
+    commands += [f"ito audit eval-item {word(examples['eval_item'])}"] if examples["eval_item"] else []
+    return commands
+
+
+def _summary(verified, suite, files, prepared, copied: dict | None, stored: Path, home: Path,
+             sources: list[dict]) -> VerbResult:
+    """`sources`: the sources stage's counts per source (`_source_counts`), in the files' order."""
     c, shards = prepared.clean.conservation, prepared.clean.shards
     key = verified.short_digest
     examples = _examples(prepared.clean.decisions.path)
-    audit = [f"ito audit manifest {key}"]
-    audit += [f"ito audit doc {examples[k]}" for k in ("duplicate_doc", "contaminated_doc") if examples[k]]
-    audit += [f"ito audit eval-item {examples['eval_item']}"] if examples["eval_item"] else []
+    audit = _audit_commands(key, examples, _shell_word)
+    empty = sum(s["num_empty_skipped"] for s in sources)
+    read = c.num_input + empty  # the documents are the records read less the empty ones skipped
     data = {
         "name": verified.manifest.name,
         "manifest_digest": verified.digest,
         "manifest_key": key,
         "manifest_path": str(stored),
         "eval_suite": {"id": suite.suite_id, "digest": suite.digest, "num_items": len(suite.items)},
-        "sources": [{"uri": f.uri, "sha256": f.sha256, "format": f.format, "num_bytes": f.num_bytes} for f in files],
+        "sources": [{"uri": f.uri, "sha256": f.sha256, "format": f.format, "num_bytes": f.num_bytes,
+                     "num_records": n["num_documents"] + n["num_empty_skipped"], "num_documents": n["num_documents"],
+                     "num_empty_skipped": n["num_empty_skipped"]} for f, n in zip(files, sources, strict=True)],
+        "records": {"read": read, "documents": c.num_input, "empty_skipped": empty},
         "documents": {"input": c.num_input, "kept": c.num_kept, "duplicate": c.num_duplicate,
                       "contaminated": c.num_contaminated, "contaminated_dropped": c.num_contaminated_dropped,
                       "contaminated_cut": c.num_contaminated_cut, "clean_rows": c.num_clean_rows},
@@ -161,13 +216,17 @@ def _summary(verified, suite, files, prepared, copied: dict | None, stored: Path
         f"eval suite {suite.suite_id}: {suite.digest}, {len(suite.items)} items",
         f"documents: {c.num_input:,} in, {c.num_kept:,} kept, {c.num_duplicate:,} duplicates, "
         f"{c.num_contaminated:,} contaminated ({c.num_contaminated_dropped:,} dropped, {c.num_contaminated_cut:,} cut)",
-        f"conservation: {c.num_kept:,} + {c.num_duplicate:,} + {c.num_contaminated:,} = {c.num_input:,}; "
+        f"conservation: {c.num_kept:,} + {c.num_duplicate:,} + {c.num_contaminated:,} = {c.num_input:,} documents "
+        f"+ {empty:,} empty skipped = {read:,} records read; "
         f"{prepared.num_checks_passed} checks passed" + (f", warnings: {', '.join(prepared.warnings)}" if prepared.warnings else ""),
         f"clean shards: {len(shards.shards)} file(s), {shards.num_rows:,} rows, in {shards.folder}",
         f"decisions (one row per input document): {prepared.clean.decisions.path}",
     ]
+    if empty:
+        text.append(f"empty records: {empty:,} with an empty or whitespace-only text, skipped: not documents, so in no "
+                    "decision and not found by `ito audit doc` (`ito audit manifest` counts them per source)")
     if copied:
         text.append(f"copied to {copied['folder']}: clean/ ({len(copied['clean_shards'])} file(s)), decisions.parquet, {_MANIFEST_COPY}")
     text += [f"Dagster run {prepared.run_id} in {home} (see it with `make ui`)",
-             "trace a document:", *(f"  {command}" for command in audit)]
+             "trace a document:", *(f"  {command}" for command in _audit_commands(key, examples, _printable_word))]
     return VerbResult(data=data, live_api_contacted=False, text=text)
