@@ -11,7 +11,9 @@ signatures: ito keeps its own, 7-9% of its CPU from read to decisions, so that d
 same).
 
 Shapes: S shingles in total, N documents, P = num_perm. The kernel works on blocks of whole
-documents holding about BLOCK_SHINGLES shingles, so the (P, block) buffer stays in cache.
+documents holding about BLOCK_SHINGLES shingles, so the (P, block) buffer stays in cache; a
+document longer than a block is taken in block-wide slices, so no buffer grows with a document
+(one of 10.8 MB took a (P, S) buffer: 833 MB more peak and 1.38 s, against 176 MB and 0.37 s).
 """
 
 from __future__ import annotations
@@ -149,11 +151,18 @@ class MinHasher:
             j = max(int(np.searchsorted(nonempty_starts, first + BLOCK_SHINGLES, side="right")) - 1, i + 1)
             docs = nonempty[i:j]
             stop = shingles.offsets[docs[-1] + 1]
-            width = int(stop - first)
-            block = buffer[:, :width] if width <= BLOCK_SHINGLES else np.empty((self.num_perm, width), dtype=np.uint32)
-            np.multiply(a, x[first:stop][None, :], out=block)
-            np.add(block, b, out=block)
-            out[:, docs] = np.minimum.reduceat(block, starts[docs] - first, axis=1)
+            if stop - first <= BLOCK_SHINGLES:
+                block = buffer[:, : int(stop - first)]
+                np.multiply(a, x[first:stop][None, :], out=block)
+                np.add(block, b, out=block)
+                out[:, docs] = np.minimum.reduceat(block, starts[docs] - first, axis=1)
+            else:  # one document longer than a block: the minimum of its block-wide slices
+                for low in range(int(first), int(stop), BLOCK_SHINGLES):
+                    high = min(int(stop), low + BLOCK_SHINGLES)
+                    block = buffer[:, : high - low]
+                    np.multiply(a, x[low:high][None, :], out=block)
+                    np.add(block, b, out=block)
+                    np.minimum(out[:, docs[0]], block.min(axis=1), out=out[:, docs[0]])
             i = j
         return out.T.copy()
 
