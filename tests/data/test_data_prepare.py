@@ -321,6 +321,9 @@ def test_a_secret_in_a_flag_is_caught_by_the_manifests_secret_scan(world) -> Non
                            "--eval-suite", str(world["suite"]), "--license", CANARIES["slack"])
     assert status == 1 and _code(document) == "MANIFEST_CONTAINS_SECRET"
     assert CANARIES["slack"] not in json.dumps(document)
+    # The refused manifest is not kept where manifests are stored: it holds the secret.
+    stored = Path(world["env"]["ITO_STATE_DIR"]) / "data-manifests"
+    assert not [f for f in stored.rglob("*") if f.is_file() and CANARIES["slack"].encode() in f.read_bytes()]
 
 
 def test_an_unreadable_eval_suite_is_refused_before_anything_runs(world, tmp_path) -> None:

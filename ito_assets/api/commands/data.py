@@ -72,10 +72,14 @@ def _prepare(args: argparse.Namespace) -> VerbResult:
                                     args.license or corpus.UNSTATED_LICENSE, text_field=args.text_field,
                                     id_field=args.id_field)
     stored = corpus.store_manifest(settings.data_manifests_dir, document)
-    # Read back the way every manifest is read: secure read, strict JSON, secret scan, schema.
-    verified = verify.verify_data_manifest(str(stored), max_bytes=settings.max_manifest_bytes)
-    verify.check_expected_digest(verified.digest, Digest.of_bytes(document))
-    verify.require_provenance(verified.manifest)
+    try:
+        # Read back the way every manifest is read: secure read, strict JSON, secret scan, schema.
+        verified = verify.verify_data_manifest(str(stored), max_bytes=settings.max_manifest_bytes)
+        verify.check_expected_digest(verified.digest, Digest.of_bytes(document))
+        verify.require_provenance(verified.manifest)
+    except ItoError:
+        stored.unlink(missing_ok=True)  # refused: never kept (it may hold the secret the scan found)
+        raise
 
     from ito_assets.defs.data import prepare as shell  # Dagster, from here on only
 
