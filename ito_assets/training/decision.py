@@ -5,7 +5,8 @@ budget, the same seeds (paired: seed s gives both arms the same initial weights 
 batch order over their own tokens) and one tokenizer fitted on equal bytes of both, then scored on
 the eval battery. The verdict is a paired test over seeds (verdict.py): GO or NO_GO only
 when the 95% confidence interval of the per-seed difference excludes zero, WITHIN_NOISE when it
-does not, INCONCLUSIVE with a single seed, where the noise is not measured. When the manifest asks
+does not, INCONCLUSIVE with a single seed or seeds that changed neither arm, where the noise is
+not measured. When the manifest asks
 for a minimum detectable effect, the configured seeds are a pilot and their spread sets how many
 seeds are trained in all (Stein's two-stage test, verdict.py).
 

@@ -10,8 +10,10 @@ errors of a pooled, unpaired spread) said GO or NO_GO about equal arms in 18% of
 n = 2 (benchmarks/decision_rule.py). The interval's half-width replaces that band.
 
 - GO: the interval lies above zero; NO_GO: below zero; WITHIN_NOISE: it contains zero.
-- INCONCLUSIVE: fewer than two paired seeds (no noise to test against), or a run whose metric is
-  not finite (a diverged proxy says nothing about its data).
+- INCONCLUSIVE: fewer than two paired seeds (no noise to test against), seeds that changed neither
+  arm (every seed gave each arm the same value: one run repeated, whose zero spread would make any
+  difference, one rounding error included, a GO or NO_GO at p = 0), or a run whose metric is not
+  finite (a diverged proxy says nothing about its data).
 The minimum detectable effect is (t_{1-a/2} + t_{power}) standard errors from the observed spread,
 the usual approximation (Cohen 1988, ch. 2) of the true difference these seeds would find with
 80% power; if the true spread is the observed one, its exact power is lower at few seeds (about
@@ -87,6 +89,15 @@ def _inconclusive(num_seeds: int, difference: float, confidence: float, why: str
                       explanation=why)
 
 
+def _seeds_changed_nothing(candidate: Sequence[float], baseline: Sequence[float]) -> bool:
+    """True when every seed gave each arm the same value: the seeds were not replicates (the seed
+    reached neither arm's training), so there is one measurement and no noise to test against."""
+    return len(set(candidate)) == 1 and len(set(baseline)) == 1
+
+
+_NOT_REPLICATES = "every seed gave each arm the same value: the seeds repeated one run and measured no noise; no decision"
+
+
 def paired_test(candidate: Sequence[float], baseline: Sequence[float], confidence: float) -> PairedTest:
     """The verdict from per-seed values of a lower-is-better metric, paired by position (seed)."""
     if len(candidate) != len(baseline):
@@ -100,6 +111,8 @@ def paired_test(candidate: Sequence[float], baseline: Sequence[float], confidenc
     mean = statistics.fmean(differences)
     if n < 2:
         return _inconclusive(n, mean, confidence, "one seed per arm cannot measure seed-to-seed noise; no decision")
+    if _seeds_changed_nothing(candidate, baseline):
+        return _inconclusive(n, mean, confidence, _NOT_REPLICATES)
     return _t_interval(mean, statistics.stdev(differences) / math.sqrt(n), n - 1, n, confidence, "paired t")
 
 
@@ -124,6 +137,8 @@ def stein_test(candidate: Sequence[float], baseline: Sequence[float], num_pilot:
     n = len(differences)
     if not all(math.isfinite(d) for d in differences):
         return _inconclusive(n, math.nan, confidence, "a run's metric is not finite (a diverged proxy); no decision")
+    if _seeds_changed_nothing(candidate[:num_pilot], baseline[:num_pilot]):
+        return _inconclusive(n, statistics.fmean(differences), confidence, _NOT_REPLICATES)
     pilot_spread = statistics.stdev(differences[:num_pilot])
     return _t_interval(statistics.fmean(differences), pilot_spread / math.sqrt(n), num_pilot - 1, n, confidence,
                        "Stein two-stage paired t")

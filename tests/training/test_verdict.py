@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from ito_assets.training.verdict import Verdict, paired_test
+from ito_assets.training.verdict import Verdict, paired_test, stein_test
 
 # Student's t at 2 degrees of freedom has a closed-form quantile, t_p = (2p - 1) / sqrt(2p(1 - p)):
 # 4.3027 at p = 0.975 and 1.0607 at p = 0.8, as printed tables give them.
@@ -111,3 +111,29 @@ def test_false_decisions_between_equal_arms_stay_within_five_percent(num_seeds: 
     false_decisions = false_go + sum(v is Verdict.NO_GO for v in verdicts) / trials
     assert false_decisions <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / trials)
     assert false_go <= 0.025 + 3 * math.sqrt(0.025 * 0.975 / trials)
+
+
+ULP = math.ulp(1.0)
+
+
+@pytest.mark.parametrize("baseline", [[1.0 + ULP] * 3, [1.01] * 3, [0.99] * 3, [1.0] * 3])
+def test_seeds_that_changed_neither_arm_are_inconclusive_never_a_decision_at_p_zero(baseline) -> None:
+    # Every seed gave each arm the same value: one run repeated three times. Their zero spread made
+    # a one-ULP difference a GO at p = 0 (and equal arms WITHIN_NOISE): no noise was measured.
+    for test in (paired_test([1.0] * 3, baseline, 0.95), stein_test([1.0] * 3, baseline, 2, 0.95)):
+        assert test.verdict is Verdict.INCONCLUSIVE and test.p_value is None and test.interval_low is None
+        assert "measured no noise" in test.explanation
+
+
+@pytest.mark.parametrize("varied", ["candidate", "baseline"])
+def test_one_arm_varying_by_one_ulp_is_tested_as_usual(varied: str) -> None:
+    # The other side of the boundary: a seed that moved either arm at all measured something.
+    candidate, baseline = [1.0] * 3, [1.01] * 3
+    (candidate if varied == "candidate" else baseline)[2] += ULP
+    assert paired_test(candidate, baseline, 0.95).verdict is Verdict.GO
+    assert stein_test(candidate + [1.0], baseline + [1.01], 3, 0.95).verdict is Verdict.GO
+
+
+def test_a_stein_pilot_that_changed_neither_arm_is_inconclusive_whatever_later_seeds_did() -> None:
+    test = stein_test([1.0, 1.0, 0.5], [1.2, 1.2, 1.9], 2, 0.95)
+    assert test.verdict is Verdict.INCONCLUSIVE and test.num_seeds == 3
