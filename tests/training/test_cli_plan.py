@@ -69,3 +69,43 @@ def test_bad_flags_are_usage_errors_that_echo_nothing(manifest, change):
 def test_unsafe_manifest_is_refused_by_the_secure_read(manifest):
     result = _run(["plan", "--booking", "bkg_1", "--manifest", "relative/path.json", *HARDWARE, "--json"])
     assert not result["ok"] and result["error"]["code"].startswith("MANIFEST_")
+
+
+def test_the_quote_prices_the_very_bytes_the_plan_was_made_from(manifest, monkeypatch):
+    # The file is rewritten (another budget, another stage length) after the first read: `ito plan`
+    # read it again for the quote, so it printed the first manifest's plan and digest next to the
+    # cost and budget the server priced for the second.
+    import argparse
+
+    from ito_assets.manifest import verify
+
+    changed = json.loads(Path(manifest).read_text())
+    changed["budget"] = {"cap_cents": 5, "max_incremental_cents": 5}
+    real_verify, reads = verify.verify_manifest, []
+
+    def verify_then_rewrite(path, **kwargs):
+        verified = real_verify(path, **kwargs)
+        reads.append(verified.digest)
+        if len(reads) == 1:
+            Path(path).chmod(0o600)
+            write_manifest(Path(path), changed)
+        return verified
+
+    posted = []
+
+    class Client:
+        contacted = True
+
+        def post(self, route, body):
+            posted.append(body["manifest_digest"])
+            booking = {"booking_id": "bkg_123", "gpu_type": "H100", "network": "ib-400g", "num_nodes": 1,
+                       "num_gpus": 8, "price_per_gpu_hour_cents": 250}
+            budget = {"cap_cents": 1, "committed_cents": 0, "left_cents": 1}
+            return {"booking": booking, "cost_cents": 96000, "budget": budget, "manifest_digest": body["manifest_digest"]}
+
+    monkeypatch.setattr(verify, "verify_manifest", verify_then_rewrite)
+    monkeypatch.setattr("ito_assets.api.client_config.connect", lambda **_: Client())
+    args = argparse.Namespace(booking="bkg_123", manifest=manifest, json=True, timeout=5.0,
+                              **{name: None for name in plan._HARDWARE_FLAGS})
+    data = plan._plan(args).data
+    assert posted == [data["manifest_digest"]] == reads[:1]

@@ -14,6 +14,7 @@ API is contacted and there is no bound cost.
 from __future__ import annotations
 
 import argparse
+import base64
 import re
 
 from ito_assets.api.commands.result import VerbResult
@@ -68,14 +69,16 @@ def booked_hardware(booking: dict):
                     price_cents_per_gpu_hour=booking["price_per_gpu_hour_cents"])
 
 
-def _quote(args: argparse.Namespace) -> tuple[dict, bool]:
+def _quote(args: argparse.Namespace, verified) -> tuple[dict, bool]:
+    """The quote for the very bytes the plan was made from: reading the file a second time would
+    let a manifest changed in between be priced while the first one's plan is printed."""
     from ito_assets.api.client_config import connect
-    from ito_assets.api.commands.confirm import read_manifest_for_upload
+    from ito_assets.manifest.verify import require_provenance
 
-    digest, content = read_manifest_for_upload(args.manifest)
+    require_provenance(verified.manifest)  # as the upload's own read refuses it, before anything is sent
     client = connect(timeout_s=args.timeout)
-    quote = client.post("/v1/quotes", {"booking_id": args.booking, "manifest_digest": digest,
-                                       "manifest_b64": content})
+    quote = client.post("/v1/quotes", {"booking_id": args.booking, "manifest_digest": verified.digest,
+                                       "manifest_b64": base64.b64encode(verified.raw.data).decode("ascii")})
     return quote, client.contacted
 
 
@@ -96,7 +99,7 @@ def _plan(args: argparse.Namespace) -> VerbResult:
         run_plan = plan_run(verified.manifest, _offline_hardware(args))  # PlanRefused is PLAN_REFUSED
         data.update(cost_cents=None, plan=run_plan.to_dict())
         return VerbResult(data=data, live_api_contacted=False, notice=OFFLINE_NOTICE, text=_text(data))
-    quote, contacted = _quote(args)
+    quote, contacted = _quote(args, verified)
     run_plan = plan_run(verified.manifest, booked_hardware(quote["booking"]))
     data.update(cost_cents=quote["cost_cents"], budget=quote["budget"], booking=quote["booking"],
                 history=quote.get("history"), plan=run_plan.to_dict())
