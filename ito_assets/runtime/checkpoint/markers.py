@@ -8,7 +8,9 @@ sha256 of that file list (`manifest_sha256`). The shards' digests are the ones e
 while writing them (`digest_writer`); only `.metadata`, and any file no writer reported, is read
 back. A folder is trusted only when that marker exists and every digest still matches (the
 datatrove habit of completion markers, with the digests added because a marker alone does not
-catch a flipped byte).
+catch a flipped byte). The marker also names its owner, the run and stage that wrote it: a folder
+copied or moved in from another run or stage is whole by its own digests but is not this stage's,
+and neither is a folder or file that is a symbolic link (no writer makes one; it points elsewhere).
 
 Verification hashes the files on a pool of threads (`first_mismatch`); `resume` splits them
 among the ranks (`shares`) and agrees on the first bad one, so every rank gives the same answer.
@@ -71,6 +73,7 @@ class Marker:
     spike_history: dict | None = None  # the spike detector's values at this step (`SpikeDetector.state`)
     algorithm: str = LEGACY  # of the files' digests
     manifest_sha256: str | None = None  # None in a marker written before it was recorded
+    owner: dict | None = None  # {"run_key", "stage"} that wrote it; None in a marker from before it was recorded
 
     @property
     def num_bytes(self) -> int:
@@ -87,7 +90,7 @@ def _entry(path: Path, streamed: FileDigest | None) -> tuple[str, int, str]:
 
 
 def write_marker(folder: Path, step: int, *, streamed: Sequence[FileDigest] = (), trained_with: dict | None = None,
-                 spike_history: dict | None = None) -> Marker:
+                 spike_history: dict | None = None, owner: dict | None = None) -> Marker:
     """Write the marker last (atomic rename), with the digests the writers `streamed` and the
     other payload files hashed here, and what trained the weights (a resume under another layout
     reshards them: DCP)."""
@@ -101,7 +104,7 @@ def write_marker(folder: Path, step: int, *, streamed: Sequence[FileDigest] = ()
     files = tuple(_entry(p, by_name.get(p.name)) for p in paths)
     marker = Marker(step=step, metadata_sha256=file_sha256(folder / METADATA_NAME), files=files,
                     trained_with=trained_with, spike_history=spike_history, algorithm=FILE_DIGEST,
-                    manifest_sha256=manifest_sha256(files))
+                    manifest_sha256=manifest_sha256(files), owner=owner)
     write_atomic(folder / MARKER_NAME, json.dumps(_body(marker), sort_keys=True).encode())
     return marker
 
@@ -109,7 +112,8 @@ def write_marker(folder: Path, step: int, *, streamed: Sequence[FileDigest] = ()
 def _body(marker: Marker) -> dict:
     body = {"step": marker.step, "metadata_sha256": marker.metadata_sha256, "files": [list(f) for f in marker.files],
             "file_digest": marker.algorithm, "manifest_sha256": marker.manifest_sha256}
-    for key, value in (("trained_with", marker.trained_with), ("spike_history", marker.spike_history)):
+    for key, value in (("trained_with", marker.trained_with), ("spike_history", marker.spike_history),
+                       ("owner", marker.owner)):
         if value is not None:
             body[key] = value
     return body
@@ -124,7 +128,8 @@ def read_marker(folder: Path) -> Marker | None:
                       trained_with=_dict_or_none(body.get("trained_with")),
                       spike_history=_dict_or_none(body.get("spike_history")),
                       algorithm=str(body.get("file_digest", LEGACY)),
-                      manifest_sha256=None if manifest is None else str(manifest))
+                      manifest_sha256=None if manifest is None else str(manifest),
+                    owner=_dict_or_none(body.get("owner")))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
@@ -133,13 +138,31 @@ def _dict_or_none(value: object) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
-def precheck(folder: Path) -> tuple[Marker | None, str | None]:
-    """Everything but the digests: (the marker, None) when the files may be hashed, else (None, why not)."""
+def owned_by(marker: Marker, owner: dict | None) -> bool:
+    """Whether `marker` may be this `owner`'s (None: any). A marker from before owners were
+    recorded names none and is taken, as such markers were."""
+    return owner is None or marker.owner is None or marker.owner == owner
+
+
+def _has_link(folder: Path) -> bool:
+    return folder.is_symlink() or any(p.is_symlink() for p in folder.iterdir())
+
+
+def precheck(folder: Path, owner: dict | None = None) -> tuple[Marker | None, str | None]:
+    """Everything but the digests: (the marker, None) when the files may be hashed, else (None, why not).
+    `owner`: the run and stage resuming ({"run_key", "stage"}), refusing another's checkpoint."""
+    try:
+        if _has_link(folder):
+            return None, "a symbolic link in place of the folder or one of its files"
+    except OSError:
+        return None, "the folder cannot be listed"
     marker = read_marker(folder)
     if marker is None:
         return None, "no completion marker (partial save)"
     if marker.step != step_of(folder):
         return None, "the marker names another step"
+    if not owned_by(marker, owner):
+        return None, "the marker names another run or stage"
     if marker.algorithm not in ALGORITHMS:
         return None, f"the marker's file digest {marker.algorithm!r} is not known here"
     if marker.manifest_sha256 is not None and marker.manifest_sha256 != manifest_sha256(marker.files):
@@ -184,9 +207,9 @@ def shares(marker: Marker, count: int) -> list[list[int]]:
     return [sorted(indices) for indices in split]
 
 
-def validate(folder: Path, *, threads: int = VERIFY_THREADS) -> str | None:
-    """None when the checkpoint is whole; otherwise why it must be skipped (one process, every file)."""
-    marker, reason = precheck(folder)
+def validate(folder: Path, *, threads: int = VERIFY_THREADS, owner: dict | None = None) -> str | None:
+    """None when the checkpoint is whole (and `owner`'s); otherwise why it must be skipped (one process, every file)."""
+    marker, reason = precheck(folder, owner)
     if marker is None:
         return reason
     index = first_mismatch(folder, marker, range(len(marker.files)), threads=threads)

@@ -51,29 +51,30 @@ def _all_ok(ok: bool, group: dist.ProcessGroup | None) -> bool:
 
 
 def load_latest(stage_dir: Path, state: dict[str, Any], *, rank: int,
-                group: dist.ProcessGroup | None) -> ResumePoint:
-    """Load the newest whole checkpoint of the stage into `state` in place."""
+                group: dist.ProcessGroup | None, owner: dict | None = None) -> ResumePoint:
+    """Load the newest whole checkpoint of the stage (`owner`'s, when given) into `state` in place."""
     skipped: list[Skipped] = []
     paths = _agree([str(p) for p in markers.candidates(stage_dir)] if rank == 0 else None, group)
     for path in map(Path, paths):
-        reason = load_checkpoint(path, state, rank=rank, group=group)
+        reason = load_checkpoint(path, state, rank=rank, group=group, owner=owner)
         if reason is None:
             return ResumePoint(step=markers.step_of(path), path=str(path), skipped=tuple(skipped))
         skipped.append(Skipped(step=markers.step_of(path), reason=reason))
     return ResumePoint(step=None, path=None, skipped=tuple(skipped))
 
 
-def load_checkpoint(path: Path, state: dict[str, Any], *, rank: int, group: dist.ProcessGroup | None) -> str | None:
+def load_checkpoint(path: Path, state: dict[str, Any], *, rank: int, group: dist.ProcessGroup | None,
+                    owner: dict | None = None) -> str | None:
     """Verify (every rank its share, agreed by all) and load one checkpoint; None on success, else why not."""
-    reason = verify(path, rank=rank, group=group)
+    reason = verify(path, rank=rank, group=group, owner=owner)
     return reason if reason is not None else _try_load(path, state, group)
 
 
-def verify(path: Path, *, rank: int, group: dist.ProcessGroup | None) -> str | None:
-    """None when the checkpoint is whole, else why not: the same answer on every rank."""
+def verify(path: Path, *, rank: int, group: dist.ProcessGroup | None, owner: dict | None = None) -> str | None:
+    """None when the checkpoint is whole (and `owner`'s), else why not: the same answer on every rank."""
     if not dist.is_initialized():
-        return markers.validate(path)
-    marker, reason = _agree(markers.precheck(path) if rank == 0 else None, group)
+        return markers.validate(path, owner=owner)
+    marker, reason = _agree(markers.precheck(path, owner) if rank == 0 else None, group)
     if marker is None:
         return reason
     share = markers.shares(marker, dist.get_world_size(group))[dist.get_rank(group)]

@@ -55,6 +55,8 @@ class CheckpointConfig:
     keep_last: int  # CheckpointPolicy.keep_last of the manifest
     # What trained the weights (the layout the worker ran, its fallbacks, the RoPE positions), into every marker.
     trained_with: dict | None = None
+    # The run and stage ({"run_key", "stage"}), into every marker: a resume or a prune takes no other's folder.
+    owner: dict | None = None
 
     def __post_init__(self) -> None:
         if self.interval_steps < 1:
@@ -137,8 +139,8 @@ class Checkpointer:
         self.agree()
         started = time.monotonic()
         folder = markers.checkpoint_dir(self.config.directory, step)
-        if self.rank == 0 and folder.exists():
-            shutil.rmtree(folder)  # a partial save of this step from a killed attempt
+        if self.rank == 0 and (folder.exists() or folder.is_symlink()):
+            _remove(folder)  # a partial save of this step from a killed attempt, or a folder planted there
         _barrier(self.process_group)
         own = _stager() if self._stager is None else None
         writer = DigestingWriter(folder)
@@ -170,7 +172,7 @@ class Checkpointer:
             if self.rank == 0:
                 flight.marker = markers.write_marker(flight.folder, flight.step, streamed=flight.writer.file_digests,
                                                      trained_with=self.config.trained_with,
-                                                     spike_history=flight.spike_history)
+                                                     spike_history=flight.spike_history, owner=self.config.owner)
         except BaseException as error:  # surfaced on the training thread by poll()/wait()
             flight.error = error
         finally:
@@ -230,7 +232,7 @@ class Checkpointer:
             return None
         folder = markers.checkpoint_dir(self.config.directory, failed_step)
         if self.rank == 0 and markers.read_marker(folder) is None:
-            shutil.rmtree(folder, ignore_errors=True)
+            _remove(folder, ignore_errors=True)
         reason = (error.strerror or type(error).__name__) if error is not None else "on another rank"
         failure = SaveFailure(step=failed_step, code=ErrorCode.STORAGE_FULL if full else ErrorCode.CHECKPOINT_STORAGE_INVALID,
                               reason=reason)
@@ -251,7 +253,7 @@ class Checkpointer:
         """Keep the newest `keep_last` whole checkpoints; remove older ones and old partial folders."""
         folders = sorted((markers.step_of(p), p) for p in self.config.directory.iterdir()
                          if p.is_dir() and markers.step_of(p) is not None)
-        whole = [step for step, p in folders if markers.read_marker(p) is not None]
+        whole = [step for step, p in folders if self._whole(p)]
         keep = set(whole[-self.config.keep_last:]) | held_steps(self.config.directory)
         newest_whole = whole[-1] if whole else -1
         in_flight = self._in_flight.step if self._in_flight else None
@@ -259,9 +261,27 @@ class Checkpointer:
         for step, folder in folders:
             if step in keep or step == in_flight or step > newest_whole:
                 continue
-            shutil.rmtree(folder, ignore_errors=True)
+            _remove(folder, ignore_errors=True)
             removed.append(step)
         return removed
+
+    def _whole(self, folder: Path) -> bool:
+        """Marked, this stage's and not a link: a folder planted from elsewhere never counts toward
+        `keep_last`, else a newer one would have this stage's own checkpoints pruned."""
+        marker = markers.read_marker(folder)
+        return marker is not None and not folder.is_symlink() and markers.owned_by(marker, self.config.owner)
+
+
+def _remove(folder: Path, *, ignore_errors: bool = False) -> None:
+    """A link goes, never what it points to (rmtree refuses a link; following it would delete another's folder)."""
+    if folder.is_symlink():
+        try:
+            folder.unlink()
+        except OSError:
+            if not ignore_errors:
+                raise
+        return
+    shutil.rmtree(folder, ignore_errors=ignore_errors)
 
 
 def _barrier(group: dist.ProcessGroup | None) -> None:

@@ -100,7 +100,7 @@ class StageWorker:
         self.optimizer = build_optimizer(self.model, self.train_config)
         self.checkpointer = Checkpointer(CheckpointConfig(directory=self.stage_dir, interval_steps=config.interval_steps,
                                                           keep_last=config.keep_last,
-                                                          trained_with=self.trained_with()),
+                                                          trained_with=self.trained_with(), owner=self.owner()),
                                          process_group=group.checkpoint_group, rank=self.rank)
         self.heartbeat = HeartbeatWriter(Path(config.heartbeat_dir), rank=self.rank, attempt=config.attempt)
         self.stop = distributed.StopFlag(group.device)
@@ -226,9 +226,14 @@ class StageWorker:
 
     # --- resume, save, finish -------------------------------------------------------------------
 
+    def owner(self) -> dict:
+        """Whose checkpoints this stage folder's are: into every marker, and required of the one resumed."""
+        return {"run_key": self.config.run_key, "stage": self.config.stage}
+
     def resume(self) -> tuple[int, int]:
         state = train_state.template(self.model, self.optimizer, rank=self.rank)
-        point = resume.load_latest(self.stage_dir, state, rank=self.rank, group=self.group.checkpoint_group)
+        point = resume.load_latest(self.stage_dir, state, rank=self.rank, group=self.group.checkpoint_group,
+                                   owner=self.owner())
         for skipped in point.skipped:
             self.log(f"skipped checkpoint step {skipped.step}: {skipped.reason}")
         step, position = 0, 0
@@ -418,7 +423,8 @@ class StageWorker:
         if store.pending():
             self.log(f"{spike.metric} spike at step {spike.step}; a proposal is already pending")
             return
-        whole = [markers.step_of(p) for p in markers.candidates(self.stage_dir) if markers.read_marker(p) is not None]
+        whole = [markers.step_of(p) for p in markers.candidates(self.stage_dir)
+                 if (m := markers.read_marker(p)) is not None and markers.owned_by(m, self.owner()) and not p.is_symlink()]
         restart, skip_first, skip_end = proposals.plan_restart(
             spike.step, spike_position, whole_steps=whole, next_positions=self.next_positions,
             rewind_steps=self.config.spike_rewind_steps)
