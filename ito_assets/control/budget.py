@@ -5,9 +5,9 @@ The cap belongs to the manifest (its digest binds `budget.cap_cents`) and is sha
 booking the account trains it on, so the lock is the (account, manifest) row of `budgets`, not a
 booking's row. A run commits its confirmed cost when it is created: it is `reserved` while active
 and `spent` once it ended, whatever its end. The one exception: a run that ended `gate_failed`
-without ever becoming running (its authorization no longer held when its job began) used no
-compute and gives its cost back. A run that trained and then failed a gate (an eval gate, a
-booking revoked between stages) keeps its cost spent: the cap bounds what was trained on.
+before its training started (no stage launched: its authorization, the data decision or the plan
+refused it) used no compute and gives its cost back. A run that trained and then failed a gate (an
+eval gate, a booking revoked between stages) keeps its cost spent: the cap bounds what was trained on.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def lock(conn: sa.Connection, account_id: str, manifest_digest: str, *, now: int
 def committed(conn: sa.Connection, account_id: str, manifest_digest: str) -> tuple[int, int, int]:
     """(spent, reserved, number of runs) of this account's runs of this manifest, in one query.
 
-    Only a gate_failed run that never started (no `started_at`) is left out."""
+    Only a gate_failed run whose training never started (no `started_at`) is left out."""
     active = runs.c.state.in_([s.value for s in ACTIVE_RUN_STATES])
     never_started_gate_failed = sa.and_(runs.c.state == RunState.GATE_FAILED.value, runs.c.started_at.is_(None))
     query = sa.select(

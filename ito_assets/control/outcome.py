@@ -5,7 +5,7 @@ A run stopped by a gate (its authorization no longer holds, or an eval gate fail
 ends `succeeded`; any other end of a run whose cancellation was confirmed is `cancelled`, and of
 any other run `failed`. A run already in a terminal state is left as it is, so a
 repeated report (a retried sensor tick, `make run` and the daemon both seeing it) is harmless.
-A `gate_failed` run that had become running keeps its cost spent in the budget (control/budget.py).
+A `gate_failed` run whose training had started keeps its cost spent in the budget (control/budget.py).
 """
 
 from __future__ import annotations

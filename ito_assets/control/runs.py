@@ -35,7 +35,7 @@ class Run:
     updated_at: int
     finished_at: int | None
     cleaned_at: int | None
-    started_at: int | None  # when it first became running; None while it never started
+    started_at: int | None  # when its first training stage launched (mark_training_started); None before
 
     def to_dict(self) -> dict:
         """The public view (train and status data): stable identifiers and the state enum. The
@@ -180,17 +180,31 @@ def transition(conn: sa.Connection, run: Run, state: RunState, *, now: int, reas
     if state not in RUN_TRANSITIONS[run.state]:
         raise ItoError(ErrorCode.USAGE_ERROR, f"a {run.state.value} run cannot become {state.value}")
     finished = now if state in TERMINAL_RUN_STATES else None
-    # The first move into running is when compute starts being spent: kept, never moved again.
-    started = now if state is RunState.RUNNING and run.started_at is None else run.started_at
     changed = conn.execute(runs.update().where(runs.c.run_id == run.run_id, runs.c.state == run.state.value)
                            .values(state=state.value, state_reason=reason, updated_at=now,
-                                   finished_at=finished, started_at=started)).rowcount
+                                   finished_at=finished)).rowcount
     if changed != 1:
         raise ItoError(ErrorCode.IDEMPOTENCY_KEY_IN_FLIGHT, "the run changed concurrently; retry")
     audit.record(conn, now, f"run_{state.value}", actor=actor, account_id=run.account_id,
                  subject=run.run_id, previous_state=run.state.value, reason=reason)
     return Run(**{**{f: getattr(run, f) for f in _COLUMNS}, "state": state, "state_reason": reason,
-                  "updated_at": now, "finished_at": finished, "started_at": started})
+                  "updated_at": now, "finished_at": finished})
+
+
+def mark_training_started(ledger: Ledger, run_id: str) -> Run:
+    """Record that the run's compute is being spent: called as its first training stage launches
+    (not when it becomes running: the data decision and plan gates still refuse after that). From
+    then on its cost stays spent whatever its end (control/budget.py). Set once, never moved."""
+    now = ledger.now()
+    with ledger.write() as conn:
+        run = load(conn, run_id, for_update=True)
+        if run is None:
+            raise ItoError(ErrorCode.RUN_NOT_FOUND, "no such run")
+        if run.started_at is not None:
+            return run
+        conn.execute(runs.update().where(runs.c.run_id == run_id, runs.c.started_at.is_(None)).values(started_at=now))
+        audit.record(conn, now, "run_training_started", actor="dagster", account_id=run.account_id, subject=run_id)
+        return Run(**{**{f: getattr(run, f) for f in _COLUMNS}, "started_at": now})
 
 
 def set_state(ledger: Ledger, run_id: str, state: RunState, *, reason: str | None = None,

@@ -143,23 +143,28 @@ def test_gate_failed_runs_give_their_spend_back_to_the_cap(world) -> None:
 # --- a gate that fails after the run started: its cost stays spent -------------------------------
 
 def _end(world, run_id: str, path: tuple[str, ...]) -> None:
-    """Move a run along `path` through the state machine, as the Dagster shell reports it."""
+    """Move a run along `path` through the state machine, as the Dagster shell reports it;
+    "trained" is a stage launching its workers (`runs.mark_training_started`)."""
     from ito_assets.control import runs
     from ito_assets.control.states import RunState
 
     for state in path:
         world.clock.now += 1
-        runs.set_state(world.ledger, run_id, RunState(state), reason="EVAL_GATE_FAILED" if state == "gate_failed" else None)
+        if state == "trained":
+            runs.mark_training_started(world.ledger, run_id)
+        else:
+            runs.set_state(world.ledger, run_id, RunState(state), reason="EVAL_GATE_FAILED" if state == "gate_failed" else None)
 
 
-# (path to gate_failed, cap in runs, whether a third run fits): a started run keeps its cost even
-# when a gate fails afterwards; only a run that never started gives it back.
+# (path to gate_failed, cap in runs, whether a third run fits): a run whose training started keeps
+# its cost even when a gate fails afterwards; only a run no stage of which launched gives it back.
 GATE_FAILED_AFTER = [
-    (("running", "gate_failed"), 2, False),                 # the reviewer's case: cap exactly two runs
-    (("running", "gate_failed"), 3, True),                  # one run's room more: the third fits
-    (("running", "cancelling", "gate_failed"), 2, False),   # cancel asked while running, then a gate
-    (("gate_failed",), 2, True),                            # refused before starting: cost given back
-    (("cancelling", "gate_failed"), 2, True),               # cancel asked while queued, never started
+    (("running", "trained", "gate_failed"), 2, False),                # an eval gate after pretraining: cap exactly two runs
+    (("running", "trained", "gate_failed"), 3, True),                 # one run's room more: the third fits
+    (("running", "trained", "cancelling", "gate_failed"), 2, False),  # cancel asked while training, then a gate
+    (("running", "gate_failed"), 2, True),                            # running, but the data decision or plan refused
+    (("gate_failed",), 2, True),                                      # refused before running: cost given back
+    (("cancelling", "gate_failed"), 2, True),                         # cancel asked while queued, never started
 ]
 
 
@@ -173,7 +178,7 @@ def test_a_run_that_started_keeps_its_cost_when_a_gate_fails_later(world, path, 
     world.booking_id = world.booking()
     train(world, world.confirm_train(manifest=capped), "key-started-02", capped)
     _end(world, first.run_id, path)
-    started = "running" in path
+    started = "trained" in path
     with world.ledger.read() as conn:
         state = budget.state(conn, world.account.account_id, capped.digest, capped.manifest.budget)
     assert (state.spent_cents, state.reserved_cents, state.num_runs) == (
@@ -199,21 +204,26 @@ def test_a_confirmation_issued_before_the_started_run_gate_failed_is_refused_at_
     (second_booking, second_ref), (third_booking, third_ref) = bookings_and_refs
     world.booking_id = second_booking
     train(world, second_ref, "key-before-002", capped)
-    _end(world, first.run_id, ("running", "gate_failed"))
+    _end(world, first.run_id, ("running", "trained", "gate_failed"))
     world.booking_id = third_booking
     assert code_of(lambda: train(world, third_ref, "key-before-003", capped)) is ErrorCode.BUDGET_EXCEEDED
     assert counts(world) == (2, 2)
 
 
-def test_started_at_is_set_by_the_first_move_into_running_and_never_moved(world) -> None:
-    from ito_assets.control import runs
+def test_started_at_is_set_when_a_stage_launches_and_never_moved(world) -> None:
+    from ito_assets.control import audit, runs
 
     run = train(world, world.confirm_train(), "key-startedat1", verified()).run
     assert run.started_at is None and run.to_dict()["started_at"] is None
     world.clock.now = T0 + 10
-    assert runs.set_state(world.ledger, run.run_id, runs.RunState.RUNNING).started_at == T0 + 10
+    assert runs.set_state(world.ledger, run.run_id, runs.RunState.RUNNING).started_at is None  # gates may still refuse
+    world.clock.now = T0 + 15
+    assert runs.mark_training_started(world.ledger, run.run_id).started_at == T0 + 15
     world.clock.now = T0 + 20
-    assert runs.set_state(world.ledger, run.run_id, runs.RunState.CANCELLING).started_at == T0 + 10
+    assert runs.mark_training_started(world.ledger, run.run_id).started_at == T0 + 15  # a later stage keeps it
+    assert runs.set_state(world.ledger, run.run_id, runs.RunState.CANCELLING).started_at == T0 + 15
     world.clock.now = T0 + 30
     done = runs.set_state(world.ledger, run.run_id, runs.RunState.GATE_FAILED, reason="EVAL_GATE_FAILED")
-    assert (done.started_at, runs.get(world.ledger, run.run_id).started_at) == (T0 + 10, T0 + 10)
+    assert (done.started_at, runs.get(world.ledger, run.run_id).started_at) == (T0 + 15, T0 + 15)
+    marks = [e for e in audit.events(world.ledger, subject=run.run_id) if e.kind == "run_training_started"]
+    assert [e.at for e in marks] == [T0 + 15]  # audited once

@@ -35,6 +35,7 @@ from ito_assets.control.ledger import runs as ledger_runs
 from ito_assets.control import telemetry as ledger_telemetry
 from ito_assets.control.create_run import TrainRequest
 from ito_assets.control.ledger import open_ledger
+from ito_assets.control import runs as ledger_runs_module
 from ito_assets.manifest import discovery
 from ito_assets.settings import load_settings
 
@@ -226,6 +227,8 @@ def test_a_failed_gate_stops_the_run_and_stays_failed_on_retry(tmp_path, instanc
     assert gates["pretraining_eval_gate"] is False
     materialized = {e.asset_key.to_user_string() for e in first.get_asset_materialization_events()}
     assert "pretraining_checkpoint" in materialized and "mid_training_checkpoint" not in materialized
+    run, _, ledger = ledger_run
+    assert ledger_runs_module.get(ledger, run.run_id).started_at is not None  # it trained: its cost stays spent
 
     retry = _materialize(tmp_path, instance, _runtime(), ledger_run)  # with a policy it would now pass
     assert not retry.success
@@ -242,3 +245,5 @@ def test_a_prepared_record_edited_after_confirmation_is_refused_before_training(
     assert failure.step_key == "pretraining_checkpoint"
     assert failure.event_specific_data.user_failure_data.metadata["error_code"].value == "MANIFEST_DIGEST_MISMATCH"
     assert not (Path(ledger_run[0].checkpoint_dir) / "pretraining").exists()
+    # No stage launched: a gate_failed end gives the run's cost back to the manifest's cap.
+    assert ledger_runs_module.get(ledger_run[2], ledger_run[0].run_id).started_at is None

@@ -24,7 +24,7 @@ from ito_assets.defs.training.launcher import TrainingLauncherResource
 from ito_assets.defs.training.resources import TrainingRuntimeResource
 from ito_assets.defs.resources import ItoSettingsResource, LedgerResource
 from ito_assets.runtime.stage.run import StageCheckpoint
-from ito_assets.defs.workload.live import require_live_authorization
+from ito_assets.defs.workload.live import mark_training_started, require_live_authorization
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.discovery import ManifestVerdict
 from ito_assets.manifest.schema import STAGE_ORDER, Manifest
@@ -151,6 +151,7 @@ def _stage(context, ito: ItoSettingsResource, posttraining: PostTrainingResource
         step = _recipe_step(live.manifest.manifest, kind)
         run_dir = RunLayout.for_run(checkpoint_dir, run_id).run_dir
         VerdictStore(run_dir).ensure_not_failed(STAGE_ORDER)
+        mark_training_started(ledger, run_id)
         outcome = run_stage(step, start=start, data_root=ito.settings().data_root, out_dir=run_dir / "posttraining",
                             runtime=posttraining.runtime(),
                             launch=None if worker is None else worker.launch(context, run_id))

@@ -20,7 +20,7 @@ from ito_assets.defs.manifest.partitions import TRAINED_ONE_OF_TWO, manifests_pa
 from ito_assets.defs.resources import ItoSettingsResource, LedgerResource, WAREHOUSE_POOL
 from ito_assets.defs.training.launcher import TrainingLauncherResource
 from ito_assets.defs.training.resources import TrainingRuntimeResource
-from ito_assets.defs.workload.live import require_live_authorization
+from ito_assets.defs.workload.live import mark_training_started, require_live_authorization
 from ito_assets.defs.training.stage_outcome import outcome_metadata
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.evals.suite import EvalSuite, load_suite
@@ -167,6 +167,7 @@ def _run_stage(context, res: _StageResources, inputs: dict, previous, name: str)
     except ValueError as error:
         raise dg.Failure(description=f"training_launcher: {error}") from None
     ready = stage_run.prepare(config, supervisor)
+    mark_training_started(res.ledger, run_id)
     res.pipes.run(context=context, command=list(ready.command))
     policy = res.runtime.gate_policy(manifest.training_target.eval_gate)
     with res.ledger.open() as opened:

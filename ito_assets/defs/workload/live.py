@@ -49,3 +49,10 @@ def require_live_authorization(context: dg.AssetExecutionContext, ledger: Ledger
     if prepared is not None and (prepared.digest != granted.manifest_digest or prepared.manifest != confirmed.manifest):
         raise _refuse(ErrorCode.MANIFEST_DIGEST_MISMATCH, "the manifest prepared is not the one confirmed", step)
     return LiveRun(run_id, Path(granted.checkpoint_dir), confirmed)
+
+
+def mark_training_started(ledger: LedgerResource, run_id: str) -> None:
+    """Just before a stage launches its workers: from here the run's cost stays spent whatever its
+    end (a gate refusing before this point gives it back)."""
+    with ledger.open() as opened:
+        runs.mark_training_started(opened, run_id)

@@ -1,9 +1,10 @@
-"""`runs.started_at`: when a run first became running. The budget keeps a run's cost spent once it
-started, whatever its end (a gate that fails after training no longer gives its cost back).
+"""`runs.started_at`: when a run's training started (its first stage launched). The budget keeps a
+run's cost spent once it started, whatever its end (a gate that fails after training no longer
+gives its cost back).
 
-Existing rows are backfilled from the append-only audit trail: the earliest `run_running` event
-of the run (written in the same transaction as every move into running). A run with no such event
-never started.
+Existing rows are backfilled from the append-only audit trail, erring towards the cap: the earliest
+`run_running` event of the run (before this revision nothing marked a stage's launch, and a run
+that became running may have trained). A run with no such event never started.
 
 Revision ID: 0003
 Revises: 0002
