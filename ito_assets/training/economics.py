@@ -2,8 +2,9 @@
 costs, and whether the gain is worth that cost.
 
 The decision job is priced as if run on the booked hardware: its total tokens (every arm and seed)
-planned with the same planner and the booking's price. The full run is the manifest's plan, priced
-by the same planner the confirmation charges from.
+planned with the same planner and the booking's price. The full run is the manifest's plan at the
+planner's compute cost: the decision is taken in preparation, before any booking, so it judges what
+the run's own steps cost; a confirmation later charges the whole booked block, which is at least that.
 
 Worth it binds (a GO that is not is NOT_WORTH_IT, `decision_gate`): the relative improvement must
 reach `min_relative_improvement`, and the full run's cost per percentage point of improvement must
