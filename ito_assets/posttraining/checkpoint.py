@@ -2,11 +2,14 @@
 
 `torch.save` of the state dict (the stages here are single-process); the sharded, asynchronous
 torch.distributed.checkpoint path of the pretraining runtime takes over on a cluster. A checkpoint
-is loaded only when its bytes still hash to the recorded digest.
+is loaded only when its bytes still hash to the recorded digest: the file is read once, and the
+bytes hashed are the bytes loaded (a file replaced between a check and a second read is never loaded).
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,8 +51,11 @@ def save_policy(policy: CausalLM, path: Path, *, stage: str, policy_version: int
 
 def load_policy(policy: CausalLM, record: CheckpointRecord) -> CausalLM:
     """Load `record` into `policy` (same architecture) after checking its digest."""
-    path = Path(record.path)
-    if not path.is_file() or file_sha256(path) != record.sha256:
+    try:
+        data = Path(record.path).read_bytes()  # once: what is hashed is what is loaded
+    except OSError:
+        data = None
+    if data is None or hashlib.sha256(data).hexdigest() != record.sha256:
         raise ItoError(ErrorCode.CHECKPOINT_DIGEST_MISMATCH, f"the {record.stage} checkpoint is missing or changed")
-    policy.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+    policy.load_state_dict(torch.load(io.BytesIO(data), map_location="cpu", weights_only=True))
     return policy

@@ -116,6 +116,25 @@ def test_checkpoint_round_trip_and_tamper_detection(tmp_path):
     assert caught.value.code is ErrorCode.CHECKPOINT_DIGEST_MISMATCH
 
 
+def test_checkpoint_swapped_after_its_digest_check_is_never_loaded(tmp_path, monkeypatch):
+    """The file is replaced by another valid checkpoint between the digest check and the load
+    (torch.load is where a second read would happen): the weights loaded are the checked ones."""
+    policy = _policy()
+    record = save_policy(policy, tmp_path / "sft" / "policy.pt", stage="sft", policy_version=12)
+    swapped = seeded(seed=2).factory()()
+    impostor = save_policy(swapped, tmp_path / "other" / "policy.pt", stage="sft", policy_version=1)
+    real_load = torch.load
+
+    def swap_then_load(source, *args, **kwargs):
+        Path(impostor.path).replace(record.path)
+        return real_load(source, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", swap_then_load)
+    loaded = load_policy(seeded(seed=1).factory()(), record)
+    assert Path(record.path).read_bytes() != b"" and not Path(impostor.path).exists()  # the swap happened
+    assert all(torch.equal(a, b) for a, b in zip(policy.state_dict().values(), loaded.state_dict().values()))
+    assert not all(torch.equal(a, b) for a, b in zip(swapped.state_dict().values(), loaded.state_dict().values()))
+
 def _eval(per_task: list[float]) -> RewardEval:
     return RewardEval(mean_reward=sum(per_task) / len(per_task), per_task=tuple(per_task), greedy_accuracy=0.0,
                       num_tasks=len(per_task), num_samples=8)
