@@ -25,6 +25,7 @@ whether to go on. Any other failure still raises.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import threading
 import time
@@ -46,6 +47,8 @@ from ito_assets.runtime.checkpoint.digest_writer import DigestingWriter
 from ito_assets.runtime.checkpoint.holds import held_steps
 from ito_assets.runtime.checkpoint.markers import Marker
 from ito_assets.runtime.checkpoint.registry import CheckpointRecord
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -254,7 +257,12 @@ class Checkpointer:
         folders = sorted((markers.step_of(p), p) for p in self.config.directory.iterdir()
                          if p.is_dir() and markers.step_of(p) is not None)
         whole = [step for step, p in folders if self._whole(p)]
-        keep = set(whole[-self.config.keep_last:]) | held_steps(self.config.directory)
+        try:
+            held = held_steps(self.config.directory)
+        except OSError as error:  # holds unknown: pruning now could delete a held checkpoint
+            _log.warning("not pruning: the holds folder cannot be read (%s)", error)
+            return []
+        keep = set(whole[-self.config.keep_last:]) | held
         newest_whole = whole[-1] if whole else -1
         in_flight = self._in_flight.step if self._in_flight else None
         removed = []
