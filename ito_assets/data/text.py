@@ -114,25 +114,69 @@ def word_hashes(texts: pl.Series) -> TokenHashes:
 
 def _ascii_word_hashes(texts: pl.Series) -> TokenHashes:
     """Word hashes of ASCII texts: words found on the concatenated bytes (Arrow's buffer), lower
-    cased, packed into one Arrow string array and hashed by polars as `hash_words` hashes them."""
+    cased, packed into one Arrow string array and hashed by polars as `hash_words` hashes them.
+    The bytes are taken in pieces of about WORD_PIECE_BYTES cut between words: the per-byte work
+    arrays (~17 bytes a byte of text) stay bounded however long one document is."""
     array = texts.to_arrow(compat_level=pl.CompatLevel.oldest())  # large_string: one buffer
     bounds = np.frombuffer(array.buffers()[1], dtype=np.int64)[array.offset : array.offset + len(array) + 1]
     if len(array) == 0 or bounds[-1] == bounds[0]:
         return TokenHashes(np.zeros(0, dtype=np.uint64), np.zeros(len(array) + 1, dtype=np.int64))
     data = np.frombuffer(array.buffers()[2], dtype=np.uint8)[bounds[0] : bounds[-1]]
     bounds = bounds - bounds[0]
-    folded = data | np.uint8(0x20)
-    letter = (folded - np.uint8(ord("a"))) < np.uint8(26)  # uint8 arithmetic wraps below "a"
-    word = letter | ((data - np.uint8(ord("0"))) < np.uint8(10))
+    hashes, offsets, words_before = [], np.empty(len(bounds), dtype=np.int64), 0
+    for low, high in _pieces_between_words(data):
+        inside = bounds[(bounds > low) & (bounds < high)] - low
+        starts, piece_hashes = _piece_word_hashes(data[low:high], np.concatenate([[0], inside, [high - low]]))
+        # Words before each document start that lies in this piece (the last piece: its end too).
+        here = (bounds >= low) & ((bounds < high) | (high == len(data)))
+        offsets[here] = words_before + np.searchsorted(starts, bounds[here] - low)
+        words_before += len(starts)
+        hashes.append(piece_hashes)
+    return TokenHashes(hashes=np.concatenate(hashes), offsets=offsets)
+
+
+# Bytes of text a piece of `_ascii_word_hashes` holds (its work arrays ~17x that): 4 MiB.
+WORD_PIECE_BYTES = 1 << 22
+
+
+def _word_bytes_mask(data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(letter, word): which bytes are ASCII letters, which are [0-9A-Za-z]."""
+    letter = ((data | np.uint8(0x20)) - np.uint8(ord("a"))) < np.uint8(26)  # uint8 arithmetic wraps below "a"
+    return letter, letter | ((data - np.uint8(ord("0"))) < np.uint8(10))
+
+
+def _pieces_between_words(data: np.ndarray) -> list[tuple[int, int]]:
+    """[low, high) pieces of about WORD_PIECE_BYTES covering `data`, each cut at a byte that is no
+    word's (a word never spans two pieces; one longer than a piece keeps its piece going)."""
+    pieces, low = [], 0
+    while len(data) - low > WORD_PIECE_BYTES:
+        cut = low + WORD_PIECE_BYTES
+        while cut < len(data):
+            gaps = np.flatnonzero(~_word_bytes_mask(data[cut : cut + 65_536])[1])
+            if len(gaps):
+                cut += int(gaps[0])
+                break
+            cut += 65_536
+        if cut >= len(data):
+            break
+        pieces.append((low, cut))
+        low = cut
+    pieces.append((low, len(data)))
+    return pieces
+
+
+def _piece_word_hashes(data: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(word start offsets, word hashes) of one piece of ASCII bytes whose documents start at `bounds`."""
+    letter, word = _word_bytes_mask(data)
     starts, ends = _runs(word, bounds)
+    if not len(starts):
+        return starts, np.zeros(0, dtype=np.uint64)
     lengths = ends - starts
     packed = np.zeros(len(starts) + 1, dtype=np.int64)
     np.cumsum(lengths, out=packed[1:])
     lowered = (data | (letter.view(np.uint8) << np.uint8(5)))[word]
     words = pa.Array.from_buffers(pa.large_string(), len(starts), [None, pa.py_buffer(packed), pa.py_buffer(lowered)])
-    offsets = np.searchsorted(starts, bounds).astype(np.int64)  # words before each document start
-    hashes = hash_words(pl.Series(words)) if len(starts) else np.zeros(0, dtype=np.uint64)
-    return TokenHashes(hashes=hashes, offsets=offsets)
+    return starts, hash_words(pl.Series(words))
 
 
 def _runs(word: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

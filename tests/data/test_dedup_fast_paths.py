@@ -9,6 +9,7 @@ import unicodedata
 
 import numpy as np
 import polars as pl
+import pytest
 
 from ito_assets.data.exact_units import text_hashes
 from ito_assets.data.minhash import shingle_lists
@@ -52,6 +53,21 @@ def test_word_hashes_equal_token_hashes() -> None:
     rng = random.Random(5)
     for _ in range(2000):
         texts = _random_texts(rng)
+        fast, reference = word_hashes(texts), token_hashes(texts, digits_normalized=False)
+        assert np.array_equal(fast.hashes, reference.hashes) and np.array_equal(fast.offsets, reference.offsets), texts.to_list()
+
+
+@pytest.mark.parametrize("piece_bytes", [1, 2, 7, 64])
+def test_word_hashes_taken_in_pieces_equal_token_hashes(monkeypatch, piece_bytes) -> None:
+    """The bytes cut into pieces between words (one document across many pieces, a word longer
+    than a piece, pieces that end on a document's edge): the regex's hashes and offsets."""
+    from ito_assets.data import text
+
+    monkeypatch.setattr(text, "WORD_PIECE_BYTES", piece_bytes)
+    rng = random.Random(piece_bytes)
+    for _ in range(300):
+        texts = pl.Series([" ".join(rng.choice(["a", "Bc", "x" * rng.randint(1, 90), "9z", "--", ""]) for _ in range(rng.randint(0, 30)))
+                           for _ in range(rng.randint(1, 6))])
         fast, reference = word_hashes(texts), token_hashes(texts, digits_normalized=False)
         assert np.array_equal(fast.hashes, reference.hashes) and np.array_equal(fast.offsets, reference.offsets), texts.to_list()
 
