@@ -149,7 +149,7 @@ class StageWorker:
         """The frozen policy KL is measured against: the stage's start (`init_from`), else the seed's."""
         reference = build_model(self.model.config, seed=self.config.seed, device=self.group.device)
         if self.config.init_from:
-            reason = train_state.load_weights(reference, Path(self.config.init_from))
+            reason = train_state.load_weights(reference, Path(self.config.init_from), owner=self.init_owner())
             if reason is not None:
                 raise RuntimeError(f"the stage's starting checkpoint cannot be used as the reference: {reason}")
         return reference.requires_grad_(False)
@@ -230,6 +230,14 @@ class StageWorker:
         """Whose checkpoints this stage folder's are: into every marker, and required of the one resumed."""
         return {"run_key": self.config.run_key, "stage": self.config.stage}
 
+    def init_owner(self) -> dict:
+        """Who must have written `init_from`: this run, and the stage whose folder holds it. A
+        worker's checkpoints lie in `<run>/<stage>/step-N` (`RunLayout.stage_dir`), and a chain that
+        leaves a stage out hands on an earlier stage's, so the folder, not the list of stages, names
+        the stage. A marker without an owner (written before owners were, or a start folder that
+        no worker wrote: `train_state.save_weights`) is still taken, as on resume."""
+        return {"run_key": self.config.run_key, "stage": Path(self.config.init_from).parent.name}
+
     def resume(self) -> tuple[int, int]:
         state = train_state.template(self.model, self.optimizer, rank=self.rank)
         point = resume.load_latest(self.stage_dir, state, rank=self.rank, group=self.group.checkpoint_group,
@@ -260,7 +268,8 @@ class StageWorker:
             state = train_state.template(self.model, self.optimizer, rank=self.rank, weights_only=True)
         else:
             state = {"model": train_state.weights(self.model)}
-        reason = resume.load_checkpoint(path, state, rank=self.rank, group=self.group.checkpoint_group)
+        reason = resume.load_checkpoint(path, state, rank=self.rank, group=self.group.checkpoint_group,
+                                        owner=self.init_owner())
         if reason is not None:
             raise RuntimeError(f"the previous stage's final checkpoint cannot be used: {reason}")
         if self.config.init_optimizer:
