@@ -29,7 +29,8 @@ class Authorization:
     confirmation_id: str
     cost_cents: int
     checkpoint_dir: str
-    eligibility: entitlement.Eligibility
+    eligibility: entitlement.Eligibility  # the booking's hardware, among its terms
+    price_per_gpu_hour_cents: int  # the booking's: the plan the job executes is priced with it
     # The bytes confirmed and digested when the run was created, read back and verified: what
     # the run trains, whatever has happened to any file since.
     manifest: ManifestBytes = field(repr=False, compare=False)
@@ -48,7 +49,8 @@ def reverify(ledger: Ledger, run_id: str) -> Authorization:
             raise ItoError(ErrorCode.RUN_NOT_FOUND, "no such run")
         if run.state not in (RunState.QUEUED, RunState.RUNNING):
             raise ItoError(ErrorCode.RUN_FINISHED, f"the run is {run.state.value}")
-        eligible = entitlement.eligibility(bookings.load(conn, run.booking_id), run.account_id, ledger.now())
+        booking = bookings.load(conn, run.booking_id)
+        eligible = entitlement.eligibility(booking, run.account_id, ledger.now())
         bound = conn.execute(sa.select(confirmations).where(
             confirmations.c.confirmation_id == run.confirmation_id)).mappings().first()
         content = intake.stored_content(conn, run.manifest_digest)
@@ -60,5 +62,5 @@ def reverify(ledger: Ledger, run_id: str) -> Authorization:
         run_id=run.run_id, account_id=run.account_id, booking_id=run.booking_id,
         manifest_digest=run.manifest_digest, idempotency_key=run.idempotency_key,
         confirmation_id=run.confirmation_id, cost_cents=run.cost_cents, checkpoint_dir=run.checkpoint_dir,
-        eligibility=eligible, manifest=confirmed,
+        eligibility=eligible, price_per_gpu_hour_cents=booking.price_per_gpu_hour_cents, manifest=confirmed,
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -120,20 +121,29 @@ TWO_STAGES = [{"name": "pretraining", "num_tokens": PLAN_BATCH * 64 * 30, "seque
 SUITE = ROOT / "data" / "fixtures" / "evals" / "ito-fixture-evals-v1.jsonl"
 
 
-@pytest.fixture
-def ledger_run(tmp_path):
-    """A real run in a real ledger (created through the gates), for its id and checkpoint folder."""
+@contextlib.contextmanager
+def _ledger_run(tmp_path: Path, stages=TWO_STAGES, **terms):
+    """A real run in a real ledger (created through the gates) on a booking with `terms`."""
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     now = int(time.time())
     ledger = open_ledger(url, clock=Clock(now))
     world = make_world(ledger, make_policy(tmp_path), Clock(now))
-    world.booking_id = world.booking(starts_at=now - 3600, ends_at=now + 3600)
-    content = json.dumps(_document(TWO_STAGES), indent=2).encode()  # the very bytes _materialize writes
+    world.booking_id = world.booking(starts_at=now - 3600, ends_at=now + 3600, **terms)
+    content = json.dumps(_document(stages), indent=2).encode()  # the very bytes _materialize writes
     request = TrainRequest(booking_id=world.booking_id, verified=verified(content),
                            confirmation_ref=world.confirm_train(world.booking_id, manifest=verified(content)),
                            idempotency_key="train-key-0001")
-    yield create_run.create_run(ledger, world.policy, world.account, request).run, url, ledger
-    ledger.dispose()
+    try:
+        yield create_run.create_run(ledger, world.policy, world.account, request).run, url, ledger
+    finally:
+        ledger.dispose()
+
+
+@pytest.fixture
+def ledger_run(tmp_path):
+    """A real run in a real ledger (created through the gates), for its id and checkpoint folder."""
+    with _ledger_run(tmp_path) as run:
+        yield run
 
 
 def _document(stages) -> dict:
@@ -167,7 +177,7 @@ def _materialize(tmp_path: Path, instance, runtime: TrainingRuntimeResource, led
 
 
 def _runtime(**changes) -> TrainingRuntimeResource:
-    return TrainingRuntimeResource(poll_interval_s=0.2, hang_timeout_s=60.0, grace_s=5.0, **changes)
+    return TrainingRuntimeResource(**{"poll_interval_s": 0.2, "hang_timeout_s": 60.0, "grace_s": 5.0, **changes})
 
 
 def test_the_stages_train_through_pipes_with_gates_and_telemetry(tmp_path, instance, ledger_run):
@@ -247,3 +257,27 @@ def test_a_prepared_record_edited_after_confirmation_is_refused_before_training(
     assert not (Path(ledger_run[0].checkpoint_dir) / "pretraining").exists()
     # No stage launched: a gate_failed end gives the run's cost back to the manifest's cap.
     assert ledger_runs_module.get(ledger_run[2], ledger_run[0].run_id).started_at is None
+
+
+def test_the_stages_train_the_plan_made_for_the_run_s_own_booking(tmp_path, instance):
+    """A booking of two nodes of eight GPUs, where the prepared `training_plan` assumed the configured
+    one node of eight: the stage sizes itself from the plan `ito plan --booking` shows for the
+    booking (its planned layout recorded beside what ran on this host), never from the other."""
+    from ito_assets.manifest.schema import Manifest
+    from ito_assets.runtime.stage import curriculum as stage_plans
+    from ito_assets.training.run_plan import booked_hardware, plan_run
+
+    one = TWO_STAGES[:1]
+    with _ledger_run(tmp_path, one, num_gpus=16, num_nodes=2, topology="2x8-nvlink") as run:
+        result = _materialize(tmp_path, instance, _runtime(hang_timeout_s=120.0), run, one)  # replica groups wait 60 s at most
+        assert result.success
+        pretraining = result.output_for_node("pretraining_checkpoint")
+    config = json.loads((Path(pretraining.stage_dir) / "stage.json").read_text())
+    # What the stage was given: what ran, where nothing fell back, and each fallback's planned value.
+    planned = {**config["layout"], **{f["field"]: f["planned"] for f in config["layout_fallbacks"]}}
+    manifest = Manifest.model_validate_json(json.dumps(_document(one)))
+    terms = dict(gpu_type="H100", network="ib-400g", num_gpus=16, num_nodes=2, price_per_gpu_hour_cents=100)
+    booked = stage_plans.stage_plan(plan_run(manifest, booked_hardware(**terms)), "pretraining").layout
+    configured = stage_plans.stage_plan(plan_run(manifest, booked_hardware(**{**terms, "num_gpus": 8, "num_nodes": 1})), "pretraining").layout
+    assert booked.describe() != configured.describe()  # the two bookings plan differently
+    assert planned == booked.describe() and config["replica_groups"] == booked.dp_replicate

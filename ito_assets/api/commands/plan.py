@@ -57,16 +57,10 @@ def _offline_hardware(args: argparse.Namespace):
 
 def booked_hardware(booking: dict):
     """The planner's hardware for a booking as the API describes it."""
-    from ito_assets.training.hardware import booked_gpu, booked_network
-    from ito_assets.training.planner import Hardware
+    from ito_assets.training.run_plan import booked_hardware as hardware
 
-    try:
-        gpu, network = booked_gpu(booking["gpu_type"]), booked_network(booking["network"])
-    except ValueError as exc:
-        raise ItoError(ErrorCode.PLAN_REFUSED, f"the booking's hardware cannot be planned: {exc}") from None
-    return Hardware(gpu=gpu, network=network, num_nodes=booking["num_nodes"],
-                    gpus_per_node=booking["num_gpus"] // booking["num_nodes"],
-                    price_cents_per_gpu_hour=booking["price_per_gpu_hour_cents"])
+    return hardware(gpu_type=booking["gpu_type"], network=booking["network"], num_nodes=booking["num_nodes"],
+                    num_gpus=booking["num_gpus"], price_per_gpu_hour_cents=booking["price_per_gpu_hour_cents"])
 
 
 def _quote(args: argparse.Namespace, verified) -> tuple[dict, bool]:

@@ -20,7 +20,7 @@ from ito_assets.defs.manifest.partitions import TRAINED_ONE_OF_TWO, manifests_pa
 from ito_assets.defs.resources import ItoSettingsResource, LedgerResource, WAREHOUSE_POOL
 from ito_assets.defs.training.launcher import TrainingLauncherResource
 from ito_assets.defs.training.resources import TrainingRuntimeResource
-from ito_assets.defs.workload.live import mark_training_started, require_live_authorization
+from ito_assets.defs.workload.live import LiveRun, mark_training_started, require_live_authorization
 from ito_assets.defs.training.stage_outcome import outcome_metadata
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.evals.suite import EvalSuite, load_suite
@@ -59,7 +59,7 @@ def training_tokens(
     live = require_live_authorization(context, ledger, run_authorization, "training")
     run_id, checkpoint_dir = live.run_id, live.checkpoint_dir
     _require_data(clean_shards, data_decision)
-    _require_plan(training_plan)
+    _require_plan(_booked_plan(context, live, training_plan))
     # Lineage for auditors: this ledger run consumed these clean shards.
     lineage.record_consumption(ito.settings().warehouse_path, [s.sha256 for s in clean_shards.shards.shards],
                                run_id, "training_tokens")
@@ -82,6 +82,19 @@ def _require_data(clean_shards, decision) -> None:  # a CleanStage and a trainin
     if not clean_shards.conservation.holds or clean_shards.shards.verify():
         raise dg.Failure(description="the clean shards' digests or document accounting do not hold",
                          metadata={"error_code": ErrorCode.DATA_POLICY_VIOLATION.value})
+
+
+def _booked_plan(context: dg.AssetExecutionContext, live: LiveRun, prepared: PlanOutcome) -> PlanOutcome:
+    """The plan the run executes: made for its own booking (`LiveRun.booked_plan`), noted in the
+    log where the booking's hardware is not the one the prepared `training_plan` assumed."""
+    try:
+        booked = live.booked_plan()
+    except ItoError as error:
+        raise failure(error) from None
+    if booked.run_plan is not None and prepared.run_plan is not None and booked.run_plan.hardware != prepared.run_plan.hardware:
+        context.log.info(f"planned for the run's booking ({booked.run_plan.hardware.describe()}), not the prepared plan's "
+                         f"configured hardware ({prepared.run_plan.hardware.describe()})")
+    return booked
 
 
 def _require_plan(outcome: PlanOutcome) -> None:
@@ -139,7 +152,7 @@ def _stage_config(res: _StageResources, manifest: Manifest, stage, plan: PlanOut
 def _run_stage(context, res: _StageResources, inputs: dict, previous, name: str):
     import torch  # to count local GPUs; torch's import is paid by a stage run, not by the code location
 
-    verdict, tokens, plan = inputs["training_manifest"], inputs["training_tokens"], inputs["training_plan"]
+    verdict, tokens = inputs["training_manifest"], inputs["training_tokens"]
     prepared = verified_or_fail(verdict, "training")
     if stages.find_stage(prepared.manifest.training_target, name) is None:  # the next stage starts from the last trained one
         context.log.info(f"the manifest has no {name} stage: the previous checkpoint carries forward")
@@ -153,6 +166,7 @@ def _run_stage(context, res: _StageResources, inputs: dict, previous, name: str)
     try:
         layout = RunLayout.for_run(checkpoint_dir, run_id)
         VerdictStore(layout.run_dir).ensure_not_failed(STAGE_ORDER[: STAGE_ORDER.index(name) + 1])
+        plan = _booked_plan(context, live, inputs["training_plan"])
         _require_plan(plan)
         has_cuda = torch.cuda.is_available()
         nnodes, nproc = res.launcher.counts(plan.run_plan.hardware, has_cuda=has_cuda)

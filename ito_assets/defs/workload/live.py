@@ -12,7 +12,9 @@ from ito_assets.defs.failures import failure
 from ito_assets.defs.resources import LedgerResource
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.control import authorization, run_tags, runs
+from ito_assets.control.entitlement import Eligibility
 from ito_assets.manifest.verify import VerifiedManifest, parse_manifest
+from ito_assets.training.run_plan import PlanOutcome, booked_hardware, plan_outcome
 
 
 def _refuse(code: ErrorCode, why: str, step: str) -> dg.Failure:
@@ -24,6 +26,17 @@ class LiveRun:
     run_id: str
     checkpoint_dir: Path
     manifest: VerifiedManifest  # parsed from the ledger's confirmed bytes
+    booking: Eligibility  # the run's booking as the ledger holds it now (its hardware among its terms)
+    price_per_gpu_hour_cents: int
+
+    def booked_plan(self) -> PlanOutcome:
+        """The plan for this run's own booking, the one `ito plan --booking` showed: what the job
+        executes. The stored `training_plan` was made for the configured `booked_hardware`,
+        before any booking existed."""
+        terms = self.booking
+        hardware = booked_hardware(gpu_type=terms.gpu_type, network=terms.network, num_nodes=terms.num_nodes,
+                                   num_gpus=terms.num_gpus, price_per_gpu_hour_cents=self.price_per_gpu_hour_cents)
+        return plan_outcome(self.manifest.manifest, hardware)
 
 
 def require_live_authorization(context: dg.AssetExecutionContext, ledger: LedgerResource, recorded: dict,
@@ -48,7 +61,7 @@ def require_live_authorization(context: dg.AssetExecutionContext, ledger: Ledger
             raise failure(error) from None
     if prepared is not None and (prepared.digest != granted.manifest_digest or prepared.manifest != confirmed.manifest):
         raise _refuse(ErrorCode.MANIFEST_DIGEST_MISMATCH, "the manifest prepared is not the one confirmed", step)
-    return LiveRun(run_id, Path(granted.checkpoint_dir), confirmed)
+    return LiveRun(run_id, Path(granted.checkpoint_dir), confirmed, granted.eligibility, granted.price_per_gpu_hour_cents)
 
 
 def mark_training_started(ledger: LedgerResource, run_id: str) -> None:
