@@ -81,7 +81,6 @@ class _InFlight:
     marker: Marker | None = None
     spike_history: dict | None = None  # into the marker, as of this step
     finished: float | None = None  # time.monotonic() once the marker is written
-    verified: bool = False  # rank 0: its files read back and matched the marker (`markers.validate`)
     error: BaseException | None = None
 
 
@@ -129,7 +128,6 @@ class Checkpointer:
         self._in_flight: _InFlight | None = None
         self._ready: list[CheckpointRecord] = []  # finished while save() waited for them
         self._failed: tuple[int, OSError] | None = None  # this rank's storage failure not yet agreed on
-        self._verified: dict[int, bool] = {}  # rank 0: step -> whether its files matched its marker when read back
         self.failures: list[SaveFailure] = []  # agreed on, for the worker to act on (`take_failures`)
         if rank == 0:
             config.directory.mkdir(parents=True, exist_ok=True)
@@ -178,9 +176,6 @@ class Checkpointer:
                 flight.marker = markers.write_marker(flight.folder, flight.step, streamed=flight.writer.file_digests,
                                                      trained_with=self.config.trained_with,
                                                      spike_history=flight.spike_history, owner=self.config.owner)
-                # Read back here, off the training thread, once per checkpoint: pruning deletes an
-                # older checkpoint only when a newer one is known to match its marker (`prune`).
-                flight.verified = markers.validate(flight.folder, owner=self.config.owner) is None
         except BaseException as error:  # surfaced on the training thread by poll()/wait()
             flight.error = error
         finally:
@@ -204,9 +199,6 @@ class Checkpointer:
             return ready
         if self.rank != 0:
             return ready
-        self._verified[flight.step] = flight.verified
-        if not flight.verified:
-            _log.warning("checkpoint step %d does not match its marker when read back: older ones are kept", flight.step)
         record = CheckpointRecord(
             step=flight.step, path=str(flight.folder), num_bytes=flight.marker.num_bytes,
             blocking_seconds=flight.blocking_seconds,
@@ -270,7 +262,7 @@ class Checkpointer:
         except OSError as error:  # holds unknown: pruning now could delete a held checkpoint
             _log.warning("not pruning: the holds folder cannot be read (%s)", error)
             return []
-        keep = set(whole[-self.config.keep_last:]) | held | self._newest_sound(whole)
+        keep = set(whole[-self.config.keep_last:]) | held
         newest_whole = whole[-1] if whole else -1
         in_flight = self._in_flight.step if self._in_flight else None
         removed = []
@@ -280,22 +272,6 @@ class Checkpointer:
             _remove(folder, ignore_errors=True)
             removed.append(step)
         return removed
-
-    def _newest_sound(self, whole: list[int]) -> set[int]:
-        """The newest whole checkpoint whose files match its marker, kept whatever `keep_last` says:
-        a marker alone does not prove the bytes (a newer folder that rotted or lost its data would
-        otherwise get the last good one pruned, leaving nothing to resume). This process's saves
-        were read back once each as they finished; a folder it did not write (an earlier attempt's)
-        is hashed here, once, only when every newer one failed."""
-        for step in reversed(whole):
-            if step not in self._verified:
-                reason = markers.validate(markers.checkpoint_dir(self.config.directory, step), owner=self.config.owner)
-                self._verified[step] = reason is None
-                if reason is not None:
-                    _log.warning("checkpoint step %d does not match its marker (%s): older ones are kept", step, reason)
-            if self._verified[step]:
-                return {step}
-        return set()
 
     def _whole(self, folder: Path) -> bool:
         """Marked, this stage's and not a link: a folder planted from elsewhere never counts toward
