@@ -353,7 +353,9 @@ def test_reverify_answers_the_exact_authorization_and_tags(world) -> None:
             run_id=run.run_id, account_id=world.account.account_id, booking_id=world.booking_id,
             manifest_digest=run.manifest_digest, idempotency_key="train-key-0001",
             confirmation_id=run.confirmation_id, cost_cents=COST, checkpoint_dir=run.checkpoint_dir,
-            eligibility=entitlement.eligibility(booking, world.account.account_id, T0), manifest=auth.manifest)
+            eligibility=entitlement.eligibility(booking, world.account.account_id, T0),
+            price_per_gpu_hour_cents=booking.price_per_gpu_hour_cents, manifest=auth.manifest)
+        assert auth.price_per_gpu_hour_cents == 100  # the booking's, what the job's plan is priced with
         assert auth.manifest.data == manifest_bytes() and auth.manifest.digest == run.manifest_digest
     assert auth.tags() == {"ito/run_id": run.run_id, "ito/account_id": world.account.account_id,
                            "ito/booking_id": world.booking_id, "ito/manifest_digest": run.manifest_digest,

@@ -106,8 +106,8 @@ def test_capacity_at_its_edges(tmp_path: Path, num_gpus, active, limit, ok, retr
 def test_the_data_policy_names_each_offending_reference_by_position(tmp_path: Path) -> None:
     policy = make_policy(tmp_path)
     document = json.loads(manifest_bytes())
-    document["data"].append({**document["data"][0], "uri": "dataroot://fixtures/nc.jsonl", "license": "CC-BY-NC-4.0"})
-    document["data"].append({**document["data"][0], "uri": "file:///etc/shadow"})
+    document["data"].append({**document["data"][0], "uri": "dataroot://fixtures/nc.jsonl", "sha256": "1" * 64, "license": "CC-BY-NC-4.0"})
+    document["data"].append({**document["data"][0], "uri": "file:///etc/shadow", "sha256": "2" * 64})
     with pytest.raises(ItoError) as info:
         validation.check_data_policy(verified(json.dumps(document).encode()).manifest, policy)
     assert info.value.code is ErrorCode.DATA_POLICY_VIOLATION and "data[1]" in info.value.message
