@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import sys
 import unicodedata
 import zlib
 from pathlib import Path
@@ -324,16 +325,22 @@ def test_arrays_nested_beyond_the_recursion_limit_are_not_json(tmp_path):
     assert error.message.endswith("line 2 is not JSON")
 
 
+@pytest.mark.parametrize("recursion_limit", [None, 100_000])
 @pytest.mark.parametrize("depth,read", [(1_023, True), (1_024, False)])
-def test_nesting_is_read_up_to_orjsons_limit(tmp_path, depth, read):
-    # The record's object and 1,023 arrays: 1,024 levels, orjson's limit; one more is not JSON
-    # (the standard library stops near 1,000).
+def test_nesting_is_read_up_to_orjsons_limit(tmp_path, depth, read, recursion_limit):
+    # The record's object and 1,023 arrays: 1,024 levels, orjson's limit; one more is not JSON,
+    # whatever recursion limit a library imported into the process has set.
     path = tmp_path / "deep.jsonl"
     path.write_bytes(b'{"text": "deep", "x": ' + b"[" * depth + b"]" * depth + b"}\n")
-    if read:
-        assert read_source(reference(path), 0, tmp_path)[0]["text"].to_list() == ["deep"]
-    else:
-        assert _source_error(reference(path), tmp_path).message.endswith("line 1 is not JSON")
+    previous = sys.getrecursionlimit()
+    sys.setrecursionlimit(recursion_limit or previous)
+    try:
+        if read:
+            assert read_source(reference(path), 0, tmp_path)[0]["text"].to_list() == ["deep"]
+        else:
+            assert _source_error(reference(path), tmp_path).message.endswith("line 1 is not JSON")
+    finally:
+        sys.setrecursionlimit(previous)
 
 
 def test_an_integer_beyond_the_interpreters_digit_limit_is_not_json(tmp_path):
