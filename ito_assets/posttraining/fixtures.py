@@ -77,16 +77,36 @@ def write_jsonl(path: Path, records: Sequence[InstructionPair | PreferencePair])
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-def _parse(data: bytes, name: str, kind: type, fields: tuple[str, ...]) -> list:
-    records = []
+def _lines(data: bytes, name: str) -> list[str]:
+    """The file's lines, split on "\\n" alone (a JSON string may hold a raw U+2028 or U+2029, where
+    `str.splitlines` would cut); a last newline ends the last line, it starts none."""
     try:
-        for line in data.decode("utf-8").splitlines():
-            row = json.loads(line)
-            if sorted(row) != sorted(fields) or not all(isinstance(row[f], str) for f in fields):
-                raise ValueError
-            records.append(kind(**row))
-    except ValueError:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID, f"{name} is malformed") from None
+        lines = data.decode("utf-8").split("\n")
+    except UnicodeDecodeError:
+        raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID, f"{name} is not UTF-8") from None
+    return lines[:-1] if lines[-1] == "" else lines
+
+
+def _row(line: str, number: int, name: str, fields: tuple[str, ...]) -> dict:
+    """One line as an object of exactly `fields`, each a string that encodes as UTF-8."""
+    where = f"{name}: line {number}"
+    try:
+        row = json.loads(line)
+    # ValueError: JSONDecodeError and an integer of more than 4,300 digits; RecursionError: nesting.
+    except (ValueError, RecursionError):
+        raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID, f"{where} is not JSON") from None
+    if not isinstance(row, dict) or sorted(row) != sorted(fields) or not all(isinstance(row[f], str) for f in fields):
+        raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID, f"{where} is not an object of {', '.join(fields)}")
+    try:  # a "\\ud800" escape decodes to a lone surrogate, which no tokenizer can encode
+        for f in fields:
+            row[f].encode("utf-8")
+    except UnicodeEncodeError:
+        raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID, f"{where} holds a lone surrogate") from None
+    return row
+
+
+def _parse(data: bytes, name: str, kind: type, fields: tuple[str, ...]) -> list:
+    records = [kind(**_row(line, number, name, fields)) for number, line in enumerate(_lines(data, name), 1)]
     if not records:
         raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID, f"{name} holds no pairs")
     return records

@@ -133,6 +133,45 @@ def test_bound_pairs_are_refused(tmp_path, change, code):
     assert caught.value.code is code
 
 
+_PAIR = '{"pair_id": "a", "prompt": "1+1=", "response": "2"}'
+
+
+@pytest.mark.parametrize("body, says", [
+    (b'["pair_id", "prompt", "response"]\n', "line 1 is not an object"),  # the fields, as a list
+    (b"null\n", "line 1 is not an object"),
+    (b"[" * 5000 + b"]" * 5000 + b"\n", "line 1 is not JSON"),  # nested past the parser's limit
+    (b'{"pair_id": "a", "prompt": "\\ud800", "response": "2"}\n', "line 1 holds a lone surrogate"),
+    (_PAIR.encode() + b"\n\xff\n", "is not UTF-8"),
+    (_PAIR.encode() + b"\n{\"pair_id\": \"b\", \"pro", "line 2 is not JSON"),  # cut mid-line
+    (b"", "holds no pairs"),
+])
+def test_bound_pairs_that_are_not_pairs_are_refused_by_line(tmp_path, body, says):
+    """Whatever the bytes that hash to the manifest's digest, a stable code naming the line, never
+    a TypeError or a RecursionError."""
+    path = tmp_path / "data" / "pairs.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(body)
+    step = SftStep.model_validate({"kind": "sft", "data": {
+        "uri": "dataroot://pairs.jsonl", "format": "jsonl", "license": "CC0-1.0",
+        "sha256": hashlib.sha256(body).hexdigest()}})
+    with pytest.raises(ItoError) as caught:
+        read_bound_pairs(step, tmp_path / "data")
+    assert caught.value.code is ErrorCode.POSTTRAINING_DATA_INVALID and says in caught.value.message
+
+
+def test_a_raw_line_separator_inside_a_string_is_one_pair(tmp_path):
+    """JSON allows U+2028 raw in a string (str.splitlines cuts there): one line, one pair, the text kept."""
+    body = '{"pair_id": "a", "prompt": "1+1=\u2028", "response": "2"}\n'.encode()
+    path = tmp_path / "data" / "pairs.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(body)
+    step = SftStep.model_validate({"kind": "sft", "data": {
+        "uri": "dataroot://pairs.jsonl", "format": "jsonl", "license": "CC0-1.0",
+        "sha256": hashlib.sha256(body).hexdigest()}})
+    (pair,) = read_bound_pairs(step, tmp_path / "data")
+    assert pair.prompt == "1+1=\u2028"
+
+
 def test_dpo_step_refuses_instruction_pairs(tmp_path):
     step, _ = _bound(tmp_path, kind="dpo")  # bound by digest, but the records are not preference pairs
     with pytest.raises(ItoError) as caught:
