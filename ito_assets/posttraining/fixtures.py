@@ -20,6 +20,7 @@ from ito_assets.data.sources import read_verified_bytes
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.schema import DpoStep, SftStep
 from ito_assets.posttraining.tasks import Task
+from ito_assets.posttraining.vocab import TextCodec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,6 +131,35 @@ def read_instruction_pairs(path: Path) -> list[InstructionPair]:
 
 def read_preference_pairs(path: Path) -> list[PreferencePair]:
     return _read(path, PreferencePair, _PREFERENCE_FIELDS)
+
+
+def _answers(pair: InstructionPair | PreferencePair) -> tuple[str, ...]:
+    return (pair.response,) if isinstance(pair, InstructionPair) else (pair.chosen, pair.rejected)
+
+
+def _encoded(codec: TextCodec, text: str, where: str) -> list[int]:
+    try:
+        return codec.encode(text)
+    except ValueError:  # the character vocabulary's refusal
+        raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID, f"{where} has a character outside the vocabulary") from None
+
+
+def check_pairs(pairs: Sequence[InstructionPair | PreferencePair], codec: TextCodec, *, max_positions: int,
+                batch_size: int, name: str) -> None:
+    """What the stage's rows need of the pairs, checked before any compute is spent (else the
+    worker fails its first step, three restarts later): every text in the codec's vocabulary,
+    bos + prompt + each answer within the model's `max_positions` (refused, never cut: a truncated
+    response teaches the model to stop early), and at least one full batch."""
+    for number, pair in enumerate(pairs, 1):
+        where = f"{name}: line {number}"
+        prompt = len(_encoded(codec, pair.prompt, where))
+        longest = max(1 + prompt + len(_encoded(codec, answer, where)) for answer in _answers(pair))
+        if longest > max_positions:
+            raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID,
+                           f"{where} needs {longest} positions; the model holds {max_positions}")
+    if len(pairs) < batch_size:
+        raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID,
+                       f"{name} holds {len(pairs)} pairs, fewer than one batch of {batch_size}")
 
 
 def read_bound_pairs(step: SftStep | DpoStep, data_root: Path) -> list[InstructionPair] | list[PreferencePair]:

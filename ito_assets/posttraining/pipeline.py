@@ -22,7 +22,7 @@ from ito_assets.posttraining.base import CheckpointRef, PolicySpec
 from ito_assets.posttraining.checkpoint import load_policy, save_policy
 from ito_assets.posttraining.dpo import DpoConfig, run_dpo
 from ito_assets.posttraining.evaluation import RewardEval, evaluate_reward, sampled_kl
-from ito_assets.posttraining.fixtures import read_bound_pairs
+from ito_assets.posttraining.fixtures import check_pairs, read_bound_pairs
 from ito_assets.posttraining.eval_gate import BATTERY, judge_rewards, require_passed
 from ito_assets.posttraining.rlvr import RlvrConfig, run_rlvr
 from ito_assets.posttraining.sft import SftConfig, run_sft
@@ -31,6 +31,7 @@ from ito_assets.posttraining.tasks import Task, largest_digit_tasks, split_held_
 from ito_assets.posttraining.timeline import StageTimeline
 from ito_assets.posttraining.decoding import encode_prompt
 from ito_assets.posttraining.on_worker import WorkerLaunch, dpo_on_worker, rlvr_on_worker, sft_on_worker
+from ito_assets.training.model_config import config_by_name
 from ito_assets.training.threads import torch_threads
 
 SFT_FILE, DPO_FILE = "sft_pairs.jsonl", "dpo_pairs.jsonl"
@@ -131,6 +132,9 @@ def _timed_stage(step, start: Start, data_root: Path, out_dir: Path, runtime: Po
     pairs = None if isinstance(step, RlvrStep) else read_bound_pairs(step, data_root)
     spec, policy, previous, started_from = _starting_policy(start)
     codec = spec.codec()
+    if pairs is not None:
+        check_pairs(pairs, codec, max_positions=config_by_name(spec.model_name).max_seq_len,
+                    batch_size=runtime.batch_size, name=step.data.uri)
     reference = copy.deepcopy(policy).eval()  # frozen: the stage's starting point
     train_tasks, held_out = battery(runtime)
     timeline.startup()

@@ -5,6 +5,7 @@ the stage figures as the ledger receives them for `ito metrics`."""
 from __future__ import annotations
 
 import hashlib
+import json
 import pickle
 import time
 from pathlib import Path
@@ -16,7 +17,7 @@ from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.schema import DpoStep, SftStep
 from ito_assets.posttraining.base import load_pretrained, pretrained, seeded
 from ito_assets.posttraining.bpe import BpeCodec, TokenizerRef
-from ito_assets.posttraining.fixtures import instruction_pairs, read_bound_pairs, write_jsonl
+from ito_assets.posttraining.fixtures import InstructionPair, instruction_pairs, read_bound_pairs, write_jsonl
 from ito_assets.posttraining.pipeline import battery
 from ito_assets.posttraining.publish import MAX_CURVE_POINTS, publish_outcome, stage_metrics
 from ito_assets.posttraining.sft import response_batch
@@ -170,6 +171,57 @@ def test_a_raw_line_separator_inside_a_string_is_one_pair(tmp_path):
         "sha256": hashlib.sha256(body).hexdigest()}})
     (pair,) = read_bound_pairs(step, tmp_path / "data")
     assert pair.prompt == "1+1=\u2028"
+
+
+def _bound_lines(tmp_path: Path, lines: list[str], kind: str = "sft"):
+    body = "".join(line + "\n" for line in lines).encode()
+    path = tmp_path / "data" / "pairs.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(body)
+    data = {"uri": "dataroot://pairs.jsonl", "format": "jsonl", "license": "CC0-1.0",
+            "sha256": hashlib.sha256(body).hexdigest()}
+    return (SftStep if kind == "sft" else DpoStep).model_validate({"kind": kind, "data": data})
+
+
+def _sft(pair_id: str, prompt: str, response: str = "2") -> str:
+    return json.dumps({"pair_id": pair_id, "prompt": prompt, "response": response})
+
+
+def _dpo(pair_id: str, prompt: str, rejected: str = "3") -> str:
+    return json.dumps({"pair_id": pair_id, "prompt": prompt, "chosen": "2", "rejected": rejected})
+
+
+# micro holds 256 positions; the runtime's batch is 8 pairs.
+@pytest.mark.parametrize("kind, lines, says", [
+    ("sft", [_sft(str(i), "1+1=") for i in range(7)] + [_sft("7", "9" * 255)], "line 8 needs 257 positions"),
+    ("dpo", [_dpo(str(i), "1+1=") for i in range(7)] + [_dpo("7", "1+1=", "3" * 300)], "line 8 needs 305 positions"),
+    ("sft", [_sft(str(i), "1+1=") for i in range(7)], "holds 7 pairs, fewer than one batch of 8"),
+    ("sft", [_sft(str(i), "1+1=") for i in range(7)] + [_sft("7", "1+1=", "\u00e9")], "line 8 has a character outside"),
+])
+def test_pairs_the_model_cannot_train_are_refused_before_compute(tmp_path, kind, lines, says):
+    """A pair longer than the model's window, a character the codec lacks, or fewer pairs than a
+    batch: POSTTRAINING_DATA_INVALID before the stage evaluates or launches anything (the worker
+    would fail its first step, and spend its restarts doing so)."""
+    from ito_assets.posttraining.pipeline import run_stage
+    from ito_assets.runtime.record import events
+
+    step = _bound_lines(tmp_path, lines, kind)
+    with pytest.raises(ItoError) as caught:
+        run_stage(step, start=seeded(), data_root=tmp_path / "data", out_dir=tmp_path / "out")
+    assert caught.value.code is ErrorCode.POSTTRAINING_DATA_INVALID and says in caught.value.message
+    kinds = {e.kind.value for e in events.read(tmp_path / "out" / kind)}
+    assert not kinds & {"evaluation", "step", "checkpoint"}, kinds  # nothing evaluated or trained
+
+
+def test_a_pair_at_the_window_trains(tmp_path):
+    """bos + prompt + response of exactly max_seq_len positions is the boundary that fits."""
+    from ito_assets.posttraining.fixtures import check_pairs
+    from ito_assets.posttraining.vocab import CharVocab
+
+    pairs = [InstructionPair(pair_id="a", prompt="9" * 254, response="2")]
+    check_pairs(pairs, CharVocab(), max_positions=256, batch_size=1, name="pairs")
+    with pytest.raises(ItoError):
+        check_pairs(pairs, CharVocab(), max_positions=255, batch_size=1, name="pairs")
 
 
 def test_dpo_step_refuses_instruction_pairs(tmp_path):
