@@ -15,7 +15,7 @@ from ito_assets.runtime.stage import curriculum as stages
 from ito_assets.runtime.stage.config import WorkerConfig
 from ito_assets.runtime.stage.fitting import fit_layout, per_group
 from ito_assets.training.hardware import gpu_spec, network_spec
-from ito_assets.training.layout import Layout, Precision
+from ito_assets.training.layout import Layout, PlanRefused, Precision
 from ito_assets.training.planner import Hardware
 from ito_assets.training.run_plan import plan_run
 
@@ -118,6 +118,32 @@ def test_a_plan_this_runtime_cannot_train_is_refused():
     with pytest.raises(ItoError) as missing:
         stages.stage_plan(replace(run_plan, stages=run_plan.stages[:1]), "long_context")
     assert missing.value.code is ErrorCode.PLAN_REFUSED
+
+
+@pytest.mark.parametrize("sequence_length, planned", [(511, True), (512, True), (513, False)])
+def test_a_stage_longer_than_the_models_positions_is_not_planned(sequence_length, planned):
+    """tiny holds 512 positions: a stage's sequence at that bound is planned, one token more would
+    be priced and then refused by the worker's model at its first step (RUNTIME_CANNOT_TRAIN)."""
+    import torch
+
+    from ito_assets.training.model import build_model
+    from ito_assets.training.model_config import config_by_name
+
+    document = json.loads((ROOT / "data/fixtures/manifests/fixture-small.json").read_text())
+    document["training_target"]["stages"][-1]["sequence_length"] = sequence_length
+    manifest = Manifest.model_validate_json(json.dumps(document))
+    hardware = Hardware(gpu=gpu_spec("H100-SXM"), network=network_spec("infiniband"), num_nodes=1, gpus_per_node=8,
+                        price_cents_per_gpu_hour=250)
+    model = build_model(config_by_name("micro"), seed=0)  # the worker's check, on a model built in milliseconds
+    with pytest.raises(ValueError, match="max_seq_len"):
+        model(torch.zeros((1, model.config.max_seq_len + 1), dtype=torch.long))
+    if planned:
+        assert stages.stage_plan(plan_run(manifest, hardware), "long_context").request.sequence_length == sequence_length
+        return
+    with pytest.raises(PlanRefused) as caught:
+        plan_run(manifest, hardware)
+    assert caught.value.code is ErrorCode.PLAN_REFUSED and caught.value.reasons == ("RUNTIME_CANNOT_TRAIN",)
+    assert "long_context" in caught.value.message
 
 
 def test_the_runtime_may_override_the_batch_but_not_split_it_unevenly():
