@@ -7,6 +7,7 @@ stack trace with a URL, an environment dump) never leaves the ledger.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
@@ -19,14 +20,26 @@ from ito_assets.manifest.secrets import value_secret_kind
 REDACTED = "[REDACTED]"
 MAX_PAGE = 500  # bounds one answer's size; callers page with `after`
 _MAX_MESSAGE = 4000
+_CUT = " [CUT]"  # ends a message cut at _MAX_MESSAGE, so a reader knows the line went on
 _WORD = re.compile(r"\S+")
 _PEM = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----.*?(-----END [A-Z0-9 ]*PRIVATE KEY-----|\Z)", re.S)
 _BEARER = re.compile(r"(?i)\b(bearer|token)\s+\S+")
 
 
+def _bounded(message: str) -> str:
+    """At most _MAX_MESSAGE characters. A cut inside a word drops that word whole: the first half
+    of a token matches no secret pattern, and a credential's prefix is already too much to show."""
+    if len(message) <= _MAX_MESSAGE:
+        return message
+    end = _MAX_MESSAGE - len(_CUT)
+    while end and not (message[end].isspace() or message[end - 1].isspace()):
+        end -= 1  # a loop, not a regex: a regex anchored at the end rescans each long word
+    return message[:end] + _CUT  # within _MAX_MESSAGE, so redacting again on read cuts nothing
+
+
 def redact(message: str) -> str:
     """Replace every word that looks like a credential (the manifest secret patterns)."""
-    message = _PEM.sub(REDACTED, message[:_MAX_MESSAGE])
+    message = _PEM.sub(REDACTED, _bounded(message))
     message = _BEARER.sub(lambda m: f"{m.group(1)} {REDACTED}", message)
     return _WORD.sub(lambda m: REDACTED if value_secret_kind(m.group(0)) else m.group(0), message)
 
@@ -44,7 +57,7 @@ class Metric:
     seq: int
     step: int
     name: str
-    value: float
+    value: float | None  # None: not a finite number (a row stored before such values were refused)
     at: int
 
 
@@ -59,17 +72,50 @@ class Checkpoint:
     removed_at: int | None
 
 
+def storable(text: str) -> str:
+    """`text` as every ledger stores it. A message decoded from a process's bytes may hold lone
+    surrogates (Python's surrogateescape for bytes that are not UTF-8), which no UTF-8 column
+    takes, and PostgreSQL refuses NUL in text: either would fail the insert, and with it the
+    copy of a run's log that precedes recording how the run ended. Both become visible escapes."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
+
+
 def append_log(ledger: Ledger, run_id: str, level: str, message: str, *, at: int | None = None) -> None:
     """One log line; `at` is when it happened (epoch seconds), now when the caller has no time."""
     with ledger.write() as conn:
         conn.execute(run_logs.insert().values(run_id=run_id, at=ledger.now() if at is None else at,
-                                              level=level[:16], message=redact(message)))
+                                              level=storable(level[:16]), message=redact(storable(message))))
 
 
-def record_metric(ledger: Ledger, run_id: str, step: int, name: str, value: float) -> None:
+def finite(value: float) -> float | None:
+    """`value` as a float, or None when it is not a finite one (NaN, an infinity, an int past float)."""
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _shown(value: float) -> str:
+    try:
+        return repr(float(value))  # nan, inf, -inf
+    except OverflowError:  # repr of the int itself may be refused (past Python's digit limit)
+        return "an integer past a float's range"
+
+
+def record_metric(ledger: Ledger, run_id: str, step: int, name: str, value: float) -> bool:
+    """Stores a finite value; returns False for one that is not (a diverged loss), which is not
+    stored but logged: the ledger's figures go out as strict JSON, where NaN and Infinity do not
+    exist, and are summed into the desk's quotes (control/history), which one infinity would void."""
+    number = finite(value)
+    if number is None:
+        append_log(ledger, run_id, "warning", f"metric {name} at step {step} is not a finite number "
+                                              f"({_shown(value)}); not recorded")
+        return False
     with ledger.write() as conn:
-        conn.execute(run_metrics.insert().values(run_id=run_id, step=step, name=name[:128], value=float(value),
+        conn.execute(run_metrics.insert().values(run_id=run_id, step=step, name=storable(name[:128]), value=number,
                                                  at=ledger.now()))
+    return True
 
 
 def record_checkpoint(ledger: Ledger, run_id: str, *, step: int, path: str, size_bytes: int,
@@ -114,7 +160,10 @@ def logs(ledger: Ledger, run_id: str, *, after: int = 0, limit: int = 100) -> li
 
 
 def metrics(ledger: Ledger, run_id: str, *, after: int = 0, limit: int = 100) -> list[Metric]:
-    return [Metric(seq=r["seq"], step=r["step"], name=r["name"], value=r["value"], at=r["at"])
+    # finite(): PostgreSQL holds NaN and infinities, SQLite infinities, and one such row must not
+    # turn the whole listing into an error (strict JSON has no word for them)
+    return [Metric(seq=r["seq"], step=r["step"], name=r["name"], value=None if r["value"] is None else finite(r["value"]),
+                 at=r["at"])
             for r in _page(ledger, run_metrics, run_id, after, limit)]
 
 
@@ -150,9 +199,8 @@ def publish(ledger: Ledger, run_id: str, finished: Iterable[FinishedCheckpoint],
                               size_bytes=checkpoint.size_bytes, sha256=checkpoint.sha256)
             added_checkpoints += 1
     fresh = [row for row in figures if (row[0], row[1]) not in known_metrics]
-    for step, name, value in fresh:
-        record_metric(ledger, run_id, step, name, value)
-    return added_checkpoints, len(fresh)
+    added_metrics = sum(record_metric(ledger, run_id, step, name, value) for step, name, value in fresh)
+    return added_checkpoints, added_metrics
 
 
 def every_page(reader, ledger: Ledger, run_id: str) -> list:
