@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import time
 
 from ito_assets.api.commands import paging
@@ -134,8 +135,10 @@ def _status(args: argparse.Namespace) -> VerbResult:
         raise ItoError(ErrorCode.USAGE_ERROR, "give a run id or --idempotency-key (exactly one)")
     if args.run_id:
         _run_path(args.run_id)
-    if args.max_wait <= 0 or args.interval <= 0:
-        raise ItoError(ErrorCode.USAGE_ERROR, "--interval and --max-wait must be positive")
+    # argparse's float() takes "nan" and "inf": a NaN deadline is never reached (the watch would
+    # poll forever) and an infinite interval overflows time.sleep
+    if not all(math.isfinite(v) and v > 0 for v in (args.max_wait, args.interval)):
+        raise ItoError(ErrorCode.USAGE_ERROR, "--interval and --max-wait must be positive numbers of seconds")
     client = connect(timeout_s=args.timeout)
     try:
         data, notice = _watch(client, args) if args.watch else (_fetch(client, args), None)
