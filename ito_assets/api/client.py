@@ -27,6 +27,7 @@ from typing import Callable, Protocol
 from urllib.parse import quote
 
 from ito_assets.errors import ErrorCode, ItoError
+from ito_assets.manifest.strict_json import StrictJsonError, loads_strict
 
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 _STOP_CODES = frozenset({ErrorCode.AUTH_REQUIRED, ErrorCode.CREDENTIAL_REVOKED, ErrorCode.PERMISSION_DENIED})
@@ -62,6 +63,10 @@ class NoAnswer(Exception):
     def __init__(self, timed_out: bool = False):
         super().__init__("no answer")
         self.timed_out = timed_out
+
+
+class NotAnEnvelope(NoAnswer):
+    """An answer came back whole, but it is no strict JSON envelope: not the API speaking."""
 
 
 @dataclass(frozen=True)
@@ -180,15 +185,17 @@ class HttpTransport:
         except (OSError, http.client.HTTPException):
             raise NoAnswer() from None
         try:
-            document = json.loads(b"".join(chunks))
-        except (UnicodeDecodeError, json.JSONDecodeError):
+            # Strict: json.loads takes NaN and Infinity, which the envelope printed with --json
+            # cannot carry, and fails past its digit or nesting limits with errors of its own.
+            document = loads_strict(b"".join(chunks))
+        except StrictJsonError:
             document = None
         if not isinstance(document, dict) or "ok" not in document:
             if response.status in (401, 403):
                 # A bare refusal (say, from a proxy in front of the API) still means: this
                 # credential is not accepted. Stop, never retry, never start a login.
                 return Reply(status=response.status, document=_REVOKED)
-            raise NoAnswer()
+            raise NotAnEnvelope()
         return Reply(status=response.status, document=document)
 
 
@@ -224,6 +231,7 @@ class ApiClient:
         self.deadline = deadline if deadline is not None else Deadline(math.inf)
         self._rng = rng if rng is not None else random.Random()
         self.contacted = False
+        self._not_the_api = False  # something answered, but never with an envelope
 
     def _ready_for(self, attempt: int) -> bool:
         """Before attempt `attempt` (from 0): the pause after the failed one before it, then
@@ -240,8 +248,9 @@ class ApiClient:
     def _send(self, method: str, path: str, body: dict | None) -> Reply:
         try:
             return self._transport.request(method, path, body)
-        except NoAnswer:
+        except NoAnswer as exc:
             self.contacted = True
+            self._not_the_api = self._not_the_api or isinstance(exc, NotAnEnvelope)
             raise
 
     def _unwrap(self, reply: Reply) -> dict:
@@ -346,5 +355,9 @@ class ApiClient:
     def _transport_error(self, timed_out: bool) -> ItoError:
         if timed_out:
             return client_error(ErrorCode.TIMEOUT, "the API did not answer in time", contacted=self.contacted)
-        return client_error(ErrorCode.API_UNREACHABLE, unreachable_message(getattr(self._transport, "endpoint", None)),
-                            contacted=self.contacted)
+        endpoint = getattr(self._transport, "endpoint", None)
+        if self._not_the_api:
+            where = f" at {endpoint.url}" if endpoint is not None else ""
+            return client_error(ErrorCode.API_UNREACHABLE, f"what answers{where} is not the ito API: its answers are "
+                                "not strict JSON envelopes; check ITO_API_URL", contacted=self.contacted)
+        return client_error(ErrorCode.API_UNREACHABLE, unreachable_message(endpoint), contacted=self.contacted)

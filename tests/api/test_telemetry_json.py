@@ -3,8 +3,12 @@ diverged run leaves: every --json answer is one strict JSON document with a stab
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
 import math
+import threading
+from typing import Iterator
 
 import pytest
 
@@ -48,3 +52,43 @@ def test_watch_refuses_a_wait_that_is_not_a_finite_number(api, flags) -> None:
     document = _strict(done.stdout)
     assert done.returncode == 2 and document["error"]["code"] == "USAGE_ERROR"
     assert document["live_api_contacted"] is False
+
+
+@contextlib.contextmanager
+def _answering(body: bytes) -> Iterator[str]:
+    """A loopback server that answers every GET with `body`, status 200."""
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("data", [b'{"run_id": "run_x", "loss": NaN, "terminal": true}',
+                                  b'{"run_id": "run_x", "loss": 1e400}',
+                                  b'{"run_id": "run_x", "n": 1' + b"0" * 5000 + b"}",
+                                  b'{"run_id": "run_x", "d": ' + b"[" * 5000 + b"]" * 5000 + b"}"])
+def test_an_answer_that_is_not_strict_json_is_a_stable_code_not_a_traceback(api, data) -> None:
+    """Python's json reads NaN and 1e400 (then the --json envelope could not be printed: a
+    traceback and no document) and raises errors of its own past its digit and nesting limits
+    (INTERNAL_ERROR, and live_api_contacted false though an answer came)."""
+    with _answering(b'{"ok": true, "data": ' + data + b"}") as url:
+        done = ito_subprocess({**api.env("account"), "ITO_API_URL": url}, "status", "run_" + "0" * 26, "--json",
+                              timeout=30)
+    document = _strict(done.stdout)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert document["error"]["code"] == "API_UNREACHABLE" and document["live_api_contacted"] is True
+    assert "not the ito API" in document["error"]["message"]
