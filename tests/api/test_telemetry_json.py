@@ -92,3 +92,13 @@ def test_an_answer_that_is_not_strict_json_is_a_stable_code_not_a_traceback(api,
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert document["error"]["code"] == "API_UNREACHABLE" and document["live_api_contacted"] is True
     assert "not the ito API" in document["error"]["message"]
+
+
+def test_a_watch_that_stops_at_max_wait_says_so_in_both_modes(api) -> None:
+    _booking, run = api.started_run()  # queued, and nothing launches it here
+    args = ("status", run, "--watch", "--interval", "0.1", "--max-wait", "0.5")
+    document = _strict(ito_subprocess(api.env("account"), *args, "--json").stdout)
+    assert document["ok"] and document["notice"] == "polling stopped before the run ended (--max-wait)"
+    readable = ito_subprocess(api.env("account"), *args)
+    assert readable.returncode == 0 and "state: queued" in readable.stdout
+    assert "notice: polling stopped before the run ended (--max-wait)" in readable.stdout

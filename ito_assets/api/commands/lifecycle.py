@@ -145,7 +145,10 @@ def _status(args: argparse.Namespace) -> VerbResult:
     except ItoError as error:
         error.live_api_contacted = getattr(error, "live_api_contacted", False) or client.contacted
         raise
-    return VerbResult(data=data, live_api_contacted=client.contacted, notice=notice, text=_status_text(data))
+    # The notice goes into the text too: the readable output prints only these lines, and a
+    # watch that gave up at --max-wait must not read like a plain status.
+    text = _status_text(data) + ([f"notice: {notice}"] if notice else [])
+    return VerbResult(data=data, live_api_contacted=client.contacted, notice=notice, text=text)
 
 
 def _telemetry(name: str):
