@@ -24,7 +24,8 @@ warnings.filterwarnings("ignore", category=dg.PreviewWarning)
 from dagster._core.storage.tags import RUN_KEY_TAG, SENSOR_NAME_TAG
 
 from ito_assets.control import run_tags
-from ito_assets.defs.in_process_runs import fail_orphaned_runs, process_tags
+from ito_assets.defs.in_process_runs import process_tags, wait_for_pool
+from ito_assets.defs.resources import WAREHOUSE_POOL
 from ito_assets.defs.workload.outcome import report_outcome
 from ito_assets.settings import Settings, load_settings
 
@@ -145,6 +146,7 @@ def evaluate_sensor(defs: dg.Definitions, instance: dg.DagsterInstance, sensor_n
             continue
         job = defs.resolve_job_def(request.job_name or sensor.job_name)
         tags = {**request.tags, SENSOR_NAME_TAG: sensor_name, RUN_KEY_TAG: request.run_key, **process_tags()}
+        wait_for_pool(instance, WAREHOUSE_POOL, say=_progress)  # where Ctrl-C still stops `make run`
         started = _progress(f"{job.name} for partition {request.partition_key}: running")
         run_id = str(uuid.uuid4())
         with StepBar(instance, run_id, len(job.nodes)):
@@ -236,7 +238,6 @@ def main() -> int:
     defs = build_definitions(settings)
     summary = RunSummary()
     with dg.DagsterInstance.get() as instance:
-        fail_orphaned_runs(instance)  # a killed earlier `make run` would hold the data steps' pool slot for good
         evaluate_sensor(defs, instance, SENSOR_ORDER[0], summary)  # reviewed manifests first
         ids = request_training_run(settings)
         for name in SENSOR_ORDER[1:]:
@@ -248,4 +249,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback
+        print("make run: interrupted", file=sys.stderr)
+        sys.exit(130)

@@ -27,6 +27,7 @@ DEFAULT_TIMEOUT_S = 120.0
 MAX_TIMEOUT_S = 3600.0
 TIMEOUT_HELP = f"seconds the whole operation may take, retries included (default {DEFAULT_TIMEOUT_S:g})"
 EXIT_BROKEN_PIPE = 141
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
 
 
 class _Parser(argparse.ArgumentParser):
@@ -132,6 +133,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
+    except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback
+        print("ito: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -7,13 +7,19 @@ that slot forever. Each in-process run is therefore tagged with the process that
 (host, pid and the pid's start time, so a reused pid is not taken for it); before a command
 executes a run, `fail_orphaned_runs` marks failed the runs of this host whose process is gone and
 frees their slots.
+
+A live run that holds the slot is waited for, but Dagster's in-process executor waits for a slot
+without looking at Ctrl-C (it only acts on an interrupt inside a step): `wait_for_pool` does that
+wait before the run starts, where Ctrl-C ends the command, and says whom it waits for.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import time
 from pathlib import Path
+from typing import Callable
 
 import dagster as dg
 
@@ -24,14 +30,16 @@ _UNFINISHED = [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING, dg
 
 def _start_time(pid: int) -> str | None:
     """The process's start time as /proc gives it; "" where there is no /proc (then a live pid is
-    trusted to be the same process); None when no such process runs."""
+    trusted to be the same process); None when no such process runs (a zombie, killed but not yet
+    reaped by its parent, runs no more)."""
     stat = Path(f"/proc/{pid}/stat")
     if Path("/proc/self/stat").exists():
         try:
             # The command name (field 2) may hold spaces and parentheses: count fields after its ")".
-            return stat.read_text().rsplit(")", 1)[1].split()[19]
+            fields = stat.read_text().rsplit(")", 1)[1].split()
         except (FileNotFoundError, ProcessLookupError, IndexError):
             return None
+        return None if fields[0] in ("Z", "X") or len(fields) < 20 else fields[19]
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -68,3 +76,21 @@ def fail_orphaned_runs(instance: dg.DagsterInstance) -> list[str]:
         instance.event_log_storage.free_concurrency_slots_for_run(run.run_id)
         orphaned.append(run.run_id)
     return orphaned
+
+
+def wait_for_pool(instance: dg.DagsterInstance, pool: str, say: Callable[[str], None], poll_s: float = 0.5) -> None:
+    """Return once no other run holds or queues for a slot of `pool` (one slot on the embedded
+    instance); meanwhile say once which runs it waits for. A holder killed while we wait is
+    failed and its slot freed (`fail_orphaned_runs`), so the wait ends with it."""
+    said = False
+    while True:
+        fail_orphaned_runs(instance)
+        info = instance.event_log_storage.get_concurrency_info(pool)
+        others = sorted(info.active_run_ids | {step.run_id for step in info.pending_steps})  # queued or assigned
+        if not others:
+            return
+        if not said:
+            say(f"waiting for the '{pool}' pool: run(s) {', '.join(others)} of this instance hold or queue for its "
+                f"slot (another `ito data prepare`, `make run` or a run of `make ui`); Ctrl-C stops this command")
+            said = True
+        time.sleep(poll_s)

@@ -10,14 +10,16 @@ import random
 import socket
 import sqlite3
 import subprocess
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
 import dagster as dg
 import pytest
 
-from ito_assets.defs.in_process_runs import PROCESS_TAG, _start_time, fail_orphaned_runs, process_tags
+from ito_assets.defs.in_process_runs import PROCESS_TAG, _start_time, fail_orphaned_runs, process_tags, wait_for_pool
 from ito_assets.settings import PROJECT_ROOT
 
 POOL = "duckdb_writer"
@@ -101,6 +103,36 @@ def test_the_tag_names_this_host_pid_and_start() -> None:
     assert start == (_start_time(os.getpid()) or "")
 
 
+def test_with_the_pool_free_there_is_no_wait(instance) -> None:
+    said = []
+    wait_for_pool(instance, POOL, say=said.append, poll_s=60)
+    assert said == []
+
+
+def test_a_live_holder_is_waited_for_and_named_once(instance) -> None:
+    holder = _started_run(instance, "another-host.example:1:1")
+    said = []
+    release = threading.Timer(0.3, lambda: instance.event_log_storage.free_concurrency_slots_for_run(holder))
+    release.start()
+    started = time.monotonic()
+    wait_for_pool(instance, POOL, say=said.append, poll_s=0.02)
+    assert time.monotonic() - started >= 0.3
+    assert len(said) == 1 and holder in said[0] and "Ctrl-C" in said[0]
+
+
+@pytest.mark.parametrize("reaped", [True, False])  # a zombie, killed and not yet reaped, runs no more
+def test_a_holder_killed_during_the_wait_ends_the_wait(instance, reaped) -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        holder = _started_run(instance, f"{socket.gethostname()}:{child.pid}:{_start_time(child.pid) or ''}")
+        threading.Timer(0.3, lambda: (child.kill(), reaped and child.wait())).start()
+        wait_for_pool(instance, POOL, say=lambda line: None, poll_s=0.02)
+    finally:
+        child.kill()
+        child.wait()
+    assert instance.get_run_by_id(holder).status is dg.DagsterRunStatus.FAILURE and _slots_held(instance) == 0
+
+
 @pytest.mark.slow
 def test_ito_data_prepare_killed_while_its_step_holds_the_pool_then_run_again_finishes(tmp_path: Path) -> None:
     """As a user meets it: `ito data prepare` killed (SIGKILL) while a data step holds the
@@ -122,12 +154,35 @@ def test_ito_data_prepare_killed_while_its_step_holds_the_pool_then_run_again_fi
         first.kill()
         first.wait()
     assert held, "the first run ended before any step held the pool"
+    _interrupted_while_a_live_run_holds_the_pool(tmp_path / "dagster", argv, env, tmp_path)
     again = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180)  # it never ended before
     document = json.loads(again.stdout)
     assert again.returncode == 0 and document["ok"], document
     with dg.DagsterInstance.from_config(str(tmp_path / "dagster")) as instance:
         statuses = sorted(r.status.value for r in instance.get_runs())
-        assert statuses == ["FAILURE", "SUCCESS"] and _slots_held(instance) == 0
+        assert statuses == ["FAILURE", "FAILURE", "SUCCESS"] and _slots_held(instance) == 0
+
+
+def _interrupted_while_a_live_run_holds_the_pool(home: Path, argv: list[str], env: dict, cwd: Path) -> None:
+    """Another machine's live run holds the slot: the command frees the killed run's slot, says it
+    waits for the live one, and Ctrl-C ends it at once (Dagster's own wait ignored it)."""
+    with dg.DagsterInstance.from_config(str(home)) as local:
+        # It queues behind the killed run's claim, then holds the slot once the command frees that.
+        holder = local.create_run_for_job(some_job, tags={PROCESS_TAG: "another-host.example:1:1"},
+                                          status=dg.DagsterRunStatus.STARTED).run_id
+        local.event_log_storage.claim_concurrency_slot(POOL, holder, "noop")
+        waiting = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            line = waiting.stderr.readline()  # the first line it writes, once it waits
+            assert "waiting for the 'duckdb_writer' pool" in line and holder in line, line
+            waiting.send_signal(signal.SIGINT)
+            out, err = waiting.communicate(timeout=30)
+        finally:
+            waiting.kill()
+            waiting.wait()
+        assert waiting.returncode == 130 and out == "" and err.strip() == "ito: interrupted", (out, err)
+        local.report_run_failed(local.get_run_by_id(holder))
+        local.event_log_storage.free_concurrency_slots_for_run(holder)
 
 
 def _wait_for_a_held_slot(home: Path, process: subprocess.Popen) -> bool:

@@ -6,6 +6,7 @@ command to print. A refusal is the ItoError of the step or blocking check that r
 from __future__ import annotations
 
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,8 +14,9 @@ import dagster as dg
 
 from ito_assets.control import run_tags
 from ito_assets.data.stages import CleanStage
-from ito_assets.defs.in_process_runs import fail_orphaned_runs, process_tags
+from ito_assets.defs.in_process_runs import process_tags, wait_for_pool
 from ito_assets.defs.jobs import DATA_PREPARATION_JOB
+from ito_assets.defs.resources import WAREHOUSE_POOL
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.settings import Settings
@@ -53,7 +55,9 @@ def prepare(settings: Settings, instance: dg.DagsterInstance, manifest_digest: s
     defs = build_definitions(settings, domains=("manifest", "data"))
     if not instance.has_dynamic_partition(manifests_partitions.name, key):
         instance.add_dynamic_partitions(manifests_partitions.name, [key])
-    fail_orphaned_runs(instance)  # a killed earlier run would hold the data steps' pool slot for good
+    # A killed earlier run's slot is freed; a live one's is waited for where Ctrl-C still works.
+    # The wait goes to stderr: stdout is the command's one document.
+    wait_for_pool(instance, WAREHOUSE_POOL, say=lambda line: print(line, file=sys.stderr, flush=True))
     result = defs.resolve_job_def(DATA_PREPARATION_JOB).execute_in_process(
         instance=instance,
         partition_key=key,
