@@ -82,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _print_text(outcome: VerbResult) -> None:
-    for line in outcome.text or [f"{k}: {v}" for k, v in outcome.data.items()]:
+    lines = outcome.text or [f"{k}: {v}" for k, v in outcome.data.items()]
+    for line in [*lines, *([f"notice: {outcome.notice}"] if outcome.notice else [])]:
         print(escape(str(line)))
 
 
@@ -113,7 +114,9 @@ def _main(argv: list[str]) -> int:
     if as_json:
         print(envelope.dumps(document))
     elif document["ok"]:
-        _print_text(VerbResult(data=document["data"], text=text or []))
+        # The notice (offline plan, an API that did not answer, a watch stopped early) is part of
+        # the answer in both modes: the envelope's field, or the readable output's last line.
+        _print_text(VerbResult(data=document["data"], text=text or [], notice=document.get("notice")))
     else:
         err = document["error"]
         print(f"error {err['code']}: {escape(str(err['message']))}", file=sys.stderr)

@@ -109,3 +109,13 @@ def test_the_quote_prices_the_very_bytes_the_plan_was_made_from(manifest, monkey
                               **{name: None for name in plan._HARDWARE_FLAGS})
     data = plan._plan(args).data
     assert posted == [data["manifest_digest"]] == reads[:1]
+
+
+def test_the_offline_notice_is_in_the_readable_output_too(manifest, capsys):
+    from ito_assets.api import cli
+
+    assert cli.main(["plan", "--booking", "bkg_123", "--manifest", manifest, *HARDWARE]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == f"notice: {plan.OFFLINE_NOTICE}" and sum(line.startswith("notice:") for line in lines) == 1
+    assert cli.main(["plan", "--booking", "bkg_123", "--manifest", manifest, *HARDWARE, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["notice"] == plan.OFFLINE_NOTICE

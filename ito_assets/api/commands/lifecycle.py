@@ -145,10 +145,9 @@ def _status(args: argparse.Namespace) -> VerbResult:
     except ItoError as error:
         error.live_api_contacted = getattr(error, "live_api_contacted", False) or client.contacted
         raise
-    # The notice goes into the text too: the readable output prints only these lines, and a
-    # watch that gave up at --max-wait must not read like a plain status.
-    text = _status_text(data) + ([f"notice: {notice}"] if notice else [])
-    return VerbResult(data=data, live_api_contacted=client.contacted, notice=notice, text=text)
+    # A watch that gave up at --max-wait must not read like a plain status: the notice is printed
+    # after these lines in readable output (cli._print_text), as every command's notice is.
+    return VerbResult(data=data, live_api_contacted=client.contacted, notice=notice, text=_status_text(data))
 
 
 def _telemetry(name: str):
