@@ -75,7 +75,6 @@ def plan_run(manifest: Manifest, hardware: Hardware) -> RunPlan:
     model = manifest_model(manifest)
     stages = []
     for stage in manifest.training_target.stages:
-        _require_window(model, stage.name, stage.sequence_length)
         request = PlanRequest(
             model=model, sequence_length=stage.sequence_length, num_training_tokens=stage.num_tokens, hardware=hardware,
             global_batch_sequences=default_global_batch_sequences(model, stage.sequence_length, hardware.world_size),
@@ -84,17 +83,6 @@ def plan_run(manifest: Manifest, hardware: Hardware) -> RunPlan:
     cost = sum(s.plan.cost_cents for s in stages)
     return RunPlan(model=model, manifest_num_parameters=manifest.model.num_parameters, hardware=hardware,
                    stages=tuple(stages), budget=budget_verdict(cost, manifest.budget))
-
-
-def _require_window(model: ModelConfig, stage: str, sequence_length: int) -> None:
-    """A stage's sequences within the model's positions (its RoPE tables, which position_scale
-    does not lengthen): the worker's model refuses a longer sequence at its first step, so a plan
-    for one would price a stage that cannot train."""
-    if sequence_length > model.max_seq_len:
-        refusal = Refusal(reason=RefusalReason.RUNTIME_CANNOT_TRAIN,
-                          detail=f"the {stage} stage's sequences of {sequence_length} tokens exceed the model's "
-                                 f"{model.max_seq_len} positions")
-        raise PlanRefused((refusal,), f"the {stage} stage is longer than {model.name} holds")
 
 
 def budget_verdict(cost_cents: int, budget: Budget) -> BudgetVerdict:

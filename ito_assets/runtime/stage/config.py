@@ -188,10 +188,13 @@ class WorkerConfig:
             raise ValueError("reinforcement trains on one rank: its generator serves one trainer")
 
     def model_config(self) -> ModelConfig:
-        """The model's shape with this stage's positions."""
+        """The model's shape with this stage's positions: a stage longer than the model's window (a
+        long-context stage) gets rotary tables for its own length. They are buffers, not weights,
+        so the checkpoints of shorter and longer stages load into one another."""
         config = config_by_name(self.model, vocab_size=self.vocab_size)
         return replace(config, rope_theta=self.rope_theta or config.rope_theta,
-                       rope_position_scale=self.position_scale or config.rope_position_scale)
+                       rope_position_scale=self.position_scale or config.rope_position_scale,
+                       max_seq_len=max(config.max_seq_len, self.sequence_length))
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
