@@ -53,24 +53,57 @@ def _dagster_runs_of(instance: dg.DagsterInstance, run_id: str) -> list[dg.Dagst
 def cancellation_sensor(context: dg.SensorEvaluationContext, ledger: LedgerResource) -> dg.SkipReason:
     with ledger.open() as opened:
         for run in runs.cancelling_runs(opened):
-            live = [r for r in _dagster_runs_of(context.instance, run.run_id) if not r.is_finished]
-            for dagster_run in live:  # queued ones too: nothing of a cancelled run starts later
-                context.instance.run_coordinator.cancel_run(dagster_run.run_id)
-                context.log.info(f"terminating {dagster_run.run_id} for {run.run_id}")
-            if not live:
-                attached = context.instance.get_run_by_id(run.dagster_run_id) if run.dagster_run_id else None
-                if attached is not None:
-                    report_outcome(opened, context.instance, attached, run.run_id)
-                else:
-                    runs.set_state(opened, run.run_id, RunState.CANCELLED, reason="cancelled by request")
+            _one_run(context, run.run_id, lambda run=run: _cancel(context, opened, run))
         _withdraw_queued_runs_of_ended(context, opened)
         # A run-status sensor advances past a run even when writing its end failed (a locked
         # ledger): without this sweep such a run would hold its booking as active forever.
         for run in runs.launched_active_runs(opened):
-            attached = context.instance.get_run_by_id(run.dagster_run_id)
-            if attached is not None and attached.is_finished and run.state is not RunState.CANCELLING:
-                report_outcome(opened, context.instance, attached, run.run_id)
+            _one_run(context, run.run_id, lambda run=run: _reconcile_launched(context, opened, run))
+        for run in runs.pending_runs(opened):
+            _one_run(context, run.run_id, lambda run=run: _reconcile_unattached(context, opened, run))
     return dg.SkipReason("cancellations and unreported ends handled")
+
+
+def _one_run(context: dg.SensorEvaluationContext, run_id: str, act) -> None:
+    """One run's trouble (a lock timeout, a row this release cannot write) is logged by its code
+    and tried again next tick: raised, it would end the tick before every run after it, and the
+    same run first in line would do so again on every tick. The message is not logged: a
+    database error's may quote a statement's parameters."""
+    try:
+        act()
+    except Exception as error:  # noqa: BLE001 - isolation is the point
+        code = error.code.value if isinstance(error, ItoError) else type(error).__name__
+        context.log.warning(f"{run_id}: not handled this tick ({code}); tried again on the next")
+
+
+def _cancel(context: dg.SensorEvaluationContext, opened, run: runs.Run) -> None:
+    live = [r for r in _dagster_runs_of(context.instance, run.run_id) if not r.is_finished]
+    for dagster_run in live:  # queued ones too: nothing of a cancelled run starts later
+        context.instance.run_coordinator.cancel_run(dagster_run.run_id)
+        context.log.info(f"terminating {dagster_run.run_id} for {run.run_id}")
+    if live:
+        return
+    attached = context.instance.get_run_by_id(run.dagster_run_id) if run.dagster_run_id else None
+    if attached is not None:
+        report_outcome(opened, context.instance, attached, run.run_id)
+    else:
+        runs.set_state(opened, run.run_id, RunState.CANCELLED, reason="cancelled by request")
+
+
+def _reconcile_launched(context: dg.SensorEvaluationContext, opened, run: runs.Run) -> None:
+    attached = context.instance.get_run_by_id(run.dagster_run_id)
+    if attached is not None and attached.is_finished and run.state is not RunState.CANCELLING:
+        report_outcome(opened, context.instance, attached, run.run_id)
+
+
+def _reconcile_unattached(context: dg.SensorEvaluationContext, opened, run: runs.Run) -> None:
+    """A Dagster run can end before its authorization step attaches it (the ledger was unreachable
+    then, or its worker died at start); if its end could not be written either, the ledger run
+    stays queued and unattached while its run key is spent, so no sensor launches it again and it
+    would hold its booking forever. Its newest Dagster run, once every one has ended, speaks for it."""
+    tried = _dagster_runs_of(context.instance, run.run_id)  # newest first
+    if tried and all(r.is_finished for r in tried):
+        report_outcome(opened, context.instance, tried[0], run.run_id)
 
 
 def _withdraw_queued_runs_of_ended(context: dg.SensorEvaluationContext, opened) -> None:
@@ -81,17 +114,22 @@ def _withdraw_queued_runs_of_ended(context: dg.SensorEvaluationContext, opened) 
         job_name=training_job.name, statuses=[dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED]))
     for dagster_run in waiting:
         run_id = run_tags.run_id_of(dagster_run.tags)
-        try:
-            ended = run_id is not None and runs.get(opened, run_id).state in TERMINAL_RUN_STATES
-        except ItoError:  # not a ledger run: not ours to withdraw
-            ended = False
-        if not ended:
-            continue
-        if dagster_run.status is dg.DagsterRunStatus.QUEUED:
-            context.instance.run_coordinator.cancel_run(dagster_run.run_id)
-        else:  # created, not launched: no process to terminate; its run worker will not start steps
-            context.instance.report_run_canceled(dagster_run, message=f"{run_id} ended before this run started")
-        context.log.info(f"withdrew waiting {dagster_run.run_id}: {run_id} already ended")
+        if run_id is not None:
+            _one_run(context, run_id, lambda d=dagster_run, r=run_id: _withdraw_if_ended(context, opened, d, r))
+
+
+def _withdraw_if_ended(context: dg.SensorEvaluationContext, opened, dagster_run: dg.DagsterRun, run_id: str) -> None:
+    try:
+        ended = runs.get(opened, run_id).state in TERMINAL_RUN_STATES
+    except ItoError:  # not a ledger run: not ours to withdraw
+        return
+    if not ended:
+        return
+    if dagster_run.status is dg.DagsterRunStatus.QUEUED:
+        context.instance.run_coordinator.cancel_run(dagster_run.run_id)
+    else:  # created, not launched: no process to terminate; its run worker will not start steps
+        context.instance.report_run_canceled(dagster_run, message=f"{run_id} ended before this run started")
+    context.log.info(f"withdrew waiting {dagster_run.run_id}: {run_id} already ended")
 
 
 def _report(context: dg.RunStatusSensorContext, ledger: LedgerResource) -> None:

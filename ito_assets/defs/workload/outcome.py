@@ -1,6 +1,8 @@
 """Reading a finished Dagster run's verdict and writing it to the ledger: one function for the
 run-status sensors (daemon) and for `make run` (in process)."""
 
+from collections import Counter
+
 import dagster as dg
 
 from ito_assets.errors import ErrorCode
@@ -53,8 +55,21 @@ def failed_gate_code(instance: dg.DagsterInstance, dagster_run_id: str) -> str |
     return _check_gate_code(instance, dagster_run_id) or _refusal_code(instance, dagster_run_id)
 
 
+def _copied_already(ledger: Ledger, run_id: str) -> Counter:
+    """The (time, level, message) lines the ledger holds for the run, as many times as it holds them."""
+    held, after = Counter(), 0
+    while page := telemetry.logs(ledger, run_id, after=after, limit=telemetry.MAX_PAGE):
+        held.update((line.at, line.level, line.message) for line in page)
+        after = page[-1].seq
+    return held
+
+
 def copy_event_log(ledger: Ledger, instance: dg.DagsterInstance, dagster_run_id: str, run_id: str) -> int:
-    """The run's Dagster events into the ledger's log (redacted there), for `ito logs`."""
+    """The run's Dagster events into the ledger's log (redacted there), for `ito logs`. A line the
+    ledger already holds is not copied again: a report that failed after the copy (the ledger
+    lost before the run's end was written) is retried by the sweep, and `ito logs` must not show
+    the run's events twice."""
+    held = _copied_already(ledger, run_id)
     count = 0
     for entry in instance.all_logs(dagster_run_id):
         event = entry.dagster_event
@@ -62,9 +77,13 @@ def copy_event_log(ledger: Ledger, instance: dg.DagsterInstance, dagster_run_id:
             continue
         level = "error" if event.is_failure else "info"
         step = f"{event.step_key}: " if event.step_key else ""
+        message = f"{event.event_type.name} {step}{event.message or ''}".strip()
+        line = (int(entry.timestamp), level, telemetry.redact(telemetry.storable(message)))
+        if held[line]:
+            held[line] -= 1
+            continue
         # The event's own time: the log is copied when the run ends, and that moment is no line's.
-        telemetry.append_log(ledger, run_id, level, f"{event.event_type.name} {step}{event.message or ''}".strip(),
-                             at=int(entry.timestamp))
+        telemetry.append_log(ledger, run_id, level, message, at=int(entry.timestamp))
         count += 1
     return count
 

@@ -1,0 +1,112 @@
+"""The sensors left alone for weeks: a Dagster run that ended while the ledger could not hear it,
+an end written on a retry, one run that fails every tick, manifest files that misbehave."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import dagster as dg
+import pytest
+
+from definitions import build_definitions
+from control.gate_world import Clock, make_policy, make_world, verified
+from ito_assets.control import create_run, run_tags, runs, telemetry
+from ito_assets.control.create_run import TrainRequest
+from ito_assets.control.ledger import open_ledger
+from ito_assets.control.states import RunState
+from ito_assets.defs.workload import outcome
+
+
+@pytest.fixture
+def world_and_defs(installation, tmp_path):
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    now = int(time.time())
+    ledger = open_ledger(url, clock=Clock(now))
+    world = make_world(ledger, make_policy(tmp_path), Clock(now))
+    defs = build_definitions(installation.settings.with_overrides(ledger_url=url, executor="in_process"),
+                             domains=("manifest", "workload"))
+    yield world, defs
+    ledger.dispose()
+
+
+def _create(world, key: str) -> runs.Run:
+    now = int(time.time())
+    world.booking_id = world.booking(starts_at=now - 3600, ends_at=now + 3600)  # one run per booking
+    request = TrainRequest(booking_id=world.booking_id, verified=verified(),
+                           confirmation_ref=world.confirm_train(world.booking_id), idempotency_key=key)
+    return create_run.create_run(world.ledger, world.policy, world.account, request).run
+
+
+def _ended_dagster_run(instance, run: runs.Run, status=dg.DagsterRunStatus.FAILURE) -> dg.DagsterRun:
+    """The Dagster run the sensor's request became, ended without the ledger hearing of it."""
+    dagster_run = dg.DagsterRun(job_name="training_job", run_id=str(uuid.uuid4()), status=status,
+                                tags={**run_tags.for_run(run), "dagster/run_key": run.run_id,
+                                      "dagster/sensor_name": "confirmed_run_sensor"})
+    return instance.add_run(dagster_run)
+
+
+def _tick(defs, instance, name: str):
+    context = dg.build_sensor_context(instance=instance, sensor_name=name, definitions=defs,
+                                      resources=defs.resources)
+    return defs.resolve_sensor_def(name)(context)
+
+
+def test_a_run_that_ended_before_it_was_attached_is_ended_in_the_ledger(world_and_defs, instance):
+    # The ledger was unreachable both when the authorization step attached the run and when the
+    # run-status sensor reported its failure: the ledger run is queued, unattached, its run key spent.
+    world, defs = world_and_defs
+    run = _create(world, "train-key-0001")
+    _ended_dagster_run(instance, run)
+    _tick(defs, instance, "cancellation_sensor")
+    ended = runs.get(world.ledger, run.run_id)
+    assert ended.state is RunState.FAILED  # no longer holding its booking as queued forever
+    assert _tick(defs, instance, "confirmed_run_sensor").run_requests == []
+
+
+def test_a_run_whose_dagster_run_is_still_starting_is_left_queued(world_and_defs, instance):
+    world, defs = world_and_defs
+    run = _create(world, "train-key-0001")
+    _ended_dagster_run(instance, run, status=dg.DagsterRunStatus.STARTING)
+    _tick(defs, instance, "cancellation_sensor")
+    assert runs.get(world.ledger, run.run_id).state is RunState.QUEUED
+
+
+def test_one_run_that_fails_every_tick_does_not_stall_the_others(world_and_defs, instance, monkeypatch):
+    world, defs = world_and_defs
+    stuck, other = _create(world, "train-key-0001"), _create(world, "train-key-0002")
+    for run in (stuck, other):
+        runs.attach_dagster_run(world.ledger, run.run_id, _ended_dagster_run(instance, run).run_id)
+    real = outcome.record_outcome
+
+    def refuses_one(ledger, run_id, **kwargs):
+        if run_id == stuck.run_id:
+            raise RuntimeError("a row this release cannot write")
+        return real(ledger, run_id, **kwargs)
+
+    monkeypatch.setattr(outcome, "record_outcome", refuses_one)
+    _tick(defs, instance, "cancellation_sensor")
+    assert runs.get(world.ledger, other.run_id).state is RunState.FAILED
+    assert runs.get(world.ledger, stuck.run_id).state is RunState.QUEUED  # tried again next tick
+
+
+def test_an_end_written_on_a_retry_copies_the_event_log_once(world_and_defs, instance, monkeypatch):
+    world, defs = world_and_defs
+    run = _create(world, "train-key-0001")
+    dagster_run = _ended_dagster_run(instance, run)
+    instance.report_engine_event("step one ended", dagster_run)
+    instance.report_run_failed(dagster_run)
+    runs.attach_dagster_run(world.ledger, run.run_id, dagster_run.run_id)
+    real = outcome.record_outcome
+
+    def ledger_gone(*args, **kwargs):
+        raise OSError("the ledger went away between the log and the end")
+
+    monkeypatch.setattr(outcome, "record_outcome", ledger_gone)
+    with pytest.raises(OSError):
+        outcome.report_outcome(world.ledger, instance, instance.get_run_by_id(dagster_run.run_id), run.run_id)
+    monkeypatch.setattr(outcome, "record_outcome", real)
+    _tick(defs, instance, "cancellation_sensor")  # the sweep writes the end later
+    assert runs.get(world.ledger, run.run_id).state is RunState.FAILED
+    lines = [line.message for line in telemetry.logs(world.ledger, run.run_id, limit=500)]
+    assert lines and len(lines) == len(set(lines)), lines
