@@ -6,17 +6,27 @@ from typing import TYPE_CHECKING
 
 import dagster as dg
 
-from ito_assets.control import run_tags
+from ito_assets.control import run_tags, telemetry
 from ito_assets.defs.jobs import DATA_PREPARATION_JOB, PREPARATION_JOB
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.resources import ItoSettingsResource
 from ito_assets.manifest import discovery
 from ito_assets.manifest.schema import DATA_KIND
+from ito_assets.manifest.secrets import value_secret_kind
 
 if TYPE_CHECKING:  # the type define_asset_job returns, not exported at the top level
     from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 REVIEWED_MANIFEST_SENSOR = "reviewed_manifest_sensor"
+
+
+def shown_name(file_name: str) -> str:
+    """A file name as the sensor's log may show it. Whoever drops a file chooses its name: a token
+    saved as its own file name must not reach the log, nor terminal controls an operator's screen;
+    a name that looks like a credential is withheld whole (a prefix of one is already too much)."""
+    if telemetry.redact(file_name) != file_name or value_secret_kind(file_name):
+        return "(a name that looks like a credential, withheld)"
+    return ascii(file_name)
 
 
 def job_for(manifest: discovery.DiscoveredManifest) -> str:
@@ -40,7 +50,7 @@ def reviewed_manifest_sensor(preparation: "UnresolvedAssetJobDefinition",
         settings = ito.settings()
         found, rejected = discovery.discover(settings.manifests_dir, max_bytes=settings.max_manifest_bytes)
         for item in rejected:
-            context.log.warning(f"manifest file {item.file_name} was not registered: {item.code}")
+            context.log.warning(f"manifest file {shown_name(item.file_name)} was not registered: {item.code}")
         known = set(context.instance.get_dynamic_partitions(manifests_partitions.name))
         new_keys = sorted({m.key for m in found} - known)
         requests = [

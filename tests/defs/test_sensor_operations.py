@@ -3,6 +3,7 @@ an end written on a retry, one run that fails every tick, manifest files that mi
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 
@@ -110,3 +111,27 @@ def test_an_end_written_on_a_retry_copies_the_event_log_once(world_and_defs, ins
     assert runs.get(world.ledger, run.run_id).state is RunState.FAILED
     lines = [line.message for line in telemetry.logs(world.ledger, run.run_id, limit=500)]
     assert lines and len(lines) == len(set(lines)), lines
+
+
+@pytest.mark.parametrize("canary", ["github", "aws", "hugging_face", "slack", "entropy", "jwt"])
+def test_a_rejected_file_whose_name_is_a_secret_is_logged_without_it(installation, instance, caplog, canary):
+    from helpers import CANARIES
+
+    secret = CANARIES[canary]
+    path = installation.manifests_dir / f"{secret}.json"
+    path.write_text("{}")
+    path.chmod(0o666)  # refused: group- and world-writable
+    (installation.manifests_dir / "term\x1b[2J.json").write_text("{}")
+    (installation.manifests_dir / "term\x1b[2J.json").chmod(0o666)
+    (installation.manifests_dir / "plain-name.json").write_text("{}")
+    (installation.manifests_dir / "plain-name.json").chmod(0o666)
+    defs = build_definitions(installation.settings, domains=("manifest",))
+    context = dg.build_sensor_context(instance=instance, sensor_name="reviewed_manifest_sensor", definitions=defs,
+                                      resources=defs.resources)
+    context._logger = logging.getLogger("sensor-under-test")  # what the daemon writes to the tick's log
+    with caplog.at_level("DEBUG"):
+        result = defs.resolve_sensor_def("reviewed_manifest_sensor")(context)
+    assert result.run_requests == []
+    logged = "\n".join(record.getMessage() for record in caplog.records)
+    assert "'plain-name.json' was not registered: MANIFEST_UNSAFE_PERMISSIONS" in logged
+    assert secret not in logged and secret[:12] not in logged and "\x1b" not in logged
