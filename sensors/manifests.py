@@ -18,6 +18,18 @@ if TYPE_CHECKING:  # the type define_asset_job returns, not exported at the top 
     from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 REVIEWED_MANIFEST_SENSOR = "reviewed_manifest_sensor"
+# The daemon stores a tick's every request in its tick record and looks each run key up: an inbox
+# of thousands, asked for whole, would cost that on every tick for as long as the files stay.
+MAX_REQUESTS_PER_TICK = 50
+_RUN_KEY_TAG = "dagster/run_key"  # Dagster's own tag for a run's key
+
+
+def _in_request_order(instance: dg.DagsterInstance, manifests: list[discovery.DiscoveredManifest]) -> list:
+    """Manifests no run was launched for first (their digest is the run key), then the others, so
+    that a bounded tick never starves a new one; asking again for a used key costs nothing and lets
+    the daemon launch a run it created but never started. One query for every key ever used."""
+    used = set().union(*(values for _, values in instance.get_run_tags([_RUN_KEY_TAG], value_prefix="sha256:")))
+    return sorted(manifests, key=lambda m: (m.digest in used, m.digest))
 
 
 def shown_name(file_name: str) -> str:
@@ -53,10 +65,11 @@ def reviewed_manifest_sensor(preparation: "UnresolvedAssetJobDefinition",
             context.log.warning(f"manifest file {shown_name(item.file_name)} was not registered: {item.code}")
         known = set(context.instance.get_dynamic_partitions(manifests_partitions.name))
         new_keys = sorted({m.key for m in found} - known)
+        waiting = _in_request_order(context.instance, list({m.key: m for m in found}.values()))
         requests = [
             dg.RunRequest(run_key=m.digest, job_name=job_for(m), partition_key=m.key,
                           tags=run_tags.for_preparation(m.digest))
-            for m in {m.key: m for m in found}.values()
+            for m in waiting[:MAX_REQUESTS_PER_TICK]
         ]
         return dg.SensorResult(
             run_requests=requests,

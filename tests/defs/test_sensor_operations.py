@@ -135,3 +135,32 @@ def test_a_rejected_file_whose_name_is_a_secret_is_logged_without_it(installatio
     logged = "\n".join(record.getMessage() for record in caplog.records)
     assert "'plain-name.json' was not registered: MANIFEST_UNSAFE_PERMISSIONS" in logged
     assert secret not in logged and secret[:12] not in logged and "\x1b" not in logged
+
+
+def _spent(instance, digest: str) -> None:
+    """A run the daemon launched for `digest` (its run key), whatever became of it."""
+    instance.add_run(dg.DagsterRun(job_name="preparation_job", run_id=str(uuid.uuid4()),
+                                   status=dg.DagsterRunStatus.SUCCESS,
+                                   tags={"dagster/run_key": digest, "dagster/sensor_name": "reviewed_manifest_sensor"}))
+
+
+def test_the_manifest_sensor_stays_bounded_as_the_inbox_grows(installation, instance, monkeypatch):
+    # Weeks of reviewed manifests: each tick's requests go into the daemon's tick record and cost
+    # it one query each, so a tick asks only for what was never launched, a bounded number at once.
+    from sensors import manifests
+
+    monkeypatch.setattr(manifests, "MAX_REQUESTS_PER_TICK", 3)
+    for name in ("alpha", "beta", "gamma", "delta", "epsilon"):
+        installation.manifest(name)
+    defs = build_definitions(installation.settings, domains=("manifest",))
+    first = _tick(defs, instance, "reviewed_manifest_sensor")
+    assert len(first.run_requests) == 3
+    (added,) = first.dynamic_partitions_requests
+    assert len(added.partition_keys) == 5  # every manifest is registered at once; runs follow
+    instance.add_dynamic_partitions("manifests", list(added.partition_keys))
+    for request in first.run_requests:
+        _spent(instance, request.run_key)
+    second = _tick(defs, instance, "reviewed_manifest_sensor")
+    assert len(second.run_requests) == 3
+    asked = {r.run_key for r in second.run_requests}
+    assert len(asked - {r.run_key for r in first.run_requests}) == 2  # the two never launched come first
