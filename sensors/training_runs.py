@@ -52,14 +52,14 @@ def _dagster_runs_of(instance: dg.DagsterInstance, run_id: str) -> list[dg.Dagst
 )
 def cancellation_sensor(context: dg.SensorEvaluationContext, ledger: LedgerResource) -> dg.SkipReason:
     with ledger.open() as opened:
-        for run in runs.cancelling_runs(opened):
+        for run in runs.each(runs.cancelling_runs, opened):
             _one_run(context, run.run_id, lambda run=run: _cancel(context, opened, run))
         _withdraw_queued_runs_of_ended(context, opened)
         # A run-status sensor advances past a run even when writing its end failed (a locked
         # ledger): without this sweep such a run would hold its booking as active forever.
-        for run in runs.launched_active_runs(opened):
+        for run in runs.each(runs.launched_active_runs, opened):
             _one_run(context, run.run_id, lambda run=run: _reconcile_launched(context, opened, run))
-        for run in runs.pending_runs(opened):
+        for run in runs.each(runs.pending_runs, opened):
             _one_run(context, run.run_id, lambda run=run: _reconcile_unattached(context, opened, run))
     return dg.SkipReason("cancellations and unreported ends handled")
 

@@ -7,6 +7,7 @@ is one conditional UPDATE on the state it expects, so two daemons cannot both mo
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, fields
 
 import sqlalchemy as sa
@@ -130,40 +131,64 @@ def count_active(conn: sa.Connection, booking_id: str) -> int:
     return int(conn.execute(query).scalar_one())
 
 
-def pending_runs(ledger: Ledger, *, limit: int = 100) -> list[Run]:
+def _listed(ledger: Ledger, where: list, order: sa.Column, after: Run | None, limit: int) -> list[Run]:
+    """Up to `limit` runs matching `where`, by (`order`, run_id), those after `after` in that order
+    (keyset paging: a row moved or removed between pages shifts no other)."""
+    query = sa.select(runs).where(*where)
+    if after is not None:
+        mark = getattr(after, order.name)
+        query = query.where(sa.or_(order > mark, sa.and_(order == mark, runs.c.run_id > after.run_id)))
+    query = query.order_by(order, runs.c.run_id).limit(limit)
+    with ledger.read() as conn:
+        return [from_row(r) for r in conn.execute(query).mappings().all()]
+
+
+def pending_runs(ledger: Ledger, *, after: Run | None = None, limit: int = 100) -> list[Run]:
     """Queued runs that no Dagster run has been launched for yet, oldest first (for the sensor)."""
-    query = (sa.select(runs).where(runs.c.state == RunState.QUEUED.value, runs.c.dagster_run_id.is_(None))
-             .order_by(runs.c.created_at, runs.c.run_id).limit(limit))
-    with ledger.read() as conn:
-        return [from_row(r) for r in conn.execute(query).mappings().all()]
+    where = [runs.c.state == RunState.QUEUED.value, runs.c.dagster_run_id.is_(None)]
+    return _listed(ledger, where, runs.c.created_at, after, limit)
 
 
-def cancelling_runs(ledger: Ledger, *, limit: int = 100) -> list[Run]:
+def cancelling_runs(ledger: Ledger, *, after: Run | None = None, limit: int = 100) -> list[Run]:
     """Runs whose cancellation was confirmed and whose Dagster run must be terminated."""
-    query = (sa.select(runs).where(runs.c.state == RunState.CANCELLING.value)
-             .order_by(runs.c.updated_at, runs.c.run_id).limit(limit))
-    with ledger.read() as conn:
-        return [from_row(r) for r in conn.execute(query).mappings().all()]
+    return _listed(ledger, [runs.c.state == RunState.CANCELLING.value], runs.c.updated_at, after, limit)
 
 
-def launched_active_runs(ledger: Ledger, *, limit: int = 100) -> list[Run]:
+def launched_active_runs(ledger: Ledger, *, after: Run | None = None, limit: int = 100) -> list[Run]:
     """Runs a Dagster run was launched for that the ledger still holds as active: the sensor that
     reconciles them finds those whose Dagster run ended without being reported."""
-    query = (sa.select(runs).where(runs.c.state.in_([s.value for s in ACTIVE_RUN_STATES]),
-                                   runs.c.dagster_run_id.is_not(None))
-             .order_by(runs.c.updated_at, runs.c.run_id).limit(limit))
-    with ledger.read() as conn:
-        return [from_row(r) for r in conn.execute(query).mappings().all()]
+    where = [runs.c.state.in_([s.value for s in ACTIVE_RUN_STATES]), runs.c.dagster_run_id.is_not(None)]
+    return _listed(ledger, where, runs.c.updated_at, after, limit)
+
+
+def each(lister, ledger: Ledger, *, page: int = 100) -> Iterator[Run]:
+    """Every run `lister` (one of the three above) finds, a page at a time, each once: a sweep
+    that read only the first page would never reach the runs behind a hundred long-lived ones.
+    A run the caller changes between pages (a later updated_at) may come round again: it is skipped."""
+    seen: set[str] = set()
+    after = None
+    while True:
+        found = lister(ledger, after=after, limit=page)
+        for run in found:
+            if run.run_id not in seen:
+                seen.add(run.run_id)
+                yield run
+        if len(found) < page:
+            return
+        after = found[-1]
 
 
 def attach_dagster_run(ledger: Ledger, run_id: str, dagster_run_id: str) -> Run:
     """Record the Dagster run launched for `run_id`; idempotent for the same Dagster run id,
-    refused (INTERNAL_ERROR) when another Dagster run was already attached."""
+    refused (INTERNAL_ERROR) when another Dagster run was already attached, and (RUN_FINISHED) for
+    a run that ended before any was (cancelled while queued): its audit trail must not say launched."""
     now = ledger.now()
     with ledger.write() as conn:
         run = load(conn, run_id, for_update=True)
         if run is None:
             raise ItoError(ErrorCode.RUN_NOT_FOUND, "no such run")
+        if run.dagster_run_id is None and run.state in TERMINAL_RUN_STATES:
+            raise ItoError(ErrorCode.RUN_FINISHED, f"the run already ended ({run.state.value}); nothing is launched for it")
         if run.dagster_run_id not in (None, dagster_run_id):
             raise ItoError(ErrorCode.INTERNAL_ERROR, "another Dagster run is already attached to this run")
         if run.dagster_run_id is None:

@@ -202,6 +202,44 @@ def test_the_sensor_lists_are_bounded_by_default(world) -> None:
     assert len(runs.launched_active_runs(world.ledger)) == 100
 
 
+@pytest.mark.parametrize("lister,state,attached", [(runs.pending_runs, "queued", None),
+                                                    (runs.cancelling_runs, "cancelling", "dagster-bulk"),
+                                                    (runs.launched_active_runs, "running", "dagster-bulk")])
+def test_a_sweep_reaches_every_run_a_page_at_a_time_each_once(world, lister, state, attached) -> None:
+    # 7 runs, 3 of them sharing one time, read 2 at a time (a tie splits across pages), and a run
+    # changed while the sweep runs (its later time brings it round again): each seen once.
+    template = run_row_of(world, new_run(world))
+    with world.ledger.write() as conn:
+        conn.execute(runs_table.delete())
+        conn.execute(runs_table.insert(), [
+            {**template, "run_id": f"run_page{i:04d}", "idempotency_key": f"page-key-{i:04d}", "state": state,
+             "dagster_run_id": attached, "created_at": T0 + min(i, 3), "updated_at": T0 + min(i, 3)} for i in range(7)])
+    seen = []
+    for run in runs.each(lister, world.ledger, page=2):
+        seen.append(run.run_id)
+        if run.run_id == "run_page0001":
+            update_run(world, run.run_id, created_at=T0 + 9, updated_at=T0 + 9)
+    assert seen == [f"run_page{i:04d}" for i in range(7)]
+    moved_last = [seen[0], *seen[2:], seen[1]]
+    assert [r.run_id for r in runs.each(lister, world.ledger, page=100)] == moved_last
+
+
+@pytest.mark.parametrize("state", [RunState.CANCELLED, RunState.GATE_FAILED, RunState.FAILED])
+def test_a_run_that_ended_before_any_launch_is_not_attached(world, state) -> None:
+    # Cancelled while queued (or ended by a sweep): the Dagster run that starts later is refused
+    # by its authorization step, and the audit trail never says the run was launched.
+    run = new_run(world, booking_id=world.booking())
+    runs.set_state(world.ledger, run.run_id, state)
+    with pytest.raises(ItoError) as refused:
+        runs.attach_dagster_run(world.ledger, run.run_id, "dagster-late")
+    assert refused.value.code is ErrorCode.RUN_FINISHED
+    ended = runs.get(world.ledger, run.run_id)
+    assert (ended.state, ended.dagster_run_id) == (state, None)
+    assert events(world, "run_launched", subject=run.run_id) == []
+    queued = new_run(world, booking_id=world.booking())  # the bound's other side: queued is attached
+    assert runs.attach_dagster_run(world.ledger, queued.run_id, "dagster-q").dagster_run_id == "dagster-q"
+
+
 def run_row_of(world, run: runs.Run) -> dict:
     with world.ledger.read() as conn:
         return dict(conn.execute(sa.select(runs_table).where(runs_table.c.run_id == run.run_id)).mappings().one())

@@ -164,3 +164,26 @@ def test_the_manifest_sensor_stays_bounded_as_the_inbox_grows(installation, inst
     assert len(second.run_requests) == 3
     asked = {r.run_key for r in second.run_requests}
     assert len(asked - {r.run_key for r in first.run_requests}) == 2  # the two never launched come first
+
+
+def test_the_sweep_reaches_an_ended_run_behind_a_hundred_long_lived_ones(world_and_defs, instance):
+    """A desk with more than a hundred runs training for days: the one whose end never reached the
+    ledger is the newest, behind the first page the sweep used to read alone."""
+    import sqlalchemy as sa
+
+    from ito_assets.control.ledger import runs as runs_table
+
+    world, defs = world_and_defs
+    live = _ended_dagster_run(instance, _create(world, "train-key-0001"), status=dg.DagsterRunStatus.STARTED)
+    ended = _create(world, "train-key-0002")
+    runs.attach_dagster_run(world.ledger, ended.run_id, _ended_dagster_run(instance, ended).run_id)
+    with world.ledger.write() as conn:
+        template = dict(conn.execute(sa.select(runs_table).where(runs_table.c.run_id == ended.run_id)).mappings().one())
+        conn.execute(runs_table.update().where(runs_table.c.run_id == ended.run_id)
+                     .values(state="running", updated_at=template["updated_at"] + 10))
+        conn.execute(runs_table.insert(), [
+            {**template, "run_id": f"run_long{i:022d}", "idempotency_key": f"long-key-{i:04d}", "state": "running",
+             "dagster_run_id": live.run_id, "updated_at": template["updated_at"] - 100 + i % 7} for i in range(100)])
+    _tick(defs, instance, "cancellation_sensor")
+    assert runs.get(world.ledger, ended.run_id).state is RunState.FAILED
+    assert runs.get(world.ledger, "run_long" + "0" * 22).state is RunState.RUNNING
