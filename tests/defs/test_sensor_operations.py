@@ -187,3 +187,35 @@ def test_the_sweep_reaches_an_ended_run_behind_a_hundred_long_lived_ones(world_a
     _tick(defs, instance, "cancellation_sensor")
     assert runs.get(world.ledger, ended.run_id).state is RunState.FAILED
     assert runs.get(world.ledger, "run_long" + "0" * 22).state is RunState.RUNNING
+
+
+def test_the_eval_suite_sensor_asks_a_bounded_number_and_never_a_launched_pair_again(installation, instance,
+                                                                                       monkeypatch):
+    # A changed suite over an inbox of many decontaminated manifests: each tick asks for at most
+    # the bound, and a (manifest, suite) pair already launched is neither asked nor looked up.
+    import hashlib
+
+    from ito_assets.manifest import discovery
+    from sensors import eval_suite
+
+    found = [discovery.DiscoveredManifest(path=f"m{i}.json", sha256_hex=hashlib.sha256(b"%d" % i).hexdigest())
+             for i in range(5)]
+    monkeypatch.setattr(eval_suite.discovery, "discover", lambda folder, max_bytes: (found, []))
+    looked_up = []
+    monkeypatch.setattr(eval_suite, "_decontaminated_with", lambda inst, key: looked_up.append(key) or "sha256:" + "0" * 64)
+    monkeypatch.setattr(eval_suite, "MAX_REQUESTS_PER_TICK", 3)
+    instance.add_dynamic_partitions("manifests", [m.key for m in found])
+    defs = build_definitions(installation.settings, domains=("manifest", "data"))
+    asked = []
+    for expected in (3, 2, 0):
+        looked_up.clear()
+        requests = _tick(defs, instance, "eval_suite_changed").run_requests
+        assert len(requests) == expected and len(looked_up) == expected
+        assert not {r.run_key for r in requests} & set(asked)
+        for request in requests:
+            instance.add_run(dg.DagsterRun(job_name="decontamination_job", run_id=str(uuid.uuid4()),
+                                           status=dg.DagsterRunStatus.SUCCESS,
+                                           tags={"dagster/run_key": request.run_key,
+                                                 "dagster/sensor_name": "eval_suite_changed"}))
+            asked.append(request.run_key)
+    assert len(set(asked)) == 5
