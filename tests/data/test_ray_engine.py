@@ -1,10 +1,13 @@
 """The Ray engine: the data plane's work units as Ray tasks on a cluster of two simulated nodes on
 loopback (`ray.cluster_utils.Cluster`), the same bytes as the local engine, a killed worker retried,
-a unit that fails three times failing the step with a code that names it."""
+a unit that fails three times failing the step with a code that names it, the cluster joined by
+RAY_ADDRESS (test_ray_connect.py: where it cannot be)."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,6 +134,39 @@ def counted(task: CountedTask) -> int:
     if task.fails:
         raise RuntimeError("this unit's file is unreadable")
     return task.unit * 10
+
+
+JOIN = """
+import sys
+sys.path[:0] = {paths!r}
+import ray._private.utils
+if {release!r}:
+    ours = ray._private.utils.compute_version_info()
+    ray._private.utils.compute_version_info = lambda: ({release!r}, ours[1])
+from ito_assets.data.units import map_units, worker_pool
+from ito_assets.errors import ItoError
+def negated(value):
+    return -value
+try:
+    with worker_pool(1, "ray") as pool:
+        print(map_units(negated, [-1, -2], pool, phase="test phase"))
+except ItoError as error:
+    print(error)
+"""
+
+
+def test_a_step_joins_the_cluster_ray_address_names_and_refuses_one_on_another_ray_release(cluster):
+    here = Path(__file__).resolve().parent
+    address = cluster.address.replace(cluster.address.rpartition(":")[0], "127.0.0.1")  # as a user writes it
+
+    def joined(release: str) -> str:
+        code = JOIN.format(paths=[str(here.parents[1])], release=release)
+        env = {**os.environ, "RAY_ADDRESS": address}
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120).stdout.strip()
+
+    assert joined("").splitlines()[-1] == "[1, 2]"
+    refused = joined("2.59.0").splitlines()[-1]
+    assert refused.startswith(f"CAPABILITY_MISSING: the Ray cluster at {address} (RAY_ADDRESS) runs another Ray or Python release")
 
 
 def test_a_rerun_on_ray_resumes_from_the_units_that_finished(cluster, tmp_path):
