@@ -44,6 +44,8 @@ CONNECT_TIMEOUT_S = 10.0
 # port, say) is cut to: one attempt of ~40 s, not 20 (`RAY_gcs_server_port_wait_time_s`, read when
 # Ray connects; an operator's own value is kept).
 GCS_WAIT = ("RAY_gcs_server_port_wait_time_s", "1")
+# Seconds a cancelled task is given to stop before its worker is killed, and then to be gone.
+STOP_WAIT_S = 10.0
 ADDRESS_FORMS = "host:port, ray://host:port, auto or local"
 
 
@@ -68,16 +70,39 @@ class RayPool:
         self.ray = ray_module
 
     def map(self, function: Callable[[Task], Result], tasks: Sequence[Task]) -> Iterator[Result]:
+        """The results in task order. However the caller stops (a unit failed, its own error, the
+        iterator closed), the tasks whose results it did not take are cancelled, and waited for,
+        before the error reaches it: on a cluster that outlives the step they would otherwise go on
+        writing into the phase's folder while a rerun clears it and writes the same files."""
         remote = self.ray.remote(num_cpus=1, max_retries=ATTEMPTS - 1, retry_exceptions=True)(function)
         pending = [remote.remote(task) for task in tasks]
-        for index, reference in enumerate(pending):
-            try:
-                yield self.ray.get(reference)
-            except self.ray.exceptions.RayError as error:
-                for other in pending[index + 1:]:
-                    self.ray.cancel(other)
-                cause = error.cause if isinstance(error, self.ray.exceptions.RayTaskError) else error
-                raise WorkUnitFailed(index, type(cause).__name__) from None
+        try:
+            for index, reference in enumerate(pending):
+                try:
+                    result = self.ray.get(reference)
+                except self.ray.exceptions.RayError as error:
+                    cause = error.cause if isinstance(error, self.ray.exceptions.RayTaskError) else error
+                    raise WorkUnitFailed(index, type(cause).__name__) from None
+                pending[index] = None  # the caller's now: Ray may free its copy
+                yield result
+        finally:
+            self._stop([reference for reference in pending if reference is not None])
+
+    def _stop(self, references: list) -> None:
+        """Cancel the tasks not taken (a finished one is left as it is) and wait until none runs:
+        asked first (an interrupt in the task), then forced (its worker killed; a half-written file
+        is one no marker vouches for, which the rerun removes)."""
+        if not references:
+            return
+        for force in (False, True):
+            for reference in references:
+                try:
+                    self.ray.cancel(reference, force=force)
+                except Exception:  # noqa: BLE001 - finished, or already cancelled
+                    pass
+            _, references = self.ray.wait(references, num_returns=len(references), timeout=STOP_WAIT_S)
+            if not references:
+                return
 
 
 @contextmanager

@@ -1,13 +1,14 @@
 """The Ray engine: the data plane's work units as Ray tasks on a cluster of two simulated nodes on
 loopback (`ray.cluster_utils.Cluster`), the same bytes as the local engine, a killed worker retried,
-a unit that fails three times failing the step with a code that names it, the cluster joined by
-RAY_ADDRESS (test_ray_connect.py: where it cannot be)."""
+a unit that fails three times failing the step with a code that names it, no task of a failed step
+left running, the cluster joined by RAY_ADDRESS (test_ray_connect.py: where it cannot be)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,6 +135,28 @@ def counted(task: CountedTask) -> int:
     if task.fails:
         raise RuntimeError("this unit's file is unreadable")
     return task.unit * 10
+
+
+def sleeps_then_writes(task: CountedTask) -> object:
+    """Unit 0 answers at once, with a result its marker cannot keep (a set): the step fails in its
+    own process, as on a full disk. The other units write their file after 3 s."""
+    if task.unit == 0:
+        return {0}
+    time.sleep(3)
+    Path(task.folder, f"written-{task.unit}").touch()
+    return task.unit
+
+
+def test_a_step_that_fails_in_its_own_process_leaves_no_task_of_its_own_running(cluster, tmp_path):
+    """On a cluster that outlives the step, a unit left running went on writing into the phase's
+    folder, even into the rerun that had cleared it (a unit's file gone under its digest, the
+    task retried by Ray). The error still holds the step's frames when it is raised."""
+    tasks = [CountedTask(str(tmp_path), unit, False) for unit in range(4)]
+    with pytest.raises(TypeError, match="set") as caught:
+        with worker_pool(1, "ray") as pool:
+            map_units(sleeps_then_writes, tasks, pool, phase="test phase", markers=CompletionMarkers(tmp_path / "finished"))
+    time.sleep(5)  # past when units 1 and 2 (two CPUs) would have written
+    assert caught.value and sorted(p.name for p in tmp_path.iterdir()) == ["finished"]
 
 
 JOIN = """
