@@ -50,8 +50,8 @@ ADDRESS_FORMS = "host:port, ray://host:port, auto or local"
 
 
 class WorkUnitFailed(Exception):
-    """Unit `index` failed on every attempt; `cause` names the last error's type only (a task's
-    message may quote a document)."""
+    """Unit `index` failed on every attempt; `cause` names the last error's type, and a coded
+    error's code, only (a task's message may quote a document)."""
 
     def __init__(self, index: int, cause: str):
         super().__init__(f"work unit {index} failed {ATTEMPTS} times ({cause})")
@@ -82,7 +82,7 @@ class RayPool:
                     result = self.ray.get(reference)
                 except self.ray.exceptions.RayError as error:
                     cause = error.cause if isinstance(error, self.ray.exceptions.RayTaskError) else error
-                    raise WorkUnitFailed(index, type(cause).__name__) from None
+                    raise WorkUnitFailed(index, _named(cause)) from None
                 pending[index] = None  # the caller's now: Ray may free its copy
                 yield result
         finally:
@@ -103,6 +103,13 @@ class RayPool:
             _, references = self.ray.wait(references, num_returns=len(references), timeout=STOP_WAIT_S)
             if not references:
                 return
+
+
+def _named(cause: BaseException) -> str:
+    """The error's type, and a coded error's code (SHARD_CORRUPT, SOURCE_INVALID): what the step's
+    message may say of it."""
+    code = cause.code.value if isinstance(cause, ItoError) else None
+    return type(cause).__name__ if code is None else f"{type(cause).__name__} {code}"
 
 
 @contextmanager

@@ -1,8 +1,9 @@
 """Joining the Ray that ITO_DATA_ENGINE=ray runs on, where it cannot be joined: Ray not installed,
 a RAY_ADDRESS that is not an address, or one where no Ray answers. Each is a stable code at once
 (Ray alone retried an unanswered address 20 times, ~40 s each, deaf to Ctrl-C), and no message
-names the user, password or token an address carries. No test here starts a Ray; joining a real
-cluster, and one on another Ray release, is in test_ray_engine.py."""
+names the user, password or token an address carries; and what a unit's failure on Ray says of
+its error. No test here starts a Ray; joining a real cluster, and one on another Ray release, is
+in test_ray_engine.py."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import pytest
 ray = pytest.importorskip("ray", reason="Ray is not installed (the `ray` extra; `make test` installs it)")
 
 from ito_assets.data import ray_engine  # noqa: E402
-from ito_assets.data.units import worker_pool  # noqa: E402
+from ito_assets.data.units import map_units, worker_pool  # noqa: E402
 from ito_assets.errors import ErrorCode, ItoError  # noqa: E402
 
 SECRET = "s3cr3t-t0ken"
@@ -137,3 +138,37 @@ def test_a_ray_client_address_with_a_password_where_nothing_answers_does_not_quo
     assert error.code is ErrorCode.TIMEOUT and "ray://127.0.0.1:1" in error.message
     assert SECRET not in str(error) and took < 120
 
+
+
+class _FakeRay:
+    """What RayPool uses of Ray, without a Ray: each task fails as Ray reports a task that raised."""
+
+    exceptions = ray.exceptions
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+    def remote(self, **options):
+        return lambda function: type("Remote", (), {"remote": staticmethod(lambda task: task)})
+
+    def get(self, reference):
+        raise ray.exceptions.RayTaskError("unit", "traceback", self.error)
+
+    def cancel(self, reference, force=False):
+        pass
+
+    def wait(self, references, num_returns, timeout):
+        return references, []
+
+
+@pytest.mark.parametrize("error,named", [
+    (ItoError(ErrorCode.SHARD_CORRUPT, f"shard d-00001.parquet: {SECRET}"), "ItoError SHARD_CORRUPT"),
+    (OSError(f"cannot read {SECRET}"), "OSError"),
+])
+def test_a_unit_that_fails_on_ray_names_its_errors_type_and_code_never_its_message(error, named):
+    """A worker's SHARD_CORRUPT or SOURCE_INVALID reaches the step as DATA_WORK_UNIT_FAILED: the
+    code says which, where the type alone (ItoError) said nothing."""
+    with pytest.raises(ItoError) as caught:
+        map_units(abs, [1, 2], ray_engine.RayPool(_FakeRay(error)), phase="dedup signatures")
+    assert caught.value.code is ErrorCode.DATA_WORK_UNIT_FAILED
+    assert caught.value.message == f"dedup signatures: work unit 0 failed {ray_engine.ATTEMPTS} times ({named})"
