@@ -138,7 +138,8 @@ def _import_ray():
 
 def where(address: str) -> str:
     """The address as a message names it: scheme, host and port, never a user, password, path or query."""
-    scheme, _, rest = address.strip().rpartition("://")
+    scheme, cut, rest = address.strip().partition("://")
+    scheme, rest = (scheme, rest) if cut else ("", scheme)
     try:
         parts = urlsplit(f"//{rest}")
         host, port = parts.hostname, parts.port

@@ -112,6 +112,7 @@ def test_ray_not_installed_is_capability_missing(monkeypatch):
     ("10.0.0.5:6379", "10.0.0.5:6379"),
     (f"ray://alice:{SECRET}@head.example:10001", "ray://head.example:10001"),
     (f"ray://head.example:10001/?token={SECRET}", "ray://head.example:10001"),
+    (f"ray://head.example:10001/?next=http://{SECRET}", "ray://head.example:10001"),
     ("[::1]:6379", "[::1]:6379"),
     ("", "RAY_ADDRESS"),
 ])
