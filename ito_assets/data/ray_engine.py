@@ -64,29 +64,47 @@ class WorkUnitFailed(Exception):
 
 
 class RayPool:
-    """`map` over Ray tasks: one task per item, results in item order."""
+    """Ray tasks, one per item, results as they finish (`map_finished`)."""
 
     def __init__(self, ray_module):
         self.ray = ray_module
 
-    def map(self, function: Callable[[Task], Result], tasks: Sequence[Task]) -> Iterator[Result]:
-        """The results in task order. However the caller stops (a unit failed, its own error, the
-        iterator closed), the tasks whose results it did not take are cancelled, and waited for,
-        before the error reaches it: on a cluster that outlives the step they would otherwise go on
-        writing into the phase's folder while a rerun clears it and writes the same files."""
+    def map_finished(self, function: Callable[[Task], Result], tasks: Sequence[Task]) -> Iterator[tuple[int, Result]]:
+        """(position, result) of each task as it finishes. A unit that failed on every attempt
+        raises WorkUnitFailed after the results of the tasks that had finished by then (their
+        completion markers are written; a rerun redoes the others). However the caller stops (a
+        unit failed, its own error, the iterator closed), the tasks whose results it did not take
+        are cancelled, and waited for, before the error reaches it: on a cluster that outlives the
+        step they would otherwise go on writing into the phase's folder while a rerun clears it
+        and writes the same files."""
         remote = self.ray.remote(num_cpus=1, max_retries=ATTEMPTS - 1, retry_exceptions=True)(function)
-        pending = [remote.remote(task) for task in tasks]
+        pending = {remote.remote(task): position for position, task in enumerate(tasks)}
         try:
-            for index, reference in enumerate(pending):
+            while pending:
+                [reference], _ = self.ray.wait(list(pending), num_returns=1)
+                position = pending.pop(reference)
                 try:
                     result = self.ray.get(reference)
                 except self.ray.exceptions.RayError as error:
                     cause = error.cause if isinstance(error, self.ray.exceptions.RayTaskError) else error
-                    raise WorkUnitFailed(index, _named(cause)) from None
-                pending[index] = None  # the caller's now: Ray may free its copy
-                yield result
+                    failed = WorkUnitFailed(position, _named(cause))
+                    yield from self._finished_now(pending)
+                    raise failed from None
+                yield position, result  # the caller's now: Ray may free its copy
         finally:
-            self._stop([reference for reference in pending if reference is not None])
+            self._stop(list(pending))
+
+    def _finished_now(self, pending: dict) -> Iterator[tuple[int, Result]]:
+        """The results of the tasks already finished, those that succeeded; taken out of `pending`."""
+        if not pending:
+            return
+        ready, _ = self.ray.wait(list(pending), num_returns=len(pending), timeout=0)
+        for reference in ready:
+            position = pending.pop(reference)
+            try:
+                yield position, self.ray.get(reference)
+            except self.ray.exceptions.RayError:
+                continue
 
     def _stop(self, references: list) -> None:
         """Cancel the tasks not taken (a finished one is left as it is) and wait until none runs:

@@ -4,7 +4,7 @@ independent piece of work that a worker process can do alone.
 A unit is a Parquet file of consecutive documents in the step's order (columns `doc_id`, `text`)
 plus where it starts in that order, so that a unit's local document positions map back to the
 step's by one addition. Units are written from a stream of frames, one unit in memory at a time;
-a document is never split. `map_units` runs a top-level function over tasks, in order, in this
+a document is never split. `map_units` runs a top-level function over tasks, in this
 process (one worker) or in a pool of fresh ("spawn") processes: forking a process that already
 runs polars' or DuckDB's thread pools can deadlock a child on a lock another thread held.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import multiprocessing
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -38,9 +38,8 @@ Result = TypeVar("Result")
 
 
 class Pool(Protocol):
-    """What `map_units` needs of a pool: ProcessPoolExecutor's `map`, or ray_engine.RayPool's."""
-
-    def map(self, function: Callable[[Task], Result], tasks: Sequence[Task]) -> Iterable[Result]: ...
+    """What `map_units` needs of a pool: an Executor's `submit` (ProcessPoolExecutor; threads in
+    tests), or ray_engine.RayPool's `map_finished`."""
 
 
 @dataclass(frozen=True)
@@ -226,7 +225,8 @@ def map_units(function: Callable[[Task], Result], tasks: Sequence[Task], pool: P
     try:
         # One task is not worth a process start; on Ray it still goes to the cluster (memory).
         in_process = pool is None or (len(work) <= 1 and isinstance(pool, ProcessPoolExecutor))
-        for index, result in zip(todo, map(run, work) if in_process else pool.map(run, work)):
+        for position, result in enumerate(map(run, work)) if in_process else _as_finished(pool, run, work):
+            index = todo[position]
             if markers is not None:
                 result, digests = result
                 markers.record(index, keys[index], result, digests)
@@ -235,3 +235,33 @@ def map_units(function: Callable[[Task], Result], tasks: Sequence[Task], pool: P
     except WorkUnitFailed as failed:
         raise ItoError(ErrorCode.DATA_WORK_UNIT_FAILED, f"{phase}: {failed.renumbered(todo)}") from None
     return [results[i] for i in range(len(tasks))]
+
+
+def _as_finished(pool: Pool, function: Callable[[Task], Result], tasks: Sequence[Task]) -> Iterator[tuple[int, Result]]:
+    """(position, result) of each task as it finishes. After a failure, the tasks not started are
+    cancelled, those running are waited for, and their results still come (so their completion
+    markers are written: a rerun redoes the failed unit and those never run, not every unit
+    after it); then the first failure is raised."""
+    if not isinstance(pool, Executor):
+        yield from pool.map_finished(function, tasks)
+        return
+    futures = {pool.submit(function, task): position for position, task in enumerate(tasks)}
+    failure: BaseException | None = None
+    try:
+        for future in as_completed(futures):
+            if future.cancelled():
+                continue
+            if future.exception() is not None:
+                failure = failure or future.exception()
+                _cancel(futures)
+                continue
+            yield futures[future], future.result()
+    finally:  # the caller's own error, or an iterator it closed: nothing more is started
+        _cancel(futures)
+    if failure is not None:
+        raise failure
+
+
+def _cancel(futures: Iterable[Future]) -> None:
+    for future in futures:
+        future.cancel()  # a running or finished one is left to end as it does

@@ -10,6 +10,8 @@ import os
 import signal
 import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,6 +102,27 @@ def test_a_rerun_after_a_failure_does_only_the_units_that_did_not_finish(squares
         assert_frame_equal(frame, pl.DataFrame({"number": [number], "text": [f"n{number}"]}))
     CALLS.clear()
     assert run(tasks, markers)[5][0] == 25 and CALLS == []  # everything finished: nothing redone
+
+
+def slow_square(task: Square) -> tuple[int, pl.DataFrame]:
+    if task.number == FAIL_AT[0]:
+        time.sleep(0.5)  # the others finish first, on the pool's other worker
+    return square(task)
+
+
+def test_on_a_pool_the_units_that_finish_after_a_failed_one_are_kept(squares):
+    # Unit 1 fails last: units 2-5 finished meanwhile and are marked, so the rerun does unit 1 alone
+    # (taken in order, the first failure hid them, and the rerun did 1-5 again).
+    tasks, markers = squares
+    FAIL_AT[0] = 1
+    with ThreadPoolExecutor(max_workers=2) as pool, pytest.raises(OSError):
+        map_units(slow_square, tasks, pool, phase="squares", markers=markers)
+    assert sorted(p.name for p in markers.folder.glob("marker-*")) == [f"marker-0000{i}.json" for i in (0, 2, 3, 4, 5)]
+    CALLS.clear()
+    FAIL_AT[0] = -1
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = map_units(slow_square, tasks, pool, phase="squares", markers=markers)
+    assert CALLS == [1] and [r[0] for r in results] == [n * n for n in range(6)]
 
 
 def test_a_unit_whose_output_or_marker_was_damaged_is_done_again(squares):
