@@ -171,7 +171,10 @@ def _interrupted_while_a_live_run_holds_the_pool(home: Path, argv: list[str], en
         holder = local.create_run_for_job(some_job, tags={PROCESS_TAG: "another-host.example:1:1"},
                                           status=dg.DagsterRunStatus.STARTED).run_id
         local.event_log_storage.claim_concurrency_slot(POOL, holder, "noop")
-        waiting = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # As from a terminal: Ctrl-C's signal not ignored, whatever this test's own launcher set
+        # (a shell starts a background job with SIGINT ignored, and a child inherits that).
+        waiting = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         try:
             line = waiting.stderr.readline()  # the first line it writes, once it waits
             assert "waiting for the 'duckdb_writer' pool" in line and holder in line, line
