@@ -140,10 +140,11 @@ def counted(task: CountedTask) -> int:
 
 def sleeps_then_writes(task: CountedTask) -> object:
     """Unit 0 answers at once, with a result its marker cannot keep (a set): the step fails in its
-    own process, as on a full disk. The other units write their file after 3 s."""
+    own process, as on a full disk. The other units write their file after 6 s (a loaded machine
+    can take seconds to start unit 0's worker)."""
     if task.unit == 0:
         return {0}
-    time.sleep(3)
+    time.sleep(6)
     Path(task.folder, f"written-{task.unit}").touch()
     return task.unit
 
@@ -156,7 +157,7 @@ def test_a_step_that_fails_in_its_own_process_leaves_no_task_of_its_own_running(
     with pytest.raises(TypeError, match="set") as caught:
         with worker_pool(1, "ray") as pool:
             map_units(sleeps_then_writes, tasks, pool, phase="test phase", markers=CompletionMarkers(tmp_path / "finished"))
-    time.sleep(5)  # past when units 1 and 2 (two CPUs) would have written
+    time.sleep(8)  # past when units 1 and 2 (two CPUs) would have written
     assert caught.value and sorted(p.name for p in tmp_path.iterdir()) == ["finished"]
 
 
