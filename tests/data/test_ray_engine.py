@@ -140,11 +140,17 @@ def counted(task: CountedTask) -> int:
 
 def sleeps_then_writes(task: CountedTask) -> object:
     """Unit 0 answers at once, with a result its marker cannot keep (a set): the step fails in its
-    own process, as on a full disk. The other units write their file after 6 s (a loaded machine
-    can take seconds to start unit 0's worker)."""
+    own process, as on a full disk. The other units write their file 3 s after unit 0 answered
+    (however long a loaded machine took to start its worker), unless stopped first."""
+    zero = Path(task.folder, "unit-0-answered")
     if task.unit == 0:
+        zero.touch()
         return {0}
-    time.sleep(6)
+    waited = 0.0
+    while not zero.exists() and waited < 20:
+        time.sleep(0.1)
+        waited += 0.1
+    time.sleep(3)
     Path(task.folder, f"written-{task.unit}").touch()
     return task.unit
 
@@ -157,8 +163,8 @@ def test_a_step_that_fails_in_its_own_process_leaves_no_task_of_its_own_running(
     with pytest.raises(TypeError, match="set") as caught:
         with worker_pool(1, "ray") as pool:
             map_units(sleeps_then_writes, tasks, pool, phase="test phase", markers=CompletionMarkers(tmp_path / "finished"))
-    time.sleep(8)  # past when units 1 and 2 (two CPUs) would have written
-    assert caught.value and sorted(p.name for p in tmp_path.iterdir()) == ["finished"]
+    time.sleep(5)  # past when units 1 and 2 (two CPUs) would have written
+    assert caught.value and sorted(p.name for p in tmp_path.iterdir()) == ["finished", "unit-0-answered"]
 
 
 JOIN = """
