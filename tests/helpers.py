@@ -3,11 +3,15 @@ isolated embedded installation (its own data root, eval suite, manifests and sta
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import hashlib
 import os
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Iterator
 
 from ito_assets.settings import Settings
 
@@ -185,3 +189,15 @@ def examples(short: int, long: int) -> int:
     import os
 
     return long if os.environ.get("ITO_TEST_LONG") == "1" else short
+
+
+@contextlib.contextmanager
+def loopback_server(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """`handler` served on a free loopback port for the block -> its base URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

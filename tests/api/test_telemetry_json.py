@@ -7,12 +7,12 @@ import contextlib
 import http.server
 import json
 import math
-import threading
 from typing import Iterator
 
 import pytest
 
 from api_harness import ito_subprocess
+from helpers import loopback_server
 from ito_assets.control.ledger import open_ledger, run_metrics
 
 
@@ -67,14 +67,8 @@ def _answering(body: bytes) -> Iterator[str]:
         def log_message(self, *_args) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with loopback_server(Handler) as url:
+        yield url
 
 
 @pytest.mark.parametrize("data", [b'{"run_id": "run_x", "loss": NaN, "terminal": true}',

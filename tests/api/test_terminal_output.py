@@ -9,14 +9,13 @@ import json
 import os
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from helpers import valid_manifest, write_manifest
+from helpers import loopback_server, valid_manifest, write_manifest
 from ito_assets.api import cli, envelope
 from ito_assets.api.client import ApiClient, Reply
 from ito_assets.api.terminal import escape
@@ -196,14 +195,8 @@ def logs_api(num_lines: int) -> Iterator[str]:
     handler = type("Handler", (_Logs,), {"body": envelope.dumps(envelope.success(
         {"run_id": RUN_ID, "state": "running", "num_logs": num_lines, "logs": entries},
         live_api_contacted=True)).encode()})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with loopback_server(handler) as url:
+        yield url
 
 
 # stdout into a pipe is block-buffered unless PYTHONUNBUFFERED is set: a closed pipe then shows up

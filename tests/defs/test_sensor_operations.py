@@ -17,18 +17,7 @@ from ito_assets.control.create_run import TrainRequest
 from ito_assets.control.ledger import open_ledger
 from ito_assets.control.states import RunState
 from ito_assets.defs.workload import outcome
-
-
-@pytest.fixture
-def world_and_defs(installation, tmp_path):
-    url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    now = int(time.time())
-    ledger = open_ledger(url, clock=Clock(now))
-    world = make_world(ledger, make_policy(tmp_path), Clock(now))
-    defs = build_definitions(installation.settings.with_overrides(ledger_url=url, executor="in_process"),
-                             domains=("manifest", "workload"))
-    yield world, defs
-    ledger.dispose()
+from test_workload_defs import world_and_defs  # noqa: F401 - the ledger and the workload shell, as a fixture
 
 
 def _create(world, key: str) -> runs.Run:

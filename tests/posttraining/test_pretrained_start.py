@@ -137,6 +137,16 @@ def test_bound_pairs_are_refused(tmp_path, change, code):
 _PAIR = '{"pair_id": "a", "prompt": "1+1=", "response": "2"}'
 
 
+def _bound_step(root, body: bytes) -> SftStep:
+    """An SFT step bound (uri, digest) to `body`, written as root/data/pairs.jsonl."""
+    path = root / "data" / "pairs.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(body)
+    return SftStep.model_validate({"kind": "sft", "data": {
+        "uri": "dataroot://pairs.jsonl", "format": "jsonl", "license": "CC0-1.0",
+        "sha256": hashlib.sha256(body).hexdigest()}})
+
+
 @pytest.mark.parametrize("body, says", [
     (b'["pair_id", "prompt", "response"]\n', "line 1 is not an object"),  # the fields, as a list
     (b"null\n", "line 1 is not an object"),
@@ -149,27 +159,15 @@ _PAIR = '{"pair_id": "a", "prompt": "1+1=", "response": "2"}'
 def test_bound_pairs_that_are_not_pairs_are_refused_by_line(tmp_path, body, says):
     """Whatever the bytes that hash to the manifest's digest, a stable code naming the line, never
     a TypeError or a RecursionError."""
-    path = tmp_path / "data" / "pairs.jsonl"
-    path.parent.mkdir(parents=True)
-    path.write_bytes(body)
-    step = SftStep.model_validate({"kind": "sft", "data": {
-        "uri": "dataroot://pairs.jsonl", "format": "jsonl", "license": "CC0-1.0",
-        "sha256": hashlib.sha256(body).hexdigest()}})
     with pytest.raises(ItoError) as caught:
-        read_bound_pairs(step, tmp_path / "data")
+        read_bound_pairs(_bound_step(tmp_path, body), tmp_path / "data")
     assert caught.value.code is ErrorCode.POSTTRAINING_DATA_INVALID and says in caught.value.message
 
 
 def test_a_raw_line_separator_inside_a_string_is_one_pair(tmp_path):
     """JSON allows U+2028 raw in a string (str.splitlines cuts there): one line, one pair, the text kept."""
     body = '{"pair_id": "a", "prompt": "1+1=\u2028", "response": "2"}\n'.encode()
-    path = tmp_path / "data" / "pairs.jsonl"
-    path.parent.mkdir(parents=True)
-    path.write_bytes(body)
-    step = SftStep.model_validate({"kind": "sft", "data": {
-        "uri": "dataroot://pairs.jsonl", "format": "jsonl", "license": "CC0-1.0",
-        "sha256": hashlib.sha256(body).hexdigest()}})
-    (pair,) = read_bound_pairs(step, tmp_path / "data")
+    (pair,) = read_bound_pairs(_bound_step(tmp_path, body), tmp_path / "data")
     assert pair.prompt == "1+1=\u2028"
 
 
