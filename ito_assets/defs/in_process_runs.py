@@ -39,7 +39,7 @@ def _start_time(pid: int) -> str | None:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except (FileNotFoundError, ProcessLookupError, IndexError):
             return None
-        return None if fields[0] in ("Z", "X") or len(fields) < 20 else fields[19]
+        return None if len(fields) < 20 or fields[0] in ("Z", "X") else fields[19]
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -87,6 +87,7 @@ def wait_for_pool(instance: dg.DagsterInstance, pool: str, say: Callable[[str], 
         fail_orphaned_runs(instance)
         info = instance.event_log_storage.get_concurrency_info(pool)
         others = sorted(info.active_run_ids | {step.run_id for step in info.pending_steps})  # queued or assigned
+        others = [run_id for run_id in others if not _left_behind(instance, pool, run_id)]
         if not others:
             return
         if not said:
@@ -94,3 +95,13 @@ def wait_for_pool(instance: dg.DagsterInstance, pool: str, say: Callable[[str], 
                 f"slot (another `ito data prepare`, `make run` or a run of `make ui`); Ctrl-C stops this command")
             said = True
         time.sleep(poll_s)
+
+
+def _left_behind(instance: dg.DagsterInstance, pool: str, run_id: str) -> bool:
+    """Whether `run_id`'s claim on `pool` outlived its run (ended, or deleted from the instance):
+    then it is freed, not waited for."""
+    run = instance.get_run_by_id(run_id)
+    if run is not None and not run.is_finished:
+        return False
+    instance.event_log_storage.free_concurrency_slots_for_run(run_id)
+    return True

@@ -120,6 +120,17 @@ def test_a_live_holder_is_waited_for_and_named_once(instance) -> None:
     assert len(said) == 1 and holder in said[0] and "Ctrl-C" in said[0]
 
 
+@pytest.mark.parametrize("status", [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, None])
+def test_a_claim_that_outlived_its_run_is_freed_not_waited_for(instance, status) -> None:
+    # A claim left behind by a run that ended (or by one deleted from the instance) would hold
+    # the slot for good: freed, not waited for.
+    holder = "deleted-run" if status is None else instance.create_run_for_job(some_job, status=status).run_id
+    assert instance.event_log_storage.claim_concurrency_slot(POOL, holder, "noop").is_claimed
+    said = []
+    wait_for_pool(instance, POOL, say=said.append, poll_s=60)
+    assert said == [] and _slots_held(instance) == 0
+
+
 @pytest.mark.parametrize("reaped", [True, False])  # a zombie, killed and not yet reaped, runs no more
 def test_a_holder_killed_during_the_wait_ends_the_wait(instance, reaped) -> None:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
