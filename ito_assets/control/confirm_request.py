@@ -27,6 +27,8 @@ class TrainPreflight:
     eligibility: entitlement.Eligibility
     cost_cents: int
     checkpoint_root: str
+    planned_wall_s: float  # the run's plan on this booking's hardware
+    window_left_s: int  # what the booked window still has ahead
 
 
 def entitle(conn, ledger: Ledger, account_id: str, booking_id: str, *, for_update: bool,
@@ -38,10 +40,11 @@ def entitle(conn, ledger: Ledger, account_id: str, booking_id: str, *, for_updat
 
 
 def validate(conn, policy: ServerPolicy, account_id: str, booking: bookings.Booking, eligible: entitlement.Eligibility,
-             verified: VerifiedManifest, requirements: validation.RunRequirements, *,
+             verified: VerifiedManifest, requirements: validation.RunRequirements, *, now: int,
              create_storage: bool = True) -> TrainPreflight:
-    """Gate 5: data policy, checkpoint storage, network, capacity and cost, in that order.
-    `create_storage=False` for a quote: the checkpoint folder is checked, never created."""
+    """Gate 5: data policy, checkpoint storage, network, capacity (the plan inside the window
+    included) and cost, in that order. `create_storage=False` for a quote: the checkpoint folder
+    is checked, never created."""
     manifest = verified.manifest
     validation.check_data_policy(manifest, policy)
     folder = validation.check_checkpoint_storage(manifest.checkpoint_policy.storage_uri, account_id, policy,
@@ -49,9 +52,11 @@ def validate(conn, policy: ServerPolicy, account_id: str, booking: bookings.Book
     validation.check_network(requirements, eligible)
     validation.check_capacity(requirements, eligible, num_active_runs=runs.count_active(conn, booking.booking_id),
                               policy=policy)
+    run_plan = validation.check_plan_fits(manifest, booking, now=now)
     committed = budget.state(conn, account_id, verified.digest, manifest.budget).committed_cents
     cost_cents = cost.training_cost_cents(booking, manifest.budget, committed_cents=committed)
-    return TrainPreflight(eligibility=eligible, cost_cents=cost_cents, checkpoint_root=str(folder))
+    return TrainPreflight(eligibility=eligible, cost_cents=cost_cents, checkpoint_root=str(folder),
+                          planned_wall_s=run_plan.wall_seconds, window_left_s=validation.window_left_s(booking, now))
 
 
 @dataclass(frozen=True)
@@ -64,10 +69,14 @@ class TrainQuote:
     cost_cents: int
     budget: budget.BudgetState
     history: BlockHistory
+    planned_wall_s: float
+    window_left_s: int
 
     def to_dict(self) -> dict:
         return {"booking": self.booking.to_dict(), "cost_cents": self.cost_cents, "budget": self.budget.to_dict(),
-                "history": self.history.to_dict(), "confirmation_issued": False, "workload_created": False}
+                "history": self.history.to_dict(),
+                "time": {"planned_wall_seconds": round(self.planned_wall_s, 3), "window_left_seconds": self.window_left_s},
+                "confirmation_issued": False, "workload_created": False}
 
 
 def quote_train(ledger: Ledger, policy: ServerPolicy, identity: Identity, booking_id: str,
@@ -77,10 +86,11 @@ def quote_train(ledger: Ledger, policy: ServerPolicy, identity: Identity, bookin
         # A quote may be asked before the window begins (planning ahead); confirm and train may not.
         booking, eligible = entitle(conn, ledger, account_id, booking_id, for_update=False, require_started=False)
         pre = validate(conn, policy, account_id, booking, eligible, verified,
-                       requirements or validation.RunRequirements(), create_storage=False)
+                       requirements or validation.RunRequirements(), now=ledger.now(), create_storage=False)
         state = budget.state(conn, account_id, verified.digest, verified.manifest.budget)
         history = block_history(conn, booking)
-    return TrainQuote(booking=booking, cost_cents=pre.cost_cents, budget=state, history=history)
+    return TrainQuote(booking=booking, cost_cents=pre.cost_cents, budget=state, history=history,
+                      planned_wall_s=pre.planned_wall_s, window_left_s=pre.window_left_s)
 
 
 def request_train(ledger: Ledger, policy: ServerPolicy, identity: Identity, booking_id: str,
@@ -91,7 +101,7 @@ def request_train(ledger: Ledger, policy: ServerPolicy, identity: Identity, book
     with ledger.write() as conn:
         booking, eligible = entitle(conn, ledger, account_id, booking_id, for_update=False)
         pre = validate(conn, policy, account_id, booking, eligible, verified,
-                       requirements or validation.RunRequirements())
+                       requirements or validation.RunRequirements(), now=now)
         return confirmations.issue(
             conn, now=now, ttl_s=policy.confirmation_ttl_s, account_id=account_id, action=Action.TRAIN,
             cost_cents=pre.cost_cents, booking_id=booking_id,

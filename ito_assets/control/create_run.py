@@ -116,7 +116,7 @@ def _create_locked(conn: sa.Connection, ledger: Ledger, policy: ServerPolicy, ac
                                  manifest_digest=request.verified.digest)
     entitlement.require_same_network(confirmation.eligibility, eligible)
     budget.lock(conn, account_id, request.verified.digest, now=now)
-    pre = validate(conn, policy, account_id, booking, eligible, request.verified, request.requirements)
+    pre = validate(conn, policy, account_id, booking, eligible, request.verified, request.requirements, now=now)
     if confirmation.cost_cents != pre.cost_cents:
         raise ItoError(ErrorCode.CONFIRMATION_MISMATCH, "the cost changed since the confirmation was approved")
     entitlement.require_unchanged(confirmation.eligibility, eligible)

@@ -1,20 +1,24 @@
 """Gate 5, server-side validation before a workload is created: network and
-region, capacity, data policy, checkpoint storage. Cost is `cost.py`. Each check raises the
-ItoError of its own code; messages name positions (data[1]), never paths or values.
+region, capacity (GPUs, concurrent runs, and the booked window's time for the run's plan), data
+policy, checkpoint storage. Cost is `cost.py`. Each check raises the ItoError of its own code;
+messages name positions (data[1]), never paths or values.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from ito_assets.errors import ErrorCode, ItoError
+from ito_assets.control.bookings import Booking
 from ito_assets.control.entitlement import Eligibility
 from ito_assets.control.policy import ServerPolicy
 from ito_assets.manifest.schema import DataReference, Manifest
 from ito_assets.manifest.verify import provenance_problems
+from ito_assets.training.run_plan import RunPlan, booked_hardware, plan_run
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,6 +45,33 @@ def check_capacity(requirements: RunRequirements, eligibility: Eligibility, *, n
                        retryable=False)
     if num_active_runs >= policy.max_concurrent_runs_per_booking:
         raise ItoError(ErrorCode.CAPACITY_UNAVAILABLE, "the booking already runs its maximum number of runs")
+
+
+def window_left_s(booking: Booking, now: int) -> int:
+    """Seconds of the booked window still ahead: all of it before the window begins (a quote
+    asked ahead), what remains once it has."""
+    return max(0, booking.ends_at - max(now, booking.starts_at))
+
+
+def check_plan_fits(manifest: Manifest, booking: Booking, *, now: int) -> RunPlan:
+    """Capacity in time: the manifest planned on the booking's own hardware, the plan the training
+    job executes, must end inside what is left of the window. The booked block is what is charged;
+    a plan longer than it would be confirmed, charged and then cut off. PLAN_REFUSED where the
+    planner cannot plan it (its GPU, network or model size unknown, or no layout fits)."""
+    hardware = booked_hardware(gpu_type=booking.gpu_type, network=booking.network, num_nodes=booking.num_nodes,
+                               num_gpus=booking.num_gpus, price_per_gpu_hour_cents=booking.price_per_gpu_hour_cents)
+    run_plan = plan_run(manifest, hardware)
+    left = window_left_s(booking, now)
+    if run_plan.wall_seconds > left:
+        raise ItoError(ErrorCode.CAPACITY_UNAVAILABLE,
+                       f"the run's plan needs {_hours(run_plan.wall_seconds)} on the booking's {booking.num_gpus} "
+                       f"GPUs, and its window has {_hours(left)} left", retryable=False)
+    return run_plan
+
+
+def _hours(seconds: float) -> str:
+    """Whole seconds rounded up, so that a plan a fraction of a second too long never reads as fitting."""
+    return f"{seconds / 3600:,.2f} h ({math.ceil(seconds):,} s)"
 
 
 def _relative_parts(text: str) -> tuple[str, ...]:

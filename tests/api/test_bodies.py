@@ -120,7 +120,7 @@ class World:
         self.app = build_app(Api(ledger=self.ledger, policy=self.policy))
 
     def new_booking(self) -> str:
-        terms = BookingTerms(gpu_type="H100", num_gpus=8, num_nodes=1, topology="t", region="r", network="n",
+        terms = BookingTerms(gpu_type="H100", num_gpus=8, num_nodes=1, topology="t", region="r", network="ib-400g",
                              starts_at=NOW - 60, ends_at=NOW + 3600, price_per_gpu_hour_cents=1)
         booking = bookings.create(self.ledger, self.account_id, terms, actor=None).booking_id
         bookings.transition(self.ledger, booking, "complete", actor=None)
@@ -176,7 +176,7 @@ def world():
 
 def booking_body(world: World, **changes) -> dict:
     body = {"account_id": world.account_id, "gpu_type": "H100", "num_gpus": 8, "num_nodes": 1, "topology": "t",
-            "region": "r", "network": "n", "starts_at": NOW - 60, "ends_at": NOW + 3600,
+            "region": "r", "network": "ib-400g", "starts_at": NOW - 60, "ends_at": NOW + 3600,
             "price_per_gpu_hour_cents": 1}
     return {**body, **changes}
 
@@ -340,7 +340,7 @@ def test_bodies_are_read_by_the_strict_json_reader(world, raw) -> None:
 
 def test_an_empty_body_is_an_empty_object(world) -> None:
     assert_usage(world.call("POST", "/v1/desk/accounts", raw=b""), "name")
-    terms = BookingTerms(gpu_type="H100", num_gpus=8, num_nodes=1, topology="t", region="r", network="n",
+    terms = BookingTerms(gpu_type="H100", num_gpus=8, num_nodes=1, topology="t", region="r", network="ib-400g",
                          starts_at=NOW - 60, ends_at=NOW + 3600, price_per_gpu_hour_cents=1)
     pending = bookings.create(world.ledger, world.account_id, terms, actor=None).booking_id
     completed = world.call("POST", f"/v1/desk/bookings/{pending}/complete", raw=b"")

@@ -104,7 +104,7 @@ class RetryMachine(RuleBasedStateMachine):
         self.token = identity.issue_token(self.ledger, Role.ACCOUNT, account_id=account.account_id, label="a",
                                           actor=None).secret
         who = identity.authenticate(self.ledger, self.token)
-        terms = BookingTerms(gpu_type="H100", num_gpus=8, num_nodes=1, topology="t", region="r", network="n",
+        terms = BookingTerms(gpu_type="H100", num_gpus=8, num_nodes=1, topology="t", region="r", network="ib-400g",
                              starts_at=NOW - 60, ends_at=NOW + 3600, price_per_gpu_hour_cents=1)
         self.booking = bookings.create(self.ledger, account.account_id, terms, actor=None).booking_id
         bookings.transition(self.ledger, self.booking, "complete", actor=None)

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from helpers import valid_manifest
+
+HOUR = 3600
 BUDGET = {"cap_cents": 3_000_000, "max_incremental_cents": 1_000_000}
 COST = 100 * 8 * 48  # price x GPUs x the 48 booked hours of the harness's bookings
 
@@ -105,3 +108,20 @@ def test_plan_refuses_what_the_confirmation_would_refuse(api) -> None:
 def test_plan_offline_needs_every_hardware_flag(api, spent) -> None:
     document = api.ito("plan", "--booking", "bkg_1", "--manifest", spent["manifest"], "--gpu-type", "H100-SXM")
     assert document["error"]["code"] == "USAGE_ERROR" and document["live_api_contacted"] is False
+
+
+def test_plan_shows_the_time_the_plan_takes_in_the_window_the_confirmation_checks(api, spent) -> None:
+    booking = api.booking()
+    plan = api.ok("plan", "--booking", booking, "--manifest", spent["manifest"])
+    # The server's plan (in the quote) is the client's: one planner, the same booking.
+    assert plan["time"]["planned_wall_seconds"] == plan["plan"]["wall_seconds"]
+    assert 46 * HOUR < plan["time"]["window_left_seconds"] <= 47 * HOUR
+    document = valid_manifest()
+    document["model"]["size"] = "proxy-150m"  # 3T tokens: months on 8 GPUs, not the window's 47 hours
+    document["training_target"] = {"num_tokens": 3 * 10**12, "stages": [
+        {"name": "pretraining", "num_tokens": 3 * 10**12, "sequence_length": 2048}]}
+    too_long = api.manifest(document)
+    for verb in (("plan",), ("confirm", "request", "--action", "train")):
+        refused = api.ito(*verb, "--booking", booking, "--manifest", too_long)
+        assert refused["error"]["code"] == "CAPACITY_UNAVAILABLE" and refused["error"]["retryable"] is False
+        assert "left" in refused["error"]["message"] and refused["live_api_contacted"] is True

@@ -96,7 +96,7 @@ def _plan(args: argparse.Namespace) -> VerbResult:
     quote, contacted = _quote(args, verified)
     run_plan = plan_run(verified.manifest, booked_hardware(quote["booking"]))
     data.update(cost_cents=quote["cost_cents"], budget=quote["budget"], booking=quote["booking"],
-                history=quote.get("history"), plan=run_plan.to_dict())
+                history=quote.get("history"), time=quote.get("time"), plan=run_plan.to_dict())
     return VerbResult(data=data, live_api_contacted=contacted, text=_text(data))
 
 
@@ -118,6 +118,10 @@ def _text(data: dict) -> list[str]:
                  f"(compute used: {plan['cost_cents'] / 100:,.2f} USD of it)")
     lines.append(f"budget: cap {budget['cap_cents'] / 100:,.2f}, committed {budget['committed_cents'] / 100:,.2f}, "
                  f"left {budget['left_cents'] / 100:,.2f} USD; no confirmation issued, no workload created")
+    if data.get("time"):  # an older server sends none
+        time = data["time"]
+        lines.append(f"time: the plan takes {time['planned_wall_seconds'] / 3600:,.2f} h of the "
+                     f"{time['window_left_seconds'] / 3600:,.2f} h left in the booked window")
     if data.get("history"):  # an older server sends none
         from ito_assets.control.history import BlockHistory, describe
 
