@@ -31,6 +31,8 @@ class Authorization:
     checkpoint_dir: str
     eligibility: entitlement.Eligibility  # the booking's hardware, among its terms
     price_per_gpu_hour_cents: int  # the booking's: the plan the job executes is priced with it
+    started_at: int | None  # when its first training stage launched; None: no compute spent yet
+    verified_at: int  # the ledger's clock at this re-verification
     # The bytes confirmed and digested when the run was created, read back and verified: what
     # the run trains, whatever has happened to any file since.
     manifest: ManifestBytes = field(repr=False, compare=False)
@@ -43,6 +45,7 @@ def reverify(ledger: Ledger, run_id: str) -> Authorization:
     """Re-check a created run: it is queued or running; its booking still entitles the account
     (state, window, and the very revision the confirmation was computed against); its
     confirmation was consumed by this run; the stored manifest still hashes to its digest."""
+    now = ledger.now()
     with ledger.read() as conn:
         run = runs.load(conn, run_id)
         if run is None:
@@ -50,7 +53,7 @@ def reverify(ledger: Ledger, run_id: str) -> Authorization:
         if run.state not in (RunState.QUEUED, RunState.RUNNING):
             raise ItoError(ErrorCode.RUN_FINISHED, f"the run is {run.state.value}")
         booking = bookings.load(conn, run.booking_id)
-        eligible = entitlement.eligibility(booking, run.account_id, ledger.now())
+        eligible = entitlement.eligibility(booking, run.account_id, now)
         bound = conn.execute(sa.select(confirmations).where(
             confirmations.c.confirmation_id == run.confirmation_id)).mappings().first()
         content = intake.stored_content(conn, run.manifest_digest)
@@ -62,5 +65,6 @@ def reverify(ledger: Ledger, run_id: str) -> Authorization:
         run_id=run.run_id, account_id=run.account_id, booking_id=run.booking_id,
         manifest_digest=run.manifest_digest, idempotency_key=run.idempotency_key,
         confirmation_id=run.confirmation_id, cost_cents=run.cost_cents, checkpoint_dir=run.checkpoint_dir,
-        eligibility=eligible, price_per_gpu_hour_cents=booking.price_per_gpu_hour_cents, manifest=confirmed,
+        eligibility=eligible, price_per_gpu_hour_cents=booking.price_per_gpu_hour_cents,
+        started_at=run.started_at, verified_at=now, manifest=confirmed,
     )

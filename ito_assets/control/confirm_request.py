@@ -56,7 +56,8 @@ def validate(conn, policy: ServerPolicy, account_id: str, booking: bookings.Book
     committed = budget.state(conn, account_id, verified.digest, manifest.budget).committed_cents
     cost_cents = cost.training_cost_cents(booking, manifest.budget, committed_cents=committed)
     return TrainPreflight(eligibility=eligible, cost_cents=cost_cents, checkpoint_root=str(folder),
-                          planned_wall_s=run_plan.wall_seconds, window_left_s=validation.window_left_s(booking, now))
+                          planned_wall_s=run_plan.wall_seconds,
+                          window_left_s=validation.window_left_s(booking.starts_at, booking.ends_at, now))
 
 
 @dataclass(frozen=True)

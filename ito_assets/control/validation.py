@@ -47,10 +47,20 @@ def check_capacity(requirements: RunRequirements, eligibility: Eligibility, *, n
         raise ItoError(ErrorCode.CAPACITY_UNAVAILABLE, "the booking already runs its maximum number of runs")
 
 
-def window_left_s(booking: Booking, now: int) -> int:
-    """Seconds of the booked window still ahead: all of it before the window begins (a quote
-    asked ahead), what remains once it has."""
-    return max(0, booking.ends_at - max(now, booking.starts_at))
+def window_left_s(starts_at: int, ends_at: int, now: int) -> int:
+    """Seconds of a booked window still ahead: all of it before the window begins (a quote asked
+    ahead), what remains once it has."""
+    return max(0, ends_at - max(now, starts_at))
+
+
+def require_within_window(planned_wall_s: float, *, starts_at: int, ends_at: int, num_gpus: int, now: int) -> int:
+    """The window left, or CAPACITY_UNAVAILABLE (not retryable) when the plan is longer."""
+    left = window_left_s(starts_at, ends_at, now)
+    if planned_wall_s > left:
+        raise ItoError(ErrorCode.CAPACITY_UNAVAILABLE,
+                       f"the run's plan needs {_hours(planned_wall_s)} on the booking's {num_gpus} GPUs, "
+                       f"and its window has {_hours(left)} left", retryable=False)
+    return left
 
 
 def check_plan_fits(manifest: Manifest, booking: Booking, *, now: int) -> RunPlan:
@@ -61,11 +71,8 @@ def check_plan_fits(manifest: Manifest, booking: Booking, *, now: int) -> RunPla
     hardware = booked_hardware(gpu_type=booking.gpu_type, network=booking.network, num_nodes=booking.num_nodes,
                                num_gpus=booking.num_gpus, price_per_gpu_hour_cents=booking.price_per_gpu_hour_cents)
     run_plan = plan_run(manifest, hardware)
-    left = window_left_s(booking, now)
-    if run_plan.wall_seconds > left:
-        raise ItoError(ErrorCode.CAPACITY_UNAVAILABLE,
-                       f"the run's plan needs {_hours(run_plan.wall_seconds)} on the booking's {booking.num_gpus} "
-                       f"GPUs, and its window has {_hours(left)} left", retryable=False)
+    require_within_window(run_plan.wall_seconds, starts_at=booking.starts_at, ends_at=booking.ends_at,
+                          num_gpus=booking.num_gpus, now=now)
     return run_plan
 
 

@@ -392,7 +392,8 @@ def test_reverify_answers_the_exact_authorization_and_tags(world) -> None:
             manifest_digest=run.manifest_digest, idempotency_key="train-key-0001",
             confirmation_id=run.confirmation_id, cost_cents=COST, checkpoint_dir=run.checkpoint_dir,
             eligibility=entitlement.eligibility(booking, world.account.account_id, T0),
-            price_per_gpu_hour_cents=booking.price_per_gpu_hour_cents, manifest=auth.manifest)
+            price_per_gpu_hour_cents=booking.price_per_gpu_hour_cents, started_at=None, verified_at=T0,
+            manifest=auth.manifest)
         assert auth.price_per_gpu_hour_cents == 100  # the booking's, what the job's plan is priced with
         assert auth.manifest.data == manifest_bytes() and auth.manifest.digest == run.manifest_digest
     assert auth.tags() == {"ito/run_id": run.run_id, "ito/account_id": world.account.account_id,

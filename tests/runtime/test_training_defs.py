@@ -259,6 +259,43 @@ def test_a_prepared_record_edited_after_confirmation_is_refused_before_training(
     assert ledger_runs_module.get(ledger_run[2], ledger_run[0].run_id).started_at is None
 
 
+def test_a_run_that_waited_past_the_time_its_plan_needs_is_refused_before_any_stage(tmp_path, instance, ledger_run,
+                                                                                     monkeypatch):
+    """Created with its plan inside the window; when the job asks the ledger again, none of the
+    window is left (a queue that waited, as a clock moved to the window's end): no stage launches
+    and the run's cost goes back to the cap."""
+    from ito_assets.control import authorization
+
+    asked = authorization.reverify
+    monkeypatch.setattr(authorization, "reverify", lambda ledger, run_id: dataclasses.replace(
+        granted := asked(ledger, run_id), verified_at=granted.eligibility.ends_at))
+    result = _materialize(tmp_path, instance, _runtime(), ledger_run)
+    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+    assert failure.step_key == "training_tokens"
+    assert failure.event_specific_data.user_failure_data.metadata["error_code"].value == "CAPACITY_UNAVAILABLE"
+    assert ledger_runs_module.get(ledger_run[2], ledger_run[0].run_id).started_at is None
+
+
+@pytest.mark.parametrize(("started_at", "left", "refused"), [(None, 1000, False), (None, 999, True), (5, 0, False)])
+def test_the_time_check_at_launch_holds_the_whole_plan_only_before_a_stage_launched(started_at, left, refused):
+    """At exactly the plan's length left it goes on, a second less it stops; once a stage has
+    launched (a resumed run) it goes on, whatever is left, since it needs only the rest of its plan."""
+    from ito_assets.control.entitlement import Eligibility
+    from ito_assets.defs.workload.live import LiveRun
+    from ito_assets.training.run_plan import PlanOutcome
+
+    terms = Eligibility(account_id="a", booking_id="b", booking_revision=1, gpu_type="H100", num_gpus=8, num_nodes=1,
+                        topology="t", region="r", network="ib-400g", starts_at=0, ends_at=10_000, duration_s=10_000)
+    live = LiveRun("run", Path("/nonexistent"), None, terms, 100, started_at, 10_000 - left)
+    outcome = PlanOutcome(run_plan=SimpleNamespace(wall_seconds=1000.0))
+    if not refused:
+        live.require_time_for(outcome)
+        return
+    with pytest.raises(dg.Failure) as stopped:
+        live.require_time_for(outcome)
+    assert stopped.value.metadata["error_code"].value == "CAPACITY_UNAVAILABLE"
+
+
 def test_the_stages_train_the_plan_made_for_the_run_s_own_booking(tmp_path, instance):
     """A booking of two nodes of eight GPUs, where the prepared `training_plan` assumed the configured
     one node of eight: the stage sizes itself from the plan `ito plan --booking` shows for the

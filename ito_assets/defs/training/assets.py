@@ -50,7 +50,8 @@ GROUP = "training"
     description="Byte-level BPE trained on `clean_shards`, and the token shards every stage reads "
     "(training split and the held-out split the stage gates evaluate on). Refuses a run the ledger "
     "no longer authorizes, a data decision that did not pass, clean shards whose digests or "
-    "accounting do not hold, and a plan that was refused or exceeds the budget." + TRAINED_ONE_OF_TWO,
+    "accounting do not hold, and a plan that was refused, exceeds the budget or, before any stage "
+    "launched, no longer fits what is left of the booked window." + TRAINED_ONE_OF_TWO,
 )
 def training_tokens(
     context: dg.AssetExecutionContext, ito: ItoSettingsResource, ledger: LedgerResource, clean_shards,
@@ -59,7 +60,9 @@ def training_tokens(
     live = require_live_authorization(context, ledger, run_authorization, "training")
     run_id, checkpoint_dir = live.run_id, live.checkpoint_dir
     _require_data(clean_shards, data_decision)
-    _require_plan(_booked_plan(context, live, training_plan))
+    booked = _booked_plan(context, live, training_plan)
+    _require_plan(booked)
+    live.require_time_for(booked)
     # Lineage for auditors: this ledger run consumed these clean shards.
     lineage.record_consumption(ito.settings().warehouse_path, [s.sha256 for s in clean_shards.shards.shards],
                                run_id, "training_tokens")

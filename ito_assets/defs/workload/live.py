@@ -13,6 +13,7 @@ from ito_assets.defs.resources import LedgerResource
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.control import authorization, run_tags, runs
 from ito_assets.control.entitlement import Eligibility
+from ito_assets.control.validation import require_within_window
 from ito_assets.manifest.verify import VerifiedManifest, parse_manifest
 from ito_assets.training.run_plan import PlanOutcome, booked_hardware, plan_outcome
 
@@ -28,6 +29,8 @@ class LiveRun:
     manifest: VerifiedManifest  # parsed from the ledger's confirmed bytes
     booking: Eligibility  # the run's booking as the ledger holds it now (its hardware among its terms)
     price_per_gpu_hour_cents: int
+    started_at: int | None  # None: no stage launched yet, so no compute spent
+    verified_at: int  # the ledger's clock when the authorization was asked again
 
     def booked_plan(self) -> PlanOutcome:
         """The plan for this run's own booking, the one `ito plan --booking` showed: what the job
@@ -37,6 +40,20 @@ class LiveRun:
         hardware = booked_hardware(gpu_type=terms.gpu_type, network=terms.network, num_nodes=terms.num_nodes,
                                    num_gpus=terms.num_gpus, price_per_gpu_hour_cents=self.price_per_gpu_hour_cents)
         return plan_outcome(self.manifest.manifest, hardware)
+
+    def require_time_for(self, outcome: PlanOutcome) -> None:
+        """Before any stage has launched, the whole plan must still fit what is left of the booked
+        window, as gate 5 required when the run was created: a run that waited in the queue past
+        that point stops here, its cost given back, instead of training into the window's end. Once
+        a stage has launched, a resumed run needs only what is left of its plan, so it goes on."""
+        if self.started_at is not None or outcome.run_plan is None:
+            return
+        terms = self.booking
+        try:
+            require_within_window(outcome.run_plan.wall_seconds, starts_at=terms.starts_at, ends_at=terms.ends_at,
+                                  num_gpus=terms.num_gpus, now=self.verified_at)
+        except ItoError as error:
+            raise failure(error) from None
 
 
 def require_live_authorization(context: dg.AssetExecutionContext, ledger: LedgerResource, recorded: dict,
@@ -61,7 +78,8 @@ def require_live_authorization(context: dg.AssetExecutionContext, ledger: Ledger
             raise failure(error) from None
     if prepared is not None and (prepared.digest != granted.manifest_digest or prepared.manifest != confirmed.manifest):
         raise _refuse(ErrorCode.MANIFEST_DIGEST_MISMATCH, "the manifest prepared is not the one confirmed", step)
-    return LiveRun(run_id, Path(granted.checkpoint_dir), confirmed, granted.eligibility, granted.price_per_gpu_hour_cents)
+    return LiveRun(run_id, Path(granted.checkpoint_dir), confirmed, granted.eligibility, granted.price_per_gpu_hour_cents,
+                   granted.started_at, granted.verified_at)
 
 
 def mark_training_started(ledger: LedgerResource, run_id: str) -> None:
