@@ -76,7 +76,9 @@ class TrainQuote:
     def to_dict(self) -> dict:
         return {"booking": self.booking.to_dict(), "cost_cents": self.cost_cents, "budget": self.budget.to_dict(),
                 "history": self.history.to_dict(),
-                "time": {"planned_wall_seconds": round(self.planned_wall_s, 3), "window_left_seconds": self.window_left_s},
+                # The plan covers the curriculum stages; post-training's steps are not planned yet.
+                "time": {"planned_wall_seconds": round(self.planned_wall_s, 3), "window_left_seconds": self.window_left_s,
+                         "post_training_included": False},
                 "confirmation_issued": False, "workload_created": False}
 
 

@@ -69,7 +69,7 @@ def test_a_confirmation_is_refused_for_a_window_too_short_and_nothing_is_issued(
 def test_a_quote_shows_the_plans_time_beside_the_window_left(world) -> None:
     quote = confirm_request.quote_train(world.ledger, world.policy, world.account, world.booking_id, verified(LONG))
     assert quote.to_dict()["time"] == {"planned_wall_seconds": round(planned_wall_s(), 3),
-                                       "window_left_seconds": TERMS["ends_at"] - T0}
+                                       "window_left_seconds": TERMS["ends_at"] - T0, "post_training_included": False}
 
 
 def test_a_run_confirmed_in_time_is_not_created_once_the_window_left_is_too_short(world) -> None:

@@ -120,8 +120,9 @@ def _text(data: dict) -> list[str]:
                  f"left {budget['left_cents'] / 100:,.2f} USD; no confirmation issued, no workload created")
     if data.get("time"):  # an older server sends none
         time = data["time"]
+        covers = "" if time.get("post_training_included", True) else " (its curriculum stages; post-training is not planned)"
         lines.append(f"time: the plan takes {time['planned_wall_seconds'] / 3600:,.2f} h of the "
-                     f"{time['window_left_seconds'] / 3600:,.2f} h left in the booked window")
+                     f"{time['window_left_seconds'] / 3600:,.2f} h left in the booked window{covers}")
     if data.get("history"):  # an older server sends none
         from ito_assets.control.history import BlockHistory, describe
 
