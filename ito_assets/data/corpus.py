@@ -65,13 +65,35 @@ def describe(paths: Sequence[Path]) -> list[CorpusFile]:
     for position, path in enumerate(paths, start=1):
         if re.search(r"\s", str(path)):  # a manifest's uri holds no whitespace
             raise ItoError(ErrorCode.SOURCE_INVALID, f"corpus file #{position} has whitespace in its path; rename it")
-    files = [CorpusFile(path=p, sha256=file_sha256(p), format=format_of(p), num_bytes=p.stat().st_size) for p in paths]
+        if not _is_utf8(str(path)):  # a manifest is UTF-8 JSON: its uri cannot hold such a name
+            raise ItoError(ErrorCode.SOURCE_INVALID, f"corpus file #{position} has a path that is not UTF-8 text; rename it")
+    files = [_described(position, path) for position, path in enumerate(paths, start=1)]
     first: dict[str, int] = {}
     for position, file in enumerate(files, start=1):
         if file.sha256 in first:  # a copied file: its documents twice, under the same ids
             raise ItoError(ErrorCode.SOURCE_INVALID, f"corpus files #{first[file.sha256]} and #{position} hold the same bytes; pass one of them")
         first[file.sha256] = position
     return files
+
+
+def _is_utf8(text: str) -> bool:
+    """Whether a path is text: bytes of a name that are not UTF-8 reach Python as lone
+    surrogates (surrogateescape), which no UTF-8 document can hold."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _described(position: int, path: Path) -> CorpusFile:
+    """One file hashed and its format told; a file this process may not read (its mode, a
+    device's fault) is SOURCE_INVALID naming its position and the reason, not the path."""
+    try:
+        return CorpusFile(path=path, sha256=file_sha256(path), format=format_of(path), num_bytes=path.stat().st_size)
+    except OSError as error:
+        reason = (error.strerror or type(error).__name__).lower()
+        raise ItoError(ErrorCode.SOURCE_INVALID, f"corpus file #{position} cannot be read ({reason})") from None
 
 
 def default_name(files: Sequence[CorpusFile]) -> str:

@@ -47,3 +47,78 @@ def test_ito_data_prepare_refuses_a_copied_file_before_it_writes_anything(tmp_pa
     document, status = run(["data", "prepare", "--corpus", str(tmp_path / "part-*.jsonl"), "--eval-suite", str(SUITE), "--json"])
     assert status != 0 and document["error"]["code"] == "SOURCE_INVALID", json.dumps(document)
     assert not state.exists() or not any(state.rglob("*.json"))  # no data manifest stored, no run
+
+
+def _unreadable(path: Path, monkeypatch) -> None:
+    """`path` made unreadable to this process: its mode, and where that does not bind (root), an
+    open that refuses it as the kernel would (EACCES)."""
+    import builtins
+    import errno
+    import io
+    import os
+
+    path.chmod(0)
+    if os.access(path, os.R_OK):
+        real = builtins.open
+
+        def refusing(file, *args, **kwargs):
+            if os.fspath(file) == os.fspath(path):
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(file))
+            return real(file, *args, **kwargs)
+
+        monkeypatch.setattr(builtins, "open", refusing)
+        monkeypatch.setattr(io, "open", refusing)
+
+
+def test_a_file_this_user_cannot_read_is_source_invalid_by_its_position(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "a.jsonl").write_text('{"text": "one"}\n')
+    (tmp_path / "b.jsonl").write_text('{"text": "two"}\n')
+    _unreadable(tmp_path / "b.jsonl", monkeypatch)
+    with pytest.raises(ItoError) as refused:
+        describe(find_files([str(tmp_path / "*.jsonl")]))
+    assert refused.value.code is ErrorCode.SOURCE_INVALID
+    assert refused.value.message == "corpus file #2 cannot be read (permission denied)"
+
+
+def test_a_path_that_is_not_utf8_is_source_invalid_before_a_manifest_is_written(tmp_path: Path) -> None:
+    # Such a name reaches Python with lone surrogates, which no manifest (UTF-8 JSON) can hold:
+    # it was the schema's MANIFEST_INVALID "at: <root>", naming nothing.
+    with open(bytes(tmp_path) + b"/caf\xe9.jsonl", "wb") as handle:
+        handle.write(b'{"text": "one"}\n')
+    with pytest.raises(ItoError) as refused:
+        describe(find_files([str(tmp_path / "*.jsonl")]))
+    assert refused.value.code is ErrorCode.SOURCE_INVALID
+    assert refused.value.message == "corpus file #1 has a path that is not UTF-8 text; rename it"
+
+
+def _prepare(tmp_path: Path, monkeypatch, *flags: str) -> dict:
+    """`ito data prepare` on a copy of the forum posts; what it refused, and that it ran nothing."""
+    state = tmp_path / "state"
+    monkeypatch.setenv("ITO_STATE_DIR", str(state))
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
+    shutil.copyfile(FORUM, tmp_path / "forum.jsonl")
+    argv = ["data", "prepare", "--corpus", str(tmp_path / "forum.jsonl"), "--eval-suite", str(SUITE), *flags, "--json"]
+    document, status = run(argv)
+    assert status != 0 and not document["ok"], json.dumps(document)
+    assert not (tmp_path / "dagster").exists()  # refused before any run
+    return document["error"]
+
+
+def test_an_eval_suite_this_user_cannot_read_is_eval_suite_invalid(tmp_path: Path, monkeypatch) -> None:
+    suite = tmp_path / "suite.jsonl"
+    shutil.copyfile(SUITE, suite)
+    _unreadable(suite, monkeypatch)
+    error = _prepare(tmp_path, monkeypatch, "--eval-suite", str(suite))
+    assert error["code"] == "EVAL_SUITE_INVALID" and error["message"] == "the eval suite file cannot be read (permission denied)"
+
+
+def test_an_out_that_cannot_be_made_is_refused_before_the_job_runs(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "a-file").write_text("x")
+    # It was INTERNAL_ERROR once the job had run and its copies were made.
+    error = _prepare(tmp_path, monkeypatch, "--out", str(tmp_path / "a-file" / "out"))
+    assert error == {"code": "USAGE_ERROR", "message": "--out must name a new or empty folder; a file stands in its path", "retryable": False}
+    import os
+
+    monkeypatch.setattr(os, "access", lambda path, mode: False)  # as for a folder of another user
+    error = _prepare(tmp_path, monkeypatch, "--out", str(tmp_path / "new" / "out"))
+    assert error["code"] == "USAGE_ERROR" and error["message"] == "--out cannot be made: this user cannot write to the folder above it"

@@ -51,9 +51,25 @@ def _check_flags(args: argparse.Namespace) -> None:
         if value is not None and not re.fullmatch(FIELD_NAME_PATTERN, value):
             raise ItoError(ErrorCode.USAGE_ERROR, f"{flag} must be 1-128 printable characters without spaces")
     if args.out is not None:
-        out = Path(args.out).expanduser()
-        if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        _check_out(Path(args.out).expanduser().absolute())
+
+
+def _check_out(out: Path) -> None:
+    """`--out` judged before the job runs, not when its copies are made: a new or empty folder,
+    or one that can be made where the nearest existing folder above it is writable."""
+    if os.path.exists(out):  # os.path's, which answers False where pathlib's raises (EACCES)
+        if not out.is_dir():
             raise ItoError(ErrorCode.USAGE_ERROR, "--out must name a new or empty folder")
+        if not os.access(out, os.R_OK | os.W_OK | os.X_OK):
+            raise ItoError(ErrorCode.USAGE_ERROR, "--out names a folder this user cannot write to")
+        if any(out.iterdir()):
+            raise ItoError(ErrorCode.USAGE_ERROR, "--out must name a new or empty folder")
+        return
+    above = next(p for p in out.parents if os.path.lexists(p))  # "/" exists
+    if not above.is_dir():
+        raise ItoError(ErrorCode.USAGE_ERROR, "--out must name a new or empty folder; a file stands in its path")
+    if not os.access(above, os.W_OK | os.X_OK):
+        raise ItoError(ErrorCode.USAGE_ERROR, "--out cannot be made: this user cannot write to the folder above it")
 
 
 def _prepare(args: argparse.Namespace) -> VerbResult:
@@ -66,7 +82,11 @@ def _prepare(args: argparse.Namespace) -> VerbResult:
     _check_flags(args)
     settings = load_settings()
     suite_path = Path(args.eval_suite).expanduser().resolve()
-    suite = load_suite(suite_path)
+    try:
+        suite = load_suite(suite_path)
+    except OSError as error:  # a file this user may not read (its mode), or a device's fault
+        reason = (error.strerror or type(error).__name__).lower()
+        raise ItoError(ErrorCode.EVAL_SUITE_INVALID, f"the eval suite file cannot be read ({reason})") from None
     files = corpus.describe(corpus.find_files(args.corpus))
     document = corpus.data_manifest(args.name or corpus.default_name(files), files, suite,
                                     args.license or corpus.UNSTATED_LICENSE, text_field=args.text_field,
