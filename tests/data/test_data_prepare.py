@@ -256,6 +256,44 @@ def test_a_suggested_command_gives_back_its_id(record_id: str) -> None:
     assert shown.decode().split("\0")[:-1] == [record_id] * 3
 
 
+def _decisions(path: Path, rows: list[tuple[str, str | None, str]]) -> str:
+    """A decisions file of (doc_id, source_record_id, state) rows, each contaminated one by t/1."""
+    pl.DataFrame(
+        [(d, r, s, ["t/1"] if s == "contaminated" else None) for d, r, s in rows],
+        schema={"doc_id": pl.String, "source_record_id": pl.String, "state": pl.String, "eval_item_ids": pl.List(pl.String)},
+        orient="row",
+    ).write_parquet(path)
+    return str(path)
+
+
+@pytest.mark.parametrize(("duplicate_id", "contaminated_id", "others"), [
+    ("same", "other", [("c" * 16, "same", "kept")]),  # the user's id is another record's too
+    ("a" * 16, "ok", [("d" * 16, "x", "kept")]),  # ... the internal id of another document
+    ("nul\0byte", "ok", []),  # no argument can hold it
+    ("", "ok", []),
+    (None, "ok", []),
+])
+def test_a_suggested_document_is_one_the_command_finds_alone(tmp_path, duplicate_id, contaminated_id, others) -> None:
+    """`ito audit doc ID` answers every document whose record id or internal id is ID: the
+    suggestion is the user's own id only where that names the one document; else ours."""
+    from ito_assets.api.commands.data import _examples
+
+    rows = [("a" * 16, "mine-1", "kept"), ("b" * 16, duplicate_id, "duplicate"), ("e" * 16, contaminated_id, "contaminated"), *others]
+    examples = _examples(_decisions(tmp_path / "decisions.parquet", rows))
+    assert examples == {"duplicate_doc": "b" * 16, "contaminated_doc": contaminated_id, "eval_item": "t/1"}
+
+
+@pytest.mark.parametrize("value", ["-x", "--json", "-", "--", "-tab\there"])
+def test_a_suggested_id_that_starts_with_a_dash_is_no_option(value: str) -> None:
+    from ito_assets.api.cli import build_parser
+    from ito_assets.api.commands.data import _audit_commands, _shell_word
+
+    examples = {"duplicate_doc": value, "contaminated_doc": value, "eval_item": value}
+    for command in _audit_commands("0123456789ab", examples, _shell_word)[1:]:
+        args = build_parser().parse_args(shlex.split(command)[1:])  # it was an unknown option: USAGE_ERROR
+        assert (args.doc_id if args.action == "doc" else args.item_id) == value
+
+
 @pytest.mark.parametrize("umask", [0o000, 0o022, 0o077, 0o277])
 def test_the_manifest_copy_is_0600_whatever_the_umask(tmp_path, umask: int) -> None:
     from ito_assets.api.commands.data import _copy_private

@@ -172,9 +172,21 @@ def _printable_word(value: str) -> str:
     return "$'" + "".join(one(c) for c in value) + "'"
 
 
+def _names_one(frame, record_id: str | None) -> bool:
+    """Whether `ito audit doc RECORD_ID` finds one document of the manifest (`frame`: its
+    decisions, a row per document): an id no other record holds, that is no document's internal
+    id, and that a shell can pass (no NUL, which no argument can hold)."""
+    import polars as pl
+
+    if not record_id or "\0" in record_id:
+        return False
+    return (frame.filter(pl.col("source_record_id") == record_id).height == 1
+            and frame.filter(pl.col("doc_id") == record_id).is_empty())
+
+
 def _examples(decisions_path: str) -> dict:
     """One document of each removed kind and one eval item that matched, for the audit commands:
-    a document by the user's own id where it has one, by ours otherwise (unquoted)."""
+    a document by the user's own id where that finds it alone (`_names_one`), by ours otherwise."""
     import polars as pl
 
     from ito_assets.data.clean import CONTAMINATED
@@ -185,7 +197,9 @@ def _examples(decisions_path: str) -> dict:
     contaminated = frame.filter(pl.col("state") == CONTAMINATED).head(1)
 
     def name(row: pl.DataFrame) -> str | None:
-        return (row["source_record_id"][0] or row["doc_id"][0]) if row.height else None
+        if not row.height:
+            return None
+        return row["source_record_id"][0] if _names_one(frame, row["source_record_id"][0]) else row["doc_id"][0]
 
     return {
         "duplicate_doc": name(duplicate),
@@ -194,11 +208,17 @@ def _examples(decisions_path: str) -> dict:
     }
 
 
+def _operand(value: str, word) -> str:
+    """`value` as the command's last operand, one shell word made by `word`; after `--` where it
+    starts with '-', which the parser would otherwise read as an option."""
+    return ("-- " if value.startswith("-") else "") + word(value)
+
+
 def _audit_commands(key: str, examples: dict, word) -> list[str]:
     """The audit commands to suggest, each id one shell word made by `word`."""
     commands = [f"ito audit manifest {key}"]
-    commands += [f"ito audit doc {word(examples[k])}" for k in ("duplicate_doc", "contaminated_doc") if examples[k]]
-    commands += [f"ito audit eval-item {word(examples['eval_item'])}"] if examples["eval_item"] else []
+    commands += [f"ito audit doc {_operand(examples[k], word)}" for k in ("duplicate_doc", "contaminated_doc") if examples[k]]
+    commands += [f"ito audit eval-item {_operand(examples['eval_item'], word)}"] if examples["eval_item"] else []
     return commands
 
 
