@@ -212,8 +212,10 @@ def jsonl_record(line: bytes, number: int, uri: str, fields: RecordFields = DEFA
     """One JSONL line (1-based `number`) as an object with a string text field (SOURCE_INVALID if not)."""
     try:
         record = _loads(line, fields.id)
-    # ValueError: JSONDecodeError, UnicodeDecodeError and an integer of more than 4,300 digits;
-    # RecursionError: the standard library's nesting limit, below orjson's on a deep call stack.
+    except UnicodeDecodeError:  # Latin-1 or cp1252 text, say: the syntax may be fine
+        raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: line {number} is not UTF-8 text") from None
+    # ValueError: JSONDecodeError and an integer of more than 4,300 digits; RecursionError: the
+    # standard library's nesting limit, below orjson's on a deep call stack.
     except (ValueError, RecursionError):
         raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: line {number} is not JSON") from None
     if not isinstance(record, dict):

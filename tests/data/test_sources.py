@@ -276,7 +276,9 @@ def _standard_library_only(line: bytes) -> dict:
     """`jsonl_record` as it was before orjson: json.loads alone."""
     try:
         record = json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+    except UnicodeDecodeError:
+        raise ItoError(ErrorCode.SOURCE_INVALID, "u: line 1 is not UTF-8 text") from None
+    except (json.JSONDecodeError, RecursionError):
         raise ItoError(ErrorCode.SOURCE_INVALID, "u: line 1 is not JSON") from None
     if not isinstance(record, dict):
         raise ItoError(ErrorCode.SOURCE_INVALID, "u: line 1 is not a JSON object")
@@ -316,6 +318,15 @@ def test_a_line_reads_as_the_standard_library_reads_it(line):
 def test_an_integer_id_beyond_64_bits_keeps_its_digits(line):
     # orjson reads such an integer as a float; the standard library keeps every digit.
     assert _outcome(lambda data: sources.jsonl_record(data, 1, "u"), line) == _outcome(_standard_library_only, line)
+
+
+@pytest.mark.parametrize("encoding", ["latin-1", "cp1252"])
+def test_a_line_that_is_not_utf8_is_named_so_not_as_bad_json(tmp_path, encoding):
+    # Its syntax is fine: "is not JSON" sent the user looking for a missing brace.
+    path = tmp_path / "a.jsonl"
+    path.write_bytes('{"text": "fine"}\n{"text": "caf\u00e9 \u2014 cr\u00e8me"}\n'.encode(encoding, "replace"))
+    error = _source_error(reference(path), tmp_path)
+    assert error.code is ErrorCode.SOURCE_INVALID and error.message.endswith("line 2 is not UTF-8 text")
 
 
 def test_arrays_nested_beyond_the_recursion_limit_are_not_json(tmp_path):
