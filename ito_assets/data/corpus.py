@@ -8,6 +8,7 @@ not echoed (errors.py).
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import json
 import os
@@ -48,11 +49,56 @@ def find_files(patterns: Sequence[str]) -> list[Path]:
         expanded = os.path.expanduser(pattern)
         # An existing path is taken as it is, so that a file name with [ or * in it is no pattern.
         matches = [expanded] if os.path.lexists(expanded) else sorted(glob.glob(expanded, recursive=True))
+        if not os.path.lexists(expanded) and (folder := _unlisted_folder("", Path(expanded).parts)) is not None:
+            raise ItoError(ErrorCode.SOURCE_INVALID, f"--corpus #{position} reaches a folder this user cannot list "
+                           f"({_strerror(folder)}): the files in it would be left out")
         files = [Path(m).resolve() for m in matches if Path(m).is_file()]
         if not files:
             raise ItoError(ErrorCode.SOURCE_NOT_FOUND, f"--corpus #{position} names no file (a folder needs a glob, such as DIR/*.jsonl)")
         found.update(dict.fromkeys(files))
     return list(found)
+
+
+def _unlisted_folder(folder: str, parts: tuple[str, ...]) -> str | None:
+    """The first folder that `glob.glob(join(folder, *parts), recursive=True)` lists, and could
+    not: glob passes over such a folder in silence, leaving out the files it holds. Walks as glob
+    does: a literal part is joined, a pattern lists its folder (hidden names only for a pattern
+    starting with '.'), `**` lists every folder below, itself included."""
+    if not parts:
+        return None
+    head, rest = parts[0], parts[1:]
+    if not glob.has_magic(head):
+        below = os.path.join(folder, head)
+        return _unlisted_folder(below, rest) if rest and os.path.isdir(below) else None
+    try:
+        with os.scandir(folder or os.curdir) as entries:
+            names = [e.name for e in entries if _is_folder(e)]
+    except OSError:
+        return folder or os.curdir
+    if head == "**":
+        found = _unlisted_folder(folder, rest)
+        return found or next((f for n in names if n[0] != "." and (f := _unlisted_folder(os.path.join(folder, n), parts))), None)
+    if not rest:
+        return None
+    hidden = head.startswith(".")
+    wanted = [n for n in names if (hidden or n[0] != ".") and fnmatch.fnmatch(n, head)]
+    return next((f for n in wanted if (f := _unlisted_folder(os.path.join(folder, n), rest))), None)
+
+
+def _is_folder(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
+
+
+def _strerror(folder: str) -> str:
+    """Why a folder cannot be listed, in the OS's words (never its path)."""
+    try:
+        os.scandir(folder).close()
+    except OSError as error:
+        return (error.strerror or type(error).__name__).lower()
+    return "it changed while it was read"
 
 
 def format_of(path: Path) -> str:

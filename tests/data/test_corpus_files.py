@@ -122,3 +122,36 @@ def test_an_out_that_cannot_be_made_is_refused_before_the_job_runs(tmp_path: Pat
     monkeypatch.setattr(os, "access", lambda path, mode: False)  # as for a folder of another user
     error = _prepare(tmp_path, monkeypatch, "--out", str(tmp_path / "new" / "out"))
     assert error["code"] == "USAGE_ERROR" and error["message"] == "--out cannot be made: this user cannot write to the folder above it"
+
+
+def _unlistable(folder: Path, monkeypatch) -> None:
+    """`folder` made unlistable to this process: its mode, and where that does not bind (root), a
+    scandir that refuses it as the kernel would (glob and the check both list through it)."""
+    import errno
+    import os
+
+    folder.chmod(0)
+    real = os.scandir
+
+    def refusing(path=".", *args):
+        if os.path.abspath(os.fspath(path)) == str(folder):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+        return real(path, *args)
+
+    monkeypatch.setattr(os, "scandir", refusing)
+
+
+@pytest.mark.parametrize("pattern", ["**/*.jsonl", "*/*.jsonl", "locked/*.jsonl", "l*/**"])
+def test_a_folder_a_glob_cannot_list_is_refused_not_passed_over(tmp_path: Path, monkeypatch, pattern: str) -> None:
+    # glob skips such a folder in silence: its files were left out of the corpus, and counted nowhere.
+    for name in ("locked", "open", ".hidden-locked"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / f"{name}.jsonl").write_text(f'{{"text": "{name}"}}\n')
+    _unlistable(tmp_path / ".hidden-locked", monkeypatch)  # which no pattern here reaches
+    assert [p.name for p in find_files([str(tmp_path / "open" / "*.jsonl"), str(tmp_path / "*" / "o*.jsonl")])] == ["open.jsonl"]
+    _unlistable(tmp_path / "locked", monkeypatch)
+    with pytest.raises(ItoError) as refused:
+        find_files([str(tmp_path / "open" / "*.jsonl"), str(tmp_path / pattern)])
+    assert refused.value.code is ErrorCode.SOURCE_INVALID
+    assert refused.value.message == "--corpus #2 reaches a folder this user cannot list (permission denied): the files in it would be left out"
+    assert [p.name for p in find_files([str(tmp_path / "o*" / "*.jsonl")])] == ["open.jsonl"]  # it reaches no locked folder
