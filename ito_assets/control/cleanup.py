@@ -4,14 +4,19 @@ separately approved confirmation (action release, bound to that booking): an eco
 is never a side effect of cleanup.
 
 The files are removed inside the transaction that consumes the confirmation and reserves the
-key: if removal fails nothing is consumed; if the commit fails after removal, a rerun finds
-nothing left to remove and records the same runs as cleaned (removal is idempotent).
+key. Every run's folder is checked before any is removed: one that is a link or lies outside the
+tenant's area refuses the whole cleanup with nothing removed. A finished run's folder that holds an
+active run's checkpoint folder, or that cannot be removed whole (a folder the server may not
+write), is kept and reported with its reason, the run left for a later cleanup; the other runs are
+cleaned. If the commit fails after removal, a rerun finds nothing left to remove and records the
+same runs as cleaned (removal is idempotent).
 """
 
 from __future__ import annotations
 
+import errno
 import os
-import shutil
+import stat
 from dataclasses import asdict, dataclass
 
 import sqlalchemy as sa
@@ -34,27 +39,114 @@ class CleanedRun:
     num_checkpoints_removed: int
 
 
-def _measure(folder: str) -> tuple[int, int]:
-    num_files = num_bytes = 0
-    for root, _dirs, files in os.walk(folder, followlinks=False):
-        for name in files:
-            num_files += 1
+@dataclass(frozen=True)
+class KeptRun:
+    """A finished run whose folder this cleanup left (in part or whole): why, and what it removed."""
+
+    run_id: str
+    reason: str
+    num_files_removed: int
+    num_bytes_removed: int
+
+
+class _Tally:
+    def __init__(self) -> None:
+        self.num_files = self.num_bytes = 0
+
+    def add(self, size: int) -> None:
+        self.num_files += 1
+        self.num_bytes += size
+
+
+# A folder is opened by descriptor, never through a link, and never blocks (a FIFO is no folder).
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def _empty_or_first_folder(fd: int, tally: _Tally) -> str | None:
+    """Remove every entry of the open folder that is not a folder (a link is removed, never
+    followed); the name of the first folder found, or None once the folder is empty."""
+    with os.scandir(fd) as entries:
+        for entry in entries:
             try:
-                num_bytes += os.lstat(os.path.join(root, name)).st_size
-            except OSError:
-                pass
-    return num_files, num_bytes
+                if entry.is_dir(follow_symlinks=False):
+                    return entry.name
+                size = entry.stat(follow_symlinks=False).st_size
+                os.unlink(entry.name, dir_fd=fd)
+            except FileNotFoundError:  # removed meanwhile by someone else: nothing left to do
+                continue
+            tally.add(size)
+    return None
 
 
-def _remove_artifacts(folder: str, tenant_area: str) -> tuple[int, int]:
-    """Remove one run's folder, which must lie inside the tenant's area and not be a link."""
-    if not os.path.lexists(folder):
-        return 0, 0
+def _remove_tree(folder: str, tally: _Tally) -> None:
+    """Remove `folder` and all below it. Iterative (a tree of any depth: shutil.rmtree recursed
+    once per level and raised RecursionError past ~1,000), by descriptor (no path grows with the
+    depth past PATH_MAX), never following a link nor crossing into another filesystem. Holds two
+    descriptors at most: it climbs back by "..", checked to be the folder it came down from."""
+    try:
+        top = os.lstat(folder)
+    except FileNotFoundError:  # removed meanwhile (another cleanup): nothing left to remove
+        return
+    if not stat.S_ISDIR(top.st_mode):  # a file, a FIFO or a socket where a folder was expected
+        os.unlink(folder)
+        tally.add(top.st_size)
+        return
+    fd = os.open(folder, _DIR_FLAGS)
+    trail: list[tuple[str, int, int]] = []  # (name, its parent's st_dev, st_ino), from the top down
+    try:
+        while True:
+            name = _empty_or_first_folder(fd, tally)
+            if name is not None:
+                here = os.fstat(fd)
+                child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = child
+                trail.append((name, here.st_dev, here.st_ino))
+                if os.fstat(fd).st_dev != top.st_dev:
+                    raise OSError(errno.EXDEV, "a folder below is another filesystem's mount point")
+                continue
+            if not trail:
+                break
+            name, dev, ino = trail.pop()
+            parent = os.open("..", _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = parent
+            here = os.fstat(fd)
+            if (here.st_dev, here.st_ino) != (dev, ino):
+                raise OSError(errno.ESTALE, "a folder was moved while it was removed")
+            os.rmdir(name, dir_fd=fd)
+    finally:
+        os.close(fd)
+    os.rmdir(folder)
+
+
+def _exists(folder: str) -> bool:
+    try:
+        os.lstat(folder)
+    except (FileNotFoundError, NotADirectoryError):  # absent, or a file stands where a parent should
+        return False
+    return True
+
+
+def _checked(run_id: str, folder: str, tenant_area: str) -> None:
+    """A run's folder must be no link and lie inside the tenant's area (links resolved)."""
     if os.path.islink(folder) or not inside(folder, tenant_area):
-        raise ItoError(ErrorCode.CHECKPOINT_STORAGE_INVALID, "a run's artifacts lie outside the tenant's area")
-    measured = _measure(folder)
-    shutil.rmtree(folder)
-    return measured
+        raise ItoError(ErrorCode.CHECKPOINT_STORAGE_INVALID,
+                       f"the artifacts of {run_id} lie outside the tenant's area or behind a link; "
+                       "nothing was removed")
+
+
+def _remove_artifacts(folder: str, active_folders: list[str]) -> tuple[_Tally, str | None]:
+    """Remove one run's (checked) folder; what was removed, and why the rest was kept, if it was."""
+    tally = _Tally()
+    if any(inside(active, folder) for active in active_folders):  # links resolved, both
+        return tally, "holds the checkpoint folder of an active run; kept until that run ends"
+    try:
+        _remove_tree(folder, tally)
+    except OSError as exc:  # a folder the server may not write, or one changed while it was removed
+        return tally, f"could not be removed whole ({errno.errorcode.get(exc.errno, type(exc).__name__)}); " \
+                      "kept for a later cleanup"
+    return tally, None
 
 
 @dataclass(frozen=True)
@@ -99,24 +191,38 @@ def _clean_locked(conn: sa.Connection, ledger: Ledger, policy: ServerPolicy, ide
     finished = conn.execute(sa.select(runs.c.run_id, runs.c.checkpoint_dir).where(
         runs.c.account_id == account_id, runs.c.cleaned_at.is_(None),
         runs.c.state.in_([s.value for s in TERMINAL_RUN_STATES])).order_by(runs.c.run_id).with_for_update()).all()
-    cleaned = []
-    for run_id, folder in finished:
-        num_files, num_bytes = _remove_artifacts(folder, str(policy.tenant_area(account_id)))
+    area = str(policy.tenant_area(account_id))
+    present = [(run_id, folder) for run_id, folder in finished if _exists(folder)]
+    for run_id, folder in present:  # every folder checked before any is removed
+        _checked(run_id, folder, area)
+    active_folders = list(conn.execute(sa.select(runs.c.checkpoint_dir).where(
+        runs.c.state.in_([s.value for s in ACTIVE_RUN_STATES]))).scalars()) if present else []
+    # The deepest folder first: a run's folder inside another's is counted as its own run's.
+    innermost_first = sorted(present, key=lambda item: -os.path.realpath(item[1]).count(os.sep))
+    removed = {run_id: _remove_artifacts(folder, active_folders) for run_id, folder in innermost_first}
+    cleaned, kept = [], []
+    for run_id, _folder in finished:
+        tally, reason = removed.get(run_id, (_Tally(), None))
+        if reason is not None:
+            kept.append(KeptRun(run_id, reason, tally.num_files, tally.num_bytes))
+            continue
         num_checkpoints = conn.execute(run_checkpoints.update().where(
             run_checkpoints.c.run_id == run_id, run_checkpoints.c.removed_at.is_(None)).values(removed_at=now)).rowcount
         conn.execute(runs.update().where(runs.c.run_id == run_id).values(cleaned_at=now, updated_at=now))
-        cleaned.append(CleanedRun(run_id, num_files, num_bytes, num_checkpoints))
+        cleaned.append(CleanedRun(run_id, tally.num_files, tally.num_bytes, num_checkpoints))
     report = {
         "account_id": account_id, "idempotency_key": key, "num_runs_cleaned": len(cleaned),
-        "num_bytes_removed": sum(c.num_bytes_removed for c in cleaned),
-        "runs": [asdict(c) for c in cleaned], "bookings_changed": changed, "cleaned_at": now,
+        "num_bytes_removed": sum(c.num_bytes_removed for c in cleaned) + sum(k.num_bytes_removed for k in kept),
+        "runs": [asdict(c) for c in cleaned], "runs_kept": [asdict(k) for k in kept],
+        "bookings_changed": changed, "cleaned_at": now,
     }
     confirmations.consume(conn, confirmation, now=now, run_id=None, key=key)
     idempotency.reserve(conn, account_id=account_id, key=key, action=Action.CLEANUP.value,
                         fingerprint=fingerprint, run_id=None, now=now, result=report)
     audit.record(conn, now, "tenant_cleaned", actor=identity.token_id, account_id=account_id,
                  subject=account_id, confirmation_id=confirmation.confirmation_id, idempotency_key=key,
-                 num_runs_cleaned=len(cleaned), run_ids=[c.run_id for c in cleaned])
+                 num_runs_cleaned=len(cleaned), run_ids=[c.run_id for c in cleaned],
+                 **({"kept_run_ids": [k.run_id for k in kept]} if kept else {}))
     return report
 
 

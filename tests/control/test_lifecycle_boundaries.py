@@ -108,12 +108,13 @@ def test_cleanup_report_rows_files_and_audit_are_exact(world, tmp_path) -> None:
     write_file(os.path.join(first.checkpoint_dir, "step-10.pt"), 100)
     write_file(os.path.join(first.checkpoint_dir, "nested", "deeper", "step-20.pt"), 50)
     write_file(os.path.join(first.checkpoint_dir, "empty.pt"), 0)
-    # Links inside a run's folder are measured as links and never followed or removed through.
+    # Links inside a run's folder are removed and counted as links (a link to a folder too), and
+    # never followed or removed through.
     outside = tmp_path / "outside"
     write_file(str(outside / "big.bin"), 10_000)
     os.symlink(outside, os.path.join(first.checkpoint_dir, "dir-link"))
     os.symlink(outside / "big.bin", os.path.join(first.checkpoint_dir, "file-link"))
-    link_size = os.lstat(os.path.join(first.checkpoint_dir, "file-link")).st_size
+    link_size = sum(os.lstat(os.path.join(first.checkpoint_dir, name)).st_size for name in ("dir-link", "file-link"))
     for step in (10, 20, 30):
         telemetry.record_checkpoint(world.ledger, first.run_id, step=step, path=f"step-{step}.pt", size_bytes=1)
     with world.ledger.write() as conn:  # one checkpoint was already pruned earlier, at T0 - 5
@@ -133,13 +134,13 @@ def test_cleanup_report_rows_files_and_audit_are_exact(world, tmp_path) -> None:
     report = clean(world, ref, "clean-key-0001")
 
     expected_runs = sorted([
-        {"run_id": first.run_id, "num_files_removed": 4, "num_bytes_removed": 150 + link_size,
+        {"run_id": first.run_id, "num_files_removed": 5, "num_bytes_removed": 150 + link_size,
          "num_checkpoints_removed": 2},
         {"run_id": second.run_id, "num_files_removed": 0, "num_bytes_removed": 0, "num_checkpoints_removed": 0},
     ], key=lambda r: r["run_id"])
     expected = {"account_id": world.account.account_id, "idempotency_key": "clean-key-0001",
                 "num_runs_cleaned": 2, "num_bytes_removed": 150 + link_size, "runs": expected_runs,
-                "bookings_changed": [], "cleaned_at": T0 + 17}
+                "runs_kept": [], "bookings_changed": [], "cleaned_at": T0 + 17}
     assert report == {**expected, "replayed": False}
     # Files: the finished run's folder is gone, the link targets and every other folder are kept.
     assert not os.path.lexists(first.checkpoint_dir)
@@ -180,8 +181,8 @@ def test_cleanup_report_rows_files_and_audit_are_exact(world, tmp_path) -> None:
     # A new cleanup finds nothing left: cleaned runs are not cleaned twice.
     again = clean(world, cleanup_ref(world), "clean-key-0002")
     assert again == {"account_id": world.account.account_id, "idempotency_key": "clean-key-0002",
-                     "num_runs_cleaned": 0, "num_bytes_removed": 0, "runs": [], "bookings_changed": [],
-                     "cleaned_at": T0 + 99, "replayed": False}
+                     "num_runs_cleaned": 0, "num_bytes_removed": 0, "runs": [], "runs_kept": [],
+                     "bookings_changed": [], "cleaned_at": T0 + 99, "replayed": False}
     assert run_row(world, first.run_id)["cleaned_at"] == T0 + 17
 
 

@@ -218,6 +218,8 @@ def _cleanup(args: argparse.Namespace) -> VerbResult:
     text = [f"runs cleaned: {data.get('num_runs_cleaned')}, bytes removed: {data.get('num_bytes_removed')}",
             *[f"  - {r['run_id']}: {r['num_files_removed']} files, {r['num_checkpoints_removed']} checkpoints"
               for r in data.get("runs", [])],
+            *[f"  kept {r['run_id']} ({r['num_files_removed']} files removed): {r['reason']}"
+              for r in data.get("runs_kept", [])],
             f"bookings released: {', '.join(b['booking_id'] for b in data.get('bookings_changed', [])) or 'none'}"]
     return VerbResult(data=data, live_api_contacted=client.contacted, text=text)
 
