@@ -5,6 +5,7 @@ and ends where an uninterrupted run ends; a worker that cannot start fails the s
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -24,6 +25,7 @@ from ito_assets.posttraining.sft import SftConfig, run_sft, sft_batches
 from ito_assets.posttraining.vocab import CharVocab
 from ito_assets.posttraining.on_worker import ROWS_NAME, WorkerLaunch, sft_on_worker
 from ito_assets.runtime.checkpoint import registry
+from ito_assets.runtime.stage.config import RESULT_NAME
 from ito_assets.runtime.record import events
 from ito_assets.runtime.record.events import EventKind
 from ito_assets.runtime.supervision import heartbeat
@@ -118,6 +120,21 @@ def _kill_once_past_the_first_checkpoint(stage_dir: Path, killed: list[int]):
             time.sleep(0.005)
         return supervisor.wait(timeout=180)
     return run
+
+
+@pytest.mark.slow
+def test_two_ranks_train_the_batch_one_process_trains(tmp_path):
+    """The stage on two data-parallel ranks (FSDP2, each half the batch): the loop's losses and
+    weights, within the layouts' tolerance (tests/runtime/test_layouts.py), and the layout recorded."""
+    expected_policy, expected = _in_process()
+    policy = SPEC.factory()()
+    launch = _launch(supervisor=dataclasses.replace(SUPERVISOR, nproc_per_node=2))
+    result = sft_on_worker(policy, SPEC, CODEC, PAIRS, CONFIG, stage_dir=tmp_path, launch=launch)
+    ran = json.loads((tmp_path / RESULT_NAME).read_text())["layout"]
+    assert ran["ran"]["dp_shard"] == 2 and ran["ran"]["micro_batch_size"] == CONFIG.batch_size // 2
+    assert result.num_steps == expected.num_steps and result.num_response_tokens == expected.num_response_tokens
+    assert max(abs(a - b) for a, b in zip(result.losses, expected.losses)) <= 1e-4
+    assert _max_difference(policy, expected_policy) <= 1e-4
 
 
 @pytest.mark.slow

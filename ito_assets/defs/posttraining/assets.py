@@ -24,7 +24,7 @@ from ito_assets.defs.training.launcher import TrainingLauncherResource
 from ito_assets.defs.training.resources import TrainingRuntimeResource
 from ito_assets.defs.resources import ItoSettingsResource, LedgerResource
 from ito_assets.runtime.stage.run import StageCheckpoint
-from ito_assets.defs.workload.live import mark_training_started, require_live_authorization
+from ito_assets.defs.workload.live import LiveRun, mark_training_started, require_live_authorization
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.discovery import ManifestVerdict
 from ito_assets.manifest.schema import STAGE_ORDER, Manifest
@@ -32,7 +32,7 @@ from ito_assets.posttraining.base import PolicySpec, pretrained
 from ito_assets.posttraining.bpe import TokenizerRef
 from ito_assets.posttraining.eval_gate import require_passed
 from ito_assets.posttraining.publish import publish_outcome
-from ito_assets.posttraining.stage import Start, StageOutcome
+from ito_assets.posttraining.stage import Start, StageOutcome, data_parallel_ranks
 from ito_assets.runtime.stage.corpus import TokenSet
 from ito_assets.runtime.stage.eval_gate import VerdictStore
 from ito_assets.runtime.record.storage import RunLayout
@@ -110,19 +110,36 @@ def outcome_metadata(outcome: StageOutcome, step) -> dict:
 
 @dataclasses.dataclass(frozen=True)
 class _Worker:
-    """Where a post-training stage's steps run: on the stage worker, under the supervisor, one rank
-    on one node of the training launcher, its command run through Pipes as the pretraining stages' are."""
+    """Where a post-training stage's steps run: on the stage worker, under the supervisor, on the
+    ranks the training launcher gives a stage of the run's booking (`data_parallel_ranks` says how
+    many of them a stage takes), its command run through Pipes as the pretraining stages' are."""
 
     training_runtime: TrainingRuntimeResource
     training_launcher: TrainingLauncherResource
     pipes: dg.PipesSubprocessClient
 
-    def launch(self, context, run_id: str):
+    def ranks(self, context, live: LiveRun, kind: str, batch_size: int) -> tuple[int, int]:
+        """(nodes, ranks per node) for this stage, logged with the reason where it takes fewer."""
+        import torch  # the stage needs it anyway; not at code-location load
+
+        outcome = live.booked_plan()
+        try:
+            nnodes, nproc = ((1, 1) if outcome.run_plan is None else
+                             self.training_launcher.counts(outcome.run_plan.hardware, has_cuda=torch.cuda.is_available()))
+        except ValueError as error:
+            raise dg.Failure(description=f"training_launcher: {error}") from None
+        nnodes, nproc, fewer = data_parallel_ranks(kind, batch_size, nnodes, nproc)
+        if fewer:
+            context.log.info(f"the {kind} stage trains on {nnodes * nproc} rank(s): {fewer}")
+        return nnodes, nproc
+
+    def launch(self, context, run_id: str, ranks: tuple[int, int]):
         from ito_assets.posttraining.on_worker import WorkerLaunch  # needs torch
 
+        nnodes, nproc = ranks
         try:  # the launcher's settings are checked before the supervisor starts
-            supervisor = dataclasses.replace(self.training_runtime.supervisor(nnodes=1, nproc_per_node=1),
-                                             launch=self.training_launcher.launch_config(1))
+            supervisor = dataclasses.replace(self.training_runtime.supervisor(nnodes=nnodes, nproc_per_node=nproc),
+                                             launch=self.training_launcher.launch_config(nproc))
         except ValueError as error:
             raise dg.Failure(description=f"training_launcher: {error}") from None
         return WorkerLaunch(run=lambda command: self.pipes.run(context=context, command=list(command)),
@@ -151,16 +168,18 @@ def _stage(context, ito: ItoSettingsResource, posttraining: PostTrainingResource
         step = _recipe_step(live.manifest.manifest, kind)
         run_dir = RunLayout.for_run(checkpoint_dir, run_id).run_dir
         VerdictStore(run_dir).ensure_not_failed(STAGE_ORDER)
+        runtime = posttraining.runtime()
+        ranks = None if worker is None else worker.ranks(context, live, kind, runtime.batch_size)
         mark_training_started(ledger, run_id)
         outcome = run_stage(step, start=start, data_root=ito.settings().data_root, out_dir=run_dir / "posttraining",
-                            runtime=posttraining.runtime(),
-                            launch=None if worker is None else worker.launch(context, run_id))
+                            runtime=runtime, launch=None if worker is None else worker.launch(context, run_id, ranks))
         with ledger.open() as opened:
             num_checkpoints, num_metrics = publish_outcome(opened, run_id, outcome)
     except ItoError as error:
         raise failure(error) from None
     context.log.info(json.dumps({"stage": kind, "gate": outcome.gate.as_dict()}))
-    yield dg.Output(outcome, metadata={"in_recipe": True, "num_metrics_published": num_metrics,
+    yield dg.Output(outcome, metadata={"in_recipe": True, "num_ranks": 1 if ranks is None else ranks[0] * ranks[1],
+                                       "num_metrics_published": num_metrics,
                                        "num_checkpoints_published": num_checkpoints,
                                        "trained_manifest_digest": live.manifest.digest, **outcome_metadata(outcome, step)})
 
