@@ -17,19 +17,33 @@ Python release, is CAPABILITY_MISSING; an address that is not one is USAGE_ERROR
 no Ray answers is TIMEOUT, within `CONNECT_TIMEOUT_S` (Ray alone retries it 20 times, ~40 s each,
 deaf to Ctrl-C meanwhile).
 
+A cluster with no CPU for a unit (a head started with `--num-cpus=0` and no worker, every worker
+gone) would leave the tasks pending for good, the step waiting without a word. So before a phase
+sends its units, a cluster with fewer CPUs than one unit takes, and no autoscaler that may add
+nodes, is CAPABILITY_MISSING; and while units wait with none finishing on a cluster that has no
+such CPU (an autoscaler that adds none, workers lost mid-phase), the run's log is warned every
+`WARN_EVERY_S` and the step fails with TIMEOUT after ITO_RAY_PENDING_TIMEOUT_S (`look` decides).
+
 Ray is an optional extra (`pip install '.[ray]'`); only this module imports it.
 """
 
 from __future__ import annotations
 
+import enum
+import json
+import logging
+import math
 import os
 import socket
 import sys
-from collections.abc import Callable, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from typing import TypeVar
 from urllib.parse import urlsplit
 
+from ito_assets import env as env_text
 from ito_assets.errors import ErrorCode, ItoError
 
 Task = TypeVar("Task")
@@ -47,6 +61,25 @@ GCS_WAIT = ("RAY_gcs_server_port_wait_time_s", "1")
 # Seconds a cancelled task is given to stop before its worker is killed, and then to be gone.
 STOP_WAIT_S = 10.0
 ADDRESS_FORMS = "host:port, ray://host:port, auto or local"
+# What one unit's task asks of a node: one core, as a worker process of the local engine.
+UNIT_CPUS = 1
+# Seconds units may wait, none finishing, on a cluster with no CPU for one before the step fails
+# (ITO_RAY_PENDING_TIMEOUT_S): Ray's autoscaler gives a node it launches as long to start
+# (AUTOSCALER_NODE_START_WAIT_S, 900 s), so a cluster scaled to 0 workers has its time to grow.
+PENDING_TIMEOUT_S = 900.0
+PENDING_TIMEOUT_VARIABLE = "ITO_RAY_PENDING_TIMEOUT_S"
+# How often such a wait is said in the run's log: once a minute says "still stuck" without
+# burying the log (an hour's wait is 60 lines).
+WARN_EVERY_S = 60.0
+# How often a wait that sees no unit finish looks at the cluster: the autoscaler's own update
+# interval (AUTOSCALER_UPDATE_INTERVAL_S, 5 s); a unit that finishes ends the wait at once.
+POLL_S = 5.0
+# How long a 0-CPU cluster's monitor is given for its first report, which says whether an
+# autoscaler may add nodes: two of its 5 s updates. Only a cluster with no CPU waits for it.
+REPORT_WAIT_S = 10.0
+# The key under which Ray's autoscaler (v1) reports each update (ray_constants.DEBUG_AUTOSCALING_STATUS).
+AUTOSCALING_STATUS = "__autoscaling_status"
+LOGGER = logging.getLogger(__name__)
 
 
 class WorkUnitFailed(Exception):
@@ -63,11 +96,60 @@ class WorkUnitFailed(Exception):
         return WorkUnitFailed(indices[self.index], self.cause)
 
 
-class RayPool:
-    """Ray tasks, one per item, results as they finish (`map_finished`)."""
+class Verdict(enum.Enum):
+    """What a wait that saw no unit finish does next."""
 
-    def __init__(self, ray_module):
-        self.ray = ray_module
+    WAIT = "wait"
+    WARN = "warn"  # say so in the run's log, and wait
+    FAIL = "fail"  # give up: TIMEOUT
+
+
+@dataclass(frozen=True)
+class Starved:
+    """Units have waited, none finishing, on a cluster with no CPU for one since `since`
+    (monotonic seconds); `num_warned` warnings were given since."""
+
+    since: float
+    num_warned: int = 0
+
+
+def look(starved: Starved | None, now: float, cpus: float, timeout_s: float) -> tuple[Verdict, Starved | None]:
+    """The verdict on a wait in which no unit finished, seen at `now` on a cluster of `cpus` CPUs
+    in all, and the starvation it leaves (None: the cluster has a CPU for a unit, and Ray runs
+    them in turn). The clock starts at the first look that finds no such CPU; a unit that
+    finishes resets it (the caller drops `starved`). FAIL once it has run `timeout_s`, WARN at
+    each whole `WARN_EVERY_S` before, once."""
+    if cpus >= UNIT_CPUS:
+        return Verdict.WAIT, None
+    starved = starved or Starved(since=now)
+    waited = now - starved.since
+    if waited >= timeout_s:
+        return Verdict.FAIL, starved
+    intervals = int(waited // WARN_EVERY_S)
+    if intervals > starved.num_warned:
+        return Verdict.WARN, replace(starved, num_warned=intervals)
+    return Verdict.WAIT, starved
+
+
+def pending_timeout_from(env: Mapping[str, str] | None = None) -> float:
+    """ITO_RAY_PENDING_TIMEOUT_S from `env` (default: the process environment), read with
+    RAY_ADDRESS when a step opens its pool: seconds above 0, `inf` for no bound (warnings only),
+    PENDING_TIMEOUT_S when unset or empty. A refused value is never echoed."""
+    raw = env_text.environment(env).get(PENDING_TIMEOUT_VARIABLE)
+    return float(env_text.parse(raw, default=PENDING_TIMEOUT_S, whole=False, low=0, low_open=True, usage=True,
+                                message=f"{PENDING_TIMEOUT_VARIABLE} must be a number of seconds above 0 (inf: no bound)"))
+
+
+class RayPool:
+    """Ray tasks, one per item, results as they finish (`map_finished`). `cluster` names the
+    cluster in messages (never a secret its address carries); `pending_timeout_s` bounds a wait
+    on a cluster with no CPU for a unit."""
+
+    def __init__(self, ray_module, *, cluster: str = "the Ray cluster", pending_timeout_s: float = PENDING_TIMEOUT_S,
+                 clock: Callable[[], float] = time.monotonic):
+        self.ray, self.cluster, self.pending_timeout_s, self.clock = ray_module, cluster, pending_timeout_s, clock
+        # Looked at a few times within the bound, so a small one (a test's) is not overshot much.
+        self.poll_s = min(POLL_S, pending_timeout_s / 4)
 
     def map_finished(self, function: Callable[[Task], Result], tasks: Sequence[Task]) -> Iterator[tuple[int, Result]]:
         """(position, result) of each task as it finishes. A unit that failed on every attempt
@@ -76,12 +158,18 @@ class RayPool:
         unit failed, its own error, the iterator closed), the tasks whose results it did not take
         are cancelled, and waited for, before the error reaches it: on a cluster that outlives the
         step they would otherwise go on writing into the phase's folder while a rerun clears it
-        and writes the same files."""
-        remote = self.ray.remote(num_cpus=1, max_retries=ATTEMPTS - 1, retry_exceptions=True)(function)
+        and writes the same files. A cluster with no CPU for a unit fails before any is sent
+        (`_schedulable`), or once its units have waited `pending_timeout_s` (`_starving`)."""
+        starved = self._schedulable(len(tasks)) if tasks else None
+        remote = self.ray.remote(num_cpus=UNIT_CPUS, max_retries=ATTEMPTS - 1, retry_exceptions=True)(function)
         pending = {remote.remote(task): position for position, task in enumerate(tasks)}
         try:
             while pending:
-                [reference], _ = self.ray.wait(list(pending), num_returns=1)
+                ready, _ = self.ray.wait(list(pending), num_returns=1, timeout=self.poll_s)
+                if not ready:
+                    starved = self._starving(starved, len(pending))
+                    continue
+                starved, [reference] = None, ready
                 position = pending.pop(reference)
                 try:
                     result = self.ray.get(reference)
@@ -93,6 +181,39 @@ class RayPool:
                 yield position, result  # the caller's now: Ray may free its copy
         finally:
             self._stop(list(pending))
+
+    def _schedulable(self, num_units: int) -> Starved | None:
+        """Before any unit is sent: CAPABILITY_MISSING where no node can ever run one (too few
+        CPUs in all, and no autoscaler that may add nodes); else the starvation a cluster scaled to
+        0 workers starts with (None where it has a CPU)."""
+        cpus = _cpus(self.ray.cluster_resources())
+        if cpus >= UNIT_CPUS:
+            return None
+        if not _may_grow(self.ray):
+            raise ItoError(ErrorCode.CAPABILITY_MISSING, f"{self.cluster} has {cpus:g} CPUs: no work unit can be scheduled "
+                           f"(each takes {UNIT_CPUS}), and no autoscaler reports that it may add nodes; add a worker "
+                           "node with CPUs, or set RAY_ADDRESS to a cluster that has one")
+        LOGGER.info(f"{self.cluster} has {cpus:g} CPUs now and an autoscaler that may add nodes: {num_units:,} work "
+                    f"units wait up to {self.pending_timeout_s:g} s for one (ITO_RAY_PENDING_TIMEOUT_S)")
+        return look(None, self.clock(), cpus, self.pending_timeout_s)[1]
+
+    def _starving(self, starved: Starved | None, num_pending: int) -> Starved | None:
+        """A wait that saw no unit finish: warn, or fail with TIMEOUT (the caller's `finally`
+        cancels the units), where the cluster has had no CPU for one too long (`look`)."""
+        cpus, now = _cpus(self.ray.cluster_resources()), self.clock()
+        verdict, starved = look(starved, now, cpus, self.pending_timeout_s)
+        if verdict is Verdict.WAIT:
+            return starved
+        waited = now - starved.since
+        state = f"{cpus:g} CPUs, {_cpus(self.ray.available_resources()):g} available; each unit takes {UNIT_CPUS}"
+        if verdict is Verdict.WARN:
+            bound = "no bound" if math.isinf(self.pending_timeout_s) else f"the step fails at {self.pending_timeout_s:g} s"
+            LOGGER.warning(f"{num_pending:,} work units pending on {self.cluster}, none finished for {waited:.0f} s: it "
+                           f"has no CPU to run them ({state}); {bound} (ITO_RAY_PENDING_TIMEOUT_S)")
+            return starved
+        raise ItoError(ErrorCode.TIMEOUT, f"{num_pending:,} work units waited {waited:.0f} s on {self.cluster}, which "
+                       f"had no CPU to run them ({state}); cancelled at ITO_RAY_PENDING_TIMEOUT_S="
+                       f"{self.pending_timeout_s:g} s: check the cluster's workers (all gone, or none added)")
 
     def _finished_now(self, pending: dict) -> Iterator[tuple[int, Result]]:
         """The results of the tasks already finished, those that succeeded; taken out of `pending`."""
@@ -123,6 +244,47 @@ class RayPool:
                 return
 
 
+def _cpus(resources: dict) -> float:
+    return float(resources.get("CPU", 0.0))
+
+
+def _may_grow(ray) -> bool:
+    """Whether an autoscaler may add nodes to the cluster (Ray's own report of it, which only a
+    cluster with no CPU reads: up to REPORT_WAIT_S while its monitor has not reported yet)."""
+    try:
+        from ray.experimental.internal_kv import _internal_kv_get
+
+        raylet = ray._raylet
+        v2 = _internal_kv_get(raylet.GCS_AUTOSCALER_V2_ENABLED_KEY, namespace=raylet.GCS_AUTOSCALER_STATE_NAMESPACE)
+        deadline = time.monotonic() + REPORT_WAIT_S
+        while (grows := autoscaler_may_add_nodes(v2, _internal_kv_get(AUTOSCALING_STATUS))) is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.5)
+    except Exception:  # noqa: BLE001 - not told: the pending timeout bounds the wait
+        return True
+    return bool(grows)
+
+
+def autoscaler_may_add_nodes(v2_enabled: bytes | None, status: bytes | None) -> bool | None:
+    """From Ray's own records: autoscaler v2 enabled (b"1"), or v1's report (JSON) naming a node
+    type of a cluster config (KubeRay's groups, `ray up`'s types), may add nodes; a cluster
+    started by hand reports one type per node, `node_<its id>` (the read-only provider), and one
+    with no monitor reports nothing: neither may. None: a monitor that has not reported yet. A
+    report of another shape rules nothing out (True: the pending timeout still bounds the wait)."""
+    if v2_enabled == b"1":
+        return True
+    if status is None:
+        return False
+    try:
+        report = json.loads(status).get("autoscaler_report")
+        if report is None:
+            return None
+        types = report["node_type_mapping"]
+        return not types or any(kind != f"node_{node}" for node, kind in types.items())
+    except (ValueError, AttributeError, KeyError, TypeError):
+        return True
+
+
 def _named(cause: BaseException) -> str:
     """The error's type, and a coded error's code (SHARD_CORRUPT, SOURCE_INVALID): what the step's
     message may say of it."""
@@ -135,11 +297,15 @@ def ray_pool() -> Iterator[RayPool]:
     """A pool on the cluster `RAY_ADDRESS` names, on the Ray this process already joined, or on a
     Ray started here for the duration of the step."""
     ray = _import_ray()
+    pending_timeout_s = pending_timeout_from()
     started = not ray.is_initialized()
+    address = os.environ.get("RAY_ADDRESS", "").strip() if started else ""
     if started:
-        _join(ray)
+        _join(ray, address)
+    cluster = f"the Ray cluster at {where(address)} (RAY_ADDRESS)" if address else \
+        "the Ray started for this step" if started else "the Ray this process joined"
     try:
-        yield RayPool(ray)
+        yield RayPool(ray, cluster=cluster, pending_timeout_s=pending_timeout_s)
     finally:
         if started:
             ray.shutdown()
@@ -169,9 +335,8 @@ def where(address: str) -> str:
     return f"{scheme + '://' if scheme else ''}{host}{'' if port is None else f':{port}'}"
 
 
-def _join(ray) -> None:
-    """ray.init() on RAY_ADDRESS (or a Ray started here), or an ItoError that says why not."""
-    address = os.environ.get("RAY_ADDRESS", "").strip()
+def _join(ray, address: str) -> None:
+    """ray.init() on `address` (RAY_ADDRESS; empty: a Ray started here), or an ItoError that says why not."""
     named = where(address)
     override = {}
     if address and not address.startswith("ray://"):  # Ray Client gives up by itself (30 s)

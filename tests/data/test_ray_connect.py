@@ -155,6 +155,9 @@ class _FakeRay:
     def remote(self, **options):
         return lambda function: type("Remote", (), {"remote": staticmethod(lambda task: task)})
 
+    def cluster_resources(self):
+        return {"CPU": 2.0}
+
     def get(self, reference):
         raise ray.exceptions.RayTaskError("unit", "traceback", self.error)
 
