@@ -2,6 +2,10 @@
 training manifest with `preparation_job` (data, decision, plan), a data manifest with
 `data_preparation_job` (the data alone: it names no model to decide or plan for)."""
 
+import hashlib
+import json
+import os
+from collections import Counter
 from typing import TYPE_CHECKING
 
 import dagster as dg
@@ -22,6 +26,12 @@ REVIEWED_MANIFEST_SENSOR = "reviewed_manifest_sensor"
 # of thousands, asked for whole, would cost that on every tick for as long as the files stay.
 MAX_REQUESTS_PER_TICK = 50
 _RUN_KEY_TAG = "dagster/run_key"  # Dagster's own tag for a run's key
+# A refused file is logged once, not on every tick for as long as it stays: the sensor's cursor
+# remembers which (name, code) pairs were logged, each as 12 hex digits of a sha256 (the cursor is
+# shown in the UI: a name itself, which may be a credential, is never kept there). A tick logs at
+# most this many new ones, and says how many more the following ticks will log.
+MAX_REPORTS_PER_TICK = 50
+_MARK_HEX_DIGITS = 12  # 48 bits: no two of an inbox's thousands of files collide in practice
 
 
 def _in_request_order(instance: dg.DagsterInstance, manifests: list[discovery.DiscoveredManifest]) -> list:
@@ -39,6 +49,36 @@ def shown_name(file_name: str) -> str:
     if telemetry.redact(file_name) != file_name or value_secret_kind(file_name):
         return "(a name that looks like a credential, withheld)"
     return ascii(file_name)
+
+
+def _mark(item: discovery.Rejected) -> str:
+    named = os.fsencode(item.file_name) + b"\0" + item.code.encode()
+    return hashlib.sha256(named).hexdigest()[:_MARK_HEX_DIGITS]
+
+
+def _marks_logged(cursor: str | None) -> set[str]:
+    """The marks a previous tick logged; a cursor of another form (an older release's, none) is none."""
+    try:
+        marks = json.loads(cursor or "{}").get("reported", [])
+    except (ValueError, AttributeError):
+        return set()
+    return {m for m in marks if isinstance(m, str)} if isinstance(marks, list) else set()
+
+
+def report_refused(log, cursor: str | None, rejected: list[discovery.Rejected]) -> str:
+    """Log each refused file by its code once while it stays refused (a file fixed and refused again,
+    or removed and put back, is logged again); the cursor for the next tick."""
+    logged = _marks_logged(cursor)
+    current = {_mark(item): item for item in rejected}
+    new = [(mark, item) for mark, item in current.items() if mark not in logged]
+    for _mark_of, item in new[:MAX_REPORTS_PER_TICK]:
+        log.warning(f"manifest file {shown_name(item.file_name)} was not registered: {item.code}")
+    later = new[MAX_REPORTS_PER_TICK:]
+    if later:
+        codes = ", ".join(f"{code} x{count}" for code, count in sorted(Counter(i.code for _, i in later).items()))
+        log.warning(f"{len(later)} more manifest files were not registered ({codes}); named on the next ticks")
+    kept = (logged & current.keys()) | {mark for mark, _ in new[:MAX_REPORTS_PER_TICK]}
+    return json.dumps({"reported": sorted(kept)}, separators=(",", ":"))
 
 
 def job_for(manifest: discovery.DiscoveredManifest) -> str:
@@ -60,9 +100,13 @@ def reviewed_manifest_sensor(preparation: "UnresolvedAssetJobDefinition",
     )
     def evaluate(context: dg.SensorEvaluationContext, ito: ItoSettingsResource) -> dg.SensorResult:
         settings = ito.settings()
-        found, rejected = discovery.discover(settings.manifests_dir, max_bytes=settings.max_manifest_bytes)
-        for item in rejected:
-            context.log.warning(f"manifest file {shown_name(item.file_name)} was not registered: {item.code}")
+        try:
+            found, rejected = discovery.discover(settings.manifests_dir, max_bytes=settings.max_manifest_bytes)
+        except OSError as error:  # the folder unreadable, or gone between its check and its listing
+            context.log.warning(f"the manifests folder could not be listed ({type(error).__name__}); "
+                                "tried again on the next tick")
+            return dg.SensorResult(skip_reason="the manifests folder could not be listed", cursor=context.cursor)
+        cursor = report_refused(context.log, context.cursor, rejected)
         known = set(context.instance.get_dynamic_partitions(manifests_partitions.name))
         new_keys = sorted({m.key for m in found} - known)
         waiting = _in_request_order(context.instance, list({m.key: m for m in found}.values()))
@@ -75,6 +119,7 @@ def reviewed_manifest_sensor(preparation: "UnresolvedAssetJobDefinition",
             run_requests=requests,
             dynamic_partitions_requests=[manifests_partitions.build_add_request(new_keys)] if new_keys else [],
             skip_reason=None if requests else "no reviewed manifests in the manifests folder",
+            cursor=cursor,
         )
 
     return evaluate
