@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from ito_assets.errors import ErrorCode, ItoError
-from ito_assets.control import audit, confirmations, idempotency, runs
+from ito_assets.control import audit, confirmations, idempotency, ids, runs
 from ito_assets.control.fingerprint import request_fingerprint, validate_key
 from ito_assets.control.identity import Identity
 from ito_assets.control.ledger import Ledger
@@ -63,10 +63,32 @@ def _cancel_locked(conn: sa.Connection, ledger: Ledger, identity: Identity, run_
     return Cancelled(run=run, replayed=False)
 
 
+def _record_refusal(ledger: Ledger, identity: Identity, run_id: str, key: str, error: ItoError) -> None:
+    """A refused cancellation leaves its own audit event, as a refused train does: the run (only
+    an id of the ledger's form: caller text never reaches the trail), the key and the code. A busy
+    ledger (IDEMPOTENCY_KEY_IN_FLIGHT) is not written to, and a failed write never changes the answer."""
+    if error.code is ErrorCode.IDEMPOTENCY_KEY_IN_FLIGHT:
+        return
+    try:
+        audit.record_refusal(ledger, "run_cancel_refused", error.code.value, actor=identity.token_id,
+                             account_id=identity.tenant, subject=run_id if ids.is_run_id(run_id) else None,
+                             idempotency_key=key)
+    except sa.exc.SQLAlchemyError:
+        pass
+
+
 def cancel_run(ledger: Ledger, identity: Identity, run_id: str, *, confirmation_ref: str,
                idempotency_key: str) -> Cancelled:
-    account_id = identity.tenant
     key = validate_key(idempotency_key)
+    try:
+        return _cancel(ledger, identity, run_id, confirmation_ref, key)
+    except ItoError as error:
+        _record_refusal(ledger, identity, run_id, key, error)
+        raise
+
+
+def _cancel(ledger: Ledger, identity: Identity, run_id: str, confirmation_ref: str, key: str) -> Cancelled:
+    account_id = identity.tenant
     fingerprint = request_fingerprint(Action.CANCEL.value, run_id=run_id)
     with ledger.read() as conn:
         replay = _replay(conn, account_id, key, fingerprint)

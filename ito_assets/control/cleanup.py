@@ -239,11 +239,34 @@ def _replay(ledger: Ledger, account_id: str, key: str, fingerprint: str) -> dict
     return {**(record.result or {}), "replayed": True}
 
 
+def _record_refusal(ledger: Ledger, identity: Identity, key: str, release: Release | None, error: ItoError) -> None:
+    """A refused cleanup leaves its own audit event (the code, the key, a release's booking when its
+    id has the ledger's form); never for a busy ledger, and a failed write never changes the answer."""
+    if error.code is ErrorCode.IDEMPOTENCY_KEY_IN_FLIGHT:
+        return
+    booking_id = release.booking_id if release and ids.is_booking_id(release.booking_id) else None
+    try:
+        audit.record_refusal(ledger, "tenant_cleanup_refused", error.code.value, actor=identity.token_id,
+                             account_id=identity.tenant, subject=identity.tenant, idempotency_key=key,
+                             release_booking_id=booking_id)
+    except sa.exc.SQLAlchemyError:
+        pass
+
+
 def cleanup_tenant(ledger: Ledger, policy: ServerPolicy, identity: Identity, *, confirmation_ref: str,
                    idempotency_key: str, release: Release | None = None) -> dict:
     """Returns the cleanup report (with `replayed`); replays the first report for the same key."""
-    account_id = identity.tenant
     key = validate_key(idempotency_key)
+    try:
+        return _cleanup(ledger, policy, identity, confirmation_ref, key, release)
+    except ItoError as error:
+        _record_refusal(ledger, identity, key, release, error)
+        raise
+
+
+def _cleanup(ledger: Ledger, policy: ServerPolicy, identity: Identity, confirmation_ref: str, key: str,
+             release: Release | None) -> dict:
+    account_id = identity.tenant
     fingerprint = cleanup_fingerprint(account_id, release.booking_id if release else None)
     replay = _replay(ledger, account_id, key, fingerprint)
     if replay is not None:
