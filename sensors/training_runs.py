@@ -76,12 +76,28 @@ def _one_run(context: dg.SensorEvaluationContext, run_id: str, act) -> None:
         context.log.warning(f"{run_id}: not handled this tick ({code}); tried again on the next")
 
 
+# How long a Dagster run may stay canceling after the ledger run's cancellation before the sensor
+# marks it canceled: Dagster's own run monitoring default (`cancel_timeout_seconds`, 180 s). The
+# embedded instance runs no monitoring, and a run whose worker is gone (killed, its machine
+# rebooted) has no process to hear the termination: it stayed canceling, and its ledger run
+# cancelling, holding its booking and its reserved budget, for good.
+CANCEL_TIMEOUT_S = 180
+
+
 def _cancel(context: dg.SensorEvaluationContext, opened, run: runs.Run) -> None:
     live = [r for r in _dagster_runs_of(context.instance, run.run_id) if not r.is_finished]
+    overdue = opened.now() - run.updated_at >= CANCEL_TIMEOUT_S
     for dagster_run in live:  # queued ones too: nothing of a cancelled run starts later
+        if overdue and dagster_run.status is dg.DagsterRunStatus.CANCELING:
+            context.instance.report_run_canceled(
+                dagster_run, message=f"still canceling {CANCEL_TIMEOUT_S} s after {run.run_id} was cancelled: "
+                                     "no process ended it")
+            context.log.warning(f"marked {dagster_run.run_id} canceled for {run.run_id}: no process ended it "
+                                f"within {CANCEL_TIMEOUT_S} s")
+            continue
         context.instance.run_coordinator.cancel_run(dagster_run.run_id)
         context.log.info(f"terminating {dagster_run.run_id} for {run.run_id}")
-    if live:
+    if live:  # the ends are written on the next tick, once Dagster has them
         return
     attached = context.instance.get_run_by_id(run.dagster_run_id) if run.dagster_run_id else None
     if attached is not None:
