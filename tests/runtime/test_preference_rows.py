@@ -21,7 +21,7 @@ from ito_assets.posttraining.vocab import PRINTABLE, CharVocab
 from ito_assets.runtime.record import events
 from ito_assets.runtime.record.events import EventKind
 from ito_assets.runtime.stage.config import PreferenceObjective, WorkerConfig
-from ito_assets.runtime.worker import execution
+from ito_assets.runtime.worker import batches, execution
 from ito_assets.runtime.worker.batches import IGNORE, BatchPlan, ResumableBatches
 from ito_assets.runtime.worker.preference import Preference, read_reference
 from ito_assets.runtime.worker.step import train_step
@@ -69,9 +69,12 @@ def test_the_loader_draws_pairs_whole_and_rows_at_names_them():
     for _ in range(3):
         position, x, y = loader.next_batch()
         rows = loader.rows_at(position)
-        assert x.shape == y.shape == (4, 2, LENGTH) and len(rows) == 4
-        assert torch.equal(x, torch.from_numpy(ROWS[rows, :, 0]).long())
-        assert torch.equal(y, torch.from_numpy(ROWS[rows, :, 1]).long())
+        # Both answers of each pair, cut together after the last target either of them has.
+        end = batches.cut_length(ROWS[rows])
+        assert x.shape == y.shape == (4, 2, end) and len(rows) == 4
+        assert (ROWS[rows, :, 1, end:] == IGNORE).all() and (ROWS[rows, :, 1, end - 1] != IGNORE).any()
+        assert torch.equal(x, torch.from_numpy(ROWS[rows, :, 0, :end]).long())
+        assert torch.equal(y, torch.from_numpy(ROWS[rows, :, 1, :end]).long())
     whole = ResumableBatches(ROWS, BatchPlan(batch_size=8, sequence_length=LENGTH, seed=3))
     assert list(whole.rows_at(2)[4:]) == list(loader.rows_at(2))  # rank 1 takes the second half
     # Throughput counts both answers of every pair up to its last target.

@@ -93,15 +93,62 @@ def test_rows_are_visited_once_an_epoch_and_resume_at_their_position():
     straight = ResumableBatches(rows, plan)
     assert straight.has_rows and straight.batches_per_epoch == 4
     batches = [straight.next_batch() for _ in range(6)]
-    seen = torch.cat([x for _, x, _ in batches[:4]])
-    assert sorted(map(tuple, seen.tolist())) == sorted(map(tuple, rows[:, 0].astype(np.int64).tolist()))
+    assert sorted(np.concatenate([straight.rows_at(p) for p in range(4)]).tolist()) == list(range(len(rows)))
+    for position, x, y in batches:
+        assert_cut_rows(rows[straight.rows_at(position)], x, y)
     resumed = ResumableBatches(rows, plan, position=5)
     position, x, y = resumed.next_batch()
     assert position == 5 and torch.equal(x, batches[5][1]) and torch.equal(y, batches[5][2])
-    # Two data-parallel ranks take the two halves of the one-rank batch.
-    halves = [ResumableBatches(rows, BatchPlan(batch_size=8, sequence_length=LENGTH, seed=3, rank=r, world_size=2))
-              .next_batch()[1] for r in (0, 1)]
-    assert torch.equal(torch.cat(halves), batches[0][1])
+    # Two data-parallel ranks take the two halves of the one-rank batch, each cut to its own rows.
+    for r in (0, 1):
+        half = ResumableBatches(rows, BatchPlan(batch_size=8, sequence_length=LENGTH, seed=3, rank=r, world_size=2))
+        _, x, y = half.next_batch()
+        assert torch.equal(x, batches[0][1][4 * r : 4 * r + 4, : x.shape[1]])
+        assert_cut_rows(rows[straight.rows_at(0)[4 * r : 4 * r + 4]], x, y)
+
+
+def assert_cut_rows(chosen: np.ndarray, x: torch.Tensor, y: torch.Tensor, multiple: int = 1) -> None:
+    """`x`, `y` are the chosen rows' inputs and targets up to the last position where one of them
+    has a target (rounded up to `multiple`): nothing after it takes a loss, and nothing before is lost."""
+    end = x.shape[1]
+    assert y.shape[1] == end and (end % multiple == 0 or end == chosen.shape[-1])
+    assert torch.equal(x, torch.from_numpy(chosen[:, 0, :end].astype(np.int64)))
+    assert torch.equal(y, torch.from_numpy(chosen[:, 1, :end].astype(np.int64)))
+    assert (chosen[:, 1, end:] == IGNORE).all()
+    last = int((chosen[:, 1] != IGNORE).any(axis=0).nonzero()[0].max())
+    assert end - multiple <= last < end
+
+
+@pytest.mark.parametrize(("last", "multiple", "kept"), [
+    (0, 1, 1), (9, 1, 10), (15, 1, 16), (9, 2, 10), (10, 2, 12), (10, 4, 12), (13, 4, 16), (14, 4, 16), (15, 8, 16),
+])
+def test_a_batch_keeps_the_positions_up_to_its_last_target_rounded_up_never_past_its_length(last, multiple, kept):
+    rows = np.full((3, 2, 16), IGNORE, dtype=np.int32)
+    rows[:, 0] = 7
+    rows[0, 1, 0] = 1  # every row has a target; the batch's last is at `last`
+    rows[1, 1, 0] = 1
+    rows[2, 1, last] = 1
+    assert batches.cut_length(rows, multiple) == kept
+    dpo = np.stack([rows, rows[::-1]], axis=1)  # (N, S, 2, T): the pair's answers cut together
+    assert batches.cut_length(dpo, multiple) == kept
+
+
+def test_a_cut_batch_trains_as_its_padded_rows_do():
+    """The cut is exact under a causal model: the loss and every gradient of a batch cut after
+    its last target equal the padded batch's (fp32, up to the order of the sums)."""
+    rows = _rows()
+    chosen = torch.from_numpy(rows[:8].astype(np.int64))
+    end = batches.cut_length(rows[:8])
+    assert end < LENGTH  # the test's rows do end before the stage's length
+    figures = []
+    for x, y in ((chosen[:, 0], chosen[:, 1]), (chosen[:, 0, :end], chosen[:, 1, :end])):
+        model = build_model(config_by_name("micro", vocab_size=CODEC.vocab_size), seed=0)
+        loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten(), ignore_index=IGNORE)
+        loss.backward()
+        figures.append((float(loss), [p.grad.clone() for p in model.parameters()]))
+    (padded, padded_grads), (cut, cut_grads) = figures
+    assert abs(padded - cut) <= 1e-6
+    assert max(float((a - b).abs().max()) for a, b in zip(padded_grads, cut_grads)) <= 1e-6
 
 
 def test_a_batch_counts_each_rows_tokens_up_to_its_last_target_on_every_rank():

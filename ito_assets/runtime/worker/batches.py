@@ -11,7 +11,10 @@ set of rows with their targets (3-D, (N, 2, T): inputs and targets, a target of 
 is taken, as supervised fine-tuning's prompt and padding; see `ito_assets.posttraining.sft.sft_rows`),
 or rows of S sequences that train together (4-D, (N, S, 2, T): DPO's chosen and rejected answers,
 `ito_assets.posttraining.dpo.dpo_rows`), never split across ranks or micro-batches. Rows are visited
-in the same seeded epoch order as windows.
+in the same seeded epoch order as windows. A batch of rows is cut after the last position where any
+of its rows takes a loss: the rows are right-padded to the longest pair of the stage, and under a
+causal model the positions up to that one do not depend on the padding after it, so computing it
+would change nothing but the step's time.
 
 Skipped ranges (an approved loss-spike proposal) advance the position past the offending global
 batches, as PaLM did after a spike (Chowdhery et al. 2022, section 5.1: restart ~100 steps before
@@ -35,6 +38,9 @@ class BatchPlan:
     rank: int = 0
     world_size: int = 1
     skip_ranges: tuple[tuple[int, int], ...] = ()  # half-open [first, end) global batch positions
+    # A batch of rows is cut to a multiple of this many positions: tensor parallelism's sequence
+    # sharding splits the positions evenly over its ranks.
+    length_multiple: int = 1
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.sequence_length < 1:
@@ -43,6 +49,8 @@ class BatchPlan:
             raise ValueError("rank must lie in [0, world_size)")
         if self.batch_size % self.world_size:
             raise ValueError("batch_size must be divisible by world_size")
+        if self.length_multiple < 1:
+            raise ValueError("length_multiple must be positive")
         if any(first < 0 or end <= first for first, end in self.skip_ranges):
             raise ValueError("skip_ranges must be non-empty half-open ranges of positions >= 0")
 
@@ -112,7 +120,8 @@ class ResumableBatches:
         chosen = self.rows_at(position)
         self.position = position + 1
         if self.has_rows:
-            rows = torch.from_numpy(np.asarray(self.tokens[chosen], dtype=np.int64))  # (B/W, [S,] 2, T)
+            rows = np.asarray(self.tokens[chosen], dtype=np.int64)  # (B/W, [S,] 2, T)
+            rows = torch.from_numpy(np.ascontiguousarray(rows[..., :cut_length(rows, self.plan.length_multiple)]))
             return position, rows.select(-2, 0), rows.select(-2, 1)
         t = self.plan.sequence_length
         starts = chosen * t
@@ -132,6 +141,15 @@ class ResumableBatches:
         rows = np.sort(self._order(epoch)[index * b : (index + 1) * b])
         taken = (np.asarray(self.tokens[rows])[..., 1, :] != IGNORE).reshape(-1, t)  # (B [x S], T); each has a target
         return int((t - np.argmax(taken[:, ::-1], axis=1)).sum())
+
+
+def cut_length(rows: np.ndarray, multiple: int = 1) -> int:
+    """The positions a batch of `rows` ((..., 2, T)) keeps: up to the last one where any row has a
+    target, rounded up to a multiple of `multiple`, at most T."""
+    t = rows.shape[-1]
+    taken = (rows[..., 1, :] != IGNORE).reshape(-1, t).any(axis=0)
+    end = int(t - np.argmax(taken[::-1])) if taken.any() else t
+    return min(t, -(-end // multiple) * multiple)
 
 
 def _check_rows(rows: np.ndarray, sequence_length: int) -> None:

@@ -466,7 +466,8 @@ class StageWorker:
         return BatchPlan(batch_size=self.config.batch_size, sequence_length=self.config.sequence_length,
                          seed=self.config.seed, rank=data_rank(self.config, self.rank, self.group.world_size,
                                                                self.execution.layout.tp),
-                         world_size=self.data_world_size, skip_ranges=self.config.skip_ranges)
+                         world_size=self.data_world_size, skip_ranges=self.config.skip_ranges,
+                         length_multiple=self.execution.layout.tp)
 
 
 def data_rank(config: WorkerConfig, rank: int, group_world_size: int, tp: int = 1) -> int:
