@@ -4,10 +4,11 @@ concurrent trains from both fitting under it.
 The cap belongs to the manifest (its digest binds `budget.cap_cents`) and is shared by every
 booking the account trains it on, so the lock is the (account, manifest) row of `budgets`, not a
 booking's row. A run commits its confirmed cost when it is created: it is `reserved` while active
-and `spent` once it ended, whatever its end. The one exception: a run that ended `gate_failed`
-before its training started (no stage launched: its authorization, the data decision or the plan
-refused it) used no compute and gives its cost back. A run that trained and then failed a gate (an
-eval gate, a booking revoked between stages) keeps its cost spent: the cap bounds what was trained on.
+and `spent` once it ended, whatever its end, if its training started. A run that ended before any
+stage launched (`started_at` unset: cancelled while queued, refused by its authorization, the data
+decision or the plan, failed before training) used no compute and gives its cost back. A run that
+trained and then ended otherwise than by succeeding (an eval gate, a booking revoked between
+stages, a cancellation, a fault) keeps its cost spent: the cap bounds what was trained on.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import sqlalchemy as sa
 
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.control.ledger import budgets, insert_if_absent, runs
-from ito_assets.control.states import ACTIVE_RUN_STATES, RunState
+from ito_assets.control.states import ACTIVE_RUN_STATES, TERMINAL_RUN_STATES
 from ito_assets.manifest.schema import Budget
 
 
@@ -27,7 +28,7 @@ class BudgetState:
     manifest_digest: str
     cap_cents: int
     max_incremental_cents: int
-    spent_cents: int  # runs that ended (succeeded, failed, cancelled, gate_failed after starting)
+    spent_cents: int  # runs that ended after their training started
     reserved_cents: int  # runs still active (queued, running, cancelling)
     num_runs: int
 
@@ -57,15 +58,15 @@ def lock(conn: sa.Connection, account_id: str, manifest_digest: str, *, now: int
 def committed(conn: sa.Connection, account_id: str, manifest_digest: str) -> tuple[int, int, int]:
     """(spent, reserved, number of runs) of this account's runs of this manifest, in one query.
 
-    Only a gate_failed run whose training never started (no `started_at`) is left out."""
+    A run that ended before its training started (no `started_at`) is left out."""
     active = runs.c.state.in_([s.value for s in ACTIVE_RUN_STATES])
-    never_started_gate_failed = sa.and_(runs.c.state == RunState.GATE_FAILED.value, runs.c.started_at.is_(None))
+    ended_unstarted = sa.and_(runs.c.state.in_([s.value for s in TERMINAL_RUN_STATES]), runs.c.started_at.is_(None))
     query = sa.select(
         sa.func.coalesce(sa.func.sum(sa.case((active, 0), else_=runs.c.cost_cents)), 0),
         sa.func.coalesce(sa.func.sum(sa.case((active, runs.c.cost_cents), else_=0)), 0),
         sa.func.count(),
     ).where(runs.c.account_id == account_id, runs.c.manifest_digest == manifest_digest,
-            sa.not_(never_started_gate_failed))
+            sa.not_(ended_unstarted))
     spent, reserved, count = conn.execute(query).one()
     return int(spent), int(reserved), int(count)
 

@@ -140,7 +140,7 @@ def test_gate_failed_runs_give_their_spend_back_to_the_cap(world) -> None:
     assert world.confirm_train(manifest=capped)
 
 
-# --- a gate that fails after the run started: its cost stays spent -------------------------------
+# --- a run that ended after its training started keeps its cost; one that did not gives it back ---
 
 def _end(world, run_id: str, path: tuple[str, ...]) -> None:
     """Move a run along `path` through the state machine, as the Dagster shell reports it;
@@ -156,8 +156,8 @@ def _end(world, run_id: str, path: tuple[str, ...]) -> None:
             runs.set_state(world.ledger, run_id, RunState(state), reason="EVAL_GATE_FAILED" if state == "gate_failed" else None)
 
 
-# (path to gate_failed, cap in runs, whether a third run fits): a run whose training started keeps
-# its cost even when a gate fails afterwards; only a run no stage of which launched gives it back.
+# (path to its end, cap in runs, whether a third run fits): a run whose training started keeps its
+# cost however it ends; a run no stage of which launched gives it back.
 GATE_FAILED_AFTER = [
     (("running", "trained", "gate_failed"), 2, False),                # an eval gate after pretraining: cap exactly two runs
     (("running", "trained", "gate_failed"), 3, True),                 # one run's room more: the third fits
@@ -165,12 +165,19 @@ GATE_FAILED_AFTER = [
     (("running", "gate_failed"), 2, True),                            # running, but the data decision or plan refused
     (("gate_failed",), 2, True),                                      # refused before running: cost given back
     (("cancelling", "gate_failed"), 2, True),                         # cancel asked while queued, never started
+    (("cancelled",), 2, True),                                        # cancelled while queued: nothing trained
+    (("running", "cancelling", "cancelled"), 2, True),                # cancelled before its first stage launched
+    (("running", "trained", "cancelling", "cancelled"), 2, False),    # cancelled while training: spent
+    (("failed",), 2, True),                                           # a fault before any stage launched
+    (("running", "trained", "failed"), 2, False),                     # a fault while training: spent
+    (("running", "trained", "succeeded"), 2, False),
 ]
 
 
 @pytest.mark.parametrize(("path", "cap_runs", "third_fits"), GATE_FAILED_AFTER,
                          ids=["-".join(p) + f"-cap{c}" for p, c, _ in GATE_FAILED_AFTER])
-def test_a_run_that_started_keeps_its_cost_when_a_gate_fails_later(world, path, cap_runs, third_fits) -> None:
+def test_a_run_that_started_keeps_its_cost_whatever_its_end_and_one_that_did_not_gives_it_back(world, path, cap_runs,
+                                                                                                third_fits) -> None:
     from ito_assets.control import budget
 
     capped = verified(manifest_bytes(budget__cap_cents=cap_runs * COST, budget__max_incremental_cents=COST))

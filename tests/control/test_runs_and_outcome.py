@@ -123,16 +123,19 @@ def test_count_active_counts_the_bookings_active_runs_only(world) -> None:
         assert runs.count_active(conn, world.booking_id) == 0
 
 
-def test_committed_sums_the_manifests_runs_except_gate_failed_split_by_ended_and_active(world) -> None:
+def test_committed_sums_the_manifests_runs_except_ended_unstarted_split_by_ended_and_active(world) -> None:
+    """Every run that trained counts, ended (spent) or active (reserved); the gate_failed one and
+    the cancelled one that never started training give their cost back."""
     digest = verified().digest
     with world.ledger.read() as conn:
         assert budget.committed(conn, world.account.account_id, digest) == (0, 0, 0)
     made = {}
-    for state, cost in [(RunState.FAILED, 1), (RunState.GATE_FAILED, 10), (RunState.SUCCEEDED, 100),
-                        (RunState.CANCELLED, 1000), (RunState.QUEUED, 10_000)]:
+    for state, cost, started in [(RunState.FAILED, 1, True), (RunState.GATE_FAILED, 10, False),
+                                 (RunState.SUCCEEDED, 100, True), (RunState.CANCELLED, 1000, True),
+                                 (RunState.CANCELLED, 20_000, False), (RunState.QUEUED, 10_000, False)]:
         run = new_run(world, booking_id=world.booking())
         drive(world, run, state)
-        update_run(world, run.run_id, cost_cents=cost)
+        update_run(world, run.run_id, cost_cents=cost, started_at=T0 if started else None)
         made[state] = run
     other_manifest = new_run(world, booking_id=world.booking(), content=OTHER_MANIFEST)
     update_run(world, other_manifest.run_id, cost_cents=100_000)

@@ -24,7 +24,9 @@ def code_of(call) -> ErrorCode:
 
 
 def _end(world, run, state: RunState) -> None:
+    """Run, train (a stage launched: its cost stays spent) and end."""
     runs.set_state(world.ledger, run.run_id, RunState.RUNNING)
+    runs.mark_training_started(world.ledger, run.run_id)
     runs.set_state(world.ledger, run.run_id, state)
 
 

@@ -84,6 +84,6 @@ def require_live_authorization(context: dg.AssetExecutionContext, ledger: Ledger
 
 def mark_training_started(ledger: LedgerResource, run_id: str) -> None:
     """Just before a stage launches its workers: from here the run's cost stays spent whatever its
-    end (a gate refusing before this point gives it back)."""
+    end (a run that ends before this point gives it back)."""
     with ledger.open() as opened:
         runs.mark_training_started(opened, run_id)
