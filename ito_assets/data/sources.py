@@ -232,7 +232,7 @@ def record_id(value: object, fields: RecordFields, where: str) -> str | None:
     none is required. `where` names the record in the message ("<uri>: line 3")."""
     if value is None:
         if fields.id_required:
-            raise ItoError(ErrorCode.SOURCE_INVALID, f"{where} has no field '{fields.id}'")
+            raise ItoError(ErrorCode.SOURCE_INVALID, f"{where} has no field '{fields.id}' (or it is null)")
         return None
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise ItoError(ErrorCode.SOURCE_INVALID, f"{where}: '{fields.id}' is neither a string nor an integer")

@@ -30,7 +30,8 @@ MAX_SUITE_BYTES = 64 * 1024 * 1024  # a suite is text; bounds memory on a miscon
 class EvalItem(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True, hide_input_in_errors=True)
 
-    id: Annotated[str, Field(min_length=1, max_length=MAX_ITEM_ID_CHARS)]
+    # No NUL: an id is given back on a command line (`ito audit eval-item`), which cannot carry one.
+    id: Annotated[str, Field(min_length=1, max_length=MAX_ITEM_ID_CHARS, pattern=r"^[^\x00]+$")]
     benchmark: Annotated[str, Field(min_length=1, max_length=128)]
     question: Annotated[str, Field(min_length=1)]
     answer: Annotated[str, Field(min_length=1)]

@@ -98,3 +98,10 @@ def test_an_item_id_is_any_text_up_to_its_bound(length: int) -> None:
 def test_an_item_id_over_its_bound_is_refused() -> None:
     with pytest.raises(ItoError):
         parse_suite("stem", json.dumps({**ITEM, "id": "ü" * 257}).encode())
+
+
+@pytest.mark.parametrize("item_id", ["\x00", "q\x001", "q1\x00"])
+def test_an_item_id_with_a_nul_is_refused_since_no_command_line_can_name_it(item_id: str) -> None:
+    with pytest.raises(ItoError) as refused:
+        parse_suite("stem", json.dumps({**ITEM, "id": item_id}).encode())
+    assert refused.value.code is ErrorCode.EVAL_SUITE_INVALID and "\x00" not in refused.value.message
