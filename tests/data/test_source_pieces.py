@@ -322,7 +322,7 @@ def test_a_table_with_two_errors_names_the_one_one_pass_names(tmp_path):
     data["data"][0]["id_field"] = "id"
     (root / "manifest.json").write_text(json.dumps(data))
     expected = _one_pass_error(root)
-    assert expected.endswith("row 5 has no field 'id'")
+    assert expected.endswith("row 5 has no field 'id' (or it is null)")
     assert _invalid(root, "pieces", unit_bytes=1, num_workers=2).message == expected
 
 
