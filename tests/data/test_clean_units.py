@@ -95,7 +95,7 @@ def drop(tmp_path_factory) -> Upstream:
 
 # Kept and clean shards of 37 rows (tens of tasks), of 7 (clean shards cut across many kept
 # ones) and of 100,000 (one clean shard from every kept file); dropped documents at 37.
-@pytest.mark.parametrize(("action", "shard_max_rows"), [("cut", KEPT_ROWS), ("cut", 7), ("cut", 100_000), ("drop", KEPT_ROWS)])
+@pytest.mark.parametrize(("action", "shard_max_rows"), [pytest.param("cut", KEPT_ROWS, marks=pytest.mark.long), ("cut", 7), ("cut", 100_000), ("drop", KEPT_ROWS)])
 def test_the_parts_are_the_one_pass_s_clean_shards(request, action, shard_max_rows):
     upstream = request.getfixturevalue(action)
     one_pass = _clean(upstream, f"one-{shard_max_rows}", shard_max_rows)

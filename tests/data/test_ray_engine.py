@@ -83,6 +83,7 @@ def dies_once(folder: str) -> int:
     return 42
 
 
+@pytest.mark.long  # `make test`: the chains on Ray write the local engine's bytes, in its order
 def test_results_come_back_in_task_order(cluster):
     assert _on_ray(square, list(range(-15, 15))) == [v * v for v in range(-15, 15)]
     assert _on_ray(square, [7]) == [49]  # one task still goes to the cluster

@@ -54,6 +54,7 @@ def test_definitions_load_with_each_executor(executor):
                                      "k8s": "k8s"}[executor]
 
 
+@pytest.mark.long  # `make test` runs the local instance whole: tests/test_local_run.py
 def test_local_instance_runs_the_manifest_job(installation, tmp_path):
     home = tmp_path / "home"
     home.mkdir()

@@ -314,6 +314,7 @@ def test_a_changed_pair_file_is_refused_before_training(installation, instance, 
 
 
 @pytest.mark.slow
+@pytest.mark.long  # `make test` leaves every stage out in tests/test_local_run.py
 def test_a_stage_left_out_of_the_recipe_carries_forward(installation, instance, base):
     defs = _defs(installation, base)
     recipe = [{"kind": "dpo", "learning_rate": 1e-6}]  # no SFT, no RLVR

@@ -198,6 +198,7 @@ def _same_run(one: WorkerConfig, other: WorkerConfig) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.long  # `make test`: rows on two ranks through the stage (tests/posttraining/test_worker_sft.py)
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_the_worker_trains_pairs_alike_on_one_rank_and_on_two_by_ddp_with_a_resume(tmp_path):
     """Two ranks, each its pairs as two micro-batches, stopped at step 4 and resumed, against one
@@ -219,7 +220,7 @@ def test_the_worker_trains_pairs_alike_on_one_rank_and_on_two_by_ddp_with_a_resu
     _same_run(one, two)
 
 
-@pytest.mark.long  # `make test` runs DDP above; FSDP2 shards the weights, not the pairs
+@pytest.mark.long  # with DDP above; FSDP2 shards the weights, not the pairs
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_fsdp2_trains_pairs_as_one_rank_does(tmp_path):
     settings, one = _pair_rows(tmp_path)

@@ -180,6 +180,7 @@ def _runtime(**changes) -> TrainingRuntimeResource:
     return TrainingRuntimeResource(**{"poll_interval_s": 0.2, "hang_timeout_s": 60.0, "grace_s": 5.0, **changes})
 
 
+@pytest.mark.long  # `make test` trains the stages through Pipes with their gates in tests/test_local_run.py
 def test_the_stages_train_through_pipes_with_gates_and_telemetry(tmp_path, instance, ledger_run):
     # The manifests folder is the preparation's inbox only: a trained run never reads it again.
     result = _materialize(tmp_path, instance, _runtime(), ledger_run, after_confirmation="file deleted")

@@ -58,7 +58,7 @@ def suite():
     return load_suite(FIXTURES / "evals" / "ito-fixture-evals-v1.jsonl")
 
 
-@pytest.mark.parametrize("garbage", ["shuffled_words", "random_bytes"])
+@pytest.mark.parametrize("garbage", [pytest.param("shuffled_words", marks=pytest.mark.long), "random_bytes"])
 def test_clean_mixture_beats_garbage(garbage, suite, tmp_path):
     clean = _texts("pydoc_topics", 200) + _texts("forum_posts", 200)
     junk = _shuffled_words(clean, seed=1) if garbage == "shuffled_words" else _random_bytes(400, seed=1)

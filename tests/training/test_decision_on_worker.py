@@ -43,6 +43,7 @@ def _launch() -> ArmLaunch:
 
 
 @pytest.mark.slow
+@pytest.mark.long  # `make test`: an arm on the worker against the loop, above
 def test_each_arm_trains_on_the_worker_and_the_decision_scores_its_final_weights(tmp_path):
     suite = load_suite(FIXTURES / "evals" / "ito-fixture-evals-v1.jsonl")
     clean = _texts("pydoc_topics", 120)
