@@ -155,3 +155,22 @@ def make_world(ledger: Ledger, policy: ServerPolicy, clock: Clock) -> World:
               make_identity(ledger, Role.ACCOUNT, other.account_id), booking_id="")
     w.booking_id = w.booking()
     return w
+
+
+def at_once(*calls) -> list:
+    """Each call on its own thread, started together; what each returned, or the exception it raised."""
+    import threading
+
+    answers: list = [None] * len(calls)
+
+    def one(index: int) -> None:
+        try:
+            answers[index] = calls[index]()
+        except Exception as error:  # noqa: BLE001 - the test reports what it got
+            answers[index] = error
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return answers

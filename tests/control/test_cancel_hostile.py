@@ -5,11 +5,10 @@ booking can still be cancelled. A refused cleanup is audited the same way."""
 
 from __future__ import annotations
 
-import threading
 
 import pytest
 
-from gate_world import new_run
+from gate_world import at_once, new_run
 from test_lifecycle_boundaries import (cancel_ref, cleanup_ref, clean, code_of, do_cancel, events, finish,
                                        key_record, run_row, untouched)
 from ito_assets.errors import ErrorCode
@@ -95,18 +94,7 @@ def test_two_threads_with_one_key_cancel_once_and_answer_alike(world) -> None:
     run = new_run(world)
     runs.attach_dagster_run(world.ledger, run.run_id, "dagster-1")
     ref = cancel_ref(world, run.run_id)
-    answers: list = [None, None]
-
-    def one(index: int) -> None:
-        try:
-            answers[index] = do_cancel(world, run.run_id, ref, "cancel-key-0001")
-        except Exception as error:  # noqa: BLE001 - the test reports what it got
-            answers[index] = error
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    answers = at_once(*[lambda: do_cancel(world, run.run_id, ref, "cancel-key-0001")] * 2)
     assert sorted(a.replayed for a in answers) == [False, True]
     assert {a.run.state for a in answers} == {RunState.CANCELLING}
     assert len(events(world, "run_cancel_requested")) == 1 and len(events(world, "run_cancelling")) == 1

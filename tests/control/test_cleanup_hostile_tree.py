@@ -10,11 +10,10 @@ import os
 import shutil
 import socket
 import subprocess
-import threading
 
 import pytest
 
-from gate_world import manifest_bytes, new_run
+from gate_world import at_once, manifest_bytes, new_run
 from test_lifecycle_boundaries import (cleanup_ref, clean, code_of, events, finish, key_record, run_row,
                                        untouched, write_file)
 from ito_assets.errors import ErrorCode
@@ -195,18 +194,7 @@ def test_a_folder_that_cannot_be_removed_keeps_its_run_and_the_others_are_cleane
 def test_two_cleanups_at_once_clean_each_run_once(world) -> None:
     made = [_finished(world, **{"a.pt": 10}) for _ in range(3)]
     refs = [cleanup_ref(world), cleanup_ref(world)]
-    reports: list = [None, None]
-
-    def one(index: int) -> None:
-        try:
-            reports[index] = clean(world, refs[index], f"clean-key-000{index}")
-        except Exception as error:  # noqa: BLE001 - the test reports what it got
-            reports[index] = error
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    reports = at_once(*(lambda index=index: clean(world, refs[index], f"clean-key-000{index}") for index in range(2)))
     assert all(isinstance(r, dict) for r in reports), reports
     cleaned = [r["run_id"] for report in reports for r in report["runs"]]
     assert sorted(cleaned) == sorted(run.run_id for run in made)  # each once, by one of the two
