@@ -90,9 +90,18 @@ class _Failure:
     message: str
 
 
-def _newest_weights(policy: CausalLM, weights: mp.Queue, version: int, *, block: bool) -> int:
-    """Load the newest (version, state_dict) waiting on the queue, if any; returns the version."""
-    newest = weights.get() if block else None
+def _newest_weights(
+    policy: CausalLM, weights: mp.Queue, version: int, *, running: Callable[[], bool] | None = None,
+) -> int:
+    """Load the newest (version, state_dict) waiting on the queue; returns the version. With
+    `running`, wait for a first one while it holds (a trainer killed before its first weights
+    reached the queue must not leave the generator waiting forever)."""
+    newest = None
+    while newest is None and running is not None and running():
+        try:
+            newest = weights.get(timeout=_POLL_SECONDS)
+        except queue.Empty:
+            continue
     while True:
         try:
             newest = weights.get_nowait()
@@ -104,6 +113,17 @@ def _newest_weights(policy: CausalLM, weights: mp.Queue, version: int, *, block:
     return newest[0]
 
 
+def _offer(groups: mp.Queue, item, running: Callable[[], bool]) -> None:
+    """Put `item` on the bounded groups queue, giving up once `running` fails: a full queue whose
+    trainer is gone is never read again."""
+    while running():
+        try:
+            groups.put(item, timeout=_POLL_SECONDS)
+            return
+        except queue.Full:
+            continue
+
+
 def _generator_main(policy_factory, codec, tasks, config, weights, groups, stop, parent: int) -> None:
     torch.set_num_threads(1)  # one core for generation, the rest for the trainer
     # A trainer killed outright (SIGKILL, OOM) never sets `stop`: the generator leaves when its
@@ -111,21 +131,18 @@ def _generator_main(policy_factory, codec, tasks, config, weights, groups, stop,
     running = lambda: not stop.is_set() and os.getppid() == parent
     try:
         policy = policy_factory().eval()
-        version = _newest_weights(policy, weights, -1, block=True)
+        version = _newest_weights(policy, weights, -1, running=running)
         rng, generator = random.Random(config.seed), torch.Generator().manual_seed(config.seed)
         while running():
-            version = _newest_weights(policy, weights, version, block=False)
+            version = _newest_weights(policy, weights, version)
             task = tasks[rng.randrange(len(tasks))]
             group = make_group(policy, codec, task, version=version, config=config, generator=generator)
-            while running():
-                try:
-                    groups.put(group, timeout=_POLL_SECONDS)
-                    break
-                except queue.Full:
-                    continue
+            _offer(groups, group, running)
     except Exception:  # noqa: BLE001 - reported to the trainer, which raises GENERATION_FAILED
         # The queue's feeder thread flushes this before the process exits (no cancel_join_thread).
-        groups.put(_Failure(message=traceback.format_exc(limit=5)))
+        # A dead trainer's weights can fail to arrive (their shared memory went with it): then the
+        # queue may be full and unread, so the report is offered only while the trainer lives.
+        _offer(groups, _Failure(message=traceback.format_exc(limit=5)), running)
 
 
 class GeneratorProcess:

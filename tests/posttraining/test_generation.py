@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import functools
 import os
+import queue
+import threading
 
 import pytest
 import torch
 
 from ito_assets.errors import ErrorCode, ItoError
-from ito_assets.posttraining.generation import GenerationConfig, GeneratorProcess, make_group
+from ito_assets.posttraining.generation import GenerationConfig, GeneratorProcess, _Failure, _generator_main, make_group
 from ito_assets.posttraining.policy import token_logprobs
 from ito_assets.posttraining.rollouts import collate
 from ito_assets.posttraining.tasks import largest_digit_tasks
@@ -73,6 +75,40 @@ def test_a_failing_generator_raises_generation_failed():
             generator.next_group()
     assert caught.value.code is ErrorCode.GENERATION_FAILED
     assert "no such model" in caught.value.message
+
+
+def _run_generator_main(policy_factory, weights, groups, *, parent: int) -> bool:
+    """Run the generator's body in a thread of this process; True when it returned within 10 s."""
+    context, threads = torch.multiprocessing.get_context("spawn"), torch.get_num_threads()
+    tasks = largest_digit_tasks()[:2]
+    body = threading.Thread(target=_generator_main, daemon=True, args=(
+        policy_factory, VOCAB, tasks, CONFIG, weights, groups, context.Event(), parent))
+    body.start()
+    body.join(timeout=10)
+    torch.set_num_threads(threads)  # the body sets one thread for itself, here for this process
+    return not body.is_alive()
+
+
+def test_a_generator_whose_trainer_died_before_its_first_weights_leaves():
+    context = torch.multiprocessing.get_context("spawn")
+    assert _run_generator_main(_factory(), context.Queue(), context.Queue(maxsize=1), parent=-1)
+
+
+def test_a_failure_is_not_offered_forever_to_a_full_queue_whose_trainer_died():
+    context = torch.multiprocessing.get_context("spawn")
+    groups = context.Queue(maxsize=1)
+    groups.put("a group the dead trainer never took")
+    assert _run_generator_main(broken_factory, context.Queue(), groups, parent=-1)
+
+
+def test_a_failure_reaches_a_living_trainer():
+    context = torch.multiprocessing.get_context("spawn")
+    groups = context.Queue(maxsize=1)
+    assert _run_generator_main(broken_factory, context.Queue(), groups, parent=os.getppid())
+    failure = groups.get(timeout=10)
+    assert isinstance(failure, _Failure) and "no such model" in failure.message
+    with pytest.raises(queue.Empty):
+        groups.get(timeout=0.2)
 
 
 def test_rlvr_mini_batches_and_sync_every_n_versions():

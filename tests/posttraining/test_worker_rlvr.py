@@ -178,7 +178,7 @@ def test_a_rlvr_worker_killed_mid_stage_restarts_with_a_generator_at_the_resumed
     lags = _lags(tmp_path)
     assert lags["admitted"] <= {0, 1} and all(lag > 1 for lag in lags["dropped"])
     # The killed trainer's generator left with it; the second one was closed at the end. It checks
-    # its parent between draws: on a loaded 2-core machine a draw took past 10 s (2026-12-05).
+    # its parent between draws and while it waits on a queue; 30 s leaves a loaded machine room.
     deadline = time.monotonic() + 30
     while (_alive(first) or _alive(second)) and time.monotonic() < deadline:
         time.sleep(0.1)
