@@ -23,6 +23,7 @@ import heapq
 import json
 import os
 import re
+import stat
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,9 @@ from ito_assets.runtime.record.storage import write_atomic
 MARKER_NAME = "COMPLETE.json"
 METADATA_NAME = ".metadata"
 _DIR_PATTERN = re.compile(r"step-([0-9]{9})")  # ASCII digits, the whole name (fullmatch)
+# A marker lists a few files per rank and the spike detector's window: far below this. A larger
+# file is not one (a planted or runaway file must not be read whole into memory).
+MAX_MARKER_BYTES = 64 << 20
 # Threads that hash one rank's files: bounded, as eight ranks of a node share its cores and its reads.
 VERIFY_THREADS = min(8, os.cpu_count() or 1)
 
@@ -119,9 +123,22 @@ def _body(marker: Marker) -> dict:
     return body
 
 
+def _marker_text(folder: Path) -> str:
+    """The marker's text, read only from a regular file of a marker's size: never through a link,
+    never from a FIFO or device (an open or read that would block the resume for ever)."""
+    descriptor = os.open(folder / MARKER_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with os.fdopen(descriptor, "rb") as handle:
+        info = os.fstat(descriptor)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_MARKER_BYTES:
+            raise ValueError("not a marker file")
+        return handle.read(MAX_MARKER_BYTES + 1).decode()
+
+
 def read_marker(folder: Path) -> Marker | None:
+    """The folder's marker, or None when it has none that can be read: any malformed content
+    (deep nesting, an infinite number, a wrong type) is a missing marker, never an exception."""
     try:
-        body = json.loads((folder / MARKER_NAME).read_text())
+        body = json.loads(_marker_text(folder))
         manifest = body.get("manifest_sha256")
         return Marker(step=int(body["step"]), metadata_sha256=str(body["metadata_sha256"]),
                       files=tuple((str(n), int(s), str(d)) for n, s, d in body["files"]),
@@ -129,8 +146,8 @@ def read_marker(folder: Path) -> Marker | None:
                       spike_history=_dict_or_none(body.get("spike_history")),
                       algorithm=str(body.get("file_digest", LEGACY)),
                       manifest_sha256=None if manifest is None else str(manifest),
-                    owner=_dict_or_none(body.get("owner")))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                      owner=_dict_or_none(body.get("owner")))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError):
         return None
 
 

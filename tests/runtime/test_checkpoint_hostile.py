@@ -1,0 +1,105 @@
+"""Checkpoint folders made hostile by hand: a marker that is valid JSON but cannot be a marker, a
+marker that is no regular file, a folder whose marker lies about its files, a plain file where a
+checkpoint folder belongs. None may crash or hang a resume, and none may get a whole checkpoint pruned."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from ito_assets.runtime.checkpoint import markers
+from ito_assets.runtime.checkpoint import resume
+from ito_assets.runtime.checkpoint.markers import MARKER_NAME
+from ito_assets.runtime.checkpoint.saver import CheckpointConfig, Checkpointer
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+OURS = {"run_key": "run-a", "stage": "pretrain"}
+
+
+def _state(value: float) -> dict:
+    return {"model": {"w": torch.full((8, 8), value)}}
+
+
+def _saver(directory: Path, keep_last: int = 5) -> Checkpointer:
+    return Checkpointer(CheckpointConfig(directory=directory, interval_steps=5, keep_last=keep_last, owner=OURS),
+                        process_group=None, rank=0)
+
+
+def _save(directory: Path, steps, *, keep_last: int = 5) -> None:
+    saver = _saver(directory, keep_last)
+    for step in steps:
+        saver.save(step, _state(step))
+    saver.close()
+
+
+def _resume(directory: Path) -> tuple[int | None, float]:
+    state = _state(0)
+    point = resume.load_latest(directory, state, rank=0, group=None, owner=OURS)
+    return point.step, float(state["model"]["w"][0, 0])
+
+
+def _marker(directory: Path, step: int) -> Path:
+    return markers.checkpoint_dir(directory, step) / MARKER_NAME
+
+
+# --- a marker that is valid JSON but no marker ------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", [
+    '{"step": Infinity, "metadata_sha256": "x", "files": []}',  # json takes it; int() overflows
+    '{"step": 10, "metadata_sha256": "x", "files": [["a", -Infinity, "d"]]}',
+    "[" * 100_000,  # nesting deeper than the JSON decoder's recursion
+])
+def test_a_marker_no_int_or_decoder_can_take_is_skipped_not_raised(tmp_path, text):
+    _save(tmp_path, [5, 10])
+    _marker(tmp_path, 10).write_text(text)
+    assert markers.read_marker(_marker(tmp_path, 10).parent) is None
+    assert _resume(tmp_path) == (5, 5.0)
+
+
+def test_a_marker_larger_than_any_marker_is_not_read(tmp_path, monkeypatch):
+    _save(tmp_path, [5, 10])
+    body = json.loads(_marker(tmp_path, 10).read_text())
+    _marker(tmp_path, 10).write_text(json.dumps(body) + " " * 4096)  # still valid JSON
+    monkeypatch.setattr(markers, "MAX_MARKER_BYTES", 4096, raising=False)
+    assert markers.read_marker(_marker(tmp_path, 10).parent) is None
+    assert _resume(tmp_path) == (5, 5.0)
+
+
+# --- a marker that is no regular file -----------------------------------------------------------------
+
+
+def test_a_marker_that_is_a_fifo_is_skipped_without_blocking(tmp_path):
+    _save(tmp_path, [5, 10])
+    fifo = _marker(tmp_path, 10)
+    fifo.unlink()
+    os.mkfifo(fifo)
+    found: list = []
+    reader = threading.Thread(target=lambda: found.append(_resume(tmp_path)), daemon=True)
+    reader.start()
+    reader.join(timeout=20)
+    if not found:  # let a reader blocked in open() go before failing
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    assert found == [(5, 5.0)]
+
+
+@pytest.mark.parametrize("kind", ["directory", "link"])
+def test_a_marker_that_is_a_directory_or_a_link_reads_as_none(tmp_path, kind):
+    _save(tmp_path, [5, 10])
+    marker = _marker(tmp_path, 10)
+    elsewhere = tmp_path / "elsewhere.json"
+    shutil.copyfile(marker, elsewhere)  # a whole marker of this very folder, behind a link
+    marker.unlink()
+    if kind == "directory":
+        marker.mkdir()
+    else:
+        marker.symlink_to(elsewhere)
+    assert markers.read_marker(marker.parent) is None
+    assert _resume(tmp_path) == (5, 5.0)
