@@ -103,3 +103,48 @@ def test_a_marker_that_is_a_directory_or_a_link_reads_as_none(tmp_path, kind):
         marker.symlink_to(elsewhere)
     assert markers.read_marker(marker.parent) is None
     assert _resume(tmp_path) == (5, 5.0)
+
+
+# --- keep_last: a folder whose marker lies never counts ------------------------------------------------
+
+
+def _copied_under_a_newer_step(directory: Path) -> None:
+    shutil.copytree(markers.checkpoint_dir(directory, 5), markers.checkpoint_dir(directory, 10))
+
+
+def _shard_removed(directory: Path) -> None:
+    next(markers.checkpoint_dir(directory, 10).glob("*.distcp")).unlink()
+
+
+def _shard_cut_short(directory: Path) -> None:
+    shard = next(markers.checkpoint_dir(directory, 10).glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:-1])
+
+
+def _shard_added(directory: Path) -> None:
+    (markers.checkpoint_dir(directory, 10) / "__9_0.distcp").write_bytes(b"not written by this save")
+
+
+@pytest.mark.parametrize("damage", [_copied_under_a_newer_step, _shard_removed, _shard_cut_short, _shard_added])
+def test_a_newer_folder_whose_marker_lies_never_gets_the_only_whole_checkpoint_pruned(tmp_path, damage):
+    _save(tmp_path, [5] if damage is _copied_under_a_newer_step else [5, 10])
+    damage(tmp_path)
+    assert _saver(tmp_path, keep_last=1).prune() == []
+    assert _resume(tmp_path) == (5, 5.0)
+
+
+def test_a_whole_newer_checkpoint_still_prunes_the_older_ones(tmp_path):
+    _save(tmp_path, [5, 10, 15])
+    assert _saver(tmp_path, keep_last=1).prune() == [5, 10]
+    assert _resume(tmp_path) == (15, 15.0)
+
+
+# --- a plain file where a checkpoint folder belongs --------------------------------------------------
+
+
+def test_a_save_over_a_plain_file_under_the_steps_name_replaces_it(tmp_path):
+    _save(tmp_path, [5])
+    markers.checkpoint_dir(tmp_path, 10).write_bytes(b"planted")
+    _save(tmp_path, [10])
+    assert markers.validate(markers.checkpoint_dir(tmp_path, 10), owner=OURS) is None
+    assert _resume(tmp_path) == (10, 10.0)

@@ -189,6 +189,19 @@ def precheck(folder: Path, owner: dict | None = None) -> tuple[Marker | None, st
     return marker, None
 
 
+def intact(folder: Path, owner: dict | None = None) -> bool:
+    """Whole by everything but the digests: the marker's checks (`precheck`) and every listed file's
+    size. Cheap enough for every prune, and a marker that lies about its folder (another step, a
+    shard missing, extra or cut short) fails it."""
+    marker, _ = precheck(folder, owner)
+    if marker is None:
+        return False
+    try:
+        return all((folder / name).stat().st_size == size for name, size, _ in marker.files)
+    except OSError:
+        return False
+
+
 def _matches(folder: Path, marker: Marker, index: int) -> bool:
     name, size, digest = marker.files[index]
     path = folder / name

@@ -274,15 +274,18 @@ class Checkpointer:
         return removed
 
     def _whole(self, folder: Path) -> bool:
-        """Marked, this stage's and not a link: a folder planted from elsewhere never counts toward
-        `keep_last`, else a newer one would have this stage's own checkpoints pruned."""
-        marker = markers.read_marker(folder)
-        return marker is not None and not folder.is_symlink() and markers.owned_by(marker, self.config.owner)
+        """Marked, this stage's, not a link, and its files as the marker lists them (`markers.intact`):
+        a folder planted from elsewhere, or one whose marker lies (another step, a shard missing or
+        cut short), never counts toward `keep_last`, else it would have the stage's own whole
+        checkpoints pruned. The digests are left to the resume: hashing every kept folder at each
+        save would cost more than the save."""
+        return markers.intact(folder, self.config.owner)
 
 
 def _remove(folder: Path, *, ignore_errors: bool = False) -> None:
-    """A link goes, never what it points to (rmtree refuses a link; following it would delete another's folder)."""
-    if folder.is_symlink():
+    """A link goes, never what it points to (rmtree refuses a link; following it would delete another's folder);
+    so does a plain file planted under a step's name, which rmtree refuses too."""
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
         try:
             folder.unlink()
         except OSError:
