@@ -1,23 +1,39 @@
 """Verifiable rewards: 1.0 for a right answer, 0.0 otherwise; code is judged by its unit tests.
 
 Code runs in a child interpreter (`python -I -S`): in a fresh temporary folder, with an empty
-environment, CPU-time, memory and file-size limits, a wall-clock timeout that kills its process
-group, and no network: the socket constructors raise, and where Linux user namespaces are
-available the child runs in an empty network namespace (`unshare -rn`), which has no interface
-but loopback. It is a guard against accidents of generated code, not a boundary against an
-adversary; production isolates reward workers in containers without network.
+environment, CPU-time, memory and file-size limits, a wall-clock timeout, and no network: the
+socket constructors raise, and where Linux user namespaces are available the child runs in an
+empty network namespace (`unshare -rn`), which has no interface but loopback, and in its own
+process namespace, so that every process it starts, a detached one included, dies with it.
+
+A program passes only when its tests prove that they ran to their end. The child reads the program,
+its tests and a random nonce from stdin before any of the program runs, and nothing of them is left
+on disk. It runs the program, then the tests in a namespace of their own (the program's names, the
+interpreter's original builtins), and writes the nonce to a channel of the parent's only when
+neither raised. An exit code proves nothing: `os._exit(0)`, `raise SystemExit(0)` or an atexit
+hook in the program used to score 1.0. The code tests want a built-in number (`tasks.code_tasks`), so
+a value whose `__eq__` claims to equal anything does not pass either.
+
+It is a guard against the accidents and cheap exits of generated code, not a boundary against an
+adversary: the program runs as the parent's user in the same interpreter as its tests, so code that
+walks the interpreter's frames or memory could still find the nonce; it can read and write any file
+that user can (nothing confines it to its folder); and without user namespaces a process it detaches
+(`os.setsid`) outlives it, and it can read the parent's start-up environment in
+`/proc/<parent>/environ` (with them, the kernel refuses that read). Production isolates reward
+workers in containers without network.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 from ito_assets.posttraining.tasks import Task
 
@@ -28,17 +44,39 @@ CODE_TIMEOUT_SECONDS = 5.0
 CODE_MEMORY_BYTES = 512 * 1024 * 1024
 CODE_FILE_BYTES = 1024 * 1024
 
-_PRELUDE = """
-import resource, socket
+# The isolations tried, strongest first: network, process and /proc namespaces (the child is the
+# namespace's first process, and the kernel kills every process left in it when that one ends),
+# then the network namespace alone.
+_ISOLATIONS: tuple[tuple[str, ...], ...] = (
+    ("unshare", "-rn", "--pid", "--fork", "--kill-child", "--mount-proc"),
+    ("unshare", "-rn"),
+)
+
+_HARNESS = """
+import builtins, json, os, resource, socket, sys
 resource.setrlimit(resource.RLIMIT_AS, ({memory}, {memory}))
 resource.setrlimit(resource.RLIMIT_CPU, ({cpu}, {cpu}))
 resource.setrlimit(resource.RLIMIT_FSIZE, ({fsize}, {fsize}))
 def _no_network(*args, **kwargs):
     raise OSError("network is disabled in the reward sandbox")
 socket.socket = socket.create_connection = socket.socketpair = socket.getaddrinfo = _no_network
-with open("candidate.py", encoding="utf-8") as source:
-    code = compile(source.read(), "candidate.py", "exec")
-exec(code, {{"__name__": "__main__"}})
+def _main():
+    job = json.loads(sys.stdin.read())
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    originals = dict(builtins.__dict__)
+    program = {{"__name__": "__main__"}}
+    try:
+        exec(compile(job["program"], "candidate.py", "exec", optimize=0), program)
+        sys.settrace(None)
+        sys.setprofile(None)
+        tests = {{name: value for name, value in program.items() if name not in originals}}
+        tests.update(__name__="__main__", __builtins__=originals)
+        exec(compile(job["tests"], "tests.py", "exec", optimize=0), tests)
+    except BaseException:
+        os._exit(1)
+    os.write(job["proof_fd"], job["nonce"].encode())
+    os._exit(0)
+_main()
 """
 
 
@@ -47,35 +85,61 @@ class CodeRun:
     passed: bool
     timed_out: bool
     network_namespace: bool  # True when the child ran in an empty network namespace
+    process_namespace: bool = False  # True when its processes could not outlive it
 
 
 @functools.lru_cache(maxsize=1)
+def _isolation() -> tuple[str, ...]:
+    for prefix in _ISOLATIONS:
+        try:
+            if subprocess.run([*prefix, "true"], capture_output=True, timeout=10).returncode == 0:
+                return prefix
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+    return ()
+
+
 def network_namespace_available() -> bool:
     """Whether `unshare -rn` works here (unprivileged user namespaces enabled)."""
+    return bool(_isolation())
+
+
+def process_namespace_available() -> bool:
+    """Whether the child also gets its own process namespace (nothing it starts outlives it)."""
+    return "--pid" in _isolation()
+
+
+def _kill_group(pgid: int) -> None:
     try:
-        return subprocess.run(["unshare", "-rn", "true"], capture_output=True, timeout=10).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
-def run_code_tests(program: str, *, timeout: float = CODE_TIMEOUT_SECONDS) -> CodeRun:
-    """Run `program` (candidate code followed by its asserts); passed when it exits with 0."""
-    prelude = _PRELUDE.format(memory=CODE_MEMORY_BYTES, cpu=max(1, int(timeout)), fsize=CODE_FILE_BYTES)
-    isolate = network_namespace_available()
-    command = (["unshare", "-rn"] if isolate else []) + [sys.executable, "-I", "-S", "-c", prelude]
-    with tempfile.TemporaryDirectory(prefix="ito-reward-") as folder:
-        Path(folder, "candidate.py").write_text(program, encoding="utf-8")
+def run_code_tests(program: str, tests: str = "", *, timeout: float = CODE_TIMEOUT_SECONDS) -> CodeRun:
+    """Run `program`, then `tests` (asserts over its names); passed only when both ran to their end."""
+    harness = _HARNESS.format(memory=CODE_MEMORY_BYTES, cpu=max(1, int(timeout)), fsize=CODE_FILE_BYTES)
+    isolation = _isolation()
+    command = [*isolation, sys.executable, "-I", "-S", "-c", harness]
+    nonce = secrets.token_hex(16)
+    with tempfile.TemporaryDirectory(prefix="ito-reward-") as folder, tempfile.TemporaryFile() as proof:
+        job = {"program": program, "tests": tests, "nonce": nonce, "proof_fd": proof.fileno()}
         child = subprocess.Popen(
-            command, cwd=folder, env={}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, start_new_session=True,
+            command, cwd=folder, env={}, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, start_new_session=True, pass_fds=(proof.fileno(),),
         )
         try:
-            code = child.wait(timeout=timeout)
+            child.communicate(json.dumps(job).encode("utf-8"), timeout=timeout)
+            timed_out = False
         except subprocess.TimeoutExpired:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
-            return CodeRun(passed=False, timed_out=True, network_namespace=isolate)
-    return CodeRun(passed=code == 0, timed_out=False, network_namespace=isolate)
+            timed_out = True
+        # What it left running in its process group goes with it (its namespace's go anyway).
+        _kill_group(child.pid)
+        child.wait()
+        proof.seek(0)
+        proved = nonce.encode() in proof.read(CODE_FILE_BYTES + len(nonce))
+    return CodeRun(passed=proved and not timed_out, timed_out=timed_out, network_namespace=bool(isolation),
+                   process_namespace="--pid" in isolation)
 
 
 def _numeric_equal(completion: str, answer: str) -> bool:
@@ -92,6 +156,5 @@ def score(task: Task, completion: str) -> float:
     if task.family == "exact_match":
         return float(completion.strip() == task.answer)
     if task.family == "code":
-        program = f"{task.prompt}{completion}\n\n{task.tests}\n"
-        return float(run_code_tests(program).passed)
+        return float(run_code_tests(f"{task.prompt}{completion}\n", task.tests).passed)
     raise ValueError("task family must be arithmetic, exact_match or code")

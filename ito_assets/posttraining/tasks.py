@@ -24,7 +24,7 @@ class Task:
     family: Family
     prompt: str
     answer: str  # the reference answer (for code: a reference body that passes the tests)
-    tests: str = ""  # code only: assert statements run after prompt + completion
+    tests: str = ""  # code only: assert statements run after prompt + completion, over its names
 
 
 def addition_tasks(*, max_operand: int = 9) -> list[Task]:
@@ -92,7 +92,7 @@ _CODE_INPUTS = (-3, 0, 1, 2, 7, 10)
 
 
 def code_tasks(*, seed: int, count: int) -> list[Task]:
-    """`def f(x):` one-liners; tests compare against the reference on fixed inputs."""
+    """`def f(x):` one-liners; tests compare with the reference on fixed inputs."""
     rng = random.Random(seed)
     tasks = []
     for index in range(count):
@@ -100,7 +100,10 @@ def code_tasks(*, seed: int, count: int) -> list[Task]:
         k = rng.randint(2, 9)
         reference = body.format(k=k)
         expected = [(x, eval(reference, {}, {"x": x})) for x in _CODE_INPUTS]  # noqa: S307 - our own template
-        tests = "\n".join(f"assert f({x}) == {value!r}" for x, value in expected)
+        # A built-in number first: a value of the program's own class could say yes to any `==`.
+        tests = "\n".join(
+            f"assert type(got := f({x})) in (bool, int, float) and got == {value!r}" for x, value in expected
+        )
         prompt = f"# {description.format(k=k)}\ndef f(x):\n    return "
         tasks.append(Task(task_id=f"code/{seed}/{index}", family="code", prompt=prompt, answer=reference, tests=tests))
     return tasks
