@@ -9,10 +9,11 @@ and the desk read; the marker is what a resume trusts.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ito_assets.runtime.record.storage import append_line
+from ito_assets.runtime.record.storage import append_line, json_lines
 
 REGISTRY_NAME = "registry.jsonl"
 
@@ -28,8 +29,10 @@ class CheckpointRecord:
     completed_at: float  # Unix seconds
 
     def __post_init__(self) -> None:
-        if self.step < 0:
-            raise ValueError("step must be >= 0")
+        if not isinstance(self.step, int) or self.step < 0:
+            raise ValueError("step must be an integer >= 0")
+        if not all(math.isfinite(v) for v in (self.blocking_seconds, self.total_seconds, self.completed_at)):
+            raise ValueError("seconds and completed_at must be finite")
         if self.num_bytes <= 0:
             raise ValueError("num_bytes must be positive")
         if self.blocking_seconds < 0 or self.total_seconds < self.blocking_seconds:
@@ -52,16 +55,16 @@ def append(directory: Path, record: CheckpointRecord) -> None:
 
 
 def read(directory: Path) -> list[CheckpointRecord]:
-    """Every record of the stage folder, in the order written; a torn last line is ignored."""
+    """Every record of the stage folder, in the order written; a line that is no record (cut short
+    by a kill during the append, or written by hand) is skipped, and the lines after it still count."""
     path = directory / REGISTRY_NAME
     if not path.exists():
         return []
     records = []
-    for line in path.read_text().splitlines():
-        try:
-            fields = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut short by a kill during the append
+    for fields in json_lines(path):
         fields.pop("bandwidth_bytes_per_second", None)
-        records.append(CheckpointRecord(**fields))
+        try:
+            records.append(CheckpointRecord(**fields))
+        except (ValueError, TypeError):
+            continue
     return records

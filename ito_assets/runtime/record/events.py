@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ito_assets.runtime.record.storage import append_line
+from ito_assets.runtime.record.storage import append_line, json_lines
 
 EVENTS_NAME = "events.jsonl"  # the supervisor's
 _WORKER_EVENTS = "events-attempt-{attempt}.jsonl"  # rank 0 of one attempt's
@@ -93,10 +94,33 @@ def _attempt_of(path: Path) -> int | None:
 
 
 def _read_file(path: Path) -> list[Event]:
+    """The file's events; a line that is not one (torn by a kill during the append, or written by
+    hand) is skipped, and the lines after it still count."""
     found = []
-    for line in path.read_text().splitlines():
+    for fields in json_lines(path):
         try:
-            found.append(Event(**json.loads(line)))
+            event = Event(**fields)
         except (ValueError, TypeError):
-            continue  # a line torn by a kill during the append
+            continue
+        if _sane(event):
+            found.append(event)
     return found
+
+
+def _integer(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _sane(event: Event) -> bool:
+    """Every field of the type the figures sum and compare: one non-finite time or a step given as
+    text would make goodput NaN or stop the sort. A loss may be NaN (a diverged step's)."""
+    return (all(_finite(v) for v in (event.at, event.seconds, event.total_seconds))
+            and all(_integer(v) for v in (event.attempt, event.num_bytes, event.num_devices))
+            and (event.step is None or _integer(event.step))
+            and (event.loss is None or isinstance(event.loss, (int, float)) and not isinstance(event.loss, bool))
+            and (event.planned is None or isinstance(event.planned, bool))
+            and (event.metrics is None or isinstance(event.metrics, dict)) and isinstance(event.detail, str))

@@ -8,10 +8,12 @@ created, so that a link planted inside the area cannot lead out of it.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from ito_assets.errors import ErrorCode, ItoError
 
@@ -73,6 +75,19 @@ def append_line(path: Path, line: str, *, durable: bool = True) -> None:
             os.fsync(descriptor)
     finally:
         os.close(descriptor)
+
+
+def json_lines(path: Path) -> Iterator[dict]:
+    """Every line of a JSON-lines file that holds one JSON object, in order. A line that does not
+    (cut short by a killed writer, not UTF-8, NUL bytes, nested past the decoder's depth) is skipped
+    alone: the lines after it are read as ever."""
+    for raw in path.read_bytes().split(b"\n"):
+        try:
+            value = json.loads(raw.decode())
+        except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+            continue
+        if isinstance(value, dict):
+            yield value
 
 
 @dataclass(frozen=True, kw_only=True)
