@@ -104,3 +104,27 @@ def test_a_bad_registry_line_is_skipped_and_the_records_after_it_are_kept(tmp_pa
     _raw(tmp_path, bad + b"\n", registry.REGISTRY_NAME)
     registry.append(tmp_path, _record(10))
     assert [r.step for r in registry.read(tmp_path)] == [5, 10]
+
+
+# --- goodput when the allocation is short of what the log accounts for ---------------------------------
+
+
+def test_a_wall_clock_set_back_never_gives_goodput_above_one_or_a_negative_bucket(tmp_path):
+    """The supervisor's allocation is wall-clock seconds; set back by an hour while it ran, it
+    holds fewer seconds than the steps it saw."""
+    _log(tmp_path)
+    events.append(tmp_path, _step(2, at=60.0, seconds=500.0), by_worker=True)
+    figures = summarize(events.read(tmp_path))
+    assert figures.goodput == 1.0 and figures.other_seconds == 0.0
+    assert figures.allocated_seconds == figures.productive_seconds == 510.0
+    assert figures.device_hours == pytest.approx(510.0 / 3600)
+    _assert_sane(tmp_path)
+
+
+def test_a_stage_whose_supervisor_died_before_its_allocation_has_no_negative_bucket(tmp_path):
+    events.append(tmp_path, _step(1), by_worker=True)
+    events.append(tmp_path, Event(kind=EventKind.CHECKPOINT, at=55.0, step=1, seconds=2.0, total_seconds=3.0,
+                                  num_bytes=8), by_worker=True)
+    figures = summarize(events.read(tmp_path))
+    assert figures.allocated_seconds == 12.0 and figures.other_seconds == 0.0
+    _assert_sane(tmp_path)

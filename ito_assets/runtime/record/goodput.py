@@ -10,7 +10,8 @@ Definitions (the desk prices a training block from these):
   runs), and `other` (the rest of a stage's window: data loading, logging).
 - a stage's window is its supervisors' allocation events (each ends at `at`, lasts `seconds`); the
   run's is the first window's start to the last one's end, so a gap between stages is counted
-  once, as idle, at the run's largest device count.
+  once, as idle, at the run's largest device count. A stage's allocation is never less than the
+  seconds its log accounts for (a supervisor killed before writing it, a wall clock set back).
 - post-training: the post-training stages (SFT, DPO, RLVR) write the same events for their one
   device (`ito_assets.posttraining.timeline`), so their steps, evaluations and saves fall in the
   buckets above and the gap before them is idle; `posttraining_seconds` says how much of the
@@ -119,17 +120,26 @@ def summarize(events: list[Event], *, posttraining: bool = False) -> Telemetry:
     wasted = [e for e in steps if _wasted(e, resumes)]
     allocations = [e for e in events if e.kind is EventKind.ALLOCATION]
     interruptions = [e for e in events if e.kind is EventKind.INTERRUPTION]
-    allocated = sum(e.seconds for e in allocations)
+    buckets = {
+        "productive_seconds": sum(e.seconds for e in steps) - sum(e.seconds for e in wasted),
+        "startup_seconds": total(EventKind.STARTUP, where=lambda e: e.attempt == 0),
+        "checkpoint_blocking_seconds": total(EventKind.CHECKPOINT),
+        "recovery_seconds": total(EventKind.RECOVERY),
+        "wasted_step_seconds": sum(e.seconds for e in wasted),
+        "evaluation_seconds": total(EventKind.EVALUATION),
+    }
+    held = sum(e.seconds for e in allocations)
+    # A supervisor killed before it wrote its allocation, or a wall clock set back while it ran,
+    # leaves less allocated than the log accounts for: the allocation is then what was accounted,
+    # at the stage's device count, so goodput stays within [0, 1] and no bucket goes negative.
+    allocated = max(held, sum(buckets.values()))
+    devices = max((e.num_devices for e in allocations), default=0)
     return Telemetry(
         allocated_seconds=allocated,
         posttraining_seconds=allocated if posttraining else 0.0,
-        device_hours=sum(e.seconds * e.num_devices for e in allocations) / _SECONDS_PER_HOUR,
-        productive_seconds=sum(e.seconds for e in steps) - sum(e.seconds for e in wasted),
-        startup_seconds=total(EventKind.STARTUP, where=lambda e: e.attempt == 0),
-        checkpoint_blocking_seconds=total(EventKind.CHECKPOINT),
-        recovery_seconds=total(EventKind.RECOVERY),
-        wasted_step_seconds=sum(e.seconds for e in wasted),
-        evaluation_seconds=total(EventKind.EVALUATION),
+        device_hours=(sum(e.seconds * e.num_devices for e in allocations) + (allocated - held) * devices)
+        / _SECONDS_PER_HOUR,
+        **buckets,
         num_steps=len(steps) - len(wasted),
         num_wasted_steps=len(wasted),
         num_planned_interruptions=sum(1 for e in interruptions if e.planned),
