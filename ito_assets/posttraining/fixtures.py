@@ -11,7 +11,9 @@ eval battery's) never appear in any pair.
 from __future__ import annotations
 
 import json
+import os
 import random
+import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
@@ -88,14 +90,30 @@ def _lines(data: bytes, name: str) -> list[str]:
     return lines[:-1] if lines[-1] == "" else lines
 
 
+class _RepeatedKey(Exception):
+    pass
+
+
+def _object(items: list[tuple[str, object]]) -> dict:
+    """A JSON object whose keys are all distinct: with a repeated key, readers disagree on which
+    value counts (Python's keeps the last, others the first), so the pair reviewed might not be the
+    pair trained on."""
+    row = dict(items)
+    if len(row) != len(items):
+        raise _RepeatedKey
+    return row
+
+
 def _row(line: str, number: int, name: str, fields: tuple[str, ...]) -> dict:
     """One line as an object of exactly `fields`, each a string that encodes as UTF-8."""
     where = f"{name}: line {number}"
     try:
-        row = json.loads(line)
+        row = json.loads(line, object_pairs_hook=_object)
     # ValueError: JSONDecodeError and an integer of more than 4,300 digits; RecursionError: nesting.
     except (ValueError, RecursionError):
         raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID, f"{where} is not JSON") from None
+    except _RepeatedKey:
+        raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID, f"{where} repeats a key") from None
     if not isinstance(row, dict) or sorted(row) != sorted(fields) or not all(isinstance(row[f], str) for f in fields):
         raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID, f"{where} is not an object of {', '.join(fields)}")
     try:  # a "\\ud800" escape decodes to a lone surrogate, which no tokenizer can encode
@@ -119,9 +137,20 @@ _PREFERENCE_FIELDS = ("pair_id", "prompt", "chosen", "rejected")
 
 def _read(path: Path, kind: type, fields: tuple[str, ...]) -> list:
     try:
-        data = path.read_bytes()
-    except OSError:
+        # Non-blocking: opening a FIFO that no one writes would wait forever; a regular file ignores it.
+        handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
         raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID, f"{path.name} is missing") from None
+    except OSError:
+        raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID, f"{path.name} cannot be read") from None
+    if not stat.S_ISREG(os.fstat(handle).st_mode):
+        os.close(handle)
+        raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID, f"{path.name} is not a regular file")
+    with open(handle, "rb") as file:
+        try:
+            data = file.read()
+        except OSError:
+            raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID, f"{path.name} cannot be read") from None
     return _parse(data, path.name, kind, fields)
 
 
