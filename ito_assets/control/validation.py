@@ -56,7 +56,8 @@ def window_left_s(starts_at: int, ends_at: int, now: int) -> int:
 def require_within_window(planned_wall_s: float, *, starts_at: int, ends_at: int, num_gpus: int, now: int) -> int:
     """The window left, or CAPACITY_UNAVAILABLE (not retryable) when the plan is longer."""
     left = window_left_s(starts_at, ends_at, now)
-    if planned_wall_s > left:
+    # `not <=`, never `>`: a NaN plan compares false both ways and must refuse, not fit.
+    if not planned_wall_s <= left:
         raise ItoError(ErrorCode.CAPACITY_UNAVAILABLE,
                        f"the run's plan needs {_hours(planned_wall_s)} on the booking's {num_gpus} GPUs, "
                        f"and its window has {_hours(left)} left", retryable=False)
@@ -78,6 +79,8 @@ def check_plan_fits(manifest: Manifest, booking: Booking, *, now: int) -> RunPla
 
 def _hours(seconds: float) -> str:
     """Whole seconds rounded up, so that a plan a fraction of a second too long never reads as fitting."""
+    if not math.isfinite(seconds):
+        return "no finite time"  # math.ceil would raise instead of refusing with the gate's code
     return f"{seconds / 3600:,.2f} h ({math.ceil(seconds):,} s)"
 
 
