@@ -4,15 +4,21 @@ finite, never negative and goodput within [0, 1]."""
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import os
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 
+from ito_assets.errors import disk_full
 from ito_assets.runtime.checkpoint import registry
 from ito_assets.runtime.checkpoint.registry import CheckpointRecord
-from ito_assets.runtime.record import events
+from ito_assets.runtime.record import events, storage
 from ito_assets.runtime.record.events import Event, EventKind
 from ito_assets.runtime.record.goodput import summarize
 
@@ -128,3 +134,72 @@ def test_a_stage_whose_supervisor_died_before_its_allocation_has_no_negative_buc
     figures = summarize(events.read(tmp_path))
     assert figures.allocated_seconds == 12.0 and figures.other_seconds == 0.0
     _assert_sane(tmp_path)
+
+
+# --- a killed writer or a full disk mid-append ----------------------------------------------------------
+
+
+def test_a_line_torn_by_a_killed_writer_does_not_swallow_the_next_append(tmp_path):
+    _log(tmp_path)
+    _raw(tmp_path, _step(2, at=55.0).to_json().encode()[:20])  # the writer died mid-line
+    events.append(tmp_path, _step(3, at=60.0), by_worker=True)
+    assert _steps(tmp_path) == [1, 3]
+
+
+def _disk_fills_after(monkeypatch, count: int) -> None:
+    """os.write takes `count` more bytes, returns short, then raises ENOSPC, as a filling disk does."""
+    real, left = os.write, [count]
+
+    def write(descriptor, data):
+        if left[0] <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        taken = real(descriptor, bytes(data)[: left[0]])
+        left[0] -= taken
+        return taken
+    monkeypatch.setattr(os, "write", write)
+
+
+def test_an_append_cut_short_by_a_full_disk_raises_enospc_and_loses_no_later_line(tmp_path, monkeypatch):
+    _log(tmp_path)
+    with monkeypatch.context() as patch:
+        _disk_fills_after(patch, 20)
+        with pytest.raises(OSError) as raised:
+            events.append(tmp_path, _step(2, at=55.0), by_worker=True)
+    assert raised.value.errno == errno.ENOSPC and disk_full(raised.value)
+    events.append(tmp_path, _step(3, at=60.0), by_worker=True)  # space again
+    assert _steps(tmp_path) == [1, 3]
+
+
+def test_an_append_past_the_file_size_limit_raises_and_the_next_line_is_read(tmp_path):
+    """RLIMIT_FSIZE in a child: the kernel's own short write, then EFBIG."""
+    script = textwrap.dedent(f"""
+        import resource, signal
+        from pathlib import Path
+        from ito_assets.runtime.record import events
+        from ito_assets.runtime.record.events import Event, EventKind
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        folder = Path({str(tmp_path)!r})
+        step = lambda n: Event(kind=EventKind.STEP, at=float(n), step=n, seconds=1.0)
+        events.append(folder, step(1), by_worker=True)
+        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        resource.setrlimit(resource.RLIMIT_FSIZE, ((folder / {WORKER_FILE!r}).stat().st_size + 20, hard))
+        try:
+            events.append(folder, step(2), by_worker=True)
+            print("returned")
+        except OSError as error:
+            print("raised", error.errno)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        events.append(folder, step(3), by_worker=True)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.split() == ["raised", str(errno.EFBIG)]
+    assert _steps(tmp_path) == [1, 3]
+
+
+def test_an_atomic_write_on_a_full_disk_leaves_neither_the_file_nor_its_temporary(tmp_path, monkeypatch):
+    def no_space(descriptor):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(os, "fsync", no_space)
+    with pytest.raises(OSError):
+        storage.write_atomic(tmp_path / "result.json", b"{}")
+    assert list(tmp_path.iterdir()) == []

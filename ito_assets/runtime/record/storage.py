@@ -8,9 +8,12 @@ created, so that a link planted inside the area cannot lead out of it.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -51,12 +54,17 @@ def write_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
     """Write to a temporary sibling and rename: readers see all or nothing. `durable` adds the
     fsyncs that make it survive a machine crash (markers, verdicts), not just a process kill."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(temporary, "wb") as handle:
-        handle.write(data)
-        if durable:
-            handle.flush()
-            os.fsync(handle.fileno())
-    os.replace(temporary, path)
+    try:
+        with open(temporary, "wb") as handle:
+            handle.write(data)
+            if durable:
+                handle.flush()
+                os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:  # a full disk mid-write: its part would hold space the retry needs
+        with contextlib.suppress(OSError):  # the first error is the one to report
+            temporary.unlink(missing_ok=True)
+        raise
     if not durable:
         return
     folder = os.open(path.parent, os.O_RDONLY)
@@ -67,14 +75,37 @@ def write_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
 
 
 def append_line(path: Path, line: str, *, durable: bool = True) -> None:
-    """Append one line with O_APPEND (one write: lines do not interleave between processes)."""
-    descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    """Append one line with O_APPEND (one write: lines do not interleave between processes). A file
+    that ends inside a line (its writer killed, or its disk full, mid-append) gets a newline first:
+    the torn line stays alone and is skipped, and this one is read whole rather than joined to it."""
+    data = (line.rstrip("\n") + "\n").encode()
+    descriptor = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
     try:
-        os.write(descriptor, (line.rstrip("\n") + "\n").encode())
+        if _ends_inside_a_line(descriptor):
+            data = b"\n" + data
+        _write_all(descriptor, data)
         if durable:
             os.fsync(descriptor)
     finally:
         os.close(descriptor)
+
+
+def _ends_inside_a_line(descriptor: int) -> bool:
+    info = os.fstat(descriptor)
+    if not stat.S_ISREG(info.st_mode) or info.st_size == 0:  # a pipe has no last byte to read
+        return False
+    return os.pread(descriptor, 1, info.st_size - 1) != b"\n"
+
+
+def _write_all(descriptor: int, data: bytes) -> None:
+    """A disk that fills mid-write takes part of the line and returns short; writing the rest
+    raises the OS's own error (ENOSPC, EFBIG), which callers classify, instead of returning as if whole."""
+    view = memoryview(data)
+    while view:
+        written = os.write(descriptor, view)
+        if written == 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        view = view[written:]
 
 
 def json_lines(path: Path) -> Iterator[dict]:
