@@ -216,6 +216,13 @@ def refusals_of(request: PlanRequest, layout: Layout) -> tuple[Refusal, ...]:
 # --- the search -------------------------------------------------------------------------------
 
 
+def _divisors(n: int) -> list[int]:
+    """The divisors of `n`, ascending, in O(sqrt n) steps: a world of a billion GPUs (the offline
+    flags take any count) must not cost a billion trial divisions per stage."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
+
+
 def candidate_layouts(request: PlanRequest) -> list[Layout]:
     """Every layout of the booking's world within the runtime's capabilities."""
     world, can = request.hardware.world_size, request.capabilities
@@ -228,7 +235,7 @@ def candidate_layouts(request: PlanRequest) -> list[Layout]:
         if world % (tp * pp * cp):
             continue
         rest = world // (tp * pp * cp)
-        for replicate in (d for d in range(1, rest + 1) if rest % d == 0):
+        for replicate in _divisors(rest):
             for precision, checkpointing, micro in product(precisions, Checkpointing, _POWERS_OF_TWO):
                 if micro > per_rank:
                     continue

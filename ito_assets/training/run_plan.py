@@ -4,6 +4,7 @@ own sequence length and token count), their summed cost, and the budget verdict.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ito_assets.manifest.schema import Budget, Manifest
@@ -50,7 +51,9 @@ class RunPlan:
 
     @property
     def wall_seconds(self) -> float:
-        return sum(s.plan.wall_seconds for s in self.stages)
+        # Correctly rounded: sum() of floats rounds differently from Python 3.12 on (compensated
+        # summation), and gate 5, the training job and `ito plan` must agree on the last bit.
+        return math.fsum(s.plan.wall_seconds for s in self.stages)
 
     def to_dict(self) -> dict:
         return {
