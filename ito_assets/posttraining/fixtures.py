@@ -168,15 +168,22 @@ def _answers(pair: InstructionPair | PreferencePair) -> tuple[str, ...]:
 
 def _encoded(codec: TextCodec, text: str, where: str) -> list[int]:
     try:
-        return codec.encode(text)
+        ids = codec.encode(text)
     except ValueError:  # the character vocabulary's refusal
         raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID, f"{where} has a character outside the vocabulary") from None
+    # The BPE encodes the text "<|endoftext|>" as its one special token, which is also bos, eos and
+    # pad here: inside a response it would teach the model to stop and go on, inside a prompt it
+    # would start a new document.
+    if {codec.bos_id, codec.eos_id, codec.pad_id}.intersection(ids):
+        raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID, f"{where} holds the text of a special token")
+    return ids
 
 
 def check_pairs(pairs: Sequence[InstructionPair | PreferencePair], codec: TextCodec, *, max_positions: int,
                 batch_size: int, name: str) -> None:
     """What the stage's rows need of the pairs, checked before any compute is spent (else the
-    worker fails its first step, three restarts later): every text in the codec's vocabulary,
+    worker fails its first step, three restarts later): every text in the codec's vocabulary and
+    free of its special tokens,
     bos + prompt + each answer within the model's `max_positions` (refused, never cut: a truncated
     response teaches the model to stop early), and at least one full batch."""
     for number, pair in enumerate(pairs, 1):

@@ -9,7 +9,11 @@ import threading
 import pytest
 
 from ito_assets.errors import ErrorCode, ItoError
-from ito_assets.posttraining.fixtures import InstructionPair, read_instruction_pairs, read_preference_pairs
+from ito_assets.posttraining.bpe import BpeCodec
+from ito_assets.posttraining.fixtures import (
+    InstructionPair, PreferencePair, check_pairs, read_instruction_pairs, read_preference_pairs,
+)
+from ito_assets.training.tokenizer import END_OF_TEXT, TokenizerConfig, train_tokenizer
 
 GOOD = b'{"pair_id": "a", "prompt": "1+1=", "response": "2"}'
 
@@ -75,3 +79,24 @@ def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path):
         reader.join(timeout=5)
         pytest.fail("reading a FIFO waited for a writer")
     assert isinstance(outcome[0], ItoError) and "is not a regular file" in str(outcome[0])
+
+
+@pytest.fixture(scope="module")
+def bpe():
+    tokenizer = train_tokenizer(["max 371=7 1+1=2 hello"] * 20, TokenizerConfig(vocab_size=300))
+    return BpeCodec(tokenizer_json=tokenizer.to_str())
+
+
+@pytest.mark.parametrize("pair", [
+    InstructionPair(pair_id="a", prompt="max 371=", response=f"7{END_OF_TEXT}8"),
+    InstructionPair(pair_id="a", prompt=f"hello{END_OF_TEXT}max 371=", response="7"),
+    PreferencePair(pair_id="a", prompt="max 371=", chosen="7", rejected=f"{END_OF_TEXT}"),
+])
+def test_the_text_of_the_end_of_text_token_is_refused_in_a_pair(bpe, pair):
+    assert bpe.encode(END_OF_TEXT) == [bpe.eos_id]  # what the pair's text would have become
+    with pytest.raises(ItoError) as caught:
+        check_pairs([pair], bpe, max_positions=64, batch_size=1, name="pairs.jsonl")
+    assert caught.value.code is ErrorCode.POSTTRAINING_DATA_INVALID
+    assert str(caught.value).endswith("pairs.jsonl: line 1 holds the text of a special token")
+    check_pairs([InstructionPair(pair_id="a", prompt="max 371=", response="<|7|>")], bpe, max_positions=64,
+                batch_size=1, name="pairs.jsonl")
