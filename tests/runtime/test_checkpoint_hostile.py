@@ -14,9 +14,11 @@ import pytest
 import torch
 
 from ito_assets.runtime.checkpoint import markers
+from ito_assets.runtime.checkpoint import registry
 from ito_assets.runtime.checkpoint import resume
 from ito_assets.runtime.checkpoint.markers import MARKER_NAME
 from ito_assets.runtime.checkpoint.saver import CheckpointConfig, Checkpointer
+from ito_assets.runtime.record import publish
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -148,3 +150,19 @@ def test_a_save_over_a_plain_file_under_the_steps_name_replaces_it(tmp_path):
     _save(tmp_path, [10])
     assert markers.validate(markers.checkpoint_dir(tmp_path, 10), owner=OURS) is None
     assert _resume(tmp_path) == (10, 10.0)
+
+
+# --- the registry's view: a step saved twice ---------------------------------------------------------
+
+
+def test_a_step_saved_again_after_a_restart_is_published_once_with_the_digest_of_its_bytes(tmp_path, monkeypatch):
+    _save(tmp_path, [5, 10])
+    saver = _saver(tmp_path)  # a restart resumed from step 5 and saved step 10 again
+    saver.save(10, _state(99))
+    saver.close()
+    assert [r.step for r in registry.read(tmp_path)] == [5, 10, 10]
+    handed: list = []
+    monkeypatch.setattr(publish.ledger_telemetry, "publish", lambda _l, _r, finished, _f: handed.extend(finished))
+    publish.publish_stage(None, "run-a", "pretrain", tmp_path, {})
+    on_disk = {step: markers.read_marker(markers.checkpoint_dir(tmp_path, step)).metadata_sha256 for step in (5, 10)}
+    assert [(c.step, c.sha256) for c in handed] == sorted(on_disk.items())

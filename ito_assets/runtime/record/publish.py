@@ -1,10 +1,10 @@
 """A finished stage's figures into the ledger, where `ito checkpoints` and `ito metrics` read them.
 
 Checkpoints: every registry record whose folder is still a whole checkpoint (pruned and set-aside
-ones are not listed). Metrics, named `<stage>/<metric>`: the loss every `LOG_EVERY_STEPS` steps
-(the last attempt's value where a step was redone), the stage's eval, its goodput and its
-predicted and measured step time with their ratio. Publishing
-twice adds nothing: rows already in the ledger for the run are skipped.
+ones are not listed), one per folder: the record of the save that is there now. Metrics, named
+`<stage>/<metric>`: the loss every `LOG_EVERY_STEPS` steps (the last attempt's value where a step
+was redone), the stage's eval, its goodput and its predicted and measured step time with their
+ratio. Publishing twice adds nothing: rows already in the ledger for the run are skipped.
 """
 
 from __future__ import annotations
@@ -37,11 +37,19 @@ def publish_stage(ledger: Ledger, run_id: str, stage: str, stage_dir: Path, eval
                   figures: dict[str, float] | None = None) -> tuple[int, int]:
     """Returns (checkpoints added, metrics added); a checkpoint is known by (step, path). `figures`:
     more of the stage's figures at its last step (the predicted and measured step time)."""
-    whole = {str(p) for p in markers.candidates(stage_dir) if markers.read_marker(p) is not None}
     finished = [ledger_telemetry.FinishedCheckpoint(step=record.step, path=record.path, size_bytes=record.num_bytes,
                                                     sha256=record.metadata_sha256)
-                for record in registry.read(stage_dir) if record.path in whole]
+                for record in _current_records(stage_dir)]
     found = stage_metrics(stage, stage_dir, evaluation)
     last = max((step for step, _, _ in found), default=0)
     found += [(last, f"{stage}/{name}", value) for name, value in sorted((figures or {}).items())]
     return ledger_telemetry.publish(ledger, run_id, finished, found)
+
+
+def _current_records(stage_dir: Path) -> list[registry.CheckpointRecord]:
+    """One record per folder still whole: the last, of the save that is there now. A step saved
+    again after a restart resumed before it has a record of each save, and the earlier one names
+    bytes that no longer exist (a save clears its folder first and is recorded after its marker)."""
+    whole = {str(p) for p in markers.candidates(stage_dir) if markers.intact(p)}
+    current = {record.path: record for record in registry.read(stage_dir) if record.path in whole}
+    return sorted(current.values(), key=lambda record: record.step)
