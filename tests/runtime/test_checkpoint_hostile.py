@@ -4,20 +4,28 @@ checkpoint folder belongs. None may crash or hang a resume, and none may get a w
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
+import subprocess
+import sys
+import textwrap
 import threading
+import traceback
 from pathlib import Path
 
 import pytest
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 
+from ito_assets.errors import ErrorCode
+from ito_assets.runtime.checkpoint import digest_writer
 from ito_assets.runtime.checkpoint import markers
 from ito_assets.runtime.checkpoint import registry
 from ito_assets.runtime.checkpoint import resume
 from ito_assets.runtime.checkpoint.markers import MARKER_NAME
-from ito_assets.runtime.checkpoint.saver import CheckpointConfig, Checkpointer
+from ito_assets.runtime.checkpoint.saver import CheckpointConfig, Checkpointer, storage_cause
 from ito_assets.runtime.record import publish
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -166,3 +174,56 @@ def test_a_step_saved_again_after_a_restart_is_published_once_with_the_digest_of
     publish.publish_stage(None, "run-a", "pretrain", tmp_path, {})
     on_disk = {step: markers.read_marker(markers.checkpoint_dir(tmp_path, step)).metadata_sha256 for step in (5, 10)}
     assert [(c.step, c.sha256) for c in handed] == sorted(on_disk.items())
+
+
+# --- a full disk while DCP writes the shards ----------------------------------------------------------
+
+
+def test_the_storage_cause_is_found_in_dcps_wrapped_rank_failure():
+    full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    wrapped = CheckpointException("write", {0: (full, traceback.StackSummary())})  # as DCP wraps a rank's error
+    assert storage_cause(RuntimeError("save failed")) is None
+    assert storage_cause(wrapped) is full
+
+
+def test_a_shard_write_on_a_full_disk_is_a_storage_failure_and_the_older_checkpoint_stays(tmp_path, monkeypatch):
+    saver = _saver(tmp_path, keep_last=1)
+    saver.save(5, _state(5))
+    saver.wait()
+
+    def no_space(self, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(digest_writer._HashingStream, "write", no_space)
+    saver.save(10, _state(10))
+    saver.wait()  # before the fix: RuntimeError, as if the save had failed for a bug
+    failure = saver.agree()
+    assert (failure.step, failure.code) == (10, ErrorCode.STORAGE_FULL)
+    assert not markers.checkpoint_dir(tmp_path, 10).exists()  # the partial folder is gone
+    monkeypatch.undo()
+    saver.close()
+    assert [r.step for r in registry.read(tmp_path)] == [5] and _resume(tmp_path) == (5, 5.0)
+
+
+def test_a_save_past_the_file_size_limit_keeps_the_older_checkpoint(tmp_path):
+    """RLIMIT_FSIZE in a child: the kernel's EFBIG inside DCP's own writes."""
+    script = textwrap.dedent(f"""
+        import resource, signal
+        from pathlib import Path
+        import torch
+        from ito_assets.runtime.checkpoint.saver import CheckpointConfig, Checkpointer, storage_cause
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        saver = Checkpointer(CheckpointConfig(directory=Path({str(tmp_path)!r}), interval_steps=5, keep_last=1),
+                             process_group=None, rank=0)
+        saver.save(5, {{"model": {{"w": torch.full((8, 8), 5.0)}}}})
+        saver.wait()
+        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64, hard))
+        saver.save(10, {{"model": {{"w": torch.full((8, 8), 10.0)}}}})
+        saver.wait()
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        print(saver.agree().step)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert (done.returncode, done.stdout.split()) == (0, ["10"]), done.stderr[-2000:]
+    assert not markers.checkpoint_dir(tmp_path, 10).exists()
+    assert _resume(tmp_path) == (5, 5.0)

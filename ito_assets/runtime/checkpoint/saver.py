@@ -102,10 +102,21 @@ def storage_cause(error: BaseException) -> OSError | None:
         if isinstance(current, OSError):
             return current
         seen += [c for c in (current.__cause__, current.__context__) if c is not None]
-        failures = getattr(current, "failures", None)  # torch.distributed.checkpoint.api.CheckpointException
-        if isinstance(failures, dict):
-            seen += [getattr(f, "exc", f) for f in failures.values() if isinstance(getattr(f, "exc", f), BaseException)]
+        seen += _rank_failures(current)
     return None
+
+
+def _rank_failures(error: BaseException) -> list[BaseException]:
+    """The ranks' exceptions inside DCP's CheckpointException: each rank's failure is an exception,
+    or (as DCP wraps one that a rank raised while writing its shards) an (exception, stack) pair."""
+    failures = getattr(error, "failures", None)
+    if not isinstance(failures, dict):
+        return []
+    found = []
+    for failure in failures.values():
+        first = failure[0] if isinstance(failure, tuple) and failure else None
+        found += [c for c in (getattr(failure, "exc", failure), first) if isinstance(c, BaseException)][:1]
+    return found
 
 
 def _stager() -> DefaultStager:
