@@ -33,10 +33,3 @@ def cost_cents(num_gpus: int, seconds: float, price_cents_per_gpu_hour: int) -> 
     exact_seconds = Fraction(seconds) if isinstance(seconds, int) else Fraction(repr(float(seconds)))
     return math.ceil(num_gpus * exact_seconds * price_cents_per_gpu_hour / SECONDS_PER_HOUR)
 
-
-def flops_cost_cents(flops: float, *, num_gpus: int, peak_flops_per_gpu: float, mfu: float, price_cents_per_gpu_hour: int) -> int:
-    """Cost of `flops` model FLOPs on `num_gpus` GPUs running at `mfu` of their peak."""
-    if not 0 < mfu <= 1:
-        raise ValueError("mfu must be in (0, 1]")
-    seconds = flops / (num_gpus * peak_flops_per_gpu * mfu)
-    return cost_cents(num_gpus, seconds, price_cents_per_gpu_hour)

@@ -7,7 +7,7 @@ the usable HBM/GDDR capacity as sold. Bandwidths are per GPU and per direction.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 TERA = 10**12
 GB = 10**9  # vendors quote decimal gigabytes
@@ -89,20 +89,21 @@ class Network(str, enum.Enum):
 class NetworkSpec:
     kind: Network
     bandwidth: float  # bytes/s per GPU, one direction
+    link_gbit_per_s: int  # the nominal link speed `bandwidth` is for (a booking's label may name another)
     source: str
 
 
 NETWORKS: dict[Network, NetworkSpec] = {
     Network.INFINIBAND: NetworkSpec(
-        kind=Network.INFINIBAND, bandwidth=50 * GB,
+        kind=Network.INFINIBAND, bandwidth=50 * GB, link_gbit_per_s=400,
         source="one NDR 400 Gb/s ConnectX-7 adapter per GPU (NVIDIA DGX H100 reference architecture)",
     ),
     Network.ROCE: NetworkSpec(
-        kind=Network.ROCE, bandwidth=50 * GB,
+        kind=Network.ROCE, bandwidth=50 * GB, link_gbit_per_s=400,
         source="one 400 GbE RoCEv2 NIC per GPU (the Llama 3 training clusters, Dubey et al. 2024, section 3.3)",
     ),
     Network.ETHERNET: NetworkSpec(
-        kind=Network.ETHERNET, bandwidth=100 / 8 * GB / 8,
+        kind=Network.ETHERNET, bandwidth=100 / 8 * GB / 8, link_gbit_per_s=100,
         source="one 100 GbE TCP link per node shared by 8 GPUs (commodity cloud instances without RDMA)",
     ),
 }
@@ -126,6 +127,8 @@ def network_spec(kind: str | Network) -> NetworkSpec:
         raise ValueError(f"network must be one of {[n.value for n in Network]}") from None
 
 
+MAX_LINK_GBIT_PER_S = 100_000
+
 # How a booking's network label names its fabric: the desk writes labels like `ib-400g`,
 # `roce-400g` or `eth-100g`; the planner needs the kind.
 _NETWORK_PREFIXES = {"ib": Network.INFINIBAND, "infiniband": Network.INFINIBAND, "roce": Network.ROCE,
@@ -145,7 +148,24 @@ def booked_gpu(label: str) -> GpuSpec:
 
 
 def booked_network(label: str) -> NetworkSpec:
-    head = label.lower().replace("_", "-").split("-")[0]
-    if head not in _NETWORK_PREFIXES:
-        raise ValueError(f"the booked network is none of {sorted(_NETWORK_PREFIXES)} (optionally -<speed>)")
-    return NETWORKS[_NETWORK_PREFIXES[head]]
+    """The fabric a booking's network label names, `<kind>` or `<kind>-<speed>g` (`ib-400g`,
+    `roce-100g`, `eth-25g`). A speed scales the fabric's bandwidth from the link speed its figure is
+    for, in the same arrangement (`ib-100g`: a 100 Gb/s NIC per GPU, a quarter of NDR's), so a slower
+    fabric is never priced as a faster one; a speed that cannot be read is not plannable."""
+    parts = label.lower().replace("_", "-").split("-", 1)
+    if parts[0] not in _NETWORK_PREFIXES:
+        raise ValueError(f"the booked network is none of {sorted(_NETWORK_PREFIXES)} (optionally -<speed>g)")
+    spec = NETWORKS[_NETWORK_PREFIXES[parts[0]]]
+    speed = _link_speed(parts[1]) if len(parts) == 2 else spec.link_gbit_per_s
+    if speed == spec.link_gbit_per_s:
+        return spec
+    return replace(spec, bandwidth=spec.bandwidth * speed / spec.link_gbit_per_s, link_gbit_per_s=speed,
+                   source=f"{spec.source}, scaled to the booked {speed} Gb/s links")
+
+
+def _link_speed(text: str) -> int:
+    """Gb/s from `400g` or `400` (ASCII digits only, 1 to 100,000: beyond any link sold)."""
+    digits = text[:-1] if text.endswith("g") else text
+    if not (digits.isascii() and digits.isdigit() and len(digits) <= 6 and 1 <= int(digits) <= MAX_LINK_GBIT_PER_S):
+        raise ValueError(f"the booked network's speed is not <1-{MAX_LINK_GBIT_PER_S}>g")
+    return int(digits)

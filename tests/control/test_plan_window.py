@@ -91,6 +91,7 @@ def test_a_run_confirmed_in_time_is_not_created_once_the_window_left_is_too_shor
 @pytest.mark.parametrize(("terms", "content"), [
     ({"gpu_type": "TPUv5"}, None),  # no GPU the planner can price
     ({"network": "myrinet"}, None),  # no network it knows
+    ({"network": "ib-fast"}, None),  # a speed it cannot read
     ({}, manifest_bytes(model__size="gpt-5")),  # no model size it knows
 ])
 def test_a_booking_or_manifest_the_planner_cannot_plan_is_refused_before_confirmation(world, terms, content) -> None:

@@ -255,9 +255,9 @@ FULL_SHARD = Refusal(reason=R.FULL_SHARD_OVER_SLOW_INTERCONNECT,
 @pytest.mark.parametrize(
     "network,slow",
     [("ethernet", True), ("infiniband", False), ("roce", False),
-     (NetworkSpec(kind=Network.ROCE, bandwidth=25 * GB, source="test"), False),
-     (NetworkSpec(kind=Network.ROCE, bandwidth=25 * GB - 1, source="test"), True),
-     (NetworkSpec(kind=Network.ETHERNET, bandwidth=25 * GB, source="test"), False)],
+     (NetworkSpec(kind=Network.ROCE, bandwidth=25 * GB, link_gbit_per_s=200, source="test"), False),
+     (NetworkSpec(kind=Network.ROCE, bandwidth=25 * GB - 1, link_gbit_per_s=200, source="test"), True),
+     (NetworkSpec(kind=Network.ETHERNET, bandwidth=25 * GB, link_gbit_per_s=200, source="test"), False)],
     ids=["ethernet", "infiniband", "roce", "exactly-25GB", "25GB-less-1", "fast-ethernet"],
 )
 def test_full_shard_is_wasteful_only_below_25_gb_per_s(hybrid_capacity, network, slow):
