@@ -6,7 +6,8 @@ as memory maps, and a deterministic batch loader over them.
   run (`tokenizer.json`) and its sha256 recorded.
 - Token shards are `.npy` files (a header states dtype and length) opened with `np.load(mmap_mode)`:
   uint16 while the vocabulary fits in 16 bits, else uint32 (the nanoGPT / OLMo convention).
-- Documents are joined with one end-of-text token between them (GPT-2's `<|endoftext|>`).
+- Documents are joined with one end-of-text token between them (GPT-2's `<|endoftext|>`); the same
+  string inside a document's text is encoded as text, never as that token.
 """
 
 from __future__ import annotations
@@ -64,6 +65,15 @@ def train_tokenizer(texts: Iterable[str], config: TokenizerConfig) -> Tokenizer:
         show_progress=False,
     )
     tokenizer.train_from_iterator(texts, trainer=trainer)
+    return _literal(tokenizer)
+
+
+def _literal(tokenizer: Tokenizer) -> Tokenizer:
+    """Encode a document's text as text: web text quotes `<|endoftext|>` literally, and that string
+    must not become the separator (a document split in two, or one joined to the next). Only the
+    separator the shards put between documents is the token. `tokenizer.json` does not keep this
+    switch, so every tokenizer this module hands out has it set."""
+    tokenizer.encode_special_tokens = True
     return tokenizer
 
 
@@ -85,7 +95,7 @@ def save_tokenizer(tokenizer: Tokenizer, path: Path) -> str:
 
 
 def load_tokenizer(path: Path) -> Tokenizer:
-    return Tokenizer.from_file(str(path))
+    return _literal(Tokenizer.from_file(str(path)))
 
 
 def token_dtype(vocab_size: int) -> np.dtype:

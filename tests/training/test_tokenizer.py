@@ -56,6 +56,19 @@ def test_documents_are_separated_by_end_of_text(tokenizer, tmp_path):
     assert np.array_equal(mapped, tokens)
 
 
+@pytest.mark.parametrize("reloaded", [False, True])
+def test_the_separators_text_inside_a_document_is_text_not_the_separator(tokenizer, tmp_path, reloaded):
+    if reloaded:
+        save_tokenizer(tokenizer, tmp_path / "tokenizer.json")
+        tokenizer = load_tokenizer(tmp_path / "tokenizer.json")
+    quoted = "GPT-2 ends documents with <|endoftext|> between them."
+    tokens = encode_documents(tokenizer, [quoted, "next"])
+    eot = end_of_text_id(tokenizer)
+    assert list(tokens).count(eot) == 2  # the two separators the shard puts after each document
+    first = list(tokens[: list(tokens).index(eot)])
+    assert tokenizer.decode(first) == quoted
+
+
 def test_batches_are_deterministic_shifted_and_cover_an_epoch():
     tokens = np.arange(1 + 8 * 10, dtype=np.uint16)  # 10 windows of 8
     config = LoaderConfig(batch_size=5, sequence_length=8, seed=7)
