@@ -176,6 +176,11 @@ def _materialize(tmp_path: Path, instance, runtime: TrainingRuntimeResource, led
     )
 
 
+def _metadata(result, asset: str) -> dict:
+    (event,) = [e for e in result.get_asset_materialization_events() if e.asset_key.to_user_string() == asset]
+    return {k: v.value for k, v in event.step_materialization_data.materialization.metadata.items()}
+
+
 def _runtime(**changes) -> TrainingRuntimeResource:
     return TrainingRuntimeResource(**{"poll_interval_s": 0.2, "hang_timeout_s": 60.0, "grace_s": 5.0, **changes})
 
@@ -310,7 +315,11 @@ def test_the_stages_train_the_plan_made_for_the_run_s_own_booking(tmp_path, inst
         result = _materialize(tmp_path, instance, _runtime(hang_timeout_s=120.0), run, one)  # replica groups wait 60 s at most
         assert result.success
         pretraining = result.output_for_node("pretraining_checkpoint")
+        tokens = result.output_for_node("training_tokens")
+    # The BPE aimed at the planned model's vocabulary (micro: 512), and the stage trained with what it gave.
+    assert tokens.vocab_size <= 512 == _metadata(result, "training_tokens")["vocab_target"]
     config = json.loads((Path(pretraining.stage_dir) / "stage.json").read_text())
+    assert config["vocab_size"] == tokens.vocab_size
     # What the stage was given: what ran, where nothing fell back, and each fallback's planned value.
     planned = {**config["layout"], **{f["field"]: f["planned"] for f in config["layout_fallbacks"]}}
     manifest = Manifest.model_validate_json(json.dumps(_document(one)))

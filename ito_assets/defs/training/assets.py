@@ -67,9 +67,12 @@ def training_tokens(
     lineage.record_consumption(ito.settings().warehouse_path, [s.sha256 for s in clean_shards.shards.shards],
                                run_id, "training_tokens")
     folder = RunLayout.for_run(checkpoint_dir, run_id).run_dir / "tokens"  # runs of one manifest never share it
-    tokens = corpus.prepare_from_shards(clean_shards.shards, folder, config=TokenizerConfig())  # a batch at a time
+    # The BPE aims at the vocabulary of the model the plan priced; a corpus too small for that many
+    # merges gives fewer, and the stages build the model with what it gave (never more than priced).
+    target = TokenizerConfig(vocab_size=booked.run_plan.model.vocab_size)
+    tokens = corpus.prepare_from_shards(clean_shards.shards, folder, config=target)  # a batch at a time
     context.add_output_metadata({
-        "vocab_size": tokens.vocab_size, "num_train_tokens": tokens.num_train_tokens,
+        "vocab_size": tokens.vocab_size, "vocab_target": target.vocab_size, "num_train_tokens": tokens.num_train_tokens,
         "num_heldout_tokens": tokens.num_heldout_tokens, "tokenizer_sha256": tokens.tokenizer_sha256,
         "train_sha256": tokens.train_sha256, "heldout_sha256": tokens.heldout_sha256,
     })
