@@ -30,6 +30,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -58,7 +59,7 @@ from ito_assets.runtime.supervision.spikes import Spike, SpikeDetector
 from ito_assets.runtime.worker.step import StepResult, train_step
 from ito_assets.runtime.record.storage import write_atomic
 from ito_assets import progress
-from ito_assets.errors import ErrorCode, ItoError
+from ito_assets.errors import ErrorCode, ItoError, disk_full
 from ito_assets.evals.suite import load_suite
 from ito_assets.training.model import build_model
 from ito_assets.training.tokenizer import load_tokenizer
@@ -66,8 +67,10 @@ from ito_assets.training.trainer import TrainConfig, build_optimizer
 
 # sysexits.h EX_TEMPFAIL: stopped on request after flushing a checkpoint; resumable.
 EXIT_STOPPED = 75
-# sysexits.h EX_IOERR: the last checkpoint could not be written (STORAGE_FULL, CHECKPOINT_STORAGE_INVALID).
+# sysexits.h EX_IOERR: the last checkpoint, or a line of the worker's own records, could not be written
+# (STORAGE_FULL, CHECKPOINT_STORAGE_INVALID).
 EXIT_STORAGE = 74
+STORAGE_CODES = (ErrorCode.STORAGE_FULL, ErrorCode.CHECKPOINT_STORAGE_INVALID)
 # Report every 10 steps through Pipes (torchtitan's default `log_freq`); every step goes to the events.
 LOG_EVERY_STEPS = 10
 # How often ranks paused on a non-finite step look for the desk's decision; heartbeats go out as often.
@@ -108,6 +111,7 @@ class StageWorker:
         self.next_positions: dict[int, int] = {}  # step -> data position of the batch after it
         self.step_seconds: list[float] = []  # this attempt's, for `measured_figures`
         self.saved_step = -1
+        self.reached = -1  # the last step this attempt trained: the step of a storage failure's heartbeat
         self.writes_checkpoints = config.replica_id == 0  # one checkpoint lineage per stage: group 0's
         self.replicas = (ReplicaSync(config, group.device, self.model, self.optimizer, self.train_config)
                          if config.replica_groups > 1 else None)
@@ -159,7 +163,7 @@ class StageWorker:
             if self.stop.agreed() or step == self.config.stop_after_step:
                 return self.flush(step, batches.position)
             result = self.train_one(step + 1, batches)
-            step = result.step
+            step = self.reached = result.step
             if not result.committed:
                 continue
             self.observe(result, batches)
@@ -167,7 +171,7 @@ class StageWorker:
                 return self.flush(step, batches.position)
             if self.writes_checkpoints and self.checkpointer.due(step):
                 self.save(step, batches.position)
-            self.collect(self.checkpointer.poll())
+            self.collect(self.finalized(self.checkpointer.poll))
         self.finish(step, batches.position)
         return 0
 
@@ -291,18 +295,24 @@ class StageWorker:
         for record in records:
             self.event(EventKind.CHECKPOINT, step=record.step, seconds=record.blocking_seconds,
                        total_seconds=record.total_seconds, num_bytes=record.num_bytes)
-            self.reporter.metrics(record.step, {"checkpoint_bytes": record.num_bytes,
-                                                "checkpoint_blocking_seconds": record.blocking_seconds,
-                                                "checkpoint_total_seconds": record.total_seconds})
+            self.metrics(record.step, {"checkpoint_bytes": record.num_bytes,
+                                       "checkpoint_blocking_seconds": record.blocking_seconds,
+                                       "checkpoint_total_seconds": record.total_seconds})
+
+    def finalized(self, take: Callable[[], list[CheckpointRecord]]) -> list[CheckpointRecord]:
+        """The saves `take` (the checkpointer's poll, wait or close) finalized: rank 0 appends each to the registry."""
+        with self.writing("the checkpoint registry"):
+            return take()
 
     def drain(self, step: int) -> None:
         """Wait for the save in flight (heartbeating meanwhile), record it, release the stager.
         The last save must hold: if it failed for its storage, the attempt ends with the storage's
         code, which every rank's heartbeat tells the supervisor (torchrun's own exit code does not)."""
-        self.collect(self.checkpointer.wait(on_tick=lambda: self.heartbeat.beat(step, "checkpointing")))
+        tick = lambda: self.heartbeat.beat(step, "checkpointing")
+        self.collect(self.finalized(lambda: self.checkpointer.wait(on_tick=tick)))
         self.checkpointer.agree()
         last = next((f for f in self.checkpointer.failures if f.step == step), None)
-        self.collect(self.checkpointer.close())
+        self.collect(self.finalized(self.checkpointer.close))
         if last is not None:
             with contextlib.suppress(OSError):  # the heartbeats may share the broken storage
                 self.heartbeat.beat(step, heartbeat.STORAGE_FAILED, force=True, detail=last.code.value)
@@ -362,7 +372,7 @@ class StageWorker:
             untrained = build_model(self.model.config, seed=self.config.seed, device=self.group.device)
             body |= _scored("initial_eval", stage_eval.battery_units(untrained, battery, on_batch=beat))
         self.event(EventKind.EVALUATION, seconds=time.perf_counter() - started)
-        self.reporter.metrics(self.config.num_steps, {f"eval_{k}": v for k, v in body["eval"].items()})
+        self.metrics(self.config.num_steps, {f"eval_{k}": v for k, v in body["eval"].items()})
         return body
 
     def unsharded_model(self) -> torch.nn.Module | None:
@@ -397,9 +407,9 @@ class StageWorker:
         self.report_progress(result.step)
         if result.step % LOG_EVERY_STEPS == 0 or result.step == self.config.num_steps:
             tokens_per_second = batches.tokens_at(result.position) / result.seconds
-            self.reporter.metrics(result.step, {"loss": result.loss, "grad_norm": result.grad_norm,
-                                                "learning_rate": result.learning_rate,
-                                                "tokens_per_second": tokens_per_second, **result.metrics})
+            self.metrics(result.step, {"loss": result.loss, "grad_norm": result.grad_norm,
+                                       "learning_rate": result.learning_rate,
+                                       "tokens_per_second": tokens_per_second, **result.metrics})
         spike = self.spikes.observe(result.step, result.loss, result.grad_norm)
         if spike is not None and self.rank == 0 and self.writes_checkpoints:
             self.propose(spike, result.position)
@@ -432,8 +442,9 @@ class StageWorker:
         if store.pending():
             self.log(f"{spike.metric} spike at step {spike.step}; a proposal is already pending")
             return
-        whole = [markers.step_of(p) for p in markers.candidates(self.stage_dir)
-                 if (m := markers.read_marker(p)) is not None and markers.owned_by(m, self.owner()) and not p.is_symlink()]
+        # As pruning counts them: a folder whose marker lies (another step, a shard missing or cut
+        # short), another's, or a link would be a restart point that cannot be resumed.
+        whole = [markers.step_of(p) for p in markers.candidates(self.stage_dir) if markers.intact(p, self.owner())]
         restart, skip_first, skip_end = proposals.plan_restart(
             spike.step, spike_position, whole_steps=whole, next_positions=self.next_positions,
             rewind_steps=self.config.spike_rewind_steps)
@@ -456,11 +467,32 @@ class StageWorker:
 
     def event(self, kind: EventKind, **fields) -> None:
         if self.rank == 0:
-            events.append(self.stage_dir, Event(kind=kind, at=time.time(), attempt=self.config.attempt, **fields),
-                          by_worker=True)
+            with self.writing("the stage's events"):
+                events.append(self.stage_dir, Event(kind=kind, at=time.time(), attempt=self.config.attempt, **fields),
+                              by_worker=True)
+
+    def metrics(self, step: int, values: dict) -> None:
+        with self.writing("the metrics file"):
+            self.reporter.metrics(step, values)
 
     def log(self, message: str) -> None:
-        self.reporter.log(f"[{self.config.stage}] {message}")
+        with self.writing("the metrics file"):
+            self.reporter.log(f"[{self.config.stage}] {message}")
+
+    @contextlib.contextmanager
+    def writing(self, what: str) -> Iterator[None]:
+        """Rank 0's own appends (events, the checkpoint registry, metrics and log lines) on a full
+        disk or past a file-size limit: the attempt ends as a failed last checkpoint ends it, with
+        the storage's code in its heartbeat (torchrun's exit code does not carry it) and `main`'s
+        EXIT_STORAGE, not a traceback; a restart cannot write there either."""
+        try:
+            yield
+        except OSError as error:
+            code = ErrorCode.STORAGE_FULL if disk_full(error) else ErrorCode.CHECKPOINT_STORAGE_INVALID
+            with contextlib.suppress(OSError):  # the heartbeats may share the broken storage
+                self.heartbeat.beat(self.reached, heartbeat.STORAGE_FAILED, force=True, detail=code.value)
+            reason = error.strerror or type(error).__name__
+            raise ItoError(code, f"{what} could not be written ({reason})") from error
 
     def _plan(self) -> BatchPlan:
         return BatchPlan(batch_size=self.config.batch_size, sequence_length=self.config.sequence_length,
@@ -496,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
         with open_reporter(group.rank, Path(config.metrics_path), pipes=config.replica_id == 0) as reporter:
             return StageWorker(config, group, reporter).run()
     except ItoError as error:
-        if error.code not in (ErrorCode.STORAGE_FULL, ErrorCode.CHECKPOINT_STORAGE_INVALID):
+        if error.code not in STORAGE_CODES:
             raise
         print(f"{error.code.value}: {error}", file=sys.stderr, flush=True)  # the attempt's log, not a traceback
         return EXIT_STORAGE
