@@ -16,11 +16,11 @@ import numpy as np
 import torch
 
 from ito_assets.manifest.schema import DpoStep
-from ito_assets.posttraining.fixtures import InstructionPair, PreferencePair
+from ito_assets.posttraining.fixtures import PreferencePair
 from ito_assets.posttraining.losses import answer_logprobs, pair_loss
 from ito_assets.posttraining.optim import adamw, optimizer_step
 from ito_assets.posttraining.policy import CausalLM
-from ito_assets.posttraining.sft import sft_rows
+from ito_assets.posttraining.sft import encode_answer, fill_rows
 from ito_assets.posttraining.vocab import TextCodec
 from ito_assets.runtime.worker.batches import BatchPlan, ResumableBatches
 from ito_assets.training.model import DecoderLM
@@ -61,16 +61,14 @@ class DpoResult:
 def dpo_rows(codec: TextCodec, pairs: Sequence[PreferencePair]) -> np.ndarray:
     """The pairs as the stage worker's rows, (N, 2, 2, T) int32: each pair's chosen and rejected
     answer as SFT's rows are (inputs; targets on the answer and its eos, -100 elsewhere), T the
-    longest answer's positions."""
-    chosen = [(p.prompt, p.chosen) for p in pairs]
-    rejected = [(p.prompt, p.rejected) for p in pairs]
-    width = max(1 + len(codec.encode(prompt)) + len(codec.encode(answer)) for prompt, answer in chosen + rejected)
-    return np.stack([_answer_rows(codec, chosen, width), _answer_rows(codec, rejected, width)], axis=1)
-
-
-def _answer_rows(codec: TextCodec, answers: list[tuple[str, str]], width: int) -> np.ndarray:
-    return sft_rows(codec, [InstructionPair(pair_id=str(i), prompt=p, response=a) for i, (p, a) in enumerate(answers)],
-                    width)
+    longest answer's positions. Each answer is encoded once, straight into the rows."""
+    chosen = [encode_answer(codec, p.prompt, p.chosen) for p in pairs]
+    rejected = [encode_answer(codec, p.prompt, p.rejected) for p in pairs]
+    width = max(len(inputs) for inputs, _ in chosen + rejected)
+    rows = np.empty((len(pairs), 2, 2, width), dtype=np.int32)
+    fill_rows(rows[:, 0], chosen, pad_id=codec.pad_id)
+    fill_rows(rows[:, 1], rejected, pad_id=codec.pad_id)
+    return rows
 
 
 def dpo_batches(codec: TextCodec, pairs: Sequence[PreferencePair], config: DpoConfig) -> tuple[ResumableBatches, int]:

@@ -18,7 +18,6 @@ checkpoint there.
 
 from __future__ import annotations
 
-import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,7 +99,7 @@ def _config(stage: _Stage, rows: ResumableBatches | None, *, stage_dir: Path, la
     """The worker's config; `rows` are written beside it, else the stage reads `data_path` (RLVR's tasks)."""
     if rows is not None:
         data_path, sequence_length = stage_dir / ROWS_NAME, rows.plan.sequence_length
-        write_atomic(data_path, _npy_bytes(rows.tokens))
+        write_atomic(data_path, lambda handle: np.save(handle, rows.tokens))
     return WorkerConfig(
         run_key=launch.run_key, stage=stage.name, model=stage.spec.model_name, vocab_size=stage.spec.vocab_size,
         tokens_path=str(data_path), heldout_path=None, stage_dir=str(stage_dir),
@@ -145,7 +144,8 @@ def dpo_on_worker(policy: CausalLM, reference: CausalLM, spec: PolicySpec, codec
     batches, num_steps = dpo_batches(codec, pairs, config)
     stage_dir.mkdir(parents=True, exist_ok=True)
     reference_path = stage_dir / REFERENCE_NAME
-    write_atomic(reference_path, _npy_bytes(reference_logprobs(reference, batches.tokens)))
+    logprobs = reference_logprobs(reference, batches.tokens)
+    write_atomic(reference_path, lambda handle: np.save(handle, logprobs))
     start = train_state.save_weights(policy, stage_dir / START_NAME)
     objective = PreferenceObjective(reference_path=str(reference_path), beta=config.beta,
                                     label_smoothing=config.label_smoothing, rpo_alpha=config.rpo_alpha)
@@ -221,12 +221,6 @@ def _run(policy: CausalLM, worker: WorkerConfig, launch: WorkerLaunch) -> None:
         raise ItoError(ErrorCode(code) if code else ErrorCode.INTERNAL_ERROR, f"the {worker.stage.upper()} stage's "
                        f"worker ended {report['outcome']} after {attempts} attempt{'' if attempts == 1 else 's'}")
     load_pretrained(policy, Path(report["result"]["final_checkpoint"]))
-
-
-def _npy_bytes(rows: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    np.save(buffer, rows)
-    return buffer.getvalue()
 
 
 def _final_steps(stage_dir: Path) -> dict[int, Event]:

@@ -58,26 +58,37 @@ def response_batch(
     return tokens, mask
 
 
-def sft_rows(codec: TextCodec, pairs: Sequence[InstructionPair], sequence_length: int) -> np.ndarray:
-    """The pairs as the stage worker's rows, (N, 2, T) int32: inputs (bos + prompt + response,
-    right-padded) and targets (the next token where it is a response token or the eos, else -100),
-    the same tokens and loss as `response_batch`. A pair longer than T + 1 tokens is refused, not
-    cut: a truncated response would teach the model to stop early."""
-    rows = np.full((len(pairs), 2, sequence_length), IGNORE, dtype=np.int32)
-    rows[:, 0] = codec.pad_id
-    for i, pair in enumerate(pairs):
-        tokens, mask = response_batch(codec, [pair.prompt], [pair.response])
-        width = tokens.shape[1] - 1
-        if width > sequence_length:
-            raise ValueError(f"pair {i} needs {width} positions; the rows have {sequence_length}")
-        rows[i, 0, :width] = tokens[0, :-1].numpy()
-        rows[i, 1, :width] = np.where(mask[0].numpy() > 0, tokens[0, 1:].numpy(), IGNORE)
+Encoded = tuple[np.ndarray, np.ndarray]  # one answer's (inputs, targets), int32, as long as it needs
+
+
+def encode_answer(codec: TextCodec, prompt: str, response: str) -> Encoded:
+    """bos + prompt + response as inputs; as targets the next token where it is a response token
+    or the eos (the model learns where to stop), else -100: `response_batch`'s tokens and loss."""
+    prompt_ids = [codec.bos_id, *codec.encode(prompt)]
+    tokens = np.asarray(prompt_ids + codec.encode(response) + [codec.eos_id], dtype=np.int32)
+    targets = tokens[1:].copy()
+    targets[: len(prompt_ids) - 1] = IGNORE
+    return tokens[:-1], targets
+
+
+def fill_rows(rows: np.ndarray, answers: Sequence[Encoded], *, pad_id: int) -> np.ndarray:
+    """Write the encoded answers into `rows` (N, 2, T), right-padded; a longer one is refused."""
+    rows[:, 0], rows[:, 1] = pad_id, IGNORE
+    for i, (inputs, targets) in enumerate(answers):
+        if len(inputs) > rows.shape[-1]:
+            raise ValueError(f"pair {i} needs {len(inputs)} positions; the rows have {rows.shape[-1]}")
+        rows[i, 0, : len(inputs)], rows[i, 1, : len(targets)] = inputs, targets
     return rows
 
 
-def rows_length(codec: TextCodec, pairs: Sequence[InstructionPair]) -> int:
-    """The positions the longest pair needs: bos, prompt and response (its eos is the last target)."""
-    return max(1 + len(codec.encode(p.prompt)) + len(codec.encode(p.response)) for p in pairs)
+def sft_rows(codec: TextCodec, pairs: Sequence[InstructionPair], sequence_length: int | None = None) -> np.ndarray:
+    """The pairs as the stage worker's rows, (N, 2, T) int32: inputs and targets as `encode_answer`
+    gives them, T the longest pair's positions unless given. Each pair is encoded once, straight
+    into the rows. A pair longer than T positions is refused, not cut: a truncated response would
+    teach the model to stop early."""
+    answers = [encode_answer(codec, pair.prompt, pair.response) for pair in pairs]
+    width = sequence_length if sequence_length is not None else max(len(inputs) for inputs, _ in answers)
+    return fill_rows(np.empty((len(answers), 2, width), dtype=np.int32), answers, pad_id=codec.pad_id)
 
 
 def sft_batches(codec: TextCodec, pairs: Sequence[InstructionPair], config: SftConfig) -> tuple[ResumableBatches, int]:
@@ -86,7 +97,7 @@ def sft_batches(codec: TextCodec, pairs: Sequence[InstructionPair], config: SftC
     batches. A remainder of fewer than `batch_size` pairs is left out of that epoch."""
     if len(pairs) < config.batch_size:
         raise ValueError(f"{len(pairs)} pairs cannot fill one batch of {config.batch_size}")
-    rows = sft_rows(codec, pairs, rows_length(codec, pairs))
+    rows = sft_rows(codec, pairs)
     batches = ResumableBatches(rows, BatchPlan(batch_size=config.batch_size, sequence_length=rows.shape[2],
                                                seed=config.seed))
     return batches, config.num_epochs * batches.batches_per_epoch

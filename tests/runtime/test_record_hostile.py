@@ -5,6 +5,7 @@ finite, never negative and goodput within [0, 1]."""
 from __future__ import annotations
 
 import errno
+import io
 import json
 import math
 import os
@@ -13,6 +14,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ito_assets.errors import disk_full
@@ -202,4 +204,22 @@ def test_an_atomic_write_on_a_full_disk_leaves_neither_the_file_nor_its_temporar
     monkeypatch.setattr(os, "fsync", no_space)
     with pytest.raises(OSError):
         storage.write_atomic(tmp_path / "result.json", b"{}")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_array_is_saved_straight_to_its_file_as_its_bytes_would_be(tmp_path):
+    rows = np.arange(24, dtype=np.int32).reshape(2, 3, 4)
+    buffer = io.BytesIO()
+    np.save(buffer, rows)
+    storage.write_atomic(tmp_path / "bytes.npy", buffer.getvalue())
+    storage.write_atomic(tmp_path / "saved.npy", lambda handle: np.save(handle, rows))
+    assert (tmp_path / "saved.npy").read_bytes() == (tmp_path / "bytes.npy").read_bytes()
+
+
+def test_a_writer_that_fails_halfway_leaves_neither_the_file_nor_its_temporary(tmp_path):
+    def halfway(handle):
+        handle.write(b"half")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    with pytest.raises(OSError):
+        storage.write_atomic(tmp_path / "rows.npy", halfway)
     assert list(tmp_path.iterdir()) == []

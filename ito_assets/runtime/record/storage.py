@@ -16,7 +16,7 @@ import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import BinaryIO, Callable, Iterator
 
 from ito_assets.errors import ErrorCode, ItoError
 
@@ -50,13 +50,15 @@ def ensure_dir(path: Path, area: Path) -> Path:
     return path
 
 
-def write_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
-    """Write to a temporary sibling and rename: readers see all or nothing. `durable` adds the
-    fsyncs that make it survive a machine crash (markers, verdicts), not just a process kill."""
+def write_atomic(path: Path, data: bytes | Callable[[BinaryIO], object], *, durable: bool = True) -> None:
+    """Write to a temporary sibling and rename: readers see all or nothing. `data` is the bytes, or
+    a function that writes them to the open file (an array saved straight to it, never copied to
+    bytes first). `durable` adds the fsyncs that make it survive a machine crash (markers, verdicts),
+    not just a process kill."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(temporary, "wb") as handle:
-            handle.write(data)
+            data(handle) if callable(data) else handle.write(data)
             if durable:
                 handle.flush()
                 os.fsync(handle.fileno())
