@@ -113,7 +113,18 @@ def test_the_worker_exits_with_the_storage_status_and_its_code_on_stderr(tmp_pat
     monkeypatch.setattr(events, "append_line", _failing(errno.ENOSPC))
     Path(config.stage_dir).mkdir(parents=True)
     assert main.main(["--config", config.to_json()]) == EXIT_STORAGE
-    assert "STORAGE_FULL: the stage's events could not be written (No space left on device)" in capsys.readouterr().err
+    assert capsys.readouterr().err.strip() == "STORAGE_FULL: the stage's events could not be written (No space left on device)"
+
+
+@pytest.mark.parametrize("number", sorted(CODES))
+def test_the_stages_result_on_a_full_disk_is_the_storages_code(tmp_path, monkeypatch, number):
+    worker = _worker(tmp_path)
+    worker.__dict__.update(writes_checkpoints=False, replicas=None, step_seconds=[], drain=lambda step: None,
+                           trained_with=dict, group=SimpleNamespace(device=torch.device("cpu")))
+    monkeypatch.setattr(main, "write_atomic", _failing(number))
+    with pytest.raises(ItoError) as raised:
+        worker.finish(7, 0)
+    _assert_storage_failure(raised, tmp_path, number)
 
 
 # --- spike proposals: only an intact checkpoint is a restart point ---------------------------------------

@@ -341,7 +341,8 @@ class StageWorker:
             if self.writes_checkpoints:
                 final = markers.checkpoint_dir(self.stage_dir, step)
                 body |= {"final_checkpoint": str(final), "metadata_sha256": markers.read_marker(final).metadata_sha256}
-            write_atomic(self.stage_dir / RESULT_NAME, json.dumps(body, sort_keys=True).encode())
+            with self.writing("the stage's result"):
+                write_atomic(self.stage_dir / RESULT_NAME, json.dumps(body, sort_keys=True).encode())
         self.heartbeat.beat(step, "finished", force=True)
 
     def parameters_digest(self) -> str | None:
@@ -530,7 +531,7 @@ def main(argv: list[str] | None = None) -> int:
     except ItoError as error:
         if error.code not in STORAGE_CODES:
             raise
-        print(f"{error.code.value}: {error}", file=sys.stderr, flush=True)  # the attempt's log, not a traceback
+        print(error, file=sys.stderr, flush=True)  # "CODE: message" in the attempt's log, not a traceback
         return EXIT_STORAGE
     finally:
         distributed.shutdown()
