@@ -217,8 +217,9 @@ def audit_document(con: duckdb.DuckDBPyConnection, wanted: str) -> list[dict]:
         "SELECT CASE WHEN d.doc_id = $1 THEN 'doc_id' ELSE 'source_record_id' END AS matched_by, "
         "d.manifest_digest, d.doc_id, d.source_uri, d.source_sha256, d.license, d.row, d.source_record_id, "
         "d.num_chars, x.state, x.method, x.duplicate_of, k.source_record_id AS duplicate_of_record_id, x.cluster_id, "
-        "x.family_id, x.similarity, x.eval_item_ids, x.action, x.num_pieces "
+        "x.family_id, x.similarity, x.eval_item_ids, x.action, x.num_pieces, m.eval_suite_id, m.eval_suite_digest "
         "FROM documents d LEFT JOIN decisions x USING (manifest_digest, doc_id) "
+        "LEFT JOIN manifests m ON m.manifest_digest = d.manifest_digest "
         "LEFT JOIN documents k ON k.manifest_digest = d.manifest_digest AND k.doc_id = x.duplicate_of "
         "WHERE d.doc_id = $1 OR d.source_record_id = $1 ORDER BY d.manifest_digest, d.source_index, d.row",
         [wanted],
@@ -240,6 +241,8 @@ def audit_document(con: duckdb.DuckDBPyConnection, wanted: str) -> list[dict]:
             "FROM contamination_hits WHERE manifest_digest = ? AND doc_id = ? ORDER BY char_start, eval_item_id",
             params,
         )
+        entry["stale_reason"] = _stale_reason(entry)
+        entry["stale"] = entry["stale_reason"] is not None
         entry["clean_pieces"] = _rows(
             con,
             "SELECT piece, char_start, char_end, shard_path, shard_sha256 FROM clean_pieces "
@@ -255,20 +258,53 @@ def audit_document(con: duckdb.DuckDBPyConnection, wanted: str) -> list[dict]:
     return found
 
 
+def _stale_reason(entry: dict) -> str | None:
+    """Why the document's contamination hits on record are not the ones its decision was made
+    from, or None. The decision (what the clean shards follow) names the distinct items of its
+    hits and their action; a decontamination run again for the manifest (another eval suite, or
+    another rule) replaces the hits, and the decision stays until the clean shards are written again."""
+    if entry["state"] is None:
+        return None
+    hits = entry["contamination_hits"]
+    items = sorted({h["eval_item_id"] for h in hits}) or None
+    actions = {h["action"] for h in hits}
+    decided = sorted(entry["eval_item_ids"]) if entry["eval_item_ids"] else None
+    if items == decided and (not hits or actions == {entry["action"]}):
+        return None
+    suite = f"eval suite {entry['eval_suite_id']} {entry['eval_suite_digest']}" if entry["eval_suite_id"] else "its suite not recorded"
+    return (f"the contamination hits on record ({', '.join(items or []) or 'none'}) come from another decontamination "
+            f"({suite}) than the decision ({', '.join(decided or []) or 'no eval item'}), which the clean shards follow: "
+            f"materialize clean_shards again for partition {digests.short_key(entry['manifest_digest'])}")
+
+
+# A hit agrees with its document's decision when the decision names the item and the same action;
+# a decision naming the item with no hit on record for it is the item's too. Either disagreement
+# means a decontamination ran again after the decision: `stale`.
+_ITEM_ROWS = """
+WITH rows AS (
+  SELECT h.manifest_digest, h.doc_id, d.source_uri, d.row, d.source_record_id, h.benchmark, h.view,
+    h.matched_ngram, h.char_start, h.char_end, h.overlap_ratio, h.action, x.state, x.duplicate_of, h.eval_suite_digest,
+    x.state IS NOT NULL AND (NOT coalesce(list_contains(x.eval_item_ids, $1), false) OR x.action IS DISTINCT FROM h.action)
+      AS stale, d.source_index
+  FROM contamination_hits h LEFT JOIN documents d USING (manifest_digest, doc_id)
+  LEFT JOIN decisions x USING (manifest_digest, doc_id) WHERE h.eval_item_id = $1
+  UNION ALL
+  SELECT x.manifest_digest, x.doc_id, d.source_uri, d.row, d.source_record_id, NULL, NULL, NULL, NULL, NULL, NULL,
+    x.action, x.state, x.duplicate_of, NULL, TRUE, d.source_index
+  FROM decisions x LEFT JOIN documents d USING (manifest_digest, doc_id)
+  WHERE list_contains(x.eval_item_ids, $1) AND NOT EXISTS (SELECT 1 FROM contamination_hits h
+    WHERE h.manifest_digest = x.manifest_digest AND h.doc_id = x.doc_id AND h.eval_item_id = $1))
+SELECT * EXCLUDE (source_index) FROM rows ORDER BY manifest_digest, source_index, row, doc_id, char_start NULLS LAST
+"""
+
+
 @_reads
 def audit_eval_item(con: duckdb.DuckDBPyConnection, item_id: str) -> list[dict]:
     """Every document that matched an eval item, duplicates included, with the evidence, the
     action decontamination chose and the document's final state (a duplicate was removed as
-    such; its action was never applied)."""
-    return _rows(
-        con,
-        "SELECT h.manifest_digest, h.doc_id, d.source_uri, d.row, d.source_record_id, h.benchmark, h.view, "
-        "h.matched_ngram, h.char_start, h.char_end, h.overlap_ratio, h.action, x.state, x.duplicate_of, h.eval_suite_digest "
-        "FROM contamination_hits h LEFT JOIN documents d USING (manifest_digest, doc_id) "
-        "LEFT JOIN decisions x USING (manifest_digest, doc_id) "
-        "WHERE h.eval_item_id = ? ORDER BY h.manifest_digest, d.source_index, d.row",
-        [item_id],
-    )
+    such; its action was never applied). A document whose decision names the item is listed
+    even when the hits on record, from a later decontamination, no longer hold it (`stale`)."""
+    return _rows(con, _ITEM_ROWS, [item_id])
 
 
 @_reads

@@ -113,6 +113,7 @@ def _doc(args: argparse.Namespace) -> VerbResult:
             f"document {entry['doc_id']} (your id {entry['source_record_id']}) in manifest {entry['manifest_digest']}",
             f"  from: {entry['source_uri']} row {entry['row']} (id {entry['source_record_id']}, licence {entry['license']}, source sha256 {entry['source_sha256']})",
             f"  what happened: {_why(entry)}",
+            *([f"  warning: {entry['stale_reason']}"] if entry.get("stale") else []),
             f"  family {entry.get('family_id')}: documents linked to it by verified near-duplicate pairs:",
             *table(entry["family"], ["doc_id", "source_record_id", "state", "method", "duplicate_of"]),
             "  contamination hits:",
@@ -122,7 +123,8 @@ def _doc(args: argparse.Namespace) -> VerbResult:
             "  consumed by runs:",
             *table(entry["consumed_by"], ["run_id", "stage", "consumed_at"]),
         ]
-    return VerbResult(data={"doc_id": args.doc_id, "manifests": found}, live_api_contacted=False, text=text)
+    data = {"doc_id": args.doc_id, "manifests": found, "stale": any(entry.get("stale") for entry in found)}
+    return VerbResult(data=data, live_api_contacted=False, text=text)
 
 
 def _skipped_hint(skipped: dict[str, int]) -> str:
@@ -147,14 +149,25 @@ def _eval_item(args: argparse.Namespace) -> VerbResult:
     if not (known or _in_configured_suite(args.item_id)):
         raise ItoError(ErrorCode.AUDIT_NOT_FOUND, "no eval item with this id is in the eval suites the warehouse "
                        "was decontaminated against, nor in the configured eval suite (ITO_EVAL_SUITE)")
+    stale = sorted({h["manifest_digest"] for h in hits if h.get("stale")})
     text = [
         f"eval item {args.item_id}: {len({h['doc_id'] for h in hits})} matching document(s), duplicates included",
-        *table(hits, ["doc_id", "source_record_id", "source_uri", "row", "state", "view", "overlap_ratio", "action", "char_start", "char_end", "matched_ngram"]),
+        *table(hits, ["doc_id", "source_record_id", "source_uri", "row", "state", "view", "overlap_ratio", "action", "char_start", "char_end", "stale", "matched_ngram"]),
+        *(_stale_line(digest) for digest in stale),
     ]
     if paraphrases:
         text += ["possible paraphrases (by embedding similarity; for review, not removed):", *table(paraphrases, ["doc_id", "source_record_id", "similarity", "char_start", "char_end", "excerpt"])]
-    data = {"eval_item_id": args.item_id, "num_documents": len({h["doc_id"] for h in hits}), "hits": hits, "paraphrase_candidates": paraphrases}
+    data = {"eval_item_id": args.item_id, "num_documents": len({h["doc_id"] for h in hits}), "hits": hits,
+            "paraphrase_candidates": paraphrases, "stale": bool(stale)}
     return VerbResult(data=data, live_api_contacted=False, text=text)
+
+
+def _stale_line(manifest_digest: str) -> str:
+    """Rows marked stale: the decision and the hits on record disagree (a decontamination ran again
+    after the clean shards were written); the decision is what the clean shards follow."""
+    key = manifest_digest.removeprefix("sha256:")[:12]
+    return (f"warning: in manifest {key}, the rows marked stale disagree with the decisions the clean shards follow "
+            f"(another decontamination replaced the hits): materialize clean_shards again for partition {key}")
 
 
 def _in_configured_suite(item_id: str) -> bool:

@@ -1,0 +1,133 @@
+"""`ito audit` answers every document and eval item exactly: each fate, ids that look like SQL or
+patterns, and a warehouse whose decontamination ran again after the clean shards were written
+(another eval suite): the decision the clean shards follow is never hidden behind the hits of
+a decontamination that did not take effect. The stages on files, then the commands."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from data_frames import random_text
+from ito_assets.api.cli import run
+from ito_assets.data import stages
+from ito_assets.data.config import DataPrepConfig, ScaleConfig
+from ito_assets.digests import file_sha256
+from ito_assets.evals.suite import load_suite
+from ito_assets.manifest.verify import verify_manifest
+from ito_assets.settings import PROJECT_ROOT
+
+FIXTURES = PROJECT_ROOT / "data" / "fixtures"
+SUITE = FIXTURES / "evals" / "ito-fixture-evals-v1.jsonl"
+CONFIG = DataPrepConfig(scale=ScaleConfig(num_workers=1, unit_bytes=20_000, memory_limit_mb=128))
+# Ids a LIKE or glob would read as patterns, or SQL would read as code, and ids differing only
+# in case or Unicode normalisation: each must find its own record alone.
+HOSTILE_IDS = ["%", "_", "*", "' OR 1=1 --", "caf\u00e9", "cafe\u0301", "Case", "case"]
+
+
+def _records(rng: random.Random, a, b) -> list[dict]:
+    """Ids say what each document is: one quoting item a, its exact copy, one quoting item b,
+    a document and its near copy, the hostile ids, fillers."""
+    base = random_text(rng, 120).split()
+    near = [*base[:60], "zzchanged", *base[61:]]
+    quoting_a = f"{random_text(rng, 60)} {a.question} {a.answer}"
+    return [
+        {"id": "quotes-a", "text": quoting_a},
+        {"id": "quotes-a-copy", "text": quoting_a},
+        {"id": "quotes-b", "text": f"{random_text(rng, 60)} {b.question} {b.answer}"},
+        {"id": "base", "text": " ".join(base)},
+        {"id": "near", "text": " ".join(near)},
+        *({"id": record_id, "text": random_text(rng, 80)} for record_id in HOSTILE_IDS),
+        *({"id": f"filler-{i}", "text": random_text(rng, 80)} for i in range(8)),
+    ]
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> dict:
+    """The stages run once against the committed suite; then the suite loses item a and the
+    decontamination runs again, which the clean stage refuses (EVAL_SUITE_MISMATCH): the
+    warehouse holds the new hits beside the decisions the clean shards follow."""
+    from os.path import realpath
+
+    root = Path(realpath(tmp_path_factory.mktemp("hostile")))
+    suite = load_suite(SUITE)
+    a, b = suite.items[0], suite.items[1]
+    path = root / "corpus.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in _records(random.Random(7), a, b)))
+    manifest = json.loads((FIXTURES / "manifests" / "fixture-small.json").read_text())
+    provenance = manifest["data"][0]["decontamination"]
+    manifest["data"] = [{"uri": "dataroot://corpus.jsonl", "sha256": file_sha256(path), "license": "CC0-1.0",
+                         "format": "jsonl", "decontamination": provenance}]
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    verified = verify_manifest(str(root / "manifest.json"))
+    state, warehouse = root / "state", root / "state" / "warehouse.duckdb"
+    source = stages.run_sources(verified, root, state, warehouse, CONFIG)
+    decontam = stages.run_decontam(verified, suite, source, state, warehouse, CONFIG)
+    dedup = stages.run_dedup(source, decontam.actions, state, warehouse, CONFIG)
+    stages.run_clean(verified, source, dedup, decontam, state, warehouse, CONFIG)
+    fresh = root / "fresh"
+    fresh.mkdir()
+    (fresh / "warehouse.duckdb").write_bytes(warehouse.read_bytes())  # before the suite changes
+    changed = root / "changed.jsonl"
+    changed.write_text("".join(line for line in SUITE.read_text().splitlines(keepends=True) if a.id not in line))
+    stages.run_decontam(verified, load_suite(changed), source, state, warehouse, CONFIG)
+    return {"fresh": fresh, "stale": state, "a": a.id, "b": b.id, "key": verified.short_digest}
+
+
+def _audit(monkeypatch, state: Path, *argv: str) -> tuple[dict, int]:
+    monkeypatch.setenv("ITO_STATE_DIR", str(state))
+    return run(["audit", *argv, "--json"])
+
+
+def _entry(monkeypatch, state: Path, record_id: str) -> dict:
+    report, status = _audit(monkeypatch, state, "doc", record_id)
+    assert status == 0, report
+    [entry] = report["data"]["manifests"]
+    return entry
+
+
+def test_every_fate_is_answered_with_its_reason(prepared, monkeypatch) -> None:
+    fresh = prepared["fresh"]
+    entries = {r: _entry(monkeypatch, fresh, r) for r in ("quotes-a", "quotes-a-copy", "quotes-b", "base", "near")}
+    assert {e["state"] for e in entries.values()} == {"kept", "duplicate", "contaminated"}
+    # A contaminated duplicate: removed as the copy of its twin, and its own match on record.
+    copy = next(e for r, e in entries.items() if r.startswith("quotes-a") and e["state"] == "duplicate")
+    assert copy["eval_item_ids"] == [prepared["a"]] and copy["action"] == "drop" and copy["method"] == "exact"
+    assert copy["duplicate_of_record_id"] in {"quotes-a", "quotes-a-copy"} and [h["eval_item_id"] for h in copy["contamination_hits"]] == [prepared["a"]]
+    near = entries["near"] if entries["near"]["state"] == "duplicate" else entries["base"]
+    assert near["method"] == "near" and 0.8 <= near["similarity"] < 1 and near["duplicate_of_record_id"] in {"base", "near"}
+    assert entries["quotes-b"]["state"] == "contaminated" and entries["quotes-b"]["eval_item_ids"] == [prepared["b"]]
+    assert not any(e["stale"] for e in entries.values())
+
+
+@pytest.mark.parametrize("record_id", HOSTILE_IDS)
+def test_an_id_that_looks_like_a_pattern_or_sql_finds_its_record_alone(prepared, monkeypatch, record_id: str) -> None:
+    assert _entry(monkeypatch, prepared["fresh"], record_id)["source_record_id"] == record_id
+
+
+def test_a_decision_is_not_mixed_with_hits_of_a_later_decontamination(prepared, monkeypatch) -> None:
+    """Item a left the suite; the clean shards still follow the decision made against it."""
+    entry = _entry(monkeypatch, prepared["stale"], "quotes-a-copy")
+    assert entry["eval_item_ids"] == [prepared["a"]] and entry["contamination_hits"] == []
+    assert entry["stale"] and f"materialize clean_shards again for partition {prepared['key']}" in entry["stale_reason"]
+    # Item b is in both suites: its document's hits and decision agree.
+    assert not _entry(monkeypatch, prepared["stale"], "quotes-b")["stale"]
+    text, _ = run(["audit", "doc", "quotes-a-copy"])
+    assert any(line.startswith("  warning: the contamination hits on record (none)") for line in text["_text"])
+
+
+def test_an_item_lists_the_documents_removed_for_it_though_its_hits_were_replaced(prepared, monkeypatch) -> None:
+    """Not `0 matching document(s)`: both copies were decided against item a."""
+    report, status = _audit(monkeypatch, prepared["stale"], "eval-item", prepared["a"])
+    assert status == 0, report
+    data = report["data"]
+    assert data["num_documents"] == 2 and data["stale"] is True
+    assert sorted(h["source_record_id"] for h in data["hits"]) == ["quotes-a", "quotes-a-copy"]
+    assert all(h["stale"] and h["matched_ngram"] is None for h in data["hits"])
+    report, _ = _audit(monkeypatch, prepared["stale"], "eval-item", prepared["b"])
+    assert report["data"]["stale"] is False and [h["source_record_id"] for h in report["data"]["hits"]] == ["quotes-b"]
+    report, _ = _audit(monkeypatch, prepared["fresh"], "eval-item", prepared["a"])
+    assert report["data"]["num_documents"] == 2 and not any(h["stale"] for h in report["data"]["hits"])
