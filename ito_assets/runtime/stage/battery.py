@@ -96,12 +96,22 @@ def answer_loss(model: nn.Module, tokenizer: Tokenizer, items: Sequence[EvalItem
 def answer_units(model: nn.Module, tokenizer: Tokenizer, items: Sequence[EvalItem], *, batch_size: int = 32) -> Units:
     """One unit per item: -sum log p(answer token | prompt, earlier answer tokens) and its answer
     tokens. Prompt and answer are tokenized separately and concatenated, as the decision job
-    scores them."""
+    scores them. An answer longer than the model's window is scored on its first `max_seq_len`
+    tokens: the window keeps the sequence's last max_seq_len + 1 tokens, so a longer answer would
+    otherwise be scored on an erratic fragment of its end (one token for an answer one token too long)."""
     if not items:
         raise ValueError("items must not be empty")
-    pairs = [(tokenizer.encode(PROMPT.format(question=item.question)).ids, tokenizer.encode(" " + item.answer).ids)
+    window = model.config.max_seq_len
+    pairs = [(tokenizer.encode(PROMPT.format(question=item.question)).ids, _answer_ids(tokenizer, item)[:window])
              for item in items]
     was_training = model.training
     logprobs = continuation_logprobs(model, pairs, batch_size)
     model.train(was_training)
     return Units(loss=tuple(-sum(lp) for lp in logprobs), tokens=tuple(len(lp) for lp in logprobs))
+
+
+def _answer_ids(tokenizer: Tokenizer, item: EvalItem) -> list[int]:
+    ids = tokenizer.encode(" " + item.answer).ids
+    if not ids:  # a unit of no tokens has no loss per token: it would be 0/0 in the pooled metric
+        raise ValueError(f"eval item {item.id!r}: its answer encodes to no tokens")
+    return ids

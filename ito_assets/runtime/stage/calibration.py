@@ -11,6 +11,7 @@ moved by 2-10 % between two runs of `benchmarks/stage_layouts.py`; docs/performa
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ito_assets.training.layout import Layout
@@ -19,6 +20,7 @@ from ito_assets.training.planner import PlanRequest
 from ito_assets.training.throughput import estimate_step
 
 FLAG_FRACTION = 0.25
+RATIO_DIGITS = 4  # the ratio as recorded; the flag reads the same figure, so 0.75 shown is 0.75 judged
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,16 +35,27 @@ class Calibration:
     @property
     def step_time_ratio(self) -> float:
         """Measured over predicted: above 1, the stage ran slower than it was priced."""
-        return self.measured_step_s / self.predicted_step_s
+        return _ratio(self.measured_step_s, self.predicted_step_s)
 
     @property
     def flagged(self) -> bool:
-        return abs(self.step_time_ratio - 1) > FLAG_FRACTION
+        """More than a quarter off, judged on the recorded ratio: in binary, 0.075 s against 0.1 s
+        is 0.7499999999999999, yet a quarter off exactly. A ratio that is not a number is flagged:
+        NaN compares false and would read as on price."""
+        ratio = round(self.step_time_ratio, RATIO_DIGITS)
+        return not math.isfinite(ratio) or abs(ratio - 1) > FLAG_FRACTION
 
     def to_dict(self) -> dict:
-        return {**vars(self), "step_time_ratio": round(self.step_time_ratio, 4),
-                "peak_memory_ratio": round(self.measured_peak_memory_bytes / self.predicted_peak_memory_bytes, 4),
+        return {**vars(self), "step_time_ratio": round(self.step_time_ratio, RATIO_DIGITS),
+                "peak_memory_ratio": round(_ratio(self.measured_peak_memory_bytes, self.predicted_peak_memory_bytes),
+                                           RATIO_DIGITS),
                 "flagged": self.flagged}
+
+
+def _ratio(measured: float, predicted: float) -> float:
+    """NaN when the prediction is no positive figure: the stage is concluded after its verdict is
+    recorded, and a division by zero there would stop it before its figures are published."""
+    return measured / predicted if predicted > 0 else math.nan
 
 
 def calibrate(request: PlanRequest, ran: Layout, measured: dict) -> Calibration | None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Mapping
@@ -48,8 +49,9 @@ class GatedMetric:
         object.__setattr__(self, "direction", Direction(self.direction))
         if not self.name:
             raise ValueError("name must not be empty")
-        if not self.noise_band > 0:
-            raise ValueError("noise_band must be positive")
+        # An infinite band would allow any regression; NaN compares false and would slip past `> 0`.
+        if not (math.isfinite(self.noise_band) and self.noise_band > 0):
+            raise ValueError("noise_band must be positive and finite")
 
     def improvement(self, value: float, previous: float) -> float:
         """Positive when `value` is better than `previous`, in the metric's unit."""
@@ -67,8 +69,9 @@ class EvalGatePolicy:
             raise ValueError("metrics must name at least one gated metric")
         if len({m.name for m in self.metrics}) != len(self.metrics):
             raise ValueError("metrics must have distinct names")
-        if self.min_improvement_bands < 0 or self.max_regression_bands < 0:
-            raise ValueError("min_improvement_bands and max_regression_bands must be >= 0")
+        # NaN is neither < 0 nor >= 0; an infinite regression allowance gates nothing.
+        if not all(math.isfinite(b) and b >= 0 for b in (self.min_improvement_bands, self.max_regression_bands)):
+            raise ValueError("min_improvement_bands and max_regression_bands must be >= 0 and finite")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,9 +124,15 @@ def judge_stage(stage: str, current: Mapping[str, Units], previous: Mapping[str,
         value = current[metric.name].pooled
         gained = metric.improvement(value, previous[metric.name])
         checks.append(MetricCheck(metric=metric.name, value=value, previous=previous[metric.name],
-                                  improvement=gained, required=required, passed=gained >= required,
+                                  improvement=gained, required=required, passed=_holds(gained, required, value),
                                   band=measured.to_dict()))
     return EvalGateVerdict(stage=stage, compared_with=previous_stage or "initial model", checks=tuple(checks))
+
+
+def _holds(gained: float, required: float, value: float) -> bool:
+    """Only finite figures can pass: a diverged stage (NaN or infinite), a diverged reference (an
+    infinite gain over it) or an unmeasurable band (an infinite allowance) supports no verdict."""
+    return all(math.isfinite(x) for x in (gained, required, value)) and gained >= required
 
 
 class VerdictStore:

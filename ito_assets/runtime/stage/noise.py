@@ -34,6 +34,14 @@ class Units:
     loss: tuple[float, ...]
     tokens: tuple[int, ...]
 
+    def __post_init__(self) -> None:
+        # Units are read back from a stage's result: a count that does not match, or a unit with no
+        # tokens (0/0 in a resample), would make a pooled value or a band that no unit measured.
+        if len(self.loss) != len(self.tokens):
+            raise ValueError("every unit needs both its loss and its token count")
+        if any(t < 1 for t in self.tokens):
+            raise ValueError("every unit must score at least one token")
+
     @property
     def pooled(self) -> float:
         return sum(self.loss) / sum(self.tokens)
@@ -80,7 +88,8 @@ def band(seed_band: float, current: Units, reference: Units | None) -> Band:
     if reference is None:
         return Band(seed_band=seed_band, item_band=math.sqrt(2) * float(_resampled(current, plan).std(ddof=1)),
                     method="unpaired bootstrap")
-    if len(reference.loss) != len(current.loss):
+    # The same units score the same tokens under either model: other counts mean other windows or items.
+    if tuple(reference.tokens) != tuple(current.tokens):
         raise ValueError("a paired bootstrap needs the same units for both models")
     differences = _resampled(reference, plan) - _resampled(current, plan)
     return Band(seed_band=seed_band, item_band=float(differences.std(ddof=1)), method="paired bootstrap")
