@@ -26,7 +26,7 @@ import numpy as np
 from ito_assets.evals.suite import EvalItem
 from ito_assets.manifest.schema import DecisionPower
 from ito_assets.training.eval_config import EvalConfig
-from ito_assets.training.heldout import split_heldout
+from ito_assets.training.heldout import SPLIT_SEED, split_heldout
 from ito_assets.training.model_config import ModelConfig, config_by_name, parameter_count
 from ito_assets.training.tokenizer import (
     LoaderConfig, TokenizerConfig, encode_documents, iterate_batches, open_token_shard, save_tokenizer,
@@ -250,7 +250,7 @@ def run_decision(
 
     _require(len(candidate_texts) >= 2 and len(baseline_texts) >= 2, "texts", "must hold at least two documents per arm")
     texts = {"candidate": list(candidate_texts), "baseline": list(baseline_texts)}
-    split = {arm: split_heldout(texts[arm], config.heldout_fraction, config.seeds[0]) for arm in ARMS}
+    split = {arm: split_heldout(texts[arm], config.heldout_fraction, SPLIT_SEED) for arm in ARMS}
     tokenizer = train_tokenizer(balanced_sample(split["candidate"][0], split["baseline"][0]), config.tokenizer)
     tokenizer_sha = save_tokenizer(tokenizer, work_dir / "tokenizer.json") if work_dir is not None else None
     tokens = {arm: _arm_tokens(tokenizer, split[arm][0], work_dir, arm) for arm in ARMS}

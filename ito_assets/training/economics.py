@@ -80,7 +80,8 @@ def not_worth_it(relative_improvement: float, full_run_cost_cents: int, config: 
                  max_cents_per_point: int | None) -> tuple[str, ...]:
     """Why the gain does not pay for the full run; empty when it does. At the threshold is worth it."""
     reasons = []
-    if relative_improvement < config.min_relative_improvement:
+    # Written so that an improvement that is not a number (NaN) fails the minimum rather than passes it.
+    if not relative_improvement >= config.min_relative_improvement:
         reasons.append(f"relative improvement {relative_improvement:.2%} is below {config.min_relative_improvement:.2%}")
     if max_cents_per_point is not None:
         per_point = cost_per_point(full_run_cost_cents, relative_improvement)

@@ -13,6 +13,10 @@ from typing import Sequence
 
 import numpy as np
 
+# The seed of the one split. The training stages split with it (`runtime.stage.corpus`, seed 0);
+# the decision must too, whatever seeds its proxies train with, or its held-out documents differ.
+SPLIT_SEED = 0
+
 
 def num_heldout(num_texts: int, fraction: float) -> int:
     if num_texts < 2:
