@@ -10,10 +10,11 @@ errors of a pooled, unpaired spread) said GO or NO_GO about equal arms in 18% of
 n = 2 (benchmarks/decision_rule.py). The interval's half-width replaces that band.
 
 - GO: the interval lies above zero; NO_GO: below zero; WITHIN_NOISE: it contains zero.
-- INCONCLUSIVE: fewer than two paired seeds (no noise to test against), seeds that changed neither
-  arm (every seed gave each arm the same value: one run repeated, whose zero spread would make any
-  difference, one rounding error included, a GO or NO_GO at p = 0), or a run whose metric is not
-  finite (a diverged proxy says nothing about its data).
+- INCONCLUSIVE: fewer than two paired seeds (no noise to test against); differences with no spread
+  at all: every seed gave the same difference, whether the seeds changed neither arm (one run
+  repeated) or moved both arms alike, so t is d / 0 and any difference, one rounding error
+  included, would be a GO or NO_GO at p = 0; or a run whose metric is not finite (a diverged proxy
+  says nothing about its data; values whose mean or spread overflows a float count as such).
 The minimum detectable effect is (t_{1-a/2} + t_{power}) standard errors from the observed spread,
 the usual approximation (Cohen 1988, ch. 2) of the true difference these seeds would find with
 80% power; if the true spread is the observed one, its exact power is lower at few seeds (about
@@ -96,10 +97,33 @@ def _seeds_changed_nothing(candidate: Sequence[float], baseline: Sequence[float]
 
 
 _NOT_REPLICATES = "every seed gave each arm the same value: the seeds repeated one run and measured no noise; no decision"
+_NO_SPREAD = ("every seed gave the same difference between the arms: the seeds measured no noise in it, and its "
+              "zero spread would make any difference a decision at p = 0; no decision")
+_NOT_FINITE = "a run's metric is not finite (a diverged proxy); no decision"
+_ONE_SEED = "one seed per arm cannot measure seed-to-seed noise; no decision"
+
+
+def _check_confidence(confidence: float) -> None:
+    # A confidence of 0 is an interval of zero width: every positive mean would be a GO.
+    if not 0 < confidence < 1:
+        raise ValueError("confidence must be in (0, 1)")
+
+
+def _moments(values: Sequence[float]) -> tuple[float, float] | None:
+    """(mean, sample standard deviation) of two or more values; None when either is not a finite
+    float (finite values far beyond any bits per byte can overflow their sum or their spread)."""
+    if not all(math.isfinite(v) for v in values):
+        return None
+    try:
+        mean, spread = statistics.fmean(values), statistics.stdev(values)
+    except OverflowError:
+        return None
+    return (mean, spread) if math.isfinite(mean) and math.isfinite(spread) else None
 
 
 def paired_test(candidate: Sequence[float], baseline: Sequence[float], confidence: float) -> PairedTest:
     """The verdict from per-seed values of a lower-is-better metric, paired by position (seed)."""
+    _check_confidence(confidence)
     if len(candidate) != len(baseline):
         raise ValueError("candidate and baseline need one value per seed each")
     differences = [b - c for c, b in zip(candidate, baseline)]
@@ -107,13 +131,16 @@ def paired_test(candidate: Sequence[float], baseline: Sequence[float], confidenc
     if n == 0:
         raise ValueError("a paired test needs at least one seed")
     if not all(math.isfinite(d) for d in differences):
-        return _inconclusive(n, math.nan, confidence, "a run's metric is not finite (a diverged proxy); no decision")
-    mean = statistics.fmean(differences)
+        return _inconclusive(n, math.nan, confidence, _NOT_FINITE)
     if n < 2:
-        return _inconclusive(n, mean, confidence, "one seed per arm cannot measure seed-to-seed noise; no decision")
+        return _inconclusive(n, differences[0], confidence, _ONE_SEED)
+    moments = _moments(differences)
+    if moments is None:
+        return _inconclusive(n, math.nan, confidence, _NOT_FINITE)
+    mean, spread = moments
     if _seeds_changed_nothing(candidate, baseline):
         return _inconclusive(n, mean, confidence, _NOT_REPLICATES)
-    return _t_interval(mean, statistics.stdev(differences) / math.sqrt(n), n - 1, n, confidence, "paired t")
+    return _t_interval(mean, spread / math.sqrt(n), n - 1, n, confidence, "paired t")
 
 
 def stein_seed_count(pilot: Sequence[float], target: float, confidence: float, max_seeds: int) -> int:
@@ -131,25 +158,26 @@ def stein_seed_count(pilot: Sequence[float], target: float, confidence: float, m
 def stein_test(candidate: Sequence[float], baseline: Sequence[float], num_pilot: int, confidence: float) -> PairedTest:
     """Stein's second stage: the mean of all paired differences over the pilot's spread, with the
     pilot's degrees of freedom; exact whatever rule chose the count from the pilot."""
+    _check_confidence(confidence)
     if len(candidate) != len(baseline) or not 2 <= num_pilot <= len(candidate):
         raise ValueError("one value per seed per arm, and a pilot of two or more of those seeds")
     differences = [b - c for c, b in zip(candidate, baseline)]
     n = len(differences)
-    if not all(math.isfinite(d) for d in differences):
-        return _inconclusive(n, math.nan, confidence, "a run's metric is not finite (a diverged proxy); no decision")
+    every, pilot = _moments(differences), _moments(differences[:num_pilot])
+    if every is None or pilot is None:
+        return _inconclusive(n, math.nan, confidence, _NOT_FINITE)
     if _seeds_changed_nothing(candidate[:num_pilot], baseline[:num_pilot]):
-        return _inconclusive(n, statistics.fmean(differences), confidence, _NOT_REPLICATES)
-    pilot_spread = statistics.stdev(differences[:num_pilot])
-    return _t_interval(statistics.fmean(differences), pilot_spread / math.sqrt(n), num_pilot - 1, n, confidence,
-                       "Stein two-stage paired t")
+        return _inconclusive(n, every[0], confidence, _NOT_REPLICATES)
+    return _t_interval(every[0], pilot[1] / math.sqrt(n), num_pilot - 1, n, confidence, "Stein two-stage paired t")
 
 
 def _t_interval(mean: float, standard_error: float, degrees: int, n: int, confidence: float, method: str) -> PairedTest:
+    if not standard_error > 0:  # identical differences (or a spread below the smallest float): t = mean / 0
+        return _inconclusive(n, mean, confidence, _NO_SPREAD)
     critical = _t_quantile(0.5 + confidence / 2, degrees)
     half_width = critical * standard_error
     low, high = mean - half_width, mean + half_width
-    p_value = 1.0 if standard_error == 0 and mean == 0 else (
-        0.0 if standard_error == 0 else _two_sided_p(mean / standard_error, degrees))
+    p_value = _two_sided_p(mean / standard_error, degrees)
     detectable = (critical + _t_quantile(POWER, degrees)) * standard_error
     verdict = Verdict.GO if low > 0 else Verdict.NO_GO if high < 0 else Verdict.WITHIN_NOISE
     return PairedTest(verdict=verdict, num_seeds=n, difference=mean, confidence=confidence, interval_low=low,

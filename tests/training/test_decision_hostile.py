@@ -1,19 +1,153 @@
-"""The data decision says GO only when the data say so: the economics' minimum, and the held-out
-split the decision shares with the training stages whatever seeds its proxies train with."""
+"""The data decision says GO only when the data say so: degenerate seeds (no spread, a diverged or
+absurd metric, a confidence of nothing), the sign of a lower-is-better metric under generated
+per-seed values, the gate over every verdict, economics and acceptance, and the held-out split the
+decision shares with the training stages whatever seeds its proxies train with."""
 
 from __future__ import annotations
 
+import json
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from helpers import valid_manifest
+from ito_assets.errors import ErrorCode
+from ito_assets.manifest.schema import Manifest
 from ito_assets.runtime.stage import corpus
 from ito_assets.training import evaluation
 from ito_assets.training.decision import DecisionConfig, run_decision
-from ito_assets.training.economics import EconomicsConfig, not_worth_it
+from ito_assets.training.decision_gate import NOT_WORTH_IT, decision_gate
+from ito_assets.training.economics import Economics, EconomicsConfig, not_worth_it
 from ito_assets.training.tokenizer import TokenizerConfig
 from ito_assets.training.trainer import TrainResult
+from ito_assets.training.verdict import Verdict, paired_test, stein_test
+
+ULP = math.ulp(1.0)
+
+
+# --- the paired test ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shift", [ULP, -ULP, 2.0**-20, 0.5, 0.0])
+def test_identical_differences_from_seeds_that_moved_both_arms_are_inconclusive(shift):
+    # Each seed moved both arms by the same amount, so every difference is the same: t = d / 0. The
+    # test gave a one-ULP (2e-16 bits/byte) difference a GO at p = 0.
+    candidate = [1.0, 1.5, 1.25]
+    baseline = [c + shift for c in candidate]
+    assert len({b - c for c, b in zip(candidate, baseline)}) == 1 and len(set(candidate)) == 3
+    test = paired_test(candidate, baseline, 0.95)
+    assert test.verdict is Verdict.INCONCLUSIVE and test.p_value is None and test.interval_low is None
+    assert "measured no noise" in test.explanation
+
+
+def test_a_stein_pilot_of_identical_differences_is_inconclusive_whatever_later_seeds_did():
+    candidate, baseline = [1.0, 1.5, 1.25, 1.1], [1.0 + ULP, 1.5 + ULP, 1.25 + ULP, 1.3]
+    test = stein_test(candidate, baseline, 3, 0.95)
+    assert test.verdict is Verdict.INCONCLUSIVE and test.num_seeds == 4 and "measured no noise" in test.explanation
+
+
+def test_the_smallest_spread_is_still_tested_as_usual():
+    # The other side of the boundary: differences that differ at all are tested.
+    test = paired_test([1.0, 1.5, 1.25], [1.5, 2.0, 1.75 + 2 * ULP], 0.95)
+    assert test.verdict is Verdict.GO and test.p_value > 0
+
+
+@pytest.mark.parametrize(("candidate", "baseline"), [
+    ([0.0, 0.0], [1e308, 1.5e308]),  # the mean overflows
+    ([0.0, 0.0], [1.7e308, -1.7e308]),  # the spread overflows
+    ([0.0, 0.0, 0.0], [1.7e308, 1.7e308, -1.0]),
+])
+def test_finite_values_whose_mean_or_spread_overflows_are_inconclusive_not_a_crash(candidate, baseline):
+    for test in (paired_test(candidate, baseline, 0.95), stein_test(candidate, baseline, 2, 0.95)):
+        assert test.verdict is Verdict.INCONCLUSIVE and "not finite" in test.explanation
+
+
+@pytest.mark.parametrize("confidence", [0.0, -0.5, 1.0, 1.5, math.nan])
+def test_a_confidence_outside_zero_and_one_is_refused(confidence):
+    # At 0 the interval has no width and every positive mean was a GO, noise or not.
+    with pytest.raises(ValueError, match="confidence"):
+        paired_test([1.0, 1.2], [1.3, 1.0], confidence)
+    with pytest.raises(ValueError, match="confidence"):
+        stein_test([1.0, 1.2], [1.3, 1.0], 2, confidence)
+
+
+def test_diverged_arms_and_negative_zero_never_decide():
+    for broken in (math.nan, math.inf, -math.inf):
+        assert paired_test([1.0, 1.1, 1.2], [broken, 1.5, 1.6], 0.95).verdict is Verdict.INCONCLUSIVE
+        assert paired_test([broken] * 3, [broken] * 3, 0.95).verdict is Verdict.INCONCLUSIVE
+    assert paired_test([1.0, -0.0, 2.0], [1.0, 0.0, 2.0], 0.95).verdict is Verdict.INCONCLUSIVE
+
+
+_BITS = st.floats(min_value=-1e30, max_value=1e30, allow_nan=False, allow_infinity=False)
+
+
+@settings(max_examples=400, deadline=None)
+@given(pairs=st.lists(st.tuples(_BITS, _BITS), min_size=1, max_size=6),
+       confidence=st.sampled_from([0.5, 0.8, 0.95, 0.99]))
+def test_go_means_the_candidates_bits_per_byte_are_lower_beyond_the_interval(pairs, confidence):
+    candidate, baseline = [c for c, _ in pairs], [b for _, b in pairs]
+    test = paired_test(candidate, baseline, confidence)
+    differences = {b - c for c, b in pairs}
+    exact = sum(map(Fraction, baseline)) - sum(map(Fraction, candidate))  # n x the exact mean difference
+    if test.verdict is Verdict.GO:
+        assert exact > 0 and test.interval_low > 0 and test.p_value < 1 - confidence and len(differences) > 1
+    if test.verdict is Verdict.NO_GO:
+        assert exact < 0 and test.interval_high < 0 and len(differences) > 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(differences=st.lists(st.floats(min_value=-0.1, max_value=0.1), min_size=2, max_size=6),
+       luck=st.lists(st.floats(min_value=0.5, max_value=3.0), min_size=6, max_size=6))
+def test_swapping_the_arms_swaps_go_and_no_go(differences, luck):
+    # Bits per byte: lower is better. A sign error would make the worse arm the GO.
+    baseline = [u + 0.05 for u in luck[: len(differences)]]
+    candidate = [b - d for b, d in zip(baseline, differences)]
+    forward, backward = paired_test(candidate, baseline, 0.95), paired_test(baseline, candidate, 0.95)
+    swapped = {Verdict.GO: Verdict.NO_GO, Verdict.NO_GO: Verdict.GO}
+    assert backward.verdict is swapped.get(forward.verdict, forward.verdict)
+
+
+# --- the gate ----------------------------------------------------------------------------------
+
+def _economics(worth_it: bool) -> Economics:
+    reasons = () if worth_it else ("relative improvement 0.10% is below 1.00%",)
+    return Economics(decision_num_tokens=1, decision_cost_cents=1, full_run_cost_cents=100,
+                     decision_cost_fraction=0.01, relative_improvement=0.001, cost_cents_per_improvement_point=1000,
+                     max_cost_cents_per_improvement_point=None, within_budget_cap=True, within_max_incremental=True,
+                     worth_it=worth_it, reasons=reasons, notes=())
+
+
+_ACCEPTABLE = ["NO_GO", "WITHIN_NOISE", "INCONCLUSIVE", NOT_WORTH_IT]
+
+
+def _manifest(accepted: list[str]) -> Manifest:
+    body = valid_manifest()
+    if accepted:
+        body["data_decision"] = {"accepted_verdicts": accepted, "reason": "coverage", "reviewed_by": "desk"}
+    return Manifest.model_validate_json(json.dumps(body))
+
+
+@settings(max_examples=200, deadline=None)
+@given(verdict=st.sampled_from(list(Verdict)), worth_it=st.sampled_from([True, False, None]),
+       accepted=st.lists(st.sampled_from(_ACCEPTABLE), unique=True, max_size=4))
+def test_the_gate_passes_a_go_worth_it_or_exactly_what_reviewers_accepted(verdict, worth_it, accepted):
+    gate = decision_gate(verdict, _manifest(accepted), None if worth_it is None else _economics(worth_it))
+    outcome = NOT_WORTH_IT if verdict is Verdict.GO and worth_it is False else verdict.value
+    assert gate.outcome == outcome
+    assert gate.passed is (outcome == "GO" or outcome in accepted)
+    assert gate.accepted_by_manifest is (outcome != "GO" and outcome in accepted)
+    expected_code = None if gate.passed else {
+        "NO_GO": ErrorCode.DATA_DECISION_NO_GO, NOT_WORTH_IT: ErrorCode.DATA_DECISION_NOT_WORTH_IT,
+    }.get(outcome, ErrorCode.DATA_DECISION_INCONCLUSIVE)
+    assert gate.error_code is expected_code
+
+
+def test_a_within_noise_acceptance_never_lets_a_no_go_through():
+    gate = decision_gate(Verdict.NO_GO, _manifest(["WITHIN_NOISE", "INCONCLUSIVE", NOT_WORTH_IT]))
+    assert not gate.passed and gate.error_code is ErrorCode.DATA_DECISION_NO_GO
 
 
 # --- the economics -----------------------------------------------------------------------------
