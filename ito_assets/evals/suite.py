@@ -10,6 +10,7 @@ decontamination provenance.
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -22,6 +23,9 @@ from ito_assets.manifest.schema import MAX_NAME_LENGTH, NAME_PATTERN
 from ito_assets.manifest.strict_json import StrictJsonError, loads_strict
 
 SUITE_ID_KEY = "suite_id"
+# The documents' form (`ito_assets.data.text.NORMALIZATION_FORM`): decontamination matches an item's
+# words against NFC documents, so an item written decomposed (NFD) would match none of its copies.
+TEXT_FORM = "NFC"
 MAX_ITEM_ID_CHARS = 256  # `ito audit eval-item` takes exactly the ids a suite can hold
 BOM = b"\xef\xbb\xbf"  # UTF-8's byte order mark, which some editors put at a file's start
 MAX_SUITE_BYTES = 64 * 1024 * 1024  # a suite is text; bounds memory on a misconfigured path
@@ -58,7 +62,8 @@ def is_suite_id(text: str) -> bool:
 def parse_suite(default_id: str, data: bytes) -> EvalSuite:
     """The suite in `data`; its id is the one the first line declares, else `default_id`. A BOM
     at the file's start is skipped, as the corpora's reader skips it (one anywhere else is not
-    JSON); the digest stays the file's bytes, BOM included, so `sha256sum` still reproduces it."""
+    JSON); the digest stays the file's bytes, BOM included, so `sha256sum` still reproduces it.
+    Questions and answers are read in NFC, the form documents are stored in."""
     declared: str | None = None
     items: list[EvalItem] = []
     seen: set[str] = set()
@@ -73,13 +78,20 @@ def parse_suite(default_id: str, data: bytes) -> EvalSuite:
             item = EvalItem.model_validate_json(line, strict=True)
         except (StrictJsonError, ValidationError):
             raise ItoError(ErrorCode.EVAL_SUITE_INVALID, f"eval suite line {number} is not a valid item") from None
-        if item.id in seen:
+        key = unicodedata.normalize(TEXT_FORM, item.id)  # ids that print the same name the same item
+        if key in seen:
             raise ItoError(ErrorCode.EVAL_SUITE_INVALID, f"eval suite line {number} repeats an item id")
-        seen.add(item.id)
-        items.append(item)
+        seen.add(key)
+        items.append(_composed(item))
     if not items:
         raise ItoError(ErrorCode.EVAL_SUITE_INVALID, "the eval suite has no items")
     return EvalSuite(suite_id=declared or default_id, digest=Digest.of_bytes(data), items=tuple(items))
+
+
+def _composed(item: EvalItem) -> EvalItem:
+    """The item with its question and answer in the documents' form; its id stays as written."""
+    return item.model_copy(update={"question": unicodedata.normalize(TEXT_FORM, item.question),
+                                   "answer": unicodedata.normalize(TEXT_FORM, item.answer)})
 
 
 def _declared_id(header: dict, number: int) -> str:
