@@ -271,9 +271,12 @@ def _stale_reason(entry: dict) -> str | None:
     decided = sorted(entry["eval_item_ids"]) if entry["eval_item_ids"] else None
     if items == decided and (not hits or actions == {entry["action"]}):
         return None
-    suite = f"eval suite {entry['eval_suite_id']} {entry['eval_suite_digest']}" if entry["eval_suite_id"] else "its suite not recorded"
+    suite = "its suite not recorded"
+    if entry["eval_suite_id"]:
+        suite = f"eval suite {entry['eval_suite_id']} {entry['eval_suite_digest']}"
     return (f"the contamination hits on record ({', '.join(items or []) or 'none'}) come from another decontamination "
-            f"({suite}) than the decision ({', '.join(decided or []) or 'no eval item'}), which the clean shards follow: "
+            f"({suite}) than the decision ({', '.join(decided or []) or 'no eval item'}), "
+            "which the clean shards follow: "
             f"materialize clean_shards again for partition {digests.short_key(entry['manifest_digest'])}")
 
 
@@ -284,8 +287,9 @@ _ITEM_ROWS = """
 WITH rows AS (
   SELECT h.manifest_digest, h.doc_id, d.source_uri, d.row, d.source_record_id, h.benchmark, h.view,
     h.matched_ngram, h.char_start, h.char_end, h.overlap_ratio, h.action, x.state, x.duplicate_of, h.eval_suite_digest,
-    x.state IS NOT NULL AND (NOT coalesce(list_contains(x.eval_item_ids, $1), false) OR x.action IS DISTINCT FROM h.action)
-      AS stale, d.source_index
+    x.state IS NOT NULL
+      AND (NOT coalesce(list_contains(x.eval_item_ids, $1), false) OR x.action IS DISTINCT FROM h.action) AS stale,
+    d.source_index
   FROM contamination_hits h LEFT JOIN documents d USING (manifest_digest, doc_id)
   LEFT JOIN decisions x USING (manifest_digest, doc_id) WHERE h.eval_item_id = $1
   UNION ALL

@@ -82,8 +82,8 @@ def _audit(monkeypatch, state: Path, *argv: str) -> tuple[dict, int]:
     return run(["audit", *argv, "--json"])
 
 
-def _entry(monkeypatch, state: Path, record_id: str) -> dict:
-    report, status = _audit(monkeypatch, state, "doc", record_id)
+def _entry(monkeypatch, state: Path, *argv: str) -> dict:
+    report, status = _audit(monkeypatch, state, "doc", *argv)
     assert status == 0, report
     [entry] = report["data"]["manifests"]
     return entry
@@ -96,9 +96,11 @@ def test_every_fate_is_answered_with_its_reason(prepared, monkeypatch) -> None:
     # A contaminated duplicate: removed as the copy of its twin, and its own match on record.
     copy = next(e for r, e in entries.items() if r.startswith("quotes-a") and e["state"] == "duplicate")
     assert copy["eval_item_ids"] == [prepared["a"]] and copy["action"] == "drop" and copy["method"] == "exact"
-    assert copy["duplicate_of_record_id"] in {"quotes-a", "quotes-a-copy"} and [h["eval_item_id"] for h in copy["contamination_hits"]] == [prepared["a"]]
+    assert copy["duplicate_of_record_id"] in {"quotes-a", "quotes-a-copy"}
+    assert [h["eval_item_id"] for h in copy["contamination_hits"]] == [prepared["a"]]
     near = entries["near"] if entries["near"]["state"] == "duplicate" else entries["base"]
-    assert near["method"] == "near" and 0.8 <= near["similarity"] < 1 and near["duplicate_of_record_id"] in {"base", "near"}
+    assert near["method"] == "near" and 0.8 <= near["similarity"] < 1
+    assert near["duplicate_of_record_id"] in {"base", "near"}
     assert entries["quotes-b"]["state"] == "contaminated" and entries["quotes-b"]["eval_item_ids"] == [prepared["b"]]
     assert not any(e["stale"] for e in entries.values())
 
@@ -131,3 +133,69 @@ def test_an_item_lists_the_documents_removed_for_it_though_its_hits_were_replace
     assert report["data"]["stale"] is False and [h["source_record_id"] for h in report["data"]["hits"]] == ["quotes-b"]
     report, _ = _audit(monkeypatch, prepared["fresh"], "eval-item", prepared["a"])
     assert report["data"]["num_documents"] == 2 and not any(h["stale"] for h in report["data"]["hits"])
+
+
+# Linux's MAX_ARG_STRLEN: one argument holds at most 131,072 bytes, its own NUL included.
+ARG_MAX_BYTES = 131_071
+LONG_IDS = {"at-limit": "x" * ARG_MAX_BYTES, "over-limit": "y" * (ARG_MAX_BYTES + 1), "nul": "nul\0id"}
+
+
+@pytest.fixture(scope="module")
+def long_ids(tmp_path_factory) -> Path:
+    """A corpus holding ids at the argument limit, one byte over it and one with a NUL."""
+    from os.path import realpath
+
+    root = Path(realpath(tmp_path_factory.mktemp("long-ids")))
+    rng = random.Random(11)
+    records = [{"id": record_id, "text": random_text(rng, 80)} for record_id in LONG_IDS.values()]
+    records += [{"id": f"filler-{i}", "text": random_text(rng, 80)} for i in range(4)]
+    path = root / "corpus.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    manifest = json.loads((FIXTURES / "manifests" / "fixture-small.json").read_text())
+    reference = {"uri": "dataroot://corpus.jsonl", "sha256": file_sha256(path), "format": "jsonl"}
+    manifest["data"] = [{**manifest["data"][0], **reference}]
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    verified = verify_manifest(str(root / "manifest.json"))
+    stages.run_sources(verified, root, root / "state", root / "state" / "warehouse.duckdb", CONFIG)
+    return root
+
+
+def _spawn(state: Path, *argv: str):
+    import os
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-c", "import sys; from ito_assets.api.cli import main; sys.exit(main())", *argv]
+    return subprocess.run(command, env={**os.environ, "ITO_STATE_DIR": str(state)}, capture_output=True, timeout=120)
+
+
+def test_an_id_at_the_argument_limit_is_taken_and_one_over_it_cannot_be_an_argument(long_ids) -> None:
+    """Either side of the limit, as a user's shell runs the command: the limit is the system's."""
+    done = _spawn(long_ids / "state", "audit", "doc", LONG_IDS["at-limit"], "--json")
+    assert done.returncode == 0
+    assert json.loads(done.stdout)["data"]["manifests"][0]["source_record_id"] == LONG_IDS["at-limit"]
+    with pytest.raises(OSError, match="Argument list too long"):
+        _spawn(long_ids / "state", "audit", "doc", LONG_IDS["over-limit"], "--json")
+
+
+@pytest.mark.parametrize("name", sorted(LONG_IDS))
+def test_every_record_id_is_audited_from_a_file(long_ids, monkeypatch, name: str) -> None:
+    """No argument can hold the id over the limit, nor the one with a NUL: --id-file reads its bytes exactly."""
+    id_file = long_ids / f"{name}.id"
+    id_file.write_bytes(LONG_IDS[name].encode())
+    entry = _entry(monkeypatch, long_ids / "state", "--id-file", str(id_file))
+    assert entry["source_record_id"] == LONG_IDS[name] and entry["matched_by"] == "source_record_id"
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    ([], "one of the two"), (["x", "--id-file", "/dev/null"], "one of the two"),
+    (["--id-file", "/nonexistent/id"], "--id-file cannot be read"), (["--id-file", "BADUTF8"], "not UTF-8"),
+])
+def test_the_id_is_given_once_as_text(long_ids, monkeypatch, argv: list[str], message: str) -> None:
+    bad = long_ids / "bad.id"
+    bad.write_bytes(b"\xff\xfe")
+    argv = [str(bad) if a == "BADUTF8" else a for a in argv]
+    for verb in ("doc", "eval-item"):
+        report, status = _audit(monkeypatch, long_ids / "state", verb, *argv)
+        assert status == 2 and report["error"]["code"] == "USAGE_ERROR", report
+        assert message in report["error"]["message"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import re
 from datetime import datetime
+from pathlib import Path
 
 from ito_assets.api.commands.result import VerbResult
 from ito_assets.api.terminal import table
@@ -42,6 +43,27 @@ def _item_id_problem(item_id: str) -> str | None:
     return None
 
 
+# An argument holds no NUL and, on Linux, at most 131,071 bytes (MAX_ARG_STRLEN less its NUL);
+# a record id can be longer or hold one.
+_ID_FILE_HELP = "read the id from this file instead, its bytes exactly (UTF-8): for an id no argument can hold"
+
+
+def _wanted(args: argparse.Namespace, given: str | None) -> str:
+    """The id to audit: the argument, or the exact text of --id-file (one of the two)."""
+    if (given is None) == (args.id_file is None):
+        raise ItoError(ErrorCode.USAGE_ERROR, "give the id as an argument or in --id-file PATH, one of the two")
+    if given is not None:
+        return given
+    try:
+        data = Path(args.id_file).read_bytes()
+    except OSError:
+        raise ItoError(ErrorCode.USAGE_ERROR, "--id-file cannot be read") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ItoError(ErrorCode.USAGE_ERROR, "--id-file is not UTF-8 text") from None
+
+
 def register(verbs: argparse._SubParsersAction) -> None:
     group = verbs.add_parser("audit", help="trace documents and eval items through data preparation")
     actions = group.add_subparsers(dest="action", required=True, parser_class=type(group))
@@ -52,7 +74,11 @@ def register(verbs: argparse._SubParsersAction) -> None:
         ("manifest", "digest", "a manifest digest: sha256:HEX, HEX, or its 12-digit key", _manifest),
     ):
         parser = actions.add_parser(name, help=f"audit {helptext}")
-        parser.add_argument(arg, help=helptext)
+        if name == "manifest":
+            parser.add_argument(arg, help=helptext)
+        else:
+            parser.add_argument(arg, nargs="?", help=helptext)
+            parser.add_argument("--id-file", metavar="PATH", help=_ID_FILE_HELP)
         parser.add_argument("--json", action="store_true", help="print one JSON document")
         parser.set_defaults(handler=handler)
 
@@ -99,11 +125,12 @@ def _why(entry: dict) -> str:
 
 
 def _doc(args: argparse.Namespace) -> VerbResult:
-    if problem := _doc_id_problem(args.doc_id):
+    doc_id = _wanted(args, args.doc_id)
+    if problem := _doc_id_problem(doc_id):
         raise ItoError(ErrorCode.USAGE_ERROR, problem)
     lineage, con = _open()
     with con:
-        found = _plain(lineage.audit_document(con, args.doc_id))
+        found = _plain(lineage.audit_document(con, doc_id))
         skipped = lineage.empty_records_skipped(con) if not found else {}
     if not found:
         raise ItoError(ErrorCode.AUDIT_NOT_FOUND, "no document with this id or record id is in the warehouse" + _skipped_hint(skipped))
@@ -123,7 +150,7 @@ def _doc(args: argparse.Namespace) -> VerbResult:
             "  consumed by runs:",
             *table(entry["consumed_by"], ["run_id", "stage", "consumed_at"]),
         ]
-    data = {"doc_id": args.doc_id, "manifests": found, "stale": any(entry.get("stale") for entry in found)}
+    data = {"doc_id": doc_id, "manifests": found, "stale": any(entry.get("stale") for entry in found)}
     return VerbResult(data=data, live_api_contacted=False, text=text)
 
 
@@ -139,25 +166,27 @@ def _skipped_hint(skipped: dict[str, int]) -> str:
 
 
 def _eval_item(args: argparse.Namespace) -> VerbResult:
-    if problem := _item_id_problem(args.item_id):
+    item_id = _wanted(args, args.item_id)
+    if problem := _item_id_problem(item_id):
         raise ItoError(ErrorCode.USAGE_ERROR, problem)
     lineage, con = _open()
     with con:
-        hits = _plain(lineage.audit_eval_item(con, args.item_id))
-        paraphrases = _plain(lineage.paraphrase_candidates(con, args.item_id))
-        known = bool(hits or paraphrases) or lineage.eval_item_known(con, args.item_id)
-    if not (known or _in_configured_suite(args.item_id)):
+        hits = _plain(lineage.audit_eval_item(con, item_id))
+        paraphrases = _plain(lineage.paraphrase_candidates(con, item_id))
+        known = bool(hits or paraphrases) or lineage.eval_item_known(con, item_id)
+    if not (known or _in_configured_suite(item_id)):
         raise ItoError(ErrorCode.AUDIT_NOT_FOUND, "no eval item with this id is in the eval suites the warehouse "
                        "was decontaminated against, nor in the configured eval suite (ITO_EVAL_SUITE)")
     stale = sorted({h["manifest_digest"] for h in hits if h.get("stale")})
     text = [
-        f"eval item {args.item_id}: {len({h['doc_id'] for h in hits})} matching document(s), duplicates included",
-        *table(hits, ["doc_id", "source_record_id", "source_uri", "row", "state", "view", "overlap_ratio", "action", "char_start", "char_end", "stale", "matched_ngram"]),
+        f"eval item {item_id}: {len({h['doc_id'] for h in hits})} matching document(s), duplicates included",
+        *table(hits, ["doc_id", "source_record_id", "source_uri", "row", "state", "view", "overlap_ratio", "action",
+                      "char_start", "char_end", "stale", "matched_ngram"]),
         *(_stale_line(digest) for digest in stale),
     ]
     if paraphrases:
         text += ["possible paraphrases (by embedding similarity; for review, not removed):", *table(paraphrases, ["doc_id", "source_record_id", "similarity", "char_start", "char_end", "excerpt"])]
-    data = {"eval_item_id": args.item_id, "num_documents": len({h["doc_id"] for h in hits}), "hits": hits,
+    data = {"eval_item_id": item_id, "num_documents": len({h["doc_id"] for h in hits}), "hits": hits,
             "paraphrase_candidates": paraphrases, "stale": bool(stale)}
     return VerbResult(data=data, live_api_contacted=False, text=text)
 
