@@ -4,16 +4,18 @@ the step-time flag reads the ratio it records."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 from tokenizers import Tokenizer, models
 
+from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.evals.suite import EvalItem
 from ito_assets.runtime.stage import noise
 from ito_assets.runtime.stage.battery import answer_units
 from ito_assets.runtime.stage.calibration import Calibration
-from ito_assets.runtime.stage.eval_gate import Direction, EvalGatePolicy, GatedMetric, judge_stage
+from ito_assets.runtime.stage.eval_gate import Direction, EvalGatePolicy, GatedMetric, VerdictStore, judge_stage
 from ito_assets.runtime.stage.noise import Units
 from ito_assets.training.evaluation import continuation_logprobs
 from ito_assets.training.model import build_model, config_by_name
@@ -185,3 +187,17 @@ def test_a_step_time_that_cannot_be_compared_is_flagged_not_raised(predicted, me
 
 def test_a_zero_memory_prediction_does_not_stop_the_record():
     assert math.isnan(_calibration(1.0, 1.0, predicted_memory=0).to_dict()["peak_memory_ratio"])
+
+
+# --- the verdict store: only a recorded pass lets the run go on ------------------------------------------------
+
+@pytest.mark.parametrize("body", [{"stage": "pretraining", "passed": "false"}, {"stage": "pretraining"},
+                                  {"stage": "pretraining", "passed": 1}, ["passed", True]])
+def test_a_verdict_that_does_not_say_passed_stops_the_run(tmp_path, body):
+    (tmp_path / "gate-pretraining.json").write_text(json.dumps(body))
+    store = VerdictStore(tmp_path)
+    with pytest.raises(ItoError) as caught:
+        store.ensure_not_failed(("pretraining",))
+    assert caught.value.code is ErrorCode.EVAL_GATE_FAILED
+    with pytest.raises(ItoError, match="stays failed"):
+        store.record(_judge(1.0, 6.0))

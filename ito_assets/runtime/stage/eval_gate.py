@@ -146,7 +146,7 @@ class VerdictStore:
 
     def record(self, verdict: EvalGateVerdict) -> EvalGateVerdict:
         existing = self.read(verdict.stage)
-        if existing is not None and not existing["passed"]:
+        if existing is not None and not _says_passed(existing):
             raise ItoError(ErrorCode.EVAL_GATE_FAILED, f"the {verdict.stage} gate already failed and stays failed")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         write_atomic(self._path(verdict.stage), json.dumps(verdict.to_dict(), sort_keys=True).encode())
@@ -160,6 +160,12 @@ class VerdictStore:
         """Raise EVAL_GATE_FAILED when any of `stages` has a failed verdict: the run stays stopped."""
         for stage in stages:
             verdict = self.read(stage)
-            if verdict is not None and not verdict["passed"]:
+            if verdict is not None and not _says_passed(verdict):
                 raise ItoError(ErrorCode.EVAL_GATE_FAILED,
                                f"the {stage} eval gate failed; the run stays stopped (no override exists)")
+
+
+def _says_passed(verdict: object) -> bool:
+    """Only a verdict that says `"passed": true` lets the run go on: a file edited to "false" (a
+    truthy string), or one without the key, is no pass."""
+    return isinstance(verdict, dict) and verdict.get("passed") is True
