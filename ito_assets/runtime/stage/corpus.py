@@ -20,7 +20,7 @@ import numpy as np
 
 from ito_assets.data.shards import ShardSet
 from ito_assets.runtime.record.storage import write_atomic
-from ito_assets.training.heldout import heldout_mask
+from ito_assets.training.heldout import SPLIT_SEED, heldout_mask
 from ito_assets.training.tokenizer import (TokenizerConfig, encode_documents, save_tokenizer, token_dtype,
                                            train_tokenizer, write_token_stream)
 
@@ -51,13 +51,13 @@ BATCH_DOCUMENTS = 1024
 Batches = Callable[[], Iterator[list[str]]]  # a fresh pass over the corpus, in order, per call
 
 
-def prepare(texts: Sequence[str], folder: Path, *, config: TokenizerConfig, seed: int = 0) -> TokenSet:
+def prepare(texts: Sequence[str], folder: Path, *, config: TokenizerConfig, seed: int = SPLIT_SEED) -> TokenSet:
     """The token set of texts already in memory (tests, benchmarks, small corpora)."""
     return _prepare(lambda: (list(texts[i : i + BATCH_DOCUMENTS]) for i in range(0, len(texts), BATCH_DOCUMENTS)),
                     len(texts), folder, config=config, seed=seed)
 
 
-def prepare_from_shards(shards: ShardSet, folder: Path, *, config: TokenizerConfig, seed: int = 0) -> TokenSet:
+def prepare_from_shards(shards: ShardSet, folder: Path, *, config: TokenizerConfig, seed: int = SPLIT_SEED) -> TokenSet:
     """The token set of the clean shards' `text` column, read a batch of rows at a time."""
     return _prepare(lambda: shards.iter_column("text", BATCH_DOCUMENTS), shards.num_rows, folder,
                     config=config, seed=seed)
