@@ -1,7 +1,8 @@
 """The stage worker against hostile storage: its own appends (events, the checkpoint registry,
 metrics and log lines) on a full disk or past a file-size limit end the attempt with the storage's
-code and exit status, not a traceback; and a checkpoint folder whose marker lies about it is never
-proposed as a spike restart's starting point."""
+code and exit status, not a traceback; a checkpoint folder whose marker lies about it is never
+proposed as a spike restart's starting point; and an eval suite changed since the stage was planned
+is refused with the suite's code."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -172,3 +174,17 @@ def test_an_intact_newer_checkpoint_is_still_the_restart_point(tmp_path):
     worker = _worker(tmp_path)
     _save(worker.stage_dir, [5, 10])
     assert _propose(worker).restart_from_step == 10
+
+
+# --- the eval battery: a suite changed since the stage was planned ----------------------------------
+
+
+def test_a_suite_changed_since_the_plan_is_the_suites_code(tmp_path):
+    suite = Path(__file__).resolve().parents[2] / "data" / "fixtures" / "evals" / "ito-fixture-evals-v1.jsonl"
+    np.save(tmp_path / "heldout.npy", np.zeros(64, dtype=np.uint16))
+    worker = _worker(tmp_path)
+    worker.config = SimpleNamespace(heldout_path=str(tmp_path / "heldout.npy"), eval_sequence_length=8, eval_windows=2,
+                                    eval_suite_path=str(suite), eval_suite_sha256="sha256:" + "0" * 64)
+    with pytest.raises(ItoError) as raised:
+        worker.battery()
+    assert raised.value.code is ErrorCode.EVAL_SUITE_MISMATCH

@@ -395,7 +395,8 @@ class StageWorker:
             return stage_eval.Battery(heldout=heldout, **sizes)
         suite = load_suite(Path(self.config.eval_suite_path))
         if suite.digest != self.config.eval_suite_sha256:
-            raise RuntimeError("the eval suite changed since the stage was planned; its battery would not compare")
+            raise ItoError(ErrorCode.EVAL_SUITE_MISMATCH,
+                           "the eval suite changed since the stage was planned; its battery would not compare")
         return stage_eval.Battery(heldout=heldout, tokenizer=load_tokenizer(Path(self.config.tokenizer_path)),
                                   items=suite.items, **sizes)
 
