@@ -74,9 +74,15 @@ class EvalReport:
 @torch.no_grad()
 def continuation_logprobs(model: DecoderLM, pairs: Sequence[tuple[list[int], list[int]]], batch_size: int) -> list[list[float]]:
     """For each (context, continuation) of token ids, the log-probability of every continuation
-    token. Contexts are cut from the left to fit the model's window; batches are right-padded."""
+    token. Contexts are cut from the left to fit the model's window; batches are right-padded. A
+    continuation longer than the window is refused: cut from the left, it would be scored on a
+    fragment of its end, and its bytes would still count whole (the stage battery cuts its answers
+    to the window itself, and counts their tokens)."""
     model.eval()
     limit = model.config.max_seq_len + 1
+    for index, (_, continuation) in enumerate(pairs):
+        if len(continuation) >= limit:
+            raise ValueError(f"continuation {index} has {len(continuation)} tokens; the window scores {limit - 1}")
     out: list[list[float]] = []
     for first in range(0, len(pairs), batch_size):
         chunk = [(c + k)[-limit:] for c, k in pairs[first : first + batch_size]]

@@ -52,3 +52,19 @@ def test_untrained_model_is_near_uniform(setup):
 def test_validation_names_the_field():
     with pytest.raises(ValueError, match="num_candidates"):
         EvalConfig(num_candidates=1)
+
+
+@pytest.mark.parametrize("extra", [-1, 0, 1])
+def test_a_continuation_is_scored_whole_up_to_the_window_and_refused_past_it(setup, extra):
+    """micro's window scores 256 continuation tokens after one of context; one more would be cut to
+    a fragment of its end while its bytes still counted whole."""
+    from ito_assets.training.evaluation import continuation_logprobs
+
+    model, _ = setup
+    continuation = [5] * (model.config.max_seq_len + extra)
+    if extra <= 0:
+        (scored,) = continuation_logprobs(model, [([1, 2, 3], continuation)], batch_size=1)
+        assert len(scored) == len(continuation)
+        return
+    with pytest.raises(ValueError, match="continuation 0 has 257 tokens"):
+        continuation_logprobs(model, [([1, 2, 3], continuation)], batch_size=1)
