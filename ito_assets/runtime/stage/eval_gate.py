@@ -3,8 +3,9 @@
 Each gated metric has a direction and a noise band, measured for the run (`noise.band`): the
 seed-to-seed standard deviation of the metric at the same budget (DataDecide, Magnusson et al.
 2025, judges every comparison against this spread) combined with the eval's own sampling noise,
-bootstrapped over the battery's units for the two models compared. A band of the seed part alone
-is refused: every verdict records the band it used and both of its parts.
+bootstrapped over the battery's units for the two models compared. Every verdict records the band
+it used and both of its parts (a battery of one unit, or of units that all score alike, has no item
+noise to measure: its band is then the seed part, and the verdict shows an item band of 0).
 
 - The first stage must beat the untrained model by at least `min_improvement_bands` bands on
   every gated metric: training that did not move the metric beyond noise did nothing.
