@@ -9,9 +9,11 @@ rename per step, and work the same under torchrun, Pipes or a cluster's shared f
 from __future__ import annotations
 
 import json
+import math
 import os
+import stat
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ito_assets.runtime.record.storage import write_atomic
@@ -19,6 +21,8 @@ from ito_assets.runtime.record.storage import write_atomic
 # Writing more often than this buys nothing: the hang bound is minutes (seconds in tests).
 MIN_INTERVAL_SECONDS = 0.2
 STORAGE_FAILED = "storage_failed"
+# A heartbeat is a few hundred bytes; a larger file is not one and is never read whole.
+MAX_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,8 +38,19 @@ class Heartbeat:
     detail: str = ""
 
     def __post_init__(self) -> None:
-        if self.rank < 0 or self.pid <= 0 or self.attempt < 0:
-            raise ValueError("rank and attempt must be >= 0 and pid positive")
+        # A file is read back with these checks: a wrong type must fail here, not in the supervisor.
+        if not all(_is_int(v) for v in (self.rank, self.pid, self.attempt, self.step)):
+            raise TypeError("rank, pid, attempt and step must be integers")
+        if not (isinstance(self.phase, str) and isinstance(self.detail, str)):
+            raise TypeError("phase and detail must be strings")
+        if isinstance(self.at, bool) or not isinstance(self.at, (int, float)) or not math.isfinite(self.at):
+            raise ValueError("at must be a finite number of seconds")  # NaN would never look stale
+        if self.rank < 0 or self.pid <= 0 or self.attempt < 0 or self.step < -1:
+            raise ValueError("rank and attempt must be >= 0, pid positive and step >= -1")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def heartbeat_path(folder: Path, rank: int) -> Path:
@@ -66,13 +81,58 @@ def read_all(folder: Path, *, attempt: int | None = None) -> dict[int, Heartbeat
     if not folder.is_dir():
         return beats
     for path in folder.glob("rank*.json"):
-        try:
-            beat = Heartbeat(**json.loads(path.read_text()))
-        except (OSError, ValueError, TypeError):
-            continue  # replaced while reading; the next poll sees the new one
-        if attempt is None or beat.attempt == attempt:
+        beat = _read(path)
+        if beat is not None and (attempt is None or beat.attempt == attempt):
             beats[beat.rank] = beat
     return beats
+
+
+def _read(path: Path) -> Heartbeat | None:
+    """The heartbeat in `path`, or None for anything a writer never leaves there: a link (it could
+    speak for a file elsewhere), a FIFO or device (a read would block the supervisor's poll), a file
+    too large to be one, JSON that is no heartbeat, or a beat whose rank is not its file's."""
+    try:
+        handle = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None  # replaced while reading, or a link: the next poll sees the new one
+    try:
+        info = os.fstat(handle)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_BYTES:
+            return None
+        data = os.read(handle, MAX_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(handle)
+    try:
+        beat = Heartbeat(**json.loads(data))
+    except (ValueError, TypeError, RecursionError):
+        return None
+    return beat if path.name == heartbeat_path(path.parent, beat.rank).name else None
+
+
+class Observer:
+    """One attempt's heartbeats with their times on the reader's clock. A worker's clock may differ
+    from the supervisor's (another node, a clock set back or forward): taken as written, a beat
+    stamped in the future would never look stale and keep a hung rank alive, and one stamped in
+    the past would look hung at once. The folder is cleared at each launch, so a beat first seen at
+    one read was written after the read before it (the launch, for the first): its time is taken
+    within that window, and an unchanged beat keeps the time it was first given."""
+
+    def __init__(self, folder: Path, *, attempt: int, since: float):
+        self.folder, self.attempt = folder, attempt
+        self._previous = since
+        self._seen: dict[int, tuple[Heartbeat, float]] = {}
+
+    def read(self, now: float) -> dict[int, Heartbeat]:
+        beats: dict[int, Heartbeat] = {}
+        for rank, beat in read_all(self.folder, attempt=self.attempt).items():
+            seen = self._seen.get(rank)
+            if seen is None or seen[0] != beat:
+                seen = self._seen[rank] = (beat, min(max(beat.at, self._previous), now))
+            beats[rank] = replace(beat, at=seen[1])
+        self._previous = now
+        return beats
 
 
 def clear(folder: Path) -> None:

@@ -155,6 +155,7 @@ class Supervisor:
     backend: Backend | None = None  # None: the one `config.launch` names
     env: dict[str, str] = field(default_factory=dict)  # for the workers (a replica group's lighthouse)
     relay: MetricsRelay | None = None  # remote ranks' metrics to this process's Pipes channel
+    _beats: heartbeat.Observer | None = field(default=None, init=False, repr=False)  # the attempt watched
 
     def __post_init__(self) -> None:
         self.backend = self.backend or launch.backend_for(self.config.launch)
@@ -231,6 +232,9 @@ class Supervisor:
     def _poll(self, attempt: Attempt) -> _Watch:
         if self.relay is not None:
             self.relay.forward()
+        if self._beats is None or self._beats.attempt != attempt.number:
+            self._beats = heartbeat.Observer(Path(self.worker.heartbeat_dir), attempt=attempt.number,
+                                             since=attempt.launched_at)
         beats = heartbeat.read_all(Path(self.worker.heartbeat_dir), attempt=attempt.number)
         self._note_recovery(attempt, beats)
         # The faulty rank is the one whose newest heartbeat is oldest; its last sign of life.
@@ -243,7 +247,7 @@ class Supervisor:
             return _Watch(kind=self._exit_kind(code, beats), last_sign=last_sign)
         if self.stop_requested:
             return _Watch(kind=AttemptEnd.STOPPED, last_sign=time.time())
-        if self._hung(attempt, beats):
+        if self._hung(attempt, self._beats.read(time.time())):  # on this clock: a worker's may be set wrong
             return _Watch(kind=AttemptEnd.HUNG, last_sign=last_sign)
         approved = proposals.approved_restart(self.stage_dir)
         if approved is not None:

@@ -1,0 +1,117 @@
+"""The supervision's files and streams when they are tampered with, corrupt, huge or hostile:
+heartbeats, spike proposals, the metrics relay and the spike detector. Each must be skipped or
+refused, never crash or block the supervisor, and never keep a hung rank alive."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from ito_assets.runtime.supervision import heartbeat
+from ito_assets.runtime.supervision import supervisor as supervisor_module
+from ito_assets.runtime.supervision.supervisor import AttemptEnd, Supervisor, SupervisorConfig
+from runtime_helpers import worker_config
+
+pytestmark = pytest.mark.timeout(60)
+
+T0 = 1_000_000.0
+
+
+def _beat(rank: int = 0, **changes) -> dict:
+    beat = heartbeat.Heartbeat(rank=0, pid=os.getpid(), attempt=0, step=4, phase="training", at=T0)
+    return {**asdict(beat), "rank": rank, **changes}
+
+
+def _write(folder: Path, name: str, content: dict | bytes) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_bytes(content if isinstance(content, bytes) else json.dumps(content).encode())
+    return path
+
+
+# --- heartbeats --------------------------------------------------------------------------------
+
+
+def test_a_fifo_in_place_of_a_heartbeat_never_blocks_the_poll(tmp_path: Path) -> None:
+    folder = tmp_path / "heartbeats"
+    _write(folder, "rank0.json", _beat(0))
+    os.mkfifo(folder / "rank1.json")
+    found: list[dict] = []
+    reader = threading.Thread(target=lambda: found.append(heartbeat.read_all(folder)), daemon=True)
+    reader.start()
+    reader.join(timeout=5)
+    blocked = reader.is_alive()
+    if blocked:  # free the reader: a writer opening the FIFO ends its wait
+        os.close(os.open(folder / "rank1.json", os.O_WRONLY | os.O_NONBLOCK))
+    assert not blocked, "reading the heartbeats blocked on a FIFO"
+    assert list(found[0]) == [0]
+
+
+@pytest.mark.parametrize("content", [
+    b"{", b"", b"\xff\xfe", b"[" * 100_000, b"[]", b'"rank"',
+    json.dumps(_beat(at=float("nan"))).encode(), json.dumps(_beat(at=float("inf"))).encode(),
+    json.dumps(_beat(step="4")).encode(), json.dumps(_beat(rank=True)).encode(),
+    json.dumps(_beat(phase=None)).encode(), json.dumps(_beat(step=-7)).encode(),
+    json.dumps(_beat(extra=1)).encode(), json.dumps(_beat(rank=1)).encode(),  # rank 1 in rank0.json
+], ids=["truncated", "empty", "binary", "deep", "list", "string", "nan-at", "inf-at", "str-step", "bool-rank",
+        "null-phase", "negative-step", "extra-field", "other-rank"])
+def test_a_heartbeat_that_is_no_heartbeat_is_skipped(tmp_path: Path, content: bytes) -> None:
+    folder = tmp_path / "heartbeats"
+    _write(folder, "rank0.json", content)
+    _write(folder, "rank2.json", _beat(2))
+    assert list(heartbeat.read_all(folder)) == [2]
+
+
+def test_links_directories_and_huge_files_are_not_heartbeats(tmp_path: Path) -> None:
+    folder, elsewhere = tmp_path / "heartbeats", tmp_path / "elsewhere"
+    (folder / "rank0.json").parent.mkdir(parents=True)
+    (folder / "rank0.json").symlink_to(_write(elsewhere, "rank0.json", _beat(0)))  # speaks for another folder
+    (folder / "rank1.json").mkdir()
+    _write(folder, "rank2.json", json.dumps(_beat(2)).encode() + b" " * (heartbeat.MAX_BYTES + 1))
+    _write(folder, "rank3.json", _beat(3))
+    assert list(heartbeat.read_all(folder)) == [3]
+
+
+@dataclass
+class _Attempt:
+    number: int
+    launched_at: float
+
+    def exit_code(self) -> None:
+        return None  # running
+
+
+def _watched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Supervisor, SimpleNamespace]:
+    """A supervisor polling a running attempt of one rank, its clock the test's (1 s per poll)."""
+    clock = SimpleNamespace(now=T0)
+    monkeypatch.setattr(supervisor_module, "time", SimpleNamespace(time=lambda: clock.now))
+    worker = worker_config(tmp_path, (tmp_path / "train.npy", tmp_path / "heldout.npy"))
+    config = SupervisorConfig(hang_timeout_s=3.0, startup_timeout_s=5.0, poll_interval_s=1.0)
+    return Supervisor(worker=worker, config=config, backend=SimpleNamespace()), clock
+
+
+def test_a_heartbeat_from_the_future_does_not_keep_a_hung_rank_alive(tmp_path, monkeypatch) -> None:
+    supervisor, clock = _watched(tmp_path, monkeypatch)
+    folder, attempt = Path(supervisor.worker.heartbeat_dir), _Attempt(number=0, launched_at=T0)
+    _write(folder, "rank0.json", _beat(0, at=T0 + 3600.0))  # the rank's clock an hour ahead; then it hangs
+    kinds = []
+    for _ in range(6):
+        clock.now += 1.0
+        kinds.append(supervisor._poll(attempt).kind)
+    # first seen at T0 + 1 s; stale past the 3 s bound on the supervisor's clock at T0 + 5 s
+    assert kinds == [None] * 4 + [AttemptEnd.HUNG] * 2
+
+
+def test_a_heartbeat_from_the_past_does_not_kill_a_healthy_rank(tmp_path, monkeypatch) -> None:
+    supervisor, clock = _watched(tmp_path, monkeypatch)
+    folder, attempt = Path(supervisor.worker.heartbeat_dir), _Attempt(number=0, launched_at=T0)
+    for step in range(10):  # the rank's clock an hour behind; it beats at every poll
+        clock.now += 1.0
+        _write(folder, "rank0.json", _beat(0, step=step, at=clock.now - 3600.0))
+        assert supervisor._poll(attempt).kind is None
