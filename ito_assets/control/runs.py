@@ -219,7 +219,10 @@ def transition(conn: sa.Connection, run: Run, state: RunState, *, now: int, reas
 def mark_training_started(ledger: Ledger, run_id: str) -> Run:
     """Record that the run's compute is being spent: called as its first training stage launches
     (not when it becomes running: the data decision and plan gates still refuse after that). From
-    then on its cost stays spent whatever its end (control/budget.py). Set once, never moved."""
+    then on its cost stays spent whatever its end (control/budget.py). Set once, never moved.
+
+    A run that already ended unstarted is refused (RUN_FINISHED): its cost went back to the cap,
+    which another run may have taken since, so starting it now would charge the cap twice."""
     now = ledger.now()
     with ledger.write() as conn:
         run = load(conn, run_id, for_update=True)
@@ -227,7 +230,13 @@ def mark_training_started(ledger: Ledger, run_id: str) -> Run:
             raise ItoError(ErrorCode.RUN_NOT_FOUND, "no such run")
         if run.started_at is not None:
             return run
-        conn.execute(runs.update().where(runs.c.run_id == run_id, runs.c.started_at.is_(None)).values(started_at=now))
+        if run.state in TERMINAL_RUN_STATES:
+            raise ItoError(ErrorCode.RUN_FINISHED, f"the run already ended ({run.state.value}); no stage may start")
+        active = [s.value for s in ACTIVE_RUN_STATES]
+        changed = conn.execute(runs.update().where(runs.c.run_id == run_id, runs.c.started_at.is_(None),
+                                                   runs.c.state.in_(active)).values(started_at=now)).rowcount
+        if changed != 1:
+            raise ItoError(ErrorCode.IDEMPOTENCY_KEY_IN_FLIGHT, "the run changed concurrently; retry")
         audit.record(conn, now, "run_training_started", actor="dagster", account_id=run.account_id, subject=run_id)
         return Run(**{**{f: getattr(run, f) for f in _COLUMNS}, "started_at": now})
 

@@ -1,0 +1,58 @@
+"""The money paths under hostile timing: what the cap holds when a run that gave its cost back is
+started late, a confirmation that expires while its train waits for a lock, a failure after the
+reservation, and a refusal whose audit write fails."""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+
+from gate_world import COST, manifest_bytes, verified
+from ito_assets.errors import ErrorCode, ItoError
+from ito_assets.control import audit, bookings, budget, confirmations, create_run, intake, runs
+from ito_assets.control.create_run import TrainRequest
+from ito_assets.control.ledger import budgets as budgets_table
+from ito_assets.control.ledger import confirmations as confirmations_table
+from ito_assets.control.ledger import idempotency_keys, manifests
+from ito_assets.control.ledger import runs as runs_table
+from ito_assets.control.states import RunState
+
+
+def _train(world, manifest, key: str, ref: str | None = None):
+    request = TrainRequest(booking_id=world.booking_id, verified=manifest,
+                           confirmation_ref=ref or world.confirm_train(manifest=manifest), idempotency_key=key)
+    return create_run.create_run(world.ledger, world.policy, world.account, request)
+
+
+def _code_of(call) -> ErrorCode:
+    with pytest.raises(ItoError) as info:
+        call()
+    return info.value.code
+
+
+def _committed(world, manifest) -> int:
+    with world.ledger.read() as conn:
+        return budget.state(conn, world.account.account_id, manifest.digest, manifest.manifest.budget).committed_cents
+
+
+def _expiry(world, ref: str) -> int:
+    with world.ledger.read() as conn:
+        return confirmations.resolve(conn, ref, account_id=None).expires_at
+
+
+def _rows(world, table) -> int:
+    with world.ledger.read() as conn:
+        return conn.execute(sa.select(sa.func.count()).select_from(table)).scalar_one()
+
+
+@pytest.mark.parametrize("end", [RunState.FAILED, RunState.GATE_FAILED, RunState.CANCELLED])
+def test_a_run_that_ended_unstarted_cannot_start_later_and_charge_the_cap_twice(world, end) -> None:
+    capped = verified(manifest_bytes(budget__cap_cents=COST, budget__max_incremental_cents=COST))
+    first = _train(world, capped, "late-start-01").run
+    runs.set_state(world.ledger, first.run_id, RunState.RUNNING if end is not RunState.CANCELLED else RunState.CANCELLING)
+    runs.set_state(world.ledger, first.run_id, end)  # ended before any stage launched: its cost went back
+    world.booking_id = world.booking()
+    _train(world, capped, "late-start-02")  # takes the cost the first gave back
+    assert _code_of(lambda: runs.mark_training_started(world.ledger, first.run_id)) is ErrorCode.RUN_FINISHED
+    assert runs.get(world.ledger, first.run_id).started_at is None
+    assert _committed(world, capped) == COST
