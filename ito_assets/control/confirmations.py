@@ -144,9 +144,9 @@ def approve(ledger: Ledger, ref: str, *, approver_token_id: str, expected_cost_c
             expected_digest: str | None = None) -> Confirmation:
     """The desk approves what it saw: the cost (and, if given, the manifest digest) it names must
     equal the binding, so an approval can never cover terms the approver did not read."""
-    now = ledger.now()
     with ledger.write() as conn:
         c = resolve(conn, ref, account_id=None, for_update=True)
+        now = ledger.now()  # after the write lock: waiting for it may outlast the expiry second
         if c.cost_cents != expected_cost_cents or (expected_digest is not None and expected_digest != c.manifest_digest):
             raise ItoError(ErrorCode.CONFIRMATION_MISMATCH, "the approval names a different cost or manifest digest")
         if c.consumed_at is not None:

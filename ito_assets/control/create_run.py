@@ -105,8 +105,9 @@ def _create_locked(conn: sa.Connection, ledger: Ledger, policy: ServerPolicy, ac
     entitlement, the manifest bound in the confirmation, the confirmation itself, the key, then
     server-side validation and cost. Booking before budget, always: no two trains can wait on
     each other's lock."""
-    now = ledger.now()
     booking, eligible = entitle(conn, ledger, account_id, request.booking_id, for_update=True)
+    # Read after the booking lock: the wait for it may outlast the confirmation's expiry second.
+    now = ledger.now()
     # Under the booking lock: a twin that committed while we waited is visible now.
     replay = _replay(conn, account_id, request.idempotency_key, request.fingerprint())
     if replay is not None:

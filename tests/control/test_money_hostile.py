@@ -56,3 +56,35 @@ def test_a_run_that_ended_unstarted_cannot_start_later_and_charge_the_cap_twice(
     assert _code_of(lambda: runs.mark_training_started(world.ledger, first.run_id)) is ErrorCode.RUN_FINISHED
     assert runs.get(world.ledger, first.run_id).started_at is None
     assert _committed(world, capped) == COST
+
+
+def test_a_confirmation_that_expires_while_its_train_waits_for_the_booking_lock_is_refused(world, monkeypatch) -> None:
+    ref = world.confirm_train()
+    expires = _expiry(world, ref)
+    world.clock.now = expires - 1  # usable when the request arrives
+    locked = bookings.load
+
+    def slow_lock(conn, booking_id, *, for_update=False):
+        found = locked(conn, booking_id, for_update=for_update)
+        if for_update:  # another writer held the booking past the expiry second
+            world.clock.now = expires
+        return found
+    monkeypatch.setattr(bookings, "load", slow_lock)
+    assert _code_of(lambda: _train(world, verified(), "lock-wait-01", ref)) is ErrorCode.CONFIRMATION_EXPIRED
+    assert _rows(world, runs_table) == 0
+
+
+def test_a_confirmation_that_expires_while_its_approval_waits_is_not_approved(world, monkeypatch) -> None:
+    ref = world.confirm_train(approve=False)
+    expires = _expiry(world, ref)
+    world.clock.now = expires - 1
+    resolved = confirmations.resolve
+
+    def slow_resolve(conn, ref, *, account_id, for_update=False):
+        found = resolved(conn, ref, account_id=account_id, for_update=for_update)
+        world.clock.now = expires  # the approval waited for the write lock past the expiry second
+        return found
+    monkeypatch.setattr(confirmations, "resolve", slow_resolve)
+    assert _code_of(lambda: world.approve(ref, COST)) is ErrorCode.CONFIRMATION_EXPIRED
+    monkeypatch.undo()
+    assert confirmations.show(world.ledger, ref).approved_at is None
