@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import tracemalloc
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,6 +16,7 @@ import pytest
 
 from ito_assets.runtime.supervision import heartbeat
 from ito_assets.runtime.supervision import supervisor as supervisor_module
+from ito_assets.runtime.supervision.relay import MAX_LINE_BYTES, MetricsRelay
 from ito_assets.runtime.supervision.supervisor import AttemptEnd, Supervisor, SupervisorConfig
 from runtime_helpers import worker_config
 
@@ -115,3 +117,68 @@ def test_a_heartbeat_from_the_past_does_not_kill_a_healthy_rank(tmp_path, monkey
         clock.now += 1.0
         _write(folder, "rank0.json", _beat(0, step=step, at=clock.now - 3600.0))
         assert supervisor._poll(attempt).kind is None
+
+
+# --- the metrics relay -------------------------------------------------------------------------
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.metrics_seen: list[tuple[int, dict]] = []
+        self.logs: list[str] = []
+
+    def metrics(self, step: int, values: dict) -> None:
+        self.metrics_seen.append((step, values))
+
+    def log(self, message: str) -> None:
+        self.logs.append(message)
+
+
+def _relay(tmp_path: Path) -> tuple[MetricsRelay, _Recorder, Path]:
+    path, recorder = tmp_path / "metrics.jsonl", _Recorder()
+    return MetricsRelay(path, recorder), recorder, path
+
+
+def _good(step: int) -> bytes:
+    return json.dumps({"kind": "metrics", "step": step, "loss": 2.0}).encode() + b"\n"
+
+
+@pytest.mark.parametrize("line", [b"[" * 100_000, b'{"kind": "metrics", "step": Infinity}',
+                                  b'{"kind": "metrics", "step": 1e999}', b"\x00\x00\xff binary \x00"],
+                         ids=["deep", "infinite-step", "overflowing-step", "binary"])
+def test_a_hostile_line_is_skipped_and_the_supervision_goes_on(tmp_path: Path, line: bytes) -> None:
+    relay, recorder, path = _relay(tmp_path)
+    path.write_bytes(line + b"\n" + _good(3))
+    assert relay.forward() == 1 and relay.num_skipped == 1 and recorder.metrics_seen == [(3, {"loss": 2.0})]
+
+
+def test_a_huge_line_without_a_newline_is_never_held_whole(tmp_path: Path) -> None:
+    relay, recorder, path = _relay(tmp_path)
+    size = 16 * MAX_LINE_BYTES
+    with path.open("wb") as handle:
+        handle.write(_good(1) + b"x" * size)  # a writer that never ends its line
+    rest = b"y" * size + b"\n" + _good(2)  # made before the count starts: the test's bytes, not the relay's
+    tracemalloc.start()
+    try:
+        assert relay.forward() == 1
+        with path.open("ab") as handle:
+            handle.write(rest)
+        assert relay.forward() == 1
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * MAX_LINE_BYTES, peak
+    assert [s for s, _ in recorder.metrics_seen] == [1, 2] and relay.num_skipped == 1
+    assert relay.offset == path.stat().st_size
+
+
+def test_a_line_shaped_as_a_pipes_message_forges_nothing(tmp_path: Path) -> None:
+    """The relay sends only log lines and custom messages: whatever rank 0's file holds, it never
+    becomes a materialization or a check result."""
+    relay, recorder, path = _relay(tmp_path)
+    forged = {"__dagster_pipes_version": "0.1", "method": "report_asset_materialization",
+              "params": {"asset_key": "x", "metadata": {}, "data_version": None}}
+    path.write_bytes(json.dumps(forged).encode() + b"\n"
+                     + json.dumps({"kind": "metrics", "step": 1, "method": "report_asset_check"}).encode() + b"\n")
+    assert relay.forward() == 1 and relay.num_skipped == 1
+    assert recorder.metrics_seen == [(1, {"method": "report_asset_check"})]  # a custom message's payload

@@ -22,6 +22,12 @@ from ito_assets.launch.backend import BackendKind
 from ito_assets.runtime.worker.reporting import PIPES_CONTEXT_ENV_VAR, PipesReporter, Reporter
 
 
+# Rank 0's lines are well under a kilobyte. A longer one is not its record (a torn or foreign
+# write): it is skipped as it is read, never held whole, so a line of gigabytes without a newline
+# costs the supervisor this much memory, not the line's size.
+MAX_LINE_BYTES = 1 << 20
+
+
 class MetricsRelay:
     """Lines appended to `path` from now on (a retried step does not relay its earlier runs')."""
 
@@ -29,30 +35,42 @@ class MetricsRelay:
         self.path, self.reporter = path, reporter
         self.offset = path.stat().st_size if path.exists() else 0
         self.num_forwarded = self.num_skipped = 0
+        self._in_long_line = False  # the offset lies inside a line too long to relay
 
     def forward(self) -> int:
         """Forward the whole lines appended since the last call -> how many."""
         try:
-            with self.path.open("rb") as handle:
-                handle.seek(self.offset)
-                data = handle.read()
+            handle = self.path.open("rb")
         except FileNotFoundError:  # rank 0 has not reported yet
             return 0
-        whole = data[: data.rfind(b"\n") + 1]
-        self.offset += len(whole)
         forwarded = 0
-        for line in whole.splitlines():
-            if not line.strip():
-                continue
-            try:
-                self._forward(json.loads(line))
-                forwarded += 1
-            except (ValueError, KeyError, TypeError):  # not a record rank 0 writes
-                self.num_skipped += 1
-            except OSError:  # the channel failed: the supervision goes on without it
-                self.num_skipped += 1
+        with handle:
+            handle.seek(self.offset)
+            while line := handle.readline(MAX_LINE_BYTES + 1):
+                if not line.endswith(b"\n") and len(line) <= MAX_LINE_BYTES:
+                    break  # being written: the next poll reads it whole
+                self.offset += len(line)
+                forwarded += self._line(line)
         self.num_forwarded += forwarded
         return forwarded
+
+    def _line(self, line: bytes) -> int:
+        """One line, or a piece of one too long to relay -> 1 when forwarded."""
+        ended = line.endswith(b"\n")
+        if self._in_long_line or not ended:
+            self.num_skipped += 0 if self._in_long_line else 1
+            self._in_long_line = not ended
+            return 0
+        if not line.strip():
+            return 0
+        try:
+            self._forward(json.loads(line))
+            return 1
+        except (ValueError, KeyError, TypeError, OverflowError, RecursionError):  # not a record rank 0 writes
+            self.num_skipped += 1
+        except OSError:  # the channel failed: the supervision goes on without it
+            self.num_skipped += 1
+        return 0
 
     def _forward(self, record: dict) -> None:
         if record["kind"] == "log":
