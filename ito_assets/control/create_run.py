@@ -144,8 +144,11 @@ def create_run(ledger: Ledger, policy: ServerPolicy, identity: Identity, request
         # The subject is the booking only when its id has the ledger's form: caller text never
         # reaches the audit trail (and cannot overflow its subject column).
         subject = request.booking_id if ids.is_booking_id(request.booking_id) else None
-        audit.record_refusal(ledger, "run_refused", error.code.value, actor=identity.token_id,
-                             account_id=account_id, subject=subject,
-                             manifest_digest=request.verified.digest, idempotency_key=request.idempotency_key)
+        try:
+            audit.record_refusal(ledger, "run_refused", error.code.value, actor=identity.token_id,
+                                 account_id=account_id, subject=subject,
+                                 manifest_digest=request.verified.digest, idempotency_key=request.idempotency_key)
+        except sa.exc.SQLAlchemyError:
+            pass  # a busy or full ledger must not turn a refusal into another answer
         raise
     return created

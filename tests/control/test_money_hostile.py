@@ -88,3 +88,38 @@ def test_a_confirmation_that_expires_while_its_approval_waits_is_not_approved(wo
     assert _code_of(lambda: world.approve(ref, COST)) is ErrorCode.CONFIRMATION_EXPIRED
     monkeypatch.undo()
     assert confirmations.show(world.ledger, ref).approved_at is None
+
+
+def test_a_failure_after_the_reservation_consumes_nothing_and_the_retry_succeeds(world, monkeypatch) -> None:
+    capped = verified(manifest_bytes(budget__cap_cents=COST, budget__max_incremental_cents=COST))
+    ref = world.confirm_train(manifest=capped)
+
+    def broken_store(*_args, **_kwargs):  # after the confirmation is consumed and the key reserved
+        raise RuntimeError("disk went away")
+    monkeypatch.setattr(intake, "store", broken_store)
+    with pytest.raises(RuntimeError):
+        _train(world, capped, "midway-fail-01", ref)
+    with world.ledger.read() as conn:
+        consumed = conn.execute(sa.select(confirmations_table.c.consumed_at)).scalars().all()
+    assert consumed == [None]
+    assert [_rows(world, t) for t in (runs_table, idempotency_keys, manifests, budgets_table)] == [0, 0, 0, 0]
+    assert _committed(world, capped) == 0
+    monkeypatch.undo()
+    assert _train(world, capped, "midway-fail-01", ref).replayed is False  # the same key and confirmation
+    assert _committed(world, capped) == COST
+
+
+def test_a_refusal_whose_audit_write_fails_keeps_its_own_code(world, monkeypatch) -> None:
+    capped = verified(manifest_bytes(budget__cap_cents=COST, budget__max_incremental_cents=COST))
+    ref = world.confirm_train(manifest=capped)
+    world.booking_id = world.booking()
+    _train(world, capped, "audit-fail-01")  # spends the whole cap
+
+    def busy(*_args, **_kwargs):
+        raise sa.exc.OperationalError("INSERT INTO audit_events", {}, Exception("database is locked"))
+    monkeypatch.setattr(audit, "record_refusal", busy)
+    first_booking = confirmations.show(world.ledger, ref).booking_id
+    request = TrainRequest(booking_id=first_booking, verified=capped, confirmation_ref=ref,
+                           idempotency_key="audit-fail-02")
+    call = lambda: create_run.create_run(world.ledger, world.policy, world.account, request)  # noqa: E731
+    assert _code_of(call) is ErrorCode.BUDGET_EXCEEDED
