@@ -49,7 +49,8 @@ def _rows(world, table) -> int:
 def test_a_run_that_ended_unstarted_cannot_start_later_and_charge_the_cap_twice(world, end) -> None:
     capped = verified(manifest_bytes(budget__cap_cents=COST, budget__max_incremental_cents=COST))
     first = _train(world, capped, "late-start-01").run
-    runs.set_state(world.ledger, first.run_id, RunState.RUNNING if end is not RunState.CANCELLED else RunState.CANCELLING)
+    moving = RunState.CANCELLING if end is RunState.CANCELLED else RunState.RUNNING
+    runs.set_state(world.ledger, first.run_id, moving)
     runs.set_state(world.ledger, first.run_id, end)  # ended before any stage launched: its cost went back
     world.booking_id = world.booking()
     _train(world, capped, "late-start-02")  # takes the cost the first gave back
