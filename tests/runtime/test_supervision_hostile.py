@@ -5,16 +5,20 @@ refused, never crash or block the supervisor, and never keep a hung rank alive."
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import tracemalloc
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from ito_assets.runtime.supervision import heartbeat
+from ito_assets.errors import ErrorCode, ItoError
+from ito_assets.runtime.supervision import heartbeat, proposals
+from ito_assets.runtime.supervision.proposals import ProposalState, ProposalStore, ProposedAction
+from ito_assets.runtime.supervision.spikes import Spike
 from ito_assets.runtime.supervision import supervisor as supervisor_module
 from ito_assets.runtime.supervision.relay import MAX_LINE_BYTES, MetricsRelay
 from ito_assets.runtime.supervision.supervisor import AttemptEnd, Supervisor, SupervisorConfig
@@ -182,3 +186,104 @@ def test_a_line_shaped_as_a_pipes_message_forges_nothing(tmp_path: Path) -> None
                      + json.dumps({"kind": "metrics", "step": 1, "method": "report_asset_check"}).encode() + b"\n")
     assert relay.forward() == 1 and relay.num_skipped == 1
     assert recorder.metrics_seen == [(1, {"method": "report_asset_check"})]  # a custom message's payload
+
+
+# --- spike proposals ---------------------------------------------------------------------------
+
+
+def _proposal(stage_dir: Path, *, value: float = 9.0, std: float = 0.1) -> ProposedAction:
+    spike = Spike(step=40, metric="loss", value=value, mean=3.0, std=std)
+    made = proposals.propose(spike, run_key="run_a", stage=stage_dir.name, restart_from_step=30, skip_first=31,
+                             skip_end=41)
+    return ProposalStore(stage_dir).add(made)
+
+
+def _stored(made: ProposedAction, **changes) -> bytes:
+    return json.dumps({**asdict(made), "state": made.state.value, **changes}).encode()
+
+
+@pytest.mark.parametrize("content", [
+    b"{", b"", b"\xff", b"[" * 100_000, b"[]", b'{"proposal_id": "spk_0"}',
+    "restart-as-text", "restart-as-float", "state-unknown",
+], ids=["truncated", "empty", "binary", "deep", "list", "partial", "restart-as-text", "restart-as-float",
+        "state-unknown"])
+def test_a_proposal_file_that_is_no_proposal_never_stops_the_supervisor_or_the_desk(tmp_path, content) -> None:
+    stage_dir = tmp_path / "run_a" / "pretraining"
+    good = _proposal(stage_dir)
+    ProposalStore(stage_dir).decide(good.proposal_id, approve=True, actor="desk")
+    bad_id = "spk_" + "0" * 16
+    if isinstance(content, str):
+        changes = {"restart-as-text": {"restart_from_step": "0"}, "restart-as-float": {"restart_from_step": 0.5},
+                   "state-unknown": {"state": "approved!"}}[content]
+        content = _stored(replace(good, proposal_id=bad_id), **changes)
+    (stage_dir / proposals.FOLDER_NAME / f"{bad_id}.json").write_bytes(content)
+    (stage_dir / proposals.FOLDER_NAME / "spk_stray.json").write_bytes(b"{")  # not even an id
+    assert proposals.approved_restart(stage_dir).proposal_id == good.proposal_id
+    assert [p.proposal_id for p in proposals.in_run(tmp_path / "run_a")] == [good.proposal_id]
+    assert ProposalStore(stage_dir).pending() == []
+    with pytest.raises(ItoError) as refused:
+        proposals.decide_in_run(tmp_path / "run_a", bad_id, approve=True, actor="desk")
+    assert refused.value.code is ErrorCode.PROPOSAL_NOT_FOUND
+
+
+def test_a_proposal_planted_as_a_link_or_a_copy_is_not_one(tmp_path: Path) -> None:
+    other_dir, stage_dir = tmp_path / "run_b" / "pretraining", tmp_path / "run_a" / "pretraining"
+    other, own = _proposal(other_dir), _proposal(stage_dir)  # another run's, this run's
+    folder = stage_dir / proposals.FOLDER_NAME
+    (folder / f"{other.proposal_id}.json").symlink_to(ProposalStore(other_dir).path(other.proposal_id))
+    copy_id = "spk_" + "1" * 16
+    (folder / f"{copy_id}.json").write_bytes(ProposalStore(stage_dir).path(own.proposal_id).read_bytes())
+    assert [p.proposal_id for p in ProposalStore(stage_dir).all()] == [own.proposal_id]
+    for planted in (other.proposal_id, copy_id):
+        with pytest.raises(ItoError) as refused:
+            proposals.decide_in_run(tmp_path / "run_a", planted, approve=True, actor="desk")
+        assert refused.value.code is ErrorCode.PROPOSAL_NOT_FOUND
+    assert ProposalStore(other_dir).get(other.proposal_id).state is ProposalState.PENDING  # not decided through it
+
+
+def test_a_fifo_in_the_proposals_folder_never_blocks(tmp_path: Path) -> None:
+    stage_dir = tmp_path / "pretraining"
+    own = _proposal(stage_dir)
+    fifo = stage_dir / proposals.FOLDER_NAME / f"spk_{'2' * 16}.json"
+    os.mkfifo(fifo)
+    found: list[list] = []
+    reader = threading.Thread(target=lambda: found.append(ProposalStore(stage_dir).all()), daemon=True)
+    reader.start()
+    reader.join(timeout=5)
+    blocked = reader.is_alive()
+    if blocked:  # free the reader: a writer opening the FIFO ends its wait
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    assert not blocked, "listing the proposals blocked on a FIFO"
+    assert [p.proposal_id for p in found[0]] == [own.proposal_id]
+
+
+@pytest.mark.parametrize("value, std", [(float("nan"), float("nan")), (float("inf"), float("nan")), (9.0, 0.0)],
+                         ids=["nan-loss", "infinite-loss", "flat-history"])
+def test_a_non_finite_spike_is_listed_to_the_desk_as_strict_json(tmp_path: Path, value: float, std: float) -> None:
+    stage_dir = tmp_path / "pretraining"
+    made = _proposal(stage_dir, value=value, std=std)
+    shown = made.as_dict()
+    json.dumps(shown, allow_nan=False)  # what the API's envelope requires
+    assert (shown["value"] is None) != math.isfinite(value) and shown["z_score"] is None
+    stored = ProposalStore(stage_dir).get(made.proposal_id)  # the file keeps the figure itself
+    assert (math.isnan(stored.value) if math.isnan(value) else stored.value == value) and stored.z_score == math.inf
+
+
+def test_concurrent_decisions_decide_once(tmp_path: Path) -> None:
+    stage_dir = tmp_path / "pretraining"
+    made = _proposal(stage_dir)
+    outcomes: list[str] = []
+
+    def decide(approve: bool) -> None:
+        try:
+            outcomes.append(proposals.decide(stage_dir, made.proposal_id, approve=approve, actor="desk").state.value)
+        except ItoError as error:
+            outcomes.append(error.code.value)
+
+    threads = [threading.Thread(target=decide, args=(i % 2 == 0,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    decided = [o for o in outcomes if o != "PROPOSAL_ALREADY_DECIDED"]
+    assert len(decided) == 1 and ProposalStore(stage_dir).get(made.proposal_id).state.value == decided[0]

@@ -17,7 +17,11 @@ from __future__ import annotations
 import enum
 import fcntl
 import json
+import logging
+import math
+import os
 import re
+import stat
 import secrets
 import time
 from contextlib import contextmanager
@@ -32,6 +36,9 @@ from ito_assets.runtime.record.storage import write_atomic
 
 FOLDER_NAME = "proposals"
 _ID = re.compile(r"^spk_[0-9a-f]{16}$")
+# A proposal is under a kilobyte; a larger file is not one and is never read whole.
+MAX_BYTES = 64 * 1024
+_log = logging.getLogger(__name__)
 
 
 class ProposalState(str, enum.Enum):
@@ -61,6 +68,12 @@ class ProposedAction:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state", ProposalState(self.state))
+        # A file is read back with these checks: a wrong type must fail here, not in the supervisor.
+        steps = (self.spike_step, self.restart_from_step, self.skip_first, self.skip_end)
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in steps):
+            raise TypeError("steps and batch positions must be integers")
+        if not all(isinstance(v, str) for v in (self.proposal_id, self.run_key, self.stage, self.metric)):
+            raise TypeError("ids, names and the metric must be strings")
         if not _ID.fullmatch(self.proposal_id):
             raise ValueError("proposal_id must be spk_ followed by 16 hex digits")
         if not 0 <= self.restart_from_step <= self.spike_step:
@@ -74,7 +87,17 @@ class ProposedAction:
 
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "state": self.state.value}
+        """Strict JSON for the desk: a non-finite figure (the loss of a step that was not finite,
+        the z-score against a flat history) is null, as JSON has no NaN or infinity."""
+        shown = {k: _finite(v) for k, v in asdict(self).items() if k in _FIGURES}
+        return {**asdict(self), **shown, "state": self.state.value}
+
+
+_FIGURES = ("value", "z_score", "created_at", "decided_at", "applied_at")
+
+
+def _finite(value: object) -> object:
+    return value if not isinstance(value, float) or math.isfinite(value) else None
 
 
 def propose(spike: Spike, *, run_key: str, stage: str, restart_from_step: int, skip_first: int,
@@ -135,15 +158,21 @@ class ProposalStore:
         return proposal
 
     def get(self, proposal_id: str) -> ProposedAction:
-        path = self.path(proposal_id)
-        if not path.exists():
+        proposal = _read(self.path(proposal_id))
+        if proposal is None:
             raise ItoError(ErrorCode.PROPOSAL_NOT_FOUND, "no such proposal")
-        return ProposedAction(**json.loads(path.read_text()))
+        return proposal
 
     def all(self) -> list[ProposedAction]:
         if not self.folder.is_dir():
             return []
-        found = [ProposedAction(**json.loads(p.read_text())) for p in self.folder.glob("spk_*.json")]
+        found = []
+        for path in self.folder.glob("spk_*.json"):
+            proposal = _read(path)
+            if proposal is None:
+                _log.warning("ignoring %s: not a proposal this store wrote", path)
+            else:
+                found.append(proposal)
         return sorted(found, key=lambda p: (p.created_at, p.proposal_id))
 
     def pending(self) -> list[ProposedAction]:
@@ -199,4 +228,28 @@ def skip_ranges(stage_dir: Path) -> tuple[tuple[int, int], ...]:
 
 
 def _dump(proposal: ProposedAction) -> bytes:
-    return json.dumps(proposal.as_dict(), sort_keys=True).encode()
+    # Python's JSON, NaN and infinities included: the stored figures read back as they were.
+    return json.dumps({**asdict(proposal), "state": proposal.state.value}, sort_keys=True).encode()
+
+
+def _read(path: Path) -> ProposedAction | None:
+    """The proposal in `path`, or None for anything the store never writes there: a missing file,
+    a link (it could speak for another run's proposal), a FIFO (a read would block the supervisor
+    and the desk), a file too large to be one, JSON that is no proposal, or one whose id is not
+    its file's (a copy under another name would be decided under one id and listed under two)."""
+    try:
+        handle = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(handle)
+        data = os.read(handle, MAX_BYTES + 1) if stat.S_ISREG(info.st_mode) and info.st_size <= MAX_BYTES else b""
+    except OSError:
+        return None
+    finally:
+        os.close(handle)
+    try:
+        proposal = ProposedAction(**json.loads(data))
+    except (ValueError, TypeError, RecursionError):
+        return None
+    return proposal if path.name == f"{proposal.proposal_id}.json" else None
