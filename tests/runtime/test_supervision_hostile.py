@@ -18,7 +18,7 @@ import pytest
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.runtime.supervision import heartbeat, proposals
 from ito_assets.runtime.supervision.proposals import ProposalState, ProposalStore, ProposedAction
-from ito_assets.runtime.supervision.spikes import Spike
+from ito_assets.runtime.supervision.spikes import RollingDetector, Spike, SpikeConfig, SpikeDetector
 from ito_assets.runtime.supervision import supervisor as supervisor_module
 from ito_assets.runtime.supervision.relay import MAX_LINE_BYTES, MetricsRelay
 from ito_assets.runtime.supervision.supervisor import AttemptEnd, Supervisor, SupervisorConfig
@@ -287,3 +287,23 @@ def test_concurrent_decisions_decide_once(tmp_path: Path) -> None:
         thread.join()
     decided = [o for o in outcomes if o != "PROPOSAL_ALREADY_DECIDED"]
     assert len(decided) == 1 and ProposalStore(stage_dir).get(made.proposal_id).state.value == decided[0]
+
+
+# --- the spike detector ------------------------------------------------------------------------
+
+
+def test_a_loss_near_the_float_limit_in_the_window_never_raises(tmp_path: Path) -> None:
+    config = SpikeConfig(window=30, min_history=20)
+    detector = RollingDetector("loss", config)
+    assert detector.observe(0, 1e308) is None  # before min_history: taken into the window unjudged
+    for step in range(1, 40):
+        assert detector.observe(step, 3.0) is None  # judged against it: no spike, no OverflowError
+    assert detector.observe(40, 30.0) is not None  # once it left the window, spikes are seen again
+
+
+def test_a_restored_window_drops_non_finite_values(tmp_path: Path) -> None:
+    detector = SpikeDetector(SpikeConfig(window=30, min_history=20))
+    noisy = [3.0 + 0.01 * (i % 3) for i in range(25)]
+    detector.restore({"loss": [float("nan"), "inf", *noisy, float("-inf")], "grad_norm": noisy})
+    assert detector.state()["loss"] == noisy
+    assert detector.observe(100, 30.0, 3.0).metric == "loss"  # a NaN kept would have hidden this spike

@@ -73,8 +73,11 @@ class RollingDetector:
         return list(self._history)
 
     def restore(self, values: list[float]) -> None:
+        """`values` as `history` gave them; a non-finite one (never observed into the history) is
+        dropped, since a NaN in the window would blind the detector until it leaves the window."""
         self._history.clear()
-        self._history.extend(float(v) for v in values[-self.config.window :])
+        finite = [float(v) for v in values if math.isfinite(float(v))]
+        self._history.extend(finite[-self.config.window :])
 
     def observe(self, step: int, value: float) -> Spike | None:
         if not math.isfinite(value):
@@ -89,7 +92,9 @@ class RollingDetector:
         if n < self.config.min_history:
             return None
         mean = sum(self._history) / n
-        std = math.sqrt(sum((v - mean) ** 2 for v in self._history) / (n - 1))
+        # A product, not `** 2`: a finite value near the float limit (a loss of 1e308) squares to
+        # infinity, which judges nothing a spike, where `**` raised OverflowError out of the step.
+        std = math.sqrt(sum((v - mean) * (v - mean) for v in self._history) / (n - 1))
         if value > mean + self.config.z_threshold * std and value >= self.config.min_ratio * mean:
             return Spike(step=step, metric=self.metric, value=value, mean=mean, std=std)
         return None
