@@ -37,9 +37,9 @@ def _replay(conn: sa.Connection, account_id: str, key: str, fingerprint: str) ->
 
 def _cancel_locked(conn: sa.Connection, ledger: Ledger, identity: Identity, run_id: str, ref: str,
                    key: str, fingerprint: str) -> Cancelled:
-    now = ledger.now()
     account_id = identity.tenant
     run = runs.load(conn, run_id, for_update=True)
+    now = ledger.now()  # after the lock: a confirmation that expired while this waited is expired
     if run is None or run.account_id != account_id:
         raise ItoError(ErrorCode.RUN_NOT_FOUND, "no such run for this account")
     replay = _replay(conn, account_id, key, fingerprint)

@@ -161,10 +161,10 @@ class Release:
 
 
 def _release_locked(conn: sa.Connection, ledger: Ledger, identity: Identity, release: Release, key: str) -> dict:
-    now = ledger.now()
     booking = bookings.load(conn, release.booking_id, for_update=True) if ids.is_booking_id(release.booking_id) else None
-    eligible = entitlement.eligibility(booking, identity.tenant, now, require_started=False)  # releasing needs no window
+    eligible = entitlement.eligibility(booking, identity.tenant, ledger.now(), require_started=False)  # needs no window
     confirmation = confirmations.resolve(conn, release.confirmation_ref, account_id=identity.tenant, for_update=True)
+    now = ledger.now()  # after the locks: a confirmation that expired while this waited is expired
     confirmations.require_usable(confirmation, now=now, action=Action.RELEASE, booking_id=booking.booking_id,
                                  cost_cents=0)
     entitlement.require_unchanged(confirmation.eligibility, eligible)
@@ -183,9 +183,9 @@ def _release_locked(conn: sa.Connection, ledger: Ledger, identity: Identity, rel
 
 def _clean_locked(conn: sa.Connection, ledger: Ledger, policy: ServerPolicy, identity: Identity, ref: str,
                   key: str, fingerprint: str, release: Release | None) -> dict:
-    now = ledger.now()
     account_id = identity.tenant
     confirmation = confirmations.resolve(conn, ref, account_id=account_id, for_update=True)
+    now = ledger.now()  # after the lock: a confirmation that expired while this waited is expired
     confirmations.require_usable(confirmation, now=now, action=Action.CLEANUP, cost_cents=0)
     changed = [_release_locked(conn, ledger, identity, release, key)] if release else []
     finished = conn.execute(sa.select(runs.c.run_id, runs.c.checkpoint_dir).where(

@@ -124,3 +124,46 @@ def test_a_refusal_whose_audit_write_fails_keeps_its_own_code(world, monkeypatch
                            idempotency_key="audit-fail-02")
     call = lambda: create_run.create_run(world.ledger, world.policy, world.account, request)  # noqa: E731
     assert _code_of(call) is ErrorCode.BUDGET_EXCEEDED
+
+
+def test_a_cancel_confirmation_that_expires_while_the_cancel_waits_for_the_run_is_refused(world, monkeypatch) -> None:
+    from ito_assets.control import cancel, confirm_request
+
+    run = _train(world, verified(), "cancel-wait-01").run
+    ref = confirm_request.request_cancel(world.ledger, world.policy, world.account, run.run_id).ref
+    world.approve(ref)
+    expires = _expiry(world, ref)
+    world.clock.now = expires - 1  # usable when the request arrives
+    locked = runs.load
+
+    def slow_lock(conn, run_id, *, for_update=False):
+        found = locked(conn, run_id, for_update=for_update)
+        if for_update:  # another writer held the run past the expiry second
+            world.clock.now = expires
+        return found
+    monkeypatch.setattr(runs, "load", slow_lock)
+    assert _code_of(lambda: cancel.cancel_run(world.ledger, world.account, run.run_id, confirmation_ref=ref,
+                                              idempotency_key="cancel-wait-02")) is ErrorCode.CONFIRMATION_EXPIRED
+    monkeypatch.undo()
+    assert runs.get(world.ledger, run.run_id).state is RunState.QUEUED
+
+
+def test_a_cleanup_confirmation_that_expires_while_the_cleanup_waits_for_it_is_refused(world, monkeypatch) -> None:
+    from ito_assets.control import cleanup, confirm_request
+
+    ref = confirm_request.request_cleanup(world.ledger, world.policy, world.account).ref
+    world.approve(ref)
+    expires = _expiry(world, ref)
+    world.clock.now = expires - 1  # usable when the request arrives
+    resolved = confirmations.resolve
+
+    def slow_lock(conn, ref, *, account_id, for_update=False):
+        found = resolved(conn, ref, account_id=account_id, for_update=for_update)
+        if for_update:  # another writer held the confirmation past its expiry second
+            world.clock.now = expires
+        return found
+    monkeypatch.setattr(confirmations, "resolve", slow_lock)
+    assert _code_of(lambda: cleanup.cleanup_tenant(world.ledger, world.policy, world.account, confirmation_ref=ref,
+                                                   idempotency_key="cleanup-wait-01")) is ErrorCode.CONFIRMATION_EXPIRED
+    monkeypatch.undo()
+    assert confirmations.show(world.ledger, ref).consumed_at is None
