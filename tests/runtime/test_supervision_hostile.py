@@ -307,3 +307,12 @@ def test_a_restored_window_drops_non_finite_values(tmp_path: Path) -> None:
     detector.restore({"loss": [float("nan"), "inf", *noisy, float("-inf")], "grad_norm": noisy})
     assert detector.state()["loss"] == noisy
     assert detector.observe(100, 30.0, 3.0).metric == "loss"  # a NaN kept would have hidden this spike
+
+
+def test_a_stray_file_named_like_an_attempt_log_is_no_attempt(tmp_path, monkeypatch):
+    supervisor, _ = _watched(tmp_path, monkeypatch)
+    supervisor.stage_dir.mkdir(parents=True)
+    for name in ("attempt-0.json", "attempt-4.json", "attempt-notes.json", "attempt-.json", "attempt-7-old.json",
+                 "attempt-١٢.json"):
+        (supervisor.stage_dir / name).write_text("{}")
+    assert supervisor._next_attempt_number() == 5

@@ -34,6 +34,7 @@ import argparse
 import contextlib
 import enum
 import json
+import re
 import signal
 import sys
 import time
@@ -54,6 +55,7 @@ from ito_assets.runtime.supervision.relay import MetricsRelay, open_relay
 from ito_assets.runtime.record.storage import write_atomic
 
 REPORT_NAME = "supervision.json"
+_ATTEMPT_NUMBER = re.compile(r"[0-9]{1,9}")  # the attempt logs' names: attempt-<n>.json
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -206,7 +208,8 @@ class Supervisor:
     def _next_attempt_number(self) -> int:
         """Attempt numbers continue across supervisor runs of the same stage (a retried step), so
         that the event log orders every attempt the stage ever had."""
-        numbers = [int(p.stem.split("-")[1]) for p in self.stage_dir.glob("attempt-*.json")]
+        numbers = [int(p.stem[len("attempt-"):]) for p in self.stage_dir.glob("attempt-*.json")
+                   if _ATTEMPT_NUMBER.fullmatch(p.stem[len("attempt-"):])]  # a stray `attempt-notes.json` is no attempt
         return max(numbers, default=-1) + 1
 
     # --- one attempt ----------------------------------------------------------------------------
