@@ -223,3 +223,19 @@ def test_a_writer_that_fails_halfway_leaves_neither_the_file_nor_its_temporary(t
     with pytest.raises(OSError):
         storage.write_atomic(tmp_path / "rows.npy", halfway)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("size, read", [(0, True), (15, True), (16, True), (17, False)])
+def test_a_small_file_is_read_whole_up_to_its_bound_and_not_past_it(tmp_path, size, read):
+    (tmp_path / "beat.json").write_bytes(b"x" * size)
+    assert storage.read_regular_file(tmp_path / "beat.json", 16) == (b"x" * size if read else None)
+
+
+def test_what_is_no_regular_file_is_never_read(tmp_path):
+    (tmp_path / "real.json").write_bytes(b"{}")
+    (tmp_path / "link.json").symlink_to(tmp_path / "real.json")
+    (tmp_path / "folder.json").mkdir()
+    os.mkfifo(tmp_path / "fifo.json")  # an open or a read of it would wait for a writer
+    for name in ("link.json", "folder.json", "fifo.json", "gone.json"):
+        assert storage.read_regular_file(tmp_path / name, 16) is None
+    assert storage.read_regular_file(tmp_path / "real.json", 16) == b"{}"

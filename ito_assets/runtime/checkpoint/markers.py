@@ -23,7 +23,6 @@ import heapq
 import json
 import os
 import re
-import stat
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +30,7 @@ from typing import Iterable, Sequence
 
 from ito_assets.digests import file_sha256
 from ito_assets.runtime.checkpoint.file_digest import ALGORITHMS, FILE_DIGEST, LEGACY, FileDigest, file_digest
-from ito_assets.runtime.record.storage import write_atomic
+from ito_assets.runtime.record.storage import read_regular_file, write_atomic
 
 MARKER_NAME = "COMPLETE.json"
 METADATA_NAME = ".metadata"
@@ -126,12 +125,10 @@ def _body(marker: Marker) -> dict:
 def _marker_text(folder: Path) -> str:
     """The marker's text, read only from a regular file of a marker's size: never through a link,
     never from a FIFO or device (an open or read that would block the resume for ever)."""
-    descriptor = os.open(folder / MARKER_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    with os.fdopen(descriptor, "rb") as handle:
-        info = os.fstat(descriptor)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_MARKER_BYTES:
-            raise ValueError("not a marker file")
-        return handle.read(MAX_MARKER_BYTES + 1).decode()
+    data = read_regular_file(folder / MARKER_NAME, MAX_MARKER_BYTES)
+    if data is None:
+        raise ValueError("not a marker file")
+    return data.decode()
 
 
 def read_marker(folder: Path) -> Marker | None:

@@ -76,6 +76,31 @@ def write_atomic(path: Path, data: bytes | Callable[[BinaryIO], object], *, dura
         os.close(folder)
 
 
+def read_regular_file(path: Path, max_bytes: int) -> bytes | None:
+    """The bytes of `path` when it is a regular file of at most `max_bytes`, else None: a link (it
+    could speak for a file elsewhere), a FIFO or device (an open or a read would block the reader
+    for ever), a folder, a file too large to be what the reader expects, or one gone meanwhile. For
+    the small files other processes leave beside a run (markers, heartbeats, proposals)."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(descriptor)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > max_bytes:
+            return None
+        chunks, left = [], max_bytes + 1
+        while left > 0 and (chunk := os.read(descriptor, left)):
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError:
+        return None
+    finally:
+        os.close(descriptor)
+    data = b"".join(chunks)
+    return data if len(data) <= max_bytes else None  # grown past the bound while read
+
+
 def append_line(path: Path, line: str, *, durable: bool = True) -> None:
     """Append one line with O_APPEND (one write: lines do not interleave between processes). A file
     that ends inside a line (its writer killed, or its disk full, mid-append) gets a newline first:

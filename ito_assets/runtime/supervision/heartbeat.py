@@ -11,12 +11,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import stat
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from ito_assets.runtime.record.storage import write_atomic
+from ito_assets.runtime.record.storage import read_regular_file, write_atomic
 
 # Writing more often than this buys nothing: the hang bound is minutes (seconds in tests).
 MIN_INTERVAL_SECONDS = 0.2
@@ -91,19 +90,9 @@ def _read(path: Path) -> Heartbeat | None:
     """The heartbeat in `path`, or None for anything a writer never leaves there: a link (it could
     speak for a file elsewhere), a FIFO or device (a read would block the supervisor's poll), a file
     too large to be one, JSON that is no heartbeat, or a beat whose rank is not its file's."""
-    try:
-        handle = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None  # replaced while reading, or a link: the next poll sees the new one
-    try:
-        info = os.fstat(handle)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_BYTES:
-            return None
-        data = os.read(handle, MAX_BYTES + 1)
-    except OSError:
-        return None
-    finally:
-        os.close(handle)
+    data = read_regular_file(path, MAX_BYTES)
+    if data is None:
+        return None  # replaced while reading, a link, a FIFO, too large: the next poll sees the new one
     try:
         beat = Heartbeat(**json.loads(data))
     except (ValueError, TypeError, RecursionError):

@@ -19,9 +19,7 @@ import fcntl
 import json
 import logging
 import math
-import os
 import re
-import stat
 import secrets
 import time
 from contextlib import contextmanager
@@ -32,7 +30,7 @@ from typing import Iterator
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.runtime.checkpoint import holds
 from ito_assets.runtime.supervision.spikes import Spike
-from ito_assets.runtime.record.storage import write_atomic
+from ito_assets.runtime.record.storage import read_regular_file, write_atomic
 
 FOLDER_NAME = "proposals"
 _ID = re.compile(r"^spk_[0-9a-f]{16}$")
@@ -237,17 +235,9 @@ def _read(path: Path) -> ProposedAction | None:
     a link (it could speak for another run's proposal), a FIFO (a read would block the supervisor
     and the desk), a file too large to be one, JSON that is no proposal, or one whose id is not
     its file's (a copy under another name would be decided under one id and listed under two)."""
-    try:
-        handle = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
+    data = read_regular_file(path, MAX_BYTES)
+    if data is None:
         return None
-    try:
-        info = os.fstat(handle)
-        data = os.read(handle, MAX_BYTES + 1) if stat.S_ISREG(info.st_mode) and info.st_size <= MAX_BYTES else b""
-    except OSError:
-        return None
-    finally:
-        os.close(handle)
     try:
         proposal = ProposedAction(**json.loads(data))
     except (ValueError, TypeError, RecursionError):
