@@ -59,18 +59,24 @@ def test_a_run_that_ended_unstarted_cannot_start_later_and_charge_the_cap_twice(
     assert _committed(world, capped) == COST
 
 
-def test_a_confirmation_that_expires_while_its_train_waits_for_the_booking_lock_is_refused(world, monkeypatch) -> None:
-    ref = world.confirm_train()
+def _lock_held_past_expiry(world, monkeypatch, module, name: str, ref: str) -> None:
+    """The request arrives a second before `ref` expires; the row lock `module.name` takes (with
+    for_update) is held by another writer until the expiry second has come."""
     expires = _expiry(world, ref)
-    world.clock.now = expires - 1  # usable when the request arrives
-    locked = bookings.load
+    world.clock.now = expires - 1
+    original = getattr(module, name)
 
-    def slow_lock(conn, booking_id, *, for_update=False):
-        found = locked(conn, booking_id, for_update=for_update)
-        if for_update:  # another writer held the booking past the expiry second
+    def held(*args, **kwargs):
+        found = original(*args, **kwargs)
+        if kwargs.get("for_update"):
             world.clock.now = expires
         return found
-    monkeypatch.setattr(bookings, "load", slow_lock)
+    monkeypatch.setattr(module, name, held)
+
+
+def test_a_confirmation_that_expires_while_its_train_waits_for_the_booking_lock_is_refused(world, monkeypatch) -> None:
+    ref = world.confirm_train()
+    _lock_held_past_expiry(world, monkeypatch, bookings, "load", ref)
     assert _code_of(lambda: _train(world, verified(), "lock-wait-01", ref)) is ErrorCode.CONFIRMATION_EXPIRED
     assert _rows(world, runs_table) == 0
 
@@ -132,16 +138,7 @@ def test_a_cancel_confirmation_that_expires_while_the_cancel_waits_for_the_run_i
     run = _train(world, verified(), "cancel-wait-01").run
     ref = confirm_request.request_cancel(world.ledger, world.policy, world.account, run.run_id).ref
     world.approve(ref)
-    expires = _expiry(world, ref)
-    world.clock.now = expires - 1  # usable when the request arrives
-    locked = runs.load
-
-    def slow_lock(conn, run_id, *, for_update=False):
-        found = locked(conn, run_id, for_update=for_update)
-        if for_update:  # another writer held the run past the expiry second
-            world.clock.now = expires
-        return found
-    monkeypatch.setattr(runs, "load", slow_lock)
+    _lock_held_past_expiry(world, monkeypatch, runs, "load", ref)
     assert _code_of(lambda: cancel.cancel_run(world.ledger, world.account, run.run_id, confirmation_ref=ref,
                                               idempotency_key="cancel-wait-02")) is ErrorCode.CONFIRMATION_EXPIRED
     monkeypatch.undo()
@@ -153,16 +150,7 @@ def test_a_cleanup_confirmation_that_expires_while_the_cleanup_waits_for_it_is_r
 
     ref = confirm_request.request_cleanup(world.ledger, world.policy, world.account).ref
     world.approve(ref)
-    expires = _expiry(world, ref)
-    world.clock.now = expires - 1  # usable when the request arrives
-    resolved = confirmations.resolve
-
-    def slow_lock(conn, ref, *, account_id, for_update=False):
-        found = resolved(conn, ref, account_id=account_id, for_update=for_update)
-        if for_update:  # another writer held the confirmation past its expiry second
-            world.clock.now = expires
-        return found
-    monkeypatch.setattr(confirmations, "resolve", slow_lock)
+    _lock_held_past_expiry(world, monkeypatch, confirmations, "resolve", ref)
     assert _code_of(lambda: cleanup.cleanup_tenant(world.ledger, world.policy, world.account, confirmation_ref=ref,
                                                    idempotency_key="cleanup-wait-01")) is ErrorCode.CONFIRMATION_EXPIRED
     monkeypatch.undo()

@@ -109,3 +109,17 @@ def final_weights(stage_dir: Path, step: int) -> dict[str, torch.Tensor]:
              if isinstance(meta, TensorStorageMetadata) and (key.startswith("model.") or key.startswith("optim."))}
     dcp.load(state, checkpoint_id=str(folder), no_dist=True)
     return state
+
+
+class Recorder:
+    """A Pipes session's stand-in for the metrics relay: what it was sent, in order."""
+
+    def __init__(self) -> None:
+        self.metrics_seen: list[tuple[int, dict]] = []
+        self.logs: list[str] = []
+
+    def metrics(self, step: int, values: dict) -> None:
+        self.metrics_seen.append((step, values))
+
+    def log(self, message: str) -> None:
+        self.logs.append(message)

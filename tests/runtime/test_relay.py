@@ -11,18 +11,7 @@ import pytest
 from ito_assets.launch.backend import BackendKind
 from ito_assets.runtime.supervision.relay import MetricsRelay, open_relay
 from ito_assets.runtime.worker.reporting import PIPES_CONTEXT_ENV_VAR, JsonlReporter
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.metrics_seen: list[tuple[int, dict]] = []
-        self.logs: list[str] = []
-
-    def metrics(self, step: int, values: dict) -> None:
-        self.metrics_seen.append((step, values))
-
-    def log(self, message: str) -> None:
-        self.logs.append(message)
+from runtime_helpers import Recorder
 
 
 def test_forwards_whole_lines_once_and_only_those_written_after_it_started(tmp_path: Path) -> None:

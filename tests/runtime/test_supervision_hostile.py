@@ -22,7 +22,7 @@ from ito_assets.runtime.supervision.spikes import RollingDetector, Spike, SpikeC
 from ito_assets.runtime.supervision import supervisor as supervisor_module
 from ito_assets.runtime.supervision.relay import MAX_LINE_BYTES, MetricsRelay
 from ito_assets.runtime.supervision.supervisor import AttemptEnd, Supervisor, SupervisorConfig
-from runtime_helpers import worker_config
+from runtime_helpers import Recorder, worker_config
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -126,20 +126,8 @@ def test_a_heartbeat_from_the_past_does_not_kill_a_healthy_rank(tmp_path, monkey
 # --- the metrics relay -------------------------------------------------------------------------
 
 
-class _Recorder:
-    def __init__(self) -> None:
-        self.metrics_seen: list[tuple[int, dict]] = []
-        self.logs: list[str] = []
-
-    def metrics(self, step: int, values: dict) -> None:
-        self.metrics_seen.append((step, values))
-
-    def log(self, message: str) -> None:
-        self.logs.append(message)
-
-
-def _relay(tmp_path: Path) -> tuple[MetricsRelay, _Recorder, Path]:
-    path, recorder = tmp_path / "metrics.jsonl", _Recorder()
+def _relay(tmp_path: Path) -> tuple[MetricsRelay, Recorder, Path]:
+    path, recorder = tmp_path / "metrics.jsonl", Recorder()
     return MetricsRelay(path, recorder), recorder, path
 
 
