@@ -7,14 +7,18 @@ per node, joined by a c10d rendezvous on a free loopback port, with a rendezvous
 that a restarted attempt never meets the old one's ranks.
 
 torchrun runs in its own session; it starts every worker in a session of its own as well, so the
-workers are found by the pids in their heartbeats (checked against /proc before any signal, so a
-recycled pid is never hit). Termination is SIGTERM first (torchrun forwards it; the workers flush
+workers are found by the pids in their heartbeats. A heartbeat is a file anyone who can write the
+folder can forge, and a pid may have been recycled: a pid is signalled only while its process's
+initial environment (/proc/<pid>/environ, readable for our own processes only) holds the attempt's
+random launch id, which every launcher and the workers they spawn inherit and no other run's
+process has. Termination is SIGTERM first (torchrun forwards it; the workers flush
 a checkpoint), then SIGKILL to whatever is left after the grace period.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -56,7 +60,8 @@ class LocalAttempt:
     processes: list[subprocess.Popen]  # one launcher per node
     launched_at: float  # Unix seconds
     log_path: Path
-    worker_module: str  # what a worker's command line names: only such pids are ever signalled
+    worker_module: str  # the worker the attempt runs
+    launch_id: str = ""  # LAUNCH_ID_ENV of every process of the attempt: only such pids are ever signalled
 
     def exit_code(self) -> int | None:
         """The first non-zero exit of any node (a dead rank ends the attempt), 0 once every node
@@ -92,26 +97,36 @@ RANK_ENVIRONMENT = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GRO
                     "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
 
 
+# Names the attempt in its processes' environment: set last, so that nothing inherited overrides it.
+LAUNCH_ID_ENV = "ITO_LAUNCH_ID"
+
+
 def start(commands: list[list[str]], *, number: int, log_path: Path, worker_module: str,
           env: dict[str, str] | None = None, alone: bool = False) -> LocalAttempt:
     """Run every node's command in a session of its own, all writing to `log_path`; `alone`: the
     one command is a world of one, started without the rank environment of this process."""
     launched_at = time.time()
+    launch_id = secrets.token_hex(16)
     inherited = {k: v for k, v in os.environ.items() if not (alone and k in RANK_ENVIRONMENT)}
     processes = []
     with open(log_path, "ab") as log:
         for command in commands:
             processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                              env={**inherited, **(env or {})}))
+                                              env={**inherited, **(env or {}), LAUNCH_ID_ENV: launch_id}))
     return LocalAttempt(number=number, processes=processes, launched_at=launched_at, log_path=log_path,
-                        worker_module=worker_module)
+                        worker_module=worker_module, launch_id=launch_id)
 
 
-def _is_worker(pid: int, module: str) -> bool:
+def _is_worker(pid: int, launch_id: str) -> bool:
+    """Whether `pid` runs in the attempt whose launch id is `launch_id`: not a recycled pid, not
+    another run's worker, not a process of another user (its environ is unreadable)."""
+    if not launch_id:
+        return False
     try:
-        return module.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
         return False
+    return f"{LAUNCH_ID_ENV}={launch_id}".encode() in environ.split(b"\0")
 
 
 def _signal_group(pid: int, number: int) -> None:
@@ -132,28 +147,28 @@ def _zombie(pid: int) -> bool:
         return True
 
 
-def _running(pids: set[int], module: str) -> bool:
-    return any(_is_worker(pid, module) and not _zombie(pid) for pid in pids)
+def _running(pids: set[int], launch_id: str) -> bool:
+    return any(_is_worker(pid, launch_id) and not _zombie(pid) for pid in pids)
 
 
 def terminate(attempt: LocalAttempt, worker_pids: set[int], *, grace_s: float, poll_s: float = 0.05) -> float:
     """SIGTERM the launchers and the workers, SIGKILL them after `grace_s`; returns seconds spent."""
     started = time.monotonic()
-    module = attempt.worker_module
-    workers = {pid for pid in worker_pids if _is_worker(pid, module)}
+    launch_id = attempt.launch_id
+    workers = {pid for pid in worker_pids if _is_worker(pid, launch_id)}
     launchers = [p for p in attempt.processes if p.poll() is None]
     for process in launchers:
         _signal_group(process.pid, signal.SIGTERM)
     for pid in workers:
         _signal_group(pid, signal.SIGTERM)
     deadline = started + grace_s
-    while time.monotonic() < deadline and (any(p.poll() is None for p in launchers) or _running(workers, module)):
+    while time.monotonic() < deadline and (any(p.poll() is None for p in launchers) or _running(workers, launch_id)):
         time.sleep(poll_s)
     for process in attempt.processes:
         if process.poll() is None:
             _signal_group(process.pid, signal.SIGKILL)
     for pid in workers:
-        if _is_worker(pid, module):
+        if _is_worker(pid, launch_id):
             _signal_group(pid, signal.SIGKILL)
     for process in attempt.processes:
         process.wait()

@@ -7,7 +7,12 @@ import re
 import sys
 from dataclasses import dataclass, field
 
-_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
+from ito_assets.manifest.secrets import key_looks_secret, pattern_secret_kind
+
+# It is also a Kubernetes label value and names a Job: both must end in a letter or digit.
+_RUN_ID = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_-]{0,61}[A-Za-z0-9])?$")
+# An environment name as a shell (the sbatch script's `export NAME=...`) and Kubernetes accept it.
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 BACKENDS = ("gloo", "nccl")
 
@@ -26,7 +31,7 @@ class LaunchSpec:
 
     def __post_init__(self) -> None:
         if not _RUN_ID.match(self.run_id):
-            raise ValueError("run_id must be 1-63 letters, digits, '-' or '_'")
+            raise ValueError("run_id must be 1-63 letters, digits, '-' or '_', first and last a letter or digit")
         if self.nnodes < 1:
             raise ValueError("nnodes must be >= 1")
         if self.nproc_per_node < 1:
@@ -37,6 +42,7 @@ class LaunchSpec:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}")
         if not 1 <= self.rdzv_port <= 65535:
             raise ValueError("rdzv_port must be a TCP port")
+        _check_env(self.env)
 
     @property
     def world_size(self) -> int:
@@ -45,6 +51,21 @@ class LaunchSpec:
     @property
     def rdzv_endpoint(self) -> str:
         return f"{self.rdzv_host}:{self.rdzv_port}"
+
+
+def _check_env(env: tuple[tuple[str, str], ...]) -> None:
+    """The spec's environment is written out as it is (an sbatch script, a Job's manifest): a name
+    that is no identifier would run as shell code there, and a secret would be readable by anyone
+    who reads the script or the Job. On this machine and under Slurm the workers inherit the
+    launching process's environment, secrets included, without writing it anywhere. Values are
+    never echoed: a refused one may be a secret."""
+    for name, value in env:
+        if not _ENV_NAME.match(name):
+            raise ValueError("env names must be letters, digits and '_', not starting with a digit")
+        if key_looks_secret(name):
+            raise ValueError(f"env must hold non-secret settings only: {name} looks like a credential")
+        if pattern_secret_kind(value):
+            raise ValueError(f"env must hold non-secret settings only: the value of {name} is a credential")
 
 
 def torchrun_command(spec: LaunchSpec, *, python: str = sys.executable, rdzv_endpoint: str | None = None,

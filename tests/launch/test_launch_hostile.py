@@ -1,0 +1,139 @@
+"""The launch back ends against what they must never do: signal a process that is not their
+attempt's (a forged heartbeat, a recycled pid), write a secret or shell code into what they
+generate, or leave a job behind when the scheduler's answer is lost."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ito_assets.launch import local
+from ito_assets.launch.kubernetes import KubernetesSettings, job_body, job_name
+from ito_assets.launch.slurm import SlurmSettings, sbatch_script
+from ito_assets.launch.spec import LaunchSpec
+
+WORKER = "ito_assets.runtime.worker.main"
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)", WORKER]  # names the worker module, as a rank would
+CANARY = "hf_" + "Zq7" * 12  # a Hugging Face token's format
+
+
+def _gone(pid: int, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0]
+        except OSError:
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _stop(attempt: local.LocalAttempt) -> None:
+    for process in attempt.processes:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+
+
+def test_a_forged_heartbeat_naming_another_runs_worker_signals_nothing_of_it(tmp_path):
+    other = local.start([SLEEPER], number=0, log_path=tmp_path / "other.log", worker_module=WORKER)
+    ours = local.start([SLEEPER], number=0, log_path=tmp_path / "ours.log", worker_module=WORKER)
+    try:
+        victim = other.processes[0]
+        ours.terminate({victim.pid}, grace_s=2.0)
+        assert ours.processes[0].poll() is not None
+        time.sleep(0.2)
+        assert victim.poll() is None  # the other run's rank, though its command line names the worker
+    finally:
+        _stop(other)
+        _stop(ours)
+
+
+def test_a_pid_of_an_unrelated_process_naming_the_worker_is_not_signalled(tmp_path):
+    unrelated = subprocess.Popen(SLEEPER, start_new_session=True)  # e.g. `less ...worker/main.py`, `grep`
+    ours = local.start([SLEEPER], number=0, log_path=tmp_path / "ours.log", worker_module=WORKER)
+    try:
+        ours.terminate({unrelated.pid, os.getpid()}, grace_s=2.0)
+        time.sleep(0.2)
+        assert unrelated.poll() is None
+    finally:
+        unrelated.kill()
+        unrelated.wait()
+        _stop(ours)
+
+
+SPAWNER = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+open(sys.argv[1], "w").write(str(child.pid))
+time.sleep(60)
+"""
+
+
+def test_the_attempts_own_ranks_in_sessions_of_their_own_are_still_stopped(tmp_path):
+    # As torchrun does: every rank in a session of its own, found only by its heartbeat's pid.
+    pid_file = tmp_path / "rank.pid"
+    attempt = local.start([[sys.executable, "-c", SPAWNER, str(pid_file)]], number=0, log_path=tmp_path / "a.log",
+                          worker_module=WORKER)
+    try:
+        deadline = time.monotonic() + 20
+        while not pid_file.exists() or not pid_file.read_text():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        rank = int(pid_file.read_text())
+        attempt.terminate({rank}, grace_s=5.0)
+        assert _gone(rank)
+    finally:
+        _stop(attempt)
+
+
+# --- what the spec lets through to an sbatch script or a Job ------------------------------------
+
+SLURM = SlurmSettings(partition="gpu", time_limit="01:00:00")
+K8S = KubernetesSettings(image="i", volume_claim="c", mount_path="/data", namespace="ito")
+
+
+@pytest.mark.parametrize("name", ["X=1;touch /tmp/owned;Y", "A B", "$(id)", "-x", "1X", "X\nY", ""])
+def test_an_env_name_that_is_no_identifier_never_reaches_an_sbatch_script(name):
+    # `export NAME=...` writes the name unquoted: it would run as shell code on the compute node.
+    with pytest.raises(ValueError, match="env names"):
+        LaunchSpec(run_id="r1", nnodes=1, nproc_per_node=1, module="m", env=((name, "v"),))
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("HF_TOKEN", CANARY), ("ITO_API_TOKEN", "plain"), ("AWS_SECRET_ACCESS_KEY", "x"), ("SETTING", CANARY),
+])
+def test_a_secret_in_the_spec_env_is_refused_without_echoing_it(name, value):
+    # The env is written out as plain text: into the sbatch script and the Job's manifest.
+    with pytest.raises(ValueError, match="non-secret") as refused:
+        LaunchSpec(run_id="r1", nnodes=1, nproc_per_node=1, module="m", env=((name, value),))
+    assert CANARY not in str(refused.value)
+
+
+def test_secrets_of_the_launching_environment_reach_no_argv_script_or_manifest(tmp_path, monkeypatch):
+    for name in ("HF_TOKEN", "ITO_API_TOKEN", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(name, CANARY)
+    spec = LaunchSpec(run_id="run-1-pre-0", nnodes=2, nproc_per_node=2, module="m", args=("--config", "/data/c.json"),
+                      env=(("ITO_STATE_DIR", "/data"),))
+    generated = [sbatch_script(spec, SLURM), repr(job_body(spec, K8S)), *map(repr, local.node_commands(spec))]
+    assert not any(CANARY in text for text in generated)
+
+
+@pytest.mark.parametrize("run_id", ["abc_", "abc-", "a" * 62 + "_"])
+def test_a_run_id_must_end_as_a_label_and_a_job_name_do(run_id):
+    # `ito-abc-` is no DNS-1123 label, and `abc_` no label value: the API refuses the Job.
+    with pytest.raises(ValueError, match="run_id"):
+        LaunchSpec(run_id=run_id, nnodes=1, nproc_per_node=1, module="m")
+
+
+def test_accepted_run_ids_give_valid_job_names():
+    for run_id in ("a", "A_b-9", "x" * 63, "Run_" + "Q" * 59):
+        name = job_name(LaunchSpec(run_id=run_id, nnodes=3, nproc_per_node=1, module="m"))
+        assert name[0].isalnum() and name[-1].isalnum() and len(name) <= 63 and name == name.lower(), name
