@@ -272,15 +272,17 @@ class KubernetesAttempt:
         time.sleep(timeout_s)
 
     def terminate(self, worker_pids: set[int], *, grace_s: float) -> float:
-        """`worker_pids` live in the pods: the kubelet signals the containers itself."""
+        """`worker_pids` live in the pods: the kubelet signals the containers itself. An API error
+        while saving the logs or listing the pods does not stop the Job's delete: a Job left running
+        would hold its nodes until its deadline (a week by default)."""
         started = time.monotonic()
         self._save_logs()
-        for pod in self._pods():  # the kubelet sends SIGTERM, then SIGKILL after the grace period
+        for pod in self._listed():  # the kubelet sends SIGTERM, then SIGKILL after the grace period
             self._delete_pod(pod.metadata.name, math.ceil(grace_s))
-        while self._pods() and time.monotonic() < started + grace_s:
+        while self._listed() and time.monotonic() < started + grace_s:
             time.sleep(self.poll_s)
         _delete_job(self.batch, self.job, self.namespace)
-        for pod in self._pods():  # still there: force, so that no rank outlives its attempt
+        for pod in self._listed():  # still there: force, so that no rank outlives its attempt
             self._delete_pod(pod.metadata.name, 0)
         return time.monotonic() - started
 
@@ -288,13 +290,26 @@ class KubernetesAttempt:
         self._save_logs()
         _delete_job(self.batch, self.job, self.namespace)
 
+    def _listed(self) -> list[Any]:
+        """The pods, or none where the API would not list them: the Job's delete takes them with it."""
+        try:
+            return self._pods()
+        except _api_exception():
+            return []
+
     def _delete_pod(self, name: str, grace_s: int) -> None:
         _not_found(self.api.delete_namespaced_pod, name, self.namespace, grace_period_seconds=grace_s)
 
     def _save_logs(self) -> None:
-        """The pods' output into the attempt's log before they go: a failed rank's traceback."""
+        """The pods' output into the attempt's log before they go: a failed rank's traceback. Best
+        effort: pods the API would not list leave a line saying so, and the cleanup goes on."""
         with open(self.log_path, "a") as log:
-            for pod in self._pods():
+            try:
+                pods = self._pods()
+            except _api_exception() as error:
+                log.write(f"--- (no pods listed: {error.status} {error.reason})\n")
+                return
+            for pod in pods:
                 name = pod.metadata.name
                 try:
                     text = self.api.read_namespaced_pod_log(name, self.namespace)

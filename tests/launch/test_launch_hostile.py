@@ -137,3 +137,36 @@ def test_accepted_run_ids_give_valid_job_names():
     for run_id in ("a", "A_b-9", "x" * 63, "Run_" + "Q" * 59):
         name = job_name(LaunchSpec(run_id=run_id, nnodes=3, nproc_per_node=1, module="m"))
         assert name[0].isalnum() and name[-1].isalnum() and len(name) <= 63 and name == name.lower(), name
+
+
+# --- a Kubernetes API that fails part way through a stop -----------------------------------------
+
+def _failing_once(call):
+    """`call`, except that its first use answers 503, as a busy or restarting API server does."""
+    from kubernetes.client.exceptions import ApiException
+
+    calls = []
+
+    def once(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 1:
+            raise ApiException(status=503, reason="Service Unavailable")
+        return call(*args, **kwargs)
+    return once
+
+
+@pytest.mark.parametrize("stop", ["terminate", "release"])
+def test_an_api_error_while_saving_the_logs_still_deletes_the_job(tmp_path, stop):
+    pytest.importorskip("kubernetes")
+    from launch.test_kubernetes_backend import JOB, FakeCluster, _start
+
+    cluster = FakeCluster()
+    attempt = _start(cluster, tmp_log=tmp_path / "attempt-0.log")
+    attempt.poll_s = 0.01
+    cluster.list_namespaced_pod = _failing_once(cluster.list_namespaced_pod)
+    if stop == "terminate":
+        attempt.terminate({1}, grace_s=0.1)
+    else:
+        attempt.release()
+    assert ("delete_job", JOB, "Background") in cluster.calls and cluster.empty()
+    assert "no pods listed: 503" in (tmp_path / "attempt-0.log").read_text()
