@@ -11,6 +11,7 @@ supervisor: the job reads the config by its absolute path.
 from __future__ import annotations
 
 import os
+import pwd
 import re
 import shlex
 import subprocess
@@ -23,6 +24,8 @@ from ito_assets.launch.spec import LaunchSpec, torchrun_command
 # sbatch's own time formats: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
 _TIME_LIMIT = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
 _PARTITION = re.compile(r"^[A-Za-z0-9_.,-]+$")  # one #SBATCH line: no spaces, no newline
+_JOB_ID = re.compile(r"^[0-9]+$")  # what `sbatch --parsable` prints for one job
+JOB_NAME_PREFIX = "ito-"  # the job's name is this and the attempt's rendezvous id
 # A busy slurmctld answers in seconds; 60 s is Slurm's own MessageTimeout ceiling advice.
 COMMAND_TIMEOUT_S = 60.0
 # After the plain `scancel`: Slurm's default KillWait (30 s) between its SIGTERM and SIGKILL, twice.
@@ -69,7 +72,7 @@ def sbatch_script(spec: LaunchSpec, settings: SlurmSettings) -> str:
     workdir = f"cd {shlex.quote(settings.workdir)}\n" if settings.workdir else ""
     return (
         "#!/bin/bash\n"
-        f"#SBATCH --job-name=ito-{spec.run_id}\n"
+        f"#SBATCH --job-name={JOB_NAME_PREFIX}{spec.run_id}\n"
         f"#SBATCH --partition={settings.partition}\n"
         f"#SBATCH --nodes={spec.nnodes}\n"
         "#SBATCH --ntasks-per-node=1\n"  # one launcher per node; torchrun forks the ranks
@@ -189,7 +192,20 @@ class SlurmBackend:
         env = {k: v for k, v in os.environ.items() if not k.startswith(_STEP_ONLY_ENV_PREFIX)}
         submitted_at = time.time()
         done = _run(["sbatch", "--parsable", f"--output={log_path}", str(script)], env=env)
+        if done.returncode == 124:
+            _cancel_lost(spec)
+            raise RuntimeError(f"sbatch did not answer for attempt {number}: {done.stderr.strip()}")
         if done.returncode != 0:
             raise RuntimeError(f"sbatch refused attempt {number}: {done.stderr.strip()}")
         job_id = done.stdout.strip().split(";")[0]  # --parsable: "ID" or "ID;cluster"
+        if not _JOB_ID.match(job_id):  # else squeue and scancel would be asked about another job, or none
+            raise RuntimeError(f"sbatch gave attempt {number} no job id")
         return SlurmAttempt(number=number, submitted_at=submitted_at, job_id=job_id, log_path=log_path)
+
+
+def _cancel_lost(spec: LaunchSpec) -> None:
+    """sbatch timed out, which may have been after the controller took the job: cancel it by its
+    name (one of this attempt's own: the rendezvous id is per attempt), as this user only, so that
+    no attempt runs unwatched beside the next one."""
+    user = pwd.getpwuid(os.getuid()).pw_name
+    _run(["scancel", f"--name={JOB_NAME_PREFIX}{spec.run_id}", f"--user={user}"])

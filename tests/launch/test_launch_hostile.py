@@ -170,3 +170,40 @@ def test_an_api_error_while_saving_the_logs_still_deletes_the_job(tmp_path, stop
         attempt.release()
     assert ("delete_job", JOB, "Background") in cluster.calls and cluster.empty()
     assert "no pods listed: 503" in (tmp_path / "attempt-0.log").read_text()
+
+
+# --- an sbatch that hangs or answers nothing ----------------------------------------------------
+
+def _fake_slurm(tmp_path: Path, monkeypatch, sbatch_body: str) -> Path:
+    """`sbatch` and `scancel` on PATH that record their argv (one line each) in calls.log."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls.log"
+    bin_dir.mkdir()
+    for name, body in (("sbatch", sbatch_body), ("scancel", "")):
+        tool = bin_dir / name
+        tool.write_text(f'#!/bin/sh\necho "{name} $*" >> {calls}\n{body}\n')
+        tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    return calls
+
+
+def test_an_sbatch_that_timed_out_has_the_job_it_may_have_submitted_cancelled(tmp_path, monkeypatch):
+    from ito_assets.launch import slurm
+
+    calls = _fake_slurm(tmp_path, monkeypatch, "exec sleep 30")  # took the job, never answered
+    monkeypatch.setattr(slurm, "COMMAND_TIMEOUT_S", 0.5)
+    spec = LaunchSpec(run_id="run-1-pre-3", nnodes=1, nproc_per_node=1, module="m")
+    with pytest.raises(RuntimeError, match="did not answer"):
+        slurm.SlurmBackend(SLURM).start(spec, number=3, log_path=tmp_path / "attempt-3.log")
+    cancels = [line.split()[1:] for line in calls.read_text().splitlines() if line.startswith("scancel")]
+    assert len(cancels) == 1 and "--name=ito-run-1-pre-3" in cancels[0]
+    assert any(arg.startswith("--user=") for arg in cancels[0])  # never another user's job of that name
+
+
+@pytest.mark.parametrize("stdout", ["", "Submitted batch job 12", "-u alice"])
+def test_an_sbatch_answer_without_a_job_id_starts_no_attempt(tmp_path, monkeypatch, stdout):
+    from ito_assets.launch import slurm
+
+    _fake_slurm(tmp_path, monkeypatch, f"echo '{stdout}'")
+    spec = LaunchSpec(run_id="run-1-pre-0", nnodes=1, nproc_per_node=1, module="m")
+    with pytest.raises(RuntimeError, match="no job id"):
+        slurm.SlurmBackend(SLURM).start(spec, number=0, log_path=tmp_path / "attempt-0.log")
