@@ -17,17 +17,43 @@ from typing import Any, Callable, Iterator
 # generic credential carriers. The provider keys after ssh_private_key may follow "_" or "-"
 # (ENV_NAME_sk-...), so they are anchored on "no letter or digit before", not on \b.
 _NOT_AFTER_ALNUM = r"(?<![A-Za-z0-9])"
-_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
+
+
+class _Jwt:
+    """A JWT: header and payload `eyJ...` (base64url of a JSON object) and a signature, joined by
+    dots. One regex for it restarts after every "-" of a long run and takes quadratic time; this
+    reads each maximal run of base64url characters and dots once, as dot-separated segments."""
+
+    _RUN = re.compile(r"[A-Za-z0-9_.-]+")
+    _HEAD = re.compile(r"\beyJ[A-Za-z0-9_-]{5,}\Z")
+    _PAYLOAD = re.compile(r"eyJ[A-Za-z0-9_-]{5,}")
+
+    def search(self, value: str) -> bool:
+        for run in self._RUN.finditer(value):
+            segments = run.group(0).split(".")
+            for head, payload, signature in zip(segments, segments[1:], segments[2:]):
+                if len(signature) >= 5 and self._PAYLOAD.fullmatch(payload) and self._HEAD.search(head):
+                    return True
+        return False
+_PATTERNS: tuple[tuple[str, "re.Pattern[str] | _Jwt"], ...] = (
     ("aws_access_key_id", re.compile(r"\b(?:AKIA|ASIA|ABIA|ACCA|AIDA|AROA)[0-9A-Z]{16}\b")),
     ("aws_secret_access_key", re.compile(r"(?i)aws.{0,20}?[=:]\s*['\"]?[A-Za-z0-9/+]{40}\b")),
     ("github_token", re.compile(r"\bgh[pousr]_[A-Za-z0-9]{36,255}\b")),
     ("github_fine_grained_token", re.compile(r"\bgithub_pat_[A-Za-z0-9_]{22,255}\b")),
     ("hugging_face_token", re.compile(r"\bhf_[A-Za-z0-9]{30,}\b")),
     ("private_key", re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----")),
-    ("jwt", re.compile(r"\beyJ[A-Za-z0-9_-]{5,}\.eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}")),
+    ("jwt", _Jwt()),
     ("bearer_token", re.compile(r"(?i)\b(?:bearer|token)\s+[A-Za-z0-9._~+/-]{16,}=*")),
-    ("url_credentials", re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]+:[^/\s@]+@")),
-    ("slack_token", re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}")),
+    # Userinfo with a password, or a query parameter named like a credential (?token=, &sig=,
+    # X-Amz-Signature=, ?api_key=). Anchored on "://" and on "?&;", never on the scheme: a scheme
+    # pattern restarts at every letter of a long word and takes quadratic time.
+    ("url_credentials", re.compile(
+        r"://[^/\s:@]+:[^/\s@]+@"
+        r"|(?i:[?&;](?:[a-z0-9_.-]*[_.-])?"
+        r"(?:token|sig|signature|password|passwd|pwd|secret|credential|auth|api_?key|access_?key|secret_?key)"
+        r"=[^&#\s]{4,})")),
+    # Bot, user, legacy and refresh tokens (xoxb-, xoxp-, xoxe-...) and app-level tokens (xapp-).
+    ("slack_token", re.compile(r"\b(?:xox[abposre]|xapp)-[A-Za-z0-9-]{10,}")),
     ("slack_webhook", re.compile(r"hooks\.slack\.com/services/T[A-Za-z0-9_]+/B[A-Za-z0-9_]+/[A-Za-z0-9_]+")),
     ("ssh_private_key", re.compile(r"-----BEGIN OPENSSH PRIVATE KEY-----")),
     # OpenAI: user keys "sk-" and 48 letters or digits; project, service-account and admin keys
@@ -63,7 +89,8 @@ _ENTROPY_BITS = 4.2
 # A URI is judged per "/"-separated segment: mixed-case directory names with digits, joined into
 # one run, reach a token's entropy although no segment is one (dataroot://Corpora/Stdlib2026/...).
 # A bare base64 token keeps its "/" (it has no scheme), so it is still judged whole.
-_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S*")
+# Only the part from "://" on holds slashes; matching the scheme too would restart at every letter.
+_URI = re.compile(r"://\S*")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,110 @@
+"""Hostile manifests: credentials where the scan must still look, inputs built to make the scan
+slow, and refusals that must not echo what they refuse."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from helpers import valid_manifest, write_manifest
+from ito_assets.errors import ErrorCode, ItoError
+from ito_assets.manifest.secrets import value_secret_kind
+from ito_assets.manifest.verify import verify_manifest
+
+
+def _refusal(tmp_path, document) -> ItoError:
+    with pytest.raises(ItoError) as info:
+        verify_manifest(write_manifest(tmp_path / "m.json", document))
+    return info.value
+
+
+# --- the scan's time is linear in the value's length ----------------------------------------------
+
+# Each was quadratic (a regex restarting at every letter of one long word): 60,000 characters
+# took seconds, a 256 KiB manifest minutes.
+SLOW_BEFORE = {
+    "letters": "a" * 60_000,
+    "scheme-like word": "ghp_" + "a" * 60_000,
+    "jwt-like run": "eyJ-" * 15_000,
+    "jwt-like run with a dot": "eyJa.eyJ-" + "eyJ-" * 15_000,
+}
+
+
+@pytest.mark.parametrize("value", SLOW_BEFORE.values(), ids=SLOW_BEFORE.keys())
+def test_one_long_word_is_scanned_quickly(value):
+    started = time.perf_counter()
+    value_secret_kind(value)
+    assert time.perf_counter() - started < 1.0
+
+
+def test_a_long_word_in_a_manifest_is_judged_quickly(tmp_path):
+    document = valid_manifest()
+    document["model"]["surprise"] = "a" * 100_000
+    started = time.perf_counter()
+    assert _refusal(tmp_path, document).code is ErrorCode.MANIFEST_INVALID
+    assert time.perf_counter() - started < 2.0
+
+
+@pytest.mark.parametrize("value", [
+    "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJjYW5hcnkifQ.c2lnbmF0dXJl",
+    "Bearer-eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJjYW5hcnkifQ.c2lnbmF0dXJl",
+    "a.eyJabcde.eyJabcde.abcde",  # a JWT right after another dotted segment
+    "x eyJabcde.eyJabcde.abcde y",
+])
+def test_jwts_are_still_found(value):
+    assert value_secret_kind(value) == "jwt"
+
+
+@pytest.mark.parametrize("value", ["xeyJabcde.eyJabcde.abcde", "eyJabcde.eyJabcde-x.abcd", "eyJabcde..eyJabcde.abcde"])
+def test_jwt_near_misses(value):
+    assert value_secret_kind(value) is None
+
+
+# --- credentials in a URI's query string -------------------------------------------------------
+
+QUERY_SECRETS = {
+    "token": "file:///data/x.jsonl?token=s3cr3tvalue",
+    "azure sas": "file:///data/x.jsonl?sv=2022-11-02&sig=Ab%2Bcd%2FEfGh1234%3D",
+    "aws presigned": "file:///data/x.jsonl?X-Amz-Signature=0123456789abcdef",
+    "aws session": "file:///data/x.jsonl?X-Amz-Security-Token=FwoGZXIvYXdzEJr",
+    "api key": "tenant://checkpoints/run?api_key=abcdef123456",
+    "password": "tenant://checkpoints/run?user=ito;password=hunter2",
+    "access token": "dataroot://corpora/x.jsonl?a=1&access_token=abcd1234",
+}
+
+
+@pytest.mark.parametrize("uri", QUERY_SECRETS.values(), ids=QUERY_SECRETS.keys())
+def test_a_credential_in_a_query_string_is_refused_without_echo(tmp_path, uri):
+    document = valid_manifest()
+    if uri.startswith("tenant://"):
+        document["checkpoint_policy"]["storage_uri"] = uri
+    else:
+        document["data"][0]["uri"] = uri
+    error = _refusal(tmp_path, document)
+    assert error.code is ErrorCode.MANIFEST_CONTAINS_SECRET
+    assert "(url_credentials)" in error.message
+    secret = uri.rsplit("=", 1)[1]
+    assert secret[:4] not in error.message
+
+
+@pytest.mark.parametrize("value", [
+    "file:///data/x.jsonl?format=jsonl&page=2",
+    "file:///data/x.jsonl?tokens=1000",
+    "file:///data/x.jsonl?token=",
+    "file:///data/x.jsonl?max_tokens=5",
+    "the run used 1000 tokens; see ?design",
+])
+def test_ordinary_query_strings_pass(value):
+    assert value_secret_kind(value) is None
+
+
+# --- token formats ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("token", [
+    "xapp-1-A0123ABCDEF-1234567890123-0123456789abcdef0123456789abcdef",  # Slack app-level token
+    "xoxe-1-abcdefghij0123456789",  # Slack refresh token
+])
+def test_slack_app_and_refresh_tokens(token):
+    assert value_secret_kind(token) == "slack_token"
