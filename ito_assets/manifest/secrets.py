@@ -154,11 +154,23 @@ def _walk(value: Any, path: tuple) -> Iterator[tuple[tuple, Any]]:
             yield from _walk(child, path + (index,))
 
 
+# A key name shown in a message: printable ASCII without spaces and short. Anything else (a
+# newline that forges a log line, a terminal escape, a bidi override, a 100 KB name) is `<key>`.
+_SHOWABLE_KEY = re.compile(r"[\x21-\x7e]{1,64}")
+
+
+def shown_key(key: str) -> str:
+    """`key` as an error message may show it: itself, or `<key>` when it looks like a secret or
+    could disguise or flood the message."""
+    if not _SHOWABLE_KEY.fullmatch(key) or value_secret_kind(key):
+        return "<key>"
+    return key
+
+
 def _location(path: tuple) -> str:
     out = ""
     for part in path:
-        # Key names are shown only when they are not themselves secret-looking.
-        out += f"[{part}]" if isinstance(part, int) else f".{part if not value_secret_kind(part) else '<key>'}"
+        out += f"[{part}]" if isinstance(part, int) else f".{shown_key(part)}"
     return out.lstrip(".") or "<root>"
 
 

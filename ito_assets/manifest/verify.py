@@ -46,7 +46,11 @@ class VerifiedManifest:
 
 
 def _schema_error(exc: ValidationError) -> ItoError:
-    locations = sorted({".".join(str(p) for p in err["loc"]) or "<root>" for err in exc.errors()})
+    # An unknown field's location holds the caller's key name: shown only as `shown_key` allows.
+    locations = sorted({
+        ".".join(str(p) if isinstance(p, int) else secrets.shown_key(p) for p in err["loc"]) or "<root>"
+        for err in exc.errors()
+    })
     shown = ", ".join(locations[:_MAX_REPORTED_FIELDS])
     more = f" (+{len(locations) - _MAX_REPORTED_FIELDS} more)" if len(locations) > _MAX_REPORTED_FIELDS else ""
     return ItoError(ErrorCode.MANIFEST_INVALID, f"the manifest does not match the schema at: {shown}{more}")

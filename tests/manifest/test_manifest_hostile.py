@@ -108,3 +108,38 @@ def test_ordinary_query_strings_pass(value):
 ])
 def test_slack_app_and_refresh_tokens(token):
     assert value_secret_kind(token) == "slack_token"
+
+
+# --- key names in refusals ---------------------------------------------------------------------
+
+HOSTILE_KEYS = {
+    "newline": "a\nERROR forged line",
+    "terminal escape": "\x1b[2J\x1b[31mred",
+    "bidi override": "\u202eevil",
+    "space": "two words",
+    "huge": "k" * 100_000,
+}
+
+
+@pytest.mark.parametrize("key", HOSTILE_KEYS.values(), ids=HOSTILE_KEYS.keys())
+def test_an_unknown_key_is_not_echoed_unless_plain(tmp_path, key):
+    document = valid_manifest()
+    document["model"][key] = 1
+    error = _refusal(tmp_path, document)
+    assert error.code is ErrorCode.MANIFEST_INVALID
+    assert error.message == "the manifest does not match the schema at: model.<key>"
+
+
+@pytest.mark.parametrize("key", HOSTILE_KEYS.values(), ids=HOSTILE_KEYS.keys())
+def test_a_secret_below_a_hostile_key_is_located_without_it(tmp_path, key):
+    document = valid_manifest()
+    document["model"][key] = {"password": "x"}
+    error = _refusal(tmp_path, document)
+    assert error.code is ErrorCode.MANIFEST_CONTAINS_SECRET
+    assert error.message == "the manifest contains secret material at: model.<key>.password (credential_key_name)"
+
+
+def test_a_plain_unknown_key_is_still_named(tmp_path):
+    document = valid_manifest()
+    document["model"]["surprise"] = 1
+    assert _refusal(tmp_path, document).message == "the manifest does not match the schema at: model.surprise"
