@@ -94,11 +94,12 @@ class KubernetesSettings:
 
 
 def _name(spec: LaunchSpec, room: int = 0) -> str:
-    """`ito-<run id>` as a DNS-1123 label with `room` characters to spare: lower case, '-' for '_';
-    a name that had to be cut ends in a digest of the whole id, so two attempts never share one."""
+    """`ito-<run id>` as a DNS-1123 label with `room` characters to spare: lower case, '-' for '_'.
+    A name that had to be changed or cut ends in a digest of the whole id: `run_x`, `run-x` and
+    `Run_X` would otherwise share one Job, and one attempt's stop would delete another's."""
     name = "ito-" + re.sub(r"[^a-z0-9-]", "-", spec.run_id.lower())
     limit = _MAX_NAME - room
-    if len(name) > limit:
+    if name != "ito-" + spec.run_id or len(name) > limit:
         digest = hashlib.sha256(spec.run_id.encode()).hexdigest()[:8]
         name = name[: limit - len(digest) - 1].rstrip("-") + "-" + digest
     return name

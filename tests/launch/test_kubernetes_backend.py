@@ -8,6 +8,7 @@ collector."""
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import random
 import string
@@ -261,7 +262,12 @@ class FakeCluster:
 SETTINGS = KubernetesSettings(image="ito-training:0.1.0", volume_claim="ito-runs", mount_path="/mnt/ito",
                               namespace="ito", gpus_per_node=8)
 STAGE = Path("/mnt/ito/run_x/pretraining")
-JOB = "ito-run-x-pretraining-0"
+def _job_of(run_id: str) -> str:
+    """A run id mapped to a label ("_" is "-") ends with a digest of the id itself."""
+    return f"ito-{run_id.replace('_', '-')}-" + hashlib.sha256(run_id.encode()).hexdigest()[:8]
+
+
+JOB = _job_of("run_x-pretraining-0")
 
 
 def _start(cluster: FakeCluster, *, nnodes: int = 2, number: int = 0, stage: Path = STAGE,
@@ -479,9 +485,9 @@ def test_the_supervisor_restarts_a_failed_attempt_with_a_fresh_job(tmp_path):
 
     def on_create(pod: dict) -> None:  # what the pods' ranks would do
         name = pod["metadata"]["name"]
-        if name.startswith("ito-run-x-pretraining-0-1-"):
+        if name.startswith(_job_of("run_x-pretraining-0") + "-1-"):
             cluster.set(name, "Failed", exit_code=137)
-        elif name.startswith("ito-run-x-pretraining-1-"):
+        elif name.startswith(_job_of("run_x-pretraining-1") + "-"):
             cluster.set(name, "Succeeded", exit_code=0)
             (stage_dir / RESULT_NAME).write_text(json.dumps({"num_steps": 24}))
 
@@ -494,7 +500,7 @@ def test_the_supervisor_restarts_a_failed_attempt_with_a_fresh_job(tmp_path):
     report = Supervisor(worker=_worker(tmp_path), config=config, backend=backend).run()
 
     assert report.outcome == "succeeded" and report.num_attempts == 2 and report.faults[0].kind == "dead"
-    assert [c[1] for c in cluster.calls if c[0] == "create_job"] == [f"ito-run-x-pretraining-{n}" for n in (0, 1)]
+    assert [c[1] for c in cluster.calls if c[0] == "create_job"] == [_job_of(f"run_x-pretraining-{n}") for n in (0, 1)]
     assert cluster.empty()  # the failed attempt terminated, the finished one released
     command = " ".join(_model(cluster.sent[1], "V1Job").spec.template.spec.containers[0].command)  # attempt 1
     assert f"--config {stage_dir}/attempt-1.json" in command and "--rdzv-id=run_x-pretraining-1" in command

@@ -139,6 +139,15 @@ def test_accepted_run_ids_give_valid_job_names():
         assert name[0].isalnum() and name[-1].isalnum() and len(name) <= 63 and name == name.lower(), name
 
 
+def test_run_ids_that_map_to_one_label_get_jobs_of_their_own():
+    """`run_x`, `run-x` and `Run_X` lower-case to one label: without a digest one run's Job would
+    refuse the other's (409) and one attempt's stop would delete the other's Job."""
+    names = {job_name(LaunchSpec(run_id=run_id, nnodes=2, nproc_per_node=1, module="m"))
+             for run_id in ("run_x-pre-0", "run-x-pre-0", "Run_X-pre-0")}
+    assert len(names) == 3
+    assert job_name(LaunchSpec(run_id="run-x-pre-0", nnodes=2, nproc_per_node=1, module="m")) == "ito-run-x-pre-0"
+
+
 # --- a Kubernetes API that fails part way through a stop -----------------------------------------
 
 def _failing_once(call):
