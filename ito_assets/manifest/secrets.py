@@ -35,6 +35,8 @@ class _Jwt:
                 if len(signature) >= 5 and self._PAYLOAD.fullmatch(payload) and self._HEAD.search(head):
                     return True
         return False
+
+
 _PATTERNS: tuple[tuple[str, "re.Pattern[str] | _Jwt"], ...] = (
     ("aws_access_key_id", re.compile(r"\b(?:AKIA|ASIA|ABIA|ACCA|AIDA|AROA)[0-9A-Z]{16}\b")),
     ("aws_secret_access_key", re.compile(r"(?i)aws.{0,20}?[=:]\s*['\"]?[A-Za-z0-9/+]{40}\b")),
