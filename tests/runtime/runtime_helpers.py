@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import time
 from dataclasses import replace
@@ -123,3 +124,24 @@ class Recorder:
 
     def log(self, message: str) -> None:
         self.logs.append(message)
+
+
+# --- a newer checkpoint folder whose completion marker lies about it (step 10 beside a whole step 5) ---
+
+
+def copied_under_a_newer_step(stage: Path) -> None:
+    shutil.copytree(markers.checkpoint_dir(stage, 5), markers.checkpoint_dir(stage, 10))
+
+
+def shard_removed(stage: Path) -> None:
+    next(markers.checkpoint_dir(stage, 10).glob("*.distcp")).unlink()
+
+
+def shard_cut_short(stage: Path) -> None:
+    shard = next(markers.checkpoint_dir(stage, 10).glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:-1])
+
+
+def shard_added(stage: Path) -> None:
+    (markers.checkpoint_dir(stage, 10) / "__9_0.distcp").write_bytes(b"not written by this save")
+

@@ -27,6 +27,7 @@ from ito_assets.runtime.checkpoint import resume
 from ito_assets.runtime.checkpoint.markers import MARKER_NAME
 from ito_assets.runtime.checkpoint.saver import CheckpointConfig, Checkpointer, storage_cause
 from ito_assets.runtime.record import publish
+from runtime_helpers import copied_under_a_newer_step, shard_added, shard_cut_short, shard_removed
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -118,26 +119,9 @@ def test_a_marker_that_is_a_directory_or_a_link_reads_as_none(tmp_path, kind):
 # --- keep_last: a folder whose marker lies never counts ------------------------------------------------
 
 
-def _copied_under_a_newer_step(directory: Path) -> None:
-    shutil.copytree(markers.checkpoint_dir(directory, 5), markers.checkpoint_dir(directory, 10))
-
-
-def _shard_removed(directory: Path) -> None:
-    next(markers.checkpoint_dir(directory, 10).glob("*.distcp")).unlink()
-
-
-def _shard_cut_short(directory: Path) -> None:
-    shard = next(markers.checkpoint_dir(directory, 10).glob("*.distcp"))
-    shard.write_bytes(shard.read_bytes()[:-1])
-
-
-def _shard_added(directory: Path) -> None:
-    (markers.checkpoint_dir(directory, 10) / "__9_0.distcp").write_bytes(b"not written by this save")
-
-
-@pytest.mark.parametrize("damage", [_copied_under_a_newer_step, _shard_removed, _shard_cut_short, _shard_added])
+@pytest.mark.parametrize("damage", [copied_under_a_newer_step, shard_removed, shard_cut_short, shard_added])
 def test_a_newer_folder_whose_marker_lies_never_gets_the_only_whole_checkpoint_pruned(tmp_path, damage):
-    _save(tmp_path, [5] if damage is _copied_under_a_newer_step else [5, 10])
+    _save(tmp_path, [5] if damage is copied_under_a_newer_step else [5, 10])
     damage(tmp_path)
     assert _saver(tmp_path, keep_last=1).prune() == []
     assert _resume(tmp_path) == (5, 5.0)

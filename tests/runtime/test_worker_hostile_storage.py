@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -29,7 +28,7 @@ from ito_assets.runtime.supervision.spikes import Spike
 from ito_assets.runtime.worker import main, reporting
 from ito_assets.runtime.worker.main import EXIT_STORAGE, StageWorker
 from ito_assets.runtime.worker.reporting import JsonlReporter
-from runtime_helpers import worker_config
+from runtime_helpers import copied_under_a_newer_step, shard_cut_short, shard_removed, worker_config
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -140,19 +139,6 @@ def _save(stage: Path, steps) -> None:
     saver.close()
 
 
-def _copied_under_a_newer_step(stage: Path) -> None:
-    shutil.copytree(markers.checkpoint_dir(stage, 5), markers.checkpoint_dir(stage, 10))
-
-
-def _shard_removed(stage: Path) -> None:
-    next(markers.checkpoint_dir(stage, 10).glob("*.distcp")).unlink()
-
-
-def _shard_cut_short(stage: Path) -> None:
-    shard = next(markers.checkpoint_dir(stage, 10).glob("*.distcp"))
-    shard.write_bytes(shard.read_bytes()[:-1])
-
-
 def _propose(worker: StageWorker) -> proposals.ProposedAction:
     worker.log = lambda message: None
     StageWorker.propose(worker, Spike(step=20, metric="loss", value=9.0, mean=3.0, std=0.1), 20)
@@ -160,10 +146,10 @@ def _propose(worker: StageWorker) -> proposals.ProposedAction:
     return proposal
 
 
-@pytest.mark.parametrize("damage", [_copied_under_a_newer_step, _shard_removed, _shard_cut_short])
+@pytest.mark.parametrize("damage", [copied_under_a_newer_step, shard_removed, shard_cut_short])
 def test_a_folder_whose_marker_lies_is_never_proposed_as_the_restart_point(tmp_path, damage):
     worker = _worker(tmp_path)
-    _save(worker.stage_dir, [5] if damage is _copied_under_a_newer_step else [5, 10])
+    _save(worker.stage_dir, [5] if damage is copied_under_a_newer_step else [5, 10])
     damage(worker.stage_dir)
     assert markers.read_marker(markers.checkpoint_dir(worker.stage_dir, 10)) is not None  # it still reads
     proposal = _propose(worker)
