@@ -127,28 +127,39 @@ def _create_locked(conn: sa.Connection, ledger: Ledger, policy: ServerPolicy, ac
 def create_run(ledger: Ledger, policy: ServerPolicy, identity: Identity, request: TrainRequest) -> Created:
     account_id = identity.tenant
     validate_key(request.idempotency_key)
+    try:
+        return _create(ledger, policy, account_id, request)
+    except ItoError as error:
+        # Every refusal is audited, wherever it was found (a reused key is found before the write
+        # transaction, under its lock, or after a lost race); "in flight" is no answer yet.
+        if error.code is not ErrorCode.IDEMPOTENCY_KEY_IN_FLIGHT:
+            _audit_refusal(ledger, identity, request, error)
+        raise
+
+
+def _create(ledger: Ledger, policy: ServerPolicy, account_id: str, request: TrainRequest) -> Created:
     with ledger.read() as conn:
         replay = _replay(conn, account_id, request.idempotency_key, request.fingerprint())
     if replay is not None:
         return replay
     try:
         with ledger.write() as conn:
-            created = _create_locked(conn, ledger, policy, account_id, request)
+            return _create_locked(conn, ledger, policy, account_id, request)
     except sa.exc.IntegrityError:
         return _replay_after_race(ledger, account_id, request.idempotency_key, request.fingerprint())
     except sa.exc.OperationalError as exc:
         if not idempotency.is_lock_timeout(exc):
             raise
         return _replay_after_race(ledger, account_id, request.idempotency_key, request.fingerprint())
-    except ItoError as error:
-        # The subject is the booking only when its id has the ledger's form: caller text never
-        # reaches the audit trail (and cannot overflow its subject column).
-        subject = request.booking_id if ids.is_booking_id(request.booking_id) else None
-        try:
-            audit.record_refusal(ledger, "run_refused", error.code.value, actor=identity.token_id,
-                                 account_id=account_id, subject=subject,
-                                 manifest_digest=request.verified.digest, idempotency_key=request.idempotency_key)
-        except sa.exc.SQLAlchemyError:
-            pass  # a busy or full ledger must not turn a refusal into another answer
-        raise
-    return created
+
+
+def _audit_refusal(ledger: Ledger, identity: Identity, request: TrainRequest, error: ItoError) -> None:
+    # The subject is the booking only when its id has the ledger's form: caller text never
+    # reaches the audit trail (and cannot overflow its subject column).
+    subject = request.booking_id if ids.is_booking_id(request.booking_id) else None
+    try:
+        audit.record_refusal(ledger, "run_refused", error.code.value, actor=identity.token_id,
+                             account_id=identity.tenant, subject=subject,
+                             manifest_digest=request.verified.digest, idempotency_key=request.idempotency_key)
+    except sa.exc.SQLAlchemyError:
+        pass  # a busy or full ledger must not turn a refusal into another answer

@@ -77,6 +77,13 @@ def capacity_taken(world, ref):
     return lambda: train(world, ref)
 
 
+def key_reused(world, ref):
+    """The key already created a run for another manifest: found before the write transaction."""
+    train(world, world.confirm_train(manifest=verified(manifest_bytes(name="the-first-use"))),
+          manifest=verified(manifest_bytes(name="the-first-use")))
+    return lambda: train(world, ref)
+
+
 CASES = [
     (revoke_booking, ErrorCode.BOOKING_REVOKED),
     (booking_ends, ErrorCode.BOOKING_EXPIRED),
@@ -88,6 +95,7 @@ CASES = [
     (confirmation_expires, ErrorCode.CONFIRMATION_EXPIRED),
     (malformed_key, ErrorCode.IDEMPOTENCY_KEY_INVALID),
     (capacity_taken, ErrorCode.CAPACITY_UNAVAILABLE),
+    (key_reused, ErrorCode.IDEMPOTENCY_KEY_REUSED),
 ]
 
 
@@ -108,6 +116,39 @@ def test_a_refused_train_changes_nothing_but_the_audit_trail(world, make, code) 
         assert set(last.detail) == {"manifest_digest", "idempotency_key"}
         assert last.detail["idempotency_key"] == "key-refused-01" and last.detail["manifest_digest"].startswith("sha256:")
     assert ref not in str(last.detail)
+
+
+def test_a_reused_key_found_after_a_lost_race_is_audited_and_in_flight_is_not(world, monkeypatch) -> None:
+    """The other two places a key's answer is found: after the write transaction lost the race
+    for it (the key differs: refused and audited) or before the winner committed (in flight: no
+    answer yet, nothing audited)."""
+    ref = world.confirm_train()
+    first = verified(manifest_bytes(name="the-first-use"))
+    train(world, world.confirm_train(manifest=first), manifest=first)
+    real_lookup = create_run.idempotency.lookup
+    seen = []
+
+    def lookup_misses_once(conn, account_id, key):  # the twin had not committed at the first look
+        seen.append(key)
+        return None if len(seen) == 1 else real_lookup(conn, account_id, key)
+
+    def loses_the_race(*args, **kwargs):
+        raise sa.exc.IntegrityError("INSERT INTO idempotency_keys", {}, Exception("unique violation"))
+
+    monkeypatch.setattr(create_run.idempotency, "lookup", lookup_misses_once)
+    monkeypatch.setattr(create_run, "_create_locked", loses_the_race)
+    with pytest.raises(ItoError) as reused:
+        train(world, ref)
+    assert reused.value.code is ErrorCode.IDEMPOTENCY_KEY_REUSED
+    last = audit.events(world.ledger, limit=10_000)[-1]
+    assert (last.kind, last.code, last.detail["idempotency_key"]) == ("run_refused", "IDEMPOTENCY_KEY_REUSED", "key-refused-01")
+
+    monkeypatch.setattr(create_run.idempotency, "lookup", lambda conn, account_id, key: None)
+    before = len(audit.events(world.ledger, limit=10_000))
+    with pytest.raises(ItoError) as waiting:
+        train(world, ref, key="key-in-flight-1")
+    assert waiting.value.code is ErrorCode.IDEMPOTENCY_KEY_IN_FLIGHT
+    assert len(audit.events(world.ledger, limit=10_000)) == before
 
 
 def test_the_refusal_event_names_the_booking_and_manifest_that_were_refused(world) -> None:
