@@ -16,10 +16,14 @@ The cluster cleans up after an attempt whether or not its supervisor lives to do
 `KubernetesBackend` drives it with the plain `kubernetes` client: BatchV1Api for the Job, CoreV1Api
 for the service, the pods and their logs. It reads the exit codes from the pods' container statuses
 and the Job's conditions, stops an attempt by deleting its pods with a grace period (SIGTERM: the
-ranks flush a checkpoint), then the Job, forcing what is left after the grace period. The
-attempt's config, checkpoints and heartbeats live on a volume (a PersistentVolumeClaim) that the
-supervisor's pod mounts at the same path as the trainer pods. The supervisor's service account
-needs create, get, list and delete on jobs (batch), services and pods, and get on pods/log.
+ranks flush a checkpoint), then the Job, forcing what is left after the grace period. Every call
+has a `_request_timeout` (`request_timeout_s`): the supervisor runs unattended, and an API server
+that accepted the connection but never answers would otherwise hold it forever. Every delete names
+the uid of the object it means (a precondition): a name is the run's and attempt's, and a Job or pod
+made later under the same name is not ours to delete. The attempt's config, checkpoints and
+heartbeats live on a volume (a PersistentVolumeClaim) that the supervisor's pod mounts at the same
+path as the trainer pods. The supervisor's service account needs create, get, list and delete on
+jobs (batch), services and pods, and get on pods/log.
 
 Not through dagster_k8s.PipesK8sClient: its `run` needs the Dagster context (the supervisor runs
 out of process, without Dagster), starts one pod per Dagster step (named by run and op) and blocks
@@ -30,9 +34,11 @@ metrics to the stage's JSONL file on the shared volume, not through Pipes.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import re
+import secrets
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
@@ -63,6 +69,13 @@ MISSING_JOB_EXIT = 1
 DEADLINE_EXIT = 124
 # The Job failed (a pod deleted, the pods' codes already gone) without a code of its own.
 FAILED_JOB_EXIT = 1
+# A healthy API server answers in well under a second; one silent this long has stopped answering.
+# The client retries a GET or a DELETE that got no answer three times (urllib3's default), so such a
+# call gives up after at most four times this; a create is not retried.
+REQUEST_TIMEOUT_S = 30.0
+# An annotation with a token of the start that created the Job: after a create that got no answer,
+# it tells our Job from another one under the same name.
+LAUNCH_KEY = "ito/launch"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,6 +89,7 @@ class KubernetesSettings:
     rdzv_port: int = 29400  # torchrun's default c10d port, on node 0's pod
     active_deadline_s: int = ACTIVE_DEADLINE_S  # the Job's activeDeadlineSeconds, per attempt
     ttl_after_finished_s: int = TTL_AFTER_FINISHED_S  # the Job's ttlSecondsAfterFinished
+    request_timeout_s: float = REQUEST_TIMEOUT_S  # every API call's _request_timeout
 
     def __post_init__(self) -> None:
         if not self.image or not self.volume_claim or not self.namespace:
@@ -91,6 +105,9 @@ class KubernetesSettings:
         # 0 is valid for Kubernetes but would delete the pods before the supervisor reads their codes.
         if self.ttl_after_finished_s < 1:
             raise ValueError("ttl_after_finished_s must be >= 1")
+        # The client reads 0 as no timeout at all; NaN and inf bound nothing either.
+        if not math.isfinite(self.request_timeout_s) or self.request_timeout_s <= 0:
+            raise ValueError("request_timeout_s must be a finite number of seconds > 0")
 
 
 def _name(spec: LaunchSpec, room: int = 0) -> str:
@@ -229,19 +246,54 @@ def _api_exception() -> type[Exception]:
     return ApiException
 
 
-def _not_found(call, *args, **kwargs) -> None:
-    """Run a delete; an object already gone is what the delete wanted."""
+def _no_answer() -> type[Exception]:
+    """What the client raises where the API did not answer: urllib3's own error, not an
+    ApiException (a read timeout: ReadTimeoutError for a create, MaxRetryError around it for a GET
+    or a DELETE, which the client retries; a refused connection likewise)."""
+    from urllib3.exceptions import HTTPError
+
+    return HTTPError
+
+
+def _api_errors() -> tuple[type[Exception], ...]:
+    return _api_exception(), _no_answer()
+
+
+def _unavailable(error: Exception) -> bool:
+    """No answer in time, or an API server that answered that it cannot serve (5xx): what a later
+    try may get past, unlike a refusal (4xx: a permission, or a request the back end got wrong)."""
+    return isinstance(error, _no_answer()) or (getattr(error, "status", None) or 0) >= 500
+
+
+def _why(error: Exception) -> str:
+    """An API error for the attempt's log."""
+    if isinstance(error, _api_exception()):
+        return f"{error.status} {error.reason}"
+    return f"no answer: {type(getattr(error, 'reason', None) or error).__name__}"
+
+
+def _delete(call, name: str, namespace: str, *, uid: str, timeout_s: float, **options) -> None:
+    """Delete `name` only while it is the object `uid`. Gone (404) or another object by now (409:
+    the precondition failed) is what the delete wanted: ours is not there."""
+    from kubernetes.client import V1DeleteOptions, V1Preconditions
+
+    body = V1DeleteOptions(preconditions=V1Preconditions(uid=uid), **options)
     try:
-        call(*args, **kwargs)
+        call(name, namespace, body=body, _request_timeout=timeout_s)
     except _api_exception() as error:
-        if error.status != 404:
+        if error.status not in (404, 409):
             raise
 
 
-def _delete_job(batch: Any, name: str, namespace: str) -> None:
+def _delete_job(batch: Any, name: str, namespace: str, *, uid: str, timeout_s: float) -> None:
     # The API's default for a batch/v1 Job orphans its pods: name the propagation. Background: the
     # Job goes at once, the garbage collector deletes its pods and service after it.
-    _not_found(batch.delete_namespaced_job, name, namespace, propagation_policy="Background")
+    _delete(batch.delete_namespaced_job, name, namespace, uid=uid, timeout_s=timeout_s,
+            propagation_policy="Background")
+
+
+def _owned_by(pod: Any, uid: str) -> bool:
+    return any(owner.uid == uid for owner in pod.metadata.owner_references or [])
 
 
 @dataclass
@@ -252,20 +304,28 @@ class KubernetesAttempt:
     batch: Any  # kubernetes.client.BatchV1Api: the Job
     namespace: str
     job: str
+    job_uid: str  # the Job create_namespaced_job made: every delete names it
     nnodes: int
     log_path: Path
+    request_timeout_s: float
     poll_s: float = 1.0
 
     def _pods(self) -> list[Any]:
-        listed = self.api.list_namespaced_pod(self.namespace, label_selector=f"{JOB_NAME_LABEL}={self.job}")
-        return sorted(listed.items, key=pod_index)
+        """Listed by the Job's name, kept where our Job owns them: a later Job by the name has its own."""
+        listed = self.api.list_namespaced_pod(self.namespace, label_selector=f"{JOB_NAME_LABEL}={self.job}",
+                                              _request_timeout=self.request_timeout_s)
+        return sorted((pod for pod in listed.items if _owned_by(pod, self.job_uid)), key=pod_index)
 
     def exit_code(self) -> int | None:
         try:
-            job = self.batch.read_namespaced_job(self.job, self.namespace)
+            job = self.batch.read_namespaced_job(self.job, self.namespace, _request_timeout=self.request_timeout_s)
             pods = self._pods()
-        except _api_exception() as error:  # an API server busy or restarting: ask again at the next poll
-            return MISSING_JOB_EXIT if error.status == 404 else None
+        except _api_errors() as error:
+            # A busy or restarting API server, or one that did not answer in time: unknown is not
+            # an end, ask again at the next poll (the heartbeats still tell a hung attempt).
+            return MISSING_JOB_EXIT if getattr(error, "status", None) == 404 else None
+        if job.metadata.uid != self.job_uid:  # ours is gone, another Job took its name
+            return MISSING_JOB_EXIT
         return job_exit_code(job, pods, self.nnodes)
 
     def wait(self, timeout_s: float) -> None:
@@ -275,47 +335,76 @@ class KubernetesAttempt:
     def terminate(self, worker_pids: set[int], *, grace_s: float) -> float:
         """`worker_pids` live in the pods: the kubelet signals the containers itself. An API error
         while saving the logs or listing the pods does not stop the Job's delete: a Job left running
-        would hold its nodes until its deadline (a week by default)."""
+        would hold its nodes until its deadline (a week by default). A delete the API did not answer
+        (or answered 5xx) is noted in the attempt's log, not raised: the supervisor goes on to its
+        restart or its report, whose next call to the API finds out whether it is back."""
         started = time.monotonic()
         self._save_logs()
-        for pod in self._listed():  # the kubelet sends SIGTERM, then SIGKILL after the grace period
-            self._delete_pod(pod.metadata.name, math.ceil(grace_s))
+        self._delete_pods(self._listed(), math.ceil(grace_s))  # the kubelet: SIGTERM, SIGKILL after the grace
         while self._listed() and time.monotonic() < started + grace_s:
             time.sleep(self.poll_s)
-        _delete_job(self.batch, self.job, self.namespace)
-        for pod in self._listed():  # still there: force, so that no rank outlives its attempt
-            self._delete_pod(pod.metadata.name, 0)
+        self._delete_job()
+        self._delete_pods(self._listed(), 0)  # still there: force, so that no rank outlives its attempt
         return time.monotonic() - started
 
     def release(self) -> None:
+        """The attempt ended: a Job whose delete got no answer goes by its TTL."""
         self._save_logs()
-        _delete_job(self.batch, self.job, self.namespace)
+        self._delete_job()
 
     def _listed(self) -> list[Any]:
         """The pods, or none where the API would not list them: the Job's delete takes them with it."""
         try:
             return self._pods()
-        except _api_exception():
+        except _api_errors():
             return []
 
-    def _delete_pod(self, name: str, grace_s: int) -> None:
-        _not_found(self.api.delete_namespaced_pod, name, self.namespace, grace_period_seconds=grace_s)
+    def _delete_job(self) -> None:
+        try:
+            _delete_job(self.batch, self.job, self.namespace, uid=self.job_uid, timeout_s=self.request_timeout_s)
+        except _api_errors() as error:
+            if not _unavailable(error):
+                raise
+            self._note(f"--- the Job {self.job} was not deleted ({_why(error)}): its deadline or TTL removes it")
+
+    def _delete_pods(self, pods: list[Any], grace_s: int) -> None:
+        """The first pod delete the API does not answer ends the loop: each of the others would wait
+        as long, and the Job's delete takes them with it."""
+        for pod in pods:
+            try:
+                _delete(self.api.delete_namespaced_pod, pod.metadata.name, self.namespace, uid=pod.metadata.uid,
+                        timeout_s=self.request_timeout_s, grace_period_seconds=grace_s)
+            except _api_errors() as error:
+                if not _unavailable(error):
+                    raise
+                self._note(f"--- pod {pod.metadata.name} was not deleted ({_why(error)}): the Job's delete takes it")
+                return
+
+    def _note(self, line: str) -> None:
+        with open(self.log_path, "a") as log:
+            log.write(line + "\n")
 
     def _save_logs(self) -> None:
         """The pods' output into the attempt's log before they go: a failed rank's traceback. Best
-        effort: pods the API would not list leave a line saying so, and the cleanup goes on."""
+        effort: pods the API would not list leave a line saying so, and the cleanup goes on; after a
+        log read the API did not answer, the other pods' logs are not asked for (each would wait as
+        long, before the Job's delete)."""
         with open(self.log_path, "a") as log:
             try:
                 pods = self._pods()
-            except _api_exception() as error:
-                log.write(f"--- (no pods listed: {error.status} {error.reason})\n")
+            except _api_errors() as error:
+                log.write(f"--- (no pods listed: {_why(error)})\n")
                 return
             for pod in pods:
                 name = pod.metadata.name
                 try:
-                    text = self.api.read_namespaced_pod_log(name, self.namespace)
+                    text = self.api.read_namespaced_pod_log(name, self.namespace,
+                                                            _request_timeout=self.request_timeout_s)
                 except _api_exception() as error:  # a container not started yet has no log (400)
-                    text = f"(no log: {error.status} {error.reason})"
+                    text = f"(no log: {_why(error)})"
+                except _no_answer() as error:
+                    log.write(f"--- {name}\n(no log: {_why(error)}; the other pods' logs are not read)\n")
+                    return
                 log.write(f"--- {name}\n{text}\n")
 
 
@@ -341,19 +430,47 @@ class KubernetesBackend:
         self._require_on_volume(spec)
         self._connect()
         spec = replace(spec, rdzv_port=self.settings.rdzv_port)
-        namespace, name = self.settings.namespace, job_name(spec)
+        namespace, name, timeout_s = self.settings.namespace, job_name(spec), self.settings.request_timeout_s
         launched_at = time.time()
         # The Job first: a supervisor that dies before the service leaves a Job whose rendezvous
         # times out and which its deadline and TTL collect; a service created first would have no
         # owner to go with.
-        job = self.batch.create_namespaced_job(namespace, job_body(spec, self.settings))
+        uid = self._create_job(spec, number)
         try:
-            self.api.create_namespaced_service(namespace, headless_service(spec, namespace, job.metadata.uid))
+            # One that got no answer may exist all the same: it is the Job's, and goes with it.
+            self.api.create_namespaced_service(namespace, headless_service(spec, namespace, uid),
+                                               _request_timeout=timeout_s)
         except Exception:
-            _delete_job(self.batch, name, namespace)
+            with contextlib.suppress(*_api_errors()):  # the service's error is the one to raise
+                _delete_job(self.batch, name, namespace, uid=uid, timeout_s=timeout_s)
             raise
         return KubernetesAttempt(number=number, launched_at=launched_at, api=self.api, batch=self.batch,
-                                 namespace=namespace, job=name, nnodes=spec.nnodes, log_path=log_path)
+                                 namespace=namespace, job=name, job_uid=uid, nnodes=spec.nnodes, log_path=log_path,
+                                 request_timeout_s=timeout_s)
+
+    def _create_job(self, spec: LaunchSpec, number: int) -> str:
+        """The Job's uid. A create that got no answer (or a 5xx) may have made the Job all the same:
+        it is deleted where it carries this start's token, so that no attempt runs unwatched beside
+        the next one, and the start fails."""
+        body, token = job_body(spec, self.settings), secrets.token_hex(8)
+        body["metadata"]["annotations"] = {LAUNCH_KEY: token}
+        try:
+            return self.batch.create_namespaced_job(self.settings.namespace, body,
+                                                    _request_timeout=self.settings.request_timeout_s).metadata.uid
+        except _api_errors() as error:
+            if not _unavailable(error):
+                raise
+            self._delete_lost(job_name(spec), token)
+            raise RuntimeError(f"the Kubernetes API did not create attempt {number}'s Job ({_why(error)})") from error
+
+    def _delete_lost(self, name: str, token: str) -> None:
+        """Our Job by its token (another under the name is not ours), deleted by its uid. An API that
+        still does not answer leaves it to its deadline."""
+        namespace, timeout_s = self.settings.namespace, self.settings.request_timeout_s
+        with contextlib.suppress(*_api_errors()):  # not there, or no answer: the create's error is the one to raise
+            job = self.batch.read_namespaced_job(name, namespace, _request_timeout=timeout_s)
+            if (job.metadata.annotations or {}).get(LAUNCH_KEY) == token:
+                _delete_job(self.batch, name, namespace, uid=job.metadata.uid, timeout_s=timeout_s)
 
     def _connect(self) -> None:
         if self.api is None or self.batch is None:

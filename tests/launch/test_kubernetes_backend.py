@@ -3,30 +3,36 @@ sends must round-trip through the client's own V1Job/V1Service models, and the f
 V1Job and V1Pod models in the states and exit codes a cluster would give. The fake also plays the
 controllers the back end relies on once its supervisor is gone: the Job controller (pods from the
 template, the deadline, backoffLimit 0), the TTL-after-finished controller and the garbage
-collector."""
+collector. Every call must bound its wait for an answer (`_request_timeout`) and every delete name
+the uid of the object it means; the fake refuses a delete whose precondition fails (409), as the
+API server does."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
 import random
+import socket
 import string
+import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
 kubernetes = pytest.importorskip("kubernetes")  # the `cluster` extra
-from kubernetes.client import ApiClient  # noqa: E402
+from kubernetes.client import ApiClient, V1DeleteOptions  # noqa: E402
 from kubernetes.client.exceptions import ApiException  # noqa: E402
+from urllib3.exceptions import MaxRetryError, ReadTimeoutError  # noqa: E402
 
 from ito_assets.launch.backend import BackendKind, LaunchConfig  # noqa: E402
 from ito_assets.launch.kubernetes import (  # noqa: E402
-    DEADLINE_EXIT, INDEX_KEY, JOB_NAME_LABEL, KubernetesBackend, KubernetesSettings, headless_service, job_body,
-    job_exit_code,
+    DEADLINE_EXIT, INDEX_KEY, JOB_NAME_LABEL, MISSING_JOB_EXIT, REQUEST_TIMEOUT_S, KubernetesAttempt,
+    KubernetesBackend, KubernetesSettings, headless_service, job_body, job_exit_code,
 )
 from ito_assets.launch.spec import LaunchSpec  # noqa: E402
 from ito_assets.runtime.stage.config import RESULT_NAME, WorkerConfig  # noqa: E402
@@ -52,6 +58,19 @@ def _stamp(seconds: float) -> str:
 
 def _not_found() -> ApiException:
     return ApiException(status=404, reason="Not Found")
+
+
+def _no_answer(method: str) -> Exception:
+    """What the real client (kubernetes 36, urllib3 2) raises against an API server that accepted
+    the connection and never answered: a create (POST) is not retried; a GET or a DELETE is, three
+    times, then gives up with MaxRetryError."""
+    timeout = ReadTimeoutError(None, "/api", "Read timed out. (read timeout=30)")
+    return timeout if method.startswith("create_") else MaxRetryError(None, "/api", timeout)
+
+
+def _check_precondition(options: V1DeleteOptions, uid: str) -> None:
+    if options.preconditions is not None and options.preconditions.uid not in (None, uid):
+        raise ApiException(status=409, reason="Conflict")  # "Precondition failed: UID in precondition: ..."
 
 
 @dataclass
@@ -82,11 +101,15 @@ class FakeCluster:
     sent: list[dict] = field(default_factory=list)  # the Job bodies, as given
     lingering: set[str] = field(default_factory=set)
     unavailable: bool = False  # the API server answers 503
+    hung: set[str] = field(default_factory=set)  # the API methods that get no answer
+    requests: list[tuple[str, dict]] = field(default_factory=list)  # every API call's method and keyword arguments
+    preconditions: list[tuple[str, str, str]] = field(default_factory=list)  # (kind, name, uid) of each delete
     on_create: object = lambda pod: None  # what a pod's ranks do once it exists
 
     # --- BatchV1Api -----------------------------------------------------------------------------
 
-    def create_namespaced_job(self, namespace, body):
+    def create_namespaced_job(self, namespace, body, **kwargs):
+        self._request("create_namespaced_job", kwargs)
         _model(body, "V1Job")
         name = body["metadata"]["name"]
         self.calls.append(("create_job", name))
@@ -96,43 +119,58 @@ class FakeCluster:
         pods = [self._create_pod(job, index) for index in range(body["spec"]["completions"])]
         for pod in pods:
             self.on_create(pod)
-        return self.read_namespaced_job(name, namespace)
+        return self._read_job(name)
 
-    def read_namespaced_job(self, name, namespace):
+    def read_namespaced_job(self, name, namespace, **kwargs):
+        self._request("read_namespaced_job", kwargs)
         self._answer()
+        return self._read_job(name)
+
+    def _read_job(self, name):
         if name not in self.jobs:
             raise _not_found()
         job = self.jobs[name]
         metadata = {**job.body["metadata"], "uid": job.uid}
         return CLIENT._ApiClient__deserialize({**job.body, "metadata": metadata, "status": self._status(job)}, "V1Job")
 
-    def delete_namespaced_job(self, name, namespace, propagation_policy=None):
-        self.calls.append(("delete_job", name, propagation_policy))
+    def delete_namespaced_job(self, name, namespace, body=None, **kwargs):
+        self._request("delete_namespaced_job", kwargs)
+        options = body or V1DeleteOptions()
+        self.calls.append(("delete_job", name, options.propagation_policy))
+        self._precondition("job", name, options)
         if name not in self.jobs:
             raise _not_found()
-        self._delete_job(name, propagation_policy)
+        _check_precondition(options, self.jobs[name].uid)
+        self._delete_job(name, options.propagation_policy)
 
     # --- CoreV1Api ------------------------------------------------------------------------------
 
-    def create_namespaced_service(self, namespace, body):
+    def create_namespaced_service(self, namespace, body, **kwargs):
+        self._request("create_namespaced_service", kwargs)
         _model(body, "V1Service")
         self.calls.append(("create_service", body["metadata"]["name"]))
         self.services[body["metadata"]["name"]] = body
 
-    def list_namespaced_pod(self, namespace, label_selector):
+    def list_namespaced_pod(self, namespace, label_selector, **kwargs):
+        self._request("list_namespaced_pod", kwargs)
         self._answer()
         key, value = label_selector.split("=")
         items = [p for p in self.pods.values() if p["metadata"]["labels"].get(key) == value]
         return CLIENT._ApiClient__deserialize({"items": items}, "V1PodList")
 
-    def delete_namespaced_pod(self, name, namespace, grace_period_seconds=None):
-        self.calls.append(("delete_pod", self.index_of(name), grace_period_seconds))
+    def delete_namespaced_pod(self, name, namespace, body=None, **kwargs):
+        self._request("delete_namespaced_pod", kwargs)
+        options = body or V1DeleteOptions()
+        self.calls.append(("delete_pod", self.index_of(name), options.grace_period_seconds))
+        self._precondition("pod", name, options)
         if name not in self.pods:
             raise _not_found()
-        self._delete_pod(name, force=grace_period_seconds == 0)
+        _check_precondition(options, self.pods[name]["metadata"]["uid"])
+        self._delete_pod(name, force=options.grace_period_seconds == 0)
         self._sync()
 
-    def read_namespaced_pod_log(self, name, namespace):
+    def read_namespaced_pod_log(self, name, namespace, **kwargs):
+        self._request("read_namespaced_pod_log", kwargs)
         if name not in self.pods:
             raise _not_found()
         if self.pods[name]["status"]["phase"] == "Pending":
@@ -169,6 +207,17 @@ class FakeCluster:
 
     # --- the controllers ------------------------------------------------------------------------
 
+    def _request(self, method: str, kwargs: dict) -> None:
+        """A call's keyword arguments as sent; no answer where the method hangs."""
+        assert set(kwargs) <= {"_request_timeout"}, f"{method}: {kwargs}"  # the rest travels in the body
+        self.requests.append((method, kwargs))
+        if method in self.hung:
+            raise _no_answer(method)
+
+    def _precondition(self, kind: str, name: str, options: V1DeleteOptions) -> None:
+        uid = options.preconditions.uid if options.preconditions is not None else None
+        self.preconditions.append((kind, name, uid))
+
     def _answer(self) -> None:
         if self.unavailable:
             raise ApiException(status=503, reason="Service Unavailable")
@@ -186,7 +235,8 @@ class FakeCluster:
                  "blockOwnerDeletion": True}
         pod = {"apiVersion": "v1", "kind": "Pod",
                "metadata": {"name": f"{job.name}-{index}-{suffix}", "namespace": job.body["metadata"]["namespace"],
-                            "labels": labels, "annotations": {INDEX_KEY: str(index)}, "ownerReferences": [owner]},
+                            "uid": f"uid-pod-{job.name}-{index}-{suffix}", "labels": labels,
+                            "annotations": {INDEX_KEY: str(index)}, "ownerReferences": [owner]},
                "spec": spec}
         _model(pod, "V1Pod")
         self.pods[pod["metadata"]["name"]] = {**pod, "status": {"phase": "Pending"}}
@@ -335,7 +385,7 @@ def test_a_config_outside_the_shared_volume_is_refused_before_any_job():
 def test_a_refused_service_takes_its_job_with_it():
     cluster = FakeCluster()
 
-    def refuse(namespace, body):
+    def refuse(namespace, body, **kwargs):
         raise ApiException(status=403, reason="Forbidden")
 
     cluster.create_namespaced_service = refuse
@@ -373,7 +423,7 @@ def test_a_deleted_pod_or_job_is_a_failed_attempt(tmp_path):
     cluster.set(cluster.pod(0), "Running")
     cluster.delete_namespaced_pod(cluster.pod(1), "ito")  # behind the supervisor's back, its code with it
     assert cluster.jobs[JOB].condition == ("Failed", "BackoffLimitExceeded") and attempt.exit_code() == 1
-    cluster.delete_namespaced_job(JOB, "ito", propagation_policy="Background")
+    cluster.delete_namespaced_job(JOB, "ito", body=V1DeleteOptions(propagation_policy="Background"))
     assert attempt.exit_code() == 1 and cluster.empty()
 
 
@@ -512,3 +562,214 @@ def _worker(root: Path) -> WorkerConfig:
                         stage_dir=str(root / "checkpoints" / "pretraining"), heartbeat_dir=str(root / "heartbeats"),
                         metrics_path=str(root / "metrics.jsonl"), num_steps=24, batch_size=8, sequence_length=32,
                         interval_steps=8, keep_last=3, launched_at=time.time(), layout=Layout(dp_shard=2))
+
+
+# --- request timeouts and uid preconditions ------------------------------------------------------
+
+API_METHODS = {"create_namespaced_job", "read_namespaced_job", "delete_namespaced_job", "create_namespaced_service",
+               "list_namespaced_pod", "delete_namespaced_pod", "read_namespaced_pod_log"}
+
+
+def test_every_api_call_waits_at_most_the_request_timeout(tmp_path):
+    """Every path through the back end, each API method at least once: a call added without
+    `_request_timeout` fails here (the fake takes no other keyword argument)."""
+    cluster = FakeCluster()
+    settings = replace(SETTINGS, request_timeout_s=7.5)
+    attempt = _start(cluster, tmp_log=tmp_path / "a.log", settings=settings)
+    attempt.poll_s = 0.05
+    cluster.set(cluster.pod(0), "Running")
+    cluster.lingering.add(cluster.pod(0))
+    assert attempt.exit_code() is None
+    attempt.terminate({1}, grace_s=0.1)  # logs, graceful pod deletes, the Job, the forced delete
+    attempt.release()
+    cluster.hung = {"create_namespaced_service"}
+    with pytest.raises(ReadTimeoutError):  # the Job it needed is deleted
+        _start(cluster, number=1, tmp_log=tmp_path / "b.log", settings=settings)
+    cluster.hung = {"create_namespaced_job"}
+    with pytest.raises(RuntimeError):  # a lost create is looked for
+        _start(cluster, number=2, tmp_log=tmp_path / "c.log", settings=settings)
+
+    assert {method for method, _ in cluster.requests} == API_METHODS
+    assert all(kwargs == {"_request_timeout": 7.5} for _, kwargs in cluster.requests), cluster.requests
+    assert KubernetesSettings(image="i", volume_claim="c", mount_path="/d").request_timeout_s == REQUEST_TIMEOUT_S == 30
+
+
+@pytest.mark.parametrize("refused", [0, 0.0, -1, -1e-9, float("nan"), float("inf"), float("-inf")])
+def test_the_request_timeout_must_be_finite_seconds_above_zero(refused):
+    with pytest.raises(ValueError, match="request_timeout_s"):  # the client reads 0 as no timeout
+        KubernetesSettings(image="i", volume_claim="c", mount_path="/d", request_timeout_s=refused)
+
+
+@pytest.mark.parametrize("accepted", [1e-9, 1, 30.0, 86400])
+def test_any_finite_positive_request_timeout_is_accepted(accepted):
+    import urllib3
+
+    settings = KubernetesSettings(image="i", volume_claim="c", mount_path="/d", request_timeout_s=accepted)
+    assert KubernetesSettings(**json.loads(json.dumps(asdict(settings)))) == settings  # the supervisor's JSON
+    assert urllib3.Timeout(total=settings.request_timeout_s).total == accepted  # what the client makes of it
+
+
+@pytest.mark.parametrize("method", ["read_namespaced_job", "list_namespaced_pod"])
+def test_a_status_read_without_an_answer_is_asked_again_at_the_next_poll(tmp_path, method):
+    cluster = FakeCluster()
+    attempt = _start(cluster, tmp_log=tmp_path / "a.log")
+    for index in (0, 1):
+        cluster.set(cluster.pod(index), "Succeeded", exit_code=0)
+    cluster.hung = {method}
+    assert attempt.exit_code() is None  # like a 503: unknown, not an end
+    cluster.hung = set()
+    assert attempt.exit_code() == 0
+
+
+def test_a_stop_against_an_api_that_does_not_answer_returns_and_says_so(tmp_path):
+    cluster = FakeCluster()
+    attempt = _start(cluster, tmp_log=tmp_path / "a.log")
+    attempt.poll_s = 0.05
+    cluster.hung = set(API_METHODS)
+    attempt.terminate({1}, grace_s=0.1)  # no traceback: the supervisor goes on
+    attempt.release()
+    log = (tmp_path / "a.log").read_text()
+    assert "(no pods listed: no answer: ReadTimeoutError)" in log
+    assert f"the Job {JOB} was not deleted (no answer: ReadTimeoutError): its deadline or TTL removes it" in log
+    assert cluster.jobs[JOB]  # left to its deadline
+
+
+def test_deletes_without_an_answer_do_not_stop_the_stop(tmp_path):
+    """No answer to a pod's delete: the other pods are not asked (each would wait as long), the Job's
+    delete is; no answer to that either is noted in the attempt's log."""
+    cluster = FakeCluster()
+    attempt = _start(cluster, tmp_log=tmp_path / "a.log")
+    attempt.poll_s = 0.05
+    cluster.hung = {"delete_namespaced_pod", "delete_namespaced_job"}
+    attempt.terminate({1}, grace_s=0.1)
+    deletes = [method for method, _ in cluster.requests if method.startswith("delete")]
+    assert deletes == ["delete_namespaced_pod", "delete_namespaced_job", "delete_namespaced_pod"]
+    log = (tmp_path / "a.log").read_text()
+    assert log.count("was not deleted (no answer: ReadTimeoutError)") == 3 and len(cluster.pods) == 2
+    cluster.hung = {"delete_namespaced_pod"}
+    attempt.terminate({1}, grace_s=0.1)  # the Job answers now and takes its pods with it
+    assert cluster.empty()
+
+
+def test_a_log_read_without_an_answer_skips_the_other_logs_not_the_delete(tmp_path):
+    cluster = FakeCluster()
+    attempt = _start(cluster, tmp_log=tmp_path / "a.log")
+    attempt.poll_s = 0.05
+    cluster.hung = {"read_namespaced_pod_log"}
+    attempt.terminate({1}, grace_s=0.1)
+    assert [method for method, _ in cluster.requests].count("read_namespaced_pod_log") == 1
+    assert "the other pods' logs are not read" in (tmp_path / "a.log").read_text() and cluster.empty()
+
+
+def test_a_create_whose_answer_was_lost_deletes_the_job_it_made(tmp_path):
+    cluster = FakeCluster()
+    create = cluster.create_namespaced_job
+
+    def lost(namespace, body, **kwargs):  # the API made the Job; its answer never came
+        create(namespace, body, **kwargs)
+        raise _no_answer("create_namespaced_job")
+
+    cluster.create_namespaced_job = lost
+    with pytest.raises(RuntimeError, match="did not create attempt 0's Job"):
+        _start(cluster, tmp_log=tmp_path / "a.log")
+    assert cluster.empty() and ("delete_job", JOB, "Background") in cluster.calls
+
+
+def _foreign_job(cluster: FakeCluster) -> str:
+    """A Job under attempt 0's name made by someone else (no launch token of ours): its uid."""
+    spec = worker_spec(STAGE / "attempt-0.json", nnodes=2, nproc_per_node=8, rdzv_id="run_x-pretraining-0")
+    cluster.create_namespaced_job("ito", job_body(spec, SETTINGS))
+    return cluster.jobs[JOB].uid
+
+
+def test_a_create_without_an_answer_leaves_another_job_by_the_name_alone(tmp_path):
+    cluster = FakeCluster()
+    other = _foreign_job(cluster)
+    cluster.hung = {"create_namespaced_job"}
+    with pytest.raises(RuntimeError, match="no answer: ReadTimeoutError"):
+        _start(cluster, tmp_log=tmp_path / "a.log")
+    assert cluster.jobs[JOB].uid == other and len(cluster.pods) == 2
+    assert not [c for c in cluster.calls if c[0].startswith("delete")]
+
+
+def test_a_job_that_took_our_jobs_name_is_neither_read_nor_deleted(tmp_path):
+    cluster = FakeCluster()
+    attempt = _start(cluster, tmp_log=tmp_path / "a.log")
+    attempt.poll_s = 0.05
+    ours = cluster.jobs[JOB].uid
+    cluster._delete_job(JOB, "Background")  # behind the supervisor's back; then someone reuses the name
+    other = _foreign_job(cluster)
+    assert other != ours and attempt.exit_code() == MISSING_JOB_EXIT  # not the other Job's status
+    attempt.terminate({1}, grace_s=0.1)
+    attempt.release()
+    assert cluster.jobs[JOB].uid == other and len(cluster.pods) == 2 and cluster.services == {}
+    # Our uid named in each delete: the API refuses it (409), which is "already gone".
+    assert [p for p in cluster.preconditions if p[0] == "job"] == [("job", JOB, ours)] * 2
+    assert not [p for p in cluster.preconditions if p[0] == "pod"]  # its pods are not listed as ours
+
+
+def test_deletes_name_the_uids_of_our_job_and_pods(tmp_path):
+    cluster = FakeCluster()
+    attempt = _start(cluster, tmp_log=tmp_path / "a.log")
+    attempt.poll_s = 0.05
+    node0, node1 = cluster.pod(0), cluster.pod(1)
+    uid0, uid1 = (cluster.pods[n]["metadata"]["uid"] for n in (node0, node1))
+    cluster.lingering.add(node0)
+    job_uid = cluster.jobs[JOB].uid
+    attempt.terminate({1}, grace_s=0.1)
+    assert cluster.preconditions == [("pod", node0, uid0), ("pod", node1, uid1), ("job", JOB, job_uid),
+                                     ("pod", node0, uid0)]
+    assert cluster.empty()
+
+
+@pytest.mark.parametrize("status", [404, 409])
+def test_a_pod_or_job_delete_refused_as_gone_or_not_ours_is_swallowed(tmp_path, status):
+    cluster = FakeCluster()
+    attempt = _start(cluster, tmp_log=tmp_path / "a.log")
+    attempt.poll_s = 0.05
+
+    def refused(name, namespace, **kwargs):
+        raise ApiException(status=status, reason="Conflict" if status == 409 else "Not Found")
+
+    cluster.delete_namespaced_pod = cluster.delete_namespaced_job = refused
+    attempt.terminate({1}, grace_s=0.1)
+    attempt.release()
+    assert "was not deleted" not in (tmp_path / "a.log").read_text()
+
+
+@pytest.fixture
+def silent_api():
+    """An API server that accepts connections and never answers, for the real client."""
+    server = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                accepted.append(server.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
+    configuration = kubernetes.client.Configuration()
+    configuration.host = f"http://127.0.0.1:{server.getsockname()[1]}"
+    yield kubernetes.client.ApiClient(configuration)
+    server.close()
+    for connection in accepted:
+        connection.close()
+
+
+def test_the_real_client_against_an_api_that_never_answers(tmp_path, silent_api):
+    """What kubernetes 36 really raises (urllib3's errors, not ApiException) and that it takes the
+    back end's keyword arguments: no call waits past its timeout, no stop raises."""
+    settings = replace(SETTINGS, request_timeout_s=0.05)
+    core, batch = kubernetes.client.CoreV1Api(silent_api), kubernetes.client.BatchV1Api(silent_api)
+    spec = worker_spec(STAGE / "attempt-0.json", nnodes=2, nproc_per_node=8, rdzv_id="run_x-pretraining-0")
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"did not create attempt 0's Job \(no answer: ReadTimeoutError\)"):
+        KubernetesBackend(settings, api=core, batch=batch).start(spec, number=0, log_path=tmp_path / "a.log")
+    attempt = KubernetesAttempt(number=0, launched_at=time.time(), api=core, batch=batch, namespace="ito", job=JOB,
+                                job_uid="uid-0", nnodes=2, log_path=tmp_path / "a.log", request_timeout_s=0.05)
+    assert attempt.exit_code() is None
+    attempt.terminate({1}, grace_s=1.0)
+    assert time.monotonic() - started < 10  # each GET or DELETE tries four times, a create once
+    log = (tmp_path / "a.log").read_text()
+    assert "(no pods listed: no answer: ReadTimeoutError)" in log and f"the Job {JOB} was not deleted" in log
