@@ -62,6 +62,19 @@ GPUS: dict[str, GpuSpec] = {
             "80 GB HBM2e, NVLink 600 GB/s bidirectional",
         ),
         GpuSpec(
+            name="H100-PCIe", peak_bf16_flops=756.5 * TERA, peak_fp8_flops=1513 * TERA, memory_bytes=80 * GB,
+            intra_node_bandwidth=64 * GB, has_nvlink=False,
+            source="NVIDIA H100 Tensor Core GPU datasheet (PCIe): BF16 1,513 TFLOPS and FP8 3,026 TFLOPS with "
+            "sparsity (half dense), 80 GB HBM2e; NVLink bridges join pairs only, so a node's GPUs meet over "
+            "PCIe Gen5 x16 (128 GB/s bidirectional)",
+        ),
+        GpuSpec(
+            name="A100-40GB-PCIe", peak_bf16_flops=312 * TERA, peak_fp8_flops=None, memory_bytes=40 * GB,
+            intra_node_bandwidth=32 * GB, has_nvlink=False,
+            source="NVIDIA A100 Tensor Core GPU datasheet (PCIe 40GB): BF16 312 TFLOPS dense, no FP8, "
+            "40 GB HBM2; NVLink bridges join pairs only (PCIe Gen4 x16: 64 GB/s bidirectional)",
+        ),
+        GpuSpec(
             name="L40S", peak_bf16_flops=362.05 * TERA, peak_fp8_flops=733 * TERA, memory_bytes=48 * GB,
             intra_node_bandwidth=32 * GB, has_nvlink=False,
             source="NVIDIA L40S datasheet: BF16 362.05 TFLOPS and FP8 733 TFLOPS dense, 48 GB GDDR6, "
@@ -135,16 +148,23 @@ _NETWORK_PREFIXES = {"ib": Network.INFINIBAND, "infiniband": Network.INFINIBAND,
                      "eth": Network.ETHERNET, "ethernet": Network.ETHERNET, "tcp": Network.ETHERNET}
 
 
+# A model name alone is planned as its most constrained variant in the catalogue (the least
+# memory, the slowest links and FLOPS): a plan that fits it fits every machine the name may mean,
+# where the fastest variant's plan could outrun a booking made of the slower one.
+_MODEL_NAMES = {"h100": "H100-PCIe", "a100": "A100-40GB-PCIe", "h200": "H200", "l40s": "L40S"}
+
+
 def booked_gpu(label: str) -> GpuSpec:
-    """The GPU a booking's `gpu_type` names: a planner name exactly (any case), or the one name
-    it is the model of (`H100` is `H100-SXM`); anything else is not a GPU the planner can price."""
+    """The GPU a booking's `gpu_type` names: a planner name exactly (any case), or a model name
+    (`H100` is planned as `H100-PCIe`, the slower H100); anything else is not a GPU the planner
+    can price."""
     by_lower = {name.lower(): spec for name, spec in GPUS.items()}
-    if label.lower() in by_lower:
-        return by_lower[label.lower()]
-    models = [spec for name, spec in by_lower.items() if name.split("-")[0] == label.lower()]
-    if len(models) != 1:
-        raise ValueError(f"the booked gpu_type is none of {sorted(GPUS)}")
-    return models[0]
+    name = label.lower()
+    if name in _MODEL_NAMES:
+        return GPUS[_MODEL_NAMES[name]]
+    if name not in by_lower:
+        raise ValueError(f"the booked gpu_type is none of {sorted(GPUS)} (or a model name: {sorted(n.upper() for n in _MODEL_NAMES)})")
+    return by_lower[name]
 
 
 def booked_network(label: str) -> NetworkSpec:
