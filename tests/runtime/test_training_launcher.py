@@ -36,7 +36,7 @@ def test_remote_back_ends_take_the_plans_gpus_whatever_this_host_has():
      BackendKind.SLURM, SlurmBackend),
     (TrainingLauncherResource(backend="kubernetes", k8s_image="ito-training:0.1.0", k8s_volume_claim="ito-runs",
                               k8s_mount_path="/var/lib/ito", k8s_namespace="ito", k8s_active_deadline_s=86400,
-                              k8s_ttl_after_finished_s=600),
+                              k8s_ttl_after_finished_s=600, k8s_request_timeout_s=7.5),
      BackendKind.KUBERNETES, KubernetesBackend),
 ])
 def test_the_chosen_back_end_reaches_the_supervisor_through_its_json_config(resource, kind, backend_type):
@@ -47,7 +47,7 @@ def test_the_chosen_back_end_reaches_the_supervisor_through_its_json_config(reso
     settings = received.launch.slurm or received.launch.kubernetes
     assert settings is None or settings.gpus_per_node == 8  # one GPU per rank unless gpus_per_node says
     if kind is BackendKind.KUBERNETES:
-        assert (settings.active_deadline_s, settings.ttl_after_finished_s) == (86400, 600)
+        assert (settings.active_deadline_s, settings.ttl_after_finished_s, settings.request_timeout_s) == (86400, 600, 7.5)
 
 
 def test_a_remote_back_end_without_its_settings_is_refused():

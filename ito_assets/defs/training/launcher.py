@@ -21,7 +21,7 @@ from typing import Optional
 import dagster as dg
 
 from ito_assets.launch.backend import BackendKind, LaunchConfig
-from ito_assets.launch.kubernetes import ACTIVE_DEADLINE_S, TTL_AFTER_FINISHED_S, KubernetesSettings
+from ito_assets.launch.kubernetes import ACTIVE_DEADLINE_S, REQUEST_TIMEOUT_S, TTL_AFTER_FINISHED_S, KubernetesSettings
 from ito_assets.launch.slurm import SlurmSettings
 from ito_assets.training.planner import Hardware
 
@@ -45,6 +45,7 @@ class TrainingLauncherResource(dg.ConfigurableResource):
     k8s_mount_path: Optional[str] = None
     k8s_active_deadline_s: int = ACTIVE_DEADLINE_S  # each attempt's Job is failed after this long
     k8s_ttl_after_finished_s: int = TTL_AFTER_FINISHED_S  # a finished Job and its pods go after this long
+    k8s_request_timeout_s: float = REQUEST_TIMEOUT_S  # each Kubernetes API call's bound
 
     def counts(self, hardware: Hardware, *, has_cuda: bool) -> tuple[int, int]:
         """(nodes, ranks per node) of one attempt of a stage."""
@@ -77,4 +78,5 @@ class TrainingLauncherResource(dg.ConfigurableResource):
                                   mount_path=self.k8s_mount_path, namespace=self.k8s_namespace, gpus_per_node=gpus,
                                   python=self.remote_python, rdzv_port=self.rdzv_port,
                                   active_deadline_s=self.k8s_active_deadline_s,
-                                  ttl_after_finished_s=self.k8s_ttl_after_finished_s)
+                                  ttl_after_finished_s=self.k8s_ttl_after_finished_s,
+                                  request_timeout_s=self.k8s_request_timeout_s)
