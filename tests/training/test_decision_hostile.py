@@ -202,3 +202,47 @@ def test_the_decision_holds_out_the_training_stages_documents_whatever_its_seeds
     training_heldout = [t for t, m in zip(texts, mask) if m]
     assert held[0] == training_heldout and held[2] == training_heldout  # the candidate arm, both seeds
     assert held[1] == [t for t, m in zip(texts[::-1], mask) if m]
+
+
+# --- a diverged run whose metric is finite -------------------------------------------------------
+
+PLAUSIBLE = (0.0, math.log2(300))
+
+
+@pytest.mark.parametrize(("value", "decides"), [
+    (PLAUSIBLE[1], True), (math.nextafter(PLAUSIBLE[1], math.inf), False), (1e6, False),
+    (0.0, True), (-0.0, True), (-ULP, False),
+])
+def test_a_value_beyond_the_plausible_range_is_no_evidence_at_its_bounds(value, decides):
+    """The baseline's first seed at the bound decides (the other seeds tell the arms apart); one
+    ulp past it, or a finite value a diverged run reaches, says nothing about the data."""
+    candidate, baseline = [0.5, 0.6, 0.55], [value, 0.9, 0.95]
+    if value <= 0.5:  # at the bottom: the candidate's seed sits there, so the differences still spread
+        candidate, baseline = [value, 0.1, 0.05], [0.5, 0.9, 0.95]
+    for test in (paired_test(candidate, baseline, 0.95, plausible=PLAUSIBLE),
+                 stein_test(candidate, baseline, 2, 0.95, plausible=PLAUSIBLE)):
+        assert (test.verdict is not Verdict.INCONCLUSIVE) is decides, test.explanation
+        if not decides:
+            assert "outside" in test.explanation and math.isnan(test.difference)
+
+
+def test_without_a_range_any_finite_value_is_tested_as_before():
+    assert paired_test([0.5, 0.6, 0.55], [1e6, 1e6 + 0.4, 1e6 + 0.3], 0.95).verdict is Verdict.GO
+
+
+def test_the_decision_bounds_its_runs_by_the_untrained_models_bits_per_byte(monkeypatch, tmp_path):
+    """A baseline that diverged to a large finite value would make the candidate a clear GO; the
+    decision's range, log2 of the vocabulary, makes it no decision instead."""
+    values = iter([1.0, 40.0, 1.1, 41.0, 1.05, 40.5])  # candidate, baseline per seed
+
+    def evaluate(model, tokenizer, items, config, *, heldout_texts, heldout_sequence_length):
+        return _Report(next(values))
+
+    monkeypatch.setattr(evaluation, "evaluate", evaluate)
+    texts = [f"document number {i} says {'ab' * (i % 7)} and more words" for i in range(61)]
+    config = DecisionConfig(model_name="micro", tokenizer=TokenizerConfig(vocab_size=300), seeds=(1, 2, 3),
+                            num_steps=1, batch_size=1, sequence_length=8)
+    result = run_decision(candidate_texts=texts, baseline_texts=texts[::-1], eval_items=[object()], config=config,
+                          work_dir=tmp_path, trainer=_Trainer())
+    assert result.test.verdict is Verdict.INCONCLUSIVE and "outside [0, " in result.test.explanation
+    assert paired_test([1.0, 1.1, 1.05], [40.0, 41.0, 40.5], 0.95).verdict is Verdict.GO  # unbounded, it would decide
