@@ -17,7 +17,6 @@ continuous metrics (here: the answer's bits per byte) decide better than accurac
 from __future__ import annotations
 
 import math
-
 import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
