@@ -23,6 +23,10 @@ from ito_assets.evals.suite import EvalSuite, is_suite_id
 from ito_assets.manifest.schema import DATA_KIND, SCHEMA_VERSION, DecontaminationProvenance
 
 PARQUET_MAGIC = b"PAR1"  # the first (and last) four bytes of every Parquet file
+# Containers the reader does not open, by their first bytes: read as JSONL, their bytes would be
+# refused as "line 1 is not UTF-8 text", after the job ran, naming no cause.
+UNREAD_MAGIC = {"xz": b"\xfd7zXZ\x00", "bzip2": b"BZh", "lz4": b"\x04\x22\x4d\x18", "zip": b"PK\x03\x04",
+                "7z": b"7z\xbc\xaf\x27\x1c"}
 # SPDX's word for "no licence was stated": the data policy refuses it until someone states one.
 UNSTATED_LICENSE = "NOASSERTION"
 DEFAULT_NAME = "corpus"
@@ -101,9 +105,18 @@ def _strerror(folder: str) -> str:
     return "it changed while it was read"
 
 
-def format_of(path: Path) -> str:
+def format_of(path: Path, position: int = 1) -> str:
+    """"parquet" or "jsonl" (plain, gzip or zstd), from the first bytes; a container the reader
+    does not open is SOURCE_INVALID, naming it and what to do."""
     with path.open("rb") as handle:
-        return "parquet" if handle.read(len(PARQUET_MAGIC)) == PARQUET_MAGIC else "jsonl"
+        head = handle.read(8)
+    if head.startswith(PARQUET_MAGIC):
+        return "parquet"
+    unread = next((name for name, magic in UNREAD_MAGIC.items() if head.startswith(magic)), None)
+    if unread is not None:
+        raise ItoError(ErrorCode.SOURCE_INVALID, f"corpus file #{position} is {unread}-compressed, which is not read: "
+                       "decompress it, or compress it with gzip or zstd")
+    return "jsonl"
 
 
 def describe(paths: Sequence[Path]) -> list[CorpusFile]:
@@ -136,7 +149,7 @@ def _described(position: int, path: Path) -> CorpusFile:
     """One file hashed and its format told; a file this process may not read (its mode, a
     device's fault) is SOURCE_INVALID naming its position and the reason, not the path."""
     try:
-        return CorpusFile(path=path, sha256=file_sha256(path), format=format_of(path), num_bytes=path.stat().st_size)
+        return CorpusFile(path=path, sha256=file_sha256(path), format=format_of(path, position), num_bytes=path.stat().st_size)
     except OSError as error:
         reason = (error.strerror or type(error).__name__).lower()
         raise ItoError(ErrorCode.SOURCE_INVALID, f"corpus file #{position} cannot be read ({reason})") from None
