@@ -208,6 +208,24 @@ def _examples(decisions_path: str) -> dict:
     }
 
 
+def _unprotected(suite, decontam) -> list[str]:
+    """The suite's items the scan could not look for: no view of them (question with answer,
+    question, long answer) has enough words to index, or only numbers. No document can match
+    them, so a summary that counted them as checked would overstate the protection."""
+    from ito_assets.data.eval_index import build_index
+
+    if decontam is None:
+        return []
+    indexed = {view.item_id for view in build_index(suite, decontam.decontam_config()).views}
+    return [item.id for item in suite.items if item.id not in indexed]
+
+
+def _unprotected_line(ids: list[str], min_view_words: int, word) -> str:
+    shown = ", ".join(word(i) for i in ids[:5]) + (f" and {len(ids) - 5:,} more" if len(ids) > 5 else "")
+    return (f"  not looked for: {len(ids):,} item(s) under {min_view_words} words even with the answer (or only numbers), "
+            f"so no document can match them: {shown}; lengthen them to protect them")
+
+
 def _operand(value: str, word) -> str:
     """`value` as the command's last operand, one shell word made by `word`; after `--` where it
     starts with '-', which the parser would otherwise read as an option."""
@@ -230,13 +248,15 @@ def _summary(verified, suite, files, prepared, copied: dict | None, stored: Path
     examples = _examples(prepared.clean.decisions.path)
     audit = _audit_commands(key, examples, _shell_word)
     empty = sum(s["num_empty_skipped"] for s in sources)
+    unprotected = _unprotected(suite, prepared.decontam)
     read = c.num_input + empty  # the documents are the records read less the empty ones skipped
     data = {
         "name": verified.manifest.name,
         "manifest_digest": verified.digest,
         "manifest_key": key,
         "manifest_path": str(stored),
-        "eval_suite": {"id": suite.suite_id, "digest": suite.digest, "num_items": len(suite.items)},
+        "eval_suite": {"id": suite.suite_id, "digest": suite.digest, "num_items": len(suite.items),
+                       "unprotected_items": unprotected},
         "sources": [{"uri": f.uri, "sha256": f.sha256, "format": f.format, "num_bytes": f.num_bytes,
                      "num_records": n["num_documents"] + n["num_empty_skipped"], "num_documents": n["num_documents"],
                      "num_empty_skipped": n["num_empty_skipped"]} for f, n in zip(files, sources, strict=True)],
@@ -258,6 +278,7 @@ def _summary(verified, suite, files, prepared, copied: dict | None, stored: Path
         f"data manifest {verified.manifest.name}: {verified.digest} (partition {key})",
         f"  written to {stored}",
         f"eval suite {suite.suite_id}: {suite.digest}, {len(suite.items)} items",
+        *([_unprotected_line(unprotected, prepared.decontam.decontam_config().min_view_words, _printable_word)] if unprotected else []),
         f"documents: {c.num_input:,} in, {c.num_kept:,} kept, {c.num_duplicate:,} duplicates, "
         f"{c.num_contaminated:,} contaminated ({c.num_contaminated_dropped:,} dropped, {c.num_contaminated_cut:,} cut)",
         f"conservation: {c.num_kept:,} + {c.num_duplicate:,} + {c.num_contaminated:,} = {c.num_input:,} documents "

@@ -13,7 +13,7 @@ from pathlib import Path
 import dagster as dg
 
 from ito_assets.control import run_tags
-from ito_assets.data.stages import CleanStage
+from ito_assets.data.stages import CleanStage, DecontamStage
 from ito_assets.defs.in_process_runs import process_tags, wait_for_pool
 from ito_assets.defs.jobs import DATA_PREPARATION_JOB
 from ito_assets.defs.resources import WAREHOUSE_POOL
@@ -33,6 +33,7 @@ class Prepared:
     clean: CleanStage
     num_checks_passed: int
     warnings: tuple[str, ...]  # failed WARN checks (a duplicate rate above its threshold)
+    decontam: DecontamStage | None = None  # what the scan looked for (its items, its rule)
 
 
 def open_instance(settings: Settings, home: Path) -> dg.DagsterInstance:
@@ -74,6 +75,7 @@ def prepare(settings: Settings, instance: dg.DagsterInstance, manifest_digest: s
     return Prepared(
         run_id=result.run_id,
         clean=result.output_for_node("clean_shards"),
+        decontam=result.output_for_node("contamination_report"),
         num_checks_passed=sum(e.passed for e in evaluations),
         warnings=tuple(f"{e.asset_key.to_user_string()}:{e.check_name}" for e in evaluations if not e.passed),
     )
