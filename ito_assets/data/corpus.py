@@ -27,6 +27,9 @@ PARQUET_MAGIC = b"PAR1"  # the first (and last) four bytes of every Parquet file
 # refused as "line 1 is not UTF-8 text", after the job ran, naming no cause.
 UNREAD_MAGIC = {"xz": b"\xfd7zXZ\x00", "bzip2": b"BZh", "lz4": b"\x04\x22\x4d\x18", "zip": b"PK\x03\x04",
                 "7z": b"7z\xbc\xaf\x27\x1c"}
+# A tar header's magic and version fields at byte 257, POSIX's or GNU's: each holds a NUL, which
+# no JSONL text can, so a line that says "ustar" there is never taken for one.
+_TAR_MAGICS, _TAR_MAGIC_AT = (b"ustar\x0000", b"ustar  \x00"), 257
 # SPDX's word for "no licence was stated": the data policy refuses it until someone states one.
 UNSTATED_LICENSE = "NOASSERTION"
 DEFAULT_NAME = "corpus"
@@ -116,7 +119,36 @@ def format_of(path: Path, position: int = 1) -> str:
     if unread is not None:
         raise ItoError(ErrorCode.SOURCE_INVALID, f"corpus file #{position} is {unread}-compressed, which is not read: "
                        "decompress it, or compress it with gzip or zstd")
+    _refuse_packed(path, position)
     return "jsonl"
+
+
+def _refuse_packed(path: Path, position: int) -> None:
+    """A tar archive, or a Parquet file inside gzip or zstd, is SOURCE_INVALID by what it is:
+    read as JSONL lines, it failed after the job ran as "line 1 is not JSON" (or UTF-8)."""
+    from ito_assets.data.sources import compression_of
+
+    compression = compression_of(path)
+    head = _decompressed_head(path, compression, _TAR_MAGIC_AT + 8)
+    packed = f"{compression}-compressed " if compression else ""
+    if compression and head.startswith(PARQUET_MAGIC):
+        raise ItoError(ErrorCode.SOURCE_INVALID, f"corpus file #{position} is a {packed}Parquet file, which is not read: "
+                       "decompress it (Parquet compresses its own pages)")
+    if head[_TAR_MAGIC_AT:].startswith(_TAR_MAGICS):
+        raise ItoError(ErrorCode.SOURCE_INVALID, f"corpus file #{position} is a {packed}tar archive, which is not read: "
+                       "extract it and pass its files (a glob names them all)")
+
+
+def _decompressed_head(path: Path, compression: str | None, size: int) -> bytes:
+    """The first `size` bytes the file's stream holds; fewer where it is shorter or corrupt (the
+    reader names a corrupt stream by its line)."""
+    import pyarrow as pa
+
+    try:
+        with pa.input_stream(str(path), compression=compression) as stream:
+            return stream.read(size)
+    except OSError:
+        return b""
 
 
 def describe(paths: Sequence[Path]) -> list[CorpusFile]:

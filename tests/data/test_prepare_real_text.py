@@ -1,18 +1,22 @@
-"""`ito data prepare` on what real corpora bring: files compressed in a way the reader does not
-open, and eval suites whose short items the scan cannot look for. Generated in tmp_path; no
-Dagster run (the summary is built from the stage outputs it is handed)."""
+"""`ito data prepare` on what real corpora bring: files compressed or packed in a way the reader
+does not open (xz, zip, a tar archive, a compressed Parquet file), and eval suites whose short
+items the scan cannot look for. Generated in tmp_path; no Dagster run (the summary is built from
+the stage outputs it is handed)."""
 
 from __future__ import annotations
 
 import bz2
 import gzip
 import json
+import io
 import lzma
+import tarfile
 import zipfile
 from pathlib import Path
 from types import SimpleNamespace
 
 import polars as pl
+import pyarrow as pa
 import pytest
 
 from ito_assets.api.commands import data as data_command
@@ -47,6 +51,58 @@ def test_a_container_the_reader_does_not_open_is_refused_by_name(tmp_path, name,
     assert refused.value.code is ErrorCode.SOURCE_INVALID
     assert f"corpus file #3 is {name}-compressed" in refused.value.message and "gzip or zstd" in refused.value.message
     assert [f.format for f in corpus.describe([plain, tmp_path / "b.jsonl.gz"])] == ["jsonl", "jsonl"]
+
+
+def _tar(lines: bytes) -> bytes:
+    sink = io.BytesIO()
+    with tarfile.open(fileobj=sink, mode="w") as archive:
+        info = tarfile.TarInfo("part.jsonl")
+        info.size = len(lines)
+        archive.addfile(info, io.BytesIO(lines))
+    return sink.getvalue()
+
+
+def _zstd(data: bytes) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.CompressedOutputStream(sink, "zstd") as out:
+        out.write(data)
+    return sink.getvalue().to_pybytes()
+
+
+def _parquet(tmp_path: Path) -> bytes:
+    pl.DataFrame({"id": ["a"], "text": ["the quick brown fox"]}).write_parquet(tmp_path / "p.parquet")
+    return (tmp_path / "p.parquet").read_bytes()
+
+
+@pytest.mark.parametrize(("pack", "what"), [
+    (lambda b: b, "a tar archive"),
+    (gzip.compress, "a gzip-compressed tar archive"),
+])
+def test_a_tar_archive_is_refused_by_name(tmp_path, pack, what) -> None:
+    """Its header was read as the first line: "line 1 is not JSON", after the job ran."""
+    archive = tmp_path / "corpus.tar"
+    archive.write_bytes(pack(_tar(LINE * 20)))
+    with pytest.raises(ItoError) as refused:
+        corpus.describe([archive])
+    assert refused.value.code is ErrorCode.SOURCE_INVALID and f"#1 is {what}" in refused.value.message
+
+
+@pytest.mark.parametrize(("pack", "name"), [(gzip.compress, "gzip"), (_zstd, "zstd")])
+def test_a_compressed_parquet_file_is_refused_by_name(tmp_path, pack, name) -> None:
+    packed = tmp_path / "p.parquet.packed"
+    packed.write_bytes(pack(_parquet(tmp_path)))
+    with pytest.raises(ItoError) as refused:
+        corpus.describe([packed])
+    assert refused.value.code is ErrorCode.SOURCE_INVALID and f"#1 is a {name}-compressed Parquet file" in refused.value.message
+
+
+def test_a_line_saying_ustar_where_a_tar_header_would_is_jsonl(tmp_path) -> None:
+    """Only a tar header's NUL-holding magic counts: Spanish text ("gustar") may sit at byte 257."""
+    prefix = b'{"id": "es", "text": "'
+    line = prefix + b"x" * (257 - len(prefix)) + b'ustar  y gustar"}\n'
+    (tmp_path / "es.jsonl").write_bytes(line)
+    (tmp_path / "es.jsonl.gz").write_bytes(gzip.compress(line + line))
+    assert [f.format for f in corpus.describe([tmp_path / "es.jsonl", tmp_path / "es.jsonl.gz"])] == ["jsonl", "jsonl"]
 
 
 def _suite() -> object:
