@@ -122,21 +122,36 @@ def _prepared(tmp_path: Path) -> SimpleNamespace:
                  schema={"doc_id": pl.String, "source_record_id": pl.String, "state": pl.String,
                          "eval_item_ids": pl.List(pl.String)}).write_parquet(decisions)
     conservation = SimpleNamespace(num_input=1, num_kept=1, num_duplicate=0, num_contaminated=0, num_contaminated_dropped=0,
-                                   num_contaminated_cut=0, num_clean_rows=1, holds=True)
+                                   num_contaminated_cut=0, num_clean_rows=1, holds=True, num_duplicate_contaminated=0)
     clean = SimpleNamespace(conservation=conservation, shards=ShardSet(str(tmp_path), ()),
                             decisions=Shard(str(decisions), "0" * 64, 1))
     decontam = SimpleNamespace(decontam_config=DecontamConfig)
     return SimpleNamespace(clean=clean, decontam=decontam, run_id="r", num_checks_passed=10, warnings=())
 
 
-def test_items_too_short_to_look_for_are_named_in_the_summary(tmp_path) -> None:
-    """An item under the index's shortest view, answer included, matches no document whatever it
-    holds: the summary said "3 items" as if all were looked for."""
-    suite = _suite()
+def _summary(tmp_path: Path, prepared: SimpleNamespace):
     verified = SimpleNamespace(manifest=SimpleNamespace(name="c"), digest="sha256:" + "1" * 64, short_digest="1" * 12)
     source = {"num_documents": 1, "num_empty_skipped": 0}
     files = [SimpleNamespace(uri="file:///c.jsonl", sha256="2" * 64, format="jsonl", num_bytes=10)]
-    result = data_command._summary(verified, suite, files, _prepared(tmp_path), None, tmp_path / "m.json", tmp_path, [source])
+    return data_command._summary(verified, _suite(), files, prepared, None, tmp_path / "m.json", tmp_path, [source])
+
+
+def test_duplicates_that_matched_eval_items_are_in_the_summary(tmp_path) -> None:
+    """Removed as duplicates, they are not in "contaminated", while `ito audit manifest`'s
+    contamination table counts them: the summary says how many, so the two agree."""
+    prepared = _prepared(tmp_path)
+    c = prepared.clean.conservation
+    c.num_input, c.num_duplicate, c.num_duplicate_contaminated = 3, 2, 2
+    result = _summary(tmp_path, prepared)
+    assert result.data["documents"]["duplicate_contaminated"] == 2
+    line = next(line for line in result.text if line.startswith("documents:"))
+    assert "2 duplicates, 0 contaminated (0 dropped, 0 cut); 2 of the duplicates matched eval items too" in line
+
+
+def test_items_too_short_to_look_for_are_named_in_the_summary(tmp_path) -> None:
+    """An item under the index's shortest view, answer included, matches no document whatever it
+    holds: the summary said "3 items" as if all were looked for."""
+    result = _summary(tmp_path, _prepared(tmp_path))
     assert result.data["eval_suite"]["unprotected_items"] == ["short/1", "short 2"]
     line = next(line for line in result.text if "not looked for" in line)
     assert "2 item(s) under 8 words" in line and "short/1, 'short 2'" in line

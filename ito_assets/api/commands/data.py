@@ -263,7 +263,8 @@ def _summary(verified, suite, files, prepared, copied: dict | None, stored: Path
         "records": {"read": read, "documents": c.num_input, "empty_skipped": empty},
         "documents": {"input": c.num_input, "kept": c.num_kept, "duplicate": c.num_duplicate,
                       "contaminated": c.num_contaminated, "contaminated_dropped": c.num_contaminated_dropped,
-                      "contaminated_cut": c.num_contaminated_cut, "clean_rows": c.num_clean_rows},
+                      "contaminated_cut": c.num_contaminated_cut, "clean_rows": c.num_clean_rows,
+                      "duplicate_contaminated": c.num_duplicate_contaminated},
         "conservation_holds": c.holds,
         "clean_shards": {"folder": shards.folder,
                          "files": [{"path": s.path, "sha256": s.sha256, "num_rows": s.num_rows} for s in shards.shards]},
@@ -280,7 +281,9 @@ def _summary(verified, suite, files, prepared, copied: dict | None, stored: Path
         f"eval suite {suite.suite_id}: {suite.digest}, {len(suite.items)} items",
         *([_unprotected_line(unprotected, prepared.decontam.decontam_config().min_view_words, _printable_word)] if unprotected else []),
         f"documents: {c.num_input:,} in, {c.num_kept:,} kept, {c.num_duplicate:,} duplicates, "
-        f"{c.num_contaminated:,} contaminated ({c.num_contaminated_dropped:,} dropped, {c.num_contaminated_cut:,} cut)",
+        f"{c.num_contaminated:,} contaminated ({c.num_contaminated_dropped:,} dropped, {c.num_contaminated_cut:,} cut)"
+        # Counted once, as duplicates; `ito audit manifest`'s contamination table counts them too.
+        + (f"; {c.num_duplicate_contaminated:,} of the duplicates matched eval items too" if c.num_duplicate_contaminated else ""),
         f"conservation: {c.num_kept:,} + {c.num_duplicate:,} + {c.num_contaminated:,} = {c.num_input:,} documents "
         f"+ {empty:,} empty skipped = {read:,} records read; "
         f"{prepared.num_checks_passed} checks passed" + (f", warnings: {', '.join(prepared.warnings)}" if prepared.warnings else ""),
