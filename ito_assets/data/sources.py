@@ -150,7 +150,15 @@ def compression_of(path: Path) -> str | None:
     """"gzip", "zstd" or None (plain), from the file's first bytes."""
     with path.open("rb") as handle:
         head = handle.read(4)
+    if _zstd_skippable(head):
+        return "zstd"
     return next((name for name, magic in COMPRESSION_MAGIC.items() if head.startswith(magic)), None)
+
+
+def _zstd_skippable(head: bytes) -> bool:
+    """A zstd skippable frame (magic 0x184D2A50-0x184D2A5F, little-endian; RFC 8878, 3.1.2): pzstd
+    writes one before its frames, and the zstd codec skips it."""
+    return len(head) == 4 and head[1:] == b"\x2a\x4d\x18" and head[0] & 0xF0 == 0x50
 
 
 def _lines(path: Path, uri: str, span: tuple[int, int] | None = None) -> Iterator[bytes]:

@@ -156,3 +156,28 @@ def test_items_too_short_to_look_for_are_named_in_the_summary(tmp_path) -> None:
     line = next(line for line in result.text if "not looked for" in line)
     assert "2 item(s) under 8 words" in line and "short/1, 'short 2'" in line
     json.dumps(result.data)
+
+
+def _pzstd(data: bytes, magic: int = 0x184D2A50) -> bytes:
+    """What pzstd writes: a skippable frame (here, its 4-byte payload) before the zstd frames."""
+    return magic.to_bytes(4, "little") + (4).to_bytes(4, "little") + b"\0\0\0\0" + _zstd(data)
+
+
+@pytest.mark.parametrize("magic", [0x184D2A50, 0x184D2A5F])
+def test_a_zstd_file_led_by_a_skippable_frame_is_read_as_zstd(tmp_path, magic) -> None:
+    """pzstd's output was taken for plain text: "line 1 is not UTF-8 text"."""
+    from ito_assets.data.sources import compression_of, jsonl_records
+
+    path = tmp_path / "part.jsonl.zst"
+    path.write_bytes(_pzstd(LINE * 3, magic))
+    assert compression_of(path) == "zstd"
+    assert [texts for _, texts, _ in jsonl_records(path, "file:///part.jsonl.zst")] == [["the quick brown fox"] * 3]
+
+
+@pytest.mark.parametrize("head", [0x184D2A40, 0x184D2A60, 0x184D2B50])
+def test_bytes_next_to_the_skippable_magic_are_not_zstd(tmp_path, head) -> None:
+    from ito_assets.data.sources import compression_of
+
+    path = tmp_path / "part.bin"
+    path.write_bytes(head.to_bytes(4, "little") + LINE)
+    assert compression_of(path) is None
