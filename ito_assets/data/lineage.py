@@ -69,8 +69,9 @@ SCHEMA = {
     "shard_path VARCHAR, shard_sha256 VARCHAR",
     "shard_consumers": "shard_sha256 VARCHAR, run_id VARCHAR, stage VARCHAR, consumed_at TIMESTAMP",
     # Every item of the suite a manifest was decontaminated against, matched or not: an audit of
-    # an item tells "no document matched it" from "no such item".
-    "eval_items": "manifest_digest VARCHAR, eval_item_id VARCHAR, benchmark VARCHAR",
+    # an item tells "no document matched it" from "no such item", and from "never looked for" (no
+    # view long enough to index: `looked_for` false; NULL where a warehouse predates it).
+    "eval_items": "manifest_digest VARCHAR, eval_item_id VARCHAR, benchmark VARCHAR, looked_for BOOLEAN",
 }
 
 
@@ -351,6 +352,16 @@ def empty_records_skipped(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
         return {}
     sql = "SELECT manifest_digest, sum(num_empty_skipped) FROM sources GROUP BY 1 HAVING sum(num_empty_skipped) > 0 ORDER BY 1"
     return {digest: int(n) for digest, n in con.execute(sql).fetchall()}
+
+
+@_reads
+def manifests_not_looking_for(con: duckdb.DuckDBPyConnection, item_id: str) -> list[str]:
+    """The manifests whose decontamination could not look for this item (too short to index):
+    there, "no document matched" says nothing about the corpus."""
+    if not _has_column(con, "eval_items", "looked_for"):
+        return []
+    sql = "SELECT DISTINCT manifest_digest FROM eval_items WHERE eval_item_id = ? AND looked_for = false ORDER BY 1"
+    return [digest for (digest,) in con.execute(sql, [item_id]).fetchall()]
 
 
 @_reads

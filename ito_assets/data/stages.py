@@ -211,8 +211,10 @@ def run_decontam(verified: VerifiedManifest, suite: EvalSuite, source: SourceSta
         units_resumed=resumed,
     )
     manifest_row = pl.DataFrame({"manifest_key": [verified.short_digest], "name": [verified.manifest.name], "eval_suite_id": [suite.suite_id], "eval_suite_digest": [suite.digest], "config": [json.dumps(config.as_metadata() | {f"decontam.{k}": v for k, v in asdict(decontam).items()}, sort_keys=True)]})
-    items = pl.DataFrame({"eval_item_id": [i.id for i in suite.items], "benchmark": [i.benchmark for i in suite.items]},
-                         schema={"eval_item_id": pl.String, "benchmark": pl.String})
+    indexed = {view.item_id for view in index.views}
+    items = pl.DataFrame({"eval_item_id": [i.id for i in suite.items], "benchmark": [i.benchmark for i in suite.items],
+                          "looked_for": [i.id in indexed for i in suite.items]},
+                         schema={"eval_item_id": pl.String, "benchmark": pl.String, "looked_for": pl.Boolean})
     tables = {"contamination_hits": hits.with_columns(pl.lit(suite.digest).alias("eval_suite_digest")), "manifests": manifest_row,
               "eval_items": items}
     # Replaced either way: a run without the report leaves no stale candidates of an earlier one.

@@ -174,6 +174,7 @@ def _eval_item(args: argparse.Namespace) -> VerbResult:
         hits = _plain(lineage.audit_eval_item(con, item_id))
         paraphrases = _plain(lineage.paraphrase_candidates(con, item_id))
         known = bool(hits or paraphrases) or lineage.eval_item_known(con, item_id)
+        not_looked_for = lineage.manifests_not_looking_for(con, item_id)
     if not (known or _in_configured_suite(item_id)):
         raise ItoError(ErrorCode.AUDIT_NOT_FOUND, "no eval item with this id is in the eval suites the warehouse "
                        "was decontaminated against, nor in the configured eval suite (ITO_EVAL_SUITE)")
@@ -183,12 +184,19 @@ def _eval_item(args: argparse.Namespace) -> VerbResult:
         *table(hits, ["doc_id", "source_record_id", "source_uri", "row", "state", "view", "overlap_ratio", "action",
                       "char_start", "char_end", "stale", "matched_ngram"]),
         *(_stale_line(digest) for digest in stale),
+        *(_not_looked_for_line(digest) for digest in not_looked_for),
     ]
     if paraphrases:
         text += ["possible paraphrases (by embedding similarity; for review, not removed):", *table(paraphrases, ["doc_id", "source_record_id", "similarity", "char_start", "char_end", "excerpt"])]
     data = {"eval_item_id": item_id, "num_documents": len({h["doc_id"] for h in hits}), "hits": hits,
-            "paraphrase_candidates": paraphrases, "stale": bool(stale)}
+            "paraphrase_candidates": paraphrases, "stale": bool(stale), "not_looked_for_in": not_looked_for}
     return VerbResult(data=data, live_api_contacted=False, text=text)
+
+
+def _not_looked_for_line(manifest_digest: str) -> str:
+    key = manifest_digest.removeprefix("sha256:")[:12]
+    return (f"warning: in manifest {key}, this item was not looked for: no view of it (question with answer, "
+            "question, long answer) has enough words to index, so no document could match it; lengthen it to protect it")
 
 
 def _stale_line(manifest_digest: str) -> str:
