@@ -304,3 +304,17 @@ def test_a_stray_file_named_like_an_attempt_log_is_no_attempt(tmp_path, monkeypa
                  "attempt-١٢.json"):
         (supervisor.stage_dir / name).write_text("{}")
     assert supervisor._next_attempt_number() == 5
+
+
+def test_the_outcome_line_is_for_a_person_at_a_terminal_not_for_pipes(monkeypatch, capsys) -> None:
+    """Under Pipes the stage reads the report file; the line reached `make run`'s terminal among
+    its progress lines."""
+    from ito_assets.runtime.worker.reporting import PIPES_CONTEXT_ENV_VAR
+
+    summary = {"stage": "pretraining", "outcome": "succeeded", "num_attempts": 1}
+    monkeypatch.delenv(PIPES_CONTEXT_ENV_VAR, raising=False)
+    supervisor_module.print_outcome(summary)
+    assert json.loads(capsys.readouterr().out) == summary
+    monkeypatch.setenv(PIPES_CONTEXT_ENV_VAR, "e30=")
+    supervisor_module.print_outcome(summary)
+    assert capsys.readouterr().out == ""

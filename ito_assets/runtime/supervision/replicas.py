@@ -41,7 +41,8 @@ import numpy as np
 from ito_assets.runtime.supervision import heartbeat
 from ito_assets.runtime.stage.config import WorkerConfig, group_shape
 from ito_assets.runtime.record.storage import write_atomic
-from ito_assets.runtime.supervision.supervisor import REPORT_NAME, Outcome, SupervisionReport, Supervisor, SupervisorConfig, stage_arguments
+from ito_assets.runtime.supervision.supervisor import (REPORT_NAME, Outcome, SupervisionReport, Supervisor, SupervisorConfig, print_outcome,
+                                                      stage_arguments)
 
 # What torchft's Manager reads for the lighthouse's address (torchft.manager, `TORCHFT_LIGHTHOUSE`).
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
@@ -184,8 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     for number in (signal.SIGTERM, signal.SIGINT):
         signal.signal(number, stage.request_stop)
     report = stage.run()
-    print(json.dumps({"stage": report.stage, "outcome": report.outcome.value, "num_attempts": report.num_attempts,
-                      "replica_groups": stage.worker.replica_groups}))
+    print_outcome({"stage": report.stage, "outcome": report.outcome.value, "num_attempts": report.num_attempts,
+                   "replica_groups": stage.worker.replica_groups})
     return 0 if report.outcome is Outcome.SUCCEEDED else 1
 
 

@@ -34,6 +34,7 @@ import argparse
 import contextlib
 import enum
 import json
+import os
 import re
 import signal
 import sys
@@ -53,6 +54,7 @@ from ito_assets.runtime.stage.config import RESULT_NAME, WorkerConfig
 from ito_assets.runtime.record.events import Event, EventKind
 from ito_assets.runtime.supervision.relay import MetricsRelay, open_relay
 from ito_assets.runtime.record.storage import write_atomic
+from ito_assets.runtime.worker.reporting import PIPES_CONTEXT_ENV_VAR
 
 REPORT_NAME = "supervision.json"
 _ATTEMPT_NUMBER = re.compile(r"[0-9]{1,9}")  # the attempt logs' names: attempt-<n>.json
@@ -395,9 +397,17 @@ def main(argv: list[str] | None = None) -> int:
     with open_relay(supervisor.config.launch.backend, Path(supervisor.worker.metrics_path)) as relay:
         supervisor.relay = relay
         report = supervisor.run()
-    print(json.dumps({"stage": report.stage, "outcome": report.outcome.value, "num_attempts": report.num_attempts,
-                      **({"error_code": report.error_code} if report.error_code else {})}))
+    print_outcome({"stage": report.stage, "outcome": report.outcome.value, "num_attempts": report.num_attempts,
+                   **({"error_code": report.error_code} if report.error_code else {})})
     return 0 if report.outcome is Outcome.SUCCEEDED else 1
+
+
+def print_outcome(summary: dict) -> None:
+    """The stage's outcome on one JSON line, for a person who ran the supervisor by hand. Under
+    Pipes the stage reads REPORT_NAME and records it in its metadata: the line would only reach
+    the terminal of whoever runs the job, among its progress lines."""
+    if PIPES_CONTEXT_ENV_VAR not in os.environ:
+        print(json.dumps(summary))
 
 
 if __name__ == "__main__":
