@@ -82,7 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _print_text(outcome: VerbResult) -> None:
-    lines = outcome.text or [f"{k}: {v}" for k, v in outcome.data.items()]
+    from ito_assets.api.commands.paging import readable_line
+
+    lines = outcome.text or [readable_line(k, v) for k, v in outcome.data.items()]
     for line in [*lines, *([f"notice: {outcome.notice}"] if outcome.notice else [])]:
         print(escape(str(line)))
 

@@ -251,6 +251,33 @@ def test_desk_bookings_list_is_an_aligned_table(answering, capsys):
     assert "{" not in out and "'" not in out
 
 
+def test_a_desk_record_reads_as_json_spells_it_with_times_in_iso_utc(answering, capsys):
+    """`ito desk show` and every verb without a layout of its own printed Python's spelling:
+    `approved: False`, `run_id: None`, epoch seconds, a dict in single quotes."""
+    record = {"confirmation_id": "cfm_" + "D" * 26, "approved": False, "run_id": None, "cost_cents": 96000,
+              "created_at": 1_796_112_000, "expires_at": 1_796_112_900,
+              "binding": {"booking_id": "bkg_" + "C" * 26, "issued_at": 1_796_112_000, "gpus": [8]},
+              "eligibility": {"account_id": "acc_" + "A" * 26}}
+    answering(Answer(record))
+    out, _err, status = printed(capsys, "desk", "show", "cfr_" + "0" * 26)
+    assert status == 0
+    assert out.splitlines() == [
+        f"confirmation_id: {record['confirmation_id']}", "approved: false", "run_id: null", "cost_cents: 96000",
+        "created_at: 2026-12-01T08:00:00Z", "expires_at: 2026-12-01T08:15:00Z",
+        f'binding: {{"booking_id": "bkg_{"C" * 26}", "issued_at": "2026-12-01T08:00:00Z", "gpus": [8]}}']
+    document = json.loads(printed(capsys, "desk", "show", "cfr_" + "0" * 26, "--json")[0])
+    assert document["data"]["created_at"] == 1_796_112_000 and document["data"]["approved"] is False
+
+
+@pytest.mark.parametrize(("key", "value", "shown"), [
+    ("at", 0, "1970-01-01T00:00:00Z"), ("finished_at", 1_796_112_000, "2026-12-01T08:00:00Z"),
+    ("attempts", 3, 3), ("finished_at", True, True), ("finished_at", "2026-12-05T23:59:51", "2026-12-05T23:59:51"),
+    ("finished_at", 10**30, 10**30),  # past any calendar: the number, not a crash
+])
+def test_every_key_ending_in_at_is_a_time_when_it_holds_whole_seconds(key, value, shown):
+    assert paging.shown_value(key, value) == shown
+
+
 # --- 4. an unknown eval item is not found -------------------------------------------------------
 
 
@@ -269,6 +296,9 @@ class Lineage:
 
     def eval_item_known(self, _con, _item_id):
         return self.known
+
+    def manifests_not_looking_for(self, _con, _item_id):
+        return []
 
 
 @pytest.fixture
@@ -321,7 +351,7 @@ def test_the_warehouse_knows_every_item_of_a_suite_it_was_decontaminated_against
     with duckdb.connect(":memory:") as con:
         assert lineage.eval_item_known(con, "py-trivia/001") is False  # a warehouse without the table
         lineage.ensure_schema(con)
-        con.execute("INSERT INTO eval_items VALUES ('sha256:m', 'py-trivia/001', 'py-trivia')")
+        con.execute("INSERT INTO eval_items VALUES ('sha256:m', 'py-trivia/001', 'py-trivia', true)")
         con.execute("INSERT INTO contamination_hits (manifest_digest, doc_id, eval_item_id) VALUES ('sha256:m', 'd', 'x/2')")
         assert [lineage.eval_item_known(con, i) for i in ("py-trivia/001", "x/2", "nope/999")] == [True, True, False]
 

@@ -201,7 +201,9 @@ def _amend(args: argparse.Namespace) -> VerbResult:
 def _show(args: argparse.Namespace) -> VerbResult:
     client = _client(args)
     data = client.post("/v1/desk/confirmations/show", {"confirmation_ref": args.ref})
-    text = [f"{k}: {v}" for k, v in data.items() if k != "eligibility"]
+    from ito_assets.api.commands.paging import readable_line
+
+    text = [readable_line(k, v) for k, v in data.items() if k != "eligibility"]
     return _done(client, data, text)
 
 

@@ -12,8 +12,10 @@ from typing import Callable
 
 # --all asks for pages this large (the server's most): few requests, each answer bounded.
 ALL_PAGE = 500
-# The keys whose numbers are epoch seconds, shown as ISO 8601 UTC in readable output.
-TIME_KEYS = frozenset({"at", "created_at", "removed_at", "updated_at", "starts_at", "ends_at"})
+def is_time_key(key: str) -> bool:
+    """Whether the API's number under `key` is epoch seconds (`at`, and every `*_at`: created_at,
+    expires_at, consumed_at, ...), shown as ISO 8601 UTC in readable output."""
+    return key == "at" or key.endswith("_at")
 
 
 def iso_utc(seconds: int) -> str:
@@ -21,9 +23,33 @@ def iso_utc(seconds: int) -> str:
 
 
 def shown_value(key: str, value: object) -> object:
-    if key in TIME_KEYS and isinstance(value, int) and not isinstance(value, bool):
-        return iso_utc(value)
+    if is_time_key(key) and isinstance(value, int) and not isinstance(value, bool):
+        try:
+            return iso_utc(value)
+        except (OverflowError, OSError, ValueError):  # beyond the platform's calendar: the number itself
+            return value
     return value
+
+
+def readable_line(key: str, value: object) -> str:
+    """`key: value` as a person reads it: times in ISO 8601 UTC, and true, false, null, lists and
+    objects as in the JSON output (nested times included), never Python's spelling of them."""
+    return f"{key}: {_readable(key, value)}"
+
+
+def _readable(key: str, value: object) -> str:
+    import json
+
+    shown = _times_shown(key, value)
+    return shown if isinstance(shown, str) else json.dumps(shown, ensure_ascii=False)
+
+
+def _times_shown(key: str, value: object) -> object:
+    if isinstance(value, dict):
+        return {k: _times_shown(k, v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_times_shown(key, v) for v in value]
+    return shown_value(key, value)
 
 
 def count_phrase(num_shown: int, num_total: int | None, noun: str) -> str:
