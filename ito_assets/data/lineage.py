@@ -31,7 +31,7 @@ import contextlib
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TypeVar
 
@@ -429,7 +429,9 @@ def audit_manifest(con: duckdb.DuckDBPyConnection, manifest_digest: str) -> dict
 def record_consumption(path: Path, shard_sha256s: list[str], run_id: str, stage: str) -> int:
     """Which run consumed which clean shards (for `ito audit`); a repeated record is not duplicated.
     Recorded in the lineage journal too, so that a rebuilt warehouse still answers it."""
-    at = datetime.now()  # one time for the row and its record, so that a rebuild gives the same answer
+    # One time for the row and its record, so that a rebuild gives the same answer; UTC (the column
+    # has no zone: the machine's local time would read as another moment elsewhere).
+    at = datetime.now(timezone.utc).replace(tzinfo=None)
 
     def work(con: duckdb.DuckDBPyConnection) -> None:
         ensure_schema(con)

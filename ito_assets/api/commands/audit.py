@@ -100,13 +100,14 @@ def _open():
 
 
 def _plain(value):
-    """JSON-safe values (timestamps as ISO text)."""
+    """JSON-safe values: the warehouse's timestamps (UTC, without a zone) as ISO 8601 UTC text to
+    the second, as every other verb prints its times."""
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_plain(v) for v in value]
     if isinstance(value, datetime):
-        return value.isoformat()
+        return value.strftime("%Y-%m-%dT%H:%M:%SZ")
     return value
 
 
