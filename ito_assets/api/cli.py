@@ -26,6 +26,8 @@ DEFAULT_TIMEOUT_S = 120.0
 # An hour: as long as ITO_TIMEOUT_S may be for one request.
 MAX_TIMEOUT_S = 3600.0
 TIMEOUT_HELP = f"seconds the whole operation may take, retries included (default {DEFAULT_TIMEOUT_S:g})"
+# The verbs that never contact the API accept --timeout (a script may pass it to every verb) and say so.
+LOCAL_TIMEOUT_HELP = "accepted and ignored: this verb works on local files and does not contact the API"
 EXIT_BROKEN_PIPE = 141
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
 
@@ -67,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     manifest.register(verbs)
     audit.register(verbs)  # lineage in the warehouse, read-only, no API contact
     data.register(verbs)  # a corpus of one's own through the data stage, in process; no API contact
+    local = {id(sub) for sub in verbs.choices.values()}
     plan.register(verbs)  # the plan and its cost, computed locally; creates no workload
     # The gates and the run lifecycle. Each module imports its heavy dependencies lazily, so verbs start fast.
     for module in (confirm, train, lifecycle, spend, readiness, desk, serve):
@@ -75,9 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.set_defaults(**{readiness.CLIENT_VERBS: frozenset(verbs.choices)})
     # Also accepted after the verb. SUPPRESS: a subcommand that was not given --timeout must not
     # overwrite the top-level value (argparse copies a subparser's defaults over its parent's).
-    for sub in _subparsers(parser):
-        sub.add_argument("--timeout", type=timeout_seconds, default=argparse.SUPPRESS, metavar="SECONDS",
-                         help=TIMEOUT_HELP)
+    for verb in dict.fromkeys(verbs.choices.values()):
+        help_text = LOCAL_TIMEOUT_HELP if id(verb) in local else TIMEOUT_HELP
+        for sub in (verb, *_subparsers(verb)):
+            sub.add_argument("--timeout", type=timeout_seconds, default=argparse.SUPPRESS, metavar="SECONDS",
+                             help=help_text)
     return parser
 
 

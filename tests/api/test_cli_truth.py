@@ -479,3 +479,17 @@ def test_the_parameter_phrase_for_an_exact_or_unknown_size():
     assert parameters_phrase({"num_parameters": 43_168, "manifest_num_parameters": 43_168}) == "43,168 parameters"
     assert parameters_phrase({"num_parameters": None, "manifest_num_parameters": 7_000_000}) == (
         "a size the planner does not know; the manifest declares 7,000,000 parameters")
+
+
+@pytest.mark.parametrize(("argv", "local"), [
+    (["data", "prepare"], True), (["audit", "doc"], True), (["audit", "eval-item"], True), (["manifest", "verify"], True),
+    (["status"], False), (["desk", "bookings", "list"], False), (["train"], False),
+])
+def test_the_timeout_help_says_whether_the_verb_contacts_the_api(argv, local, capsys):
+    """Every verb accepts --timeout; one that reads local files only said it bounded "the whole
+    operation", which it never read."""
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args([*argv, "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert ("accepted and ignored" in out) is local and ("the whole operation may take" in out) is not local
+    assert cli.build_parser().parse_args(["audit", "doc", "x", "--timeout", "5"]).timeout == 5.0
