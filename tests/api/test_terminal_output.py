@@ -145,6 +145,10 @@ def test_an_audit_of_corpus_text_is_printed_escaped(monkeypatch, capsys):
         def paraphrase_candidates(_con, _item_id):
             return [candidate]
 
+        @staticmethod
+        def manifests_not_looking_for(_con, _item_id):
+            return []
+
     monkeypatch.setattr(audit, "_open", lambda: (Lineage, contextlib.nullcontext()))
     out, _err, status = printed(capsys, "audit", "eval-item", "py-trivia/007")
     assert status == 0
