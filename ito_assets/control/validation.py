@@ -69,7 +69,7 @@ def check_plan_fits(manifest: Manifest, booking: Booking, *, now: int) -> RunPla
     job executes, must end inside what is left of the window. The booked block is what is charged;
     a plan longer than it would be confirmed, charged and then cut off. PLAN_REFUSED where the
     planner cannot plan it (its GPU, network or model size unknown, or no layout fits)."""
-    hardware = booked_hardware(gpu_type=booking.gpu_type, network=booking.network, num_nodes=booking.num_nodes,
+    hardware = booked_hardware(gpu_type=booking.gpu_type, topology=booking.topology, network=booking.network, num_nodes=booking.num_nodes,
                                num_gpus=booking.num_gpus, price_per_gpu_hour_cents=booking.price_per_gpu_hour_cents)
     run_plan = plan_run(manifest, hardware)
     require_within_window(run_plan.wall_seconds, starts_at=booking.starts_at, ends_at=booking.ends_at,

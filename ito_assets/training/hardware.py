@@ -7,6 +7,7 @@ the usable HBM/GDDR capacity as sold. Bandwidths are per GPU and per direction.
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, replace
 
 TERA = 10**12
@@ -148,20 +149,28 @@ _NETWORK_PREFIXES = {"ib": Network.INFINIBAND, "infiniband": Network.INFINIBAND,
                      "eth": Network.ETHERNET, "ethernet": Network.ETHERNET, "tcp": Network.ETHERNET}
 
 
-# A model name alone is planned as its most constrained variant in the catalogue (the least
-# memory, the slowest links and FLOPS): a plan that fits it fits every machine the name may mean,
-# where the fastest variant's plan could outrun a booking made of the slower one.
-_MODEL_NAMES = {"h100": "H100-PCIe", "a100": "A100-40GB-PCIe", "h200": "H200", "l40s": "L40S"}
+# A model name alone is planned by what the booking's topology says of the node's links: NVLink
+# (`nvlink` or `sxm` among its words, `pcie` not) is the NVLink board; otherwise the model's most
+# constrained variant in the catalogue (the least memory, the slowest links and FLOPS), so that a
+# plan which fits it fits every machine the name may mean.
+_MODEL_NAMES = {"h100": ("H100-SXM", "H100-PCIe"), "a100": ("A100-80GB", "A100-40GB-PCIe"), "h200": ("H200", "H200"),
+                "l40s": ("L40S", "L40S")}
 
 
-def booked_gpu(label: str) -> GpuSpec:
+def _says_nvlink(topology: str) -> bool:
+    words = set(re.split(r"[^a-z0-9]+", topology.lower()))
+    return bool(words & {"nvlink", "sxm"}) and "pcie" not in words
+
+
+def booked_gpu(label: str, topology: str = "") -> GpuSpec:
     """The GPU a booking's `gpu_type` names: a planner name exactly (any case), or a model name
-    (`H100` is planned as `H100-PCIe`, the slower H100); anything else is not a GPU the planner
-    can price."""
-    by_lower = {name.lower(): spec for name, spec in GPUS.items()}
+    read with the booking's `topology` (`H100` with `1x8-nvlink` is `H100-SXM`; with `2x4-pcie`
+    or a topology that says neither, `H100-PCIe`); anything else is not a GPU the planner can price."""
     name = label.lower()
     if name in _MODEL_NAMES:
-        return GPUS[_MODEL_NAMES[name]]
+        linked, constrained = _MODEL_NAMES[name]
+        return GPUS[linked if _says_nvlink(topology) else constrained]
+    by_lower = {gpu.lower(): spec for gpu, spec in GPUS.items()}
     if name not in by_lower:
         raise ValueError(f"the booked gpu_type is none of {sorted(GPUS)} (or a model name: {sorted(n.upper() for n in _MODEL_NAMES)})")
     return by_lower[name]

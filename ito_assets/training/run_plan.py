@@ -118,16 +118,18 @@ def plan_outcome(manifest: Manifest, hardware: Hardware) -> PlanOutcome:
         return PlanOutcome(run_plan=None, refusal_reasons=refused.reasons, refusal_message=refused.message)
 
 
-def booked_hardware(*, gpu_type: str, network: str, num_nodes: int, num_gpus: int, price_per_gpu_hour_cents: int) -> Hardware:
-    """The planner's hardware for a booking's terms (a booking's `H100` is the planner's
-    `H100-SXM`; `ib-`, `roce-` and `eth-` networks are InfiniBand, RoCE and Ethernet): what `ito
-    plan --booking` plans for and what the training job then executes. PLAN_REFUSED when the
-    planner cannot price the booking's GPU or network."""
+def booked_hardware(*, gpu_type: str, topology: str, network: str, num_nodes: int, num_gpus: int,
+                    price_per_gpu_hour_cents: int) -> Hardware:
+    """The planner's hardware for a booking's terms (a model name is read with the topology:
+    `H100` on `1x8-nvlink` is the planner's `H100-SXM`, elsewhere `H100-PCIe`; `ib-`, `roce-` and
+    `eth-` networks are InfiniBand, RoCE and Ethernet): what `ito plan --booking` plans for and
+    what the training job then executes. PLAN_REFUSED when the planner cannot price the booking's
+    GPU or network."""
     from ito_assets.errors import ErrorCode, ItoError
     from ito_assets.training.hardware import booked_gpu, booked_network
 
     try:
-        gpu, fabric = booked_gpu(gpu_type), booked_network(network)
+        gpu, fabric = booked_gpu(gpu_type, topology), booked_network(network)
     except ValueError as exc:
         raise ItoError(ErrorCode.PLAN_REFUSED, f"the booking's hardware cannot be planned: {exc}") from None
     return Hardware(gpu=gpu, network=fabric, num_nodes=num_nodes, gpus_per_node=num_gpus // num_nodes,

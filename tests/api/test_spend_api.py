@@ -89,7 +89,7 @@ def test_plan_reads_the_booking_and_shows_the_cost_the_confirmation_binds(api, s
     assert plan["confirmation_issued"] is False and plan["workload_created"] is False
     assert plan["booking"]["booking_id"] == booking and plan["booking"]["num_gpus"] == 8
     assert plan["budget"]["committed_cents"] == 2 * COST
-    assert plan["plan"]["hardware"]["gpu_type"] == "H100-PCIe"  # "H100" alone: its slower variant
+    assert plan["plan"]["hardware"]["gpu_type"] == "H100-SXM"  # "H100" on a 1x8-nvlink topology
     confirmation = api.ok("confirm", "request", "--action", "train", "--booking", booking, "--manifest", manifest)
     assert plan["cost_cents"] == confirmation["binding"]["cost_cents"] == COST
 

@@ -27,7 +27,7 @@ def code_of(call) -> ErrorCode:
 
 
 def planned_wall_s(content: bytes = LONG) -> float:
-    hardware = booked_hardware(gpu_type=TERMS["gpu_type"], network=TERMS["network"], num_nodes=TERMS["num_nodes"],
+    hardware = booked_hardware(gpu_type=TERMS["gpu_type"], topology=TERMS["topology"], network=TERMS["network"], num_nodes=TERMS["num_nodes"],
                                num_gpus=TERMS["num_gpus"], price_per_gpu_hour_cents=TERMS["price_per_gpu_hour_cents"])
     return plan_run(verified(content).manifest, hardware).wall_seconds
 

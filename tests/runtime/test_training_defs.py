@@ -323,7 +323,7 @@ def test_the_stages_train_the_plan_made_for_the_run_s_own_booking(tmp_path, inst
     # What the stage was given: what ran, where nothing fell back, and each fallback's planned value.
     planned = {**config["layout"], **{f["field"]: f["planned"] for f in config["layout_fallbacks"]}}
     manifest = Manifest.model_validate_json(json.dumps(_document(one)))
-    terms = dict(gpu_type="H100", network="ib-400g", num_gpus=16, num_nodes=2, price_per_gpu_hour_cents=100)
+    terms = dict(gpu_type="H100", topology="2x8-nvlink", network="ib-400g", num_gpus=16, num_nodes=2, price_per_gpu_hour_cents=100)
     booked = stage_plans.stage_plan(plan_run(manifest, booked_hardware(**terms)), "pretraining").layout
     configured = stage_plans.stage_plan(plan_run(manifest, booked_hardware(**{**terms, "num_gpus": 8, "num_nodes": 1})), "pretraining").layout
     assert booked.describe() != configured.describe()  # the two bookings plan differently

@@ -41,7 +41,7 @@ def test_the_unscaled_figures_are_the_fabrics_own() -> None:
 
 
 def _two_nodes(network: str):
-    return booked_hardware(gpu_type="H100", network=network, num_nodes=2, num_gpus=16, price_per_gpu_hour_cents=100)
+    return booked_hardware(gpu_type="H100", topology="2x8-nvlink", network=network, num_nodes=2, num_gpus=16, price_per_gpu_hour_cents=100)
 
 
 def test_a_slower_fabric_plans_a_longer_run_across_nodes() -> None:

@@ -59,7 +59,7 @@ def booked_hardware(booking: dict):
     """The planner's hardware for a booking as the API describes it."""
     from ito_assets.training.run_plan import booked_hardware as hardware
 
-    return hardware(gpu_type=booking["gpu_type"], network=booking["network"], num_nodes=booking["num_nodes"],
+    return hardware(gpu_type=booking["gpu_type"], topology=booking.get("topology", ""), network=booking["network"], num_nodes=booking["num_nodes"],
                     num_gpus=booking["num_gpus"], price_per_gpu_hour_cents=booking["price_per_gpu_hour_cents"])
 
 

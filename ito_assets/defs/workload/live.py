@@ -37,7 +37,7 @@ class LiveRun:
         executes. The stored `training_plan` was made for the configured `booked_hardware`,
         before any booking existed."""
         terms = self.booking
-        hardware = booked_hardware(gpu_type=terms.gpu_type, network=terms.network, num_nodes=terms.num_nodes,
+        hardware = booked_hardware(gpu_type=terms.gpu_type, topology=terms.topology, network=terms.network, num_nodes=terms.num_nodes,
                                    num_gpus=terms.num_gpus, price_per_gpu_hour_cents=self.price_per_gpu_hour_cents)
         return plan_outcome(self.manifest.manifest, hardware)
 
