@@ -28,7 +28,7 @@ import shutil
 import stat
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TypeVar
 
@@ -258,7 +258,8 @@ def journal_rows(path: Path, manifest_digest: str, table: str, rows: pl.DataFram
     if isinstance(rows, pl.DataFrame):
         columns = lineage.table_columns(table)
         if "recorded_at" in columns and "recorded_at" not in rows.columns:  # a rebuild keeps the time
-            rows = rows.with_columns(pl.lit(datetime.now()).alias("recorded_at"))
+            # UTC: the column has no zone, and `ito audit` prints it as UTC.
+            rows = rows.with_columns(pl.lit(datetime.now(timezone.utc).replace(tzinfo=None)).alias("recorded_at"))
         frame = _journal_table(rows, folder / f"{table}.parquet", store)
         rows = lineage.ParquetRows((frame,), {c: c for c in columns[1:] if c in rows.columns})
     by_file = _journal_table(rows.by_file, folder / f"{table}.by-file.parquet", store) if rows.by_file is not None else None

@@ -260,9 +260,11 @@ def _api_errors() -> tuple[type[Exception], ...]:
 
 
 def _unavailable(error: Exception) -> bool:
-    """No answer in time, or an API server that answered that it cannot serve (5xx): what a later
-    try may get past, unlike a refusal (4xx: a permission, or a request the back end got wrong)."""
-    return isinstance(error, _no_answer()) or (getattr(error, "status", None) or 0) >= 500
+    """No answer in time, or an API server that answered that it cannot serve now (5xx, or 429 from
+    its priority and fairness throttling): what a later try may get past, unlike a refusal (another
+    4xx: a permission, or a request the back end got wrong)."""
+    status = getattr(error, "status", None) or 0
+    return isinstance(error, _no_answer()) or status == 429 or status >= 500
 
 
 def _why(error: Exception) -> str:

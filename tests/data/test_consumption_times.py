@@ -39,3 +39,16 @@ def test_a_consumption_is_recorded_in_utc_whatever_the_local_zone(tmp_path, far_
 ])
 def test_the_audit_prints_warehouse_times_in_iso_utc_to_the_second(value, shown) -> None:
     assert audit._plain(value) == shown
+
+
+def test_a_manifests_recorded_time_is_utc_whatever_the_local_zone(tmp_path, far_from_utc) -> None:
+    """`ito audit manifest` prints `recorded_at` with a Z: it was the machine's local time."""
+    import polars as pl
+
+    path = tmp_path / "warehouse.duckdb"
+    before = datetime.now(timezone.utc).replace(tzinfo=None)
+    lineage.write_tables(path, "sha256:" + "b" * 64, {"manifests": pl.DataFrame({"manifest_key": ["bbbbbbbbbbbb"], "name": ["m"]})})
+    after = datetime.now(timezone.utc).replace(tzinfo=None)
+    with duckdb.connect(str(path), read_only=True) as con:
+        (at,) = con.execute("SELECT recorded_at FROM manifests").fetchone()
+    assert before <= at <= after

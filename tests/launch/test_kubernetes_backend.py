@@ -773,3 +773,22 @@ def test_the_real_client_against_an_api_that_never_answers(tmp_path, silent_api)
     assert time.monotonic() - started < 10  # each GET or DELETE tries four times, a create once
     log = (tmp_path / "a.log").read_text()
     assert "(no pods listed: no answer: ReadTimeoutError)" in log and f"the Job {JOB} was not deleted" in log
+
+
+@pytest.mark.parametrize(("status", "noted"), [(429, True), (500, True), (503, True), (403, False), (422, False)])
+def test_a_throttled_or_failing_delete_is_noted_and_a_refused_one_raises(tmp_path, status, noted):
+    """429 (the API server's priority and fairness throttling) is a busy server, as a 5xx is: the
+    release of a finished stage notes it and goes on; a refusal (403: a permission) still raises."""
+    cluster = FakeCluster()
+    attempt = _start(cluster, tmp_log=tmp_path / "a.log")
+
+    def refuse(name, namespace, body=None, **kwargs):
+        raise ApiException(status=status, reason="answered")
+
+    cluster.delete_namespaced_job = refuse
+    if noted:
+        attempt.release()
+        assert f"the Job {JOB} was not deleted ({status} answered)" in (tmp_path / "a.log").read_text()
+    else:
+        with pytest.raises(ApiException):
+            attempt.release()
