@@ -17,6 +17,7 @@ continuous metrics (here: the answer's bits per byte) decide better than accurac
 from __future__ import annotations
 
 import math
+
 import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
