@@ -16,8 +16,6 @@ continuous metrics (here: the answer's bits per byte) decide better than accurac
 
 from __future__ import annotations
 
-import math
-
 import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -116,13 +114,6 @@ class DecisionConfig:
 
         return TrainConfig(num_steps=self.num_steps, batch_size=self.batch_size, sequence_length=self.sequence_length,
                            seed=seed, learning_rate=self.learning_rate)
-
-
-def untrained_bits_per_byte(vocab_size: int) -> float:
-    """The most bits per byte a model that learned nothing spends: a uniform guess costs log2(V)
-    bits a token, and a byte-level BPE token holds at least one byte. A run above it did worse than
-    knowing nothing (its weights diverged), whatever its data: its value is no evidence about them."""
-    return math.log2(vocab_size)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -287,13 +278,12 @@ def run_decision(
         return [r.primary for r in runs[arm]]
 
     train_seeds(config.seeds)
-    plausible = (0.0, untrained_bits_per_byte(model_config.vocab_size))
-    test = paired_test(primaries("candidate"), primaries("baseline"), config.confidence, plausible=plausible)
+    test = paired_test(primaries("candidate"), primaries("baseline"), config.confidence)
     if config.target_detectable_effect is not None and test.verdict is not Verdict.INCONCLUSIVE:
         pilot = [b - c for c, b in zip(primaries("candidate"), primaries("baseline"))]
         total = stein_seed_count(pilot, config.target_detectable_effect, config.confidence, config.max_seeds)
         train_seeds(config.extra_seeds(total - len(config.seeds)))
-        test = stein_test(primaries("candidate"), primaries("baseline"), len(config.seeds), config.confidence, plausible=plausible)
+        test = stein_test(primaries("candidate"), primaries("baseline"), len(config.seeds), config.confidence)
     all_runs = tuple(runs["candidate"] + runs["baseline"])
     return DecisionResult(
         test=test, metric=PRIMARY_METRIC,

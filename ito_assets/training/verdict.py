@@ -14,10 +14,7 @@ n = 2 (benchmarks/decision_rule.py). The interval's half-width replaces that ban
   at all: every seed gave the same difference, whether the seeds changed neither arm (one run
   repeated) or moved both arms alike, so t is d / 0 and any difference, one rounding error
   included, would be a GO or NO_GO at p = 0; or a run whose metric is not finite (a diverged proxy
-  says nothing about its data; values whose mean or spread overflows a float count as such), or
-  one outside the caller's `plausible` range of what a trained run can measure (the decision
-  passes [0, the untrained model's bits per byte], so a run that diverged to a large but finite
-  value is no evidence).
+  says nothing about its data; values whose mean or spread overflows a float count as such).
 The minimum detectable effect is (t_{1-a/2} + t_{power}) standard errors from the observed spread,
 the usual approximation (Cohen 1988, ch. 2) of the true difference these seeds would find with
 80% power; if the true spread is the observed one, its exact power is lower at few seeds (about
@@ -106,19 +103,6 @@ _NOT_FINITE = "a run's metric is not finite (a diverged proxy); no decision"
 _ONE_SEED = "one seed per arm cannot measure seed-to-seed noise; no decision"
 
 
-ANY_VALUE = (-math.inf, math.inf)
-
-
-def _implausible(plausible: tuple[float, float]) -> str:
-    return (f"a run's metric is outside [{plausible[0]:.4g}, {plausible[1]:.4g}], what a trained run can measure "
-            "(a diverged proxy does worse than a model that learned nothing); no decision")
-
-
-def _in_range(values: Sequence[float], plausible: tuple[float, float]) -> bool:
-    low, high = plausible
-    return all(low <= v <= high for v in values)
-
-
 def _check_confidence(confidence: float) -> None:
     # A confidence of 0 is an interval of zero width: every positive mean would be a GO.
     if not 0 < confidence < 1:
@@ -137,10 +121,8 @@ def _moments(values: Sequence[float]) -> tuple[float, float] | None:
     return (mean, spread) if math.isfinite(mean) and math.isfinite(spread) else None
 
 
-def paired_test(candidate: Sequence[float], baseline: Sequence[float], confidence: float, *,
-                plausible: tuple[float, float] = ANY_VALUE) -> PairedTest:
-    """The verdict from per-seed values of a lower-is-better metric, paired by position (seed);
-    a value outside `plausible` (low, high) measured no data."""
+def paired_test(candidate: Sequence[float], baseline: Sequence[float], confidence: float) -> PairedTest:
+    """The verdict from per-seed values of a lower-is-better metric, paired by position (seed)."""
     _check_confidence(confidence)
     if len(candidate) != len(baseline):
         raise ValueError("candidate and baseline need one value per seed each")
@@ -150,8 +132,6 @@ def paired_test(candidate: Sequence[float], baseline: Sequence[float], confidenc
         raise ValueError("a paired test needs at least one seed")
     if not all(math.isfinite(d) for d in differences):
         return _inconclusive(n, math.nan, confidence, _NOT_FINITE)
-    if not _in_range([*candidate, *baseline], plausible):
-        return _inconclusive(n, math.nan, confidence, _implausible(plausible))
     if n < 2:
         return _inconclusive(n, differences[0], confidence, _ONE_SEED)
     moments = _moments(differences)
@@ -175,8 +155,7 @@ def stein_seed_count(pilot: Sequence[float], target: float, confidence: float, m
     return min(max_seeds, max(n0, wanted))
 
 
-def stein_test(candidate: Sequence[float], baseline: Sequence[float], num_pilot: int, confidence: float, *,
-               plausible: tuple[float, float] = ANY_VALUE) -> PairedTest:
+def stein_test(candidate: Sequence[float], baseline: Sequence[float], num_pilot: int, confidence: float) -> PairedTest:
     """Stein's second stage: the mean of all paired differences over the pilot's spread, with the
     pilot's degrees of freedom; exact whatever rule chose the count from the pilot."""
     _check_confidence(confidence)
@@ -187,8 +166,6 @@ def stein_test(candidate: Sequence[float], baseline: Sequence[float], num_pilot:
     every, pilot = _moments(differences), _moments(differences[:num_pilot])
     if every is None or pilot is None:
         return _inconclusive(n, math.nan, confidence, _NOT_FINITE)
-    if not _in_range([*candidate, *baseline], plausible):
-        return _inconclusive(n, math.nan, confidence, _implausible(plausible))
     if _seeds_changed_nothing(candidate[:num_pilot], baseline[:num_pilot]):
         return _inconclusive(n, every[0], confidence, _NOT_REPLICATES)
     return _t_interval(every[0], pilot[1] / math.sqrt(n), num_pilot - 1, n, confidence, "Stein two-stage paired t")
