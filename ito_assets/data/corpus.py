@@ -25,8 +25,9 @@ from ito_assets.manifest.schema import DATA_KIND, SCHEMA_VERSION, Decontaminatio
 PARQUET_MAGIC = b"PAR1"  # the first (and last) four bytes of every Parquet file
 # Containers the reader does not open, by their first bytes: read as JSONL, their bytes would be
 # refused as "line 1 is not UTF-8 text", after the job ran, naming no cause.
-UNREAD_MAGIC = {"xz": b"\xfd7zXZ\x00", "bzip2": b"BZh", "lz4": b"\x04\x22\x4d\x18", "zip": b"PK\x03\x04",
-                "7z": b"7z\xbc\xaf\x27\x1c"}
+# A zip starts with a file's header, or, empty, with its end of directory, or, spanned, with a marker.
+UNREAD_MAGIC = {"xz": (b"\xfd7zXZ\x00",), "bzip2": (b"BZh",), "lz4": (b"\x04\x22\x4d\x18",),
+                "zip": (b"PK\x03\x04", b"PK\x05\x06", b"PK\x07\x08"), "7z": (b"7z\xbc\xaf\x27\x1c",)}
 # A tar header's magic and version fields at byte 257, POSIX's or GNU's: each holds a NUL, which
 # no JSONL text can, so a line that says "ustar" there is never taken for one.
 _TAR_MAGICS, _TAR_MAGIC_AT = (b"ustar\x0000", b"ustar  \x00"), 257
@@ -115,7 +116,7 @@ def format_of(path: Path, position: int = 1) -> str:
         head = handle.read(8)
     if head.startswith(PARQUET_MAGIC):
         return "parquet"
-    unread = next((name for name, magic in UNREAD_MAGIC.items() if head.startswith(magic)), None)
+    unread = next((name for name, magics in UNREAD_MAGIC.items() if head.startswith(magics)), None)
     if unread is not None:
         raise ItoError(ErrorCode.SOURCE_INVALID, f"corpus file #{position} is {unread}-compressed, which is not read: "
                        "decompress it, or compress it with gzip or zstd")

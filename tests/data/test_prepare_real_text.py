@@ -38,6 +38,7 @@ def _zip(path: Path) -> None:
     ("xz", lambda p: p.write_bytes(lzma.compress(LINE))),
     ("bzip2", lambda p: p.write_bytes(bz2.compress(LINE))),
     ("zip", _zip),
+    ("zip", lambda p: zipfile.ZipFile(p, "w").close()),  # an empty archive: its end of directory alone
 ])
 def test_a_container_the_reader_does_not_open_is_refused_by_name(tmp_path, name, write) -> None:
     """Read as JSONL, its bytes were refused only after the job ran, as "line 1 is not UTF-8 text"."""
