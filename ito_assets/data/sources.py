@@ -235,6 +235,13 @@ def jsonl_record(line: bytes, number: int, uri: str, fields: RecordFields = DEFA
     return record
 
 
+def _default_id_hint(fields: RecordFields) -> str:
+    """Where nobody named the id field, `id` was read because it is there: say how to read another."""
+    if fields.id_required:
+        return ""
+    return f" ('{fields.id}' is read as each record's own id by default: name the field that holds them with id_field, `--id-field`)"
+
+
 def record_id(value: object, fields: RecordFields, where: str) -> str | None:
     """A record's own id as text (an integer as its decimal form); None where it has none and
     none is required. `where` names the record in the message ("<uri>: line 3")."""
@@ -243,7 +250,7 @@ def record_id(value: object, fields: RecordFields, where: str) -> str | None:
             raise ItoError(ErrorCode.SOURCE_INVALID, f"{where} has no field '{fields.id}' (or it is null)")
         return None
     if isinstance(value, bool) or not isinstance(value, (str, int)):
-        raise ItoError(ErrorCode.SOURCE_INVALID, f"{where}: '{fields.id}' is neither a string nor an integer")
+        raise ItoError(ErrorCode.SOURCE_INVALID, f"{where}: '{fields.id}' is neither a string nor an integer{_default_id_hint(fields)}")
     return str(value)
 
 
@@ -325,7 +332,8 @@ def parquet_records(path: Path, uri: str, fields: RecordFields = DEFAULT_FIELDS,
         if fields.id_required and not has_id:
             raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: has no column '{fields.id}'")
         if has_id and not _id_type(schema.field(fields.id).type):
-            raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: column '{fields.id}' is neither a string nor an integer column")
+            raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: column '{fields.id}' is neither a string nor an integer column"
+                                                     f"{_default_id_hint(fields)}")
         first = first_row
         columns = list(dict.fromkeys([fields.text, fields.id] if has_id else [fields.text]))
         for batch in _batches(handle, columns, uri, row_groups):

@@ -259,6 +259,16 @@ def test_a_bad_parquet_column_names_the_column_and_the_row(tmp_path: Path, frame
     assert message in _source_error(reference(path, "parquet", **fields), tmp_path).message
 
 
+
+@pytest.mark.parametrize(("fields", "hinted"), [({}, True), ({"id_field": "uid"}, False)])
+def test_an_unusable_default_id_column_says_how_to_name_another(tmp_path: Path, fields, hinted) -> None:
+    """A float `id` nobody asked for stopped the read with no way out named; a named field needs no hint."""
+    path = tmp_path / "a.parquet"
+    pl.DataFrame({"text": ["a"], "id": [1.5], "uid": [2.5]}).write_parquet(path)
+    message = _source_error(reference(path, "parquet", **fields), tmp_path).message
+    assert "neither a string nor an integer column" in message
+    assert ("name the field that holds them with id_field, `--id-field`" in message) is hinted
+
 # --- orjson where it agrees with the standard library ---
 
 def _outcome(parse, line: bytes) -> str:
