@@ -29,6 +29,7 @@ Ray is an optional extra (`pip install '.[ray]'`); only this module imports it.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import logging
@@ -348,6 +349,10 @@ def _join(ray, address: str) -> None:
     try:
         ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
     except Exception as error:  # noqa: BLE001 - Ray's messages may quote the address, secrets and all
+        # A failed init leaves Ray half set up in this process: the next step's init would fail on
+        # an assertion (its internal store never connected), whatever the cluster's state by then.
+        with contextlib.suppress(Exception):
+            ray.shutdown()
         if not address:
             raise
         ours = f"Ray {ray.__version__}, Python {sys.version.split()[0]}"

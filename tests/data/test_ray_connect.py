@@ -179,3 +179,24 @@ def test_a_unit_that_fails_on_ray_names_its_errors_type_and_code_never_its_messa
         map_units(abs, [1, 2], ray_engine.RayPool(_FakeRay(error)), phase="dedup signatures")
     assert caught.value.code is ErrorCode.DATA_WORK_UNIT_FAILED
     assert caught.value.message == f"dedup signatures: work unit 0 failed {ray_engine.ATTEMPTS} times ({named})"
+
+
+@pytest.mark.parametrize("address", ["", "ray://127.0.0.1:1"])
+def test_a_failed_join_leaves_no_half_started_ray_in_the_process(monkeypatch, address):
+    """After a failed init, the next step's init in the same process (the in-process executor, a
+    retry) failed on an assertion in Ray, whatever the cluster's state by then."""
+    calls = []
+
+    class FailingRay:
+        __version__ = "x"
+
+        def init(self, **kwargs):
+            calls.append("init")
+            raise ConnectionError("no answer")
+
+        def shutdown(self):
+            calls.append("shutdown")
+
+    with pytest.raises((ConnectionError, ItoError)):
+        ray_engine._join(FailingRay(), address)
+    assert calls == ["init", "shutdown"]
