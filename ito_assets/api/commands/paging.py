@@ -12,6 +12,8 @@ from typing import Callable
 
 # --all asks for pages this large (the server's most): few requests, each answer bounded.
 ALL_PAGE = 500
+
+
 def is_time_key(key: str) -> bool:
     """Whether the API's number under `key` is epoch seconds (`at`, and every `*_at`: created_at,
     expires_at, consumed_at, ...), shown as ISO 8601 UTC in readable output."""
