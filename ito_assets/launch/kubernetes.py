@@ -20,7 +20,11 @@ ranks flush a checkpoint), then the Job, forcing what is left after the grace pe
 has a `_request_timeout` (`request_timeout_s`): the supervisor runs unattended, and an API server
 that accepted the connection but never answers would otherwise hold it forever. Every delete names
 the uid of the object it means (a precondition): a name is the run's and attempt's, and a Job or pod
-made later under the same name is not ours to delete. The attempt's config, checkpoints and
+made later under the same name is not ours to delete. A start first deletes the Jobs that earlier
+starts of the same stage left (one whose create got no answer and that appeared after the look for
+it, one whose delete got no answer): the supervisor starts an attempt only after the one before
+ended or was stopped, so such a Job runs unwatched, on nodes the new attempt needs, until its
+deadline. The attempt's config, checkpoints and
 heartbeats live on a volume (a PersistentVolumeClaim) that the supervisor's pod mounts at the same
 path as the trainer pods. The supervisor's service account needs create, get, list and delete on
 jobs (batch), services and pods, and get on pods/log.
@@ -76,6 +80,10 @@ REQUEST_TIMEOUT_S = 30.0
 # An annotation with a token of the start that created the Job: after a create that got no answer,
 # it tells our Job from another one under the same name.
 LAUNCH_KEY = "ito/launch"
+# A label with a digest of the folder of the attempt's log: the attempts of one stage (of one replica
+# group, where it has several) share it and no other supervisor's do. Replica groups run at once but
+# log to folders of their own; one group's attempts run one after another.
+SERIES_KEY = "ito/series"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -294,6 +302,11 @@ def _delete_job(batch: Any, name: str, namespace: str, *, uid: str, timeout_s: f
             propagation_policy="Background")
 
 
+def series(log_path: Path) -> str:
+    """The SERIES_KEY label of the Jobs whose attempts log to `log_path`'s folder."""
+    return hashlib.sha256(str(Path(log_path).parent).encode()).hexdigest()[:32]
+
+
 def _owned_by(pod: Any, uid: str) -> bool:
     return any(owner.uid == uid for owner in pod.metadata.owner_references or [])
 
@@ -427,6 +440,7 @@ class KubernetesBackend:
     settings: KubernetesSettings
     api: Any = None  # a CoreV1Api; None: built on first use from the cluster's credentials
     batch: Any = None  # a BatchV1Api; likewise
+    poll_s: float = 1.0  # between creates refused while a deleted Job still holds the name
 
     def start(self, spec: LaunchSpec, *, number: int, log_path: Path) -> KubernetesAttempt:
         self._require_on_volume(spec)
@@ -434,14 +448,19 @@ class KubernetesBackend:
         spec = replace(spec, rdzv_port=self.settings.rdzv_port)
         namespace, name, timeout_s = self.settings.namespace, job_name(spec), self.settings.request_timeout_s
         launched_at = time.time()
+        took_name = self._delete_left_over(series(log_path), name, number, log_path)
+        # A Job deleted under this very name may keep it a moment (finalizers; the garbage collector
+        # deletes its service after it): the creates wait as long as one call may, no longer.
+        wait_s = timeout_s if took_name else 0.0
         # The Job first: a supervisor that dies before the service leaves a Job whose rendezvous
         # times out and which its deadline and TTL collect; a service created first would have no
         # owner to go with.
-        uid = self._create_job(spec, number)
+        uid = self._create_job(spec, number, log_path, wait_s)
         try:
             # One that got no answer may exist all the same: it is the Job's, and goes with it.
-            self.api.create_namespaced_service(namespace, headless_service(spec, namespace, uid),
-                                               _request_timeout=timeout_s)
+            body = headless_service(spec, namespace, uid)
+            self._create(lambda: self.api.create_namespaced_service(namespace, body, _request_timeout=timeout_s),
+                         f"service {name}", wait_s)
         except Exception:
             with contextlib.suppress(*_api_errors()):  # the service's error is the one to raise
                 _delete_job(self.batch, name, namespace, uid=uid, timeout_s=timeout_s)
@@ -450,15 +469,63 @@ class KubernetesBackend:
                                  namespace=namespace, job=name, job_uid=uid, nnodes=spec.nnodes, log_path=log_path,
                                  request_timeout_s=timeout_s)
 
-    def _create_job(self, spec: LaunchSpec, number: int) -> str:
+    def _delete_left_over(self, label: str, name: str, number: int, log_path: Path) -> bool:
+        """Delete, by uid, the Jobs of this series that our launcher made (the label alone anyone
+        could set; LAUNCH_KEY is ours) and return whether one had this start's name. The supervisor
+        starts an attempt only once the one before ended or was stopped: any such Job is left over.
+        A Job under the name without both is not ours: the create's 409 fails the start.
+
+        An API that does not answer the list or a delete fails the start (each call bounded by the
+        request timeout): the create would hardly get an answer either, and an attempt started
+        without the look could run beside a left-over Job that holds the nodes it needs."""
+        namespace, timeout_s = self.settings.namespace, self.settings.request_timeout_s
+        took_name = False
+        try:
+            listed = self.batch.list_namespaced_job(namespace, label_selector=f"{SERIES_KEY}={label}",
+                                                    _request_timeout=timeout_s)
+            for job in listed.items:
+                if LAUNCH_KEY not in (job.metadata.annotations or {}):
+                    continue
+                _delete_job(self.batch, job.metadata.name, namespace, uid=job.metadata.uid, timeout_s=timeout_s)
+                with open(log_path, "a") as log:
+                    log.write(f"--- deleted the Job {job.metadata.name} (uid {job.metadata.uid}), left by an "
+                              f"earlier start of this stage, before attempt {number}'s\n")
+                took_name = took_name or job.metadata.name == name
+        except _api_errors() as error:
+            if not _unavailable(error):
+                raise
+            raise RuntimeError(f"the Kubernetes API did not clear the Jobs left before attempt {number} "
+                               f"({_why(error)}): not started") from error
+        return took_name
+
+    def _create(self, create, what: str, wait_s: float) -> Any:
+        """create(), tried again every `poll_s` while the name is taken (409) and `wait_s` has not
+        passed. A name still taken fails the start: it is not ours to delete."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                return create()
+            except _api_exception() as error:
+                if error.status != 409:
+                    raise
+                if time.monotonic() >= deadline:
+                    taken = (f"still there {wait_s:g} s after its delete" if wait_s
+                             else "already there, not left by an earlier start of this stage: not deleted")
+                    raise RuntimeError(f"the {what} in namespace {self.settings.namespace} is {taken}") from error
+            time.sleep(self.poll_s)
+
+    def _create_job(self, spec: LaunchSpec, number: int, log_path: Path, wait_s: float) -> str:
         """The Job's uid. A create that got no answer (or a 5xx) may have made the Job all the same:
         it is deleted where it carries this start's token, so that no attempt runs unwatched beside
-        the next one, and the start fails."""
+        the next one, and the start fails. One that appears only after that look carries its series'
+        label: the next start deletes it."""
         body, token = job_body(spec, self.settings), secrets.token_hex(8)
         body["metadata"]["annotations"] = {LAUNCH_KEY: token}
+        body["metadata"]["labels"] = {**body["metadata"]["labels"], SERIES_KEY: series(log_path)}
+        namespace, timeout_s = self.settings.namespace, self.settings.request_timeout_s
         try:
-            return self.batch.create_namespaced_job(self.settings.namespace, body,
-                                                    _request_timeout=self.settings.request_timeout_s).metadata.uid
+            return self._create(lambda: self.batch.create_namespaced_job(namespace, body, _request_timeout=timeout_s),
+                                f"Job {job_name(spec)}", wait_s).metadata.uid
         except _api_errors() as error:
             if not _unavailable(error):
                 raise

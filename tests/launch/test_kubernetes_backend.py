@@ -105,6 +105,10 @@ class FakeCluster:
     requests: list[tuple[str, dict]] = field(default_factory=list)  # every API call's method and keyword arguments
     preconditions: list[tuple[str, str, str]] = field(default_factory=list)  # (kind, name, uid) of each delete
     on_create: object = lambda pod: None  # what a pod's ranks do once it exists
+    # A deleted Job, and the service the garbage collector deletes with it, keep their names for this
+    # many more creates (finalizers, the collector's delay): each is refused 409, as by the API.
+    removal_tries: int = 0
+    removing: dict[tuple[str, str], int] = field(default_factory=dict)  # (kind, name): refusals left
 
     # --- BatchV1Api -----------------------------------------------------------------------------
 
@@ -112,6 +116,7 @@ class FakeCluster:
         self._request("create_namespaced_job", kwargs)
         _model(body, "V1Job")
         name = body["metadata"]["name"]
+        self._refuse_taken("job", name, name in self.jobs)
         self.calls.append(("create_job", name))
         self.sent.append(body)
         job = FakeJob(body=body, uid=f"uid-{name}-{len(self.calls)}", started=self.now)
@@ -120,6 +125,14 @@ class FakeCluster:
         for pod in pods:
             self.on_create(pod)
         return self._read_job(name)
+
+    def list_namespaced_job(self, namespace, label_selector, **kwargs):
+        self._request("list_namespaced_job", kwargs)
+        self._answer()
+        key, value = label_selector.split("=")
+        items = [CLIENT.sanitize_for_serialization(self._read_job(name)) for name, job in self.jobs.items()
+                 if job.body["metadata"]["labels"].get(key) == value]
+        return CLIENT._ApiClient__deserialize({"items": items}, "V1JobList")
 
     def read_namespaced_job(self, name, namespace, **kwargs):
         self._request("read_namespaced_job", kwargs)
@@ -148,6 +161,7 @@ class FakeCluster:
     def create_namespaced_service(self, namespace, body, **kwargs):
         self._request("create_namespaced_service", kwargs)
         _model(body, "V1Service")
+        self._refuse_taken("service", body["metadata"]["name"], body["metadata"]["name"] in self.services)
         self.calls.append(("create_service", body["metadata"]["name"]))
         self.services[body["metadata"]["name"]] = body
 
@@ -213,6 +227,11 @@ class FakeCluster:
         self.requests.append((method, kwargs))
         if method in self.hung:
             raise _no_answer(method)
+
+    def _refuse_taken(self, kind: str, name: str, exists: bool) -> None:
+        if exists or self.removing.get((kind, name), 0) > 0:
+            self.removing[(kind, name)] = self.removing.get((kind, name), 1) - 1
+            raise ApiException(status=409, reason="AlreadyExists")
 
     def _precondition(self, kind: str, name: str, options: V1DeleteOptions) -> None:
         uid = options.preconditions.uid if options.preconditions is not None else None
@@ -292,6 +311,7 @@ class FakeCluster:
         """The garbage collector: background or foreground deletes every object the Job owns;
         the API's default for a batch/v1 Job (orphan) leaves them behind, without their owner."""
         uid = self.jobs.pop(name).uid
+        self.removing[("job", name)] = self.removal_tries
         for objects in (self.pods, self.services):
             for key, body in list(objects.items()):
                 owners = body["metadata"].get("ownerReferences", [])
@@ -307,6 +327,7 @@ class FakeCluster:
             self._delete_pod(key, force=False)
         else:
             del objects[key]
+            self.removing[("service", key)] = self.removal_tries
 
 
 SETTINGS = KubernetesSettings(image="ito-training:0.1.0", volume_claim="ito-runs", mount_path="/mnt/ito",
@@ -325,7 +346,9 @@ def _start(cluster: FakeCluster, *, nnodes: int = 2, number: int = 0, stage: Pat
     spec = worker_spec(stage / f"attempt-{number}.json", nnodes=nnodes, nproc_per_node=8,
                        rdzv_id=f"run_x-pretraining-{number}")
     log_path = tmp_log or stage / f"attempt-{number}.log"
-    return KubernetesBackend(settings, api=cluster, batch=cluster).start(spec, number=number, log_path=log_path)
+    backend = KubernetesBackend(settings, api=cluster, batch=cluster)
+    backend.poll_s = 0.01  # between creates refused while a deleted Job keeps its name
+    return backend.start(spec, number=number, log_path=log_path)
 
 
 def test_an_attempt_is_one_indexed_job_and_a_headless_service_it_owns():
@@ -566,7 +589,7 @@ def _worker(root: Path) -> WorkerConfig:
 
 # --- request timeouts and uid preconditions ------------------------------------------------------
 
-API_METHODS = {"create_namespaced_job", "read_namespaced_job", "delete_namespaced_job", "create_namespaced_service",
+API_METHODS = {"create_namespaced_job", "list_namespaced_job", "read_namespaced_job", "delete_namespaced_job", "create_namespaced_service",
                "list_namespaced_pod", "delete_namespaced_pod", "read_namespaced_pod_log"}
 
 
@@ -708,6 +731,160 @@ def test_a_job_that_took_our_jobs_name_is_neither_read_nor_deleted(tmp_path):
     assert not [p for p in cluster.preconditions if p[0] == "pod"]  # its pods are not listed as ours
 
 
+# --- Jobs that earlier starts left ----------------------------------------------------------------
+
+def _left_over(cluster: FakeCluster, tmp_path: Path) -> str:
+    """Attempt 0 running with nobody watching it (its supervisor died, or its create's answer was
+    lost): its Job's uid."""
+    _start(cluster, tmp_log=tmp_path / "attempt-0.log")
+    for index in (0, 1):
+        cluster.set(cluster.pod(index), "Running")
+    return cluster.jobs[JOB].uid
+
+
+def _taken(cluster: FakeCluster, tmp_path: Path, whose: str) -> str:
+    """A Job under attempt 0's name that no earlier start of the stage logging to `tmp_path` left: its uid."""
+    if whose == "another stage's":  # our launcher's, for a supervisor logging elsewhere (another replica group)
+        (tmp_path / "replica-1").mkdir()
+        _start(cluster, tmp_log=tmp_path / "replica-1" / "attempt-0.log")
+        return cluster.jobs[JOB].uid
+    other = _foreign_job(cluster)
+    if whose == "labelled, without our token":  # a label anyone could copy
+        (ours,) = _started_bodies(tmp_path)
+        cluster.jobs[JOB].body["metadata"]["labels"]["ito/series"] = ours["metadata"]["labels"].get("ito/series", "")
+    return other
+
+
+def _started_bodies(tmp_path: Path) -> list[dict]:
+    """The Job bodies a start logging to `tmp_path` sends."""
+    cluster = FakeCluster()
+    _start(cluster, tmp_log=tmp_path / "elsewhere.log")
+    return cluster.sent
+
+
+@pytest.mark.parametrize("number", [0, 1])  # the same attempt again (the same name); the next attempt
+def test_a_job_an_earlier_start_left_is_deleted_by_its_uid_before_the_create(tmp_path, number):
+    cluster = FakeCluster()
+    stale = _left_over(cluster, tmp_path)
+    cluster.calls.clear()
+    cluster.preconditions.clear()
+    attempt = _start(cluster, number=number, tmp_log=tmp_path / f"attempt-{number}.log")
+    name = _job_of(f"run_x-pretraining-{number}")
+    assert cluster.preconditions == [("job", JOB, stale)]  # by its uid, its pods and service with it
+    assert cluster.calls == [("delete_job", JOB, "Background"), ("create_job", name), ("create_service", name)]
+    assert list(cluster.jobs) == [name] and cluster.jobs[name].uid == attempt.job_uid != stale
+    assert all(pod["metadata"]["ownerReferences"][0]["uid"] == attempt.job_uid for pod in cluster.pods.values())
+    assert f"--- deleted the Job {JOB} (uid {stale}), left by an earlier start" in (
+        tmp_path / f"attempt-{number}.log").read_text()
+
+
+@pytest.mark.parametrize("whose", ["someone else's", "labelled, without our token", "another stage's"])
+def test_a_job_under_the_name_that_is_not_ours_is_left_alone_and_the_start_fails(tmp_path, whose):
+    cluster = FakeCluster()
+    other = _taken(cluster, tmp_path, whose)
+    cluster.calls.clear()
+    with pytest.raises(RuntimeError, match=f"the Job {JOB} in namespace ito is already there, not left by an "
+                                           "earlier start of this stage: not deleted"):
+        _start(cluster, tmp_log=tmp_path / "attempt-0.log")
+    assert cluster.jobs[JOB].uid == other and len(cluster.pods) == 2
+    assert not [c for c in cluster.calls if c[0].startswith("delete")]
+
+
+def test_a_name_the_deleted_job_still_holds_is_tried_again_within_the_request_timeout(tmp_path):
+    """The deleted Job and its service keep their names for three more creates each."""
+    cluster = FakeCluster(removal_tries=3)
+    stale = _left_over(cluster, tmp_path)
+    attempt = _start(cluster, tmp_log=tmp_path / "attempt-0.log", settings=replace(SETTINGS, request_timeout_s=5))
+    creates = [method for method, _ in cluster.requests if method.startswith("create")]
+    assert creates.count("create_namespaced_job") == creates.count("create_namespaced_service") == 1 + 4
+    assert cluster.jobs[JOB].uid == attempt.job_uid != stale and JOB in cluster.services and len(cluster.pods) == 2
+
+
+def test_a_name_still_held_past_the_request_timeout_fails_the_start(tmp_path):
+    cluster = FakeCluster(removal_tries=10**9)
+    _left_over(cluster, tmp_path)
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=f"the Job {JOB} in namespace ito is still there 0.2 s after its delete"):
+        _start(cluster, tmp_log=tmp_path / "attempt-0.log", settings=replace(SETTINGS, request_timeout_s=0.2))
+    assert 0.2 <= time.monotonic() - started < 2
+    tries = [method for method, _ in cluster.requests].count("create_namespaced_job") - 1
+    assert 2 <= tries <= 0.2 / 0.01 + 1  # a try every poll_s while the bound lasts, no more
+    assert not cluster.jobs and not cluster.pods  # the left-over Job is gone, no attempt started
+
+
+@pytest.mark.parametrize("method", ["list_namespaced_job", "delete_namespaced_job"])
+def test_a_look_for_left_over_jobs_without_an_answer_fails_the_start_before_the_create(tmp_path, method):
+    cluster = FakeCluster()
+    stale = _left_over(cluster, tmp_path)
+    cluster.hung = {method}
+    asked = len(cluster.requests)
+    with pytest.raises(RuntimeError, match=r"did not clear the Jobs left before attempt 1 \(no answer: "
+                                           r"ReadTimeoutError\): not started"):
+        _start(cluster, number=1, tmp_log=tmp_path / "attempt-1.log")
+    assert [job.uid for job in cluster.jobs.values()] == [stale]
+    assert not [m for m, _ in cluster.requests[asked:] if m.startswith("create")]
+
+
+def _lose_creates(cluster: FakeCluster) -> list[tuple]:
+    """Creates that get no answer while the API stores their Job only after the look for it (404):
+    the (namespace, body) of each, for the test to make the Job appear."""
+    lost: list[tuple] = []
+
+    def late(namespace, body, **kwargs):
+        lost.append((namespace, body))
+        raise _no_answer("create_namespaced_job")
+
+    cluster.create_namespaced_job = late
+    return lost
+
+
+@pytest.mark.parametrize("number", [0, 1])  # the same attempt again (the same name); the next attempt
+def test_a_job_that_appears_after_its_lost_create_was_looked_for_is_deleted_by_the_next_start(tmp_path, number):
+    cluster = FakeCluster()
+    lost = _lose_creates(cluster)
+    with pytest.raises(RuntimeError, match="did not create attempt 0's Job"):
+        _start(cluster, tmp_log=tmp_path / "attempt-0.log")
+    assert not cluster.jobs and ("read_namespaced_job", {"_request_timeout": 30.0}) in cluster.requests  # 404
+    del cluster.create_namespaced_job  # the fake's own again
+    cluster.create_namespaced_job(*lost[0])  # now it appears and runs, nobody watching it
+    orphan = cluster.jobs[JOB].uid
+    attempt = _start(cluster, number=number, tmp_log=tmp_path / f"attempt-{number}.log")
+    assert ("job", JOB, orphan) in cluster.preconditions
+    assert [job.uid for job in cluster.jobs.values()] == [attempt.job_uid] != [orphan] and len(cluster.pods) == 2
+
+
+def test_a_retried_stage_deletes_the_job_its_lost_create_left(tmp_path):
+    """Through the supervisor: attempt 0's create gets no answer and its Job appears only after the
+    look for it, failing the stage; the step's retry starts attempt 1 (another name), which deletes
+    that Job before its own."""
+    cluster = FakeCluster()
+    settings = KubernetesSettings(image="i", volume_claim="c", mount_path=str(tmp_path), namespace="ito")
+    stage_dir = tmp_path / "checkpoints" / "pretraining"
+
+    def on_create(pod: dict) -> None:
+        name = pod["metadata"]["name"]
+        if name.startswith(_job_of("run_x-pretraining-1") + "-"):
+            cluster.set(name, "Succeeded", exit_code=0)
+            (stage_dir / RESULT_NAME).write_text(json.dumps({"num_steps": 24}))
+
+    cluster.on_create = on_create
+    config = SupervisorConfig.from_dict(json.loads(json.dumps({
+        "nnodes": 2, "poll_interval_s": 0.05, "grace_s": 0.2, "startup_timeout_s": 30,
+        "launch": {"backend": "kubernetes", "kubernetes": asdict(settings)}})))
+    backend = KubernetesBackend(settings, api=cluster, batch=cluster)
+    lost = _lose_creates(cluster)
+    with pytest.raises(RuntimeError, match="did not create attempt 0's Job"):
+        Supervisor(worker=_worker(tmp_path), config=config, backend=backend).run()
+    del cluster.create_namespaced_job
+    cluster.create_namespaced_job(*lost[0])
+    assert cluster.jobs[JOB].uid and len(cluster.pods) == 2  # attempt 0's Job holds the nodes, unwatched
+
+    report = Supervisor(worker=_worker(tmp_path), config=config, backend=backend).run()
+    assert report.outcome == "succeeded" and report.num_attempts == 1
+    assert cluster.empty()  # attempt 0's Job deleted at attempt 1's start, attempt 1's released
+    assert f"--- deleted the Job {JOB}" in (stage_dir / "attempt-1.log").read_text()
+
+
 def test_deletes_name_the_uids_of_our_job_and_pods(tmp_path):
     cluster = FakeCluster()
     attempt = _start(cluster, tmp_log=tmp_path / "a.log")
@@ -764,8 +941,11 @@ def test_the_real_client_against_an_api_that_never_answers(tmp_path, silent_api)
     core, batch = kubernetes.client.CoreV1Api(silent_api), kubernetes.client.BatchV1Api(silent_api)
     spec = worker_spec(STAGE / "attempt-0.json", nnodes=2, nproc_per_node=8, rdzv_id="run_x-pretraining-0")
     started = time.monotonic()
+    backend = KubernetesBackend(settings, api=core, batch=batch)
+    with pytest.raises(RuntimeError, match=r"did not clear the Jobs left before attempt 0 \(no answer: ReadTimeoutError\)"):
+        backend.start(spec, number=0, log_path=tmp_path / "a.log")  # the look for left-over Jobs comes first
     with pytest.raises(RuntimeError, match=r"did not create attempt 0's Job \(no answer: ReadTimeoutError\)"):
-        KubernetesBackend(settings, api=core, batch=batch).start(spec, number=0, log_path=tmp_path / "a.log")
+        backend._create_job(spec, 0, tmp_path / "a.log", wait_s=0.0)
     attempt = KubernetesAttempt(number=0, launched_at=time.time(), api=core, batch=batch, namespace="ito", job=JOB,
                                 job_uid="uid-0", nnodes=2, log_path=tmp_path / "a.log", request_timeout_s=0.05)
     assert attempt.exit_code() is None
