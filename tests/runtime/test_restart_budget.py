@@ -12,7 +12,7 @@ import contextlib
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable
@@ -439,6 +439,23 @@ def test_attempt_numbers_continue_across_supervisor_runs_of_the_same_stage(tmp_p
     assert sorted(p.name for p in stage_dir.glob("attempt-*.json")) == [f"attempt-{n}.json" for n in range(4)]
     allocations = _events(stage_dir, EventKind.ALLOCATION)
     assert [e.attempt for e in allocations] == [1, 3]
+
+
+def test_each_replica_group_launches_under_its_own_ids(tmp_path):
+    """The back ends name an attempt's jobs by its rendezvous id (Slurm's job name, which a lost
+    sbatch is cancelled by; a Kubernetes Job's name): two groups of one stage, started beside each
+    other, must never share one, or one group's cleanup would cancel the other."""
+    from ito_assets.runtime.supervision.replicas import group_worker
+
+    stage = replace(_worker(tmp_path), replica_groups=2)
+    ids = []
+    for replica in (0, 1):
+        worker = group_worker(stage, replica)
+        backend = FakeBackend(worker, ["fail", "succeed"])
+        Supervisor(worker=worker, config=_config(max_restarts=1), backend=backend).run()
+        ids += [spec.run_id for spec in backend.specs]
+    assert ids == ["run-test-pretraining-0", "run-test-pretraining-1",
+                   "run-test-pretraining-replica-1-0", "run-test-pretraining-replica-1-1"]
 
 
 @pytest.mark.parametrize("ending", ["failed", "stopped"])

@@ -221,9 +221,12 @@ class Supervisor:
         config = self.worker.with_attempt(number, time.time(), proposals.skip_ranges(self.stage_dir))
         config_path = self.stage_dir / f"attempt-{number}.json"
         write_atomic(config_path, config.to_json().encode())
-        # A rendezvous id per attempt: a restarted attempt never meets the old one's ranks.
+        # A rendezvous id per attempt and replica group: a restarted attempt never meets the old
+        # one's ranks, and the back ends name a group's jobs by it, so one group's cleanup (Slurm's
+        # scancel by name, a Kubernetes Job name) never reaches another group running beside it.
+        group = f"-replica-{self.worker.replica_id}" if self.worker.replica_id else ""
         spec = launch.worker_spec(config_path, nnodes=self.config.nnodes, nproc_per_node=self.config.nproc_per_node,
-                                  rdzv_id=f"{self.worker.run_key}-{self.worker.stage}-{number}")
+                                  rdzv_id=f"{self.worker.run_key}-{self.worker.stage}{group}-{number}")
         spec = replace(spec, env=(*spec.env, *sorted(self.env.items())))
         return self.backend.start(spec, number=number, log_path=self.stage_dir / f"attempt-{number}.log")
 
