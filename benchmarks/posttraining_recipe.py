@@ -70,7 +70,7 @@ def run_recipe(seed: int, rates: tuple[float, float, float], out: Path, *, stage
                "gate": start.gate.as_dict(), "kl_to_reference": round(start.metrics["kl_to_reference"], 4),
                "greedy_accuracy_after": start.eval_after.greedy_accuracy}
         if step.kind == "rlvr":
-            num_groups = len(start.metrics["reward_curve"]) * runtime.rlvr_groups_per_step
+            num_groups = len(start.metrics["reward_curve"]) * step.groups_per_step
             row["rlvr_groups_used_per_second"] = round(num_groups / start.metrics["train_seconds"], 2)
             row["staleness"] = start.metrics["staleness"]
             row["num_dropped_all_equal"] = start.metrics["num_dropped_all_equal"]

@@ -34,6 +34,7 @@ MAX_SEQUENCE_LENGTH = 2**24  # 16M tokens per sequence
 MAX_STEPS = 10**9
 MAX_KEPT_CHECKPOINTS = 10_000
 MAX_EPOCHS = 1_000
+MAX_BATCH = 2**20  # pairs or prompt groups per optimizer step
 
 Cents = Annotated[int, Field(ge=1, le=MAX_CENTS, description="US dollars in integer cents")]
 Parameters = Annotated[int, Field(ge=1, le=MAX_PARAMETERS)]
@@ -136,6 +137,9 @@ class SftStep(_Strict):
     kind: Literal["sft"]
     num_epochs: Annotated[int, Field(ge=1, le=MAX_EPOCHS)] = 1
     learning_rate: Annotated[float, Field(gt=0, lt=1)] = 1e-4
+    # Pairs per optimizer step. The sizes that decide a stage's compute are the manifest's, so the
+    # confirmation binds them; 8 is what stages trained with before the recipe held them.
+    batch_size: Annotated[int, Field(ge=1, le=MAX_BATCH)] = 8
     # The instruction pairs (JSONL) bound by uri and sha256. Optional in the schema so that an
     # unbound step is reported as PROVENANCE_MISSING by the stage, not as a generic schema error.
     data: DataReference | None = None
@@ -150,6 +154,7 @@ class DpoStep(_Strict):
     # 2024; TRL's `rpo_alpha`, which suggests 1.0). 0: plain DPO, as manifests that predate it meant.
     rpo_alpha: Annotated[float, Field(ge=0, le=10)] = 0.0
     learning_rate: Annotated[float, Field(gt=0, lt=1)] = 5e-6
+    batch_size: Annotated[int, Field(ge=1, le=MAX_BATCH)] = 8  # pairs per optimizer step, as SftStep's
     # The preference pairs (JSONL), bound as SftStep.data is.
     data: DataReference | None = None
 
@@ -162,6 +167,11 @@ class RlvrStep(_Strict):
     clip_eps_high: Annotated[float, Field(gt=0, lt=1)] = 0.28
     max_staleness: Annotated[int, Field(ge=0, le=64)] = 1
     learning_rate: Annotated[float, Field(gt=0, lt=1)] = 1e-6
+    # Optimizer steps, and prompts (each a group of `group_size` completions) per step: with the
+    # group size, what RLVR generates and trains on, so the confirmation binds them as SftStep's
+    # batch_size. 40 x 8: the defaults stages ran with before the recipe held them.
+    num_steps: Annotated[int, Field(ge=1, le=MAX_STEPS)] = 40
+    groups_per_step: Annotated[int, Field(ge=1, le=MAX_BATCH)] = 8
 
 
 PostTrainingStep = Annotated[Union[SftStep, DpoStep, RlvrStep], Field(discriminator="kind")]

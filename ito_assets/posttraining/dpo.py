@@ -46,7 +46,7 @@ class DpoConfig:
     @classmethod
     def from_step(cls, step: DpoStep, **runtime) -> "DpoConfig":
         return cls(beta=step.beta, label_smoothing=step.label_smoothing, rpo_alpha=step.rpo_alpha,
-                   learning_rate=step.learning_rate, **runtime)
+                   learning_rate=step.learning_rate, batch_size=step.batch_size, **runtime)
 
 
 @dataclass(frozen=True, kw_only=True)

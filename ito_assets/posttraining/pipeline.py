@@ -56,7 +56,7 @@ def _train(step, policy, reference, codec, spec: PolicySpec, pairs, train_tasks,
     """Run the stage's loop; returns (metrics, optimizer steps). `worker`: the stage trains on the
     stage worker (its launch, the stage folder) instead of in this process."""
     if isinstance(step, SftStep):
-        config = SftConfig.from_step(step, batch_size=runtime.batch_size, seed=runtime.seed)
+        config = SftConfig.from_step(step, seed=runtime.seed)
         if worker is not None:
             result = sft_on_worker(policy, spec, codec, pairs, config, stage_dir=worker[1], launch=worker[0])
         else:
@@ -64,7 +64,7 @@ def _train(step, policy, reference, codec, spec: PolicySpec, pairs, train_tasks,
         return {"loss_curve": list(result.losses), "num_response_tokens": result.num_response_tokens,
                 "train_seconds": round(result.wall_seconds, 2)}, result.num_steps
     if isinstance(step, DpoStep):
-        config = DpoConfig.from_step(step, batch_size=runtime.batch_size, seed=runtime.seed)
+        config = DpoConfig.from_step(step, seed=runtime.seed)
         if worker is not None:
             result = dpo_on_worker(policy, reference, spec, codec, pairs, config, stage_dir=worker[1],
                                    launch=worker[0])
@@ -73,8 +73,7 @@ def _train(step, policy, reference, codec, spec: PolicySpec, pairs, train_tasks,
         return {"loss_curve": list(result.losses), "accuracy_curve": list(result.accuracies),
                 "final_margin": result.mean_margin, "train_seconds": round(result.wall_seconds, 2)}, result.num_steps
     config = RlvrConfig.from_step(
-        step, num_steps=runtime.rlvr_num_steps, groups_per_step=runtime.rlvr_groups_per_step,
-        max_new_tokens=runtime.max_new_tokens, overlong_cache=runtime.overlong_cache, seed=runtime.seed,
+        step, max_new_tokens=runtime.max_new_tokens, overlong_cache=runtime.overlong_cache, seed=runtime.seed,
     )
     if worker is not None:
         prompt_length = max(len(encode_prompt(codec, task.prompt)) for task in train_tasks)
@@ -134,7 +133,7 @@ def _timed_stage(step, start: Start, data_root: Path, out_dir: Path, runtime: Po
     codec = spec.codec()
     if pairs is not None:
         check_pairs(pairs, codec, max_positions=config_by_name(spec.model_name).max_seq_len,
-                    batch_size=runtime.batch_size, name=step.data.uri)
+                    batch_size=step.batch_size, name=step.data.uri)
     reference = copy.deepcopy(policy).eval()  # frozen: the stage's starting point
     train_tasks, held_out = battery(runtime)
     timeline.startup()

@@ -67,7 +67,8 @@ class RlvrConfig:
     def from_step(cls, step: RlvrStep, **runtime) -> "RlvrConfig":
         return cls(
             group_size=step.group_size, clip_eps_low=step.clip_eps_low, clip_eps_high=step.clip_eps_high,
-            max_staleness=step.max_staleness, learning_rate=step.learning_rate, **runtime,
+            max_staleness=step.max_staleness, learning_rate=step.learning_rate, num_steps=step.num_steps,
+            groups_per_step=step.groups_per_step, **runtime,
         )
 
     def generation(self) -> GenerationConfig:

@@ -32,7 +32,7 @@ class SftConfig:
 
     @classmethod
     def from_step(cls, step: SftStep, **runtime) -> "SftConfig":
-        return cls(num_epochs=step.num_epochs, learning_rate=step.learning_rate, **runtime)
+        return cls(num_epochs=step.num_epochs, learning_rate=step.learning_rate, batch_size=step.batch_size, **runtime)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -28,9 +28,6 @@ class PostTrainingRuntime:
     # `seed` seeds data order and sampling (not the split).
     held_out_fraction: float = 0.2
     num_eval_prompts: int = 200
-    batch_size: int = 8
-    rlvr_num_steps: int = 40
-    rlvr_groups_per_step: int = 8
     # Answers are one token + eos (one character, or one BPE digit token): L_max 8 leaves room for
     # rambling, L_cache 4 punishes it softly from 5 tokens on (DAPO's L_cache / L_max is 4,096 / 20,480).
     max_new_tokens: int = 8

@@ -41,13 +41,15 @@ pytestmark = pytest.mark.filterwarnings("ignore::dagster.PreviewWarning")
 
 STAGES = ("sft_checkpoint", "dpo_checkpoint", "rlvr_checkpoint")
 # Small enough for seconds on CPU; the SFT rate is one the tiny model learns the format at.
-SMALL = PostTrainingResource(num_eval_prompts=12, batch_size=16, rlvr_num_steps=4, rlvr_groups_per_step=2)
+SMALL = PostTrainingResource(num_eval_prompts=12)
+# The recipe's sizes, added to every step these tests write unless it sets its own.
+SIZES = {"sft": {"batch_size": 16}, "dpo": {"batch_size": 16}, "rlvr": {"num_steps": 4, "groups_per_step": 2}}
 # The chain that must pass its gates is judged on 48 held-out prompts, not 12: after SFT (3e-3, one
 # epoch, from `base`) the avg@8 reward is only ~0.06-0.17, and on 12 prompts the SFT gate's margin
 # (delta - 1.96 SE) measured -0.008 to +0.027 (pass or fail on how pretraining's floats were
 # summed); on 48, +0.089 to +0.107 (pretraining seeds 0-1, one or two threads), SE ~0.022 instead
 # of ~0.035-0.046. The other tests' gates do not depend on a margin (nothing learned: delta 0).
-CHAIN = PostTrainingResource(num_eval_prompts=48, batch_size=16, rlvr_num_steps=4, rlvr_groups_per_step=2)
+CHAIN = PostTrainingResource(num_eval_prompts=48)
 _PAIR_FILES = {"sft": SFT_FILE, "dpo": DPO_FILE}
 
 
@@ -107,6 +109,10 @@ def _bind(recipe: list[dict], references: dict[str, dict]) -> list[dict]:
             for step in recipe]
 
 
+def _sized(recipe: list[dict]) -> list[dict]:
+    return [{**SIZES[step["kind"]], **step} for step in recipe]
+
+
 def _ledger_run(installation, manifest_path: str) -> str:
     """A run created through the gates for this very manifest: post-training asks the ledger."""
     from control.gate_world import Clock, make_policy, make_world, verified
@@ -129,7 +135,7 @@ def _ledger_run(installation, manifest_path: str) -> str:
 def _materialize(installation, instance, defs, recipe: list[dict], selection, *, num_prompts: int = 800,
                  bind: bool = True):
     references = _write_fixtures(installation, num_prompts)
-    recipe = _bind(recipe, references) if bind else recipe
+    recipe = _sized(_bind(recipe, references) if bind else recipe)
     run_id = _ledger_run(installation, installation.manifest("post", post_training=recipe))
     key = _register(installation, instance)
     job = dg.define_asset_job("adhoc", selection=selection).resolve(asset_graph=defs.resolve_asset_graph())
@@ -212,7 +218,7 @@ def test_chain_materializes_with_metrics(installation, instance, base):
             "rlvr/heldout_reward", "rlvr/gate_passed", "rlvr/staleness_admitted/0"} <= set(published)
     # the ledger keeps the figure whole; the UI shows it to 4 decimals
     assert published["rlvr/heldout_reward"] == [pytest.approx(metadata["heldout_reward_after"].value, abs=5e-5)]
-    assert len(published["rlvr/reward"]) == CHAIN.rlvr_num_steps  # one point per step (fewer than 100)
+    assert len(published["rlvr/reward"]) == SIZES["rlvr"]["num_steps"]  # one point per step (fewer than 100)
     # RLVR's four steps with an asynchronous generator end either side of its gate (measured deltas
     # +0.021 to well above 1.96 SE): a failed gate blocks the telemetry after it, as any gate does.
     _assert_each_stage_is_in_the_runs_telemetry(result, gate_passed=gate["passed"])
@@ -299,7 +305,7 @@ def _ledger_metrics(installation, run_id: str) -> dict[str, list[float]]:
 def test_a_changed_pair_file_is_refused_before_training(installation, instance, base):
     defs = _defs(installation, base)
     references = _write_fixtures(installation, 16)
-    recipe = _bind([{"kind": "sft", "learning_rate": 3e-3}], references)
+    recipe = _sized(_bind([{"kind": "sft", "learning_rate": 3e-3}], references))
     run_id = _ledger_run(installation, installation.manifest("post", post_training=recipe))
     key = _register(installation, instance)
     sft_file = installation.data_root / "fixtures" / "posttraining" / SFT_FILE

@@ -20,7 +20,7 @@ from ito_assets.runtime.record import events
 from ito_assets.runtime.record.events import EventKind
 from ito_assets.runtime.record.goodput import summarize
 
-RUNTIME = PostTrainingRuntime(num_eval_prompts=8, batch_size=8)
+RUNTIME = PostTrainingRuntime(num_eval_prompts=8)
 
 
 def _sft_step(data_root: Path, *, num_pairs: int) -> SftStep:

@@ -213,7 +213,7 @@ def test_the_stage_on_the_worker_is_one_event_log_whose_windows_never_overlap(tm
     step = SftStep.model_validate({"kind": "sft", "num_epochs": 1, "learning_rate": 3e-3, "data": data})
     began = time.time()
     outcome = run_stage(step, start=SPEC, data_root=tmp_path, out_dir=tmp_path / "out",
-                        runtime=PostTrainingRuntime(num_eval_prompts=8, batch_size=8), launch=_launch())
+                        runtime=PostTrainingRuntime(num_eval_prompts=8), launch=_launch())
     ended = time.time()
     log = events.read(Path(outcome.stage_dir))
     windows = _windows(log)

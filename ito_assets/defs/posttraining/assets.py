@@ -169,7 +169,8 @@ def _stage(context, ito: ItoSettingsResource, posttraining: PostTrainingResource
         run_dir = RunLayout.for_run(checkpoint_dir, run_id).run_dir
         VerdictStore(run_dir).ensure_not_failed(STAGE_ORDER)
         runtime = posttraining.runtime()
-        ranks = None if worker is None else worker.ranks(context, live, kind, runtime.batch_size)
+        # RLVR has no batch of pairs: it trains on one rank whatever the batch (`data_parallel_ranks`).
+        ranks = None if worker is None else worker.ranks(context, live, kind, getattr(step, "batch_size", 1))
         mark_training_started(ledger, run_id)
         outcome = run_stage(step, start=start, data_root=ito.settings().data_root, out_dir=run_dir / "posttraining",
                             runtime=runtime, launch=None if worker is None else worker.launch(context, run_id, ranks))

@@ -1,8 +1,10 @@
-"""Post-training's knobs as a Dagster resource (key `posttraining`): what the manifest's recipe
-does not say. Defaults are the embedded CPU installation's (`PostTrainingRuntime`); the model is
-the one the manifest names, from the pretraining chain's checkpoint."""
+"""Post-training's knobs as a Dagster resource (key `posttraining`): the evaluation battery's and
+the host's, what the manifest's recipe does not say (its steps hold the sizes that decide a
+stage's compute). Defaults are the embedded CPU installation's (`PostTrainingRuntime`); the model
+is the one the manifest names, from the pretraining chain's checkpoint."""
 
 import dagster as dg
+from pydantic import ConfigDict
 
 from ito_assets.posttraining.stage import PostTrainingRuntime
 
@@ -10,12 +12,13 @@ _DEFAULT = PostTrainingRuntime()
 
 
 class PostTrainingResource(dg.ConfigurableResource):
+    # Refused, not ignored: `batch_size`, `rlvr_num_steps` and `rlvr_groups_per_step` moved to the
+    # recipe, and code that still sets them here must not train with other sizes than it says.
+    model_config = ConfigDict(extra="forbid")
+
     seed: int = _DEFAULT.seed
     held_out_fraction: float = _DEFAULT.held_out_fraction
     num_eval_prompts: int = _DEFAULT.num_eval_prompts
-    batch_size: int = _DEFAULT.batch_size
-    rlvr_num_steps: int = _DEFAULT.rlvr_num_steps
-    rlvr_groups_per_step: int = _DEFAULT.rlvr_groups_per_step
     max_new_tokens: int = _DEFAULT.max_new_tokens
     overlong_cache: int = _DEFAULT.overlong_cache
     num_threads: int = _DEFAULT.num_threads
