@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Iterator
 
 import dagster as dg
+from pydantic import ConfigDict
 
 from ito_assets.control.ledger import Ledger, open_ledger
 from ito_assets.settings import Settings
@@ -15,7 +16,15 @@ from ito_assets.settings import Settings
 WAREHOUSE_POOL = "duckdb_writer"
 
 
-class ItoSettingsResource(dg.ConfigurableResource):
+class StrictResource(dg.ConfigurableResource):
+    """A resource that refuses a field it does not have. Run configuration is checked by Dagster's
+    own schema; a resource built in Python (definitions.py, a deployment's code) would otherwise
+    drop a misspelt or retired field without a word and run with its default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class ItoSettingsResource(StrictResource):
     """The settings object of `ito_assets.settings`, as a Dagster resource (key `ito`)."""
 
     project_root: str
@@ -50,7 +59,7 @@ class ItoSettingsResource(dg.ConfigurableResource):
         )
 
 
-class LedgerResource(dg.ConfigurableResource):
+class LedgerResource(StrictResource):
     """The ledger of bookings, confirmations and runs (key `ledger`): the same database the
     canonical API writes, opened per use so that no connection outlives a step.
 

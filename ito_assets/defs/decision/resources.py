@@ -5,13 +5,12 @@ embedded default is one node of eight H100 SXM on InfiniBand at 250 cents per GP
 illustrative price of the order of 2025 on-demand H100 rates; a booking's own price replaces it.
 """
 
-import dagster as dg
-
+from ito_assets.defs.resources import StrictResource
 from ito_assets.training.hardware import gpu_spec, network_spec
 from ito_assets.training.planner import Hardware
 
 
-class BookedHardwareResource(dg.ConfigurableResource):
+class BookedHardwareResource(StrictResource):
     gpu_type: str = "H100-SXM"
     num_nodes: int = 1
     gpus_per_node: int = 8

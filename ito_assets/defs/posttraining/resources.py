@@ -3,19 +3,15 @@ the host's, what the manifest's recipe does not say (its steps hold the sizes th
 stage's compute). Defaults are the embedded CPU installation's (`PostTrainingRuntime`); the model
 is the one the manifest names, from the pretraining chain's checkpoint."""
 
-import dagster as dg
-from pydantic import ConfigDict
-
+from ito_assets.defs.resources import StrictResource
 from ito_assets.posttraining.stage import PostTrainingRuntime
 
 _DEFAULT = PostTrainingRuntime()
 
 
-class PostTrainingResource(dg.ConfigurableResource):
-    # Refused, not ignored: `batch_size`, `rlvr_num_steps` and `rlvr_groups_per_step` moved to the
-    # recipe, and code that still sets them here must not train with other sizes than it says.
-    model_config = ConfigDict(extra="forbid")
-
+class PostTrainingResource(StrictResource):
+    # `batch_size`, `rlvr_num_steps` and `rlvr_groups_per_step` moved to the recipe: code that
+    # still sets them here is refused (StrictResource), not trained with other sizes than it says.
     seed: int = _DEFAULT.seed
     held_out_fraction: float = _DEFAULT.held_out_fraction
     num_eval_prompts: int = _DEFAULT.num_eval_prompts

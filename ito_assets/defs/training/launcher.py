@@ -18,8 +18,7 @@ uses the pod's service account (or the kubeconfig), Slurm the submitting user.
 
 from typing import Optional
 
-import dagster as dg
-
+from ito_assets.defs.resources import StrictResource
 from ito_assets.launch.backend import BackendKind, LaunchConfig
 from ito_assets.launch.kubernetes import ACTIVE_DEADLINE_S, REQUEST_TIMEOUT_S, TTL_AFTER_FINISHED_S, KubernetesSettings
 from ito_assets.launch.slurm import SlurmSettings
@@ -28,7 +27,7 @@ from ito_assets.training.planner import Hardware
 RDZV_PORT = 29400  # torchrun's default c10d port
 
 
-class TrainingLauncherResource(dg.ConfigurableResource):
+class TrainingLauncherResource(StrictResource):
     nnodes: Optional[int] = None  # None: the plan's num_nodes
     nproc_per_node: Optional[int] = None  # None: the plan's gpus_per_node on GPU nodes, else 1
     backend: BackendKind = BackendKind.LOCAL

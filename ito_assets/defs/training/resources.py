@@ -8,8 +8,7 @@ gate thresholds over the defaults here."""
 
 from typing import Optional
 
-import dagster as dg
-
+from ito_assets.defs.resources import StrictResource
 from ito_assets.manifest.schema import EvalGate
 from ito_assets.runtime.stage.eval_gate import MAX_REGRESSION_BANDS, MIN_IMPROVEMENT_BANDS, Direction, GatedMetric, EvalGatePolicy
 from ito_assets.runtime.supervision.supervisor import SupervisorConfig
@@ -24,7 +23,7 @@ HELDOUT_LOSS_NOISE_BAND = 0.017
 ANSWER_LOSS_NOISE_BAND = 0.017
 
 
-class TrainingRuntimeResource(dg.ConfigurableResource):
+class TrainingRuntimeResource(StrictResource):
     # None: every stage trains the plan's global batch. Set it on a host that cannot hold that
     # batch: the stage then takes more, smaller steps over the same reviewed tokens.
     batch_size: Optional[int] = None
