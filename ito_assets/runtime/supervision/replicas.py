@@ -14,6 +14,12 @@ around one torchft lighthouse (the quorum's coordinator) in this process:
 - A dead or hung group is restarted by its own supervisor (the same bounds and restart budget as a
   stage without replicas) while the other groups keep training: they wait at most the lighthouse's
   heartbeat timeout for the dead group to leave the quorum, then go on without it.
+- Groups share nothing but the lighthouse. Where they split one node's ranks, each gets its share of
+  the node's GPUs: on this machine its own `CUDA_VISIBLE_DEVICES` (every group's local rank 0
+  would otherwise take GPU 0), under Slurm or Kubernetes its share of `gpus_per_node` (the job or
+  pod asks for no more than its ranks use). Under Slurm each group's rendezvous has a port of its
+  own (`rdzv_port + i`): two groups' jobs may share a node, and torchrun's agent that finds the
+  port taken joins the store already on it, the other group's, and dies with it.
 - A restarted group heals: it joins the quorum behind the quorum's step and torchft loads an
   up-to-date peer's weights, optimizer, step and data position into it (`replica_sync`). Group
   0 resumes from its newest whole checkpoint first (so that it can carry the stage alone when no
@@ -24,6 +30,15 @@ around one torchft lighthouse (the quorum's coordinator) in this process:
   other group is stopped at once: a group behind a finished, failed or stopped group 0 has nobody
   to heal from and nothing the stage keeps to write. A group other than 0 that exhausts its
   restarts leaves group 0 training alone: recorded in the report, not a failure of the stage.
+- A stop request (SIGTERM/SIGINT) reaches every group, also one that arrives before the groups'
+  supervisors exist. Under Slurm or Kubernetes group 0's metrics are relayed to this process's
+  Pipes channel, as the supervisor relays a stage's (`relay`).
+- Groups that train in step to the end end with the same weights, bit for bit (`parameters_sha256`
+  of each group's result). The report compares the digests of the groups that finished
+  (`parameters_agree`); false, also said on stderr, means that they did not: a group finished
+  while group 0 was restarting (group 0 then trained the last steps alone), or a group trained on
+  other weights than its peers (it never healed, or healed from stale ones). The outcome stays
+  group 0's: its checkpoints are whole, and the eval gate judges its weights.
 """
 
 from __future__ import annotations
@@ -33,12 +48,16 @@ import os
 import signal
 import sys
 import threading
-from dataclasses import asdict, dataclass, replace
+import time
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Mapping
 
 import numpy as np
 
+from ito_assets.launch.backend import BackendKind
 from ito_assets.runtime.supervision import heartbeat
+from ito_assets.runtime.supervision.relay import MetricsRelay, open_relay
 from ito_assets.runtime.stage.config import WorkerConfig, group_shape
 from ito_assets.runtime.record.storage import write_atomic
 from ito_assets.runtime.supervision.supervisor import (REPORT_NAME, Outcome, SupervisionReport, Supervisor, SupervisorConfig, print_outcome,
@@ -57,6 +76,8 @@ HEARTBEAT_TIMEOUT_MS = 5_000
 # torchft's Rust side (lighthouse, managers) logs every quorum at INFO, several lines a step; its
 # warnings and errors are what an attempt log needs. `RUST_LOG` set by the operator wins.
 RUST_LOG_DEFAULT = "warn"
+# The GPUs a process on this machine may use (torch numbers the visible ones from 0).
+DEVICES_ENV = "CUDA_VISIBLE_DEVICES"
 
 
 def replica_dir(stage_dir: Path, replica_id: int) -> Path:
@@ -72,13 +93,40 @@ def group_worker(stage: WorkerConfig, replica_id: int) -> WorkerConfig:
                    metrics_path=str(folder / "metrics.jsonl"))
 
 
-def group_supervision(config: SupervisorConfig, groups: int) -> SupervisorConfig:
-    """One group's share of the attempt's nodes and ranks (`config.group_shape`)."""
+def group_supervision(config: SupervisorConfig, groups: int, replica_id: int = 0) -> SupervisorConfig:
+    """Group `replica_id`'s share of the attempt's nodes and ranks (`config.group_shape`); where the
+    groups split one node's ranks, of its GPUs per node too; under Slurm, a rendezvous port of its own."""
     shape = group_shape(config.nnodes, config.nproc_per_node, groups)
     if shape is None:
         raise ValueError(f"{config.nnodes} node(s) x {config.nproc_per_node} rank(s) do not split into {groups} "
                          "equal replica groups")
-    return replace(config, nnodes=shape[0], nproc_per_node=shape[1])
+    share = lambda gpus: -(-gpus * shape[1] // config.nproc_per_node)  # the group's ranks' share, rounded up
+    launch = config.launch
+    if launch.slurm is not None:
+        launch = replace(launch, slurm=replace(launch.slurm, gpus_per_node=share(launch.slurm.gpus_per_node),
+                                               rdzv_port=launch.slurm.rdzv_port + replica_id))
+    if launch.kubernetes is not None:  # each Job's pods have addresses of their own: the port may be shared
+        launch = replace(launch, kubernetes=replace(launch.kubernetes,
+                                                    gpus_per_node=share(launch.kubernetes.gpus_per_node)))
+    return replace(config, nnodes=shape[0], nproc_per_node=shape[1], launch=launch)
+
+
+def group_devices(config: SupervisorConfig, groups: int, replica_id: int,
+                  environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """Group `replica_id`'s `CUDA_VISIBLE_DEVICES` where the groups split the ranks of this machine
+    (`config`: the whole attempt's): its consecutive share of the GPUs visible here, the first
+    `nproc_per_node` where none are named. Nothing elsewhere (Slurm and Kubernetes give each job or
+    pod its own), on loopback nodes (each node's ranks take the same GPUs, with or without groups),
+    or where fewer GPUs are named than ranks run (as without groups, the ranks find out)."""
+    if config.launch.backend is not BackendKind.LOCAL or config.nnodes != 1:
+        return {}
+    named = environ.get(DEVICES_ENV)
+    devices = ([d.strip() for d in named.split(",") if d.strip()] if named is not None
+               else [str(i) for i in range(config.nproc_per_node)])
+    if len(devices) < config.nproc_per_node:
+        return {}
+    per_group = config.nproc_per_node // groups
+    return {DEVICES_ENV: ",".join(devices[replica_id * per_group:(replica_id + 1) * per_group])}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,6 +136,7 @@ class GroupSummary:
     num_attempts: int
     num_faults: int
     error: str = ""
+    parameters_sha256: str | None = None  # from the group's result, when it finished
 
 
 class _Group:
@@ -110,13 +159,16 @@ class _Group:
             return GroupSummary(replica_id=self.replica_id, outcome=None, num_attempts=0, num_faults=0,
                                 error=repr(self.error))
         return GroupSummary(replica_id=self.replica_id, outcome=self.report.outcome,
-                            num_attempts=self.report.num_attempts, num_faults=len(self.report.faults))
+                            num_attempts=self.report.num_attempts, num_faults=len(self.report.faults),
+                            parameters_sha256=(self.report.result or {}).get("parameters_sha256"))
 
 
 @dataclass
 class ReplicaStage:
     worker: WorkerConfig  # the stage's, with `replica_groups` > 1
     config: SupervisorConfig  # for the whole attempt: every group's nodes and ranks together
+    relay: MetricsRelay | None = None  # group 0's metrics to this process's Pipes channel (remote ranks)
+    stop_requested: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         if self.worker.replica_groups < 2:
@@ -131,6 +183,7 @@ class ReplicaStage:
         self.groups: list[_Group] = []
 
     def request_stop(self, *_: object) -> None:
+        self.stop_requested = True  # for groups not yet built (a signal while the lighthouse starts)
         for group in self.groups:
             group.supervisor.request_stop()
 
@@ -141,10 +194,14 @@ class ReplicaStage:
         lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=JOIN_TIMEOUT_MS,
                                       heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS)
         try:
-            per_group = group_supervision(self.config, self.worker.replica_groups)
-            env = {LIGHTHOUSE_ENV: lighthouse.address()}
-            self.groups = [_Group(Supervisor(worker=group_worker(self.worker, i), config=per_group, env=env), i)
-                           for i in range(self.worker.replica_groups)]
+            groups, address = self.worker.replica_groups, lighthouse.address()
+            self.groups = [_Group(Supervisor(worker=group_worker(self.worker, i),
+                                             config=group_supervision(self.config, groups, i),
+                                             env={LIGHTHOUSE_ENV: address, **group_devices(self.config, groups, i)},
+                                             relay=self.relay if i == 0 else None), i)
+                           for i in range(groups)]
+            if self.stop_requested:  # asked before the groups existed
+                self.request_stop()
             for group in self.groups:
                 group.thread.start()
             self._wait()
@@ -156,10 +213,14 @@ class ReplicaStage:
         first, others = self.groups[0], self.groups[1:]
         first.thread.join()
         succeeded = first.report is not None and first.report.outcome is Outcome.SUCCEEDED
+        finishing = [g for g in others if succeeded and self._finishing(g)]
         for group in others:
-            if not (succeeded and self._finishing(group)):
+            if group not in finishing:
                 group.supervisor.request_stop()  # behind group 0 (e.g. restarting): nothing left to heal from
-            group.thread.join(timeout=self.config.grace_s)
+        deadline = time.monotonic() + self.config.grace_s  # one grace period for all of them
+        for group in finishing:
+            group.thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        for group in others:
             group.supervisor.request_stop()
             group.thread.join()
 
@@ -173,7 +234,16 @@ class ReplicaStage:
         first = self.groups[0]
         if first.report is None:
             raise RuntimeError("replica group 0's supervisor failed") from first.error
-        body = asdict(first.report) | {"replica_groups": [asdict(g.summary()) for g in self.groups]}
+        summaries = [g.summary() for g in self.groups]
+        finished = [s for s in summaries if s.outcome is Outcome.SUCCEEDED and s.parameters_sha256]
+        agree = None if len(finished) < 2 else len({s.parameters_sha256 for s in finished}) == 1
+        if agree is False:
+            print(f"replica groups of {self.worker.stage} ended with different weights ("
+                  + ", ".join(f"group {s.replica_id}: {s.parameters_sha256}" for s in finished)
+                  + "): they did not train in step to the end (a group finished while another restarted, or "
+                  "trained on other weights); group 0's are the stage's",
+                  file=sys.stderr, flush=True)
+        body = asdict(first.report) | {"replica_groups": [asdict(s) for s in summaries], "parameters_agree": agree}
         write_atomic(Path(self.worker.stage_dir) / REPORT_NAME, json.dumps(body, sort_keys=True).encode())
         return first.report
 
@@ -184,7 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     stage = ReplicaStage(worker=worker, config=config)
     for number in (signal.SIGTERM, signal.SIGINT):
         signal.signal(number, stage.request_stop)
-    report = stage.run()
+    with open_relay(config.launch.backend, Path(worker.metrics_path)) as relay:  # group 0's rank 0 reports there
+        stage.relay = relay
+        report = stage.run()
     print_outcome({"stage": report.stage, "outcome": report.outcome.value, "num_attempts": report.num_attempts,
                    "replica_groups": stage.worker.replica_groups})
     return 0 if report.outcome is Outcome.SUCCEEDED else 1
