@@ -389,6 +389,33 @@ def test_a_stop_request_ends_the_stage_stopped_without_a_restart(tmp_path):
     assert report.result is None
 
 
+def test_a_stop_requested_before_the_first_attempt_launches_nothing(tmp_path):
+    supervisor, backend = _supervise(tmp_path, ["succeed"], max_restarts=3)
+    supervisor.request_stop()  # a SIGTERM while the stage was still starting up
+    report = supervisor.run()
+    assert (report.outcome, report.num_attempts, backend.started) == (Outcome.STOPPED, 0, [])
+
+
+def test_a_stop_requested_while_a_dead_attempt_is_ended_launches_no_other(tmp_path):
+    """A restart would submit a job (on a cluster, to a queue) only for its first poll to cancel it."""
+    supervisor = None
+
+    def dies_and_the_desk_stops(attempt, backend):
+        attempt.code = 1
+        terminate = attempt.terminate
+
+        def stop_meanwhile(pids, *, grace_s):
+            supervisor.request_stop()
+            return terminate(pids, grace_s=grace_s)
+
+        attempt.terminate = stop_meanwhile
+
+    supervisor, backend = _supervise(tmp_path, [dies_and_the_desk_stops, "succeed"], max_restarts=3)
+    report = supervisor.run()
+    assert (report.outcome, report.num_attempts, len(backend.started)) == (Outcome.STOPPED, 1, 1)
+    assert [f.kind for f in report.faults] == [AttemptEnd.DEAD]
+
+
 def _all_ranks_stopped(world_size: int, *, code: int = 143):
     def behaviour(attempt, backend):
         for rank in range(world_size):

@@ -49,6 +49,24 @@ def test_an_unwritable_stage_folder_fails_the_stage_with_its_code(tmp_path, monk
     assert os.strerror(code) in report.error
 
 
+def test_a_stage_folder_that_fails_under_a_running_attempt_ends_the_attempt_too(tmp_path, monkeypatch):
+    """Nobody would watch it after the supervisor ends: its ranks would hold the devices to their end."""
+    supervisor, backend = _supervise(tmp_path, ["run"], max_restarts=3)
+    real, calls = supervisor_module.proposals.approved_restart, [0]
+
+    def unreadable_after_the_launch(stage_dir):
+        calls[0] += 1
+        if calls[0] > 2:  # the launch's look and the first poll's read; then EIO (a network mount)
+            raise OSError(errno.EIO, os.strerror(errno.EIO), str(Path(stage_dir) / "proposals"))
+        return real(stage_dir)
+
+    monkeypatch.setattr(supervisor_module.proposals, "approved_restart", unreadable_after_the_launch)
+    report = supervisor.run()
+    assert (report.outcome, report.error_code, len(backend.started)) == (Outcome.FAILED, "CHECKPOINT_STORAGE_INVALID", 1)
+    (attempt,) = backend.started
+    assert attempt.terminations == [(set(), supervisor.config.grace_s)] and attempt.code == -15
+
+
 def test_a_real_full_disk_under_the_event_log(tmp_path, capsys):
     if not Path("/dev/full").exists():
         pytest.skip("needs /dev/full, where every write fails with ENOSPC")

@@ -174,17 +174,21 @@ class Supervisor:
     def run(self) -> SupervisionReport:
         self.stage_dir.mkdir(parents=True, exist_ok=True)
         started, attempt_number, unplanned, launched = time.time(), 0, 0, 0
+        running: Attempt | None = None  # launched and not yet ended by this loop
         try:
             attempt_number = first = self._next_attempt_number()
             while True:
                 self._apply_approved()  # approved while no attempt ran (e.g. after the stage ended)
-                attempt = self._launch(attempt_number)
+                if self.stop_requested:  # asked before the first attempt or while the last one ended
+                    return self._report(Outcome.STOPPED, attempt_number - first)
+                attempt = running = self._launch(attempt_number)
                 launched += 1
                 watch = self._watch(attempt)
                 if watch.kind is AttemptEnd.FINISHED:
                     attempt.release()
                     return self._report(Outcome.SUCCEEDED, attempt_number + 1 - first)
                 fault = self._interrupt(attempt, watch)
+                running = None
                 if fault.kind is AttemptEnd.STOPPED:
                     return self._report(Outcome.STOPPED, attempt_number + 1 - first)
                 if fault.kind is AttemptEnd.STORAGE:
@@ -199,6 +203,8 @@ class Supervisor:
         except OSError as error:  # the stage folder cannot be written: no restart can fix that
             if not self._in_stage_storage(error):
                 raise
+            if running is not None:  # nobody would watch it: its ranks would hold the devices to their end
+                running.terminate(set(), grace_s=self.config.grace_s)  # the launchers take their ranks
             return self._storage_failure(error, launched)
         finally:
             if self.relay is not None:
