@@ -5,6 +5,7 @@ generate, or leave a job behind when the scheduler's answer is lost."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -181,18 +182,30 @@ def test_an_api_error_while_saving_the_logs_still_deletes_the_job(tmp_path, stop
     assert "no pods listed: 503" in (tmp_path / "attempt-0.log").read_text()
 
 
-# --- an sbatch that hangs or answers nothing ----------------------------------------------------
+# --- an sbatch that hangs or answers nothing, a job left behind, a job id that names another job ---
 
-def _fake_slurm(tmp_path: Path, monkeypatch, sbatch_body: str) -> Path:
-    """`sbatch` and `scancel` on PATH that record their argv (one line each) in calls.log."""
+UID = str(os.geteuid())
+
+
+def _fake_slurm(tmp_path: Path, monkeypatch, sbatch_body: str, **bodies: str | None) -> Path:
+    """`sbatch`, `squeue`, `scancel` (and any tool in `bodies`; None leaves one out) on PATH that
+    record their argv (one line each) in calls.log; by default squeue lists no job."""
     bin_dir, calls = tmp_path / "bin", tmp_path / "calls.log"
     bin_dir.mkdir()
-    for name, body in (("sbatch", sbatch_body), ("scancel", "")):
+    for name, body in {"sbatch": sbatch_body, "squeue": "", "scancel": "", **bodies}.items():
+        if body is None:
+            continue
         tool = bin_dir / name
         tool.write_text(f'#!/bin/sh\necho "{name} $*" >> {calls}\n{body}\n')
         tool.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    # These and the system's tools only: a Slurm installed on this machine never answers in their place.
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
     return calls
+
+
+def _calls(calls: Path, tool: str) -> list[list[str]]:
+    lines = calls.read_text().splitlines() if calls.exists() else []  # no tool ran, none wrote it
+    return [line.split()[1:] for line in lines if line.split()[0] == tool]
 
 
 def test_an_sbatch_that_timed_out_has_the_job_it_may_have_submitted_cancelled(tmp_path, monkeypatch):
@@ -201,11 +214,13 @@ def test_an_sbatch_that_timed_out_has_the_job_it_may_have_submitted_cancelled(tm
     calls = _fake_slurm(tmp_path, monkeypatch, "exec sleep 30")  # took the job, never answered
     monkeypatch.setattr(slurm, "COMMAND_TIMEOUT_S", 0.5)
     spec = LaunchSpec(run_id="run-1-pre-3", nnodes=1, nproc_per_node=1, module="m")
+    log = tmp_path / "attempt-3.log"
     with pytest.raises(RuntimeError, match="did not answer"):
-        slurm.SlurmBackend(SLURM).start(spec, number=3, log_path=tmp_path / "attempt-3.log")
-    cancels = [line.split()[1:] for line in calls.read_text().splitlines() if line.startswith("scancel")]
-    assert len(cancels) == 1 and "--name=ito-run-1-pre-3" in cancels[0]
-    assert any(arg.startswith("--user=") for arg in cancels[0])  # never another user's job of that name
+        slurm.SlurmBackend(SLURM).start(spec, number=3, log_path=log)
+    name = f"ito-run-1-pre-3-{slurm.series(log)}"
+    # By the attempt's own name, as this user only: never another user's job of that name.
+    assert _calls(calls, "scancel") == [[f"--name={name}", f"--user={UID}"]]
+    assert f"scancel --name={name}; a job registered after it is cancelled by the next start" in log.read_text()
 
 
 @pytest.mark.parametrize("stdout", ["", "Submitted batch job 12", "-u alice"])
@@ -216,3 +231,207 @@ def test_an_sbatch_answer_without_a_job_id_starts_no_attempt(tmp_path, monkeypat
     spec = LaunchSpec(run_id="run-1-pre-0", nnodes=1, nproc_per_node=1, module="m")
     with pytest.raises(RuntimeError, match="no job id"):
         slurm.SlurmBackend(SLURM).start(spec, number=0, log_path=tmp_path / "attempt-0.log")
+
+
+@pytest.mark.parametrize(("sbatch_body", "error"), [
+    ("echo 'Submitted batch job 12'", "no job id"),  # a site's wrapper ignored --parsable: job 12 runs
+    # sbatch's own message timeout: slurmctld may have taken the job before the answer was lost.
+    ("echo 'sbatch: error: Batch job submission failed: Socket timed out on send/recv operation' >&2; exit 1",
+     "refused"),
+])
+def test_an_sbatch_that_gave_no_job_id_has_the_job_it_may_have_submitted_cancelled(tmp_path, monkeypatch,
+                                                                                   sbatch_body, error):
+    from ito_assets.launch import slurm
+
+    calls = _fake_slurm(tmp_path, monkeypatch, sbatch_body)
+    spec = LaunchSpec(run_id="run-1-pre-0", nnodes=1, nproc_per_node=1, module="m")
+    log = tmp_path / "attempt-0.log"
+    with pytest.raises(RuntimeError, match=error):
+        slurm.SlurmBackend(SLURM).start(spec, number=0, log_path=log)
+    cancels = _calls(calls, "scancel")
+    assert len(cancels) == 1 and f"--user={UID}" in cancels[0]
+    assert any(arg.startswith("--name=ito-run-1-pre-0-") for arg in cancels[0])
+
+
+def test_a_lost_sbatch_without_a_scancel_on_path_still_fails_the_start_as_unanswered(tmp_path, monkeypatch):
+    from ito_assets.launch import slurm
+
+    _fake_slurm(tmp_path, monkeypatch, "exec sleep 30", scancel=None)
+    monkeypatch.setattr(slurm, "COMMAND_TIMEOUT_S", 0.5)
+    spec = LaunchSpec(run_id="run-1-pre-3", nnodes=1, nproc_per_node=1, module="m")
+    log = tmp_path / "attempt-3.log"
+    with pytest.raises(RuntimeError, match="did not answer"):  # not a FileNotFoundError from the cleanup
+        slurm.SlurmBackend(SLURM).start(spec, number=3, log_path=log)
+    assert "failed (scancel could not run:" in log.read_text()
+
+
+def test_a_user_without_a_passwd_entry_still_has_a_lost_job_cancelled(tmp_path, monkeypatch):
+    import pwd
+
+    from ito_assets.launch import slurm
+
+    def no_entry(uid):
+        raise KeyError(f"getpwuid(): uid not found: {uid}")
+
+    calls = _fake_slurm(tmp_path, monkeypatch, "exec sleep 30")
+    monkeypatch.setattr(slurm, "COMMAND_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(pwd, "getpwuid", no_entry)  # a container's user that /etc/passwd does not name
+    spec = LaunchSpec(run_id="run-1-pre-3", nnodes=1, nproc_per_node=1, module="m")
+    with pytest.raises(RuntimeError, match="did not answer"):
+        slurm.SlurmBackend(SLURM).start(spec, number=3, log_path=tmp_path / "attempt-3.log")
+    assert f"--user={UID}" in _calls(calls, "scancel")[0]
+
+
+def _listing(*jobs: tuple[str, str, str], cancelled: Path) -> str:
+    """A squeue body listing `jobs` (id, state, name) for `squeue -u`; one whose id is in `cancelled`
+    shows as COMPLETING, as a cancelled running job does."""
+    lines = "".join(f'echo "{job_id}|$(state {job_id} {state})|{name}"\n' for job_id, state, name in jobs)
+    return (f'state() {{ if grep -qx "$1" {cancelled} 2>/dev/null; then echo COMPLETING; else echo "$2"; fi; }}\n'
+            f'case "$*" in *" -u {UID} "*)\n{lines};; esac')
+
+
+def test_a_start_cancels_the_jobs_earlier_starts_of_its_stage_left_and_no_other_job(tmp_path, monkeypatch):
+    from ito_assets.launch import slurm
+
+    stage, other_stage = tmp_path / "run-1" / "pre", tmp_path / "run-1" / "sft"
+    stage.mkdir(parents=True)
+    ours, others = slurm.series(stage / "attempt-3.log"), slurm.series(other_stage / "attempt-0.log")
+    cancelled = tmp_path / "cancelled"
+    listing = _listing(
+        ("11", "RUNNING", f"ito-run-1-pre-2-{ours}"),  # attempt 2's sbatch got no answer; registered later
+        ("12", "PENDING", f"ito-run-1-pre-1-{ours}"),
+        ("13", "COMPLETING", f"ito-run-1-pre-0-{ours}"),  # ending already: Slurm kills what is left of it
+        ("14", "RUNNING", f"ito-run-1-sft-0-{others}"),  # another stage's attempt, running beside this one
+        ("15", "RUNNING", f"ito-{ours}-run-1-pre-2-{others}"),  # the digest, not at the end
+        ("16", "RUNNING", f"notebook-{ours}"),  # the user's own job, not the launcher's
+        cancelled=cancelled)
+    calls = _fake_slurm(tmp_path, monkeypatch, "echo 4000", squeue=listing,
+                        scancel=f'for last; do :; done; echo "$last" >> {cancelled}')
+    spec = LaunchSpec(run_id="run-1-pre-3", nnodes=1, nproc_per_node=1, module="m")
+    attempt = slurm.SlurmBackend(SLURM).start(spec, number=3, log_path=stage / "attempt-3.log")
+
+    assert attempt.job_id == "4000"
+    assert _calls(calls, "scancel") == [[f"--name=ito-run-1-pre-2-{ours}", f"--user={UID}", "11"],
+                                        [f"--name=ito-run-1-pre-1-{ours}", f"--user={UID}", "12"]]
+    assert ["-h", "-a", "-u", UID, "-o", "%i|%T|%j"] in _calls(calls, "squeue")  # this user's, hidden partitions too
+    log = (stage / "attempt-3.log").read_text()
+    assert (f"--- job 11 (ito-run-1-pre-2-{ours}, RUNNING), left by an earlier start of this stage: cancelled "
+            f"before attempt 3's") in log
+    sbatch = _calls(calls, "sbatch")[0]
+    assert "--open-mode=append" in sbatch  # the job appends to the log: the lines above stay
+    assert f"#SBATCH --job-name=ito-run-1-pre-3-{ours}\n" in Path(sbatch[-1]).read_text()
+
+
+@pytest.mark.parametrize("squeue", [None, "exec sleep 30",
+                                    "echo 'squeue: error: Unable to contact slurm controller' >&2; exit 1"])
+def test_a_start_whose_look_for_left_over_jobs_gets_no_answer_fails_without_submitting(tmp_path, monkeypatch,
+                                                                                        squeue):
+    from ito_assets.launch import slurm
+
+    calls = _fake_slurm(tmp_path, monkeypatch, "echo 4000", squeue=squeue)
+    monkeypatch.setattr(slurm, "COMMAND_TIMEOUT_S", 0.5)
+    spec = LaunchSpec(run_id="run-1-pre-3", nnodes=1, nproc_per_node=1, module="m")
+    with pytest.raises(RuntimeError, match="squeue did not list the jobs left before attempt 3"):
+        slurm.SlurmBackend(SLURM).start(spec, number=3, log_path=tmp_path / "attempt-3.log")
+    assert _calls(calls, "sbatch") == []
+
+
+@pytest.mark.parametrize("scancel", [None, "exec sleep 30",
+                                     "echo 'scancel: error: Unable to contact slurm controller' >&2; exit 1"])
+def test_a_left_over_job_that_scancel_does_not_end_fails_the_start(tmp_path, monkeypatch, scancel):
+    from ito_assets.launch import slurm
+
+    log = tmp_path / "attempt-3.log"
+    listing = _listing(("11", "RUNNING", f"ito-run-1-pre-2-{slurm.series(log)}"), cancelled=tmp_path / "none")
+    calls = _fake_slurm(tmp_path, monkeypatch, "echo 4000", squeue=listing, scancel=scancel)
+    monkeypatch.setattr(slurm, "COMMAND_TIMEOUT_S", 0.5)
+    spec = LaunchSpec(run_id="run-1-pre-3", nnodes=1, nproc_per_node=1, module="m")
+    with pytest.raises(RuntimeError, match="scancel did not end job 11"):
+        slurm.SlurmBackend(SLURM).start(spec, number=3, log_path=log)
+    assert _calls(calls, "sbatch") == []  # it would run beside job 11, which holds the nodes it needs
+    assert "--- job 11 (" in log.read_text() and ": scancel failed (" in log.read_text()
+
+
+# An sbatch that answers 4000 and keeps the job's name (from its script) in `name`, as the controller does.
+SBATCH_4000 = 'for last; do :; done; sed -n "s/^#SBATCH --job-name=//p" "$last" > {dir}/name; echo 4000'
+
+
+def _started(tmp_path: Path, monkeypatch, *, squeue: str, before_sbatch: str = "", **bodies: str):
+    """Attempt 0 started as job 4000 through a fake Slurm whose `squeue -j` answers `squeue` (with
+    $NAME the job's name)."""
+    from ito_assets.launch import slurm
+
+    name = tmp_path / "name"
+    queue = f'case "$*" in *" -j 4000 "*) NAME=$(cat {name}); {squeue};; esac'
+    sbatch = before_sbatch + SBATCH_4000.format(dir=tmp_path)
+    calls = _fake_slurm(tmp_path, monkeypatch, sbatch, squeue=queue, **bodies)
+    spec = LaunchSpec(run_id="run-1-pre-0", nnodes=1, nproc_per_node=1, module="m")
+    attempt = slurm.SlurmBackend(SLURM).start(spec, number=0, log_path=tmp_path / "attempt-0.log")
+    attempt.poll_s = 0.05
+    return attempt, calls
+
+
+def test_a_job_id_that_names_another_job_now_is_neither_signalled_nor_watched(tmp_path, monkeypatch):
+    from ito_assets.launch import slurm
+
+    monkeypatch.setattr(slurm, "KILL_WAIT_S", 0.5)
+    # Our job left the queue and the controller's ids restarted (its state was lost): id 4000 is
+    # another stage's job of this user now, which a scancel by id alone would stop.
+    attempt, calls = _started(tmp_path, monkeypatch, squeue=f'echo "RUNNING|{UID}|ito-run-1-sft-0-0123456789ab"')
+    assert attempt.exit_code() is None  # sacct has no record of ours yet
+    assert attempt.terminate(set(), grace_s=2.0) < 2.0
+    assert _calls(calls, "scancel") == []
+
+
+def test_an_older_jobs_accounting_under_the_same_id_is_not_the_attempts_end(tmp_path, monkeypatch):
+    # `sacct -j` gives the latest job under the id: before ours is recorded, an older job's.
+    gone = "echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1"
+    record = tmp_path / "record"
+    record.write_text("COMPLETED|0:0|ito-run-0-pre-7-ba9876543210\n")
+    sacct = f'case "$*" in *JobName*) cat {record};; *) cut -d"|" -f1,2 {record};; esac'
+    attempt, _ = _started(tmp_path, monkeypatch, squeue=gone, sacct=sacct)
+    assert attempt.exit_code() is None
+    record.write_text(f"COMPLETED|0:0|ito-run-0-pre-7-ba9876543210\nFAILED|3:0|{(tmp_path / 'name').read_text()}")
+    assert attempt.exit_code() == 3
+
+
+def test_a_stop_ends_once_the_job_left_the_queue_though_its_accounting_lags(tmp_path, monkeypatch):
+    from ito_assets.launch import slurm
+
+    monkeypatch.setattr(slurm, "KILL_WAIT_S", 1.0)
+    termed = tmp_path / "termed"
+    attempt, calls = _started(tmp_path, monkeypatch, squeue=f'[ -e {termed} ] || echo "RUNNING|{UID}|$NAME"',
+                              scancel=f"touch {termed}", sacct="")  # slurmdbd has no record yet
+    seconds = attempt.terminate(set(), grace_s=5.0)
+    assert seconds < 5.0  # the ranks left at the SIGTERM: not the whole grace period, nor KILL_WAIT_S
+    assert _calls(calls, "scancel") == [["--signal=TERM", "4000"]]  # no plain scancel after a job that ended
+
+
+def test_the_slurm_commands_run_without_the_users_settings_for_them(tmp_path, monkeypatch):
+    from ito_assets.launch import slurm
+
+    monkeypatch.setattr(slurm, "KILL_WAIT_S", 0.2)
+    # SCANCEL_FULL would signal the batch shell with the steps: it dies before the ranks flush a
+    # checkpoint. SQUEUE_STATES would hide a pending job from the look for left-over ones.
+    monkeypatch.setenv("SCANCEL_FULL", "1")
+    monkeypatch.setenv("SQUEUE_STATES", "RUNNING")
+    monkeypatch.setenv("SBATCH_ACCOUNT", "ours")  # a site's default for sbatch: it still applies
+    env = tmp_path / "env.log"
+    attempt, _ = _started(tmp_path, monkeypatch, squeue=f'echo "RUNNING|{UID}|$NAME"; echo "squeue '
+                                                        f'${{SQUEUE_STATES-unset}}" >> {env}',
+                          scancel=f'echo "scancel ${{SCANCEL_FULL-unset}}" >> {env}',
+                          before_sbatch=f'echo "sbatch ${{SBATCH_ACCOUNT-unset}}" >> {env}\n')
+    attempt.terminate(set(), grace_s=0.2)
+    assert set(env.read_text().splitlines()) == {"sbatch ours", "squeue unset", "scancel unset"}
+
+
+def test_job_names_are_the_attempts_and_end_in_the_series_of_its_stage(tmp_path):
+    from ito_assets.launch import slurm
+
+    deep = tmp_path / ("d" * 200) / "stage" / "replica-1"
+    spec = LaunchSpec(run_id="R_" + "x" * 61, nnodes=2, nproc_per_node=1, module="m")  # the longest run id
+    name = slurm.job_name(spec, deep / "attempt-9.log")
+    assert re.fullmatch(r"ito-[A-Za-z0-9_-]+-[0-9a-f]{12}", name) and len(name) <= 80, name
+    assert slurm.series(deep / "attempt-0.log") == slurm.series(deep / "attempt-9.log")  # one series per folder
+    assert slurm.series(deep / "attempt-0.log") != slurm.series(deep.parent / "attempt-0.log")  # per replica group
+    assert f"#SBATCH --job-name={name}\n" in slurm.sbatch_script(spec, SLURM, name)

@@ -38,12 +38,117 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+# fake_slurm with what the back end reads besides: a job's name and owner (sbatch keeps them;
+# squeue's -o fields %i %T %U %j and its -u listing, sacct's JobName, scancel's --name and --user
+# filters), and a controller slow to register a job: with `slow-sbatch` in the state folder, the
+# next sbatch never answers, and its job is registered only after a scancel looked for it.
+NAMED_SLURM = """
+import contextlib, io, json, os, re, sys, time
+from pathlib import Path
+
+sys.path.insert(0, RUNTIME_DIR)
+import fake_slurm
+
+
+def _field(job, key):
+    return (job / key).read_text() if (job / key).exists() else ""
+
+
+def _option(args, flag):
+    return args[args.index(flag) + 1] if flag in args else None
+
+
+def _value(args, prefix):
+    return next((a[len(prefix):] for a in args if a.startswith(prefix)), None)
+
+
+def _submit(state, args):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = fake_slurm._sbatch(state, args)
+    job = state / "jobs" / out.getvalue().strip()
+    (job / "name").write_text(re.search(r"^#SBATCH --job-name=(.*)$", Path(args[-1]).read_text(), re.M).group(1))
+    (job / "uid").write_text(str(os.geteuid()))
+    print(job.name)
+    return code
+
+
+def _sbatch(state, args):
+    if not (state / "slow-sbatch").exists():
+        return _submit(state, args)
+    (state / "slow-sbatch").unlink()
+    if os.fork() == 0:  # the controller, which registers the job once a scancel has looked for it
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        deadline = time.time() + 60
+        while not (state / "scancelled").exists() and time.time() < deadline:
+            time.sleep(0.05)
+        _submit(state, args)
+        os._exit(0)
+    time.sleep(60)  # sbatch never answers
+    return 1
+
+
+def _squeue(state, args):
+    if "-j" in args:
+        if not (state / "jobs" / _option(args, "-j")).exists():
+            return fake_slurm._squeue(state, args)  # Invalid job id
+        jobs = [state / "jobs" / _option(args, "-j")]
+    else:
+        jobs = [j for j in sorted((state / "jobs").iterdir()) if _field(j, "uid") == _option(args, "-u")]
+    for job in (j for j in jobs if (j / "queued").exists()):
+        fields = {"%i": job.name, "%T": "COMPLETING" if (job / "cancelled").exists() else "RUNNING",
+                  "%U": _field(job, "uid"), "%j": _field(job, "name")}
+        print(re.sub(r"%[iTUj]", lambda m: fields[m.group()], _option(args, "-o") or "%T"))
+    return 0
+
+
+def _sacct(state, args):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = fake_slurm._sacct(state, args)
+    name = _field(state / "jobs" / _option(args, "-j"), "name")
+    for line in out.getvalue().splitlines():
+        print(f"{line}|{name}" if "JobName" in (_option(args, "-o") or "") else line)
+    return code
+
+
+def _scancel(state, args):
+    name, uid = _value(args, "--name="), _value(args, "--user=")
+    ids = [a for a in args if not a.startswith("-")] or [j.name for j in (state / "jobs").iterdir()
+                                                          if (j / "queued").exists()]
+    code = 0
+    for job in (state / "jobs" / job_id for job_id in ids):
+        if name not in (None, _field(job, "name")) or uid not in (None, _field(job, "uid")):
+            continue  # not the job the filters name
+        code = max(code, fake_slurm._scancel(state, [*[a for a in args if a.startswith("--signal=")], job.name]))
+    (state / "scancelled").touch()
+    return code
+
+
+def main(tool, state, args):
+    state = Path(state)
+    with open(state / "calls.jsonl", "a") as log:
+        log.write(json.dumps({"tool": tool, "args": args, "at": time.time()}) + "\\n")
+    return {"sbatch": _sbatch, "squeue": _squeue, "sacct": _sacct, "scancel": _scancel}[tool](state, args)
+"""
+
+
 @pytest.fixture
 def slurm(tmp_path, monkeypatch) -> Path:
-    """The fake Slurm's state folder; its tools first on PATH."""
-    state = tmp_path / "slurm"
-    fake_slurm.install(tmp_path / "bin", state)
-    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    """The fake Slurm's state folder; its tools first on PATH, sbatch, squeue, sacct and scancel
+    through NAMED_SLURM."""
+    state, bin_dir = tmp_path / "slurm", tmp_path / "bin"
+    fake_slurm.install(bin_dir, state)
+    runtime_dir = str(Path(fake_slurm.__file__).parent)
+    (bin_dir / "named_slurm.py").write_text(NAMED_SLURM.replace("RUNTIME_DIR", repr(runtime_dir)))
+    for tool in ("sbatch", "squeue", "sacct", "scancel"):
+        (bin_dir / tool).write_text(
+            f"#!{sys.executable}\nimport sys\nsys.path.insert(0, {str(bin_dir)!r})\nimport named_slurm\n"
+            f"sys.exit(named_slurm.main({tool!r}, {str(state)!r}, sys.argv[1:]))\n")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     return state
 
 
@@ -150,11 +255,60 @@ def test_a_job_that_ignores_sigterm_is_cancelled_after_the_grace_period(tmp_path
     assert fake_slurm.job_processes(slurm, attempt.job_id, steps_only=False) == []
 
 
+def test_a_job_registered_after_the_lost_sbatchs_scancel_is_cancelled_by_the_next_start(tmp_path, slurm,
+                                                                                         monkeypatch):
+    """sbatch gets no answer; its scancel finds nothing, since the slow controller registers the job
+    only after it; the job runs, unwatched. The next start, in the same stage folder, cancels it
+    before it submits its own job, which runs."""
+    from ito_assets.launch import slurm as slurm_launch
+
+    monkeypatch.setattr(slurm_launch, "COMMAND_TIMEOUT_S", 5.0)  # the slow sbatch's wait; the fake's tools take ms
+    module = tmp_path / "mods" / "sleeper.py"
+    module.parent.mkdir()
+    module.write_text("import time\nprint('up', flush=True)\ntime.sleep(120)\n")
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    specs = [LaunchSpec(run_id=f"run-1-pre-{n}", nnodes=1, nproc_per_node=1, module="sleeper",
+                        env=(("PYTHONPATH", str(module.parent)),)) for n in (0, 1)]
+    logs = [stage / "attempt-0.log", stage / "attempt-1.log"]
+    (slurm / "slow-sbatch").touch()
+
+    with pytest.raises(RuntimeError, match="did not answer for attempt 0"):
+        SlurmBackend(_settings()).start(specs[0], number=0, log_path=logs[0])
+    _wait_for(lambda: "up" in _text(logs[0]), timeout=60)  # registered after all, and running
+    orphan = str(fake_slurm.FIRST_JOB_ID)
+    lost_name = (slurm / "jobs" / orphan / "name").read_text()  # what sbatch named it
+    tools = [c["tool"] for c in fake_slurm.calls(slurm)]
+    assert tools.index("scancel") < tools.index("job")  # the lost sbatch's scancel looked before it existed
+    assert fake_slurm.job_processes(slurm, orphan, steps_only=False)
+
+    attempt = SlurmBackend(_settings()).start(specs[1], number=1, log_path=logs[1])  # e.g. a retried step's
+
+    assert attempt.job_id != orphan
+    uid = str(os.geteuid())
+    assert [c["args"] for c in fake_slurm.calls(slurm) if c["tool"] == "scancel"] == [
+        [f"--name={lost_name}", f"--user={uid}"], [f"--name={lost_name}", f"--user={uid}", orphan]]
+    _wait_for(lambda: (slurm / "jobs" / orphan / "sacct").exists(), timeout=30)
+    assert _accounting(slurm)[0].startswith("CANCELLED by ")
+    assert fake_slurm.job_processes(slurm, orphan, steps_only=False) == []
+    assert (f"--- job {orphan} ({lost_name}, RUNNING), left by an earlier start of this stage: cancelled before "
+            f"attempt 1's") in logs[1].read_text()
+    _wait_for(lambda: "up" in _text(logs[1]), timeout=60)
+    assert attempt.exit_code() is None  # the new attempt runs, and alone
+    attempt.terminate(set(), grace_s=5.0)
+    assert fake_slurm.job_processes(slurm, attempt.job_id, steps_only=False) == []
+    assert lost_name == slurm_launch.job_name(specs[0], logs[0])
+
+
 def _start(supervisor: Supervisor) -> tuple[threading.Thread, list[SupervisionReport]]:
     reports: list[SupervisionReport] = []
     thread = threading.Thread(target=lambda: reports.append(supervisor.run()), daemon=True)
     thread.start()
     return thread, reports
+
+
+def _text(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
 
 
 def _wait_for(condition, *, timeout: float) -> None:
