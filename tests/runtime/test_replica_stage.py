@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import socket
 import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -296,3 +297,33 @@ def test_group_zeros_metrics_are_relayed_to_pipes_when_the_ranks_run_remotely(tm
     config = replace(CONFIG, launch=slurm)
     assert replicas.main(["--worker", worker.to_json(), "--supervisor", json.dumps(asdict(config))]) == 0
     assert received == [{"kind": "metrics", "step": 24, "loss": 1.5, "group": 0}]
+
+
+def test_on_kubernetes_the_ranks_reach_the_lighthouse_at_this_pods_ip(tmp_path, tokens, monkeypatch):
+    """A pod's name (torchft's host in the address) resolves only inside that pod: the trainer pods
+    could not reach the supervisor pod's lighthouse by it."""
+    stage, cluster = _stage(tmp_path, tokens, monkeypatch, {0: succeed(), 1: succeed()})
+    monkeypatch.setattr(replicas.socket, "gethostname", lambda: "supervisor-7f9c")
+    monkeypatch.setattr(replicas.socket, "getaddrinfo", _hosts({"supervisor-7f9c": "10.4.2.17"}))
+    pods = LaunchConfig(backend=BackendKind.KUBERNETES, kubernetes=KubernetesSettings(
+        image="i", volume_claim="c", mount_path="/m", gpus_per_node=2))
+    stage.config = replace(stage.config, launch=pods)
+    assert stage.run().outcome is Outcome.SUCCEEDED
+    assert {dict(cluster.specs[g][0].env)[LIGHTHOUSE_ENV] for g in (0, 1)} == {"http://10.4.2.17:1"}
+
+
+def test_elsewhere_the_ranks_reach_the_lighthouse_where_torchft_says(monkeypatch):
+    for backend in (BackendKind.LOCAL, BackendKind.SLURM):
+        assert replicas.lighthouse_url("http://head-node:29510", backend) == "http://head-node:29510"
+    monkeypatch.setattr(replicas.socket, "gethostname", lambda: "supervisor-7f9c")
+    monkeypatch.setattr(replicas.socket, "getaddrinfo", _hosts({"supervisor-7f9c": "fd00::2a"}))
+    assert replicas.lighthouse_url("http://supervisor-7f9c:29510", BackendKind.KUBERNETES) == "http://[fd00::2a]:29510"
+
+
+def _hosts(table: dict[str, str]):
+    """getaddrinfo over `table` (name -> address), as a pod's /etc/hosts answers it."""
+    def getaddrinfo(name, port, *args, **kwargs):
+        ip = table[name]
+        family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+        return [(family, socket.SOCK_STREAM, 6, "", (ip, port) if family == socket.AF_INET else (ip, port, 0, 0))]
+    return getaddrinfo

@@ -46,9 +46,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
+import urllib.parse
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Mapping
@@ -109,6 +111,18 @@ def group_supervision(config: SupervisorConfig, groups: int, replica_id: int = 0
         launch = replace(launch, kubernetes=replace(launch.kubernetes,
                                                     gpus_per_node=share(launch.kubernetes.gpus_per_node)))
     return replace(config, nnodes=shape[0], nproc_per_node=shape[1], launch=launch)
+
+
+def lighthouse_url(address: str, backend: BackendKind) -> str:
+    """The lighthouse's address as the groups' ranks reach it. torchft gives this machine's host
+    name; a Kubernetes pod's name resolves only inside the pod itself, so there the pod's IP, which
+    the kubelet writes beside the name into the pod's /etc/hosts (other pods reach it directly)."""
+    if backend is not BackendKind.KUBERNETES:
+        return address
+    url = urllib.parse.urlsplit(address)
+    ip = socket.getaddrinfo(socket.gethostname(), url.port, type=socket.SOCK_STREAM)[0][4][0]
+    host = f"[{ip}]" if ":" in ip else ip  # an IPv6-only cluster's
+    return url._replace(netloc=f"{host}:{url.port}").geturl()
 
 
 def group_devices(config: SupervisorConfig, groups: int, replica_id: int,
@@ -194,7 +208,7 @@ class ReplicaStage:
         lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=JOIN_TIMEOUT_MS,
                                       heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS)
         try:
-            groups, address = self.worker.replica_groups, lighthouse.address()
+            groups, address = self.worker.replica_groups, lighthouse_url(lighthouse.address(), self.config.launch.backend)
             self.groups = [_Group(Supervisor(worker=group_worker(self.worker, i),
                                              config=group_supervision(self.config, groups, i),
                                              env={LIGHTHOUSE_ENV: address, **group_devices(self.config, groups, i)},
