@@ -41,6 +41,10 @@ COMMAND_TIMEOUT_S = 60.0
 KILL_WAIT_S = 60.0
 # A command that could not be started (not on PATH, not executable) reads as failed, as in a shell.
 NOT_RUN = 127
+# Accounting (slurmdbd) may record a job minutes after it left the queue, or never, on a cluster
+# that runs none. Past this without a record, the attempt reads as exit 0 and the supervisor goes by
+# what the job left: finished where its result is there, dead otherwise; never waiting forever.
+ACCOUNTING_WAIT_S = 600.0
 # States after which a job never runs again (sacct's JOB STATE CODES).
 _FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
                            "PREEMPTED", "BOOT_FAIL", "DEADLINE"})
@@ -182,8 +186,10 @@ class SlurmAttempt:
     log_path: Path
     name: str  # the job's name (job_name): the queue and accounting are asked about the id under it
     poll_s: float = 0.5
+    accounting_wait_s: float = ACCOUNTING_WAIT_S
     _code: int | None = None
     _running_since: float | None = None
+    _left_queue_at: float | None = None  # time.monotonic(), first seen out of the queue without a record
 
     @property
     def launched_at(self) -> float:
@@ -196,6 +202,13 @@ class SlurmAttempt:
     def exit_code(self) -> int | None:
         if self._code is None and not self._queued():
             self._code = self._accounted()
+            if self._code is None:
+                now = time.monotonic()
+                self._left_queue_at = self._left_queue_at or now
+                if now - self._left_queue_at >= self.accounting_wait_s:
+                    _note(self.log_path, f"--- job {self.job_id} left the queue {self.accounting_wait_s:g} s ago and "
+                                         "accounting has no record of it: read as exit 0, its end is what it left")
+                    self._code = 0
         return self._code
 
     def _queued(self) -> bool:

@@ -395,6 +395,20 @@ def test_an_older_jobs_accounting_under_the_same_id_is_not_the_attempts_end(tmp_
     assert attempt.exit_code() == 3
 
 
+@pytest.mark.parametrize("wait_s,ends", [(0.3, False), (0.0, True)])
+def test_a_job_out_of_the_queue_that_accounting_never_records_ends_after_the_wait(tmp_path, monkeypatch, wait_s, ends):
+    """A cluster without slurmdbd: the supervisor would otherwise poll forever, its ranks' heartbeats
+    saying finished (never hung). Read as exit 0: the supervisor then goes by the stage's result."""
+    gone = "echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1"
+    attempt, _ = _started(tmp_path, monkeypatch, squeue=gone, sacct="")
+    attempt.accounting_wait_s = wait_s
+    assert attempt.exit_code() == (0 if ends else None)
+    if not ends:
+        time.sleep(wait_s)
+        assert attempt.exit_code() == 0
+    assert "accounting has no record of it" in (tmp_path / "attempt-0.log").read_text()
+
+
 def test_a_stop_ends_once_the_job_left_the_queue_though_its_accounting_lags(tmp_path, monkeypatch):
     from ito_assets.launch import slurm
 
