@@ -935,3 +935,39 @@ def test_the_command_lines_help(capsys, monkeypatch):
     assert "--supervisor SUPERVISOR SupervisorConfig fields (JSON or a path to it)" in text
     text = _help(capsys, monkeypatch, lambda: main(["--help"]))
     assert text.startswith("usage: ito_assets.runtime.supervision.supervisor ")
+
+
+# --- one supervisor per stage folder -------------------------------------------------------------------
+
+
+def test_a_second_supervisor_of_a_stage_starts_nothing_and_writes_nothing_there(tmp_path):
+    """Two runs of one stage at once (one launched by hand while the sensor's runs): the second
+    would launch attempts beside the first's on the same checkpoints and heartbeats."""
+    first, _ = _supervise(tmp_path, ["succeed"])
+    second = Supervisor(worker=first.worker, config=first.config, backend=FakeBackend(first.worker, ["succeed"]))
+    first.stage_dir.mkdir(parents=True)
+    with supervisor_module.supervising(first.stage_dir):  # the first is watching its attempt
+        before = sorted(p.name for p in first.stage_dir.iterdir())
+        with pytest.raises(supervisor_module.StageBusy, match=f"supervisor pid {os.getpid()} on .* already supervises"):
+            second.run()
+        assert second.backend.started == [] and sorted(p.name for p in first.stage_dir.iterdir()) == before
+    assert second.run().outcome is Outcome.SUCCEEDED  # once it has ended, the stage is anyone's
+
+
+def test_a_killed_supervisors_lock_file_holds_nobody_back(tmp_path):
+    supervisor, backend = _supervise(tmp_path, ["succeed"])
+    supervisor.stage_dir.mkdir(parents=True)
+    (supervisor.stage_dir / supervisor_module.LOCK_NAME).write_text("supervisor pid 1 on gone\n")  # no flock held
+    assert supervisor.run().outcome is Outcome.SUCCEEDED and len(backend.started) == 1
+
+
+def test_main_says_who_holds_the_stage_and_exits_one(tmp_path, monkeypatch, capsys):
+    worker = _worker(tmp_path)
+    backend = FakeBackend(worker, ["succeed"])
+    monkeypatch.setattr(launch, "backend_for", lambda config: backend)
+    monkeypatch.setattr(supervisor_module.signal, "signal", lambda number, handler: None)
+    Path(worker.stage_dir).mkdir(parents=True)
+    with supervisor_module.supervising(Path(worker.stage_dir)):
+        assert supervisor_module.main(["--worker", worker.to_json(), "--supervisor", "{}"]) == 1
+    err = capsys.readouterr().err
+    assert "already supervises the attempts in" in err and "Traceback" not in err and backend.started == []

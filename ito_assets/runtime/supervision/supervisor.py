@@ -14,6 +14,9 @@ from its newest whole checkpoint under the same run record.
 - the stage folder cannot be written (a full disk, a vanished or unwritable folder): the stage
   ends FAILED with STORAGE_FULL or CHECKPOINT_STORAGE_INVALID and one plain sentence, without a
   restart (none could help) and without a traceback.
+- another supervisor already watches the stage folder (a second run of the same stage, launched
+  while the first runs): this one starts nothing, writes nothing there and exits with one sentence
+  naming the other (`StageBusy`); two would launch attempts beside each other on one folder.
 - the workers could not write their last checkpoint (their heartbeats say so, with the code): a
   full disk ends the stage FAILED with STORAGE_FULL at once; any other storage error is retried
   once, outside the restart budget (a storage hiccup clears), and ends it FAILED with
@@ -33,10 +36,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import enum
+import fcntl
 import json
 import os
 import re
 import signal
+import socket
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -173,6 +178,16 @@ class Supervisor:
 
     def run(self) -> SupervisionReport:
         self.stage_dir.mkdir(parents=True, exist_ok=True)
+        with contextlib.ExitStack() as held:
+            try:
+                held.enter_context(supervising(self.stage_dir))
+            except OSError as error:  # the lock's file cannot be made: as any write to the folder
+                if not self._in_stage_storage(error):
+                    raise
+                return self._storage_failure(error, 0)
+            return self._run()
+
+    def _run(self) -> SupervisionReport:
         started, attempt_number, unplanned, launched = time.time(), 0, 0, 0
         running: Attempt | None = None  # launched and not yet ended by this loop
         try:
@@ -397,6 +412,35 @@ def stage_arguments(prog: str, argv: list[str] | None) -> tuple[WorkerConfig, Su
     return WorkerConfig.from_argument(args.worker), SupervisorConfig.from_dict(json.loads(text))
 
 
+LOCK_NAME = "supervisor.lock"
+
+
+class StageBusy(RuntimeError):
+    """Another supervisor holds the stage folder's lock."""
+
+
+@contextlib.contextmanager
+def supervising(stage_dir: Path):
+    """Hold the stage folder's lock while its attempts are supervised, or raise StageBusy naming the
+    holder. flock: the kernel releases it when the holder dies, so a killed supervisor leaves no
+    stale lock behind (only its note of who held it, which the next holder rewrites)."""
+    handle = open(stage_dir / LOCK_NAME, "a+")
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read(200).strip() or "another process"
+            raise StageBusy(f"{holder} already supervises the attempts in {stage_dir}: this supervisor started "
+                            "nothing (one at a time per stage folder)") from None
+        handle.truncate(0)
+        handle.write(f"supervisor pid {os.getpid()} on {socket.gethostname()}\n")
+        handle.flush()
+        yield
+    finally:
+        handle.close()  # releases the lock
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m ito_assets.runtime.supervision.supervisor --worker W.json --supervisor S.json` (what Pipes runs)."""
     worker, config = stage_arguments("ito_assets.runtime.supervision.supervisor", argv)
@@ -405,7 +449,11 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(number, supervisor.request_stop)
     with open_relay(supervisor.config.launch.backend, Path(supervisor.worker.metrics_path)) as relay:
         supervisor.relay = relay
-        report = supervisor.run()
+        try:
+            report = supervisor.run()
+        except StageBusy as busy:  # the stage asset's log under Pipes: one sentence, no traceback
+            print(busy, file=sys.stderr, flush=True)
+            return 1
     print_outcome({"stage": report.stage, "outcome": report.outcome.value, "num_attempts": report.num_attempts,
                    **({"error_code": report.error_code} if report.error_code else {})})
     return 0 if report.outcome is Outcome.SUCCEEDED else 1
