@@ -604,6 +604,46 @@ def test_a_silent_rank_is_hung_only_once_its_heartbeat_is_older_than_the_bound(t
     assert config["launched_at"] == T0 and config["attempt"] == 0
 
 
+def _beating_every_poll(phase: str, *, advance: bool):
+    """A rank that writes a fresh heartbeat at every poll (the fake clock's time), at one step or one further each time."""
+    def behaviour(attempt, backend):
+        def on_poll(running):
+            step = 4 + (running.polls if advance else 0)
+            write_beat(backend.heartbeat_dir, rank=0, attempt=running.number, step=step, phase=phase, at=backend.now())
+        _keep_running(attempt, on_poll)
+    return behaviour
+
+
+def test_a_rank_that_beats_at_one_training_step_is_hung_once_the_step_is_older_than_the_bound(tmp_path, clock):
+    """A replica group whose steps are never committed beats "training" at the same step, again and
+    again, with fresh times: alive by its times, it makes no progress, and is taken for hung at the
+    hang bound from the first beat of that step, as a silent rank is (T0 + 3 is not past it, T0 + 4 is)."""
+    supervisor, backend = _supervise(tmp_path, [_beating_every_poll("training", advance=False)], clock=clock,
+                                     hang_timeout_s=3.0, startup_timeout_s=50.0, max_restarts=0)
+    (fault,) = supervisor.run().faults
+    assert fault.kind is AttemptEnd.HUNG and fault.detected_at == T0 + 4.0 and fault.detection_seconds == 4.0
+    assert backend.started[0].polls == 5
+
+
+@pytest.mark.parametrize("phase,advance", [("training", True), ("checkpointing", False), ("evaluating", False),
+                                           ("awaiting_desk", False)])
+def test_a_rank_that_progresses_or_ticks_through_a_long_phase_is_never_hung(tmp_path, clock, phase, advance):
+    def stop_after_the_bound(attempt, backend):
+        _beating_every_poll(phase, advance=advance)(attempt, backend)
+        beat = attempt.on_poll
+
+        def on_poll(running):
+            beat(running)
+            if running.polls == 12:  # four times the hang bound
+                running.code = 1
+        attempt.on_poll = on_poll
+
+    supervisor, backend = _supervise(tmp_path, [stop_after_the_bound], clock=clock, hang_timeout_s=3.0,
+                                     startup_timeout_s=50.0, max_restarts=0)
+    (fault,) = supervisor.run().faults
+    assert fault.kind is AttemptEnd.DEAD and backend.started[0].polls == 12
+
+
 def test_a_rank_still_starting_has_the_start_up_bound_not_the_hang_bound(tmp_path, clock):
     supervisor, backend = _supervise(tmp_path, [_running_with_beats("starting")], clock=clock,
                                      hang_timeout_s=2.0, startup_timeout_s=6.0, max_restarts=0)

@@ -106,7 +106,12 @@ class Observer:
     stamped in the future would never look stale and keep a hung rank alive, and one stamped in
     the past would look hung at once. The folder is cleared at each launch, so a beat first seen at
     one read was written after the read before it (the launch, for the first): its time is taken
-    within that window, and an unchanged beat keeps the time it was first given."""
+    within that window, and an unchanged beat keeps the time it was first given.
+
+    A rank in the "training" phase beats once a step: a beat that only renews its time at the same
+    step (a step its replica group could not commit, tried again and again) is no progress, and keeps
+    the time its step was first seen; the other phases' beats at one step are ticks of a long save,
+    evaluation or wait for the desk, each a sign of life."""
 
     def __init__(self, folder: Path, *, attempt: int, since: float):
         self.folder, self.attempt = folder, attempt
@@ -116,12 +121,17 @@ class Observer:
     def read(self, now: float) -> dict[int, Heartbeat]:
         beats: dict[int, Heartbeat] = {}
         for rank, beat in read_all(self.folder, attempt=self.attempt).items():
-            seen = self._seen.get(rank)
-            if seen is None or seen[0] != beat:
-                seen = self._seen[rank] = (beat, min(max(beat.at, self._previous), now))
+            seen, sign = self._seen.get(rank), _progress(beat)
+            if seen is None or seen[0] != sign:
+                seen = self._seen[rank] = (sign, min(max(beat.at, self._previous), now))
             beats[rank] = replace(beat, at=seen[1])
         self._previous = now
         return beats
+
+
+def _progress(beat: Heartbeat) -> Heartbeat:
+    """What a new beat must change to count as a sign of life (Observer)."""
+    return replace(beat, at=0.0) if beat.phase == "training" else beat
 
 
 def clear(folder: Path) -> None:

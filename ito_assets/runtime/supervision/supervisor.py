@@ -276,8 +276,10 @@ class Supervisor:
             return _Watch(kind=self._exit_kind(code, beats), last_sign=last_sign)
         if self.stop_requested:
             return _Watch(kind=AttemptEnd.STOPPED, last_sign=time.time())
-        if self._hung(attempt, self._beats.read(time.time())):  # on this clock: a worker's may be set wrong
-            return _Watch(kind=AttemptEnd.HUNG, last_sign=last_sign)
+        observed = self._beats.read(time.time())  # on this clock: a worker's may be set wrong
+        if self._hung(attempt, observed):
+            # Its last sign as observed: a rank that beats without progress last progressed then.
+            return _Watch(kind=AttemptEnd.HUNG, last_sign=min((b.at for b in observed.values()), default=last_sign))
         approved = proposals.approved_restart(self.stage_dir)
         if approved is not None:
             return _Watch(kind=AttemptEnd.SPIKE_RESTART, last_sign=time.time(), proposal_id=approved.proposal_id)
