@@ -9,13 +9,15 @@ decontamination provenance.
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from ito_assets.digests import Digest
 from ito_assets.errors import ErrorCode, ItoError
@@ -31,14 +33,26 @@ BOM = b"\xef\xbb\xbf"  # UTF-8's byte order mark, which some editors put at a fi
 MAX_SUITE_BYTES = 64 * 1024 * 1024  # a suite is text; bounds memory on a misconfigured path
 
 
+def _has_text(value: str) -> str:
+    """Refuses a field of whitespace alone (Unicode's, as `str.strip` reads it): a blank question
+    gives decontamination nothing to look for, a blank answer is "matched" by an empty generation
+    (`training.evaluation` compares stripped texts), and a blank id or benchmark names nothing."""
+    if not value.strip():
+        raise ValueError("whitespace alone")
+    return value
+
+
+_HAS_TEXT = AfterValidator(_has_text)
+
+
 class EvalItem(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True, hide_input_in_errors=True)
 
     # No NUL: an id is given back on a command line (`ito audit eval-item`), which cannot carry one.
-    id: Annotated[str, Field(min_length=1, max_length=MAX_ITEM_ID_CHARS, pattern=r"^[^\x00]+$")]
-    benchmark: Annotated[str, Field(min_length=1, max_length=128)]
-    question: Annotated[str, Field(min_length=1)]
-    answer: Annotated[str, Field(min_length=1)]
+    id: Annotated[str, Field(min_length=1, max_length=MAX_ITEM_ID_CHARS, pattern=r"^[^\x00]+$"), _HAS_TEXT]
+    benchmark: Annotated[str, Field(min_length=1, max_length=128), _HAS_TEXT]
+    question: Annotated[str, Field(min_length=1), _HAS_TEXT]
+    answer: Annotated[str, Field(min_length=1), _HAS_TEXT]
 
 
 @dataclass(frozen=True)
@@ -103,8 +117,40 @@ def _declared_id(header: dict, number: int) -> str:
 
 
 def load_suite(path: Path) -> EvalSuite:
-    if not path.is_file():
-        raise ItoError(ErrorCode.EVAL_SUITE_INVALID, "the eval suite file does not exist")
-    if path.stat().st_size > MAX_SUITE_BYTES:
-        raise ItoError(ErrorCode.EVAL_SUITE_INVALID, "the eval suite file is too large")
-    return parse_suite(path.stem, path.read_bytes())
+    return parse_suite(path.stem, read_suite_bytes(path))
+
+
+def read_suite_bytes(path: Path) -> bytes:
+    """The suite file's bytes, read through one descriptor: what is checked (a regular file, within
+    MAX_SUITE_BYTES) is what is read, whatever replaces the path or grows the file meanwhile; at
+    most MAX_SUITE_BYTES + 1 bytes are ever read, and a pipe or device at the path is never waited
+    on. Every refusal is EVAL_SUITE_INVALID, never an OSError."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a device or pipe is not even opened
+            raise _not_regular()
+        # O_NONBLOCK: a pipe swapped in after the check is opened without waiting for a writer.
+        with open(path, "rb", opener=lambda name, flags: os.open(name, flags | os.O_NONBLOCK)) as handle:
+            info = os.fstat(handle.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise _not_regular()
+            if info.st_size > MAX_SUITE_BYTES:
+                raise _too_large()
+            data = handle.read(info.st_size + 1)  # no buffer of the bound's size for a small file
+            if len(data) > info.st_size:  # it grew after its size was read (or its size reads 0, /proc's)
+                data += handle.read(MAX_SUITE_BYTES + 1 - len(data))
+    except (FileNotFoundError, NotADirectoryError):
+        raise ItoError(ErrorCode.EVAL_SUITE_INVALID, "the eval suite file does not exist") from None
+    except OSError as error:  # a file this user may not read, a name too long, a device's fault
+        reason = (error.strerror or type(error).__name__).lower()
+        raise ItoError(ErrorCode.EVAL_SUITE_INVALID, f"the eval suite file cannot be read ({reason})") from None
+    if len(data) > MAX_SUITE_BYTES:  # it grew after its size was read
+        raise _too_large()
+    return data
+
+
+def _not_regular() -> ItoError:
+    return ItoError(ErrorCode.EVAL_SUITE_INVALID, "the eval suite path is not a regular file (a folder, a device or a pipe)")
+
+
+def _too_large() -> ItoError:
+    return ItoError(ErrorCode.EVAL_SUITE_INVALID, f"the eval suite file is too large (over {MAX_SUITE_BYTES} bytes)")
