@@ -18,6 +18,7 @@ from ito_assets.defs import owners
 from ito_assets.defs.data import metadata
 from ito_assets.defs.data.params import DecontamParams, DedupParams, ScaleParams
 from ito_assets.defs.failures import failure, verified_or_fail
+from ito_assets.defs.manifest.assets import require_run_suite
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.resources import ItoSettingsResource, WAREHOUSE_POOL
 from ito_assets.errors import ItoError
@@ -94,6 +95,7 @@ def contamination_report(
 ) -> stages.DecontamStage:
     settings = ito.settings()
     verified = verified_or_fail(training_manifest, "the data stage")
+    require_run_suite(context, eval_suite)  # the stored suite may be a concurrent run's by now
     with core_stage(context):
         stage = stages.run_decontam(verified, eval_suite, source_documents, settings.state_dir, settings.warehouse_path, config.to_config(settings.data_engine))
     context.add_output_metadata(metadata.decontam_metadata(stage))

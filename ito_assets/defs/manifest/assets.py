@@ -11,7 +11,8 @@ from ito_assets.defs import owners
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.metadata_values import table
 from ito_assets.defs.resources import ItoSettingsResource
-from ito_assets.errors import ItoError
+from ito_assets.control.run_tags import EVAL_SUITE_DIGEST
+from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.evals.suite import EvalSuite, load_suite
 from ito_assets.manifest import discovery
 from ito_assets.manifest.discovery import ManifestVerdict
@@ -41,6 +42,7 @@ def eval_suite(context: dg.AssetExecutionContext, config: EvalSuiteSource, ito: 
         suite = load_suite(path)
     except ItoError as error:
         raise failure(error) from None
+    require_run_suite(context, suite)
     context.add_output_metadata(
         {
             "suite_id": suite.suite_id,
@@ -51,6 +53,18 @@ def eval_suite(context: dg.AssetExecutionContext, config: EvalSuiteSource, ito: 
         }
     )
     return suite
+
+
+def require_run_suite(context: dg.AssetExecutionContext, suite: EvalSuite) -> None:
+    """EVAL_SUITE_MISMATCH where the run was asked for against another suite (its tag, set by the
+    eval-suite sensor) than the one in hand: the file changed between the sensor's look and the
+    read, or a concurrent run stored another suite since. A report made against it would run
+    under the other suite's key and tag."""
+    wanted = context.run.tags.get(EVAL_SUITE_DIGEST)
+    if wanted is not None and wanted != suite.digest:
+        raise failure(ItoError(ErrorCode.EVAL_SUITE_MISMATCH,
+                               f"the run was asked for against eval suite {wanted}, and the suite read is {suite.digest}: "
+                               "the file changed since; the sensor asks for a run against the new one"))
 
 
 @dg.asset(
