@@ -23,12 +23,12 @@ from ito_assets.defs.training.resources import TrainingRuntimeResource
 from ito_assets.defs.workload.live import LiveRun, mark_training_started, require_live_authorization
 from ito_assets.defs.training.stage_outcome import outcome_metadata
 from ito_assets.errors import ErrorCode, ItoError
-from ito_assets.evals.suite import EvalSuite, load_suite
+from ito_assets.evals.suite import EvalSuite, parse_suite, read_suite_bytes
 from ito_assets.manifest.schema import STAGE_ORDER, Manifest
 from ito_assets.manifest.verify import eval_suite_mismatches
 from ito_assets.runtime.stage import corpus
 from ito_assets.runtime.stage import curriculum as stages
-from ito_assets.runtime.record.storage import RunLayout
+from ito_assets.runtime.record.storage import RunLayout, child, ensure_dir, write_atomic
 from ito_assets.runtime.stage import run as stage_run
 from ito_assets.runtime.stage.eval_gate import VerdictStore
 from ito_assets.training.hardware import gpu_spec
@@ -113,15 +113,25 @@ def _require_plan(outcome: PlanOutcome) -> None:
                          metadata={"error_code": ErrorCode.BUDGET_EXCEEDED.value})
 
 
-def _eval_suite(ito: ItoSettingsResource, manifest: Manifest) -> tuple[Path, EvalSuite]:
+def _eval_suite(ito: ItoSettingsResource, manifest: Manifest, layout: RunLayout) -> tuple[Path, EvalSuite]:
     """The suite of the stage's eval battery: the one the data was decontaminated against, else
-    its answers may have been trained on."""
+    its answers may have been trained on; and its copy in the run's folder, which the worker reads
+    when it evaluates, hours later: an edit of the configured file meanwhile (even one undone)
+    would otherwise fail the stage after its compute was spent."""
     path = ito.settings().eval_suite_path
-    suite = load_suite(path)
+    data = read_suite_bytes(path)
+    suite = parse_suite(path.stem, data)  # as load_suite names it: the copy keeps the file's name
     if eval_suite_mismatches(manifest, suite.suite_id, suite.digest):
         raise ItoError(ErrorCode.EVAL_SUITE_MISMATCH,
                        "the eval suite differs from the one the training data was decontaminated against")
-    return path, suite
+    folder = ensure_dir(child(layout.run_dir, f"eval-suite/{suite.digest.removeprefix('sha256:')}"), layout.checkpoint_dir)
+    try:
+        copy = child(folder, path.name)
+    except ItoError:  # a name no checkpoint folder takes (a space): the worker reads items and digest alone
+        copy = folder / "suite.jsonl"
+    if not copy.is_file() or read_suite_bytes(copy) != data:
+        write_atomic(copy, data)
+    return copy, suite
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,7 +147,7 @@ def _stage_config(res: _StageResources, manifest: Manifest, stage, plan: PlanOut
                   layout: RunLayout, tokens, previous, nnodes: int, nproc: int, has_cuda: bool):
     from ito_assets.runtime.worker import execution  # needs torch: imported where a stage runs
 
-    suite_path, suite = _eval_suite(res.ito, manifest)
+    suite_path, suite = _eval_suite(res.ito, manifest, layout)
     stage_plan = stages.stage_plan(plan.run_plan, stage.name)
     replicas = (stages.replica_groups_for(stage_plan.layout, nnodes=nnodes, nproc_per_node=nproc)
                 if res.runtime.replica_groups else 1)
