@@ -82,11 +82,7 @@ def _prepare(args: argparse.Namespace) -> VerbResult:
     _check_flags(args)
     settings = load_settings()
     suite_path = Path(args.eval_suite).expanduser().resolve()
-    try:
-        suite = load_suite(suite_path)
-    except OSError as error:  # a file this user may not read (its mode), or a device's fault
-        reason = (error.strerror or type(error).__name__).lower()
-        raise ItoError(ErrorCode.EVAL_SUITE_INVALID, f"the eval suite file cannot be read ({reason})") from None
+    suite = load_suite(suite_path)  # EVAL_SUITE_INVALID for a file it cannot read, with the reason
     files = corpus.describe(corpus.find_files(args.corpus))
     document = corpus.data_manifest(args.name or corpus.default_name(files), files, suite,
                                     args.license or corpus.UNSTATED_LICENSE, text_field=args.text_field,
