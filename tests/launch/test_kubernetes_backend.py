@@ -333,6 +333,13 @@ class FakeCluster:
 SETTINGS = KubernetesSettings(image="ito-training:0.1.0", volume_claim="ito-runs", mount_path="/mnt/ito",
                               namespace="ito", gpus_per_node=8)
 STAGE = Path("/mnt/ito/run_x/pretraining")
+def _two_nodes_on(settings: KubernetesSettings) -> SupervisorConfig:
+    """A supervisor's config for two nodes on the cluster, passed through JSON as the stage passes it."""
+    return SupervisorConfig.from_dict(json.loads(json.dumps({
+        "nnodes": 2, "poll_interval_s": 0.05, "grace_s": 0.2, "startup_timeout_s": 30,
+        "launch": {"backend": "kubernetes", "kubernetes": asdict(settings)}})))
+
+
 def _job_of(run_id: str) -> str:
     """A run id mapped to a label ("_" is "-") ends with a digest of the id itself."""
     return f"ito-{run_id.replace('_', '-')}-" + hashlib.sha256(run_id.encode()).hexdigest()[:8]
@@ -565,9 +572,7 @@ def test_the_supervisor_restarts_a_failed_attempt_with_a_fresh_job(tmp_path):
             (stage_dir / RESULT_NAME).write_text(json.dumps({"num_steps": 24}))
 
     cluster.on_create = on_create
-    config = SupervisorConfig.from_dict(json.loads(json.dumps({
-        "nnodes": 2, "poll_interval_s": 0.05, "grace_s": 0.2, "startup_timeout_s": 30,
-        "launch": {"backend": "kubernetes", "kubernetes": asdict(settings)}})))
+    config = _two_nodes_on(settings)
     assert config.launch == LaunchConfig(backend=BackendKind.KUBERNETES, kubernetes=settings)
     backend = KubernetesBackend(settings, api=cluster, batch=cluster)
     report = Supervisor(worker=_worker(tmp_path), config=config, backend=backend).run()
@@ -868,9 +873,7 @@ def test_a_retried_stage_deletes_the_job_its_lost_create_left(tmp_path):
             (stage_dir / RESULT_NAME).write_text(json.dumps({"num_steps": 24}))
 
     cluster.on_create = on_create
-    config = SupervisorConfig.from_dict(json.loads(json.dumps({
-        "nnodes": 2, "poll_interval_s": 0.05, "grace_s": 0.2, "startup_timeout_s": 30,
-        "launch": {"backend": "kubernetes", "kubernetes": asdict(settings)}})))
+    config = _two_nodes_on(settings)
     backend = KubernetesBackend(settings, api=cluster, batch=cluster)
     lost = _lose_creates(cluster)
     with pytest.raises(RuntimeError, match="did not create attempt 0's Job"):
