@@ -396,15 +396,17 @@ class KubernetesAttempt:
                 return
 
     def _note(self, line: str) -> None:
-        with open(self.log_path, "a") as log:
-            log.write(line + "\n")
+        with contextlib.suppress(OSError):  # a log that cannot be written must not stop a cleanup
+            with open(self.log_path, "a") as log:
+                log.write(line + "\n")
 
     def _save_logs(self) -> None:
         """The pods' output into the attempt's log before they go: a failed rank's traceback. Best
         effort: pods the API would not list leave a line saying so, and the cleanup goes on; after a
         log read the API did not answer, the other pods' logs are not asked for (each would wait as
-        long, before the Job's delete)."""
-        with open(self.log_path, "a") as log:
+        long, before the Job's delete); a log that cannot be written (the stage folder's storage
+        failed) is skipped, and the Job is deleted all the same."""
+        with contextlib.suppress(OSError), open(self.log_path, "a") as log:
             try:
                 pods = self._pods()
             except _api_errors() as error:
@@ -447,8 +449,8 @@ class KubernetesBackend:
         self._connect()
         spec = replace(spec, rdzv_port=self.settings.rdzv_port)
         namespace, name, timeout_s = self.settings.namespace, job_name(spec), self.settings.request_timeout_s
-        launched_at = time.time()
         took_name = self._delete_left_over(series(log_path), name, number, log_path)
+        launched_at = time.time()  # the sweep's calls are no start-up time of the attempt
         # A Job deleted under this very name may keep it a moment (finalizers; the garbage collector
         # deletes its service after it): the creates wait as long as one call may, no longer.
         wait_s = timeout_s if took_name else 0.0

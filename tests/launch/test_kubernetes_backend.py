@@ -649,6 +649,19 @@ def test_a_status_read_without_an_answer_is_asked_again_at_the_next_poll(tmp_pat
     assert attempt.exit_code() == 0
 
 
+def test_a_stop_whose_log_folder_is_gone_still_deletes_the_job(tmp_path):
+    """The supervisor ends its attempt when the stage folder's storage failed: the attempt's log is
+    in that folder, and a write there must not keep the Job (and its nodes) alive to its deadline."""
+    cluster = FakeCluster()
+    folder = tmp_path / "stage"
+    folder.mkdir()
+    attempt = _start(cluster, tmp_log=folder / "attempt-0.log")
+    attempt.poll_s = 0.01
+    folder.rename(tmp_path / "gone")  # the stage folder vanished (a volume unmounted under it)
+    attempt.terminate(set(), grace_s=0.1)
+    assert ("delete_job", JOB, "Background") in cluster.calls and cluster.empty()
+
+
 def test_a_stop_against_an_api_that_does_not_answer_returns_and_says_so(tmp_path):
     cluster = FakeCluster()
     attempt = _start(cluster, tmp_log=tmp_path / "a.log")

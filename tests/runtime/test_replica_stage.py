@@ -23,7 +23,7 @@ from ito_assets.runtime.stage.config import RESULT_NAME
 from ito_assets.runtime.supervision import heartbeat, launch
 from ito_assets.runtime.supervision import replicas
 from ito_assets.runtime.supervision.replicas import LIGHTHOUSE_ENV, ReplicaStage, group_supervision, replica_dir
-from ito_assets.runtime.supervision.supervisor import REPORT_NAME, Outcome, SupervisorConfig
+from ito_assets.runtime.supervision.supervisor import REPORT_NAME, Outcome, StageBusy, SupervisorConfig, supervising
 from ito_assets.runtime.worker.reporting import PIPES_CONTEXT_ENV_VAR
 from runtime_helpers import worker_config
 
@@ -327,3 +327,19 @@ def _hosts(table: dict[str, str]):
         family = socket.AF_INET6 if ":" in ip else socket.AF_INET
         return [(family, socket.SOCK_STREAM, 6, "", (ip, port) if family == socket.AF_INET else (ip, port, 0, 0))]
     return getaddrinfo
+
+
+def test_a_second_replica_stage_of_the_stage_starts_nothing_and_says_who_holds_it(tmp_path, tokens, monkeypatch, capsys):
+    stage, cluster = _stage(tmp_path, tokens, monkeypatch, {0: succeed(), 1: succeed()})
+    folder = Path(stage.worker.stage_dir)
+    folder.mkdir(parents=True)
+    with supervising(folder):  # the first replica stage of this stage runs
+        with pytest.raises(StageBusy):
+            stage.run()
+        assert cluster.attempts == {}
+        monkeypatch.setattr(replicas.signal, "signal", lambda number, handler: None)
+        monkeypatch.setattr(replicas, "stage_arguments", lambda module, argv: (stage.worker, stage.config))
+        assert replicas.main([]) == 1
+    err = capsys.readouterr().err
+    assert "already supervises the attempts in" in err and "Traceback" not in err
+    assert stage.run().outcome is Outcome.SUCCEEDED  # the groups run under the stage's one lock

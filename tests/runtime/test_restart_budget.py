@@ -9,6 +9,7 @@ forever fails the test instead of hanging it."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
@@ -1011,3 +1012,44 @@ def test_main_says_who_holds_the_stage_and_exits_one(tmp_path, monkeypatch, caps
         assert supervisor_module.main(["--worker", worker.to_json(), "--supervisor", "{}"]) == 1
     err = capsys.readouterr().err
     assert "already supervises the attempts in" in err and "Traceback" not in err and backend.started == []
+
+
+def test_a_file_system_without_locks_runs_the_stage_and_says_so(tmp_path, monkeypatch, capsys):
+    """Lustre mounted without flock, NFS with nolock: the shared storage a cluster's stages use."""
+    def no_locks(handle, operation):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(supervisor_module.fcntl, "flock", no_locks)
+    supervisor, backend = _supervise(tmp_path, ["succeed"])
+    assert supervisor.run().outcome is Outcome.SUCCEEDED and len(backend.started) == 1
+    assert "takes no locks" in capsys.readouterr().err
+
+
+def test_a_lock_file_that_is_a_link_is_refused_and_its_target_untouched(tmp_path):
+    supervisor, backend = _supervise(tmp_path, ["succeed"])
+    supervisor.stage_dir.mkdir(parents=True)
+    target = tmp_path / "someone-elses-file"
+    target.write_text("theirs\n")
+    (supervisor.stage_dir / supervisor_module.LOCK_NAME).symlink_to(target)
+    report = supervisor.run()
+    assert (report.outcome, report.error_code, backend.started) == (Outcome.FAILED, "CHECKPOINT_STORAGE_INVALID", [])
+    assert target.read_text() == "theirs\n"
+
+
+def test_an_unexpected_error_while_watching_ends_the_attempt_before_it_is_raised(tmp_path, monkeypatch):
+    """A replica group's supervisor runs on a thread: an error there would otherwise leave its
+    attempt running, joining the quorum with nobody watching it."""
+    supervisor, backend = _supervise(tmp_path, ["run"], max_restarts=3)
+    real, calls = supervisor_module.proposals.approved_restart, [0]
+
+    def fails_after_the_launch(stage_dir):
+        calls[0] += 1
+        if calls[0] > 2:
+            raise ValueError("a bug")
+        return real(stage_dir)
+
+    monkeypatch.setattr(supervisor_module.proposals, "approved_restart", fails_after_the_launch)
+    with pytest.raises(ValueError, match="a bug"):
+        supervisor.run()
+    (attempt,) = backend.started
+    assert attempt.terminations == [(set(), supervisor.config.grace_s)]

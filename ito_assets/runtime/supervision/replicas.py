@@ -62,8 +62,8 @@ from ito_assets.runtime.supervision import heartbeat
 from ito_assets.runtime.supervision.relay import MetricsRelay, open_relay
 from ito_assets.runtime.stage.config import WorkerConfig, group_shape
 from ito_assets.runtime.record.storage import write_atomic
-from ito_assets.runtime.supervision.supervisor import (REPORT_NAME, Outcome, SupervisionReport, Supervisor, SupervisorConfig, print_outcome,
-                                                      stage_arguments)
+from ito_assets.runtime.supervision.supervisor import (REPORT_NAME, Outcome, StageBusy, SupervisionReport, Supervisor, SupervisorConfig,
+                                                      print_outcome, stage_arguments, supervising)
 
 # What torchft's Manager reads for the lighthouse's address (torchft.manager, `TORCHFT_LIGHTHOUSE`).
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
@@ -120,7 +120,10 @@ def lighthouse_url(address: str, backend: BackendKind) -> str:
     if backend is not BackendKind.KUBERNETES:
         return address
     url = urllib.parse.urlsplit(address)
-    ip = socket.getaddrinfo(socket.gethostname(), url.port, type=socket.SOCK_STREAM)[0][4][0]
+    try:
+        ip = socket.getaddrinfo(socket.gethostname(), url.port, type=socket.SOCK_STREAM)[0][4][0]
+    except OSError:  # no entry for the pod's name: torchft's own address, the best left
+        return address
     host = f"[{ip}]" if ":" in ip else ip  # an IPv6-only cluster's
     return url._replace(netloc=f"{host}:{url.port}").geturl()
 
@@ -202,6 +205,12 @@ class ReplicaStage:
             group.supervisor.request_stop()
 
     def run(self) -> SupervisionReport:
+        """Raises StageBusy, before anything starts, where another supervisor holds the stage folder."""
+        Path(self.worker.stage_dir).mkdir(parents=True, exist_ok=True)
+        with supervising(Path(self.worker.stage_dir)):  # for every group: theirs run inside the stage's folder
+            return self._run()
+
+    def _run(self) -> SupervisionReport:
         os.environ.setdefault("RUST_LOG", RUST_LOG_DEFAULT)  # read by torchft's Rust logger, here and in the workers
         from torchft.coordination import LighthouseServer  # the optional `ft` extra: only this path needs it
 
@@ -212,7 +221,7 @@ class ReplicaStage:
             self.groups = [_Group(Supervisor(worker=group_worker(self.worker, i),
                                              config=group_supervision(self.config, groups, i),
                                              env={LIGHTHOUSE_ENV: address, **group_devices(self.config, groups, i)},
-                                             relay=self.relay if i == 0 else None), i)
+                                             relay=self.relay if i == 0 else None, lock=False), i)
                            for i in range(groups)]
             if self.stop_requested:  # asked before the groups existed
                 self.request_stop()
@@ -270,7 +279,11 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(number, stage.request_stop)
     with open_relay(config.launch.backend, Path(worker.metrics_path)) as relay:  # group 0's rank 0 reports there
         stage.relay = relay
-        report = stage.run()
+        try:
+            report = stage.run()
+        except StageBusy as busy:  # the stage asset's log under Pipes: one sentence, no traceback
+            print(busy, file=sys.stderr, flush=True)
+            return 1
     print_outcome({"stage": report.stage, "outcome": report.outcome.value, "num_attempts": report.num_attempts,
                    "replica_groups": stage.worker.replica_groups})
     return 0 if report.outcome is Outcome.SUCCEEDED else 1

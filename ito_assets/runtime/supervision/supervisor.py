@@ -3,8 +3,8 @@ from its newest whole checkpoint under the same run record.
 
 - dead: the launch exits non-zero (torchrun stops the other ranks when one dies; a rank that is
   a world of its own is the launch).
-- hung: a live rank's heartbeat is older than `hang_timeout_s` (or no heartbeat arrives within
-  `startup_timeout_s` of the launch).
+- hung: a live rank's heartbeat is older than `hang_timeout_s`, or it beats in training at one step
+  that long without progress (or no heartbeat arrives within `startup_timeout_s` of the launch).
 - an approved spike proposal: a planned restart from the proposal's checkpoint, skipping its
   batches; checkpoints after that step are set aside (renamed `discarded-step-*`, kept for audit).
   A proposal approved while no attempt runs (the stage had already ended) is applied before the
@@ -15,8 +15,10 @@ from its newest whole checkpoint under the same run record.
   ends FAILED with STORAGE_FULL or CHECKPOINT_STORAGE_INVALID and one plain sentence, without a
   restart (none could help) and without a traceback.
 - another supervisor already watches the stage folder (a second run of the same stage, launched
-  while the first runs): this one starts nothing, writes nothing there and exits with one sentence
-  naming the other (`StageBusy`); two would launch attempts beside each other on one folder.
+  while the first runs): this one launches nothing, writes no event or report there and exits with
+  one sentence naming the other (`StageBusy`); two would launch attempts beside each other on one
+  folder. A file system without locks (Lustre without `flock`, NFS with `nolock`) is said on
+  stderr, and the stage runs unguarded.
 - the workers could not write their last checkpoint (their heartbeats say so, with the code): a
   full disk ends the stage FAILED with STORAGE_FULL at once; any other storage error is retried
   once, outside the restart budget (a storage hiccup clears), and ends it FAILED with
@@ -36,6 +38,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import enum
+import errno
 import fcntl
 import json
 import os
@@ -164,6 +167,9 @@ class Supervisor:
     backend: Backend | None = None  # None: the one `config.launch` names
     env: dict[str, str] = field(default_factory=dict)  # for the workers (a replica group's lighthouse)
     relay: MetricsRelay | None = None  # remote ranks' metrics to this process's Pipes channel
+    # Take the stage folder's lock (`supervising`); False where the caller holds it for this
+    # supervisor (the replica stage, for all its groups).
+    lock: bool = True
     _beats: heartbeat.Observer | None = field(default=None, init=False, repr=False)  # the attempt watched
 
     def __post_init__(self) -> None:
@@ -180,7 +186,8 @@ class Supervisor:
         self.stage_dir.mkdir(parents=True, exist_ok=True)
         with contextlib.ExitStack() as held:
             try:
-                held.enter_context(supervising(self.stage_dir))
+                if self.lock:
+                    held.enter_context(supervising(self.stage_dir))
             except OSError as error:  # the lock's file cannot be made: as any write to the folder
                 if not self._in_stage_storage(error):
                     raise
@@ -216,17 +223,26 @@ class Supervisor:
                     return self._report(Outcome.FAILED, attempt_number + 1 - first)
                 attempt_number += 1
         except OSError as error:  # the stage folder cannot be written: no restart can fix that
+            self._end_unwatched(running)
             if not self._in_stage_storage(error):
                 raise
-            if running is not None:  # nobody would watch it: its ranks would hold the devices to their end
-                running.terminate(set(), grace_s=self.config.grace_s)  # the launchers take their ranks
             return self._storage_failure(error, launched)
+        except BaseException:
+            self._end_unwatched(running)
+            raise
         finally:
             if self.relay is not None:
                 self.relay.forward()
             with contextlib.suppress(OSError):  # already reported when the folder is the problem
                 self._event(EventKind.ALLOCATION, attempt=attempt_number, seconds=time.time() - started,
                             num_devices=self.config.world_size)
+
+    def _end_unwatched(self, running: Attempt | None) -> None:
+        """End the attempt this supervisor leaves without watching it (its ranks would hold the devices
+        to their end); what fails meanwhile (the broken folder its log is in) must not stop that."""
+        if running is not None:
+            with contextlib.suppress(Exception):
+                running.terminate(set(), grace_s=self.config.grace_s)  # the launchers take their ranks
 
     def _next_attempt_number(self) -> int:
         """Attempt numbers continue across supervisor runs of the same stage (a retried step), so
@@ -415,6 +431,8 @@ def stage_arguments(prog: str, argv: list[str] | None) -> tuple[WorkerConfig, Su
 
 
 LOCK_NAME = "supervisor.lock"
+# What flock raises where the file system does not implement it.
+NO_LOCKS = frozenset({errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL})
 
 
 class StageBusy(RuntimeError):
@@ -426,15 +444,24 @@ def supervising(stage_dir: Path):
     """Hold the stage folder's lock while its attempts are supervised, or raise StageBusy naming the
     holder. flock: the kernel releases it when the holder dies, so a killed supervisor leaves no
     stale lock behind (only its note of who held it, which the next holder rewrites)."""
-    handle = open(stage_dir / LOCK_NAME, "a+")
+    path = stage_dir / LOCK_NAME
+    # Never through a link: the note written into it would overwrite whatever file it names.
+    handle = os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600), "r+")
     try:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            handle.seek(0)
             holder = handle.read(200).strip() or "another process"
             raise StageBusy(f"{holder} already supervises the attempts in {stage_dir}: this supervisor started "
                             "nothing (one at a time per stage folder)") from None
+        except OSError as error:
+            if error.errno not in NO_LOCKS:
+                raise
+            # Lustre without -o flock, NFS with nolock: the stage runs as before locks, unguarded.
+            print(f"the file system of {stage_dir} takes no locks ({error.strerror}): a second supervisor of "
+                  "this stage would not be refused", file=sys.stderr, flush=True)
+            yield
+            return
         handle.truncate(0)
         handle.write(f"supervisor pid {os.getpid()} on {socket.gethostname()}\n")
         handle.flush()
