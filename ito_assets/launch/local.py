@@ -23,6 +23,7 @@ stopping it (SIGKILL, the OOM killer, a node agent ending the step): see `_watch
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -98,9 +99,12 @@ class LocalAttempt:
 
     def release(self) -> None:
         """Close the watcher's pipe: it ends whatever of the attempt is still running (a child a
-        rank left behind), within the orphan grace period; the launchers exited."""
+        rank left behind), within the orphan grace period; the launchers exited. The watcher is
+        reaped here when it is done at once (nothing left), else by the next start."""
         if self.watcher is not None and self.watcher.stdin is not None:
             self.watcher.stdin.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.watcher.wait(timeout=WATCHER_EXIT_S)
 
 
 # What torchrun tells its ranks. A world of one started alone must not inherit them from a parent
@@ -120,6 +124,8 @@ _MARKS = tuple(name.encode() for name in (LAUNCH_ID_ENV, LAUNCH_FOLDER_ENV, LAUN
 ORPHAN_GRACE_S = 60.0
 # After a SIGKILL, how long to wait for the processes to be gone before launching beside them.
 KILL_WAIT_S = 5.0
+# A watcher with nothing left to stop exits in milliseconds; one still stopping is not waited for.
+WATCHER_EXIT_S = 2.0
 
 
 def start(commands: list[list[str]], *, number: int, log_path: Path, worker_module: str,

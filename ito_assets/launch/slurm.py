@@ -274,7 +274,10 @@ class SlurmBackend:
         env = {k: v for k, v in os.environ.items() if not k.startswith(_STEP_ONLY_ENV_PREFIX)}
         submitted_at = time.time()
         # Appended to: by default the job truncates its output file, and with it what was noted before.
-        done = _run(["sbatch", "--parsable", f"--output={log_path}", "--open-mode=append", str(script)], env=env)
+        # The name on the command line too: it outranks SBATCH_JOB_NAME in the environment, which
+        # outranks the script's directive, and the job is found (watched, swept) by its name alone.
+        done = _run(["sbatch", "--parsable", f"--job-name={name}", f"--output={log_path}", "--open-mode=append",
+                     str(script)], env=env)
         job_id = done.stdout.strip().split(";")[0] if done.returncode == 0 else ""  # --parsable: "ID" or "ID;cluster"
         if not _JOB_ID.match(job_id):  # else squeue and scancel would be asked about another job, or none
             # The controller may have taken the job all the same: sbatch ran out of time (124), gave up

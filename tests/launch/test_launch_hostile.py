@@ -320,6 +320,8 @@ def test_a_start_cancels_the_jobs_earlier_starts_of_its_stage_left_and_no_other_
     sbatch = _calls(calls, "sbatch")[0]
     assert "--open-mode=append" in sbatch  # the job appends to the log: the lines above stay
     assert f"#SBATCH --job-name=ito-run-1-pre-3-{ours}\n" in Path(sbatch[-1]).read_text()
+    # On the command line too: sbatch ranks it above SBATCH_JOB_NAME, which outranks the directive.
+    assert f"--job-name=ito-run-1-pre-3-{ours}" in sbatch
 
 
 @pytest.mark.parametrize("squeue", [None, "exec sleep 30",

@@ -259,3 +259,16 @@ def test_local_a_zombie_rank_does_not_hold_a_stop_for_the_whole_grace_period(tmp
     finally:
         attempt.terminate(set(), grace_s=1.0)
         _kill(pids)
+
+
+def test_local_a_released_attempts_watcher_is_reaped_not_left_a_zombie(tmp_path):
+    attempt = local.start([[sys.executable, "-c", "pass"]], number=0, log_path=tmp_path / "attempt-0.log",
+                          worker_module="m", alone=True)
+    try:
+        for process in attempt.processes:
+            process.wait(timeout=10)
+        attempt.release()
+        assert attempt.watcher.returncode is not None  # waited for: no zombie per attempt
+    finally:
+        if attempt.watcher.poll() is None:
+            attempt.watcher.kill()
