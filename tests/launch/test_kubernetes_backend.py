@@ -873,8 +873,8 @@ def test_a_job_that_appears_after_its_lost_create_was_looked_for_is_deleted_by_t
 
 def test_a_retried_stage_deletes_the_job_its_lost_create_left(tmp_path):
     """Through the supervisor: attempt 0's create gets no answer and its Job appears only after the
-    look for it, failing the stage; the step's retry starts attempt 1 (another name), which deletes
-    that Job before its own."""
+    look for it, failing the stage (no restart left); the step's retry starts attempt 1 (another
+    name), which deletes that Job before its own."""
     cluster = FakeCluster()
     settings = KubernetesSettings(image="i", volume_claim="c", mount_path=str(tmp_path), namespace="ito")
     stage_dir = tmp_path / "checkpoints" / "pretraining"
@@ -886,11 +886,12 @@ def test_a_retried_stage_deletes_the_job_its_lost_create_left(tmp_path):
             (stage_dir / RESULT_NAME).write_text(json.dumps({"num_steps": 24}))
 
     cluster.on_create = on_create
-    config = _two_nodes_on(settings)
+    config = replace(_two_nodes_on(settings), max_restarts=0)
     backend = KubernetesBackend(settings, api=cluster, batch=cluster)
     lost = _lose_creates(cluster)
-    with pytest.raises(RuntimeError, match="did not create attempt 0's Job"):
-        Supervisor(worker=_worker(tmp_path), config=config, backend=backend).run()
+    failed = Supervisor(worker=_worker(tmp_path), config=config, backend=backend).run()
+    assert failed.outcome == "failed" and [f.kind for f in failed.faults] == ["not_started"]
+    assert "did not create attempt 0's Job" in failed.error
     del cluster.create_namespaced_job
     cluster.create_namespaced_job(*lost[0])
     assert cluster.jobs[JOB].uid and len(cluster.pods) == 2  # attempt 0's Job holds the nodes, unwatched

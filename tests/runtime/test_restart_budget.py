@@ -122,6 +122,7 @@ class FakeBackend:
         self.default = default
         self.clock = clock
         self.started: list[FakeAttempt] = []
+        self.tries = 0  # starts asked for, those that raised included: the script's index
         self.specs = []
         self.log_paths: list[Path] = []
 
@@ -139,7 +140,7 @@ class FakeBackend:
     def start(self, spec, *, number: int, log_path: Path) -> FakeAttempt:
         if len(self.started) >= START_LIMIT:
             raise BudgetOverrun(f"the supervisor started more than {START_LIMIT} attempts")
-        index = len(self.started)
+        index, self.tries = self.tries, self.tries + 1
         behaviour = self.script[index] if index < len(self.script) else self.default
         attempt = FakeAttempt(number=number, launched_at=self.now(),
                               sleep=self.clock.sleep if self.clock is not None else None)
@@ -828,12 +829,40 @@ def test_the_allocation_covers_the_whole_supervision(tmp_path, clock):
 
 def test_the_allocation_is_recorded_even_when_the_back_end_raises(tmp_path):
     def boom(attempt, backend):
-        raise RuntimeError("no capacity")
+        raise ValueError("a setting the back end refuses")  # a mistake: no start would succeed
 
     supervisor, _ = _supervise(tmp_path, [boom])
-    with pytest.raises(RuntimeError, match="no capacity"):
+    with pytest.raises(ValueError, match="a setting the back end refuses"):
         supervisor.run()
     assert len(_events(Path(supervisor.worker.stage_dir), EventKind.ALLOCATION)) == 1
+
+
+def _not_answering(attempt, backend):
+    raise RuntimeError(f"sbatch did not answer for attempt {attempt.number}")  # what the back ends raise
+
+
+@pytest.mark.parametrize("max_restarts", [0, 1, 2])
+def test_attempts_the_back_end_could_not_start_spend_the_budget_then_fail_with_its_sentence(tmp_path, max_restarts,
+                                                                                           capsys):
+    supervisor, backend = _supervise(tmp_path, default=_not_answering, max_restarts=max_restarts, poll_interval_s=0.01)
+    report = supervisor.run()
+    assert report.outcome is Outcome.FAILED and report.num_attempts == max_restarts + 1
+    assert [f.kind for f in report.faults] == [AttemptEnd.NOT_STARTED] * (max_restarts + 1)
+    assert report.error == f"sbatch did not answer for attempt {max_restarts}"
+    err = capsys.readouterr().err
+    assert err.count("could not be started") == max_restarts + 1 and "Traceback" not in err
+    assert err.rstrip().endswith("the restart budget is spent")
+
+
+@pytest.mark.parametrize("max_restarts", [1, 2])
+def test_a_start_that_fails_within_the_budget_is_followed_by_one_that_runs(tmp_path, max_restarts):
+    supervisor, backend = _supervise(tmp_path, [_not_answering] * max_restarts + ["succeed"], max_restarts=max_restarts,
+                                     poll_interval_s=0.01)
+    report = supervisor.run()
+    assert report.outcome is Outcome.SUCCEEDED and report.num_attempts == max_restarts + 1
+    assert [f.kind for f in report.faults] == [AttemptEnd.NOT_STARTED] * max_restarts
+    interruptions = _events(Path(supervisor.worker.stage_dir), EventKind.INTERRUPTION)
+    assert [(e.attempt, e.detail) for e in interruptions] == [(n, "not_started") for n in range(max_restarts)]
 
 
 def test_the_relay_is_forwarded_on_every_poll_and_once_at_the_end(tmp_path, clock):

@@ -19,6 +19,10 @@ from its newest whole checkpoint under the same run record.
   one sentence naming the other (`StageBusy`); two would launch attempts beside each other on one
   folder. A file system without locks (Lustre without `flock`, NFS with `nolock`) is said on
   stderr, and the stage runs unguarded.
+- an attempt the back end could not start (sbatch, the Kubernetes API or their sweep of what earlier
+  starts left got no answer): a fault on the restart budget, said on stderr; the next attempt is
+  started after a poll interval, and the stage ends FAILED with the back end's sentence once the
+  budget is spent.
 - the workers could not write their last checkpoint (their heartbeats say so, with the code): a
   full disk ends the stage FAILED with STORAGE_FULL at once; any other storage error is retried
   once, outside the restart budget (a storage hiccup clears), and ends it FAILED with
@@ -114,6 +118,7 @@ class AttemptEnd(str, enum.Enum):
     SPIKE_RESTART = "spike_restart"  # the desk approved a spike proposal (planned)
     STOPPED = "stopped"  # a stop request, or a planned stop the workers flushed (planned)
     STORAGE = "storage"  # the workers' last checkpoint could not be written (off the restart budget)
+    NOT_STARTED = "not_started"  # the back end could not start it: a scheduler or API that did not answer
 
 
 PLANNED_ENDS = frozenset({AttemptEnd.SPIKE_RESTART, AttemptEnd.STOPPED})
@@ -203,7 +208,14 @@ class Supervisor:
                 self._apply_approved()  # approved while no attempt ran (e.g. after the stage ended)
                 if self.stop_requested:  # asked before the first attempt or while the last one ended
                     return self._report(Outcome.STOPPED, attempt_number - first)
-                attempt = running = self._launch(attempt_number)
+                try:
+                    attempt = running = self._launch(attempt_number)
+                except RuntimeError as error:  # the back ends' "could not start": worth another try
+                    unplanned += 1
+                    if self._not_started(attempt_number, error, spent=unplanned > self.config.max_restarts):
+                        return self._report(Outcome.FAILED, attempt_number + 1 - first, error=str(error))
+                    attempt_number += 1
+                    continue
                 launched += 1
                 watch = self._watch(attempt)
                 if watch.kind is AttemptEnd.FINISHED:
@@ -236,6 +248,20 @@ class Supervisor:
             with contextlib.suppress(OSError):  # already reported when the folder is the problem
                 self._event(EventKind.ALLOCATION, attempt=attempt_number, seconds=time.time() - started,
                             num_devices=self.config.world_size)
+
+    def _not_started(self, number: int, error: RuntimeError, *, spent: bool) -> bool:
+        """Record that attempt `number` could not be started (a fault on the restart budget: a
+        scheduler or API that did not answer may answer the next time) and say so on stderr, the
+        stage's log; returns `spent`, after a poll interval's wait when another try follows."""
+        fault = Fault(kind=AttemptEnd.NOT_STARTED, attempt=number, planned=False, detected_at=time.time(),
+                      detection_seconds=0.0)
+        self.faults.append(fault)
+        self._event(EventKind.INTERRUPTION, attempt=number, planned=False, seconds=0.0, detail=fault.kind.value)
+        then = "the restart budget is spent" if spent else "the next attempt is started"
+        print(f"attempt {number} of {self.worker.stage} could not be started ({error}); {then}", file=sys.stderr, flush=True)
+        if not spent:
+            time.sleep(self.config.poll_interval_s)
+        return spent
 
     def _end_unwatched(self, running: Attempt | None) -> None:
         """End the attempt this supervisor leaves without watching it (its ranks would hold the devices
