@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import socket
 import threading
 import time
@@ -110,11 +111,17 @@ class Cluster:
 
     def start(self, spec, *, number: int, log_path: Path) -> FakeAttempt:
         group = self.group_of(log_path.parent)
-        attempt = FakeAttempt(number=number, group=group, stage_dir=log_path.parent, run=self.behaviours[group])
+        run = self.behaviours[group]
+        if group == 0:  # group 0 plays its part once every group has launched: an end before that
+            run = self._once_all_launched(run)  # would stop the others before their first attempt
+        attempt = FakeAttempt(number=number, group=group, stage_dir=log_path.parent, run=run)
         with self.lock:
             self.specs.setdefault(group, []).append(spec)
             self.attempts.setdefault(group, []).append(attempt)
         return attempt
+
+    def _once_all_launched(self, run: Callable[[FakeAttempt], int | None]) -> Callable[[FakeAttempt], int | None]:
+        return lambda attempt: run(attempt) if self.launched(*self.behaviours) else None
 
     def launched(self, *groups: int) -> bool:
         with self.lock:
@@ -287,7 +294,7 @@ def test_group_zeros_metrics_are_relayed_to_pipes_when_the_ranks_run_remotely(tm
 
     monkeypatch.setattr("dagster_pipes.open_dagster_pipes", open_dagster_pipes)
     monkeypatch.setenv(PIPES_CONTEXT_ENV_VAR, "set by the step")
-    monkeypatch.setattr(replicas.signal, "signal", lambda number, handler: None)
+    monkeypatch.setattr(signal, "signal", lambda number, handler: None)
     worker = worker_config(tmp_path, tokens, replica_groups=2, replica_timeout_s=10.0)
     group_metrics = {0: worker.metrics_path, 1: str(replica_dir(Path(worker.stage_dir), 1) / "metrics.jsonl")}
     cluster = Cluster(Path(worker.stage_dir), {g: succeed(metrics=group_metrics[g]) for g in (0, 1)})
@@ -337,7 +344,7 @@ def test_a_second_replica_stage_of_the_stage_starts_nothing_and_says_who_holds_i
         with pytest.raises(StageBusy):
             stage.run()
         assert cluster.attempts == {}
-        monkeypatch.setattr(replicas.signal, "signal", lambda number, handler: None)
+        monkeypatch.setattr(signal, "signal", lambda number, handler: None)
         monkeypatch.setattr(replicas, "stage_arguments", lambda module, argv: (stage.worker, stage.config))
         assert replicas.main([]) == 1
     err = capsys.readouterr().err

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import sys
 import threading
@@ -59,11 +58,11 @@ import numpy as np
 
 from ito_assets.launch.backend import BackendKind
 from ito_assets.runtime.supervision import heartbeat
-from ito_assets.runtime.supervision.relay import MetricsRelay, open_relay
+from ito_assets.runtime.supervision.relay import MetricsRelay
 from ito_assets.runtime.stage.config import WorkerConfig, group_shape
 from ito_assets.runtime.record.storage import write_atomic
-from ito_assets.runtime.supervision.supervisor import (REPORT_NAME, Outcome, StageBusy, SupervisionReport, Supervisor, SupervisorConfig,
-                                                      print_outcome, stage_arguments, supervising)
+from ito_assets.runtime.supervision.supervisor import (REPORT_NAME, Outcome, SupervisionReport, Supervisor, SupervisorConfig,
+                                                      print_outcome, stage_arguments, supervised, supervising)
 
 # What torchft's Manager reads for the lighthouse's address (torchft.manager, `TORCHFT_LIGHTHOUSE`).
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
@@ -275,15 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m ito_assets.runtime.supervision.replicas --worker W.json --supervisor S.json` (what Pipes runs)."""
     worker, config = stage_arguments("ito_assets.runtime.supervision.replicas", argv)  # config: the whole attempt's
     stage = ReplicaStage(worker=worker, config=config)
-    for number in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(number, stage.request_stop)
-    with open_relay(config.launch.backend, Path(worker.metrics_path)) as relay:  # group 0's rank 0 reports there
-        stage.relay = relay
-        try:
-            report = stage.run()
-        except StageBusy as busy:  # the stage asset's log under Pipes: one sentence, no traceback
-            print(busy, file=sys.stderr, flush=True)
-            return 1
+    report = supervised(stage, worker, config)  # group 0's rank 0 reports to the relay
+    if report is None:
+        return 1
     print_outcome({"stage": report.stage, "outcome": report.outcome.value, "num_attempts": report.num_attempts,
                    "replica_groups": stage.worker.replica_groups})
     return 0 if report.outcome is Outcome.SUCCEEDED else 1

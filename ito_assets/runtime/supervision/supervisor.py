@@ -496,19 +496,28 @@ def supervising(stage_dir: Path):
         handle.close()  # releases the lock
 
 
+def supervised(stage, worker: WorkerConfig, config: SupervisorConfig) -> SupervisionReport | None:
+    """Run `stage` (a Supervisor, or the replica stage) as its command does: SIGTERM and SIGINT ask
+    it to stop, rank 0's metrics are relayed to Pipes from remote ranks. None where another
+    supervisor holds the stage folder, said in one sentence on stderr (the stage asset's log under
+    Pipes), no traceback."""
+    for number in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(number, stage.request_stop)
+    with open_relay(config.launch.backend, Path(worker.metrics_path)) as relay:
+        stage.relay = relay
+        try:
+            return stage.run()
+        except StageBusy as busy:
+            print(busy, file=sys.stderr, flush=True)
+            return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m ito_assets.runtime.supervision.supervisor --worker W.json --supervisor S.json` (what Pipes runs)."""
     worker, config = stage_arguments("ito_assets.runtime.supervision.supervisor", argv)
-    supervisor = Supervisor(worker=worker, config=config)
-    for number in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(number, supervisor.request_stop)
-    with open_relay(supervisor.config.launch.backend, Path(supervisor.worker.metrics_path)) as relay:
-        supervisor.relay = relay
-        try:
-            report = supervisor.run()
-        except StageBusy as busy:  # the stage asset's log under Pipes: one sentence, no traceback
-            print(busy, file=sys.stderr, flush=True)
-            return 1
+    report = supervised(Supervisor(worker=worker, config=config), worker, config)
+    if report is None:
+        return 1
     print_outcome({"stage": report.stage, "outcome": report.outcome.value, "num_attempts": report.num_attempts,
                    **({"error_code": report.error_code} if report.error_code else {})})
     return 0 if report.outcome is Outcome.SUCCEEDED else 1
