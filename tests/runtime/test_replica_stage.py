@@ -350,3 +350,11 @@ def test_a_second_replica_stage_of_the_stage_starts_nothing_and_says_who_holds_i
     err = capsys.readouterr().err
     assert "already supervises the attempts in" in err and "Traceback" not in err
     assert stage.run().outcome is Outcome.SUCCEEDED  # the groups run under the stage's one lock
+
+
+def test_a_pod_name_without_an_address_keeps_torchfts_own(monkeypatch):
+    def nowhere(*args, **kwargs):
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(replicas.socket, "getaddrinfo", nowhere)
+    assert replicas.lighthouse_url("http://supervisor-7f9c:29510", BackendKind.KUBERNETES) == "http://supervisor-7f9c:29510"
