@@ -35,6 +35,7 @@ MAX_STEPS = 10**9
 MAX_KEPT_CHECKPOINTS = 10_000
 MAX_EPOCHS = 1_000
 MAX_BATCH = 2**20  # pairs or prompt groups per optimizer step
+MAX_COMPLETION = 2**16  # tokens an RLVR completion may hold (RlvrStep.max_new_tokens)
 
 Cents = Annotated[int, Field(ge=1, le=MAX_CENTS, description="US dollars in integer cents")]
 Parameters = Annotated[int, Field(ge=1, le=MAX_PARAMETERS)]
@@ -172,6 +173,21 @@ class RlvrStep(_Strict):
     # batch_size. 40 x 8: the defaults stages ran with before the recipe held them.
     num_steps: Annotated[int, Field(ge=1, le=MAX_STEPS)] = 40
     groups_per_step: Annotated[int, Field(ge=1, le=MAX_BATCH)] = 8
+    # A completion's length limit L_max (tokens, its eos included) and DAPO's soft overlong window
+    # L_cache before it (eq. 13; DAPO: 20,480 and 4,096): what each generated token costs (no KV
+    # cache, a forward over the whole prefix) and how the reward is shaped, so the confirmation binds
+    # them. 8 and 4: what stages ran with before the recipe held them (the battery's answers are one
+    # token and eos). At most 2**16: no model the planner knows holds more positions (8,192 at most,
+    # `model_config.CONFIGS`); the stage refuses, before any compute, a completion its model cannot
+    # hold after the longest prompt (`fixtures.check_completions`).
+    max_new_tokens: Annotated[int, Field(ge=1, le=MAX_COMPLETION)] = 8
+    overlong_cache: Annotated[int, Field(ge=1, le=MAX_COMPLETION)] = 4  # and <= max_new_tokens
+
+    @model_validator(mode="after")
+    def _overlong_cache_within_completion(self) -> "RlvrStep":
+        if self.overlong_cache > self.max_new_tokens:
+            raise ValueError("overlong_cache exceeds max_new_tokens")
+        return self
 
 
 PostTrainingStep = Annotated[Union[SftStep, DpoStep, RlvrStep], Field(discriminator="kind")]

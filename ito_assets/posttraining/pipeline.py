@@ -5,8 +5,9 @@ everything as one frozen record. Its time goes to the runtime event log of its f
 (`timeline.StageTimeline`), where desk telemetry reads it beside the pretraining stages'.
 
 `PostTrainingRuntime` (stage.py, with the record a stage hands on) holds what the manifest's
-recipe does not say (sizes of the CPU configuration); the manifest's own fields (learning rates,
-beta, group size, clip range, staleness bound, the bound pair files) always come from the manifest.
+recipe does not say (the evaluation battery, the seed, the host's threads); the manifest's own
+fields (learning rates, beta, batch and group sizes, step counts, clip range, staleness bound, RLVR's
+completion length and overlong window, the bound pair files) always come from the manifest.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from ito_assets.posttraining.base import CheckpointRef, PolicySpec
 from ito_assets.posttraining.checkpoint import load_policy, save_policy
 from ito_assets.posttraining.dpo import DpoConfig, run_dpo
 from ito_assets.posttraining.evaluation import RewardEval, evaluate_reward, sampled_kl
-from ito_assets.posttraining.fixtures import check_pairs, read_bound_pairs
+from ito_assets.posttraining.fixtures import check_completions, check_pairs, read_bound_pairs
 from ito_assets.posttraining.eval_gate import BATTERY, judge_rewards, require_passed
 from ito_assets.posttraining.rlvr import RlvrConfig, run_rlvr
 from ito_assets.posttraining.sft import SftConfig, run_sft
@@ -45,6 +46,11 @@ def battery(runtime: PostTrainingRuntime) -> tuple[list[Task], list[Task]]:
     train, held_out = split_held_out(largest_digit_tasks(), held_out_fraction=runtime.held_out_fraction,
                                      seed=BATTERY_SPLIT_SEED)
     return train, held_out[: runtime.num_eval_prompts]
+
+
+def longest_prompt(codec, tasks: list[Task]) -> int:
+    """The longest of the tasks' prompts in tokens, bos included: where RLVR's completions start."""
+    return max(len(encode_prompt(codec, task.prompt)) for task in tasks)
 
 
 def _evaluate(policy, codec, tasks, runtime) -> RewardEval:
@@ -72,13 +78,10 @@ def _train(step, policy, reference, codec, spec: PolicySpec, pairs, train_tasks,
             result = run_dpo(policy, reference, codec, pairs, config, on_step)
         return {"loss_curve": list(result.losses), "accuracy_curve": list(result.accuracies),
                 "final_margin": result.mean_margin, "train_seconds": round(result.wall_seconds, 2)}, result.num_steps
-    config = RlvrConfig.from_step(
-        step, max_new_tokens=runtime.max_new_tokens, overlong_cache=runtime.overlong_cache, seed=runtime.seed,
-    )
+    config = RlvrConfig.from_step(step, seed=runtime.seed)
     if worker is not None:
-        prompt_length = max(len(encode_prompt(codec, task.prompt)) for task in train_tasks)
         result = rlvr_on_worker(policy, spec, train_tasks, config, stage_dir=worker[1], launch=worker[0],
-                                prompt_length=prompt_length)
+                                prompt_length=longest_prompt(codec, train_tasks))
     else:
         result = run_rlvr(policy, reference, codec, train_tasks, config, policy_factory=spec.factory(),
                           on_step=on_step)
@@ -131,11 +134,13 @@ def _timed_stage(step, start: Start, data_root: Path, out_dir: Path, runtime: Po
     pairs = None if isinstance(step, RlvrStep) else read_bound_pairs(step, data_root)
     spec, policy, previous, started_from = _starting_policy(start)
     codec = spec.codec()
-    if pairs is not None:
-        check_pairs(pairs, codec, max_positions=config_by_name(spec.model_name).max_seq_len,
-                    batch_size=step.batch_size, name=step.data.uri)
-    reference = copy.deepcopy(policy).eval()  # frozen: the stage's starting point
     train_tasks, held_out = battery(runtime)
+    max_positions = config_by_name(spec.model_name).max_seq_len
+    if pairs is not None:
+        check_pairs(pairs, codec, max_positions=max_positions, batch_size=step.batch_size, name=step.data.uri)
+    else:
+        check_completions(longest_prompt(codec, train_tasks), step.max_new_tokens, max_positions=max_positions)
+    reference = copy.deepcopy(policy).eval()  # frozen: the stage's starting point
     timeline.startup()
     before = previous.eval_after if previous is not None else None  # the previous stage's "after"
     if before is None:

@@ -68,7 +68,8 @@ class RlvrConfig:
         return cls(
             group_size=step.group_size, clip_eps_low=step.clip_eps_low, clip_eps_high=step.clip_eps_high,
             max_staleness=step.max_staleness, learning_rate=step.learning_rate, num_steps=step.num_steps,
-            groups_per_step=step.groups_per_step, **runtime,
+            groups_per_step=step.groups_per_step, max_new_tokens=step.max_new_tokens,
+            overlong_cache=step.overlong_cache, **runtime,
         )
 
     def generation(self) -> GenerationConfig:

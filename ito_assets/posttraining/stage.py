@@ -28,10 +28,11 @@ class PostTrainingRuntime:
     # `seed` seeds data order and sampling (not the split).
     held_out_fraction: float = 0.2
     num_eval_prompts: int = 200
-    # Answers are one token + eos (one character, or one BPE digit token): L_max 8 leaves room for
-    # rambling, L_cache 4 punishes it softly from 5 tokens on (DAPO's L_cache / L_max is 4,096 / 20,480).
+    # The evaluation battery's completion length (before and after each stage, and the sampled KL):
+    # answers are one token + eos (one character, or one BPE digit token), so 8 leaves room for
+    # rambling. RLVR's own completions take the recipe's `max_new_tokens` and `overlong_cache`
+    # (`RlvrStep`), which the confirmation binds.
     max_new_tokens: int = 8
-    overlong_cache: int = 4
     # One intra-op thread: for models this small, thread start-up costs more than it saves, and the
     # generator process needs the other core (measured: SFT of 200 steps took 2.3 s of CPU with
     # one thread, 18 s with two on a shared 2-core machine).

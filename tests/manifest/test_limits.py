@@ -304,6 +304,29 @@ def test_budget_increment_may_equal_the_cap_but_not_exceed_it(budget, ok):
         assert err.code is ErrorCode.MANIFEST_INVALID
 
 
+@pytest.mark.parametrize(
+    "lengths,refused_at",
+    [({}, None), ({"max_new_tokens": 1, "overlong_cache": 1}, None),
+     ({"max_new_tokens": 0, "overlong_cache": 1}, "post_training.0.rlvr.max_new_tokens"),
+     ({"max_new_tokens": 2**16, "overlong_cache": 1}, None),
+     ({"max_new_tokens": 2**16, "overlong_cache": 2**16}, None),
+     ({"max_new_tokens": 2**16 + 1, "overlong_cache": 1}, "post_training.0.rlvr.max_new_tokens"),
+     ({"max_new_tokens": 8, "overlong_cache": 0}, "post_training.0.rlvr.overlong_cache"),
+     ({"max_new_tokens": 8, "overlong_cache": 1}, None),
+     ({"max_new_tokens": 8, "overlong_cache": 8}, None),
+     ({"max_new_tokens": 8, "overlong_cache": 9}, "post_training.0.rlvr"),
+     ({"max_new_tokens": 3}, "post_training.0.rlvr"),  # the default L_cache 4 does not fit: shorten it too
+     ({"overlong_cache": 8}, None), ({"overlong_cache": 9}, "post_training.0.rlvr")],
+)
+def test_rlvr_overlong_cache_may_equal_max_new_tokens_but_not_exceed_it(lengths, refused_at):
+    err = _verdict(_with(post_training=[{"kind": "rlvr", **lengths}]))
+    if refused_at is None:
+        assert err is None
+        return
+    assert err.code is ErrorCode.MANIFEST_INVALID
+    assert err.message == f"the manifest does not match the schema at: {refused_at}"
+
+
 def _target(total: int, *stages: tuple[str, int]) -> dict:
     return {"num_tokens": total, "stages": [{"name": n, "num_tokens": t, "sequence_length": 1} for n, t in stages]}
 
@@ -362,6 +385,10 @@ STEP_RANGES = [
     ("dpo", "batch_size", [1, 2**20], [0, 2**20 + 1, 10**23]),
     ("rlvr", "num_steps", [1, 10**9], [0, 10**9 + 1, 10**23]),
     ("rlvr", "groups_per_step", [1, 2**20], [0, 2**20 + 1, 10**23]),
+    # L_max from the default L_cache (4) up; L_cache up to the default L_max (8): the rule between
+    # them is the next test's.
+    ("rlvr", "max_new_tokens", [4, 2**16], [0, 2**16 + 1, 10**23]),
+    ("rlvr", "overlong_cache", [1, 8], [0, -1, 10**23]),
     ("rlvr", "learning_rate", [ABOVE_0, BELOW_1], [0.0, 1.0]),
 ]
 

@@ -78,6 +78,16 @@ def _step(kind, field):
     return build
 
 
+def _rlvr_length(field):
+    def build(value):
+        document = valid_manifest()
+        # The other length sits where RLVR's own rule (overlong_cache <= max_new_tokens) cannot object.
+        other = {"max_new_tokens": 2**16} if field == "overlong_cache" else {"overlong_cache": 1}
+        document["post_training"] = [{"kind": "rlvr", field: value, **other}]
+        return document
+    return build
+
+
 def _budget(field):
     def build(value):
         document = valid_manifest()
@@ -138,6 +148,10 @@ RANGES = {
                                       1, True, 2**20, True),
     ("RlvrStep", "learning_rate"): (_step("rlvr", "learning_rate"), "post_training.0.rlvr.learning_rate",
                                     0.0, False, 1.0, False),
+    ("RlvrStep", "max_new_tokens"): (_rlvr_length("max_new_tokens"), "post_training.0.rlvr.max_new_tokens",
+                                     1, True, 2**16, True),
+    ("RlvrStep", "overlong_cache"): (_rlvr_length("overlong_cache"), "post_training.0.rlvr.overlong_cache",
+                                     1, True, 2**16, True),
     ("Budget", "cap_cents"): (_budget("cap_cents"), "budget.cap_cents", 1, True, 10**15, True),
     ("Budget", "max_incremental_cents"): (_budget("max_incremental_cents"), "budget.max_incremental_cents",
                                           1, True, 10**15, True),

@@ -44,8 +44,9 @@ def test_rlvr_raises_held_out_reward():
     run_sft(policy, codec, pairs, SftConfig(num_epochs=8, learning_rate=3e-3, batch_size=16))
     before = evaluate_reward(policy, codec, held_out, max_new_tokens=RUNTIME.max_new_tokens)
 
-    config = RlvrConfig(num_steps=40, groups_per_step=8, group_size=8, max_new_tokens=RUNTIME.max_new_tokens,
-                        overlong_cache=RUNTIME.overlong_cache, learning_rate=1e-3, max_staleness=1)
+    # L_max 8 and L_cache 4: the recipe's defaults (RlvrStep), the battery's completion length too.
+    config = RlvrConfig(num_steps=40, groups_per_step=8, group_size=8, max_new_tokens=8, overlong_cache=4,
+                        learning_rate=1e-3, max_staleness=1)
     result = run_rlvr(policy, copy.deepcopy(policy), codec, train[:400], config, policy_factory=factory)
     after = evaluate_reward(policy, codec, held_out, max_new_tokens=RUNTIME.max_new_tokens)
 

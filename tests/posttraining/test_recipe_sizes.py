@@ -1,7 +1,9 @@
 """The sizes that decide a post-training stage's compute are the manifest recipe's, so the
-confirmation binds them: a step's `batch_size` (SFT, DPO) and RLVR's `num_steps` and
-`groups_per_step` are what the stage trains with, and the `posttraining` resource refuses them
-rather than train with other sizes than its caller says."""
+confirmation binds them: a step's `batch_size` (SFT, DPO) and RLVR's `num_steps`,
+`groups_per_step`, `max_new_tokens` and `overlong_cache` are what the stage trains with, and the
+`posttraining` resource refuses them rather than train with other sizes than its caller says (its
+`max_new_tokens` is the evaluation battery's alone). An RLVR step whose completions its model cannot
+hold after the longest prompt is refused before any compute."""
 
 from __future__ import annotations
 
@@ -11,15 +13,23 @@ from pathlib import Path
 import dagster as dg
 import pydantic
 import pytest
+import torch
 
 from ito_assets.defs.posttraining.resources import PostTrainingResource
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.schema import DpoStep, RlvrStep, SftStep
+from ito_assets.manifest.verify import verify_manifest
+from ito_assets.posttraining import on_worker, pipeline
 from ito_assets.posttraining.base import seeded
-from ito_assets.posttraining.fixtures import instruction_pairs, preference_pairs, write_jsonl
-from ito_assets.posttraining.pipeline import DPO_FILE, SFT_FILE, battery, run_stage
+from ito_assets.posttraining.decoding import encode_prompt
+from ito_assets.posttraining.fixtures import check_completions, instruction_pairs, preference_pairs, write_jsonl
+from ito_assets.posttraining.generation import GenerationConfig, make_group
+from ito_assets.posttraining.pipeline import DPO_FILE, SFT_FILE, battery, longest_prompt, run_stage
+from ito_assets.posttraining.policy import token_logprobs
 from ito_assets.posttraining.rlvr import RlvrConfig
+from ito_assets.posttraining.rollouts import collate
 from ito_assets.posttraining.stage import PostTrainingRuntime
+from ito_assets.training.model_config import config_by_name
 
 RUNTIME = PostTrainingRuntime(num_eval_prompts=4)
 TRAIN, _ = battery(RUNTIME)
@@ -67,11 +77,11 @@ def test_rlvr_runs_the_recipes_steps_of_its_groups(tmp_path):
     outcome = run_stage(step, start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out", runtime=RUNTIME)
     assert len(outcome.metrics["reward_curve"]) == 2
     # the groups a step trains on: the loop's config is the step's (the run's own figures do not count them)
-    config = RlvrConfig.from_step(step, max_new_tokens=RUNTIME.max_new_tokens, overlong_cache=RUNTIME.overlong_cache)
+    config = RlvrConfig.from_step(step)
     assert (config.num_steps, config.groups_per_step, config.group_size) == (2, 3, 2)
 
 
-@pytest.mark.parametrize("field", ["batch_size", "rlvr_num_steps", "rlvr_groups_per_step"])
+@pytest.mark.parametrize("field", ["batch_size", "rlvr_num_steps", "rlvr_groups_per_step", "overlong_cache"])
 def test_the_resource_refuses_the_sizes_the_recipe_holds(field):
     with pytest.raises(pydantic.ValidationError):
         PostTrainingResource(**{field: 4})
@@ -83,3 +93,136 @@ def test_the_resource_refuses_the_sizes_the_recipe_holds(field):
     with pytest.raises(dg.DagsterInvalidConfigError, match=field):
         dg.materialize([uses], resources={"posttraining": PostTrainingResource()},
                        run_config={"resources": {"posttraining": {"config": {field: 4}}}})
+
+
+# --- RLVR's completion length and overlong window --------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+# The fixture manifest, reviewed before the recipe held RLVR's completion length: its bytes, and so
+# its digest and every confirmation of it, are unchanged (data/fixtures/README.md lists the digest).
+FIXTURE = ROOT / "data" / "fixtures" / "manifests" / "fixture-small.json"
+FIXTURE_SHA256 = "2735bd518eaaf99cc3597f486e2e8ccea840531171211bf36921e75984e9bb3c"
+
+
+def test_a_manifest_without_the_fields_keeps_its_digest_and_means_what_it_meant():
+    assert hashlib.sha256(FIXTURE.read_bytes()).hexdigest() == FIXTURE_SHA256
+    verified = verify_manifest(str(FIXTURE))
+    assert verified.raw.sha256_hex == FIXTURE_SHA256
+    [step] = [s for s in verified.manifest.post_training if s.kind == "rlvr"]
+    assert "max_new_tokens" not in FIXTURE.read_text() and "overlong_cache" not in FIXTURE.read_text()
+    # what RLVR generated with before: the posttraining resource's 8 and 4
+    config = RlvrConfig.from_step(step)
+    assert (config.max_new_tokens, config.overlong_cache) == (8, 4)
+    assert step == RlvrStep.model_validate({**step.model_dump(), "max_new_tokens": 8, "overlong_cache": 4})
+
+
+def _spy(monkeypatch, module, name: str, *, stop: bool = False) -> list:
+    """Record each call's arguments to `module.name`, then make the call (or stop the stage there)."""
+    calls, real = [], getattr(module, name)
+
+    def spy(*args, **kwargs):
+        calls.append((args, kwargs))
+        if stop:
+            raise _Stopped(name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, spy)
+    return calls
+
+
+class _Stopped(Exception):
+    pass
+
+
+def test_rlvr_generates_with_the_recipes_completion_length_and_the_battery_with_the_resources(tmp_path, monkeypatch):
+    """The step's L_max 3 and L_cache 2, not the resource's 8, reach RLVR's loop; the evaluation
+    battery keeps the resource's."""
+    step = RlvrStep.model_validate({"kind": "rlvr", "num_steps": 1, "groups_per_step": 1, "group_size": 2,
+                                    "max_new_tokens": 3, "overlong_cache": 2})
+    trained = _spy(monkeypatch, pipeline, "run_rlvr")
+    evaluated = _spy(monkeypatch, pipeline, "evaluate_reward")
+    run_stage(step, start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out", runtime=RUNTIME)
+    [(args, _)] = trained
+    config = args[4]
+    assert (config.max_new_tokens, config.overlong_cache) == (3, 2)
+    assert (config.generation().max_new_tokens, config.generation().overlong_cache) == (3, 2)
+    assert RUNTIME.max_new_tokens == 8
+    assert [kwargs["max_new_tokens"] for _, kwargs in evaluated] == [8, 8]  # before and after
+
+
+def test_rlvr_on_the_worker_sizes_its_rows_by_the_recipes_completion_length(tmp_path, monkeypatch):
+    step = RlvrStep.model_validate({"kind": "rlvr", "max_new_tokens": 5, "overlong_cache": 5})
+    configs = _spy(monkeypatch, on_worker, "_config", stop=True)
+    with pytest.raises(_Stopped):
+        run_stage(step, start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out", runtime=RUNTIME,
+                  launch=object())
+    [((stage, _rows), kwargs)] = configs
+    assert kwargs["sequence_length"] == longest_prompt(seeded().codec(), TRAIN) + 5
+    assert (stage.reinforcement.max_new_tokens, stage.reinforcement.overlong_cache) == (5, 5)
+
+
+def _edge() -> tuple[int, int]:
+    """(the longest train prompt with bos, the largest max_new_tokens its model holds after it)."""
+    prompt = longest_prompt(seeded().codec(), TRAIN)
+    return prompt, config_by_name(seeded().model_name).max_seq_len + 1 - prompt
+
+
+class _NeverEnds(torch.nn.Module):
+    """The seeded model with its eos forbidden: every completion runs to max_new_tokens."""
+
+    def __init__(self, model, eos_id: int):
+        super().__init__()
+        self.model, self.eos_id = model, eos_id
+
+    def forward(self, tokens):
+        logits = self.model(tokens).clone()
+        logits[..., self.eos_id] = float("-inf")
+        return logits
+
+
+def test_the_longest_completion_the_check_admits_is_the_longest_the_model_holds():
+    """What `check_completions` counts is what generation and training feed the model: at the
+    edge, completions that never end fill exactly max_seq_len positions; one token more fails the
+    model itself, mid-generation."""
+    prompt_length, edge = _edge()
+    max_positions = config_by_name(seeded().model_name).max_seq_len
+    codec = seeded().codec()
+    task = max(TRAIN, key=lambda t: len(encode_prompt(codec, t.prompt)))
+    policy = _NeverEnds(seeded().factory()(), codec.eos_id)
+    check_completions(prompt_length, edge, max_positions=max_positions)
+    group = make_group(policy, codec, task, version=0,
+                       config=GenerationConfig(group_size=2, max_new_tokens=edge, overlong_cache=1))
+    assert all(r.truncated and len(r.completion_ids) == edge for r in group.rollouts)
+    tokens = collate([group], pad_id=codec.pad_id).tokens
+    assert tokens[:, :-1].shape[1] == max_positions
+    assert token_logprobs(policy, tokens).shape == (2, max_positions)
+    with pytest.raises(ItoError) as error:
+        check_completions(prompt_length, edge + 1, max_positions=max_positions)
+    assert error.value.code is ErrorCode.POSTTRAINING_DATA_INVALID
+    with pytest.raises(ValueError, match="max_seq_len"):
+        make_group(policy, codec, task, version=0,
+                   config=GenerationConfig(group_size=2, max_new_tokens=edge + 1, overlong_cache=1))
+
+
+@pytest.mark.parametrize("past_the_edge", [0, 1])
+def test_a_completion_the_model_cannot_hold_is_refused_before_any_compute(tmp_path, monkeypatch, past_the_edge):
+    """At the edge the stage goes on to its first compute (the battery before training, stopped
+    here); one token past it, POSTTRAINING_DATA_INVALID before that, naming the positions."""
+    prompt_length, edge = _edge()
+    max_new_tokens = edge + past_the_edge
+    step = RlvrStep.model_validate({"kind": "rlvr", "max_new_tokens": max_new_tokens})
+    evaluated = _spy(monkeypatch, pipeline, "_evaluate", stop=True)
+    if not past_the_edge:
+        with pytest.raises(_Stopped):
+            run_stage(step, start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out", runtime=RUNTIME)
+        assert len(evaluated) == 1
+        return
+    with pytest.raises(ItoError) as error:
+        run_stage(step, start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out", runtime=RUNTIME)
+    assert error.value.code is ErrorCode.POSTTRAINING_DATA_INVALID
+    max_positions = config_by_name(seeded().model_name).max_seq_len
+    assert error.value.message == (
+        f"the rlvr step's completions of up to {max_new_tokens} tokens (max_new_tokens) after its longest prompt "
+        f"of {prompt_length} need {max_positions + 1} positions; the model holds {max_positions}")
+    assert evaluated == []
+    assert not (tmp_path / "out" / "rlvr" / "policy.pt").exists()

@@ -10,13 +10,14 @@ _DEFAULT = PostTrainingRuntime()
 
 
 class PostTrainingResource(StrictResource):
-    # `batch_size`, `rlvr_num_steps` and `rlvr_groups_per_step` moved to the recipe: code that
-    # still sets them here is refused (StrictResource), not trained with other sizes than it says.
+    # `batch_size`, `rlvr_num_steps`, `rlvr_groups_per_step` and `overlong_cache` moved to the
+    # recipe: code that still sets them here is refused (StrictResource), not trained with other
+    # sizes than it says. `max_new_tokens` is now the evaluation battery's completion length only;
+    # RLVR generates with the recipe's.
     seed: int = _DEFAULT.seed
     held_out_fraction: float = _DEFAULT.held_out_fraction
     num_eval_prompts: int = _DEFAULT.num_eval_prompts
     max_new_tokens: int = _DEFAULT.max_new_tokens
-    overlong_cache: int = _DEFAULT.overlong_cache
     num_threads: int = _DEFAULT.num_threads
 
     def runtime(self) -> PostTrainingRuntime:
