@@ -66,7 +66,7 @@ def _config(root: Path, tokens: corpus.TokenSet, *, seed: int) -> WorkerConfig:
     """fixture-small's pretraining stage, sized as `_stage_config` in the training assets sizes it
     (the training runtime's defaults decide compile and precision on this host)."""
     manifest = Manifest.model_validate_json((FIXTURES / "manifests" / "fixture-small.json").read_bytes())
-    run_plan = plan_run(manifest, BookedHardwareResource().hardware())
+    run_plan = plan_run(manifest, BookedHardwareResource().hardware(), pair_shapes=None)  # its curriculum
     runtime, has_cuda = TrainingRuntimeResource(), torch.cuda.is_available()
     sizing = stages.sizing_from_plan(stages.stage_plan(run_plan, "pretraining"), vocab_size=tokens.vocab_size,
                                      world_size=WORLD_SIZE, seed=seed,

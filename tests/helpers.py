@@ -54,7 +54,9 @@ _BASE = {
             {"name": "mid_training", "num_tokens": 100, "sequence_length": 128},
         ],
     },
-    "post_training": [{"kind": "sft"}, {"kind": "dpo", "beta": 0.1}, {"kind": "rlvr"}],
+    # RLVR alone: SFT and DPO bind pair files, which gate 5 reads (tests that need them bind the
+    # fixtures' files, e.g. `bound_pair_steps`).
+    "post_training": [{"kind": "rlvr"}],
     "budget": {"cap_cents": 100000, "max_incremental_cents": 50000},
     "checkpoint_policy": {"interval_steps": 10, "keep_last": 2, "storage_uri": "tenant://checkpoints/unit"},
 }
@@ -201,3 +203,22 @@ def loopback_server(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+PAIR_FIXTURES = Path(__file__).resolve().parent.parent / "data" / "fixtures" / "posttraining"
+
+
+def bound_pair_steps(data_root: Path, **sft_changes) -> list[dict]:
+    """SFT and DPO recipe steps bound to the fixtures' pair files, copied under `data_root` (gate 5
+    reads a recipe's pair files to plan its post-training)."""
+    folder = data_root / "fixtures" / "posttraining"
+    folder.mkdir(parents=True, exist_ok=True)
+    steps = []
+    for kind in ("sft", "dpo"):
+        data = (PAIR_FIXTURES / f"{kind}_pairs.jsonl").read_bytes()
+        (folder / f"{kind}_pairs.jsonl").write_bytes(data)
+        steps.append({"kind": kind, "data": {"uri": f"dataroot://fixtures/posttraining/{kind}_pairs.jsonl",
+                                             "sha256": hashlib.sha256(data).hexdigest(), "license": "CC0-1.0",
+                                             "format": "jsonl"}})
+    steps[0].update(sft_changes)
+    return steps

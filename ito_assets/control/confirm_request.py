@@ -18,6 +18,7 @@ from ito_assets.control.ledger import Ledger
 from ito_assets.control.policy import ServerPolicy
 from ito_assets.control.states import TERMINAL_RUN_STATES, Action
 from ito_assets.manifest.verify import VerifiedManifest
+from ito_assets.training.run_plan import RunPlan
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class TrainPreflight:
     eligibility: entitlement.Eligibility
     cost_cents: int
     checkpoint_root: str
-    planned_wall_s: float  # the run's plan on this booking's hardware
+    run_plan: RunPlan  # on this booking's hardware, its post-training recipe included
     window_left_s: int  # what the booked window still has ahead
 
 
@@ -41,10 +42,11 @@ def entitle(conn, ledger: Ledger, account_id: str, booking_id: str, *, for_updat
 
 def validate(conn, policy: ServerPolicy, account_id: str, booking: bookings.Booking, eligible: entitlement.Eligibility,
              verified: VerifiedManifest, requirements: validation.RunRequirements, *, now: int,
-             create_storage: bool = True) -> TrainPreflight:
+             pairs: validation.RecipePairs, create_storage: bool = True) -> TrainPreflight:
     """Gate 5: data policy, checkpoint storage, network, capacity (the plan inside the window
-    included) and cost, in that order. `create_storage=False` for a quote: the checkpoint folder
-    is checked, never created."""
+    included, post-training too) and cost, in that order. `pairs`: `validation.read_recipe_pairs`,
+    read before the caller's transaction. `create_storage=False` for a quote: the checkpoint
+    folder is checked, never created."""
     manifest = verified.manifest
     validation.check_data_policy(manifest, policy)
     folder = validation.check_checkpoint_storage(manifest.checkpoint_policy.storage_uri, account_id, policy,
@@ -52,11 +54,10 @@ def validate(conn, policy: ServerPolicy, account_id: str, booking: bookings.Book
     validation.check_network(requirements, eligible)
     validation.check_capacity(requirements, eligible, num_active_runs=runs.count_active(conn, booking.booking_id),
                               policy=policy)
-    run_plan = validation.check_plan_fits(manifest, booking, now=now)
+    run_plan = validation.check_plan_fits(manifest, booking, now=now, pair_shapes=pairs.require())
     committed = budget.state(conn, account_id, verified.digest, manifest.budget).committed_cents
     cost_cents = cost.training_cost_cents(booking, manifest.budget, committed_cents=committed)
-    return TrainPreflight(eligibility=eligible, cost_cents=cost_cents, checkpoint_root=str(folder),
-                          planned_wall_s=run_plan.wall_seconds,
+    return TrainPreflight(eligibility=eligible, cost_cents=cost_cents, checkpoint_root=str(folder), run_plan=run_plan,
                           window_left_s=validation.window_left_s(booking.starts_at, booking.ends_at, now))
 
 
@@ -70,41 +71,44 @@ class TrainQuote:
     cost_cents: int
     budget: budget.BudgetState
     history: BlockHistory
-    planned_wall_s: float
+    run_plan: RunPlan  # the plan gate 5 checked against the window: what `ito plan` shows
     window_left_s: int
 
     def to_dict(self) -> dict:
         return {"booking": self.booking.to_dict(), "cost_cents": self.cost_cents, "budget": self.budget.to_dict(),
-                "history": self.history.to_dict(),
-                # The plan covers the curriculum stages; post-training's steps are not planned yet.
-                "time": {"planned_wall_seconds": round(self.planned_wall_s, 3), "window_left_seconds": self.window_left_s,
-                         "post_training_included": False},
+                "history": self.history.to_dict(), "plan": self.run_plan.to_dict(),
+                "time": {"planned_wall_seconds": round(self.run_plan.wall_seconds, 3),
+                         "window_left_seconds": self.window_left_s,
+                         "post_training_included": self.run_plan.post_training_included},
                 "confirmation_issued": False, "workload_created": False}
 
 
 def quote_train(ledger: Ledger, policy: ServerPolicy, identity: Identity, booking_id: str,
                 verified: VerifiedManifest, requirements: validation.RunRequirements | None = None) -> TrainQuote:
     account_id = identity.tenant
+    pairs = validation.read_recipe_pairs(verified.manifest, policy)
     with ledger.read() as conn:
         # A quote may be asked before the window begins (planning ahead); confirm and train may not.
         booking, eligible = entitle(conn, ledger, account_id, booking_id, for_update=False, require_started=False)
         pre = validate(conn, policy, account_id, booking, eligible, verified,
-                       requirements or validation.RunRequirements(), now=ledger.now(), create_storage=False)
+                       requirements or validation.RunRequirements(), now=ledger.now(), pairs=pairs,
+                       create_storage=False)
         state = budget.state(conn, account_id, verified.digest, verified.manifest.budget)
         history = block_history(conn, booking)
     return TrainQuote(booking=booking, cost_cents=pre.cost_cents, budget=state, history=history,
-                      planned_wall_s=pre.planned_wall_s, window_left_s=pre.window_left_s)
+                      run_plan=pre.run_plan, window_left_s=pre.window_left_s)
 
 
 def request_train(ledger: Ledger, policy: ServerPolicy, identity: Identity, booking_id: str,
                   verified: VerifiedManifest, requirements: validation.RunRequirements | None = None
                   ) -> IssuedConfirmation:
     account_id = identity.tenant
+    pairs = validation.read_recipe_pairs(verified.manifest, policy)
     now = ledger.now()
     with ledger.write() as conn:
         booking, eligible = entitle(conn, ledger, account_id, booking_id, for_update=False)
         pre = validate(conn, policy, account_id, booking, eligible, verified,
-                       requirements or validation.RunRequirements(), now=now)
+                       requirements or validation.RunRequirements(), now=now, pairs=pairs)
         return confirmations.issue(
             conn, now=now, ttl_s=policy.confirmation_ttl_s, account_id=account_id, action=Action.TRAIN,
             cost_cents=pre.cost_cents, booking_id=booking_id,

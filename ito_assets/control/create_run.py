@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import sqlalchemy as sa
 
 from ito_assets.errors import ErrorCode, ItoError
-from ito_assets.control import audit, budget, confirmations, entitlement, idempotency, ids, intake, runs
+from ito_assets.control import audit, budget, confirmations, entitlement, idempotency, ids, intake, runs, validation
 from ito_assets.control.confirm_request import entitle, validate
 from ito_assets.control.fingerprint import request_fingerprint, validate_key
 from ito_assets.control.identity import Identity
@@ -100,7 +100,7 @@ def _insert(conn: sa.Connection, request: TrainRequest, account_id: str, checkpo
 
 
 def _create_locked(conn: sa.Connection, ledger: Ledger, policy: ServerPolicy, account_id: str,
-                   request: TrainRequest) -> Created:
+                   request: TrainRequest, pairs: validation.RecipePairs) -> Created:
     """The gates in order, under the booking lock and then the manifest's budget lock:
     entitlement, the manifest bound in the confirmation, the confirmation itself, the key, then
     server-side validation and cost. Booking before budget, always: no two trains can wait on
@@ -117,7 +117,8 @@ def _create_locked(conn: sa.Connection, ledger: Ledger, policy: ServerPolicy, ac
                                  manifest_digest=request.verified.digest)
     entitlement.require_same_network(confirmation.eligibility, eligible)
     budget.lock(conn, account_id, request.verified.digest, now=now)
-    pre = validate(conn, policy, account_id, booking, eligible, request.verified, request.requirements, now=now)
+    pre = validate(conn, policy, account_id, booking, eligible, request.verified, request.requirements, now=now,
+                   pairs=pairs)
     if confirmation.cost_cents != pre.cost_cents:
         raise ItoError(ErrorCode.CONFIRMATION_MISMATCH, "the cost changed since the confirmation was approved")
     entitlement.require_unchanged(confirmation.eligibility, eligible)
@@ -142,9 +143,10 @@ def _create(ledger: Ledger, policy: ServerPolicy, account_id: str, request: Trai
         replay = _replay(conn, account_id, request.idempotency_key, request.fingerprint())
     if replay is not None:
         return replay
+    pairs = validation.read_recipe_pairs(request.verified.manifest, policy)  # before any lock: whole files
     try:
         with ledger.write() as conn:
-            return _create_locked(conn, ledger, policy, account_id, request)
+            return _create_locked(conn, ledger, policy, account_id, request, pairs)
     except sa.exc.IntegrityError:
         return _replay_after_race(ledger, account_id, request.idempotency_key, request.fingerprint())
     except sa.exc.OperationalError as exc:

@@ -11,6 +11,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Mapping
 
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.control.bookings import Booking
@@ -18,6 +19,7 @@ from ito_assets.control.entitlement import Eligibility
 from ito_assets.control.policy import ServerPolicy
 from ito_assets.manifest.schema import DataReference, Manifest
 from ito_assets.manifest.verify import provenance_problems
+from ito_assets.posttraining.plan import PairShape, read_pair_shapes
 from ito_assets.training.run_plan import RunPlan, booked_hardware, plan_run
 
 
@@ -64,14 +66,46 @@ def require_within_window(planned_wall_s: float, *, starts_at: int, ends_at: int
     return left
 
 
-def check_plan_fits(manifest: Manifest, booking: Booking, *, now: int) -> RunPlan:
+@dataclass(frozen=True)
+class RecipePairs:
+    """The recipe's pair-file shapes for the plan, read before gate 5's transaction: the read is
+    each file's whole bytes, too long to hold the booking's lock for. A refusal found while reading
+    is raised where the plan is checked, so the gates keep their order."""
+
+    shapes: Mapping[str, PairShape] | None
+    refusal: ItoError | None = None
+
+    def require(self) -> Mapping[str, PairShape]:
+        if self.refusal is not None:
+            raise self.refusal
+        if self.shapes is None:  # only when the data policy refused: check_data_policy raised first
+            raise ItoError(ErrorCode.INTERNAL_ERROR, "the recipe's pair files were not read")
+        return self.shapes
+
+
+def read_recipe_pairs(manifest: Manifest, policy: ServerPolicy) -> RecipePairs:
+    """No file is read that the data policy does not allow (a path outside the allowed roots would
+    tell by its refusal whether it exists); that refusal is gate 5's own, raised in its order."""
+    try:
+        check_data_policy(manifest, policy)
+    except ItoError:
+        return RecipePairs(shapes=None)
+    try:
+        return RecipePairs(shapes=read_pair_shapes(manifest.post_training, policy.data_root))
+    except ItoError as refusal:
+        return RecipePairs(shapes=None, refusal=refusal)
+
+
+def check_plan_fits(manifest: Manifest, booking: Booking, *, now: int,
+                    pair_shapes: Mapping[str, PairShape]) -> RunPlan:
     """Capacity in time: the manifest planned on the booking's own hardware, the plan the training
-    job executes, must end inside what is left of the window. The booked block is what is charged;
-    a plan longer than it would be confirmed, charged and then cut off. PLAN_REFUSED where the
-    planner cannot plan it (its GPU, network or model size unknown, or no layout fits)."""
+    job executes, its post-training recipe included, must end inside what is left of the window.
+    The booked block is what is charged; a plan longer than it would be confirmed, charged and then
+    cut off. PLAN_REFUSED where the planner cannot plan it (its GPU, network or model size unknown,
+    or no layout fits). `pair_shapes`: `read_recipe_pairs`."""
     hardware = booked_hardware(gpu_type=booking.gpu_type, topology=booking.topology, network=booking.network, num_nodes=booking.num_nodes,
                                num_gpus=booking.num_gpus, price_per_gpu_hour_cents=booking.price_per_gpu_hour_cents)
-    run_plan = plan_run(manifest, hardware)
+    run_plan = plan_run(manifest, hardware, pair_shapes=pair_shapes)
     require_within_window(run_plan.wall_seconds, starts_at=booking.starts_at, ends_at=booking.ends_at,
                           num_gpus=booking.num_gpus, now=now)
     return run_plan

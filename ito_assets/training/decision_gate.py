@@ -94,7 +94,8 @@ class DataDecision:
 
 def judge_decision(result: DecisionResult, manifest: Manifest, hardware: Hardware, config: EconomicsConfig) -> DataDecision:
     try:
-        run_plan = plan_run(manifest, hardware)
+        # The curriculum's plan: the data decision is about pretraining data (economics.py).
+        run_plan = plan_run(manifest, hardware, pair_shapes=None)
     except PlanRefused as refused:
         return DataDecision(decision=result, gate=decision_gate(result.verdict, manifest), economics=None,
                             plan_refusal=", ".join(refused.reasons))

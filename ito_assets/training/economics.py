@@ -2,9 +2,11 @@
 costs, and whether the gain is worth that cost.
 
 The decision job is priced as if run on the booked hardware: its total tokens (every arm and seed)
-planned with the same planner and the booking's price. The full run is the manifest's plan at the
-planner's compute cost: the decision is taken in preparation, before any booking, so it judges what
-the run's own steps cost; a confirmation later charges the whole booked block, which is at least that.
+planned with the same planner and the booking's price. The full run is the manifest's plan of its
+curriculum stages at the planner's compute cost (the pretraining data this decision is about;
+post-training is left out, its pair files not read in preparation): the decision is taken before
+any booking, so it judges what the run's own steps cost; a confirmation later charges the whole
+booked block, which is at least that.
 
 Worth it binds (a GO that is not is NOT_WORTH_IT, `decision_gate`): the relative improvement must
 reach `min_relative_improvement`, and the full run's cost per percentage point of improvement must
@@ -108,7 +110,7 @@ def _notes(fraction: float, run_plan: RunPlan, config: EconomicsConfig) -> tuple
 def decision_economics(result: DecisionResult, run_plan: RunPlan, config: EconomicsConfig,
                        max_cents_per_point: int | None = None) -> Economics:
     tokens, decision_cents = decision_job_cost_cents(result.config, len(result.runs), run_plan.hardware)
-    full = run_plan.cost_cents
+    full = run_plan.curriculum_cost_cents
     fraction = decision_cents / full if full > 0 else float("inf")
     improvement = result.difference / result.baseline.mean if result.baseline.mean > 0 else 0.0
     reasons = not_worth_it(improvement, full, config, max_cents_per_point)

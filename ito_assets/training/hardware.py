@@ -25,6 +25,9 @@ class GpuSpec:
     name: str
     peak_bf16_flops: float  # dense, per GPU
     peak_fp8_flops: float | None  # None: no fp8 tensor cores
+    # Dense FP32 on the CUDA cores (no TF32: torch leaves fp32 matmuls at "highest" precision),
+    # the rate of the stages that train in fp32 (post-training on the worker).
+    peak_fp32_flops: float
     memory_bytes: int
     intra_node_bandwidth: float  # bytes/s per GPU, one direction (NVLink, or PCIe without it)
     has_nvlink: bool
@@ -32,6 +35,7 @@ class GpuSpec:
 
     def __post_init__(self) -> None:
         _require(self.peak_bf16_flops > 0, "peak_bf16_flops", "must be positive")
+        _require(self.peak_fp32_flops > 0, "peak_fp32_flops", "must be positive")
         _require(self.peak_fp8_flops is None or self.peak_fp8_flops > 0, "peak_fp8_flops", "must be positive or None")
         _require(self.memory_bytes > 0, "memory_bytes", "must be positive")
         _require(self.intra_node_bandwidth > 0, "intra_node_bandwidth", "must be positive")
@@ -46,46 +50,46 @@ GPUS: dict[str, GpuSpec] = {
     for spec in (
         GpuSpec(
             name="H100-SXM", peak_bf16_flops=989.4 * TERA, peak_fp8_flops=1978.9 * TERA, memory_bytes=80 * GB,
-            intra_node_bandwidth=450 * GB, has_nvlink=True,
+            peak_fp32_flops=67 * TERA, intra_node_bandwidth=450 * GB, has_nvlink=True,
             source="NVIDIA H100 Tensor Core GPU datasheet (SXM5): BF16 1,979 TFLOPS and FP8 3,958 TFLOPS with "
-            "sparsity (half dense), 80 GB HBM3, NVLink 900 GB/s bidirectional",
+            "sparsity (half dense), FP32 67 TFLOPS, 80 GB HBM3, NVLink 900 GB/s bidirectional",
         ),
         GpuSpec(
             name="H200", peak_bf16_flops=989.4 * TERA, peak_fp8_flops=1978.9 * TERA, memory_bytes=141 * GB,
-            intra_node_bandwidth=450 * GB, has_nvlink=True,
+            peak_fp32_flops=67 * TERA, intra_node_bandwidth=450 * GB, has_nvlink=True,
             source="NVIDIA H200 Tensor Core GPU datasheet (SXM): BF16 1,979 TFLOPS and FP8 3,958 TFLOPS with "
-            "sparsity (half dense), 141 GB HBM3e, NVLink 900 GB/s bidirectional",
+            "sparsity (half dense), FP32 67 TFLOPS, 141 GB HBM3e, NVLink 900 GB/s bidirectional",
         ),
         GpuSpec(
             name="A100-80GB", peak_bf16_flops=312 * TERA, peak_fp8_flops=None, memory_bytes=80 * GB,
-            intra_node_bandwidth=300 * GB, has_nvlink=True,
-            source="NVIDIA A100 Tensor Core GPU datasheet (SXM 80GB): BF16 312 TFLOPS dense, no FP8, "
+            peak_fp32_flops=19.5 * TERA, intra_node_bandwidth=300 * GB, has_nvlink=True,
+            source="NVIDIA A100 Tensor Core GPU datasheet (SXM 80GB): BF16 312 TFLOPS dense, FP32 19.5 TFLOPS, no FP8, "
             "80 GB HBM2e, NVLink 600 GB/s bidirectional",
         ),
         GpuSpec(
             name="H100-PCIe", peak_bf16_flops=756.5 * TERA, peak_fp8_flops=1513 * TERA, memory_bytes=80 * GB,
-            intra_node_bandwidth=64 * GB, has_nvlink=False,
+            peak_fp32_flops=51 * TERA, intra_node_bandwidth=64 * GB, has_nvlink=False,
             source="NVIDIA H100 Tensor Core GPU datasheet (PCIe): BF16 1,513 TFLOPS and FP8 3,026 TFLOPS with "
-            "sparsity (half dense), 80 GB HBM2e; NVLink bridges join pairs only, so a node's GPUs meet over "
+            "sparsity (half dense), FP32 51 TFLOPS, 80 GB HBM2e; NVLink bridges join pairs only, so a node's GPUs meet over "
             "PCIe Gen5 x16 (128 GB/s bidirectional)",
         ),
         GpuSpec(
             name="A100-40GB-PCIe", peak_bf16_flops=312 * TERA, peak_fp8_flops=None, memory_bytes=40 * GB,
-            intra_node_bandwidth=32 * GB, has_nvlink=False,
-            source="NVIDIA A100 Tensor Core GPU datasheet (PCIe 40GB): BF16 312 TFLOPS dense, no FP8, "
+            peak_fp32_flops=19.5 * TERA, intra_node_bandwidth=32 * GB, has_nvlink=False,
+            source="NVIDIA A100 Tensor Core GPU datasheet (PCIe 40GB): BF16 312 TFLOPS dense, FP32 19.5 TFLOPS, no FP8, "
             "40 GB HBM2; NVLink bridges join pairs only (PCIe Gen4 x16: 64 GB/s bidirectional)",
         ),
         GpuSpec(
             name="L40S", peak_bf16_flops=362.05 * TERA, peak_fp8_flops=733 * TERA, memory_bytes=48 * GB,
-            intra_node_bandwidth=32 * GB, has_nvlink=False,
-            source="NVIDIA L40S datasheet: BF16 362.05 TFLOPS and FP8 733 TFLOPS dense, 48 GB GDDR6, "
+            peak_fp32_flops=91.6 * TERA, intra_node_bandwidth=32 * GB, has_nvlink=False,
+            source="NVIDIA L40S datasheet: BF16 362.05 TFLOPS and FP8 733 TFLOPS dense, FP32 91.6 TFLOPS, 48 GB GDDR6, "
             "no NVLink (PCIe Gen4 x16: 64 GB/s bidirectional)",
         ),
         GpuSpec(
             name="CPU", peak_bf16_flops=0.192 * TERA, peak_fp8_flops=None, memory_bytes=8 * GIB,
-            intra_node_bandwidth=10 * GB, has_nvlink=False,
+            peak_fp32_flops=0.192 * TERA, intra_node_bandwidth=10 * GB, has_nvlink=False,
             source="nominal x86-64 host for the embedded default: 2 cores x 3.0 GHz x 32 FP32 FLOP/cycle "
-            "(two 256-bit FMA units); 8 GiB for training; memory copy ~10 GB/s",
+            "(two 256-bit FMA units), the same for bf16 (no bf16 units assumed); 8 GiB for training; memory copy ~10 GB/s",
         ),
     )
 }

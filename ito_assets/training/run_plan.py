@@ -1,13 +1,16 @@
 """The plan of a manifest's whole training run: one planner call per curriculum stage (each has its
-own sequence length and token count), their summed cost, and the budget verdict.
+own sequence length and token count), the recipe's post-training stages as the runtime executes
+them (`posttraining.plan`), their summed time and cost, and the budget verdict.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Mapping
 
 from ito_assets.manifest.schema import Budget, Manifest
+from ito_assets.posttraining.plan import PairShape, PostTrainingStagePlan, plan_post_training, total_wall_seconds
 from ito_assets.training.layout import PlanRefused, Refusal, RefusalReason
 from ito_assets.training.model_config import CONFIGS, ModelConfig, config_by_name, parameter_count
 from ito_assets.training.planner import Hardware, Plan, PlanRequest, default_global_batch_sequences, plan
@@ -43,17 +46,28 @@ class RunPlan:
     manifest_num_parameters: int
     hardware: Hardware
     stages: tuple[StagePlan, ...]
+    # The recipe's stages; None where its pair files were not read (an offline `ito plan` without
+    # them, the data decision's economics): the time and cost below are then the curriculum's alone.
+    post_training: tuple[PostTrainingStagePlan, ...] | None
     budget: BudgetVerdict
 
     @property
-    def cost_cents(self) -> int:
+    def post_training_included(self) -> bool:
+        return self.post_training is not None
+
+    @property
+    def curriculum_cost_cents(self) -> int:
         return sum(s.plan.cost_cents for s in self.stages)
+
+    @property
+    def cost_cents(self) -> int:
+        return self.curriculum_cost_cents + sum(p.cost_cents for p in self.post_training or ())
 
     @property
     def wall_seconds(self) -> float:
         # Correctly rounded: sum() of floats rounds differently from Python 3.12 on (compensated
         # summation), and gate 5, the training job and `ito plan` must agree on the last bit.
-        return math.fsum(s.plan.wall_seconds for s in self.stages)
+        return math.fsum([*(s.plan.wall_seconds for s in self.stages), total_wall_seconds(self.post_training or ())])
 
     def to_dict(self) -> dict:
         return {
@@ -61,6 +75,8 @@ class RunPlan:
                       "manifest_num_parameters": self.manifest_num_parameters, "vocab_size": self.model.vocab_size},
             "hardware": self.hardware.describe(),
             "stages": [{"stage": s.stage, **s.plan.to_dict()} for s in self.stages],
+            "post_training": None if self.post_training is None else [p.to_dict() for p in self.post_training],
+            "post_training_included": self.post_training_included,
             "cost_cents": self.cost_cents, "wall_seconds": round(self.wall_seconds, 3), "budget": self.budget.to_dict(),
         }
 
@@ -73,8 +89,10 @@ def manifest_model(manifest: Manifest) -> ModelConfig:
     return config_by_name(manifest.model.size)
 
 
-def plan_run(manifest: Manifest, hardware: Hardware) -> RunPlan:
-    """Plan every stage of the manifest's training target on `hardware` (raises PlanRefused)."""
+def plan_run(manifest: Manifest, hardware: Hardware, *, pair_shapes: Mapping[str, PairShape] | None) -> RunPlan:
+    """Plan every stage of the manifest's training target and its post-training recipe on
+    `hardware` (raises PlanRefused). `pair_shapes`: the recipe's pair files as
+    `posttraining.plan.read_pair_shapes` reads them; None leaves post-training unplanned."""
     model = manifest_model(manifest)
     stages = []
     for stage in manifest.training_target.stages:
@@ -83,9 +101,10 @@ def plan_run(manifest: Manifest, hardware: Hardware) -> RunPlan:
             global_batch_sequences=default_global_batch_sequences(model, stage.sequence_length, hardware.world_size),
         )
         stages.append(StagePlan(stage=stage.name, plan=plan(request)))
-    cost = sum(s.plan.cost_cents for s in stages)
+    post = None if pair_shapes is None else plan_post_training(manifest.post_training, model, hardware, pair_shapes)
+    cost = sum(s.plan.cost_cents for s in stages) + sum(p.cost_cents for p in post or ())  # as cost_cents
     return RunPlan(model=model, manifest_num_parameters=manifest.model.num_parameters, hardware=hardware,
-                   stages=tuple(stages), budget=budget_verdict(cost, manifest.budget))
+                   stages=tuple(stages), post_training=post, budget=budget_verdict(cost, manifest.budget))
 
 
 def budget_verdict(cost_cents: int, budget: Budget) -> BudgetVerdict:
@@ -111,9 +130,9 @@ class PlanOutcome:
         return {"refused": False, **self.run_plan.to_dict()}
 
 
-def plan_outcome(manifest: Manifest, hardware: Hardware) -> PlanOutcome:
+def plan_outcome(manifest: Manifest, hardware: Hardware, *, pair_shapes: Mapping[str, PairShape] | None) -> PlanOutcome:
     try:
-        return PlanOutcome(run_plan=plan_run(manifest, hardware))
+        return PlanOutcome(run_plan=plan_run(manifest, hardware, pair_shapes=pair_shapes))
     except PlanRefused as refused:
         return PlanOutcome(run_plan=None, refusal_reasons=refused.reasons, refusal_message=refused.message)
 

@@ -82,7 +82,7 @@ def _compute_seconds(config: ModelConfig, layout: Layout, sequence_length: int, 
     return seconds
 
 
-def _ring(volume_bytes: float, group: int, bandwidth: float) -> float:
+def ring_seconds(volume_bytes: float, group: int, bandwidth: float) -> float:
     """A ring collective moves (n - 1) / n of the buffer over each rank's link."""
     return 0.0 if group <= 1 else volume_bytes * (group - 1) / group / bandwidth
 
@@ -93,7 +93,7 @@ def _tensor_parallel_seconds(config: ModelConfig, layout: Layout, sequence_lengt
     tokens = layout.micro_batch_size * sequence_length // layout.cp
     per_layer = 4 * 2 * tokens * config.d_model * 2
     layers = -(-config.num_layers // layout.pp)
-    return _ring(per_layer * layers * num_microbatches, layout.tp, gpu.intra_node_bandwidth)
+    return ring_seconds(per_layer * layers * num_microbatches, layout.tp, gpu.intra_node_bandwidth)
 
 
 def _data_parallel_seconds(config: ModelConfig, layout: Layout, num_microbatches: int, gpu: GpuSpec, network: NetworkSpec, gpus_per_node: int) -> float:
@@ -103,8 +103,8 @@ def _data_parallel_seconds(config: ModelConfig, layout: Layout, num_microbatches
     shard_span = layout.shard_group * layout.tp
     shard_link = gpu.intra_node_bandwidth if shard_span <= gpus_per_node else min(network.bandwidth, gpu.intra_node_bandwidth)
     replica_link = gpu.intra_node_bandwidth if shard_span * layout.dp_replicate <= gpus_per_node else network.bandwidth
-    fsdp = _ring(8 * params * num_microbatches, layout.shard_group, shard_link)
-    replicate = _ring(8 * params / layout.shard_group, layout.dp_replicate, replica_link)
+    fsdp = ring_seconds(8 * params * num_microbatches, layout.shard_group, shard_link)
+    replicate = ring_seconds(8 * params / layout.shard_group, layout.dp_replicate, replica_link)
     return fsdp + replicate
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import valid_manifest
+from helpers import bound_pair_steps, valid_manifest
 
 HOUR = 3600
 BUDGET = {"cap_cents": 3_000_000, "max_incremental_cents": 1_000_000}
@@ -125,3 +125,30 @@ def test_plan_shows_the_time_the_plan_takes_in_the_window_the_confirmation_check
         refused = api.ito(*verb, "--booking", booking, "--manifest", too_long)
         assert refused["error"]["code"] == "CAPACITY_UNAVAILABLE" and refused["error"]["retryable"] is False
         assert "left" in refused["error"]["message"] and refused["live_api_contacted"] is True
+
+
+def test_plan_prints_the_servers_plan_with_its_post_training(api, tmp_path) -> None:
+    from ito_assets.api.commands.plan import _text
+
+    steps = bound_pair_steps(api.server.data_root)
+    manifest = api.manifest(post_training=[*steps, {"kind": "rlvr"}])
+    online = api.ok("plan", "--booking", api.booking(), "--manifest", manifest)
+    assert [p["stage"] for p in online["plan"]["post_training"]] == ["sft", "dpo", "rlvr"]
+    assert online["plan"]["post_training_included"] is True and online["time"]["post_training_included"] is True
+    assert online["time"]["planned_wall_seconds"] == online["plan"]["wall_seconds"]
+    lines = _text(online)
+    assert any(line.startswith("  sft: fp32 on ") for line in lines) and "(post-training included)" in lines[-2]
+    flags = ("--gpu-type", "H100-SXM", "--nodes", "1", "--gpus-per-node", "8", "--network", "infiniband",
+             "--price-cents-per-gpu-hour", "250")
+    offline = api.ok("plan", "--booking", "bkg_1", "--manifest", manifest, *flags, ITO_DATA_ROOT=str(api.server.data_root))
+    def timed(plan: dict) -> list:  # the booking's price is not the flags'
+        return [{k: v for k, v in p.items() if k != "cost_cents"} for p in plan["post_training"]]
+    assert timed(offline["plan"]) == timed(online["plan"])
+    # Without the pair files here, the offline plan leaves post-training out and says why.
+    elsewhere = tmp_path / "empty-data"
+    elsewhere.mkdir()
+    unplanned = api.ok("plan", "--booking", "bkg_1", "--manifest", manifest, *flags, ITO_DATA_ROOT=str(elsewhere))
+    assert unplanned["plan"]["post_training"] is None and unplanned["plan"]["post_training_included"] is False
+    assert unplanned["post_training_unplanned"].startswith("SOURCE_NOT_FOUND: ")
+    assert unplanned["plan"]["wall_seconds"] < offline["plan"]["wall_seconds"]
+    assert any(line.startswith("  post-training: not planned (SOURCE_NOT_FOUND") for line in _text(unplanned))

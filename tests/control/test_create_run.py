@@ -8,6 +8,7 @@ import sqlalchemy as sa
 import pytest
 
 from gate_world import COST, manifest_bytes, verified
+from helpers import bound_pair_steps
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.control import audit, bookings, create_run, runs
 from ito_assets.control.create_run import TrainRequest
@@ -106,9 +107,9 @@ def test_missing_provenance_is_its_own_code(world) -> None:
 ])
 def test_a_post_training_pair_file_meets_the_same_data_policy(world, change, code) -> None:
     document = json.loads(manifest_bytes())
-    pairs = {"uri": "dataroot://fixtures/posttraining/sft_pairs.jsonl", "sha256": "a" * 64, "license": "CC0-1.0",
-             "format": "jsonl"}
-    document["post_training"] = [{"kind": "sft", "data": pairs}]
+    sft = bound_pair_steps(world.policy.data_root)[0]
+    pairs = sft["data"]
+    document["post_training"] = [sft]
     assert world.confirm_train(manifest=verified(json.dumps(document).encode()))  # the bound file as reviewed
     document["post_training"] = [{"kind": "sft", "data": {**pairs, **change}}]
     assert code_of(lambda: world.confirm_train(manifest=verified(json.dumps(document).encode()))) is code

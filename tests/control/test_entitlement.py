@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gate_world import T0, verified
+from gate_world import T0, manifest_bytes, verified
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.control import bookings, confirm_request, entitlement
 
@@ -35,7 +35,8 @@ def test_pending_booking_is_incomplete(world) -> None:
 
 def test_booking_expires_at_its_end_to_the_second(world) -> None:
     world.clock.now = T0 + 3600 - 1
-    confirm_request.request_train(world.ledger, world.policy, world.account, world.booking_id, verified())
+    instant = verified(manifest_bytes(post_training=[]))  # a plan of well under the second left
+    confirm_request.request_train(world.ledger, world.policy, world.account, world.booking_id, instant)
     world.clock.now = T0 + 3600
     assert refused(world, world.booking_id) is ErrorCode.BOOKING_EXPIRED
 

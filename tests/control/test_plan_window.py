@@ -29,7 +29,7 @@ def code_of(call) -> ErrorCode:
 def planned_wall_s(content: bytes = LONG) -> float:
     hardware = booked_hardware(gpu_type=TERMS["gpu_type"], topology=TERMS["topology"], network=TERMS["network"], num_nodes=TERMS["num_nodes"],
                                num_gpus=TERMS["num_gpus"], price_per_gpu_hour_cents=TERMS["price_per_gpu_hour_cents"])
-    return plan_run(verified(content).manifest, hardware).wall_seconds
+    return plan_run(verified(content).manifest, hardware, pair_shapes={}).wall_seconds  # RLVR: no pair file
 
 
 def test_the_window_left_is_all_of_it_before_it_begins_and_what_remains_after() -> None:
@@ -49,10 +49,10 @@ def test_a_plan_fits_a_window_exactly_as_long_and_not_one_second_shorter(world, 
     booking = load_booking(world, world.booking(ends_at=T0 + math.ceil(wall) + spare))
     manifest = verified(LONG).manifest
     if spare >= 0:
-        assert validation.check_plan_fits(manifest, booking, now=T0).wall_seconds == wall
+        assert validation.check_plan_fits(manifest, booking, now=T0, pair_shapes={}).wall_seconds == wall
         return
     with pytest.raises(ItoError) as refused:
-        validation.check_plan_fits(manifest, booking, now=T0)
+        validation.check_plan_fits(manifest, booking, now=T0, pair_shapes={})
     assert refused.value.code is ErrorCode.CAPACITY_UNAVAILABLE and not refused.value.retryable
     assert f"({math.ceil(wall):,} s)" in refused.value.message and f"({math.ceil(wall) - 1:,} s) left" in refused.value.message
 
@@ -67,9 +67,12 @@ def test_a_confirmation_is_refused_for_a_window_too_short_and_nothing_is_issued(
 
 
 def test_a_quote_shows_the_plans_time_beside_the_window_left(world) -> None:
-    quote = confirm_request.quote_train(world.ledger, world.policy, world.account, world.booking_id, verified(LONG))
+    booking = world.booking(ends_at=T0 + 2 * 3600)  # the plan, RLVR's generation included, takes over an hour
+    quote = confirm_request.quote_train(world.ledger, world.policy, world.account, booking, verified(LONG))
     assert quote.to_dict()["time"] == {"planned_wall_seconds": round(planned_wall_s(), 3),
-                                       "window_left_seconds": TERMS["ends_at"] - T0, "post_training_included": False}
+                                       "window_left_seconds": 2 * 3600, "post_training_included": True}
+    assert quote.to_dict()["plan"]["post_training"] == [p.to_dict() for p in quote.run_plan.post_training]
+    assert [p["stage"] for p in quote.to_dict()["plan"]["post_training"]] == ["rlvr"]
 
 
 def test_a_run_confirmed_in_time_is_not_created_once_the_window_left_is_too_short(world) -> None:

@@ -589,7 +589,7 @@ def test_summary_and_digests_of_a_verified_manifest(root: Path):
                              "format": "jsonl", "has_provenance": True}],
         "num_training_tokens": 300,
         "stages": ["pretraining", "mid_training"],
-        "post_training": ["sft", "dpo", "rlvr"],
+        "post_training": ["rlvr"],
         "budget": {"cap_cents": 100000, "max_incremental_cents": 50000},
     }
 

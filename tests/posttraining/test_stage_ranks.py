@@ -53,7 +53,7 @@ def test_the_asset_launches_the_ranks_the_launcher_gives_for_the_booking(kind, l
     from ito_assets.training.run_plan import PlanOutcome, booked_hardware
 
     hardware = booked_hardware(gpu_type="H100", topology="1x8-nvlink", network="ib-400g", num_nodes=1, num_gpus=8, price_per_gpu_hour_cents=100)
-    live = SimpleNamespace(booked_plan=lambda: PlanOutcome(run_plan=SimpleNamespace(hardware=hardware)))
+    live = SimpleNamespace(booked_plan=lambda data_root: PlanOutcome(run_plan=SimpleNamespace(hardware=hardware)))
     worker = _Worker(TrainingRuntimeResource(), TrainingLauncherResource(**launcher), dg.PipesSubprocessClient())
     context = dg.build_asset_context()
     ranks = worker.ranks(context, live, kind, batch_size=8)

@@ -153,7 +153,7 @@ def _fixture_plans() -> set[tuple[Layout, int]]:
         for gpu, nodes, per_node, network in HOSTS:
             hardware = Hardware(gpu=gpu_spec(gpu), network=network_spec(network), num_nodes=nodes,
                                 gpus_per_node=per_node, price_cents_per_gpu_hour=250)
-            found |= {(s.plan.layout, s.plan.request.global_batch_sequences) for s in plan_run(manifest, hardware).stages}
+            found |= {(s.plan.layout, s.plan.request.global_batch_sequences) for s in plan_run(manifest, hardware, pair_shapes=None).stages}
     return found
 
 

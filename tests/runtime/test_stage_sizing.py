@@ -26,7 +26,7 @@ def _plan(gpus_per_node: int):
     manifest = Manifest.model_validate_json((ROOT / "data/fixtures/manifests/fixture-small.json").read_bytes())
     hardware = Hardware(gpu=gpu_spec("H100-SXM"), network=network_spec("infiniband"), num_nodes=1,
                         gpus_per_node=gpus_per_node, price_cents_per_gpu_hour=250)
-    return manifest, plan_run(manifest, hardware)
+    return manifest, plan_run(manifest, hardware, pair_shapes=None)
 
 
 def test_the_stage_takes_the_plans_batch_and_layout():
@@ -136,7 +136,7 @@ def test_a_stage_longer_than_the_models_window_is_planned_and_trained_at_its_len
     manifest = Manifest.model_validate_json(json.dumps(document))
     hardware = Hardware(gpu=gpu_spec("H100-SXM"), network=network_spec("infiniband"), num_nodes=1, gpus_per_node=8,
                         price_cents_per_gpu_hour=250)
-    assert stages.stage_plan(plan_run(manifest, hardware), "long_context").request.sequence_length == sequence_length
+    assert stages.stage_plan(plan_run(manifest, hardware, pair_shapes=None), "long_context").request.sequence_length == sequence_length
 
     base = config_by_name("micro")
     length = base.max_seq_len - 512 + sequence_length  # micro's window, less, at or past it as tiny's above

@@ -98,7 +98,7 @@ def _upstream(manifest_path: str, key: str, folder: Path, run, ledger, *, after_
         from ito_assets.defs.decision.resources import BookedHardwareResource
         from ito_assets.training.run_plan import plan_outcome
 
-        return plan_outcome(prepared.verified.manifest, BookedHardwareResource().hardware())
+        return plan_outcome(prepared.verified.manifest, BookedHardwareResource().hardware(), pair_shapes=None)
 
     return [manifest_stand_in, clean_shards_stand_in, authorization_stand_in, plan_stand_in, decision_stand_in]
 
@@ -324,7 +324,7 @@ def test_the_stages_train_the_plan_made_for_the_run_s_own_booking(tmp_path, inst
     planned = {**config["layout"], **{f["field"]: f["planned"] for f in config["layout_fallbacks"]}}
     manifest = Manifest.model_validate_json(json.dumps(_document(one)))
     terms = dict(gpu_type="H100", topology="2x8-nvlink", network="ib-400g", num_gpus=16, num_nodes=2, price_per_gpu_hour_cents=100)
-    booked = stage_plans.stage_plan(plan_run(manifest, booked_hardware(**terms)), "pretraining").layout
-    configured = stage_plans.stage_plan(plan_run(manifest, booked_hardware(**{**terms, "num_gpus": 8, "num_nodes": 1})), "pretraining").layout
+    booked = stage_plans.stage_plan(plan_run(manifest, booked_hardware(**terms), pair_shapes=None), "pretraining").layout
+    configured = stage_plans.stage_plan(plan_run(manifest, booked_hardware(**{**terms, "num_gpus": 8, "num_nodes": 1}), pair_shapes=None), "pretraining").layout
     assert booked.describe() != configured.describe()  # the two bookings plan differently
     assert planned == booked.describe() and config["replica_groups"] == booked.dp_replicate

@@ -65,5 +65,5 @@ def test_a_booking_named_by_its_model_alone_plans_no_faster_than_its_sxm_variant
 
     def seconds(gpu_type: str, topology: str) -> float:
         return plan_run(manifest, booked_hardware(gpu_type=gpu_type, topology=topology, network="ib-400g", num_nodes=1,
-                                                  num_gpus=8, price_per_gpu_hour_cents=100)).wall_seconds
+                                                  num_gpus=8, price_per_gpu_hour_cents=100), pair_shapes=None).wall_seconds
     assert seconds("H100", "1x8") == seconds("H100-PCIe", "1x8") > seconds("H100-SXM", "1x8") == seconds("H100", "1x8-nvlink")

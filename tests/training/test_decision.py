@@ -88,7 +88,7 @@ def test_economics_prices_the_decision_against_the_full_run(suite):
     document["budget"] = {"cap_cents": 10_000_000, "max_incremental_cents": 5_000_000}
     manifest = Manifest.model_validate_json(json.dumps(document))
     hw = Hardware(gpu=gpu_spec("H100-SXM"), network=network_spec("infiniband"), num_nodes=1, gpus_per_node=8, price_cents_per_gpu_hour=250)
-    run_plan = plan_run(manifest, hw)
+    run_plan = plan_run(manifest, hw, pair_shapes=None)
     clean, junk = _texts("pydoc_topics", 100), _random_bytes(100, seed=2)
     config = DecisionConfig(model_name="micro", tokenizer=TokenizerConfig(vocab_size=512), seeds=(0, 1), num_steps=10,
                             batch_size=8, sequence_length=64, learning_rate=1e-2)

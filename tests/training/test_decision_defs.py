@@ -102,8 +102,9 @@ def test_assets_decide_plan_and_check(world):
     assert metadata["effect_chart"].value.startswith("![data decision effect](data:image/png;base64,")
     assert (metadata["interval_low"], metadata["interval_high"]) == (result.test.interval_low, result.test.interval_high)
     planned = dg.build_asset_context(partition_key=verdict.key)
-    outcome = training_plan(context=planned, booked_hardware=hardware, training_manifest=verdict, data_decision=judged)
-    assert not outcome.refused
+    outcome = training_plan(context=planned, ito=ItoSettingsResource.from_settings(installation.settings),
+                            booked_hardware=hardware, training_manifest=verdict, data_decision=judged)
+    assert not outcome.refused and outcome.run_plan.post_training_included
     stages = planned.get_output_metadata("result")["stages"]
     assert _columns(stages) == ["stage", "layout", "GiB/GPU", "MFU %", "steps", "cost USD"]
     assert [r.data["stage"] for r in stages.records] == [s.stage for s in outcome.run_plan.stages]

@@ -33,7 +33,7 @@ def _hardware(price: int = 250) -> Hardware:
 
 
 def test_fixture_manifest_plans_every_stage_within_budget():
-    plan = plan_run(_manifest(), _hardware())
+    plan = plan_run(_manifest(), _hardware(), pair_shapes=None)
     assert [s.stage for s in plan.stages] == ["pretraining", "mid_training", "long_context"]
     assert plan.cost_cents == sum(s.plan.cost_cents for s in plan.stages) > 0
     assert plan.budget.within_cap and plan.budget.within_max_incremental
@@ -46,7 +46,7 @@ def test_fixture_manifest_plans_every_stage_within_budget():
 def test_over_budget_is_visible_in_the_verdict():
     model = {"size": "llama3-8b", "num_parameters": 8_030_261_248, "revision": "r1"}
     target = {"num_tokens": 10**12, "stages": [{"name": "pretraining", "num_tokens": 10**12, "sequence_length": 8192}]}
-    plan = plan_run(_manifest(model=model, training_target=target), _hardware())
+    plan = plan_run(_manifest(model=model, training_target=target), _hardware(), pair_shapes=None)
     assert plan.cost_cents > 5_000_000
     assert not plan.budget.within_cap and not plan.budget.within_max_incremental
 
@@ -54,9 +54,9 @@ def test_over_budget_is_visible_in_the_verdict():
 def test_unknown_model_size_is_refused_with_its_reason():
     manifest = _manifest(model={"size": "mystery-3b", "num_parameters": 3, "revision": "r1"})
     with pytest.raises(PlanRefused) as raised:
-        plan_run(manifest, _hardware())
+        plan_run(manifest, _hardware(), pair_shapes=None)
     assert raised.value.reasons == ("UNKNOWN_MODEL_SIZE",)
-    outcome = plan_outcome(manifest, _hardware())
+    outcome = plan_outcome(manifest, _hardware(), pair_shapes=None)
     assert outcome.refused and outcome.to_dict()["reasons"] == ["UNKNOWN_MODEL_SIZE"]
 
 

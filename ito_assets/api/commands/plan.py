@@ -6,9 +6,12 @@ through the API (POST /v1/quotes), which prices the run with the very gate a con
 request runs, so `cost_cents` here is the cost the desk will be asked to approve. The plan's own
 per-stage figures are the compute the run is expected to use inside that block.
 
-With every hardware flag (--gpu-type, --nodes, --gpus-per-node, --network,
---price-cents-per-gpu-hour) the plan is computed offline instead, for a booking not yet made: no
-API is contacted and there is no bound cost.
+The plan printed is the server's, the one gate 5 checked against the booked window (post-training
+included: the server reads the recipe's pair files). With every hardware flag (--gpu-type, --nodes,
+--gpus-per-node, --network, --price-cents-per-gpu-hour) the plan is computed offline instead, for a
+booking not yet made: no API is contacted and there is no bound cost; the recipe's pair files are
+read under this machine's data root, and where one cannot be read post-training is left out of the
+plan, which says so (`post_training_included: false`, `post_training_unplanned`).
 """
 
 from __future__ import annotations
@@ -90,14 +93,28 @@ def _plan(args: argparse.Namespace) -> VerbResult:
     data = {"booking_id": args.booking, "manifest_digest": verified.digest, "workload_created": False,
             "confirmation_issued": False}
     if given:
-        run_plan = plan_run(verified.manifest, _offline_hardware(args))  # PlanRefused is PLAN_REFUSED
+        shapes, unplanned = _local_pair_shapes(verified.manifest, load_settings().data_root)
+        run_plan = plan_run(verified.manifest, _offline_hardware(args), pair_shapes=shapes)  # PlanRefused is PLAN_REFUSED
         data.update(cost_cents=None, plan=run_plan.to_dict())
+        if unplanned:
+            data["post_training_unplanned"] = unplanned
         return VerbResult(data=data, live_api_contacted=False, notice=OFFLINE_NOTICE, text=_text(data))
     quote, contacted = _quote(args, verified)
-    run_plan = plan_run(verified.manifest, booked_hardware(quote["booking"]))
+    # An older server sends no plan: the curriculum's, planned here, is what it checked.
+    plan = quote.get("plan") or plan_run(verified.manifest, booked_hardware(quote["booking"]), pair_shapes=None).to_dict()
     data.update(cost_cents=quote["cost_cents"], budget=quote["budget"], booking=quote["booking"],
-                history=quote.get("history"), time=quote.get("time"), plan=run_plan.to_dict())
+                history=quote.get("history"), time=quote.get("time"), plan=plan)
     return VerbResult(data=data, live_api_contacted=contacted, text=_text(data))
+
+
+def _local_pair_shapes(manifest, data_root) -> tuple[dict | None, str | None]:
+    """(the recipe's pair-file shapes, None) or (None, why they cannot be read here)."""
+    from ito_assets.posttraining.plan import read_pair_shapes
+
+    try:
+        return read_pair_shapes(manifest.post_training, data_root), None
+    except ItoError as error:
+        return None, f"{error.code.value}: {error.message}"
 
 
 def _text(data: dict) -> list[str]:
@@ -109,6 +126,13 @@ def _text(data: dict) -> list[str]:
         lines.append(f"  {stage['stage']}: {layout}; {stage['memory_per_gpu']['total_gib']} GiB/GPU, "
                      f"MFU {stage['step']['mfu']:.1%}, {stage['num_steps']} steps, "
                      f"compute {stage['cost_cents'] / 100:,.2f} USD")
+    for step in plan.get("post_training") or ():
+        lines.append(f"  {step['stage']}: fp32 on {step['num_ranks']} rank(s), {step['num_steps']} steps of "
+                     f"{step['sequence_length']} positions, worker {step['worker_seconds']:,.1f} s + host "
+                     f"{step['host_seconds']:,.1f} s, compute {step['cost_cents'] / 100:,.2f} USD")
+    if not plan.get("post_training_included", True):
+        lines.append("  post-training: not planned" + (f" ({data['post_training_unplanned']})"
+                                                       if data.get("post_training_unplanned") else ""))
     if data["cost_cents"] is None:
         lines.append(f"compute: {plan['cost_cents'] / 100:,.2f} USD at the flags' price; no cost bound, "
                      "no workload created")
@@ -120,7 +144,7 @@ def _text(data: dict) -> list[str]:
                  f"left {budget['left_cents'] / 100:,.2f} USD; no confirmation issued, no workload created")
     if data.get("time"):  # an older server sends none
         time = data["time"]
-        covers = "" if time.get("post_training_included", True) else " (its curriculum stages; post-training is not planned)"
+        covers = " (post-training included)" if time.get("post_training_included") else " (its curriculum stages; post-training is not planned)"
         lines.append(f"time: the plan takes {time['planned_wall_seconds'] / 3600:,.2f} h of the "
                      f"{time['window_left_seconds'] / 3600:,.2f} h left in the booked window{covers}")
     if data.get("history"):  # an older server sends none

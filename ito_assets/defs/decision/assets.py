@@ -19,6 +19,7 @@ from ito_assets.defs.resources import ItoSettingsResource
 from ito_assets.errors import ItoError
 from ito_assets.evals.suite import EvalSuite
 from ito_assets.manifest.discovery import ManifestVerdict
+from ito_assets.posttraining.plan import read_pair_shapes
 from ito_assets.training.decision import DecisionResult, run_decision
 from ito_assets.training.decision_gate import DataDecision, judge_decision
 from ito_assets.training.economics import Economics
@@ -119,6 +120,8 @@ RUN_COLUMNS = [("arm", "string"), ("seed", "int"), ("answer bits/byte", "float")
                ("P(correct) %", "float"), ("final loss", "float"), ("tokens/s", "float")]
 PLAN_STAGE_COLUMNS = [("stage", "string"), ("layout", "string"), ("GiB/GPU", "float"), ("MFU %", "float"),
                       ("steps", "int"), ("cost USD", "float")]
+POST_TRAINING_COLUMNS = [("stage", "string"), ("ranks", "int"), ("steps", "int"), ("positions", "int"),
+                         ("worker s", "float"), ("host s", "float"), ("cost USD", "float")]
 
 
 def _run_metadata(result: DecisionResult, baseline_sources, work_dir: Path) -> dict:
@@ -214,11 +217,18 @@ def _economics_table(economics: Economics) -> dg.TableMetadataValue:
     "and cost; refusals by stable reason.",
 )
 def training_plan(
-    context: dg.AssetExecutionContext, booked_hardware: BookedHardwareResource,
+    context: dg.AssetExecutionContext, ito: ItoSettingsResource, booked_hardware: BookedHardwareResource,
     training_manifest: ManifestVerdict, data_decision: DataDecision,
 ) -> PlanOutcome:
-    outcome = plan_outcome(training_manifest_or_fail(training_manifest, "the decision").manifest, booked_hardware.hardware())
-    context.add_output_metadata(_plan_metadata(outcome, data_decision))
+    manifest = training_manifest_or_fail(training_manifest, "the decision").manifest
+    try:
+        shapes, unplanned = read_pair_shapes(manifest.post_training, ito.settings().data_root), None
+    except ItoError as error:
+        # Shown, not failed: gate 5 and `training_tokens` refuse such a file before any compute.
+        shapes, unplanned = None, f"{error.code.value}: {error.message}"
+    outcome = plan_outcome(manifest, booked_hardware.hardware(), pair_shapes=shapes)
+    context.add_output_metadata({**_plan_metadata(outcome, data_decision),
+                                 **({"post_training_unplanned": unplanned} if unplanned else {})})
     return outcome
 
 
@@ -240,8 +250,12 @@ def _plan_metadata(outcome: PlanOutcome, decision: DataDecision) -> dict:
     rows = [{"stage": s.stage, "layout": _layout_text(s.plan.layout.describe()), "GiB/GPU": round(s.plan.memory.total / 2**30, 1),
              "MFU %": round(100 * s.plan.step.mfu, 1), "steps": s.plan.num_steps, "cost USD": round(s.plan.cost_cents / 100, 2)}
             for s in plan.stages]
+    post = [{"stage": p.stage, "ranks": p.num_ranks, "steps": p.num_steps, "positions": p.sequence_length,
+             "worker s": round(p.worker_seconds, 3), "host s": round(p.host_seconds, 3),
+             "cost USD": round(p.cost_cents / 100, 2)} for p in plan.post_training or ()]
     return {
         **metadata, "cost_cents": plan.cost_cents, "cap_cents": plan.budget.cap_cents,
         "max_incremental_cents": plan.budget.max_incremental_cents, "wall_hours": round(plan.wall_seconds / 3600, 4),
-        "stages": table(PLAN_STAGE_COLUMNS, rows),
+        "stages": table(PLAN_STAGE_COLUMNS, rows), "post_training_included": plan.post_training_included,
+        **({"post_training": table(POST_TRAINING_COLUMNS, post)} if post else {}),
     }

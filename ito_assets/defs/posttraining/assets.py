@@ -122,7 +122,7 @@ class _Worker:
         """(nodes, ranks per node) for this stage, logged with the reason where it takes fewer."""
         import torch  # the stage needs it anyway; not at code-location load
 
-        outcome = live.booked_plan()
+        outcome = live.booked_plan(None)  # its hardware only
         try:
             nnodes, nproc = ((1, 1) if outcome.run_plan is None else
                              self.training_launcher.counts(outcome.run_plan.hardware, has_cuda=torch.cuda.is_available()))

@@ -60,7 +60,7 @@ def training_tokens(
     live = require_live_authorization(context, ledger, run_authorization, "training")
     run_id, checkpoint_dir = live.run_id, live.checkpoint_dir
     _require_data(clean_shards, data_decision)
-    booked = _booked_plan(context, live, training_plan)
+    booked = _booked_plan(context, live, training_plan, ito.settings().data_root)
     _require_plan(booked)
     live.require_time_for(booked)
     # Lineage for auditors: this ledger run consumed these clean shards.
@@ -90,11 +90,12 @@ def _require_data(clean_shards, decision) -> None:  # a CleanStage and a trainin
                          metadata={"error_code": ErrorCode.DATA_POLICY_VIOLATION.value})
 
 
-def _booked_plan(context: dg.AssetExecutionContext, live: LiveRun, prepared: PlanOutcome) -> PlanOutcome:
+def _booked_plan(context: dg.AssetExecutionContext, live: LiveRun, prepared: PlanOutcome,
+                 data_root: Path | None) -> PlanOutcome:
     """The plan the run executes: made for its own booking (`LiveRun.booked_plan`), noted in the
     log where the booking's hardware is not the one the prepared `training_plan` assumed."""
     try:
-        booked = live.booked_plan()
+        booked = live.booked_plan(data_root)
     except ItoError as error:
         raise failure(error) from None
     if booked.run_plan is not None and prepared.run_plan is not None and booked.run_plan.hardware != prepared.run_plan.hardware:
@@ -182,7 +183,9 @@ def _run_stage(context, res: _StageResources, inputs: dict, previous, name: str)
     try:
         layout = RunLayout.for_run(checkpoint_dir, run_id)
         VerdictStore(layout.run_dir).ensure_not_failed(STAGE_ORDER[: STAGE_ORDER.index(name) + 1])
-        plan = _booked_plan(context, live, inputs["training_plan"])
+        # The stage's layout; the whole plan, post-training's pair files read, was checked by
+        # `training_tokens` before any compute.
+        plan = _booked_plan(context, live, inputs["training_plan"], None)
         _require_plan(plan)
         has_cuda = torch.cuda.is_available()
         nnodes, nproc = res.launcher.counts(plan.run_plan.hardware, has_cuda=has_cuda)

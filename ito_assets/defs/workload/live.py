@@ -15,6 +15,7 @@ from ito_assets.control import authorization, run_tags, runs
 from ito_assets.control.entitlement import Eligibility
 from ito_assets.control.validation import require_within_window
 from ito_assets.manifest.verify import VerifiedManifest, parse_manifest
+from ito_assets.posttraining.plan import read_pair_shapes
 from ito_assets.training.run_plan import PlanOutcome, booked_hardware, plan_outcome
 
 
@@ -32,14 +33,18 @@ class LiveRun:
     started_at: int | None  # None: no stage launched yet, so no compute spent
     verified_at: int  # the ledger's clock when the authorization was asked again
 
-    def booked_plan(self) -> PlanOutcome:
+    def booked_plan(self, data_root: Path | None) -> PlanOutcome:
         """The plan for this run's own booking, the one `ito plan --booking` showed: what the job
         executes. The stored `training_plan` was made for the configured `booked_hardware`,
-        before any booking existed."""
+        before any booking existed. `data_root`: where the recipe's pair files are read from, as
+        gate 5 read them (their refusals raised as ItoError); None plans the curriculum alone, for
+        a caller that needs only the plan's hardware."""
         terms = self.booking
         hardware = booked_hardware(gpu_type=terms.gpu_type, topology=terms.topology, network=terms.network, num_nodes=terms.num_nodes,
                                    num_gpus=terms.num_gpus, price_per_gpu_hour_cents=self.price_per_gpu_hour_cents)
-        return plan_outcome(self.manifest.manifest, hardware)
+        manifest = self.manifest.manifest
+        shapes = None if data_root is None else read_pair_shapes(manifest.post_training, data_root)
+        return plan_outcome(manifest, hardware, pair_shapes=shapes)
 
     def require_time_for(self, outcome: PlanOutcome) -> None:
         """Before any stage has launched, the whole plan must still fit what is left of the booked

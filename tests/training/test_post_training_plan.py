@@ -1,0 +1,157 @@
+"""The plan of a recipe's post-training stages: what it prices is what the runtime runs (the steps,
+rows and widths `sft_batches`, `dpo_batches` and the RLVR worker use), each part at the rate of what
+runs it, and the whole counted in the run's time and cost."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from ito_assets.manifest.schema import DpoStep, RlvrStep, SftStep
+from ito_assets.posttraining import plan as post
+from ito_assets.posttraining.dpo import DpoConfig, dpo_batches
+from ito_assets.posttraining.fixtures import InstructionPair, PreferencePair, read_instruction_pairs, read_preference_pairs
+from ito_assets.posttraining.sft import SftConfig, sft_batches
+from ito_assets.posttraining.vocab import CharVocab
+from ito_assets.training.cost import cost_cents
+from ito_assets.training.hardware import gpu_spec, network_spec
+from ito_assets.training.model_config import config_by_name, flops_per_token
+from ito_assets.training.planner import Hardware
+from ito_assets.training.throughput import matmul_efficiency
+from ito_assets.training.tokenizer import TokenizerConfig, train_tokenizer
+
+from helpers import PAIR_FIXTURES
+
+TINY = config_by_name("tiny")
+
+
+def hardware(gpu: str = "H100-SXM", nodes: int = 1, per_node: int = 8) -> Hardware:
+    return Hardware(gpu=gpu_spec(gpu), network=network_spec("infiniband"), num_nodes=nodes, gpus_per_node=per_node,
+                    price_cents_per_gpu_hour=250)
+
+
+def sft(**fields) -> SftStep:
+    return SftStep(kind="sft", **fields)
+
+
+def shape(num_pairs: int, longest: int = 20) -> post.PairShape:
+    return post.PairShape(num_pairs=num_pairs, longest_positions=longest)
+
+
+def one(step, shapes=None, hw=None, config=TINY) -> post.PostTrainingStagePlan:
+    [planned] = post.plan_post_training([step], config, hw or hardware(), shapes or {})
+    return planned
+
+
+@pytest.mark.parametrize("num_pairs, steps", [(7, 0), (8, 1), (15, 1), (16, 2)])
+def test_sft_steps_are_full_batches_only_as_the_stage_draws_them(num_pairs: int, steps: int) -> None:
+    planned = one(sft(batch_size=8, num_epochs=3), {"sft": shape(num_pairs)})
+    assert planned.num_steps == 3 * steps
+    assert planned.worker_flops == 3 * steps * 8 * 20 * flops_per_token(TINY, 20)
+    assert planned.host_flops == 0
+
+
+@pytest.mark.parametrize("longest, width", [(TINY.max_seq_len - 1, TINY.max_seq_len - 1),
+                                            (TINY.max_seq_len, TINY.max_seq_len),
+                                            (TINY.max_seq_len + 1, TINY.max_seq_len)])
+def test_rows_are_priced_at_the_longest_pairs_width_never_past_the_model(longest: int, width: int) -> None:
+    assert one(sft(), {"sft": shape(64, longest)}).sequence_length == width
+
+
+def test_dpo_trains_two_answers_a_pair_and_computes_the_reference_once_on_the_host() -> None:
+    planned = one(DpoStep(kind="dpo", batch_size=4), {"dpo": shape(10, 30)})
+    per_position = flops_per_token(TINY, 30)
+    assert planned.num_steps == 2  # one epoch, the remainder of 2 pairs left out
+    assert planned.worker_flops == 2 * 4 * 2 * 30 * per_position
+    assert planned.host_flops == 10 * 2 * 30 * per_position / 3
+    host = gpu_spec("CPU").peak_fp32_flops * matmul_efficiency(TINY)
+    assert planned.host_seconds == pytest.approx(planned.host_flops / host)
+
+
+def test_rlvr_trains_on_one_rank_and_generates_on_one_host_core_without_a_kv_cache() -> None:
+    step = RlvrStep(kind="rlvr", num_steps=3, groups_per_step=2, group_size=4)
+    planned = one(step, hw=hardware(nodes=2))
+    prompt, new = post.rlvr_prompt_positions(), step.max_new_tokens
+    rows, per_position = 3 * 2 * 4, flops_per_token(TINY, prompt + new)
+    assert (planned.num_ranks, planned.sequence_length) == (1, prompt + new)
+    assert planned.worker_flops == pytest.approx(rows * (prompt + new) * per_position * 5 / 3)
+    # Token t is a forward over the prompt and the t tokens before it: sum over t of (prompt + t).
+    assert planned.host_flops == pytest.approx(rows * sum(prompt + t for t in range(new)) * per_position / 3)
+    host = gpu_spec("CPU").peak_fp32_flops * matmul_efficiency(TINY) / 2
+    assert planned.host_seconds == pytest.approx(planned.host_flops / host)
+    # The other 15 GPUs of the booking wait and are paid for.
+    assert planned.cost_cents == cost_cents(16, planned.wall_seconds, 250)
+
+
+@pytest.mark.parametrize("batch, per_node, ranks", [(8, 8, 8), (6, 8, 6), (12, 8, 6), (1, 8, 1)])
+def test_sft_and_dpo_take_the_ranks_the_stage_takes(batch: int, per_node: int, ranks: int) -> None:
+    planned = one(sft(batch_size=batch), {"sft": shape(64)}, hw=hardware(per_node=per_node))
+    assert planned.num_ranks == ranks
+    if ranks == 1:  # one rank has no collectives: compute alone, at the fp32 peak
+        assert planned.worker_seconds == planned.worker_flops / (gpu_spec("H100-SXM").peak_fp32_flops * matmul_efficiency(TINY))
+
+
+def test_fsdp_collectives_count_where_they_exceed_the_compute() -> None:
+    """A large model on few positions: the fp32 all-gathers and reduce-scatter (12 bytes a parameter
+    a step) outlast the compute, so they set the step."""
+    model = config_by_name("llama3-8b")
+    planned = one(sft(batch_size=8), {"sft": shape(8, 2)}, hw=hardware(), config=model)
+    compute = planned.worker_flops / (8 * gpu_spec("H100-SXM").peak_fp32_flops * matmul_efficiency(model))
+    assert planned.worker_seconds > compute
+
+
+def test_the_fp32_rate_is_the_datasheets_not_the_bf16_tensor_cores() -> None:
+    fast = one(sft(batch_size=1), {"sft": shape(64)}, hw=hardware("H100-SXM", per_node=1))
+    slow = one(sft(batch_size=1), {"sft": shape(64)}, hw=hardware("A100-80GB", per_node=1))
+    assert slow.worker_seconds / fast.worker_seconds == pytest.approx(67 / 19.5)
+
+
+def test_the_plan_covers_the_recipe_in_its_order_and_its_total_is_the_stages_sum() -> None:
+    recipe = [sft(), DpoStep(kind="dpo"), RlvrStep(kind="rlvr")]
+    plans = post.plan_post_training(recipe, TINY, hardware(), {"sft": shape(32), "dpo": shape(16)})
+    assert [p.stage for p in plans] == ["sft", "dpo", "rlvr"]
+    assert post.total_wall_seconds(plans) == math.fsum(p.worker_seconds + p.host_seconds for p in plans)
+    assert post.plan_post_training([], TINY, hardware(), {}) == ()
+
+
+# --- the shape of a pair file, and what the stage then runs -----------------------------------
+
+
+def test_a_pairs_positions_are_bos_and_its_prompt_and_longest_answer_in_utf8_bytes() -> None:
+    pairs = [InstructionPair(pair_id="a", prompt="é", response="ab"), InstructionPair(pair_id="b", prompt="x", response="y")]
+    assert post.pair_shape(pairs) == post.PairShape(num_pairs=2, longest_positions=1 + 2 + 2)
+    preference = [PreferencePair(pair_id="a", prompt="p", chosen="c", rejected="€€")]
+    assert post.pair_shape(preference).longest_positions == 1 + 1 + 6
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=200))
+def test_a_byte_level_bpe_never_needs_more_positions_than_utf8_bytes(text: str) -> None:
+    tokenizer = _bpe()
+    assert len(tokenizer.encode(text, add_special_tokens=False).ids) <= len(text.encode("utf-8", "surrogatepass"))
+
+
+_TOKENIZER = []
+
+
+def _bpe():
+    if not _TOKENIZER:
+        texts = [line for line in (PAIR_FIXTURES / "sft_pairs.jsonl").read_text().splitlines()[:200]]
+        _TOKENIZER.append(train_tokenizer(texts, TokenizerConfig(vocab_size=400)))
+    return _TOKENIZER[0]
+
+
+def test_the_planned_steps_and_widths_are_the_ones_the_stages_draw() -> None:
+    codec = CharVocab()
+    instructions = read_instruction_pairs(PAIR_FIXTURES / "sft_pairs.jsonl")
+    preferences = read_preference_pairs(PAIR_FIXTURES / "dpo_pairs.jsonl")
+    step = sft(batch_size=24, num_epochs=2)
+    planned = one(step, {"sft": post.pair_shape(instructions)})
+    batches, steps = sft_batches(codec, instructions, SftConfig.from_step(step))
+    assert planned.num_steps == steps and batches.plan.sequence_length <= planned.sequence_length
+    dpo = DpoStep(kind="dpo", batch_size=24)
+    planned = one(dpo, {"dpo": post.pair_shape(preferences)})
+    batches, steps = dpo_batches(codec, preferences, DpoConfig.from_step(dpo))
+    assert planned.num_steps == steps and batches.plan.sequence_length <= planned.sequence_length
