@@ -10,15 +10,17 @@ eval battery's) never appear in any pair.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import random
 import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
-from ito_assets.data.sources import read_verified_bytes
+from ito_assets.data.sources import read_verified_bytes, resolve_uri
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.schema import DpoStep, SftStep
 from ito_assets.posttraining.tasks import Task
@@ -212,16 +214,65 @@ def check_completions(prompt_length: int, max_new_tokens: int, *, max_positions:
                        f"longest prompt of {prompt_length} need {needed} positions; the model holds {max_positions}")
 
 
+def _bound(step: SftStep | DpoStep):
+    """(the step's reference, its pair type, the type's fields): PROVENANCE_MISSING for an unbound
+    step, POSTTRAINING_DATA_INVALID for a file that is not JSONL."""
+    if step.data is None:
+        raise ItoError(ErrorCode.PROVENANCE_MISSING, f"the {step.kind} step names no data file with its sha256")
+    if step.data.format != "jsonl":
+        raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID, f"the {step.kind} pairs must be JSONL")
+    if isinstance(step, SftStep):
+        return step.data, InstructionPair, _INSTRUCTION_FIELDS
+    return step.data, PreferencePair, _PREFERENCE_FIELDS
+
+
+def stream_bound_pairs(step: SftStep | DpoStep, data_root: Path,
+                       visit: Callable[[InstructionPair | PreferencePair], None]) -> None:
+    """Each pair of the file the step binds, handed to `visit` as it is read, a line at a time, the
+    file hashed on the way: for a reader that needs only what the pairs add up to (gate 5's plan,
+    in a server that must not hold a tenant's whole file per request). The answers are
+    `read_bound_pairs`' in its order: SOURCE_NOT_FOUND; SOURCE_DIGEST_MISMATCH over the whole
+    file; bytes that are not UTF-8 anywhere; then the first line that is not a pair; no pairs.
+    `visit` may have seen pairs of a file that is then refused."""
+    ref, kind, fields = _bound(step)
+    path = resolve_uri(ref.uri, data_root)
+    try:  # non-blocking: a FIFO put in the file's place is refused, never waited on
+        handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        handle = None
+    if handle is None or not stat.S_ISREG(os.fstat(handle).st_mode):
+        if handle is not None:
+            os.close(handle)
+        raise ItoError(ErrorCode.SOURCE_NOT_FOUND, f"data reference {ref.uri} does not exist")
+    digest, not_utf8, not_pair, count = hashlib.sha256(), False, None, 0
+    with open(handle, "rb") as file:
+        for number, raw in enumerate(file, 1):
+            digest.update(raw)
+            try:
+                text = raw.removesuffix(b"\n").decode("utf-8")
+            except UnicodeDecodeError:
+                not_utf8 = True
+                continue
+            if not_pair is None and not not_utf8:
+                try:
+                    visit(kind(**_row(text, number, ref.uri, fields)))
+                    count += 1
+                except ItoError as refusal:
+                    not_pair = refusal
+    if not hmac.compare_digest(digest.hexdigest(), ref.sha256):
+        raise ItoError(ErrorCode.SOURCE_DIGEST_MISMATCH, f"data reference {ref.uri} does not hash to the manifest's sha256")
+    if not_utf8:
+        raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID, f"{ref.uri} is not UTF-8")
+    if not_pair is not None:
+        raise not_pair
+    if count == 0:
+        raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID, f"{ref.uri} holds no pairs")
+
+
 def read_bound_pairs(step: SftStep | DpoStep, data_root: Path) -> list[InstructionPair] | list[PreferencePair]:
     """The pairs of the file the manifest's recipe step binds by uri and sha256: the bytes are read
     once, checked against the digest (SOURCE_NOT_FOUND, SOURCE_DIGEST_MISMATCH) and parsed, so what
     was reviewed is what trains. A step that binds no file is refused (PROVENANCE_MISSING), as a
     data reference without decontamination provenance is."""
-    if step.data is None:
-        raise ItoError(ErrorCode.PROVENANCE_MISSING, f"the {step.kind} step names no data file with its sha256")
-    if step.data.format != "jsonl":
-        raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID, f"the {step.kind} pairs must be JSONL")
-    data = read_verified_bytes(step.data, data_root)
-    if isinstance(step, SftStep):
-        return _parse(data, step.data.uri, InstructionPair, _INSTRUCTION_FIELDS)
-    return _parse(data, step.data.uri, PreferencePair, _PREFERENCE_FIELDS)
+    ref, kind, fields = _bound(step)
+    return _parse(read_verified_bytes(ref, data_root), ref.uri, kind, fields)

@@ -85,30 +85,38 @@ class PostTrainingStagePlan:
                 "cost_cents": self.cost_cents}
 
 
-def pair_shape(pairs: Sequence) -> PairShape:
-    """Of `fixtures.InstructionPair`s or `fixtures.PreferencePair`s."""
-    def answers(pair):
-        return (pair.response,) if hasattr(pair, "response") else (pair.chosen, pair.rejected)
+def _positions(pair) -> int:
+    """bos + prompt + the longest answer, in UTF-8 bytes; of a `fixtures.InstructionPair` or `PreferencePair`."""
+    answers = (pair.response,) if hasattr(pair, "response") else (pair.chosen, pair.rejected)
+    return 1 + len(pair.prompt.encode("utf-8")) + max(len(a.encode("utf-8")) for a in answers)
 
-    longest = max(1 + len(p.prompt.encode("utf-8")) + max(len(a.encode("utf-8")) for a in answers(p)) for p in pairs)
-    return PairShape(num_pairs=len(pairs), longest_positions=longest)
+
+def pair_shape(pairs: Sequence) -> PairShape:
+    return PairShape(num_pairs=len(pairs), longest_positions=max(_positions(p) for p in pairs))
 
 
 def read_pair_shapes(recipe: Sequence[PostTrainingStep], data_root: Path) -> dict[str, PairShape]:
-    """The shape of each SFT and DPO step's pair file, read as the stage reads it: the bytes the
-    step binds by sha256 (SOURCE_NOT_FOUND, SOURCE_DIGEST_MISMATCH, PROVENANCE_MISSING,
-    POSTTRAINING_DATA_INVALID as the stage would refuse them, before any compute; fewer pairs than
-    one batch too). What needs the run's tokenizer is left to the stage (`fixtures.check_pairs`)."""
-    from ito_assets.posttraining.fixtures import read_bound_pairs  # the data plane's reader: not for client verbs
+    """The shape of each SFT and DPO step's pair file, read as the stage reads it (its bytes against
+    the step's sha256; SOURCE_NOT_FOUND, SOURCE_DIGEST_MISMATCH, PROVENANCE_MISSING and
+    POSTTRAINING_DATA_INVALID as the stage would refuse them, and fewer pairs than one batch) but a
+    line at a time, in bounded memory. What needs the run's tokenizer is left to the stage
+    (`fixtures.check_pairs`)."""
+    from ito_assets.posttraining.fixtures import stream_bound_pairs  # the data plane's reader: not for client verbs
 
     shapes = {}
     for step in recipe:
         if isinstance(step, RlvrStep):
             continue
-        shapes[step.kind] = pair_shape(read_bound_pairs(step, data_root))
-        if shapes[step.kind].num_pairs < step.batch_size:
-            raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID, f"{step.data.uri} holds {shapes[step.kind].num_pairs} "
-                           f"pairs, fewer than one batch of {step.batch_size}")
+        seen = [0, 0]  # pairs, longest positions
+
+        def visit(pair, seen=seen) -> None:
+            seen[0], seen[1] = seen[0] + 1, max(seen[1], _positions(pair))
+
+        stream_bound_pairs(step, data_root, visit)
+        if seen[0] < step.batch_size:
+            raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID,
+                           f"{step.data.uri} holds {seen[0]} pairs, fewer than one batch of {step.batch_size}")
+        shapes[step.kind] = PairShape(num_pairs=seen[0], longest_positions=seen[1])
     return shapes
 
 
