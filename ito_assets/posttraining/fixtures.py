@@ -200,17 +200,20 @@ def check_pairs(pairs: Sequence[InstructionPair | PreferencePair], codec: TextCo
                        f"{name} holds {len(pairs)} pairs, fewer than one batch of {batch_size}")
 
 
-def check_completions(prompt_length: int, max_new_tokens: int, *, max_positions: int) -> None:
-    """RLVR's rows, checked before any compute as `check_pairs` checks the pairs': the longest
-    prompt (`prompt_length` tokens, bos included) and a completion of the recipe's `max_new_tokens`
-    within the model's `max_positions`. A row's last token (eos or not) is only a target, so it
-    takes prompt_length + max_new_tokens - 1 positions. Refused, never cut or stretched: in process
-    the generator would fail mid-stage once a completion ran that long, and the worker would give its
-    model positions pretraining never trained (it sizes the rotary tables to the rows)."""
+def check_completions(prompt_length: int, max_new_tokens: int, *, max_positions: int,
+                      name: str = "the rlvr step", field: str = "max_new_tokens") -> None:
+    """Sampled rows, checked before any compute as `check_pairs` checks the pairs': the longest
+    prompt (`prompt_length` tokens, bos included) and a completion of `max_new_tokens` within the
+    model's `max_positions`. A row's last token (eos or not) is only a target, so it takes
+    prompt_length + max_new_tokens - 1 positions. Refused, never cut or stretched: in process
+    generation would fail mid-stage once a completion ran that long, and the worker would give its
+    model positions pretraining never trained (it sizes the rotary tables to the rows). `name` and
+    `field`: whose completions (RLVR's recipe step, or the evaluation battery) and the manifest
+    field that sets their length, as the refusal names them."""
     needed = prompt_length + max_new_tokens - 1
     if needed > max_positions:
         raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID,
-                       f"the rlvr step's completions of up to {max_new_tokens} tokens (max_new_tokens) after its "
+                       f"{name}'s completions of up to {max_new_tokens} tokens ({field}) after its "
                        f"longest prompt of {prompt_length} need {needed} positions; the model holds {max_positions}")
 
 

@@ -4,10 +4,11 @@ train, evaluate on the held-out battery, save the checkpoint, judge the gate, an
 everything as one frozen record. Its time goes to the runtime event log of its folder
 (`timeline.StageTimeline`), where desk telemetry reads it beside the pretraining stages'.
 
-`PostTrainingRuntime` (stage.py, with the record a stage hands on) holds what the manifest's
-recipe does not say (the evaluation battery, the seed, the host's threads); the manifest's own
+`PostTrainingRuntime` (stage.py, with the record a stage hands on) holds what the manifest does
+not say (the battery's train / held-out split, the seed, the host's threads); the manifest's own
 fields (learning rates, beta, batch and group sizes, step counts, clip range, staleness bound, RLVR's
-completion length and overlong window, the bound pair files) always come from the manifest.
+completion length and overlong window, the bound pair files, and `post_training_eval`: how many
+held-out prompts the battery evaluates and its completion length) always come from the manifest.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import json
 import time
 from pathlib import Path
 
-from ito_assets.manifest.schema import DpoStep, RlvrStep, SftStep
+from ito_assets.errors import ErrorCode, ItoError
+from ito_assets.manifest.schema import DpoStep, PostTrainingEval, RlvrStep, SftStep
 from ito_assets.posttraining.base import CheckpointRef, PolicySpec
 from ito_assets.posttraining.checkpoint import load_policy, save_policy
 from ito_assets.posttraining.dpo import DpoConfig, run_dpo
@@ -41,11 +43,20 @@ SFT_FILE, DPO_FILE = "sft_pairs.jsonl", "dpo_pairs.jsonl"
 BATTERY_SPLIT_SEED = 0
 
 
-def battery(runtime: PostTrainingRuntime) -> tuple[list[Task], list[Task]]:
-    """(train prompts, held-out eval prompts): the same split for every stage and every run."""
+def battery(runtime: PostTrainingRuntime,
+            evaluation: PostTrainingEval = PostTrainingEval()) -> tuple[list[Task], list[Task]]:
+    """(train prompts, held-out eval prompts): the same split for every stage and every run, and
+    the first `evaluation.num_prompts` (the manifest's `post_training_eval`) of its held-out side.
+    A manifest asking for more held-out prompts than the split holds is refused
+    (POSTTRAINING_DATA_INVALID), not evaluated on fewer than it says."""
     train, held_out = split_held_out(largest_digit_tasks(), held_out_fraction=runtime.held_out_fraction,
                                      seed=BATTERY_SPLIT_SEED)
-    return train, held_out[: runtime.num_eval_prompts]
+    if evaluation.num_prompts > len(held_out):
+        raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID,
+                       f"post_training_eval.num_prompts asks for {evaluation.num_prompts} held-out prompts; the "
+                       f"battery holds {len(held_out)} (held_out_fraction {runtime.held_out_fraction} of "
+                       f"{len(train) + len(held_out)})")
+    return train, held_out[: evaluation.num_prompts]
 
 
 def longest_prompt(codec, tasks: list[Task]) -> int:
@@ -53,8 +64,8 @@ def longest_prompt(codec, tasks: list[Task]) -> int:
     return max(len(encode_prompt(codec, task.prompt)) for task in tasks)
 
 
-def _evaluate(policy, codec, tasks, runtime) -> RewardEval:
-    return evaluate_reward(policy, codec, tasks, max_new_tokens=runtime.max_new_tokens, seed=runtime.seed)
+def _evaluate(policy, codec, tasks, runtime: PostTrainingRuntime, evaluation: PostTrainingEval) -> RewardEval:
+    return evaluate_reward(policy, codec, tasks, max_new_tokens=evaluation.max_new_tokens, seed=runtime.seed)
 
 
 def _train(step, policy, reference, codec, spec: PolicySpec, pairs, train_tasks, runtime,
@@ -109,50 +120,57 @@ def _starting_policy(start: Start):
 def run_stage(
     step: SftStep | DpoStep | RlvrStep, *, start: Start, data_root: Path, out_dir: Path,
     runtime: PostTrainingRuntime = PostTrainingRuntime(), launch: WorkerLaunch | None = None,
+    evaluation: PostTrainingEval = PostTrainingEval(),
 ) -> StageOutcome:
     """Train one stage of the recipe from `start`; pair files resolve under `data_root`. `launch`:
-    every stage trains on the stage worker under the supervisor (`on_worker`); without, in this process."""
+    every stage trains on the stage worker under the supervisor (`on_worker`); without, in this process.
+    `evaluation`: the manifest's `post_training_eval`, the held-out battery's sizes."""
     with torch_threads(runtime.num_threads):
-        return _run_stage(step, start=start, data_root=data_root, out_dir=out_dir, runtime=runtime, launch=launch)
+        return _run_stage(step, start=start, data_root=data_root, out_dir=out_dir, runtime=runtime, launch=launch,
+                          evaluation=evaluation)
 
 
 def _run_stage(step: SftStep | DpoStep | RlvrStep, *, start: Start, data_root: Path, out_dir: Path,
-               runtime: PostTrainingRuntime, launch: WorkerLaunch | None) -> StageOutcome:
+               runtime: PostTrainingRuntime, launch: WorkerLaunch | None, evaluation: PostTrainingEval) -> StageOutcome:
     if isinstance(start, StageOutcome):  # a failed gate stays failed: refused before anything is read
         require_passed(start.gate)
     worker = (launch, out_dir / step.kind) if launch is not None else None
     timeline = StageTimeline(out_dir / step.kind, steps_by_worker=worker is not None)
     try:
-        return _timed_stage(step, start, data_root, out_dir, runtime, timeline, worker)
+        return _timed_stage(step, start, data_root, out_dir, runtime, evaluation, timeline, worker)
     finally:  # a stage that failed held its device too
         timeline.close()
 
 
 def _timed_stage(step, start: Start, data_root: Path, out_dir: Path, runtime: PostTrainingRuntime,
-                 timeline: StageTimeline, worker: tuple[WorkerLaunch, Path] | None) -> StageOutcome:
+                 evaluation: PostTrainingEval, timeline: StageTimeline,
+                 worker: tuple[WorkerLaunch, Path] | None) -> StageOutcome:
     # The bound pair file is checked against the manifest's digest before any compute is spent.
     pairs = None if isinstance(step, RlvrStep) else read_bound_pairs(step, data_root)
     spec, policy, previous, started_from = _starting_policy(start)
     codec = spec.codec()
-    train_tasks, held_out = battery(runtime)
+    train_tasks, held_out = battery(runtime, evaluation)
     max_positions = config_by_name(spec.model_name).max_seq_len
     if pairs is not None:
         check_pairs(pairs, codec, max_positions=max_positions, batch_size=step.batch_size, name=step.data.uri)
     else:
         check_completions(longest_prompt(codec, train_tasks), step.max_new_tokens, max_positions=max_positions)
+    # The battery's samples (before and after, and the KL's) fit the model as RLVR's must.
+    check_completions(longest_prompt(codec, held_out), evaluation.max_new_tokens, max_positions=max_positions,
+                      name="the evaluation battery", field="post_training_eval.max_new_tokens")
     reference = copy.deepcopy(policy).eval()  # frozen: the stage's starting point
     timeline.startup()
     before = previous.eval_after if previous is not None else None  # the previous stage's "after"
     if before is None:
         with _timed(timeline.evaluation):
-            before = _evaluate(policy, codec, held_out, runtime)
+            before = _evaluate(policy, codec, held_out, runtime, evaluation)
     with timeline.handed_to_worker() if worker is not None else contextlib.nullcontext():
         metrics, num_steps = _train(step, policy, reference, codec, spec, pairs, train_tasks, runtime, timeline.step,
                                     worker)
     with _timed(timeline.evaluation):
-        after = _evaluate(policy, codec, held_out, runtime)
+        after = _evaluate(policy, codec, held_out, runtime, evaluation)
         metrics["kl_to_reference"] = sampled_kl(policy, reference, codec, held_out,
-                                                max_new_tokens=runtime.max_new_tokens, seed=runtime.seed)
+                                                max_new_tokens=evaluation.max_new_tokens, seed=runtime.seed)
     saving = time.perf_counter()
     checkpoint = save_policy(policy, out_dir / step.kind / "policy.pt", stage=step.kind, policy_version=num_steps)
     timeline.checkpoint(time.perf_counter() - saving, checkpoint.num_bytes, step=num_steps)

@@ -1,8 +1,8 @@
 """What a post-training stage is given and what it hands on, apart from the training
-(pipeline.py, which needs torch): the sizes the manifest's recipe does not say
-(`PostTrainingRuntime`), the frozen record of a finished stage (`StageOutcome`) and where a stage
-starts (`Start`). The Dagster assets and checks, the ledger publication and the code location
-read them without importing torch.
+(pipeline.py, which needs torch): the settings the manifest does not say (`PostTrainingRuntime`:
+the battery's split, the seed, the host's threads), the frozen record of a finished stage
+(`StageOutcome`) and where a stage starts (`Start`). The Dagster assets and checks, the ledger
+publication and the code location read them without importing torch.
 """
 
 from __future__ import annotations
@@ -22,17 +22,12 @@ if TYPE_CHECKING:
 @dataclass(frozen=True, kw_only=True)
 class PostTrainingRuntime:
     seed: int = 0
-    # The battery: 3-digit "largest digit" prompts, a fifth held out (never trained on), all 200
-    # evaluated with 8 samples each (avg@8): measured paired SE of a stage's gain ~0.015-0.03,
-    # against ~0.03-0.05 with 50 prompts, which left real RLVR gains inside the noise band.
-    # `seed` seeds data order and sampling (not the split).
+    # The battery: 3-digit "largest digit" prompts, a fifth held out (never trained on).
+    # `seed` seeds data order and sampling (not the split). How many held-out prompts are
+    # evaluated, and the completions' length, are the manifest's (`post_training_eval`, defaults
+    # 200 and 8: the schema says why), so the confirmation binds them; a Dagster configuration that
+    # still sets `num_eval_prompts` or `max_new_tokens` on the resource is refused.
     held_out_fraction: float = 0.2
-    num_eval_prompts: int = 200
-    # The evaluation battery's completion length (before and after each stage, and the sampled KL):
-    # answers are one token + eos (one character, or one BPE digit token), so 8 leaves room for
-    # rambling. RLVR's own completions take the recipe's `max_new_tokens` and `overlong_cache`
-    # (`RlvrStep`), which the confirmation binds.
-    max_new_tokens: int = 8
     # One intra-op thread: for models this small, thread start-up costs more than it saves, and the
     # generator process needs the other core (measured: SFT of 200 steps took 2.3 s of CPU with
     # one thread, 18 s with two on a shared 2-core machine).

@@ -9,6 +9,7 @@ import pydantic
 import pytest
 
 from definitions import build_definitions
+from ito_assets.defs.posttraining.resources import PostTrainingResource
 from ito_assets.defs.resources import StrictResource
 from ito_assets.defs.training.resources import TrainingRuntimeResource
 from ito_assets.settings import load_settings
@@ -40,3 +41,29 @@ def test_run_configuration_with_a_field_the_resource_does_not_have_is_refused():
     with pytest.raises(dg.DagsterInvalidConfigError, match="max_restart"):
         dg.materialize([uses], resources={"training_runtime": OURS["training_runtime"]},
                        run_config={"resources": {"training_runtime": {"config": {"max_restart": 5}}}})
+
+
+# The posttraining resource's retired fields: the recipe's sizes (batch_size, RLVR's steps, groups
+# and overlong window) and the evaluation battery's (num_eval_prompts, max_new_tokens, now the
+# manifest's `post_training_eval`). A configuration still setting one is refused, never run with
+# other sizes than the confirmed manifest says.
+RETIRED_POSTTRAINING_FIELDS = ["batch_size", "rlvr_num_steps", "rlvr_groups_per_step", "overlong_cache",
+                               "num_eval_prompts", "max_new_tokens"]
+
+
+def test_the_posttraining_resource_keeps_only_what_the_manifest_does_not_say():
+    assert set(OURS["posttraining"].model_dump()) == {"seed", "held_out_fraction", "num_threads"}
+
+
+@pytest.mark.parametrize("field", RETIRED_POSTTRAINING_FIELDS)
+def test_the_posttraining_resource_refuses_a_retired_field(field):
+    with pytest.raises(pydantic.ValidationError, match=field):
+        PostTrainingResource(**{field: 4})
+
+    @dg.asset
+    def uses(posttraining: PostTrainingResource) -> int:
+        return posttraining.seed
+
+    with pytest.raises(dg.DagsterInvalidConfigError, match=field):
+        dg.materialize([uses], resources={"posttraining": PostTrainingResource()},
+                       run_config={"resources": {"posttraining": {"config": {field: 4}}}})

@@ -403,6 +403,48 @@ def test_post_training_ranges(kind, field, accepted, refused):
         assert err.message == f"the manifest does not match the schema at: post_training.0.{kind}.{field}"
 
 
+# The eval battery's sizes (`post_training_eval`): at each bound, one past it, and far past it.
+EVAL_RANGES = [
+    ("num_prompts", [1, 200, 10**3], [0, -1, 10**3 + 1, 10**23]),
+    ("max_new_tokens", [1, 8, 2**16], [0, -1, 2**16 + 1, 10**23]),
+]
+
+
+@pytest.mark.parametrize("field,accepted,refused", EVAL_RANGES, ids=[r[0] for r in EVAL_RANGES])
+def test_post_training_eval_ranges(field, accepted, refused):
+    for value in accepted:
+        assert _verdict(_with(post_training_eval={field: value})) is None, value
+    for value in refused:
+        err = _verdict(_with(post_training_eval={field: value}))
+        assert err.code is ErrorCode.MANIFEST_INVALID, value
+        assert err.message == f"the manifest does not match the schema at: post_training_eval.{field}"
+
+
+@pytest.mark.parametrize(
+    "block,refused_at",
+    [({}, None), ({"num_prompts": 3, "max_new_tokens": 5}, None),
+     ({"num_prompts": "3"}, "post_training_eval.num_prompts"),  # strict: a JSON integer, not a string
+     ({"num_prompts": 3.0}, "post_training_eval.num_prompts"),
+     ({"max_new_tokens": True}, "post_training_eval.max_new_tokens"),
+     ({"num_samples": 8}, "post_training_eval.num_samples"),  # an unknown field
+     (None, "post_training_eval"), ([], "post_training_eval")],
+)
+def test_post_training_eval_is_a_strict_block(block, refused_at):
+    err = _verdict(_with(post_training_eval=block))
+    if refused_at is None:
+        assert err is None
+        return
+    assert err.code is ErrorCode.MANIFEST_INVALID
+    assert err.message == f"the manifest does not match the schema at: {refused_at}"
+
+
+def test_a_manifest_without_post_training_eval_reads_the_defaults():
+    evaluation = parse_manifest(_raw(json.dumps(valid_manifest()).encode())).post_training_eval
+    assert (evaluation.num_prompts, evaluation.max_new_tokens) == (200, 8)
+    written = parse_manifest(_raw(json.dumps(_with(post_training_eval={"num_prompts": 3})).encode())).post_training_eval
+    assert (written.num_prompts, written.max_new_tokens) == (3, 8)  # a field left out keeps its default
+
+
 @pytest.mark.parametrize(
     "kinds,ok",
     [([], True), (["sft"], True), (["dpo"], True), (["rlvr"], True), (["sft", "dpo"], True), (["sft", "rlvr"], True),

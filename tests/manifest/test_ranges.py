@@ -88,6 +88,14 @@ def _rlvr_length(field):
     return build
 
 
+def _post_training_eval(field):
+    def build(value):
+        document = valid_manifest()
+        document["post_training_eval"] = {field: value}
+        return document
+    return build
+
+
 def _budget(field):
     def build(value):
         document = valid_manifest()
@@ -152,6 +160,10 @@ RANGES = {
                                      1, True, 2**16, True),
     ("RlvrStep", "overlong_cache"): (_rlvr_length("overlong_cache"), "post_training.0.rlvr.overlong_cache",
                                      1, True, 2**16, True),
+    ("PostTrainingEval", "num_prompts"): (_post_training_eval("num_prompts"), "post_training_eval.num_prompts",
+                                          1, True, 10**3, True),
+    ("PostTrainingEval", "max_new_tokens"): (_post_training_eval("max_new_tokens"),
+                                             "post_training_eval.max_new_tokens", 1, True, 2**16, True),
     ("Budget", "cap_cents"): (_budget("cap_cents"), "budget.cap_cents", 1, True, 10**15, True),
     ("Budget", "max_incremental_cents"): (_budget("max_incremental_cents"), "budget.max_incremental_cents",
                                           1, True, 10**15, True),

@@ -40,8 +40,9 @@ from posttraining.pretrained_checkpoint import Pretrained, make_pretrained
 pytestmark = pytest.mark.filterwarnings("ignore::dagster.PreviewWarning")
 
 STAGES = ("sft_checkpoint", "dpo_checkpoint", "rlvr_checkpoint")
-# Small enough for seconds on CPU; the SFT rate is one the tiny model learns the format at.
-SMALL = PostTrainingResource(num_eval_prompts=12)
+# The manifest's eval battery (`post_training_eval.num_prompts`): small enough for seconds on CPU;
+# the SFT rate is one the tiny model learns the format at.
+SMALL = 12
 # The recipe's sizes, added to every step these tests write unless it sets its own.
 SIZES = {"sft": {"batch_size": 16}, "dpo": {"batch_size": 16}, "rlvr": {"num_steps": 4, "groups_per_step": 2}}
 # The chain that must pass its gates is judged on 48 held-out prompts, not 12: after SFT (3e-3, one
@@ -49,7 +50,7 @@ SIZES = {"sft": {"batch_size": 16}, "dpo": {"batch_size": 16}, "rlvr": {"num_ste
 # (delta - 1.96 SE) measured -0.008 to +0.027 (pass or fail on how pretraining's floats were
 # summed); on 48, +0.089 to +0.107 (pretraining seeds 0-1, one or two threads), SE ~0.022 instead
 # of ~0.035-0.046. The other tests' gates do not depend on a margin (nothing learned: delta 0).
-CHAIN = PostTrainingResource(num_eval_prompts=48)
+CHAIN = 48
 _PAIR_FILES = {"sft": SFT_FILE, "dpo": DPO_FILE}
 
 
@@ -84,7 +85,7 @@ def _pretraining_stand_ins(base: Pretrained) -> list:
     return [tokens_stand_in, final_stand_in, untrained("pretraining"), untrained("mid_training")]
 
 
-def _defs(installation, base: Pretrained, runtime: PostTrainingResource = SMALL) -> dg.Definitions:
+def _defs(installation, base: Pretrained, runtime: PostTrainingResource = PostTrainingResource()) -> dg.Definitions:
     lineage = ("manifest", "data", "decision", "workload")  # training stood in, post-training's resource below
     # The stages' worker is launched as the training stages' are: their runtime, launcher and Pipes client.
     worker = {"training_runtime": TrainingRuntimeResource(poll_interval_s=0.2), "training_launcher": TrainingLauncherResource(),
@@ -133,10 +134,11 @@ def _ledger_run(installation, manifest_path: str) -> str:
 
 
 def _materialize(installation, instance, defs, recipe: list[dict], selection, *, num_prompts: int = 800,
-                 bind: bool = True):
+                 bind: bool = True, num_eval_prompts: int = SMALL):
     references = _write_fixtures(installation, num_prompts)
     recipe = _sized(_bind(recipe, references) if bind else recipe)
-    run_id = _ledger_run(installation, installation.manifest("post", post_training=recipe))
+    run_id = _ledger_run(installation, installation.manifest("post", post_training=recipe,
+                                                             post_training_eval={"num_prompts": num_eval_prompts}))
     key = _register(installation, instance)
     job = dg.define_asset_job("adhoc", selection=selection).resolve(asset_graph=defs.resolve_asset_graph())
     return job.execute_in_process(instance=instance, partition_key=key, raise_on_error=False,
@@ -194,14 +196,18 @@ def test_failed_gate_stops_the_chain_and_keeps_stopping_it(installation, instanc
 
 @pytest.mark.slow
 def test_chain_materializes_with_metrics(installation, instance, base):
-    defs = _defs(installation, base, CHAIN)
+    defs = _defs(installation, base)
     recipe = [{"kind": "sft", "learning_rate": 3e-3}, {"kind": "dpo", "learning_rate": 1e-4},
               {"kind": "rlvr", "learning_rate": 1e-3, "group_size": 4, "max_staleness": 1}]
     groups = ("manifest", "workload", "training", "posttraining", "telemetry")
-    result = _materialize(installation, instance, defs, recipe, dg.AssetSelection.groups(*groups))
+    result = _materialize(installation, instance, defs, recipe, dg.AssetSelection.groups(*groups),
+                          num_eval_prompts=CHAIN)
     assert _evaluations(result)["sft_eval_gate"] is True
     assert _evaluations(result)["dpo_eval_gate"] is True
     assert set(STAGES) <= _materialized(result)
+    for name in STAGES:  # the manifest's battery, as confirmed: its post_training_eval, not a resource's
+        outcome = result.output_for_node(name)
+        assert outcome.eval_before.num_tasks == outcome.eval_after.num_tasks == CHAIN, name
     (rlvr,) = [e for e in result.get_asset_materialization_events() if e.asset_key.path == ["rlvr_checkpoint"]]
     metadata = rlvr.step_materialization_data.materialization.metadata
     assert {"curves_chart", "final_reward", "staleness_histogram", "kl_to_reference", "gate"} <= set(metadata)

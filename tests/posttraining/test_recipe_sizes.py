@@ -1,9 +1,9 @@
 """The sizes that decide a post-training stage's compute are the manifest recipe's, so the
 confirmation binds them: a step's `batch_size` (SFT, DPO) and RLVR's `num_steps`,
 `groups_per_step`, `max_new_tokens` and `overlong_cache` are what the stage trains with, and the
-`posttraining` resource refuses them rather than train with other sizes than its caller says (its
-`max_new_tokens` is the evaluation battery's alone). An RLVR step whose completions its model cannot
-hold after the longest prompt is refused before any compute."""
+`posttraining` resource refuses them rather than train with other sizes than its caller says (the
+evaluation battery's sizes are the manifest's `post_training_eval`: test_eval_battery.py). An RLVR
+step whose completions its model cannot hold after the longest prompt is refused before any compute."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import torch
 
 from ito_assets.defs.posttraining.resources import PostTrainingResource
 from ito_assets.errors import ErrorCode, ItoError
-from ito_assets.manifest.schema import DpoStep, RlvrStep, SftStep
+from ito_assets.manifest.schema import DpoStep, PostTrainingEval, RlvrStep, SftStep
 from ito_assets.manifest.verify import verify_manifest
 from ito_assets.posttraining import on_worker, pipeline
 from ito_assets.posttraining.base import seeded
@@ -31,7 +31,8 @@ from ito_assets.posttraining.rollouts import collate
 from ito_assets.posttraining.stage import PostTrainingRuntime
 from ito_assets.training.model_config import config_by_name
 
-RUNTIME = PostTrainingRuntime(num_eval_prompts=4)
+RUNTIME = PostTrainingRuntime()
+EVALUATION = PostTrainingEval(num_prompts=4)  # the manifest's eval battery, small
 TRAIN, _ = battery(RUNTIME)
 
 
@@ -50,7 +51,8 @@ def _sft(data_root: Path, num_pairs: int, batch_size: int) -> SftStep:
 @pytest.mark.parametrize("batch_size,num_steps", [(8, 3), (12, 2), (24, 1)])
 def test_sft_takes_as_many_steps_as_the_recipes_batch_size_makes(tmp_path, batch_size, num_steps):
     step = _sft(tmp_path, 24, batch_size)
-    outcome = run_stage(step, start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out", runtime=RUNTIME)
+    outcome = run_stage(step, start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out", runtime=RUNTIME,
+                        evaluation=EVALUATION)
     assert len(outcome.metrics["loss_curve"]) == num_steps
 
 
@@ -58,23 +60,27 @@ def test_sft_takes_as_many_steps_as_the_recipes_batch_size_makes(tmp_path, batch
 def test_a_pair_file_is_refused_below_one_batch_of_the_recipes_size(tmp_path, batch_size, refused):
     step = _sft(tmp_path, 24, batch_size)
     if not refused:
-        run_stage(step, start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out", runtime=RUNTIME)
+        run_stage(step, start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out", runtime=RUNTIME,
+                  evaluation=EVALUATION)
         return
     with pytest.raises(ItoError) as error:
-        run_stage(step, start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out", runtime=RUNTIME)
+        run_stage(step, start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out", runtime=RUNTIME,
+                  evaluation=EVALUATION)
     assert error.value.code is ErrorCode.POSTTRAINING_DATA_INVALID and "fewer than one batch of 25" in error.value.message
 
 
 def test_dpo_takes_as_many_steps_as_the_recipes_batch_size_makes(tmp_path):
     data = _bound(tmp_path, DPO_FILE, preference_pairs(TRAIN[:16], copies=1, seed=0))
     step = DpoStep.model_validate({"kind": "dpo", "batch_size": 4, "data": data})
-    outcome = run_stage(step, start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out", runtime=RUNTIME)
+    outcome = run_stage(step, start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out", runtime=RUNTIME,
+                        evaluation=EVALUATION)
     assert len(outcome.metrics["loss_curve"]) == len(preference_pairs(TRAIN[:16], copies=1, seed=0)) // 4
 
 
 def test_rlvr_runs_the_recipes_steps_of_its_groups(tmp_path):
     step = RlvrStep.model_validate({"kind": "rlvr", "num_steps": 2, "groups_per_step": 3, "group_size": 2})
-    outcome = run_stage(step, start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out", runtime=RUNTIME)
+    outcome = run_stage(step, start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out", runtime=RUNTIME,
+                        evaluation=EVALUATION)
     assert len(outcome.metrics["reward_curve"]) == 2
     # the groups a step trains on: the loop's config is the step's (the run's own figures do not count them)
     config = RlvrConfig.from_step(step)
@@ -88,7 +94,7 @@ def test_the_resource_refuses_the_sizes_the_recipe_holds(field):
 
     @dg.asset
     def uses(posttraining: PostTrainingResource) -> int:
-        return posttraining.num_eval_prompts
+        return posttraining.seed
 
     with pytest.raises(dg.DagsterInvalidConfigError, match=field):
         dg.materialize([uses], resources={"posttraining": PostTrainingResource()},
@@ -134,19 +140,20 @@ class _Stopped(Exception):
     pass
 
 
-def test_rlvr_generates_with_the_recipes_completion_length_and_the_battery_with_the_resources(tmp_path, monkeypatch):
-    """The step's L_max 3 and L_cache 2, not the resource's 8, reach RLVR's loop; the evaluation
-    battery keeps the resource's."""
+def test_rlvr_generates_with_the_recipes_completion_length_and_the_battery_with_its_own(tmp_path, monkeypatch):
+    """The step's L_max 3 and L_cache 2, not the battery's 8, reach RLVR's loop; the evaluation
+    battery keeps its own (the manifest's `post_training_eval`)."""
     step = RlvrStep.model_validate({"kind": "rlvr", "num_steps": 1, "groups_per_step": 1, "group_size": 2,
                                     "max_new_tokens": 3, "overlong_cache": 2})
     trained = _spy(monkeypatch, pipeline, "run_rlvr")
     evaluated = _spy(monkeypatch, pipeline, "evaluate_reward")
-    run_stage(step, start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out", runtime=RUNTIME)
+    run_stage(step, start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out", runtime=RUNTIME,
+              evaluation=EVALUATION)
     [(args, _)] = trained
     config = args[4]
     assert (config.max_new_tokens, config.overlong_cache) == (3, 2)
     assert (config.generation().max_new_tokens, config.generation().overlong_cache) == (3, 2)
-    assert RUNTIME.max_new_tokens == 8
+    assert EVALUATION.max_new_tokens == 8
     assert [kwargs["max_new_tokens"] for _, kwargs in evaluated] == [8, 8]  # before and after
 
 
@@ -155,7 +162,7 @@ def test_rlvr_on_the_worker_sizes_its_rows_by_the_recipes_completion_length(tmp_
     configs = _spy(monkeypatch, on_worker, "_config", stop=True)
     with pytest.raises(_Stopped):
         run_stage(step, start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out", runtime=RUNTIME,
-                  launch=object())
+                  evaluation=EVALUATION, launch=object())
     [((stage, _rows), kwargs)] = configs
     assert kwargs["sequence_length"] == longest_prompt(seeded().codec(), TRAIN) + 5
     assert (stage.reinforcement.max_new_tokens, stage.reinforcement.overlong_cache) == (5, 5)
@@ -214,11 +221,13 @@ def test_a_completion_the_model_cannot_hold_is_refused_before_any_compute(tmp_pa
     evaluated = _spy(monkeypatch, pipeline, "_evaluate", stop=True)
     if not past_the_edge:
         with pytest.raises(_Stopped):
-            run_stage(step, start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out", runtime=RUNTIME)
+            run_stage(step, start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out", runtime=RUNTIME,
+                      evaluation=EVALUATION)
         assert len(evaluated) == 1
         return
     with pytest.raises(ItoError) as error:
-        run_stage(step, start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out", runtime=RUNTIME)
+        run_stage(step, start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out", runtime=RUNTIME,
+                  evaluation=EVALUATION)
     assert error.value.code is ErrorCode.POSTTRAINING_DATA_INVALID
     max_positions = config_by_name(seeded().model_name).max_seq_len
     assert error.value.message == (

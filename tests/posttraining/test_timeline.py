@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ito_assets.errors import ErrorCode, ItoError
-from ito_assets.manifest.schema import SftStep
+from ito_assets.manifest.schema import PostTrainingEval, SftStep
 from ito_assets.posttraining.base import seeded
 from ito_assets.posttraining.fixtures import instruction_pairs, write_jsonl
 from ito_assets.posttraining.pipeline import SFT_FILE, battery, run_stage
@@ -20,7 +20,8 @@ from ito_assets.runtime.record import events
 from ito_assets.runtime.record.events import EventKind
 from ito_assets.runtime.record.goodput import summarize
 
-RUNTIME = PostTrainingRuntime(num_eval_prompts=8)
+RUNTIME = PostTrainingRuntime()
+EVALUATION = PostTrainingEval(num_prompts=8)  # the manifest's battery, small
 
 
 def _sft_step(data_root: Path, *, num_pairs: int) -> SftStep:
@@ -34,7 +35,8 @@ def _sft_step(data_root: Path, *, num_pairs: int) -> SftStep:
 
 def test_each_optimizer_step_evaluation_and_save_is_an_event_inside_the_stages_window(tmp_path):
     step = _sft_step(tmp_path, num_pairs=24)  # 3 steps of 8 pairs
-    outcome = run_stage(step, start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out", runtime=RUNTIME)
+    outcome = run_stage(step, start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out", runtime=RUNTIME,
+                        evaluation=EVALUATION)
     folder = Path(outcome.stage_dir)
     assert folder == tmp_path / "out" / "sft"
     log = events.read(folder)
@@ -54,7 +56,8 @@ def test_a_stage_that_fails_after_it_began_still_closes_its_window(tmp_path):
     step = _sft_step(tmp_path, num_pairs=8)
     (tmp_path / "pairs" / SFT_FILE).write_text("{}\n")  # changed after the manifest bound it
     with pytest.raises(ItoError) as refused:
-        run_stage(step, start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out", runtime=RUNTIME)
+        run_stage(step, start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out", runtime=RUNTIME,
+                  evaluation=EVALUATION)
     assert refused.value.code is ErrorCode.SOURCE_DIGEST_MISMATCH
     log = events.read(tmp_path / "out" / "sft")
     assert [e.kind for e in log] == [EventKind.RESUME, EventKind.ALLOCATION]
@@ -64,7 +67,8 @@ def test_a_stage_that_fails_after_it_began_still_closes_its_window(tmp_path):
 def test_a_rerun_in_the_same_folder_is_the_next_attempt_and_wastes_the_first(tmp_path):
     step = _sft_step(tmp_path, num_pairs=16)
     for _ in range(2):
-        run_stage(step, start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out", runtime=RUNTIME)
+        run_stage(step, start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out", runtime=RUNTIME,
+                  evaluation=EVALUATION)
     log = events.read(tmp_path / "out" / "sft")
     assert sorted({e.attempt for e in log}) == [0, 1]
     figures = summarize(log, posttraining=True)

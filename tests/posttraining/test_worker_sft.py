@@ -200,7 +200,7 @@ def _windows(log) -> list[tuple[float, float]]:
 def test_the_stage_on_the_worker_is_one_event_log_whose_windows_never_overlap(tmp_path):
     """The worker's steps and the supervisor's window, the stage's evaluations, save and its own
     windows before and after the worker's, in one folder; every second counted once."""
-    from ito_assets.manifest.schema import SftStep
+    from ito_assets.manifest.schema import PostTrainingEval, SftStep
     from ito_assets.posttraining.fixtures import write_jsonl
     from ito_assets.posttraining.pipeline import SFT_FILE, run_stage
     from ito_assets.posttraining.stage import PostTrainingRuntime
@@ -213,7 +213,8 @@ def test_the_stage_on_the_worker_is_one_event_log_whose_windows_never_overlap(tm
     step = SftStep.model_validate({"kind": "sft", "num_epochs": 1, "learning_rate": 3e-3, "data": data})
     began = time.time()
     outcome = run_stage(step, start=SPEC, data_root=tmp_path, out_dir=tmp_path / "out",
-                        runtime=PostTrainingRuntime(num_eval_prompts=8), launch=_launch())
+                        runtime=PostTrainingRuntime(), launch=_launch(),
+                        evaluation=PostTrainingEval(num_prompts=8))
     ended = time.time()
     log = events.read(Path(outcome.stage_dir))
     windows = _windows(log)

@@ -92,7 +92,8 @@ def outcome_metadata(outcome: StageOutcome, step) -> dict:
         "num_optimizer_steps": outcome.checkpoint.policy_version,
         "gate_passed": outcome.gate.passed,
         "gate": table(GATE_COLUMNS, [outcome.gate.as_dict()]),
-        # rewards are means over 200 prompts x 8 samples: 4 decimals is below their standard error
+        # rewards are means over the manifest's post_training_eval.num_prompts (200 by default) x 8
+        # samples: 4 decimals is below their standard error
         "heldout_reward_before": round(outcome.eval_before.mean_reward, 4),
         "heldout_reward_after": round(outcome.eval_after.mean_reward, 4),
         "heldout_greedy_accuracy": round(outcome.eval_after.greedy_accuracy, 4),
@@ -166,6 +167,7 @@ def _stage(context, ito: ItoSettingsResource, posttraining: PostTrainingResource
                                           prepared=prepared)
         run_id, checkpoint_dir = live.run_id, live.checkpoint_dir
         step = _recipe_step(live.manifest.manifest, kind)
+        evaluation = live.manifest.manifest.post_training_eval  # the held-out battery's sizes, as confirmed
         run_dir = RunLayout.for_run(checkpoint_dir, run_id).run_dir
         VerdictStore(run_dir).ensure_not_failed(STAGE_ORDER)
         runtime = posttraining.runtime()
@@ -173,7 +175,8 @@ def _stage(context, ito: ItoSettingsResource, posttraining: PostTrainingResource
         ranks = None if worker is None else worker.ranks(context, live, kind, getattr(step, "batch_size", 1))
         mark_training_started(ledger, run_id)
         outcome = run_stage(step, start=start, data_root=ito.settings().data_root, out_dir=run_dir / "posttraining",
-                            runtime=runtime, launch=None if worker is None else worker.launch(context, run_id, ranks))
+                            runtime=runtime, launch=None if worker is None else worker.launch(context, run_id, ranks),
+                            evaluation=evaluation)
         with ledger.open() as opened:
             num_checkpoints, num_metrics = publish_outcome(opened, run_id, outcome)
     except ItoError as error:
