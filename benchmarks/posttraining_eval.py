@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from ito_assets.manifest.schema import PostTrainingEval  # noqa: E402
 from ito_assets.posttraining import evaluation  # noqa: E402
 from ito_assets.posttraining.base import seeded  # noqa: E402
 from ito_assets.posttraining.decoding import encode_prompt, sample  # noqa: E402
@@ -62,8 +63,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    runtime = PostTrainingRuntime()
-    _, held_out = battery(runtime)
+    runtime, sizes = PostTrainingRuntime(), PostTrainingEval()
+    _, held_out = battery(runtime, sizes)
     spec = seeded()
     codec = spec.codec()
     with tempfile.TemporaryDirectory() as folder:
@@ -71,17 +72,17 @@ def main() -> None:
         tuned = spec.factory()()
         tuned.load_state_dict(torch.load(Path(folder) / "0" / "sft" / "policy.pt", weights_only=True))
     policies = {"seed weights": spec.factory()(), "after SFT": tuned}
-    print(f"{len(held_out)} prompts x {evaluation.EVAL_SAMPLES_PER_PROMPT} samples, max {runtime.max_new_tokens} "
+    print(f"{len(held_out)} prompts x {evaluation.EVAL_SAMPLES_PER_PROMPT} samples, max {sizes.max_new_tokens} "
           f"new tokens, one thread; best of {args.repeats}")
     for name, policy in policies.items():
         policy.eval()
         base_s, (base_reward, base_greedy) = _best_of(args.repeats, lambda: one_prompt_at_a_time(
-            policy, codec, held_out, max_new_tokens=runtime.max_new_tokens, seed=0))
+            policy, codec, held_out, max_new_tokens=sizes.max_new_tokens, seed=0))
         print(f"{name}: one prompt at a time {base_s:.2f} s, reward {base_reward:.4f}, greedy {base_greedy:.4f}")
         for size in args.batch_prompts:
             evaluation.EVAL_BATCH_PROMPTS = size
             seconds, result = _best_of(args.repeats, lambda: evaluation.evaluate_reward(
-                policy, codec, held_out, max_new_tokens=runtime.max_new_tokens, seed=0))
+                policy, codec, held_out, max_new_tokens=sizes.max_new_tokens, seed=0))
             agrees = "same greedy" if result.greedy_accuracy == base_greedy else "GREEDY DIFFERS"
             print(f"  {size:>3} prompts a batch: {seconds:.2f} s ({base_s / seconds:.1f}x), reward "
                   f"{result.mean_reward:.4f} (SE {result.standard_error:.4f}), greedy {result.greedy_accuracy:.4f}, "

@@ -40,6 +40,16 @@ def entitle(conn, ledger: Ledger, account_id: str, booking_id: str, *, for_updat
     return booking, entitlement.eligibility(booking, account_id, ledger.now(), require_started=require_started)
 
 
+def entitled_recipe_pairs(ledger: Ledger, policy: ServerPolicy, account_id: str, booking_id: str,
+                      verified: VerifiedManifest, *, require_started: bool = True) -> validation.RecipePairs:
+    """Gate 1, then the recipe's pair files (`validation.read_recipe_pairs`), before the gates'
+    transaction: a caller with no booking of theirs never makes the server read a file. Gate 1 is
+    asked again inside the transaction, where it counts."""
+    with ledger.read() as conn:
+        entitle(conn, ledger, account_id, booking_id, for_update=False, require_started=require_started)
+    return validation.read_recipe_pairs(verified.manifest, policy)
+
+
 def validate(conn, policy: ServerPolicy, account_id: str, booking: bookings.Booking, eligible: entitlement.Eligibility,
              verified: VerifiedManifest, requirements: validation.RunRequirements, *, now: int,
              pairs: validation.RecipePairs, create_storage: bool = True) -> TrainPreflight:
@@ -86,7 +96,7 @@ class TrainQuote:
 def quote_train(ledger: Ledger, policy: ServerPolicy, identity: Identity, booking_id: str,
                 verified: VerifiedManifest, requirements: validation.RunRequirements | None = None) -> TrainQuote:
     account_id = identity.tenant
-    pairs = validation.read_recipe_pairs(verified.manifest, policy)
+    pairs = entitled_recipe_pairs(ledger, policy, account_id, booking_id, verified, require_started=False)
     with ledger.read() as conn:
         # A quote may be asked before the window begins (planning ahead); confirm and train may not.
         booking, eligible = entitle(conn, ledger, account_id, booking_id, for_update=False, require_started=False)
@@ -103,7 +113,7 @@ def request_train(ledger: Ledger, policy: ServerPolicy, identity: Identity, book
                   verified: VerifiedManifest, requirements: validation.RunRequirements | None = None
                   ) -> IssuedConfirmation:
     account_id = identity.tenant
-    pairs = validation.read_recipe_pairs(verified.manifest, policy)
+    pairs = entitled_recipe_pairs(ledger, policy, account_id, booking_id, verified)
     now = ledger.now()
     with ledger.write() as conn:
         booking, eligible = entitle(conn, ledger, account_id, booking_id, for_update=False)

@@ -22,7 +22,7 @@ import sqlalchemy as sa
 
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.control import audit, budget, confirmations, entitlement, idempotency, ids, intake, runs, validation
-from ito_assets.control.confirm_request import entitle, validate
+from ito_assets.control.confirm_request import entitle, entitled_recipe_pairs, validate
 from ito_assets.control.fingerprint import request_fingerprint, validate_key
 from ito_assets.control.identity import Identity
 from ito_assets.control.ledger import Ledger
@@ -143,7 +143,7 @@ def _create(ledger: Ledger, policy: ServerPolicy, account_id: str, request: Trai
         replay = _replay(conn, account_id, request.idempotency_key, request.fingerprint())
     if replay is not None:
         return replay
-    pairs = validation.read_recipe_pairs(request.verified.manifest, policy)  # before any lock: whole files
+    pairs = entitled_recipe_pairs(ledger, policy, account_id, request.booking_id, request.verified)  # before any lock
     try:
         with ledger.write() as conn:
             return _create_locked(conn, ledger, policy, account_id, request, pairs)

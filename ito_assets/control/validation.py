@@ -85,13 +85,18 @@ class RecipePairs:
 
 def read_recipe_pairs(manifest: Manifest, policy: ServerPolicy) -> RecipePairs:
     """No file is read that the data policy does not allow (a path outside the allowed roots would
-    tell by its refusal whether it exists); that refusal is gate 5's own, raised in its order."""
+    tell by its refusal whether it exists); that refusal is gate 5's own, raised in its order. A
+    file is opened only if, once open, it is still the file the policy allowed (a link swapped in
+    between is refused as outside the roots)."""
     try:
         check_data_policy(manifest, policy)
     except ItoError:
         return RecipePairs(shapes=None)
+    def allowed(path: Path) -> bool:
+        return any(inside(path, root) for root in policy.allowed_data_roots)
+
     try:
-        return RecipePairs(shapes=read_pair_shapes(manifest.post_training, policy.data_root))
+        return RecipePairs(shapes=read_pair_shapes(manifest.post_training, policy.data_root, allowed=allowed))
     except ItoError as refusal:
         return RecipePairs(shapes=None, refusal=refusal)
 

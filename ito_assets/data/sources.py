@@ -37,11 +37,10 @@ import pyarrow.parquet as pq
 
 from ito_assets.data.text import NORMALIZATION_VERSION, normalize
 from ito_assets.digests import file_sha256
+from ito_assets.data.uris import resolve_uri
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.schema import DataReference
 
-DATAROOT = "dataroot://"
-FILE = "file://"
 DOC_ID_HEX = 16
 # The document frame every step after this one consumes (provenance columns first).
 DOCUMENT_SCHEMA = {
@@ -69,20 +68,6 @@ class SourceCounts:
     num_empty_skipped: int
     num_changed_by_normalization: int
     normalization: str = NORMALIZATION_VERSION
-
-
-def resolve_uri(uri: str, data_root: Path) -> Path:
-    """`dataroot://rel/path` under the data root (never escaping it), or `file:///abs/path`."""
-    if uri.startswith(DATAROOT):
-        relative = Path(uri[len(DATAROOT):])
-        root = data_root.resolve()
-        path = (root / relative).resolve()
-        if relative.is_absolute() or not path.is_relative_to(root):
-            raise ItoError(ErrorCode.SOURCE_INVALID, "a dataroot:// reference points outside the data root")
-        return path
-    if uri.startswith(FILE):
-        return Path(uri[len(FILE):])
-    raise ItoError(ErrorCode.SOURCE_INVALID, "a data reference has an unsupported uri scheme")
 
 
 def read_verified_bytes(ref: DataReference, data_root: Path) -> bytes:

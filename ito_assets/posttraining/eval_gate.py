@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 
 # 1.96: the two-sided 95% quantile of the normal distribution.
 Z_95 = 1.96
+# 8 samples per prompt (avg@8): the reward RL optimises, with a sampling error small enough to
+# compare stages; DAPO reports avg@32 on AIME for the same reason (Yu et al. 2025, section 4.1).
+# Here, not in evaluation.py (torch), so that the planner prices the battery without torch.
+EVAL_SAMPLES_PER_PROMPT = 8
 
 
 class GateRule(str, enum.Enum):

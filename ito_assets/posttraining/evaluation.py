@@ -10,14 +10,12 @@ from typing import Iterator, Sequence
 import torch
 
 from ito_assets.posttraining.decoding import Completion, encode_prompt, sample_prompts
+from ito_assets.posttraining.eval_gate import EVAL_SAMPLES_PER_PROMPT
 from ito_assets.posttraining.policy import CausalLM, masked_mean, token_logprobs
 from ito_assets.posttraining.rewards import score
 from ito_assets.posttraining.tasks import Task
 from ito_assets.posttraining.vocab import TextCodec
 
-# 8 samples per prompt (avg@8): the reward RL optimises, with a sampling error small enough to
-# compare stages; DAPO reports avg@32 on AIME for the same reason (Yu et al. 2025, section 4.1).
-EVAL_SAMPLES_PER_PROMPT = 8
 # Prompts of one length decoded together: 32 x 8 samples = 256 rows a forward. The battery's 200
 # prompts took a third of the time they took one at a time; all 200 at once were no faster and
 # hold 8x the logits (benchmarks/posttraining_eval.py).

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ito_assets.data.sources import read_verified_bytes, resolve_uri
+from ito_assets.data.uris import resolve_uri
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.schema import DpoStep, SftStep
 from ito_assets.posttraining.tasks import Task
@@ -229,27 +229,54 @@ def _bound(step: SftStep | DpoStep):
     return step.data, PreferencePair, _PREFERENCE_FIELDS
 
 
+# The longest line the streaming reader holds: a pair the largest model the planner knows (8,192
+# positions) could train on is far shorter, even at 100 bytes a token and 6-byte JSON escapes
+# (4.9 MB); a longer line could never pass the stage's own length check.
+MAX_STREAMED_LINE_BYTES = 16 * 2**20
+
+
+def _open_regular(path: Path, uri: str, allowed: Callable[[Path], bool] | None) -> int:
+    """A descriptor of the regular file at `path` (non-blocking: a FIFO put in its place is refused,
+    never waited on); with `allowed`, only if the file opened is the one `path` resolves to inside
+    it (a link swapped after the caller's check is DATA_POLICY_VIOLATION, not read)."""
+    try:
+        handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except (FileNotFoundError, NotADirectoryError):
+        raise ItoError(ErrorCode.SOURCE_NOT_FOUND, f"data reference {uri} does not exist") from None
+    except OSError:  # EACCES, ELOOP: the stage could not read it either
+        raise ItoError(ErrorCode.SOURCE_NOT_FOUND, f"data reference {uri} cannot be read") from None
+    opened = os.fstat(handle)
+    if allowed is not None:
+        real = os.path.realpath(path)
+        try:
+            same = os.stat(real)
+        except OSError:
+            same = None
+        if same is None or (same.st_dev, same.st_ino) != (opened.st_dev, opened.st_ino) or not allowed(Path(real)):
+            os.close(handle)
+            raise ItoError(ErrorCode.DATA_POLICY_VIOLATION, f"data reference {uri} lies outside the allowed data roots")
+    if not stat.S_ISREG(opened.st_mode):  # the stage's `is_file()`: a FIFO, a folder
+        os.close(handle)
+        raise ItoError(ErrorCode.SOURCE_NOT_FOUND, f"data reference {uri} does not exist")
+    return handle
+
+
 def stream_bound_pairs(step: SftStep | DpoStep, data_root: Path,
-                       visit: Callable[[InstructionPair | PreferencePair], None]) -> None:
+                       visit: Callable[[InstructionPair | PreferencePair], None], *,
+                       allowed: Callable[[Path], bool] | None = None) -> None:
     """Each pair of the file the step binds, handed to `visit` as it is read, a line at a time, the
     file hashed on the way: for a reader that needs only what the pairs add up to (gate 5's plan,
     in a server that must not hold a tenant's whole file per request). The answers are
-    `read_bound_pairs`' in its order: SOURCE_NOT_FOUND; SOURCE_DIGEST_MISMATCH over the whole
-    file; bytes that are not UTF-8 anywhere; then the first line that is not a pair; no pairs.
-    `visit` may have seen pairs of a file that is then refused."""
+    `read_bound_pairs`' in its order: SOURCE_NOT_FOUND (a file that cannot be read too);
+    SOURCE_DIGEST_MISMATCH over the whole file; bytes that are not UTF-8 anywhere; then the first
+    line that is not a pair; no pairs. One more, the reader's own: a line longer than
+    MAX_STREAMED_LINE_BYTES is POSTTRAINING_DATA_INVALID. `visit` may have seen pairs of a file
+    that is then refused."""
     ref, kind, fields = _bound(step)
-    path = resolve_uri(ref.uri, data_root)
-    try:  # non-blocking: a FIFO put in the file's place is refused, never waited on
-        handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
-        handle = None
-    if handle is None or not stat.S_ISREG(os.fstat(handle).st_mode):
-        if handle is not None:
-            os.close(handle)
-        raise ItoError(ErrorCode.SOURCE_NOT_FOUND, f"data reference {ref.uri} does not exist")
+    handle = _open_regular(resolve_uri(ref.uri, data_root), ref.uri, allowed)
     digest, not_utf8, not_pair, count = hashlib.sha256(), False, None, 0
     with open(handle, "rb") as file:
-        for number, raw in enumerate(file, 1):
+        for number, raw in enumerate(_lines_of(file, ref.uri), 1):
             digest.update(raw)
             try:
                 text = raw.removesuffix(b"\n").decode("utf-8")
@@ -272,10 +299,30 @@ def stream_bound_pairs(step: SftStep | DpoStep, data_root: Path,
         raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID, f"{ref.uri} holds no pairs")
 
 
+def _lines_of(file, uri: str):
+    """The file's lines, each with its newline, none longer than MAX_STREAMED_LINE_BYTES; an
+    OSError while reading (EIO) is the file that cannot be read."""
+    number = 0
+    while True:
+        try:
+            raw = file.readline(MAX_STREAMED_LINE_BYTES + 1)
+        except OSError:
+            raise ItoError(ErrorCode.SOURCE_NOT_FOUND, f"data reference {uri} cannot be read") from None
+        if not raw:
+            return
+        number += 1
+        if len(raw) > MAX_STREAMED_LINE_BYTES:
+            raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID,
+                           f"{uri}: line {number} is longer than {MAX_STREAMED_LINE_BYTES:,} bytes: no model holds such a pair")
+        yield raw
+
+
 def read_bound_pairs(step: SftStep | DpoStep, data_root: Path) -> list[InstructionPair] | list[PreferencePair]:
     """The pairs of the file the manifest's recipe step binds by uri and sha256: the bytes are read
     once, checked against the digest (SOURCE_NOT_FOUND, SOURCE_DIGEST_MISMATCH) and parsed, so what
     was reviewed is what trains. A step that binds no file is refused (PROVENANCE_MISSING), as a
     data reference without decontamination provenance is."""
+    from ito_assets.data.sources import read_verified_bytes  # the data plane (polars): not at import
+
     ref, kind, fields = _bound(step)
     return _parse(read_verified_bytes(ref, data_root), ref.uri, kind, fields)

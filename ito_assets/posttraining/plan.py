@@ -2,27 +2,33 @@
 runtime executes it, so that the window a run must fit holds its post-training too, and what that
 time costs on the booking.
 
-Where each part runs (on_worker.py, dpo.py, generation.py, rollout_source.py):
+Where each part runs (on_worker.py, dpo.py, generation.py, rollout_source.py, pipeline.py):
 - SFT and DPO train on the stage worker in fp32, eager, each batch split over the data-parallel
-  ranks `stage.data_parallel_ranks` gives them (FSDP2 over several): one micro-batch per rank and
+  ranks `data_parallel_ranks` gives them (FSDP2 over several): one micro-batch per rank and
   step, every row at the padded width of the longest row.
 - DPO's reference log-probabilities are computed once before launch, in the asset's process, on
   its CPU: a forward over every pair's two answers.
+- The evaluation battery, in the asset's process on its CPU, after each stage's training and, for
+  the recipe's first stage, before it: every held-out prompt sampled `EVAL_SAMPLES_PER_PROMPT` times
+  and once greedily, and after training sampled again for the KL to the stage's start, whose
+  completions each take a forward of the policy and of the reference.
 - RLVR trains on one rank: each step a forward and backward of its groups' rows and two forwards
   (the proximal and the reference log-probabilities). Its groups are sampled by a generator
   process on one CPU core, a token at a time without a KV cache: each new token is a forward over
   the whole prefix of the group's completions.
 
 Each part's FLOPs (`flops_per_token`: 6 N + 12 L D T for a forward and backward, a third of it for
-a forward) at the fp32 peak of what runs it, times the planner's matmul efficiency
+a forward) at the fp32 peak of what runs it (the host's parts on one core of the catalogue's
+nominal host: the stage's process runs with the `posttraining` resource's `num_threads`, 1 unless
+set, and the generator with one thread), times the planner's matmul efficiency
 (`throughput.matmul_efficiency`, the same assumption as the curriculum's); the worker's FSDP
 collectives (fp32: an all-gather forward and backward and a reduce-scatter, 12 bytes a parameter a
 step) count where they exceed the compute they overlap, as the planner counts them. The parts are
 added: RLVR's generator runs beside its trainer, so the sum is the time without that overlap.
 
-Not in the price: the evaluation battery each stage runs before and after training (its size is the
-`posttraining` resource's, not the recipe's) and RLVR's redrawn groups (a group whose rewards are
-all equal, or that is too stale, is drawn again, up to 10 a wanted group: `sampling.py`).
+Not in the price: RLVR's redrawn groups (a group whose rewards are all equal, or that is too stale,
+is drawn again, up to 10 a wanted group: `sampling.py`). The battery is priced at the manifest's
+`post_training_eval.num_prompts`, an upper bound on the held-out prompts it has.
 """
 
 from __future__ import annotations
@@ -30,10 +36,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.schema import DpoStep, PostTrainingStep, RlvrStep, SftStep
+from ito_assets.posttraining.eval_gate import EVAL_SAMPLES_PER_PROMPT
 from ito_assets.posttraining.tasks import largest_digit_tasks
 from ito_assets.training.cost import cost_cents
 from ito_assets.training.hardware import GPUS
@@ -41,10 +48,10 @@ from ito_assets.training.model_config import ModelConfig, flops_per_token, param
 from ito_assets.training.planner import Hardware
 from ito_assets.training.throughput import matmul_efficiency, ring_seconds
 
-# The asset's process and the generator run on the host, priced as the catalogue's nominal host
-# (2 cores); the generator takes one of them (generation.py sets one thread).
+# The asset's process and the generator run on the host: one core each of the catalogue's
+# nominal host (2 cores), the threads they are given by default.
 HOST = GPUS["CPU"]
-GENERATOR_CORES_SHARE = 0.5
+HOST_CORES = 2
 FSDP_FP32_BYTES_PER_PARAMETER = 4 + 4 + 4  # all-gather forward, all-gather backward, reduce-scatter
 
 
@@ -69,19 +76,22 @@ class PostTrainingStagePlan:
     sequence_length: int  # the rows' width
     worker_flops: float
     host_flops: float
+    evaluation_flops: float  # the battery's, on the host
     worker_seconds: float
-    host_seconds: float
+    host_seconds: float  # DPO's reference pass, RLVR's generation
+    evaluation_seconds: float
     cost_cents: int  # the booking's every GPU for the stage's wall time
 
     @property
     def wall_seconds(self) -> float:
-        return self.worker_seconds + self.host_seconds
+        return self.worker_seconds + self.host_seconds + self.evaluation_seconds
 
     def to_dict(self) -> dict:
         return {"stage": self.stage, "num_ranks": self.num_ranks, "num_steps": self.num_steps,
-                "sequence_length": self.sequence_length, "worker_flops": self.worker_flops,
-                "host_flops": self.host_flops, "worker_seconds": round(self.worker_seconds, 3),
-                "host_seconds": round(self.host_seconds, 3), "wall_seconds": round(self.wall_seconds, 3),
+                "sequence_length": self.sequence_length, "worker_flops": float(self.worker_flops),
+                "host_flops": float(self.host_flops), "evaluation_flops": float(self.evaluation_flops),
+                "worker_seconds": round(self.worker_seconds, 3), "host_seconds": round(self.host_seconds, 3),
+                "evaluation_seconds": round(self.evaluation_seconds, 3), "wall_seconds": round(self.wall_seconds, 3),
                 "cost_cents": self.cost_cents}
 
 
@@ -95,24 +105,26 @@ def pair_shape(pairs: Sequence) -> PairShape:
     return PairShape(num_pairs=len(pairs), longest_positions=max(_positions(p) for p in pairs))
 
 
-def read_pair_shapes(recipe: Sequence[PostTrainingStep], data_root: Path) -> dict[str, PairShape]:
+def read_pair_shapes(recipe: Sequence[PostTrainingStep], data_root: Path, *,
+                     allowed: Callable[[Path], bool] | None = None) -> dict[str, PairShape]:
     """The shape of each SFT and DPO step's pair file, read as the stage reads it (its bytes against
     the step's sha256; SOURCE_NOT_FOUND, SOURCE_DIGEST_MISMATCH, PROVENANCE_MISSING and
     POSTTRAINING_DATA_INVALID as the stage would refuse them, and fewer pairs than one batch) but a
     line at a time, in bounded memory. What needs the run's tokenizer is left to the stage
-    (`fixtures.check_pairs`)."""
+    (`fixtures.check_pairs`). `allowed`: where an opened file may lie (gate 5's data roots)."""
+    steps = [step for step in recipe if not isinstance(step, RlvrStep)]
+    if not steps:
+        return {}
     from ito_assets.posttraining.fixtures import stream_bound_pairs  # the data plane's reader: not for client verbs
 
     shapes = {}
-    for step in recipe:
-        if isinstance(step, RlvrStep):
-            continue
+    for step in steps:
         seen = [0, 0]  # pairs, longest positions
 
         def visit(pair, seen=seen) -> None:
             seen[0], seen[1] = seen[0] + 1, max(seen[1], _positions(pair))
 
-        stream_bound_pairs(step, data_root, visit)
+        stream_bound_pairs(step, data_root, visit, allowed=allowed)
         if seen[0] < step.batch_size:
             raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID,
                            f"{step.data.uri} holds {seen[0]} pairs, fewer than one batch of {step.batch_size}")
@@ -120,9 +132,24 @@ def read_pair_shapes(recipe: Sequence[PostTrainingStep], data_root: Path) -> dic
     return shapes
 
 
-def rlvr_prompt_positions() -> int:
-    """bos + the longest prompt of the task battery RLVR samples from, in UTF-8 bytes (as pairs')."""
+def battery_prompt_positions() -> int:
+    """bos + the longest prompt of the task battery (RLVR samples from it, the evaluation holds some
+    of it out), in UTF-8 bytes, as pairs' are counted."""
     return 1 + max(len(task.prompt.encode("utf-8")) for task in largest_digit_tasks())
+
+
+def data_parallel_ranks(kind: str, batch_size: int, nnodes: int, nproc_per_node: int) -> tuple[int, int, str | None]:
+    """(nodes, ranks per node) a post-training stage trains on, out of what the training launcher
+    gives a stage of the run's booking, and why it takes fewer (None: all of them). SFT and DPO split
+    each batch evenly over data-parallel ranks, so they take every rank when the batch divides over
+    them, else the most ranks of one node that divide it. RLVR takes one: its generator process
+    serves one trainer."""
+    if kind == "rlvr":
+        return 1, 1, None if nnodes * nproc_per_node == 1 else "RLVR's generator serves one trainer"
+    if batch_size % (nnodes * nproc_per_node) == 0:
+        return nnodes, nproc_per_node, None
+    ranks = max(r for r in range(1, min(nproc_per_node, batch_size) + 1) if batch_size % r == 0)
+    return 1, ranks, f"the batch of {batch_size} does not divide over {nnodes * nproc_per_node} ranks"
 
 
 def _worker_seconds(flops: float, config: ModelConfig, hardware: Hardware, ranks: int, num_steps: int) -> float:
@@ -133,14 +160,29 @@ def _worker_seconds(flops: float, config: ModelConfig, hardware: Hardware, ranks
     return compute + max(0.0, collectives - compute)
 
 
-def _host_seconds(flops: float, config: ModelConfig, share: float = 1.0) -> float:
-    return flops / (share * HOST.peak_fp32_flops * matmul_efficiency(config))
+def _host_seconds(flops: float, config: ModelConfig) -> float:
+    return flops / (HOST.peak_fp32_flops / HOST_CORES * matmul_efficiency(config))
 
 
-def _pairs_stage(step: SftStep | DpoStep, shape: PairShape, config: ModelConfig,
-                 hardware: Hardware) -> PostTrainingStagePlan:
-    from ito_assets.posttraining.stage import data_parallel_ranks  # stage.py loads the tokenizers: not at import
+def _generation_flops(completions: float, prompt: int, new: int, per_position: float) -> float:
+    """Sampling without a KV cache: token t of a completion is a forward over the prompt and the t
+    tokens before it."""
+    return completions * (new * prompt + new * (new - 1) / 2) * per_position / 3
 
+
+def evaluation_flops(config: ModelConfig, battery, *, first: bool) -> float:
+    """The battery after a stage's training (and before it, for the recipe's first stage):
+    `battery` holds `num_prompts` and `max_new_tokens` (the manifest's `post_training_eval`)."""
+    prompt, new = battery_prompt_positions(), battery.max_new_tokens
+    per_position = flops_per_token(config, prompt + new)
+    rewards = (EVAL_SAMPLES_PER_PROMPT + 1) * (2 if first else 1)  # sampled and greedy, before and after
+    kl = (_generation_flops(EVAL_SAMPLES_PER_PROMPT, prompt, new, per_position)
+          + 2 * EVAL_SAMPLES_PER_PROMPT * (prompt + new) * per_position / 3)
+    return battery.num_prompts * (_generation_flops(rewards, prompt, new, per_position) + kl)
+
+
+def _pairs_stage(step: SftStep | DpoStep, shape: PairShape, config: ModelConfig, hardware: Hardware,
+                 evaluation: float) -> PostTrainingStagePlan:
     nodes, per_node, _ = data_parallel_ranks(step.kind, step.batch_size, hardware.num_nodes, hardware.gpus_per_node)
     width = min(shape.longest_positions, config.max_seq_len)
     epochs = step.num_epochs if isinstance(step, SftStep) else 1
@@ -149,41 +191,55 @@ def _pairs_stage(step: SftStep | DpoStep, shape: PairShape, config: ModelConfig,
     per_position = flops_per_token(config, width)
     worker = num_steps * step.batch_size * answers * width * per_position
     host = 0.0 if isinstance(step, SftStep) else shape.num_pairs * answers * width * per_position / 3
-    return _stage_plan(step.kind, nodes * per_node, num_steps, width, worker, host,
-                       _host_seconds(host, config), config, hardware)
+    return _stage_plan(step.kind, nodes * per_node, num_steps, width, worker, host, evaluation, config, hardware)
 
 
-def _rlvr_stage(step: RlvrStep, config: ModelConfig, hardware: Hardware) -> PostTrainingStagePlan:
-    prompt, new = rlvr_prompt_positions(), step.max_new_tokens
+def _rlvr_stage(step: RlvrStep, config: ModelConfig, hardware: Hardware, evaluation: float) -> PostTrainingStagePlan:
+    prompt, new = battery_prompt_positions(), step.max_new_tokens
     width = prompt + new
     per_position = flops_per_token(config, width)
     rows = step.num_steps * step.groups_per_step * step.group_size
     worker = rows * width * per_position * 5 / 3  # forward and backward, proximal and reference forwards
-    # Token t of a completion is a forward over the prompt and the t tokens before it.
-    host = rows * (new * prompt + new * (new - 1) / 2) * per_position / 3
-    return _stage_plan("rlvr", 1, step.num_steps, width, worker, host,
-                       _host_seconds(host, config, GENERATOR_CORES_SHARE), config, hardware)
+    return _stage_plan("rlvr", 1, step.num_steps, width, worker, _generation_flops(rows, prompt, new, per_position),
+                       evaluation, config, hardware)
 
 
-def _stage_plan(stage: str, ranks: int, num_steps: int, width: int, worker: float, host: float, host_s: float,
+def _stage_plan(stage: str, ranks: int, num_steps: int, width: int, worker: float, host: float, evaluation: float,
                 config: ModelConfig, hardware: Hardware) -> PostTrainingStagePlan:
     worker_s = _worker_seconds(worker, config, hardware, ranks, num_steps)
+    host_s, evaluation_s = _host_seconds(host, config), _host_seconds(evaluation, config)
     return PostTrainingStagePlan(
         stage=stage, num_ranks=ranks, num_steps=num_steps, sequence_length=width, worker_flops=worker,
-        host_flops=host, worker_seconds=worker_s, host_seconds=host_s,
-        cost_cents=cost_cents(hardware.world_size, worker_s + host_s, hardware.price_cents_per_gpu_hour))
+        host_flops=host, evaluation_flops=evaluation, worker_seconds=worker_s, host_seconds=host_s,
+        evaluation_seconds=evaluation_s,
+        cost_cents=cost_cents(hardware.world_size, worker_s + host_s + evaluation_s, hardware.price_cents_per_gpu_hour))
+
+
+def check_completions_fit(recipe: Sequence[PostTrainingStep], config: ModelConfig, battery) -> None:
+    """What the stage refuses of the recipe's completion lengths (`fixtures.check_completions`),
+    where it is sure before the run's tokenizer exists: a prompt holds bos and a token at least, so
+    a completion of `max_new_tokens` needs at least `max_new_tokens` + 1 positions."""
+    lengths = [("the rlvr step's", step.max_new_tokens) for step in recipe if isinstance(step, RlvrStep)]
+    if recipe:
+        lengths.append(("the evaluation battery's", battery.max_new_tokens))
+    for whose, new in lengths:
+        if new + 1 > config.max_seq_len:
+            raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID,
+                           f"{whose} completions of up to {new} tokens (max_new_tokens) and a prompt need at least "
+                           f"{new + 1} positions; the model holds {config.max_seq_len}")
 
 
 def plan_post_training(recipe: Sequence[PostTrainingStep], config: ModelConfig, hardware: Hardware,
-                       shapes: Mapping[str, PairShape]) -> tuple[PostTrainingStagePlan, ...]:
+                       shapes: Mapping[str, PairShape], battery) -> tuple[PostTrainingStagePlan, ...]:
     """One plan per recipe step, in the recipe's order; `shapes` holds each SFT or DPO step's pair
-    file shape by its kind (`fixtures.bound_pair_shapes` reads them)."""
+    file shape by its kind (`read_pair_shapes`), `battery` the evaluation's sizes (the manifest's
+    `post_training_eval`). POSTTRAINING_DATA_INVALID for completions the model cannot hold."""
+    check_completions_fit(recipe, config, battery)
     plans = []
-    for step in recipe:
-        if isinstance(step, RlvrStep):
-            plans.append(_rlvr_stage(step, config, hardware))
-        else:
-            plans.append(_pairs_stage(step, shapes[step.kind], config, hardware))
+    for index, step in enumerate(recipe):
+        evaluation = evaluation_flops(config, battery, first=index == 0)
+        plans.append(_rlvr_stage(step, config, hardware, evaluation) if isinstance(step, RlvrStep)
+                     else _pairs_stage(step, shapes[step.kind], config, hardware, evaluation))
     return tuple(plans)
 
 

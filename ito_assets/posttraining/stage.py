@@ -34,20 +34,6 @@ class PostTrainingRuntime:
     num_threads: int = 1
 
 
-def data_parallel_ranks(kind: str, batch_size: int, nnodes: int, nproc_per_node: int) -> tuple[int, int, str | None]:
-    """(nodes, ranks per node) a post-training stage trains on, out of what the training launcher
-    gives a stage of the run's booking, and why it takes fewer (None: all of them). SFT and DPO split
-    each batch evenly over data-parallel ranks, so they take every rank when the batch divides over
-    them, else the most ranks of one node that divide it. RLVR takes one: its generator process
-    serves one trainer."""
-    if kind == "rlvr":
-        return 1, 1, None if nnodes * nproc_per_node == 1 else "RLVR's generator serves one trainer"
-    if batch_size % (nnodes * nproc_per_node) == 0:
-        return nnodes, nproc_per_node, None
-    ranks = max(r for r in range(1, min(nproc_per_node, batch_size) + 1) if batch_size % r == 0)
-    return 1, ranks, f"the batch of {batch_size} does not divide over {nnodes * nproc_per_node} ranks"
-
-
 @dataclass(frozen=True, kw_only=True)
 class StageOutcome:
     stage: str

@@ -16,7 +16,8 @@ from typing import Sequence
 
 import pyarrow.parquet as pq
 
-from ito_assets.data.sources import jsonl_record, resolve_uri
+from ito_assets.data.sources import jsonl_record
+from ito_assets.data.uris import resolve_uri
 from ito_assets.errors import ErrorCode, ItoError
 
 # The embedded default's reference mixture: the Python language reference (PSF-2.0), curated text

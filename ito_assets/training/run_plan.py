@@ -101,7 +101,8 @@ def plan_run(manifest: Manifest, hardware: Hardware, *, pair_shapes: Mapping[str
             global_batch_sequences=default_global_batch_sequences(model, stage.sequence_length, hardware.world_size),
         )
         stages.append(StagePlan(stage=stage.name, plan=plan(request)))
-    post = None if pair_shapes is None else plan_post_training(manifest.post_training, model, hardware, pair_shapes)
+    post = (None if pair_shapes is None
+            else plan_post_training(manifest.post_training, model, hardware, pair_shapes, manifest.post_training_eval))
     cost = sum(s.plan.cost_cents for s in stages) + sum(p.cost_cents for p in post or ())  # as cost_cents
     return RunPlan(model=model, manifest_num_parameters=manifest.model.num_parameters, hardware=hardware,
                    stages=tuple(stages), post_training=post, budget=budget_verdict(cost, manifest.budget))

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+from helpers import bound_pair_steps
+
 
 def test_desk_books_account_confirms_desk_approves_train_status_logs_cancel_cleanup(api) -> None:
     booking = api.booking()
@@ -80,3 +82,29 @@ def test_cleanup_releases_a_booking_only_when_separately_confirmed(api) -> None:
     assert report["bookings_changed"] == [{"booking_id": booking, "state": "released"}]
     listed = api.ok("desk", "bookings", "list", token="desk")["bookings"]
     assert next(b for b in listed if b["booking_id"] == booking)["state"] == "released"
+
+
+def test_planning_post_training_imports_no_dagster_torch_or_polars(api) -> None:
+    """Gate 5 reads the recipe's pair files per quote, and an offline `ito plan` on this machine: both
+    stay off the data plane's and the trainer's libraries."""
+    steps = bound_pair_steps(api.server.data_root)
+    manifest = api.manifest(post_training=[*steps, {"kind": "rlvr"}])
+    flags = ["--gpu-type", "H100-SXM", "--nodes", "1", "--gpus-per-node", "8", "--network", "infiniband",
+             "--price-cents-per-gpu-hour", "250"]
+    heavy = "print(sorted({m.split('.')[0] for m in sys.modules} & {'dagster', 'torch', 'polars'}))"
+    probes = [
+        ("import sys; from ito_assets.api import cli; doc, _ = cli.run(sys.argv[1:]); assert doc['ok'], doc; "
+         "assert doc['data']['plan']['post_training_included'], doc; " + heavy,
+         ["plan", "--booking", "bkg_1", "--manifest", manifest, *flags, "--json"]),
+        ("import sys; from pathlib import Path; from ito_assets.manifest.verify import verify_manifest; "
+         "from ito_assets.posttraining.plan import read_pair_shapes; "
+         "shapes = read_pair_shapes(verify_manifest(sys.argv[1], max_bytes=1 << 20).manifest.post_training, "
+         "Path(sys.argv[2])); assert set(shapes) == {'sft', 'dpo'}; " + heavy,
+         [manifest, str(api.server.data_root)]),
+    ]
+    for probe, argv in probes:
+        env = {**os.environ, **{k: v for k, v in api.env("account").items() if v is not None},
+               "ITO_DATA_ROOT": str(api.server.data_root)}
+        done = subprocess.run([sys.executable, "-c", probe, *argv], env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-800:]
+        assert done.stdout.strip().splitlines()[-1] == "[]"

@@ -67,10 +67,10 @@ def test_a_confirmation_is_refused_for_a_window_too_short_and_nothing_is_issued(
 
 
 def test_a_quote_shows_the_plans_time_beside_the_window_left(world) -> None:
-    booking = world.booking(ends_at=T0 + 2 * 3600)  # the plan, RLVR's generation included, takes over an hour
+    booking = world.booking(ends_at=T0 + 4 * 3600)  # the plan, RLVR's generation and evaluations included: 3 h
     quote = confirm_request.quote_train(world.ledger, world.policy, world.account, booking, verified(LONG))
     assert quote.to_dict()["time"] == {"planned_wall_seconds": round(planned_wall_s(), 3),
-                                       "window_left_seconds": 2 * 3600, "post_training_included": True}
+                                       "window_left_seconds": 4 * 3600, "post_training_included": True}
     assert quote.to_dict()["plan"]["post_training"] == [p.to_dict() for p in quote.run_plan.post_training]
     assert [p["stage"] for p in quote.to_dict()["plan"]["post_training"]] == ["rlvr"]
 

@@ -159,3 +159,58 @@ def test_a_file_shorter_than_one_batch_is_refused_at_the_gate(world, extra: int,
         world.confirm_train(manifest=verified(content))
     assert raised.value.code is ErrorCode.POSTTRAINING_DATA_INVALID
     assert f"holds {lines} pairs, fewer than one batch of {lines + 1}" in raised.value.message
+
+
+def test_no_file_is_read_for_a_caller_without_the_booking(world, monkeypatch) -> None:
+    """Gate 1 is asked before the files are read: another account's booking (or none) costs the
+    server no read of any file."""
+    content = full_recipe(world)
+    reads, read = [], validation.read_pair_shapes
+    monkeypatch.setattr(validation, "read_pair_shapes", lambda *args, **kwargs: reads.append(args) or read(*args, **kwargs))
+    for booking_id, account in (("bkg_" + "0" * 26, world.account), (world.booking_id, world.other)):
+        assert code_of(lambda: world.confirm_train(booking_id, verified(content), account=account)) \
+            is ErrorCode.BOOKING_NOT_FOUND
+        assert code_of(lambda: confirm_request.quote_train(world.ledger, world.policy, account, booking_id,
+                                                           verified(content))) is ErrorCode.BOOKING_NOT_FOUND
+    assert reads == []
+    world.confirm_train(manifest=verified(content))
+    assert len(reads) == 1
+
+
+def test_a_link_swapped_after_the_policy_check_is_not_read(world, tmp_path, monkeypatch) -> None:
+    """The data policy resolves the link inside the roots; the file opened must still be that one.
+    (A `file://` uri is opened as written; a `dataroot://` one is resolved first, outside the root
+    SOURCE_INVALID.)"""
+    steps = bound_pair_steps(world.policy.data_root)
+    folder = world.policy.data_root / "fixtures" / "posttraining"
+    steps[0]["data"]["uri"] = f"file://{folder / 'sft_pairs.jsonl'}"
+    (folder / "sft_pairs.jsonl").rename(folder / "real.jsonl")
+    (folder / "sft_pairs.jsonl").symlink_to(folder / "real.jsonl")
+    outside = tmp_path / "outside.jsonl"
+    outside.write_bytes((folder / "real.jsonl").read_bytes())  # the same bytes: only where it lies differs
+    checked = validation.check_data_policy
+
+    def check_then_swap(manifest, policy) -> None:
+        checked(manifest, policy)
+        (folder / "sft_pairs.jsonl").unlink()
+        (folder / "sft_pairs.jsonl").symlink_to(outside)
+
+    monkeypatch.setattr(validation, "check_data_policy", check_then_swap)
+    pairs = validation.read_recipe_pairs(verified(recipe_manifest(steps)).manifest, world.policy)
+    assert pairs.refusal is not None and pairs.refusal.code is ErrorCode.DATA_POLICY_VIOLATION
+    monkeypatch.setattr(validation, "check_data_policy", checked)  # no swap: the link inside is read
+    (folder / "sft_pairs.jsonl").unlink()
+    (folder / "sft_pairs.jsonl").symlink_to(folder / "real.jsonl")
+    assert validation.read_recipe_pairs(verified(recipe_manifest(steps)).manifest, world.policy).shapes["sft"]
+
+
+@pytest.mark.parametrize("new, code", [(511, None), (512, ErrorCode.POSTTRAINING_DATA_INVALID)])
+def test_rlvr_completions_the_model_cannot_hold_are_refused_at_the_gate(world, new: int, code) -> None:
+    document = json.loads(recipe_manifest([{"kind": "rlvr", "max_new_tokens": new, "overlong_cache": 1}]))  # tiny: 512
+    document["budget"] = {"cap_cents": 10**9, "max_incremental_cents": 10**9}
+    content = json.dumps(document).encode()
+    booking_id = world.booking(ends_at=T0 + 30 * 24 * 3600)  # a window long enough for a day of generation
+    if code is None:
+        assert world.confirm_train(booking_id, verified(content))
+    else:
+        assert code_of(lambda: world.confirm_train(booking_id, verified(content))) is code

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 
 from helpers import examples
 from ito_assets.data import sources
-from ito_assets.data.sources import doc_id, read_source, resolve_uri
+from ito_assets.data.sources import doc_id, read_source
+from ito_assets.data.uris import resolve_uri
 from ito_assets.data.text import NORMALIZATION_VERSION
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.schema import DataReference

@@ -113,3 +113,43 @@ def test_a_large_file_is_read_in_bounded_memory(tmp_path: Path) -> None:
     finally:
         tracemalloc.stop()
     assert count[0] == 10_000 and peak < 1 << 20, peak
+
+
+@pytest.mark.parametrize("extra, refused", [(0, False), (1, True)])
+def test_a_line_longer_than_the_readers_bound_is_refused_without_being_held(tmp_path: Path, monkeypatch,
+                                                                             extra: int, refused: bool) -> None:
+    """The bound is a line's bytes with its newline; a 16 MiB line would need no model's
+    positions, so it is lowered here to keep the test small."""
+    from ito_assets.posttraining import fixtures
+
+    line = (json.dumps({"pair_id": "p", "prompt": "x" * 1000, "response": "y"}) + "\n").encode()
+    monkeypatch.setattr(fixtures, "MAX_STREAMED_LINE_BYTES", len(line) - extra)
+    step = step_for(tmp_path / "long.jsonl", (GOOD % 0 + "\n").encode() + line)
+    got = outcome(lambda: stream_bound_pairs(step, tmp_path, lambda pair: None))
+    if not refused:
+        assert got[0] == "ok"
+        return
+    assert got[0].value == "POSTTRAINING_DATA_INVALID" and "line 2 is longer than" in got[1]
+
+
+def test_a_file_with_no_newline_is_read_in_bounded_memory(tmp_path: Path, monkeypatch) -> None:
+    from ito_assets.posttraining import fixtures
+
+    monkeypatch.setattr(fixtures, "MAX_STREAMED_LINE_BYTES", 1 << 20)
+    step = step_for(tmp_path / "one-line.jsonl", b"x" * (40 << 20))  # 40 MiB, no newline
+    tracemalloc.start()
+    try:
+        got = outcome(lambda: stream_bound_pairs(step, tmp_path, lambda pair: None))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert got[0].value == "POSTTRAINING_DATA_INVALID" and peak < 4 << 20, peak
+
+
+def test_a_file_outside_what_is_allowed_is_not_read(tmp_path: Path) -> None:
+    step = step_for(tmp_path / "pairs.jsonl", (GOOD % 0 + "\n").encode())
+    seen = []
+    got = outcome(lambda: stream_bound_pairs(step, tmp_path, seen.append, allowed=lambda path: False))
+    assert got[0].value == "DATA_POLICY_VIOLATION" and seen == []
+    assert outcome(lambda: stream_bound_pairs(step, tmp_path, seen.append,
+                                              allowed=lambda path: path.parent == tmp_path.resolve()))[0] == "ok"

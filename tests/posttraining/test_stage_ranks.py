@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ito_assets.posttraining.stage import data_parallel_ranks
+from ito_assets.posttraining.plan import data_parallel_ranks
 
 
 @pytest.mark.parametrize(("kind", "batch", "given", "taken", "fewer"), [

@@ -9,8 +9,10 @@ import math
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ito_assets.manifest.schema import DpoStep, RlvrStep, SftStep
+from ito_assets.errors import ErrorCode, ItoError
+from ito_assets.manifest.schema import DpoStep, PostTrainingEval, RlvrStep, SftStep
 from ito_assets.posttraining import plan as post
+from ito_assets.posttraining.eval_gate import EVAL_SAMPLES_PER_PROMPT
 from ito_assets.posttraining.dpo import DpoConfig, dpo_batches
 from ito_assets.posttraining.fixtures import InstructionPair, PreferencePair, read_instruction_pairs, read_preference_pairs
 from ito_assets.posttraining.sft import SftConfig, sft_batches
@@ -25,6 +27,8 @@ from ito_assets.training.tokenizer import TokenizerConfig, train_tokenizer
 from helpers import PAIR_FIXTURES
 
 TINY = config_by_name("tiny")
+BATTERY = PostTrainingEval()
+ONE_CORE = gpu_spec("CPU").peak_fp32_flops / 2  # the stage's process and the generator: one thread each
 
 
 def hardware(gpu: str = "H100-SXM", nodes: int = 1, per_node: int = 8) -> Hardware:
@@ -40,8 +44,8 @@ def shape(num_pairs: int, longest: int = 20) -> post.PairShape:
     return post.PairShape(num_pairs=num_pairs, longest_positions=longest)
 
 
-def one(step, shapes=None, hw=None, config=TINY) -> post.PostTrainingStagePlan:
-    [planned] = post.plan_post_training([step], config, hw or hardware(), shapes or {})
+def one(step, shapes=None, hw=None, config=TINY, battery=BATTERY) -> post.PostTrainingStagePlan:
+    [planned] = post.plan_post_training([step], config, hw or hardware(), shapes or {}, battery)
     return planned
 
 
@@ -66,21 +70,19 @@ def test_dpo_trains_two_answers_a_pair_and_computes_the_reference_once_on_the_ho
     assert planned.num_steps == 2  # one epoch, the remainder of 2 pairs left out
     assert planned.worker_flops == 2 * 4 * 2 * 30 * per_position
     assert planned.host_flops == 10 * 2 * 30 * per_position / 3
-    host = gpu_spec("CPU").peak_fp32_flops * matmul_efficiency(TINY)
-    assert planned.host_seconds == pytest.approx(planned.host_flops / host)
+    assert planned.host_seconds == pytest.approx(planned.host_flops / (ONE_CORE * matmul_efficiency(TINY)))
 
 
 def test_rlvr_trains_on_one_rank_and_generates_on_one_host_core_without_a_kv_cache() -> None:
     step = RlvrStep(kind="rlvr", num_steps=3, groups_per_step=2, group_size=4)
     planned = one(step, hw=hardware(nodes=2))
-    prompt, new = post.rlvr_prompt_positions(), step.max_new_tokens
+    prompt, new = post.battery_prompt_positions(), step.max_new_tokens
     rows, per_position = 3 * 2 * 4, flops_per_token(TINY, prompt + new)
     assert (planned.num_ranks, planned.sequence_length) == (1, prompt + new)
     assert planned.worker_flops == pytest.approx(rows * (prompt + new) * per_position * 5 / 3)
     # Token t is a forward over the prompt and the t tokens before it: sum over t of (prompt + t).
     assert planned.host_flops == pytest.approx(rows * sum(prompt + t for t in range(new)) * per_position / 3)
-    host = gpu_spec("CPU").peak_fp32_flops * matmul_efficiency(TINY) / 2
-    assert planned.host_seconds == pytest.approx(planned.host_flops / host)
+    assert planned.host_seconds == pytest.approx(planned.host_flops / (ONE_CORE * matmul_efficiency(TINY)))
     # The other 15 GPUs of the booking wait and are paid for.
     assert planned.cost_cents == cost_cents(16, planned.wall_seconds, 250)
 
@@ -110,10 +112,44 @@ def test_the_fp32_rate_is_the_datasheets_not_the_bf16_tensor_cores() -> None:
 
 def test_the_plan_covers_the_recipe_in_its_order_and_its_total_is_the_stages_sum() -> None:
     recipe = [sft(), DpoStep(kind="dpo"), RlvrStep(kind="rlvr")]
-    plans = post.plan_post_training(recipe, TINY, hardware(), {"sft": shape(32), "dpo": shape(16)})
+    plans = post.plan_post_training(recipe, TINY, hardware(), {"sft": shape(32), "dpo": shape(16)}, BATTERY)
     assert [p.stage for p in plans] == ["sft", "dpo", "rlvr"]
-    assert post.total_wall_seconds(plans) == math.fsum(p.worker_seconds + p.host_seconds for p in plans)
-    assert post.plan_post_training([], TINY, hardware(), {}) == ()
+    assert post.total_wall_seconds(plans) == math.fsum(p.worker_seconds + p.host_seconds + p.evaluation_seconds
+                                                       for p in plans)
+    assert post.plan_post_training([], TINY, hardware(), {}, BATTERY) == ()
+
+
+def test_the_battery_is_evaluated_before_the_first_stage_and_after_every_stage() -> None:
+    """Per prompt: sampled and greedy rewards (EVAL_SAMPLES_PER_PROMPT + 1 completions) after each
+    stage and, for the first, before it; and after each, EVAL_SAMPLES_PER_PROMPT more for the KL,
+    each then a forward of the policy and of the reference."""
+    battery = PostTrainingEval(num_prompts=10, max_new_tokens=5)
+    prompt, new, samples = post.battery_prompt_positions(), 5, EVAL_SAMPLES_PER_PROMPT
+    per_position = flops_per_token(TINY, prompt + new)
+    completion = sum(prompt + t for t in range(new)) * per_position / 3
+    kl = samples * completion + 2 * samples * (prompt + new) * per_position / 3
+    first, later = post.plan_post_training([sft(), RlvrStep(kind="rlvr")], TINY, hardware(), {"sft": shape(32)}, battery)
+    assert first.evaluation_flops == pytest.approx(10 * (2 * (samples + 1) * completion + kl))
+    assert later.evaluation_flops == pytest.approx(10 * ((samples + 1) * completion + kl))
+    assert first.evaluation_seconds == pytest.approx(first.evaluation_flops / (ONE_CORE * matmul_efficiency(TINY)))
+    assert first.wall_seconds == first.worker_seconds + first.host_seconds + first.evaluation_seconds
+    double = one(sft(), {"sft": shape(32)}, battery=PostTrainingEval(num_prompts=20, max_new_tokens=5))
+    assert double.evaluation_flops == pytest.approx(2 * one(sft(), {"sft": shape(32)}, battery=battery).evaluation_flops)
+
+
+@pytest.mark.parametrize("new, refused", [(TINY.max_seq_len - 2, False), (TINY.max_seq_len - 1, False),
+                                          (TINY.max_seq_len, True)])
+def test_completions_the_model_cannot_hold_are_refused_as_the_stage_would(new: int, refused: bool) -> None:
+    """A prompt holds bos and a token at least: max_new_tokens + 1 positions must fit."""
+    for step, battery in ((RlvrStep(kind="rlvr", max_new_tokens=new, overlong_cache=1), BATTERY),
+                          (sft(), PostTrainingEval(max_new_tokens=new))):
+        if not refused:
+            one(step, {"sft": shape(32)}, battery=battery)
+            continue
+        with pytest.raises(ItoError) as raised:
+            one(step, {"sft": shape(32)}, battery=battery)
+        assert raised.value.code is ErrorCode.POSTTRAINING_DATA_INVALID
+        assert f"need at least {new + 1} positions; the model holds {TINY.max_seq_len}" in raised.value.message
 
 
 # --- the shape of a pair file, and what the stage then runs -----------------------------------

@@ -220,13 +220,13 @@ def training_plan(
     context: dg.AssetExecutionContext, ito: ItoSettingsResource, booked_hardware: BookedHardwareResource,
     training_manifest: ManifestVerdict, data_decision: DataDecision,
 ) -> PlanOutcome:
-    manifest = training_manifest_or_fail(training_manifest, "the decision").manifest
+    manifest, hardware = training_manifest_or_fail(training_manifest, "the decision").manifest, booked_hardware.hardware()
     try:
-        shapes, unplanned = read_pair_shapes(manifest.post_training, ito.settings().data_root), None
+        shapes = read_pair_shapes(manifest.post_training, ito.settings().data_root)
+        outcome, unplanned = plan_outcome(manifest, hardware, pair_shapes=shapes), None
     except ItoError as error:
-        # Shown, not failed: gate 5 and `training_tokens` refuse such a file before any compute.
-        shapes, unplanned = None, f"{error.code.value}: {error.message}"
-    outcome = plan_outcome(manifest, booked_hardware.hardware(), pair_shapes=shapes)
+        # Shown, not failed: gate 5 and `training_tokens` refuse such a recipe before any compute.
+        outcome, unplanned = plan_outcome(manifest, hardware, pair_shapes=None), f"{error.code.value}: {error.message}"
     context.add_output_metadata({**_plan_metadata(outcome, data_decision),
                                  **({"post_training_unplanned": unplanned} if unplanned else {})})
     return outcome

@@ -31,8 +31,9 @@ from ito_assets.manifest.schema import STAGE_ORDER, Manifest
 from ito_assets.posttraining.base import PolicySpec, pretrained
 from ito_assets.posttraining.bpe import TokenizerRef
 from ito_assets.posttraining.eval_gate import require_passed
+from ito_assets.posttraining.plan import data_parallel_ranks
 from ito_assets.posttraining.publish import publish_outcome
-from ito_assets.posttraining.stage import Start, StageOutcome, data_parallel_ranks
+from ito_assets.posttraining.stage import Start, StageOutcome
 from ito_assets.runtime.stage.corpus import TokenSet
 from ito_assets.runtime.stage.eval_gate import VerdictStore
 from ito_assets.runtime.record.storage import RunLayout
