@@ -222,3 +222,21 @@ def bound_pair_steps(data_root: Path, **sft_changes) -> list[dict]:
                                              "format": "jsonl"}})
     steps[0].update(sft_changes)
     return steps
+
+
+class Stopped(Exception):
+    """Raised by `spy_calls(..., stop=True)`: the code under test stopped where the spy stood."""
+
+
+def spy_calls(monkeypatch, module, name: str, *, stop: bool = False) -> list:
+    """Record each call's arguments to `module.name`, then make the call (or stop there, raising Stopped)."""
+    calls, real = [], getattr(module, name)
+
+    def spy(*args, **kwargs):
+        calls.append((args, kwargs))
+        if stop:
+            raise Stopped(name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, spy)
+    return calls

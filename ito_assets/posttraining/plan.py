@@ -26,9 +26,10 @@ collectives (fp32: an all-gather forward and backward and a reduce-scatter, 12 b
 step) count where they exceed the compute they overlap, as the planner counts them. The parts are
 added: RLVR's generator runs beside its trainer, so the sum is the time without that overlap.
 
-Not in the price: RLVR's redrawn groups (a group whose rewards are all equal, or that is too stale,
-is drawn again, up to 10 a wanted group: `sampling.py`). The battery is priced at the manifest's
-`post_training_eval.num_prompts`, an upper bound on the held-out prompts it has.
+An upper bound where the runtime may do less: every completion at its `max_new_tokens` (a sampled
+one often ends sooner), the host at its nominal core. Not in the price: RLVR's redrawn groups (a
+group whose rewards are all equal, or that is too stale, is drawn again, up to 10 a wanted group:
+`sampling.py`).
 """
 
 from __future__ import annotations

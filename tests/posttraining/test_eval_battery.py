@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import Stopped, spy_calls
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.schema import MAX_EVAL_PROMPTS, PostTrainingEval, RlvrStep, SftStep
 from ito_assets.manifest.verify import verify_manifest
@@ -58,30 +59,12 @@ def test_the_schemas_bound_is_the_battery_task_familys_size():
     assert MAX_EVAL_PROMPTS == len(largest_digit_tasks())
 
 
-def _spy(monkeypatch, name: str, *, stop: bool = False) -> list:
-    """Record each call's arguments to `pipeline.name`, then make the call (or stop the stage there)."""
-    calls, real = [], getattr(pipeline, name)
-
-    def spy(*args, **kwargs):
-        calls.append((args, kwargs))
-        if stop:
-            raise _Stopped(name)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(pipeline, name, spy)
-    return calls
-
-
-class _Stopped(Exception):
-    pass
-
-
 def test_the_stage_evaluates_the_manifests_prompts_with_its_completion_length(tmp_path, monkeypatch):
     """3 prompts and completions of up to 5 tokens: the reward before and after, and the KL, all
     with the manifest's figures (the runtime holds none of them any more)."""
     evaluation = PostTrainingEval(num_prompts=3, max_new_tokens=5)
-    rewards = _spy(monkeypatch, "evaluate_reward")
-    kls = _spy(monkeypatch, "sampled_kl")
+    rewards = spy_calls(monkeypatch, pipeline, "evaluate_reward")
+    kls = spy_calls(monkeypatch, pipeline, "sampled_kl")
     outcome = run_stage(RlvrStep.model_validate(SMALL_RLVR), start=seeded(), data_root=tmp_path,
                         out_dir=tmp_path / "out", runtime=RUNTIME, evaluation=evaluation)
     assert len(rewards) == 2 and len(kls) == 1  # before and after; the KL after
@@ -111,7 +94,7 @@ def test_more_prompts_than_the_held_out_split_holds_are_refused(num_prompts, ref
 def test_a_smaller_split_refuses_the_default_battery_before_any_compute(tmp_path, monkeypatch):
     """A resource holding out a tenth leaves 100 prompts: the default 200 is refused at the stage's
     start, before the first evaluation."""
-    evaluated = _spy(monkeypatch, "_evaluate", stop=True)
+    evaluated = spy_calls(monkeypatch, pipeline, "_evaluate", stop=True)
     with pytest.raises(ItoError) as error:
         run_stage(RlvrStep.model_validate(SMALL_RLVR), start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out",
                   runtime=PostTrainingRuntime(held_out_fraction=0.1))
@@ -177,14 +160,14 @@ def test_a_battery_the_model_cannot_hold_is_refused_before_any_compute(tmp_path,
     max_new_tokens = edge + past_the_edge
     step = _sft_step(tmp_path) if kind == "sft" else RlvrStep.model_validate(SMALL_RLVR)
     evaluation = PostTrainingEval(num_prompts=2, max_new_tokens=max_new_tokens)
-    evaluated = _spy(monkeypatch, "_evaluate", stop=True)
+    evaluated = spy_calls(monkeypatch, pipeline, "_evaluate", stop=True)
 
     def stage():
         run_stage(step, start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out", runtime=RUNTIME,
                   evaluation=evaluation)
 
     if not past_the_edge:
-        with pytest.raises(_Stopped):
+        with pytest.raises(Stopped):
             stage()
         [(args, _)] = evaluated
         assert args[-1] == evaluation

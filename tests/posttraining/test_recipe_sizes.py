@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from ito_assets.defs.posttraining.resources import PostTrainingResource
+from helpers import Stopped, spy_calls
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.schema import DpoStep, PostTrainingEval, RlvrStep, SftStep
 from ito_assets.manifest.verify import verify_manifest
@@ -122,31 +123,13 @@ def test_a_manifest_without_the_fields_keeps_its_digest_and_means_what_it_meant(
     assert step == RlvrStep.model_validate({**step.model_dump(), "max_new_tokens": 8, "overlong_cache": 4})
 
 
-def _spy(monkeypatch, module, name: str, *, stop: bool = False) -> list:
-    """Record each call's arguments to `module.name`, then make the call (or stop the stage there)."""
-    calls, real = [], getattr(module, name)
-
-    def spy(*args, **kwargs):
-        calls.append((args, kwargs))
-        if stop:
-            raise _Stopped(name)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(module, name, spy)
-    return calls
-
-
-class _Stopped(Exception):
-    pass
-
-
 def test_rlvr_generates_with_the_recipes_completion_length_and_the_battery_with_its_own(tmp_path, monkeypatch):
     """The step's L_max 3 and L_cache 2, not the battery's 8, reach RLVR's loop; the evaluation
     battery keeps its own (the manifest's `post_training_eval`)."""
     step = RlvrStep.model_validate({"kind": "rlvr", "num_steps": 1, "groups_per_step": 1, "group_size": 2,
                                     "max_new_tokens": 3, "overlong_cache": 2})
-    trained = _spy(monkeypatch, pipeline, "run_rlvr")
-    evaluated = _spy(monkeypatch, pipeline, "evaluate_reward")
+    trained = spy_calls(monkeypatch, pipeline, "run_rlvr")
+    evaluated = spy_calls(monkeypatch, pipeline, "evaluate_reward")
     run_stage(step, start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out", runtime=RUNTIME,
               evaluation=EVALUATION)
     [(args, _)] = trained
@@ -159,8 +142,8 @@ def test_rlvr_generates_with_the_recipes_completion_length_and_the_battery_with_
 
 def test_rlvr_on_the_worker_sizes_its_rows_by_the_recipes_completion_length(tmp_path, monkeypatch):
     step = RlvrStep.model_validate({"kind": "rlvr", "max_new_tokens": 5, "overlong_cache": 5})
-    configs = _spy(monkeypatch, on_worker, "_config", stop=True)
-    with pytest.raises(_Stopped):
+    configs = spy_calls(monkeypatch, on_worker, "_config", stop=True)
+    with pytest.raises(Stopped):
         run_stage(step, start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out", runtime=RUNTIME,
                   evaluation=EVALUATION, launch=object())
     [((stage, _rows), kwargs)] = configs
@@ -218,9 +201,9 @@ def test_a_completion_the_model_cannot_hold_is_refused_before_any_compute(tmp_pa
     prompt_length, edge = _edge()
     max_new_tokens = edge + past_the_edge
     step = RlvrStep.model_validate({"kind": "rlvr", "max_new_tokens": max_new_tokens})
-    evaluated = _spy(monkeypatch, pipeline, "_evaluate", stop=True)
+    evaluated = spy_calls(monkeypatch, pipeline, "_evaluate", stop=True)
     if not past_the_edge:
-        with pytest.raises(_Stopped):
+        with pytest.raises(Stopped):
             run_stage(step, start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out", runtime=RUNTIME,
                       evaluation=EVALUATION)
         assert len(evaluated) == 1
