@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from helpers import Stopped, spy_calls
+from posttraining.never_ends import NeverEnds
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.schema import MAX_EVAL_PROMPTS, PostTrainingEval, RlvrStep, SftStep
 from ito_assets.manifest.verify import verify_manifest
@@ -114,19 +115,6 @@ def _edge() -> tuple[int, int]:
     return prompt, MAX_POSITIONS + 1 - prompt
 
 
-class _NeverEnds(torch.nn.Module):
-    """The seeded model with its eos forbidden: every completion runs to max_new_tokens."""
-
-    def __init__(self, model, eos_id: int):
-        super().__init__()
-        self.model, self.eos_id = model, eos_id
-
-    def forward(self, tokens):
-        logits = self.model(tokens).clone()
-        logits[..., self.eos_id] = float("-inf")
-        return logits
-
-
 def test_the_longest_completion_the_check_admits_is_the_longest_the_battery_runs():
     """What the stage's check counts is what the battery feeds the model: at the edge, completions
     that never end are sampled and their KL measured within max_seq_len positions; one token more
@@ -134,7 +122,7 @@ def test_the_longest_completion_the_check_admits_is_the_longest_the_battery_runs
     _, edge = _edge()
     codec = seeded().codec()
     task = max(HELD_OUT, key=lambda t: len(encode_prompt(codec, t.prompt)))
-    policy = _NeverEnds(seeded().factory()(), codec.eos_id)
+    policy = NeverEnds(seeded().factory()(), codec.eos_id)
     result = evaluate_reward(policy, codec, [task], max_new_tokens=edge, num_samples=2)
     assert result.num_tasks == 1
     assert sampled_kl(policy, policy, codec, [task], max_new_tokens=edge, num_samples=2) == 0.0

@@ -17,6 +17,7 @@ import torch
 
 from ito_assets.defs.posttraining.resources import PostTrainingResource
 from helpers import Stopped, spy_calls
+from posttraining.never_ends import NeverEnds
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.schema import DpoStep, PostTrainingEval, RlvrStep, SftStep
 from ito_assets.manifest.verify import verify_manifest
@@ -157,19 +158,6 @@ def _edge() -> tuple[int, int]:
     return prompt, config_by_name(seeded().model_name).max_seq_len + 1 - prompt
 
 
-class _NeverEnds(torch.nn.Module):
-    """The seeded model with its eos forbidden: every completion runs to max_new_tokens."""
-
-    def __init__(self, model, eos_id: int):
-        super().__init__()
-        self.model, self.eos_id = model, eos_id
-
-    def forward(self, tokens):
-        logits = self.model(tokens).clone()
-        logits[..., self.eos_id] = float("-inf")
-        return logits
-
-
 def test_the_longest_completion_the_check_admits_is_the_longest_the_model_holds():
     """What `check_completions` counts is what generation and training feed the model: at the
     edge, completions that never end fill exactly max_seq_len positions; one token more fails the
@@ -178,7 +166,7 @@ def test_the_longest_completion_the_check_admits_is_the_longest_the_model_holds(
     max_positions = config_by_name(seeded().model_name).max_seq_len
     codec = seeded().codec()
     task = max(TRAIN, key=lambda t: len(encode_prompt(codec, t.prompt)))
-    policy = _NeverEnds(seeded().factory()(), codec.eos_id)
+    policy = NeverEnds(seeded().factory()(), codec.eos_id)
     check_completions(prompt_length, edge, max_positions=max_positions)
     group = make_group(policy, codec, task, version=0,
                        config=GenerationConfig(group_size=2, max_new_tokens=edge, overlong_cache=1))
