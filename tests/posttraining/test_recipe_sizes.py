@@ -10,12 +10,9 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-import dagster as dg
-import pydantic
 import pytest
 import torch
 
-from ito_assets.defs.posttraining.resources import PostTrainingResource
 from helpers import Stopped, spy_calls
 from posttraining.never_ends import NeverEnds
 from ito_assets.errors import ErrorCode, ItoError
@@ -87,20 +84,6 @@ def test_rlvr_runs_the_recipes_steps_of_its_groups(tmp_path):
     # the groups a step trains on: the loop's config is the step's (the run's own figures do not count them)
     config = RlvrConfig.from_step(step)
     assert (config.num_steps, config.groups_per_step, config.group_size) == (2, 3, 2)
-
-
-@pytest.mark.parametrize("field", ["batch_size", "rlvr_num_steps", "rlvr_groups_per_step", "overlong_cache"])
-def test_the_resource_refuses_the_sizes_the_recipe_holds(field):
-    with pytest.raises(pydantic.ValidationError):
-        PostTrainingResource(**{field: 4})
-
-    @dg.asset
-    def uses(posttraining: PostTrainingResource) -> int:
-        return posttraining.seed
-
-    with pytest.raises(dg.DagsterInvalidConfigError, match=field):
-        dg.materialize([uses], resources={"posttraining": PostTrainingResource()},
-                       run_config={"resources": {"posttraining": {"config": {field: 4}}}})
 
 
 # --- RLVR's completion length and overlong window --------------------------------------------------
