@@ -65,9 +65,6 @@ class PairShape:
     # character each hold at least one byte, so the rows are never wider than this.
     longest_positions: int
 
-    def to_dict(self) -> dict:
-        return dict(vars(self))
-
 
 @dataclass(frozen=True, kw_only=True)
 class PostTrainingStagePlan:
@@ -100,10 +97,6 @@ def _positions(pair) -> int:
     """bos + prompt + the longest answer, in UTF-8 bytes; of a `fixtures.InstructionPair` or `PreferencePair`."""
     answers = (pair.response,) if hasattr(pair, "response") else (pair.chosen, pair.rejected)
     return 1 + len(pair.prompt.encode("utf-8")) + max(len(a.encode("utf-8")) for a in answers)
-
-
-def pair_shape(pairs: Sequence) -> PairShape:
-    return PairShape(num_pairs=len(pairs), longest_positions=max(_positions(p) for p in pairs))
 
 
 def read_pair_shapes(recipe: Sequence[PostTrainingStep], data_root: Path, *,

@@ -4,7 +4,10 @@ runs it, and the whole counted in the run's time and cost."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -14,7 +17,7 @@ from ito_assets.manifest.schema import DpoStep, PostTrainingEval, RlvrStep, SftS
 from ito_assets.posttraining import plan as post
 from ito_assets.posttraining.eval_gate import EVAL_SAMPLES_PER_PROMPT
 from ito_assets.posttraining.dpo import DpoConfig, dpo_batches
-from ito_assets.posttraining.fixtures import InstructionPair, PreferencePair, read_instruction_pairs, read_preference_pairs
+from ito_assets.posttraining.fixtures import read_instruction_pairs, read_preference_pairs
 from ito_assets.posttraining.sft import SftConfig, sft_batches
 from ito_assets.posttraining.vocab import CharVocab
 from ito_assets.training.cost import cost_cents
@@ -155,11 +158,21 @@ def test_completions_the_model_cannot_hold_are_refused_as_the_stage_would(new: i
 # --- the shape of a pair file, and what the stage then runs -----------------------------------
 
 
-def test_a_pairs_positions_are_bos_and_its_prompt_and_longest_answer_in_utf8_bytes() -> None:
-    pairs = [InstructionPair(pair_id="a", prompt="é", response="ab"), InstructionPair(pair_id="b", prompt="x", response="y")]
-    assert post.pair_shape(pairs) == post.PairShape(num_pairs=2, longest_positions=1 + 2 + 2)
-    preference = [PreferencePair(pair_id="a", prompt="p", chosen="c", rejected="€€")]
-    assert post.pair_shape(preference).longest_positions == 1 + 1 + 6
+def bound(kind: str, path: Path, lines: list[dict], **fields):
+    data = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    path.write_bytes(data)
+    reference = {"uri": f"file://{path}", "sha256": hashlib.sha256(data).hexdigest(), "license": "CC0-1.0",
+                 "format": "jsonl"}
+    return (SftStep if kind == "sft" else DpoStep)(kind=kind, data=reference, batch_size=1, **fields)
+
+
+def test_a_pairs_positions_are_bos_and_its_prompt_and_longest_answer_in_utf8_bytes(tmp_path: Path) -> None:
+    instructions = bound("sft", tmp_path / "sft.jsonl", [{"pair_id": "a", "prompt": "é", "response": "ab"},
+                                                         {"pair_id": "b", "prompt": "x", "response": "y"}])
+    preferences = bound("dpo", tmp_path / "dpo.jsonl", [{"pair_id": "a", "prompt": "p", "chosen": "c", "rejected": "€€"}])
+    shapes = post.read_pair_shapes([instructions, preferences, RlvrStep(kind="rlvr")], tmp_path)
+    assert shapes == {"sft": post.PairShape(num_pairs=2, longest_positions=1 + 2 + 2),
+                      "dpo": post.PairShape(num_pairs=1, longest_positions=1 + 1 + 6)}
 
 
 @settings(max_examples=200, deadline=None)
@@ -179,15 +192,24 @@ def _bpe():
     return _TOKENIZER[0]
 
 
+def bound_fixture(kind: str, **fields):
+    data = (PAIR_FIXTURES / f"{kind}_pairs.jsonl").read_bytes()
+    reference = {"uri": f"dataroot://{kind}_pairs.jsonl", "sha256": hashlib.sha256(data).hexdigest(),
+                 "license": "CC0-1.0", "format": "jsonl"}
+    return (SftStep if kind == "sft" else DpoStep)(kind=kind, data=reference, **fields)
+
+
 def test_the_planned_steps_and_widths_are_the_ones_the_stages_draw() -> None:
     codec = CharVocab()
     instructions = read_instruction_pairs(PAIR_FIXTURES / "sft_pairs.jsonl")
     preferences = read_preference_pairs(PAIR_FIXTURES / "dpo_pairs.jsonl")
+    shapes = post.read_pair_shapes([bound_fixture("sft", batch_size=24, num_epochs=2), bound_fixture("dpo", batch_size=24)],
+                                   PAIR_FIXTURES)
     step = sft(batch_size=24, num_epochs=2)
-    planned = one(step, {"sft": post.pair_shape(instructions)})
+    planned = one(step, shapes)
     batches, steps = sft_batches(codec, instructions, SftConfig.from_step(step))
     assert planned.num_steps == steps and batches.plan.sequence_length <= planned.sequence_length
     dpo = DpoStep(kind="dpo", batch_size=24)
-    planned = one(dpo, {"dpo": post.pair_shape(preferences)})
+    planned = one(dpo, shapes)
     batches, steps = dpo_batches(codec, preferences, DpoConfig.from_step(dpo))
     assert planned.num_steps == steps and batches.plan.sequence_length <= planned.sequence_length
