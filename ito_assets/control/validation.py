@@ -68,9 +68,9 @@ def require_within_window(planned_wall_s: float, *, starts_at: int, ends_at: int
 
 @dataclass(frozen=True)
 class RecipePairs:
-    """The recipe's pair-file shapes for the plan, read before gate 5's transaction: the read is
-    each file's whole bytes, too long to hold the booking's lock for. A refusal found while reading
-    is raised where the plan is checked, so the gates keep their order."""
+    """The recipe's pair-file shapes for the plan, read before gate 5's transaction: the read goes
+    through each file's whole bytes, too long to hold the booking's lock for. A refusal found while
+    reading is raised where the plan is checked, so the gates keep their order."""
 
     shapes: Mapping[str, PairShape] | None
     refusal: ItoError | None = None
@@ -92,6 +92,7 @@ def read_recipe_pairs(manifest: Manifest, policy: ServerPolicy) -> RecipePairs:
         check_data_policy(manifest, policy)
     except ItoError:
         return RecipePairs(shapes=None)
+
     def allowed(path: Path) -> bool:
         return any(inside(path, root) for root in policy.allowed_data_roots)
 
