@@ -3,8 +3,10 @@ prompts of one length at once; at temperature 0 the one greedy decoder (the pret
 battery's continuations are decoded here too, `ito_assets.training.evaluation.greedy_continuation`).
 
 The rows of a batch share one prompt length, so no padding and no attention mask are needed while
-decoding. Rows that produced eos keep decoding into a pad that is thrown away (the tiny models
-have no KV cache; each step is one forward over the whole prefix).
+decoding. Rows that produced eos keep decoding into a pad that is thrown away. A policy with a KV
+cache (`new_cache`, as `DecoderLM` has) reads each prompt once and then feeds one token a step;
+any other, or one whose window would have to slide (`max_context`), is fed the whole prefix each
+step. Both give the same tokens up to float rounding.
 """
 
 from __future__ import annotations
@@ -59,12 +61,22 @@ def sample_prompts(
     if not prompts or len({len(p) for p in prompts}) != 1:
         raise ValueError("prompts must be one or more of one length")
     stops = torch.tensor(sorted({eos_id, *stop_ids}), dtype=torch.long)
-    tokens = torch.tensor([p for p in prompts for _ in range(num_samples)], dtype=torch.long)  # (N G, P)
+    prompt = torch.tensor(prompts, dtype=torch.long)  # (N, P)
+    tokens = prompt.repeat_interleave(num_samples, dim=0)  # (N G, P)
+    # The positions fed: the prompt and every token but the last (sampled from the last logits).
+    cache = _cache(policy, prompt.shape[1] + max_new_tokens - 1, max_context)
+    if cache is not None:  # each prompt read once, its keys and values copied to its samples' rows
+        last = policy(prompt, cache=cache)[:, -1, :].repeat_interleave(num_samples, dim=0)  # (N G, V)
+        cache.repeat_rows(num_samples)
     picked, logps = [], []
     done = torch.zeros(len(tokens), dtype=torch.bool)  # (N G,)
-    for _ in range(max_new_tokens):
-        window = tokens if max_context is None else tokens[:, -max_context:]
-        logits = policy(window)[:, -1, :].float()  # (N G, V)
+    for step in range(max_new_tokens):
+        if cache is None:
+            window = tokens if max_context is None else tokens[:, -max_context:]
+            last = policy(window)[:, -1, :]
+        elif step:
+            last = policy(picked[-1].unsqueeze(1), cache=cache)[:, -1, :]  # the newest token alone
+        logits = last.float()  # (N G, V)
         log_probs = torch.log_softmax(logits / max(temperature, 1e-8), dim=-1)  # (N G, V)
         if temperature == 0:
             nxt = logits.argmax(dim=-1)  # (N G,)
@@ -72,13 +84,23 @@ def sample_prompts(
             nxt = torch.multinomial(log_probs.exp(), 1, generator=generator).squeeze(1)  # (N G,)
         picked.append(nxt)
         logps.append(log_probs.gather(1, nxt.unsqueeze(1)).squeeze(1))
-        tokens = torch.cat([tokens, nxt.unsqueeze(1)], dim=1)  # (N G, P + t + 1)
+        if cache is None:
+            tokens = torch.cat([tokens, nxt.unsqueeze(1)], dim=1)  # (N G, P + t + 1)
         done |= torch.isin(nxt, stops)
         if bool(done.all()):
             break
     ids, lps = torch.stack(picked, dim=1), torch.stack(logps, dim=1)  # (N G, steps)
     rows = [_cut(ids[r], lps[r], stops) for r in range(len(ids))]
     return [rows[i * num_samples : (i + 1) * num_samples] for i in range(len(prompts))]
+
+
+def _cache(policy: CausalLM, positions: int, max_context: int | None):
+    """A KV cache for `positions`, or None where the policy has none or its window would slide
+    (a sliding window moves every position, which a cache cannot follow)."""
+    new_cache = getattr(policy, "new_cache", None)
+    if new_cache is None or (max_context is not None and positions > max_context):
+        return None
+    return new_cache(positions)
 
 
 def _cut(ids: torch.Tensor, logps: torch.Tensor, stops: torch.Tensor) -> Completion:

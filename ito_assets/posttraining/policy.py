@@ -1,8 +1,10 @@
 """What post-training needs of a model, and the per-token log-probabilities every loss starts from.
 
 Any module mapping token ids (B, T) to logits (B, T, V) is a policy: `ito_assets.training.model.
-DecoderLM` is one. Log-probabilities are taken in float32 whatever the model's dtype, and at the
-sampling temperature, so that the trainer's and the generator's numbers agree.
+DecoderLM` is one. A policy that also has `new_cache(capacity)` takes that cache as its forward's
+`cache=` keyword, and decoding then feeds it one token a step (decoding.py). Log-probabilities are
+taken in float32 whatever the model's dtype, and at the sampling temperature, so that the
+trainer's and the generator's numbers agree.
 """
 
 from __future__ import annotations
