@@ -31,6 +31,10 @@ Z_95 = 1.96
 # compare stages; DAPO reports avg@32 on AIME for the same reason (Yu et al. 2025, section 4.1).
 # Here, not in evaluation.py (torch), so that the planner prices the battery without torch.
 EVAL_SAMPLES_PER_PROMPT = 8
+# Prompts of one length decoded together: 32 x 8 samples = 256 rows a forward. The battery's 200
+# prompts took a third of the time they took one at a time; all 200 at once were no faster and
+# hold 8x the logits (benchmarks/posttraining_eval.py).
+EVAL_BATCH_PROMPTS = 32
 
 
 class GateRule(str, enum.Enum):

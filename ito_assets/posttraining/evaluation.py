@@ -10,16 +10,11 @@ from typing import Iterator, Sequence
 import torch
 
 from ito_assets.posttraining.decoding import Completion, encode_prompt, sample_prompts
-from ito_assets.posttraining.eval_gate import EVAL_SAMPLES_PER_PROMPT
+from ito_assets.posttraining.eval_gate import EVAL_BATCH_PROMPTS, EVAL_SAMPLES_PER_PROMPT
 from ito_assets.posttraining.policy import CausalLM, masked_mean, token_logprobs
 from ito_assets.posttraining.rewards import score
 from ito_assets.posttraining.tasks import Task
 from ito_assets.posttraining.vocab import TextCodec
-
-# Prompts of one length decoded together: 32 x 8 samples = 256 rows a forward. The battery's 200
-# prompts took a third of the time they took one at a time; all 200 at once were no faster and
-# hold 8x the logits (benchmarks/posttraining_eval.py).
-EVAL_BATCH_PROMPTS = 32
 
 
 @dataclass(frozen=True, kw_only=True)

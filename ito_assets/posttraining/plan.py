@@ -14,8 +14,10 @@ Where each part runs (on_worker.py, dpo.py, generation.py, rollout_source.py, pi
   completions each take a forward of the policy and of the reference.
 - RLVR trains on one rank: each step a forward and backward of its groups' rows and two forwards
   (the proximal and the reference log-probabilities). Its groups are sampled by a generator
-  process on one CPU core, a token at a time without a KV cache: each new token is a forward over
-  the whole prefix of the group's completions.
+  process on one CPU core.
+- Sampling (decoding.py) reads each prompt once into the model's KV cache, then feeds one token a
+  step for every sample of it: a completion of n tokens costs n - 1 forwards of one position (its
+  last token needs none), each reading the cache.
 
 Each part's FLOPs (`flops_per_token`: 6 N + 12 L D T for a forward and backward, a third of it for
 a forward) at the fp32 peak of what runs it (the host's parts on one core of the catalogue's
@@ -23,13 +25,15 @@ nominal host: the stage's process runs with the `posttraining` resource's `num_t
 set, and the generator with one thread), times the planner's matmul efficiency
 (`throughput.matmul_efficiency`, the same assumption as the curriculum's); the worker's FSDP
 collectives (fp32: an all-gather forward and backward and a reduce-scatter, 12 bytes a parameter a
-step) count where they exceed the compute they overlap, as the planner counts them. The parts are
+step) count where they exceed the compute they overlap, as the planner counts them. On the host, a
+forward also has a fixed cost a block whatever its size (`HOST_SECONDS_PER_BLOCK_FORWARD`), which
+decides a small model's decoding: the sampling's forwards are counted. The parts are
 added: RLVR's generator runs beside its trainer, so the sum is the time without that overlap.
 
 An upper bound where the runtime may do less: every completion at its `max_new_tokens` (a sampled
-one often ends sooner), the host at its nominal core. Not in the price: RLVR's redrawn groups (a
-group whose rewards are all equal, or that is too stale, is drawn again, up to 10 a wanted group:
-`sampling.py`).
+one often ends sooner), the host at its nominal core, idle. Not in the price: RLVR's redrawn groups
+(a group whose rewards are all equal, or that is too stale, is drawn again, up to 10 a wanted
+group: `sampling.py`), and the groups its generator has run ahead when the trainer stops.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from typing import Callable, Mapping, Sequence
 
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.schema import DpoStep, PostTrainingStep, RlvrStep, SftStep
-from ito_assets.posttraining.eval_gate import EVAL_SAMPLES_PER_PROMPT
+from ito_assets.posttraining.eval_gate import EVAL_BATCH_PROMPTS, EVAL_SAMPLES_PER_PROMPT
 from ito_assets.posttraining.tasks import largest_digit_tasks
 from ito_assets.training.cost import cost_cents
 from ito_assets.training.hardware import GPUS
@@ -53,6 +57,12 @@ from ito_assets.training.throughput import matmul_efficiency, ring_seconds
 # nominal host (2 cores), the threads they are given by default.
 HOST = GPUS["CPU"]
 HOST_CORES = 2
+# A forward's fixed cost on the host, whatever its size: a block's two dozen operator calls (norms,
+# projections, rotary, attention, MLP). Measured with one thread on this project's 2-core Xeon VM
+# (2026-12-06): a decoding step of 8 rows (a one-token forward through the KV cache, then the
+# sampling of its token) took 0.75 ms for `micro` (2 blocks) and 1.8 ms for `tiny` (4 blocks),
+# where their FLOPs take under 0.1 ms.
+HOST_SECONDS_PER_BLOCK_FORWARD = 0.5e-3
 FSDP_FP32_BYTES_PER_PARAMETER = 4 + 4 + 4  # all-gather forward, all-gather backward, reduce-scatter
 
 
@@ -75,6 +85,9 @@ class PostTrainingStagePlan:
     worker_flops: float
     host_flops: float
     evaluation_flops: float  # the battery's, on the host
+    # RLVR's generation's, each a fixed cost besides its FLOPs (DPO's reference pass: a few large forwards, uncounted)
+    host_forwards: int
+    evaluation_forwards: int
     worker_seconds: float
     host_seconds: float  # DPO's reference pass, RLVR's generation
     evaluation_seconds: float
@@ -88,6 +101,7 @@ class PostTrainingStagePlan:
         return {"stage": self.stage, "num_ranks": self.num_ranks, "num_steps": self.num_steps,
                 "sequence_length": self.sequence_length, "worker_flops": float(self.worker_flops),
                 "host_flops": float(self.host_flops), "evaluation_flops": float(self.evaluation_flops),
+                "host_forwards": self.host_forwards, "evaluation_forwards": self.evaluation_forwards,
                 "worker_seconds": round(self.worker_seconds, 3), "host_seconds": round(self.host_seconds, 3),
                 "evaluation_seconds": round(self.evaluation_seconds, 3), "wall_seconds": round(self.wall_seconds, 3),
                 "cost_cents": self.cost_cents}
@@ -154,14 +168,17 @@ def _worker_seconds(flops: float, config: ModelConfig, hardware: Hardware, ranks
     return compute + max(0.0, collectives - compute)
 
 
-def _host_seconds(flops: float, config: ModelConfig) -> float:
-    return flops / (HOST.peak_fp32_flops / HOST_CORES * matmul_efficiency(config))
+def host_seconds(flops: float, forwards: int, config: ModelConfig) -> float:
+    """Seconds of `flops` in `forwards` forwards on one core of the nominal host: the FLOPs at the
+    planner's matmul efficiency, and each forward's fixed cost."""
+    compute = flops / (HOST.peak_fp32_flops / HOST_CORES * matmul_efficiency(config))
+    return compute + forwards * config.num_layers * HOST_SECONDS_PER_BLOCK_FORWARD
 
 
-def _generation_flops(completions: float, prompt: int, new: int, per_position: float) -> float:
-    """Sampling without a KV cache: token t of a completion is a forward over the prompt and the t
-    tokens before it."""
-    return completions * (new * prompt + new * (new - 1) / 2) * per_position / 3
+def _generation_flops(prompts: float, samples: int, prompt: int, new: int, per_position: float) -> float:
+    """`samples` completions of each of `prompts` prompts, through the KV cache: the prompt's
+    positions once, then one position for each token of each completion but its last."""
+    return prompts * (prompt + samples * (new - 1)) * per_position / 3
 
 
 def evaluation_flops(config: ModelConfig, battery, *, first: bool) -> float:
@@ -169,14 +186,26 @@ def evaluation_flops(config: ModelConfig, battery, *, first: bool) -> float:
     `battery` holds `num_prompts` and `max_new_tokens` (the manifest's `post_training_eval`)."""
     prompt, new = battery_prompt_positions(), battery.max_new_tokens
     per_position = flops_per_token(config, prompt + new)
-    rewards = (EVAL_SAMPLES_PER_PROMPT + 1) * (2 if first else 1)  # sampled and greedy, before and after
-    kl = (_generation_flops(EVAL_SAMPLES_PER_PROMPT, prompt, new, per_position)
-          + 2 * EVAL_SAMPLES_PER_PROMPT * (prompt + new) * per_position / 3)
-    return battery.num_prompts * (_generation_flops(rewards, prompt, new, per_position) + kl)
+    sampled = _generation_flops(1, EVAL_SAMPLES_PER_PROMPT, prompt, new, per_position)
+    rewards = (sampled + _generation_flops(1, 1, prompt, new, per_position)) * (2 if first else 1)  # and greedy
+    # The KL's samples, then a forward of each through the policy and the reference.
+    kl = sampled + 2 * EVAL_SAMPLES_PER_PROMPT * (prompt + new) * per_position / 3
+    return battery.num_prompts * (rewards + kl)
+
+
+def evaluation_forwards(battery, *, first: bool) -> int:
+    """The battery's forwards: its prompts go in batches of one length (at most
+    `EVAL_BATCH_PROMPTS`; a prompt's length is 2 to `battery_prompt_positions()` positions, so at
+    most that many - 2 more batches than the prompts fill); a batch's sampling and greedy decoding
+    each take `max_new_tokens` forwards, before and after for the first stage, the KL's sampling as
+    many and its two scoring forwards."""
+    prompts, new = battery.num_prompts, battery.max_new_tokens
+    batches = min(prompts, math.ceil(prompts / EVAL_BATCH_PROMPTS) + battery_prompt_positions() - 2)
+    return batches * (2 * new * (2 if first else 1) + new + 2)
 
 
 def _pairs_stage(step: SftStep | DpoStep, shape: PairShape, config: ModelConfig, hardware: Hardware,
-                 evaluation: float) -> PostTrainingStagePlan:
+                 evaluation: tuple[float, int]) -> PostTrainingStagePlan:
     nodes, per_node, _ = data_parallel_ranks(step.kind, step.batch_size, hardware.num_nodes, hardware.gpus_per_node)
     width = min(shape.longest_positions, config.max_seq_len)
     epochs = step.num_epochs if isinstance(step, SftStep) else 1
@@ -185,27 +214,29 @@ def _pairs_stage(step: SftStep | DpoStep, shape: PairShape, config: ModelConfig,
     per_position = flops_per_token(config, width)
     worker = num_steps * step.batch_size * answers * width * per_position
     host = 0.0 if isinstance(step, SftStep) else shape.num_pairs * answers * width * per_position / 3
-    return _stage_plan(step.kind, nodes * per_node, num_steps, width, worker, host, evaluation, config, hardware)
+    return _stage_plan(step.kind, nodes * per_node, num_steps, width, worker, (host, 0), evaluation, config, hardware)
 
 
-def _rlvr_stage(step: RlvrStep, config: ModelConfig, hardware: Hardware, evaluation: float) -> PostTrainingStagePlan:
+def _rlvr_stage(step: RlvrStep, config: ModelConfig, hardware: Hardware,
+                evaluation: tuple[float, int]) -> PostTrainingStagePlan:
     prompt, new = battery_prompt_positions(), step.max_new_tokens
     width = prompt + new
     per_position = flops_per_token(config, width)
-    rows = step.num_steps * step.groups_per_step * step.group_size
-    worker = rows * width * per_position * 5 / 3  # forward and backward, proximal and reference forwards
-    return _stage_plan("rlvr", 1, step.num_steps, width, worker, _generation_flops(rows, prompt, new, per_position),
-                       evaluation, config, hardware)
+    groups = step.num_steps * step.groups_per_step
+    worker = groups * step.group_size * width * per_position * 5 / 3  # forward and backward, proximal and reference
+    generation = (_generation_flops(groups, step.group_size, prompt, new, per_position), groups * new)
+    return _stage_plan("rlvr", 1, step.num_steps, width, worker, generation, evaluation, config, hardware)
 
 
-def _stage_plan(stage: str, ranks: int, num_steps: int, width: int, worker: float, host: float, evaluation: float,
-                config: ModelConfig, hardware: Hardware) -> PostTrainingStagePlan:
+def _stage_plan(stage: str, ranks: int, num_steps: int, width: int, worker: float, host: tuple[float, int],
+                evaluation: tuple[float, int], config: ModelConfig, hardware: Hardware) -> PostTrainingStagePlan:
+    """`host` and `evaluation`: (FLOPs, forwards) each."""
     worker_s = _worker_seconds(worker, config, hardware, ranks, num_steps)
-    host_s, evaluation_s = _host_seconds(host, config), _host_seconds(evaluation, config)
+    host_s, evaluation_s = host_seconds(*host, config), host_seconds(*evaluation, config)
     return PostTrainingStagePlan(
         stage=stage, num_ranks=ranks, num_steps=num_steps, sequence_length=width, worker_flops=worker,
-        host_flops=host, evaluation_flops=evaluation, worker_seconds=worker_s, host_seconds=host_s,
-        evaluation_seconds=evaluation_s,
+        host_flops=host[0], evaluation_flops=evaluation[0], host_forwards=host[1], evaluation_forwards=evaluation[1],
+        worker_seconds=worker_s, host_seconds=host_s, evaluation_seconds=evaluation_s,
         cost_cents=cost_cents(hardware.world_size, worker_s + host_s + evaluation_s, hardware.price_cents_per_gpu_hour))
 
 
@@ -231,7 +262,8 @@ def plan_post_training(recipe: Sequence[PostTrainingStep], config: ModelConfig, 
     check_completions_fit(recipe, config, battery)
     plans = []
     for index, step in enumerate(recipe):
-        evaluation = evaluation_flops(config, battery, first=index == 0)
+        first = index == 0
+        evaluation = (evaluation_flops(config, battery, first=first), evaluation_forwards(battery, first=first))
         plans.append(_rlvr_stage(step, config, hardware, evaluation) if isinstance(step, RlvrStep)
                      else _pairs_stage(step, shapes[step.kind], config, hardware, evaluation))
     return tuple(plans)

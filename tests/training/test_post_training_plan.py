@@ -15,7 +15,7 @@ from hypothesis import given, settings, strategies as st
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.schema import DpoStep, PostTrainingEval, RlvrStep, SftStep
 from ito_assets.posttraining import plan as post
-from ito_assets.posttraining.eval_gate import EVAL_SAMPLES_PER_PROMPT
+from ito_assets.posttraining.eval_gate import EVAL_BATCH_PROMPTS, EVAL_SAMPLES_PER_PROMPT
 from ito_assets.posttraining.dpo import DpoConfig, dpo_batches
 from ito_assets.posttraining.fixtures import read_instruction_pairs, read_preference_pairs
 from ito_assets.posttraining.sft import SftConfig, sft_batches
@@ -76,16 +76,19 @@ def test_dpo_trains_two_answers_a_pair_and_computes_the_reference_once_on_the_ho
     assert planned.host_seconds == pytest.approx(planned.host_flops / (ONE_CORE * matmul_efficiency(TINY)))
 
 
-def test_rlvr_trains_on_one_rank_and_generates_on_one_host_core_without_a_kv_cache() -> None:
+def test_rlvr_trains_on_one_rank_and_generates_on_one_host_core_through_the_kv_cache() -> None:
     step = RlvrStep(kind="rlvr", num_steps=3, groups_per_step=2, group_size=4)
     planned = one(step, hw=hardware(nodes=2))
     prompt, new = post.battery_prompt_positions(), step.max_new_tokens
-    rows, per_position = 3 * 2 * 4, flops_per_token(TINY, prompt + new)
+    groups, per_position = 3 * 2, flops_per_token(TINY, prompt + new)
     assert (planned.num_ranks, planned.sequence_length) == (1, prompt + new)
-    assert planned.worker_flops == pytest.approx(rows * (prompt + new) * per_position * 5 / 3)
-    # Token t is a forward over the prompt and the t tokens before it: sum over t of (prompt + t).
-    assert planned.host_flops == pytest.approx(rows * sum(prompt + t for t in range(new)) * per_position / 3)
-    assert planned.host_seconds == pytest.approx(planned.host_flops / (ONE_CORE * matmul_efficiency(TINY)))
+    assert planned.worker_flops == pytest.approx(groups * 4 * (prompt + new) * per_position * 5 / 3)
+    # A group's prompt is read once; then each of its 4 completions is fed its tokens but the last, one at a time.
+    assert planned.host_flops == pytest.approx(groups * (prompt + 4 * (new - 1)) * per_position / 3)
+    # A sampling's forwards: the prompt's, then one a token but the last; each a fixed cost a block besides its FLOPs.
+    assert planned.host_forwards == groups * new
+    assert planned.host_seconds == pytest.approx(planned.host_flops / (ONE_CORE * matmul_efficiency(TINY))
+                                                 + groups * new * TINY.num_layers * post.HOST_SECONDS_PER_BLOCK_FORWARD)
     # The other 15 GPUs of the booking wait and are paid for.
     assert planned.cost_cents == cost_cents(16, planned.wall_seconds, 250)
 
@@ -129,15 +132,29 @@ def test_the_battery_is_evaluated_before_the_first_stage_and_after_every_stage()
     battery = PostTrainingEval(num_prompts=10, max_new_tokens=5)
     prompt, new, samples = post.battery_prompt_positions(), 5, EVAL_SAMPLES_PER_PROMPT
     per_position = flops_per_token(TINY, prompt + new)
-    completion = sum(prompt + t for t in range(new)) * per_position / 3
-    kl = samples * completion + 2 * samples * (prompt + new) * per_position / 3
+    # Through the KV cache: a prompt read once a sampling, then every completion's tokens but its last.
+    sampled, greedy = (prompt + samples * (new - 1)) * per_position / 3, (prompt + new - 1) * per_position / 3
+    kl = sampled + 2 * samples * (prompt + new) * per_position / 3
     first, later = post.plan_post_training([sft(), RlvrStep(kind="rlvr")], TINY, hardware(), {"sft": shape(32)}, battery)
-    assert first.evaluation_flops == pytest.approx(10 * (2 * (samples + 1) * completion + kl))
-    assert later.evaluation_flops == pytest.approx(10 * ((samples + 1) * completion + kl))
-    assert first.evaluation_seconds == pytest.approx(first.evaluation_flops / (ONE_CORE * matmul_efficiency(TINY)))
+    assert first.evaluation_flops == pytest.approx(10 * (2 * (sampled + greedy) + kl))
+    assert later.evaluation_flops == pytest.approx(10 * (sampled + greedy + kl))
+    # A batch's sampled and greedy decoding 5 forwards each (twice for the first stage), the KL's sampling 5 and its
+    # two scoring forwards; the 10 prompts in at most 8 batches (below).
+    assert (first.evaluation_forwards, later.evaluation_forwards) == (8 * (2 * 2 * 5 + 5 + 2), 8 * (2 * 5 + 5 + 2))
+    assert first.evaluation_seconds == pytest.approx(first.evaluation_flops / (ONE_CORE * matmul_efficiency(TINY))
+                                                     + 8 * 27 * TINY.num_layers * post.HOST_SECONDS_PER_BLOCK_FORWARD)
     assert first.wall_seconds == first.worker_seconds + first.host_seconds + first.evaluation_seconds
     double = one(sft(), {"sft": shape(32)}, battery=PostTrainingEval(num_prompts=20, max_new_tokens=5))
     assert double.evaluation_flops == pytest.approx(2 * one(sft(), {"sft": shape(32)}, battery=battery).evaluation_flops)
+
+
+@pytest.mark.parametrize("prompts, batches", [(1, 1), (8, 8), (9, 8), (32, 8), (33, 9), (200, 14), (1000, 39)])
+def test_the_batteries_batches_are_bounded_by_its_prompts_and_their_possible_lengths(prompts: int, batches: int) -> None:
+    """Prompts of one length share a batch of up to EVAL_BATCH_PROMPTS; a prompt holds 2 to 9
+    positions (bos and 1 to 8 bytes' tokens), so the lengths add at most 7 partly filled batches."""
+    assert post.battery_prompt_positions() == 9 and EVAL_BATCH_PROMPTS == 32
+    battery = PostTrainingEval(num_prompts=prompts, max_new_tokens=3)
+    assert post.evaluation_forwards(battery, first=False) == batches * (2 * 3 + 3 + 2)
 
 
 @pytest.mark.parametrize("new, refused", [(TINY.max_seq_len - 2, False), (TINY.max_seq_len - 1, False),
