@@ -177,10 +177,9 @@ class RlvrStep(_Strict):
     num_steps: Annotated[int, Field(ge=1, le=MAX_STEPS)] = 40
     groups_per_step: Annotated[int, Field(ge=1, le=MAX_BATCH)] = 8
     # A completion's length limit L_max (tokens, its eos included) and DAPO's soft overlong window
-    # L_cache before it (eq. 13; DAPO: 20,480 and 4,096): what each generated token costs (no KV
-    # cache, a forward over the whole prefix) and how the reward is shaped, so the confirmation binds
-    # them. 8 and 4: what stages ran with before the recipe held them (the battery's answers are one
-    # token and eos). At most 2**16: no model the planner knows holds more positions (8,192 at most,
+    # L_cache before it (eq. 13; DAPO: 20,480 and 4,096): how many decoding steps a completion takes
+    # and how the reward is shaped, so the confirmation binds them. 8 and 4: what stages ran with
+    # before the recipe held them (the battery's answers are one token and eos). At most 2**16: no model the planner knows holds more positions (8,192 at most,
     # `model_config.CONFIGS`); the stage refuses, before any compute, a completion its model cannot
     # hold after the longest prompt (`fixtures.check_completions`).
     max_new_tokens: Annotated[int, Field(ge=1, le=MAX_COMPLETION)] = 8
@@ -197,7 +196,7 @@ class PostTrainingEval(_Strict):
     """The evaluation battery every post-training stage runs on held-out prompts, before (the
     recipe's first stage) and after its training, and whose rewards its eval gate compares. Its
     sizes decide a large share of post-training's compute (each prompt is sampled several times, a
-    token at a time without a KV cache, on the asset's CPU) and the gate's statistical power, so the
+    token a step, on the asset's CPU) and the gate's statistical power, so the
     confirmation binds them. Absent: these defaults, what the stages evaluated with before the
     manifest held them."""
 
