@@ -2,8 +2,9 @@
 
 The pairs become rows of two sequences, chosen then rejected (`dpo_rows`), which the stage
 worker's loader draws whole (`dpo_batches`); the reference's log-probability of every answer is
-computed once, before training (`reference_logprobs`), and read beside each batch's rows. The
-in-process loop here and the worker (`on_worker`) train the same batches with the same loss.
+computed once, before training (`reference_logprobs`: here before the loop, on the worker at its
+start on its devices), and read beside each batch's rows. The in-process loop here and the worker
+(`on_worker`) train the same batches with the same loss.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from ito_assets.posttraining.fixtures import PreferencePair
 from ito_assets.posttraining.losses import answer_logprobs, pair_loss
 from ito_assets.posttraining.optim import adamw, optimizer_step
 from ito_assets.posttraining.policy import CausalLM
+from ito_assets.posttraining.reference_pass import reference_chunk
 from ito_assets.posttraining.sft import encode_answer, fill_rows
 from ito_assets.posttraining.vocab import TextCodec
 from ito_assets.runtime.worker.batches import BatchPlan, ResumableBatches
@@ -83,30 +85,21 @@ def dpo_batches(codec: TextCodec, pairs: Sequence[PreferencePair], config: DpoCo
     return batches, config.num_epochs * batches.batches_per_epoch
 
 
-# The reference's logits held at a time (float32): 256 MiB, so that a real vocabulary and context
-# (128k x 2,048 positions is 1 GiB per answer) runs a pair at a time rather than out of memory. The
-# values do not depend on the chunk beyond float order.
-LOGITS_BUDGET_BYTES = 256 * 2**20
-
-
-def reference_chunk(num_positions: int, vocab_size: int) -> int:
-    """Pairs per forward pass of the reference: their two answers' float32 logits within the budget, at least one."""
-    return max(1, LOGITS_BUDGET_BYTES // (2 * num_positions * vocab_size * 4))
-
-
 @torch.no_grad()
-def reference_logprobs(reference: DecoderLM, rows: np.ndarray) -> np.ndarray:
+def reference_logprobs(reference: DecoderLM, rows: np.ndarray, *, rank: int = 0, world_size: int = 1) -> np.ndarray:
     """Every pair's answers' summed log-probability under the frozen reference, (N, 2) float32:
     computed once, read beside each batch (the reference never changes, so a second forward pass
-    a step buys nothing)."""
+    a step buys nothing), on the reference's device. Of `world_size` ranks, `rank` computes every
+    `world_size`-th pass of pairs and leaves the others' rows at 0, for a sum over the ranks."""
     reference.eval()
-    found = []
+    device = next(reference.parameters()).device
+    found = np.zeros((len(rows), 2), dtype=np.float32)
     pairs_per_pass = reference_chunk(rows.shape[-1], reference.config.vocab_size)
-    for first in range(0, len(rows), pairs_per_pass):
-        chunk = torch.from_numpy(np.asarray(rows[first : first + pairs_per_pass], dtype=np.int64))
+    for first in range(rank * pairs_per_pass, len(rows), world_size * pairs_per_pass):
+        chunk = torch.from_numpy(np.asarray(rows[first : first + pairs_per_pass], dtype=np.int64)).to(device)
         sums, _ = answer_logprobs(reference, chunk[:, :, 0], chunk[:, :, 1])
-        found.append(sums.numpy())
-    return np.concatenate(found).astype(np.float32)
+        found[first : first + len(chunk)] = sums.float().cpu().numpy()
+    return found
 
 
 def run_dpo(

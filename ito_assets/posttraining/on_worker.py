@@ -5,10 +5,12 @@ in the batches the in-process loop draws, with heartbeats, checkpoints and resta
 checkpoint's weights then come back into the policy the stage evaluates and gates.
 
 SFT starts from the stage's first weights (the pretraining chain's checkpoint, or the seed's);
-DPO and RLVR from the policy they are given, written as a checkpoint the worker loads. DPO trains
-against the reference log-probabilities computed here once, before launch
-(`dpo.reference_logprobs`); RLVR on groups its generator process samples beside the worker
-(`rollout_source`), with the start as the reference its KL is measured against.
+DPO and RLVR from the policy they are given, written as a checkpoint the worker loads, which is
+also their frozen reference. DPO trains against the reference's log-probabilities, which the
+worker computes at its start on its devices, each rank a share of the pairs
+(`dpo.reference_logprobs`), and keeps for a restart of the same launch; RLVR on groups its
+generator process samples beside the worker (`rollout_source`), with the start as the reference
+its KL is measured against.
 
 The worker's events (each step, its checkpoints, the supervisor's allocation and interruptions)
 go into the stage folder beside the stage's own (its evaluations and the policy's save), so desk
@@ -27,7 +29,7 @@ import numpy as np
 
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.posttraining.base import PolicySpec, load_pretrained
-from ito_assets.posttraining.dpo import DpoConfig, DpoResult, dpo_batches, reference_logprobs
+from ito_assets.posttraining.dpo import DpoConfig, DpoResult, dpo_batches
 from ito_assets.posttraining.fixtures import InstructionPair, PreferencePair
 from ito_assets.posttraining.optim import WORKER_RECIPE
 from ito_assets.posttraining.policy import CausalLM
@@ -59,7 +61,7 @@ def layout(batch_size: int, num_ranks: int = 1) -> Layout:
     one micro-batch, as the in-process loop steps (sixteen micro-batches of one row: 75 ms a step
     against 9 ms for the micro model on CPU). Several ranks shard the weights, gradients and
     optimizer state (FSDP2), so a policy too large for one device trains too; the stage's
-    evaluation and generation run in the asset's process."""
+    evaluation runs in the asset's process."""
     if batch_size % num_ranks:
         raise ValueError(f"a batch of {batch_size} does not split evenly over {num_ranks} ranks")
     return Layout(dp_shard=num_ranks, precision="fp32", compile=False, micro_batch_size=batch_size // num_ranks)
@@ -136,16 +138,15 @@ def sft_on_worker(policy: CausalLM, spec: PolicySpec, codec: TextCodec, pairs: S
                      num_response_tokens=_targets(batches, num_steps), wall_seconds=_step_seconds(stage_dir))
 
 
-def dpo_on_worker(policy: CausalLM, reference: CausalLM, spec: PolicySpec, codec: TextCodec,
-                  pairs: Sequence[PreferencePair], config: DpoConfig, *, stage_dir: Path,
-                  launch: WorkerLaunch) -> DpoResult:
-    """DPO: train `pairs` on the worker from `policy`'s weights against `reference` (read here,
-    once) and load the worker's final weights into `policy`."""
+def dpo_on_worker(policy: CausalLM, spec: PolicySpec, codec: TextCodec, pairs: Sequence[PreferencePair],
+                  config: DpoConfig, *, stage_dir: Path, launch: WorkerLaunch) -> DpoResult:
+    """DPO: train `pairs` on the worker from `policy`'s weights, which are also the frozen
+    reference, and load the worker's final weights into `policy`."""
     batches, num_steps = dpo_batches(codec, pairs, config)
     stage_dir.mkdir(parents=True, exist_ok=True)
     reference_path = stage_dir / REFERENCE_NAME
-    logprobs = reference_logprobs(reference, batches.tokens)
-    write_atomic(reference_path, lambda handle: np.save(handle, logprobs))
+    # An earlier launch's values belong to its start and pairs: this launch's first attempt computes its own.
+    reference_path.unlink(missing_ok=True)
     start = train_state.save_weights(policy, stage_dir / START_NAME)
     objective = PreferenceObjective(reference_path=str(reference_path), beta=config.beta,
                                     label_smoothing=config.label_smoothing, rpo_alpha=config.rpo_alpha)

@@ -83,8 +83,8 @@ def _train(step, policy, reference, codec, spec: PolicySpec, pairs, train_tasks,
     if isinstance(step, DpoStep):
         config = DpoConfig.from_step(step, seed=runtime.seed)
         if worker is not None:
-            result = dpo_on_worker(policy, reference, spec, codec, pairs, config, stage_dir=worker[1],
-                                   launch=worker[0])
+            # `reference` is the policy as the stage starts: the worker computes it from the same weights.
+            result = dpo_on_worker(policy, spec, codec, pairs, config, stage_dir=worker[1], launch=worker[0])
         else:
             result = run_dpo(policy, reference, codec, pairs, config, on_step)
         return {"loss_curve": list(result.losses), "accuracy_curve": list(result.accuracies),

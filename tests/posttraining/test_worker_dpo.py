@@ -1,8 +1,9 @@
-"""DPO on the stage worker: from the policy it is given (written as a checkpoint the worker loads)
-and against the reference's log-probabilities computed once before launch, the worker trains the
-in-process loop's batches with its loss and optimizer, reports each step's accuracy and margin,
-and ends with its weights; a rerun resumes; a worker killed mid-stage is restarted from its
-checkpoint and ends bit for bit where an uninterrupted run ends."""
+"""DPO on the stage worker: from the policy it is given (written as a checkpoint the worker loads,
+also the frozen reference, whose log-probabilities the worker computes at its start), the worker
+trains the in-process loop's batches with its loss and optimizer, reports each step's accuracy and
+margin, and ends with its weights; a rerun resumes; a worker killed mid-stage is restarted from
+its checkpoint, reads the reference its first attempt wrote, and ends bit for bit where an
+uninterrupted run ends."""
 
 from __future__ import annotations
 
@@ -59,14 +60,13 @@ START = _sft_policy()
 def test_the_worker_trains_the_in_process_dpo_from_the_policy_it_is_given_and_a_rerun_resumes(tmp_path):
     expected_policy = copy.deepcopy(START)
     expected = run_dpo(expected_policy, copy.deepcopy(START), CODEC, PAIRS, CONFIG)
-    policy, reference = copy.deepcopy(START), copy.deepcopy(START)
-    result = dpo_on_worker(policy, reference, SPEC, CODEC, PAIRS, CONFIG, stage_dir=tmp_path, launch=_launch())
+    policy = copy.deepcopy(START)
+    result = dpo_on_worker(policy, SPEC, CODEC, PAIRS, CONFIG, stage_dir=tmp_path, launch=_launch())
     assert result.num_steps == expected.num_steps == 8
     assert max(abs(a - b) for a, b in zip(result.losses, expected.losses)) <= TOLERANCE
     assert result.accuracies == pytest.approx(expected.accuracies, abs=1e-6)
     assert result.mean_margin == pytest.approx(expected.mean_margin, abs=TOLERANCE)
     assert _max_difference(policy, expected_policy) <= TOLERANCE
-    assert _max_difference(reference, START) == 0.0  # the reference is only read
     # The worker started from the policy's weights, not the seed's, with post-training's optimizer.
     started = SPEC.factory()()
     assert train_state.load_weights(started, tmp_path / START_NAME / "step-000000000") is None
@@ -74,15 +74,23 @@ def test_the_worker_trains_the_in_process_dpo_from_the_policy_it_is_given_and_a_
     stage = json.loads((tmp_path / "stage.json").read_text())
     assert stage["optimizer"] == WORKER_RECIPE and stage["init_optimizer"] is False
     assert stage["preference"]["beta"] == CONFIG.beta and stage["preference"]["rpo_alpha"] == 1.0
+    # The worker's reference pass, from the start it loaded, gives the loop's values (another process's float order).
     batches, _ = dpo_batches(CODEC, PAIRS, CONFIG)
-    np.testing.assert_array_equal(np.load(tmp_path / REFERENCE_NAME), reference_logprobs(START, batches.tokens))
+    np.testing.assert_allclose(np.load(tmp_path / REFERENCE_NAME), reference_logprobs(START, batches.tokens),
+                               atol=1e-5, rtol=0)
     assert _steps(tmp_path) == [(0, s) for s in range(1, 9)]
     # The same stage again: the worker resumes at its final checkpoint and trains nothing more.
     again = copy.deepcopy(START)
-    rerun = dpo_on_worker(again, copy.deepcopy(START), SPEC, CODEC, PAIRS, CONFIG, stage_dir=tmp_path,
-                          launch=_launch())
+    rerun = dpo_on_worker(again, SPEC, CODEC, PAIRS, CONFIG, stage_dir=tmp_path, launch=_launch())
     assert _max_difference(again, policy) == 0.0 and rerun.losses == result.losses
     assert rerun.accuracies == result.accuracies and _steps(tmp_path) == [(0, s) for s in range(1, 9)]
+    assert _reference_passes(tmp_path) == 2  # a launch never reads an earlier launch's values
+
+
+def _reference_passes(stage_dir) -> int:
+    lines = (stage_dir / "metrics.jsonl").read_text().splitlines()
+    return sum("reference log-probabilities of 64 pairs computed" in json.loads(line).get("message", "")
+               for line in lines)
 
 
 @pytest.mark.slow
@@ -91,16 +99,16 @@ def test_a_dpo_worker_killed_mid_stage_restarts_from_its_checkpoint_and_ends_whe
     # 16 epochs of 4 steps: enough steps after the first checkpoint (step 3) for the kill to land.
     config = DpoConfig(learning_rate=3e-3, batch_size=16, num_epochs=16, rpo_alpha=1.0)
     expected_policy = copy.deepcopy(START)
-    expected = dpo_on_worker(expected_policy, copy.deepcopy(START), SPEC, CODEC, PAIRS, config,
-                             stage_dir=tmp_path / "one-run", launch=_launch())
+    expected = dpo_on_worker(expected_policy, SPEC, CODEC, PAIRS, config, stage_dir=tmp_path / "one-run",
+                             launch=_launch())
     stage_dir = tmp_path / "killed"
     killed: list[int] = []
     launch = WorkerLaunch(run=_kill_once_past_the_first_checkpoint(stage_dir, killed), run_key="dpo-test",
                           supervisor=SUPERVISOR, interval_steps=3)
     policy = copy.deepcopy(START)
-    result = dpo_on_worker(policy, copy.deepcopy(START), SPEC, CODEC, PAIRS, config, stage_dir=stage_dir,
-                           launch=launch)
+    result = dpo_on_worker(policy, SPEC, CODEC, PAIRS, config, stage_dir=stage_dir, launch=launch)
     assert_restarted_once(stage_dir, killed, num_steps=expected.num_steps, first_checkpoint=3)
+    assert _reference_passes(stage_dir) == 1  # the first attempt's; the restart read the file it wrote
     assert result.losses == expected.losses and result.accuracies == expected.accuracies
     assert _max_difference(policy, expected_policy) == 0.0
 
@@ -114,12 +122,12 @@ def test_dpo_rows_are_refused_below_one_batch_and_fill_at_exactly_one():
 
 
 def test_the_reference_log_probabilities_do_not_depend_on_the_chunk(monkeypatch):
-    import ito_assets.posttraining.dpo as dpo
+    from ito_assets.posttraining import reference_pass
 
     rows = dpo_batches(CODEC, PAIRS, CONFIG)[0].tokens
     whole = reference_logprobs(START, rows)  # every pair in one pass
     one_pair = 2 * rows.shape[-1] * START.config.vocab_size * 4
-    monkeypatch.setattr(dpo, "LOGITS_BUDGET_BYTES", 5 * one_pair)  # 64 pairs: chunks of 5, the last of 4
+    monkeypatch.setattr(reference_pass, "LOGITS_BUDGET_BYTES", 5 * one_pair)  # 64 pairs: chunks of 5, the last of 4
     np.testing.assert_allclose(reference_logprobs(START, rows), whole, atol=1e-5, rtol=0)
     assert whole.shape == (64, 2) and whole.dtype == np.float32 and (whole < 0).all()
     # The chosen answers are likelier than the rejected ones after SFT on the chosen.
@@ -128,14 +136,15 @@ def test_the_reference_log_probabilities_do_not_depend_on_the_chunk(monkeypatch)
 
 
 def test_the_reference_runs_as_many_pairs_a_pass_as_the_logits_budget_holds(monkeypatch):
-    import ito_assets.posttraining.dpo as dpo
+    from ito_assets.posttraining import reference_pass
 
     one_pair = 2 * 100 * 1000 * 4  # two answers of 100 positions, 1,000 float32 logits each
-    monkeypatch.setattr(dpo, "LOGITS_BUDGET_BYTES", 3 * one_pair)
-    assert dpo.reference_chunk(100, 1000) == 3  # exactly three pairs' logits
-    monkeypatch.setattr(dpo, "LOGITS_BUDGET_BYTES", 3 * one_pair - 1)
-    assert dpo.reference_chunk(100, 1000) == 2  # a byte short of the third
-    monkeypatch.setattr(dpo, "LOGITS_BUDGET_BYTES", one_pair - 1)
-    assert dpo.reference_chunk(100, 1000) == 1  # never none: one pair a pass, whatever its size
+    monkeypatch.setattr(reference_pass, "LOGITS_BUDGET_BYTES", 3 * one_pair)
+    assert reference_pass.reference_chunk(100, 1000) == 3  # exactly three pairs' logits
+    monkeypatch.setattr(reference_pass, "LOGITS_BUDGET_BYTES", 3 * one_pair - 1)
+    assert reference_pass.reference_chunk(100, 1000) == 2  # a byte short of the third
+    monkeypatch.setattr(reference_pass, "LOGITS_BUDGET_BYTES", one_pair - 1)
+    assert reference_pass.reference_chunk(100, 1000) == 1  # never none: one pair a pass, whatever its size
     monkeypatch.undo()
-    assert dpo.reference_chunk(2048, 128_256) == 1 and dpo.reference_chunk(40, 2048) == 409  # a real model; the fixture's
+    assert reference_pass.reference_chunk(2048, 128_256) == 1  # a real model
+    assert reference_pass.reference_chunk(40, 2048) == 409  # the fixture's

@@ -106,6 +106,25 @@ def test_the_reference_is_refused_unless_one_finite_log_probability_per_answer(t
             read_reference(path, len(PAIRS))
 
 
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_each_rank_computes_its_share_of_the_reference_and_the_shares_sum_to_the_whole(monkeypatch, world_size):
+    from ito_assets.posttraining import reference_pass
+
+    model = _model()
+    whole = reference_logprobs(model, ROWS)
+    # Passes of 5 pairs.
+    monkeypatch.setattr(reference_pass, "LOGITS_BUDGET_BYTES", 5 * 2 * LENGTH * CODEC.vocab_size * 4)
+    shares = [reference_logprobs(model, ROWS, rank=rank, world_size=world_size) for rank in range(world_size)]
+    for rank, share in enumerate(shares):
+        mine = np.zeros(len(ROWS), dtype=bool)
+        for first in range(5 * rank, len(ROWS), 5 * world_size):
+            mine[first : first + 5] = True
+        assert (share[~mine] == 0).all() and (share[mine] < 0).all()
+    np.testing.assert_allclose(np.sum(shares, axis=0), whole, atol=1e-5, rtol=0)
+    idle = reference_logprobs(model, ROWS[:5], rank=1, world_size=2)  # one pass, rank 0's: rank 1 has none
+    assert idle.shape == (5, 2) and (idle == 0).all()
+
+
 @pytest.mark.parametrize("changes, message", [
     ({"beta": 0.0}, "beta"), ({"beta": float("nan")}, "beta"), ({"label_smoothing": 0.5}, "label_smoothing"),
     ({"label_smoothing": -1e-9}, "label_smoothing"), ({"rpo_alpha": -1e-9}, "rpo_alpha"),
@@ -229,6 +248,24 @@ def test_fsdp2_trains_pairs_as_one_rank_does(tmp_path):
     for done in map(finish, [start_worker(one, nproc=1), start_worker(sharded, nproc=2)]):
         assert done.returncode == 0, done.stderr[-3000:]
     _same_run(one, sharded)
+
+
+@pytest.mark.long  # `make test`: one rank computes it (tests/posttraining/test_worker_dpo.py)
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_two_ranks_compute_the_reference_the_stage_was_not_given_and_rank_0_writes_it(tmp_path):
+    settings, _ = _pair_rows(tmp_path)
+    given = Path(settings["preference"].reference_path)
+    absent = tmp_path / "computed" / "reference.npy"
+    settings["preference"] = PreferenceObjective(reference_path=str(absent), beta=0.5, label_smoothing=0.1,
+                                                 rpo_alpha=1.0)
+    two = worker_config(tmp_path / "two", **settings,
+                        layout=Layout(dp_replicate=2, precision="fp32", compile=False, micro_batch_size=2))
+    absent.parent.mkdir()
+    done = run_worker(two, nproc=2)
+    assert done.returncode == 0, done.stderr[-3000:]
+    # From the seed's weights (no `init_from`): the seed model's values, not the file the others were given.
+    np.testing.assert_allclose(np.load(absent), reference_logprobs(_model(), ROWS), atol=1e-5, rtol=0)
+    assert not np.allclose(np.load(absent), np.load(given), atol=1e-3)
 
 
 def _accuracies(stage_dir: Path) -> dict[int, float]:

@@ -51,7 +51,7 @@ from ito_assets.runtime.stage.fitting import fit_layout
 from ito_assets.runtime.record.events import Event, EventKind
 from ito_assets.runtime.supervision import heartbeat
 from ito_assets.runtime.supervision.heartbeat import HeartbeatWriter
-from ito_assets.runtime.worker.preference import Preference, read_reference
+from ito_assets.runtime.worker.preference import Preference, compute_reference, read_reference
 from ito_assets.runtime.worker.reinforcement import Reinforcement
 from ito_assets.runtime.worker.replica_sync import ReplicaSync
 from ito_assets.runtime.worker.reporting import Reporter, measured_figures, open_reporter
@@ -146,8 +146,25 @@ class StageWorker:
             return source
         batches = ResumableBatches(np.load(self.config.tokens_path, mmap_mode="r"), self._plan(), position=position)
         if self.config.preference is not None:
-            self.reference_logprobs = read_reference(Path(self.config.preference.reference_path), len(batches.tokens))
+            self.reference_logprobs = self.preference_reference(batches.tokens)
         return batches
+
+    def preference_reference(self, rows: np.ndarray) -> torch.Tensor:
+        """DPO's reference log-probabilities: the file's where it exists (given with the rows, or
+        written by an earlier attempt of this launch), else computed from the stage's start on
+        the ranks' devices and written for a restart to read."""
+        path = Path(self.config.preference.reference_path)
+        if path.exists():
+            return read_reference(path, len(rows))
+        started = time.perf_counter()
+        reference = self.reference_model()
+        found = compute_reference(reference, rows, rank=self.rank, world_size=self.group.world_size)
+        del reference
+        if self.rank == 0 and self.writes_checkpoints:
+            with self.writing("the reference log-probabilities"):
+                write_atomic(path, lambda handle: np.save(handle, found.numpy()))
+        self.log(f"reference log-probabilities of {len(rows)} pairs computed in {time.perf_counter() - started:.1f} s")
+        return found
 
     def reference_model(self) -> torch.nn.Module:
         """The frozen policy KL is measured against: the stage's start (`init_from`), else the seed's."""

@@ -51,7 +51,25 @@ def read_reference(path: Path, num_rows: int) -> torch.Tensor:
     """The reference log-probabilities, one (chosen, rejected) per row of the shard, float32.
     Refused unless there is one per row, each finite and at most 0 (a log-probability): a file
     of another stage or another shard would otherwise train on silently."""
-    reference = np.load(path)
+    return checked_reference(np.load(path), num_rows)
+
+
+def compute_reference(reference: nn.Module, rows: np.ndarray, *, rank: int, world_size: int) -> torch.Tensor:
+    """The reference log-probabilities of every row, computed on the reference's device: each
+    rank a share of the pairs (`dpo.reference_logprobs`), summed over the ranks (the others' rows
+    are 0 on each, so the sum is exact). A collective on several ranks. Checked as a file is."""
+    from ito_assets.posttraining.dpo import reference_logprobs  # the pairs' stack, for DPO's workers only
+
+    found = torch.from_numpy(reference_logprobs(reference, rows, rank=rank, world_size=world_size))
+    if world_size > 1:
+        device = next(reference.parameters()).device
+        summed = found.to(device)
+        dist.all_reduce(summed, op=dist.ReduceOp.SUM)
+        found = summed.cpu()
+    return checked_reference(found.numpy(), len(rows))
+
+
+def checked_reference(reference: np.ndarray, num_rows: int) -> torch.Tensor:
     if reference.shape != (num_rows, 2):
         raise ValueError(f"the reference log-probabilities must have shape ({num_rows}, 2), not {reference.shape}")
     if not (np.isfinite(reference).all() and (reference <= 0).all()):
