@@ -6,8 +6,9 @@ Where each part runs (on_worker.py, dpo.py, generation.py, rollout_source.py, pi
 - SFT and DPO train on the stage worker in fp32, eager, each batch split over the data-parallel
   ranks `data_parallel_ranks` gives them (FSDP2 over several): one micro-batch per rank and
   step, every row at the padded width of the longest row.
-- DPO's reference log-probabilities are computed once before launch, in the asset's process, on
-  its CPU: a forward over every pair's two answers.
+- DPO's reference log-probabilities are computed once at the worker's start, each rank taking
+  every n-th pass of pairs in turn (`reference_pass.py`): a forward over every pair's two answers,
+  as long as the rank with the most passes takes, with no collective but a sum at its end.
 - The evaluation battery, in the asset's process on its CPU, after each stage's training and, for
   the recipe's first stage, before it: every held-out prompt sampled `EVAL_SAMPLES_PER_PROMPT` times
   and once greedily, and after training sampled again for the KL to the stage's start, whose
@@ -46,6 +47,7 @@ from typing import Callable, Mapping, Sequence
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.schema import DpoStep, PostTrainingStep, RlvrStep, SftStep
 from ito_assets.posttraining.eval_gate import EVAL_BATCH_PROMPTS, EVAL_SAMPLES_PER_PROMPT
+from ito_assets.posttraining.reference_pass import passes_per_rank, reference_chunk
 from ito_assets.posttraining.tasks import largest_digit_tasks
 from ito_assets.training.cost import cost_cents
 from ito_assets.training.hardware import GPUS
@@ -82,14 +84,13 @@ class PostTrainingStagePlan:
     num_ranks: int  # of the booking's GPUs, the ones the stage trains on; the rest wait, and are paid
     num_steps: int
     sequence_length: int  # the rows' width
-    worker_flops: float
+    worker_flops: float  # training and, for DPO, its reference pass
     host_flops: float
     evaluation_flops: float  # the battery's, on the host
-    # RLVR's generation's, each a fixed cost besides its FLOPs (DPO's reference pass: a few large forwards, uncounted)
-    host_forwards: int
+    host_forwards: int  # RLVR's generation's, each a fixed cost besides its FLOPs
     evaluation_forwards: int
     worker_seconds: float
-    host_seconds: float  # DPO's reference pass, RLVR's generation
+    host_seconds: float  # RLVR's generation
     evaluation_seconds: float
     cost_cents: int  # the booking's every GPU for the stage's wall time
 
@@ -212,9 +213,14 @@ def _pairs_stage(step: SftStep | DpoStep, shape: PairShape, config: ModelConfig,
     num_steps = epochs * (shape.num_pairs // step.batch_size)  # full batches only (sft_batches, dpo_batches)
     answers = 1 if isinstance(step, SftStep) else 2  # DPO's chosen and rejected rows
     per_position = flops_per_token(config, width)
-    worker = num_steps * step.batch_size * answers * width * per_position
-    host = 0.0 if isinstance(step, SftStep) else shape.num_pairs * answers * width * per_position / 3
-    return _stage_plan(step.kind, nodes * per_node, num_steps, width, worker, (host, 0), evaluation, config, hardware)
+    ranks = nodes * per_node
+    worker = (num_steps * step.batch_size * answers * width * per_position, 0.0, 0.0)
+    if isinstance(step, DpoStep):
+        pair = answers * width * per_position / 3  # a forward of its two answers
+        busiest = passes_per_rank(shape.num_pairs, width, config.vocab_size, ranks) * reference_chunk(
+            width, config.vocab_size)
+        worker = (worker[0], shape.num_pairs * pair, min(busiest, shape.num_pairs) * pair)
+    return _stage_plan(step.kind, ranks, num_steps, width, worker, (0.0, 0), evaluation, config, hardware)
 
 
 def _rlvr_stage(step: RlvrStep, config: ModelConfig, hardware: Hardware,
@@ -223,18 +229,22 @@ def _rlvr_stage(step: RlvrStep, config: ModelConfig, hardware: Hardware,
     width = prompt + new
     per_position = flops_per_token(config, width)
     groups = step.num_steps * step.groups_per_step
-    worker = groups * step.group_size * width * per_position * 5 / 3  # forward and backward, proximal and reference
+    worker = (groups * step.group_size * width * per_position * 5 / 3, 0.0, 0.0)  # and proximal and reference forwards
     generation = (_generation_flops(groups, step.group_size, prompt, new, per_position), groups * new)
     return _stage_plan("rlvr", 1, step.num_steps, width, worker, generation, evaluation, config, hardware)
 
 
-def _stage_plan(stage: str, ranks: int, num_steps: int, width: int, worker: float, host: tuple[float, int],
-                evaluation: tuple[float, int], config: ModelConfig, hardware: Hardware) -> PostTrainingStagePlan:
-    """`host` and `evaluation`: (FLOPs, forwards) each."""
-    worker_s = _worker_seconds(worker, config, hardware, ranks, num_steps)
+def _stage_plan(stage: str, ranks: int, num_steps: int, width: int, worker: tuple[float, float, float],
+                host: tuple[float, int], evaluation: tuple[float, int], config: ModelConfig,
+                hardware: Hardware) -> PostTrainingStagePlan:
+    """`worker`: (the training's FLOPs, the reference pass's, its busiest rank's); `host` and
+    `evaluation`: (FLOPs, forwards) each."""
+    training, reference, busiest = worker
+    worker_s = (_worker_seconds(training, config, hardware, ranks, num_steps)
+                + busiest / (hardware.gpu.peak_fp32_flops * matmul_efficiency(config)))
     host_s, evaluation_s = host_seconds(*host, config), host_seconds(*evaluation, config)
     return PostTrainingStagePlan(
-        stage=stage, num_ranks=ranks, num_steps=num_steps, sequence_length=width, worker_flops=worker,
+        stage=stage, num_ranks=ranks, num_steps=num_steps, sequence_length=width, worker_flops=training + reference,
         host_flops=host[0], evaluation_flops=evaluation[0], host_forwards=host[1], evaluation_forwards=evaluation[1],
         worker_seconds=worker_s, host_seconds=host_s, evaluation_seconds=evaluation_s,
         cost_cents=cost_cents(hardware.world_size, worker_s + host_s + evaluation_s, hardware.price_cents_per_gpu_hour))

@@ -18,6 +18,7 @@ from ito_assets.posttraining import plan as post
 from ito_assets.posttraining.eval_gate import EVAL_BATCH_PROMPTS, EVAL_SAMPLES_PER_PROMPT
 from ito_assets.posttraining.dpo import DpoConfig, dpo_batches
 from ito_assets.posttraining.fixtures import read_instruction_pairs, read_preference_pairs
+from ito_assets.posttraining.reference_pass import reference_chunk
 from ito_assets.posttraining.sft import SftConfig, sft_batches
 from ito_assets.posttraining.vocab import CharVocab
 from ito_assets.training.cost import cost_cents
@@ -67,13 +68,22 @@ def test_rows_are_priced_at_the_longest_pairs_width_never_past_the_model(longest
     assert one(sft(), {"sft": shape(64, longest)}).sequence_length == width
 
 
-def test_dpo_trains_two_answers_a_pair_and_computes_the_reference_once_on_the_host() -> None:
-    planned = one(DpoStep(kind="dpo", batch_size=4), {"dpo": shape(10, 30)})
-    per_position = flops_per_token(TINY, 30)
-    assert planned.num_steps == 2  # one epoch, the remainder of 2 pairs left out
-    assert planned.worker_flops == 2 * 4 * 2 * 30 * per_position
-    assert planned.host_flops == 10 * 2 * 30 * per_position / 3
-    assert planned.host_seconds == pytest.approx(planned.host_flops / (ONE_CORE * matmul_efficiency(TINY)))
+@pytest.mark.parametrize("num_pairs, busiest", [(10, 10), (546 * 8, 546), (546 * 8 + 1, 2 * 546)])
+def test_dpo_trains_two_answers_a_pair_and_computes_the_reference_once_on_the_workers_ranks(
+        num_pairs: int, busiest: int) -> None:
+    """The reference pass: passes of 546 pairs (their logits within the budget), the ranks taking
+    one in turn, so the stage waits for the rank with the most pairs; none of it on the host."""
+    planned = one(DpoStep(kind="dpo", batch_size=8), {"dpo": shape(num_pairs, 30)})
+    per_position, pair = flops_per_token(TINY, 30), 2 * 30 * flops_per_token(TINY, 30) / 3
+    assert reference_chunk(30, TINY.vocab_size) == 546 and planned.num_ranks == 8
+    steps = num_pairs // 8  # one epoch, a remainder left out
+    training = steps * 8 * 2 * 30 * per_position
+    assert planned.num_steps == steps
+    assert planned.worker_flops == pytest.approx(training + num_pairs * pair)
+    assert (planned.host_flops, planned.host_forwards, planned.host_seconds) == (0, 0, 0)
+    rate = gpu_spec("H100-SXM").peak_fp32_flops * matmul_efficiency(TINY)
+    assert planned.worker_seconds == pytest.approx(post._worker_seconds(training, TINY, hardware(), 8, steps)
+                                                   + busiest * pair / rate)
 
 
 def test_rlvr_trains_on_one_rank_and_generates_on_one_host_core_through_the_kv_cache() -> None:
