@@ -86,11 +86,13 @@ def dpo_batches(codec: TextCodec, pairs: Sequence[PreferencePair], config: DpoCo
 
 
 @torch.no_grad()
-def reference_logprobs(reference: DecoderLM, rows: np.ndarray, *, rank: int = 0, world_size: int = 1) -> np.ndarray:
+def reference_logprobs(reference: DecoderLM, rows: np.ndarray, *, rank: int = 0, world_size: int = 1,
+                       on_pass: Callable[[], object] | None = None) -> np.ndarray:
     """Every pair's answers' summed log-probability under the frozen reference, (N, 2) float32:
     computed once, read beside each batch (the reference never changes, so a second forward pass
     a step buys nothing), on the reference's device. Of `world_size` ranks, `rank` computes every
-    `world_size`-th pass of pairs and leaves the others' rows at 0, for a sum over the ranks."""
+    `world_size`-th pass of pairs and leaves the others' rows at 0, for a sum over the ranks.
+    `on_pass` after each pass (the worker's heartbeat: a long pass is not a hung start-up)."""
     reference.eval()
     device = next(reference.parameters()).device
     found = np.zeros((len(rows), 2), dtype=np.float32)
@@ -99,6 +101,8 @@ def reference_logprobs(reference: DecoderLM, rows: np.ndarray, *, rank: int = 0,
         chunk = torch.from_numpy(np.asarray(rows[first : first + pairs_per_pass], dtype=np.int64)).to(device)
         sums, _ = answer_logprobs(reference, chunk[:, :, 0], chunk[:, :, 1])
         found[first : first + len(chunk)] = sums.float().cpu().numpy()
+        if on_pass is not None:
+            on_pass()
     return found
 
 

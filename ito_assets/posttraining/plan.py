@@ -8,7 +8,7 @@ Where each part runs (on_worker.py, dpo.py, generation.py, rollout_source.py, pi
   step, every row at the padded width of the longest row.
 - DPO's reference log-probabilities are computed once at the worker's start, each rank taking
   every n-th pass of pairs in turn (`reference_pass.py`): a forward over every pair's two answers,
-  as long as the rank with the most passes takes, with no collective but a sum at its end.
+  as long as the rank with the most pairs takes, with no collective but a sum at its end.
 - The evaluation battery, in the asset's process on its CPU, after each stage's training and, for
   the recipe's first stage, before it: every held-out prompt sampled `EVAL_SAMPLES_PER_PROMPT` times
   and once greedily, and after training sampled again for the KL to the stage's start, whose
@@ -47,7 +47,7 @@ from typing import Callable, Mapping, Sequence
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.schema import DpoStep, PostTrainingStep, RlvrStep, SftStep
 from ito_assets.posttraining.eval_gate import EVAL_BATCH_PROMPTS, EVAL_SAMPLES_PER_PROMPT
-from ito_assets.posttraining.reference_pass import passes_per_rank, reference_chunk
+from ito_assets.posttraining.reference_pass import busiest_rank_pairs
 from ito_assets.posttraining.tasks import largest_digit_tasks
 from ito_assets.training.cost import cost_cents
 from ito_assets.training.hardware import GPUS
@@ -217,9 +217,8 @@ def _pairs_stage(step: SftStep | DpoStep, shape: PairShape, config: ModelConfig,
     worker = (num_steps * step.batch_size * answers * width * per_position, 0.0, 0.0)
     if isinstance(step, DpoStep):
         pair = answers * width * per_position / 3  # a forward of its two answers
-        busiest = passes_per_rank(shape.num_pairs, width, config.vocab_size, ranks) * reference_chunk(
-            width, config.vocab_size)
-        worker = (worker[0], shape.num_pairs * pair, min(busiest, shape.num_pairs) * pair)
+        busiest = busiest_rank_pairs(shape.num_pairs, width, config.vocab_size, ranks)
+        worker = (worker[0], shape.num_pairs * pair, busiest * pair)
     return _stage_plan(step.kind, ranks, num_steps, width, worker, (0.0, 0), evaluation, config, hardware)
 
 

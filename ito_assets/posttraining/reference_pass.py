@@ -6,8 +6,6 @@ that cuts them (`dpo.reference_logprobs`).
 
 from __future__ import annotations
 
-import math
-
 # The reference's logits held at a time (float32): 256 MiB, so that a real vocabulary and context
 # (128k x 2,048 positions is 1 GiB per answer) runs a pair at a time rather than out of memory. The
 # values do not depend on the chunk beyond float order.
@@ -19,6 +17,12 @@ def reference_chunk(num_positions: int, vocab_size: int) -> int:
     return max(1, LOGITS_BUDGET_BYTES // (2 * num_positions * vocab_size * 4))
 
 
-def passes_per_rank(num_pairs: int, num_positions: int, vocab_size: int, world_size: int) -> int:
-    """The most passes one rank runs when `world_size` ranks take every world_size-th pass in turn."""
-    return math.ceil(math.ceil(num_pairs / reference_chunk(num_positions, vocab_size)) / world_size)
+def busiest_rank_pairs(num_pairs: int, num_positions: int, vocab_size: int, world_size: int) -> int:
+    """The most pairs one rank computes when `world_size` ranks take every world_size-th pass in
+    turn (rank 0 the first): whole passes, and the short last one where it falls to a busiest rank."""
+    chunk = reference_chunk(num_positions, vocab_size)
+    full, rest = divmod(num_pairs, chunk)  # whole passes, and the pairs of a short last one
+    rounds, extra = divmod(full, world_size)  # every rank's whole passes, and ranks with one more
+    if extra:
+        return (rounds + 1) * chunk  # the short pass goes to a rank after those with an extra one
+    return rounds * chunk + rest

@@ -114,7 +114,11 @@ def test_each_rank_computes_its_share_of_the_reference_and_the_shares_sum_to_the
     whole = reference_logprobs(model, ROWS)
     # Passes of 5 pairs.
     monkeypatch.setattr(reference_pass, "LOGITS_BUDGET_BYTES", 5 * 2 * LENGTH * CODEC.vocab_size * 4)
-    shares = [reference_logprobs(model, ROWS, rank=rank, world_size=world_size) for rank in range(world_size)]
+    passes = [[] for _ in range(world_size)]
+    shares = [reference_logprobs(model, ROWS, rank=rank, world_size=world_size,
+                                 on_pass=lambda r=rank: passes[r].append(1)) for rank in range(world_size)]
+    # A call after each of the rank's passes: the worker's heartbeat, so a long pass is no hung start-up.
+    assert [len(p) for p in passes] == [len(range(5 * r, len(ROWS), 5 * world_size)) for r in range(world_size)]
     for rank, share in enumerate(shares):
         mine = np.zeros(len(ROWS), dtype=bool)
         for first in range(5 * rank, len(ROWS), 5 * world_size):

@@ -18,7 +18,7 @@ from ito_assets.posttraining import plan as post
 from ito_assets.posttraining.eval_gate import EVAL_BATCH_PROMPTS, EVAL_SAMPLES_PER_PROMPT
 from ito_assets.posttraining.dpo import DpoConfig, dpo_batches
 from ito_assets.posttraining.fixtures import read_instruction_pairs, read_preference_pairs
-from ito_assets.posttraining.reference_pass import reference_chunk
+from ito_assets.posttraining.reference_pass import busiest_rank_pairs, reference_chunk
 from ito_assets.posttraining.sft import SftConfig, sft_batches
 from ito_assets.posttraining.vocab import CharVocab
 from ito_assets.training.cost import cost_cents
@@ -68,7 +68,19 @@ def test_rows_are_priced_at_the_longest_pairs_width_never_past_the_model(longest
     assert one(sft(), {"sft": shape(64, longest)}).sequence_length == width
 
 
-@pytest.mark.parametrize("num_pairs, busiest", [(10, 10), (546 * 8, 546), (546 * 8 + 1, 2 * 546)])
+@given(num_pairs=st.integers(1, 300), vocab_size=st.integers(4_000_000, 40_000_000), world_size=st.integers(1, 9))
+@settings(max_examples=200, deadline=None)
+def test_the_busiest_rank_computes_what_the_reference_pass_gives_it(num_pairs, vocab_size, world_size) -> None:
+    """Against the pass loop of `dpo.reference_logprobs`, counted: passes of 1 to 8 pairs here."""
+    chunk = reference_chunk(1, vocab_size)
+    counted = [sum(len(range(first, min(first + chunk, num_pairs)))
+                   for first in range(rank * chunk, num_pairs, world_size * chunk)) for rank in range(world_size)]
+    assert sum(counted) == num_pairs
+    assert busiest_rank_pairs(num_pairs, 1, vocab_size, world_size) == max(counted)
+
+
+@pytest.mark.parametrize("num_pairs, busiest", [(10, 10), (546 * 8, 546), (546 * 8 + 1, 547), (546 * 9, 2 * 546),
+                                                (546 * 16 + 3, 2 * 546 + 3)])
 def test_dpo_trains_two_answers_a_pair_and_computes_the_reference_once_on_the_workers_ranks(
         num_pairs: int, busiest: int) -> None:
     """The reference pass: passes of 546 pairs (their logits within the budget), the ranks taking

@@ -121,7 +121,7 @@ class StageWorker:
     def run(self) -> int:
         self.heartbeat.beat(-1, "starting", force=True)
         step, position = self.resume()
-        batches = self.open_batches(position)
+        batches = self.open_batches(position, to_train=step < self.config.num_steps)
         if self.replicas is not None:
             self.replicas.start(step, position)
         self.event(EventKind.STARTUP, seconds=max(0.0, time.time() - self.config.launched_at))
@@ -133,9 +133,10 @@ class StageWorker:
             if self.reinforcement is not None:
                 batches.close()
 
-    def open_batches(self, position: int) -> Loader:
+    def open_batches(self, position: int, *, to_train: bool = True) -> Loader:
         """The stage's loader at `position`: its shard's windows or rows (with DPO's reference
-        log-probabilities beside them), or GRPO's groups from a generator started at this version."""
+        log-probabilities beside them, unless no step is left `to_train`), or GRPO's groups from a
+        generator started at this version."""
         if self.config.reinforcement is not None:
             from ito_assets.posttraining.rollout_source import RolloutSource, read_tasks  # the generator's stack
 
@@ -145,7 +146,7 @@ class StageWorker:
             self.log(f"generator process {source.generator.pid} started at policy version {position}")
             return source
         batches = ResumableBatches(np.load(self.config.tokens_path, mmap_mode="r"), self._plan(), position=position)
-        if self.config.preference is not None:
+        if self.config.preference is not None and to_train:
             self.reference_logprobs = self.preference_reference(batches.tokens)
         return batches
 
@@ -154,11 +155,12 @@ class StageWorker:
         written by an earlier attempt of this launch), else computed from the stage's start on
         the ranks' devices and written for a restart to read."""
         path = Path(self.config.preference.reference_path)
-        if path.exists():
+        if self.every_rank_sees(path):
             return read_reference(path, len(rows))
         started = time.perf_counter()
         reference = self.reference_model()
-        found = compute_reference(reference, rows, rank=self.rank, world_size=self.group.world_size)
+        found = compute_reference(reference, rows, rank=self.rank, world_size=self.group.world_size,
+                                  on_pass=lambda: self.heartbeat.beat(-1, "starting"))
         del reference
         if self.rank == 0 and self.writes_checkpoints:
             with self.writing("the reference log-probabilities"):
@@ -166,11 +168,20 @@ class StageWorker:
         self.log(f"reference log-probabilities of {len(rows)} pairs computed in {time.perf_counter() - started:.1f} s")
         return found
 
+    def every_rank_sees(self, path: Path) -> bool:
+        """Whether `path` exists for every rank of the group: one answer for all, so that they take
+        the same branch (a rank that computes meets its peers in the same collectives)."""
+        seen = torch.tensor([1 if path.exists() else 0], device=self.group.device)
+        if self.group.world_size > 1:
+            torch.distributed.all_reduce(seen, op=torch.distributed.ReduceOp.MIN)
+        return bool(seen.item())
+
     def reference_model(self) -> torch.nn.Module:
         """The frozen policy KL is measured against: the stage's start (`init_from`), else the seed's."""
         reference = build_model(self.model.config, seed=self.config.seed, device=self.group.device)
         if self.config.init_from:
-            reason = train_state.load_weights(reference, Path(self.config.init_from), owner=self.init_owner())
+            reason = train_state.load_weights(reference, Path(self.config.init_from), owner=self.init_owner(),
+                                              rank=self.rank, group=self.group.checkpoint_group)
             if reason is not None:
                 raise RuntimeError(f"the stage's starting checkpoint cannot be used as the reference: {reason}")
         return reference.requires_grad_(False)

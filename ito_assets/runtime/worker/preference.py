@@ -10,6 +10,7 @@ ranks when asked (`take_metrics`), as the in-process loop reports them."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -54,13 +55,14 @@ def read_reference(path: Path, num_rows: int) -> torch.Tensor:
     return checked_reference(np.load(path), num_rows)
 
 
-def compute_reference(reference: nn.Module, rows: np.ndarray, *, rank: int, world_size: int) -> torch.Tensor:
+def compute_reference(reference: nn.Module, rows: np.ndarray, *, rank: int, world_size: int,
+                      on_pass: Callable[[], object] | None = None) -> torch.Tensor:
     """The reference log-probabilities of every row, computed on the reference's device: each
     rank a share of the pairs (`dpo.reference_logprobs`), summed over the ranks (the others' rows
     are 0 on each, so the sum is exact). A collective on several ranks. Checked as a file is."""
     from ito_assets.posttraining.dpo import reference_logprobs  # the pairs' stack, for DPO's workers only
 
-    found = torch.from_numpy(reference_logprobs(reference, rows, rank=rank, world_size=world_size))
+    found = torch.from_numpy(reference_logprobs(reference, rows, rank=rank, world_size=world_size, on_pass=on_pass))
     if world_size > 1:
         device = next(reference.parameters()).device
         summed = found.to(device)

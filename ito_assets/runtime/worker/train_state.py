@@ -59,15 +59,17 @@ def set_weights(model: nn.Module, saved: dict[str, Any]) -> None:
     set_model_state_dict(model, _tied(model, saved))
 
 
-def load_weights(model: nn.Module, folder: Path, *, owner: dict | None = None) -> str | None:
+def load_weights(model: nn.Module, folder: Path, *, owner: dict | None = None, rank: int = 0,
+                 group: Any = None) -> str | None:
     """The model weights of the whole checkpoint `folder` into `model`, in this one process (the
     optimizer, data position and generators it also holds belong to the run that wrote it), after
     its marker's digests (and `owner`, when given: `markers.owned_by`) are checked. Returns why it
-    cannot be used, or None once loaded."""
+    cannot be used, or None once loaded. A worker's rank passes its rank and checkpoint group (its
+    collectives run on CPU tensors, which a GPU's default group does not take); alone, none."""
     state = {"model": weights(model)}
     with warnings.catch_warnings():  # DCP warns that it loads in one process, as intended here
         warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
-        reason = resume.load_checkpoint(folder, state, rank=0, group=None, owner=owner)
+        reason = resume.load_checkpoint(folder, state, rank=rank, group=group, owner=owner)
     if reason is None:
         set_weights(model, state["model"])
     return reason
