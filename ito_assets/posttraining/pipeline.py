@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import math
 import time
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from ito_assets.posttraining.tasks import Task, largest_digit_tasks, split_held_
 from ito_assets.posttraining.timeline import StageTimeline
 from ito_assets.posttraining.decoding import encode_prompt
 from ito_assets.posttraining.on_worker import WorkerLaunch, dpo_on_worker, rlvr_on_worker, sft_on_worker
+from ito_assets.posttraining.plan import evaluation_calibration
 from ito_assets.training.model_config import config_by_name
 from ito_assets.training.threads import torch_threads
 
@@ -160,17 +162,26 @@ def _timed_stage(step, start: Start, data_root: Path, out_dir: Path, runtime: Po
                       name="the evaluation battery", field="post_training_eval.max_new_tokens")
     reference = copy.deepcopy(policy).eval()  # frozen: the stage's starting point
     timeline.startup()
+    evaluated: list[float] = []  # each evaluation's seconds, as the timeline has them
+
+    def evaluated_for(seconds: float) -> None:
+        timeline.evaluation(seconds)
+        evaluated.append(seconds)
+
     before = previous.eval_after if previous is not None else None  # the previous stage's "after"
     if before is None:
-        with _timed(timeline.evaluation):
+        with _timed(evaluated_for):
             before = _evaluate(policy, codec, held_out, runtime, evaluation)
     with timeline.handed_to_worker() if worker is not None else contextlib.nullcontext():
         metrics, num_steps = _train(step, policy, reference, codec, spec, pairs, train_tasks, runtime, timeline.step,
                                     worker)
-    with _timed(timeline.evaluation):
+    with _timed(evaluated_for):
         after = _evaluate(policy, codec, held_out, runtime, evaluation)
         metrics["kl_to_reference"] = sampled_kl(policy, reference, codec, held_out,
                                                 max_new_tokens=evaluation.max_new_tokens, seed=runtime.seed)
+    metrics["evaluation_calibration"] = evaluation_calibration(
+        config_by_name(spec.model_name, vocab_size=spec.vocab_size), evaluation, first=len(evaluated) == 2,
+        measured_s=math.fsum(evaluated))
     saving = time.perf_counter()
     checkpoint = save_policy(policy, out_dir / step.kind / "policy.pt", stage=step.kind, policy_version=num_steps)
     timeline.checkpoint(time.perf_counter() - saving, checkpoint.num_bytes, step=num_steps)

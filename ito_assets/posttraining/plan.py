@@ -49,6 +49,7 @@ from ito_assets.manifest.schema import DpoStep, PostTrainingStep, RlvrStep, SftS
 from ito_assets.posttraining.eval_gate import EVAL_BATCH_PROMPTS, EVAL_SAMPLES_PER_PROMPT
 from ito_assets.posttraining.reference_pass import busiest_rank_pairs
 from ito_assets.posttraining.tasks import largest_digit_tasks
+from ito_assets.runtime.stage.calibration import FLAG_FRACTION, RATIO_DIGITS
 from ito_assets.training.cost import cost_cents
 from ito_assets.training.hardware import GPUS
 from ito_assets.training.model_config import ModelConfig, flops_per_token, parameter_count
@@ -203,6 +204,22 @@ def evaluation_forwards(battery, *, first: bool) -> int:
     prompts, new = battery.num_prompts, battery.max_new_tokens
     batches = min(prompts, math.ceil(prompts / EVAL_BATCH_PROMPTS) + battery_prompt_positions() - 2)
     return batches * (2 * new * (2 if first else 1) + new + 2)
+
+
+def evaluation_seconds(config: ModelConfig, battery, *, first: bool) -> float:
+    """The battery's planned seconds after a stage (and before it, `first`), on one host core."""
+    return host_seconds(evaluation_flops(config, battery, first=first), evaluation_forwards(battery, first=first),
+                        config)
+
+
+def evaluation_calibration(config: ModelConfig, battery, *, first: bool, measured_s: float) -> dict:
+    """The stage's evaluations as planned and as measured. The plan is an upper bound here, so
+    only the one side is flagged: a measured time more than `FLAG_FRACTION` above the planned one
+    means the window and cost the confirmation bound were short (`underpriced`)."""
+    planned = evaluation_seconds(config, battery, first=first)
+    ratio = round(measured_s / planned, RATIO_DIGITS) if planned > 0 else math.nan
+    return {"planned_s": round(planned, 3), "measured_s": round(measured_s, 3), "ratio": ratio,
+            "underpriced": bool(ratio > 1 + FLAG_FRACTION)}
 
 
 def _pairs_stage(step: SftStep | DpoStep, shape: PairShape, config: ModelConfig, hardware: Hardware,

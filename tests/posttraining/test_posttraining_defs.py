@@ -163,8 +163,10 @@ def test_graph_chain_in_recipe_order(installation):
     sft_parents = graph.get(dg.AssetKey("sft_checkpoint")).parent_keys
     assert {dg.AssetKey("long_context_checkpoint"), dg.AssetKey("training_tokens")} <= sft_parents
     checks = {k.name: graph.get_check_spec(k) for k in graph.asset_check_keys if k.asset_key.path[0] in STAGES}
-    assert set(checks) == {"sft_eval_gate", "dpo_eval_gate", "rlvr_eval_gate"}
-    assert all(spec.blocking for spec in checks.values())
+    gates = {"sft_eval_gate", "dpo_eval_gate", "rlvr_eval_gate"}
+    warnings = {"sft_evaluation_calibration", "dpo_evaluation_calibration", "rlvr_evaluation_calibration"}
+    assert set(checks) == gates | warnings
+    assert all(checks[name].blocking for name in gates) and not any(checks[name].blocking for name in warnings)
 
 
 def _evaluations(result) -> dict[str, bool]:
@@ -216,6 +218,16 @@ def test_chain_materializes_with_metrics(installation, instance, base):
     gate = metadata["gate"].value.records[0].data
     assert gate["rule"] in ("improvement", "no_regression") and isinstance(gate["passed"], bool)
     assert "rlvr_eval_gate" in _evaluations(result)
+    # Each stage's evaluations timed against the plan's price for them (the warning's verdict depends
+    # on this machine's load: tests/training/test_post_training_plan.py judges the rule).
+    for name in STAGES:
+        figures = result.output_for_node(name).metrics["evaluation_calibration"]
+        assert figures["measured_s"] > 0
+        assert figures["ratio"] == pytest.approx(figures["measured_s"] / figures["planned_s"], rel=1e-2)
+        verdict = _evaluations(result)[f"{name.removesuffix('_checkpoint')}_evaluation_calibration"]
+        assert verdict is (not figures["underpriced"])
+    assert metadata["evaluation_planned_s"].value == result.output_for_node("rlvr_checkpoint").metrics[
+        "evaluation_calibration"]["planned_s"]
     assert metadata["policy"].value["init_checkpoint"] == base.checkpoint  # the chain's first weights
     _assert_each_stage_started_from_the_one_before(result, base)
     assert metadata["policy"].value["tokenizer"]["sha256"] == base.tokens.tokenizer_sha256

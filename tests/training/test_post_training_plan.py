@@ -170,6 +170,20 @@ def test_the_battery_is_evaluated_before_the_first_stage_and_after_every_stage()
     assert double.evaluation_flops == pytest.approx(2 * one(sft(), {"sft": shape(32)}, battery=battery).evaluation_flops)
 
 
+@pytest.mark.parametrize("times, underpriced",
+                         [(0.5, False), (1.0, False), (1.25, False), (1.2501, True), (3.0, True)])
+def test_an_evaluation_is_flagged_only_when_it_took_over_a_quarter_longer_than_planned(times, underpriced) -> None:
+    """The plan is an upper bound for the battery: a faster evaluation is not a fault of the price."""
+    planned = post.evaluation_seconds(TINY, BATTERY, first=False)
+    figures = post.evaluation_calibration(TINY, BATTERY, first=False, measured_s=planned * times)
+    assert figures["ratio"] == round(times, 4) and figures["underpriced"] is underpriced
+    assert figures["planned_s"] == round(planned, 3)
+    # The recipe's first stage is evaluated before it too: priced for both.
+    assert post.evaluation_seconds(TINY, BATTERY, first=True) > planned
+    later = post.plan_post_training([sft(), RlvrStep(kind="rlvr")], TINY, hardware(), {"sft": shape(32)}, BATTERY)[1]
+    assert later.evaluation_seconds == pytest.approx(planned)
+
+
 @pytest.mark.parametrize("prompts, batches", [(1, 1), (8, 8), (9, 8), (32, 8), (33, 9), (200, 14), (1000, 39)])
 def test_the_batteries_batches_are_bounded_by_its_prompts_and_their_possible_lengths(prompts: int, batches: int) -> None:
     """Prompts of one length share a batch of up to EVAL_BATCH_PROMPTS; a prompt holds 2 to 9

@@ -101,6 +101,10 @@ def outcome_metadata(outcome: StageOutcome, step) -> dict:
         "kl_to_reference": round(metrics["kl_to_reference"], 4),
         "train_s": round(metrics["train_seconds"], 1),
     }
+    if "evaluation_calibration" in metrics:  # absent from outcomes stored before it was recorded
+        figures = metrics["evaluation_calibration"]
+        metadata.update({"evaluation_planned_s": figures["planned_s"], "evaluation_measured_s": figures["measured_s"],
+                         "evaluation_measured_over_planned": figures["ratio"]})
     metadata.update(_curve_metadata(outcome.stage, metrics))
     if "staleness" in metrics:
         metadata["staleness_histogram"] = staleness_table(metrics["staleness"])

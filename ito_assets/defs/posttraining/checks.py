@@ -1,5 +1,6 @@
-"""Blocking checks: each post-training stage's eval gate (the verdict its asset recorded). A
-failed gate stops the rest of the run here; the next stage's asset refuses it again on retry."""
+"""Each post-training stage's checks. Blocking: its eval gate (the verdict its asset recorded); a
+failed gate stops the rest of the run here, and the next stage's asset refuses it again on retry.
+A warning: its evaluations' time against the plan's (`plan.evaluation_calibration`)."""
 
 import dagster as dg
 
@@ -8,6 +9,7 @@ from ito_assets.defs.posttraining.assets import dpo_checkpoint, rlvr_checkpoint,
 from ito_assets.errors import ErrorCode
 from ito_assets.posttraining.eval_gate import BATTERY
 from ito_assets.posttraining.stage import StageOutcome
+from ito_assets.runtime.stage.calibration import FLAG_FRACTION
 
 
 def _gate_check(kind: str, asset):
@@ -38,5 +40,32 @@ def _gate_check(kind: str, asset):
     return gate
 
 
-POSTTRAINING_CHECKS = [_gate_check(kind, asset) for kind, asset in
-                       (("sft", sft_checkpoint), ("dpo", dpo_checkpoint), ("rlvr", rlvr_checkpoint))]
+def _evaluation_calibration_check(kind: str, asset):
+    @dg.asset_check(
+        name=f"{kind}_evaluation_calibration",
+        asset=asset,
+        partitions_def=manifests_partitions,
+        description=f"A warning, never blocking: the {kind} stage's evaluations took more than "
+        f"{FLAG_FRACTION:.0%} longer than the plan priced them (on one core of its nominal host), so the window and "
+        "cost the confirmation bound were short and the price model needs correcting.",
+    )
+    def calibration(**checkpoint) -> dg.AssetCheckResult:
+        (outcome,) = checkpoint.values()
+        ran = isinstance(outcome, StageOutcome) and outcome.stage == kind
+        figures = outcome.metrics.get("evaluation_calibration") if ran else None
+        if not figures:
+            return dg.AssetCheckResult(passed=True, description=f"no {kind} evaluation was timed (or no such step)")
+        return dg.AssetCheckResult(
+            passed=not figures["underpriced"],
+            severity=dg.AssetCheckSeverity.WARN,
+            description=f"measured {figures['measured_s']:.4g} s of evaluation against {figures['planned_s']:.4g} s "
+            f"planned (ratio {figures['ratio']:.3g})",
+            metadata={name: figures[name] for name in ("planned_s", "measured_s", "ratio")},
+        )
+
+    return calibration
+
+
+_STAGES = (("sft", sft_checkpoint), ("dpo", dpo_checkpoint), ("rlvr", rlvr_checkpoint))
+POSTTRAINING_CHECKS = ([_gate_check(kind, asset) for kind, asset in _STAGES]
+                       + [_evaluation_calibration_check(kind, asset) for kind, asset in _STAGES])
