@@ -162,26 +162,32 @@ def _timed_stage(step, start: Start, data_root: Path, out_dir: Path, runtime: Po
                       name="the evaluation battery", field="post_training_eval.max_new_tokens")
     reference = copy.deepcopy(policy).eval()  # frozen: the stage's starting point
     timeline.startup()
-    evaluated: list[float] = []  # each evaluation's seconds, as the timeline has them
+    evaluated: list[tuple[float, float]] = []  # each evaluation's (CPU, wall) seconds
 
-    def evaluated_for(seconds: float) -> None:
-        timeline.evaluation(seconds)
-        evaluated.append(seconds)
+    @contextlib.contextmanager
+    def evaluating():
+        cpu, wall = time.process_time(), time.perf_counter()
+        yield
+        evaluated.append((time.process_time() - cpu, time.perf_counter() - wall))
+        timeline.evaluation(evaluated[-1][1])
 
     before = previous.eval_after if previous is not None else None  # the previous stage's "after"
-    if before is None:
-        with _timed(evaluated_for):
+    first = before is None  # the recipe's first stage: evaluated before its training too, as the plan prices it
+    if first:
+        with evaluating():
             before = _evaluate(policy, codec, held_out, runtime, evaluation)
     with timeline.handed_to_worker() if worker is not None else contextlib.nullcontext():
         metrics, num_steps = _train(step, policy, reference, codec, spec, pairs, train_tasks, runtime, timeline.step,
                                     worker)
-    with _timed(evaluated_for):
+    with evaluating():
         after = _evaluate(policy, codec, held_out, runtime, evaluation)
         metrics["kl_to_reference"] = sampled_kl(policy, reference, codec, held_out,
                                                 max_new_tokens=evaluation.max_new_tokens, seed=runtime.seed)
+    # The plan's model: the manifest's configuration (its vocabulary the configuration's, which a
+    # run's BPE never exceeds), so the price compared is the one the confirmation bound.
     metrics["evaluation_calibration"] = evaluation_calibration(
-        config_by_name(spec.model_name, vocab_size=spec.vocab_size), evaluation, first=len(evaluated) == 2,
-        measured_s=math.fsum(evaluated))
+        config_by_name(spec.model_name), evaluation, first=first, cpu_s=math.fsum(c for c, _ in evaluated),
+        wall_s=math.fsum(w for _, w in evaluated))
     saving = time.perf_counter()
     checkpoint = save_policy(policy, out_dir / step.kind / "policy.pt", stage=step.kind, policy_version=num_steps)
     timeline.checkpoint(time.perf_counter() - saving, checkpoint.num_bytes, step=num_steps)
@@ -191,13 +197,6 @@ def _timed_stage(step, start: Start, data_root: Path, out_dir: Path, runtime: Po
                            eval_after=after, metrics=metrics, started_from=started_from, chain_start=chain_start)
     write_metrics(outcome, out_dir / step.kind / "metrics.json")
     return outcome
-
-
-@contextlib.contextmanager
-def _timed(report):
-    started = time.perf_counter()
-    yield
-    report(time.perf_counter() - started)
 
 
 def write_metrics(outcome: StageOutcome, path: Path) -> None:

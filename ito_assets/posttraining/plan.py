@@ -212,14 +212,16 @@ def evaluation_seconds(config: ModelConfig, battery, *, first: bool) -> float:
                         config)
 
 
-def evaluation_calibration(config: ModelConfig, battery, *, first: bool, measured_s: float) -> dict:
-    """The stage's evaluations as planned and as measured. The plan is an upper bound here, so
-    only the one side is flagged: a measured time more than `FLAG_FRACTION` above the planned one
-    means the window and cost the confirmation bound were short (`underpriced`)."""
+def evaluation_calibration(config: ModelConfig, battery, *, first: bool, cpu_s: float, wall_s: float) -> dict:
+    """The stage's evaluations as planned and as measured. Judged on CPU seconds, what one core's
+    price is comparable with whatever the threads (a second thread's work counts, a busy host's
+    waiting does not); the wall seconds beside them. The plan is an upper bound here, so only the
+    one side is flagged: more than `FLAG_FRACTION` above it (or no price to compare) means the
+    window and cost the confirmation bound were short (`underpriced`)."""
     planned = evaluation_seconds(config, battery, first=first)
-    ratio = round(measured_s / planned, RATIO_DIGITS) if planned > 0 else math.nan
-    return {"planned_s": round(planned, 3), "measured_s": round(measured_s, 3), "ratio": ratio,
-            "underpriced": bool(ratio > 1 + FLAG_FRACTION)}
+    ratio = round(cpu_s / planned, RATIO_DIGITS) if planned > 0 else math.nan
+    return {"planned_s": round(planned, 3), "measured_cpu_s": round(cpu_s, 3), "measured_wall_s": round(wall_s, 3),
+            "ratio": ratio, "underpriced": not math.isfinite(ratio) or ratio > 1 + FLAG_FRACTION}
 
 
 def _pairs_stage(step: SftStep | DpoStep, shape: PairShape, config: ModelConfig, hardware: Hardware,

@@ -175,9 +175,9 @@ def test_the_battery_is_evaluated_before_the_first_stage_and_after_every_stage()
 def test_an_evaluation_is_flagged_only_when_it_took_over_a_quarter_longer_than_planned(times, underpriced) -> None:
     """The plan is an upper bound for the battery: a faster evaluation is not a fault of the price."""
     planned = post.evaluation_seconds(TINY, BATTERY, first=False)
-    figures = post.evaluation_calibration(TINY, BATTERY, first=False, measured_s=planned * times)
-    assert figures["ratio"] == round(times, 4) and figures["underpriced"] is underpriced
-    assert figures["planned_s"] == round(planned, 3)
+    figures = post.evaluation_calibration(TINY, BATTERY, first=False, cpu_s=planned * times, wall_s=99.0)
+    assert figures["ratio"] == round(times, 4) and figures["underpriced"] is underpriced  # CPU seconds judged
+    assert figures["planned_s"] == round(planned, 3) and figures["measured_wall_s"] == 99.0
     # The recipe's first stage is evaluated before it too: priced for both.
     assert post.evaluation_seconds(TINY, BATTERY, first=True) > planned
     later = post.plan_post_training([sft(), RlvrStep(kind="rlvr")], TINY, hardware(), {"sft": shape(32)}, BATTERY)[1]

@@ -103,8 +103,8 @@ def outcome_metadata(outcome: StageOutcome, step) -> dict:
     }
     if "evaluation_calibration" in metrics:  # absent from outcomes stored before it was recorded
         figures = metrics["evaluation_calibration"]
-        metadata.update({"evaluation_planned_s": figures["planned_s"], "evaluation_measured_s": figures["measured_s"],
-                         "evaluation_measured_over_planned": figures["ratio"]})
+        metadata.update({"evaluation_planned_s": figures["planned_s"], "evaluation_cpu_s": figures["measured_cpu_s"],
+                         "evaluation_cpu_over_planned": figures["ratio"]})
     metadata.update(_curve_metadata(outcome.stage, metrics))
     if "staleness" in metrics:
         metadata["staleness_histogram"] = staleness_table(metrics["staleness"])
