@@ -240,3 +240,20 @@ def spy_calls(monkeypatch, module, name: str, *, stop: bool = False) -> list:
 
     monkeypatch.setattr(module, name, spy)
     return calls
+
+
+def process_started_at(pid: int) -> float | None:
+    """When process `pid` started (seconds since the epoch, to a clock tick), or None where there is
+    none, or where `pid` is a thread's id (/proc answers for those too) or a zombie's. A pid is
+    handed on once its process is gone (pid_max is 32768 here, and torch's threads take ids too, so
+    a suite wraps them within minutes): a process that started after the one a test saw is another."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        stat = Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].split()
+        boot = next(line for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime"))
+    except (OSError, IndexError, StopIteration):
+        return None
+    tgid = next((line.split()[1] for line in status.splitlines() if line.startswith("Tgid:")), None)
+    if tgid != str(pid) or stat[0] == "Z":
+        return None
+    return int(boot.split()[1]) + int(stat[19]) / os.sysconf("SC_CLK_TCK")

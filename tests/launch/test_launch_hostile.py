@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import process_started_at
 from ito_assets.launch import local
 from ito_assets.launch.kubernetes import KubernetesSettings, job_body, job_name
 from ito_assets.launch.slurm import SlurmSettings, sbatch_script
@@ -23,14 +24,11 @@ SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)", WORKER]  # names
 CANARY = "hf_" + "Zq7" * 12  # a Hugging Face token's format
 
 
-def _gone(pid: int, timeout_s: float = 10.0) -> bool:
+def _gone(pid: int, started: float | None, timeout_s: float = 10.0) -> bool:
+    """The process that started at `started` under `pid` has ended (a later one under its pid is another)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0]
-        except OSError:
-            return True
-        if state == "Z":
+        if process_started_at(pid) != started:
             return True
         time.sleep(0.05)
     return False
@@ -89,8 +87,9 @@ def test_the_attempts_own_ranks_in_sessions_of_their_own_are_still_stopped(tmp_p
             assert time.monotonic() < deadline
             time.sleep(0.05)
         rank = int(pid_file.read_text())
+        started = process_started_at(rank)
         attempt.terminate({rank}, grace_s=5.0)
-        assert _gone(rank)
+        assert started is not None and _gone(rank, started)
     finally:
         _stop(attempt)
 

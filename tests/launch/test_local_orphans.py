@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import process_started_at
 from ito_assets.launch import local
 
 WORKER = "ito_assets.runtime.worker.main"
@@ -86,10 +87,7 @@ time.sleep(120)
 """
 
 
-# pid -> its start time (clock ticks after boot), as first read: a pid the kernel hands on to
-# another process, or a thread id that /proc also answers for, is not the process the test started.
-# With pid_max 32768 and torch's threads, a suite wraps the pids within minutes.
-_STARTED: dict[int, str] = {}
+_STARTED: dict[int, float] = {}  # pid -> when the process the test saw under it started
 
 
 def _pids(pid_file: Path, timeout_s: float = 8.0) -> list[int]:
@@ -99,29 +97,15 @@ def _pids(pid_file: Path, timeout_s: float = 8.0) -> list[int]:
         time.sleep(0.02)
     pids = [int(p) for p in pid_file.read_text().split()]
     for pid in pids:
-        fields = _stat_fields(pid)
-        if fields is not None:
-            _STARTED[pid] = fields[19]
+        _STARTED.setdefault(pid, process_started_at(pid))
     return pids
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    """/proc/<pid>/stat from its state on (field 3 on), or None for no such process (a thread's id
-    is answered for too: its Tgid is another's)."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    tgid = next((line.split()[1] for line in status.splitlines() if line.startswith("Tgid:")), None)
-    return stat.split(") ", 1)[1].split() if tgid == str(pid) else None
-
-
 def _alive(pid: int) -> bool:
-    """Running, not a zombie, the process the test saw start (not a later one under its pid), and
-    one of an attempt's (its environment names a launch)."""
-    fields = _stat_fields(pid)
-    if fields is None or fields[0] == "Z" or _STARTED.get(pid, fields[19]) != fields[19]:
+    """Running, not a zombie, the process the test saw (not a later one under its pid), and one of
+    an attempt's (its environment names a launch)."""
+    started = process_started_at(pid)
+    if started is None or _STARTED.get(pid, started) != started:
         return False
     try:
         environ = Path(f"/proc/{pid}/environ").read_bytes()

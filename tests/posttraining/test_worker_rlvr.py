@@ -40,6 +40,7 @@ from ito_assets.runtime.worker.reinforcement import Reinforcement
 from ito_assets.runtime.worker.step import train_step
 from ito_assets.training.layout import Layout
 from ito_assets.training.trainer import TrainConfig, build_optimizer
+from helpers import process_started_at
 from posttraining.test_worker_sft import (_kill_once_past_the_first_checkpoint, _max_difference, _steps,
                                           assert_restarted_once)
 from runtime.runtime_helpers import TRIALS, worker_config
@@ -143,22 +144,23 @@ def test_the_worker_trains_rlvr_from_the_policy_it_is_given_within_the_staleness
     assert _steps(tmp_path) == [(0, s) for s in range(1, 7)]
 
 
-def _generators(stage_dir: Path) -> list[tuple[int, int]]:
-    """(pid, version) of each attempt's generator, from the worker's log lines."""
+def _generators(stage_dir: Path) -> list[tuple[int, int, float]]:
+    """(pid, version, when logged) of each attempt's generator, from the worker's log lines."""
     found = []
     for line in (stage_dir / "metrics.jsonl").read_text().splitlines():
-        message = json.loads(line).get("message", "")
+        record = json.loads(line)
+        message = record.get("message", "")
         if "generator process" in message:
             words = message.split()
-            found.append((int(words[words.index("process") + 1]), int(words[-1])))
+            found.append((int(words[words.index("process") + 1]), int(words[-1]), record["at"]))
     return found
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return not Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
-    except (OSError, IndexError):
-        return False
+def _alive(pid: int, logged_at: float) -> bool:
+    """The generator logged at `logged_at` still runs: a process under its pid that started after
+    the line (2 s for the boot time's whole seconds) is another, the pid handed on."""
+    started = process_started_at(pid)
+    return started is not None and started <= logged_at + 2.0
 
 
 @pytest.mark.slow
@@ -173,16 +175,16 @@ def test_a_rlvr_worker_killed_mid_stage_restarts_with_a_generator_at_the_resumed
                    prompt_length=PROMPT_LENGTH)
     resumed = assert_restarted_once(tmp_path, killed, num_steps=config.num_steps, first_checkpoint=2)
     # Each attempt's generator started at the version its trainer resumed at, with its own seed.
-    (first, start_0), (second, start_1) = _generators(tmp_path)
+    (first, start_0, first_at), (second, start_1, second_at) = _generators(tmp_path)
     assert (start_0, start_1) == (0, resumed) and generator_seed(0, start_0) != generator_seed(0, start_1)
     lags = _lags(tmp_path)
     assert lags["admitted"] <= {0, 1} and all(lag > 1 for lag in lags["dropped"])
     # The killed trainer's generator left with it; the second one was closed at the end. It checks
     # its parent between draws and while it waits on a queue; 30 s leaves a loaded machine room.
     deadline = time.monotonic() + 30
-    while (_alive(first) or _alive(second)) and time.monotonic() < deadline:
+    while (_alive(first, first_at) or _alive(second, second_at)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _alive(first) and not _alive(second)
+    assert not _alive(first, first_at) and not _alive(second, second_at)
     assert os.getpid() not in (first, second)
 
 
