@@ -174,9 +174,11 @@ def _watch() -> None:
     launch_id, grace_s = sys.argv[1], float(sys.argv[2])
     while os.read(0, 4096):  # EOF: the supervisor closed the pipe (the attempt ended) or died
         pass
+    found_at = time.monotonic()
     ended = _end(lambda: _attempt_processes(launch_id), grace_s=grace_s)
-    if ended:
-        print(f"the supervisor is gone: stopped processes {sorted(ended)} of its attempt", flush=True)
+    if ended:  # how long, so that a slow stop can be told from a slow scan or a late end of the pipe
+        print(f"the supervisor is gone: stopped processes {sorted(ended)} of its attempt in "
+              f"{time.monotonic() - found_at:.1f} s", flush=True)
 
 
 def _marks(pid: int) -> dict[bytes, bytes]:

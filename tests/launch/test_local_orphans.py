@@ -140,7 +140,9 @@ def _supervisor(tmp_path: Path, mode: str, grace_s: float, folder: str = "stage"
 
 
 @pytest.mark.parametrize(("mode", "grace_s", "within_s"), [
-    ("", 60.0, 10.0),  # they stop on SIGTERM: at once, far inside the grace
+    # They stop on SIGTERM, inside the 60 s grace: 45 s, since full suites on the 2-core VM missed 10 s
+    # three times on 2026-12-06 (the watcher stopped them later; never alone or under partial loads).
+    ("", 60.0, 45.0),
     ("launcher-ignores rank-ignores", 1.0, 6.0),  # they ignore it: SIGKILL after the grace period
 ])
 def test_local_a_sigkilled_supervisor_leaves_no_launcher_or_rank_running(tmp_path, mode, grace_s, within_s):
@@ -150,7 +152,13 @@ def test_local_a_sigkilled_supervisor_leaves_no_launcher_or_rank_running(tmp_pat
         pids = _pids(pid_file)
         child.kill()  # SIGKILL: no handler, no finally, no atexit
         child.wait()
-        assert _all_gone(pids, within_s), f"still running after the supervisor died: {[p for p in pids if _alive(p)]}"
+        log = tmp_path / "stage" / "attempt-0.log"
+        assert _all_gone(pids, within_s), (f"still running after the supervisor died: {[p for p in pids if _alive(p)]}; "
+                                           f"the attempt's log: {log.read_text()!r}")
+        deadline = time.monotonic() + 5
+        while "of its attempt in " not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)  # the watcher writes its line once it finds nothing left
+        assert "of its attempt in " in log.read_text()  # how long it took, for a slow stop's reader
     finally:
         child.kill()
         child.wait()
