@@ -78,9 +78,14 @@ def _launcher(pid_file: Path, mode: str) -> list[str]:
 # argv: log path, grace seconds, the launcher's command. A supervisor that starts one attempt and
 # waits; the test SIGKILLs it.
 SUPERVISOR = r"""
-import sys, time
+import signal, sys, time
 from pathlib import Path
 from ito_assets.launch import local
+# SIGTERM's default action, unblocked, whatever the test process left: a disposition of SIG_IGN and a
+# blocked mask pass on through fork and exec to the launchers and ranks, which would then outlive
+# the watcher's SIGTERM until its grace ended.
+signal.signal(signal.SIGTERM, signal.SIG_DFL)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 local.ORPHAN_GRACE_S = float(sys.argv[2])
 local.start([sys.argv[3:]], number=0, log_path=Path(sys.argv[1]), worker_module="ito_assets.runtime.worker.main")
 time.sleep(120)
@@ -140,9 +145,10 @@ def _supervisor(tmp_path: Path, mode: str, grace_s: float, folder: str = "stage"
 
 
 @pytest.mark.parametrize(("mode", "grace_s", "within_s"), [
-    # They stop on SIGTERM, inside the 60 s grace: 45 s, since full suites on the 2-core VM missed 10 s
-    # three times on 2026-12-06 (the watcher stopped them later; never alone or under partial loads).
-    ("", 60.0, 45.0),
+    # They stop on SIGTERM, inside the 60 s grace. In `make test-long`: in four full suites on
+    # 2026-12-06 they were not gone after 10, then 45 s (the watcher had not yet written its line),
+    # never alone or under a partial load; SIGTERM's state is now reset in the supervisor, unproven.
+    pytest.param("", 60.0, 45.0, marks=pytest.mark.long),
     ("launcher-ignores rank-ignores", 1.0, 6.0),  # they ignore it: SIGKILL after the grace period
 ])
 def test_local_a_sigkilled_supervisor_leaves_no_launcher_or_rank_running(tmp_path, mode, grace_s, within_s):
