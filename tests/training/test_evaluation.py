@@ -68,3 +68,28 @@ def test_a_continuation_is_scored_whole_up_to_the_window_and_refused_past_it(set
         return
     with pytest.raises(ValueError, match="continuation 0 has 257 tokens"):
         continuation_logprobs(model, [([1, 2, 3], continuation)], batch_size=1)
+
+
+def test_pairs_are_scored_in_their_order_as_each_alone_and_batched_by_length(setup):
+    """Batches hold rows of similar length and come back in the callers' order, each row's
+    log-probabilities those of its own forward (to float rounding)."""
+    import torch
+
+    from ito_assets.training.evaluation import continuation_logprobs
+
+    model, _ = setup
+    generator = torch.Generator().manual_seed(0)
+    lengths = [(30, 4), (3, 1), (28, 6), (2, 2), (31, 3), (4, 5)]  # long and short alternate
+    pairs = [(torch.randint(0, 300, (c,), generator=generator).tolist(),
+              torch.randint(0, 300, (k,), generator=generator).tolist()) for c, k in lengths]
+    widths = []
+    hook = model.register_forward_pre_hook(lambda _, inputs: widths.append(tuple(inputs[0].shape)))
+    try:
+        batched = continuation_logprobs(model, pairs, batch_size=3)
+    finally:
+        hook.remove()
+    assert widths == [(3, 8), (3, 33)]  # the three short rows together, then the three long ones
+    for pair, scored in zip(pairs, batched):
+        (alone,) = continuation_logprobs(model, [pair], batch_size=1)
+        assert len(scored) == len(pair[1])
+        assert scored == pytest.approx(alone, abs=1e-5)
