@@ -8,7 +8,7 @@ from typing import Callable, Mapping, Sequence
 import dagster as dg
 
 from ito_assets.defs import data, decision, manifest, posttraining, telemetry, training, workload
-from ito_assets.defs.decision.params import DecisionRunParams
+from ito_assets.defs.decision.params import DecisionRunParams, checked_defaults
 from ito_assets.defs.executors import executor_for
 from ito_assets.defs.jobs import data_preparation_job, preparation_job, training_job
 from ito_assets.defs.resources import ItoSettingsResource, LedgerResource
@@ -36,9 +36,13 @@ def build_definitions(
 ) -> dg.Definitions:
     """`decision_run_config` overrides the decision run's defaults (tests use a tiny one); `domains`
     loads a prefix of the lineage only (tests of one domain), the whole of it by default."""
+    # The location's decision defaults: ITO_DECISION_TRAINER, then ITO_DECISION_CONFIG's fields,
+    # then the caller's; the launchpad overrides any of them per run.
+    defaults = {}
     if settings.decision_trainer != DecisionRunParams.model_fields["trainer"].default:
-        decision_run_config = {"trainer": settings.decision_trainer, **(decision_run_config or {})}
-    preparation = preparation_job(decision_run_config)
+        defaults["trainer"] = settings.decision_trainer
+    defaults |= checked_defaults(settings.decision_config, "ITO_DECISION_CONFIG")
+    preparation = preparation_job({**defaults, **(decision_run_config or {})} or None)
     # The data job runs its steps in one process, whatever the location's executor: its steps
     # share no state, and a process per step costs more than the steps do
     # (docs/performance.md#the-data-job-and-its-executor).

@@ -13,9 +13,10 @@ Nothing reads the environment at import time.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import json
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal, Mapping, get_args
+from typing import Any, Literal, Mapping, get_args
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -47,6 +48,9 @@ class Settings:
     executor: str = "multiprocess"  # one of EXECUTORS: where a run's steps execute
     data_engine: str = "local"  # one of DATA_ENGINES: where the data plane's work units run
     decision_trainer: str = "stage_worker"  # one of DECISION_TRAINERS
+    # The decision run's defaults for this code location (the run config's fields: a booked
+    # cluster's proxy-150m, a laptop's smaller proxy); the launchpad still overrides them per run.
+    decision_config: Mapping[str, Any] = field(default_factory=dict)
     ledger_url: str = ""  # SQLAlchemy URL; empty means the SQLite file <state_dir>/ledger.db
     ledger_schema: str | None = None  # PostgreSQL schema holding the ledger's tables
     # The environment variable `ledger_url` came from, if any: Dagster resources name it instead of
@@ -99,6 +103,7 @@ class ItoSettings(BaseSettings):
     executor: str | None = None
     data_engine: str | None = None
     decision_trainer: str | None = None
+    decision_config: str | None = None
     ledger_url: str | None = Field(default=None, repr=False)  # may carry a database password
     ledger_schema: str | None = None
     # The gate policy (control/policy.py).
@@ -142,10 +147,24 @@ def _path(value: str | None, default: Path) -> Path:
     return Path(value).resolve() if value else default
 
 
+def _json_object(value: str | None, variable: str) -> dict[str, Any]:
+    """A JSON object's text as a dict (empty when unset or empty); its fields are checked where they
+    are used (definitions.py checks the decision's against its run config)."""
+    if not value:
+        return {}
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise ValueError(f"{variable} must be a JSON object")
+    return parsed
+
+
 def settings_from(environment: ItoSettings) -> Settings:
     """The pipeline's settings: ITO_PROJECT_ROOT, ITO_STATE_DIR, ITO_DATA_ROOT, ITO_MANIFESTS_DIR,
-    ITO_EVAL_SUITE, ITO_MAX_MANIFEST_BYTES, ITO_EXECUTOR, ITO_DATA_ENGINE, ITO_DECISION_TRAINER, ITO_LEDGER_URL,
-    ITO_LEDGER_SCHEMA."""
+    ITO_EVAL_SUITE, ITO_MAX_MANIFEST_BYTES, ITO_EXECUTOR, ITO_DATA_ENGINE, ITO_DECISION_TRAINER,
+    ITO_DECISION_CONFIG, ITO_LEDGER_URL, ITO_LEDGER_SCHEMA."""
     e = environment
     root = _path(e.project_root, PROJECT_ROOT)
     data_root = _path(e.data_root, root / "data")
@@ -161,6 +180,7 @@ def settings_from(environment: ItoSettings) -> Settings:
         executor="multiprocess" if e.executor is None else e.executor,
         data_engine="local" if e.data_engine is None else e.data_engine,
         decision_trainer="stage_worker" if e.decision_trainer is None else e.decision_trainer,
+        decision_config=_json_object(e.decision_config, "ITO_DECISION_CONFIG"),
         ledger_url=e.ledger_url or "",
         ledger_schema=e.ledger_schema or None,
         ledger_url_env="ITO_LEDGER_URL" if e.ledger_url else None,

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import dagster as dg
+import pytest
 
 from definitions import build_definitions
 from ito_assets.settings import load_settings
@@ -179,6 +180,37 @@ def _decision_defaults(env: dict, decision_run_config: dict | None = None) -> di
     defs = build_definitions(load_settings(env), decision_run_config=decision_run_config)
     config = defs.resolve_job_def("preparation_job").partitioned_config.get_run_config_for_partition_key("any")
     return (config or {}).get("ops", {}).get("decision_run", {}).get("config", {})
+
+
+def test_the_decision_config_setting_is_the_preparation_job_s_default():
+    """ITO_DECISION_CONFIG's fields join ITO_DECISION_TRAINER's (its own trainer wins over it), and a
+    config handed to the location wins over both."""
+    micro = '{"model_name": "micro", "vocab_size": 512}'
+    assert _decision_defaults({"ITO_DECISION_CONFIG": micro}) == {"model_name": "micro", "vocab_size": 512}
+    assert _decision_defaults({"ITO_DECISION_CONFIG": '{"trainer": "stage_worker"}', "ITO_DECISION_TRAINER": "in_process"}) \
+        == {"trainer": "stage_worker"}
+    assert _decision_defaults({"ITO_DECISION_CONFIG": micro, "ITO_DECISION_TRAINER": "in_process"}, {"vocab_size": 300}) == {
+        "trainer": "in_process", "model_name": "micro", "vocab_size": 300}
+    assert _decision_defaults({"ITO_DECISION_CONFIG": "{}"}) == {}
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ('{"num_step": 4}', "not a field of the decision run's config: num_step "),
+    ('{"num_steps": "canary-4e1d"}', "num_steps: Input should be a valid integer"),
+    ('{"num_steps": 0}', "num_steps must be positive"),
+    ('{"seeds": []}', "seeds must be distinct and non-empty"),
+    ('{"trainer": "torchrun"}', "trainer: Input should be 'stage_worker' or 'in_process'"),
+])
+def test_a_decision_config_the_run_config_would_refuse_stops_the_location_with_the_field(fields, message):
+    """Refused when the location loads, not at the first run the sensor launches; the value given is
+    never echoed."""
+    with pytest.raises(ValueError, match="^ITO_DECISION_CONFIG: ") as refused:
+        _decision_defaults({"ITO_DECISION_CONFIG": fields})
+    assert message in str(refused.value) and "canary-4e1d" not in str(refused.value)
+
+
+def test_a_decision_config_at_its_fields_bounds_loads():
+    assert _decision_defaults({"ITO_DECISION_CONFIG": '{"num_steps": 1, "seeds": [7]}'}) == {"num_steps": 1, "seeds": [7]}
 
 
 def test_the_decision_trainer_setting_is_the_preparation_job_s_default():

@@ -116,8 +116,8 @@ def test_every_variable_a_view_reads_is_a_field_of_the_model(tmp_path) -> None:
     # Each field changes what some view builds from it.
     values = {"project_root": str(tmp_path), "state_dir": str(tmp_path / "s"), "data_root": str(tmp_path / "d"),
               "manifests_dir": str(tmp_path / "m"), "eval_suite": str(tmp_path / "e"), "max_manifest_bytes": "7",
-              "executor": "in_process", "data_engine": "ray", "decision_trainer": "in_process", "ledger_url": "sqlite:///x.db", "ledger_schema": "ito",
-              "allowed_data_roots": str(tmp_path / "r"), "allowed_licenses": "MIT", "tenants_root": str(tmp_path / "t"),
+              "executor": "in_process", "data_engine": "ray", "decision_trainer": "in_process", "decision_config": '{"num_steps": 4}', "ledger_url": "sqlite:///x.db",
+              "ledger_schema": "ito", "allowed_data_roots": str(tmp_path / "r"), "allowed_licenses": "MIT", "tenants_root": str(tmp_path / "t"),
               "confirmation_ttl_s": "5", "max_concurrent_runs_per_booking": "4", "ledger_lock_timeout_s": "2",
               "api_read_timeout_s": "3", "api_max_connections_per_client": "9", "api_url": "http://127.0.0.1:1",
               "token_file": "/t", "connect_timeout_s": "6", "timeout_s": "8"}
@@ -132,7 +132,7 @@ def test_every_variable_a_view_reads_is_a_field_of_the_model(tmp_path) -> None:
             **{f"client.{k}": v for k, v in vars(changed[2]).items()}, **{f"policy.{k}": v for k, v in vars(policy).items()}}
     assert changed[0] != default[0] and changed[1] != default[1] and changed[2] != default[2]
     assert seen["max_manifest_bytes"] == 7 and seen["policy.confirmation_ttl_s"] == 5
-    assert seen["decision_trainer"] == "in_process"
+    assert seen["decision_trainer"] == "in_process" and seen["decision_config"] == {"num_steps": 4}
     assert (seen["server.lock_timeout_s"], seen["server.read_timeout_s"], seen["server.max_connections_per_client"]) \
         == (2.0, 3.0, 9)
     assert (seen["client.connect_timeout_s"], seen["client.total_timeout_s"], seen["client.token_file"]) == (6.0, 8.0, "/t")
@@ -192,3 +192,16 @@ def test_a_choice_setting_takes_its_values_and_refuses_the_others(setting, value
         return
     with pytest.raises(ValueError, match=message):
         load_settings(env)
+
+
+@pytest.mark.parametrize("value,parsed", [(None, {}), ("", {}), ("{}", {}), ('{"num_steps": 4}', {"num_steps": 4}),
+                                          (' {"model_name": "micro", "seeds": [0, 1]} ', {"model_name": "micro", "seeds": [0, 1]})])
+def test_the_decision_config_is_a_json_object(value, parsed) -> None:
+    env = {} if value is None else {"ITO_DECISION_CONFIG": value}
+    assert load_settings(env).decision_config == parsed
+
+
+@pytest.mark.parametrize("value", ["[1, 2]", '"micro"', "4", "null", "{num_steps: 4}", '{"num_steps": 4', "micro"])
+def test_a_decision_config_that_is_not_a_json_object_is_refused(value) -> None:
+    with pytest.raises(ValueError, match="^ITO_DECISION_CONFIG must be a JSON object$"):
+        load_settings({"ITO_DECISION_CONFIG": value})

@@ -147,7 +147,9 @@ def _supervisor(tmp_path: Path, mode: str, grace_s: float, folder: str = "stage"
 @pytest.mark.parametrize(("mode", "grace_s", "within_s"), [
     # They stop on SIGTERM, inside the 60 s grace. In `make test-long`: in four full suites on
     # 2026-12-06 they were not gone after 10, then 45 s (the watcher had not yet written its line),
-    # never alone or under a partial load; SIGTERM's state is now reset in the supervisor, unproven.
+    # never alone or under a partial load. Later that day it passed in two full suites (0.3 s), and
+    # the test processes' SIGTERM was never ignored or blocked at any test (logged per test), so the
+    # supervisor's reset below is not what changed: the cause is still unknown.
     pytest.param("", 60.0, 45.0, marks=pytest.mark.long),
     ("launcher-ignores rank-ignores", 1.0, 6.0),  # they ignore it: SIGKILL after the grace period
 ])

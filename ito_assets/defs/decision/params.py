@@ -1,7 +1,10 @@
 """Run configuration of the decision assets (Dagster Config), mapped onto the core's frozen
 configuration; the defaults are the core's (`DecisionConfig`, `EconomicsConfig`)."""
 
+from typing import Any, Mapping
+
 import dagster as dg
+from pydantic import ValidationError
 
 from ito_assets.settings import DecisionTrainer
 from ito_assets.training.decision import DecisionConfig
@@ -38,6 +41,25 @@ class DecisionRunParams(dg.Config):
             num_steps=self.num_steps, batch_size=self.batch_size, sequence_length=self.sequence_length,
             learning_rate=self.learning_rate, eval=EvalConfig(num_candidates=self.num_eval_candidates),
         )
+
+
+def checked_defaults(fields: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """`fields` as defaults of the decision run's config, refused with a ValueError naming `source`
+    where a field is not the run config's or a value is out of its range (Dagster would refuse the
+    first only when a run is launched, the second only when its step runs)."""
+    unknown = sorted(set(fields) - set(DecisionRunParams.model_fields))
+    if unknown:
+        names = ", ".join(name[:40] for name in unknown[:5])
+        raise ValueError(f"{source}: not a field of the decision run's config: {names} "
+                         f"(its fields: {', '.join(DecisionRunParams.model_fields)})")
+    try:
+        DecisionRunParams(**fields).to_config()
+    except ValidationError as error:  # the field and the rule, never the value given
+        rules = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+        raise ValueError(f"{source}: {rules}") from None
+    except ValueError as error:
+        raise ValueError(f"{source}: {error}") from None
+    return dict(fields)
 
 
 class DataDecisionParams(dg.Config):
