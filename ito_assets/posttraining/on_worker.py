@@ -20,6 +20,7 @@ checkpoint there.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,7 +46,7 @@ from ito_assets.runtime.record.storage import write_atomic
 from ito_assets.runtime.stage import run as stage_run
 from ito_assets.runtime.stage.config import PreferenceObjective, ReinforcementObjective, WorkerConfig
 from ito_assets.runtime.supervision.spikes import SpikeConfig
-from ito_assets.runtime.supervision.supervisor import REPORT_NAME, Outcome, SupervisorConfig
+from ito_assets.runtime.supervision.supervisor import REPORT_NAME, Outcome, SupervisorConfig, supervising
 from ito_assets.runtime.worker import train_state
 from ito_assets.runtime.worker.batches import IGNORE, ResumableBatches
 from ito_assets.training.layout import Layout
@@ -129,10 +130,11 @@ def sft_on_worker(policy: CausalLM, spec: PolicySpec, codec: TextCodec, pairs: S
         raise ValueError("a stage that starts from the seed's weights trains on the worker only when the policy's "
                          "seed is the stage's")
     batches, num_steps = sft_batches(codec, pairs, config)
-    stage_dir.mkdir(parents=True, exist_ok=True)
     stage = _Stage(name="sft", spec=spec, learning_rate=config.learning_rate, batch_size=config.batch_size,
                    seed=config.seed, num_steps=num_steps, init_from=spec.init_checkpoint)
-    _run(policy, _config(stage, batches, stage_dir=stage_dir, launch=launch), launch)
+    with _writing_inputs(stage_dir):
+        worker = _config(stage, batches, stage_dir=stage_dir, launch=launch)
+    _run(policy, worker, launch)
     steps = _final_steps(stage_dir)
     return SftResult(losses=tuple(steps[s].loss for s in sorted(steps)), num_steps=num_steps,
                      num_response_tokens=_targets(batches, num_steps), wall_seconds=_step_seconds(stage_dir))
@@ -143,16 +145,17 @@ def dpo_on_worker(policy: CausalLM, spec: PolicySpec, codec: TextCodec, pairs: S
     """DPO: train `pairs` on the worker from `policy`'s weights, which are also the frozen
     reference, and load the worker's final weights into `policy`."""
     batches, num_steps = dpo_batches(codec, pairs, config)
-    stage_dir.mkdir(parents=True, exist_ok=True)
     reference_path = stage_dir / REFERENCE_NAME
-    # An earlier launch's values belong to its start and pairs: this launch's first attempt computes its own.
-    reference_path.unlink(missing_ok=True)
-    start = train_state.save_weights(policy, stage_dir / START_NAME)
     objective = PreferenceObjective(reference_path=str(reference_path), beta=config.beta,
                                     label_smoothing=config.label_smoothing, rpo_alpha=config.rpo_alpha)
-    stage = _Stage(name="dpo", spec=spec, learning_rate=config.learning_rate, batch_size=config.batch_size,
-                   seed=config.seed, num_steps=num_steps, init_from=str(start), preference=objective)
-    _run(policy, _config(stage, batches, stage_dir=stage_dir, launch=launch), launch)
+    with _writing_inputs(stage_dir):
+        # An earlier launch's values belong to its start and pairs: this launch's first attempt computes its own.
+        reference_path.unlink(missing_ok=True)
+        start = train_state.save_weights(policy, stage_dir / START_NAME)
+        stage = _Stage(name="dpo", spec=spec, learning_rate=config.learning_rate, batch_size=config.batch_size,
+                       seed=config.seed, num_steps=num_steps, init_from=str(start), preference=objective)
+        worker = _config(stage, batches, stage_dir=stage_dir, launch=launch)
+    _run(policy, worker, launch)
     steps = [e for _, e in sorted(_final_steps(stage_dir).items())]
     return DpoResult(losses=tuple(e.loss for e in steps), accuracies=tuple(e.metrics["accuracy"] for e in steps),
                      mean_margin=steps[-1].metrics["margin"], num_steps=num_steps,
@@ -166,10 +169,10 @@ def rlvr_on_worker(policy: CausalLM, spec: PolicySpec, tasks: Sequence[Task], co
     the longest prompt's tokens with bos, so that the worker's model holds prompt and completion."""
     if config.updates_per_step != 1:
         raise ValueError("on the worker one batch is one optimizer step: updates_per_step must be 1")
-    stage_dir.mkdir(parents=True, exist_ok=True)
     tasks_path = stage_dir / TASKS_NAME
-    write_tasks(list(tasks), tasks_path)
-    start = train_state.save_weights(policy, stage_dir / START_NAME)
+    with _writing_inputs(stage_dir):
+        write_tasks(list(tasks), tasks_path)
+        start = train_state.save_weights(policy, stage_dir / START_NAME)
     tokenizer = spec.tokenizer
     objective = ReinforcementObjective(
         group_size=config.group_size, groups_per_step=config.groups_per_step, max_new_tokens=config.max_new_tokens,
@@ -209,6 +212,18 @@ def _staleness(steps: list[Event], max_staleness: int) -> StalenessReport:
             if kind in counts:
                 counts[kind][int(lag)] = counts[kind].get(int(lag), 0) + int(value)
     return StalenessReport(max_staleness=max_staleness, admitted=counts["admitted"], dropped=counts["dropped"])
+
+
+@contextlib.contextmanager
+def _writing_inputs(stage_dir: Path):
+    """Hold the stage folder's lock while this launch writes its inputs there (rows, start weights,
+    DPO's reference table, RLVR's tasks): a stage that another supervisor still runs keeps its own,
+    and this launch is refused (StageBusy) before it touches them. Released before the supervisor
+    it launches takes it, so two launches may both write before either supervisor starts: the later
+    one's inputs are used, and one supervisor runs."""
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    with supervising(stage_dir):
+        yield
 
 
 def _run(policy: CausalLM, worker: WorkerConfig, launch: WorkerLaunch) -> None:
