@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.posttraining.base import seeded
 from ito_assets.posttraining.dpo import DpoConfig, dpo_batches, reference_logprobs, run_dpo
 from ito_assets.posttraining.fixtures import InstructionPair, preference_pairs
@@ -150,3 +151,19 @@ def test_the_reference_runs_as_many_pairs_a_pass_as_the_logits_budget_holds(monk
     monkeypatch.undo()
     assert reference_pass.reference_chunk(2048, 128_256) == 1  # a real model
     assert reference_pass.reference_chunk(40, 2048) == 409  # the fixture's
+
+
+@pytest.mark.slow
+def test_a_start_whose_reference_is_not_finite_fails_the_stage_with_its_code_and_no_restart(tmp_path):
+    """The worker computes the reference from the start and refuses it (POSTTRAINING_DATA_INVALID):
+    the supervisor ends the stage with that code after the one attempt, though its budget allows a
+    restart, which would compute the same values."""
+    policy = copy.deepcopy(START)
+    with torch.no_grad():
+        next(policy.parameters()).fill_(float("nan"))
+    with pytest.raises(ItoError, match="after 1 attempt$") as failed:
+        dpo_on_worker(policy, SPEC, CODEC, PAIRS, CONFIG, stage_dir=tmp_path, launch=_launch())
+    assert failed.value.code is ErrorCode.POSTTRAINING_DATA_INVALID
+    log = (tmp_path / "attempt-0.log").read_text()
+    assert "POSTTRAINING_DATA_INVALID: the reference log-probabilities must be finite and at most 0; 64 of 64" in log
+    assert "Traceback" not in log and not (tmp_path / "attempt-1.log").exists()

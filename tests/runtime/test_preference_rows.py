@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.posttraining.dpo import dpo_rows, reference_logprobs
 from ito_assets.posttraining.fixtures import PreferencePair
 from ito_assets.posttraining.losses import pair_loss
@@ -102,8 +103,9 @@ def test_the_reference_is_refused_unless_one_finite_log_probability_per_answer(t
     for bad, message in ((good[:-1], "shape"), (good[:, :1], "shape"), (np.where(good == 0.0, 1e-3, good), "at most 0"),
                          (np.where(good == 0.0, np.nan, good), "finite"), (np.where(good == 0.0, -np.inf, good), "finite")):
         np.save(path, bad)
-        with pytest.raises(ValueError, match=message):
+        with pytest.raises(ItoError, match=message) as refused:
             read_reference(path, len(PAIRS))
+        assert refused.value.code is ErrorCode.POSTTRAINING_DATA_INVALID
 
 
 @pytest.mark.parametrize("world_size", [2, 3])

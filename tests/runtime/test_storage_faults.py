@@ -16,6 +16,7 @@ import pytest
 
 from ito_assets.runtime.supervision import heartbeat, launch
 from ito_assets.runtime.supervision import supervisor as supervisor_module
+from ito_assets.runtime.stage.config import RESULT_NAME
 from ito_assets.runtime.supervision.supervisor import AttemptEnd, Outcome, main
 from test_restart_budget import FakeAttempt, FakeBackend, _supervise, _worker, write_beat
 
@@ -167,3 +168,55 @@ def test_an_unknown_code_in_a_heartbeat_still_ends_with_a_storage_code(tmp_path)
     failing = _storage_failed("NOT_A_CODE")
     supervisor, _ = _supervise(tmp_path, [failing, failing], max_restarts=3)
     assert supervisor.run().error_code == "CHECKPOINT_STORAGE_INVALID"
+
+
+# --- a rank refused its inputs: its heartbeat carries the code ---------------------------------------
+
+
+def _refused(code: str, exit_code: int = 65):
+    """An attempt whose rank 0 beats REFUSED with `code` and exits (the worker's EX_DATAERR, or
+    torchrun's own 1 for a rank's)."""
+
+    def behave(attempt: FakeAttempt, backend: FakeBackend) -> None:
+        write_beat(backend.heartbeat_dir, rank=0, attempt=attempt.number, step=-1, phase=heartbeat.REFUSED,
+                   at=backend.now(), detail=code)
+        attempt.code = exit_code
+
+    return behave
+
+
+@pytest.mark.parametrize("exit_code", [65, 1])
+@pytest.mark.parametrize("max_restarts", [0, 3])
+def test_inputs_a_rank_refused_fail_the_stage_with_its_code_at_once(tmp_path, capsys, exit_code, max_restarts):
+    supervisor, backend = _supervise(tmp_path, [_refused("POSTTRAINING_DATA_INVALID", exit_code)], default="succeed",
+                                     max_restarts=max_restarts)
+    report = supervisor.run()
+    assert (report.outcome, report.error_code, len(backend.started)) == (Outcome.FAILED, "POSTTRAINING_DATA_INVALID", 1)
+    assert [(f.kind, f.error_code, f.planned) for f in report.faults] == [
+        (AttemptEnd.REFUSED, "POSTTRAINING_DATA_INVALID", False)]
+    stderr = capsys.readouterr().err
+    assert stderr.startswith("POSTTRAINING_DATA_INVALID: the workers of pretraining refused their inputs")
+    assert "attempt-0.log" in stderr and "Traceback" not in stderr
+    saved = json.loads((backend.stage_dir / supervisor_module.REPORT_NAME).read_text())
+    assert saved["error_code"] == "POSTTRAINING_DATA_INVALID" and saved["num_attempts"] == 1
+
+
+def test_a_refusal_with_a_code_the_supervisor_does_not_know_ends_with_internal_error(tmp_path):
+    supervisor, _ = _supervise(tmp_path, [_refused("canary-not-a-code")], default="succeed", max_restarts=3)
+    report = supervisor.run()
+    assert (report.outcome, report.error_code) == (Outcome.FAILED, "INTERNAL_ERROR")
+    assert "canary-not-a-code" not in report.error
+
+
+def test_a_refusal_beat_beside_a_finished_stage_ends_nothing(tmp_path):
+    """The exit decides: a REFUSED beat (a stale or forged file) beside a stage that finished and
+    exited 0 is a success."""
+
+    def beats_and_finishes(attempt: FakeAttempt, backend: FakeBackend) -> None:
+        write_beat(backend.heartbeat_dir, rank=1, attempt=attempt.number, step=-1, phase=heartbeat.REFUSED,
+                   at=backend.now(), detail="EVAL_SUITE_MISMATCH")
+        (backend.stage_dir / RESULT_NAME).write_text(json.dumps({"num_steps": 24, "attempt": attempt.number}))
+        attempt.code = 0
+
+    supervisor, _ = _supervise(tmp_path, [beats_and_finishes], max_restarts=0)
+    assert supervisor.run().outcome is Outcome.SUCCEEDED

@@ -20,6 +20,9 @@ from ito_assets.runtime.record.storage import read_regular_file, write_atomic
 # Writing more often than this buys nothing: the hang bound is minutes (seconds in tests).
 MIN_INTERVAL_SECONDS = 0.2
 STORAGE_FAILED = "storage_failed"
+# A rank refused its inputs with a code no restart changes (`detail` holds it): a changed eval suite,
+# a reference table that is not finite.
+REFUSED = "refused"
 # A heartbeat is a few hundred bytes; a larger file is not one and is never read whole.
 MAX_BYTES = 64 * 1024
 
@@ -31,7 +34,8 @@ class Heartbeat:
     attempt: int
     step: int  # the last step finished; -1 before the first
     # "starting", "training", "checkpointing", "evaluating", "awaiting_desk", "finished", "stopped",
-    # or STORAGE_FAILED (the last save could not be written; `detail` holds the storage's code)
+    # STORAGE_FAILED (the last save could not be written; `detail` holds the storage's code) or
+    # REFUSED (an input no restart changes; `detail` holds the code)
     phase: str
     at: float  # Unix seconds
     detail: str = ""

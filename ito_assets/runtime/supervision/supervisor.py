@@ -27,6 +27,9 @@ from its newest whole checkpoint under the same run record.
   full disk ends the stage FAILED with STORAGE_FULL at once; any other storage error is retried
   once, outside the restart budget (a storage hiccup clears), and ends it FAILED with
   CHECKPOINT_STORAGE_INVALID when the next attempt fails the same way.
+- a rank refused its inputs with a code (its heartbeat says which: the eval suite changed since the
+  plan, DPO's reference is not finite): the stage ends FAILED with that code at once, off the
+  budget; a restart would read the same inputs and spend its compute to fail again.
 
 Attempts run where `SupervisorConfig.launch` says (`ito_assets.launch.backend`): torchrun on this
 machine (a lone rank without it), an sbatch job, or a Kubernetes Job; the supervisor only polls and terminates them. When
@@ -118,6 +121,7 @@ class AttemptEnd(str, enum.Enum):
     SPIKE_RESTART = "spike_restart"  # the desk approved a spike proposal (planned)
     STOPPED = "stopped"  # a stop request, or a planned stop the workers flushed (planned)
     STORAGE = "storage"  # the workers' last checkpoint could not be written (off the restart budget)
+    REFUSED = "refused"  # a rank refused its inputs with a code no restart changes
     NOT_STARTED = "not_started"  # the back end could not start it: a scheduler or API that did not answer
 
 
@@ -138,7 +142,7 @@ class Fault:
     detected_at: float
     detection_seconds: float
     recovery_seconds: float | None = None  # filled when the next attempt took its first step
-    error_code: str | None = None  # STORAGE: the storage's code, from the workers' heartbeats
+    error_code: str | None = None  # STORAGE, REFUSED: the code, from the workers' heartbeats
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -225,6 +229,8 @@ class Supervisor:
                 running = None
                 if fault.kind is AttemptEnd.STOPPED:
                     return self._report(Outcome.STOPPED, attempt_number + 1 - first)
+                if fault.kind is AttemptEnd.REFUSED:
+                    return self._refused(fault, attempt_number + 1 - first)
                 if fault.kind is AttemptEnd.STORAGE:
                     if not self._retry_storage(fault):
                         return self._workers_storage_failure(fault, attempt_number + 1 - first)
@@ -314,6 +320,9 @@ class Supervisor:
         failed = [b.detail for b in beats.values() if b.phase == heartbeat.STORAGE_FAILED]
         if code is not None and failed:
             return _Watch(kind=AttemptEnd.STORAGE, last_sign=last_sign, error_code=failed[0])
+        refused = [b.detail for b in beats.values() if b.phase == heartbeat.REFUSED]
+        if code and refused:  # a rank's exit, not a beat alone, ends the attempt
+            return _Watch(kind=AttemptEnd.REFUSED, last_sign=last_sign, error_code=refused[0])
         if code is not None:
             return _Watch(kind=self._exit_kind(code, beats), last_sign=last_sign)
         if self.stop_requested:
@@ -425,6 +434,16 @@ class Supervisor:
                    f"(attempt-{fault.attempt}.log says why); the stage stopped, its newest whole checkpoint is "
                    "kept for a retry")
         return self._end_for_storage(code, message, num_attempts)
+
+    def _refused(self, fault: Fault, num_attempts: int) -> SupervisionReport:
+        """FAILED with the code a rank refused its inputs with (one it could not name, or a forged
+        heartbeat's text, is INTERNAL_ERROR), one sentence on stderr and in the report."""
+        known = {c.value for c in ErrorCode}
+        code = ErrorCode(fault.error_code) if fault.error_code in known else ErrorCode.INTERNAL_ERROR
+        message = (f"{code.value}: the workers of {self.worker.stage} refused their inputs "
+                   f"(attempt-{fault.attempt}.log says why); a restart would read the same, so none was made")
+        print(message, file=sys.stderr, flush=True)
+        return self._report(Outcome.FAILED, num_attempts, error_code=code, error=message)
 
     def _storage_failure(self, error: OSError, num_attempts: int) -> SupervisionReport:
         code = ErrorCode.STORAGE_FULL if disk_full(error) else ErrorCode.CHECKPOINT_STORAGE_INVALID

@@ -71,6 +71,9 @@ EXIT_STOPPED = 75
 # (STORAGE_FULL, CHECKPOINT_STORAGE_INVALID).
 EXIT_STORAGE = 74
 STORAGE_CODES = (ErrorCode.STORAGE_FULL, ErrorCode.CHECKPOINT_STORAGE_INVALID)
+# sysexits.h EX_DATAERR: a rank refused its inputs with a code no restart changes (REFUSAL_CODES).
+EXIT_REFUSED = 65
+REFUSAL_CODES = (ErrorCode.EVAL_SUITE_MISMATCH, ErrorCode.POSTTRAINING_DATA_INVALID)
 # Report every 10 steps through Pipes (torchtitan's default `log_freq`); every step goes to the events.
 LOG_EVERY_STEPS = 10
 # How often ranks paused on a non-finite step look for the desk's decision; heartbeats go out as often.
@@ -119,6 +122,15 @@ class StageWorker:
     # --- the loop -------------------------------------------------------------------------------
 
     def run(self) -> int:
+        try:
+            return self.run_stage()
+        except ItoError as error:
+            if error.code in REFUSAL_CODES:  # the supervisor ends the stage with it, not a restart
+                with contextlib.suppress(OSError):
+                    self.heartbeat.beat(self.reached, heartbeat.REFUSED, force=True, detail=error.code.value)
+            raise
+
+    def run_stage(self) -> int:
         self.heartbeat.beat(-1, "starting", force=True)
         step, position = self.resume()
         batches = self.open_batches(position, to_train=step < self.config.num_steps)
@@ -558,10 +570,10 @@ def main(argv: list[str] | None = None) -> int:
         with open_reporter(group.rank, Path(config.metrics_path), pipes=config.replica_id == 0) as reporter:
             return StageWorker(config, group, reporter).run()
     except ItoError as error:
-        if error.code not in STORAGE_CODES:
+        if error.code not in STORAGE_CODES + REFUSAL_CODES:
             raise
         print(error, file=sys.stderr, flush=True)  # "CODE: message" in the attempt's log, not a traceback
-        return EXIT_STORAGE
+        return EXIT_STORAGE if error.code in STORAGE_CODES else EXIT_REFUSED
     finally:
         distributed.shutdown()
 

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.posttraining.losses import pair_loss
 from ito_assets.runtime.stage.config import PreferenceObjective
 
@@ -72,8 +73,13 @@ def compute_reference(reference: nn.Module, rows: np.ndarray, *, rank: int, worl
 
 
 def checked_reference(reference: np.ndarray, num_rows: int) -> torch.Tensor:
+    """POSTTRAINING_DATA_INVALID unless one (chosen, rejected) log-probability per row, each finite
+    and at most 0: read, the table of another stage or shard; computed, a start whose answers'
+    log-probabilities overflow. Neither changes on a restart."""
     if reference.shape != (num_rows, 2):
-        raise ValueError(f"the reference log-probabilities must have shape ({num_rows}, 2), not {reference.shape}")
+        raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID,
+                       f"the reference log-probabilities must have shape ({num_rows}, 2), not {reference.shape}")
     if not (np.isfinite(reference).all() and (reference <= 0).all()):
-        raise ValueError("the reference log-probabilities must be finite and at most 0")
+        raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID, "the reference log-probabilities must be finite and at "
+                       f"most 0; {int((~np.isfinite(reference)).any(axis=1).sum())} of {num_rows} pairs are not finite")
     return torch.from_numpy(np.asarray(reference, dtype=np.float32))
