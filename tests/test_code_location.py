@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -196,8 +197,19 @@ def test_the_decision_config_setting_is_the_preparation_job_s_default():
 
 @pytest.mark.parametrize(("fields", "message"), [
     ('{"num_step": 4}', "not a field of the decision run's config: num_step "),
+    ('{"num_step": 4, "canary-4e1d sk-x": 1}', "num_step, 1 more that are no field names "),
     ('{"num_steps": "canary-4e1d"}', "num_steps: Input should be a valid integer"),
+    # Values Dagster's config refuses only at a run's launch, echoing them: none is converted here.
+    ('{"num_steps": "4"}', "num_steps: Input should be a valid integer"),
+    ('{"batch_size": true}', "batch_size: Input should be a valid integer"),
+    ('{"vocab_size": 512.0}', "vocab_size: Input should be a valid integer"),
+    ('{"seeds": [0, true]}', "seeds: Input should be a valid integer"),
     ('{"num_steps": 0}', "num_steps must be positive"),
+    ('{"learning_rate": 0}', "learning_rate must be positive and finite"),
+    ('{"learning_rate": NaN}', "learning_rate must be positive and finite"),
+    ('{"learning_rate": Infinity}', "learning_rate must be positive and finite"),
+    ('{"num_threads": -1}', "num_threads: must be 0 (torch's default) or more"),
+    ('{"num_eval_candidates": 1}', "num_eval_candidates: must be at least 2"),
     ('{"seeds": []}', "seeds must be distinct and non-empty"),
     ('{"trainer": "torchrun"}', "trainer: Input should be 'stage_worker' or 'in_process'"),
 ])
@@ -209,8 +221,13 @@ def test_a_decision_config_the_run_config_would_refuse_stops_the_location_with_t
     assert message in str(refused.value) and "canary-4e1d" not in str(refused.value)
 
 
-def test_a_decision_config_at_its_fields_bounds_loads():
-    assert _decision_defaults({"ITO_DECISION_CONFIG": '{"num_steps": 1, "seeds": [7]}'}) == {"num_steps": 1, "seeds": [7]}
+def test_a_decision_config_at_its_fields_bounds_loads_and_dagster_launches_it():
+    fields = {"num_steps": 1, "seeds": [7], "num_threads": 0, "num_eval_candidates": 2, "learning_rate": 1}
+    defs = build_definitions(load_settings({"ITO_DECISION_CONFIG": json.dumps(fields)}))
+    job = defs.resolve_job_def("preparation_job")
+    config = job.partitioned_config.get_run_config_for_partition_key("any")
+    assert config["ops"]["decision_run"]["config"] == fields
+    assert dg.validate_run_config(job, config)  # Dagster's own check takes what the location took
 
 
 def test_the_decision_trainer_setting_is_the_preparation_job_s_default():

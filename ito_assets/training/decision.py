@@ -87,6 +87,7 @@ class DecisionConfig:
         _require(len(self.seeds) >= 1 and len(set(self.seeds)) == len(self.seeds), "seeds", "must be distinct and non-empty")
         for name in ("num_steps", "batch_size", "sequence_length"):
             _require(getattr(self, name) >= 1, name, "must be positive")
+        _require(0 < self.learning_rate < float("inf"), "learning_rate", "must be positive and finite")
         _require(0.5 <= self.confidence < 1, "confidence", "must be in [0.5, 1)")
         _require(0 <= self.heldout_fraction < 0.5, "heldout_fraction", "must be in [0, 0.5)")
         if self.target_detectable_effect is not None:

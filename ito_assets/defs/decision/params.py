@@ -1,10 +1,11 @@
 """Run configuration of the decision assets (Dagster Config), mapped onto the core's frozen
 configuration; the defaults are the core's (`DecisionConfig`, `EconomicsConfig`)."""
 
+import re
 from typing import Any, Mapping
 
 import dagster as dg
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from ito_assets.settings import DecisionTrainer
 from ito_assets.training.decision import DecisionConfig
@@ -45,21 +46,35 @@ class DecisionRunParams(dg.Config):
 
 def checked_defaults(fields: Mapping[str, Any], source: str) -> dict[str, Any]:
     """`fields` as defaults of the decision run's config, refused with a ValueError naming `source`
-    where a field is not the run config's or a value is out of its range (Dagster would refuse the
-    first only when a run is launched, the second only when its step runs)."""
+    where a field is not the run config's, a value is not of its field's type as Dagster's config
+    takes it (no "4" for 4, no true for 1), or out of its range; the message names the field, never
+    the value. Dagster would refuse the first two only when a run is launched, echoing the value,
+    and the last when the step runs."""
     unknown = sorted(set(fields) - set(DecisionRunParams.model_fields))
     if unknown:
-        names = ", ".join(name[:40] for name in unknown[:5])
-        raise ValueError(f"{source}: not a field of the decision run's config: {names} "
+        named = [name for name in unknown if _FIELD_NAME.fullmatch(name)]
+        others = len(unknown) - len(named)
+        listed = ", ".join(named + ([f"{others} more that are no field names"] if others else []))
+        raise ValueError(f"{source}: not a field of the decision run's config: {listed} "
                          f"(its fields: {', '.join(DecisionRunParams.model_fields)})")
+    for name, value in fields.items():
+        try:
+            TypeAdapter(DecisionRunParams.model_fields[name].annotation).validate_python(value, strict=True)
+        except ValidationError as error:
+            raise ValueError(f"{source}: {name}: {error.errors()[0]['msg']}") from None
+    if fields.get("num_threads", 0) < 0:
+        raise ValueError(f"{source}: num_threads: must be 0 (torch's default) or more")
+    if fields.get("num_eval_candidates", 2) < 2:  # the core's rule, under the run config's name
+        raise ValueError(f"{source}: num_eval_candidates: must be at least 2")
     try:
         DecisionRunParams(**fields).to_config()
-    except ValidationError as error:  # the field and the rule, never the value given
-        rules = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
-        raise ValueError(f"{source}: {rules}") from None
-    except ValueError as error:
+    except ValueError as error:  # the core's rule, which names its field and never the value
         raise ValueError(f"{source}: {error}") from None
     return dict(fields)
+
+
+# A field name as the run config spells them; anything else is not echoed (it could be pasted text).
+_FIELD_NAME = re.compile(r"[a-z_][a-z0-9_]{0,39}")
 
 
 class DataDecisionParams(dg.Config):
