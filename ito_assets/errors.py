@@ -102,6 +102,9 @@ class ErrorCode(str, enum.Enum):
     DATA_CHECK_FAILED = "DATA_CHECK_FAILED"
     # The booking's window has not begun: its GPUs are not the account's yet, so nothing trains on them.
     BOOKING_NOT_STARTED = "BOOKING_NOT_STARTED"
+    # A training stage's folder is held by another supervisor or launch of that stage (a second run of
+    # it while the first runs): this one wrote and started nothing there.
+    STAGE_BUSY = "STAGE_BUSY"
 
 
 # Codes a caller may retry unchanged; everything else needs a different request.

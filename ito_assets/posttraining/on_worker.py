@@ -46,7 +46,7 @@ from ito_assets.runtime.record.storage import write_atomic
 from ito_assets.runtime.stage import run as stage_run
 from ito_assets.runtime.stage.config import PreferenceObjective, ReinforcementObjective, WorkerConfig
 from ito_assets.runtime.supervision.spikes import SpikeConfig
-from ito_assets.runtime.supervision.supervisor import REPORT_NAME, Outcome, SupervisorConfig, supervising
+from ito_assets.runtime.supervision.supervisor import REPORT_NAME, Outcome, StageBusy, SupervisorConfig, supervising
 from ito_assets.runtime.worker import train_state
 from ito_assets.runtime.worker.batches import IGNORE, ResumableBatches
 from ito_assets.training.layout import Layout
@@ -133,8 +133,8 @@ def sft_on_worker(policy: CausalLM, spec: PolicySpec, codec: TextCodec, pairs: S
     stage = _Stage(name="sft", spec=spec, learning_rate=config.learning_rate, batch_size=config.batch_size,
                    seed=config.seed, num_steps=num_steps, init_from=spec.init_checkpoint)
     with _writing_inputs(stage_dir):
-        worker = _config(stage, batches, stage_dir=stage_dir, launch=launch)
-    _run(policy, worker, launch)
+        prepared = _prepare(_config(stage, batches, stage_dir=stage_dir, launch=launch), launch)
+    _run(policy, prepared, launch)
     steps = _final_steps(stage_dir)
     return SftResult(losses=tuple(steps[s].loss for s in sorted(steps)), num_steps=num_steps,
                      num_response_tokens=_targets(batches, num_steps), wall_seconds=_step_seconds(stage_dir))
@@ -154,8 +154,8 @@ def dpo_on_worker(policy: CausalLM, spec: PolicySpec, codec: TextCodec, pairs: S
         start = train_state.save_weights(policy, stage_dir / START_NAME)
         stage = _Stage(name="dpo", spec=spec, learning_rate=config.learning_rate, batch_size=config.batch_size,
                        seed=config.seed, num_steps=num_steps, init_from=str(start), preference=objective)
-        worker = _config(stage, batches, stage_dir=stage_dir, launch=launch)
-    _run(policy, worker, launch)
+        prepared = _prepare(_config(stage, batches, stage_dir=stage_dir, launch=launch), launch)
+    _run(policy, prepared, launch)
     steps = [e for _, e in sorted(_final_steps(stage_dir).items())]
     return DpoResult(losses=tuple(e.loss for e in steps), accuracies=tuple(e.metrics["accuracy"] for e in steps),
                      mean_margin=steps[-1].metrics["margin"], num_steps=num_steps,
@@ -173,6 +173,19 @@ def rlvr_on_worker(policy: CausalLM, spec: PolicySpec, tasks: Sequence[Task], co
     with _writing_inputs(stage_dir):
         write_tasks(list(tasks), tasks_path)
         start = train_state.save_weights(policy, stage_dir / START_NAME)
+        prepared = _prepare(_rlvr_worker(spec, config, stage_dir=stage_dir, launch=launch, start=start,
+                                         tasks_path=tasks_path, prompt_length=prompt_length), launch)
+    _run(policy, prepared, launch)
+    steps = [e for _, e in sorted(_final_steps(stage_dir).items())]
+    return RlvrResult(steps=tuple(_rlvr_step(e) for e in steps), staleness=_staleness(steps, config.max_staleness),
+                      num_weight_syncs=int(sum(e.metrics.get("weight_syncs", 0) for e in steps)),
+                      num_steps_without_signal=int(sum(e.metrics.get("steps_without_signal", 0) for e in steps)),
+                      wall_seconds=_step_seconds(stage_dir))
+
+
+def _rlvr_worker(spec: PolicySpec, config: RlvrConfig, *, stage_dir: Path, launch: WorkerLaunch, start: Path,
+                 tasks_path: Path, prompt_length: int) -> WorkerConfig:
+    """RLVR's worker config: GRPO's objective, a group a micro-batch, the tasks file as its data."""
     tokenizer = spec.tokenizer
     objective = ReinforcementObjective(
         group_size=config.group_size, groups_per_step=config.groups_per_step, max_new_tokens=config.max_new_tokens,
@@ -185,14 +198,8 @@ def rlvr_on_worker(policy: CausalLM, spec: PolicySpec, tasks: Sequence[Task], co
                    batch_size=config.groups_per_step * config.group_size, seed=config.seed, num_steps=config.num_steps,
                    init_from=str(start), reinforcement=objective, micro_batch_size=config.group_size,
                    spikes=SpikeConfig(judge_loss=False))  # a surrogate's loss: only a non-finite one is flagged
-    worker = _config(stage, None, stage_dir=stage_dir, launch=launch, data_path=tasks_path,
-                     sequence_length=prompt_length + config.max_new_tokens)
-    _run(policy, worker, launch)
-    steps = [e for _, e in sorted(_final_steps(stage_dir).items())]
-    return RlvrResult(steps=tuple(_rlvr_step(e) for e in steps), staleness=_staleness(steps, config.max_staleness),
-                      num_weight_syncs=int(sum(e.metrics.get("weight_syncs", 0) for e in steps)),
-                      num_steps_without_signal=int(sum(e.metrics.get("steps_without_signal", 0) for e in steps)),
-                      wall_seconds=_step_seconds(stage_dir))
+    return _config(stage, None, stage_dir=stage_dir, launch=launch, data_path=tasks_path,
+                   sequence_length=prompt_length + config.max_new_tokens)
 
 
 def _rlvr_step(event: Event) -> RlvrStepStats:
@@ -217,24 +224,49 @@ def _staleness(steps: list[Event], max_staleness: int) -> StalenessReport:
 @contextlib.contextmanager
 def _writing_inputs(stage_dir: Path):
     """Hold the stage folder's lock while this launch writes its inputs there (rows, start weights,
-    DPO's reference table, RLVR's tasks): a stage that another supervisor still runs keeps its own,
-    and this launch is refused (StageBusy) before it touches them. Released before the supervisor
-    it launches takes it, so two launches may both write before either supervisor starts: the later
-    one's inputs are used, and one supervisor runs."""
+    DPO's reference table, RLVR's tasks, the worker's config): a stage that another supervisor still
+    runs keeps its own, and this launch is refused (STAGE_BUSY) before it touches them. Released
+    before the supervisor it launches takes it, so two launches may both write before either
+    supervisor starts: the supervisor that takes the lock first trains on the later launch's
+    inputs, and the other is refused."""
     stage_dir.mkdir(parents=True, exist_ok=True)
-    with supervising(stage_dir):
-        yield
+    try:
+        with supervising(stage_dir, role="post-training launch"):
+            yield
+    except StageBusy as busy:
+        raise ItoError(ErrorCode.STAGE_BUSY, f"{busy.holder} runs the stage in {stage_dir}: this launch wrote and "
+                       "started nothing there (one at a time per stage folder); run it again once that one ended") from None
 
 
-def _run(policy: CausalLM, worker: WorkerConfig, launch: WorkerLaunch) -> None:
-    """Launch the supervisor, wait for it, and load the final checkpoint's weights into `policy`."""
-    prepared = stage_run.prepare(worker, launch.supervisor)
-    launch.run(prepared.command)
-    report = json.loads((Path(worker.stage_dir) / REPORT_NAME).read_text())
+def refuse_if_running(stage_dir: Path) -> None:
+    """STAGE_BUSY where another supervisor runs the stage in `stage_dir`: checked before a launch
+    records or evaluates anything there (the stage's own timeline would take its events)."""
+    with _writing_inputs(stage_dir):
+        pass
+
+
+def _prepare(worker: WorkerConfig, launch: WorkerLaunch) -> stage_run.PreparedStage:
+    """The supervisor's command, its config written; an earlier launch's report removed, so that
+    the one read after this launch is its own."""
+    (Path(worker.stage_dir) / REPORT_NAME).unlink(missing_ok=True)
+    return stage_run.prepare(worker, launch.supervisor)
+
+
+def _run(policy: CausalLM, prepared: stage_run.PreparedStage, launch: WorkerLaunch) -> None:
+    """Launch the supervisor, wait for it, and load the final checkpoint's weights into `policy`.
+    A supervisor that ended the stage failed exits 1 (Pipes raises on it): its report's code is
+    the error's, else the launch's own error stands."""
+    path = prepared.stage_dir / REPORT_NAME
+    try:
+        launch.run(prepared.command)
+    except Exception:
+        if not path.exists():
+            raise
+    report = json.loads(path.read_text())
     if report["outcome"] != Outcome.SUCCEEDED.value:
         code = report.get("error_code")
         attempts = report["num_attempts"]
-        raise ItoError(ErrorCode(code) if code else ErrorCode.INTERNAL_ERROR, f"the {worker.stage.upper()} stage's "
+        raise ItoError(ErrorCode(code) if code else ErrorCode.INTERNAL_ERROR, f"the {prepared.stage.upper()} stage's "
                        f"worker ended {report['outcome']} after {attempts} attempt{'' if attempts == 1 else 's'}")
     load_pretrained(policy, Path(report["result"]["final_checkpoint"]))
 

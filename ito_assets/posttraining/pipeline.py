@@ -34,7 +34,8 @@ from ito_assets.posttraining.stage import PostTrainingRuntime, StageOutcome, Sta
 from ito_assets.posttraining.tasks import Task, largest_digit_tasks, split_held_out
 from ito_assets.posttraining.timeline import StageTimeline
 from ito_assets.posttraining.decoding import encode_prompt
-from ito_assets.posttraining.on_worker import WorkerLaunch, dpo_on_worker, rlvr_on_worker, sft_on_worker
+from ito_assets.posttraining.on_worker import (WorkerLaunch, dpo_on_worker, refuse_if_running, rlvr_on_worker,
+                                               sft_on_worker)
 from ito_assets.posttraining.plan import evaluation_calibration
 from ito_assets.training.model_config import config_by_name
 from ito_assets.training.threads import torch_threads
@@ -137,6 +138,8 @@ def _run_stage(step: SftStep | DpoStep | RlvrStep, *, start: Start, data_root: P
     if isinstance(start, StageOutcome):  # a failed gate stays failed: refused before anything is read
         require_passed(start.gate)
     worker = (launch, out_dir / step.kind) if launch is not None else None
+    if worker is not None:  # before the timeline and the evaluations write into a running stage's folder
+        refuse_if_running(worker[1])
     timeline = StageTimeline(out_dir / step.kind, steps_by_worker=worker is not None)
     try:
         return _timed_stage(step, start, data_root, out_dir, runtime, evaluation, timeline, worker)

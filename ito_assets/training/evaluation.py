@@ -85,7 +85,9 @@ def continuation_logprobs(model: DecoderLM, pairs: Sequence[tuple[list[int], lis
     a row's log-probabilities differ from a batch of other rows' by float rounding alone."""
     model.eval()
     limit = model.config.max_seq_len + 1
-    for index, (_, continuation) in enumerate(pairs):
+    for index, (context, continuation) in enumerate(pairs):
+        if not context:  # its first token would be "predicted" from the padding's last position
+            raise ValueError(f"pair {index} has an empty context: its continuation's first token has nothing before it")
         if len(continuation) >= limit:
             raise ValueError(f"continuation {index} has {len(continuation)} tokens; the window scores {limit - 1}")
     sequences = [(c + k)[-limit:] for c, k in pairs]
@@ -94,6 +96,8 @@ def continuation_logprobs(model: DecoderLM, pairs: Sequence[tuple[list[int], lis
     out: list[list[float]] = [[] for _ in pairs]
     for first in range(0, len(by_length), batch_size):
         chosen = by_length[first : first + batch_size]
+        if not any(pairs[i][1] for i in chosen):  # empty continuations: nothing to score, no forward
+            continue
         rows = torch.zeros((len(chosen), max(len(sequences[i]) for i in chosen)), dtype=torch.long)
         row_of, position_of = [], []  # each continuation token's row and the position predicting it
         for row, i in enumerate(chosen):

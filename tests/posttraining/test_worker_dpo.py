@@ -161,9 +161,12 @@ def test_a_start_whose_reference_is_not_finite_fails_the_stage_with_its_code_and
     policy = copy.deepcopy(START)
     with torch.no_grad():
         next(policy.parameters()).fill_(float("nan"))
+    # The launch raises on the supervisor's exit 1, as Dagster Pipes does: the report's code is the error's.
+    raising = WorkerLaunch(run=lambda command: subprocess.run(command, check=True), run_key="dpo-test",
+                           supervisor=SUPERVISOR, interval_steps=3)
     with pytest.raises(ItoError, match="after 1 attempt$") as failed:
-        dpo_on_worker(policy, SPEC, CODEC, PAIRS, CONFIG, stage_dir=tmp_path, launch=_launch())
+        dpo_on_worker(policy, SPEC, CODEC, PAIRS, CONFIG, stage_dir=tmp_path, launch=raising)
     assert failed.value.code is ErrorCode.POSTTRAINING_DATA_INVALID
     log = (tmp_path / "attempt-0.log").read_text()
-    assert "POSTTRAINING_DATA_INVALID: the reference log-probabilities must be finite and at most 0; 64 of 64" in log
+    assert "POSTTRAINING_DATA_INVALID: the reference log-probabilities must be finite and at most 0; 64 of 64 pairs are not" in log
     assert "Traceback" not in log and not (tmp_path / "attempt-1.log").exists()

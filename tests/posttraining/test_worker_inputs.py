@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.posttraining.base import seeded
 from ito_assets.posttraining.dpo import DpoConfig
 from ito_assets.posttraining.fixtures import InstructionPair, PreferencePair
@@ -18,7 +19,7 @@ from ito_assets.posttraining.rlvr import RlvrConfig
 from ito_assets.posttraining.sft import SftConfig
 from ito_assets.posttraining.stage import PostTrainingRuntime
 from ito_assets.posttraining.vocab import CharVocab
-from ito_assets.runtime.supervision.supervisor import StageBusy, supervising
+from ito_assets.runtime.supervision.supervisor import LOCK_NAME, supervising
 
 CODEC = CharVocab()
 SPEC = seeded()
@@ -59,6 +60,25 @@ def test_a_second_launch_of_a_running_stage_touches_none_of_its_inputs(tmp_path,
         planted[name] = f"the running stage's {name}".encode()
         (tmp_path / name).write_bytes(planted[name])
     with supervising(tmp_path):  # the first launch's supervisor watches its attempts
-        with pytest.raises(StageBusy, match="already supervises the attempts in"):
+        with pytest.raises(ItoError, match="supervisor pid .* runs the stage in .*: this launch wrote and started "
+                                           "nothing there") as refused:
             launch(tmp_path)
+    assert refused.value.code is ErrorCode.STAGE_BUSY
     assert {name: (tmp_path / name).read_bytes() for name in inputs} == planted
+
+
+def test_a_stage_run_while_another_supervisor_runs_it_records_and_evaluates_nothing_there(tmp_path, monkeypatch):
+    """Refused before the stage's timeline writes its events there or the first evaluation runs."""
+    from helpers import spy_calls
+    from ito_assets.manifest.schema import RlvrStep
+    from ito_assets.posttraining import pipeline
+
+    evaluated = spy_calls(monkeypatch, pipeline, "_evaluate", stop=True)
+    stage = tmp_path / "out" / "rlvr"
+    stage.mkdir(parents=True)
+    step = RlvrStep.model_validate({"kind": "rlvr", "num_steps": 1, "groups_per_step": 1, "group_size": 2})
+    with supervising(stage):
+        with pytest.raises(ItoError) as refused:
+            pipeline.run_stage(step, start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out", launch=LAUNCH)
+    assert refused.value.code is ErrorCode.STAGE_BUSY
+    assert evaluated == [] and sorted(p.name for p in stage.iterdir()) == [LOCK_NAME]

@@ -201,11 +201,19 @@ def test_inputs_a_rank_refused_fail_the_stage_with_its_code_at_once(tmp_path, ca
     assert saved["error_code"] == "POSTTRAINING_DATA_INVALID" and saved["num_attempts"] == 1
 
 
-def test_a_refusal_with_a_code_the_supervisor_does_not_know_ends_with_internal_error(tmp_path):
-    supervisor, _ = _supervise(tmp_path, [_refused("canary-not-a-code")], default="succeed", max_restarts=3)
+@pytest.mark.parametrize("code", ["canary-not-a-code", "STORAGE_FULL", "BUDGET_EXCEEDED"])
+def test_a_refusal_with_a_code_that_is_no_refusal_ends_with_internal_error(tmp_path, code):
+    """A forged beat cannot end the stage with a code the workers never refuse with."""
+    supervisor, _ = _supervise(tmp_path, [_refused(code)], default="succeed", max_restarts=3)
     report = supervisor.run()
     assert (report.outcome, report.error_code) == (Outcome.FAILED, "INTERNAL_ERROR")
-    assert "canary-not-a-code" not in report.error
+    assert code not in report.error
+
+
+@pytest.mark.parametrize("code", heartbeat.REFUSAL_CODES)
+def test_every_refusal_code_is_an_error_code(tmp_path, code):
+    supervisor, _ = _supervise(tmp_path, [_refused(code)], default="succeed", max_restarts=3)
+    assert supervisor.run().error_code == code
 
 
 def test_a_refusal_beat_beside_a_finished_stage_ends_nothing(tmp_path):

@@ -93,3 +93,19 @@ def test_pairs_are_scored_in_their_order_as_each_alone_and_batched_by_length(set
         (alone,) = continuation_logprobs(model, [pair], batch_size=1)
         assert len(scored) == len(pair[1])
         assert scored == pytest.approx(alone, abs=1e-5)
+
+
+def test_an_empty_context_is_refused_and_empty_continuations_need_no_forward(setup):
+    from ito_assets.training.evaluation import continuation_logprobs
+
+    model, _ = setup
+    with pytest.raises(ValueError, match="pair 1 has an empty context"):
+        continuation_logprobs(model, [([1], [2]), ([], [2, 3])], batch_size=4)
+    calls = []
+    hook = model.register_forward_pre_hook(lambda *_: calls.append(1))
+    try:  # one-token contexts and nothing to score: a forward over no positions would fail
+        assert continuation_logprobs(model, [([1], []), ([2], [])], batch_size=2) == [[], []]
+        assert continuation_logprobs(model, [([1], []), ([2, 3], [4])], batch_size=1)[0] == []
+    finally:
+        hook.remove()
+    assert calls == [1]  # the second call's scored pair alone

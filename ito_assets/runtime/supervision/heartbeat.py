@@ -20,9 +20,10 @@ from ito_assets.runtime.record.storage import read_regular_file, write_atomic
 # Writing more often than this buys nothing: the hang bound is minutes (seconds in tests).
 MIN_INTERVAL_SECONDS = 0.2
 STORAGE_FAILED = "storage_failed"
-# A rank refused its inputs with a code no restart changes (`detail` holds it): a changed eval suite,
-# a reference table that is not finite.
+# A rank refused its inputs with a code no restart changes (`detail` holds it, one of REFUSAL_CODES):
+# a changed eval suite, a reference table that is not finite.
 REFUSED = "refused"
+REFUSAL_CODES = ("EVAL_SUITE_MISMATCH", "POSTTRAINING_DATA_INVALID")
 # A heartbeat is a few hundred bytes; a larger file is not one and is never read whole.
 MAX_BYTES = 64 * 1024
 

@@ -436,10 +436,10 @@ class Supervisor:
         return self._end_for_storage(code, message, num_attempts)
 
     def _refused(self, fault: Fault, num_attempts: int) -> SupervisionReport:
-        """FAILED with the code a rank refused its inputs with (one it could not name, or a forged
-        heartbeat's text, is INTERNAL_ERROR), one sentence on stderr and in the report."""
-        known = {c.value for c in ErrorCode}
-        code = ErrorCode(fault.error_code) if fault.error_code in known else ErrorCode.INTERNAL_ERROR
+        """FAILED with the code a rank refused its inputs with (another code, or a forged heartbeat's
+        text, is INTERNAL_ERROR), one sentence on stderr and in the report."""
+        known = fault.error_code in heartbeat.REFUSAL_CODES
+        code = ErrorCode(fault.error_code) if known else ErrorCode.INTERNAL_ERROR
         message = (f"{code.value}: the workers of {self.worker.stage} refused their inputs "
                    f"(attempt-{fault.attempt}.log says why); a restart would read the same, so none was made")
         print(message, file=sys.stderr, flush=True)
@@ -481,14 +481,20 @@ NO_LOCKS = frozenset({errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL
 
 
 class StageBusy(RuntimeError):
-    """Another supervisor holds the stage folder's lock."""
+    """Another supervisor (or a launch writing its inputs) holds the stage folder's lock; `holder`:
+    the note it left, e.g. "supervisor pid 12 on node-3"."""
+
+    def __init__(self, message: str, holder: str):
+        super().__init__(message)
+        self.holder = holder
 
 
 @contextlib.contextmanager
-def supervising(stage_dir: Path):
-    """Hold the stage folder's lock while its attempts are supervised, or raise StageBusy naming the
-    holder. flock: the kernel releases it when the holder dies, so a killed supervisor leaves no
-    stale lock behind (only its note of who held it, which the next holder rewrites)."""
+def supervising(stage_dir: Path, role: str = "supervisor"):
+    """Hold the stage folder's lock while its attempts are supervised (or, `role` "post-training
+    launch", while a launch writes their inputs), or raise StageBusy naming the holder. flock: the
+    kernel releases it when the holder dies, so a killed supervisor leaves no stale lock behind
+    (only its note of who held it, which the next holder rewrites)."""
     path = stage_dir / LOCK_NAME
     # Never through a link: the note written into it would overwrite whatever file it names.
     handle = os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600), "r+")
@@ -497,8 +503,8 @@ def supervising(stage_dir: Path):
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = handle.read(200).strip() or "another process"
-            raise StageBusy(f"{holder} already supervises the attempts in {stage_dir}: this supervisor started "
-                            "nothing (one at a time per stage folder)") from None
+            raise StageBusy(f"{holder} already supervises the attempts in {stage_dir}: this {role} started "
+                            "nothing (one at a time per stage folder)", holder) from None
         except OSError as error:
             if error.errno not in NO_LOCKS:
                 raise
@@ -508,7 +514,7 @@ def supervising(stage_dir: Path):
             yield
             return
         handle.truncate(0)
-        handle.write(f"supervisor pid {os.getpid()} on {socket.gethostname()}\n")
+        handle.write(f"{role} pid {os.getpid()} on {socket.gethostname()}\n")
         handle.flush()
         yield
     finally:

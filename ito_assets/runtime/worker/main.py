@@ -71,9 +71,9 @@ EXIT_STOPPED = 75
 # (STORAGE_FULL, CHECKPOINT_STORAGE_INVALID).
 EXIT_STORAGE = 74
 STORAGE_CODES = (ErrorCode.STORAGE_FULL, ErrorCode.CHECKPOINT_STORAGE_INVALID)
-# sysexits.h EX_DATAERR: a rank refused its inputs with a code no restart changes (REFUSAL_CODES).
+# sysexits.h EX_DATAERR: a rank refused its inputs with a code no restart changes.
 EXIT_REFUSED = 65
-REFUSAL_CODES = (ErrorCode.EVAL_SUITE_MISMATCH, ErrorCode.POSTTRAINING_DATA_INVALID)
+REFUSAL_CODES = tuple(ErrorCode(code) for code in heartbeat.REFUSAL_CODES)
 # Report every 10 steps through Pipes (torchtitan's default `log_freq`); every step goes to the events.
 LOG_EVERY_STEPS = 10
 # How often ranks paused on a non-finite step look for the desk's decision; heartbeats go out as often.

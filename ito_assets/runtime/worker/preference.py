@@ -79,7 +79,8 @@ def checked_reference(reference: np.ndarray, num_rows: int) -> torch.Tensor:
     if reference.shape != (num_rows, 2):
         raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID,
                        f"the reference log-probabilities must have shape ({num_rows}, 2), not {reference.shape}")
-    if not (np.isfinite(reference).all() and (reference <= 0).all()):
+    bad = ~(np.isfinite(reference) & (reference <= 0))
+    if bad.any():
         raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID, "the reference log-probabilities must be finite and at "
-                       f"most 0; {int((~np.isfinite(reference)).any(axis=1).sum())} of {num_rows} pairs are not finite")
+                       f"most 0; {int(bad.any(axis=1).sum())} of {num_rows} pairs are not")
     return torch.from_numpy(np.asarray(reference, dtype=np.float32))
