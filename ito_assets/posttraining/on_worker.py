@@ -260,8 +260,8 @@ def _run(policy: CausalLM, prepared: stage_run.PreparedStage, launch: WorkerLaun
     try:
         launch.run(prepared.command)
     except Exception:
-        if not path.exists():
-            raise
+        if not path.exists() or json.loads(path.read_text())["outcome"] == Outcome.SUCCEEDED.value:
+            raise  # no report, or the stage succeeded and the launch failed for another reason
     report = json.loads(path.read_text())
     if report["outcome"] != Outcome.SUCCEEDED.value:
         code = report.get("error_code")
