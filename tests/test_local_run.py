@@ -2,10 +2,11 @@
 
 `make test` runs it on the main manifest alone with the in-process executor, the decision's arms
 trained in process (the stage worker trains them in tests/training/test_decision_on_worker.py) on
-the `micro` proxy (ITO_DECISION_CONFIG: its six runs took 11 s of CPU in process against 75 s for
-`tiny`, the default, on 2026-12-06) and the recipe's post-training left out (the chain is tested in
-tests/posttraining/, its stages on the worker in test_worker_*.py); `make test-long` runs exactly what `make run` does (every fixture
-manifest whole, steps in subprocesses, arms on the stage worker)."""
+the `micro` proxy (ITO_DECISION_CONFIG: its six runs took 10.7 s of CPU in process, `tiny`'s, the
+default, 75.8 s of wall under cProfile, on 2026-12-06) and the recipe's post-training left out
+(the chain is tested in tests/posttraining/, its stages on the worker in test_worker_*.py);
+`make test-long` runs exactly what `make run` does (every fixture manifest whole, steps in
+subprocesses, arms on the stage worker)."""
 
 from __future__ import annotations
 
