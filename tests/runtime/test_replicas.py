@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ito_assets.runtime.checkpoint import markers
 from ito_assets.runtime.record import events
 from ito_assets.runtime.supervision import heartbeat
 from ito_assets.runtime.worker.batches import BatchPlan, ResumableBatches
@@ -25,7 +26,7 @@ from ito_assets.runtime.stage.curriculum import StageSizing, replica_groups_for
 from ito_assets.runtime.supervision.supervisor import REPORT_NAME, SupervisorConfig
 from ito_assets.runtime.worker.main import data_rank
 from ito_assets.training.layout import Layout
-from runtime_helpers import worker_config
+from runtime_helpers import run_worker, worker_config
 
 # Long enough, on an idle machine, that the healthy group is still training when the killed one is
 # back (start-up of a restarted worker: ~15 s on the 2-core machine; the healthy group alone: ~10
@@ -71,6 +72,7 @@ def test_only_group_zero_keeps_the_stage_folder(tmp_path, tokens):
     assert (first.stage_dir, first.heartbeat_dir) == (config.stage_dir, config.heartbeat_dir)
     assert Path(second.stage_dir) == Path(config.stage_dir) / "replica-1" and second.replica_id == 1
     assert Path(second.heartbeat_dir).parent == Path(second.stage_dir)
+    assert first.resume_dir is None and second.resume_dir == config.stage_dir  # group 0's checkpoints
     with pytest.raises(ValueError, match="replica_id"):
         replace(config, replica_id=2)
     with pytest.raises(ValueError, match="below hang_timeout_s"):
@@ -141,9 +143,9 @@ def _assert_the_survivor_trained_on(stage_dir: Path, beat: heartbeat.Heartbeat, 
 
 
 def _assert_healed(stage_dir: Path, beat: heartbeat.Heartbeat, survivor_steps: list[int]) -> None:
-    """Group 1's second attempt started from scratch and healed: its first step is the quorum's,
-    one group 0 also took, after the kill; in step from then on, both groups end with the same
-    weights, bit for bit."""
+    """Group 1's second attempt started behind (from group 0's newest checkpoint or the first
+    weights) and healed: its first step is the quorum's, one group 0 also took, after the kill; in
+    step from then on, both groups end with the same weights, bit for bit."""
     healed = _steps(replica_dir(stage_dir, 1))[1]
     first_step = healed[0][0]
     assert first_step > beat.step and first_step in survivor_steps
@@ -174,3 +176,29 @@ def test_a_killed_replica_group_restarts_and_heals_while_the_other_trains_on(tmp
     assert [(g["replica_id"], g["outcome"], g["num_attempts"]) for g in report["replica_groups"]] == [
         (0, "succeeded", 1), (1, "succeeded", 2)]
     _assert_healed(stage_dir, beat, _assert_the_survivor_trained_on(stage_dir, beat, killed_at))
+
+
+def _resumes(folder: Path) -> list[tuple[int, int | None, str]]:
+    return [(e.attempt, e.step, e.detail) for e in events.read(folder) if e.kind is EventKind.RESUME]
+
+
+@pytest.mark.slow
+def test_every_replica_group_of_a_resumed_stage_starts_from_group_zeros_checkpoint(tmp_path, tokens):
+    """A stage resumed with a checkpoint at step 8: group 1 (whose folder holds none) starts there
+    too, not from the first weights at step 0, from which it could reach group 0's step before
+    group 0 joins and never be healed; both groups end on the same weights."""
+    config = worker_config(tmp_path, tokens, num_steps=8, interval_steps=8, replica_timeout_s=10.0)
+    first = run_worker(config, nproc=1)
+    assert first.returncode == 0, first.stderr[-2000:]
+    stage_dir = Path(config.stage_dir)
+    checkpoint = markers.checkpoint_dir(stage_dir, 8)
+    assert checkpoint.is_dir()
+    report = ReplicaStage(worker=replace(config, num_steps=12, replica_groups=2),
+                          config=replace(SUPERVISION, hang_timeout_s=60.0)).run()
+    assert report.outcome == "succeeded" and report.result["num_steps"] == 12
+    for group in (0, 1):
+        assert _resumes(replica_dir(stage_dir, group))[-1] == (0, 8, f"from {checkpoint}")
+    assert [s for s, _ in _steps(stage_dir)[0]] == list(range(1, 13))  # the first run's steps, then the resumed
+    assert [s for s, _ in _steps(replica_dir(stage_dir, 1))[0]] == list(range(9, 13))
+    digests = [json.loads((replica_dir(stage_dir, i) / RESULT_NAME).read_text())["parameters_sha256"] for i in (0, 1)]
+    assert digests[0] is not None and digests[0] == digests[1]

@@ -142,6 +142,9 @@ class WorkerConfig:
     # from its peers. Group 0 alone writes checkpoints, events and the result into `stage_dir`.
     replica_groups: int = 1
     replica_id: int = 0
+    # Group i > 0: group 0's stage folder, whose checkpoints it resumes from (it writes none of its
+    # own), so that on a resumed stage every group starts from the same step and weights. None: stage_dir.
+    resume_dir: str | None = None
     # torchft's Manager default (60 s) for cross-group collectives, quorum and connections; below
     # the supervisor's hang bound, so a group waiting on a dead peer is never taken for hung itself.
     replica_timeout_s: float = 60.0
@@ -151,7 +154,8 @@ class WorkerConfig:
                      "eval_sequence_length", "eval_windows"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive")
-        for name in ("tokens_path", "stage_dir", "heartbeat_dir", "metrics_path", "tokenizer_path", "eval_suite_path"):
+        for name in ("tokens_path", "stage_dir", "heartbeat_dir", "metrics_path", "tokenizer_path", "eval_suite_path",
+                     "resume_dir"):
             if getattr(self, name) is not None and not Path(getattr(self, name)).is_absolute():
                 raise ValueError(f"{name} must be an absolute path")
         if not 0 < self.learning_rate < 1:

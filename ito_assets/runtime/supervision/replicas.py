@@ -86,12 +86,13 @@ def replica_dir(stage_dir: Path, replica_id: int) -> Path:
 
 
 def group_worker(stage: WorkerConfig, replica_id: int) -> WorkerConfig:
-    """Group 0 keeps the stage's folders; group i > 0 gets its own sub-folder of the stage folder."""
+    """Group 0 keeps the stage's folders; group i > 0 gets its own sub-folder of the stage folder
+    and resumes from group 0's checkpoints."""
     if replica_id == 0:
         return replace(stage, replica_id=0)
     folder = replica_dir(Path(stage.stage_dir), replica_id)
     return replace(stage, replica_id=replica_id, stage_dir=str(folder), heartbeat_dir=str(folder / "heartbeats"),
-                   metrics_path=str(folder / "metrics.jsonl"))
+                   metrics_path=str(folder / "metrics.jsonl"), resume_dir=stage.stage_dir)
 
 
 def group_supervision(config: SupervisorConfig, groups: int, replica_id: int = 0) -> SupervisorConfig:

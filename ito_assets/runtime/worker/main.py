@@ -284,8 +284,10 @@ class StageWorker:
 
     def resume(self) -> tuple[int, int]:
         state = train_state.template(self.model, self.optimizer, rank=self.rank)
-        point = resume.load_latest(self.stage_dir, state, rank=self.rank, group=self.group.checkpoint_group,
-                                   owner=self.owner())
+        # A replica group > 0 takes group 0's newest checkpoint: from its own first weights it
+        # could reach group 0's step before group 0 rejoins, and torchft heals only a group behind.
+        point = resume.load_latest(Path(self.config.resume_dir or self.stage_dir), state, rank=self.rank,
+                                   group=self.group.checkpoint_group, owner=self.owner())
         for skipped in point.skipped:
             self.log(f"skipped checkpoint step {skipped.step}: {skipped.reason}")
         step, position = 0, 0
