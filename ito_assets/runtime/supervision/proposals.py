@@ -219,10 +219,15 @@ def approved_restart(stage_dir: Path) -> ProposedAction | None:
     return next((p for p in ProposalStore(stage_dir).all() if p.state is ProposalState.APPROVED), None)
 
 
-def skip_ranges(stage_dir: Path) -> tuple[tuple[int, int], ...]:
-    """The batch ranges every later attempt skips: those of approved and applied proposals."""
+def restarts(stage_dir: Path) -> list[ProposedAction]:
+    """Every restart the desk ordered, oldest first: the approved proposals and the applied ones."""
     chosen = (ProposalState.APPROVED, ProposalState.APPLIED)
-    return tuple((p.skip_first, p.skip_end) for p in ProposalStore(stage_dir).all() if p.state in chosen)
+    return [p for p in ProposalStore(stage_dir).all() if p.state in chosen]
+
+
+def skip_ranges(stage_dir: Path) -> tuple[tuple[int, int], ...]:
+    """The batch ranges every later attempt skips: those of the ordered restarts."""
+    return tuple((p.skip_first, p.skip_end) for p in restarts(stage_dir))
 
 
 def _dump(proposal: ProposedAction) -> bytes:

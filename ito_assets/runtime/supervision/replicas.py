@@ -24,7 +24,11 @@ around one torchft lighthouse (the quorum's coordinator) in this process:
   up-to-date peer's weights, optimizer, step and data position into it (`replica_sync`). Group
   0 resumes from its newest whole checkpoint first (so that it can carry the stage alone when no
   peer is ahead), then heals forward to the quorum's step if its peers are ahead. The other groups
-  never write checkpoints (one lineage per stage) and start from the stage's initial weights.
+  never write checkpoints (one lineage per stage) and resume from group 0's newest, so that on a
+  resumed stage every group starts at one step on the same weights.
+- A spike restart the desk approved restarts every group: group 0's supervisor sets the later
+  checkpoints aside, the others wait for that, and all resume from the proposal's checkpoint and
+  skip its batches. Were group 0 alone to rewind, it would heal forward from a peer that did not.
 - The outcome is group 0's: its checkpoints are the stage's. When group 0 ends, a group that
   reached the last step with it is given the grace period (`grace_s`) to write its result; any
   other group is stopped at once: a group behind a finished, failed or stopped group 0 has nobody

@@ -8,7 +8,8 @@ from its newest whole checkpoint under the same run record.
 - an approved spike proposal: a planned restart from the proposal's checkpoint, skipping its
   batches; checkpoints after that step are set aside (renamed `discarded-step-*`, kept for audit).
   A proposal approved while no attempt runs (the stage had already ended) is applied before the
-  next attempt starts, so re-running the stage carries it out.
+  next attempt starts, so re-running the stage carries it out. Replica groups other than 0 follow
+  group 0's proposals (`_follow`): they restart too, once group 0's supervisor has applied it.
 - a stop request (SIGTERM/SIGINT to the supervisor, e.g. Dagster terminating the run): the workers
   flush a checkpoint within the grace period and the supervisor exits without restarting.
 - the stage folder cannot be written (a full disk, a vanished or unwritable folder): the stage
@@ -180,6 +181,7 @@ class Supervisor:
     # supervisor (the replica stage, for all its groups).
     lock: bool = True
     _beats: heartbeat.Observer | None = field(default=None, init=False, repr=False)  # the attempt watched
+    _followed: set[str] = field(default_factory=set, init=False, repr=False)  # restarts a follower carried out
 
     def __post_init__(self) -> None:
         self.backend = self.backend or launch.backend_for(self.config.launch)
@@ -187,6 +189,16 @@ class Supervisor:
     @property
     def stage_dir(self) -> Path:
         return Path(self.worker.stage_dir)
+
+    @property
+    def leads_restarts(self) -> bool:
+        """Whether this supervisor carries out the desk's spike restarts (a stage's, replica group
+        0's); another replica group follows group 0's, from group 0's folder (`_follow`)."""
+        return self.worker.resume_dir is None
+
+    @property
+    def proposals_dir(self) -> Path:
+        return Path(self.worker.resume_dir or self.worker.stage_dir)
 
     def request_stop(self, *_: object) -> None:
         self.stop_requested = True
@@ -287,7 +299,7 @@ class Supervisor:
 
     def _launch(self, number: int) -> Attempt:
         heartbeat.clear(Path(self.worker.heartbeat_dir))
-        config = self.worker.with_attempt(number, time.time(), proposals.skip_ranges(self.stage_dir))
+        config = self.worker.with_attempt(number, time.time(), proposals.skip_ranges(self.proposals_dir))
         config_path = self.stage_dir / f"attempt-{number}.json"
         write_atomic(config_path, config.to_json().encode())
         # A rendezvous id per attempt and replica group: a restarted attempt never meets the old
@@ -331,10 +343,20 @@ class Supervisor:
         if self._hung(attempt, observed):
             # Its last sign as observed: a rank that beats without progress last progressed then.
             return _Watch(kind=AttemptEnd.HUNG, last_sign=min((b.at for b in observed.values()), default=last_sign))
-        approved = proposals.approved_restart(self.stage_dir)
-        if approved is not None:
-            return _Watch(kind=AttemptEnd.SPIKE_RESTART, last_sign=time.time(), proposal_id=approved.proposal_id)
+        ordered = self._restart_ordered()
+        if ordered is not None:
+            return _Watch(kind=AttemptEnd.SPIKE_RESTART, last_sign=time.time(), proposal_id=ordered)
         return _Watch()
+
+    def _restart_ordered(self) -> str | None:
+        """The id of a restart the desk ordered that this attempt must end for: an approved proposal,
+        or, for a follower, one group 0's supervisor may already have applied (a poll can fall
+        between its approval and its application)."""
+        if self.leads_restarts:
+            approved = proposals.approved_restart(self.stage_dir)
+            return None if approved is None else approved.proposal_id
+        return next((p.proposal_id for p in proposals.restarts(self.proposals_dir)
+                     if p.proposal_id not in self._followed), None)
 
     def _exit_kind(self, code: int, beats: dict[int, heartbeat.Heartbeat]) -> AttemptEnd:
         if code == 0 and (self.stage_dir / RESULT_NAME).exists():
@@ -368,12 +390,28 @@ class Supervisor:
         pids = {b.pid for b in heartbeat.read_all(Path(self.worker.heartbeat_dir), attempt=attempt.number).values()}
         attempt.terminate(pids, grace_s=self.config.grace_s)
         if watch.proposal_id is not None:
-            self._apply(watch.proposal_id)
+            self._apply(watch.proposal_id) if self.leads_restarts else self._follow()
         return fault
 
     def _apply_approved(self) -> None:
+        if not self.leads_restarts:
+            self._follow()
+            return
         while (approved := proposals.approved_restart(self.stage_dir)) is not None:
             self._apply(approved.proposal_id)
+
+    def _follow(self) -> None:
+        """A follower replica group's side of the desk's restarts: wait until group 0's supervisor
+        has applied every approved one (set the later checkpoints aside), so that this group's next
+        attempt resumes from the checkpoint group 0's does and skips the same batches; otherwise it
+        would train on, and group 0, behind it, would heal forward from it and undo the rewind.
+        A stop request ends the wait (the replica stage stops the other groups when group 0 ends)."""
+        while proposals.approved_restart(self.proposals_dir) is not None and not self.stop_requested:
+            time.sleep(self.config.poll_interval_s)
+        ordered = {p.proposal_id for p in proposals.restarts(self.proposals_dir)}
+        if ordered - self._followed:
+            (self.stage_dir / RESULT_NAME).unlink(missing_ok=True)  # as group 0's: the stage trains again
+        self._followed |= ordered
 
     def _apply(self, proposal_id: str) -> None:
         """Set aside the checkpoints after the proposal's restart step, then mark it applied."""

@@ -1,0 +1,148 @@
+"""A spike restart the desk approves restarts every replica group, not group 0 alone: group 0's
+supervisor sets the later checkpoints aside, the other groups' supervisors follow it, and every
+group resumes from the proposal's checkpoint and skips its batches. Were group 0 alone to rewind,
+it would heal forward from a peer that did not, and the rewind would be undone."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from ito_assets.launch import local
+from ito_assets.runtime.checkpoint import markers
+from ito_assets.runtime.record import events
+from ito_assets.runtime.record.events import EventKind
+from ito_assets.runtime.stage.config import RESULT_NAME
+from ito_assets.runtime.supervision import launch, proposals
+from ito_assets.runtime.supervision.proposals import ProposalState, ProposalStore
+from ito_assets.runtime.supervision.replicas import ReplicaStage, group_worker, replica_dir
+from ito_assets.runtime.supervision.spikes import Spike, SpikeConfig
+from ito_assets.runtime.supervision.supervisor import Supervisor, SupervisorConfig
+from runtime_helpers import worker_config
+
+QUICK = SupervisorConfig(hang_timeout_s=60, poll_interval_s=0.05, grace_s=2)
+
+
+def _approved(stage_dir: Path, config, restart: int) -> str:
+    spike = Spike(step=40, metric="loss", value=9.0, mean=3.0, std=0.1)
+    proposal = ProposalStore(stage_dir).add(proposals.propose(
+        spike, run_key=config.run_key, stage=config.stage, restart_from_step=restart, skip_first=restart,
+        skip_end=41))
+    proposals.decide(stage_dir, proposal.proposal_id, approve=True, actor="desk:alice")
+    return proposal.proposal_id
+
+
+def _sleeping(tmp_path: Path, number: int):
+    return local.start([["sleep", "60"]], number=number, log_path=tmp_path / f"attempt-{number}.log",
+                       worker_module=launch.WORKER_MODULE)
+
+
+def test_a_follower_group_restarts_for_each_restart_group_zero_applies_and_only_once(tmp_path, tokens):
+    config = worker_config(tmp_path, tokens, replica_groups=2)
+    stage_dir = Path(config.stage_dir)
+    for step in (8, 16, 24):  # group 0's whole checkpoints
+        folder = markers.checkpoint_dir(stage_dir, step)
+        folder.mkdir(parents=True)
+        (folder / ".metadata").write_bytes(b"m")
+        markers.write_marker(folder, step)
+    leader, follower = (Supervisor(worker=group_worker(config, i), config=QUICK, lock=False) for i in (0, 1))
+    assert leader.leads_restarts and not follower.leads_restarts
+    assert follower.proposals_dir == stage_dir and follower.stage_dir == replica_dir(stage_dir, 1)
+
+    past = _approved(stage_dir, config, 24)
+    leader._apply_approved()  # carried out before the follower started: already in what it resumes from
+    follower._apply_approved()
+    attempt = _sleeping(tmp_path, 0)
+    try:
+        assert follower._poll(attempt).kind is None
+
+        # Group 0's supervisor applies the next one before the follower's poll sees it approved.
+        ordered = _approved(stage_dir, config, 8)
+        leader._apply_approved()
+        (follower.stage_dir / RESULT_NAME).parent.mkdir(parents=True, exist_ok=True)
+        (follower.stage_dir / RESULT_NAME).write_text("{}")  # an earlier run's: the stage trains again
+        watch = follower._poll(attempt)
+        assert watch.kind == "spike_restart" and watch.proposal_id == ordered
+        fault = follower._interrupt(attempt, watch)
+        assert fault.planned and attempt.exit_code() is not None
+        assert not (follower.stage_dir / RESULT_NAME).exists()
+    finally:
+        attempt.terminate(set(), grace_s=1)
+    again = _sleeping(tmp_path, 1)
+    try:
+        assert follower._poll(again).kind is None  # followed once
+    finally:
+        again.terminate(set(), grace_s=1)
+    # The follower set nothing aside and applied nothing: group 0's supervisor did.
+    assert [markers.step_of(p) for p in markers.candidates(stage_dir)] == [8]
+    assert not list(follower.stage_dir.glob("discarded-*"))
+    assert [p.state for p in ProposalStore(stage_dir).all()] == [ProposalState.APPLIED] * 2
+    assert {past, ordered} == {p.proposal_id for p in proposals.restarts(stage_dir)}
+    assert ProposalStore(follower.stage_dir).all() == []
+
+
+def test_a_follower_launches_only_after_group_zero_set_the_checkpoints_aside(tmp_path, tokens):
+    """Launched before, its worker would resume from a checkpoint after the proposal's step."""
+    config = worker_config(tmp_path, tokens, replica_groups=2)
+    stage_dir = Path(config.stage_dir)
+    leader, follower = (Supervisor(worker=group_worker(config, i), config=QUICK, lock=False) for i in (0, 1))
+    proposal = _approved(stage_dir, config, 0)
+    applier = threading.Timer(0.5, leader._apply_approved)
+    started = time.monotonic()
+    applier.start()
+    follower._apply_approved()
+    waited = time.monotonic() - started
+    applier.join()
+    assert waited >= 0.45 and ProposalStore(stage_dir).get(proposal).state is ProposalState.APPLIED
+
+    # A stop request ends the wait (group 0 ended without applying it: the stage stops the others).
+    _approved(stage_dir, config, 0)
+    follower.request_stop()
+    started = time.monotonic()
+    follower._apply_approved()
+    assert time.monotonic() - started < 0.45
+
+
+def _resumes(folder: Path) -> dict[int, int | None]:
+    return {e.attempt: e.step for e in events.read(folder) if e.kind is EventKind.RESUME}
+
+
+@pytest.mark.slow
+def test_an_approved_spike_restart_rewinds_every_replica_group_to_one_checkpoint(tmp_path, tokens):
+    """Two real one-rank groups; a detector tuned to fire on ordinary noise makes group 0 propose,
+    the desk approves at once: both groups' second attempts resume from the proposal's checkpoint,
+    skip its batches, and end on the same weights."""
+    sensitive = SpikeConfig(window=10, z_threshold=2.0, min_ratio=1.0, min_history=5)
+    config = worker_config(tmp_path, tokens, num_steps=300, interval_steps=8, spikes=sensitive,
+                           spike_rewind_steps=8, replica_groups=2, replica_timeout_s=10.0)
+    stage_dir = Path(config.stage_dir)
+    supervision = SupervisorConfig(nproc_per_node=2, hang_timeout_s=60.0, startup_timeout_s=90.0,
+                                   poll_interval_s=0.2, grace_s=5.0, max_restarts=2)
+    stage = ReplicaStage(worker=config, config=supervision)
+    reports = []
+    thread = threading.Thread(target=lambda: reports.append(stage.run()), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 180
+    while not (pending := ProposalStore(stage_dir).pending()):
+        assert time.monotonic() < deadline and thread.is_alive(), "no proposal before the stage ended"
+        time.sleep(0.05)
+    proposal = proposals.decide(stage_dir, pending[0].proposal_id, approve=True, actor="desk:alice")
+    thread.join(timeout=300)
+    (report,) = reports
+    assert report.outcome == "succeeded" and report.result["num_steps"] == 300
+
+    assert ProposalStore(stage_dir).get(proposal.proposal_id).state is ProposalState.APPLIED
+    for group in (0, 1):
+        folder = replica_dir(stage_dir, group)
+        assert _resumes(folder)[1] == proposal.restart_from_step
+        attempt = json.loads((folder / "attempt-1.json").read_text())
+        assert attempt["skip_ranges"] == [[proposal.skip_first, proposal.skip_end]]
+    supervision_report = json.loads((stage_dir / "supervision.json").read_text())
+    assert [(g["replica_id"], g["outcome"]) for g in supervision_report["replica_groups"]] == [
+        (0, "succeeded"), (1, "succeeded")]
+    assert supervision_report["parameters_agree"] is True
