@@ -10,6 +10,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -146,3 +147,42 @@ def test_an_approved_spike_restart_rewinds_every_replica_group_to_one_checkpoint
     assert [(g["replica_id"], g["outcome"]) for g in supervision_report["replica_groups"]] == [
         (0, "succeeded"), (1, "succeeded")]
     assert supervision_report["parameters_agree"] is True
+
+
+class _Alive:
+    """A group thread that runs until told (its supervisor is never started here)."""
+
+    def __init__(self):
+        self.done = threading.Event()
+
+    def is_alive(self) -> bool:
+        return not self.done.is_set()
+
+
+def test_group_zero_launches_again_only_once_the_other_groups_ended_their_attempts(tmp_path, tokens):
+    """Bounded by a poll interval and a grace period: a follower that never answers (its
+    supervisor busy elsewhere) delays group 0 by no more; a finished group not at all."""
+    config = worker_config(tmp_path, tokens, replica_groups=3, batch_size=9, replica_timeout_s=10.0)
+    stage = ReplicaStage(worker=config, config=replace(QUICK, poll_interval_s=0.1, grace_s=1.9))
+    followers = [Supervisor(worker=group_worker(config, i), config=QUICK, lock=False) for i in (1, 2)]
+    stage.groups = [object(), *(SimpleNamespace(supervisor=f, thread=_Alive()) for f in followers)]
+
+    proposal = _approved(Path(config.stage_dir), config, 0)
+    ProposalStore(Path(config.stage_dir)).mark_applied(proposal)
+    threading.Timer(0.2, followers[0]._apply_approved).start()
+    threading.Timer(0.3, followers[1]._apply_approved).start()
+    started = time.monotonic()
+    stage._await_followers(proposal)
+    assert 0.25 <= time.monotonic() - started < 1.9 and all(f.followed(proposal) for f in followers)
+
+    stuck = _approved(Path(config.stage_dir), config, 0)
+    ProposalStore(Path(config.stage_dir)).mark_applied(stuck)
+    started = time.monotonic()
+    stage._await_followers(stuck)  # nobody follows: the bound
+    assert time.monotonic() - started >= 2.0
+
+    for group in stage.groups[1:]:
+        group.thread.done.set()
+    started = time.monotonic()
+    stage._await_followers(stuck)  # groups that ended are not waited for
+    assert time.monotonic() - started < 1.0

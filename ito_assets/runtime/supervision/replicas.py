@@ -27,8 +27,10 @@ around one torchft lighthouse (the quorum's coordinator) in this process:
   never write checkpoints (one lineage per stage) and resume from group 0's newest, so that on a
   resumed stage every group starts at one step on the same weights.
 - A spike restart the desk approved restarts every group: group 0's supervisor sets the later
-  checkpoints aside, the others wait for that, and all resume from the proposal's checkpoint and
-  skip its batches. Were group 0 alone to rewind, it would heal forward from a peer that did not.
+  checkpoints aside, the others end their attempts and wait for that, group 0 launches again once
+  they have (at most a poll interval and a grace period), and all resume from the proposal's
+  checkpoint and skip its batches. Were group 0 alone to rewind, it would heal forward from a
+  peer that did not.
 - The outcome is group 0's: its checkpoints are the stage's. When group 0 ends, a group that
   reached the last step with it is given the grace period (`grace_s`) to write its result; any
   other group is stopped at once: a group behind a finished, failed or stopped group 0 has nobody
@@ -81,6 +83,9 @@ HEARTBEAT_TIMEOUT_MS = 5_000
 # torchft's Rust side (lighthouse, managers) logs every quorum at INFO, several lines a step; its
 # warnings and errors are what an attempt log needs. `RUST_LOG` set by the operator wins.
 RUST_LOG_DEFAULT = "warn"
+# How often group 0's supervisor looks whether the other groups ended their attempts for a restart
+# (in-process flags: a cheap look).
+FOLLOW_POLL_S = 0.05
 # The GPUs a process on this machine may use (torch numbers the visible ones from 0).
 DEVICES_ENV = "CUDA_VISIBLE_DEVICES"
 
@@ -225,7 +230,8 @@ class ReplicaStage:
             self.groups = [_Group(Supervisor(worker=group_worker(self.worker, i),
                                              config=group_supervision(self.config, groups, i),
                                              env={LIGHTHOUSE_ENV: address, **group_devices(self.config, groups, i)},
-                                             relay=self.relay if i == 0 else None, lock=False), i)
+                                             relay=self.relay if i == 0 else None, lock=False,
+                                             after_apply=self._await_followers if i == 0 else None), i)
                            for i in range(groups)]
             if self.stop_requested:  # asked before the groups existed
                 self.request_stop()
@@ -250,6 +256,17 @@ class ReplicaStage:
         for group in others:
             group.supervisor.request_stop()
             group.thread.join()
+
+    def _await_followers(self, proposal_id: str) -> None:
+        """Group 0's supervisor, once it applied a restart: wait until every other live group has
+        ended its attempt for it, at most a poll interval and a grace period (a follower's detection
+        and its workers' exit). Group 0's next attempt would otherwise join the quorum behind a group
+        still training on, and heal forward from it."""
+        deadline = time.monotonic() + self.config.poll_interval_s + self.config.grace_s
+        for group in self.groups[1:]:
+            while (group.thread.is_alive() and not group.supervisor.followed(proposal_id)
+                   and not self.stop_requested and time.monotonic() < deadline):
+                time.sleep(FOLLOW_POLL_S)
 
     def _finishing(self, group: _Group) -> bool:
         """Whether every rank of the group reached the stage's last step, as group 0 did: in step

@@ -55,6 +55,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -180,6 +181,9 @@ class Supervisor:
     # Take the stage folder's lock (`supervising`); False where the caller holds it for this
     # supervisor (the replica stage, for all its groups).
     lock: bool = True
+    # Replica group 0's: called once it applied a restart the desk ordered, before its next launch,
+    # to wait for the other groups to end their attempts (`ReplicaStage`).
+    after_apply: Callable[[str], None] | None = None
     _beats: heartbeat.Observer | None = field(default=None, init=False, repr=False)  # the attempt watched
     _followed: set[str] = field(default_factory=set, init=False, repr=False)  # restarts a follower carried out
 
@@ -413,6 +417,10 @@ class Supervisor:
             (self.stage_dir / RESULT_NAME).unlink(missing_ok=True)  # as group 0's: the stage trains again
         self._followed |= ordered
 
+    def followed(self, proposal_id: str) -> bool:
+        """Whether this follower ended its attempt for the restart and will resume after it."""
+        return proposal_id in self._followed
+
     def _apply(self, proposal_id: str) -> None:
         """Set aside the checkpoints after the proposal's restart step, then mark it applied."""
         store = proposals.ProposalStore(self.stage_dir)
@@ -423,6 +431,8 @@ class Supervisor:
         (self.stage_dir / RESULT_NAME).unlink(missing_ok=True)
         store.mark_applied(proposal_id)
         holds.release(self.stage_dir, proposal_id)
+        if self.after_apply is not None:
+            self.after_apply(proposal_id)
 
     def _note_recovery(self, attempt: Attempt, beats: dict[int, heartbeat.Heartbeat]) -> None:
         if not self.faults or self.faults[-1].recovery_seconds is not None or self.faults[-1].attempt >= attempt.number:
