@@ -26,12 +26,14 @@ from ito_assets.runtime.stage.curriculum import StageSizing, replica_groups_for
 from ito_assets.runtime.supervision.supervisor import REPORT_NAME, SupervisorConfig
 from ito_assets.runtime.worker.main import data_rank
 from ito_assets.training.layout import Layout
-from runtime_helpers import run_worker, worker_config
+from runtime_helpers import EXACT_DDP, run_worker, worker_config
 
 # Long enough, on an idle machine, that the healthy group is still training when the killed one is
 # back (start-up of a restarted worker: ~15 s on the 2-core machine; the healthy group alone: ~10
 # steps a second); beside other tests it may not be, which `make test`'s version accepts.
 STEPS = 400
+# Two ranks per replica group that shard the model (FSDP2), two groups.
+SHARDED_GROUPS = Layout(dp_replicate=2, dp_shard=2, precision="fp32", compile=False, micro_batch_size=2)
 KILL_AT_STEP = 20
 SUPERVISION = SupervisorConfig(nproc_per_node=2, hang_timeout_s=30.0, startup_timeout_s=90.0, poll_interval_s=0.2,
                                grace_s=5.0, max_restarts=2)
@@ -108,13 +110,14 @@ def _wait_for_step(folder: Path, step: int, timeout: float = 90.0) -> heartbeat.
     raise AssertionError(f"the replica group in {folder} never reached step {step}")
 
 
-def _kill_group_one(tmp_path: Path, tokens) -> tuple[Path, heartbeat.Heartbeat, float, dict]:
-    """Both groups training, then SIGKILL of group 1's worker; returns (stage folder, its last
-    heartbeat before the kill, the kill's time, the stage's report) once the stage has ended."""
+def _kill_group_one(tmp_path: Path, tokens, *, layout: Layout = EXACT_DDP,
+                    nproc_per_node: int = 2) -> tuple[Path, heartbeat.Heartbeat, float, dict]:
+    """Both groups training, then SIGKILL of group 1's (first) worker; returns (stage folder, its
+    last heartbeat before the kill, the kill's time, the stage's report) once the stage has ended."""
     config = worker_config(tmp_path, tokens, num_steps=STEPS, interval_steps=50, replica_groups=2,
-                           replica_timeout_s=10.0)
+                           replica_timeout_s=10.0, layout=layout)
     stage_dir = Path(config.stage_dir)
-    stage = ReplicaStage(worker=config, config=SUPERVISION)
+    stage = ReplicaStage(worker=config, config=replace(SUPERVISION, nproc_per_node=nproc_per_node))
     reports = []
     thread = threading.Thread(target=lambda: reports.append(stage.run()), daemon=True)
     thread.start()
@@ -169,6 +172,23 @@ def test_a_killed_replica_group_restarts_and_never_stops_the_other(tmp_path, tok
 
 @pytest.mark.slow
 @pytest.mark.long
+def test_fsdp2_inside_replica_groups_trains_heals_and_ends_on_one_set_of_weights(tmp_path, tokens):
+    """Two groups of two ranks, each group sharding the model with FSDP2: gradients averaged across
+    the groups shard by shard, a killed rank's group restarts (its peer rank with it) and heals
+    from the shards of the live group's ranks (35 s here; `make test` trains FSDP2 groups in the
+    resumed stage's test). A loaded machine may leave the restarted group still starting when the
+    survivor finishes, as in `make test`'s version above."""
+    stage_dir, beat, killed_at, report = _kill_group_one(tmp_path, tokens, layout=SHARDED_GROUPS, nproc_per_node=4)
+    assert report["result"]["layout"]["ran"]["dp_shard"] == 2 and not report["result"]["layout"]["fallbacks"]
+    groups = [(g["replica_id"], g["outcome"], g["num_attempts"]) for g in report["replica_groups"]]
+    assert groups in ([(0, "succeeded", 1), (1, "succeeded", 2)], [(0, "succeeded", 1), (1, "stopped", 2)])
+    steps = _assert_the_survivor_trained_on(stage_dir, beat, killed_at)
+    if groups[1][1] == "succeeded":
+        _assert_healed(stage_dir, beat, steps)
+
+
+@pytest.mark.slow
+@pytest.mark.long
 def test_a_killed_replica_group_restarts_and_heals_while_the_other_trains_on(tmp_path, tokens):
     """Alone on the machine (`make test-long` runs one test at a time), the restarted group is back
     long before the survivor's last step, so it must heal."""
@@ -186,16 +206,19 @@ def _resumes(folder: Path) -> list[tuple[int, int | None, str]]:
 def test_every_replica_group_of_a_resumed_stage_starts_from_group_zeros_checkpoint(tmp_path, tokens):
     """A stage resumed with a checkpoint at step 8: group 1 (whose folder holds none) starts there
     too, not from the first weights at step 0, from which it could reach group 0's step before
-    group 0 joins and never be healed; both groups end on the same weights."""
-    config = worker_config(tmp_path, tokens, num_steps=8, interval_steps=8, replica_timeout_s=10.0)
-    first = run_worker(config, nproc=1)
+    group 0 joins and never be healed; both groups end on the same weights. Each group is two ranks
+    that shard the model (FSDP2), and the checkpoint is a sharded one."""
+    config = worker_config(tmp_path, tokens, num_steps=8, interval_steps=8, replica_timeout_s=10.0,
+                           layout=SHARDED_GROUPS)
+    first = run_worker(config, nproc=2)
     assert first.returncode == 0, first.stderr[-2000:]
     stage_dir = Path(config.stage_dir)
     checkpoint = markers.checkpoint_dir(stage_dir, 8)
     assert checkpoint.is_dir()
     report = ReplicaStage(worker=replace(config, num_steps=12, replica_groups=2),
-                          config=replace(SUPERVISION, hang_timeout_s=60.0)).run()
+                          config=replace(SUPERVISION, nproc_per_node=4, hang_timeout_s=60.0)).run()
     assert report.outcome == "succeeded" and report.result["num_steps"] == 12
+    assert report.result["layout"]["ran"]["dp_shard"] == 2 and not report.result["layout"]["fallbacks"]
     for group in (0, 1):
         assert _resumes(replica_dir(stage_dir, group))[-1] == (0, 8, f"from {checkpoint}")
     assert [s for s, _ in _steps(stage_dir)[0]] == list(range(1, 13))  # the first run's steps, then the resumed
