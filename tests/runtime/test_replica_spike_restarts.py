@@ -87,30 +87,58 @@ def test_a_follower_group_restarts_for_each_restart_group_zero_applies_and_only_
     assert ProposalStore(follower.stage_dir).all() == []
 
 
-def test_a_follower_launches_only_after_group_zero_set_the_checkpoints_aside(tmp_path, tokens):
-    """Launched before, its worker would resume from a checkpoint after the proposal's step."""
+def test_a_follower_ends_its_attempt_only_for_a_restart_group_zero_applied(tmp_path, tokens):
+    """An approval alone leaves it training: group 0 may never apply it (it finished first), and a
+    follower that restarted before the checkpoints were set aside would resume after the spike."""
     config = worker_config(tmp_path, tokens, replica_groups=2)
     stage_dir = Path(config.stage_dir)
     leader, follower = (Supervisor(worker=group_worker(config, i), config=QUICK, lock=False) for i in (0, 1))
-    proposal = _approved(stage_dir, config, 0)
-    applier = threading.Timer(0.5, leader._apply_approved)
-    started = time.monotonic()
-    applier.start()
+    follower.stage_dir.mkdir(parents=True)
     follower._apply_approved()
-    waited = time.monotonic() - started
-    applier.join()
-    assert waited >= 0.45 and ProposalStore(stage_dir).get(proposal).state is ProposalState.APPLIED
+    attempt = _sleeping(tmp_path, 0)
+    try:
+        proposal = _approved(stage_dir, config, 0)
+        assert follower._poll(attempt).kind is None and not follower.followed(proposal)
+        follower._apply_approved()  # between its attempts too
+        assert not follower.followed(proposal)
+        leader._apply_approved()
+        watch = follower._poll(attempt)
+        assert watch.kind == "spike_restart" and watch.proposal_id == proposal
+        follower._interrupt(attempt, watch)
+        assert follower.followed(proposal)
+    finally:
+        attempt.terminate(set(), grace_s=1)
 
-    # A stop request ends the wait (group 0 ended without applying it: the stage stops the others).
-    _approved(stage_dir, config, 0)
-    follower.request_stop()
-    started = time.monotonic()
-    follower._apply_approved()
-    assert time.monotonic() - started < 0.45
+
+def test_group_zero_calls_for_its_followers_after_the_checkpoints_are_set_aside(tmp_path, tokens):
+    """Group 0's supervisor alone is given the wait (the replica stage's groups), and calls it once
+    the proposal is applied: its followers' polls see it only then."""
+    config = worker_config(tmp_path, tokens, replica_groups=2, replica_timeout_s=10.0)
+    stage = ReplicaStage(worker=config, config=replace(QUICK, nproc_per_node=2))
+    groups = stage._build_groups("http://127.0.0.1:1")
+    assert groups[0].supervisor.after_apply == stage._await_followers
+    assert groups[1].supervisor.after_apply is None and not groups[1].thread.is_alive()
+
+    stage_dir = Path(config.stage_dir)
+    for step in (8, 16):
+        folder = markers.checkpoint_dir(stage_dir, step)
+        folder.mkdir(parents=True)
+        (folder / ".metadata").write_bytes(b"m")
+        markers.write_marker(folder, step)
+    seen = []
+
+    def after_apply(proposal_id: str) -> None:
+        seen.append((proposal_id, ProposalStore(stage_dir).get(proposal_id).state,
+                     [markers.step_of(p) for p in markers.candidates(stage_dir)]))
+
+    leader = Supervisor(worker=group_worker(config, 0), config=QUICK, lock=False, after_apply=after_apply)
+    proposal = _approved(stage_dir, config, 8)
+    leader._apply_approved()
+    assert seen == [(proposal, ProposalState.APPLIED, [8])]
 
 
-def _resumes(folder: Path) -> dict[int, int | None]:
-    return {e.attempt: e.step for e in events.read(folder) if e.kind is EventKind.RESUME}
+def _resumes(folder: Path) -> dict[int, tuple[int | None, str]]:
+    return {e.attempt: (e.step, e.detail) for e in events.read(folder) if e.kind is EventKind.RESUME}
 
 
 @pytest.mark.slow
@@ -118,7 +146,9 @@ def test_an_approved_spike_restart_rewinds_every_replica_group_to_one_checkpoint
     """Two real one-rank groups; a detector tuned to fire on ordinary noise makes group 0 propose,
     the desk approves at once: both groups' second attempts resume from the proposal's checkpoint,
     skip its batches, and end on the same weights."""
-    sensitive = SpikeConfig(window=10, z_threshold=2.0, min_ratio=1.0, min_history=5)
+    # Spikes after step 20 at the earliest: a checkpoint to rewind to exists (else a restart from
+    # the first weights, which proves less).
+    sensitive = SpikeConfig(window=20, z_threshold=2.0, min_ratio=1.0, min_history=20)
     config = worker_config(tmp_path, tokens, num_steps=300, interval_steps=8, spikes=sensitive,
                            spike_rewind_steps=8, replica_groups=2, replica_timeout_s=10.0)
     stage_dir = Path(config.stage_dir)
@@ -138,10 +168,15 @@ def test_an_approved_spike_restart_rewinds_every_replica_group_to_one_checkpoint
     assert report.outcome == "succeeded" and report.result["num_steps"] == 300
 
     assert ProposalStore(stage_dir).get(proposal.proposal_id).state is ProposalState.APPLIED
+    restart = proposal.restart_from_step
+    assert restart > 0 and _resumes(stage_dir)[1] == (restart, f"from {markers.checkpoint_dir(stage_dir, restart)}")
+    # Group 1 on the rewound lineage: the proposal's checkpoint, or a later one group 0 saved after
+    # it while group 1 started; never one from before the rewind (those were set aside).
+    step, source = _resumes(replica_dir(stage_dir, 1))[1]
+    assert restart <= step and source == f"from {markers.checkpoint_dir(stage_dir, step)}"
+    assert step < report.result["num_steps"] and "discarded" not in source
     for group in (0, 1):
-        folder = replica_dir(stage_dir, group)
-        assert _resumes(folder)[1] == proposal.restart_from_step
-        attempt = json.loads((folder / "attempt-1.json").read_text())
+        attempt = json.loads((replica_dir(stage_dir, group) / "attempt-1.json").read_text())
         assert attempt["skip_ranges"] == [[proposal.skip_first, proposal.skip_end]]
     supervision_report = json.loads((stage_dir / "supervision.json").read_text())
     assert [(g["replica_id"], g["outcome"]) for g in supervision_report["replica_groups"]] == [

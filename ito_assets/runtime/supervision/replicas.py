@@ -24,13 +24,14 @@ around one torchft lighthouse (the quorum's coordinator) in this process:
   up-to-date peer's weights, optimizer, step and data position into it (`replica_sync`). Group
   0 resumes from its newest whole checkpoint first (so that it can carry the stage alone when no
   peer is ahead), then heals forward to the quorum's step if its peers are ahead. The other groups
-  never write checkpoints (one lineage per stage) and resume from group 0's newest, so that on a
-  resumed stage every group starts at one step on the same weights.
+  never write checkpoints (one lineage per stage) and resume from group 0's newest: at or behind
+  group 0's step on group 0's weights (group 0 may save another before a slower group loads one),
+  never from their first weights, from which they could reach group 0's step unhealed.
 - A spike restart the desk approved restarts every group: group 0's supervisor sets the later
-  checkpoints aside, the others end their attempts and wait for that, group 0 launches again once
-  they have (at most a poll interval and a grace period), and all resume from the proposal's
-  checkpoint and skip its batches. Were group 0 alone to rewind, it would heal forward from a
-  peer that did not.
+  checkpoints aside and marks it applied, the others end their attempts once it is applied, group
+  0 launches again once they have (at most a poll interval and a grace period), and all resume on
+  the rewound lineage (group 0's newest checkpoint, at or behind the proposal's) and skip its
+  batches. Were group 0 alone to rewind, it would heal forward from a peer that did not.
 - The outcome is group 0's: its checkpoints are the stage's. When group 0 ends, a group that
   reached the last step with it is given the grace period (`grace_s`) to write its result; any
   other group is stopped at once: a group behind a finished, failed or stopped group 0 has nobody
@@ -72,11 +73,14 @@ from ito_assets.runtime.supervision.supervisor import (REPORT_NAME, Outcome, Sup
 
 # What torchft's Manager reads for the lighthouse's address (torchft.manager, `TORCHFT_LIGHTHOUSE`).
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
-# The lighthouse waits this long for stragglers before it forms a quorum without them. torchft's
-# own default (60 s) suits a cluster where groups start minutes apart; here a late group is not
-# worth a stalled step: it joins at the next step and heals (measured: a heal of the micro model
-# takes well under a second).
-JOIN_TIMEOUT_MS = 100
+# The lighthouse waits for groups that heartbeat but have not asked for the next quorum (mid-step,
+# or loading a checkpoint) at most this share of the groups' quorum timeout (`replica_timeout_s`),
+# which must answer first. Two groups at one step in two quorums each train that step on other
+# rows and meet again at equal steps on different weights, which torchft never heals: a group that
+# resumed from group 0's checkpoint is at group 0's step. So a step must not outlast the wait
+# (30 s at the default 60 s timeout); 100 ms split three groups at step 8 into {1, 2} and {0}
+# (tests/runtime/test_replica_quorum.py).
+JOIN_TIMEOUT_SHARE = 0.5
 # A group whose manager stops heartbeating leaves the quorum after this long: torchft's default
 # (5 s), far below any supervisor hang bound, which is what the survivors' pause costs at most.
 HEARTBEAT_TIMEOUT_MS = 5_000
@@ -221,18 +225,9 @@ class ReplicaStage:
 
     def _run(self) -> SupervisionReport:
         os.environ.setdefault("RUST_LOG", RUST_LOG_DEFAULT)  # read by torchft's Rust logger, here and in the workers
-        from torchft.coordination import LighthouseServer  # the optional `ft` extra: only this path needs it
-
-        lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=JOIN_TIMEOUT_MS,
-                                      heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS)
+        lighthouse = self.lighthouse()
         try:
-            groups, address = self.worker.replica_groups, lighthouse_url(lighthouse.address(), self.config.launch.backend)
-            self.groups = [_Group(Supervisor(worker=group_worker(self.worker, i),
-                                             config=group_supervision(self.config, groups, i),
-                                             env={LIGHTHOUSE_ENV: address, **group_devices(self.config, groups, i)},
-                                             relay=self.relay if i == 0 else None, lock=False,
-                                             after_apply=self._await_followers if i == 0 else None), i)
-                           for i in range(groups)]
+            self.groups = self._build_groups(lighthouse_url(lighthouse.address(), self.config.launch.backend))
             if self.stop_requested:  # asked before the groups existed
                 self.request_stop()
             for group in self.groups:
@@ -241,6 +236,24 @@ class ReplicaStage:
         finally:
             lighthouse.shutdown()
         return self._report()
+
+    def lighthouse(self):
+        """The stage's torchft lighthouse, serving on a free port."""
+        from torchft.coordination import LighthouseServer  # the optional `ft` extra: only this path needs it
+
+        join_timeout_ms = int(self.worker.replica_timeout_s * 1000 * JOIN_TIMEOUT_SHARE)
+        return LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=join_timeout_ms,
+                                heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS)
+
+    def _build_groups(self, address: str) -> list[_Group]:
+        """One supervisor per group, its threads not started; group 0's waits for the others after
+        it applies a spike restart."""
+        groups = self.worker.replica_groups
+        return [_Group(Supervisor(worker=group_worker(self.worker, i), config=group_supervision(self.config, groups, i),
+                                  env={LIGHTHOUSE_ENV: address, **group_devices(self.config, groups, i)},
+                                  relay=self.relay if i == 0 else None, lock=False,
+                                  after_apply=self._await_followers if i == 0 else None), i)
+                for i in range(groups)]
 
     def _wait(self) -> None:
         first, others = self.groups[0], self.groups[1:]

@@ -353,14 +353,19 @@ class Supervisor:
         return _Watch()
 
     def _restart_ordered(self) -> str | None:
-        """The id of a restart the desk ordered that this attempt must end for: an approved proposal,
-        or, for a follower, one group 0's supervisor may already have applied (a poll can fall
-        between its approval and its application)."""
+        """The id of a restart the desk ordered that this attempt must end for: an approved proposal;
+        for a follower, one group 0's supervisor has applied (set the later checkpoints aside), so
+        that its next attempt resumes on the rewound lineage. An approval alone leaves a follower
+        training: group 0 may never apply it (it finished first)."""
         if self.leads_restarts:
             approved = proposals.approved_restart(self.stage_dir)
             return None if approved is None else approved.proposal_id
-        return next((p.proposal_id for p in proposals.restarts(self.proposals_dir)
-                     if p.proposal_id not in self._followed), None)
+        return next((p for p in self._applied() if p not in self._followed), None)
+
+    def _applied(self) -> list[str]:
+        """The ids of group 0's applied restarts, oldest first (a follower's)."""
+        return [p.proposal_id for p in proposals.ProposalStore(self.proposals_dir).all()
+                if p.state is proposals.ProposalState.APPLIED]
 
     def _exit_kind(self, code: int, beats: dict[int, heartbeat.Heartbeat]) -> AttemptEnd:
         if code == 0 and (self.stage_dir / RESULT_NAME).exists():
@@ -393,8 +398,11 @@ class Supervisor:
                     seconds=fault.detection_seconds, detail=watch.kind.value)
         pids = {b.pid for b in heartbeat.read_all(Path(self.worker.heartbeat_dir), attempt=attempt.number).values()}
         attempt.terminate(pids, grace_s=self.config.grace_s)
-        if watch.proposal_id is not None:
-            self._apply(watch.proposal_id) if self.leads_restarts else self._follow()
+        if watch.proposal_id is not None and self.leads_restarts:
+            self._apply(watch.proposal_id)
+        elif watch.proposal_id is not None:
+            (self.stage_dir / RESULT_NAME).unlink(missing_ok=True)  # as group 0's: the stage trains again
+            self._follow()
         return fault
 
     def _apply_approved(self) -> None:
@@ -405,17 +413,13 @@ class Supervisor:
             self._apply(approved.proposal_id)
 
     def _follow(self) -> None:
-        """A follower replica group's side of the desk's restarts: wait until group 0's supervisor
-        has applied every approved one (set the later checkpoints aside), so that this group's next
-        attempt resumes from the checkpoint group 0's does and skips the same batches; otherwise it
-        would train on, and group 0, behind it, would heal forward from it and undo the rewind.
-        A stop request ends the wait (the replica stage stops the other groups when group 0 ends)."""
-        while proposals.approved_restart(self.proposals_dir) is not None and not self.stop_requested:
-            time.sleep(self.config.poll_interval_s)
-        ordered = {p.proposal_id for p in proposals.restarts(self.proposals_dir)}
-        if ordered - self._followed:
-            (self.stage_dir / RESULT_NAME).unlink(missing_ok=True)  # as group 0's: the stage trains again
-        self._followed |= ordered
+        """A follower replica group's side of the desk's restarts: every restart group 0's
+        supervisor has applied counts as followed once this group has no attempt from before it
+        (checked before each launch and after each attempt a restart ended): its next attempt
+        resumes from group 0's newest checkpoint, at or behind the proposal's, and skips the same
+        batches. Left training, it would be ahead of group 0, which would heal forward from it
+        and undo the rewind."""
+        self._followed.update(self._applied())
 
     def followed(self, proposal_id: str) -> bool:
         """Whether this follower ended its attempt for the restart and will resume after it."""

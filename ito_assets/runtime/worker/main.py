@@ -2,8 +2,8 @@
 
     python -m torch.distributed.run --nproc-per-node 2 -m ito_assets.runtime.worker.main --config CONFIG
 
-It resumes from the newest whole checkpoint of the stage (else the previous stage's final
-checkpoint, else fresh), trains to the stage's step count with heartbeats and asynchronous
+It resumes from the newest whole checkpoint of the stage (replica group 0's, for every group;
+else the previous stage's final checkpoint, else fresh), trains to the stage's step count with heartbeats and asynchronous
 checkpoints, flushes a checkpoint when asked to stop (SIGTERM/SIGINT), proposes a restart when the
 loss or gradient norm spikes (and keeps training: only the desk restarts), and at the end saves the
 final checkpoint, runs the stage's eval battery, and writes `result.json`. The ranks share the
