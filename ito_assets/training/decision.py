@@ -6,7 +6,7 @@ batch order over their own tokens) and one tokenizer fitted on equal bytes of bo
 the eval battery. The verdict is a paired test over seeds (verdict.py): GO or NO_GO only
 when the 95% confidence interval of the per-seed difference excludes zero, WITHIN_NOISE when it
 does not, INCONCLUSIVE with a single seed or seeds that changed neither arm, where the noise is
-not measured. When the manifest asks
+not measured, or with a proxy whose training diverged. When the manifest asks
 for a minimum detectable effect, the configured seeds are a pilot and their spread sets how many
 seeds are trained in all (Stein's two-stage test, verdict.py).
 
@@ -32,7 +32,7 @@ from ito_assets.training.tokenizer import (
     LoaderConfig, TokenizerConfig, encode_documents, iterate_batches, open_token_shard, save_tokenizer,
     train_tokenizer, write_token_shard,
 )
-from ito_assets.training.verdict import PairedTest, Verdict, paired_test, stein_seed_count, stein_test
+from ito_assets.training.verdict import PairedTest, Verdict, paired_test, stein_seed_count, stein_test, withheld
 
 # The training and the eval battery need torch; they are imported where a decision runs, so that
 # its configuration and result types (the Dagster parameters, the economics, the gate) do not.
@@ -196,6 +196,17 @@ class DecisionResult:
         }
 
 
+def _unless_diverged(test: PairedTest, runs: dict[str, list[ArmRun]]) -> PairedTest:
+    """INCONCLUSIVE where a run's training loss ended above its first: as with a metric that is not
+    finite, a diverged proxy says nothing about its data. A diverged baseline with a large finite
+    metric would otherwise make any candidate a GO."""
+    diverged = [r for arm in ARMS for r in runs[arm] if r.train.diverged]
+    if not diverged or test.verdict is Verdict.INCONCLUSIVE:
+        return test
+    names = ", ".join(f"the {r.arm}'s seed {r.seed}" for r in diverged)
+    return withheld(test, f"training diverged in {names} (its loss ended above its first step's); no decision")
+
+
 def balanced_sample(candidate: Sequence[str], baseline: Sequence[str]) -> list[str]:
     """Documents of both arms, alternating, with each arm contributing about the same number of
     bytes: the tokenizer favours neither arm."""
@@ -279,12 +290,13 @@ def run_decision(
         return [r.primary for r in runs[arm]]
 
     train_seeds(config.seeds)
-    test = paired_test(primaries("candidate"), primaries("baseline"), config.confidence)
+    test = _unless_diverged(paired_test(primaries("candidate"), primaries("baseline"), config.confidence), runs)
     if config.target_detectable_effect is not None and test.verdict is not Verdict.INCONCLUSIVE:
         pilot = [b - c for c, b in zip(primaries("candidate"), primaries("baseline"))]
         total = stein_seed_count(pilot, config.target_detectable_effect, config.confidence, config.max_seeds)
         train_seeds(config.extra_seeds(total - len(config.seeds)))
-        test = stein_test(primaries("candidate"), primaries("baseline"), len(config.seeds), config.confidence)
+        test = _unless_diverged(stein_test(primaries("candidate"), primaries("baseline"), len(config.seeds),
+                                           config.confidence), runs)
     all_runs = tuple(runs["candidate"] + runs["baseline"])
     return DecisionResult(
         test=test, metric=PRIMARY_METRIC,

@@ -114,6 +114,13 @@ class TrainResult:
         tail = self.losses[-max(1, len(self.losses) // 10):]
         return sum(tail) / len(tail)
 
+    @property
+    def diverged(self) -> bool:
+        """Its loss ended above where it began (or is not finite): training made the model worse at
+        its own data, so what it measures afterwards says nothing about that data. An untrained
+        model's first loss is about ln(vocabulary) on any batch, so batch noise does not reach it."""
+        return not all(math.isfinite(v) for v in self.losses) or self.final_loss > self.losses[0]
+
     def summary(self) -> dict:
         return {
             "num_steps": self.num_steps,

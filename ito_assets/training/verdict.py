@@ -14,7 +14,8 @@ n = 2 (benchmarks/decision_rule.py). The interval's half-width replaces that ban
   at all: every seed gave the same difference, whether the seeds changed neither arm (one run
   repeated) or moved both arms alike, so t is d / 0 and any difference, one rounding error
   included, would be a GO or NO_GO at p = 0; or a run whose metric is not finite (a diverged proxy
-  says nothing about its data; values whose mean or spread overflows a float count as such).
+  says nothing about its data; values whose mean or spread overflows a float count as such), or
+  whose training loss ended above its first (`decision`: a diverged proxy whose metric is finite).
 The minimum detectable effect is (t_{1-a/2} + t_{power}) standard errors from the observed spread,
 the usual approximation (Cohen 1988, ch. 2) of the true difference these seeds would find with
 80% power; if the true spread is the observed one, its exact power is lower at few seeds (about
@@ -88,6 +89,11 @@ def _inconclusive(num_seeds: int, difference: float, confidence: float, why: str
     return PairedTest(verdict=Verdict.INCONCLUSIVE, num_seeds=num_seeds, difference=difference, confidence=confidence,
                       interval_low=None, interval_high=None, p_value=None, minimum_detectable_effect=None,
                       explanation=why)
+
+
+def withheld(test: PairedTest, why: str) -> PairedTest:
+    """`test` as INCONCLUSIVE for a reason outside its figures (a run that diverged)."""
+    return _inconclusive(test.num_seeds, test.difference, test.confidence, why)
 
 
 def _seeds_changed_nothing(candidate: Sequence[float], baseline: Sequence[float]) -> bool:

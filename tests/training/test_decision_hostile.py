@@ -202,3 +202,62 @@ def test_the_decision_holds_out_the_training_stages_documents_whatever_its_seeds
     training_heldout = [t for t, m in zip(texts, mask) if m]
     assert held[0] == training_heldout and held[2] == training_heldout  # the candidate arm, both seeds
     assert held[1] == [t for t, m in zip(texts[::-1], mask) if m]
+
+
+# --- a diverged proxy --------------------------------------------------------------------------
+
+class _Curves:
+    """Each arm's training losses, as its proxy would report them."""
+
+    def __init__(self, **losses: tuple[float, ...]) -> None:
+        self.losses = losses
+
+    def train(self, *, arm_dir, tokens_path, model_config, config):
+        arm = arm_dir.name.split("-")[0]
+        return arm, TrainResult(losses=self.losses[arm], num_steps=len(self.losses[arm]), num_tokens=1,
+                                wall_seconds=0.0, tokens_per_second=1.0, model_flops=0)
+
+
+LEARNED = (6.2, 5.0)
+DIVERGED_ABOVE = (6.2, math.nextafter(6.2, math.inf))
+
+
+@pytest.mark.parametrize(("candidate", "baseline", "verdict"), [
+    (LEARNED, LEARNED, Verdict.GO),
+    (LEARNED, (6.2, 6.2), Verdict.GO),  # ended where it began: no evidence it diverged
+    (LEARNED, DIVERGED_ABOVE, Verdict.INCONCLUSIVE),  # one bit above: diverged
+    (LEARNED, (6.2, 40.0), Verdict.INCONCLUSIVE),  # a blow-up whose bits per byte stay finite
+    (LEARNED, (6.2, math.nan), Verdict.INCONCLUSIVE),
+    ((6.2, 40.0), LEARNED, Verdict.INCONCLUSIVE),  # a diverged candidate: no NO_GO either
+])
+def test_a_decision_against_a_diverged_proxy_is_no_decision(monkeypatch, tmp_path, candidate, baseline, verdict):
+    """The baseline's huge but finite bits per byte would make the candidate a GO by a wide margin;
+    its training loss, above where it began, says the proxy diverged, not that the data differ."""
+    calls = iter(range(100))
+
+    def evaluate(model, tokenizer, items, config, *, heldout_texts, heldout_sequence_length):
+        k = next(calls)  # seed to seed, a little noise in the difference
+        return _Report(1.0 + 0.01 * k if model == "candidate" else 9.0 + 0.03 * k)
+
+    monkeypatch.setattr(evaluation, "evaluate", evaluate)
+    texts = [f"document number {i} says {'ab' * (i % 7)} and more words" for i in range(61)]
+    config = DecisionConfig(model_name="micro", tokenizer=TokenizerConfig(vocab_size=300), seeds=(3, 4, 5),
+                            num_steps=2, batch_size=1, sequence_length=8)
+    result = run_decision(candidate_texts=texts, baseline_texts=texts[::-1], eval_items=[object()], config=config,
+                          work_dir=tmp_path, trainer=_Curves(candidate=candidate, baseline=baseline))
+    assert result.verdict is verdict
+    if verdict is Verdict.INCONCLUSIVE:
+        arm = "baseline" if baseline != LEARNED else "candidate"
+        assert result.explanation.startswith(f"training diverged in the {arm}'s seed 3, the {arm}'s seed 4")
+
+
+def test_a_run_diverged_when_its_loss_ended_above_its_first():
+    def result(*losses):
+        return TrainResult(losses=losses, num_steps=len(losses), num_tokens=1, wall_seconds=0.0,
+                           tokens_per_second=1.0, model_flops=0)
+
+    assert not result(6.0).diverged and not result(6.0, 6.0).diverged and not result(6.0, 3.0).diverged
+    assert result(6.0, 6.0000001).diverged and result(6.0, math.inf).diverged and result(math.nan, 1.0).diverged
+    # The end is the mean of the last tenth: one late spike among 20 steps is not the end.
+    assert not result(*([6.0] + [2.0] * 18 + [7.0])).diverged
+    assert result(*([6.0] + [2.0] * 17 + [7.0, 11.0])).diverged
