@@ -16,12 +16,12 @@ from ito_assets.runtime.supervision.supervisor import SupervisorConfig
 from runtime_helpers import worker_config
 
 STEP = 8
-MID_STEP_S = 0.3  # how long group 0 is still in its step after the others asked
 
 
-def _quorums(stage: ReplicaStage) -> dict[str, object]:
+def _quorums(stage: ReplicaStage, mid_step_s: float) -> dict[str, object]:
     """Group 0 alone in a quorum at STEP (the others still loading), then groups 1 and 2 ask for
-    the next at STEP while group 0 finishes its step; each group's quorum's members, or the error."""
+    the next at STEP while group 0 finishes its step (`mid_step_s` more); each group's quorum's
+    members, or the error."""
     lighthouse = stage.lighthouse()
     try:
         clients = {g: LighthouseClient(lighthouse.address(), connect_timeout=timedelta(seconds=5)) for g in "012"}
@@ -38,7 +38,7 @@ def _quorums(stage: ReplicaStage) -> dict[str, object]:
             except Exception as error:  # noqa: BLE001 - a quorum that never formed, as the test reports it
                 found[group] = type(error).__name__
 
-        threads = [threading.Thread(target=ask, args=a) for a in (("1", 0.0), ("2", 0.0), ("0", MID_STEP_S))]
+        threads = [threading.Thread(target=ask, args=a) for a in (("1", 0.0), ("2", 0.0), ("0", mid_step_s))]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -49,9 +49,9 @@ def _quorums(stage: ReplicaStage) -> dict[str, object]:
 
 
 def test_groups_at_one_step_wait_for_a_group_still_in_its_step(tmp_path, tokens):
-    config = worker_config(tmp_path, tokens, replica_groups=2, replica_timeout_s=2.0)
+    config = worker_config(tmp_path, tokens, replica_groups=2, replica_timeout_s=10.0)  # a wait of 5 s
     stage = ReplicaStage(worker=config, config=SupervisorConfig(nproc_per_node=2, hang_timeout_s=60))
-    assert _quorums(stage) == {"0": ["0", "1", "2"], "1": ["0", "1", "2"], "2": ["0", "1", "2"]}
+    assert _quorums(stage, 0.3) == {"0": ["0", "1", "2"], "1": ["0", "1", "2"], "2": ["0", "1", "2"]}
 
 
 def test_a_wait_shorter_than_the_step_splits_them(tmp_path, tokens):
@@ -59,5 +59,5 @@ def test_a_wait_shorter_than_the_step_splits_them(tmp_path, tokens):
     without group 0, which trains it alone."""
     config = worker_config(tmp_path, tokens, replica_groups=2, replica_timeout_s=0.2)
     stage = ReplicaStage(worker=config, config=SupervisorConfig(nproc_per_node=2, hang_timeout_s=60))
-    found = _quorums(stage)
+    found = _quorums(stage, 1.0)
     assert found["1"] == found["2"] == ["1", "2"] and found["0"] != ["0", "1", "2"]

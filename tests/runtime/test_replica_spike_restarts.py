@@ -110,9 +110,10 @@ def test_a_follower_ends_its_attempt_only_for_a_restart_group_zero_applied(tmp_p
         attempt.terminate(set(), grace_s=1)
 
 
-def test_group_zero_calls_for_its_followers_after_the_checkpoints_are_set_aside(tmp_path, tokens):
+def test_group_zero_calls_for_its_followers_after_the_checkpoints_are_set_aside(tmp_path, tokens, monkeypatch):
     """Group 0's supervisor alone is given the wait (the replica stage's groups), and calls it once
-    the proposal is applied: its followers' polls see it only then."""
+    the proposal is applied; it marks the proposal applied only once the later checkpoints are set
+    aside: a follower acts on the mark and resumes from the newest it finds."""
     config = worker_config(tmp_path, tokens, replica_groups=2, replica_timeout_s=10.0)
     stage = ReplicaStage(worker=config, config=replace(QUICK, nproc_per_node=2))
     groups = stage._build_groups("http://127.0.0.1:1")
@@ -131,10 +132,18 @@ def test_group_zero_calls_for_its_followers_after_the_checkpoints_are_set_aside(
         seen.append((proposal_id, ProposalStore(stage_dir).get(proposal_id).state,
                      [markers.step_of(p) for p in markers.candidates(stage_dir)]))
 
+    marked = []
+    mark_applied = ProposalStore.mark_applied
+
+    def recording(store, proposal_id):
+        marked.append([markers.step_of(p) for p in markers.candidates(stage_dir)])
+        return mark_applied(store, proposal_id)
+
+    monkeypatch.setattr(ProposalStore, "mark_applied", recording)
     leader = Supervisor(worker=group_worker(config, 0), config=QUICK, lock=False, after_apply=after_apply)
     proposal = _approved(stage_dir, config, 8)
     leader._apply_approved()
-    assert seen == [(proposal, ProposalState.APPLIED, [8])]
+    assert marked == [[8]] and seen == [(proposal, ProposalState.APPLIED, [8])]
 
 
 def _resumes(folder: Path) -> dict[int, tuple[int | None, str]]:

@@ -21,7 +21,8 @@ from ito_assets.runtime.supervision import heartbeat
 from ito_assets.runtime.worker.batches import BatchPlan, ResumableBatches
 from ito_assets.runtime.stage.config import RESULT_NAME, group_shape
 from ito_assets.runtime.record.events import EventKind
-from ito_assets.runtime.supervision.replicas import ReplicaStage, group_supervision, group_worker, replica_dir
+from ito_assets.runtime.supervision.replicas import (ReplicaStage, group_supervision, group_worker, longest_wait_s,
+                                                      replica_dir)
 from ito_assets.runtime.stage.curriculum import StageSizing, replica_groups_for
 from ito_assets.runtime.supervision.supervisor import REPORT_NAME, SupervisorConfig
 from ito_assets.runtime.worker.main import data_rank
@@ -79,6 +80,16 @@ def test_only_group_zero_keeps_the_stage_folder(tmp_path, tokens):
         replace(config, replica_id=2)
     with pytest.raises(ValueError, match="below hang_timeout_s"):
         ReplicaStage(worker=replace(config, replica_timeout_s=60.0), config=SUPERVISION)
+
+
+def test_a_group_s_longest_wait_on_a_hung_peer_stays_below_the_hang_bound(tmp_path, tokens):
+    """The quorum's wait (half the timeout), the collective's (the timeout) and a dead peer's
+    heartbeat (5 s): 10 s of timeout waits 20 s, so a 20 s hang bound is refused and 20.001 s taken."""
+    config = worker_config(tmp_path, tokens, replica_groups=2, replica_timeout_s=10.0)
+    assert longest_wait_s(10.0) == 20.0
+    with pytest.raises(ValueError, match="below hang_timeout_s"):
+        ReplicaStage(worker=config, config=replace(SUPERVISION, hang_timeout_s=20.0))
+    ReplicaStage(worker=config, config=replace(SUPERVISION, hang_timeout_s=20.001))
 
 
 def test_rows_with_targets_are_refused_across_replica_groups_before_any_launch(tmp_path, tokens):

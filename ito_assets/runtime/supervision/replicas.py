@@ -77,9 +77,11 @@ LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
 # or loading a checkpoint) at most this share of the groups' quorum timeout (`replica_timeout_s`),
 # which must answer first. Two groups at one step in two quorums each train that step on other
 # rows and meet again at equal steps on different weights, which torchft never heals: a group that
-# resumed from group 0's checkpoint is at group 0's step. So a step must not outlast the wait
-# (30 s at the default 60 s timeout); 100 ms split three groups at step 8 into {1, 2} and {0}
-# (tests/runtime/test_replica_quorum.py).
+# resumed from group 0's checkpoint is at group 0's step. 100 ms split three groups at step 8
+# into {1, 2} and {0} (tests/runtime/test_replica_quorum.py). Two groups never split (a quorum
+# without the previous one's members needs more than half of those heartbeating); three or more
+# still can where group 0 takes a step alone that outlasts the wait (30 s at the default 60 s
+# timeout; a first step that compiles may), and only `parameters_agree` shows it.
 JOIN_TIMEOUT_SHARE = 0.5
 # A group whose manager stops heartbeating leaves the quorum after this long: torchft's default
 # (5 s), far below any supervisor hang bound, which is what the survivors' pause costs at most.
@@ -92,6 +94,12 @@ RUST_LOG_DEFAULT = "warn"
 FOLLOW_POLL_S = 0.05
 # The GPUs a process on this machine may use (torch numbers the visible ones from 0).
 DEVICES_ENV = "CUDA_VISIBLE_DEVICES"
+
+
+def longest_wait_s(replica_timeout_s: float) -> float:
+    """The longest a healthy group goes without a step on a hung peer (torchft's thread still
+    heartbeating): the lighthouse's wait for it, a collective's timeout, then its heartbeat's."""
+    return replica_timeout_s * (1 + JOIN_TIMEOUT_SHARE) + HEARTBEAT_TIMEOUT_MS / 1000
 
 
 def replica_dir(stage_dir: Path, replica_id: int) -> Path:
@@ -203,9 +211,10 @@ class ReplicaStage:
     def __post_init__(self) -> None:
         if self.worker.replica_groups < 2:
             raise ValueError("replica_groups must be at least 2: one group runs under the supervisor alone")
-        if self.worker.replica_timeout_s >= self.config.hang_timeout_s:
-            raise ValueError("replica_timeout_s must be below hang_timeout_s: a group waiting on a dead peer "
-                             "would be taken for hung")
+        if longest_wait_s(self.worker.replica_timeout_s) >= self.config.hang_timeout_s:
+            raise ValueError("replica_timeout_s must leave a group's longest wait on its peers (the quorum's wait, "
+                             "then the collective's, then a dead peer's heartbeat timeout) below hang_timeout_s: "
+                             "a healthy group waiting on a hung peer would be taken for hung")
         if np.load(self.worker.tokens_path, mmap_mode="r").ndim > 1:
             # Each group would weigh its own rows' targets, and torchft averages the groups alike;
             # DPO's pairs would average right, but no test has trained them across groups yet.
