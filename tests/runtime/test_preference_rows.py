@@ -37,7 +37,8 @@ CODEC = CharVocab()
 def _documentation_pairs() -> list[PreferencePair]:
     """Each prose line of SQLAlchemy's description: its first word the prompt, the rest the chosen
     answer, the next line's rest the rejected one."""
-    text = importlib.metadata.metadata("sqlalchemy").get_payload()
+    meta = importlib.metadata.metadata("sqlalchemy")
+    text = meta.get_payload() or meta["Description"]  # importlib_metadata, once imported, moves the body there
     lines = [line.strip() for line in text.splitlines()]
     kept = [line for line in lines if 12 <= len(line) <= 90 and " " in line and set(line) <= set(PRINTABLE)]
     split = [line.partition(" ") for line in kept]

@@ -9,8 +9,6 @@ import threading
 import time
 from datetime import timedelta
 
-from torchft.coordination import LighthouseClient
-
 from ito_assets.runtime.supervision.replicas import ReplicaStage
 from ito_assets.runtime.supervision.supervisor import SupervisorConfig
 from runtime_helpers import worker_config
@@ -22,6 +20,10 @@ def _quorums(stage: ReplicaStage, mid_step_s: float) -> dict[str, object]:
     """Group 0 alone in a quorum at STEP (the others still loading), then groups 1 and 2 ask for
     the next at STEP while group 0 finishes its step (`mid_step_s` more); each group's quorum's
     members, or the error."""
+    # Imported here, as the stage does: torchft brings in importlib_metadata, whose finder, once
+    # imported, answers the standard library's metadata look-ups for every module collected after.
+    from torchft.coordination import LighthouseClient
+
     lighthouse = stage.lighthouse()
     try:
         clients = {g: LighthouseClient(lighthouse.address(), connect_timeout=timedelta(seconds=5)) for g in "012"}

@@ -37,7 +37,8 @@ LENGTH = 96  # positions per row: the longest documentation line kept below need
 
 def _documentation_pairs() -> list[InstructionPair]:
     """Each prose line of SQLAlchemy's description: its first word is the prompt, the rest the response."""
-    text = importlib.metadata.metadata("sqlalchemy").get_payload()
+    meta = importlib.metadata.metadata("sqlalchemy")
+    text = meta.get_payload() or meta["Description"]  # importlib_metadata, once imported, moves the body there
     lines = [line.strip() for line in text.splitlines()]
     kept = [line for line in lines if 12 <= len(line) <= LENGTH - 3 and " " in line and set(line) <= set(PRINTABLE)]
     pairs = []
