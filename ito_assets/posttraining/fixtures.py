@@ -261,9 +261,20 @@ def _open_regular(path: Path, uri: str, allowed: Callable[[Path], bool] | None) 
     return handle
 
 
+# A file's identity: device, inode, size, modification and change times. Any write, truncation or
+# rename over it, or a `touch` that sets its modification time back, moves its change time, which
+# no caller can set: while the identity holds, so do the bytes last read under it.
+FileIdentity = tuple[int, int, int, int, int]
+
+
+def file_identity(status: os.stat_result) -> FileIdentity:
+    return (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns)
+
+
 def stream_bound_pairs(step: SftStep | DpoStep, data_root: Path,
                        visit: Callable[[InstructionPair | PreferencePair], None], *,
-                       allowed: Callable[[Path], bool] | None = None) -> None:
+                       allowed: Callable[[Path], bool] | None = None,
+                       known: Callable[[FileIdentity], bool] | None = None) -> FileIdentity | None:
     """Each pair of the file the step binds, handed to `visit` as it is read, a line at a time, the
     file hashed on the way: for a reader that needs only what the pairs add up to (gate 5's plan,
     in a server that must not hold a tenant's whole file per request). The answers are
@@ -271,9 +282,16 @@ def stream_bound_pairs(step: SftStep | DpoStep, data_root: Path,
     SOURCE_DIGEST_MISMATCH over the whole file; bytes that are not UTF-8 anywhere; then the first
     line that is not a pair; no pairs. One more, the reader's own: a line longer than
     MAX_STREAMED_LINE_BYTES is POSTTRAINING_DATA_INVALID. `visit` may have seen pairs of a file
-    that is then refused."""
+    that is then refused. `known`: given the opened file's identity, True where the caller holds
+    what these very bytes add up to (read and verified before under it): nothing is read. Returns
+    the identity of the bytes read and verified; None where nothing was read, or the file changed
+    while it was read."""
     ref, kind, fields = _bound(step)
     handle = _open_regular(resolve_uri(ref.uri, data_root), ref.uri, allowed)
+    before = file_identity(os.fstat(handle))
+    if known is not None and known(before):
+        os.close(handle)
+        return None
     digest, not_utf8, not_pair, count = hashlib.sha256(), False, None, 0
     with open(handle, "rb") as file:
         for number, raw in enumerate(_lines_of(file, ref.uri), 1):
@@ -289,6 +307,7 @@ def stream_bound_pairs(step: SftStep | DpoStep, data_root: Path,
                     count += 1
                 except ItoError as refusal:
                     not_pair = refusal
+        after = file_identity(os.fstat(file.fileno()))
     if not hmac.compare_digest(digest.hexdigest(), ref.sha256):
         raise ItoError(ErrorCode.SOURCE_DIGEST_MISMATCH, f"data reference {ref.uri} does not hash to the manifest's sha256")
     if not_utf8:
@@ -297,6 +316,7 @@ def stream_bound_pairs(step: SftStep | DpoStep, data_root: Path,
         raise not_pair
     if count == 0:
         raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID, f"{ref.uri} holds no pairs")
+    return before if after == before else None
 
 
 def _lines_of(file, uri: str):

@@ -40,6 +40,8 @@ group: `sampling.py`), and the groups its generator has run ahead when the train
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -129,17 +131,51 @@ def read_pair_shapes(recipe: Sequence[PostTrainingStep], data_root: Path, *,
 
     shapes = {}
     for step in steps:
-        seen = [0, 0]  # pairs, longest positions
-
-        def visit(pair, seen=seen) -> None:
-            seen[0], seen[1] = seen[0] + 1, max(seen[1], _positions(pair))
-
-        stream_bound_pairs(step, data_root, visit, allowed=allowed)
-        if seen[0] < step.batch_size:
+        shape = _read_shape(step, data_root, allowed, stream_bound_pairs)
+        if shape.num_pairs < step.batch_size:
             raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID,
-                           f"{step.data.uri} holds {seen[0]} pairs, fewer than one batch of {step.batch_size}")
-        shapes[step.kind] = PairShape(num_pairs=seen[0], longest_positions=seen[1])
+                           f"{step.data.uri} holds {shape.num_pairs} pairs, fewer than one batch of {step.batch_size}")
+        shapes[step.kind] = shape
     return shapes
+
+
+# Gate 5 plans every quote and confirmation with its pair files' shapes, and reading one is a pass
+# over all its bytes (1.8 s of CPU for 100 MB here, `benchmarks/pair_shapes.py`). A shape read and
+# verified once is kept under the file's identity (`fixtures.file_identity`), for as many files as
+# a busy server binds at once.
+KNOWN_SHAPES_MAX = 256
+_known_shapes: OrderedDict[tuple, PairShape] = OrderedDict()
+_known_lock = threading.Lock()
+
+
+def _read_shape(step: SftStep | DpoStep, data_root: Path, allowed, stream) -> PairShape:
+    """The step's file's shape: kept from an earlier read of the same bytes, else read. The file is
+    opened either way, so a file gone, moved outside the allowed roots or changed is answered as
+    the first read would answer it."""
+    kept: list[PairShape] = []
+    seen = [0, 0]  # pairs, longest positions
+
+    def known(identity) -> bool:
+        key = (step.kind, step.data.uri, step.data.sha256, identity)
+        with _known_lock:
+            if key in _known_shapes:
+                _known_shapes.move_to_end(key)
+                kept.append(_known_shapes[key])
+        return bool(kept)
+
+    def visit(pair) -> None:
+        seen[0], seen[1] = seen[0] + 1, max(seen[1], _positions(pair))
+
+    identity = stream(step, data_root, visit, allowed=allowed, known=known)
+    if kept:
+        return kept[0]
+    shape = PairShape(num_pairs=seen[0], longest_positions=seen[1])
+    if identity is not None:
+        with _known_lock:
+            _known_shapes[(step.kind, step.data.uri, step.data.sha256, identity)] = shape
+            while len(_known_shapes) > KNOWN_SHAPES_MAX:
+                _known_shapes.popitem(last=False)
+    return shape
 
 
 def battery_prompt_positions() -> int:
