@@ -16,6 +16,7 @@ continuous metrics (here: the answer's bits per byte) decide better than accurac
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -196,15 +197,31 @@ class DecisionResult:
         }
 
 
-def _unless_diverged(test: PairedTest, runs: dict[str, list[ArmRun]]) -> PairedTest:
-    """INCONCLUSIVE where a run's training loss ended above its first: as with a metric that is not
-    finite, a diverged proxy says nothing about its data. A diverged baseline with a large finite
-    metric would otherwise make any candidate a GO."""
-    diverged = [r for arm in ARMS for r in runs[arm] if r.train.diverged]
-    if not diverged or test.verdict is Verdict.INCONCLUSIVE:
+# A proxy whose training loss ends more than this above a uniform guess over the vocabulary (ln V
+# nats a token; e times its perplexity) has diverged: an untrained model starts just under ln V
+# (within 2% for micro and tiny) and a healthy one only goes down, while step-to-step noise near
+# the start is about 0.1 nat, so no healthy run comes near it, however short.
+DIVERGED_NATS = 1.0
+
+
+def diverged(train: TrainResult, vocab_size: int) -> bool:
+    """Its loss ended (the mean of its last tenth of steps, the finite ones: a step dropped for a
+    non-finite loss changed no weight) DIVERGED_NATS above ln(vocab_size), or no step there was finite."""
+    tail = train.losses[-max(1, len(train.losses) // 10):]
+    finite = [v for v in tail if math.isfinite(v)]
+    return not finite or math.fsum(finite) / len(finite) > math.log(vocab_size) + DIVERGED_NATS
+
+
+def _unless_diverged(test: PairedTest, runs: dict[str, list[ArmRun]], vocab_size: int) -> PairedTest:
+    """INCONCLUSIVE where a proxy diverged: as with a metric that is not finite, it says nothing
+    about its data, and a diverged baseline whose bits per byte stay finite would make any
+    candidate a GO."""
+    found = [r for arm in ARMS for r in runs[arm] if diverged(r.train, vocab_size)]
+    if not found or test.verdict is Verdict.INCONCLUSIVE:
         return test
-    names = ", ".join(f"the {r.arm}'s seed {r.seed}" for r in diverged)
-    return withheld(test, f"training diverged in {names} (its loss ended above its first step's); no decision")
+    names = ", ".join(f"the {r.arm}'s seed {r.seed}" for r in found)
+    return withheld(test, f"training diverged in {names} (its loss ended over {DIVERGED_NATS:g} nat above a "
+                          f"uniform guess over the vocabulary, or was not finite); no decision")
 
 
 def balanced_sample(candidate: Sequence[str], baseline: Sequence[str]) -> list[str]:
@@ -290,13 +307,14 @@ def run_decision(
         return [r.primary for r in runs[arm]]
 
     train_seeds(config.seeds)
-    test = _unless_diverged(paired_test(primaries("candidate"), primaries("baseline"), config.confidence), runs)
+    vocab_size = model_config.vocab_size
+    test = _unless_diverged(paired_test(primaries("candidate"), primaries("baseline"), config.confidence), runs, vocab_size)
     if config.target_detectable_effect is not None and test.verdict is not Verdict.INCONCLUSIVE:
         pilot = [b - c for c, b in zip(primaries("candidate"), primaries("baseline"))]
         total = stein_seed_count(pilot, config.target_detectable_effect, config.confidence, config.max_seeds)
         train_seeds(config.extra_seeds(total - len(config.seeds)))
         test = _unless_diverged(stein_test(primaries("candidate"), primaries("baseline"), len(config.seeds),
-                                           config.confidence), runs)
+                                           config.confidence), runs, vocab_size)
     all_runs = tuple(runs["candidate"] + runs["baseline"])
     return DecisionResult(
         test=test, metric=PRIMARY_METRIC,

@@ -114,14 +114,6 @@ class TrainResult:
         tail = self.losses[-max(1, len(self.losses) // 10):]
         return sum(tail) / len(tail)
 
-    @property
-    def diverged(self) -> bool:
-        """Its loss ended above where it began (or is not finite): training made the model worse at
-        its own data, so what it measures afterwards says nothing about that data. An untrained
-        model's first loss is close to ln(vocabulary) on any batch (within 2% for micro and tiny),
-        and one update lowered it by 0.04-0.5 nats in each of 9 two-step runs measured."""
-        return not all(math.isfinite(v) for v in self.losses) or self.final_loss > self.losses[0]
-
     def summary(self) -> dict:
         return {
             "num_steps": self.num_steps,

@@ -15,7 +15,8 @@ n = 2 (benchmarks/decision_rule.py). The interval's half-width replaces that ban
   repeated) or moved both arms alike, so t is d / 0 and any difference, one rounding error
   included, would be a GO or NO_GO at p = 0; or a run whose metric is not finite (a diverged proxy
   says nothing about its data; values whose mean or spread overflows a float count as such), or
-  whose training loss ended above its first (`decision`: a diverged proxy whose metric is finite).
+  whose training loss ended far above a uniform guess's (`decision.diverged`: a diverged proxy
+  whose metric is finite).
 The minimum detectable effect is (t_{1-a/2} + t_{power}) standard errors from the observed spread,
 the usual approximation (Cohen 1988, ch. 2) of the true difference these seeds would find with
 80% power; if the true spread is the observed one, its exact power is lower at few seeds (about

@@ -19,6 +19,7 @@ from ito_assets.errors import ErrorCode
 from ito_assets.manifest.schema import Manifest
 from ito_assets.runtime.stage import corpus
 from ito_assets.training import evaluation
+from ito_assets.training import decision
 from ito_assets.training.decision import DecisionConfig, run_decision
 from ito_assets.training.decision_gate import NOT_WORTH_IT, decision_gate
 from ito_assets.training.economics import Economics, EconomicsConfig, not_worth_it
@@ -214,25 +215,28 @@ class _Curves:
 
     def train(self, *, arm_dir, tokens_path, model_config, config):
         arm = arm_dir.name.split("-")[0]
-        return arm, TrainResult(losses=self.losses[arm], num_steps=len(self.losses[arm]), num_tokens=1,
-                                wall_seconds=0.0, tokens_per_second=1.0, model_flops=0)
+        return arm, _result(*self.losses[arm])
+
+
+def _result(*losses: float) -> TrainResult:
+    return TrainResult(losses=losses, num_steps=len(losses), num_tokens=1, wall_seconds=0.0, tokens_per_second=1.0,
+                       model_flops=0)
 
 
 LEARNED = (6.2, 5.0)
-DIVERGED_ABOVE = (6.2, math.nextafter(6.2, math.inf))
 
 
 @pytest.mark.parametrize(("candidate", "baseline", "verdict"), [
     (LEARNED, LEARNED, Verdict.GO),
-    (LEARNED, (6.2, 6.2), Verdict.GO),  # ended where it began: no evidence it diverged
-    (LEARNED, DIVERGED_ABOVE, Verdict.INCONCLUSIVE),  # one bit above: diverged
+    (LEARNED, (5.6, 5.9), Verdict.GO),  # up a little at the start: a short run's noise, no divergence
+    (LEARNED, (6.2, math.nan, 5.0), Verdict.GO),  # a step dropped for a non-finite loss changed no weight
     (LEARNED, (6.2, 40.0), Verdict.INCONCLUSIVE),  # a blow-up whose bits per byte stay finite
     (LEARNED, (6.2, math.nan), Verdict.INCONCLUSIVE),
     ((6.2, 40.0), LEARNED, Verdict.INCONCLUSIVE),  # a diverged candidate: no NO_GO either
 ])
 def test_a_decision_against_a_diverged_proxy_is_no_decision(monkeypatch, tmp_path, candidate, baseline, verdict):
     """The baseline's huge but finite bits per byte would make the candidate a GO by a wide margin;
-    its training loss, above where it began, says the proxy diverged, not that the data differ."""
+    its training loss, far above a uniform guess's, says the proxy diverged, not that the data differ."""
     calls = iter(range(100))
 
     def evaluate(model, tokenizer, items, config, *, heldout_texts, heldout_sequence_length):
@@ -251,13 +255,14 @@ def test_a_decision_against_a_diverged_proxy_is_no_decision(monkeypatch, tmp_pat
         assert result.explanation.startswith(f"training diverged in the {arm}'s seed 3, the {arm}'s seed 4")
 
 
-def test_a_run_diverged_when_its_loss_ended_above_its_first():
-    def result(*losses):
-        return TrainResult(losses=losses, num_steps=len(losses), num_tokens=1, wall_seconds=0.0,
-                           tokens_per_second=1.0, model_flops=0)
-
-    assert not result(6.0).diverged and not result(6.0, 6.0).diverged and not result(6.0, 3.0).diverged
-    assert result(6.0, 6.0000001).diverged and result(6.0, math.inf).diverged and result(math.nan, 1.0).diverged
-    # The end is the mean of the last tenth: one late spike among 20 steps is not the end.
-    assert not result(*([6.0] + [2.0] * 18 + [7.0])).diverged
-    assert result(*([6.0] + [2.0] * 17 + [7.0, 11.0])).diverged
+def test_a_run_diverged_when_its_loss_ended_a_nat_above_a_uniform_guess():
+    bound = math.log(300) + decision.DIVERGED_NATS
+    assert not decision.diverged(_result(5.7, bound), 300)
+    assert decision.diverged(_result(5.7, math.nextafter(bound, math.inf)), 300)
+    assert decision.diverged(_result(5.7, math.inf), 300) and decision.diverged(_result(5.7, math.nan), 300)
+    assert not decision.diverged(_result(5.7), 300)  # one step: its loss is a start's
+    # The end is the mean of the last tenth, its finite steps: one late spike among 20 steps is not the end.
+    assert not decision.diverged(_result(*([5.7] + [2.0] * 18 + [7.0])), 300)
+    assert not decision.diverged(_result(*([5.7] + [2.0] * 18 + [math.nan])), 300)
+    assert decision.diverged(_result(*([5.7] + [2.0] * 18 + [12.0])), 300)
+    assert decision.diverged(_result(*([5.7] + [2.0] * 17 + [math.nan, math.nan])), 300)
