@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ito_assets.manifest.schema import SftStep  # noqa: E402
-from ito_assets.posttraining import plan  # noqa: E402
+from ito_assets.posttraining import fixtures, plan  # noqa: E402
 
 
 def pair_file(path: Path, megabytes: float) -> SftStep:
@@ -32,6 +32,7 @@ def pair_file(path: Path, megabytes: float) -> SftStep:
             out.write(json.dumps({"pair_id": f"p{number}", **line}) + "\n")
             number += 1
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    time.sleep(fixtures.RACY_NS / 1e9)  # a file changed this recently is never kept
     return SftStep(kind="sft", data={"uri": f"file://{path}", "sha256": digest, "license": "CC0-1.0", "format": "jsonl"})
 
 

@@ -16,6 +16,7 @@ import json
 import os
 import random
 import stat
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -265,6 +266,11 @@ def _open_regular(path: Path, uri: str, allowed: Callable[[Path], bool] | None) 
 # rename over it, or a `touch` that sets its modification time back, moves its change time, which
 # no caller can set: while the identity holds, so do the bytes last read under it.
 FileIdentity = tuple[int, int, int, int, int]
+# Unless the times are too coarse to tell: ext4 and xfs before Linux 6.13 stamp them once a clock
+# tick, FAT and some NFS servers every 1-2 s, so a same-size rewrite soon after a read can keep the
+# identity. An identity whose change time is this recent when its read ends is no promise (git's
+# rule for its "racily clean" index entries).
+RACY_NS = 2_000_000_000
 
 
 def file_identity(status: os.stat_result) -> FileIdentity:
@@ -284,8 +290,8 @@ def stream_bound_pairs(step: SftStep | DpoStep, data_root: Path,
     MAX_STREAMED_LINE_BYTES is POSTTRAINING_DATA_INVALID. `visit` may have seen pairs of a file
     that is then refused. `known`: given the opened file's identity, True where the caller holds
     what these very bytes add up to (read and verified before under it): nothing is read. Returns
-    the identity of the bytes read and verified; None where nothing was read, or the file changed
-    while it was read."""
+    the identity of the bytes read and verified; None where nothing was read, the file changed
+    while it was read, or it changed too recently for its identity to tell (RACY_NS)."""
     ref, kind, fields = _bound(step)
     handle = _open_regular(resolve_uri(ref.uri, data_root), ref.uri, allowed)
     before = file_identity(os.fstat(handle))
@@ -316,7 +322,7 @@ def stream_bound_pairs(step: SftStep | DpoStep, data_root: Path,
         raise not_pair
     if count == 0:
         raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID, f"{ref.uri} holds no pairs")
-    return before if after == before else None
+    return before if after == before and time.time_ns() - after[4] >= RACY_NS else None
 
 
 def _lines_of(file, uri: str):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ito_assets.errors import ErrorCode, ItoError
-from ito_assets.manifest.schema import SftStep
+from ito_assets.manifest.schema import DpoStep, SftStep
 from ito_assets.posttraining import fixtures, plan
 
 PAIRS = "".join(f'{{"pair_id": "p{i}", "prompt": "max 371=", "response": "7"}}\n' for i in range(8)).encode()
@@ -26,8 +26,10 @@ def step_for(path: Path, data: bytes, *, sha256: str | None = None) -> SftStep:
 
 @pytest.fixture(autouse=True)
 def reads(monkeypatch) -> list[str]:
-    """The files read through, by uri; the kept shapes emptied for each test."""
+    """The files read through, by uri; the kept shapes emptied for each test, and a file's identity
+    a promise however recently it changed (the racy window: its own test, below)."""
     monkeypatch.setattr(plan, "_known_shapes", type(plan._known_shapes)())
+    monkeypatch.setattr(fixtures, "RACY_NS", 0)
     read: list[str] = []
     lines_of = fixtures._lines_of
 
@@ -105,3 +107,45 @@ def test_the_oldest_shape_goes_first_once_the_most_are_kept(tmp_path, reads, mon
     assert len(reads) == 3
     plan.read_pair_shapes([steps[1]], tmp_path)
     assert len(reads) == 4
+
+
+def test_a_file_changed_within_the_racy_window_is_not_kept(tmp_path, reads, monkeypatch):
+    """Its times may be too coarse to show a same-size rewrite that follows the read."""
+    monkeypatch.setattr(fixtures, "RACY_NS", 3_600 * 10**9)
+    step = step_for(tmp_path / "sft.jsonl", PAIRS)
+    for _ in range(2):
+        plan.read_pair_shapes([step], tmp_path)
+    assert len(reads) == 2
+
+
+def test_the_same_bytes_under_another_digest_or_kind_are_read_again(tmp_path, reads):
+    path = tmp_path / "sft.jsonl"
+    step = step_for(path, PAIRS)
+    plan.read_pair_shapes([step], tmp_path)
+    wrong = step.model_copy(update={"data": step.data.model_copy(update={"sha256": "0" * 64})})
+    with pytest.raises(ItoError) as caught:
+        plan.read_pair_shapes([wrong], tmp_path)
+    assert caught.value.code is ErrorCode.SOURCE_DIGEST_MISMATCH
+    as_preferences = DpoStep(kind="dpo", data=step.data.model_dump())
+    with pytest.raises(ItoError) as caught:
+        plan.read_pair_shapes([as_preferences], tmp_path)  # instruction pairs are no preference pairs
+    assert caught.value.code is ErrorCode.POSTTRAINING_DATA_INVALID and len(reads) == 3
+
+
+def test_a_file_whose_identity_moved_while_it_was_read_is_not_kept(tmp_path, reads, monkeypatch):
+    path = tmp_path / "sft.jsonl"
+    step = step_for(path, PAIRS)
+    lines_of = fixtures._lines_of
+
+    def touched(file, uri):
+        os.chmod(path, 0o640)  # its change time moves; its bytes do not
+        return lines_of(file, uri)
+
+    monkeypatch.setattr(fixtures, "_lines_of", touched)
+    plan.read_pair_shapes([step], tmp_path)
+    monkeypatch.setattr(fixtures, "_lines_of", lines_of)
+    read = []
+    monkeypatch.setattr(fixtures, "_lines_of", lambda file, uri: read.append(uri) or lines_of(file, uri))
+    plan.read_pair_shapes([step], tmp_path)
+    plan.read_pair_shapes([step], tmp_path)
+    assert len(read) == 1  # read again once, then kept
