@@ -143,7 +143,7 @@ class WorkerConfig:
     replica_groups: int = 1
     replica_id: int = 0
     # Group i > 0: group 0's stage folder, whose checkpoints it resumes from (it writes none of its
-    # own), so that on a resumed stage every group starts from the same step and weights. None: stage_dir.
+    # own): at or behind group 0's step, on group 0's weights, never from first weights. None: stage_dir.
     resume_dir: str | None = None
     # torchft's Manager default (60 s) for cross-group collectives, quorum and connections; below
     # the supervisor's hang bound, so a group waiting on a dead peer is never taken for hung itself.
