@@ -19,13 +19,14 @@ from ito_assets.runtime.checkpoint import markers
 from ito_assets.runtime.record import events
 from ito_assets.runtime.supervision import heartbeat
 from ito_assets.runtime.worker.batches import BatchPlan, ResumableBatches
-from ito_assets.runtime.stage.config import RESULT_NAME, group_shape
+from ito_assets.runtime.stage.config import RESULT_NAME, WorkerConfig, group_shape
 from ito_assets.runtime.record.events import EventKind
 from ito_assets.runtime.supervision.replicas import (ReplicaStage, group_supervision, group_worker, longest_wait_s,
                                                       replica_dir)
 from ito_assets.runtime.stage.curriculum import StageSizing, replica_groups_for
 from ito_assets.runtime.supervision.supervisor import REPORT_NAME, SupervisorConfig
 from ito_assets.runtime.worker.main import data_rank
+from ito_assets.runtime.worker.replica_sync import await_peers
 from ito_assets.training.layout import Layout
 from runtime_helpers import EXACT_DDP, run_worker, worker_config
 
@@ -76,6 +77,11 @@ def test_only_group_zero_keeps_the_stage_folder(tmp_path, tokens):
     assert Path(second.stage_dir) == Path(config.stage_dir) / "replica-1" and second.replica_id == 1
     assert Path(second.heartbeat_dir).parent == Path(second.stage_dir)
     assert first.resume_dir is None and second.resume_dir == config.stage_dir  # group 0's checkpoints
+    assert first.peer_heartbeat_dirs == (second.heartbeat_dir,) and second.peer_heartbeat_dirs == (first.heartbeat_dir,)
+    four = [group_worker(replace(config, replica_groups=4, batch_size=8), i) for i in range(4)]
+    for group in four:
+        assert set(group.peer_heartbeat_dirs) == {g.heartbeat_dir for g in four} - {group.heartbeat_dir}
+    assert WorkerConfig.from_json(four[1].to_json()) == four[1]  # as the worker reads it
     with pytest.raises(ValueError, match="replica_id"):
         replace(config, replica_id=2)
     with pytest.raises(ValueError, match="below hang_timeout_s"):
@@ -256,3 +262,25 @@ def test_every_replica_group_of_a_resumed_stage_starts_from_group_zeros_checkpoi
         digests = [json.loads((replica_dir(stage_dir, i) / RESULT_NAME).read_text())["parameters_sha256"]
                    for i in (0, 1)]
         assert digests[0] is not None and digests[0] == digests[1]
+
+
+def test_a_group_about_to_join_waits_for_its_peers_to_load_at_most_the_bound(tmp_path):
+    """Before its first quorum: a group that asked before its peers' Managers existed would form a
+    quorum of its own and keep it while they, at its step, formed another; one that asked while a
+    peer still loaded would wait inside torchft, up to the quorum's timeout."""
+    peers = (tmp_path / "a", tmp_path / "b")
+    heartbeat.HeartbeatWriter(peers[0], rank=0, attempt=3).beat(-1, heartbeat.JOINING, force=True)
+    heartbeat.HeartbeatWriter(peers[1], rank=0, attempt=0).beat(-1, "starting", force=True)  # still loading
+    started = time.monotonic()
+    assert await_peers(tuple(map(str, peers)), 0.5) == [str(peers[1])]  # b never got further: the bound
+    assert 0.5 <= time.monotonic() - started < 5
+    threading.Timer(0.3, lambda: heartbeat.HeartbeatWriter(peers[1], rank=0, attempt=0).beat(
+        -1, heartbeat.JOINING, force=True)).start()
+    looks = []
+    started = time.monotonic()
+    assert await_peers(tuple(map(str, peers)), 30.0, on_wait=lambda: looks.append(1)) == []
+    assert 0.25 <= time.monotonic() - started < 10 and looks
+    heartbeat.clear(peers[1])  # its supervisor launches it again
+    assert await_peers(tuple(map(str, peers)), 0.2) == [str(peers[1])]
+    heartbeat.HeartbeatWriter(peers[1], rank=1, attempt=1).beat(57, "training", force=True)  # a live peer
+    assert await_peers(tuple(map(str, peers)), 30.0) == [] and await_peers((), 30.0) == []

@@ -145,6 +145,8 @@ class WorkerConfig:
     # Group i > 0: group 0's stage folder, whose checkpoints it resumes from (it writes none of its
     # own): at or behind group 0's step, on group 0's weights, never from first weights. None: stage_dir.
     resume_dir: str | None = None
+    # The other groups' heartbeat folders: a group waits for them before its first quorum (`replica_sync`).
+    peer_heartbeat_dirs: tuple[str, ...] = ()
     # torchft's Manager default (60 s) for cross-group collectives, quorum and connections; below
     # the supervisor's hang bound, so a group waiting on a dead peer is never taken for hung itself.
     replica_timeout_s: float = 60.0
@@ -180,6 +182,7 @@ class WorkerConfig:
         if any(v is not None for v in suite) and not all(v is not None for v in suite):
             raise ValueError("tokenizer_path, eval_suite_path and eval_suite_sha256 must be set together")
         object.__setattr__(self, "skip_ranges", tuple((int(a), int(b)) for a, b in self.skip_ranges))
+        object.__setattr__(self, "peer_heartbeat_dirs", tuple(self.peer_heartbeat_dirs))
         if isinstance(self.spikes, dict):
             object.__setattr__(self, "spikes", SpikeConfig(**self.spikes))
         if isinstance(self.preference, dict):

@@ -24,6 +24,9 @@ STORAGE_FAILED = "storage_failed"
 # a changed eval suite, a reference table that is not finite.
 REFUSED = "refused"
 REFUSAL_CODES = ("EVAL_SUITE_MISMATCH", "POSTTRAINING_DATA_INVALID")
+# Before training, a replica group's ranks, loaded and about to ask for their first quorum; every
+# phase but "starting" says the worker got that far.
+JOINING = "joining"
 # A heartbeat is a few hundred bytes; a larger file is not one and is never read whole.
 MAX_BYTES = 64 * 1024
 

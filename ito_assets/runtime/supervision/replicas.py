@@ -80,8 +80,9 @@ LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
 # resumed from group 0's checkpoint is at group 0's step. 100 ms split three groups at step 8
 # into {1, 2} and {0} (tests/runtime/test_replica_quorum.py). Two groups never split (a quorum
 # without the previous one's members needs more than half of those heartbeating); three or more
-# still can where group 0 takes a step alone that outlasts the wait (30 s at the default 60 s
-# timeout; a first step that compiles may), and only `parameters_agree` shows it.
+# still can where one is slower to load than the workers wait for it (`replica_sync.await_peers`)
+# and another's step outlasts this wait meanwhile (30 s at the default 60 s timeout; a first step
+# that compiles may), and only `parameters_agree` shows it.
 JOIN_TIMEOUT_SHARE = 0.5
 # A group whose manager stops heartbeating leaves the quorum after this long: torchft's default
 # (5 s), far below any supervisor hang bound, which is what the survivors' pause costs at most.
@@ -108,12 +109,15 @@ def replica_dir(stage_dir: Path, replica_id: int) -> Path:
 
 def group_worker(stage: WorkerConfig, replica_id: int) -> WorkerConfig:
     """Group 0 keeps the stage's folders; group i > 0 gets its own sub-folder of the stage folder
-    and resumes from group 0's checkpoints."""
+    and resumes from group 0's checkpoints. Each knows the others' heartbeat folders."""
+    heartbeats = [stage.heartbeat_dir, *(str(replica_dir(Path(stage.stage_dir), i) / "heartbeats")
+                                         for i in range(1, stage.replica_groups))]
+    peers = tuple(folder for i, folder in enumerate(heartbeats) if i != replica_id)
     if replica_id == 0:
-        return replace(stage, replica_id=0)
+        return replace(stage, replica_id=0, peer_heartbeat_dirs=peers)
     folder = replica_dir(Path(stage.stage_dir), replica_id)
-    return replace(stage, replica_id=replica_id, stage_dir=str(folder), heartbeat_dir=str(folder / "heartbeats"),
-                   metrics_path=str(folder / "metrics.jsonl"), resume_dir=stage.stage_dir)
+    return replace(stage, replica_id=replica_id, stage_dir=str(folder), heartbeat_dir=heartbeats[replica_id],
+                   metrics_path=str(folder / "metrics.jsonl"), resume_dir=stage.stage_dir, peer_heartbeat_dirs=peers)
 
 
 def group_supervision(config: SupervisorConfig, groups: int, replica_id: int = 0) -> SupervisorConfig:

@@ -53,7 +53,7 @@ from ito_assets.runtime.supervision import heartbeat
 from ito_assets.runtime.supervision.heartbeat import HeartbeatWriter
 from ito_assets.runtime.worker.preference import Preference, compute_reference, read_reference
 from ito_assets.runtime.worker.reinforcement import Reinforcement
-from ito_assets.runtime.worker.replica_sync import ReplicaSync
+from ito_assets.runtime.worker.replica_sync import ReplicaSync, await_peers
 from ito_assets.runtime.worker.reporting import Reporter, measured_figures, open_reporter
 from ito_assets.runtime.supervision.spikes import Spike, SpikeDetector
 from ito_assets.runtime.worker.step import StepResult, train_step
@@ -135,6 +135,12 @@ class StageWorker:
         step, position = self.resume()
         batches = self.open_batches(position, to_train=step < self.config.num_steps)
         if self.replicas is not None:
+            self.heartbeat.beat(-1, heartbeat.JOINING, force=True)
+            waiting = await_peers(self.config.peer_heartbeat_dirs, self.config.replica_timeout_s,
+                                  on_wait=lambda: self.heartbeat.beat(-1, heartbeat.JOINING))
+            if waiting:
+                self.log(f"{len(waiting)} other replica group(s) not loaded after {self.config.replica_timeout_s:g} s: "
+                         "training on; they join behind and heal")
             self.replicas.start(step, position)
         self.event(EventKind.STARTUP, seconds=max(0.0, time.time() - self.config.launched_at))
         try:

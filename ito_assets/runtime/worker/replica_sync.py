@@ -15,21 +15,45 @@ group applies the same averaged gradient to the same weights and stays identical
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.utils._pytree import tree_map
 
+from ito_assets.runtime.supervision import heartbeat
 from ito_assets.runtime.worker.batches import ResumableBatches
 from ito_assets.runtime.stage.config import WorkerConfig
 from ito_assets.training.trainer import TrainConfig, learning_rate_at
 
+# How often a group about to join looks whether its peers' workers are loaded.
+PEER_POLL_S = 0.1
 # Gradients travel in buckets of at most this many bytes: DDP's default `bucket_cap_mb` (25 MiB),
 # few collectives per step without a second copy of all gradients at once.
 BUCKET_BYTES = 25 * 1024 * 1024
+
+
+def await_peers(folders: tuple[str, ...], bound_s: float, on_wait: Callable[[], None] = lambda: None) -> list[str]:
+    """Wait, at most `bound_s`, until every other group's worker is loaded and about to ask for its
+    first quorum, or past that (a beat in any phase but starting: its supervisor clears the folder
+    at each launch, so a beat is its current attempt's); returns the folders still starting or
+    silent. A group that asked for its first quorum before its peers' torchft Managers existed
+    formed a quorum alone and kept it while they, at its step on its checkpoint, formed another: two
+    quorums at one step train it on other rows, and torchft never heals groups at equal steps. And
+    a group that asked while a peer still loaded a checkpoint waited inside torchft, bounded by the
+    quorum's timeout, which a long load outlasts. `on_wait`: called at each look (the worker's own
+    heartbeat)."""
+    deadline = time.monotonic() + bound_s
+    while True:
+        waiting = [f for f in folders if not any(b.phase != "starting" for b in heartbeat.read_all(Path(f)).values())]
+        if not waiting or time.monotonic() >= deadline:
+            return waiting
+        on_wait()
+        time.sleep(PEER_POLL_S)
 
 
 def replica_name(stage: str, replica_id: int) -> str:
