@@ -11,6 +11,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -24,7 +25,7 @@ from ito_assets.runtime.record.events import EventKind
 from ito_assets.runtime.supervision.replicas import (ReplicaStage, group_supervision, group_worker, longest_wait_s,
                                                       replica_dir)
 from ito_assets.runtime.stage.curriculum import StageSizing, replica_groups_for
-from ito_assets.runtime.supervision.supervisor import REPORT_NAME, SupervisorConfig
+from ito_assets.runtime.supervision.supervisor import REPORT_NAME, Supervisor, SupervisorConfig
 from ito_assets.runtime.worker.main import data_rank
 from ito_assets.runtime.worker.replica_sync import await_peers
 from ito_assets.training.layout import Layout
@@ -282,5 +283,28 @@ def test_a_group_about_to_join_waits_for_its_peers_to_load_at_most_the_bound(tmp
     assert 0.25 <= time.monotonic() - started < 10 and looks
     heartbeat.clear(peers[1])  # its supervisor launches it again
     assert await_peers(tuple(map(str, peers)), 0.2) == [str(peers[1])]
-    heartbeat.HeartbeatWriter(peers[1], rank=1, attempt=1).beat(57, "training", force=True)  # a live peer
-    assert await_peers(tuple(map(str, peers)), 30.0) == [] and await_peers((), 30.0) == []
+    started = time.monotonic()
+    assert await_peers(tuple(map(str, peers)), 30.0, stopped=lambda: True) == [str(peers[1])]  # a stop ends it
+    assert time.monotonic() - started < 5
+    # A peer already training: the groups' quorum exists, a restarted group joins it behind and heals.
+    silent = tmp_path / "gone"
+    heartbeat.HeartbeatWriter(peers[1], rank=1, attempt=1).beat(57, "training", force=True)
+    started = time.monotonic()
+    assert await_peers((str(silent), *map(str, peers)), 30.0) == [] and await_peers((), 30.0) == []
+    assert time.monotonic() - started < 5
+
+
+def test_a_group_joining_has_the_start_up_bound_not_the_hang_bound(tmp_path, tokens):
+    """Its first quorum, a heal from a peer and a first step that compiles come before its first
+    training beat."""
+    config = worker_config(tmp_path, tokens)
+    supervisor = Supervisor(worker=config, config=SupervisorConfig(hang_timeout_s=10, startup_timeout_s=100))
+    attempt = SimpleNamespace(launched_at=time.time() - 50)
+    quiet = time.time() - 20  # past the hang bound, within the start-up bound
+
+    def beat(phase: str, step: int) -> dict:
+        return {0: heartbeat.Heartbeat(rank=0, pid=1, attempt=0, step=step, phase=phase, at=quiet)}
+
+    assert not supervisor._hung(attempt, beat(heartbeat.JOINING, -1))
+    assert not supervisor._hung(attempt, beat("starting", -1))
+    assert supervisor._hung(attempt, beat("training", 3))

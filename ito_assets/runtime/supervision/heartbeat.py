@@ -37,9 +37,9 @@ class Heartbeat:
     pid: int
     attempt: int
     step: int  # the last step finished; -1 before the first
-    # "starting", "training", "checkpointing", "evaluating", "awaiting_desk", "finished", "stopped",
-    # STORAGE_FAILED (the last save could not be written; `detail` holds the storage's code) or
-    # REFUSED (an input no restart changes; `detail` holds the code)
+    # "starting", JOINING (replica groups), "training", "checkpointing", "evaluating", "awaiting_desk",
+    # "finished", "stopped", STORAGE_FAILED (the last save could not be written; `detail` holds the
+    # storage's code) or REFUSED (an input no restart changes; `detail` holds the code)
     phase: str
     at: float  # Unix seconds
     detail: str = ""

@@ -14,7 +14,8 @@ around one torchft lighthouse (the quorum's coordinator) in this process:
 - A dead or hung group is restarted by its own supervisor (the same bounds and restart budget as a
   stage without replicas) while the other groups keep training: they wait at most the lighthouse's
   heartbeat timeout for the dead group to leave the quorum, then go on without it.
-- Groups share nothing but the lighthouse. Where they split one node's ranks, each gets its share of
+- Groups share the lighthouse, group 0's checkpoints and their heartbeat folders (a group about to
+  join waits for the others to load: `replica_sync.await_peers`). Where they split one node's ranks, each gets its share of
   the node's GPUs: on this machine its own `CUDA_VISIBLE_DEVICES` (every group's local rank 0
   would otherwise take GPU 0), under Slurm or Kubernetes its share of `gpus_per_node` (the job or
   pod asks for no more than its ranks use). Under Slurm each group's rendezvous has a port of its

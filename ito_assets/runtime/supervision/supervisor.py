@@ -381,7 +381,8 @@ class Supervisor:
             if beat.phase in ("finished", "stopped"):
                 continue
             # Resuming (loading a checkpoint, joining the group) has the start-up bound.
-            bound = self.config.startup_timeout_s if beat.phase == "starting" else self.config.hang_timeout_s
+            bound = (self.config.startup_timeout_s if beat.phase in ("starting", heartbeat.JOINING)
+                     else self.config.hang_timeout_s)
             if now - beat.at > bound:
                 return True
         return False

@@ -137,7 +137,8 @@ class StageWorker:
         if self.replicas is not None:
             self.heartbeat.beat(-1, heartbeat.JOINING, force=True)
             waiting = await_peers(self.config.peer_heartbeat_dirs, self.config.replica_timeout_s,
-                                  on_wait=lambda: self.heartbeat.beat(-1, heartbeat.JOINING))
+                                  on_wait=lambda: self.heartbeat.beat(-1, heartbeat.JOINING),
+                                  stopped=lambda: self.stop.requested)
             if waiting:
                 self.log(f"{len(waiting)} other replica group(s) not loaded after {self.config.replica_timeout_s:g} s: "
                          "training on; they join behind and heal")

@@ -30,30 +30,38 @@ from ito_assets.runtime.worker.batches import ResumableBatches
 from ito_assets.runtime.stage.config import WorkerConfig
 from ito_assets.training.trainer import TrainConfig, learning_rate_at
 
-# How often a group about to join looks whether its peers' workers are loaded.
-PEER_POLL_S = 0.1
+# How often a group about to join looks whether its peers' workers are loaded (a listing of each
+# peer's heartbeat folder, on storage the groups share).
+PEER_POLL_S = 0.25
 # Gradients travel in buckets of at most this many bytes: DDP's default `bucket_cap_mb` (25 MiB),
 # few collectives per step without a second copy of all gradients at once.
 BUCKET_BYTES = 25 * 1024 * 1024
 
 
-def await_peers(folders: tuple[str, ...], bound_s: float, on_wait: Callable[[], None] = lambda: None) -> list[str]:
+def await_peers(folders: tuple[str, ...], bound_s: float, *, on_wait: Callable[[], None] = lambda: None,
+                stopped: Callable[[], bool] = lambda: False) -> list[str]:
     """Wait, at most `bound_s`, until every other group's worker is loaded and about to ask for its
     first quorum, or past that (a beat in any phase but starting: its supervisor clears the folder
     at each launch, so a beat is its current attempt's); returns the folders still starting or
-    silent. A group that asked for its first quorum before its peers' torchft Managers existed
-    formed a quorum alone and kept it while they, at its step on its checkpoint, formed another: two
-    quorums at one step train it on other rows, and torchft never heals groups at equal steps. And
-    a group that asked while a peer still loaded a checkpoint waited inside torchft, bounded by the
-    quorum's timeout, which a long load outlasts. `on_wait`: called at each look (the worker's own
-    heartbeat)."""
+    silent. A peer already training ends the wait at once: the groups' quorum exists, and this one
+    joins it behind and heals. A group that asked for the stage's first quorum before its peers'
+    torchft Managers existed formed a quorum alone and kept it while they, at its step on its
+    checkpoint, formed another: two quorums at one step train it on other rows, and torchft never
+    heals groups at equal steps. And a group that asked while a peer still loaded a checkpoint waited
+    inside torchft, bounded by the quorum's timeout, which a long load outlasts. `on_wait`: called at
+    each look (the worker's own heartbeat); `stopped`: a stop request ends the wait."""
     deadline = time.monotonic() + bound_s
-    while True:
-        waiting = [f for f in folders if not any(b.phase != "starting" for b in heartbeat.read_all(Path(f)).values())]
-        if not waiting or time.monotonic() >= deadline:
+    waiting = list(folders)
+    while waiting:
+        phases = {f: [(b.phase, b.step) for b in heartbeat.read_all(Path(f)).values()] for f in waiting}
+        if any(phase == "training" and step >= 0 for beats in phases.values() for phase, step in beats):
+            return []
+        waiting = [f for f in waiting if not any(phase != "starting" for phase, _ in phases[f])]
+        if not waiting or time.monotonic() >= deadline or stopped():
             return waiting
         on_wait()
         time.sleep(PEER_POLL_S)
+    return []
 
 
 def replica_name(stage: str, replica_id: int) -> str:
