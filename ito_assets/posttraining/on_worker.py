@@ -44,9 +44,10 @@ from ito_assets.runtime.record import events
 from ito_assets.runtime.record.events import Event, EventKind
 from ito_assets.runtime.record.storage import write_atomic
 from ito_assets.runtime.stage import run as stage_run
-from ito_assets.runtime.stage.config import PreferenceObjective, ReinforcementObjective, WorkerConfig
+from ito_assets.runtime.stage.config import CONFIG_NAME, PreferenceObjective, ReinforcementObjective, WorkerConfig
 from ito_assets.runtime.supervision.spikes import SpikeConfig
-from ito_assets.runtime.supervision.supervisor import REPORT_NAME, Outcome, StageBusy, SupervisorConfig, supervising
+from ito_assets.runtime.supervision.supervisor import (REPORT_NAME, Outcome, StageBusy, StageSuperseded, SupervisorConfig,
+                                                        supervising)
 from ito_assets.runtime.worker import train_state
 from ito_assets.runtime.worker.batches import IGNORE, ResumableBatches
 from ito_assets.training.layout import Layout
@@ -134,10 +135,10 @@ def sft_on_worker(policy: CausalLM, spec: PolicySpec, codec: TextCodec, pairs: S
                    seed=config.seed, num_steps=num_steps, init_from=spec.init_checkpoint)
     with _writing_inputs(stage_dir):
         prepared = _prepare(_config(stage, batches, stage_dir=stage_dir, launch=launch), launch)
-    _run(policy, prepared, launch)
-    steps = _final_steps(stage_dir)
+    finished = _run(policy, prepared, launch)
+    steps = finished.steps
     return SftResult(losses=tuple(steps[s].loss for s in sorted(steps)), num_steps=num_steps,
-                     num_response_tokens=_targets(batches, num_steps), wall_seconds=_step_seconds(stage_dir))
+                     num_response_tokens=_targets(batches, num_steps), wall_seconds=finished.seconds)
 
 
 def dpo_on_worker(policy: CausalLM, spec: PolicySpec, codec: TextCodec, pairs: Sequence[PreferencePair],
@@ -155,11 +156,10 @@ def dpo_on_worker(policy: CausalLM, spec: PolicySpec, codec: TextCodec, pairs: S
         stage = _Stage(name="dpo", spec=spec, learning_rate=config.learning_rate, batch_size=config.batch_size,
                        seed=config.seed, num_steps=num_steps, init_from=str(start), preference=objective)
         prepared = _prepare(_config(stage, batches, stage_dir=stage_dir, launch=launch), launch)
-    _run(policy, prepared, launch)
-    steps = [e for _, e in sorted(_final_steps(stage_dir).items())]
+    finished = _run(policy, prepared, launch)
+    steps = [e for _, e in sorted(finished.steps.items())]
     return DpoResult(losses=tuple(e.loss for e in steps), accuracies=tuple(e.metrics["accuracy"] for e in steps),
-                     mean_margin=steps[-1].metrics["margin"], num_steps=num_steps,
-                     wall_seconds=_step_seconds(stage_dir))
+                     mean_margin=steps[-1].metrics["margin"], num_steps=num_steps, wall_seconds=finished.seconds)
 
 
 def rlvr_on_worker(policy: CausalLM, spec: PolicySpec, tasks: Sequence[Task], config: RlvrConfig, *,
@@ -175,12 +175,12 @@ def rlvr_on_worker(policy: CausalLM, spec: PolicySpec, tasks: Sequence[Task], co
         start = train_state.save_weights(policy, stage_dir / START_NAME)
         prepared = _prepare(_rlvr_worker(spec, config, stage_dir=stage_dir, launch=launch, start=start,
                                          tasks_path=tasks_path, prompt_length=prompt_length), launch)
-    _run(policy, prepared, launch)
-    steps = [e for _, e in sorted(_final_steps(stage_dir).items())]
+    finished = _run(policy, prepared, launch)
+    steps = [e for _, e in sorted(finished.steps.items())]
     return RlvrResult(steps=tuple(_rlvr_step(e) for e in steps), staleness=_staleness(steps, config.max_staleness),
                       num_weight_syncs=int(sum(e.metrics.get("weight_syncs", 0) for e in steps)),
                       num_steps_without_signal=int(sum(e.metrics.get("steps_without_signal", 0) for e in steps)),
-                      wall_seconds=_step_seconds(stage_dir))
+                      wall_seconds=finished.seconds)
 
 
 def _rlvr_worker(spec: PolicySpec, config: RlvrConfig, *, stage_dir: Path, launch: WorkerLaunch, start: Path,
@@ -225,23 +225,34 @@ def _staleness(steps: list[Event], max_staleness: int) -> StalenessReport:
 def _writing_inputs(stage_dir: Path):
     """Hold the stage folder's lock while this launch writes its inputs there (rows, start weights,
     DPO's reference table, RLVR's tasks, the worker's config): a stage that another supervisor still
-    runs keeps its own, and this launch is refused (STAGE_BUSY) before it touches them. Released
-    before the supervisor it launches takes it, so two launches may both write before either
-    supervisor starts: the supervisor that takes the lock first trains on the later launch's
-    inputs, and the other is refused."""
+    runs keeps its own, and this launch is refused (STAGE_BUSY) before it touches them. The
+    earlier config goes first: an earlier launch's supervisor that takes the lock after this one
+    (even after this launch died half-way) finds no config of its own and starts nothing."""
     stage_dir.mkdir(parents=True, exist_ok=True)
+    with _holding(stage_dir):
+        (stage_dir / CONFIG_NAME).unlink(missing_ok=True)
+        yield
+
+
+@contextlib.contextmanager
+def _holding(stage_dir: Path, launch_id: str = ""):
+    """The stage folder's lock, as a launch holds it (`supervising`), its refusals as STAGE_BUSY."""
     try:
-        with supervising(stage_dir, role="post-training launch"):
+        with supervising(stage_dir, role="post-training launch", launch_id=launch_id):
             yield
     except StageBusy as busy:
         raise ItoError(ErrorCode.STAGE_BUSY, f"{busy.holder} runs the stage in {stage_dir}: this launch wrote and "
                        "started nothing there (one at a time per stage folder); run it again once that one ended") from None
+    except StageSuperseded:
+        raise ItoError(ErrorCode.STAGE_BUSY, f"a later launch of the stage rewrote its inputs in {stage_dir} after this "
+                       "one wrote them: this launch hands nothing on (the later one's does)") from None
 
 
 def refuse_if_running(stage_dir: Path) -> None:
     """STAGE_BUSY where another supervisor runs the stage in `stage_dir`: checked before a launch
     records or evaluates anything there (the stage's own timeline would take its events)."""
-    with _writing_inputs(stage_dir):
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    with _holding(stage_dir):
         pass
 
 
@@ -252,23 +263,37 @@ def _prepare(worker: WorkerConfig, launch: WorkerLaunch) -> stage_run.PreparedSt
     return stage_run.prepare(worker, launch.supervisor)
 
 
-def _run(policy: CausalLM, prepared: stage_run.PreparedStage, launch: WorkerLaunch) -> None:
+@dataclass(frozen=True)
+class _Finished:
+    steps: dict[int, Event]  # each step as the last attempt that trained it recorded it
+    seconds: float  # every attempt's step time
+
+
+def _run(policy: CausalLM, prepared: stage_run.PreparedStage, launch: WorkerLaunch) -> _Finished:
     """Launch the supervisor, wait for it, and load the final checkpoint's weights into `policy`.
     A supervisor that ended the stage failed exits 1 (Pipes raises on it): its report's code is
-    the error's, else the launch's own error stands."""
-    path = prepared.stage_dir / REPORT_NAME
+    the error's, else the launch's own error stands. The result is read under the folder's lock
+    and only while its config is still this launch's: a later launch may have written its inputs
+    before this one's supervisor started (which then started nothing) or since it ended."""
+    failed: Exception | None = None
     try:
         launch.run(prepared.command)
-    except Exception:
-        if not path.exists() or json.loads(path.read_text())["outcome"] == Outcome.SUCCEEDED.value:
-            raise  # no report, or the stage succeeded and the launch failed for another reason
-    report = json.loads(path.read_text())
-    if report["outcome"] != Outcome.SUCCEEDED.value:
-        code = report.get("error_code")
-        attempts = report["num_attempts"]
-        raise ItoError(ErrorCode(code) if code else ErrorCode.INTERNAL_ERROR, f"the {prepared.stage.upper()} stage's "
-                       f"worker ended {report['outcome']} after {attempts} attempt{'' if attempts == 1 else 's'}")
-    load_pretrained(policy, Path(report["result"]["final_checkpoint"]))
+    except Exception as error:  # noqa: BLE001 - decided below, once the report is read
+        failed = error
+    with _holding(prepared.stage_dir, prepared.launch_id):
+        path = prepared.stage_dir / REPORT_NAME
+        report = json.loads(path.read_text()) if path.exists() else None
+        if failed is not None and (report is None or report["outcome"] == Outcome.SUCCEEDED.value):
+            raise failed  # no report, or the stage succeeded and the launch failed for another reason
+        if report is None:
+            raise ItoError(ErrorCode.INTERNAL_ERROR, f"the {prepared.stage.upper()} stage's supervisor ended without a report")
+        if report["outcome"] != Outcome.SUCCEEDED.value:
+            code = report.get("error_code")
+            attempts = report["num_attempts"]
+            raise ItoError(ErrorCode(code) if code else ErrorCode.INTERNAL_ERROR, f"the {prepared.stage.upper()} stage's "
+                           f"worker ended {report['outcome']} after {attempts} attempt{'' if attempts == 1 else 's'}")
+        load_pretrained(policy, Path(report["result"]["final_checkpoint"]))
+        return _Finished(steps=_final_steps(prepared.stage_dir), seconds=_step_seconds(prepared.stage_dir))
 
 
 def _final_steps(stage_dir: Path) -> dict[int, Event]:

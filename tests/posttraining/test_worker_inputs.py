@@ -1,12 +1,16 @@
 """A post-training stage's launch writes its inputs into the stage folder (rows, start weights,
 DPO's reference table, RLVR's tasks) only while no supervisor runs that stage: a second launch of
-a running stage is refused before it touches the first one's files, and launches nothing."""
+a running stage is refused before it touches the first one's files, and launches nothing. A
+launch overtaken by a later one (which wrote its inputs before the first's supervisor started, or
+before the first read its result) hands nothing on: only the later launch trains and returns."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.posttraining.base import seeded
@@ -16,10 +20,12 @@ from ito_assets.posttraining.on_worker import (REFERENCE_NAME, ROWS_NAME, START_
                                                dpo_on_worker, rlvr_on_worker, sft_on_worker)
 from ito_assets.posttraining.pipeline import battery
 from ito_assets.posttraining.rlvr import RlvrConfig
-from ito_assets.posttraining.sft import SftConfig
+from ito_assets.posttraining.sft import SftConfig, run_sft
 from ito_assets.posttraining.stage import PostTrainingRuntime
 from ito_assets.posttraining.vocab import CharVocab
-from ito_assets.runtime.supervision.supervisor import LOCK_NAME, supervising
+from ito_assets.runtime.record import events
+from ito_assets.runtime.record.events import EventKind
+from ito_assets.runtime.supervision.supervisor import LOCK_NAME, SupervisorConfig, supervising
 
 CODEC = CharVocab()
 SPEC = seeded()
@@ -82,3 +88,77 @@ def test_a_stage_run_while_another_supervisor_runs_it_records_and_evaluates_noth
             pipeline.run_stage(step, start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out", launch=LAUNCH)
     assert refused.value.code is ErrorCode.STAGE_BUSY
     assert evaluated == [] and sorted(p.name for p in stage.iterdir()) == [LOCK_NAME]
+
+
+# --- a launch overtaken by a later launch of the same stage ---------------------------------------
+
+OTHER_INSTRUCTIONS = [InstructionPair(pair_id=str(i), prompt=f"min {i:03d}=", response=min(f"{i:03d}")) for i in range(16)]
+FAST = SupervisorConfig(startup_timeout_s=90.0, poll_interval_s=0.2, grace_s=3.0, max_restarts=0)
+SFT = SftConfig(batch_size=8)  # 2 steps
+
+
+def _running(run_key: str, before=None, after=None) -> WorkerLaunch:
+    """A launch that runs its supervisor for real, with `before()` and `after()` around it."""
+    def run(command):
+        if before:
+            before()
+        done = subprocess.run(command, check=False)
+        if after:
+            after()
+        if done.returncode:
+            raise subprocess.CalledProcessError(done.returncode, command)
+    return WorkerLaunch(run=run, run_key=run_key, supervisor=FAST)
+
+
+def _weights(policy) -> dict[str, torch.Tensor]:
+    return {name: value.clone() for name, value in policy.state_dict().items()}
+
+
+def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], tolerance: float = 0.0) -> bool:
+    return all(float((a[name] - b[name]).abs().max()) <= tolerance for name in a)
+
+
+def _trained_attempts(stage_dir: Path) -> set[int]:
+    return {e.attempt for e in events.read(stage_dir) if e.kind is EventKind.STEP}
+
+
+@pytest.mark.slow
+def test_a_launch_overtaken_before_its_supervisor_started_trains_and_hands_on_nothing(tmp_path):
+    """The later launch writes all its inputs and trains them before the first launch's supervisor
+    takes the folder: that supervisor starts nothing, and the first launch is STAGE_BUSY with its
+    policy untouched; the later launch's policy is trained on its own pairs."""
+    later_policy, later = SPEC.factory()(), []
+    overtake = lambda: later.append(sft_on_worker(later_policy, SPEC, CODEC, OTHER_INSTRUCTIONS, SFT,  # noqa: E731
+                                                  stage_dir=tmp_path, launch=_running("later")))
+    first_policy = SPEC.factory()()
+    untrained = _weights(first_policy)
+    with pytest.raises(ItoError, match="a later launch of the stage rewrote its inputs in .* after this one wrote them: "
+                                       "this launch hands nothing on") as overtaken:
+        sft_on_worker(first_policy, SPEC, CODEC, INSTRUCTIONS, SFT, stage_dir=tmp_path, launch=_running("first", before=overtake))
+    assert overtaken.value.code is ErrorCode.STAGE_BUSY and _same(_weights(first_policy), untrained)
+    expected = SPEC.factory()()
+    run_sft(expected, CODEC, OTHER_INSTRUCTIONS, SFT)
+    assert later[0].num_steps == 2 and _same(_weights(later_policy), _weights(expected), tolerance=1e-5)
+    assert len(_trained_attempts(tmp_path)) == 1  # the later launch's supervisor's only
+
+
+@pytest.mark.slow
+def test_a_launch_overtaken_before_it_read_its_result_hands_on_nothing(tmp_path):
+    """The first launch's supervisor trained its pairs; a later launch wrote its inputs (and its
+    run failed) before the first read the report and the final weights, which may no longer be
+    the first's: the first launch is STAGE_BUSY with its policy untouched."""
+    def overtake():
+        with pytest.raises(subprocess.CalledProcessError):
+            sft_on_worker(SPEC.factory()(), SPEC, CODEC, OTHER_INSTRUCTIONS, SFT, stage_dir=tmp_path,
+                          launch=WorkerLaunch(run=_failing, run_key="later", supervisor=FAST))
+
+    first_policy = SPEC.factory()()
+    untrained = _weights(first_policy)
+    with pytest.raises(ItoError, match="a later launch of the stage rewrote its inputs") as overtaken:
+        sft_on_worker(first_policy, SPEC, CODEC, INSTRUCTIONS, SFT, stage_dir=tmp_path, launch=_running("first", after=overtake))
+    assert overtaken.value.code is ErrorCode.STAGE_BUSY and _same(_weights(first_policy), untrained)
+    assert len(_trained_attempts(tmp_path)) == 1  # the first launch's supervisor trained
+
+
+def _failing(command):
+    raise subprocess.CalledProcessError(1, command)

@@ -20,11 +20,12 @@ import pytest
 from ito_assets.launch.backend import BackendKind, LaunchConfig
 from ito_assets.launch.kubernetes import KubernetesSettings
 from ito_assets.launch.slurm import SlurmSettings
-from ito_assets.runtime.stage.config import RESULT_NAME
+from ito_assets.runtime.stage.config import CONFIG_NAME, RESULT_NAME
 from ito_assets.runtime.supervision import heartbeat, launch
 from ito_assets.runtime.supervision import replicas
 from ito_assets.runtime.supervision.replicas import LIGHTHOUSE_ENV, ReplicaStage, group_supervision, replica_dir
-from ito_assets.runtime.supervision.supervisor import REPORT_NAME, Outcome, StageBusy, SupervisorConfig, supervising
+from ito_assets.runtime.supervision.supervisor import (REPORT_NAME, Outcome, StageBusy, StageSuperseded, SupervisorConfig,
+                                                        supervising)
 from ito_assets.runtime.worker.reporting import PIPES_CONTEXT_ENV_VAR
 from runtime_helpers import worker_config
 
@@ -350,6 +351,17 @@ def test_a_second_replica_stage_of_the_stage_starts_nothing_and_says_who_holds_i
     err = capsys.readouterr().err
     assert "already supervises the attempts in" in err and "Traceback" not in err
     assert stage.run().outcome is Outcome.SUCCEEDED  # the groups run under the stage's one lock
+
+
+def test_a_replica_stage_whose_config_a_later_launch_rewrote_starts_no_group(tmp_path, tokens, monkeypatch):
+    stage, cluster = _stage(tmp_path, tokens, monkeypatch, {0: succeed(), 1: succeed()})
+    folder = Path(stage.worker.stage_dir)
+    folder.mkdir(parents=True)
+    (folder / CONFIG_NAME).write_text(replace(stage.worker, launch_id="b" * 32).to_json())
+    stage.config = replace(stage.config, launch_id="a" * 32)
+    with pytest.raises(StageSuperseded):
+        stage.run()
+    assert cluster.attempts == {} and stage.groups == []
 
 
 def test_a_pod_name_without_an_address_keeps_torchfts_own(monkeypatch):

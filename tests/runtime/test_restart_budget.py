@@ -28,7 +28,7 @@ from ito_assets.runtime.supervision import launch
 from ito_assets.runtime.checkpoint import markers
 from ito_assets.runtime.supervision import proposals
 from ito_assets.runtime.supervision import supervisor as supervisor_module
-from ito_assets.runtime.stage.config import RESULT_NAME
+from ito_assets.runtime.stage.config import CONFIG_NAME, RESULT_NAME
 from ito_assets.runtime.record.events import EventKind
 from ito_assets.runtime.supervision.proposals import ProposalState, ProposalStore
 from ito_assets.runtime.supervision.spikes import Spike
@@ -1041,6 +1041,56 @@ def test_main_says_who_holds_the_stage_and_exits_one(tmp_path, monkeypatch, caps
         assert supervisor_module.main(["--worker", worker.to_json(), "--supervisor", "{}"]) == 1
     err = capsys.readouterr().err
     assert "already supervises the attempts in" in err and "Traceback" not in err and backend.started == []
+
+
+def _launched(supervisor: Supervisor, launch_id: str) -> Supervisor:
+    """`supervisor` as `stage_run.prepare` starts it: its folder's config written by `launch_id`."""
+    worker = replace(supervisor.worker, launch_id=launch_id)
+    supervisor.stage_dir.mkdir(parents=True, exist_ok=True)
+    (supervisor.stage_dir / CONFIG_NAME).write_text(worker.to_json())
+    return Supervisor(worker=worker, config=replace(supervisor.config, launch_id=launch_id), backend=supervisor.backend)
+
+
+@pytest.mark.parametrize("folder_holds", ["a later launch's config", "no config", "a config that does not read"])
+def test_a_supervisor_whose_config_a_later_launch_rewrote_starts_nothing(tmp_path, folder_holds):
+    """Two launches of one stage: the first writes its config and releases the folder, the second
+    writes its own over it (or is half-way: it removed the first's) before the first's supervisor
+    takes the lock. The first's supervisor would train the second's inputs as the first's."""
+    supervisor, backend = _supervise(tmp_path, ["succeed"])
+    first = _launched(supervisor, "a" * 32)
+    config = first.stage_dir / CONFIG_NAME
+    if folder_holds == "a later launch's config":
+        config.write_text(replace(first.worker, launch_id="b" * 32).to_json())
+    elif folder_holds == "no config":
+        config.unlink()
+    else:
+        config.write_bytes(b"\xff{")
+    before = sorted(p.name for p in first.stage_dir.iterdir())
+    with pytest.raises(supervisor_module.StageSuperseded, match="a later launch of this stage rewrote its inputs in .*: "
+                                                                "this supervisor started nothing"):
+        first.run()
+    after = sorted(p.name for p in first.stage_dir.iterdir() if p.name != supervisor_module.LOCK_NAME)
+    assert backend.started == [] and after == before and not events.read(first.stage_dir)
+
+
+def test_a_supervisor_runs_its_own_launchs_config_and_one_started_by_hand_runs_any(tmp_path):
+    supervisor, backend = _supervise(tmp_path, ["succeed", "succeed"])
+    assert _launched(supervisor, "a" * 32).run().outcome is Outcome.SUCCEEDED
+    (supervisor.stage_dir / CONFIG_NAME).write_text(replace(supervisor.worker, launch_id="b" * 32).to_json())
+    assert supervisor.config.launch_id == "" and supervisor.run().outcome is Outcome.SUCCEEDED  # no launch named
+    assert len(backend.started) == 2
+
+
+def test_main_says_a_later_launch_superseded_it_and_exits_one(tmp_path, monkeypatch, capsys):
+    worker = replace(_worker(tmp_path), launch_id="b" * 32)
+    backend = FakeBackend(worker, ["succeed"])
+    monkeypatch.setattr(launch, "backend_for", lambda config: backend)
+    monkeypatch.setattr(supervisor_module.signal, "signal", lambda number, handler: None)
+    Path(worker.stage_dir).mkdir(parents=True)
+    (Path(worker.stage_dir) / CONFIG_NAME).write_text(worker.to_json())
+    assert supervisor_module.main(["--worker", worker.to_json(), "--supervisor", json.dumps({"launch_id": "a" * 32})]) == 1
+    err = capsys.readouterr().err
+    assert "a later launch of this stage rewrote its inputs" in err and "Traceback" not in err and backend.started == []
 
 
 def test_a_file_system_without_locks_runs_the_stage_and_says_so(tmp_path, monkeypatch, capsys):

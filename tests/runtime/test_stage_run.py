@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,15 +13,22 @@ import pytest
 
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.runtime.stage import run as stage_run
+from ito_assets.runtime.stage.config import launch_of
 from ito_assets.runtime.stage.eval_gate import Direction, EvalGatePolicy, GatedMetric, VerdictStore
 from ito_assets.runtime.supervision.supervisor import REPORT_NAME, SupervisorConfig
 
 POLICY = EvalGatePolicy(metrics=(GatedMetric(name="heldout_loss", direction=Direction.LOWER_IS_BETTER, noise_band=0.01),))
 
 
-class _Config(SimpleNamespace):
+@dataclass(frozen=True)
+class _Config:
+    stage: str
+    stage_dir: str
+    replica_groups: int
+    launch_id: str = ""
+
     def to_json(self) -> str:
-        return json.dumps({"stage": self.stage, "stage_dir": self.stage_dir})
+        return json.dumps({"stage": self.stage, "stage_dir": self.stage_dir, "launch_id": self.launch_id})
 
 
 def _prepared(tmp_path: Path, replica_groups: int = 1) -> stage_run.PreparedStage:
@@ -38,6 +46,15 @@ def test_prepare_writes_the_config_and_names_the_supervisor(tmp_path) -> None:
     assert _prepared(tmp_path, replica_groups=2).command[2] == stage_run.REPLICA_GROUPS_MODULE
     config = _Config(stage="pretraining", stage_dir=str(ready.stage_dir), replica_groups=1)
     assert stage_run.prepare(config, SupervisorConfig(nnodes=1, nproc_per_node=2)).command[0] == sys.executable
+
+
+def test_each_prepare_is_a_launch_of_its_own_that_the_config_and_the_command_name(tmp_path) -> None:
+    """The supervisor compares the two once it holds the folder (tests/runtime/test_restart_budget.py)."""
+    first = _prepared(tmp_path)
+    assert len(first.launch_id) == 32 and json.loads(first.command[6])["launch_id"] == first.launch_id
+    assert launch_of(first.stage_dir) == first.launch_id
+    second = _prepared(tmp_path)
+    assert second.launch_id != first.launch_id and launch_of(second.stage_dir) == second.launch_id
 
 
 def _units(loss: float) -> dict:

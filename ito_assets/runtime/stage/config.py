@@ -27,6 +27,8 @@ DEFAULT_EVAL_WINDOWS = 64
 OPTIMIZER_FIELDS = ("warmup_fraction", "min_lr_ratio", "beta1", "beta2", "weight_decay", "grad_clip")
 # What rank 0 writes into the stage folder when the stage has finished: final checkpoint and evals.
 RESULT_NAME = "result.json"
+# The stage's config as its launch wrote it into the stage folder, which its supervisor reads.
+CONFIG_NAME = "stage.json"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -150,6 +152,9 @@ class WorkerConfig:
     # torchft's Manager default (60 s) for cross-group collectives, quorum and connections; below
     # the supervisor's hang bound, so a group waiting on a dead peer is never taken for hung itself.
     replica_timeout_s: float = 60.0
+    # Which launch wrote this config (`stage.run.prepare`): its supervisor supervises only this
+    # config, so that a later launch that rewrote the folder's inputs meanwhile is never run as this one.
+    launch_id: str = ""
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "num_steps", "batch_size", "sequence_length", "interval_steps", "keep_last",
@@ -235,3 +240,13 @@ def group_shape(nnodes: int, nproc_per_node: int, groups: int) -> tuple[int, int
     if nnodes == 1 and nproc_per_node % groups == 0:
         return 1, nproc_per_node // groups
     return None
+
+
+def launch_of(stage_dir: Path) -> str | None:
+    """The launch whose config the stage folder holds now; None where it holds none that reads."""
+    try:
+        body = json.loads((stage_dir / CONFIG_NAME).read_bytes())
+    except (OSError, ValueError):
+        return None
+    launch = body.get("launch_id") if isinstance(body, dict) else None
+    return launch if isinstance(launch, str) else None

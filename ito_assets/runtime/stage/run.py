@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import asdict, dataclass, field
+import uuid
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Mapping
 
@@ -20,14 +21,13 @@ from ito_assets.control.ledger import Ledger
 from ito_assets.runtime.record.publish import publish_stage
 from ito_assets.runtime.record.storage import write_atomic
 from ito_assets.runtime.stage.calibration import calibrate
-from ito_assets.runtime.stage.config import WorkerConfig
+from ito_assets.runtime.stage.config import CONFIG_NAME, WorkerConfig
 from ito_assets.runtime.stage.eval_gate import EvalGatePolicy, VerdictStore, judge_stage
 from ito_assets.runtime.stage.noise import Units
 from ito_assets.runtime.supervision.supervisor import REPORT_NAME, SupervisorConfig
 from ito_assets.training.layout import Layout
 from ito_assets.training.planner import PlanRequest
 
-CONFIG_NAME = "stage.json"
 SUPERVISOR_MODULE = "ito_assets.runtime.supervision.supervisor"
 REPLICA_GROUPS_MODULE = "ito_assets.runtime.supervision.replicas"
 
@@ -59,15 +59,19 @@ class PreparedStage:
     stage: str
     stage_dir: Path
     command: tuple[str, ...]
+    launch_id: str = ""
 
 
 def prepare(config: WorkerConfig, supervisor: SupervisorConfig, *, python: str = sys.executable) -> PreparedStage:
+    """Write the config, under a fresh launch id that the command names too: the supervisor runs
+    this config only, not one a later launch of the stage wrote over it before it started."""
     stage_dir = Path(config.stage_dir)
-    write_atomic(stage_dir / CONFIG_NAME, config.to_json().encode())
+    launch_id = uuid.uuid4().hex
+    write_atomic(stage_dir / CONFIG_NAME, replace(config, launch_id=launch_id).to_json().encode())
     module = REPLICA_GROUPS_MODULE if config.replica_groups > 1 else SUPERVISOR_MODULE
     command = (python, "-m", module, "--worker", str(stage_dir / CONFIG_NAME),
-               "--supervisor", json.dumps(asdict(supervisor)))
-    return PreparedStage(config.stage, stage_dir, command)
+               "--supervisor", json.dumps(asdict(replace(supervisor, launch_id=launch_id))))
+    return PreparedStage(config.stage, stage_dir, command, launch_id)
 
 
 def _units(recorded: Mapping[str, dict]) -> dict[str, Units]:

@@ -232,9 +232,10 @@ class ReplicaStage:
             group.supervisor.request_stop()
 
     def run(self) -> SupervisionReport:
-        """Raises StageBusy, before anything starts, where another supervisor holds the stage folder."""
+        """Raises StageBusy, before anything starts, where another supervisor holds the stage folder
+        (StageSuperseded where a later launch rewrote its config)."""
         Path(self.worker.stage_dir).mkdir(parents=True, exist_ok=True)
-        with supervising(Path(self.worker.stage_dir)):  # for every group: theirs run inside the stage's folder
+        with supervising(Path(self.worker.stage_dir), launch_id=self.config.launch_id):  # for every group: theirs run inside the stage's folder
             return self._run()
 
     def _run(self) -> SupervisionReport:

@@ -67,7 +67,7 @@ from ito_assets.runtime.checkpoint import holds
 from ito_assets.runtime.supervision import launch
 from ito_assets.runtime.checkpoint import markers
 from ito_assets.runtime.supervision import proposals
-from ito_assets.runtime.stage.config import RESULT_NAME, WorkerConfig
+from ito_assets.runtime.stage.config import RESULT_NAME, WorkerConfig, launch_of
 from ito_assets.runtime.record.events import Event, EventKind
 from ito_assets.runtime.supervision.relay import MetricsRelay, open_relay
 from ito_assets.runtime.record.storage import write_atomic
@@ -97,6 +97,10 @@ class SupervisorConfig:
     max_restarts: int = 3
     # Where the attempts run: this machine (default), Slurm or Kubernetes (`ito_assets.launch.backend`).
     launch: LaunchConfig = field(default_factory=LaunchConfig)
+    # The launch this supervisor runs (`WorkerConfig.launch_id`), on its command line: once it holds
+    # the stage folder's lock it starts nothing unless the folder's config is still that launch's.
+    # Empty: a supervisor started by hand or a test, which runs whatever config it was given.
+    launch_id: str = ""
 
     def __post_init__(self) -> None:
         if self.nproc_per_node < 1 or self.nnodes < 1 or self.max_restarts < 0:
@@ -212,7 +216,7 @@ class Supervisor:
         with contextlib.ExitStack() as held:
             try:
                 if self.lock:
-                    held.enter_context(supervising(self.stage_dir))
+                    held.enter_context(supervising(self.stage_dir, launch_id=self.config.launch_id))
             except OSError as error:  # the lock's file cannot be made: as any write to the folder
                 if not self._in_stage_storage(error):
                     raise
@@ -533,6 +537,11 @@ LOCK_NAME = "supervisor.lock"
 NO_LOCKS = frozenset({errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL})
 
 
+class StageSuperseded(RuntimeError):
+    """The stage folder's config is not the launch's that asks: a later launch rewrote the
+    folder's inputs (or is writing them) after this one wrote its own."""
+
+
 class StageBusy(RuntimeError):
     """Another supervisor (or a launch writing its inputs) holds the stage folder's lock; `holder`:
     the note it left, e.g. "supervisor pid 12 on node-3"."""
@@ -543,11 +552,15 @@ class StageBusy(RuntimeError):
 
 
 @contextlib.contextmanager
-def supervising(stage_dir: Path, role: str = "supervisor"):
+def supervising(stage_dir: Path, role: str = "supervisor", launch_id: str = ""):
     """Hold the stage folder's lock while its attempts are supervised (or, `role` "post-training
-    launch", while a launch writes their inputs), or raise StageBusy naming the holder. flock: the
-    kernel releases it when the holder dies, so a killed supervisor leaves no stale lock behind
-    (only its note of who held it, which the next holder rewrites)."""
+    launch", while a launch writes their inputs or reads their result), or raise StageBusy naming
+    the holder. flock: the kernel releases it when the holder dies, so a killed supervisor leaves
+    no stale lock behind (only its note of who held it, which the next holder rewrites).
+    `launch_id`: once the lock is held, StageSuperseded unless the folder's config is that launch's.
+    A launch releases the lock between writing the inputs and its supervisor taking it, and
+    another launch may write in between: the supervisor that then takes the lock runs only its
+    own launch's config, and a launch reads back only its own supervisor's result."""
     path = stage_dir / LOCK_NAME
     # Never through a link: the note written into it would overwrite whatever file it names.
     handle = os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600), "r+")
@@ -564,14 +577,22 @@ def supervising(stage_dir: Path, role: str = "supervisor"):
             # Lustre without -o flock, NFS with nolock: the stage runs as before locks, unguarded.
             print(f"the file system of {stage_dir} takes no locks ({error.strerror}): a second supervisor of "
                   "this stage would not be refused", file=sys.stderr, flush=True)
+            _claimed(stage_dir, role, launch_id)
             yield
             return
+        _claimed(stage_dir, role, launch_id)
         handle.truncate(0)
         handle.write(f"{role} pid {os.getpid()} on {socket.gethostname()}\n")
         handle.flush()
         yield
     finally:
         handle.close()  # releases the lock
+
+
+def _claimed(stage_dir: Path, role: str, launch_id: str) -> None:
+    if launch_id and launch_of(stage_dir) != launch_id:
+        raise StageSuperseded(f"a later launch of this stage rewrote its inputs in {stage_dir} after this one wrote "
+                              f"them: this {role} started nothing (the later launch's supervisor runs the stage)")
 
 
 def supervised(stage, worker: WorkerConfig, config: SupervisorConfig) -> SupervisionReport | None:
@@ -585,8 +606,8 @@ def supervised(stage, worker: WorkerConfig, config: SupervisorConfig) -> Supervi
         stage.relay = relay
         try:
             return stage.run()
-        except StageBusy as busy:
-            print(busy, file=sys.stderr, flush=True)
+        except (StageBusy, StageSuperseded) as refused:
+            print(refused, file=sys.stderr, flush=True)
             return None
 
 
