@@ -34,7 +34,6 @@ from ito_assets.posttraining.base import seeded  # noqa: E402
 from ito_assets.posttraining.evaluation import evaluate_reward, sampled_kl  # noqa: E402
 from ito_assets.posttraining.generation import GenerationConfig, make_group  # noqa: E402
 from ito_assets.posttraining.pipeline import battery  # noqa: E402
-from ito_assets.posttraining.stage import PostTrainingRuntime  # noqa: E402
 from ito_assets.training.hardware import gpu_spec, network_spec  # noqa: E402
 from ito_assets.training.model_config import config_by_name  # noqa: E402
 from ito_assets.training.planner import Hardware  # noqa: E402
@@ -85,8 +84,7 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=32)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    runtime = PostTrainingRuntime()
-    train, _ = battery(runtime)
+    train, _ = battery()
     for name in args.models:
         spec = seeded(name)
         codec, config = spec.codec(), config_by_name(name, vocab_size=spec.vocab_size)
@@ -94,7 +92,7 @@ def main() -> None:
         reference = copy.deepcopy(policy)
         for new in args.new_tokens:
             sizes = PostTrainingEval(max_new_tokens=new)
-            _, held_out = battery(runtime, sizes)
+            _, held_out = battery(sizes)
             cached_s, (cached, kl) = _cpu_seconds(lambda: _battery(policy, reference, codec, held_out, new))
             whole_s, (whole, kl_whole) = _cpu_seconds(
                 lambda: _battery(WholePrefix(policy), WholePrefix(reference), codec, held_out, new))

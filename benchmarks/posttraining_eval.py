@@ -30,7 +30,6 @@ from ito_assets.posttraining.base import seeded  # noqa: E402
 from ito_assets.posttraining.decoding import encode_prompt, sample  # noqa: E402
 from ito_assets.posttraining.pipeline import battery  # noqa: E402
 from ito_assets.posttraining.rewards import score  # noqa: E402
-from ito_assets.posttraining.stage import PostTrainingRuntime  # noqa: E402
 from posttraining_recipe import run_recipe  # noqa: E402
 
 
@@ -63,8 +62,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    runtime, sizes = PostTrainingRuntime(), PostTrainingEval()
-    _, held_out = battery(runtime, sizes)
+    sizes = PostTrainingEval()
+    _, held_out = battery(sizes)
     spec = seeded()
     codec = spec.codec()
     with tempfile.TemporaryDirectory() as folder:

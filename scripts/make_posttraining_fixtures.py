@@ -17,7 +17,6 @@ sys.path.insert(0, str(ROOT))
 
 from ito_assets.posttraining.fixtures import instruction_pairs, preference_pairs, write_jsonl  # noqa: E402
 from ito_assets.posttraining.pipeline import DPO_FILE, SFT_FILE, battery  # noqa: E402
-from ito_assets.posttraining.stage import PostTrainingRuntime  # noqa: E402
 
 OUT = ROOT / "data" / "fixtures" / "posttraining"
 SEED = 20241129
@@ -30,7 +29,7 @@ DPO_COPIES = 1
 
 
 def main() -> int:
-    train, _ = battery(PostTrainingRuntime())
+    train, _ = battery()
     write_jsonl(OUT / SFT_FILE, instruction_pairs(train, copies=SFT_COPIES, seed=SEED, error_rate=SFT_ERROR_RATE))
     write_jsonl(OUT / DPO_FILE, preference_pairs(train, copies=DPO_COPIES, seed=SEED + 1))
     for name in (SFT_FILE, DPO_FILE):

@@ -21,6 +21,7 @@ from typing import Annotated, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ito_assets.digests import DIGEST_REGEX, HEX64_REGEX
+from ito_assets.posttraining.tasks import held_out_count
 
 SCHEMA_VERSION = 1
 DIGEST_PATTERN = f"^{DIGEST_REGEX}$"
@@ -200,16 +201,28 @@ class PostTrainingEval(_Strict):
     confirmation binds them. Absent: these defaults, what the stages evaluated with before the
     manifest held them."""
 
-    # 200: every held-out prompt of the battery (a fifth of its 1,000 at the `posttraining`
-    # resource's default held_out_fraction), each sampled 8 times (avg@8): the measured paired SE
-    # of a stage's gain was ~0.015-0.03, against ~0.03-0.05 with 50 prompts, which left real RLVR
-    # gains inside the noise band. More than the held-out split holds is refused at the stage's
-    # start, before any compute, not evaluated on fewer (`pipeline.battery`).
+    # 200: every held-out prompt of the battery (a fifth of its 1,000 at the default
+    # held_out_fraction), each sampled 8 times (avg@8): the measured paired SE of a stage's gain
+    # was ~0.015-0.03, against ~0.03-0.05 with 50 prompts, which left real RLVR gains inside the
+    # noise band. More than the held-out split holds is refused with the manifest, before any
+    # compute is confirmed, not evaluated on fewer.
     num_prompts: Annotated[int, Field(ge=1, le=MAX_EVAL_PROMPTS)] = 200
     # The completion length (tokens, its eos included) of the battery's samples and of the KL's:
     # answers are one token and eos, so 8 leaves room for rambling. The stage refuses, before any
     # compute, a length its model cannot hold after the longest prompt (`fixtures.check_completions`).
     max_new_tokens: Annotated[int, Field(ge=1, le=MAX_COMPLETION)] = 8
+    # The share of the task family held out (a fixed seeded split): never trained on by RLVR, and
+    # where the battery's prompts come from. It decides which prompts RLVR trains on, so the
+    # confirmation binds it (it was the `posttraining` resource's until 2026-12-06, with this default).
+    held_out_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.2
+
+    @model_validator(mode="after")
+    def _prompts_within_the_held_out_split(self) -> "PostTrainingEval":
+        held_out = held_out_count(MAX_EVAL_PROMPTS, self.held_out_fraction)
+        if self.num_prompts > held_out:
+            raise ValueError(f"num_prompts exceeds the {held_out} held-out prompts that held_out_fraction leaves "
+                             f"of the battery's {MAX_EVAL_PROMPTS}")
+        return self
 
 
 PostTrainingStep = Annotated[Union[SftStep, DpoStep, RlvrStep], Field(discriminator="kind")]

@@ -21,13 +21,12 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, kw_only=True)
 class PostTrainingRuntime:
+    # Seeds data order and sampling (not the battery's split). The battery (3-digit "largest
+    # digit" prompts) is the manifest's: how many held-out prompts are evaluated, the completions'
+    # length and the share held out (`post_training_eval`, defaults 200, 8 and 0.2: the schema says
+    # why), so the confirmation binds them; a Dagster configuration that still sets
+    # `num_eval_prompts`, `max_new_tokens` or `held_out_fraction` on the resource is refused.
     seed: int = 0
-    # The battery: 3-digit "largest digit" prompts, a fifth held out (never trained on).
-    # `seed` seeds data order and sampling (not the split). How many held-out prompts are
-    # evaluated, and the completions' length, are the manifest's (`post_training_eval`, defaults
-    # 200 and 8: the schema says why), so the confirmation binds them; a Dagster configuration that
-    # still sets `num_eval_prompts` or `max_new_tokens` on the resource is refused.
-    held_out_fraction: float = 0.2
     # One intra-op thread: for models this small, thread start-up costs more than it saves, and the
     # generator process needs the other core (measured: SFT of 200 steps took 2.3 s of CPU with
     # one thread, 18 s with two on a shared 2-core machine).

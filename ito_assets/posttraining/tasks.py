@@ -119,12 +119,17 @@ def make_tasks(family: str, *, seed: int, count: int) -> list[Task]:
     raise ValueError(f"family must be one of {FAMILIES}")
 
 
+def held_out_count(num_tasks: int, held_out_fraction: float) -> int:
+    """How many of `num_tasks` prompts `split_held_out` holds out: at least one."""
+    return max(1, round(held_out_fraction * num_tasks))
+
+
 def split_held_out(tasks: Sequence[Task], *, held_out_fraction: float, seed: int) -> tuple[list[Task], list[Task]]:
     """A seeded split into (train, held_out); held-out prompts are never trained on."""
     if not 0 < held_out_fraction < 1:
         raise ValueError("held_out_fraction must be in (0, 1)")
     order = list(range(len(tasks)))
     random.Random(seed).shuffle(order)
-    num_held_out = max(1, round(held_out_fraction * len(tasks)))
+    num_held_out = held_out_count(len(tasks), held_out_fraction)
     held = set(order[:num_held_out])
     return [t for i, t in enumerate(tasks) if i not in held], [t for i, t in enumerate(tasks) if i in held]

@@ -44,15 +44,15 @@ def test_run_configuration_with_a_field_the_resource_does_not_have_is_refused():
 
 
 # The posttraining resource's retired fields: the recipe's sizes (batch_size, RLVR's steps, groups
-# and overlong window) and the evaluation battery's (num_eval_prompts, max_new_tokens, now the
-# manifest's `post_training_eval`). A configuration still setting one is refused, never run with
-# other sizes than the confirmed manifest says.
+# and overlong window) and the evaluation battery's (num_eval_prompts, max_new_tokens,
+# held_out_fraction, now the manifest's `post_training_eval`). A configuration still setting one
+# is refused, never run with other sizes or prompts than the confirmed manifest says.
 RETIRED_POSTTRAINING_FIELDS = ["batch_size", "rlvr_num_steps", "rlvr_groups_per_step", "overlong_cache",
-                               "num_eval_prompts", "max_new_tokens"]
+                               "num_eval_prompts", "max_new_tokens", "held_out_fraction"]
 
 
 def test_the_posttraining_resource_keeps_only_what_the_manifest_does_not_say():
-    assert set(OURS["posttraining"].model_dump()) == {"seed", "held_out_fraction", "num_threads"}
+    assert set(OURS["posttraining"].model_dump()) == {"seed", "num_threads"}
 
 
 @pytest.mark.parametrize("field", RETIRED_POSTTRAINING_FIELDS)

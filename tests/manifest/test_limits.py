@@ -405,8 +405,9 @@ def test_post_training_ranges(kind, field, accepted, refused):
 
 # The eval battery's sizes (`post_training_eval`): at each bound, one past it, and far past it.
 EVAL_RANGES = [
-    ("num_prompts", [1, 200, 10**3], [0, -1, 10**3 + 1, 10**23]),
+    ("num_prompts", [1, 200], [0, -1, 10**3 + 1, 10**23]),  # more than 200 only with a larger held-out split
     ("max_new_tokens", [1, 8, 2**16], [0, -1, 2**16 + 1, 10**23]),
+    ("held_out_fraction", [0.2, 0.5, 0.9999], [0, 0.0, 1, 1.0, -0.2, 1.5, 10**23]),
 ]
 
 
@@ -418,6 +419,15 @@ def test_post_training_eval_ranges(field, accepted, refused):
         err = _verdict(_with(post_training_eval={field: value}))
         assert err.code is ErrorCode.MANIFEST_INVALID, value
         assert err.message == f"the manifest does not match the schema at: post_training_eval.{field}"
+
+
+def test_more_prompts_than_the_held_out_split_holds_make_the_block_invalid():
+    """The rule across the block's fields is reported at the block, its bounds at each field."""
+    assert _verdict(_with(post_training_eval={"num_prompts": 10**3, "held_out_fraction": 0.9999})) is None
+    for block in ({"num_prompts": 201}, {"num_prompts": 10**3}, {"num_prompts": 101, "held_out_fraction": 0.1}):
+        err = _verdict(_with(post_training_eval=block))
+        assert err.code is ErrorCode.MANIFEST_INVALID, block
+        assert err.message == "the manifest does not match the schema at: post_training_eval"
 
 
 @pytest.mark.parametrize(

@@ -89,9 +89,13 @@ def _rlvr_length(field):
 
 
 def _post_training_eval(field):
+    # Beside the field, the other that the block's own rule (num_prompts within the held-out
+    # split) compares it with, where that rule cannot object: 1,000 held out, or one prompt asked.
+    other = {"num_prompts": {"held_out_fraction": 0.9999}, "held_out_fraction": {"num_prompts": 1}}.get(field, {})
+
     def build(value):
         document = valid_manifest()
-        document["post_training_eval"] = {field: value}
+        document["post_training_eval"] = {**other, field: value}
         return document
     return build
 
@@ -164,6 +168,8 @@ RANGES = {
                                           1, True, 10**3, True),
     ("PostTrainingEval", "max_new_tokens"): (_post_training_eval("max_new_tokens"),
                                              "post_training_eval.max_new_tokens", 1, True, 2**16, True),
+    ("PostTrainingEval", "held_out_fraction"): (_post_training_eval("held_out_fraction"),
+                                                "post_training_eval.held_out_fraction", 0.0, False, 1.0, False),
     ("Budget", "cap_cents"): (_budget("cap_cents"), "budget.cap_cents", 1, True, 10**15, True),
     ("Budget", "max_incremental_cents"): (_budget("max_incremental_cents"), "budget.max_incremental_cents",
                                           1, True, 10**15, True),

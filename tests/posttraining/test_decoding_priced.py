@@ -16,7 +16,6 @@ from ito_assets.posttraining.decoding import encode_prompt
 from ito_assets.posttraining.evaluation import _same_length_batches, evaluate_reward, sampled_kl
 from ito_assets.posttraining.generation import GenerationConfig, make_group
 from ito_assets.posttraining.pipeline import battery
-from ito_assets.posttraining.stage import PostTrainingRuntime
 from ito_assets.training.hardware import gpu_spec, network_spec
 from ito_assets.training.model import DecoderLM
 from ito_assets.training.model_config import config_by_name
@@ -42,7 +41,7 @@ def _policy() -> Counting:
 
 def test_the_evaluation_after_a_stage_makes_no_more_forwards_than_planned():
     sizes = PostTrainingEval(num_prompts=200, max_new_tokens=4)
-    _, held_out = battery(PostTrainingRuntime(), sizes)
+    _, held_out = battery(sizes)
     policy, codec = _policy(), seeded().codec()
     reference = copy.deepcopy(policy)
     batches = list(_same_length_batches([encode_prompt(codec, task.prompt) for task in held_out]))
@@ -55,7 +54,7 @@ def test_the_evaluation_after_a_stage_makes_no_more_forwards_than_planned():
 
 
 def test_rlvrs_generation_makes_no_more_forwards_than_planned():
-    train, _ = battery(PostTrainingRuntime())
+    train, _ = battery()
     policy, codec = _policy(), seeded().codec()
     step = RlvrStep(kind="rlvr", num_steps=1, groups_per_step=5, group_size=8, max_new_tokens=6, overlong_cache=3)
     [planned] = plan.plan_post_training([step], policy.config, HARDWARE, {}, PostTrainingEval())

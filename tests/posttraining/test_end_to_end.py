@@ -39,7 +39,7 @@ def test_rlvr_raises_held_out_reward():
     codec = CharVocab()
     factory = seeded().factory()
     policy = factory()
-    train, held_out = battery(RUNTIME)
+    train, held_out = battery()
     # A short, noisy SFT (40% wrong answers) leaves a policy that guesses: mixed groups for GRPO.
     pairs = instruction_pairs(train[:400], copies=1, seed=0, error_rate=0.4)
     run_sft(policy, codec, pairs, SftConfig(num_epochs=8, learning_rate=3e-3, batch_size=16))

@@ -1,15 +1,17 @@
 """The evaluation battery's sizes are the manifest's (`post_training_eval`: `num_prompts` held-out
-prompts, completions of up to `max_new_tokens`), so the confirmation binds them: every stage
-evaluates (before, after, and the sampled KL) with them, a manifest without the block means the
-sizes stages evaluated with before (200 and 8) and keeps its digest, and a battery the stage cannot
-run as the manifest says (more prompts than the held-out split holds, completions the model cannot
-hold) is refused before any compute."""
+prompts, completions of up to `max_new_tokens`, the share `held_out_fraction` held out of RLVR's
+training), so the confirmation binds them: every stage evaluates (before, after, and the sampled
+KL) with them, a manifest without the block means what stages evaluated with before (200, 8 and
+0.2) and keeps its digest, a battery asking for more prompts than its split holds out is refused
+with the manifest, and completions the model cannot hold are refused before any compute."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
+import pydantic
 import pytest
 import torch
 
@@ -24,13 +26,11 @@ from ito_assets.posttraining.decoding import encode_prompt
 from ito_assets.posttraining.evaluation import evaluate_reward, sampled_kl
 from ito_assets.posttraining.fixtures import instruction_pairs, write_jsonl
 from ito_assets.posttraining.pipeline import SFT_FILE, battery, longest_prompt, run_stage
-from ito_assets.posttraining.stage import PostTrainingRuntime
-from ito_assets.posttraining.tasks import largest_digit_tasks
+from ito_assets.posttraining.tasks import largest_digit_tasks, split_held_out
 from ito_assets.training.model_config import config_by_name
 
 ROOT = Path(__file__).resolve().parents[2]
-RUNTIME = PostTrainingRuntime()
-TRAIN, HELD_OUT = battery(RUNTIME)
+TRAIN, HELD_OUT = battery()
 # The fixture manifests, reviewed before the manifest held the battery's sizes: their bytes, and so
 # their digests and every confirmation of them, are unchanged (data/fixtures/README.md lists them).
 FIXTURES = {
@@ -48,11 +48,12 @@ def test_a_manifest_without_the_block_keeps_its_digest_and_evaluates_as_before(n
     verified = verify_manifest(str(path))
     assert verified.raw.sha256_hex == FIXTURES[name]
     assert "post_training_eval" not in path.read_text()
-    # what the stages evaluated with before: the posttraining resource's num_eval_prompts 200 and max_new_tokens 8
+    # what the stages evaluated with before: the posttraining resource's num_eval_prompts 200,
+    # max_new_tokens 8 and held_out_fraction 0.2, and its split (seed 0)
     evaluation = verified.manifest.post_training_eval
-    assert (evaluation.num_prompts, evaluation.max_new_tokens) == (200, 8)
+    assert (evaluation.num_prompts, evaluation.max_new_tokens, evaluation.held_out_fraction) == (200, 8, 0.2)
     assert evaluation == PostTrainingEval.model_validate({"num_prompts": 200, "max_new_tokens": 8})
-    assert battery(RUNTIME, evaluation)[1] == HELD_OUT  # every held-out prompt, as before
+    assert battery(evaluation) == (TRAIN, HELD_OUT) == split_held_out(largest_digit_tasks(), held_out_fraction=0.2, seed=0)
 
 
 def test_the_schemas_bound_is_the_battery_task_familys_size():
@@ -67,7 +68,7 @@ def test_the_stage_evaluates_the_manifests_prompts_with_its_completion_length(tm
     rewards = spy_calls(monkeypatch, pipeline, "evaluate_reward")
     kls = spy_calls(monkeypatch, pipeline, "sampled_kl")
     outcome = run_stage(RlvrStep.model_validate(SMALL_RLVR), start=seeded(), data_root=tmp_path,
-                        out_dir=tmp_path / "out", runtime=RUNTIME, evaluation=evaluation)
+                        out_dir=tmp_path / "out", evaluation=evaluation)
     assert len(rewards) == 2 and len(kls) == 1  # before and after; the KL after
     for args, kwargs in rewards:
         assert list(args[2]) == HELD_OUT[:3] and kwargs["max_new_tokens"] == 5
@@ -77,31 +78,53 @@ def test_the_stage_evaluates_the_manifests_prompts_with_its_completion_length(tm
     assert len(outcome.eval_after.per_task) == 3
 
 
-@pytest.mark.parametrize("num_prompts,refused", [(1, False), (200, False), (201, True), (MAX_EVAL_PROMPTS, True)])
-def test_more_prompts_than_the_held_out_split_holds_are_refused(num_prompts, refused):
-    """The default split holds 200 held-out prompts: 200 are evaluated, 201 refused rather than
-    evaluated on 200 while the manifest says 201."""
-    evaluation = PostTrainingEval(num_prompts=num_prompts)
-    if not refused:
-        assert battery(RUNTIME, evaluation)[1] == HELD_OUT[:num_prompts]
-        return
-    with pytest.raises(ItoError) as error:
-        battery(RUNTIME, evaluation)
-    assert error.value.code is ErrorCode.POSTTRAINING_DATA_INVALID
-    assert error.value.message == (f"post_training_eval.num_prompts asks for {num_prompts} held-out prompts; the "
-                                   "battery holds 200 (held_out_fraction 0.2 of 1000)")
+@pytest.mark.parametrize(("fraction", "held_out"), [(0.2, 200), (0.1, 100), (0.5, 500), (0.999, 999), (1e-9, 1)])
+def test_a_battery_may_ask_for_every_prompt_its_split_holds_out_and_no_more(fraction, held_out):
+    """Refused with the manifest (its schema), before any compute is confirmed, never evaluated on
+    fewer prompts than it says; the split holds at least one prompt out."""
+    evaluation = PostTrainingEval(num_prompts=held_out, held_out_fraction=fraction)
+    train, evaluated = battery(evaluation)
+    assert len(evaluated) == held_out and len(train) == MAX_EVAL_PROMPTS - held_out
+    assert not {t.prompt for t in train} & {t.prompt for t in evaluated}  # RLVR never trains on the battery's prompts
+    with pytest.raises(pydantic.ValidationError, match=f"num_prompts exceeds the {held_out} held-out prompts that "
+                                                       "held_out_fraction leaves of the battery's 1000"):
+        PostTrainingEval(num_prompts=held_out + 1, held_out_fraction=fraction)
 
 
-def test_a_smaller_split_refuses_the_default_battery_before_any_compute(tmp_path, monkeypatch):
-    """A resource holding out a tenth leaves 100 prompts: the default 200 is refused at the stage's
-    start, before the first evaluation."""
-    evaluated = spy_calls(monkeypatch, pipeline, "_evaluate", stop=True)
-    with pytest.raises(ItoError) as error:
+@pytest.mark.parametrize("fraction", [0, 1, -0.1, 1.5, float("nan"), float("inf")])
+def test_a_held_out_share_outside_zero_to_one_is_refused(fraction):
+    with pytest.raises(pydantic.ValidationError, match="held_out_fraction"):
+        PostTrainingEval(num_prompts=1, held_out_fraction=fraction)
+
+
+def test_a_manifest_asking_for_more_prompts_than_its_split_holds_out_is_invalid(tmp_path):
+    """The default split holds out 200: 201 is refused when the manifest is read (review, the
+    API's validation, the sensor), not at the post-training stage after the pretraining's compute."""
+    body = json.loads((ROOT / "data" / "fixtures" / "manifests" / "fixture-small.json").read_text())
+    for num_prompts, valid in ((200, True), (201, False)):
+        path = tmp_path / f"asks-{num_prompts}.json"
+        path.write_text(json.dumps(body | {"post_training_eval": {"num_prompts": num_prompts}}))
+        if valid:
+            assert verify_manifest(str(path)).manifest.post_training_eval.num_prompts == 200
+            continue
+        with pytest.raises(ItoError) as refused:
+            verify_manifest(str(path))
+        assert refused.value.code is ErrorCode.MANIFEST_INVALID and "post_training_eval" in refused.value.message
+
+
+def test_a_smaller_split_trains_rlvr_on_the_rest(tmp_path, monkeypatch):
+    """A tenth held out: the stage evaluates its 100 and RLVR draws from the other 900 prompts."""
+    rewards = spy_calls(monkeypatch, pipeline, "evaluate_reward")
+    trained = spy_calls(monkeypatch, pipeline, "_train", stop=True)
+    evaluation = PostTrainingEval(num_prompts=100, held_out_fraction=0.1)
+    with pytest.raises(Stopped):
         run_stage(RlvrStep.model_validate(SMALL_RLVR), start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out",
-                  runtime=PostTrainingRuntime(held_out_fraction=0.1))
-    assert error.value.code is ErrorCode.POSTTRAINING_DATA_INVALID
-    assert "asks for 200 held-out prompts; the battery holds 100" in error.value.message
-    assert evaluated == []
+                  evaluation=evaluation)
+    train, held_out = battery(evaluation)
+    [(args, _)] = rewards  # the recipe's first stage: the battery before training
+    assert [t.prompt for t in args[2]] == [t.prompt for t in held_out] and len(held_out) == 100
+    [(args, _)] = trained
+    assert [t.prompt for t in args[6]] == [t.prompt for t in train] and len(train) == 900
 
 
 # --- completions the model must hold ---------------------------------------------------------------
@@ -151,7 +174,7 @@ def test_a_battery_the_model_cannot_hold_is_refused_before_any_compute(tmp_path,
     evaluated = spy_calls(monkeypatch, pipeline, "_evaluate", stop=True)
 
     def stage():
-        run_stage(step, start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out", runtime=RUNTIME,
+        run_stage(step, start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out",
                   evaluation=evaluation)
 
     if not past_the_edge:

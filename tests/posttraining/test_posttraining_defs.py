@@ -40,7 +40,7 @@ from ito_assets.posttraining.eval_gate import BATTERY, judge_rewards
 from ito_assets.posttraining.evaluation import RewardEval
 from ito_assets.posttraining.pipeline import DPO_FILE, SFT_FILE, battery
 from ito_assets.posttraining.plan import evaluation_seconds
-from ito_assets.posttraining.stage import PostTrainingRuntime, StageOutcome
+from ito_assets.posttraining.stage import StageOutcome
 from ito_assets.training.model_config import config_by_name
 from posttraining.pretrained_checkpoint import Pretrained, make_pretrained
 
@@ -104,7 +104,7 @@ def _defs(installation, base: Pretrained, runtime: PostTrainingResource = PostTr
 
 def _write_fixtures(installation, num_prompts: int) -> dict[str, dict]:
     """The pair files, and their data references as a recipe step binds them."""
-    train, _ = battery(PostTrainingRuntime())
+    train, _ = battery()
     folder = installation.data_root / "fixtures" / "posttraining"
     write_jsonl(folder / SFT_FILE, instruction_pairs(train[:num_prompts], copies=1, seed=0, error_rate=0.2))
     write_jsonl(folder / DPO_FILE, preference_pairs(train[:64], copies=1, seed=0))

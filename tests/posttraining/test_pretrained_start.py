@@ -21,7 +21,7 @@ from ito_assets.posttraining.fixtures import InstructionPair, instruction_pairs,
 from ito_assets.posttraining.pipeline import battery
 from ito_assets.posttraining.publish import MAX_CURVE_POINTS, publish_outcome, stage_metrics
 from ito_assets.posttraining.sft import response_batch
-from ito_assets.posttraining.stage import PostTrainingRuntime, StageOutcome
+from ito_assets.posttraining.stage import StageOutcome
 from ito_assets.training.tokenizer import END_OF_TEXT
 from posttraining.pretrained_checkpoint import Pretrained, make_pretrained
 
@@ -103,7 +103,7 @@ def test_a_changed_checkpoint_is_refused(base, tmp_path):
 
 
 def _bound(tmp_path: Path, kind: str = "sft", sha256: str | None = None):
-    train, _ = battery(PostTrainingRuntime())
+    train, _ = battery()
     path = tmp_path / "data" / "pairs.jsonl"
     write_jsonl(path, instruction_pairs(train[:8], copies=1, seed=0, error_rate=0.0))
     data = {"uri": "dataroot://pairs.jsonl", "format": "jsonl", "license": "CC0-1.0",

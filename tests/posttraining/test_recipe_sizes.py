@@ -32,7 +32,7 @@ from ito_assets.training.model_config import config_by_name
 
 RUNTIME = PostTrainingRuntime()
 EVALUATION = PostTrainingEval(num_prompts=4)  # the manifest's eval battery, small
-TRAIN, _ = battery(RUNTIME)
+TRAIN, _ = battery()
 
 
 def _bound(data_root: Path, name: str, pairs: list) -> dict:

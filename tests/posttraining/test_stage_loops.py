@@ -21,7 +21,6 @@ from ito_assets.posttraining.fixtures import (
 from ito_assets.posttraining.eval_gate import BATTERY, GateRule, GateSpec, judge_rewards, require_passed
 from ito_assets.posttraining.base import seeded
 from ito_assets.posttraining.pipeline import battery
-from ito_assets.posttraining.stage import PostTrainingRuntime
 from ito_assets.posttraining.rollouts import Group, Rollout, collate
 from ito_assets.posttraining.sft import SftConfig, response_batch, run_sft
 from ito_assets.posttraining.vocab import CharVocab
@@ -65,7 +64,7 @@ def test_sft_lowers_the_response_loss():
 
 
 def test_dpo_prefers_chosen_and_leaves_the_reference_alone():
-    train, _ = battery(PostTrainingRuntime())
+    train, _ = battery()
     pairs = preference_pairs(train[:64], copies=1, seed=0)
     policy = _policy()
     reference = copy.deepcopy(policy)
@@ -87,7 +86,7 @@ def _chosen_nll(policy, pairs) -> float:
 def test_the_chosen_answers_log_likelihood_term_keeps_dpo_from_lowering_them():
     """From an SFT policy, plain DPO lowers the chosen answers' likelihood along with the rejected
     ones' (the mass goes elsewhere); with rpo_alpha 1 the chosen answers become likelier."""
-    train, _ = battery(PostTrainingRuntime())
+    train, _ = battery()
     pairs = preference_pairs(train[:64], copies=1, seed=0)
     sft = _policy()
     run_sft(sft, VOCAB, [InstructionPair(pair_id=p.pair_id, prompt=p.prompt, response=p.chosen) for p in pairs],
@@ -168,7 +167,7 @@ def test_kl_estimator_by_hand():
 def test_committed_fixtures_are_what_the_script_writes(tmp_path):
     folder = ROOT / "data" / "fixtures" / "posttraining"
     sft, dpo = read_instruction_pairs(folder / "sft_pairs.jsonl"), read_preference_pairs(folder / "dpo_pairs.jsonl")
-    train, held_out = battery(PostTrainingRuntime())
+    train, held_out = battery()
     assert sft == instruction_pairs(train, copies=2, seed=20241129, error_rate=0.3)
     assert dpo == preference_pairs(train, copies=1, seed=20241130)
     held = {t.prompt for t in held_out}

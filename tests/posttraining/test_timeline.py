@@ -25,7 +25,7 @@ EVALUATION = PostTrainingEval(num_prompts=8)  # the manifest's battery, small
 
 
 def _sft_step(data_root: Path, *, num_pairs: int) -> SftStep:
-    train, _ = battery(RUNTIME)
+    train, _ = battery()
     path = data_root / "pairs" / SFT_FILE
     write_jsonl(path, instruction_pairs(train[:num_pairs], copies=1, seed=0, error_rate=0.0))
     data = {"uri": f"dataroot://pairs/{SFT_FILE}", "format": "jsonl", "license": "CC0-1.0",

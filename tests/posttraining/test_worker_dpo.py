@@ -23,7 +23,6 @@ from ito_assets.posttraining.on_worker import REFERENCE_NAME, START_NAME, Worker
 from ito_assets.posttraining.optim import WORKER_RECIPE
 from ito_assets.posttraining.pipeline import battery
 from ito_assets.posttraining.sft import SftConfig, run_sft
-from ito_assets.posttraining.stage import PostTrainingRuntime
 from ito_assets.posttraining.vocab import CharVocab
 from ito_assets.runtime.supervision.supervisor import SupervisorConfig
 from ito_assets.runtime.worker import train_state
@@ -33,7 +32,7 @@ from runtime.runtime_helpers import TRIALS
 
 CODEC = CharVocab()
 SPEC = seeded()
-PAIRS = preference_pairs(battery(PostTrainingRuntime())[0][:64], copies=1, seed=0)
+PAIRS = preference_pairs(battery()[0][:64], copies=1, seed=0)
 CONFIG = DpoConfig(learning_rate=3e-3, batch_size=16, num_epochs=2, rpo_alpha=1.0, label_smoothing=0.1)  # 8 steps
 SUPERVISOR = SupervisorConfig(startup_timeout_s=90.0, poll_interval_s=0.2, grace_s=3.0, max_restarts=1)
 # fp32 on CPU, one rank, one micro-batch, the same reference values: measured against the loop,

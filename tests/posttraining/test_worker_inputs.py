@@ -21,7 +21,6 @@ from ito_assets.posttraining.on_worker import (REFERENCE_NAME, ROWS_NAME, START_
 from ito_assets.posttraining.pipeline import battery
 from ito_assets.posttraining.rlvr import RlvrConfig
 from ito_assets.posttraining.sft import SftConfig, run_sft
-from ito_assets.posttraining.stage import PostTrainingRuntime
 from ito_assets.posttraining.vocab import CharVocab
 from ito_assets.runtime.record import events
 from ito_assets.runtime.record.events import EventKind
@@ -51,7 +50,7 @@ def _dpo(stage_dir: Path) -> None:
 
 def _rlvr(stage_dir: Path) -> None:
     config = RlvrConfig(num_steps=1, groups_per_step=2, group_size=2, max_new_tokens=4, overlong_cache=2)
-    rlvr_on_worker(SPEC.factory()(), SPEC, battery(PostTrainingRuntime())[0][:4], config, stage_dir=stage_dir,
+    rlvr_on_worker(SPEC.factory()(), SPEC, battery()[0][:4], config, stage_dir=stage_dir,
                    launch=LAUNCH, prompt_length=8)
 
 

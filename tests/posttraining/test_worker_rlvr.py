@@ -28,7 +28,6 @@ from ito_assets.posttraining.rlvr import RlvrConfig
 from ito_assets.posttraining.rollout_source import generator_seed, read_tasks
 from ito_assets.posttraining.rollouts import collate
 from ito_assets.posttraining.sft import SftConfig, run_sft
-from ito_assets.posttraining.stage import PostTrainingRuntime
 from ito_assets.posttraining.vocab import CharVocab
 from ito_assets.runtime.record import events
 from ito_assets.runtime.record.events import EventKind
@@ -47,7 +46,7 @@ from runtime.runtime_helpers import TRIALS, worker_config
 
 CODEC = CharVocab()
 SPEC = seeded()
-TRAIN, _ = battery(PostTrainingRuntime())
+TRAIN, _ = battery()
 PROMPT_LENGTH = max(len(encode_prompt(CODEC, task.prompt)) for task in TRAIN)
 SUPERVISOR = SupervisorConfig(startup_timeout_s=90.0, poll_interval_s=0.2, grace_s=3.0, max_restarts=1)
 CONFIG = RlvrConfig(num_steps=6, groups_per_step=4, group_size=4, max_new_tokens=8, overlong_cache=4,
