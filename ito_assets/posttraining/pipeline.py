@@ -36,7 +36,7 @@ from ito_assets.posttraining.timeline import StageTimeline
 from ito_assets.posttraining.decoding import encode_prompt
 from ito_assets.posttraining.on_worker import (WorkerLaunch, dpo_on_worker, refuse_if_running, rlvr_on_worker,
                                                sft_on_worker)
-from ito_assets.posttraining.plan import evaluation_calibration
+from ito_assets.posttraining.plan import evaluation_calibration, generation_calibration
 from ito_assets.training.model_config import config_by_name
 from ito_assets.training.threads import torch_threads
 
@@ -184,6 +184,9 @@ def _timed_stage(step, start: Start, data_root: Path, out_dir: Path, runtime: Po
     metrics["evaluation_calibration"] = evaluation_calibration(
         config_by_name(spec.model_name), evaluation, first=first, cpu_s=math.fsum(c for c, _ in evaluated),
         wall_s=math.fsum(w for _, w in evaluated))
+    if isinstance(step, RlvrStep):  # every group its steps drew passed the staleness filter once
+        drawn = metrics["staleness"]["num_admitted"] + metrics["staleness"]["num_dropped_stale"]
+        metrics["generation_calibration"] = generation_calibration(step, drawn)
     saving = time.perf_counter()
     checkpoint = save_policy(policy, out_dir / step.kind / "policy.pt", stage=step.kind, policy_version=num_steps)
     timeline.checkpoint(time.perf_counter() - saving, checkpoint.num_bytes, step=num_steps)

@@ -34,7 +34,8 @@ added: RLVR's generator runs beside its trainer, so the sum is the time without 
 An upper bound where the runtime may do less: every completion at its `max_new_tokens` (a sampled
 one often ends sooner), the host at its nominal core, idle. Not in the price: RLVR's redrawn groups
 (a group whose rewards are all equal, or that is too stale, is drawn again, up to 10 a wanted
-group: `sampling.py`), and the groups its generator has run ahead when the trainer stops.
+group: `sampling.py`), and the groups its generator has run ahead when the trainer stops; a stage
+records the groups it drew against the ones priced (`generation_calibration`).
 """
 
 from __future__ import annotations
@@ -258,6 +259,17 @@ def evaluation_calibration(config: ModelConfig, battery, *, first: bool, cpu_s: 
     ratio = round(cpu_s / planned, RATIO_DIGITS) if planned > 0 else math.nan
     return {"planned_s": round(planned, 3), "measured_cpu_s": round(cpu_s, 3), "measured_wall_s": round(wall_s, 3),
             "ratio": ratio, "underpriced": not math.isfinite(ratio) or ratio > 1 + FLAG_FRACTION}
+
+
+def generation_calibration(step: RlvrStep, num_drawn: int) -> dict:
+    """RLVR's groups as the plan priced them (a group a prompt, `groups_per_step` a step) and as
+    the stage's steps drew them (redrawn ones included: all equal, or too stale). Each group is
+    priced at its longest completions, so the ratio bounds the generation's compute against its
+    price from above; more than `FLAG_FRACTION` over flags the stage (`overdrawn`): its redraws
+    may have run past the window and cost the confirmation bound."""
+    planned = step.num_steps * step.groups_per_step
+    ratio = round(num_drawn / planned, RATIO_DIGITS)
+    return {"planned_groups": planned, "drawn_groups": num_drawn, "ratio": ratio, "overdrawn": ratio > 1 + FLAG_FRACTION}
 
 
 def _pairs_stage(step: SftStep | DpoStep, shape: PairShape, config: ModelConfig, hardware: Hardware,

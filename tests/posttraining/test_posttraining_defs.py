@@ -172,7 +172,8 @@ def test_graph_chain_in_recipe_order(installation):
     assert {dg.AssetKey("long_context_checkpoint"), dg.AssetKey("training_tokens")} <= sft_parents
     checks = {k.name: graph.get_check_spec(k) for k in graph.asset_check_keys if k.asset_key.path[0] in STAGES}
     gates = {"sft_eval_gate", "dpo_eval_gate", "rlvr_eval_gate"}
-    warnings = {"sft_evaluation_calibration", "dpo_evaluation_calibration", "rlvr_evaluation_calibration"}
+    warnings = {"sft_evaluation_calibration", "dpo_evaluation_calibration", "rlvr_evaluation_calibration",
+                "rlvr_generation_calibration"}
     assert set(checks) == gates | warnings
     assert all(checks[name].blocking for name in gates) and not any(checks[name].blocking for name in warnings)
 
@@ -239,6 +240,13 @@ def test_chain_materializes_with_metrics(installation, instance, base):
         assert verdict is (not figures["underpriced"])
     assert metadata["evaluation_planned_s"].value == result.output_for_node("rlvr_checkpoint").metrics[
         "evaluation_calibration"]["planned_s"]
+    # RLVR's groups, drawn on the worker, against the priced ones: every group drawn passed the
+    # staleness filter once (the in-process count: test_recipe_sizes.py).
+    figures = result.output_for_node("rlvr_checkpoint").metrics["generation_calibration"]
+    staleness = result.output_for_node("rlvr_checkpoint").metrics["staleness"]
+    assert figures["drawn_groups"] == staleness["num_admitted"] + staleness["num_dropped_stale"] >= figures["planned_groups"]
+    assert metadata["groups_drawn"].value == figures["drawn_groups"] and metadata["groups_planned"].value == figures["planned_groups"]
+    assert _evaluations(result)["rlvr_generation_calibration"] is (not figures["overdrawn"])
 
 
 def test_the_evaluation_warning_flags_only_an_underpriced_stage_of_its_own_kind():
@@ -259,6 +267,26 @@ def test_the_evaluation_warning_flags_only_an_underpriced_stage_of_its_own_kind(
     # Another stage's outcome (the recipe has no such step), or one stored before its evaluations were timed.
     assert checks.evaluation_calibration_result("sft", outcome({"evaluation_calibration": figures})).passed
     assert checks.evaluation_calibration_result("dpo", outcome({"kl_to_reference": 0.1})).passed
+
+
+def test_the_generation_warning_flags_only_an_overdrawn_rlvr_stage():
+    figures = {"planned_groups": 320, "drawn_groups": 512, "ratio": 1.6, "overdrawn": True}
+    reward = RewardEval(mean_reward=0.5, per_task=(0.5, 0.5), greedy_accuracy=0.5, num_tasks=2, num_samples=8)
+
+    def outcome(stage: str, metrics: dict) -> StageOutcome:
+        return StageOutcome(stage=stage, policy=seeded(), eval_before=reward, eval_after=reward, metrics=metrics,
+                            checkpoint=CheckpointRecord(stage=stage, path=f"/x/{stage}/policy.pt", sha256="0" * 64,
+                                                        num_bytes=1, policy_version=1),
+                            gate=judge_rewards(stage, reward, reward, BATTERY[stage]))
+
+    flagged = checks.generation_calibration_result(outcome("rlvr", {"generation_calibration": figures}))
+    assert not flagged.passed and flagged.severity is dg.AssetCheckSeverity.WARN
+    assert flagged.description == "512 groups drawn against 320 priced (ratio 1.6; each priced at its longest completions)"
+    within = {**figures, "drawn_groups": 400, "ratio": 1.25, "overdrawn": False}
+    assert checks.generation_calibration_result(outcome("rlvr", {"generation_calibration": within})).passed
+    # Another stage's outcome (the recipe has no RLVR step), or one stored before its groups were counted.
+    assert checks.generation_calibration_result(outcome("dpo", {"generation_calibration": figures})).passed
+    assert checks.generation_calibration_result(outcome("rlvr", {"kl_to_reference": 0.1})).passed
 
 
 def _assert_trained_on_the_worker(outcome) -> None:

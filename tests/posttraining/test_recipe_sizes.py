@@ -18,7 +18,7 @@ from posttraining.never_ends import NeverEnds
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.schema import DpoStep, PostTrainingEval, RlvrStep, SftStep
 from ito_assets.manifest.verify import verify_manifest
-from ito_assets.posttraining import on_worker, pipeline
+from ito_assets.posttraining import on_worker, pipeline, rlvr
 from ito_assets.posttraining.base import seeded
 from ito_assets.posttraining.decoding import encode_prompt
 from ito_assets.posttraining.fixtures import check_completions, instruction_pairs, preference_pairs, write_jsonl
@@ -84,6 +84,29 @@ def test_rlvr_runs_the_recipes_steps_of_its_groups(tmp_path):
     # the groups a step trains on: the loop's config is the step's (the run's own figures do not count them)
     config = RlvrConfig.from_step(step)
     assert (config.num_steps, config.groups_per_step, config.group_size) == (2, 3, 2)
+
+
+def test_rlvr_counts_every_group_its_steps_drew_against_the_ones_priced(tmp_path, monkeypatch):
+    """Redrawn groups (all rewards equal: an untrained policy's common case, or too stale) are not
+    priced; the stage records them beside the priced groups (the plan's warning: its tests)."""
+    filled = []
+
+    def counted(*args, **kwargs):
+        filled.append(real(*args, **kwargs))
+        return filled[-1]
+
+    real = rlvr.fill_batch
+    monkeypatch.setattr(rlvr, "fill_batch", counted)
+    step = RlvrStep.model_validate({"kind": "rlvr", "num_steps": 3, "groups_per_step": 2, "group_size": 2})
+    outcome = run_stage(step, start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out", runtime=RUNTIME,
+                        evaluation=EVALUATION)
+    figures = outcome.metrics["generation_calibration"]
+    drawn = sum(batch.num_drawn for batch in filled)
+    assert figures["planned_groups"] == 6 and figures["drawn_groups"] == drawn >= 6
+    assert figures["ratio"] == round(drawn / 6, 4) and figures["overdrawn"] is (drawn > 7.5)
+    assert "generation_calibration" not in run_stage(
+        _sft(tmp_path, 24, 24), start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out-sft", runtime=RUNTIME,
+        evaluation=EVALUATION).metrics
 
 
 # --- RLVR's completion length and overlong window --------------------------------------------------

@@ -184,6 +184,14 @@ def test_an_evaluation_is_flagged_only_when_it_took_over_a_quarter_longer_than_p
     assert later.evaluation_seconds == pytest.approx(planned)
 
 
+@pytest.mark.parametrize("drawn, overdrawn", [(400, False), (450, False), (500, False), (501, True), (4_000, True)])
+def test_rlvr_is_flagged_only_when_it_drew_over_a_quarter_more_groups_than_priced(drawn, overdrawn) -> None:
+    """The plan prices its steps x groups per step; a redrawn group (all equal, too stale) is not priced."""
+    step = RlvrStep(kind="rlvr", num_steps=4, groups_per_step=100)
+    figures = post.generation_calibration(step, drawn)
+    assert figures == {"planned_groups": 400, "drawn_groups": drawn, "ratio": round(drawn / 400, 4), "overdrawn": overdrawn}
+
+
 @pytest.mark.parametrize("prompts, batches", [(1, 1), (8, 8), (9, 8), (32, 8), (33, 9), (200, 14), (1000, 39)])
 def test_the_batteries_batches_are_bounded_by_its_prompts_and_their_possible_lengths(prompts: int, batches: int) -> None:
     """Prompts of one length share a batch of up to EVAL_BATCH_PROMPTS; a prompt holds 2 to 9

@@ -105,6 +105,10 @@ def outcome_metadata(outcome: StageOutcome, step) -> dict:
         figures = metrics["evaluation_calibration"]
         metadata.update({"evaluation_planned_s": figures["planned_s"], "evaluation_cpu_s": figures["measured_cpu_s"],
                          "evaluation_cpu_over_planned": figures["ratio"]})
+    if "generation_calibration" in metrics:  # RLVR's, once recorded
+        figures = metrics["generation_calibration"]
+        metadata.update({"groups_planned": figures["planned_groups"], "groups_drawn": figures["drawn_groups"],
+                         "groups_drawn_over_planned": figures["ratio"]})
     metadata.update(_curve_metadata(outcome.stage, metrics))
     if "staleness" in metrics:
         metadata["staleness_histogram"] = staleness_table(metrics["staleness"])

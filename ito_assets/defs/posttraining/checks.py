@@ -1,6 +1,7 @@
 """Each post-training stage's checks. Blocking: its eval gate (the verdict its asset recorded); a
 failed gate stops the rest of the run here, and the next stage's asset refuses it again on retry.
-A warning: its evaluations' time against the plan's (`plan.evaluation_calibration`)."""
+Warnings: its evaluations' time against the plan's (`plan.evaluation_calibration`), and RLVR's
+groups drawn against the ones priced (`plan.generation_calibration`)."""
 
 import dagster as dg
 
@@ -72,6 +73,36 @@ def evaluation_calibration_result(kind: str, outcome) -> dg.AssetCheckResult:
     )
 
 
+@dg.asset_check(
+    name="rlvr_generation_calibration",
+    asset=rlvr_checkpoint,
+    partitions_def=manifests_partitions,
+    description=f"A warning, never blocking: the RLVR stage drew more than {FLAG_FRACTION:.0%} more groups than the "
+    "plan priced (its steps times groups per step; redrawn all-equal or too stale groups are not priced), so its "
+    "generation may have run past the window and cost the confirmation bound.",
+)
+def rlvr_generation_calibration(**checkpoint) -> dg.AssetCheckResult:
+    (outcome,) = checkpoint.values()
+    return generation_calibration_result(outcome)
+
+
+def generation_calibration_result(outcome) -> dg.AssetCheckResult:
+    """The warning's verdict on what RLVR's asset handed on (another stage's outcome, or one stored
+    before its groups were counted, has nothing to judge)."""
+    ran = isinstance(outcome, StageOutcome) and outcome.stage == "rlvr"
+    figures = outcome.metrics.get("generation_calibration") if ran else None
+    if not figures:
+        return dg.AssetCheckResult(passed=True, description="no RLVR groups were counted (or no such step)")
+    return dg.AssetCheckResult(
+        passed=not figures["overdrawn"],
+        severity=dg.AssetCheckSeverity.WARN,
+        description=f"{figures['drawn_groups']:,} groups drawn against {figures['planned_groups']:,} priced "
+        f"(ratio {figures['ratio']:.3g}; each priced at its longest completions)",
+        metadata={name: figures[name] for name in ("planned_groups", "drawn_groups", "ratio")},
+    )
+
+
 _STAGES = (("sft", sft_checkpoint), ("dpo", dpo_checkpoint), ("rlvr", rlvr_checkpoint))
 POSTTRAINING_CHECKS = ([_gate_check(kind, asset) for kind, asset in _STAGES]
-                       + [_evaluation_calibration_check(kind, asset) for kind, asset in _STAGES])
+                       + [_evaluation_calibration_check(kind, asset) for kind, asset in _STAGES]
+                       + [rlvr_generation_calibration])
