@@ -10,7 +10,9 @@ Strict mode: integers must be JSON integers (not "8", 8.0 or true); unknown fiel
 every level; money is integer US cents and positive. Every number has a range, lower and upper:
 a reviewed manifest never carries a value no real run could have (a 4,000-digit budget would
 otherwise be approved and priced). Errors from these models are never shown to a caller with
-their input (see `verify.py`, which reports field locations only).
+their input (see `verify.py`, which reports field locations, and beside a rule across fields
+that one of these models checks, the rule's own words): a validator's message never holds a
+value of the document.
 """
 
 from __future__ import annotations
@@ -206,7 +208,7 @@ class PostTrainingEval(_Strict):
     # was ~0.015-0.03, against ~0.03-0.05 with 50 prompts, which left real RLVR gains inside the
     # noise band. More than the held-out split holds is refused with the manifest, before any
     # compute is confirmed, not evaluated on fewer.
-    num_prompts: Annotated[int, Field(ge=1, le=MAX_EVAL_PROMPTS)] = 200
+    num_prompts: Annotated[int, Field(ge=1, le=MAX_EVAL_PROMPTS - 1)] = 200  # one prompt at least is trained on
     # The completion length (tokens, its eos included) of the battery's samples and of the KL's:
     # answers are one token and eos, so 8 leaves room for rambling. The stage refuses, before any
     # compute, a length its model cannot hold after the longest prompt (`fixtures.check_completions`).
@@ -214,7 +216,9 @@ class PostTrainingEval(_Strict):
     # The share of the task family held out (a fixed seeded split): never trained on by RLVR, and
     # where the battery's prompts come from. It decides which prompts RLVR trains on, so the
     # confirmation binds it (it was the `posttraining` resource's until 2026-12-06, with this default).
-    held_out_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.2
+    # At most 0.999: 999 of the 1,000 prompts; a split holding out all of them would leave RLVR
+    # none to train on (from 0.9995 up, as the split rounds).
+    held_out_fraction: Annotated[float, Field(gt=0, le=0.999)] = 0.2
 
     @model_validator(mode="after")
     def _prompts_within_the_held_out_split(self) -> "PostTrainingEval":

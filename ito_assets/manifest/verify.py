@@ -47,8 +47,11 @@ class VerifiedManifest:
 
 def _schema_error(exc: ValidationError) -> ItoError:
     # An unknown field's location holds the caller's key name: shown only as `shown_key` allows.
+    # A rule across fields (a model's validator) is said in its own words, which hold no value of
+    # the document (schema.py); a field's own type or range is said by its location alone.
     locations = sorted({
-        ".".join(str(p) if isinstance(p, int) else secrets.shown_key(p) for p in err["loc"]) or "<root>"
+        (".".join(str(p) if isinstance(p, int) else secrets.shown_key(p) for p in err["loc"]) or "<root>")
+        + (f" ({err['ctx']['error']})" if err["type"] == "value_error" else "")
         for err in exc.errors()
     })
     shown = ", ".join(locations[:_MAX_REPORTED_FIELDS])

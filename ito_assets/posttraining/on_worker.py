@@ -46,8 +46,8 @@ from ito_assets.runtime.record.storage import write_atomic
 from ito_assets.runtime.stage import run as stage_run
 from ito_assets.runtime.stage.config import CONFIG_NAME, PreferenceObjective, ReinforcementObjective, WorkerConfig
 from ito_assets.runtime.supervision.spikes import SpikeConfig
-from ito_assets.runtime.supervision.supervisor import (REPORT_NAME, Outcome, StageBusy, StageSuperseded, SupervisorConfig,
-                                                        supervising)
+from ito_assets.runtime.supervision.supervisor import (LAUNCH_ROLE, REPORT_NAME, Outcome, StageBusy, StageSuperseded,
+                                                        SupervisorConfig, supervising)
 from ito_assets.runtime.worker import train_state
 from ito_assets.runtime.worker.batches import IGNORE, ResumableBatches
 from ito_assets.training.layout import Layout
@@ -235,14 +235,15 @@ def _writing_inputs(stage_dir: Path):
 
 
 @contextlib.contextmanager
-def _holding(stage_dir: Path, launch_id: str = ""):
-    """The stage folder's lock, as a launch holds it (`supervising`), its refusals as STAGE_BUSY."""
+def _holding(stage_dir: Path, launch_id: str = "", doing: str = "wrote and started nothing there"):
+    """The stage folder's lock, as a launch holds it (`supervising`; another launch's brief hold
+    is waited for), its refusals as STAGE_BUSY. `doing`: what this launch did, for the message."""
     try:
-        with supervising(stage_dir, role="post-training launch", launch_id=launch_id):
+        with supervising(stage_dir, role=LAUNCH_ROLE, launch_id=launch_id):
             yield
     except StageBusy as busy:
-        raise ItoError(ErrorCode.STAGE_BUSY, f"{busy.holder} runs the stage in {stage_dir}: this launch wrote and "
-                       "started nothing there (one at a time per stage folder); run it again once that one ended") from None
+        raise ItoError(ErrorCode.STAGE_BUSY, f"{busy.holder} runs the stage in {stage_dir}: this launch {doing} "
+                       "(one at a time per stage folder); run it again once that one ended") from None
     except StageSuperseded:
         raise ItoError(ErrorCode.STAGE_BUSY, f"a later launch of the stage rewrote its inputs in {stage_dir} after this "
                        "one wrote them: this launch hands nothing on (the later one's does)") from None
@@ -280,20 +281,30 @@ def _run(policy: CausalLM, prepared: stage_run.PreparedStage, launch: WorkerLaun
         launch.run(prepared.command)
     except Exception as error:  # noqa: BLE001 - decided below, once the report is read
         failed = error
-    with _holding(prepared.stage_dir, prepared.launch_id):
-        path = prepared.stage_dir / REPORT_NAME
-        report = json.loads(path.read_text()) if path.exists() else None
-        if failed is not None and (report is None or report["outcome"] == Outcome.SUCCEEDED.value):
-            raise failed  # no report, or the stage succeeded and the launch failed for another reason
-        if report is None:
-            raise ItoError(ErrorCode.INTERNAL_ERROR, f"the {prepared.stage.upper()} stage's supervisor ended without a report")
-        if report["outcome"] != Outcome.SUCCEEDED.value:
-            code = report.get("error_code")
-            attempts = report["num_attempts"]
-            raise ItoError(ErrorCode(code) if code else ErrorCode.INTERNAL_ERROR, f"the {prepared.stage.upper()} stage's "
-                           f"worker ended {report['outcome']} after {attempts} attempt{'' if attempts == 1 else 's'}")
-        load_pretrained(policy, Path(report["result"]["final_checkpoint"]))
-        return _Finished(steps=_final_steps(prepared.stage_dir), seconds=_step_seconds(prepared.stage_dir))
+    try:
+        with _holding(prepared.stage_dir, prepared.launch_id, doing="ran its stage and did not read the result"):
+            return _result(policy, prepared, failed)
+    except ItoError as refused:
+        if failed is not None and refused.code is ErrorCode.STAGE_BUSY:
+            raise refused from failed  # the launch's own failure stays on the record
+        raise
+
+
+def _result(policy: CausalLM, prepared: stage_run.PreparedStage, failed: Exception | None) -> _Finished:
+    path = prepared.stage_dir / REPORT_NAME
+    report = json.loads(path.read_text()) if path.exists() else None
+    if failed is not None and (report is None or report["outcome"] == Outcome.SUCCEEDED.value):
+        raise failed  # no report, or the stage succeeded and the launch failed for another reason
+    if report is None:
+        raise ItoError(ErrorCode.INTERNAL_ERROR, f"the {prepared.stage.upper()} stage's supervisor ended without a "
+                       "report (its log says why)")
+    if report["outcome"] != Outcome.SUCCEEDED.value:
+        code = report.get("error_code")
+        attempts = report["num_attempts"]
+        raise ItoError(ErrorCode(code) if code else ErrorCode.INTERNAL_ERROR, f"the {prepared.stage.upper()} stage's "
+                       f"worker ended {report['outcome']} after {attempts} attempt{'' if attempts == 1 else 's'}")
+    load_pretrained(policy, Path(report["result"]["final_checkpoint"]))
+    return _Finished(steps=_final_steps(prepared.stage_dir), seconds=_step_seconds(prepared.stage_dir))
 
 
 def _final_steps(stage_dir: Path) -> dict[int, Event]:

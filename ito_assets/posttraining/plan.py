@@ -256,9 +256,9 @@ def evaluation_calibration(config: ModelConfig, battery, *, first: bool, cpu_s: 
     one side is flagged: more than `FLAG_FRACTION` above it (or no price to compare) means the
     window and cost the confirmation bound were short (`underpriced`)."""
     planned = evaluation_seconds(config, battery, first=first)
-    ratio = round(cpu_s / planned, RATIO_DIGITS) if planned > 0 else math.nan
+    ratio = cpu_s / planned if planned > 0 else math.nan  # judged before it is rounded for display
     return {"planned_s": round(planned, 3), "measured_cpu_s": round(cpu_s, 3), "measured_wall_s": round(wall_s, 3),
-            "ratio": ratio, "underpriced": not math.isfinite(ratio) or ratio > 1 + FLAG_FRACTION}
+            "ratio": round(ratio, RATIO_DIGITS), "underpriced": not math.isfinite(ratio) or ratio > 1 + FLAG_FRACTION}
 
 
 def generation_calibration(step: RlvrStep, num_drawn: int) -> dict:
@@ -268,8 +268,8 @@ def generation_calibration(step: RlvrStep, num_drawn: int) -> dict:
     price from above; more than `FLAG_FRACTION` over flags the stage (`overdrawn`): its redraws
     may have run past the window and cost the confirmation bound."""
     planned = step.num_steps * step.groups_per_step
-    ratio = round(num_drawn / planned, RATIO_DIGITS)
-    return {"planned_groups": planned, "drawn_groups": num_drawn, "ratio": ratio, "overdrawn": ratio > 1 + FLAG_FRACTION}
+    return {"planned_groups": planned, "drawn_groups": num_drawn, "ratio": round(num_drawn / planned, RATIO_DIGITS),
+            "overdrawn": num_drawn > planned * (1 + FLAG_FRACTION)}  # judged before the ratio is rounded
 
 
 def _pairs_stage(step: SftStep | DpoStep, shape: PairShape, config: ModelConfig, hardware: Hardware,

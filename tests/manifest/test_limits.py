@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import math
 import os
 from pathlib import Path
@@ -277,6 +278,11 @@ RANGES = {
 RANGES["cap_cents_floor"] = (("budget", "cap_cents"), [], [0, -1, 50000.0], "budget.cap_cents")
 
 
+def _locations(message: str) -> list[str]:
+    """The locations a schema error names, without the words of a rule across fields."""
+    return re.sub(r" \([^)]*\)", "", message.split(": ", 1)[1]).split(", ")
+
+
 @pytest.mark.parametrize("case", sorted(RANGES))
 def test_schema_range_boundaries(case):
     path, accepted, refused, location = RANGES[case]
@@ -285,7 +291,7 @@ def test_schema_range_boundaries(case):
     for value in refused:
         err = _verdict(_at(valid_manifest(), path, value))
         assert err is not None and err.code is ErrorCode.MANIFEST_INVALID, (case, value)
-        assert location in err.message.split(": ", 1)[1].split(", "), (case, value, err.message)
+        assert location in _locations(err.message), (case, value, err.message)
 
 
 @pytest.mark.parametrize(
@@ -304,6 +310,9 @@ def test_budget_increment_may_equal_the_cap_but_not_exceed_it(budget, ok):
         assert err.code is ErrorCode.MANIFEST_INVALID
 
 
+TOO_LONG = "overlong_cache exceeds max_new_tokens"  # a rule across fields, said in its own words
+
+
 @pytest.mark.parametrize(
     "lengths,refused_at",
     [({}, None), ({"max_new_tokens": 1, "overlong_cache": 1}, None),
@@ -314,9 +323,9 @@ def test_budget_increment_may_equal_the_cap_but_not_exceed_it(budget, ok):
      ({"max_new_tokens": 8, "overlong_cache": 0}, "post_training.0.rlvr.overlong_cache"),
      ({"max_new_tokens": 8, "overlong_cache": 1}, None),
      ({"max_new_tokens": 8, "overlong_cache": 8}, None),
-     ({"max_new_tokens": 8, "overlong_cache": 9}, "post_training.0.rlvr"),
-     ({"max_new_tokens": 3}, "post_training.0.rlvr"),  # the default L_cache 4 does not fit: shorten it too
-     ({"overlong_cache": 8}, None), ({"overlong_cache": 9}, "post_training.0.rlvr")],
+     ({"max_new_tokens": 8, "overlong_cache": 9}, f"post_training.0.rlvr ({TOO_LONG})"),
+     ({"max_new_tokens": 3}, f"post_training.0.rlvr ({TOO_LONG})"),  # the default L_cache 4 does not fit: shorten it too
+     ({"overlong_cache": 8}, None), ({"overlong_cache": 9}, f"post_training.0.rlvr ({TOO_LONG})")],
 )
 def test_rlvr_overlong_cache_may_equal_max_new_tokens_but_not_exceed_it(lengths, refused_at):
     err = _verdict(_with(post_training=[{"kind": "rlvr", **lengths}]))
@@ -405,9 +414,9 @@ def test_post_training_ranges(kind, field, accepted, refused):
 
 # The eval battery's sizes (`post_training_eval`): at each bound, one past it, and far past it.
 EVAL_RANGES = [
-    ("num_prompts", [1, 200], [0, -1, 10**3 + 1, 10**23]),  # more than 200 only with a larger held-out split
+    ("num_prompts", [1, 200], [0, -1, 10**3, 10**23]),  # more than 200 only with a larger held-out split
     ("max_new_tokens", [1, 8, 2**16], [0, -1, 2**16 + 1, 10**23]),
-    ("held_out_fraction", [0.2, 0.5, 0.9999], [0, 0.0, 1, 1.0, -0.2, 1.5, 10**23]),
+    ("held_out_fraction", [0.2, 0.5, 0.999], [0, 0.0, 0.9991, 0.9995, 1, 1.0, -0.2, 1.5, 10**23]),
 ]
 
 
@@ -422,12 +431,16 @@ def test_post_training_eval_ranges(field, accepted, refused):
 
 
 def test_more_prompts_than_the_held_out_split_holds_make_the_block_invalid():
-    """The rule across the block's fields is reported at the block, its bounds at each field."""
-    assert _verdict(_with(post_training_eval={"num_prompts": 10**3, "held_out_fraction": 0.9999})) is None
-    for block in ({"num_prompts": 201}, {"num_prompts": 10**3}, {"num_prompts": 101, "held_out_fraction": 0.1}):
+    """The rule across the block's fields is reported at the block, in its own words; its bounds
+    at each field. A split keeps one prompt at least for RLVR to train on: 999 held out at most."""
+    assert _verdict(_with(post_training_eval={"num_prompts": 999, "held_out_fraction": 0.999})) is None
+    for block, held_out in (({"num_prompts": 201}, 200), ({"num_prompts": 999}, 200),
+                            ({"num_prompts": 101, "held_out_fraction": 0.1}, 100),
+                            ({"num_prompts": 999, "held_out_fraction": 0.998}, 998)):
         err = _verdict(_with(post_training_eval=block))
         assert err.code is ErrorCode.MANIFEST_INVALID, block
-        assert err.message == "the manifest does not match the schema at: post_training_eval"
+        assert err.message == ("the manifest does not match the schema at: post_training_eval (num_prompts exceeds "
+                               f"the {held_out} held-out prompts that held_out_fraction leaves of the battery's 1000)")
 
 
 @pytest.mark.parametrize(
@@ -465,7 +478,8 @@ def test_post_training_is_an_ordered_subset(kinds, ok):
     err = _verdict(_with(post_training=[{"kind": k} for k in kinds]))
     assert (err is None) is ok
     if not ok:
-        assert err.message == "the manifest does not match the schema at: post_training"
+        assert err.message == ("the manifest does not match the schema at: post_training (post_training must be an "
+                               "ordered subset of sft, dpo, rlvr)")
 
 
 def test_data_references_need_distinct_uris_and_digests():
@@ -475,10 +489,10 @@ def test_data_references_need_distinct_uris_and_digests():
     document["data"].append(second)
     assert _verdict(document) is None
     document["data"][1]["uri"] = document["data"][0]["uri"]
-    assert _verdict(document).message == "the manifest does not match the schema at: data"
+    assert _verdict(document).message == "the manifest does not match the schema at: data (data references must have distinct uris)"
     # Other names for the same bytes: every document twice under one id.
     document["data"][1]["uri"], document["data"][1]["sha256"] = "dataroot://fixtures/corpora/other.jsonl", document["data"][0]["sha256"]
-    assert _verdict(document).message == "the manifest does not match the schema at: data"
+    assert _verdict(document).message == "the manifest does not match the schema at: data (data references must have distinct sha256 digests)"
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import os
 import typing
 from pathlib import Path
@@ -37,7 +38,7 @@ def _verdict(document: dict) -> ItoError | None:
 
 def _locations(err: ItoError) -> list[str]:
     assert err.code is ErrorCode.MANIFEST_INVALID
-    return err.message.split(": ", 1)[1].split(", ")
+    return re.sub(r" \([^)]*\)", "", err.message.split(": ", 1)[1]).split(", ")  # without a rule's own words
 
 
 # --- how each field is set in an otherwise valid manifest -------------------------------------
@@ -90,8 +91,8 @@ def _rlvr_length(field):
 
 def _post_training_eval(field):
     # Beside the field, the other that the block's own rule (num_prompts within the held-out
-    # split) compares it with, where that rule cannot object: 1,000 held out, or one prompt asked.
-    other = {"num_prompts": {"held_out_fraction": 0.9999}, "held_out_fraction": {"num_prompts": 1}}.get(field, {})
+    # split) compares it with, where that rule cannot object: 999 held out, or one prompt asked.
+    other = {"num_prompts": {"held_out_fraction": 0.999}, "held_out_fraction": {"num_prompts": 1}}.get(field, {})
 
     def build(value):
         document = valid_manifest()
@@ -165,11 +166,11 @@ RANGES = {
     ("RlvrStep", "overlong_cache"): (_rlvr_length("overlong_cache"), "post_training.0.rlvr.overlong_cache",
                                      1, True, 2**16, True),
     ("PostTrainingEval", "num_prompts"): (_post_training_eval("num_prompts"), "post_training_eval.num_prompts",
-                                          1, True, 10**3, True),
+                                          1, True, 10**3 - 1, True),
     ("PostTrainingEval", "max_new_tokens"): (_post_training_eval("max_new_tokens"),
                                              "post_training_eval.max_new_tokens", 1, True, 2**16, True),
     ("PostTrainingEval", "held_out_fraction"): (_post_training_eval("held_out_fraction"),
-                                                "post_training_eval.held_out_fraction", 0.0, False, 1.0, False),
+                                                "post_training_eval.held_out_fraction", 0.0, False, 0.999, True),
     ("Budget", "cap_cents"): (_budget("cap_cents"), "budget.cap_cents", 1, True, 10**15, True),
     ("Budget", "max_incremental_cents"): (_budget("max_incremental_cents"), "budget.max_incremental_cents",
                                           1, True, 10**15, True),

@@ -86,15 +86,18 @@ def test_a_battery_may_ask_for_every_prompt_its_split_holds_out_and_no_more(frac
     train, evaluated = battery(evaluation)
     assert len(evaluated) == held_out and len(train) == MAX_EVAL_PROMPTS - held_out
     assert not {t.prompt for t in train} & {t.prompt for t in evaluated}  # RLVR never trains on the battery's prompts
-    with pytest.raises(pydantic.ValidationError, match=f"num_prompts exceeds the {held_out} held-out prompts that "
-                                                       "held_out_fraction leaves of the battery's 1000"):
+    rule = (f"num_prompts exceeds the {held_out} held-out prompts that held_out_fraction leaves of the battery's 1000"
+            if held_out < MAX_EVAL_PROMPTS - 1 else "less than or equal to 999")  # num_prompts' own bound
+    with pytest.raises(pydantic.ValidationError, match=rule):
         PostTrainingEval(num_prompts=held_out + 1, held_out_fraction=fraction)
 
 
-@pytest.mark.parametrize("fraction", [0, 1, -0.1, 1.5, float("nan"), float("inf")])
-def test_a_held_out_share_outside_zero_to_one_is_refused(fraction):
+@pytest.mark.parametrize("fraction", [0, 1, -0.1, 1.5, float("nan"), float("inf"), 0.9991, 0.9995])
+def test_a_held_out_share_outside_zero_to_0999_is_refused(fraction):
+    """From 0.9995 the split would hold out all 1,000 prompts, leaving RLVR none to train on."""
     with pytest.raises(pydantic.ValidationError, match="held_out_fraction"):
         PostTrainingEval(num_prompts=1, held_out_fraction=fraction)
+    assert len(battery(PostTrainingEval(num_prompts=1, held_out_fraction=0.999))[0]) == 1
 
 
 def test_a_manifest_asking_for_more_prompts_than_its_split_holds_out_is_invalid(tmp_path):

@@ -6,6 +6,7 @@ before the first read its result) hands nothing on: only the later launch trains
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 from pathlib import Path
 
@@ -161,3 +162,19 @@ def test_a_launch_overtaken_before_it_read_its_result_hands_on_nothing(tmp_path)
 
 def _failing(command):
     raise subprocess.CalledProcessError(1, command)
+
+
+def test_a_failed_launch_kept_from_its_result_keeps_its_own_failure_as_the_cause(tmp_path):
+    """Its run raised (a Pipes failure, say) and a supervisor holds the folder when it comes to
+    read the report: STAGE_BUSY, saying it ran and did not read, with the run's own error chained."""
+    with contextlib.ExitStack() as held:
+        def run(command):
+            held.enter_context(supervising(tmp_path))  # e.g. one started by hand meanwhile
+            raise RuntimeError("the Pipes session broke")
+
+        with pytest.raises(ItoError, match="runs the stage in .*: this launch ran its stage and did not read the "
+                                           "result") as refused:
+            sft_on_worker(SPEC.factory()(), SPEC, CODEC, INSTRUCTIONS, SFT, stage_dir=tmp_path,
+                          launch=WorkerLaunch(run=run, run_key="first", supervisor=FAST))
+    assert refused.value.code is ErrorCode.STAGE_BUSY
+    assert isinstance(refused.value.__cause__, RuntimeError)  # shown as the direct cause

@@ -346,7 +346,7 @@ def test_a_second_replica_stage_of_the_stage_starts_nothing_and_says_who_holds_i
             stage.run()
         assert cluster.attempts == {}
         monkeypatch.setattr(signal, "signal", lambda number, handler: None)
-        monkeypatch.setattr(replicas, "stage_arguments", lambda module, argv: (stage.worker, stage.config))
+        monkeypatch.setattr(replicas, "refused_arguments", lambda module, argv: (stage.worker, stage.config))
         assert replicas.main([]) == 1
     err = capsys.readouterr().err
     assert "already supervises the attempts in" in err and "Traceback" not in err

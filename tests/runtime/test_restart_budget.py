@@ -13,6 +13,8 @@ import errno
 import json
 import math
 import os
+import threading
+import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -1090,7 +1092,78 @@ def test_main_says_a_later_launch_superseded_it_and_exits_one(tmp_path, monkeypa
     (Path(worker.stage_dir) / CONFIG_NAME).write_text(worker.to_json())
     assert supervisor_module.main(["--worker", worker.to_json(), "--supervisor", json.dumps({"launch_id": "a" * 32})]) == 1
     err = capsys.readouterr().err
-    assert "a later launch of this stage rewrote its inputs" in err and "Traceback" not in err and backend.started == []
+    assert "a later launch of this stage rewrote its config" in err and "Traceback" not in err and backend.started == []
+
+
+def _held_for(folder: Path, seconds: float, role: str) -> threading.Thread:
+    """The folder's lock held by `role` (another open file: flock tells them apart) for `seconds`."""
+    taken = threading.Event()
+
+    def hold():
+        with supervisor_module.supervising(folder, role=role):
+            taken.set()
+            time.sleep(seconds)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    taken.wait()
+    return thread
+
+
+def test_a_launchs_brief_hold_on_the_folder_is_waited_for_and_a_supervisors_is_not(tmp_path):
+    """A launch holds the folder only while it writes its inputs or reads its result; refused at
+    once, a supervisor (or the launch reading back) would fail on a moment's overlap."""
+    started = time.monotonic()
+    holder = _held_for(tmp_path, 0.3, supervisor_module.LAUNCH_ROLE)
+    with supervisor_module.supervising(tmp_path):
+        assert time.monotonic() - started >= 0.3
+    holder.join()
+    holder = _held_for(tmp_path, 0.3, "supervisor")
+    with pytest.raises(supervisor_module.StageBusy, match="supervisor pid"):
+        with supervisor_module.supervising(tmp_path):
+            pass
+    holder.join()
+
+
+def test_a_launch_that_holds_the_folder_too_long_is_taken_for_a_holder(tmp_path, monkeypatch):
+    monkeypatch.setattr(supervisor_module, "LAUNCH_HOLD_WAIT_S", 0.1)
+    holder = _held_for(tmp_path, 0.5, supervisor_module.LAUNCH_ROLE)
+    with pytest.raises(supervisor_module.StageBusy, match="post-training launch pid"):
+        with supervisor_module.supervising(tmp_path):
+            pass
+    holder.join()
+
+
+def test_a_supervisor_waiting_on_a_launch_that_supersedes_it_says_so(tmp_path):
+    """The launch that holds the folder writes its own config: the waiting supervisor's launch is
+    superseded, which it says rather than "busy", and it starts nothing."""
+    supervisor, backend = _supervise(tmp_path, ["succeed"])
+    first = _launched(supervisor, "a" * 32)
+    holder = _held_for(first.stage_dir, 0.3, supervisor_module.LAUNCH_ROLE)
+    (first.stage_dir / CONFIG_NAME).write_text(replace(first.worker, launch_id="b" * 32).to_json())
+    with pytest.raises(supervisor_module.StageSuperseded):
+        first.run()
+    holder.join()
+    assert backend.started == []
+
+
+def test_the_arguments_of_a_superseded_launch_are_refused_before_any_lock(tmp_path):
+    worker = replace(_worker(tmp_path), launch_id="a" * 32)
+    path = tmp_path / CONFIG_NAME
+    mine = json.dumps({"launch_id": "a" * 32})
+    for config in (None, replace(worker, launch_id="b" * 32)):  # removed, or rewritten, by a later launch
+        path.unlink(missing_ok=True)
+        if config is not None:
+            path.write_text(config.to_json())
+        with pytest.raises(supervisor_module.StageSuperseded, match="rewrote its config before this supervisor read it"):
+            stage_arguments("prog", ["--worker", str(path), "--supervisor", mine])
+        with pytest.raises(supervisor_module.StageSuperseded):  # an inline config is compared too
+            stage_arguments("prog", ["--worker", (config or replace(worker, launch_id="")).to_json(), "--supervisor", mine])
+    path.write_text(worker.to_json())
+    assert stage_arguments("prog", ["--worker", str(path), "--supervisor", mine])[0] == worker
+    path.unlink()
+    with pytest.raises(FileNotFoundError):  # no launch named: a missing file is the caller's mistake
+        stage_arguments("prog", ["--worker", str(path)])
 
 
 def test_a_file_system_without_locks_runs_the_stage_and_says_so(tmp_path, monkeypatch, capsys):

@@ -171,7 +171,7 @@ def test_the_battery_is_evaluated_before_the_first_stage_and_after_every_stage()
 
 
 @pytest.mark.parametrize("times, underpriced",
-                         [(0.5, False), (1.0, False), (1.25, False), (1.2501, True), (3.0, True)])
+                         [(0.5, False), (1.0, False), (1.25, False), (1.2501, True), (1.25004, True), (3.0, True)])
 def test_an_evaluation_is_flagged_only_when_it_took_over_a_quarter_longer_than_planned(times, underpriced) -> None:
     """The plan is an upper bound for the battery: a faster evaluation is not a fault of the price."""
     planned = post.evaluation_seconds(TINY, BATTERY, first=False)
@@ -184,20 +184,24 @@ def test_an_evaluation_is_flagged_only_when_it_took_over_a_quarter_longer_than_p
     assert later.evaluation_seconds == pytest.approx(planned)
 
 
-@pytest.mark.parametrize("drawn, overdrawn", [(400, False), (450, False), (500, False), (501, True), (4_000, True)])
-def test_rlvr_is_flagged_only_when_it_drew_over_a_quarter_more_groups_than_priced(drawn, overdrawn) -> None:
+@pytest.mark.parametrize("steps, drawn, overdrawn", [(4, 400, False), (4, 450, False), (4, 500, False), (4, 501, True),
+                                                     (4, 4_000, True), (20_001, 2_500_125, False),
+                                                     (20_001, 2_500_126, True)])  # a ratio that rounds to 1.25
+def test_rlvr_is_flagged_only_when_it_drew_over_a_quarter_more_groups_than_priced(steps, drawn, overdrawn) -> None:
     """The plan prices its steps x groups per step; a redrawn group (all equal, too stale) is not priced."""
-    step = RlvrStep(kind="rlvr", num_steps=4, groups_per_step=100)
+    step = RlvrStep(kind="rlvr", num_steps=steps, groups_per_step=100)
     figures = post.generation_calibration(step, drawn)
-    assert figures == {"planned_groups": 400, "drawn_groups": drawn, "ratio": round(drawn / 400, 4), "overdrawn": overdrawn}
+    planned = steps * 100
+    assert figures == {"planned_groups": planned, "drawn_groups": drawn, "ratio": round(drawn / planned, 4),
+                       "overdrawn": overdrawn}
 
 
-@pytest.mark.parametrize("prompts, batches", [(1, 1), (8, 8), (9, 8), (32, 8), (33, 9), (200, 14), (1000, 39)])
+@pytest.mark.parametrize("prompts, batches", [(1, 1), (8, 8), (9, 8), (32, 8), (33, 9), (200, 14), (999, 39)])
 def test_the_batteries_batches_are_bounded_by_its_prompts_and_their_possible_lengths(prompts: int, batches: int) -> None:
     """Prompts of one length share a batch of up to EVAL_BATCH_PROMPTS; a prompt holds 2 to 9
     positions (bos and 1 to 8 bytes' tokens), so the lengths add at most 7 partly filled batches."""
     assert post.battery_prompt_positions() == 9 and EVAL_BATCH_PROMPTS == 32
-    battery = PostTrainingEval(num_prompts=prompts, max_new_tokens=3, held_out_fraction=0.9999)  # holds 1,000 out
+    battery = PostTrainingEval(num_prompts=prompts, max_new_tokens=3, held_out_fraction=0.999)  # holds 999 out
     assert post.evaluation_forwards(battery, first=False) == batches * (2 * 3 + 3 + 2)
 
 

@@ -68,7 +68,7 @@ def evaluation_calibration_result(kind: str, outcome) -> dg.AssetCheckResult:
         passed=not figures["underpriced"],
         severity=dg.AssetCheckSeverity.WARN,
         description=f"{figures['measured_cpu_s']:.4g} CPU seconds of evaluation against {figures['planned_s']:.4g} s "
-        f"planned (ratio {figures['ratio']:.3g}; {figures['measured_wall_s']:.4g} s of wall time)",
+        f"planned (ratio {figures['ratio']}; {figures['measured_wall_s']:.4g} s of wall time)",
         metadata={name: figures[name] for name in ("planned_s", "measured_cpu_s", "measured_wall_s", "ratio")},
     )
 
@@ -97,7 +97,7 @@ def generation_calibration_result(outcome) -> dg.AssetCheckResult:
         passed=not figures["overdrawn"],
         severity=dg.AssetCheckSeverity.WARN,
         description=f"{figures['drawn_groups']:,} groups drawn against {figures['planned_groups']:,} priced "
-        f"(ratio {figures['ratio']:.3g}; each priced at its longest completions)",
+        f"(ratio {figures['ratio']}; each priced at its longest completions)",
         metadata={name: figures[name] for name in ("planned_groups", "drawn_groups", "ratio")},
     )
 

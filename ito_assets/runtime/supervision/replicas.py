@@ -70,7 +70,7 @@ from ito_assets.runtime.supervision.relay import MetricsRelay
 from ito_assets.runtime.stage.config import WorkerConfig, group_shape
 from ito_assets.runtime.record.storage import write_atomic
 from ito_assets.runtime.supervision.supervisor import (REPORT_NAME, Outcome, SupervisionReport, Supervisor, SupervisorConfig,
-                                                      print_outcome, stage_arguments, supervised, supervising)
+                                                      print_outcome, refused_arguments, supervised, supervising)
 
 # What torchft's Manager reads for the lighthouse's address (torchft.manager, `TORCHFT_LIGHTHOUSE`).
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
@@ -322,7 +322,10 @@ class ReplicaStage:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m ito_assets.runtime.supervision.replicas --worker W.json --supervisor S.json` (what Pipes runs)."""
-    worker, config = stage_arguments("ito_assets.runtime.supervision.replicas", argv)  # config: the whole attempt's
+    arguments = refused_arguments("ito_assets.runtime.supervision.replicas", argv)
+    if arguments is None:
+        return 1
+    worker, config = arguments  # config: the whole attempt's
     stage = ReplicaStage(worker=worker, config=config)
     report = supervised(stage, worker, config)  # group 0's rank 0 reports to the relay
     if report is None:

@@ -529,10 +529,36 @@ def stage_arguments(prog: str, argv: list[str] | None) -> tuple[WorkerConfig, Su
     parser.add_argument("--supervisor", default="{}", help="SupervisorConfig fields (JSON or a path to it)")
     args = parser.parse_args(argv)
     text = args.supervisor if args.supervisor.lstrip().startswith("{") else Path(args.supervisor).read_text()
-    return WorkerConfig.from_argument(args.worker), SupervisorConfig.from_dict(json.loads(text))
+    config = SupervisorConfig.from_dict(json.loads(text))
+    try:
+        worker = WorkerConfig.from_argument(args.worker)
+    except FileNotFoundError:
+        if not config.launch_id:
+            raise
+        worker = None  # a later launch removed this one's config before it could be read
+    if config.launch_id and (worker is None or worker.launch_id != config.launch_id):
+        raise StageSuperseded(f"a later launch of this stage rewrote its config before this supervisor read it: "
+                              "it started nothing (the later launch's supervisor runs the stage)")
+    return worker, config
+
+
+def refused_arguments(prog: str, argv: list[str] | None) -> tuple[WorkerConfig, SupervisorConfig] | None:
+    """`stage_arguments`, or None where a later launch superseded this one (said on stderr)."""
+    try:
+        return stage_arguments(prog, argv)
+    except StageSuperseded as superseded:
+        print(superseded, file=sys.stderr, flush=True)
+        return None
 
 
 LOCK_NAME = "supervisor.lock"
+# Who a post-training launch says it is in the lock's note (`supervising`'s role).
+LAUNCH_ROLE = "post-training launch"
+# How long one waits for a launch's hold on the folder: a launch holds it only while it writes its
+# inputs or reads back its result, one model's weights at most each, where a supervisor holds it
+# for a whole stage (refused at once). A launch stuck longer than this is taken for a holder.
+LAUNCH_HOLD_WAIT_S = 300.0
+LOCK_POLL_S = 0.05
 # What flock raises where the file system does not implement it.
 NO_LOCKS = frozenset({errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL})
 
@@ -566,11 +592,7 @@ def supervising(stage_dir: Path, role: str = "supervisor", launch_id: str = ""):
     handle = os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600), "r+")
     try:
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = handle.read(200).strip() or "another process"
-            raise StageBusy(f"{holder} already supervises the attempts in {stage_dir}: this {role} started "
-                            "nothing (one at a time per stage folder)", holder) from None
+            _lock(handle, stage_dir, role, launch_id)
         except OSError as error:
             if error.errno not in NO_LOCKS:
                 raise
@@ -587,6 +609,26 @@ def supervising(stage_dir: Path, role: str = "supervisor", launch_id: str = ""):
         yield
     finally:
         handle.close()  # releases the lock
+
+
+def _lock(handle, stage_dir: Path, role: str, launch_id: str) -> None:
+    """Take the lock: at once, or once a launch that holds it for a moment lets go (within
+    LAUNCH_HOLD_WAIT_S); StageBusy where a supervisor holds it, StageSuperseded where meanwhile
+    the folder's config became a later launch's."""
+    deadline = None
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read(200).strip() or "another process"
+        _claimed(stage_dir, role, launch_id)
+        deadline = deadline or time.monotonic() + LAUNCH_HOLD_WAIT_S
+        if not holder.startswith(LAUNCH_ROLE) or time.monotonic() >= deadline:
+            raise StageBusy(f"{holder} already supervises the attempts in {stage_dir}: this {role} started "
+                            "nothing (one at a time per stage folder)", holder)
+        time.sleep(LOCK_POLL_S)
 
 
 def _claimed(stage_dir: Path, role: str, launch_id: str) -> None:
@@ -613,7 +655,10 @@ def supervised(stage, worker: WorkerConfig, config: SupervisorConfig) -> Supervi
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m ito_assets.runtime.supervision.supervisor --worker W.json --supervisor S.json` (what Pipes runs)."""
-    worker, config = stage_arguments("ito_assets.runtime.supervision.supervisor", argv)
+    arguments = refused_arguments("ito_assets.runtime.supervision.supervisor", argv)
+    if arguments is None:
+        return 1
+    worker, config = arguments
     report = supervised(Supervisor(worker=worker, config=config), worker, config)
     if report is None:
         return 1
