@@ -242,7 +242,7 @@ def _holding(stage_dir: Path, launch_id: str = "", doing: str = "wrote and start
         with supervising(stage_dir, role=LAUNCH_ROLE, launch_id=launch_id):
             yield
     except StageBusy as busy:
-        raise ItoError(ErrorCode.STAGE_BUSY, f"{busy.holder} runs the stage in {stage_dir}: this launch {doing} "
+        raise ItoError(ErrorCode.STAGE_BUSY, f"{busy.holder} holds the stage folder {stage_dir}: this launch {doing} "
                        "(one at a time per stage folder); run it again once that one ended") from None
     except StageSuperseded:
         raise ItoError(ErrorCode.STAGE_BUSY, f"a later launch of the stage rewrote its inputs in {stage_dir} after this "
@@ -250,8 +250,9 @@ def _holding(stage_dir: Path, launch_id: str = "", doing: str = "wrote and start
 
 
 def refuse_if_running(stage_dir: Path) -> None:
-    """STAGE_BUSY where another supervisor runs the stage in `stage_dir`: checked before a launch
-    records or evaluates anything there (the stage's own timeline would take its events)."""
+    """STAGE_BUSY where a supervisor runs the stage in `stage_dir` (another launch's brief hold is
+    waited for): checked before a launch records or evaluates anything there (the stage's own
+    timeline would take its events)."""
     stage_dir.mkdir(parents=True, exist_ok=True)
     with _holding(stage_dir):
         pass

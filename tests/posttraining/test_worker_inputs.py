@@ -66,7 +66,7 @@ def test_a_second_launch_of_a_running_stage_touches_none_of_its_inputs(tmp_path,
         planted[name] = f"the running stage's {name}".encode()
         (tmp_path / name).write_bytes(planted[name])
     with supervising(tmp_path):  # the first launch's supervisor watches its attempts
-        with pytest.raises(ItoError, match="supervisor pid .* runs the stage in .*: this launch wrote and started "
+        with pytest.raises(ItoError, match="supervisor pid .* holds the stage folder .*: this launch wrote and started "
                                            "nothing there") as refused:
             launch(tmp_path)
     assert refused.value.code is ErrorCode.STAGE_BUSY
@@ -172,7 +172,7 @@ def test_a_failed_launch_kept_from_its_result_keeps_its_own_failure_as_the_cause
             held.enter_context(supervising(tmp_path))  # e.g. one started by hand meanwhile
             raise RuntimeError("the Pipes session broke")
 
-        with pytest.raises(ItoError, match="runs the stage in .*: this launch ran its stage and did not read the "
+        with pytest.raises(ItoError, match="holds the stage folder .*: this launch ran its stage and did not read the "
                                            "result") as refused:
             sft_on_worker(SPEC.factory()(), SPEC, CODEC, INSTRUCTIONS, SFT, stage_dir=tmp_path,
                           launch=WorkerLaunch(run=run, run_key="first", supervisor=FAST))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import math
 import os
@@ -1128,7 +1129,46 @@ def test_a_launchs_brief_hold_on_the_folder_is_waited_for_and_a_supervisors_is_n
 def test_a_launch_that_holds_the_folder_too_long_is_taken_for_a_holder(tmp_path, monkeypatch):
     monkeypatch.setattr(supervisor_module, "LAUNCH_HOLD_WAIT_S", 0.1)
     holder = _held_for(tmp_path, 0.5, supervisor_module.LAUNCH_ROLE)
-    with pytest.raises(supervisor_module.StageBusy, match="post-training launch pid"):
+    with pytest.raises(supervisor_module.StageBusy, match="post-training launch pid .* has held the stage folder .* for "
+                                                          "over 0 s: this supervisor started nothing"):
+        with supervisor_module.supervising(tmp_path):
+            pass
+    holder.join()
+
+
+def test_a_holder_that_waited_leaves_a_note_the_next_one_can_read(tmp_path):
+    """Its note over the last one, from the file's start (a read while waiting moved the file's
+    position), cut to its length: a third comes and waits for it in turn."""
+    first = _held_for(tmp_path, 0.3, supervisor_module.LAUNCH_ROLE)
+    second = _held_for(tmp_path, 0.3, supervisor_module.LAUNCH_ROLE)  # waited for the first
+    first.join()
+    note = (tmp_path / supervisor_module.LOCK_NAME).read_bytes()
+    assert note.startswith(b"post-training launch pid ") and b"\0" not in note and note.count(b"\n") == 1
+    started = time.monotonic()
+    with supervisor_module.supervising(tmp_path):
+        assert time.monotonic() - started >= 0.1  # waited for the second too
+    second.join()
+
+
+def test_a_lock_held_before_its_note_is_written_is_waited_for_a_moment(tmp_path, monkeypatch):
+    """A holder writes its note just after it takes the lock: an empty note is a holder of a
+    moment ago, waited for a second at most, then taken for "another process"."""
+    monkeypatch.setattr(supervisor_module, "NOTE_POLLS", 4)
+    path = tmp_path / supervisor_module.LOCK_NAME
+    with open(path, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # held, no note
+        started = time.monotonic()
+        with pytest.raises(supervisor_module.StageBusy, match="another process already supervises"):
+            with supervisor_module.supervising(tmp_path):
+                pass
+        assert time.monotonic() - started >= 3 * supervisor_module.LOCK_POLL_S
+
+
+def test_a_held_folder_is_refused_under_the_supervisors_test_clock(tmp_path, monkeypatch):
+    """The lock's wait is on other processes, in real time, whatever clock drives the loop."""
+    monkeypatch.setattr(supervisor_module, "time", SimpleNamespace(time=lambda: 0.0, sleep=lambda seconds: None))
+    holder = _held_for(tmp_path, 0.3, "supervisor")
+    with pytest.raises(supervisor_module.StageBusy, match="already supervises"):
         with supervisor_module.supervising(tmp_path):
             pass
     holder.join()

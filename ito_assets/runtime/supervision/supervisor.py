@@ -56,6 +56,8 @@ import socket
 import sys
 import time
 from collections.abc import Callable
+from time import monotonic
+from time import sleep as _pause
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -559,6 +561,7 @@ LAUNCH_ROLE = "post-training launch"
 # for a whole stage (refused at once). A launch stuck longer than this is taken for a holder.
 LAUNCH_HOLD_WAIT_S = 300.0
 LOCK_POLL_S = 0.05
+NOTE_POLLS = 20  # polls (a second) a lock held without a note yet is waited for
 # What flock raises where the file system does not implement it.
 NO_LOCKS = frozenset({errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL})
 
@@ -597,38 +600,52 @@ def supervising(stage_dir: Path, role: str = "supervisor", launch_id: str = ""):
             if error.errno not in NO_LOCKS:
                 raise
             # Lustre without -o flock, NFS with nolock: the stage runs as before locks, unguarded.
-            print(f"the file system of {stage_dir} takes no locks ({error.strerror}): a second supervisor of "
-                  "this stage would not be refused", file=sys.stderr, flush=True)
+            if role != LAUNCH_ROLE:  # said once, by the supervisor, not at each of a launch's holds
+                print(f"the file system of {stage_dir} takes no locks ({error.strerror}): a second supervisor of "
+                      "this stage would not be refused", file=sys.stderr, flush=True)
             _claimed(stage_dir, role, launch_id)
             yield
             return
         _claimed(stage_dir, role, launch_id)
-        handle.truncate(0)
-        handle.write(f"{role} pid {os.getpid()} on {socket.gethostname()}\n")
-        handle.flush()
         yield
     finally:
         handle.close()  # releases the lock
 
 
 def _lock(handle, stage_dir: Path, role: str, launch_id: str) -> None:
-    """Take the lock: at once, or once a launch that holds it for a moment lets go (within
-    LAUNCH_HOLD_WAIT_S); StageBusy where a supervisor holds it, StageSuperseded where meanwhile
-    the folder's config became a later launch's."""
-    deadline = None
+    """Take the lock and write this holder's note at once: at once, or once a launch that holds
+    it for a moment lets go (within LAUNCH_HOLD_WAIT_S); StageBusy where a supervisor holds it,
+    StageSuperseded where meanwhile the folder's config became a later launch's. Real time
+    (`monotonic`, `_pause`): the wait is on other processes, whatever clock a test gives the
+    supervisor's loop."""
+    deadline, polls = None, 0
     while True:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
         except BlockingIOError:
             handle.seek(0)
-            holder = handle.read(200).strip() or "another process"
+            holder = handle.read(200).strip(" \n\0")
+        else:
+            handle.seek(0)  # the note over the last one, then cut to its length: never empty meanwhile
+            handle.write(f"{role} pid {os.getpid()} on {socket.gethostname()}\n")
+            handle.truncate()
+            handle.flush()
+            return
         _claimed(stage_dir, role, launch_id)
-        deadline = deadline or time.monotonic() + LAUNCH_HOLD_WAIT_S
-        if not holder.startswith(LAUNCH_ROLE) or time.monotonic() >= deadline:
-            raise StageBusy(f"{holder} already supervises the attempts in {stage_dir}: this {role} started "
-                            "nothing (one at a time per stage folder)", holder)
-        time.sleep(LOCK_POLL_S)
+        polls += 1
+        # A holder writes its note just after it takes the lock: none yet is a holder of a moment ago.
+        brief = holder.startswith(LAUNCH_ROLE) or (not holder and polls < NOTE_POLLS)
+        deadline = deadline or monotonic() + LAUNCH_HOLD_WAIT_S
+        if not brief or monotonic() >= deadline:
+            raise StageBusy(_busy(holder or "another process", stage_dir, role), holder or "another process")
+        _pause(LOCK_POLL_S)
+
+
+def _busy(holder: str, stage_dir: Path, role: str) -> str:
+    if holder.startswith(LAUNCH_ROLE):
+        return (f"{holder} has held the stage folder {stage_dir} for over {LAUNCH_HOLD_WAIT_S:.0f} s: this {role} "
+                "started nothing (one at a time per stage folder)")
+    return f"{holder} already supervises the attempts in {stage_dir}: this {role} started nothing (one at a time per stage folder)"
 
 
 def _claimed(stage_dir: Path, role: str, launch_id: str) -> None:
