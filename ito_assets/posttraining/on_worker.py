@@ -283,7 +283,7 @@ def _run(policy: CausalLM, prepared: stage_run.PreparedStage, launch: WorkerLaun
     except Exception as error:  # noqa: BLE001 - decided below, once the report is read
         failed = error
     try:
-        with _holding(prepared.stage_dir, prepared.launch_id, doing="ran its stage and did not read the result"):
+        with _holding(prepared.stage_dir, prepared.launch_id, doing="launched its supervisor and read no result"):
             return _result(policy, prepared, failed)
     except ItoError as refused:
         if failed is not None and refused.code is ErrorCode.STAGE_BUSY:

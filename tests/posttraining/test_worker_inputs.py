@@ -166,13 +166,13 @@ def _failing(command):
 
 def test_a_failed_launch_kept_from_its_result_keeps_its_own_failure_as_the_cause(tmp_path):
     """Its run raised (a Pipes failure, say) and a supervisor holds the folder when it comes to
-    read the report: STAGE_BUSY, saying it ran and did not read, with the run's own error chained."""
+    read the report: STAGE_BUSY, saying it read no result, with the run's own error chained."""
     with contextlib.ExitStack() as held:
         def run(command):
             held.enter_context(supervising(tmp_path))  # e.g. one started by hand meanwhile
             raise RuntimeError("the Pipes session broke")
 
-        with pytest.raises(ItoError, match="holds the stage folder .*: this launch ran its stage and did not read the "
+        with pytest.raises(ItoError, match="holds the stage folder .*: this launch launched its supervisor and read no "
                                            "result") as refused:
             sft_on_worker(SPEC.factory()(), SPEC, CODEC, INSTRUCTIONS, SFT, stage_dir=tmp_path,
                           launch=WorkerLaunch(run=run, run_key="first", supervisor=FAST))
