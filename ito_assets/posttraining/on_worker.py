@@ -286,7 +286,7 @@ def _run(policy: CausalLM, prepared: stage_run.PreparedStage, launch: WorkerLaun
         with _holding(prepared.stage_dir, prepared.launch_id, doing="launched its supervisor and read no result"):
             return _result(policy, prepared, failed)
     except ItoError as refused:
-        if failed is not None and refused.code is ErrorCode.STAGE_BUSY:
+        if failed is not None and refused is not failed and refused.code is ErrorCode.STAGE_BUSY:
             raise refused from failed  # the launch's own failure stays on the record
         raise
 

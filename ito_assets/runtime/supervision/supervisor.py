@@ -613,8 +613,8 @@ def supervising(stage_dir: Path, role: str = "supervisor", launch_id: str = ""):
 
 
 def _lock(handle, stage_dir: Path, role: str, launch_id: str) -> None:
-    """Take the lock and write this holder's note at once: at once, or once a launch that holds
-    it for a moment lets go (within LAUNCH_HOLD_WAIT_S); StageBusy where a supervisor holds it,
+    """Take the lock, and write this holder's note as it is taken: now, or once a launch that
+    holds it for a moment lets go (within LAUNCH_HOLD_WAIT_S); StageBusy where a supervisor holds it,
     StageSuperseded where meanwhile the folder's config became a later launch's. Real time
     (`monotonic`, `_pause`): the wait is on other processes, whatever clock a test gives the
     supervisor's loop."""
@@ -645,7 +645,8 @@ def _busy(holder: str, stage_dir: Path, role: str) -> str:
     if holder.startswith(LAUNCH_ROLE):
         return (f"{holder} has held the stage folder {stage_dir} for over {LAUNCH_HOLD_WAIT_S:.0f} s: this {role} "
                 "started nothing (one at a time per stage folder)")
-    return f"{holder} already supervises the attempts in {stage_dir}: this {role} started nothing (one at a time per stage folder)"
+    return (f"{holder} already supervises the attempts in {stage_dir}: this {role} started nothing "
+            "(one at a time per stage folder)")
 
 
 def _claimed(stage_dir: Path, role: str, launch_id: str) -> None:
