@@ -51,7 +51,7 @@ def _schema_error(exc: ValidationError) -> ItoError:
     # the document (schema.py); a field's own type or range is said by its location alone.
     locations = sorted({
         (".".join(str(p) if isinstance(p, int) else secrets.shown_key(p) for p in err["loc"]) or "<root>")
-        + (f" ({err['ctx']['error']})" if err["type"] == "value_error" else "")
+        + (f" ({err['ctx']['error']})" if err["type"] == "value_error" and "error" in err.get("ctx", {}) else "")
         for err in exc.errors()
     })
     shown = ", ".join(locations[:_MAX_REPORTED_FIELDS])
