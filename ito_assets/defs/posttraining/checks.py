@@ -60,17 +60,23 @@ def _evaluation_calibration_check(kind: str, asset):
 def evaluation_calibration_result(kind: str, outcome) -> dg.AssetCheckResult:
     """The warning's verdict on what the stage's asset handed on (an outcome of another stage, or
     one stored before its evaluations were timed, has nothing to judge)."""
-    ran = isinstance(outcome, StageOutcome) and outcome.stage == kind
-    figures = outcome.metrics.get("evaluation_calibration") if ran else None
+    figures = _recorded(outcome, kind, "evaluation_calibration")
     if not figures:
         return dg.AssetCheckResult(passed=True, description=f"no {kind} evaluation was timed (or no such step)")
-    return dg.AssetCheckResult(
-        passed=not figures["underpriced"],
-        severity=dg.AssetCheckSeverity.WARN,
-        description=f"{figures['measured_cpu_s']:.4g} CPU seconds of evaluation against {figures['planned_s']:.4g} s "
-        f"planned (ratio {figures['ratio']}; {figures['measured_wall_s']:.4g} s of wall time)",
-        metadata={name: figures[name] for name in ("planned_s", "measured_cpu_s", "measured_wall_s", "ratio")},
-    )
+    return _warning(figures, figures["underpriced"], ("planned_s", "measured_cpu_s", "measured_wall_s", "ratio"),
+                    f"{figures['measured_cpu_s']:.4g} CPU seconds of evaluation against {figures['planned_s']:.4g} s "
+                    f"planned (ratio {figures['ratio']}; {figures['measured_wall_s']:.4g} s of wall time)")
+
+
+def _recorded(outcome, kind: str, name: str) -> dict | None:
+    """The stage's figures `name`, where the outcome is that stage's and recorded them."""
+    ran = isinstance(outcome, StageOutcome) and outcome.stage == kind
+    return outcome.metrics.get(name) if ran else None
+
+
+def _warning(figures: dict, flagged: bool, names: tuple[str, ...], description: str) -> dg.AssetCheckResult:
+    return dg.AssetCheckResult(passed=not flagged, severity=dg.AssetCheckSeverity.WARN, description=description,
+                               metadata={name: figures[name] for name in names})
 
 
 @dg.asset_check(
@@ -89,17 +95,12 @@ def rlvr_generation_calibration(**checkpoint) -> dg.AssetCheckResult:
 def generation_calibration_result(outcome) -> dg.AssetCheckResult:
     """The warning's verdict on what RLVR's asset handed on (another stage's outcome, or one stored
     before its groups were counted, has nothing to judge)."""
-    ran = isinstance(outcome, StageOutcome) and outcome.stage == "rlvr"
-    figures = outcome.metrics.get("generation_calibration") if ran else None
+    figures = _recorded(outcome, "rlvr", "generation_calibration")
     if not figures:
         return dg.AssetCheckResult(passed=True, description="no RLVR groups were counted (or no such step)")
-    return dg.AssetCheckResult(
-        passed=not figures["overdrawn"],
-        severity=dg.AssetCheckSeverity.WARN,
-        description=f"{figures['drawn_groups']:,} groups drawn against {figures['planned_groups']:,} priced "
-        f"(ratio {figures['ratio']}; each priced at its longest completions)",
-        metadata={name: figures[name] for name in ("planned_groups", "drawn_groups", "ratio")},
-    )
+    return _warning(figures, figures["overdrawn"], ("planned_groups", "drawn_groups", "ratio"),
+                    f"{figures['drawn_groups']:,} groups drawn against {figures['planned_groups']:,} priced "
+                    f"(ratio {figures['ratio']}; each priced at its longest completions)")
 
 
 _STAGES = (("sft", sft_checkpoint), ("dpo", dpo_checkpoint), ("rlvr", rlvr_checkpoint))
