@@ -70,6 +70,9 @@ class ErrorCode(str, enum.Enum):
     # Post-training: the generator process died or stopped producing samples;
     # a post-training fixture file (instruction or preference pairs) is malformed.
     GENERATION_FAILED = "GENERATION_FAILED"
+    # RLVR: a step found no group to learn from within the draws the plan priced; drawing more
+    # (a restart's) would pass the price, so the stage ends.
+    GENERATION_DRAWS_SPENT = "GENERATION_DRAWS_SPENT"
     POSTTRAINING_DATA_INVALID = "POSTTRAINING_DATA_INVALID"
     # A post-training checkpoint's bytes differ from the digest it was recorded with.
     CHECKPOINT_DIGEST_MISMATCH = "CHECKPOINT_DIGEST_MISMATCH"

@@ -39,6 +39,7 @@ MAX_KEPT_CHECKPOINTS = 10_000
 MAX_EPOCHS = 1_000
 MAX_BATCH = 2**20  # pairs or prompt groups per optimizer step
 MAX_COMPLETION = 2**16  # tokens a completion may hold (RlvrStep's and PostTrainingEval's max_new_tokens)
+MAX_DRAWS_PER_GROUP = 100  # RLVR's draws per trained group: ten times verl's DAPO bound
 # Held-out prompts the post-training eval battery may evaluate: its task family holds 10**3
 # prompts ("max d1d2d3=", `posttraining.tasks.largest_digit_tasks`), so no held-out split holds more.
 MAX_EVAL_PROMPTS = 10**3
@@ -187,6 +188,11 @@ class RlvrStep(_Strict):
     # hold after the longest prompt (`fixtures.check_completions`).
     max_new_tokens: Annotated[int, Field(ge=1, le=MAX_COMPLETION)] = 8
     overlong_cache: Annotated[int, Field(ge=1, le=MAX_COMPLETION)] = 4  # and <= max_new_tokens
+    # Groups the stage may draw for each group it trains on: DAPO's dynamic sampling draws again
+    # for a group whose rewards are all equal (or that is too stale), so this bounds the
+    # generation's compute and the plan prices it; the stage never draws more. 10: the bound of
+    # the DAPO recipe in verl (`max_num_gen_batches`), what stages ran with before the recipe held it.
+    max_draws_per_group: Annotated[int, Field(ge=1, le=MAX_DRAWS_PER_GROUP)] = 10
 
     @model_validator(mode="after")
     def _overlong_cache_within_completion(self) -> "RlvrStep":

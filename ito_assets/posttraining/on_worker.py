@@ -180,6 +180,7 @@ def rlvr_on_worker(policy: CausalLM, spec: PolicySpec, tasks: Sequence[Task], co
     return RlvrResult(steps=tuple(_rlvr_step(e) for e in steps), staleness=_staleness(steps, config.max_staleness),
                       num_weight_syncs=int(sum(e.metrics.get("weight_syncs", 0) for e in steps)),
                       num_steps_without_signal=int(sum(e.metrics.get("steps_without_signal", 0) for e in steps)),
+                      num_groups_drawn=_groups_drawn(finished.recorded),
                       wall_seconds=finished.seconds)
 
 
@@ -191,7 +192,8 @@ def _rlvr_worker(spec: PolicySpec, config: RlvrConfig, *, stage_dir: Path, launc
         group_size=config.group_size, groups_per_step=config.groups_per_step, max_new_tokens=config.max_new_tokens,
         overlong_cache=config.overlong_cache, clip_eps_low=config.clip_eps_low, clip_eps_high=config.clip_eps_high,
         max_staleness=config.max_staleness, importance_weight_cap=config.importance_weight_cap,
-        sync_every=config.sync_every, tokenizer_path=None if tokenizer is None else tokenizer.path,
+        max_draws_per_group=config.max_draws_per_group, sync_every=config.sync_every,
+        tokenizer_path=None if tokenizer is None else tokenizer.path,
         tokenizer_sha256=None if tokenizer is None else tokenizer.sha256)
     # A micro-batch per group: a short batch (the draw bound hit) still splits evenly.
     stage = _Stage(name="rlvr", spec=spec, learning_rate=config.learning_rate,
@@ -208,6 +210,13 @@ def _rlvr_step(event: Event) -> RlvrStepStats:
                          kl_to_reference=m["kl_to_reference"], clip_fraction=m["clip_fraction"],
                          num_groups_used=int(m["groups_used"]), num_dropped_all_equal=int(m.get("dropped_all_equal", 0)),
                          num_dropped_stale=int(sum(v for k, v in m.items() if k.startswith("dropped_staleness_"))))
+
+
+def _groups_drawn(recorded: Sequence[Event]) -> int:
+    """Every group the attempts' finished steps drew, a redone step's included: each passed the
+    staleness filter once, admitted or dropped."""
+    return int(sum(value for e in recorded for key, value in e.metrics.items()
+                   if key.startswith(("admitted_staleness_", "dropped_staleness_"))))
 
 
 def _staleness(steps: list[Event], max_staleness: int) -> StalenessReport:
@@ -267,8 +276,20 @@ def _prepare(worker: WorkerConfig, launch: WorkerLaunch) -> stage_run.PreparedSt
 
 @dataclass(frozen=True)
 class _Finished:
-    steps: dict[int, Event]  # each step as the last attempt that trained it recorded it
-    seconds: float  # every attempt's step time
+    """The stage's step events, every attempt's, a redone step's included."""
+
+    recorded: tuple[Event, ...]
+
+    @property
+    def steps(self) -> dict[int, Event]:
+        """Each step as the last attempt that trained it recorded it (an earlier attempt's step
+        redone after a restart is superseded)."""
+        return {e.step: e for e in self.recorded if e.step is not None}
+
+    @property
+    def seconds(self) -> float:
+        """Every attempt's step time, a redone step's included: what training took."""
+        return sum(e.seconds for e in self.recorded)
 
 
 def _run(policy: CausalLM, prepared: stage_run.PreparedStage, launch: WorkerLaunch) -> _Finished:
@@ -305,18 +326,7 @@ def _result(policy: CausalLM, prepared: stage_run.PreparedStage, failed: Excepti
         raise ItoError(ErrorCode(code) if code else ErrorCode.INTERNAL_ERROR, f"the {prepared.stage.upper()} stage's "
                        f"worker ended {report['outcome']} after {attempts} attempt{'' if attempts == 1 else 's'}")
     load_pretrained(policy, Path(report["result"]["final_checkpoint"]))
-    return _Finished(steps=_final_steps(prepared.stage_dir), seconds=_step_seconds(prepared.stage_dir))
-
-
-def _final_steps(stage_dir: Path) -> dict[int, Event]:
-    """Each step as the last attempt that trained it recorded it (an earlier attempt's step redone
-    after a restart is superseded)."""
-    return {e.step: e for e in events.read(stage_dir) if e.kind is EventKind.STEP and e.step is not None}
-
-
-def _step_seconds(stage_dir: Path) -> float:
-    """Every attempt's step time, a redone step's included: what training took."""
-    return sum(e.seconds for e in events.read(stage_dir) if e.kind is EventKind.STEP)
+    return _Finished(recorded=tuple(e for e in events.read(prepared.stage_dir) if e.kind is EventKind.STEP))
 
 
 def _targets(batches: ResumableBatches, num_steps: int) -> int:

@@ -100,6 +100,7 @@ def _train(step, policy, reference, codec, spec: PolicySpec, pairs, train_tasks,
         "num_dropped_all_equal": sum(s.num_dropped_all_equal for s in result.steps),
         "num_weight_syncs": result.num_weight_syncs,
         "num_steps_without_signal": result.num_steps_without_signal,
+        "num_groups_drawn": result.num_groups_drawn,
         "train_seconds": round(result.wall_seconds, 2),
     }, result.steps[-1].policy_version if result.steps else 0
 
@@ -184,9 +185,8 @@ def _timed_stage(step, start: Start, data_root: Path, out_dir: Path, runtime: Po
     metrics["evaluation_calibration"] = evaluation_calibration(
         config_by_name(spec.model_name), evaluation, first=first, cpu_s=math.fsum(c for c, _ in evaluated),
         wall_s=math.fsum(w for _, w in evaluated))
-    if isinstance(step, RlvrStep):  # every group its steps drew passed the staleness filter once
-        drawn = metrics["staleness"]["num_admitted"] + metrics["staleness"]["num_dropped_stale"]
-        metrics["generation_calibration"] = generation_calibration(step, drawn)
+    if isinstance(step, RlvrStep):
+        metrics["generation_calibration"] = generation_calibration(step, metrics["num_groups_drawn"])
     saving = time.perf_counter()
     checkpoint = save_policy(policy, out_dir / step.kind / "policy.pt", stage=step.kind, policy_version=num_steps)
     timeline.checkpoint(time.perf_counter() - saving, checkpoint.num_bytes, step=num_steps)

@@ -32,10 +32,12 @@ decides a small model's decoding: the sampling's forwards are counted. The parts
 added: RLVR's generator runs beside its trainer, so the sum is the time without that overlap.
 
 An upper bound where the runtime may do less: every completion at its `max_new_tokens` (a sampled
-one often ends sooner), the host at its nominal core, idle. Not in the price: RLVR's redrawn groups
-(a group whose rewards are all equal, or that is too stale, is drawn again, up to 10 a wanted
-group: `sampling.py`), and the groups its generator has run ahead when the trainer stops; a stage
-records the groups it drew against the ones priced (`generation_calibration`).
+one often ends sooner), the host at its nominal core, idle, and RLVR's generation at its draw
+bound: a group whose rewards are all equal, or that is too stale, is drawn again, and the stage
+draws at most `max_draws_per_group` groups for each group its steps train on (`sampling.DrawBudget`),
+all of them priced. Not in the price: the groups its generator has run ahead when the trainer
+stops, and the steps a restarted attempt draws again; a stage records the groups it drew against
+the ones priced (`generation_calibration`).
 """
 
 from __future__ import annotations
@@ -261,15 +263,21 @@ def evaluation_calibration(config: ModelConfig, battery, *, first: bool, cpu_s: 
             "ratio": round(ratio, RATIO_DIGITS), "underpriced": not math.isfinite(ratio) or ratio > 1 + FLAG_FRACTION}
 
 
+def priced_groups(step: RlvrStep) -> int:
+    """The groups RLVR's generation is priced at: its draw bound (`sampling.DrawBudget`)."""
+    return step.num_steps * step.groups_per_step * step.max_draws_per_group
+
+
 def generation_calibration(step: RlvrStep, num_drawn: int) -> dict:
-    """RLVR's groups as the plan priced them (a group a prompt, `groups_per_step` a step) and as
-    the stage's steps drew them (redrawn ones included: all equal, or too stale). Each group is
-    priced at its longest completions, so the ratio bounds the generation's compute against its
-    price from above; more than `FLAG_FRACTION` over flags the stage (`overdrawn`): its redraws
-    may have run past the window and cost the confirmation bound."""
-    planned = step.num_steps * step.groups_per_step
+    """RLVR's groups as the plan priced them (its draw bound) and as the stage's steps drew them
+    (redrawn ones included: all equal, or too stale). Each group is priced at its longest
+    completions, so the ratio bounds the generation's compute against its price from above. The
+    bound holds within an attempt; a stage that drew more (a restarted attempt draws its steps
+    again) is flagged (`overdrawn`): its generation may have run past the window and cost the
+    confirmation bound."""
+    planned = priced_groups(step)
     return {"planned_groups": planned, "drawn_groups": num_drawn, "ratio": round(num_drawn / planned, RATIO_DIGITS),
-            "overdrawn": num_drawn > planned * (1 + FLAG_FRACTION)}  # judged before the ratio is rounded
+            "overdrawn": num_drawn > planned}
 
 
 def _pairs_stage(step: SftStep | DpoStep, shape: PairShape, config: ModelConfig, hardware: Hardware,
@@ -294,9 +302,9 @@ def _rlvr_stage(step: RlvrStep, config: ModelConfig, hardware: Hardware,
     prompt, new = battery_prompt_positions(), step.max_new_tokens
     width = prompt + new
     per_position = flops_per_token(config, width)
-    groups = step.num_steps * step.groups_per_step
+    groups, drawn = step.num_steps * step.groups_per_step, priced_groups(step)
     worker = (groups * step.group_size * width * per_position * 5 / 3, 0.0, 0.0)  # and proximal and reference forwards
-    generation = (_generation_flops(groups, step.group_size, prompt, new, per_position), groups * new)
+    generation = (_generation_flops(drawn, step.group_size, prompt, new, per_position), drawn * new)
     return _stage_plan("rlvr", 1, step.num_steps, width, worker, generation, evaluation, config, hardware)
 
 

@@ -1,11 +1,11 @@
 """RLVR: GRPO with the DAPO fixes, the generator in its own process, bounded staleness.
 
 One step: draw groups from the generator until the batch holds `groups_per_step` fresh,
-informative groups (sampling.py, staleness.py); compute group-normalised advantages; take the
-proximal log-probabilities (the policy before this batch's updates) and the truncated importance
-weights against the behaviour log-probabilities the generator stamped; then `updates_per_step`
-optimizer steps on the DAPO loss, each one a new policy version, sent to the generator every
-`sync_every` versions.
+informative groups or the step's share of the priced draws is spent (sampling.py, staleness.py);
+compute group-normalised advantages; take the proximal log-probabilities (the policy before this
+batch's updates) and the truncated importance weights against the behaviour log-probabilities the
+generator stamped; then `updates_per_step` optimizer steps on the DAPO loss, each one a new
+policy version, sent to the generator every `sync_every` versions.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from ito_assets.posttraining.losses import (
 from ito_assets.posttraining.optim import adamw, optimizer_step
 from ito_assets.posttraining.policy import CausalLM, token_logprobs
 from ito_assets.posttraining.rollouts import Group, RolloutBatch, collate
-from ito_assets.posttraining.sampling import MAX_DRAWS_PER_GROUP, FilledBatch, fill_batch
+from ito_assets.posttraining.sampling import DrawBudget, FilledBatch
 from ito_assets.posttraining.staleness import StalenessFilter, StalenessReport
 from ito_assets.posttraining.tasks import Task
 from ito_assets.posttraining.vocab import TextCodec
@@ -44,6 +44,7 @@ class RlvrConfig:
     clip_eps_low: float = _RLVR["clip_eps_low"].default
     clip_eps_high: float = _RLVR["clip_eps_high"].default
     max_staleness: int = _RLVR["max_staleness"].default
+    max_draws_per_group: int = _RLVR["max_draws_per_group"].default  # the plan prices these draws
     learning_rate: float = _RLVR["learning_rate"].default
     importance_weight_cap: float = IMPORTANCE_WEIGHT_CAP
     # Mini-batches (optimizer steps, policy versions) per batch. 1: each batch is used once, so the
@@ -55,7 +56,7 @@ class RlvrConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("num_steps", "groups_per_step", "updates_per_step", "sync_every"):
+        for name in ("num_steps", "groups_per_step", "updates_per_step", "sync_every", "max_draws_per_group"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
         if self.groups_per_step % self.updates_per_step:
@@ -69,7 +70,7 @@ class RlvrConfig:
             group_size=step.group_size, clip_eps_low=step.clip_eps_low, clip_eps_high=step.clip_eps_high,
             max_staleness=step.max_staleness, learning_rate=step.learning_rate, num_steps=step.num_steps,
             groups_per_step=step.groups_per_step, max_new_tokens=step.max_new_tokens,
-            overlong_cache=step.overlong_cache, **runtime,
+            overlong_cache=step.overlong_cache, max_draws_per_group=step.max_draws_per_group, **runtime,
         )
 
     def generation(self) -> GenerationConfig:
@@ -98,6 +99,9 @@ class RlvrResult:
     staleness: StalenessReport
     num_weight_syncs: int
     num_steps_without_signal: int  # steps whose draw bound ran out before any useful group
+    # Every group drawn, redrawn ones included, by every attempt (what the generation cost; on the
+    # worker, but the groups of an attempt's step that did not finish)
+    num_groups_drawn: int
     wall_seconds: float
 
     @property
@@ -173,6 +177,7 @@ def run_rlvr(
     trainer, started = _Trainer(policy.train(), reference.eval(), config, codec.pad_id), time.perf_counter()
     steps, without_signal = [], 0
     generator = GeneratorProcess(policy_factory=policy_factory, codec=codec, tasks=tasks, config=config.generation())
+    budget = DrawBudget(groups_per_step=config.groups_per_step, max_draws_per_group=config.max_draws_per_group)
     with generator.start(policy.state_dict(), trainer.version):
         for index in range(config.num_steps):
             step_started = time.perf_counter()
@@ -183,10 +188,9 @@ def run_rlvr(
                 drawn.extend(r.score for r in group.rollouts)
                 return group
 
-            filled = fill_batch(draw, trainer.admit, num_groups=config.groups_per_step,
-                                max_draws=MAX_DRAWS_PER_GROUP * config.groups_per_step)
+            filled = budget.fill(index, draw, trainer.admit)
             # Whole mini-batches only: a short batch (draw bound hit) drops its remainder.
-            usable = filled.num_kept - filled.num_kept % config.updates_per_step
+            usable = 0 if filled is None else filled.num_kept - filled.num_kept % config.updates_per_step
             if usable == 0:
                 without_signal += 1
                 continue
@@ -196,5 +200,5 @@ def run_rlvr(
         syncs = generator.num_weight_syncs
     return RlvrResult(
         steps=tuple(steps), staleness=trainer.staleness.report(), num_weight_syncs=syncs,
-        num_steps_without_signal=without_signal, wall_seconds=time.perf_counter() - started,
+        num_steps_without_signal=without_signal, num_groups_drawn=budget.drawn, wall_seconds=time.perf_counter() - started,
     )

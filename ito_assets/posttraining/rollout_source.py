@@ -3,7 +3,8 @@ the loader's interface (`position`, `next_batch`, `tokens_at`), so that the work
 checkpoints, restarts and telemetry serve RLVR as they serve the other stages.
 
 A batch: groups drawn from the generator process until `groups_per_step` are fresh (at most
-`max_staleness` versions old) and informative, as `sampling.fill_batch` decides; their rows as
+`max_staleness` versions old) and informative, or the step's part of the priced draws is spent,
+as `sampling.DrawBudget` decides; their rows as
 inputs and targets (-100 off the completions of samples that finished); and beside each row its
 advantage, its behaviour log-probabilities (the generator's) and its proximal ones (the policy's
 before this step), which `runtime.worker.reinforcement` turns into DAPO's loss.
@@ -32,7 +33,7 @@ from ito_assets.posttraining.generation import GenerationConfig, GeneratorProces
 from ito_assets.posttraining.losses import group_advantages
 from ito_assets.posttraining.policy import token_logprobs
 from ito_assets.posttraining.rollouts import Group, collate
-from ito_assets.posttraining.sampling import MAX_DRAWS_PER_GROUP, fill_batch
+from ito_assets.posttraining.sampling import DrawBudget
 from ito_assets.posttraining.staleness import staleness
 from ito_assets.posttraining.tasks import Task
 from ito_assets.posttraining.vocab import CharVocab, TextCodec
@@ -41,7 +42,8 @@ from ito_assets.runtime.worker.batches import IGNORE
 
 # Batches in a row with no usable group (every group all-equal, stale, or every sample truncated)
 # before the stage fails: the generator or the recipe is broken, not unlucky (a batch draws up to
-# MAX_DRAWS_PER_GROUP x groups_per_step groups).
+# a step's share of the priced draws, `sampling.DrawBudget`). The stage fails sooner where the
+# priced draws run out.
 MAX_BATCHES_WITHOUT_SIGNAL = 10
 
 
@@ -84,6 +86,8 @@ class RolloutSource:
                                   queue_size=step_queue_size(objective.groups_per_step))
         self.generator = GeneratorProcess(policy_factory=_builder(model), codec=self.codec, tasks=tasks, config=config)
         self.generator.start(_weights(model), version)
+        self.budget = DrawBudget(groups_per_step=objective.groups_per_step,
+                                 max_draws_per_group=objective.max_draws_per_group, first_step=version)
         self.beside: torch.Tensor | None = None  # (N, 3, L): advantage, behaviour, proximal log-probabilities
         self._tokens = 0
         self._counts: Counter[str] = Counter({"weight_syncs": 1})
@@ -97,9 +101,14 @@ class RolloutSource:
                 drawn.extend(r.score for r in group.rollouts)
                 return group
 
-            groups_per_step = self.objective.groups_per_step
-            filled = fill_batch(draw, self._admit, num_groups=groups_per_step,
-                                max_draws=MAX_DRAWS_PER_GROUP * groups_per_step)
+            filled = self.budget.fill(self.position, draw, self._admit)
+            if filled is None:
+                budget = self.budget
+                raise ItoError(ErrorCode.GENERATION_DRAWS_SPENT,
+                               f"step {self.position + 1} found no group to learn from (all rewards equal, too stale, or "
+                               f"every sample truncated) before the priced draws ran out: {budget.drawn} groups drawn for "
+                               f"steps {budget.first_step + 1} to {self.position + 1}, at most "
+                               f"{budget.max_draws_per_group} (max_draws_per_group) for each of a step's {budget.groups_per_step}")
             self._counts.update({"dropped_all_equal": filled.num_dropped_all_equal})
             if filled.groups and any(not r.truncated for g in filled.groups for r in g.rollouts):
                 return self._batch(list(filled.groups), drawn)

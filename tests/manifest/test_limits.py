@@ -390,6 +390,7 @@ STEP_RANGES = [
     ("rlvr", "clip_eps_low", [ABOVE_0, BELOW_1], [0.0, 1.0]),
     ("rlvr", "clip_eps_high", [ABOVE_0, BELOW_1], [0.0, 1.0]),
     ("rlvr", "max_staleness", [0, 64], [-1, 65]),
+    ("rlvr", "max_draws_per_group", [1, 100], [0, 101, 10**23]),
     ("sft", "batch_size", [1, 2**20], [0, 2**20 + 1, 10**23]),
     ("dpo", "batch_size", [1, 2**20], [0, 2**20 + 1, 10**23]),
     ("rlvr", "num_steps", [1, 10**9], [0, 10**9 + 1, 10**23]),

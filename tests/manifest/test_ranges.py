@@ -156,6 +156,8 @@ RANGES = {
     ("RlvrStep", "clip_eps_high"): (_step("rlvr", "clip_eps_high"), "post_training.0.rlvr.clip_eps_high",
                                     0.0, False, 1.0, False),
     ("RlvrStep", "max_staleness"): (_step("rlvr", "max_staleness"), "post_training.0.rlvr.max_staleness", 0, True, 64, True),
+    ("RlvrStep", "max_draws_per_group"): (_step("rlvr", "max_draws_per_group"), "post_training.0.rlvr.max_draws_per_group",
+                                          1, True, 100, True),
     ("RlvrStep", "num_steps"): (_step("rlvr", "num_steps"), "post_training.0.rlvr.num_steps", 1, True, 10**9, True),
     ("RlvrStep", "groups_per_step"): (_step("rlvr", "groups_per_step"), "post_training.0.rlvr.groups_per_step",
                                       1, True, 2**20, True),

@@ -56,7 +56,9 @@ def test_the_evaluation_after_a_stage_makes_no_more_forwards_than_planned():
 def test_rlvrs_generation_makes_no_more_forwards_than_planned():
     train, _ = battery()
     policy, codec = _policy(), seeded().codec()
-    step = RlvrStep(kind="rlvr", num_steps=1, groups_per_step=5, group_size=8, max_new_tokens=6, overlong_cache=3)
+    # One draw a group: the groups priced are the groups made here (10 a group would price 10x them).
+    step = RlvrStep(kind="rlvr", num_steps=1, groups_per_step=5, group_size=8, max_new_tokens=6, overlong_cache=3,
+                    max_draws_per_group=1)
     [planned] = plan.plan_post_training([step], policy.config, HARDWARE, {}, PostTrainingEval())
     config = GenerationConfig(group_size=step.group_size, max_new_tokens=step.max_new_tokens,
                               overlong_cache=step.overlong_cache)

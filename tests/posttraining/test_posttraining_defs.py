@@ -33,7 +33,7 @@ from ito_assets.control import telemetry as ledger_telemetry
 from ito_assets.control.ledger import open_ledger
 from ito_assets.posttraining.fixtures import instruction_pairs, preference_pairs, write_jsonl
 from ito_assets.defs.posttraining import checks
-from ito_assets.manifest.schema import PostTrainingEval
+from ito_assets.manifest.schema import PostTrainingEval, RlvrStep
 from ito_assets.posttraining.base import seeded
 from ito_assets.posttraining.checkpoint import CheckpointRecord
 from ito_assets.posttraining.eval_gate import BATTERY, judge_rewards
@@ -244,7 +244,9 @@ def test_chain_materializes_with_metrics(installation, instance, base):
     # staleness filter once (the in-process count: test_recipe_sizes.py).
     figures = result.output_for_node("rlvr_checkpoint").metrics["generation_calibration"]
     staleness = result.output_for_node("rlvr_checkpoint").metrics["staleness"]
-    assert figures["drawn_groups"] == staleness["num_admitted"] + staleness["num_dropped_stale"] >= figures["planned_groups"]
+    step = RlvrStep.model_validate(_sized([recipe[2]])[0])  # the draw bound: 10 a group, the default
+    assert figures["planned_groups"] == step.num_steps * step.groups_per_step * 10
+    assert 0 < figures["drawn_groups"] == staleness["num_admitted"] + staleness["num_dropped_stale"] <= figures["planned_groups"]
     assert metadata["groups_drawn"].value == figures["drawn_groups"] and metadata["groups_planned"].value == figures["planned_groups"]
     assert _evaluations(result)["rlvr_generation_calibration"] is (not figures["overdrawn"])
 
@@ -270,7 +272,7 @@ def test_the_evaluation_warning_flags_only_an_underpriced_stage_of_its_own_kind(
 
 
 def test_the_generation_warning_flags_only_an_overdrawn_rlvr_stage():
-    figures = {"planned_groups": 320, "drawn_groups": 512, "ratio": 1.6, "overdrawn": True}
+    figures = {"planned_groups": 320, "drawn_groups": 321, "ratio": 1.0031, "overdrawn": True}
     reward = RewardEval(mean_reward=0.5, per_task=(0.5, 0.5), greedy_accuracy=0.5, num_tasks=2, num_samples=8)
 
     def outcome(stage: str, metrics: dict) -> StageOutcome:
@@ -281,8 +283,8 @@ def test_the_generation_warning_flags_only_an_overdrawn_rlvr_stage():
 
     flagged = checks.generation_calibration_result(outcome("rlvr", {"generation_calibration": figures}))
     assert not flagged.passed and flagged.severity is dg.AssetCheckSeverity.WARN
-    assert flagged.description == "512 groups drawn against 320 priced (ratio 1.6; each priced at its longest completions)"
-    within = {**figures, "drawn_groups": 400, "ratio": 1.25, "overdrawn": False}
+    assert flagged.description == "321 groups drawn against 320 priced (ratio 1.0031; each priced at its longest completions)"
+    within = {**figures, "drawn_groups": 320, "ratio": 1.0, "overdrawn": False}
     assert checks.generation_calibration_result(outcome("rlvr", {"generation_calibration": within})).passed
     # Another stage's outcome (the recipe has no RLVR step), or one stored before its groups were counted.
     assert checks.generation_calibration_result(outcome("dpo", {"generation_calibration": figures})).passed

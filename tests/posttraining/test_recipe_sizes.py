@@ -18,7 +18,7 @@ from posttraining.never_ends import NeverEnds
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.schema import DpoStep, PostTrainingEval, RlvrStep, SftStep
 from ito_assets.manifest.verify import verify_manifest
-from ito_assets.posttraining import on_worker, pipeline, rlvr
+from ito_assets.posttraining import on_worker, pipeline, rlvr, sampling
 from ito_assets.posttraining.base import seeded
 from ito_assets.posttraining.decoding import encode_prompt
 from ito_assets.posttraining.fixtures import check_completions, instruction_pairs, preference_pairs, write_jsonl
@@ -86,24 +86,31 @@ def test_rlvr_runs_the_recipes_steps_of_its_groups(tmp_path):
     assert (config.num_steps, config.groups_per_step, config.group_size) == (2, 3, 2)
 
 
-def test_rlvr_counts_every_group_its_steps_drew_against_the_ones_priced(tmp_path, monkeypatch):
-    """Redrawn groups (all rewards equal: an untrained policy's common case, or too stale) are not
-    priced; the stage records them beside the priced groups (the plan's warning: its tests)."""
+@pytest.mark.parametrize("max_draws", [1, 10])
+def test_rlvr_draws_no_more_groups_than_priced_and_counts_them(tmp_path, monkeypatch, max_draws):
+    """Redrawn groups (all rewards equal: an untrained policy's common case, or too stale) are
+    priced at the step's draw bound, which the stage never passes; it records what it drew
+    beside the priced groups (the plan's warning: its tests). At 1 a group, a step draws its
+    groups once and trains on those that had signal."""
     filled = []
 
     def counted(*args, **kwargs):
         filled.append(real(*args, **kwargs))
         return filled[-1]
 
-    real = rlvr.fill_batch
-    monkeypatch.setattr(rlvr, "fill_batch", counted)
-    step = RlvrStep.model_validate({"kind": "rlvr", "num_steps": 3, "groups_per_step": 2, "group_size": 2})
+    real = sampling.fill_batch
+    monkeypatch.setattr(sampling, "fill_batch", counted)
+    step = RlvrStep.model_validate({"kind": "rlvr", "num_steps": 3, "groups_per_step": 2, "group_size": 2,
+                                    "max_draws_per_group": max_draws})
     outcome = run_stage(step, start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out", runtime=RUNTIME,
                         evaluation=EVALUATION)
     figures = outcome.metrics["generation_calibration"]
     drawn = sum(batch.num_drawn for batch in filled)
-    assert figures["planned_groups"] == 6 and figures["drawn_groups"] == drawn >= 6
-    assert figures["ratio"] == round(drawn / 6, 4) and figures["overdrawn"] is (drawn > 7.5)
+    assert len(filled) == 3 and all(batch.num_drawn <= 2 * max_draws for batch in filled)
+    assert figures["planned_groups"] == 6 * max_draws and figures["drawn_groups"] == drawn <= 6 * max_draws
+    assert figures["ratio"] == round(drawn / (6 * max_draws), 4) and figures["overdrawn"] is False
+    if max_draws == 1:
+        assert drawn == 6
     assert "generation_calibration" not in run_stage(
         _sft(tmp_path, 24, 24), start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out-sft", runtime=RUNTIME,
         evaluation=EVALUATION).metrics
@@ -128,6 +135,8 @@ def test_a_manifest_without_the_fields_keeps_its_digest_and_means_what_it_meant(
     config = RlvrConfig.from_step(step)
     assert (config.max_new_tokens, config.overlong_cache) == (8, 4)
     assert step == RlvrStep.model_validate({**step.model_dump(), "max_new_tokens": 8, "overlong_cache": 4})
+    # and the draws a group it ran with: verl's bound of 10, then a constant of the sampling
+    assert "max_draws_per_group" not in FIXTURE.read_text() and config.max_draws_per_group == 10
 
 
 def test_rlvr_generates_with_the_recipes_completion_length_and_the_battery_with_its_own(tmp_path, monkeypatch):

@@ -25,7 +25,10 @@ from ito_assets.posttraining.on_worker import TASKS_NAME, WorkerLaunch, rlvr_on_
 from ito_assets.posttraining.pipeline import battery
 from ito_assets.posttraining.policy import token_logprobs
 from ito_assets.posttraining.rlvr import RlvrConfig
-from ito_assets.posttraining.rollout_source import generator_seed, read_tasks
+from ito_assets.errors import ErrorCode, ItoError
+from ito_assets.posttraining import rollout_source
+from ito_assets.posttraining.rollout_source import RolloutSource, generator_seed, read_tasks
+from ito_assets.posttraining.rollouts import Group, Rollout
 from ito_assets.posttraining.rollouts import collate
 from ito_assets.posttraining.sft import SftConfig, run_sft
 from ito_assets.posttraining.vocab import CharVocab
@@ -63,7 +66,8 @@ def _sft_policy():
 
 START = _sft_policy()
 OBJECTIVE = ReinforcementObjective(group_size=4, groups_per_step=4, max_new_tokens=8, overlong_cache=4,
-                                   clip_eps_low=0.2, clip_eps_high=0.28, max_staleness=1, importance_weight_cap=2.0)
+                                   clip_eps_low=0.2, clip_eps_high=0.28, max_staleness=1, importance_weight_cap=2.0,
+                                   max_draws_per_group=10)
 
 
 def _groups(policy, count: int = 4):
@@ -130,6 +134,7 @@ def test_the_worker_trains_rlvr_from_the_policy_it_is_given_within_the_staleness
     assert result.staleness.num_admitted >= 6 * 4 and set(result.staleness.admitted) <= {0, 1}
     assert all(lag > 1 for lag in result.staleness.dropped)
     assert result.num_weight_syncs == 1 + 6  # the start, then after every step
+    assert result.num_groups_drawn == result.staleness.num_admitted + result.staleness.num_dropped  # no restart
     assert _max_difference(policy, START) > 0  # it trained
     assert read_tasks(tmp_path / TASKS_NAME) == TRAIN
     stage = json.loads((tmp_path / "stage.json").read_text())
@@ -170,9 +175,16 @@ def test_a_rlvr_worker_killed_mid_stage_restarts_with_a_generator_at_the_resumed
     killed: list[int] = []
     launch = WorkerLaunch(run=_kill_once_past_the_first_checkpoint(tmp_path, killed), run_key="rlvr-test",
                           supervisor=SUPERVISOR, interval_steps=2)
-    rlvr_on_worker(copy.deepcopy(START), SPEC, TRAIN, config, stage_dir=tmp_path, launch=launch,
-                   prompt_length=PROMPT_LENGTH)
+    result = rlvr_on_worker(copy.deepcopy(START), SPEC, TRAIN, config, stage_dir=tmp_path, launch=launch,
+                            prompt_length=PROMPT_LENGTH)
     resumed = assert_restarted_once(tmp_path, killed, num_steps=config.num_steps, first_checkpoint=2)
+    # The groups drawn: every attempt's finished steps, a redone step's too (the final ones alone
+    # are the staleness report's).
+    recorded = [e for e in events.read(tmp_path) if e.kind is EventKind.STEP]
+    redone = len(recorded) - config.num_steps
+    assert result.num_groups_drawn == sum(v for e in recorded for k, v in e.metrics.items() if "_staleness_" in k)
+    final = result.staleness.num_admitted + result.staleness.num_dropped
+    assert (result.num_groups_drawn > final) is (redone > 0)
     # Each attempt's generator started at the version its trainer resumed at, with its own seed.
     (first, start_0, first_at), (second, start_1, second_at) = _generators(tmp_path)
     assert (start_0, start_1) == (0, resumed) and generator_seed(0, start_0) != generator_seed(0, start_1)
@@ -189,13 +201,14 @@ def test_a_rlvr_worker_killed_mid_stage_restarts_with_a_generator_at_the_resumed
 
 def _objective(**changes) -> ReinforcementObjective:
     settings = dict(group_size=4, groups_per_step=4, max_new_tokens=8, overlong_cache=4, clip_eps_low=0.2,
-                    clip_eps_high=0.28, max_staleness=1, importance_weight_cap=2.0) | changes
+                    clip_eps_high=0.28, max_staleness=1, importance_weight_cap=2.0, max_draws_per_group=10) | changes
     return ReinforcementObjective(**settings)
 
 
 @pytest.mark.parametrize("changes, message", [
     ({"group_size": 1}, "group_size"), ({"groups_per_step": 0}, "groups_per_step"), ({"sync_every": 0}, "sync_every"),
-    ({"max_staleness": -1}, "max_staleness"), ({"overlong_cache": 0}, "overlong_cache"),
+    ({"max_staleness": -1}, "max_staleness"), ({"max_draws_per_group": 0}, "max_draws_per_group"),
+    ({"overlong_cache": 0}, "overlong_cache"),
     ({"overlong_cache": 9}, "overlong_cache"), ({"clip_eps_low": 1.0}, "clip_eps_low"),
     ({"clip_eps_high": -1e-9}, "clip_eps_high"), ({"importance_weight_cap": 0.999}, "importance_weight_cap"),
     ({"tokenizer_path": "tokenizer.json", "tokenizer_sha256": "sha256:0"}, "absolute"),
@@ -204,7 +217,7 @@ def test_the_reinforcement_settings_are_checked_at_their_bounds(changes, message
     with pytest.raises(ValueError, match=message):
         _objective(**changes)
     accepted = _objective(group_size=2, max_staleness=0, overlong_cache=8, clip_eps_low=0.0, clip_eps_high=0.0,
-                          importance_weight_cap=1.0)  # each at its bound
+                          importance_weight_cap=1.0, max_draws_per_group=1)  # each at its bound
     assert accepted.overlong_cache == accepted.max_new_tokens
 
 
@@ -220,3 +233,60 @@ def test_reinforcement_trains_on_one_rank_with_no_second_objective(tmp_path):
     with pytest.raises(ValueError, match="one objective"):
         worker_config(tmp_path, tokens, reinforcement=_objective(), layout=one.layout,
                       preference=PreferenceObjective(reference_path="/tmp/r.npy", beta=0.1))
+
+
+class _EqualGroups:
+    """A generator whose every group has equal rewards (nothing to learn), counting its draws."""
+
+    mixed_first = 0  # groups with signal before the equal ones
+
+    def __init__(self, **_):
+        self.drawn = 0
+
+    def start(self, state_dict, version):
+        return self
+
+    def next_group(self) -> Group:
+        self.drawn += 1
+        rewards = (1.0, 0.0, 1.0, 0.0) if self.drawn <= self.mixed_first else (1.0,) * 4
+        return Group(task_id="t", policy_version=0, rollouts=tuple(
+            Rollout(prompt_ids=(1,), completion_ids=(2,), behaviour_logprobs=(-0.1,), truncated=False, score=r, reward=r)
+            for r in rewards))
+
+    def publish(self, state_dict, version):
+        pass
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("max_draws, version", [(1, 0), (2, 0), (2, 3)])
+def test_a_batch_without_signal_draws_again_only_within_the_priced_draws(monkeypatch, max_draws, version):
+    """A step with nothing to learn from draws again from what is left of the priced draws (its
+    share and what earlier steps left), then fails the stage: never a group past the price."""
+    monkeypatch.setattr(rollout_source, "GeneratorProcess", _EqualGroups)
+    source = RolloutSource(_objective(max_draws_per_group=max_draws), model=copy.deepcopy(START),
+                           reference=copy.deepcopy(START), tasks=list(TRAIN[:4]), seed=0, version=version)
+    with pytest.raises(ItoError) as caught:
+        source.next_batch()
+    assert caught.value.code is ErrorCode.GENERATION_DRAWS_SPENT
+    assert source.generator.drawn == source.budget.drawn == 4 * max_draws  # a step's share: 4 groups x max_draws
+    assert f"{4 * max_draws} groups drawn for steps {version + 1} to {version + 1}" in caught.value.message
+    source.position += 1  # had the step trained: the next step's share is its own
+    with pytest.raises(ItoError):
+        source.next_batch()
+    assert source.generator.drawn == 8 * max_draws
+
+
+def test_a_step_without_signal_draws_what_the_steps_before_it_left(monkeypatch):
+    monkeypatch.setattr(rollout_source, "GeneratorProcess", type("_Mixed", (_EqualGroups,), {"mixed_first": 4}))
+    source = RolloutSource(_objective(max_draws_per_group=2), model=copy.deepcopy(START),
+                           reference=copy.deepcopy(START), tasks=list(TRAIN[:4]), seed=0, version=0)
+    source.next_batch()  # step 1: its 4 groups at once, 4 of its 8 draws left
+    assert source.generator.drawn == 4
+    source.trained(1)
+    with pytest.raises(ItoError, match="16 groups drawn for steps 1 to 2"):
+        source.next_batch()  # step 2: its own 8, then step 1's 4
+    assert source.generator.drawn == 16 == 2 * 4 * 2
+    source.close()
+

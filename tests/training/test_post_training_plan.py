@@ -98,13 +98,16 @@ def test_dpo_trains_two_answers_a_pair_and_computes_the_reference_once_on_the_wo
                                                    + busiest * pair / rate)
 
 
-def test_rlvr_trains_on_one_rank_and_generates_on_one_host_core_through_the_kv_cache() -> None:
-    step = RlvrStep(kind="rlvr", num_steps=3, groups_per_step=2, group_size=4)
+@pytest.mark.parametrize("max_draws", [1, 3, 10, 100])
+def test_rlvr_trains_on_one_rank_and_generates_its_draw_bound_on_one_host_core_through_the_kv_cache(max_draws) -> None:
+    step = RlvrStep(kind="rlvr", num_steps=3, groups_per_step=2, group_size=4, max_draws_per_group=max_draws)
     planned = one(step, hw=hardware(nodes=2))
     prompt, new = post.battery_prompt_positions(), step.max_new_tokens
-    groups, per_position = 3 * 2, flops_per_token(TINY, prompt + new)
+    trained, per_position = 3 * 2, flops_per_token(TINY, prompt + new)
+    groups = trained * max_draws  # every group the stage may draw is generated; only the kept ones train
+    assert post.priced_groups(step) == groups
     assert (planned.num_ranks, planned.sequence_length) == (1, prompt + new)
-    assert planned.worker_flops == pytest.approx(groups * 4 * (prompt + new) * per_position * 5 / 3)
+    assert planned.worker_flops == pytest.approx(trained * 4 * (prompt + new) * per_position * 5 / 3)
     # A group's prompt is read once; then each of its 4 completions is fed its tokens but the last, one at a time.
     assert planned.host_flops == pytest.approx(groups * (prompt + 4 * (new - 1)) * per_position / 3)
     # A sampling's forwards: the prompt's, then one a token but the last; each a fixed cost a block besides its FLOPs.
@@ -184,14 +187,15 @@ def test_an_evaluation_is_flagged_only_when_it_took_over_a_quarter_longer_than_p
     assert later.evaluation_seconds == pytest.approx(planned)
 
 
-@pytest.mark.parametrize("steps, drawn, overdrawn", [(4, 400, False), (4, 450, False), (4, 500, False), (4, 501, True),
-                                                     (4, 4_000, True), (20_001, 2_500_125, False),
-                                                     (20_001, 2_500_126, True)])  # a ratio that rounds to 1.25
-def test_rlvr_is_flagged_only_when_it_drew_over_a_quarter_more_groups_than_priced(steps, drawn, overdrawn) -> None:
-    """The plan prices its steps x groups per step; a redrawn group (all equal, too stale) is not priced."""
-    step = RlvrStep(kind="rlvr", num_steps=steps, groups_per_step=100)
+@pytest.mark.parametrize("steps, draws, drawn, overdrawn", [
+    (4, 1, 400, False), (4, 1, 401, True), (4, 10, 1, False), (4, 10, 4_000, False), (4, 10, 4_001, True),
+    (20_001, 10, 20_001_000, False), (20_001, 10, 20_001_001, True)])  # a ratio that rounds to 1.0
+def test_rlvr_is_flagged_only_when_it_drew_more_groups_than_priced(steps, draws, drawn, overdrawn) -> None:
+    """The plan prices the draw bound, steps x groups per step x max_draws_per_group, which an
+    attempt never passes (a restarted one draws its steps again)."""
+    step = RlvrStep(kind="rlvr", num_steps=steps, groups_per_step=100, max_draws_per_group=draws)
     figures = post.generation_calibration(step, drawn)
-    planned = steps * 100
+    planned = steps * 100 * draws
     assert figures == {"planned_groups": planned, "drawn_groups": drawn, "ratio": round(drawn / planned, 4),
                        "overdrawn": overdrawn}
 

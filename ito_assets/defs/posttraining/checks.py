@@ -83,9 +83,9 @@ def _warning(figures: dict, flagged: bool, names: tuple[str, ...], description: 
     name="rlvr_generation_calibration",
     asset=rlvr_checkpoint,
     partitions_def=manifests_partitions,
-    description=f"A warning, never blocking: the RLVR stage drew more than {FLAG_FRACTION:.0%} more groups than the "
-    "plan priced (its steps times groups per step; redrawn all-equal or too stale groups are not priced), so its "
-    "generation may have run past the window and cost the confirmation bound.",
+    description="A warning, never blocking: the RLVR stage drew more groups than the plan priced (its draw bound: "
+    "steps x groups per step x max_draws_per_group, which an attempt never passes; a restarted attempt draws its "
+    "steps again), so its generation may have run past the window and cost the confirmation bound.",
 )
 def rlvr_generation_calibration(**checkpoint) -> dg.AssetCheckResult:
     (outcome,) = checkpoint.values()

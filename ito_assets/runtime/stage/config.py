@@ -55,7 +55,8 @@ class ReinforcementObjective:
     """GRPO with DAPO's fixes instead of a shard: a generator process beside the rank samples
     groups of the stage's tasks (`tokens_path` is then their JSONL, `posttraining.tasks.Task`) with
     the newest weights it was sent, and each step trains on `groups_per_step` groups at most
-    `max_staleness` versions old (`ito_assets.posttraining.rollout_source`). One optimizer step a
+    `max_staleness` versions old, drawing at most `max_draws_per_group` for each
+    (`ito_assets.posttraining.rollout_source`). One optimizer step a
     batch: a version is a step."""
 
     group_size: int
@@ -66,6 +67,7 @@ class ReinforcementObjective:
     clip_eps_high: float
     max_staleness: int
     importance_weight_cap: float
+    max_draws_per_group: int  # the priced draws (`posttraining.sampling.DrawBudget`)
     sync_every: int = 1  # versions between weight transfers to the generator
     tokenizer_path: str | None = None  # the run's BPE (with its sha256); None: the character vocabulary
     tokenizer_sha256: str | None = None
@@ -75,8 +77,10 @@ class ReinforcementObjective:
             raise ValueError("tokenizer_path must be an absolute path")
         if (self.tokenizer_path is None) != (self.tokenizer_sha256 is None):
             raise ValueError("tokenizer_path and tokenizer_sha256 must be set together")
-        if self.group_size < 2 or self.groups_per_step < 1 or self.sync_every < 1 or self.max_staleness < 0:
-            raise ValueError("group_size must be >= 2, groups_per_step and sync_every >= 1, max_staleness >= 0")
+        if (self.group_size < 2 or self.groups_per_step < 1 or self.sync_every < 1 or self.max_staleness < 0
+                or self.max_draws_per_group < 1):
+            raise ValueError("group_size must be >= 2, groups_per_step, sync_every and max_draws_per_group >= 1, "
+                             "max_staleness >= 0")
         if not 0 < self.overlong_cache <= self.max_new_tokens:
             raise ValueError("overlong_cache must be in (0, max_new_tokens]")
         if not (0 <= self.clip_eps_low < 1 and 0 <= self.clip_eps_high and self.importance_weight_cap >= 1):

@@ -21,9 +21,10 @@ from ito_assets.runtime.record.storage import read_regular_file, write_atomic
 MIN_INTERVAL_SECONDS = 0.2
 STORAGE_FAILED = "storage_failed"
 # A rank refused its inputs with a code no restart changes (`detail` holds it, one of REFUSAL_CODES):
-# a changed eval suite, a reference table that is not finite.
+# a changed eval suite, a reference table that is not finite, RLVR's priced draws spent (a
+# restart would draw past the price).
 REFUSED = "refused"
-REFUSAL_CODES = ("EVAL_SUITE_MISMATCH", "POSTTRAINING_DATA_INVALID")
+REFUSAL_CODES = ("EVAL_SUITE_MISMATCH", "POSTTRAINING_DATA_INVALID", "GENERATION_DRAWS_SPENT")
 # Before training, a replica group's ranks, loaded and about to ask for their first quorum; every
 # phase but "starting" says the worker got that far.
 JOINING = "joining"
