@@ -11,7 +11,7 @@ n = 2 (benchmarks/decision_rule.py). The interval's half-width replaces that ban
 
 - GO: the interval lies above zero; NO_GO: below zero; WITHIN_NOISE: it contains zero.
 - INCONCLUSIVE: fewer than two paired seeds (no noise to test against); differences with no spread
-  at all: every seed gave the same difference, whether the seeds changed neither arm (one run
+  beyond float rounding: every seed gave the same difference, whether the seeds changed neither arm (one run
   repeated) or moved both arms alike, so t is d / 0 and any difference, one rounding error
   included, would be a GO or NO_GO at p = 0; or a run whose metric is not finite (a diverged proxy
   says nothing about its data; values whose mean or spread overflows a float count as such), or
@@ -37,6 +37,7 @@ import enum
 import functools
 import math
 import statistics
+import sys
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
@@ -104,10 +105,22 @@ def _seeds_changed_nothing(candidate: Sequence[float], baseline: Sequence[float]
 
 
 _NOT_REPLICATES = "every seed gave each arm the same value: the seeds repeated one run and measured no noise; no decision"
-_NO_SPREAD = ("every seed gave the same difference between the arms: the seeds measured no noise in it, and its "
-              "zero spread would make any difference a decision at p = 0; no decision")
+_NO_SPREAD = ("every seed gave the same difference between the arms (to float rounding): the seeds measured no noise "
+              "in it, and its zero spread would make any difference a decision at p = 0; no decision")
 _NOT_FINITE = "a run's metric is not finite (a diverged proxy); no decision"
 _ONE_SEED = "one seed per arm cannot measure seed-to-seed noise; no decision"
+
+
+# A spread of the differences this many float epsilons of the values' magnitude or less is float
+# rounding alone: the values' own (each within half an ulp of what was measured) and their
+# subtraction's. Three seeds giving 0.1 exactly each, written as [1.3, 1.2, 1.1] - [1.2, 1.1, 1.0],
+# differ by 1e-16 and would be a GO at p = 5e-31.
+_ROUNDING_EPSILONS = 8
+
+
+def _within_rounding(spread: float, candidate: Sequence[float], baseline: Sequence[float]) -> bool:
+    scale = max(abs(v) for v in (*candidate, *baseline))
+    return spread <= _ROUNDING_EPSILONS * sys.float_info.epsilon * scale
 
 
 def _check_confidence(confidence: float) -> None:
@@ -147,6 +160,8 @@ def paired_test(candidate: Sequence[float], baseline: Sequence[float], confidenc
     mean, spread = moments
     if _seeds_changed_nothing(candidate, baseline):
         return _inconclusive(n, mean, confidence, _NOT_REPLICATES)
+    if _within_rounding(spread, candidate, baseline):
+        return _inconclusive(n, mean, confidence, _NO_SPREAD)
     return _t_interval(mean, spread / math.sqrt(n), n - 1, n, confidence, "paired t")
 
 
@@ -175,6 +190,8 @@ def stein_test(candidate: Sequence[float], baseline: Sequence[float], num_pilot:
         return _inconclusive(n, math.nan, confidence, _NOT_FINITE)
     if _seeds_changed_nothing(candidate[:num_pilot], baseline[:num_pilot]):
         return _inconclusive(n, every[0], confidence, _NOT_REPLICATES)
+    if _within_rounding(pilot[1], candidate[:num_pilot], baseline[:num_pilot]):
+        return _inconclusive(n, every[0], confidence, _NO_SPREAD)
     return _t_interval(every[0], pilot[1] / math.sqrt(n), num_pilot - 1, n, confidence, "Stein two-stage paired t")
 
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import math
 import statistics
+import sys
 
 import numpy as np
 import pytest
 from scipy import stats
 
+from ito_assets.training import verdict
 from ito_assets.training.verdict import Verdict, paired_test, stein_test
 
 # Student's t at 2 degrees of freedom has a closed-form quantile, t_p = (2p - 1) / sqrt(2p(1 - p)):
@@ -127,12 +129,27 @@ def test_seeds_that_changed_neither_arm_are_inconclusive_never_a_decision_at_p_z
 
 
 @pytest.mark.parametrize("varied", ["candidate", "baseline"])
-def test_one_arm_varying_by_one_ulp_is_tested_as_usual(varied: str) -> None:
-    # The other side of the boundary: a seed that moved either arm at all measured something.
+@pytest.mark.parametrize("ulps, tested", [(1, False), (8, False), (32, True)])
+def test_one_arm_varying_by_rounding_alone_measured_no_noise(varied: str, ulps: int, tested: bool) -> None:
+    # A seed that moved an arm by a few ULPs measured rounding, not seed noise: t over that spread
+    # made a 0.01 difference a GO at p ~ 0. Beyond 8 epsilons of the values, it is tested as usual.
     candidate, baseline = [1.0] * 3, [1.01] * 3
-    (candidate if varied == "candidate" else baseline)[2] += ULP
-    assert paired_test(candidate, baseline, 0.95).verdict is Verdict.GO
-    assert stein_test(candidate + [1.0], baseline + [1.01], 3, 0.95).verdict is Verdict.GO
+    (candidate if varied == "candidate" else baseline)[2] += ulps * ULP
+    for test in (paired_test(candidate, baseline, 0.95), stein_test(candidate + [1.0], baseline + [1.01], 3, 0.95)):
+        assert test.verdict is (Verdict.GO if tested else Verdict.INCONCLUSIVE)
+        assert tested or "to float rounding" in test.explanation
+
+
+def test_differences_equal_but_for_their_decimal_rounding_are_no_spread() -> None:
+    # 0.1 each, as three subtractions write it: the differences spread by 1e-16.
+    test = paired_test([1.2, 1.1, 1.0], [1.3, 1.2, 1.1], 0.95)
+    assert test.verdict is Verdict.INCONCLUSIVE and test.p_value is None
+
+
+def test_the_rounding_floor_is_eight_epsilons_of_the_largest_value() -> None:
+    floor = 8 * sys.float_info.epsilon * 3.0
+    assert verdict._within_rounding(floor, [1.0, -3.0], [2.0, 0.5])
+    assert not verdict._within_rounding(math.nextafter(floor, 1.0), [1.0, -3.0], [2.0, 0.5])
 
 
 def test_a_stein_pilot_that_changed_neither_arm_is_inconclusive_whatever_later_seeds_did() -> None:
