@@ -94,6 +94,9 @@ class ErrorCode(str, enum.Enum):
     # The candidate data is better beyond noise, but the gain does not pay for the full run (the
     # manifest's cost per point of improvement, or the desk's minimum improvement), and no reviewer accepted that.
     DATA_DECISION_NOT_WORTH_IT = "DATA_DECISION_NOT_WORTH_IT"
+    # The data decision judged other clean shards than those training would read (they were
+    # prepared again since): its verdict says nothing about these.
+    DATA_DECISION_STALE = "DATA_DECISION_STALE"
     # An arm of the decision run did not finish on the stage worker (its restarts spent), or left
     # no usable final checkpoint: no verdict is drawn from the arms that did.
     DECISION_ARM_FAILED = "DECISION_ARM_FAILED"

@@ -156,6 +156,9 @@ class DecisionResult:
     tokenizer_sha256: str | None
     train_wall_seconds: float  # training only, all runs
     model_flops: int
+    # The sha256 of each clean shard the candidate arm read, in order, where the caller read shards
+    # (`decision_run`): training refuses a verdict about other shards. None: texts given directly.
+    candidate_shards: tuple[str, ...] | None = None
 
     @property
     def verdict(self) -> Verdict:

@@ -29,3 +29,30 @@ def test_a_blocked_decision_stops_training_with_its_own_code(verdict: Verdict, c
         _require_data(SimpleNamespace(), decision)
     assert refused.value.metadata["error_code"].value == code
     assert f"the data decision did not pass: {verdict.value}" in refused.value.description
+
+
+def _clean(*digests: str, holds: bool = True) -> SimpleNamespace:
+    """Clean shards as training reads them: their digests, accounting, and no digest failure."""
+    shards = SimpleNamespace(shards=tuple(SimpleNamespace(sha256=d) for d in digests), verify=lambda: [])
+    return SimpleNamespace(shards=shards, conservation=SimpleNamespace(holds=holds))
+
+
+@pytest.mark.parametrize("judged", [("a", "c"), ("a",), ("a", "b", "c"), ("b", "a"), None],
+                         ids=["changed", "fewer", "more", "reordered", "not recorded"])
+def test_a_go_about_other_clean_shards_stops_training_as_stale(judged) -> None:
+    """A GO judged shards `judged`; clean shards prepared again since (other rules or data) are
+    not what it judged."""
+    reviewed = Manifest.model_validate_json(json.dumps(valid_manifest()))
+    decision = SimpleNamespace(gate=decision_gate(Verdict.GO, reviewed), decision=SimpleNamespace(candidate_shards=judged))
+    with pytest.raises(dg.Failure) as refused:
+        _require_data(_clean("a", "b"), decision)
+    assert refused.value.metadata["error_code"].value == "DATA_DECISION_STALE"
+
+
+def test_a_go_about_these_clean_shards_passes_on_to_their_accounting() -> None:
+    reviewed = Manifest.model_validate_json(json.dumps(valid_manifest()))
+    decision = SimpleNamespace(gate=decision_gate(Verdict.GO, reviewed), decision=SimpleNamespace(candidate_shards=("a", "b")))
+    _require_data(_clean("a", "b"), decision)  # nothing refused
+    with pytest.raises(dg.Failure) as refused:
+        _require_data(_clean("a", "b", holds=False), decision)
+    assert refused.value.metadata["error_code"].value == "DATA_POLICY_VIOLATION"

@@ -61,6 +61,8 @@ def decision_run(
                                   trainer=launch)
     except ItoError as error:
         raise failure(error) from None
+    # The shards judged, so that training refuses this verdict for shards prepared again since.
+    result = dataclasses.replace(result, candidate_shards=tuple(s.sha256 for s in clean_shards.shards.shards))
     context.add_output_metadata({**_run_metadata(result, baseline.sources, work_dir), **_launch_metadata(launch)})
     return result
 

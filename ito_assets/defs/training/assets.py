@@ -85,6 +85,12 @@ def _require_data(clean_shards, decision) -> None:  # a CleanStage and a trainin
     if not decision.gate.passed:
         raise dg.Failure(description=f"the data decision did not pass: {decision.gate.reason}",
                          metadata={"error_code": decision.gate.error_code.value})
+    judged = getattr(decision.decision, "candidate_shards", None)  # absent from a decision stored before it was recorded
+    if judged != tuple(s.sha256 for s in clean_shards.shards.shards):
+        raise dg.Failure(description="the data decision judged other clean shards than these (they were prepared "
+                         "again since, or the decision predates its record of them): materialize decision_run and "
+                         "data_decision again for this manifest",
+                         metadata={"error_code": ErrorCode.DATA_DECISION_STALE.value})
     if not clean_shards.conservation.holds or clean_shards.shards.verify():
         raise dg.Failure(description="the clean shards' digests or document accounting do not hold",
                          metadata={"error_code": ErrorCode.DATA_POLICY_VIOLATION.value})
