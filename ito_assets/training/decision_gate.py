@@ -6,8 +6,8 @@ The acceptance is the manifest's optional `data_decision` (schema.DataDecisionAc
 "reason": str, "reviewed_by": str}`; without it every other outcome blocks: a NO_GO with
 DATA_DECISION_NO_GO, the verdicts that did not tell with DATA_DECISION_INCONCLUSIVE, and a GO whose
 gain does not pay for the full run (economics.not_worth_it) with DATA_DECISION_NOT_WORTH_IT. A GO
-the planner could not price (the plan was refused) is judged on its verdict: the plan's own gate
-refuses the run.
+the planner could not price on the booked hardware (the plan was refused) is not shown worth it
+either: training on another booking would otherwise skip the economics the manifest set.
 """
 
 from __future__ import annotations
@@ -57,15 +57,18 @@ def accepted_verdicts(manifest: Manifest) -> frozenset[str]:
     return frozenset(manifest.data_decision.accepted_verdicts)
 
 
-def decision_gate(verdict: Verdict, manifest: Manifest, economics: Economics | None = None) -> DecisionGateVerdict:
-    worth_it = economics is None or economics.worth_it
+def decision_gate(verdict: Verdict, manifest: Manifest, economics: Economics | None = None, *,
+                  unpriced: str | None = None) -> DecisionGateVerdict:
+    """`unpriced`: why the full run's economics could not be judged; a GO is then not shown worth it."""
+    worth_it = economics.worth_it if economics is not None else unpriced is None
     gate = DecisionGateVerdict(passed=True, verdict=verdict, accepted_by_manifest=False, worth_it=worth_it,
                                reason="the candidate data is better beyond noise, and worth the full run's cost")
     if gate.outcome == Verdict.GO.value:
         return gate
     if gate.outcome in accepted_verdicts(manifest):
         return replace(gate, accepted_by_manifest=True, reason=f"{gate.outcome}, accepted by the manifest's reviewers")
-    why = f" ({'; '.join(economics.reasons)})" if gate.outcome == NOT_WORTH_IT else ""
+    reasons = economics.reasons if economics is not None else (unpriced,)
+    why = f" ({'; '.join(reasons)})" if gate.outcome == NOT_WORTH_IT else ""
     return replace(gate, passed=False,
                    reason=f"{gate.outcome}{why}: the manifest's reviewers did not accept this outcome")
 
@@ -97,8 +100,10 @@ def judge_decision(result: DecisionResult, manifest: Manifest, hardware: Hardwar
         # The curriculum's plan: the data decision is about pretraining data (economics.py).
         run_plan = plan_run(manifest, hardware, pair_shapes=None)
     except PlanRefused as refused:
-        return DataDecision(decision=result, gate=decision_gate(result.verdict, manifest), economics=None,
-                            plan_refusal=", ".join(refused.reasons))
+        why = ", ".join(refused.reasons)
+        unpriced = f"the full run could not be planned on the booked hardware ({why}): its cost was not weighed against the gain"
+        return DataDecision(decision=result, gate=decision_gate(result.verdict, manifest, unpriced=unpriced), economics=None,
+                            plan_refusal=why)
     threshold = manifest.decision_economics.max_cost_cents_per_improvement_point if manifest.decision_economics else None
     economics = decision_economics(result, run_plan, config, threshold)
     return DataDecision(decision=result, gate=decision_gate(result.verdict, manifest, economics), economics=economics,

@@ -5,6 +5,7 @@ turns a GO that is not worth it into NOT_WORTH_IT, which reviewers may accept in
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 from pydantic import ValidationError
@@ -12,7 +13,9 @@ from pydantic import ValidationError
 from helpers import valid_manifest
 from ito_assets.errors import ErrorCode
 from ito_assets.manifest.schema import MAX_CENTS, Manifest
-from ito_assets.training.decision_gate import NOT_WORTH_IT, decision_gate
+from ito_assets.training import decision_gate as decision_gate_module
+from ito_assets.training.decision_gate import NOT_WORTH_IT, decision_gate, judge_decision
+from ito_assets.training.layout import PlanRefused, Refusal, RefusalReason
 from ito_assets.training.economics import Economics, EconomicsConfig, cost_per_point, not_worth_it
 from ito_assets.training.verdict import Verdict
 
@@ -64,10 +67,32 @@ def test_a_go_not_worth_its_cost_blocks_with_its_own_code():
     assert gate.reason == "NOT_WORTH_IT (too dear): the manifest's reviewers did not accept this outcome"
 
 
-def test_a_go_worth_its_cost_or_unpriced_passes():
+def test_a_go_worth_its_cost_or_not_asked_about_it_passes():
     for economics in (_economics(), None):
         gate = decision_gate(Verdict.GO, _manifest(), economics)
         assert (gate.passed, gate.outcome, gate.accepted_by_manifest, gate.error_code) == (True, "GO", False, None)
+
+
+def test_a_go_whose_full_run_could_not_be_planned_is_not_shown_worth_it(monkeypatch):
+    """The booked hardware cannot plan the full run: its cost was never weighed against the gain,
+    and training on another booking would skip the economics, so the GO blocks unless accepted."""
+    def refused(*args, **kwargs):
+        raise PlanRefused((Refusal(reason=RefusalReason.UNKNOWN_MODEL_SIZE, detail="x"),), "refused")
+
+    monkeypatch.setattr(decision_gate_module, "plan_run", refused)
+    result = SimpleNamespace(verdict=Verdict.GO)
+    judged = judge_decision(result, _manifest(), hardware=None, config=EconomicsConfig())
+    assert (judged.gate.passed, judged.gate.outcome, judged.gate.error_code) == (False, NOT_WORTH_IT,
+                                                                                ErrorCode.DATA_DECISION_NOT_WORTH_IT)
+    assert judged.economics is None and judged.plan_refusal == "UNKNOWN_MODEL_SIZE"
+    assert "could not be planned on the booked hardware (UNKNOWN_MODEL_SIZE)" in judged.gate.reason
+    accepted = _manifest(data_decision={"accepted_verdicts": ["NOT_WORTH_IT"], "reason": "booked elsewhere",
+                                        "reviewed_by": "desk"})
+    assert judge_decision(result, accepted, hardware=None, config=EconomicsConfig()).gate.passed
+    for verdict, code in ((Verdict.NO_GO, ErrorCode.DATA_DECISION_NO_GO),
+                          (Verdict.WITHIN_NOISE, ErrorCode.DATA_DECISION_INCONCLUSIVE)):
+        assert judge_decision(SimpleNamespace(verdict=verdict), _manifest(), hardware=None,
+                              config=EconomicsConfig()).gate.error_code is code
 
 
 def test_reviewers_may_accept_not_worth_it_in_writing_and_only_that():
