@@ -411,9 +411,35 @@ def _source_rows(con: duckdb.DuckDBPyConnection, manifest_digest: str) -> list[d
 source_rows = _reads(_source_rows)
 
 
+# The manifest's documents whose decision (what the clean shards follow) disagrees with the rows
+# on record, as `_stale_reason` and _ITEM_ROWS judge one document: its hits name other items or
+# another action (a decontamination ran again), or its duplicate row says otherwise (a
+# deduplication ran again). No decisions yet (the clean shards not written): nothing to disagree.
+_STALE_CONTAMINATION = """
+WITH h AS (SELECT doc_id, list_sort(list(DISTINCT eval_item_id)) AS items, list_sort(list(DISTINCT action)) AS actions
+           FROM contamination_hits WHERE manifest_digest = $1 GROUP BY doc_id),
+     x AS (SELECT doc_id, list_sort(coalesce(eval_item_ids, [])) AS items, action FROM decisions WHERE manifest_digest = $1)
+SELECT count(*) FROM x LEFT JOIN h USING (doc_id)
+WHERE x.items <> coalesce(h.items, []) OR (h.items IS NOT NULL AND h.actions <> [x.action])
+"""
+_STALE_DEDUP = """
+WITH d AS (SELECT doc_id, method, duplicate_of FROM duplicates WHERE manifest_digest = $1),
+     x AS (SELECT doc_id, state, method, duplicate_of FROM decisions WHERE manifest_digest = $1)
+SELECT count(*) FROM x FULL JOIN d USING (doc_id)
+WHERE EXISTS (SELECT 1 FROM x) AND (x.doc_id IS NULL OR (x.state = 'duplicate') <> (d.doc_id IS NOT NULL)
+  OR (d.doc_id IS NOT NULL AND (x.method IS DISTINCT FROM d.method OR x.duplicate_of IS DISTINCT FROM d.duplicate_of)))
+"""
+
+
+def _stale_documents(con: duckdb.DuckDBPyConnection, manifest_digest: str) -> dict[str, int]:
+    return {step: int(con.execute(query, [manifest_digest]).fetchone()[0])
+            for step, query in (("decontamination", _STALE_CONTAMINATION), ("deduplication", _STALE_DEDUP))}
+
+
 @_reads
 def audit_manifest(con: duckdb.DuckDBPyConnection, manifest_digest: str) -> dict:
     params = [manifest_digest]
+    stale = _stale_documents(con, manifest_digest)
     manifest = _rows(con, "SELECT manifest_digest, manifest_key, name, eval_suite_id, eval_suite_digest, recorded_at FROM manifests WHERE manifest_digest = ?", params)
     return {
         "manifest": manifest[0] if manifest else None,
@@ -423,6 +449,8 @@ def audit_manifest(con: duckdb.DuckDBPyConnection, manifest_digest: str) -> dict
         "contamination_by_benchmark": _rows(con, "SELECT benchmark, count(DISTINCT doc_id) AS num_documents, count(DISTINCT eval_item_id) AS num_eval_items FROM contamination_hits WHERE manifest_digest = ? GROUP BY 1 ORDER BY 1", params),
         "clean_shards": _rows(con, "SELECT shard_path, shard_sha256, num_rows FROM clean_shards WHERE manifest_digest = ? ORDER BY shard_path", params),
         "consumed_by": _rows(con, "SELECT DISTINCT c.run_id, c.stage, c.consumed_at FROM clean_shards s JOIN shard_consumers c ON c.shard_sha256 = s.shard_sha256 WHERE s.manifest_digest = ? ORDER BY c.consumed_at", params),
+        "stale_documents": stale,
+        "stale": any(stale.values()),
     }
 
 

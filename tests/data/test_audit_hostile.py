@@ -5,6 +5,7 @@ a decontamination that did not take effect. The stages on files, then the comman
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -73,8 +74,15 @@ def prepared(tmp_path_factory) -> dict:
     (fresh / "warehouse.duckdb").write_bytes(warehouse.read_bytes())  # before the suite changes
     changed = root / "changed.jsonl"
     changed.write_text("".join(line for line in SUITE.read_text().splitlines(keepends=True) if a.id not in line))
+    # Deduplication run again alone with a stricter threshold, on a copy: the near copy (J ~0.92)
+    # is kept by it, while the clean shards still follow the decision that removed it.
+    rededuped = root / "rededuped"
+    rededuped.mkdir()
+    (rededuped / "warehouse.duckdb").write_bytes(warehouse.read_bytes())
+    stricter = dataclasses.replace(CONFIG, dedup=dataclasses.replace(CONFIG.dedup, threshold=0.95))
+    stages.run_dedup(source, decontam.actions, rededuped, rededuped / "warehouse.duckdb", stricter)
     stages.run_decontam(verified, load_suite(changed), source, state, warehouse, CONFIG)
-    return {"fresh": fresh, "stale": state, "a": a.id, "b": b.id, "key": verified.short_digest}
+    return {"fresh": fresh, "stale": state, "rededuped": rededuped, "a": a.id, "b": b.id, "key": verified.short_digest}
 
 
 def _audit(monkeypatch, state: Path, *argv: str) -> tuple[dict, int]:
@@ -133,6 +141,22 @@ def test_an_item_lists_the_documents_removed_for_it_though_its_hits_were_replace
     assert report["data"]["stale"] is False and [h["source_record_id"] for h in report["data"]["hits"]] == ["quotes-b"]
     report, _ = _audit(monkeypatch, prepared["fresh"], "eval-item", prepared["a"])
     assert report["data"]["num_documents"] == 2 and not any(h["stale"] for h in report["data"]["hits"])
+
+
+def test_a_manifest_report_says_when_its_counts_mix_two_runs(prepared, monkeypatch) -> None:
+    """The report's hits come from the later decontamination, its states from the decisions the
+    clean shards follow: it says so, with the documents in disagreement by step."""
+    report, status = _audit(monkeypatch, prepared["fresh"], "manifest", prepared["key"])
+    assert status == 0 and report["data"]["stale"] is False
+    assert report["data"]["stale_documents"] == {"decontamination": 0, "deduplication": 0}
+    report, status = _audit(monkeypatch, prepared["stale"], "manifest", prepared["key"])
+    assert status == 0 and report["data"]["stale"] is True
+    assert report["data"]["stale_documents"] == {"decontamination": 2, "deduplication": 0}  # item a's two documents
+    text, _ = run(["audit", "manifest", prepared["key"]])
+    assert text["_text"][-1].startswith("warning: the decisions the clean shards follow disagree with the rows on "
+                                        "record for documents (2 by its decontamination: a step ran again since)")
+    report, _ = _audit(monkeypatch, prepared["rededuped"], "manifest", prepared["key"])
+    assert report["data"]["stale_documents"] == {"decontamination": 0, "deduplication": 1}  # the near copy
 
 
 # Linux's MAX_ARG_STRLEN: one argument holds at most 131,072 bytes, its own NUL included.

@@ -208,6 +208,15 @@ def _stale_line(manifest_digest: str) -> str:
             f"(another decontamination replaced the hits): materialize clean_shards again for partition {key}")
 
 
+def _manifest_stale_line(manifest_digest: str, stale: dict[str, int]) -> str:
+    """The manifest's decisions (what the clean shards follow) disagree with the rows on record
+    for some documents: the counts above mix the two runs."""
+    key = manifest_digest.removeprefix("sha256:")[:12]
+    steps = ", ".join(f"{n:,} by its {step}" for step, n in stale.items() if n)
+    return (f"warning: the decisions the clean shards follow disagree with the rows on record for documents ({steps}: "
+            f"a step ran again since), so the counts above mix two runs: materialize clean_shards again for partition {key}")
+
+
 def _in_configured_suite(item_id: str) -> bool:
     """A warehouse written before it listed each suite's items knows only the matched ones: the
     configured suite (the one `make run` decontaminates against) still names the rest."""
@@ -243,6 +252,7 @@ def _manifest(args: argparse.Namespace) -> VerbResult:
         "contamination by benchmark:", *table(report["contamination_by_benchmark"], ["benchmark", "num_documents", "num_eval_items"]),
         "clean shards:", *table(report["clean_shards"], ["shard_sha256", "num_rows", "shard_path"]),
         "consumed by runs:", *table(report["consumed_by"], ["run_id", "stage", "consumed_at"]),
+        *([_manifest_stale_line(matches[0], report["stale_documents"])] if report["stale"] else []),
     ]
     return VerbResult(data={"manifest_digest": matches[0], **report, "records": records}, live_api_contacted=False, text=text)
 
