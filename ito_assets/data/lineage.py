@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -151,6 +152,23 @@ def write_tables(path: Path, manifest_digest: str, tables: dict[str, pl.DataFram
         ensure_schema(con)
         journaled = {table: warehouse.journal_rows(path, manifest_digest, table, rows) for table, rows in tables.items()}
         return {table: replace_rows(con, table, manifest_digest, rows) for table, rows in journaled.items()}
+
+    return warehouse.writing_to(path, work)
+
+
+def decontamination_record(path: Path, manifest_digest: str) -> dict:
+    """What the manifests row holds of the manifest's decontamination (its suite and its
+    `decontam.*` settings), so that the sources step, which writes that row again, keeps them: the
+    hits and decisions in the warehouse still come from that suite. Empty where none ran."""
+
+    def work(con: duckdb.DuckDBPyConnection) -> dict:
+        ensure_schema(con)
+        row = con.execute("SELECT eval_suite_id, eval_suite_digest, config FROM manifests WHERE manifest_digest = ?",
+                          [manifest_digest]).fetchone()
+        if row is None or row[0] is None:
+            return {}
+        config = {k: v for k, v in json.loads(row[2] or "{}").items() if k.startswith("decontam.")}
+        return {"eval_suite_id": row[0], "eval_suite_digest": row[1], "config": config}
 
     return warehouse.writing_to(path, work)
 

@@ -153,7 +153,14 @@ def run_sources(verified: VerifiedManifest, data_root: Path, state_dir: Path, wa
     provenance = {c: c for c in DOCUMENT_SCHEMA if c != "text"}
     documents = lineage.ParquetRows(shards.shards, provenance | {"num_chars": "length(text)", "shard_path": "filename"})
     sources = pl.DataFrame([{**asdict(c), "source_index": i} for i, c in enumerate(counts)])
-    manifest_row = pl.DataFrame({"manifest_key": [key], "name": [verified.manifest.name], "config": [json.dumps(config.as_metadata(), sort_keys=True)]})
+    # The row keeps a decontamination recorded before: its hits and decisions are still this data's.
+    decontaminated = lineage.decontamination_record(warehouse, verified.digest)
+    manifest_row = pl.DataFrame({"manifest_key": [key], "name": [verified.manifest.name],
+                                 "eval_suite_id": [decontaminated.get("eval_suite_id")],
+                                 "eval_suite_digest": [decontaminated.get("eval_suite_digest")],
+                                 "config": [json.dumps(config.as_metadata() | decontaminated.get("config", {}), sort_keys=True)]},
+                                schema={"manifest_key": pl.String, "name": pl.String, "eval_suite_id": pl.String,
+                                        "eval_suite_digest": pl.String, "config": pl.String})
     lineage.write_tables(warehouse, verified.digest, {"manifests": manifest_row, "sources": sources, "documents": documents})
     return SourceStage(manifest_digest=verified.digest, manifest_key=key, shards=shards, sources=tuple(counts),
                        num_pieces=num_pieces, units_resumed=resumed)

@@ -82,7 +82,8 @@ def prepared(tmp_path_factory) -> dict:
     stricter = dataclasses.replace(CONFIG, dedup=dataclasses.replace(CONFIG.dedup, threshold=0.95))
     stages.run_dedup(source, decontam.actions, rededuped, rededuped / "warehouse.duckdb", stricter)
     stages.run_decontam(verified, load_suite(changed), source, state, warehouse, CONFIG)
-    return {"fresh": fresh, "stale": state, "rededuped": rededuped, "a": a.id, "b": b.id, "key": verified.short_digest}
+    return {"fresh": fresh, "stale": state, "rededuped": rededuped, "root": root, "a": a.id, "b": b.id,
+            "key": verified.short_digest}
 
 
 def _audit(monkeypatch, state: Path, *argv: str) -> tuple[dict, int]:
@@ -223,3 +224,19 @@ def test_the_id_is_given_once_as_text(long_ids, monkeypatch, argv: list[str], me
         report, status = _audit(monkeypatch, long_ids / "state", verb, *argv)
         assert status == 2 and report["error"]["code"] == "USAGE_ERROR", report
         assert message in report["error"]["message"]
+
+
+def test_the_sources_step_run_again_keeps_the_suite_the_hits_come_from(prepared, monkeypatch, tmp_path) -> None:
+    """The sources step writes the manifest's row again; the decontamination it recorded (suite
+    and settings) still holds for the same data's hits and decisions."""
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "warehouse.duckdb").write_bytes((prepared["fresh"] / "warehouse.duckdb").read_bytes())
+    before, _ = _audit(monkeypatch, state, "manifest", prepared["key"])
+    verified = verify_manifest(str(prepared["root"] / "manifest.json"))
+    stages.run_sources(verified, prepared["root"], state, state / "warehouse.duckdb", CONFIG)
+    after, _ = _audit(monkeypatch, state, "manifest", prepared["key"])
+    head = after["data"]["manifest"]
+    assert head["eval_suite_id"] == before["data"]["manifest"]["eval_suite_id"] is not None
+    assert head["eval_suite_digest"] == before["data"]["manifest"]["eval_suite_digest"]
+    assert _entry(monkeypatch, state, "quotes-a")["eval_suite_id"] == head["eval_suite_id"]
