@@ -16,14 +16,17 @@ continuous metrics (here: the answer's bits per byte) decide better than accurac
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import math
 import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, Sequence
+from typing import TYPE_CHECKING, Iterator, Protocol, Sequence
 
 import numpy as np
 
+from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.evals.suite import EvalItem
 from ito_assets.manifest.schema import DecisionPower
 from ito_assets.training.eval_config import EvalConfig
@@ -43,6 +46,7 @@ if TYPE_CHECKING:
     from ito_assets.training.trainer import TrainConfig, TrainResult
 
 ARMS = ("candidate", "baseline")
+LOCK_NAME = ".decision.lock"  # in the work folder: held while a decision runs there
 # Lower is better for bits per byte; the band and the verdict use this metric.
 PRIMARY_METRIC = "answer_bits_per_byte"
 
@@ -268,14 +272,42 @@ class ArmTrainer(Protocol):
               config: TrainConfig) -> tuple[DecoderLM, TrainResult]: ...
 
 
+@contextlib.contextmanager
+def _holding(work_dir: Path | None) -> Iterator[None]:
+    """`work_dir` for this decision alone while it runs: a second one for the same folder (the
+    same manifest's, launched twice) would rewrite its tokens and remove its arms' folders under
+    it. STAGE_BUSY, before anything is written, while another holds it."""
+    if work_dir is None:
+        yield
+        return
+    work_dir.mkdir(parents=True, exist_ok=True)
+    with open(work_dir / LOCK_NAME, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ItoError(ErrorCode.STAGE_BUSY, "another decision run for this manifest holds its folder: this one "
+                           "wrote and trained nothing; run it again once the other ended") from None
+        yield  # released when the file closes
+
+
 def run_decision(
     *, candidate_texts: Sequence[str], baseline_texts: Sequence[str], eval_items: Sequence[EvalItem],
     config: DecisionConfig, work_dir: Path | None = None, trainer: ArmTrainer | None = None,
 ) -> DecisionResult:
-    """Train and evaluate both arms for every seed; `work_dir` keeps the tokenizer and token shards.
-    `trainer`: train each arm on the stage worker, in `work_dir/arms/<arm>-seed<seed>/`, as the
-    curriculum's stages train; None: in this process, with the trainer's own loop."""
+    """Train and evaluate both arms for every seed; `work_dir` keeps the tokenizer and token shards,
+    held by this decision alone while it runs. `trainer`: train each arm on the stage worker, in
+    `work_dir/arms/<arm>-seed<seed>/`, as the curriculum's stages train; None: in this process,
+    with the trainer's own loop."""
     _require(trainer is None or work_dir is not None, "work_dir", "must be given to train on the stage worker")
+    with _holding(work_dir):
+        return _run_decision(candidate_texts=candidate_texts, baseline_texts=baseline_texts, eval_items=eval_items,
+                             config=config, work_dir=work_dir, trainer=trainer)
+
+
+def _run_decision(
+    *, candidate_texts: Sequence[str], baseline_texts: Sequence[str], eval_items: Sequence[EvalItem],
+    config: DecisionConfig, work_dir: Path | None, trainer: ArmTrainer | None,
+) -> DecisionResult:
     from ito_assets.training.evaluation import evaluate
     from ito_assets.training.model import build_model
     from ito_assets.training.trainer import train

@@ -268,3 +268,24 @@ def test_a_run_diverged_when_its_loss_ended_a_nat_above_a_uniform_guess():
     assert not decision.diverged(_result(*([5.7] + [2.0] * 18 + [math.nan])), 300)
     assert decision.diverged(_result(*([5.7] + [2.0] * 18 + [12.0])), 300)
     assert decision.diverged(_result(*([5.7] + [2.0] * 17 + [math.nan, math.nan])), 300)
+
+
+def test_a_second_decision_in_a_held_folder_writes_and_trains_nothing(tmp_path):
+    """Two decision runs of one manifest share its work folder: the second is refused before it
+    writes a token or removes an arm's folder under the first; the folder is free again after."""
+    import fcntl
+
+    from ito_assets.errors import ItoError
+
+    texts = ["alpha beta gamma delta"] * 4
+    arms = tmp_path / "arms" / "candidate-seed0"
+    arms.mkdir(parents=True)
+    with open(tmp_path / decision.LOCK_NAME, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a first decision running here
+        with pytest.raises(ItoError) as refused:
+            run_decision(candidate_texts=texts, baseline_texts=texts, eval_items=[], config=DecisionConfig(),
+                         work_dir=tmp_path)
+    assert refused.value.code is ErrorCode.STAGE_BUSY
+    assert sorted(p.name for p in tmp_path.iterdir()) == [decision.LOCK_NAME, "arms"] and arms.is_dir()
+    with decision._holding(tmp_path):  # the first ended: the folder is taken again at once
+        pass
