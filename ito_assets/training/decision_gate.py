@@ -20,7 +20,7 @@ from ito_assets.training.decision import DecisionResult
 from ito_assets.training.economics import Economics, EconomicsConfig, decision_economics
 from ito_assets.training.layout import PlanRefused
 from ito_assets.training.planner import Hardware
-from ito_assets.training.run_plan import plan_run
+from ito_assets.training.run_plan import RunPlan, plan_run
 from ito_assets.training.verdict import Verdict
 
 
@@ -82,6 +82,17 @@ class DataDecision:
     gate: DecisionGateVerdict
     economics: Economics | None
     plan_refusal: str | None
+    # The desk's settings the economics were judged with, to judge them again on the run's own
+    # booking (`for_booking`); None in a decision stored before it was recorded.
+    economics_config: EconomicsConfig | None = None
+
+    def for_booking(self, run_plan: RunPlan, manifest: Manifest) -> DecisionGateVerdict:
+        """The gate on the plan of the run's own booking, its hardware and price, where the
+        economics were judged on the configured hardware before any booking existed."""
+        if self.economics_config is None:
+            return self.gate
+        return decision_gate(self.decision.verdict, manifest,
+                             decision_economics(self.decision, run_plan, self.economics_config, _threshold(manifest)))
 
     def summary(self) -> dict:
         return {
@@ -103,8 +114,11 @@ def judge_decision(result: DecisionResult, manifest: Manifest, hardware: Hardwar
         why = ", ".join(refused.reasons)
         unpriced = f"the full run could not be planned on the booked hardware ({why}): its cost was not weighed against the gain"
         return DataDecision(decision=result, gate=decision_gate(result.verdict, manifest, unpriced=unpriced), economics=None,
-                            plan_refusal=why)
-    threshold = manifest.decision_economics.max_cost_cents_per_improvement_point if manifest.decision_economics else None
-    economics = decision_economics(result, run_plan, config, threshold)
+                            plan_refusal=why, economics_config=config)
+    economics = decision_economics(result, run_plan, config, _threshold(manifest))
     return DataDecision(decision=result, gate=decision_gate(result.verdict, manifest, economics), economics=economics,
-                        plan_refusal=None)
+                        plan_refusal=None, economics_config=config)
+
+
+def _threshold(manifest: Manifest) -> int | None:
+    return manifest.decision_economics.max_cost_cents_per_improvement_point if manifest.decision_economics else None

@@ -56,3 +56,22 @@ def test_a_go_about_these_clean_shards_passes_on_to_their_accounting() -> None:
     with pytest.raises(dg.Failure) as refused:
         _require_data(_clean("a", "b", holds=False), decision)
     assert refused.value.metadata["error_code"].value == "DATA_POLICY_VIOLATION"
+
+
+def test_a_go_not_worth_it_on_the_run_s_own_booking_stops_training() -> None:
+    from ito_assets.defs.training.assets import _require_worth_it
+    from ito_assets.training.economics import Economics
+
+    reviewed = Manifest.model_validate_json(json.dumps(valid_manifest()))
+    dear = Economics(decision_num_tokens=1, decision_cost_cents=1, full_run_cost_cents=10**6, decision_cost_fraction=0.0,
+                     relative_improvement=0.01, cost_cents_per_improvement_point=10**6, max_cost_cents_per_improvement_point=1,
+                     within_budget_cap=True, within_max_incremental=True, worth_it=False, reasons=("too dear",), notes=())
+    hardware = SimpleNamespace(world_size=16, gpu=SimpleNamespace(name="H100-SXM"), price_cents_per_gpu_hour=900)
+    booked = SimpleNamespace(run_plan=SimpleNamespace(hardware=hardware))
+    decision = SimpleNamespace(for_booking=lambda run_plan, manifest: decision_gate(Verdict.GO, manifest, dear))
+    with pytest.raises(dg.Failure) as refused:
+        _require_worth_it(decision, booked, reviewed)
+    assert refused.value.metadata["error_code"].value == "DATA_DECISION_NOT_WORTH_IT"
+    assert "on the run's booking (16 x H100-SXM at 900 cents a GPU-hour): NOT_WORTH_IT (too dear)" in refused.value.description
+    decision = SimpleNamespace(for_booking=lambda run_plan, manifest: decision_gate(Verdict.GO, manifest))
+    _require_worth_it(decision, booked, reviewed)  # worth it there: nothing refused

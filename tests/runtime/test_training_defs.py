@@ -61,6 +61,17 @@ def _tampered(verdict: discovery.ManifestVerdict) -> discovery.ManifestVerdict:
     return dataclasses.replace(verdict, verified=dataclasses.replace(verdict.verified, manifest=edited))
 
 
+@dataclasses.dataclass(frozen=True)
+class _Go:
+    """A data decision's GO about `decision.candidate_shards`, worth its cost on any booking."""
+
+    decision: SimpleNamespace
+    gate: SimpleNamespace = dataclasses.field(default_factory=lambda: SimpleNamespace(passed=True, reason="GO"))
+
+    def for_booking(self, run_plan, manifest):
+        return self.gate
+
+
 def _upstream(manifest_path: str, key: str, folder: Path, run, ledger, *, after_confirmation=None):
     prepared = discovery.judge(manifest_path, key, max_bytes=1 << 20)
     if after_confirmation == "file deleted":
@@ -91,8 +102,7 @@ def _upstream(manifest_path: str, key: str, folder: Path, run, ledger, *, after_
 
     @dg.asset(name="data_decision", partitions_def=manifests_partitions, ins={"clean_shards": dg.AssetIn("clean_shards")})
     def decision_stand_in(clean_shards):  # a GO about these very shards
-        judged = tuple(s.sha256 for s in clean_shards.shards.shards)
-        return SimpleNamespace(gate=SimpleNamespace(passed=True, reason="GO"), decision=SimpleNamespace(candidate_shards=judged))
+        return _Go(decision=SimpleNamespace(candidate_shards=tuple(s.sha256 for s in clean_shards.shards.shards)))
 
     @dg.asset(name="training_plan", partitions_def=manifests_partitions)
     def plan_stand_in():

@@ -4,6 +4,7 @@ turns a GO that is not worth it into NOT_WORTH_IT, which reviewers may accept in
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from types import SimpleNamespace
 
@@ -122,3 +123,30 @@ def test_the_manifests_threshold_is_whole_positive_cents(value, ok):
 def test_the_threshold_refuses_unknown_fields():
     with pytest.raises(ValidationError):
         _manifest(decision_economics={"max_cost_cents_per_improvement_point": 1, "currency": "EUR"})
+
+
+def test_the_economics_are_judged_again_on_the_run_s_own_booking():
+    """The decision weighs the gain against the full run's cost on the configured hardware, before
+    any booking; training judges it again on the run's booking: ten times the price per GPU-hour
+    puts the cost per point over the manifest's maximum."""
+    from ito_assets.training.decision import DecisionConfig
+    from ito_assets.training.run_plan import booked_hardware, plan_run
+
+    def hardware(price: int):
+        return booked_hardware(gpu_type="H100", topology="1x8-nvlink", network="ib", num_nodes=1, num_gpus=8,
+                               price_per_gpu_hour_cents=price)
+
+    result = SimpleNamespace(verdict=Verdict.GO, config=DecisionConfig(), runs=(None,) * 6, difference=0.01,
+                             baseline=SimpleNamespace(mean=1.0))  # 1 % better: 1 point
+    target = {"num_tokens": 2 * 10**9, "stages": [{"name": "pretraining", "num_tokens": 10**9, "sequence_length": 128},
+                                                  {"name": "mid_training", "num_tokens": 10**9, "sequence_length": 128}]}
+    full = plan_run(_manifest(training_target=target), hardware(250), pair_shapes=None).curriculum_cost_cents
+    manifest = _manifest(training_target=target, decision_economics={"max_cost_cents_per_improvement_point": 2 * full})
+    judged = judge_decision(result, manifest, hardware(250), EconomicsConfig())
+    assert judged.gate.passed and judged.economics.worth_it
+    assert judged.for_booking(plan_run(manifest, hardware(250), pair_shapes=None), manifest).passed
+    dear = judged.for_booking(plan_run(manifest, hardware(2500), pair_shapes=None), manifest)
+    assert (dear.passed, dear.error_code) == (False, ErrorCode.DATA_DECISION_NOT_WORTH_IT)
+    # A decision stored before it recorded its settings keeps its gate.
+    assert dataclasses.replace(judged, economics_config=None).for_booking(
+        plan_run(manifest, hardware(2500), pair_shapes=None), manifest) is judged.gate

@@ -62,6 +62,7 @@ def training_tokens(
     _require_data(clean_shards, data_decision)
     booked = _booked_plan(context, live, training_plan, ito.settings().data_root)
     _require_plan(booked)
+    _require_worth_it(data_decision, booked, live.manifest.manifest)
     live.require_time_for(booked)
     # Lineage for auditors: this ledger run consumed these clean shards.
     lineage.record_consumption(ito.settings().warehouse_path, [s.sha256 for s in clean_shards.shards.shards],
@@ -94,6 +95,17 @@ def _require_data(clean_shards, decision) -> None:  # a CleanStage and a trainin
     if not clean_shards.conservation.holds or clean_shards.shards.verify():
         raise dg.Failure(description="the clean shards' digests or document accounting do not hold",
                          metadata={"error_code": ErrorCode.DATA_POLICY_VIOLATION.value})
+
+
+def _require_worth_it(decision, booked: PlanOutcome, manifest: Manifest) -> None:  # a DataDecision
+    """The decision's economics on the run's own booking: the data decision judged them on the
+    configured hardware and price, before any booking existed."""
+    gate = decision.for_booking(booked.run_plan, manifest)
+    if not gate.passed:
+        hardware = booked.run_plan.hardware
+        raise dg.Failure(description=f"the data decision does not pass on the run's booking ({hardware.world_size} x "
+                         f"{hardware.gpu.name} at {hardware.price_cents_per_gpu_hour} cents a GPU-hour): {gate.reason}",
+                         metadata={"error_code": gate.error_code.value})
 
 
 def _booked_plan(context: dg.AssetExecutionContext, live: LiveRun, prepared: PlanOutcome,
