@@ -39,13 +39,13 @@ def _cancel_locked(conn: sa.Connection, ledger: Ledger, identity: Identity, run_
                    key: str, fingerprint: str) -> Cancelled:
     account_id = identity.tenant
     run = runs.load(conn, run_id, for_update=True)
-    now = ledger.now()  # after the lock: a confirmation that expired while this waited is expired
     if run is None or run.account_id != account_id:
         raise ItoError(ErrorCode.RUN_NOT_FOUND, "no such run for this account")
     replay = _replay(conn, account_id, key, fingerprint)
     if replay is not None:
         return replay
     confirmation = confirmations.resolve(conn, ref, account_id=account_id, for_update=True)
+    now = ledger.now()  # after the locks: a confirmation that expired while this waited is expired
     confirmations.require_usable(confirmation, now=now, action=Action.CANCEL, booking_id=run.booking_id,
                                  manifest_digest=run.manifest_digest, target_run_id=run.run_id, cost_cents=0)
     if run.state in TERMINAL_RUN_STATES:

@@ -106,13 +106,14 @@ def _create_locked(conn: sa.Connection, ledger: Ledger, policy: ServerPolicy, ac
     server-side validation and cost. Booking before budget, always: no two trains can wait on
     each other's lock."""
     booking, eligible = entitle(conn, ledger, account_id, request.booking_id, for_update=True)
-    # Read after the booking lock: the wait for it may outlast the confirmation's expiry second.
-    now = ledger.now()
     # Under the booking lock: a twin that committed while we waited is visible now.
     replay = _replay(conn, account_id, request.idempotency_key, request.fingerprint())
     if replay is not None:
         return replay
     confirmation = confirmations.resolve(conn, request.confirmation_ref, account_id=account_id, for_update=True)
+    # Read after the booking's and the confirmation's locks: a wait for either may outlast the
+    # confirmation's expiry second.
+    now = ledger.now()
     confirmations.require_usable(confirmation, now=now, action=Action.TRAIN, booking_id=request.booking_id,
                                  manifest_digest=request.verified.digest)
     entitlement.require_same_network(confirmation.eligibility, eligible)

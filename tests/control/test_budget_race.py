@@ -13,6 +13,7 @@ callers, 20 trials each.
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -89,3 +90,58 @@ def test_twenty_trials_against_one_cap(world, callers, shared_booking) -> None:
     _open_world(world, callers)
     for trial in range(20):
         _trial(world, trial, callers, shared_booking=shared_booking)
+
+
+@pytest.fixture
+def repeatable_read_world(tmp_path):
+    """A world whose Postgres role reads REPEATABLE READ by default (a site's setting, on its
+    database or role): the ledger must not take that default."""
+    import uuid
+
+    import psycopg
+
+    from gate_world import Clock, make_policy, make_world, postgres_reason
+    from ito_assets.control.ledger import open_ledger
+
+    if postgres_reason():
+        pytest.skip(postgres_reason())
+    role, schema = f"ito_rr_{uuid.uuid4().hex[:12]}", f"t_{uuid.uuid4().hex[:16]}"
+    admin = psycopg.connect("postgresql://postgres@127.0.0.1:5432/test", autocommit=True)
+    admin.execute(f"CREATE ROLE {role} LOGIN")
+    admin.execute(f"ALTER ROLE {role} SET default_transaction_isolation = 'repeatable read'")
+    admin.execute(f"GRANT CREATE ON DATABASE test TO {role}")
+    ledger = None
+    try:
+        with psycopg.connect(f"postgresql://{role}@127.0.0.1:5432/test") as raw:  # the role's default holds
+            assert raw.execute("SHOW transaction_isolation").fetchone()[0] == "repeatable read"
+        clock = Clock()
+        ledger = open_ledger(f"postgresql+psycopg://{role}@127.0.0.1:5432/test", schema=schema, clock=clock)
+        yield make_world(ledger, make_policy(tmp_path), clock)
+    finally:
+        if ledger is not None:
+            ledger.dispose()
+        admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        admin.execute(f"REVOKE CREATE ON DATABASE test FROM {role}")
+        admin.execute(f"DROP OWNED BY {role}")
+        admin.execute(f"DROP ROLE {role}")
+        admin.close()
+
+
+@pytest.mark.postgres
+def test_the_cap_holds_where_the_database_defaults_to_repeatable_read(repeatable_read_world, monkeypatch) -> None:
+    """Two trains of one manifest on two bookings, the cap fitting one: the second waits for the
+    manifest's lock while the first holds it, then must see the first's run. Under a snapshot
+    taken at its first statement it did not, and both were created."""
+    world = repeatable_read_world
+    with world.ledger.write() as conn:
+        assert conn.exec_driver_sql("SHOW transaction_isolation").scalar_one() == "read committed"
+    capped = verified(manifest_bytes(budget__cap_cents=COST, budget__max_incremental_cents=COST))
+    original = budget.lock
+
+    def slow_lock(*args, **kwargs):  # the holder keeps the lock long enough for the other to queue
+        original(*args, **kwargs)
+        time.sleep(0.5)
+    monkeypatch.setattr(budget, "lock", slow_lock)
+    answers = _race(world, capped, [world.booking(), world.booking()])
+    assert Counter(type(a).__name__ if not isinstance(a, ErrorCode) else a.value for a in answers) == Counter(
+        {"Created": 1, "BUDGET_EXCEEDED": 1})

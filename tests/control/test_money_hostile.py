@@ -81,6 +81,15 @@ def test_a_confirmation_that_expires_while_its_train_waits_for_the_booking_lock_
     assert _rows(world, runs_table) == 0
 
 
+def test_a_confirmation_that_expires_while_its_train_waits_for_the_confirmation_lock_is_refused(world, monkeypatch) -> None:
+    """A twin holds the confirmation's row (the same ref on another booking, or the desk approving
+    it) until its expiry second: the train's clock is read after that lock, not before."""
+    ref = world.confirm_train()
+    _lock_held_past_expiry(world, monkeypatch, confirmations, "resolve", ref)
+    assert _code_of(lambda: _train(world, verified(), "lock-wait-02", ref)) is ErrorCode.CONFIRMATION_EXPIRED
+    assert _rows(world, runs_table) == 0
+
+
 def test_a_confirmation_that_expires_while_its_approval_waits_is_not_approved(world, monkeypatch) -> None:
     ref = world.confirm_train(approve=False)
     expires = _expiry(world, ref)
@@ -141,6 +150,19 @@ def test_a_cancel_confirmation_that_expires_while_the_cancel_waits_for_the_run_i
     _lock_held_past_expiry(world, monkeypatch, runs, "load", ref)
     assert _code_of(lambda: cancel.cancel_run(world.ledger, world.account, run.run_id, confirmation_ref=ref,
                                               idempotency_key="cancel-wait-02")) is ErrorCode.CONFIRMATION_EXPIRED
+    monkeypatch.undo()
+    assert runs.get(world.ledger, run.run_id).state is RunState.QUEUED
+
+
+def test_a_cancel_confirmation_that_expires_while_the_cancel_waits_for_it_is_refused(world, monkeypatch) -> None:
+    from ito_assets.control import cancel, confirm_request
+
+    run = _train(world, verified(), "cancel-wait-03").run
+    ref = confirm_request.request_cancel(world.ledger, world.policy, world.account, run.run_id).ref
+    world.approve(ref)
+    _lock_held_past_expiry(world, monkeypatch, confirmations, "resolve", ref)
+    assert _code_of(lambda: cancel.cancel_run(world.ledger, world.account, run.run_id, confirmation_ref=ref,
+                                              idempotency_key="cancel-wait-04")) is ErrorCode.CONFIRMATION_EXPIRED
     monkeypatch.undo()
     assert runs.get(world.ledger, run.run_id).state is RunState.QUEUED
 
