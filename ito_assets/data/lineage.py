@@ -236,9 +236,11 @@ def audit_document(con: duckdb.DuckDBPyConnection, wanted: str) -> list[dict]:
         "SELECT CASE WHEN d.doc_id = $1 THEN 'doc_id' ELSE 'source_record_id' END AS matched_by, "
         "d.manifest_digest, d.doc_id, d.source_uri, d.source_sha256, d.license, d.row, d.source_record_id, "
         "d.num_chars, x.state, x.method, x.duplicate_of, k.source_record_id AS duplicate_of_record_id, x.cluster_id, "
-        "x.family_id, x.similarity, x.eval_item_ids, x.action, x.num_pieces, m.eval_suite_id, m.eval_suite_digest "
+        "x.family_id, x.similarity, x.eval_item_ids, x.action, x.num_pieces, m.eval_suite_id, m.eval_suite_digest, "
+        "CASE WHEN x.method = 'near' THEN r.exact_copy_of END AS exact_copy_of "
         "FROM documents d LEFT JOIN decisions x USING (manifest_digest, doc_id) "
         "LEFT JOIN manifests m ON m.manifest_digest = d.manifest_digest "
+        "LEFT JOIN duplicates r ON r.manifest_digest = d.manifest_digest AND r.doc_id = d.doc_id "
         "LEFT JOIN documents k ON k.manifest_digest = d.manifest_digest AND k.doc_id = x.duplicate_of "
         "WHERE d.doc_id = $1 OR d.source_record_id = $1 ORDER BY d.manifest_digest, d.source_index, d.row",
         [wanted],

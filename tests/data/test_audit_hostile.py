@@ -10,6 +10,7 @@ import json
 import random
 from pathlib import Path
 
+import duckdb
 import pytest
 
 from data_frames import random_text
@@ -240,3 +241,42 @@ def test_the_sources_step_run_again_keeps_the_suite_the_hits_come_from(prepared,
     assert head["eval_suite_id"] == before["data"]["manifest"]["eval_suite_id"] is not None
     assert head["eval_suite_digest"] == before["data"]["manifest"]["eval_suite_digest"]
     assert _entry(monkeypatch, state, "quotes-a")["eval_suite_id"] == head["eval_suite_id"]
+
+
+def test_a_copy_of_a_near_duplicate_names_the_copy_and_a_missing_id_reads_as_none(tmp_path, monkeypatch) -> None:
+    """The removal of an exact copy of a near-duplicate was judged on the copy it repeats: the
+    audit names that copy. A record without an id reads `(none)`, never as the id "None"."""
+    from os.path import realpath
+
+    root = Path(realpath(tmp_path))
+    rng = random.Random(11)
+    base = random_text(rng, 120).split()
+    near = " ".join([*base[:60], "zzchanged", *base[61:]])
+    records = [{"id": "base", "text": " ".join(base)}, {"id": "near", "text": near}, {"id": "near-again", "text": near},
+               {"id": None, "text": random_text(rng, 80)}, {"id": "None", "text": random_text(rng, 80)},
+               *({"id": f"filler-{i}", "text": random_text(rng, 80)} for i in range(4))]
+    path = root / "corpus.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    manifest = json.loads((FIXTURES / "manifests" / "fixture-small.json").read_text())
+    manifest["data"] = [{"uri": "dataroot://corpus.jsonl", "sha256": file_sha256(path), "license": "CC0-1.0",
+                         "format": "jsonl", "decontamination": manifest["data"][0]["decontamination"]}]
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    verified = verify_manifest(str(root / "manifest.json"))
+    state, warehouse = root / "state", root / "state" / "warehouse.duckdb"
+    suite = load_suite(SUITE)
+    source = stages.run_sources(verified, root, state, warehouse, CONFIG)
+    decontam = stages.run_decontam(verified, suite, source, state, warehouse, CONFIG)
+    dedup = stages.run_dedup(source, decontam.actions, state, warehouse, CONFIG)
+    stages.run_clean(verified, source, dedup, decontam, state, warehouse, CONFIG)
+    near_entry, again = _entry(monkeypatch, state, "near"), _entry(monkeypatch, state, "near-again")
+    assert (near_entry["method"], near_entry["exact_copy_of"]) == ("near", None)
+    assert (again["method"], again["duplicate_of"], again["exact_copy_of"]) == ("near", near_entry["duplicate_of"],
+                                                                              near_entry["doc_id"])
+    text, _ = run(["audit", "doc", "near-again"])
+    assert f"its text is an exact copy of {near_entry['doc_id']}" in text["_text"][2]
+    text, _ = run(["audit", "doc", "None"])
+    assert text["_text"][0].endswith(f"(your id None) in manifest {verified.digest}")
+    with duckdb.connect(str(warehouse), read_only=True) as con:  # found by its internal id alone
+        [(nameless,)] = con.execute("SELECT doc_id FROM documents WHERE source_record_id IS NULL").fetchall()
+    text, _ = run(["audit", "doc", nameless])
+    assert text["_text"][0] == f"document {nameless} (your id (none)) in manifest {verified.digest}"

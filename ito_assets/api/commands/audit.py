@@ -116,13 +116,21 @@ def _why(entry: dict) -> str:
     if state == "kept":
         return "kept: in the clean shards"
     if state == "duplicate":
-        why = f"removed as {entry['method']} duplicate of {entry['duplicate_of']} (your id {entry.get('duplicate_of_record_id')}; cluster {entry['cluster_id']}, Jaccard {entry['similarity']:.3f})"
+        why = f"removed as {entry['method']} duplicate of {entry['duplicate_of']} (your id {_your_id(entry.get('duplicate_of_record_id'))}; cluster {entry['cluster_id']}, Jaccard {entry['similarity']:.3f})"
+        if entry.get("exact_copy_of"):  # the removal was judged on the copy it repeats, the same text
+            why += f"; its text is an exact copy of {entry['exact_copy_of']}, whose removal it shares"
         if entry.get("eval_item_ids"):
             why += f"; it also matched {', '.join(entry['eval_item_ids'])} (decontamination would {entry['action']} it)"
         return why
     if state == "contaminated":
         return f"contaminated by {', '.join(entry['eval_item_ids'] or [])}: action {entry['action']} ({entry['num_pieces']} pieces kept)"
     return "no decision recorded yet (the clean_shards asset has not run for this manifest)"
+
+
+def _your_id(record_id: str | None) -> str:
+    """The user's id as the text shows it: `(none)` where the record had none, so that it never
+    reads as an id "None"."""
+    return "(none)" if record_id is None else record_id
 
 
 def _doc(args: argparse.Namespace) -> VerbResult:
@@ -138,8 +146,8 @@ def _doc(args: argparse.Namespace) -> VerbResult:
     text = []
     for entry in found:
         text += [
-            f"document {entry['doc_id']} (your id {entry['source_record_id']}) in manifest {entry['manifest_digest']}",
-            f"  from: {entry['source_uri']} row {entry['row']} (id {entry['source_record_id']}, licence {entry['license']}, source sha256 {entry['source_sha256']})",
+            f"document {entry['doc_id']} (your id {_your_id(entry['source_record_id'])}) in manifest {entry['manifest_digest']}",
+            f"  from: {entry['source_uri']} row {entry['row']} (id {_your_id(entry['source_record_id'])}, licence {entry['license']}, source sha256 {entry['source_sha256']})",
             f"  what happened: {_why(entry)}",
             *([f"  warning: {entry['stale_reason']}"] if entry.get("stale") else []),
             f"  family {entry.get('family_id')}: documents linked to it by verified near-duplicate pairs:",
