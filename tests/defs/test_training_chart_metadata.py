@@ -36,13 +36,13 @@ def _steady(values: dict[str, float]) -> dict[str, Units]:
 def _stage(tmp_path, name: str, *, previous: dict | None = None) -> StageCheckpoint:
     folder = tmp_path / name
     folder.mkdir()
-    at = 1000.0
+    at = 1000.0  # the window the supervisor writes at its end: 900 to 1000, every event inside it
     events.append(folder, Event(kind=EventKind.ALLOCATION, at=at, seconds=100.0, num_devices=1))
-    events.append(folder, Event(kind=EventKind.STARTUP, at=at + 1, seconds=10.0), by_worker=True)
+    events.append(folder, Event(kind=EventKind.STARTUP, at=910.0, seconds=10.0), by_worker=True)
     for step in range(20):
-        events.append(folder, Event(kind=EventKind.STEP, at=at + 2 + step, step=step, seconds=3.0, loss=6.0 - 0.2 * step),
+        events.append(folder, Event(kind=EventKind.STEP, at=913.0 + 3 * step, step=step, seconds=3.0, loss=6.0 - 0.2 * step),
                       by_worker=True)
-    events.append(folder, Event(kind=EventKind.EVALUATION, at=at + 30, seconds=5.0), by_worker=True)
+    events.append(folder, Event(kind=EventKind.EVALUATION, at=975.0, seconds=5.0), by_worker=True)
     evals = {"heldout_loss": 2.5, "answer_loss": 4.0}
     verdict = judge_stage(name, _steady(evals), previous or {"heldout_loss": 6.2, "answer_loss": 5.0}, POLICY,
                           previous_stage=None if previous is None else "pretraining")
@@ -170,3 +170,13 @@ def test_a_rerun_post_training_stage_wastes_its_first_attempts_steps(tmp_path):
     figures = summarize(log, posttraining=True)
     assert (figures.num_steps, figures.num_wasted_steps) == (10, 10)
     assert figures.wasted_step_seconds == 30 and figures.posttraining_seconds == figures.allocated_seconds == 100
+
+
+def test_the_trained_stages_keep_the_runs_order_whatever_order_their_inputs_come_in():
+    from ito_assets.defs.telemetry.assets import trained_stages
+
+    names = ["dpo", "long_context", "mid_training", "pretraining", "rlvr", "sft"]  # as Dagster hands them over
+    outputs = {f"{name}_checkpoint": SimpleNamespace(stage=name) for name in names}
+    assert list(trained_stages(outputs)) == ["pretraining", "mid_training", "long_context", "sft", "dpo", "rlvr"]
+    outputs["dpo_checkpoint"] = outputs["sft_checkpoint"]  # dpo left out of the recipe: it hands on sft's record
+    assert list(trained_stages(outputs)) == ["pretraining", "mid_training", "long_context", "sft", "rlvr"]

@@ -66,8 +66,9 @@ def stage_log(draw) -> tuple[list[Event], dict[str, int]]:
 
 
 def _placed(log: list[Event], ends_at: float) -> list[Event]:
-    """The stage's allocation as the supervisor writes it: ending at `ends_at`."""
-    return [replace(e, at=ends_at) if e.kind is EventKind.ALLOCATION else e for e in log]
+    """The stage's allocation as the supervisor writes it, ending at `ends_at`, and its events
+    inside it (each ending there too: within the window whatever its seconds)."""
+    return [replace(e, at=ends_at) for e in log]
 
 
 @settings(max_examples=60, deadline=None)
@@ -126,6 +127,29 @@ def test_overlapping_windows_are_not_idle_and_a_gap_is_counted_at_the_runs_devic
     run = summarize_run({"a": [e(100.0, 100.0, 8)], "b": [e(400.0, 100.0, 4)]})  # 200 s idle between them
     assert (run.idle_seconds, run.allocated_seconds) == (200.0, 400.0)
     assert run.device_hours == pytest.approx((100 * 8 + 100 * 4 + 200 * 8) / 3600, rel=1e-12)
+
+
+def test_a_killed_supervisors_work_is_not_idle_too() -> None:
+    """pretraining 0-100 s; mid_training's first supervisor trained 100-200 s and was killed before
+    it wrote its allocation; the retry's ran 200-300 s. Every second was a productive step: its
+    stage's allocation counts the killed one's seconds, so the run's idle must not count them again
+    (it said 400 s allocated, 100 idle, goodput 0.75)."""
+    from ito_assets.runtime.record.goodput import summarize_run
+
+    def stage(start: float, attempts: list[tuple[float, float, bool]]) -> list[Event]:
+        log = []
+        for number, (begin, end, windowed) in enumerate(attempts):
+            log += [Event(kind=EventKind.STEP, at=t + 10, attempt=number, step=int(t), seconds=10.0) for t in range(int(begin), int(end), 10)]
+            if windowed:
+                log.append(Event(kind=EventKind.ALLOCATION, at=end, seconds=end - begin, num_devices=8))
+        return log
+
+    run = summarize_run({"pretraining": stage(0, [(0, 100, True)]), "mid_training": stage(100, [(100, 200, False), (200, 300, True)])})
+    assert (run.allocated_seconds, run.idle_seconds, run.productive_seconds) == (300.0, 0.0, 300.0)
+    assert run.goodput == 1.0
+    # A real gap between the stages is still idle.
+    gap = summarize_run({"pretraining": stage(0, [(0, 100, True)]), "mid_training": stage(150, [(150, 200, False), (200, 300, True)])})
+    assert (gap.allocated_seconds, gap.idle_seconds) == (300.0, 50.0)
 
 
 def test_a_table_written_before_the_idle_figure_takes_it(tmp_path) -> None:

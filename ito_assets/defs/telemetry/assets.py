@@ -63,8 +63,8 @@ def trained_stages(outputs: dict) -> dict:
     leaves out hands on what it was given (None, or an earlier stage's record): it is skipped, so
     that no stage is counted twice."""
     trained = {}
-    for key, output in outputs.items():
-        stage = key.removesuffix("_checkpoint")
+    for stage in (*STAGE_ORDER, *POST_TRAINING_ORDER):  # Dagster hands the inputs over sorted by name
+        output = outputs.get(f"{stage}_checkpoint")
         if output is not None and getattr(output, "stage", None) == stage:
             trained[stage] = output
     return trained

@@ -154,14 +154,21 @@ def summarize_run(logs: Mapping[str, list[Event]]) -> Telemetry:
     """A run's figures from its stages' logs. Attempts are numbered per stage, so a resume is looked
     up by (stage, attempt): each stage is summarized alone and the figures, all sums, are added.
     Concatenating the logs would let one stage's restart mark another stage's steps as wasted. The
-    time between the stages' windows is added to the allocation as idle."""
+    time between the stages' windows is added to the allocation as idle. A supervisor killed
+    before it wrote its allocation leaves its work without a window: its accounted events stand
+    for it (`summarize` counted their seconds in the stage's allocation), so they are not idle too."""
     parts = [summarize(log, posttraining=stage in POST_TRAINING_ORDER) for stage, log in logs.items()]
     total = Telemetry(**{f.name: sum(getattr(p, f.name) for p in parts) for f in fields(Telemetry)})
     allocations = [e for log in logs.values() for e in log if e.kind is EventKind.ALLOCATION]
-    idle = _idle_seconds([(e.at - e.seconds, e.at) for e in allocations])
+    accounted = [e for log in logs.values() for e in log if e.kind in _ACCOUNTED and e.seconds > 0]
+    idle = _idle_seconds([(e.at - e.seconds, e.at) for e in allocations + accounted])
     devices = max((e.num_devices for e in allocations), default=0)
     return replace(total, allocated_seconds=total.allocated_seconds + idle, idle_seconds=idle,
                    device_hours=total.device_hours + idle * devices / _SECONDS_PER_HOUR)
+
+
+# The events whose seconds are a bucket of the stage's allocation (`summarize`).
+_ACCOUNTED = (EventKind.STEP, EventKind.STARTUP, EventKind.CHECKPOINT, EventKind.RECOVERY, EventKind.EVALUATION)
 
 
 def _idle_seconds(windows: list[tuple[float, float]]) -> float:
