@@ -35,8 +35,8 @@ def test_goodput_and_badput_split():
     assert t.productive_seconds == 100 + 200 and t.num_steps == 30 and t.num_wasted_steps == 5
     assert t.goodput == 300 / 3600
     assert (t.startup_seconds, t.checkpoint_blocking_seconds, t.recovery_seconds, t.wasted_step_seconds,
-            t.evaluation_seconds) == (100, 10, 120, 50, 40)
-    assert t.other_seconds == 3600 - (300 + 100 + 10 + 120 + 50 + 40) == 2980
+            t.evaluation_seconds) == (100, 10, 30 + 120 + 1, 50, 40)  # recovery: each failure's detection too
+    assert t.other_seconds == 3600 - (300 + 100 + 10 + 151 + 50 + 40) == 2949
 
 
 def test_interruption_rate_per_1000_device_hours():

@@ -37,10 +37,11 @@ def stage_log(draw) -> tuple[list[Event], dict[str, int]]:
         if attempt == 0:
             startup += taken
             log.append(e(EventKind.STARTUP, attempt=0, seconds=taken))
-        else:  # a restart's start-up lies inside its recovery, which is the badput counted
-            spent = draw(seconds)
-            recovery += spent
-            log += [e(EventKind.INTERRUPTION, attempt=attempt - 1, planned=draw(st.booleans()), seconds=1),
+        else:  # a restart's start-up lies inside its recovery, which is the badput counted, with the
+            spent = draw(seconds)  # failure's detection before it
+            detected = draw(seconds)
+            recovery += detected + spent
+            log += [e(EventKind.INTERRUPTION, attempt=attempt - 1, planned=draw(st.booleans()), seconds=detected),
                     e(EventKind.STARTUP, attempt=attempt, seconds=min(taken, spent)),
                     e(EventKind.RECOVERY, attempt=attempt, seconds=spent)]
         log.append(e(EventKind.RESUME, attempt=attempt, step=resumed))

@@ -124,7 +124,9 @@ def summarize(events: list[Event], *, posttraining: bool = False) -> Telemetry:
         "productive_seconds": sum(e.seconds for e in steps) - sum(e.seconds for e in wasted),
         "startup_seconds": total(EventKind.STARTUP, where=lambda e: e.attempt == 0),
         "checkpoint_blocking_seconds": total(EventKind.CHECKPOINT),
-        "recovery_seconds": total(EventKind.RECOVERY),
+        # From a failure to training again: its detection (the last sign of life until the
+        # supervisor saw it: up to the hang timeout) and the restart to the first step.
+        "recovery_seconds": total(EventKind.INTERRUPTION) + total(EventKind.RECOVERY),
         "wasted_step_seconds": sum(e.seconds for e in wasted),
         "evaluation_seconds": total(EventKind.EVALUATION),
     }
