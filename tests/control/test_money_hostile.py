@@ -141,28 +141,19 @@ def test_a_refusal_whose_audit_write_fails_keeps_its_own_code(world, monkeypatch
     assert _code_of(call) is ErrorCode.BUDGET_EXCEEDED
 
 
-def test_a_cancel_confirmation_that_expires_while_the_cancel_waits_for_the_run_is_refused(world, monkeypatch) -> None:
+@pytest.mark.parametrize("held", ["the run", "the confirmation"])
+def test_a_cancel_confirmation_that_expires_while_the_cancel_waits_for_a_lock_is_refused(world, monkeypatch, held) -> None:
+    """The cancel locks the run, then its confirmation: a wait for either that outlasts the expiry
+    second is read after it."""
     from ito_assets.control import cancel, confirm_request
 
     run = _train(world, verified(), "cancel-wait-01").run
     ref = confirm_request.request_cancel(world.ledger, world.policy, world.account, run.run_id).ref
     world.approve(ref)
-    _lock_held_past_expiry(world, monkeypatch, runs, "load", ref)
+    module, name = (runs, "load") if held == "the run" else (confirmations, "resolve")
+    _lock_held_past_expiry(world, monkeypatch, module, name, ref)
     assert _code_of(lambda: cancel.cancel_run(world.ledger, world.account, run.run_id, confirmation_ref=ref,
                                               idempotency_key="cancel-wait-02")) is ErrorCode.CONFIRMATION_EXPIRED
-    monkeypatch.undo()
-    assert runs.get(world.ledger, run.run_id).state is RunState.QUEUED
-
-
-def test_a_cancel_confirmation_that_expires_while_the_cancel_waits_for_it_is_refused(world, monkeypatch) -> None:
-    from ito_assets.control import cancel, confirm_request
-
-    run = _train(world, verified(), "cancel-wait-03").run
-    ref = confirm_request.request_cancel(world.ledger, world.policy, world.account, run.run_id).ref
-    world.approve(ref)
-    _lock_held_past_expiry(world, monkeypatch, confirmations, "resolve", ref)
-    assert _code_of(lambda: cancel.cancel_run(world.ledger, world.account, run.run_id, confirmation_ref=ref,
-                                              idempotency_key="cancel-wait-04")) is ErrorCode.CONFIRMATION_EXPIRED
     monkeypatch.undo()
     assert runs.get(world.ledger, run.run_id).state is RunState.QUEUED
 
