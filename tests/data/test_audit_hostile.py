@@ -13,11 +13,11 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from corpus_manifest import corpus_manifest
 from data_frames import random_text
 from ito_assets.api.cli import run
 from ito_assets.data import stages
 from ito_assets.data.config import DataPrepConfig, ScaleConfig
-from ito_assets.digests import file_sha256
 from ito_assets.evals.suite import load_suite
 from ito_assets.manifest.verify import verify_manifest
 from ito_assets.settings import PROJECT_ROOT
@@ -57,14 +57,7 @@ def prepared(tmp_path_factory) -> dict:
     root = Path(realpath(tmp_path_factory.mktemp("hostile")))
     suite = load_suite(SUITE)
     a, b = suite.items[0], suite.items[1]
-    path = root / "corpus.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in _records(random.Random(7), a, b)))
-    manifest = json.loads((FIXTURES / "manifests" / "fixture-small.json").read_text())
-    provenance = manifest["data"][0]["decontamination"]
-    manifest["data"] = [{"uri": "dataroot://corpus.jsonl", "sha256": file_sha256(path), "license": "CC0-1.0",
-                         "format": "jsonl", "decontamination": provenance}]
-    (root / "manifest.json").write_text(json.dumps(manifest))
-    verified = verify_manifest(str(root / "manifest.json"))
+    verified = corpus_manifest(root, _records(random.Random(7), a, b))
     state, warehouse = root / "state", root / "state" / "warehouse.duckdb"
     source = stages.run_sources(verified, root, state, warehouse, CONFIG)
     decontam = stages.run_decontam(verified, suite, source, state, warehouse, CONFIG)
@@ -175,13 +168,7 @@ def long_ids(tmp_path_factory) -> Path:
     rng = random.Random(11)
     records = [{"id": record_id, "text": random_text(rng, 80)} for record_id in LONG_IDS.values()]
     records += [{"id": f"filler-{i}", "text": random_text(rng, 80)} for i in range(4)]
-    path = root / "corpus.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    manifest = json.loads((FIXTURES / "manifests" / "fixture-small.json").read_text())
-    reference = {"uri": "dataroot://corpus.jsonl", "sha256": file_sha256(path), "format": "jsonl"}
-    manifest["data"] = [{**manifest["data"][0], **reference}]
-    (root / "manifest.json").write_text(json.dumps(manifest))
-    verified = verify_manifest(str(root / "manifest.json"))
+    verified = corpus_manifest(root, records)
     stages.run_sources(verified, root, root / "state", root / "state" / "warehouse.duckdb", CONFIG)
     return root
 
@@ -255,13 +242,7 @@ def test_a_copy_of_a_near_duplicate_names_the_copy_and_a_missing_id_reads_as_non
     records = [{"id": "base", "text": " ".join(base)}, {"id": "near", "text": near}, {"id": "near-again", "text": near},
                {"id": None, "text": random_text(rng, 80)}, {"id": "None", "text": random_text(rng, 80)},
                *({"id": f"filler-{i}", "text": random_text(rng, 80)} for i in range(4))]
-    path = root / "corpus.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    manifest = json.loads((FIXTURES / "manifests" / "fixture-small.json").read_text())
-    manifest["data"] = [{"uri": "dataroot://corpus.jsonl", "sha256": file_sha256(path), "license": "CC0-1.0",
-                         "format": "jsonl", "decontamination": manifest["data"][0]["decontamination"]}]
-    (root / "manifest.json").write_text(json.dumps(manifest))
-    verified = verify_manifest(str(root / "manifest.json"))
+    verified = corpus_manifest(root, records)
     state, warehouse = root / "state", root / "state" / "warehouse.duckdb"
     suite = load_suite(SUITE)
     source = stages.run_sources(verified, root, state, warehouse, CONFIG)

@@ -12,13 +12,12 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from corpus_manifest import corpus_manifest, FIXTURE_MANIFEST
 from data_frames import random_text
 from ito_assets.api.cli import run
 from ito_assets.data import stages
 from ito_assets.data.config import DataPrepConfig, ScaleConfig
-from ito_assets.digests import file_sha256
 from ito_assets.evals.suite import load_suite
-from ito_assets.manifest.verify import verify_manifest
 from ito_assets.settings import PROJECT_ROOT
 
 FIXTURES = PROJECT_ROOT / "data" / "fixtures"
@@ -50,13 +49,9 @@ def _prepare(root: Path, *, blanks: bool) -> tuple[Path, str]:
     records += [{"id": 7, "text": random_text(rng, 60)}, *({"id": f"filler-{i}", "text": random_text(rng, 60)} for i in range(10))]
     if blanks:
         records += [{"id": i, "text": t} for i, t in zip(BLANK_IDS, ["", "   ", "\u3000\n"])]
-    path = root / "corpus.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    manifest = json.loads((FIXTURES / "manifests" / "fixture-small.json").read_text())
-    provenance = {**manifest["data"][0]["decontamination"], "eval_suite_id": suite.suite_id, "eval_suite_sha256": suite.digest}
-    manifest["data"] = [{"uri": "dataroot://corpus.jsonl", "sha256": file_sha256(path), "license": "CC0-1.0", "format": "jsonl", "decontamination": provenance}]
-    (root / "manifest.json").write_text(json.dumps(manifest))
-    verified = verify_manifest(str(root / "manifest.json"))
+    fixture = json.loads(FIXTURE_MANIFEST.read_text())["data"][0]["decontamination"]
+    verified = corpus_manifest(root, records, decontamination={**fixture, "eval_suite_id": suite.suite_id,
+                                                               "eval_suite_sha256": suite.digest})
     state, warehouse = root / "state", root / "state" / "warehouse.duckdb"
     config = DataPrepConfig(scale=SCALE)
     source = stages.run_sources(verified, root, state, warehouse, config)

@@ -10,13 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from corpus_manifest import corpus_manifest
 from data_frames import random_text
 from ito_assets.api.cli import run
 from ito_assets.data import stages
 from ito_assets.data.config import DataPrepConfig, ScaleConfig
-from ito_assets.digests import file_sha256
 from ito_assets.evals.suite import load_suite
-from ito_assets.manifest.verify import verify_manifest
 from ito_assets.settings import PROJECT_ROOT
 
 FIXTURES = PROJECT_ROOT / "data" / "fixtures"
@@ -35,13 +34,7 @@ def decontaminated(tmp_path_factory) -> dict:
     rng = random.Random(3)
     records = [{"id": "quotes-short", "text": f"{random_text(rng, 40)} {SHORT['question']} {SHORT['answer']}"},
                *({"id": f"filler-{i}", "text": random_text(rng, 80)} for i in range(6))]
-    corpus = root / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps(r) + "\n" for r in records))
-    manifest = json.loads((FIXTURES / "manifests" / "fixture-small.json").read_text())
-    manifest["data"] = [{"uri": "dataroot://corpus.jsonl", "sha256": file_sha256(corpus), "license": "CC0-1.0",
-                         "format": "jsonl", "decontamination": manifest["data"][0]["decontamination"]}]
-    (root / "manifest.json").write_text(json.dumps(manifest))
-    verified = verify_manifest(str(root / "manifest.json"))
+    verified = corpus_manifest(root, records)
     state = root / "state"
     source = stages.run_sources(verified, root, state, state / "warehouse.duckdb", CONFIG)
     stages.run_decontam(verified, suite, source, state, state / "warehouse.duckdb", CONFIG)

@@ -7,7 +7,6 @@ the clean step meets whole documents, dropped ones, cut ones (their pieces) and 
 
 from __future__ import annotations
 
-import json
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -15,12 +14,13 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from corpus_manifest import corpus_manifest
 from ito_assets.data import clean, decontam_units, stages
 from ito_assets.data.config import DataPrepConfig, DecontamConfig, ScaleConfig
 from ito_assets.digests import file_sha256
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.evals.suite import load_suite
-from ito_assets.manifest.verify import VerifiedManifest, verify_manifest
+from ito_assets.manifest.verify import VerifiedManifest
 from ito_assets.settings import PROJECT_ROOT
 from test_source_pieces import _threads, package_paragraphs
 
@@ -52,14 +52,7 @@ def _records() -> list[dict]:
 
 def _upstream(root: Path, action: str, records: list[dict] | None = None) -> Upstream:
     """The sources, decontamination and deduplication of the corpus under `root` (one worker)."""
-    path = root / "corpus.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in (records or _records())))
-    manifest = json.loads((FIXTURES / "manifests" / "fixture-small.json").read_text())
-    provenance = manifest["data"][0]["decontamination"]
-    manifest["data"] = [{"uri": "dataroot://corpus.jsonl", "sha256": file_sha256(path), "license": "CC0-1.0", "format": "jsonl",
-                         "decontamination": provenance}]
-    (root / "manifest.json").write_text(json.dumps(manifest))
-    verified = verify_manifest(str(root / "manifest.json"))
+    verified = corpus_manifest(root, records or _records())
     config = _config(action, num_workers=1)
     state, warehouse = root / "upstream", root / "upstream" / "warehouse.duckdb"
     source = stages.run_sources(verified, root, state, warehouse, config)

@@ -3,7 +3,6 @@ knowing contamination: the stages on files, then the auditor's commands on the w
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 
@@ -11,13 +10,12 @@ import duckdb
 import polars as pl
 import pytest
 
+from corpus_manifest import corpus_manifest
 from data_frames import random_text
 from ito_assets.api.cli import run
 from ito_assets.data import stages
 from ito_assets.data.config import DataPrepConfig, DecontamConfig, ScaleConfig
-from ito_assets.digests import file_sha256
 from ito_assets.evals.suite import load_suite
-from ito_assets.manifest.verify import verify_manifest
 from ito_assets.settings import PROJECT_ROOT
 
 FIXTURES = PROJECT_ROOT / "data" / "fixtures"
@@ -43,13 +41,7 @@ def _records(question: str) -> list[dict]:
 def _prepare(root: Path, action: str):
     suite = load_suite(FIXTURES / "evals" / "ito-fixture-evals-v1.jsonl")
     item = suite.items[0]
-    path = root / "corpus.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in _records(item.question)))
-    manifest = json.loads((FIXTURES / "manifests" / "fixture-small.json").read_text())
-    provenance = manifest["data"][0]["decontamination"]
-    manifest["data"] = [{"uri": "dataroot://corpus.jsonl", "sha256": file_sha256(path), "license": "CC0-1.0", "format": "jsonl", "decontamination": provenance}]
-    (root / "manifest.json").write_text(json.dumps(manifest))
-    verified = verify_manifest(str(root / "manifest.json"))
+    verified = corpus_manifest(root, _records(item.question))
     state, warehouse = root / "state", root / "state" / "warehouse.duckdb"
     config = DataPrepConfig(decontam=DecontamConfig(action=action), scale=SCALE)
     source = stages.run_sources(verified, root, state, warehouse, config)
