@@ -3,11 +3,14 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The C kernels of deduplication, built again when their source changes (without a compiler the
+# build is skipped and numpy's versions run: ito_assets/data/kernels.py).
+KERNELS := $(VENV)/.kernels
 export DAGSTER_HOME ?= $(CURDIR)/.ito/dagster
 
 .PHONY: run ui test test-long mutation bootstrap clean
 
-bootstrap: $(STAMP)
+bootstrap: $(KERNELS)
 
 # torch is installed first and exactly: 2.13.0 is the CPU build on this machine's disk;
 # an open range could resolve to a multi-GB CUDA wheel.
@@ -21,14 +24,19 @@ $(STAMP): pyproject.toml
 	   || { cat $(VENV)/bootstrap.log; exit 1; }
 	touch $(STAMP)
 
+$(KERNELS): $(STAMP) ito_assets/data/_kernels.c setup.py
+	@$(BIN)/pip install --quiet --no-deps --no-build-isolation -e . > $(VENV)/kernels.log 2>&1 || { cat $(VENV)/kernels.log; exit 1; }
+	@$(BIN)/python -c "from ito_assets.data import kernels; print('deduplication kernels:', 'C' if kernels.NATIVE else 'numpy (no C compiler found at install)')"
+	touch $@
+
 $(DAGSTER_HOME)/dagster.yaml:
 	mkdir -p $(DAGSTER_HOME)
 	cp deploy/local/dagster.yaml $@
 
-run: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
+run: $(KERNELS) $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/python -m ito_assets.local_run
 
-ui: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
+ui: $(KERNELS) $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/dagster dev -w workspace.yaml
 
 # Three pytest-xdist workers, handed a test file at a time with the slow ones first (tests/conftest.py),
@@ -39,16 +47,16 @@ ui: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 # cores (docs/performance.md). WORKERS=0 runs in one process.
 WORKERS ?= 3
 
-test: $(STAMP)
+test: $(KERNELS)
 	$(BIN)/python -m pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The long matrices (races of 16 and 64 callers, 20 trials each) and the property tests with many
 # more examples; `make test` runs a short version of each.
-test-long: $(STAMP)
+test-long: $(KERNELS)
 	$(BIN)/python -m pytest -q --run-long -m "long or fuzz"
 
 # A benchmark, not a test: the mutation score of the modules that enforce promises (docs/testing.md).
-mutation: $(STAMP)
+mutation: $(KERNELS)
 	$(BIN)/python benchmarks/mutation.py
 
 clean:

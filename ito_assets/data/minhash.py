@@ -1,19 +1,14 @@
-"""MinHash signatures, vectorised in numpy over word-shingle hashes.
+"""MinHash signatures over word-shingle hashes.
 
 A document's shingles are its word k-grams (k = shingle_size), each hashed to 32 bits (the top
 half of the 64-bit n-gram hash of `text.ngram_hashes`). Permutation i maps a shingle x to
 (a_i * x + b_i) mod 2^32 with a_i odd: a bijection of the 32-bit universe, so the minimum over a
 document is a true min under a permutation, as in datasketch (which uses (a x + b) mod (2^61 - 1)
 truncated to 32 bits). One multiply-add in uint32 per shingle and permutation is SIMD-friendly:
-it is what makes the kernel fast (benchmarks/dedup_speed.py measures it against datasketch, ~25x
-slower, and rensa, whose R-MinHash is 2.3-4.2x faster on the same shingle hashes but gives other
-signatures: ito keeps its own, 7-9% of its CPU from read to decisions, so that decisions stay the
-same).
+`kernels.minhash` runs it (benchmarks/dedup_speed.py measures it against datasketch and rensa's
+R-MinHash on the same shingle hashes).
 
-Shapes: S shingles in total, N documents, P = num_perm. The kernel works on blocks of whole
-documents holding about BLOCK_SHINGLES shingles, so the (P, block) buffer stays in cache; a
-document longer than a block is taken in block-wide slices, so no buffer grows with a document
-(one of 10.8 MB took a (P, S) buffer: 833 MB more peak and 1.38 s, against 176 MB and 0.37 s).
+Shapes: S shingles in total, N documents, P = num_perm.
 """
 
 from __future__ import annotations
@@ -23,12 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from ito_assets.data.kernels import EMPTY, minhash
 from ito_assets.data.text import NGRAM_MULTIPLIERS, TokenHashes, mix64, word_hashes
 
-EMPTY = np.uint32(0xFFFFFFFF)
-# 4,096 shingles x 120 permutations x 4 bytes = ~2 MB: about an L2 cache (measured fastest
-# between 2k and 8k on x86-64).
-BLOCK_SHINGLES = 4096
 
 
 @dataclass(frozen=True)
@@ -131,40 +123,12 @@ class MinHasher:
         rng = np.random.default_rng(self.seed)
         a = rng.integers(1, 2**32, size=self.num_perm, dtype=np.uint64).astype(np.uint32) | np.uint32(1)
         b = rng.integers(0, 2**32, size=self.num_perm, dtype=np.uint64).astype(np.uint32)
-        return a[:, None], b[:, None]
+        return a, b
 
     def signatures(self, shingles: Shingles) -> np.ndarray:
         """(N, P) uint32 signatures; a document without shingles gets EMPTY in every slot."""
         a, b = self._params()
-        x = (shingles.hashes >> np.uint64(32)).astype(np.uint32)
-        lengths = shingles.lengths
-        num_docs = len(lengths)
-        out = np.full((self.num_perm, num_docs), EMPTY, dtype=np.uint32)
-        nonempty = np.flatnonzero(lengths > 0)
-        starts = shingles.offsets[:-1]
-        nonempty_starts = starts[nonempty]
-        buffer = np.empty((self.num_perm, BLOCK_SHINGLES), dtype=np.uint32)
-        i = 0
-        while i < len(nonempty):
-            # A block of whole documents with about BLOCK_SHINGLES shingles (at least one document).
-            first = nonempty_starts[i]
-            j = max(int(np.searchsorted(nonempty_starts, first + BLOCK_SHINGLES, side="right")) - 1, i + 1)
-            docs = nonempty[i:j]
-            stop = shingles.offsets[docs[-1] + 1]
-            if stop - first <= BLOCK_SHINGLES:
-                block = buffer[:, : int(stop - first)]
-                np.multiply(a, x[first:stop][None, :], out=block)
-                np.add(block, b, out=block)
-                out[:, docs] = np.minimum.reduceat(block, starts[docs] - first, axis=1)
-            else:  # one document longer than a block: the minimum of its block-wide slices
-                for low in range(int(first), int(stop), BLOCK_SHINGLES):
-                    high = min(int(stop), low + BLOCK_SHINGLES)
-                    block = buffer[:, : high - low]
-                    np.multiply(a, x[low:high][None, :], out=block)
-                    np.add(block, b, out=block)
-                    np.minimum(out[:, docs[0]], block.min(axis=1), out=out[:, docs[0]])
-            i = j
-        return out.T.copy()
+        return minhash((shingles.hashes >> np.uint64(32)).astype(np.uint32), shingles.offsets, a, b)
 
     def signatures_of_texts(self, texts: pl.Series, shingle_size: int) -> tuple[np.ndarray, Shingles]:
         shingles = shingle_lists(word_hashes(texts), shingle_size)

@@ -5,8 +5,8 @@ decontamination work on *words*: maximal runs of Unicode letters and digits (`[^
 cased, so punctuation is stripped and whitespace collapsed by construction. Decontamination also
 normalises digits (every run of digits becomes "0"), so that "Question 12" and "question 7" agree.
 
-Tokens are hashed to uint64 with polars' string hash (vectorised, in Rust). The hashes are only
-compared within one process run, never stored, so their exact values may change with polars.
+Tokens are hashed to uint64 by `kernels` (in C, or numpy without a compiler): a hash of the word's
+UTF-8 bytes fixed in this project, so the same word hashes the same in every process and version.
 Shapes below: N documents, T tokens in total; `offsets` has N + 1 entries (CSR layout), the
 tokens of document i are `hashes[offsets[i]:offsets[i + 1]]`.
 
@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
-import pyarrow as pa
+
+from ito_assets.data.kernels import ascii_word_hashes, hash_word_bytes, mix64  # noqa: F401 (mix64: the data plane's finaliser)
 
 NORMALIZATION_FORM = "NFC"
 # Recorded with every source: the same bytes normalise identically under the same Unicode version.
@@ -35,7 +36,6 @@ WORD_PATTERN = r"[^\W_]+"
 DIGITS_PATTERN = r"\d+"
 _WORD = re.compile(WORD_PATTERN)
 _DIGITS = re.compile(DIGITS_PATTERN)
-_HASH_SEED = 0x1705
 
 # Odd multipliers for combining word hashes into n-gram hashes (from splitmix64 / xxhash primes).
 NGRAM_MULTIPLIERS = np.array(
@@ -81,7 +81,11 @@ def _word_lists(texts: pl.Series, *, digits_normalized: bool) -> pl.Series:
 
 
 def hash_words(words: pl.Series) -> np.ndarray:
-    return words.hash(seed=_HASH_SEED).to_numpy().astype(np.uint64, copy=False)
+    """(T,) uint64: each word's hash (`kernels`' word hash of its UTF-8 bytes)."""
+    array = words.fill_null("").rechunk().to_arrow(compat_level=pl.CompatLevel.oldest())  # large_string: one buffer
+    starts = np.frombuffer(array.buffers()[1], dtype=np.int64)[array.offset : array.offset + len(array) + 1]
+    data = array.buffers()[2]
+    return hash_word_bytes(np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, dtype=np.uint8), starts)
 
 
 def token_hashes(texts: pl.Series, *, digits_normalized: bool) -> TokenHashes:
@@ -99,10 +103,9 @@ def token_hashes(texts: pl.Series, *, digits_normalized: bool) -> TokenHashes:
 
 def word_hashes(texts: pl.Series) -> TokenHashes:
     """`token_hashes(texts, digits_normalized=False)`, the same hashes, for deduplication: a
-    document that is pure ASCII (most are) is cut into words in numpy over its UTF-8 bytes, where
-    a word is a run of [0-9A-Za-z] (what `[^\\W_]+` matches in ASCII); the others go through
-    polars' regex. 0.52 s -> 0.34 s of CPU on 60,000 documents of 100-600 bytes (best of 12,
-    benchmarks/dedup_speed.py's short corpus)."""
+    document that is pure ASCII (most are) is cut into words over its UTF-8 bytes by
+    `kernels.ascii_word_hashes`, where a word is a run of [0-9A-Za-z] (what `[^\\W_]+` matches in
+    ASCII); the others go through polars' regex, which knows Unicode's letters and cases."""
     texts = texts.fill_null("")  # a null has no words, as in `token_hashes`
     ascii_ = (texts.str.len_bytes() == texts.str.len_chars()).to_numpy()
     if ascii_.all():
@@ -113,10 +116,10 @@ def word_hashes(texts: pl.Series) -> TokenHashes:
 
 
 def _ascii_word_hashes(texts: pl.Series) -> TokenHashes:
-    """Word hashes of ASCII texts: words found on the concatenated bytes (Arrow's buffer), lower
-    cased, packed into one Arrow string array and hashed by polars as `hash_words` hashes them.
-    The bytes are taken in pieces of about WORD_PIECE_BYTES cut between words: the per-byte work
-    arrays (~17 bytes a byte of text) stay bounded however long one document is."""
+    """Word hashes of ASCII texts, found on the concatenated bytes (Arrow's buffer) by
+    `kernels.ascii_word_hashes`. The bytes are taken in pieces of about WORD_PIECE_BYTES cut
+    between words, so that numpy's version (~17 bytes of work arrays a byte of text) stays bounded
+    however long one document is."""
     array = texts.to_arrow(compat_level=pl.CompatLevel.oldest())  # large_string: one buffer
     bounds = np.frombuffer(array.buffers()[1], dtype=np.int64)[array.offset : array.offset + len(array) + 1]
     if len(array) == 0 or bounds[-1] == bounds[0]:
@@ -125,24 +128,23 @@ def _ascii_word_hashes(texts: pl.Series) -> TokenHashes:
     bounds = bounds - bounds[0]
     hashes, offsets, words_before = [], np.empty(len(bounds), dtype=np.int64), 0
     for low, high in _pieces_between_words(data):
-        inside = bounds[(bounds > low) & (bounds < high)] - low
-        starts, piece_hashes = _piece_word_hashes(data[low:high], np.concatenate([[0], inside, [high - low]]))
-        # Words before each document start that lies in this piece (the last piece: its end too).
+        # The documents that start in this piece (the last piece: the end too).
         here = (bounds >= low) & ((bounds < high) | (high == len(data)))
-        offsets[here] = words_before + np.searchsorted(starts, bounds[here] - low)
-        words_before += len(starts)
+        piece_hashes, piece_offsets = ascii_word_hashes(data[low:high], np.concatenate([[0], bounds[here] - low, [high - low]]))
+        offsets[here] = words_before + piece_offsets[1:-1]
+        words_before += len(piece_hashes)
         hashes.append(piece_hashes)
     return TokenHashes(hashes=np.concatenate(hashes), offsets=offsets)
 
 
-# Bytes of text a piece of `_ascii_word_hashes` holds (its work arrays ~17x that): 4 MiB.
+# Bytes of text a piece of `_ascii_word_hashes` holds: 4 MiB.
 WORD_PIECE_BYTES = 1 << 22
 
 
-def _word_bytes_mask(data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(letter, word): which bytes are ASCII letters, which are [0-9A-Za-z]."""
+def _word_bytes_mask(data: np.ndarray) -> np.ndarray:
+    """Which bytes are [0-9A-Za-z]."""
     letter = ((data | np.uint8(0x20)) - np.uint8(ord("a"))) < np.uint8(26)  # uint8 arithmetic wraps below "a"
-    return letter, letter | ((data - np.uint8(ord("0"))) < np.uint8(10))
+    return letter | ((data - np.uint8(ord("0"))) < np.uint8(10))
 
 
 def _pieces_between_words(data: np.ndarray) -> list[tuple[int, int]]:
@@ -152,7 +154,7 @@ def _pieces_between_words(data: np.ndarray) -> list[tuple[int, int]]:
     while len(data) - low > WORD_PIECE_BYTES:
         cut = low + WORD_PIECE_BYTES
         while cut < len(data):
-            gaps = np.flatnonzero(~_word_bytes_mask(data[cut : cut + 65_536])[1])
+            gaps = np.flatnonzero(~_word_bytes_mask(data[cut : cut + 65_536]))
             if len(gaps):
                 cut += int(gaps[0])
                 break
@@ -163,33 +165,6 @@ def _pieces_between_words(data: np.ndarray) -> list[tuple[int, int]]:
         low = cut
     pieces.append((low, len(data)))
     return pieces
-
-
-def _piece_word_hashes(data: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(word start offsets, word hashes) of one piece of ASCII bytes whose documents start at `bounds`."""
-    letter, word = _word_bytes_mask(data)
-    starts, ends = _runs(word, bounds)
-    if not len(starts):
-        return starts, np.zeros(0, dtype=np.uint64)
-    lengths = ends - starts
-    packed = np.zeros(len(starts) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=packed[1:])
-    lowered = (data | (letter.view(np.uint8) << np.uint8(5)))[word]
-    words = pa.Array.from_buffers(pa.large_string(), len(starts), [None, pa.py_buffer(packed), pa.py_buffer(lowered)])
-    return starts, hash_words(pl.Series(words))
-
-
-def _runs(word: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """[start, end) of the runs of True in `word` that do not cross a document boundary."""
-    inner = bounds[1:-1]
-    inner = inner[(inner > 0) & (inner < len(word))]
-    before = np.zeros(len(word), dtype=bool)
-    before[1:] = word[:-1]
-    before[inner] = False
-    after = np.zeros(len(word), dtype=bool)
-    after[:-1] = word[1:]
-    after[inner - 1] = False
-    return np.flatnonzero(word & ~before), np.flatnonzero(word & ~after) + 1
 
 
 def _interleaved(parts: list[tuple[np.ndarray, TokenHashes]], num_docs: int) -> TokenHashes:
@@ -316,11 +291,3 @@ def ngram_hashes(tokens: TokenHashes, n: int) -> tuple[np.ndarray, np.ndarray]:
     return acc[valid], starts[valid]
 
 
-def mix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser (Steele et al. 2014): spreads every input bit over the output."""
-    with np.errstate(over="ignore"):
-        x = x ^ (x >> np.uint64(30))
-        x = x * np.uint64(0xBF58476D1CE4E5B9)
-        x = x ^ (x >> np.uint64(27))
-        x = x * np.uint64(0x94D049BB133111EB)
-        return x ^ (x >> np.uint64(31))

@@ -68,28 +68,6 @@ def test_empty_documents_get_empty_signatures_and_never_pair() -> None:
     assert len(a) == 0
 
 
-@pytest.mark.parametrize("lengths", [[8], [9], [3, 8, 2], [3, 9, 2], [0, 25, 0, 1, 16, 17], [40, 40]])
-def test_signatures_are_the_minimum_over_each_whole_document_at_and_past_the_block(monkeypatch, lengths) -> None:
-    """Blocks of 8 shingles: a document of 8 fits one block, of 9 or more is taken in block-wide
-    slices (a 10 MB document used to take a buffer of 120 permutations x all its shingles, ~1 GB):
-    either way each slot is the minimum of (a x + b) mod 2^32 over the document's shingles."""
-    from ito_assets.data import minhash
-    from ito_assets.data.minhash import Shingles
-
-    monkeypatch.setattr(minhash, "BLOCK_SHINGLES", 8)
-    rng = np.random.default_rng(len(lengths))
-    hashes = rng.integers(0, 2**64, size=sum(lengths), dtype=np.uint64)
-    shingles = Shingles(hashes=hashes, offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
-    hasher = MinHasher(num_perm=16, seed=3)
-    a, b = hasher._params()
-    x = (hashes >> np.uint64(32)).astype(np.uint32)
-    expected = np.full((len(lengths), 16), EMPTY, dtype=np.uint32)
-    for doc, (start, end) in enumerate(zip(shingles.offsets[:-1], shingles.offsets[1:])):
-        for shingle in x[start:end]:
-            expected[doc] = np.minimum(expected[doc], (a[:, 0] * shingle + b[:, 0]).astype(np.uint32))
-    assert np.array_equal(hasher.signatures(shingles), expected)
-
-
 def test_near_duplicates_are_removed_against_the_kept_document() -> None:
     rng = random.Random(11)
     original = random_text(rng, 200)

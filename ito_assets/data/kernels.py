@@ -1,0 +1,159 @@
+"""The per-byte and per-shingle loops of deduplication: word hashes and MinHash signatures.
+
+Each runs in C (`_kernels.c`, built at install where a C compiler is found) or, without it, in
+numpy; both give the same numbers (tests/data/test_kernels.py holds them equal). numpy runs these
+loops as whole arrays per byte of text or per (permutation, shingle), which cost more than the
+work: on the short corpus of benchmarks/dedup_speed.py (60,000 documents of 100-600 bytes, 3.05 M
+shingles, 2-core AMD EPYC) the C word hashes took 0.05 s against numpy's 0.27-0.39 s, the C MinHash
+0.05 s (60-80 M shingles/s with AVX2) against 0.25-0.35 s. numba ran the same loops as fast but
+cost 0.5 s to import and 0.7 s at its first call in every process (its cache loaded), more than
+it saved on a step's work.
+
+A word's hash: its lower-cased UTF-8 bytes folded 8 at a time, little-endian, the last block
+padded with zeros (h = (h ^ block) * WORD_PRIME; h ^= h >> 32), from WORD_SEED, then
+`mix64(h ^ length)`. Fixed here, not a library's hash, so it never changes with an upgrade.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+try:
+    from ito_assets.data import _kernels as _native
+except ImportError:  # built without a C compiler: the numpy versions below
+    _native = None
+
+NATIVE = _native is not None
+WORD_SEED = np.uint64(0x243F6A8885A308D3)
+WORD_PRIME = np.uint64(0x9E3779B97F4A7C15)
+EMPTY = np.uint32(0xFFFFFFFF)
+# The numpy MinHash works on blocks of whole documents holding about this many shingles, so its
+# (P, block) buffer stays in cache: 4,096 x 120 permutations x 4 bytes = ~2 MB, about an L2 cache
+# (measured fastest between 2k and 8k on x86-64). A longer document is taken in block-wide slices.
+BLOCK_SHINGLES = 4096
+
+
+def mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser (Steele et al. 2014): spreads every input bit over the output."""
+    with np.errstate(over="ignore"):
+        x = x ^ (x >> np.uint64(30))
+        x = x * np.uint64(0xBF58476D1CE4E5B9)
+        x = x ^ (x >> np.uint64(27))
+        x = x * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+def _word_positions(starts: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(starts, dtype=np.int64)
+
+
+def hash_word_bytes(data: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """(T,) uint64: the hash of each word data[starts[i]:starts[i + 1]] (bytes as they are: the
+    caller lower-cases them)."""
+    data, starts = np.ascontiguousarray(data, dtype=np.uint8), _word_positions(starts)
+    if not NATIVE:
+        return numpy_hash_word_bytes(data, starts)
+    out = np.empty(max(len(starts) - 1, 0), dtype=np.uint64)
+    _native.hash_word_bytes(data, starts, out)
+    return out
+
+
+def ascii_word_hashes(data: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The words of ASCII texts laid end to end in `data` (text i is data[bounds[i]:bounds[i + 1]]):
+    runs of [0-9A-Za-z] (what `[^\\W_]+` matches in ASCII) inside one text, lower cased and hashed
+    -> (hashes (T,) uint64, offsets (N + 1,) int64: text i's words are hashes[offsets[i]:offsets[i + 1]])."""
+    data, bounds = np.ascontiguousarray(data, dtype=np.uint8), _word_positions(bounds)
+    if not NATIVE:
+        return numpy_ascii_word_hashes(data, bounds)
+    # A word and the byte after it: no more words than half the bytes, one more per text.
+    hashes = np.empty((len(data) + len(bounds)) // 2 + 1, dtype=np.uint64)  # pages never written are never touched
+    offsets = np.empty(len(bounds), dtype=np.int64)
+    words = _native.ascii_word_hashes(data, bounds, hashes, offsets)
+    return hashes[:words].copy(), offsets
+
+
+def minhash(x: np.ndarray, offsets: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """(N, P) uint32: row d is the minimum over document d's shingles x[offsets[d]:offsets[d + 1]]
+    of (a * x + b) mod 2^32 for each of the P permutations (a, b); EMPTY where it has none."""
+    x, offsets = np.ascontiguousarray(x, dtype=np.uint32), _word_positions(offsets)
+    a, b = np.ascontiguousarray(a, dtype=np.uint32), np.ascontiguousarray(b, dtype=np.uint32)
+    if not NATIVE:
+        return numpy_minhash(x, offsets, a, b)
+    out = np.empty((len(offsets) - 1, len(a)), dtype=np.uint32)
+    _native.minhash(x, offsets, a, b, out)
+    return out
+
+
+# The numpy versions: what runs without the C kernels, and what the tests hold them to.
+
+def numpy_hash_word_bytes(data: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    lengths = np.diff(starts)
+    h = np.full(len(lengths), WORD_SEED, dtype=np.uint64)
+    padded = np.zeros(len(data) + 8, dtype=np.uint8)
+    padded[: len(data)] = data
+    # Element i is the 8 bytes from byte i on, little-endian (an unaligned, overlapping view).
+    at_byte = np.ndarray(shape=(len(padded) - 7,), dtype="<u8", buffer=padded, strides=(1,))
+    active, k = np.flatnonzero(lengths > 0), 0
+    with np.errstate(over="ignore"):
+        while len(active):
+            block = at_byte[starts[active] + 8 * k].astype(np.uint64)
+            left = lengths[active] - 8 * k
+            tail = left < 8
+            block[tail] &= (np.uint64(1) << (np.uint64(8) * left[tail].astype(np.uint64))) - np.uint64(1)
+            folded = (h[active] ^ block) * WORD_PRIME
+            h[active] = folded ^ (folded >> np.uint64(32))
+            k += 1
+            active = active[left > 8]
+    return mix64(h ^ lengths.astype(np.uint64))
+
+
+def numpy_ascii_word_hashes(data: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    data = data[bounds[0] : bounds[-1]] if len(bounds) else data[:0]
+    bounds = bounds - bounds[0] if len(bounds) else bounds
+    letter = ((data | np.uint8(0x20)) - np.uint8(ord("a"))) < np.uint8(26)  # uint8 arithmetic wraps below "a"
+    word = letter | ((data - np.uint8(ord("0"))) < np.uint8(10))
+    inner = bounds[1:-1]
+    inner = inner[(inner > 0) & (inner < len(word))]
+    before = np.zeros(len(word), dtype=bool)
+    before[1:] = word[:-1]
+    before[inner] = False  # a word never runs on across a text's start
+    after = np.zeros(len(word), dtype=bool)
+    after[:-1] = word[1:]
+    after[inner - 1] = False
+    starts, ends = np.flatnonzero(word & ~before), np.flatnonzero(word & ~after) + 1
+    packed = np.zeros(len(starts) + 1, dtype=np.int64)
+    np.cumsum(ends - starts, out=packed[1:])
+    lowered = (data | np.uint8(0x20))[word]  # digits have the bit already
+    offsets = np.searchsorted(starts, bounds) if len(bounds) else np.zeros(0, dtype=np.int64)
+    return numpy_hash_word_bytes(lowered, packed), offsets.astype(np.int64)
+
+
+def numpy_minhash(x: np.ndarray, offsets: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a, b = a[:, None], b[:, None]
+    lengths = np.diff(offsets)
+    out = np.full((len(a), len(lengths)), EMPTY, dtype=np.uint32)
+    nonempty = np.flatnonzero(lengths > 0)
+    starts = offsets[:-1]
+    nonempty_starts = starts[nonempty]
+    buffer = np.empty((len(a), BLOCK_SHINGLES), dtype=np.uint32)
+    i = 0
+    while i < len(nonempty):
+        # A block of whole documents with about BLOCK_SHINGLES shingles (at least one document).
+        first = nonempty_starts[i]
+        j = max(int(np.searchsorted(nonempty_starts, first + BLOCK_SHINGLES, side="right")) - 1, i + 1)
+        docs = nonempty[i:j]
+        stop = offsets[docs[-1] + 1]
+        if stop - first <= BLOCK_SHINGLES:
+            block = buffer[:, : int(stop - first)]
+            np.multiply(a, x[first:stop][None, :], out=block)
+            np.add(block, b, out=block)
+            out[:, docs] = np.minimum.reduceat(block, starts[docs] - first, axis=1)
+        else:  # one document longer than a block: the minimum of its block-wide slices
+            for low in range(int(first), int(stop), BLOCK_SHINGLES):
+                high = min(int(stop), low + BLOCK_SHINGLES)
+                block = buffer[:, : high - low]
+                np.multiply(a, x[low:high][None, :], out=block)
+                np.add(block, b, out=block)
+                np.minimum(out[:, docs[0]], block.min(axis=1), out=out[:, docs[0]])
+        i = j
+    return out.T.copy()

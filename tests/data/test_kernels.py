@@ -1,0 +1,146 @@
+"""The C kernels and their numpy versions: the same numbers, each against a plain Python oracle."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ito_assets.data import kernels
+from ito_assets.data.kernels import EMPTY, WORD_PRIME, WORD_SEED
+
+native = pytest.mark.skipif(not kernels.NATIVE, reason="the C kernels are not built here (no C compiler at install): numpy's run")
+IMPLEMENTATIONS = [pytest.param(True, id="C", marks=native), pytest.param(False, id="numpy")]
+MASK = (1 << 64) - 1
+
+
+def python_word_hash(word: bytes) -> int:
+    """The word hash as kernels.py's docstring states it, in Python integers."""
+    h = int(WORD_SEED)
+    for low in range(0, len(word), 8):
+        h = ((h ^ int.from_bytes(word[low : low + 8], "little")) * int(WORD_PRIME)) & MASK
+        h ^= h >> 32
+    h ^= len(word)
+    h ^= h >> 30
+    h = (h * 0xBF58476D1CE4E5B9) & MASK
+    h ^= h >> 27
+    h = (h * 0x94D049BB133111EB) & MASK
+    return h ^ (h >> 31)
+
+
+@pytest.fixture(params=IMPLEMENTATIONS)
+def use_c(request, monkeypatch) -> bool:
+    monkeypatch.setattr(kernels, "NATIVE", request.param)
+    return request.param
+
+
+def packed(words: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    starts = np.zeros(len(words) + 1, dtype=np.int64)
+    np.cumsum([len(w) for w in words], out=starts[1:])
+    return np.frombuffer(b"".join(words), dtype=np.uint8), starts
+
+
+def test_the_word_hash_is_fixed() -> None:
+    """Pinned values: the hash is this project's, so a change to it shows here, not as other
+    near-duplicates after an upgrade."""
+    assert python_word_hash(b"") == 0xE9E0033E3BADAF36
+    assert python_word_hash(b"abc") == 0xFF5736F40C2D7C0E
+
+
+@pytest.mark.parametrize("length", [0, 1, 7, 8, 9, 15, 16, 17, 64])
+def test_words_at_and_past_a_block_hash_as_stated(use_c, length) -> None:
+    """Words of 7, 8 and 9 bytes: the last block padded, whole, and one byte into the next."""
+    words = [bytes(97 + i % 26 for i in range(length)), b"x" * length, "é".encode() * length]
+    assert kernels.hash_word_bytes(*packed(words)).tolist() == [python_word_hash(w) for w in words]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.binary(max_size=40), max_size=30))
+def test_word_hashes_of_any_bytes_match_the_statement(words) -> None:
+    expected = [python_word_hash(w) for w in words]
+    assert kernels.numpy_hash_word_bytes(*packed(words)).tolist() == expected
+    if kernels.NATIVE:
+        assert kernels.hash_word_bytes(*packed(words)).tolist() == expected
+
+
+ASCII_TEXT = st.text(alphabet=st.sampled_from(list("aZ09 _-.\n(xyQ")), max_size=40)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(ASCII_TEXT, max_size=12))
+def test_ascii_words_are_the_regex_words_lower_cased_within_each_text(texts) -> None:
+    """Texts laid end to end with no separator: a word at the end of one text and one at the start
+    of the next stay two words."""
+    data, bounds = packed([t.encode() for t in texts])
+    expected_words = [re.findall(r"[0-9A-Za-z]+", t) for t in texts]
+    expected = [python_word_hash(w.lower().encode()) for words in expected_words for w in words]
+    offsets = np.concatenate([[0], np.cumsum([len(w) for w in expected_words])]).tolist()
+    implementations = [kernels.numpy_ascii_word_hashes] + ([] if not kernels.NATIVE else [kernels.ascii_word_hashes])
+    for implementation in implementations:
+        hashes, found = implementation(data, bounds)
+        assert hashes.tolist() == expected and found.tolist() == offsets
+
+
+def test_ascii_words_of_a_slice_of_the_bytes(use_c) -> None:
+    """Bounds need not start at 0: the bytes before the first text are no text's."""
+    data = np.frombuffer(b"skip Me|One two|", dtype=np.uint8)
+    hashes, offsets = kernels.ascii_word_hashes(data, np.array([8, 12, 16]))
+    assert hashes.tolist() == [python_word_hash(w) for w in (b"one", b"two")] and offsets.tolist() == [0, 1, 2]
+
+
+def brute_minhash(x: np.ndarray, offsets: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    expected = np.full((len(offsets) - 1, len(a)), EMPTY, dtype=np.uint32)
+    for doc, (start, end) in enumerate(zip(offsets[:-1], offsets[1:])):
+        for shingle in x[start:end].tolist():
+            expected[doc] = np.minimum(expected[doc], ((a.astype(np.uint64) * shingle + b) % 2**32).astype(np.uint32))
+    return expected
+
+
+@pytest.mark.parametrize("lengths", [[], [0], [8], [9], [3, 8, 2], [3, 9, 2], [0, 25, 0, 1, 16, 17], [40, 40]])
+def test_signatures_are_the_minimum_over_each_whole_document(use_c, monkeypatch, lengths) -> None:
+    """numpy's blocks of 8 shingles: a document of 8 fits one block, of 9 or more is taken in
+    block-wide slices; either way (and in C) each slot is the minimum of (a x + b) mod 2^32 over
+    the document's shingles, EMPTY for a document without any."""
+    monkeypatch.setattr(kernels, "BLOCK_SHINGLES", 8)
+    rng = np.random.default_rng(len(lengths))
+    x = rng.integers(0, 2**32, size=sum(lengths), dtype=np.uint64).astype(np.uint32)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    a = rng.integers(0, 2**32, size=16, dtype=np.uint64).astype(np.uint32) | np.uint32(1)
+    b = rng.integers(0, 2**32, size=16, dtype=np.uint64).astype(np.uint32)
+    x[:2] = [0, 2**32 - 1] if len(x) >= 2 else x[:2]  # the ends of the universe
+    assert np.array_equal(kernels.minhash(x, offsets, a, b), brute_minhash(x, offsets, a, b))
+
+
+@native
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda k: k.ascii_word_hashes(np.zeros(4, np.uint8), np.array([0, 5]), np.zeros(4, np.uint64), np.zeros(2, np.int64)), "within data"),
+        (lambda k: k.ascii_word_hashes(np.zeros(4, np.uint8), np.array([3, 1, 4]), np.zeros(4, np.uint64), np.zeros(3, np.int64)), "ascending"),
+        (lambda k: k.ascii_word_hashes(np.zeros(4, np.uint8), np.array([0, 4]), np.zeros(4, np.uint64), np.zeros(3, np.int64)), "offsets N\\+1"),
+        (lambda k: k.ascii_word_hashes(np.frombuffer(b"a b c", np.uint8), np.array([0, 5]), np.zeros(2, np.uint64), np.zeros(2, np.int64)),
+         "fewer items"),
+        (lambda k: k.ascii_word_hashes(np.zeros(4, np.uint8), np.array([0, 4]), np.zeros(4, np.uint64).tobytes(), np.zeros(2, np.int64)),
+         "writable"),
+        (lambda k: k.hash_word_bytes(np.zeros(4, np.uint8), np.array([0, 9]), np.zeros(1, np.uint64)), "within data"),
+        (lambda k: k.hash_word_bytes(np.zeros(4, np.uint8), np.array([2, 1]), np.zeros(1, np.uint64)), "ascending"),
+        (lambda k: k.hash_word_bytes(np.zeros(4, np.uint8), np.array([0, 1]), np.zeros(2, np.uint64)), "T long"),
+        (lambda k: k.minhash(np.zeros(3, np.uint32), np.array([0, 4]), np.ones(2, np.uint32), np.ones(2, np.uint32), np.zeros(2, np.uint32)),
+         "within x"),
+        (lambda k: k.minhash(np.zeros(3, np.uint32), np.array([2, 1]), np.ones(2, np.uint32), np.ones(2, np.uint32), np.zeros(2, np.uint32)),
+         "ascending"),
+        (lambda k: k.minhash(np.zeros(3, np.uint32), np.array([0, 3]), np.ones(2, np.uint32), np.ones(3, np.uint32), np.zeros(2, np.uint32)),
+         "P long"),
+        (lambda k: k.minhash(np.zeros(3, np.uint32), np.array([0, 3]), np.ones(2, np.uint32), np.ones(2, np.uint32), np.zeros(3, np.uint32)),
+         "N\\*P"),
+        (lambda k: k.minhash(np.zeros(3, np.uint8), np.array([0, 3]), np.ones(2, np.uint32), np.ones(2, np.uint32), np.zeros(2, np.uint32)),
+         "4-byte items"),
+    ],
+)
+def test_the_c_kernels_refuse_arrays_that_do_not_fit(call, message) -> None:
+    """Out-of-range positions and short outputs are refused before any byte is read or written."""
+    with pytest.raises((ValueError, TypeError, BufferError), match=message):
+        call(kernels._native)
