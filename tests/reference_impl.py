@@ -1,8 +1,9 @@
 """The reference implementation of deduplication and decontamination: each step on whole frames in
 memory, composed from the same building blocks as the production path. It is the oracle the data
-tests compare the production path with, and the baseline the data benchmarks measure it against;
-it is NOT a production path: the Dagster data assets run `ito_assets.data.stages`, which streams
-work units (`dedup_units`, `decontam_units`) with memory bounded by the units, not the corpus.
+tests compare the streamed production path with (`dedup_units`, `decontam_units`, memory bounded
+by the units, not the corpus), and the baseline the data benchmarks measure it against.
+Deduplication's is the composition the data step itself runs on a corpus that fits in memory
+(`dedup_memory.deduplicate_frame`); decontamination's is not a production path.
 
 Importable as `reference_impl` by the tests (tests/ is on pytest's pythonpath) and by the
 benchmarks (each puts tests/ on sys.path).
@@ -16,26 +17,19 @@ from ito_assets.data import clean
 from ito_assets.data.config import DecontamConfig, DedupConfig
 from ito_assets.data.decontam import (ScanCounts, candidate_documents, common_seeds, hits_of, seed_frequency,
                                       seed_matches)
-from ito_assets.data.dedup import FAMILY_SCHEMA, KEPT, NEAR_SCHEMA, DedupCounts, counts_of, decide
+from ito_assets.data.dedup import KEPT, DedupCounts
+from ito_assets.data.dedup_memory import deduplicate_frame
 from ito_assets.data.eval_index import EvalIndex
-from ito_assets.data.exact_dedup import exact_duplicates, in_keep_order
-from ito_assets.data.minhash import MinHasher
-from ito_assets.data.near_dedup import near_duplicates
+from ito_assets.data.exact_dedup import in_keep_order
 from ito_assets.data.text import token_hashes
 
 
 def deduplicate(docs: pl.DataFrame, config: DedupConfig, tiers: pl.DataFrame | None = None) -> tuple[pl.DataFrame, DedupCounts]:
     """docs (DOCUMENT_SCHEMA) -> (one decision row per document in DEDUP_SCHEMA, counters);
-    `tiers` (doc_id, tier): the contaminated documents, which come last in the keep order."""
-    ordered = in_keep_order(docs, tiers)
-    representatives, copies, exact_counts = exact_duplicates(ordered)
-    hasher = MinHasher(num_perm=config.num_perm, seed=config.seed)
-    signatures, shingles = hasher.signatures_of_texts(representatives["text"], config.shingle_size)
-    removals, families, near_counts = near_duplicates(signatures, shingles, config)
-    ids = representatives["doc_id"]
-    near = pl.DataFrame({"doc_id": ids.gather(removals.removed), "near_of": ids.gather(removals.kept), "near_similarity": removals.similarity}, schema=NEAR_SCHEMA)
-    family = pl.DataFrame({"doc_id": ids.gather(families.member), "family_of": ids.gather(families.root)}, schema=FAMILY_SCHEMA)
-    return decide(ordered, copies, near, family), counts_of(exact_counts, near_counts)
+    `tiers` (doc_id, tier): the contaminated documents, which come last in the keep order. The
+    composition the data step runs in memory (`dedup_memory`), without its files."""
+    decisions, _, _, counts = deduplicate_frame(docs, config, tiers)
+    return decisions, counts
 
 
 def kept_documents(docs: pl.DataFrame, decisions: pl.DataFrame, tiers: pl.DataFrame | None = None) -> pl.DataFrame:

@@ -8,6 +8,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__) && !defined(__clang__)
@@ -216,7 +217,154 @@ static PyObject *minhash(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* shingle_hashes(tokens: u64 (T), token_offsets: i64 (N+1), k, multipliers: u64 (M), offsets: i64 (N+1),
+ * out: u64 out (S)): each document's word k-grams, hashed as text.ngram_hashes does (for n words:
+ * n + n(n-1)/2 + sum_j w[j] * multipliers[j % M], then mix64); a document of 1 to k-1 words has one
+ * shingle, all its words (n = its length). `offsets` is where each document's shingles go. */
+static PyObject *shingle_hashes(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *objs[5];
+    Py_ssize_t k;
+    Buf b[5];
+    memset(b, 0, sizeof b);
+    if (!PyArg_ParseTuple(args, "OOnOOO", &objs[0], &objs[1], &k, &objs[2], &objs[3], &objs[4])) return NULL;
+    if (take(objs[0], &b[0], 8, 0, "tokens") || take(objs[1], &b[1], 8, 0, "token_offsets") || take(objs[2], &b[2], 8, 0, "multipliers") ||
+        take(objs[3], &b[3], 8, 0, "offsets") || take(objs[4], &b[4], 8, 1, "out")) {
+        release(b, 5);
+        return NULL;
+    }
+    const uint64_t *tokens = b[0].view.buf, *mult = b[2].view.buf;
+    const int64_t *starts = b[1].view.buf, *offsets = b[3].view.buf;
+    uint64_t *out = b[4].view.buf;
+    Py_ssize_t num_docs = b[1].view.len / 8 - 1, num_mult = b[2].view.len / 8, num_tokens = b[0].view.len / 8, num_out = b[4].view.len / 8;
+    int bad = k < 1 || num_mult < 1 || num_docs < 0 || b[3].view.len / 8 != num_docs + 1 || (num_docs >= 0 && (starts[0] < 0 || offsets[0] != 0));
+    for (Py_ssize_t d = 0; !bad && d < num_docs; d++) {
+        int64_t length = starts[d + 1] - starts[d];
+        int64_t count = length >= k ? length - k + 1 : (length > 0);
+        bad = length < 0 || starts[d + 1] > num_tokens || offsets[d + 1] - offsets[d] != count;
+    }
+    if (bad || (num_docs >= 0 && offsets[num_docs] != num_out)) {
+        release(b, 5);
+        PyErr_SetString(PyExc_ValueError, "token_offsets must be N+1 ascending positions within tokens, offsets each document's shingles, out S long");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t d = 0; d < num_docs; d++) {
+        int64_t first = starts[d], length = starts[d + 1] - first;
+        int64_t n = length >= k ? k : length, count = offsets[d + 1] - offsets[d];
+        uint64_t base = (uint64_t)n + (uint64_t)(n * (n - 1) / 2);
+        for (int64_t s = 0; s < count; s++) {
+            uint64_t acc = base;
+            for (int64_t j = 0; j < n; j++) acc += tokens[first + s + j] * mult[j % num_mult];
+            out[offsets[d] + s] = mix64(acc);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    release(b, 5);
+    Py_RETURN_NONE;
+}
+
+static int compare_u64(const void *x, const void *y) {
+    uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
+    return (a > b) - (a < b);
+}
+
+/* Short segments (most documents' shingles) by insertion sort, long ones by qsort. */
+static void sort_u64(uint64_t *v, int64_t n) {
+    if (n > 32) {
+        qsort(v, (size_t)n, sizeof *v, compare_u64);
+        return;
+    }
+    for (int64_t i = 1; i < n; i++) {
+        uint64_t x = v[i];
+        int64_t j = i - 1;
+        for (; j >= 0 && v[j] > x; j--) v[j + 1] = v[j];
+        v[j + 1] = x;
+    }
+}
+
+/* sorted_sets(values: u64 in out (S), offsets: i64 (M+1), kept: i64 out (M+1)) -> unique values
+ * Each segment values[offsets[i]:offsets[i+1]] sorted and its repeats dropped, in place: segment i
+ * then holds values[kept[i]:kept[i+1]]. */
+static PyObject *sorted_sets(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *objs[3];
+    Buf b[3];
+    memset(b, 0, sizeof b);
+    if (!PyArg_ParseTuple(args, "OOO", &objs[0], &objs[1], &objs[2])) return NULL;
+    if (take(objs[0], &b[0], 8, 1, "values") || take(objs[1], &b[1], 8, 0, "offsets") || take(objs[2], &b[2], 8, 1, "kept")) {
+        release(b, 3);
+        return NULL;
+    }
+    uint64_t *values = b[0].view.buf;
+    const int64_t *offsets = b[1].view.buf;
+    int64_t *kept = b[2].view.buf;
+    Py_ssize_t num = b[1].view.len / 8 - 1;
+    int bad = num < 0 || b[2].view.len / 8 != num + 1 || (num >= 0 && (offsets[0] != 0 || offsets[num] > b[0].view.len / 8));
+    for (Py_ssize_t i = 0; !bad && i < num; i++) bad = offsets[i] > offsets[i + 1];
+    if (bad) {
+        release(b, 3);
+        PyErr_SetString(PyExc_ValueError, "offsets must be M+1 ascending positions within values from 0, kept M+1 long");
+        return NULL;
+    }
+    int64_t out = 0;
+    Py_BEGIN_ALLOW_THREADS
+    if (num >= 0) kept[0] = 0;
+    for (Py_ssize_t i = 0; i < num; i++) {
+        int64_t low = offsets[i], n = offsets[i + 1] - low;
+        sort_u64(values + low, n);
+        for (int64_t j = 0; j < n; j++)
+            if (j == 0 || values[low + j] != values[low + j - 1]) values[out++] = values[low + j];
+        kept[i + 1] = out;
+    }
+    Py_END_ALLOW_THREADS
+    release(b, 3);
+    return PyLong_FromLongLong(out);
+}
+
+/* pair_jaccard(sets: u64 (S), offsets: i64 (M+1), a: i64 (K), b: i64 (K), out: f64 out (K)): the
+ * Jaccard of the sorted, unique sets a[i] and b[i] (0 where both are empty). */
+static PyObject *pair_jaccard(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *objs[5];
+    Buf b[5];
+    memset(b, 0, sizeof b);
+    if (!PyArg_ParseTuple(args, "OOOOO", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4])) return NULL;
+    if (take(objs[0], &b[0], 8, 0, "sets") || take(objs[1], &b[1], 8, 0, "offsets") || take(objs[2], &b[2], 8, 0, "a") ||
+        take(objs[3], &b[3], 8, 0, "b") || take(objs[4], &b[4], 8, 1, "out")) {
+        release(b, 5);
+        return NULL;
+    }
+    const uint64_t *sets = b[0].view.buf;
+    const int64_t *offsets = b[1].view.buf, *first = b[2].view.buf, *second = b[3].view.buf;
+    double *out = b[4].view.buf;
+    Py_ssize_t num_sets = b[1].view.len / 8 - 1, num_pairs = b[2].view.len / 8;
+    int bad = num_sets < 0 || b[3].view.len / 8 != num_pairs || b[4].view.len / 8 != num_pairs ||
+              (num_sets >= 0 && (offsets[0] < 0 || offsets[num_sets] > b[0].view.len / 8));
+    for (Py_ssize_t i = 0; !bad && i < num_sets; i++) bad = offsets[i] > offsets[i + 1];
+    for (Py_ssize_t i = 0; !bad && i < num_pairs; i++) bad = first[i] < 0 || first[i] >= num_sets || second[i] < 0 || second[i] >= num_sets;
+    if (bad) {
+        release(b, 5);
+        PyErr_SetString(PyExc_ValueError, "offsets must be M+1 ascending positions within sets, a and b K sets each, out K long");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < num_pairs; i++) {
+        int64_t x = offsets[first[i]], x_end = offsets[first[i] + 1], y = offsets[second[i]], y_end = offsets[second[i] + 1];
+        int64_t both = 0, size = (x_end - x) + (y_end - y);
+        while (x < x_end && y < y_end) {
+            if (sets[x] < sets[y]) x++;
+            else if (sets[x] > sets[y]) y++;
+            else { both++; x++; y++; }
+        }
+        out[i] = size > both ? (double)both / (double)(size - both) : 0.0;
+    }
+    Py_END_ALLOW_THREADS
+    release(b, 5);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"sorted_sets", sorted_sets, METH_VARARGS, "Each segment sorted, its repeats dropped, in place."},
+    {"pair_jaccard", pair_jaccard, METH_VARARGS, "The Jaccard of pairs of sorted sets."},
+    {"shingle_hashes", shingle_hashes, METH_VARARGS, "Word k-gram hashes of each document."},
     {"ascii_word_hashes", ascii_word_hashes, METH_VARARGS, "Word hashes of ASCII texts laid end to end."},
     {"hash_word_bytes", hash_word_bytes, METH_VARARGS, "The hash of each word's bytes."},
     {"minhash", minhash, METH_VARARGS, "MinHash signatures of shingle lists."},

@@ -208,6 +208,11 @@ class ScaleConfig:
       its own DuckDB under `partition_memory_mb`. Measured on this project's 2-core VM: 20M band
       rows (1M documents of 20 bands) joined in 4.6 s under a 512 MB cap on one thread, so a
       partition is seconds of work, never a node's memory.
+    - in_memory_mb 32: with one worker, a corpus of at most this many MB of text is deduplicated
+      in the step's memory (`dedup_memory`), without the streamed path's files and joins; 0
+      always streams. Measured on 20.9 MB of short documents (benchmarks/dedup_speed.py): the
+      step's peak 330 MB above the interpreter's, about 16x the text, against 230 MB streamed;
+      so 32 MB of text stays near 0.5 GB.
     """
 
     unit_bytes: int = 8 * 2**20
@@ -216,6 +221,7 @@ class ScaleConfig:
     pair_batch: int = 16_384
     engine: str = "local"
     partition_rows: int = 16_000_000
+    in_memory_mb: int = 32
 
     @property
     def duckdb_threads(self) -> int:
@@ -233,6 +239,7 @@ class ScaleConfig:
         _require(self.memory_limit_mb >= MIN_MB_PER_DUCKDB_THREAD, "memory_limit_mb", f"must be at least {MIN_MB_PER_DUCKDB_THREAD} (DuckDB's floor for one thread)")
         _require(self.pair_batch >= 1, "pair_batch", "must be positive")
         _require(self.partition_rows >= 1, "partition_rows", "must be positive")
+        _require(self.in_memory_mb >= 0, "in_memory_mb", "must be 0 or more")
         _require(self.engine in ENGINES, "engine", f"must be one of {', '.join(ENGINES)}")
 
 

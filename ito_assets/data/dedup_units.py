@@ -37,8 +37,10 @@ import pyarrow.parquet as pq
 
 from ito_assets.data.band_join import near_duplicates_out_of_core, num_partitions, write_band_rows
 from ito_assets.data.bucket_sort import GatherTask, bucket_sort, gathered, place, placed_rows, spread_shard, spread_tasks
-from ito_assets.data.config import DedupConfig
+from ito_assets.data.completion import LOGGER
+from ito_assets.data.config import DedupConfig, ScaleConfig
 from ito_assets.data.dedup import DEDUP_SCHEMA, DedupCounts, counts_of, decide, family_ids, near_ids
+from ito_assets.data.dedup_memory import deduplicate_in_memory, text_bytes
 from ito_assets.data.exact_units import exact_copies, source_digests
 from ito_assets.data.minhash import MinHasher
 from ito_assets.data.near_dedup import Families, Removals, band_rows
@@ -54,7 +56,7 @@ REPRESENTATIVES_SQL = "SELECT k.* FROM keys k ANTI JOIN copies USING (doc_id)"
 # the near-duplicates removed: what `kept_frames` reads.
 REPRESENTATIVES_FILE = "representatives.parquet"
 REPRESENTATIVES_PARTS = "representatives.json"  # on a pool: the side file's parts, in keep order
-REMOVED_FILE = "removed.npy"
+REMOVED_FILE = "removed.npz"
 
 
 @dataclass(frozen=True)
@@ -159,9 +161,18 @@ def deduplicate_units(
 ) -> tuple[Shard, DedupCounts]:
     """Source shards, verified against their digests by the caller -> (the decisions file: one row per document in DEDUP_SCHEMA, keep order;
     counters); leaves the representatives' rows and removals in the scratch folder for
-    `kept_frames`. `tiers` (doc_id, tier): the contaminated documents, last in the keep order."""
-    # One pool for the phases: a worker's start (imports) is paid once.
+    `kept_frames`. `tiers` (doc_id, tier): the contaminated documents, last in the keep order.
+    A corpus of at most `in_memory_mb` of text, with one worker, goes through `dedup_memory`."""
     with worker_pool(scratch.scale.num_workers, scratch.scale.engine) as pool:
+        if in_memory(shards, scratch.scale):
+            LOGGER.info("[dedup] in memory: %s MB of text in %s documents (in_memory_mb %d)",
+                        f"{text_bytes(shards, scratch.scale.in_memory_mb * 2**20) / 2**20:,.1f}", f"{sum(s.num_rows for s in shards):,}",
+                        scratch.scale.in_memory_mb)
+            decisions, removals, num_representatives, counts = deduplicate_in_memory(
+                shards, config, decisions_path, scratch.folder / REPRESENTATIVES_FILE, store=store, tiers=tiers)
+            save_removals(scratch, removals, num_representatives)
+            return decisions, counts
+        # One pool for the phases: a worker's start (imports) is paid once.
         exact_counts = exact_copies(scratch, shards, tiers)
         if pool is None:
             frames = written_aside(representative_frames(scratch, [s.path for s in shards]), scratch.folder / REPRESENTATIVES_FILE)
@@ -177,11 +188,29 @@ def deduplicate_units(
                   markers=markers, phase="dedup signatures", known=unit_digests)
         removals, families, near_counts = near_duplicates_out_of_core(
             scratch, pool, band_files, folder, [u.first for u in units], markers.digest(), partitions, exact_counts.num_distinct_texts, config)
-    np.save(scratch.folder / REMOVED_FILE, removals.removed)
+    save_removals(scratch, removals, exact_counts.num_distinct_texts)
     scratch.reconnect()
     decisions = write_table_batches(record_batches(decision_frames(scratch, removals, families), DEDUP_SCHEMA), decisions_path, store=store)
     scratch.reconnect()
     return decisions, counts_of(exact_counts, near_counts)
+
+
+def in_memory(shards: Sequence[Shard], scale: ScaleConfig) -> bool:
+    """Whether `deduplicate_units` takes the shards in memory: one worker, and at most
+    `in_memory_mb` of text."""
+    limit = scale.in_memory_mb * 2**20
+    return scale.in_memory_mb > 0 and scale.num_workers == 1 and scale.engine == "local" and text_bytes(shards, limit) <= limit
+
+
+def save_removals(scratch: Scratch, removals: Removals, num_representatives: int) -> None:
+    """The positions of the near-duplicates among the representatives, and how many
+    representatives there are (what the side file must hold): what `kept_frames` filters by."""
+    np.savez(scratch.folder / REMOVED_FILE, removed=removals.removed, num_representatives=np.int64(num_representatives))
+
+
+def load_removals(scratch: Scratch) -> tuple[np.ndarray, int]:
+    with np.load(scratch.folder / REMOVED_FILE) as saved:
+        return saved["removed"], int(saved["num_representatives"])
 
 
 def decision_frames(scratch: Scratch, removals: Removals, families: Families) -> Iterator[pl.DataFrame]:
@@ -202,12 +231,11 @@ def kept_frames(scratch: Scratch) -> Iterator[pl.DataFrame]:
     at the positions of the near-duplicates removed."""
     path, parts = scratch.folder / REPRESENTATIVES_FILE, representative_parts(scratch)
     paths = [str(path)] if path.exists() else [part["path"] for part in parts] if parts is not None else []
-    removed = np.load(scratch.folder / REMOVED_FILE)
+    removed, num_representatives = load_removals(scratch)
     first = 0
     for frame in parquet_frames(paths, list(DOCUMENT_SCHEMA)):
         kept = ~np.isin(np.arange(first, first + frame.height), removed, assume_unique=True)
         first += frame.height
         # Compacted: the shard writer holds up to a shard of these, not the batches they came from.
         yield compacted(frame.filter(pl.Series(kept))).cast(DOCUMENT_SCHEMA)
-    num_representatives = scratch.db.execute(f"SELECT count(*) FROM ({REPRESENTATIVES_SQL})").fetchone()[0]
     assert first == num_representatives > removed.max(initial=-1), "the representatives' file is out of step with the removals"

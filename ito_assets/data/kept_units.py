@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from ito_assets.data.dedup_units import REMOVED_FILE, kept_frames, representative_parts
+from ito_assets.data.dedup_units import kept_frames, load_removals, representative_parts
 from ito_assets.data.scratch import Scratch
 from ito_assets.data.shards import ShardSet, write_part, write_shard_stream, write_shards_in_parts
 from ito_assets.data.sources import DOCUMENT_SCHEMA
@@ -55,7 +55,7 @@ def kept_shards(scratch: Scratch, folder: Path, max_rows: int, store: Path | Non
     parts = representative_parts(scratch)
     if parts is None:
         return write_shard_stream(kept_frames(scratch), folder, prefix=PREFIX, max_rows=max_rows, schema=DOCUMENT_SCHEMA, store=store)
-    removed = np.sort(np.load(scratch.folder / REMOVED_FILE))
+    removed = np.sort(load_removals(scratch)[0])
     markers = scratch.finished("kept-rows")
     tasks = []
     for index, part in enumerate(parts):

@@ -84,7 +84,130 @@ def minhash(x: np.ndarray, offsets: np.ndarray, a: np.ndarray, b: np.ndarray) ->
     return out
 
 
+def shingle_hashes(tokens: np.ndarray, token_offsets: np.ndarray, k: int, multipliers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Word k-gram hashes of each document (its words tokens[token_offsets[d]:token_offsets[d + 1]]):
+    for n words, n + n(n - 1)/2 + sum_j w[j] * multipliers[j % M] (mod 2^64), then `mix64`; a
+    document of 1 to k - 1 words has one shingle, all of its words (n = its length), an empty one
+    none -> (hashes (S,) uint64, offsets (N + 1,) int64)."""
+    tokens, token_offsets = np.ascontiguousarray(tokens, dtype=np.uint64), _word_positions(token_offsets)
+    multipliers = np.ascontiguousarray(multipliers, dtype=np.uint64)
+    lengths = np.diff(token_offsets)
+    counts = np.where(lengths >= k, lengths - k + 1, np.minimum(lengths, 1))
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    if not NATIVE:
+        return numpy_shingle_hashes(tokens, token_offsets, k, multipliers, offsets), offsets
+    out = np.empty(int(offsets[-1]), dtype=np.uint64)
+    _native.shingle_hashes(tokens, token_offsets, k, multipliers, offsets, out)
+    return out, offsets
+
+
+def sorted_sets(values: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each segment values[offsets[i]:offsets[i + 1]] (offsets from 0) sorted, its repeats dropped
+    -> (the sets end to end, their offsets)."""
+    values, offsets = np.array(values, dtype=np.uint64), _word_positions(offsets)  # a copy: sorted in place
+    if not NATIVE:
+        return numpy_sorted_sets(values, offsets)
+    kept = np.empty(len(offsets), dtype=np.int64)
+    return values[: _native.sorted_sets(values, offsets, kept)], kept
+
+
+def pair_jaccard(sets: np.ndarray, offsets: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """(K,) float64: the Jaccard of sets a[i] and b[i] (sorted and unique, as `sorted_sets` gives
+    them: sets[offsets[j]:offsets[j + 1]]), 0 where both are empty."""
+    sets, offsets = np.ascontiguousarray(sets, dtype=np.uint64), _word_positions(offsets)
+    a, b = _word_positions(a), _word_positions(b)
+    if not NATIVE:
+        return numpy_pair_jaccard(sets, offsets, a, b)
+    out = np.empty(len(a), dtype=np.float64)
+    _native.pair_jaccard(sets, offsets, a, b, out)
+    return out
+
+
 # The numpy versions: what runs without the C kernels, and what the tests hold them to.
+
+def numpy_sorted_sets(values: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    lengths = np.diff(offsets)
+    local = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
+    values = values[: len(local)]
+    order = np.lexsort((values, local))
+    values, local = values[order], local[order]
+    keep = np.ones(len(values), dtype=bool)
+    keep[1:] = (values[1:] != values[:-1]) | (local[1:] != local[:-1])
+    kept = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(np.bincount(local[keep], minlength=len(lengths)), out=kept[1:])
+    return values[keep], kept
+
+
+def numpy_pair_jaccard(sets: np.ndarray, offsets: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Both sets of each pair gathered, sorted by (pair, hash): a hash that occurs twice within a
+    pair is in the intersection."""
+    if len(a) == 0:
+        return np.zeros(0, dtype=np.float64)
+    lengths = np.diff(offsets)
+    la, lb = lengths[a], lengths[b]
+
+    def gather(docs: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+        starts = np.repeat(offsets[docs] - np.cumsum(sizes) + sizes, sizes)
+        return sets[starts + np.arange(sizes.sum())]
+
+    pair = np.concatenate([np.repeat(np.arange(len(a)), la), np.repeat(np.arange(len(a)), lb)])
+    values = np.concatenate([gather(a, la), gather(b, lb)])
+    order = np.lexsort((values, pair))
+    pair, values = pair[order], values[order]
+    twice = (values[1:] == values[:-1]) & (pair[1:] == pair[:-1])
+    intersection = np.bincount(pair[1:][twice], minlength=len(a))
+    union = la + lb - intersection
+    return np.where(union > 0, intersection / np.maximum(union, 1), 0.0)
+
+
+def numpy_shingle_hashes(tokens: np.ndarray, token_offsets: np.ndarray, k: int, multipliers: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    lengths = np.diff(token_offsets)
+    grams = _gram_hashes(tokens, token_offsets, k, multipliers)
+    short = np.flatnonzero((lengths > 0) & (lengths < k))
+    if not len(short):
+        return grams
+    out = np.empty(int(offsets[-1]), dtype=np.uint64)
+    whole = np.zeros(len(out), dtype=bool)
+    whole[offsets[short]] = True
+    out[~whole] = grams
+    out[offsets[short]] = _whole_hashes(tokens, token_offsets, short, multipliers)
+    return out
+
+
+def _gram_hashes(tokens: np.ndarray, token_offsets: np.ndarray, n: int, multipliers: np.ndarray) -> np.ndarray:
+    """The n-grams inside one document. The constant terms are summed once (addition mod 2^64
+    commutes) and the windows that cross a document end are found from the N document ends."""
+    width = len(tokens) - n + 1
+    if width <= 0:
+        return np.zeros(0, dtype=np.uint64)
+    acc = np.full(width, np.uint64(n + n * (n - 1) // 2), dtype=np.uint64)
+    term = np.empty(width, dtype=np.uint64)
+    for k in range(n):
+        np.multiply(tokens[k : k + width], multipliers[k % len(multipliers)], out=term)
+        acc += term
+    valid = np.ones(width, dtype=bool)
+    begins, ends = token_offsets[:-1], token_offsets[1:]
+    for back in range(1, n):  # a window starting `back` tokens before its document's end
+        start = ends - back
+        valid[start[(start >= begins) & (start < width)]] = False
+    return mix64(acc[valid])
+
+
+def _whole_hashes(tokens: np.ndarray, token_offsets: np.ndarray, docs: np.ndarray, multipliers: np.ndarray) -> np.ndarray:
+    """The hash of all the words of each of `docs` (each shorter than k words); documents grouped by length."""
+    lengths = np.diff(token_offsets)[docs]
+    out = np.empty(len(docs), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for n in np.unique(lengths).tolist():
+            group = np.flatnonzero(lengths == n)
+            words = tokens[token_offsets[docs[group]][:, None] + np.arange(n)]
+            acc = np.full(len(group), np.uint64(n + n * (n - 1) // 2), dtype=np.uint64)
+            for k in range(n):
+                acc += words[:, k] * multipliers[k % len(multipliers)]
+            out[group] = mix64(acc)
+    return out
+
 
 def numpy_hash_word_bytes(data: np.ndarray, starts: np.ndarray) -> np.ndarray:
     lengths = np.diff(starts)

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from ito_assets.data.kernels import EMPTY, minhash
-from ito_assets.data.text import NGRAM_MULTIPLIERS, TokenHashes, mix64, word_hashes
+from ito_assets.data.kernels import EMPTY, minhash, shingle_hashes, sorted_sets
+from ito_assets.data.text import NGRAM_MULTIPLIERS, TokenHashes, word_hashes
 
 
 
@@ -41,75 +41,22 @@ class Shingles:
         verification keeps this off the hot path."""
         docs = np.unique(docs)
         lengths = self.lengths[docs]
-        local = np.repeat(np.arange(len(docs), dtype=np.int64), lengths)
         starts = np.repeat(self.offsets[docs] - np.cumsum(lengths) + lengths, lengths)
-        values = self.hashes[starts + np.arange(lengths.sum(), dtype=np.int64)]
-        order = np.lexsort((values, local))
-        values, local = values[order], local[order]
-        keep = np.ones(len(values), dtype=bool)
-        keep[1:] = (values[1:] != values[:-1]) | (local[1:] != local[:-1])
-        offsets = np.zeros(len(docs) + 1, dtype=np.int64)
-        np.cumsum(np.bincount(local[keep], minlength=len(docs)), out=offsets[1:])
+        gathered = np.zeros(len(docs) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=gathered[1:])
+        values, offsets = sorted_sets(self.hashes[starts + np.arange(lengths.sum(), dtype=np.int64)], gathered)
         position = np.full(len(self.lengths), -1, dtype=np.int64)
         position[docs] = np.arange(len(docs))
-        return Shingles(hashes=values[keep], offsets=offsets), position
+        return Shingles(hashes=values, offsets=offsets), position
 
 
 def shingle_lists(tokens: TokenHashes, k: int) -> Shingles:
     """Word k-gram hashes per document, in document order. A document shorter than k words has one
     shingle, all of its words (so short texts still compare); an empty document has none. The
     hashes are `text.ngram_hashes`' (tests/data/test_dedup_fast_paths.py holds them equal), computed
-    without its per-token document lookups."""
-    lengths = tokens.lengths
-    counts = np.where(lengths >= k, lengths - k + 1, np.minimum(lengths, 1))
-    offsets = np.zeros(tokens.num_docs + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    grams = _gram_hashes(tokens, k)
-    short = np.flatnonzero((lengths > 0) & (lengths < k))
-    if not len(short):
-        return Shingles(hashes=grams, offsets=offsets)
-    out = np.empty(int(offsets[-1]), dtype=np.uint64)
-    whole = np.zeros(len(out), dtype=bool)
-    whole[offsets[short]] = True
-    out[~whole] = grams
-    out[offsets[short]] = _whole_hashes(tokens, short)
-    return Shingles(hashes=out, offsets=offsets)
-
-
-def _gram_hashes(tokens: TokenHashes, n: int) -> np.ndarray:
-    """`ngram_hashes(tokens, n)[0]`: the n-grams inside one document. The constant terms are summed
-    once (addition mod 2^64 commutes) and the windows that cross a document end are found from
-    the N document ends, not from a (T,) array of them."""
-    hashes, total = tokens.hashes, len(tokens.hashes)
-    width = total - n + 1
-    if width <= 0:
-        return np.zeros(0, dtype=np.uint64)
-    acc = np.full(width, np.uint64(n + n * (n - 1) // 2), dtype=np.uint64)
-    term = np.empty(width, dtype=np.uint64)
-    for k in range(n):
-        np.multiply(hashes[k : k + width], NGRAM_MULTIPLIERS[k % len(NGRAM_MULTIPLIERS)], out=term)
-        acc += term
-    valid = np.ones(width, dtype=bool)
-    begins, ends = tokens.offsets[:-1], tokens.offsets[1:]
-    for back in range(1, n):  # a window starting `back` tokens before its document's end
-        start = ends - back
-        valid[start[(start >= begins) & (start < width)]] = False
-    return mix64(acc[valid])
-
-
-def _whole_hashes(tokens: TokenHashes, docs: np.ndarray) -> np.ndarray:
-    """The hash of all the words of each of `docs` (each shorter than k words), as `ngram_hashes`
-    gives for an n-gram of n = its length; documents grouped by length."""
-    lengths = tokens.lengths[docs]
-    out = np.empty(len(docs), dtype=np.uint64)
-    for n in np.unique(lengths).tolist():
-        group = np.flatnonzero(lengths == n)
-        words = tokens.hashes[tokens.offsets[docs[group]][:, None] + np.arange(n)]
-        acc = np.full(len(group), np.uint64(n + n * (n - 1) // 2), dtype=np.uint64)
-        for k in range(n):
-            acc += words[:, k] * NGRAM_MULTIPLIERS[k % len(NGRAM_MULTIPLIERS)]
-        out[group] = mix64(acc)
-    return out
+    by `kernels.shingle_hashes` without its per-token document lookups."""
+    hashes, offsets = shingle_hashes(tokens.hashes, tokens.offsets, k, NGRAM_MULTIPLIERS)
+    return Shingles(hashes=hashes, offsets=offsets)
 
 
 @dataclass(frozen=True)

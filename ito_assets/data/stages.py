@@ -39,7 +39,7 @@ from ito_assets.data.config import DataPrepConfig, DecontamConfig, ScaleConfig
 from ito_assets.data.decontam import ScanCounts
 from ito_assets.data.decontam_units import scan_shards
 from ito_assets.data.dedup import DEDUP_SCHEMA, DUPLICATE, DedupCounts
-from ito_assets.data.dedup_units import deduplicate_units
+from ito_assets.data.dedup_units import deduplicate_units, in_memory
 from ito_assets.data.kept_units import kept_shards
 from ito_assets.data.eval_index import build_index
 from ito_assets.data.paraphrase_units import REPORT_SCHEMA, paraphrase_shards
@@ -79,7 +79,7 @@ class DedupStage:
     # UI and `ito audit manifest` share; `counts.exact` / `counts.near` are what each pass removed.
     removed_by_method: dict[str, int]
     units_resumed: int = 0  # finished by a failed earlier attempt, not redone (completion.py)
-    band_join_partitions: int = 1  # the LSH band join's hash partitions (band_join.py)
+    band_join_partitions: int = 1  # the LSH band join's hash partitions (band_join.py); 0 where it ran in memory
 
 
 @dataclass(frozen=True)
@@ -173,6 +173,7 @@ def run_dedup(source: SourceStage, actions: Shard, state_dir: Path, warehouse: P
     store = shard_store(state_dir)
     tiers = clean.tiers_of(pl.read_parquet(verified_path(actions)))
     verified_paths(source.shards.shards)  # SHARD_CORRUPT before any work: the tasks then trust the digests
+    joined_in_memory = in_memory(source.shards.shards, config.scale)
     with scratch_space(folder / SCRATCH, config.scale) as scratch, worker_pool(config.scale.num_workers, config.scale.engine):
         decisions, counts = deduplicate_units(scratch, source.shards.shards, config.dedup, folder / "decisions.parquet", store=store, tiers=tiers)
         kept = kept_shards(scratch, folder / "kept", config.shard_max_rows, store)
@@ -181,8 +182,9 @@ def run_dedup(source: SourceStage, actions: Shard, state_dir: Path, warehouse: P
     duplicates = lineage.ParquetRows((decisions,), {c: c for c in DEDUP_SCHEMA}, where=f"dedup_state = '{DUPLICATE}'")
     lineage.write_tables(warehouse, source.manifest_digest, {"duplicates": duplicates})
     removed = lineage.written_removals_by_method(warehouse, source.manifest_digest)
-    # The representatives, the documents the signature units hold, are the distinct texts.
-    partitions = num_partitions(counts.exact.num_distinct_texts, config.dedup.bands, config.scale)
+    # The representatives, the documents the signature units hold, are the distinct texts; in
+    # memory there is no partitioned join.
+    partitions = 0 if joined_in_memory else num_partitions(counts.exact.num_distinct_texts, config.dedup.bands, config.scale)
     return DedupStage(manifest_digest=source.manifest_digest, decisions=decisions, kept=kept, counts=counts, config=asdict(config.dedup),
                       num_families=int(num_families), removed_by_method=removed, units_resumed=resumed, band_join_partitions=partitions)
 

@@ -30,7 +30,7 @@ from test_dedup_units import TINY, corpus
 
 
 def scale(partition_rows: int, num_workers: int = 1) -> ScaleConfig:
-    return ScaleConfig(unit_bytes=TINY.unit_bytes, pair_batch=TINY.pair_batch, memory_limit_mb=128, num_workers=num_workers, partition_rows=partition_rows)
+    return ScaleConfig(unit_bytes=TINY.unit_bytes, pair_batch=TINY.pair_batch, memory_limit_mb=128, num_workers=num_workers, partition_rows=partition_rows, in_memory_mb=0)
 
 
 def test_one_partition_per_partition_rows_band_rows_and_one_per_worker_at_least() -> None:

@@ -228,7 +228,7 @@ def test_decontamination_resumes_both_passes(tmp_path: Path, monkeypatch):
     config = DecontamConfig()
     index = build_index(suite(*ITEMS), config)
     shards = write_shards(decontam_corpus(), tmp_path / "kept", prefix="k", max_rows=13).shards
-    scale = ScaleConfig(unit_bytes=200)
+    scale = ScaleConfig(unit_bytes=200, in_memory_mb=0)
 
     def scan(folder: Path):
         with scratch_space(folder / "_scratch", scale) as scratch:
@@ -363,7 +363,7 @@ def test_on_a_pool_decontamination_reads_no_shard_to_key_its_units_and_hashes_ea
     config = DecontamConfig()
     index = build_index(suite(*ITEMS), config)
     shards = write_shards(decontam_corpus(), tmp_path / "kept", prefix="k", max_rows=13).shards
-    with scratch_space(tmp_path / "reference" / "_scratch", ScaleConfig(unit_bytes=200)) as scratch:
+    with scratch_space(tmp_path / "reference" / "_scratch", ScaleConfig(unit_bytes=200, in_memory_mb=0)) as scratch:
         expected = decontam_units.scan_shards(scratch, shards, index, config)
     hashed.clear()
     with scratch_space(tmp_path / "_scratch", ScaleConfig(unit_bytes=200, num_workers=2)) as scratch:

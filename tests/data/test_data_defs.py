@@ -70,11 +70,12 @@ def chain(tmp_path_factory, fixtures_dir):
 def test_the_data_steps_log_their_progress_in_the_run(chain) -> None:
     _, instance, _, result = chain
     lines = [e.user_message for e in instance.all_logs(result.run_id) if e.dagster_event is None]
-    for phase, unit in (("exact-copy keys", "source shards"), ("dedup signatures", "work units"),
-                        ("decontamination seeds", "work units"), ("decontamination hits", "work units")):
+    for phase, unit in (("decontamination seeds", "work units"), ("decontamination hits", "work units")):
         done = [line for line in lines if line.startswith(f"[{phase}] ") and f" {unit} (100%), " in line]
         assert done, f"no final progress line for {phase}"
         assert " s to go" in done[-1] or "time to go unknown" in done[-1]
+    # The fixture's 1.6 MB of text are deduplicated in memory: one line says so, with the limit.
+    assert "[dedup] in memory: 1.6 MB of text in 3,041 documents (in_memory_mb 32)" in lines
 
 
 def test_a_failed_dedup_step_run_again_resumes_from_its_finished_units(tmp_path, fixtures_dir, monkeypatch) -> None:
@@ -100,7 +101,7 @@ def test_a_failed_dedup_step_run_again_resumes_from_its_finished_units(tmp_path,
     monkeypatch.setattr(dedup_units, "signature_unit", fails_at_unit_3)
     # Small units, and band-join partitions of 10,000 band rows: several, each resumable too.
     # The sources in pieces of 100 kB on two workers, each a task; the clean shards in parts.
-    small_units = {"ops": {"deduplicated_documents": {"config": {"unit_bytes": 100_000, "partition_rows": 10_000}},
+    small_units = {"ops": {"deduplicated_documents": {"config": {"unit_bytes": 100_000, "partition_rows": 10_000, "in_memory_mb": 0}},
                            "source_documents": {"config": {"unit_bytes": 100_000, "num_workers": 2}},
                            "clean_shards": {"config": {"num_workers": 2}}}}
     with dg.instance_for_test(overrides={"python_logs": LOCAL_PYTHON_LOGS}) as instance:
@@ -179,7 +180,7 @@ def test_chain_materialises_with_every_check_green(chain) -> None:
     assert dedup["similarity_chart"].value.startswith("![near-duplicate similarity](data:image/png;base64,")
     assert [c.name for c in dedup["similarity_histogram"].schema.columns] == ["Jaccard from", "Jaccard to", "candidate pairs"]
     assert sum(r.data["candidate pairs"] for r in dedup["similarity_histogram"].records) == dedup["num_candidate_pairs"].value
-    assert dedup["num_band_join_partitions"].value == 1
+    assert dedup["num_band_join_partitions"].value == 0  # the fixture is deduplicated in memory
     sources = next(e for e in result.get_asset_materialization_events()
                    if e.asset_key.to_user_string() == "source_documents").materialization.metadata
     assert [c.name for c in sources["sources"].schema.columns] == ["uri", "licence", "format", "documents", "size MB", "sha256"]

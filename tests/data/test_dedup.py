@@ -7,6 +7,8 @@ import random
 import numpy as np
 import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from datasketch import MinHash
 
 from data_frames import edit_words, frame, random_text
@@ -99,3 +101,22 @@ def test_signature_verification_mode_and_config_validation() -> None:
             assert next(iter(bad)) in str(error)
         else:
             raise AssertionError(f"{bad} was accepted")
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(0, 40), st.integers(1, 4))
+def test_candidate_pairs_are_every_two_documents_that_agree_on_a_whole_band(seed, num_docs, values) -> None:
+    """Signatures over a few values, so that bands collide often (runs of two, three and more
+    documents in one band, the same pair in several bands), and documents without shingles (EMPTY)
+    that never pair: the pairs, each once, ordered by (later, earlier)."""
+    rng = np.random.default_rng(seed)
+    bands, rows = 4, 2
+    signatures = rng.integers(0, values, size=(num_docs, bands * rows), dtype=np.uint64).astype(np.uint32)
+    signatures[rng.random(num_docs) < 0.2] = EMPTY
+    expected = sorted(
+        (b, a) for a in range(num_docs) for b in range(a + 1, num_docs)
+        if signatures[a, 0] != EMPTY and signatures[b, 0] != EMPTY
+        and any((signatures[a, j * rows:(j + 1) * rows] == signatures[b, j * rows:(j + 1) * rows]).all() for j in range(bands))
+    )
+    a, b = candidate_pairs(signatures, bands, rows)
+    assert list(zip(b.tolist(), a.tolist())) == expected

@@ -32,7 +32,7 @@ from reference_impl import deduplicate, kept_documents
 from test_source_pieces import _threads
 
 # Units of a few documents, verification batches of a few pairs, DuckDB at its floor.
-TINY = ScaleConfig(unit_bytes=3_000, pair_batch=7, memory_limit_mb=128)
+TINY = ScaleConfig(unit_bytes=3_000, pair_batch=7, memory_limit_mb=128, in_memory_mb=0)
 
 
 def corpus(seed: int = 0) -> pl.DataFrame:
@@ -58,7 +58,7 @@ def test_out_of_core_decisions_and_kept_documents_equal_in_memory(tmp_path: Path
     expected, expected_counts = deduplicate(docs, DedupConfig())
     assert expected_counts.exact.num_removed > 5 and expected_counts.near.num_removed > 5
     shards = write_shards(docs, tmp_path / "source", prefix="d", max_rows=37)
-    scale = ScaleConfig(unit_bytes=TINY.unit_bytes, pair_batch=TINY.pair_batch, memory_limit_mb=128, num_workers=num_workers)
+    scale = ScaleConfig(unit_bytes=TINY.unit_bytes, pair_batch=TINY.pair_batch, memory_limit_mb=128, num_workers=num_workers, in_memory_mb=0)
     with scratch_space(tmp_path / "_scratch", scale) as scratch:
         table, counts = deduplicate_units(scratch, shards.shards, DedupConfig(), tmp_path / "decisions.parquet")
         # One worker cuts the units from the bucket sort; several make a unit of each bucket, a task each.
@@ -205,7 +205,7 @@ def test_exact_copies_in_partitions_never_rest_on_the_hash(tmp_path: Path, monke
 
 
 def _exact_counts(tmp_path: Path, shards, num_workers: int, unit_bytes: int):
-    scale = ScaleConfig(unit_bytes=unit_bytes, pair_batch=TINY.pair_batch, memory_limit_mb=128, num_workers=num_workers)
+    scale = ScaleConfig(unit_bytes=unit_bytes, pair_batch=TINY.pair_batch, memory_limit_mb=128, num_workers=num_workers, in_memory_mb=0)
     with scratch_space(tmp_path / f"_scratch-{num_workers}-{unit_bytes}", scale) as scratch:
         counts = exact_units.exact_copies(scratch, shards.shards)
         copies = scratch.db.execute("SELECT doc_id, exact_copy_of FROM copies ORDER BY doc_id").pl()

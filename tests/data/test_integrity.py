@@ -34,7 +34,7 @@ from ito_assets.manifest.verify import VerifiedManifest, verify_manifest
 from ito_assets.settings import PROJECT_ROOT
 
 FIXTURES = PROJECT_ROOT / "data" / "fixtures"
-CONFIG = DataPrepConfig(scale=ScaleConfig(num_workers=1, unit_bytes=20_000, memory_limit_mb=128), shard_max_rows=40)
+CONFIG = DataPrepConfig(scale=ScaleConfig(num_workers=1, unit_bytes=20_000, memory_limit_mb=128, in_memory_mb=0), shard_max_rows=40)
 
 
 @dataclass

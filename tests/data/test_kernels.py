@@ -114,6 +114,57 @@ def test_signatures_are_the_minimum_over_each_whole_document(use_c, monkeypatch,
     assert np.array_equal(kernels.minhash(x, offsets, a, b), brute_minhash(x, offsets, a, b))
 
 
+def python_shingles(words: list[int], k: int, multipliers: list[int]) -> list[int]:
+    """A document's shingle hashes as kernels.shingle_hashes states them, in Python integers."""
+    def gram(ws: list[int]) -> int:
+        n = len(ws)
+        acc = (n + n * (n - 1) // 2 + sum(w * multipliers[j % len(multipliers)] for j, w in enumerate(ws))) & MASK
+        acc ^= acc >> 30
+        acc = (acc * 0xBF58476D1CE4E5B9) & MASK
+        acc ^= acc >> 27
+        acc = (acc * 0x94D049BB133111EB) & MASK
+        return acc ^ (acc >> 31)
+
+    if len(words) < k:
+        return [gram(words)] if words else []
+    return [gram(words[s : s + k]) for s in range(len(words) - k + 1)]
+
+
+@pytest.mark.parametrize("k", [1, 2, 5, 9])
+def test_shingles_are_the_k_grams_inside_each_document(use_c, k) -> None:
+    """Documents of 0, 1, k - 1, k and k + 1 words and longer, side by side: no k-gram runs across
+    a document's end, and a document shorter than k is one shingle of all its words."""
+    from ito_assets.data.text import NGRAM_MULTIPLIERS
+
+    rng = np.random.default_rng(k)
+    lengths = [0, 1, max(k - 1, 0), k, k + 1, 0, 3 * k + 2, 1]
+    tokens = rng.integers(0, 2**64, size=sum(lengths), dtype=np.uint64)
+    token_offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    hashes, offsets = kernels.shingle_hashes(tokens, token_offsets, k, NGRAM_MULTIPLIERS)
+    multipliers = NGRAM_MULTIPLIERS.tolist()
+    expected = [python_shingles(tokens[a:b].tolist(), k, multipliers) for a, b in zip(token_offsets[:-1], token_offsets[1:])]
+    assert [hashes[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])] == expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 2**64 - 1) | st.sampled_from([0, 5, 2**64 - 1]), max_size=70), max_size=12))
+def test_sets_are_sorted_without_repeats_and_their_jaccard_exact(segments) -> None:
+    """Segments short (insertion sort) and past 32 (qsort), with repeats and the ends of the range;
+    every pair's Jaccard, a set with itself and with an empty one too."""
+    values = np.array([v for segment in segments for v in segment], dtype=np.uint64)
+    offsets = np.concatenate([[0], np.cumsum([len(x) for x in segments])]).astype(np.int64)
+    expected = [sorted(set(x)) for x in segments]
+    pairs = [(i, j) for i in range(len(segments)) for j in range(len(segments))]
+    a, b = np.array([i for i, _ in pairs], dtype=np.int64), np.array([j for _, j in pairs], dtype=np.int64)
+    jaccard = [len(set(segments[i]) & set(segments[j])) / len(set(segments[i]) | set(segments[j])) if segments[i] or segments[j] else 0.0
+               for i, j in pairs]
+    for native_run in [False] + ([True] if kernels.NATIVE else []):
+        sets, kept = (kernels.sorted_sets if native_run else kernels.numpy_sorted_sets)(values.copy(), offsets)
+        assert [sets[x:y].tolist() for x, y in zip(kept[:-1], kept[1:])] == expected
+        found = (kernels.pair_jaccard if native_run else kernels.numpy_pair_jaccard)(sets, kept, a, b)
+        assert found.tolist() == jaccard
+
+
 @native
 @pytest.mark.parametrize(
     ("call", "message"),
@@ -128,6 +179,22 @@ def test_signatures_are_the_minimum_over_each_whole_document(use_c, monkeypatch,
         (lambda k: k.hash_word_bytes(np.zeros(4, np.uint8), np.array([0, 9]), np.zeros(1, np.uint64)), "within data"),
         (lambda k: k.hash_word_bytes(np.zeros(4, np.uint8), np.array([2, 1]), np.zeros(1, np.uint64)), "ascending"),
         (lambda k: k.hash_word_bytes(np.zeros(4, np.uint8), np.array([0, 1]), np.zeros(2, np.uint64)), "T long"),
+        (lambda k: k.shingle_hashes(np.zeros(4, np.uint64), np.array([0, 5]), 2, np.ones(1, np.uint64), np.array([0, 4]), np.zeros(4, np.uint64)),
+         "within tokens"),
+        (lambda k: k.shingle_hashes(np.zeros(4, np.uint64), np.array([0, 4]), 2, np.ones(1, np.uint64), np.array([0, 2]), np.zeros(2, np.uint64)),
+         "each document's shingles"),
+        (lambda k: k.shingle_hashes(np.zeros(4, np.uint64), np.array([0, 4]), 2, np.ones(1, np.uint64), np.array([0, 3]), np.zeros(4, np.uint64)),
+         "S long"),
+        (lambda k: k.shingle_hashes(np.zeros(4, np.uint64), np.array([0, 4]), 0, np.ones(1, np.uint64), np.array([0, 4]), np.zeros(4, np.uint64)),
+         "token_offsets"),
+        (lambda k: k.sorted_sets(np.zeros(3, np.uint64), np.array([0, 4]), np.zeros(2, np.int64)), "within values"),
+        (lambda k: k.sorted_sets(np.zeros(3, np.uint64), np.array([1, 3]), np.zeros(2, np.int64)), "from 0"),
+        (lambda k: k.sorted_sets(np.zeros(3, np.uint64), np.array([0, 2, 1]), np.zeros(3, np.int64)), "ascending"),
+        (lambda k: k.sorted_sets(np.zeros(3, np.uint64), np.array([0, 3]), np.zeros(3, np.int64)), "kept M\\+1"),
+        (lambda k: k.pair_jaccard(np.zeros(3, np.uint64), np.array([0, 3]), np.array([1]), np.array([0]), np.zeros(1)), "K sets"),
+        (lambda k: k.pair_jaccard(np.zeros(3, np.uint64), np.array([0, 3]), np.array([-1]), np.array([0]), np.zeros(1)), "K sets"),
+        (lambda k: k.pair_jaccard(np.zeros(3, np.uint64), np.array([0, 4]), np.array([0]), np.array([0]), np.zeros(1)), "within sets"),
+        (lambda k: k.pair_jaccard(np.zeros(3, np.uint64), np.array([0, 3]), np.array([0]), np.array([0]), np.zeros(2)), "out K"),
         (lambda k: k.minhash(np.zeros(3, np.uint32), np.array([0, 4]), np.ones(2, np.uint32), np.ones(2, np.uint32), np.zeros(2, np.uint32)),
          "within x"),
         (lambda k: k.minhash(np.zeros(3, np.uint32), np.array([2, 1]), np.ones(2, np.uint32), np.ones(2, np.uint32), np.zeros(2, np.uint32)),
