@@ -361,7 +361,45 @@ static PyObject *pair_jaccard(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* band_keys(signatures: u32 (N*P), bands, rows, multipliers: u64 (M), out: u64 out (N*bands)): the
+ * hash of each band's `rows` slots, as near_dedup.band_keys states it: from the band's number,
+ * acc = acc * 0x100000001B3 + slot[k] * multipliers[k % M], then mix64. */
+static PyObject *band_keys(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *objs[3];
+    Py_ssize_t bands, rows;
+    Buf b[3];
+    memset(b, 0, sizeof b);
+    if (!PyArg_ParseTuple(args, "OnnOO", &objs[0], &bands, &rows, &objs[1], &objs[2])) return NULL;
+    if (take(objs[0], &b[0], 4, 0, "signatures") || take(objs[1], &b[1], 8, 0, "multipliers") || take(objs[2], &b[2], 8, 1, "out")) {
+        release(b, 3);
+        return NULL;
+    }
+    const uint32_t *sig = b[0].view.buf;
+    const uint64_t *mult = b[1].view.buf;
+    uint64_t *out = b[2].view.buf;
+    Py_ssize_t width = bands * rows, num_mult = b[1].view.len / 8;
+    Py_ssize_t num_docs = width > 0 ? b[0].view.len / 4 / width : 0;
+    if (bands < 1 || rows < 1 || num_mult < 1 || b[0].view.len / 4 != num_docs * width || b[2].view.len / 8 != num_docs * bands) {
+        release(b, 3);
+        PyErr_SetString(PyExc_ValueError, "signatures must be N rows of bands*rows slots, out N*bands long");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t d = 0; d < num_docs; d++) {
+        const uint32_t *row = sig + d * width;
+        for (Py_ssize_t j = 0; j < bands; j++) {
+            uint64_t acc = (uint64_t)j;
+            for (Py_ssize_t k = 0; k < rows; k++) acc = acc * 0x100000001B3ULL + (uint64_t)row[j * rows + k] * mult[k % num_mult];
+            out[d * bands + j] = mix64(acc);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    release(b, 3);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"band_keys", band_keys, METH_VARARGS, "The hash of each band of each signature."},
     {"sorted_sets", sorted_sets, METH_VARARGS, "Each segment sorted, its repeats dropped, in place."},
     {"pair_jaccard", pair_jaccard, METH_VARARGS, "The Jaccard of pairs of sorted sets."},
     {"shingle_hashes", shingle_hashes, METH_VARARGS, "Word k-gram hashes of each document."},

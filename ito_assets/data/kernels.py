@@ -124,7 +124,33 @@ def pair_jaccard(sets: np.ndarray, offsets: np.ndarray, a: np.ndarray, b: np.nda
     return out
 
 
+def band_keys(signatures: np.ndarray, bands: int, rows: int, multipliers: np.ndarray) -> np.ndarray:
+    """(N, bands) uint64: the hash of each band's `rows` slots of each (N, bands * rows) signature:
+    from the band's number j, acc = acc * 0x100000001B3 + slot[k] * multipliers[k % M] (mod 2^64),
+    then `mix64`."""
+    signatures = np.ascontiguousarray(signatures[:, : bands * rows], dtype=np.uint32)
+    multipliers = np.ascontiguousarray(multipliers, dtype=np.uint64)
+    if not NATIVE:
+        return numpy_band_keys(signatures, bands, rows, multipliers)
+    out = np.empty((len(signatures), bands), dtype=np.uint64)
+    _native.band_keys(signatures, bands, rows, multipliers, out)
+    return out
+
+
 # The numpy versions: what runs without the C kernels, and what the tests hold them to.
+
+def numpy_band_keys(signatures: np.ndarray, bands: int, rows: int, multipliers: np.ndarray) -> np.ndarray:
+    n = signatures.shape[0]
+    keys = np.zeros((n, bands), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for j in range(bands):
+            block = signatures[:, j * rows : (j + 1) * rows].astype(np.uint64)
+            acc = np.full(n, np.uint64(j), dtype=np.uint64)
+            for k in range(rows):
+                acc = acc * np.uint64(0x100000001B3) + block[:, k] * multipliers[k % len(multipliers)]
+            keys[:, j] = mix64(acc)
+    return keys
+
 
 def numpy_sorted_sets(values: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     lengths = np.diff(offsets)

@@ -30,9 +30,10 @@ from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
 from ito_assets.data.config import DedupConfig
+from ito_assets.data import kernels
 from ito_assets.data.kernels import pair_jaccard
 from ito_assets.data.minhash import EMPTY, Shingles, estimated_jaccard
-from ito_assets.data.text import NGRAM_MULTIPLIERS, mix64
+from ito_assets.data.text import NGRAM_MULTIPLIERS
 
 HISTOGRAM_BINS = 20  # 0.05-wide bins of estimated Jaccard
 
@@ -48,17 +49,8 @@ class NearDedupCounts:
 
 
 def band_keys(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
-    """(N, bands) uint64: the hash of each band's `rows` slots."""
-    n = signatures.shape[0]
-    keys = np.zeros((n, bands), dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        for j in range(bands):
-            block = signatures[:, j * rows : (j + 1) * rows].astype(np.uint64)
-            acc = np.full(n, np.uint64(j), dtype=np.uint64)
-            for k in range(rows):
-                acc = acc * np.uint64(0x100000001B3) + block[:, k] * NGRAM_MULTIPLIERS[k % len(NGRAM_MULTIPLIERS)]
-            keys[:, j] = mix64(acc)
-    return keys
+    """(N, bands) uint64: the hash of each band's `rows` slots (`kernels.band_keys`)."""
+    return kernels.band_keys(signatures, bands, rows, NGRAM_MULTIPLIERS)
 
 
 def band_rows(signatures: np.ndarray, bands: int, rows: int, first: int = 0) -> pl.DataFrame:

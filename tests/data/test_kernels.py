@@ -165,6 +165,37 @@ def test_sets_are_sorted_without_repeats_and_their_jaccard_exact(segments) -> No
         assert found.tolist() == jaccard
 
 
+def python_mix64(x: int) -> int:
+    x ^= x >> 30
+    x = (x * 0xBF58476D1CE4E5B9) & MASK
+    x ^= x >> 27
+    x = (x * 0x94D049BB133111EB) & MASK
+    return x ^ (x >> 31)
+
+
+@pytest.mark.parametrize(("bands", "rows", "slots"), [(3, 4, 12), (2, 3, 8), (1, 1, 1), (20, 6, 120)])
+def test_band_keys_hash_each_bands_slots_as_stated(use_c, bands, rows, slots) -> None:
+    """Slots past bands x rows are no band's; the ends of the slot range included."""
+    from ito_assets.data.text import NGRAM_MULTIPLIERS
+
+    rng = np.random.default_rng(slots)
+    signatures = rng.integers(0, 2**32, size=(7, slots), dtype=np.uint64).astype(np.uint32)
+    signatures[0, :] = 0xFFFFFFFF
+    signatures[1, :] = 0
+    multipliers = NGRAM_MULTIPLIERS.tolist()
+    expected = []
+    for row in signatures.tolist():
+        keys = []
+        for j in range(bands):
+            acc = j
+            for k in range(rows):
+                acc = (acc * 0x100000001B3 + row[j * rows + k] * multipliers[k % len(multipliers)]) & MASK
+            keys.append(python_mix64(acc))
+        expected.append(keys)
+    assert kernels.band_keys(signatures, bands, rows, NGRAM_MULTIPLIERS).tolist() == expected
+    assert kernels.band_keys(signatures[:0], bands, rows, NGRAM_MULTIPLIERS).shape == (0, bands)
+
+
 @native
 @pytest.mark.parametrize(
     ("call", "message"),
@@ -195,6 +226,9 @@ def test_sets_are_sorted_without_repeats_and_their_jaccard_exact(segments) -> No
         (lambda k: k.pair_jaccard(np.zeros(3, np.uint64), np.array([0, 3]), np.array([-1]), np.array([0]), np.zeros(1)), "K sets"),
         (lambda k: k.pair_jaccard(np.zeros(3, np.uint64), np.array([0, 4]), np.array([0]), np.array([0]), np.zeros(1)), "within sets"),
         (lambda k: k.pair_jaccard(np.zeros(3, np.uint64), np.array([0, 3]), np.array([0]), np.array([0]), np.zeros(2)), "out K"),
+        (lambda k: k.band_keys(np.zeros(10, np.uint32), 2, 3, np.ones(1, np.uint64), np.zeros(2, np.uint64)), "N rows"),
+        (lambda k: k.band_keys(np.zeros(12, np.uint32), 2, 3, np.ones(1, np.uint64), np.zeros(3, np.uint64)), "N\\*bands"),
+        (lambda k: k.band_keys(np.zeros(12, np.uint32), 0, 3, np.ones(1, np.uint64), np.zeros(0, np.uint64)), "N rows"),
         (lambda k: k.minhash(np.zeros(3, np.uint32), np.array([0, 4]), np.ones(2, np.uint32), np.ones(2, np.uint32), np.zeros(2, np.uint32)),
          "within x"),
         (lambda k: k.minhash(np.zeros(3, np.uint32), np.array([2, 1]), np.ones(2, np.uint32), np.ones(2, np.uint32), np.zeros(2, np.uint32)),
