@@ -3,7 +3,10 @@ shingles, 20 bands x 6 rows = 120 permutations, threshold 0.8), with each method
 
 - ito: the production path end to end: the sources step's `SourceRead` (snapshot and sha256 of
   the file, parse, NFC, ids) writing source shards, then `deduplicate_units` (exact copies,
-  signatures, band join, exact verification, keep rule) writing the decisions file;
+  signatures, band join, exact verification, keep rule) writing the decisions file; these corpora
+  are under its `in_memory_mb` (32), so it deduplicates them in memory (`dedup_memory`);
+- ito-streamed: the same with `in_memory_mb` 0, the streamed path (work units, DuckDB) that
+  corpora past it take, one worker;
 - rensa (Rust MinHash, `pip install 'rensa>=0.5,<0.6'`): read, NFC, word 5-grams in Python,
   `RMinHash.from_token_sets`, `RMinHashLSH` candidates kept at an estimated Jaccard >= 0.8,
   union-find, decisions written;
@@ -18,7 +21,7 @@ machine's manual pages, when it has them) and "long" (~1 kB documents).
 Every method runs in a fresh process on one core (POLARS_MAX_THREADS, RAYON_NUM_THREADS and the
 BLAS pools at 1; DuckDB runs one thread with one worker) and is measured in CPU seconds of that
 process and its children, imports excluded, so that other load on a shared machine counts as
-little as it can; the best of `--repeat` runs is reported. MB is the UTF-8 text of the corpus.
+little as it can; the best of `--repeat` runs is reported, the methods taking turns. MB is the UTF-8 text of the corpus.
 Quality: the share of removals whose exact Jaccard with the document they are recorded against
 is >= 0.8 (justified), and the pairs of kept documents with exact Jaccard >= 0.8 (residual), both
 against `dedup_quality.truth_pairs`.
@@ -55,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dedup_corpus  # noqa: E402
 
 BANDS, ROWS, SHINGLE, THRESHOLD = 20, 6, 5, 0.8
-METHODS = ("ito", "rensa", "datasketch")
+METHODS = ("ito", "ito-streamed", "rensa", "datasketch")
 _WORD = re.compile(r"[^\W_]+")
 
 
@@ -96,7 +99,7 @@ def write_decisions(path: Path, against: list[int]) -> None:
 
 # Each returns, per document (line of the corpus), -1 when kept or the document it was removed against.
 
-def run_ito(corpus: Path, out: Path) -> tuple[float, list[int]]:
+def run_ito(corpus: Path, out: Path, in_memory_mb: int = 32) -> tuple[float, list[int]]:
     from ito_assets.data.config import DedupConfig, ScaleConfig
     from ito_assets.data.dedup_units import deduplicate_units
     from ito_assets.data.scratch import scratch_space
@@ -107,7 +110,7 @@ def run_ito(corpus: Path, out: Path) -> tuple[float, list[int]]:
 
     start = cpu_seconds()
     ref = DataReference(uri=f"file://{corpus}", sha256=file_sha256(corpus), license="CC0-1.0", format="jsonl")
-    scale, config = ScaleConfig(num_workers=1), DedupConfig(bands=BANDS, rows=ROWS, num_perm=BANDS * ROWS, shingle_size=SHINGLE, threshold=THRESHOLD)
+    scale, config = ScaleConfig(num_workers=1, in_memory_mb=in_memory_mb), DedupConfig(bands=BANDS, rows=ROWS, num_perm=BANDS * ROWS, shingle_size=SHINGLE, threshold=THRESHOLD)
     with scratch_space(out / "sources-scratch", scale) as scratch:
         read = SourceRead(ref, 0, Path("/"), scratch.folder)
         shards = write_shard_stream(read.frames(), out / "source", prefix="documents", max_rows=50_000, schema=DOCUMENT_SCHEMA)
@@ -169,7 +172,7 @@ def run_datasketch(corpus: Path, out: Path) -> tuple[float, list[int]]:
     return cpu_seconds() - start, against
 
 
-RUNNERS = {"ito": run_ito, "rensa": run_rensa, "datasketch": run_datasketch}
+RUNNERS = {"ito": run_ito, "ito-streamed": lambda corpus, out: run_ito(corpus, out, in_memory_mb=0), "rensa": run_rensa, "datasketch": run_datasketch}
 
 
 def run_datatrove(python: str, corpus: Path, out: Path) -> dict:
@@ -183,21 +186,31 @@ def run_datatrove(python: str, corpus: Path, out: Path) -> dict:
     return {**result, "cpu": cpu_seconds() - start}
 
 
-def measured(method: str, corpus: Path, out: Path, repeat: int) -> tuple[float, list[int]]:
-    """The best CPU seconds of `repeat` runs, each in a fresh process, and the last run's decisions."""
-    best, against = float("inf"), []
+def run_once(method: str, corpus: Path, out: Path) -> tuple[float, list[int]]:
+    """One run of `method` in a fresh process -> (CPU seconds, decisions)."""
+    folder = Path(tempfile.mkdtemp(prefix=f"{method}-", dir=out))
+    done = subprocess.run([sys.executable, __file__, "--one", method, str(corpus), str(folder)], capture_output=True, text=True, check=True)
+    shutil.rmtree(folder, ignore_errors=True)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return result["cpu"], result["against"]
+
+
+def measured(corpus: Path, out: Path, repeat: int) -> dict[str, tuple[float, list[int]]]:
+    """Each method's best CPU seconds of `repeat` runs and its last run's decisions. The methods
+    take turns, a run each per round, so that a shared machine's slow spell weighs on all of
+    them alike rather than on whichever ran then."""
+    best: dict[str, tuple[float, list[int]]] = {}
     for _ in range(repeat):
-        folder = Path(tempfile.mkdtemp(prefix=f"{method}-", dir=out))
-        done = subprocess.run([sys.executable, __file__, "--one", method, str(corpus), str(folder)], capture_output=True, text=True, check=True)
-        result = json.loads(done.stdout.strip().splitlines()[-1])
-        best, against = min(best, result["cpu"]), result["against"]
-        shutil.rmtree(folder, ignore_errors=True)
-    return best, against
+        for method in METHODS:
+            seconds, against = run_once(method, corpus, out)
+            best[method] = (min(seconds, best.get(method, (float("inf"),))[0]), against)
+    return best
 
 
 def kernels(corpus: Path) -> dict[str, float]:
-    """The signature kernels alone, M shingles/s/core: ito's numpy permutations and rensa's
-    R-MinHash on the same shingle hashes, datasketch's `MinHash.bulk` on its first 5,000 documents."""
+    """The signature kernels alone, M shingles/s/core: ito's `kernels.minhash` (in C where it was
+    built) and rensa's R-MinHash on the same shingle hashes, datasketch's `MinHash.bulk` on its
+    first 5,000 documents."""
     from datasketch import MinHash
     from rensa import RMinHash
 
@@ -242,17 +255,16 @@ def bench_corpus(name: str, corpus: Path, out: Path, repeat: int, datatrove: str
     truth = truth_pairs(sets, THRESHOLD)
     print(f"\n{name}: {len(records)} documents, {mb:.1f} MB of text, median {int(np.median([len(r['text'].encode()) for r in records]))} bytes; {len(truth)} pairs with exact J >= {THRESHOLD}")
     rows = {}
-    for method in METHODS:
-        seconds, against = measured(method, corpus, out, repeat)
+    for method, (seconds, against) in measured(corpus, out, repeat).items():
         removed, justified, residual = quality(against, sets, truth)
         rows[method] = {"cpu": seconds, "mb_per_s": mb / seconds, "removed": removed, "justified": justified, "residual": residual}
     if datatrove:
         rows["datatrove"] = {"cpu": (cpu := run_datatrove(datatrove, corpus, out)["cpu"]), "mb_per_s": mb / cpu}
-    print(f"  {'method':11s} {'CPU s':>7s} {'MB/s/core':>10s} {'ito faster':>11s} {'removed':>8s} {'justified':>10s} {'residual pairs':>15s}")
+    print(f"  {'method':12s} {'CPU s':>7s} {'MB/s/core':>10s} {'ito faster':>11s} {'removed':>8s} {'justified':>10s} {'residual pairs':>15s}")
     for method, row in rows.items():
         ratio = row["cpu"] / rows["ito"]["cpu"]
         tail = f" {row['removed']:8d} {row['justified']:10.2%} {row['residual']:15d}" if "removed" in row else ""
-        print(f"  {method:11s} {row['cpu']:7.2f} {row['mb_per_s']:10.2f} {ratio:10.2f}x{tail}")
+        print(f"  {method:12s} {row['cpu']:7.2f} {row['mb_per_s']:10.2f} {ratio:10.2f}x{tail}")
     speeds = kernels(corpus)
     print("  signature kernel alone, M shingles/s/core: " + ", ".join(f"{k} {v:.2f}" for k, v in speeds.items()))
     return {"documents": len(records), "mb": mb, "truth_pairs": len(truth), "methods": rows, "kernel_m_shingles_per_s": speeds}

@@ -55,10 +55,13 @@ static uint64_t hash_bytes(const uint8_t *p, int64_t n) {
     return finish_word(h, (uint64_t)n);
 }
 
-/* [0-9A-Za-z]: what `[^\W_]+` matches in ASCII. Lower-casing such a byte is setting bit 0x20
- * (digits have it already). */
-static inline int is_word_byte(uint8_t c) {
-    return (uint8_t)(c - '0') < 10 || (uint8_t)((c | 0x20) - 'a') < 26;
+/* [0-9A-Za-z], what `[^\W_]+` matches in ASCII, lower cased (setting bit 0x20; digits have it
+ * already); 0 for every other byte. Filled when the module loads. */
+static uint8_t LOWER[256];
+
+static void fill_lower(void) {
+    for (int c = 0; c < 256; c++)
+        LOWER[c] = ((uint8_t)(c - '0') < 10 || (uint8_t)((c | 0x20) - 'a') < 26) ? (uint8_t)(c | 0x20) : 0;
 }
 
 typedef struct {
@@ -113,13 +116,14 @@ static PyObject *ascii_word_hashes(PyObject *Py_UNUSED(self), PyObject *args) {
     for (Py_ssize_t d = 0; d + 1 < num_bounds && !overflow; d++) {
         int64_t i = bounds[d], end = bounds[d + 1];
         while (i < end) {
-            while (i < end && !is_word_byte(data[i])) i++;
+            while (i < end && !LOWER[data[i]]) i++;
             if (i == end) break;
             uint64_t h = WORD_SEED, block = 0;
             int64_t start = i;
             int fill = 0;
-            for (; i < end && is_word_byte(data[i]); i++) {
-                block |= (uint64_t)(data[i] | 0x20) << (8 * fill);
+            uint8_t c;
+            for (; i < end && (c = LOWER[data[i]]); i++) {
+                block |= (uint64_t)c << (8 * fill);
                 if (++fill == 8) {
                     h = fold_block(h, block);
                     block = 0;
@@ -411,4 +415,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__kernels(void) {
+    fill_lower();
+    return PyModule_Create(&module);
+}

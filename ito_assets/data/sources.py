@@ -249,9 +249,17 @@ def jsonl_records(path: Path, uri: str, fields: RecordFields = DEFAULT_FIELDS, *
         if not line.strip():
             continue
         record = jsonl_record(line, row + 1, uri, fields)
-        where = f"{uri}: line {row + 1}"
-        ids.append(_text(record_id(record.get(fields.id), fields, where), where, fields.id))
-        texts.append(_text(record[fields.text], where, fields.text))
+        value, text = record.get(fields.id), record[fields.text]
+        if type(value) is int:  # not a bool: its type is bool
+            value = str(value)
+        # An ASCII string id and an ASCII text need no checks: the message naming the line is made
+        # only for the others (60,000 lines: 0.34 -> 0.27 s for the whole read, best of 5).
+        if type(value) is not str or not value.isascii() or not text.isascii():
+            where = f"{uri}: line {row + 1}"
+            value = _text(record_id(value, fields, where), where, fields.id)
+            text = _text(text, where, fields.text)
+        ids.append(value)
+        texts.append(text)
         rows.append(row)
         if len(texts) == BATCH_RECORDS:
             yield ids, texts, rows

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from ito_assets.data import kernels
 from ito_assets.data.kernels import ascii_word_hashes, hash_word_bytes, mix64  # noqa: F401 (mix64: the data plane's finaliser)
 
 NORMALIZATION_FORM = "NFC"
@@ -119,7 +120,7 @@ def _ascii_word_hashes(texts: pl.Series) -> TokenHashes:
     """Word hashes of ASCII texts, found on the concatenated bytes (Arrow's buffer) by
     `kernels.ascii_word_hashes`. The bytes are taken in pieces of about WORD_PIECE_BYTES cut
     between words, so that numpy's version (~17 bytes of work arrays a byte of text) stays bounded
-    however long one document is."""
+    however long one document is; the C kernel holds no such arrays and takes them whole."""
     array = texts.to_arrow(compat_level=pl.CompatLevel.oldest())  # large_string: one buffer
     bounds = np.frombuffer(array.buffers()[1], dtype=np.int64)[array.offset : array.offset + len(array) + 1]
     if len(array) == 0 or bounds[-1] == bounds[0]:
@@ -127,7 +128,7 @@ def _ascii_word_hashes(texts: pl.Series) -> TokenHashes:
     data = np.frombuffer(array.buffers()[2], dtype=np.uint8)[bounds[0] : bounds[-1]]
     bounds = bounds - bounds[0]
     hashes, offsets, words_before = [], np.empty(len(bounds), dtype=np.int64), 0
-    for low, high in _pieces_between_words(data):
+    for low, high in _pieces_between_words(data) if not kernels.NATIVE else [(0, len(data))]:
         # The documents that start in this piece (the last piece: the end too).
         here = (bounds >= low) & ((bounds < high) | (high == len(data)))
         piece_hashes, piece_offsets = ascii_word_hashes(data[low:high], np.concatenate([[0], bounds[here] - low, [high - low]]))
