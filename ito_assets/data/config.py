@@ -211,8 +211,8 @@ class ScaleConfig:
     - in_memory_mb 32: with one worker, a corpus of at most this many MB of text is deduplicated
       in the step's memory (`dedup_memory`), without the streamed path's files and joins; 0
       always streams. Measured on 20.9 MB of short documents (benchmarks/dedup_speed.py): the
-      step's peak 330 MB above the interpreter's, about 16x the text, against 230 MB streamed;
-      so 32 MB of text stays near 0.5 GB.
+      process's peak 327 MB above its 229 MB before deduplication, about 16x the text, against
+      233 MB streamed; so 32 MB of text stays near 0.5 GB.
     """
 
     unit_bytes: int = 8 * 2**20

@@ -3,9 +3,10 @@ files as the streamed path (`dedup_units`), composed on whole frames.
 
 The streamed path writes every phase to the scratch folder (keys, work units, signatures, band
 rows, pairs) and joins in DuckDB, so that memory stays bounded by a unit whatever the corpus. On a
-corpus of a few tens of MB those files and joins are most of the work: 60,000 documents of
-100-600 bytes (20.9 MB, benchmarks/dedup_speed.py's short corpus) took 2.1 s of CPU streamed and
-0.9 s here, 2-core AMD EPYC. `ScaleConfig.in_memory_mb` says which corpora take this path.
+corpus of a few tens of MB those files and joins are most of the work: on 60,000 documents of
+100-600 bytes (20.9 MB, benchmarks/dedup_speed.py's short corpus) the benchmark's path, the
+sources step's ~0.7 s included, took 2.75 s of CPU streamed and 1.58 s with this (best of 5,
+2-core AMD EPYC). `ScaleConfig.in_memory_mb` says which corpora take this path.
 """
 
 from __future__ import annotations
