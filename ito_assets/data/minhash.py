@@ -18,9 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from ito_assets.data.kernels import EMPTY, minhash, shingle_hashes, sorted_sets
+from ito_assets.data.kernels import minhash, shingle_hashes, sorted_sets
 from ito_assets.data.text import NGRAM_MULTIPLIERS, TokenHashes, word_hashes
-
 
 
 @dataclass(frozen=True)

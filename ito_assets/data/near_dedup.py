@@ -29,10 +29,10 @@ import polars as pl
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
-from ito_assets.data.config import DedupConfig
 from ito_assets.data import kernels
-from ito_assets.data.kernels import pair_jaccard
-from ito_assets.data.minhash import EMPTY, Shingles, estimated_jaccard
+from ito_assets.data.config import DedupConfig
+from ito_assets.data.kernels import EMPTY, pair_jaccard
+from ito_assets.data.minhash import Shingles, estimated_jaccard
 from ito_assets.data.text import NGRAM_MULTIPLIERS
 
 HISTOGRAM_BINS = 20  # 0.05-wide bins of estimated Jaccard

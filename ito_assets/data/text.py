@@ -290,5 +290,3 @@ def ngram_hashes(tokens: TokenHashes, n: int) -> tuple[np.ndarray, np.ndarray]:
     doc_end = np.repeat(tokens.offsets[1:], tokens.lengths)[:width]
     valid = starts + n <= doc_end
     return acc[valid], starts[valid]
-
-

@@ -6,14 +6,14 @@ import random
 
 import numpy as np
 import polars as pl
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from datasketch import MinHash
 
 from data_frames import edit_words, frame, random_text
 from ito_assets.data.config import DedupConfig
-from ito_assets.data.minhash import EMPTY, MinHasher, shingle_lists
+from ito_assets.data.kernels import EMPTY
+from ito_assets.data.minhash import MinHasher, shingle_lists
 from ito_assets.data.near_dedup import candidate_pairs, exact_jaccard, keep_rule
 from ito_assets.data.text import token_hashes, words_of
 from reference_impl import deduplicate

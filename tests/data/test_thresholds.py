@@ -21,7 +21,8 @@ from ito_assets.data.clean import apply_actions
 from ito_assets.data.config import DecontamConfig, DedupConfig
 from ito_assets.data.decontam import HIT_SCHEMA, common_seeds, occurrences, seed_frequency, seed_matches
 from ito_assets.data.eval_index import build_index
-from ito_assets.data.minhash import EMPTY, MinHasher
+from ito_assets.data.kernels import EMPTY
+from ito_assets.data.minhash import MinHasher
 from ito_assets.data.text import token_hashes
 from ito_assets.data.near_dedup import (
     HISTOGRAM_BINS,
