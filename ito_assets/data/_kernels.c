@@ -66,16 +66,31 @@ static void fill_lower(void) {
 
 typedef struct {
     Py_buffer view;
-    int held;
+    int held, writable;
 } Buf;
 
 static int take(PyObject *obj, Buf *buf, Py_ssize_t itemsize, int writable, const char *name) {
     if (PyObject_GetBuffer(obj, &buf->view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0) return -1;
     buf->held = 1;
+    buf->writable = writable;
     if (buf->view.len % itemsize) {
         PyErr_Format(PyExc_ValueError, "%s: %zd bytes is no whole number of %zd-byte items", name, buf->view.len, itemsize);
         return -1;
     }
+    return 0;
+}
+
+/* An output that shares memory with another array would change what was checked: refused. */
+static int apart(Buf *bufs, int n) {
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++) {
+            const char *a = bufs[i].view.buf, *b = bufs[j].view.buf;
+            if ((bufs[i].writable || bufs[j].writable) && bufs[i].view.len && bufs[j].view.len && a < b + bufs[j].view.len &&
+                b < a + bufs[i].view.len) {
+                PyErr_SetString(PyExc_ValueError, "an output shares memory with another array");
+                return -1;
+            }
+        }
     return 0;
 }
 
@@ -93,7 +108,7 @@ static PyObject *ascii_word_hashes(PyObject *Py_UNUSED(self), PyObject *args) {
     memset(b, 0, sizeof b);
     if (!PyArg_ParseTuple(args, "OOOO", &objs[0], &objs[1], &objs[2], &objs[3])) return NULL;
     if (take(objs[0], &b[0], 1, 0, "data") || take(objs[1], &b[1], 8, 0, "bounds") || take(objs[2], &b[2], 8, 1, "hashes") ||
-        take(objs[3], &b[3], 8, 1, "offsets")) {
+        take(objs[3], &b[3], 8, 1, "offsets") || apart(b, 4)) {
         release(b, 4);
         return NULL;
     }
@@ -155,7 +170,7 @@ static PyObject *hash_word_bytes(PyObject *Py_UNUSED(self), PyObject *args) {
     Buf b[3];
     memset(b, 0, sizeof b);
     if (!PyArg_ParseTuple(args, "OOO", &objs[0], &objs[1], &objs[2])) return NULL;
-    if (take(objs[0], &b[0], 1, 0, "data") || take(objs[1], &b[1], 8, 0, "starts") || take(objs[2], &b[2], 8, 1, "hashes")) {
+    if (take(objs[0], &b[0], 1, 0, "data") || take(objs[1], &b[1], 8, 0, "starts") || take(objs[2], &b[2], 8, 1, "hashes") || apart(b, 3)) {
         release(b, 3);
         return NULL;
     }
@@ -201,13 +216,14 @@ static PyObject *minhash(PyObject *Py_UNUSED(self), PyObject *args) {
     memset(bufs, 0, sizeof bufs);
     if (!PyArg_ParseTuple(args, "OOOOO", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4])) return NULL;
     if (take(objs[0], &bufs[0], 4, 0, "x") || take(objs[1], &bufs[1], 8, 0, "offsets") || take(objs[2], &bufs[2], 4, 0, "a") ||
-        take(objs[3], &bufs[3], 4, 0, "b") || take(objs[4], &bufs[4], 4, 1, "out")) {
+        take(objs[3], &bufs[3], 4, 0, "b") || take(objs[4], &bufs[4], 4, 1, "out") || apart(bufs, 5)) {
         release(bufs, 5);
         return NULL;
     }
     const int64_t *offsets = bufs[1].view.buf;
     Py_ssize_t num_docs = bufs[1].view.len / 8 - 1, num_perm = bufs[2].view.len / 4, num_x = bufs[0].view.len / 4;
-    int bad = num_docs < 0 || bufs[3].view.len / 4 != num_perm || bufs[4].view.len / 4 != num_docs * num_perm;
+    int bad = num_docs < 0 || bufs[3].view.len / 4 != num_perm || (num_docs > 0 && num_perm > PY_SSIZE_T_MAX / num_docs) ||
+              bufs[4].view.len / 4 != num_docs * num_perm;
     for (Py_ssize_t d = 0; !bad && d < num_docs; d++) bad = offsets[d] < 0 || offsets[d] > offsets[d + 1];
     if (bad || (num_docs >= 0 && offsets[num_docs] > num_x)) {
         release(bufs, 5);
@@ -232,7 +248,7 @@ static PyObject *shingle_hashes(PyObject *Py_UNUSED(self), PyObject *args) {
     memset(b, 0, sizeof b);
     if (!PyArg_ParseTuple(args, "OOnOOO", &objs[0], &objs[1], &k, &objs[2], &objs[3], &objs[4])) return NULL;
     if (take(objs[0], &b[0], 8, 0, "tokens") || take(objs[1], &b[1], 8, 0, "token_offsets") || take(objs[2], &b[2], 8, 0, "multipliers") ||
-        take(objs[3], &b[3], 8, 0, "offsets") || take(objs[4], &b[4], 8, 1, "out")) {
+        take(objs[3], &b[3], 8, 0, "offsets") || take(objs[4], &b[4], 8, 1, "out") || apart(b, 5)) {
         release(b, 5);
         return NULL;
     }
@@ -240,15 +256,18 @@ static PyObject *shingle_hashes(PyObject *Py_UNUSED(self), PyObject *args) {
     const int64_t *starts = b[1].view.buf, *offsets = b[3].view.buf;
     uint64_t *out = b[4].view.buf;
     Py_ssize_t num_docs = b[1].view.len / 8 - 1, num_mult = b[2].view.len / 8, num_tokens = b[0].view.len / 8, num_out = b[4].view.len / 8;
-    int bad = k < 1 || num_mult < 1 || num_docs < 0 || b[3].view.len / 8 != num_docs + 1 || (num_docs >= 0 && (starts[0] < 0 || offsets[0] != 0));
+    int bad = k < 1 || num_mult < 1 || num_docs < 0 || b[3].view.len / 8 != num_docs + 1 ||
+              (num_docs >= 0 && (starts[0] != 0 || starts[num_docs] != num_tokens || offsets[0] != 0));
     for (Py_ssize_t d = 0; !bad && d < num_docs; d++) {
-        int64_t length = starts[d + 1] - starts[d];
-        int64_t count = length >= k ? length - k + 1 : (length > 0);
-        bad = length < 0 || starts[d + 1] > num_tokens || offsets[d + 1] - offsets[d] != count;
+        bad = starts[d] > starts[d + 1] || offsets[d] > offsets[d + 1];
+        if (!bad) {
+            int64_t length = starts[d + 1] - starts[d];
+            bad = offsets[d + 1] - offsets[d] != (length >= k ? length - k + 1 : (length > 0));
+        }
     }
     if (bad || (num_docs >= 0 && offsets[num_docs] != num_out)) {
         release(b, 5);
-        PyErr_SetString(PyExc_ValueError, "token_offsets must be N+1 ascending positions within tokens, offsets each document's shingles, out S long");
+        PyErr_SetString(PyExc_ValueError, "token_offsets must run from 0 to T ascending, offsets hold each document's shingles, out S long");
         return NULL;
     }
     Py_BEGIN_ALLOW_THREADS
@@ -294,7 +313,7 @@ static PyObject *sorted_sets(PyObject *Py_UNUSED(self), PyObject *args) {
     Buf b[3];
     memset(b, 0, sizeof b);
     if (!PyArg_ParseTuple(args, "OOO", &objs[0], &objs[1], &objs[2])) return NULL;
-    if (take(objs[0], &b[0], 8, 1, "values") || take(objs[1], &b[1], 8, 0, "offsets") || take(objs[2], &b[2], 8, 1, "kept")) {
+    if (take(objs[0], &b[0], 8, 1, "values") || take(objs[1], &b[1], 8, 0, "offsets") || take(objs[2], &b[2], 8, 1, "kept") || apart(b, 3)) {
         release(b, 3);
         return NULL;
     }
@@ -332,7 +351,7 @@ static PyObject *pair_jaccard(PyObject *Py_UNUSED(self), PyObject *args) {
     memset(b, 0, sizeof b);
     if (!PyArg_ParseTuple(args, "OOOOO", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4])) return NULL;
     if (take(objs[0], &b[0], 8, 0, "sets") || take(objs[1], &b[1], 8, 0, "offsets") || take(objs[2], &b[2], 8, 0, "a") ||
-        take(objs[3], &b[3], 8, 0, "b") || take(objs[4], &b[4], 8, 1, "out")) {
+        take(objs[3], &b[3], 8, 0, "b") || take(objs[4], &b[4], 8, 1, "out") || apart(b, 5)) {
         release(b, 5);
         return NULL;
     }
@@ -374,13 +393,18 @@ static PyObject *band_keys(PyObject *Py_UNUSED(self), PyObject *args) {
     Buf b[3];
     memset(b, 0, sizeof b);
     if (!PyArg_ParseTuple(args, "OnnOO", &objs[0], &bands, &rows, &objs[1], &objs[2])) return NULL;
-    if (take(objs[0], &b[0], 4, 0, "signatures") || take(objs[1], &b[1], 8, 0, "multipliers") || take(objs[2], &b[2], 8, 1, "out")) {
+    if (take(objs[0], &b[0], 4, 0, "signatures") || take(objs[1], &b[1], 8, 0, "multipliers") || take(objs[2], &b[2], 8, 1, "out") || apart(b, 3)) {
         release(b, 3);
         return NULL;
     }
     const uint32_t *sig = b[0].view.buf;
     const uint64_t *mult = b[1].view.buf;
     uint64_t *out = b[2].view.buf;
+    if (bands < 1 || rows < 1 || rows > PY_SSIZE_T_MAX / bands) {
+        release(b, 3);
+        PyErr_SetString(PyExc_ValueError, "signatures must be N rows of bands*rows slots, out N*bands long");
+        return NULL;
+    }
     Py_ssize_t width = bands * rows, num_mult = b[1].view.len / 8;
     Py_ssize_t num_docs = width > 0 ? b[0].view.len / 4 / width : 0;
     if (bands < 1 || rows < 1 || num_mult < 1 || b[0].view.len / 4 != num_docs * width || b[2].view.len / 8 != num_docs * bands) {

@@ -196,10 +196,12 @@ def deduplicate_units(
 
 
 def in_memory(shards: Sequence[Shard], scale: ScaleConfig) -> bool:
-    """Whether `deduplicate_units` takes the shards in memory: one worker, and at most
-    `in_memory_mb` of text."""
+    """Whether `deduplicate_units` takes the shards in memory: one worker, at most `in_memory_mb`
+    of text and `in_memory_documents` documents."""
+    if scale.in_memory_mb == 0 or scale.num_workers != 1 or scale.engine != "local":
+        return False
     limit = scale.in_memory_mb * 2**20
-    return scale.in_memory_mb > 0 and scale.num_workers == 1 and scale.engine == "local" and text_bytes(shards, limit) <= limit
+    return sum(s.num_rows for s in shards) <= scale.in_memory_documents and text_bytes(shards, limit) <= limit
 
 
 def save_removals(scratch: Scratch, removals: Removals, num_representatives: int) -> None:

@@ -93,6 +93,8 @@ def shingle_hashes(tokens: np.ndarray, token_offsets: np.ndarray, k: int, multip
     tokens, token_offsets = np.ascontiguousarray(tokens, dtype=np.uint64), _word_positions(token_offsets)
     multipliers = np.ascontiguousarray(multipliers, dtype=np.uint64)
     lengths = np.diff(token_offsets)
+    if not len(token_offsets) or token_offsets[0] != 0 or token_offsets[-1] != len(tokens) or (lengths < 0).any() or k < 1:
+        raise ValueError("token_offsets must run from 0 to T ascending, k at least 1")
     counts = np.where(lengths >= k, lengths - k + 1, np.minimum(lengths, 1))
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])

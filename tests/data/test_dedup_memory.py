@@ -18,7 +18,7 @@ from ito_assets.data.config import DedupConfig, ScaleConfig
 from ito_assets.data.dedup_memory import text_bytes
 from ito_assets.data.dedup_units import deduplicate_units, in_memory, kept_frames, load_removals
 from ito_assets.data.scratch import scratch_space
-from ito_assets.data.shards import write_shard_stream, write_shards
+from ito_assets.data.shards import Shard, write_shard_stream, write_shards
 from ito_assets.data.sources import DOCUMENT_SCHEMA
 from ito_assets.errors import ErrorCode, ItoError
 from test_dedup_units import TINY, corpus
@@ -77,9 +77,20 @@ def test_the_step_takes_a_corpus_in_memory_up_to_in_memory_mb_of_text(monkeypatc
     assert in_memory([], scale) is expected
 
 
-def test_in_memory_mb_below_zero_is_refused() -> None:
-    with pytest.raises(ValueError, match="in_memory_mb"):
-        ScaleConfig(in_memory_mb=-1)
+@pytest.mark.parametrize(("rows", "expected"), [(250_000, True), (250_001, False), (0, True)])
+def test_and_up_to_in_memory_documents(monkeypatch, rows: int, expected: bool) -> None:
+    """Tiny texts count little as text but ~1.4 kB each in memory: the documents are bounded too."""
+    monkeypatch.setattr(dedup_units, "text_bytes", lambda shards, up_to: 1)
+    shards = [Shard(path="a", sha256="0" * 64, num_rows=rows // 2), Shard(path="b", sha256="0" * 64, num_rows=rows - rows // 2)]
+    assert in_memory(shards, ScaleConfig()) is expected
+    assert in_memory(shards, ScaleConfig(in_memory_documents=rows)) is True
+
+
+@pytest.mark.parametrize("field", ["in_memory_mb", "in_memory_documents"])
+def test_in_memory_limits_below_zero_are_refused(field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        ScaleConfig(**{field: -1})
+    assert getattr(ScaleConfig(**{field: 0}), field) == 0
 
 
 def test_text_bytes_are_the_texts_bytes_and_four_a_row(tmp_path: Path) -> None:

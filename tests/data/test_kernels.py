@@ -130,6 +130,16 @@ def python_shingles(words: list[int], k: int, multipliers: list[int]) -> list[in
     return [gram(words[s : s + k]) for s in range(len(words) - k + 1)]
 
 
+def test_shingle_offsets_must_cover_the_tokens_in_both_versions(use_c) -> None:
+    """Tokens before the first document or after the last are no document's: both versions
+    refuse them (numpy's used to hash windows there)."""
+    from ito_assets.data.text import NGRAM_MULTIPLIERS
+
+    for offsets in ([2, 6, 10], [0, 2, 7], [0, 5, 3, 10], []):
+        with pytest.raises(ValueError, match="from 0 to T"):
+            kernels.shingle_hashes(np.arange(10, dtype=np.uint64), np.array(offsets, dtype=np.int64), 3, NGRAM_MULTIPLIERS)
+
+
 @pytest.mark.parametrize("k", [1, 2, 5, 9])
 def test_shingles_are_the_k_grams_inside_each_document(use_c, k) -> None:
     """Documents of 0, 1, k - 1, k and k + 1 words and longer, side by side: no k-gram runs across
@@ -211,7 +221,7 @@ def test_band_keys_hash_each_bands_slots_as_stated(use_c, bands, rows, slots) ->
         (lambda k: k.hash_word_bytes(np.zeros(4, np.uint8), np.array([2, 1]), np.zeros(1, np.uint64)), "ascending"),
         (lambda k: k.hash_word_bytes(np.zeros(4, np.uint8), np.array([0, 1]), np.zeros(2, np.uint64)), "T long"),
         (lambda k: k.shingle_hashes(np.zeros(4, np.uint64), np.array([0, 5]), 2, np.ones(1, np.uint64), np.array([0, 4]), np.zeros(4, np.uint64)),
-         "within tokens"),
+         "from 0 to T"),
         (lambda k: k.shingle_hashes(np.zeros(4, np.uint64), np.array([0, 4]), 2, np.ones(1, np.uint64), np.array([0, 2]), np.zeros(2, np.uint64)),
          "each document's shingles"),
         (lambda k: k.shingle_hashes(np.zeros(4, np.uint64), np.array([0, 4]), 2, np.ones(1, np.uint64), np.array([0, 3]), np.zeros(4, np.uint64)),
@@ -229,6 +239,17 @@ def test_band_keys_hash_each_bands_slots_as_stated(use_c, bands, rows, slots) ->
         (lambda k: k.band_keys(np.zeros(10, np.uint32), 2, 3, np.ones(1, np.uint64), np.zeros(2, np.uint64)), "N rows"),
         (lambda k: k.band_keys(np.zeros(12, np.uint32), 2, 3, np.ones(1, np.uint64), np.zeros(3, np.uint64)), "N\\*bands"),
         (lambda k: k.band_keys(np.zeros(12, np.uint32), 0, 3, np.ones(1, np.uint64), np.zeros(0, np.uint64)), "N rows"),
+        # Sizes whose products wrap past 2^63: refused, not read out of bounds.
+        (lambda k: k.band_keys(np.zeros(1, np.uint32), 274177, 67280421310721, np.ones(1, np.uint64), np.zeros(274177, np.uint64)), "N rows"),
+        (lambda k: k.shingle_hashes(np.zeros(1, np.uint64), np.array([1, -2**63, -1, 1]), 1, np.ones(1, np.uint64), np.zeros(4, np.int64),
+                                    np.zeros(0, np.uint64)), "from 0 to T"),
+        (lambda k: k.shingle_hashes(np.zeros(4, np.uint64), np.array([0, 2]), 2, np.ones(1, np.uint64), np.array([0, 1]), np.zeros(1, np.uint64)),
+         "from 0 to T"),
+        # An output sharing memory with an input would change what was checked.
+        (lambda k: (lambda offs: k.pair_jaccard(np.array([1], np.uint64), offs, np.zeros(2, np.int64), np.zeros(2, np.int64), offs[1:].view(np.float64)))(
+            np.array([0, 1, 1], np.int64)), "shares memory"),
+        (lambda k: (lambda buf: k.ascii_word_hashes(buf[:8].view(np.uint8), np.array([0, 8]), buf[1:3], np.zeros(2, np.int64)))(
+            np.zeros(4, np.uint64)), "shares memory"),
         (lambda k: k.minhash(np.zeros(3, np.uint32), np.array([0, 4]), np.ones(2, np.uint32), np.ones(2, np.uint32), np.zeros(2, np.uint32)),
          "within x"),
         (lambda k: k.minhash(np.zeros(3, np.uint32), np.array([2, 1]), np.ones(2, np.uint32), np.ones(2, np.uint32), np.zeros(2, np.uint32)),

@@ -40,13 +40,16 @@ class DedupParams(ScaleParams):
     # Band rows per partition of the LSH band join (at least one partition per worker): how the
     # join is spread, never what it finds.
     partition_rows: int = _SCALE.partition_rows
-    # MB of text up to which one worker deduplicates in memory, without the streamed path's
-    # files (0: always streamed): never what it finds.
+    # MB of text and documents up to which one worker deduplicates in memory, without the
+    # streamed path's files (0 MB: always streamed): never what it finds.
     in_memory_mb: int = _SCALE.in_memory_mb
+    in_memory_documents: int = _SCALE.in_memory_documents
 
     def to_config(self, engine: str = "local") -> DataPrepConfig:
-        scale = replace(self.scale(engine), partition_rows=self.partition_rows, in_memory_mb=self.in_memory_mb)
-        return DataPrepConfig(dedup=DedupConfig(**self.model_dump(exclude=_SCALE_FIELDS | {"partition_rows", "in_memory_mb"})), scale=scale)
+        scale = replace(self.scale(engine), partition_rows=self.partition_rows, in_memory_mb=self.in_memory_mb,
+                        in_memory_documents=self.in_memory_documents)
+        extra = {"partition_rows", "in_memory_mb", "in_memory_documents"}
+        return DataPrepConfig(dedup=DedupConfig(**self.model_dump(exclude=_SCALE_FIELDS | extra)), scale=scale)
 
 
 class DecontamParams(ScaleParams):
