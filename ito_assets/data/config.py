@@ -180,7 +180,7 @@ MIN_MB_PER_DUCKDB_THREAD = 128
 class ScaleConfig:
     """How one data step spreads its work over a machine. None of these changes a result (the
     streamed and in-memory paths agree exactly: tests/data/test_dedup_units.py,
-    test_decontam_units.py); they bound memory.
+    test_dedup_memory.py, test_decontam_units.py); they bound memory.
 
     - unit_bytes 8 MiB: the documents are cut into work units of about this many bytes of text;
       a unit's shingling, signatures and decontamination scan are independent steps. A worker
