@@ -99,19 +99,37 @@ static void release(Buf *bufs, int n) {
         if (bufs[i].held) PyBuffer_Release(&bufs[i].view);
 }
 
+/* One argument array: its name in messages, its item size, whether the kernel writes it. */
+typedef struct {
+    const char *name;
+    Py_ssize_t itemsize;
+    int writable;
+} Arg;
+
+/* Every argument's buffer taken as `args` says, and kept apart: on failure all released, -1. */
+static int take_all(PyObject **objs, Buf *bufs, const Arg *args, int n) {
+    memset(bufs, 0, sizeof *bufs * (size_t)n);
+    for (int i = 0; i < n; i++)
+        if (take(objs[i], &bufs[i], args[i].itemsize, args[i].writable, args[i].name)) {
+            release(bufs, n);
+            return -1;
+        }
+    if (apart(bufs, n)) {
+        release(bufs, n);
+        return -1;
+    }
+    return 0;
+}
+
 /* ascii_word_hashes(data: u8, bounds: i64 (N+1), hashes: u64 out, offsets: i64 out (N+1)) -> words
  * The words of N ASCII texts laid end to end in `data` (text i is data[bounds[i]:bounds[i+1]],
  * bounds relative to data), lower cased and hashed; a word never crosses a text's end. */
 static PyObject *ascii_word_hashes(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *objs[4];
     Buf b[4];
-    memset(b, 0, sizeof b);
+    static const Arg ARGS[] = {{"data", 1, 0}, {"bounds", 8, 0}, {"hashes", 8, 1}, {"offsets", 8, 1}};
     if (!PyArg_ParseTuple(args, "OOOO", &objs[0], &objs[1], &objs[2], &objs[3])) return NULL;
-    if (take(objs[0], &b[0], 1, 0, "data") || take(objs[1], &b[1], 8, 0, "bounds") || take(objs[2], &b[2], 8, 1, "hashes") ||
-        take(objs[3], &b[3], 8, 1, "offsets") || apart(b, 4)) {
-        release(b, 4);
-        return NULL;
-    }
+    if (take_all(objs, b, ARGS, 4)) return NULL;
     const uint8_t *data = b[0].view.buf;
     const int64_t *bounds = b[1].view.buf;
     uint64_t *hashes = b[2].view.buf;
@@ -168,12 +186,9 @@ static PyObject *ascii_word_hashes(PyObject *Py_UNUSED(self), PyObject *args) {
 static PyObject *hash_word_bytes(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *objs[3];
     Buf b[3];
-    memset(b, 0, sizeof b);
+    static const Arg ARGS[] = {{"data", 1, 0}, {"starts", 8, 0}, {"hashes", 8, 1}};
     if (!PyArg_ParseTuple(args, "OOO", &objs[0], &objs[1], &objs[2])) return NULL;
-    if (take(objs[0], &b[0], 1, 0, "data") || take(objs[1], &b[1], 8, 0, "starts") || take(objs[2], &b[2], 8, 1, "hashes") || apart(b, 3)) {
-        release(b, 3);
-        return NULL;
-    }
+    if (take_all(objs, b, ARGS, 3)) return NULL;
     const uint8_t *data = b[0].view.buf;
     const int64_t *starts = b[1].view.buf;
     uint64_t *hashes = b[2].view.buf;
@@ -213,13 +228,9 @@ static void minhash_rows(const uint32_t *x, const int64_t *offsets, Py_ssize_t n
 static PyObject *minhash(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *objs[5];
     Buf bufs[5];
-    memset(bufs, 0, sizeof bufs);
+    static const Arg ARGS[] = {{"x", 4, 0}, {"offsets", 8, 0}, {"a", 4, 0}, {"b", 4, 0}, {"out", 4, 1}};
     if (!PyArg_ParseTuple(args, "OOOOO", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4])) return NULL;
-    if (take(objs[0], &bufs[0], 4, 0, "x") || take(objs[1], &bufs[1], 8, 0, "offsets") || take(objs[2], &bufs[2], 4, 0, "a") ||
-        take(objs[3], &bufs[3], 4, 0, "b") || take(objs[4], &bufs[4], 4, 1, "out") || apart(bufs, 5)) {
-        release(bufs, 5);
-        return NULL;
-    }
+    if (take_all(objs, bufs, ARGS, 5)) return NULL;
     const int64_t *offsets = bufs[1].view.buf;
     Py_ssize_t num_docs = bufs[1].view.len / 8 - 1, num_perm = bufs[2].view.len / 4, num_x = bufs[0].view.len / 4;
     int bad = num_docs < 0 || bufs[3].view.len / 4 != num_perm || (num_docs > 0 && num_perm > PY_SSIZE_T_MAX / num_docs) ||
@@ -245,13 +256,9 @@ static PyObject *shingle_hashes(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *objs[5];
     Py_ssize_t k;
     Buf b[5];
-    memset(b, 0, sizeof b);
+    static const Arg ARGS[] = {{"tokens", 8, 0}, {"token_offsets", 8, 0}, {"multipliers", 8, 0}, {"offsets", 8, 0}, {"out", 8, 1}};
     if (!PyArg_ParseTuple(args, "OOnOOO", &objs[0], &objs[1], &k, &objs[2], &objs[3], &objs[4])) return NULL;
-    if (take(objs[0], &b[0], 8, 0, "tokens") || take(objs[1], &b[1], 8, 0, "token_offsets") || take(objs[2], &b[2], 8, 0, "multipliers") ||
-        take(objs[3], &b[3], 8, 0, "offsets") || take(objs[4], &b[4], 8, 1, "out") || apart(b, 5)) {
-        release(b, 5);
-        return NULL;
-    }
+    if (take_all(objs, b, ARGS, 5)) return NULL;
     const uint64_t *tokens = b[0].view.buf, *mult = b[2].view.buf;
     const int64_t *starts = b[1].view.buf, *offsets = b[3].view.buf;
     uint64_t *out = b[4].view.buf;
@@ -311,12 +318,9 @@ static void sort_u64(uint64_t *v, int64_t n) {
 static PyObject *sorted_sets(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *objs[3];
     Buf b[3];
-    memset(b, 0, sizeof b);
+    static const Arg ARGS[] = {{"values", 8, 1}, {"offsets", 8, 0}, {"kept", 8, 1}};
     if (!PyArg_ParseTuple(args, "OOO", &objs[0], &objs[1], &objs[2])) return NULL;
-    if (take(objs[0], &b[0], 8, 1, "values") || take(objs[1], &b[1], 8, 0, "offsets") || take(objs[2], &b[2], 8, 1, "kept") || apart(b, 3)) {
-        release(b, 3);
-        return NULL;
-    }
+    if (take_all(objs, b, ARGS, 3)) return NULL;
     uint64_t *values = b[0].view.buf;
     const int64_t *offsets = b[1].view.buf;
     int64_t *kept = b[2].view.buf;
@@ -348,13 +352,9 @@ static PyObject *sorted_sets(PyObject *Py_UNUSED(self), PyObject *args) {
 static PyObject *pair_jaccard(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *objs[5];
     Buf b[5];
-    memset(b, 0, sizeof b);
+    static const Arg ARGS[] = {{"sets", 8, 0}, {"offsets", 8, 0}, {"a", 8, 0}, {"b", 8, 0}, {"out", 8, 1}};
     if (!PyArg_ParseTuple(args, "OOOOO", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4])) return NULL;
-    if (take(objs[0], &b[0], 8, 0, "sets") || take(objs[1], &b[1], 8, 0, "offsets") || take(objs[2], &b[2], 8, 0, "a") ||
-        take(objs[3], &b[3], 8, 0, "b") || take(objs[4], &b[4], 8, 1, "out") || apart(b, 5)) {
-        release(b, 5);
-        return NULL;
-    }
+    if (take_all(objs, b, ARGS, 5)) return NULL;
     const uint64_t *sets = b[0].view.buf;
     const int64_t *offsets = b[1].view.buf, *first = b[2].view.buf, *second = b[3].view.buf;
     double *out = b[4].view.buf;
@@ -391,12 +391,9 @@ static PyObject *band_keys(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *objs[3];
     Py_ssize_t bands, rows;
     Buf b[3];
-    memset(b, 0, sizeof b);
+    static const Arg ARGS[] = {{"signatures", 4, 0}, {"multipliers", 8, 0}, {"out", 8, 1}};
     if (!PyArg_ParseTuple(args, "OnnOO", &objs[0], &bands, &rows, &objs[1], &objs[2])) return NULL;
-    if (take(objs[0], &b[0], 4, 0, "signatures") || take(objs[1], &b[1], 8, 0, "multipliers") || take(objs[2], &b[2], 8, 1, "out") || apart(b, 3)) {
-        release(b, 3);
-        return NULL;
-    }
+    if (take_all(objs, b, ARGS, 3)) return NULL;
     const uint32_t *sig = b[0].view.buf;
     const uint64_t *mult = b[1].view.buf;
     uint64_t *out = b[2].view.buf;
