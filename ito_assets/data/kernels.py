@@ -59,18 +59,37 @@ def hash_word_bytes(data: np.ndarray, starts: np.ndarray) -> np.ndarray:
     return out
 
 
-def ascii_word_hashes(data: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The words of ASCII texts laid end to end in `data` (text i is data[bounds[i]:bounds[i + 1]]):
-    runs of [0-9A-Za-z] (what `[^\\W_]+` matches in ASCII) inside one text, lower cased and hashed
-    -> (hashes (T,) uint64, offsets (N + 1,) int64: text i's words are hashes[offsets[i]:offsets[i + 1]])."""
+def word_runs(data: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The runs of [0-9A-Za-z] and non-ASCII bytes inside each text laid end to end in `data` (text i
+    is data[bounds[i]:bounds[i + 1]]) -> (hashes (T,) uint64, offsets (N + 1,) int64: text i's runs
+    are hashes[offsets[i]:offsets[i + 1]]; runs (R, 3) int64). A run of ASCII alone is a word of
+    `[^\\W_]+`: it is lower cased and hashed. A run with a non-ASCII byte may hold any number of
+    words, which only Unicode's tables tell: its hash is 0, and `runs` gives its (start, end) in
+    `data` and its place in `hashes`, for the caller to splice its words in (`splice_words`)."""
     data, bounds = np.ascontiguousarray(data, dtype=np.uint8), _word_positions(bounds)
     if not NATIVE:
-        return numpy_ascii_word_hashes(data, bounds)
-    # A word and the byte after it: no more words than half the bytes, one more per text.
-    hashes = np.empty((len(data) + len(bounds)) // 2 + 1, dtype=np.uint64)  # pages never written are never touched
+        return numpy_word_runs(data, bounds)
+    # A run and the byte after it: no more runs than half the bytes, one more per text.
+    capacity = (len(data) + len(bounds)) // 2 + 1
+    hashes = np.empty(capacity, dtype=np.uint64)  # pages never written are never touched
     offsets = np.empty(len(bounds), dtype=np.int64)
-    words = _native.ascii_word_hashes(data, bounds, hashes, offsets)
-    return hashes[:words].copy(), offsets
+    runs = np.empty((capacity, 3), dtype=np.int64)
+    words, num_runs = _native.word_runs(data, bounds, hashes, offsets, runs)
+    return hashes[:words].copy(), offsets, runs[:num_runs].copy()
+
+
+def splice_words(hashes: np.ndarray, offsets: np.ndarray, places: np.ndarray, words: np.ndarray, word_offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each of `places` (ascending positions in `hashes`) replaced by its run's words,
+    words[word_offsets[r]:word_offsets[r + 1]] (none, one or many) -> (hashes, the texts' offsets
+    into them)."""
+    hashes, offsets, places = np.ascontiguousarray(hashes, dtype=np.uint64), _word_positions(offsets), _word_positions(places)
+    words, word_offsets = np.ascontiguousarray(words, dtype=np.uint64), _word_positions(word_offsets)
+    if not NATIVE:
+        return numpy_splice_words(hashes, offsets, places, words, word_offsets)
+    out = np.empty(len(hashes) - len(places) + len(words), dtype=np.uint64)
+    out_offsets = np.empty(len(offsets), dtype=np.int64)
+    _native.splice_words(hashes, offsets, places, words, word_offsets, out, out_offsets)
+    return out, out_offsets
 
 
 def minhash(x: np.ndarray, offsets: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -259,25 +278,50 @@ def numpy_hash_word_bytes(data: np.ndarray, starts: np.ndarray) -> np.ndarray:
     return mix64(h ^ lengths.astype(np.uint64))
 
 
-def numpy_ascii_word_hashes(data: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    data = data[bounds[0] : bounds[-1]] if len(bounds) else data[:0]
-    bounds = bounds - bounds[0] if len(bounds) else bounds
-    letter = ((data | np.uint8(0x20)) - np.uint8(ord("a"))) < np.uint8(26)  # uint8 arithmetic wraps below "a"
-    word = letter | ((data - np.uint8(ord("0"))) < np.uint8(10))
+def numpy_word_runs(data: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    base = int(bounds[0]) if len(bounds) else 0
+    data = data[base : bounds[-1]] if len(bounds) else data[:0]
+    bounds = bounds - base
+    non_ascii = data >= np.uint8(0x80)
+    letter = (((data | np.uint8(0x20)) - np.uint8(ord("a"))) < np.uint8(26)) & ~non_ascii  # uint8 arithmetic wraps below "a"
+    word = letter | ((data - np.uint8(ord("0"))) < np.uint8(10)) | non_ascii
     inner = bounds[1:-1]
     inner = inner[(inner > 0) & (inner < len(word))]
     before = np.zeros(len(word), dtype=bool)
     before[1:] = word[:-1]
-    before[inner] = False  # a word never runs on across a text's start
+    before[inner] = False  # a run never goes on across a text's start
     after = np.zeros(len(word), dtype=bool)
     after[:-1] = word[1:]
     after[inner - 1] = False
     starts, ends = np.flatnonzero(word & ~before), np.flatnonzero(word & ~after) + 1
     packed = np.zeros(len(starts) + 1, dtype=np.int64)
     np.cumsum(ends - starts, out=packed[1:])
-    lowered = (data | np.uint8(0x20))[word]  # digits have the bit already
+    lowered = (data | (letter.astype(np.uint8) << np.uint8(5)))[word]
+    hashes = numpy_hash_word_bytes(lowered, packed)
+    seen = np.zeros(len(data) + 1, dtype=np.int64)
+    np.cumsum(non_ascii, out=seen[1:])
+    places = np.flatnonzero(seen[ends] > seen[starts])
+    hashes[places] = 0
     offsets = np.searchsorted(starts, bounds) if len(bounds) else np.zeros(0, dtype=np.int64)
-    return numpy_hash_word_bytes(lowered, packed), offsets.astype(np.int64)
+    runs = np.stack([starts[places] + base, ends[places] + base, places], axis=1).astype(np.int64).reshape(-1, 3)
+    return hashes, offsets.astype(np.int64), runs
+
+
+def numpy_splice_words(hashes: np.ndarray, offsets: np.ndarray, places: np.ndarray, words: np.ndarray, word_offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    if len(offsets) < 1 or offsets[0] != 0 or offsets[-1] != len(hashes) or len(word_offsets) != len(places) + 1 or (
+            np.diff(places) < 1).any() or (len(places) and (places[0] < 0 or places[-1] >= len(hashes))):
+        raise ValueError("offsets must run from 0 to T, places ascend within hashes, word_offsets R+1 long")
+    counts = np.ones(len(hashes), dtype=np.int64)
+    counts[places] = np.diff(word_offsets)
+    starts = np.zeros(len(hashes) + 1, dtype=np.int64)
+    np.cumsum(counts, out=starts[1:])
+    out = np.empty(int(starts[-1]), dtype=np.uint64)
+    kept = np.ones(len(hashes), dtype=bool)
+    kept[places] = False
+    out[starts[:-1][kept]] = hashes[kept]
+    sizes = np.diff(word_offsets)
+    out[np.repeat(starts[places] - word_offsets[:-1], sizes) + np.arange(len(words), dtype=np.int64)] = words
+    return out, starts[offsets]
 
 
 def numpy_minhash(x: np.ndarray, offsets: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -71,13 +71,27 @@ def band_rows(signatures: np.ndarray, bands: int, rows: int, first: int = 0) -> 
 def candidate_pairs(signatures: np.ndarray, bands: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
     """Distinct pairs (a < b) of documents sharing at least one band, ordered by (b, a), in memory
     (`band_join` is the out-of-core equivalent): each band's keys sorted, and every two members
-    of a run of equal keys a pair. 0.12-0.19 s on 58,000 documents of 20 bands, against 0.42-0.52 s
-    for a polars self-join of their band rows (benchmarks/dedup_speed.py's short corpus)."""
+    of a run of equal keys a pair. Most keys are unique: each band first sorts its keys' high bits
+    with the document's position in the low ones (a sort of values, 3x an argsort's speed), and
+    only the documents whose high bits repeat are grouped on their whole key. On 55,000 documents
+    of 20 bands (benchmarks/dedup_speed.py's short corpus), band keys included: 0.043 s, against
+    0.065 s with an argsort of every band and 0.42-0.52 s for a polars self-join of band rows."""
     eligible = np.flatnonzero(signatures[:, 0] != EMPTY) if len(signatures) else np.zeros(0, dtype=np.int64)
     keys = band_keys(signatures[eligible], bands, rows)
+    low = np.uint64((1 << max(len(eligible) - 1, 1).bit_length()) - 1)
+    position = np.arange(len(eligible), dtype=np.uint64)
     earlier, later = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)]
     for band in range(bands):
-        order = np.argsort(keys[:, band])
+        packed = np.sort((keys[:, band] & ~low) | position)
+        high = packed & ~low
+        repeat = high[1:] == high[:-1]
+        if not repeat.any():
+            continue
+        shared = np.zeros(len(packed), dtype=bool)
+        shared[1:] |= repeat
+        shared[:-1] |= repeat
+        members = (packed[shared] & low).astype(np.int64)
+        order = members[np.argsort(keys[members, band])]
         key = keys[order, band]
         edges = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1], [True]]))
         # Each sorted position pairs with the positions after it up to its run's end.

@@ -245,19 +245,26 @@ def jsonl_records(path: Path, uri: str, fields: RecordFields = DEFAULT_FIELDS, *
     ids: list[str | None] = []
     texts: list[str] = []
     rows: list[int] = []
+    loads, text_field, id_field, no_id = orjson.loads, fields.text, fields.id, not fields.id_required
     for row, line in enumerate(_lines(path, uri, span), start=first_row):
-        if not line.strip():
-            continue
-        record = jsonl_record(line, row + 1, uri, fields)
-        value, text = record.get(fields.id), record[fields.text]
-        if type(value) is int:  # not a bool: its type is bool
-            value = str(value)
-        # An ASCII string id and an ASCII text need no checks: the message naming the line is made
-        # only for the others (60,000 lines: 0.34 -> 0.27 s for the whole read, best of 5).
-        if type(value) is not str or not value.isascii() or not text.isascii():
+        # The common line, an object that orjson reads with a string text and a string, integer or
+        # absent id, needs none of `jsonl_record`'s checks: orjson refuses lone surrogates, the one
+        # thing `_text` looks for. Every other line (blank, not JSON, another id) goes through them.
+        # 60,000 short lines: 0.155 -> 0.128 s of CPU for the whole read (best of 7, alternating).
+        try:
+            record = loads(line)
+            text, value = record[text_field], record.get(id_field)
+        except Exception:  # noqa: BLE001 - not JSON, not an object, no text: the checks below say which
+            text = value = None
+        if type(text) is not str or not (type(value) is str or type(value) is int or (value is None and no_id)):
+            if not line.strip():
+                continue
+            record = jsonl_record(line, row + 1, uri, fields)
             where = f"{uri}: line {row + 1}"
-            value = _text(record_id(value, fields, where), where, fields.id)
-            text = _text(text, where, fields.text)
+            value = _text(record_id(record.get(fields.id), fields, where), where, fields.id)
+            text = _text(record[fields.text], where, fields.text)
+        elif type(value) is int:
+            value = str(value)
         ids.append(value)
         texts.append(text)
         rows.append(row)

@@ -25,9 +25,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 
 from ito_assets.data import kernels
-from ito_assets.data.kernels import ascii_word_hashes, hash_word_bytes, mix64  # noqa: F401 (mix64: the data plane's finaliser)
+from ito_assets.data.kernels import hash_word_bytes, mix64, splice_words, word_runs  # noqa: F401 (mix64: the data plane's finaliser)
 
 NORMALIZATION_FORM = "NFC"
 # Recorded with every source: the same bytes normalise identically under the same Unicode version.
@@ -103,49 +104,68 @@ def token_hashes(texts: pl.Series, *, digits_normalized: bool) -> TokenHashes:
 
 
 def word_hashes(texts: pl.Series) -> TokenHashes:
-    """`token_hashes(texts, digits_normalized=False)`, the same hashes, for deduplication: a
-    document that is pure ASCII (most are) is cut into words over its UTF-8 bytes by
-    `kernels.ascii_word_hashes`, where a word is a run of [0-9A-Za-z] (what `[^\\W_]+` matches in
-    ASCII); the others go through polars' regex, which knows Unicode's letters and cases."""
+    """`token_hashes(texts, digits_normalized=False)`, the same hashes, for deduplication, with
+    polars' regex only where Unicode is needed: `kernels.word_runs` cuts the texts' UTF-8 bytes
+    into runs of [0-9A-Za-z] and non-ASCII bytes. A run of ASCII alone is one word (what
+    `[^\\W_]+` matches in ASCII) and is hashed there; the runs holding a non-ASCII byte, cut at
+    ASCII bytes that no word holds, are lower cased and matched by polars, which know Unicode's
+    letters and cases, and their words spliced in. A text with a capital sigma goes whole: whether
+    it lower-cases to σ or ς depends on the letters around it, across a run's end."""
     texts = texts.fill_null("")  # a null has no words, as in `token_hashes`
-    ascii_ = (texts.str.len_bytes() == texts.str.len_chars()).to_numpy()
-    if ascii_.all():
-        return _ascii_word_hashes(texts)
-    parts = [(np.flatnonzero(ascii_), _ascii_word_hashes(texts.filter(pl.Series(ascii_)))),
-             (np.flatnonzero(~ascii_), token_hashes(texts.filter(pl.Series(~ascii_)), digits_normalized=False))]
+    sigma = texts.str.contains("Σ", literal=True).to_numpy()
+    if not sigma.any():
+        return _run_word_hashes(texts)
+    parts = [(np.flatnonzero(~sigma), _run_word_hashes(texts.filter(pl.Series(~sigma)))),
+             (np.flatnonzero(sigma), token_hashes(texts.filter(pl.Series(sigma)), digits_normalized=False))]
     return _interleaved(parts, len(texts))
 
 
-def _ascii_word_hashes(texts: pl.Series) -> TokenHashes:
-    """Word hashes of ASCII texts, found on the concatenated bytes (Arrow's buffer) by
-    `kernels.ascii_word_hashes`. The bytes are taken in pieces of about WORD_PIECE_BYTES cut
-    between words, so that numpy's version (~17 bytes of work arrays a byte of text) stays bounded
-    however long one document is; the C kernel holds no such arrays and takes them whole."""
+def _run_word_hashes(texts: pl.Series) -> TokenHashes:
+    """`word_hashes` of texts without a capital sigma, found on the concatenated bytes (Arrow's
+    buffer). The bytes are taken in pieces of about WORD_PIECE_BYTES cut between runs, so that
+    numpy's version (~17 bytes of work arrays a byte of text) stays bounded however long one
+    document is; the C kernel holds no such arrays and takes them whole."""
     array = texts.to_arrow(compat_level=pl.CompatLevel.oldest())  # large_string: one buffer
     bounds = np.frombuffer(array.buffers()[1], dtype=np.int64)[array.offset : array.offset + len(array) + 1]
     if len(array) == 0 or bounds[-1] == bounds[0]:
         return TokenHashes(np.zeros(0, dtype=np.uint64), np.zeros(len(array) + 1, dtype=np.int64))
     data = np.frombuffer(array.buffers()[2], dtype=np.uint8)[bounds[0] : bounds[-1]]
     bounds = bounds - bounds[0]
-    hashes, offsets, words_before = [], np.empty(len(bounds), dtype=np.int64), 0
+    hashes, runs, offsets, words_before = [], [], np.empty(len(bounds), dtype=np.int64), 0
     for low, high in _pieces_between_words(data) if not kernels.NATIVE else [(0, len(data))]:
         # The documents that start in this piece (the last piece: the end too).
         here = (bounds >= low) & ((bounds < high) | (high == len(data)))
-        piece_hashes, piece_offsets = ascii_word_hashes(data[low:high], np.concatenate([[0], bounds[here] - low, [high - low]]))
+        piece_hashes, piece_offsets, piece_runs = word_runs(data[low:high], np.concatenate([[0], bounds[here] - low, [high - low]]))
         offsets[here] = words_before + piece_offsets[1:-1]
+        runs.append(piece_runs + np.array([low, low, words_before], dtype=np.int64))
         words_before += len(piece_hashes)
         hashes.append(piece_hashes)
-    return TokenHashes(hashes=np.concatenate(hashes), offsets=offsets)
+    runs = np.concatenate(runs)
+    if not len(runs):
+        return TokenHashes(hashes=np.concatenate(hashes), offsets=offsets)
+    words = token_hashes(_run_texts(data, runs[:, 0], runs[:, 1]), digits_normalized=False)
+    spliced, offsets = splice_words(np.concatenate(hashes), offsets, runs[:, 2], words.hashes, words.offsets)
+    return TokenHashes(hashes=spliced, offsets=offsets)
 
 
-# Bytes of text a piece of `_ascii_word_hashes` holds: 4 MiB.
+def _run_texts(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> pl.Series:
+    """The texts data[starts[i]:ends[i]] (UTF-8: each run starts and ends at an ASCII byte's edge)."""
+    lengths = ends - starts
+    value_offsets = np.zeros(len(starts) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=value_offsets[1:])
+    gathered = data[np.repeat(starts - value_offsets[:-1], lengths) + np.arange(value_offsets[-1], dtype=np.int64)]
+    array = pa.LargeStringArray.from_buffers(len(starts), pa.py_buffer(value_offsets), pa.py_buffer(gathered))
+    return pl.Series(pl.from_arrow(array))
+
+
+# Bytes of text a piece of `_run_word_hashes` holds: 4 MiB.
 WORD_PIECE_BYTES = 1 << 22
 
 
 def _word_bytes_mask(data: np.ndarray) -> np.ndarray:
-    """Which bytes are [0-9A-Za-z]."""
+    """Which bytes a run of `kernels.word_runs` holds: [0-9A-Za-z] and the non-ASCII ones."""
     letter = ((data | np.uint8(0x20)) - np.uint8(ord("a"))) < np.uint8(26)  # uint8 arithmetic wraps below "a"
-    return letter | ((data - np.uint8(ord("0"))) < np.uint8(10))
+    return letter | ((data - np.uint8(ord("0"))) < np.uint8(10)) | (data >= np.uint8(0x80))
 
 
 def _pieces_between_words(data: np.ndarray) -> list[tuple[int, int]]:

@@ -19,7 +19,10 @@ from ito_assets.data.text import TokenHashes, ngram_hashes, token_hashes, word_h
 CODE_POINTS = [chr(c) for c in range(sys.maxunicode + 1) if not 0xD800 <= c <= 0xDFFF]  # no lone surrogates in UTF-8
 # ASCII letters, digits, the characters that end words, and non-ASCII ones that lower-case,
 # compose, expand or are letters of other scripts.
-ALPHABET = list("abcXYZ019 _-.,\n\t") + ["é", "e\u0301", "ß", "İ", "Σ", "中", "٣", "\u200d", "Ⅻ", "ǅ", "\x1c"]
+ALPHABET = list("abcXYZ019 _-.,\n\t") + ["é", "e\u0301", "ß", "İ", "Σ", "中", "٣", "\u200d", "Ⅻ", "ǅ", "\x1c",
+                                        # lower-cases to ASCII; marks and punctuation inside a word's bytes; case-ignorable
+                                        # characters, across which a capital sigma's lower case looks
+                                        "\u212a", "’", "\u00ad", "'", ":", "ΑΣ", "\u0345"]
 
 
 def test_blank_is_what_python_strip_removes_for_every_code_point() -> None:
@@ -49,7 +52,11 @@ def _random_texts(rng: random.Random) -> pl.Series:
     return series.slice(1) if len(texts) > 2 and rng.random() < 0.3 else series  # an Arrow offset too
 
 
-def test_word_hashes_equal_token_hashes() -> None:
+@pytest.mark.parametrize("native", [True, False], ids=["C where built", "numpy"])
+def test_word_hashes_equal_token_hashes(monkeypatch, native) -> None:
+    from ito_assets.data import kernels
+
+    monkeypatch.setattr(kernels, "NATIVE", native and kernels.NATIVE)
     rng = random.Random(5)
     for _ in range(2000):
         texts = _random_texts(rng)
@@ -68,7 +75,8 @@ def test_word_hashes_taken_in_pieces_equal_token_hashes(monkeypatch, piece_bytes
     monkeypatch.setattr(kernels, "NATIVE", False)
     rng = random.Random(piece_bytes)
     for _ in range(100):
-        texts = pl.Series([" ".join(rng.choice(["a", "Bc", "x" * rng.randint(1, 90), "9z", "--", ""]) for _ in range(rng.randint(0, 30)))
+        texts = pl.Series([" ".join(rng.choice(["a", "Bc", "x" * rng.randint(1, 90), "9z", "--", "", "é" * rng.randint(1, 40), "don’t", "中文"])
+                                    for _ in range(rng.randint(0, 30)))
                            for _ in range(rng.randint(1, 6))])
         fast, reference = word_hashes(texts), token_hashes(texts, digits_normalized=False)
         assert np.array_equal(fast.hashes, reference.hashes) and np.array_equal(fast.offsets, reference.offsets), texts.to_list()

@@ -15,6 +15,7 @@ from ito_assets.data.kernels import EMPTY, WORD_PRIME, WORD_SEED
 native = pytest.mark.skipif(not kernels.NATIVE, reason="the C kernels are not built here (no C compiler at install): numpy's run")
 IMPLEMENTATIONS = [pytest.param(True, id="C", marks=native), pytest.param(False, id="numpy")]
 MASK = (1 << 64) - 1
+RUNS = np.zeros((4, 3), np.int64)  # room for the runs of a 4-byte text
 
 
 def python_word_hash(word: bytes) -> int:
@@ -66,29 +67,86 @@ def test_word_hashes_of_any_bytes_match_the_statement(words) -> None:
         assert kernels.hash_word_bytes(*packed(words)).tolist() == expected
 
 
-ASCII_TEXT = st.text(alphabet=st.sampled_from(list("aZ09 _-.\n(xyQ")), max_size=40)
+# ASCII letters, digits and the bytes between words, and non-ASCII letters, marks and punctuation
+# that sit inside a run of word bytes or alone.
+RUN_TEXT = st.text(alphabet=st.sampled_from(list("aZ09 _-.\n(xyQ") + ["é", "’", "中", "\u0301", "K"]), max_size=40)
 
 
-@settings(max_examples=80, deadline=None)
-@given(st.lists(ASCII_TEXT, max_size=12))
-def test_ascii_words_are_the_regex_words_lower_cased_within_each_text(texts) -> None:
-    """Texts laid end to end with no separator: a word at the end of one text and one at the start
-    of the next stay two words."""
+def stated_runs(texts: list[str]) -> tuple[list[int], list[int], list[list[int]]]:
+    """word_runs as its docstring states it, by a bytes regex per text: (hashes, offsets, runs)."""
+    hashes, offsets, runs, at = [], [0], [], 0
+    for text in texts:
+        raw = text.encode()
+        for match in re.finditer(rb"[0-9A-Za-z\x80-\xff]+", raw):
+            if match.group().isascii():
+                hashes.append(python_word_hash(match.group().lower()))
+            else:
+                runs.append([at + match.start(), at + match.end(), len(hashes)])
+                hashes.append(0)
+        offsets.append(len(hashes))
+        at += len(raw)
+    return hashes, offsets, runs
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.lists(RUN_TEXT, max_size=12))
+def test_word_runs_are_the_stated_runs_within_each_text(texts) -> None:
+    """Texts laid end to end with no separator: a run at the end of one text and one at the start
+    of the next stay two runs; a run of ASCII is hashed lower cased, one with a non-ASCII byte left
+    to the caller."""
     data, bounds = packed([t.encode() for t in texts])
-    expected_words = [re.findall(r"[0-9A-Za-z]+", t) for t in texts]
-    expected = [python_word_hash(w.lower().encode()) for words in expected_words for w in words]
-    offsets = np.concatenate([[0], np.cumsum([len(w) for w in expected_words])]).tolist()
-    implementations = [kernels.numpy_ascii_word_hashes] + ([] if not kernels.NATIVE else [kernels.ascii_word_hashes])
+    expected = stated_runs(texts)
+    implementations = [kernels.numpy_word_runs] + ([] if not kernels.NATIVE else [kernels.word_runs])
     for implementation in implementations:
-        hashes, found = implementation(data, bounds)
-        assert hashes.tolist() == expected and found.tolist() == offsets
+        hashes, offsets, runs = implementation(data, bounds)
+        assert (hashes.tolist(), offsets.tolist(), runs.tolist()) == expected
+        assert runs.shape == (len(expected[2]), 3)
 
 
-def test_ascii_words_of_a_slice_of_the_bytes(use_c) -> None:
-    """Bounds need not start at 0: the bytes before the first text are no text's."""
-    data = np.frombuffer(b"skip Me|One two|", dtype=np.uint8)
-    hashes, offsets = kernels.ascii_word_hashes(data, np.array([8, 12, 16]))
-    assert hashes.tolist() == [python_word_hash(w) for w in (b"one", b"two")] and offsets.tolist() == [0, 1, 2]
+@pytest.mark.parametrize("length", [1, 7, 8, 9, 16, 17])
+def test_word_runs_at_a_block_edge_and_a_text_end(use_c, length) -> None:
+    """Runs of 7, 8 and 9 bytes, ending at a text's last byte or before a gap, one beginning or
+    ending with a non-ASCII byte: the kernel reads 8 bytes at a time."""
+    texts = ["Q" * length, "q" * length + " ", "é" + "x" * length, "x" * length + "é", " " * length + "Ab", ""]
+    data, bounds = packed([t.encode() for t in texts])
+    hashes, offsets, runs = kernels.word_runs(data, bounds)
+    assert (hashes.tolist(), offsets.tolist(), runs.tolist()) == stated_runs(texts)
+
+
+def test_word_runs_of_a_slice_of_the_bytes(use_c) -> None:
+    """Bounds need not start at 0: the bytes before the first text are no text's, and a run's
+    (start, end) are positions in `data`."""
+    data = np.frombuffer("skip Me|One tw’o|".encode(), dtype=np.uint8)
+    hashes, offsets, runs = kernels.word_runs(data, np.array([8, 12, 19]))
+    assert hashes.tolist() == [python_word_hash(b"one"), 0] and offsets.tolist() == [0, 1, 2]
+    assert runs.tolist() == [[12, 18, 1]] and bytes(data[12:18]).decode() == "tw’o"
+
+
+def stated_splice(hashes: list[int], offsets: list[int], places: list[int], words: list[list[int]]) -> tuple[list[int], list[int]]:
+    by_place = dict(zip(places, words))
+    out, starts = [], []
+    for i, h in enumerate(hashes):
+        starts.append(len(out))
+        out.extend(by_place.get(i, [h]))
+    starts.append(len(out))
+    return out, [starts[o] for o in offsets]
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 2**64 - 1), max_size=5), max_size=8), st.data())
+def test_splice_words_puts_each_runs_words_in_its_place(texts, data) -> None:
+    """A run with no word, one, or several; places at a text's start and end; empty texts."""
+    hashes = [h for text in texts for h in text]
+    offsets = np.concatenate([[0], np.cumsum([len(t) for t in texts])]).astype(np.int64)
+    places = sorted(data.draw(st.sets(st.integers(0, max(len(hashes) - 1, 0)), max_size=len(hashes))))
+    words = [data.draw(st.lists(st.integers(0, 2**64 - 1), max_size=3)) for _ in places]
+    word_offsets = np.concatenate([[0], np.cumsum([len(w) for w in words])]).astype(np.int64)
+    flat = np.array([w for run in words for w in run], dtype=np.uint64)
+    expected = stated_splice(hashes, offsets.tolist(), places, words)
+    implementations = [kernels.numpy_splice_words] + ([] if not kernels.NATIVE else [kernels.splice_words])
+    for implementation in implementations:
+        out, out_offsets = implementation(np.array(hashes, dtype=np.uint64), offsets, np.array(places, dtype=np.int64), flat, word_offsets)
+        assert (out.tolist(), out_offsets.tolist()) == expected
 
 
 def brute_minhash(x: np.ndarray, offsets: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -210,13 +268,25 @@ def test_band_keys_hash_each_bands_slots_as_stated(use_c, bands, rows, slots) ->
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda k: k.ascii_word_hashes(np.zeros(4, np.uint8), np.array([0, 5]), np.zeros(4, np.uint64), np.zeros(2, np.int64)), "within data"),
-        (lambda k: k.ascii_word_hashes(np.zeros(4, np.uint8), np.array([3, 1, 4]), np.zeros(4, np.uint64), np.zeros(3, np.int64)), "ascending"),
-        (lambda k: k.ascii_word_hashes(np.zeros(4, np.uint8), np.array([0, 4]), np.zeros(4, np.uint64), np.zeros(3, np.int64)), "offsets N\\+1"),
-        (lambda k: k.ascii_word_hashes(np.frombuffer(b"a b c", np.uint8), np.array([0, 5]), np.zeros(2, np.uint64), np.zeros(2, np.int64)),
+        (lambda k: k.word_runs(np.zeros(4, np.uint8), np.array([0, 5]), np.zeros(4, np.uint64), np.zeros(2, np.int64), RUNS), "within data"),
+        (lambda k: k.word_runs(np.zeros(4, np.uint8), np.array([3, 1, 4]), np.zeros(4, np.uint64), np.zeros(3, np.int64), RUNS), "ascending"),
+        (lambda k: k.word_runs(np.zeros(4, np.uint8), np.array([0, 4]), np.zeros(4, np.uint64), np.zeros(3, np.int64), RUNS), "offsets N\\+1"),
+        (lambda k: k.word_runs(np.frombuffer(b"a b c", np.uint8), np.array([0, 5]), np.zeros(2, np.uint64), np.zeros(2, np.int64), RUNS),
          "fewer items"),
-        (lambda k: k.ascii_word_hashes(np.zeros(4, np.uint8), np.array([0, 4]), np.zeros(4, np.uint64).tobytes(), np.zeros(2, np.int64)),
+        (lambda k: k.word_runs(np.frombuffer("a é c".encode(), np.uint8), np.array([0, 6]), np.zeros(4, np.uint64), np.zeros(2, np.int64),
+                               np.zeros((0, 3), np.int64)), "fewer items"),
+        (lambda k: k.word_runs(np.zeros(4, np.uint8), np.array([0, 4]), np.zeros(4, np.uint64).tobytes(), np.zeros(2, np.int64), RUNS),
          "writable"),
+        (lambda k: k.splice_words(np.zeros(3, np.uint64), np.array([0, 2]), np.zeros(0, np.int64), np.zeros(0, np.uint64), np.array([0]),
+                                  np.zeros(3, np.uint64), np.zeros(2, np.int64)), "from 0 to T"),
+        (lambda k: k.splice_words(np.zeros(3, np.uint64), np.array([0, 3]), np.array([2, 1]), np.zeros(0, np.uint64), np.array([0, 0, 0]),
+                                  np.zeros(1, np.uint64), np.zeros(2, np.int64)), "places ascend"),
+        (lambda k: k.splice_words(np.zeros(3, np.uint64), np.array([0, 3]), np.array([3]), np.zeros(0, np.uint64), np.array([0, 0]),
+                                  np.zeros(2, np.uint64), np.zeros(2, np.int64)), "places ascend"),
+        (lambda k: k.splice_words(np.zeros(3, np.uint64), np.array([0, 3]), np.array([1]), np.zeros(2, np.uint64), np.array([0, 3]),
+                                  np.zeros(4, np.uint64), np.zeros(2, np.int64)), "from 0 to Q"),
+        (lambda k: k.splice_words(np.zeros(3, np.uint64), np.array([0, 3]), np.array([1]), np.zeros(2, np.uint64), np.array([0, 2]),
+                                  np.zeros(3, np.uint64), np.zeros(2, np.int64)), "T-R\\+Q"),
         (lambda k: k.hash_word_bytes(np.zeros(4, np.uint8), np.array([0, 9]), np.zeros(1, np.uint64)), "within data"),
         (lambda k: k.hash_word_bytes(np.zeros(4, np.uint8), np.array([2, 1]), np.zeros(1, np.uint64)), "ascending"),
         (lambda k: k.hash_word_bytes(np.zeros(4, np.uint8), np.array([0, 1]), np.zeros(2, np.uint64)), "T long"),
@@ -248,8 +318,10 @@ def test_band_keys_hash_each_bands_slots_as_stated(use_c, bands, rows, slots) ->
         # An output sharing memory with an input would change what was checked.
         (lambda k: (lambda offs: k.pair_jaccard(np.array([1], np.uint64), offs, np.zeros(2, np.int64), np.zeros(2, np.int64), offs[1:].view(np.float64)))(
             np.array([0, 1, 1], np.int64)), "shares memory"),
-        (lambda k: (lambda buf: k.ascii_word_hashes(buf[:8].view(np.uint8), np.array([0, 8]), buf[1:3], np.zeros(2, np.int64)))(
+        (lambda k: (lambda buf: k.word_runs(buf[:8].view(np.uint8), np.array([0, 8]), buf[1:3], np.zeros(2, np.int64), RUNS))(
             np.zeros(4, np.uint64)), "shares memory"),
+        (lambda k: (lambda buf: k.splice_words(buf[:2], np.array([0, 2]), np.zeros(0, np.int64), np.zeros(0, np.uint64), np.array([0]),
+                                               buf[1:3], np.zeros(2, np.int64)))(np.zeros(4, np.uint64)), "shares memory"),
         (lambda k: k.minhash(np.zeros(3, np.uint32), np.array([0, 4]), np.ones(2, np.uint32), np.ones(2, np.uint32), np.zeros(2, np.uint32)),
          "within x"),
         (lambda k: k.minhash(np.zeros(3, np.uint32), np.array([2, 1]), np.ones(2, np.uint32), np.ones(2, np.uint32), np.zeros(2, np.uint32)),

@@ -324,6 +324,44 @@ def test_a_line_reads_as_the_standard_library_reads_it(line):
     assert _outcome(lambda data: sources.jsonl_record(data, 1, "u"), line) == _outcome(_standard_library_only, line)
 
 
+def _read_outcome(path: Path, fields: sources.RecordFields) -> str:
+    """What the whole read gives a file: every (id, text, row), or the error's code and message."""
+    try:
+        return repr([list(zip(*batch)) for batch in sources.jsonl_records(path, "u", fields)])
+    except ItoError as error:
+        return f"{error.code.value}: {error.message}"
+
+
+def _checked_outcome(lines: list[bytes], fields: sources.RecordFields) -> str:
+    """The same from the checks alone, a line at a time: `jsonl_record`, `record_id` and the
+    lone-surrogate check on every line that is not blank (the read's common lines skip them)."""
+    rows = []
+    try:
+        for row, line in enumerate(lines):
+            if not line.strip():
+                continue
+            record = sources.jsonl_record(line, row + 1, "u", fields)
+            where = f"u: line {row + 1}"
+            value = sources._text(sources.record_id(record.get(fields.id), fields, where), where, fields.id)
+            rows.append((value, sources._text(record[fields.text], where, fields.text), row))
+    except ItoError as error:
+        return f"{error.code.value}: {error.message}"
+    return repr([rows] if rows else [])
+
+
+@settings(max_examples=examples(200, 2_000), deadline=None)
+@given(lines=st.lists(st.one_of(_lines(), st.sampled_from([b"\n", b"  \n", b'{"text": "\\ud800"}', b'{"text": 1, "id": "x"}',
+                                                                  b'{"id": true, "text": "t"}', b'[{"text": "t"}]', b'"text"'])), max_size=6),
+       id_required=st.booleans())
+def test_a_file_reads_as_its_lines_checked_one_by_one(tmp_path_factory, lines, id_required):
+    """The read's fast path for common lines gives what the checks give, hostile lines among them."""
+    lines = [line if line.endswith(b"\n") else line + b"\n" for line in lines if b"\n" not in line.rstrip(b"\r\n")]
+    path = tmp_path_factory.mktemp("lines") / "a.jsonl"
+    path.write_bytes(b"".join(lines))
+    fields = sources.RecordFields(id_required=id_required)
+    assert _read_outcome(path, fields) == _checked_outcome(lines, fields)
+
+
 @pytest.mark.parametrize("line", [b'{"text": "t", "id": 123456789012345678901234567890}', b'{"text": "t", "id": -9223372036854775809}',
                                   b'{"text": "t", "id": 18446744073709551615}', b'{"text": "t", "id": 1.5}'])
 def test_an_integer_id_beyond_64_bits_keeps_its_digits(line):
