@@ -173,23 +173,34 @@ static PyObject *word_runs(PyObject *Py_UNUSED(self), PyObject *args) {
     for (Py_ssize_t d = 0; d + 1 < num_bounds && !overflow; d++) {
         int64_t i = bounds[d], end = bounds[d + 1];
         while (i < end) {
-            uint64_t letters, lanes = word_lanes(load_upto(data, i, end), &letters);
+            uint64_t letters, x = load_upto(data, i, end), lanes = word_lanes(x, &letters);
             if (!lanes) {
                 i += 8;
                 continue;
             }
-            i += __builtin_ctzll(lanes) >> 3;
-            int64_t start = i;
+            int first = __builtin_ctzll(lanes) >> 3;
+            uint64_t gaps = ~lanes & LANE_TOPS & (~0ULL << (8 * first));
+            int64_t start = i + first;
             uint64_t h = WORD_SEED, non_ascii = 0;
-            for (;;) {
-                uint64_t x = load_upto(data, i, end), gaps = ~word_lanes(x, &letters) & LANE_TOPS;
-                int run = gaps ? __builtin_ctzll(gaps) >> 3 : 8;
-                if (!run) break;
-                uint64_t keep = run == 8 ? ~0ULL : (1ULL << (8 * run)) - 1;
-                non_ascii |= x & keep & LANE_TOPS;
-                h = fold_block(h, (x | letters >> 2) & keep);  /* bit 0x20 set on the letters: lower case */
-                i += run;
-                if (run < 8) break;
+            if (gaps) {
+                /* The run ends inside these 8 bytes (most words): hashed from them, no second read. */
+                int last = __builtin_ctzll(gaps) >> 3;
+                uint64_t keep = (1ULL << (8 * (last - first))) - 1;
+                non_ascii = (x >> (8 * first)) & keep & LANE_TOPS;
+                h = fold_block(h, ((x | letters >> 2) >> (8 * first)) & keep);  /* bit 0x20 set on the letters: lower case */
+                i += last;
+            } else {
+                for (i = start;;) {
+                    x = load_upto(data, i, end);
+                    gaps = ~word_lanes(x, &letters) & LANE_TOPS;
+                    int run = gaps ? __builtin_ctzll(gaps) >> 3 : 8;
+                    if (!run) break;
+                    uint64_t keep = run == 8 ? ~0ULL : (1ULL << (8 * run)) - 1;
+                    non_ascii |= x & keep & LANE_TOPS;
+                    h = fold_block(h, (x | letters >> 2) & keep);
+                    i += run;
+                    if (run < 8) break;
+                }
             }
             if (words == capacity || (non_ascii && num_runs == run_capacity)) {
                 overflow = 1;
@@ -510,6 +521,105 @@ static PyObject *band_keys(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* SHA-256 (FIPS 180-4), for the documents' ids: hashlib takes one message a call, ~1 us each in
+ * Python; here a source's prefix is hashed once and each row finishes from its state.
+ * The constants: the first 32 bits of the fractional parts of the square roots of the first 8
+ * primes (H) and the cube roots of the first 64 (K). */
+static const uint32_t SHA256_H[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+static const uint32_t SHA256_K[64] = {
+    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2,
+};
+
+#define ROTR32(x, n) (((x) >> (n)) | ((x) << (32 - (n))))
+
+static void sha256_block(uint32_t state[8], const uint8_t *block) {
+    uint32_t w[64];
+    for (int i = 0; i < 16; i++)
+        w[i] = (uint32_t)block[4 * i] << 24 | (uint32_t)block[4 * i + 1] << 16 | (uint32_t)block[4 * i + 2] << 8 | block[4 * i + 3];
+    for (int i = 16; i < 64; i++) {
+        uint32_t s0 = ROTR32(w[i - 15], 7) ^ ROTR32(w[i - 15], 18) ^ (w[i - 15] >> 3);
+        uint32_t s1 = ROTR32(w[i - 2], 17) ^ ROTR32(w[i - 2], 19) ^ (w[i - 2] >> 10);
+        w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+    }
+    uint32_t a = state[0], b = state[1], c = state[2], d = state[3], e = state[4], f = state[5], g = state[6], h = state[7];
+    for (int i = 0; i < 64; i++) {
+        uint32_t t1 = h + (ROTR32(e, 6) ^ ROTR32(e, 11) ^ ROTR32(e, 25)) + ((e & f) ^ (~e & g)) + SHA256_K[i] + w[i];
+        uint32_t t2 = (ROTR32(a, 2) ^ ROTR32(a, 13) ^ ROTR32(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
+        h = g;
+        g = f;
+        f = e;
+        e = d + t1;
+        d = c;
+        c = b;
+        b = a;
+        a = t1 + t2;
+    }
+    state[0] += a;
+    state[1] += b;
+    state[2] += c;
+    state[3] += d;
+    state[4] += e;
+    state[5] += f;
+    state[6] += g;
+    state[7] += h;
+}
+
+/* row_digests(prefix: u8 (L), rows: i64 (N), out: u8 out (32N)): the SHA-256 of `prefix` followed
+ * by each row's decimal digits, as hashlib.sha256(prefix + b"%d" % row).digest(). */
+static PyObject *row_digests(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *objs[3];
+    Buf b[3];
+    static const Arg ARGS[] = {{"prefix", 1, 0}, {"rows", 8, 0}, {"out", 1, 1}};
+    if (!PyArg_ParseTuple(args, "OOO", &objs[0], &objs[1], &objs[2])) return NULL;
+    if (take_all(objs, b, ARGS, 3)) return NULL;
+    const uint8_t *prefix = b[0].view.buf;
+    const int64_t *rows = b[1].view.buf;
+    uint8_t *out = b[2].view.buf;
+    Py_ssize_t length = b[0].view.len, num_rows = b[1].view.len / 8;
+    if (num_rows > PY_SSIZE_T_MAX / 32 || b[2].view.len != 32 * num_rows || length > PY_SSIZE_T_MAX / 8 - 64) {
+        release(b, 3);
+        PyErr_SetString(PyExc_ValueError, "out must be 32 bytes a row");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    uint32_t prefix_state[8];
+    memcpy(prefix_state, SHA256_H, sizeof prefix_state);
+    Py_ssize_t whole = length / 64 * 64, tail = length - whole;
+    for (Py_ssize_t i = 0; i < whole; i += 64) sha256_block(prefix_state, prefix + i);
+    for (Py_ssize_t r = 0; r < num_rows; r++) {
+        uint8_t message[128] = {0};  /* the prefix's last bytes (< 64), 1 to 20 digits, padding */
+        char digits[20];
+        int num_digits = 0;
+        uint64_t value = rows[r] < 0 ? 0 - (uint64_t)rows[r] : (uint64_t)rows[r];
+        do {
+            digits[num_digits++] = (char)('0' + value % 10);
+            value /= 10;
+        } while (value);
+        memcpy(message, prefix + whole, (size_t)tail);
+        Py_ssize_t used = tail;
+        if (rows[r] < 0) message[used++] = '-';
+        while (num_digits) message[used++] = (uint8_t)digits[--num_digits];
+        uint64_t bits = 8 * (uint64_t)(whole + used);
+        Py_ssize_t blocks = used + 9 <= 64 ? 1 : 2;
+        message[used] = 0x80;
+        for (int k = 0; k < 8; k++) message[64 * blocks - 1 - k] = (uint8_t)(bits >> (8 * k));
+        uint32_t state[8];
+        memcpy(state, prefix_state, sizeof state);
+        for (Py_ssize_t k = 0; k < blocks; k++) sha256_block(state, message + 64 * k);
+        for (int k = 0; k < 32; k++) out[32 * r + k] = (uint8_t)(state[k / 4] >> (24 - 8 * (k % 4)));
+    }
+    Py_END_ALLOW_THREADS
+    release(b, 3);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"band_keys", band_keys, METH_VARARGS, "The hash of each band of each signature."},
     {"sorted_sets", sorted_sets, METH_VARARGS, "Each segment sorted, its repeats dropped, in place."},
@@ -519,6 +629,7 @@ static PyMethodDef methods[] = {
     {"splice_words", splice_words, METH_VARARGS, "Placeholders in word hashes replaced by their runs' words."},
     {"hash_word_bytes", hash_word_bytes, METH_VARARGS, "The hash of each word's bytes."},
     {"minhash", minhash, METH_VARARGS, "MinHash signatures of shingle lists."},
+    {"row_digests", row_digests, METH_VARARGS, "The SHA-256 of a prefix followed by each row's digits."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -35,6 +35,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ito_assets.data.kernels import row_digests
 from ito_assets.data.text import NORMALIZATION_VERSION, normalize
 from ito_assets.digests import file_sha256
 from ito_assets.data.uris import resolve_uri
@@ -376,6 +377,19 @@ def doc_id(source_sha256: str, row: int) -> str:
     return hashlib.sha256(f"{source_sha256}:{row}".encode()).hexdigest()[:DOC_ID_HEX]
 
 
+_HEX_DIGITS = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
+
+
+def doc_ids(source_sha256: str, rows: np.ndarray) -> pl.Series:
+    """`doc_id` of every row at once (`kernels.row_digests`), as a String column."""
+    digests = row_digests(f"{source_sha256}:".encode(), rows)[:, : (DOC_ID_HEX + 1) // 2]
+    nibbles = np.stack([digests >> 4, digests & 15], axis=-1).reshape(len(rows), 2 * digests.shape[1])
+    hexed = np.ascontiguousarray(_HEX_DIGITS[nibbles[:, :DOC_ID_HEX]])
+    offsets = np.arange(0, (len(rows) + 1) * DOC_ID_HEX, DOC_ID_HEX, dtype=np.int64)
+    array = pa.LargeStringArray.from_buffers(len(rows), pa.py_buffer(offsets), pa.py_buffer(hexed))
+    return pl.Series("doc_id", pl.from_arrow(array), dtype=pl.String)
+
+
 _BATCH_SCHEMA = {"row": pl.Int64, "source_record_id": pl.String, "text": pl.String}
 # A text is empty when Python's str.strip() leaves nothing: Unicode White_Space (the regex's \s)
 # and U+001C-U+001F, which Python counts as space too (tests/data/test_dedup_fast_paths.py checks
@@ -406,7 +420,7 @@ def documents(ref: DataReference, source_index: int, records: Records) -> tuple[
     texts, changed = normalized(batch["text"])
     kept = batch.with_columns(texts).filter(~texts.str.contains(BLANK))
     frame = kept.with_columns(
-        pl.Series("doc_id", [doc_id(ref.sha256, row) for row in kept["row"].to_list()], dtype=pl.String),
+        doc_ids(ref.sha256, kept["row"].to_numpy()),
         pl.lit(source_index).alias("source_index"),
         pl.lit(ref.uri).alias("source_uri"),
         pl.lit(ref.sha256).alias("source_sha256"),

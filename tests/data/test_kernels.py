@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 import numpy as np
@@ -149,6 +150,27 @@ def test_splice_words_puts_each_runs_words_in_its_place(texts, data) -> None:
         assert (out.tolist(), out_offsets.tolist()) == expected
 
 
+@settings(max_examples=150, deadline=None)
+@given(st.binary(max_size=200), st.lists(st.integers(-2**63, 2**63 - 1), max_size=12))
+def test_row_digests_are_hashlibs_sha256_of_the_prefix_and_the_rows_digits(prefix, rows) -> None:
+    """Prefixes of every length around the 64-byte block (the message's padding then takes one
+    block or two), rows from int64's least to its greatest."""
+    expected = [hashlib.sha256(prefix + b"%d" % row).digest() for row in rows]
+    implementations = [kernels.numpy_row_digests] + ([] if not kernels.NATIVE else [kernels.row_digests])
+    for implementation in implementations:
+        digests = implementation(prefix, np.array(rows, dtype=np.int64))
+        assert digests.shape == (len(rows), 32) and [bytes(d) for d in digests] == expected
+
+
+@pytest.mark.parametrize("length", [0, 1, 54, 55, 56, 63, 64, 65, 119, 120, 128])
+def test_row_digests_at_the_padding_edges(use_c, length) -> None:
+    """SHA-256 pads a message with 0x80 and its 8-byte length: a message of 55 bytes fits one
+    block, one of 56 needs two."""
+    rows = np.array([0, 7, 10**18, -1], dtype=np.int64)
+    prefix = b"p" * length
+    assert [bytes(d) for d in kernels.row_digests(prefix, rows)] == [hashlib.sha256(prefix + b"%d" % r).digest() for r in rows.tolist()]
+
+
 def brute_minhash(x: np.ndarray, offsets: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     expected = np.full((len(offsets) - 1, len(a)), EMPTY, dtype=np.uint32)
     for doc, (start, end) in enumerate(zip(offsets[:-1], offsets[1:])):
@@ -287,6 +309,8 @@ def test_band_keys_hash_each_bands_slots_as_stated(use_c, bands, rows, slots) ->
                                   np.zeros(4, np.uint64), np.zeros(2, np.int64)), "from 0 to Q"),
         (lambda k: k.splice_words(np.zeros(3, np.uint64), np.array([0, 3]), np.array([1]), np.zeros(2, np.uint64), np.array([0, 2]),
                                   np.zeros(3, np.uint64), np.zeros(2, np.int64)), "T-R\\+Q"),
+        (lambda k: k.row_digests(np.zeros(4, np.uint8), np.array([0, 9]), np.zeros(63, np.uint8)), "32 bytes a row"),
+        (lambda k: k.row_digests(np.zeros(4, np.uint8), np.array([0, 9]), np.zeros(65, np.uint8)), "32 bytes a row"),
         (lambda k: k.hash_word_bytes(np.zeros(4, np.uint8), np.array([0, 9]), np.zeros(1, np.uint64)), "within data"),
         (lambda k: k.hash_word_bytes(np.zeros(4, np.uint8), np.array([2, 1]), np.zeros(1, np.uint64)), "ascending"),
         (lambda k: k.hash_word_bytes(np.zeros(4, np.uint8), np.array([0, 1]), np.zeros(2, np.uint64)), "T long"),

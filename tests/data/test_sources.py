@@ -11,6 +11,7 @@ import unicodedata
 import zlib
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pytest
@@ -48,6 +49,19 @@ def test_reads_jsonl_normalises_and_ids(tmp_path: Path) -> None:
     assert counts.num_documents == 2 and counts.num_empty_skipped == 1 and counts.num_changed_by_normalization == 1
     assert counts.normalization == NORMALIZATION_VERSION
     assert docs["license"].unique().to_list() == ["CC0-1.0"]
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["C where built", "numpy"])
+def test_the_ids_of_a_batch_are_each_rows_id(monkeypatch, native) -> None:
+    from ito_assets.data import kernels
+
+    monkeypatch.setattr(kernels, "NATIVE", native and kernels.NATIVE)
+    rows = np.array([0, 1, 9, 10, 99, 100, 12_345, 2**40, 2**63 - 1], dtype=np.int64)
+    for source in ("a" * 64, "0f" * 32, "x"):
+        ids = sources.doc_ids(source, rows)
+        assert ids.dtype == pl.String and ids.name == "doc_id"
+        assert ids.to_list() == [sources.doc_id(source, int(row)) for row in rows]
+    assert sources.doc_ids("a" * 64, np.zeros(0, dtype=np.int64)).to_list() == []
 
 
 def test_ids_are_stable_and_depend_on_source_and_row() -> None:
