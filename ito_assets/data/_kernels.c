@@ -522,6 +522,38 @@ static PyObject *band_keys(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* signature_agreement(signatures: u32 (N*P), P, a: i64 (K), b: i64 (K), out: f64 out (K)): the
+ * share of equal slots of rows a[i] and b[i], the count over P (numpy's mean of the equalities). */
+static PyObject *signature_agreement(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *objs[4];
+    Py_ssize_t num_perm;
+    Buf b[4];
+    static const Arg ARGS[] = {{"signatures", 4, 0}, {"a", 8, 0}, {"b", 8, 0}, {"out", 8, 1}};
+    if (!PyArg_ParseTuple(args, "OnOOO", &objs[0], &num_perm, &objs[1], &objs[2], &objs[3])) return NULL;
+    if (take_all(objs, b, ARGS, 4)) return NULL;
+    const uint32_t *sig = b[0].view.buf;
+    const int64_t *first = b[1].view.buf, *second = b[2].view.buf;
+    double *out = b[3].view.buf;
+    Py_ssize_t num_pairs = b[1].view.len / 8, num_rows = num_perm > 0 ? b[0].view.len / 4 / num_perm : 0;
+    int bad = num_perm < 1 || b[0].view.len / 4 != num_rows * num_perm || b[2].view.len / 8 != num_pairs || b[3].view.len / 8 != num_pairs;
+    for (Py_ssize_t i = 0; !bad && i < num_pairs; i++) bad = first[i] < 0 || first[i] >= num_rows || second[i] < 0 || second[i] >= num_rows;
+    if (bad) {
+        release(b, 4);
+        PyErr_SetString(PyExc_ValueError, "signatures must be N rows of P slots, a and b K rows each, out K long");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < num_pairs; i++) {
+        const uint32_t *x = sig + first[i] * num_perm, *y = sig + second[i] * num_perm;
+        Py_ssize_t equal = 0;
+        for (Py_ssize_t p = 0; p < num_perm; p++) equal += x[p] == y[p];
+        out[i] = (double)equal / (double)num_perm;
+    }
+    Py_END_ALLOW_THREADS
+    release(b, 4);
+    Py_RETURN_NONE;
+}
+
 /* SHA-256 (FIPS 180-4), for the documents' ids: hashlib takes one message a call, ~1 us each in
  * Python; here a source's prefix is hashed once and each row finishes from its state.
  * The constants: the first 32 bits of the fractional parts of the square roots of the first 8
@@ -630,6 +662,7 @@ static PyMethodDef methods[] = {
     {"splice_words", splice_words, METH_VARARGS, "Placeholders in word hashes replaced by their runs' words."},
     {"hash_word_bytes", hash_word_bytes, METH_VARARGS, "The hash of each word's bytes."},
     {"minhash", minhash, METH_VARARGS, "MinHash signatures of shingle lists."},
+    {"signature_agreement", signature_agreement, METH_VARARGS, "The share of equal slots of pairs of signatures."},
     {"row_digests", row_digests, METH_VARARGS, "The SHA-256 of a prefix followed by each row's digits."},
     {NULL, NULL, 0, NULL},
 };

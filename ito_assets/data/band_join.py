@@ -34,6 +34,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from ito_assets.data.config import DedupConfig, ScaleConfig
+from ito_assets.data.kernels import distinct
 from ito_assets.data.minhash import Shingles
 from ito_assets.data.near_dedup import HISTOGRAM_BINS, Families, NearDedupCounts, Removals, band_keys, families_of, histogram, keep_rule, verify_pairs
 from ito_assets.data.scratch import Scratch, sql_list
@@ -192,7 +193,7 @@ class LazyShingles:
     docs: np.ndarray
 
     def as_sets(self, positions: np.ndarray) -> tuple[Shingles, np.ndarray]:
-        wanted = np.unique(positions)
+        wanted = distinct(positions)
         sets, within = self.arrays.shingles(self.docs[wanted]).as_sets(np.arange(len(wanted)))
         position = np.full(len(self.docs), -1, dtype=np.int64)
         position[wanted] = within
@@ -250,7 +251,7 @@ def partition_pairs(task: PairTask) -> tuple[int, int, tuple[int, ...]]:
         _configure(db, task)
         where = None if task.num_partitions == 1 else task.partition
         for a, b in candidate_batches(db, task.band_files, task.batch_rows, where):
-            docs = np.unique(np.concatenate([a, b]))
+            docs = distinct(np.concatenate([a, b]))
             signatures = arrays.signatures(docs)
             ia, ib = np.searchsorted(docs, a), np.searchsorted(docs, b)
             mine = owned(signatures, ia, ib, task.config, task.partition, task.num_partitions)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from ito_assets.data.kernels import minhash, shingle_hashes, sorted_sets
+from ito_assets.data.kernels import distinct, minhash, shingle_hashes, signature_agreement, sorted_sets
 from ito_assets.data.text import NGRAM_MULTIPLIERS, TokenHashes, word_hashes
 
 
@@ -38,7 +38,7 @@ class Shingles:
         """The shingle sets (sorted, unique) of `docs` only, and each original document's position
         in the result (-1 when not requested). Sorting only the documents that need exact
         verification keeps this off the hot path."""
-        docs = np.unique(docs)
+        docs = distinct(docs)
         lengths = self.lengths[docs]
         starts = np.repeat(self.offsets[docs] - np.cumsum(lengths) + lengths, lengths)
         gathered = np.zeros(len(docs) + 1, dtype=np.int64)
@@ -81,9 +81,6 @@ class MinHasher:
         return self.signatures(shingles), shingles
 
 
-def estimated_jaccard(signatures: np.ndarray, a: np.ndarray, b: np.ndarray, *, chunk: int = 65_536) -> np.ndarray:
+def estimated_jaccard(signatures: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Share of equal signature slots for each pair (a[i], b[i]): an unbiased Jaccard estimate."""
-    out = np.empty(len(a), dtype=np.float64)
-    for s in range(0, len(a), chunk):
-        out[s : s + chunk] = (signatures[a[s : s + chunk]] == signatures[b[s : s + chunk]]).mean(axis=1)
-    return out
+    return signature_agreement(signatures, a, b)

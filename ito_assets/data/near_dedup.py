@@ -31,7 +31,7 @@ from scipy.sparse.csgraph import connected_components
 
 from ito_assets.data import kernels
 from ito_assets.data.config import DedupConfig
-from ito_assets.data.kernels import EMPTY, pair_jaccard
+from ito_assets.data.kernels import EMPTY, distinct, pair_jaccard
 from ito_assets.data.minhash import Shingles, estimated_jaccard
 from ito_assets.data.text import NGRAM_MULTIPLIERS
 
@@ -103,7 +103,7 @@ def candidate_pairs(signatures: np.ndarray, bands: int, rows: int) -> tuple[np.n
         x, y = eligible[order[first]], eligible[order[second]]
         earlier.append(np.minimum(x, y))
         later.append(np.maximum(x, y))
-    pairs = np.unique(np.concatenate(later).astype(np.int64) * len(signatures) + np.concatenate(earlier))
+    pairs = distinct(np.concatenate(later).astype(np.int64) * len(signatures) + np.concatenate(earlier))
     return pairs % max(len(signatures), 1), pairs // max(len(signatures), 1)
 
 
@@ -185,7 +185,9 @@ class Families:
 
 def families_of(a: np.ndarray, b: np.ndarray) -> Families:
     """The connected components of the verified pairs (a, b), each named by its smallest position."""
-    nodes, inverse = np.unique(np.concatenate([a, b]), return_inverse=True)
+    ends = np.concatenate([a, b])
+    nodes = distinct(ends)
+    inverse = np.searchsorted(nodes, ends)
     if not len(nodes):
         return Families(member=np.zeros(0, dtype=np.int64), root=np.zeros(0, dtype=np.int64))
     edges = coo_matrix((np.ones(len(a), dtype=np.int8), (inverse[: len(a)], inverse[len(a) :])), shape=(len(nodes), len(nodes)))

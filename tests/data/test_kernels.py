@@ -171,6 +171,36 @@ def test_row_digests_at_the_padding_edges(use_c, length) -> None:
     assert [bytes(d) for d in kernels.row_digests(prefix, rows)] == [hashlib.sha256(prefix + b"%d" % r).digest() for r in rows.tolist()]
 
 
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 9), st.integers(1, 6), st.data())
+def test_signature_agreement_is_numpys_mean_of_the_equal_slots(num_perm, num_rows, data) -> None:
+    """The same float64 as numpy's mean, so that the threshold's edge falls alike (a pair at
+    exactly the threshold, 0.8 of 5 slots, among them)."""
+    values = st.integers(0, 3).map(np.uint32)  # few values: many slots agree
+    signatures = np.array(data.draw(st.lists(st.lists(values, min_size=num_perm, max_size=num_perm), min_size=num_rows, max_size=num_rows)),
+                          dtype=np.uint32).reshape(num_rows, num_perm)
+    a = np.array(data.draw(st.lists(st.integers(0, num_rows - 1), max_size=10)), dtype=np.int64)
+    b = np.array(data.draw(st.lists(st.integers(0, num_rows - 1), min_size=len(a), max_size=len(a))), dtype=np.int64)
+    expected = (signatures[a] == signatures[b]).mean(axis=1) if len(a) else np.zeros(0)
+    implementations = [kernels.numpy_signature_agreement] + ([] if not kernels.NATIVE else [kernels.signature_agreement])
+    for implementation in implementations:
+        assert implementation(signatures, a, b).tolist() == expected.tolist()
+
+
+def test_signature_agreement_at_the_threshold(use_c) -> None:
+    signatures = np.array([[1, 2, 3, 4, 5], [1, 2, 3, 4, 0], [1, 2, 3, 0, 0]], dtype=np.uint32)
+    agreement = kernels.signature_agreement(signatures, np.array([0, 0, 2]), np.array([1, 2, 2]))
+    assert agreement.tolist() == [4 / 5, 3 / 5, 1.0] and agreement[0] >= 0.8
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.integers(-2**63, 2**63 - 1), max_size=40))
+def test_distinct_is_numpys_unique(values) -> None:
+    array = np.array(values, dtype=np.int64)
+    assert kernels.distinct(array).tolist() == np.unique(array).tolist()
+    assert kernels.distinct(array).dtype == np.int64
+
+
 def brute_minhash(x: np.ndarray, offsets: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     expected = np.full((len(offsets) - 1, len(a)), EMPTY, dtype=np.uint32)
     for doc, (start, end) in enumerate(zip(offsets[:-1], offsets[1:])):
@@ -309,6 +339,11 @@ def test_band_keys_hash_each_bands_slots_as_stated(use_c, bands, rows, slots) ->
                                   np.zeros(4, np.uint64), np.zeros(2, np.int64)), "from 0 to Q"),
         (lambda k: k.splice_words(np.zeros(3, np.uint64), np.array([0, 3]), np.array([1]), np.zeros(2, np.uint64), np.array([0, 2]),
                                   np.zeros(3, np.uint64), np.zeros(2, np.int64)), "T-R\\+Q"),
+        (lambda k: k.signature_agreement(np.zeros(6, np.uint32), 3, np.array([2]), np.array([0]), np.zeros(1)), "K rows"),
+        (lambda k: k.signature_agreement(np.zeros(6, np.uint32), 3, np.array([-1]), np.array([0]), np.zeros(1)), "K rows"),
+        (lambda k: k.signature_agreement(np.zeros(6, np.uint32), 4, np.array([0]), np.array([0]), np.zeros(1)), "N rows of P"),
+        (lambda k: k.signature_agreement(np.zeros(6, np.uint32), 0, np.array([0]), np.array([0]), np.zeros(1)), "N rows of P"),
+        (lambda k: k.signature_agreement(np.zeros(6, np.uint32), 3, np.array([0]), np.array([0]), np.zeros(2)), "out K"),
         (lambda k: k.row_digests(np.zeros(4, np.uint8), np.array([0, 9]), np.zeros(63, np.uint8)), "32 bytes a row"),
         (lambda k: k.row_digests(np.zeros(4, np.uint8), np.array([0, 9]), np.zeros(65, np.uint8)), "32 bytes a row"),
         (lambda k: k.hash_word_bytes(np.zeros(4, np.uint8), np.array([0, 9]), np.zeros(1, np.uint64)), "within data"),
