@@ -228,6 +228,39 @@ static PyObject *word_runs(PyObject *Py_UNUSED(self), PyObject *args) {
     return Py_BuildValue("nn", words, num_runs);
 }
 
+/* gather_runs(data: u8, runs: i64 (2R), out: u8 out): the bytes data[start:end] of each run
+ * (start, end), end to end. */
+static PyObject *gather_runs(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *objs[3];
+    Buf b[3];
+    static const Arg ARGS[] = {{"data", 1, 0}, {"runs", 8, 0}, {"out", 1, 1}};
+    if (!PyArg_ParseTuple(args, "OOO", &objs[0], &objs[1], &objs[2])) return NULL;
+    if (take_all(objs, b, ARGS, 3)) return NULL;
+    const uint8_t *data = b[0].view.buf;
+    const int64_t *runs = b[1].view.buf;
+    uint8_t *out = b[2].view.buf;
+    Py_ssize_t num_runs = b[1].view.len / 16, total = 0;
+    int bad = b[1].view.len % 16 != 0;
+    for (Py_ssize_t r = 0; !bad && r < num_runs; r++) {
+        bad = runs[2 * r] < 0 || runs[2 * r] > runs[2 * r + 1] || runs[2 * r + 1] > b[0].view.len;
+        total += bad ? 0 : runs[2 * r + 1] - runs[2 * r];  /* each run within data: no overflow before the check below */
+        bad = bad || total > b[2].view.len;
+    }
+    if (bad || total != b[2].view.len) {
+        release(b, 3);
+        PyErr_SetString(PyExc_ValueError, "runs must be (start, end) pairs within data, out as long as they are");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t r = 0, o = 0; r < num_runs; r++) {
+        memcpy(out + o, data + runs[2 * r], (size_t)(runs[2 * r + 1] - runs[2 * r]));
+        o += runs[2 * r + 1] - runs[2 * r];
+    }
+    Py_END_ALLOW_THREADS
+    release(b, 3);
+    Py_RETURN_NONE;
+}
+
 /* splice_words(hashes: u64 (T), offsets: i64 (N+1), places: i64 (R), words: u64 (Q), word_offsets:
  * i64 (R+1), out: u64 out (T-R+Q), out_offsets: i64 out (N+1)): each place in `hashes` (ascending)
  * replaced by its run's words, words[word_offsets[r]:word_offsets[r+1]] (none or many), and the
@@ -659,6 +692,7 @@ static PyMethodDef methods[] = {
     {"pair_jaccard", pair_jaccard, METH_VARARGS, "The Jaccard of pairs of sorted sets."},
     {"shingle_hashes", shingle_hashes, METH_VARARGS, "Word k-gram hashes of each document."},
     {"word_runs", word_runs, METH_VARARGS, "Word hashes of texts laid end to end, non-ASCII runs left to the caller."},
+    {"gather_runs", gather_runs, METH_VARARGS, "The bytes of each run, end to end."},
     {"splice_words", splice_words, METH_VARARGS, "Placeholders in word hashes replaced by their runs' words."},
     {"hash_word_bytes", hash_word_bytes, METH_VARARGS, "The hash of each word's bytes."},
     {"minhash", minhash, METH_VARARGS, "MinHash signatures of shingle lists."},

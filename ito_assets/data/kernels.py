@@ -83,6 +83,16 @@ def word_runs(data: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndar
     return hashes[:words].copy(), offsets, runs[:num_runs].copy()
 
 
+def gather_runs(data: np.ndarray, runs: np.ndarray) -> np.ndarray:
+    """The bytes data[start:end] of each run (R, 2) of (start, end), end to end (uint8)."""
+    data, runs = np.ascontiguousarray(data, dtype=np.uint8), np.ascontiguousarray(runs, dtype=np.int64).reshape(-1, 2)
+    if not NATIVE:
+        return numpy_gather_runs(data, runs)
+    out = np.empty(int((runs[:, 1] - runs[:, 0]).sum()), dtype=np.uint8)
+    _native.gather_runs(data, runs, out)
+    return out
+
+
 def splice_words(hashes: np.ndarray, offsets: np.ndarray, places: np.ndarray, words: np.ndarray, word_offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each of `places` (ascending positions in `hashes`) replaced by its run's words,
     words[word_offsets[r]:word_offsets[r + 1]] (none, one or many) -> (hashes, the texts' offsets
@@ -347,6 +357,19 @@ def numpy_word_runs(data: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, n
     offsets = np.searchsorted(starts, bounds) if len(bounds) else np.zeros(0, dtype=np.int64)
     runs = np.stack([starts[places] + base, ends[places] + base, places], axis=1).astype(np.int64).reshape(-1, 3)
     return hashes, offsets.astype(np.int64), runs
+
+
+def numpy_gather_runs(data: np.ndarray, runs: np.ndarray) -> np.ndarray:
+    """Through a mask of the runs' bytes (disjoint, ascending, as `word_runs` gives them): 2 bytes
+    of work arrays a byte of data, where each byte's position would take 16."""
+    outside = (runs[:, 0] < 0) | (runs[:, 1] < runs[:, 0]) | (runs[:, 1] > len(data))
+    if outside.any() or (runs[1:, 0] < runs[:-1, 1]).any():
+        raise ValueError("runs must be disjoint (start, end) pairs within data, ascending")
+    runs = runs[runs[:, 1] > runs[:, 0]]  # an empty run has no bytes, and no edges
+    edges = np.zeros(len(data) + 1, dtype=np.int8)
+    edges[runs[:, 0]] = 1
+    edges[runs[:, 1]] -= 1  # a run may end where the next starts
+    return data[np.cumsum(edges[:-1], dtype=np.int8).view(bool)]
 
 
 def numpy_splice_words(hashes: np.ndarray, offsets: np.ndarray, places: np.ndarray, words: np.ndarray, word_offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -28,7 +28,7 @@ import polars as pl
 import pyarrow as pa
 
 from ito_assets.data import kernels
-from ito_assets.data.kernels import hash_word_bytes, mix64, splice_words, word_runs  # noqa: F401 (mix64: the data plane's finaliser)
+from ito_assets.data.kernels import gather_runs, hash_word_bytes, mix64, splice_words, word_runs  # noqa: F401 (mix64: the data plane's finaliser)
 
 NORMALIZATION_FORM = "NFC"
 # Recorded with every source: the same bytes normalise identically under the same Unicode version.
@@ -143,22 +143,17 @@ def _run_word_hashes(texts: pl.Series) -> TokenHashes:
     runs = np.concatenate(runs)
     if not len(runs):
         return TokenHashes(hashes=np.concatenate(hashes), offsets=offsets)
-    words = token_hashes(_run_texts(data, runs[:, 0], runs[:, 1]), digits_normalized=False)
+    words = token_hashes(_run_texts(data, runs[:, :2]), digits_normalized=False)
     spliced, offsets = splice_words(np.concatenate(hashes), offsets, runs[:, 2], words.hashes, words.offsets)
     return TokenHashes(hashes=spliced, offsets=offsets)
 
 
-def _run_texts(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> pl.Series:
-    """The texts data[starts[i]:ends[i]] of disjoint runs in ascending order (UTF-8: each starts
-    and ends at an ASCII byte's edge), gathered through a mask of their bytes: 2 bytes of work
-    arrays a byte of text, where positions would take 16."""
-    value_offsets = np.zeros(len(starts) + 1, dtype=np.int64)
-    np.cumsum(ends - starts, out=value_offsets[1:])
-    edges = np.zeros(len(data) + 1, dtype=np.int8)
-    edges[starts] = 1
-    edges[ends] -= 1  # a run may end where the next text's first run starts
-    gathered = data[np.cumsum(edges[:-1], dtype=np.int8).view(bool)]
-    array = pa.LargeStringArray.from_buffers(len(starts), pa.py_buffer(value_offsets), pa.py_buffer(gathered))
+def _run_texts(data: np.ndarray, runs: np.ndarray) -> pl.Series:
+    """The texts data[start:end] of runs (R, 2) (UTF-8: each starts and ends at an ASCII byte's edge)."""
+    value_offsets = np.zeros(len(runs) + 1, dtype=np.int64)
+    np.cumsum(runs[:, 1] - runs[:, 0], out=value_offsets[1:])
+    gathered = gather_runs(data, runs)
+    array = pa.LargeStringArray.from_buffers(len(runs), pa.py_buffer(value_offsets), pa.py_buffer(gathered))
     return pl.Series(pl.from_arrow(array))
 
 

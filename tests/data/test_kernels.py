@@ -123,6 +123,18 @@ def test_word_runs_of_a_slice_of_the_bytes(use_c) -> None:
     assert runs.tolist() == [[12, 18, 1]] and bytes(data[12:18]).decode() == "tw’o"
 
 
+@settings(max_examples=80, deadline=None)
+@given(st.binary(max_size=60), st.data())
+def test_gather_runs_puts_each_runs_bytes_end_to_end(data, draw) -> None:
+    """Disjoint runs in ascending order, empty ones and ones that touch among them."""
+    cuts = sorted(draw.draw(st.lists(st.integers(0, len(data)), max_size=8)))
+    runs = np.array(list(zip(cuts[0::2], cuts[1::2])), dtype=np.int64).reshape(-1, 2)
+    expected = b"".join(data[start:end] for start, end in runs.tolist())
+    implementations = [kernels.numpy_gather_runs] + ([] if not kernels.NATIVE else [kernels.gather_runs])
+    for implementation in implementations:
+        assert bytes(implementation(np.frombuffer(data, dtype=np.uint8), runs)) == expected
+
+
 def stated_splice(hashes: list[int], offsets: list[int], places: list[int], words: list[list[int]]) -> tuple[list[int], list[int]]:
     by_place = dict(zip(places, words))
     out, starts = [], []
@@ -329,6 +341,12 @@ def test_band_keys_hash_each_bands_slots_as_stated(use_c, bands, rows, slots) ->
                                np.zeros((0, 3), np.int64)), "fewer items"),
         (lambda k: k.word_runs(np.zeros(4, np.uint8), np.array([0, 4]), np.zeros(4, np.uint64).tobytes(), np.zeros(2, np.int64), RUNS),
          "writable"),
+        (lambda k: k.gather_runs(np.zeros(4, np.uint8), np.array([[0, 5]]), np.zeros(5, np.uint8)), "within data"),
+        (lambda k: k.gather_runs(np.zeros(4, np.uint8), np.array([[3, 1]]), np.zeros(0, np.uint8)), "within data"),
+        (lambda k: k.gather_runs(np.zeros(4, np.uint8), np.array([[-1, 1]]), np.zeros(2, np.uint8)), "within data"),
+        (lambda k: k.gather_runs(np.zeros(4, np.uint8), np.array([[0, 2]]), np.zeros(3, np.uint8)), "as long as"),
+        (lambda k: k.gather_runs(np.zeros(4, np.uint8), np.array([[0, 2], [0, 4]]), np.zeros(2, np.uint8)), "as long as"),
+        (lambda k: k.gather_runs(np.zeros(4, np.uint8), np.array([0, 2, 3]), np.zeros(2, np.uint8)), "pairs"),
         (lambda k: k.splice_words(np.zeros(3, np.uint64), np.array([0, 2]), np.zeros(0, np.int64), np.zeros(0, np.uint64), np.array([0]),
                                   np.zeros(3, np.uint64), np.zeros(2, np.int64)), "from 0 to T"),
         (lambda k: k.splice_words(np.zeros(3, np.uint64), np.array([0, 3]), np.array([2, 1]), np.zeros(0, np.uint64), np.array([0, 0, 0]),
