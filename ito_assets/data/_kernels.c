@@ -91,6 +91,11 @@ static void release(Buf *bufs, int n) {
         if (bufs[i].held) PyBuffer_Release(&bufs[i].view);
 }
 
+/* What a kernel says when a position it checked is out of range when used: another thread wrote
+ * the array while the kernel ran without the GIL. The newer kernels check each position again as
+ * they use it; a crafted call from two threads gets this error, not a read out of bounds. */
+#define CHANGED "an input array changed while the kernel ran (another thread wrote it)"
+
 /* One argument array: its name in messages, its item size, whether the kernel writes it. */
 typedef struct {
     const char *name;
@@ -167,12 +172,16 @@ static PyObject *word_runs(PyObject *Py_UNUSED(self), PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "bounds must be N+1 ascending positions within data, offsets N+1 long");
         return NULL;
     }
-    Py_ssize_t words = 0, num_runs = 0;
-    int overflow = 0;
+    Py_ssize_t words = 0, num_runs = 0, data_length = b[0].view.len;
+    int overflow = 0, changed = 0;
     Py_BEGIN_ALLOW_THREADS
     offsets[0] = 0;
-    for (Py_ssize_t d = 0; d + 1 < num_bounds && !overflow; d++) {
+    for (Py_ssize_t d = 0; d + 1 < num_bounds && !overflow && !changed; d++) {
         int64_t i = bounds[d], end = bounds[d + 1];
+        if (i < 0 || i > end || end > data_length) {  /* checked above, but another thread may write them now */
+            changed = 1;
+            break;
+        }
         while (i < end) {
             uint64_t letters, x = load_upto(data, i, end), lanes = word_lanes(x, &letters);
             if (!lanes) {
@@ -221,15 +230,15 @@ static PyObject *word_runs(PyObject *Py_UNUSED(self), PyObject *args) {
     }
     Py_END_ALLOW_THREADS
     release(b, 5);
-    if (overflow) {
-        PyErr_SetString(PyExc_ValueError, "hashes or runs hold fewer items than the texts have runs");
+    if (overflow || changed) {
+        PyErr_SetString(PyExc_ValueError, changed ? CHANGED : "hashes or runs hold fewer items than the texts have runs");
         return NULL;
     }
     return Py_BuildValue("nn", words, num_runs);
 }
 
 /* gather_runs(data: u8, runs: i64 (2R), out: u8 out): the bytes data[start:end] of each run
- * (start, end), end to end. */
+ * (start, end), ascending and disjoint, end to end. */
 static PyObject *gather_runs(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *objs[3];
     Buf b[3];
@@ -242,22 +251,32 @@ static PyObject *gather_runs(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_ssize_t num_runs = b[1].view.len / 16, total = 0;
     int bad = b[1].view.len % 16 != 0;
     for (Py_ssize_t r = 0; !bad && r < num_runs; r++) {
-        bad = runs[2 * r] < 0 || runs[2 * r] > runs[2 * r + 1] || runs[2 * r + 1] > b[0].view.len;
+        bad = runs[2 * r] < (r ? runs[2 * r - 1] : 0) || runs[2 * r] > runs[2 * r + 1] || runs[2 * r + 1] > b[0].view.len;
         total += bad ? 0 : runs[2 * r + 1] - runs[2 * r];  /* each run within data: no overflow before the check below */
         bad = bad || total > b[2].view.len;
     }
     if (bad || total != b[2].view.len) {
         release(b, 3);
-        PyErr_SetString(PyExc_ValueError, "runs must be (start, end) pairs within data, out as long as they are");
+        PyErr_SetString(PyExc_ValueError, "runs must be ascending, disjoint (start, end) pairs within data, out as long as they are");
         return NULL;
     }
+    int changed = 0;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t r = 0, o = 0; r < num_runs; r++) {
-        memcpy(out + o, data + runs[2 * r], (size_t)(runs[2 * r + 1] - runs[2 * r]));
-        o += runs[2 * r + 1] - runs[2 * r];
+        int64_t start = runs[2 * r], end = runs[2 * r + 1];
+        if (start < (r ? runs[2 * r - 1] : 0) || start > end || end > b[0].view.len || end - start > total - o) {
+            changed = 1;  /* checked above, but another thread may write them now */
+            break;
+        }
+        memcpy(out + o, data + start, (size_t)(end - start));
+        o += end - start;
     }
     Py_END_ALLOW_THREADS
     release(b, 3);
+    if (changed) {
+        PyErr_SetString(PyExc_ValueError, CHANGED);
+        return NULL;
+    }
     Py_RETURN_NONE;
 }
 
@@ -291,23 +310,36 @@ static PyObject *splice_words(PyObject *Py_UNUSED(self), PyObject *args) {
                         "out T-R+Q long, out_offsets N+1");
         return NULL;
     }
+    Py_ssize_t num_out = b[5].view.len / 8;
+    int changed = 0;
     Py_BEGIN_ALLOW_THREADS
     int64_t o = 0, next = 0, shift = 0;
-    for (Py_ssize_t r = 0; r < num_places; r++) {
-        int64_t count = word_offsets[r + 1] - word_offsets[r];
-        memcpy(out + o, hashes + next, (size_t)(places[r] - next) * 8);
-        o += places[r] - next;
-        memcpy(out + o, words + word_offsets[r], (size_t)count * 8);
-        o += count;
-        next = places[r] + 1;
+    for (Py_ssize_t r = 0; r < num_places && !changed; r++) {
+        /* Checked above, but another thread may write them now: each value is checked as it is used. */
+        int64_t place = places[r], low = word_offsets[r], high = word_offsets[r + 1];
+        if (place < next || place >= num_hashes || low < 0 || low > high || high > num_words || place - next > num_out - o ||
+            high - low > num_out - o - (place - next)) {
+            changed = 1;
+            break;
+        }
+        memcpy(out + o, hashes + next, (size_t)(place - next) * 8);
+        o += place - next;
+        memcpy(out + o, words + low, (size_t)(high - low) * 8);
+        o += high - low;
+        next = place + 1;
     }
-    memcpy(out + o, hashes + next, (size_t)(num_hashes - next) * 8);
-    for (Py_ssize_t d = 0, r = 0; d < num_offsets; d++) {
+    if (!changed && num_hashes - next == num_out - o) memcpy(out + o, hashes + next, (size_t)(num_hashes - next) * 8);
+    else changed = 1;
+    for (Py_ssize_t d = 0, r = 0; d < num_offsets && !changed; d++) {
         for (; r < num_places && places[r] < offsets[d]; r++) shift += word_offsets[r + 1] - word_offsets[r] - 1;
         out_offsets[d] = offsets[d] + shift;
     }
     Py_END_ALLOW_THREADS
     release(b, 7);
+    if (changed) {
+        PyErr_SetString(PyExc_ValueError, CHANGED);
+        return NULL;
+    }
     Py_RETURN_NONE;
 }
 
@@ -575,15 +607,25 @@ static PyObject *signature_agreement(PyObject *Py_UNUSED(self), PyObject *args) 
         PyErr_SetString(PyExc_ValueError, "signatures must be N rows of P slots, a and b K rows each, out K long");
         return NULL;
     }
+    int changed = 0;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < num_pairs; i++) {
-        const uint32_t *x = sig + first[i] * num_perm, *y = sig + second[i] * num_perm;
+        int64_t u = first[i], v = second[i];
+        if (u < 0 || u >= num_rows || v < 0 || v >= num_rows) {  /* checked above, but another thread may write them now */
+            changed = 1;
+            break;
+        }
+        const uint32_t *x = sig + u * num_perm, *y = sig + v * num_perm;
         Py_ssize_t equal = 0;
         for (Py_ssize_t p = 0; p < num_perm; p++) equal += x[p] == y[p];
         out[i] = (double)equal / (double)num_perm;
     }
     Py_END_ALLOW_THREADS
     release(b, 4);
+    if (changed) {
+        PyErr_SetString(PyExc_ValueError, CHANGED);
+        return NULL;
+    }
     Py_RETURN_NONE;
 }
 

@@ -64,13 +64,15 @@ def hash_word_bytes(data: np.ndarray, starts: np.ndarray) -> np.ndarray:
     return out
 
 
-def word_runs(data: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def word_runs(data: np.ndarray, bounds: np.ndarray, max_runs: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The runs of [0-9A-Za-z] and non-ASCII bytes inside each text laid end to end in `data` (text i
     is data[bounds[i]:bounds[i + 1]]) -> (hashes (T,) uint64, offsets (N + 1,) int64: text i's runs
     are hashes[offsets[i]:offsets[i + 1]]; runs (R, 3) int64). A run of ASCII alone is a word of
     `[^\\W_]+`: it is lower cased and hashed. A run with a non-ASCII byte may hold any number of
     words, which only Unicode's tables tell: its hash is 0, and `runs` gives its (start, end) in
-    `data` and its place in `hashes`, for the caller to splice its words in (`splice_words`)."""
+    `data` and its place in `hashes`, for the caller to splice its words in (`splice_words`).
+    `max_runs`: at least the runs with a non-ASCII byte (the caller may know fewer than the
+    default, half the bytes: each holds a character of 2 bytes or more)."""
     data, bounds = np.ascontiguousarray(data, dtype=np.uint8), _word_positions(bounds)
     if not NATIVE:
         return numpy_word_runs(data, bounds)
@@ -78,13 +80,14 @@ def word_runs(data: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndar
     capacity = (len(data) + len(bounds)) // 2 + 1
     hashes = np.empty(capacity, dtype=np.uint64)  # pages never written are never touched
     offsets = np.empty(len(bounds), dtype=np.int64)
-    runs = np.empty((capacity, 3), dtype=np.int64)
+    runs = np.empty((capacity if max_runs is None else max_runs, 3), dtype=np.int64)
     words, num_runs = _native.word_runs(data, bounds, hashes, offsets, runs)
     return hashes[:words].copy(), offsets, runs[:num_runs].copy()
 
 
 def gather_runs(data: np.ndarray, runs: np.ndarray) -> np.ndarray:
-    """The bytes data[start:end] of each run (R, 2) of (start, end), end to end (uint8)."""
+    """The bytes data[start:end] of each run (R, 2) of (start, end), ascending and disjoint as
+    `word_runs` gives them, end to end (uint8)."""
     data, runs = np.ascontiguousarray(data, dtype=np.uint8), np.ascontiguousarray(runs, dtype=np.int64).reshape(-1, 2)
     if not NATIVE:
         return numpy_gather_runs(data, runs)
@@ -162,7 +165,7 @@ def pair_jaccard(sets: np.ndarray, offsets: np.ndarray, a: np.ndarray, b: np.nda
 
 
 def distinct(values: np.ndarray) -> np.ndarray:
-    """`np.unique(values)` (sorted, each value once) by a sort and a mask: numpy 2.4's np.unique
+    """`np.unique(values)` of integers (sorted, each value once) by a sort and a mask: numpy 2.4's np.unique
     took 0.72-0.81 s on 1 M int64 values against 0.010 s for np.sort, and deduplication calls it on
     every candidate pair (1.06 M on the man corpus of benchmarks/dedup_speed.py)."""
     ordered = np.sort(values, axis=None)
@@ -175,10 +178,10 @@ def signature_agreement(signatures: np.ndarray, a: np.ndarray, b: np.ndarray) ->
     """(K,) float64: the share of equal slots of signatures[a[i]] and signatures[b[i]] ((N, P)
     uint32), as `(signatures[a] == signatures[b]).mean(axis=1)` gives it (the count over P, one
     division). 594,828 pairs of 120 slots: 0.234 s in numpy."""
-    signatures = np.ascontiguousarray(signatures, dtype=np.uint32)
     a, b = _word_positions(a), _word_positions(b)
-    if not NATIVE or signatures.ndim != 2 or signatures.shape[1] == 0:
-        return numpy_signature_agreement(signatures, a, b)
+    if not NATIVE or signatures.dtype != np.uint32 or signatures.ndim != 2 or signatures.shape[1] == 0:
+        return numpy_signature_agreement(signatures, a, b)  # what MinHash gives is uint32: another dtype is compared as it is
+    signatures = np.ascontiguousarray(signatures)
     out = np.empty(len(a), dtype=np.float64)
     _native.signature_agreement(signatures.reshape(-1), signatures.shape[1], a, b, out)
     return out
@@ -374,8 +377,9 @@ def numpy_gather_runs(data: np.ndarray, runs: np.ndarray) -> np.ndarray:
 
 def numpy_splice_words(hashes: np.ndarray, offsets: np.ndarray, places: np.ndarray, words: np.ndarray, word_offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if len(offsets) < 1 or offsets[0] != 0 or offsets[-1] != len(hashes) or len(word_offsets) != len(places) + 1 or (
-            np.diff(places) < 1).any() or (len(places) and (places[0] < 0 or places[-1] >= len(hashes))):
-        raise ValueError("offsets must run from 0 to T, places ascend within hashes, word_offsets R+1 long")
+            np.diff(places) < 1).any() or (len(places) and (places[0] < 0 or places[-1] >= len(hashes))) or (
+            word_offsets[0] != 0 or word_offsets[-1] != len(words) or (np.diff(word_offsets) < 0).any()):
+        raise ValueError("offsets must run from 0 to T, places ascend within hashes, word_offsets R+1 from 0 to Q ascending")
     counts = np.ones(len(hashes), dtype=np.int64)
     counts[places] = np.diff(word_offsets)
     starts = np.zeros(len(hashes) + 1, dtype=np.int64)

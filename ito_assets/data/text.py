@@ -132,10 +132,13 @@ def _run_word_hashes(texts: pl.Series) -> TokenHashes:
     data = np.frombuffer(array.buffers()[2], dtype=np.uint8)[bounds[0] : bounds[-1]]
     bounds = bounds - bounds[0]
     hashes, runs, offsets, words_before = [], [], np.empty(len(bounds), dtype=np.int64), 0
+    # A run with a non-ASCII byte holds a character of 2 bytes or more: no more such runs than
+    # the bytes beyond the characters (a tight bound on `word_runs`' table of them).
+    non_ascii = int((texts.str.len_bytes() - texts.str.len_chars()).sum() or 0)
     for low, high in _pieces_between_words(data) if not kernels.NATIVE else [(0, len(data))]:
         # The documents that start in this piece (the last piece: the end too).
         here = (bounds >= low) & ((bounds < high) | (high == len(data)))
-        piece_hashes, piece_offsets, piece_runs = word_runs(data[low:high], np.concatenate([[0], bounds[here] - low, [high - low]]))
+        piece_hashes, piece_offsets, piece_runs = word_runs(data[low:high], np.concatenate([[0], bounds[here] - low, [high - low]]), non_ascii)
         offsets[here] = words_before + piece_offsets[1:-1]
         runs.append(piece_runs + np.array([low, low, words_before], dtype=np.int64))
         words_before += len(piece_hashes)

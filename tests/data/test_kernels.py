@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -213,6 +215,59 @@ def test_distinct_is_numpys_unique(values) -> None:
     assert kernels.distinct(array).dtype == np.int64
 
 
+# Another thread moves a position past its array while the kernel runs without the GIL: it was
+# checked before the loop, so the kernel checks it again as it uses it (the library before that
+# crashed on both within 300 calls: SIGSEGV).
+_RACE = """
+import sys, threading
+import numpy as np
+from ito_assets.data import _kernels as K
+n = 200_000
+if sys.argv[1] == "gather_runs":
+    data, out = np.zeros(n, np.uint8), np.empty(n, np.uint8)
+    runs = np.stack([np.arange(n), np.arange(n) + 1], axis=1).astype(np.int64)
+    call, target, index, good = (lambda: K.gather_runs(data, runs, out)), runs, (n - 1, 1), n
+else:
+    hashes, offsets, places = np.zeros(n, np.uint64), np.array([0, n]), np.arange(0, n, 2, dtype=np.int64)
+    words, word_offsets = np.zeros(len(places), np.uint64), np.arange(len(places) + 1, dtype=np.int64)
+    out, out_offsets = np.empty(n, np.uint64), np.empty(2, np.int64)
+    call = lambda: K.splice_words(hashes, offsets, places, words, word_offsets, out, out_offsets)
+    target, index, good = places, len(places) - 1, n - 2
+stop = False
+def flip():
+    while not stop:
+        target[index] = 1 << 40
+        target[index] = good
+thread = threading.Thread(target=flip)
+thread.start()
+for _ in range(300):
+    try:
+        call()
+    except ValueError as error:
+        assert "changed while the kernel ran" in str(error) or "within" in str(error) or "ascend" in str(error), error
+stop = True
+thread.join()
+"""
+
+
+@native
+@pytest.mark.parametrize("kernel", ["gather_runs", "splice_words"])
+def test_a_position_another_thread_moves_mid_call_is_refused_not_read(kernel) -> None:
+    done = subprocess.run([sys.executable, "-c", _RACE, kernel], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+
+
+def test_signature_agreement_compares_other_dtypes_as_they_are(use_c) -> None:
+    """A wider dtype is not cut to 32 bits: 1 and 1 + 2**32 differ."""
+    signatures = np.array([[1, 5], [1 + 2**32, 5]], dtype=np.int64)
+    assert kernels.signature_agreement(signatures, np.array([0]), np.array([1])).tolist() == [0.5]
+
+
+def test_numpy_splice_words_refuses_word_offsets_that_do_not_cover_the_words() -> None:
+    with pytest.raises(ValueError, match="word_offsets"):
+        kernels.numpy_splice_words(np.arange(3, dtype=np.uint64), np.array([0, 3]), np.array([1]), np.array([9], dtype=np.uint64), np.array([1, 2]))
+
+
 def brute_minhash(x: np.ndarray, offsets: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     expected = np.full((len(offsets) - 1, len(a)), EMPTY, dtype=np.uint32)
     for doc, (start, end) in enumerate(zip(offsets[:-1], offsets[1:])):
@@ -347,6 +402,8 @@ def test_band_keys_hash_each_bands_slots_as_stated(use_c, bands, rows, slots) ->
         (lambda k: k.gather_runs(np.zeros(4, np.uint8), np.array([[0, 2]]), np.zeros(3, np.uint8)), "as long as"),
         (lambda k: k.gather_runs(np.zeros(4, np.uint8), np.array([[0, 2], [0, 4]]), np.zeros(2, np.uint8)), "as long as"),
         (lambda k: k.gather_runs(np.zeros(4, np.uint8), np.array([0, 2, 3]), np.zeros(2, np.uint8)), "pairs"),
+        (lambda k: k.gather_runs(np.zeros(4, np.uint8), np.array([[2, 3], [0, 1]]), np.zeros(2, np.uint8)), "ascending, disjoint"),
+        (lambda k: k.gather_runs(np.zeros(4, np.uint8), np.array([[0, 3], [2, 4]]), np.zeros(5, np.uint8)), "ascending, disjoint"),
         (lambda k: k.splice_words(np.zeros(3, np.uint64), np.array([0, 2]), np.zeros(0, np.int64), np.zeros(0, np.uint64), np.array([0]),
                                   np.zeros(3, np.uint64), np.zeros(2, np.int64)), "from 0 to T"),
         (lambda k: k.splice_words(np.zeros(3, np.uint64), np.array([0, 3]), np.array([2, 1]), np.zeros(0, np.uint64), np.array([0, 0, 0]),
