@@ -52,13 +52,16 @@ def _random_texts(rng: random.Random) -> pl.Series:
     return series.slice(1) if len(texts) > 2 and rng.random() < 0.3 else series  # an Arrow offset too
 
 
-@pytest.mark.parametrize("native", [True, False], ids=["C where built", "numpy"])
-def test_word_hashes_equal_token_hashes(monkeypatch, native) -> None:
+@pytest.mark.parametrize(("native", "trials"), [(True, 2000), (False, 400)], ids=["C where built", "numpy"])
+def test_word_hashes_equal_token_hashes(monkeypatch, native, trials) -> None:
+    """numpy's version runs a fifth of the trials (1.4 s here against C's 5.7 s for 2,000): the
+    sigma rule and the splice are the ones C's trials test, and its cutting into runs is held to
+    its statement in test_kernels.py."""
     from ito_assets.data import kernels
 
     monkeypatch.setattr(kernels, "NATIVE", native and kernels.NATIVE)
     rng = random.Random(5)
-    for _ in range(2000):
+    for _ in range(trials):
         texts = _random_texts(rng)
         fast, reference = word_hashes(texts), token_hashes(texts, digits_normalized=False)
         assert np.array_equal(fast.hashes, reference.hashes) and np.array_equal(fast.offsets, reference.offsets), texts.to_list()
