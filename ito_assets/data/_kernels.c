@@ -96,6 +96,20 @@ static void release(Buf *bufs, int n) {
  * they use it; a crafted call from two threads gets this error, not a read out of bounds. */
 #define CHANGED "an input array changed while the kernel ran (another thread wrote it)"
 
+/* The buffers released and the call refused with `message`: NULL, for the kernel to return. */
+static PyObject *refuse(Buf *bufs, int n, const char *message) {
+    release(bufs, n);
+    PyErr_SetString(PyExc_ValueError, message);
+    return NULL;
+}
+
+/* The buffers released at a kernel's end: None, or the refusal when an input changed under it. */
+static PyObject *finish(Buf *bufs, int n, int changed) {
+    if (changed) return refuse(bufs, n, CHANGED);
+    release(bufs, n);
+    Py_RETURN_NONE;
+}
+
 /* One argument array: its name in messages, its item size, whether the kernel writes it. */
 typedef struct {
     const char *name;
@@ -168,9 +182,7 @@ static PyObject *word_runs(PyObject *Py_UNUSED(self), PyObject *args) {
     int bad = num_bounds < 1 || b[3].view.len / 8 != num_bounds || bounds[0] < 0 || bounds[num_bounds - 1] > b[0].view.len;
     for (Py_ssize_t d = 0; !bad && d + 1 < num_bounds; d++) bad = bounds[d] > bounds[d + 1];
     if (bad) {
-        release(b, 5);
-        PyErr_SetString(PyExc_ValueError, "bounds must be N+1 ascending positions within data, offsets N+1 long");
-        return NULL;
+        return refuse(b, 5, "bounds must be N+1 ascending positions within data, offsets N+1 long");
     }
     Py_ssize_t words = 0, num_runs = 0, data_length = b[0].view.len;
     int overflow = 0, changed = 0;
@@ -229,11 +241,8 @@ static PyObject *word_runs(PyObject *Py_UNUSED(self), PyObject *args) {
         offsets[d + 1] = words;
     }
     Py_END_ALLOW_THREADS
+    if (overflow || changed) return refuse(b, 5, changed ? CHANGED : "hashes or runs hold fewer items than the texts have runs");
     release(b, 5);
-    if (overflow || changed) {
-        PyErr_SetString(PyExc_ValueError, changed ? CHANGED : "hashes or runs hold fewer items than the texts have runs");
-        return NULL;
-    }
     return Py_BuildValue("nn", words, num_runs);
 }
 
@@ -256,9 +265,7 @@ static PyObject *gather_runs(PyObject *Py_UNUSED(self), PyObject *args) {
         bad = bad || total > b[2].view.len;
     }
     if (bad || total != b[2].view.len) {
-        release(b, 3);
-        PyErr_SetString(PyExc_ValueError, "runs must be ascending, disjoint (start, end) pairs within data, out as long as they are");
-        return NULL;
+        return refuse(b, 3, "runs must be ascending, disjoint (start, end) pairs within data, out as long as they are");
     }
     int changed = 0;
     Py_BEGIN_ALLOW_THREADS
@@ -272,12 +279,7 @@ static PyObject *gather_runs(PyObject *Py_UNUSED(self), PyObject *args) {
         o += end - start;
     }
     Py_END_ALLOW_THREADS
-    release(b, 3);
-    if (changed) {
-        PyErr_SetString(PyExc_ValueError, CHANGED);
-        return NULL;
-    }
-    Py_RETURN_NONE;
+    return finish(b, 3, changed);
 }
 
 /* splice_words(hashes: u64 (T), offsets: i64 (N+1), places: i64 (R), words: u64 (Q), word_offsets:
@@ -304,11 +306,8 @@ static PyObject *splice_words(PyObject *Py_UNUSED(self), PyObject *args) {
     for (Py_ssize_t r = 0; !bad && r < num_places; r++)
         bad = places[r] < (r ? places[r - 1] + 1 : 0) || places[r] >= num_hashes || word_offsets[r] > word_offsets[r + 1];
     if (bad) {
-        release(b, 7);
-        PyErr_SetString(PyExc_ValueError,
-                        "offsets must run from 0 to T ascending, places ascend within hashes, word_offsets R+1 from 0 to Q, "
+        return refuse(b, 7, "offsets must run from 0 to T ascending, places ascend within hashes, word_offsets R+1 from 0 to Q, "
                         "out T-R+Q long, out_offsets N+1");
-        return NULL;
     }
     Py_ssize_t num_out = b[5].view.len / 8;
     int changed = 0;
@@ -335,12 +334,7 @@ static PyObject *splice_words(PyObject *Py_UNUSED(self), PyObject *args) {
         out_offsets[d] = offsets[d] + shift;
     }
     Py_END_ALLOW_THREADS
-    release(b, 7);
-    if (changed) {
-        PyErr_SetString(PyExc_ValueError, CHANGED);
-        return NULL;
-    }
-    Py_RETURN_NONE;
+    return finish(b, 7, changed);
 }
 
 /* hash_word_bytes(data: u8, starts: i64 (T+1), hashes: u64 out (T)): the hash of each word
@@ -358,15 +352,12 @@ static PyObject *hash_word_bytes(PyObject *Py_UNUSED(self), PyObject *args) {
     int bad = num < 0 || b[2].view.len / 8 != num;
     for (Py_ssize_t i = 0; !bad && i < num; i++) bad = starts[i] < 0 || starts[i] > starts[i + 1];
     if (bad || (num >= 0 && starts[num] > b[0].view.len)) {
-        release(b, 3);
-        PyErr_SetString(PyExc_ValueError, "starts must be T+1 ascending positions within data, hashes T long");
-        return NULL;
+        return refuse(b, 3, "starts must be T+1 ascending positions within data, hashes T long");
     }
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < num; i++) hashes[i] = hash_bytes(data + starts[i], starts[i + 1] - starts[i]);
     Py_END_ALLOW_THREADS
-    release(b, 3);
-    Py_RETURN_NONE;
+    return finish(b, 3, 0);
 }
 
 WIDE_CLONES
@@ -399,15 +390,12 @@ static PyObject *minhash(PyObject *Py_UNUSED(self), PyObject *args) {
               bufs[4].view.len / 4 != num_docs * num_perm;
     for (Py_ssize_t d = 0; !bad && d < num_docs; d++) bad = offsets[d] < 0 || offsets[d] > offsets[d + 1];
     if (bad || (num_docs >= 0 && offsets[num_docs] > num_x)) {
-        release(bufs, 5);
-        PyErr_SetString(PyExc_ValueError, "offsets must be N+1 ascending positions within x, a and b P long, out N*P");
-        return NULL;
+        return refuse(bufs, 5, "offsets must be N+1 ascending positions within x, a and b P long, out N*P");
     }
     Py_BEGIN_ALLOW_THREADS
     minhash_rows(bufs[0].view.buf, offsets, num_docs, bufs[2].view.buf, bufs[3].view.buf, num_perm, bufs[4].view.buf);
     Py_END_ALLOW_THREADS
-    release(bufs, 5);
-    Py_RETURN_NONE;
+    return finish(bufs, 5, 0);
 }
 
 /* shingle_hashes(tokens: u64 (T), token_offsets: i64 (N+1), k, multipliers: u64 (M), offsets: i64 (N+1),
@@ -435,9 +423,7 @@ static PyObject *shingle_hashes(PyObject *Py_UNUSED(self), PyObject *args) {
         }
     }
     if (bad || (num_docs >= 0 && offsets[num_docs] != num_out)) {
-        release(b, 5);
-        PyErr_SetString(PyExc_ValueError, "token_offsets must run from 0 to T ascending, offsets hold each document's shingles, out S long");
-        return NULL;
+        return refuse(b, 5, "token_offsets must run from 0 to T ascending, offsets hold each document's shingles, out S long");
     }
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t d = 0; d < num_docs; d++) {
@@ -452,8 +438,7 @@ static PyObject *shingle_hashes(PyObject *Py_UNUSED(self), PyObject *args) {
         }
     }
     Py_END_ALLOW_THREADS
-    release(b, 5);
-    Py_RETURN_NONE;
+    return finish(b, 5, 0);
 }
 
 static int compare_u64(const void *x, const void *y) {
@@ -491,9 +476,7 @@ static PyObject *sorted_sets(PyObject *Py_UNUSED(self), PyObject *args) {
     int bad = num < 0 || b[2].view.len / 8 != num + 1 || (num >= 0 && (offsets[0] != 0 || offsets[num] > b[0].view.len / 8));
     for (Py_ssize_t i = 0; !bad && i < num; i++) bad = offsets[i] > offsets[i + 1];
     if (bad) {
-        release(b, 3);
-        PyErr_SetString(PyExc_ValueError, "offsets must be M+1 ascending positions within values from 0, kept M+1 long");
-        return NULL;
+        return refuse(b, 3, "offsets must be M+1 ascending positions within values from 0, kept M+1 long");
     }
     int64_t out = 0;
     Py_BEGIN_ALLOW_THREADS
@@ -527,9 +510,7 @@ static PyObject *pair_jaccard(PyObject *Py_UNUSED(self), PyObject *args) {
     for (Py_ssize_t i = 0; !bad && i < num_sets; i++) bad = offsets[i] > offsets[i + 1];
     for (Py_ssize_t i = 0; !bad && i < num_pairs; i++) bad = first[i] < 0 || first[i] >= num_sets || second[i] < 0 || second[i] >= num_sets;
     if (bad) {
-        release(b, 5);
-        PyErr_SetString(PyExc_ValueError, "offsets must be M+1 ascending positions within sets, a and b K sets each, out K long");
-        return NULL;
+        return refuse(b, 5, "offsets must be M+1 ascending positions within sets, a and b K sets each, out K long");
     }
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < num_pairs; i++) {
@@ -543,8 +524,7 @@ static PyObject *pair_jaccard(PyObject *Py_UNUSED(self), PyObject *args) {
         out[i] = size > both ? (double)both / (double)(size - both) : 0.0;
     }
     Py_END_ALLOW_THREADS
-    release(b, 5);
-    Py_RETURN_NONE;
+    return finish(b, 5, 0);
 }
 
 /* band_keys(signatures: u32 (N*P), bands, rows, multipliers: u64 (M), out: u64 out (N*bands)): the
@@ -561,16 +541,12 @@ static PyObject *band_keys(PyObject *Py_UNUSED(self), PyObject *args) {
     const uint64_t *mult = b[1].view.buf;
     uint64_t *out = b[2].view.buf;
     if (bands < 1 || rows < 1 || rows > PY_SSIZE_T_MAX / bands) {
-        release(b, 3);
-        PyErr_SetString(PyExc_ValueError, "signatures must be N rows of bands*rows slots, out N*bands long");
-        return NULL;
+        return refuse(b, 3, "signatures must be N rows of bands*rows slots, out N*bands long");
     }
     Py_ssize_t width = bands * rows, num_mult = b[1].view.len / 8;
     Py_ssize_t num_docs = width > 0 ? b[0].view.len / 4 / width : 0;
     if (bands < 1 || rows < 1 || num_mult < 1 || b[0].view.len / 4 != num_docs * width || b[2].view.len / 8 != num_docs * bands) {
-        release(b, 3);
-        PyErr_SetString(PyExc_ValueError, "signatures must be N rows of bands*rows slots, out N*bands long");
-        return NULL;
+        return refuse(b, 3, "signatures must be N rows of bands*rows slots, out N*bands long");
     }
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t d = 0; d < num_docs; d++) {
@@ -583,8 +559,7 @@ static PyObject *band_keys(PyObject *Py_UNUSED(self), PyObject *args) {
         }
     }
     Py_END_ALLOW_THREADS
-    release(b, 3);
-    Py_RETURN_NONE;
+    return finish(b, 3, 0);
 }
 
 /* signature_agreement(signatures: u32 (N*P), P, a: i64 (K), b: i64 (K), out: f64 out (K)): the
@@ -603,9 +578,7 @@ static PyObject *signature_agreement(PyObject *Py_UNUSED(self), PyObject *args) 
     int bad = num_perm < 1 || b[0].view.len / 4 != num_rows * num_perm || b[2].view.len / 8 != num_pairs || b[3].view.len / 8 != num_pairs;
     for (Py_ssize_t i = 0; !bad && i < num_pairs; i++) bad = first[i] < 0 || first[i] >= num_rows || second[i] < 0 || second[i] >= num_rows;
     if (bad) {
-        release(b, 4);
-        PyErr_SetString(PyExc_ValueError, "signatures must be N rows of P slots, a and b K rows each, out K long");
-        return NULL;
+        return refuse(b, 4, "signatures must be N rows of P slots, a and b K rows each, out K long");
     }
     int changed = 0;
     Py_BEGIN_ALLOW_THREADS
@@ -621,12 +594,7 @@ static PyObject *signature_agreement(PyObject *Py_UNUSED(self), PyObject *args) 
         out[i] = (double)equal / (double)num_perm;
     }
     Py_END_ALLOW_THREADS
-    release(b, 4);
-    if (changed) {
-        PyErr_SetString(PyExc_ValueError, CHANGED);
-        return NULL;
-    }
-    Py_RETURN_NONE;
+    return finish(b, 4, changed);
 }
 
 /* SHA-256 (FIPS 180-4), for the documents' ids: hashlib takes one message a call, ~1 us each in
@@ -692,9 +660,7 @@ static PyObject *row_digests(PyObject *Py_UNUSED(self), PyObject *args) {
     uint8_t *out = b[2].view.buf;
     Py_ssize_t length = b[0].view.len, num_rows = b[1].view.len / 8;
     if (num_rows > PY_SSIZE_T_MAX / 32 || b[2].view.len != 32 * num_rows || length > PY_SSIZE_T_MAX / 8 - 64) {
-        release(b, 3);
-        PyErr_SetString(PyExc_ValueError, "out must be 32 bytes a row");
-        return NULL;
+        return refuse(b, 3, "out must be 32 bytes a row");
     }
     Py_BEGIN_ALLOW_THREADS
     uint32_t prefix_state[8];
@@ -724,8 +690,7 @@ static PyObject *row_digests(PyObject *Py_UNUSED(self), PyObject *args) {
         for (int k = 0; k < 32; k++) out[32 * r + k] = (uint8_t)(state[k / 4] >> (24 - 8 * (k % 4)));
     }
     Py_END_ALLOW_THREADS
-    release(b, 3);
-    Py_RETURN_NONE;
+    return finish(b, 3, 0);
 }
 
 static PyMethodDef methods[] = {
