@@ -22,6 +22,7 @@ from ito_assets.runtime.supervision import heartbeat
 from ito_assets.runtime.worker.batches import BatchPlan, ResumableBatches
 from ito_assets.runtime.stage.config import RESULT_NAME, WorkerConfig, group_shape
 from ito_assets.runtime.record.events import EventKind
+from ito_assets.runtime.record.goodput import summarize, summarize_stage
 from ito_assets.runtime.supervision.replicas import (ReplicaStage, group_supervision, group_worker, longest_wait_s,
                                                       replica_dir)
 from ito_assets.runtime.stage.curriculum import StageSizing, replica_groups_for
@@ -194,6 +195,20 @@ def test_a_killed_replica_group_restarts_and_never_stops_the_other(tmp_path, tok
     steps = _assert_the_survivor_trained_on(stage_dir, beat, killed_at)
     if groups[1][1] == "succeeded":
         _assert_healed(stage_dir, beat, steps)
+    _assert_the_telemetry_counts_both_groups(stage_dir, healed=groups[1][1] == "succeeded")
+
+
+def _assert_the_telemetry_counts_both_groups(stage_dir: Path, *, healed: bool) -> None:
+    """The desk's figures hold group 1's device time and its kill; a group that healed forward
+    wasted none of the steps it trained before the kill."""
+    groups = events.read_groups(stage_dir)
+    held = sum(e.seconds * e.num_devices for log in groups for e in log if e.kind is EventKind.ALLOCATION)
+    stage = summarize_stage(groups)
+    assert len(groups) == 2 and all(log for log in groups)
+    assert stage.device_hours * 3600 >= held * (1 - 1e-12) and held > summarize(groups[0]).device_hours * 3600
+    assert stage.num_unplanned_interruptions == 1
+    if healed:
+        assert summarize(groups[1]).num_wasted_steps == 0
 
 
 @pytest.mark.slow
@@ -222,6 +237,7 @@ def test_a_killed_replica_group_restarts_and_heals_while_the_other_trains_on(tmp
     assert [(g["replica_id"], g["outcome"], g["num_attempts"]) for g in report["replica_groups"]] == [
         (0, "succeeded", 1), (1, "succeeded", 2)]
     _assert_healed(stage_dir, beat, _assert_the_survivor_trained_on(stage_dir, beat, killed_at), back_late=False)
+    _assert_the_telemetry_counts_both_groups(stage_dir, healed=True)
 
 
 def _resumes(folder: Path) -> list[tuple[int, int | None, str]]:

@@ -125,7 +125,7 @@ def test_overlapping_windows_are_not_idle_and_a_gap_is_counted_at_the_runs_devic
     assert _idle_seconds([(0, 10), (5, 12), (20, 30)]) == 8  # 12 -> 20
     assert _idle_seconds([(0, 10), (10, 20)]) == 0 and _idle_seconds([]) == 0
     e = lambda at, seconds, devices: Event(kind=EventKind.ALLOCATION, at=at, seconds=seconds, num_devices=devices)
-    run = summarize_run({"a": [e(100.0, 100.0, 8)], "b": [e(400.0, 100.0, 4)]})  # 200 s idle between them
+    run = summarize_run({"a": [[e(100.0, 100.0, 8)]], "b": [[e(400.0, 100.0, 4)]]})  # 200 s idle between them
     assert (run.idle_seconds, run.allocated_seconds) == (200.0, 400.0)
     assert run.device_hours == pytest.approx((100 * 8 + 100 * 4 + 200 * 8) / 3600, rel=1e-12)
 
@@ -145,11 +145,13 @@ def test_a_killed_supervisors_work_is_not_idle_too() -> None:
                 log.append(Event(kind=EventKind.ALLOCATION, at=end, seconds=end - begin, num_devices=8))
         return log
 
-    run = summarize_run({"pretraining": stage(0, [(0, 100, True)]), "mid_training": stage(100, [(100, 200, False), (200, 300, True)])})
+    run = summarize_run({"pretraining": [stage(0, [(0, 100, True)])],
+                         "mid_training": [stage(100, [(100, 200, False), (200, 300, True)])]})
     assert (run.allocated_seconds, run.idle_seconds, run.productive_seconds) == (300.0, 0.0, 300.0)
     assert run.goodput == 1.0
     # A real gap between the stages is still idle.
-    gap = summarize_run({"pretraining": stage(0, [(0, 100, True)]), "mid_training": stage(150, [(150, 200, False), (200, 300, True)])})
+    gap = summarize_run({"pretraining": [stage(0, [(0, 100, True)])],
+                         "mid_training": [stage(150, [(150, 200, False), (200, 300, True)])]})
     assert (gap.allocated_seconds, gap.idle_seconds) == (300.0, 50.0)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from ito_assets.data.warehouse import connect
 from ito_assets.manifest.schema import POST_TRAINING_ORDER
 from ito_assets.runtime.record import events
-from ito_assets.runtime.record.goodput import summarize, summarize_run
+from ito_assets.runtime.record.goodput import summarize_run, summarize_stage
 
 TABLE = "training_telemetry"
 _COLUMNS = ("goodput", "allocated_seconds", "device_hours", "productive_seconds", "badput_startup_seconds",
@@ -20,9 +20,10 @@ _COLUMNS = ("goodput", "allocated_seconds", "device_hours", "productive_seconds"
 
 
 def rows_for_run(partition_key: str, stage_dirs: dict[str, Path]) -> list[dict]:
-    logs = {stage: events.read(folder) for stage, folder in stage_dirs.items()}
+    logs = {stage: events.read_groups(folder) for stage, folder in stage_dirs.items()}
     rows = [{"partition_key": partition_key, "stage": stage,
-             **summarize(log, posttraining=stage in POST_TRAINING_ORDER).as_row()} for stage, log in logs.items()]
+             **summarize_stage(groups, posttraining=stage in POST_TRAINING_ORDER).as_row()}
+            for stage, groups in logs.items()]
     return rows + [{"partition_key": partition_key, "stage": "run", **summarize_run(logs).as_row()}]
 
 

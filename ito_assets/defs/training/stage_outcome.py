@@ -12,7 +12,7 @@ from ito_assets.defs.metadata_values import chart, table
 from ito_assets.runtime.checkpoint import registry
 from ito_assets.runtime.record import events
 from ito_assets.runtime.record.events import EventKind
-from ito_assets.runtime.record.goodput import summarize
+from ito_assets.runtime.record.goodput import summarize_stage
 from ito_assets.runtime.stage.eval_gate import Direction, EvalGatePolicy
 from ito_assets.runtime.stage.run import StageCheckpoint
 
@@ -47,7 +47,7 @@ def gate_marks(gate: dict, policy: EvalGatePolicy | None) -> list[dict]:
 def outcome_metadata(outcome: StageCheckpoint, policy: EvalGatePolicy | None = None) -> dict:
     """`policy`: the eval-gate policy that judged the stage, for its thresholds' noise bands."""
     stage_dir = Path(outcome.stage_dir)
-    telemetry = summarize(events.read(stage_dir))
+    telemetry = summarize_stage(events.read_groups(stage_dir))
     checkpoints = registry.read(stage_dir)
     steps, losses = training_losses(stage_dir)
     metadata = {

@@ -21,6 +21,8 @@ from ito_assets.runtime.record.storage import append_line, json_lines
 
 EVENTS_NAME = "events.jsonl"  # the supervisor's
 _WORKER_EVENTS = "events-attempt-{attempt}.jsonl"  # rank 0 of one attempt's
+# Where replica group i > 0 of a stage keeps its own log (group 0's is the stage folder's).
+_REPLICA_FOLDER = "replica-{replica_id}"
 
 
 class EventKind(str, enum.Enum):
@@ -88,8 +90,31 @@ def read(folder: Path) -> list[Event]:
     return sorted(found, key=lambda e: e.at)
 
 
+def replica_dir(stage_dir: Path, replica_id: int) -> Path:
+    """Replica group `replica_id`'s folder: the stage folder for group 0."""
+    return stage_dir if replica_id == 0 else stage_dir / _REPLICA_FOLDER.format(replica_id=replica_id)
+
+
+def read_groups(stage_dir: Path) -> list[list[Event]]:
+    """Each replica group's log, group 0's first (a stage without replica groups: one log). Each
+    group numbers its attempts from 0, so its log is read, and summed up, alone."""
+    groups = {_number(p.name, _REPLICA_FOLDER.format(replica_id="*")): p for p in stage_dir.glob(
+        _REPLICA_FOLDER.format(replica_id="*")) if p.is_dir()}
+    groups.pop(None, None)
+    groups.pop(0, None)  # group 0 is the stage folder itself
+    return [read(stage_dir), *(read(groups[n]) for n in sorted(groups))]
+
+
 def _attempt_of(path: Path) -> int | None:
-    digits = path.name.removeprefix("events-attempt-").removesuffix(".jsonl")
+    return _number(path.name, _WORKER_EVENTS.format(attempt="*"))
+
+
+def _number(name: str, pattern: str) -> int | None:
+    """The integer that stands for `*` in `pattern` (one `*`), or None when `name` has another shape."""
+    prefix, suffix = pattern.split("*")
+    if not (name.startswith(prefix) and name.endswith(suffix)) or len(name) <= len(prefix) + len(suffix):
+        return None
+    digits = name[len(prefix):len(name) - len(suffix)]
     return int(digits) if digits.isascii() and digits.isdigit() else None
 
 

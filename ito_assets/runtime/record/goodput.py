@@ -3,7 +3,9 @@
 Definitions (the desk prices a training block from these):
 - goodput = productive step seconds / allocated seconds (Google Cloud's "ML goodput" framing:
   the share of the allocation that advanced the model). A step is productive unless a later
-  attempt resumed from an earlier checkpoint, which makes it wasted: it is done again.
+  attempt went on from a step before it (resumed from an earlier checkpoint): it is done again. An
+  attempt that healed from a peer replica group went on from the quorum's step: the steps before
+  it stand.
 - badput, split: start-up (launch to first step of the first attempt), checkpointing (seconds a
   save blocked training), recovery (detection to the first step after a restart), wasted steps,
   evaluation, idle between stages (the run's row only: the devices stay booked while no stage
@@ -12,6 +14,10 @@ Definitions (the desk prices a training block from these):
   run's is the first window's start to the last one's end, so a gap between stages is counted
   once, as idle, at the run's largest device count. A stage's allocation is never less than the
   seconds its log accounts for (a supervisor killed before writing it, a wall clock set back).
+- replica groups: a stage whose plan replicates runs groups side by side, each with its own log
+  (`events.read_groups`); the stage's seconds are the groups' weighted by their devices, so a
+  group that was restarting while the others trained lowers goodput by its share of the devices,
+  and device-hours and interruptions are every group's (`summarize_stage`).
 - post-training: the post-training stages (SFT, DPO, RLVR) write the same events for their one
   device (`ito_assets.posttraining.timeline`), so their steps, evaluations and saves fall in the
   buckets above and the gap before them is idle; `posttraining_seconds` says how much of the
@@ -25,7 +31,7 @@ Definitions (the desk prices a training block from these):
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from ito_assets.manifest.schema import POST_TRAINING_ORDER
 from ito_assets.runtime.record.events import NOT_APPLIED, Event, EventKind
@@ -96,17 +102,24 @@ class Telemetry:
         }
 
 
-def _resume_steps(events: list[Event]) -> dict[int, int]:
-    """attempt -> the step it resumed from (-1 for a fresh start)."""
-    return {e.attempt: e.step for e in events if e.kind is EventKind.RESUME}
+def _restart_points(events: list[Event]) -> dict[int, int]:
+    """attempt -> the last step before the first it trained, for each attempt that resumed (-1
+    for a fresh start): the step it resumed from, unless it healed from a peer replica group and
+    went on from the quorum's step (an attempt that trained nothing: the step it resumed from)."""
+    resumed = {e.attempt: e.step for e in events if e.kind is EventKind.RESUME}
+    first: dict[int, int] = {}
+    for e in events:
+        if e.kind is EventKind.STEP and e.attempt in resumed:
+            first[e.attempt] = min(first.get(e.attempt, e.step), e.step)
+    return {attempt: first[attempt] - 1 if attempt in first else step for attempt, step in resumed.items()}
 
 
-def _wasted(step: Event, resumes: dict[int, int]) -> bool:
+def _wasted(step: Event, restarts: dict[int, int]) -> bool:
     """A step is wasted when its update was not applied (a non-finite loss or gradient), or when
-    any later attempt resumed from a checkpoint before it."""
+    any later attempt went on from a step before it: it is done again."""
     if step.detail == NOT_APPLIED:
         return True
-    return any(attempt > step.attempt and resumed < step.step for attempt, resumed in resumes.items())
+    return any(attempt > step.attempt and point < step.step for attempt, point in restarts.items())
 
 
 def summarize(events: list[Event], *, posttraining: bool = False) -> Telemetry:
@@ -115,9 +128,9 @@ def summarize(events: list[Event], *, posttraining: bool = False) -> Telemetry:
     def total(kind: EventKind, *, field: str = "seconds", where=lambda e: True) -> float:
         return sum(getattr(e, field) for e in events if e.kind is kind and where(e))
 
-    resumes = _resume_steps(events)
+    restarts = _restart_points(events)
     steps = [e for e in events if e.kind is EventKind.STEP]
-    wasted = [e for e in steps if _wasted(e, resumes)]
+    wasted = [e for e in steps if _wasted(e, restarts)]
     allocations = [e for e in events if e.kind is EventKind.ALLOCATION]
     interruptions = [e for e in events if e.kind is EventKind.INTERRUPTION]
     buckets = {
@@ -152,19 +165,54 @@ def summarize(events: list[Event], *, posttraining: bool = False) -> Telemetry:
     )
 
 
-def summarize_run(logs: Mapping[str, list[Event]]) -> Telemetry:
-    """A run's figures from its stages' logs. Attempts are numbered per stage, so a resume is looked
-    up by (stage, attempt): each stage is summarized alone and the figures, all sums, are added.
-    Concatenating the logs would let one stage's restart mark another stage's steps as wasted. The
-    time between the stages' windows is added to the allocation as idle. A supervisor killed
-    before it wrote its allocation leaves its work without a window: its accounted events stand
-    for it (`summarize` counted their seconds in the stage's allocation), so they are not idle too."""
-    parts = [summarize(log, posttraining=stage in POST_TRAINING_ORDER) for stage, log in logs.items()]
+def summarize_stage(groups: Sequence[list[Event]], *, posttraining: bool = False) -> Telemetry:
+    """A stage's figures from its replica groups' logs, group 0's first (`events.read_groups`; one
+    log without replica groups). Each group is summarized alone (its attempts are its own); the
+    groups train side by side, so the stage's seconds are the groups' weighted by their devices:
+    allocated seconds times the stage's devices stay its device-seconds, and goodput is the share
+    of all its device time that advanced the model. Device-hours, interruptions, checkpoints and
+    wasted steps are every group's; the steps are group 0's, the stage's lineage."""
+    parts = [summarize(log, posttraining=posttraining) for log in groups]
+    if len(parts) == 1:
+        return parts[0]
+    weights = [_devices(log) for log in groups]
+    if sum(weights) == 0:  # no group wrote its allocation: weigh them alike
+        weights = [1] * len(parts)
+    mean = lambda name: sum(w * getattr(p, name) for w, p in zip(weights, parts)) / sum(weights)
+    summed = lambda name: sum(getattr(p, name) for p in parts)
+    return Telemetry(
+        **{name: mean(name) for name in _SECONDS},
+        device_hours=summed("device_hours"), num_steps=parts[0].num_steps,
+        **{name: summed(name) for name in ("num_wasted_steps", "num_planned_interruptions",
+                                           "num_unplanned_interruptions", "num_checkpoints", "checkpoint_bytes",
+                                           "checkpoint_total_seconds")},
+    )
+
+
+# A stage's figures that are seconds of its wall-clock window.
+_SECONDS = ("allocated_seconds", "productive_seconds", "startup_seconds", "checkpoint_blocking_seconds",
+            "recovery_seconds", "wasted_step_seconds", "evaluation_seconds", "idle_seconds", "posttraining_seconds")
+
+
+def _devices(log: list[Event]) -> int:
+    return max((e.num_devices for e in log if e.kind is EventKind.ALLOCATION), default=0)
+
+
+def summarize_run(stages: Mapping[str, Sequence[list[Event]]]) -> Telemetry:
+    """A run's figures from each stage's replica groups' logs (`summarize_stage`). Attempts are
+    numbered per stage and group, so each stage is summarized alone and the figures, all sums, are
+    added: concatenating the logs would let one stage's restart mark another stage's steps as
+    wasted. The time between the stages' windows is added to the allocation as idle, at the
+    largest device count of a stage (all its groups'). A supervisor killed before it wrote its
+    allocation leaves its work without a window: its accounted events stand for it (`summarize`
+    counted their seconds in the stage's allocation), so they are not idle too."""
+    parts = [summarize_stage(groups, posttraining=stage in POST_TRAINING_ORDER) for stage, groups in stages.items()]
     total = Telemetry(**{f.name: sum(getattr(p, f.name) for p in parts) for f in fields(Telemetry)})
-    allocations = [e for log in logs.values() for e in log if e.kind is EventKind.ALLOCATION]
-    accounted = [e for log in logs.values() for e in log if e.kind in _ACCOUNTED and e.seconds > 0]
-    idle = _idle_seconds([(e.at - e.seconds, e.at) for e in allocations + accounted])
-    devices = max((e.num_devices for e in allocations), default=0)
+    logs = [e for groups in stages.values() for log in groups for e in log]
+    windows = [(e.at - e.seconds, e.at) for e in logs
+               if e.kind is EventKind.ALLOCATION or (e.kind in _ACCOUNTED and e.seconds > 0)]
+    idle = _idle_seconds(windows)
+    devices = max((sum(_devices(log) for log in groups) for groups in stages.values()), default=0)
     return replace(total, allocated_seconds=total.allocated_seconds + idle, idle_seconds=idle,
                    device_hours=total.device_hours + idle * devices / _SECONDS_PER_HOUR)
 

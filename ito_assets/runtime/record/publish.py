@@ -17,7 +17,7 @@ from ito_assets.runtime.record import events
 from ito_assets.runtime.checkpoint import markers
 from ito_assets.runtime.checkpoint import registry
 from ito_assets.runtime.record.events import EventKind
-from ito_assets.runtime.record.goodput import summarize
+from ito_assets.runtime.record.goodput import summarize_stage
 
 LOG_EVERY_STEPS = 10  # the worker's Pipes reporting interval (torchtitan's default log_freq)
 
@@ -29,7 +29,7 @@ def stage_metrics(stage: str, stage_dir: Path, evaluation: dict[str, float]) -> 
     found = [(step, f"{stage}/loss", loss) for step, loss in sorted(losses.items())
              if step % LOG_EVERY_STEPS == 0 or step == last]
     found += [(last, f"{stage}/{name}", value) for name, value in sorted(evaluation.items())]
-    found.append((last, f"{stage}/goodput", summarize(log).goodput))
+    found.append((last, f"{stage}/goodput", summarize_stage(events.read_groups(stage_dir)).goodput))
     return found
 
 

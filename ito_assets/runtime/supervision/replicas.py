@@ -68,6 +68,7 @@ from ito_assets.launch.backend import BackendKind
 from ito_assets.runtime.supervision import heartbeat
 from ito_assets.runtime.supervision.relay import MetricsRelay
 from ito_assets.runtime.stage.config import WorkerConfig, group_shape
+from ito_assets.runtime.record.events import replica_dir
 from ito_assets.runtime.record.storage import write_atomic
 from ito_assets.runtime.supervision.supervisor import (REPORT_NAME, Outcome, SupervisionReport, Supervisor, SupervisorConfig,
                                                       print_outcome, refused_arguments, supervised, supervising)
@@ -102,10 +103,6 @@ def longest_wait_s(replica_timeout_s: float) -> float:
     """The longest a healthy group goes without a step on a hung peer (torchft's thread still
     heartbeating): the lighthouse's wait for it, a collective's timeout, then its heartbeat's."""
     return replica_timeout_s * (1 + JOIN_TIMEOUT_SHARE) + HEARTBEAT_TIMEOUT_MS / 1000
-
-
-def replica_dir(stage_dir: Path, replica_id: int) -> Path:
-    return stage_dir if replica_id == 0 else stage_dir / f"replica-{replica_id}"
 
 
 def group_worker(stage: WorkerConfig, replica_id: int) -> WorkerConfig:

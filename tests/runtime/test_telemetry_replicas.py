@@ -1,0 +1,119 @@
+"""Telemetry of a stage trained by replica groups: every group's log counts (device-hours,
+interruptions, the device time a restarting group lost), each group read alone, and a group that
+healed forward from its peers has not wasted the steps it trained before its restart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ito_assets.defs.telemetry.table import rows_for_run
+from ito_assets.runtime.record import events
+from ito_assets.runtime.record.events import Event, EventKind
+from ito_assets.runtime.record.goodput import summarize, summarize_run, summarize_stage
+from ito_assets.runtime.record.publish import stage_metrics
+
+
+def e(kind: EventKind, at: float = 0.0, **fields) -> Event:
+    return Event(kind=kind, at=at, **fields)
+
+
+def group(allocated: float, devices: int, steps: range, *, attempt: int = 0, resumed: int = -1,
+          step_seconds: float = 1.0) -> list[Event]:
+    return [e(EventKind.ALLOCATION, seconds=allocated, num_devices=devices),
+            e(EventKind.RESUME, attempt=attempt, step=resumed),
+            *(e(EventKind.STEP, attempt=attempt, step=s, seconds=step_seconds) for s in steps)]
+
+
+def restarted_group(devices: int, *, first_steps: range, resumed: int, healed_from: int) -> list[Event]:
+    """Attempt 0 trained `first_steps` and was killed; attempt 1 resumed from `resumed` (group 0's
+    checkpoint) and trained from `healed_from` to step 80, 30 s of recovery between them."""
+    return [e(EventKind.ALLOCATION, seconds=100.0, num_devices=devices),
+            e(EventKind.RESUME, attempt=0, step=-1),
+            *(e(EventKind.STEP, attempt=0, step=s, seconds=1.0) for s in first_steps),
+            e(EventKind.INTERRUPTION, attempt=0, planned=False, seconds=10.0),
+            e(EventKind.RECOVERY, attempt=1, seconds=20.0),
+            e(EventKind.RESUME, attempt=1, step=resumed),
+            *(e(EventKind.STEP, attempt=1, step=s, seconds=1.0) for s in range(healed_from, 81))]
+
+
+def test_every_group_counts_and_the_stages_seconds_are_weighted_by_devices() -> None:
+    """Group 0 (2 devices) trained 80 of its 100 s; group 1 (2 devices) was killed after 20 steps,
+    was 30 s recovering and healed at step 51 (50 steps on). Reading group 0 alone said goodput
+    0.8, 200 device-seconds and no interruption."""
+    first = group(100.0, 2, range(1, 81))
+    second = restarted_group(2, first_steps=range(1, 21), resumed=-1, healed_from=51)
+    stage = summarize_stage([first, second])
+    assert stage.allocated_seconds == 100.0 and stage.productive_seconds == (80 + 20 + 30) / 2
+    assert stage.goodput == 0.65 and stage.recovery_seconds == 15.0
+    assert stage.device_hours == pytest.approx(400 / 3600, rel=1e-12)
+    assert (stage.num_unplanned_interruptions, stage.num_planned_interruptions) == (1, 0)
+    assert stage.interruptions_per_1000_device_hours(planned=False) == pytest.approx(1000 / (400 / 3600))
+    assert stage.num_steps == 80 and stage.num_wasted_steps == 0  # the stage's steps are group 0's
+    # Four devices against two: group 0 weighs twice as much.
+    heavy = summarize_stage([group(100.0, 4, range(1, 81)), second])
+    assert heavy.productive_seconds == pytest.approx((4 * 80 + 2 * 50) / 6)
+    assert heavy.device_hours == pytest.approx(600 / 3600, rel=1e-12)
+    assert heavy.allocated_seconds * 6 == pytest.approx(heavy.device_hours * 3600)
+    assert summarize_stage([first]) == summarize(first)  # one group: its own figures
+
+
+@pytest.mark.parametrize(("healed_from", "wasted"), [(22, 0), (21, 0), (20, 1), (19, 2), (4, 17)])
+def test_a_healed_groups_steps_before_its_first_step_again_are_not_wasted(healed_from, wasted) -> None:
+    """Attempt 0 trained steps 1-20; attempt 1 resumed from step 3 and trained from `healed_from`:
+    the steps of attempt 0 from `healed_from` on were done again, those before it stand (a resume
+    without healing goes on at step 4: 17 wasted, as before)."""
+    log = restarted_group(1, first_steps=range(1, 21), resumed=3, healed_from=healed_from)
+    assert summarize(log).num_wasted_steps == wasted
+    assert summarize(log).wasted_step_seconds == wasted
+
+
+def test_an_attempt_that_trained_nothing_wastes_from_the_step_it_resumed_from() -> None:
+    log = [e(EventKind.RESUME, attempt=0, step=-1), *(e(EventKind.STEP, attempt=0, step=s, seconds=1.0) for s in range(1, 11)),
+           e(EventKind.RESUME, attempt=1, step=6)]
+    assert summarize(log).num_wasted_steps == 4
+
+
+def test_the_runs_idle_time_is_counted_at_the_devices_of_all_of_a_stages_groups() -> None:
+    """Stage a: two groups of 4 devices, 0-100 s; stage b: one group of 4, 200-300 s; 100 s idle at
+    8 devices, the most a stage held."""
+    a = [[e(EventKind.ALLOCATION, at=100.0, seconds=100.0, num_devices=4)]] * 2
+    b = [[e(EventKind.ALLOCATION, at=300.0, seconds=100.0, num_devices=4)]]
+    run = summarize_run({"pretraining": a, "mid_training": b})
+    assert (run.idle_seconds, run.allocated_seconds) == (100.0, 300.0)
+    assert run.device_hours == pytest.approx((100 * 8 + 100 * 4 + 100 * 8) / 3600, rel=1e-12)
+
+
+def test_groups_without_an_allocation_weigh_alike() -> None:
+    """Supervisors killed before they wrote an allocation: each group's accounted seconds stand."""
+    stage = summarize_stage([group(1.0, 1, range(1, 11))[1:], group(1.0, 1, range(1, 5))[1:]])
+    assert stage.allocated_seconds == 7.0 and stage.goodput == 1.0
+
+
+def _write(folder: Path, log: list[Event], at: float) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for event in log:
+        events.append(folder, Event(**{**event.__dict__, "at": at}))
+
+
+def test_the_tables_rows_and_the_stages_goodput_read_every_groups_folder(tmp_path) -> None:
+    stage_dir = tmp_path / "pretraining"
+    _write(stage_dir, group(100.0, 2, range(1, 81)), 1_000.0)
+    _write(events.replica_dir(stage_dir, 1), restarted_group(2, first_steps=range(1, 21), resumed=-1, healed_from=51), 1_000.0)
+    # Not a group's folder: neither read nor a reason to fail.
+    (stage_dir / "replica-x").mkdir()
+    (stage_dir / "replica-3").write_text("")
+    rows = {row["stage"]: row for row in rows_for_run("p", {"pretraining": stage_dir})}
+    assert rows["pretraining"]["goodput"] == 0.65 and rows["run"]["goodput"] == 0.65
+    assert rows["run"]["device_hours"] == pytest.approx(400 / 3600, rel=1e-12)
+    assert ("pretraining/goodput" in {name for _, name, _ in stage_metrics("pretraining", stage_dir, {})})
+    assert [v for _, name, v in stage_metrics("pretraining", stage_dir, {}) if name == "pretraining/goodput"] == [0.65]
+
+
+def test_groups_are_read_in_the_order_of_their_numbers(tmp_path) -> None:
+    stage_dir = tmp_path / "stage"
+    for number in (0, 1, 2, 10):
+        _write(events.replica_dir(stage_dir, number), [e(EventKind.ALLOCATION, seconds=1.0, num_devices=number + 1)], 5.0)
+    assert [log[0].num_devices for log in events.read_groups(stage_dir)] == [1, 2, 3, 11]
+    assert events.read_groups(tmp_path / "absent") == [[]]
