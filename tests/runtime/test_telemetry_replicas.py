@@ -117,3 +117,15 @@ def test_groups_are_read_in_the_order_of_their_numbers(tmp_path) -> None:
         _write(events.replica_dir(stage_dir, number), [e(EventKind.ALLOCATION, seconds=1.0, num_devices=number + 1)], 5.0)
     assert [log[0].num_devices for log in events.read_groups(stage_dir)] == [1, 2, 3, 11]
     assert events.read_groups(tmp_path / "absent") == [[]]
+
+
+def test_the_start_up_of_a_stage_run_again_is_start_up_and_a_restarts_is_recovery() -> None:
+    """Attempts 0-1 under one supervisor (1 a restart, its start-up inside its recovery), then the
+    stage run again: attempt 2, a new supervisor's first, has no recovery. Its 7 s of start-up were
+    filed as other."""
+    log = [e(EventKind.STARTUP, attempt=0, seconds=5.0), e(EventKind.INTERRUPTION, attempt=0, planned=False, seconds=1.0),
+           e(EventKind.STARTUP, attempt=1, seconds=3.0), e(EventKind.RECOVERY, attempt=1, seconds=4.0),
+           e(EventKind.STARTUP, attempt=2, seconds=7.0), e(EventKind.ALLOCATION, seconds=30.0, num_devices=1)]
+    telemetry = summarize(log)
+    assert (telemetry.startup_seconds, telemetry.recovery_seconds) == (12.0, 5.0)
+    assert telemetry.other_seconds == 30.0 - 17.0

@@ -6,10 +6,11 @@ Definitions (the desk prices a training block from these):
   attempt went on from a step before it (resumed from an earlier checkpoint): it is done again. An
   attempt that healed from a peer replica group went on from the quorum's step: the steps before
   it stand.
-- badput, split: start-up (launch to first step of the first attempt), checkpointing (seconds a
-  save blocked training), recovery (detection to the first step after a restart), wasted steps,
-  evaluation, idle between stages (the run's row only: the devices stay booked while no stage
-  runs), and `other` (the rest of a stage's window: data loading, logging).
+- badput, split: start-up (launch to first step of an attempt that is not a restart: a
+  restart's lies in its recovery), checkpointing (seconds a save blocked training), recovery
+  (detection to the first step after a restart), wasted steps, evaluation, idle between stages
+  (the run's row only: the devices stay booked while no stage runs), and `other` (the rest of a
+  stage's window: data loading, logging).
 - a stage's window is its supervisors' allocation events (each ends at `at`, lasts `seconds`); the
   run's is the first window's start to the last one's end, so a gap between stages is counted
   once, as idle, at the run's largest device count. A stage's allocation is never less than the
@@ -129,13 +130,16 @@ def summarize(events: list[Event], *, posttraining: bool = False) -> Telemetry:
         return sum(getattr(e, field) for e in events if e.kind is kind and where(e))
 
     restarts = _restart_points(events)
+    recovered = {e.attempt for e in events if e.kind is EventKind.RECOVERY}
     steps = [e for e in events if e.kind is EventKind.STEP]
     wasted = [e for e in steps if _wasted(e, restarts)]
     allocations = [e for e in events if e.kind is EventKind.ALLOCATION]
     interruptions = [e for e in events if e.kind is EventKind.INTERRUPTION]
     buckets = {
         "productive_seconds": sum(e.seconds for e in steps) - sum(e.seconds for e in wasted),
-        "startup_seconds": total(EventKind.STARTUP, where=lambda e: e.attempt == 0),
+        # A restart's start-up lies inside its recovery; the first attempt of a stage run again
+        # (another supervisor, attempts numbered on) has no recovery: its start-up is start-up.
+        "startup_seconds": total(EventKind.STARTUP, where=lambda e: e.attempt not in recovered),
         "checkpoint_blocking_seconds": total(EventKind.CHECKPOINT),
         # From a failure to training again: its detection (the last sign of life until the
         # supervisor saw it: up to the hang timeout) and the restart to the first step.
