@@ -354,19 +354,29 @@ static PyObject *hash_word_bytes(PyObject *Py_UNUSED(self), PyObject *args) {
     if (bad || (num >= 0 && starts[num] > b[0].view.len)) {
         return refuse(b, 3, "starts must be T+1 ascending positions within data, hashes T long");
     }
+    int changed = 0;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < num; i++) hashes[i] = hash_bytes(data + starts[i], starts[i + 1] - starts[i]);
+    for (Py_ssize_t i = 0; i < num; i++) {
+        int64_t start = starts[i], end = starts[i + 1];
+        if (start < 0 || start > end || end > b[0].view.len) {  /* checked above, but another thread may write them now */
+            changed = 1;
+            break;
+        }
+        hashes[i] = hash_bytes(data + start, end - start);
+    }
     Py_END_ALLOW_THREADS
-    return finish(b, 3, 0);
+    return finish(b, 3, changed);
 }
 
 WIDE_CLONES
-static void minhash_rows(const uint32_t *x, const int64_t *offsets, Py_ssize_t num_docs, const uint32_t *a, const uint32_t *b,
-                         Py_ssize_t num_perm, uint32_t *out) {
+static int minhash_rows(const uint32_t *x, Py_ssize_t num_x, const int64_t *offsets, Py_ssize_t num_docs, const uint32_t *a,
+                        const uint32_t *b, Py_ssize_t num_perm, uint32_t *out) {
     for (Py_ssize_t d = 0; d < num_docs; d++) {
+        int64_t low = offsets[d], high = offsets[d + 1];
+        if (low < 0 || low > high || high > num_x) return 1;  /* checked before, but another thread may write them now */
         uint32_t *row = out + d * num_perm;
         for (Py_ssize_t p = 0; p < num_perm; p++) row[p] = EMPTY_SLOT;
-        for (int64_t s = offsets[d]; s < offsets[d + 1]; s++) {
+        for (int64_t s = low; s < high; s++) {
             uint32_t v = x[s];
             for (Py_ssize_t p = 0; p < num_perm; p++) {
                 uint32_t h = a[p] * v + b[p];
@@ -374,6 +384,7 @@ static void minhash_rows(const uint32_t *x, const int64_t *offsets, Py_ssize_t n
             }
         }
     }
+    return 0;
 }
 
 /* minhash(x: u32 (S), offsets: i64 (N+1), a: u32 (P), b: u32 (P), out: u32 out (N*P)): row d is
@@ -392,10 +403,12 @@ static PyObject *minhash(PyObject *Py_UNUSED(self), PyObject *args) {
     if (bad || (num_docs >= 0 && offsets[num_docs] > num_x)) {
         return refuse(bufs, 5, "offsets must be N+1 ascending positions within x, a and b P long, out N*P");
     }
+    int changed;
     Py_BEGIN_ALLOW_THREADS
-    minhash_rows(bufs[0].view.buf, offsets, num_docs, bufs[2].view.buf, bufs[3].view.buf, num_perm, bufs[4].view.buf);
+    changed = minhash_rows(bufs[0].view.buf, num_x, offsets, num_docs, bufs[2].view.buf, bufs[3].view.buf, num_perm,
+                           bufs[4].view.buf);
     Py_END_ALLOW_THREADS
-    return finish(bufs, 5, 0);
+    return finish(bufs, 5, changed);
 }
 
 /* shingle_hashes(tokens: u64 (T), token_offsets: i64 (N+1), k, multipliers: u64 (M), offsets: i64 (N+1),
@@ -425,20 +438,27 @@ static PyObject *shingle_hashes(PyObject *Py_UNUSED(self), PyObject *args) {
     if (bad || (num_docs >= 0 && offsets[num_docs] != num_out)) {
         return refuse(b, 5, "token_offsets must run from 0 to T ascending, offsets hold each document's shingles, out S long");
     }
+    int changed = 0;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t d = 0; d < num_docs; d++) {
-        int64_t first = starts[d], length = starts[d + 1] - first;
-        int64_t n = length >= k ? k : length, count = offsets[d + 1] - offsets[d];
+        /* Checked above, but another thread may write them now: each value is checked as it is used. */
+        int64_t first = starts[d], end = starts[d + 1], placed = offsets[d], placed_end = offsets[d + 1];
+        if (first < 0 || first > end || end > num_tokens || placed < 0 || placed > placed_end || placed_end > num_out ||
+            placed_end - placed != (end - first >= k ? end - first - k + 1 : (end > first))) {
+            changed = 1;
+            break;
+        }
+        int64_t length = end - first, n = length >= k ? k : length, count = placed_end - placed;
         uint64_t base = (uint64_t)n + (uint64_t)(n * (n - 1) / 2);
         for (int64_t s = 0; s < count; s++) {
             uint64_t acc = base;
             /* m is j % num_mult, kept without a division: one per word took 3/4 of this loop (0.060 -> 0.016 s, short corpus) */
             for (int64_t j = 0, m = 0; j < n; j++, m = m + 1 == num_mult ? 0 : m + 1) acc += tokens[first + s + j] * mult[m];
-            out[offsets[d] + s] = mix64(acc);
+            out[placed + s] = mix64(acc);
         }
     }
     Py_END_ALLOW_THREADS
-    return finish(b, 5, 0);
+    return finish(b, 5, changed);
 }
 
 static int compare_u64(const void *x, const void *y) {
@@ -478,17 +498,27 @@ static PyObject *sorted_sets(PyObject *Py_UNUSED(self), PyObject *args) {
     if (bad) {
         return refuse(b, 3, "offsets must be M+1 ascending positions within values from 0, kept M+1 long");
     }
-    int64_t out = 0;
+    int64_t out = 0, reached = 0, num_values = b[0].view.len / 8;
+    int changed = 0;
     Py_BEGIN_ALLOW_THREADS
     if (num >= 0) kept[0] = 0;
     for (Py_ssize_t i = 0; i < num; i++) {
-        int64_t low = offsets[i], n = offsets[i + 1] - low;
+        /* Checked above, but another thread may write them now. A segment from where the last one
+         * ended keeps the values written back (at `out`, never past `reached`) behind the ones read. */
+        int64_t low = offsets[i], high = offsets[i + 1];
+        if (low < reached || low > high || high > num_values) {
+            changed = 1;
+            break;
+        }
+        int64_t n = high - low;
+        reached = high;
         sort_u64(values + low, n);
         for (int64_t j = 0; j < n; j++)
             if (j == 0 || values[low + j] != values[low + j - 1]) values[out++] = values[low + j];
         kept[i + 1] = out;
     }
     Py_END_ALLOW_THREADS
+    if (changed) return refuse(b, 3, CHANGED);
     release(b, 3);
     return PyLong_FromLongLong(out);
 }
@@ -512,9 +542,21 @@ static PyObject *pair_jaccard(PyObject *Py_UNUSED(self), PyObject *args) {
     if (bad) {
         return refuse(b, 5, "offsets must be M+1 ascending positions within sets, a and b K sets each, out K long");
     }
+    Py_ssize_t num_values = b[0].view.len / 8;
+    int changed = 0;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < num_pairs; i++) {
-        int64_t x = offsets[first[i]], x_end = offsets[first[i] + 1], y = offsets[second[i]], y_end = offsets[second[i] + 1];
+        /* Checked above, but another thread may write them now: each value is checked as it is used. */
+        int64_t u = first[i], v = second[i];
+        if (u < 0 || u >= num_sets || v < 0 || v >= num_sets) {
+            changed = 1;
+            break;
+        }
+        int64_t x = offsets[u], x_end = offsets[u + 1], y = offsets[v], y_end = offsets[v + 1];
+        if (x < 0 || x > x_end || x_end > num_values || y < 0 || y > y_end || y_end > num_values) {
+            changed = 1;
+            break;
+        }
         int64_t both = 0, size = (x_end - x) + (y_end - y);
         while (x < x_end && y < y_end) {
             if (sets[x] < sets[y]) x++;
@@ -524,7 +566,7 @@ static PyObject *pair_jaccard(PyObject *Py_UNUSED(self), PyObject *args) {
         out[i] = size > both ? (double)both / (double)(size - both) : 0.0;
     }
     Py_END_ALLOW_THREADS
-    return finish(b, 5, 0);
+    return finish(b, 5, changed);
 }
 
 /* band_keys(signatures: u32 (N*P), bands, rows, multipliers: u64 (M), out: u64 out (N*bands)): the

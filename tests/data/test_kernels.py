@@ -217,26 +217,46 @@ def test_distinct_is_numpys_unique(values) -> None:
 
 # Another thread moves a position past its array while the kernel runs without the GIL: it was
 # checked before the loop, so the kernel checks it again as it uses it (the library before that
-# crashed on both within 300 calls: SIGSEGV).
+# crashed on each within 300 calls: SIGSEGV). Each setup: the call, the array the thread writes,
+# where, and the value that is good there.
 _RACE = """
 import sys, threading
 import numpy as np
 from ito_assets.data import _kernels as K
 n = 200_000
-if sys.argv[1] == "gather_runs":
+kernel, bad = sys.argv[1], 1 << 40
+ones, steps = np.arange(n + 1, dtype=np.int64), np.arange(n, dtype=np.int64)
+if kernel == "gather_runs":
     data, out = np.zeros(n, np.uint8), np.empty(n, np.uint8)
     runs = np.stack([np.arange(n), np.arange(n) + 1], axis=1).astype(np.int64)
     call, target, index, good = (lambda: K.gather_runs(data, runs, out)), runs, (n - 1, 1), n
-else:
+elif kernel == "splice_words":
     hashes, offsets, places = np.zeros(n, np.uint64), np.array([0, n]), np.arange(0, n, 2, dtype=np.int64)
     words, word_offsets = np.zeros(len(places), np.uint64), np.arange(len(places) + 1, dtype=np.int64)
     out, out_offsets = np.empty(n, np.uint64), np.empty(2, np.int64)
     call = lambda: K.splice_words(hashes, offsets, places, words, word_offsets, out, out_offsets)
     target, index, good = places, len(places) - 1, n - 2
+elif kernel == "hash_word_bytes":
+    data, hashes = np.zeros(n, np.uint8), np.empty(n, np.uint64)
+    call, target, index, good = (lambda: K.hash_word_bytes(data, ones, hashes)), ones, n - 1, n - 1
+elif kernel == "minhash":
+    x, perms, out = np.zeros(n, np.uint32), np.ones(2, np.uint32), np.empty(2 * n, np.uint32)
+    call, target, index, good = (lambda: K.minhash(x, ones, perms, perms, out)), ones, n, n
+elif kernel == "shingle_hashes":
+    tokens, starts, multipliers, out = np.zeros(n, np.uint64), ones.copy(), np.ones(1, np.uint64), np.empty(n, np.uint64)
+    call, target, index, good = (lambda: K.shingle_hashes(tokens, starts, 1, multipliers, ones, out)), starts, n - 1, n - 1
+    bad = -bad  # past the end, the document would have no words to read
+elif kernel == "sorted_sets":
+    values, kept = np.zeros(n, np.uint64), np.empty(n + 1, np.int64)
+    call, target, index, good = (lambda: K.sorted_sets(values, ones, kept)), ones, n, n
+else:
+    sets, out = np.arange(n, dtype=np.uint64), np.empty(n, np.float64)
+    first = steps.copy()
+    call, target, index, good = (lambda: K.pair_jaccard(sets, ones, first, steps, out)), first, n - 1, n - 1
 stop = False
 def flip():
     while not stop:
-        target[index] = 1 << 40
+        target[index] = bad
         target[index] = good
 thread = threading.Thread(target=flip)
 thread.start()
@@ -244,14 +264,15 @@ for _ in range(300):
     try:
         call()
     except ValueError as error:
-        assert "changed while the kernel ran" in str(error) or "within" in str(error) or "ascend" in str(error), error
+        assert "changed while the kernel ran" in str(error) or "within" in str(error) or "ascend" in str(error) or "shingles" in str(error), error
 stop = True
 thread.join()
 """
 
 
 @native
-@pytest.mark.parametrize("kernel", ["gather_runs", "splice_words"])
+@pytest.mark.parametrize("kernel", ["gather_runs", "splice_words", "hash_word_bytes", "minhash", "shingle_hashes",
+                                    "sorted_sets", "pair_jaccard"])
 def test_a_position_another_thread_moves_mid_call_is_refused_not_read(kernel) -> None:
     done = subprocess.run([sys.executable, "-c", _RACE, kernel], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
