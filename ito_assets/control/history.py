@@ -11,6 +11,9 @@ this module sums them over the runs of blocks like the one being quoted:
 - effective price per productive GPU-hour = the list price / the expected goodput: what an hour of
   training that advances the model costs on such a block.
 
+A run's telemetry computed again (the asset materialized again, after a stage was retried) adds
+its figures beside the first ones; the last published stands.
+
 With no past run of that kind the quote says so and gives the list price alone.
 """
 
@@ -51,8 +54,11 @@ def run_figures(row: dict) -> dict[str, float]:
 
 
 def block_history(conn: sa.Connection, terms: BookingTerms) -> BlockHistory:
+    # A run's telemetry published again (re-materialized) adds rows beside the first: its last stands.
+    latest = (sa.select(sa.func.max(run_metrics.c.seq)).where(run_metrics.c.name.in_(RUN_FIGURES))
+              .group_by(run_metrics.c.run_id, run_metrics.c.name))
     like = sa.and_(bookings.c.gpu_type == terms.gpu_type, bookings.c.num_gpus == terms.num_gpus,
-                   bookings.c.num_nodes == terms.num_nodes, run_metrics.c.name.in_(RUN_FIGURES))
+                   bookings.c.num_nodes == terms.num_nodes, run_metrics.c.seq.in_(latest))
     query = (sa.select(run_metrics.c.name, sa.func.sum(run_metrics.c.value), sa.func.count(sa.distinct(runs.c.run_id)))
              .select_from(run_metrics.join(runs, runs.c.run_id == run_metrics.c.run_id)
                           .join(bookings, bookings.c.booking_id == runs.c.booking_id))

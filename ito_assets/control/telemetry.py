@@ -184,21 +184,26 @@ class FinishedCheckpoint:
 
 def publish(ledger: Ledger, run_id: str, finished: Iterable[FinishedCheckpoint],
             figures: Iterable[tuple[int, str, float]], *,
-            same_checkpoint: tuple[str, ...] = ("step", "path")) -> tuple[int, int]:
+            same_checkpoint: tuple[str, ...] = ("step", "path"), revised: bool = False) -> tuple[int, int]:
     """A finished stage's checkpoints and (step, name, value) metrics into the ledger, where `ito
     checkpoints` and `ito metrics` read them. A stage is published again when its step is retried,
     so what the run already has is skipped: a checkpoint equal in the `same_checkpoint` fields, a
-    metric at the same (step, name) (the first value published stands). Returns (checkpoints
-    added, metrics added)."""
+    metric at the same (step, name) (the first value published stands). `revised`: figures
+    computed again from the whole record (the run's telemetry): a value other than the last one
+    stored at its (step, name) is added beside it, and the last one stands (the ledger keeps
+    both). Returns (checkpoints added, metrics added)."""
     known_checkpoints = {tuple(getattr(c, f) for f in same_checkpoint) for c in every_page(checkpoints, ledger, run_id)}
-    known_metrics = {(m.step, m.name) for m in every_page(metrics, ledger, run_id)}
+    known_metrics: dict[tuple[int, str], float] = {}
+    for metric in every_page(metrics, ledger, run_id):  # in the order stored: the last one stands
+        known_metrics[(metric.step, metric.name)] = metric.value
     added_checkpoints = 0
     for checkpoint in finished:
         if tuple(getattr(checkpoint, f) for f in same_checkpoint) not in known_checkpoints:
             record_checkpoint(ledger, run_id, step=checkpoint.step, path=checkpoint.path,
                               size_bytes=checkpoint.size_bytes, sha256=checkpoint.sha256)
             added_checkpoints += 1
-    fresh = [row for row in figures if (row[0], row[1]) not in known_metrics]
+    fresh = [row for row in figures if (row[0], row[1]) not in known_metrics
+             or revised and known_metrics[(row[0], row[1])] != finite(row[2])]
     added_metrics = sum(record_metric(ledger, run_id, step, name, value) for step, name, value in fresh)
     return added_checkpoints, added_metrics
 

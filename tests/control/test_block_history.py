@@ -64,3 +64,22 @@ def test_the_quote_carries_the_history(world):
     _publish(world, run.run_id, allocated=100, productive=25, device_hours=1.0, per_1000=0.0)
     quote = confirm_request.quote_train(world.ledger, world.policy, world.account, world.booking_id, verified())
     assert quote.to_dict()["history"]["expected_goodput"] == pytest.approx(0.25)
+
+
+def test_a_runs_figures_published_again_replace_its_first_in_the_quote(world):
+    """The telemetry materialized again (a stage retried, or read anew): the last figures stand, the
+    first stay in the ledger, and publishing the same figures once more adds nothing."""
+    run = _finished(world, "history-key-0004")
+    _publish(world, run.run_id, allocated=1000, productive=900, device_hours=2.0, per_1000=500.0)
+    revise = lambda productive: telemetry.publish(
+        world.ledger, run.run_id, [], [(0, history.PRODUCTIVE, productive)], revised=True)
+    assert revise(400.0) == (0, 1)
+    found, _ = _history(world)
+    assert found.num_runs == 1 and found.expected_goodput == pytest.approx(0.4)
+    assert revise(400.0) == (0, 0)  # the same value: nothing added
+    assert revise(900.0) == (0, 1)  # back to the first value: the last stands again
+    assert _history(world)[0].expected_goodput == pytest.approx(0.9)
+    stored = [m.value for m in telemetry.every_page(telemetry.metrics, world.ledger, run.run_id) if m.name == history.PRODUCTIVE]
+    assert stored == [900.0, 400.0, 900.0]
+    # Without `revised` a stage's figures keep their first value.
+    assert telemetry.publish(world.ledger, run.run_id, [], [(0, history.PRODUCTIVE, 1.0)]) == (0, 0)

@@ -41,8 +41,9 @@ def training_telemetry(context: dg.AssetExecutionContext, ito: ItoSettingsResour
     run_id = run_tags.run_id_of(context.run.tags) if context.has_tag(run_tags.RUN_ID) else None
     if run_id is not None:
         with ledger.open() as opened:
+            # Computed again from the whole log at each materialization: the newest figures stand.
             ledger_telemetry.publish(opened, run_id, [], [(0, name, value) for name, value in
-                                                          history.run_figures(run_row).items()])
+                                                          history.run_figures(run_row).items()], revised=True)
     context.add_output_metadata({
         # numeric, for the Plots view across partitions; badput by cause is the goodput_by_stage table
         "goodput": round(run_row["goodput"], 4), "device_hours": round(run_row["device_hours"], 4),
