@@ -83,3 +83,29 @@ def test_a_runs_figures_published_again_replace_its_first_in_the_quote(world):
     assert stored == [900.0, 400.0, 900.0]
     # Without `revised` a stage's figures keep their first value.
     assert telemetry.publish(world.ledger, run.run_id, [], [(0, history.PRODUCTIVE, 1.0)]) == (0, 0)
+
+
+def test_a_run_that_stopped_early_counts_with_what_its_stages_used(world, tmp_path):
+    """Each stage publishes the run's figures as it ends (`publish_run`, from the folders the run's
+    stages left): a run that stopped at a failed gate counts in the quote with what it used."""
+    from ito_assets.runtime.record import events
+    from ito_assets.runtime.record.events import Event, EventKind
+    from ito_assets.runtime.record.publish import publish_run
+    from ito_assets.runtime.record.storage import RunLayout
+
+    run = _finished(world, "history-key-0005")
+    layout = RunLayout(checkpoint_dir=tmp_path, run_dir=tmp_path)
+    windows = {layout.run_dir / "pretraining": (100.0, 60), layout.posttraining_dir / "sft": (50.0, 10)}
+    for folder, (seconds, steps) in windows.items():
+        folder.mkdir(parents=True)
+        events.append(folder, Event(kind=EventKind.ALLOCATION, at=1_000.0, seconds=seconds, num_devices=1))
+        for step in range(1, steps + 1):
+            events.append(folder, Event(kind=EventKind.STEP, at=1_000.0, step=step, seconds=1.0), by_worker=True)
+    (layout.run_dir / "not-a-stage").mkdir()
+    assert list(layout.stage_dirs()) == ["pretraining", "sft"]
+    row = publish_run(world.ledger, run.run_id, layout.stage_dirs())
+    assert (row["allocated_seconds"], row["productive_seconds"], row["badput_idle_seconds"]) == (150.0, 70.0, 0.0)
+    found, _ = _history(world)
+    assert found.num_runs == 1 and found.expected_goodput == pytest.approx(70 / 150)
+    assert publish_run(world.ledger, run.run_id, layout.stage_dirs()) == row  # nothing new to add
+    assert len([m for m in telemetry.every_page(telemetry.metrics, world.ledger, run.run_id)]) == 4

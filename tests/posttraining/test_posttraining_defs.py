@@ -29,6 +29,7 @@ from ito_assets.runtime.record import events
 from ito_assets.runtime.record.events import EventKind
 from ito_assets.runtime.stage.run import StageCheckpoint
 from ito_assets.control.run_tags import RUN_ID as RUN_ID_TAG
+from ito_assets.control import history
 from ito_assets.control import telemetry as ledger_telemetry
 from ito_assets.control.ledger import open_ledger
 from ito_assets.posttraining.fixtures import instruction_pairs, preference_pairs, write_jsonl
@@ -380,6 +381,11 @@ def test_a_changed_pair_file_is_refused_before_training(installation, instance, 
     assert "sft_checkpoint" not in _materialized(result)
     failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
     assert failure.step_failure_data.user_failure_data.metadata["error_code"].value == "SOURCE_DIGEST_MISMATCH"
+    # The run never reaches `training_telemetry`: the failed stage published what the run used so
+    # far (its window: it held its device while it read and refused the pairs), for the desk's quotes.
+    figures = _ledger_metrics(installation, run_id)
+    assert {name for name in figures if name.startswith("run/")} == set(history.RUN_FIGURES)
+    assert figures[history.ALLOCATED][-1] > 0 and figures[history.PRODUCTIVE][-1] == 0
 
 
 @pytest.mark.slow

@@ -33,6 +33,7 @@ from ito_assets.control.run_tags import RUN_ID as RUN_ID_TAG
 from ito_assets.evals.suite import load_suite
 from ito_assets.control import create_run
 from ito_assets.control.ledger import runs as ledger_runs
+from ito_assets.control import history
 from ito_assets.control import telemetry as ledger_telemetry
 from ito_assets.control.create_run import TrainRequest
 from ito_assets.control.ledger import open_ledger
@@ -256,6 +257,11 @@ def test_a_failed_gate_stops_the_run_and_stays_failed_on_retry(tmp_path, instanc
     assert "pretraining_checkpoint" in materialized and "mid_training_checkpoint" not in materialized
     run, _, ledger = ledger_run
     assert ledger_runs_module.get(ledger, run.run_id).started_at is not None  # it trained: its cost stays spent
+    # It stops before `training_telemetry`: the pretraining stage published what the run used, for the
+    # desk's quotes, which would otherwise count only the runs that went well.
+    figures = {m.name: m.value for m in ledger_telemetry.every_page(ledger_telemetry.metrics, ledger, run.run_id)
+               if m.name.startswith("run/")}
+    assert set(figures) == set(history.RUN_FIGURES) and figures[history.ALLOCATED] >= figures[history.PRODUCTIVE] > 0
 
     retry = _materialize(tmp_path, instance, _runtime(), ledger_run)  # with a policy it would now pass
     assert not retry.success

@@ -23,6 +23,7 @@ from ito_assets.defs.posttraining.resources import PostTrainingResource
 from ito_assets.defs.training.launcher import TrainingLauncherResource
 from ito_assets.defs.training.resources import TrainingRuntimeResource
 from ito_assets.defs.resources import ItoSettingsResource, LedgerResource
+from ito_assets.defs.telemetry.assets import publish_after_stage
 from ito_assets.runtime.stage.run import StageCheckpoint
 from ito_assets.defs.workload.live import LiveRun, mark_training_started, require_live_authorization
 from ito_assets.errors import ErrorCode, ItoError
@@ -177,17 +178,20 @@ def _stage(context, ito: ItoSettingsResource, posttraining: PostTrainingResource
         run_id, checkpoint_dir = live.run_id, live.checkpoint_dir
         step = _recipe_step(live.manifest.manifest, kind)
         evaluation = live.manifest.manifest.post_training_eval  # the held-out battery's sizes, as confirmed
-        run_dir = RunLayout.for_run(checkpoint_dir, run_id).run_dir
-        VerdictStore(run_dir).ensure_not_failed(STAGE_ORDER)
+        layout = RunLayout.for_run(checkpoint_dir, run_id)
+        VerdictStore(layout.run_dir).ensure_not_failed(STAGE_ORDER)
         runtime = posttraining.runtime()
         # RLVR has no batch of pairs: it trains on one rank whatever the batch (`data_parallel_ranks`).
         ranks = None if worker is None else worker.ranks(context, live, kind, getattr(step, "batch_size", 1))
         mark_training_started(ledger, run_id)
-        outcome = run_stage(step, start=start, data_root=ito.settings().data_root, out_dir=run_dir / "posttraining",
-                            runtime=runtime, launch=None if worker is None else worker.launch(context, run_id, ranks),
-                            evaluation=evaluation)
-        with ledger.open() as opened:
-            num_checkpoints, num_metrics = publish_outcome(opened, run_id, outcome)
+        try:
+            outcome = run_stage(step, start=start, data_root=ito.settings().data_root, out_dir=layout.posttraining_dir,
+                                runtime=runtime, launch=None if worker is None else worker.launch(context, run_id, ranks),
+                                evaluation=evaluation)
+            with ledger.open() as opened:
+                num_checkpoints, num_metrics = publish_outcome(opened, run_id, outcome)
+        finally:
+            publish_after_stage(context, ledger, run_id, layout)
     except ItoError as error:
         raise failure(error) from None
     context.log.info(json.dumps({"stage": kind, "gate": outcome.gate.as_dict()}))

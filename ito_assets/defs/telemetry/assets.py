@@ -7,14 +7,15 @@ from pathlib import Path
 
 import dagster as dg
 
-from ito_assets.control import history, run_tags
-from ito_assets.control import telemetry as ledger_telemetry
+from ito_assets.control import run_tags
 from ito_assets.defs import owners
 from ito_assets.defs.manifest.partitions import TRAINED_ONE_OF_TWO, manifests_partitions
 from ito_assets.defs.resources import ItoSettingsResource, LedgerResource, WAREHOUSE_POOL
 from ito_assets.defs.telemetry import table
 from ito_assets.defs.telemetry.metadata import goodput_metadata, step_time_metadata
 from ito_assets.manifest.schema import POST_TRAINING_ORDER, STAGE_ORDER
+from ito_assets.runtime.record.publish import publish_run
+from ito_assets.runtime.record.storage import RunLayout
 
 GROUP = "telemetry"
 
@@ -35,15 +36,14 @@ GROUP = "telemetry"
 def training_telemetry(context: dg.AssetExecutionContext, ito: ItoSettingsResource, ledger: LedgerResource,
                        **stage_outputs):
     trained = trained_stages(stage_outputs)
-    rows = table.rows_for_run(context.partition_key, {stage: Path(output.stage_dir) for stage, output in trained.items()})
+    stage_dirs = {stage: Path(output.stage_dir) for stage, output in trained.items()}
+    rows = table.rows_for_run(context.partition_key, stage_dirs)
     table.write(ito.settings().warehouse_path, context.partition_key, rows)
     run_row = rows[-1]
     run_id = run_tags.run_id_of(context.run.tags) if context.has_tag(run_tags.RUN_ID) else None
     if run_id is not None:
         with ledger.open() as opened:
-            # Computed again from the whole log at each materialization: the newest figures stand.
-            ledger_telemetry.publish(opened, run_id, [], [(0, name, value) for name, value in
-                                                          history.run_figures(run_row).items()], revised=True)
+            publish_run(opened, run_id, stage_dirs)
     context.add_output_metadata({
         # numeric, for the Plots view across partitions; badput by cause is the goodput_by_stage table
         "goodput": round(run_row["goodput"], 4), "device_hours": round(run_row["device_hours"], 4),
@@ -57,6 +57,19 @@ def training_telemetry(context: dg.AssetExecutionContext, ito: ItoSettingsResour
                               if stage in STAGE_ORDER}),
     })
     return rows
+
+
+def publish_after_stage(context: dg.AssetExecutionContext, ledger: LedgerResource, run_id: str, layout: RunLayout) -> None:
+    """The run's figures so far into the ledger at a stage's end, whether it succeeded or not: a
+    run that stops at a failed stage or gate never reaches `training_telemetry`, and the desk's
+    quotes would count only the runs that went well. A ledger that cannot take them is logged,
+    never raised over the stage's own outcome."""
+    try:
+        with ledger.open() as opened:
+            publish_run(opened, run_id, layout.stage_dirs())
+    except Exception as error:  # the stage's outcome stands; its figures wait for the next publication
+        context.log.warning(f"the run's telemetry so far was not published ({type(error).__name__}); "
+                            "the next stage or `training_telemetry` publishes it")
 
 
 def trained_stages(outputs: dict) -> dict:

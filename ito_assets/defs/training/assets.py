@@ -18,6 +18,7 @@ from ito_assets.defs.failures import failure, verified_or_fail
 from ito_assets.defs import owners
 from ito_assets.defs.manifest.partitions import TRAINED_ONE_OF_TWO, manifests_partitions
 from ito_assets.defs.resources import ItoSettingsResource, LedgerResource, WAREHOUSE_POOL
+from ito_assets.defs.telemetry.assets import publish_after_stage
 from ito_assets.defs.training.launcher import TrainingLauncherResource
 from ito_assets.defs.training.resources import TrainingRuntimeResource
 from ito_assets.defs.workload.live import LiveRun, mark_training_started, require_live_authorization
@@ -219,15 +220,18 @@ def _run_stage(context, res: _StageResources, inputs: dict, previous, name: str)
         raise dg.Failure(description=f"training_launcher: {error}") from None
     ready = stage_run.prepare(config, supervisor)
     mark_training_started(res.ledger, run_id)
-    res.pipes.run(context=context, command=list(ready.command))
     policy = res.runtime.gate_policy(manifest.training_target.eval_gate)
-    with res.ledger.open() as opened:
-        outcome = stage_run.conclude(
-            ready, ledger=opened, run_id=run_id, run_dir=layout.run_dir, policy=policy,
-            previous_eval=previous.eval if previous else None,
-            previous_units=previous.eval_units if previous else None,
-            previous_stage=stages.previous_stage(manifest.training_target, name),
-            priced=_host_request(config, stage, plan.run_plan.hardware, nnodes, nproc, has_cuda))
+    try:
+        res.pipes.run(context=context, command=list(ready.command))
+        with res.ledger.open() as opened:
+            outcome = stage_run.conclude(
+                ready, ledger=opened, run_id=run_id, run_dir=layout.run_dir, policy=policy,
+                previous_eval=previous.eval if previous else None,
+                previous_units=previous.eval_units if previous else None,
+                previous_stage=stages.previous_stage(manifest.training_target, name),
+                priced=_host_request(config, stage, plan.run_plan.hardware, nnodes, nproc, has_cuda))
+    finally:
+        publish_after_stage(context, res.ledger, run_id, layout)
     yield dg.Output(outcome, metadata={**outcome_metadata(outcome, policy), "nnodes": nnodes, "nproc_per_node": nproc,
                                        "replica_groups": config.replica_groups,
                                        # what an auditor matches against the confirmation

@@ -5,19 +5,23 @@ ones are not listed), one per folder: the record of the save that is there now. 
 `<stage>/<metric>`: the loss every `LOG_EVERY_STEPS` steps (the last attempt's value where a step
 was redone), the stage's eval, its goodput and its predicted and measured step time with their
 ratio. Publishing twice adds nothing: rows already in the ledger for the run are skipped.
+The run's figures (`publish_run`) are computed again from the whole log each time: a changed
+value is added and the last one stands.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Mapping
 
+from ito_assets.control import history
 from ito_assets.control import telemetry as ledger_telemetry
 from ito_assets.control.ledger import Ledger
 from ito_assets.runtime.record import events
 from ito_assets.runtime.checkpoint import markers
 from ito_assets.runtime.checkpoint import registry
 from ito_assets.runtime.record.events import EventKind
-from ito_assets.runtime.record.goodput import summarize_stage
+from ito_assets.runtime.record.goodput import summarize_run, summarize_stage
 
 LOG_EVERY_STEPS = 10  # the worker's Pipes reporting interval (torchtitan's default log_freq)
 
@@ -44,6 +48,18 @@ def publish_stage(ledger: Ledger, run_id: str, stage: str, stage_dir: Path, eval
     last = max((step for step, _, _ in found), default=0)
     found += [(last, f"{stage}/{name}", value) for name, value in sorted((figures or {}).items())]
     return ledger_telemetry.publish(ledger, run_id, finished, found)
+
+
+def publish_run(ledger: Ledger, run_id: str, stage_dirs: Mapping[str, Path]) -> dict[str, float]:
+    """The run's figures (`history.RUN_FIGURES`, from every replica group's log of every stage in
+    `stage_dirs`) into the ledger, where the desk's quotes read them. Published at each stage's
+    end, whether it succeeded or not, and by the run's telemetry: the last stands, so a run that
+    stopped at a failed gate or a failed stage counts in the quotes with what it used. Returns
+    the run's row (`Telemetry.as_row`)."""
+    row = summarize_run({stage: events.read_groups(folder) for stage, folder in stage_dirs.items()}).as_row()
+    ledger_telemetry.publish(ledger, run_id, [], [(0, name, value) for name, value in history.run_figures(row).items()],
+                             revised=True)
+    return row
 
 
 def _current_records(stage_dir: Path) -> list[registry.CheckpointRecord]:

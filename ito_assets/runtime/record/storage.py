@@ -164,3 +164,20 @@ class RunLayout:
     def stage_dir(self, stage: str) -> Path:
         """One folder per run and stage: restarts of a stage share it, runs never do."""
         return ensure_dir(child(self.run_dir, stage), self.checkpoint_dir)
+
+    @property
+    def posttraining_dir(self) -> Path:
+        """Where the post-training stages keep a folder each (`<run>/posttraining/<stage>/`)."""
+        return self.run_dir / _POSTTRAINING_FOLDER
+
+    def stage_dirs(self) -> dict[str, Path]:
+        """stage -> its folder, for every stage that has one, in the run's order: the stages that
+        started (a stage the manifest leaves out never makes one)."""
+        from ito_assets.manifest.schema import POST_TRAINING_ORDER, STAGE_ORDER
+
+        folders = {**{stage: self.run_dir / stage for stage in STAGE_ORDER},
+                   **{stage: self.posttraining_dir / stage for stage in POST_TRAINING_ORDER}}
+        return {stage: folder for stage, folder in folders.items() if folder.is_dir()}
+
+
+_POSTTRAINING_FOLDER = "posttraining"
