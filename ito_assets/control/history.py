@@ -11,8 +11,9 @@ this module sums them over the runs of blocks like the one being quoted:
 - effective price per productive GPU-hour = the list price / the expected goodput: what an hour of
   training that advances the model costs on such a block.
 
-A run's telemetry computed again (the asset materialized again, after a stage was retried) adds
-its figures beside the first ones; the last published stands.
+A run's figures are published at each of its stages' ends and by its telemetry, each time beside
+the earlier ones: the last published stands. So a run that failed or stopped at a gate counts with
+what it used, and a run still training with what it used so far.
 
 With no past run of that kind the quote says so and gives the list price alone.
 """
@@ -54,15 +55,15 @@ def run_figures(row: dict) -> dict[str, float]:
 
 
 def block_history(conn: sa.Connection, terms: BookingTerms) -> BlockHistory:
-    # A run's telemetry published again (re-materialized) adds rows beside the first: its last stands.
-    latest = (sa.select(sa.func.max(run_metrics.c.seq)).where(run_metrics.c.name.in_(RUN_FIGURES))
+    like_runs = (sa.select(runs.c.run_id).join(bookings, bookings.c.booking_id == runs.c.booking_id)
+                 .where(bookings.c.gpu_type == terms.gpu_type, bookings.c.num_gpus == terms.num_gpus,
+                        bookings.c.num_nodes == terms.num_nodes))
+    # A run's figures are published at each stage's end and by its telemetry: the last of each stands.
+    latest = (sa.select(sa.func.max(run_metrics.c.seq))
+              .where(run_metrics.c.run_id.in_(like_runs), run_metrics.c.name.in_(RUN_FIGURES))
               .group_by(run_metrics.c.run_id, run_metrics.c.name))
-    like = sa.and_(bookings.c.gpu_type == terms.gpu_type, bookings.c.num_gpus == terms.num_gpus,
-                   bookings.c.num_nodes == terms.num_nodes, run_metrics.c.seq.in_(latest))
-    query = (sa.select(run_metrics.c.name, sa.func.sum(run_metrics.c.value), sa.func.count(sa.distinct(runs.c.run_id)))
-             .select_from(run_metrics.join(runs, runs.c.run_id == run_metrics.c.run_id)
-                          .join(bookings, bookings.c.booking_id == runs.c.booking_id))
-             .where(like).group_by(run_metrics.c.name))
+    query = (sa.select(run_metrics.c.name, sa.func.sum(run_metrics.c.value), sa.func.count(sa.distinct(run_metrics.c.run_id)))
+             .where(run_metrics.c.seq.in_(latest)).group_by(run_metrics.c.name))
     sums, counts = {}, {}
     for name, total, count in conn.execute(query):
         sums[name], counts[name] = float(total), int(count)

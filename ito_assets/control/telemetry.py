@@ -107,15 +107,25 @@ def record_metric(ledger: Ledger, run_id: str, step: int, name: str, value: floa
     """Stores a finite value; returns False for one that is not (a diverged loss), which is not
     stored but logged: the ledger's figures go out as strict JSON, where NaN and Infinity do not
     exist, and are summed into the desk's quotes (control/history), which one infinity would void."""
-    number = finite(value)
-    if number is None:
-        append_log(ledger, run_id, "warning", f"metric {name} at step {step} is not a finite number "
-                                              f"({_shown(value)}); not recorded")
-        return False
-    with ledger.write() as conn:
-        conn.execute(run_metrics.insert().values(run_id=run_id, step=step, name=storable(name[:128]), value=number,
-                                                 at=ledger.now()))
-    return True
+    return record_metrics(ledger, run_id, [(step, name, value)]) == 1
+
+
+def record_metrics(ledger: Ledger, run_id: str, rows: Iterable[tuple[int, str, float]]) -> int:
+    """`record_metric` for many (step, name, value) rows, stored in one transaction: figures
+    computed together (a run's telemetry) are never half stored. Returns how many were stored."""
+    stored = []
+    for step, name, value in rows:
+        number = finite(value)
+        if number is None:
+            append_log(ledger, run_id, "warning", f"metric {name} at step {step} is not a finite number "
+                                                  f"({_shown(value)}); not recorded")
+        else:
+            stored.append({"run_id": run_id, "step": step, "name": storable(name[:128]), "value": number})
+    if stored:
+        with ledger.write() as conn:
+            now = ledger.now()
+            conn.execute(run_metrics.insert(), [{**row, "at": now} for row in stored])
+    return len(stored)
 
 
 def record_checkpoint(ledger: Ledger, run_id: str, *, step: int, path: str, size_bytes: int,
@@ -204,7 +214,7 @@ def publish(ledger: Ledger, run_id: str, finished: Iterable[FinishedCheckpoint],
             added_checkpoints += 1
     fresh = [row for row in figures if (row[0], row[1]) not in known_metrics
              or revised and known_metrics[(row[0], row[1])] != finite(row[2])]
-    added_metrics = sum(record_metric(ledger, run_id, step, name, value) for step, name, value in fresh)
+    added_metrics = record_metrics(ledger, run_id, fresh)
     return added_checkpoints, added_metrics
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from ito_assets.defs.telemetry.table import rows_for_run
 from ito_assets.runtime.record import events
-from ito_assets.runtime.record.events import Event, EventKind
+from ito_assets.runtime.record.events import SPIKE_RESTART, Event, EventKind
 from ito_assets.runtime.record.goodput import summarize, summarize_run, summarize_stage
 from ito_assets.runtime.record.publish import stage_metrics
 
@@ -85,10 +85,64 @@ def test_the_runs_idle_time_is_counted_at_the_devices_of_all_of_a_stages_groups(
     assert run.device_hours == pytest.approx((100 * 8 + 100 * 4 + 100 * 8) / 3600, rel=1e-12)
 
 
-def test_groups_without_an_allocation_weigh_alike() -> None:
-    """Supervisors killed before they wrote an allocation: each group's accounted seconds stand."""
+def test_groups_without_an_allocation_weigh_alike_over_the_longest_window() -> None:
+    """Supervisors killed before they wrote an allocation: each group's accounted seconds stand
+    (10 and 4 s), at a device each, over the longest group's window."""
     stage = summarize_stage([group(1.0, 1, range(1, 11))[1:], group(1.0, 1, range(1, 5))[1:]])
-    assert stage.allocated_seconds == 7.0 and stage.goodput == 1.0
+    assert (stage.allocated_seconds, stage.productive_seconds, stage.goodput) == (10.0, 7.0, 0.7)
+    assert stage.device_hours == pytest.approx(20 / 3600, rel=1e-12)
+
+
+def test_a_group_without_an_allocation_has_its_peers_devices_and_loses_nothing() -> None:
+    """Group 1's supervisor was killed before it wrote its allocation: its 40 wasted seconds and
+    its interruption count at group 0's 4 devices (they dropped its seconds and kept its counts)."""
+    first = group(100.0, 4, range(1, 101), step_seconds=0.5)
+    second = [e(EventKind.RESUME, attempt=0, step=-1), *(e(EventKind.STEP, attempt=0, step=s, seconds=1.0) for s in range(1, 41)),
+              e(EventKind.INTERRUPTION, attempt=0, planned=False, seconds=2.0), e(EventKind.RESUME, attempt=1, step=-1),
+              e(EventKind.STEP, attempt=1, step=1, seconds=1.0)]
+    stage = summarize_stage([first, second])
+    assert stage.wasted_step_seconds == pytest.approx(40 / 2) and stage.num_wasted_steps == 40
+    assert stage.recovery_seconds == pytest.approx(2 / 2) and stage.num_unplanned_interruptions == 1
+    assert stage.device_hours == pytest.approx(800 / 3600, rel=1e-12)
+
+
+def test_a_group_that_ended_early_held_its_devices_to_the_stages_end() -> None:
+    """4 + 4 devices; group 1 spent its restarts after 50 of group 0's 100 s: its devices stayed
+    booked for the stage (they read 75 s allocated and goodput 1.0)."""
+    stage = summarize_stage([group(100.0, 4, range(1, 101)), group(50.0, 4, range(1, 51))])
+    assert (stage.allocated_seconds, stage.productive_seconds) == (100.0, 75.0)
+    assert stage.other_seconds == 25.0 and stage.device_hours == pytest.approx(800 / 3600, rel=1e-12)
+
+
+def test_a_healed_group_after_a_spike_restart_wasted_every_step_past_the_rewind() -> None:
+    """Both groups trained steps 1-150; the desk's spike restart rewound them to step 100; group 0
+    trained 101-200, group 1 joined late and healed at 121. Group 1's steps 101-150 were set aside
+    with the lineage: 50 wasted, not 30."""
+    def rewound(healed_from: int, *, failed_between: bool = False) -> list[Event]:
+        trained = 2 if failed_between else 1
+        between = [e(EventKind.RESUME, attempt=1, step=100),  # it could not start: an interruption of its own
+                   e(EventKind.INTERRUPTION, attempt=1, planned=False, detail="not_started")] if failed_between else []
+        return [e(EventKind.ALLOCATION, seconds=400.0, num_devices=1), e(EventKind.RESUME, attempt=0, step=-1),
+                *(e(EventKind.STEP, attempt=0, step=s, seconds=1.0) for s in range(1, 151)),
+                e(EventKind.INTERRUPTION, attempt=0, planned=True, detail=SPIKE_RESTART), *between,
+                e(EventKind.RESUME, attempt=trained, step=100),
+                *(e(EventKind.STEP, attempt=trained, step=s, seconds=1.0) for s in range(healed_from, 201))]
+    assert summarize(rewound(101)).num_wasted_steps == 50 and summarize(rewound(121)).num_wasted_steps == 50
+    assert summarize(rewound(121, failed_between=True)).num_wasted_steps == 50
+
+
+def test_weighted_buckets_never_leave_other_below_zero() -> None:
+    """Each group's buckets sum to its window; their weighted means missed it by 5.6e-17."""
+    a = [e(EventKind.ALLOCATION, seconds=0.3, num_devices=3), e(EventKind.STARTUP, seconds=0.2),
+         e(EventKind.RESUME, step=-1), e(EventKind.STEP, step=1, seconds=0.1)]
+    b = [e(EventKind.ALLOCATION, seconds=0.6, num_devices=1), e(EventKind.STARTUP, seconds=0.3),
+         e(EventKind.RESUME, step=-1), e(EventKind.STEP, step=1, seconds=0.3)]
+    stage = summarize_stage([a, b])
+    assert stage.other_seconds >= 0.0 and stage.goodput <= 1.0
+
+
+def test_no_group_at_all_is_an_empty_stage() -> None:
+    assert summarize_stage([]) == summarize([]) and summarize_run({"pretraining": []}).allocated_seconds == 0.0
 
 
 def _write(folder: Path, log: list[Event], at: float) -> None:
@@ -117,6 +171,11 @@ def test_groups_are_read_in_the_order_of_their_numbers(tmp_path) -> None:
         _write(events.replica_dir(stage_dir, number), [e(EventKind.ALLOCATION, seconds=1.0, num_devices=number + 1)], 5.0)
     assert [log[0].num_devices for log in events.read_groups(stage_dir)] == [1, 2, 3, 11]
     assert events.read_groups(tmp_path / "absent") == [[]]
+    # Not a group's own folder: another spelling of a number, a link to a folder elsewhere.
+    _write(stage_dir / "replica-01", [e(EventKind.ALLOCATION, seconds=1.0, num_devices=99)], 5.0)
+    _write(tmp_path / "elsewhere", [e(EventKind.ALLOCATION, seconds=1.0, num_devices=98)], 5.0)
+    (stage_dir / "replica-3").symlink_to(tmp_path / "elsewhere")
+    assert [log[0].num_devices for log in events.read_groups(stage_dir)] == [1, 2, 3, 11]
 
 
 def test_the_start_up_of_a_stage_run_again_is_start_up_and_a_restarts_is_recovery() -> None:

@@ -38,6 +38,9 @@ class EventKind(str, enum.Enum):
 
 # A step whose loss or gradient was not finite: its update was not applied, its time is wasted.
 NOT_APPLIED = "not applied: loss or gradient not finite"
+# An interruption's detail where the desk's approved spike restart ended the attempt: the next
+# attempt rewinds to a checkpoint (`supervisor.AttemptEnd.SPIKE_RESTART`).
+SPIKE_RESTART = "spike_restart"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,7 +102,7 @@ def read_groups(stage_dir: Path) -> list[list[Event]]:
     """Each replica group's log, group 0's first (a stage without replica groups: one log). Each
     group numbers its attempts from 0, so its log is read, and summed up, alone."""
     groups = {_number(p.name, _REPLICA_FOLDER.format(replica_id="*")): p for p in stage_dir.glob(
-        _REPLICA_FOLDER.format(replica_id="*")) if p.is_dir()}
+        _REPLICA_FOLDER.format(replica_id="*")) if p.is_dir() and not p.is_symlink()}  # a link is not a group's own
     groups.pop(None, None)
     groups.pop(0, None)  # group 0 is the stage folder itself
     return [read(stage_dir), *(read(groups[n]) for n in sorted(groups))]
@@ -115,7 +118,8 @@ def _number(name: str, pattern: str) -> int | None:
     if not (name.startswith(prefix) and name.endswith(suffix)) or len(name) <= len(prefix) + len(suffix):
         return None
     digits = name[len(prefix):len(name) - len(suffix)]
-    return int(digits) if digits.isascii() and digits.isdigit() else None
+    canonical = digits.isascii() and digits.isdigit() and str(int(digits)) == digits  # "01" is no one's
+    return int(digits) if canonical else None
 
 
 def _read_file(path: Path) -> list[Event]:

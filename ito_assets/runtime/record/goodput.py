@@ -35,7 +35,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Mapping, Sequence
 
 from ito_assets.manifest.schema import POST_TRAINING_ORDER
-from ito_assets.runtime.record.events import NOT_APPLIED, Event, EventKind
+from ito_assets.runtime.record.events import NOT_APPLIED, SPIKE_RESTART, Event, EventKind
 
 _SECONDS_PER_HOUR = 3600.0
 
@@ -65,10 +65,14 @@ class Telemetry:
         return self.productive_seconds / self.allocated_seconds if self.allocated_seconds > 0 else 0.0
 
     @property
+    def accounted_seconds(self) -> float:
+        """Every bucket but `other`."""
+        return (self.productive_seconds + self.startup_seconds + self.checkpoint_blocking_seconds
+                + self.recovery_seconds + self.wasted_step_seconds + self.evaluation_seconds + self.idle_seconds)
+
+    @property
     def other_seconds(self) -> float:
-        accounted = (self.productive_seconds + self.startup_seconds + self.checkpoint_blocking_seconds
-                     + self.recovery_seconds + self.wasted_step_seconds + self.evaluation_seconds + self.idle_seconds)
-        return self.allocated_seconds - accounted
+        return self.allocated_seconds - self.accounted_seconds
 
     def interruptions_per_1000_device_hours(self, *, planned: bool) -> float:
         count = self.num_planned_interruptions if planned else self.num_unplanned_interruptions
@@ -106,13 +110,22 @@ class Telemetry:
 def _restart_points(events: list[Event]) -> dict[int, int]:
     """attempt -> the last step before the first it trained, for each attempt that resumed (-1
     for a fresh start): the step it resumed from, unless it healed from a peer replica group and
-    went on from the quorum's step (an attempt that trained nothing: the step it resumed from)."""
+    went on from the quorum's step. The step it resumed from where it trained nothing, and where
+    it is the first to train after a spike restart: the steps past that checkpoint were set aside
+    for every group, even one that then healed forward to peers on the rewound lineage."""
     resumed = {e.attempt: e.step for e in events if e.kind is EventKind.RESUME}
     first: dict[int, int] = {}
     for e in events:
         if e.kind is EventKind.STEP and e.attempt in resumed:
             first[e.attempt] = min(first.get(e.attempt, e.step), e.step)
-    return {attempt: first[attempt] - 1 if attempt in first else step for attempt, step in resumed.items()}
+    rewinds = sorted({e.attempt for e in events if e.kind is EventKind.INTERRUPTION and e.detail == SPIKE_RESTART})
+
+    def rewound(attempt: int) -> bool:
+        before = [r for r in rewinds if r < attempt]
+        return bool(before) and not any(before[-1] < trained < attempt for trained in first)
+
+    return {attempt: first[attempt] - 1 if attempt in first and not rewound(attempt) else step
+            for attempt, step in resumed.items()}
 
 
 def _wasted(step: Event, restarts: dict[int, int]) -> bool:
@@ -171,26 +184,40 @@ def summarize(events: list[Event], *, posttraining: bool = False) -> Telemetry:
 
 def summarize_stage(groups: Sequence[list[Event]], *, posttraining: bool = False) -> Telemetry:
     """A stage's figures from its replica groups' logs, group 0's first (`events.read_groups`; one
-    log without replica groups). Each group is summarized alone (its attempts are its own); the
-    groups train side by side, so the stage's seconds are the groups' weighted by their devices:
-    allocated seconds times the stage's devices stay its device-seconds, and goodput is the share
-    of all its device time that advanced the model. Device-hours, interruptions, checkpoints and
-    wasted steps are every group's; the steps are group 0's, the stage's lineage."""
+    log without replica groups). Each group is summarized alone (its attempts are its own). The
+    groups train side by side and the stage holds all their devices for its whole window (the
+    longest group's): a group that ended early (its restarts spent) held its devices to the end
+    too, as `other`. The stage's seconds are the groups' weighted by their devices, so allocated
+    seconds times the stage's devices are its device-seconds and goodput is the share of all its
+    device time that advanced the model. Device-hours, interruptions, checkpoints and wasted
+    steps are every group's; the steps are the most a group trained (one that healed forward
+    skipped those its peers trained)."""
     parts = [summarize(log, posttraining=posttraining) for log in groups]
-    if len(parts) == 1:
-        return parts[0]
-    weights = [_devices(log) for log in groups]
-    if sum(weights) == 0:  # no group wrote its allocation: weigh them alike
-        weights = [1] * len(parts)
-    mean = lambda name: sum(w * getattr(p, name) for w, p in zip(weights, parts)) / sum(weights)
+    if len(parts) <= 1:
+        return parts[0] if parts else summarize([], posttraining=posttraining)
+    # Groups are equal shares of the stage's ranks: one that wrote no allocation (its supervisor
+    # killed) had as many devices as its peers.
+    devices = [_devices(log) for log in groups]
+    devices = [d or max(devices) or 1 for d in devices]
+    window = max(p.allocated_seconds for p in parts)
+    parts = [_held_for(p, window, d, has_allocation=_devices(log) > 0) for p, d, log in zip(parts, devices, groups)]
+    mean = lambda name: sum(d * getattr(p, name) for d, p in zip(devices, parts)) / sum(devices)
     summed = lambda name: sum(getattr(p, name) for p in parts)
-    return Telemetry(
+    stage = Telemetry(
         **{name: mean(name) for name in _SECONDS},
-        device_hours=summed("device_hours"), num_steps=parts[0].num_steps,
+        device_hours=summed("device_hours"), num_steps=max(p.num_steps for p in parts),
         **{name: summed(name) for name in ("num_wasted_steps", "num_planned_interruptions",
                                            "num_unplanned_interruptions", "num_checkpoints", "checkpoint_bytes",
                                            "checkpoint_total_seconds")},
     )
+    # Each group's buckets sum to its window; their weighted means may miss it by a rounding.
+    return replace(stage, allocated_seconds=stage.accounted_seconds) if stage.other_seconds < 0 else stage
+
+
+def _held_for(part: Telemetry, window: float, devices: int, *, has_allocation: bool) -> Telemetry:
+    """A group's figures over the stage's whole window, at its devices."""
+    unheld = window - part.allocated_seconds + (0.0 if has_allocation else part.allocated_seconds)
+    return replace(part, allocated_seconds=window, device_hours=part.device_hours + unheld * devices / _SECONDS_PER_HOUR)
 
 
 # A stage's figures that are seconds of its wall-clock window.

@@ -177,7 +177,7 @@ class RunLayout:
 
         folders = {**{stage: self.run_dir / stage for stage in STAGE_ORDER},
                    **{stage: self.posttraining_dir / stage for stage in POST_TRAINING_ORDER}}
-        return {stage: folder for stage, folder in folders.items() if folder.is_dir()}
+        return {stage: folder for stage, folder in folders.items() if folder.is_dir() and not folder.is_symlink()}
 
 
 _POSTTRAINING_FOLDER = "posttraining"

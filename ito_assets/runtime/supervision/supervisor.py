@@ -126,7 +126,7 @@ class AttemptEnd(str, enum.Enum):
     FINISHED = "finished"
     DEAD = "dead"  # torchrun exited non-zero: a rank died
     HUNG = "hung"  # a live rank's heartbeat went stale
-    SPIKE_RESTART = "spike_restart"  # the desk approved a spike proposal (planned)
+    SPIKE_RESTART = events.SPIKE_RESTART  # the desk approved a spike proposal (planned)
     STOPPED = "stopped"  # a stop request, or a planned stop the workers flushed (planned)
     STORAGE = "storage"  # the workers' last checkpoint could not be written (off the restart budget)
     REFUSED = "refused"  # a rank refused its inputs with a code no restart changes
