@@ -1,8 +1,10 @@
 """Run telemetry against an independent oracle, on generated multi-stage, multi-attempt logs.
 
 Attempts are numbered from 0 in every stage, so the run's figures must look a resume up by
-(stage, attempt). The oracle keeps each stage's surviving steps on a stack: a resume from step c
-pops every kept step after c (wasted, done again); what is left at the end is productive. Whole
+(stage, attempt). The oracle keeps each stage's surviving steps on a stack: an attempt that goes on
+from step c (its checkpoint's, or the quorum's where it healed from peers, but its checkpoint's
+after a spike rewind) pops every kept step after c (wasted, done again); what is left at the end
+is productive. Whole
 seconds keep every sum exact in floats."""
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from hypothesis import strategies as st
 
 from ito_assets.defs.telemetry.table import rows_for_run
 from ito_assets.runtime.record import events
-from ito_assets.runtime.record.events import Event, EventKind
+from ito_assets.runtime.record.events import SPIKE_RESTART, Event, EventKind
 
 # The post-training stages write the same kinds of events (ito_assets.posttraining.timeline).
 STAGES = ("pretraining", "mid_training", "long_context", "sft", "dpo", "rlvr")
@@ -29,25 +31,37 @@ seconds = st.integers(min_value=0, max_value=50)
 def stage_log(draw) -> tuple[list[Event], dict[str, int]]:
     """One stage's events, and what the oracle says of them."""
     e = lambda kind, **f: Event(kind=kind, at=0.0, **f)
-    log, kept, wasted, checkpoints = [], [], 0, [-1]
+    log, kept, wasted, checkpoints, rewinding = [], [], 0, [-1], False
     startup = recovery = blocking = evaluation = 0
     for attempt in range(draw(st.integers(min_value=1, max_value=4))):
         resumed = -1 if attempt == 0 else draw(st.sampled_from(checkpoints))
+        # How the attempt began: the stage's first; a restart after a failure; the desk's spike
+        # restart (a rewind); the stage run again by another supervisor (no recovery).
+        begun = "first" if attempt == 0 else draw(st.sampled_from(["failure", "rewind", "again"]))
         taken = draw(seconds)
-        if attempt == 0:
+        if begun in ("first", "again"):
             startup += taken
-            log.append(e(EventKind.STARTUP, attempt=0, seconds=taken))
+            log.append(e(EventKind.STARTUP, attempt=attempt, seconds=taken))
         else:  # a restart's start-up lies inside its recovery, which is the badput counted, with the
             spent = draw(seconds)  # failure's detection before it
             detected = draw(seconds)
             recovery += detected + spent
-            log += [e(EventKind.INTERRUPTION, attempt=attempt - 1, planned=draw(st.booleans()), seconds=detected),
+            detail = SPIKE_RESTART if begun == "rewind" else "dead"
+            log += [e(EventKind.INTERRUPTION, attempt=attempt - 1, planned=begun == "rewind", seconds=detected, detail=detail),
                     e(EventKind.STARTUP, attempt=attempt, seconds=min(taken, spent)),
                     e(EventKind.RECOVERY, attempt=attempt, seconds=spent)]
         log.append(e(EventKind.RESUME, attempt=attempt, step=resumed))
-        while kept and kept[-1][0] > resumed:
+        # A replica group healed from its peers goes on from the quorum's step, ahead of its checkpoint:
+        # the steps before it stand, unless the attempt follows a rewind (every group's were set aside).
+        # An attempt that trains nothing goes on from its checkpoint; so does the first to train after a rewind.
+        first = max(resumed, 0) + 1 + (0 if attempt == 0 else draw(st.integers(min_value=0, max_value=3)))
+        last = draw(st.integers(min_value=first - 1, max_value=first + 7))
+        rewinding = rewinding or begun == "rewind"
+        point = resumed if rewinding or last < first else first - 1
+        rewinding = rewinding and last < first
+        while kept and kept[-1][0] > point:
             wasted += kept.pop()[1]
-        for step in range(resumed + 1 if resumed >= 0 else 1, draw(st.integers(min_value=resumed + 1, max_value=resumed + 8)) + 1):
+        for step in range(first, last + 1):
             step_seconds = draw(seconds)
             kept.append((step, step_seconds))
             log.append(e(EventKind.STEP, attempt=attempt, step=step, seconds=step_seconds))
@@ -63,7 +77,8 @@ def stage_log(draw) -> tuple[list[Event], dict[str, int]]:
     used = productive + wasted + startup + recovery + blocking + evaluation
     allocated = used + draw(seconds)  # the supervisor's window holds everything, plus idle time
     log.insert(0, e(EventKind.ALLOCATION, seconds=allocated, num_devices=1))
-    return log, {"productive": productive, "wasted": wasted, "allocated": allocated, "steps": len(kept)}
+    return log, {"productive": productive, "wasted": wasted, "allocated": allocated, "steps": len(kept),
+                 "startup": startup, "recovery": recovery}
 
 
 def _placed(log: list[Event], ends_at: float) -> list[Event]:
@@ -90,6 +105,8 @@ def test_the_run_row_matches_the_oracle_and_no_bucket_is_negative(stages, gaps) 
     for name, truth in zip(STAGES, truths):
         assert rows[name]["productive_seconds"] == truth["productive"]
         assert rows[name]["badput_wasted_step_seconds"] == truth["wasted"]
+        assert rows[name]["badput_startup_seconds"] == truth["startup"]
+        assert rows[name]["badput_recovery_seconds"] == truth["recovery"]
     run = rows["run"]
     assert run["productive_seconds"] == sum(t["productive"] for t in truths)
     assert run["badput_wasted_step_seconds"] == sum(t["wasted"] for t in truths)
