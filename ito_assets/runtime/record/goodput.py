@@ -16,9 +16,10 @@ Definitions (the desk prices a training block from these):
   once, as idle, at the run's largest device count. A stage's allocation is never less than the
   seconds its log accounts for (a supervisor killed before writing it, a wall clock set back).
 - replica groups: a stage whose plan replicates runs groups side by side, each with its own log
-  (`events.read_groups`); the stage's seconds are the groups' weighted by their devices, so a
-  group that was restarting while the others trained lowers goodput by its share of the devices,
-  and device-hours and interruptions are every group's (`summarize_stage`).
+  (`events.read_groups`), each holding its devices for the stage's whole window; the stage's
+  seconds are the groups' weighted by their devices, so a group that was restarting while the
+  others trained lowers goodput by its share of the devices, and device-hours and interruptions
+  are every group's (`summarize_stage`).
 - post-training: the post-training stages (SFT, DPO, RLVR) write the same events for their one
   device (`ito_assets.posttraining.timeline`), so their steps, evaluations and saves fall in the
   buckets above and the gap before them is idle; `posttraining_seconds` says how much of the
@@ -195,10 +196,7 @@ def summarize_stage(groups: Sequence[list[Event]], *, posttraining: bool = False
     parts = [summarize(log, posttraining=posttraining) for log in groups]
     if len(parts) <= 1:
         return parts[0] if parts else summarize([], posttraining=posttraining)
-    # Groups are equal shares of the stage's ranks: one that wrote no allocation (its supervisor
-    # killed) had as many devices as its peers.
-    devices = [_devices(log) for log in groups]
-    devices = [d or max(devices) or 1 for d in devices]
+    devices = _group_devices(groups)
     window = max(p.allocated_seconds for p in parts)
     parts = [_held_for(p, window, d, has_allocation=_devices(log) > 0) for p, d, log in zip(parts, devices, groups)]
     mean = lambda name: sum(d * getattr(p, name) for d, p in zip(devices, parts)) / sum(devices)
@@ -229,6 +227,13 @@ def _devices(log: list[Event]) -> int:
     return max((e.num_devices for e in log if e.kind is EventKind.ALLOCATION), default=0)
 
 
+def _group_devices(groups: Sequence[list[Event]]) -> list[int]:
+    """Each group's devices. Groups are equal shares of the stage's ranks: one that wrote no
+    allocation (its supervisor killed) had as many as its peers."""
+    known = [_devices(log) for log in groups]
+    return [d or max(known) or 1 for d in known] if len(groups) > 1 else known
+
+
 def summarize_run(stages: Mapping[str, Sequence[list[Event]]]) -> Telemetry:
     """A run's figures from each stage's replica groups' logs (`summarize_stage`). Attempts are
     numbered per stage and group, so each stage is summarized alone and the figures, all sums, are
@@ -243,7 +248,7 @@ def summarize_run(stages: Mapping[str, Sequence[list[Event]]]) -> Telemetry:
     windows = [(e.at - e.seconds, e.at) for e in logs
                if e.kind is EventKind.ALLOCATION or (e.kind in _ACCOUNTED and e.seconds > 0)]
     idle = _idle_seconds(windows)
-    devices = max((sum(_devices(log) for log in groups) for groups in stages.values()), default=0)
+    devices = max((sum(_group_devices(groups)) for groups in stages.values()), default=0)
     return replace(total, allocated_seconds=total.allocated_seconds + idle, idle_seconds=idle,
                    device_hours=total.device_hours + idle * devices / _SECONDS_PER_HOUR)
 
