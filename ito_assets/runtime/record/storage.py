@@ -173,6 +173,7 @@ class RunLayout:
     def stage_dirs(self) -> dict[str, Path]:
         """stage -> its folder, for every stage that has one, in the run's order: the stages that
         started (a stage the manifest leaves out never makes one)."""
+        # Here, not at the top: the supervisor imports this module and would pay pydantic's 0.3 s.
         from ito_assets.manifest.schema import POST_TRAINING_ORDER, STAGE_ORDER
 
         folders = {**{stage: self.run_dir / stage for stage in STAGE_ORDER},
