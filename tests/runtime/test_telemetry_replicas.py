@@ -7,6 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from helpers import examples
 
 from ito_assets.defs.telemetry.table import rows_for_run
 from ito_assets.runtime.record import events
@@ -132,11 +136,11 @@ def test_a_healed_group_after_a_spike_restart_wasted_every_step_past_the_rewind(
 
 
 def test_weighted_buckets_never_leave_other_below_zero() -> None:
-    """Each group's buckets sum to its window; their weighted means missed it by 5.6e-17."""
-    a = [e(EventKind.ALLOCATION, seconds=0.3, num_devices=3), e(EventKind.STARTUP, seconds=0.2),
+    """Each group's buckets sum to its window; their weighted means missed it by 1.1e-16."""
+    a = [e(EventKind.ALLOCATION, seconds=0.8, num_devices=1), e(EventKind.STARTUP, seconds=0.7),
          e(EventKind.RESUME, step=-1), e(EventKind.STEP, step=1, seconds=0.1)]
-    b = [e(EventKind.ALLOCATION, seconds=0.6, num_devices=1), e(EventKind.STARTUP, seconds=0.3),
-         e(EventKind.RESUME, step=-1), e(EventKind.STEP, step=1, seconds=0.3)]
+    b = [e(EventKind.ALLOCATION, seconds=0.8, num_devices=3), e(EventKind.STARTUP, seconds=0.8),
+         e(EventKind.RESUME, step=-1), e(EventKind.STEP, step=1, seconds=0.0)]
     stage = summarize_stage([a, b])
     assert stage.other_seconds >= 0.0 and stage.goodput <= 1.0
 
@@ -188,3 +192,39 @@ def test_the_start_up_of_a_stage_run_again_is_start_up_and_a_restarts_is_recover
     telemetry = summarize(log)
     assert (telemetry.startup_seconds, telemetry.recovery_seconds) == (12.0, 5.0)
     assert telemetry.other_seconds == 30.0 - 17.0
+
+
+@st.composite
+def group_log(draw) -> list[Event]:
+    """One group's log: attempts that fail, heal, rewind or run again, some with no allocation."""
+    log, attempt_seconds = [], st.integers(min_value=0, max_value=30)
+    for attempt in range(draw(st.integers(min_value=1, max_value=3))):
+        if attempt:
+            log += [e(EventKind.INTERRUPTION, attempt=attempt - 1, planned=draw(st.booleans()), seconds=draw(attempt_seconds),
+                      detail=draw(st.sampled_from([SPIKE_RESTART, "dead", "hung"]))),
+                    e(EventKind.RECOVERY, attempt=attempt, seconds=draw(attempt_seconds))]
+        log += [e(EventKind.STARTUP, attempt=attempt, seconds=draw(attempt_seconds)),
+                e(EventKind.RESUME, attempt=attempt, step=draw(st.integers(min_value=-1, max_value=5)))]
+        first = draw(st.integers(min_value=1, max_value=10))
+        log += [e(EventKind.STEP, attempt=attempt, step=s, seconds=draw(attempt_seconds))
+                for s in range(first, first + draw(st.integers(min_value=0, max_value=5)))]
+    if draw(st.booleans()):
+        log.append(e(EventKind.ALLOCATION, seconds=draw(st.integers(min_value=0, max_value=300)), num_devices=2))
+    return log
+
+
+@settings(max_examples=examples(200, 5000), deadline=None)
+@given(st.lists(group_log(), min_size=1, max_size=4))
+def test_a_stages_figures_over_any_groups_keep_their_bounds(groups) -> None:
+    stage = summarize_stage(groups)
+    buckets = [stage.productive_seconds, stage.startup_seconds, stage.checkpoint_blocking_seconds,
+               stage.recovery_seconds, stage.wasted_step_seconds, stage.evaluation_seconds, stage.other_seconds]
+    assert min(buckets) >= 0 and 0 <= stage.goodput <= 1
+    assert stage.allocated_seconds == pytest.approx(sum(buckets), rel=1e-12, abs=1e-9)
+    # Every allocation is of 2 devices; a group without one has its peers' (1 where no group has one),
+    # a stage of one group without one has none.
+    allocated = any(x.kind is EventKind.ALLOCATION for log in groups for x in log)
+    devices = (2 if allocated else 1) * len(groups) if len(groups) > 1 else (2 if allocated else 0)
+    assert stage.device_hours * 3600 == pytest.approx(stage.allocated_seconds * devices, rel=1e-9, abs=1e-9)
+    assert stage.num_unplanned_interruptions + stage.num_planned_interruptions == sum(
+        1 for log in groups for x in log if x.kind is EventKind.INTERRUPTION)
