@@ -110,6 +110,12 @@ def record_metric(ledger: Ledger, run_id: str, step: int, name: str, value: floa
     return record_metrics(ledger, run_id, [(step, name, value)]) == 1
 
 
+def metric_name(name: str) -> str:
+    """A metric's name as the ledger stores it: escaped (`storable`), then cut to the column's
+    128 characters (an escape lengthens it; cut first, an escaped name could overflow the column)."""
+    return storable(name)[:128]
+
+
 def record_metrics(ledger: Ledger, run_id: str, rows: Iterable[tuple[int, str, float]]) -> int:
     """`record_metric` for many (step, name, value) rows, stored in one transaction: figures
     computed together (a run's telemetry) are never half stored. Returns how many were stored."""
@@ -120,7 +126,7 @@ def record_metrics(ledger: Ledger, run_id: str, rows: Iterable[tuple[int, str, f
             append_log(ledger, run_id, "warning", f"metric {name} at step {step} is not a finite number "
                                                   f"({_shown(value)}); not recorded")
         else:
-            stored.append({"run_id": run_id, "step": step, "name": storable(name[:128]), "value": number})
+            stored.append({"run_id": run_id, "step": step, "name": metric_name(name), "value": number})
     if stored:
         with ledger.write() as conn:
             now = ledger.now()
@@ -212,8 +218,8 @@ def publish(ledger: Ledger, run_id: str, finished: Iterable[FinishedCheckpoint],
             record_checkpoint(ledger, run_id, step=checkpoint.step, path=checkpoint.path,
                               size_bytes=checkpoint.size_bytes, sha256=checkpoint.sha256)
             added_checkpoints += 1
-    fresh = [row for row in figures if (row[0], row[1]) not in known_metrics
-             or revised and known_metrics[(row[0], row[1])] != finite(row[2])]
+    keyed = [((step, metric_name(name)), (step, name, value)) for step, name, value in figures]  # as stored
+    fresh = [row for key, row in keyed if key not in known_metrics or revised and known_metrics[key] != finite(row[2])]
     added_metrics = record_metrics(ledger, run_id, fresh)
     return added_checkpoints, added_metrics
 

@@ -74,3 +74,18 @@ def test_a_credential_cut_at_the_length_bound_leaves_no_prefix(world) -> None:
         assert line.message.endswith(" [CUT]") and len(line.message) <= 4000
         for secret in (CANARIES[name] for name in names):
             assert not any(secret[i:i + 6] in line.message for i in range(len(secret) - 5))
+
+
+def test_metric_names_at_the_columns_bound_are_stored_once_and_never_lose_their_batch(world) -> None:
+    """128 characters, 129, an escape that lengthens a name past the column (a NUL at 127: it was
+    cut first, then escaped to 131 characters, which PostgreSQL refuses, and with one transaction for
+    the publication the row beside it was lost); published again, nothing is added."""
+    run = make_run(world)
+    names = ["a" * 128, "b" * 129, "c" * 127 + "\x00", "d" * 200]
+    figures = [(1, name, 1.0) for name in names] + [(1, "pretraining/loss", 2.0)]
+    assert telemetry.publish(world.ledger, run.run_id, [], figures) == (0, 5)
+    stored = {m.name: m.value for m in telemetry.every_page(telemetry.metrics, world.ledger, run.run_id)}
+    assert stored.keys() == {"a" * 128, "b" * 128, "c" * 127 + "\\", "d" * 128, "pretraining/loss"}
+    assert all(len(name) <= 128 for name in stored)
+    assert telemetry.publish(world.ledger, run.run_id, [], figures) == (0, 0)
+    assert telemetry.publish(world.ledger, run.run_id, [], figures, revised=True) == (0, 0)

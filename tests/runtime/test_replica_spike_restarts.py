@@ -18,6 +18,7 @@ from ito_assets.launch import local
 from ito_assets.runtime.checkpoint import markers
 from ito_assets.runtime.record import events
 from ito_assets.runtime.record.events import EventKind
+from ito_assets.runtime.record.goodput import summarize
 from ito_assets.runtime.stage.config import RESULT_NAME
 from ito_assets.runtime.supervision import launch, proposals
 from ito_assets.runtime.supervision.proposals import ProposalState, ProposalStore
@@ -56,16 +57,16 @@ def test_a_follower_group_restarts_for_each_restart_group_zero_applies_and_only_
     assert follower.proposals_dir == stage_dir and follower.stage_dir == replica_dir(stage_dir, 1)
 
     past = _approved(stage_dir, config, 24)
-    leader._apply_approved()  # carried out before the follower started: already in what it resumes from
-    follower._apply_approved()
+    follower.stage_dir.mkdir(parents=True)  # as its supervisor's `run` makes it
+    leader._apply_approved(0)  # carried out before the follower started: already in what it resumes from
+    follower._apply_approved(0)
     attempt = _sleeping(tmp_path, 0)
     try:
         assert follower._poll(attempt).kind is None
 
         # Group 0's supervisor applies the next one before the follower's poll sees it approved.
         ordered = _approved(stage_dir, config, 8)
-        leader._apply_approved()
-        (follower.stage_dir / RESULT_NAME).parent.mkdir(parents=True, exist_ok=True)
+        leader._apply_approved(1)
         (follower.stage_dir / RESULT_NAME).write_text("{}")  # an earlier run's: the stage trains again
         watch = follower._poll(attempt)
         assert watch.kind == "spike_restart" and watch.proposal_id == ordered
@@ -85,6 +86,11 @@ def test_a_follower_group_restarts_for_each_restart_group_zero_applies_and_only_
     assert [p.state for p in ProposalStore(stage_dir).all()] == [ProposalState.APPLIED] * 2
     assert {past, ordered} == {p.proposal_id for p in proposals.restarts(stage_dir)}
     assert ProposalStore(follower.stage_dir).all() == []
+    # The telemetry's record of each restart, once per group, with the first attempt on the rewound
+    # lineage: the follower's attempt 0 for the one applied before it started, 1 for the next.
+    rewinds = lambda folder: [(e.attempt, e.step, e.detail) for e in events.read(folder) if e.kind is EventKind.REWIND]
+    assert rewinds(follower.stage_dir) == [(0, 24, past), (1, 8, ordered)]
+    assert rewinds(stage_dir) == [(0, 24, past), (1, 8, ordered)]
 
 
 def test_a_follower_ends_its_attempt_only_for_a_restart_group_zero_applied(tmp_path, tokens):
@@ -94,14 +100,14 @@ def test_a_follower_ends_its_attempt_only_for_a_restart_group_zero_applied(tmp_p
     stage_dir = Path(config.stage_dir)
     leader, follower = (Supervisor(worker=group_worker(config, i), config=QUICK, lock=False) for i in (0, 1))
     follower.stage_dir.mkdir(parents=True)
-    follower._apply_approved()
+    follower._apply_approved(0)
     attempt = _sleeping(tmp_path, 0)
     try:
         proposal = _approved(stage_dir, config, 0)
         assert follower._poll(attempt).kind is None and not follower.followed(proposal)
-        follower._apply_approved()  # between its attempts too
+        follower._apply_approved(0)  # between its attempts too
         assert not follower.followed(proposal)
-        leader._apply_approved()
+        leader._apply_approved(1)
         watch = follower._poll(attempt)
         assert watch.kind == "spike_restart" and watch.proposal_id == proposal
         follower._interrupt(attempt, watch)
@@ -142,7 +148,7 @@ def test_group_zero_calls_for_its_followers_after_the_checkpoints_are_set_aside(
     monkeypatch.setattr(ProposalStore, "mark_applied", recording)
     leader = Supervisor(worker=group_worker(config, 0), config=QUICK, lock=False, after_apply=after_apply)
     proposal = _approved(stage_dir, config, 8)
-    leader._apply_approved()
+    leader._apply_approved(0)
     assert marked == [[8]] and seen == [(proposal, ProposalState.APPLIED, [8])]
 
 
@@ -191,6 +197,14 @@ def test_an_approved_spike_restart_rewinds_every_replica_group_to_one_checkpoint
     assert [(g["replica_id"], g["outcome"]) for g in supervision_report["replica_groups"]] == [
         (0, "succeeded"), (1, "succeeded")]
     assert supervision_report["parameters_agree"] is True
+    # The telemetry's record of the rewind, once in each group's log: every step either group trained
+    # past the restart step before attempt 1 is wasted, whatever group 1 resumed from.
+    for group in (0, 1):
+        log = events.read(replica_dir(stage_dir, group))
+        assert [(e.attempt, e.step, e.detail) for e in log if e.kind is EventKind.REWIND] == [
+            (1, restart, proposal.proposal_id)]
+        trained_past = {e.step for e in log if e.kind is EventKind.STEP and e.attempt == 0 and e.step > restart}
+        assert summarize(log).num_wasted_steps >= len(trained_past) > 0
 
 
 class _Alive:
@@ -209,12 +223,14 @@ def test_group_zero_launches_again_only_once_the_other_groups_ended_their_attemp
     config = worker_config(tmp_path, tokens, replica_groups=3, batch_size=9, replica_timeout_s=10.0)
     stage = ReplicaStage(worker=config, config=replace(QUICK, poll_interval_s=0.1, grace_s=1.9))
     followers = [Supervisor(worker=group_worker(config, i), config=QUICK, lock=False) for i in (1, 2)]
+    for follower in followers:
+        follower.stage_dir.mkdir(parents=True)  # as its supervisor's `run` makes it
     stage.groups = [object(), *(SimpleNamespace(supervisor=f, thread=_Alive()) for f in followers)]
 
     proposal = _approved(Path(config.stage_dir), config, 0)
     ProposalStore(Path(config.stage_dir)).mark_applied(proposal)
-    threading.Timer(0.2, followers[0]._apply_approved).start()
-    threading.Timer(0.3, followers[1]._apply_approved).start()
+    threading.Timer(0.2, followers[0]._apply_approved, args=(1,)).start()
+    threading.Timer(0.3, followers[1]._apply_approved, args=(1,)).start()
     started = time.monotonic()
     stage._await_followers(proposal)
     assert 0.25 <= time.monotonic() - started < 1.9 and all(f.followed(proposal) for f in followers)

@@ -2,9 +2,9 @@
 
 Attempts are numbered from 0 in every stage, so the run's figures must look a resume up by
 (stage, attempt). The oracle keeps each stage's surviving steps on a stack: an attempt that goes on
-from step c (its checkpoint's, or the quorum's where it healed from peers, but its checkpoint's
-after a spike rewind) pops every kept step after c (wasted, done again); what is left at the end
-is productive. Whole
+from step c (its checkpoint's, or the quorum's where it healed from peers), or the desk's spike
+restart to step c before it, pops every kept step after c (wasted: done again, or set aside); what
+is left at the end is productive. Whole
 seconds keep every sum exact in floats."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from ito_assets.defs.telemetry.table import rows_for_run
 from ito_assets.runtime.record import events
-from ito_assets.runtime.record.events import SPIKE_RESTART, Event, EventKind
+from ito_assets.runtime.record.events import Event, EventKind
 
 # The post-training stages write the same kinds of events (ito_assets.posttraining.timeline).
 STAGES = ("pretraining", "mid_training", "long_context", "sft", "dpo", "rlvr")
@@ -31,7 +31,7 @@ seconds = st.integers(min_value=0, max_value=50)
 def stage_log(draw) -> tuple[list[Event], dict[str, int]]:
     """One stage's events, and what the oracle says of them."""
     e = lambda kind, **f: Event(kind=kind, at=0.0, **f)
-    log, kept, wasted, checkpoints, rewinding = [], [], 0, [-1], False
+    log, kept, wasted, checkpoints = [], [], 0, [-1]
     startup = recovery = blocking = evaluation = 0
     for attempt in range(draw(st.integers(min_value=1, max_value=4))):
         resumed = -1 if attempt == 0 else draw(st.sampled_from(checkpoints))
@@ -46,19 +46,22 @@ def stage_log(draw) -> tuple[list[Event], dict[str, int]]:
             spent = draw(seconds)  # failure's detection before it
             detected = draw(seconds)
             recovery += detected + spent
-            detail = SPIKE_RESTART if begun == "rewind" else "dead"
+            detail = "spike_restart" if begun == "rewind" else "dead"
             log += [e(EventKind.INTERRUPTION, attempt=attempt - 1, planned=begun == "rewind", seconds=detected, detail=detail),
                     e(EventKind.STARTUP, attempt=attempt, seconds=min(taken, spent)),
                     e(EventKind.RECOVERY, attempt=attempt, seconds=spent)]
+        # The desk's spike restart to a checkpoint: every step past it is set aside, whatever the
+        # attempt then resumes from (a later checkpoint of the rewound lineage) or heals forward to.
+        rewind = draw(st.sampled_from(checkpoints)) if begun == "rewind" else None
+        if rewind is not None:
+            log.append(e(EventKind.REWIND, attempt=attempt, step=rewind))
         log.append(e(EventKind.RESUME, attempt=attempt, step=resumed))
-        # A replica group healed from its peers goes on from the quorum's step, ahead of its checkpoint:
-        # the steps before it stand, unless the attempt follows a rewind (every group's were set aside).
-        # An attempt that trains nothing goes on from its checkpoint; so does the first to train after a rewind.
+        # A replica group healed from its peers goes on from the quorum's step, ahead of its
+        # checkpoint: the steps before it stand. An attempt that trains nothing goes on from its checkpoint.
         first = max(resumed, 0) + 1 + (0 if attempt == 0 else draw(st.integers(min_value=0, max_value=3)))
         last = draw(st.integers(min_value=first - 1, max_value=first + 7))
-        rewinding = rewinding or begun == "rewind"
-        point = resumed if rewinding or last < first else first - 1
-        rewinding = rewinding and last < first
+        point = resumed if last < first else first - 1
+        point = point if rewind is None else min(point, rewind)
         while kept and kept[-1][0] > point:
             wasted += kept.pop()[1]
         for step in range(first, last + 1):

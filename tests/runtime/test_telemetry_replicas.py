@@ -14,7 +14,7 @@ from helpers import examples
 
 from ito_assets.defs.telemetry.table import rows_for_run
 from ito_assets.runtime.record import events
-from ito_assets.runtime.record.events import SPIKE_RESTART, Event, EventKind
+from ito_assets.runtime.record.events import Event, EventKind
 from ito_assets.runtime.record.goodput import summarize, summarize_run, summarize_stage
 from ito_assets.runtime.record.publish import stage_metrics
 
@@ -119,20 +119,45 @@ def test_a_group_that_ended_early_held_its_devices_to_the_stages_end() -> None:
 
 
 def test_a_healed_group_after_a_spike_restart_wasted_every_step_past_the_rewind() -> None:
-    """Both groups trained steps 1-150; the desk's spike restart rewound them to step 100; group 0
-    trained 101-200, group 1 joined late and healed at 121. Group 1's steps 101-150 were set aside
-    with the lineage: 50 wasted, not 30."""
-    def rewound(healed_from: int, *, failed_between: bool = False) -> list[Event]:
+    """Both groups trained steps 1-150; the desk's spike restart rewound them to step 100 (the
+    supervisor's REWIND event names the first attempt on the rewound lineage); group 0 trained
+    101-200, group 1 came back late and healed at 121, or resumed from group 0's checkpoint at 120
+    on the rewound lineage. Group 1's steps 101-150 were set aside with the lineage: 50 wasted (the
+    first attempt's first step or checkpoint said 30)."""
+    def rewound(healed_from: int, *, resumed: int = 100, failed_between: bool = False) -> list[Event]:
         trained = 2 if failed_between else 1
-        between = [e(EventKind.RESUME, attempt=1, step=100),  # it could not start: an interruption of its own
+        between = [e(EventKind.RESUME, attempt=1, step=resumed),  # it could not start: an interruption of its own
                    e(EventKind.INTERRUPTION, attempt=1, planned=False, detail="not_started")] if failed_between else []
         return [e(EventKind.ALLOCATION, seconds=400.0, num_devices=1), e(EventKind.RESUME, attempt=0, step=-1),
                 *(e(EventKind.STEP, attempt=0, step=s, seconds=1.0) for s in range(1, 151)),
-                e(EventKind.INTERRUPTION, attempt=0, planned=True, detail=SPIKE_RESTART), *between,
-                e(EventKind.RESUME, attempt=trained, step=100),
+                e(EventKind.INTERRUPTION, attempt=0, planned=True, detail="spike_restart"),
+                e(EventKind.REWIND, attempt=1, step=100, detail="proposal-1"), *between,
+                e(EventKind.RESUME, attempt=trained, step=resumed),
                 *(e(EventKind.STEP, attempt=trained, step=s, seconds=1.0) for s in range(healed_from, 201))]
     assert summarize(rewound(101)).num_wasted_steps == 50 and summarize(rewound(121)).num_wasted_steps == 50
+    assert summarize(rewound(121, resumed=120)).num_wasted_steps == 50
     assert summarize(rewound(121, failed_between=True)).num_wasted_steps == 50
+    # At the rewind's step exactly: step 100 stands, 101 does not.
+    steps = [x for x in rewound(121) if x.kind is EventKind.STEP and x.attempt == 0]
+    assert [s.step for s in steps if _is_wasted(rewound(121), s)][:1] == [101]
+
+
+def _is_wasted(log: list[Event], step: Event) -> bool:
+    from ito_assets.runtime.record.goodput import _restart_points, _wasted
+
+    return _wasted(step, _restart_points(log))
+
+
+def test_a_rewind_applied_between_attempts_wastes_the_steps_past_it() -> None:
+    """The attempt died; the desk's restart to step 50 was applied before the next one, which
+    healed forward to step 81: no spike interruption, but every step past 50 was set aside."""
+    log = [e(EventKind.RESUME, attempt=0, step=-1), *(e(EventKind.STEP, attempt=0, step=s, seconds=1.0) for s in range(1, 100)),
+           e(EventKind.INTERRUPTION, attempt=0, planned=False, detail="dead"),
+           e(EventKind.REWIND, attempt=1, step=50, detail="proposal-2"),
+           e(EventKind.RESUME, attempt=1, step=50), *(e(EventKind.STEP, attempt=1, step=s, seconds=1.0) for s in range(81, 120))]
+    assert summarize(log).num_wasted_steps == 49
+    # A rewind recorded for a later attempt leaves the steps of that attempt and after it alone.
+    assert summarize([*log, e(EventKind.REWIND, attempt=1, step=10, detail="proposal-3")]).num_wasted_steps == 89
 
 
 def test_weighted_buckets_never_leave_other_below_zero() -> None:
@@ -201,8 +226,10 @@ def group_log(draw) -> list[Event]:
     for attempt in range(draw(st.integers(min_value=1, max_value=3))):
         if attempt:
             log += [e(EventKind.INTERRUPTION, attempt=attempt - 1, planned=draw(st.booleans()), seconds=draw(attempt_seconds),
-                      detail=draw(st.sampled_from([SPIKE_RESTART, "dead", "hung"]))),
+                      detail=draw(st.sampled_from(["spike_restart", "dead", "hung"]))),
                     e(EventKind.RECOVERY, attempt=attempt, seconds=draw(attempt_seconds))]
+            if draw(st.booleans()):
+                log.append(e(EventKind.REWIND, attempt=attempt, step=draw(st.integers(min_value=0, max_value=5))))
         log += [e(EventKind.STARTUP, attempt=attempt, seconds=draw(attempt_seconds)),
                 e(EventKind.RESUME, attempt=attempt, step=draw(st.integers(min_value=-1, max_value=5)))]
         first = draw(st.integers(min_value=1, max_value=10))

@@ -1,11 +1,12 @@
 """The runtime event log: what happened to a stage, one JSON line per event.
 
-The supervisor appends the allocation, each interruption and each recovery to `events.jsonl`;
+The supervisor appends the allocation, each interruption, each recovery and each of the desk's
+spike restarts it applies or follows (`rewind`) to `events.jsonl`;
 rank 0 of attempt N appends its steps, checkpoints, evaluations, start-up and where it resumed to
 `events-attempt-N.jsonl`. One writer per file: on shared storage (NFS, a cluster volume) appends
 from two hosts to one file are not atomic, and an attempt's rank that outlives its end (a pod
 still terminating) never writes into the next attempt's file. `read` merges them in time order.
-Telemetry is computed from this log alone (`telemetry.summarize`), so the desk's figures can be
+Telemetry is computed from this log alone (`goodput.summarize`), so the desk's figures can be
 recomputed by anyone who has the files.
 """
 
@@ -34,13 +35,13 @@ class EventKind(str, enum.Enum):
     EVALUATION = "evaluation"  # seconds: the stage's eval battery
     INTERRUPTION = "interruption"  # planned, seconds (detection: last sign of life to detection)
     RECOVERY = "recovery"  # seconds: detection to the first step of the next attempt
+    # step, attempt, detail: the desk's spike restart (proposal `detail`) set the checkpoints after
+    # `step` aside; attempt `attempt` is the first on the rewound lineage
+    REWIND = "rewind"
 
 
 # A step whose loss or gradient was not finite: its update was not applied, its time is wasted.
 NOT_APPLIED = "not applied: loss or gradient not finite"
-# An interruption's detail where the desk's approved spike restart ended the attempt: the next
-# attempt rewinds to a checkpoint (`supervisor.AttemptEnd.SPIKE_RESTART`).
-SPIKE_RESTART = "spike_restart"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,7 +64,7 @@ class Event:
         object.__setattr__(self, "kind", EventKind(self.kind))
         if self.seconds < 0 or self.total_seconds < 0 or self.num_bytes < 0 or self.attempt < 0:
             raise ValueError("seconds, total_seconds, num_bytes and attempt must be >= 0")
-        if self.kind in (EventKind.STEP, EventKind.CHECKPOINT, EventKind.RESUME) and self.step is None:
+        if self.kind in (EventKind.STEP, EventKind.CHECKPOINT, EventKind.RESUME, EventKind.REWIND) and self.step is None:
             raise ValueError(f"a {self.kind.value} event needs a step")
         if self.kind is EventKind.ALLOCATION and self.num_devices < 1:
             raise ValueError("an allocation event needs num_devices >= 1")

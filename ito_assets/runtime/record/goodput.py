@@ -3,9 +3,9 @@
 Definitions (the desk prices a training block from these):
 - goodput = productive step seconds / allocated seconds (Google Cloud's "ML goodput" framing:
   the share of the allocation that advanced the model). A step is productive unless a later
-  attempt went on from a step before it (resumed from an earlier checkpoint): it is done again. An
-  attempt that healed from a peer replica group went on from the quorum's step: the steps before
-  it stand.
+  attempt went on from a step before it (resumed from an earlier checkpoint): it is done again,
+  or the desk's spike restart set it aside (a REWIND event). An attempt that healed from a peer
+  replica group went on from the quorum's step: the steps before it stand.
 - badput, split: start-up (launch to first step of an attempt that is not a restart: a
   restart's lies in its recovery), checkpointing (seconds a save blocked training), recovery
   (detection to the first step after a restart), wasted steps, evaluation, idle between stages
@@ -36,7 +36,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Mapping, Sequence
 
 from ito_assets.manifest.schema import POST_TRAINING_ORDER
-from ito_assets.runtime.record.events import NOT_APPLIED, SPIKE_RESTART, Event, EventKind
+from ito_assets.runtime.record.events import NOT_APPLIED, Event, EventKind
 
 _SECONDS_PER_HOUR = 3600.0
 
@@ -108,33 +108,28 @@ class Telemetry:
         }
 
 
-def _restart_points(events: list[Event]) -> dict[int, int]:
-    """attempt -> the last step before the first it trained, for each attempt that resumed (-1
-    for a fresh start): the step it resumed from, unless it healed from a peer replica group and
-    went on from the quorum's step. The step it resumed from where it trained nothing, and where
-    it is the first to train after a spike restart: the steps past that checkpoint were set aside
-    for every group, even one that then healed forward to peers on the rewound lineage."""
+def _restart_points(events: list[Event]) -> list[tuple[int, int]]:
+    """(attempt, the last step before the first it trained) for each attempt that resumed (-1 for
+    a fresh start): the step it resumed from, unless it healed from a peer replica group and went
+    on from the quorum's step (an attempt that trained nothing: the step it resumed from). And
+    for each of the desk's spike restarts, (the first attempt on the rewound lineage, the restart
+    step): every group's steps past it were set aside, also where the group then resumed from a
+    later checkpoint of the rewound lineage or healed forward to its peers."""
     resumed = {e.attempt: e.step for e in events if e.kind is EventKind.RESUME}
     first: dict[int, int] = {}
     for e in events:
         if e.kind is EventKind.STEP and e.attempt in resumed:
             first[e.attempt] = min(first.get(e.attempt, e.step), e.step)
-    rewinds = sorted({e.attempt for e in events if e.kind is EventKind.INTERRUPTION and e.detail == SPIKE_RESTART})
-
-    def rewound(attempt: int) -> bool:
-        before = [r for r in rewinds if r < attempt]
-        return bool(before) and not any(before[-1] < trained < attempt for trained in first)
-
-    return {attempt: first[attempt] - 1 if attempt in first and not rewound(attempt) else step
-            for attempt, step in resumed.items()}
+    points = [(attempt, first[attempt] - 1 if attempt in first else step) for attempt, step in resumed.items()]
+    return points + [(e.attempt, e.step) for e in events if e.kind is EventKind.REWIND]
 
 
-def _wasted(step: Event, restarts: dict[int, int]) -> bool:
+def _wasted(step: Event, restarts: list[tuple[int, int]]) -> bool:
     """A step is wasted when its update was not applied (a non-finite loss or gradient), or when
-    any later attempt went on from a step before it: it is done again."""
+    any later attempt went on from a step before it: it is done again, or was set aside."""
     if step.detail == NOT_APPLIED:
         return True
-    return any(attempt > step.attempt and point < step.step for attempt, point in restarts.items())
+    return any(attempt > step.attempt and point < step.step for attempt, point in restarts)
 
 
 def summarize(events: list[Event], *, posttraining: bool = False) -> Telemetry:

@@ -126,7 +126,7 @@ class AttemptEnd(str, enum.Enum):
     FINISHED = "finished"
     DEAD = "dead"  # torchrun exited non-zero: a rank died
     HUNG = "hung"  # a live rank's heartbeat went stale
-    SPIKE_RESTART = events.SPIKE_RESTART  # the desk approved a spike proposal (planned)
+    SPIKE_RESTART = "spike_restart"  # the desk approved a spike proposal (planned)
     STOPPED = "stopped"  # a stop request, or a planned stop the workers flushed (planned)
     STORAGE = "storage"  # the workers' last checkpoint could not be written (off the restart budget)
     REFUSED = "refused"  # a rank refused its inputs with a code no restart changes
@@ -231,7 +231,7 @@ class Supervisor:
         try:
             attempt_number = first = self._next_attempt_number()
             while True:
-                self._apply_approved()  # approved while no attempt ran (e.g. after the stage ended)
+                self._apply_approved(attempt_number)  # approved while no attempt ran (e.g. after the stage ended)
                 if self.stop_requested:  # asked before the first attempt or while the last one ended
                     return self._report(Outcome.STOPPED, attempt_number - first)
                 try:
@@ -406,34 +406,37 @@ class Supervisor:
         pids = {b.pid for b in heartbeat.read_all(Path(self.worker.heartbeat_dir), attempt=attempt.number).values()}
         attempt.terminate(pids, grace_s=self.config.grace_s)
         if watch.proposal_id is not None and self.leads_restarts:
-            self._apply(watch.proposal_id)
+            self._apply(watch.proposal_id, attempt.number + 1)
         elif watch.proposal_id is not None:
             (self.stage_dir / RESULT_NAME).unlink(missing_ok=True)  # as group 0's: the stage trains again
-            self._follow()
+            self._follow(attempt.number + 1)
         return fault
 
-    def _apply_approved(self) -> None:
+    def _apply_approved(self, next_attempt: int) -> None:
         if not self.leads_restarts:
-            self._follow()
+            self._follow(next_attempt)
             return
         while (approved := proposals.approved_restart(self.stage_dir)) is not None:
-            self._apply(approved.proposal_id)
+            self._apply(approved.proposal_id, next_attempt)
 
-    def _follow(self) -> None:
+    def _follow(self, next_attempt: int) -> None:
         """A follower replica group's side of the desk's restarts: every restart group 0's
         supervisor has applied counts as followed once this group has no attempt from before it
         (checked before each launch and after each attempt a restart ended): its next attempt
         resumes from group 0's newest checkpoint, at or behind the proposal's, and skips the same
         batches. Left training, it would be ahead of group 0, which would heal forward from it
         and undo the rewind."""
-        self._followed.update(self._applied())
+        applied = self._applied()
+        self._record_rewinds(applied, next_attempt)
+        self._followed.update(applied)
 
     def followed(self, proposal_id: str) -> bool:
         """Whether this follower ended its attempt for the restart and will resume after it."""
         return proposal_id in self._followed
 
-    def _apply(self, proposal_id: str) -> None:
+    def _apply(self, proposal_id: str, next_attempt: int) -> None:
         """Set aside the checkpoints after the proposal's restart step, then mark it applied."""
+        self._record_rewinds([proposal_id], next_attempt)
         store = proposals.ProposalStore(self.stage_dir)
         proposal = store.get(proposal_id)
         for path in markers.candidates(self.stage_dir):
@@ -444,6 +447,18 @@ class Supervisor:
         holds.release(self.stage_dir, proposal_id)
         if self.after_apply is not None:
             self.after_apply(proposal_id)
+
+    def _record_rewinds(self, proposal_ids: list[str], next_attempt: int) -> None:
+        """The telemetry's record of each restart this group has not recorded yet: every step its
+        attempts before `next_attempt` trained past the restart step is wasted, also where the next
+        attempt resumes from a later checkpoint on the rewound lineage or heals forward to its
+        peers. Once per restart, whatever supervisor of the stage applies or follows it."""
+        recorded = {e.detail for e in events.read(self.stage_dir) if e.kind is EventKind.REWIND}
+        store = proposals.ProposalStore(self.proposals_dir)
+        for proposal_id in proposal_ids:
+            if proposal_id not in recorded:
+                self._event(EventKind.REWIND, attempt=next_attempt, step=store.get(proposal_id).restart_from_step,
+                            detail=proposal_id)
 
     def _note_recovery(self, attempt: Attempt, beats: dict[int, heartbeat.Heartbeat]) -> None:
         if not self.faults or self.faults[-1].recovery_seconds is not None or self.faults[-1].attempt >= attempt.number:
