@@ -12,8 +12,8 @@ this module sums them over the runs of blocks like the one being quoted:
   training that advances the model costs on such a block.
 
 A run's figures are published at each of its stages' ends and by its telemetry, each time beside
-the earlier ones: the last published stands. So a run that failed or stopped at a gate counts with
-what it used, and a run still training with what it used so far.
+the earlier ones: the last published stands. So a run that failed, was cancelled or stopped at a
+gate counts with what it used; a run still queued or training does not count until it ends.
 
 With no past run of that kind the quote says so and gives the list price alone.
 """
@@ -26,6 +26,7 @@ import sqlalchemy as sa
 
 from ito_assets.control.bookings import BookingTerms
 from ito_assets.control.ledger import bookings, run_metrics, runs
+from ito_assets.control.states import TERMINAL_RUN_STATES
 
 ALLOCATED = "run/allocated_seconds"
 PRODUCTIVE = "run/productive_seconds"
@@ -55,9 +56,11 @@ def run_figures(row: dict) -> dict[str, float]:
 
 
 def block_history(conn: sa.Connection, terms: BookingTerms) -> BlockHistory:
+    # Past runs: ended, however (a run still training has published its first stages' figures only).
     like_runs = (sa.select(runs.c.run_id).join(bookings, bookings.c.booking_id == runs.c.booking_id)
                  .where(bookings.c.gpu_type == terms.gpu_type, bookings.c.num_gpus == terms.num_gpus,
-                        bookings.c.num_nodes == terms.num_nodes))
+                        bookings.c.num_nodes == terms.num_nodes,
+                        runs.c.state.in_(sorted(state.value for state in TERMINAL_RUN_STATES))))
     # A run's figures are published at each stage's end and by its telemetry: the last of each stands.
     latest = (sa.select(sa.func.max(run_metrics.c.seq))
               .where(run_metrics.c.run_id.in_(like_runs), run_metrics.c.name.in_(RUN_FIGURES))

@@ -109,3 +109,21 @@ def test_a_run_that_stopped_early_counts_with_what_its_stages_used(world, tmp_pa
     assert found.num_runs == 1 and found.expected_goodput == pytest.approx(70 / 150)
     assert publish_run(world.ledger, run.run_id, layout.stage_dirs()) == row  # nothing new to add
     assert len([m for m in telemetry.every_page(telemetry.metrics, world.ledger, run.run_id)]) == 4
+
+
+@pytest.mark.parametrize("ended", ["succeeded", "failed", "cancelled", "gate_failed"])
+def test_a_run_counts_in_the_quote_once_it_has_ended_however(world, ended):
+    """Still queued or running, a run has published its first stages' figures only: the quote
+    leaves it out until it ends, then counts what it used."""
+    from ito_assets.control.ledger import runs
+
+    run = make_run(world, "history-key-0006")
+    _publish(world, run.run_id, allocated=100, productive=10, device_hours=1.0, per_1000=0.0)
+    for state in ("queued", "running", "cancelling"):
+        with world.ledger.write() as conn:
+            conn.execute(runs.update().where(runs.c.run_id == run.run_id).values(state=state))
+        assert _history(world)[0].num_runs == 0
+    with world.ledger.write() as conn:
+        conn.execute(runs.update().where(runs.c.run_id == run.run_id).values(state=ended, finished_at=1))
+    found, _ = _history(world)
+    assert found.num_runs == 1 and found.expected_goodput == pytest.approx(0.1)
