@@ -44,7 +44,7 @@ def restarted_group(devices: int, *, first_steps: range, resumed: int, healed_fr
 
 def test_every_group_counts_and_the_stages_seconds_are_weighted_by_devices() -> None:
     """Group 0 (2 devices) trained 80 of its 100 s; group 1 (2 devices) was killed after 20 steps,
-    was 30 s recovering and healed at step 51 (50 steps on). Reading group 0 alone said goodput
+    was 30 s recovering and healed at step 51 (trained 51-80). Reading group 0 alone said goodput
     0.8, 200 device-seconds and no interruption."""
     first = group(100.0, 2, range(1, 81))
     second = restarted_group(2, first_steps=range(1, 21), resumed=-1, healed_from=51)
@@ -54,7 +54,7 @@ def test_every_group_counts_and_the_stages_seconds_are_weighted_by_devices() -> 
     assert stage.device_hours == pytest.approx(400 / 3600, rel=1e-12)
     assert (stage.num_unplanned_interruptions, stage.num_planned_interruptions) == (1, 0)
     assert stage.interruptions_per_1000_device_hours(planned=False) == pytest.approx(1000 / (400 / 3600))
-    assert stage.num_steps == 80 and stage.num_wasted_steps == 0  # the stage's steps are group 0's
+    assert stage.num_steps == 80 and stage.num_wasted_steps == 0  # the most a group trained
     # Four devices against two: group 0 weighs twice as much.
     heavy = summarize_stage([group(100.0, 4, range(1, 81)), second])
     assert heavy.productive_seconds == pytest.approx((4 * 80 + 2 * 50) / 6)
