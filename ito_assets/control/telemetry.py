@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 import sqlalchemy as sa
 
 from ito_assets.control.ledger import Ledger, run_checkpoints, run_logs, run_metrics
-from ito_assets.manifest.secrets import value_secret_kind
+from ito_assets.manifest.secrets import assigned_credentials, value_secret_kind
 
 REDACTED = "[REDACTED]"
 MAX_PAGE = 500  # bounds one answer's size; callers page with `after`
@@ -37,10 +37,22 @@ def _bounded(message: str) -> str:
     return message[:end] + _CUT  # within _MAX_MESSAGE, so redacting again on read cuts nothing
 
 
+def _hide_assigned(message: str) -> str:
+    """The values assigned to a credential's name (`PGPASSWORD=...`, `"api_key": "..."`), hidden,
+    their names kept: a reader sees which credential leaked, never what it was."""
+    out, start = [], 0
+    for begin, end in assigned_credentials(message):
+        out += [message[start:begin], REDACTED]
+        start = end
+    return "".join(out) + message[start:]
+
+
 def redact(message: str) -> str:
-    """Replace every word that looks like a credential (the manifest secret patterns)."""
+    """Replace every word that looks like a credential (the manifest secret patterns), and every
+    value assigned to a credential's name."""
     message = _PEM.sub(REDACTED, _bounded(message))
     message = _BEARER.sub(lambda m: f"{m.group(1)} {REDACTED}", message)
+    message = _hide_assigned(message)
     return _WORD.sub(lambda m: REDACTED if value_secret_kind(m.group(0)) else m.group(0), message)
 
 

@@ -7,7 +7,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 
-from ito_assets.manifest.secrets import key_looks_secret, pattern_secret_kind
+from ito_assets.manifest.secrets import assigned_credentials, key_looks_secret, pattern_secret_kind
 
 # It is also a Kubernetes label value and names a Job: both must end in a letter or digit.
 _RUN_ID = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_-]{0,61}[A-Za-z0-9])?$")
@@ -64,7 +64,7 @@ def _check_env(env: tuple[tuple[str, str], ...]) -> None:
             raise ValueError("env names must be letters, digits and '_', not starting with a digit")
         if key_looks_secret(name):
             raise ValueError(f"env must hold non-secret settings only: {name} looks like a credential")
-        if pattern_secret_kind(value):
+        if pattern_secret_kind(value) or assigned_credentials(value):
             raise ValueError(f"env must hold non-secret settings only: the value of {name} is a credential")
 
 

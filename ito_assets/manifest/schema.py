@@ -18,6 +18,7 @@ value of the document.
 from __future__ import annotations
 
 import re
+import typing
 from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -334,6 +335,47 @@ class Manifest(DataManifest):
 
 DATA_KIND = "data"
 TRAINING_KIND = "training"
+
+
+def _words(annotation: object, out: set[str]) -> set[str]:
+    """The field names and the literal words (a step's kind, a stage's name) below `annotation`."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        for name, field in annotation.model_fields.items():
+            out.add(name)
+            _words(field.annotation, out)
+    elif typing.get_origin(annotation) is Literal:
+        out.update(word for word in typing.get_args(annotation) if isinstance(word, str))
+    else:
+        for argument in typing.get_args(annotation):
+            _words(argument, out)
+    return out
+
+
+# Every word the schemas know: what a refusal may show of a location, for it is no caller's text.
+SCHEMA_WORDS: frozenset[str] = frozenset(_words(Manifest, set()) | _words(DataManifest, set()))
+
+
+def _models(annotation: object) -> list[type[BaseModel]]:
+    """The models `annotation` holds: itself, a tuple's items, a union's members."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [model for argument in typing.get_args(annotation) for model in _models(argument)]
+
+
+def fields_at(schema: type[BaseModel], location: tuple[str | int, ...]) -> frozenset[str]:
+    """The fields of the models a validation error's location (JSON mode: field names, item
+    indexes, a step's kind) leads to in `schema`."""
+    models = [schema]
+    for part in location:
+        if isinstance(part, int):
+            continue  # a tuple's item: its models were taken with the field
+        inside = [model for model in models if part in model.model_fields]
+        if inside:
+            models = [m for model in inside for m in _models(model.model_fields[part].annotation)]
+        else:  # a discriminated union's tag: the member whose kind it is
+            models = [model for model in models if "kind" in model.model_fields
+                      and part in _words(model.model_fields["kind"].annotation, set())]
+    return frozenset(name for model in models for name in model.model_fields)
 
 
 def manifest_kind(document: object) -> str:

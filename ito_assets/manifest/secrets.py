@@ -106,11 +106,67 @@ def _key_words(key: str) -> list[str]:
     return [w for w in re.split(r"[^A-Za-z0-9]+", spaced.lower()) if w]
 
 
+# Words that end an upper-case name glued together (PGPASSWORD, MYSQLPWD is split by "_" already):
+# no case change or separator splits it, so the word is found as its ending.
+_GLUED_ENDINGS = ("password", "passwd", "passphrase", "secret", "token", "apikey")
+
+
+def _ends_a_credential_name(words: list[str], end: int) -> bool:
+    """Whether `words[:end]` ends with the name of a credential."""
+    last = words[end - 1]
+    return (last in _SECRET_WORDS or last.endswith(_GLUED_ENDINGS)
+            or (end > 1 and (words[end - 2], last) in _SECRET_PAIRS))
+
+
+def _names_credential(words: list[str]) -> bool:
+    """Whether the last words of a name say that it holds a credential."""
+    return bool(words) and _ends_a_credential_name(words, len(words))
+
+
 def key_looks_secret(key: str) -> bool:
+    """A key of a structured document that names a credential anywhere in it (`hf_token`,
+    `db_password_file`): refused there, where no field needs such a name."""
     words = _key_words(key)
-    if any(w in _SECRET_WORDS for w in words):
-        return True
-    return any(pair in _SECRET_PAIRS for pair in zip(words, words[1:]))
+    return any(_ends_a_credential_name(words, end) for end in range(1, len(words) + 1))
+
+
+# A credential handed over in text: an environment or configuration dump (PGPASSWORD=..., "api_key":
+# "...", token: ...) or a sentence ("the password is ..."). The name is judged by its last words
+# (`token_budget=512` names a budget, `password_file=` a path), the value is what is hidden. The
+# name starts only where a run of name characters starts, so that a long word is read once.
+_ASSIGNED = re.compile(
+    r"(?<![A-Za-z0-9_.-])([A-Za-z][A-Za-z0-9_.-]*)[\"']?"
+    r"(?:\s*(?::=|=>|[:=])\s*|(\s+is\s+))"
+    r"(?i:(?:basic|bearer|digest|token)\s+)?"  # an Authorization header's scheme is shown, its credential hidden
+    r"(?!\[)"  # a bracketed value is a placeholder ([REDACTED], [hidden])
+    r"(\"[^\"\n]*\"?|'[^'\n]*'?|[^\s\"',;&=]+=*)")  # unquoted: to the next "=", its base64 padding kept
+# After "is", a plain word is prose ("the token is invalid"); a value with a digit, a symbol or an
+# upper-case letter after the first is a credential.
+_PLAIN_WORD = re.compile(r"[A-Za-z][a-z]*[.!?]?")
+
+
+# Every name `_names_credential` accepts holds one of these (the glued endings and the pairs included).
+_CREDENTIAL_HINT = re.compile(r"(?i)pass|pwd|secret|credential|token|auth|key|cookie|session")
+
+
+def assigned_credentials(text: str) -> list[tuple[int, int]]:
+    """The (start, end) spans of the values that `text` assigns to a credential's name."""
+    if not _CREDENTIAL_HINT.search(text):
+        return []  # most text: no name of a credential, nothing to read pair by pair
+    spans = []
+    position = 0
+    while match := _ASSIGNED.search(text, position):
+        name, prose, value = match.group(1), match.group(2), match.group(3)
+        if _names_credential(_key_words(name)) and not (prose and _PLAIN_WORD.fullmatch(value)):
+            spans.append(match.span(3))
+            position = match.end()
+        elif value[0] not in "\"'":
+            position = match.start(3)  # the value may be a name that assigns one itself: x=password=...
+        elif len(value) > 1 and value[-1] == value[0]:
+            position = match.start(3) + 1  # or hold one inside its quotes: "x": "password=..."
+        else:
+            position = match.end()  # an unclosed quote ran to the line's end: read it once
+    return spans
 
 
 def _entropy(token: str) -> float:
@@ -143,6 +199,8 @@ def value_secret_kind(value: str) -> str | None:
     kind = pattern_secret_kind(value)
     if kind is not None:
         return kind
+    if assigned_credentials(value):
+        return "assigned_credential"
     return "high_entropy_string" if _high_entropy(value) else None
 
 
@@ -169,24 +227,26 @@ def shown_key(key: str) -> str:
     return key
 
 
-def _location(path: tuple) -> str:
+def _location(path: tuple, shown: Callable[[str], str]) -> str:
     out = ""
     for part in path:
-        out += f"[{part}]" if isinstance(part, int) else f".{shown_key(part)}"
+        out += f"[{part}]" if isinstance(part, int) else f".{shown(part)}"
     return out.lstrip(".") or "<root>"
 
 
-def scan(document: Any, *, is_exempt: Callable[[tuple, str], bool] = lambda p, v: False) -> list[SecretFinding]:
+def scan(document: Any, *, is_exempt: Callable[[tuple, str], bool] = lambda p, v: False,
+         shown: Callable[[str], str] = shown_key) -> list[SecretFinding]:
     """Every secret-looking key or value in `document`; `is_exempt(path, value)` spares values the
-    schema validates as digests."""
+    schema validates as digests; `shown(key)` is a key as a location shows it (a schema shows its
+    own words only)."""
     findings: list[SecretFinding] = []
     for path, value in _walk(document, ()):
         if path and isinstance(path[-1], str):
             kind = value_secret_kind(path[-1]) or ("credential_key_name" if key_looks_secret(path[-1]) else None)
             if kind:
-                findings.append(SecretFinding(_location(path), kind))
+                findings.append(SecretFinding(_location(path, shown), kind))
         if isinstance(value, str) and not is_exempt(path, value):
             kind = value_secret_kind(value)
             if kind:
-                findings.append(SecretFinding(_location(path), kind))
+                findings.append(SecretFinding(_location(path, shown), kind))
     return findings

@@ -11,16 +11,19 @@ takes a training manifest only (`parse_manifest`).
 
 from __future__ import annotations
 
+import difflib
 import hmac
+from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 from pydantic import ValidationError
 
 from ito_assets.digests import Digest
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest import secrets
-from ito_assets.manifest.schema import DATA_KIND, TRAINING_KIND, DataManifest, Manifest, is_digest_field, manifest_kind
+from ito_assets.manifest.schema import (DATA_KIND, SCHEMA_WORDS, TRAINING_KIND, DataManifest, Manifest, fields_at,
+                                        is_digest_field, manifest_kind)
 from ito_assets.manifest.secure_read import DEFAULT_MAX_BYTES, ManifestBytes, read_manifest_bytes
 from ito_assets.manifest.strict_json import StrictJsonError, loads_strict
 
@@ -45,18 +48,52 @@ class VerifiedManifest:
         return self.raw.digest.short
 
 
-def _schema_error(exc: ValidationError) -> ItoError:
-    # An unknown field's location holds the caller's key name: shown only as `shown_key` allows.
+# How close an unknown key must be to a word of the schema to be shown as its typo (difflib's
+# ratio: "lerning_rate" is 0.96 from learning_rate, "surprise" 0.5 from size).
+_TYPO_RATIO = 0.8
+
+
+def _closest(key: str, words: Iterable[str]) -> str | None:
+    close = difflib.get_close_matches(key, words, n=1, cutoff=_TYPO_RATIO)
+    return close[0] if close else None
+
+
+def _shown_key(key: str) -> str:
+    """A key as a refusal shows it: a word of the schema, a near miss of one (a typo), or a name
+    that only says that it holds a credential. Any other key is the caller's own text, which may be
+    a secret pasted in the wrong place, however short or plain: `<key>`."""
+    shown = secrets.shown_key(key)
+    if shown == key and (key in SCHEMA_WORDS or secrets.key_looks_secret(key) or _closest(key, SCHEMA_WORDS)):
+        return key
+    return "<key>"
+
+
+def _schema_location(err: Any, schema: type[DataManifest]) -> str:
+    location = ".".join(str(p) if isinstance(p, int) else _shown_key(p) for p in err["loc"]) or "<root>"
+    if err["type"] == "extra_forbidden":
+        if location.endswith("<key>"):
+            return location.removesuffix("<key>") + "<unknown key>"
+        if meant := _closest(err["loc"][-1], fields_at(schema, err["loc"][:-1])):
+            return f"{location} (unknown key; did you mean {meant}?)"
+        return f"{location} (unknown key)"
+    if err["type"] == "value_error" and "error" in err.get("ctx", {}):
+        return f"{location} ({err['ctx']['error']})"
+    return location
+
+
+def _schema_error(exc: ValidationError, schema: type[DataManifest]) -> ItoError:
+    # An unknown field's location holds the caller's key name: shown only as `_shown_key` allows.
     # A rule across fields (a model's validator) is said in its own words, which hold no value of
     # the document (schema.py); a field's own type or range is said by its location alone.
-    locations = sorted({
-        (".".join(str(p) if isinstance(p, int) else secrets.shown_key(p) for p in err["loc"]) or "<root>")
-        + (f" ({err['ctx']['error']})" if err["type"] == "value_error" and "error" in err.get("ctx", {}) else "")
-        for err in exc.errors()
-    })
-    shown = ", ".join(locations[:_MAX_REPORTED_FIELDS])
-    more = f" (+{len(locations) - _MAX_REPORTED_FIELDS} more)" if len(locations) > _MAX_REPORTED_FIELDS else ""
-    return ItoError(ErrorCode.MANIFEST_INVALID, f"the manifest does not match the schema at: {shown}{more}")
+    where = _listed(_schema_location(err, schema) for err in exc.errors())
+    return ItoError(ErrorCode.MANIFEST_INVALID, f"the manifest does not match the schema at: {where}")
+
+
+def _listed(locations: Iterable[str]) -> str:
+    """The first locations in order, each once with its count: hidden keys (`<key>`) read alike."""
+    counts = sorted(Counter(locations).items())
+    shown = ", ".join(f"{where} (x{n})" if n > 1 else where for where, n in counts[:_MAX_REPORTED_FIELDS])
+    return shown + (f" (+{len(counts) - _MAX_REPORTED_FIELDS} more)" if len(counts) > _MAX_REPORTED_FIELDS else "")
 
 
 def parse_data_manifest(raw: ManifestBytes) -> DataManifest:
@@ -65,9 +102,9 @@ def parse_data_manifest(raw: ManifestBytes) -> DataManifest:
         document: Any = loads_strict(raw.data)
     except StrictJsonError as exc:
         raise ItoError(ErrorCode.MANIFEST_INVALID, f"the manifest is not strict JSON: {exc}") from None
-    findings = secrets.scan(document, is_exempt=is_digest_field)
+    findings = secrets.scan(document, is_exempt=is_digest_field, shown=_shown_key)
     if findings:
-        where = ", ".join(sorted({f"{f.location} ({f.kind})" for f in findings})[:_MAX_REPORTED_FIELDS])
+        where = _listed(f"{f.location} ({f.kind})" for f in findings)
         raise ItoError(ErrorCode.MANIFEST_CONTAINS_SECRET, f"the manifest contains secret material at: {where}")
     schema = DataManifest if manifest_kind(document) == DATA_KIND else Manifest
     try:
@@ -75,7 +112,7 @@ def parse_data_manifest(raw: ManifestBytes) -> DataManifest:
         # integers only as JSON integers); duplicate keys and NaN were refused above.
         return schema.model_validate_json(raw.data, strict=True)
     except ValidationError as exc:
-        raise _schema_error(exc) from None
+        raise _schema_error(exc, schema) from None
 
 
 def declared_kind(raw: ManifestBytes) -> str:

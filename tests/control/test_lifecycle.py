@@ -110,6 +110,12 @@ def test_logs_are_redacted_and_paged(world) -> None:
     assert "abcdefghijklmnopqrstuvwx" not in page[1].message
     rest = telemetry.logs(world.ledger, run.run_id, after=page[-1].seq)
     assert [line.message for line in rest] == ["step 10 loss 2.5"]
+    # An environment or configuration dump: the names stay, their values do not.
+    telemetry.append_log(world.ledger, run.run_id, "ERROR",
+                         'env PGPASSWORD=canary1 token_budget=512 {"api_key": "canary 2"}; the password is Canary3')
+    dumped = telemetry.logs(world.ledger, run.run_id, after=rest[-1].seq)[0].message
+    assert dumped == ('env PGPASSWORD=[REDACTED] token_budget=512 {"api_key": [REDACTED]}; '
+                      'the password is [REDACTED]')
     telemetry.record_metric(world.ledger, run.run_id, 10, "loss", 2.5)
     assert telemetry.metrics(world.ledger, run.run_id)[0].value == 2.5
 

@@ -109,6 +109,7 @@ def test_an_env_name_that_is_no_identifier_never_reaches_an_sbatch_script(name):
 
 @pytest.mark.parametrize(("name", "value"), [
     ("HF_TOKEN", CANARY), ("ITO_API_TOKEN", "plain"), ("AWS_SECRET_ACCESS_KEY", "x"), ("SETTING", CANARY),
+    ("PGPASSWORD", "plain"), ("SETTING", "PGPASSWORD=plain"),  # a glued name; a dump in a value
 ])
 def test_a_secret_in_the_spec_env_is_refused_without_echoing_it(name, value):
     # The env is written out as plain text: into the sbatch script and the Job's manifest.

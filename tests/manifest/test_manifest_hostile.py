@@ -127,7 +127,7 @@ def test_an_unknown_key_is_not_echoed_unless_plain(tmp_path, key):
     document["model"][key] = 1
     error = _refusal(tmp_path, document)
     assert error.code is ErrorCode.MANIFEST_INVALID
-    assert error.message == "the manifest does not match the schema at: model.<key>"
+    assert error.message == "the manifest does not match the schema at: model.<unknown key>"
 
 
 @pytest.mark.parametrize("key", HOSTILE_KEYS.values(), ids=HOSTILE_KEYS.keys())
@@ -139,7 +139,59 @@ def test_a_secret_below_a_hostile_key_is_located_without_it(tmp_path, key):
     assert error.message == "the manifest contains secret material at: model.<key>.password (credential_key_name)"
 
 
-def test_a_plain_unknown_key_is_still_named(tmp_path):
+@pytest.mark.parametrize("key", ["surprise", "hunter2", "Tr0ub4dor&3", "x"])
+def test_a_plain_unknown_key_is_hidden_too(tmp_path, key):
+    # However short and plain, an unknown key is the caller's text: it may be a password pasted
+    # as a key.
     document = valid_manifest()
-    document["model"]["surprise"] = 1
-    assert _refusal(tmp_path, document).message == "the manifest does not match the schema at: model.surprise"
+    document["model"][key] = 1
+    assert _refusal(tmp_path, document).message == "the manifest does not match the schema at: model.<unknown key>"
+
+
+@pytest.mark.parametrize(("block", "key", "shown"), [
+    ("model", "num_paramters", "model.num_paramters (unknown key; did you mean num_parameters?)"),
+    ("model", "sizes", "model.sizes (unknown key; did you mean size?)"),
+    (None, "budgett", "budgett (unknown key; did you mean budget?)"),
+    # a word of the schema, or near one, that the block does not have: named, nothing suggested
+    ("model", "learning_rate", "model.learning_rate (unknown key)"),
+    ("model", "lerning_rate", "model.lerning_rate (unknown key)"),
+])
+def test_a_typo_of_a_field_is_named_with_the_field_it_missed(tmp_path, block, key, shown):
+    document = valid_manifest()
+    (document[block] if block else document)[key] = 1
+    assert _refusal(tmp_path, document).message == f"the manifest does not match the schema at: {shown}"
+
+
+@pytest.mark.parametrize(("key", "shown"), [
+    ("revisionqqqq", True),  # difflib's ratio 2M/T from "revision": 16/20, the bound itself
+    ("revisionqqqqq", False),  # 16/21
+])
+def test_a_near_miss_is_shown_from_the_ratio_bound_on(tmp_path, key, shown):
+    document = valid_manifest()
+    document["model"][key] = 1
+    expected = f"model.{key} (unknown key; did you mean revision?)" if shown else "model.<unknown key>"
+    assert _refusal(tmp_path, document).message == f"the manifest does not match the schema at: {expected}"
+
+
+# --- a credential written into the manifest's prose -----------------------------------------------
+
+
+@pytest.mark.parametrize("reason", [
+    "accepted by the board; the bucket password is Hunter2-canary",
+    "see config: PGPASSWORD=hunter2canary",
+    'approved, {"api_key": "canary 42"}',
+])
+def test_a_credential_in_the_accepted_verdicts_reason_is_refused_unseen(tmp_path, reason):
+    document = valid_manifest()
+    document["data_decision"] = {"accepted_verdicts": ["NO_GO"], "reason": reason, "reviewed_by": "board"}
+    error = _refusal(tmp_path, document)
+    assert error.code is ErrorCode.MANIFEST_CONTAINS_SECRET
+    assert error.message == "the manifest contains secret material at: data_decision.reason (assigned_credential)"
+    assert "anary" not in error.message and "unter" not in error.message
+
+
+def test_a_reason_that_speaks_of_credentials_without_one_is_accepted(tmp_path):
+    document = valid_manifest()
+    document["data_decision"] = {"accepted_verdicts": ["NO_GO"], "reviewed_by": "board",
+                                 "reason": "licence review done; the token budget=512 per doc; the password is required"}
+    assert verify_manifest(write_manifest(tmp_path / "m.json", document)).manifest.data_decision is not None

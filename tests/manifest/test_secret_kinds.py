@@ -228,7 +228,7 @@ CANARIES = {
 NEAR_MISSES = {
     "aws_access_key_id": ["AKIAIOSFODNN7EXAMPL", "AKIAiosfodnn7example", "AKIBIOSFODNN7EXAMPLE",
                           "XAKIAIOSFODNN7EXAMPLE"],
-    "aws_secret_access_key": ["aws_secret_access_key = " + ("abcd" * 10)[:39], "aws key " + "abcd" * 10],
+    "aws_secret_access_key": ["aws_key_id = " + ("abcd" * 10)[:39], "aws key " + "abcd" * 10],
     "github_token": ["ghp_" + "a" * 35, "ghx_" + "a" * 36, "ghp-" + "a" * 36],
     "github_fine_grained_token": ["github_pat_" + "a" * 21, "github_pot_" + "a" * 22],
     "hugging_face_token": ["hf_" + "a" * 29, "hf-" + "a" * 30],
@@ -419,3 +419,87 @@ def test_scan_never_contains_any_canary_value():
 def test_locations_keep_leading_characters_of_key_names(key):
     assert scan({key: GITHUB}) == [SecretFinding(key, "github_token")]
     assert scan({"a": {key: GITHUB}}) == [SecretFinding(f"a.{key}", "github_token")]
+
+
+# --- values assigned to a credential's name, in text ---------------------------------------------
+
+ASSIGNED = [
+    # (text, the values hidden)
+    ("PGPASSWORD=hunter2", ["hunter2"]),
+    ("env: HOME=/root DB_PASSWORD=hunter2 PATH=/bin", ["hunter2"]),
+    ("export WANDB_API_KEY=" + "0123456789abcdef" * 2 + "01234567",  # lower-case hex: no entropy rule
+     ["0123456789abcdef" * 2 + "01234567"]),
+    ('{"api_key": "abc 123", "n": 1}', ['"abc 123"']),
+    ("password: 'it is me'", ["'it is me'"]),
+    ("hf_token := x1", ["x1"]),
+    ("secret => s3", ["s3"]),
+    ("token=abc==", ["abc=="]),  # base64 padding stays with its value
+    ("Authorization: Basic dXNlcjpwYXNz", ["dXNlcjpwYXNz"]),  # the scheme is shown
+    ("the password is hunter2", ["hunter2"]),
+    ("my passphrase is Correct-Horse", ["Correct-Horse"]),
+    ("x=password=abc", ["abc"]),  # a name inside a value
+    ('cfg {"x": "password=abc"}', ["abc"]),  # a name inside a quoted value
+    ("password='unclosed to the end", ["'unclosed to the end"]),
+    ("session: 3", ["3"]),
+]
+NOT_ASSIGNED = [
+    "token_budget=512",  # the last word names what it is: a budget
+    "password_file=/run/secrets/db",  # a path, not the password
+    "tokens=5", "num_tokens: 4096", "tokenizer: gpt2", "passwordless=1",
+    "the token is invalid", "the password is Expired.",  # prose with a plain word after "is"
+    "password isolated", "token is", "password=", "password=[REDACTED]", "password: [hidden]",
+    "key_id=12", "api=1 key=2",
+]
+
+
+@pytest.mark.parametrize(("text", "hidden"), ASSIGNED)
+def test_values_assigned_to_a_credential_name_are_found(text, hidden):
+    spans = secrets.assigned_credentials(text)
+    assert [text[start:end] for start, end in spans] == hidden
+    assert value_secret_kind(text) == "assigned_credential"
+
+
+@pytest.mark.parametrize("text", NOT_ASSIGNED)
+def test_names_that_hold_no_credential_are_left_alone(text):
+    assert secrets.assigned_credentials(text) == []
+    assert value_secret_kind(text) is None
+
+
+def test_a_prose_value_needs_a_digit_a_symbol_or_a_capital_after_the_first():
+    assert secrets.assigned_credentials("password is hunter") == []
+    assert secrets.assigned_credentials("password is Hunter") == []
+    for value in ("hunter2", "hunTer", "hunter!x", "h_unter"):
+        assert secrets.assigned_credentials(f"password is {value}") != [], value
+
+
+@pytest.mark.parametrize("key", ["PGPASSWORD", "MYSQLPWD_TOKEN", "DBSECRET", "MYAPIKEY", "ghtoken", "db_password_file"])
+def test_glued_credential_names_are_secret_key_names(key):
+    assert key_looks_secret(key)
+
+
+@pytest.mark.parametrize("text", ["a=" * 131_072, 'a="' * 87_000, 'a="a"' * 52_000, "a: " * 87_000,
+                                  "a is " * 52_000, "password=" * 29_000, "x-" * 131_000 + "="])
+def test_assignments_are_read_in_linear_time(text):
+    # A manifest may hold 256 KiB in one value. A quadratic reading of these took 64 s for the
+    # first; linear, each takes about a second at most on a slow machine. The bound is generous:
+    # it only has to tell the two apart.
+    import time
+
+    started = time.perf_counter()
+    secrets.assigned_credentials(text)
+    assert time.perf_counter() - started < 20
+
+
+def test_a_key_of_many_words_is_judged_in_linear_time():
+    import time
+
+    started = time.perf_counter()
+    assert not key_looks_secret("a_" * 131_072)  # each word's prefix cut anew took minutes
+    assert time.perf_counter() - started < 20
+
+
+def test_an_idempotency_key_may_name_a_session():
+    # Keys are random or structured ids, judged by known formats only: "session:2026-12-07" is one.
+    from ito_assets.control.fingerprint import validate_key
+
+    assert validate_key("nightly-session:2026-12-07") == "nightly-session:2026-12-07"
