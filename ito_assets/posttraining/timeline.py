@@ -46,7 +46,7 @@ class StageTimeline:
 
     def startup(self) -> None:
         """Everything since the stage began, before its first evaluation."""
-        self._write(EventKind.STARTUP, seconds=self.clock() - self.started)
+        self._write(EventKind.STARTUP, seconds=self.clock() - self.started, num_devices=NUM_DEVICES)
 
     def step(self, seconds: float, loss: float) -> None:
         self.num_steps += 1

@@ -13,6 +13,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from ito_assets.runtime.record import events
+from ito_assets.runtime.record.goodput import summarize
 from ito_assets.runtime.checkpoint import markers
 from ito_assets.runtime.stage.config import RESULT_NAME
 from ito_assets.runtime.worker.main import EXIT_STOPPED
@@ -54,8 +55,13 @@ def test_straight_and_resumed_runs_are_identical(tmp_path, tokens, data_parallel
     second = run_worker(worker_config(tmp_path / "halves", tokens, attempt=1, layout=layout), nproc=2)
     assert second.returncode == 0, second.stderr[-3000:]
 
-    resumed = [e for e in events.read(Path(halves.stage_dir)) if e.kind is events.EventKind.RESUME]
+    log = events.read(Path(halves.stage_dir))
+    resumed = [e for e in log if e.kind is events.EventKind.RESUME]
     assert [(e.attempt, e.step) for e in resumed] == [(0, -1), (1, 12)]
+    # No supervisor wrote an allocation: each start-up says its attempt's devices, which count.
+    assert [(e.attempt, e.num_devices) for e in log if e.kind is events.EventKind.STARTUP] == [(0, 2), (1, 2)]
+    figures = summarize(log)
+    assert figures.device_hours * 3600 == pytest.approx(figures.allocated_seconds * 2, rel=1e-12)
     expected, got = step_losses(Path(straight.stage_dir)), step_losses(Path(halves.stage_dir))
     assert sorted(got) == list(range(1, 25))
     assert got == expected  # exact float equality, step by step, including steps 13-24

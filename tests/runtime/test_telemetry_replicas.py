@@ -110,6 +110,40 @@ def test_a_group_without_an_allocation_has_its_peers_devices_and_loses_nothing()
     assert stage.device_hours == pytest.approx(800 / 3600, rel=1e-12)
 
 
+def _killed_supervisors_log(devices: int) -> list[Event]:
+    """Two attempts of `devices` each (their start-ups say so); the supervisor was killed before it
+    wrote the allocation: 2 + 10 + 3 + 5 + 5 accounted seconds (the restart's start-up lies in its recovery)."""
+    return [e(EventKind.STARTUP, attempt=0, seconds=2.0, num_devices=devices), e(EventKind.RESUME, attempt=0, step=-1),
+            *(e(EventKind.STEP, attempt=0, step=s, seconds=1.0) for s in range(1, 11)),
+            e(EventKind.INTERRUPTION, attempt=0, planned=False, seconds=3.0), e(EventKind.RECOVERY, attempt=1, seconds=5.0),
+            e(EventKind.STARTUP, attempt=1, seconds=1.0, num_devices=devices), e(EventKind.RESUME, attempt=1, step=5),
+            *(e(EventKind.STEP, attempt=1, step=s, seconds=1.0) for s in range(6, 11))]
+
+
+def test_a_lone_stage_without_an_allocation_counts_its_attempts_devices() -> None:
+    figures = summarize_stage([_killed_supervisors_log(4)])
+    assert figures.allocated_seconds == 25.0 and figures.num_wasted_steps == 5
+    assert figures.device_hours == pytest.approx(25 * 4 / 3600, rel=1e-12)
+    assert figures.interruptions_per_1000_device_hours(planned=False) == pytest.approx(1000 / (25 * 4 / 3600))
+    # A log written before start-ups said their devices has none to count (as before).
+    assert summarize_stage([_killed_supervisors_log(0)]).device_hours == 0.0
+    # Beside a peer that wrote its allocation, the start-ups' devices are the group's own.
+    stage = summarize_stage([group(25.0, 2, range(1, 21)), _killed_supervisors_log(4)])
+    assert stage.device_hours == pytest.approx(25 * (2 + 4) / 3600, rel=1e-12)
+
+
+def test_groups_weigh_their_device_time_where_their_device_counts_changed() -> None:
+    """Group 0: 100 s on 2 devices, 80 productive. Group 1: 50 s on 2 devices, then run again 50 s
+    on 6, 20 s productive: 400 device-seconds against group 0's 200. Weighted by the largest count
+    (6 against 2) its goodput read 0.35."""
+    second = [e(EventKind.ALLOCATION, seconds=50.0, num_devices=2), e(EventKind.ALLOCATION, seconds=50.0, num_devices=6),
+              e(EventKind.RESUME, attempt=0, step=-1), *(e(EventKind.STEP, attempt=0, step=s, seconds=1.0) for s in range(1, 21))]
+    stage = summarize_stage([group(100.0, 2, range(1, 81)), second])
+    assert stage.goodput == pytest.approx((200 * 0.8 + 400 * 0.2) / 600, rel=1e-12)
+    assert stage.device_hours == pytest.approx(600 / 3600, rel=1e-12)
+    assert stage.allocated_seconds == pytest.approx(100.0, rel=1e-12)
+
+
 def test_a_group_that_ended_early_held_its_devices_to_the_stages_end() -> None:
     """4 + 4 devices; group 1 spent its restarts after 50 of group 0's 100 s: its devices stayed
     booked for the stage (they read 75 s allocated and goodput 1.0)."""
@@ -230,7 +264,7 @@ def group_log(draw) -> list[Event]:
                     e(EventKind.RECOVERY, attempt=attempt, seconds=draw(attempt_seconds))]
             if draw(st.booleans()):
                 log.append(e(EventKind.REWIND, attempt=attempt, step=draw(st.integers(min_value=0, max_value=5))))
-        log += [e(EventKind.STARTUP, attempt=attempt, seconds=draw(attempt_seconds)),
+        log += [e(EventKind.STARTUP, attempt=attempt, seconds=draw(attempt_seconds), num_devices=draw(st.sampled_from([0, 2]))),
                 e(EventKind.RESUME, attempt=attempt, step=draw(st.integers(min_value=-1, max_value=5)))]
         first = draw(st.integers(min_value=1, max_value=10))
         log += [e(EventKind.STEP, attempt=attempt, step=s, seconds=draw(attempt_seconds))
@@ -248,10 +282,10 @@ def test_a_stages_figures_over_any_groups_keep_their_bounds(groups) -> None:
                stage.recovery_seconds, stage.wasted_step_seconds, stage.evaluation_seconds, stage.other_seconds]
     assert min(buckets) >= 0 and 0 <= stage.goodput <= 1
     assert stage.allocated_seconds == pytest.approx(sum(buckets), rel=1e-12, abs=1e-9)
-    # Every allocation is of 2 devices; a group without one has its peers' (1 where no group has one),
-    # a stage of one group without one has none.
-    allocated = any(x.kind is EventKind.ALLOCATION for log in groups for x in log)
-    devices = (2 if allocated else 1) * len(groups) if len(groups) > 1 else (2 if allocated else 0)
+    # Every allocation and start-up that says its devices says 2; a group without either has its
+    # peers' (1 where no group has one), a stage of one group without either has none.
+    known = any(x.num_devices for log in groups for x in log)
+    devices = (2 if known else 1) * len(groups) if len(groups) > 1 else (2 if known else 0)
     assert stage.device_hours * 3600 == pytest.approx(stage.allocated_seconds * devices, rel=1e-9, abs=1e-9)
     assert stage.num_unplanned_interruptions + stage.num_planned_interruptions == sum(
         1 for log in groups for x in log if x.kind is EventKind.INTERRUPTION)

@@ -28,7 +28,7 @@ _REPLICA_FOLDER = "replica-{replica_id}"
 
 class EventKind(str, enum.Enum):
     ALLOCATION = "allocation"  # seconds: wall time the devices were held; num_devices
-    STARTUP = "startup"  # seconds: process launch to the first step (per attempt)
+    STARTUP = "startup"  # seconds: process launch to the first step (per attempt); num_devices: the attempt's
     RESUME = "resume"  # step: the checkpoint an attempt resumed from (-1: fresh start)
     STEP = "step"  # step, seconds, loss, metrics: one optimizer step (detail NOT_APPLIED: its update was dropped)
     CHECKPOINT = "checkpoint"  # step, seconds (training-blocking), total_seconds, num_bytes

@@ -161,7 +161,7 @@ def summarize(events: list[Event], *, posttraining: bool = False) -> Telemetry:
     # leaves less allocated than the log accounts for: the allocation is then what was accounted,
     # at the stage's device count, so goodput stays within [0, 1] and no bucket goes negative.
     allocated = max(held, sum(buckets.values()))
-    devices = max((e.num_devices for e in allocations), default=0)
+    devices = _devices(events)
     return Telemetry(
         allocated_seconds=allocated,
         posttraining_seconds=allocated if posttraining else 0.0,
@@ -193,8 +193,11 @@ def summarize_stage(groups: Sequence[list[Event]], *, posttraining: bool = False
         return parts[0] if parts else summarize([], posttraining=posttraining)
     devices = _group_devices(groups)
     window = max(p.allocated_seconds for p in parts)
-    parts = [_held_for(p, window, d, has_allocation=_devices(log) > 0) for p, d, log in zip(parts, devices, groups)]
-    mean = lambda name: sum(d * getattr(p, name) for d, p in zip(devices, parts)) / sum(devices)
+    parts = [_held_for(p, window, d, has_devices=_devices(log) > 0) for p, d, log in zip(parts, devices, groups)]
+    # Each group weighs its device time: its devices, or on average over the window where its
+    # allocations named different counts (a stage run again on other devices).
+    weights = [p.device_hours for p in parts] if any(p.device_hours > 0 for p in parts) else [1.0] * len(parts)
+    mean = lambda name: sum(w * getattr(p, name) for w, p in zip(weights, parts)) / sum(weights)
     summed = lambda name: sum(getattr(p, name) for p in parts)
     stage = Telemetry(
         **{name: mean(name) for name in _SECONDS},
@@ -207,9 +210,10 @@ def summarize_stage(groups: Sequence[list[Event]], *, posttraining: bool = False
     return replace(stage, allocated_seconds=stage.accounted_seconds) if stage.other_seconds < 0 else stage
 
 
-def _held_for(part: Telemetry, window: float, devices: int, *, has_allocation: bool) -> Telemetry:
-    """A group's figures over the stage's whole window, at its devices."""
-    unheld = window - part.allocated_seconds + (0.0 if has_allocation else part.allocated_seconds)
+def _held_for(part: Telemetry, window: float, devices: int, *, has_devices: bool) -> Telemetry:
+    """A group's figures over the stage's whole window, at its devices (`has_devices`: its own
+    figures counted them for the seconds it accounted)."""
+    unheld = window - part.allocated_seconds + (0.0 if has_devices else part.allocated_seconds)
     return replace(part, allocated_seconds=window, device_hours=part.device_hours + unheld * devices / _SECONDS_PER_HOUR)
 
 
@@ -219,7 +223,10 @@ _SECONDS = ("allocated_seconds", "productive_seconds", "startup_seconds", "check
 
 
 def _devices(log: list[Event]) -> int:
-    return max((e.num_devices for e in log if e.kind is EventKind.ALLOCATION), default=0)
+    """A log's devices: its allocations' most, else its attempts' (a supervisor killed before it
+    wrote the allocation; each start-up says its attempt's), else 0: none known."""
+    allocated = max((e.num_devices for e in log if e.kind is EventKind.ALLOCATION), default=0)
+    return allocated or max((e.num_devices for e in log if e.kind is EventKind.STARTUP), default=0)
 
 
 def _group_devices(groups: Sequence[list[Event]]) -> list[int]:

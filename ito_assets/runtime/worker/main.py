@@ -143,7 +143,9 @@ class StageWorker:
                 self.log(f"{len(waiting)} other replica group(s) not loaded after {self.config.replica_timeout_s:g} s: "
                          "training on; they join behind and heal")
             self.replicas.start(step, position)
-        self.event(EventKind.STARTUP, seconds=max(0.0, time.time() - self.config.launched_at))
+        # The attempt's devices: the telemetry's count where its supervisor never wrote the allocation.
+        self.event(EventKind.STARTUP, seconds=max(0.0, time.time() - self.config.launched_at),
+                   num_devices=self.group.world_size)
         try:
             return self.train(step, batches)
         finally:
