@@ -37,6 +37,7 @@ from ito_assets.posttraining.decoding import encode_prompt
 from ito_assets.posttraining.on_worker import (WorkerLaunch, dpo_on_worker, refuse_if_running, rlvr_on_worker,
                                                sft_on_worker)
 from ito_assets.posttraining.plan import evaluation_calibration, generation_calibration
+from ito_assets.runtime.record.storage import held_alone
 from ito_assets.training.model_config import config_by_name
 from ito_assets.training.threads import torch_threads
 
@@ -114,6 +115,11 @@ def _starting_policy(start: Start):
     return start, start.initial_policy(), None, start.initial_checkpoint()
 
 
+# Held by a launch of a post-training stage for its whole run (`held_alone`); the supervisor's own
+# lock (`supervisor.LOCK_NAME`) is another file, which the launch takes for moments inside it.
+LAUNCH_LOCK_NAME = "launch.lock"
+
+
 def run_stage(
     step: SftStep | DpoStep | RlvrStep, *, start: Start, data_root: Path, out_dir: Path,
     runtime: PostTrainingRuntime = PostTrainingRuntime(), launch: WorkerLaunch | None = None,
@@ -131,14 +137,22 @@ def _run_stage(step: SftStep | DpoStep | RlvrStep, *, start: Start, data_root: P
                runtime: PostTrainingRuntime, launch: WorkerLaunch | None, evaluation: PostTrainingEval) -> StageOutcome:
     if isinstance(start, StageOutcome):  # a failed gate stays failed: refused before anything is read
         require_passed(start.gate)
-    worker = (launch, out_dir / step.kind) if launch is not None else None
-    if worker is not None:  # before the timeline and the evaluations write into a running stage's folder
-        refuse_if_running(worker[1])
-    timeline = StageTimeline(out_dir / step.kind, steps_by_worker=worker is not None)
-    try:
-        return _timed_stage(step, start, data_root, out_dir, runtime, evaluation, timeline, worker)
-    finally:  # a stage that failed held its device too
-        timeline.close()
+    stage_dir = out_dir / step.kind
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    # One launch of the stage at a time, from before its timeline's first event to after its last:
+    # two launches that both passed the supervisor's check before either supervisor started would
+    # both write their start-up, evaluations and windows into the one log, counted twice.
+    with held_alone(stage_dir / LAUNCH_LOCK_NAME, lambda: ItoError(
+            ErrorCode.STAGE_BUSY, f"another launch of the {step.kind.upper()} stage runs in {stage_dir}: this one "
+            "recorded, evaluated and started nothing (one at a time per stage folder); run it again once that one ended")):
+        worker = (launch, stage_dir) if launch is not None else None
+        if worker is not None:  # before the timeline and the evaluations write into a running stage's folder
+            refuse_if_running(stage_dir)
+        timeline = StageTimeline(stage_dir, steps_by_worker=worker is not None)
+        try:
+            return _timed_stage(step, start, data_root, out_dir, runtime, evaluation, timeline, worker)
+        finally:  # a stage that failed held its device too
+            timeline.close()
 
 
 def _timed_stage(step, start: Start, data_root: Path, out_dir: Path, runtime: PostTrainingRuntime,

@@ -17,7 +17,6 @@ continuous metrics (here: the answer's bits per byte) decide better than accurac
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import math
 import statistics
 from dataclasses import dataclass, field, replace
@@ -29,6 +28,7 @@ import numpy as np
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.evals.suite import EvalItem
 from ito_assets.manifest.schema import DecisionPower
+from ito_assets.runtime.record.storage import held_alone
 from ito_assets.training.eval_config import EvalConfig
 from ito_assets.training.heldout import SPLIT_SEED, split_heldout
 from ito_assets.training.model_config import ModelConfig, config_by_name, parameter_count
@@ -281,13 +281,10 @@ def _holding(work_dir: Path | None) -> Iterator[None]:
         yield
         return
     work_dir.mkdir(parents=True, exist_ok=True)
-    with open(work_dir / LOCK_NAME, "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ItoError(ErrorCode.STAGE_BUSY, "another decision run for this manifest holds its folder: this one "
-                           "wrote and trained nothing; run it again once the other ended") from None
-        yield  # released when the file closes
+    with held_alone(work_dir / LOCK_NAME, lambda: ItoError(
+            ErrorCode.STAGE_BUSY, "another decision run for this manifest holds its folder: this one wrote and "
+            "trained nothing; run it again once the other ended")):
+        yield
 
 
 def run_decision(

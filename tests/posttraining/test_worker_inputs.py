@@ -87,7 +87,50 @@ def test_a_stage_run_while_another_supervisor_runs_it_records_and_evaluates_noth
         with pytest.raises(ItoError) as refused:
             pipeline.run_stage(step, start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out", launch=LAUNCH)
     assert refused.value.code is ErrorCode.STAGE_BUSY
-    assert evaluated == [] and sorted(p.name for p in stage.iterdir()) == [LOCK_NAME]
+    assert evaluated == [] and sorted(p.name for p in stage.iterdir()) == [pipeline.LAUNCH_LOCK_NAME, LOCK_NAME]
+
+
+@pytest.mark.parametrize("on_worker", [True, False], ids=["on the worker", "in process"])
+def test_a_second_launch_while_the_first_evaluates_records_and_evaluates_nothing(tmp_path, monkeypatch, on_worker):
+    """Two launches of one stage, the first evaluating before its supervisor started (it held no
+    lock of the supervisor's yet): the second is refused before its timeline writes a line, and the
+    first's log stays one launch's."""
+    import threading
+
+    from ito_assets.manifest.schema import RlvrStep
+    from ito_assets.posttraining import pipeline
+
+    real, entered, release, evaluated = pipeline._evaluate, threading.Event(), threading.Event(), []
+
+    def evaluate(*args, **kwargs):
+        evaluated.append(threading.current_thread().name)
+        entered.set()
+        assert release.wait(60)
+        raise RuntimeError("the first launch stops here")
+
+    monkeypatch.setattr(pipeline, "_evaluate", evaluate)
+    step = RlvrStep.model_validate({"kind": "rlvr", "num_steps": 1, "groups_per_step": 1, "group_size": 2})
+    stage = tmp_path / "out" / "rlvr"
+    run = lambda: pipeline.run_stage(step, start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out",  # noqa: E731
+                                     launch=LAUNCH if on_worker else None)
+    failures = []
+    first = threading.Thread(target=lambda: failures.append(pytest.raises(RuntimeError, run)), name="first")
+    first.start()
+    try:
+        assert entered.wait(60)
+        logged = events.read(stage)
+        with pytest.raises(ItoError, match="another launch of the RLVR stage runs in") as refused:
+            run()
+        assert refused.value.code is ErrorCode.STAGE_BUSY
+        assert events.read(stage) == logged and evaluated == ["first"]
+    finally:
+        release.set()
+        first.join(60)
+    assert len(failures) == 1 and real is not pipeline._evaluate
+    kinds = [e.kind for e in events.read(stage)]
+    assert kinds.count(EventKind.STARTUP) == 1 and kinds.count(EventKind.ALLOCATION) == 1
+    run_again = pytest.raises(RuntimeError, run)  # once the first ended, a launch runs
+    assert "first launch stops here" in str(run_again.value) and evaluated == ["first", "MainThread"]
 
 
 # --- a launch overtaken by a later launch of the same stage ---------------------------------------

@@ -310,6 +310,18 @@ def test_a_group_about_to_join_waits_for_its_peers_to_load_at_most_the_bound(tmp
     assert time.monotonic() - started < 5
 
 
+@pytest.mark.parametrize("ready", [0, 1, 2, 3])
+def test_a_peer_group_is_loaded_once_each_of_its_ranks_is(tmp_path, ready):
+    """Groups of three ranks: a group's Manager asks for a quorum once all its ranks have, so a
+    peer with one rank past loading and two still loading is still loading."""
+    peer = tmp_path / "peer"
+    for rank in range(3):
+        heartbeat.HeartbeatWriter(peer, rank=rank, attempt=0).beat(-1, heartbeat.JOINING if rank < ready else "starting",
+                                                                   force=True)
+    assert await_peers((str(peer),), 0.1, ranks=3) == ([] if ready == 3 else [str(peer)])
+    assert await_peers((str(peer),), 0.1) == ([] if ready else [str(peer)])  # one rank a group: any
+
+
 def test_a_group_joining_has_the_start_up_bound_not_the_hang_bound(tmp_path, tokens):
     """Its first quorum, a heal from a peer and a first step that compiles come before its first
     training beat."""

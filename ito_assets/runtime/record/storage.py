@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import re
@@ -99,6 +100,31 @@ def read_regular_file(path: Path, max_bytes: int) -> bytes | None:
         os.close(descriptor)
     data = b"".join(chunks)
     return data if len(data) <= max_bytes else None  # grown past the bound while read
+
+
+# What flock raises where the file system does not implement it (Lustre without -o flock, NFS
+# mounted nolock).
+NO_LOCKS = frozenset({errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL})
+
+
+@contextlib.contextmanager
+def held_alone(path: Path, busy: Callable[[], Exception]) -> Iterator[None]:
+    """An exclusive lock on the file `path` (made if missing, never through a link) while the
+    block runs, or `busy()` raised at once where another process, or another open of it, holds
+    it. flock: the kernel releases it when the holder dies, so a killed holder leaves no stale
+    lock. On a file system without locks the block runs unguarded, as it did before locks."""
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise busy() from None
+        except OSError as error:
+            if error.errno not in NO_LOCKS:
+                raise
+        yield
+    finally:
+        os.close(descriptor)  # releases the lock
 
 
 def append_line(path: Path, line: str, *, durable: bool = True) -> None:

@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import enum
-import errno
 import fcntl
 import json
 import os
@@ -72,7 +71,7 @@ from ito_assets.runtime.supervision import proposals
 from ito_assets.runtime.stage.config import RESULT_NAME, WorkerConfig, launch_of
 from ito_assets.runtime.record.events import Event, EventKind
 from ito_assets.runtime.supervision.relay import MetricsRelay, open_relay
-from ito_assets.runtime.record.storage import write_atomic
+from ito_assets.runtime.record.storage import NO_LOCKS, write_atomic
 from ito_assets.runtime.worker.reporting import PIPES_CONTEXT_ENV_VAR
 
 REPORT_NAME = "supervision.json"
@@ -577,8 +576,6 @@ LAUNCH_ROLE = "post-training launch"
 LAUNCH_HOLD_WAIT_S = 300.0
 LOCK_POLL_S = 0.05
 NOTE_POLLS = 20  # polls (a second) a lock held without a note yet is waited for
-# What flock raises where the file system does not implement it.
-NO_LOCKS = frozenset({errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL})
 
 
 class StageSuperseded(RuntimeError):

@@ -136,7 +136,7 @@ class StageWorker:
         batches = self.open_batches(position, to_train=step < self.config.num_steps)
         if self.replicas is not None:
             self.heartbeat.beat(-1, heartbeat.JOINING, force=True)
-            waiting = await_peers(self.config.peer_heartbeat_dirs, self.config.replica_timeout_s,
+            waiting = await_peers(self.config.peer_heartbeat_dirs, self.config.replica_timeout_s, ranks=self.group.world_size,
                                   on_wait=lambda: self.heartbeat.beat(-1, heartbeat.JOINING),
                                   stopped=lambda: self.stop.requested)
             if waiting:

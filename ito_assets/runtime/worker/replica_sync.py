@@ -38,13 +38,15 @@ PEER_POLL_S = 0.25
 BUCKET_BYTES = 25 * 1024 * 1024
 
 
-def await_peers(folders: tuple[str, ...], bound_s: float, *, on_wait: Callable[[], None] = lambda: None,
+def await_peers(folders: tuple[str, ...], bound_s: float, *, ranks: int = 1, on_wait: Callable[[], None] = lambda: None,
                 stopped: Callable[[], bool] = lambda: False) -> list[str]:
-    """Wait, at most `bound_s`, until every other group's worker is loaded and about to ask for its
-    first quorum, or past that (a beat in any phase but starting: its supervisor clears the folder
-    at each launch, so a beat is its current attempt's); returns the folders still starting or
-    silent. A peer already training ends the wait at once: the groups' quorum exists, and this one
-    joins it behind and heals. A group that asked for the stage's first quorum before its peers'
+    """Wait, at most `bound_s`, until every rank of every other group's worker (`ranks` a group:
+    the groups are equal shares) is loaded and about to ask for its first quorum, or past that (a
+    beat in any phase but starting: its supervisor clears the folder at each launch, so a beat is
+    its current attempt's); returns the folders still starting, silent or short of ranks. A group
+    asks for a quorum once all its ranks have, so one rank ready said nothing of the group. A peer
+    already training ends the wait at once: the groups' quorum exists, and this one joins it behind
+    and heals. A group that asked for the stage's first quorum before its peers'
     torchft Managers existed formed a quorum alone and kept it while they, at its step on its
     checkpoint, formed another: two quorums at one step train it on other rows, and torchft never
     heals groups at equal steps. And a group that asked while a peer still loaded a checkpoint waited
@@ -56,7 +58,7 @@ def await_peers(folders: tuple[str, ...], bound_s: float, *, on_wait: Callable[[
         phases = {f: [(b.phase, b.step) for b in heartbeat.read_all(Path(f)).values()] for f in waiting}
         if any(phase == "training" and step >= 0 for beats in phases.values() for phase, step in beats):
             return []
-        waiting = [f for f in waiting if not any(phase != "starting" for phase, _ in phases[f])]
+        waiting = [f for f in waiting if sum(phase != "starting" for phase, _ in phases[f]) < ranks]
         if not waiting or time.monotonic() >= deadline or stopped():
             return waiting
         on_wait()
