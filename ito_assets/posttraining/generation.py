@@ -58,11 +58,6 @@ class GenerationConfig:
             raise ValueError("temperature must be positive and queue_size >= 1")
 
 
-def step_queue_size(groups_per_step: int) -> int:
-    """RLVR's queue: one trainer step's groups, and never fewer than two."""
-    return max(2, groups_per_step)
-
-
 def make_group(
     policy: CausalLM, codec: TextCodec, task: Task, *, version: int, config: GenerationConfig,
     generator: torch.Generator | None = None,

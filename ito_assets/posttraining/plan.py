@@ -35,9 +35,10 @@ An upper bound where the runtime may do less: every completion at its `max_new_t
 one often ends sooner), the host at its nominal core, idle, and RLVR's generation at its draw
 bound: a group whose rewards are all equal, or that is too stale, is drawn again, and the stage
 draws at most `max_draws_per_group` groups for each group its steps train on (`sampling.DrawBudget`),
-all of them priced. Not in the price: the groups its generator has run ahead when the trainer
-stops, and the steps a restarted attempt draws again; a stage records the groups it drew against
-the ones priced (`generation_calibration`).
+all of them priced, and the groups its generator may have run ahead when the trainer stops (a full
+queue and the one in hand). Not in the price: the steps a restarted attempt draws again (and its
+generator's run-ahead); a stage records the groups it drew against its draw bound
+(`generation_calibration`).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.schema import DpoStep, PostTrainingStep, RlvrStep, SftStep
 from ito_assets.posttraining.eval_gate import EVAL_BATCH_PROMPTS, EVAL_SAMPLES_PER_PROMPT
 from ito_assets.posttraining.reference_pass import busiest_rank_pairs
+from ito_assets.posttraining.staleness import run_ahead_groups
 from ito_assets.posttraining.tasks import largest_digit_tasks
 from ito_assets.runtime.stage.calibration import FLAG_FRACTION, RATIO_DIGITS
 from ito_assets.training.cost import cost_cents
@@ -264,8 +266,14 @@ def evaluation_calibration(config: ModelConfig, battery, *, first: bool, cpu_s: 
 
 
 def priced_groups(step: RlvrStep) -> int:
-    """The groups RLVR's generation is priced at: its draw bound (`sampling.DrawBudget`)."""
+    """The groups RLVR's steps may draw: its draw bound (`sampling.DrawBudget`)."""
     return step.num_steps * step.groups_per_step * step.max_draws_per_group
+
+
+def generated_groups(step: RlvrStep) -> int:
+    """The groups RLVR's generation is priced at: its draw bound, and those its generator may have
+    made past them when training stops (`staleness.run_ahead_groups`)."""
+    return priced_groups(step) + run_ahead_groups(step.groups_per_step)
 
 
 def generation_calibration(step: RlvrStep, num_drawn: int) -> dict:
@@ -302,9 +310,9 @@ def _rlvr_stage(step: RlvrStep, config: ModelConfig, hardware: Hardware,
     prompt, new = battery_prompt_positions(), step.max_new_tokens
     width = prompt + new
     per_position = flops_per_token(config, width)
-    groups, drawn = step.num_steps * step.groups_per_step, priced_groups(step)
+    groups, generated = step.num_steps * step.groups_per_step, generated_groups(step)
     worker = (groups * step.group_size * width * per_position * 5 / 3, 0.0, 0.0)  # and proximal and reference forwards
-    generation = (_generation_flops(drawn, step.group_size, prompt, new, per_position), drawn * new)
+    generation = (_generation_flops(generated, step.group_size, prompt, new, per_position), generated * new)
     return _stage_plan("rlvr", 1, step.num_steps, width, worker, generation, evaluation, config, hardware)
 
 

@@ -19,7 +19,7 @@ import torch
 
 from ito_assets.manifest.schema import RlvrStep
 from ito_assets.posttraining.evaluation import kl_to_reference
-from ito_assets.posttraining.generation import GenerationConfig, GeneratorProcess, step_queue_size
+from ito_assets.posttraining.generation import GenerationConfig, GeneratorProcess
 from ito_assets.posttraining.losses import (
     IMPORTANCE_WEIGHT_CAP, dapo_policy_loss, group_advantages, truncated_importance_weights,
 )
@@ -27,7 +27,7 @@ from ito_assets.posttraining.optim import adamw, optimizer_step
 from ito_assets.posttraining.policy import CausalLM, token_logprobs
 from ito_assets.posttraining.rollouts import Group, RolloutBatch, collate
 from ito_assets.posttraining.sampling import DrawBudget, FilledBatch
-from ito_assets.posttraining.staleness import StalenessFilter, StalenessReport
+from ito_assets.posttraining.staleness import StalenessFilter, StalenessReport, step_queue_size
 from ito_assets.posttraining.tasks import Task
 from ito_assets.posttraining.vocab import TextCodec
 

@@ -29,12 +29,12 @@ import torch
 
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.posttraining.evaluation import kl_to_reference
-from ito_assets.posttraining.generation import GenerationConfig, GeneratorProcess, step_queue_size
+from ito_assets.posttraining.generation import GenerationConfig, GeneratorProcess
 from ito_assets.posttraining.losses import group_advantages
 from ito_assets.posttraining.policy import token_logprobs
 from ito_assets.posttraining.rollouts import Group, collate
 from ito_assets.posttraining.sampling import DrawBudget
-from ito_assets.posttraining.staleness import staleness
+from ito_assets.posttraining.staleness import staleness, step_queue_size
 from ito_assets.posttraining.tasks import Task
 from ito_assets.posttraining.vocab import CharVocab, TextCodec
 from ito_assets.runtime.stage.config import ReinforcementObjective

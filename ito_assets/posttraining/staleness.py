@@ -63,3 +63,15 @@ class StalenessFilter:
         return StalenessReport(
             max_staleness=self.max_staleness, admitted=dict(self._admitted), dropped=dict(self._dropped)
         )
+
+
+def step_queue_size(groups_per_step: int) -> int:
+    """RLVR's queue of generated groups (`generation.GeneratorProcess`): one trainer step's groups,
+    and never fewer than two. How far the generator runs ahead, so how stale its groups get."""
+    return max(2, groups_per_step)
+
+
+def run_ahead_groups(groups_per_step: int) -> int:
+    """The groups RLVR's generator may have made past those the trainer drew when training stops:
+    a full queue and the one in hand (which it finishes before it exits)."""
+    return step_queue_size(groups_per_step) + 1

@@ -104,8 +104,11 @@ def test_rlvr_trains_on_one_rank_and_generates_its_draw_bound_on_one_host_core_t
     planned = one(step, hw=hardware(nodes=2))
     prompt, new = post.battery_prompt_positions(), step.max_new_tokens
     trained, per_position = 3 * 2, flops_per_token(TINY, prompt + new)
-    groups = trained * max_draws  # every group the stage may draw is generated; only the kept ones train
-    assert post.priced_groups(step) == groups
+    # Every group the stage may draw is generated, and a full queue of 2 and the one in hand past
+    # them when training stops; only the kept ones train.
+    assert post.priced_groups(step) == trained * max_draws
+    groups = trained * max_draws + 2 + 1
+    assert post.generated_groups(step) == groups
     assert (planned.num_ranks, planned.sequence_length) == (1, prompt + new)
     assert planned.worker_flops == pytest.approx(trained * 4 * (prompt + new) * per_position * 5 / 3)
     # A group's prompt is read once; then each of its 4 completions is fed its tokens but the last, one at a time.
