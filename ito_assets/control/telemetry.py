@@ -23,7 +23,9 @@ _MAX_MESSAGE = 4000
 _CUT = " [CUT]"  # ends a message cut at _MAX_MESSAGE, so a reader knows the line went on
 _WORD = re.compile(r"\S+")
 _PEM = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----.*?(-----END [A-Z0-9 ]*PRIVATE KEY-----|\Z)", re.S)
-_BEARER = re.compile(r"(?i)\b(bearer|token)\s+\S+")
+# A bearer credential: after "Bearer" any word, after "token" one of a token's length (the secret
+# scan's `bearer_token`), not the word of a sentence ("the token is invalid").
+_BEARER = re.compile(r"(?i)\b(bearer\s+|token\s+(?=[A-Za-z0-9._~+/-]{16}))\S+")
 
 
 def _bounded(message: str) -> str:
@@ -51,7 +53,7 @@ def redact(message: str) -> str:
     """Replace every word that looks like a credential (the manifest secret patterns), and every
     value assigned to a credential's name."""
     message = _PEM.sub(REDACTED, _bounded(message))
-    message = _BEARER.sub(lambda m: f"{m.group(1)} {REDACTED}", message)
+    message = _BEARER.sub(lambda m: f"{m.group(1)}{REDACTED}", message)
     message = _hide_assigned(message)
     return _WORD.sub(lambda m: REDACTED if value_secret_kind(m.group(0)) else m.group(0), message)
 

@@ -106,21 +106,17 @@ def _key_words(key: str) -> list[str]:
     return [w for w in re.split(r"[^A-Za-z0-9]+", spaced.lower()) if w]
 
 
-# Words that end an upper-case name glued together (PGPASSWORD, MYSQLPWD is split by "_" already):
-# no case change or separator splits it, so the word is found as its ending.
-_GLUED_ENDINGS = ("password", "passwd", "passphrase", "secret", "token", "apikey")
+# Words that end an upper-case name glued together (PGPASSWORD; MYSQL_PWD is split by "_"
+# already): no case change or separator splits it, so the word is found as its ending. Not
+# "token": tiktoken, subtoken and detokenizer name no credential.
+_GLUED_ENDINGS = ("password", "passwd", "passphrase", "secret", "apikey")
 
 
-def _ends_a_credential_name(words: list[str], end: int) -> bool:
+def _ends_a_credential_name(words: list[str], end: int, secret_words: frozenset[str] = _SECRET_WORDS) -> bool:
     """Whether `words[:end]` ends with the name of a credential."""
     last = words[end - 1]
-    return (last in _SECRET_WORDS or last.endswith(_GLUED_ENDINGS)
+    return (last in secret_words or last.endswith(_GLUED_ENDINGS)
             or (end > 1 and (words[end - 2], last) in _SECRET_PAIRS))
-
-
-def _names_credential(words: list[str]) -> bool:
-    """Whether the last words of a name say that it holds a credential."""
-    return bool(words) and _ends_a_credential_name(words, len(words))
 
 
 def key_looks_secret(key: str) -> bool:
@@ -130,23 +126,78 @@ def key_looks_secret(key: str) -> bool:
     return any(_ends_a_credential_name(words, end) for end in range(1, len(words) + 1))
 
 
+def is_credential_word(key: str) -> bool:
+    """A key that is only a credential's common name (`password`, `apiKey`, `access_token`): a
+    word of the language, not the caller's text, which a message may show."""
+    words = _key_words(key)
+    return (len(words) == 1 and words[0] in _SECRET_WORDS) or tuple(words) in _SECRET_PAIRS
+
+
 # A credential handed over in text: an environment or configuration dump (PGPASSWORD=..., "api_key":
-# "...", token: ...) or a sentence ("the password is ..."). The name is judged by its last words
-# (`token_budget=512` names a budget, `password_file=` a path), the value is what is hidden. The
-# name starts only where a run of name characters starts, so that a long word is read once.
-_ASSIGNED = re.compile(
-    r"(?<![A-Za-z0-9_.-])([A-Za-z][A-Za-z0-9_.-]*)[\"']?"
-    r"(?:\s*(?::=|=>|[:=])\s*|(\s+is\s+))"
-    r"(?i:(?:basic|bearer|digest|token)\s+)?"  # an Authorization header's scheme is shown, its credential hidden
-    r"(?!\[)"  # a bracketed value is a placeholder ([REDACTED], [hidden])
-    r"(\"[^\"\n]*\"?|'[^'\n]*'?|[^\s\"',;&=]+=*)")  # unquoted: to the next "=", its base64 padding kept
+# "...", token: ...), a command's flag (--password=..., --hf-token ...) or a sentence ("the password
+# is ..."). The name is judged by its last words (`token_budget=512` names a budget, `password_file=`
+# a path, `pad_token` a tokenizer's), the value is what is hidden, to the end of its word (or of its
+# quotes; a cookie header to the end of its line). A name starts only where a run of name characters
+# starts, and the regex never reads a value: each character is read a bounded number of times.
+_NAMED = re.compile(
+    r"(?m)(?<![A-Za-z0-9_.-])(?:--?(?P<option>[A-Za-z][A-Za-z0-9_.-]*)(?:=|[ \t]+(?![-\s]))"
+    r"|(?P<line>^(?:export[ \t]+)?)?(?P<name>(?:[A-Za-z]+ )?[A-Za-z][A-Za-z0-9_.-]*)(?:\\?[\"'])?\]?"
+    r"(?:[ \t]*(?::=|=>|[:=])[ \t]*|(?P<prose>[ \t]+is:?[ \t]+)))")
+# In text, "auth" and "session" alone name a setting as often as a credential (auth: ok, session: 7).
+_TEXT_SECRET_WORDS = _SECRET_WORDS - {"auth", "session"}
+# Before "token", these name a tokenizer's or a count's token (pad_token, next_token, max_token).
+_VOCABULARY_TOKENS = frozenset({"bos", "eos", "pad", "unk", "sep", "cls", "mask", "special", "next", "last", "first",
+                                "prev", "start", "end", "stop", "new", "max", "min", "num", "per", "the", "a"})
+_SCHEME = re.compile(r"(?i:basic|bearer|digest|token)[ \t]+")
+_QUOTED = re.compile(r"\\?([\"'])(?:\\.|(?!\1)[^\\\n])*(?:\1)?")
+_WORD_VALUE = re.compile(r"\S+")
+_LINE_VALUE = re.compile(r"[^\r\n]+")
+# A value that is no credential: a placeholder, an empty setting, code that fetches one.
+_NO_CREDENTIAL = re.compile(
+    r"(?:\[REDACTED\]|\[\w*\]|<[^>\s]*>|\$\{?\w+\}?|\*+|(?i:none|null|nil|true|false|unset|empty)"
+    r"|[A-Za-z_][\w.]*\(\S*)[,;.)}\]]*")
+# A path: what a name ending in "credentials" holds by convention (GOOGLE_APPLICATION_CREDENTIALS).
+_PATH = re.compile(r"[.~]?/[\w.-]+/\S*")
 # After "is", a plain word is prose ("the token is invalid"); a value with a digit, a symbol or an
 # upper-case letter after the first is a credential.
-_PLAIN_WORD = re.compile(r"[A-Za-z][a-z]*[.!?]?")
+_PLAIN_WORD = re.compile(r"[A-Za-z][a-z]*[.!?,;]?")
 
 
-# Every name `_names_credential` accepts holds one of these (the glued endings and the pairs included).
-_CREDENTIAL_HINT = re.compile(r"(?i)pass|pwd|secret|credential|token|auth|key|cookie|session")
+def _credential_name(name: str) -> bool:
+    words = _key_words(name)
+    if not words or not _ends_a_credential_name(words, len(words), _TEXT_SECRET_WORDS):
+        return False
+    return not (words[-1] == "token" and len(words) > 1 and words[-2] in _VOCABULARY_TOKENS)
+
+
+def _value_span(text: str, start: int, name: str, *, to_line_end: bool) -> tuple[int, int] | None:
+    """Where the value assigned to `name` lies from `start` on, or None where it is no credential.
+    `to_line_end`: the value runs to the end of its line (a cookie header's pairs, an environment
+    variable on its own line, whose value may hold spaces)."""
+    if scheme := _SCHEME.match(text, start):
+        start = scheme.end()
+    if start >= len(text) or text[start] in "\r\n":
+        return None
+    if quoted := _QUOTED.match(text, start):
+        value = quoted
+    else:
+        to_line_end = to_line_end or _key_words(name)[-1] == "cookie"
+        value = (_LINE_VALUE if to_line_end else _WORD_VALUE).match(text, start)
+    if value is None:
+        return None
+    inner, last = value.group(0).strip("\\\"'"), _key_words(name)[-1]
+    if not inner or _NO_CREDENTIAL.fullmatch(inner) or (last.startswith("credential") and _PATH.fullmatch(inner)):
+        return None
+    return value.span()
+
+
+def _after_escape(text: str, start: int) -> bool:
+    """Whether `start` is the letter of an escape (\\n, \\r, \\t) printed as two characters."""
+    return start > 0 and text[start - 1] == "\\" and text[start] in "nrt"
+
+
+# Every name `_credential_name` accepts holds one of these (the glued endings and the pairs included).
+_CREDENTIAL_HINT = re.compile(r"(?i)pass|pwd|secret|credential|token|auth|key|cookie")
 
 
 def assigned_credentials(text: str) -> list[tuple[int, int]]:
@@ -155,17 +206,17 @@ def assigned_credentials(text: str) -> list[tuple[int, int]]:
         return []  # most text: no name of a credential, nothing to read pair by pair
     spans = []
     position = 0
-    while match := _ASSIGNED.search(text, position):
-        name, prose, value = match.group(1), match.group(2), match.group(3)
-        if _names_credential(_key_words(name)) and not (prose and _PLAIN_WORD.fullmatch(value)):
-            spans.append(match.span(3))
-            position = match.end()
-        elif value[0] not in "\"'":
-            position = match.start(3)  # the value may be a name that assigns one itself: x=password=...
-        elif len(value) > 1 and value[-1] == value[0]:
-            position = match.start(3) + 1  # or hold one inside its quotes: "x": "password=..."
-        else:
-            position = match.end()  # an unclosed quote ran to the line's end: read it once
+    while match := _NAMED.search(text, position):
+        name = match.group("option") or match.group("name")
+        if not _credential_name(name) and _after_escape(text, match.start(0)) and _credential_name(name[1:]):
+            name = name[1:]  # "\nauthorization: ..." in a printed string: the name is "authorization"
+        on_its_line = match.group("line") is not None and text[match.end() - 1:match.end()] == "=" and " " not in name
+        span = _value_span(text, match.end(), name, to_line_end=on_its_line) if _credential_name(name) else None
+        if span and match.group("prose") and _PLAIN_WORD.fullmatch(text[span[0]:span[1]]):
+            span = None
+        if span:
+            spans.append(span)
+        position = span[1] if span else match.end()
     return spans
 
 

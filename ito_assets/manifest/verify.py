@@ -11,7 +11,7 @@ takes a training manifest only (`parse_manifest`).
 
 from __future__ import annotations
 
-import difflib
+import functools
 import hmac
 from collections import Counter
 from dataclasses import dataclass
@@ -48,22 +48,40 @@ class VerifiedManifest:
         return self.raw.digest.short
 
 
-# How close an unknown key must be to a word of the schema to be shown as its typo (difflib's
-# ratio: "lerning_rate" is 0.96 from learning_rate, "surprise" 0.5 from size).
-_TYPO_RATIO = 0.8
+# How far an unknown key may be from a word of the schema to be shown as its typo: edits (a letter
+# added, dropped or changed; letter case aside), so a key shown holds at most this many characters
+# of the caller's own.
+_TYPO_EDITS = 2
 
 
-def _closest(key: str, words: Iterable[str]) -> str | None:
-    close = difflib.get_close_matches(key, words, n=1, cutoff=_TYPO_RATIO)
-    return close[0] if close else None
+def _edits(a: str, b: str, bound: int) -> int:
+    """Levenshtein distance of `a` and `b`, or `bound` + 1 when it is past `bound`."""
+    if abs(len(a) - len(b)) > bound:
+        return bound + 1
+    previous = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        current = [i]
+        for j, y in enumerate(b, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (x != y)))
+        if min(current) > bound:
+            return bound + 1
+        previous = current
+    return previous[-1]
+
+
+@functools.lru_cache(maxsize=4096)
+def _closest(key: str, words: frozenset[str]) -> str | None:
+    """The word of `words` within `_TYPO_EDITS` of `key` (the nearest, then the first in order)."""
+    scored = sorted((_edits(key.lower(), word.lower(), _TYPO_EDITS), word) for word in words)
+    return scored[0][1] if scored and scored[0][0] <= _TYPO_EDITS else None
 
 
 def _shown_key(key: str) -> str:
-    """A key as a refusal shows it: a word of the schema, a near miss of one (a typo), or a name
-    that only says that it holds a credential. Any other key is the caller's own text, which may be
-    a secret pasted in the wrong place, however short or plain: `<key>`."""
+    """A key as a refusal shows it: a word of the schema, a near miss of one (a typo), or only a
+    credential's common name (`password`). Any other key is the caller's own text, which may be a
+    secret pasted in the wrong place, however short or plain: `<key>`."""
     shown = secrets.shown_key(key)
-    if shown == key and (key in SCHEMA_WORDS or secrets.key_looks_secret(key) or _closest(key, SCHEMA_WORDS)):
+    if shown == key and (key in SCHEMA_WORDS or secrets.is_credential_word(key) or _closest(key, SCHEMA_WORDS)):
         return key
     return "<key>"
 

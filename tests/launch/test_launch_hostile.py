@@ -109,13 +109,18 @@ def test_an_env_name_that_is_no_identifier_never_reaches_an_sbatch_script(name):
 
 @pytest.mark.parametrize(("name", "value"), [
     ("HF_TOKEN", CANARY), ("ITO_API_TOKEN", "plain"), ("AWS_SECRET_ACCESS_KEY", "x"), ("SETTING", CANARY),
-    ("PGPASSWORD", "plain"), ("SETTING", "PGPASSWORD=plain"),  # a glued name; a dump in a value
+    ("PGPASSWORD", "plain"), ("SETTING", "PGPASSWORD=plain"), ("EXTRA", "--hf_token=plain"),  # a glued name; a dump, a flag
 ])
 def test_a_secret_in_the_spec_env_is_refused_without_echoing_it(name, value):
     # The env is written out as plain text: into the sbatch script and the Job's manifest.
     with pytest.raises(ValueError, match="non-secret") as refused:
         LaunchSpec(run_id="r1", nnodes=1, nproc_per_node=1, module="m", env=((name, value),))
     assert CANARY not in str(refused.value)
+
+
+def test_a_setting_named_like_a_tokenizer_is_no_credential():
+    spec = LaunchSpec(run_id="r1", nnodes=1, nproc_per_node=1, module="m", env=(("TIKTOKEN_CACHE_DIR", "/data/tiktoken"),))
+    assert spec.env == (("TIKTOKEN_CACHE_DIR", "/data/tiktoken"),)
 
 
 def test_secrets_of_the_launching_environment_reach_no_argv_script_or_manifest(tmp_path, monkeypatch):

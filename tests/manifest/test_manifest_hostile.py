@@ -130,6 +130,17 @@ def test_an_unknown_key_is_not_echoed_unless_plain(tmp_path, key):
     assert error.message == "the manifest does not match the schema at: model.<unknown key>"
 
 
+@pytest.mark.parametrize("key", ["Tr0ub4dor&3_password", "hunter2-token", "PGPASSWORD_s3cr3t", "hf_token"])
+def test_a_key_that_names_a_credential_is_hidden_unless_it_is_only_its_name(tmp_path, key):
+    document = valid_manifest()
+    document["model"][key] = "x"
+    error = _refusal(tmp_path, document)
+    assert error.message == "the manifest contains secret material at: model.<key> (credential_key_name)"
+    document["model"] = {"apiKey": "x"}
+    assert _refusal(tmp_path, document).message == ("the manifest contains secret material at: model.apiKey "
+                                                    "(credential_key_name)")
+
+
 @pytest.mark.parametrize("key", HOSTILE_KEYS.values(), ids=HOSTILE_KEYS.keys())
 def test_a_secret_below_a_hostile_key_is_located_without_it(tmp_path, key):
     document = valid_manifest()
@@ -155,6 +166,7 @@ def test_a_plain_unknown_key_is_hidden_too(tmp_path, key):
     # a word of the schema, or near one, that the block does not have: named, nothing suggested
     ("model", "learning_rate", "model.learning_rate (unknown key)"),
     ("model", "lerning_rate", "model.lerning_rate (unknown key)"),
+    ("model", "SIZE", "model.SIZE (unknown key; did you mean size?)"),  # letter case aside
 ])
 def test_a_typo_of_a_field_is_named_with_the_field_it_missed(tmp_path, block, key, shown):
     document = valid_manifest()
@@ -163,8 +175,10 @@ def test_a_typo_of_a_field_is_named_with_the_field_it_missed(tmp_path, block, ke
 
 
 @pytest.mark.parametrize(("key", "shown"), [
-    ("revisionqqqq", True),  # difflib's ratio 2M/T from "revision": 16/20, the bound itself
-    ("revisionqqqqq", False),  # 16/21
+    ("revisionqq", True),  # two letters added to "revision": the bound itself
+    ("rvisionq", True),  # one dropped, one added
+    ("revisionqqq", False),  # three: a key shown holds at most two characters of the caller's
+    ("num_parametersHUNTER", False),
 ])
 def test_a_near_miss_is_shown_from_the_ratio_bound_on(tmp_path, key, shown):
     document = valid_manifest()
@@ -190,8 +204,12 @@ def test_a_credential_in_the_accepted_verdicts_reason_is_refused_unseen(tmp_path
     assert "anary" not in error.message and "unter" not in error.message
 
 
-def test_a_reason_that_speaks_of_credentials_without_one_is_accepted(tmp_path):
+@pytest.mark.parametrize("reason", [
+    "licence review done; the token budget=512 per doc; the password is required",
+    "Decided at review session: 2024-05-01, gain within seed noise",
+    "cost per token: 0.3 microcents; auth: board",
+])
+def test_a_reason_that_speaks_of_credentials_without_one_is_accepted(tmp_path, reason):
     document = valid_manifest()
-    document["data_decision"] = {"accepted_verdicts": ["NO_GO"], "reviewed_by": "board",
-                                 "reason": "licence review done; the token budget=512 per doc; the password is required"}
+    document["data_decision"] = {"accepted_verdicts": ["NO_GO"], "reviewed_by": "board", "reason": reason}
     assert verify_manifest(write_manifest(tmp_path / "m.json", document)).manifest.data_decision is not None

@@ -438,9 +438,10 @@ ASSIGNED = [
     ("the password is hunter2", ["hunter2"]),
     ("my passphrase is Correct-Horse", ["Correct-Horse"]),
     ("x=password=abc", ["abc"]),  # a name inside a value
-    ('cfg {"x": "password=abc"}', ["abc"]),  # a name inside a quoted value
+    ('cfg {"x": "password=abc"}', ['abc"}']),  # a name inside a quoted value; to the end of its word
     ("password='unclosed to the end", ["'unclosed to the end"]),
-    ("session: 3", ["3"]),
+    ("--hf-token=abc123 --db-password hunter2", ["abc123", "hunter2"]),  # flags
+    ("API Key: abc123def", ["abc123def"]),  # a two-word label
 ]
 NOT_ASSIGNED = [
     "token_budget=512",  # the last word names what it is: a budget
@@ -448,7 +449,8 @@ NOT_ASSIGNED = [
     "tokens=5", "num_tokens: 4096", "tokenizer: gpt2", "passwordless=1",
     "the token is invalid", "the password is Expired.",  # prose with a plain word after "is"
     "password isolated", "token is", "password=", "password=[REDACTED]", "password: [hidden]",
-    "key_id=12", "api=1 key=2",
+    "key_id=12", "api=1 key=2", "session: 3", "auth: ok",  # alone, in text, these name settings
+    "pad_token: <pad>", "api_key: None", "--token-file /run/t",
 ]
 
 
@@ -472,9 +474,14 @@ def test_a_prose_value_needs_a_digit_a_symbol_or_a_capital_after_the_first():
         assert secrets.assigned_credentials(f"password is {value}") != [], value
 
 
-@pytest.mark.parametrize("key", ["PGPASSWORD", "MYSQLPWD_TOKEN", "DBSECRET", "MYAPIKEY", "ghtoken", "db_password_file"])
+@pytest.mark.parametrize("key", ["PGPASSWORD", "MYSQLPWD_TOKEN", "DBSECRET", "MYAPIKEY", "db_password_file"])
 def test_glued_credential_names_are_secret_key_names(key):
     assert key_looks_secret(key)
+
+
+@pytest.mark.parametrize("key", ["TIKTOKEN_CACHE_DIR", "subtoken", "detokenizer"])
+def test_a_word_that_only_ends_in_token_names_no_credential(key):
+    assert not key_looks_secret(key)
 
 
 @pytest.mark.parametrize("text", ["a=" * 131_072, 'a="' * 87_000, 'a="a"' * 52_000, "a: " * 87_000,
