@@ -190,15 +190,19 @@ def test_a_near_miss_is_shown_from_the_ratio_bound_on(tmp_path, key, shown):
 # --- a credential written into the manifest's prose -----------------------------------------------
 
 
+def _accepted_because(reason: str) -> dict:
+    document = valid_manifest()
+    document["data_decision"] = {"accepted_verdicts": ["NO_GO"], "reason": reason, "reviewed_by": "board"}
+    return document
+
+
 @pytest.mark.parametrize("reason", [
     "accepted by the board; the bucket password is Hunter2-canary",
     "see config: PGPASSWORD=hunter2canary",
     'approved, {"api_key": "canary 42"}',
 ])
 def test_a_credential_in_the_accepted_verdicts_reason_is_refused_unseen(tmp_path, reason):
-    document = valid_manifest()
-    document["data_decision"] = {"accepted_verdicts": ["NO_GO"], "reason": reason, "reviewed_by": "board"}
-    error = _refusal(tmp_path, document)
+    error = _refusal(tmp_path, _accepted_because(reason))
     assert error.code is ErrorCode.MANIFEST_CONTAINS_SECRET
     assert error.message == "the manifest contains secret material at: data_decision.reason (assigned_credential)"
     assert "anary" not in error.message and "unter" not in error.message
@@ -210,6 +214,5 @@ def test_a_credential_in_the_accepted_verdicts_reason_is_refused_unseen(tmp_path
     "cost per token: 0.3 microcents; auth: board",
 ])
 def test_a_reason_that_speaks_of_credentials_without_one_is_accepted(tmp_path, reason):
-    document = valid_manifest()
-    document["data_decision"] = {"accepted_verdicts": ["NO_GO"], "reviewed_by": "board", "reason": reason}
-    assert verify_manifest(write_manifest(tmp_path / "m.json", document)).manifest.data_decision is not None
+    verified = verify_manifest(write_manifest(tmp_path / "m.json", _accepted_because(reason)))
+    assert verified.manifest.data_decision.reason == reason
