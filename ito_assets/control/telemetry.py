@@ -15,13 +15,15 @@ from dataclasses import asdict, dataclass
 import sqlalchemy as sa
 
 from ito_assets.control.ledger import Ledger, run_checkpoints, run_logs, run_metrics
-from ito_assets.manifest.secrets import assigned_credentials, value_secret_kind
+from ito_assets.manifest.secrets import REDACTED, assigned_credentials, value_secret_kind
 
-REDACTED = "[REDACTED]"
 MAX_PAGE = 500  # bounds one answer's size; callers page with `after`
 _MAX_MESSAGE = 4000
 _CUT = " [CUT]"  # ends a message cut at _MAX_MESSAGE, so a reader knows the line went on
 _WORD = re.compile(r"\S+")
+# A terminal's colour and cursor codes: a name between two of them (\x1b[33mHF_TOKEN\x1b[0m=...)
+# would be no name to the secret scan; the ledger keeps the text without them.
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _PEM = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----.*?(-----END [A-Z0-9 ]*PRIVATE KEY-----|\Z)", re.S)
 # A bearer credential: after "Bearer" any word, after "token" one of a token's length (the secret
 # scan's `bearer_token`), not the word of a sentence ("the token is invalid").
@@ -52,7 +54,7 @@ def _hide_assigned(message: str) -> str:
 def redact(message: str) -> str:
     """Replace every word that looks like a credential (the manifest secret patterns), and every
     value assigned to a credential's name."""
-    message = _PEM.sub(REDACTED, _bounded(message))
+    message = _PEM.sub(REDACTED, _bounded(_ANSI.sub("", message)))
     message = _BEARER.sub(lambda m: f"{m.group(1)}{REDACTED}", message)
     message = _hide_assigned(message)
     return _WORD.sub(lambda m: REDACTED if value_secret_kind(m.group(0)) else m.group(0), message)

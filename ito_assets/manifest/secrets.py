@@ -50,7 +50,7 @@ _PATTERNS: tuple[tuple[str, "re.Pattern[str] | _Jwt"], ...] = (
     # X-Amz-Signature=, ?api_key=). Anchored on "://" and on "?&;", never on the scheme: a scheme
     # pattern restarts at every letter of a long word and takes quadratic time.
     ("url_credentials", re.compile(
-        r"://[^/\s:@]+:[^/\s@]+@"
+        r"://[^/\s:@]*:[^/\s@]+@"
         r"|(?i:[?&;](?:[a-z0-9_.-]*[_.-])?"
         r"(?:token|sig|signature|password|passwd|pwd|secret|credential|auth|api_?key|access_?key|secret_?key)"
         r"=[^&#\s]{4,})")),
@@ -127,97 +127,146 @@ def key_looks_secret(key: str) -> bool:
 
 
 def is_credential_word(key: str) -> bool:
-    """A key that is only a credential's common name (`password`, `apiKey`, `access_token`): a
-    word of the language, not the caller's text, which a message may show."""
-    words = _key_words(key)
-    return (len(words) == 1 and words[0] in _SECRET_WORDS) or tuple(words) in _SECRET_PAIRS
+    """A key that is only a credential's common name, as it is spelled (`password`, `apiKey`,
+    `API_KEY`, `access-token`): a word of the language, not the caller's text, which a message may
+    show."""
+    return key.lower() in _CREDENTIAL_SPELLINGS
 
+
+_CREDENTIAL_SPELLINGS = frozenset(
+    {*_SECRET_WORDS, *(f"{a}{joint}{b}" for a, b in _SECRET_PAIRS for joint in ("", "_", "-"))})
+
+REDACTED = "[REDACTED]"  # what a hidden value reads as (the ledger's run logs)
 
 # A credential handed over in text: an environment or configuration dump (PGPASSWORD=..., "api_key":
 # "...", token: ...), a command's flag (--password=..., --hf-token ...) or a sentence ("the password
 # is ..."). The name is judged by its last words (`token_budget=512` names a budget, `password_file=`
 # a path, `pad_token` a tokenizer's), the value is what is hidden, to the end of its word (or of its
-# quotes; a cookie header to the end of its line). A name starts only where a run of name characters
-# starts, and the regex never reads a value: each character is read a bounded number of times.
+# quotes; to the end of its line for a cookie header, or a name that starts its line). A name starts
+# only where a run of name characters starts, and the regex never reads a value: after a name, the
+# search goes on after its value, so each character is read a bounded number of times.
 _NAMED = re.compile(
-    r"(?m)(?<![A-Za-z0-9_.-])(?:--?(?P<option>[A-Za-z][A-Za-z0-9_.-]*)(?:=|[ \t]+(?![-\s]))"
-    r"|(?P<line>^(?:export[ \t]+)?)?(?P<name>(?:[A-Za-z]+ )?[A-Za-z][A-Za-z0-9_.-]*)(?:\\?[\"'])?\]?"
-    r"(?:[ \t]*(?::=|=>|[:=])[ \t]*|(?P<prose>[ \t]+is:?[ \t]+)))")
-# In text, "auth" and "session" alone name a setting as often as a credential (auth: ok, session: 7).
-_TEXT_SECRET_WORDS = _SECRET_WORDS - {"auth", "session"}
-# Before "token", these name a tokenizer's or a count's token (pad_token, next_token, max_token).
-_VOCABULARY_TOKENS = frozenset({"bos", "eos", "pad", "unk", "sep", "cls", "mask", "special", "next", "last", "first",
-                                "prev", "start", "end", "stop", "new", "max", "min", "num", "per", "the", "a"})
-_SCHEME = re.compile(r"(?i:basic|bearer|digest|token)[ \t]+")
+    r"(?m)(?<![A-Za-z0-9_.-])(?:--?(?P<option>_*[A-Za-z][A-Za-z0-9_.-]*)(?:=(?!=)|[ \t]+(?![-\s]))"
+    r"|(?P<line>^[ \t]*(?:export[ \t]+)?)?(?P<name>(?:[A-Za-z]+ )?_*[A-Za-z][A-Za-z0-9_.-]*)(?:\\?[\"'])?\]?"
+    r"(?P<sep>[ \t]*(?::=|=>|:|=(?!=))[ \t]*|(?P<prose>[ \t]+is:?[ \t]+)))")
+# In text these alone name a setting or a text's token as often as a credential (auth: ok,
+# session: 7, token: 50256); an environment variable's name in capitals ending in "auth" or
+# "pass" names one (REDIS_AUTH, DB_PASS).
+_TEXT_SECRET_WORDS = _SECRET_WORDS - {"auth", "session", "token"}
+_ENV_SECRET_WORDS = frozenset({"auth", "pass"})
+# Before "token", these name a tokenizer's, a sample's or a count's token (pad_token, next_token).
+_VOCABULARY_TOKENS = frozenset({"bos", "eos", "eot", "pad", "unk", "sep", "cls", "mask", "lf", "special", "next", "last",
+                                "first", "prev", "start", "end", "stop", "new", "max", "min", "num", "per", "the", "a",
+                                "input", "output", "prompt", "completion", "generated", "sampled", "bpe", "eval"})
+_SCHEME = re.compile(r"\[?(?i:basic|bearer|digest|token)[ \t]+")
 _QUOTED = re.compile(r"\\?([\"'])(?:\\.|(?!\1)[^\\\n])*(?:\1)?")
 _WORD_VALUE = re.compile(r"\S+")
 _LINE_VALUE = re.compile(r"[^\r\n]+")
-# A value that is no credential: a placeholder, an empty setting, code that fetches one.
+_BOUNDARY = " \t\r\n,;)}]"
+# A value that is no credential: a placeholder (no digit in it: <pad>, [PAD], ${DB_SECRET}), an
+# empty setting, code that calls or indexes (tokens[i], getpass(), os.environ.get(name)); not a
+# dotted name alone, which a password may be. Each part is a run without a choice of where to
+# end, so a failed match is quick.
 _NO_CREDENTIAL = re.compile(
-    r"(?:\[REDACTED\]|\[\w*\]|<[^>\s]*>|\$\{?\w+\}?|\*+|(?i:none|null|nil|true|false|unset|empty)"
-    r"|[A-Za-z_][\w.]*\(\S*)[,;.)}\]]*")
+    r"(?:\[[A-Za-z_|-]*\]|</?[A-Za-z_|-]*>|\$\{\w+\}|\$[A-Z_][A-Z0-9_]*|\*+|(?i:none|null|nil|true|false|unset|empty)"
+    r"|_*[a-z][a-z0-9_]*(?:\._*[a-z][a-z0-9_]*)*(?:\[[^\]\s]*\]|\((?:[A-Za-z_\"'][^()\s]*)?\))+)[,;]?")
 # A path: what a name ending in "credentials" holds by convention (GOOGLE_APPLICATION_CREDENTIALS).
 _PATH = re.compile(r"[.~]?/[\w.-]+/\S*")
-# After "is", a plain word is prose ("the token is invalid"); a value with a digit, a symbol or an
-# upper-case letter after the first is a credential.
-_PLAIN_WORD = re.compile(r"[A-Za-z][a-z]*[.!?,;]?")
+# What a sentence says after a credential's name that is no credential (judged where a value is
+# prose: after "is", and in a document's values): a plain word, a number with its unit, n/a.
+_PROSE_VALUE = re.compile(r"[A-Za-z][a-z]*[.!?,;]?|[-+]?\d[\d,.]*[A-Za-z%]{0,3}[.,;]?|(?i:n/a)[.,;]?")
 
 
 def _credential_name(name: str) -> bool:
     words = _key_words(name)
-    if not words or not _ends_a_credential_name(words, len(words), _TEXT_SECRET_WORDS):
+    if not words:
         return False
-    return not (words[-1] == "token" and len(words) > 1 and words[-2] in _VOCABULARY_TOKENS)
+    if words[-1] in _ENV_SECRET_WORDS and name.lstrip("_").isupper():
+        return True
+    if not _ends_a_credential_name(words, len(words), _TEXT_SECRET_WORDS):
+        return words[-1] == "token" and len(words) > 1 and words[-2] not in _VOCABULARY_TOKENS
+    return True
 
 
-def _value_span(text: str, start: int, name: str, *, to_line_end: bool) -> tuple[int, int] | None:
+def _value_span(text: str, start: int, name: str, *, to_line_end: bool, prose: bool) -> tuple[int, int] | None:
     """Where the value assigned to `name` lies from `start` on, or None where it is no credential.
-    `to_line_end`: the value runs to the end of its line (a cookie header's pairs, an environment
-    variable on its own line, whose value may hold spaces)."""
+    `to_line_end`: the value runs to the end of its line (a cookie header's pairs, a name that
+    starts its line, whose value may hold spaces); `prose`: a plain word or a number is prose."""
     if scheme := _SCHEME.match(text, start):
         start = scheme.end()
-    if start >= len(text) or text[start] in "\r\n":
+    if start >= len(text) or text[start] in "\r\n" or text.startswith(REDACTED, start):
         return None
-    if quoted := _QUOTED.match(text, start):
+    quoted = _QUOTED.match(text, start)
+    word = _WORD_VALUE.match(text, start)
+    if _key_words(name)[-1] == "cookie" or (to_line_end and not quoted):
+        value = _LINE_VALUE.match(text, start)
+    elif quoted and (quoted.end() >= len(text) or text[quoted.end()] in _BOUNDARY):
         value = quoted
     else:
-        to_line_end = to_line_end or _key_words(name)[-1] == "cookie"
-        value = (_LINE_VALUE if to_line_end else _WORD_VALUE).match(text, start)
-    if value is None:
-        return None
-    inner, last = value.group(0).strip("\\\"'"), _key_words(name)[-1]
-    if not inner or _NO_CREDENTIAL.fullmatch(inner) or (last.startswith("credential") and _PATH.fullmatch(inner)):
+        value = word  # a quote inside a word ('hun'ter2') does not end it
+    inner = value.group(0).strip("\\\"'")
+    if (not inner or _NO_CREDENTIAL.fullmatch(inner) or (prose and _PROSE_VALUE.fullmatch(inner))
+            or (_key_words(name)[-1].startswith("credential") and _PATH.fullmatch(inner))):
         return None
     return value.span()
 
 
-def _after_escape(text: str, start: int) -> bool:
-    """Whether `start` is the letter of an escape (\\n, \\r, \\t) printed as two characters."""
-    return start > 0 and text[start - 1] == "\\" and text[start] in "nrt"
+def _credential_in(text: str, match: re.Match) -> str | None:
+    """The credential's name a match of `_NAMED` holds, or None: the whole name (`API Key`), else
+    its last word (`with DB_PASS`), else the name after an escape printed as two characters
+    ("\\nauthorization: ...")."""
+    if match.group("option"):
+        return match.group("option") if _credential_name(match.group("option")) else None
+    name, start = match.group("name"), match.start("name")
+    candidates = [name, name.split(" ", 1)[-1]]
+    if start > 0 and text[start - 1] == "\\" and name[0] in "nrt":
+        candidates.append(name[1:])
+    return next((candidate for candidate in candidates if _credential_name(candidate)), None)
 
 
 # Every name `_credential_name` accepts holds one of these (the glued endings and the pairs included).
 _CREDENTIAL_HINT = re.compile(r"(?i)pass|pwd|secret|credential|token|auth|key|cookie")
 
 
-def assigned_credentials(text: str) -> list[tuple[int, int]]:
-    """The (start, end) spans of the values that `text` assigns to a credential's name."""
+def assigned_credentials(text: str, *, prose: bool = False) -> list[tuple[int, int]]:
+    """The (start, end) spans of the values that `text` assigns to a credential's name. `prose`:
+    `text` is a document's value, where a plain word or a number after the name is the sentence's
+    (`Secrets: 0 found`), not the credential a log or a dump would hold (`PGPASSWORD=hunter`)."""
     if not _CREDENTIAL_HINT.search(text):
         return []  # most text: no name of a credential, nothing to read pair by pair
     spans = []
     position = 0
     while match := _NAMED.search(text, position):
-        name = match.group("option") or match.group("name")
-        if not _credential_name(name) and _after_escape(text, match.start(0)) and _credential_name(name[1:]):
-            name = name[1:]  # "\nauthorization: ..." in a printed string: the name is "authorization"
-        on_its_line = match.group("line") is not None and text[match.end() - 1:match.end()] == "=" and " " not in name
-        span = _value_span(text, match.end(), name, to_line_end=on_its_line) if _credential_name(name) else None
-        if span and match.group("prose") and _PLAIN_WORD.fullmatch(text[span[0]:span[1]]):
-            span = None
+        name = _credential_in(text, match)
+        if name is None:
+            position = match.end()
+            continue
+        # NAME=value (no space, or a flag) is a dump's or a command's: its value is literal. After
+        # ": " or "is" in a document's sentence, a plain word or a number is the sentence's.
+        literal = match.group("option") is not None or match.group("sep") in ("=", ":=", "=>")
+        on_its_line = (match.group("line") is not None and " " not in name and not prose
+                       and not _ANOTHER_NAME.search(text, match.end(), _line_end(text, match.end())))
+        span = _value_span(text, match.end(), name, to_line_end=on_its_line,
+                           prose=(prose and not literal) or bool(match.group("prose")))
         if span:
             spans.append(span)
-        position = span[1] if span else match.end()
+        # Past the value, hidden or not: a value is read once (a placeholder's text may hold names).
+        position = span[1] if span else max(match.end(), _skip_value(text, match.end()))
     return spans
+
+
+# Another name assigned to later on the line: the value before it is one word (api_key: None password: ...).
+_ANOTHER_NAME = re.compile(r"[A-Za-z_][\w.-]*[ \t]*(?::|=(?!=))")
+
+
+def _line_end(text: str, start: int) -> int:
+    end = text.find("\n", start)
+    return len(text) if end < 0 else end
+
+
+def _skip_value(text: str, start: int) -> int:
+    value = _WORD_VALUE.match(text, start)
+    return value.end() if value else start
 
 
 def _entropy(token: str) -> float:
@@ -250,7 +299,7 @@ def value_secret_kind(value: str) -> str | None:
     kind = pattern_secret_kind(value)
     if kind is not None:
         return kind
-    if assigned_credentials(value):
+    if assigned_credentials(value, prose=True):
         return "assigned_credential"
     return "high_entropy_string" if _high_entropy(value) else None
 

@@ -70,16 +70,19 @@ def _edits(a: str, b: str, bound: int) -> int:
 
 
 @functools.lru_cache(maxsize=4096)
-def _closest(key: str, words: frozenset[str]) -> str | None:
-    """The word of `words` within `_TYPO_EDITS` of `key` (the nearest, then the first in order)."""
-    scored = sorted((_edits(key.lower(), word.lower(), _TYPO_EDITS), word) for word in words)
+def _closest(key: str, words: frozenset[str], *, any_case: bool = False) -> str | None:
+    """The word of `words` within `_TYPO_EDITS` of `key` (the nearest, then the first in order);
+    `any_case`: letter case aside (for a suggestion, which shows the schema's spelling only)."""
+    fold = str.lower if any_case else str
+    scored = sorted((_edits(fold(key), fold(word), _TYPO_EDITS), word) for word in words)
     return scored[0][1] if scored and scored[0][0] <= _TYPO_EDITS else None
 
 
 def _shown_key(key: str) -> str:
-    """A key as a refusal shows it: a word of the schema, a near miss of one (a typo), or only a
-    credential's common name (`password`). Any other key is the caller's own text, which may be a
-    secret pasted in the wrong place, however short or plain: `<key>`."""
+    """A key as a refusal shows it: a word of the schema, a near miss of one (a typo, as the
+    schema spells it but for two characters), or only a credential's common name (`password`).
+    Any other key is the caller's own text, which may be a secret pasted in the wrong place,
+    however short or plain: `<key>`."""
     shown = secrets.shown_key(key)
     if shown == key and (key in SCHEMA_WORDS or secrets.is_credential_word(key) or _closest(key, SCHEMA_WORDS)):
         return key
@@ -89,11 +92,11 @@ def _shown_key(key: str) -> str:
 def _schema_location(err: Any, schema: type[DataManifest]) -> str:
     location = ".".join(str(p) if isinstance(p, int) else _shown_key(p) for p in err["loc"]) or "<root>"
     if err["type"] == "extra_forbidden":
+        meant = _closest(err["loc"][-1], fields_at(schema, err["loc"][:-1]), any_case=True)
         if location.endswith("<key>"):
-            return location.removesuffix("<key>") + "<unknown key>"
-        if meant := _closest(err["loc"][-1], fields_at(schema, err["loc"][:-1])):
-            return f"{location} (unknown key; did you mean {meant}?)"
-        return f"{location} (unknown key)"
+            location = location.removesuffix("<key>") + "<unknown key>"
+            return f"{location} (did you mean {meant}?)" if meant else location
+        return f"{location} (unknown key; did you mean {meant}?)" if meant else f"{location} (unknown key)"
     if err["type"] == "value_error" and "error" in err.get("ctx", {}):
         return f"{location} ({err['ctx']['error']})"
     return location

@@ -24,7 +24,18 @@ LEAKS = {
     "export DB_PASSWORD=two words here": f"export DB_PASSWORD={R}",
     "PGPASSWORD=Tr0ub4dor&3": f"PGPASSWORD={R}",  # to the end of its word: "&3" is the password's
     "PGPASSWORD=pa,ss;w0rd": f"PGPASSWORD={R}",
-    "token=abc==": f"token={R}",
+    "auth_token=abc==": f"auth_token={R}",
+    "PGPASSWORD=Summer2024(!)": f"PGPASSWORD={R}",  # no call: a capital, a sign in its parentheses
+    "DB_PASSWORD=$uperS3cret api_key=[abc123] password=<s3cr3t>": f"DB_PASSWORD={R} api_key={R} password={R}",
+    "\x1b[33mHF_TOKEN\x1b[0m=abc123def": f"HF_TOKEN={R}",  # a terminal's colours are dropped
+    "//registry.npmjs.org/:_authToken=abcdef123456": f"//registry.npmjs.org/:_authToken={R}",
+    "_API_KEY = 'abc123def'": f"_API_KEY = {R}",
+    "redis://:hunter2@redis:6379/0": R,  # a URL's password without a user
+    "DB_PASS=hunter2 REDIS_AUTH=s3cr3tpw": f"DB_PASS={R} REDIS_AUTH={R}",
+    "password: correct horse battery staple": f"password: {R}",  # alone on its line: to its end
+    'HF_TOKEN="abc" python train.py --steps 10': f"HF_TOKEN={R} python train.py --steps 10",
+    "password: 'hun'ter2' next": f"password: {R} next",  # a quote inside a word does not end it
+    "hf_token=000000": f"hf_token={R}",
     "mysql --password=hunter2": f"mysql --password={R}",
     "python train.py --hf-token=abc123 --steps 10": f"python train.py --hf-token={R} --steps 10",
     "--db-password hunter2 --host db": f"--db-password {R} --host db",
@@ -56,10 +67,16 @@ KEPT = [
     "next_token=' the' last token: 1234 cost per token: 0.3",
     "api_key: None password: null secret: ${DB_SECRET} token: <unset> password: ****",
     "password_file=/run/secrets/db GOOGLE_APPLICATION_CREDENTIALS=/var/secrets/google/key.json",  # paths
-    "password = getpass() secret = get_secret(name)",
+    "password = getpass() secret = get_secret(name)",  # code in a traceback's source lines
     "session: 7 auth: ok",
     "the token is invalid or expired; the password is required",
     "TIKTOKEN_CACHE_DIR=/tmp/x",
+    "token: 50256 sampled token=50256 EOT token = 128009 completion token: 17",
+    '{"token": " the", "logprob": -0.1}',
+    'token = tokens[i] token = batch["input_ids"][0] password = os.environ.get("DB_PASSWORD")',
+    "assert api_key == expected",
+    "hub_token=<HUB_TOKEN>",
+    "Token is valid",
     f"PGPASSWORD={R}",
 ]
 
@@ -79,7 +96,8 @@ def test_redacting_again_changes_nothing(line):
     assert redact(redact(line)) == redact(line)
 
 
-NAMES = ["PGPASSWORD", "DB_PASSWORD", "hf_token", "api_key", "apiKey", "client_secret", "AWS_SESSION_TOKEN", "passphrase"]
+NAMES = ["PGPASSWORD", "DB_PASSWORD", "hf_token", "api_key", "apiKey", "client_secret", "AWS_SESSION_TOKEN", "passphrase",
+         "DB_PASS", "_authToken"]
 SHAPES = ["{name}={value}", "export {name}={value}", "--{name}={value}", '"{name}": "{value}"', "{name}: {value}",
           "'{name}' => '{value}'", "{name} := {value}"]
 

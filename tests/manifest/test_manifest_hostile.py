@@ -130,7 +130,8 @@ def test_an_unknown_key_is_not_echoed_unless_plain(tmp_path, key):
     assert error.message == "the manifest does not match the schema at: model.<unknown key>"
 
 
-@pytest.mark.parametrize("key", ["Tr0ub4dor&3_password", "hunter2-token", "PGPASSWORD_s3cr3t", "hf_token"])
+@pytest.mark.parametrize("key", ["Tr0ub4dor&3_password", "hunter2-token", "PGPASSWORD_s3cr3t", "hf_token",
+                                 "API_________KEY", "Client.Secret"])
 def test_a_key_that_names_a_credential_is_hidden_unless_it_is_only_its_name(tmp_path, key):
     document = valid_manifest()
     document["model"][key] = "x"
@@ -166,7 +167,9 @@ def test_a_plain_unknown_key_is_hidden_too(tmp_path, key):
     # a word of the schema, or near one, that the block does not have: named, nothing suggested
     ("model", "learning_rate", "model.learning_rate (unknown key)"),
     ("model", "lerning_rate", "model.lerning_rate (unknown key)"),
-    ("model", "SIZE", "model.SIZE (unknown key; did you mean size?)"),  # letter case aside
+    # the caller's capitals are the caller's text: hidden, the schema's spelling suggested
+    ("model", "SIZE", "model.<unknown key> (did you mean size?)"),
+    ("budget", "MaX_InCrEmEnTaL_CeNtS", "budget.<unknown key> (did you mean max_incremental_cents?)"),
 ])
 def test_a_typo_of_a_field_is_named_with_the_field_it_missed(tmp_path, block, key, shown):
     document = valid_manifest()
@@ -212,6 +215,8 @@ def test_a_credential_in_the_accepted_verdicts_reason_is_refused_unseen(tmp_path
     "licence review done; the token budget=512 per doc; the password is required",
     "Decided at review session: 2024-05-01, gain within seed noise",
     "cost per token: 0.3 microcents; auth: board",
+    "PII/credentials: scrubbed with detect-secrets; Secrets: 0 found; password: n/a (public data)",
+    "token: 2.6B of 270B; the new BPE token is 'Hello'; The eval token = 128009; session cookie: stripped",
 ])
 def test_a_reason_that_speaks_of_credentials_without_one_is_accepted(tmp_path, reason):
     verified = verify_manifest(write_manifest(tmp_path / "m.json", _accepted_because(reason)))

@@ -433,7 +433,7 @@ ASSIGNED = [
     ("password: 'it is me'", ["'it is me'"]),
     ("hf_token := x1", ["x1"]),
     ("secret => s3", ["s3"]),
-    ("token=abc==", ["abc=="]),  # base64 padding stays with its value
+    ("auth_token=abc==", ["abc=="]),  # base64 padding stays with its value
     ("Authorization: Basic dXNlcjpwYXNz", ["dXNlcjpwYXNz"]),  # the scheme is shown
     ("the password is hunter2", ["hunter2"]),
     ("my passphrase is Correct-Horse", ["Correct-Horse"]),
@@ -451,6 +451,7 @@ NOT_ASSIGNED = [
     "password isolated", "token is", "password=", "password=[REDACTED]", "password: [hidden]",
     "key_id=12", "api=1 key=2", "session: 3", "auth: ok",  # alone, in text, these name settings
     "pad_token: <pad>", "api_key: None", "--token-file /run/t",
+    "token: 50256", "sampled token=50256", "assert api_key == expected",  # a text's token; a comparison
 ]
 
 
@@ -459,6 +460,21 @@ def test_values_assigned_to_a_credential_name_are_found(text, hidden):
     spans = secrets.assigned_credentials(text)
     assert [text[start:end] for start, end in spans] == hidden
     assert value_secret_kind(text) == "assigned_credential"
+
+
+@pytest.mark.parametrize(("text", "in_a_log", "in_a_document"), [
+    ("PGPASSWORD=hunter", True, True),  # NAME=value is a dump's: its value is literal
+    ("password: hunter", True, False),  # after ": " in a document's sentence, a plain word is the sentence's
+    ("password = hunter", True, False),
+    ("password: n/a", True, False),
+    ("Secrets: 0 found", True, False),
+    ("password: hunter2", True, True),
+    ("the password is hunter", False, False),  # "is": prose in both
+])
+def test_a_documents_sentence_keeps_its_plain_words_where_a_log_hides_them(text, in_a_log, in_a_document):
+    assert bool(secrets.assigned_credentials(text)) is in_a_log
+    assert bool(secrets.assigned_credentials(text, prose=True)) is in_a_document
+    assert (value_secret_kind(text) == "assigned_credential") is in_a_document
 
 
 @pytest.mark.parametrize("text", NOT_ASSIGNED)
