@@ -132,6 +132,25 @@ def test_a_lone_stage_without_an_allocation_counts_its_attempts_devices() -> Non
     assert stage.device_hours == pytest.approx(25 * (2 + 4) / 3600, rel=1e-12)
 
 
+def test_a_post_training_stage_counts_its_killed_workers_attempts_at_their_devices() -> None:
+    """The stage's own windows (its evaluations, on the asset's one device) wrote allocations; its
+    worker's supervisor, killed, wrote none: the worker's 300 s count at the 8 devices its start-up
+    names, not at the stage's own one."""
+    log = [e(EventKind.ALLOCATION, seconds=10.0, num_devices=1), e(EventKind.EVALUATION, seconds=10.0),
+           e(EventKind.STARTUP, attempt=0, seconds=20.0, num_devices=8), e(EventKind.RESUME, attempt=0, step=-1),
+           *(e(EventKind.STEP, attempt=0, step=s, seconds=1.0) for s in range(1, 281))]
+    figures = summarize(log)
+    assert figures.allocated_seconds == 310.0
+    assert figures.device_hours * 3600 == pytest.approx(10 * 1 + 300 * 8, rel=1e-12)
+
+
+def test_a_start_up_that_names_negative_devices_is_not_read(tmp_path) -> None:
+    (tmp_path / "events-attempt-0.jsonl").write_text(
+        Event(kind=EventKind.STARTUP, at=1.0, seconds=2.0).to_json().replace('"num_devices": 0', '"num_devices": -2') + "\n"
+        + Event(kind=EventKind.STARTUP, at=2.0, attempt=0, seconds=3.0, num_devices=2).to_json() + "\n")
+    assert [x.num_devices for x in events.read(tmp_path)] == [2]
+
+
 def test_groups_weigh_their_device_time_where_their_device_counts_changed() -> None:
     """Group 0: 100 s on 2 devices, 80 productive. Group 1: 50 s on 2 devices, then run again 50 s
     on 6, 20 s productive: 400 device-seconds against group 0's 200. Weighted by the largest count

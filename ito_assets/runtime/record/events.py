@@ -149,7 +149,7 @@ def _sane(event: Event) -> bool:
     """Every field of the type the figures sum and compare: one non-finite time or a step given as
     text would make goodput NaN or stop the sort. A loss may be NaN (a diverged step's)."""
     return (all(_finite(v) for v in (event.at, event.seconds, event.total_seconds))
-            and all(_integer(v) for v in (event.attempt, event.num_bytes, event.num_devices))
+            and all(_integer(v) for v in (event.attempt, event.num_bytes, event.num_devices)) and event.num_devices >= 0
             and (event.step is None or _integer(event.step))
             and (event.loss is None or isinstance(event.loss, (int, float)) and not isinstance(event.loss, bool))
             and (event.planned is None or isinstance(event.planned, bool))

@@ -17,9 +17,9 @@ Definitions (the desk prices a training block from these):
   seconds its log accounts for (a supervisor killed before writing it, a wall clock set back).
 - replica groups: a stage whose plan replicates runs groups side by side, each with its own log
   (`events.read_groups`), each holding its devices for the stage's whole window; the stage's
-  seconds are the groups' weighted by their devices, so a group that was restarting while the
-  others trained lowers goodput by its share of the devices, and device-hours and interruptions
-  are every group's (`summarize_stage`).
+  seconds are the groups' weighted by their device-seconds (their devices, where their count held),
+  so a group that was restarting while the others trained lowers goodput by its share of the
+  devices, and device-hours and interruptions are every group's (`summarize_stage`).
 - post-training: the post-training stages (SFT, DPO, RLVR) write the same events for their one
   device (`ito_assets.posttraining.timeline`), so their steps, evaluations and saves fall in the
   buckets above and the gap before them is idle; `posttraining_seconds` says how much of the
@@ -159,9 +159,10 @@ def summarize(events: list[Event], *, posttraining: bool = False) -> Telemetry:
     held = sum(e.seconds for e in allocations)
     # A supervisor killed before it wrote its allocation, or a wall clock set back while it ran,
     # leaves less allocated than the log accounts for: the allocation is then what was accounted,
-    # at the stage's device count, so goodput stays within [0, 1] and no bucket goes negative.
+    # at the attempts' device count (their start-ups', else the allocations'), so goodput stays
+    # within [0, 1] and no bucket goes negative.
     allocated = max(held, sum(buckets.values()))
-    devices = _devices(events)
+    devices = _attempt_devices(events) or _allocated_devices(events)
     return Telemetry(
         allocated_seconds=allocated,
         posttraining_seconds=allocated if posttraining else 0.0,
@@ -183,9 +184,9 @@ def summarize_stage(groups: Sequence[list[Event]], *, posttraining: bool = False
     log without replica groups). Each group is summarized alone (its attempts are its own). The
     groups train side by side and the stage holds all their devices for its whole window (the
     longest group's): a group that ended early (its restarts spent) held its devices to the end
-    too, as `other`. The stage's seconds are the groups' weighted by their devices, so allocated
-    seconds times the stage's devices are its device-seconds and goodput is the share of all its
-    device time that advanced the model. Device-hours, interruptions, checkpoints and wasted
+    too, as `other`. The stage's seconds are the groups' weighted by their device-seconds (their
+    devices, where their count held), so goodput is the share of all the stage's device time that
+    advanced the model. Device-hours, interruptions, checkpoints and wasted
     steps are every group's; the steps are the most a group trained (one that healed forward
     skipped those its peers trained)."""
     parts = [summarize(log, posttraining=posttraining) for log in groups]
@@ -222,11 +223,20 @@ _SECONDS = ("allocated_seconds", "productive_seconds", "startup_seconds", "check
             "recovery_seconds", "wasted_step_seconds", "evaluation_seconds", "idle_seconds", "posttraining_seconds")
 
 
+def _allocated_devices(log: list[Event]) -> int:
+    return max((e.num_devices for e in log if e.kind is EventKind.ALLOCATION), default=0)
+
+
+def _attempt_devices(log: list[Event]) -> int:
+    """The most devices an attempt's start-up names (0 in a log written before they named them)."""
+    return max((e.num_devices for e in log if e.kind is EventKind.STARTUP), default=0)
+
+
 def _devices(log: list[Event]) -> int:
-    """A log's devices: its allocations' most, else its attempts' (a supervisor killed before it
-    wrote the allocation; each start-up says its attempt's), else 0: none known."""
-    allocated = max((e.num_devices for e in log if e.kind is EventKind.ALLOCATION), default=0)
-    return allocated or max((e.num_devices for e in log if e.kind is EventKind.STARTUP), default=0)
+    """A log's devices: the most its allocations or its attempts' start-ups name (a supervisor
+    killed before it wrote the allocation; a post-training stage whose own windows hold one device
+    and whose worker's attempts held more), else 0: none known."""
+    return max(_allocated_devices(log), _attempt_devices(log))
 
 
 def _group_devices(groups: Sequence[list[Event]]) -> list[int]:
