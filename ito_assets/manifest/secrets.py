@@ -256,7 +256,7 @@ def assigned_credentials(text: str, *, prose: bool = False) -> list[tuple[int, i
 
 
 # Another name assigned to later on the line: the value before it is one word (api_key: None password: ...).
-_ANOTHER_NAME = re.compile(r"[A-Za-z_][\w.-]*[ \t]*(?::|=(?!=))")
+_ANOTHER_NAME = re.compile(r"(?<![\w.-])[A-Za-z_][\w.-]*[ \t]*(?::|=(?!=))")  # from a word's start only
 
 
 def _line_end(text: str, start: int) -> int:
