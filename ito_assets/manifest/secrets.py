@@ -215,8 +215,11 @@ def _credential_in(text: str, match: re.Match) -> str | None:
     """The credential's name a match of `_NAMED` holds, or None: the whole name (`API Key`), else
     its last word (`with DB_PASS`), else the name after an escape printed as two characters
     ("\\nauthorization: ...")."""
-    if match.group("option"):
-        return match.group("option") if _credential_name(match.group("option")) else None
+    if option := match.group("option"):
+        value = _WORD_VALUE.match(text, match.end())
+        if option in ("u", "user") and value and ":" in value.group(0):
+            return option  # curl's -u and --user user:password
+        return option if _credential_name(option) else None
     name, start = match.group("name"), match.start("name")
     candidates = [name, name.split(" ", 1)[-1]]
     if start > 0 and text[start - 1] == "\\" and name[0] in "nrt":
@@ -224,8 +227,9 @@ def _credential_in(text: str, match: re.Match) -> str | None:
     return next((candidate for candidate in candidates if _credential_name(candidate)), None)
 
 
-# Every name `_credential_name` accepts holds one of these (the glued endings and the pairs included).
-_CREDENTIAL_HINT = re.compile(r"(?i)pass|pwd|secret|credential|token|auth|key|cookie")
+# Every name `_credential_name` accepts holds one of these (the glued endings and the pairs
+# included), or it is curl's user option.
+_CREDENTIAL_HINT = re.compile(r"(?i)pass|pwd|secret|credential|token|auth|key|cookie|(?<!\S)--?u(?:ser)?[ \t=]")
 
 
 def assigned_credentials(text: str, *, prose: bool = False) -> list[tuple[int, int]]:

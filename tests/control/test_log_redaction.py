@@ -36,6 +36,8 @@ LEAKS = {
     'HF_TOKEN="abc" python train.py --steps 10': f"HF_TOKEN={R} python train.py --steps 10",
     "password: 'hun'ter2' next": f"password: {R} next",  # a quote inside a word does not end it
     "hf_token=000000": f"hf_token={R}",
+    "+ curl -sf -u admin:hunter2 https://x": f"+ curl -sf -u {R} https://x",  # curl's user:password
+    "curl --user=admin:hunter2 https://x": f"curl --user={R} https://x",
     "mysql --password=hunter2": f"mysql --password={R}",
     "python train.py --hf-token=abc123 --steps 10": f"python train.py --hf-token={R} --steps 10",
     "--db-password hunter2 --host db": f"--db-password {R} --host db",
@@ -71,6 +73,7 @@ KEPT = [
     "session: 7 auth: ok",
     "the token is invalid or expired; the password is required",
     "TIKTOKEN_CACHE_DIR=/tmp/x",
+    "docker exec -u root ito-worker",  # a user without a password
     "token: 50256 sampled token=50256 EOT token = 128009 completion token: 17",
     '{"token": " the", "logprob": -0.1}',
     'token = tokens[i] token = batch["input_ids"][0] password = os.environ.get("DB_PASSWORD")',
