@@ -57,7 +57,9 @@ def redact(message: str) -> str:
     message = _PEM.sub(REDACTED, _bounded(_ANSI.sub("", message)))
     message = _BEARER.sub(lambda m: f"{m.group(1)}{REDACTED}", message)
     message = _hide_assigned(message)
-    return _WORD.sub(lambda m: REDACTED if value_secret_kind(m.group(0)) else m.group(0), message)
+    message = _WORD.sub(lambda m: REDACTED if value_secret_kind(m.group(0)) else m.group(0), message)
+    # Bounded again: a hidden value may be longer than it was, and redacting on read must cut nothing.
+    return _bounded(message)
 
 
 @dataclass(frozen=True)

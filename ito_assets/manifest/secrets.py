@@ -159,17 +159,20 @@ _VOCABULARY_TOKENS = frozenset({"bos", "eos", "eot", "pad", "unk", "sep", "cls",
                                 "first", "prev", "start", "end", "stop", "new", "max", "min", "num", "per", "the", "a",
                                 "input", "output", "prompt", "completion", "generated", "sampled", "bpe", "eval"})
 _SCHEME = re.compile(r"\[?(?i:basic|bearer|digest|token)[ \t]+")
-_QUOTED = re.compile(r"\\?([\"'])(?:\\.|(?!\1)[^\\\n])*(?:\1)?")
+# A quoted value; one opened by an escaped quote (a string printed inside a string) ends at the
+# next escaped quote, so no value reads past it to a quote far away.
+_QUOTED = re.compile(r"\\([\"'])(?:(?!\\\1)[^\n])*(?:\\\1)?|([\"'])(?:\\.|(?!\2)[^\\\n])*\2?")
 _WORD_VALUE = re.compile(r"\S+")
 _LINE_VALUE = re.compile(r"[^\r\n]+")
 _BOUNDARY = " \t\r\n,;)}]"
-# A value that is no credential: a placeholder (no digit in it: <pad>, [PAD], ${DB_SECRET}), an
-# empty setting, code that calls or indexes (tokens[i], getpass(), os.environ.get(name)); not a
-# dotted name alone, which a password may be. Each part is a run without a choice of where to
-# end, so a failed match is quick.
-_NO_CREDENTIAL = re.compile(
-    r"(?:\[[A-Za-z_|-]*\]|</?[A-Za-z_|-]*>|\$\{\w+\}|\$[A-Z_][A-Z0-9_]*|\*+|(?i:none|null|nil|true|false|unset|empty)"
-    r"|_*[a-z][a-z0-9_]*(?:\._*[a-z][a-z0-9_]*)*(?:\[[^\]\s]*\]|\((?:[A-Za-z_\"'][^()\s]*)?\))+)[,;]?")
+# A value that is no credential: a placeholder (no digit in it: <pad>, [PAD], ${DB_SECRET}) or an
+# empty setting; and where it is not literal (`NAME = value`, spaced, as source code reads), code
+# that calls or indexes (tokens[i], getpass(), os.environ.get(name)); never a dotted name alone,
+# which a password may be. Each part is a run without a choice of where to end, so a failed match
+# is quick.
+_PLACEHOLDER = re.compile(
+    r"(?:\[[A-Za-z_|-]*\]|</?[A-Za-z_|-]*>|\$\{\w+\}|\$[A-Z_][A-Z0-9_]*|\*+|(?i:none|null|nil|true|false|unset|empty))[,;]?")
+_CODE = re.compile(r"_*[a-z][a-z0-9_]*(?:\._*[a-z][a-z0-9_]*)*(?:\[[^\]\s]*\]|\((?:[A-Za-z_\"'][^()\s]*)?\))+[,;]?")
 # A path: what a name ending in "credentials" holds by convention (GOOGLE_APPLICATION_CREDENTIALS).
 _PATH = re.compile(r"[.~]?/[\w.-]+/\S*")
 # What a sentence says after a credential's name that is no credential (judged where a value is
@@ -188,10 +191,12 @@ def _credential_name(name: str) -> bool:
     return True
 
 
-def _value_span(text: str, start: int, name: str, *, to_line_end: bool, prose: bool) -> tuple[int, int] | None:
+def _value_span(text: str, start: int, name: str, *, to_line_end: bool, prose: bool,
+                literal: bool) -> tuple[int, int] | None:
     """Where the value assigned to `name` lies from `start` on, or None where it is no credential.
     `to_line_end`: the value runs to the end of its line (a cookie header's pairs, a name that
-    starts its line, whose value may hold spaces); `prose`: a plain word or a number is prose."""
+    starts its line, whose value may hold spaces); `prose`: a plain word or a number is prose;
+    `literal`: a dump's or a command's value (`NAME=value`, a flag), never code."""
     if scheme := _SCHEME.match(text, start):
         start = scheme.end()
     if start >= len(text) or text[start] in "\r\n" or text.startswith(REDACTED, start):
@@ -205,7 +210,8 @@ def _value_span(text: str, start: int, name: str, *, to_line_end: bool, prose: b
     else:
         value = word  # a quote inside a word ('hun'ter2') does not end it
     inner = value.group(0).strip("\\\"'")
-    if (not inner or _NO_CREDENTIAL.fullmatch(inner) or (prose and _PROSE_VALUE.fullmatch(inner))
+    if (not inner or _PLACEHOLDER.fullmatch(inner) or (not literal and _CODE.fullmatch(inner))
+            or (prose and _PROSE_VALUE.fullmatch(inner))
             or (_key_words(name)[-1].startswith("credential") and _PATH.fullmatch(inner))):
         return None
     return value.span()
@@ -216,16 +222,16 @@ def _credential_in(text: str, match: re.Match) -> str | None:
     its last word (`with DB_PASS`), else the name after an escape printed as two characters
     ("\\nauthorization: ...")."""
     if option := match.group("option"):
-        value = _WORD_VALUE.match(text, match.end())
-        if option in ("u", "user") and value and ":" in value.group(0):
-            return option  # curl's -u and --user user:password
         return option if _credential_name(option) else None
     name, start = match.group("name"), match.start("name")
-    candidates = [name, name.split(" ", 1)[-1]]
+    first, _, last = name.partition(" ")
+    candidates = [name, last or first] + ([first] if last == "is" else [])  # "password is: ..."
     if start > 0 and text[start - 1] == "\\" and name[0] in "nrt":
         candidates.append(name[1:])
     return next((candidate for candidate in candidates if _credential_name(candidate)), None)
 
+
+_USER_OPTIONS = ("u", "user")
 
 # Every name `_credential_name` accepts holds one of these (the glued endings and the pairs
 # included), or it is curl's user option.
@@ -241,7 +247,14 @@ def assigned_credentials(text: str, *, prose: bool = False) -> list[tuple[int, i
     spans = []
     position = 0
     while match := _NAMED.search(text, position):
-        name = _credential_in(text, match)
+        if match.group("option") in _USER_OPTIONS:  # curl's -u and --user user:password
+            value = _WORD_VALUE.match(text, match.end())
+            if value is None or ":" not in value.group(0):
+                position = value.end() if value else match.end()  # a user name alone: read once
+                continue
+            name = match.group("option")
+        else:
+            name = _credential_in(text, match)
         if name is None:
             position = match.end()
             continue
@@ -251,7 +264,7 @@ def assigned_credentials(text: str, *, prose: bool = False) -> list[tuple[int, i
         on_its_line = (match.group("line") is not None and " " not in name and not prose
                        and not _ANOTHER_NAME.search(text, match.end(), _line_end(text, match.end())))
         span = _value_span(text, match.end(), name, to_line_end=on_its_line,
-                           prose=(prose and not literal) or bool(match.group("prose")))
+                           prose=(prose and not literal) or bool(match.group("prose")), literal=literal)
         if span:
             spans.append(span)
         # Past the value, hidden or not: a value is read once (a placeholder's text may hold names).

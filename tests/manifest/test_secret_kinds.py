@@ -500,7 +500,8 @@ def test_a_word_that_only_ends_in_token_names_no_credential(key):
     assert not key_looks_secret(key)
 
 
-@pytest.mark.parametrize("text", ["password: " + "a" * 262_000, "a=" * 131_072, 'a="' * 87_000, 'a="a"' * 52_000, "a: " * 87_000,
+@pytest.mark.parametrize("text", ["password: " + "a" * 262_000, "password: \\'none " * 20_000 + "'x",
+                                  "password " + "-a=/" * 65_000, "-u=/" * 65_000, "a=" * 131_072, 'a="' * 87_000, 'a="a"' * 52_000, "a: " * 87_000,
                                   "a is " * 52_000, "password=" * 29_000, "x-" * 131_000 + "="])
 def test_assignments_are_read_in_linear_time(text):
     # A manifest may hold 256 KiB in one value. A quadratic reading of these took 64 s for the
