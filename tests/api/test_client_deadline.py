@@ -377,8 +377,10 @@ def ito(env: dict[str, str], *argv: str) -> tuple[subprocess.CompletedProcess, f
 
 
 # Beyond the deadline: the same command's start and exit, measured in the same test with `--help`
-# (on a loaded CI machine an interpreter start took 2.7 s), and a second for the verb's own work.
-SLACK_S = 1.0
+# (on a loaded CI machine an interpreter start took 2.7 s), and seconds for the verb's own work
+# (`train` verifies its manifest: 1.7 s of it on a clean clone's loaded 2-core VM, 2026-12-07). A
+# client without its deadline waits for the hung server to the test's 60 s.
+SLACK_S = 3.0
 
 
 def startup_seconds(env: dict[str, str]) -> float:
