@@ -165,12 +165,12 @@ _QUOTED = re.compile(r"\\([\"'])(?:(?!\\\1)[^\n])*(?:\\\1)?|([\"'])(?:\\.|(?!\2)
 _WORD_VALUE = re.compile(r"\S+")
 _LINE_VALUE = re.compile(r"[^\r\n]+")
 _BOUNDARY = " \t\r\n,;)}]"
-# A value that is no credential: a placeholder (no digit in it: <pad>, [PAD], ${DB_SECRET}) or an
+# A value that is no credential: a stand-in for one (no digit in it: <pad>, [PAD], ${DB_SECRET}) or an
 # empty setting; and where it is not literal (`NAME = value`, spaced, as source code reads), code
 # that calls or indexes (tokens[i], getpass(), os.environ.get(name)); never a dotted name alone,
 # which a password may be. Each part is a run without a choice of where to end, so a failed match
 # is quick.
-_PLACEHOLDER = re.compile(
+_STAND_IN = re.compile(
     r"(?:\[[A-Za-z_|-]*\]|</?[A-Za-z_|-]*>|\$\{\w+\}|\$[A-Z_][A-Z0-9_]*|\*+|(?i:none|null|nil|true|false|unset|empty))[,;]?")
 _CODE = re.compile(r"_*[a-z][a-z0-9_]*(?:\._*[a-z][a-z0-9_]*)*(?:\[[^\]\s]*\]|\((?:[A-Za-z_\"'][^()\s]*)?\))+[,;]?")
 # A path: what a name ending in "credentials" holds by convention (GOOGLE_APPLICATION_CREDENTIALS).
@@ -210,7 +210,7 @@ def _value_span(text: str, start: int, name: str, *, to_line_end: bool, prose: b
     else:
         value = word  # a quote inside a word ('hun'ter2') does not end it
     inner = value.group(0).strip("\\\"'")
-    if (not inner or _PLACEHOLDER.fullmatch(inner) or (not literal and _CODE.fullmatch(inner))
+    if (not inner or _STAND_IN.fullmatch(inner) or (not literal and _CODE.fullmatch(inner))
             or (prose and _PROSE_VALUE.fullmatch(inner))
             or (_key_words(name)[-1].startswith("credential") and _PATH.fullmatch(inner))):
         return None
@@ -267,7 +267,7 @@ def assigned_credentials(text: str, *, prose: bool = False) -> list[tuple[int, i
                            prose=(prose and not literal) or bool(match.group("prose")), literal=literal)
         if span:
             spans.append(span)
-        # Past the value, hidden or not: a value is read once (a placeholder's text may hold names).
+        # Past the value, hidden or not: a value is read once (a stand-in's text may hold names).
         position = span[1] if span else max(match.end(), _skip_value(text, match.end()))
     return spans
 

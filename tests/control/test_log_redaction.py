@@ -44,7 +44,7 @@ LEAKS = {
     "python train.py --hf-token=abc123 --steps 10": f"python train.py --hf-token={R} --steps 10",
     "--db-password hunter2 --host db": f"--db-password {R} --host db",
     'cfg {"api_key": "abc 123", "n": 1}': f'cfg {{"api_key": {R}, "n": 1}}',
-    '{"api_key": "abc 123"}; next': f'{{"api_key": {R}}}; next',  # the punctuation after a placeholder stays
+    '{"api_key": "abc 123"}; next': f'{{"api_key": {R}}}; next',  # the punctuation after a stand-in stays
     'password: "a\\"b\\"c" end': f"password: {R} end",  # escaped quotes stay inside the value
     "password: 'it is me'": f"password: {R}",
     'os.environ["PGPASSWORD"] = "hunter2"': f'os.environ["PGPASSWORD"] = {R}',
@@ -59,7 +59,7 @@ LEAKS = {
     "the password is hunter2 ok": f"the password is {R} ok",
     "the password is: hunter2": f"the password is: {R}",
     "x=password=abc": f"x=password={R}",
-    "password: [s3cret": f"password: {R}",  # a bracket that closes nothing is no placeholder
+    "password: [s3cret": f"password: {R}",  # a bracket that closes nothing is no stand-in
     "PGPASSWORD=/s3cr3t/x": f"PGPASSWORD={R}",  # a path is shown only for a name of credentials (a file)
     "token abcdefghijklmnop1234": f"token {R}",
 }
