@@ -139,14 +139,15 @@ _CREDENTIAL_SPELLINGS = frozenset(
 REDACTED = "[REDACTED]"  # what a hidden value reads as (the ledger's run logs)
 
 # A credential handed over in text: an environment or configuration dump (PGPASSWORD=..., "api_key":
-# "...", token: ...), a command's flag (--password=..., --hf-token ...) or a sentence ("the password
-# is ..."). The name is judged by its last words (`token_budget=512` names a budget, `password_file=`
+# "...", token: ...), a command's flag (--password=..., --hf-token ..., or '--password', '...' in
+# a printed argument list, as a failed command's error shows it) or a sentence ("the password is
+# ..."). The name is judged by its last words (`token_budget=512` names a budget, `password_file=`
 # a path, `pad_token` a tokenizer's), the value is what is hidden, to the end of its word (or of its
 # quotes; to the end of its line for a cookie header, or a name that starts its line). A name starts
 # only where a run of name characters starts, and the regex never reads a value: after a name, the
 # search goes on after its value, so each character is read a bounded number of times.
 _NAMED = re.compile(
-    r"(?m)(?<![A-Za-z0-9_.-])(?:--?(?P<option>_*[A-Za-z][A-Za-z0-9_.-]*)(?:=(?!=)|[ \t]+(?![-\s]))"
+    r"(?m)(?<![A-Za-z0-9_.-])(?:--?(?P<option>_*[A-Za-z][A-Za-z0-9_.-]*)(?:=(?!=)|[ \t]+(?![-\s])|(?P<listed>[\"'],[ \t]*(?=[\"'](?!-))))"
     r"|(?P<line>^[ \t]*(?:export[ \t]+)?)?(?P<name>(?:[A-Za-z]+ )?_*[A-Za-z][A-Za-z0-9_.-]*)(?:\\?[\"'])?\]?"
     r"(?P<sep>[ \t]*(?::=|=>|:|=(?!=))[ \t]*|(?P<prose>[ \t]+is:?[ \t]+)))")
 # In text these alone name a setting or a text's token as often as a credential (auth: ok,
@@ -238,6 +239,27 @@ _USER_OPTIONS = ("u", "user")
 _CREDENTIAL_HINT = re.compile(r"(?i)pass|pwd|secret|credential|token|auth|key|cookie|(?<!\S)--?u(?:ser)?[ \t=]")
 
 
+# An XML element named like a credential (<password>...</password>, as a configuration file or a
+# SOAP body shows it); its text runs to the next "<", so each character is read at most twice.
+_ELEMENT = re.compile(r"<(?P<tag>_*[A-Za-z][\w.-]*)>(?P<value>[^<\n]+)</(?P=tag)>")
+
+
+def _element_values(text: str) -> list[tuple[int, int]]:
+    return [match.span("value") for match in _ELEMENT.finditer(text)
+            if _credential_name(match.group("tag")) and not _STAND_IN.fullmatch(match.group("value").strip())]
+
+
+def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """`spans` in order, overlapping ones joined (an element's text may hold an assignment)."""
+    out: list[tuple[int, int]] = []
+    for start, end in sorted(spans):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
 def assigned_credentials(text: str, *, prose: bool = False) -> list[tuple[int, int]]:
     """The (start, end) spans of the values that `text` assigns to a credential's name. `prose`:
     `text` is a document's value, where a plain word or a number after the name is the sentence's
@@ -269,7 +291,7 @@ def assigned_credentials(text: str, *, prose: bool = False) -> list[tuple[int, i
             spans.append(span)
         # Past the value, hidden or not: a value is read once (a stand-in's text may hold names).
         position = span[1] if span else max(match.end(), _skip_value(text, match.end()))
-    return spans
+    return _merged(spans + _element_values(text))
 
 
 # Another name assigned to later on the line: the value before it is one word (api_key: None password: ...).

@@ -62,6 +62,9 @@ LEAKS = {
     "password: [s3cret": f"password: {R}",  # a bracket that closes nothing is no stand-in
     "PGPASSWORD=/s3cr3t/x": f"PGPASSWORD={R}",  # a path is shown only for a name of credentials (a file)
     "token abcdefghijklmnop1234": f"token {R}",
+    "CalledProcessError: Command '['psql', '--password', 'hunter2', '-h', 'db']' returned non-zero exit status 2.":
+        f"CalledProcessError: Command '['psql', '--password', {R}, '-h', 'db']' returned non-zero exit status 2.",
+    "<credentials><password>hunter2</password></credentials>": f"<credentials><password>{R}</password></credentials>",
 }
 KEPT = [
     "step 10 loss 2.5 tokens/s 1234",
@@ -83,6 +86,8 @@ KEPT = [
     "hub_token=<HUB_TOKEN>",
     "Token is valid",
     f"PGPASSWORD={R}",
+    "['psql', '--password', '-h', 'db']",  # a flag that asks for the password
+    "<eos_token>&lt;/s&gt;</eos_token>",
 ]
 
 

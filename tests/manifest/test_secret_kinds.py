@@ -442,6 +442,11 @@ ASSIGNED = [
     ("password='unclosed to the end", ["'unclosed to the end"]),
     ("--hf-token=abc123 --db-password hunter2", ["abc123", "hunter2"]),  # flags
     ("API Key: abc123def", ["abc123def"]),  # a two-word label
+    ("Command '['psql', '--password', 'hunter2']' failed", ["'hunter2'"]),  # a printed argument list
+    ('["--hf-token", "abc123", "--steps", "10"]', ['"abc123"']),
+    ("<password>hunter2</password><user>bob</user>", ["hunter2"]),  # an XML element
+    ("<Password>two words</Password> <api_key>abc</api_key>", ["two words", "abc"]),
+    ("<password>password=abc</password>", ["password=abc</password>"]),  # overlapping readings joined
 ]
 NOT_ASSIGNED = [
     "token_budget=512",  # the last word names what it is: a budget
@@ -452,6 +457,10 @@ NOT_ASSIGNED = [
     "key_id=12", "api=1 key=2", "session: 3", "auth: ok",  # alone, in text, these name settings
     "pad_token: <pad>", "api_key: None", "--token-file /run/t",
     "token: 50256", "sampled token=50256", "assert api_key == expected",  # a text's token; a comparison
+    "['psql', '--password', '-h', 'db']",  # psql's --password takes no value: it asks for one
+    "['--steps', '10']",
+    "<token>50256</token>", "<pad_token>x</pad_token>", "<password>${DB_PASSWORD}</password>",
+    "<password></password>", "<password>x</passwd>", "<password>a\nb</password>",  # no element
 ]
 
 
@@ -502,7 +511,9 @@ def test_a_word_that_only_ends_in_token_names_no_credential(key):
 
 @pytest.mark.parametrize("text", ["password: " + "a" * 262_000, "password: \\'none " * 20_000 + "'x",
                                   "password " + "-a=/" * 65_000, "-u=/" * 65_000, "a=" * 131_072, 'a="' * 87_000, 'a="a"' * 52_000, "a: " * 87_000,
-                                  "a is " * 52_000, "password=" * 29_000, "x-" * 131_000 + "="])
+                                  "a is " * 52_000, "password=" * 29_000, "x-" * 131_000 + "=",
+                                  "<password>" * 26_000, "<password>a" * 23_000 + "</password>",
+                                  "'--password', " * 18_000, "<a>" * 87_000])
 def test_assignments_are_read_in_linear_time(text):
     # A manifest may hold 256 KiB in one value. A quadratic reading of these took 64 s for the
     # first; linear, each takes about a second at most on a slow machine. The bound is generous:
