@@ -71,6 +71,9 @@ _PATTERNS: tuple[tuple[str, "re.Pattern[str] | _Jwt"], ...] = (
     # GitLab personal access tokens: "glpat-" and at least 20 URL-safe characters (newer,
     # routable tokens are longer and continue with ".01." and more).
     ("gitlab_token", re.compile(_NOT_AFTER_ALNUM + r"glpat-[A-Za-z0-9_-]{20,}")),
+    # This API's own identity tokens (control/ids.TOKEN), wherever they stand: a key or a log line
+    # that merely contains one holds it (k.ito_acct_...).
+    ("ito_token", re.compile(r"ito_(?:desk|acct)_[A-Za-z0-9_-]{43}")),
 )
 
 # Key names that carry credentials. Matched on whole words of the key (snake, kebab or camel

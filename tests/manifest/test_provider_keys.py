@@ -15,6 +15,7 @@ from hypothesis import given, settings, strategies as st
 
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.control.fingerprint import validate_key
+from ito_assets.control.ids import new_token
 from ito_assets.control.telemetry import REDACTED, redact
 from ito_assets.manifest.secrets import SecretFinding, pattern_secret_kind, scan, value_secret_kind
 
@@ -119,6 +120,18 @@ def test_an_idempotency_key_that_embeds_a_provider_key_is_refused(kind, prefix, 
             validate_key(candidate)
         assert info.value.code is ErrorCode.IDEMPOTENCY_KEY_INVALID
         assert "looks like a secret" in info.value.message and key not in info.value.message
+
+
+@pytest.mark.parametrize("role", ["desk", "account"])
+def test_an_idempotency_key_that_embeds_this_apis_own_token_is_refused(role):
+    # A key is echoed in every answer, the audit trail and the Dagster run's tags.
+    token = new_token(role)
+    for candidate in ("k." + token, "x:" + token, "_" + token, "run-" + token + ":1"):
+        with pytest.raises(ItoError) as info:
+            validate_key(candidate)
+        assert info.value.code is ErrorCode.IDEMPOTENCY_KEY_INVALID and token not in info.value.message
+    assert redact(f"retrying with {token}") == f"retrying with {REDACTED}"
+    assert validate_key("k.ito_acct_" + token[9:-1]) == "k.ito_acct_" + token[9:-1]  # one character short: no token
 
 
 # --- random idempotency keys: never mistaken for secrets ---------------------------------------

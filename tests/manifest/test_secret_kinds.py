@@ -223,6 +223,7 @@ CANARIES = {
     "stripe_api_key": ["sk_live_" + "a" * 10, "sk_test_" + "a" * 10, "rk_live_" + "a" * 10, "rk_test_" + "a" * 10],
     "google_api_key": ["AIza" + "a" * 35, "key=AIza" + "a" * 35],
     "gitlab_token": ["glpat-" + "a" * 20, "GITLAB_TOKEN_glpat-" + "a" * 20],
+    "ito_token": ["ito_acct_" + "a" * 43, "ito_desk_" + "-" * 43, "k.ito_acct_" + "a_" * 22, "xito_desk_" + "a" * 43],
 }
 
 NEAR_MISSES = {
@@ -246,6 +247,7 @@ NEAR_MISSES = {
     "stripe_api_key": ["sk_live_" + "a" * 9, "pk_live_" + "a" * 10, "sk_prod_" + "a" * 10, "desk_live_" + "a" * 10],
     "google_api_key": ["AIza" + "a" * 34, "AIzb" + "a" * 35, "xAIza" + "a" * 35],
     "gitlab_token": ["glpat-" + "a" * 19, "glpat_" + "a" * 20, "xglpat-" + "a" * 20],
+    "ito_token": ["ito_acct_" + "a" * 42, "ito_account_" + "a" * 43, "ito_desk-" + "a" * 43, "ito_acct_" + "a." * 22],
 }
 
 
