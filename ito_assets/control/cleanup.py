@@ -23,7 +23,7 @@ import sqlalchemy as sa
 
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.control import audit, bookings, confirmations, entitlement, idempotency, ids
-from ito_assets.control.fingerprint import request_fingerprint, validate_key
+from ito_assets.control.fingerprint import cleanup_fingerprint, request_fingerprint, validate_key
 from ito_assets.control.identity import Identity
 from ito_assets.control.ledger import Ledger, bookings as bookings_table, run_checkpoints, runs
 from ito_assets.control.policy import ServerPolicy
@@ -226,15 +226,14 @@ def _clean_locked(conn: sa.Connection, ledger: Ledger, policy: ServerPolicy, ide
     return report
 
 
-def cleanup_fingerprint(account_id: str, release_booking_id: str | None) -> str:
-    return request_fingerprint(Action.CLEANUP.value, account_id=account_id, release_booking_id=release_booking_id)
-
-
-def _replay(ledger: Ledger, account_id: str, key: str, fingerprint: str) -> dict | None:
+def _replay(ledger: Ledger, account_id: str, key: str, release_booking_id: str | None) -> dict | None:
     with ledger.read() as conn:
         record = idempotency.lookup(conn, account_id, key)
     if record is None:
         return None
+    # Keys an earlier release recorded bound the account as well: their replay stays the same request.
+    earlier = request_fingerprint(Action.CLEANUP.value, account_id=account_id, release_booking_id=release_booking_id)
+    fingerprint = earlier if record.fingerprint == earlier else cleanup_fingerprint(release_booking_id)
     idempotency.require_same_request(record, Action.CLEANUP.value, fingerprint)
     return {**(record.result or {}), "replayed": True}
 
@@ -267,17 +266,18 @@ def cleanup_tenant(ledger: Ledger, policy: ServerPolicy, identity: Identity, *, 
 def _cleanup(ledger: Ledger, policy: ServerPolicy, identity: Identity, confirmation_ref: str, key: str,
              release: Release | None) -> dict:
     account_id = identity.tenant
-    fingerprint = cleanup_fingerprint(account_id, release.booking_id if release else None)
-    replay = _replay(ledger, account_id, key, fingerprint)
+    release_booking_id = release.booking_id if release else None
+    replay = _replay(ledger, account_id, key, release_booking_id)
     if replay is not None:
         return replay
     try:
         with ledger.write() as conn:
-            report = _clean_locked(conn, ledger, policy, identity, confirmation_ref, key, fingerprint, release)
+            report = _clean_locked(conn, ledger, policy, identity, confirmation_ref, key,
+                                   cleanup_fingerprint(release_booking_id), release)
     except (sa.exc.IntegrityError, sa.exc.OperationalError) as exc:
         if isinstance(exc, sa.exc.OperationalError) and not idempotency.is_lock_timeout(exc):
             raise
-        replay = _replay(ledger, account_id, key, fingerprint)
+        replay = _replay(ledger, account_id, key, release_booking_id)
         if replay is None:
             raise idempotency.in_flight() from None
         return replay

@@ -40,3 +40,9 @@ def request_fingerprint(action: str, **params: object) -> str:
     not part of it: a retry with a fresh confirmation is still the same request."""
     canonical = json.dumps({"action": action, **params}, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def cleanup_fingerprint(release_booking_id: str | None) -> str:
+    """A cleanup's, which the client computes too, to tell its own cleanup's answer from another's
+    after a lost answer; the account has no place in it, since a key is the account's own."""
+    return request_fingerprint("cleanup", release_booking_id=release_booking_id)

@@ -94,10 +94,11 @@ def test_key_in_flight_is_reported_and_never_doubles(tmp_path) -> None:
 
 class DroppingProxy:
     """Forwards HTTP/1.1 exchanges (Connection: close) to the server, but swallows the answer to
-    the first `POST /v1/runs` after the server has sent it: the run is committed, the client
-    sees the connection close without a byte."""
+    the first request to `dropped` (`POST /v1/runs` by default) after the server has sent it: the
+    run is committed, the client sees the connection close without a byte."""
 
-    def __init__(self, upstream: str):
+    def __init__(self, upstream: str, dropped: str = "POST /v1/runs"):
+        self.dropped = dropped + " "
         host, port = upstream.split("//")[1].split(":")
         self.upstream = (host, int(port))
         self.listener = socket.socket()
@@ -138,7 +139,7 @@ class DroppingProxy:
                 answer = b""
                 while chunk := up.recv(65536):
                     answer += chunk
-            if line.startswith("POST /v1/runs ") and self.num_dropped == 0:
+            if line.startswith(self.dropped) and self.num_dropped == 0:
                 self.num_dropped += 1
                 return  # the server committed and answered; the client never hears it
             conn.sendall(answer)
@@ -161,6 +162,38 @@ def test_answer_dropped_after_commit_is_recovered_by_key(api) -> None:
     assert [r.split()[0] + " " + r.split()[1].split("/")[2] for r in proxy.requests] == [
         "POST runs", "GET idempotency-keys"]
     assert _count(api.server, "SELECT count(*) FROM runs WHERE booking_id = ?", booking) == 1
+
+
+def test_a_lost_answer_is_never_another_cleanups_report(api) -> None:
+    """A cleanup that would release a booking, under a key a plain cleanup used: the server refuses
+    it, and with that answer lost, the lookup by key finds the plain cleanup's report, which is not
+    this request's outcome (the booking was never released)."""
+    booking, key = api.booking(), api.unique("clean-key")
+
+    def approved(*argv: str) -> str:
+        ref = api.ok("confirm", "request", "--action", *argv)["confirmation_ref"]
+        api.approve(ref)
+        return ref
+
+    plain = api.ok("cleanup", "--confirmation-ref", approved("cleanup"), "--idempotency-key", key)
+    assert plain["bookings_changed"] == []
+    proxy = DroppingProxy(api.server.url, "POST /v1/cleanup")
+    try:
+        document = api.ito("cleanup", "--confirmation-ref", approved("cleanup"), "--idempotency-key", key,
+                           "--release-booking", booking, "--release-confirmation-ref",
+                           approved("release", "--booking", booking), ITO_API_URL=proxy.url)
+        assert proxy.num_dropped == 1
+        assert document["error"]["code"] == "IDEMPOTENCY_KEY_REUSED", document
+        # The same plain cleanup again, its answer lost too, is recovered as the plain one's replay.
+        proxy.num_dropped = 0
+        again = api.ito("cleanup", "--confirmation-ref", approved("cleanup"), "--idempotency-key", key,
+                        ITO_API_URL=proxy.url)
+    finally:
+        proxy.close()
+    assert proxy.num_dropped == 1
+    assert again["ok"] and again["data"] == {**plain, "replayed": True}, again
+    listed = api.ok("desk", "bookings", "list", token="desk")["bookings"]
+    assert next(b for b in listed if b["booking_id"] == booking)["state"] != "released"
 
 
 def _termination_is_default(_job) -> bool:

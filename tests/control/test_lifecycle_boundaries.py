@@ -16,7 +16,7 @@ from gate_world import T0, new_run
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.control import (audit, bookings, cancel, cleanup, confirm_request, idempotency, ids,
                               runs, telemetry)
-from ito_assets.control.fingerprint import request_fingerprint
+from ito_assets.control.fingerprint import cleanup_fingerprint, request_fingerprint
 from ito_assets.control.ledger import confirmations as confirmations_table
 from ito_assets.control.ledger import run_checkpoints
 from ito_assets.control.ledger import runs as runs_table
@@ -166,7 +166,7 @@ def test_cleanup_report_rows_files_and_audit_are_exact(world, tmp_path) -> None:
     assert (row["consumed_at"], row["consumed_by_run"], row["consumed_by_key"]) == (T0 + 17, None, "clean-key-0001")
     record = key_record(world, "clean-key-0001")
     assert (record.action, record.run_id, record.created_at) == ("cleanup", None, T0 + 17)
-    assert record.fingerprint == cleanup.cleanup_fingerprint(world.account.account_id, None)
+    assert record.fingerprint == cleanup_fingerprint(None)
     assert record.result == expected
     (event,) = events(world, "tenant_cleaned")
     assert (event.actor, event.account_id, event.subject, event.code, event.at) == (
@@ -261,10 +261,24 @@ def test_cleanup_key_is_bound_to_the_request(world) -> None:
     do_cancel(world, run.run_id, cancel_ref(world, run.run_id), "cancel-key-0001")
     assert code_of(lambda: clean(world, cleanup_ref(world), "cancel-key-0001")) is ErrorCode.IDEMPOTENCY_KEY_REUSED
     assert code_of(lambda: clean(world, cleanup_ref(world), "bad key")) is ErrorCode.IDEMPOTENCY_KEY_INVALID
-    assert cleanup.cleanup_fingerprint("acc_1", "bkg_1") == request_fingerprint(
-        "cleanup", account_id="acc_1", release_booking_id="bkg_1")
-    assert cleanup.cleanup_fingerprint("acc_1", None) == request_fingerprint(
-        "cleanup", account_id="acc_1", release_booking_id=None)
+    # What the client computes to tell this cleanup's answer from another's (a key is the account's own).
+    assert cleanup_fingerprint("bkg_1") == request_fingerprint("cleanup", release_booking_id="bkg_1")
+    assert cleanup_fingerprint(None) == request_fingerprint("cleanup", release_booking_id=None) != cleanup_fingerprint("b")
+
+
+def test_a_key_an_earlier_release_recorded_with_the_account_still_replays(world) -> None:
+    from ito_assets.control.ledger import idempotency_keys
+
+    first = clean(world, cleanup_ref(world), "clean-key-0001")
+    account_id = world.account.account_id
+    with world.ledger.write() as conn:  # the fingerprint an earlier release wrote: the account bound in it
+        conn.execute(idempotency_keys.update().where(idempotency_keys.c.key == "clean-key-0001").values(
+            fingerprint=request_fingerprint("cleanup", account_id=account_id, release_booking_id=None)))
+    assert clean(world, "cfr_" + "0" * 26, "clean-key-0001") == {**first, "replayed": True}
+    other = world.booking()
+    release = cleanup.Release(booking_id=other, confirmation_ref=release_ref(world, other))
+    assert code_of(lambda: clean(world, cleanup_ref(world), "clean-key-0001", release=release)) \
+        is ErrorCode.IDEMPOTENCY_KEY_REUSED
 
 
 # ---------------------------------------------------------------- cleanup with a release
@@ -296,7 +310,7 @@ def test_release_with_cleanup_is_exact_and_consumes_both_confirmations(world) ->
     assert event.detail == {"confirmation_id": confirmation_row(world, rel)["confirmation_id"],
                             "idempotency_key": "clean-key-0001"}
     record = key_record(world, "clean-key-0001")
-    assert record.fingerprint == cleanup.cleanup_fingerprint(world.account.account_id, world.booking_id)
+    assert record.fingerprint == cleanup_fingerprint(world.booking_id)
     assert record.result["bookings_changed"] == report["bookings_changed"]
     replay = clean(world, "cfr_" + "0" * 26, "clean-key-0001", release=release)
     assert replay == {**report, "replayed": True}

@@ -213,8 +213,11 @@ def _cleanup(args: argparse.Namespace) -> VerbResult:
             raise ItoError(ErrorCode.CONFIRMATION_INVALID, "the release confirmation reference is malformed")
         body.update(release_booking_id=args.release_booking, release_confirmation_ref=args.release_confirmation_ref)
     client = connect(timeout_s=args.timeout)
-    # The cleanup fingerprint binds the account, which the server knows: the action suffices here.
-    data = client.post_idempotent("/v1/cleanup", body, key=key, action="cleanup")
+    # After a lost answer, the answer under this key must be this cleanup's (a release or none).
+    from ito_assets.control.fingerprint import cleanup_fingerprint
+
+    data = client.post_idempotent("/v1/cleanup", body, key=key, action="cleanup",
+                                  fingerprint=cleanup_fingerprint(args.release_booking or None))
     text = [f"runs cleaned: {data.get('num_runs_cleaned')}, bytes removed: {data.get('num_bytes_removed')}",
             *[f"  - {r['run_id']}: {r['num_files_removed']} files, {r['num_checkpoints_removed']} checkpoints"
               for r in data.get("runs", [])],
