@@ -16,17 +16,26 @@ httptools (uvicorn's default when installed) has no bound on the request head; i
 here as h11 bounds it (h11_max_incomplete_event_size): MAX_HEAD_BYTES of request target plus
 header names and values, exactly, and the raw bytes of an unfinished head to 8x that (a head
 that never ends must not grow in memory until the deadline).
+
+Every refusal made here is the API's JSON envelope with a stable code, as the app's are: a request
+that is not HTTP/1.1 is USAGE_ERROR (400), a head past its bound REQUEST_TOO_LARGE (431), a request
+not read whole by its deadline TIMEOUT (408). uvicorn's own 503 past `limit_concurrency` stays its
+plain text: the client takes it, as any answer that is not an envelope, for an unreachable API.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+from http import HTTPStatus
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from ito_assets.api import envelope
+from ito_assets.errors import ErrorCode, ItoError
 
 READ_TIMEOUT_S = 10.0
 MAX_CONNECTIONS_PER_CLIENT = 32
@@ -37,7 +46,21 @@ TIMEOUT_KEEP_ALIVE_S = 5
 MAX_HEAD_BYTES = 16 * 1024  # h11's default; a request here carries one bearer token and a short URL
 MAX_RAW_HEAD_BYTES = 8 * MAX_HEAD_BYTES  # also what h11 buffers of an incomplete head
 
-_TIMEOUT_RESPONSE = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+
+
+def edge_answer(status: int, error: ItoError) -> bytes:
+    """A refusal made before the app holds the request, as the app would make it: the JSON
+    envelope with its stable code (uvicorn's own are plain text or empty), then the close."""
+    body = envelope.dumps(envelope.failure(error, live_api_contacted=True)).encode()
+    return (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\ncache-control: no-store\r\nconnection: close\r\n\r\n").encode() + body
+
+
+_TIMEOUT_RESPONSE = edge_answer(408, ItoError(
+    ErrorCode.TIMEOUT, "the request did not arrive whole within the server's read deadline"))
+_MALFORMED_RESPONSE = edge_answer(400, ItoError(ErrorCode.USAGE_ERROR, "the request is not valid HTTP/1.1"))
+_HEAD_TOO_LARGE_RESPONSE = edge_answer(431, ItoError(
+    ErrorCode.REQUEST_TOO_LARGE, f"the request line and headers exceed the {MAX_HEAD_BYTES}-byte limit"))
 
 # Bounds on the settings read from the environment (server.load_config).
 READ_TIMEOUT_RANGE_S = (0.1, 3600.0)
@@ -53,7 +76,8 @@ class EdgeLimits:
 
 
 class HeadTooLarge(Exception):
-    """Raised from a parser callback; uvicorn answers it as an invalid request (400, closed)."""
+    """Raised from a parser callback; uvicorn takes it for an invalid request and calls
+    send_400_response, which answers REQUEST_TOO_LARGE (431, closed)."""
 
 
 class _Guard:
@@ -74,6 +98,7 @@ class _Guard:
         closed) when every connection of the address is busy."""
         self._deadline: asyncio.TimerHandle | None = None
         self._in_request = False
+        self._head_too_large = False
         self._peer = self.client[0] if self.client else None
         if self._peer is None:  # a Unix socket: no address to count
             self._arm()
@@ -127,6 +152,11 @@ class _Guard:
             self._deadline.cancel()
             self._deadline = None
 
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request it cannot parse, or whose head is past the bounds here."""
+        self.transport.write(_HEAD_TOO_LARGE_RESPONSE if self._head_too_large else _MALFORMED_RESPONSE)
+        self.transport.close()
+
     def _read_expired(self) -> None:
         self._deadline = None
         if self.transport.is_closing():
@@ -158,6 +188,7 @@ def _httptools_class() -> type:
             super().data_received(data)
             if (self._head_pending and self._raw_head_bytes > self.limits.max_raw_head_bytes
                     and not self.transport.is_closing()):
+                self._head_too_large = True
                 self.send_400_response("Request head too large.")
 
         def on_message_begin(self) -> None:
@@ -188,23 +219,31 @@ def _httptools_class() -> type:
         def _count_head(self, num_bytes: int) -> None:
             self._head_bytes += num_bytes
             if self._head_bytes > self.limits.max_head_bytes:
+                self._head_too_large = True
                 raise HeadTooLarge()
 
     return GuardedHttpTools
 
 
 class _CheckedConnection:
-    """h11's connection with the exact head bound: the Request event is refused past it."""
+    """h11's connection with the exact head bound: the Request event is refused past it.
+    `too_large`: the last refusal was for size (this bound's, or h11's on an unfinished head)."""
 
     def __init__(self, conn: h11.Connection, max_head_bytes: int):
         self._conn = conn
         self._max = max_head_bytes
+        self.too_large = False
 
     def next_event(self) -> Any:
-        event = self._conn.next_event()
+        try:
+            event = self._conn.next_event()
+        except h11.RemoteProtocolError as error:
+            self.too_large = error.error_status_hint == 431
+            raise
         if isinstance(event, h11.Request):
             size = len(event.target) + sum(len(k) + len(v) for k, v in event.headers.raw_items())
             if size > self._max:
+                self.too_large = True
                 raise h11.RemoteProtocolError("request head too large", error_status_hint=431)
         return event
 
@@ -220,6 +259,10 @@ class GuardedH11(_Guard, H11Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._guard_open()
+
+    def send_400_response(self, msg: str) -> None:
+        self._head_too_large = self.conn.too_large
+        super().send_400_response(msg)
 
     def data_received(self, data: bytes) -> None:
         if self.transport.is_closing():
