@@ -327,6 +327,11 @@ def parquet_records(path: Path, uri: str, fields: RecordFields = DEFAULT_FIELDS,
         schema = handle.schema_arrow
         if fields.text not in schema.names:
             raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: has no column '{fields.text}'")
+        for name in dict.fromkeys([fields.text, fields.id]):
+            # pyarrow and pandas write a name twice; which of them holds the text or the id is anyone's guess.
+            if (count := schema.names.count(name)) > 1:
+                hint = _default_id_hint(fields) if name == fields.id and name != fields.text else ""
+                raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: has {count} columns named '{name}'{hint}")
         if not _string_type(schema.field(fields.text).type):
             raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: column '{fields.text}' is not a string column")
         has_id = fields.id in schema.names

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -283,6 +284,26 @@ def test_an_unusable_default_id_column_says_how_to_name_another(tmp_path: Path, 
     message = _source_error(reference(path, "parquet", **fields), tmp_path).message
     assert "neither a string nor an integer column" in message
     assert ("name the field that holds them with id_field, `--id-field`" in message) is hinted
+
+@pytest.mark.parametrize(("names", "fields", "message"), [
+    (["text", "text"], {}, "has 2 columns named 'text'"),
+    (["text", "id", "id"], {}, "has 2 columns named 'id' ('id' is read as each record's own id by default"),
+    (["body", "uid", "uid", "uid"], {"text_field": "body", "id_field": "uid"}, "has 3 columns named 'uid'"),
+])
+def test_a_column_named_twice_is_source_invalid_naming_it(tmp_path: Path, names, fields, message) -> None:
+    """pyarrow (and pandas) write a name twice; reading one of them stopped the step with a KeyError."""
+    path = tmp_path / "a.parquet"
+    pq.write_table(pa.Table.from_arrays([pa.array(["a"] if i == 0 else ["x"]) for i in range(len(names))], names=names), path)
+    error = _source_error(reference(path, "parquet", **fields), tmp_path)
+    assert error.code is ErrorCode.SOURCE_INVALID and message in error.message
+
+
+def test_a_column_named_twice_that_is_not_read_is_no_obstacle(tmp_path: Path) -> None:
+    path = tmp_path / "a.parquet"
+    pq.write_table(pa.Table.from_arrays([pa.array(["one"]), pa.array([1]), pa.array([2])], names=["text", "n", "n"]), path)
+    docs, _ = read_source(reference(path, "parquet"), 0, tmp_path)
+    assert docs["text"].to_list() == ["one"]
+
 
 # --- orjson where it agrees with the standard library ---
 
