@@ -72,7 +72,11 @@ class DecontamConfig:
       when 13 of the item's words (normalised) are matched; views shorter than 13 / min_overlap
       words need min_overlap of their words instead (the shorter n for short items).
     - min_overlap 0.7: PaLM (Chowdhery et al. 2022, section 8) calls an example contaminated when
-      70% of its 8-grams occur in the training data.
+      70% of its 8-grams occur in the training data. Here the 70% is of a short view's words, which
+      is looser: a 10-word view needs 7 matched words in a row, where 70% of its three 8-grams
+      needs all 10, and any edit would hide it. The looser rule finds an edited short item; its
+      price is that a common opening of 7 words ("what is the name of the largest") flags another
+      question that shares it, unless the opening is common enough to be ignored (below).
     - seed_ngram_size 6: matches are found through shared word 6-grams ("seeds"). An edit breaks
       every seed that spans it, so a seed shorter than the evidence keeps an edited question
       detectable: with two edits in 25 words, the unedited stretches of >= 6 words always cover
