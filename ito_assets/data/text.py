@@ -214,7 +214,7 @@ def _polars_classes() -> tuple[re.Pattern, re.Pattern]:
     `\w` holds combining marks and the zero-width joiners, so Devanagari's vowel signs and Hebrew's
     points stay inside their word, where Python's `\w` cuts "नमस्ते" into three; and their Unicode
     versions differ. An eval item cut one way and a document the other share no seed, and a verbatim
-    copy goes unseen. Read from polars itself, once per process (about 0.4 s)."""
+    copy goes unseen. Read from polars itself, once per process (0.1-0.3 s)."""
     codes = np.concatenate([np.arange(0xD800), np.arange(0xE000, sys.maxunicode + 1)])
     characters = _one_string_each(codes)
     return tuple(re.compile(_character_class(codes[characters.str.contains(f"^(?:{pattern})$").to_numpy()]) + "+")
