@@ -3,8 +3,9 @@
 Documents are stored NFC-normalised (the version is recorded with every source). Both dedup and
 decontamination work on *words*: maximal runs of Unicode letters and digits with the marks and
 joiners inside them (`[^\\W_]+` as polars' regex reads it; Python's `re` is given the same
-classes), lower cased, so punctuation is stripped and whitespace collapsed by construction. Decontamination also
-normalises digits (every run of digits becomes "0"), so that "Question 12" and "question 7" agree.
+classes), lower cased, so punctuation is stripped and whitespace collapsed by construction.
+Decontamination also normalises digits (every run of digits becomes "0"), so that "Question 12"
+and "question 7" agree.
 
 Tokens are hashed to uint64 by `kernels` (in C, or numpy without a compiler): a hash of the word's
 UTF-8 bytes fixed in this project, so the same word hashes the same in every process and version.
