@@ -226,13 +226,29 @@ def _clean_locked(conn: sa.Connection, ledger: Ledger, policy: ServerPolicy, ide
     return report
 
 
+def _account_bound(account_id: str, release_booking_id: str | None) -> str:
+    """The fingerprint cleanup keys were recorded with before it left the account out (the client
+    cannot compute it); such a key is still the same request."""
+    return request_fingerprint(Action.CLEANUP.value, account_id=account_id, release_booking_id=release_booking_id)
+
+
+def answered_fingerprint(record: idempotency.KeyRecord, account_id: str) -> str:
+    """A cleanup key's fingerprint as the client computes it (`cleanup_fingerprint`), for the
+    lookup by key: an account-bound one is matched against no release and against the bookings its
+    report released."""
+    released = [change["booking_id"] for change in (record.result or {}).get("bookings_changed", [])]
+    for booking_id in [None, *released]:
+        if record.fingerprint == _account_bound(account_id, booking_id):
+            return cleanup_fingerprint(booking_id)
+    return record.fingerprint
+
+
 def _replay(ledger: Ledger, account_id: str, key: str, release_booking_id: str | None) -> dict | None:
     with ledger.read() as conn:
         record = idempotency.lookup(conn, account_id, key)
     if record is None:
         return None
-    # Keys an earlier release recorded bound the account as well: their replay stays the same request.
-    earlier = request_fingerprint(Action.CLEANUP.value, account_id=account_id, release_booking_id=release_booking_id)
+    earlier = _account_bound(account_id, release_booking_id)
     fingerprint = earlier if record.fingerprint == earlier else cleanup_fingerprint(release_booking_id)
     idempotency.require_same_request(record, Action.CLEANUP.value, fingerprint)
     return {**(record.result or {}), "replayed": True}

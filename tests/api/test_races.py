@@ -14,6 +14,7 @@ import pytest
 
 from api_harness import Client, Server, environment, map_in_forked_callers
 from ito_assets.api import cli
+from ito_assets.control.fingerprint import request_fingerprint
 
 NUM_CALLERS = 64
 
@@ -184,14 +185,20 @@ def test_a_lost_answer_is_never_another_cleanups_report(api) -> None:
                            approved("release", "--booking", booking), ITO_API_URL=proxy.url)
         assert proxy.num_dropped == 1
         assert document["error"]["code"] == "IDEMPOTENCY_KEY_REUSED", document
-        # The same plain cleanup again, its answer lost too, is recovered as the plain one's replay.
-        proxy.num_dropped = 0
-        again = api.ito("cleanup", "--confirmation-ref", approved("cleanup"), "--idempotency-key", key,
-                        ITO_API_URL=proxy.url)
+        # The same plain cleanup again, its answer lost too, is recovered as the plain one's replay,
+        # also where the key was recorded with the fingerprint that bound the account.
+        for recorded in ("as now", "account-bound"):
+            if recorded == "account-bound":
+                with sqlite3.connect(api.server.ledger_path, timeout=30) as db:
+                    db.execute("UPDATE idempotency_keys SET fingerprint = ? WHERE key = ?", (request_fingerprint(
+                        "cleanup", account_id=plain["account_id"], release_booking_id=None), key))
+            proxy.num_dropped = 0
+            again = api.ito("cleanup", "--confirmation-ref", approved("cleanup"), "--idempotency-key", key,
+                            ITO_API_URL=proxy.url)
+            assert proxy.num_dropped == 1
+            assert again["ok"] and again["data"] == {**plain, "replayed": True}, (recorded, again)
     finally:
         proxy.close()
-    assert proxy.num_dropped == 1
-    assert again["ok"] and again["data"] == {**plain, "replayed": True}, again
     listed = api.ok("desk", "bookings", "list", token="desk")["bookings"]
     assert next(b for b in listed if b["booking_id"] == booking)["state"] != "released"
 

@@ -7,6 +7,7 @@ unless that release was explicitly confirmed."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -275,6 +276,8 @@ def test_a_key_an_earlier_release_recorded_with_the_account_still_replays(world)
         conn.execute(idempotency_keys.update().where(idempotency_keys.c.key == "clean-key-0001").values(
             fingerprint=request_fingerprint("cleanup", account_id=account_id, release_booking_id=None)))
     assert clean(world, "cfr_" + "0" * 26, "clean-key-0001") == {**first, "replayed": True}
+    # The lookup by key shows it as the client computes it.
+    assert cleanup.answered_fingerprint(key_record(world, "clean-key-0001"), account_id) == cleanup_fingerprint(None)
     other = world.booking()
     release = cleanup.Release(booking_id=other, confirmation_ref=release_ref(world, other))
     assert code_of(lambda: clean(world, cleanup_ref(world), "clean-key-0001", release=release)) \
@@ -311,6 +314,10 @@ def test_release_with_cleanup_is_exact_and_consumes_both_confirmations(world) ->
                             "idempotency_key": "clean-key-0001"}
     record = key_record(world, "clean-key-0001")
     assert record.fingerprint == cleanup_fingerprint(world.booking_id)
+    account_bound = request_fingerprint("cleanup", account_id=world.account.account_id, release_booking_id=world.booking_id)
+    assert cleanup.answered_fingerprint(dataclasses.replace(record, fingerprint=account_bound),
+                                        world.account.account_id) == record.fingerprint  # read back from the report
+    assert cleanup.answered_fingerprint(dataclasses.replace(record, fingerprint="f" * 64), world.account.account_id) == "f" * 64
     assert record.result["bookings_changed"] == report["bookings_changed"]
     replay = clean(world, "cfr_" + "0" * 26, "clean-key-0001", release=release)
     assert replay == {**report, "replayed": True}

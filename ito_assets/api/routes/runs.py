@@ -58,11 +58,13 @@ def _by_key(api: Api, who: Identity, request: Request, _body: None) -> dict:
         record = idempotency.lookup(conn, who.tenant, key)
     if record is None:
         raise ItoError(ErrorCode.RUN_NOT_FOUND, "nothing was created with this idempotency key")
+    fingerprint = record.fingerprint
     if record.action == Action.CLEANUP.value:
         data = {**(record.result or {}), "replayed": True}
+        fingerprint = cleanup.answered_fingerprint(record, who.tenant)
     else:
         data = _run_data(runs.get(api.ledger, record.run_id, account_id=who.tenant), True)
-    return {"action": record.action, "fingerprint": record.fingerprint, "result": data}
+    return {"action": record.action, "fingerprint": fingerprint, "result": data}
 
 
 def _page_args(request: Request) -> tuple[int, int]:
