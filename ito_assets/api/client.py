@@ -184,6 +184,8 @@ class HttpTransport:
             raise NoAnswer(timed_out=True) from None
         except (OSError, http.client.HTTPException):
             raise NoAnswer() from None
+        if response.status == 408:  # the server (or a proxy) never read the whole request: nothing was done
+            raise NotDelivered(timed_out=True)
         try:
             # Strict: json.loads takes NaN and Infinity, which the envelope printed with --json
             # cannot carry, and fails past its digit or nesting limits with errors of its own.

@@ -18,8 +18,8 @@ header names and values, exactly, and the raw bytes of an unfinished head to 8x 
 that never ends must not grow in memory until the deadline).
 
 Every refusal made here is the API's JSON envelope with a stable code, as the app's are: a request
-that is not HTTP/1.1 is USAGE_ERROR (400), a head past its bound REQUEST_TOO_LARGE (431), a request
-not read whole by its deadline TIMEOUT (408). uvicorn's own 503 past `limit_concurrency` stays its
+the parser cannot read is USAGE_ERROR (400), a head past its bound REQUEST_TOO_LARGE (431), a
+request not read whole by its deadline TIMEOUT (408). uvicorn's own 503 past `limit_concurrency` stays its
 plain text: the client takes it, as any answer that is not an envelope, for an unreachable API.
 """
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import re
+import string
 import sys
 import unicodedata
 from collections.abc import Sequence
@@ -40,8 +41,6 @@ NORMALIZATION_VERSION = f"NFC/unicode-{unicodedata.unidata_version}"
 
 WORD_PATTERN = r"[^\W_]+"
 DIGITS_PATTERN = r"\d+"
-_ASCII_WORD = re.compile(r"[0-9a-zA-Z]+")  # WORD_PATTERN in ASCII, for either engine
-_ASCII_DIGITS = re.compile(r"[0-9]+")
 
 # Odd multipliers for combining word hashes into n-gram hashes (from splitmix64 / xxhash primes).
 NGRAM_MULTIPLIERS = np.array(
@@ -209,18 +208,28 @@ def _interleaved(parts: list[tuple[np.ndarray, TokenHashes]], num_docs: int) -> 
     return TokenHashes(hashes=hashes, offsets=offsets)
 
 
+# What `words_with_spans` reads a text as: each character of a word "a", or "d" for a digit;
+# every other character stays itself (none of them is "a" or "d", which are word characters).
+_KIND_RUNS = re.compile("[ad]+")
+_DIGIT_OR_NOT = re.compile("d+|a+")
+_ASCII_KINDS = str.maketrans({**dict.fromkeys(string.ascii_letters, "a"), **dict.fromkeys(string.digits, "d")})
+
+
 @functools.cache
-def _polars_classes() -> tuple[re.Pattern, re.Pattern]:
-    """WORD_PATTERN and DIGITS_PATTERN for Python's `re`, matching what polars' regex (Rust's)
-    matches. The two engines disagree on 12,909 code points under polars 2.1 and Python 3.11: Rust's
-    `\w` holds combining marks and the zero-width joiners, so Devanagari's vowel signs and Hebrew's
-    points stay inside their word, where Python's `\w` cuts "नमस्ते" into three; and their Unicode
-    versions differ. An eval item cut one way and a document the other share no seed, and a verbatim
-    copy goes unseen. Read from polars itself, once per process (0.1-0.3 s)."""
+def _character_kinds() -> dict[int, str]:
+    """`str.translate`'s table of every word character and digit, as polars' regex (Rust's) reads
+    WORD_PATTERN and DIGITS_PATTERN. Python's `re` disagrees with it on 12,909 code points under
+    polars 2.1 and Python 3.11: Rust's `\w` holds combining marks and the zero-width joiners, so
+    Devanagari's vowel signs and Hebrew's points stay inside their word, where Python's `\w` cuts
+    "नमस्ते" into three; and their Unicode versions differ. An eval item cut one way and a document
+    the other share no seed, and a verbatim copy goes unseen. Read from polars itself, once per
+    process (0.1-0.3 s, 60 MB at most); a table, not a class of 1,000 ranges for `re`, which took
+    10x as long to cut a text (0.19 s against 0.012 s for 200,000 dashes)."""
     codes = np.concatenate([np.arange(0xD800), np.arange(0xE000, sys.maxunicode + 1)])
     characters = _one_string_each(codes)
-    return tuple(re.compile(_character_class(codes[characters.str.contains(f"^(?:{pattern})$").to_numpy()]) + "+")
-                 for pattern in (r"[^\W_]", r"\d"))
+    word = characters.str.contains(rf"^(?:{WORD_PATTERN[:-1]})$").to_numpy()
+    digit = word & characters.str.contains(rf"^(?:{DIGITS_PATTERN[:-1]})$").to_numpy()
+    return {**dict.fromkeys(codes[word].tolist(), "a"), **dict.fromkeys(codes[digit].tolist(), "d")}
 
 
 def _one_string_each(codes: np.ndarray) -> pl.Series:
@@ -233,30 +242,45 @@ def _one_string_each(codes: np.ndarray) -> pl.Series:
     return pl.Series(pl.from_arrow(array))
 
 
-def _character_class(codes: np.ndarray) -> str:
-    """A regex character class of the sorted code points `codes`, as ranges."""
-    breaks = np.flatnonzero(np.diff(codes) != 1)
-    starts, ends = codes[np.concatenate([[0], breaks + 1])], codes[np.concatenate([breaks, [len(codes) - 1]])]
-    return "[" + "".join(re.escape(chr(a)) + ("-" + re.escape(chr(b)) if b > a else "")
-                         for a, b in zip(starts.tolist(), ends.tolist())) + "]"
+def _lower(text: str) -> str:
+    """`text` lower-cased by polars' case tables, as the vectorised path does (Python's differ on
+    a few dozen code points, its Unicode being older)."""
+    return text.lower() if text.isascii() else pl.Series([text], dtype=pl.String).str.to_lowercase().item()
 
 
 def words_with_spans(text: str, *, digits_normalized: bool) -> tuple[list[str], list[tuple[int, int]]]:
     """Words of one text with their character spans in `text` (the authoritative slow path, used
     only for documents that matched, to report offsets, and for eval items), cut as the
-    vectorised path cuts them."""
-    lowered = text.lower()
-    # Lower-casing first matches the vectorised path; when it changes the length (a handful of
-    # characters expand, e.g. U+0130), spans are taken on the original text instead.
-    source = lowered if len(lowered) == len(text) else text
-    word_class, digits = (_ASCII_WORD, _ASCII_DIGITS) if source.isascii() else _polars_classes()
-    words: list[str] = []
-    spans: list[tuple[int, int]] = []
-    for match in word_class.finditer(source):
-        word = match.group().lower()
-        words.append(digits.sub("0", word) if digits_normalized else word)
-        spans.append(match.span())
+    vectorised path cuts them: the whole text lower-cased first (a final sigma is read in its
+    context), then its words."""
+    kinds = _ASCII_KINDS if text.isascii() else _character_kinds()
+    lowered = _lower(text)
+    marks = lowered.translate(kinds)
+    runs = [match.span() for match in _KIND_RUNS.finditer(marks)]
+    # Lower-casing may lengthen a text (U+0130 becomes two characters): the spans are then those of
+    # the original's words, one for one (lower-casing keeps a word a word).
+    spans = runs if len(lowered) == len(text) else [match.span() for match in _KIND_RUNS.finditer(text.translate(kinds))]
+    if len(spans) != len(runs):  # never seen: each word of the original lower-cased alone
+        lowered, runs = _each_lowered(text, spans)
+        marks = lowered.translate(kinds)
+    words = [_normalized(lowered, marks, start, end) if digits_normalized else lowered[start:end] for start, end in runs]
     return words, spans
+
+
+def _each_lowered(text: str, spans: list[tuple[int, int]]) -> tuple[str, list[tuple[int, int]]]:
+    """The words of `text` at `spans`, each lower-cased alone, joined by spaces, and their runs there."""
+    words = [_lower(text[start:end]) for start, end in spans]
+    starts = np.cumsum([0] + [len(word) + 1 for word in words]).tolist()
+    return " ".join(words), [(start, start + len(word)) for start, word in zip(starts, words)]
+
+
+def _normalized(lowered: str, marks: str, start: int, end: int) -> str:
+    """The word lowered[start:end] with each run of digits "0"."""
+    if "d" not in marks[start:end]:
+        return lowered[start:end]
+    parts = [lowered[run.start() : run.end()] if marks[run.start()] == "a" else "0"
+             for run in _DIGIT_OR_NOT.finditer(marks, start, end)]
+    return "".join(parts)
 
 
 def words_of(text: str, *, digits_normalized: bool) -> list[str]:

@@ -72,8 +72,10 @@ _PATTERNS: tuple[tuple[str, "re.Pattern[str] | _Jwt"], ...] = (
     # routable tokens are longer and continue with ".01." and more).
     ("gitlab_token", re.compile(_NOT_AFTER_ALNUM + r"glpat-[A-Za-z0-9_-]{20,}")),
     # This API's own identity tokens (control/ids.TOKEN), wherever they stand: a key or a log line
-    # that merely contains one holds it (k.ito_acct_...).
-    ("ito_token", re.compile(r"ito_(?:desk|acct)_[A-Za-z0-9_-]{43}")),
+    # that contains one holds it (k.ito_acct_...).
+    # A name that merely holds the prefix (ito_acct_usage_by_region...) has no capital or digit in
+    # its 43 characters, which a random token has but once in 10^16.
+    ("ito_token", re.compile(_NOT_AFTER_ALNUM + r"ito_(?:desk|acct)_(?=[A-Za-z0-9_-]{0,42}[A-Z0-9])[A-Za-z0-9_-]{43}(?![A-Za-z0-9_-])")),
 )
 
 # Key names that carry credentials. Matched on whole words of the key (snake, kebab or camel
@@ -150,7 +152,7 @@ REDACTED = "[REDACTED]"  # what a hidden value reads as (the ledger's run logs)
 # only where a run of name characters starts, and the regex never reads a value: after a name, the
 # search goes on after its value, so each character is read a bounded number of times.
 _NAMED = re.compile(
-    r"(?m)(?<![A-Za-z0-9_.-])(?:--?(?P<option>_*[A-Za-z][A-Za-z0-9_.-]*)(?:=(?!=)|[ \t]+(?![-\s])|(?P<listed>[\"'],[ \t]*(?=[\"'](?!-))))"
+    r"(?m)(?<![A-Za-z0-9_.-])(?:--?(?P<option>_*[A-Za-z][A-Za-z0-9_.-]*)(?:=(?!=)|[ \t]+(?![-\s])|(?P<listed>[\"'],[ \t]*b?(?=[\"'](?!-))))"
     r"|(?P<line>^[ \t]*(?:export[ \t]+)?)?(?P<name>(?:[A-Za-z]+ )?_*[A-Za-z][A-Za-z0-9_.-]*)(?:\\?[\"'])?\]?"
     r"(?P<sep>[ \t]*(?::=|=>|:|=(?!=))[ \t]*|(?P<prose>[ \t]+is:?[ \t]+)))")
 # In text these alone name a setting or a text's token as often as a credential (auth: ok,
@@ -226,7 +228,8 @@ def _credential_in(text: str, match: re.Match) -> str | None:
     its last word (`with DB_PASS`), else the name after an escape printed as two characters
     ("\\nauthorization: ...")."""
     if option := match.group("option"):
-        return option if _credential_name(option) else None
+        # --no-password and its kind say a credential is not used: they take no value.
+        return option if _credential_name(option) and not option.lower().startswith(("no-", "no_")) else None
     name, start = match.group("name"), match.start("name")
     first, _, last = name.partition(" ")
     candidates = [name, last or first] + ([first] if last == "is" else [])  # "password is: ..."
@@ -242,14 +245,24 @@ _USER_OPTIONS = ("u", "user")
 _CREDENTIAL_HINT = re.compile(r"(?i)pass|pwd|secret|credential|token|auth|key|cookie|(?<!\S)--?u(?:ser)?[ \t=]")
 
 
-# An XML element named like a credential (<password>...</password>, as a configuration file or a
-# SOAP body shows it); its text runs to the next "<", so each character is read at most twice.
-_ELEMENT = re.compile(r"<(?P<tag>_*[A-Za-z][\w.-]*)>(?P<value>[^<\n]+)</(?P=tag)>")
+# An XML element named like a credential (<password>...</password>, <wsse:Password Type="...">...,
+# as a configuration file or a SOAP body shows it): a namespace prefix and attributes allowed, its
+# text on one line; each part runs to the next "<" or ">", so each character is read a bounded
+# number of times.
+_ELEMENT = re.compile(r"<(?P<tag>(?:[A-Za-z_][\w.-]*:)?(?P<name>_*[A-Za-z][\w.-]*))(?:[ \t][^<>\n]*)?>"
+                      r"(?P<value>[^<\n]+)</(?P=tag)>")
 
 
-def _element_values(text: str) -> list[tuple[int, int]]:
-    return [match.span("value") for match in _ELEMENT.finditer(text)
-            if _credential_name(match.group("tag")) and not _STAND_IN.fullmatch(match.group("value").strip())]
+def _element_values(text: str, *, prose: bool) -> list[tuple[int, int]]:
+    """The text of each element named like a credential; in a document's sentence (`prose`), not
+    a plain word or number ("The <secret>ingredient</secret> is love")."""
+    spans = []
+    for match in _ELEMENT.finditer(text):
+        value = match.group("value").strip()
+        if (_credential_name(match.group("name")) and not _STAND_IN.fullmatch(value)
+                and not (prose and _PROSE_VALUE.fullmatch(value))):
+            spans.append(match.span("value"))
+    return spans
 
 
 def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -294,7 +307,7 @@ def assigned_credentials(text: str, *, prose: bool = False) -> list[tuple[int, i
             spans.append(span)
         # Past the value, hidden or not: a value is read once (a stand-in's text may hold names).
         position = span[1] if span else max(match.end(), _skip_value(text, match.end()))
-    return _merged(spans + _element_values(text))
+    return _merged(spans + _element_values(text, prose=prose))
 
 
 # Another name assigned to later on the line: the value before it is one word (api_key: None password: ...).

@@ -94,3 +94,57 @@ def test_in_flight_is_retried_with_the_same_key() -> None:
 def test_reads_are_retried_after_a_lost_answer() -> None:
     script = Script(NoAnswer(timed_out=True), ok(RUN))
     assert client(script).get("/v1/runs/x") == RUN
+
+
+# --- a 408: the request was never read -------------------------------------------------------
+
+def _answering(*answers: bytes):
+    """A loopback listener that answers its connections with `answers` in turn; -> (url, request lines)."""
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    lines: list[str] = []
+
+    def serve() -> None:
+        for answer in answers:
+            conn, _ = listener.accept()
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(65536)
+                head, _, body = data.partition(b"\r\n\r\n")
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                while len(body) < length:
+                    body += conn.recv(65536)
+                lines.append(head.split(b"\r\n")[0].decode())
+                conn.sendall(answer)
+        listener.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener.getsockname()[1], lines
+
+
+def _answer(document: dict) -> bytes:
+    body = envelope.dumps(document).encode()
+    return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
+
+
+@pytest.mark.parametrize("method", ["GET", "POST"])
+def test_a_408_is_retried_as_a_request_never_read(method) -> None:
+    """The server answers 408 only before it holds a request (api/transport.py), so even a mutation
+    is sent again, with no lookup by key first; before, a GET met a TIMEOUT at once."""
+    from ito_assets.api import transport
+    from ito_assets.api.client import Endpoint, HttpTransport
+
+    port, lines = _answering(transport._TIMEOUT_RESPONSE, _answer(envelope.success(RUN, live_api_contacted=True)))
+    http = HttpTransport(Endpoint(scheme="http", host="127.0.0.1", port=port), None, connect_timeout_s=5, total_timeout_s=5)
+    api = ApiClient(http, sleep=lambda _s: None)
+    if method == "GET":
+        assert api.get("/v1/runs/x") == RUN
+    else:
+        assert api.post_idempotent("/v1/runs", {}, key="k" * 8, action="train", fingerprint="f") == RUN
+    assert [line.split()[0] for line in lines] == [method, method]

@@ -19,7 +19,8 @@ from ito_assets.data.config import DecontamConfig, ScaleConfig
 from ito_assets.data.decontam_units import scan_frames
 from ito_assets.data.eval_index import build_index
 from ito_assets.data.scratch import scratch_space
-from ito_assets.data.text import DIGITS_PATTERN, WORD_PATTERN, token_hashes, word_hashes, word_tokens, words_of
+from ito_assets.data.text import (DIGITS_PATTERN, WORD_PATTERN, token_hashes, word_hashes, word_tokens, words_of,
+                                  words_with_spans)
 from ito_assets.evals.suite import EvalItem, EvalSuite
 
 # Questions of 13 words or more in scripts whose words hold combining marks or joiners.
@@ -32,7 +33,10 @@ QUESTIONS = {
     "persian_zwnj": "من می‌خواهم به کتاب‌خانه بروم و کتاب‌های تازه را بخوانم زیرا آن‌ها برای درس‌های فردا لازم هستند",
     "english": "which of the following rivers flows through the capital city of the country with the largest population",
 }
-MIXED = ["x² ½ ① Question 12 ٣٤ ١٢", "ﬁne a‿b _under_score", "e\u0301te\u0301 naïve", "Ⅻ ⅻ ǅ ǈ", "𝒜𝒷𝒸 𝟙𝟚", "ΣΑΣ ΟΔΥΣΣΕΥΣ"]
+MIXED = ["x² ½ ① Question 12 ٣٤ ١٢", "ﬁne a‿b _under_score", "e\u0301te\u0301 naïve", "Ⅻ ⅻ ǅ ǈ", "𝒜𝒷𝒸 𝟙𝟚", "ΣΑΣ ΟΔΥΣΣΕΥΣ",
+         # Python's case tables are older than polars' (U+1C89, U+A7CB, U+10D50); a final sigma is read
+         # in its context, also where a dotted capital I lengthens the text.
+         "\u1c89\u1c89 question \ua7cb \U00010d50", "ΟΔΟΣ.Α İ", "İSTANBUL ΟΔΟΣ 12Σ3"]
 
 
 def polars_words(text: str, *, digits_normalized: bool) -> list[str]:
@@ -46,6 +50,11 @@ def polars_words(text: str, *, digits_normalized: bool) -> list[str]:
 @pytest.mark.parametrize("text", [*QUESTIONS.values(), *MIXED])
 def test_both_engines_cut_a_text_into_the_same_words(text: str, digits_normalized: bool) -> None:
     assert words_of(text, digits_normalized=digits_normalized) == polars_words(text, digits_normalized=digits_normalized)
+
+
+def test_spans_index_the_original_text_where_lower_casing_lengthens_it() -> None:
+    words, spans = words_with_spans("İstanbul ve ΟΔΟΣ", digits_normalized=False)
+    assert words == ["i\u0307stanbul", "ve", "οδος"] and spans == [(0, 8), (9, 11), (12, 16)]
 
 
 def test_a_word_keeps_its_combining_marks_and_joiners() -> None:

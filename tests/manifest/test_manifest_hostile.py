@@ -203,6 +203,7 @@ def _accepted_because(reason: str) -> dict:
     "accepted by the board; the bucket password is Hunter2-canary",
     "see config: PGPASSWORD=hunter2canary",
     'approved, {"api_key": "canary 42"}',
+    "kept the vendor's <password>Canary42</password> out of the logs",
 ])
 def test_a_credential_in_the_accepted_verdicts_reason_is_refused_unseen(tmp_path, reason):
     error = _refusal(tmp_path, _accepted_because(reason))
@@ -217,6 +218,7 @@ def test_a_credential_in_the_accepted_verdicts_reason_is_refused_unseen(tmp_path
     "cost per token: 0.3 microcents; auth: board",
     "PII/credentials: scrubbed with detect-secrets; Secrets: 0 found; password: n/a (public data)",
     "token: 2.6B of 270B; the new BPE token is 'Hello'; The eval token = 128009; session cookie: stripped",
+    "The <secret>ingredient</secret> is love; the <password>0</password> element is empty",
 ])
 def test_a_reason_that_speaks_of_credentials_without_one_is_accepted(tmp_path, reason):
     verified = verify_manifest(write_manifest(tmp_path / "m.json", _accepted_because(reason)))

@@ -223,7 +223,8 @@ CANARIES = {
     "stripe_api_key": ["sk_live_" + "a" * 10, "sk_test_" + "a" * 10, "rk_live_" + "a" * 10, "rk_test_" + "a" * 10],
     "google_api_key": ["AIza" + "a" * 35, "key=AIza" + "a" * 35],
     "gitlab_token": ["glpat-" + "a" * 20, "GITLAB_TOKEN_glpat-" + "a" * 20],
-    "ito_token": ["ito_acct_" + "a" * 43, "ito_desk_" + "-" * 43, "k.ito_acct_" + "a_" * 22, "xito_desk_" + "a" * 43],
+    "ito_token": ["ito_acct_" + "a" * 42 + "B", "ito_desk_" + "-" * 42 + "7", "k.ito_acct_" + "a_" * 21 + "Z",
+                  "_ito_desk_" + "Q" * 43, "run:ito_acct_" + "9" * 43 + ":1"],
 }
 
 NEAR_MISSES = {
@@ -247,7 +248,9 @@ NEAR_MISSES = {
     "stripe_api_key": ["sk_live_" + "a" * 9, "pk_live_" + "a" * 10, "sk_prod_" + "a" * 10, "desk_live_" + "a" * 10],
     "google_api_key": ["AIza" + "a" * 34, "AIzb" + "a" * 35, "xAIza" + "a" * 35],
     "gitlab_token": ["glpat-" + "a" * 19, "glpat_" + "a" * 20, "xglpat-" + "a" * 20],
-    "ito_token": ["ito_acct_" + "a" * 42, "ito_account_" + "a" * 43, "ito_desk-" + "a" * 43, "ito_acct_" + "a." * 22],
+    "ito_token": ["ito_acct_" + "a" * 42, "ito_account_" + "a" * 43, "ito_desk-" + "a" * 43, "ito_acct_" + "a." * 22,
+                  "ito_acct_usage_by_region_and_month_for_the_billing_x",  # a name: no capital or digit
+                  "mosquito_desk_" + "A1" * 21 + "B", "ito_acct_" + "A1" * 22],  # inside a word; 44 characters
 }
 
 
@@ -447,8 +450,11 @@ ASSIGNED = [
     ("Command '['psql', '--password', 'hunter2']' failed", ["'hunter2'"]),  # a printed argument list
     ('["--hf-token", "abc123", "--steps", "10"]', ['"abc123"']),
     ("<password>hunter2</password><user>bob</user>", ["hunter2"]),  # an XML element
-    ("<Password>two words</Password> <api_key>abc</api_key>", ["two words", "abc"]),
+    ("<Password>two words</Password> <api_key>abc9</api_key>", ["two words", "abc9"]),
     ("<password>password=abc</password>", ["password=abc</password>"]),  # overlapping readings joined
+    ('<wsse:Password Type="#PasswordText">hunter2</wsse:Password>', ["hunter2"]),  # a namespace, attributes
+    ("<ns:api_key>abc123</ns:api_key>", ["abc123"]),
+    ("['x', '--password', b'hunter2']", ["'hunter2'"]),  # bytes in a printed list
 ]
 NOT_ASSIGNED = [
     "token_budget=512",  # the last word names what it is: a budget
@@ -463,6 +469,8 @@ NOT_ASSIGNED = [
     "['--steps', '10']",
     "<token>50256</token>", "<pad_token>x</pad_token>", "<password>${DB_PASSWORD}</password>",
     "<password></password>", "<password>x</passwd>", "<password>a\nb</password>",  # no element
+    "<password x>y</password >", "<ns:password>x</password>",  # no element either: the end tag differs
+    "['psql', '--no-password', 'db']", "--no-auth server", "mysql --no_password db",  # flags that take no value
 ]
 
 
@@ -515,7 +523,8 @@ def test_a_word_that_only_ends_in_token_names_no_credential(key):
                                   "password " + "-a=/" * 65_000, "-u=/" * 65_000, "a=" * 131_072, 'a="' * 87_000, 'a="a"' * 52_000, "a: " * 87_000,
                                   "a is " * 52_000, "password=" * 29_000, "x-" * 131_000 + "=",
                                   "<password>" * 26_000, "<password>a" * 23_000 + "</password>",
-                                  "'--password', " * 18_000, "<a>" * 87_000])
+                                  "'--password', " * 18_000, "<a>" * 87_000, "<wsse:Password x" * 16_000,
+                                  '<password t="' * 20_000, "<ns:" * 65_000])
 def test_assignments_are_read_in_linear_time(text):
     # A manifest may hold 256 KiB in one value. A quadratic reading of these took 64 s for the
     # first; linear, each takes about a second at most on a slow machine. The bound is generous:
