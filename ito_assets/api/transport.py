@@ -19,16 +19,17 @@ that never ends must not grow in memory until the deadline).
 
 Every refusal made here is the API's JSON envelope with a stable code, as the app's are: a request
 the parser cannot read is USAGE_ERROR (400), a head past its bound REQUEST_TOO_LARGE (431), a
-request not read whole by its deadline TIMEOUT (408). uvicorn's own 503 past `limit_concurrency` stays its
-plain text: the client takes it, as any answer that is not an envelope, for an unreachable API.
+request not read whole by its deadline TIMEOUT (408). uvicorn's own 503 past `limit_concurrency`
+stays its plain text: the client takes it, as any answer that is not an envelope, for an
+unreachable API.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-from http import HTTPStatus
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any, ClassVar
 
 import h11
@@ -47,7 +48,6 @@ MAX_HEAD_BYTES = 16 * 1024  # h11's default; a request here carries one bearer t
 MAX_RAW_HEAD_BYTES = 8 * MAX_HEAD_BYTES  # also what h11 buffers of an incomplete head
 
 
-
 def edge_answer(status: int, error: ItoError) -> bytes:
     """A refusal made before the app holds the request, as the app would make it: the JSON
     envelope with its stable code (uvicorn's own are plain text or empty), then the close."""
@@ -58,7 +58,7 @@ def edge_answer(status: int, error: ItoError) -> bytes:
 
 _TIMEOUT_RESPONSE = edge_answer(408, ItoError(
     ErrorCode.TIMEOUT, "the request did not arrive whole within the server's read deadline"))
-_MALFORMED_RESPONSE = edge_answer(400, ItoError(ErrorCode.USAGE_ERROR, "the request is not valid HTTP/1.1"))
+_MALFORMED_RESPONSE = edge_answer(400, ItoError(ErrorCode.USAGE_ERROR, "the request could not be read as HTTP"))
 _HEAD_TOO_LARGE_RESPONSE = edge_answer(431, ItoError(
     ErrorCode.REQUEST_TOO_LARGE, f"the request line and headers exceed the {MAX_HEAD_BYTES}-byte limit"))
 

@@ -219,8 +219,8 @@ _ASCII_KINDS = str.maketrans({**dict.fromkeys(string.ascii_letters, "a"), **dict
 def _character_kinds() -> dict[int, str]:
     """`str.translate`'s table of every word character and digit, as polars' regex (Rust's) reads
     WORD_PATTERN and DIGITS_PATTERN. Python's `re` disagrees with it on 12,909 code points under
-    polars 2.1 and Python 3.11: Rust's `\w` holds combining marks and the zero-width joiners, so
-    Devanagari's vowel signs and Hebrew's points stay inside their word, where Python's `\w` cuts
+    polars 2.1 and Python 3.11: Rust's `\\w` holds combining marks and the zero-width joiners, so
+    Devanagari's vowel signs and Hebrew's points stay inside their word, where Python's `\\w` cuts
     "नमस्ते" into three; and their Unicode versions differ. An eval item cut one way and a document
     the other share no seed, and a verbatim copy goes unseen. Read from polars itself, once per
     process (0.1-0.3 s, 60 MB at most); a table, not a class of 1,000 ranges for `re`, which took
