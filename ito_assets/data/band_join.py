@@ -12,8 +12,9 @@ verified pairs.
   units' memory-mapped arrays, `near_dedup.verify_pairs`) and only the pairs at or above the
   threshold are written. Verification is per pair, so batching cannot change a verdict.
 - A pair sharing bands in several partitions is counted and verified once: by the partition of
-  the first band the two documents share (`owned`), so the counters and the histogram add up to
-  the one-partition figures exactly.
+  the first band the two documents share (`owned`), where that band paired them (a bucket pairs
+  each member with its first `bucket_anchors` members only), so the counters and the histogram
+  add up to the one-partition figures exactly.
 - The keep rule and the families run once, in the step's process, on the verified pairs of every
   partition (few: only pairs at or above the threshold; both sort their input, so the order the
   partitions come back in changes nothing).
@@ -36,7 +37,8 @@ import pyarrow.parquet as pq
 from ito_assets.data.config import DedupConfig, ScaleConfig
 from ito_assets.data.kernels import distinct
 from ito_assets.data.minhash import Shingles
-from ito_assets.data.near_dedup import HISTOGRAM_BINS, Families, NearDedupCounts, Removals, band_keys, families_of, histogram, keep_rule, verify_pairs
+from ito_assets.data.near_dedup import (DEFAULT_ANCHORS, HISTOGRAM_BINS, Families, NearDedupCounts, Removals, band_keys, families_of,
+                                        first_shared_band, histogram, keep_rule, verify_pairs)
 from ito_assets.data.scratch import Scratch, sql_list
 from ito_assets.data.units import Pool, map_units
 
@@ -49,15 +51,22 @@ PAIR_SCHEMA = {"a": pl.Int64, "b": pl.Int64, "similarity": pl.Float64}
 # Pairs come out ordered by the units of their two documents, so that a verification batch
 # gathers from few units (each gather maps a unit's files: across every unit, the mapping alone
 # took 26 of the 34 s of near-duplicate removal at 128x the fixtures, benchmarks/data_scaling.py).
+# A bucket's member pairs with those after it only among the bucket's first `anchors` in keep
+# order (`near_dedup.candidate_pairs`); `band` is the first band of this partition that paired them.
 CANDIDATES_SQL = """
 WITH bands AS (SELECT doc, band, key, unit FROM read_parquet({files}) {where}),
 shared AS (SELECT band, key FROM bands GROUP BY band, key HAVING count(*) > 1),
-members AS (SELECT bands.* FROM bands SEMI JOIN shared USING (band, key)),
+members AS (
+    SELECT bands.*, row_number() OVER (PARTITION BY band, key ORDER BY doc) AS rank
+    FROM bands SEMI JOIN shared USING (band, key)
+),
 pairs AS (
-    SELECT DISTINCT l.doc AS a, r.doc AS b, l.unit AS unit_a, r.unit AS unit_b
+    SELECT l.doc AS a, r.doc AS b, min(l.band) AS band, min(l.unit) AS unit_a, min(r.unit) AS unit_b
     FROM members l JOIN members r ON l.band = r.band AND l.key = r.key AND l.doc < r.doc
+    WHERE l.rank <= {anchors}
+    GROUP BY l.doc, r.doc
 )
-SELECT a, b FROM pairs ORDER BY unit_a, unit_b
+SELECT a, b, band FROM pairs ORDER BY unit_a, unit_b
 """
 
 
@@ -92,28 +101,27 @@ def write_band_rows(bands: pl.DataFrame, path: str, num_partitions: int) -> int:
     return table.num_rows
 
 
-def candidate_batches(db: duckdb.DuckDBPyConnection, band_files: Sequence[str], batch_rows: int, partition: int | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Distinct pairs (a < b) sharing a band (of `partition` only, when given), as arrays of at
-    most `batch_rows` pairs, ordered by the units of a and b. Band files have columns doc, band,
-    key and unit (and part, the partition)."""
+def candidate_batches(db: duckdb.DuckDBPyConnection, band_files: Sequence[str], batch_rows: int, partition: int | None = None,
+                      anchors: int = DEFAULT_ANCHORS) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Distinct pairs (a < b) that a band paired (of `partition` only, when given), with the first
+    such band, as arrays of at most `batch_rows` pairs, ordered by the units of a and b. Band files
+    have columns doc, band, key and unit (and part, the partition)."""
     if not band_files:
         return
     where = "" if partition is None else f"WHERE part = {int(partition)}"
-    reader = db.execute(CANDIDATES_SQL.format(files=sql_list(band_files), where=where)).to_arrow_reader(batch_rows)
-    for batch in reader:
+    sql = CANDIDATES_SQL.format(files=sql_list(band_files), where=where, anchors=int(anchors))
+    for batch in db.execute(sql).to_arrow_reader(batch_rows):
         if batch.num_rows:
-            yield batch.column("a").to_numpy().astype(np.int64), batch.column("b").to_numpy().astype(np.int64)
+            yield tuple(batch.column(name).to_numpy().astype(np.int64) for name in ("a", "b", "band"))
 
 
-def owned(signatures: np.ndarray, a: np.ndarray, b: np.ndarray, config: DedupConfig, partition: int, num_partitions: int) -> np.ndarray:
-    """Which candidate pairs (rows a, b of `signatures`) this partition settles: those whose first
-    shared band's bucket is in it. A pair sharing several bands reaches every partition holding one
-    of them; exactly one owns it."""
-    if num_partitions == 1:
-        return np.ones(len(a), dtype=bool)
+def owned(signatures: np.ndarray, a: np.ndarray, b: np.ndarray, band: np.ndarray, config: DedupConfig) -> np.ndarray:
+    """Which candidate pairs (rows a, b of `signatures`, paired first by `band` in this partition)
+    this partition settles: those paired by the first band the two share. A pair sharing several
+    bands reaches every partition holding one of them that paired it; only the first band's owns
+    it, and a pair that band did not pair (past its anchors) is no candidate, as in memory."""
     keys = band_keys(signatures, config.bands, config.rows)
-    first = (keys[a] == keys[b]).argmax(axis=1)
-    return partition_of(keys[a, first], num_partitions) == partition
+    return first_shared_band(keys, a, b) == band
 
 
 class UnitArrays:
@@ -250,11 +258,11 @@ def partition_pairs(task: PairTask) -> tuple[int, int, tuple[int, ...]]:
     try:
         _configure(db, task)
         where = None if task.num_partitions == 1 else task.partition
-        for a, b in candidate_batches(db, task.band_files, task.batch_rows, where):
+        for a, b, band in candidate_batches(db, task.band_files, task.batch_rows, where, task.config.bucket_anchors):
             docs = distinct(np.concatenate([a, b]))
             signatures = arrays.signatures(docs)
             ia, ib = np.searchsorted(docs, a), np.searchsorted(docs, b)
-            mine = owned(signatures, ia, ib, task.config, task.partition, task.num_partitions)
+            mine = owned(signatures, ia, ib, band, task.config)
             va, vb, similarity, estimate, verified = verify_pairs(signatures, LazyShingles(arrays, docs), ia[mine], ib[mine], task.config)
             kept.append(pl.DataFrame({"a": docs[va], "b": docs[vb], "similarity": similarity}, schema=PAIR_SCHEMA))
             num_candidates += int(mine.sum())

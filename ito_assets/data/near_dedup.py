@@ -36,6 +36,7 @@ from ito_assets.data.minhash import Shingles, estimated_jaccard
 from ito_assets.data.text import NGRAM_MULTIPLIERS
 
 HISTOGRAM_BINS = 20  # 0.05-wide bins of estimated Jaccard
+DEFAULT_ANCHORS = DedupConfig().bucket_anchors
 
 
 @dataclass(frozen=True)
@@ -68,10 +69,12 @@ def band_rows(signatures: np.ndarray, bands: int, rows: int, first: int = 0) -> 
     )
 
 
-def candidate_pairs(signatures: np.ndarray, bands: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
+def candidate_pairs(signatures: np.ndarray, bands: int, rows: int, anchors: int = DEFAULT_ANCHORS) -> tuple[np.ndarray, np.ndarray]:
     """Distinct pairs (a < b) of documents sharing at least one band, ordered by (b, a), in memory
-    (`band_join` is the out-of-core equivalent): each band's keys sorted, and every two members
-    of a run of equal keys a pair. Most keys are unique: each band first sorts its keys' high bits
+    (`band_join` is the out-of-core equivalent): each band's keys sorted, and each member of a run
+    of equal keys paired with the members after it, where it is among the run's first `anchors` in
+    keep order (`first_shared_band`). A pair is taken from the first band the two share, and
+    only when that band paired them. Most keys are unique: each band first sorts its keys' high bits
     with the document's position in the low ones (a sort of values, 3x an argsort's speed), and
     only the documents whose high bits repeat are grouped on their whole key. On 55,000 documents
     of 20 bands (benchmarks/dedup_speed.py's short corpus), band keys included: 0.043 s, against
@@ -91,20 +94,32 @@ def candidate_pairs(signatures: np.ndarray, bands: int, rows: int) -> tuple[np.n
         shared[1:] |= repeat
         shared[:-1] |= repeat
         members = (packed[shared] & low).astype(np.int64)
-        order = members[np.argsort(keys[members, band])]
+        # Stable: a run of equal keys keeps the members' keep order, in which its anchors come first.
+        order = members[np.argsort(keys[members, band], kind="stable")]
         key = keys[order, band]
         edges = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1], [True]]))
-        # Each sorted position pairs with the positions after it up to its run's end.
-        partners = np.repeat(edges[1:], np.diff(edges)) - np.arange(len(key)) - 1
+        # Each sorted position pairs with the positions after it up to its run's end, if it is
+        # among its run's first `anchors`.
+        sizes = np.diff(edges)
+        partners = np.repeat(edges[1:], sizes) - np.arange(len(key)) - 1
+        partners[np.arange(len(key)) - np.repeat(edges[:-1], sizes) >= anchors] = 0
         first = np.flatnonzero(partners)
         partners = partners[first]
         first = np.repeat(first, partners)
         second = first + 1 + np.arange(len(first)) - np.repeat(np.cumsum(partners) - partners, partners)
-        x, y = eligible[order[first]], eligible[order[second]]
-        earlier.append(np.minimum(x, y))
-        later.append(np.maximum(x, y))
+        x, y = np.minimum(order[first], order[second]), np.maximum(order[first], order[second])
+        if band:  # from this band only the pairs whose keys no earlier band shares
+            mine = ~(keys[x, :band] == keys[y, :band]).any(axis=1)
+            x, y = x[mine], y[mine]
+        earlier.append(eligible[x])
+        later.append(eligible[y])
     pairs = distinct(np.concatenate(later).astype(np.int64) * len(signatures) + np.concatenate(earlier))
     return pairs % max(len(signatures), 1), pairs // max(len(signatures), 1)
+
+
+def first_shared_band(keys: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The first band whose keys (`band_keys`) documents a and b share, for each pair that shares one."""
+    return (keys[a] == keys[b]).argmax(axis=1)
 
 
 def exact_jaccard(shingles: Shingles, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -204,7 +219,7 @@ def histogram(values: np.ndarray) -> tuple[int, ...]:
 
 def near_duplicates(signatures: np.ndarray, shingles: Shingles, config: DedupConfig) -> tuple[Removals, Families, NearDedupCounts]:
     """Signatures and shingle sets of documents in keep order -> removals by rank, families, counters."""
-    a, b = candidate_pairs(signatures, config.bands, config.rows)
+    a, b = candidate_pairs(signatures, config.bands, config.rows, config.bucket_anchors)
     va, vb, similarity, estimate, num_verified = verify_pairs(signatures, shingles, a, b, config)
     removed = keep_rule(va, vb, similarity)
     counts = NearDedupCounts(

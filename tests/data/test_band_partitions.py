@@ -79,14 +79,17 @@ def test_a_unit_s_band_file_has_one_row_group_per_partition(tmp_path: Path) -> N
     assert db.execute(f"SELECT count(*) FROM read_parquet('{empty}') WHERE part = 0").fetchone() == (0,)
 
 
+@pytest.mark.parametrize("anchors", [128, 3])
 @pytest.mark.parametrize("partitions", [1, 3, 8])
-def test_every_candidate_pair_is_owned_by_exactly_one_partition(tmp_path: Path, partitions: int) -> None:
+def test_every_candidate_pair_is_owned_by_exactly_one_partition(tmp_path: Path, partitions: int, anchors: int) -> None:
     rng = np.random.default_rng(0)
-    # Small slot values make pairs that share several bands, in several partitions.
+    # Small slot values make pairs that share several bands, in several partitions, and buckets
+    # of about 11 members: past 3 anchors, a pair is taken from its first shared band only where
+    # that band paired it, here as in memory.
     signatures = rng.integers(0, 3, size=(300, 12), dtype=np.uint32)
     signatures[::17] = np.uint32(0xFFFFFFFF)
-    config = DedupConfig(bands=4, rows=3, num_perm=12)
-    a, b = candidate_pairs(signatures, 4, 3)
+    config = DedupConfig(bands=4, rows=3, num_perm=12, bucket_anchors=anchors)
+    a, b = candidate_pairs(signatures, 4, 3, anchors)
     keys = band_keys(signatures, 4, 3)
     assert np.any(np.unique(partition_of(keys, partitions), axis=1).shape[1] > 1) or partitions == 1
     files = []
@@ -97,14 +100,14 @@ def test_every_candidate_pair_is_owned_by_exactly_one_partition(tmp_path: Path, 
         files.append(path)
     settled, seen = [], 0
     for p in range(partitions):
-        for x, y in candidate_batches(duckdb.connect(), files, 500, None if partitions == 1 else p):
+        for x, y, band in candidate_batches(duckdb.connect(), files, 500, None if partitions == 1 else p, anchors):
             seen += len(x)
-            mine = owned(signatures, x, y, config, p, partitions)
+            mine = owned(signatures, x, y, band, config)
             settled.append(np.stack([x[mine], y[mine]], axis=1))
     got = np.concatenate(settled)
     got = got[np.lexsort((got[:, 0], got[:, 1]))]
     assert np.array_equal(got, np.stack([a, b], axis=1))  # each pair once, none missing
-    assert (seen > len(a)) == (partitions > 1)  # pairs shared across partitions were seen twice
+    assert (seen > len(a)) == (partitions > 1 or anchors < 128)  # seen again: in another partition, or a later band
 
 
 @pytest.mark.parametrize("partition_rows, num_workers", [(10**9, 1), (300, 1), (97, 2), (60, 1)])

@@ -107,6 +107,49 @@ def test_a_survivor_is_never_in_a_worse_tier_than_its_duplicates() -> None:
     assert set(decisions["family_id"]) == {"d0002"}
 
 
+LICENCE = ("Permission is hereby granted free of charge to any person obtaining a copy of this software and "
+           "associated documentation files the Software to deal in the Software without restriction including "
+           "without limitation the rights to use copy modify merge publish distribute sublicense and or sell copies "
+           "of the Software and to permit persons to whom the Software is furnished to do so subject to the following "
+           "conditions The above copyright notice and this permission notice shall be included in all copies or "
+           "substantial portions of the Software")
+
+
+@pytest.mark.parametrize("num_workers", [1, 2])
+def test_a_cluster_past_a_buckets_anchors_is_paired_with_them_alone(tmp_path: Path, num_workers: int) -> None:
+    """200 licences that differ in their copyright line share most buckets: paired every two, about
+    19,900 candidates (m(m-1)/2: 8 million for 4,000 licences); with 8 anchors, each meets a
+    bucket's first 8 only, and the same documents are removed, streamed as in memory."""
+    rng = random.Random(5)
+    texts = [f"Copyright (c) {1900 + i} Holder number {i}. {LICENCE}" for i in range(200)]
+    texts += [random_text(rng, 60) for _ in range(20)]
+    docs = frame(texts)
+    whole, whole_counts = deduplicate(docs, DedupConfig(bucket_anchors=200))  # as many anchors as members: every pair
+    anchored, counts = deduplicate(docs, DedupConfig(bucket_anchors=8))
+    assert whole_counts.near.num_candidate_pairs >= 199 * 200 // 2 * 0.99 and whole_counts.near.num_removed == 199
+    # At most 8 partners a member in each band's bucket: linear in the cluster's size.
+    assert counts.near.num_candidate_pairs <= 20 * 8 * 200 and counts.near.num_removed == 199
+    assert counts.near.num_candidate_pairs * 5 < whole_counts.near.num_candidate_pairs
+    assert anchored.drop("similarity", "duplicate_of").equals(whole.drop("similarity", "duplicate_of"))
+    assert set(anchored.filter(pl.col("dedup_state") == "kept")["doc_id"]) >= {"d0000"}
+    shards = write_shards(docs, tmp_path / "source", prefix="d", max_rows=37)
+    scale = ScaleConfig(unit_bytes=3_000, pair_batch=500, memory_limit_mb=128, in_memory_mb=0, num_workers=num_workers)
+    with scratch_space(tmp_path / "_scratch", scale) as scratch:
+        table, streamed_counts = deduplicate_units(scratch, shards.shards, DedupConfig(bucket_anchors=8), tmp_path / "d.parquet")
+    assert_frame_equal(pl.read_parquet(table.path), anchored)
+    assert streamed_counts == counts
+
+
+def test_the_launchpad_sets_a_buckets_anchors_and_nothing_else_moves() -> None:
+    from ito_assets.defs.data.params import DedupParams
+
+    assert DedupParams().to_config().dedup == DedupConfig()
+    assert DedupParams(bucket_anchors=7).to_config().dedup == DedupConfig(bucket_anchors=7)
+    with pytest.raises(ValueError, match="bucket_anchors must be positive"):
+        DedupConfig(bucket_anchors=0)
+    assert DedupConfig(bucket_anchors=1).bucket_anchors == 1
+
+
 def test_signature_verification_mode_agrees_too(tmp_path: Path) -> None:
     docs = corpus(seed=3)
     config = DedupConfig(verify="signature")
@@ -131,8 +174,8 @@ def test_duckdb_band_join_finds_the_in_memory_candidate_pairs(tmp_path: Path) ->
         files.append(str(path))
     with scratch_space(tmp_path / "_scratch", TINY) as scratch:
         batches = list(candidate_batches(scratch.db, files, 500))
-    assert len(batches) > 1 and all(len(x) <= 500 for x, _ in batches)
-    got = np.concatenate([np.stack(batch, axis=1) for batch in batches])
+    assert len(batches) > 1 and all(len(x) <= 500 for x, *_ in batches)
+    got = np.concatenate([np.stack(batch[:2], axis=1) for batch in batches])
     units = got // 64  # the batches come out in the order of the units of a, then b
     assert np.all(np.diff(units[:, 0] * 10 + units[:, 1]) >= 0)
     got = got[np.lexsort((got[:, 0], got[:, 1]))]

@@ -36,6 +36,8 @@ class DedupParams(ScaleParams):
     rows: int = _DEDUP.rows
     threshold: float = _DEDUP.threshold
     verify: Literal["exact", "signature"] = _DEDUP.verify
+    # Each member of a band's bucket is paired with the bucket's first this many in keep order.
+    bucket_anchors: int = _DEDUP.bucket_anchors
     warn_duplicate_rate: float = _DEDUP.warn_duplicate_rate
     # Band rows per partition of the LSH band join (at least one partition per worker): how the
     # join is spread, never what it finds.
