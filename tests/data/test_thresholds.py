@@ -179,6 +179,24 @@ def test_banding_pairs_documents_that_agree_on_one_whole_band() -> None:
     assert list(zip(a.tolist(), b.tolist())) == [(1, 2), (0, 3), (4, 5), (4, 6), (5, 6)]
 
 
+@pytest.mark.parametrize("members", [3, 4, 5])
+def test_a_bucket_pairs_its_members_with_its_first_anchors(members: int) -> None:
+    """3 anchors: a bucket of 4 members (anchors + 1) is paired whole; of 5, its last two members
+    do not pair with each other, each meeting the first 3."""
+    a, b = candidate_pairs(np.array([[1, 2]] * members, dtype=np.uint32), 1, 2, anchors=3)
+    every = {(x, y) for y in range(members) for x in range(y)}
+    assert set(zip(a.tolist(), b.tolist())) == (every - {(3, 4)})
+
+
+def test_a_pair_is_taken_from_the_first_band_it_shares_where_that_band_paired_it() -> None:
+    # Band 0: one bucket of 4 (documents 0-3); band 1: documents 2 and 3 alone in theirs.
+    signatures = np.array([[1, 5], [1, 6], [1, 7], [1, 7]], dtype=np.uint32)
+    a, b = candidate_pairs(signatures, 2, 1, anchors=2)
+    assert list(zip(a.tolist(), b.tolist())) == [(0, 1), (0, 2), (1, 2), (0, 3), (1, 3)]  # not (2, 3)
+    a, b = candidate_pairs(signatures, 2, 1, anchors=3)
+    assert (2, 3) in set(zip(a.tolist(), b.tolist()))
+
+
 def test_banding_with_a_single_slot() -> None:
     # num_perm = bands = rows = 1 is a valid configuration: the first slot is the only one.
     assert DedupConfig(num_perm=1, bands=1, rows=1).lsh_threshold == 1.0
