@@ -232,6 +232,19 @@ def fake_api_holding(mode: str) -> Iterator[tuple[str, list[socket.socket]]]:
         listener.close()
 
 
+def read_request(conn: socket.socket) -> bytes:
+    """One whole HTTP/1.1 request (Content-Length framed) read from `conn`."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += conn.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    while len(body) < length:
+        body += conn.recv(65536)
+    return head + b"\r\n\r\n" + body
+
+
 def read_json_line(text: str) -> dict:
     lines = [line for line in text.splitlines() if line.strip()]
     assert len(lines) == 1, f"expected exactly one JSON document, got {len(lines)} lines"

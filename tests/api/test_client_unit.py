@@ -3,10 +3,15 @@ and what is reported, for each kind of transport failure."""
 
 from __future__ import annotations
 
+import socket
+import threading
+
 import pytest
 
+from api_harness import read_request
 from ito_assets.api import envelope
-from ito_assets.api.client import ApiClient, NoAnswer, NotDelivered, Reply
+from ito_assets.api import transport
+from ito_assets.api.client import ApiClient, Endpoint, HttpTransport, NoAnswer, NotDelivered, Reply
 from ito_assets.errors import ErrorCode, ItoError
 
 RUN = {"run_id": "run_" + "1" * 26, "state": "queued"}
@@ -100,9 +105,6 @@ def test_reads_are_retried_after_a_lost_answer() -> None:
 
 def _answering(*answers: bytes):
     """A loopback listener that answers its connections with `answers` in turn; -> (url, request lines)."""
-    import socket
-    import threading
-
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(8)
@@ -112,15 +114,7 @@ def _answering(*answers: bytes):
         for answer in answers:
             conn, _ = listener.accept()
             with conn:
-                data = b""
-                while b"\r\n\r\n" not in data:
-                    data += conn.recv(65536)
-                head, _, body = data.partition(b"\r\n\r\n")
-                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                               if line.lower().startswith(b"content-length:")), 0)
-                while len(body) < length:
-                    body += conn.recv(65536)
-                lines.append(head.split(b"\r\n")[0].decode())
+                lines.append(read_request(conn).split(b"\r\n")[0].decode())
                 conn.sendall(answer)
         listener.close()
 
@@ -137,9 +131,6 @@ def _answer(document: dict) -> bytes:
 def test_a_408_is_retried_as_a_request_never_read(method) -> None:
     """The server answers 408 only before it holds a request (api/transport.py), so even a mutation
     is sent again, with no lookup by key first; before, a GET met a TIMEOUT at once."""
-    from ito_assets.api import transport
-    from ito_assets.api.client import Endpoint, HttpTransport
-
     port, lines = _answering(transport._TIMEOUT_RESPONSE, _answer(envelope.success(RUN, live_api_contacted=True)))
     http = HttpTransport(Endpoint(scheme="http", host="127.0.0.1", port=port), None, connect_timeout_s=5, total_timeout_s=5)
     api = ApiClient(http, sleep=lambda _s: None)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from api_harness import Client, Server, environment, map_in_forked_callers
+from api_harness import Client, Server, environment, map_in_forked_callers, read_request
 from ito_assets.api import cli
 from ito_assets.control.fingerprint import request_fingerprint
 
@@ -118,21 +118,9 @@ class DroppingProxy:
                 return
             threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
 
-    @staticmethod
-    def _read_request(conn: socket.socket) -> bytes:
-        data = b""
-        while b"\r\n\r\n" not in data:
-            data += conn.recv(65536)
-        head, _, body = data.partition(b"\r\n\r\n")
-        length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                       if line.lower().startswith(b"content-length:")), 0)
-        while len(body) < length:
-            body += conn.recv(65536)
-        return head + b"\r\n\r\n" + body
-
     def _handle(self, conn: socket.socket) -> None:
         with conn:
-            request = self._read_request(conn)
+            request = read_request(conn)
             line = request.split(b"\r\n", 1)[0].decode()
             self.requests.append(line)
             with socket.create_connection(self.upstream) as up:
