@@ -12,9 +12,9 @@ verified pairs.
   units' memory-mapped arrays, `near_dedup.verify_pairs`) and only the pairs at or above the
   threshold are written. Verification is per pair, so batching cannot change a verdict.
 - A pair sharing bands in several partitions is counted and verified once: by the partition of
-  the first band the two documents share (`owned`), where that band paired them (a bucket pairs
-  each member with its first `bucket_anchors` members only), so the counters and the histogram
-  add up to the one-partition figures exactly.
+  the first band the two documents share (`owned`), where that band paired them (with
+  `bucket_anchors` set, a bucket pairs each member with its first members only), so the counters
+  and the histogram add up to the one-partition figures exactly.
 - The keep rule and the families run once, in the step's process, on the verified pairs of every
   partition (few: only pairs at or above the threshold; both sort their input, so the order the
   partitions come back in changes nothing).
@@ -51,8 +51,9 @@ PAIR_SCHEMA = {"a": pl.Int64, "b": pl.Int64, "similarity": pl.Float64}
 # Pairs come out ordered by the units of their two documents, so that a verification batch
 # gathers from few units (each gather maps a unit's files: across every unit, the mapping alone
 # took 26 of the 34 s of near-duplicate removal at 128x the fixtures, benchmarks/data_scaling.py).
-# A bucket's member pairs with those after it only among the bucket's first `anchors` in keep
-# order (`near_dedup.candidate_pairs`); `band` is the first band of this partition that paired them.
+# A bucket's member pairs with those after it (only among the bucket's first `anchors` in keep
+# order, where they are set: `near_dedup.candidate_pairs`); `band` is the first band of this
+# partition that paired them.
 CANDIDATES_SQL = """
 WITH bands AS (SELECT doc, band, key, unit FROM read_parquet({files}) {where}),
 shared AS (SELECT band, key FROM bands GROUP BY band, key HAVING count(*) > 1),
@@ -62,8 +63,7 @@ members AS (
 ),
 pairs AS (
     SELECT l.doc AS a, r.doc AS b, min(l.band) AS band, min(l.unit) AS unit_a, min(r.unit) AS unit_b
-    FROM members l JOIN members r ON l.band = r.band AND l.key = r.key AND l.doc < r.doc
-    WHERE l.rank <= {anchors}
+    FROM members l JOIN members r ON l.band = r.band AND l.key = r.key AND l.doc < r.doc {anchored}
     GROUP BY l.doc, r.doc
 )
 SELECT a, b, band FROM pairs ORDER BY unit_a, unit_b
@@ -109,7 +109,8 @@ def candidate_batches(db: duckdb.DuckDBPyConnection, band_files: Sequence[str], 
     if not band_files:
         return
     where = "" if partition is None else f"WHERE part = {int(partition)}"
-    sql = CANDIDATES_SQL.format(files=sql_list(band_files), where=where, anchors=int(anchors))
+    anchored = f"AND l.rank <= {int(anchors)}" if anchors else ""
+    sql = CANDIDATES_SQL.format(files=sql_list(band_files), where=where, anchored=anchored)
     for batch in db.execute(sql).to_arrow_reader(batch_rows):
         if batch.num_rows:
             yield tuple(batch.column(name).to_numpy().astype(np.int64) for name in ("a", "b", "band"))

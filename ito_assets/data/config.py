@@ -35,13 +35,15 @@ class DedupConfig:
       estimate alone. Either way, pairs whose estimate is below threshold - prefilter_margin are
       not verified (margin 0.15 = 4 standard deviations at J = 0.8: a true 0.8 pair is lost with
       probability 3e-5).
-    - bucket_anchors 128: a band's bucket pairs each member with its first 128 members in keep
-      order, not with every other member. A cluster of m near-duplicates in one bucket (licence
-      headers, boilerplate, short replies) gave m(m-1)/2 candidates: 4,000 licences that differ in
-      their copyright line, 8 million pairs and a 3.6 GB peak. Each member still meets the
-      bucket's earliest documents, the ones the keep rule keeps; a bucket of up to 129 members is
-      paired whole, as before (the fixtures' largest holds 18). With 128, 4,000 such licences gave
-      0.70 million pairs, 4.8 s and 419 MB (docs/data-plane.md).
+    - bucket_anchors 0 (off): every two members of a band's bucket are a candidate pair. Set, a
+      bucket pairs each member with its first bucket_anchors members in keep order only, and a pair
+      is taken from the first band its documents share, where that band paired them: the
+      candidates of a cluster of m near-copies in one bucket (licence headers, boilerplate, short
+      replies) then grow with m, not m(m-1)/2 (4,000 licences differing in their copyright line:
+      8.0 million pairs and a 3.6 GB peak, 0.70 million and 419 MB at 128). The price: a pair
+      whose first shared band holds it past that bucket's anchors is no candidate, even where a
+      later band pairs it alone (800 pages of one template, each with a near-copy: 173 copies
+      kept at 128). Off by default for that reason: a run that meets such clusters can turn it on.
     """
 
     shingle_size: int = 5
@@ -51,7 +53,7 @@ class DedupConfig:
     threshold: float = 0.8
     verify: Literal["exact", "signature"] = "exact"
     prefilter_margin: float = 0.15
-    bucket_anchors: int = 128
+    bucket_anchors: int = 0
     seed: int = 1
     # Above this share of removed documents the WARN check fires: the fixture corpora lose ~15%
     # (stdlib re-exports and inherited docstrings); a source listed twice would lose >= 50%.
@@ -60,7 +62,7 @@ class DedupConfig:
     def __post_init__(self) -> None:
         _require(1 <= self.shingle_size <= 32, "shingle_size", "must be between 1 and 32 words")
         _require(self.bands >= 1 and self.rows >= 1, "bands", "and rows must be positive")
-        _require(self.bucket_anchors >= 1, "bucket_anchors", "must be positive")
+        _require(self.bucket_anchors >= 0, "bucket_anchors", "must be 0 (off) or positive")
         _require(self.bands * self.rows <= self.num_perm, "num_perm", "must be at least bands x rows")
         _require(0.0 < self.threshold <= 1.0, "threshold", "must be in (0, 1]")
         _require(self.verify in ("exact", "signature"), "verify", "must be 'exact' or 'signature'")

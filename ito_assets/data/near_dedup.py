@@ -72,13 +72,14 @@ def band_rows(signatures: np.ndarray, bands: int, rows: int, first: int = 0) -> 
 def candidate_pairs(signatures: np.ndarray, bands: int, rows: int, anchors: int = DEFAULT_ANCHORS) -> tuple[np.ndarray, np.ndarray]:
     """Distinct pairs (a < b) of documents sharing at least one band, ordered by (b, a), in memory
     (`band_join` is the out-of-core equivalent): each band's keys sorted, and each member of a run
-    of equal keys paired with the members after it, where it is among the run's first `anchors` in
-    keep order (`first_shared_band`). A pair is taken from the first band the two share, and
-    only when that band paired them. Most keys are unique: each band first sorts its keys' high bits
-    with the document's position in the low ones (a sort of values, 3x an argsort's speed), and
-    only the documents whose high bits repeat are grouped on their whole key. On 55,000 documents
-    of 20 bands (benchmarks/dedup_speed.py's short corpus), band keys included: 0.043 s, against
-    0.065 s with an argsort of every band and 0.42-0.52 s for a polars self-join of band rows."""
+    of equal keys paired with the members after it (with `anchors`, only where it is among the
+    run's first `anchors` in keep order), each pair from the first band its documents share, where
+    that band paired them (DedupConfig.bucket_anchors). Most keys are unique: each band first sorts
+    its keys' high bits with the document's position in the low ones (a sort of values, 3x an
+    argsort's speed), and only the documents whose high bits repeat are grouped on their whole
+    key. On 55,000 documents of 20 bands (benchmarks/dedup_speed.py's short corpus), band keys
+    included: 0.043 s, against 0.065 s with an argsort of every band and 0.42-0.52 s for a polars
+    self-join of band rows."""
     eligible = np.flatnonzero(signatures[:, 0] != EMPTY) if len(signatures) else np.zeros(0, dtype=np.int64)
     keys = band_keys(signatures[eligible], bands, rows)
     low = np.uint64((1 << max(len(eligible) - 1, 1).bit_length()) - 1)
@@ -94,22 +95,29 @@ def candidate_pairs(signatures: np.ndarray, bands: int, rows: int, anchors: int 
         shared[1:] |= repeat
         shared[:-1] |= repeat
         members = (packed[shared] & low).astype(np.int64)
-        # Stable: a run of equal keys keeps the members' keep order, in which its anchors come first.
+        # `members` are in keep order within equal high bits (the positions are the low bits of
+        # `packed`), and a stable sort keeps that order within a run: its anchors come first.
         order = members[np.argsort(keys[members, band], kind="stable")]
         key = keys[order, band]
         edges = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1], [True]]))
-        # Each sorted position pairs with the positions after it up to its run's end, if it is
-        # among its run's first `anchors`.
+        # Each sorted position pairs with the positions after it up to its run's end (if it is
+        # among its run's first `anchors`, where they are set).
         sizes = np.diff(edges)
         partners = np.repeat(edges[1:], sizes) - np.arange(len(key)) - 1
-        partners[np.arange(len(key)) - np.repeat(edges[:-1], sizes) >= anchors] = 0
+        if anchors:
+            partners[np.arange(len(key)) - np.repeat(edges[:-1], sizes) >= anchors] = 0
         first = np.flatnonzero(partners)
         partners = partners[first]
         first = np.repeat(first, partners)
         second = first + 1 + np.arange(len(first)) - np.repeat(np.cumsum(partners) - partners, partners)
         x, y = np.minimum(order[first], order[second]), np.maximum(order[first], order[second])
-        if band:  # from this band only the pairs whose keys no earlier band shares
-            mine = ~(keys[x, :band] == keys[y, :band]).any(axis=1)
+        if anchors:
+            # From this band only the pairs whose keys no earlier band shares, a band at a time (a
+            # block of every earlier band took 628 MiB for a cluster of 16,000, one band 35).
+            # Without anchors every shared band pairs them, and `distinct` keeps one of each.
+            mine = np.ones(len(x), dtype=bool)
+            for earlier_band in range(band):
+                mine &= keys[x, earlier_band] != keys[y, earlier_band]
             x, y = x[mine], y[mine]
         earlier.append(eligible[x])
         later.append(eligible[y])

@@ -124,7 +124,7 @@ def test_a_cluster_past_a_buckets_anchors_is_paired_with_them_alone(tmp_path: Pa
     texts = [f"Copyright (c) {1900 + i} Holder number {i}. {LICENCE}" for i in range(200)]
     texts += [random_text(rng, 60) for _ in range(20)]
     docs = frame(texts)
-    whole, whole_counts = deduplicate(docs, DedupConfig(bucket_anchors=200))  # as many anchors as members: every pair
+    whole, whole_counts = deduplicate(docs, DedupConfig())  # anchors off: every pair
     anchored, counts = deduplicate(docs, DedupConfig(bucket_anchors=8))
     assert whole_counts.near.num_candidate_pairs >= 199 * 200 // 2 * 0.99 and whole_counts.near.num_removed == 199
     # At most 8 partners a member in each band's bucket: linear in the cluster's size.
@@ -145,9 +145,9 @@ def test_the_launchpad_sets_a_buckets_anchors_and_nothing_else_moves() -> None:
 
     assert DedupParams().to_config().dedup == DedupConfig()
     assert DedupParams(bucket_anchors=7).to_config().dedup == DedupConfig(bucket_anchors=7)
-    with pytest.raises(ValueError, match="bucket_anchors must be positive"):
-        DedupConfig(bucket_anchors=0)
-    assert DedupConfig(bucket_anchors=1).bucket_anchors == 1
+    with pytest.raises(ValueError, match="bucket_anchors must be 0 \\(off\\) or positive"):
+        DedupConfig(bucket_anchors=-1)
+    assert DedupConfig(bucket_anchors=0).bucket_anchors == 0 and DedupConfig(bucket_anchors=1).bucket_anchors == 1
 
 
 def test_signature_verification_mode_agrees_too(tmp_path: Path) -> None:
