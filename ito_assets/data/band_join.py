@@ -12,9 +12,11 @@ verified pairs.
   units' memory-mapped arrays, `near_dedup.verify_pairs`) and only the pairs at or above the
   threshold are written. Verification is per pair, so batching cannot change a verdict.
 - A pair sharing bands in several partitions is counted and verified once: by the partition of
-  the first band the two documents share (`owned`), where that band paired them (with
-  `bucket_anchors` set, a bucket pairs each member with its first members only), so the counters
-  and the histogram add up to the one-partition figures exactly.
+  the first band that paired the two documents (`owned`), so the counters and the histogram add up
+  to the one-partition figures exactly. With `bucket_anchors` set, a bucket pairs each member with
+  its first members only, and which bands paired a pair depends on buckets in other partitions: a
+  first phase writes every partition's buckets past their anchors (`anchor_bounds`), and every
+  partition reads them all.
 - The keep rule and the families run once, in the step's process, on the verified pairs of every
   partition (few: only pairs at or above the threshold; both sort their input, so the order the
   partitions come back in changes nothing).
@@ -38,7 +40,7 @@ from ito_assets.data.config import DedupConfig, ScaleConfig
 from ito_assets.data.kernels import distinct
 from ito_assets.data.minhash import Shingles
 from ito_assets.data.near_dedup import (DEFAULT_ANCHORS, HISTOGRAM_BINS, Families, NearDedupCounts, Removals, band_keys, families_of,
-                                        first_shared_band, histogram, keep_rule, verify_pairs)
+                                        histogram, keep_rule, verify_pairs)
 from ito_assets.data.scratch import Scratch, sql_list
 from ito_assets.data.units import Pool, map_units
 
@@ -116,13 +118,57 @@ def candidate_batches(db: duckdb.DuckDBPyConnection, band_files: Sequence[str], 
             yield tuple(batch.column(name).to_numpy().astype(np.int64) for name in ("a", "b", "band"))
 
 
-def owned(signatures: np.ndarray, a: np.ndarray, b: np.ndarray, band: np.ndarray, config: DedupConfig) -> np.ndarray:
+# A bucket of more than `anchors` members: its (anchors + 1)-th member in keep order, the first
+# that pairs with none after it. A partition's buckets only; every partition reads them all.
+BOUNDS_SQL = """
+WITH bands AS (SELECT doc, band, key FROM read_parquet({files}) {where}),
+big AS (SELECT band, key FROM bands GROUP BY band, key HAVING count(*) > {anchors}),
+ranked AS (
+    SELECT band, key, doc, row_number() OVER (PARTITION BY band, key ORDER BY doc) AS rank
+    FROM bands SEMI JOIN big USING (band, key)
+)
+SELECT band, key, doc AS bound FROM ranked WHERE rank = {anchors} + 1
+"""
+BOUND_SCHEMA = {"band": pl.Int32, "key": pl.UInt64, "bound": pl.Int64}
+
+
+class AnchorBounds:
+    """Every bucket past its anchors, by band: sorted keys and each one's bound (BOUNDS_SQL)."""
+
+    def __init__(self, frame: pl.DataFrame, bands: int) -> None:
+        self._by_band = []
+        for band in range(bands):
+            rows = frame.filter(pl.col("band") == band).sort("key")
+            self._by_band.append((rows["key"].to_numpy(), rows["bound"].to_numpy()))
+
+    @classmethod
+    def read(cls, paths: Sequence[str], bands: int) -> "AnchorBounds":
+        frames = [pl.read_parquet(path) for path in paths]
+        return cls(pl.concat(frames) if frames else pl.DataFrame(schema=BOUND_SCHEMA), bands)
+
+    def pairs(self, band: int, keys: np.ndarray, earlier: np.ndarray) -> np.ndarray:
+        """Whether the bucket of each key in `band` pairs its member `earlier` with those after it."""
+        sorted_keys, bounds = self._by_band[band]
+        if not len(sorted_keys):
+            return np.ones(len(keys), dtype=bool)
+        at = np.minimum(np.searchsorted(sorted_keys, keys), len(sorted_keys) - 1)
+        return (sorted_keys[at] != keys) | (earlier < bounds[at])
+
+
+def owned(signatures: np.ndarray, a: np.ndarray, b: np.ndarray, band: np.ndarray, config: DedupConfig,
+          earlier: np.ndarray | None = None, bounds: AnchorBounds | None = None) -> np.ndarray:
     """Which candidate pairs (rows a, b of `signatures`, paired first by `band` in this partition)
-    this partition settles: those paired by the first band the two share. A pair sharing several
-    bands reaches every partition holding one of them that paired it; only the first band's owns
-    it, and a pair that band did not pair (past its anchors) is no candidate, as in memory."""
+    this partition settles: those whose first band that paired them is `band`. A pair sharing
+    several bands reaches every partition holding one of them; exactly one owns it. Without
+    anchors every shared band pairs it; with them (`bounds`, `earlier`: the keep-order positions
+    of the pairs' first documents), a band pairs it where its bucket has the first document among
+    its anchors."""
     keys = band_keys(signatures, config.bands, config.rows)
-    return first_shared_band(keys, a, b) == band
+    paired = keys[a] == keys[b]
+    if bounds is not None:
+        for j in range(config.bands):
+            paired[:, j] &= bounds.pairs(j, keys[a, j], earlier)
+    return paired.argmax(axis=1) == band
 
 
 class UnitArrays:
@@ -236,6 +282,9 @@ class PairTask:
     # How the work is done, not what it finds: neither is in the key.
     memory_limit_mb: int
     spill: str
+    # The buckets past their anchors, every partition's (none without anchors): made of the band
+    # files and the configuration, which the key holds.
+    bounds_files: tuple[str, ...] = ()
 
     def key(self) -> dict:
         return {"partition": self.partition, "num_partitions": self.num_partitions, "firsts": list(self.firsts),
@@ -259,11 +308,12 @@ def partition_pairs(task: PairTask) -> tuple[int, int, tuple[int, ...]]:
     try:
         _configure(db, task)
         where = None if task.num_partitions == 1 else task.partition
+        bounds = AnchorBounds.read(task.bounds_files, task.config.bands) if task.config.bucket_anchors else None
         for a, b, band in candidate_batches(db, task.band_files, task.batch_rows, where, task.config.bucket_anchors):
             docs = distinct(np.concatenate([a, b]))
             signatures = arrays.signatures(docs)
             ia, ib = np.searchsorted(docs, a), np.searchsorted(docs, b)
-            mine = owned(signatures, ia, ib, band, task.config)
+            mine = owned(signatures, ia, ib, band, task.config, a, bounds)
             va, vb, similarity, estimate, verified = verify_pairs(signatures, LazyShingles(arrays, docs), ia[mine], ib[mine], task.config)
             kept.append(pl.DataFrame({"a": docs[va], "b": docs[vb], "similarity": similarity}, schema=PAIR_SCHEMA))
             num_candidates += int(mine.sum())
@@ -276,7 +326,46 @@ def partition_pairs(task: PairTask) -> tuple[int, int, tuple[int, ...]]:
     return num_candidates, num_verified, tuple(int(c) for c in bins)
 
 
-def _configure(db: duckdb.DuckDBPyConnection, task: PairTask) -> None:
+@dataclass(frozen=True)
+class BoundTask:
+    """One partition's buckets past their anchors (BOUNDS_SQL) -> `bounds_path`."""
+
+    partition: int
+    num_partitions: int
+    band_files: tuple[str, ...]
+    anchors: int
+    arrays_digest: str
+    bounds_path: str
+    memory_limit_mb: int
+    spill: str
+
+    def key(self) -> dict:
+        return {"partition": self.partition, "num_partitions": self.num_partitions, "anchors": self.anchors,
+                "arrays": self.arrays_digest}
+
+    def inputs(self) -> tuple[str, ...]:
+        return ()
+
+    def outputs(self) -> tuple[str, ...]:
+        return (self.bounds_path,)
+
+
+def anchor_bounds(task: BoundTask) -> int:
+    """One partition's buckets past their anchors -> its Parquet file; -> how many."""
+    db = duckdb.connect()
+    try:
+        _configure(db, task)
+        where = "" if task.num_partitions == 1 else f"WHERE part = {int(task.partition)}"
+        sql = BOUNDS_SQL.format(files=sql_list(task.band_files), where=where, anchors=int(task.anchors))
+        frame = db.execute(sql).pl() if task.band_files else pl.DataFrame(schema=BOUND_SCHEMA)
+    finally:
+        db.close()
+        shutil.rmtree(task.spill, ignore_errors=True)
+    frame.cast(BOUND_SCHEMA).write_parquet(task.bounds_path)
+    return frame.height
+
+
+def _configure(db: duckdb.DuckDBPyConnection, task: PairTask | BoundTask) -> None:
     db.execute(f"SET memory_limit = '{int(task.memory_limit_mb)}MB'")
     db.execute("SET threads = 1")
     db.execute(f"SET temp_directory = '{task.spill.replace(chr(39), chr(39) * 2)}'")
@@ -292,10 +381,11 @@ def near_duplicates_out_of_core(
     partitions run on `pool` (units.worker_pool's)."""
     markers = scratch.finished("dedup-pairs")
     spill = scratch.sub("pairs-spill")
+    bounds_files = _anchor_bounds(scratch, pool, band_files, arrays_digest, partitions, config) if config.bucket_anchors else ()
     tasks = [
         PairTask(partition=p, num_partitions=partitions, band_files=tuple(band_files), arrays_folder=str(arrays_folder), firsts=tuple(int(f) for f in firsts),
                  config=config, batch_rows=scratch.scale.pair_batch, arrays_digest=arrays_digest, pairs_path=str(markers.folder / f"pairs-{p:05d}.parquet"),
-                 memory_limit_mb=scratch.scale.partition_memory_mb, spill=str(spill / f"{p:05d}"))
+                 memory_limit_mb=scratch.scale.partition_memory_mb, spill=str(spill / f"{p:05d}"), bounds_files=bounds_files)
         for p in range(partitions)
     ]
     results = map_units(partition_pairs, tasks, pool, phase="dedup band join", unit="partitions", markers=markers)
@@ -311,3 +401,17 @@ def near_duplicates_out_of_core(
         similarity_histogram=tuple(int(sum(r[2][i] for r in results)) for i in range(HISTOGRAM_BINS)),
     )
     return removed, families_of(a, b), counts
+
+
+def _anchor_bounds(scratch: Scratch, pool: Pool | None, band_files: Sequence[str], arrays_digest: str, partitions: int,
+                   config: DedupConfig) -> tuple[str, ...]:
+    """Every partition's buckets past their anchors, a task a partition, before any pairs: a
+    partition owns a pair by the first band that paired it, which may be another partition's."""
+    markers = scratch.finished("dedup-bounds")
+    spill = scratch.sub("bounds-spill")
+    tasks = [BoundTask(partition=p, num_partitions=partitions, band_files=tuple(band_files), anchors=config.bucket_anchors,
+                       arrays_digest=arrays_digest, bounds_path=str(markers.folder / f"bounds-{p:05d}.parquet"),
+                       memory_limit_mb=scratch.scale.partition_memory_mb, spill=str(spill / f"{p:05d}"))
+             for p in range(partitions)]
+    map_units(anchor_bounds, tasks, pool, phase="dedup bucket anchors", unit="partitions", markers=markers)
+    return tuple(task.bounds_path for task in tasks)

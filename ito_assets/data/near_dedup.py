@@ -73,8 +73,8 @@ def candidate_pairs(signatures: np.ndarray, bands: int, rows: int, anchors: int 
     """Distinct pairs (a < b) of documents sharing at least one band, ordered by (b, a), in memory
     (`band_join` is the out-of-core equivalent): each band's keys sorted, and each member of a run
     of equal keys paired with the members after it (with `anchors`, only where it is among the
-    run's first `anchors` in keep order), each pair from the first band its documents share, where
-    that band paired them (DedupConfig.bucket_anchors). Most keys are unique: each band first sorts
+    run's first `anchors` in keep order: DedupConfig.bucket_anchors), a pair once however many bands
+    pair it. Most keys are unique: each band first sorts
     its keys' high bits with the document's position in the low ones (a sort of values, 3x an
     argsort's speed), and only the documents whose high bits repeat are grouped on their whole
     key. On 55,000 documents of 20 bands (benchmarks/dedup_speed.py's short corpus), band keys
@@ -84,7 +84,7 @@ def candidate_pairs(signatures: np.ndarray, bands: int, rows: int, anchors: int 
     keys = band_keys(signatures[eligible], bands, rows)
     low = np.uint64((1 << max(len(eligible) - 1, 1).bit_length()) - 1)
     position = np.arange(len(eligible), dtype=np.uint64)
-    earlier, later = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)]
+    pairs = np.zeros(0, dtype=np.int64)  # later * N + earlier, distinct and sorted
     for band in range(bands):
         packed = np.sort((keys[:, band] & ~low) | position)
         high = packed & ~low
@@ -111,23 +111,10 @@ def candidate_pairs(signatures: np.ndarray, bands: int, rows: int, anchors: int 
         first = np.repeat(first, partners)
         second = first + 1 + np.arange(len(first)) - np.repeat(np.cumsum(partners) - partners, partners)
         x, y = np.minimum(order[first], order[second]), np.maximum(order[first], order[second])
-        if anchors:
-            # From this band only the pairs whose keys no earlier band shares, a band at a time (a
-            # block of every earlier band took 628 MiB for a cluster of 16,000, one band 35).
-            # Without anchors every shared band pairs them, and `distinct` keeps one of each.
-            mine = np.ones(len(x), dtype=bool)
-            for earlier_band in range(band):
-                mine &= keys[x, earlier_band] != keys[y, earlier_band]
-            x, y = x[mine], y[mine]
-        earlier.append(eligible[x])
-        later.append(eligible[y])
-    pairs = distinct(np.concatenate(later).astype(np.int64) * len(signatures) + np.concatenate(earlier))
+        # Merged a band at a time: a cluster pairs again in most bands (16,000 licences peaked at
+        # 1.5 GB with every band's pairs held until the end).
+        pairs = distinct(np.concatenate([pairs, eligible[y].astype(np.int64) * len(signatures) + eligible[x]]))
     return pairs % max(len(signatures), 1), pairs // max(len(signatures), 1)
-
-
-def first_shared_band(keys: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """The first band whose keys (`band_keys`) documents a and b share, for each pair that shares one."""
-    return (keys[a] == keys[b]).argmax(axis=1)
 
 
 def exact_jaccard(shingles: Shingles, a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -18,7 +18,8 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from ito_assets.data import band_join, dedup_units
-from ito_assets.data.band_join import MAX_PARTITIONS, candidate_batches, num_partitions, owned, partition_of, write_band_rows
+from ito_assets.data.band_join import (MAX_PARTITIONS, AnchorBounds, BoundTask, anchor_bounds, candidate_batches, num_partitions, owned,
+                                      partition_of, write_band_rows)
 from ito_assets.data.config import DedupConfig, ScaleConfig
 from ito_assets.data.dedup_units import deduplicate_units
 from ito_assets.data.near_dedup import band_keys, band_rows, candidate_pairs
@@ -84,8 +85,8 @@ def test_a_unit_s_band_file_has_one_row_group_per_partition(tmp_path: Path) -> N
 def test_every_candidate_pair_is_owned_by_exactly_one_partition(tmp_path: Path, partitions: int, anchors: int) -> None:
     rng = np.random.default_rng(0)
     # Small slot values make pairs that share several bands, in several partitions, and buckets
-    # of about 11 members: with 3 anchors, a pair is taken from its first shared band only where
-    # that band paired it, here as in memory.
+    # of about 11 members: with 3 anchors, the partition of the first band that paired a pair owns
+    # it, which may hold it past another partition's anchors (read from the first phase's bounds).
     signatures = rng.integers(0, 3, size=(300, 12), dtype=np.uint32)
     signatures[::17] = np.uint32(0xFFFFFFFF)
     config = DedupConfig(bands=4, rows=3, num_perm=12, bucket_anchors=anchors)
@@ -98,16 +99,23 @@ def test_every_candidate_pair_is_owned_by_exactly_one_partition(tmp_path: Path, 
         rows = band_rows(signatures[start : start + 64], 4, 3, first=start).with_columns(pl.lit(i, dtype=pl.Int32).alias("unit"))
         write_band_rows(rows, path, partitions)
         files.append(path)
+    bounds = None
+    if anchors:  # every partition's buckets past their anchors, as the first phase writes them
+        tasks = [BoundTask(partition=p, num_partitions=partitions, band_files=tuple(files), anchors=anchors, arrays_digest="",
+                           bounds_path=str(tmp_path / f"bounds-{p}.parquet"), memory_limit_mb=128, spill=str(tmp_path / f"spill-{p}"))
+                 for p in range(partitions)]
+        assert sum(anchor_bounds(task) for task in tasks) > 0
+        bounds = AnchorBounds.read([task.bounds_path for task in tasks], 4)
     settled, seen = [], 0
     for p in range(partitions):
         for x, y, band in candidate_batches(duckdb.connect(), files, 500, None if partitions == 1 else p, anchors):
             seen += len(x)
-            mine = owned(signatures, x, y, band, config)
+            mine = owned(signatures, x, y, band, config, x, bounds)
             settled.append(np.stack([x[mine], y[mine]], axis=1))
     got = np.concatenate(settled)
     got = got[np.lexsort((got[:, 0], got[:, 1]))]
     assert np.array_equal(got, np.stack([a, b], axis=1))  # each pair once, none missing
-    assert (seen > len(a)) == (partitions > 1 or anchors > 0)  # seen again: in another partition, or a later band
+    assert (seen > len(a)) == (partitions > 1)  # pairs shared across partitions were seen twice
 
 
 @pytest.mark.parametrize("partition_rows, num_workers", [(10**9, 1), (300, 1), (97, 2), (60, 1)])

@@ -124,7 +124,7 @@ def test_a_cluster_past_a_buckets_anchors_is_paired_with_them_alone(tmp_path: Pa
     texts = [f"Copyright (c) {1900 + i} Holder number {i}. {LICENCE}" for i in range(200)]
     texts += [random_text(rng, 60) for _ in range(20)]
     docs = frame(texts)
-    whole, whole_counts = deduplicate(docs, DedupConfig())  # anchors off: every pair
+    whole, whole_counts = deduplicate(docs, DedupConfig(bucket_anchors=0))  # every two paired
     anchored, counts = deduplicate(docs, DedupConfig(bucket_anchors=8))
     assert whole_counts.near.num_candidate_pairs >= 199 * 200 // 2 * 0.99 and whole_counts.near.num_removed == 199
     # At most 8 partners a member in each band's bucket: linear in the cluster's size.

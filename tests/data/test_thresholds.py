@@ -188,13 +188,14 @@ def test_a_bucket_pairs_its_members_with_its_first_anchors(members: int) -> None
     assert set(zip(a.tolist(), b.tolist())) == (every - {(3, 4)})
 
 
-def test_a_pair_is_taken_from_the_first_band_it_shares_where_that_band_paired_it() -> None:
-    # Band 0: one bucket of 4 (documents 0-3); band 1: documents 2 and 3 alone in theirs.
+def test_a_pair_past_one_buckets_anchors_is_a_candidate_where_another_band_pairs_it() -> None:
+    # Band 0: one bucket of 4 (documents 0-3), 2 anchors; band 1: documents 2 and 3 alone in theirs,
+    # and 0 and 1 in two others.
     signatures = np.array([[1, 5], [1, 6], [1, 7], [1, 7]], dtype=np.uint32)
     a, b = candidate_pairs(signatures, 2, 1, anchors=2)
-    assert list(zip(a.tolist(), b.tolist())) == [(0, 1), (0, 2), (1, 2), (0, 3), (1, 3)]  # not (2, 3)
-    a, b = candidate_pairs(signatures, 2, 1, anchors=3)
-    assert (2, 3) in set(zip(a.tolist(), b.tolist()))
+    assert list(zip(a.tolist(), b.tolist())) == [(0, 1), (0, 2), (1, 2), (0, 3), (1, 3), (2, 3)]
+    a, b = candidate_pairs(signatures[:, :1], 1, 1, anchors=2)  # band 0 alone: (2, 3) is no pair
+    assert (2, 3) not in set(zip(a.tolist(), b.tolist()))
 
 
 def test_banding_with_a_single_slot() -> None:
