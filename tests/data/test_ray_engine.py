@@ -317,7 +317,7 @@ def test_the_data_chain_through_dagster_on_ray_writes_the_local_engines_bytes(cl
             _, result = _materialize(settings, instance)
             assert result.success
             runs[engine] = _digests(result) | {"audit": _audits(settings.warehouse_path)}
-        assert set(sent) == (set() if engine == "local" else {"cut_source", "parse_piece", "write_part", "key_shard", "signature_unit", "partition_pairs", "match_unit", "hits_unit", "clean_shard", "spread_shard", "compare_partition", "representative_unit", "kept_part"})
+        assert set(sent) == (set() if engine == "local" else {"cut_source", "parse_piece", "write_part", "key_shard", "signature_unit", "anchor_bounds", "partition_pairs", "match_unit", "hits_unit", "clean_shard", "spread_shard", "compare_partition", "representative_unit", "kept_part"})
     assert runs["ray"] == runs["local"]
     assert runs["local"]["conservation"]["problems"] == ()
 
@@ -350,5 +350,5 @@ def test_a_generated_16x_corpus_on_ray_writes_the_local_engines_bytes(cluster, t
         clean = stages.run_clean(verified, sources, dedup, decontam, work, warehouse, config)
         digests[engine] = _stage_digests(dedup, decontam, clean)
     assert sources.num_documents > 40_000 and digests["local"]["conservation"]["problems"] == ()
-    assert set(sent) == {"cut_source", "parse_piece", "write_part", "key_shard", "signature_unit", "partition_pairs", "match_unit", "hits_unit", "clean_shard", "spread_shard", "compare_partition", "representative_unit", "kept_part"}
+    assert set(sent) == {"cut_source", "parse_piece", "write_part", "key_shard", "signature_unit", "anchor_bounds", "partition_pairs", "match_unit", "hits_unit", "clean_shard", "spread_shard", "compare_partition", "representative_unit", "kept_part"}
     assert digests["ray"] == digests["local"]
