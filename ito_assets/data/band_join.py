@@ -39,7 +39,7 @@ import pyarrow.parquet as pq
 from ito_assets.data.config import DedupConfig, ScaleConfig
 from ito_assets.data.kernels import distinct
 from ito_assets.data.minhash import Shingles
-from ito_assets.data.near_dedup import (DEFAULT_ANCHORS, HISTOGRAM_BINS, Families, NearDedupCounts, Removals, band_keys, families_of,
+from ito_assets.data.near_dedup import (HISTOGRAM_BINS, Families, NearDedupCounts, Removals, band_keys, families_of,
                                         histogram, keep_rule, verify_pairs)
 from ito_assets.data.scratch import Scratch, sql_list
 from ito_assets.data.units import Pool, map_units
@@ -104,7 +104,7 @@ def write_band_rows(bands: pl.DataFrame, path: str, num_partitions: int) -> int:
 
 
 def candidate_batches(db: duckdb.DuckDBPyConnection, band_files: Sequence[str], batch_rows: int, partition: int | None = None,
-                      anchors: int = DEFAULT_ANCHORS) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+                      anchors: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Distinct pairs (a < b) that a band paired (of `partition` only, when given), with the first
     such band, as arrays of at most `batch_rows` pairs, ordered by the units of a and b. Band files
     have columns doc, band, key and unit (and part, the partition)."""
@@ -158,8 +158,8 @@ class AnchorBounds:
 def owned(signatures: np.ndarray, a: np.ndarray, b: np.ndarray, band: np.ndarray, config: DedupConfig,
           earlier: np.ndarray | None = None, bounds: AnchorBounds | None = None) -> np.ndarray:
     """Which candidate pairs (rows a, b of `signatures`, paired first by `band` in this partition)
-    this partition settles: those whose first band that paired them is `band`. A pair sharing
-    several bands reaches every partition holding one of them; exactly one owns it. Without
+    this partition settles: those whose first band that paired them is `band`. A pair reaches
+    every partition holding a band that paired it; exactly one owns it. Without
     anchors every shared band pairs it; with them (`bounds`, `earlier`: the keep-order positions
     of the pairs' first documents), a band pairs it where its bucket has the first document among
     its anchors."""
