@@ -82,6 +82,9 @@ class ErrorCode(str, enum.Enum):
     REQUEST_TOO_LARGE = "REQUEST_TOO_LARGE"
     # The disk under the ledger (or a data store) is full: nothing was written, retry once space returns.
     STORAGE_FULL = "STORAGE_FULL"
+    # The API server holds as many connections, or requests in flight, as it takes: it answered
+    # before the request reached any route, so nothing of it was done.
+    SERVER_BUSY = "SERVER_BUSY"
     # A shard's bytes no longer hash to the sha256 recorded when it was written.
     SHARD_CORRUPT = "SHARD_CORRUPT"
     # The DuckDB warehouse cannot be opened or read; it is derived from the Parquet lineage.
@@ -122,6 +125,7 @@ RETRYABLE = frozenset(
         ErrorCode.IDEMPOTENCY_KEY_IN_FLIGHT,
         ErrorCode.CAPACITY_UNAVAILABLE,
         ErrorCode.STORAGE_FULL,
+        ErrorCode.SERVER_BUSY,
     }
 )
 

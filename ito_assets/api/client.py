@@ -57,6 +57,10 @@ class NotDelivered(Exception):
         self.timed_out = timed_out
 
 
+class ServerBusy(NotDelivered):
+    """The server answered SERVER_BUSY before any route read the request: nothing was done."""
+
+
 class NoAnswer(Exception):
     """The request may have reached the server, but no complete answer came back."""
 
@@ -192,6 +196,8 @@ class HttpTransport:
             document = loads_strict(b"".join(chunks))
         except StrictJsonError:
             document = None
+        if response.status == 503 and _code_of(document) == ErrorCode.SERVER_BUSY.value:
+            raise ServerBusy()
         if not isinstance(document, dict) or "ok" not in document:
             if response.status in (401, 403):
                 # A bare refusal (say, from a proxy in front of the API) still means: this
@@ -199,6 +205,11 @@ class HttpTransport:
                 return Reply(status=response.status, document=_REVOKED)
             raise NotAnEnvelope()
         return Reply(status=response.status, document=document)
+
+
+def _code_of(document: object) -> object:
+    error = document.get("error") if isinstance(document, dict) else None
+    return error.get("code") if isinstance(error, dict) else None
 
 
 def client_error(code: ErrorCode, message: str, *, contacted: bool, retryable: bool | None = None) -> ItoError:
@@ -234,6 +245,7 @@ class ApiClient:
         self._rng = rng if rng is not None else random.Random()
         self.contacted = False
         self._not_the_api = False  # something answered, but never with an envelope
+        self._busy = False  # the latest attempt found the server at its concurrency limit
 
     def _ready_for(self, attempt: int) -> bool:
         """Before attempt `attempt` (from 0): the pause after the failed one before it, then
@@ -248,8 +260,12 @@ class ApiClient:
         return self.deadline.left() > 0
 
     def _send(self, method: str, path: str, body: dict | None) -> Reply:
+        self._busy = False
         try:
             return self._transport.request(method, path, body)
+        except ServerBusy:
+            self.contacted = self._busy = True
+            raise
         except NoAnswer as exc:
             self.contacted = True
             self._not_the_api = self._not_the_api or isinstance(exc, NotAnEnvelope)
@@ -357,6 +373,9 @@ class ApiClient:
     def _transport_error(self, timed_out: bool) -> ItoError:
         if timed_out:
             return client_error(ErrorCode.TIMEOUT, "the API did not answer in time", contacted=self.contacted)
+        if self._busy:
+            return client_error(ErrorCode.SERVER_BUSY, "the API server was at its limit of concurrent connections "
+                                "and requests on every attempt; nothing was done: retry later", contacted=True)
         endpoint = getattr(self._transport, "endpoint", None)
         if self._not_the_api:
             where = f" at {endpoint.url}" if endpoint is not None else ""

@@ -19,9 +19,10 @@ that never ends must not grow in memory until the deadline).
 
 Every refusal made here is the API's JSON envelope with a stable code, as the app's are: a request
 the parser cannot read is USAGE_ERROR (400), a head past its bound REQUEST_TOO_LARGE (431), a
-request not read whole by its deadline TIMEOUT (408). uvicorn's own 503 past `limit_concurrency`
-stays its plain text: the client takes it, as any answer that is not an envelope, for an
-unreachable API.
+request not read whole by its deadline TIMEOUT (408), and a request that finds the server at
+`limit_concurrency` (connections, its own included, or requests in flight) SERVER_BUSY (503,
+closed). That last check is uvicorn's own, made here instead, since uvicorn answers it in plain
+text, which the client cannot tell from something other than the API.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import asyncio
 import collections
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -40,7 +41,8 @@ from ito_assets.errors import ErrorCode, ItoError
 
 READ_TIMEOUT_S = 10.0
 MAX_CONNECTIONS_PER_CLIENT = 32
-# Connections plus in-flight requests past which uvicorn answers 503 at once (limit_concurrency).
+# Connections (a request's own included), or requests in flight, at which a request is answered
+# 503 SERVER_BUSY at once (uvicorn's limit_concurrency).
 LIMIT_CONCURRENCY = 1024
 BACKLOG = 2048
 TIMEOUT_KEEP_ALIVE_S = 5
@@ -48,12 +50,31 @@ MAX_HEAD_BYTES = 16 * 1024  # h11's default; a request here carries one bearer t
 MAX_RAW_HEAD_BYTES = 8 * MAX_HEAD_BYTES  # also what h11 buffers of an incomplete head
 
 
-def edge_answer(status: int, error: ItoError) -> bytes:
-    """A refusal made before the app holds the request, as the app would make it: the JSON
-    envelope with its stable code (uvicorn's own are plain text or empty), then the close."""
+def _refusal(error: ItoError) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    """The body and headers of a refusal made before the app holds the request, as the app
+    would make it: the JSON envelope with its stable code (uvicorn's own are plain text or
+    empty), then the close."""
     body = envelope.dumps(envelope.failure(error, live_api_contacted=True)).encode()
-    return (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\ncache-control: no-store\r\nconnection: close\r\n\r\n").encode() + body
+    return body, [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                  (b"cache-control", b"no-store"), (b"connection", b"close")]
+
+
+def edge_answer(status: int, error: ItoError) -> bytes:
+    """A refusal written straight to the socket: the whole HTTP response."""
+    body, headers = _refusal(error)
+    head = "".join(f"{name.decode()}: {value.decode()}\r\n" for name, value in headers)
+    return f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n{head}\r\n".encode() + body
+
+
+_BUSY_BODY, _BUSY_HEADERS = _refusal(ItoError(
+    ErrorCode.SERVER_BUSY, "the API server holds as many connections and requests as it takes; nothing of "
+    "this request was done: retry"))
+
+
+async def _server_busy(scope: Any, receive: Any, send: Any) -> None:
+    """The ASGI app that answers a request past `limit_concurrency` in place of the API's."""
+    await send({"type": "http.response.start", "status": 503, "headers": [*_BUSY_HEADERS, (b"retry-after", b"1")]})
+    await send({"type": "http.response.body", "body": _BUSY_BODY, "more_body": False})
 
 
 _TIMEOUT_RESPONSE = edge_answer(408, ItoError(
@@ -73,6 +94,7 @@ class EdgeLimits:
     max_connections_per_client: int = MAX_CONNECTIONS_PER_CLIENT
     max_head_bytes: int = MAX_HEAD_BYTES
     max_raw_head_bytes: int = MAX_RAW_HEAD_BYTES
+    limit_concurrency: int = LIMIT_CONCURRENCY
 
 
 class HeadTooLarge(Exception):
@@ -92,10 +114,18 @@ class _Guard:
     loop: asyncio.AbstractEventLoop
     client: tuple[str, int] | None
     cycle: Any
+    app: Any
+    limit_concurrency: int | None
+    connections: set
+    tasks: set
+    logger: Any
 
     def _guard_open(self) -> bool:
         """Count the connection, reclaiming its address's oldest idle one at the cap; False (and
         closed) when every connection of the address is busy."""
+        # uvicorn's own concurrency check would answer in plain text: _choose_app makes it instead.
+        self._app, self._concurrency_cap = self.app, self.limit_concurrency
+        self.limit_concurrency = None
         self._deadline: asyncio.TimerHandle | None = None
         self._in_request = False
         self._head_too_large = False
@@ -115,6 +145,16 @@ class _Guard:
         self.open_per_client[self._peer] += 1
         self._arm()
         return True
+
+    def _choose_app(self) -> None:
+        """Called as a request's head is read, before uvicorn picks the app that answers it: past
+        the cap (uvicorn's test, the same numbers) the envelope's SERVER_BUSY answers instead."""
+        cap = self._concurrency_cap
+        if cap is not None and (len(self.connections) >= cap or len(self.tasks) >= cap):
+            self.app = _server_busy
+            self.logger.warning("Exceeded concurrency limit.")
+        else:
+            self.app = self._app
 
     def _idle(self) -> bool:
         """No request being read and none being answered: closing it loses nothing."""
@@ -209,6 +249,7 @@ def _httptools_class() -> type:
 
         def on_headers_complete(self) -> None:
             self._head_pending = False
+            self._choose_app()
             super().on_headers_complete()
 
         def on_message_complete(self) -> None:
@@ -226,12 +267,14 @@ def _httptools_class() -> type:
 
 
 class _CheckedConnection:
-    """h11's connection with the exact head bound: the Request event is refused past it.
-    `too_large`: the last refusal was for size (this bound's, or h11's on an unfinished head)."""
+    """h11's connection with the exact head bound: the Request event is refused past it, and
+    `on_request` runs before one is handed on. `too_large`: the last refusal was for size (this
+    bound's, or h11's on an unfinished head)."""
 
-    def __init__(self, conn: h11.Connection, max_head_bytes: int):
+    def __init__(self, conn: h11.Connection, max_head_bytes: int, on_request: Callable[[], None]):
         self._conn = conn
         self._max = max_head_bytes
+        self._on_request = on_request
         self.too_large = False
 
     def next_event(self) -> Any:
@@ -245,6 +288,7 @@ class _CheckedConnection:
             if size > self._max:
                 self.too_large = True
                 raise h11.RemoteProtocolError("request head too large", error_status_hint=431)
+            self._on_request()
         return event
 
     def __getattr__(self, name: str) -> Any:
@@ -254,7 +298,8 @@ class _CheckedConnection:
 class GuardedH11(_Guard, H11Protocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.conn = _CheckedConnection(self.conn, self.limits.max_head_bytes)  # type: ignore[assignment]
+        self.conn = _CheckedConnection(self.conn, self.limits.max_head_bytes,  # type: ignore[assignment]
+                                       self._choose_app)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -302,5 +347,5 @@ def uvicorn_config(app: Any, limits: EdgeLimits, *, http: str = "auto") -> Any:
     # No access log: paths and headers may carry secrets, so they stay out of logs.
     return uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", server_header=False,
                           http=protocol_class(limits, http), timeout_keep_alive=TIMEOUT_KEEP_ALIVE_S,
-                          limit_concurrency=LIMIT_CONCURRENCY, backlog=BACKLOG,
+                          limit_concurrency=limits.limit_concurrency, backlog=BACKLOG,
                           h11_max_incomplete_event_size=limits.max_raw_head_bytes)

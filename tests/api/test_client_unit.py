@@ -139,3 +139,46 @@ def test_a_408_is_retried_as_a_request_never_read(method) -> None:
     else:
         assert api.post_idempotent("/v1/runs", {}, key="k" * 8, action="train", fingerprint="f") == RUN
     assert [line.split()[0] for line in lines] == [method, method]
+
+
+# --- a 503 SERVER_BUSY: the server took no request past its concurrency limit ------------------
+
+BUSY = transport.edge_answer(503, ItoError(ErrorCode.SERVER_BUSY, "busy"))
+
+
+@pytest.mark.parametrize("method", ["GET", "POST"])
+def test_server_busy_is_retried_as_a_request_nothing_was_done_for(method) -> None:
+    port, lines = _answering(BUSY, _answer(envelope.success(RUN, live_api_contacted=True)))
+    http = HttpTransport(Endpoint(scheme="http", host="127.0.0.1", port=port), None, connect_timeout_s=5, total_timeout_s=5)
+    api = ApiClient(http, sleep=lambda _s: None)
+    if method == "GET":
+        assert api.get("/v1/runs/x") == RUN
+    else:
+        assert api.post_idempotent("/v1/runs", {}, key="k" * 8, action="train", fingerprint="f") == RUN
+    assert [line.split()[0] for line in lines] == [method, method]  # no lookup by key between them
+
+
+@pytest.mark.parametrize("method", ["GET", "POST", "keyed POST"])
+def test_busy_on_every_attempt_is_server_busy_not_an_unreachable_api(method) -> None:
+    port, lines = _answering(BUSY, BUSY, BUSY)
+    http = HttpTransport(Endpoint(scheme="http", host="127.0.0.1", port=port), None, connect_timeout_s=5, total_timeout_s=5)
+    api = ApiClient(http, sleep=lambda _s: None)
+    calls = {"GET": lambda: api.get("/v1/runs/x"), "POST": lambda: api.post("/v1/runs", {}),
+             "keyed POST": lambda: api.post_idempotent("/v1/runs", {}, key="k" * 8, action="train")}
+    assert code_of(calls[method]) == (ErrorCode.SERVER_BUSY, True)
+    assert len(lines) == 3
+
+
+@pytest.mark.parametrize("answer, code", [
+    # A proxy's own 503 is no envelope: not the API speaking.
+    (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\ncontent-length: 19\r\n"
+     b"connection: close\r\n\r\nService Unavailable", ErrorCode.API_UNREACHABLE),
+    # A route's 503 is the app's answer to a request it read: raised as it is.
+    (transport.edge_answer(503, ItoError(ErrorCode.STORAGE_FULL, "full")), ErrorCode.STORAGE_FULL),
+])
+def test_other_503s_are_not_taken_for_a_busy_server(answer, code) -> None:
+    port, lines = _answering(*[answer] * 3)
+    http = HttpTransport(Endpoint(scheme="http", host="127.0.0.1", port=port), None, connect_timeout_s=5, total_timeout_s=5)
+    api = ApiClient(http, sleep=lambda _s: None)
+    assert code_of(lambda: api.get("/v1/runs/x"))[0] is code
+    assert len(lines) == (3 if code is ErrorCode.API_UNREACHABLE else 1)

@@ -325,6 +325,64 @@ def test_idle_sockets_at_the_default_limit_do_not_shut_a_local_client_out(world,
         wait_for(lambda: not counter)
 
 
+# --- the server's concurrency limit ---------------------------------------------------------
+
+@pytest.mark.parametrize("http", PROTOCOLS)
+def test_past_the_concurrency_limit_a_request_is_a_retryable_server_busy_envelope(world, http) -> None:
+    """uvicorn's own answer there is plain text, which `ito` took for something other than the API.
+    The cap counts the request's own connection: at 3, two others are one too many."""
+    name = f"busy-{uuid.uuid4().hex[:8]}"
+    body = json.dumps({"name": name}).encode()
+    post = (f"POST /v1/desk/accounts HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {world.desk}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
+    with edge(world.app, http, read_timeout_s=10.0, limit_concurrency=3) as (port, server):
+        connections = server.server_state.connections
+        others = [connect(port, "127.0.0.2")]
+        try:
+            wait_for(lambda: len(connections) == 1)
+            assert served(port) == 200  # 2 connections with its own: under the cap
+            others.append(connect(port, "127.0.0.3"))
+            wait_for(lambda: len(connections) == 2)
+            before = world.count(accounts)
+            with contextlib.closing(connect(port)) as sock:  # 3 with its own: at the cap
+                sock.sendall(post)
+                received, closed = until_closed(sock, 5)
+            assert closed and refused_with(received, 503, "SERVER_BUSY"), received[:300]
+            head, _, answer = received.partition(b"\r\n\r\n")
+            assert b"\r\nretry-after: 1" in head.lower() and json.loads(answer)["error"]["retryable"] is True
+            assert world.count(accounts) == before  # no route saw it
+            others.pop().close()
+            wait_for(lambda: len(connections) == 1)
+            with contextlib.closing(connect(port)) as sock:
+                sock.sendall(post)
+                received, closed = until_closed(sock, 5)
+            assert closed and received.startswith(b"HTTP/1.1 200 "), received[:200]
+            assert world.count(accounts) == before + 1
+        finally:
+            for sock in others:
+                sock.close()
+
+
+@pytest.mark.parametrize("http", PROTOCOLS)
+def test_ito_reports_a_busy_server_as_server_busy_and_recovers_when_it_frees(world, http) -> None:
+    from ito_assets.api.client import ApiClient, Endpoint, HttpTransport
+
+    with edge(world.app, http, read_timeout_s=10.0, limit_concurrency=2) as (port, server):
+        endpoint = Endpoint(scheme="http", host="127.0.0.1", port=port)
+        api = ApiClient(HttpTransport(endpoint, None, connect_timeout_s=5, total_timeout_s=5), sleep=lambda _s: None)
+        other = connect(port, "127.0.0.2")
+        try:
+            wait_for(lambda: len(server.server_state.connections) == 1)
+            with pytest.raises(ItoError) as refused:
+                api.get("/v1/health")
+            assert refused.value.code.value == "SERVER_BUSY" and refused.value.retryable
+            assert refused.value.live_api_contacted is True
+        finally:
+            other.close()
+        wait_for(lambda: not server.server_state.connections)
+        assert api.get("/v1/health")["status"]
+
+
 # --- the request head -----------------------------------------------------------------------
 
 def padded_get(head_bytes: int) -> bytes:
@@ -474,7 +532,7 @@ def test_the_defaults_agree_and_uvicorn_gets_its_own_limits() -> None:
     defaults = (transport.READ_TIMEOUT_S, transport.MAX_CONNECTIONS_PER_CLIENT)
     assert (config.read_timeout_s, config.max_connections_per_client) == defaults == (10.0, 32)
     uv = uvicorn_config(lambda *_: None, EdgeLimits())
-    assert uv.limit_concurrency == transport.LIMIT_CONCURRENCY and uv.backlog == transport.BACKLOG
+    assert uv.limit_concurrency == transport.LIMIT_CONCURRENCY == 1024 and uv.backlog == transport.BACKLOG
     assert uv.timeout_keep_alive == transport.TIMEOUT_KEEP_ALIVE_S
     assert uv.h11_max_incomplete_event_size == transport.MAX_RAW_HEAD_BYTES
     assert uv.access_log is False and uv.server_header is False
