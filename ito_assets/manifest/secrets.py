@@ -242,7 +242,8 @@ _USER_OPTIONS = ("u", "user")
 
 # Every name `_credential_name` accepts holds one of these (the glued endings and the pairs
 # included), or it is curl's user option.
-_CREDENTIAL_HINT = re.compile(r"(?i)pass|pwd|secret|credential|token|auth|key|cookie|(?<!\S)--?u(?:ser)?[ \t=]")
+_CREDENTIAL_HINT = re.compile(r"(?i)pass|pwd|secret|credential|token|auth|key|cookie|(?<!\S)--?u(?:ser)?[ \t=]"
+                              r"|mysql|mariadb|redis-cli")
 
 
 # An XML element named like a credential (<password>...</password>, <wsse:Password Type="...">...,
@@ -262,6 +263,66 @@ def _element_values(text: str, *, prose: bool) -> list[tuple[int, int]]:
         if (_credential_name(match.group("name")) and not _STAND_IN.fullmatch(value)
                 and not (prose and _PROSE_VALUE.fullmatch(value))):
             spans.append(match.span("value"))
+    return spans
+
+
+# A password as a command's short option, where the command is known to take one there: mysql's
+# and mariadb's tools glue it (-pPASS; a spaced -p asks for it and the next word is the database),
+# sshpass takes -p PASS and redis-cli -a PASS, glued or spaced. The command runs to the end of its
+# line, and the next search starts there, so each character is read a bounded number of times.
+_PASSWORD_COMMAND = re.compile(r"(?<![\w.-])(?P<command>mysql(?:dump|admin|import|show|check|pump|sh)?"
+                               r"|mariadb(?:-dump|-admin)?|sshpass|redis-cli)(?![\w.-])[^\n]*")
+_PASSWORD_OPTION = {"sshpass": ("p", True), "redis-cli": ("a", True)}  # the rest: ("p", glued only)
+_SHORT_OPTION = re.compile(r"(?<![^\s'\"\[,(])-(?P<letter>[a-z])(?P<glued>[^\s'\"]*)")
+_NEXT_ARGUMENT = re.compile(r"[\"']?(?:,[ \t]*b?)?[ \t]*")
+
+
+def _option_passwords(text: str) -> list[tuple[int, int]]:
+    spans = []
+    for line in _PASSWORD_COMMAND.finditer(text):
+        letter, spaced = _PASSWORD_OPTION.get(line.group("command"), ("p", False))
+        for option in _SHORT_OPTION.finditer(text, line.end("command"), line.end()):
+            if option.group("letter") != letter:
+                continue
+            if option.group("glued"):
+                if not text.startswith(REDACTED, option.start("glued")):
+                    spans.append(option.span("glued"))
+            elif spaced and (span := _value_span(text, _NEXT_ARGUMENT.match(text, option.end()).end(), "password",
+                                                 to_line_end=False, prose=False, literal=True)):
+                spans.append(span)
+    return spans
+
+
+# A container's environment as Kubernetes, ECS or docker list it: a name, then its value
+# (`- name: DB_PASSWORD` and `value: ...` on the next line, or `{"name": "DB_PASSWORD", "value":
+# "..."}`); a value taken from a secret (valueFrom) holds no credential itself.
+_ENV_ENTRY = re.compile(r"(?P<q>[\"']?)\bname(?P=q)[ \t]*:[ \t]*(?P<nq>[\"']?)(?P<env>[A-Za-z_][\w.-]*)(?P=nq)"
+                        r"[ \t]*(?:,[ \t]*)?(?:\r?\n[ \t]*)?(?P<vq>[\"']?)value(?P=vq)[ \t]*:[ \t]*")
+
+
+def _env_entry_values(text: str) -> list[tuple[int, int]]:
+    spans = []
+    for entry in _ENV_ENTRY.finditer(text):
+        if _credential_name(entry.group("env")) and (
+                span := _value_span(text, entry.end(), entry.group("env"), to_line_end=False, prose=False,
+                                    literal=True)):
+            spans.append(span)
+    return spans
+
+
+# A .netrc: `machine HOST [login USER] [account A] password PASS` on one line, or `password PASS`
+# as a line of its own under its machine (judged as prose there: "password required" is a sentence).
+_NETRC_ENTRY = re.compile(r"(?m)(?:(?<![^\s])machine[ \t]+\S+|(?<![^\s])default)[ \t]+"
+                          r"(?:(?:login|account)[ \t]+\S+[ \t]+)*password[ \t]+(?=[^\s=:])"
+                          r"|^[ \t]*password[ \t]+(?=[^\s=:]\S*[ \t]*\r?$)")
+
+
+def _netrc_passwords(text: str) -> list[tuple[int, int]]:
+    spans = []
+    for entry in _NETRC_ENTRY.finditer(text):
+        own_line = entry.group(0).lstrip().startswith("password")
+        if span := _value_span(text, entry.end(), "password", to_line_end=False, prose=own_line, literal=not own_line):
+            spans.append(span)
     return spans
 
 
@@ -307,7 +368,8 @@ def assigned_credentials(text: str, *, prose: bool = False) -> list[tuple[int, i
             spans.append(span)
         # Past the value, hidden or not: a value is read once (a stand-in's text may hold names).
         position = span[1] if span else max(match.end(), _skip_value(text, match.end()))
-    return _merged(spans + _element_values(text, prose=prose))
+    return _merged(spans + _element_values(text, prose=prose) + _option_passwords(text)
+                   + _env_entry_values(text) + _netrc_passwords(text))
 
 
 # Another name assigned to later on the line: the value before it is one word (api_key: None password: ...).

@@ -65,6 +65,12 @@ LEAKS = {
     "CalledProcessError: Command '['psql', '--password', 'hunter2', '-h', 'db']' returned non-zero exit status 2.":
         f"CalledProcessError: Command '['psql', '--password', {R}, '-h', 'db']' returned non-zero exit status 2.",
     "<credentials><password>hunter2</password></credentials>": f"<credentials><password>{R}</password></credentials>",
+    "+ mysqldump -h db -u root -phunter2 app > dump.sql": f"+ mysqldump -h db -u root -p{R} app > dump.sql",
+    "sshpass -p 'hunter 2' scp a b": f"sshpass -p {R} scp a b",
+    "redis-cli -h cache -a s3cret ping": f"redis-cli -h cache -a {R} ping",
+    "  env:\n  - name: DB_PASSWORD\n    value: hunter2\n  - name: HOME\n    value: /root":
+        f"  env:\n  - name: DB_PASSWORD\n    value: {R}\n  - name: HOME\n    value: /root",
+    "machine pypi.example.com login ci password hunter2": f"machine pypi.example.com login ci password {R}",
 }
 KEPT = [
     "step 10 loss 2.5 tokens/s 1234",
@@ -88,6 +94,9 @@ KEPT = [
     f"PGPASSWORD={R}",
     "['psql', '--password', '-h', 'db']",  # a flag that asks for the password
     "<eos_token>&lt;/s&gt;</eos_token>",
+    "mysql -h db -u root -p app", "ssh -p2222 worker-1 nvidia-smi",
+    "- name: TOKENIZER\n  value: gpt2\n- name: DB_PASSWORD\n  valueFrom: {secretKeyRef: {name: db}}",
+    "password required for ci",
 ]
 
 

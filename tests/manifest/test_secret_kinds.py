@@ -455,6 +455,18 @@ ASSIGNED = [
     ('<wsse:Password Type="#PasswordText">hunter2</wsse:Password>', ["hunter2"]),  # a namespace, attributes
     ("<ns:api_key>abc123</ns:api_key>", ["abc123"]),
     ("['x', '--password', b'hunter2']", ["'hunter2'"]),  # bytes in a printed list
+    ("mysql -u root -phunter2 db", ["hunter2"]),  # mysql's tools glue the password to -p
+    ("Command '['mysqldump', '-uroot', '-pHunter2', 'db']' failed", ["Hunter2"]),
+    ("mariadb-dump -h db -ps3cret", ["s3cret"]), ("mysql -pa]b),c db", ["a]b),c"]),  # to the end of its word
+    ("sshpass -p hunter2 ssh host", ["hunter2"]), ("sshpass -phunter2 ssh host", ["hunter2"]),
+    ("redis-cli -h cache -p 6379 -a 'pw 1' ping", ["'pw 1'"]),  # redis-cli's -p is its port
+    ("['redis-cli', '-a', 'hunter2']", ["'hunter2'"]),
+    ("env:\n- name: HOME\n  value: /root\n- name: DB_PASSWORD\n  value: hunter2\n", ["hunter2"]),  # Kubernetes
+    ('"environment": [{"name": "API_KEY", "value": "abc123"}]', ['"abc123"']),  # ECS
+    ('{\n  "name": "DB_PASSWORD",\n  "value": "hunter2"\n}', ['"hunter2"']),  # kubectl -o json
+    ("machine api.example.com login alice password hunter2", ["hunter2"]),  # .netrc on one line
+    ("machine api.example.com\n  login alice\n  password hunter2\n", ["hunter2"]),  # and on its own
+    ("default login anonymous password pw1", ["pw1"]),
 ]
 NOT_ASSIGNED = [
     "token_budget=512",  # the last word names what it is: a budget
@@ -471,6 +483,11 @@ NOT_ASSIGNED = [
     "<password></password>", "<password>x</passwd>", "<password>a\nb</password>",  # no element
     "<password x>y</password >", "<ns:password>x</password>",  # no element either: the end tag differs
     "['psql', '--no-password', 'db']", "--no-auth server", "mysql --no_password db",  # flags that take no value
+    "mysql -u root -p db", "mysql -h db -P3306 -p",  # a spaced or bare -p asks for the password
+    "ssh -p2222 host", "scp -P 22 -p a b", "rsync -pa src dst",  # -p of other commands is theirs
+    "- name: DB_PASSWORD\n  valueFrom:\n    secretKeyRef: {name: db}",  # from a secret: no value here
+    "- name: HOME\n  value: /root", "name: token\nvalue: 50256", "username: DB_PASSWORD\nvalue: 3",
+    "password required", "password reset for bob",  # a sentence, not a .netrc's password line
 ]
 
 
@@ -524,7 +541,11 @@ def test_a_word_that_only_ends_in_token_names_no_credential(key):
                                   "a is " * 52_000, "password=" * 29_000, "x-" * 131_000 + "=",
                                   "<password>" * 26_000, "<password>a" * 23_000 + "</password>",
                                   "'--password', " * 18_000, "<a>" * 87_000, "<wsse:Password x" * 16_000,
-                                  '<password t="' * 20_000, "<ns:" * 65_000])
+                                  '<password t="' * 20_000, "<ns:" * 65_000,
+                                  "mysql " * 43_000, "mysql " + "-p " * 87_000, "sshpass " + "-p " * 87_000,
+                                  "name: DB_PASSWORD\n" * 14_000, '"name": "PASSWORD", ' * 13_000,
+                                  "machine a " * 26_000, "machine a " + "login b " * 32_000,
+                                  "password \n" * 26_000])
 def test_assignments_are_read_in_linear_time(text):
     # A manifest may hold 256 KiB in one value. A quadratic reading of these took 64 s for the
     # first; linear, each takes about a second at most on a slow machine. The bound is generous:
