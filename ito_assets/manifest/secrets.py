@@ -242,7 +242,7 @@ _USER_OPTIONS = ("u", "user")
 
 # Every name `_credential_name` accepts holds one of these (the glued endings and the pairs
 # included), or it is curl's user option.
-_CREDENTIAL_HINT = re.compile(r"(?i)pass|pwd|secret|credential|token|auth|key|cookie|(?<!\S)--?u(?:ser)?[ \t=]"
+_CREDENTIAL_HINT = re.compile(r"(?i)pass|pwd|secret|credential|token|auth|key|cookie|session|(?<!\S)--?u(?:ser)?[ \t=]"
                               r"|mysql|mariadb|redis-cli")
 
 
@@ -354,22 +354,41 @@ def assigned_credentials(text: str, *, prose: bool = False) -> list[tuple[int, i
             name = match.group("option")
         else:
             name = _credential_in(text, match)
+        literal = match.group("option") is not None or match.group("sep") in ("=", ":=", "=>")
+        named = match.group("option") or match.group("name")
+        mixed_only = name is None and literal and _a_setting_or_a_credential(named)
+        if mixed_only:
+            name = named
         if name is None:
             position = match.end()
             continue
         # NAME=value (no space, or a flag) is a dump's or a command's: its value is literal. After
         # ": " or "is" in a document's sentence, a plain word or a number is the sentence's.
-        literal = match.group("option") is not None or match.group("sep") in ("=", ":=", "=>")
         on_its_line = (match.group("line") is not None and " " not in name and not prose
                        and not _ANOTHER_NAME.search(text, match.end(), _line_end(text, match.end())))
         span = _value_span(text, match.end(), name, to_line_end=on_its_line,
                            prose=(prose and not literal) or bool(match.group("prose")), literal=literal)
+        if span and mixed_only and not _mixes_letters_and_digits(text[span[0]:span[1]]):
+            span = None
         if span:
             spans.append(span)
         # Past the value, hidden or not: a value is read once (a stand-in's text may hold names).
         position = span[1] if span else max(match.end(), _skip_value(text, match.end()))
     return _merged(spans + _element_values(text, prose=prose) + _option_passwords(text)
                    + _env_entry_values(text) + _netrc_passwords(text))
+
+
+def _a_setting_or_a_credential(name: str) -> bool:
+    """"token", "auth" or "session" alone (token=50256, auth=ok, session=7 name a text's token or
+    a setting): a credential only as NAME=value or a flag's value that mixes letters and digits
+    (token=abc123, --token abc123, session=9f2c...); --no-token takes no value."""
+    words = _key_words(name)
+    return bool(words) and words[0] != "no" and words[-1] in _SECRET_WORDS - _TEXT_SECRET_WORDS and (
+        len(words) == 1 or words[-2] not in _VOCABULARY_TOKENS)
+
+
+def _mixes_letters_and_digits(value: str) -> bool:
+    return re.search(r"[A-Za-z]", value) is not None and re.search(r"\d", value) is not None
 
 
 # Another name assigned to later on the line: the value before it is one word (api_key: None password: ...).

@@ -71,6 +71,7 @@ LEAKS = {
     "  env:\n  - name: DB_PASSWORD\n    value: hunter2\n  - name: HOME\n    value: /root":
         f"  env:\n  - name: DB_PASSWORD\n    value: {R}\n  - name: HOME\n    value: /root",
     "machine pypi.example.com login ci password hunter2": f"machine pypi.example.com login ci password {R}",
+    "callback ok: user=7 session=9f2c81ab0d token=hunter2xyz": f"callback ok: user=7 session={R} token={R}",
 }
 KEPT = [
     "step 10 loss 2.5 tokens/s 1234",

@@ -467,6 +467,8 @@ ASSIGNED = [
     ("machine api.example.com login alice password hunter2", ["hunter2"]),  # .netrc on one line
     ("machine api.example.com\n  login alice\n  password hunter2\n", ["hunter2"]),  # and on its own
     ("default login anonymous password pw1", ["pw1"]),
+    ("token=hunter2xyz", ["hunter2xyz"]), ("login ok session=9f2c81ab", ["9f2c81ab"]),  # alone, as NAME=value
+    ("auth=s3cret", ["s3cret"]), ("--token abc123", ["abc123"]),
 ]
 NOT_ASSIGNED = [
     "token_budget=512",  # the last word names what it is: a budget
@@ -488,6 +490,9 @@ NOT_ASSIGNED = [
     "- name: DB_PASSWORD\n  valueFrom:\n    secretKeyRef: {name: db}",  # from a secret: no value here
     "- name: HOME\n  value: /root", "name: token\nvalue: 50256", "username: DB_PASSWORD\nvalue: 3",
     "password required", "password reset for bob",  # a sentence, not a .netrc's password line
+    "token=50256", "token=abc", "auth=ok", "session=7", "next_token=a1",  # no letters and digits mixed
+    "--no-token abc123", "no_auth=x1",
+    "session: abc123", "token = abc123",  # not NAME=value: a setting's, or code's
 ]
 
 
