@@ -5,7 +5,9 @@ decontamination work on *words*: maximal runs of Unicode letters and digits with
 joiners inside them (`[^\\W_]+` as polars' regex reads it; Python's `re` is given the same
 classes), lower cased, so punctuation is stripped and whitespace collapsed by construction.
 Decontamination also normalises digits (every run of digits becomes "0"), so that "Question 12"
-and "question 7" agree.
+and "question 7" agree, and folds fullwidth Latin letters (ＡＢＣ, as CJK text writes Latin) to
+ASCII, one character for one, so that a copy in fullwidth forms is still a copy (the
+`digits_normalized` words).
 
 Tokens are hashed to uint64 by `kernels` (in C, or numpy without a compiler): a hash of the word's
 UTF-8 bytes fixed in this project, so the same word hashes the same in every process and version.
@@ -78,10 +80,18 @@ class TokenHashes:
         return np.repeat(np.arange(self.num_docs, dtype=np.int64), self.lengths)
 
 
+# Fullwidth Latin small letters (U+FF41-FF5A; the capitals are lower-cased to them first) and
+# their ASCII letters. Folding costs 0.08 s per 53 MB of manual pages, against 0.52 s to cut them
+# into words (polars' replace_many).
+_FULLWIDTH_LETTERS = [chr(code) for code in range(0xFF41, 0xFF5B)]
+_ASCII_LETTERS = [chr(ord(letter) - 0xFEE0) for letter in _FULLWIDTH_LETTERS]
+_FOLD_FULLWIDTH = str.maketrans(dict(zip(_FULLWIDTH_LETTERS, _ASCII_LETTERS)))
+
+
 def _word_lists(texts: pl.Series, *, digits_normalized: bool) -> pl.Series:
     lowered = texts.str.to_lowercase()
     if digits_normalized:
-        lowered = lowered.str.replace_all(DIGITS_PATTERN, "0")
+        lowered = lowered.str.replace_many(_FULLWIDTH_LETTERS, _ASCII_LETTERS).str.replace_all(DIGITS_PATTERN, "0")
     return lowered.str.extract_all(WORD_PATTERN)
 
 
@@ -263,6 +273,8 @@ def words_with_spans(text: str, *, digits_normalized: bool) -> tuple[list[str], 
     if len(spans) != len(runs):  # never seen: each word of the original lower-cased alone
         lowered, runs = _each_lowered(text, spans)
         marks = lowered.translate(kinds)
+    if digits_normalized and not text.isascii():
+        lowered = lowered.translate(_FOLD_FULLWIDTH)  # one letter for one: the runs hold
     words = [_normalized(lowered, marks, start, end) if digits_normalized else lowered[start:end] for start, end in runs]
     return words, spans
 

@@ -19,8 +19,7 @@ from ito_assets.data.config import DecontamConfig, ScaleConfig
 from ito_assets.data.decontam_units import scan_frames
 from ito_assets.data.eval_index import build_index
 from ito_assets.data.scratch import scratch_space
-from ito_assets.data.text import (DIGITS_PATTERN, WORD_PATTERN, token_hashes, word_hashes, word_tokens, words_of,
-                                  words_with_spans)
+from ito_assets.data.text import _word_lists, token_hashes, word_hashes, word_tokens, words_of, words_with_spans
 from ito_assets.evals.suite import EvalItem, EvalSuite
 
 # Questions of 13 words or more in scripts whose words hold combining marks or joiners.
@@ -36,14 +35,16 @@ QUESTIONS = {
 MIXED = ["x² ½ ① Question 12 ٣٤ ١٢", "ﬁne a‿b _under_score", "e\u0301te\u0301 naïve", "Ⅻ ⅻ ǅ ǈ", "𝒜𝒷𝒸 𝟙𝟚", "ΣΑΣ ΟΔΥΣΣΕΥΣ",
          # Python's case tables are older than polars' (U+1C89, U+A7CB, U+10D50); a final sigma is read
          # in its context, also where a dotted capital I lengthens the text.
-         "\u1c89\u1c89 question \ua7cb \U00010d50", "ΟΔΟΣ.Α İ", "İSTANBUL ΟΔΟΣ 12Σ3"]
+         "\u1c89\u1c89 question \ua7cb \U00010d50", "ΟΔΟΣ.Α İ", "İSTANBUL ΟΔΟΣ 12Σ3",
+         "ＱＵＥＳＴＩＯＮ １２ ｗｈａｔ İｓ ΟΔΟΣ"]  # fullwidth Latin, as CJK text writes it
 
 
 def polars_words(text: str, *, digits_normalized: bool) -> list[str]:
-    lowered = pl.Series([text]).str.to_lowercase()
-    if digits_normalized:
-        lowered = lowered.str.replace_all(DIGITS_PATTERN, "0")
-    return lowered.str.extract_all(WORD_PATTERN).to_list()[0] or []
+    return _word_lists(pl.Series([text]), digits_normalized=digits_normalized).to_list()[0] or []
+
+
+def fullwidth(text: str) -> str:
+    return "".join(chr(ord(c) + 0xFEE0) if "!" <= c <= "~" else c for c in text)
 
 
 @pytest.mark.parametrize("digits_normalized", [False, True])
@@ -55,6 +56,14 @@ def test_both_engines_cut_a_text_into_the_same_words(text: str, digits_normalize
 def test_spans_index_the_original_text_where_lower_casing_lengthens_it() -> None:
     words, spans = words_with_spans("İstanbul ve ΟΔΟΣ", digits_normalized=False)
     assert words == ["i\u0307stanbul", "ve", "οδος"] and spans == [(0, 8), (9, 11), (12, 16)]
+
+
+def test_decontamination_folds_fullwidth_latin_one_letter_for_one() -> None:
+    words, spans = words_with_spans("Ｑｕｅｓｔｉｏｎ １２: ＷＨＡＴ", digits_normalized=True)
+    assert words == ["question", "0", "what"] and spans == [(0, 8), (9, 11), (13, 17)]
+    assert polars_words("Ｑｕｅｓｔｉｏｎ １２: ＷＨＡＴ", digits_normalized=True) == words
+    # Deduplication's words stay as written.
+    assert words_of("Ｑｕｅｓｔｉｏｎ", digits_normalized=False) == ["ｑｕｅｓｔｉｏｎ"]
 
 
 def test_a_word_keeps_its_combining_marks_and_joiners() -> None:
@@ -74,14 +83,18 @@ def test_any_text_is_cut_alike_and_hashed_alike(text: str) -> None:
     assert np.array_equal(word_hashes(column).hashes, token_hashes(column, digits_normalized=False).hashes)
 
 
-@pytest.mark.parametrize("language", sorted(QUESTIONS))
+@pytest.mark.parametrize("language", sorted(QUESTIONS) + ["fullwidth copy", "fullwidth item"])
 def test_a_verbatim_copy_of_an_eval_item_is_found_in_any_script(tmp_path: Path, language: str) -> None:
-    question = QUESTIONS[language]
+    question = copy = QUESTIONS.get(language, QUESTIONS["english"])
+    if language == "fullwidth copy":
+        copy = fullwidth(question.upper())
+    elif language == "fullwidth item":
+        question = fullwidth(question)
     suite = EvalSuite("unit", "sha256:" + "0" * 64, (EvalItem(id=f"{language}/1", benchmark="b", question=question, answer="x"),))
     config = DecontamConfig()
     index = build_index(suite, config)
     assert index.views, "the item was indexed"
-    docs = frame([f"some text before. {question}\nand after.", "an unrelated document of plain words"]).select("doc_id", "text")
+    docs = frame([f"some text before. {copy}\nand after.", "an unrelated document of plain words"]).select("doc_id", "text")
     with scratch_space(tmp_path / "_scratch", ScaleConfig(num_workers=1)) as scratch:
         hits = scan_frames(scratch, [docs], index, config).hits
     assert hits["doc_id"].to_list() == ["d0000"] and hits["eval_item_id"].to_list() == [f"{language}/1"]
