@@ -20,6 +20,8 @@ With no past run of that kind the quote says so and gives the list price alone.
 
 from __future__ import annotations
 
+import math
+import sys
 from dataclasses import asdict, dataclass
 
 import sqlalchemy as sa
@@ -65,11 +67,19 @@ def block_history(conn: sa.Connection, terms: BookingTerms) -> BlockHistory:
     latest = (sa.select(sa.func.max(run_metrics.c.seq))
               .where(run_metrics.c.run_id.in_(like_runs), run_metrics.c.name.in_(RUN_FIGURES))
               .group_by(run_metrics.c.run_id, run_metrics.c.name))
+    # A run whose last figure is not a number (an older release stored infinities, and NaN on
+    # PostgreSQL; `ito metrics` shows them as null) is left out whole: what it delivered is unknown,
+    # and one such figure would make the quote's JSON impossible. NaN compares above every number
+    # on PostgreSQL (SQLite cannot store it: the column is NOT NULL).
+    unknown = (sa.select(run_metrics.c.run_id)
+               .where(run_metrics.c.seq.in_(latest),
+                      sa.not_(run_metrics.c.value.between(-sys.float_info.max, sys.float_info.max))))
     query = (sa.select(run_metrics.c.name, sa.func.sum(run_metrics.c.value), sa.func.count(sa.distinct(run_metrics.c.run_id)))
-             .where(run_metrics.c.seq.in_(latest)).group_by(run_metrics.c.name))
+             .where(run_metrics.c.seq.in_(latest), run_metrics.c.run_id.not_in(unknown)).group_by(run_metrics.c.name))
     sums, counts = {}, {}
     for name, total, count in conn.execute(query):
-        sums[name], counts[name] = float(total), int(count)
+        if math.isfinite(float(total)):  # finite figures whose sum passes a double's range count as none
+            sums[name], counts[name] = float(total), int(count)
     block = f"{terms.num_gpus} x {terms.gpu_type} over {terms.num_nodes} node(s)"
     price = terms.price_per_gpu_hour_cents
     if sums.get(ALLOCATED, 0.0) <= 0 or sums.get(DEVICE_HOURS, 0.0) <= 0:

@@ -127,3 +127,29 @@ def test_a_run_counts_in_the_quote_once_it_has_ended_however(world, ended):
         conn.execute(runs.update().where(runs.c.run_id == run.run_id).values(state=ended, finished_at=1))
     found, _ = _history(world)
     assert found.num_runs == 1 and found.expected_goodput == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("stored", [float("inf"), float("-inf"), float("nan")])
+def test_a_run_whose_last_figure_is_not_a_number_is_left_out_of_the_quote(world, stored):
+    """An older release stored non-finite figures (SQLite keeps an infinity; PostgreSQL NaN too), which `ito metrics` shows as null. Summed into the quote, one made
+    its JSON impossible (INTERNAL_ERROR for every quote of that block); counted as nothing, it would
+    lower the goodput. What that run delivered is unknown: it is left out, the others count."""
+    from test_lifecycle import verified
+    from ito_assets.api import envelope
+    from ito_assets.control import confirm_request
+    from ito_assets.control.ledger import run_metrics
+
+    if stored != stored and world.ledger.engine.dialect.name == "sqlite":
+        pytest.skip("SQLite stores NaN as NULL, which the NOT NULL column refuses: no such row exists there")
+    good, old = _finished(world, "history-key-0007"), _finished(world, "history-key-0008")
+    _publish(world, good.run_id, allocated=1000, productive=900, device_hours=2.0, per_1000=0.0)
+    _publish(world, old.run_id, allocated=1000, productive=100, device_hours=2.0, per_1000=0.0)
+    with world.ledger.write() as conn:  # as the older release wrote it, after its finite figures
+        conn.execute(run_metrics.insert().values(run_id=old.run_id, step=0, name=history.PRODUCTIVE, value=stored, at=1))
+    found, _ = _history(world)
+    assert (found.num_runs, found.expected_goodput) == (1, pytest.approx(0.9))
+    quote = confirm_request.quote_train(world.ledger, world.policy, world.account, world.booking_id, verified())
+    assert '"expected_goodput": 0.9' in envelope.dumps(envelope.success(quote.to_dict(), live_api_contacted=True))
+    # Its figures published again, finite, it counts again.
+    telemetry.publish(world.ledger, old.run_id, [], [(0, history.PRODUCTIVE, 100.0)], revised=True)
+    assert _history(world)[0].num_runs == 2
