@@ -8,6 +8,7 @@ stack trace with a URL, an environment dump) never leaves the ledger.
 from __future__ import annotations
 
 import math
+import operator
 import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
@@ -18,6 +19,7 @@ from ito_assets.control.ledger import Ledger, run_checkpoints, run_logs, run_met
 from ito_assets.manifest.secrets import REDACTED, assigned_credentials, value_secret_kind
 
 MAX_PAGE = 500  # bounds one answer's size; callers page with `after`
+_BIGINT = (-(2**63), 2**63 - 1)  # the step column's range, on SQLite and PostgreSQL
 _MAX_MESSAGE = 4000
 _CUT = " [CUT]"  # ends a message cut at _MAX_MESSAGE, so a reader knows the line went on
 _WORD = re.compile(r"\S+")
@@ -140,16 +142,27 @@ def record_metrics(ledger: Ledger, run_id: str, rows: Iterable[tuple[int, str, f
     stored = []
     for step, name, value in rows:
         number = finite(value)
-        if number is None:
+        if not _in_step_range(step):
+            # Not shown: an int of 5,000 digits has no decimal form within Python's limit.
+            append_log(ledger, run_id, "warning", f"metric {name} at a step past the ledger's range (a 64-bit "
+                                                  "integer); not recorded")
+        elif number is None:
             append_log(ledger, run_id, "warning", f"metric {name} at step {step} is not a finite number "
                                                   f"({_shown(value)}); not recorded")
         else:
-            stored.append({"run_id": run_id, "step": step, "name": metric_name(name), "value": number})
+            stored.append({"run_id": run_id, "step": operator.index(step), "name": metric_name(name), "value": number})
     if stored:
         with ledger.write() as conn:
             now = ledger.now()
             conn.execute(run_metrics.insert(), [{**row, "at": now} for row in stored])
     return len(stored)
+
+
+def _in_step_range(step: object) -> bool:
+    try:
+        return _BIGINT[0] <= operator.index(step) <= _BIGINT[1]  # numpy's integers too
+    except TypeError:
+        return False
 
 
 def record_checkpoint(ledger: Ledger, run_id: str, *, step: int, path: str, size_bytes: int,

@@ -27,6 +27,20 @@ def test_non_finite_metrics_are_logged_not_stored_and_publish_goes_on(world) -> 
     json.dumps(telemetry.as_dicts(stored), allow_nan=False)
 
 
+def test_a_step_past_the_ledgers_64_bits_is_logged_not_stored_and_the_rest_is(world) -> None:
+    """One such row failed the whole transaction: every figure of a stage's publication lost."""
+    import numpy as np
+
+    run = make_run(world)
+    figures = [(2**63 - 1, "a", 1.0), (2**63, "b", 2.0), (-(2**63), "c", 3.0), (-(2**63) - 1, "d", 4.0),
+               (10**5000, "e", 5.0), ("7", "f", 6.0), (np.int64(5), "g", 7.0)]
+    assert telemetry.publish(world.ledger, run.run_id, [], figures) == (0, 3)
+    stored = telemetry.every_page(telemetry.metrics, world.ledger, run.run_id)
+    assert [(m.step, m.name) for m in stored] == [(2**63 - 1, "a"), (-(2**63), "c"), (5, "g")]
+    warnings = [line.message for line in telemetry.every_page(telemetry.logs, world.ledger, run.run_id)]
+    assert len(warnings) == 4 and all("past the ledger's range" in w for w in warnings)
+
+
 def test_a_non_finite_row_already_in_the_ledger_reads_as_null(world) -> None:
     """A row written before non-finite values were refused (SQLite holds infinities, PostgreSQL
     NaN too): the listing stays strict JSON, and the rest of the page is served."""

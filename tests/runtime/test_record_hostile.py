@@ -75,6 +75,19 @@ def test_a_bad_event_line_is_skipped_and_the_good_line_after_it_is_kept(tmp_path
     _assert_sane(tmp_path)
 
 
+@pytest.mark.parametrize(("field", "value", "kept"), [
+    ("step", 2**63 - 1, True), ("step", 2**63, False), ("step", -(2**63), True), ("step", -(2**63) - 1, False),
+    ("attempt", 2**63, False), ("num_bytes", 2**64, False),
+])
+def test_an_integer_past_the_ledgers_64_bits_is_a_bad_line(tmp_path, field, value, kept):
+    """The ledger's step and size columns are 64-bit: a line past them, kept, failed the stage's
+    whole publication (every metric of it lost) after its compute was spent."""
+    _log(tmp_path)
+    line = {"kind": "step", "at": 60.0, "step": 3, "seconds": 1.0, field: value}
+    _raw(tmp_path, json.dumps(line).encode() + b"\n" + _step(4, at=60.0).to_json().encode() + b"\n")
+    assert _steps(tmp_path) == ([1, value, 4] if field == "step" and kept else [1, 4])
+
+
 def test_a_step_given_as_text_does_not_stop_the_figures(tmp_path):
     _log(tmp_path)
     _raw(tmp_path, json.dumps({"kind": "step", "at": 60.0, "step": "3", "seconds": 1.0}).encode() + b"\n")

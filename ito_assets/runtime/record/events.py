@@ -138,7 +138,9 @@ def _read_file(path: Path) -> list[Event]:
 
 
 def _integer(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    """An int the ledger's BIGINT columns hold: one past them (a step of 2**63) failed the whole
+    stage's publication after its compute was spent."""
+    return isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63
 
 
 def _finite(value: object) -> bool:
