@@ -8,6 +8,7 @@ import dataclasses
 import hashlib
 import contextlib
 import json
+import math
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -169,7 +170,7 @@ def _document(stages) -> dict:
 
 
 def _materialize(tmp_path: Path, instance, runtime: TrainingRuntimeResource, ledger_run, stages=TWO_STAGES,
-                 *, after_confirmation=None):
+                 *, after_confirmation=None, run_config=None):
     document = _document(stages)
     (tmp_path / "manifests").mkdir(exist_ok=True)
     manifest_path = write_manifest(tmp_path / "manifests" / "manifest.json", document)
@@ -184,7 +185,7 @@ def _materialize(tmp_path: Path, instance, runtime: TrainingRuntimeResource, led
         resources={"ito": ItoSettingsResource.from_settings(settings), "training_runtime": runtime,
                    "training_launcher": TrainingLauncherResource(),
                    "pipes_subprocess_client": pipes_client(), "ledger": LedgerResource(url=ledger_run[1])},
-        raise_on_error=False,
+        raise_on_error=False, run_config=run_config,
     )
 
 
@@ -269,6 +270,35 @@ def test_a_failed_gate_stops_the_run_and_stays_failed_on_retry(tmp_path, instanc
     assert failure.step_key == "pretraining_checkpoint"
     assert failure.event_specific_data.user_failure_data.metadata["error_code"].value == "EVAL_GATE_FAILED"
     assert "the pretraining eval gate failed; the run stays stopped" in failure.event_specific_data.error.message
+
+
+@pytest.mark.parametrize(("field", "value", "accepted"), [
+    ("heldout_loss_noise_band", 0.0, False), ("heldout_loss_noise_band", 5e-324, True),
+    ("answer_loss_noise_band", -0.01, False), ("answer_loss_noise_band", math.nan, False),
+    ("answer_loss_noise_band", math.inf, False),
+    ("min_improvement_bands", 0.0, True), ("min_improvement_bands", -5e-324, False),
+    ("max_regression_bands", math.nan, False),
+    ("hang_timeout_s", math.nan, False), ("poll_interval_s", math.inf, False), ("grace_s", 0.0, False),
+    ("max_restarts", -1, False), ("max_restarts", 0, True), ("batch_size", 0, False), ("batch_size", 1, True),
+])
+def test_the_training_runtime_refuses_a_value_its_gates_or_supervisor_would(field, value, accepted):
+    if accepted:
+        assert getattr(TrainingRuntimeResource(**{field: value}), field) == value
+    else:
+        with pytest.raises(ValueError, match="training_runtime: "):
+            TrainingRuntimeResource(**{field: value})
+
+
+def test_a_bad_gate_band_from_the_launchpad_fails_the_run_before_it_trains_or_is_charged(tmp_path, instance, ledger_run):
+    """The launchpad's training_runtime config is the resource's: a band the gates refuse was
+    accepted, and raised only after the stage had marked the run training (its cost then spent)."""
+    result = _materialize(tmp_path, instance, _runtime(), ledger_run,
+                          run_config={"resources": {"training_runtime": {"config": {"heldout_loss_noise_band": 0.0}}}})
+    assert not result.success
+    assert "training_runtime: noise_band must be positive and finite" in str(result.all_events)
+    assert not result.get_asset_materialization_events()  # no step ran
+    assert not (Path(ledger_run[0].checkpoint_dir) / "pretraining").exists()
+    assert ledger_runs_module.get(ledger_run[2], ledger_run[0].run_id).started_at is None
 
 
 def test_a_prepared_record_edited_after_confirmation_is_refused_before_training(tmp_path, instance, ledger_run):

@@ -209,9 +209,11 @@ def _run_stage(context, res: _StageResources, inputs: dict, previous, name: str)
         has_cuda = torch.cuda.is_available()
         nnodes, nproc = res.launcher.counts(plan.run_plan.hardware, has_cuda=has_cuda)
         config = _stage_config(res, manifest, stage, plan, run_id, layout, tokens, previous, nnodes, nproc, has_cuda)
+        # Before the run is marked training: from then on its cost stays spent, whatever its end.
+        policy = res.runtime.gate_policy(manifest.training_target.eval_gate)
     except ItoError as error:
         raise failure(error) from None
-    except ValueError as error:  # a batch that does not split over this host's data-parallel ranks
+    except ValueError as error:  # a batch that does not split over this host's data-parallel ranks, a gate's band
         raise dg.Failure(description=f"training_runtime: {error}") from None
     try:  # the launcher's settings are checked before the supervisor starts
         supervisor = dataclasses.replace(res.runtime.supervisor(nnodes=nnodes, nproc_per_node=nproc),
@@ -220,7 +222,6 @@ def _run_stage(context, res: _StageResources, inputs: dict, previous, name: str)
         raise dg.Failure(description=f"training_launcher: {error}") from None
     ready = stage_run.prepare(config, supervisor)
     mark_training_started(res.ledger, run_id)
-    policy = res.runtime.gate_policy(manifest.training_target.eval_gate)
     try:
         res.pipes.run(context=context, command=list(ready.command))
         with res.ledger.open() as opened:

@@ -8,6 +8,8 @@ gate thresholds over the defaults here."""
 
 from typing import Optional
 
+from pydantic import model_validator
+
 from ito_assets.defs.resources import StrictResource
 from ito_assets.manifest.schema import EvalGate
 from ito_assets.runtime.stage.eval_gate import MAX_REGRESSION_BANDS, MIN_IMPROVEMENT_BANDS, Direction, GatedMetric, EvalGatePolicy
@@ -53,6 +55,20 @@ class TrainingRuntimeResource(StrictResource):
     # Used when the manifest sets no `eval_gate`.
     min_improvement_bands: float = MIN_IMPROVEMENT_BANDS
     max_regression_bands: float = MAX_REGRESSION_BANDS
+
+    @model_validator(mode="after")
+    def _within_the_runtimes_rules(self) -> "TrainingRuntimeResource":
+        """The gates' and the supervisor's rules, applied where the resource is built (at the
+        start of the run, or of the first step that uses it), not after a stage has started
+        training and its cost is spent."""
+        try:
+            self.gate_policy()
+            self.supervisor(nnodes=1, nproc_per_node=1)
+        except ValueError as error:
+            raise ValueError(f"training_runtime: {error}") from None
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ValueError("training_runtime: batch_size must be positive (or unset)")
+        return self
 
     def eager_reason(self, *, has_cuda: bool) -> str | None:
         """Why this host's stages run without torch.compile, or None when they compile."""

@@ -43,6 +43,8 @@ attempt. Both go to the event log as INTERRUPTION and RECOVERY events.
 
 from __future__ import annotations
 
+import math
+
 import argparse
 import contextlib
 import enum
@@ -107,8 +109,8 @@ class SupervisorConfig:
         if self.nproc_per_node < 1 or self.nnodes < 1 or self.max_restarts < 0:
             raise ValueError("nproc_per_node and nnodes must be positive and max_restarts >= 0")
         for name in ("hang_timeout_s", "startup_timeout_s", "poll_interval_s", "grace_s"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive")
+            if not 0 < getattr(self, name) < math.inf:  # NaN too
+                raise ValueError(f"{name} must be positive and finite")
 
     @property
     def world_size(self) -> int:
