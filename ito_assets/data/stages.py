@@ -291,7 +291,12 @@ def residual_contamination(shards: ShardSet, suite: EvalSuite, decontam: Deconta
     what was removed), a common phrase can fall under the threshold and turn into evidence
     against a document the rule had cleared (seen at 4x the fixtures in benchmarks/data_scaling.py).
     A piece is scanned under its own id, doc_id#piece. The shards and the ignored seeds are
-    verified first (SHARD_CORRUPT)."""
+    verified first (SHARD_CORRUPT), and the suite must be the one the stage scanned against
+    (EVAL_SUITE_MISMATCH): against another, a clean corpus fails and a contaminated one passes."""
+    if suite.digest != decontam.eval_suite_digest:
+        raise ItoError(ErrorCode.EVAL_SUITE_MISMATCH, f"the eval suite given ({suite.suite_id}, {suite.digest[:19]}) is "
+                       f"not the one the decontamination scanned against ({decontam.eval_suite_id}, "
+                       f"{decontam.eval_suite_digest[:19]}): materialize eval_suite from that suite, or decontaminate again")
     config = decontam.decontam_config()
     ignored = pl.read_parquet(verified_path(decontam.ignored_seeds))
     shards.verified_paths()  # SHARD_CORRUPT before any work: the units are keyed by these digests

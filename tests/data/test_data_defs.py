@@ -321,6 +321,26 @@ def test_the_residual_check_refuses_changed_ignored_seeds(chain) -> None:
     assert not verdict.passed and "ignored seeds changed" in verdict.metadata["problems"].value
 
 
+def test_the_residual_check_scans_against_the_suite_the_report_used_or_fails(chain) -> None:
+    """`eval_suite` is one output for every partition: another run may have stored another suite
+    since. Scanned against it, a clean corpus failed (an item quoting a kept document) and a
+    contaminated one would pass; now the check fails with EVAL_SUITE_MISMATCH and names the suite."""
+    import dataclasses
+
+    from ito_assets.evals.suite import EvalItem
+
+    _, _, _, result = chain
+    clean, suite, report = (result.output_for_node(n) for n in ("clean_shards", "eval_suite", "contamination_report"))
+    kept = pl.read_parquet(clean.shards.shards[0].path)["text"][0]
+    other = dataclasses.replace(suite, suite_id="another", digest="sha256:" + "1" * 64,
+                                items=(EvalItem(id="x/0", benchmark="x", question=kept, answer="a"),))
+    verdict = zero_residual_contamination(clean, other, report)
+    assert not verdict.passed and verdict.metadata["error_code"].value == "EVAL_SUITE_MISMATCH"
+    assert verdict.metadata["eval_suite_id"].value == "another"
+    passed = zero_residual_contamination(clean, suite, report)
+    assert passed.passed and passed.metadata["eval_suite_digest"].value == report.eval_suite_digest
+
+
 def test_the_asset_and_the_audit_report_one_count_of_removals(chain, monkeypatch) -> None:
     """The deduplicated_documents asset's metadata and `ito audit manifest` give the same number
     of exact and of near removals for a partition, and the documents' states agree with both."""

@@ -75,7 +75,7 @@ def test_assets_decide_plan_and_check(world):
     installation, verdict, clean, baseline_uri = world
     ito = ItoSettingsResource.from_settings(installation.settings)
     hardware = BookedHardwareResource()
-    suite = load_suite(FIXTURES / "evals" / "ito-fixture-evals-v1.jsonl")
+    suite = load_suite(installation.settings.eval_suite_path)  # the one the manifest's data was decontaminated against
     params = DecisionRunParams(model_name="micro", vocab_size=512, seeds=[0, 1], num_steps=20, batch_size=8,
                                sequence_length=64, learning_rate=1e-2, baseline_uris=[baseline_uri], num_threads=1)
     context = dg.build_asset_context(partition_key=verdict.key)
@@ -123,4 +123,18 @@ def test_missing_baseline_fails_with_its_code(world):
     with pytest.raises(dg.Failure, match="SOURCE_NOT_FOUND"):
         decision_run(context=dg.build_asset_context(partition_key=verdict.key), config=params,
                      ito=ItoSettingsResource.from_settings(installation.settings), training_manifest=verdict,
-                     eval_suite=load_suite(FIXTURES / "evals" / "ito-fixture-evals-v1.jsonl"), clean_shards=clean)
+                     eval_suite=load_suite(installation.settings.eval_suite_path), clean_shards=clean)
+
+
+def test_a_stored_suite_other_than_the_manifests_fails_the_decision_before_it_trains(world):
+    """`eval_suite` is one output for every partition: another run may have stored another suite,
+    against which this data was never decontaminated; scored on it, the decision means nothing."""
+    installation, verdict, clean, baseline_uri = world
+    suite = load_suite(installation.settings.eval_suite_path)
+    other = dataclasses.replace(suite, suite_id="another", digest="sha256:" + "1" * 64)
+    params = DecisionRunParams(model_name="micro", baseline_uris=[baseline_uri])
+    with pytest.raises(dg.Failure, match="EVAL_SUITE_MISMATCH"):
+        decision_run(context=dg.build_asset_context(partition_key=verdict.key), config=params,
+                     ito=ItoSettingsResource.from_settings(installation.settings), training_manifest=verdict,
+                     eval_suite=other, clean_shards=clean)
+    assert not (installation.settings.state_dir / "decision" / verdict.key / "arms").exists()

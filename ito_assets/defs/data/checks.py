@@ -106,14 +106,16 @@ def conservation_holds(clean_shards: stages.CleanStage) -> dg.AssetCheckResult:
 def zero_residual_contamination(clean_shards: stages.CleanStage, eval_suite: EvalSuite, contamination_report: stages.DecontamStage) -> dg.AssetCheckResult:
     if contamination_report.ignored_seeds.changed():  # the rule the re-scan applies is the stage's, as recorded
         return dg.AssetCheckResult(passed=False, metadata={"error_code": ErrorCode.SHARD_CORRUPT.value, "problems": "the decontamination's ignored seeds changed since they were written"})
+    suite = {"eval_suite_id": eval_suite.suite_id, "eval_suite_digest": eval_suite.digest}
     try:
         hits = stages.residual_contamination(clean_shards.shards, eval_suite, contamination_report, ScaleConfig())
     except ItoError as error:
-        return _refused(error)
+        return dg.AssetCheckResult(passed=False, metadata={"error_code": error.code.value, "problems": error.message, **suite})
     sample = hits.select("doc_id", "eval_item_id").head(10).to_dicts() if hits.height else []
     return dg.AssetCheckResult(
         passed=hits.height == 0,
-        metadata={"num_residual_hits": hits.height, "num_rows_scanned": clean_shards.shards.num_rows, "sample": dg.MetadataValue.json(sample)},
+        metadata={"num_residual_hits": hits.height, "num_rows_scanned": clean_shards.shards.num_rows,
+                  "sample": dg.MetadataValue.json(sample), **suite},
     )
 
 

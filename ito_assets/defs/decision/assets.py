@@ -16,9 +16,10 @@ from ito_assets.defs.failures import failure, training_manifest_or_fail
 from ito_assets.defs.metadata_values import chart, table
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.resources import ItoSettingsResource
-from ito_assets.errors import ItoError
+from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.evals.suite import EvalSuite
 from ito_assets.manifest.discovery import ManifestVerdict
+from ito_assets.manifest.verify import eval_suite_mismatches
 from ito_assets.posttraining.plan import read_pair_shapes
 from ito_assets.training.decision import DecisionResult, run_decision
 from ito_assets.training.decision_gate import DataDecision, judge_decision
@@ -48,6 +49,12 @@ def decision_run(
     manifest = training_manifest_or_fail(training_manifest, "the decision").manifest
     settings = ito.settings()
     try:
+        # `eval_suite` is one output for every partition: another run may have stored another suite,
+        # against which this data was never decontaminated.
+        if eval_suite_mismatches(manifest, eval_suite.suite_id, eval_suite.digest):
+            raise ItoError(ErrorCode.EVAL_SUITE_MISMATCH, f"the stored eval suite ({eval_suite.suite_id}, "
+                           f"{eval_suite.digest[:19]}) is not the one the manifest's data was decontaminated against: "
+                           "materialize eval_suite from that suite")
         baseline = read_mixture(config.baseline_uris, settings.data_root)
     except ItoError as error:
         raise failure(error) from None
