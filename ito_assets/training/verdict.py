@@ -173,8 +173,10 @@ def stein_seed_count(pilot: Sequence[float], target: float, confidence: float, m
         raise ValueError("a pilot of two or more seeds, a positive target and max_seeds >= the pilot are needed")
     degrees = n0 - 1
     factor = _t_quantile(0.5 + confidence / 2, degrees) + _t_quantile(POWER, degrees)
-    wanted = math.ceil((factor * statistics.stdev(pilot) / target) ** 2)
-    return min(max_seeds, max(n0, wanted))
+    ratio = factor * statistics.stdev(pilot) / target
+    if not ratio <= math.sqrt(max_seeds):  # past the cap (a tiny target: squared, it overflowed)
+        return max_seeds
+    return min(max_seeds, max(n0, math.ceil(ratio**2)))
 
 
 def stein_test(candidate: Sequence[float], baseline: Sequence[float], num_pilot: int, confidence: float) -> PairedTest:

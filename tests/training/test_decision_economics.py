@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -35,6 +36,21 @@ def test_the_manifests_cost_per_point_binds_at_its_boundary(threshold, worth):
     assert (reasons == ()) is worth
     if not worth:
         assert reasons == ("the full run costs 5,000.00 USD per point of improvement, above the manifest's 4,999.99",)
+
+
+@pytest.mark.parametrize("full, limit, improvement, worth", [
+    (9_883_728, 984_770, 0.10036585192481493, False),  # exactly 6e-11 cents above: its float quotient is the limit
+    (30_437_867, 936_711, 0.3249440542493896, False),
+    (500_000, 100_000, 0.05, True),  # exactly at the limit
+    (500_000, 100_000, math.nextafter(0.05, 0.0), False),  # 0.05 is a hair above 1/20 as a double; one ulp less is below
+])
+def test_the_cost_per_point_is_compared_with_the_limit_exactly(full, limit, improvement, worth):
+    """In floats the quotient rounds twice: one ulp either side of the limit was decided wrongly,
+    and a refusal read "9,847.70 USD per point, above the manifest's 9,847.70"."""
+    reasons = not_worth_it(improvement, full, DEFAULT, limit)
+    assert (reasons == ()) is worth
+    if not worth and f"{cost_per_point(full, improvement) / 100:,.2f}" == f"{limit / 100:,.2f}":
+        assert reasons[0].endswith("by less than a cent")
 
 
 def test_without_a_threshold_any_gain_beyond_noise_is_worth_it():

@@ -38,6 +38,13 @@ def test_the_count_is_never_below_the_pilot_nor_above_the_ceiling():
     assert stein_seed_count(PILOT, 1e-6, 0.95, 3) == 3
 
 
+@pytest.mark.parametrize("target", [1e-100, 1e-160, 5e-324])
+def test_a_target_so_small_its_count_would_overflow_asks_for_the_ceiling(target):
+    """The manifest takes any positive effect: squared, the ratio overflowed (OverflowError after
+    the pilot had trained)."""
+    assert stein_seed_count(PILOT, target, 0.95, 12) == 12
+
+
 @pytest.mark.parametrize("pilot,target,max_seeds", [([1.0], 1.0, 5), (PILOT, 0.0, 5), (PILOT, -1.0, 5), (PILOT, 1.0, 2)])
 def test_a_pilot_of_one_a_target_not_above_zero_or_a_ceiling_below_the_pilot_is_refused(pilot, target, max_seeds):
     with pytest.raises(ValueError):
