@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import dagster as dg
+import pytest
 
 from helpers import CANARIES, QUICK_DECISION
 from definitions import build_definitions
@@ -145,3 +146,20 @@ def test_secret_manifest_fails_closed_and_never_reaches_the_event_log(installati
     records = instance.all_logs(result.run_id)
     text = "\n".join(repr(r) for r in records)
     assert CANARIES["hugging_face"] not in text
+
+
+@pytest.mark.parametrize("content", [
+    '{"schema_version": 1, "kind": "training", "name": "half-writ',  # a file still being written
+    '{"name": "a", "name": "b"}',  # a key twice: not strict JSON, never scanned
+])
+def test_a_manifest_the_scan_never_read_whole_does_not_pass_the_secret_check(installation, instance, content):
+    """The secret scan runs on a manifest parsed as strict JSON: one that is not was shown green,
+    "no credential anywhere", whatever it held."""
+    path = installation.manifests_dir / "unread.json"
+    path.write_text(content)
+    path.chmod(0o644)
+    result = _run_with_downstream(installation, instance, _key(str(path)))
+    checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    assert checks["manifest_verified"].passed is False and checks["manifest_has_no_secrets"].passed is False
+    assert checks["manifest_has_no_secrets"].metadata["error_code"].value == "MANIFEST_INVALID"
+    assert "not scanned whole" in checks["manifest_has_no_secrets"].description

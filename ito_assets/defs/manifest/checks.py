@@ -35,10 +35,15 @@ def manifest_verified(training_manifest: ManifestVerdict) -> dg.AssetCheckResult
     description="No credential anywhere in the manifest.",
 )
 def manifest_has_no_secrets(training_manifest: ManifestVerdict) -> dg.AssetCheckResult:
+    # Passed only where the scan read the whole manifest and found nothing: a file that is not
+    # strict JSON (half-written, a key twice) was never scanned, whatever it holds.
+    if training_manifest.ok:
+        return dg.AssetCheckResult(passed=True)
     secret = training_manifest.error_code == ErrorCode.MANIFEST_CONTAINS_SECRET.value
-    unread = training_manifest.digest is None
-    reason = "secret material found" if secret else ("the manifest could not be read" if unread else None)
-    return dg.AssetCheckResult(passed=not (secret or unread), description=reason)
+    reason = ("secret material found" if secret else "not scanned whole: the manifest did not verify "
+              f"({training_manifest.error_code})")
+    return dg.AssetCheckResult(passed=False, description=reason,
+                               metadata={"error_code": training_manifest.error_code or ""})
 
 
 @dg.asset_check(
