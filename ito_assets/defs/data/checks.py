@@ -10,6 +10,7 @@ from ito_assets.data.config import ScaleConfig
 from ito_assets.data.sources import source_digest
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.data.assets import clean_shards, contamination_report, deduplicated_documents, source_documents
+from ito_assets.defs.metadata_values import json_value
 from ito_assets.defs.resources import ItoSettingsResource
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.evals.suite import EvalSuite
@@ -51,7 +52,7 @@ def document_provenance_present(source_documents: stages.SourceStage, training_m
     nulls = {c: int(n) for c, n in docs.null_count().row(0, named=True).items() if n}
     return dg.AssetCheckResult(
         passed=not missing_refs and not nulls and docs["doc_id"].n_unique() == docs.height,
-        metadata={"error_code": ErrorCode.PROVENANCE_MISSING.value if missing_refs or nulls else "", "references_without_provenance": ", ".join(missing_refs), "null_columns": dg.MetadataValue.json(nulls)},
+        metadata={"error_code": ErrorCode.PROVENANCE_MISSING.value if missing_refs or nulls else "", "references_without_provenance": ", ".join(missing_refs), "null_columns": json_value(nulls)},
     )
 
 
@@ -115,7 +116,7 @@ def zero_residual_contamination(clean_shards: stages.CleanStage, eval_suite: Eva
     return dg.AssetCheckResult(
         passed=hits.height == 0,
         metadata={"num_residual_hits": hits.height, "num_rows_scanned": clean_shards.shards.num_rows,
-                  "sample": dg.MetadataValue.json(sample), **suite},
+                  "sample": json_value(sample), **suite},
     )
 
 

@@ -9,7 +9,7 @@ import polars as pl
 
 from ito_assets import charts
 from ito_assets.data.near_dedup import HISTOGRAM_BINS
-from ito_assets.defs.metadata_values import chart, table
+from ito_assets.defs.metadata_values import chart, json_value, table
 from ito_assets.data.shards import ShardSet
 from ito_assets.data.stages import CleanStage, DecontamStage, DedupStage, SourceStage
 
@@ -81,7 +81,7 @@ def dedup_metadata(stage: DedupStage) -> dict:
         "num_units_resumed": stage.units_resumed,
         "num_band_join_partitions": stage.band_join_partitions,
         **similarity_metadata(c.near.similarity_histogram, stage.config.get("threshold")),
-        "config": dg.MetadataValue.json(stage.config),
+        "config": json_value(stage.config),
         **{f"config.{k}": v for k, v in stage.config.items()},
         **shard_metadata(stage.kept),
     }
@@ -113,10 +113,10 @@ def decontam_metadata(stage: DecontamStage) -> dict:
         "num_eval_items_unindexed": stage.num_items_unindexed,
         "num_degenerate_seeds": stage.num_degenerate_seeds,
         "num_units_resumed": stage.units_resumed,
-        "contamination_by_benchmark": dg.MetadataValue.json(benchmarks),
+        "contamination_by_benchmark": json_value(benchmarks),
         "contamination_chart": chart("contamination by benchmark", charts.contamination_chart(benchmarks)),
         "sample_hits": table(HIT_COLUMNS, hit_rows),  # empty: no contamination found
-        "config": dg.MetadataValue.json(stage.config),
+        "config": json_value(stage.config),
         **{f"config.{k}": v for k, v in stage.config.items()},
         **(paraphrase_metadata(stage) if stage.paraphrases is not None else {}),
     }

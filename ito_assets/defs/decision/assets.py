@@ -13,7 +13,7 @@ from ito_assets.defs import owners
 from ito_assets.defs.decision.params import DataDecisionParams, DecisionRunParams
 from ito_assets.defs.decision.resources import BookedHardwareResource
 from ito_assets.defs.failures import failure, training_manifest_or_fail
-from ito_assets.defs.metadata_values import chart, table
+from ito_assets.defs.metadata_values import chart, json_value, table
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.resources import ItoSettingsResource
 from ito_assets.errors import ErrorCode, ItoError
@@ -118,11 +118,9 @@ def _test_table(test: PairedTest) -> dg.TableMetadataValue:
                "difference": test.difference, "interval_low": test.interval_low,
                "interval_high": test.interval_high, "p_value": test.p_value,
                "minimum_detectable_effect": test.minimum_detectable_effect}
-    columns = [dg.TableColumn("verdict", "string"), dg.TableColumn("method", "string"), dg.TableColumn("confidence", "float")]
-    columns += [dg.TableColumn(name, "int" if name in ("num_seeds", "degrees_of_freedom") else "float") for name in figures]
-    row = {"verdict": test.verdict.value, "method": test.method, "confidence": test.confidence,
-           **{name: value for name, value in figures.items() if value is not None}}
-    return dg.MetadataValue.table([dg.TableRecord(row)], schema=dg.TableSchema(columns=columns))
+    columns = [("verdict", "string"), ("method", "string"), ("confidence", "float")]
+    columns += [(name, "int" if name in ("num_seeds", "degrees_of_freedom") else "float") for name in figures]
+    return table(columns, [{"verdict": test.verdict.value, "method": test.method, "confidence": test.confidence, **figures}])
 
 
 RUN_COLUMNS = [("arm", "string"), ("seed", "int"), ("answer bits/byte", "float"), ("accuracy %", "float"),
@@ -153,7 +151,7 @@ def _run_metadata(result: DecisionResult, baseline_sources, work_dir: Path) -> d
         "train_wall_seconds": round(result.train_wall_seconds, 2),
         "tokenizer_sha256": result.tokenizer_sha256 or "",
         "work_dir": dg.MetadataValue.path(str(work_dir)),
-        "baseline_sources": dg.MetadataValue.json([vars(s) for s in baseline_sources]),
+        "baseline_sources": json_value([vars(s) for s in baseline_sources]),
         "runs": table(RUN_COLUMNS, rows),
     }
 
@@ -176,7 +174,7 @@ def data_decision(
     judged = judge_decision(decision_run, manifest, booked_hardware.hardware(), config.to_config())
     metadata = {"verdict": judged.decision.verdict.value, "outcome": judged.gate.outcome,
                 "gate_passed": judged.gate.passed, "gate_reason": judged.gate.reason,
-                "summary": dg.MetadataValue.json(judged.summary()), **_effect_metadata(judged)}
+                "summary": json_value(judged.summary()), **_effect_metadata(judged)}
     if judged.economics is not None:
         metadata["economics"] = _economics_table(judged.economics)
         metadata["full_run_cost_usd"] = round(judged.economics.full_run_cost_cents / 100, 2)
@@ -210,10 +208,8 @@ def _economics_table(economics: Economics) -> dg.TableMetadataValue:
         figures.append(("full run cost per point of improvement", economics.cost_cents_per_improvement_point / 100, "USD"))
     if economics.max_cost_cents_per_improvement_point is not None:
         figures.append(("manifest's maximum per point", economics.max_cost_cents_per_improvement_point / 100, "USD"))
-    schema = dg.TableSchema(columns=[dg.TableColumn("figure", "string"), dg.TableColumn("value", "float"),
-                                     dg.TableColumn("unit", "string")])
-    rows = [dg.TableRecord({"figure": name, "value": round(value, 4), "unit": unit}) for name, value, unit in figures]
-    return dg.MetadataValue.table(rows, schema=schema)
+    return table([("figure", "string"), ("value", "float"), ("unit", "string")],
+                 [{"figure": name, "value": round(value, 4), "unit": unit} for name, value, unit in figures])
 
 
 @dg.asset(
@@ -252,7 +248,7 @@ def _layout_text(layout: dict) -> str:
 
 def _plan_metadata(outcome: PlanOutcome, decision: DataDecision) -> dict:
     metadata = {"refused": outcome.refused, "decision_verdict": decision.decision.verdict.value,
-                "plan": dg.MetadataValue.json(outcome.to_dict())}
+                "plan": json_value(outcome.to_dict())}
     if outcome.run_plan is None:
         return {**metadata, "refusal_reasons": ", ".join(outcome.refusal_reasons)}
     plan = outcome.run_plan

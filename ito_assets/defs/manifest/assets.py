@@ -9,7 +9,7 @@ import dagster as dg
 from ito_assets.defs.failures import failure
 from ito_assets.defs import owners
 from ito_assets.defs.manifest.partitions import manifests_partitions
-from ito_assets.defs.metadata_values import table
+from ito_assets.defs.metadata_values import json_value, table
 from ito_assets.defs.resources import ItoSettingsResource
 from ito_assets.control.run_tags import EVAL_SUITE_DIGEST
 from ito_assets.errors import ErrorCode, ItoError
@@ -48,7 +48,7 @@ def eval_suite(context: dg.AssetExecutionContext, config: EvalSuiteSource, ito: 
             "suite_id": suite.suite_id,
             "digest": suite.digest,
             "num_items": len(suite.items),
-            "items_by_benchmark": dg.MetadataValue.json(suite.by_benchmark()),
+            "items_by_benchmark": json_value(suite.by_benchmark()),
             "path": dg.MetadataValue.path(str(path)),
         }
     )
@@ -99,7 +99,7 @@ def _verdict_metadata(verdict: ManifestVerdict) -> dict:
     }
     if verdict.ok:
         summary = verdict.summary()
-        metadata["summary"] = dg.MetadataValue.json(summary)
+        metadata["summary"] = json_value(summary)
         metadata["overview"] = dg.MetadataValue.md(_summary_markdown(summary))
         metadata["data_references"] = _references_table(summary["data_references"])
     else:

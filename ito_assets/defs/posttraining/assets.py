@@ -15,7 +15,7 @@ import json
 import dagster as dg
 
 from ito_assets import charts
-from ito_assets.defs.metadata_values import chart, table
+from ito_assets.defs.metadata_values import chart, json_value, table
 from ito_assets.defs.failures import failure, verified_or_fail
 from ito_assets.defs import owners
 from ito_assets.defs.manifest.partitions import TRAINED_ONE_OF_TWO, manifests_partitions
@@ -86,8 +86,8 @@ def start_metadata(outcome: StageOutcome) -> dict:
 def outcome_metadata(outcome: StageOutcome, step) -> dict:
     metrics = outcome.metrics
     metadata = {
-        "recipe_step": dg.MetadataValue.json(step.model_dump()),
-        "policy": dg.MetadataValue.json(outcome.policy.as_dict()),
+        "recipe_step": json_value(step.model_dump()),
+        "policy": json_value(outcome.policy.as_dict()),
         "checkpoint": dg.MetadataValue.path(outcome.checkpoint.path),
         "checkpoint_sha256": outcome.checkpoint.sha256,
         **start_metadata(outcome),

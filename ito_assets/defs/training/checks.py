@@ -6,6 +6,7 @@ planner's prediction (`ito_assets.runtime.stage.calibration`)."""
 import dagster as dg
 
 from ito_assets.defs.manifest.partitions import manifests_partitions
+from ito_assets.defs.metadata_values import json_value
 from ito_assets.defs.training.assets import long_context_checkpoint, mid_training_checkpoint, pretraining_checkpoint
 from ito_assets.defs.training.stage_outcome import LOSS_DIGITS
 from ito_assets.errors import ErrorCode
@@ -35,7 +36,7 @@ def _gate_check(stage: str, asset):
             description=f"{ErrorCode.EVAL_GATE_FAILED.value}: failed against {value.gate['compared_with']}" if failed
             else f"passed against {value.gate['compared_with']}",
             metadata={"error_code": ErrorCode.EVAL_GATE_FAILED.value if failed else "",
-                      "compared_with": value.gate["compared_with"], "metrics": dg.MetadataValue.json(checks)},
+                      "compared_with": value.gate["compared_with"], "metrics": json_value(checks)},
         )
 
     return gate
