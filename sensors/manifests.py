@@ -10,13 +10,12 @@ from typing import TYPE_CHECKING
 
 import dagster as dg
 
-from ito_assets.control import run_tags, telemetry
+from ito_assets.control import run_tags
 from ito_assets.defs.jobs import DATA_PREPARATION_JOB, PREPARATION_JOB
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.resources import ItoSettingsResource
 from ito_assets.manifest import discovery
 from ito_assets.manifest.schema import DATA_KIND
-from ito_assets.manifest.secrets import value_secret_kind
 
 if TYPE_CHECKING:  # the type define_asset_job returns, not exported at the top level
     from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
@@ -46,8 +45,8 @@ def shown_name(file_name: str) -> str:
     """A file name as the sensor's log may show it. Whoever drops a file chooses its name: a token
     saved as its own file name must not reach the log, nor terminal controls an operator's screen;
     a name that looks like a credential is withheld whole (a prefix of one is already too much)."""
-    if telemetry.redact(file_name) != file_name or value_secret_kind(file_name):
-        return "(a name that looks like a credential, withheld)"
+    if discovery.name_looks_secret(file_name):
+        return discovery.WITHHELD_NAME
     return ascii(file_name)
 
 

@@ -15,10 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ito_assets.control import telemetry
 from ito_assets.digests import Digest
 from ito_assets.errors import ItoError
 from ito_assets.manifest.secure_read import read_manifest_bytes
 from ito_assets.manifest.schema import TRAINING_KIND
+from ito_assets.manifest.secrets import value_secret_kind
 from ito_assets.manifest.verify import VerifiedManifest, declared_kind, parse_data_manifest, summarize
 
 MANIFEST_SUFFIX = ".json"
@@ -104,3 +106,12 @@ def locate(folder: Path, key: str, *, max_bytes: int) -> str | None:
     """The path of the manifest registered under `key`, if it is still in the folder."""
     found, _ = discover(folder, max_bytes=max_bytes)
     return next((m.path for m in found if m.key == key), None)
+
+
+WITHHELD_NAME = "(a name that looks like a credential, withheld)"
+
+
+def name_looks_secret(file_name: str) -> bool:
+    """Whoever drops a manifest chooses its file name: a token saved as its own name must reach no
+    log and no metadata, withheld whole (a prefix of one is already too much)."""
+    return telemetry.redact(file_name) != file_name or value_secret_kind(file_name) is not None

@@ -163,3 +163,21 @@ def test_a_manifest_the_scan_never_read_whole_does_not_pass_the_secret_check(ins
     assert checks["manifest_verified"].passed is False and checks["manifest_has_no_secrets"].passed is False
     assert checks["manifest_has_no_secrets"].metadata["error_code"].value == "MANIFEST_INVALID"
     assert "not scanned whole" in checks["manifest_has_no_secrets"].description
+
+
+@pytest.mark.parametrize("name", [CANARIES["github"], "ops-notes"])
+def test_the_manifest_and_suite_files_are_named_in_metadata_unless_the_name_is_a_credential(installation, instance, name):
+    """The sensor's log withholds a file name that looks like a credential; the asset's metadata
+    showed it. And under `path` the IO manager recorded where it stored the output, in place of
+    the file read."""
+    path = installation.manifest(name)
+    result = _run_with_downstream(installation, instance, _key(path))
+    events = {e.asset_key.to_user_string(): e.step_materialization_data.materialization.metadata
+              for e in result.get_asset_materialization_events()}
+    manifest, suite = events["training_manifest"], events["eval_suite"]
+    assert suite["suite_path"].value == str(installation.settings.eval_suite_path)
+    if name == CANARIES["github"]:
+        assert CANARIES["github"] not in repr(manifest) and CANARIES["github"] not in repr(instance.all_logs(result.run_id))
+        assert manifest["file_name"].value == "(a name that looks like a credential, withheld)"
+    else:
+        assert manifest["manifest_path"].value == path and manifest["file_name"].value == "ops-notes.json"

@@ -49,7 +49,7 @@ def eval_suite(context: dg.AssetExecutionContext, config: EvalSuiteSource, ito: 
             "digest": suite.digest,
             "num_items": len(suite.items),
             "items_by_benchmark": json_value(suite.by_benchmark()),
-            "path": dg.MetadataValue.path(str(path)),
+            "suite_path": dg.MetadataValue.path(str(path)),  # not "path": the IO manager's key
         }
     )
     return suite
@@ -90,9 +90,12 @@ def training_manifest(context: dg.AssetExecutionContext, ito: ItoSettingsResourc
 
 
 def _verdict_metadata(verdict: ManifestVerdict) -> dict:
+    # Not "path": the IO manager records its own under that key, where it stores the output.
+    path = Path(verdict.path)
+    withheld = discovery.name_looks_secret(path.name)
     metadata: dict = {
-        "path": dg.MetadataValue.path(verdict.path),
-        "file_name": Path(verdict.path).name,
+        "manifest_path": dg.MetadataValue.path(str(path.parent / discovery.WITHHELD_NAME) if withheld else str(path)),
+        "file_name": discovery.WITHHELD_NAME if withheld else path.name,
         "verified": verdict.ok,
         "digest": verdict.digest or "",
         "size_bytes": verdict.size_bytes or 0,
