@@ -208,7 +208,7 @@ def test_the_decision_config_setting_is_the_preparation_job_s_default():
     ('{"learning_rate": 0}', "learning_rate must be positive and finite"),
     ('{"learning_rate": NaN}', "learning_rate must be positive and finite"),
     ('{"learning_rate": Infinity}', "learning_rate must be positive and finite"),
-    ('{"num_threads": -1}', "num_threads: must be 0 (torch's default) or more"),
+    ('{"num_threads": -1}', "num_threads: must be 0 (torch's default) to 1024"),
     ('{"num_eval_candidates": 1}', "num_eval_candidates: must be at least 2"),
     ('{"seeds": []}', "seeds must be distinct and non-empty"),
     ('{"trainer": "torchrun"}', "trainer: Input should be 'stage_worker' or 'in_process'"),

@@ -1,7 +1,10 @@
 """How a Dagster step refuses: a core error or an unverified manifest becomes a `dg.Failure` that
 carries the stable error code as metadata (the UI shows it; the ledger outcome can read it)."""
 
+from typing import Callable, TypeVar
+
 import dagster as dg
+from pydantic import ValidationError
 
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.discovery import ManifestVerdict
@@ -30,3 +33,22 @@ def training_manifest_or_fail(verdict: ManifestVerdict, step: str) -> VerifiedMa
         raise dg.Failure(description=f"{code}: a data manifest prepares data only; {step} needs a training manifest",
                          metadata={"error_code": code})
     return verified
+
+
+T = TypeVar("T")
+
+
+def core_config(step: str, build: Callable[[], T]) -> T:
+    """`build()`, the core's configuration from a step's run config; a value the core refuses fails
+    the step with USAGE_ERROR before it does any work."""
+    try:
+        return build()
+    except ValueError as error:
+        raise failure(ItoError(ErrorCode.USAGE_ERROR, f"the run config of {step}: {_reason(error)}")) from None
+
+
+def _reason(error: ValueError) -> str:
+    if isinstance(error, ValidationError):  # its own text quotes the input
+        first = error.errors()[0]
+        return f"{'.'.join(str(part) for part in first['loc'])}: {first['msg']}"
+    return str(error)

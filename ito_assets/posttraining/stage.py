@@ -12,6 +12,7 @@ from pathlib import PurePath
 from typing import TYPE_CHECKING, Union
 
 from ito_assets.posttraining.base import CheckpointRef, PolicySpec
+from ito_assets.training.threads import check_thread_count
 
 if TYPE_CHECKING:
     from ito_assets.posttraining.checkpoint import CheckpointRecord
@@ -31,6 +32,9 @@ class PostTrainingRuntime:
     # generator process needs the other core (measured: SFT of 200 steps took 2.3 s of CPU with
     # one thread, 18 s with two on a shared 2-core machine).
     num_threads: int = 1
+
+    def __post_init__(self) -> None:
+        check_thread_count(self.num_threads)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,6 +8,15 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Iterator
 
+# More intra-op threads than any host here has cores only oversubscribes them; a million was taken.
+MAX_THREADS = 1024
+
+
+def check_thread_count(count: int, name: str = "num_threads") -> None:
+    """ValueError (naming `name`, never the value) unless 0 (leave torch's) to MAX_THREADS."""
+    if not 0 <= count <= MAX_THREADS:
+        raise ValueError(f"{name}: must be 0 (torch's default) to {MAX_THREADS}")
+
 
 @contextmanager
 def torch_threads(count: int | None) -> Iterator[None]:

@@ -44,7 +44,8 @@ def _settings(root: Path, fixtures: Path, manifest_name: str = "fixture-small.js
     return Settings(project_root=root, state_dir=root / ".ito", data_root=fixtures.parent, manifests_dir=manifests, eval_suite_path=suite)
 
 
-def _materialize(settings: Settings, instance, manifest_name: str = "fixture-small.json") -> tuple[str, dg.ExecuteInProcessResult]:
+def _materialize(settings: Settings, instance, manifest_name: str = "fixture-small.json",
+                 run_config: dict | None = None) -> tuple[str, dg.ExecuteInProcessResult]:
     key = read_manifest_bytes(str(settings.manifests_dir / manifest_name)).sha256_hex[:12]
     instance.add_dynamic_partitions("manifests", [key])
     result = dg.materialize(
@@ -53,6 +54,7 @@ def _materialize(settings: Settings, instance, manifest_name: str = "fixture-sma
         resources={"ito": ItoSettingsResource.from_settings(settings)},
         partition_key=key,
         raise_on_error=False,
+        run_config=run_config,
     )
     return key, result
 
@@ -358,3 +360,35 @@ def test_the_asset_and_the_audit_report_one_count_of_removals(chain, monkeypatch
         (twins,) = con.execute("SELECT count(*) FROM duplicates WHERE method = 'near' AND exact_copy_of IS NOT NULL").fetchone()
     deduplicated = chain[3].output_for_node("deduplicated_documents")
     assert twins > 0 and deduplicated.counts.exact.num_removed == shown["exact"] + twins
+
+
+@pytest.mark.parametrize("step, fields, named", [
+    ("deduplicated_documents", {"threshold": 0.0}, "threshold"),
+    ("deduplicated_documents", {"warn_duplicate_rate": 0.0}, "warn_duplicate_rate"),
+    ("contamination_report", {"min_overlap": 0.0}, "min_overlap"),
+    ("decision_run", {"seeds": []}, "seeds"),
+    ("decision_run", {"num_threads": -1}, "num_threads"),
+    ("decision_run", {"num_threads": 1025}, "num_threads"),
+])
+def test_a_launchpad_value_the_core_refuses_stops_the_run_at_its_first_step(tmp_path, fixtures_dir, step, fields, named) -> None:
+    """Dagster checks a step's config for its types; the core's ranges refused a later step's
+    value only when that step ran, after the steps before it (a raw ValueError, no code)."""
+    settings = _settings(tmp_path.resolve(), fixtures_dir)
+    with dg.instance_for_test() as instance:
+        _, result = _materialize(settings, instance, run_config={"ops": {step: {"config": fields}}} if step != "decision_run"
+                                 else None)
+        if step == "decision_run":  # not in this job: its config is judged the same way, by the same table
+            from ito_assets.defs.run_config import check_run_config
+
+            with pytest.raises(dg.Failure) as refused:
+                check_run_config({"ops": {step: {"config": fields}}})
+            failure = refused.value
+        else:
+            assert not result.success
+            [event] = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+            assert event.step_key == "source_documents"
+            assert not result.get_asset_materialization_events() or {
+                e.asset_key.to_user_string() for e in result.get_asset_materialization_events()} <= {"eval_suite", "training_manifest"}
+            failure = event.event_specific_data.user_failure_data
+    assert failure.metadata["error_code"].value == "USAGE_ERROR"
+    assert f"the run config of {step}: " in failure.description and named in failure.description

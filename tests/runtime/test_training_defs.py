@@ -375,3 +375,14 @@ def test_the_stages_train_the_plan_made_for_the_run_s_own_booking(tmp_path, inst
     configured = stage_plans.stage_plan(plan_run(manifest, booked_hardware(**{**terms, "num_gpus": 8, "num_nodes": 1}), pair_shapes=None), "pretraining").layout
     assert booked.describe() != configured.describe()  # the two bookings plan differently
     assert planned == booked.describe() and config["replica_groups"] == booked.dp_replicate
+
+
+@pytest.mark.parametrize(("value", "accepted"), [(-1, False), (0, True), (1024, True), (1025, False)])
+def test_the_posttraining_resource_refuses_a_thread_count_torch_would(value, accepted):
+    from ito_assets.defs.posttraining.resources import PostTrainingResource
+
+    if accepted:
+        assert PostTrainingResource(num_threads=value).runtime().num_threads == value
+    else:
+        with pytest.raises(ValueError, match="posttraining: num_threads: must be 0"):
+            PostTrainingResource(num_threads=value)

@@ -13,14 +13,14 @@ from contextlib import contextmanager
 import dagster as dg
 
 from ito_assets.data import stages, warehouse
-from ito_assets.data.config import DataPrepConfig
 from ito_assets.defs import owners
 from ito_assets.defs.data import metadata
 from ito_assets.defs.data.params import DecontamParams, DedupParams, ScaleParams
-from ito_assets.defs.failures import failure, verified_or_fail
+from ito_assets.defs.failures import core_config, failure, verified_or_fail
 from ito_assets.defs.manifest.assets import require_run_suite
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.resources import ItoSettingsResource, WAREHOUSE_POOL
+from ito_assets.defs.run_config import check_run_config
 from ito_assets.errors import ItoError
 from ito_assets.evals.suite import EvalSuite
 from ito_assets.manifest.discovery import ManifestVerdict
@@ -68,8 +68,9 @@ def core_stage(context: dg.AssetExecutionContext) -> Iterator[None]:
 def source_documents(context: dg.AssetExecutionContext, config: ScaleParams, ito: ItoSettingsResource, training_manifest: ManifestVerdict) -> stages.SourceStage:
     settings = ito.settings()
     verified = verified_or_fail(training_manifest, "the data stage")
+    check_run_config(context.run.run_config)  # the first step: a later step's bad value stops the run here
+    prep = core_config("source_documents", lambda: config.to_config(settings.data_engine))
     with core_stage(context):
-        prep = DataPrepConfig(scale=config.scale(settings.data_engine))
         stage = stages.run_sources(verified, settings.data_root, settings.state_dir, settings.warehouse_path, prep)
     context.add_output_metadata(metadata.source_metadata(stage))
     return stage
@@ -96,8 +97,9 @@ def contamination_report(
     settings = ito.settings()
     verified = verified_or_fail(training_manifest, "the data stage")
     require_run_suite(context, eval_suite)  # the stored suite may be a concurrent run's by now
+    prep = core_config("contamination_report", lambda: config.to_config(settings.data_engine))
     with core_stage(context):
-        stage = stages.run_decontam(verified, eval_suite, source_documents, settings.state_dir, settings.warehouse_path, config.to_config(settings.data_engine))
+        stage = stages.run_decontam(verified, eval_suite, source_documents, settings.state_dir, settings.warehouse_path, prep)
     context.add_output_metadata(metadata.decontam_metadata(stage))
     return stage
 
@@ -118,8 +120,9 @@ def deduplicated_documents(
     context: dg.AssetExecutionContext, config: DedupParams, ito: ItoSettingsResource, source_documents: stages.SourceStage, contamination_report: stages.DecontamStage
 ) -> stages.DedupStage:
     settings = ito.settings()
+    prep = core_config("deduplicated_documents", lambda: config.to_config(settings.data_engine))
     with core_stage(context):
-        stage = stages.run_dedup(source_documents, contamination_report.actions, settings.state_dir, settings.warehouse_path, config.to_config(settings.data_engine))
+        stage = stages.run_dedup(source_documents, contamination_report.actions, settings.state_dir, settings.warehouse_path, prep)
     context.add_output_metadata(metadata.dedup_metadata(stage))
     return stage
 
@@ -145,8 +148,8 @@ def clean_shards(
 ) -> stages.CleanStage:
     settings = ito.settings()
     verified = verified_or_fail(training_manifest, "the data stage")
+    prep = core_config("clean_shards", lambda: config.to_config(settings.data_engine))
     with core_stage(context):
-        prep = DataPrepConfig(scale=config.scale(settings.data_engine))
         stage = stages.run_clean(verified, source_documents, deduplicated_documents, contamination_report, settings.state_dir, settings.warehouse_path, prep)
     context.add_output_metadata(metadata.clean_metadata(stage))
     return stage

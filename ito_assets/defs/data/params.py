@@ -28,6 +28,9 @@ class ScaleParams(dg.Config):
         """`engine` is the instance's (ITO_DATA_ENGINE), not a run's choice: it changes no result."""
         return ScaleConfig(num_workers=self.num_workers, unit_bytes=self.unit_bytes, engine=engine)
 
+    def to_config(self, engine: str = "local") -> DataPrepConfig:
+        return DataPrepConfig(scale=self.scale(engine))
+
 
 class DedupParams(ScaleParams):
     shingle_size: int = _DEDUP.shingle_size

@@ -12,7 +12,7 @@ from ito_assets.data.stages import CleanStage
 from ito_assets.defs import owners
 from ito_assets.defs.decision.params import DataDecisionParams, DecisionRunParams
 from ito_assets.defs.decision.resources import BookedHardwareResource
-from ito_assets.defs.failures import failure, training_manifest_or_fail
+from ito_assets.defs.failures import core_config, failure, training_manifest_or_fail
 from ito_assets.defs.metadata_values import chart, json_value, table
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.resources import ItoSettingsResource
@@ -61,11 +61,11 @@ def decision_run(
     candidate = clean_shards.shards.read(["text"])["text"].to_list()
     work_dir = settings.state_dir / "decision" / context.partition_key
     launch = arm_launch(config)
+    decision = core_config("decision_run", lambda: config.to_config().with_power(manifest.decision_power))
     try:
         with torch_threads(config.num_threads):
             result = run_decision(candidate_texts=candidate, baseline_texts=baseline.texts, eval_items=eval_suite.items,
-                                  config=config.to_config().with_power(manifest.decision_power), work_dir=work_dir,
-                                  trainer=launch)
+                                  config=decision, work_dir=work_dir, trainer=launch)
     except ItoError as error:
         raise failure(error) from None
     # The shards judged, so that training refuses this verdict for shards prepared again since.
@@ -171,7 +171,7 @@ def data_decision(
     training_manifest: ManifestVerdict, decision_run: DecisionResult,
 ) -> DataDecision:
     manifest = training_manifest_or_fail(training_manifest, "the decision").manifest
-    judged = judge_decision(decision_run, manifest, booked_hardware.hardware(), config.to_config())
+    judged = judge_decision(decision_run, manifest, booked_hardware.hardware(), core_config("data_decision", config.to_config))
     metadata = {"verdict": judged.decision.verdict.value, "outcome": judged.gate.outcome,
                 "gate_passed": judged.gate.passed, "gate_reason": judged.gate.reason,
                 "summary": json_value(judged.summary()), **_effect_metadata(judged)}

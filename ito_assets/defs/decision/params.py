@@ -12,6 +12,7 @@ from ito_assets.training.decision import DecisionConfig
 from ito_assets.training.economics import EconomicsConfig
 from ito_assets.training.eval_config import EvalConfig
 from ito_assets.training.mixtures import DEFAULT_BASELINE_URIS
+from ito_assets.training.threads import check_thread_count
 from ito_assets.training.tokenizer import TokenizerConfig
 
 _DEFAULT = DecisionConfig()
@@ -37,6 +38,7 @@ class DecisionRunParams(dg.Config):
     trainer: DecisionTrainer = "stage_worker"
 
     def to_config(self) -> DecisionConfig:
+        check_thread_count(self.num_threads)
         return DecisionConfig(
             model_name=self.model_name, tokenizer=TokenizerConfig(vocab_size=self.vocab_size), seeds=tuple(self.seeds),
             num_steps=self.num_steps, batch_size=self.batch_size, sequence_length=self.sequence_length,
@@ -62,8 +64,6 @@ def checked_defaults(fields: Mapping[str, Any], source: str) -> dict[str, Any]:
             TypeAdapter(DecisionRunParams.model_fields[name].annotation).validate_python(value, strict=True)
         except ValidationError as error:
             raise ValueError(f"{source}: {name}: {error.errors()[0]['msg']}") from None
-    if fields.get("num_threads", 0) < 0:
-        raise ValueError(f"{source}: num_threads: must be 0 (torch's default) or more")
     if fields.get("num_eval_candidates", 2) < 2:  # the core's rule, under the run config's name
         raise ValueError(f"{source}: num_eval_candidates: must be at least 2")
     try:

@@ -4,6 +4,8 @@ compute, its `post_training_eval` the battery's and its held-out split). Default
 CPU installation's (`PostTrainingRuntime`); the model is the one the manifest names, from the
 pretraining chain's checkpoint."""
 
+from pydantic import model_validator
+
 from ito_assets.defs.resources import StrictResource
 from ito_assets.posttraining.stage import PostTrainingRuntime
 
@@ -17,6 +19,14 @@ class PostTrainingResource(StrictResource):
     # (StrictResource), not trained or evaluated with other sizes or prompts than it says.
     seed: int = _DEFAULT.seed
     num_threads: int = _DEFAULT.num_threads
+
+    @model_validator(mode="after")
+    def _within_the_runtimes_rules(self) -> "PostTrainingResource":
+        try:
+            self.runtime()
+        except ValueError as error:
+            raise ValueError(f"posttraining: {error}") from None
+        return self
 
     def runtime(self) -> PostTrainingRuntime:
         return PostTrainingRuntime(**self.model_dump())
