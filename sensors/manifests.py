@@ -33,12 +33,20 @@ MAX_REPORTS_PER_TICK = 50
 _MARK_HEX_DIGITS = 12  # 48 bits: no two of an inbox's thousands of files collide in practice
 
 
-def _in_request_order(instance: dg.DagsterInstance, manifests: list[discovery.DiscoveredManifest]) -> list:
+def _to_request(instance: dg.DagsterInstance, manifests: list[discovery.DiscoveredManifest],
+                requested: set[str]) -> list:
     """Manifests no run was launched for first (their digest is the run key), then the others, so
     that a bounded tick never starves a new one; asking again for a used key costs nothing and lets
-    the daemon launch a run it created but never started. One query for every key ever used."""
+    the daemon launch a run it created but never started. A manifest asked for before (`requested`,
+    its mark in the cursor) whose run is gone was deleted by a person tidying the UI: asked for
+    again, it would be prepared a second time, its proxies trained again. One query for every key."""
     used = set().union(*(values for _, values in instance.get_run_tags([_RUN_KEY_TAG], value_prefix="sha256:")))
-    return sorted(manifests, key=lambda m: (m.digest in used, m.digest))
+    wanted = [m for m in manifests if m.digest in used or _digest_mark(m.digest) not in requested]
+    return sorted(wanted, key=lambda m: (m.digest in used, m.digest))
+
+
+def _digest_mark(digest: str) -> str:
+    return digest.removeprefix("sha256:")[:_MARK_HEX_DIGITS]
 
 
 def shown_name(file_name: str) -> str:
@@ -55,19 +63,21 @@ def _mark(item: discovery.Rejected) -> str:
     return hashlib.sha256(named).hexdigest()[:_MARK_HEX_DIGITS]
 
 
-def _marks_logged(cursor: str | None) -> set[str]:
-    """The marks a previous tick logged; a cursor of another form (an older release's, none) is none."""
+def _marks(cursor: str | None, field: str) -> set[str]:
+    """The marks a previous tick kept under `field` ("reported": refused files it logged;
+    "requested": manifests it asked a run for); a cursor of another form (an older release's, none,
+    one nested past the parser's depth) holds none."""
     try:
-        marks = json.loads(cursor or "{}").get("reported", [])
-    except (ValueError, AttributeError):
+        marks = json.loads(cursor or "{}").get(field, [])
+    except (ValueError, AttributeError, RecursionError):
         return set()
     return {m for m in marks if isinstance(m, str)} if isinstance(marks, list) else set()
 
 
-def report_refused(log, cursor: str | None, rejected: list[discovery.Rejected]) -> str:
+def report_refused(log, cursor: str | None, rejected: list[discovery.Rejected]) -> set[str]:
     """Log each refused file by its code once while it stays refused (a file fixed and refused again,
-    or removed and put back, is logged again); the cursor for the next tick."""
-    logged = _marks_logged(cursor)
+    or removed and put back, is logged again); the marks for the next tick's cursor."""
+    logged = _marks(cursor, "reported")
     current = {_mark(item): item for item in rejected}
     new = [(mark, item) for mark, item in current.items() if mark not in logged]
     for _mark_of, item in new[:MAX_REPORTS_PER_TICK]:
@@ -76,8 +86,7 @@ def report_refused(log, cursor: str | None, rejected: list[discovery.Rejected]) 
     if later:
         codes = ", ".join(f"{code} x{count}" for code, count in sorted(Counter(i.code for _, i in later).items()))
         log.warning(f"{len(later)} more manifest files were not registered ({codes}); named on the next ticks")
-    kept = (logged & current.keys()) | {mark for mark, _ in new[:MAX_REPORTS_PER_TICK]}
-    return json.dumps({"reported": sorted(kept)}, separators=(",", ":"))
+    return (logged & current.keys()) | {mark for mark, _ in new[:MAX_REPORTS_PER_TICK]}
 
 
 def job_for(manifest: discovery.DiscoveredManifest) -> str:
@@ -105,15 +114,20 @@ def reviewed_manifest_sensor(preparation: "UnresolvedAssetJobDefinition",
             context.log.warning(f"the manifests folder could not be listed ({type(error).__name__}); "
                                 "tried again on the next tick")
             return dg.SensorResult(skip_reason="the manifests folder could not be listed", cursor=context.cursor)
-        cursor = report_refused(context.log, context.cursor, rejected)
+        reported = report_refused(context.log, context.cursor, rejected)
         known = set(context.instance.get_dynamic_partitions(manifests_partitions.name))
         new_keys = sorted({m.key for m in found} - known)
-        waiting = _in_request_order(context.instance, list({m.key: m for m in found}.values()))
+        requested = _marks(context.cursor, "requested")
+        waiting = _to_request(context.instance, list({m.key: m for m in found}.values()), requested)
         requests = [
             dg.RunRequest(run_key=m.digest, job_name=job_for(m), partition_key=m.key,
                           tags=run_tags.for_preparation(m.digest))
             for m in waiting[:MAX_REQUESTS_PER_TICK]
         ]
+        # Kept while the manifest stays in the inbox: one removed and put back is prepared again.
+        in_inbox = {_digest_mark(m.digest) for m in found}
+        requested = (requested & in_inbox) | {_digest_mark(r.run_key) for r in requests}
+        cursor = json.dumps({"reported": sorted(reported), "requested": sorted(requested)}, separators=(",", ":"))
         return dg.SensorResult(
             run_requests=requests,
             dynamic_partitions_requests=[manifests_partitions.build_add_request(new_keys)] if new_keys else [],

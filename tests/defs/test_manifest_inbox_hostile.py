@@ -71,6 +71,7 @@ def test_each_refused_file_is_logged_once_by_its_code_and_never_every_tick(insta
     assert len(first.run_requests) == 1
     assert CANARY not in first.cursor and "secret" not in first.cursor and "fifo" not in first.cursor
 
+    _launched(instance, first.run_requests[0].run_key)  # as the daemon does with the request
     # The next ticks log nothing while the inbox stays as it is.
     again, warnings = ticks.tick()
     assert warnings == [] and len(again.run_requests) == 1
@@ -143,3 +144,43 @@ def test_a_cursor_of_another_form_logs_everything_once_more(installation, instan
     ticks = Ticks(installation, instance, caplog)
     ticks.cursor = cursor
     assert len(ticks.tick()[1]) == 1 and ticks.tick()[1] == []
+
+
+def _launched(instance, digest: str) -> str:
+    """The run the daemon made of a request (its run key the manifest's digest); its id."""
+    import uuid
+
+    run_id = str(uuid.uuid4())
+    instance.add_run(dg.DagsterRun(job_name="preparation_job", run_id=run_id, status=dg.DagsterRunStatus.SUCCESS,
+                                   tags={"dagster/run_key": digest, "dagster/sensor_name": SENSOR}))
+    return run_id
+
+
+def test_a_manifest_whose_run_was_deleted_is_not_prepared_again(installation, instance, caplog):
+    """The daemon skips a request whose run key a stored run holds: a person deleting an old run to
+    tidy the UI freed its key, and the next tick prepared the manifest again, proxies and all."""
+    path = installation.manifest("alpha")
+    ticks = Ticks(installation, instance, caplog)
+    (request,) = ticks.tick()[0].run_requests
+    run_id = _launched(instance, request.run_key)
+    assert [r.run_key for r in ticks.tick()[0].run_requests] == [request.run_key]  # asked again: costs nothing
+    instance.delete_run(run_id)
+    assert ticks.tick()[0].run_requests == []
+    assert ticks.tick()[0].run_requests == []
+    # Taken out of the inbox and put back, it is a new arrival: prepared again.
+    content = open(path, "rb").read()
+    os.remove(path)
+    assert ticks.tick()[0].run_requests == []
+    with open(path, "wb") as handle:
+        handle.write(content)
+    os.chmod(path, 0o600)
+    assert [r.run_key for r in ticks.tick()[0].run_requests] == [request.run_key]
+
+
+@pytest.mark.parametrize("cursor", [None, '{"reported": []}', "[" * 100_000])
+def test_a_cursor_without_requests_asks_for_every_manifest_without_a_run(installation, instance, caplog, cursor):
+    """An older release's cursor (or none, or one nested past the parser's depth) lists no request."""
+    installation.manifest("alpha")
+    ticks = Ticks(installation, instance, caplog)
+    ticks.cursor = cursor
+    assert len(ticks.tick()[0].run_requests) == 1
