@@ -48,14 +48,6 @@ def _used_run_keys(instance: dg.DagsterInstance, suite_digest: str) -> dict[str,
     return used
 
 
-def _decontaminated_with(instance: dg.DagsterInstance, partition: str) -> str | None:
-    """The eval suite digest of the partition's latest contamination report, if there is one."""
-    records = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=REPORT, asset_partitions=[partition]), limit=1).records
-    if not records:
-        return None
-    return _digest_of(records[0])
-
-
 def _digest_of(record) -> str | None:
     materialization = record.asset_materialization
     value = materialization.metadata.get("eval_suite_digest") if materialization else None
@@ -125,7 +117,9 @@ def eval_suite_changed(context: dg.SensorEvaluationContext, ito: ItoSettingsReso
     used = _used_run_keys(context.instance, suite.digest)
     manifests = sorted({m.key: m for m in found if m.key in known}.values(), key=lambda m: m.key)
     launched = [m for m in manifests if m.digest in used]
-    reports = _latest_reports(context.instance, {m.key for m in launched})
+    # Every manifest's latest report at once: most never ran for this sensor (the preparation job
+    # decontaminated them), and one look-up each cost a query per manifest on every tick.
+    reports = _latest_reports(context.instance, {m.key for m in manifests})
     requests = []
     for manifest in launched:  # no report look-up each, and a run query only for those not up to date
         if len(requests) == MAX_REQUESTS_PER_TICK:
@@ -141,7 +135,7 @@ def eval_suite_changed(context: dg.SensorEvaluationContext, ito: ItoSettingsReso
             break  # the rest on the next ticks, as these runs are launched
         if manifest.digest in used:
             continue  # launched for this suite already: looked at above
-        recorded = _decontaminated_with(context.instance, manifest.key)
+        recorded = reports.get(manifest.key, (None, None))[1]
         if recorded is None or recorded == suite.digest:
             continue
         requests.append(_request(manifest, suite.digest, run_key(manifest.digest, suite.digest)))

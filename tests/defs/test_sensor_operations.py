@@ -190,8 +190,9 @@ def test_the_eval_suite_sensor_asks_a_bounded_number_and_never_a_launched_pair_a
     found = [discovery.DiscoveredManifest(path=f"m{i}.json", sha256_hex=hashlib.sha256(b"%d" % i).hexdigest())
              for i in range(5)]
     monkeypatch.setattr(eval_suite.discovery, "discover", lambda folder, max_bytes: (found, []))
-    looked_up = []
-    monkeypatch.setattr(eval_suite, "_decontaminated_with", lambda inst, key: looked_up.append(key) or "sha256:" + "0" * 64)
+    looked_up = []  # one bulk look-up a tick, of every manifest's latest report
+    monkeypatch.setattr(eval_suite, "_latest_reports", lambda inst, partitions: looked_up.append(set(partitions)) or {
+        key: (1, "sha256:" + "0" * 64) for key in partitions})
     monkeypatch.setattr(eval_suite, "MAX_REQUESTS_PER_TICK", 3)
     instance.add_dynamic_partitions("manifests", [m.key for m in found])
     defs = build_definitions(installation.settings, domains=("manifest", "data"))
@@ -199,7 +200,7 @@ def test_the_eval_suite_sensor_asks_a_bounded_number_and_never_a_launched_pair_a
     for expected in (3, 2, 0):
         looked_up.clear()
         requests = _tick(defs, instance, "eval_suite_changed").run_requests
-        assert len(requests) == expected and len(looked_up) == expected
+        assert len(requests) == expected and looked_up == [{m.key for m in found}]
         assert not {r.run_key for r in requests} & set(asked)
         for request in requests:
             instance.add_run(dg.DagsterRun(job_name="decontamination_job", run_id=str(uuid.uuid4()),
