@@ -386,3 +386,28 @@ def test_the_posttraining_resource_refuses_a_thread_count_torch_would(value, acc
     else:
         with pytest.raises(ValueError, match="posttraining: num_threads: must be 0"):
             PostTrainingResource(num_threads=value)
+
+
+def test_a_decision_run_materialized_again_after_its_judgement_stops_training(instance):
+    """`data_decision` records the `decision_run` it read; one materialized again since (another
+    verdict, perhaps) leaves the stored GO stale: training refuses it with DATA_DECISION_STALE."""
+    from ito_assets.defs.training.assets import _require_latest_decision
+
+    @dg.asset(name="decision_run", partitions_def=manifests_partitions)
+    def ran():
+        return 1
+
+    @dg.asset(name="data_decision", partitions_def=manifests_partitions, ins={"decision_run": dg.AssetIn("decision_run")})
+    def judged(decision_run):
+        return decision_run
+
+    instance.add_dynamic_partitions("manifests", ["abc123def456"])
+    assert dg.materialize([ran, judged], instance=instance, partition_key="abc123def456").success
+    context = dg.build_asset_context(instance=instance, partition_key="abc123def456")
+    _require_latest_decision(context)  # judged the latest: passes
+    assert dg.materialize([ran], instance=instance, partition_key="abc123def456").success
+    with pytest.raises(dg.Failure) as stale:
+        _require_latest_decision(dg.build_asset_context(instance=instance, partition_key="abc123def456"))
+    assert stale.value.metadata["error_code"].value == "DATA_DECISION_STALE"
+    assert dg.materialize([ran, judged], instance=instance, partition_key="abc123def456").success
+    _require_latest_decision(dg.build_asset_context(instance=instance, partition_key="abc123def456"))

@@ -61,6 +61,7 @@ def training_tokens(
     live = require_live_authorization(context, ledger, run_authorization, "training")
     run_id, checkpoint_dir = live.run_id, live.checkpoint_dir
     _require_data(clean_shards, data_decision)
+    _require_latest_decision(context)
     booked = _booked_plan(context, live, training_plan, ito.settings().data_root)
     _require_plan(booked)
     _require_worth_it(data_decision, booked, live.manifest.manifest)
@@ -96,6 +97,28 @@ def _require_data(clean_shards, decision) -> None:  # a CleanStage and a trainin
     if not clean_shards.conservation.holds or clean_shards.shards.verify():
         raise dg.Failure(description="the clean shards' digests or document accounting do not hold",
                          metadata={"error_code": ErrorCode.DATA_POLICY_VIOLATION.value})
+
+
+def _require_latest_decision(context: dg.AssetExecutionContext) -> None:
+    """DATA_DECISION_STALE where `decision_run` was materialized again after `data_decision` judged
+    it: Dagster records which materialization of each input an asset read, and a verdict judged on
+    an earlier decision run may not be the latest one's (a GO the data no longer give)."""
+    partition = context.partition_key if context.has_partition_key else None
+    judged, ran = (_latest_record(context.instance, name, partition) for name in ("data_decision", "decision_run"))
+    if judged is None or ran is None:
+        return  # nothing recorded to compare: a decision stored outside this instance
+    read = (judged.asset_materialization.tags or {}).get("dagster/input_event_pointer/decision_run")
+    if read is not None and int(read) != ran.storage_id:
+        raise dg.Failure(description="decision_run was materialized again after data_decision judged it: materialize "
+                         "data_decision again for this manifest, so that training follows the latest decision",
+                         metadata={"error_code": ErrorCode.DATA_DECISION_STALE.value})
+
+
+def _latest_record(instance: dg.DagsterInstance, asset: str, partition: str | None):
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey(asset), asset_partitions=[partition] if partition else None),
+        limit=1).records
+    return records[0] if records else None
 
 
 def _require_worth_it(decision, booked: PlanOutcome, manifest: Manifest) -> None:  # a DataDecision
