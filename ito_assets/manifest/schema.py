@@ -215,7 +215,9 @@ class PostTrainingEval(_Strict):
     # was ~0.015-0.03, against ~0.03-0.05 with 50 prompts, which left real RLVR gains inside the
     # noise band. More than the held-out split holds is refused with the manifest, before any
     # compute is confirmed, not evaluated on fewer.
-    num_prompts: Annotated[int, Field(ge=1, le=MAX_EVAL_PROMPTS - 1)] = 200  # one prompt at least is trained on
+    # At least 2: the eval gate compares per-prompt gains, whose spread needs two (one passed the
+    # schema, was priced, and failed every stage after its compute). At most 999: one is trained on.
+    num_prompts: Annotated[int, Field(ge=2, le=MAX_EVAL_PROMPTS - 1)] = 200
     # The completion length (tokens, its eos included) of the battery's samples and of the KL's:
     # answers are one token and eos, so 8 leaves room for rambling. The stage refuses, before any
     # compute, a length its model cannot hold after the longest prompt (`fixtures.check_completions`).

@@ -120,8 +120,9 @@ def make_tasks(family: str, *, seed: int, count: int) -> list[Task]:
 
 
 def held_out_count(num_tasks: int, held_out_fraction: float) -> int:
-    """How many of `num_tasks` prompts `split_held_out` holds out: at least one."""
-    return max(1, round(held_out_fraction * num_tasks))
+    """How many of `num_tasks` prompts `split_held_out` holds out: at least two, the fewest a
+    stage's paired eval gate can compare (its standard error needs two differences)."""
+    return max(2, round(held_out_fraction * num_tasks))
 
 
 def split_held_out(tasks: Sequence[Task], *, held_out_fraction: float, seed: int) -> tuple[list[Task], list[Task]]:

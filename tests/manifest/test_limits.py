@@ -415,7 +415,7 @@ def test_post_training_ranges(kind, field, accepted, refused):
 
 # The eval battery's sizes (`post_training_eval`): at each bound, one past it, and far past it.
 EVAL_RANGES = [
-    ("num_prompts", [1, 200], [0, -1, 10**3, 10**23]),  # more than 200 only with a larger held-out split
+    ("num_prompts", [2, 200], [1, 0, -1, 10**3, 10**23]),  # more than 200 only with a larger held-out split
     ("max_new_tokens", [1, 8, 2**16], [0, -1, 2**16 + 1, 10**23]),
     ("held_out_fraction", [0.2, 0.5, 0.999], [0, 0.0, 0.9991, 0.9995, 1, 1.0, -0.2, 1.5, 10**23]),
 ]

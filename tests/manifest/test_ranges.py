@@ -91,8 +91,8 @@ def _rlvr_length(field):
 
 def _post_training_eval(field):
     # Beside the field, the other that the block's own rule (num_prompts within the held-out
-    # split) compares it with, where that rule cannot object: 999 held out, or one prompt asked.
-    other = {"num_prompts": {"held_out_fraction": 0.999}, "held_out_fraction": {"num_prompts": 1}}.get(field, {})
+    # split) compares it with, where that rule cannot object: 999 held out, or two prompts asked.
+    other = {"num_prompts": {"held_out_fraction": 0.999}, "held_out_fraction": {"num_prompts": 2}}.get(field, {})
 
     def build(value):
         document = valid_manifest()
@@ -168,7 +168,7 @@ RANGES = {
     ("RlvrStep", "overlong_cache"): (_rlvr_length("overlong_cache"), "post_training.0.rlvr.overlong_cache",
                                      1, True, 2**16, True),
     ("PostTrainingEval", "num_prompts"): (_post_training_eval("num_prompts"), "post_training_eval.num_prompts",
-                                          1, True, 10**3 - 1, True),
+                                          2, True, 10**3 - 1, True),
     ("PostTrainingEval", "max_new_tokens"): (_post_training_eval("max_new_tokens"),
                                              "post_training_eval.max_new_tokens", 1, True, 2**16, True),
     ("PostTrainingEval", "held_out_fraction"): (_post_training_eval("held_out_fraction"),

@@ -78,10 +78,10 @@ def test_the_stage_evaluates_the_manifests_prompts_with_its_completion_length(tm
     assert len(outcome.eval_after.per_task) == 3
 
 
-@pytest.mark.parametrize(("fraction", "held_out"), [(0.2, 200), (0.1, 100), (0.5, 500), (0.999, 999), (1e-9, 1)])
+@pytest.mark.parametrize(("fraction", "held_out"), [(0.2, 200), (0.1, 100), (0.5, 500), (0.999, 999), (1e-9, 2)])
 def test_a_battery_may_ask_for_every_prompt_its_split_holds_out_and_no_more(fraction, held_out):
     """Refused with the manifest (its schema), before any compute is confirmed, never evaluated on
-    fewer prompts than it says; the split holds at least one prompt out."""
+    fewer prompts than it says; the split holds at least two prompts out (the gate's fewest)."""
     evaluation = PostTrainingEval(num_prompts=held_out, held_out_fraction=fraction)
     train, evaluated = battery(evaluation)
     assert len(evaluated) == held_out and len(train) == MAX_EVAL_PROMPTS - held_out
@@ -96,8 +96,8 @@ def test_a_battery_may_ask_for_every_prompt_its_split_holds_out_and_no_more(frac
 def test_a_held_out_share_outside_zero_to_0999_is_refused(fraction):
     """From 0.9995 the split would hold out all 1,000 prompts, leaving RLVR none to train on."""
     with pytest.raises(pydantic.ValidationError, match="held_out_fraction"):
-        PostTrainingEval(num_prompts=1, held_out_fraction=fraction)
-    assert len(battery(PostTrainingEval(num_prompts=1, held_out_fraction=0.999))[0]) == 1
+        PostTrainingEval(num_prompts=2, held_out_fraction=fraction)
+    assert len(battery(PostTrainingEval(num_prompts=2, held_out_fraction=0.999))[0]) == 1
 
 
 def test_a_manifest_asking_for_more_prompts_than_its_split_holds_out_is_invalid(tmp_path):

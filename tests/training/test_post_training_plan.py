@@ -203,7 +203,7 @@ def test_rlvr_is_flagged_only_when_it_drew_more_groups_than_priced(steps, draws,
                        "overdrawn": overdrawn}
 
 
-@pytest.mark.parametrize("prompts, batches", [(1, 1), (8, 8), (9, 8), (32, 8), (33, 9), (200, 14), (999, 39)])
+@pytest.mark.parametrize("prompts, batches", [(2, 2), (8, 8), (9, 8), (32, 8), (33, 9), (200, 14), (999, 39)])
 def test_the_batteries_batches_are_bounded_by_its_prompts_and_their_possible_lengths(prompts: int, batches: int) -> None:
     """Prompts of one length share a batch of up to EVAL_BATCH_PROMPTS; a prompt holds 2 to 9
     positions (bos and 1 to 8 bytes' tokens), so the lengths add at most 7 partly filled batches."""
