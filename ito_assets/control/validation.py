@@ -97,7 +97,8 @@ def read_recipe_pairs(manifest: Manifest, policy: ServerPolicy) -> RecipePairs:
         return any(inside(path, root) for root in policy.allowed_data_roots)
 
     try:
-        return RecipePairs(shapes=read_pair_shapes(manifest.post_training, policy.data_root, allowed=allowed))
+        return RecipePairs(shapes=read_pair_shapes(manifest.post_training, policy.data_root, allowed=allowed,
+                                                    held_out_fraction=manifest.post_training_eval.held_out_fraction))
     except ItoError as refusal:
         return RecipePairs(shapes=None, refusal=refusal)
 

@@ -31,7 +31,7 @@ from ito_assets.posttraining.eval_gate import BATTERY, judge_rewards, require_pa
 from ito_assets.posttraining.rlvr import RlvrConfig, run_rlvr
 from ito_assets.posttraining.sft import SftConfig, run_sft
 from ito_assets.posttraining.stage import PostTrainingRuntime, StageOutcome, Start
-from ito_assets.posttraining.tasks import Task, largest_digit_tasks, split_held_out
+from ito_assets.posttraining.tasks import Task, battery_split, held_out_prompts, held_out_refusal, same_prompt
 from ito_assets.posttraining.timeline import StageTimeline
 from ito_assets.posttraining.decoding import encode_prompt
 from ito_assets.posttraining.on_worker import (WorkerLaunch, dpo_on_worker, refuse_if_running, rlvr_on_worker,
@@ -42,17 +42,13 @@ from ito_assets.training.model_config import config_by_name
 from ito_assets.training.threads import torch_threads
 
 SFT_FILE, DPO_FILE = "sft_pairs.jsonl", "dpo_pairs.jsonl"
-# The battery's train / held-out split is fixed (not the run's seed): the committed fixtures are
-# built from its train side, so another split would leak held-out prompts into training.
-BATTERY_SPLIT_SEED = 0
 
 
 def battery(evaluation: PostTrainingEval = PostTrainingEval()) -> tuple[list[Task], list[Task]]:
     """(train prompts, held-out eval prompts): the split of the manifest's `post_training_eval`
     (its `held_out_fraction`, one seed for every stage and every run), and the first
     `evaluation.num_prompts` of its held-out side (which the schema keeps within that side)."""
-    train, held_out = split_held_out(largest_digit_tasks(), held_out_fraction=evaluation.held_out_fraction,
-                                     seed=BATTERY_SPLIT_SEED)
+    train, held_out = battery_split(evaluation.held_out_fraction)
     return train, held_out[: evaluation.num_prompts]
 
 
@@ -165,6 +161,11 @@ def _timed_stage(step, start: Start, data_root: Path, out_dir: Path, runtime: Po
     train_tasks, held_out = battery(evaluation)
     max_positions = config_by_name(spec.model_name).max_seq_len
     if pairs is not None:
+        held = held_out_prompts(evaluation.held_out_fraction)
+        number = next((n for n, pair in enumerate(pairs, 1) if same_prompt(pair.prompt) in held), None)
+        if number is not None:
+            raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID,
+                           held_out_refusal(step.data.uri, number, evaluation.held_out_fraction))
         check_pairs(pairs, codec, max_positions=max_positions, batch_size=step.batch_size, name=step.data.uri)
     else:
         check_completions(longest_prompt(codec, train_tasks), step.max_new_tokens, max_positions=max_positions)

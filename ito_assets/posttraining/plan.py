@@ -51,11 +51,11 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from ito_assets.errors import ErrorCode, ItoError
-from ito_assets.manifest.schema import DpoStep, PostTrainingStep, RlvrStep, SftStep
+from ito_assets.manifest.schema import DpoStep, PostTrainingEval, PostTrainingStep, RlvrStep, SftStep
 from ito_assets.posttraining.eval_gate import EVAL_BATCH_PROMPTS, EVAL_SAMPLES_PER_PROMPT
 from ito_assets.posttraining.reference_pass import busiest_rank_pairs
 from ito_assets.posttraining.staleness import run_ahead_groups
-from ito_assets.posttraining.tasks import largest_digit_tasks
+from ito_assets.posttraining.tasks import held_out_prompts, held_out_refusal, largest_digit_tasks, same_prompt
 from ito_assets.runtime.stage.calibration import FLAG_FRACTION, RATIO_DIGITS
 from ito_assets.training.cost import cost_cents
 from ito_assets.training.hardware import GPUS
@@ -123,12 +123,14 @@ def _positions(pair) -> int:
 
 
 def read_pair_shapes(recipe: Sequence[PostTrainingStep], data_root: Path, *,
-                     allowed: Callable[[Path], bool] | None = None) -> dict[str, PairShape]:
+                     allowed: Callable[[Path], bool] | None = None,
+                     held_out_fraction: float = PostTrainingEval().held_out_fraction) -> dict[str, PairShape]:
     """The shape of each SFT and DPO step's pair file, read as the stage reads it (its bytes against
     the step's sha256; SOURCE_NOT_FOUND, SOURCE_DIGEST_MISMATCH, PROVENANCE_MISSING and
-    POSTTRAINING_DATA_INVALID as the stage would refuse them, and fewer pairs than one batch) but a
-    line at a time, in bounded memory. What needs the run's tokenizer is left to the stage
-    (`fixtures.check_pairs`). `allowed`: where an opened file may lie (gate 5's data roots)."""
+    POSTTRAINING_DATA_INVALID as the stage would refuse them: fewer pairs than one batch, a prompt
+    the eval battery holds out at the manifest's `held_out_fraction`) but a line at a time, in
+    bounded memory. What needs the run's tokenizer is left to the stage (`fixtures.check_pairs`).
+    `allowed`: where an opened file may lie (gate 5's data roots)."""
     steps = [step for step in recipe if not isinstance(step, RlvrStep)]
     if not steps:
         return {}
@@ -136,7 +138,7 @@ def read_pair_shapes(recipe: Sequence[PostTrainingStep], data_root: Path, *,
 
     shapes = {}
     for step in steps:
-        shape = _read_shape(step, data_root, allowed, stream_bound_pairs)
+        shape = _read_shape(step, data_root, allowed, stream_bound_pairs, held_out_fraction)
         if shape.num_pairs < step.batch_size:
             raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID,
                            f"{step.data.uri} holds {shape.num_pairs} pairs, fewer than one batch of {step.batch_size}")
@@ -153,31 +155,36 @@ _known_shapes: OrderedDict[tuple, PairShape] = OrderedDict()
 _known_lock = threading.Lock()
 
 
-def _read_shape(step: SftStep | DpoStep, data_root: Path, allowed, stream) -> PairShape:
-    """The step's file's shape: kept from an earlier read of the same bytes, else read. The file is
-    opened either way, so a file gone, moved outside the allowed roots or changed is answered as
-    the first read would answer it."""
+def _read_shape(step: SftStep | DpoStep, data_root: Path, allowed, stream, held_out_fraction: float) -> PairShape:
+    """The step's file's shape: kept from an earlier read of the same bytes (under the same split),
+    else read. The file is opened either way, so a file gone, moved outside the allowed roots or
+    changed is answered as the first read would answer it."""
     kept: list[PairShape] = []
-    seen = [0, 0]  # pairs, longest positions
+    seen = [0, 0, 0]  # pairs, longest positions, the first pair on a held-out prompt
+    held = held_out_prompts(held_out_fraction)
+    key = (step.kind, step.data.uri, step.data.sha256, held_out_fraction)
 
     def known(identity) -> bool:
-        key = (step.kind, step.data.uri, step.data.sha256, identity)
         with _known_lock:
-            if key in _known_shapes:
-                _known_shapes.move_to_end(key)
-                kept.append(_known_shapes[key])
+            if (*key, identity) in _known_shapes:
+                _known_shapes.move_to_end((*key, identity))
+                kept.append(_known_shapes[(*key, identity)])
         return bool(kept)
 
     def visit(pair) -> None:
         seen[0], seen[1] = seen[0] + 1, max(seen[1], _positions(pair))
+        if not seen[2] and same_prompt(pair.prompt) in held:
+            seen[2] = seen[0]
 
     identity = stream(step, data_root, visit, allowed=allowed, known=known)
     if kept:
         return kept[0]
+    if seen[2]:  # refused after the whole file verified: a file that is not the bound one says so first
+        raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID, held_out_refusal(step.data.uri, seen[2], held_out_fraction))
     shape = PairShape(num_pairs=seen[0], longest_positions=seen[1])
     if identity is not None:
         with _known_lock:
-            _known_shapes[(step.kind, step.data.uri, step.data.sha256, identity)] = shape
+            _known_shapes[(*key, identity)] = shape
             while len(_known_shapes) > KNOWN_SHAPES_MAX:
                 _known_shapes.popitem(last=False)
     return shape

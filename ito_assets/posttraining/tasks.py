@@ -10,6 +10,7 @@ The same (family, seed, count) always gives the same tasks, in the same order, o
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
 from typing import Literal, Sequence
@@ -134,3 +135,29 @@ def split_held_out(tasks: Sequence[Task], *, held_out_fraction: float, seed: int
     num_held_out = held_out_count(len(tasks), held_out_fraction)
     held = set(order[:num_held_out])
     return [t for i, t in enumerate(tasks) if i not in held], [t for i, t in enumerate(tasks) if i in held]
+
+
+# The battery's train / held-out split is fixed (not the run's seed): the committed fixtures are
+# built from its train side, so another split would leak held-out prompts into training.
+BATTERY_SPLIT_SEED = 0
+
+
+def battery_split(held_out_fraction: float) -> tuple[list[Task], list[Task]]:
+    """(train, held-out) of the largest-digit battery at `held_out_fraction`, one seed for every run."""
+    return split_held_out(largest_digit_tasks(), held_out_fraction=held_out_fraction, seed=BATTERY_SPLIT_SEED)
+
+
+@functools.cache
+def held_out_prompts(held_out_fraction: float) -> frozenset[str]:
+    """The held-out side's prompts, as `same_prompt` compares them."""
+    return frozenset(same_prompt(task.prompt) for task in battery_split(held_out_fraction)[1])
+
+
+def same_prompt(prompt: str) -> str:
+    """A prompt as the held-out check compares it: its whitespace runs as one space, none at its ends."""
+    return " ".join(prompt.split())
+
+
+def held_out_refusal(uri: str, pair_number: int, held_out_fraction: float) -> str:
+    return (f"{uri}: pair {pair_number} trains on a prompt the eval battery holds out (held_out_fraction "
+            f"{held_out_fraction}): the stage's eval gate would measure what it was trained on")

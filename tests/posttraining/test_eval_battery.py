@@ -195,3 +195,59 @@ def test_a_battery_the_model_cannot_hold_is_refused_before_any_compute(tmp_path,
         f"{MAX_POSITIONS}")
     assert evaluated == []
     assert not (tmp_path / "out" / kind / "policy.pt").exists()
+
+
+# --- pairs on the battery's held-out prompts ------------------------------------------------------
+
+def _pairs_step(data_root: Path, tasks) -> SftStep:
+    path = data_root / "pairs" / SFT_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"pair_id": f"p{i}", "prompt": t.prompt, "response": t.answer}) + "\n"
+                            for i, t in enumerate(tasks)))
+    data = {"uri": f"dataroot://pairs/{SFT_FILE}", "format": "jsonl", "license": "CC0-1.0",
+            "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    return SftStep.model_validate({"kind": "sft", "data": data, "batch_size": 2})
+
+
+@pytest.mark.parametrize("fraction", [0.2, 0.5])
+def test_pairs_on_a_held_out_prompt_are_refused_at_gate_5_and_by_the_stage_before_any_compute(
+        tmp_path, monkeypatch, fraction):
+    """The eval gate scores a stage on held-out prompts: pairs that teach those very prompts made a
+    contaminated gain pass (the committed fixtures are clean only at the default 0.2 split, and a
+    manifest holding out half was accepted with 122 of its 200 eval prompts in the pair files)."""
+    from ito_assets.posttraining.plan import read_pair_shapes
+
+    train, held_out = split_held_out(largest_digit_tasks(), held_out_fraction=fraction, seed=0)
+    evaluation = PostTrainingEval(num_prompts=2, held_out_fraction=fraction)
+    clean = _pairs_step(tmp_path, train[:4])
+    assert read_pair_shapes([clean], tmp_path, held_out_fraction=fraction)["sft"].num_pairs == 4
+    held = held_out[-1]  # past the evaluated ones: held out is never trained on, evaluated or not
+    dirty = _pairs_step(tmp_path, [*train[:2], held])
+    stopped = spy_calls(monkeypatch, pipeline, "_evaluate", stop=True)
+    expected = (f"dataroot://pairs/{SFT_FILE}: pair 3 trains on a prompt the eval battery holds out "
+                f"(held_out_fraction {fraction}): the stage's eval gate would measure what it was trained on")
+    for refuse in (lambda: read_pair_shapes([dirty], tmp_path, held_out_fraction=fraction),
+                   lambda: run_stage(dirty, start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out",
+                                     evaluation=evaluation)):
+        with pytest.raises(ItoError) as refused:
+            refuse()
+        assert refused.value.code is ErrorCode.POSTTRAINING_DATA_INVALID and refused.value.message == expected
+    assert stopped == []
+    # The same prompt with other whitespace is the same prompt.
+    spaced = json.dumps({"pair_id": "spaced", "prompt": "  " + held.prompt.replace(" ", "   ") + " ", "response": held.answer})
+    (tmp_path / "pairs" / SFT_FILE).write_text((tmp_path / "pairs" / SFT_FILE).read_text().splitlines()[0] + "\n"
+                                                + spaced + "\n")
+    step = SftStep.model_validate({"kind": "sft", "batch_size": 2, "data": {
+        **dirty.data.model_dump(), "sha256": hashlib.sha256((tmp_path / "pairs" / SFT_FILE).read_bytes()).hexdigest()}})
+    with pytest.raises(ItoError, match="pair 2 trains on a prompt the eval battery holds out"):
+        read_pair_shapes([step], tmp_path, held_out_fraction=fraction)
+
+
+def test_the_fixture_pair_files_are_clean_at_the_default_split_and_refused_where_it_holds_them_out():
+    from ito_assets.manifest.schema import Manifest
+    from ito_assets.posttraining.plan import read_pair_shapes
+
+    recipe = Manifest.model_validate_json((ROOT / "data" / "fixtures" / "manifests" / "fixture-small.json").read_bytes()).post_training
+    assert set(read_pair_shapes(recipe, ROOT / "data", held_out_fraction=0.2)) == {"sft", "dpo"}
+    with pytest.raises(ItoError, match="trains on a prompt the eval battery holds out"):
+        read_pair_shapes(recipe, ROOT / "data", held_out_fraction=0.5)

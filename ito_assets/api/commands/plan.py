@@ -112,7 +112,8 @@ def _local_pair_shapes(manifest, data_root) -> tuple[dict | None, str | None]:
     from ito_assets.posttraining.plan import read_pair_shapes
 
     try:
-        return read_pair_shapes(manifest.post_training, data_root), None
+        return read_pair_shapes(manifest.post_training, data_root,
+                                held_out_fraction=manifest.post_training_eval.held_out_fraction), None
     except ItoError as error:
         return None, f"{error.code.value}: {error.message}"
 

@@ -227,7 +227,8 @@ def training_plan(
 ) -> PlanOutcome:
     manifest, hardware = training_manifest_or_fail(training_manifest, "the decision").manifest, booked_hardware.hardware()
     try:
-        shapes = read_pair_shapes(manifest.post_training, ito.settings().data_root)
+        shapes = read_pair_shapes(manifest.post_training, ito.settings().data_root,
+                                  held_out_fraction=manifest.post_training_eval.held_out_fraction)
         outcome, unplanned = plan_outcome(manifest, hardware, pair_shapes=shapes), None
     except ItoError as error:
         # Shown, not failed: gate 5 and `training_tokens` refuse such a recipe before any compute.

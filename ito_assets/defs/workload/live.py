@@ -43,7 +43,8 @@ class LiveRun:
         hardware = booked_hardware(gpu_type=terms.gpu_type, topology=terms.topology, network=terms.network, num_nodes=terms.num_nodes,
                                    num_gpus=terms.num_gpus, price_per_gpu_hour_cents=self.price_per_gpu_hour_cents)
         manifest = self.manifest.manifest
-        shapes = None if data_root is None else read_pair_shapes(manifest.post_training, data_root)
+        shapes = None if data_root is None else read_pair_shapes(
+            manifest.post_training, data_root, held_out_fraction=manifest.post_training_eval.held_out_fraction)
         return plan_outcome(manifest, hardware, pair_shapes=shapes)
 
     def require_time_for(self, outcome: PlanOutcome) -> None:
