@@ -10,6 +10,7 @@ Two kinds of start:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.posttraining.bpe import BpeCodec, TokenizerRef
 from ito_assets.posttraining.vocab import CharVocab, TextCodec
-from ito_assets.training.model_config import config_by_name
+from ito_assets.training.model_config import ModelConfig, config_by_name
 
 # The model and the checkpoint reader need torch, imported where a policy is built: the spec itself
 # is read where torch is not (the post-training assets' start, the code location).
@@ -47,11 +48,22 @@ class PolicySpec:
     seed: int = 0
     tokenizer: TokenizerRef | None = None  # None: the character vocabulary
     init_checkpoint: str | None = None  # a DCP checkpoint folder; None: weights from the seed
+    # The RoPE base and position interpolation the weights were trained with (the pretraining
+    # chain's last stage, `curriculum.positions`); None: the model's. The rotary tables are buffers,
+    # not weights: a checkpoint loads under any, and runs wrong under another than its own.
+    rope_theta: float | None = None
+    position_scale: float | None = None
 
     def as_dict(self) -> dict:
         tokenizer = None if self.tokenizer is None else {"path": self.tokenizer.path, "sha256": self.tokenizer.sha256}
         return {"model_name": self.model_name, "vocab_size": self.vocab_size, "seed": self.seed,
-                "tokenizer": tokenizer, "init_checkpoint": self.init_checkpoint}
+                "tokenizer": tokenizer, "init_checkpoint": self.init_checkpoint,
+                "rope_theta": self.rope_theta, "position_scale": self.position_scale}
+
+    def model_config(self) -> ModelConfig:
+        config = config_by_name(self.model_name, vocab_size=self.vocab_size)
+        return dataclasses.replace(config, rope_theta=self.rope_theta or config.rope_theta,
+                                   rope_position_scale=self.position_scale or config.rope_position_scale)
 
     def codec(self) -> TextCodec:
         codec = BpeCodec.load(self.tokenizer) if self.tokenizer is not None else CharVocab()
@@ -63,8 +75,7 @@ class PolicySpec:
         """A picklable builder of the architecture (the generator process builds its own copy)."""
         from ito_assets.training.model import build_model
 
-        return functools.partial(build_model, config_by_name(self.model_name, vocab_size=self.vocab_size),
-                                 seed=self.seed)
+        return functools.partial(build_model, self.model_config(), seed=self.seed)
 
     def initial_policy(self) -> DecoderLM:
         policy = self.factory()()
@@ -89,9 +100,9 @@ def seeded(model_name: str = SMALL_MODEL, *, seed: int = 0) -> PolicySpec:
 
 
 def pretrained(*, model_name: str, vocab_size: int, checkpoint: str, tokenizer: TokenizerRef,
-               seed: int = 0) -> PolicySpec:
+               seed: int = 0, rope_theta: float | None = None, position_scale: float | None = None) -> PolicySpec:
     return PolicySpec(model_name=model_name, vocab_size=vocab_size, seed=seed, tokenizer=tokenizer,
-                      init_checkpoint=checkpoint)
+                      init_checkpoint=checkpoint, rope_theta=rope_theta, position_scale=position_scale)
 
 
 def pretrained_sha256(folder: Path) -> str:

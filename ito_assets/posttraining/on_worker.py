@@ -112,7 +112,8 @@ def _config(stage: _Stage, rows: ResumableBatches | None, *, stage_dir: Path, la
         interval_steps=min(launch.interval_steps, stage.num_steps), keep_last=launch.keep_last, seed=stage.seed,
         learning_rate=stage.learning_rate, optimizer=dict(WORKER_RECIPE),
         layout=_layout(stage, launch.supervisor.world_size), init_from=stage.init_from, init_optimizer=False,
-        preference=stage.preference, reinforcement=stage.reinforcement, spikes=stage.spikes)
+        preference=stage.preference, reinforcement=stage.reinforcement, spikes=stage.spikes,
+        rope_theta=stage.spec.rope_theta, position_scale=stage.spec.position_scale)
 
 
 def _layout(stage: _Stage, num_ranks: int) -> Layout:

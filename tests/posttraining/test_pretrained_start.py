@@ -285,3 +285,41 @@ def test_publishing_twice_adds_nothing(tmp_path):
         assert listed.sha256 == outcome.checkpoint.sha256 and listed.step == 250
     finally:
         ledger.dispose()
+
+
+def test_post_training_runs_the_checkpoint_with_the_positions_it_was_trained_with(tmp_path):
+    """A long-context stage may raise the RoPE base or interpolate positions; the rotary tables are
+    buffers, not weights, so its checkpoint loaded into the catalogue's model without a word and
+    every post-training stage, its evaluations and RLVR's generator ran it with other positions."""
+    import dataclasses
+
+    from ito_assets.defs.posttraining.assets import _base_policy
+    from ito_assets.manifest.discovery import judge
+    from ito_assets.posttraining import on_worker
+    from ito_assets.runtime.stage.run import StageCheckpoint
+    from ito_assets.training.model_config import config_by_name
+    from helpers import valid_manifest, write_manifest
+
+    document = valid_manifest()
+    document["training_target"]["stages"][-1].update({"rope_theta": 500_000.0, "position_scale": 4.0})
+    path = write_manifest(tmp_path / "long.json", document)
+    verdict = judge(str(path), hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12], max_bytes=1 << 20)
+    assert verdict.ok, verdict.error_message
+    last = document["training_target"]["stages"][-1]["name"]
+    final = StageCheckpoint(stage=last, run_dir=str(tmp_path), stage_dir=str(tmp_path), final_checkpoint=str(tmp_path),
+                            num_steps=1, metadata_sha256="0" * 64, eval={}, gate={}, num_attempts=1)
+    tokens = type("Tokens", (), {"vocab_size": 300, "tokenizer_path": str(tmp_path / "t.json"), "tokenizer_sha256": "0" * 64})
+    spec = _base_policy(verdict, final, tokens, type("Resource", (), {"seed": 0})())
+    assert (spec.rope_theta, spec.position_scale) == (500_000.0, 4.0)
+    model = spec.factory()()
+    assert (model.config.rope_theta, model.config.rope_position_scale) == (500_000.0, 4.0)
+    catalogue = config_by_name(spec.model_name, vocab_size=300)
+    assert model.config == dataclasses.replace(catalogue, rope_theta=500_000.0, rope_position_scale=4.0)
+    stage = on_worker._Stage(name="sft", spec=spec, learning_rate=1e-4, batch_size=2, seed=0, num_steps=1, init_from=None)
+    launch = on_worker.WorkerLaunch(run=lambda command: None, run_key="positions-test")
+    config = on_worker._config(stage, None, stage_dir=tmp_path / "sft", launch=launch, data_path=tmp_path / "x",
+                               sequence_length=16)
+    assert (config.rope_theta, config.position_scale) == (500_000.0, 4.0)
+    assert config.model_config().rope_theta == 500_000.0
+    # A manifest whose stages set none runs the model's own.
+    assert dataclasses.replace(spec, rope_theta=None, position_scale=None).factory()().config == catalogue

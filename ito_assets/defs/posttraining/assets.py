@@ -25,6 +25,7 @@ from ito_assets.defs.training.resources import TrainingRuntimeResource
 from ito_assets.defs.resources import ItoSettingsResource, LedgerResource
 from ito_assets.defs.telemetry.assets import publish_after_stage
 from ito_assets.runtime.stage.run import StageCheckpoint
+from ito_assets.runtime.stage.curriculum import positions
 from ito_assets.defs.workload.live import LiveRun, mark_training_started, require_live_authorization
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.discovery import ManifestVerdict
@@ -209,9 +210,11 @@ def _base_policy(verdict: ManifestVerdict, final: StageCheckpoint | None, tokens
     if final is None:  # every manifest has a stage, and a stage always hands on a checkpoint
         raise failure(ItoError(ErrorCode.INTERNAL_ERROR, "the pretraining chain left no checkpoint"))
     manifest = verified_or_fail(verdict, "post-training").manifest
+    # The positions the final checkpoint was trained with: a long-context stage's raised RoPE base.
+    trained_with = positions(manifest.training_target, final.stage)
     return pretrained(model_name=manifest.model.size, vocab_size=tokens.vocab_size, checkpoint=final.final_checkpoint,
                       tokenizer=TokenizerRef(path=tokens.tokenizer_path, sha256=tokens.tokenizer_sha256),
-                      seed=posttraining.seed)
+                      seed=posttraining.seed, **trained_with)
 
 
 _INS = {"training_manifest": dg.AssetIn("training_manifest"), "run_authorization": dg.AssetIn("run_authorization")}
