@@ -33,6 +33,12 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by 
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs) -> None:
+        # No abbreviations: `--js` was taken for `--json` by argparse, while the output mode is read
+        # from the literal `--json` before parsing (a refusal must know it), so it printed text.
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
     # argparse's own messages quote the offending values, which may be secrets: never show them.
     def error(self, message: str) -> None:  # type: ignore[override]
         raise ItoError(ErrorCode.USAGE_ERROR, f"invalid arguments for '{self.prog}'; see '{self.prog} --help'")

@@ -59,6 +59,7 @@ TABLE_ASSETS = {
     "duplicates": ("deduplicated_documents",),
     "contamination_hits": ("contamination_report",),
     "paraphrase_candidates": ("contamination_report",),
+    "eval_items": ("contamination_report",),
     "decisions": ("clean_shards",),
     "clean_shards": ("clean_shards",),
     "clean_pieces": ("clean_shards",),
@@ -403,12 +404,18 @@ def rebuild(path: Path, reason: BaseException | str, *, partial: bool = False, a
                     name, state, len(records), manifests, kept_note)
 
 
+def has_journal(path: Path) -> bool:
+    """Whether the warehouse at `path` has lineage records to be rebuilt from."""
+    folder = journal_folder(path)
+    return folder.is_dir() and any(folder.glob("*/*.json"))
+
+
 def _restore_missing(path: Path) -> None:
     """Before a warehouse is created: the first one starts its journal; one deleted by hand is
     rebuilt from the records that verify."""
     folder = journal_folder(path)
     _wal(path).unlink(missing_ok=True)  # a stale log must not replay into a new file
-    if folder.is_dir() and any(folder.glob("*/*.json")):
+    if has_journal(path):
         rebuild(path, "missing", partial=True)
     else:
         _private_folder(folder)

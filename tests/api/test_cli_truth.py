@@ -493,3 +493,17 @@ def test_the_timeout_help_says_whether_the_verb_contacts_the_api(argv, local, ca
     out = " ".join(capsys.readouterr().out.split())
     assert ("accepted and ignored" in out) is local and ("the whole operation may take" in out) is not local
     assert cli.build_parser().parse_args(["audit", "doc", "x", "--timeout", "5"]).timeout == 5.0
+
+
+@pytest.mark.parametrize("flag", ["--js", "--jso", "--json"])
+def test_only_the_whole_json_flag_asks_for_json(capsys, tmp_path, monkeypatch, flag):
+    """argparse took `--js` for `--json`, while the output mode is read from the literal flag
+    before parsing (a refusal must know it): the command ran and printed text. Abbreviations are
+    refused now, so what is printed is what was asked."""
+    monkeypatch.setenv("ITO_STATE_DIR", str(tmp_path))  # no warehouse: a refusal either way
+    out, err, status = printed(capsys, "audit", "manifest", "abcdef123456", flag)
+    if flag == "--json":
+        document = json.loads(out)
+        assert status == 1 and document["error"]["code"] == "WAREHOUSE_NOT_FOUND" and err == ""
+    else:
+        assert status == 2 and out == "" and "USAGE_ERROR" in err

@@ -22,7 +22,7 @@ import pytest
 from helpers import CANARIES
 from ito_assets.api.cli import run
 from ito_assets.digests import file_sha256
-from ito_assets.errors import ErrorCode
+from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.verify import verify_data_manifest, verify_manifest
 from ito_assets.settings import PROJECT_ROOT
 
@@ -346,6 +346,12 @@ def test_a_glob_matching_nothing_is_source_not_found(world) -> None:
     ["--license", "MIT OR Apache-2.0"],  # an SPDX expression: one licence id is asked for
     ["--text-field", "has space"],
     ["--out", str(PROJECT_ROOT)],  # not empty
+    # A name longer than the file system takes: os.path.exists says False, and the job ran whole
+    # before the copy's mkdir failed, an INTERNAL_ERROR. Beside it, one not UTF-8, which no JSON
+    # answer could name.
+    ["--out", f"/tmp/{CANARIES['aws']}/" + "n" * 256],
+    ["--out", f"/tmp/{'n' * 256}/{CANARIES['aws']}"],
+    ["--out", f"/tmp/{CANARIES['aws']}-\udcff"],
 ])
 def test_bad_flags_are_usage_errors_that_echo_nothing(world, flags) -> None:
     document, status = ito("data", "prepare", "--corpus", str(world["data"] / "*.jsonl*"),
@@ -401,3 +407,15 @@ def test_the_decision_refuses_a_data_manifest(tmp_path) -> None:
     with pytest.raises(dg.Failure) as info:
         training_manifest_or_fail(verdict, "the decision")
     assert info.value.metadata["error_code"].value == "MANIFEST_INVALID"
+
+
+@pytest.mark.parametrize("length, accepted", [(255, True), (256, False)])
+def test_an_out_folder_name_is_judged_at_the_file_systems_limit(tmp_path, length, accepted) -> None:
+    from ito_assets.api.commands.data import _check_out
+
+    out = tmp_path / "new" / ("n" * length)
+    if accepted:
+        _check_out(out)
+    else:
+        with pytest.raises(ItoError, match="longer than the 255 bytes"):
+            _check_out(out)

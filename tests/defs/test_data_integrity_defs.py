@@ -167,3 +167,40 @@ def test_a_full_disk_under_the_warehouse_fails_the_step_with_storage_full(chain)
     failure = _failure(result, "deduplicated_documents")
     assert failure.metadata["error_code"].value == "STORAGE_FULL" and "retry once space returns" in failure.description
     assert _materialize(settings, instance, key, selection=[deduplicated_documents]).success
+
+
+def test_ito_audit_rebuilds_a_warehouse_deleted_by_hand_from_its_lineage(chain, monkeypatch) -> None:
+    """Deleting the file is the documented fix for a damaged one; an audit then answered "no
+    warehouse yet" where the journal held everything (only a data step's write rebuilt it)."""
+    settings, _, key, _ = chain
+    before, status = _audit(settings, monkeypatch, key)
+    assert status == 0
+    saved = settings.warehouse_path.read_bytes()
+    settings.warehouse_path.unlink()
+    try:
+        after, status = _audit(settings, monkeypatch, key)
+        assert status == 0 and after["data"] == before["data"]
+        assert settings.warehouse_path.is_file()
+    finally:
+        settings.warehouse_path.write_bytes(saved)
+
+
+def test_ito_audit_calls_only_a_held_lock_busy(chain, monkeypatch) -> None:
+    """Every DuckDB IOException was WAREHOUSE_BUSY, retryable: a script that honours `retryable`
+    looped for ever on a file this user cannot read. Only DuckDB's lock is a wait."""
+    import duckdb
+
+    from ito_assets.data import warehouse
+
+    settings, _, key, _ = chain
+    for error, code in ((duckdb.IOException('IO Error: Could not set lock on file "w": Conflicting lock'), "WAREHOUSE_BUSY"),
+                        (duckdb.IOException("IO Error: Cannot open file: Permission denied"), "INTERNAL_ERROR")):
+        monkeypatch.setattr(warehouse, "connect", lambda path, read_only=False, error=error: (_ for _ in ()).throw(error))
+        document, status = _audit(settings, monkeypatch, key)
+        assert status != 0 and document["error"]["code"] == code
+        assert document["error"]["retryable"] is (code == "WAREHOUSE_BUSY")
+    monkeypatch.undo()
+    monkeypatch.setattr(os, "access", lambda path, mode: False)  # as for a file of another user's, to root too
+    document, status = _audit(settings, monkeypatch, key)
+    monkeypatch.undo()
+    assert status != 0 and document["error"]["code"] == "PERMISSION_DENIED" and not document["error"]["retryable"]

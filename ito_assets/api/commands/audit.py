@@ -6,6 +6,7 @@ item Y" (every document, duplicates included) with one command each."""
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from datetime import datetime
 from pathlib import Path
@@ -88,15 +89,22 @@ def _open():
     from ito_assets.settings import load_settings
 
     path = load_settings().warehouse_path
+    if not path.is_file() and warehouse.has_journal(path):
+        # Deleted by hand (the documented fix for a damaged one): rebuilt from the lineage's Parquet
+        # records, as the next data step would, rather than "no warehouse yet".
+        warehouse.connect(path).close()
     if not path.is_file():
         raise ItoError(ErrorCode.WAREHOUSE_NOT_FOUND, "no warehouse yet: materialize the data stage first (make run)")
+    if not os.access(path, os.R_OK):  # DuckDB says IOException, as for a file a writer holds: never busy
+        raise ItoError(ErrorCode.PERMISSION_DENIED, f"this user cannot read the warehouse {path.name}")
     import duckdb
 
     try:
         return lineage, warehouse.connect(path, read_only=True)
-    except duckdb.IOException:
-        # DuckDB lets no reader in while a writing step holds the file: try again when it is done.
-        raise ItoError(ErrorCode.WAREHOUSE_BUSY, "the warehouse is being written by a running step; retry shortly", retryable=True) from None
+    except duckdb.Error as error:
+        # DuckDB lets no reader in while a writing step holds the file (WAREHOUSE_BUSY: try again
+        # when it is done); anything else is not a wait.
+        raise warehouse.refused(error, path) from None
 
 
 def _plain(value):
@@ -163,12 +171,17 @@ def _doc(args: argparse.Namespace) -> VerbResult:
     return VerbResult(data=data, live_api_contacted=False, text=text)
 
 
+def _key(manifest_digest: str) -> str:
+    """A manifest as its partition is named: the digest's first 12 hex digits."""
+    return manifest_digest.removeprefix("sha256:")[:12]
+
+
 def _skipped_hint(skipped: dict[str, int]) -> str:
     """Records with an empty or whitespace-only text are not documents and their ids are not kept:
     when a manifest skipped some, the id may be one of them."""
     if not skipped:
         return ""
-    keys = {digest.removeprefix("sha256:")[:12]: n for digest, n in skipped.items()}
+    keys = {_key(digest): n for digest, n in skipped.items()}
     where = ", ".join(f"{n:,} by manifest {key}" for key, n in keys.items())
     return (f"; it may be a record skipped for an empty or whitespace-only text ({where}), which is no document "
             f"and whose id is not kept: `ito audit manifest {next(iter(keys))}` counts them per source")
@@ -190,20 +203,24 @@ def _eval_item(args: argparse.Namespace) -> VerbResult:
     stale = sorted({h["manifest_digest"] for h in hits if h.get("stale")})
     text = [
         f"eval item {item_id}: {len({h['doc_id'] for h in hits})} matching document(s), duplicates included",
-        *table(hits, ["doc_id", "source_record_id", "source_uri", "row", "state", "view", "overlap_ratio", "action",
-                      "char_start", "char_end", "stale", "matched_ngram"]),
+        # One row a manifest the document is in: the manifest's key tells them apart.
+        *table([{"manifest": _key(h["manifest_digest"]), **h} for h in hits],
+               ["manifest", "doc_id", "source_record_id", "source_uri", "row", "state", "view", "overlap_ratio",
+                "action", "char_start", "char_end", "stale", "matched_ngram"]),
         *(_stale_line(digest) for digest in stale),
         *(_not_looked_for_line(digest) for digest in not_looked_for),
     ]
     if paraphrases:
-        text += ["possible paraphrases (by embedding similarity; for review, not removed):", *table(paraphrases, ["doc_id", "source_record_id", "similarity", "char_start", "char_end", "excerpt"])]
+        text += ["possible paraphrases (by embedding similarity; for review, not removed):",
+                 *table([{"manifest": _key(p["manifest_digest"]), **p} for p in paraphrases],
+                        ["manifest", "doc_id", "source_record_id", "similarity", "char_start", "char_end", "excerpt"])]
     data = {"eval_item_id": item_id, "num_documents": len({h["doc_id"] for h in hits}), "hits": hits,
             "paraphrase_candidates": paraphrases, "stale": bool(stale), "not_looked_for_in": not_looked_for}
     return VerbResult(data=data, live_api_contacted=False, text=text)
 
 
 def _not_looked_for_line(manifest_digest: str) -> str:
-    key = manifest_digest.removeprefix("sha256:")[:12]
+    key = _key(manifest_digest)
     return (f"warning: in manifest {key}, this item was not looked for: no view of it (question with answer, "
             "question, long answer) has enough words to index, so no document could match it; lengthen it to protect it")
 
@@ -211,7 +228,7 @@ def _not_looked_for_line(manifest_digest: str) -> str:
 def _stale_line(manifest_digest: str) -> str:
     """Rows marked stale: the decision and the hits on record disagree (a decontamination ran again
     after the clean shards were written); the decision is what the clean shards follow."""
-    key = manifest_digest.removeprefix("sha256:")[:12]
+    key = _key(manifest_digest)
     return (f"warning: in manifest {key}, the rows marked stale disagree with the decisions the clean shards follow "
             f"(another decontamination replaced the hits): materialize clean_shards again for partition {key}")
 
@@ -219,7 +236,7 @@ def _stale_line(manifest_digest: str) -> str:
 def _manifest_stale_line(manifest_digest: str, stale: dict[str, int]) -> str:
     """The manifest's decisions (what the clean shards follow) disagree with the rows on record
     for some documents: the counts above mix the two runs."""
-    key = manifest_digest.removeprefix("sha256:")[:12]
+    key = _key(manifest_digest)
     steps = ", ".join(f"{n:,} by its {step}" for step, n in stale.items() if n)
     return (f"warning: the decisions the clean shards follow disagree with the rows on record for documents ({steps}: "
             f"a step ran again since), so the counts above mix two runs: materialize clean_shards again for partition {key}")

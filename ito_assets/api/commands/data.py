@@ -57,6 +57,16 @@ def _check_flags(args: argparse.Namespace) -> None:
 def _check_out(out: Path) -> None:
     """`--out` judged before the job runs, not when its copies are made: a new or empty folder,
     or one that can be made where the nearest existing folder above it is writable."""
+    try:
+        str(out).encode("utf-8")
+    except UnicodeEncodeError:  # bytes that are not UTF-8: no JSON answer could name the folder
+        raise ItoError(ErrorCode.USAGE_ERROR, "--out must be a path of UTF-8 text") from None
+    try:
+        os.lstat(out)
+    except FileNotFoundError:
+        pass
+    except OSError as error:  # too long a name or path: os.path.exists answers False, mkdir fails after the job
+        raise ItoError(ErrorCode.USAGE_ERROR, f"--out cannot be used: {error.strerror}") from None
     if os.path.exists(out):  # os.path's, which answers False where pathlib's raises (EACCES)
         if not out.is_dir():
             raise ItoError(ErrorCode.USAGE_ERROR, "--out must name a new or empty folder")
@@ -68,6 +78,11 @@ def _check_out(out: Path) -> None:
     above = next(p for p in out.parents if os.path.lexists(p))  # "/" exists
     if not above.is_dir():
         raise ItoError(ErrorCode.USAGE_ERROR, "--out must name a new or empty folder; a file stands in its path")
+    longest = os.pathconf(above, "PC_NAME_MAX")
+    if any(len(os.fsencode(part)) > longest for part in out.relative_to(above).parts):
+        raise ItoError(ErrorCode.USAGE_ERROR, f"--out has a name longer than the {longest} bytes its file system takes")
+    if len(os.fsencode(out)) >= os.pathconf(above, "PC_PATH_MAX"):
+        raise ItoError(ErrorCode.USAGE_ERROR, "--out is a longer path than its file system takes")
     if not os.access(above, os.W_OK | os.X_OK):
         raise ItoError(ErrorCode.USAGE_ERROR, "--out cannot be made: this user cannot write to the folder above it")
 
