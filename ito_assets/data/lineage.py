@@ -68,7 +68,9 @@ SCHEMA = {
     "clean_shards": "manifest_digest VARCHAR, shard_path VARCHAR, shard_sha256 VARCHAR, num_rows BIGINT",
     "clean_pieces": "manifest_digest VARCHAR, doc_id VARCHAR, piece INTEGER, char_start BIGINT, char_end BIGINT, "
     "shard_path VARCHAR, shard_sha256 VARCHAR",
-    "shard_consumers": "shard_sha256 VARCHAR, run_id VARCHAR, stage VARCHAR, consumed_at TIMESTAMP",
+    # manifest_digest: whose clean shard the run read (two manifests over the same files write the
+    # same bytes); NULL in a row recorded before it was kept.
+    "shard_consumers": "shard_sha256 VARCHAR, run_id VARCHAR, stage VARCHAR, consumed_at TIMESTAMP, manifest_digest VARCHAR",
     # Every item of the suite a manifest was decontaminated against, matched or not: an audit of
     # an item tells "no document matched it" from "no such item", and from "never looked for" (no
     # view long enough to index: `looked_for` false; NULL where a warehouse predates it).
@@ -176,10 +178,11 @@ def decontamination_record(path: Path, manifest_digest: str) -> dict:
 def insert_consumers(con: duckdb.DuckDBPyConnection, rows: list[tuple]) -> None:
     con.execute("BEGIN TRANSACTION")
     try:
-        for digest, run_id, stage, at in rows:
+        for digest, run_id, stage, at, manifest in rows:
             con.execute(
-                "INSERT INTO shard_consumers SELECT ?, ?, ?, ? WHERE NOT EXISTS (SELECT 1 FROM shard_consumers "
-                "WHERE shard_sha256 = ? AND run_id = ? AND stage = ?)", [digest, run_id, stage, at, digest, run_id, stage])
+                "INSERT INTO shard_consumers SELECT ?, ?, ?, ?, ? WHERE NOT EXISTS (SELECT 1 FROM shard_consumers "
+                "WHERE shard_sha256 = ? AND run_id = ? AND stage = ? AND manifest_digest IS NOT DISTINCT FROM ?)",
+                [digest, run_id, stage, at, manifest, digest, run_id, stage, manifest])
         con.execute("COMMIT")
     except Exception:
         with contextlib.suppress(duckdb.Error):
@@ -273,7 +276,7 @@ def audit_document(con: duckdb.DuckDBPyConnection, wanted: str) -> list[dict]:
         entry["consumed_by"] = _rows(
             con,
             "SELECT DISTINCT c.run_id, c.stage, c.consumed_at FROM clean_pieces p JOIN shard_consumers c "
-            "ON c.shard_sha256 = p.shard_sha256 WHERE p.manifest_digest = ? AND p.doc_id = ? ORDER BY c.consumed_at",
+            f"ON {_CONSUMED_HERE.format(shards='p')} WHERE p.manifest_digest = ? AND p.doc_id = ? ORDER BY c.consumed_at",
             params,
         )
     return found
@@ -468,23 +471,30 @@ def audit_manifest(con: duckdb.DuckDBPyConnection, manifest_digest: str) -> dict
         "removed_by_method": removals_by_method(con, manifest_digest),
         "contamination_by_benchmark": _rows(con, "SELECT benchmark, count(DISTINCT doc_id) AS num_documents, count(DISTINCT eval_item_id) AS num_eval_items FROM contamination_hits WHERE manifest_digest = ? GROUP BY 1 ORDER BY 1", params),
         "clean_shards": _rows(con, "SELECT shard_path, shard_sha256, num_rows FROM clean_shards WHERE manifest_digest = ? ORDER BY shard_path", params),
-        "consumed_by": _rows(con, "SELECT DISTINCT c.run_id, c.stage, c.consumed_at FROM clean_shards s JOIN shard_consumers c ON c.shard_sha256 = s.shard_sha256 WHERE s.manifest_digest = ? ORDER BY c.consumed_at", params),
+        "consumed_by": _rows(con, "SELECT DISTINCT c.run_id, c.stage, c.consumed_at FROM clean_shards s JOIN shard_consumers c "
+                             f"ON {_CONSUMED_HERE.format(shards='s')} WHERE s.manifest_digest = ? ORDER BY c.consumed_at", params),
         "stale_documents": stale,
         "stale": any(stale.values()),
     }
 
 
-def record_consumption(path: Path, shard_sha256s: list[str], run_id: str, stage: str) -> int:
-    """Which run consumed which clean shards (for `ito audit`); a repeated record is not duplicated.
-    Recorded in the lineage journal too, so that a rebuilt warehouse still answers it."""
+# A consumption is the manifest's where it names it; a row recorded before runs named theirs
+# counts for every manifest with that shard, as it did.
+_CONSUMED_HERE = ("c.shard_sha256 = {shards}.shard_sha256 AND (c.manifest_digest = {shards}.manifest_digest "
+                  "OR c.manifest_digest IS NULL)")
+
+
+def record_consumption(path: Path, shard_sha256s: list[str], run_id: str, stage: str, manifest_digest: str) -> int:
+    """Which run consumed which clean shards of which manifest (for `ito audit`); a repeated record
+    is not duplicated. Recorded in the lineage journal too, so that a rebuilt warehouse still answers it."""
     # One time for the row and its record, so that a rebuild gives the same answer; UTC (the column
     # has no zone: the machine's local time would read as another moment elsewhere).
     at = datetime.now(timezone.utc).replace(tzinfo=None)
 
     def work(con: duckdb.DuckDBPyConnection) -> None:
         ensure_schema(con)
-        warehouse.journal_consumption(path, shard_sha256s, run_id, stage, at)
-        insert_consumers(con, [(digest, run_id, stage, at) for digest in shard_sha256s])
+        warehouse.journal_consumption(path, shard_sha256s, run_id, stage, at, manifest_digest)
+        insert_consumers(con, [(digest, run_id, stage, at, manifest_digest) for digest in shard_sha256s])
 
     warehouse.writing_to(path, work)
     return len(shard_sha256s)

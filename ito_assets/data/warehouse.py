@@ -271,16 +271,18 @@ def journal_rows(path: Path, manifest_digest: str, table: str, rows: pl.DataFram
     return rows
 
 
-def journal_consumption(path: Path, shard_sha256s: list[str], run_id: str, stage: str, at: datetime) -> None:
-    """One record per (run, stage), its shards merged with what it held (the first time kept, as
-    the table keeps the first row)."""
-    record = _journal_subfolder(path, CONSUMERS) / (hashlib.sha256(f"{run_id}\0{stage}".encode()).hexdigest()[:32] + ".json")
+def journal_consumption(path: Path, shard_sha256s: list[str], run_id: str, stage: str, at: datetime,
+                        manifest_digest: str) -> None:
+    """One record per (run, stage, manifest), its shards merged with what it held (the first time
+    kept, as the table keeps the first row)."""
+    name = hashlib.sha256(f"{run_id}\0{stage}\0{manifest_digest}".encode()).hexdigest()[:32]
+    record = _journal_subfolder(path, CONSUMERS) / (name + ".json")
     rows: dict[str, str] = {}
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
         rows = {sha: first for sha, first in json.loads(record.read_bytes())["rows"]}
     for digest in shard_sha256s:
         rows.setdefault(digest, at.isoformat())
-    body = {"run_id": run_id, "stage": stage, "rows": sorted(rows.items())}
+    body = {"run_id": run_id, "stage": stage, "manifest_digest": manifest_digest, "rows": sorted(rows.items())}
     data = (json.dumps(body, indent=1) + "\n").encode()
     _write_private(record, "the warehouse's lineage of shard_consumers", lambda temporary: temporary.write_bytes(data))
 
@@ -314,7 +316,8 @@ def _records(path: Path) -> tuple[list[_Record], list[tuple], list[_Problem]]:
             body = json.loads(file.read_bytes())
             if file.parent.name == CONSUMERS:
                 table = CONSUMERS
-                consumers += [(sha, body["run_id"], body["stage"], datetime.fromisoformat(at)) for sha, at in body["rows"]]
+                consumers += [(sha, body["run_id"], body["stage"], datetime.fromisoformat(at), body.get("manifest_digest"))
+                              for sha, at in body["rows"]]  # an earlier record names no manifest
                 continue
             table, digest = body["table"], body["manifest_digest"]
             if table not in lineage.SCHEMA:

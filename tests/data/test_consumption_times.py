@@ -25,7 +25,7 @@ def far_from_utc(monkeypatch):
 def test_a_consumption_is_recorded_in_utc_whatever_the_local_zone(tmp_path, far_from_utc) -> None:
     path = tmp_path / "warehouse.duckdb"
     before = datetime.now(timezone.utc).replace(tzinfo=None)
-    lineage.record_consumption(path, ["a" * 64], "run_x", "pretraining")
+    lineage.record_consumption(path, ["a" * 64], "run_x", "pretraining", "sha256:" + "0" * 64)
     after = datetime.now(timezone.utc).replace(tzinfo=None)
     with duckdb.connect(str(path), read_only=True) as con:
         (at,) = con.execute("SELECT consumed_at FROM shard_consumers").fetchone()

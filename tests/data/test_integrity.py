@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import duckdb
@@ -93,7 +94,7 @@ def prepare(root: Path) -> Prepared:
     decontam = stages.run_decontam(verified, suite, source, state, warehouse, CONFIG)
     dedup = stages.run_dedup(source, decontam.actions, state, warehouse, CONFIG)
     clean = stages.run_clean(verified, source, dedup, decontam, state, warehouse, CONFIG)
-    lineage.record_consumption(warehouse, [s.sha256 for s in clean.shards.shards], "run-1", "training_tokens")
+    lineage.record_consumption(warehouse, [s.sha256 for s in clean.shards.shards], "run-1", "training_tokens", clean.manifest_digest)
     return Prepared(root, verified, suite, source, dedup, decontam, clean)
 
 
@@ -447,7 +448,7 @@ def test_a_warehouse_held_by_a_writer_is_busy_and_never_rebuilt(fresh: Prepared)
     )
     try:
         assert holder.stdout.readline().strip() == "held"
-        for attempt in (lambda: connect(warehouse, read_only=True), lambda: lineage.record_consumption(warehouse, ["x"], "run-2", "s")):
+        for attempt in (lambda: connect(warehouse, read_only=True), lambda: lineage.record_consumption(warehouse, ["x"], "run-2", "s", "sha256:" + "0" * 64)):
             with pytest.raises(ItoError) as info:
                 attempt()
             assert info.value.code is ErrorCode.WAREHOUSE_BUSY and info.value.retryable
@@ -564,3 +565,31 @@ def test_disk_full_is_told_apart_from_other_failures() -> None:
     assert is_corrupt(duckdb.IOException('IO Error: The file "x" exists, but it is not a valid DuckDB database file!'))
     assert not is_corrupt(duckdb.IOException('IO Error: Could not set lock on file "x": Conflicting lock is held'))
     assert not is_corrupt(duckdb.IOException('IO Error: Cannot open file "x": Permission denied'))
+
+
+def test_a_runs_consumption_is_the_manifests_it_trained_not_every_manifest_with_those_bytes(fresh: Prepared) -> None:
+    """Two manifests over the same files write byte-identical clean shards: keyed by the shard's
+    digest alone, a run of one showed as a consumer of the other's (in `ito audit manifest` and
+    `ito audit doc`). A row recorded before runs named their manifest counts for both, as it did;
+    a rebuilt warehouse answers the same."""
+    other = "sha256:" + "e" * 64
+    sha = fresh.clean.shards.shards[0].sha256
+    with connect(fresh.warehouse) as con:  # the other manifest's clean shards, the same bytes
+        con.execute("INSERT INTO clean_shards SELECT ? AS manifest_digest, * EXCLUDE (manifest_digest) FROM clean_shards "
+                    "WHERE manifest_digest = ?", [other, fresh.verified.digest])
+    lineage.record_consumption(fresh.warehouse, [sha], "run-of-a", "training_tokens", fresh.verified.digest)
+
+    def consumers() -> dict[str, list[str]]:
+        with connect(fresh.warehouse, read_only=True) as con:
+            return {digest: [c["run_id"] for c in lineage.audit_manifest(con, digest)["consumed_by"]]
+                    for digest in (fresh.verified.digest, other)}
+
+    assert consumers() == {fresh.verified.digest: ["run-1", "run-of-a"], other: []}  # run-1: the preparation's
+    with connect(fresh.warehouse) as con:  # as a release before this one recorded it
+        lineage.insert_consumers(con, [(sha, "old-run", "training_tokens", datetime(2026, 1, 1), None)])
+    assert consumers() == {fresh.verified.digest: ["old-run", "run-1", "run-of-a"], other: ["old-run"]}
+    fresh.warehouse.unlink()
+    lineage.record_consumption(fresh.warehouse, [sha], "run-of-a", "training_tokens", fresh.verified.digest)  # rebuilt
+    with connect(fresh.warehouse, read_only=True) as con:
+        rows = con.execute("SELECT run_id, manifest_digest FROM shard_consumers ORDER BY run_id").fetchall()
+    assert ("run-of-a", fresh.verified.digest) in rows

@@ -66,7 +66,8 @@ def test_a_warehouse_rebuilt_from_its_journal_is_owner_only(fresh: Prepared) -> 
     assert path.with_name(path.name + ".corrupt").exists()
     assert_owner_only(path)
     path.unlink()  # deleted by hand: rebuilt on the next write
-    lineage.record_consumption(path, [fresh.clean.shards.shards[0].sha256], "run-2", "training_tokens")
+    lineage.record_consumption(path, [fresh.clean.shards.shards[0].sha256], "run-2", "training_tokens",
+                               fresh.clean.manifest_digest)
     assert_owner_only(path)
 
 
@@ -83,7 +84,8 @@ def test_an_existing_world_readable_warehouse_is_tightened(fresh: Prepared) -> N
     connect(path, read_only=True).close()  # as `ito audit` opens it
     assert _mode(path) == 0o600
     # The writes that record them again: the folders and records they write are tightened too.
-    lineage.record_consumption(path, [s.sha256 for s in fresh.clean.shards.shards], "run-1", "training_tokens")
+    lineage.record_consumption(path, [s.sha256 for s in fresh.clean.shards.shards], "run-1", "training_tokens",
+                               fresh.clean.manifest_digest)
     _run_dedup(fresh)
     assert_owner_only(path)
 

@@ -91,7 +91,7 @@ def _upstream(manifest_path: str, key: str, folder: Path, run, ledger, *, after_
         pl.DataFrame({"text": _texts()}).write_parquet(path)
         shard = Shard(path=str(path), sha256=hashlib.sha256(path.read_bytes()).hexdigest(), num_rows=len(_texts()))
         return SimpleNamespace(shards=ShardSet(folder=str(folder), shards=(shard,)),
-                               conservation=SimpleNamespace(holds=True))
+                               conservation=SimpleNamespace(holds=True), manifest_digest=prepared.digest)
 
     @dg.asset(name="run_authorization", partitions_def=manifests_partitions)
     def authorization_stand_in(context):

@@ -68,7 +68,7 @@ def training_tokens(
     live.require_time_for(booked)
     # Lineage for auditors: this ledger run consumed these clean shards.
     lineage.record_consumption(ito.settings().warehouse_path, [s.sha256 for s in clean_shards.shards.shards],
-                               run_id, "training_tokens")
+                               run_id, "training_tokens", clean_shards.manifest_digest)
     folder = RunLayout.for_run(checkpoint_dir, run_id).run_dir / "tokens"  # runs of one manifest never share it
     # The BPE aims at the vocabulary of the model the plan priced; a corpus too small for that many
     # merges gives fewer, and the stages build the model with what it gave (never more than priced).
