@@ -162,13 +162,15 @@ def _read_shape(step: SftStep | DpoStep, data_root: Path, allowed, stream, held_
     kept: list[PairShape] = []
     seen = [0, 0, 0]  # pairs, longest positions, the first pair on a held-out prompt
     held = held_out_prompts(held_out_fraction)
-    key = (step.kind, step.data.uri, step.data.sha256, held_out_fraction)
+
+    def key(identity) -> tuple:  # called once the step is known to bind a file
+        return step.kind, step.data.uri, step.data.sha256, held_out_fraction, identity
 
     def known(identity) -> bool:
         with _known_lock:
-            if (*key, identity) in _known_shapes:
-                _known_shapes.move_to_end((*key, identity))
-                kept.append(_known_shapes[(*key, identity)])
+            if key(identity) in _known_shapes:
+                _known_shapes.move_to_end(key(identity))
+                kept.append(_known_shapes[key(identity)])
         return bool(kept)
 
     def visit(pair) -> None:
@@ -184,7 +186,7 @@ def _read_shape(step: SftStep | DpoStep, data_root: Path, allowed, stream, held_
     shape = PairShape(num_pairs=seen[0], longest_positions=seen[1])
     if identity is not None:
         with _known_lock:
-            _known_shapes[(*key, identity)] = shape
+            _known_shapes[key(identity)] = shape
             while len(_known_shapes) > KNOWN_SHAPES_MAX:
                 _known_shapes.popitem(last=False)
     return shape

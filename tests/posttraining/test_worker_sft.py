@@ -24,6 +24,7 @@ from ito_assets.posttraining.optim import BETAS, WORKER_RECIPE
 from ito_assets.posttraining.sft import SftConfig, run_sft, sft_batches
 from ito_assets.posttraining.vocab import CharVocab
 from ito_assets.posttraining.on_worker import ROWS_NAME, WorkerLaunch, sft_on_worker
+from ito_assets.posttraining.tasks import battery_split
 from ito_assets.runtime.checkpoint import registry
 from ito_assets.runtime.stage.config import RESULT_NAME
 from ito_assets.runtime.record import events
@@ -34,7 +35,9 @@ from runtime.runtime_helpers import TRIALS
 
 CODEC = CharVocab()
 SPEC = seeded()
-PAIRS = [InstructionPair(pair_id=str(i), prompt=f"max {i:03d}=", response=max(f"{i:03d}")) for i in range(64)]
+# The battery's train side: a stage refuses pairs on the prompts its eval gate holds out.
+PAIRS = [InstructionPair(pair_id=str(i), prompt=task.prompt, response=task.answer)
+         for i, task in enumerate(battery_split(0.2)[0][:64])]
 CONFIG = SftConfig(num_epochs=2, learning_rate=3e-3, batch_size=16)  # 8 steps
 SUPERVISOR = SupervisorConfig(startup_timeout_s=90.0, poll_interval_s=0.2, grace_s=3.0, max_restarts=1)
 # fp32 on CPU, one rank, one micro-batch: the worker's step and the loop's sum the same floats,
