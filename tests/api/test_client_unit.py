@@ -127,11 +127,16 @@ def _answer(document: dict) -> bytes:
     return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
 
 
+BUSY = transport.edge_answer(503, ItoError(ErrorCode.SERVER_BUSY, "busy"))
+
+
 @pytest.mark.parametrize("method", ["GET", "POST"])
-def test_a_408_is_retried_as_a_request_never_read(method) -> None:
-    """The server answers 408 only before it holds a request (api/transport.py), so even a mutation
-    is sent again, with no lookup by key first; before, a GET met a TIMEOUT at once."""
-    port, lines = _answering(transport._TIMEOUT_RESPONSE, _answer(envelope.success(RUN, live_api_contacted=True)))
+@pytest.mark.parametrize("refusal", [transport._TIMEOUT_RESPONSE, BUSY], ids=["408", "503 SERVER_BUSY"])
+def test_a_request_the_server_never_took_is_sent_again(method, refusal) -> None:
+    """The server answers 408 only before it holds a request, and SERVER_BUSY before any route
+    reads one (api/transport.py), so even a mutation is sent again, with no lookup by key first;
+    before, a GET met a TIMEOUT at once, and a busy server's plain text read as no API at all."""
+    port, lines = _answering(refusal, _answer(envelope.success(RUN, live_api_contacted=True)))
     http = HttpTransport(Endpoint(scheme="http", host="127.0.0.1", port=port), None, connect_timeout_s=5, total_timeout_s=5)
     api = ApiClient(http, sleep=lambda _s: None)
     if method == "GET":
@@ -139,23 +144,6 @@ def test_a_408_is_retried_as_a_request_never_read(method) -> None:
     else:
         assert api.post_idempotent("/v1/runs", {}, key="k" * 8, action="train", fingerprint="f") == RUN
     assert [line.split()[0] for line in lines] == [method, method]
-
-
-# --- a 503 SERVER_BUSY: the server took no request past its concurrency limit ------------------
-
-BUSY = transport.edge_answer(503, ItoError(ErrorCode.SERVER_BUSY, "busy"))
-
-
-@pytest.mark.parametrize("method", ["GET", "POST"])
-def test_server_busy_is_retried_as_a_request_nothing_was_done_for(method) -> None:
-    port, lines = _answering(BUSY, _answer(envelope.success(RUN, live_api_contacted=True)))
-    http = HttpTransport(Endpoint(scheme="http", host="127.0.0.1", port=port), None, connect_timeout_s=5, total_timeout_s=5)
-    api = ApiClient(http, sleep=lambda _s: None)
-    if method == "GET":
-        assert api.get("/v1/runs/x") == RUN
-    else:
-        assert api.post_idempotent("/v1/runs", {}, key="k" * 8, action="train", fingerprint="f") == RUN
-    assert [line.split()[0] for line in lines] == [method, method]  # no lookup by key between them
 
 
 @pytest.mark.parametrize("method", ["GET", "POST", "keyed POST"])
