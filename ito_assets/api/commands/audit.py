@@ -204,7 +204,7 @@ def _eval_item(args: argparse.Namespace) -> VerbResult:
     text = [
         f"eval item {item_id}: {len({h['doc_id'] for h in hits})} matching document(s), duplicates included",
         # One row a manifest the document is in: the manifest's key tells them apart.
-        *table([{"manifest": _key(h["manifest_digest"]), **h} for h in hits],
+        *table([{"manifest": _key(h.get("manifest_digest", "")), **h} for h in hits],
                ["manifest", "doc_id", "source_record_id", "source_uri", "row", "state", "view", "overlap_ratio",
                 "action", "char_start", "char_end", "stale", "matched_ngram"]),
         *(_stale_line(digest) for digest in stale),
@@ -212,7 +212,7 @@ def _eval_item(args: argparse.Namespace) -> VerbResult:
     ]
     if paraphrases:
         text += ["possible paraphrases (by embedding similarity; for review, not removed):",
-                 *table([{"manifest": _key(p["manifest_digest"]), **p} for p in paraphrases],
+                 *table([{"manifest": _key(p.get("manifest_digest", "")), **p} for p in paraphrases],
                         ["manifest", "doc_id", "source_record_id", "similarity", "char_start", "char_end", "excerpt"])]
     data = {"eval_item_id": item_id, "num_documents": len({h["doc_id"] for h in hits}), "hits": hits,
             "paraphrase_candidates": paraphrases, "stale": bool(stale), "not_looked_for_in": not_looked_for}

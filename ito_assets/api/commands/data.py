@@ -63,7 +63,7 @@ def _check_out(out: Path) -> None:
         raise ItoError(ErrorCode.USAGE_ERROR, "--out must be a path of UTF-8 text") from None
     try:
         os.lstat(out)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # a missing or a file's folder: judged below
         pass
     except OSError as error:  # too long a name or path: os.path.exists answers False, mkdir fails after the job
         raise ItoError(ErrorCode.USAGE_ERROR, f"--out cannot be used: {error.strerror}") from None

@@ -210,8 +210,10 @@ def _base_policy(verdict: ManifestVerdict, final: StageCheckpoint | None, tokens
     if final is None:  # every manifest has a stage, and a stage always hands on a checkpoint
         raise failure(ItoError(ErrorCode.INTERNAL_ERROR, "the pretraining chain left no checkpoint"))
     manifest = verified_or_fail(verdict, "post-training").manifest
-    # The positions the final checkpoint was trained with: a long-context stage's raised RoPE base.
-    trained_with = positions(manifest.training_target, final.stage)
+    # The positions the final checkpoint was trained with, the chain's last stage's: a long-context
+    # stage's raised RoPE base stays for every stage after it.
+    target = manifest.training_target
+    trained_with = positions(target, target.stages[-1].name)
     return pretrained(model_name=manifest.model.size, vocab_size=tokens.vocab_size, checkpoint=final.final_checkpoint,
                       tokenizer=TokenizerRef(path=tokens.tokenizer_path, sha256=tokens.tokenizer_sha256),
                       seed=posttraining.seed, **trained_with)
