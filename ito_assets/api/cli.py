@@ -11,6 +11,8 @@ terminal raw.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import sys
 from typing import Sequence
@@ -103,7 +105,9 @@ def _print_text(outcome: VerbResult) -> None:
 def run(argv: Sequence[str]) -> tuple[dict, int]:
     """Parse and dispatch; returns the envelope and the exit status (also used by tests)."""
     try:
-        args = build_parser().parse_args(list(argv))
+        args = _parsed(list(argv))
+        if isinstance(args, str):  # --help asked for with --json: its text, inside the one document
+            return envelope.success({"help": args}, live_api_contacted=False), 0
         outcome: VerbResult = args.handler(args)
     except ItoError as error:
         contacted = bool(getattr(error, "live_api_contacted", False))
@@ -118,6 +122,21 @@ def run(argv: Sequence[str]) -> tuple[dict, int]:
     document = envelope.success(outcome.data, live_api_contacted=outcome.live_api_contacted, notice=outcome.notice)
     document["_text"] = outcome.text
     return document, 0
+
+
+def _parsed(argv: list[str]) -> argparse.Namespace | str:
+    """The parsed arguments; with --json, the help text where --help asked for it (argparse
+    prints it and exits, which left --json's one document as plain text)."""
+    if "--json" not in argv:
+        return build_parser().parse_args(argv)
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):
+            return build_parser().parse_args(argv)
+    except SystemExit as exit_:
+        if exit_.code in (0, None):
+            return printed.getvalue()
+        raise
 
 
 def _main(argv: list[str]) -> int:

@@ -507,3 +507,14 @@ def test_only_the_whole_json_flag_asks_for_json(capsys, tmp_path, monkeypatch, f
         assert status == 1 and document["error"]["code"] == "WAREHOUSE_NOT_FOUND" and err == ""
     else:
         assert status == 2 and out == "" and "USAGE_ERROR" in err
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["audit", "manifest", "--help"], ["-h"]])
+def test_help_with_json_is_one_document_holding_the_help(capsys, argv):
+    """argparse prints --help's text and exits: with --json, stdout held plain text, no document."""
+    out, err, status = printed(capsys, *argv, "--json")
+    document = json.loads(out)
+    assert status == 0 and document["ok"] and document["data"]["help"].startswith("usage: ito") and err == ""
+    with pytest.raises(SystemExit) as exited:  # without --json, the help as argparse prints it
+        cli.main(list(argv))
+    assert exited.value.code == 0 and capsys.readouterr().out.startswith("usage: ito")
