@@ -30,7 +30,8 @@ import polars as pl
 
 from ito_assets.data.config import DecontamConfig
 from ito_assets.data.eval_index import EvalIndex
-from ito_assets.data.text import TokenHashes, ngram_hashes, window_hashes, window_words, word_tokens, words_with_spans
+from ito_assets.data.text import (TokenHashes, fold_fullwidth, ngram_hashes, window_hashes, window_words, word_tokens,
+                                  words_with_spans)
 
 HIT_SCHEMA = {
     "doc_id": pl.String,
@@ -312,7 +313,7 @@ def hits_of(candidates: list[int], docs: pl.DataFrame, index: EvalIndex, ignored
         if (position,) not in found_by_doc:
             continue
         words, spans = parsed[position]
-        raw = words_with_spans(texts[doc], digits_normalized=False)[0]
+        raw = [fold_fullwidth(word) for word in words_with_spans(texts[doc], digits_normalized=False)[0]]
         rows.extend(_document_hits(ids[doc], words, spans, raw, found_by_doc[(position,)], matches_by_doc[(position,)], index, config))
     return pl.DataFrame(rows, schema=HIT_SCHEMA) if rows else pl.DataFrame(schema=HIT_SCHEMA)
 

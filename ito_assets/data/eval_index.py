@@ -33,8 +33,8 @@ import polars as pl
 
 from ito_assets.data.completion import frame_digest
 from ito_assets.data.config import DecontamConfig
-from ito_assets.data.text import (TokenHashes, hash_words, ngram_hashes, window_full_words, window_hashes, window_words,
-                                  word_tokens, words_of, words_with_joins)
+from ito_assets.data.text import (TokenHashes, fold_fullwidth, hash_words, ngram_hashes, window_full_words, window_hashes,
+                                  window_words, word_tokens, words_of, words_with_joins)
 from ito_assets.evals.suite import EvalSuite
 
 QUESTION_ANSWER = "question_answer"
@@ -173,7 +173,7 @@ def build_index(suite: EvalSuite, config: DecontamConfig) -> EvalIndex:
                     benchmark=item.benchmark,
                     kind=kind,
                     words=tuple(words),
-                    raw_words=tuple(words_of(text, digits_normalized=False)),
+                    raw_words=tuple(fold_fullwidth(word) for word in words_of(text, digits_normalized=False)),
                     seed_size=n,
                     evidence_words=config.evidence_words(len(words)),
                 )

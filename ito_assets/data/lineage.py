@@ -276,7 +276,7 @@ def audit_document(con: duckdb.DuckDBPyConnection, wanted: str) -> list[dict]:
         entry["consumed_by"] = _rows(
             con,
             "SELECT DISTINCT c.run_id, c.stage, c.consumed_at FROM clean_pieces p JOIN shard_consumers c "
-            f"ON {_CONSUMED_HERE.format(shards='p')} WHERE p.manifest_digest = ? AND p.doc_id = ? ORDER BY c.consumed_at",
+            f"ON {_consumed_here(con, 'p')} WHERE p.manifest_digest = ? AND p.doc_id = ? ORDER BY c.consumed_at",
             params,
         )
     return found
@@ -472,16 +472,21 @@ def audit_manifest(con: duckdb.DuckDBPyConnection, manifest_digest: str) -> dict
         "contamination_by_benchmark": _rows(con, "SELECT benchmark, count(DISTINCT doc_id) AS num_documents, count(DISTINCT eval_item_id) AS num_eval_items FROM contamination_hits WHERE manifest_digest = ? GROUP BY 1 ORDER BY 1", params),
         "clean_shards": _rows(con, "SELECT shard_path, shard_sha256, num_rows FROM clean_shards WHERE manifest_digest = ? ORDER BY shard_path", params),
         "consumed_by": _rows(con, "SELECT DISTINCT c.run_id, c.stage, c.consumed_at FROM clean_shards s JOIN shard_consumers c "
-                             f"ON {_CONSUMED_HERE.format(shards='s')} WHERE s.manifest_digest = ? ORDER BY c.consumed_at", params),
+                             f"ON {_consumed_here(con, 's')} WHERE s.manifest_digest = ? ORDER BY c.consumed_at", params),
         "stale_documents": stale,
         "stale": any(stale.values()),
     }
 
 
-# A consumption is the manifest's where it names it; a row recorded before runs named theirs
-# counts for every manifest with that shard, as it did.
-_CONSUMED_HERE = ("c.shard_sha256 = {shards}.shard_sha256 AND (c.manifest_digest = {shards}.manifest_digest "
-                  "OR c.manifest_digest IS NULL)")
+def _consumed_here(con: duckdb.DuckDBPyConnection, shards: str) -> str:
+    """The join of `shard_consumers c` to a table of clean shards (`shards`, its alias): a
+    consumption is the manifest's where it names it; a row recorded before runs named theirs counts
+    for every manifest with that shard, as it did, and so does every row of a warehouse whose
+    table has no such column yet (an audit opens it read-only: nothing adds it there)."""
+    same_bytes = f"c.shard_sha256 = {shards}.shard_sha256"
+    if not _has_column(con, "shard_consumers", "manifest_digest"):
+        return same_bytes
+    return f"{same_bytes} AND (c.manifest_digest = {shards}.manifest_digest OR c.manifest_digest IS NULL)"
 
 
 def record_consumption(path: Path, shard_sha256s: list[str], run_id: str, stage: str, manifest_digest: str) -> int:

@@ -88,6 +88,12 @@ _ASCII_LETTERS = [chr(ord(letter) - 0xFEE0) for letter in _FULLWIDTH_LETTERS]
 _FOLD_FULLWIDTH = str.maketrans(dict(zip(_FULLWIDTH_LETTERS, _ASCII_LETTERS)))
 
 
+def fold_fullwidth(word: str) -> str:
+    """`word` with its fullwidth Latin letters as ASCII: decontamination's raw words (digits kept)
+    compared as its normalised ones are cut."""
+    return word.translate(_FOLD_FULLWIDTH)
+
+
 def _word_lists(texts: pl.Series, *, digits_normalized: bool) -> pl.Series:
     lowered = texts.str.to_lowercase()
     if digits_normalized:

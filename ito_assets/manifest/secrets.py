@@ -277,11 +277,35 @@ _SHORT_OPTION = re.compile(r"(?<![^\s'\"\[,(])-(?P<letter>[a-z])(?P<glued>[^\s'\
 _NEXT_ARGUMENT = re.compile(r"[\"']?(?:,[ \t]*b?)?[ \t]*")
 
 
+_ARGUMENT = re.compile(r"[^\s,]+")  # a word of a command line, or of a printed argument list
+
+
+def _own_options_end(text: str, start: int, end: int) -> int:
+    """Where sshpass's own options end: at the command it runs (its first word that is neither an
+    option nor an option's value), whose options (ssh's -p PORT) are not sshpass's."""
+    takes_value = False
+    for argument in _ARGUMENT.finditer(text, start, end):
+        word = argument.group().strip("[]'\"").removeprefix("b'")
+        if not word:
+            continue  # a quote that closes the command's own name in a printed list
+        if takes_value:
+            takes_value = False
+        elif word in ("-p", "-f", "-d"):
+            takes_value = True
+        elif not word.startswith("-"):
+            return argument.start()
+    return end
+
+
 def _option_passwords(text: str) -> list[tuple[int, int]]:
     spans = []
     for line in _PASSWORD_COMMAND.finditer(text):
         letter, spaced = _PASSWORD_OPTION.get(line.group("command"), ("p", False))
-        for option in _SHORT_OPTION.finditer(text, line.end("command"), line.end()):
+        position, end = line.end("command"), line.end()
+        if line.group("command") == "sshpass":
+            end = _own_options_end(text, position, end)
+        while option := _SHORT_OPTION.search(text, position, end):
+            position = option.end()  # past the option, and below past its value: each read once
             if option.group("letter") != letter:
                 continue
             if option.group("glued"):
@@ -290,6 +314,7 @@ def _option_passwords(text: str) -> list[tuple[int, int]]:
             elif spaced and (span := _value_span(text, _NEXT_ARGUMENT.match(text, option.end()).end(), "password",
                                                  to_line_end=False, prose=False, literal=True)):
                 spans.append(span)
+                position = max(position, span[1])
     return spans
 
 
@@ -301,19 +326,22 @@ _ENV_ENTRY = re.compile(r"(?P<q>[\"']?)\bname(?P=q)[ \t]*:[ \t]*(?P<nq>[\"']?)(?
 
 
 def _env_entry_values(text: str) -> list[tuple[int, int]]:
-    spans = []
-    for entry in _ENV_ENTRY.finditer(text):
+    spans, position = [], 0
+    while entry := _ENV_ENTRY.search(text, position):
+        position = entry.end()
         if _credential_name(entry.group("env")) and (
                 span := _value_span(text, entry.end(), entry.group("env"), to_line_end=False, prose=False,
                                     literal=True)):
             spans.append(span)
+            position = span[1]  # the next entry starts past this value: each value read once
     return spans
 
 
 # A .netrc: `machine HOST [login USER] [account A] password PASS` on one line, or `password PASS`
 # as a line of its own under its machine (judged as prose there: "password required" is a sentence).
 _NETRC_ENTRY = re.compile(r"(?m)(?:(?<![^\s])machine[ \t]+\S+|(?<![^\s])default)[ \t]+"
-                          r"(?:(?:login|account)[ \t]+\S+[ \t]+)*password[ \t]+(?=[^\s=:])"
+                          r"(?:(?:login|account)[ \t]+(?!(?:machine|default|login|account|password)(?!\S))\S+[ \t]+)*"
+                          r"password[ \t]+(?=[^\s=:])"
                           r"|^[ \t]*password[ \t]+(?=[^\s=:]\S*[ \t]*\r?$)")
 
 

@@ -593,3 +593,16 @@ def test_a_runs_consumption_is_the_manifests_it_trained_not_every_manifest_with_
     with connect(fresh.warehouse, read_only=True) as con:
         rows = con.execute("SELECT run_id, manifest_digest FROM shard_consumers ORDER BY run_id").fetchall()
     assert ("run-of-a", fresh.verified.digest) in rows
+
+
+def test_an_audit_of_a_warehouse_written_before_consumptions_named_their_manifest(fresh: Prepared) -> None:
+    """An audit opens the warehouse read-only, where nothing adds the new column: it read
+    `c.manifest_digest` and failed (INTERNAL_ERROR) until a data step wrote again."""
+    with connect(fresh.warehouse) as con:
+        con.execute("ALTER TABLE shard_consumers DROP COLUMN manifest_digest")  # as an earlier release wrote it
+    with connect(fresh.warehouse, read_only=True) as con:
+        assert [c["run_id"] for c in lineage.audit_manifest(con, fresh.verified.digest)["consumed_by"]] == ["run-1"]
+        kept = con.execute("SELECT doc_id FROM clean_pieces WHERE manifest_digest = ? LIMIT 1",
+                           [fresh.verified.digest]).fetchone()[0]
+        (entry,) = lineage.audit_document(con, kept)
+        assert [c["run_id"] for c in entry["consumed_by"]] == ["run-1"]

@@ -459,6 +459,7 @@ ASSIGNED = [
     ("Command '['mysqldump', '-uroot', '-pHunter2', 'db']' failed", ["Hunter2"]),
     ("mariadb-dump -h db -ps3cret", ["s3cret"]), ("mysql -pa]b),c db", ["a]b),c"]),  # to the end of its word
     ("sshpass -p hunter2 ssh host", ["hunter2"]), ("sshpass -phunter2 ssh host", ["hunter2"]),
+    ("sshpass -p hunter2 ssh -p 2222 host", ["hunter2"]), ("['sshpass', '-p', 'pw1', 'ssh', '-p', '22']", ["'pw1'"]),
     ("redis-cli -h cache -p 6379 -a 'pw 1' ping", ["'pw 1'"]),  # redis-cli's -p is its port
     ("['redis-cli', '-a', 'hunter2']", ["'hunter2'"]),
     ("env:\n- name: HOME\n  value: /root\n- name: DB_PASSWORD\n  value: hunter2\n", ["hunter2"]),  # Kubernetes
@@ -487,6 +488,7 @@ NOT_ASSIGNED = [
     "['psql', '--no-password', 'db']", "--no-auth server", "mysql --no_password db",  # flags that take no value
     "mysql -u root -p db", "mysql -h db -P3306 -p",  # a spaced or bare -p asks for the password
     "ssh -p2222 host", "scp -P 22 -p a b", "rsync -pa src dst",  # -p of other commands is theirs
+    "sshpass -f ~/.pw ssh -p 2222 user@host", "['sshpass', '-e', 'ssh', '-p', '22']",  # the wrapped command's port
     "- name: DB_PASSWORD\n  valueFrom:\n    secretKeyRef: {name: db}",  # from a secret: no value here
     "- name: HOME\n  value: /root", "name: token\nvalue: 50256", "username: DB_PASSWORD\nvalue: 3",
     "password required", "password reset for bob",  # a sentence, not a .netrc's password line
@@ -550,7 +552,10 @@ def test_a_word_that_only_ends_in_token_names_no_credential(key):
                                   "mysql " * 43_000, "mysql " + "-p " * 87_000, "sshpass " + "-p " * 87_000,
                                   "name: DB_PASSWORD\n" * 14_000, '"name": "PASSWORD", ' * 13_000,
                                   "machine a " * 26_000, "machine a " + "login b " * 32_000,
-                                  "password \n" * 26_000])
+                                  "password \n" * 26_000,
+                                  # Each value read once: an option's or an entry's search goes on past it.
+                                  "name:PASS,value:" * 16_384, "redis-cli " + "-a'" * 87_000,
+                                  "sshpass " + "-p'" * 87_000, "default login " * 18_700 + "pass"])
 def test_assignments_are_read_in_linear_time(text):
     # A manifest may hold 256 KiB in one value. A quadratic reading of these took 64 s for the
     # first; linear, each takes about a second at most on a slow machine. The bound is generous:

@@ -411,3 +411,25 @@ def test_a_decision_run_materialized_again_after_its_judgement_stops_training(in
     assert stale.value.metadata["error_code"].value == "DATA_DECISION_STALE"
     assert dg.materialize([ran, judged], instance=instance, partition_key="abc123def456").success
     _require_latest_decision(dg.build_asset_context(instance=instance, partition_key="abc123def456"))
+
+
+def test_another_manifests_decision_run_leaves_this_manifests_decision_current(instance):
+    """Dagster's input pointer tag names the input asset's latest materialization of any
+    partition: compared with this manifest's, another manifest's decision run made a current
+    verdict stale, and judging it again kept it so."""
+    from ito_assets.defs.training.assets import _require_latest_decision
+
+    @dg.asset(name="decision_run", partitions_def=manifests_partitions)
+    def ran():
+        return 1
+
+    @dg.asset(name="data_decision", partitions_def=manifests_partitions, ins={"decision_run": dg.AssetIn("decision_run")})
+    def judged(decision_run):
+        return decision_run
+
+    instance.add_dynamic_partitions("manifests", ["aaaaaaaaaaaa", "bbbbbbbbbbbb"])
+    assert dg.materialize([ran, judged], instance=instance, partition_key="aaaaaaaaaaaa").success
+    assert dg.materialize([ran], instance=instance, partition_key="bbbbbbbbbbbb").success  # another manifest's
+    assert dg.materialize([ran, judged], instance=instance, partition_key="aaaaaaaaaaaa",
+                          selection=[judged]).success  # judged again, reading its own decision run
+    _require_latest_decision(dg.build_asset_context(instance=instance, partition_key="aaaaaaaaaaaa"))

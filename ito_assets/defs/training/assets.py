@@ -100,15 +100,15 @@ def _require_data(clean_shards, decision) -> None:  # a CleanStage and a trainin
 
 
 def _require_latest_decision(context: dg.AssetExecutionContext) -> None:
-    """DATA_DECISION_STALE where `decision_run` was materialized again after `data_decision` judged
-    it: Dagster records which materialization of each input an asset read, and a verdict judged on
-    an earlier decision run may not be the latest one's (a GO the data no longer give)."""
+    """DATA_DECISION_STALE where the manifest's `decision_run` was materialized after its
+    `data_decision` (event storage ids grow with time): the verdict stored judged an earlier
+    decision run (a GO the data may no longer give). Not Dagster's input pointer tag: it names
+    the input asset's latest materialization of any partition, another manifest's as often."""
     partition = context.partition_key if context.has_partition_key else None
     judged, ran = (_latest_record(context.instance, name, partition) for name in ("data_decision", "decision_run"))
     if judged is None or ran is None:
         return  # nothing recorded to compare: a decision stored outside this instance
-    read = (judged.asset_materialization.tags or {}).get("dagster/input_event_pointer/decision_run")
-    if read is not None and int(read) != ran.storage_id:
+    if ran.storage_id > judged.storage_id:
         raise dg.Failure(description="decision_run was materialized again after data_decision judged it: materialize "
                          "data_decision again for this manifest, so that training follows the latest decision",
                          metadata={"error_code": ErrorCode.DATA_DECISION_STALE.value})
