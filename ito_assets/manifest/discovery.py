@@ -17,10 +17,11 @@ from pathlib import Path
 
 from ito_assets.control import telemetry
 from ito_assets.digests import Digest
-from ito_assets.errors import ItoError
+from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.secure_read import read_manifest_bytes
 from ito_assets.manifest.schema import TRAINING_KIND
 from ito_assets.manifest.secrets import value_secret_kind
+from ito_assets.manifest.strict_json import StrictJsonError, loads_strict
 from ito_assets.manifest.verify import VerifiedManifest, declared_kind, parse_data_manifest, summarize
 
 MANIFEST_SUFFIX = ".json"
@@ -76,6 +77,10 @@ class ManifestVerdict:
     error_code: str | None = None
     error_message: str | None = None
     verified: VerifiedManifest | None = None
+    # Whether the secret scan read the whole document: it runs once the bytes parse as strict
+    # JSON, before the schema, so a manifest the schema refuses was scanned and one cut short
+    # was not (False in a verdict stored before this was recorded).
+    secrets_scanned: bool = False
 
     @property
     def ok(self) -> bool:
@@ -98,8 +103,17 @@ def judge(path: str, key: str, *, max_bytes: int) -> ManifestVerdict:
     try:
         manifest = parse_data_manifest(raw)
     except ItoError as error:
-        return ManifestVerdict(**base, error_code=error.code.value, error_message=error.message)
-    return ManifestVerdict(**base, verified=VerifiedManifest(manifest=manifest, raw=raw))
+        scanned = error.code is ErrorCode.MANIFEST_CONTAINS_SECRET or _strict_json(raw.data)
+        return ManifestVerdict(**base, error_code=error.code.value, error_message=error.message, secrets_scanned=scanned)
+    return ManifestVerdict(**base, verified=VerifiedManifest(manifest=manifest, raw=raw), secrets_scanned=True)
+
+
+def _strict_json(data: bytes) -> bool:
+    try:
+        loads_strict(data)
+    except StrictJsonError:
+        return False
+    return True
 
 
 def locate(folder: Path, key: str, *, max_bytes: int) -> str | None:

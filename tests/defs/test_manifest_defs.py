@@ -181,3 +181,14 @@ def test_the_manifest_and_suite_files_are_named_in_metadata_unless_the_name_is_a
         assert manifest["file_name"].value == "(a name that looks like a credential, withheld)"
     else:
         assert manifest["manifest_path"].value == path and manifest["file_name"].value == "ops-notes.json"
+
+
+def test_a_manifest_the_schema_refuses_was_scanned_and_holds_no_secret(installation, instance):
+    """The scan runs once the bytes parse as strict JSON, before the schema: such a manifest was
+    read whole, and the secret check says so while `manifest_verified` says why it failed."""
+    path = installation.manifest("unknown-key", not_a_field=1)
+    result = _run_with_downstream(installation, instance, _key(path))
+    checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    assert checks["manifest_verified"].passed is False
+    assert checks["manifest_verified"].metadata["error_code"].value == "MANIFEST_INVALID"
+    assert checks["manifest_has_no_secrets"].passed is True
