@@ -388,48 +388,45 @@ def test_the_posttraining_resource_refuses_a_thread_count_torch_would(value, acc
             PostTrainingResource(num_threads=value)
 
 
-def test_a_decision_run_materialized_again_after_its_judgement_stops_training(instance):
-    """`data_decision` records the `decision_run` it read; one materialized again since (another
-    verdict, perhaps) leaves the stored GO stale: training refuses it with DATA_DECISION_STALE."""
+@dg.asset(name="decision_run", partitions_def=manifests_partitions)
+def _decision_ran():
+    return 1
+
+
+@dg.asset(name="data_decision", partitions_def=manifests_partitions, ins={"decision_run": dg.AssetIn("decision_run")})
+def _decision_judged(decision_run):
+    return decision_run
+
+
+def _judgement_current(instance, partition: str) -> None:
     from ito_assets.defs.training.assets import _require_latest_decision
 
-    @dg.asset(name="decision_run", partitions_def=manifests_partitions)
-    def ran():
-        return 1
+    _require_latest_decision(dg.build_asset_context(instance=instance, partition_key=partition))
 
-    @dg.asset(name="data_decision", partitions_def=manifests_partitions, ins={"decision_run": dg.AssetIn("decision_run")})
-    def judged(decision_run):
-        return decision_run
 
+def test_a_decision_run_materialized_again_after_its_judgement_stops_training(instance):
+    """A decision run of the manifest materialized after its `data_decision` (another verdict,
+    perhaps) leaves the stored GO stale: training refuses it with DATA_DECISION_STALE."""
+    ran, judged = _decision_ran, _decision_judged
     instance.add_dynamic_partitions("manifests", ["abc123def456"])
     assert dg.materialize([ran, judged], instance=instance, partition_key="abc123def456").success
-    context = dg.build_asset_context(instance=instance, partition_key="abc123def456")
-    _require_latest_decision(context)  # judged the latest: passes
+    _judgement_current(instance, "abc123def456")  # judged the latest: passes
     assert dg.materialize([ran], instance=instance, partition_key="abc123def456").success
     with pytest.raises(dg.Failure) as stale:
-        _require_latest_decision(dg.build_asset_context(instance=instance, partition_key="abc123def456"))
+        _judgement_current(instance, "abc123def456")
     assert stale.value.metadata["error_code"].value == "DATA_DECISION_STALE"
     assert dg.materialize([ran, judged], instance=instance, partition_key="abc123def456").success
-    _require_latest_decision(dg.build_asset_context(instance=instance, partition_key="abc123def456"))
+    _judgement_current(instance, "abc123def456")
 
 
 def test_another_manifests_decision_run_leaves_this_manifests_decision_current(instance):
     """Dagster's input pointer tag names the input asset's latest materialization of any
     partition: compared with this manifest's, another manifest's decision run made a current
     verdict stale, and judging it again kept it so."""
-    from ito_assets.defs.training.assets import _require_latest_decision
-
-    @dg.asset(name="decision_run", partitions_def=manifests_partitions)
-    def ran():
-        return 1
-
-    @dg.asset(name="data_decision", partitions_def=manifests_partitions, ins={"decision_run": dg.AssetIn("decision_run")})
-    def judged(decision_run):
-        return decision_run
-
+    ran, judged = _decision_ran, _decision_judged
     instance.add_dynamic_partitions("manifests", ["aaaaaaaaaaaa", "bbbbbbbbbbbb"])
     assert dg.materialize([ran, judged], instance=instance, partition_key="aaaaaaaaaaaa").success
     assert dg.materialize([ran], instance=instance, partition_key="bbbbbbbbbbbb").success  # another manifest's
     assert dg.materialize([ran, judged], instance=instance, partition_key="aaaaaaaaaaaa",
                           selection=[judged]).success  # judged again, reading its own decision run
-    _require_latest_decision(dg.build_asset_context(instance=instance, partition_key="aaaaaaaaaaaa"))
+    _judgement_current(instance, "aaaaaaaaaaaa")
