@@ -5,6 +5,9 @@ the whole operation: all attempts, the backoff pauses between them and the looku
 idempotency key share it, and each request's socket timeouts are cut to the time it leaves.
 Failures are told apart by what may have reached the server:
   - NotDelivered: no connection, nothing sent -> retrying is always safe (API_UNREACHABLE).
+    So are the server's own refusals made before any route read the request: a 408 (not read
+    whole in time) and a 503 SERVER_BUSY (past its concurrency limit; SERVER_BUSY when every
+    attempt met it).
   - NoAnswer: the request may have arrived, no complete answer came back -> ambiguous. A
     mutation with an idempotency key first asks the server what happened under that key and
     only retries when nothing did; when that lookup fails too the answer is OUTCOME_UNKNOWN.
