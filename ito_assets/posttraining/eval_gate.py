@@ -7,13 +7,17 @@ Two rules:
   stage whose objective is this reward) are held to it.
 - no_regression: the held-out reward must not drop beyond noise: delta + z x SE >= 0. DPO, which
   optimises preferences rather than the reward, is held to this.
-SE is the standard error of the per-prompt differences. A failed gate stops the chain: the next
-stage refuses to start (EVAL_GATE_FAILED), whatever retries or flags are used.
+SE is the standard error of the mean per-prompt difference: the spread of the differences over
+prompts, but never less than what sampling alone gives (each prompt's score is a mean of its draws;
+two prompts that each happen to gain one draw in eight differ by nothing, and their spread says 0).
+A failed gate stops the chain: the next stage refuses to start (EVAL_GATE_FAILED), whatever retries
+or flags are used.
 """
 
 from __future__ import annotations
 
 import enum
+import math
 import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -82,7 +86,8 @@ def judge_rewards(stage: str, before: RewardEval, after: RewardEval, spec: GateS
     if before.num_tasks != after.num_tasks or before.num_tasks < 2:
         raise ValueError("before and after must cover the same held-out prompts (at least 2)")
     diffs = [a - b for a, b in zip(after.per_task, before.per_task)]
-    delta, se = statistics.fmean(diffs), statistics.stdev(diffs) / len(diffs) ** 0.5
+    spread = statistics.stdev(diffs) / len(diffs) ** 0.5
+    delta, se = statistics.fmean(diffs), max(spread, _sampling_error(before, after))
     if spec.rule is GateRule.IMPROVEMENT:
         passed = delta - spec.z * se >= spec.min_gain and delta > 0
         reason = f"held-out reward rose by {delta:+.4f} (SE {se:.4f}); needed > {spec.min_gain} beyond {spec.z} SE"
@@ -93,6 +98,14 @@ def judge_rewards(stage: str, before: RewardEval, after: RewardEval, spec: GateS
         stage=stage, rule=spec.rule.value, passed=passed, reward_before=before.mean_reward,
         reward_after=after.mean_reward, delta=delta, standard_error=se, min_gain=spec.min_gain, reason=reason,
     )
+
+
+def _sampling_error(before: RewardEval, after: RewardEval) -> float:
+    """The standard error of the mean difference from sampling alone: each prompt's score is the
+    mean of its draws (variance s^2 / draws), the two evaluations' draws are independent."""
+    variances = [b / before.num_samples + a / after.num_samples
+                 for b, a in zip(before.per_task_variance, after.per_task_variance, strict=True)]
+    return math.sqrt(math.fsum(variances)) / len(variances)
 
 
 def require_passed(verdict: RewardGateVerdict) -> None:

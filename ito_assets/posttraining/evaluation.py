@@ -21,6 +21,9 @@ from ito_assets.posttraining.vocab import TextCodec
 class RewardEval:
     mean_reward: float  # mean verifiable score over prompts x samples at temperature 1
     per_task: tuple[float, ...]  # mean score of each prompt, in task order (paired comparisons)
+    # The sample variance of each prompt's scores over its num_samples draws: the gate's floor on
+    # noise, where a few prompts happen to move alike.
+    per_task_variance: tuple[float, ...]
     greedy_accuracy: float  # share of prompts answered right by greedy decoding
     num_tasks: int
     num_samples: int
@@ -47,11 +50,13 @@ def evaluate_reward(
     """Seeded: the same policy and tasks give the same figures."""
     if not tasks:
         raise ValueError("tasks must not be empty")
+    if num_samples < 2:
+        raise ValueError("num_samples must be at least 2: the gate needs each prompt's sampling spread")
     was_training = getattr(policy, "training", False)
     policy.eval()
     generator = torch.Generator().manual_seed(seed)
     prompts = [encode_prompt(codec, task.prompt) for task in tasks]
-    per_task, greedy = [0.0] * len(tasks), [0.0] * len(tasks)
+    per_task, variance, greedy = [0.0] * len(tasks), [0.0] * len(tasks), [0.0] * len(tasks)
     for indices in _same_length_batches(prompts):
         batch = [prompts[i] for i in indices]
         sampled = sample_prompts(policy, batch, num_samples=num_samples, max_new_tokens=max_new_tokens,
@@ -59,11 +64,13 @@ def evaluate_reward(
         best = sample_prompts(policy, batch, num_samples=1, max_new_tokens=max_new_tokens, eos_id=codec.eos_id,
                               temperature=0)
         for i, completions, (top,) in zip(indices, sampled, best):
-            per_task[i] = statistics.fmean(score(tasks[i], c.text(codec)) for c in completions)
+            scores = [score(tasks[i], c.text(codec)) for c in completions]
+            per_task[i], variance[i] = statistics.fmean(scores), statistics.variance(scores)
             greedy[i] = score(tasks[i], top.text(codec))
     policy.train(was_training)
     return RewardEval(
-        mean_reward=statistics.fmean(per_task), per_task=tuple(per_task), greedy_accuracy=statistics.fmean(greedy),
+        mean_reward=statistics.fmean(per_task), per_task=tuple(per_task), per_task_variance=tuple(variance),
+        greedy_accuracy=statistics.fmean(greedy),
         num_tasks=len(tasks), num_samples=num_samples,
     )
 

@@ -254,7 +254,8 @@ def test_chain_materializes_with_metrics(installation, instance, base):
 
 def test_the_evaluation_warning_flags_only_an_underpriced_stage_of_its_own_kind():
     figures = {"planned_s": 2.0, "measured_cpu_s": 2.6, "measured_wall_s": 3.1, "ratio": 1.3, "underpriced": True}
-    reward = RewardEval(mean_reward=0.5, per_task=(0.5, 0.5), greedy_accuracy=0.5, num_tasks=2, num_samples=8)
+    reward = RewardEval(mean_reward=0.5, per_task=(0.5, 0.5), per_task_variance=(0.3, 0.3), greedy_accuracy=0.5,
+                        num_tasks=2, num_samples=8)
 
     def outcome(metrics: dict) -> StageOutcome:
         return StageOutcome(stage="dpo", policy=seeded(), eval_before=reward, eval_after=reward, metrics=metrics,
@@ -274,7 +275,8 @@ def test_the_evaluation_warning_flags_only_an_underpriced_stage_of_its_own_kind(
 
 def test_the_generation_warning_flags_only_an_overdrawn_rlvr_stage():
     figures = {"planned_groups": 320, "drawn_groups": 321, "ratio": 1.0031, "overdrawn": True}
-    reward = RewardEval(mean_reward=0.5, per_task=(0.5, 0.5), greedy_accuracy=0.5, num_tasks=2, num_samples=8)
+    reward = RewardEval(mean_reward=0.5, per_task=(0.5, 0.5), per_task_variance=(0.3, 0.3), greedy_accuracy=0.5,
+                        num_tasks=2, num_samples=8)
 
     def outcome(stage: str, metrics: dict) -> StageOutcome:
         return StageOutcome(stage=stage, policy=seeded(), eval_before=reward, eval_after=reward, metrics=metrics,

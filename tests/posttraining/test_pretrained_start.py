@@ -237,8 +237,10 @@ def _outcome(tmp_path: Path) -> StageOutcome:
     from ito_assets.posttraining.evaluation import RewardEval
     from ito_assets.posttraining.eval_gate import BATTERY, judge_rewards
 
-    before = RewardEval(mean_reward=0.25, per_task=(0.25, 0.25, 0.25), greedy_accuracy=0.3, num_tasks=3, num_samples=8)
-    after = RewardEval(mean_reward=0.5, per_task=(0.5, 0.375, 0.625), greedy_accuracy=0.6, num_tasks=3, num_samples=8)
+    before = RewardEval(mean_reward=0.25, per_task=(0.25, 0.25, 0.25), per_task_variance=(0.05, 0.05, 0.05),
+                        greedy_accuracy=0.3, num_tasks=3, num_samples=8)
+    after = RewardEval(mean_reward=0.5, per_task=(0.5, 0.375, 0.625), per_task_variance=(0.05, 0.05, 0.05),
+                       greedy_accuracy=0.6, num_tasks=3, num_samples=8)
     policy = seeded().factory()()
     metrics = {"reward_curve": [i / 250 for i in range(250)], "kl_curve": [0.01] * 250, "kl_to_reference": 0.02,
                "train_seconds": 3.5, "num_dropped_all_equal": 4, "num_weight_syncs": 251,

@@ -134,9 +134,11 @@ def test_checkpoint_swapped_after_its_digest_check_is_never_loaded(tmp_path, mon
     assert all(torch.equal(a, b) for a, b in zip(policy.state_dict().values(), loaded.state_dict().values()))
     assert not all(torch.equal(a, b) for a, b in zip(swapped.state_dict().values(), loaded.state_dict().values()))
 
-def _eval(per_task: list[float]) -> RewardEval:
-    return RewardEval(mean_reward=sum(per_task) / len(per_task), per_task=tuple(per_task), greedy_accuracy=0.0,
-                      num_tasks=len(per_task), num_samples=8)
+def _eval(per_task: list[float], variance: float = 0.0) -> RewardEval:
+    """`variance`: each prompt's variance over its 8 draws (0: every draw scored alike)."""
+    return RewardEval(mean_reward=sum(per_task) / len(per_task), per_task=tuple(per_task),
+                      per_task_variance=(variance,) * len(per_task), greedy_accuracy=0.0, num_tasks=len(per_task),
+                      num_samples=8)
 
 
 def test_gate_rules():
@@ -155,6 +157,30 @@ def test_gate_rules():
     with pytest.raises(ItoError) as caught:
         require_passed(verdict)
     assert caught.value.code is ErrorCode.EVAL_GATE_FAILED
+
+
+def test_the_gate_counts_sampling_noise_where_prompts_move_alike():
+    # Two prompts, each one right draw in eight after none before: the differences agree (spread 0),
+    # but one lucky draw each is what sampling gives. Draws 1,0,...,0 have variance 1/8.
+    before, after = _eval([0.0, 0.0]), _eval([0.125, 0.125], variance=0.125)
+    verdict = judge_rewards("sft", before, after, BATTERY["sft"])
+    assert verdict.standard_error == pytest.approx((2 * 0.125 / 8) ** 0.5 / 2)  # 0.0884
+    assert not verdict.passed and "SE 0.0884" in verdict.reason
+    # The same rise on 16 prompts clears the noise (SE 0.0313: 0.125 - 1.96 x 0.0313 = 0.064).
+    assert judge_rewards("sft", _eval([0.0] * 16), _eval([0.125] * 16, variance=0.125), BATTERY["sft"]).passed
+    # DPO: a drop every prompt shares is a drop only beyond the draws' noise.
+    assert judge_rewards("dpo", _eval([0.5, 0.5], variance=2 / 7), _eval([0.375, 0.375], variance=0.27),
+                         BATTERY["dpo"]).passed
+    assert not judge_rewards("dpo", _eval([0.5] * 32, variance=2 / 7), _eval([0.375] * 32, variance=0.27),
+                             BATTERY["dpo"]).passed
+
+
+def test_the_gate_takes_the_larger_of_the_spread_and_the_sampling_noise():
+    before = _eval([0.5, 0.5, 0.5, 0.5], variance=0.01)
+    spread = _eval([0.25, 0.75, 0.5, 0.375], variance=0.01)  # the spread's SE .1067 > sampling's .025
+    assert judge_rewards("dpo", before, spread, BATTERY["dpo"]).standard_error == pytest.approx(0.1067, abs=1e-4)
+    alike = _eval([0.375] * 4, variance=0.01)  # no spread: sampling's sqrt(4 x .02 / 8) / 4 = .025
+    assert judge_rewards("dpo", before, alike, BATTERY["dpo"]).standard_error == pytest.approx(0.025)
 
 
 def test_kl_estimator_by_hand():
