@@ -60,6 +60,34 @@ def _marker(directory: Path, step: int) -> Path:
     return markers.checkpoint_dir(directory, step) / MARKER_NAME
 
 
+# --- a whole checkpoint that lacks what the state asks for -------------------------------------------
+
+
+def test_a_checkpoint_without_a_key_the_state_needs_is_skipped_for_the_older_one(tmp_path):
+    _save(tmp_path, [5])
+    saver = _saver(tmp_path)
+    saver.save(10, {"other": {"w": torch.full((8, 8), 10.0)}})  # whole, digests right, no "model"
+    saver.close()
+    state = _state(0)
+    # DCP raises CheckpointException, a BaseException: it escaped the skip and ended the resume.
+    point = resume.load_latest(tmp_path, state, rank=0, group=None, owner=OURS)
+    assert (point.step, float(state["model"]["w"][0, 0])) == (5, 5.0)
+    assert [(s.step, s.reason) for s in point.skipped] == [(10, "DCP failed to load it")]
+
+
+def test_an_optional_part_loads_what_the_checkpoint_holds_and_drops_the_rest(tmp_path):
+    saver = _saver(tmp_path)
+    saver.save(5, {**_state(5), "rng": {"rank0.seed": torch.tensor([7])}})
+    saver.close()
+    state = {**_state(0), "rng": {"rank0.seed": torch.tensor([0]), "rank1.seed": torch.tensor([0])}}
+    point = resume.load_latest(tmp_path, state, rank=0, group=None, owner=OURS, optional=("rng",))
+    assert point.step == 5 and float(state["model"]["w"][0, 0]) == 5.0
+    assert state["rng"] == {"rank0.seed": torch.tensor([7])}
+    # Not optional, the same gap is a checkpoint that cannot be loaded.
+    state = {**_state(0), "rng": {"rank0.seed": torch.tensor([0]), "rank1.seed": torch.tensor([0])}}
+    assert resume.load_latest(tmp_path, state, rank=0, group=None, owner=OURS).step is None
+
+
 # --- a marker that is valid JSON but no marker ------------------------------------------------------
 
 

@@ -44,7 +44,7 @@ def test_a_checkpoint_holds_the_tied_weight_once_and_restores_it_tied(tmp_path):
     fresh, fresh_optimizer = _trained(1)  # other weights, to be overwritten
     template = train_state.template(fresh, fresh_optimizer, rank=0)
     dcp.load(template, checkpoint_id=str(tmp_path), no_dist=True)
-    assert train_state.apply(fresh, fresh_optimizer, template, rank=0) == (1, 3)
+    assert train_state.apply(fresh, fresh_optimizer, template, rank=0) == (1, 3, True)
     assert fresh.head.weight is fresh.embedding.weight  # still one tensor
     for (name, a), (_, b) in zip(model.state_dict().items(), fresh.state_dict().items()):
         assert torch.equal(a, b), name

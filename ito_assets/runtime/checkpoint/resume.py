@@ -1,7 +1,7 @@
 """Resume from the newest whole checkpoint of a stage, skipping partial and corrupt ones.
 
 Candidates are tried newest first. A folder is skipped when its marker is missing, a digest does
-not match, or DCP fails to load it; the ranks agree on every decision, so that two ranks never
+not match, or DCP fails to load it (a key the state asks for that it lacks, a corrupt shard); the ranks agree on every decision, so that two ranks never
 resume from different steps. Rank 0 reads the marker and checks the listing, and broadcasts both;
 then every rank hashes its own share of the files (`markers.shares`, balanced by bytes) on a few
 threads, and an all_reduce(MIN) of the first bad file's index gives every rank the same verdict,
@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
 from ito_assets.runtime.checkpoint import markers
 
@@ -42,7 +43,8 @@ def _agree(value: Any, group: dist.ProcessGroup | None) -> Any:
     return box[0]
 
 
-def _all_ok(ok: bool, group: dist.ProcessGroup | None) -> bool:
+def all_ok(ok: bool, group: dist.ProcessGroup | None) -> bool:
+    """True on every rank when `ok` is true on all of them: a collective, every rank calls it."""
     if not dist.is_initialized():
         return ok
     flag = torch.tensor([0 if ok else 1])
@@ -50,13 +52,15 @@ def _all_ok(ok: bool, group: dist.ProcessGroup | None) -> bool:
     return int(flag) == 0
 
 
-def load_latest(stage_dir: Path, state: dict[str, Any], *, rank: int,
-                group: dist.ProcessGroup | None, owner: dict | None = None) -> ResumePoint:
-    """Load the newest whole checkpoint of the stage (`owner`'s, when given) into `state` in place."""
+def load_latest(stage_dir: Path, state: dict[str, Any], *, rank: int, group: dist.ProcessGroup | None,
+                owner: dict | None = None, optional: tuple[str, ...] = ()) -> ResumePoint:
+    """Load the newest whole checkpoint of the stage (`owner`'s, when given) into `state` in place.
+    Entries of `state`'s `optional` parts that a checkpoint lacks are dropped from `state`, not
+    refused: per-rank generator states, which a checkpoint written by fewer ranks does not hold."""
     skipped: list[Skipped] = []
     paths = _agree([str(p) for p in markers.candidates(stage_dir)] if rank == 0 else None, group)
     for path in map(Path, paths):
-        reason = load_checkpoint(path, state, rank=rank, group=group, owner=owner)
+        reason = load_checkpoint(path, state, rank=rank, group=group, owner=owner, optional=optional)
         if reason is None:
             return ResumePoint(step=markers.step_of(path), path=str(path), skipped=tuple(skipped))
         skipped.append(Skipped(step=markers.step_of(path), reason=reason))
@@ -64,10 +68,10 @@ def load_latest(stage_dir: Path, state: dict[str, Any], *, rank: int,
 
 
 def load_checkpoint(path: Path, state: dict[str, Any], *, rank: int, group: dist.ProcessGroup | None,
-                    owner: dict | None = None) -> str | None:
+                    owner: dict | None = None, optional: tuple[str, ...] = ()) -> str | None:
     """Verify (every rank its share, agreed by all) and load one checkpoint; None on success, else why not."""
     reason = verify(path, rank=rank, group=group, owner=owner)
-    return reason if reason is not None else _try_load(path, state, group)
+    return reason if reason is not None else _try_load(path, state, group, optional)
 
 
 def verify(path: Path, *, rank: int, group: dist.ProcessGroup | None, owner: dict | None = None) -> str | None:
@@ -84,10 +88,25 @@ def verify(path: Path, *, rank: int, group: dist.ProcessGroup | None, owner: dic
     return None if int(flag) == len(marker.files) else markers.mismatch_reason(marker, int(flag))
 
 
-def _try_load(path: Path, state: dict[str, Any], group: dist.ProcessGroup | None) -> str | None:
+def _try_load(path: Path, state: dict[str, Any], group: dist.ProcessGroup | None,
+              optional: tuple[str, ...]) -> str | None:
+    # DCP raises CheckpointException, a BaseException, for a key the checkpoint lacks.
     try:
-        dcp.load(state, checkpoint_id=str(path), process_group=group)
+        loading = _held_parts(path, state, optional)
+        dcp.load(loading, checkpoint_id=str(path), process_group=group)
         ok = True
-    except Exception:  # a corrupt shard surfaces as any of several DCP / pickle / IO errors
+    except (Exception, CheckpointException):  # a corrupt shard surfaces as any of several DCP / pickle / IO errors
         ok = False
-    return None if _all_ok(ok, group) else "DCP failed to load it"
+    if not all_ok(ok, group):
+        return "DCP failed to load it"
+    state.update(loading)
+    return None
+
+
+def _held_parts(path: Path, state: dict[str, Any], optional: tuple[str, ...]) -> dict[str, Any]:
+    """`state` with its `optional` parts cut to the entries the checkpoint holds (the same tensors)."""
+    if not optional:
+        return state
+    saved = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    return {part: ({key: value for key, value in entries.items() if f"{part}.{key}" in saved}
+                   if part in optional else entries) for part, entries in state.items()}

@@ -296,12 +296,16 @@ class StageWorker:
         # A replica group > 0 takes group 0's newest checkpoint: from its own first weights it
         # could reach group 0's step before group 0 rejoins, and torchft heals only a group behind.
         point = resume.load_latest(Path(self.config.resume_dir or self.stage_dir), state, rank=self.rank,
-                                   group=self.group.checkpoint_group, owner=self.owner())
+                                   group=self.group.checkpoint_group, owner=self.owner(),
+                                   optional=train_state.OPTIONAL_PARTS)
         for skipped in point.skipped:
             self.log(f"skipped checkpoint step {skipped.step}: {skipped.reason}")
         step, position = 0, 0
         if point.step is not None:
-            step, position = train_state.apply(self.model, self.optimizer, state, rank=self.rank)
+            step, position, generators = train_state.apply(self.model, self.optimizer, state, rank=self.rank)
+            if not resume.all_ok(generators, self.group.checkpoint_group):  # a collective: every rank asks
+                self.log("some ranks' random generators are not in the checkpoint (fewer ranks wrote it): "
+                         "theirs go on from this attempt's start")
             marker = markers.read_marker(Path(point.path))
             if marker is not None and marker.spike_history:  # absent in checkpoints from before it was kept
                 self.spikes.restore(marker.spike_history)

@@ -32,8 +32,17 @@ def capture(rank: int) -> dict[str, torch.Tensor]:
     return {f"rank{rank}.{key}": value for key, value in state.items()}
 
 
-def restore(rank: int, state: dict[str, torch.Tensor]) -> None:
+# What every rank's capture holds; torch_cuda only where CUDA was.
+_CPU_KEYS = ("torch_cpu", "numpy_keys", "numpy_scalars", "numpy_cached_gaussian", "python_words", "python_meta",
+             "python_gauss")
+
+
+def restore(rank: int, state: dict[str, torch.Tensor]) -> bool:
+    """Set this rank's generators from `state`; False, and left as they are, when `state` holds no
+    whole capture of this rank (a checkpoint written by fewer ranks)."""
     mine = {key.split(".", 1)[1]: value for key, value in state.items() if key.startswith(f"rank{rank}.")}
+    if not all(key in mine for key in _CPU_KEYS):
+        return False
     torch.set_rng_state(mine["torch_cpu"])
     if "torch_cuda" in mine and torch.cuda.is_available():
         torch.cuda.set_rng_state(mine["torch_cuda"])
@@ -43,3 +52,4 @@ def restore(rank: int, state: dict[str, torch.Tensor]) -> None:
     version, has_python_gauss = (int(v) for v in mine["python_meta"])
     gauss = float(mine["python_gauss"][0]) if has_python_gauss else None
     random.setstate((version, tuple(int(w) for w in mine["python_words"]), gauss))
+    return True

@@ -109,13 +109,20 @@ def template(model: nn.Module, optimizer: torch.optim.Optimizer, *, rank: int, w
     return {"model": state["model"], "optim": state["optim"]} if weights_only else state
 
 
-def apply(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any], *, rank: int) -> tuple[int, int]:
-    """Load `state` into model, optimizer and generators; returns (step, position)."""
+def apply(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any], *,
+          rank: int) -> tuple[int, int, bool]:
+    """Load `state` into model, optimizer and generators; returns (step, position, whether this
+    rank's generators were in it: not where fewer ranks wrote the checkpoint)."""
     set_state_dict(model, optimizer, model_state_dict=_tied(model, state["model"]), optim_state_dict=state["optim"])
     if "train" not in state:
-        return 0, 0
-    rng.restore(rank, state["rng"])
-    return int(state["train"]["step"]), int(state["train"]["position"])
+        return 0, 0, False
+    restored = rng.restore(rank, state["rng"])
+    return int(state["train"]["step"]), int(state["train"]["position"]), restored
+
+
+# Parts of the state a checkpoint may lack: a checkpoint written by fewer ranks holds fewer
+# generator states, and one written without CUDA none of CUDA's.
+OPTIONAL_PARTS = ("rng",)
 
 
 def full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
