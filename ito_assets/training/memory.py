@@ -3,7 +3,9 @@
 - Model states: 16 bytes per parameter for mixed-precision Adam (ZeRO, Rajbhandari et al. 2020,
   section 3.1: fp32 master weights 4 + Adam moments 8, with 2 + 2 for the half-precision copy and
   gradient; FSDP2 keeps fp32 sharded parameters and fp32 gradients instead: 4 + 4 + 8 = 16),
-  sharded over dp_shard x cp, split by tp, one pipeline stage's share.
+  sharded over dp_shard x cp, one pipeline stage's share; the blocks' linear weights split by tp,
+  the norms, the embedding and the head not (the runtime keeps them whole on every tensor-parallel
+  rank).
 - Parameters in flight: FSDP all-gathers one layer ahead, so two layers are unsharded at a time,
   each as a bf16 parameter (2 bytes) and an fp32 gradient before its reduce-scatter (4 bytes).
   Together with the states this is the "16-18 bytes per parameter" of the issue.
@@ -16,7 +18,8 @@
   one layer recomputed. With 1F1B pipelining the first stage holds p micro-batches of L/p layers:
   L layers' worth in all (Korthikanti et al. 2022, section 4.2.3).
 - Logits: s b V elements at 10 bytes (bf16 output 2, fp32 upcast 4, fp32 log-softmax kept for the
-  backward 4) on the last stage, split by tp (loss parallel) and cp.
+  backward 4) on the last stage, split by cp; every tensor-parallel rank computes all of them (the
+  last block gives the whole sequence back to the whole head: no loss parallelism).
 - Reserve: 2 GiB for the CUDA context, NCCL buffers and the allocator's slack, and 5% of the
   device for fragmentation: our margin, to be checked by benchmarks/gpu_proxy150m.py.
 """
@@ -87,7 +90,10 @@ def activation_bytes(config: ModelConfig, layout: Layout, sequence_length: int) 
 
 def estimate_memory(config: ModelConfig, layout: Layout, sequence_length: int, gpu: GpuSpec) -> MemoryEstimate:
     stage = stage_parameter_count(config, layout.pp)
-    states = BYTES_PER_PARAMETER_STATES * stage // (layout.tp * layout.shard_group)
+    # The blocks' linear weights are split over tp; their norm gains (sequence parallel), the
+    # embedding, the head and the final norm are whole on every tensor-parallel rank.
+    split = -(-config.num_layers // layout.pp) * (layer_parameter_count(config) - 2 * config.d_model)
+    states = BYTES_PER_PARAMETER_STATES * (split // layout.tp + stage - split) // layout.shard_group
     in_flight = 0
     if layout.shard_group > 1:
         in_flight = LAYERS_IN_FLIGHT * BYTES_PER_PARAMETER_IN_FLIGHT * layer_parameter_count(config) // layout.tp
@@ -96,7 +102,7 @@ def estimate_memory(config: ModelConfig, layout: Layout, sequence_length: int, g
         model_states=states,
         parameters_in_flight=in_flight,
         activations=activation_bytes(config, layout, sequence_length),
-        logits=BYTES_PER_LOGIT * tokens * config.vocab_size // layout.tp,
+        logits=BYTES_PER_LOGIT * tokens * config.vocab_size,
         reserve=FIXED_RESERVE_BYTES + int(FRAGMENTATION_FRACTION * gpu.memory_bytes),
         capacity=gpu.memory_bytes,
     )

@@ -117,10 +117,10 @@ def _structural(request: PlanRequest, layout: Layout) -> list[Refusal]:
         found.append(Refusal(reason=R.DEGREES_NOT_WORLD_SIZE, detail=f"degrees multiply to {layout.world_size}, the booking has {hw.world_size} GPUs"))
     if request.global_batch_sequences % (layout.dp * layout.micro_batch_size):
         found.append(Refusal(reason=R.BATCH_INDIVISIBLE, detail="the global batch is not a multiple of dp x micro_batch_size"))
-    if (cfg.num_heads % layout.tp or cfg.kv_heads % layout.tp or cfg.d_ff % layout.tp or cfg.vocab_size % layout.tp
+    if (cfg.num_heads % layout.tp or cfg.kv_heads % layout.tp or cfg.d_ff % layout.tp
             or request.sequence_length % layout.tp):
         found.append(Refusal(reason=R.TENSOR_PARALLEL_INDIVISIBLE,
-                             detail="tp must divide heads, KV heads, d_ff, the vocabulary and the sequence (sequence parallelism)"))
+                             detail="tp must divide heads, KV heads, d_ff and the sequence (sequence parallelism)"))
     if cfg.num_layers % layout.pp:
         found.append(Refusal(reason=R.PIPELINE_STAGES_INDIVISIBLE, detail="pp must divide the number of layers"))
     if request.sequence_length % (2 * layout.cp) and layout.cp > 1:

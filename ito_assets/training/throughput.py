@@ -64,13 +64,15 @@ def fp8_flop_fraction(config: ModelConfig, tp: int = 1) -> float:
     shapes = [(d // tp, d), (kv // tp, d), (kv // tp, d), (d, d // tp), (f // tp, d), (d, f // tp)]
     if config.mlp == "swiglu":
         shapes.append((f // tp, d))
-    total = sum(o * i for o, i in shapes) * config.num_layers + config.vocab_size * d // tp
+    total = sum(o * i for o, i in shapes) * config.num_layers + config.vocab_size * d  # the head is whole on every rank
     converted = sum(o * i for o, i in shapes if fp8_eligible(o, i)) * config.num_layers
     return converted / total
 
 
 def _compute_seconds(config: ModelConfig, layout: Layout, sequence_length: int, tokens: int, gpu: GpuSpec) -> float:
     per_gpu = flops_per_token(config, sequence_length) * tokens / layout.world_size
+    # Every tensor-parallel rank runs the whole output head on the whole sequence: tp - 1 copies more.
+    per_gpu += 6 * config.vocab_size * config.d_model * (layout.tp - 1) * tokens / layout.world_size
     if layout.checkpointing is Checkpointing.FULL:
         # One more forward of the layers: 2 N_layers + 4 L D T more per token (Korthikanti et al.).
         layers = matmul_parameter_count(config) - config.vocab_size * config.d_model

@@ -17,6 +17,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from ito_assets.training.hardware import gpu_spec, network_spec
 from ito_assets.training.layout import Layout
+from ito_assets.training.memory import BYTES_PER_LOGIT, BYTES_PER_PARAMETER_STATES, estimate_memory
 from ito_assets.training.mesh import build_device_mesh, keep_stage, mesh_dims, parallelize, stage_layer_range
 from ito_assets.training.model import build_model, config_by_name
 from ito_assets.training.planner import Hardware, PlanRequest, default_global_batch_sequences, plan
@@ -88,6 +89,23 @@ def test_fsdp_shards_hold_one_shard_group_share(fake_world):
     parallelize(model, build_device_mesh(layout, "cpu"), layout)
     local = sum(p.to_local().numel() for p in model.parameters())
     assert local == pytest.approx(total / 8, rel=0.05)  # the planner's 16 bytes x N / shard group
+
+
+def test_the_planner_prices_what_a_tensor_parallel_rank_holds(fake_world):
+    # The blocks are split over tp; the embedding, the head and the final norm, and so the logits,
+    # are whole on every tensor-parallel rank (the planner divided them by tp, and approved layouts
+    # that ran out of memory). A vocabulary large beside the blocks makes the difference plain.
+    layout = Layout(tp=2, dp_shard=2, compile=False, micro_batch_size=1)
+    fake_world(4, rank=3)
+    config = replace(config_by_name("micro"), num_heads=4, num_kv_heads=4, d_model=32, d_ff=64, num_layers=2,
+                     vocab_size=4096)
+    model = parallelize(build_model(config, seed=0), build_device_mesh(layout, "cpu"), layout)
+    held = sum(p.to_local().numel() for p in model.parameters())
+    priced = estimate_memory(config, layout, 16, gpu_spec("H100-SXM"))
+    assert priced.model_states == BYTES_PER_PARAMETER_STATES * held
+    logits = model(torch.randint(0, config.vocab_size, (1, 16)))
+    assert logits.shape == (1, 16, config.vocab_size)  # all of them, on a tensor-parallel rank
+    assert priced.logits == BYTES_PER_LOGIT * logits.numel()
 
 
 @pytest.mark.parametrize(("layout", "names", "shape"), [

@@ -54,9 +54,9 @@ def _manifest(size: str, stages: list[dict]) -> Manifest:
 
 
 def test_the_runs_time_is_the_correctly_rounded_sum_of_its_stages() -> None:
-    stages = [{"name": "pretraining", "num_tokens": 167_061_755_932, "sequence_length": 256},
-              {"name": "mid_training", "num_tokens": 469_413_688_568, "sequence_length": 2048},
-              {"name": "long_context", "num_tokens": 132_597_524_706, "sequence_length": 256}]
+    stages = [{"name": "pretraining", "num_tokens": 496_949_968_117, "sequence_length": 256},
+              {"name": "mid_training", "num_tokens": 387_887_538_055, "sequence_length": 2048},
+              {"name": "long_context", "num_tokens": 402_777_208_084, "sequence_length": 256}]
     run_plan = plan_run(_manifest("llama3-8b", stages), hardware(), pair_shapes=None)
     walls = [s.plan.wall_seconds for s in run_plan.stages]
     naive = (walls[0] + walls[1]) + walls[2]
