@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import PurePath
 from typing import TYPE_CHECKING, Union
 
+from ito_assets.runtime.stage.config import MAX_SEED
 from ito_assets.posttraining.base import CheckpointRef, PolicySpec
 from ito_assets.training.threads import check_thread_count
 
@@ -35,6 +36,8 @@ class PostTrainingRuntime:
 
     def __post_init__(self) -> None:
         check_thread_count(self.num_threads)
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"seed must lie in [0, {MAX_SEED}]")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -36,6 +36,7 @@ from ito_assets.runtime.record.events import EventKind
 from ito_assets.runtime.supervision.proposals import ProposalState, ProposalStore
 from ito_assets.runtime.supervision.spikes import Spike
 from ito_assets.runtime.supervision.supervisor import (
+    MAX_WAIT_S,
     REPORT_NAME,
     AttemptEnd,
     Outcome,
@@ -905,12 +906,21 @@ def test_max_restarts_zero_is_accepted_and_negative_refused():
 
 
 @pytest.mark.parametrize("field_name", ["hang_timeout_s", "startup_timeout_s", "poll_interval_s", "grace_s"])
-def test_every_bound_must_be_positive_and_finite(field_name):
-    for value in (0.0, -1.0, float("nan"), float("inf")):  # NaN passed `<= 0`; an infinite poll never polls
-        with pytest.raises(ValueError, match=f"^{field_name} must be positive and finite$"):
-            SupervisorConfig(**{field_name: value})
-    assert getattr(SupervisorConfig(**{field_name: 1e-9}), field_name) == 1e-9
-    assert getattr(SupervisorConfig(**{field_name: 1e9}), field_name) == 1e9
+def test_every_bound_must_be_positive_and_at_most_a_day(field_name):
+    # NaN passed `<= 0`; an infinite poll never polls; 1e300 s switched hang detection off.
+    longest = {"hang_timeout_s": MAX_WAIT_S, "startup_timeout_s": MAX_WAIT_S, "poll_interval_s": MAX_WAIT_S}
+    for value in (0.0, -1.0, float("nan"), float("inf"), 1e300, math.nextafter(MAX_WAIT_S, math.inf)):
+        with pytest.raises(ValueError, match=f"^{field_name} must be positive and at most 86400 s \\(a day\\)$"):
+            SupervisorConfig(**{**longest, field_name: value})
+    assert getattr(SupervisorConfig(**{"poll_interval_s": 1e-9, field_name: 1e-9}), field_name) == 1e-9
+    assert getattr(SupervisorConfig(**{**longest, field_name: MAX_WAIT_S}), field_name) == MAX_WAIT_S
+
+
+def test_a_poll_rarer_than_the_hang_or_startup_bound_is_refused():
+    assert SupervisorConfig(hang_timeout_s=10, startup_timeout_s=10, poll_interval_s=10).poll_interval_s == 10
+    for bounds in ({"hang_timeout_s": 10}, {"startup_timeout_s": 10}):
+        with pytest.raises(ValueError, match="^poll_interval_s must not exceed hang_timeout_s nor startup_timeout_s$"):
+            SupervisorConfig(**bounds, poll_interval_s=math.nextafter(10, math.inf))
 
 
 def test_the_defaults_are_the_documented_ones():

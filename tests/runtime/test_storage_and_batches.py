@@ -9,7 +9,7 @@ import torch
 
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.runtime.worker import rng
-from ito_assets.runtime.worker.batches import BatchPlan, ResumableBatches
+from ito_assets.runtime.worker.batches import BatchPlan, ResumableBatches, window_count
 from ito_assets.runtime.record.storage import RunLayout
 
 
@@ -81,3 +81,13 @@ def test_rng_state_round_trips_for_all_three_generators():
     rng.restore(0, saved)
     second = (torch.rand(3), np.random.rand(3), random.random())
     assert torch.equal(first[0], second[0]) and np.array_equal(first[1], second[1]) and first[2] == second[2]
+
+
+def test_a_stream_holds_a_window_per_sequence_length_after_its_first_token():
+    stream = np.arange(1 + 4 * 8)  # 4 windows of 8 + 1 tokens, overlapping by one
+    assert window_count(stream, 8) == 4 and window_count(stream[:-1], 8) == 3
+    plan = BatchPlan(batch_size=4, sequence_length=8, seed=0)
+    assert ResumableBatches(stream, plan).num_windows == 4
+    with pytest.raises(ValueError, match="at least batch_size windows"):
+        ResumableBatches(stream[:-1], plan)
+    assert window_count(np.zeros((5, 2, 8), dtype=np.int64), 8) == 5  # rows: one sequence each

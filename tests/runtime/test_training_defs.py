@@ -280,6 +280,9 @@ def test_a_failed_gate_stops_the_run_and_stays_failed_on_retry(tmp_path, instanc
     ("max_regression_bands", math.nan, False),
     ("hang_timeout_s", math.nan, False), ("poll_interval_s", math.inf, False), ("grace_s", 0.0, False),
     ("max_restarts", -1, False), ("max_restarts", 0, True), ("batch_size", 0, False), ("batch_size", 1, True),
+    ("grace_s", 86_400.0, True), ("grace_s", 86_400.5, False), ("hang_timeout_s", 1e300, False),
+    ("poll_interval_s", 300.0, True), ("poll_interval_s", 300.5, False),  # the hang bound's default: 300 s
+    ("seed", -1, False), ("seed", 0, True), ("seed", 2**63 - 1, True), ("seed", 2**63, False),
 ])
 def test_the_training_runtime_refuses_a_value_its_gates_or_supervisor_would(field, value, accepted):
     if accepted:
@@ -297,6 +300,18 @@ def test_a_bad_gate_band_from_the_launchpad_fails_the_run_before_it_trains_or_is
     assert not result.success
     assert "training_runtime: noise_band must be positive and finite" in str(result.all_events)
     assert not result.get_asset_materialization_events()  # no step ran
+    assert not (Path(ledger_run[0].checkpoint_dir) / "pretraining").exists()
+    assert ledger_runs_module.get(ledger_run[2], ledger_run[0].run_id).started_at is None
+
+
+def test_a_batch_the_stages_tokens_cannot_fill_fails_before_the_run_trains(tmp_path, instance, ledger_run):
+    """Each attempt of the worker found it, and the supervisor restarted the same failure until its
+    budget was spent, with the run already marked training."""
+    result = _materialize(tmp_path, instance, _runtime(), ledger_run,
+                          run_config={"resources": {"training_runtime": {"config": {"batch_size": 10**6}}}})
+    assert not result.success
+    assert "a global batch of 1000000 sequences (the plan's, or batch_size) is more than the pretraining stage's " \
+           "tokens hold" in str(result.all_events)
     assert not (Path(ledger_run[0].checkpoint_dir) / "pretraining").exists()
     assert ledger_runs_module.get(ledger_run[2], ledger_run[0].run_id).started_at is None
 

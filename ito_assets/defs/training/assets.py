@@ -188,7 +188,8 @@ class _StageResources:
 
 def _stage_config(res: _StageResources, manifest: Manifest, stage, plan: PlanOutcome, run_id: str,
                   layout: RunLayout, tokens, previous, nnodes: int, nproc: int, has_cuda: bool):
-    from ito_assets.runtime.worker import execution  # needs torch: imported where a stage runs
+    import numpy as np
+    from ito_assets.runtime.worker import batches, execution  # need torch: imported where a stage runs
 
     suite_path, suite = _eval_suite(res.ito, manifest, layout)
     stage_plan = stages.stage_plan(plan.run_plan, stage.name)
@@ -200,6 +201,11 @@ def _stage_config(res: _StageResources, manifest: Manifest, stage, plan: PlanOut
                                      fp32_reason=res.runtime.fp32_reason(has_cuda=has_cuda,
                                                                          native_cpu_bf16=execution.native_cpu_bf16()),
                                      deterministic=res.runtime.deterministic)
+    # Checked here, not by each attempt of the worker: a batch the tokens cannot fill fails every one.
+    windows = batches.window_count(np.load(tokens.train_path, mmap_mode="r"), stage.sequence_length)
+    if windows < sizing.batch_size:
+        raise ValueError(f"a global batch of {sizing.batch_size} sequences (the plan's, or batch_size) is more than "
+                         f"the {stage.name} stage's tokens hold: {windows} windows of {stage.sequence_length} + 1 tokens")
     return stages.worker_config(
         run_key=run_id, stage=stage, policy=manifest.checkpoint_policy, layout=layout, sizing=sizing,
         tokens_path=Path(tokens.train_path), heldout_path=Path(tokens.heldout_path),

@@ -12,6 +12,7 @@ from pydantic import model_validator
 
 from ito_assets.defs.resources import StrictResource
 from ito_assets.manifest.schema import EvalGate
+from ito_assets.runtime.stage.config import MAX_SEED
 from ito_assets.runtime.stage.eval_gate import MAX_REGRESSION_BANDS, MIN_IMPROVEMENT_BANDS, Direction, GatedMetric, EvalGatePolicy
 from ito_assets.runtime.supervision.supervisor import SupervisorConfig
 
@@ -68,6 +69,8 @@ class TrainingRuntimeResource(StrictResource):
             raise ValueError(f"training_runtime: {error}") from None
         if self.batch_size is not None and self.batch_size < 1:
             raise ValueError("training_runtime: batch_size must be positive (or unset)")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"training_runtime: seed must lie in [0, {MAX_SEED}]")
         return self
 
     def eager_reason(self, *, has_cuda: bool) -> str | None:

@@ -21,6 +21,8 @@ from ito_assets.training.model_config import ModelConfig, config_by_name
 # The heldout evaluation reads at most this many windows: enough for a stable mean on the
 # fixture corpora (64 x 128 tokens), bounded so that an eval never dominates a tiny stage.
 DEFAULT_EVAL_WINDOWS = 64
+# torch's generators take a seed of 64 bits; the signed bound leaves no seed a BIGINT cannot record.
+MAX_SEED = 2**63 - 1
 # The optimizer settings a stage may set over TrainConfig's pretraining recipe (warmup then cosine,
 # AdamW betas (0.9, 0.95), weight decay 0.1, clip 1.0): post-training trains at a constant rate
 # with its own betas and no decay (`ito_assets.posttraining.optim.WORKER_RECIPE`).
@@ -177,6 +179,8 @@ class WorkerConfig:
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
                    for v in self.optimizer.values()):
             raise ValueError("optimizer settings must be finite numbers")  # their ranges: TrainConfig's
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"seed must lie in [0, {MAX_SEED}] (torch's generators take 64 bits)")
         if self.attempt < 0 or self.spike_rewind_steps < 0 or self.collective_timeout_s <= 0:
             raise ValueError("attempt and spike_rewind_steps must be >= 0, collective_timeout_s positive")
         if self.replica_groups < 1 or not 0 <= self.replica_id < self.replica_groups:

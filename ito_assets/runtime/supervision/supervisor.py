@@ -80,6 +80,11 @@ REPORT_NAME = "supervision.json"
 _ATTEMPT_NUMBER = re.compile(r"[0-9]{1,9}")  # the attempt logs' names: attempt-<n>.json
 
 
+# The longest wait any bound may set: a day. Longer is no bound (1e300 s switched hang detection
+# off and a SIGKILL after SIGTERM never came).
+MAX_WAIT_S = 86_400.0
+
+
 @dataclass(frozen=True, kw_only=True)
 class SupervisorConfig:
     nproc_per_node: int = 1
@@ -109,8 +114,11 @@ class SupervisorConfig:
         if self.nproc_per_node < 1 or self.nnodes < 1 or self.max_restarts < 0:
             raise ValueError("nproc_per_node and nnodes must be positive and max_restarts >= 0")
         for name in ("hang_timeout_s", "startup_timeout_s", "poll_interval_s", "grace_s"):
-            if not 0 < getattr(self, name) < math.inf:  # NaN too
-                raise ValueError(f"{name} must be positive and finite")
+            if not 0 < getattr(self, name) <= MAX_WAIT_S:  # NaN too
+                raise ValueError(f"{name} must be positive and at most {MAX_WAIT_S:.0f} s (a day)")
+        # A hang is seen at a poll: a poll rarer than the hang bound would stretch every detection.
+        if self.poll_interval_s > min(self.hang_timeout_s, self.startup_timeout_s):
+            raise ValueError("poll_interval_s must not exceed hang_timeout_s nor startup_timeout_s")
 
     @property
     def world_size(self) -> int:

@@ -30,6 +30,12 @@ import numpy as np
 import torch
 
 
+def window_count(tokens: np.ndarray, sequence_length: int) -> int:
+    """The sequences a shard holds: its rows, or a stream's windows of sequence_length + 1 tokens.
+    A global batch larger than this cannot be drawn."""
+    return len(tokens) if tokens.ndim > 1 else max(0, (len(tokens) - 1) // sequence_length)
+
+
 @dataclass(frozen=True, kw_only=True)
 class BatchPlan:
     batch_size: int  # global batch, in sequences
@@ -88,9 +94,7 @@ class ResumableBatches:
         self.has_rows = tokens.ndim > 1
         if self.has_rows:
             _check_rows(tokens, plan.sequence_length)
-            self.num_windows = len(tokens)
-        else:
-            self.num_windows = max(0, (len(tokens) - 1) // plan.sequence_length)
+        self.num_windows = window_count(tokens, plan.sequence_length)
         if self.num_windows < plan.batch_size:
             raise ValueError("tokens must hold at least batch_size windows of sequence_length + 1 (or rows)")
         self.batches_per_epoch = self.num_windows // plan.batch_size
