@@ -127,3 +127,33 @@ def test_the_worker_stamps_its_run_and_stage_and_resumes_no_other(tmp_path, toke
     assert other.returncode == 0, other.stderr[-3000:]
     resumed = [(e.attempt, e.step) for e in events.read(stage_dir) if e.kind is events.EventKind.RESUME]
     assert resumed == [(0, -1), (1, -1)]  # before the fix: (1, 8), the other run's weights
+
+
+@pytest.mark.slow
+def test_a_checkpoint_written_under_another_data_order_is_not_resumed(tmp_path, tokens):
+    """A data position counts global batches in the seed's order: resumed under another batch size
+    it read 32 windows twice and skipped others (the documented remedy for a host that cannot hold
+    the plan's batch is another `batch_size`). Such a checkpoint is skipped, saying why."""
+    from pathlib import Path
+
+    from ito_assets.runtime.record import events
+    from runtime_helpers import run_worker, worker_config
+
+    config = worker_config(tmp_path, tokens, num_steps=24, batch_size=8, stop_after_step=8, interval_steps=4)
+    first = run_worker(config, nproc=1)
+    assert first.returncode != 0, first.stderr[-3000:]
+    stage_dir = Path(config.stage_dir)
+    written = markers.read_marker(markers.checkpoint_dir(stage_dir, 8)).trained_with["data_order"]
+    assert written == {"batch_size": 8, "sequence_length": config.sequence_length, "seed": config.seed}
+    again = run_worker(worker_config(tmp_path, tokens, num_steps=48, batch_size=4, attempt=1, interval_steps=4),
+                       nproc=1)
+    assert again.returncode == 0, again.stderr[-3000:]
+    resumed = [(e.attempt, e.step) for e in events.read(stage_dir) if e.kind is events.EventKind.RESUME]
+    assert resumed == [(0, -1), (1, -1)]  # before: (1, 8), step 8 of batch 8 read as step 8 of batch 4
+    log = Path(config.metrics_path).read_text()
+    assert "skipped checkpoint step 8: written with another data_order" in log
+    # The same data order resumes.
+    third = run_worker(worker_config(tmp_path, tokens, num_steps=52, batch_size=4, attempt=2, interval_steps=4),
+                       nproc=1)
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert [(e.attempt, e.step) for e in events.read(stage_dir) if e.kind is events.EventKind.RESUME][-1] == (2, 48)

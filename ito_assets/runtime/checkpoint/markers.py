@@ -162,9 +162,18 @@ def _has_link(folder: Path) -> bool:
     return folder.is_symlink() or any(p.is_symlink() for p in folder.iterdir())
 
 
-def precheck(folder: Path, owner: dict | None = None) -> tuple[Marker | None, str | None]:
+def _trained_otherwise(marker: Marker, expected: dict | None) -> str | None:
+    """The first of `expected`'s entries the marker's `trained_with` names with another value."""
+    recorded = marker.trained_with or {}
+    return next((key for key, value in (expected or {}).items() if key in recorded and recorded[key] != value), None)
+
+
+def precheck(folder: Path, owner: dict | None = None,
+             trained_with: dict | None = None) -> tuple[Marker | None, str | None]:
     """Everything but the digests: (the marker, None) when the files may be hashed, else (None, why not).
-    `owner`: the run and stage resuming ({"run_key", "stage"}), refusing another's checkpoint."""
+    `owner`: the run and stage resuming ({"run_key", "stage"}), refusing another's checkpoint;
+    `trained_with`: entries its marker's `trained_with` must hold alike where it names them (a
+    marker from before one was recorded is taken, as owners are)."""
     try:
         if _has_link(folder):
             return None, "a symbolic link in place of the folder or one of its files"
@@ -177,6 +186,8 @@ def precheck(folder: Path, owner: dict | None = None) -> tuple[Marker | None, st
         return None, "the marker names another step"
     if not owned_by(marker, owner):
         return None, "the marker names another run or stage"
+    if (differs := _trained_otherwise(marker, trained_with)) is not None:
+        return None, f"written with another {differs}: {marker.trained_with[differs]}, this attempt's {trained_with[differs]}"
     if marker.algorithm not in ALGORITHMS:
         return None, f"the marker's file digest {marker.algorithm!r} is not known here"
     if marker.manifest_sha256 is not None and marker.manifest_sha256 != manifest_sha256(marker.files):
@@ -234,9 +245,10 @@ def shares(marker: Marker, count: int) -> list[list[int]]:
     return [sorted(indices) for indices in split]
 
 
-def validate(folder: Path, *, threads: int = VERIFY_THREADS, owner: dict | None = None) -> str | None:
+def validate(folder: Path, *, threads: int = VERIFY_THREADS, owner: dict | None = None,
+             trained_with: dict | None = None) -> str | None:
     """None when the checkpoint is whole (and `owner`'s); otherwise why it must be skipped (one process, every file)."""
-    marker, reason = precheck(folder, owner)
+    marker, reason = precheck(folder, owner, trained_with)
     if marker is None:
         return reason
     index = first_mismatch(folder, marker, range(len(marker.files)), threads=threads)

@@ -53,14 +53,17 @@ def all_ok(ok: bool, group: dist.ProcessGroup | None) -> bool:
 
 
 def load_latest(stage_dir: Path, state: dict[str, Any], *, rank: int, group: dist.ProcessGroup | None,
-                owner: dict | None = None, optional: tuple[str, ...] = ()) -> ResumePoint:
-    """Load the newest whole checkpoint of the stage (`owner`'s, when given) into `state` in place.
+                owner: dict | None = None, optional: tuple[str, ...] = (),
+                trained_with: dict | None = None) -> ResumePoint:
+    """Load the newest whole checkpoint of the stage (`owner`'s, when given; one `trained_with` the
+    same way, `markers.precheck`) into `state` in place.
     Entries of `state`'s `optional` parts that a checkpoint lacks are dropped from `state`, not
     refused: per-rank generator states, which a checkpoint written by fewer ranks does not hold."""
     skipped: list[Skipped] = []
     paths = _agree([str(p) for p in markers.candidates(stage_dir)] if rank == 0 else None, group)
     for path in map(Path, paths):
-        reason = load_checkpoint(path, state, rank=rank, group=group, owner=owner, optional=optional)
+        reason = load_checkpoint(path, state, rank=rank, group=group, owner=owner, optional=optional,
+                                 trained_with=trained_with)
         if reason is None:
             return ResumePoint(step=markers.step_of(path), path=str(path), skipped=tuple(skipped))
         skipped.append(Skipped(step=markers.step_of(path), reason=reason))
@@ -68,17 +71,19 @@ def load_latest(stage_dir: Path, state: dict[str, Any], *, rank: int, group: dis
 
 
 def load_checkpoint(path: Path, state: dict[str, Any], *, rank: int, group: dist.ProcessGroup | None,
-                    owner: dict | None = None, optional: tuple[str, ...] = ()) -> str | None:
+                    owner: dict | None = None, optional: tuple[str, ...] = (),
+                    trained_with: dict | None = None) -> str | None:
     """Verify (every rank its share, agreed by all) and load one checkpoint; None on success, else why not."""
-    reason = verify(path, rank=rank, group=group, owner=owner)
+    reason = verify(path, rank=rank, group=group, owner=owner, trained_with=trained_with)
     return reason if reason is not None else _try_load(path, state, group, optional)
 
 
-def verify(path: Path, *, rank: int, group: dist.ProcessGroup | None, owner: dict | None = None) -> str | None:
+def verify(path: Path, *, rank: int, group: dist.ProcessGroup | None, owner: dict | None = None,
+           trained_with: dict | None = None) -> str | None:
     """None when the checkpoint is whole (and `owner`'s), else why not: the same answer on every rank."""
     if not dist.is_initialized():
-        return markers.validate(path, owner=owner)
-    marker, reason = _agree(markers.precheck(path, owner) if rank == 0 else None, group)
+        return markers.validate(path, owner=owner, trained_with=trained_with)
+    marker, reason = _agree(markers.precheck(path, owner, trained_with) if rank == 0 else None, group)
     if marker is None:
         return reason
     share = markers.shares(marker, dist.get_world_size(group))[dist.get_rank(group)]

@@ -275,7 +275,15 @@ class StageWorker:
         """What trains the weights beyond the model's name: the layout run, its fallbacks, the positions."""
         shape = self.model.config
         return {"layout": self.execution.describe(),
-                "positions": {"rope_theta": shape.rope_theta, "position_scale": shape.rope_position_scale}}
+                "positions": {"rope_theta": shape.rope_theta, "position_scale": shape.rope_position_scale},
+                "data_order": self.data_order()}
+
+    def data_order(self) -> dict:
+        """What a data position means: global batches of `batch_size` windows of `sequence_length`,
+        in `seed`'s order. A checkpoint written under another is not resumed (its position would
+        read other windows, some twice)."""
+        return {"batch_size": self.config.batch_size, "sequence_length": self.config.sequence_length,
+                "seed": self.config.seed}
 
     # --- resume, save, finish -------------------------------------------------------------------
 
@@ -297,7 +305,8 @@ class StageWorker:
         # could reach group 0's step before group 0 rejoins, and torchft heals only a group behind.
         point = resume.load_latest(Path(self.config.resume_dir or self.stage_dir), state, rank=self.rank,
                                    group=self.group.checkpoint_group, owner=self.owner(),
-                                   optional=train_state.OPTIONAL_PARTS)
+                                   optional=train_state.OPTIONAL_PARTS,
+                                   trained_with={"data_order": self.data_order()})
         for skipped in point.skipped:
             self.log(f"skipped checkpoint step {skipped.step}: {skipped.reason}")
         step, position = 0, 0
