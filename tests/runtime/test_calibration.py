@@ -47,3 +47,15 @@ def test_a_step_more_than_a_quarter_off_is_flagged(ratio, flagged):
 @pytest.mark.parametrize("measured", [{}, {**MEASURED, "step_seconds": None, "num_steps_timed": 0}])
 def test_an_attempt_that_timed_no_steady_step_is_not_calibrated(measured):
     assert calibrate(BASIS, RAN, measured) is None
+
+
+@pytest.mark.parametrize("ratio,shown,passed", [(1.25, "1.25", True), (1.2501, "1.2501", False), (1.2504, "1.2504", False)])
+def test_the_check_shows_the_ratio_it_judged(ratio, shown, passed):
+    # Shown to two places, a flagged 1.2504 read "ratio 1.25": exactly a quarter off, which passes.
+    from ito_assets.defs.training.checks import calibration_result
+
+    figures = Calibration(predicted_step_s=2.0, measured_step_s=2.0 * ratio, predicted_peak_memory_bytes=1,
+                          measured_peak_memory_bytes=1, peak_memory_source="ru_maxrss", device="CPU").to_dict()
+    result = calibration_result(figures)
+    assert result.passed is passed and result.description.endswith(f"(ratio {shown})")
+    assert result.metadata["step_time_ratio"].value == float(shown)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ito_assets import charts
 from ito_assets.defs.metadata_values import chart, table
-from ito_assets.runtime.stage.calibration import FLAG_FRACTION
+from ito_assets.runtime.stage.calibration import FLAG_FRACTION, RATIO_DIGITS
 
 GOODPUT_COLUMNS = [("stage", "string"), ("goodput %", "float"), ("device hours", "float"),
                    *((f"{cause} s", "float") for cause in ("productive", *charts.BADPUT_CAUSES)),
@@ -32,7 +32,7 @@ def step_time_metadata(calibrations: dict[str, dict]) -> dict:
     if not timed:
         return {}  # nothing was timed (too few steps): no chart rather than an empty one
     records = [{"stage": stage, "predicted s/step": round(c["predicted_step_s"], 4),
-                "measured s/step": round(c["measured_step_s"], 4), "measured/predicted": round(c["step_time_ratio"], 2),
+                "measured s/step": round(c["measured_step_s"], 4), "measured/predicted": round(c["step_time_ratio"], RATIO_DIGITS),
                 "flagged": bool(c["flagged"])} for stage, c in timed.items()]
     figures = {stage: (c["predicted_step_s"], c["measured_step_s"]) for stage, c in timed.items()}
     return {"step_time_chart": chart("predicted and measured step time", charts.step_time_chart(figures, FLAG_FRACTION)),

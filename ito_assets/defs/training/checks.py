@@ -11,7 +11,7 @@ from ito_assets.defs.training.assets import long_context_checkpoint, mid_trainin
 from ito_assets.defs.training.stage_outcome import LOSS_DIGITS
 from ito_assets.errors import ErrorCode
 from ito_assets.manifest.schema import STAGE_ORDER
-from ito_assets.runtime.stage.calibration import FLAG_FRACTION
+from ito_assets.runtime.stage.calibration import FLAG_FRACTION, RATIO_DIGITS
 
 
 def _gate_check(stage: str, asset):
@@ -52,20 +52,25 @@ def _calibration_check(stage: str, asset):
     )
     def calibration(context: dg.AssetCheckExecutionContext, **checkpoint) -> dg.AssetCheckResult:
         (value,) = checkpoint.values()
-        figures = value.calibration if value is not None and value.stage == stage else {}
-        if not figures:
-            return dg.AssetCheckResult(passed=True, description="no steady step was timed (or no such stage)")
-        return dg.AssetCheckResult(
-            passed=not figures["flagged"],
-            severity=dg.AssetCheckSeverity.WARN,
-            description=f"measured {figures['measured_step_s']:.4g} s per step against {figures['predicted_step_s']:.4g} s "
-            f"predicted on {figures['device']} (ratio {figures['step_time_ratio']:.3g})",
-            metadata={"step_time_ratio": round(figures["step_time_ratio"], 2),
-                      "predicted_step_s": round(figures["predicted_step_s"], 4),
-                      "measured_step_s": round(figures["measured_step_s"], 4)},
-        )
+        return calibration_result(value.calibration if value is not None and value.stage == stage else {})
 
     return calibration
+
+
+def calibration_result(figures: dict) -> dg.AssetCheckResult:
+    """The ratio is shown as recorded, the figure the flag judged: 1.2504 rounded to 1.25 read as
+    "exactly a quarter off" beside a failed check."""
+    if not figures:
+        return dg.AssetCheckResult(passed=True, description="no steady step was timed (or no such stage)")
+    return dg.AssetCheckResult(
+        passed=not figures["flagged"],
+        severity=dg.AssetCheckSeverity.WARN,
+        description=f"measured {figures['measured_step_s']:.4g} s per step against {figures['predicted_step_s']:.4g} s "
+        f"predicted on {figures['device']} (ratio {round(figures['step_time_ratio'], RATIO_DIGITS):g})",
+        metadata={"step_time_ratio": round(figures["step_time_ratio"], RATIO_DIGITS),
+                  "predicted_step_s": round(figures["predicted_step_s"], 4),
+                  "measured_step_s": round(figures["measured_step_s"], 4)},
+    )
 
 
 _STAGE_ASSETS = tuple(zip(STAGE_ORDER, (pretraining_checkpoint, mid_training_checkpoint, long_context_checkpoint)))

@@ -13,6 +13,7 @@ from ito_assets.runtime.checkpoint import registry
 from ito_assets.runtime.record import events
 from ito_assets.runtime.record.events import EventKind
 from ito_assets.runtime.record.goodput import summarize_stage
+from ito_assets.runtime.stage.calibration import RATIO_DIGITS
 from ito_assets.runtime.stage.eval_gate import Direction, EvalGatePolicy
 from ito_assets.runtime.stage.run import StageCheckpoint
 
@@ -95,7 +96,7 @@ def _calibration_metadata(calibration: dict) -> dict:
         return {}
     return {"predicted_step_s": round(calibration["predicted_step_s"], 4),
             "measured_step_s": round(calibration["measured_step_s"], 4),
-            "step_time_ratio": round(calibration["step_time_ratio"], 2),
+            "step_time_ratio": round(calibration["step_time_ratio"], RATIO_DIGITS),
             "predicted_peak_memory_bytes": calibration["predicted_peak_memory_bytes"],
             "measured_peak_memory_bytes": calibration["measured_peak_memory_bytes"],
             "peak_memory_source": calibration["peak_memory_source"], "price_model_device": calibration["device"]}
