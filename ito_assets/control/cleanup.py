@@ -182,9 +182,15 @@ def _release_locked(conn: sa.Connection, ledger: Ledger, identity: Identity, rel
 
 
 def _clean_locked(conn: sa.Connection, ledger: Ledger, policy: ServerPolicy, identity: Identity, ref: str,
-                  key: str, fingerprint: str, release: Release | None) -> dict:
+                  key: str, release: Release | None) -> dict:
     account_id = identity.tenant
+    release_booking_id = release.booking_id if release else None
     confirmation = confirmations.resolve(conn, ref, account_id=account_id, for_update=True)
+    # After the lock, before the confirmation is judged: a twin with this key that held the lock
+    # has committed, and its report is the answer (its confirmation is consumed by now).
+    replay = _replay_in(conn, account_id, key, release_booking_id)
+    if replay is not None:
+        return replay
     now = ledger.now()  # after the lock: a confirmation that expired while this waited is expired
     confirmations.require_usable(confirmation, now=now, action=Action.CLEANUP, cost_cents=0)
     changed = [_release_locked(conn, ledger, identity, release, key)] if release else []
@@ -218,12 +224,12 @@ def _clean_locked(conn: sa.Connection, ledger: Ledger, policy: ServerPolicy, ide
     }
     confirmations.consume(conn, confirmation, now=now, run_id=None, key=key)
     idempotency.reserve(conn, account_id=account_id, key=key, action=Action.CLEANUP.value,
-                        fingerprint=fingerprint, run_id=None, now=now, result=report)
+                        fingerprint=cleanup_fingerprint(release_booking_id), run_id=None, now=now, result=report)
     audit.record(conn, now, "tenant_cleaned", actor=identity.token_id, account_id=account_id,
                  subject=account_id, confirmation_id=confirmation.confirmation_id, idempotency_key=key,
                  num_runs_cleaned=len(cleaned), run_ids=[c.run_id for c in cleaned],
                  **({"kept_run_ids": [k.run_id for k in kept]} if kept else {}))
-    return report
+    return {**report, "replayed": False}
 
 
 def _account_bound(account_id: str, release_booking_id: str | None) -> str:
@@ -243,15 +249,19 @@ def answered_fingerprint(record: idempotency.KeyRecord, account_id: str) -> str:
     return record.fingerprint
 
 
-def _replay(ledger: Ledger, account_id: str, key: str, release_booking_id: str | None) -> dict | None:
-    with ledger.read() as conn:
-        record = idempotency.lookup(conn, account_id, key)
+def _replay_in(conn: sa.Connection, account_id: str, key: str, release_booking_id: str | None) -> dict | None:
+    record = idempotency.lookup(conn, account_id, key)
     if record is None:
         return None
     earlier = _account_bound(account_id, release_booking_id)
     fingerprint = earlier if record.fingerprint == earlier else cleanup_fingerprint(release_booking_id)
     idempotency.require_same_request(record, Action.CLEANUP.value, fingerprint)
     return {**(record.result or {}), "replayed": True}
+
+
+def _replay(ledger: Ledger, account_id: str, key: str, release_booking_id: str | None) -> dict | None:
+    with ledger.read() as conn:
+        return _replay_in(conn, account_id, key, release_booking_id)
 
 
 def _record_refusal(ledger: Ledger, identity: Identity, key: str, release: Release | None, error: ItoError) -> None:
@@ -288,8 +298,7 @@ def _cleanup(ledger: Ledger, policy: ServerPolicy, identity: Identity, confirmat
         return replay
     try:
         with ledger.write() as conn:
-            report = _clean_locked(conn, ledger, policy, identity, confirmation_ref, key,
-                                   cleanup_fingerprint(release_booking_id), release)
+            return _clean_locked(conn, ledger, policy, identity, confirmation_ref, key, release)
     except (sa.exc.IntegrityError, sa.exc.OperationalError) as exc:
         if isinstance(exc, sa.exc.OperationalError) and not idempotency.is_lock_timeout(exc):
             raise
@@ -297,4 +306,3 @@ def _cleanup(ledger: Ledger, policy: ServerPolicy, identity: Identity, confirmat
         if replay is None:
             raise idempotency.in_flight() from None
         return replay
-    return {**report, "replayed": False}

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
+import time
 
 import pytest
 import sqlalchemy as sa
@@ -396,9 +398,20 @@ def _lock_timeout() -> sa.exc.OperationalError:
     return sa.exc.OperationalError("BEGIN IMMEDIATE", {}, Exception("database is locked"))
 
 
+def _key_missing_twice(monkeypatch) -> None:
+    """The look-ups before the lock and under it both miss, as if a twin with another
+    confirmation committed just after them."""
+    real, calls = cleanup._replay_in, []
+
+    def first_two_miss(*args):
+        calls.append(args)
+        return None if len(calls) <= 2 else real(*args)
+    monkeypatch.setattr(cleanup, "_replay_in", first_two_miss)
+
+
 def test_cleanup_that_loses_the_key_race_replays_the_winner(world, monkeypatch) -> None:
     first = clean(world, cleanup_ref(world), "clean-key-0001")
-    _replay_missing_once(monkeypatch, cleanup)
+    _key_missing_twice(monkeypatch)
     ref = cleanup_ref(world)
     again = clean(world, ref, "clean-key-0001")  # the key insert collides: IntegrityError
     assert again == {**first, "replayed": True}
@@ -416,6 +429,67 @@ def test_cleanup_that_times_out_on_the_lock_replays_or_answers_in_flight(world, 
     _replay_missing_once(monkeypatch, cleanup)
     monkeypatch.setattr(cleanup, "_clean_locked", locked)
     assert clean(world, cleanup_ref(world), "clean-key-0001") == {**first, "replayed": True}
+
+
+def test_cleanup_that_finds_the_key_under_the_lock_replays_it(world, monkeypatch) -> None:
+    ref = cleanup_ref(world)
+    first = clean(world, ref, "clean-key-0001")
+    # The read before the lock misses (a twin committed just after it); under the lock the key
+    # is found and replayed before the twin's (now consumed) confirmation is judged.
+    _replay_missing_once(monkeypatch, cleanup)
+    assert clean(world, ref, "clean-key-0001") == {**first, "replayed": True}
+    assert len(events(world, "tenant_cleaned")) == 1 and events(world, "tenant_cleanup_refused") == []
+
+
+def test_cleanup_under_the_lock_still_refuses_the_key_for_another_request(world, monkeypatch) -> None:
+    ref = cleanup_ref(world)
+    clean(world, ref, "clean-key-0001")
+    _replay_missing_once(monkeypatch, cleanup)
+    release = cleanup.Release(booking_id=world.booking_id, confirmation_ref=release_ref(world, world.booking_id))
+    assert code_of(lambda: clean(world, ref, "clean-key-0001", release=release)) is ErrorCode.IDEMPOTENCY_KEY_REUSED
+    assert bookings.get(world.ledger, world.booking_id).state is BookingState.COMPLETED
+
+
+def test_cleanup_twins_with_one_key_and_one_confirmation_both_get_the_report(world, monkeypatch) -> None:
+    """Two identical cleanups at once: the second reads the key before the first commits, then
+    waits for the lock the first holds (SQLite's write lock, PostgreSQL's confirmation row)."""
+    ref = cleanup_ref(world)
+    committing, go, twin_read = threading.Event(), threading.Event(), threading.Event()
+    real_record, real_replay = audit.record, cleanup._replay
+
+    def held_before_commit(conn, at, kind, **fields):
+        real_record(conn, at, kind, **fields)
+        if kind == "tenant_cleaned" and not committing.is_set():
+            committing.set()
+            go.wait(10)
+
+    def read_then_signal(*args):
+        answer = real_replay(*args)
+        if committing.is_set():
+            twin_read.set()
+        return answer
+    monkeypatch.setattr(audit, "record", held_before_commit)
+    monkeypatch.setattr(cleanup, "_replay", read_then_signal)
+    answers: dict = {}
+
+    def one(name: str) -> None:
+        try:
+            answers[name] = clean(world, ref, "clean-key-0001")
+        except ItoError as error:
+            answers[name] = error.code
+    first = threading.Thread(target=one, args=("first",))
+    first.start()
+    assert committing.wait(10)
+    twin = threading.Thread(target=one, args=("twin",))
+    twin.start()
+    assert twin_read.wait(10)
+    time.sleep(0.3)  # the twin is now waiting for the lock the first holds
+    go.set()
+    first.join(10)
+    twin.join(10)
+    assert answers["first"]["replayed"] is False
+    assert answers["twin"] == {**answers["first"], "replayed": True}
+    assert len(events(world, "tenant_cleaned")) == 1
 
 
 def test_cleanup_reraises_other_database_errors(world, monkeypatch) -> None:
