@@ -16,6 +16,11 @@ from ito_assets.errors import ErrorCode, ItoError
 # Any URL-safe base64 character may come first, so every secrets.token_urlsafe key fits (one in
 # 32 starts with '-' or '_'; on the command line such a key is given as --idempotency-key=KEY).
 IDEMPOTENCY_KEY = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._:-]{7,127}$")
+# This API's own secrets (identity tokens, confirmation references) are refused wherever they
+# stand in a key, whatever is glued to them: the key's alphabet is the tokens' own, so no
+# boundary can be told, and even a token cut short by a character or two can be guessed.
+# The prefixes are case-sensitive, as the secrets are (ids.TOKEN, ids.CONFIRMATION_REF).
+_OWN_SECRET_PREFIXES = ("ito_desk_", "ito_acct_", "cfr_")
 
 
 def validate_key(key: object) -> str:
@@ -30,7 +35,8 @@ def validate_key(key: object) -> str:
     if not isinstance(key, str) or IDEMPOTENCY_KEY.fullmatch(key) is None:
         raise ItoError(ErrorCode.IDEMPOTENCY_KEY_INVALID,
                        "the idempotency key must be 8-128 characters of letters, digits, '.', '_', ':' or '-'")
-    if pattern_secret_kind(key) is not None or key.startswith(("ito_", "cfr_")):
+    if (pattern_secret_kind(key) is not None or key.startswith("ito_")
+            or any(prefix in key for prefix in _OWN_SECRET_PREFIXES)):
         raise ItoError(ErrorCode.IDEMPOTENCY_KEY_INVALID, "the idempotency key looks like a secret; use a random id")
     return key
 
