@@ -9,6 +9,8 @@ the ledger. Issued tokens are written once to a file and never printed.
 from __future__ import annotations
 
 import argparse
+import errno
+import os
 from datetime import datetime
 
 from ito_assets.api.commands.result import VerbResult
@@ -140,17 +142,73 @@ def _budgets(args: argparse.Namespace) -> VerbResult:
                                 *budget_lines(data.get("budgets", []))])
 
 
-def _issue(args: argparse.Namespace) -> VerbResult:
-    from ito_assets.api.client_config import write_secret_file
+def _reserve_token_file(path: str, flag: str) -> int:
+    """Create the token file empty (0600, exclusively, never through a link) before any token is
+    issued: a path that cannot take the token refuses the command with no token made."""
+    if not os.path.isabs(path):
+        raise ItoError(ErrorCode.USAGE_ERROR, f"{flag} must be an absolute path")
+    try:
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        raise ItoError(ErrorCode.USAGE_ERROR, f"{flag} already exists; choose a new path") from None
+    except OSError as exc:
+        raise ItoError(ErrorCode.USAGE_ERROR, f"{flag} cannot be created ({_reason(exc)})") from None
 
+
+def _reason(exc: OSError) -> str:
+    return errno.errorcode.get(exc.errno or 0, type(exc).__name__)
+
+
+def _drop_token_file(path: str, fd: int) -> None:
+    """Remove the reserved file, only while the path still names the file this command created."""
+    try:
+        if os.path.samestat(os.fstat(fd), os.lstat(path)):
+            os.unlink(path)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _write_token(fd: int, secret: str) -> None:
+    os.fchmod(fd, 0o600)  # the umask cannot widen it, but make the mode explicit
+    line = (secret + "\n").encode("ascii")
+    if os.write(fd, line) != len(line):
+        raise OSError(errno.ENOSPC, "short write")
+    os.fsync(fd)
+
+
+def _issue(args: argparse.Namespace) -> VerbResult:
     if (args.role == "account") != bool(args.account):
         raise ItoError(ErrorCode.USAGE_ERROR, "account tokens need --account; desk tokens take none")
     client = _client(args)
-    data = client.post("/v1/desk/tokens", {"role": args.role, "account_id": args.account, "label": args.label})
+    fd = _reserve_token_file(args.out, "--out")
+    try:
+        data = client.post("/v1/desk/tokens", {"role": args.role, "account_id": args.account, "label": args.label})
+    except BaseException:
+        _drop_token_file(args.out, fd)
+        raise
     secret = data.pop("token")
-    write_secret_file(args.out, secret)
+    try:
+        _write_token(fd, secret)
+    except OSError as exc:
+        _drop_token_file(args.out, fd)
+        raise _unwritten(client, data["token_id"], exc) from None
+    os.close(fd)
     data["written_to_file"] = True
     return _done(client, data, [f"token {data['token_id']} ({args.role}) written to the 0600 file given by --out"])
+
+
+def _unwritten(client, token_id: str, exc: OSError) -> ItoError:
+    """A token issued but not written is revoked: nobody holds it. The id (never the token) is
+    reported so that the desk can revoke it by hand if the revocation failed too."""
+    try:
+        client.post("/v1/desk/tokens/revoke", {"token_id": token_id})
+    except ItoError:
+        return ItoError(ErrorCode.USAGE_ERROR, f"the token could not be written to --out ({_reason(exc)}) and "
+                                               f"could not be revoked; revoke it: ito desk tokens revoke {token_id}")
+    return ItoError(ErrorCode.USAGE_ERROR,
+                    f"the token could not be written to --out ({_reason(exc)}); token {token_id} was revoked")
 
 
 def _create_booking(args: argparse.Namespace) -> VerbResult:
@@ -245,25 +303,38 @@ def _decide_proposal(decision: str):
 
 def _bootstrap(args: argparse.Namespace) -> VerbResult:
     """Local: whoever can open the ledger administers it; the token goes to a new 0600 file."""
-    import os
-
-    from ito_assets.api.client_config import write_secret_file
-    from ito_assets.control.identity import issue_token
-    from ito_assets.control.ledger import open_ledger
-    from ito_assets.control.states import Role
     from ito_assets.settings import load_settings
 
-    if not os.path.isabs(args.token_out) or os.path.lexists(args.token_out):
-        raise ItoError(ErrorCode.USAGE_ERROR, "--token-out must be an absolute path that does not exist yet")
     settings = load_settings()
+    fd = _reserve_token_file(args.token_out, "--token-out")
+    try:
+        issued = _bootstrap_token(settings, fd)
+    except BaseException:
+        _drop_token_file(args.token_out, fd)
+        raise
+    os.close(fd)
+    return VerbResult(data={"token_id": issued.token_id, "role": "desk", "written_to_file": True},
+                   live_api_contacted=False, text=[f"desk token {issued.token_id} written to --token-out"])
+
+
+def _bootstrap_token(settings, fd: int):
+    """Issue the desk token into the reserved file; one that cannot be written is revoked at once."""
+    from ito_assets.control.identity import issue_token, revoke_token
+    from ito_assets.control.ledger import open_ledger
+    from ito_assets.control.states import Role
+
     url = settings.ledger_url
     if url.startswith("sqlite:///"):
         os.makedirs(os.path.dirname(url[len("sqlite:///"):]), exist_ok=True)
     ledger = open_ledger(url, schema=settings.ledger_schema)
     try:
         issued = issue_token(ledger, Role.DESK, account_id=None, label="bootstrap", actor="bootstrap")
+        try:
+            _write_token(fd, issued.secret)
+        except OSError as exc:
+            revoke_token(ledger, issued.token_id, actor="bootstrap")
+            raise ItoError(ErrorCode.USAGE_ERROR, f"the token could not be written to --token-out ({_reason(exc)}); "
+                                                  f"token {issued.token_id} was revoked") from None
     finally:
         ledger.dispose()
-    write_secret_file(args.token_out, issued.secret)
-    return VerbResult(data={"token_id": issued.token_id, "role": "desk", "written_to_file": True},
-                   live_api_contacted=False, text=[f"desk token {issued.token_id} written to --token-out"])
+    return issued
