@@ -5,8 +5,9 @@ uvicorn closes idle keep-alive connections, but nothing bounds how long a reques
 arrive: a client sending its headers a byte at a time (slowloris) holds a connection, and enough
 of them hold every connection the process can have. Here each request must be read whole (request
 line, headers and body) within `read_timeout_s` of its first byte, or of the connection opening;
-on expiry the connection is closed. A client address holds at most `max_connections_per_client`
-connections, so one client cannot take every slot. At that cap a new connection first reclaims
+on expiry it is answered 408 and the connection closed (only closed once an answer has begun, or
+while an earlier pipelined request is still owed one). A client address holds at most
+`max_connections_per_client` connections, so one client cannot take every slot. At that cap a new connection first reclaims
 the address's oldest idle one (opened with no request yet, or kept alive between requests): every
 local client shares 127.0.0.1, so without this one process holding idle sockets shut `ito` out of
 a loopback server. Only when all of the address's connections are busy (a request being read,
@@ -201,11 +202,18 @@ class _Guard:
         self._deadline = None
         if self.transport.is_closing():
             return
-        # Between requests the 408 is a valid answer; once the app holds the request, closing
-        # is what tells it (its receive() reports the disconnect).
-        if self.cycle is None or self.cycle.response_complete:
+        if self._timeout_is_next_answer():
             self.transport.write(_TIMEOUT_RESPONSE)
+        # The app, if it holds the request, learns of the close from its receive(); what it
+        # answers then is dropped (uvicorn writes nothing to a closed connection).
         self.transport.close()
+
+    def _timeout_is_next_answer(self) -> bool:
+        """Whether a 408 is the answer the client reads next: no answer begun, none owed to an
+        earlier request. The request being read is not whole, so no route acted on it: each route
+        reads its whole body before it changes anything (routes.common.endpoint), and one without
+        a body only reads. A TIMEOUT therefore means nothing was done, a mutation included."""
+        return self.cycle is None or self.cycle.response_complete or not self.cycle.response_started
 
 
 def _httptools_class() -> type:
@@ -256,6 +264,14 @@ def _httptools_class() -> type:
             super().on_message_complete()
             self._in_request = False  # read whole; busy still until its response completes (cycle)
             self._disarm()
+
+        def _timeout_is_next_answer(self) -> bool:
+            # httptools parses a pipelined request while an earlier one is still being answered:
+            # until its head is whole, `cycle` is the earlier request's; after it, an earlier one
+            # still unanswered leaves this one queued in `pipeline`.
+            if self._head_pending:
+                return self.cycle is None or self.cycle.response_complete
+            return not self.pipeline and super()._timeout_is_next_answer()
 
         def _count_head(self, num_bytes: int) -> None:
             self._head_bytes += num_bytes

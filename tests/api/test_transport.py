@@ -10,6 +10,7 @@ address (all of 127/8 is loopback on Linux).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -29,7 +30,7 @@ import sqlalchemy as sa
 import uvicorn
 from sqlalchemy import event
 
-from api_harness import Client, Server
+from api_harness import Client, Server, read_request
 from helpers import CANARIES
 from ito_assets.api import server as api_server
 from ito_assets.api import transport
@@ -173,20 +174,108 @@ def test_a_connection_that_sends_nothing_is_closed_at_the_deadline(world, http) 
         assert refused_with(received, 408, "TIMEOUT"), received
 
 
-@pytest.mark.parametrize("http", PROTOCOLS)
-def test_a_body_sent_a_byte_at_a_time_is_cut_off_and_nothing_is_written(world, http) -> None:
-    name = f"slow-{uuid.uuid4().hex[:8]}"
+def account_post(world, name: str) -> tuple[bytes, bytes]:
+    """(head, body) of the desk's POST /v1/desk/accounts: a mutation without a key."""
     body = json.dumps({"name": name}).encode()
     head = (f"POST /v1/desk/accounts HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {world.desk}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    return head, body
+
+
+@pytest.mark.parametrize("http", PROTOCOLS)
+def test_a_body_sent_a_byte_at_a_time_is_answered_408_and_nothing_is_written(world, http) -> None:
+    head, body = account_post(world, f"slow-{uuid.uuid4().hex[:8]}")
     before = world.count(accounts)
     with edge(world.app, http, read_timeout_s=1.0) as (port, _server):
         with contextlib.closing(connect(port)) as slow:
             slow.sendall(head)
-            elapsed, _received = trickle(slow, body, 0.2)
+            elapsed, received = trickle(slow, body, 0.2)
         assert elapsed is not None and 0.6 <= elapsed <= 3.0, elapsed
+        # The route holds the request (its head was read, authenticated): the 408 is still its answer.
+        assert refused_with(received, 408, "TIMEOUT"), received
         time.sleep(0.2)
         assert world.count(accounts) == before
+
+
+@pytest.mark.parametrize("http", PROTOCOLS)
+def test_a_body_one_byte_short_at_the_deadline_is_answered_408(world, http) -> None:
+    head, body = account_post(world, f"short-{uuid.uuid4().hex[:8]}")
+    before = world.count(accounts)
+    with edge(world.app, http, read_timeout_s=1.0) as (port, _server):
+        with contextlib.closing(connect(port)) as short:
+            short.sendall(head + body[:-1])
+            received, closed = until_closed(short, 5)
+        assert closed and refused_with(received, 408, "TIMEOUT"), received
+        with contextlib.closing(connect(port)) as whole:  # the same request, whole, is served
+            whole.sendall(head + body)
+            received, _closed = until_closed(whole, 3)
+        assert received.startswith(b"HTTP/1.1 200 ")
+        assert world.count(accounts) == before + 1
+
+
+@contextlib.contextmanager
+def stalling_relay(port: int) -> Iterator[tuple[int, list[bytes]]]:
+    """A loopback relay to the server for two requests: the first loses its last byte (so the
+    server's read deadline passes), the second passes whole; -> (its port, the answers relayed)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(2)
+    answers: list[bytes] = []
+
+    def relay() -> None:
+        for attempt in range(2):
+            client, _ = listener.accept()
+            with client, contextlib.closing(connect(port)) as upstream:
+                request = read_request(client)
+                upstream.sendall(request if attempt else request[:-1])
+                answers.append(read_request(upstream))  # Content-Length framed, as a request
+                client.sendall(answers[-1])
+    thread = threading.Thread(target=relay, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1], answers
+    finally:
+        thread.join(10)
+        listener.close()
+
+
+@pytest.mark.parametrize("http", PROTOCOLS)
+def test_ito_sends_a_mutation_again_after_a_408_and_it_is_done_once(world, http) -> None:
+    from ito_assets.api.client import ApiClient, Endpoint, HttpTransport
+
+    name = f"retried-{uuid.uuid4().hex[:8]}"
+    before = world.count(accounts)
+    with edge(world.app, http, read_timeout_s=1.0) as (port, _server), stalling_relay(port) as (relay, answers):
+        endpoint = Endpoint(scheme="http", host="127.0.0.1", port=relay)
+        api = ApiClient(HttpTransport(endpoint, world.desk, connect_timeout_s=5, total_timeout_s=5),
+                        sleep=lambda _s: None)
+        created = api.post("/v1/desk/accounts", {"name": name})
+    assert created["name"] == name and world.count(accounts) == before + 1
+    assert refused_with(answers[0], 408, "TIMEOUT") and answers[1].startswith(b"HTTP/1.1 200 ")
+
+
+async def _slow_app(scope, receive, send) -> None:
+    """Reads each request whole, then takes 2 s to answer it."""
+    while (await receive()).get("more_body"):
+        pass
+    await asyncio.sleep(2.0)
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+@pytest.mark.parametrize("http", PROTOCOLS)
+@pytest.mark.parametrize("cut", ["head", "body"])
+def test_no_408_goes_out_while_an_earlier_pipelined_request_is_unanswered(http, cut) -> None:
+    """A 408 written then would be read as the earlier request's answer: a mutation done, told
+    as not done."""
+    first = b"POST /first HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+    second = b"POST /second HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{"
+    second = second[:20] if cut == "head" else second
+    with edge(_slow_app, http, read_timeout_s=1.0) as (port, _server):
+        with contextlib.closing(connect(port)) as sock:
+            sock.sendall(first + second)
+            received, _closed = until_closed(sock, 4)
+    assert not received.startswith(b"HTTP/1.1 408"), received
 
 
 @pytest.mark.parametrize("http", PROTOCOLS)
