@@ -56,10 +56,14 @@ def find_files(patterns: Sequence[str]) -> list[Path]:
     for position, pattern in enumerate(patterns, start=1):
         expanded = os.path.expanduser(pattern)
         # An existing path is taken as it is, so that a file name with [ or * in it is no pattern.
-        matches = [expanded] if os.path.lexists(expanded) else sorted(glob.glob(expanded, recursive=True))
-        if not os.path.lexists(expanded) and (folder := _unlisted_folder("", Path(expanded).parts)) is not None:
-            raise ItoError(ErrorCode.SOURCE_INVALID, f"--corpus #{position} reaches a folder this user cannot list "
-                           f"({_strerror(folder)}): the files in it would be left out")
+        if os.path.lexists(expanded):
+            matches = [expanded]
+        else:
+            walk = _GlobWalk()
+            matches = sorted(walk.matches(expanded))
+            if walk.unlisted is not None:
+                raise ItoError(ErrorCode.SOURCE_INVALID, f"--corpus #{position} reaches a folder this user cannot list "
+                               f"({walk.unlisted}): the files in it would be left out")
         files = [Path(m).resolve() for m in matches if Path(m).is_file()]
         if not files:
             raise ItoError(ErrorCode.SOURCE_NOT_FOUND, f"--corpus #{position} names no file (a folder needs a glob, such as DIR/*.jsonl)")
@@ -67,30 +71,72 @@ def find_files(patterns: Sequence[str]) -> list[Path]:
     return list(found)
 
 
-def _unlisted_folder(folder: str, parts: tuple[str, ...]) -> str | None:
-    """The first folder that `glob.glob(join(folder, *parts), recursive=True)` lists, and could
-    not: glob passes over such a folder in silence, leaving out the files it holds. Walks as glob
-    does: a literal part is joined, a pattern lists its folder (hidden names only for a pattern
-    starting with '.'), `**` lists every folder below, itself included."""
-    if not parts:
-        return None
-    head, rest = parts[0], parts[1:]
-    if not glob.has_magic(head):
-        below = os.path.join(folder, head)
-        return _unlisted_folder(below, rest) if rest and os.path.isdir(below) else None
-    try:
-        with os.scandir(folder or os.curdir) as entries:
-            names = [e.name for e in entries if _is_folder(e)]
-    except OSError:
-        return folder or os.curdir
-    if head == "**":
-        found = _unlisted_folder(folder, rest)
-        return found or next((f for n in names if n[0] != "." and (f := _unlisted_folder(os.path.join(folder, n), parts))), None)
-    if not rest:
-        return None
-    hidden = head.startswith(".")
-    wanted = [n for n in names if (hidden or n[0] != ".") and fnmatch.fnmatch(n, head)]
-    return next((f for n in wanted if (f := _unlisted_folder(os.path.join(folder, n), rest))), None)
+class _GlobWalk:
+    """`glob.glob(pattern, recursive=True)`'s paths, walked as glob walks them (a literal part is
+    joined, a pattern lists its folder, hidden names only for a pattern starting with '.', `**`
+    every folder below, itself included, links to folders followed), with two differences: each
+    folder is listed at most once per part of the pattern, so a link back up the tree (a loop)
+    ends the walk there instead of never; and a folder it cannot list is kept (`unlisted`, the
+    OS's reason), where glob passes over it in silence and leaves out the files it holds.
+    A folder reached again by another path holds the same files, and the files are resolved."""
+
+    def __init__(self) -> None:
+        self.unlisted: str | None = None
+        self._listed: set[tuple[int, int, int]] = set()
+
+    def matches(self, pattern: str) -> list[str]:
+        if pattern.endswith(os.sep):  # glob names only folders then
+            return []
+        found: list[str] = []
+        top = os.sep if os.path.isabs(pattern) else ""
+        self._walk(top, [p for p in pattern.split(os.sep) if p], 0, found)
+        return found
+
+    def _walk(self, folder: str, parts: list[str], index: int, found: list[str]) -> None:
+        part, last = parts[index], index == len(parts) - 1
+        if not glob.has_magic(part):
+            path = os.path.join(folder, part)
+            if last and os.path.lexists(path):
+                found.append(path)
+            elif not last and os.path.isdir(path):
+                self._walk(path, parts, index + 1, found)
+            return
+        entries = self._entries(folder, index)
+        if part == "**":
+            if not last:
+                self._walk(folder, parts, index + 1, found)
+            for name, is_folder in entries:
+                if name[0] == ".":
+                    continue
+                if last:
+                    found.append(os.path.join(folder, name))
+                if is_folder:
+                    self._walk(os.path.join(folder, name), parts, index, found)
+            return
+        hidden = part[0] == "."
+        for name, is_folder in entries:
+            if (hidden or name[0] != ".") and fnmatch.fnmatchcase(name, part) and (last or is_folder):
+                if last:
+                    found.append(os.path.join(folder, name))
+                else:
+                    self._walk(os.path.join(folder, name), parts, index + 1, found)
+
+    def _entries(self, folder: str, index: int) -> list[tuple[str, bool]]:
+        """(name, is a folder) of `folder`'s entries in name order; none where it was listed for
+        this part of the pattern already, or cannot be listed."""
+        where = folder or os.curdir
+        try:
+            status = os.stat(where)
+            seen = (status.st_dev, status.st_ino, index)
+            if seen in self._listed:
+                return []
+            self._listed.add(seen)
+            with os.scandir(where) as listing:
+                return sorted((e.name, _is_folder(e)) for e in listing)
+        except OSError as error:
+            if self.unlisted is None:
+                self.unlisted = (error.strerror or type(error).__name__).lower()
+            return []
 
 
 def _is_folder(entry: os.DirEntry) -> bool:
@@ -98,15 +144,6 @@ def _is_folder(entry: os.DirEntry) -> bool:
         return entry.is_dir()
     except OSError:
         return False
-
-
-def _strerror(folder: str) -> str:
-    """Why a folder cannot be listed, in the OS's words (never its path)."""
-    try:
-        os.scandir(folder).close()
-    except OSError as error:
-        return (error.strerror or type(error).__name__).lower()
-    return "it changed while it was read"
 
 
 def format_of(path: Path, position: int = 1) -> str:
