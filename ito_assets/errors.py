@@ -89,6 +89,8 @@ class ErrorCode(str, enum.Enum):
     SHARD_CORRUPT = "SHARD_CORRUPT"
     # The DuckDB warehouse cannot be opened or read; it is derived from the Parquet lineage.
     WAREHOUSE_CORRUPT = "WAREHOUSE_CORRUPT"
+    # A write into the warehouse needed more than its fixed memory cap; it was rolled back.
+    WAREHOUSE_OUT_OF_MEMORY = "WAREHOUSE_OUT_OF_MEMORY"
     # The ledger was migrated by a newer release than this one knows.
     LEDGER_SCHEMA_TOO_NEW = "LEDGER_SCHEMA_TOO_NEW"
     # The data decision found the candidate data worse, or could not tell, and no reviewer accepted it.

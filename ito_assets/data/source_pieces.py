@@ -28,14 +28,14 @@ import pyarrow.parquet as pq
 
 from ito_assets.data.scratch import Scratch
 from ito_assets.data.shards import ShardSet, write_part, write_shards_in_parts
-from ito_assets.data.sources import (DOCUMENT_SCHEMA, NORMALIZATION_VERSION, RecordFields, SourceCounts, SourceRead, compression_of,
+from ito_assets.data.sources import (NORMALIZATION_VERSION, SOURCE_SHARD_SCHEMA, RecordFields, SourceCounts, SourceRead, compression_of,
                                      documents, jsonl_records, parquet_records)
 from ito_assets.data.units import Pool, map_units, row_group_runs
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.schema import DataReference
 
 _COUNT_CHUNK = 8 << 20
-_ARROW_SCHEMA = pl.DataFrame(schema=DOCUMENT_SCHEMA).to_arrow(compat_level=pl.CompatLevel.oldest()).schema
+_ARROW_SCHEMA = pl.DataFrame(schema=SOURCE_SHARD_SCHEMA).to_arrow(compat_level=pl.CompatLevel.oldest()).schema
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,8 @@ class SourcePiece:
     def key(self) -> dict:
         # The copy's bytes are the ones its sha256 names: verified before any piece runs.
         return {"source": self.ref.model_dump(mode="json"), "source_index": self.source_index,
-                "start": self.start, "end": self.end, "first_row": self.first_row, "normalization": NORMALIZATION_VERSION}
+                "start": self.start, "end": self.end, "first_row": self.first_row, "normalization": NORMALIZATION_VERSION,
+                "columns": list(SOURCE_SHARD_SCHEMA)}  # a piece an older version wrote lacks the newer columns
 
     def inputs(self) -> tuple[str, ...]:
         return ()
@@ -91,7 +92,7 @@ def parse_piece(piece: SourcePiece) -> tuple[int, int, int, str | None]:
             invalid = error.message
         else:
             return num_documents, num_empty, num_changed, None
-    pl.DataFrame(schema=DOCUMENT_SCHEMA).write_parquet(piece.output)
+    pl.DataFrame(schema=SOURCE_SHARD_SCHEMA).write_parquet(piece.output)
     return 0, 0, 0, invalid
 
 
@@ -201,6 +202,6 @@ def read_in_pieces(reads: Sequence[SourceRead], scratch: Scratch, pool: Pool, fo
         shutil.rmtree(markers.folder, ignore_errors=True)
         raise
     files = [(piece.output, result[0]) for piece, result in zip(pieces, results)]
-    shards = write_shards_in_parts(files, folder, prefix="documents", max_rows=max_rows, schema=DOCUMENT_SCHEMA, store=store,
+    shards = write_shards_in_parts(files, folder, prefix="documents", max_rows=max_rows, schema=SOURCE_SHARD_SCHEMA, store=store,
                                    run_parts=lambda tasks: map_units(write_part, tasks, pool, phase="source shards", unit="shards"))
     return shards, counts, len(pieces)

@@ -54,6 +54,9 @@ DOCUMENT_SCHEMA = {
     "source_record_id": pl.String,
     "text": pl.String,
 }
+# A source shard: the documents, and each one's length in characters, counted here where the text
+# is in memory anyway; the warehouse's `documents` rows take it from there and never read the text.
+SOURCE_SHARD_SCHEMA = {**DOCUMENT_SCHEMA, "num_chars": pl.Int64}
 
 
 @dataclass(frozen=True)
@@ -418,7 +421,7 @@ def normalized(texts: pl.Series) -> tuple[pl.Series, int]:
 
 
 def documents(ref: DataReference, source_index: int, records: Records) -> tuple[pl.DataFrame, int, int]:
-    """One parsed batch -> (its documents in DOCUMENT_SCHEMA, with ids and provenance; how many
+    """One parsed batch -> (its documents in SOURCE_SHARD_SCHEMA, with ids and provenance; how many
     empty texts were skipped; how many texts normalisation changed)."""
     ids, raw_texts, rows = records
     batch = pl.DataFrame({"row": rows, "source_record_id": ids, "text": raw_texts}, schema=_BATCH_SCHEMA)
@@ -430,12 +433,13 @@ def documents(ref: DataReference, source_index: int, records: Records) -> tuple[
         pl.lit(ref.uri).alias("source_uri"),
         pl.lit(ref.sha256).alias("source_sha256"),
         pl.lit(ref.license).alias("license"),
-    ).select(list(DOCUMENT_SCHEMA)).cast(DOCUMENT_SCHEMA)
+        pl.col("text").str.len_chars().alias("num_chars"),
+    ).select(list(SOURCE_SHARD_SCHEMA)).cast(SOURCE_SHARD_SCHEMA)
     return frame, batch.height - kept.height, changed
 
 
 class SourceRead:
-    """One data reference read a batch at a time: `frames()` yields documents (DOCUMENT_SCHEMA),
+    """One data reference read a batch at a time: `frames()` yields documents (SOURCE_SHARD_SCHEMA),
     and `counts` is complete once they are exhausted. Empty texts are skipped and counted; they
     are not documents. `folder` holds the verified snapshot while it is read."""
 
@@ -479,7 +483,7 @@ def read_source(ref: DataReference, source_index: int, data_root: Path) -> tuple
     """One data reference -> (its whole documents frame, counters): `SourceRead` collected."""
     with tempfile.TemporaryDirectory(prefix="ito-source-") as folder:
         read = SourceRead(ref, source_index, data_root, Path(folder))
-        frame = pl.concat([pl.DataFrame(schema=DOCUMENT_SCHEMA), *read.frames()])
+        frame = pl.concat([pl.DataFrame(schema=SOURCE_SHARD_SCHEMA), *read.frames()])
     assert read.counts is not None
     return frame, read.counts
 
@@ -491,4 +495,4 @@ def read_sources(refs: tuple[DataReference, ...], data_root: Path) -> tuple[pl.D
         frame, count = read_source(ref, index, data_root)
         frames.append(frame)
         counts.append(count)
-    return pl.concat(frames, how="vertical") if frames else pl.DataFrame(schema=DOCUMENT_SCHEMA), counts
+    return pl.concat(frames, how="vertical") if frames else pl.DataFrame(schema=SOURCE_SHARD_SCHEMA), counts

@@ -14,7 +14,7 @@ recorded when they were written before it reads them (SHARD_CORRUPT names the fi
 
 Layout under `<state_dir>/shards/<manifest key>/`:
     _scratch/                                verified snapshots of the sources being read
-    source/   documents-NNNNN.parquet        every input document with provenance
+    source/   documents-NNNNN.parquet        every input document with provenance and its length in characters
     decontam/ hits.parquet, actions.parquet, pieces.parquet, ignored-seeds.parquet
     dedup/    decisions.parquet              dedup state of every document
               kept-NNNNN.parquet             the documents that survive deduplication
@@ -46,7 +46,7 @@ from ito_assets.data.paraphrase_units import REPORT_SCHEMA, paraphrase_shards
 from ito_assets.data.scratch import scratch_space, sql_list
 from ito_assets.data.shards import Shard, ShardSet, record_batches, verified_path, verified_paths, write_shard_stream, write_table, write_table_batches
 from ito_assets.data.source_pieces import read_in_pieces
-from ito_assets.data.sources import DOCUMENT_SCHEMA, SourceCounts, SourceRead
+from ito_assets.data.sources import DOCUMENT_SCHEMA, SOURCE_SHARD_SCHEMA, SourceCounts, SourceRead
 from ito_assets.data.units import parquet_frames, worker_pool
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.evals.suite import EvalSuite
@@ -145,13 +145,14 @@ def run_sources(verified: VerifiedManifest, data_root: Path, state_dir: Path, wa
             for read in reads:
                 read.verify()
             frames = (frame for read in reads for frame in read.frames())
-            shards = write_shard_stream(frames, folder / "source", prefix="documents", max_rows=config.shard_max_rows, schema=DOCUMENT_SCHEMA, store=shard_store(state_dir))
+            shards = write_shard_stream(frames, folder / "source", prefix="documents", max_rows=config.shard_max_rows, schema=SOURCE_SHARD_SCHEMA, store=shard_store(state_dir))
             counts, num_pieces = [read.counts for read in reads], len(reads)
         else:
             shards, counts, num_pieces = read_in_pieces(reads, scratch, pool, folder / "source", config.shard_max_rows, shard_store(state_dir))
         resumed = scratch.units_resumed
-    provenance = {c: c for c in DOCUMENT_SCHEMA if c != "text"}
-    documents = lineage.ParquetRows(shards.shards, provenance | {"num_chars": "length(text)", "shard_path": "filename"})
+    # Never the text: DuckDB decodes a whole row group's column under the warehouse's cap.
+    provenance = {c: c for c in SOURCE_SHARD_SCHEMA if c != "text"}
+    documents = lineage.ParquetRows(shards.shards, provenance | {"shard_path": "filename"})
     sources = pl.DataFrame([{**asdict(c), "source_index": i} for i, c in enumerate(counts)])
     # The row keeps a decontamination recorded before: its hits and decisions are still this data's.
     decontaminated = lineage.decontamination_record(warehouse, verified.digest)

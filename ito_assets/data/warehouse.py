@@ -9,7 +9,8 @@ open or read because it is corrupt is rebuilt from the journal, with a logged wa
 file it names verifies; otherwise it is refused (WAREHOUSE_CORRUPT) with the one-line fix. A
 warehouse deleted by hand is rebuilt from the records that verify when it is next written (the
 others are dropped, with a warning naming the asset that writes them again). A lock held by a
-writer is WAREHOUSE_BUSY; a full disk is STORAGE_FULL, the transaction rolled back.
+writer is WAREHOUSE_BUSY; a full disk is STORAGE_FULL, the transaction rolled back; a write that
+needs more than the warehouse's memory cap is WAREHOUSE_OUT_OF_MEMORY, rolled back too.
 
 The warehouse and its journal hold the lineage of the user's corpus, so they are its owner's
 alone: the file, its `.wal` and its `.corrupt` copy 0600, the journal's folders 0700 and its files
@@ -94,6 +95,10 @@ def refused(error: BaseException, path: Path) -> BaseException:
         return ItoError(ErrorCode.WAREHOUSE_BUSY, "the warehouse is being written by a running step; retry shortly", retryable=True)
     if is_corrupt(error):
         return ItoError(ErrorCode.WAREHOUSE_CORRUPT, f"the warehouse {path.name} is unreadable even as rebuilt from its lineage; one-line fix: delete {path.name} and re-materialize the data assets of every manifest")
+    if isinstance(error, duckdb.OutOfMemoryException):
+        # The cap is fixed, so the same write fails again: not retryable as it is.
+        return ItoError(ErrorCode.WAREHOUSE_OUT_OF_MEMORY, f"the warehouse {path.name} ran out of its {MEMORY_LIMIT_MB} MB "
+                        "memory cap while writing lineage rows; the write was rolled back")
     return error
 
 

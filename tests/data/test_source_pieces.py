@@ -28,7 +28,7 @@ from ito_assets.data.config import DataPrepConfig, ScaleConfig
 from ito_assets.data.source_pieces import line_spans, row_group_runs
 from ito_assets.data.scratch import scratch_space
 from ito_assets.data.shards import part_tasks, write_shard_stream
-from ito_assets.data.sources import DOCUMENT_SCHEMA, SourceRead, read_source
+from ito_assets.data.sources import DOCUMENT_SCHEMA, SOURCE_SHARD_SCHEMA, SourceRead, read_source
 from ito_assets.data.stages import run_sources
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.schema import DataReference
@@ -109,7 +109,7 @@ def one_pass(root: Path, state: str, shard_max_rows: int) -> list[str]:
     with scratch_space(root / state / "_scratch", ScaleConfig()) as scratch:
         reads = [SourceRead(ref, i, root, scratch.folder) for i, ref in enumerate(verified.manifest.data)]
         frames = (frame for read in reads for frame in read.frames())
-        shards = write_shard_stream(frames, root / state / "source", prefix="documents", max_rows=shard_max_rows, schema=DOCUMENT_SCHEMA)
+        shards = write_shard_stream(frames, root / state / "source", prefix="documents", max_rows=shard_max_rows, schema=SOURCE_SHARD_SCHEMA)
     return [s.sha256 for s in shards.shards]
 
 
