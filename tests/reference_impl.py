@@ -72,13 +72,12 @@ def hits_per_document(candidates: list[int], docs: pl.DataFrame, index: EvalInde
     occurrences found alone, each occurrence's matches filtered with polars. The batched
     `hits_of` must give exactly these rows."""
     from ito_assets.data.decontam import HIT_SCHEMA, _attribute, occurrences, seed_matches
-    from ito_assets.data.text import word_tokens, words_with_spans
+    from ito_assets.data.text import decontam_words, word_tokens
 
     rows: list[dict] = []
     for doc in candidates:
         text = docs["text"][doc]
-        words, spans = words_with_spans(text, digits_normalized=True)
-        raw = words_with_spans(text, digits_normalized=False)[0]
+        words, raw, spans = decontam_words(text)
         matches = seed_matches(word_tokens([words]), index).join(ignored, on=["seed", "view"], how="anti")
         found = occurrences(matches, index).filter(pl.col("is_hit"))
         hits = []

@@ -30,8 +30,7 @@ import polars as pl
 
 from ito_assets.data.config import DecontamConfig
 from ito_assets.data.eval_index import EvalIndex
-from ito_assets.data.text import (TokenHashes, fold_fullwidth, ngram_hashes, window_hashes, window_words, word_tokens,
-                                  words_with_spans)
+from ito_assets.data.text import TokenHashes, decontam_words, ngram_hashes, window_hashes, window_words, word_tokens
 
 HIT_SCHEMA = {
     "doc_id": pl.String,
@@ -302,8 +301,8 @@ def hits_of(candidates: list[int], docs: pl.DataFrame, index: EvalIndex, ignored
     seeds and occurrences are found together, in one pass over all of them (per document they
     cost ~17 ms of small queries each); each document's hits are then assembled alone."""
     ids, texts = docs["doc_id"], docs["text"]
-    parsed = [words_with_spans(texts[doc], digits_normalized=True) for doc in candidates]
-    tokens = word_tokens([words for words, _ in parsed])
+    parsed = [decontam_words(texts[doc]) for doc in candidates]
+    tokens = word_tokens([words for words, _, _ in parsed])
     matches = seed_matches(tokens, index).join(ignored, on=["seed", "view"], how="anti")
     found = occurrences(matches, index).filter(pl.col("is_hit"))
     found_by_doc = found.partition_by("doc", as_dict=True) if found.height else {}
@@ -312,8 +311,7 @@ def hits_of(candidates: list[int], docs: pl.DataFrame, index: EvalIndex, ignored
     for position, doc in enumerate(candidates):
         if (position,) not in found_by_doc:
             continue
-        words, spans = parsed[position]
-        raw = [fold_fullwidth(word) for word in words_with_spans(texts[doc], digits_normalized=False)[0]]
+        words, raw, spans = parsed[position]
         rows.extend(_document_hits(ids[doc], words, spans, raw, found_by_doc[(position,)], matches_by_doc[(position,)], index, config))
     return pl.DataFrame(rows, schema=HIT_SCHEMA) if rows else pl.DataFrame(schema=HIT_SCHEMA)
 

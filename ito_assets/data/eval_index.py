@@ -33,8 +33,8 @@ import polars as pl
 
 from ito_assets.data.completion import frame_digest
 from ito_assets.data.config import DecontamConfig
-from ito_assets.data.text import (TokenHashes, fold_fullwidth, hash_words, ngram_hashes, window_full_words, window_hashes,
-                                  window_words, word_tokens, words_of, words_with_joins)
+from ito_assets.data.text import (DECONTAM_CUT_VERSION, TokenHashes, decontam_words, hash_words, ngram_hashes, window_full_words,
+                                  window_hashes, window_words, word_tokens, words_of, words_with_joins)
 from ito_assets.evals.suite import EvalSuite
 
 QUESTION_ANSWER = "question_answer"
@@ -76,7 +76,7 @@ class EvalIndex:
     @cached_property
     def digest(self) -> str:
         """SHA-256 of what a scan looks for: the views, their seeds and join windows."""
-        body = hashlib.sha256(json.dumps([self.suite_digest, self.window_bytes, [asdict(v) for v in self.views]]).encode())
+        body = hashlib.sha256(json.dumps([self.suite_digest, self.window_bytes, DECONTAM_CUT_VERSION, [asdict(v) for v in self.views]]).encode())
         return hashlib.sha256((body.hexdigest() + frame_digest(self.seeds) + frame_digest(self.windows)).encode()).hexdigest()
 
     @property
@@ -173,7 +173,7 @@ def build_index(suite: EvalSuite, config: DecontamConfig) -> EvalIndex:
                     benchmark=item.benchmark,
                     kind=kind,
                     words=tuple(words),
-                    raw_words=tuple(fold_fullwidth(word) for word in words_of(text, digits_normalized=False)),
+                    raw_words=tuple(decontam_words(text)[1]),
                     seed_size=n,
                     evidence_words=config.evidence_words(len(words)),
                 )
