@@ -88,6 +88,34 @@ def test_an_optional_part_loads_what_the_checkpoint_holds_and_drops_the_rest(tmp
     assert resume.load_latest(tmp_path, state, rank=0, group=None, owner=OURS).step is None
 
 
+def _order(batch_size: int) -> dict:
+    return {"data_order": {"batch_size": batch_size, "sequence_length": 128, "seed": 0}}
+
+
+def test_a_stage_run_again_under_another_data_order_keeps_its_own_checkpoints(tmp_path):
+    # The first order's folders, at higher steps, counted as whole: keep_last kept them and pruned
+    # every checkpoint of the new order, its final one included (the stage then failed at its end).
+    def saver(batch_size: int, interval: int) -> Checkpointer:
+        return Checkpointer(CheckpointConfig(directory=tmp_path, interval_steps=interval, keep_last=2, owner=OURS,
+                                             trained_with=_order(batch_size)), process_group=None, rank=0)
+
+    first = saver(8, 10)
+    for step in (10, 20, 30, 40):
+        first.save(step, _state(step))
+    first.close()
+    again = saver(16, 5)
+    for step in (5, 10, 15):
+        again.save(step, _state(1000 + step))
+    again.close()
+    assert sorted(markers.step_of(p) for p in tmp_path.iterdir() if markers.step_of(p) is not None) == [10, 15, 30, 40]
+    state = _state(0)
+    point = resume.load_latest(tmp_path, state, rank=0, group=None, owner=OURS,
+                               trained_with=markers.resume_terms(_order(16)))
+    assert (point.step, float(state["model"]["w"][0, 0])) == (15, 1015.0)
+    assert [s.step for s in point.skipped] == [40, 30]
+    assert markers.resume_terms({"layout": {}, "positions": {}}) is None  # the layout may change on resume
+
+
 # --- a marker that is valid JSON but no marker ------------------------------------------------------
 
 

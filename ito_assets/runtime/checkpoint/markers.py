@@ -162,6 +162,18 @@ def _has_link(folder: Path) -> bool:
     return folder.is_symlink() or any(p.is_symlink() for p in folder.iterdir())
 
 
+# The parts of a marker's `trained_with` a checkpoint must share with the attempt that resumes it:
+# its data order (a position counts global batches of one size, in one seed's order). The layout
+# and the positions may differ (DCP reshards; a stage's positions are its own).
+RESUME_TERMS = ("data_order",)
+
+
+def resume_terms(trained_with: dict | None) -> dict | None:
+    """What of `trained_with` a checkpoint must share to be resumed, or pruned as this attempt's."""
+    terms = {key: trained_with[key] for key in RESUME_TERMS if key in (trained_with or {})}
+    return terms or None
+
+
 def _trained_otherwise(marker: Marker, expected: dict | None) -> str | None:
     """The first of `expected`'s entries the marker's `trained_with` names with another value."""
     recorded = marker.trained_with or {}
@@ -197,11 +209,11 @@ def precheck(folder: Path, owner: dict | None = None,
     return marker, None
 
 
-def intact(folder: Path, owner: dict | None = None) -> bool:
+def intact(folder: Path, owner: dict | None = None, trained_with: dict | None = None) -> bool:
     """Whole by everything but the digests: the marker's checks (`precheck`) and every listed file's
     size. Cheap enough for every prune, and a marker that lies about its folder (another step, a
     shard missing, extra or cut short) fails it."""
-    marker, _ = precheck(folder, owner)
+    marker, _ = precheck(folder, owner, trained_with)
     if marker is None:
         return False
     try:

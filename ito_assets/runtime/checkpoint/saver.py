@@ -288,9 +288,11 @@ class Checkpointer:
         """Marked, this stage's, not a link, and its files as the marker lists them (`markers.intact`):
         a folder planted from elsewhere, or one whose marker lies (another step, a shard missing or
         cut short), never counts toward `keep_last`, else it would have the stage's own whole
-        checkpoints pruned. The digests are left to the resume: hashing every kept folder at each
-        save would cost more than the save."""
-        return markers.intact(folder, self.config.owner)
+        checkpoints pruned; nor does one the resume skips for its data order (a stage run again
+        with another batch size starts afresh beside the folders of the first order, which stay).
+        The digests are left to the resume: hashing every kept folder at each save would cost more
+        than the save."""
+        return markers.intact(folder, self.config.owner, markers.resume_terms(self.config.trained_with))
 
 
 def _remove(folder: Path, *, ignore_errors: bool = False) -> None:

@@ -306,7 +306,7 @@ class StageWorker:
         point = resume.load_latest(Path(self.config.resume_dir or self.stage_dir), state, rank=self.rank,
                                    group=self.group.checkpoint_group, owner=self.owner(),
                                    optional=train_state.OPTIONAL_PARTS,
-                                   trained_with={"data_order": self.data_order()})
+                                   trained_with=markers.resume_terms(self.trained_with()))
         for skipped in point.skipped:
             self.log(f"skipped checkpoint step {skipped.step}: {skipped.reason}")
         step, position = 0, 0
@@ -404,7 +404,9 @@ class StageWorker:
         if self.rank == 0:
             if self.writes_checkpoints:
                 final = markers.checkpoint_dir(self.stage_dir, step)
-                body |= {"final_checkpoint": str(final), "metadata_sha256": markers.read_marker(final).metadata_sha256}
+                if (marker := markers.read_marker(final)) is None:
+                    raise RuntimeError(f"the final checkpoint of step {step} has no marker: it was not saved whole")
+                body |= {"final_checkpoint": str(final), "metadata_sha256": marker.metadata_sha256}
             with self.writing("the stage's result"):
                 write_atomic(self.stage_dir / RESULT_NAME, json.dumps(body, sort_keys=True).encode())
         self.heartbeat.beat(step, "finished", force=True)
