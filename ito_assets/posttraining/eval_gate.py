@@ -102,7 +102,12 @@ def judge_rewards(stage: str, before: RewardEval, after: RewardEval, spec: GateS
 
 def _sampling_error(before: RewardEval, after: RewardEval) -> float:
     """The standard error of the mean difference from sampling alone: each prompt's score is the
-    mean of its draws (variance s^2 / draws), the two evaluations' draws are independent."""
+    mean of its draws (variance s^2 / draws), the two evaluations' variances added as if their
+    draws were independent. Both draw from the same seed, which makes the difference's own noise
+    smaller where the policies agree: the floor errs towards a wider band. 0 where an evaluation
+    stored before the variances were recorded has none."""
+    if not before.per_task_variance or not after.per_task_variance:
+        return 0.0
     variances = [b / before.num_samples + a / after.num_samples
                  for b, a in zip(before.per_task_variance, after.per_task_variance, strict=True)]
     return math.sqrt(math.fsum(variances)) / len(variances)

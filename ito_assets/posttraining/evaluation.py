@@ -22,8 +22,9 @@ class RewardEval:
     mean_reward: float  # mean verifiable score over prompts x samples at temperature 1
     per_task: tuple[float, ...]  # mean score of each prompt, in task order (paired comparisons)
     # The sample variance of each prompt's scores over its num_samples draws: the gate's floor on
-    # noise, where a few prompts happen to move alike.
-    per_task_variance: tuple[float, ...]
+    # noise, where a few prompts happen to move alike. Empty in an evaluation stored before it was
+    # recorded (a previous stage's "after"): the gate then has the spread over prompts alone.
+    per_task_variance: tuple[float, ...] = ()
     greedy_accuracy: float  # share of prompts answered right by greedy decoding
     num_tasks: int
     num_samples: int

@@ -175,6 +175,20 @@ def test_the_gate_counts_sampling_noise_where_prompts_move_alike():
                              BATTERY["dpo"]).passed
 
 
+def test_an_evaluation_stored_before_its_variances_were_recorded_is_judged_on_the_spread():
+    # A previous stage's "after", pickled by an older release, has no variances: the stage that
+    # follows trained, then failed reading them.
+    import pickle
+
+    stored = _eval([0.5, 0.5, 0.5, 0.5], variance=0.2)
+    old = pickle.loads(pickle.dumps(stored))
+    del old.__dict__["per_task_variance"]  # as an older release's pickle restores it
+    up = _eval([0.75, 0.75, 0.625, 0.75], variance=0.2)
+    verdict = judge_rewards("rlvr", old, up, BATTERY["rlvr"])
+    assert verdict.passed and verdict.standard_error == pytest.approx(0.03125)
+    assert judge_rewards("rlvr", stored, up, BATTERY["rlvr"]).standard_error > 0.03125
+
+
 def test_the_gate_takes_the_larger_of_the_spread_and_the_sampling_noise():
     before = _eval([0.5, 0.5, 0.5, 0.5], variance=0.01)
     spread = _eval([0.25, 0.75, 0.5, 0.375], variance=0.01)  # the spread's SE .1067 > sampling's .025
