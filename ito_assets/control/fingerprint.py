@@ -23,20 +23,21 @@ IDEMPOTENCY_KEY = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._:-]{7,127}$")
 _OWN_SECRET_PREFIXES = ("ito_desk_", "ito_acct_", "cfr_")
 
 
-def validate_key(key: object) -> str:
+def validate_key(key: object, *, lookup: bool = False) -> str:
     """A well-formed key that does not look like a credential: keys are echoed in every answer
     and the audit trail, so a pasted token must never be accepted as one.
 
     Only known credential formats are refused, not high entropy: a good key is random by design
     (secrets.token_urlsafe(16) or more), and the entropy rule refused most such keys of 32
-    characters and up."""
+    characters and up. `lookup`: a key only looked up, which writes nothing; one an older release
+    stored with this API's prefixes inside it (`nightly-cfr_1`) is still found."""
     from ito_assets.manifest.secrets import pattern_secret_kind
 
     if not isinstance(key, str) or IDEMPOTENCY_KEY.fullmatch(key) is None:
         raise ItoError(ErrorCode.IDEMPOTENCY_KEY_INVALID,
                        "the idempotency key must be 8-128 characters of letters, digits, '.', '_', ':' or '-'")
-    if (pattern_secret_kind(key) is not None or key.startswith("ito_")
-            or any(prefix in key for prefix in _OWN_SECRET_PREFIXES)):
+    if (pattern_secret_kind(key) is not None or key.startswith(("ito_", "cfr_"))
+            or (not lookup and any(prefix in key for prefix in _OWN_SECRET_PREFIXES))):
         raise ItoError(ErrorCode.IDEMPOTENCY_KEY_INVALID, "the idempotency key looks like a secret; use a random id")
     return key
 

@@ -63,3 +63,18 @@ def test_a_key_that_only_resembles_a_secret_is_accepted(key) -> None:
 @pytest.mark.parametrize("key", ["ito_run-0001", "ito_acct_0001", "cfr_run-0001"])
 def test_a_key_that_starts_like_a_secret_is_refused(key) -> None:
     refused(key)
+
+
+@pytest.mark.parametrize("key", ["nightly-cfr_2024-06-01", "run-ito_acct_x-0001"])
+def test_a_key_an_older_release_stored_is_still_looked_up(key) -> None:
+    # Looking a key up writes nothing: one stored before the prefixes were refused inside a key is
+    # still found, so a client that lost its answer can recover it. A new request with it is refused.
+    assert validate_key(key, lookup=True) == key
+    refused(key)
+
+
+@pytest.mark.parametrize("key", ["ito_acct_0123456789", "cfr_0123456789", "k:" + TOKENS["account"]])
+def test_a_lookup_still_refuses_what_was_never_stored(key) -> None:
+    with pytest.raises(ItoError) as info:
+        validate_key(key, lookup=True)
+    assert info.value.code is ErrorCode.IDEMPOTENCY_KEY_INVALID

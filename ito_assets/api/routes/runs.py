@@ -53,7 +53,7 @@ def _list(api: Api, who: Identity, request: Request, _body: None) -> dict:
 
 def _by_key(api: Api, who: Identity, request: Request, _body: None) -> dict:
     """What the first request under this key answered, for a client that lost that answer."""
-    key = validate_key(request.path_params["key"])
+    key = validate_key(request.path_params["key"], lookup=True)
     with api.ledger.read() as conn:
         record = idempotency.lookup(conn, who.tenant, key)
     if record is None:
