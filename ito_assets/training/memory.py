@@ -72,6 +72,15 @@ def stage_parameter_count(config: ModelConfig, pp: int) -> int:
     return layers + embedding + config.d_model
 
 
+def rank_parameter_count(config: ModelConfig, layout: Layout) -> int:
+    """Parameters a tensor-parallel rank holds of its pipeline stage, before data-parallel
+    sharding: the blocks' linear weights split over tp; their norm gains (sequence parallel), the
+    embedding, the head and the final norm whole on every tensor-parallel rank, as the runtime
+    runs them."""
+    split = -(-config.num_layers // layout.pp) * (layer_parameter_count(config) - 2 * config.d_model)
+    return split // layout.tp + stage_parameter_count(config, layout.pp) - split
+
+
 def layer_activation_bytes(config: ModelConfig, tokens: int) -> int:
     """Bytes one layer keeps for the backward, for `tokens` = s x b tokens on one GPU."""
     h, f = config.d_model, config.d_ff
@@ -89,11 +98,7 @@ def activation_bytes(config: ModelConfig, layout: Layout, sequence_length: int) 
 
 
 def estimate_memory(config: ModelConfig, layout: Layout, sequence_length: int, gpu: GpuSpec) -> MemoryEstimate:
-    stage = stage_parameter_count(config, layout.pp)
-    # The blocks' linear weights are split over tp; their norm gains (sequence parallel), the
-    # embedding, the head and the final norm are whole on every tensor-parallel rank.
-    split = -(-config.num_layers // layout.pp) * (layer_parameter_count(config) - 2 * config.d_model)
-    states = BYTES_PER_PARAMETER_STATES * (split // layout.tp + stage - split) // layout.shard_group
+    states = BYTES_PER_PARAMETER_STATES * rank_parameter_count(config, layout) // layout.shard_group
     in_flight = 0
     if layout.shard_group > 1:
         in_flight = LAYERS_IN_FLIGHT * BYTES_PER_PARAMETER_IN_FLIGHT * layer_parameter_count(config) // layout.tp

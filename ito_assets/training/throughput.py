@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ito_assets.training.hardware import GpuSpec, NetworkSpec
 from ito_assets.training.layout import Checkpointing, Layout, Precision
-from ito_assets.training.memory import stage_parameter_count
+from ito_assets.training.memory import rank_parameter_count
 from ito_assets.training.model_config import ModelConfig, flops_per_token, matmul_parameter_count
 
 # Fraction of the bf16 peak a well-compiled transformer step reaches when the matmuls are large:
@@ -101,7 +101,7 @@ def _tensor_parallel_seconds(config: ModelConfig, layout: Layout, sequence_lengt
 def _data_parallel_seconds(config: ModelConfig, layout: Layout, num_microbatches: int, gpu: GpuSpec, network: NetworkSpec, gpus_per_node: int) -> float:
     """FSDP: bf16 all-gather forward and backward (2 + 2 bytes) and an fp32 reduce-scatter (4) per
     micro-batch; HSDP replicas: an fp32 all-reduce (2 x 4 bytes) of the shard per step."""
-    params = stage_parameter_count(config, layout.pp) / layout.tp
+    params = rank_parameter_count(config, layout)
     shard_span = layout.shard_group * layout.tp
     shard_link = gpu.intra_node_bandwidth if shard_span <= gpus_per_node else min(network.bandwidth, gpu.intra_node_bandwidth)
     replica_link = gpu.intra_node_bandwidth if shard_span * layout.dp_replicate <= gpus_per_node else network.bandwidth
