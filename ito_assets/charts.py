@@ -288,10 +288,11 @@ def _draw_effect(figure, p: dict) -> None:
     axes.legend(fontsize=7, loc="upper left")
 
 
-def step_time_chart(stages: Mapping[str, tuple[float, float]], flag_fraction: float) -> bytes:
+def step_time_chart(stages: Mapping[str, tuple[float, float, bool]], flag_fraction: float) -> bytes:
     """Predicted and measured seconds per step for each stage (`stages`: name -> (predicted,
-    measured)), with the band within which a measurement is not flagged."""
-    payload = {"stages": {n: [float(p), float(m)] for n, (p, m) in stages.items()}, "flag": flag_fraction}
+    measured, flagged as the calibration judged it)), with the band within which a measurement is
+    not flagged."""
+    payload = {"stages": {n: [float(p), float(m), bool(f)] for n, (p, m, f) in stages.items()}, "flag": flag_fraction}
     return _render("step_time", payload)
 
 
@@ -305,7 +306,7 @@ def _draw_step_time(figure, p: dict) -> None:
     axes.errorbar([x - 0.2 for x in xs], predicted, yerr=[[v * p["flag"] for v in predicted]] * 2, fmt="none",
                   ecolor=MUTED, capsize=8, label=f"±{p['flag']:.0%} (not flagged)")
     axes.bar([x - 0.2 for x in xs], predicted, width=0.4, color=MUTED, alpha=0.6, label="predicted")
-    flagged = [abs(m / pr - 1) > p["flag"] if pr > 0 else True for pr, m in zip(predicted, measured)]
+    flagged = [stages[n][2] for n in names]  # the check's verdict, not judged again from unrounded figures
     axes.bar([x + 0.2 for x in xs], measured, width=0.4, color=[FAIL if f else PASS for f in flagged], label="measured")
     axes.set_xticks(xs, names)
     _style(axes, "step time: price model against the run", "", "s/step")

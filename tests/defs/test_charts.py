@@ -38,7 +38,7 @@ TYPICAL = {
     "contamination": lambda: charts.contamination_chart({"arith-words": {"documents": 20, "eval_items": 18}}),
     "effect": lambda: charts.effect_chart(0.12, -0.05, 0.29, "WITHIN_NOISE", unit="bits/byte",
                                           minimum_detectable_effect=0.2),
-    "step_time": lambda: charts.step_time_chart({"pretraining": (0.5, 0.55), "mid_training": (0.5, 0.8)}, 0.25),
+    "step_time": lambda: charts.step_time_chart({"pretraining": (0.5, 0.55, False), "mid_training": (0.5, 0.8, True)}, 0.25),
 }
 
 # Edge inputs and what they draw: "no data" in the panel for an empty series, a marker for a lone
@@ -95,3 +95,16 @@ def test_markdown_image_is_a_data_uri_of_the_same_bytes():
     found = re.fullmatch(r"!\[([^\]]*)\]\(data:image/png;base64,([A-Za-z0-9+/=]+)\)", text)
     assert found and found.group(1) == "decision (95%)"
     assert base64.b64decode(found.group(2)) == png
+
+
+def test_the_step_time_bar_takes_the_checks_verdict():
+    # 2.50001 s against 2 s is a ratio of 1.25 as recorded: the check passes it; judged again from
+    # the unrounded figures the bar was painted as flagged.
+    from matplotlib.colors import to_rgba
+    from matplotlib.figure import Figure
+
+    for flagged, colour in ((False, charts.PASS), (True, charts.FAIL)):
+        figure = Figure()
+        charts._draw_step_time(figure, {"stages": {"pretraining": [2.0, 2.50001, flagged]}, "flag": 0.25})
+        measured = [bar for bar in figure.axes[0].patches if bar.get_x() > -0.1][-1]  # right of the predicted one
+        assert measured.get_facecolor() == to_rgba(colour)

@@ -34,6 +34,6 @@ def step_time_metadata(calibrations: dict[str, dict]) -> dict:
     records = [{"stage": stage, "predicted s/step": round(c["predicted_step_s"], 4),
                 "measured s/step": round(c["measured_step_s"], 4), "measured/predicted": round(c["step_time_ratio"], RATIO_DIGITS),
                 "flagged": bool(c["flagged"])} for stage, c in timed.items()]
-    figures = {stage: (c["predicted_step_s"], c["measured_step_s"]) for stage, c in timed.items()}
+    figures = {stage: (c["predicted_step_s"], c["measured_step_s"], c["flagged"]) for stage, c in timed.items()}
     return {"step_time_chart": chart("predicted and measured step time", charts.step_time_chart(figures, FLAG_FRACTION)),
             "step_time": table(STEP_TIME_COLUMNS, records)}
