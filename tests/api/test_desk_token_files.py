@@ -137,3 +137,32 @@ def test_bootstrap_revokes_a_token_it_cannot_write(api, monkeypatch) -> None:
     document = _bootstrap(api, str(out))
     assert document["error"]["message"].startswith("the token could not be written to --token-out (ENOSPC)")
     assert live_tokens(api) == before and not os.path.lexists(out)
+
+
+def test_bootstrap_names_the_token_it_could_neither_write_nor_revoke(api, monkeypatch) -> None:
+    # A SQLite ledger on the same full disk: the revocation fails too. It was an INTERNAL_ERROR
+    # with a live desk token nobody held.
+    from ito_assets.control import identity
+
+    monkeypatch.setattr(desk, "_write_token", _full_disk)
+
+    def revocation_fails(*_args, **_kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(identity, "revoke_token", revocation_fails)
+    before = live_tokens(api)
+    document = _bootstrap(api, str(api.root / api.unique("boot-orphan.token")))
+    [token_id] = live_tokens(api) - before
+    assert document["error"] == {**document["error"], "code": "USAGE_ERROR", "message": (
+        "the token could not be written to --token-out (ENOSPC) and could not be revoked; revoke it: "
+        f"ito desk tokens revoke {token_id}")}
+
+
+def test_a_token_whose_write_fails_in_any_way_is_revoked(api, monkeypatch) -> None:
+    def interrupted(_fd, _secret):
+        raise UnicodeEncodeError("ascii", "x", 0, 1, "not ASCII")
+    monkeypatch.setattr(desk, "_write_token", interrupted)
+    before = live_tokens(api)
+    out = api.root / api.unique("interrupted.token")
+    document = issue(api, str(out))
+    assert document["error"]["message"].endswith(" was revoked") and live_tokens(api) == before
+    assert not os.path.lexists(out)

@@ -155,8 +155,8 @@ def _reserve_token_file(path: str, flag: str) -> int:
         raise ItoError(ErrorCode.USAGE_ERROR, f"{flag} cannot be created ({_reason(exc)})") from None
 
 
-def _reason(exc: OSError) -> str:
-    return errno.errorcode.get(exc.errno or 0, type(exc).__name__)
+def _reason(exc: Exception) -> str:
+    return errno.errorcode.get(getattr(exc, "errno", None) or 0, type(exc).__name__)
 
 
 def _drop_token_file(path: str, fd: int) -> None:
@@ -188,10 +188,9 @@ def _issue(args: argparse.Namespace) -> VerbResult:
     except BaseException:
         _drop_token_file(args.out, fd)
         raise
-    secret = data.pop("token")
     try:
-        _write_token(fd, secret)
-    except OSError as exc:
+        _write_token(fd, data.pop("token"))
+    except Exception as exc:  # a full disk, or anything else: nobody holds the token
         _drop_token_file(args.out, fd)
         raise _unwritten(client, data["token_id"], exc) from None
     os.close(fd)
@@ -199,7 +198,7 @@ def _issue(args: argparse.Namespace) -> VerbResult:
     return _done(client, data, [f"token {data['token_id']} ({args.role}) written to the 0600 file given by --out"])
 
 
-def _unwritten(client, token_id: str, exc: OSError) -> ItoError:
+def _unwritten(client, token_id: str, exc: Exception) -> ItoError:
     """A token issued but not written is revoked: nobody holds it. The id (never the token) is
     reported so that the desk can revoke it by hand if the revocation failed too."""
     try:
@@ -209,6 +208,18 @@ def _unwritten(client, token_id: str, exc: OSError) -> ItoError:
                                                f"could not be revoked; revoke it: ito desk tokens revoke {token_id}")
     return ItoError(ErrorCode.USAGE_ERROR,
                     f"the token could not be written to --out ({_reason(exc)}); token {token_id} was revoked")
+
+
+def _unwritten_here(ledger, token_id: str, exc: Exception, revoke_token) -> ItoError:
+    """`_unwritten` for bootstrap, which holds the ledger itself (on a full disk its revocation
+    may fail too: the id is then named for the desk to revoke)."""
+    try:
+        revoke_token(ledger, token_id, actor="bootstrap")
+    except Exception:
+        return ItoError(ErrorCode.USAGE_ERROR, f"the token could not be written to --token-out ({_reason(exc)}) and "
+                                               f"could not be revoked; revoke it: ito desk tokens revoke {token_id}")
+    return ItoError(ErrorCode.USAGE_ERROR,
+                    f"the token could not be written to --token-out ({_reason(exc)}); token {token_id} was revoked")
 
 
 def _create_booking(args: argparse.Namespace) -> VerbResult:
@@ -331,10 +342,8 @@ def _bootstrap_token(settings, fd: int):
         issued = issue_token(ledger, Role.DESK, account_id=None, label="bootstrap", actor="bootstrap")
         try:
             _write_token(fd, issued.secret)
-        except OSError as exc:
-            revoke_token(ledger, issued.token_id, actor="bootstrap")
-            raise ItoError(ErrorCode.USAGE_ERROR, f"the token could not be written to --token-out ({_reason(exc)}); "
-                                                  f"token {issued.token_id} was revoked") from None
+        except Exception as exc:
+            raise _unwritten_here(ledger, issued.token_id, exc, revoke_token) from None
     finally:
         ledger.dispose()
     return issued
