@@ -7,7 +7,8 @@ import re
 import sys
 from dataclasses import dataclass, field
 
-from ito_assets.manifest.secrets import assigned_credentials, key_looks_secret, pattern_secret_kind
+from ito_assets.manifest.secrets import (assigned_credentials, env_name_looks_secret, pattern_secret_kind,
+                                        value_secret_kind)
 
 # It is also a Kubernetes label value and names a Job: both must end in a letter or digit.
 _RUN_ID = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_-]{0,61}[A-Za-z0-9])?$")
@@ -15,6 +16,11 @@ _RUN_ID = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_-]{0,61}[A-Za-z0-9])?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 BACKENDS = ("gloo", "nccl")
+# Device lists, as the supervisor sets a replica group's share of the GPUs: GPU and MIG UUIDs are
+# random by design (an old driver's MIG-GPU-<uuid>/1/0 reads as a key to the entropy rule), so only
+# a known format or an assignment counts there.
+_DEVICE_LISTS = frozenset({"CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
+                           "ROCR_VISIBLE_DEVICES"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,14 +63,16 @@ def _check_env(env: tuple[tuple[str, str], ...]) -> None:
     """The spec's environment is written out as it is (an sbatch script, a Job's manifest): a name
     that is no identifier would run as shell code there, and a secret would be readable by anyone
     who reads the script or the Job. On this machine and under Slurm the workers inherit the
-    launching process's environment, secrets included, without writing it anywhere. Values are
-    never echoed: a refused one may be a secret."""
+    launching process's environment, secrets included, without writing it anywhere. A value is
+    judged as a manifest's is, random-looking strings included (a key under a name no rule knows,
+    S3_CREDS, or inside a connection string); it is never echoed: a refused one may be a secret."""
     for name, value in env:
         if not _ENV_NAME.match(name):
             raise ValueError("env names must be letters, digits and '_', not starting with a digit")
-        if key_looks_secret(name):
+        if env_name_looks_secret(name):
             raise ValueError(f"env must hold non-secret settings only: {name} looks like a credential")
-        if pattern_secret_kind(value) or assigned_credentials(value):
+        kind = pattern_secret_kind(value) if name in _DEVICE_LISTS else value_secret_kind(value)
+        if kind or assigned_credentials(value):
             raise ValueError(f"env must hold non-secret settings only: the value of {name} is a credential")
 
 

@@ -49,8 +49,12 @@ _PATTERNS: tuple[tuple[str, "re.Pattern[str] | _Jwt"], ...] = (
     # Userinfo with a password, or a query parameter named like a credential (?token=, &sig=,
     # X-Amz-Signature=, ?api_key=). Anchored on "://" and on "?&;", never on the scheme: a scheme
     # pattern restarts at every letter of a long word and takes quadratic time.
+    # The password may hold "/" (base64 ones often do, and SQLAlchemy and psycopg take it raw); a
+    # port and the path after it (host:8080/a@b, host:80?to=a@b) is no password, nor an IPv6
+    # literal's colons. At most 256 characters: each "://" is read a bounded length, so a run of
+    # them stays linear.
     ("url_credentials", re.compile(
-        r"://[^/\s:@]*:[^/\s@]+@"
+        r"://[^/\s:@\[\]]*:(?!\d{1,5}[/?#])[^\s@]{1,256}@"
         r"|(?i:[?&;](?:[a-z0-9_.-]*[_.-])?"
         r"(?:token|sig|signature|password|passwd|pwd|secret|credential|auth|api_?key|access_?key|secret_?key)"
         r"=[^&#\s]{4,})")),
@@ -195,6 +199,13 @@ def _credential_name(name: str) -> bool:
     if not _ends_a_credential_name(words, len(words), _TEXT_SECRET_WORDS):
         return words[-1] == "token" and len(words) > 1 and words[-2] not in _VOCABULARY_TOKENS
     return True
+
+
+def env_name_looks_secret(name: str) -> bool:
+    """An environment variable's name that names a credential: by any of its words, as a document's
+    key is judged (`HF_TOKEN`, `DB_PASSWORD_FILE`), or by its ending, as a name in text is (`DB_PASS`,
+    `REDIS_AUTH`)."""
+    return key_looks_secret(name) or _credential_name(name)
 
 
 def _value_span(text: str, start: int, name: str, *, to_line_end: bool, prose: bool,

@@ -31,6 +31,8 @@ LEAKS = {
     "//registry.npmjs.org/:_authToken=abcdef123456": f"//registry.npmjs.org/:_authToken={R}",
     "_API_KEY = 'abc123def'": f"_API_KEY = {R}",
     "redis://:hunter2@redis:6379/0": R,  # a URL's password without a user
+    # A password with a "/" (base64), as SQLAlchemy's connection error prints the URL.
+    "could not connect to postgresql://ito:q8Rz/Tn4+Wm2Lk9Xv3Bd@db.internal:5432/ito": f"could not connect to {R}",
     "DB_PASS=hunter2 REDIS_AUTH=s3cr3tpw": f"DB_PASS={R} REDIS_AUTH={R}",
     "password: correct horse battery staple": f"password: {R}",  # alone on its line: to its end
     'HF_TOKEN="abc" python train.py --steps 10': f"HF_TOKEN={R} python train.py --steps 10",
@@ -98,6 +100,7 @@ KEPT = [
     "mysql -h db -u root -p app", "ssh -p2222 worker-1 nvidia-smi",
     "- name: TOKENIZER\n  value: gpt2\n- name: DB_PASSWORD\n  valueFrom: {secretKeyRef: {name: db}}",
     "password required for ci",
+    "GET http://127.0.0.1:8765/v1/users/@me 200", "scp ito@node-1:/data/shards/a.parquet .",  # no password
 ]
 
 

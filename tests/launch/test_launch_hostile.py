@@ -118,6 +118,43 @@ def test_a_secret_in_the_spec_env_is_refused_without_echoing_it(name, value):
     assert CANARY not in str(refused.value)
 
 
+# A password under a name only text calls one (DB_PASS), and keys under names no rule knows: judged
+# by their randomness, as a manifest's values are.
+AZURE = ("DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=Q2FuYXJ5S2V5MTIzNDU2Nzg5MGFiY2RlZmdoaWprbG1ubw==;"
+         "EndpointSuffix=core.windows.net")
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("DB_PASS", "CanaryPw1"), ("REDIS_AUTH", "CanaryPw1"), ("AZ_CONN", AZURE),
+    ("AZURE_STORAGE_CONNECTION_STRING", AZURE),
+    ("S3_CREDS", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"), ("EXTRA", "Xk9pQ2mZ7vR4tL8wN3bY6cF1hJ5sD0gA"),
+    ("DATABASE_URL", "postgresql://ito:q8Rz/Tn4+Wm2Lk9Xv3Bd@db.internal:5432/ito"),  # a password with a "/"
+])
+def test_a_credential_no_known_format_names_is_refused_from_the_spec_env(name, value):
+    with pytest.raises(ValueError, match="non-secret") as refused:
+        LaunchSpec(run_id="r1", nnodes=1, nproc_per_node=1, module="m", env=((name, value),))
+    assert value not in str(refused.value) and "CanaryPw1" not in str(refused.value)
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("TORCHFT_LIGHTHOUSE", "http://127.0.0.1:29510"), ("TORCHFT_LIGHTHOUSE", "http://node-17.cluster.internal:29510"),
+    ("CUDA_VISIBLE_DEVICES", "0,1,2,3"), ("CUDA_VISIBLE_DEVICES", "GPU-5f1e2b3c-4d5e-6f70-8192-a3b4c5d6e7f8"),
+    ("CUDA_VISIBLE_DEVICES", "MIG-5f1e2b3c-4d5e-6f70-8192-a3b4c5d6e7f8,MIG-0a1b2c3d-4e5f-6071-8293-a4b5c6d7e8f9"),
+    ("CUDA_VISIBLE_DEVICES", "MIG-GPU-bf675a41-b36c-591e-bf67-5a41b36c58dc/1/0"),  # random enough for the entropy rule
+    ("PYTHONPATH", "/opt/ito/src:/opt/ito/site-packages"), ("ITO_STATE_DIR", "/var/lib/ito"),
+    ("NCCL_SOCKET_IFNAME", "eth0"), ("BYPASS_CACHE", "1"),
+])
+def test_the_supervisor_s_own_settings_pass_the_spec_env(name, value):
+    # The supervisor adds a replica group's lighthouse and its share of the GPUs (runtime/supervision).
+    spec = LaunchSpec(run_id="r1", nnodes=1, nproc_per_node=1, module="m", env=((name, value),))
+    assert spec.env == ((name, value),)
+
+
+def test_a_device_list_is_still_read_for_known_formats():
+    with pytest.raises(ValueError, match="non-secret"):
+        LaunchSpec(run_id="r1", nnodes=1, nproc_per_node=1, module="m", env=(("CUDA_VISIBLE_DEVICES", CANARY),))
+
+
 def test_a_setting_named_like_a_tokenizer_is_no_credential():
     spec = LaunchSpec(run_id="r1", nnodes=1, nproc_per_node=1, module="m", env=(("TIKTOKEN_CACHE_DIR", "/data/tiktoken"),))
     assert spec.env == (("TIKTOKEN_CACHE_DIR", "/data/tiktoken"),)

@@ -31,6 +31,16 @@ SLOW_BEFORE = {
 }
 
 
+# A URL's password may hold "/": read without a bound, each "://" of a run of them would be read
+# to the run's end.
+SLOW_BEFORE |= {
+    "run of userinfo starts": "://a:" * 12_000,
+    "run of userinfo starts with slashes": "://a:/" * 10_000,
+    "run of URLs with a port": "a://b:1/" * 7_500,
+    "one long password": "://a:" + "b/" * 30_000,
+}
+
+
 @pytest.mark.parametrize("value", SLOW_BEFORE.values(), ids=SLOW_BEFORE.keys())
 def test_one_long_word_is_scanned_quickly(value):
     started = time.perf_counter()
@@ -86,6 +96,36 @@ def test_a_credential_in_a_query_string_is_refused_without_echo(tmp_path, uri):
     assert "(url_credentials)" in error.message
     secret = uri.rsplit("=", 1)[1]
     assert secret[:4] not in error.message
+
+
+# --- a password in a URL's userinfo, "/" included ------------------------------------------------
+
+SLASH_PASSWORD = "q8Rz/Tn4+Wm2Lk9Xv3Bd"  # as `openssl rand -base64 15` prints one
+
+
+@pytest.mark.parametrize("url", [f"postgresql://ito:{SLASH_PASSWORD}@db.internal:5432/ito",
+                                 f"postgresql://ito:{SLASH_PASSWORD}@db/ito", "redis://:a/b@redis:6379/0",
+                                 "https://u:pass/word@host", "https://u:a/b/c@host:8443/path"])
+def test_a_url_password_with_a_slash_is_a_credential(url):
+    assert value_secret_kind(url) == "url_credentials"
+
+
+def test_a_url_password_with_a_slash_in_a_manifest_is_refused_as_a_secret(tmp_path):
+    document = valid_manifest()
+    document["data"][0]["uri"] = f"postgresql://ito:{SLASH_PASSWORD}@db.internal:5432/ito"
+    error = _refusal(tmp_path, document)
+    assert error.code is ErrorCode.MANIFEST_CONTAINS_SECRET and "(url_credentials)" in error.message
+    assert SLASH_PASSWORD[:4] not in error.message
+
+
+@pytest.mark.parametrize("text", [
+    "http://host:8080/path@x", "https://host:443/users/@me", "http://host:1/a@b", "http://host:65535/a@b",
+    "https://host:8443?email=a@b.org", "https://host:8443#frag@x", "http://[::1]:8080/a@b",
+    "scp user@host:/path", "ssh://git@host:22/repo", "https://medium.com/@user/post:1",
+    "http://host:8080 then mail x@y", "dataroot://corpora/x:y@z",
+])
+def test_a_port_and_a_path_holding_an_at_sign_is_no_password(text):
+    assert value_secret_kind(text) is None
 
 
 @pytest.mark.parametrize("value", [
