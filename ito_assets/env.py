@@ -31,22 +31,18 @@ def number(text: str) -> float | None:
         return None
 
 
-def refuse(message: str, *, usage: bool) -> Exception:
-    """The error for a bad value: USAGE_ERROR where the caller is told (`ito serve`, the client),
-    ValueError where a bad value is a deployment fault (the pipeline's settings, the gate policy)."""
-    return ItoError(ErrorCode.USAGE_ERROR, message) if usage else ValueError(message)
-
-
-def parse(raw: str | None, *, default, whole: bool, message: str, usage: bool, low: float | None = None,
+def parse(raw: str | None, *, default, whole: bool, message: str, low: float | None = None,
           high: float | None = None, low_open: bool = False, empty_is_default: bool = True):
     """The value of one variable from its text (None when unset): the default when unset (or empty,
-    where `empty_is_default`), else the number within [low, high] ((low, high] when `low_open`)."""
+    where `empty_is_default`), else the number within [low, high] ((low, high] when `low_open`).
+    A bad value is USAGE_ERROR with `message`, which names the variable, never the value: every
+    reader of an ITO_ variable reports it so that a verb prints it, not an internal error."""
     if raw is None or (empty_is_default and not raw):
         return default
     value = whole_number(raw) if whole else number(raw)
     if value is None or (low is not None and not (low < value if low_open else low <= value)) \
             or (high is not None and not value <= high):
-        raise refuse(message, usage=usage)
+        raise ItoError(ErrorCode.USAGE_ERROR, message)
     return value
 
 

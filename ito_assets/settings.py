@@ -25,6 +25,7 @@ from ito_assets import env as env_text
 # Where the data plane's work units run: this machine's processes, or a Ray cluster (`RAY_ADDRESS`,
 # else a Ray started for the step); the same bytes either way (ito_assets/data/ray_engine.py).
 from ito_assets.data.config import ENGINES as DATA_ENGINES
+from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.secure_read import DEFAULT_MAX_BYTES
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -51,19 +52,17 @@ class Settings:
     # The decision run's defaults for this code location (the run config's fields: a booked
     # cluster's proxy-150m, a laptop's smaller proxy); the launchpad still overrides them per run.
     decision_config: Mapping[str, Any] = field(default_factory=dict)
-    ledger_url: str = ""  # SQLAlchemy URL; empty means the SQLite file <state_dir>/ledger.db
+    # SQLAlchemy URL; empty means the SQLite file <state_dir>/ledger.db. Out of repr: it may carry a password.
+    ledger_url: str = field(default="", repr=False)
     ledger_schema: str | None = None  # PostgreSQL schema holding the ledger's tables
     # The environment variable `ledger_url` came from, if any: Dagster resources name it instead of
     # holding the value, so that a production URL's password never shows in the UI or run config.
     ledger_url_env: str | None = None
 
     def __post_init__(self) -> None:
-        if self.executor not in EXECUTORS:
-            raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}")
-        if self.data_engine not in DATA_ENGINES:
-            raise ValueError(f"data engine must be one of {', '.join(DATA_ENGINES)}")
-        if self.decision_trainer not in DECISION_TRAINERS:
-            raise ValueError(f"decision trainer must be one of {', '.join(DECISION_TRAINERS)}")
+        _one_of(self.executor, "ITO_EXECUTOR", EXECUTORS)
+        _one_of(self.data_engine, "ITO_DATA_ENGINE", DATA_ENGINES)
+        _one_of(self.decision_trainer, "ITO_DECISION_TRAINER", DECISION_TRAINERS)
         if not self.ledger_url:
             object.__setattr__(self, "ledger_url", f"sqlite:///{self.state_dir / 'ledger.db'}")
 
@@ -85,6 +84,12 @@ class Settings:
         if "ledger_url" in changes:  # an explicit URL no longer comes from the environment
             changes.setdefault("ledger_url_env", None)
         return replace(self, **changes)
+
+
+def _one_of(value: str, variable: str, choices: tuple[str, ...]) -> None:
+    # A setting the command cannot run with is the caller's to fix: USAGE_ERROR, never the value.
+    if value not in choices:
+        raise ItoError(ErrorCode.USAGE_ERROR, f"{variable} must be one of {', '.join(choices)}")
 
 
 class ItoSettings(BaseSettings):
@@ -157,7 +162,7 @@ def _json_object(value: str | None, variable: str) -> dict[str, Any]:
     except ValueError:
         parsed = None
     if not isinstance(parsed, dict):
-        raise ValueError(f"{variable} must be a JSON object")
+        raise ItoError(ErrorCode.USAGE_ERROR, f"{variable} must be a JSON object")
     return parsed
 
 
@@ -175,8 +180,7 @@ def settings_from(environment: ItoSettings) -> Settings:
         manifests_dir=_path(e.manifests_dir, data_root / "fixtures" / "manifests"),
         eval_suite_path=_path(e.eval_suite, data_root / DEFAULT_EVAL_SUITE),
         max_manifest_bytes=env_text.parse(e.max_manifest_bytes, default=DEFAULT_MAX_BYTES, whole=True, low=1,
-                                          empty_is_default=False, usage=False,
-                                          message="ITO_MAX_MANIFEST_BYTES must be a positive integer"),
+                                          empty_is_default=False, message="ITO_MAX_MANIFEST_BYTES must be a positive integer"),
         executor="multiprocess" if e.executor is None else e.executor,
         data_engine="local" if e.data_engine is None else e.data_engine,
         decision_trainer="stage_worker" if e.decision_trainer is None else e.decision_trainer,

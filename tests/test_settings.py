@@ -18,13 +18,20 @@ from ito_assets.settings import ItoSettings, load_settings, settings_from
 SECRET = "ito_acct_" + "s" * 43  # a token pasted into the wrong variable must never be echoed
 
 
-def _refused_as_value_error(read, name: str) -> None:
-    with pytest.raises(ValueError) as refused:
+def _usage_error(read, name: str) -> str:
+    with pytest.raises(ItoError) as refused:
         read()
-    assert not isinstance(refused.value, ItoError) and str(refused.value) == f"{name} must be a positive integer"
+    assert refused.value.code.value == "USAGE_ERROR" and name in refused.value.message
+    assert SECRET not in refused.value.message
+    return refused.value.message
 
 
-# --- ValueError: the pipeline's settings and the gate policy ---------------------------------------
+def _refused_as_a_positive_integer(read, name: str) -> None:
+    assert _usage_error(read, name) == f"{name} must be a positive integer"
+
+
+# --- USAGE_ERROR from every view: the pipeline's settings and the gate policy ----------------------
+# A verb reports the refusal as it is (exit 2), never as an internal error (tests/test_settings_cli.py).
 
 @pytest.mark.parametrize("value, expected", [(None, 262144), ("1", 1), ("2", 2), ("262144", 262144),
                                              ("0", None), ("", None), ("-1", None), ("1.0", None), (" 1", None),
@@ -33,7 +40,7 @@ def _refused_as_value_error(read, name: str) -> None:
 def test_max_manifest_bytes_is_a_positive_integer(value, expected) -> None:
     env = {} if value is None else {"ITO_MAX_MANIFEST_BYTES": value}
     if expected is None:
-        _refused_as_value_error(lambda: load_settings(env), "ITO_MAX_MANIFEST_BYTES")
+        _refused_as_a_positive_integer(lambda: load_settings(env), "ITO_MAX_MANIFEST_BYTES")
     else:
         assert load_settings(env).max_manifest_bytes == expected
 
@@ -47,18 +54,12 @@ def test_policy_counts_at_their_bound(tmp_path, name, attribute, default, value,
     settings = load_settings({"ITO_STATE_DIR": str(tmp_path)})
     env = {} if value is None else {name: value}
     if expected is None:
-        _refused_as_value_error(lambda: load_policy(settings, env), name)
+        _refused_as_a_positive_integer(lambda: load_policy(settings, env), name)
     else:
         assert getattr(load_policy(settings, env), attribute) == (default if expected == "default" else expected)
 
 
 # --- USAGE_ERROR: `ito serve` and the client -----------------------------------------------------------
-
-def _usage_error(read, name: str) -> None:
-    with pytest.raises(ItoError) as refused:
-        read()
-    assert refused.value.code.value == "USAGE_ERROR" and name in refused.value.message
-    assert SECRET not in refused.value.message
 
 
 @pytest.mark.parametrize("name", ["ITO_CONNECT_TIMEOUT_S", "ITO_TIMEOUT_S"])
@@ -73,14 +74,41 @@ def test_client_seconds_at_their_bounds(name, value, expected) -> None:
         assert getattr(client_config.load_client_config({name: value}), attribute) == expected
 
 
+@pytest.mark.parametrize("url, port", [("http://127.0.0.1:1", 1), ("http://127.0.0.1:65535", 65535),
+                                       ("http://127.0.0.1", 80), ("https://api.example.org", 443),
+                                       ("https://api.example.org/", 443), ("http://[::1]:8765", 8765),
+                                       ("http://127.0.0.1:0", None), ("http://127.0.0.1:65536", None),
+                                       ("http://127.0.0.1:-1", None), (f"http://127.0.0.1:{SECRET}", None)])
+def test_the_api_url_s_port_at_its_bounds(url, port) -> None:
+    if port is None:
+        assert _usage_error(lambda: client_config.load_client_config({"ITO_API_URL": url}), "ITO_API_URL") \
+            == "ITO_API_URL's port must be a number from 1 to 65535"
+    else:
+        assert client_config.load_client_config({"ITO_API_URL": url}).endpoint.port == port
+
+
+@pytest.mark.parametrize("url", ["https://api.example.org/v2", "https://api.example.org//", "http://127.0.0.1:8765/ito",
+                                 "https://api.example.org?region=eu", "https://api.example.org/#top",
+                                 f"https://api.example.org/{SECRET}"])
+def test_an_api_url_with_a_path_query_or_fragment_is_refused(url) -> None:
+    # The routes are at the API's root: what follows the port would be dropped without a word.
+    assert _usage_error(lambda: client_config.load_client_config({"ITO_API_URL": url}), "ITO_API_URL") \
+        == "ITO_API_URL must be http(s)://host[:port] with no path, query or fragment"
+
+
 def test_client_seconds_default_when_unset_or_empty() -> None:
     for env in ({}, {"ITO_CONNECT_TIMEOUT_S": "", "ITO_TIMEOUT_S": ""}):
         config = client_config.load_client_config(env)
         assert (config.connect_timeout_s, config.total_timeout_s) == (3.0, 30.0)
 
 
-@pytest.mark.parametrize("value, expected", [(None, 30.0), ("", 30.0), ("0.3", 0.3), ("abc", None), (SECRET, None)])
+@pytest.mark.parametrize("value, expected", [(None, 30.0), ("", 30.0), ("0.3", 0.3), ("abc", None), (SECRET, None),
+                                             ("-1", None), ("0", None), ("-0", None), ("1e-9", 1e-9),
+                                             ("3599.999", 3599.999), ("3600", 3600.0), ("3600.001", None),
+                                             ("nan", None), ("inf", None), ("1e308", None)])
 def test_ledger_lock_timeout(tmp_path, value, expected) -> None:
+    """Above 0 (0 or less waits for no lock: every concurrent write fails at once) and at most an
+    hour, the longest a client waits for one request; NaN and infinity are refused."""
     env = {"ITO_STATE_DIR": str(tmp_path)} | ({} if value is None else {"ITO_LEDGER_LOCK_TIMEOUT_S": value})
     if expected is None:
         _usage_error(lambda: server.load_config("127.0.0.1", 0, env), "ITO_LEDGER_LOCK_TIMEOUT_S")
@@ -142,8 +170,7 @@ def test_a_bad_value_fails_only_the_views_that_read_it(tmp_path) -> None:
     env = {"ITO_STATE_DIR": str(tmp_path), "ITO_CONFIRMATION_TTL_S": "0", "ITO_API_READ_TIMEOUT_S": "0",
            "ITO_TIMEOUT_S": "0"}
     assert load_settings(env).state_dir == tmp_path  # the pipeline reads none of the three
-    with pytest.raises(ValueError, match="ITO_CONFIRMATION_TTL_S"):
-        load_policy(load_settings(env), env)
+    _usage_error(lambda: load_policy(load_settings(env), env), "ITO_CONFIRMATION_TTL_S")
     _usage_error(lambda: server.load_config("127.0.0.1", 0, env), "ITO_API_READ_TIMEOUT_S")
     _usage_error(lambda: client_config.load_client_config(env), "ITO_TIMEOUT_S")
 
@@ -169,18 +196,27 @@ def test_the_client_does_not_import_the_settings_model() -> None:
 
 
 def test_a_printed_settings_object_never_shows_the_ledger_password() -> None:
-    read = ItoSettings.read({"ITO_LEDGER_URL": "postgresql://ito:canary-pw-3f9a@db/ledger"})
+    env = {"ITO_LEDGER_URL": "postgresql://ito:canary-pw-3f9a@db/ledger"}
+    read = ItoSettings.read(env)
     assert read.ledger_url == "postgresql://ito:canary-pw-3f9a@db/ledger"
     assert "canary-pw-3f9a" not in repr(read) and "canary-pw-3f9a" not in str(read)
+    # Nor the views built from it: the pipeline's settings and the server's configuration.
+    settings, config = load_settings(env), server.load_config("127.0.0.1", 0, env)
+    assert settings.ledger_url == config.ledger_url == env["ITO_LEDGER_URL"]
+    for view in (settings, config):
+        assert "canary-pw-3f9a" not in repr(view) and "canary-pw-3f9a" not in str(view)
 
 
 # (variable, field, default, the message's list of choices, value, valid): a value not exactly
 # one of the choices (another case, empty, another tool's name) is refused with the list.
-CHOICES = [("ITO_DATA_ENGINE", "data_engine", "local", "data engine must be one of local, ray")]
-CHOICES += [("ITO_DECISION_TRAINER", "decision_trainer", "stage_worker", "decision trainer must be one of stage_worker, in_process")]
+CHOICES = [("ITO_DATA_ENGINE", "data_engine", "local", "ITO_DATA_ENGINE must be one of local, ray")]
+CHOICES += [("ITO_DECISION_TRAINER", "decision_trainer", "stage_worker",
+             "ITO_DECISION_TRAINER must be one of stage_worker, in_process")]
+CHOICES += [("ITO_EXECUTOR", "executor", "multiprocess", "ITO_EXECUTOR must be one of multiprocess, in_process, k8s")]
 CHOICE_VALUES = [(0, None, True), (0, "local", True), (0, "ray", True), (0, "spark", False), (0, "", False), (0, "Ray", False),
                  (1, None, True), (1, "stage_worker", True), (1, "in_process", True), (1, "In_Process", False), (1, "", False),
-                 (1, "torchrun", False)]
+                 (1, "torchrun", False), (2, None, True), (2, "multiprocess", True), (2, "in_process", True),
+                 (2, "k8s", True), (2, "K8s", False), (2, "", False), (2, SECRET, False)]
 
 
 @pytest.mark.parametrize("setting,value,valid", CHOICE_VALUES)
@@ -190,8 +226,9 @@ def test_a_choice_setting_takes_its_values_and_refuses_the_others(setting, value
     if valid:
         assert getattr(load_settings(env), field) == (value or default)
         return
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ItoError) as refused:
         load_settings(env)
+    assert refused.value.code.value == "USAGE_ERROR" and refused.value.message == message
 
 
 @pytest.mark.parametrize("value,parsed", [(None, {}), ("", {}), ("{}", {}), ('{"num_steps": 4}', {"num_steps": 4}),
@@ -203,5 +240,7 @@ def test_the_decision_config_is_a_json_object(value, parsed) -> None:
 
 @pytest.mark.parametrize("value", ["[1, 2]", '"micro"', "4", "null", "{num_steps: 4}", '{"num_steps": 4', "micro"])
 def test_a_decision_config_that_is_not_a_json_object_is_refused(value) -> None:
-    with pytest.raises(ValueError, match="^ITO_DECISION_CONFIG must be a JSON object$"):
+    with pytest.raises(ItoError) as refused:
         load_settings({"ITO_DECISION_CONFIG": value})
+    assert refused.value.code.value == "USAGE_ERROR"
+    assert refused.value.message == "ITO_DECISION_CONFIG must be a JSON object"

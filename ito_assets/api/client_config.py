@@ -43,8 +43,7 @@ FIELDS = ("api_url", "token_file", "connect_timeout_s", "timeout_s")
 
 
 def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
-    return env_text.parse(env.get(name), default=default, whole=False, low=0, low_open=True, high=3600, usage=True,
-                          message=f"{name} must be a number of seconds between 0 and 3600")
+    return env_text.parse(env.get(name), default=default, whole=False, low=0, low_open=True, high=3600, message=f"{name} must be a number of seconds between 0 and 3600")
 
 
 _IPV4_LOOPBACK = re.compile(r"^127(\.\d{1,3}){3}$")
@@ -71,10 +70,16 @@ def _endpoint(url: str) -> Endpoint:
     if parts.scheme == "http" and not is_loopback(parts.hostname):
         raise ItoError(ErrorCode.USAGE_ERROR, "ITO_API_URL must use https unless the API is on loopback")
     try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-    except ValueError:
-        raise ItoError(ErrorCode.USAGE_ERROR, "ITO_API_URL has an invalid port") from None
-    return Endpoint(scheme=parts.scheme, host=parts.hostname, port=port)
+        port = parts.port
+    except ValueError:  # not a number, or above 65535
+        port = 0
+    if port == 0:  # no server listens on port 0: it is no default's stand-in
+        raise ItoError(ErrorCode.USAGE_ERROR, "ITO_API_URL's port must be a number from 1 to 65535")
+    # The API's routes are at the root: a path, query or fragment would be dropped without a word.
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ItoError(ErrorCode.USAGE_ERROR, "ITO_API_URL must be http(s)://host[:port] with no path, query or "
+                                              "fragment")
+    return Endpoint(scheme=parts.scheme, host=parts.hostname, port=port or (443 if parts.scheme == "https" else 80))
 
 
 def load_client_config(env: Mapping[str, str] | None = None) -> ClientConfig:
@@ -139,25 +144,6 @@ def walkthrough_tokens_hint() -> str:
         return "on the server's machine `ito desk bootstrap --token-out PATH` writes a first desk token"
     names = ", ".join(t.name for t in tokens[:2])
     return f"`make run` left its tokens in {tokens[0].parent}/ (newest: {names})"
-
-
-def write_secret_file(path: str, secret: str) -> None:
-    """Create `path` exclusively with mode 0600 (never overwrite, never follow a link) and write
-    the secret once. Used for issued tokens: they go to a file, never to stdout."""
-    if not os.path.isabs(path):
-        raise ItoError(ErrorCode.USAGE_ERROR, "the token output path must be absolute")
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except FileExistsError:
-        raise ItoError(ErrorCode.USAGE_ERROR, "the token output file already exists; choose a new path") from None
-    except OSError:
-        raise ItoError(ErrorCode.USAGE_ERROR, "the token output file cannot be created") from None
-    try:
-        os.fchmod(fd, 0o600)  # the umask cannot widen it, but make the mode explicit
-        os.write(fd, (secret + "\n").encode("ascii"))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def connect(*, timeout_s: float, authenticated: bool = True, env: Mapping[str, str] | None = None) -> ApiClient:

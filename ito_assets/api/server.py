@@ -1,7 +1,8 @@
 """`ito serve`: the canonical API (Starlette on uvicorn), loopback by default.
 
 Configuration is read once here, at the edge: the settings (ITO_LEDGER_URL, default the SQLite
-file under the state dir; ITO_LEDGER_SCHEMA), ITO_LEDGER_LOCK_TIMEOUT_S, the socket edge's
+file under the state dir; ITO_LEDGER_SCHEMA), ITO_LEDGER_LOCK_TIMEOUT_S (above 0, at most 3600,
+default 30), the socket edge's
 ITO_API_READ_TIMEOUT_S (seconds to read a whole request, 0.1-3600, default 10) and
 ITO_API_MAX_CONNECTIONS_PER_CLIENT (1-65536, default 32; api/transport.py), plus the gate
 policy (control/policy.py). Bearer identity tokens travel in the Authorization header only; the
@@ -14,20 +15,23 @@ import os
 import socket
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Mapping
 
-from ito_assets.errors import ErrorCode, ItoError
+from ito_assets.errors import ErrorCode, ItoError, disk_full, storage_full
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
+# How long a ledger transaction may wait for another's lock: above 0 (0 or less waits not at all,
+# and every concurrent write fails), at most an hour, the longest any client waits for one request
+# (ITO_TIMEOUT_S and `ito --timeout` both stop at 3600 s).
+LOCK_TIMEOUT_RANGE_S = (0.0, 3600.0)
 
 
 @dataclass(frozen=True, kw_only=True)
 class ServerConfig:
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
-    ledger_url: str
+    ledger_url: str = field(repr=False)  # may carry the database's password
     ledger_schema: str | None = None
     lock_timeout_s: float = 30.0
     read_timeout_s: float = 10.0
@@ -46,16 +50,17 @@ def load_config(host: str, port: int, env: Mapping[str, str] | None = None) -> S
     from ito_assets.settings import ItoSettings, settings_from
 
     environment = ItoSettings.read(env)
-    lock_s = env_text.parse(environment.ledger_lock_timeout_s, default=DEFAULT_LOCK_TIMEOUT_S, whole=False, usage=True,
-                            message="ITO_LEDGER_LOCK_TIMEOUT_S must be a number of seconds")
+    low, high = LOCK_TIMEOUT_RANGE_S
+    lock_s = env_text.parse(environment.ledger_lock_timeout_s, default=DEFAULT_LOCK_TIMEOUT_S, whole=False, low=low,
+                            low_open=True, high=high, message=f"ITO_LEDGER_LOCK_TIMEOUT_S must be a number of seconds above {low:g} and at "
+                                    f"most {high:g}")
     low, high = READ_TIMEOUT_RANGE_S
     read_timeout_s = env_text.parse(environment.api_read_timeout_s, default=READ_TIMEOUT_S, whole=False, low=low,
-                                    high=high, usage=True, message=f"ITO_API_READ_TIMEOUT_S must be a number of "
+                                    high=high, message=f"ITO_API_READ_TIMEOUT_S must be a number of "
                                                                    f"seconds from {low:g} to {high:g}")
     low, high = CONNECTIONS_PER_CLIENT_RANGE
     per_client = env_text.parse(environment.api_max_connections_per_client, default=MAX_CONNECTIONS_PER_CLIENT,
-                                whole=True, low=low, high=high, usage=True,
-                                message=f"ITO_API_MAX_CONNECTIONS_PER_CLIENT must be a whole number from {low} "
+                                whole=True, low=low, high=high, message=f"ITO_API_MAX_CONNECTIONS_PER_CLIENT must be a whole number from {low} "
                                         f"to {high}")
     settings = settings_from(environment)
     return ServerConfig(host=host, port=port, ledger_url=settings.ledger_url, ledger_schema=settings.ledger_schema,
@@ -88,16 +93,42 @@ def build_app(api):
 
 def open_api(config: ServerConfig, env: Mapping[str, str] | None = None):
     from ito_assets.api.routes.common import Api
-    from ito_assets.control.ledger import open_ledger
     from ito_assets.control.policy import policy_from
     from ito_assets.settings import ItoSettings, settings_from
 
     environment = config.environment if env is None and config.environment is not None else ItoSettings.read(env)
     settings = settings_from(environment)
-    if config.ledger_url.startswith("sqlite:///"):
-        Path(config.ledger_url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
-    ledger = open_ledger(config.ledger_url, schema=config.ledger_schema, lock_timeout_s=config.lock_timeout_s)
-    return Api(ledger=ledger, policy=policy_from(settings, environment))
+    policy = policy_from(settings, environment)  # refused before the ledger is touched
+    # The ledger makes its own folder (0700) and file (0600): none is made here before it.
+    ledger = _opened_ledger(config, "ITO_LEDGER_URL" if settings.ledger_url_env else "ITO_STATE_DIR")
+    return Api(ledger=ledger, policy=policy)
+
+
+def _opened_ledger(config: ServerConfig, variable: str):
+    """The ledger, or a coded refusal naming `variable` (where its URL came from) and the error's
+    type only: a driver's message may hold the URL's host, user or password."""
+    import sqlalchemy as sa
+
+    from ito_assets.control.ledger import open_ledger
+
+    try:
+        return open_ledger(config.ledger_url, schema=config.ledger_schema, lock_timeout_s=config.lock_timeout_s)
+    except ItoError:
+        raise  # already coded: a ledger migrated by a newer release, a bad ITO_LEDGER_SCHEMA
+    # A malformed URL (ValueError: a port that is no number), a driver not installed (ImportError),
+    # a database that is down or refuses the login, a folder that cannot be made (OSError).
+    except (sa.exc.SQLAlchemyError, OSError, ValueError, ImportError) as error:
+        if disk_full(error):
+            raise storage_full("the ledger") from None
+        where, hint = _LEDGER_PLACES[variable]
+        raise ItoError(ErrorCode.USAGE_ERROR,
+                       f"the ledger {where} cannot be opened ({type(error).__name__}): {hint}") from None
+
+
+_LEDGER_PLACES = {
+    "ITO_LEDGER_URL": ("ITO_LEDGER_URL names", "check the URL, and that its database is up and reachable"),
+    "ITO_STATE_DIR": ("under ITO_STATE_DIR", "check that this user can create and write its folder"),
+}
 
 
 def bind(config: ServerConfig) -> socket.socket:

@@ -16,6 +16,7 @@ import fcntl
 import os
 import re
 import sqlite3
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,8 @@ from typing import Callable, Iterator
 
 import sqlalchemy as sa
 from sqlalchemy import event
+
+from ito_assets.errors import ErrorCode, ItoError
 
 metadata = sa.MetaData()
 _Id = sa.String(40)
@@ -276,9 +279,32 @@ def _folder_lock(folder: Path, timeout_s: float) -> Iterator[None]:
         os.close(descriptor)  # releases the flock
 
 
+# What the state folder (ITO_STATE_DIR) holds besides the ledger (docs/operations.md, "The state
+# folder"): a folder of these names alone is the product's own, never a home or a shared folder.
+_STATE_FOLDER_ENTRIES = frozenset({"dagster", "warehouse.duckdb", "warehouse.duckdb.wal", "warehouse.lineage",
+                                   "shards", "decision", "data-manifests", "tenants", "walkthrough"})
+
+
+def _tighten_folder(folder: Path, ledger_name: str) -> None:
+    """The ledger's folder to 0700, where this user owns it and it holds nothing but the ledger's
+    files and the state folder's: a folder made a moment before (by the ledger, or by a caller with
+    the default mode), a ledger's own, the state folder. A folder that holds anything else (a home
+    folder the URL points into, or a sticky one such as /tmp, shared by design) keeps the mode its
+    owner chose."""
+    info = folder.stat()
+    if info.st_uid != os.geteuid() or info.st_mode & 0o077 == 0 or info.st_mode & stat.S_ISVTX:
+        return
+    with os.scandir(folder) as entries:  # stops at the first stranger: a large home folder costs little
+        if any(not entry.name.startswith(ledger_name) and entry.name not in _STATE_FOLDER_ENTRIES
+               for entry in entries):
+            return
+    os.chmod(folder, 0o700)
+
+
 def _prepare_sqlite_file(url: str, timeout_s: float) -> None:
     """The ledger holds token hashes, bookings and the audit trail: its file is 0600, in a folder
-    created 0700. SQLite gives its -wal and -shm files the database file's mode.
+    made 0700 (or tightened to it, see _tighten_folder). SQLite gives its -wal and -shm files the
+    database file's mode.
 
     WAL is set here, once, under a lock on the folder: switching a fresh file's journal mode needs
     an exclusive lock that SQLite does not wait for, so processes opening a new ledger at once
@@ -289,6 +315,7 @@ def _prepare_sqlite_file(url: str, timeout_s: float) -> None:
     path = Path(name)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     with _folder_lock(path.parent, timeout_s):
+        _tighten_folder(path.parent, path.name)
         if not path.exists():
             os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
         os.chmod(path, 0o600)  # an older, wider file is tightened
@@ -308,7 +335,8 @@ def normalize_url(url: str) -> str:
 
 
 # How long a transaction waits for another's lock before the request is answered "in flight".
-# 30 s: far above a reservation's milliseconds, below the client's default total timeout (60 s).
+# 30 s: far above a reservation's milliseconds, within the client's default wait for one request
+# (ITO_TIMEOUT_S, 30 s). `ito serve` takes above 0 to 3600 s (api/server.py LOCK_TIMEOUT_RANGE_S).
 DEFAULT_LOCK_TIMEOUT_S = 30.0
 
 
@@ -327,7 +355,8 @@ def open_ledger(url: str, *, schema: str | None = None, clock: Callable[[], int]
         options = [f"-c lock_timeout={lock_ms}"]
         if schema is not None:
             if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", schema):
-                raise ValueError("schema must be a lower-case SQL identifier")
+                raise ItoError(ErrorCode.USAGE_ERROR, "ITO_LEDGER_SCHEMA must be a lower-case SQL identifier "
+                                                      "of at most 63 characters")
             options.append(f"-c search_path={schema}")
         connect_args = {"connect_timeout": 10, "options": " ".join(options)}
         # READ COMMITTED whatever the server's or the role's default: the budget cap's check, under

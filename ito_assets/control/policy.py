@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Mapping
 
 from ito_assets import env as env_text
+from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.secure_read import DEFAULT_MAX_BYTES
 from ito_assets.settings import ItoSettings, Settings
 
@@ -40,21 +41,25 @@ class ServerPolicy:
     max_manifest_bytes: int = DEFAULT_MAX_BYTES
 
     def __post_init__(self) -> None:
+        # Each field is a setting of `ito serve`: a refusal names its variable, as policy_from's do.
         if self.confirmation_ttl_s <= 0:
-            raise ValueError("confirmation_ttl_s must be positive")
+            raise _refused("ITO_CONFIRMATION_TTL_S must be a positive integer")
         if self.max_concurrent_runs_per_booking <= 0:
-            raise ValueError("max_concurrent_runs_per_booking must be positive")
+            raise _refused("ITO_MAX_CONCURRENT_RUNS_PER_BOOKING must be a positive integer")
         if not self.allowed_data_roots:
-            raise ValueError("allowed_data_roots must name at least one folder")
+            raise _refused("ITO_ALLOWED_DATA_ROOTS must name at least one folder")
 
     def tenant_area(self, account_id: str) -> Path:
         return self.tenants_root / account_id
 
 
+def _refused(message: str) -> ItoError:
+    return ItoError(ErrorCode.USAGE_ERROR, message)
+
+
 def _positive(text: str | None, name: str, default: int) -> int:
     # Unset gives the default; set, even empty, it must be a positive integer.
-    return env_text.parse(text, default=default, whole=True, low=1, empty_is_default=False, usage=False,
-                          message=f"{name} must be a positive integer")
+    return env_text.parse(text, default=default, whole=True, low=1, empty_is_default=False, message=f"{name} must be a positive integer")
 
 
 def policy_from(settings: Settings, environment: ItoSettings) -> ServerPolicy:

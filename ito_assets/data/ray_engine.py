@@ -137,8 +137,7 @@ def pending_timeout_from(env: Mapping[str, str] | None = None) -> float:
     RAY_ADDRESS when a step opens its pool: seconds above 0, `inf` for no bound (warnings only),
     PENDING_TIMEOUT_S when unset or empty. A refused value is never echoed."""
     raw = env_text.environment(env).get(PENDING_TIMEOUT_VARIABLE)
-    return float(env_text.parse(raw, default=PENDING_TIMEOUT_S, whole=False, low=0, low_open=True, usage=True,
-                                message=f"{PENDING_TIMEOUT_VARIABLE} must be a number of seconds above 0 (inf: no bound)"))
+    return float(env_text.parse(raw, default=PENDING_TIMEOUT_S, whole=False, low=0, low_open=True, message=f"{PENDING_TIMEOUT_VARIABLE} must be a number of seconds above 0 (inf: no bound)"))
 
 
 class RayPool:

@@ -142,14 +142,26 @@ def test_every_policy_variable_is_read(settings, tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", ["ITO_CONFIRMATION_TTL_S", "ITO_MAX_CONCURRENT_RUNS_PER_BOOKING"])
 @pytest.mark.parametrize("value", ["0", "-1", "1.5", "ten", "", " 5"])
 def test_a_policy_count_must_be_a_positive_integer(settings, name, value) -> None:
-    with pytest.raises(ValueError, match=name):
+    with pytest.raises(ItoError) as refused:
         load_policy(settings, {name: value})
+    assert refused.value.code is ErrorCode.USAGE_ERROR and refused.value.message == f"{name} must be a positive integer"
 
 
-@pytest.mark.parametrize(("field", "value"), [("confirmation_ttl_s", 0), ("max_concurrent_runs_per_booking", 0),
-                                              ("allowed_data_roots", ())])
-def test_a_policy_built_in_code_is_held_to_the_same_bounds(tmp_path: Path, field, value) -> None:
+@pytest.mark.parametrize("roots", [os.pathsep, os.pathsep * 3])
+def test_allowed_data_roots_that_name_no_folder_are_refused(settings, roots) -> None:
+    with pytest.raises(ItoError) as refused:
+        load_policy(settings, {"ITO_ALLOWED_DATA_ROOTS": roots})
+    assert refused.value.code is ErrorCode.USAGE_ERROR
+    assert refused.value.message == "ITO_ALLOWED_DATA_ROOTS must name at least one folder"
+
+
+@pytest.mark.parametrize(("field", "value", "variable"), [
+    ("confirmation_ttl_s", 0, "ITO_CONFIRMATION_TTL_S"),
+    ("max_concurrent_runs_per_booking", 0, "ITO_MAX_CONCURRENT_RUNS_PER_BOOKING"),
+    ("allowed_data_roots", (), "ITO_ALLOWED_DATA_ROOTS")])
+def test_a_policy_built_in_code_is_held_to_the_same_bounds(tmp_path: Path, field, value, variable) -> None:
     base = {"data_root": tmp_path, "allowed_data_roots": (tmp_path,), "tenants_root": tmp_path / "t"}
     ServerPolicy(**{**base, "confirmation_ttl_s": 1, "max_concurrent_runs_per_booking": 1})
-    with pytest.raises(ValueError, match=field):
+    with pytest.raises(ItoError) as refused:
         ServerPolicy(**{**base, field: value})
+    assert refused.value.code is ErrorCode.USAGE_ERROR and refused.value.message.startswith(variable)
