@@ -73,7 +73,8 @@ def test_a_key_an_older_release_stored_is_still_looked_up(key) -> None:
     refused(key)
 
 
-@pytest.mark.parametrize("key", ["ito_acct_0123456789", "cfr_0123456789", "k:" + TOKENS["account"]])
+@pytest.mark.parametrize("key", ["ito_acct_0123456789", "cfr_0123456789", "k:" + TOKENS["account"]],
+                         ids=["token-prefix-first", "reference-prefix-first", "whole-token"])
 def test_a_lookup_still_refuses_what_was_never_stored(key) -> None:
     with pytest.raises(ItoError) as info:
         validate_key(key, lookup=True)
