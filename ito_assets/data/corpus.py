@@ -85,11 +85,11 @@ class _GlobWalk:
         self._listed: set[tuple[int, int, int]] = set()
 
     def matches(self, pattern: str) -> list[str]:
-        if pattern.endswith(os.sep):  # glob names only folders then
+        parts = [p for p in pattern.split(os.sep) if p]
+        if pattern.endswith(os.sep) or not parts:  # glob names only folders then, or nothing
             return []
         found: list[str] = []
-        top = os.sep if os.path.isabs(pattern) else ""
-        self._walk(top, [p for p in pattern.split(os.sep) if p], 0, found)
+        self._walk(os.sep if os.path.isabs(pattern) else "", parts, 0, found)
         return found
 
     def _walk(self, folder: str, parts: list[str], index: int, found: list[str]) -> None:
@@ -122,8 +122,10 @@ class _GlobWalk:
                     self._walk(os.path.join(folder, name), parts, index + 1, found)
 
     def _entries(self, folder: str, index: int) -> list[tuple[str, bool]]:
-        """(name, is a folder) of `folder`'s entries in name order; none where it was listed for
-        this part of the pattern already, or cannot be listed."""
+        """(name, is a folder) of `folder`'s entries; none where it was listed for this part of the
+        pattern already, or cannot be listed. A folder sorts as its name and a separator, so the
+        walk meets paths in the order of their strings, as glob's sorted list has them: a folder two
+        links reach is walked under the path glob would keep (its first, once resolved)."""
         where = folder or os.curdir
         try:
             status = os.stat(where)
@@ -132,7 +134,8 @@ class _GlobWalk:
                 return []
             self._listed.add(seen)
             with os.scandir(where) as listing:
-                return sorted((e.name, _is_folder(e)) for e in listing)
+                return sorted(((e.name, _is_folder(e)) for e in listing),
+                              key=lambda entry: entry[0] + os.sep if entry[1] else entry[0])
         except OSError as error:
             if self.unlisted is None:
                 self.unlisted = (error.strerror or type(error).__name__).lower()

@@ -123,3 +123,26 @@ def test_many_links_to_one_folder_are_walked_once_each(tmp_path):
         patch.setattr(os, "scandir", counting)
         assert _finished([str(levels[0] / "**" / "*.jsonl")]) == [levels[-1] / "deep.jsonl"]
     assert len(listed) <= 2 * len(levels)  # `**` and `*.jsonl` each list a folder once
+
+
+def test_a_folder_two_links_reach_is_named_where_glob_names_it(tmp_path):
+    # "a-b/l" sorts before "a/l" as strings ("-" before "/"): glob's sorted list reaches the shared
+    # file through "a-b" first, and the corpus's first file names the manifest.
+    root = tmp_path.resolve()
+    (root / "shared").mkdir()
+    (root / "shared" / "f.jsonl").write_text('{"text": "x"}\n')
+    corpus = root / "corpus"
+    for name in ("a", "a-b"):
+        (corpus / name).mkdir(parents=True)
+        (corpus / name / "l").symlink_to(root / "shared")
+    (corpus / "a-c.jsonl").write_text('{"text": "y"}\n')
+    pattern = str(corpus / "**" / "*.jsonl")
+    expected = list(dict.fromkeys(Path(m).resolve() for m in sorted(glob.glob(pattern, recursive=True))))
+    assert find_files([pattern]) == expected == [root / "shared" / "f.jsonl", corpus / "a-c.jsonl"]
+
+
+@pytest.mark.parametrize("pattern", ["", os.sep, os.sep * 2])
+def test_an_empty_pattern_names_no_file(pattern):
+    with pytest.raises(ItoError) as caught:
+        find_files([pattern])
+    assert caught.value.code is ErrorCode.SOURCE_NOT_FOUND
