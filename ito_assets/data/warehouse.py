@@ -195,16 +195,24 @@ def connect(path: Path, *, read_only: bool = False) -> duckdb.DuckDBPyConnection
     if not read_only:
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.exists():
-            _restore_missing(path)
+            _rebuilding(path, lambda: _restore_missing(path))
     try:
         return _open(path, read_only)
     except duckdb.Error as error:
         if not is_corrupt(error):
             raise refused(error, path) from None
         reason = error
-    rebuild(path, reason)
+    _rebuilding(path, lambda: rebuild(path, reason))
     try:
         return _open(path, read_only)
+    except duckdb.Error as error:
+        raise refused(error, path) from None
+
+
+def _rebuilding(path: Path, work: Callable[[], None]) -> None:
+    """A rebuild's DuckDB errors (a replayed record past the memory cap) answered as a write's are."""
+    try:
+        work()
     except duckdb.Error as error:
         raise refused(error, path) from None
 

@@ -48,7 +48,7 @@ def test_a_row_group_of_more_text_than_the_warehouse_cap_prepares(tmp_path, monk
     assert pl.read_parquet(shard, columns=["num_chars"])["num_chars"].to_list() == lengths
 
 
-def test_a_write_beyond_the_warehouse_cap_is_capacity_unavailable_and_keeps_the_earlier_rows(tmp_path, monkeypatch):
+def test_a_write_beyond_the_warehouse_cap_is_out_of_memory_and_keeps_the_earlier_rows(tmp_path, monkeypatch):
     """A journal record of an older version still computes lengths from the text: such a read past
     the cap is refused with a code, the table's earlier rows kept."""
     path = tmp_path / "warehouse.duckdb"
@@ -66,3 +66,18 @@ def test_a_write_beyond_the_warehouse_cap_is_capacity_unavailable_and_keeps_the_
     con = duckdb.connect(str(path), read_only=True)
     assert con.execute("SELECT doc_id, num_chars FROM documents").fetchall() == [("a", 5)]
     con.close()
+
+
+def test_a_rebuild_beyond_the_warehouse_cap_is_out_of_memory_too(tmp_path, monkeypatch):
+    """A warehouse deleted by hand is rebuilt before the next write: a replayed record past the cap
+    was DuckDB's own exception there (an internal error to every verb)."""
+    path = tmp_path / "warehouse.duckdb"
+    big = tmp_path / "big.parquet"
+    pl.DataFrame({"doc_id": [str(i) for i in range(24)], "text": _texts(24, 2_000_000)}).write_parquet(big, row_group_size=8192)
+    rows = ParquetRows((write_table(pl.read_parquet(big), big),), {"doc_id": "doc_id", "num_chars": "length(text)"})
+    write_tables(path, "m", {"documents": rows})  # under the real cap, as an older version wrote it
+    monkeypatch.setattr(warehouse, "MEMORY_LIMIT_MB", CAP_MB)
+    path.unlink()
+    with pytest.raises(ItoError) as raised:
+        write_tables(path, "other", {"sources": pl.DataFrame({"source_index": [0]})})
+    assert raised.value.code is ErrorCode.WAREHOUSE_OUT_OF_MEMORY
