@@ -94,6 +94,21 @@ def test_serve_with_a_ledger_it_cannot_open_names_the_variable(environment, url,
         "retryable": False}
 
 
+@pytest.mark.parametrize("kind", ["no database", "a folder", "in memory", "no file"])
+def test_serve_with_a_sqlite_ledger_that_is_no_database_file_names_the_variable(environment, tmp_path, kind):
+    # The file is prepared with sqlite3 before SQLAlchemy opens it: its errors were not caught.
+    ledger = tmp_path / "ledger.db"
+    if kind == "no database":
+        ledger.write_bytes(b"not a database " * 100)
+    elif kind == "a folder":
+        ledger.mkdir()
+    url = {"in memory": "sqlite:///:memory:", "no file": "sqlite://"}.get(kind, f"sqlite:///{ledger}")
+    environment.setenv("ITO_LEDGER_URL", url)
+    error = _refusal(["serve", "--port", "0", "--json"])
+    assert error["code"] == "USAGE_ERROR" and error["message"].startswith("the ledger ITO_LEDGER_URL names ")
+    assert str(tmp_path) not in error["message"]
+
+
 def test_serve_with_a_state_folder_it_cannot_make_names_the_variable(environment):
     environment.setenv("ITO_STATE_DIR", f"/proc/{CANARY}")
     error = _refusal(["serve", "--port", "0", "--json"])

@@ -107,17 +107,26 @@ def open_api(config: ServerConfig, env: Mapping[str, str] | None = None):
 def _opened_ledger(config: ServerConfig, variable: str):
     """The ledger, or a coded refusal naming `variable` (where its URL came from) and the error's
     type only: a driver's message may hold the URL's host, user or password."""
+    import sqlite3
+
     import sqlalchemy as sa
 
     from ito_assets.control.ledger import open_ledger
 
     try:
+        url = sa.engine.make_url(config.ledger_url)
+        if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
+            # Each connection would get its own empty database: nothing the server writes would stay.
+            raise ItoError(ErrorCode.USAGE_ERROR, f"the ledger {_LEDGER_PLACES[variable][0]} must be a SQLite "
+                                                  "file, not an in-memory database")
         return open_ledger(config.ledger_url, schema=config.ledger_schema, lock_timeout_s=config.lock_timeout_s)
     except ItoError:
         raise  # already coded: a ledger migrated by a newer release, a bad ITO_LEDGER_SCHEMA
     # A malformed URL (ValueError: a port that is no number), a driver not installed (ImportError),
-    # a database that is down or refuses the login, a folder that cannot be made (OSError).
-    except (sa.exc.SQLAlchemyError, OSError, ValueError, ImportError) as error:
+    # a database that is down or refuses the login, a folder that cannot be made (OSError), a
+    # SQLite file that is no database or is a folder (sqlite3's own errors: the file is prepared
+    # before SQLAlchemy opens it).
+    except (sa.exc.SQLAlchemyError, sqlite3.Error, OSError, ValueError, ImportError) as error:
         if disk_full(error):
             raise storage_full("the ledger") from None
         where, hint = _LEDGER_PLACES[variable]
