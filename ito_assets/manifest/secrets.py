@@ -51,10 +51,11 @@ _PATTERNS: tuple[tuple[str, "re.Pattern[str] | _Jwt"], ...] = (
     # pattern restarts at every letter of a long word and takes quadratic time.
     # The password may hold "/" (base64 ones often do, and SQLAlchemy and psycopg take it raw); a
     # port and the path after it (host:8080/a@b, host:80?to=a@b) is no password, nor an IPv6
-    # literal's colons. At most 256 characters: each "://" is read a bounded length, so a run of
-    # them stays linear.
+    # literal's colons, nor a quote, bracket or comma (the end of one URL in JSON or a list, and
+    # an address after it: "http://h:8000","a@b.org"). At most 256 characters: each "://" is read a
+    # bounded length, so a run of them stays linear.
     ("url_credentials", re.compile(
-        r"://[^/\s:@\[\]]*:(?!\d{1,5}[/?#])[^\s@]{1,256}@"
+        r"://[^/\s:@\[\]]*:(?!\d{1,5}[/?#])[^\s@\"'<>,`]{1,256}@"
         r"|(?i:[?&;](?:[a-z0-9_.-]*[_.-])?"
         r"(?:token|sig|signature|password|passwd|pwd|secret|credential|auth|api_?key|access_?key|secret_?key)"
         r"=[^&#\s]{4,})")),

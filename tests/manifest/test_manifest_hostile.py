@@ -123,6 +123,10 @@ def test_a_url_password_with_a_slash_in_a_manifest_is_refused_as_a_secret(tmp_pa
     "https://host:8443?email=a@b.org", "https://host:8443#frag@x", "http://[::1]:8080/a@b",
     "scp user@host:/path", "ssh://git@host:22/repo", "https://medium.com/@user/post:1",
     "http://host:8080 then mail x@y", "dataroot://corpora/x:y@z",
+    # one URL's end, then an address: a JSON document, a list, markup
+    '{"api":"http://127.0.0.1:8000","docs":"https://example.org/guide","contact":"ops@example.org"}',
+    "http://localhost:8888,https://github.com/org/repo/issues?assignee=@me",
+    "<http://h:8000/docs'><a href='mailto:x@y'>", "`http://h:8000/x` and `a@b`",
 ])
 def test_a_port_and_a_path_holding_an_at_sign_is_no_password(text):
     assert value_secret_kind(text) is None
