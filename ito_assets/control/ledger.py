@@ -289,10 +289,10 @@ def _tighten_folder(folder: Path, ledger_name: str) -> None:
     """The ledger's folder to 0700, where this user owns it and it holds nothing but the ledger's
     files and the state folder's: a folder made a moment before (by the ledger, or by a caller with
     the default mode), a ledger's own, the state folder. A folder that holds anything else (a home
-    folder the URL points into, or a sticky one such as /tmp, shared by design) keeps the mode its
-    owner chose."""
+    folder the URL points into), and a sticky one such as /tmp or a group's setgid one (shared by
+    design), keeps the mode its owner chose."""
     info = folder.stat()
-    if info.st_uid != os.geteuid() or info.st_mode & 0o077 == 0 or info.st_mode & stat.S_ISVTX:
+    if info.st_uid != os.geteuid() or info.st_mode & 0o077 == 0 or info.st_mode & (stat.S_ISVTX | stat.S_ISGID):
         return
     with os.scandir(folder) as entries:  # stops at the first stranger: a large home folder costs little
         if any(not entry.name.startswith(ledger_name) and entry.name not in _STATE_FOLDER_ENTRIES

@@ -55,12 +55,14 @@ def test_a_folder_that_holds_anything_else_keeps_its_mode(tmp_path, stranger):
     assert _mode(folder) == 0o755 and _mode(folder / "ledger.db") == 0o600
 
 
-def test_a_sticky_folder_keeps_its_mode(tmp_path):
-    # /tmp and its kind are shared by design, even when empty and owned by this user (root's /tmp).
+@pytest.mark.parametrize("mode", [0o1777, 0o2770])
+def test_a_sticky_or_setgid_folder_keeps_its_mode(tmp_path, mode):
+    # /tmp and its kind, or a group's setgid folder, are shared by design, even when empty and
+    # owned by this user (root's /tmp).
     folder = _folder(tmp_path / "shared")
-    os.chmod(folder, 0o1777)
+    os.chmod(folder, mode)
     _open(folder)
-    assert stat.S_IMODE(folder.stat().st_mode) == 0o1777
+    assert stat.S_IMODE(folder.stat().st_mode) == mode
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="giving a folder to another user takes root")
