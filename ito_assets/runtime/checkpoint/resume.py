@@ -1,8 +1,9 @@
 """Resume from the newest whole checkpoint of a stage, skipping partial and corrupt ones.
 
-Candidates are tried newest first. A folder is skipped when its marker is missing, a digest does
-not match, or DCP fails to load it (a key the state asks for that it lacks, a corrupt shard); the ranks agree on every decision, so that two ranks never
-resume from different steps. Rank 0 reads the marker and checks the listing, and broadcasts both;
+Candidates are tried newest first. A folder is skipped when its marker is missing or names
+another owner or data order, a digest does not match, or DCP fails to load it (a key the state
+asks for that it lacks, a corrupt shard); the ranks agree on every decision, so that two ranks
+never resume from different steps. Rank 0 reads the marker and checks the listing, and broadcasts both;
 then every rank hashes its own share of the files (`markers.shares`, balanced by bytes) on a few
 threads, and an all_reduce(MIN) of the first bad file's index gives every rank the same verdict,
 naming the same file. A checkpoint's check then takes one share's time, not the whole folder's.
