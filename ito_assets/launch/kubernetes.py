@@ -8,7 +8,9 @@ The cluster cleans up after an attempt whether or not its supervisor lives to do
 - `backoffLimit: 0`: the first failed pod fails the Job, and the Job controller stops the other
   nodes' pods at once (restarts are the supervisor's decision, from a checkpoint);
 - `activeDeadlineSeconds` (`active_deadline_s`): an attempt that hangs is failed and its pods are
-  deleted once it ran that long;
+  deleted once it ran that long. The pods' SIGTERM has the ranks flush a checkpoint and beat
+  `stopped`, but the supervisor did not ask for that stop: it restarts the stage from that
+  checkpoint within its restart budget (an unplanned end, `terminated`), as after a node drain;
 - `ttlSecondsAfterFinished` (`ttl_after_finished_s`): a finished Job and its pods are deleted that
   long after it ended;
 - the service names the Job as its owner, so the garbage collector deletes it with the Job.

@@ -4,6 +4,7 @@ checkpoint folder belongs. None may crash or hang a resume, and none may get a w
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -14,6 +15,7 @@ import textwrap
 import threading
 import traceback
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -27,6 +29,7 @@ from ito_assets.runtime.checkpoint import resume
 from ito_assets.runtime.checkpoint.markers import MARKER_NAME
 from ito_assets.runtime.checkpoint.saver import CheckpointConfig, Checkpointer, storage_cause
 from ito_assets.runtime.record import publish
+from ito_assets.runtime.worker.main import StageWorker
 from runtime_helpers import copied_under_a_newer_step, shard_added, shard_cut_short, shard_removed
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -189,6 +192,67 @@ def test_a_whole_newer_checkpoint_still_prunes_the_older_ones(tmp_path):
     assert _resume(tmp_path) == (15, 15.0)
 
 
+# --- keep_last: a newer folder the resume rejected never counts ----------------------------------------
+
+
+def _flip_a_byte(directory: Path, step: int) -> None:
+    """Bit rot or a torn write on storage: every size stays right, only the digest tells."""
+    shard = next(markers.checkpoint_dir(directory, step).glob("*.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[-5] ^= 0xFF
+    shard.write_bytes(bytes(data))
+
+
+def _steps(directory: Path) -> list[int]:
+    return sorted(step for p in directory.iterdir() if (step := markers.step_of(p)) is not None)
+
+
+@pytest.mark.parametrize("keep_last", [1, 2])
+def test_newer_checkpoints_the_resume_rejected_never_get_the_new_saves_pruned(tmp_path, keep_last):
+    """Every kept checkpoint has a flipped byte, so the next attempt starts from scratch. Before the
+    fix the corrupt folders counted as the newest whole ones and each new save was deleted as soon as
+    written: a later kill restarted the stage from nothing again."""
+    _save(tmp_path, [5, 10, 15, 20], keep_last=keep_last)
+    corrupt = [15, 20][-keep_last:]
+    for step in corrupt:
+        _flip_a_byte(tmp_path, step)
+    assert _resume(tmp_path) == (None, 0.0)
+    saver = _saver(tmp_path, keep_last)
+    for step in (5, 10, 15):
+        saver.save(step, _state(100 + step))
+        saver.wait()
+        kept = [s for s in (5, 10, 15) if s <= step][-keep_last:]  # the save just finished, older ones per keep_last
+        assert _steps(tmp_path) == sorted({*kept, *(c for c in corrupt if c > step)})  # above it: untouched, uncounted
+    saver.close()
+    assert _resume(tmp_path) == (15, 115.0)  # a kill now resumes from the newest save (15 was replaced)
+
+
+def test_a_save_at_the_step_of_a_rejected_folder_replaces_it_and_is_listed_with_its_own_bytes(tmp_path):
+    _save(tmp_path, [5, 10], keep_last=1)
+    _flip_a_byte(tmp_path, 10)
+    saver = _saver(tmp_path, keep_last=1)
+    for step in (5, 10):
+        saver.save(step, _state(100 + step))
+    saver.close()
+    folder = markers.checkpoint_dir(tmp_path, 10)
+    assert markers.validate(folder, owner=OURS) is None and _steps(tmp_path) == [10]
+    assert _resume(tmp_path) == (10, 110.0)
+    digest = markers.read_marker(folder).metadata_sha256
+    records = registry.read(tmp_path)
+    assert [r.step for r in records] == [5, 10, 5, 10] and records[-1].metadata_sha256 == digest
+    assert [(r.step, r.metadata_sha256) for r in publish._current_records(tmp_path)] == [(10, digest)]
+
+
+def test_the_save_just_finished_is_kept_even_where_it_does_not_look_whole(tmp_path, monkeypatch):
+    saver = _saver(tmp_path, keep_last=1)
+    saver.save(5, _state(5))
+    saver.wait()
+    monkeypatch.setattr(Checkpointer, "_whole", lambda self, folder: markers.step_of(folder) != 10)
+    saver.save(10, _state(10))
+    saver.wait()
+    assert _steps(tmp_path) == [5, 10]  # nothing newer counts: 5 is the newest "whole" one, 10 the save itself
+
+
 # --- a plain file where a checkpoint folder belongs --------------------------------------------------
 
 
@@ -214,6 +278,59 @@ def test_a_step_saved_again_after_a_restart_is_published_once_with_the_digest_of
     publish.publish_stage(None, "run-a", "pretrain", tmp_path, {})
     on_disk = {step: markers.read_marker(markers.checkpoint_dir(tmp_path, step)).metadata_sha256 for step in (5, 10)}
     assert [(c.step, c.sha256) for c in handed] == sorted(on_disk.items())
+
+
+# --- the registry's view: a kill between the marker and the record ------------------------------------
+
+
+def _killed_after_the_marker(saver: Checkpointer, step: int, value: float) -> Path:
+    """Save `step` and stop once its marker is written: a SIGKILL before the training thread's next
+    poll, which would have appended its record. -> the folder."""
+    saver.save(step, _state(value))
+    saver._in_flight.done.wait(timeout=30)
+    return markers.checkpoint_dir(saver.config.directory, step)
+
+
+def test_a_checkpoint_whose_record_a_kill_cut_off_is_listed_from_its_marker_once(tmp_path):
+    saver = _saver(tmp_path)
+    saver.save(5, _state(5))
+    saver.wait()
+    folder = _killed_after_the_marker(saver, 10, 10.0)
+    assert [r.step for r in registry.read(tmp_path)] == [5]  # whole, resumed from, and never listed
+    marker = markers.read_marker(folder)
+    listed = registry.list_from_marker(tmp_path, folder, marker)
+    assert (listed.step, listed.path, listed.num_bytes, listed.metadata_sha256) == (
+        10, str(folder), marker.num_bytes, marker.metadata_sha256)
+    assert [(r.step, r.metadata_sha256) for r in publish._current_records(tmp_path)][-1] == (10, marker.metadata_sha256)
+    assert registry.list_from_marker(tmp_path, folder, marker) is None  # listed already: not twice
+    line = json.loads((tmp_path / registry.REGISTRY_NAME).read_text().splitlines()[-1])
+    assert line["bandwidth_bytes_per_second"] is None  # no seconds known: standard JSON, not Infinity
+    saver.close()
+
+
+def test_a_step_saved_again_whose_record_a_kill_cut_off_is_listed_with_its_new_bytes(tmp_path):
+    _save(tmp_path, [10])
+    saver = _saver(tmp_path)
+    folder = _killed_after_the_marker(saver, 10, 99.0)  # a restart saved step 10 again
+    marker = markers.read_marker(folder)
+    assert registry.read(tmp_path)[-1].metadata_sha256 != marker.metadata_sha256  # the old bytes' record
+    assert registry.list_from_marker(tmp_path, folder, marker) is not None
+    assert [(r.step, r.metadata_sha256) for r in publish._current_records(tmp_path)] == [(10, marker.metadata_sha256)]
+    saver.close()
+
+
+@pytest.mark.parametrize("rank,replica_id,listed", [(0, 0, True), (1, 0, False), (0, 1, False)])
+def test_only_rank_0_of_group_0_lists_the_checkpoint_it_resumed(tmp_path, rank, replica_id, listed):
+    """Group 0's folder is its own to append to; another replica group resumes from it too."""
+    saver = _saver(tmp_path)
+    folder = _killed_after_the_marker(saver, 10, 10.0)
+    logs: list[str] = []
+    worker = SimpleNamespace(rank=rank, writes_checkpoints=replica_id == 0, stage_dir=tmp_path, log=logs.append,
+                             writing=lambda what: contextlib.nullcontext())
+    StageWorker.list_resumed(worker, folder, markers.read_marker(folder))
+    assert [r.step for r in registry.read(tmp_path)] == ([10] if listed else [])
+    assert len(logs) == int(listed)
+    saver.close()
 
 
 # --- a full disk while DCP writes the shards ----------------------------------------------------------

@@ -422,21 +422,65 @@ def test_a_stop_requested_while_a_dead_attempt_is_ended_launches_no_other(tmp_pa
     assert [f.kind for f in report.faults] == [AttemptEnd.DEAD]
 
 
-def _all_ranks_stopped(world_size: int, *, code: int = 143):
+def _all_ranks_stopped(world_size: int, *, code: int = 143, step: int = 5):
     def behaviour(attempt, backend):
         for rank in range(world_size):
-            write_beat(backend.heartbeat_dir, rank=rank, attempt=attempt.number, step=5, phase="stopped",
+            write_beat(backend.heartbeat_dir, rank=rank, attempt=attempt.number, step=step, phase="stopped",
                        at=backend.now())
         attempt.code = code
     return behaviour
 
 
+def _stopping_at(tmp_path: Path, stop_after_step: int | None, script, **changes):
+    """`_supervise` with the worker's planned stop at `stop_after_step`."""
+    worker = replace(_worker(tmp_path), stop_after_step=stop_after_step)
+    backend = FakeBackend(worker, script)
+    return Supervisor(worker=worker, config=_config(**changes), backend=backend), backend
+
+
 @pytest.mark.parametrize("code", [0, 143])
-def test_an_exit_after_every_rank_flushed_and_stopped_is_a_planned_stop(tmp_path, code):
-    supervisor, backend = _supervise(tmp_path, [_all_ranks_stopped(2, code=code), "succeed"],
-                                     max_restarts=3, nproc_per_node=2)
+def test_an_exit_after_every_rank_flushed_at_the_planned_step_is_a_planned_stop(tmp_path, code):
+    supervisor, backend = _stopping_at(tmp_path, 5, [_all_ranks_stopped(2, code=code), "succeed"],
+                                       max_restarts=3, nproc_per_node=2)
     report = supervisor.run()
     assert report.outcome is Outcome.STOPPED and report.num_attempts == 1 and len(backend.started) == 1
+    assert [(f.kind, f.planned) for f in report.faults] == [(AttemptEnd.STOPPED, True)]
+
+
+@pytest.mark.parametrize("stop_after_step,stopped_at", [(None, 5), (5, 4), (5, 6)])
+def test_ranks_stopped_by_a_signal_the_supervisor_did_not_send_are_resumed(tmp_path, stop_after_step, stopped_at):
+    """A Kubernetes deadline, a node drain or a Slurm time limit sends the ranks SIGTERM: they flush
+    and beat `stopped`, and the launch exits (124 past a Job's deadline). Nobody asked the stage to
+    stop: before the fix it ended STOPPED, its run never finished. Below and above the planned step too."""
+    supervisor, backend = _stopping_at(tmp_path, stop_after_step, [_all_ranks_stopped(2, code=124, step=stopped_at),
+                                                                   "succeed"], max_restarts=1, nproc_per_node=2)
+    report = supervisor.run()
+    assert (report.outcome, report.num_attempts, len(backend.started)) == (Outcome.SUCCEEDED, 2, 2)
+    assert [(f.kind, f.planned) for f in report.faults] == [(AttemptEnd.TERMINATED, False)]
+    (interruption,) = _events(supervisor.stage_dir, EventKind.INTERRUPTION)
+    assert (interruption.detail, interruption.planned) == ("terminated", False)
+
+
+def test_unasked_stops_spend_the_restart_budget(tmp_path):
+    supervisor, backend = _supervise(tmp_path, [_all_ranks_stopped(1, code=124)] * 2 + ["succeed"], max_restarts=1)
+    report = supervisor.run()
+    assert (report.outcome, report.num_attempts) == (Outcome.FAILED, 2)
+    assert [f.kind for f in report.faults] == [AttemptEnd.TERMINATED] * 2
+
+
+def test_ranks_that_stopped_on_the_supervisors_request_before_its_poll_are_a_planned_stop(tmp_path):
+    """SIGTERM to the whole process group (Dagster ending the run): the ranks may have flushed and
+    exited by the supervisor's first poll after its own request."""
+    supervisor = None
+
+    def asked_and_stopped(attempt, backend):
+        supervisor.request_stop()
+        _all_ranks_stopped(1, code=1, step=3)(attempt, backend)
+
+    supervisor, backend = _supervise(tmp_path, [asked_and_stopped, "succeed"], max_restarts=3)
+    report = supervisor.run()
+    assert (report.outcome, len(backend.started)) == (Outcome.STOPPED, 1)
+    assert [(f.kind, f.planned) for f in report.faults] == [(AttemptEnd.STOPPED, True)]
 
 
 def test_an_exit_with_only_some_ranks_stopped_is_a_death(tmp_path):
@@ -500,7 +544,8 @@ def test_a_later_run_counts_only_its_own_attempts_whatever_the_outcome(tmp_path,
         again = FakeBackend(worker, ["fail", "fail"])
         expected = (Outcome.FAILED, 2)
     else:
-        again = FakeBackend(worker, ["fail", _all_ranks_stopped(1)])
+        worker = replace(worker, stop_after_step=5)
+        again = FakeBackend(worker, ["fail", _all_ranks_stopped(1, step=5)])
         expected = (Outcome.STOPPED, 2)
     report = Supervisor(worker=worker, config=_config(max_restarts=1), backend=again).run()
     assert [a.number for a in again.started] == [3, 4]
@@ -673,20 +718,73 @@ def test_fewer_heartbeats_than_ranks_keep_the_start_up_bound(tmp_path, clock):
     assert fault.kind is AttemptEnd.HUNG and fault.detected_at == T0 + 6.0
 
 
-@pytest.mark.parametrize("phase", ["finished", "stopped"])
-def test_a_finished_or_stopped_rank_is_never_hung(tmp_path, clock, phase):
-    def stale_done_rank_then_exit(attempt, backend):
+def _ended_then(phase: str, *, exit_at_poll: int | None = None, result: bool = False):
+    """One rank beats `phase` at T0 (step 4), with the result written first where `result`; its
+    launch exits 1 at poll `exit_at_poll`, or never (a teardown that hangs)."""
+    def behaviour(attempt, backend):
+        if result:
+            (backend.stage_dir / RESULT_NAME).write_text(json.dumps({"num_steps": 4}))
         write_beat(backend.heartbeat_dir, rank=0, attempt=attempt.number, step=4, phase=phase, at=backend.now())
 
         def on_poll(running):
-            if running.polls == 8:  # long past the 2 s hang bound
+            if running.polls == exit_at_poll:
                 running.code = 1
         _keep_running(attempt, on_poll)
+    return behaviour
 
-    supervisor, backend = _supervise(tmp_path, [stale_done_rank_then_exit], clock=clock, hang_timeout_s=2.0,
-                                     startup_timeout_s=3.0, max_restarts=0)
+
+@pytest.mark.parametrize("phase", ["finished", "stopped"])
+def test_a_finished_or_stopped_rank_that_exits_within_the_hang_bound_is_not_hung(tmp_path, clock, phase):
+    # beat at T0, polls at T0, T0+1, T0+2 (= the 2 s bound, not past it): the exit at that poll is seen as an exit.
+    supervisor, backend = _supervise(tmp_path, [_ended_then(phase, exit_at_poll=3)], clock=clock,
+                                     hang_timeout_s=2.0, startup_timeout_s=3.0, max_restarts=0)
     (fault,) = supervisor.run().faults
-    assert fault.kind is not AttemptEnd.HUNG and backend.started[0].polls == 8
+    assert fault.kind is not AttemptEnd.HUNG and backend.started[0].polls == 3
+
+
+@pytest.mark.parametrize("phase,result,kind", [
+    ("finished", False, AttemptEnd.HUNG),  # rank 0 writes the result before it beats `finished`
+    ("stopped", False, AttemptEnd.TERMINATED),  # flushed on a SIGTERM nobody here sent: resumed
+])
+def test_a_rank_that_ended_but_never_exits_is_ended_past_the_hang_bound(tmp_path, clock, phase, result, kind):
+    """A rank stuck in its teardown (a process group, a generator or a pipe that does not close)
+    after its last beat: before the fix the supervisor waited for its exit for ever."""
+    supervisor, backend = _supervise(tmp_path, [_ended_then(phase, result=result), "succeed"], clock=clock,
+                                     hang_timeout_s=2.0, startup_timeout_s=3.0, max_restarts=1)
+    report = supervisor.run()
+    (fault,) = report.faults
+    assert (fault.kind, fault.planned, fault.detected_at) == (kind, False, T0 + 3.0)  # T0+2 is the bound, T0+3 past it
+    assert backend.started[0].polls == 4 and backend.started[0].terminations
+    assert (report.outcome, report.num_attempts) == (Outcome.SUCCEEDED, 2)
+
+
+def test_ranks_that_stopped_at_the_planned_step_and_never_exit_end_the_stage_stopped(tmp_path, clock):
+    worker = replace(_worker(tmp_path), stop_after_step=4)
+    backend = FakeBackend(worker, [_ended_then("stopped"), "succeed"], clock=clock)
+    report = Supervisor(worker=worker, config=_config(hang_timeout_s=2.0, max_restarts=1), backend=backend).run()
+    assert (report.outcome, len(backend.started)) == (Outcome.STOPPED, 1) and backend.started[0].terminations
+    assert [(f.kind, f.planned) for f in report.faults] == [(AttemptEnd.STOPPED, True)]
+
+
+def test_a_finished_stage_whose_ranks_never_exit_succeeds_once_they_are_ended(tmp_path, clock, capsys):
+    supervisor, backend = _supervise(tmp_path, [_ended_then("finished", result=True)], clock=clock,
+                                     hang_timeout_s=2.0, startup_timeout_s=3.0, max_restarts=0)
+    report = supervisor.run()
+    assert (report.outcome, report.num_attempts, report.faults) == (Outcome.SUCCEEDED, 1, ())
+    (attempt,) = backend.started
+    assert attempt.polls == 4 and len(attempt.terminations) == 1 and attempt.releases == 1
+    assert report.result == {"num_steps": 4}
+    assert "finished but did not exit within 2 s" in capsys.readouterr().err
+
+
+def test_a_result_cut_short_is_no_finished_stage(tmp_path, clock):
+    def torn(attempt, backend):
+        _ended_then("finished", result=True)(attempt, backend)
+        (backend.stage_dir / RESULT_NAME).write_text('{"num_steps":')
+
+    supervisor, backend = _supervise(tmp_path, [torn], clock=clock, hang_timeout_s=2.0, startup_timeout_s=3.0)
+    report = supervisor.run()
+    assert report.outcome is Outcome.FAILED and [f.kind for f in report.faults] == [AttemptEnd.HUNG]
 
 
 def _beat(rank: int, phase: str, at: float) -> heartbeat.Heartbeat:
@@ -701,7 +799,18 @@ def test_a_stale_rank_after_a_finished_one_is_still_hung(tmp_path, clock, phase)
     assert not supervisor._hung(attempt, beats)  # exactly at the bound
     beats[2] = _beat(2, "training", down_from(T0 - 3.0))
     assert supervisor._hung(attempt, beats)
-    assert not supervisor._hung(attempt, {r: _beat(r, phase, T0 - 50.0) for r in range(3)})
+
+
+@pytest.mark.parametrize("phase", ["finished", "stopped"])
+def test_ranks_that_all_ended_get_the_hang_bound_from_the_last_ones_end(tmp_path, clock, phase):
+    """Ranks other than 0 beat `finished` and exit while rank 0 still evaluates: only once every rank
+    ended does the bound run, from the last one's beat (at it, not hung; past it, hung)."""
+    supervisor, _ = _supervise(tmp_path, clock=clock, nproc_per_node=3, hang_timeout_s=3.0)
+    attempt = FakeAttempt(number=0, launched_at=T0 - 100.0)
+    beats = {0: _beat(0, phase, T0 - 3.0), 1: _beat(1, phase, T0 - 50.0), 2: _beat(2, phase, T0 - 50.0)}
+    assert not supervisor._hung(attempt, beats)
+    assert not supervisor._hung(attempt, {**beats, 0: _beat(0, "evaluating", T0 - 1.0)})
+    assert supervisor._hung(attempt, {**beats, 0: _beat(0, phase, down_from(T0 - 3.0))})
 
 
 def down_from(x: float) -> float:

@@ -1,7 +1,8 @@
 """Resume is bit-exact: N steps straight equal N/2 steps, a checkpoint, and N/2 more in a fresh
 process group (world size 2 on gloo, DDP replicas, FSDP2 shards, and FSDP2 in bf16 with gradient
 accumulation: per-rank RNG state, the data-loader position, sharded parameters and optimizer state
-through DCP)."""
+through DCP). The checkpoint resumed from lost its registry record (a kill between its marker and
+the record): the resumed attempt lists it."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch.distributed.checkpoint as dcp
 
 from ito_assets.runtime.record import events
 from ito_assets.runtime.record.goodput import summarize
-from ito_assets.runtime.checkpoint import markers
+from ito_assets.runtime.checkpoint import markers, registry
 from ito_assets.runtime.stage.config import RESULT_NAME
 from ito_assets.runtime.worker.main import EXIT_STOPPED
 from ito_assets.training.layout import Layout
@@ -28,6 +29,15 @@ def _num_shards(stage_dir: Path, step: int) -> set[int]:
     metadata = dcp.FileSystemReader(str(markers.checkpoint_dir(stage_dir, step))).read_metadata()
     return {len(meta.chunks) for key, meta in metadata.state_dict_metadata.items()
             if key.startswith("model.") and hasattr(meta, "chunks")}
+
+
+def _drop_the_last_record(stage_dir: Path, *, step: int) -> None:
+    """As a kill after the marker of `step` (written on the save's thread) and before its record
+    (appended at the training thread's next poll) leaves the registry."""
+    path = stage_dir / registry.REGISTRY_NAME
+    lines = path.read_text().splitlines()
+    assert json.loads(lines[-1])["step"] == step
+    path.write_text("".join(line + "\n" for line in lines[:-1]))
 
 
 LAYOUTS = {
@@ -52,8 +62,11 @@ def test_straight_and_resumed_runs_are_identical(tmp_path, tokens, data_parallel
     done = finish(running)
     assert done.returncode == 0, done.stderr[-3000:]
     assert first.returncode != 0 and f"exitcode  : {EXIT_STOPPED}" in first.stderr, first.stderr[-3000:]
+    _drop_the_last_record(Path(halves.stage_dir), step=12)
     second = run_worker(worker_config(tmp_path / "halves", tokens, attempt=1, layout=layout), nproc=2)
     assert second.returncode == 0, second.stderr[-3000:]
+    # Listed again by the attempt that resumed from it, before its own saves.
+    assert [r.step for r in registry.read(Path(halves.stage_dir))] == [8, 12, 16, 24]
 
     log = events.read(Path(halves.stage_dir))
     resumed = [e for e in log if e.kind is events.EventKind.RESUME]

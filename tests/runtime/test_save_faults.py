@@ -8,16 +8,20 @@ import errno
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
 from ito_assets.runtime.checkpoint import markers, registry
-from ito_assets.runtime.checkpoint.saver import storage_cause
+from ito_assets.runtime.checkpoint.saver import CheckpointConfig, Checkpointer, storage_cause
 from ito_assets.runtime.supervision import heartbeat
 from ito_assets.runtime.stage.config import RESULT_NAME
-from ito_assets.runtime.worker.main import EXIT_STORAGE
+from ito_assets.runtime.worker import main as worker_main
+from ito_assets.runtime.worker.main import EXIT_STORAGE, StageWorker
 from ito_assets.training.layout import Layout
 from runtime_helpers import TRIALS, worker_config
 
@@ -32,6 +36,57 @@ def test_the_storage_cause_is_found_inside_dcps_wrapper():
     assert storage_cause(wrapped) is full
     assert storage_cause(CheckpointException("save", {1: full})) is full
     assert storage_cause(RuntimeError("a bug, not the disk")) is None
+
+
+# --- slow storage: the previous save still writing at the next one's step --------------------------------
+
+
+def test_a_save_that_waits_for_the_previous_one_ticks_meanwhile(tmp_path, monkeypatch):
+    """The wait for a save still writing blocks the training thread; before the fix it sent no
+    heartbeat, so storage slower than the hang bound had the supervisor end a healthy attempt as hung."""
+    written = threading.Event()
+    write_marker = markers.write_marker
+
+    def slow_marker(*args, **kwargs):  # step 5's save ends only once the wait for it has ticked
+        written.wait(timeout=10)
+        return write_marker(*args, **kwargs)
+
+    monkeypatch.setattr(markers, "write_marker", slow_marker)
+    config = CheckpointConfig(directory=tmp_path, interval_steps=5, keep_last=3)
+    saver = Checkpointer(config, process_group=None, rank=0)
+    ticks: list[int] = []
+
+    def tick() -> None:
+        ticks.append(1)
+        written.set()
+
+    saver.save(5, {"model": {"w": torch.zeros(4)}}, on_tick=tick, tick_s=0.01)
+    assert ticks == []  # nothing in flight: no wait, no tick
+    saver.save(10, {"model": {"w": torch.ones(4)}}, on_tick=tick, tick_s=0.01)
+    assert ticks and written.is_set()
+    num_ticks = len(ticks)
+    saver.wait()
+    saver.save(15, {"model": {"w": torch.ones(4)}}, on_tick=tick, tick_s=0.01)
+    assert len(ticks) == num_ticks  # the previous save already done: no tick
+    saver.close()
+    assert [r.step for r in registry.read(tmp_path)] == [5, 10, 15]
+
+
+def test_the_worker_beats_checkpointing_while_its_save_waits(monkeypatch):
+    beats: list[tuple[int, str, bool]] = []
+
+    def save(step, state, *, spike_history, on_tick):
+        on_tick()
+        on_tick()
+
+    worker = SimpleNamespace(
+        heartbeat=SimpleNamespace(beat=lambda step, phase, force=False: beats.append((step, phase, force))),
+        checkpointer=SimpleNamespace(save=save), spikes=SimpleNamespace(state=lambda: {}),
+        model=None, optimizer=None, rank=0, saved_step=-1)
+    monkeypatch.setattr(worker_main.train_state, "capture", lambda *args, **kwargs: {})
+    StageWorker.save(worker, 16, 128)
+    assert beats == [(16, "checkpointing", True), (16, "checkpointing", False), (16, "checkpointing", False)]
+    assert worker.saved_step == 16
 
 
 def _run(tmp_path: Path, tokens, failing: str):

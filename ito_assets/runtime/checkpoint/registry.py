@@ -1,9 +1,11 @@
 """The checkpoint registry: one JSON line per finished checkpoint of a stage (`registry.jsonl`).
 
 A record is appended by rank 0 only after the checkpoint's completion marker is on disk, so every
-line names a checkpoint that was whole when written. Pruning and corruption are judged from the
-folder itself (`markers.validate`), never from this list: the registry is what `ito checkpoints`
-and the desk read; the marker is what a resume trusts.
+line names a checkpoint that was whole when written. A kill between the two (the marker is written
+on the save's thread, the record at the training thread's next poll) leaves a whole checkpoint
+without a record: the attempt that resumes from it lists it from its marker (`list_from_marker`).
+Pruning and corruption are judged from the folder itself (`markers.validate`), never from this
+list: the registry is what `ito checkpoints` and the desk read; the marker is what a resume trusts.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ito_assets.runtime.checkpoint.markers import MARKER_NAME, Marker
 from ito_assets.runtime.record.storage import append_line, json_lines
 
 REGISTRY_NAME = "registry.jsonl"
@@ -46,8 +49,9 @@ class CheckpointRecord:
         return self.num_bytes / self.total_seconds if self.total_seconds > 0 else float("inf")
 
     def to_json(self) -> str:
-        return json.dumps({**asdict(self), "bandwidth_bytes_per_second": self.bandwidth_bytes_per_second},
-                          sort_keys=True)
+        # A record listed from its marker has no seconds: null, not the non-standard `Infinity`.
+        bandwidth = self.bandwidth_bytes_per_second if self.total_seconds > 0 else None
+        return json.dumps({**asdict(self), "bandwidth_bytes_per_second": bandwidth}, sort_keys=True)
 
 
 def append(directory: Path, record: CheckpointRecord) -> None:
@@ -68,3 +72,19 @@ def read(directory: Path) -> list[CheckpointRecord]:
         except (ValueError, TypeError):
             continue
     return records
+
+
+def list_from_marker(directory: Path, folder: Path, marker: Marker) -> CheckpointRecord | None:
+    """Append the record of the whole checkpoint in `folder` unless the registry's last record of
+    that folder already names its bytes (`metadata_sha256`); returns the record appended, or None.
+    Its seconds only the killed attempt knew: 0 (no bandwidth to plan on); its completion is the
+    marker's time."""
+    path = str(folder)
+    listed = [record for record in read(directory) if record.path == path]
+    if listed and listed[-1].metadata_sha256 == marker.metadata_sha256:
+        return None
+    record = CheckpointRecord(step=marker.step, path=path, num_bytes=marker.num_bytes, blocking_seconds=0.0,
+                              total_seconds=0.0, metadata_sha256=marker.metadata_sha256,
+                              completed_at=(folder / MARKER_NAME).stat().st_mtime)
+    append(directory, record)
+    return record

@@ -26,6 +26,7 @@ whether to go on. Any other failure still raises.
 from __future__ import annotations
 
 import logging
+import math
 import shutil
 import threading
 import time
@@ -138,6 +139,7 @@ class Checkpointer:
         self._stager = None if torch.cuda.is_available() else _stager()
         self._in_flight: _InFlight | None = None
         self._ready: list[CheckpointRecord] = []  # finished while save() waited for them
+        self._newest: int | None = None  # the newest step this checkpointer saved whole (`prune`'s bound)
         self._failed: tuple[int, OSError] | None = None  # this rank's storage failure not yet agreed on
         self.failures: list[SaveFailure] = []  # agreed on, for the worker to act on (`take_failures`)
         if rank == 0:
@@ -146,10 +148,15 @@ class Checkpointer:
     def due(self, step: int) -> bool:
         return step > 0 and step % self.config.interval_steps == 0
 
-    def save(self, step: int, state: dict[str, Any], *, spike_history: dict | None = None) -> float:
+    def save(self, step: int, state: dict[str, Any], *, spike_history: dict | None = None,
+             on_tick: Callable[[], None] | None = None, tick_s: float = 1.0) -> float:
         """Start an asynchronous save of `state` at `step`; returns the seconds training was blocked.
-        `spike_history` (the detector's values at `step`) goes into the marker."""
-        self._ready.extend(self.wait())  # at most one save in flight; the wait is the previous save's blocking
+        `spike_history` (the detector's values at `step`) goes into the marker. A folder of `step`
+        already there (a partial save of a killed attempt, one the resume rejected) is replaced.
+        `on_tick` every `tick_s` while the previous save is still writing, as in `wait`: on slow
+        storage that wait can outlast the supervisor's hang bound."""
+        # At most one save in flight; the wait is the previous save's blocking.
+        self._ready.extend(self.wait(on_tick=on_tick, tick_s=tick_s))
         self.agree()
         started = time.monotonic()
         folder = markers.checkpoint_dir(self.config.directory, step)
@@ -217,6 +224,7 @@ class Checkpointer:
             metadata_sha256=flight.marker.metadata_sha256, completed_at=time.time(),
         )
         registry.append(self.config.directory, record)
+        self._newest = flight.step
         self.prune()
         return ready + [record]
 
@@ -264,16 +272,23 @@ class Checkpointer:
         return records
 
     def prune(self) -> list[int]:
-        """Keep the newest `keep_last` whole checkpoints; remove older ones and old partial folders."""
+        """Keep the newest `keep_last` whole checkpoints; remove older ones and old partial folders.
+
+        Once this checkpointer has saved, only folders up to its newest save count, and that save
+        is always kept. A newer folder is one this attempt's resume rejected (a flipped byte leaves
+        every size right, so it looks whole here, where digests are not checked): counted, it
+        would have each new save pruned as soon as written. It stays until the run reaches its
+        step again and `save` replaces it."""
         folders = sorted((markers.step_of(p), p) for p in self.config.directory.iterdir()
                          if p.is_dir() and markers.step_of(p) is not None)
-        whole = [step for step, p in folders if self._whole(p)]
+        bound = self._newest if self._newest is not None else math.inf
+        whole = [step for step, p in folders if step <= bound and self._whole(p)]
         try:
             held = held_steps(self.config.directory)
         except OSError as error:  # holds unknown: pruning now could delete a held checkpoint
             _log.warning("not pruning: the holds folder cannot be read (%s)", error)
             return []
-        keep = set(whole[-self.config.keep_last:]) | held
+        keep = set(whole[-self.config.keep_last:]) | held | {self._newest}
         newest_whole = whole[-1] if whole else -1
         in_flight = self._in_flight.step if self._in_flight else None
         removed = []

@@ -5,13 +5,19 @@ from its newest whole checkpoint under the same run record.
   a world of its own is the launch).
 - hung: a live rank's heartbeat is older than `hang_timeout_s`, or it beats in training at one step
   that long without progress (or no heartbeat arrives within `startup_timeout_s` of the launch).
+  Ranks that all beat their end (`finished`, `stopped`) get `hang_timeout_s` from the last of those
+  beats to exit: past it they are ended, and the attempt counts as what their beats say (finished,
+  with its result on disk; stopped) or else as hung.
 - an approved spike proposal: a planned restart from the proposal's checkpoint, skipping its
   batches; checkpoints after that step are set aside (renamed `discarded-step-*`, kept for audit).
   A proposal approved while no attempt runs (the stage had already ended) is applied before the
   next attempt starts, so re-running the stage carries it out. Replica groups other than 0 follow
   group 0's proposals (`_follow`): they restart too, once group 0's supervisor has applied it.
 - a stop request (SIGTERM/SIGINT to the supervisor, e.g. Dagster terminating the run): the workers
-  flush a checkpoint within the grace period and the supervisor exits without restarting.
+  flush a checkpoint within the grace period and the supervisor exits without restarting; so it
+  does when the ranks stop at the config's `stop_after_step`. Ranks that flushed and stopped on a
+  signal the supervisor did not send (a Kubernetes deadline, a node drain, a Slurm time limit or
+  preemption) end the attempt `terminated`: unplanned, resumed within the restart budget.
 - the stage folder cannot be written (a full disk, a vanished or unwritable folder): the stage
   ends FAILED with STORAGE_FULL or CHECKPOINT_STORAGE_INVALID and one plain sentence, without a
   restart (none could help) and without a traceback.
@@ -136,13 +142,18 @@ class AttemptEnd(str, enum.Enum):
     DEAD = "dead"  # torchrun exited non-zero: a rank died
     HUNG = "hung"  # a live rank's heartbeat went stale
     SPIKE_RESTART = "spike_restart"  # the desk approved a spike proposal (planned)
-    STOPPED = "stopped"  # a stop request, or a planned stop the workers flushed (planned)
+    STOPPED = "stopped"  # a stop request, or the planned stop at `stop_after_step` the workers flushed (planned)
+    # Every rank flushed and stopped on a signal the supervisor did not send (a Kubernetes deadline,
+    # a node drain, a Slurm time limit or preemption): unplanned, resumed within the restart budget.
+    TERMINATED = "terminated"
     STORAGE = "storage"  # the workers' last checkpoint could not be written (off the restart budget)
     REFUSED = "refused"  # a rank refused its inputs with a code no restart changes
     NOT_STARTED = "not_started"  # the back end could not start it: a scheduler or API that did not answer
 
 
 PLANNED_ENDS = frozenset({AttemptEnd.SPIKE_RESTART, AttemptEnd.STOPPED})
+# A rank's last phases: after either only its exit is left.
+_END_PHASES = ("finished", "stopped")
 
 
 class Outcome(str, enum.Enum):
@@ -182,6 +193,7 @@ class _Watch:
     last_sign: float = 0.0
     proposal_id: str | None = None
     error_code: str | None = None  # STORAGE: the code the workers' heartbeats name
+    running: bool = False  # ended by its heartbeats while its launch still runs (a teardown that hangs)
 
 
 @dataclass
@@ -254,7 +266,7 @@ class Supervisor:
                 launched += 1
                 watch = self._watch(attempt)
                 if watch.kind is AttemptEnd.FINISHED:
-                    attempt.release()
+                    self._end_finished(attempt, watch)
                     return self._report(Outcome.SUCCEEDED, attempt_number + 1 - first)
                 fault = self._interrupt(attempt, watch)
                 running = None
@@ -299,6 +311,13 @@ class Supervisor:
         if not spent:
             time.sleep(self.config.poll_interval_s)
         return spent
+
+    def _end_finished(self, attempt: Attempt, watch: _Watch) -> None:
+        """Free what a finished attempt holds; its ranks first, where they never exited."""
+        if watch.running:
+            pids = {b.pid for b in heartbeat.read_all(Path(self.worker.heartbeat_dir), attempt=attempt.number).values()}
+            attempt.terminate(pids, grace_s=self.config.grace_s)
+        attempt.release()
 
     def _end_unwatched(self, running: Attempt | None) -> None:
         """End the attempt this supervisor leaves without watching it (its ranks would hold the devices
@@ -361,7 +380,8 @@ class Supervisor:
         observed = self._beats.read(time.time())  # on this clock: a worker's may be set wrong
         if self._hung(attempt, observed):
             # Its last sign as observed: a rank that beats without progress last progressed then.
-            return _Watch(kind=AttemptEnd.HUNG, last_sign=min((b.at for b in observed.values()), default=last_sign))
+            kind = self._ended_without_exit(attempt, observed) or AttemptEnd.HUNG
+            return _Watch(kind=kind, last_sign=min((b.at for b in observed.values()), default=last_sign), running=True)
         ordered = self._restart_ordered()
         if ordered is not None:
             return _Watch(kind=AttemptEnd.SPIKE_RESTART, last_sign=time.time(), proposal_id=ordered)
@@ -385,15 +405,43 @@ class Supervisor:
     def _exit_kind(self, code: int, beats: dict[int, heartbeat.Heartbeat]) -> AttemptEnd:
         if code == 0 and (self.stage_dir / RESULT_NAME).exists():
             return AttemptEnd.FINISHED
-        stopped = len(beats) == self.config.world_size and all(b.phase == "stopped" for b in beats.values())
-        return AttemptEnd.STOPPED if stopped else AttemptEnd.DEAD
+        return self._stop_kind(beats) or AttemptEnd.DEAD
+
+    def _stop_kind(self, beats: dict[int, heartbeat.Heartbeat]) -> AttemptEnd | None:
+        """Every rank flushed a checkpoint and beat `stopped`: STOPPED where this supervisor asked for
+        it or the ranks stopped at the config's `stop_after_step`, else TERMINATED (someone else sent
+        the SIGTERM: the run is not over, so it resumes). None unless every rank stopped."""
+        if len(beats) != self.config.world_size or any(b.phase != "stopped" for b in beats.values()):
+            return None
+        at_planned_step = all(b.step == self.worker.stop_after_step for b in beats.values())
+        return AttemptEnd.STOPPED if self.stop_requested or at_planned_step else AttemptEnd.TERMINATED
+
+    def _ended_without_exit(self, attempt: Attempt, beats: dict[int, heartbeat.Heartbeat]) -> AttemptEnd | None:
+        """A hung attempt whose ranks had all beat their end (stuck in teardown: a process group,
+        a generator or a pipe that does not close): what their beats say it ended as, or None.
+        FINISHED needs the result on disk, written whole (atomically) before the `finished` beat."""
+        if beats and all(b.phase == "finished" for b in beats.values()) and self._result_is_whole():
+            print(f"the ranks of attempt {attempt.number} of {self.worker.stage} finished but did not exit within "
+                  f"{self.config.hang_timeout_s:g} s; they were ended", file=sys.stderr, flush=True)
+            return AttemptEnd.FINISHED
+        return self._stop_kind(beats)
+
+    def _result_is_whole(self) -> bool:
+        try:
+            return isinstance(json.loads((self.stage_dir / RESULT_NAME).read_text()), dict)
+        except (OSError, ValueError):
+            return False
 
     def _hung(self, attempt: Attempt, beats: dict[int, heartbeat.Heartbeat]) -> bool:
         now = time.time()
         if len(beats) < self.config.world_size:
             return now - attempt.launched_at > self.config.startup_timeout_s
+        if all(b.phase in _END_PHASES for b in beats.values()):
+            # Only the exit is left, from the last rank's end on: teardown gets the hang bound. A
+            # rank that ended earlier (others still evaluating) may long have exited.
+            return now - max(b.at for b in beats.values()) > self.config.hang_timeout_s
         for beat in beats.values():
-            if beat.phase in ("finished", "stopped"):
+            if beat.phase in _END_PHASES:
                 continue
             # Resuming (loading a checkpoint, joining the group) has the start-up bound.
             bound = (self.config.startup_timeout_s if beat.phase in ("starting", heartbeat.JOINING)

@@ -40,6 +40,7 @@ from ito_assets.runtime.worker import distributed, execution
 from ito_assets.runtime.record import events
 from ito_assets.runtime.checkpoint import holds
 from ito_assets.runtime.checkpoint import markers
+from ito_assets.runtime.checkpoint import registry
 from ito_assets.runtime.supervision import proposals
 from ito_assets.runtime.checkpoint import resume
 from ito_assets.runtime.stage import battery as stage_eval
@@ -318,6 +319,8 @@ class StageWorker:
             marker = markers.read_marker(Path(point.path))
             if marker is not None and marker.spike_history:  # absent in checkpoints from before it was kept
                 self.spikes.restore(marker.spike_history)
+            if marker is not None:
+                self.list_resumed(Path(point.path), marker)
         elif self.config.init_from:
             self._init_from(Path(self.config.init_from))
         else:
@@ -330,6 +333,19 @@ class StageWorker:
                    detail=f"from {point.path}" if point.path else "fresh")
         self.log(f"attempt {self.config.attempt}: starting at step {step} (position {position})")
         return step, position
+
+    def list_resumed(self, folder: Path, marker: markers.Marker) -> None:
+        """The resumed checkpoint in the registry (rank 0 of group 0, whose folder it is): an attempt
+        killed between its marker (written on the save's thread) and the record (appended at the
+        next poll) left it whole but unlisted, and `ito checkpoints` would never show it; this
+        attempt does not save its step again."""
+        if self.rank != 0 or not self.writes_checkpoints:
+            return
+        with self.writing("the checkpoint registry"):
+            listed = registry.list_from_marker(self.stage_dir, folder, marker)
+        if listed is not None:
+            self.log(f"checkpoint step {listed.step} was whole but not in the registry "
+                     "(its attempt ended before recording it): listed now")
 
     def _init_from(self, path: Path) -> None:
         if self.config.init_optimizer:
@@ -347,9 +363,12 @@ class StageWorker:
             self.optimizer.state.clear()  # the template's zero-rate step: a fresh AdamW, as a fresh start's
 
     def save(self, step: int, position: int) -> None:
+        """Start the save of `step`, heartbeating while the previous save still writes (slow
+        storage is not a hang)."""
         self.heartbeat.beat(step, "checkpointing", force=True)
         state = train_state.capture(self.model, self.optimizer, step=step, position=position, rank=self.rank)
-        self.checkpointer.save(step, state, spike_history=self.spikes.state())
+        tick = lambda: self.heartbeat.beat(step, "checkpointing")
+        self.checkpointer.save(step, state, spike_history=self.spikes.state(), on_tick=tick)
         self.saved_step = step
 
     def collect(self, records: list[CheckpointRecord]) -> None:
