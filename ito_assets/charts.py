@@ -10,7 +10,9 @@ exists; a bare Figure on Agg has neither problem and is freed with its last refe
 The bytes are deterministic (no "Software" PNG text chunk, a fixed size, no timestamps), so the
 same figures give the same picture, and the renders are cached by a digest of their inputs: a
 re-materialization with unchanged figures does not draw again. Edge inputs never raise: an empty
-series draws "no data" in its panel, NaN points are gaps, one point is drawn as a marker.
+series draws "no data" in its panel, NaN points are gaps, one point is drawn as a marker; a
+negative or non-finite duration is a gap too, an unbounded band is not drawn, and an axis stops at
+_MAX_AXIS.
 """
 
 from __future__ import annotations
@@ -272,8 +274,10 @@ def _draw_effect(figure, p: dict) -> None:
     if difference is None or not math.isfinite(difference):
         _no_data(axes, f"effect: {p['verdict']}")
         return
-    if p["mde"]:
-        axes.axvspan(-p["mde"], p["mde"], color=MUTED, alpha=0.2, label="below detectable effect")
+    # An unbounded one is not drawn; a finite one at most across the widest axis.
+    mde = min(abs(p["mde"]), _MAX_AXIS) if p["mde"] is not None and math.isfinite(p["mde"]) else 0.0
+    if mde:
+        axes.axvspan(-mde, mde, color=MUTED, alpha=0.2, label="below detectable effect")
     axes.axvline(0, color="black", linewidth=0.8)
     interval = [v for v in (p["low"], p["high"]) if v is not None and math.isfinite(v)]
     if len(interval) == 2:
@@ -282,18 +286,34 @@ def _draw_effect(figure, p: dict) -> None:
     else:  # one seed: no interval
         axes.plot([difference], [0], "o", color=NEUTRAL, label="difference (no interval)")
     axes.set_yticks([])
-    span = max([abs(v) for v in [difference, *interval, p["mde"] or 0.0]] + [1e-9]) * 1.3
-    axes.set_xlim(-span, span)
+    span = max([abs(v) for v in [difference, *interval, mde]] + [1e-9])
+    axes.set_xlim(-_margin(span), _margin(span))
     _style(axes, f"data decision: {p['verdict']}", f"baseline - candidate ({p['unit']}); > 0 favours the candidate")
     axes.legend(fontsize=7, loc="upper left")
+
+
+# The widest axis drawn: matplotlib's tick arithmetic overflows near a double's range (1e308).
+# A value past it is off the axis, not an error.
+_MAX_AXIS = 1e150
+
+
+def _margin(span: float) -> float:
+    """30 % beyond the largest value, at most _MAX_AXIS."""
+    return min(span * 1.3, _MAX_AXIS)
 
 
 def step_time_chart(stages: Mapping[str, tuple[float, float, bool]], flag_fraction: float) -> bytes:
     """Predicted and measured seconds per step for each stage (`stages`: name -> (predicted,
     measured, flagged as the calibration judged it)), with the band within which a measurement is
-    not flagged."""
-    payload = {"stages": {n: [float(p), float(m), bool(f)] for n, (p, m, f) in stages.items()}, "flag": flag_fraction}
+    not flagged. A time that is negative or not finite is a gap, as is a band that is."""
+    payload = {"stages": {n: [_seconds(p), _seconds(m), bool(f)] for n, (p, m, f) in stages.items()},
+               "flag": _seconds(flag_fraction)}
     return _render("step_time", payload)
+
+
+def _seconds(value: float | None) -> float:
+    """A duration to draw: NaN (a gap) where it cannot be one (negative, infinite, NaN or None)."""
+    return float(value) if value is not None and math.isfinite(value) and value >= 0 else math.nan
 
 
 def _draw_step_time(figure, p: dict) -> None:
@@ -303,8 +323,10 @@ def _draw_step_time(figure, p: dict) -> None:
     axes, names, xs = found
     predicted = [stages[n][0] for n in names]
     measured = [stages[n][1] for n in names]
-    axes.errorbar([x - 0.2 for x in xs], predicted, yerr=[[v * p["flag"] for v in predicted]] * 2, fmt="none",
-                  ecolor=MUTED, capsize=8, label=f"±{p['flag']:.0%} (not flagged)")
+    flag = p["flag"] if math.isfinite(p["flag"]) else 0.0
+    band = [v * flag if math.isfinite(v * flag) else 0.0 for v in predicted]
+    axes.errorbar([x - 0.2 for x in xs], predicted, yerr=[band] * 2, fmt="none",
+                  ecolor=MUTED, capsize=8, label=f"±{flag:.0%} (not flagged)")
     axes.bar([x - 0.2 for x in xs], predicted, width=0.4, color=MUTED, alpha=0.6, label="predicted")
     flagged = [stages[n][2] for n in names]  # the check's verdict, not judged again from unrounded figures
     axes.bar([x + 0.2 for x in xs], measured, width=0.4, color=[FAIL if f else PASS for f in flagged], label="measured")

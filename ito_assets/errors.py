@@ -116,6 +116,9 @@ class ErrorCode(str, enum.Enum):
     # A training stage's folder is held by another supervisor or launch of that stage (a second run of
     # it while the first runs): this one wrote and started nothing there.
     STAGE_BUSY = "STAGE_BUSY"
+    # A desk listing filtered by an account id that names no account (a typo would otherwise read
+    # as an account with nothing).
+    ACCOUNT_NOT_FOUND = "ACCOUNT_NOT_FOUND"
 
 
 # Codes a caller may retry unchanged; everything else needs a different request.

@@ -91,11 +91,24 @@ def get(ledger: Ledger, booking_id: str) -> Booking | None:
 
 
 def list_for(ledger: Ledger, account_id: str | None = None) -> list[Booking]:
+    """Every booking, or one account's (ACCOUNT_NOT_FOUND for an id that names no account: an
+    empty list would read as an account that has none)."""
     query = sa.select(bookings).order_by(bookings.c.created_at, bookings.c.booking_id)
-    if account_id is not None:
-        query = query.where(bookings.c.account_id == account_id)
     with ledger.read() as conn:
+        if account_id is not None:
+            require_account(conn, account_id)
+            query = query.where(bookings.c.account_id == account_id)
         return [_from_row(r) for r in conn.execute(query).mappings().all()]
+
+
+def account_exists(conn: sa.Connection, account_id: str) -> bool:
+    return conn.execute(sa.select(accounts.c.account_id).where(accounts.c.account_id == account_id)).first() is not None
+
+
+def require_account(conn: sa.Connection, account_id: str) -> None:
+    """ACCOUNT_NOT_FOUND unless the account exists (the message never echoes the id asked for)."""
+    if not account_exists(conn, account_id):
+        raise ItoError(ErrorCode.ACCOUNT_NOT_FOUND, "no such account")
 
 
 def create(ledger: Ledger, account_id: str, terms: BookingTerms, *, actor: str | None) -> Booking:
@@ -103,7 +116,7 @@ def create(ledger: Ledger, account_id: str, terms: BookingTerms, *, actor: str |
     booking = Booking(**asdict(terms), booking_id=ids.new_id("bkg"), account_id=account_id,
                       state=BookingState.PENDING, revision=1, created_at=now, updated_at=now)
     with ledger.write() as conn:
-        if conn.execute(sa.select(accounts.c.account_id).where(accounts.c.account_id == account_id)).first() is None:
+        if not account_exists(conn, account_id):
             raise ItoError(ErrorCode.USAGE_ERROR, "no such account")
         conn.execute(bookings.insert().values(**{**asdict(booking), "state": booking.state.value}))
         audit.record(conn, now, "booking_created", actor=actor, account_id=account_id,

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 import sqlalchemy as sa
 
 from ito_assets.errors import ErrorCode, ItoError
+from ito_assets.control.bookings import require_account
 from ito_assets.control.ledger import budgets, insert_if_absent, runs
 from ito_assets.control.states import ACTIVE_RUN_STATES, TERMINAL_RUN_STATES
 from ito_assets.manifest.schema import Budget
@@ -91,7 +92,9 @@ def stored_budget(conn: sa.Connection, manifest_digest: str) -> Budget:
 
 
 def states_for(conn: sa.Connection, account_id: str, manifest_digest: str | None = None) -> list[BudgetState]:
-    """The budget of every manifest the account created runs from (or of the one named), by digest."""
+    """The budget of every manifest the account created runs from (or of the one named), by digest.
+    ACCOUNT_NOT_FOUND for an account that does not exist: no budget would read as one that spent nothing."""
+    require_account(conn, account_id)
     query = sa.select(runs.c.manifest_digest).where(runs.c.account_id == account_id).distinct()
     if manifest_digest is not None:
         query = query.where(runs.c.manifest_digest == manifest_digest)

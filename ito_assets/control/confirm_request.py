@@ -104,7 +104,7 @@ def quote_train(ledger: Ledger, policy: ServerPolicy, identity: Identity, bookin
                        requirements or validation.RunRequirements(), now=ledger.now(), pairs=pairs,
                        create_storage=False)
         state = budget.state(conn, account_id, verified.digest, verified.manifest.budget)
-        history = block_history(conn, booking)
+        history = block_history(conn, booking, account_id)  # pooled only over enough accounts
     return TrainQuote(booking=booking, cost_cents=pre.cost_cents, budget=state, history=history,
                       run_plan=pre.run_plan, window_left_s=pre.window_left_s)
 

@@ -16,15 +16,19 @@ _COLUMNS = ("goodput", "allocated_seconds", "device_hours", "productive_seconds"
             "badput_evaluation_seconds", "badput_idle_seconds", "badput_other_seconds", "posttraining_seconds",
             "num_steps", "num_wasted_steps",
             "planned_interruptions_per_1000_device_hours", "unplanned_interruptions_per_1000_device_hours",
-            "num_checkpoints", "checkpoint_bytes", "checkpoint_bandwidth_bytes_per_second")
+            "num_checkpoints", "checkpoint_bytes", "checkpoint_bandwidth_bytes_per_second",
+            "allocated_device_seconds", "productive_device_seconds", "unheld_device_seconds")
 
 
-def rows_for_run(partition_key: str, stage_dirs: dict[str, Path]) -> list[dict]:
+def rows_for_run(partition_key: str, stage_dirs: dict[str, Path], *, num_booked_devices: int = 0) -> list[dict]:
+    """A row per stage and the run's last, its goodput weighed at the booked block's GPUs
+    (`summarize_run`; 0: the most a stage held)."""
     logs = {stage: events.read_groups(folder) for stage, folder in stage_dirs.items()}
     rows = [{"partition_key": partition_key, "stage": stage,
              **summarize_stage(groups, posttraining=stage in POST_TRAINING_ORDER).as_row()}
             for stage, groups in logs.items()]
-    return rows + [{"partition_key": partition_key, "stage": "run", **summarize_run(logs).as_row()}]
+    run = summarize_run(logs, num_booked_devices=num_booked_devices).as_row()
+    return rows + [{"partition_key": partition_key, "stage": "run", **run}]
 
 
 def write(warehouse: Path, partition_key: str, rows: list[dict]) -> None:

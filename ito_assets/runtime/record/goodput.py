@@ -20,6 +20,13 @@ Definitions (the desk prices a training block from these):
   seconds are the groups' weighted by their device-seconds (their devices, where their count held),
   so a group that was restarting while the others trained lowers goodput by its share of the
   devices, and device-hours and interruptions are every group's (`summarize_stage`).
+- the run's goodput is weighed in device-seconds at the booked block's devices
+  (`summarize_run`'s `num_booked_devices`): each stage's window counts every booked device, so a
+  stage that holds fewer (post-training on one of eight) leaves the rest unheld, which is badput,
+  and so is the idle time between stages; productive device-seconds are each stage's productive
+  seconds at the devices it held. The run's seconds and their buckets stay wall-clock (they split
+  the run's window); `goodput` and the quotes read the device-seconds. A stage's goodput is its
+  seconds' share (its groups' seconds are already weighted by their device-seconds).
 - post-training: the post-training stages (SFT, DPO, RLVR) write the same events for their one
   device (`ito_assets.posttraining.timeline`), so their steps, evaluations and saves fall in the
   buckets above and the gap before them is idle; `posttraining_seconds` says how much of the
@@ -44,7 +51,7 @@ _SECONDS_PER_HOUR = 3600.0
 @dataclass(frozen=True, kw_only=True)
 class Telemetry:
     allocated_seconds: float
-    device_hours: float
+    device_seconds: float  # what the stages held (the run: and the idle time at its largest count)
     productive_seconds: float
     startup_seconds: float
     checkpoint_blocking_seconds: float
@@ -60,10 +67,36 @@ class Telemetry:
     checkpoint_total_seconds: float
     idle_seconds: float = 0.0  # between stages' windows (a run's figure; 0 for one stage)
     posttraining_seconds: float = 0.0  # the post-training stages' windows, inside allocated_seconds
+    # The run's window at the booked block's devices, and its productive seconds at the devices that
+    # trained them (`summarize_run`); 0 for a stage, whose figures are its own devices'.
+    allocated_device_seconds: float = 0.0
+    productive_device_seconds: float = 0.0
+
+    @property
+    def device_hours(self) -> float:
+        return self.device_seconds / _SECONDS_PER_HOUR
 
     @property
     def goodput(self) -> float:
+        if self.allocated_device_seconds > 0:
+            return self.productive_device_seconds / self.allocated_device_seconds
         return self.productive_seconds / self.allocated_seconds if self.allocated_seconds > 0 else 0.0
+
+    @property
+    def device_split(self) -> tuple[float, float]:
+        """(allocated, productive) device-seconds: the run's at the booked block, a stage's at the
+        devices it held (its productive seconds at their mean over its window)."""
+        if self.allocated_device_seconds > 0:
+            return self.allocated_device_seconds, self.productive_device_seconds
+        if self.allocated_seconds <= 0:
+            return 0.0, 0.0
+        return self.device_seconds, self.productive_seconds * self.device_seconds / self.allocated_seconds
+
+    @property
+    def unheld_device_seconds(self) -> float:
+        """Booked device-seconds that no stage held (fewer devices than booked, and the idle time
+        at the booked count beyond the run's largest): badput in device terms, 0 for a stage."""
+        return max(0.0, self.allocated_device_seconds - self.device_seconds) if self.allocated_device_seconds > 0 else 0.0
 
     @property
     def accounted_seconds(self) -> float:
@@ -85,10 +118,14 @@ class Telemetry:
 
     def as_row(self) -> dict[str, float | int]:
         """Flat figures for the warehouse table and the UI."""
+        allocated_device_seconds, productive_device_seconds = self.device_split
         return {
             "goodput": self.goodput,
             "allocated_seconds": self.allocated_seconds,
             "device_hours": self.device_hours,
+            "allocated_device_seconds": allocated_device_seconds,
+            "productive_device_seconds": productive_device_seconds,
+            "unheld_device_seconds": self.unheld_device_seconds,
             "productive_seconds": self.productive_seconds,
             "badput_startup_seconds": self.startup_seconds,
             "badput_checkpoint_seconds": self.checkpoint_blocking_seconds,
@@ -166,8 +203,7 @@ def summarize(events: list[Event], *, posttraining: bool = False) -> Telemetry:
     return Telemetry(
         allocated_seconds=allocated,
         posttraining_seconds=allocated if posttraining else 0.0,
-        device_hours=(sum(e.seconds * e.num_devices for e in allocations) + (allocated - held) * devices)
-        / _SECONDS_PER_HOUR,
+        device_seconds=sum(e.seconds * e.num_devices for e in allocations) + (allocated - held) * devices,
         **buckets,
         num_steps=len(steps) - len(wasted),
         num_wasted_steps=len(wasted),
@@ -197,12 +233,12 @@ def summarize_stage(groups: Sequence[list[Event]], *, posttraining: bool = False
     parts = [_held_for(p, window, d, has_devices=_devices(log) > 0) for p, d, log in zip(parts, devices, groups)]
     # Each group weighs its device time: its devices, or on average over the window where its
     # allocations named different counts (a stage run again on other devices).
-    weights = [p.device_hours for p in parts] if any(p.device_hours > 0 for p in parts) else [1.0] * len(parts)
+    weights = [p.device_seconds for p in parts] if any(p.device_seconds > 0 for p in parts) else [1.0] * len(parts)
     mean = lambda name: sum(w * getattr(p, name) for w, p in zip(weights, parts)) / sum(weights)
     summed = lambda name: sum(getattr(p, name) for p in parts)
     stage = Telemetry(
         **{name: mean(name) for name in _SECONDS},
-        device_hours=summed("device_hours"), num_steps=max(p.num_steps for p in parts),
+        device_seconds=summed("device_seconds"), num_steps=max(p.num_steps for p in parts),
         **{name: summed(name) for name in ("num_wasted_steps", "num_planned_interruptions",
                                            "num_unplanned_interruptions", "num_checkpoints", "checkpoint_bytes",
                                            "checkpoint_total_seconds")},
@@ -215,7 +251,7 @@ def _held_for(part: Telemetry, window: float, devices: int, *, has_devices: bool
     """A group's figures over the stage's whole window, at its devices (`has_devices`: its own
     figures counted them for the seconds it accounted)."""
     unheld = window - part.allocated_seconds + (0.0 if has_devices else part.allocated_seconds)
-    return replace(part, allocated_seconds=window, device_hours=part.device_hours + unheld * devices / _SECONDS_PER_HOUR)
+    return replace(part, allocated_seconds=window, device_seconds=part.device_seconds + unheld * devices)
 
 
 # A stage's figures that are seconds of its wall-clock window.
@@ -246,14 +282,18 @@ def _group_devices(groups: Sequence[list[Event]]) -> list[int]:
     return [d or max(known) or 1 for d in known] if len(groups) > 1 else known
 
 
-def summarize_run(stages: Mapping[str, Sequence[list[Event]]]) -> Telemetry:
+def summarize_run(stages: Mapping[str, Sequence[list[Event]]], *, num_booked_devices: int = 0) -> Telemetry:
     """A run's figures from each stage's replica groups' logs (`summarize_stage`). Attempts are
     numbered per stage and group, so each stage is summarized alone and the figures, all sums, are
     added: concatenating the logs would let one stage's restart mark another stage's steps as
     wasted. The time between the stages' windows is added to the allocation as idle, at the
     largest device count of a stage (all its groups'). A supervisor killed before it wrote its
     allocation leaves its work without a window: its accounted events stand for it (`summarize`
-    counted their seconds in the stage's allocation), so they are not idle too."""
+    counted their seconds in the stage's allocation), so they are not idle too.
+
+    `num_booked_devices`: the GPUs of the booked block the run trained on (0: unknown, the largest
+    count a stage held stands for it). The goodput is weighed in device-seconds at that count
+    (`_at_block`), so a stage on fewer devices than booked counts the rest as badput."""
     parts = [summarize_stage(groups, posttraining=stage in POST_TRAINING_ORDER) for stage, groups in stages.items()]
     total = Telemetry(**{f.name: sum(getattr(p, f.name) for p in parts) for f in fields(Telemetry)})
     logs = [e for groups in stages.values() for log in groups for e in log]
@@ -261,8 +301,26 @@ def summarize_run(stages: Mapping[str, Sequence[list[Event]]]) -> Telemetry:
                if e.kind is EventKind.ALLOCATION or (e.kind in _ACCOUNTED and e.seconds > 0)]
     idle = _idle_seconds(windows)
     devices = max((sum(_group_devices(groups)) for groups in stages.values()), default=0)
+    block = max(num_booked_devices, devices)
+    allocated_device_seconds, productive_device_seconds = _at_block(parts, block)
     return replace(total, allocated_seconds=total.allocated_seconds + idle, idle_seconds=idle,
-                   device_hours=total.device_hours + idle * devices / _SECONDS_PER_HOUR)
+                   device_seconds=total.device_seconds + idle * devices,
+                   allocated_device_seconds=allocated_device_seconds + idle * block,
+                   productive_device_seconds=productive_device_seconds)
+
+
+def _at_block(parts: Sequence[Telemetry], block: int) -> tuple[float, float]:
+    """(allocated, productive) device-seconds of the stages' windows, each at the block's devices
+    or at what it held where that was more; its productive seconds at the devices it held (their
+    mean over its window). A stage whose log names no device (written before logs named them) held
+    the block. (0, 0) where no device is known at all: the goodput is then the seconds' share."""
+    allocated = productive = 0.0
+    for part in parts:
+        held = part.device_seconds
+        devices = held / part.allocated_seconds if held > 0 and part.allocated_seconds > 0 else block
+        productive += part.productive_seconds * devices
+        allocated += max(held, part.allocated_seconds * block)
+    return allocated, productive
 
 
 # The events whose seconds are a bucket of the stage's allocation (`summarize`).

@@ -14,9 +14,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping
 
+import sqlalchemy as sa
+
 from ito_assets.control import history
 from ito_assets.control import telemetry as ledger_telemetry
-from ito_assets.control.ledger import Ledger
+from ito_assets.control.ledger import Ledger, bookings, runs
 from ito_assets.runtime.record import events
 from ito_assets.runtime.checkpoint import markers
 from ito_assets.runtime.checkpoint import registry
@@ -50,16 +52,29 @@ def publish_stage(ledger: Ledger, run_id: str, stage: str, stage_dir: Path, eval
     return ledger_telemetry.publish(ledger, run_id, finished, found)
 
 
-def publish_run(ledger: Ledger, run_id: str, stage_dirs: Mapping[str, Path]) -> dict[str, float]:
+def publish_run(ledger: Ledger, run_id: str, stage_dirs: Mapping[str, Path], *,
+                num_booked_devices: int | None = None) -> dict[str, float]:
     """The run's figures (`history.RUN_FIGURES`, from every replica group's log of every stage in
     `stage_dirs`) into the ledger, where the desk's quotes read them. Published at each stage's
     end, whether it succeeded or not, and by the run's telemetry: the last stands, so a run that
-    stopped at a failed gate or a failed stage counts in the quotes with what it used. Returns
-    the run's row (`Telemetry.as_row`)."""
-    row = summarize_run({stage: events.read_groups(folder) for stage, folder in stage_dirs.items()}).as_row()
+    stopped at a failed gate or a failed stage counts in the quotes with what it used. Its
+    goodput is weighed at its booked block's GPUs (`num_booked_devices`; None: the ledger's
+    booking of the run). Returns the run's row (`Telemetry.as_row`)."""
+    if num_booked_devices is None:
+        num_booked_devices = booked_devices(ledger, run_id)
+    logs = {stage: events.read_groups(folder) for stage, folder in stage_dirs.items()}
+    row = summarize_run(logs, num_booked_devices=num_booked_devices).as_row()
     ledger_telemetry.publish(ledger, run_id, [], [(0, name, value) for name, value in history.run_figures(row).items()],
                              revised=True)
     return row
+
+
+def booked_devices(ledger: Ledger, run_id: str) -> int:
+    """The GPUs of the block the run was booked on; 0 for a run the ledger does not know."""
+    query = (sa.select(bookings.c.num_gpus).join(runs, runs.c.booking_id == bookings.c.booking_id)
+             .where(runs.c.run_id == run_id))
+    with ledger.read() as conn:
+        return int(conn.execute(query).scalar() or 0)
 
 
 def _current_records(stage_dir: Path) -> list[registry.CheckpointRecord]:

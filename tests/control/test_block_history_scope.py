@@ -1,0 +1,137 @@
+"""The quote's history: goodput in device-seconds at the block's GPUs (an earlier release's runs
+counted by their seconds), pooled over other accounts only once runs of three accounts count,
+never an infinity, and a goodput even where no run recorded its device-hours."""
+
+from __future__ import annotations
+
+import pytest
+
+from gate_world import make_identity, new_run, verified
+from ito_assets.api import envelope
+from ito_assets.control import bookings, confirm_request, history, identity, telemetry
+from ito_assets.control.history import HistoryScope, block_history, describe
+from ito_assets.control.ledger import runs
+from ito_assets.control.states import Role
+
+
+def _ended(world, account=None, key: str | None = None) -> str:
+    """A run that ended, on a booking of its own account (a booking runs one run at a time)."""
+    account = account or world.account
+    booking = world.booking_id if account is world.account else world.booking(account)
+    run = new_run(world, booking_id=booking, account=account, key=key)
+    with world.ledger.write() as conn:
+        conn.execute(runs.update().where(runs.c.run_id == run.run_id).values(state="succeeded", finished_at=1))
+    return run.run_id
+
+
+def _publish(world, run_id: str, **figures: float) -> None:
+    """Figures by their ledger name without `run/`: allocated_seconds=..., device_hours=..."""
+    telemetry.publish(world.ledger, run_id, [], [(0, f"run/{name}", value) for name, value in figures.items()])
+
+
+def _history(world, account_id: str | None = None):
+    terms = bookings.get(world.ledger, world.booking_id)
+    with world.ledger.read() as conn:
+        return block_history(conn, terms, account_id)
+
+
+def _tenant(world, name: str):
+    account = identity.create_account(world.ledger, name, actor=world.desk.token_id)
+    return make_identity(world.ledger, Role.ACCOUNT, account.account_id)
+
+
+NEW = dict(allocated_seconds=3000.0, productive_seconds=3000.0, device_hours=10_000 / 3600, unplanned_interruptions=0.0,
+           allocated_device_seconds=24_000.0, productive_device_seconds=10_000.0)
+
+
+def test_goodput_is_the_device_seconds_share_and_an_older_release_run_counts_by_its_seconds(world):
+    """Pretraining on all 8 GPUs, SFT and DPO on one: every second productive, 42 % of the GPU
+    time booked. A run published before device-seconds counts its seconds' share at the 8 GPUs."""
+    new, old = _ended(world, key="dev-seconds-0001"), _ended(world, key="dev-seconds-0002")
+    _publish(world, new, **NEW)
+    assert _history(world).expected_goodput == pytest.approx(10_000 / 24_000)  # the seconds said 100 %
+    _publish(world, old, allocated_seconds=1000.0, productive_seconds=500.0, device_hours=8000 / 3600,
+             unplanned_interruptions=0.0)
+    found = _history(world)
+    assert found.num_runs == 2 and found.expected_goodput == pytest.approx((10_000 + 4000) / (24_000 + 8000))
+    assert found.effective_price_per_productive_gpu_hour_cents == pytest.approx(100 / found.expected_goodput)
+
+
+@pytest.mark.parametrize(("num_accounts", "scope"), [(1, "account"), (2, "account"), (3, "pooled"), (4, "pooled")])
+def test_an_accounts_quote_pools_other_accounts_only_from_three(world, num_accounts, scope):
+    """Below three accounts, the asker would take its own runs out of the pooled sums and read the
+    others' exactly: its quote then states its own runs alone. The desk's view is always pooled."""
+    others = [world.other, *(_tenant(world, f"tenant-{i}") for i in range(num_accounts - 2))][: num_accounts - 1]
+    mine = _ended(world, key="own-run-000001")
+    _publish(world, mine, allocated_seconds=100.0, productive_seconds=50.0, device_hours=800 / 3600,
+             unplanned_interruptions=0.0, allocated_device_seconds=800.0, productive_device_seconds=400.0)
+    for number, other in enumerate(others):
+        run = _ended(world, other, key=f"other-run-{number:05d}")
+        _publish(world, run, allocated_seconds=100.0, productive_seconds=20.0, device_hours=800 / 3600,
+                 unplanned_interruptions=1.0, allocated_device_seconds=800.0, productive_device_seconds=160.0)
+    found = _history(world, world.account.account_id)
+    assert found.scope == scope
+    if scope == "account":
+        assert (found.num_runs, found.expected_goodput, found.unplanned_interruptions_per_1000_device_hours) == (
+            1, pytest.approx(0.5), 0.0)
+        assert "of this account" in describe(found)
+    else:
+        assert found.num_runs == num_accounts
+        assert found.expected_goodput == pytest.approx((400 + 160 * len(others)) / (800 * num_accounts))
+    desk = _history(world)
+    assert desk.scope == "pooled" and desk.num_runs == num_accounts
+
+
+def test_the_quote_of_one_tenant_never_shows_a_single_rivals_run(world):
+    rival = _ended(world, world.other, key="rival-run-00001")
+    _publish(world, rival, allocated_seconds=7200.0, productive_seconds=2520.0, device_hours=16.0,
+             unplanned_interruptions=3.0, allocated_device_seconds=57_600.0, productive_device_seconds=20_160.0)
+    quote = confirm_request.quote_train(world.ledger, world.policy, world.account, world.booking_id, verified())
+    shown = quote.to_dict()["history"]
+    assert shown["scope"] == HistoryScope.ACCOUNT.value and shown["num_runs"] == 0
+    assert shown["expected_goodput"] is None and shown["unplanned_interruptions_per_1000_device_hours"] is None
+
+
+@pytest.mark.parametrize(("productive", "priced"), [
+    (1e-10, False),  # 1e-310 of the allocation: the price was an infinity, and the answer INTERNAL_ERROR
+    (0.00999, False),  # just below the floor
+    (0.01, True),  # at it
+    (0.5, True),
+])
+def test_a_goodput_too_small_to_price_gives_no_price_and_a_strict_answer(world, productive, priced):
+    run = _ended(world, key="tiny-goodput-01")
+    scale = 1e300 if productive == 1e-10 else 1.0
+    _publish(world, run, allocated_seconds=scale, productive_seconds=productive, device_hours=1.0,
+             unplanned_interruptions=0.0, allocated_device_seconds=scale, productive_device_seconds=productive)
+    found = _history(world)
+    assert found.num_runs == 1 and found.expected_goodput == pytest.approx(productive / scale)
+    effective = found.effective_price_per_productive_gpu_hour_cents
+    assert (effective == pytest.approx(100 / productive)) if priced else effective is None
+    envelope.dumps(envelope.success({"history": found.to_dict()}, live_api_contacted=True))  # no infinity in it
+    assert ("too little productive time to price" in describe(found)) is not priced
+
+
+def test_runs_without_device_hours_still_give_their_goodput(world):
+    """Logs written before they named their devices published 0 device-hours: the goodput stands,
+    the interruption rate alone is unknown."""
+    run = _ended(world, key="no-dev-hours-01")
+    _publish(world, run, allocated_seconds=3600.0, productive_seconds=3000.0, device_hours=0.0,
+             unplanned_interruptions=0.0)
+    found = _history(world)
+    assert found.num_runs == 1 and found.expected_goodput == pytest.approx(3000 / 3600)
+    assert found.unplanned_interruptions_per_1000_device_hours is None
+    assert found.effective_price_per_productive_gpu_hour_cents == pytest.approx(100 * 3600 / 3000)
+    assert describe(found).startswith("from 1 past run(s) on ") and "interruption rate unknown" in describe(found)
+    # A run with device-hours beside it: the rate is over those alone.
+    other = _ended(world, key="no-dev-hours-02")
+    _publish(world, other, allocated_seconds=3600.0, productive_seconds=3600.0, device_hours=8.0,
+             unplanned_interruptions=2.0)
+    assert _history(world).unplanned_interruptions_per_1000_device_hours == pytest.approx(250.0)
+
+
+def test_an_older_server_answer_without_a_scope_reads_as_pooled():
+    older = {"block": "8 x H100 over 1 node(s)", "num_runs": 2, "list_price_per_gpu_hour_cents": 100,
+             "expected_goodput": 0.5, "unplanned_interruptions_per_1000_device_hours": 1.0,
+             "effective_price_per_productive_gpu_hour_cents": 200.0}
+    found = history.BlockHistory(**older)
+    assert found.scope == "pooled" and describe(found).startswith("from 2 past run(s) on 8 x H100")
