@@ -100,13 +100,20 @@ def open_api(config: ServerConfig, env: Mapping[str, str] | None = None):
     settings = settings_from(environment)
     policy = policy_from(settings, environment)  # refused before the ledger is touched
     # The ledger makes its own folder (0700) and file (0600): none is made here before it.
-    ledger = _opened_ledger(config, "ITO_LEDGER_URL" if settings.ledger_url_env else "ITO_STATE_DIR")
+    ledger = opened_ledger(config.ledger_url, schema=config.ledger_schema, lock_timeout_s=config.lock_timeout_s,
+                           variable=ledger_variable(settings))
     return Api(ledger=ledger, policy=policy)
 
 
-def _opened_ledger(config: ServerConfig, variable: str):
-    """The ledger, or a coded refusal naming `variable` (where its URL came from) and the error's
-    type only: a driver's message may hold the URL's host, user or password."""
+def ledger_variable(settings) -> str:
+    """The variable the settings' ledger URL came from, for the messages of `opened_ledger`."""
+    return "ITO_LEDGER_URL" if settings.ledger_url_env else "ITO_STATE_DIR"
+
+
+def opened_ledger(ledger_url: str, *, schema: str | None, lock_timeout_s: float | None = None, variable: str):
+    """The ledger (for `ito serve` and `ito desk bootstrap`), or a coded refusal naming `variable`
+    (where its URL came from) and the error's type only: a driver's message may hold the URL's
+    host, user or password. `lock_timeout_s` None: the ledger's default."""
     import sqlite3
 
     import sqlalchemy as sa
@@ -114,12 +121,13 @@ def _opened_ledger(config: ServerConfig, variable: str):
     from ito_assets.control.ledger import open_ledger
 
     try:
-        url = sa.engine.make_url(config.ledger_url)
+        url = sa.engine.make_url(ledger_url)
         if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
-            # Each connection would get its own empty database: nothing the server writes would stay.
+            # Each connection would get its own empty database: nothing written to it would stay.
             raise ItoError(ErrorCode.USAGE_ERROR, f"the ledger {_LEDGER_PLACES[variable][0]} must be a SQLite "
                                                   "file, not an in-memory database")
-        return open_ledger(config.ledger_url, schema=config.ledger_schema, lock_timeout_s=config.lock_timeout_s)
+        timeout = {} if lock_timeout_s is None else {"lock_timeout_s": lock_timeout_s}
+        return open_ledger(ledger_url, schema=schema, **timeout)
     except ItoError:
         raise  # already coded: a ledger migrated by a newer release, a bad ITO_LEDGER_SCHEMA
     # A malformed URL (ValueError: a port that is no number), a driver not installed (ImportError),

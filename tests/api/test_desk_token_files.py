@@ -166,3 +166,20 @@ def test_a_token_whose_write_fails_in_any_way_is_revoked(api, monkeypatch) -> No
     document = issue(api, str(out))
     assert document["error"]["message"].endswith(" was revoked") and live_tokens(api) == before
     assert not os.path.lexists(out)
+
+
+@pytest.mark.parametrize("ledger", ["not a database", "in memory", "down"])
+def test_bootstrap_answers_a_ledger_it_cannot_open_as_ito_serve_does(api, tmp_path, ledger) -> None:
+    # It was an INTERNAL_ERROR, or (in memory) a token issued into a database gone at exit.
+    if ledger == "not a database":
+        junk = tmp_path / "junk.sqlite"
+        junk.write_bytes(b"no SQLite file" * 100)
+        url = f"sqlite:///{junk}"
+    else:
+        url = "sqlite://" if ledger == "in memory" else "postgresql+psycopg://nobody:pw-canary-8812@127.0.0.1:1/x"
+    out = tmp_path / "boot.token"
+    with environment({"ITO_LEDGER_URL": url, "ITO_STATE_DIR": str(tmp_path / "state")}):
+        document, _status = cli.run(["desk", "bootstrap", "--token-out", str(out), "--json"])
+    error = document["error"]
+    assert error["code"] == "USAGE_ERROR" and error["message"].startswith("the ledger ITO_LEDGER_URL names"), error
+    assert "pw-canary-8812" not in str(document) and not os.path.lexists(out)

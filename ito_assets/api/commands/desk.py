@@ -330,14 +330,12 @@ def _bootstrap(args: argparse.Namespace) -> VerbResult:
 
 def _bootstrap_token(settings, fd: int):
     """Issue the desk token into the reserved file; one that cannot be written is revoked at once."""
+    from ito_assets.api.server import ledger_variable, opened_ledger
     from ito_assets.control.identity import issue_token, revoke_token
-    from ito_assets.control.ledger import open_ledger
     from ito_assets.control.states import Role
 
-    url = settings.ledger_url
-    if url.startswith("sqlite:///"):
-        os.makedirs(os.path.dirname(url[len("sqlite:///"):]), exist_ok=True)
-    ledger = open_ledger(url, schema=settings.ledger_schema)
+    # As `ito serve` opens it: a ledger that cannot be opened is a USAGE_ERROR naming its variable.
+    ledger = opened_ledger(settings.ledger_url, schema=settings.ledger_schema, variable=ledger_variable(settings))
     try:
         issued = issue_token(ledger, Role.DESK, account_id=None, label="bootstrap", actor="bootstrap")
         try:
