@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 from collections import Counter
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import dagster as dg
@@ -14,6 +15,7 @@ from ito_assets.control import run_tags
 from ito_assets.defs.jobs import DATA_PREPARATION_JOB, PREPARATION_JOB
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.resources import ItoSettingsResource
+from ito_assets.errors import ErrorCode
 from ito_assets.manifest import discovery
 from ito_assets.manifest.schema import DATA_KIND
 
@@ -81,12 +83,30 @@ def report_refused(log, cursor: str | None, rejected: list[discovery.Rejected]) 
     current = {_mark(item): item for item in rejected}
     new = [(mark, item) for mark, item in current.items() if mark not in logged]
     for _mark_of, item in new[:MAX_REPORTS_PER_TICK]:
-        log.warning(f"manifest file {shown_name(item.file_name)} was not registered: {item.code}")
+        why = f" ({item.detail})" if item.detail else ""
+        log.warning(f"manifest file {shown_name(item.file_name)} was not registered: {item.code}{why}")
     later = new[MAX_REPORTS_PER_TICK:]
     if later:
         codes = ", ".join(f"{code} x{count}" for code, count in sorted(Counter(i.code for _, i in later).items()))
         log.warning(f"{len(later)} more manifest files were not registered ({codes}); named on the next ticks")
     return (logged & current.keys()) | {mark for mark, _ in new[:MAX_REPORTS_PER_TICK]}
+
+
+# What a manifest sharing its partition key with another is refused as: the key is 48 bits of the
+# digest, and the partition, the run and the files found again for it go by the key alone.
+KEY_COLLISION_CODE = ErrorCode.MANIFEST_DIGEST_MISMATCH.value
+
+
+def split_colliding(found: list[discovery.DiscoveredManifest]) -> tuple[list[discovery.DiscoveredManifest], list[discovery.Rejected]]:
+    """(the manifests to register, the files refused because another manifest shares their key).
+    Neither of two manifests under one key is registered or prepared: which one a run trained
+    could not be told from its partition."""
+    clashes = discovery.colliding(found)
+    clashing = {m.digest for same in clashes.values() for m in same}
+    kept = [m for m in found if m.digest not in clashing]
+    refused = [discovery.Rejected(Path(m.path).name, KEY_COLLISION_CODE, f"another manifest shares its partition key {m.key}")
+               for m in found if m.digest in clashing]
+    return kept, refused
 
 
 def job_for(manifest: discovery.DiscoveredManifest) -> str:
@@ -109,12 +129,16 @@ def reviewed_manifest_sensor(preparation: "UnresolvedAssetJobDefinition",
     def evaluate(context: dg.SensorEvaluationContext, ito: ItoSettingsResource) -> dg.SensorResult:
         settings = ito.settings()
         try:
-            found, rejected = discovery.discover(settings.manifests_dir, max_bytes=settings.max_manifest_bytes)
+            inbox = discovery.scan(settings.manifests_dir, max_bytes=settings.max_manifest_bytes)
         except OSError as error:  # the folder unreadable, or gone between its check and its listing
             context.log.warning(f"the manifests folder could not be listed ({type(error).__name__}); "
                                 "tried again on the next tick")
             return dg.SensorResult(skip_reason="the manifests folder could not be listed", cursor=context.cursor)
-        reported = report_refused(context.log, context.cursor, rejected)
+        for name in inbox.waiting:
+            context.log.info(f"manifest file {shown_name(name)} is still being written (modified under "
+                             f"{discovery.SETTLE_SECONDS:g} s ago, not yet whole JSON); it waits for the next tick")
+        found, clashing = split_colliding(inbox.found)
+        reported = report_refused(context.log, context.cursor, inbox.rejected + clashing)
         known = set(context.instance.get_dynamic_partitions(manifests_partitions.name))
         new_keys = sorted({m.key for m in found} - known)
         requested = _marks(context.cursor, "requested")
@@ -124,9 +148,12 @@ def reviewed_manifest_sensor(preparation: "UnresolvedAssetJobDefinition",
                           tags=run_tags.for_preparation(m.digest))
             for m in waiting[:MAX_REQUESTS_PER_TICK]
         ]
-        # Kept while the manifest stays in the inbox: one removed and put back is prepared again.
-        in_inbox = {_digest_mark(m.digest) for m in found}
-        requested = (requested & in_inbox) | {_digest_mark(r.run_key) for r in requests}
+        # Kept while the manifest stays in the inbox: one removed and put back is prepared again. A
+        # file being rewritten has no digest yet: every mark is kept until it settles.
+        in_inbox = {_digest_mark(m.digest) for m in inbox.found}
+        if not inbox.waiting:
+            requested &= in_inbox
+        requested |= {_digest_mark(r.run_key) for r in requests}
         cursor = json.dumps({"reported": sorted(reported), "requested": sorted(requested)}, separators=(",", ":"))
         return dg.SensorResult(
             run_requests=requests,

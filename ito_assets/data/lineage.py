@@ -20,6 +20,8 @@ Wherever a document id is, the user's own id (`source_record_id`) is beside it.
     clean_shards       clean shard path, sha256, rows
     clean_pieces       which clean shard holds each kept document or piece
     shard_consumers    which later run consumed a clean shard (written by the training stage)
+    consumed_pieces    the documents and pieces a consumed clean shard held, kept from
+                       clean_pieces when the consumption is recorded and never replaced
 
 Every write is recorded in the warehouse's lineage journal before its rows are replaced, and an
 audit that finds the warehouse corrupt as it reads it is answered from the warehouse rebuilt.
@@ -71,6 +73,11 @@ SCHEMA = {
     # manifest_digest: whose clean shard the run read (two manifests over the same files write the
     # same bytes); NULL in a row recorded before it was kept.
     "shard_consumers": "shard_sha256 VARCHAR, run_id VARCHAR, stage VARCHAR, consumed_at TIMESTAMP, manifest_digest VARCHAR",
+    # What each consumed clean shard held, kept when its consumption is recorded: clean_pieces is
+    # replaced whenever the clean shards are made again (another dedup or decontamination
+    # setting), and a run's documents must stay answerable after that. Keyed by shard, not by
+    # manifest, so that `replace_rows` refuses it: rows are only ever added.
+    "consumed_pieces": "shard_sha256 VARCHAR, manifest_digest VARCHAR, doc_id VARCHAR, piece INTEGER",
     # Every item of the suite a manifest was decontaminated against, matched or not: an audit of
     # an item tells "no document matched it" from "no such item", and from "never looked for" (no
     # view long enough to index: `looked_for` false; NULL where a warehouse predates it).
@@ -190,6 +197,42 @@ def insert_consumers(con: duckdb.DuckDBPyConnection, rows: list[tuple]) -> None:
         raise
 
 
+def insert_consumed_pieces(con: duckdb.DuckDBPyConnection, shard_sha256: str, manifest_digest: str, rows: ParquetRows) -> None:
+    """Add what a consumed shard held, once: a shard's rows are fixed by its bytes, so the first
+    record stands and a repeated one (another run, a rebuild) adds nothing."""
+    present = [c for c in table_columns("consumed_pieces")[2:] if c in rows.columns]
+    con.execute("BEGIN TRANSACTION")
+    try:
+        if not _holds_consumed(con, shard_sha256, manifest_digest):
+            exprs = ", ".join(rows.columns[c] for c in present)
+            con.execute(f"INSERT INTO consumed_pieces (shard_sha256, manifest_digest, {', '.join(present)}) "
+                        f"SELECT ?, ?, {exprs} FROM read_parquet({sql_list(list(rows.paths))}) WHERE {rows.where}",
+                        [shard_sha256, manifest_digest])
+        con.execute("COMMIT")
+    except Exception:
+        with contextlib.suppress(duckdb.Error):
+            con.execute("ROLLBACK")
+        raise
+
+
+def _holds_consumed(con: duckdb.DuckDBPyConnection, shard_sha256: str, manifest_digest: str) -> bool:
+    sql = "SELECT 1 FROM consumed_pieces WHERE shard_sha256 = ? AND manifest_digest = ? LIMIT 1"
+    return con.execute(sql, [shard_sha256, manifest_digest]).fetchone() is not None
+
+
+def _keep_consumed_pieces(path: Path, con: duckdb.DuckDBPyConnection, shard_sha256s: list[str], manifest_digest: str) -> None:
+    """Copy each consumed shard's rows of clean_pieces into consumed_pieces (journalled first). A
+    shard clean_pieces does not hold (its rows replaced before the record) keeps nothing: its
+    consumption is still recorded, and an audit of the manifest still finds it."""
+    for sha in dict.fromkeys(shard_sha256s):
+        if _holds_consumed(con, sha, manifest_digest):
+            continue
+        frame = con.execute("SELECT DISTINCT doc_id, piece FROM clean_pieces WHERE shard_sha256 = ? AND manifest_digest = ? "
+                            "ORDER BY doc_id, piece NULLS FIRST", [sha, manifest_digest]).pl()
+        if frame.height:
+            insert_consumed_pieces(con, sha, manifest_digest, warehouse.journal_consumed_pieces(path, sha, manifest_digest, frame))
+
+
 def _reads(query: Callable[..., T]) -> Callable[..., T]:
     """An auditor's query over the caller's connection: when the warehouse turns out corrupt as it
     is read (DuckDB checks each block as it reads it, so a damaged block shows only then), the
@@ -273,12 +316,7 @@ def audit_document(con: duckdb.DuckDBPyConnection, wanted: str) -> list[dict]:
             "WHERE manifest_digest = ? AND doc_id = ? ORDER BY piece NULLS FIRST",
             params,
         )
-        entry["consumed_by"] = _rows(
-            con,
-            "SELECT DISTINCT c.run_id, c.stage, c.consumed_at FROM clean_pieces p JOIN shard_consumers c "
-            f"ON {_consumed_here(con, 'p')} WHERE p.manifest_digest = ? AND p.doc_id = ? ORDER BY c.consumed_at",
-            params,
-        )
+        entry["consumed_by"] = _rows(con, _document_consumers(con), params)
     return found
 
 
@@ -377,14 +415,38 @@ def empty_records_skipped(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
     return {digest: int(n) for digest, n in con.execute(sql).fetchall()}
 
 
+# Why a manifest's decontamination never looked for an item, so that "no document matched"
+# says nothing about that manifest's corpus.
+TOO_SHORT = "too_short"  # in its suite, but no view long enough to index
+NOT_IN_SUITE = "not_in_suite"  # its suite's items are recorded, and this one is not among them
+SUITE_NOT_RECORDED = "suite_not_recorded"  # no item of any suite recorded for it (no decontamination, or an older warehouse)
+
+
 @_reads
-def manifests_not_looking_for(con: duckdb.DuckDBPyConnection, item_id: str) -> list[str]:
-    """The manifests whose decontamination could not look for this item (too short to index):
-    there, "no document matched" says nothing about the corpus."""
-    if not _has_column(con, "eval_items", "looked_for"):
+def manifests_not_looking_for(con: duckdb.DuckDBPyConnection, item_id: str) -> list[dict]:
+    """The manifests whose decontamination did not look for this item, each with why
+    (`manifest_digest`, `reason`: TOO_SHORT, NOT_IN_SUITE or SUITE_NOT_RECORDED, `eval_suite_id`).
+    A manifest with a hit for the item looked for it, whatever else is recorded."""
+    if not _has_table(con, "manifests"):
         return []
-    sql = "SELECT DISTINCT manifest_digest FROM eval_items WHERE eval_item_id = ? AND looked_for = false ORDER BY 1"
-    return [digest for (digest,) in con.execute(sql, [item_id]).fetchall()]
+    has_items = _has_table(con, "eval_items")
+    short = "e.looked_for = false" if has_items and _has_column(con, "eval_items", "looked_for") else "false"
+    items = "SELECT manifest_digest, eval_item_id, looked_for FROM eval_items" if has_items else \
+        "SELECT NULL::VARCHAR AS manifest_digest, NULL::VARCHAR AS eval_item_id, NULL::BOOLEAN AS looked_for WHERE false"
+    hits = "SELECT manifest_digest FROM contamination_hits WHERE eval_item_id = $1 AND manifest_digest IS NOT NULL" if _has_table(con, "contamination_hits") else \
+        "SELECT NULL::VARCHAR AS manifest_digest WHERE false"
+    sql = f"""
+WITH items AS ({items}),
+     m AS (SELECT manifest_digest, any_value(eval_suite_id) AS eval_suite_id FROM manifests GROUP BY 1)
+SELECT m.manifest_digest, m.eval_suite_id,
+  CASE WHEN bool_or(e.eval_item_id = $1 AND {short}) THEN '{TOO_SHORT}'
+       WHEN bool_or(e.eval_item_id = $1) THEN NULL
+       WHEN count(e.eval_item_id) > 0 THEN '{NOT_IN_SUITE}'
+       ELSE '{SUITE_NOT_RECORDED}' END AS reason
+FROM m LEFT JOIN items e USING (manifest_digest)
+WHERE m.manifest_digest NOT IN ({hits})
+GROUP BY ALL HAVING reason IS NOT NULL ORDER BY 1"""
+    return [{"manifest_digest": d, "reason": r, "eval_suite_id": suite} for d, suite, r in con.execute(sql, [item_id]).fetchall()]
 
 
 @_reads
@@ -471,33 +533,59 @@ def audit_manifest(con: duckdb.DuckDBPyConnection, manifest_digest: str) -> dict
         "removed_by_method": removals_by_method(con, manifest_digest),
         "contamination_by_benchmark": _rows(con, "SELECT benchmark, count(DISTINCT doc_id) AS num_documents, count(DISTINCT eval_item_id) AS num_eval_items FROM contamination_hits WHERE manifest_digest = ? GROUP BY 1 ORDER BY 1", params),
         "clean_shards": _rows(con, "SELECT shard_path, shard_sha256, num_rows FROM clean_shards WHERE manifest_digest = ? ORDER BY shard_path", params),
-        "consumed_by": _rows(con, "SELECT DISTINCT c.run_id, c.stage, c.consumed_at FROM clean_shards s JOIN shard_consumers c "
-                             f"ON {_consumed_here(con, 's')} WHERE s.manifest_digest = ? ORDER BY c.consumed_at", params),
+        "consumed_by": _rows(con, _manifest_consumers(con), params),
         "stale_documents": stale,
         "stale": any(stale.values()),
     }
 
 
-def _consumed_here(con: duckdb.DuckDBPyConnection, shards: str) -> str:
-    """The join of `shard_consumers c` to a table of clean shards (`shards`, its alias): a
-    consumption is the manifest's where it names it; a row recorded before runs named theirs counts
-    for every manifest with that shard, as it did, and so does every row of a warehouse whose
-    table has no such column yet (an audit opens it read-only: nothing adds it there)."""
-    same_bytes = f"c.shard_sha256 = {shards}.shard_sha256"
+# Who consumed a document or a manifest. A consumption names the manifest whose clean shard the
+# run read; a row recorded before runs named theirs (NULL) counts for every manifest with that
+# shard, as it did, and so does every row of a warehouse whose table has no such column yet (an
+# audit opens it read-only: nothing adds it there). The shards a document was in are those kept
+# when a run consumed them (`consumed_pieces`) and, for a consumption recorded before they were
+# kept, the current clean shards: a shard's digest fixes what it holds, so either is exact.
+
+
+def _named_manifest(con: duckdb.DuckDBPyConnection) -> str:
     if not _has_column(con, "shard_consumers", "manifest_digest"):
-        return same_bytes
-    return f"{same_bytes} AND (c.manifest_digest = {shards}.manifest_digest OR c.manifest_digest IS NULL)"
+        return "TRUE"
+    return "(c.manifest_digest = $1 OR c.manifest_digest IS NULL)"
+
+
+def _document_consumers(con: duckdb.DuckDBPyConnection) -> str:
+    shards = ["SELECT shard_sha256 FROM clean_pieces WHERE manifest_digest = $1 AND doc_id = $2"]
+    if _has_table(con, "consumed_pieces"):
+        shards.append("SELECT shard_sha256 FROM consumed_pieces WHERE manifest_digest = $1 AND doc_id = $2")
+    return ("SELECT DISTINCT c.run_id, c.stage, c.consumed_at FROM shard_consumers c "
+            f"WHERE {_named_manifest(con)} AND c.shard_sha256 IN ({' UNION '.join(shards)}) ORDER BY c.consumed_at")
+
+
+def _manifest_consumers(con: duckdb.DuckDBPyConnection) -> str:
+    """Every consumption naming the manifest, whichever clean shards it has now; an unnamed one
+    where the shard is one of the manifest's, now or when a run consumed it."""
+    shards = ["SELECT shard_sha256 FROM clean_shards WHERE manifest_digest = $1"]
+    if _has_table(con, "consumed_pieces"):
+        shards.append("SELECT shard_sha256 FROM consumed_pieces WHERE manifest_digest = $1")
+    in_shards = f"c.shard_sha256 IN ({' UNION '.join(shards)})"
+    where = f"({in_shards} AND c.manifest_digest IS NULL) OR c.manifest_digest = $1"
+    if not _has_column(con, "shard_consumers", "manifest_digest"):
+        where = in_shards
+    return f"SELECT DISTINCT c.run_id, c.stage, c.consumed_at FROM shard_consumers c WHERE {where} ORDER BY c.consumed_at"
 
 
 def record_consumption(path: Path, shard_sha256s: list[str], run_id: str, stage: str, manifest_digest: str) -> int:
-    """Which run consumed which clean shards of which manifest (for `ito audit`); a repeated record
-    is not duplicated. Recorded in the lineage journal too, so that a rebuilt warehouse still answers it."""
+    """Which run consumed which clean shards of which manifest (for `ito audit`), and what those
+    shards held (`consumed_pieces`, so that the answer survives the clean shards being made again);
+    a repeated record is not duplicated. Recorded in the lineage journal too, so that a rebuilt
+    warehouse still answers it."""
     # One time for the row and its record, so that a rebuild gives the same answer; UTC (the column
     # has no zone: the machine's local time would read as another moment elsewhere).
     at = datetime.now(timezone.utc).replace(tzinfo=None)
 
     def work(con: duckdb.DuckDBPyConnection) -> None:
         ensure_schema(con)
+        _keep_consumed_pieces(path, con, shard_sha256s, manifest_digest)
         warehouse.journal_consumption(path, shard_sha256s, run_id, stage, at, manifest_digest)
         insert_consumers(con, [(digest, run_id, stage, at, manifest_digest) for digest in shard_sha256s])
 

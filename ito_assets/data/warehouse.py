@@ -8,7 +8,8 @@ rows that exist only in memory are written there as Parquet first). A warehouse 
 open or read because it is corrupt is rebuilt from the journal, with a logged warning, when every
 file it names verifies; otherwise it is refused (WAREHOUSE_CORRUPT) with the one-line fix. A
 warehouse deleted by hand is rebuilt from the records that verify when it is next written (the
-others are dropped, with a warning naming the asset that writes them again). A lock held by a
+others are moved aside to the journal's `quarantine/` folder, never deleted, with a warning naming
+the asset that writes them again); a read (`ito audit`) never rebuilds a missing one. A lock held by a
 writer is WAREHOUSE_BUSY; a full disk is STORAGE_FULL, the transaction rolled back; a write that
 needs more than the warehouse's memory cap is WAREHOUSE_OUT_OF_MEMORY, rolled back too.
 
@@ -65,8 +66,13 @@ TABLE_ASSETS = {
     "clean_shards": ("clean_shards",),
     "clean_pieces": ("clean_shards",),
     "shard_consumers": ("training_tokens",),
+    "consumed_pieces": ("training_tokens",),
 }
 CONSUMERS = "shard_consumers"  # the journal's folder of consumption records
+CONSUMED_PIECES = "consumed_pieces"  # the journal's folder of what each consumed shard held
+# Where a rebuild moves the journal records it could not replay (a file missing or changed, even
+# for a moment): kept for a person to restore or delete, never read back by a rebuild.
+QUARANTINE = "quarantine"
 # What DuckDB says of a file it cannot trust (an IOException's text); InternalException and
 # SerializationException (a catalog that does not deserialise) count too. A lock held by another
 # process is also an IOException, but "Could not set lock": WAREHOUSE_BUSY, never a rebuild.
@@ -300,11 +306,26 @@ def journal_consumption(path: Path, shard_sha256s: list[str], run_id: str, stage
     _write_private(record, "the warehouse's lineage of shard_consumers", lambda temporary: temporary.write_bytes(data))
 
 
+def journal_consumed_pieces(path: Path, shard_sha256: str, manifest_digest: str, frame: pl.DataFrame) -> lineage.ParquetRows:
+    """Record what a consumed shard held (`frame`: doc_id, piece) as Parquet beside its record;
+    the rows to insert, as the journal will replay them. One record per (manifest, shard)."""
+    name = hashlib.sha256(f"{manifest_digest}\0{shard_sha256}".encode()).hexdigest()[:32]
+    folder = _journal_subfolder(path, CONSUMED_PIECES)
+    written = _journal_table(frame, folder / f"{name}.parquet", path.parent)
+    rows = lineage.ParquetRows((written,), {c: c for c in frame.columns})
+    body = {"table": CONSUMED_PIECES, "manifest_digest": manifest_digest, "shard_sha256": shard_sha256,
+            "files": [asdict(written)], "columns": rows.columns, "where": rows.where, "by_file": None}
+    data = (json.dumps(body, indent=1) + "\n").encode()
+    _write_private(folder / f"{name}.json", "the warehouse's lineage of consumed_pieces", lambda temporary: temporary.write_bytes(data))
+    return rows
+
+
 @dataclass(frozen=True)
 class _Record:
     table: str
     manifest_digest: str
     rows: lineage.ParquetRows
+    shard_sha256: str = ""  # a consumed_pieces record's shard; "" for a table's record
 
 
 @dataclass(frozen=True)
@@ -323,6 +344,8 @@ def _records(path: Path) -> tuple[list[_Record], list[tuple], list[_Problem]]:
         return [], [], [_Problem("", "", "no lineage was recorded beside it")]
     records, consumers, problems = [], [], []
     for file in sorted(folder.glob("*/*.json")):
+        if file.parent.name == QUARANTINE:
+            continue
         name = file.relative_to(folder.parent).as_posix()
         table = digest = ""
         try:
@@ -342,7 +365,8 @@ def _records(path: Path) -> tuple[list[_Record], list[tuple], list[_Problem]]:
                 problems.append(_Problem(table, digest, found[0], file))
                 continue
             frame = pl.read_parquet(by_file.path) if by_file else None
-            records.append(_Record(table, digest, lineage.ParquetRows(files, dict(body["columns"]), body["where"], frame)))
+            rows = lineage.ParquetRows(files, dict(body["columns"]), body["where"], frame)
+            records.append(_Record(table, digest, rows, body["shard_sha256"] if table == CONSUMED_PIECES else ""))
         except (OSError, ValueError, KeyError, TypeError):
             problems.append(_Problem(table, digest, f"the lineage record {name} is unreadable", file))
     return records, consumers, problems
@@ -363,7 +387,8 @@ def _fix(path: Path, problems: list[_Problem]) -> tuple[str, str]:
 def rebuild(path: Path, reason: BaseException | str, *, partial: bool = False, attach: duckdb.DuckDBPyConnection | None = None) -> None:
     """Replace the warehouse by one built from its lineage journal, every file verified first.
     Incomplete lineage: WAREHOUSE_CORRUPT with the fix, or, `partial` (the file was deleted by
-    hand, which is that fix), built from the records that verify, the others forgotten. The
+    hand, which is that fix), built from the records that verify, the others moved to the
+    journal's quarantine folder (`_quarantine`). The
     unreadable file is kept as `<name>.corrupt`. `attach`: a caller's connection, pointed at the
     rebuilt file before it takes the warehouse's name (the same process cannot open that name
     again while the connection to the corrupt file is open)."""
@@ -385,7 +410,10 @@ def rebuild(path: Path, reason: BaseException | str, *, partial: bool = False, a
         try:
             lineage.ensure_schema(con)
             for record in records:
-                lineage.replace_rows(con, record.table, record.manifest_digest, record.rows)
+                if record.shard_sha256:
+                    lineage.insert_consumed_pieces(con, record.shard_sha256, record.manifest_digest, record.rows)
+                else:
+                    lineage.replace_rows(con, record.table, record.manifest_digest, record.rows)
             lineage.insert_consumers(con, consumers)
             con.execute("CHECKPOINT")
         finally:
@@ -405,19 +433,40 @@ def rebuild(path: Path, reason: BaseException | str, *, partial: bool = False, a
         os.replace(temporary, path)
     _remove(staging)
     state = "missing" if partial else f"corrupt ({why})"
-    manifests = len({r.manifest_digest for r in records})
+    tables = [r for r in records if not r.shard_sha256]
+    manifests = len({r.manifest_digest for r in tables})
     kept_note = f"; the unreadable file is kept as {kept.name}" if kept.exists() else ""
     if problems:
-        for problem in problems:
-            if problem.record is not None:
-                problem.record.unlink(missing_ok=True)
+        aside = _quarantine(path, [p.record for p in problems if p.record is not None])
         detail, assets = _fix(path, problems)
-        LOG.warning("the warehouse %s was %s; rebuilt from the %d lineage records that verify (%d manifests); left out: %s; "
-                    "re-materialize %s to restore them", name, state, len(records), manifests, detail, assets)
+        moved = f" (its records moved to {aside})" if aside else ""
+        LOG.warning("the warehouse %s was %s; rebuilt from the %d lineage records that verify (%d manifests); left out: %s%s; "
+                    "re-materialize %s to restore them", name, state, len(tables), manifests, detail, moved, assets)
     else:
         LOG.warning("the warehouse %s was %s; rebuilt from its lineage: %d records of %d manifests, every file verified%s; "
                     "tables outside the lineage (training_telemetry) are written again when their assets next materialize",
-                    name, state, len(records), manifests, kept_note)
+                    name, state, len(tables), manifests, kept_note)
+
+
+def _quarantine(path: Path, records: list[Path]) -> str:
+    """Move journal records a rebuild left out, with the Parquet files written beside them, into
+    `<journal>/quarantine/<UTC time>/<their folder>/`: a file missing only for a moment (a
+    remounted disk, a restore in progress) must not cost its lineage. The folder, as the warning
+    names it; "" when there was none to move."""
+    if not records:
+        return ""
+    top = journal_folder(path)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+    aside = top / QUARANTINE / stamp
+    _private_folder(top / QUARANTINE)
+    _private_folder(aside)
+    for record in records:
+        target = aside / record.parent.name
+        _private_folder(target)
+        for file in [record, *record.parent.glob(f"{record.stem}.*.parquet"), record.with_suffix(".parquet")]:
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(file, target / file.name)
+    return aside.relative_to(path.parent).as_posix()
 
 
 def has_journal(path: Path) -> bool:

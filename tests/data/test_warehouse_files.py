@@ -47,7 +47,8 @@ def assert_owner_only(path: Path) -> None:
     entries = [journal, *journal.rglob("*")]
     folders = {f.relative_to(path.parent).as_posix(): _mode(f) for f in entries if f.is_dir()}
     files = {f.relative_to(path.parent).as_posix(): _mode(f) for f in entries if f.is_file()}
-    assert len(folders) == 3 and files  # the journal, a manifest's records, the consumption records
+    # The journal, a manifest's records, the consumption records, what the consumed shards held.
+    assert len(folders) == 4 and files
     assert folders == dict.fromkeys(folders, 0o700) and files == dict.fromkeys(files, 0o600)
     assert list(path.parent.glob(f".{path.name}.*")) == []  # no staging folder left behind
 

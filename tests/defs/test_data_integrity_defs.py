@@ -18,7 +18,7 @@ import polars as pl
 import pytest
 
 from ito_assets.api.cli import run as cli
-from ito_assets.defs.data.assets import DATA_ASSETS, clean_shards, deduplicated_documents
+from ito_assets.defs.data.assets import DATA_ASSETS, clean_shards, deduplicated_documents, source_documents
 from ito_assets.defs.data.checks import DATA_CHECKS, conservation_holds, document_provenance_present, zero_residual_contamination
 from ito_assets.defs.manifest.assets import eval_suite, training_manifest
 from ito_assets.defs.resources import ItoSettingsResource
@@ -169,18 +169,25 @@ def test_a_full_disk_under_the_warehouse_fails_the_step_with_storage_full(chain)
     assert _materialize(settings, instance, key, selection=[deduplicated_documents]).success
 
 
-def test_ito_audit_rebuilds_a_warehouse_deleted_by_hand_from_its_lineage(chain, monkeypatch) -> None:
-    """Deleting the file is the documented fix for a damaged one; an audit then answered "no
-    warehouse yet" where the journal held everything (only a data step's write rebuilt it)."""
-    settings, _, key, _ = chain
+def test_ito_audit_leaves_a_warehouse_deleted_by_hand_to_the_data_step_it_names(chain, monkeypatch) -> None:
+    """An audit only reads: it rebuilt a missing warehouse itself, and a rebuild drops from the
+    journal every record whose file does not verify at that moment. It names the fix instead,
+    and the fix, as the message says it, brings the same answers back."""
+    settings, instance, key, _ = chain
     before, status = _audit(settings, monkeypatch, key)
     assert status == 0
     saved = settings.warehouse_path.read_bytes()
     settings.warehouse_path.unlink()
     try:
+        refused, status = _audit(settings, monkeypatch, key)
+        assert status != 0 and refused["error"]["code"] == "WAREHOUSE_NOT_FOUND"
+        assert "materialize source_documents" in refused["error"]["message"]
+        assert not settings.warehouse_path.exists()
+        assert _materialize(settings, instance, key, selection=[source_documents]).success
         after, status = _audit(settings, monkeypatch, key)
+        for report in (before, after):  # the sources step writes the manifest's row again, at its own time
+            report["data"]["manifest"].pop("recorded_at")
         assert status == 0 and after["data"] == before["data"]
-        assert settings.warehouse_path.is_file()
     finally:
         settings.warehouse_path.write_bytes(saved)
 

@@ -41,11 +41,16 @@ def test_sensor_skips_unreadable_files_without_failing(installation, instance):
     assert result.run_requests == [] and result.skip_reason
 
 
-def test_the_sensor_prepares_each_manifest_by_its_declared_kind(installation, instance):
+def test_the_sensor_prepares_each_manifest_by_its_declared_kind(installation, instance, monkeypatch):
+    from ito_assets.manifest import discovery
+
     installation.manifest("trains")
     installation.data_manifest("cleans")
     (installation.manifests_dir / "broken.json").write_text('{"kind": "data", "kind": "data"}')  # not strict JSON
     (installation.manifests_dir / "broken.json").chmod(0o600)
+    # Left alone long enough not to be a file still being written (which waits for a later tick).
+    modified = (installation.manifests_dir / "broken.json").stat().st_mtime
+    monkeypatch.setattr(discovery, "_clock", lambda: modified + discovery.SETTLE_SECONDS)
     requests = _tick(build_definitions(installation.settings), instance).run_requests
     jobs = {Path(locate(installation, r.partition_key)).stem: r.job_name for r in requests}
     # A file that is not strict JSON goes to the whole preparation, whose blocking checks say why.

@@ -130,7 +130,7 @@ def test_a_folder_that_cannot_be_listed_skips_the_tick_and_keeps_the_cursor(inst
 
     def unreadable(_folder, **_kwargs):
         raise PermissionError(13, "Permission denied", str(installation.manifests_dir))
-    monkeypatch.setattr(discovery, "discover", unreadable)
+    monkeypatch.setattr(discovery, "scan", unreadable)
     result, warnings = ticks.tick()
     assert warnings == ["the manifests folder could not be listed (PermissionError); tried again on the next tick"]
     assert result.run_requests == [] and ticks.cursor == kept

@@ -85,16 +85,15 @@ def register(verbs: argparse._SubParsersAction) -> None:
 
 
 def _open():
+    """The warehouse, read-only: an audit never writes, so a warehouse that is missing is not
+    rebuilt here (a rebuild of one deleted by hand sets aside the journal records whose files do
+    not verify at that moment; the data step that rebuilds it says which)."""
     from ito_assets.data import lineage, warehouse
     from ito_assets.settings import load_settings
 
     path = load_settings().warehouse_path
-    if not path.is_file() and warehouse.has_journal(path):
-        # Deleted by hand (the documented fix for a damaged one): rebuilt from the lineage's Parquet
-        # records, as the next data step would, rather than "no warehouse yet".
-        warehouse.connect(path).close()
     if not path.is_file():
-        raise ItoError(ErrorCode.WAREHOUSE_NOT_FOUND, "no warehouse yet: materialize the data stage first (make run)")
+        raise _missing(path, warehouse.has_journal(path))
     if not os.access(path, os.R_OK):  # DuckDB says IOException, as for a file a writer holds: never busy
         raise ItoError(ErrorCode.PERMISSION_DENIED, f"this user cannot read the warehouse {path.name}")
     import duckdb
@@ -102,9 +101,20 @@ def _open():
     try:
         return lineage, warehouse.connect(path, read_only=True)
     except duckdb.Error as error:
+        if not path.is_file():  # deleted between the look and the open
+            raise _missing(path, warehouse.has_journal(path)) from None
         # DuckDB lets no reader in while a writing step holds the file (WAREHOUSE_BUSY: try again
         # when it is done); anything else is not a wait.
         raise warehouse.refused(error, path) from None
+
+
+def _missing(path: Path, journalled: bool) -> ItoError:
+    if not journalled:
+        return ItoError(ErrorCode.WAREHOUSE_NOT_FOUND, "no warehouse yet: materialize the data stage first (make run)")
+    return ItoError(ErrorCode.WAREHOUSE_NOT_FOUND,
+                    f"the warehouse {path.name} is missing and `ito audit` only reads; its lineage journal "
+                    f"({path.with_suffix('.lineage').name}/) is there to rebuild it from: the next data step does "
+                    "(materialize source_documents for any manifest partition, or make run), then audit again")
 
 
 def _plain(value):
@@ -196,7 +206,7 @@ def _eval_item(args: argparse.Namespace) -> VerbResult:
         hits = _plain(lineage.audit_eval_item(con, item_id))
         paraphrases = _plain(lineage.paraphrase_candidates(con, item_id))
         known = bool(hits or paraphrases) or lineage.eval_item_known(con, item_id)
-        not_looked_for = lineage.manifests_not_looking_for(con, item_id)
+        unchecked = lineage.manifests_not_looking_for(con, item_id)
     if not (known or _in_configured_suite(item_id)):
         raise ItoError(ErrorCode.AUDIT_NOT_FOUND, "no eval item with this id is in the eval suites the warehouse "
                        "was decontaminated against, nor in the configured eval suite (ITO_EVAL_SUITE)")
@@ -208,21 +218,33 @@ def _eval_item(args: argparse.Namespace) -> VerbResult:
                ["manifest", "doc_id", "source_record_id", "source_uri", "row", "state", "view", "overlap_ratio",
                 "action", "char_start", "char_end", "stale", "matched_ngram"]),
         *(_stale_line(digest) for digest in stale),
-        *(_not_looked_for_line(digest) for digest in not_looked_for),
+        *(_not_looked_for_line(entry) for entry in unchecked),
     ]
     if paraphrases:
         text += ["possible paraphrases (by embedding similarity; for review, not removed):",
                  *table([{"manifest": _key(p.get("manifest_digest", "")), **p} for p in paraphrases],
                         ["manifest", "doc_id", "source_record_id", "similarity", "char_start", "char_end", "excerpt"])]
     data = {"eval_item_id": item_id, "num_documents": len({h["doc_id"] for h in hits}), "hits": hits,
-            "paraphrase_candidates": paraphrases, "stale": bool(stale), "not_looked_for_in": not_looked_for}
+            "paraphrase_candidates": paraphrases, "stale": bool(stale),
+            "not_looked_for_in": [e["manifest_digest"] for e in unchecked if e["reason"] == "too_short"],
+            # Its suite lacks the item, or no suite's items are recorded for it: the text says which.
+            "not_in_suite_of": [e["manifest_digest"] for e in unchecked if e["reason"] != "too_short"]}
     return VerbResult(data=data, live_api_contacted=False, text=text)
 
 
-def _not_looked_for_line(manifest_digest: str) -> str:
-    key = _key(manifest_digest)
-    return (f"warning: in manifest {key}, this item was not looked for: no view of it (question with answer, "
-            "question, long answer) has enough words to index, so no document could match it; lengthen it to protect it")
+def _not_looked_for_line(entry: dict) -> str:
+    """A manifest where "0 matching documents" says nothing: its decontamination never looked."""
+    key = _key(entry["manifest_digest"])
+    if entry["reason"] == "too_short":
+        return (f"warning: in manifest {key}, this item was not looked for: no view of it (question with answer, "
+                "question, long answer) has enough words to index, so no document could match it; lengthen it to protect it")
+    if entry["reason"] == "not_in_suite":
+        return (f"warning: in manifest {key}, this item was not looked for: it is not in the eval suite the manifest was "
+                f"decontaminated against ({entry['eval_suite_id']}); to protect it, decontaminate against a suite that "
+                f"holds it (materialize contamination_report and clean_shards again for partition {key})")
+    return (f"warning: in manifest {key}, this item was not looked for as far as the warehouse knows: no eval suite's "
+            "items are recorded for it (never decontaminated, or written before the items were kept); materialize "
+            f"contamination_report again for partition {key}")
 
 
 def _stale_line(manifest_digest: str) -> str:

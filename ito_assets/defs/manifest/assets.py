@@ -11,7 +11,7 @@ from ito_assets.defs import owners
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.defs.metadata_values import json_value, table
 from ito_assets.defs.resources import ItoSettingsResource
-from ito_assets.control.run_tags import EVAL_SUITE_DIGEST
+from ito_assets.control.run_tags import EVAL_SUITE_DIGEST, MANIFEST_DIGEST
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.evals.suite import EvalSuite, load_suite
 from ito_assets.manifest import discovery
@@ -81,10 +81,13 @@ def training_manifest(context: dg.AssetExecutionContext, ito: ItoSettingsResourc
     settings = ito.settings()
     key = context.partition_key
     limit = settings.max_manifest_bytes
-    path = discovery.locate(settings.manifests_dir, key, max_bytes=limit) or discovery.locate(settings.data_manifests_dir, key, max_bytes=limit)
+    # The full digest the run was asked for (the sensors and `ito data prepare` tag it): the key is
+    # 48 bits of it, which another manifest can share, or a file swapped in since can have.
+    digest = context.run.tags.get(MANIFEST_DIGEST)
+    path = discovery.locate((settings.manifests_dir, settings.data_manifests_dir), key, max_bytes=limit, digest=digest)
     if path is None:
         raise dg.Failure(description="no manifest with this digest is in the manifests folder (or the data manifests folder) any more")
-    verdict = discovery.judge(path, key, max_bytes=settings.max_manifest_bytes)
+    verdict = discovery.judge(path, key, max_bytes=limit, digest=digest)
     context.add_output_metadata(_verdict_metadata(verdict))
     return verdict
 
