@@ -115,7 +115,11 @@ def eval_suite_changed(context: dg.SensorEvaluationContext, ito: ItoSettingsReso
         return dg.SensorResult(skip_reason="the manifests folder could not be listed")
     known = set(context.instance.get_dynamic_partitions(manifests_partitions.name))
     used = _used_run_keys(context.instance, suite.digest)
-    manifests = sorted({m.key: m for m in found if m.key in known}.values(), key=lambda m: m.key)
+    # Two different manifests under one key are refused by the manifest sensor: which of them a
+    # decontamination run would read could not be told from its partition, so neither runs here.
+    clashes = discovery.colliding(found)
+    manifests = sorted({m.key: m for m in found if m.key in known and m.key not in clashes}.values(),
+                       key=lambda m: m.key)
     launched = [m for m in manifests if m.digest in used]
     # Every manifest's latest report at once: most never ran for this sensor (the preparation job
     # decontaminated them), and one look-up each cost a query per manifest on every tick.

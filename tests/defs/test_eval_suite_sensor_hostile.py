@@ -235,3 +235,19 @@ def test_the_launched_pairs_reports_are_read_in_chunks_each_pair_once(desk: Desk
     for request in again:
         (desk if request.partition_key == desk.key else beta).launch(request)
     assert desk.report_digest() == beta.report_digest() == second and desk.tick().run_requests == []
+
+
+def test_two_manifests_under_one_registered_key_are_decontaminated_by_neither(desk: Desk, monkeypatch) -> None:
+    # The key is 48 bits of the digest: a second manifest can share it, and which of the two a run
+    # under the key would read could not be told (the manifest sensor registers neither).
+    desk.suite(SUITE_LINES + EXTRA)
+    assert _only(desk.tick()).partition_key == desk.key
+    twin = discovery.DiscoveredManifest(str(desk.installation.manifests_dir / "twin.json"), desk.key + "0" * 52)
+    discover = discovery.discover
+
+    def with_twin(folder, **kwargs):
+        found, rejected = discover(folder, **kwargs)
+        return found + [twin], rejected
+
+    monkeypatch.setattr(discovery, "discover", with_twin)
+    assert desk.tick().run_requests == []
