@@ -180,6 +180,7 @@ def _stage(context, ito: ItoSettingsResource, posttraining: PostTrainingResource
         step = _recipe_step(live.manifest.manifest, kind)
         evaluation = live.manifest.manifest.post_training_eval  # the held-out battery's sizes, as confirmed
         layout = RunLayout.for_run(checkpoint_dir, run_id)
+        _require_this_runs(start, layout)
         VerdictStore(layout.run_dir).ensure_not_failed(STAGE_ORDER)
         runtime = posttraining.runtime()
         # RLVR has no batch of pairs: it trains on one rank whatever the batch (`data_parallel_ranks`).
@@ -200,6 +201,16 @@ def _stage(context, ito: ItoSettingsResource, posttraining: PostTrainingResource
                                        "num_metrics_published": num_metrics,
                                        "num_checkpoints_published": num_checkpoints,
                                        "trained_manifest_digest": live.manifest.digest, **outcome_metadata(outcome, step)})
+
+
+def _require_this_runs(start: Start, layout: RunLayout) -> None:
+    """The previous post-training stage's checkpoint lies in this run's folder (`RunLayout.holds`).
+    The pretraining chain's final checkpoint is checked where the training stages hand it on."""
+    if isinstance(start, StageOutcome) and not layout.holds(start.checkpoint.path):
+        raise ItoError(ErrorCode.CHECKPOINT_STORAGE_INVALID,
+                       "the checkpoint this stage was handed is not in this run's folder (another run of the "
+                       "manifest wrote the previous stage's output since): materialize the previous stage again "
+                       "for this run")
 
 
 def _base_policy(verdict: ManifestVerdict, final: StageCheckpoint | None, tokens: TokenSet,

@@ -187,6 +187,12 @@ class RunLayout:
         earlier = child(checkpoint_dir, run_id)
         return cls(checkpoint_dir=checkpoint_dir, run_dir=earlier if earlier.is_dir() else checkpoint_dir)
 
+    def holds(self, path: str | Path) -> bool:
+        """Whether `path` lies in this run's folder, links resolved. A stage's hand-over to the next
+        must: Dagster keeps one output per asset and manifest partition, and another ledger run of
+        the same manifest may have written it since."""
+        return Path(path).resolve().is_relative_to(self.run_dir.resolve())
+
     def stage_dir(self, stage: str) -> Path:
         """One folder per run and stage: restarts of a stage share it, runs never do."""
         return ensure_dir(child(self.run_dir, stage), self.checkpoint_dir)
