@@ -4,9 +4,12 @@ A proxy model is trained on the candidate mixture and on a baseline mixture with
 budget, the same seeds (paired: seed s gives both arms the same initial weights and the same
 batch order over their own tokens) and one tokenizer fitted on equal bytes of both, then scored on
 the eval battery. The verdict is a paired test over seeds (verdict.py): GO or NO_GO only
-when the 95% confidence interval of the per-seed difference excludes zero, WITHIN_NOISE when it
-does not, INCONCLUSIVE with a single seed or seeds that changed neither arm, where the noise is
-not measured, or with a proxy whose training diverged. When the manifest asks
+when the 95% confidence interval of the per-seed difference excludes zero and the interval over
+eval items (each item's difference, its mean over seeds) excludes it on the same side,
+WITHIN_NOISE when either does not, INCONCLUSIVE with a single seed or seeds that changed neither
+arm, where the noise is not measured, with a proxy whose training diverged, or with a benchmark of
+fewer than MIN_ITEMS_PER_BENCHMARK items. The rules are one function of the recorded runs
+(`decide`), so a stored verdict can be drawn again from its runs (`restated`). When the manifest asks
 for a minimum detectable effect, the configured seeds are a pilot and their spread sets how many
 seeds are trained in all (Stein's two-stage test, verdict.py).
 
@@ -17,6 +20,7 @@ continuous metrics (here: the answer's bits per byte) decide better than accurac
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 import statistics
 from dataclasses import dataclass, field, replace
@@ -29,20 +33,24 @@ from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.evals.suite import EvalItem
 from ito_assets.manifest.schema import DecisionPower
 from ito_assets.runtime.record.storage import held_alone
+from ito_assets.runtime.stage.config import MAX_SEED
 from ito_assets.training.eval_config import EvalConfig
 from ito_assets.training.heldout import SPLIT_SEED, split_heldout
 from ito_assets.training.model_config import ModelConfig, config_by_name, parameter_count
 from ito_assets.training.tokenizer import (
-    LoaderConfig, TokenizerConfig, encode_documents, iterate_batches, open_token_shard, save_tokenizer,
+    LoaderConfig, TokenizerConfig, encode_documents, iterate_batches, num_windows, open_token_shard, save_tokenizer,
     train_tokenizer, write_token_shard,
 )
-from ito_assets.training.verdict import PairedTest, Verdict, paired_test, stein_seed_count, stein_test, withheld
+from ito_assets.training.verdict import (
+    ItemTest, PairedTest, Verdict, over_items, paired_test, stein_seed_count, stein_test, withheld,
+)
 
 # The training and the eval battery need torch; they are imported where a decision runs, so that
 # its configuration and result types (the Dagster parameters, the economics, the gate) do not.
 if TYPE_CHECKING:
     from ito_assets.training.evaluation import EvalReport
     from ito_assets.training.model import DecoderLM
+    from ito_assets.training.mixtures import MixtureSource
     from ito_assets.training.trainer import TrainConfig, TrainResult
 
 ARMS = ("candidate", "baseline")
@@ -54,6 +62,30 @@ PRIMARY_METRIC = "answer_bits_per_byte"
 def _require(condition: bool, name: str, rule: str) -> None:
     if not condition:
         raise ValueError(f"{name} {rule}")
+
+
+# The ranges of the configuration, each refused by name before any work (a value past them failed
+# at run time, after the tokenizer was fitted, or ran for ever):
+# - seeds: [0, MAX_SEED], the training runtime's (torch's generators take 64 bits, numpy's no
+#   negative seed); at most MAX_SEEDS of them, the manifest's bound on `decision_power.max_seeds`.
+MAX_SEEDS = 64
+# - num_steps: DataDecide's budget for the 150M proxy (100 tokens per parameter, 1.5e10 tokens) is
+#   7.3 million steps of the default 16 x 128 batch.
+MAX_STEPS = 10**7
+# - batch_size: twice the 2,048 sequences of OLMo's 4M-token batch (Groeneveld et al. 2024).
+MAX_BATCH_SIZE = 4096
+# - sequence_length: the proxy's `max_seq_len` (its rotary table and the eval's window).
+# - vocab_size: 2**17 holds every vocabulary the model configs name (Llama 3's 128,256).
+MAX_VOCAB_SIZE = 2**17
+# - num_eval_candidates: four times the ARC / MMLU format's four; each is a forward per item.
+MAX_EVAL_CANDIDATES = 16
+# - learning_rate: (0, 1]: AdamW at a rate over 1 moves a weight by more than 1 a step (the
+#   proxies here train at 3e-3, OLMo-1B peaks at 4e-4). target_detectable_effect comes from the
+#   manifest, which bounds it (`DecisionPower`).
+
+
+def _within(value: int, low: int, high: int, name: str) -> None:
+    _require(low <= value <= high, name, f"must lie in [{low}, {high}]")
 
 
 # The proxy the decision is specified at: a 150M model, a scale at which DataDecide (Magnusson et
@@ -88,17 +120,29 @@ class DecisionConfig:
     max_seeds: int = 12
 
     def __post_init__(self) -> None:
-        config_by_name(self.model_name)
+        model = config_by_name(self.model_name)
         _require(len(self.seeds) >= 1 and len(set(self.seeds)) == len(self.seeds), "seeds", "must be distinct and non-empty")
+        _require(len(self.seeds) <= MAX_SEEDS, "seeds", f"must number at most {MAX_SEEDS}")
+        _require(all(0 <= seed <= MAX_SEED for seed in self.seeds), "seeds", f"must each lie in [0, {MAX_SEED}]")
         for name in ("num_steps", "batch_size", "sequence_length"):
             _require(getattr(self, name) >= 1, name, "must be positive")
+        _within(self.num_steps, 1, MAX_STEPS, "num_steps")
+        _within(self.batch_size, 1, MAX_BATCH_SIZE, "batch_size")
+        _require(self.sequence_length <= model.max_seq_len, "sequence_length",
+                 f"must be at most {model.max_seq_len}, the {self.model_name} model's max_seq_len")
+        _within(self.tokenizer.vocab_size, 257, MAX_VOCAB_SIZE, "vocab_size")
+        _within(self.eval.num_candidates, 2, MAX_EVAL_CANDIDATES, "num_eval_candidates")
         _require(0 < self.learning_rate < float("inf"), "learning_rate", "must be positive and finite")
+        _require(self.learning_rate <= 1, "learning_rate", "must be at most 1")
         _require(0.5 <= self.confidence < 1, "confidence", "must be in [0.5, 1)")
         _require(0 <= self.heldout_fraction < 0.5, "heldout_fraction", "must be in [0, 0.5)")
+        _within(self.max_seeds, 2, MAX_SEEDS, "max_seeds")
         if self.target_detectable_effect is not None:
-            _require(self.target_detectable_effect > 0, "target_detectable_effect", "must be positive")
+            _require(0 < self.target_detectable_effect < float("inf"), "target_detectable_effect", "must be positive and finite")
             _require(len(self.seeds) >= 2, "seeds", "must hold a pilot of two or more when a detectable effect is set")
             _require(self.max_seeds >= len(self.seeds), "max_seeds", "must be at least the number of pilot seeds")
+            _require(max(self.seeds) + self.max_seeds - len(self.seeds) <= MAX_SEED, "seeds",
+                     f"must leave room below {MAX_SEED} for the seeds Stein's second stage adds")
 
     def with_power(self, power: DecisionPower | None) -> DecisionConfig:
         """This configuration under the manifest's `decision_power`, when it sets one."""
@@ -106,6 +150,13 @@ class DecisionConfig:
             return self
         return replace(self, target_detectable_effect=power.minimum_detectable_effect,
                        max_seeds=max(power.max_seeds, len(self.seeds)))
+
+    def for_attempt(self, attempt: int) -> DecisionConfig:
+        """This configuration for the `attempt`-th decision about the same candidate, after
+        attempt - 1 that were not a GO: each decision is another chance at a false GO, so the
+        false-decision rate is split across them (Bonferroni): confidence 1 - (1 - c) / attempt."""
+        _require(attempt >= 1, "attempt", "must be at least 1")
+        return replace(self, confidence=1 - (1 - self.confidence) / attempt)
 
     def extra_seeds(self, count: int) -> tuple[int, ...]:
         """`count` seeds after the pilot's, none of them the pilot's."""
@@ -163,6 +214,21 @@ class DecisionResult:
     # The sha256 of each clean shard the candidate arm read, in order, where the caller read shards
     # (`decision_run`): training refuses a verdict about other shards. None: texts given directly.
     candidate_shards: tuple[str, ...] | None = None
+    # What the candidate was measured against: the sha256 of the baseline's texts as the decision
+    # read them (`ordered_sha256`), and the files they came from, each with its own sha256, where the
+    # caller read files (`decision_run`). None / (): a decision recorded before they were.
+    baseline_sha256: str | None = None
+    baseline_sources: tuple[MixtureSource, ...] = ()
+    # The fitted tokenizer's vocabulary, which the divergence rule reads; None: recorded before it
+    # was (the requested size is then used, which a fitted vocabulary never exceeds).
+    vocab_size: int | None = None
+    # Whether the advantage holds over eval items, and each benchmark's number of items (the
+    # verdict needs MIN_ITEMS_PER_BENCHMARK of each); None / (): recorded before they were.
+    item_test: ItemTest | None = None
+    num_items_by_benchmark: tuple[tuple[str, int], ...] = ()
+    # This decision's place among the decisions of the same candidate shards: the k-th, after k - 1
+    # that were not a GO, tests at confidence 1 - (1 - c) / k (Bonferroni), which `config` holds.
+    attempt: int = 1
 
     @property
     def verdict(self) -> Verdict:
@@ -198,7 +264,10 @@ class DecisionResult:
             "seeds": sorted({r.seed for r in self.runs}), "target_detectable_effect": self.config.target_detectable_effect,
             "num_tokens_per_run": self.num_tokens_per_run, "num_runs": len(self.runs),
             "tokenizer_sha256": self.tokenizer_sha256, "train_wall_seconds": round(self.train_wall_seconds, 3),
-            "model_flops": self.model_flops,
+            "model_flops": self.model_flops, "confidence": self.config.confidence, "attempt": self.attempt,
+            "baseline_sha256": self.baseline_sha256, "baseline_sources": [vars(b) for b in self.baseline_sources],
+            "item_test": self.item_test.to_dict() if self.item_test else None,
+            "num_items_by_benchmark": dict(self.num_items_by_benchmark),
             "runs": [{"arm": r.arm, "seed": r.seed, "primary": r.primary, "heldout_bits_per_byte": r.heldout_bits_per_byte,
                       "train": r.train.summary(), "eval": r.report.summary()} for r in self.runs],
         }
@@ -217,6 +286,60 @@ def diverged(train: TrainResult, vocab_size: int) -> bool:
     tail = train.losses[-max(1, len(train.losses) // 10):]
     finite = [v for v in tail if math.isfinite(v)]
     return not finite or math.fsum(finite) / len(finite) > math.log(vocab_size) + DIVERGED_NATS
+
+
+def _pilot_test(runs: dict[str, list[ArmRun]], config: DecisionConfig, vocab_size: int) -> PairedTest:
+    """The paired test over the configured seeds' runs (Stein's pilot when an effect is set)."""
+    pilot = {arm: runs[arm][: len(config.seeds)] for arm in ARMS}
+    test = paired_test(*([r.primary for r in pilot[arm]] for arm in ARMS), config.confidence)
+    return _unless_diverged(test, pilot, vocab_size)
+
+
+def seed_test(runs: dict[str, list[ArmRun]], config: DecisionConfig, vocab_size: int) -> PairedTest:
+    """The verdict over seeds of every run trained: the pilot's paired test, or Stein's second stage
+    over all seeds where an effect is set and the pilot told something."""
+    test = _pilot_test(runs, config, vocab_size)
+    if config.target_detectable_effect is None or test.verdict is Verdict.INCONCLUSIVE:
+        return test
+    values = [[r.primary for r in runs[arm]] for arm in ARMS]
+    return _unless_diverged(stein_test(*values, len(config.seeds), config.confidence), runs, vocab_size)
+
+
+def items_by_benchmark(runs: Sequence[ArmRun]) -> tuple[tuple[str, int], ...]:
+    """Each benchmark's number of eval items, as the first run scored them."""
+    return tuple((b.benchmark, b.num_items) for b in runs[0].report.benchmarks) if runs else ()
+
+
+def _item_differences(runs: dict[str, list[ArmRun]]) -> list[float] | None:
+    """Per item, the mean over seeds of baseline - candidate bits per byte; None where a run kept no
+    per-item scores or scored other items than the first."""
+    every = runs["candidate"] + runs["baseline"]
+    layout = items_by_benchmark(every)
+    vectors = {arm: [[v for b in r.report.benchmarks for v in b.item_bits_per_byte] for r in runs[arm]] for arm in ARMS}
+    num_items = sum(count for _, count in layout)
+    if num_items == 0 or any(items_by_benchmark([r]) != layout for r in every) or \
+            any(len(v) != num_items for arm in ARMS for v in vectors[arm]):
+        return None
+    pairs = list(zip(vectors["candidate"], vectors["baseline"]))
+    return [math.fsum(base[i] - cand[i] for cand, base in pairs) / len(pairs) for i in range(num_items)]
+
+
+def decide(runs: dict[str, list[ArmRun]], config: DecisionConfig, vocab_size: int) -> tuple[PairedTest, ItemTest | None]:
+    """The verdict of the runs trained, by today's rules: over seeds, then over items."""
+    test = seed_test(runs, config, vocab_size)
+    if test.verdict is Verdict.INCONCLUSIVE:
+        return test, None
+    return over_items(test, items_by_benchmark(runs["candidate"]), _item_differences(runs))
+
+
+def restated(result: DecisionResult) -> tuple[PairedTest, ItemTest | None]:
+    """`result`'s verdict drawn again from its recorded runs with today's rules; INCONCLUSIVE where
+    its runs do not pair, seed by seed, from the configured seeds on."""
+    runs = {arm: [r for r in result.runs if r.arm == arm] for arm in ARMS}
+    seeds = [r.seed for r in runs["candidate"]]
+    if seeds != [r.seed for r in runs["baseline"]] or tuple(seeds[: len(result.config.seeds)]) != result.config.seeds:
+        return withheld(result.test, "its runs do not pair seed by seed from the configured seeds; no decision"), None
+    return decide(runs, result.config, result.vocab_size or result.config.tokenizer.vocab_size)
 
 
 def _unless_diverged(test: PairedTest, runs: dict[str, list[ArmRun]], vocab_size: int) -> PairedTest:
@@ -309,12 +432,13 @@ def _run_decision(
     from ito_assets.training.model import build_model
     from ito_assets.training.trainer import train
 
-    _require(len(candidate_texts) >= 2 and len(baseline_texts) >= 2, "texts", "must hold at least two documents per arm")
     texts = {"candidate": list(candidate_texts), "baseline": list(baseline_texts)}
+    _require_documents(texts)
     split = {arm: split_heldout(texts[arm], config.heldout_fraction, SPLIT_SEED) for arm in ARMS}
     tokenizer = train_tokenizer(balanced_sample(split["candidate"][0], split["baseline"][0]), config.tokenizer)
     tokenizer_sha = save_tokenizer(tokenizer, work_dir / "tokenizer.json") if work_dir is not None else None
     tokens = {arm: _arm_tokens(tokenizer, split[arm][0], work_dir, arm) for arm in ARMS}
+    _require_windows(tokens, config)
     model_config = config_by_name(config.model_name, vocab_size=tokenizer.get_vocab_size())
     runs: dict[str, list[ArmRun]] = {arm: [] for arm in ARMS}
 
@@ -335,18 +459,14 @@ def _run_decision(
                 runs[arm].append(ArmRun(arm=arm, seed=seed, train=trained, report=report,
                                         heldout_bits_per_byte=report.heldout_bits_per_byte))
 
-    def primaries(arm: str) -> list[float]:
-        return [r.primary for r in runs[arm]]
-
     train_seeds(config.seeds)
     vocab_size = model_config.vocab_size
-    test = _unless_diverged(paired_test(primaries("candidate"), primaries("baseline"), config.confidence), runs, vocab_size)
-    if config.target_detectable_effect is not None and test.verdict is not Verdict.INCONCLUSIVE:
-        pilot = [b - c for c, b in zip(primaries("candidate"), primaries("baseline"))]
-        total = stein_seed_count(pilot, config.target_detectable_effect, config.confidence, config.max_seeds)
+    pilot = _pilot_test(runs, config, vocab_size)
+    if config.target_detectable_effect is not None and pilot.verdict is not Verdict.INCONCLUSIVE:
+        differences = [b.primary - c.primary for c, b in zip(runs["candidate"], runs["baseline"])]
+        total = stein_seed_count(differences, config.target_detectable_effect, config.confidence, config.max_seeds)
         train_seeds(config.extra_seeds(total - len(config.seeds)))
-        test = _unless_diverged(stein_test(primaries("candidate"), primaries("baseline"), len(config.seeds),
-                                           config.confidence), runs, vocab_size)
+    test, items = decide(runs, config, vocab_size)
     all_runs = tuple(runs["candidate"] + runs["baseline"])
     return DecisionResult(
         test=test, metric=PRIMARY_METRIC,
@@ -355,4 +475,39 @@ def _run_decision(
         runs=all_runs, config=config, model_name=config.model_name, num_parameters=parameter_count(model_config),
         num_tokens_per_run=config.num_tokens_per_run, tokenizer_sha256=tokenizer_sha,
         train_wall_seconds=sum(r.train.wall_seconds for r in all_runs), model_flops=sum(r.train.model_flops for r in all_runs),
+        baseline_sha256=ordered_sha256(texts["baseline"]), vocab_size=vocab_size, item_test=items,
+        num_items_by_benchmark=items_by_benchmark(runs["candidate"]),
     )
+
+
+# Each arm keeps a document for training when one is held out (heldout.py holds out at least one).
+MIN_DOCUMENTS = 2
+
+
+def _require_documents(texts: dict[str, list[str]]) -> None:
+    """SOURCE_INVALID, before the tokenizer is fitted, for an arm of fewer than MIN_DOCUMENTS."""
+    for arm in ARMS:
+        if len(texts[arm]) < MIN_DOCUMENTS:
+            raise ItoError(ErrorCode.SOURCE_INVALID, f"the {arm} mixture holds {len(texts[arm])} document(s); "
+                           f"a decision needs at least {MIN_DOCUMENTS} per arm (one is held out)")
+
+
+def _require_windows(tokens: dict[str, np.ndarray], config: DecisionConfig) -> None:
+    """SOURCE_INVALID, before any arm trains, for an arm whose training tokens fill fewer windows
+    of sequence_length + 1 tokens than one batch needs."""
+    for arm in ARMS:
+        windows = num_windows(len(tokens[arm]), config.sequence_length)
+        if windows < config.batch_size:
+            raise ItoError(ErrorCode.SOURCE_INVALID, f"the {arm} mixture's training text fills {windows} window(s) of "
+                           f"{config.sequence_length + 1} tokens; a step needs batch_size = {config.batch_size}: give "
+                           "that arm more text, or lower batch_size or sequence_length")
+
+
+def ordered_sha256(values: Sequence[str]) -> str:
+    """The sha256 of strings in order, each as its UTF-8 bytes after its length (no two lists share one)."""
+    digest = hashlib.sha256()
+    for value in values:
+        data = value.encode()
+        digest.update(len(data).to_bytes(8, "big"))
+        digest.update(data)
+    return digest.hexdigest()

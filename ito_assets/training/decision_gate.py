@@ -8,6 +8,10 @@ DATA_DECISION_NO_GO, the verdicts that did not tell with DATA_DECISION_INCONCLUS
 gain does not pay for the full run (economics.not_worth_it) with DATA_DECISION_NOT_WORTH_IT. A GO
 the planner could not price on the booked hardware (the plan was refused) is not shown worth it
 either: training on another booking would otherwise skip the economics the manifest set.
+
+The verdict is never taken as stored: where it passed, it is drawn again from the decision's
+recorded runs by today's rules (`decision.restated`), and a verdict they would not give (one drawn
+by an earlier, looser rule) blocks with DATA_DECISION_STALE until the decision is run again.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from dataclasses import dataclass, replace
 
 from ito_assets.errors import ErrorCode
 from ito_assets.manifest.schema import Manifest
-from ito_assets.training.decision import DecisionResult
+from ito_assets.training.decision import DecisionResult, restated
 from ito_assets.training.economics import Economics, EconomicsConfig, decision_economics
 from ito_assets.training.layout import PlanRefused
 from ito_assets.training.planner import Hardware
@@ -35,6 +39,8 @@ class DecisionGateVerdict:
     accepted_by_manifest: bool
     reason: str
     worth_it: bool = True  # False: a GO whose gain does not pay for the full run
+    # Why the verdict stored is not the one today's rules draw from its recorded runs; None: it is.
+    stale: str | None = None
 
     @property
     def outcome(self) -> str:
@@ -46,9 +52,35 @@ class DecisionGateVerdict:
         """The code a blocked training reports; None when the gate passed."""
         if self.passed:
             return None
+        if self.stale is not None:
+            return ErrorCode.DATA_DECISION_STALE
         if self.verdict is Verdict.GO:
             return ErrorCode.DATA_DECISION_NOT_WORTH_IT
         return ErrorCode.DATA_DECISION_NO_GO if self.verdict is Verdict.NO_GO else ErrorCode.DATA_DECISION_INCONCLUSIVE
+
+
+def verdict_drift(result: DecisionResult) -> str | None:
+    """Why `result`'s stored verdict is not the one today's rules draw from its recorded runs; None
+    where it is."""
+    test, _ = restated(result)
+    if test.verdict is result.verdict:
+        return None
+    return (f"the stored verdict {result.verdict.value} is not what today's rules draw from its recorded runs "
+            f"({test.verdict.value}: {test.explanation}): materialize decision_run and data_decision again")
+
+
+def _stale(verdict: Verdict, why: str) -> DecisionGateVerdict:
+    return DecisionGateVerdict(passed=False, verdict=verdict, accepted_by_manifest=False, reason=why, stale=why)
+
+
+def standing_gate(decision) -> DecisionGateVerdict:  # a DataDecision
+    """The stored gate where it blocks or where today's rules give its verdict again; else a failed
+    gate with DATA_DECISION_STALE. A decision built by hand (a test's stand-in) records no runs to
+    draw from and keeps its gate."""
+    if not decision.gate.passed or not isinstance(decision.decision, DecisionResult):
+        return decision.gate
+    drift = verdict_drift(decision.decision)
+    return decision.gate if drift is None else _stale(decision.decision.verdict, drift)
 
 
 def accepted_verdicts(manifest: Manifest) -> frozenset[str]:
@@ -88,9 +120,11 @@ class DataDecision:
 
     def for_booking(self, run_plan: RunPlan, manifest: Manifest) -> DecisionGateVerdict:
         """The gate on the plan of the run's own booking, its hardware and price, where the
-        economics were judged on the configured hardware before any booking existed."""
-        if self.economics_config is None:
-            return self.gate
+        economics were judged on the configured hardware before any booking existed; a verdict
+        today's rules would not give blocks as stale (`standing_gate`)."""
+        standing = standing_gate(self)
+        if self.economics_config is None or standing.stale is not None:
+            return standing
         return decision_gate(self.decision.verdict, manifest,
                              decision_economics(self.decision, run_plan, self.economics_config, _threshold(manifest)))
 
@@ -103,7 +137,16 @@ class DataDecision:
             "error_code": self.gate.error_code.value if self.gate.error_code else "",
             "accepted_by_manifest": self.gate.accepted_by_manifest,
             "economics": self.economics.to_dict() if self.economics else None, "plan_refusal": self.plan_refusal,
+            "confidence": self.decision.test.confidence, "attempt": self.decision.attempt,
+            "item_test": self.decision.item_test.to_dict() if self.decision.item_test else None,
+            "num_items_by_benchmark": dict(self.decision.num_items_by_benchmark),
+            "baseline": baseline_record(self.decision),
         }
+
+
+def baseline_record(result: DecisionResult) -> dict:
+    """What the candidate was measured against: the baseline texts' sha256 and their files."""
+    return {"sha256": result.baseline_sha256 or "", "sources": [vars(s) for s in result.baseline_sources]}
 
 
 def judge_decision(result: DecisionResult, manifest: Manifest, hardware: Hardware, config: EconomicsConfig) -> DataDecision:
@@ -113,11 +156,16 @@ def judge_decision(result: DecisionResult, manifest: Manifest, hardware: Hardwar
     except PlanRefused as refused:
         why = ", ".join(refused.reasons)
         unpriced = f"the full run could not be planned on the booked hardware ({why}): its cost was not weighed against the gain"
-        return DataDecision(decision=result, gate=decision_gate(result.verdict, manifest, unpriced=unpriced), economics=None,
-                            plan_refusal=why, economics_config=config)
+        return _checked(DataDecision(decision=result, gate=decision_gate(result.verdict, manifest, unpriced=unpriced),
+                                     economics=None, plan_refusal=why, economics_config=config))
     economics = decision_economics(result, run_plan, config, _threshold(manifest))
-    return DataDecision(decision=result, gate=decision_gate(result.verdict, manifest, economics), economics=economics,
-                        plan_refusal=None, economics_config=config)
+    return _checked(DataDecision(decision=result, gate=decision_gate(result.verdict, manifest, economics),
+                                 economics=economics, plan_refusal=None, economics_config=config))
+
+
+def _checked(judged: DataDecision) -> DataDecision:
+    """`judged` with the gate it stands on today (`standing_gate`)."""
+    return replace(judged, gate=standing_gate(judged))
 
 
 def _threshold(manifest: Manifest) -> int | None:

@@ -48,6 +48,13 @@ class BenchmarkScore:
     correct_prob: float  # mean over items; 1 / num_candidates is chance in "choice" mode
     logprob_per_token: float  # mean over items of the answer's mean token log-likelihood (nats)
     bits_per_byte: float  # answer bits per byte, pooled over the benchmark's answers
+    # Each item's answer bits per byte, in the order of its items: the data decision tests whether
+    # an advantage holds over items, not only over seeds. Empty in a score recorded before it was kept.
+    item_bits_per_byte: tuple[float, ...] = ()
+
+
+# Not in a report's summary (metadata, the decision's record): one figure per item.
+_PER_ITEM = ("benchmark", "item_bits_per_byte")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,7 +74,7 @@ class EvalReport:
             "accuracy": self.metric("accuracy"),
             "logprob_per_token": self.metric("logprob_per_token"),
             "heldout_bits_per_byte": self.heldout_bits_per_byte,
-            "benchmarks": {b.benchmark: {k: v for k, v in vars(b).items() if k != "benchmark"} for b in self.benchmarks},
+            "benchmarks": {b.benchmark: {k: v for k, v in vars(b).items() if k not in _PER_ITEM} for b in self.benchmarks},
         }
 
 
@@ -173,6 +180,7 @@ def score_benchmark(model: DecoderLM, tokenizer: Tokenizer, name: str, items: Se
         correct_prob=sum(probs) / len(items),
         logprob_per_token=sum(sum(lp) / len(lp) for lp in gold) / len(items),
         bits_per_byte=-sum(sum(lp) for lp in gold) / (_LN2 * sum(gold_bytes)),
+        item_bits_per_byte=tuple(-sum(lp) / (_LN2 * size) for lp, size in zip(gold, gold_bytes)),
     )
 
 

@@ -29,6 +29,13 @@ independent of the variance"): the first seeds are a pilot whose spread s0 sets 
 freedom (`stein_test`), which keeps the false-decision rate at exactly 1 - confidence. Adding
 seeds until the observed MDE is small enough and then testing as usual does not: simulated under
 the null it said GO or NO_GO in 7-9% of decisions (benchmarks/decision_rule.py).
+
+The seeds' interval is about one fixed set of eval items: a suite of one item gave GO or NO_GO with
+small p-values where the whole suite said NO_GO. So a GO or NO_GO also needs its sign to hold over
+the items (`item_test`): Student's t over the items' differences, each the mean over seeds of
+baseline - candidate on that item, at the same confidence (the paired comparison over questions of
+Miller 2024, "Adding Error Bars to Evals"), from at least MIN_ITEMS_PER_BENCHMARK items of every
+benchmark.
 """
 
 from __future__ import annotations
@@ -38,11 +45,16 @@ import functools
 import math
 import statistics
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Sequence
 
 # The power the minimum detectable effect is stated at: Cohen's (1988) conventional 80%.
 POWER = 0.80
+# The fewest eval items of any benchmark a GO or NO_GO is drawn from. From 15 observations on, a t
+# interval holds unless the data are strongly skewed or have outliers; below that, only for data
+# close to normal (Moore, McCabe & Craig, "Introduction to the Practice of Statistics", on the
+# robustness of t procedures), which per-item differences of bits per byte are not shown to be.
+MIN_ITEMS_PER_BENCHMARK = 15
 
 
 class Verdict(str, enum.Enum):
@@ -69,6 +81,24 @@ class PairedTest:
     @property
     def half_width(self) -> float | None:
         return None if self.interval_high is None else (self.interval_high - self.interval_low) / 2
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "verdict": self.verdict.value}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ItemTest:
+    """Whether the candidate's advantage holds over eval items: Student's t over the per-item
+    differences (each the mean over seeds of baseline - candidate bits per byte on that item)."""
+
+    verdict: Verdict  # GO / NO_GO / WITHIN_NOISE as the seed test's; INCONCLUSIVE: no spread or no scores
+    num_items: int
+    difference: float  # mean over items: > 0 favours the candidate
+    confidence: float
+    interval_low: float | None
+    interval_high: float | None
+    p_value: float | None
+    explanation: str
 
     def to_dict(self) -> dict:
         return {**asdict(self), "verdict": self.verdict.value}
@@ -163,6 +193,50 @@ def paired_test(candidate: Sequence[float], baseline: Sequence[float], confidenc
     if _within_rounding(spread, candidate, baseline):
         return _inconclusive(n, mean, confidence, _NO_SPREAD)
     return _t_interval(mean, spread / math.sqrt(n), n - 1, n, confidence, "paired t")
+
+
+def item_test(differences: Sequence[float], confidence: float) -> ItemTest:
+    """The t interval over items of per-item differences (> 0 favours the candidate)."""
+    _check_confidence(confidence)
+    n = len(differences)
+    moments = _moments(differences) if n >= 2 else None
+    if moments is None or not moments[1] > 0:
+        why = ("fewer than two items, a score that is not finite, or items that all differ alike: "
+               "the items measured no spread")
+        return ItemTest(verdict=Verdict.INCONCLUSIVE, num_items=n, difference=moments[0] if moments else math.nan,
+                        confidence=confidence, interval_low=None, interval_high=None, p_value=None, explanation=why)
+    mean, spread = moments
+    standard_error = spread / math.sqrt(n)
+    half_width = _t_quantile(0.5 + confidence / 2, n - 1) * standard_error
+    low, high = mean - half_width, mean + half_width
+    verdict = Verdict.GO if low > 0 else Verdict.NO_GO if high < 0 else Verdict.WITHIN_NOISE
+    return ItemTest(verdict=verdict, num_items=n, difference=mean, confidence=confidence, interval_low=low,
+                    interval_high=high, p_value=_two_sided_p(mean / standard_error, n - 1),
+                    explanation=f"{confidence:.0%} interval [{low:+.4f}, {high:+.4f}] bits/byte over {n} eval items")
+
+
+def over_items(test: PairedTest, num_items_by_benchmark: Sequence[tuple[str, int]],
+               differences: Sequence[float] | None) -> tuple[PairedTest, ItemTest | None]:
+    """The seeds' verdict where the items bear it out: INCONCLUSIVE from a benchmark of fewer than
+    MIN_ITEMS_PER_BENCHMARK items or without per-item `differences`; a GO or NO_GO whose interval
+    over items does not share its side is WITHIN_NOISE (INCONCLUSIVE where the items had no spread)."""
+    if test.verdict is Verdict.INCONCLUSIVE:
+        return test, None
+    few = ", ".join(f"{name} ({count})" for name, count in num_items_by_benchmark if count < MIN_ITEMS_PER_BENCHMARK)
+    if few:
+        return replace(test, verdict=Verdict.INCONCLUSIVE, explanation=(
+            f"too few eval items for a decision: {few}, under {MIN_ITEMS_PER_BENCHMARK} per benchmark; "
+            f"over seeds alone: {test.explanation}")), None
+    if differences is None:
+        return replace(test, verdict=Verdict.INCONCLUSIVE, explanation=(
+            f"the runs kept no per-item scores to test the items with; over seeds alone: {test.explanation}")), None
+    items = item_test(differences, test.confidence)
+    if test.verdict is Verdict.WITHIN_NOISE or items.verdict is test.verdict:
+        return test, items
+    verdict = Verdict.INCONCLUSIVE if items.verdict is Verdict.INCONCLUSIVE else Verdict.WITHIN_NOISE
+    return replace(test, verdict=verdict, explanation=(
+        f"{test.explanation}; but over the items it is not: {items.explanation} ({items.verdict.value}), "
+        "so the difference may rest on a few items")), items
 
 
 def stein_seed_count(pilot: Sequence[float], target: float, confidence: float, max_seeds: int) -> int:

@@ -13,6 +13,7 @@ import dagster as dg
 import polars as pl
 import pytest
 
+from ito_assets.data import lineage, warehouse
 from ito_assets.data.shards import write_shards
 from ito_assets.data.stages import CleanStage
 from ito_assets.defs import data, decision, manifest
@@ -49,7 +50,10 @@ def test_graph_groups_deps_and_blocking_checks():
 
 @pytest.fixture
 def world(installation, tmp_path):
-    manifest_path = installation.manifest("decision-defs")
+    # The installation's suite has one item per benchmark, too few for any decision (INCONCLUSIVE):
+    # its reviewers accept that too, so that the wiring below runs to the plan.
+    manifest_path = installation.manifest("decision-defs", data_decision={
+        "accepted_verdicts": ["NO_GO", "WITHIN_NOISE", "INCONCLUSIVE"], "reason": "unit test", "reviewed_by": "tests"})
     verdict = judge(manifest_path, _short_key(manifest_path), max_bytes=installation.settings.max_manifest_bytes)
     assert verdict.ok, verdict.error_message
     texts = [json.loads(line)["text"] for name in ("pydoc_topics", "forum_posts")
@@ -82,9 +86,19 @@ def test_assets_decide_plan_and_check(world):
     result = decision_run(context=context, config=params, ito=ito, training_manifest=verdict, eval_suite=suite, clean_shards=clean)
     # A 20-step micro model decides little, so this test pins the wiring, not a verdict: two paired
     # seeds, each arm trained on the stage worker, and a gate that follows the manifest, whose
-    # reviewers accept NO_GO and WITHIN_NOISE (tests/helpers.py).
+    # reviewers accept NO_GO, WITHIN_NOISE and INCONCLUSIVE (`world`).
     assert result.test.num_seeds == 2 and result.test.interval_low is not None
+    assert result.verdict is Verdict.INCONCLUSIVE and "too few eval items" in result.explanation
+    assert dict(result.num_items_by_benchmark) == {"arith": 1, "trivia": 1} and result.attempt == 1
+    # What the candidate was measured against: the baseline's file with its sha256, and its texts' digest.
+    garbage = Path(baseline_uri.removeprefix("file://"))
+    assert [(s.uri, s.sha256) for s in result.baseline_sources] == [(baseline_uri, hashlib.sha256(garbage.read_bytes()).hexdigest())]
+    assert result.baseline_sha256 and len(result.baseline_sha256) == 64
     assert (installation.settings.state_dir / "decision" / verdict.key / "tokenizer.json").is_file()
+    # Lineage for auditors: the proxies' run consumed every clean shard.
+    with warehouse.connect(installation.settings.warehouse_path, read_only=True) as con:
+        consumed = lineage.audit_manifest(con, verdict.digest)["consumed_by"]
+    assert [(c["run_id"], c["stage"]) for c in consumed] == [("EPHEMERAL", "decision_run")], consumed
     runs = context.get_output_metadata("result")["runs"]
     assert _columns(runs) == ["arm", "seed", "answer bits/byte", "accuracy %", "P(correct) %", "final loss", "tokens/s"]
     assert len(runs.records) == 4  # two arms, two seeds
@@ -111,8 +125,12 @@ def test_assets_decide_plan_and_check(world):
     assert "checkpointing" in stages.records[0].data["layout"]  # one readable cell, e.g. "dp_shard=8, bf16, ..."
     for check in (plan_not_refused, plan_within_budget_cap, plan_within_max_incremental):
         assert check(training_plan=outcome).passed
-    assert decision_is_go(data_decision=judged).passed
-    blocked = dataclasses.replace(judged, gate=decision_gate(Verdict.INCONCLUSIVE, verdict.verified.manifest))
+    check = decision_is_go(data_decision=judged)
+    assert check.passed and check.metadata["baseline_sha256"].value == result.baseline_sha256
+    assert check.metadata["baseline_sources"].value[0]["uri"] == baseline_uri
+    assert decided.get_output_metadata("result")["baseline_sha256"] == result.baseline_sha256
+    unreviewed = verdict.verified.manifest.model_copy(update={"data_decision": None})
+    blocked = dataclasses.replace(judged, gate=decision_gate(Verdict.INCONCLUSIVE, unreviewed))
     check = decision_is_go(data_decision=blocked)
     assert not check.passed and check.metadata["error_code"].value == "DATA_DECISION_INCONCLUSIVE"
 
@@ -138,3 +156,19 @@ def test_a_stored_suite_other_than_the_manifests_fails_the_decision_before_it_tr
                      ito=ItoSettingsResource.from_settings(installation.settings), training_manifest=verdict,
                      eval_suite=other, clean_shards=clean)
     assert not (installation.settings.state_dir / "decision" / verdict.key / "arms").exists()
+
+
+def test_a_run_config_out_of_range_fails_with_usage_error_before_reading_anything(world):
+    """Refused by the field's name before the baseline is read (it does not exist here) or a
+    tokenizer is fitted: a bare ValueError, raised after the tokenizer, failed the step before."""
+    installation, verdict, clean, _ = world
+    for field, fields in (("seeds", {"seeds": [-1, 0, 1]}), ("sequence_length", {"model_name": "micro", "sequence_length": 257}),
+                          ("batch_size", {"batch_size": 10**6})):
+        params = DecisionRunParams(**fields, baseline_uris=["dataroot://nowhere.jsonl"])
+        with pytest.raises(dg.Failure) as refused:
+            decision_run(context=dg.build_asset_context(partition_key=verdict.key), config=params,
+                         ito=ItoSettingsResource.from_settings(installation.settings), training_manifest=verdict,
+                         eval_suite=load_suite(installation.settings.eval_suite_path), clean_shards=clean)
+        assert refused.value.metadata["error_code"].value == "USAGE_ERROR"
+        assert f"the run config of decision_run: {field}" in refused.value.description
+    assert not (installation.settings.state_dir / "decision" / verdict.key).exists()

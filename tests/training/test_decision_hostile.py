@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 from fractions import Fraction
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -25,7 +26,7 @@ from ito_assets.training.decision_gate import NOT_WORTH_IT, decision_gate
 from ito_assets.training.economics import Economics, EconomicsConfig, not_worth_it
 from ito_assets.training.tokenizer import TokenizerConfig
 from ito_assets.training.trainer import TrainResult
-from ito_assets.training.verdict import Verdict, paired_test, stein_test
+from ito_assets.training.verdict import MIN_ITEMS_PER_BENCHMARK, Verdict, paired_test, stein_test
 
 ULP = math.ulp(1.0)
 
@@ -170,8 +171,13 @@ def test_the_minimum_improvement_binds_to_the_last_bit(improvement, worth):
 # --- the held-out split ------------------------------------------------------------------------
 
 class _Report:
+    """An eval report of one benchmark of MIN_ITEMS_PER_BENCHMARK items, each item's bits per byte
+    the value scaled a little more than the last (so that items differ, and the arms' differences too)."""
+
     def __init__(self, value: float) -> None:
         self.value, self.heldout_bits_per_byte = value, None
+        items = tuple(value * (1 + 0.01 * i) for i in range(MIN_ITEMS_PER_BENCHMARK))
+        self.benchmarks = (SimpleNamespace(benchmark="b", num_items=len(items), item_bits_per_byte=items),)
 
     def metric(self, name: str) -> float:
         return self.value

@@ -6,6 +6,7 @@ import dataclasses
 from pathlib import Path
 
 import dagster as dg
+from dagster._core.errors import DagsterInvalidPropertyError
 
 from ito_assets import charts
 from ito_assets.data.stages import CleanStage
@@ -15,19 +16,20 @@ from ito_assets.defs.decision.resources import BookedHardwareResource
 from ito_assets.defs.failures import core_config, failure, training_manifest_or_fail
 from ito_assets.defs.metadata_values import chart, json_value, table
 from ito_assets.defs.manifest.partitions import manifests_partitions
-from ito_assets.defs.resources import ItoSettingsResource
+from ito_assets.data import lineage
+from ito_assets.defs.resources import ItoSettingsResource, WAREHOUSE_POOL
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.evals.suite import EvalSuite
 from ito_assets.manifest.discovery import ManifestVerdict
 from ito_assets.manifest.verify import eval_suite_mismatches
 from ito_assets.posttraining.plan import read_pair_shapes
-from ito_assets.training.decision import DecisionResult, run_decision
-from ito_assets.training.decision_gate import DataDecision, judge_decision
+from ito_assets.training.decision import DecisionResult, ordered_sha256, run_decision
+from ito_assets.training.decision_gate import DataDecision, baseline_record, judge_decision
 from ito_assets.training.economics import Economics
 from ito_assets.training.mixtures import read_mixture
 from ito_assets.training.threads import torch_threads
 from ito_assets.training.run_plan import PlanOutcome, plan_outcome
-from ito_assets.training.verdict import PairedTest
+from ito_assets.training.verdict import MIN_ITEMS_PER_BENCHMARK, PairedTest, Verdict
 
 GROUP = "decision"
 
@@ -38,6 +40,7 @@ GROUP = "decision"
     kinds={"torch"},
     partitions_def=manifests_partitions,
     ins={"clean_shards": dg.AssetIn("clean_shards")},
+    pool=WAREHOUSE_POOL,  # it records the shards' consumption in the warehouse
     description="The proxy trained on the candidate mixture (`clean_shards`) and on the baseline mixture "
     "(the run config's `baseline_uris` under the data root), same token budget and seeds, scored on "
     "`eval_suite`'s battery (DataDecide method).",
@@ -47,6 +50,8 @@ def decision_run(
     training_manifest: ManifestVerdict, eval_suite: EvalSuite, clean_shards: CleanStage,
 ) -> DecisionResult:
     manifest = training_manifest_or_fail(training_manifest, "the decision").manifest
+    # Every value of the run config is checked before anything is read or fitted (USAGE_ERROR).
+    decision = core_config("decision_run", lambda: config.to_config().with_power(manifest.decision_power))
     settings = ito.settings()
     try:
         # `eval_suite` is one output for every partition: another run may have stored another suite,
@@ -59,19 +64,56 @@ def decision_run(
     except ItoError as error:
         raise failure(error) from None
     candidate = clean_shards.shards.read(["text"])["text"].to_list()
+    shards = tuple(s.sha256 for s in clean_shards.shards.shards)
+    # Lineage for auditors: the proxies of this Dagster run trained on these clean shards.
+    lineage.record_consumption(settings.warehouse_path, list(shards), _run_id(context), "decision_run",
+                               clean_shards.manifest_digest)
+    attempt = 1 + _earlier_non_go(context, ordered_sha256(shards))
+    decision = decision.for_attempt(attempt)
     work_dir = settings.state_dir / "decision" / context.partition_key
     launch = arm_launch(config)
-    decision = core_config("decision_run", lambda: config.to_config().with_power(manifest.decision_power))
     try:
         with torch_threads(config.num_threads):
             result = run_decision(candidate_texts=candidate, baseline_texts=baseline.texts, eval_items=eval_suite.items,
                                   config=decision, work_dir=work_dir, trainer=launch)
     except ItoError as error:
         raise failure(error) from None
-    # The shards judged, so that training refuses this verdict for shards prepared again since.
-    result = dataclasses.replace(result, candidate_shards=tuple(s.sha256 for s in clean_shards.shards.shards))
-    context.add_output_metadata({**_run_metadata(result, baseline.sources, work_dir), **_launch_metadata(launch)})
+    # The shards judged, so that training refuses this verdict for shards prepared again since, and
+    # the baseline's files, so that a verdict names what it was measured against.
+    result = dataclasses.replace(result, candidate_shards=shards, baseline_sources=baseline.sources, attempt=attempt)
+    context.add_output_metadata({**_run_metadata(result, work_dir), **_launch_metadata(launch)})
     return result
+
+
+# Read from the event log: the decisions of the same candidate shards before this one.
+CANDIDATE_DIGEST_KEY = "candidate_shards_sha256"
+_PAGE = 100
+
+
+def _run_id(context: dg.AssetExecutionContext) -> str:
+    """The Dagster run's id; an asset invoked directly, outside any run, has Dagster's name for none."""
+    try:
+        return context.run.run_id
+    except DagsterInvalidPropertyError:
+        return "EPHEMERAL"
+
+
+def _earlier_non_go(context: dg.AssetExecutionContext, candidate_sha256: str) -> int:
+    """How many materializations of this partition's decision_run judged the same candidate shards
+    (by CANDIDATE_DIGEST_KEY) and were not a GO: a decision run again until it says GO has had as
+    many chances at a false GO."""
+    records_filter = dg.AssetRecordsFilter(asset_key=dg.AssetKey("decision_run"), asset_partitions=[context.partition_key])
+    count, cursor = 0, None
+    while True:
+        page = context.instance.fetch_materializations(records_filter, limit=_PAGE, cursor=cursor)
+        for record in page.records:
+            metadata = record.asset_materialization.metadata if record.asset_materialization else {}
+            same = getattr(metadata.get(CANDIDATE_DIGEST_KEY), "value", None) == candidate_sha256
+            if same and getattr(metadata.get("verdict"), "value", None) != Verdict.GO.value:
+                count += 1
+        if not page.has_more:
+            return count
+        cursor = page.cursor
 
 
 # An arm lasts seconds on the embedded default: its supervisor polls every second, not every five,
@@ -131,7 +173,7 @@ POST_TRAINING_COLUMNS = [("stage", "string"), ("ranks", "int"), ("steps", "int")
                          ("worker s", "float"), ("host s", "float"), ("cost USD", "float")]
 
 
-def _run_metadata(result: DecisionResult, baseline_sources, work_dir: Path) -> dict:
+def _run_metadata(result: DecisionResult, work_dir: Path) -> dict:
     rows = [{"arm": r.arm, "seed": r.seed, "answer bits/byte": round(r.primary, 4),
              "accuracy %": round(100 * r.report.metric("accuracy"), 1),
              "P(correct) %": round(100 * r.report.metric("correct_prob"), 1), "final loss": round(r.train.final_loss, 3),
@@ -151,9 +193,21 @@ def _run_metadata(result: DecisionResult, baseline_sources, work_dir: Path) -> d
         "train_wall_seconds": round(result.train_wall_seconds, 2),
         "tokenizer_sha256": result.tokenizer_sha256 or "",
         "work_dir": dg.MetadataValue.path(str(work_dir)),
-        "baseline_sources": json_value([vars(s) for s in baseline_sources]),
+        "baseline_sources": json_value([vars(s) for s in result.baseline_sources]),
+        "baseline_sha256": result.baseline_sha256 or "",
+        CANDIDATE_DIGEST_KEY: ordered_sha256(result.candidate_shards or ()),
+        "attempt": result.attempt,
+        "confidence": result.test.confidence,
+        "items": _items_metadata(result),
         "runs": table(RUN_COLUMNS, rows),
     }
+
+
+def _items_metadata(result: DecisionResult) -> dg.JsonMetadataValue:
+    """Each benchmark's number of eval items, and the interval over items the verdict also needs."""
+    return json_value({"num_items_by_benchmark": dict(result.num_items_by_benchmark),
+                       "min_items_per_benchmark": MIN_ITEMS_PER_BENCHMARK,
+                       "item_test": result.item_test.to_dict() if result.item_test else None})
 
 
 @dg.asset(
@@ -174,7 +228,9 @@ def data_decision(
     judged = judge_decision(decision_run, manifest, booked_hardware.hardware(), core_config("data_decision", config.to_config))
     metadata = {"verdict": judged.decision.verdict.value, "outcome": judged.gate.outcome,
                 "gate_passed": judged.gate.passed, "gate_reason": judged.gate.reason,
-                "summary": json_value(judged.summary()), **_effect_metadata(judged)}
+                "summary": json_value(judged.summary()), **_effect_metadata(judged),
+                "baseline_sha256": judged.decision.baseline_sha256 or "",
+                "baseline": json_value(baseline_record(judged.decision))}
     if judged.economics is not None:
         metadata["economics"] = _economics_table(judged.economics)
         metadata["full_run_cost_usd"] = round(judged.economics.full_run_cost_cents / 100, 2)

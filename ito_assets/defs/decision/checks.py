@@ -6,7 +6,9 @@ import dagster as dg
 from ito_assets.defs.decision.assets import data_decision, training_plan
 from ito_assets.defs.manifest.partitions import manifests_partitions
 from ito_assets.errors import ErrorCode
-from ito_assets.training.decision_gate import DataDecision
+from ito_assets.defs.metadata_values import json_value
+from ito_assets.training.decision import DecisionResult
+from ito_assets.training.decision_gate import DataDecision, baseline_record, standing_gate
 from ito_assets.training.run_plan import PlanOutcome
 
 _REFUSED = "the plan was refused, so it has no cost to compare"
@@ -15,12 +17,15 @@ _REFUSED = "the plan was refused, so it has no cost to compare"
 @dg.asset_check(asset=data_decision, blocking=True, partitions_def=manifests_partitions,
                 description="A GO worth the full run's cost, unless the manifest's reviewers accepted the outcome.")
 def decision_is_go(data_decision: DataDecision) -> dg.AssetCheckResult:
+    gate = standing_gate(data_decision)  # the verdict drawn again from its runs, not taken as stored
+    baseline = baseline_record(data_decision.decision) if isinstance(data_decision.decision, DecisionResult) else {}
     return dg.AssetCheckResult(
-        passed=data_decision.gate.passed,
-        metadata={"verdict": data_decision.gate.verdict.value, "outcome": data_decision.gate.outcome,
-                  "accepted_by_manifest": data_decision.gate.accepted_by_manifest,
-                  "error_code": data_decision.gate.error_code.value if data_decision.gate.error_code else ""},
-        description=data_decision.gate.reason,
+        passed=gate.passed,
+        metadata={"verdict": gate.verdict.value, "outcome": gate.outcome,
+                  "accepted_by_manifest": gate.accepted_by_manifest,
+                  "error_code": gate.error_code.value if gate.error_code else "",
+                  "baseline_sha256": baseline.get("sha256", ""), "baseline_sources": json_value(baseline.get("sources", []))},
+        description=gate.reason,
     )
 
 

@@ -1,5 +1,8 @@
 """Run configuration of the decision assets (Dagster Config), mapped onto the core's frozen
-configuration; the defaults are the core's (`DecisionConfig`, `EconomicsConfig`)."""
+configuration; the defaults are the core's (`DecisionConfig`, `EconomicsConfig`), and so are the
+ranges, each refused by the field's name before any work: seeds in [0, 2**63 - 1] (at most 64),
+num_steps in [1, 10**7], batch_size in [1, 4096], sequence_length up to the model's max_seq_len,
+vocab_size in [257, 2**17], num_eval_candidates in [2, 16], learning_rate in (0, 1]."""
 
 import re
 from typing import Any, Mapping
@@ -66,6 +69,7 @@ def checked_defaults(fields: Mapping[str, Any], source: str) -> dict[str, Any]:
             raise ValueError(f"{source}: {name}: {error.errors()[0]['msg']}") from None
     if fields.get("num_eval_candidates", 2) < 2:  # the core's rule, under the run config's name
         raise ValueError(f"{source}: num_eval_candidates: must be at least 2")
+    # Past here every range is DecisionConfig's (training/decision.py), which names the run config's field.
     try:
         DecisionRunParams(**fields).to_config()
     except ValueError as error:  # the core's rule, which names its field and never the value
