@@ -47,3 +47,18 @@ def test_a_post_training_stage_refuses_a_previous_stage_of_another_run(tmp_path,
     with pytest.raises(ItoError) as refused:
         _require_this_runs(_Outcome(theirs.posttraining_dir / "sft" / "policy.pt"), mine)
     assert refused.value.code is ErrorCode.CHECKPOINT_STORAGE_INVALID
+
+
+def test_a_training_stage_refuses_a_previous_stage_of_another_run(tmp_path):
+    from ito_assets.defs.training.assets import _require_this_runs as require_training
+
+    class Previous:  # a StageCheckpoint's field the check reads
+        def __init__(self, path: Path):
+            self.final_checkpoint = str(path)
+
+    mine, theirs = _layout(tmp_path, "run_a"), _layout(tmp_path, "run_b")
+    require_training(None, mine)  # the first stage has none
+    require_training(Previous(mine.run_dir / "pretraining" / "step-000000010"), mine)
+    with pytest.raises(ItoError) as refused:
+        require_training(Previous(theirs.run_dir / "pretraining" / "step-000000010"), mine)
+    assert refused.value.code is ErrorCode.CHECKPOINT_STORAGE_INVALID

@@ -32,6 +32,7 @@ from ito_assets.runtime.stage import curriculum as stages
 from ito_assets.runtime.record.storage import RunLayout, child, ensure_dir, write_atomic
 from ito_assets.runtime.stage import run as stage_run
 from ito_assets.runtime.stage.eval_gate import VerdictStore
+from ito_assets.training.decision_gate import standing_gate
 from ito_assets.training.hardware import gpu_spec
 from ito_assets.training.planner import Hardware, PlanRequest
 from ito_assets.training.run_plan import PlanOutcome
@@ -84,10 +85,13 @@ def training_tokens(
 
 def _require_data(clean_shards, decision) -> None:  # a CleanStage and a training.decision_gate.DataDecision
     """The data and decision gates, enforced again where compute is spent: their blocking checks
-    ran in another job, and a checked asset is written even when its check fails."""
-    if not decision.gate.passed:
-        raise dg.Failure(description=f"the data decision did not pass: {decision.gate.reason}",
-                         metadata={"error_code": decision.gate.error_code.value})
+    ran in another job, and a checked asset is written even when its check fails. The verdict is
+    drawn again from the decision's recorded runs (`standing_gate`): one an earlier rule gave, and
+    today's would not, is stale."""
+    gate = standing_gate(decision)
+    if not gate.passed:
+        raise dg.Failure(description=f"the data decision did not pass: {gate.reason}",
+                         metadata={"error_code": gate.error_code.value})
     judged = getattr(decision.decision, "candidate_shards", None)  # absent from a decision stored before it was recorded
     if judged != tuple(s.sha256 for s in clean_shards.shards.shards):
         raise dg.Failure(description="the data decision judged other clean shards than these (they were prepared "
@@ -214,6 +218,14 @@ def _stage_config(res: _StageResources, manifest: Manifest, stage, plan: PlanOut
         **stages.positions(manifest.training_target, stage.name))
 
 
+def _require_this_runs(previous, layout: RunLayout) -> None:  # a StageCheckpoint or None
+    """The previous stage's final checkpoint lies in this run's folder (`RunLayout.holds`)."""
+    if previous is not None and not layout.holds(previous.final_checkpoint):
+        raise ItoError(ErrorCode.CHECKPOINT_STORAGE_INVALID,
+                       "the previous stage's checkpoint is not in this run's folder (another run of the manifest "
+                       "wrote that stage's output since): materialize the previous stage again for this run")
+
+
 def _run_stage(context, res: _StageResources, inputs: dict, previous, name: str):
     import torch  # to count local GPUs; torch's import is paid by a stage run, not by the code location
 
@@ -230,6 +242,7 @@ def _run_stage(context, res: _StageResources, inputs: dict, previous, name: str)
     stage = stages.find_stage(manifest.training_target, name)
     try:
         layout = RunLayout.for_run(checkpoint_dir, run_id)
+        _require_this_runs(previous, layout)
         VerdictStore(layout.run_dir).ensure_not_failed(STAGE_ORDER[: STAGE_ORDER.index(name) + 1])
         # The stage's layout; the whole plan, post-training's pair files read, was checked by
         # `training_tokens` before any compute.
