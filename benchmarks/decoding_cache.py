@@ -83,6 +83,8 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, nargs="+", default=[8])
     parser.add_argument("--groups", type=int, default=32)
     args = parser.parse_args()
+    if min(args.new_tokens) < 3:  # an RLVR step's least: an answer, its eos and one overlong token
+        parser.error("--new-tokens must be at least 3")
     torch.set_num_threads(1)
     train, _ = battery()
     for name in args.models:
@@ -102,7 +104,8 @@ def main() -> None:
             print(f"{name}, battery of {len(held_out)} prompts, {new} new tokens: cache {cached_s:.2f} s, whole prefix "
                   f"{whole_s:.2f} s ({whole_s / cached_s:.1f}x); {_against_plan(planned, cached_s)}; {greedy}, "
                   f"KL {kl:.4f} / {kl_whole:.4f}")
-            step = RlvrStep(kind="rlvr", max_new_tokens=new, overlong_cache=new, num_steps=1,
+            # The manifest leaves room for an answer and its eos before DAPO's overlong window.
+            step = RlvrStep(kind="rlvr", max_new_tokens=new, overlong_cache=new - 2, num_steps=1,
                             groups_per_step=args.groups)
             cached_s, _ = _cpu_seconds(lambda: _groups(policy, codec, train, new, args.groups, step.group_size))
             whole_s, _ = _cpu_seconds(lambda: _groups(WholePrefix(policy), codec, train, new, args.groups,

@@ -186,19 +186,28 @@ class RlvrStep(_Strict):
     # and how the reward is shaped, so the confirmation binds them. 8 and 4: what stages ran with
     # before the recipe held them (the battery's answers are one token and eos). At most 2**16: no model the planner knows holds more positions (8,192 at most,
     # `model_config.CONFIGS`); the stage refuses, before any compute, a completion its model cannot
-    # hold after the longest prompt (`fixtures.check_completions`).
-    max_new_tokens: Annotated[int, Field(ge=1, le=MAX_COMPLETION)] = 8
-    overlong_cache: Annotated[int, Field(ge=1, le=MAX_COMPLETION)] = 4  # and <= max_new_tokens
+    # hold after the longest prompt (`fixtures.check_completions`). L_max at least 3 and L_cache at
+    # most 2**16 - 2: an answer and its eos before a window of one token at least (`_room_for_an_answer`).
+    max_new_tokens: Annotated[int, Field(ge=3, le=MAX_COMPLETION)] = 8
+    overlong_cache: Annotated[int, Field(ge=1, le=MAX_COMPLETION - 2)] = 4  # and <= max_new_tokens - 2
     # Groups the stage may draw for each group it trains on: DAPO's dynamic sampling draws again
     # for a group whose rewards are all equal (or that is too stale), so this bounds the
     # generation's compute and the plan prices it; the stage never draws more. 10: the bound of
     # the DAPO recipe in verl (`max_num_gen_batches`), what stages ran with before the recipe held it.
     max_draws_per_group: Annotated[int, Field(ge=1, le=MAX_DRAWS_PER_GROUP)] = 10
 
+    # The shortest right completion is an answer and its eos, 2 tokens (the battery's answers are
+    # one); a completion longer than L_max - L_cache is penalised as rambling, and one that reaches
+    # L_max without eos is truncated (masked out of the loss). With fewer than 2 tokens before the
+    # window a right answer and its eos scores no more than a bare eos (with L_max 1 it cannot end
+    # at all), so RLVR learns nothing of the answers, or only never to stop.
     @model_validator(mode="after")
-    def _overlong_cache_within_completion(self) -> "RlvrStep":
+    def _room_for_an_answer(self) -> "RlvrStep":
         if self.overlong_cache > self.max_new_tokens:
             raise ValueError("overlong_cache exceeds max_new_tokens")
+        if self.max_new_tokens - self.overlong_cache < 2:
+            raise ValueError("max_new_tokens - overlong_cache is below 2: an answer and its eos would be "
+                             "penalised as overlong")
         return self
 
 

@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 from ito_assets.data.uris import resolve_uri
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.schema import DpoStep, SftStep
-from ito_assets.posttraining.tasks import Task
+from ito_assets.posttraining.tasks import Task, same_prompt
 from ito_assets.posttraining.vocab import TextCodec
 
 
@@ -165,7 +165,8 @@ def read_preference_pairs(path: Path) -> list[PreferencePair]:
     return _read(path, PreferencePair, _PREFERENCE_FIELDS)
 
 
-def _answers(pair: InstructionPair | PreferencePair) -> tuple[str, ...]:
+def pair_answers(pair: InstructionPair | PreferencePair) -> tuple[str, ...]:
+    """What follows the prompt in the pair's rows: its response, or its chosen and rejected answers."""
     return (pair.response,) if isinstance(pair, InstructionPair) else (pair.chosen, pair.rejected)
 
 
@@ -185,20 +186,31 @@ def _encoded(codec: TextCodec, text: str, where: str) -> list[int]:
 def check_pairs(pairs: Sequence[InstructionPair | PreferencePair], codec: TextCodec, *, max_positions: int,
                 batch_size: int, name: str) -> None:
     """What the stage's rows need of the pairs, checked before any compute is spent (else the
-    worker fails its first step, three restarts later): every text in the codec's vocabulary and
-    free of its special tokens,
+    worker fails its first step, three restarts later): a preference between two different answers,
+    every text in the codec's vocabulary and free of its special tokens,
     bos + prompt + each answer within the model's `max_positions` (refused, never cut: a truncated
     response teaches the model to stop early), and at least one full batch."""
     for number, pair in enumerate(pairs, 1):
         where = f"{name}: line {number}"
+        _require_two_answers(pair, where)
         prompt = len(_encoded(codec, pair.prompt, where))
-        longest = max(1 + prompt + len(_encoded(codec, answer, where)) for answer in _answers(pair))
+        longest = max(1 + prompt + len(_encoded(codec, answer, where)) for answer in pair_answers(pair))
         if longest > max_positions:
             raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID,
                            f"{where} needs {longest} positions; the model holds {max_positions}")
     if len(pairs) < batch_size:
         raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID,
                        f"{name} holds {len(pairs)} pairs, fewer than one batch of {batch_size}")
+
+
+def _require_two_answers(pair: InstructionPair | PreferencePair, where: str) -> None:
+    """A preference pair whose chosen and rejected answers are the same, whitespace aside (as
+    `same_prompt` compares texts; the rewards strip it too), teaches no preference: its DPO margin
+    is zero whatever the weights (or about whitespace alone), so it trains only as its RPO term's
+    SFT on the chosen answer, while counted as a preference in the batch and its accuracy."""
+    if isinstance(pair, PreferencePair) and same_prompt(pair.chosen) == same_prompt(pair.rejected):
+        raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID,
+                       f"{where} prefers an answer to itself: its chosen and rejected are the same, whitespace aside")
 
 
 def check_completions(prompt_length: int, max_new_tokens: int, *, max_positions: int,

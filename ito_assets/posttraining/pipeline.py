@@ -26,12 +26,12 @@ from ito_assets.posttraining.base import CheckpointRef, PolicySpec
 from ito_assets.posttraining.checkpoint import load_policy, save_policy
 from ito_assets.posttraining.dpo import DpoConfig, run_dpo
 from ito_assets.posttraining.evaluation import RewardEval, evaluate_reward, sampled_kl
-from ito_assets.posttraining.fixtures import check_completions, check_pairs, read_bound_pairs
+from ito_assets.posttraining.fixtures import check_completions, check_pairs, pair_answers, read_bound_pairs
 from ito_assets.posttraining.eval_gate import BATTERY, judge_rewards, require_passed
 from ito_assets.posttraining.rlvr import RlvrConfig, run_rlvr
 from ito_assets.posttraining.sft import SftConfig, run_sft
 from ito_assets.posttraining.stage import PostTrainingRuntime, StageOutcome, Start
-from ito_assets.posttraining.tasks import Task, battery_split, held_out_prompts, held_out_refusal, same_prompt
+from ito_assets.posttraining.tasks import Task, battery_split, held_out_refusal, trains_held_out
 from ito_assets.posttraining.timeline import StageTimeline
 from ito_assets.posttraining.decoding import encode_prompt
 from ito_assets.posttraining.on_worker import (WorkerLaunch, dpo_on_worker, refuse_if_running, rlvr_on_worker,
@@ -161,11 +161,12 @@ def _timed_stage(step, start: Start, data_root: Path, out_dir: Path, runtime: Po
     train_tasks, held_out = battery(evaluation)
     max_positions = config_by_name(spec.model_name).max_seq_len
     if pairs is not None:
-        held = held_out_prompts(evaluation.held_out_fraction)
-        number = next((n for n, pair in enumerate(pairs, 1) if same_prompt(pair.prompt) in held), None)
+        fraction = evaluation.held_out_fraction
+        number = next((n for n, pair in enumerate(pairs, 1)
+                       if trains_held_out(pair.prompt, pair_answers(pair), fraction)), None)
         if number is not None:
             raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID,
-                           held_out_refusal(step.data.uri, number, evaluation.held_out_fraction))
+                           held_out_refusal(step.data.uri, number, fraction))
         check_pairs(pairs, codec, max_positions=max_positions, batch_size=step.batch_size, name=step.data.uri)
     else:
         check_completions(longest_prompt(codec, train_tasks), step.max_new_tokens, max_positions=max_positions)

@@ -55,7 +55,7 @@ from ito_assets.manifest.schema import DpoStep, PostTrainingEval, PostTrainingSt
 from ito_assets.posttraining.eval_gate import EVAL_BATCH_PROMPTS, EVAL_SAMPLES_PER_PROMPT
 from ito_assets.posttraining.reference_pass import busiest_rank_pairs
 from ito_assets.posttraining.staleness import run_ahead_groups
-from ito_assets.posttraining.tasks import held_out_prompts, held_out_refusal, largest_digit_tasks, same_prompt
+from ito_assets.posttraining.tasks import held_out_refusal, largest_digit_tasks, trains_held_out
 from ito_assets.runtime.stage.calibration import FLAG_FRACTION, RATIO_DIGITS
 from ito_assets.training.cost import cost_cents
 from ito_assets.training.hardware import GPUS
@@ -116,10 +116,15 @@ class PostTrainingStagePlan:
                 "cost_cents": self.cost_cents}
 
 
+def _answers(pair) -> tuple[str, ...]:
+    """`fixtures.pair_answers` of a `fixtures.InstructionPair` or `PreferencePair`, without importing
+    the data plane's reader into client verbs."""
+    return (pair.response,) if hasattr(pair, "response") else (pair.chosen, pair.rejected)
+
+
 def _positions(pair) -> int:
-    """bos + prompt + the longest answer, in UTF-8 bytes; of a `fixtures.InstructionPair` or `PreferencePair`."""
-    answers = (pair.response,) if hasattr(pair, "response") else (pair.chosen, pair.rejected)
-    return 1 + len(pair.prompt.encode("utf-8")) + max(len(a.encode("utf-8")) for a in answers)
+    """bos + prompt + the longest answer, in UTF-8 bytes."""
+    return 1 + len(pair.prompt.encode("utf-8")) + max(len(a.encode("utf-8")) for a in _answers(pair))
 
 
 def read_pair_shapes(recipe: Sequence[PostTrainingStep], data_root: Path, *,
@@ -127,9 +132,10 @@ def read_pair_shapes(recipe: Sequence[PostTrainingStep], data_root: Path, *,
                      held_out_fraction: float = PostTrainingEval().held_out_fraction) -> dict[str, PairShape]:
     """The shape of each SFT and DPO step's pair file, read as the stage reads it (its bytes against
     the step's sha256; SOURCE_NOT_FOUND, SOURCE_DIGEST_MISMATCH, PROVENANCE_MISSING and
-    POSTTRAINING_DATA_INVALID as the stage would refuse them: fewer pairs than one batch, a prompt
-    the eval battery holds out at the manifest's `held_out_fraction`) but a line at a time, in
-    bounded memory. What needs the run's tokenizer is left to the stage (`fixtures.check_pairs`).
+    POSTTRAINING_DATA_INVALID as the stage would refuse them: fewer pairs than one batch, a pair
+    that holds a prompt the eval battery holds out at the manifest's `held_out_fraction`, by the
+    stage's own rule `tasks.trains_held_out`) but a line at a time, in bounded memory. What needs
+    the run's tokenizer is left to the stage (`fixtures.check_pairs`).
     `allowed`: where an opened file may lie (gate 5's data roots)."""
     steps = [step for step in recipe if not isinstance(step, RlvrStep)]
     if not steps:
@@ -160,8 +166,7 @@ def _read_shape(step: SftStep | DpoStep, data_root: Path, allowed, stream, held_
     else read. The file is opened either way, so a file gone, moved outside the allowed roots or
     changed is answered as the first read would answer it."""
     kept: list[PairShape] = []
-    seen = [0, 0, 0]  # pairs, longest positions, the first pair on a held-out prompt
-    held = held_out_prompts(held_out_fraction)
+    seen = [0, 0, 0]  # pairs, longest positions, the first pair holding a held-out prompt
 
     def key(identity) -> tuple:  # called once the step is known to bind a file
         return step.kind, step.data.uri, step.data.sha256, held_out_fraction, identity
@@ -175,7 +180,7 @@ def _read_shape(step: SftStep | DpoStep, data_root: Path, allowed, stream, held_
 
     def visit(pair) -> None:
         seen[0], seen[1] = seen[0] + 1, max(seen[1], _positions(pair))
-        if not seen[2] and same_prompt(pair.prompt) in held:
+        if not seen[2] and trains_held_out(pair.prompt, _answers(pair), held_out_fraction):
             seen[2] = seen[0]
 
     identity = stream(step, data_root, visit, allowed=allowed, known=known)

@@ -8,9 +8,12 @@ process namespace, so that every process it starts, a detached one included, die
 
 A program passes only when its tests prove that they ran to their end. The child reads the program,
 its tests and a random nonce from stdin before any of the program runs, and nothing of them is left
-on disk. It runs the program, then the tests in a namespace of their own (the program's names, the
-interpreter's original builtins), and writes the nonce to a channel of the parent's only when
-neither raised. An exit code proves nothing: `os._exit(0)`, `raise SystemExit(0)` or an atexit
+on disk. It runs the program (over a copy of the builtins), then the tests in a namespace of their
+own (the program's names, the interpreter's original builtins), and writes the nonce to a channel of
+the parent's only when neither raised. What it calls after the program (exec, compile, the trace
+hooks, os.write, os._exit) it binds before: a program that rebinds builtins.exec, os._exit or
+sys.settrace in their modules used to skip its tests, fall through a failed assert, or jump over
+asserts, and score 1.0. An exit code proves nothing: `os._exit(0)`, `raise SystemExit(0)` or an atexit
 hook in the program used to score 1.0. The code tests want a built-in number (`tasks.code_tasks`), so
 a value whose `__eq__` claims to equal anything does not pass either.
 
@@ -28,6 +31,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -64,18 +68,22 @@ def _main():
     job = json.loads(sys.stdin.read())
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     originals = dict(builtins.__dict__)
-    program = {{"__name__": "__main__"}}
+    # What runs after the program, bound before it: a program that rebinds builtins.exec (the tests
+    # never run) or os._exit (a failed assert falls through to the proof) changes nothing here.
+    run, build, caught = exec, compile, BaseException
+    settrace, setprofile, write, leave = sys.settrace, sys.setprofile, os.write, os._exit
+    program = {{"__name__": "__main__", "__builtins__": dict(originals)}}
     try:
-        exec(compile(job["program"], "candidate.py", "exec", optimize=0), program)
-        sys.settrace(None)
-        sys.setprofile(None)
+        run(build(job["program"], "candidate.py", "exec", optimize=0), program)
+        settrace(None)
+        setprofile(None)
         tests = {{name: value for name, value in program.items() if name not in originals}}
         tests.update(__name__="__main__", __builtins__=originals)
-        exec(compile(job["tests"], "tests.py", "exec", optimize=0), tests)
-    except BaseException:
-        os._exit(1)
-    os.write(job["proof_fd"], job["nonce"].encode())
-    os._exit(0)
+        run(build(job["tests"], "tests.py", "exec", optimize=0), tests)
+    except caught:
+        leave(1)
+    write(job["proof_fd"], job["nonce"].encode())
+    leave(0)
 _main()
 """
 
@@ -142,11 +150,17 @@ def run_code_tests(program: str, tests: str = "", *, timeout: float = CODE_TIMEO
                    process_namespace="--pid" in isolation)
 
 
+# The one way an integer is written: ASCII digits, a minus sign for a negative, no "+", no leading
+# zero, no "-0". Python's int() also reads "1_0", "+10", "0010", Arabic-Indic, fullwidth and
+# mathematical digits, each of which would be rewarded as the answer it is not written as.
+_CANONICAL_INTEGER = re.compile(r"0|-?[1-9][0-9]*", re.ASCII)
+
+
 def _numeric_equal(completion: str, answer: str) -> bool:
-    try:
-        return int(completion.strip()) == int(answer)
-    except ValueError:
-        return False
+    """Whether the completion, whitespace around it aside (as exact_match strips it), writes the
+    answer's integer the canonical way (`str(int)`)."""
+    text = completion.strip()
+    return _CANONICAL_INTEGER.fullmatch(text) is not None and text == str(int(answer))
 
 
 def score(task: Task, completion: str) -> float:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import random
+import re
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
@@ -156,6 +157,42 @@ def held_out_prompts(held_out_fraction: float) -> frozenset[str]:
 def same_prompt(prompt: str) -> str:
     """A prompt as the held-out check compares it: its whitespace runs as one space, none at its ends."""
     return " ".join(prompt.split())
+
+
+def _trie_pattern(words: frozenset[str]) -> str:
+    """One regular expression matching any of `words`, as a trie: at each character the engine
+    tries only the branches that start with it (a flat alternation of the battery's 200 held-out
+    prompts tries all 200 after every "max ": 20x slower on 16 MB of them, measured)."""
+    trie: dict = {}
+    for word in words:
+        node = trie
+        for char in word:
+            node = node.setdefault(char, {})
+        node[""] = {}  # a word ends here
+
+    def emit(node: dict) -> str:
+        if "" in node:  # a text holding a longer word holds this one too
+            return ""
+        branches = [re.escape(char) + emit(child) for char, child in sorted(node.items())]
+        return branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
+
+    return emit(trie)
+
+
+@functools.cache
+def _held_out_pattern(held_out_fraction: float) -> re.Pattern[str]:
+    return re.compile(_trie_pattern(held_out_prompts(held_out_fraction)))
+
+
+def trains_held_out(prompt: str, answers: Sequence[str], held_out_fraction: float) -> bool:
+    """Whether a pair would train on a held-out prompt: whether any of its rows, the prompt followed
+    by an answer (as `same_prompt` compares them), holds one anywhere. A row is the tokens of the
+    whole text, so "max 006" with the answer "=6" trains the very row of "max 006=" with "6", and a
+    held-out prompt and its answer inside a longer prompt or an answer is trained on too. One
+    search of one expression over each row's text, trying at each character only the trie's path
+    (the held-out prompts are 8 characters): linear in the pairs' bytes."""
+    pattern = _held_out_pattern(held_out_fraction)
+    return any(pattern.search(same_prompt(prompt + answer)) for answer in answers)
 
 
 def held_out_refusal(uri: str, pair_number: int, held_out_fraction: float) -> str:

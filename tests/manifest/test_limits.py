@@ -311,23 +311,35 @@ def test_budget_increment_may_equal_the_cap_but_not_exceed_it(budget, ok):
 
 
 TOO_LONG = "overlong_cache exceeds max_new_tokens"  # a rule across fields, said in its own words
+NO_ROOM = "max_new_tokens - overlong_cache is below 2: an answer and its eos would be penalised as overlong"
 
 
 @pytest.mark.parametrize(
     "lengths,refused_at",
-    [({}, None), ({"max_new_tokens": 1, "overlong_cache": 1}, None),
+    [({}, None),
+     # L_max 1 or 2 holds no answer and eos before a window of one token: refused at the field.
+     ({"max_new_tokens": 1, "overlong_cache": 1}, "post_training.0.rlvr.max_new_tokens"),
+     ({"max_new_tokens": 2, "overlong_cache": 1}, "post_training.0.rlvr.max_new_tokens"),
+     ({"max_new_tokens": 3, "overlong_cache": 1}, None),
      ({"max_new_tokens": 0, "overlong_cache": 1}, "post_training.0.rlvr.max_new_tokens"),
      ({"max_new_tokens": 2**16, "overlong_cache": 1}, None),
-     ({"max_new_tokens": 2**16, "overlong_cache": 2**16}, None),
+     ({"max_new_tokens": 2**16, "overlong_cache": 2**16 - 2}, None),
+     ({"max_new_tokens": 2**16, "overlong_cache": 2**16 - 1}, "post_training.0.rlvr.overlong_cache"),
      ({"max_new_tokens": 2**16 + 1, "overlong_cache": 1}, "post_training.0.rlvr.max_new_tokens"),
      ({"max_new_tokens": 8, "overlong_cache": 0}, "post_training.0.rlvr.overlong_cache"),
      ({"max_new_tokens": 8, "overlong_cache": 1}, None),
-     ({"max_new_tokens": 8, "overlong_cache": 8}, None),
+     # An answer and its eos (2 tokens) before the window: at, one below and two below the edge.
+     ({"max_new_tokens": 8, "overlong_cache": 6}, None),
+     ({"max_new_tokens": 8, "overlong_cache": 7}, f"post_training.0.rlvr ({NO_ROOM})"),
+     ({"max_new_tokens": 8, "overlong_cache": 8}, f"post_training.0.rlvr ({NO_ROOM})"),
      ({"max_new_tokens": 8, "overlong_cache": 9}, f"post_training.0.rlvr ({TOO_LONG})"),
      ({"max_new_tokens": 3}, f"post_training.0.rlvr ({TOO_LONG})"),  # the default L_cache 4 does not fit: shorten it too
-     ({"overlong_cache": 8}, None), ({"overlong_cache": 9}, f"post_training.0.rlvr ({TOO_LONG})")],
+     ({"max_new_tokens": 5}, f"post_training.0.rlvr ({NO_ROOM})"),
+     ({"max_new_tokens": 6}, None),
+     ({"overlong_cache": 6}, None), ({"overlong_cache": 7}, f"post_training.0.rlvr ({NO_ROOM})"),
+     ({"overlong_cache": 9}, f"post_training.0.rlvr ({TOO_LONG})")],
 )
-def test_rlvr_overlong_cache_may_equal_max_new_tokens_but_not_exceed_it(lengths, refused_at):
+def test_rlvr_leaves_an_answer_and_its_eos_before_the_overlong_window(lengths, refused_at):
     err = _verdict(_with(post_training=[{"kind": "rlvr", **lengths}]))
     if refused_at is None:
         assert err is None
@@ -395,10 +407,10 @@ STEP_RANGES = [
     ("dpo", "batch_size", [1, 2**20], [0, 2**20 + 1, 10**23]),
     ("rlvr", "num_steps", [1, 10**9], [0, 10**9 + 1, 10**23]),
     ("rlvr", "groups_per_step", [1, 2**20], [0, 2**20 + 1, 10**23]),
-    # L_max from the default L_cache (4) up; L_cache up to the default L_max (8): the rule between
-    # them is the next test's.
-    ("rlvr", "max_new_tokens", [4, 2**16], [0, 2**16 + 1, 10**23]),
-    ("rlvr", "overlong_cache", [1, 8], [0, -1, 10**23]),
+    # L_max from the default L_cache (4) and an answer and its eos (2) up; L_cache up to the default
+    # L_max (8) less those 2: the rule between them is the next test's.
+    ("rlvr", "max_new_tokens", [6, 2**16], [0, 2**16 + 1, 10**23]),
+    ("rlvr", "overlong_cache", [1, 6], [0, -1, 10**23]),
     ("rlvr", "learning_rate", [ABOVE_0, BELOW_1], [0.0, 1.0]),
 ]
 

@@ -82,7 +82,7 @@ def _step(kind, field):
 def _rlvr_length(field):
     def build(value):
         document = valid_manifest()
-        # The other length sits where RLVR's own rule (overlong_cache <= max_new_tokens) cannot object.
+        # The other length sits where RLVR's own rule (overlong_cache <= max_new_tokens - 2) cannot object.
         other = {"max_new_tokens": 2**16} if field == "overlong_cache" else {"overlong_cache": 1}
         document["post_training"] = [{"kind": "rlvr", field: value, **other}]
         return document
@@ -164,9 +164,9 @@ RANGES = {
     ("RlvrStep", "learning_rate"): (_step("rlvr", "learning_rate"), "post_training.0.rlvr.learning_rate",
                                     0.0, False, 1.0, False),
     ("RlvrStep", "max_new_tokens"): (_rlvr_length("max_new_tokens"), "post_training.0.rlvr.max_new_tokens",
-                                     1, True, 2**16, True),
+                                     3, True, 2**16, True),
     ("RlvrStep", "overlong_cache"): (_rlvr_length("overlong_cache"), "post_training.0.rlvr.overlong_cache",
-                                     1, True, 2**16, True),
+                                     1, True, 2**16 - 2, True),
     ("PostTrainingEval", "num_prompts"): (_post_training_eval("num_prompts"), "post_training_eval.num_prompts",
                                           2, True, 10**3 - 1, True),
     ("PostTrainingEval", "max_new_tokens"): (_post_training_eval("max_new_tokens"),

@@ -140,31 +140,31 @@ def test_a_manifest_without_the_fields_keeps_its_digest_and_means_what_it_meant(
 
 
 def test_rlvr_generates_with_the_recipes_completion_length_and_the_battery_with_its_own(tmp_path, monkeypatch):
-    """The step's L_max 3 and L_cache 2, not the battery's 8, reach RLVR's loop; the evaluation
+    """The step's L_max 4 and L_cache 2, not the battery's 8, reach RLVR's loop; the evaluation
     battery keeps its own (the manifest's `post_training_eval`)."""
     step = RlvrStep.model_validate({"kind": "rlvr", "num_steps": 1, "groups_per_step": 1, "group_size": 2,
-                                    "max_new_tokens": 3, "overlong_cache": 2})
+                                    "max_new_tokens": 4, "overlong_cache": 2})
     trained = spy_calls(monkeypatch, pipeline, "run_rlvr")
     evaluated = spy_calls(monkeypatch, pipeline, "evaluate_reward")
     run_stage(step, start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out", runtime=RUNTIME,
               evaluation=EVALUATION)
     [(args, _)] = trained
     config = args[4]
-    assert (config.max_new_tokens, config.overlong_cache) == (3, 2)
-    assert (config.generation().max_new_tokens, config.generation().overlong_cache) == (3, 2)
+    assert (config.max_new_tokens, config.overlong_cache) == (4, 2)
+    assert (config.generation().max_new_tokens, config.generation().overlong_cache) == (4, 2)
     assert EVALUATION.max_new_tokens == 8
     assert [kwargs["max_new_tokens"] for _, kwargs in evaluated] == [8, 8]  # before and after
 
 
 def test_rlvr_on_the_worker_sizes_its_rows_by_the_recipes_completion_length(tmp_path, monkeypatch):
-    step = RlvrStep.model_validate({"kind": "rlvr", "max_new_tokens": 5, "overlong_cache": 5})
+    step = RlvrStep.model_validate({"kind": "rlvr", "max_new_tokens": 5, "overlong_cache": 3})
     configs = spy_calls(monkeypatch, on_worker, "_config", stop=True)
     with pytest.raises(Stopped):
         run_stage(step, start=seeded(), data_root=tmp_path, out_dir=tmp_path / "out", runtime=RUNTIME,
                   evaluation=EVALUATION, launch=object())
     [((stage, _rows), kwargs)] = configs
     assert kwargs["sequence_length"] == longest_prompt(seeded().codec(), TRAIN) + 5
-    assert (stage.reinforcement.max_new_tokens, stage.reinforcement.overlong_cache) == (5, 5)
+    assert (stage.reinforcement.max_new_tokens, stage.reinforcement.overlong_cache) == (5, 3)
 
 
 def _edge() -> tuple[int, int]:
