@@ -69,11 +69,13 @@ def test_each_arm_trains_on_the_worker_and_the_decision_scores_its_final_weights
 @pytest.mark.slow
 def test_an_arm_that_cannot_finish_stops_the_decision_with_its_code(tmp_path):
     suite = load_suite(FIXTURES / "evals" / "ito-fixture-evals-v1.jsonl")
-    # 64-token windows: a handful of short documents give fewer windows than one batch of 8.
-    short = ["a b c d e f g h"] * 4
+    # A start-up bound no worker meets (importing torch alone takes longer), and no restart: the
+    # first arm's supervisor gives up on it as hung.
+    impatient = SupervisorConfig(poll_interval_s=0.01, startup_timeout_s=0.05, hang_timeout_s=60.0, max_restarts=0)
+    launch = dataclasses.replace(_launch(), supervisor=impatient)
     with pytest.raises(ItoError) as caught:
-        run_decision(candidate_texts=short, baseline_texts=_texts("forum_posts", 60), eval_items=suite.items[::4],
-                     config=CONFIG, work_dir=tmp_path, trainer=_launch())
+        run_decision(candidate_texts=_texts("pydoc_topics", 60), baseline_texts=_texts("forum_posts", 60),
+                     eval_items=suite.items[::4], config=CONFIG, work_dir=tmp_path, trainer=launch)
     assert caught.value.code is ErrorCode.DECISION_ARM_FAILED
     assert "candidate-seed0" in str(caught.value)
 
