@@ -141,7 +141,8 @@ def test_two_ranks_train_the_batch_one_process_trains(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("trial", TRIALS)  # a fault of the matrix: once here, five times in `make test-long`
+@pytest.mark.long  # `make test` kills DPO's and RLVR's workers mid-stage, on the same worker launch
+@pytest.mark.parametrize("trial", TRIALS)  # a fault of the matrix: five times in `make test-long`
 def test_a_worker_killed_mid_stage_restarts_from_its_checkpoint_and_ends_where_one_run_ends(tmp_path, trial):
     # 32 epochs of 4 steps: enough steps after the first checkpoint (step 3) for the kill to land.
     # The uninterrupted run is the worker's own: a resume restores weights, optimizer state and the

@@ -157,6 +157,7 @@ def _resumes(folder: Path) -> dict[int, tuple[int | None, str]]:
 
 
 @pytest.mark.slow
+@pytest.mark.long  # `make test`: a real worker's proposal (test_spike_proposals) and the followers' rules here
 def test_an_approved_spike_restart_rewinds_every_replica_group_to_one_checkpoint(tmp_path, tokens):
     """Two real one-rank groups; a detector tuned to fire on ordinary noise makes group 0 propose,
     the desk approves at once: both groups' second attempts resume from the proposal's checkpoint,
