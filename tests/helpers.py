@@ -257,3 +257,30 @@ def process_started_at(pid: int) -> float | None:
     if tgid != str(pid) or stat[0] == "Z":
         return None
     return int(boot.split()[1]) + int(stat[19]) / os.sysconf("SC_CLK_TCK")
+
+
+class ManifestSensorTicks:
+    """The daemon's view of the reviewed-manifest sensor: one tick after another, each given the
+    cursor the last one returned; each tick gives (its result, its log lines at `level` or above)."""
+
+    SENSOR = "reviewed_manifest_sensor"
+
+    def __init__(self, installation: "Installation", instance, caplog, *, level: int = 0):
+        from definitions import build_definitions
+
+        self.defs = build_definitions(installation.settings, domains=("manifest",))
+        self.instance, self.caplog, self.level, self.cursor = instance, caplog, level, None
+
+    def tick(self):
+        import logging
+
+        import dagster as dg
+
+        context = dg.build_sensor_context(instance=self.instance, sensor_name=self.SENSOR, definitions=self.defs,
+                                          resources=self.defs.resources, cursor=self.cursor)
+        context._logger = logging.getLogger("sensor-under-test")  # what the daemon writes to the tick's log
+        self.caplog.clear()
+        with self.caplog.at_level("DEBUG", logger="sensor-under-test"):
+            result = self.defs.resolve_sensor_def(self.SENSOR)(context)
+        self.cursor = result.cursor
+        return result, [r.getMessage() for r in self.caplog.records if r.levelno >= self.level]

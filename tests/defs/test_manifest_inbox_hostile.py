@@ -12,31 +12,16 @@ import shutil
 import dagster as dg
 import pytest
 
-from definitions import build_definitions
-from helpers import write_manifest
+from helpers import ManifestSensorTicks, write_manifest
 from ito_assets.manifest import discovery
 
 CANARY = "sk-canary-0123456789abcdef0123456789abcdef"
 SENSOR = "reviewed_manifest_sensor"
 
 
-class Ticks:
-    """The daemon's view: one tick after another, each given the cursor the last one returned."""
-
-    def __init__(self, installation, instance, caplog):
-        self.defs = build_definitions(installation.settings, domains=("manifest",))
-        self.instance, self.caplog, self.cursor = instance, caplog, None
-
-    def tick(self) -> tuple[dg.SensorResult, list[str]]:
-        context = dg.build_sensor_context(instance=self.instance, sensor_name=SENSOR, definitions=self.defs,
-                                          resources=self.defs.resources, cursor=self.cursor)
-        context._logger = logging.getLogger("sensor-under-test")  # what the daemon writes to the tick's log
-        self.caplog.clear()
-        with self.caplog.at_level("DEBUG", logger="sensor-under-test"):
-            result = self.defs.resolve_sensor_def(SENSOR)(context)
-        self.cursor = result.cursor
-        warnings = [r.getMessage() for r in self.caplog.records if r.levelno >= logging.WARNING]
-        return result, warnings
+def Ticks(installation, instance, caplog) -> ManifestSensorTicks:
+    """The sensor tick after tick; each tick's warnings."""
+    return ManifestSensorTicks(installation, instance, caplog, level=logging.WARNING)
 
 
 def _refused(path, content: bytes = b"{}") -> None:

@@ -6,36 +6,17 @@ A file still being written waits, logged, and keeps what the sensor remembers.""
 from __future__ import annotations
 
 import json
-import logging
 
 import dagster as dg
 
-from definitions import build_definitions
+from helpers import ManifestSensorTicks
 from ito_assets.control.run_tags import MANIFEST_DIGEST
 from ito_assets.defs.manifest.assets import training_manifest
 from ito_assets.defs.resources import ItoSettingsResource
 from ito_assets.manifest import discovery
 from ito_assets.manifest.secure_read import read_manifest_bytes
 
-SENSOR = "reviewed_manifest_sensor"
-
-
-class Ticks:
-    """One tick after another, each given the cursor the last one returned; (result, log lines)."""
-
-    def __init__(self, installation, instance, caplog):
-        self.defs = build_definitions(installation.settings, domains=("manifest",))
-        self.instance, self.caplog, self.cursor = instance, caplog, None
-
-    def tick(self) -> tuple[dg.SensorResult, list[str]]:
-        context = dg.build_sensor_context(instance=self.instance, sensor_name=SENSOR, definitions=self.defs,
-                                          resources=self.defs.resources, cursor=self.cursor)
-        context._logger = logging.getLogger("sensor-under-test")
-        self.caplog.clear()
-        with self.caplog.at_level("DEBUG", logger="sensor-under-test"):
-            result = self.defs.resolve_sensor_def(SENSOR)(context)
-        self.cursor = result.cursor
-        return result, [r.getMessage() for r in self.caplog.records]
+Ticks = ManifestSensorTicks  # every log line of each tick
 
 
 def _added(result: dg.SensorResult) -> list[str]:
