@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 from ito_assets.data.uris import resolve_uri
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.schema import DpoStep, SftStep
-from ito_assets.posttraining.tasks import Task, same_prompt
+from ito_assets.posttraining.tasks import Task, prefers_itself, self_preference_refusal
 from ito_assets.posttraining.vocab import TextCodec
 
 
@@ -204,13 +204,9 @@ def check_pairs(pairs: Sequence[InstructionPair | PreferencePair], codec: TextCo
 
 
 def _require_two_answers(pair: InstructionPair | PreferencePair, where: str) -> None:
-    """A preference pair whose chosen and rejected answers are the same, whitespace aside (as
-    `same_prompt` compares texts; the rewards strip it too), teaches no preference: its DPO margin
-    is zero whatever the weights (or about whitespace alone), so it trains only as its RPO term's
-    SFT on the chosen answer, while counted as a preference in the batch and its accuracy."""
-    if isinstance(pair, PreferencePair) and same_prompt(pair.chosen) == same_prompt(pair.rejected):
-        raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID,
-                       f"{where} prefers an answer to itself: its chosen and rejected are the same, whitespace aside")
+    """A preference between two different answers (`tasks.prefers_itself`)."""
+    if isinstance(pair, PreferencePair) and prefers_itself(pair.chosen, pair.rejected):
+        raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID, self_preference_refusal(where))
 
 
 def check_completions(prompt_length: int, max_new_tokens: int, *, max_positions: int,

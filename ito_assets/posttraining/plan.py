@@ -55,7 +55,8 @@ from ito_assets.manifest.schema import DpoStep, PostTrainingEval, PostTrainingSt
 from ito_assets.posttraining.eval_gate import EVAL_BATCH_PROMPTS, EVAL_SAMPLES_PER_PROMPT
 from ito_assets.posttraining.reference_pass import busiest_rank_pairs
 from ito_assets.posttraining.staleness import run_ahead_groups
-from ito_assets.posttraining.tasks import held_out_refusal, largest_digit_tasks, trains_held_out
+from ito_assets.posttraining.tasks import (held_out_refusal, largest_digit_tasks, prefers_itself,
+                                           self_preference_refusal, trains_held_out)
 from ito_assets.runtime.stage.calibration import FLAG_FRACTION, RATIO_DIGITS
 from ito_assets.training.cost import cost_cents
 from ito_assets.training.hardware import GPUS
@@ -166,7 +167,7 @@ def _read_shape(step: SftStep | DpoStep, data_root: Path, allowed, stream, held_
     else read. The file is opened either way, so a file gone, moved outside the allowed roots or
     changed is answered as the first read would answer it."""
     kept: list[PairShape] = []
-    seen = [0, 0, 0]  # pairs, longest positions, the first pair holding a held-out prompt
+    seen = [0, 0, 0, 0]  # pairs, longest positions, the first pair holding a held-out prompt, preferring itself
 
     def key(identity) -> tuple:  # called once the step is known to bind a file
         return step.kind, step.data.uri, step.data.sha256, held_out_fraction, identity
@@ -182,12 +183,16 @@ def _read_shape(step: SftStep | DpoStep, data_root: Path, allowed, stream, held_
         seen[0], seen[1] = seen[0] + 1, max(seen[1], _positions(pair))
         if not seen[2] and trains_held_out(pair.prompt, _answers(pair), held_out_fraction):
             seen[2] = seen[0]
+        if not seen[3] and hasattr(pair, "chosen") and prefers_itself(pair.chosen, pair.rejected):
+            seen[3] = seen[0]
 
     identity = stream(step, data_root, visit, allowed=allowed, known=known)
     if kept:
         return kept[0]
     if seen[2]:  # refused after the whole file verified: a file that is not the bound one says so first
         raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID, held_out_refusal(step.data.uri, seen[2], held_out_fraction))
+    if seen[3]:
+        raise ItoError(ErrorCode.POSTTRAINING_DATA_INVALID, self_preference_refusal(f"{step.data.uri}: line {seen[3]}"))
     shape = PairShape(num_pairs=seen[0], longest_positions=seen[1])
     if identity is not None:
         with _known_lock:

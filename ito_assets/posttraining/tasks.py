@@ -159,6 +159,19 @@ def same_prompt(prompt: str) -> str:
     return " ".join(prompt.split())
 
 
+def prefers_itself(chosen: str, rejected: str) -> bool:
+    """A preference pair whose chosen and rejected answers are the same, whitespace aside (as
+    `same_prompt` compares texts; the rewards strip it too), teaches no preference: its DPO margin
+    is zero whatever the weights, so it trains only as its RPO term's SFT on the chosen answer,
+    while counted as a preference in the batch and its accuracy."""
+    return same_prompt(chosen) == same_prompt(rejected)
+
+
+def self_preference_refusal(where: str) -> str:
+    """The refusal of such a pair, alike at gate 5 and at the stage."""
+    return f"{where} prefers an answer to itself: its chosen and rejected are the same, whitespace aside"
+
+
 def _trie_pattern(words: frozenset[str]) -> str:
     """One regular expression matching any of `words`, as a trie: at each character the engine
     tries only the branches that start with it (a flat alternation of the battery's 200 held-out

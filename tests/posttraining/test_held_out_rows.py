@@ -18,7 +18,7 @@ from ito_assets.posttraining import pipeline
 from ito_assets.posttraining.base import seeded
 from ito_assets.posttraining.pipeline import DPO_FILE, SFT_FILE, run_stage
 from ito_assets.posttraining.plan import read_pair_shapes
-from ito_assets.posttraining.tasks import battery_split, held_out_refusal, trains_held_out
+from ito_assets.posttraining.tasks import battery_split, held_out_refusal, self_preference_refusal, trains_held_out
 
 FRACTION = 0.2
 TRAIN, HELD_OUT = battery_split(FRACTION)
@@ -92,3 +92,14 @@ def test_gate_5_and_the_stage_refuse_a_split_pair_alike_before_any_compute(tmp_p
     assert stopped == []
     clean = _bound(tmp_path, kind, SPLIT_ROWS[kind][:2])
     assert read_pair_shapes([clean], tmp_path, held_out_fraction=FRACTION)[kind].num_pairs == 2
+
+
+def test_gate_5_refuses_a_pair_that_prefers_an_answer_to_itself_as_the_stage_does(tmp_path):
+    rows = [{"prompt": t.prompt, "chosen": t.answer, "rejected": "0"} for t in TRAIN[1:3]]
+    same = rows + [{"prompt": CLEAN.prompt, "chosen": CLEAN.answer, "rejected": f" {CLEAN.answer}\n"}]
+    step = _bound(tmp_path, "dpo", same)
+    with pytest.raises(ItoError) as refused:
+        read_pair_shapes([step], tmp_path, held_out_fraction=FRACTION)
+    assert refused.value.code is ErrorCode.POSTTRAINING_DATA_INVALID
+    assert refused.value.message == self_preference_refusal(f"{step.data.uri}: line 3")
+    assert read_pair_shapes([_bound(tmp_path, "dpo", rows)], tmp_path, held_out_fraction=FRACTION)["dpo"].num_pairs == 2
