@@ -95,10 +95,6 @@ def test_assets_decide_plan_and_check(world):
     assert [(s.uri, s.sha256) for s in result.baseline_sources] == [(baseline_uri, hashlib.sha256(garbage.read_bytes()).hexdigest())]
     assert result.baseline_sha256 and len(result.baseline_sha256) == 64
     assert (installation.settings.state_dir / "decision" / verdict.key / "tokenizer.json").is_file()
-    # Lineage for auditors: the proxies' run consumed every clean shard.
-    with warehouse.connect(installation.settings.warehouse_path, read_only=True) as con:
-        consumed = lineage.audit_manifest(con, verdict.digest)["consumed_by"]
-    assert [(c["run_id"], c["stage"]) for c in consumed] == [("EPHEMERAL", "decision_run")], consumed
     runs = context.get_output_metadata("result")["runs"]
     assert _columns(runs) == ["arm", "seed", "answer bits/byte", "accuracy %", "P(correct) %", "final loss", "tokens/s"]
     assert len(runs.records) == 4  # two arms, two seeds
@@ -109,8 +105,12 @@ def test_assets_decide_plan_and_check(world):
     for seed in (0, 1):  # each arm in its own stage folder, with the worker's result
         assert (installation.settings.state_dir / "decision" / verdict.key / "arms" / f"baseline-seed{seed}" / "result.json").is_file()
     decided = dg.build_asset_context(partition_key=verdict.key)
-    judged = data_decision(context=decided, config=DataDecisionParams(),
+    judged = data_decision(context=decided, config=DataDecisionParams(), ito=ito,
                            booked_hardware=hardware, training_manifest=verdict, decision_run=result)
+    # Lineage for auditors: the proxies consumed every clean shard (recorded by the short step).
+    with warehouse.connect(installation.settings.warehouse_path, read_only=True) as con:
+        consumed = lineage.audit_manifest(con, verdict.digest)["consumed_by"]
+    assert [(c["run_id"], c["stage"]) for c in consumed] == [("EPHEMERAL", "decision_run")], consumed
     assert judged.gate.passed and judged.economics is not None and judged.economics.full_run_cost_cents > 0
     metadata = decided.get_output_metadata("result")
     assert metadata["effect_chart"].value.startswith("![data decision effect](data:image/png;base64,")

@@ -40,7 +40,6 @@ GROUP = "decision"
     kinds={"torch"},
     partitions_def=manifests_partitions,
     ins={"clean_shards": dg.AssetIn("clean_shards")},
-    pool=WAREHOUSE_POOL,  # it records the shards' consumption in the warehouse
     description="The proxy trained on the candidate mixture (`clean_shards`) and on the baseline mixture "
     "(the run config's `baseline_uris` under the data root), same token budget and seeds, scored on "
     "`eval_suite`'s battery (DataDecide method).",
@@ -65,9 +64,6 @@ def decision_run(
         raise failure(error) from None
     candidate = clean_shards.shards.read(["text"])["text"].to_list()
     shards = tuple(s.sha256 for s in clean_shards.shards.shards)
-    # Lineage for auditors: the proxies of this Dagster run trained on these clean shards.
-    lineage.record_consumption(settings.warehouse_path, list(shards), _run_id(context), "decision_run",
-                               clean_shards.manifest_digest)
     attempt = 1 + _earlier_non_go(context, ordered_sha256(shards))
     decision = decision.for_attempt(attempt)
     work_dir = settings.state_dir / "decision" / context.partition_key
@@ -215,6 +211,9 @@ def _items_metadata(result: DecisionResult) -> dg.JsonMetadataValue:
     owners=[owners.RESEARCH],
     kinds={"python"},
     partitions_def=manifests_partitions,
+    # It records the proxies' consumption of the clean shards in the warehouse: here, a short step,
+    # not in `decision_run`, which would hold the warehouse's one writer slot while the proxies train.
+    pool=WAREHOUSE_POOL,
     description="The data decision, judged from `decision_run` with the manifest and the booked hardware: "
     "GO / NO_GO / WITHIN_NOISE / INCONCLUSIVE from a paired t-test over seeds (95% interval); NOT_WORTH_IT "
     "for a GO whose gain does not pay for the full run; the gate (a GO worth its cost, or an outcome the manifest's "
@@ -222,9 +221,10 @@ def _items_metadata(result: DecisionResult) -> dg.JsonMetadataValue:
 )
 def data_decision(
     context: dg.AssetExecutionContext, config: DataDecisionParams, booked_hardware: BookedHardwareResource,
-    training_manifest: ManifestVerdict, decision_run: DecisionResult,
+    ito: ItoSettingsResource, training_manifest: ManifestVerdict, decision_run: DecisionResult,
 ) -> DataDecision:
     manifest = training_manifest_or_fail(training_manifest, "the decision").manifest
+    _record_proxies_consumption(context, ito, training_manifest, decision_run)
     judged = judge_decision(decision_run, manifest, booked_hardware.hardware(), core_config("data_decision", config.to_config))
     metadata = {"verdict": judged.decision.verdict.value, "outcome": judged.gate.outcome,
                 "gate_passed": judged.gate.passed, "gate_reason": judged.gate.reason,
@@ -239,6 +239,19 @@ def data_decision(
         metadata["plan_refusal"] = judged.plan_refusal or ""
     context.add_output_metadata(metadata)
     return judged
+
+
+def _record_proxies_consumption(context, ito: ItoSettingsResource, verdict: ManifestVerdict,
+                                result: DecisionResult) -> None:
+    """Lineage for auditors: the decision's proxy arms trained on these clean shards (recorded
+    under the Dagster run that judged them; a decision stored before it named its shards, none)."""
+    if not result.candidate_shards:
+        return
+    try:
+        lineage.record_consumption(ito.settings().warehouse_path, list(result.candidate_shards), _run_id(context),
+                                   "decision_run", verdict.digest)
+    except ItoError as error:
+        raise failure(error) from None
 
 
 def _effect_metadata(judged: DataDecision) -> dict:

@@ -68,8 +68,11 @@ def training_tokens(
     _require_worth_it(data_decision, booked, live.manifest.manifest)
     live.require_time_for(booked)
     # Lineage for auditors: this ledger run consumed these clean shards.
-    lineage.record_consumption(ito.settings().warehouse_path, [s.sha256 for s in clean_shards.shards.shards],
-                               run_id, "training_tokens", clean_shards.manifest_digest)
+    try:
+        lineage.record_consumption(ito.settings().warehouse_path, [s.sha256 for s in clean_shards.shards.shards],
+                                   run_id, "training_tokens", clean_shards.manifest_digest)
+    except ItoError as error:  # the warehouse busy, corrupt or on a full disk: its code, not a traceback
+        raise failure(error) from None
     folder = RunLayout.for_run(checkpoint_dir, run_id).run_dir / "tokens"  # runs of one manifest never share it
     # The BPE aims at the vocabulary of the model the plan priced; a corpus too small for that many
     # merges gives fewer, and the stages build the model with what it gave (never more than priced).
