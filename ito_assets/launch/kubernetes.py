@@ -61,8 +61,8 @@ JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 # The back end is not told the booking's wall time, so the default only bounds an attempt that
 # nobody watches any more (a hung rank under a dead supervisor): a week, longer than any attempt
 # we plan between checkpoints. A healthy attempt that outruns it is failed and restarted from its
-# last checkpoint, so set `active_deadline_s` to the booking where it is known. It counts from the
-# Job's start, pods waiting for nodes included.
+# last checkpoint with a deadline of its own, so it is no end of the booking: keep it above the
+# longest attempt you expect. It counts from the Job's start, pods waiting for nodes included.
 ACTIVE_DEADLINE_S = 7 * 24 * 3600
 # A finished attempt holds no GPU (its pods have terminated), only API objects and logs: an hour
 # leaves time to read an orphaned attempt's logs (kubectl logs) and bounds how long they stay.

@@ -205,7 +205,7 @@ def _stage(context, ito: ItoSettingsResource, posttraining: PostTrainingResource
 
 def _require_this_runs(start: Start, layout: RunLayout) -> None:
     """The previous post-training stage's checkpoint lies in this run's folder (`RunLayout.holds`).
-    The pretraining chain's final checkpoint is checked where the training stages hand it on."""
+    The first stage's start, the pretraining chain's final checkpoint, is not checked so yet."""
     if isinstance(start, StageOutcome) and not layout.holds(start.checkpoint.path):
         raise ItoError(ErrorCode.CHECKPOINT_STORAGE_INVALID,
                        "the checkpoint this stage was handed is not in this run's folder (another run of the "
