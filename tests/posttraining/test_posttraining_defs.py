@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from ito_assets.defs.training.resources import TrainingRuntimeResource
 from ito_assets.runtime.checkpoint import markers
 from ito_assets.runtime.record import events
 from ito_assets.runtime.record.events import EventKind
+from ito_assets.runtime.record.storage import RunLayout
 from ito_assets.runtime.stage.run import StageCheckpoint
 from ito_assets.control.run_tags import RUN_ID as RUN_ID_TAG
 from ito_assets.control import history
@@ -77,12 +79,17 @@ def _pretraining_stand_ins(base: Pretrained) -> list:
     def tokens_stand_in():
         return base.tokens
 
-    @dg.asset(name="long_context_checkpoint", group_name="training", partitions_def=manifests_partitions)
-    def final_stand_in():
-        folder = str(Path(base.checkpoint).parent)
-        return StageCheckpoint(stage="long_context", run_dir=str(Path(folder).parent), stage_dir=folder,
-                               final_checkpoint=base.checkpoint, num_steps=30,
-                               metadata_sha256=markers.read_marker(Path(base.checkpoint)).metadata_sha256, eval={},
+    @dg.asset(name="long_context_checkpoint", group_name="training", partitions_def=manifests_partitions,
+              ins={"run_authorization": dg.AssetIn("run_authorization")})
+    def final_stand_in(run_authorization: dict):
+        # In the run's own folder, where the chain's last stage leaves it (SFT refuses one elsewhere).
+        layout = RunLayout.for_run(Path(run_authorization["checkpoint_dir"]), run_authorization["run_id"])
+        checkpoint = layout.stage_dir("long_context") / Path(base.checkpoint).name
+        if not checkpoint.exists():
+            shutil.copytree(base.checkpoint, checkpoint)
+        return StageCheckpoint(stage="long_context", run_dir=str(layout.run_dir), stage_dir=str(checkpoint.parent),
+                               final_checkpoint=str(checkpoint), num_steps=30,
+                               metadata_sha256=markers.read_marker(checkpoint).metadata_sha256, eval={},
                                gate={"passed": True}, num_attempts=1)
 
     def untrained(stage: str):  # the manifest's other stages, as telemetry reads them when absent

@@ -62,3 +62,16 @@ def test_a_training_stage_refuses_a_previous_stage_of_another_run(tmp_path):
     with pytest.raises(ItoError) as refused:
         require_training(Previous(theirs.run_dir / "pretraining" / "step-000000010"), mine)
     assert refused.value.code is ErrorCode.CHECKPOINT_STORAGE_INVALID
+
+
+def test_the_first_post_training_stage_refuses_a_pretrained_start_of_another_run(tmp_path):
+    from ito_assets.posttraining.base import PolicySpec
+
+    mine, theirs = _layout(tmp_path, "run_a"), _layout(tmp_path, "run_b")
+    start = lambda layout: PolicySpec(model_name="micro", vocab_size=512,
+                                      init_checkpoint=str(layout.run_dir / "long_context" / "step-000000030"))
+    _require_this_runs(start(mine), mine)
+    _require_this_runs(PolicySpec(model_name="micro", vocab_size=512), mine)  # from the seed: nothing handed
+    with pytest.raises(ItoError) as refused:
+        _require_this_runs(start(theirs), mine)
+    assert refused.value.code is ErrorCode.CHECKPOINT_STORAGE_INVALID

@@ -204,9 +204,10 @@ def _stage(context, ito: ItoSettingsResource, posttraining: PostTrainingResource
 
 
 def _require_this_runs(start: Start, layout: RunLayout) -> None:
-    """The previous post-training stage's checkpoint lies in this run's folder (`RunLayout.holds`).
-    The first stage's start, the pretraining chain's final checkpoint, is not checked so yet."""
-    if isinstance(start, StageOutcome) and not layout.holds(start.checkpoint.path):
+    """The checkpoint this stage starts from lies in this run's folder (`RunLayout.holds`): the
+    previous post-training stage's, or for the first stage the pretraining chain's final one."""
+    handed = start.checkpoint.path if isinstance(start, StageOutcome) else start.init_checkpoint
+    if handed is not None and not layout.holds(handed):
         raise ItoError(ErrorCode.CHECKPOINT_STORAGE_INVALID,
                        "the checkpoint this stage was handed is not in this run's folder (another run of the "
                        "manifest wrote the previous stage's output since): materialize the previous stage again "
