@@ -16,16 +16,18 @@ by an earlier, looser rule) blocks with DATA_DECISION_STALE until the decision i
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, replace
+from typing import Iterable
 
-from ito_assets.errors import ErrorCode
+from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.schema import Manifest
 from ito_assets.training.decision import DecisionResult, restated
 from ito_assets.training.economics import Economics, EconomicsConfig, decision_economics
 from ito_assets.training.layout import PlanRefused
 from ito_assets.training.planner import Hardware
 from ito_assets.training.run_plan import RunPlan, plan_run
-from ito_assets.training.verdict import Verdict
+from ito_assets.training.verdict import MIN_ITEMS_PER_BENCHMARK, Verdict
 
 
 # The outcome a reviewer can accept for a GO whose gain does not pay for the full run.
@@ -87,6 +89,20 @@ def accepted_verdicts(manifest: Manifest) -> frozenset[str]:
     if manifest.data_decision is None:
         return frozenset()
     return frozenset(manifest.data_decision.accepted_verdicts)
+
+
+def require_items_for_a_verdict(manifest: Manifest, benchmarks: Iterable[str]) -> None:
+    """Before any proxy trains: an eval suite with a benchmark under MIN_ITEMS_PER_BENCHMARK items
+    (`benchmarks`: each item's) can only give INCONCLUSIVE, which blocks training unless the
+    manifest's reviewers accept it; the decision's compute would buy a known refusal."""
+    counts = Counter(benchmarks)
+    few = sorted(name for name, count in counts.items() if count < MIN_ITEMS_PER_BENCHMARK)
+    if few and Verdict.INCONCLUSIVE.value not in accepted_verdicts(manifest):
+        listed = ", ".join(f"{name} ({counts[name]})" for name in few)
+        raise ItoError(ErrorCode.EVAL_SUITE_INVALID,
+                       f"the eval suite has too few items for a data decision: {listed}, under "
+                       f"{MIN_ITEMS_PER_BENCHMARK} per benchmark; every decision would be INCONCLUSIVE, which the "
+                       "manifest does not accept: add items, or have its reviewers accept INCONCLUSIVE")
 
 
 def decision_gate(verdict: Verdict, manifest: Manifest, economics: Economics | None = None, *,

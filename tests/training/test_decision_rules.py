@@ -355,3 +355,26 @@ def test_earlier_decisions_that_were_not_a_go_count_for_the_same_candidate_only(
                 asset_key="decision_run", partition=partition, metadata={CANDIDATE_DIGEST_KEY: digest, "verdict": verdict}))
         context = dg.build_asset_context(instance=instance, partition_key="m1")
         assert _earlier_non_go(context, "same") == 2 and _earlier_non_go(context, "new") == 0
+
+
+@pytest.mark.parametrize("smallest, accepted, refused", [
+    (MIN_ITEMS_PER_BENCHMARK - 1, ["WITHIN_NOISE"], True),
+    (MIN_ITEMS_PER_BENCHMARK, ["WITHIN_NOISE"], False),
+    (MIN_ITEMS_PER_BENCHMARK + 1, None, False),
+    (1, None, True),  # no reviewers: only a GO passes, and none can come
+    (MIN_ITEMS_PER_BENCHMARK - 1, ["WITHIN_NOISE", "INCONCLUSIVE"], False),  # the reviewers accept what comes
+])
+def test_a_suite_that_can_only_be_inconclusive_is_refused_before_the_proxies_train(smallest, accepted, refused):
+    from ito_assets.training.decision_gate import require_items_for_a_verdict
+
+    document = valid_manifest()
+    document["data_decision"] = (None if accepted is None else
+                                 {"accepted_verdicts": accepted, "reason": "test", "reviewed_by": "tests"})
+    manifest = Manifest.model_validate_json(json.dumps(document))
+    benchmarks = ["arith"] * 40 + ["trivia"] * smallest
+    if not refused:
+        require_items_for_a_verdict(manifest, benchmarks)
+        return
+    with pytest.raises(ItoError) as caught:
+        require_items_for_a_verdict(manifest, benchmarks)
+    assert caught.value.code is ErrorCode.EVAL_SUITE_INVALID and f"trivia ({smallest})" in caught.value.message

@@ -24,7 +24,7 @@ from ito_assets.manifest.discovery import ManifestVerdict
 from ito_assets.manifest.verify import eval_suite_mismatches
 from ito_assets.posttraining.plan import read_pair_shapes
 from ito_assets.training.decision import DecisionResult, ordered_sha256, run_decision
-from ito_assets.training.decision_gate import DataDecision, baseline_record, judge_decision
+from ito_assets.training.decision_gate import DataDecision, baseline_record, judge_decision, require_items_for_a_verdict
 from ito_assets.training.economics import Economics
 from ito_assets.training.mixtures import read_mixture
 from ito_assets.training.threads import torch_threads
@@ -59,6 +59,7 @@ def decision_run(
             raise ItoError(ErrorCode.EVAL_SUITE_MISMATCH, f"the stored eval suite ({eval_suite.suite_id}, "
                            f"{eval_suite.digest[:19]}) is not the one the manifest's data was decontaminated against: "
                            "materialize eval_suite from that suite")
+        require_items_for_a_verdict(manifest, (item.benchmark for item in eval_suite.items))
         baseline = read_mixture(config.baseline_uris, settings.data_root)
     except ItoError as error:
         raise failure(error) from None
