@@ -4,7 +4,8 @@
 resolves the primary-key conflict by deleting the old row without firing a DELETE trigger
 (recursive triggers are off by default), so an event could be rewritten in place. A BEFORE INSERT
 trigger fires before that conflict is resolved and aborts an insert whose `seq` is already taken;
-an ordinary append (seq NULL, given by SQLite) never matches one. PostgreSQL needs nothing: its
+an ordinary append (its seq given by SQLite, which a BEFORE trigger sees as -1, a value no row
+holds: the sequence starts at 1) never matches one. PostgreSQL needs nothing: its
 `INSERT ... ON CONFLICT DO UPDATE` is an UPDATE, which 0001's trigger already refuses.
 
 Revision ID: 0004
