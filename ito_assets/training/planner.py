@@ -6,6 +6,7 @@ reason (`RefusalReason`) and surfaces as PLAN_REFUSED.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, replace
 from itertools import product
@@ -262,9 +263,13 @@ def _evaluate(request: PlanRequest, layout: Layout, *, num_candidates: int, num_
                 num_candidates=num_candidates, num_refused=num_refused)
 
 
+# Every confirm and train plans its manifest on its booking again (a search over a few hundred
+# layouts, 8-14 ms for 8-16 H100s): the request is frozen and the plan a pure function of it.
+@functools.lru_cache(maxsize=512)
 def plan(request: PlanRequest) -> Plan:
     """The proposed layout if acceptable, else the fastest acceptable candidate (ties: fewer
-    parallel dimensions, no recomputation, bf16). Raises PlanRefused (PLAN_REFUSED)."""
+    parallel dimensions, no recomputation, bf16). Raises PlanRefused (PLAN_REFUSED), which is not
+    cached."""
     if request.layout is not None:
         refusals = refusals_of(request, request.layout)
         if refusals:

@@ -160,3 +160,19 @@ def test_the_default_capabilities_are_the_workers():
     assert request.capabilities == runtime_capabilities()
     can = request.capabilities
     assert can.tensor_parallel and not (can.pipeline_parallel or can.context_parallel or can.fp8)
+
+
+def test_an_equal_request_is_answered_from_the_cache_and_a_refusal_is_raised_every_time():
+    # The API plans a manifest on its booking at every confirm and train: the same frozen request
+    # gives the same plan object, a request that differs in one field (the price) is planned anew.
+    first = plan(request("proxy-150m", hardware()))
+    assert plan(request("proxy-150m", hardware())) is first
+    repriced = Hardware(gpu=gpu_spec("H100-SXM"), network=network_spec("infiniband"), num_nodes=1, gpus_per_node=8,
+                        price_cents_per_gpu_hour=500)
+    again = plan(request("proxy-150m", repriced))
+    assert again is not first and again.wall_seconds == first.wall_seconds
+    assert abs(again.cost_cents - 2 * first.cost_cents) <= 1  # each rounded up to a whole cent
+    refused = request("proxy-150m", hardware(), layout=Layout(dp_shard=4))
+    for _ in range(2):
+        with pytest.raises(PlanRefused):
+            plan(refused)
