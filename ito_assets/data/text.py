@@ -15,7 +15,7 @@ Shapes below: N documents, T tokens in total; `offsets` has N + 1 entries (CSR l
 tokens of document i are `hashes[offsets[i]:offsets[i + 1]]`.
 
 Decontamination also keeps the words' bytes end to end, without separators (`chars`), and where
-two words of a text are separated by punctuation alone (`words_with_joins`): a copy that deletes
+two words of a text are separated by punctuation alone (`joins_between`): a copy that deletes
 punctuation merges such words ("unique(l:" -> "uniquel"), which no word n-gram can see, but the
 bytes from a word start on are the same (`window_hashes`).
 """
@@ -378,13 +378,11 @@ def words_of(text: str, *, digits_normalized: bool) -> list[str]:
     return words_with_spans(text, digits_normalized=digits_normalized)[0]
 
 
-def words_with_joins(text: str, *, digits_normalized: bool) -> tuple[list[str], list[bool]]:
-    """Words of one text and, for each two neighbours, whether punctuation alone separates them
-    (no whitespace): where a copy that deletes punctuation merges words. Spans index `text` (or
-    its lower-cased copy of the same length), so the separators are read from `text`."""
-    words, spans = words_with_spans(text, digits_normalized=digits_normalized)
-    joins = [not any(c.isspace() for c in text[end:start]) for (_, end), (start, _) in zip(spans, spans[1:])]
-    return words, joins
+def joins_between(text: str, spans: Sequence[tuple[int, int]]) -> list[bool]:
+    """For each two neighbouring words of `text` (their spans there, as `words_with_spans` gives
+    them), whether punctuation alone separates them (no whitespace): where a copy that deletes
+    punctuation merges words."""
+    return [not any(c.isspace() for c in text[end:start]) for (_, end), (start, _) in zip(spans, spans[1:])]
 
 
 def word_tokens(documents: Sequence[Sequence[str]]) -> TokenHashes:
