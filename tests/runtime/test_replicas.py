@@ -216,8 +216,7 @@ def _assert_the_telemetry_counts_both_groups(stage_dir: Path, *, healed: bool) -
 def test_fsdp2_inside_replica_groups_trains_heals_and_ends_on_one_set_of_weights(tmp_path, tokens):
     """Two groups of two ranks, each group sharding the model with FSDP2: gradients averaged across
     the groups shard by shard, a killed rank's group restarts (its peer rank with it) and heals
-    from the shards of the live group's ranks (35 s here; `make test` trains FSDP2 groups in the
-    resumed stage's test). A loaded machine may leave the restarted group still starting when the
+    from the shards of the live group's ranks (35 s here; `make test` trains groups of a rank each). A loaded machine may leave the restarted group still starting when the
     survivor finishes, as in `make test`'s version above."""
     stage_dir, beat, killed_at, report = _kill_group_one(tmp_path, tokens, layout=SHARDED_GROUPS, nproc_per_node=4)
     assert report["result"]["layout"]["ran"]["dp_shard"] == 2 and not report["result"]["layout"]["fallbacks"]
@@ -245,25 +244,32 @@ def _resumes(folder: Path) -> list[tuple[int, int | None, str]]:
 
 
 @pytest.mark.slow
-def test_every_replica_group_of_a_resumed_stage_starts_from_group_zeros_checkpoint(tmp_path, tokens):
+@pytest.mark.parametrize(("layout", "nproc_per_node"), [
+    # A rank a group, each half of the batch of 8.
+    (Layout(dp_replicate=2, precision="fp32", compile=False, micro_batch_size=4), 2),
+    # Two ranks a group that shard the model (FSDP2), from a sharded checkpoint: `make test-long`
+    # (two torchruns of two ranks: 45 CPU-seconds on the 2-core VM against 15 for a rank a group).
+    pytest.param(SHARDED_GROUPS, 4, marks=pytest.mark.long),
+])
+def test_every_replica_group_of_a_resumed_stage_starts_from_group_zeros_checkpoint(tmp_path, tokens, layout,
+                                                                                  nproc_per_node):
     """A stage resumed with a checkpoint at step 8: group 1 (whose folder holds none) starts from
     group 0's checkpoints too, not from the first weights at step 0, from which it could reach
-    group 0's step before group 0 joins and never be healed. Each group is two ranks that shard the
-    model (FSDP2), and the checkpoint is a sharded one. Group 0 trains alone while group 1 starts,
-    so group 1 loads step 8's or a later one; once both train, they train in step and end on the
-    same weights."""
+    group 0's step before group 0 joins and never be healed. Group 0 trains alone while group 1
+    starts, so group 1 loads step 8's or a later one; once both train, they train in step and end
+    on the same weights."""
     config = worker_config(tmp_path, tokens, num_steps=8, interval_steps=8, replica_timeout_s=10.0,
-                           layout=SHARDED_GROUPS)
-    first = run_worker(config, nproc=2)
+                           layout=layout)
+    first = run_worker(config, nproc=nproc_per_node // 2)
     assert first.returncode == 0, first.stderr[-2000:]
     stage_dir = Path(config.stage_dir)
     checkpoint = markers.checkpoint_dir(stage_dir, 8)
     assert checkpoint.is_dir()
     end = 48
     report = ReplicaStage(worker=replace(config, num_steps=end, replica_groups=2),
-                          config=replace(SUPERVISION, nproc_per_node=4, hang_timeout_s=60.0)).run()
+                          config=replace(SUPERVISION, nproc_per_node=nproc_per_node, hang_timeout_s=60.0)).run()
     assert report.outcome == "succeeded" and report.result["num_steps"] == end
-    assert report.result["layout"]["ran"]["dp_shard"] == 2 and not report.result["layout"]["fallbacks"]
+    assert report.result["layout"]["ran"]["dp_shard"] == layout.dp_shard and not report.result["layout"]["fallbacks"]
     assert _resumes(stage_dir)[-1] == (0, 8, f"from {checkpoint}")
     # The first run's steps, then the resumed ones: from 9, or from a later step healed from group 1
     # where group 1 started first and trained alone meanwhile (from the same checkpoint).
