@@ -236,7 +236,8 @@ def _keep_consumed_pieces(path: Path, con: duckdb.DuckDBPyConnection, shard_sha2
 def _reads(query: Callable[..., T]) -> Callable[..., T]:
     """An auditor's query over the caller's connection: when the warehouse turns out corrupt as it
     is read (DuckDB checks each block as it reads it, so a damaged block shows only then), the
-    warehouse is rebuilt from its lineage, the connection pointed at it, and the query asked again."""
+    warehouse is rebuilt from its lineage, the connection pointed at it, and the query asked again;
+    over a read-only connection it is refused instead (WAREHOUSE_CORRUPT), as a reader writes nothing."""
 
     @functools.wraps(query)
     def run(con: duckdb.DuckDBPyConnection, *args):
@@ -246,9 +247,11 @@ def _reads(query: Callable[..., T]) -> Callable[..., T]:
             if not warehouse.is_corrupt(error):
                 raise
             reason = error
-        path = _database_path(con)
+        path, read_only = _database(con)
         if path is None:
             raise ItoError(ErrorCode.WAREHOUSE_CORRUPT, "the warehouse is corrupt; one-line fix: delete it and re-materialize the data assets of every manifest")
+        if read_only:
+            raise warehouse.not_rebuilt_by_a_reader(path, reason) from None
         warehouse.rebuild(path, reason, attach=con)
         try:
             return query(con, *args)
@@ -258,12 +261,13 @@ def _reads(query: Callable[..., T]) -> Callable[..., T]:
     return run
 
 
-def _database_path(con: duckdb.DuckDBPyConnection) -> Path | None:
+def _database(con: duckdb.DuckDBPyConnection) -> tuple[Path | None, bool]:
+    """(the file the connection reads, whether it was opened read-only)."""
     try:
-        row = con.execute("SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchone()
+        row = con.execute("SELECT path, readonly FROM duckdb_databases() WHERE database_name = current_database()").fetchone()
     except duckdb.Error:
-        return None
-    return Path(row[0]) if row and row[0] else None
+        return None, False
+    return (Path(row[0]) if row and row[0] else None), bool(row and row[1])
 
 
 def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: list) -> list[dict]:

@@ -9,7 +9,8 @@ open or read because it is corrupt is rebuilt from the journal, with a logged wa
 file it names verifies; otherwise it is refused (WAREHOUSE_CORRUPT) with the one-line fix. A
 warehouse deleted by hand is rebuilt from the records that verify when it is next written (the
 others are moved aside to the journal's `quarantine/` folder, never deleted, with a warning naming
-the asset that writes them again); a read (`ito audit`) never rebuilds a missing one. A lock held by a
+the asset that writes them again). A read-only open (`ito audit`) rebuilds nothing: a missing or
+corrupt warehouse is refused with its code, and the next data step rebuilds it. A lock held by a
 writer is WAREHOUSE_BUSY; a full disk is STORAGE_FULL, the transaction rolled back; a write that
 needs more than the warehouse's memory cap is WAREHOUSE_OUT_OF_MEMORY, rolled back too.
 
@@ -108,6 +109,23 @@ def refused(error: BaseException, path: Path) -> BaseException:
     return error
 
 
+def not_rebuilt_by_a_reader(path: Path, error: BaseException) -> ItoError:
+    """A corrupt warehouse found by a read-only connection, which rebuilds nothing (a rebuild
+    writes the file and sets aside the journal records that do not verify at that moment): the
+    journal is verified, read only, to name the way out, as a rebuild would."""
+    name = path.name
+    why = str(error).replace(str(path), name)
+    _, _, problems = _records(path)
+    if problems:
+        detail, assets = _fix(path, problems)
+        return ItoError(ErrorCode.WAREHOUSE_CORRUPT, f"the warehouse {name} is corrupt ({why}) and its lineage is incomplete: "
+                        f"{detail}; one-line fix: delete {name} and re-materialize {assets}")
+    return ItoError(ErrorCode.WAREHOUSE_CORRUPT,
+                    f"the warehouse {name} is corrupt ({why}) and a read-only open does not rebuild it; the next data "
+                    "step rebuilds it from its lineage journal (materialize source_documents for any manifest partition, "
+                    "or make run), then read again")
+
+
 def journal_folder(path: Path) -> Path:
     """The warehouse's lineage journal: `warehouse.lineage/` beside `warehouse.duckdb`."""
     return path.with_suffix(".lineage")
@@ -196,8 +214,9 @@ def _create(path: Path) -> None:
 
 def connect(path: Path, *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
     """The warehouse, rebuilt from its lineage first when DuckDB cannot open it because it is
-    corrupt (WAREHOUSE_CORRUPT when the lineage is incomplete); WAREHOUSE_BUSY while another
-    process writes it; STORAGE_FULL when the disk is full."""
+    corrupt (WAREHOUSE_CORRUPT when the lineage is incomplete), unless `read_only`: a reader
+    never writes, so it is refused with WAREHOUSE_CORRUPT and the way out; WAREHOUSE_BUSY while
+    another process writes it; STORAGE_FULL when the disk is full."""
     if not read_only:
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.exists():
@@ -207,6 +226,8 @@ def connect(path: Path, *, read_only: bool = False) -> duckdb.DuckDBPyConnection
     except duckdb.Error as error:
         if not is_corrupt(error):
             raise refused(error, path) from None
+        if read_only:
+            raise not_rebuilt_by_a_reader(path, error) from None
         reason = error
     _rebuilding(path, lambda: rebuild(path, reason))
     try:

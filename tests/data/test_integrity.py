@@ -276,8 +276,13 @@ def test_a_garbage_warehouse_is_rebuilt_with_a_warning_and_the_same_answers(fres
         expected = answers(con, fresh)
     garbage = random.Random(3).randbytes(warehouse.stat().st_size)
     warehouse.write_bytes(garbage)
+    with pytest.raises(ItoError) as refused:  # as `ito audit` opens it: a reader writes nothing
+        connect(warehouse, read_only=True)
+    assert refused.value.code is ErrorCode.WAREHOUSE_CORRUPT and "a read-only open does not rebuild it" in refused.value.message
+    assert str(fresh.root) not in refused.value.message
+    assert warehouse.read_bytes() == garbage and not warehouse.with_name("warehouse.duckdb.corrupt").exists()
     with caplog.at_level(logging.WARNING, logger=LOG.name):
-        with connect(warehouse, read_only=True) as con:  # as `ito audit` opens it
+        with connect(warehouse) as con:  # as a data step opens it
             assert answers(con, fresh) == expected
     (warning,) = _rebuilt_warnings(caplog)
     assert "warehouse.duckdb was corrupt" in warning and "rebuilt from its lineage" in warning and "every file verified" in warning
@@ -327,8 +332,14 @@ def test_a_warehouse_damaged_in_a_block_is_rebuilt_when_a_read_finds_it(fresh: P
                 break
     else:
         pytest.fail("no block of the warehouse is read by the manifest audit")
+    damaged = warehouse.read_bytes()
+    with connect(warehouse, read_only=True) as con:  # as `ito audit` opens it: the file opens
+        with pytest.raises(ItoError) as refused:
+            lineage.audit_manifest(con, fresh.verified.digest)
+    assert refused.value.code is ErrorCode.WAREHOUSE_CORRUPT and "a read-only open does not rebuild it" in refused.value.message
+    assert warehouse.read_bytes() == damaged  # a reader rebuilds nothing
     with caplog.at_level(logging.WARNING, logger=LOG.name):
-        with connect(warehouse, read_only=True) as con:
+        with connect(warehouse) as con:  # as a data step opens it
             assert not _rebuilt_warnings(caplog)  # the file opens: the damage shows only as it is read
             assert lineage.audit_manifest(con, fresh.verified.digest) == expected
             assert lineage.audit_manifest(con, fresh.verified.digest) == expected  # the connection now reads the rebuilt file
@@ -365,7 +376,7 @@ def test_a_corrupt_warehouse_with_lineage_missing_is_refused_with_the_fix_and_th
     decisions.unlink()
     warehouse.write_bytes(b"not a database")
     with pytest.raises(ItoError) as info:
-        connect(warehouse, read_only=True)
+        connect(warehouse)
     error = info.value
     assert error.code is ErrorCode.WAREHOUSE_CORRUPT and not error.retryable
     assert f"shard {fresh.key}/dedup/decisions.parquet is missing" in error.message
@@ -385,7 +396,7 @@ def test_a_corrupt_warehouse_with_lineage_missing_is_refused_with_the_fix_and_th
     caplog.clear()
     warehouse.write_bytes(b"not a database")  # the lineage is whole again: the next corruption rebuilds
     with caplog.at_level(logging.WARNING, logger=LOG.name):
-        connect(warehouse, read_only=True).close()
+        connect(warehouse).close()
     assert len(_rebuilt_warnings(caplog)) == 1 and tables(warehouse) == before
 
 
@@ -434,7 +445,7 @@ def test_a_corrupt_warehouse_without_any_lineage_is_refused(fresh: Prepared) -> 
     shutil.rmtree(journal_folder(fresh.warehouse))  # a warehouse from before lineage was journaled
     fresh.warehouse.write_bytes(b"garbage")
     with pytest.raises(ItoError) as info:
-        connect(fresh.warehouse, read_only=True)
+        connect(fresh.warehouse)
     assert info.value.code is ErrorCode.WAREHOUSE_CORRUPT and "no lineage was recorded beside it" in info.value.message
     assert info.value.message.endswith("one-line fix: delete warehouse.duckdb and re-materialize the data assets of every manifest")
 

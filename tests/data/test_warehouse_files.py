@@ -62,7 +62,7 @@ def test_a_warehouse_rebuilt_from_its_journal_is_owner_only(fresh: Prepared) -> 
     path.unlink()
     path.write_bytes(random.Random(3).randbytes(4096))  # a new file: the umask's 0644
     assert _mode(path) == 0o644
-    with connect(path, read_only=True) as con:
+    with connect(path) as con:  # as a data step opens it: rebuilt
         assert lineage.resolve_manifest(con, fresh.key) == [fresh.verified.digest]
     assert path.with_name(path.name + ".corrupt").exists()
     assert_owner_only(path)

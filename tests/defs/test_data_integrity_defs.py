@@ -192,6 +192,32 @@ def test_ito_audit_leaves_a_warehouse_deleted_by_hand_to_the_data_step_it_names(
         settings.warehouse_path.write_bytes(saved)
 
 
+def test_ito_audit_leaves_a_corrupt_warehouse_to_the_data_step_it_names(chain, monkeypatch) -> None:
+    """A corrupt warehouse was rebuilt by the audit that found it: a read that wrote the file and
+    set aside the journal records that did not verify at that moment. It is refused with the
+    fix, the file left as it was, and the fix brings the same answers back."""
+    settings, instance, key, _ = chain
+    before, status = _audit(settings, monkeypatch, key)
+    assert status == 0
+    saved = settings.warehouse_path.read_bytes()
+    garbage = b"not a database" * 64
+    settings.warehouse_path.write_bytes(garbage)
+    try:
+        refused, status = _audit(settings, monkeypatch, key)
+        assert status != 0 and refused["error"]["code"] == "WAREHOUSE_CORRUPT"
+        assert "materialize source_documents" in refused["error"]["message"]
+        assert str(settings.warehouse_path.parent) not in refused["error"]["message"]
+        assert settings.warehouse_path.read_bytes() == garbage
+        assert not settings.warehouse_path.with_name(settings.warehouse_path.name + ".corrupt").exists()
+        assert _materialize(settings, instance, key, selection=[source_documents]).success
+        after, status = _audit(settings, monkeypatch, key)
+        for report in (before, after):  # the sources step writes the manifest's row again, at its own time
+            report["data"]["manifest"].pop("recorded_at")
+        assert status == 0 and after["data"] == before["data"]
+    finally:
+        settings.warehouse_path.write_bytes(saved)
+
+
 def test_ito_audit_calls_only_a_held_lock_busy(chain, monkeypatch) -> None:
     """Every DuckDB IOException was WAREHOUSE_BUSY, retryable: a script that honours `retryable`
     looped for ever on a file this user cannot read. Only DuckDB's lock is a wait."""

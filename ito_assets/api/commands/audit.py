@@ -85,9 +85,10 @@ def register(verbs: argparse._SubParsersAction) -> None:
 
 
 def _open():
-    """The warehouse, read-only: an audit never writes, so a warehouse that is missing is not
-    rebuilt here (a rebuild of one deleted by hand sets aside the journal records whose files do
-    not verify at that moment; the data step that rebuilds it says which)."""
+    """The warehouse, read-only: an audit never writes, so a warehouse that is missing or corrupt
+    is not rebuilt here (a rebuild sets aside the journal records whose files do not verify at
+    that moment; the data step that rebuilds it says which). `warehouse.connect` and the lineage
+    queries refuse a corrupt one over a read-only connection."""
     from ito_assets.data import lineage, warehouse
     from ito_assets.settings import load_settings
 
