@@ -169,6 +169,15 @@ def test_a_full_disk_under_the_warehouse_fails_the_step_with_storage_full(chain)
     assert _materialize(settings, instance, key, selection=[deduplicated_documents]).success
 
 
+def _assert_the_named_step_brings_the_answers_back(settings, instance, key, monkeypatch, before: dict) -> None:
+    """The fix a refused audit names (materialize source_documents), then the audit again."""
+    assert _materialize(settings, instance, key, selection=[source_documents]).success
+    after, status = _audit(settings, monkeypatch, key)
+    for report in (before, after):  # the sources step writes the manifest's row again, at its own time
+        report["data"]["manifest"].pop("recorded_at")
+    assert status == 0 and after["data"] == before["data"]
+
+
 def test_ito_audit_leaves_a_warehouse_deleted_by_hand_to_the_data_step_it_names(chain, monkeypatch) -> None:
     """An audit only reads: it rebuilt a missing warehouse itself, and a rebuild drops from the
     journal every record whose file does not verify at that moment. It names the fix instead,
@@ -183,11 +192,7 @@ def test_ito_audit_leaves_a_warehouse_deleted_by_hand_to_the_data_step_it_names(
         assert status != 0 and refused["error"]["code"] == "WAREHOUSE_NOT_FOUND"
         assert "materialize source_documents" in refused["error"]["message"]
         assert not settings.warehouse_path.exists()
-        assert _materialize(settings, instance, key, selection=[source_documents]).success
-        after, status = _audit(settings, monkeypatch, key)
-        for report in (before, after):  # the sources step writes the manifest's row again, at its own time
-            report["data"]["manifest"].pop("recorded_at")
-        assert status == 0 and after["data"] == before["data"]
+        _assert_the_named_step_brings_the_answers_back(settings, instance, key, monkeypatch, before)
     finally:
         settings.warehouse_path.write_bytes(saved)
 
@@ -209,11 +214,7 @@ def test_ito_audit_leaves_a_corrupt_warehouse_to_the_data_step_it_names(chain, m
         assert str(settings.warehouse_path.parent) not in refused["error"]["message"]
         assert settings.warehouse_path.read_bytes() == garbage
         assert not settings.warehouse_path.with_name(settings.warehouse_path.name + ".corrupt").exists()
-        assert _materialize(settings, instance, key, selection=[source_documents]).success
-        after, status = _audit(settings, monkeypatch, key)
-        for report in (before, after):  # the sources step writes the manifest's row again, at its own time
-            report["data"]["manifest"].pop("recorded_at")
-        assert status == 0 and after["data"] == before["data"]
+        _assert_the_named_step_brings_the_answers_back(settings, instance, key, monkeypatch, before)
     finally:
         settings.warehouse_path.write_bytes(saved)
 
