@@ -18,9 +18,8 @@ import torch
 
 from ito_assets.runtime.checkpoint import markers
 from ito_assets.runtime.stage.config import RESULT_NAME
-from ito_assets.runtime.worker.main import EXIT_STOPPED
 from ito_assets.training.layout import Layout
-from runtime_helpers import final_weights, finish, start_worker, step_losses, worker_config
+from runtime_helpers import final_weights, finish, step_losses, worker_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
 
@@ -42,48 +41,75 @@ def _fp32(**degrees) -> Layout:
     return Layout(precision="fp32", compile=False, **degrees)
 
 
-def _launch(root: Path, tokens, layout: Layout, nproc: int, **changes):
+def _config(root: Path, tokens, layout: Layout, **changes):
     # A long-context stage's positions (a raised RoPE base, interpolation by 2) on every run.
-    config = worker_config(root, tokens, layout=layout, num_steps=STEPS, interval_steps=10, rope_theta=500_000.0,
-                           position_scale=2.0, **changes)
-    return config, start_worker(config, nproc=nproc)
+    return worker_config(root, tokens, layout=layout, num_steps=STEPS, interval_steps=10, rope_theta=500_000.0,
+                         position_scale=2.0, **changes)
 
 
 def _ran(config) -> dict:
     return json.loads((Path(config.stage_dir) / RESULT_NAME).read_text())["layout"]
 
 
+def _drive(folder: Path, configs: list, nproc: int) -> subprocess.Popen:
+    """The configs one after another in one torchrun of `nproc` ranks (`layout_driver.py`)."""
+    from ito_assets.runtime.record.storage import write_atomic
+
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for index, config in enumerate(configs):
+        paths.append(folder / f"config-{index}.json")
+        write_atomic(paths[-1], config.to_json().encode())
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+               str(Path(__file__).with_name("layout_driver.py")), *map(str, paths)]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")})
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tokens):
-    """Every launch at once (module scope): the reference, the layouts, the two halves of the resumes."""
+    """The reference, the layouts and the two halves of the resumes (module scope), run as two
+    phases of two torchruns each, one of a rank and one of two, every config in turn in its
+    launch's process group: a launch each (nine) cost 69 CPU-seconds on two cores, start-up
+    mostly; four cost 38."""
     root = tmp_path_factory.mktemp("layouts")
-    launches = {
-        "reference": _launch(root / "reference", tokens, _fp32(micro_batch_size=8), 1),
-        # dp=2, 4 rows per rank as 4 micro-batches of 1: gradients reduced on the last one only
-        "ddp_accumulating": _launch(root / "ddp", tokens, _fp32(dp_replicate=2, micro_batch_size=1), 2),
-        # Four ranks: `make test-long` only; `make test` runs HSDP through the fixtures' plans below.
-        **({"hsdp": _launch(root / "hsdp", tokens, _fp32(dp_replicate=2, dp_shard=2, micro_batch_size=2), 4)}
-           if os.environ.get("ITO_TEST_LONG") else {}),
-        "bf16": _launch(root / "bf16", tokens, Layout(compile=False, micro_batch_size=8), 1),
-        "fsdp_then_one": _launch(root / "fsdp", tokens, _fp32(dp_shard=2, micro_batch_size=2), 2, stop_after_step=10),
-        "tp_then_fsdp": _launch(root / "tp", tokens, _fp32(tp=2, micro_batch_size=8), 2, stop_after_step=10),
-        "one_then_fsdp": _launch(root / "one", tokens, _fp32(micro_batch_size=8), 1, stop_after_step=10),
+    one = {
+        "reference": _config(root / "reference", tokens, _fp32(micro_batch_size=8)),
+        "bf16": _config(root / "bf16", tokens, Layout(compile=False, micro_batch_size=8)),
+        "one_then_fsdp": _config(root / "one", tokens, _fp32(micro_batch_size=8), stop_after_step=10),
     }
-    done = {name: (config, finish(process, timeout=600)) for name, (config, process) in launches.items()}
+    two = {
+        # dp=2, 4 rows per rank as 4 micro-batches of 1: gradients reduced on the last one only
+        "ddp_accumulating": _config(root / "ddp", tokens, _fp32(dp_replicate=2, micro_batch_size=1)),
+        "fsdp_then_one": _config(root / "fsdp", tokens, _fp32(dp_shard=2, micro_batch_size=2), stop_after_step=10),
+        "tp_then_fsdp": _config(root / "tp", tokens, _fp32(tp=2, micro_batch_size=8), stop_after_step=10),
+    }
+    # Four ranks: `make test-long` only; `make test` runs HSDP through the fixtures' plans below.
+    four = ({"hsdp": _config(root / "hsdp", tokens, _fp32(dp_replicate=2, dp_shard=2, micro_batch_size=2))}
+            if os.environ.get("ITO_TEST_LONG") else {})
+    launches = [(_drive(root / "first-1", list(one.values()), 1), "first-1"),
+                (_drive(root / "first-2", list(two.values()), 2), "first-2"),
+                *([(_drive(root / "first-4", list(four.values()), 4), "first-4")] if four else [])]
+    for process, name in launches:
+        done = finish(process, timeout=600)
+        assert done.returncode == 0, f"{name}: {done.stderr[-3000:]}"
+    configs = {**one, **two, **four}
+    # The first halves stopped after their checkpoint at step 10 and trained no step past it.
+    for name in ("one_then_fsdp", "fsdp_then_one", "tp_then_fsdp"):
+        assert max(step_losses(Path(configs[name].stage_dir))) == 10
+        assert markers.checkpoint_dir(Path(configs[name].stage_dir), 10).is_dir()
     # The second halves, under other layouts: DCP reshards FSDP2's 2 shards for one rank, and
     # tensor-parallel slices for FSDP2's shards, one rank's checkpoint (one rank's generators) for two.
-    for name, layout, nproc in (("fsdp_then_one", _fp32(micro_batch_size=8), 1),
-                                ("tp_then_fsdp", _fp32(dp_shard=2, micro_batch_size=4), 2),
-                                ("one_then_fsdp", _fp32(dp_shard=2, micro_batch_size=4), 2)):
-        first, stopped = done[name]
-        # torchrun reports its rank's code; one process is launched without it and exits with it.
-        assert stopped.returncode == EXIT_STOPPED or (stopped.returncode != 0 and f"exitcode  : {EXIT_STOPPED}"
-                                                     in stopped.stderr), stopped.stderr[-3000:]
-        again = replace(first, layout=layout, stop_after_step=None, attempt=1)
-        done[name] = (again, finish(start_worker(again, nproc=nproc), timeout=600))
-    for name, (_, completed) in done.items():
-        assert completed.returncode == 0, f"{name}: {completed.stderr[-3000:]}"
-    return {name: config for name, (config, _) in done.items()}
+    second = {name: replace(configs[name], layout=layout, stop_after_step=None, attempt=1)
+              for name, layout in (("fsdp_then_one", _fp32(micro_batch_size=8)),
+                                   ("tp_then_fsdp", _fp32(dp_shard=2, micro_batch_size=4)),
+                                   ("one_then_fsdp", _fp32(dp_shard=2, micro_batch_size=4)))}
+    launches = [_drive(root / "second-1", [second["fsdp_then_one"]], 1),
+                _drive(root / "second-2", [second["tp_then_fsdp"], second["one_then_fsdp"]], 2)]
+    for process in launches:
+        done = finish(process, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+    return {**configs, **second}
 
 
 def _gap(a, b) -> float:
@@ -177,7 +203,6 @@ def _fixture_plans() -> set[tuple[Layout, int]]:
 
 
 def test_every_fixture_plan_runs_through_the_stage_worker(tmp_path, tokens):
-    from ito_assets.runtime.record.storage import write_atomic
     from ito_assets.runtime.stage.fitting import fit_layout
 
     plans = _fixture_plans()
@@ -191,20 +216,12 @@ def test_every_fixture_plan_runs_through_the_stage_worker(tmp_path, tokens):
     # The fixtures' plans cover DDP, FSDP2 and HSDP once fitted to 4 ranks.
     assert {(f.dp_replicate > 1, f.dp_shard > 1, f.tp > 1) for f in fitted} >= {
         (True, False, False), (False, True, False), (True, True, False)}
-    configs = []
-    for index, (layout, batch) in enumerate(sorted(fitted.items(), key=lambda item: str(item))):
-        config = worker_config(tmp_path / f"plan-{index}", tokens, layout=layout, batch_size=batch, num_steps=1,
-                               sequence_length=16, interval_steps=1, heldout_path=None)
-        path = tmp_path / f"plan-{index}.json"
-        write_atomic(path, config.to_json().encode())
-        configs.append((config, path))
-    driver = Path(__file__).with_name("layout_driver.py")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={RANKS}",
-               str(driver), *(str(p) for _, p in configs)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600,
-                          env={k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")})
+    configs = [worker_config(tmp_path / f"plan-{index}", tokens, layout=layout, batch_size=batch, num_steps=1,
+                             sequence_length=16, interval_steps=1, heldout_path=None)
+               for index, (layout, batch) in enumerate(sorted(fitted.items(), key=lambda item: str(item)))]
+    done = finish(_drive(tmp_path / "plans", configs, RANKS), timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
-    for config, _ in configs:
+    for config in configs:
         ran = _ran(config)
         assert ran["ran"] == config.layout.describe() and ran["fallbacks"] == []
         assert math.isfinite(step_losses(Path(config.stage_dir))[1])
