@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -66,6 +67,19 @@ def start_worker(config: WorkerConfig, *, nproc: int) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")}
     return subprocess.Popen(worker_command(path, nproc), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)
+
+
+def drive_in_turn(folder: Path, configs: list, nproc: int) -> subprocess.Popen:
+    """The configs one after another in one torchrun of `nproc` ranks (`layout_driver.py`)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for index, config in enumerate(configs):
+        paths.append(folder / f"config-{index}.json")
+        write_atomic(paths[-1], config.to_json().encode())
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+               str(Path(__file__).with_name("layout_driver.py")), *map(str, paths)]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")})
 
 
 def finish(process: subprocess.Popen, timeout: float = 180) -> subprocess.CompletedProcess:

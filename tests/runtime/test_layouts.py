@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,7 +17,7 @@ import torch
 from ito_assets.runtime.checkpoint import markers
 from ito_assets.runtime.stage.config import RESULT_NAME
 from ito_assets.training.layout import Layout
-from runtime_helpers import final_weights, finish, step_losses, worker_config
+from runtime_helpers import drive_in_turn, final_weights, finish, step_losses, worker_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
 
@@ -51,21 +49,6 @@ def _ran(config) -> dict:
     return json.loads((Path(config.stage_dir) / RESULT_NAME).read_text())["layout"]
 
 
-def _drive(folder: Path, configs: list, nproc: int) -> subprocess.Popen:
-    """The configs one after another in one torchrun of `nproc` ranks (`layout_driver.py`)."""
-    from ito_assets.runtime.record.storage import write_atomic
-
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for index, config in enumerate(configs):
-        paths.append(folder / f"config-{index}.json")
-        write_atomic(paths[-1], config.to_json().encode())
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               str(Path(__file__).with_name("layout_driver.py")), *map(str, paths)]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")})
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tokens):
     """The reference, the layouts and the two halves of the resumes (module scope), run as two
@@ -87,9 +70,9 @@ def runs(tmp_path_factory, tokens):
     # Four ranks: `make test-long` only; `make test` runs HSDP through the fixtures' plans below.
     four = ({"hsdp": _config(root / "hsdp", tokens, _fp32(dp_replicate=2, dp_shard=2, micro_batch_size=2))}
             if os.environ.get("ITO_TEST_LONG") else {})
-    launches = [(_drive(root / "first-1", list(one.values()), 1), "first-1"),
-                (_drive(root / "first-2", list(two.values()), 2), "first-2"),
-                *([(_drive(root / "first-4", list(four.values()), 4), "first-4")] if four else [])]
+    launches = [(drive_in_turn(root / "first-1", list(one.values()), 1), "first-1"),
+                (drive_in_turn(root / "first-2", list(two.values()), 2), "first-2"),
+                *([(drive_in_turn(root / "first-4", list(four.values()), 4), "first-4")] if four else [])]
     for process, name in launches:
         done = finish(process, timeout=600)
         assert done.returncode == 0, f"{name}: {done.stderr[-3000:]}"
@@ -104,8 +87,8 @@ def runs(tmp_path_factory, tokens):
               for name, layout in (("fsdp_then_one", _fp32(micro_batch_size=8)),
                                    ("tp_then_fsdp", _fp32(dp_shard=2, micro_batch_size=4)),
                                    ("one_then_fsdp", _fp32(dp_shard=2, micro_batch_size=4)))}
-    launches = [_drive(root / "second-1", [second["fsdp_then_one"]], 1),
-                _drive(root / "second-2", [second["tp_then_fsdp"], second["one_then_fsdp"]], 2)]
+    launches = [drive_in_turn(root / "second-1", [second["fsdp_then_one"]], 1),
+                drive_in_turn(root / "second-2", [second["tp_then_fsdp"], second["one_then_fsdp"]], 2)]
     for process in launches:
         done = finish(process, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
@@ -219,7 +202,7 @@ def test_every_fixture_plan_runs_through_the_stage_worker(tmp_path, tokens):
     configs = [worker_config(tmp_path / f"plan-{index}", tokens, layout=layout, batch_size=batch, num_steps=1,
                              sequence_length=16, interval_steps=1, heldout_path=None)
                for index, (layout, batch) in enumerate(sorted(fitted.items(), key=lambda item: str(item)))]
-    done = finish(_drive(tmp_path / "plans", configs, RANKS), timeout=600)
+    done = finish(drive_in_turn(tmp_path / "plans", configs, RANKS), timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     for config in configs:
         ran = _ran(config)
