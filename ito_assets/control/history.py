@@ -21,8 +21,9 @@ the earlier ones: the last published stands. So a run that failed, was cancelled
 gate counts with what it used; a run still queued or training does not count until it ends.
 
 An account's quote pools every account's runs only where they are runs of at least
-MIN_POOLED_ACCOUNTS accounts; otherwise it states the account's own runs (`scope`). The desk's
-view (no account) is always pooled.
+MIN_POOLED_ACCOUNTS accounts and no other account's runs dominate what the asker does not know
+(`MIN_REST_PERCENT`); otherwise it states the account's own runs (`scope`). The desk's view (no
+account) is always pooled.
 
 With no past run of that kind the quote says so and gives the list price alone.
 """
@@ -52,6 +53,16 @@ RUN_FIGURES = (ALLOCATED, PRODUCTIVE, DEVICE_HOURS, UNPLANNED, ALLOCATED_DEVICE_
 # knows) out of the sums and reads the other tenant's goodput and failure rate exactly; from three,
 # what is left mixes at least two other tenants.
 MIN_POOLED_ACCOUNTS = 3
+
+# The p% rule (Hundepool et al., Handbook on Statistical Disclosure Control, ch. 4, "Sensitive cells
+# in magnitude tables"), the asker as the intruder who knows its own runs: where one other account
+# holds nearly all of the rest, the pooled goodput less the asker's runs is that account's, however
+# many accounts took part. Pooled only where the runs of every account but the asker and the
+# largest other add up to at least this share of the largest's, in allocated device-seconds (the
+# goodput's weights) and in device-hours (the interruption rate's). The handbook keeps its p
+# private; this one is public, and the bound it gives is loose: a tenant mixed with a tenth as much
+# of others' runs.
+MIN_REST_PERCENT = 10
 
 # Below this expected goodput the effective price is not stated: the history is then nearly all
 # badput (runs that failed while starting), and a price over 100 times the list price reads as a
@@ -104,7 +115,7 @@ def block_history(conn: sa.Connection, terms: BookingTerms, account_id: str | No
     view is pooled only over runs of MIN_POOLED_ACCOUNTS accounts or more; None: the desk's."""
     past = [run for run in _past_runs(conn, terms) if run.allocated_device_seconds > 0]
     scope = HistoryScope.POOLED
-    if account_id is not None and len({run.account_id for run in past}) < MIN_POOLED_ACCOUNTS:
+    if account_id is not None and not _poolable(past, account_id):
         scope, past = HistoryScope.ACCOUNT, [run for run in past if run.account_id == account_id]
     block = f"{terms.num_gpus} x {terms.gpu_type} over {terms.num_nodes} node(s)"
     price = terms.price_per_gpu_hour_cents
@@ -124,6 +135,26 @@ def block_history(conn: sa.Connection, terms: BookingTerms, account_id: str | No
         unplanned_interruptions_per_1000_device_hours=per_1000,
         effective_price_per_productive_gpu_hour_cents=effective, scope=scope.value,
     )
+
+
+def _poolable(past: list[_PastRun], asker: str) -> bool:
+    """Runs of MIN_POOLED_ACCOUNTS accounts or more, none of the asker's rivals dominating them."""
+    if len({run.account_id for run in past}) < MIN_POOLED_ACCOUNTS:
+        return False
+    return not (_dominated(past, asker, lambda run: run.allocated_device_seconds)
+                or _dominated(past, asker, lambda run: run.device_hours))
+
+
+def _dominated(past: list[_PastRun], asker: str, weight) -> bool:
+    """The p% rule on `weight`: the accounts other than the asker and the largest other hold less
+    than MIN_REST_PERCENT % of the largest's."""
+    held: dict[str, float] = {}
+    for run in past:
+        if run.account_id != asker:
+            held[run.account_id] = held.get(run.account_id, 0.0) + weight(run)
+    largest = max(held.values(), default=0.0)
+    rest = math.fsum(held.values()) - largest
+    return 100.0 * rest < MIN_REST_PERCENT * largest
 
 
 def _ratio(numerator: float, denominator: float) -> float | None:
@@ -182,6 +213,7 @@ def describe(history: BlockHistory) -> str:
     rate = history.unplanned_interruptions_per_1000_device_hours
     interruptions = (f"{rate:.2f} unplanned interruptions per 1,000 device-hours" if rate is not None
                      else "interruption rate unknown (no device-hours recorded)")
-    pooled = f" (runs of fewer than {MIN_POOLED_ACCOUNTS} accounts are not pooled)" if own else ""
+    pooled = (f" (pooled only over runs of {MIN_POOLED_ACCOUNTS} or more accounts, none holding nearly all of"
+              " the others')" if own else "")
     return (f"from {history.num_runs} past run(s){whose} on {history.block}{pooled}: expected goodput "
             f"{history.expected_goodput:.1%}, {interruptions}; {priced}")

@@ -1,6 +1,6 @@
 """The quote's history: goodput in device-seconds at the block's GPUs (an earlier release's runs
-counted by their seconds), pooled over other accounts only once runs of three accounts count,
-never an infinity, and a goodput even where no run recorded its device-hours."""
+counted by their seconds), pooled over other accounts only once runs of three accounts count and
+no rival holds nearly all of what the asker does not know, never an infinity, and a goodput even where no run recorded its device-hours."""
 
 from __future__ import annotations
 
@@ -80,6 +80,44 @@ def test_an_accounts_quote_pools_other_accounts_only_from_three(world, num_accou
         assert found.expected_goodput == pytest.approx((400 + 160 * len(others)) / (800 * num_accounts))
     desk = _history(world)
     assert desk.scope == "pooled" and desk.num_runs == num_accounts
+
+
+def _three_accounts(world, mine: float, rival: tuple[float, float], third: tuple[float, float]) -> None:
+    """The asker's run (`mine` device-seconds) and one run each of two other accounts, given as
+    (allocated device-seconds, device-hours); every run half productive."""
+    for number, (account, (seconds, hours)) in enumerate([(world.account, (mine, 1.0)), (world.other, rival),
+                                                         (_tenant(world, "tenant-third"), third)]):
+        run = _ended(world, account, key=f"share-run-{number:05d}")
+        _publish(world, run, allocated_seconds=seconds / 8, productive_seconds=seconds / 16, device_hours=hours,
+                 unplanned_interruptions=0.0, allocated_device_seconds=seconds, productive_device_seconds=seconds / 2)
+
+
+@pytest.mark.parametrize(("third", "scope"), [(99.0, "account"), (100.0, "pooled"), (101.0, "pooled")])
+def test_three_accounts_pool_only_where_the_third_holds_a_tenth_of_the_largest_rivals_device_seconds(
+        world, third, scope):
+    """The p% rule at 10 %: the asker less its own runs would read a rival's goodput whole where
+    the third account's runs are a sliver beside the rival's, three accounts or not."""
+    _three_accounts(world, 500.0, (1000.0, 1.0), (third, 1.0))
+    found = _history(world, world.account.account_id)
+    assert found.scope == scope and found.num_runs == (3 if scope == "pooled" else 1)
+    if scope == "account":
+        assert "none holding nearly all of the others'" in describe(found)
+    assert _history(world).scope == "pooled"  # the desk's view
+
+
+@pytest.mark.parametrize(("third_hours", "scope"), [(0.099, "account"), (0.1, "pooled")])
+def test_the_rule_holds_on_device_hours_too(world, third_hours, scope):
+    """The interruption rate is weighed by device-hours: a rival holding nearly all of them would
+    show its own rate through the pool."""
+    _three_accounts(world, 500.0, (1000.0, 1.0), (1000.0, third_hours))
+    assert _history(world, world.account.account_id).scope == scope
+
+
+def test_the_askers_own_runs_never_make_up_the_rest(world):
+    """However large the asker's share, it knows it: the rest that hides the largest rival is the
+    other accounts' alone."""
+    _three_accounts(world, 10**6, (1000.0, 1.0), (50.0, 1.0))
+    assert _history(world, world.account.account_id).scope == "account"
 
 
 def test_the_quote_of_one_tenant_never_shows_a_single_rivals_run(world):
