@@ -34,7 +34,8 @@ from ito_assets.defs.decision.params import DecisionRunParams  # noqa: E402
 from ito_assets.evals.suite import load_suite  # noqa: E402
 from ito_assets.manifest.schema import Manifest  # noqa: E402
 from ito_assets.settings import load_settings  # noqa: E402
-from ito_assets.training.decision import DecisionConfig, run_decision  # noqa: E402
+from ito_assets.training.decision import run_decision  # noqa: E402
+from ito_assets.training.decision_config import DecisionConfig  # noqa: E402
 from ito_assets.training.decision_gate import judge_decision  # noqa: E402
 from ito_assets.training.economics import EconomicsConfig  # noqa: E402
 from ito_assets.training.hardware import gpu_spec, network_spec  # noqa: E402

@@ -18,7 +18,6 @@ import argparse
 import importlib.metadata
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np

@@ -210,7 +210,7 @@ def account_of(db: duckdb.DuckDBPyConnection) -> Conservation:
     pieces = "SELECT doc_id, count(*) AS found FROM clean_rows WHERE piece IS NOT NULL GROUP BY doc_id"
     if count(f"({cut}) FULL JOIN ({pieces}) USING (doc_id) WHERE num_pieces IS DISTINCT FROM found"):
         problems.append("the pieces in the clean shards do not match the cut documents")
-    if count(f"final_decisions WHERE action IS NOT NULL AND coalesce(len(eval_item_ids), 0) = 0"):
+    if count("final_decisions WHERE action IS NOT NULL AND coalesce(len(eval_item_ids), 0) = 0"):
         problems.append("a contaminated document has no eval item")
     if count(f"final_decisions WHERE state = '{CONTAMINATED}' AND action IS NULL"):
         problems.append("a contaminated document has no action")

@@ -20,7 +20,8 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
-from ito_assets.training.decision import DecisionConfig, DecisionResult
+from ito_assets.training.decision import DecisionResult
+from ito_assets.training.decision_config import DecisionConfig
 from ito_assets.training.model_config import config_by_name
 from ito_assets.training.planner import Hardware, PlanRequest, default_global_batch_sequences, plan
 from ito_assets.training.run_plan import RunPlan

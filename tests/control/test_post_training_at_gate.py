@@ -14,7 +14,6 @@ import pytest
 from gate_world import T0, TERMS, manifest_bytes, verified
 from helpers import bound_pair_steps
 from ito_assets.control import confirm_request, create_run, validation
-from ito_assets.control.bookings import load
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.posttraining.plan import read_pair_shapes
 from ito_assets.training.run_plan import booked_hardware, plan_run

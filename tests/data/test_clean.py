@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from data_frames import edit_words, frame, random_text
-from ito_assets.data.clean import account, apply_actions, clean_documents, cut_pieces, decisions
+from ito_assets.data.clean import account, cut_pieces
 from ito_assets.data.config import DecontamConfig, DedupConfig
 from ito_assets.data.eval_index import build_index
 from ito_assets.evals.suite import EvalItem, EvalSuite

@@ -4,7 +4,6 @@ and the stored `eval_suite` asset is one file that a concurrent run may have rew
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import dagster as dg
 import pytest

@@ -11,10 +11,9 @@ import dagster as dg
 import pytest
 
 from definitions import build_definitions
-from control.gate_world import Clock, make_policy, make_world, verified
+from control.gate_world import verified
 from ito_assets.control import create_run, run_tags, runs, telemetry
 from ito_assets.control.create_run import TrainRequest
-from ito_assets.control.ledger import open_ledger
 from ito_assets.control.states import RunState
 from ito_assets.defs.workload import outcome
 from test_workload_defs import world_and_defs  # noqa: F401 - the ledger and the workload shell, as a fixture

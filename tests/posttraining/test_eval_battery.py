@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pydantic
 import pytest
-import torch
 
 from helpers import Stopped, spy_calls
 from posttraining.never_ends import NeverEnds

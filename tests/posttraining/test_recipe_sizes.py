@@ -11,14 +11,13 @@ import hashlib
 from pathlib import Path
 
 import pytest
-import torch
 
 from helpers import Stopped, spy_calls
 from posttraining.never_ends import NeverEnds
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.schema import DpoStep, PostTrainingEval, RlvrStep, SftStep
 from ito_assets.manifest.verify import verify_manifest
-from ito_assets.posttraining import on_worker, pipeline, rlvr, sampling
+from ito_assets.posttraining import on_worker, pipeline, sampling
 from ito_assets.posttraining.base import seeded
 from ito_assets.posttraining.decoding import encode_prompt
 from ito_assets.posttraining.fixtures import check_completions, instruction_pairs, preference_pairs, write_jsonl

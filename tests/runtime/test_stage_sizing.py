@@ -15,7 +15,7 @@ from ito_assets.runtime.stage import curriculum as stages
 from ito_assets.runtime.stage.config import WorkerConfig
 from ito_assets.runtime.stage.fitting import fit_layout, per_group
 from ito_assets.training.hardware import gpu_spec, network_spec
-from ito_assets.training.layout import Layout, PlanRefused, Precision
+from ito_assets.training.layout import Layout, Precision
 from ito_assets.training.planner import Hardware
 from ito_assets.training.run_plan import plan_run
 

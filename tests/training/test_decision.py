@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from ito_assets.evals.suite import load_suite
-from ito_assets.training.decision import DecisionConfig, run_decision
+from ito_assets.training.decision import run_decision
+from ito_assets.training.decision_config import DecisionConfig
 from ito_assets.training.economics import EconomicsConfig, decision_economics
 from ito_assets.training.eval_config import EvalConfig
 from ito_assets.training.hardware import gpu_spec, network_spec

@@ -145,7 +145,7 @@ def test_the_economics_are_judged_again_on_the_run_s_own_booking():
     """The decision weighs the gain against the full run's cost on the configured hardware, before
     any booking; training judges it again on the run's booking: ten times the price per GPU-hour
     puts the cost per point over the manifest's maximum."""
-    from ito_assets.training.decision import DecisionConfig
+    from ito_assets.training.decision_config import DecisionConfig
     from ito_assets.training.run_plan import booked_hardware, plan_run
 
     def hardware(price: int):

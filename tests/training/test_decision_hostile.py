@@ -21,7 +21,8 @@ from ito_assets.manifest.schema import Manifest
 from ito_assets.runtime.stage import corpus
 from ito_assets.training import evaluation
 from ito_assets.training import decision
-from ito_assets.training.decision import DecisionConfig, run_decision
+from ito_assets.training.decision import run_decision
+from ito_assets.training.decision_config import DecisionConfig
 from ito_assets.training.decision_gate import NOT_WORTH_IT, decision_gate
 from ito_assets.training.economics import Economics, EconomicsConfig, not_worth_it
 from ito_assets.training.tokenizer import TokenizerConfig

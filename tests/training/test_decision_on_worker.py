@@ -18,7 +18,8 @@ from ito_assets.runtime.record.events import EventKind
 from ito_assets.runtime.stage.fitting import fit_layout
 from ito_assets.runtime.stage.proxy_arm import ArmLaunch
 from ito_assets.runtime.supervision.supervisor import SupervisorConfig
-from ito_assets.training.decision import DecisionConfig, run_decision
+from ito_assets.training.decision import run_decision
+from ito_assets.training.decision_config import DecisionConfig
 from ito_assets.training.eval_config import EvalConfig
 from ito_assets.training.layout import Layout
 from ito_assets.training.tokenizer import TokenizerConfig

@@ -19,12 +19,13 @@ from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.schema import Manifest
 from ito_assets.runtime.stage.config import MAX_SEED
 from ito_assets.training import decision
-from ito_assets.training.decision import (
-    MAX_BATCH_SIZE, MAX_EVAL_CANDIDATES, MAX_SEEDS, MAX_STEPS, MAX_VOCAB_SIZE, ArmRun, ArmSummary, DecisionConfig,
-    DecisionResult, decide, ordered_sha256, restated,
+from ito_assets.training.decision import ArmRun, ArmSummary, DecisionResult, decide, ordered_sha256, restated
+from ito_assets.training.decision_config import (
+    MAX_BATCH_SIZE, MAX_EVAL_CANDIDATES, MAX_SEEDS, MAX_STEPS, MAX_VOCAB_SIZE, DecisionConfig,
 )
 from ito_assets.training.decision_gate import DecisionGateVerdict, standing_gate, verdict_drift
 from ito_assets.training.economics import EconomicsConfig
+from ito_assets.training.tokenizer import TokenizerConfig
 from ito_assets.training.trainer import TrainResult
 from ito_assets.training.verdict import MIN_ITEMS_PER_BENCHMARK, PairedTest, Verdict, item_test
 
@@ -98,7 +99,7 @@ def test_too_little_text_to_fill_a_batch_trains_no_arm(tmp_path):
     short = ["a few words only", "and a few more"]
     with pytest.raises(ItoError) as refused:
         decision.run_decision(candidate_texts=short, baseline_texts=short, eval_items=[object()],
-                              config=DecisionConfig(model_name="micro", tokenizer=decision.TokenizerConfig(vocab_size=300)),
+                              config=DecisionConfig(model_name="micro", tokenizer=TokenizerConfig(vocab_size=300)),
                               work_dir=tmp_path, trainer=_NoTraining())
     assert refused.value.code is ErrorCode.SOURCE_INVALID and "a step needs batch_size = 16" in refused.value.message
 
@@ -308,7 +309,7 @@ def test_a_decision_records_its_baseline_and_the_items_it_was_drawn_from(monkeyp
 
     monkeypatch.setattr(evaluation, "evaluate", evaluate)
     texts = [f"document number {i} says {'ab' * (i % 7)} and more words" for i in range(61)]
-    config = DecisionConfig(model_name="micro", tokenizer=decision.TokenizerConfig(vocab_size=300), seeds=(0, 1),
+    config = DecisionConfig(model_name="micro", tokenizer=TokenizerConfig(vocab_size=300), seeds=(0, 1),
                             num_steps=1, batch_size=1, sequence_length=8)
     result = decision.run_decision(candidate_texts=texts, baseline_texts=texts[::-1], eval_items=[object()],
                                    config=config, work_dir=tmp_path, trainer=_Trainer())

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ito_assets.posttraining.decoding import sample_prompts
-from ito_assets.training.model import DecoderLM, build_model
+from ito_assets.training.model import DecoderLM
 from ito_assets.training.model_config import CONFIGS
 
 # Grouped-query attention (two heads share each key/value head), a short context to reach its end.

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from ito_assets.training.decision import DecisionConfig
+from ito_assets.training.decision_config import DecisionConfig
 from ito_assets.manifest.schema import DecisionPower
 from ito_assets.training.verdict import POWER, Verdict, paired_test, stein_seed_count, stein_test
 

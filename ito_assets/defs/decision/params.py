@@ -11,7 +11,7 @@ import dagster as dg
 from pydantic import TypeAdapter, ValidationError
 
 from ito_assets.settings import DecisionTrainer
-from ito_assets.training.decision import DecisionConfig
+from ito_assets.training.decision_config import DecisionConfig
 from ito_assets.training.economics import EconomicsConfig
 from ito_assets.training.eval_config import EvalConfig
 from ito_assets.training.mixtures import DEFAULT_BASELINE_URIS

@@ -25,7 +25,7 @@ from ito_assets.training.tokenizer import (TokenizerConfig, encode_documents, sa
                                            train_tokenizer, write_token_stream)
 
 MARKER_NAME = "tokens.json"
-# 5% of documents held out: the decision job's split (ito_assets.training.decision.DecisionConfig).
+# 5% of documents held out: the decision job's split (ito_assets.training.decision_config.DecisionConfig).
 HELDOUT_FRACTION = 0.05
 
 

@@ -49,8 +49,6 @@ attempt. Both go to the event log as INTERRUPTION and RECOVERY events.
 
 from __future__ import annotations
 
-import math
-
 import argparse
 import contextlib
 import enum
@@ -611,7 +609,7 @@ def stage_arguments(prog: str, argv: list[str] | None) -> tuple[WorkerConfig, Su
             raise
         worker = None  # a later launch removed this one's config before it could be read
     if config.launch_id and (worker is None or worker.launch_id != config.launch_id):
-        raise StageSuperseded(f"a later launch of this stage rewrote its config before this supervisor read it: "
+        raise StageSuperseded("a later launch of this stage rewrote its config before this supervisor read it: "
                               "it started nothing (the later launch's supervisor runs the stage)")
     return worker, config
 
