@@ -575,6 +575,9 @@ SMALL_ACCEPTANCE = {"accepted_verdicts": ["WITHIN_NOISE"], "reviewed_by": "fixtu
 FIXTURE_EVAL_GATE = {"min_improvement_bands": 2.0, "max_regression_bands": 4.0}
 
 
+BASELINE = "pydoc_topics.jsonl"  # the embedded default's baseline (ito_assets/training/mixtures.py)
+
+
 def manifest(name: str, corpora: list[tuple[str, str]], suite_sha: str, stages: list[tuple[str, int, int]],
              post_training: list[dict], cap_cents: int, max_incremental_cents: int,
              data_decision: dict | None = None, eval_gate: dict | None = None) -> dict:
@@ -594,6 +597,9 @@ def manifest(name: str, corpora: list[tuple[str, str]], suite_sha: str, stages: 
         "budget": {"cap_cents": cap_cents, "max_incremental_cents": max_incremental_cents},
         "checkpoint_policy": {"interval_steps": 50, "keep_last": 3, "storage_uri": f"tenant://checkpoints/{name}"},
         **({"data_decision": data_decision} if data_decision else {}),
+        # The reference mixture the data decision measures the candidate against, reviewed with the rest.
+        "decision_baseline": [{"uri": f"dataroot://fixtures/corpora/{BASELINE}",
+                               "sha256": sha256_hex(FIXTURES / "corpora" / BASELINE)}],
     }
 
 

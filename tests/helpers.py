@@ -66,6 +66,20 @@ def valid_manifest() -> dict:
     return copy.deepcopy(_BASE)
 
 
+FIXTURE_MANIFESTS = Path(__file__).resolve().parents[1] / "data" / "fixtures" / "manifests"
+
+
+def fixture_as_first_reviewed(name: str, folder: Path) -> Path:
+    """The fixture manifest `name` as it was reviewed before it bound its decision's baseline
+    (the same document without `decision_baseline`, as the generator writes JSON), written to
+    `folder`: the bytes whose digest tests pin to show an older manifest still means what it meant."""
+    document = json.loads((FIXTURE_MANIFESTS / name).read_text())
+    del document["decision_baseline"]
+    path = folder / name
+    path.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
+    return path
+
+
 def write_file(path: Path, content: bytes | str, mode: int = 0o644) -> str:
     data = content.encode() if isinstance(content, str) else content
     path.write_bytes(data)

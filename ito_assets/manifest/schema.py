@@ -81,6 +81,9 @@ FIELD_NAME_PATTERN = r"^[\x21-\x7e]{1,128}$"
 FieldName = Annotated[str, Field(pattern=FIELD_NAME_PATTERN)]
 
 
+SourceUri = Annotated[str, Field(min_length=1, max_length=2048, pattern=r"^(dataroot://|file:///)[^\s]+$")]
+
+
 class DataReference(_Strict):
     """One source of training documents. `uri` is `dataroot://<relative path>` (the configured
     data root) or `file:///<absolute path>`. `sha256` is over the file's bytes as stored (a
@@ -88,7 +91,7 @@ class DataReference(_Strict):
     `text_field`; its own id, kept as provenance, in `id_field` (absent: the field `id`, where a
     record has one; named: every record must have it)."""
 
-    uri: Annotated[str, Field(min_length=1, max_length=2048, pattern=r"^(dataroot://|file:///)[^\s]+$")]
+    uri: SourceUri
     sha256: Annotated[str, Field(pattern=HEX64_PATTERN)]
     license: Name
     format: Literal["jsonl", "parquet"]
@@ -279,6 +282,19 @@ class DataDecisionAcceptance(_Strict):
     reviewed_by: Name
 
 
+class BaselineFile(_Strict):
+    """A file of the data decision's baseline mixture, the reference the candidate must beat: JSONL
+    (a string `text` per line) or Parquet (a `text` column), by its name's ending, bound by the
+    sha256 of its bytes as stored."""
+
+    uri: SourceUri
+    sha256: Annotated[str, Field(pattern=HEX64_PATTERN)]
+
+
+# A bound on what one review checks file by file; a larger reference mixture is merged into fewer files first.
+MAX_BASELINE_FILES = 64
+
+
 class DecisionEconomics(_Strict):
     """What a GO must be worth: the full run may cost at most this much per percentage point of
     relative improvement of the decision's metric (bits per byte); dearer is NOT_WORTH_IT."""
@@ -334,6 +350,17 @@ class Manifest(DataManifest):
     data_decision: DataDecisionAcceptance | None = None
     decision_economics: DecisionEconomics | None = None
     decision_power: DecisionPower | None = None
+    # What the decision measures the candidate against, reviewed with the rest: a GO against a
+    # mixture nobody reviewed (a weak one, chosen in a run's config) would say nothing. Absent:
+    # the decision's run config names it, and the decision records that no reviewer bound it.
+    decision_baseline: Annotated[tuple[BaselineFile, ...], Field(min_length=1, max_length=MAX_BASELINE_FILES)] | None = None
+
+    @field_validator("decision_baseline")
+    @classmethod
+    def _distinct_baseline(cls, files: tuple | None) -> tuple | None:
+        if files is not None and len({f.uri for f in files}) != len(files):
+            raise ValueError("decision_baseline files must have distinct uris")
+        return files
 
     @field_validator("post_training")
     @classmethod

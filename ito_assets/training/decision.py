@@ -103,6 +103,9 @@ class DecisionResult:
     # caller read files (`decision_run`). None / (): a decision recorded before they were.
     baseline_sha256: str | None = None
     baseline_sources: tuple[MixtureSource, ...] = ()
+    # Whether the manifest's reviewers bound those files (its `decision_baseline`), or a run's
+    # config named them; None: recorded before it was.
+    baseline_bound: bool | None = None
     # The fitted tokenizer's vocabulary, which the divergence rule reads; None: recorded before it
     # was (the requested size is then used, which a fitted vocabulary never exceeds).
     vocab_size: int | None = None
@@ -150,6 +153,7 @@ class DecisionResult:
             "tokenizer_sha256": self.tokenizer_sha256, "train_wall_seconds": round(self.train_wall_seconds, 3),
             "model_flops": self.model_flops, "confidence": self.config.confidence, "attempt": self.attempt,
             "baseline_sha256": self.baseline_sha256, "baseline_sources": [vars(b) for b in self.baseline_sources],
+            "baseline_bound": self.baseline_bound,
             "item_test": self.item_test.to_dict() if self.item_test else None,
             "num_items_by_benchmark": dict(self.num_items_by_benchmark),
             "runs": [{"arm": r.arm, "seed": r.seed, "primary": r.primary, "heldout_bits_per_byte": r.heldout_bits_per_byte,

@@ -11,7 +11,8 @@ either: training on another booking would otherwise skip the economics the manif
 
 The verdict is never taken as stored: where it passed, it is drawn again from the decision's
 recorded runs by today's rules (`decision.restated`), and a verdict they would not give (one drawn
-by an earlier, looser rule) blocks with DATA_DECISION_STALE until the decision is run again.
+by an earlier, looser rule) blocks with DATA_DECISION_STALE until the decision is run again; so does
+a decision measured against another baseline than the one the manifest binds (`decision_baseline`).
 """
 
 from __future__ import annotations
@@ -138,7 +139,7 @@ class DataDecision:
         """The gate on the plan of the run's own booking, its hardware and price, where the
         economics were judged on the configured hardware before any booking existed; a verdict
         today's rules would not give blocks as stale (`standing_gate`)."""
-        standing = standing_gate(self)
+        standing = _against_bound_baseline(standing_gate(self), self.decision, manifest)
         if self.economics_config is None or standing.stale is not None:
             return standing
         return decision_gate(self.decision.verdict, manifest,
@@ -161,8 +162,22 @@ class DataDecision:
 
 
 def baseline_record(result: DecisionResult) -> dict:
-    """What the candidate was measured against: the baseline texts' sha256 and their files."""
-    return {"sha256": result.baseline_sha256 or "", "sources": [vars(s) for s in result.baseline_sources]}
+    """What the candidate was measured against: the baseline texts' sha256, their files, and
+    whether the manifest bound them (None: a decision recorded before it was said)."""
+    return {"sha256": result.baseline_sha256 or "", "sources": [vars(s) for s in result.baseline_sources],
+            "bound_by_manifest": result.baseline_bound}
+
+
+def baseline_drift(result: DecisionResult, manifest: Manifest) -> str | None:
+    """Why `result` was not measured against the baseline `manifest` binds (its files, their
+    bytes, in order); None where it was, or where the manifest binds none."""
+    if manifest.decision_baseline is None:
+        return None
+    bound = [(f.uri, f.sha256) for f in manifest.decision_baseline]
+    if [(s.uri, s.sha256) for s in result.baseline_sources] == bound:
+        return None
+    return ("the decision measured the candidate against another baseline than the manifest's decision_baseline: "
+            "materialize decision_run and data_decision again")
 
 
 def judge_decision(result: DecisionResult, manifest: Manifest, hardware: Hardware, config: EconomicsConfig) -> DataDecision:
@@ -173,15 +188,24 @@ def judge_decision(result: DecisionResult, manifest: Manifest, hardware: Hardwar
         why = ", ".join(refused.reasons)
         unpriced = f"the full run could not be planned on the booked hardware ({why}): its cost was not weighed against the gain"
         return _checked(DataDecision(decision=result, gate=decision_gate(result.verdict, manifest, unpriced=unpriced),
-                                     economics=None, plan_refusal=why, economics_config=config))
+                                     economics=None, plan_refusal=why, economics_config=config), manifest)
     economics = decision_economics(result, run_plan, config, _threshold(manifest))
     return _checked(DataDecision(decision=result, gate=decision_gate(result.verdict, manifest, economics),
-                                 economics=economics, plan_refusal=None, economics_config=config))
+                                 economics=economics, plan_refusal=None, economics_config=config), manifest)
 
 
-def _checked(judged: DataDecision) -> DataDecision:
-    """`judged` with the gate it stands on today (`standing_gate`)."""
-    return replace(judged, gate=standing_gate(judged))
+def _checked(judged: DataDecision, manifest: Manifest) -> DataDecision:
+    """`judged` with the gate it stands on today (`standing_gate`), against the manifest's baseline."""
+    return replace(judged, gate=_against_bound_baseline(standing_gate(judged), judged.decision, manifest))
+
+
+def _against_bound_baseline(gate: DecisionGateVerdict, result, manifest: Manifest) -> DecisionGateVerdict:
+    """`gate`, failed as stale where it passed on a decision measured against another baseline than
+    the one the manifest binds."""
+    if not gate.passed or not isinstance(result, DecisionResult):
+        return gate
+    drift = baseline_drift(result, manifest)
+    return gate if drift is None else _stale(result.verdict, drift)
 
 
 def _threshold(manifest: Manifest) -> int | None:

@@ -59,19 +59,27 @@ def _parquet_texts(data: bytes, uri: str) -> list[str]:
     return [t for t in table.column("text").to_pylist() if isinstance(t, str)]
 
 
-def read_mixture(uris: Sequence[str], data_root: Path) -> Mixture:
-    """Non-empty texts of every file, in order; SOURCE_NOT_FOUND / SOURCE_INVALID on bad files."""
+def read_mixture(uris: Sequence[str], data_root: Path, *, sha256: Sequence[str] | None = None) -> Mixture:
+    """Non-empty texts of every file, in order; SOURCE_NOT_FOUND / SOURCE_INVALID on bad files.
+    `sha256`: each file's digest as reviewed (the manifest's `decision_baseline`), checked before
+    a line is parsed: SOURCE_DIGEST_MISMATCH where the bytes are not those."""
     if not uris:
         raise ItoError(ErrorCode.SOURCE_INVALID, "a baseline mixture needs at least one file")
+    if sha256 is not None and len(sha256) != len(uris):
+        raise ValueError("one sha256 per baseline file")
     texts: list[str] = []
     sources = []
-    for uri in uris:
+    for index, uri in enumerate(uris):
         path = resolve_uri(uri, data_root)
         if not path.is_file():
             raise ItoError(ErrorCode.SOURCE_NOT_FOUND, f"baseline file {uri} does not exist")
         data = path.read_bytes()
+        found = hashlib.sha256(data).hexdigest()
+        if sha256 is not None and found != sha256[index]:
+            raise ItoError(ErrorCode.SOURCE_DIGEST_MISMATCH, f"baseline file {uri} has sha256 {found[:12]}..., "
+                           f"not the {sha256[index][:12]}... the manifest binds: the reference mixture changed since review")
         parsed = _parquet_texts(data, uri) if path.suffix == ".parquet" else _jsonl_texts(data, uri)
         kept = [t for t in parsed if t.strip()]
         texts.extend(kept)
-        sources.append(MixtureSource(uri=uri, sha256=hashlib.sha256(data).hexdigest(), num_documents=len(kept)))
+        sources.append(MixtureSource(uri=uri, sha256=found, num_documents=len(kept)))
     return Mixture(texts=tuple(texts), sources=tuple(sources))

@@ -508,6 +508,36 @@ def test_data_references_need_distinct_uris_and_digests():
     assert _verdict(document).message == "the manifest does not match the schema at: data (data references must have distinct sha256 digests)"
 
 
+def _baseline(count: int) -> list[dict]:
+    return [{"uri": f"dataroot://baseline/part-{i}.jsonl", "sha256": f"{i:064x}"} for i in range(count)]
+
+
+@pytest.mark.parametrize(("files", "location"), [
+    (_baseline(1), None), (_baseline(64), None),
+    ([], "decision_baseline"), (_baseline(65), "decision_baseline"),
+    # A field's error names the field and the absent value's branch (None) too.
+    ([{"uri": "https://example.com/b.jsonl", "sha256": "a" * 64}], "decision_baseline, decision_baseline.0.uri"),
+    ([{"uri": "dataroot://b.jsonl", "sha256": "a" * 63}], "decision_baseline, decision_baseline.0.sha256"),
+    ([{"uri": "dataroot://b.jsonl"}], "decision_baseline, decision_baseline.0.sha256"),
+])
+def test_decision_baseline_bounds(files, location):
+    """One to MAX_BASELINE_FILES files, each a data root or file URI with its 64 hex digits."""
+    err = _verdict(_with(decision_baseline=files))
+    if location is None:
+        assert err is None
+    else:
+        assert err.code is ErrorCode.MANIFEST_INVALID
+        assert err.message == f"the manifest does not match the schema at: {location}"
+
+
+def test_decision_baseline_files_are_distinct_and_a_manifest_without_them_is_unbound():
+    assert parse_manifest(_raw(json.dumps(valid_manifest()).encode())).decision_baseline is None
+    twice = _baseline(2)
+    twice[1]["uri"] = twice[0]["uri"]
+    assert _verdict(_with(decision_baseline=twice)).message == (
+        "the manifest does not match the schema at: decision_baseline (decision_baseline files must have distinct uris)")
+
+
 @pytest.mark.parametrize(
     "decision,location",
     [({"accepted_verdicts": ["NO_GO"], "reason": "r", "reviewed_by": "x"}, None),

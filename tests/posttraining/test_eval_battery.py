@@ -22,6 +22,7 @@ from ito_assets.manifest.verify import verify_manifest
 from ito_assets.posttraining import pipeline
 from ito_assets.posttraining.base import seeded
 from ito_assets.posttraining.decoding import encode_prompt
+from helpers import fixture_as_first_reviewed
 from ito_assets.posttraining.evaluation import evaluate_reward, sampled_kl
 from ito_assets.posttraining.fixtures import instruction_pairs, write_jsonl
 from ito_assets.posttraining.pipeline import SFT_FILE, battery, longest_prompt, run_stage
@@ -30,8 +31,9 @@ from ito_assets.training.model_config import config_by_name
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN, HELD_OUT = battery()
-# The fixture manifests, reviewed before the manifest held the battery's sizes: their bytes, and so
-# their digests and every confirmation of them, are unchanged (data/fixtures/README.md lists them).
+# The fixture manifests as reviewed before the manifest held the battery's sizes: their bytes, and
+# so their digests and every confirmation of them, are unchanged (the fixtures bind their
+# decision's baseline since; `fixture_as_first_reviewed` leaves it out again).
 FIXTURES = {
     "fixture-small.json": "2735bd518eaaf99cc3597f486e2e8ccea840531171211bf36921e75984e9bb3c",
     "fixture-docs-only.json": "bb8e2d0c424cb00caf1e31b96a91031c2a777ad0634b2c203ed8954db5599905",
@@ -41,8 +43,8 @@ SMALL_RLVR = {"kind": "rlvr", "num_steps": 1, "groups_per_step": 1, "group_size"
 
 
 @pytest.mark.parametrize("name", sorted(FIXTURES))
-def test_a_manifest_without_the_block_keeps_its_digest_and_evaluates_as_before(name):
-    path = ROOT / "data" / "fixtures" / "manifests" / name
+def test_a_manifest_without_the_block_keeps_its_digest_and_evaluates_as_before(name, tmp_path):
+    path = fixture_as_first_reviewed(name, tmp_path)
     assert hashlib.sha256(path.read_bytes()).hexdigest() == FIXTURES[name]
     verified = verify_manifest(str(path))
     assert verified.raw.sha256_hex == FIXTURES[name]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import Stopped, spy_calls
+from helpers import Stopped, fixture_as_first_reviewed, spy_calls
 from posttraining.never_ends import NeverEnds
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.manifest.schema import DpoStep, PostTrainingEval, RlvrStep, SftStep
@@ -118,24 +118,25 @@ def test_rlvr_draws_no_more_groups_than_priced_and_counts_them(tmp_path, monkeyp
 # --- RLVR's completion length and overlong window --------------------------------------------------
 
 ROOT = Path(__file__).resolve().parents[2]
-# The fixture manifest, reviewed before the recipe held RLVR's completion length: its bytes, and so
-# its digest and every confirmation of it, are unchanged (data/fixtures/README.md lists the digest).
-FIXTURE = ROOT / "data" / "fixtures" / "manifests" / "fixture-small.json"
+# The fixture manifest as reviewed before the recipe held RLVR's completion length: its bytes, and
+# so its digest and every confirmation of it, are unchanged (it binds its decision's baseline
+# since; `fixture_as_first_reviewed` leaves it out again).
 FIXTURE_SHA256 = "2735bd518eaaf99cc3597f486e2e8ccea840531171211bf36921e75984e9bb3c"
 
 
-def test_a_manifest_without_the_fields_keeps_its_digest_and_means_what_it_meant():
-    assert hashlib.sha256(FIXTURE.read_bytes()).hexdigest() == FIXTURE_SHA256
-    verified = verify_manifest(str(FIXTURE))
+def test_a_manifest_without_the_fields_keeps_its_digest_and_means_what_it_meant(tmp_path):
+    fixture = fixture_as_first_reviewed("fixture-small.json", tmp_path)
+    assert hashlib.sha256(fixture.read_bytes()).hexdigest() == FIXTURE_SHA256
+    verified = verify_manifest(str(fixture))
     assert verified.raw.sha256_hex == FIXTURE_SHA256
     [step] = [s for s in verified.manifest.post_training if s.kind == "rlvr"]
-    assert "max_new_tokens" not in FIXTURE.read_text() and "overlong_cache" not in FIXTURE.read_text()
+    assert "max_new_tokens" not in fixture.read_text() and "overlong_cache" not in fixture.read_text()
     # what RLVR generated with before: the posttraining resource's 8 and 4
     config = RlvrConfig.from_step(step)
     assert (config.max_new_tokens, config.overlong_cache) == (8, 4)
     assert step == RlvrStep.model_validate({**step.model_dump(), "max_new_tokens": 8, "overlong_cache": 4})
     # and the draws a group it ran with: verl's bound of 10, then a constant of the sampling
-    assert "max_draws_per_group" not in FIXTURE.read_text() and config.max_draws_per_group == 10
+    assert "max_draws_per_group" not in fixture.read_text() and config.max_draws_per_group == 10
 
 
 def test_rlvr_generates_with_the_recipes_completion_length_and_the_battery_with_its_own(tmp_path, monkeypatch):

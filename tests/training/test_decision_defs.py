@@ -18,14 +18,19 @@ from ito_assets.data.shards import write_shards
 from ito_assets.data.stages import CleanStage
 from ito_assets.defs import data, decision, manifest
 from ito_assets.defs.decision.assets import data_decision, decision_run, training_plan
-from ito_assets.defs.decision.checks import decision_is_go, plan_not_refused, plan_within_budget_cap, plan_within_max_incremental
+from ito_assets.defs.decision.checks import (
+    decision_baseline_bound, decision_is_go, plan_not_refused, plan_within_budget_cap, plan_within_max_incremental,
+)
 from ito_assets.defs.decision.params import DataDecisionParams, DecisionRunParams
 from ito_assets.defs.decision.resources import BookedHardwareResource
 from ito_assets.defs.resources import ItoSettingsResource
 from ito_assets.evals.suite import load_suite
 from ito_assets.manifest.discovery import judge
 from ito_assets.settings import load_settings
-from ito_assets.training.decision_gate import decision_gate
+from ito_assets.manifest.schema import BaselineFile
+from ito_assets.training.decision_gate import decision_gate, judge_decision
+from ito_assets.training.economics import EconomicsConfig
+from ito_assets.training.mixtures import MixtureSource
 from ito_assets.training.verdict import Verdict
 
 FIXTURES = Path(__file__).resolve().parents[2] / "data" / "fixtures"
@@ -46,6 +51,7 @@ def test_graph_groups_deps_and_blocking_checks():
     for key in [("data_decision", "decision_is_go"), ("training_plan", "plan_not_refused"),
                 ("training_plan", "plan_within_budget_cap"), ("training_plan", "plan_within_max_incremental")]:
         assert checks[key] is True
+    assert checks[("data_decision", "decision_baseline_bound")] is False  # a warning: the run config's baseline
 
 
 @pytest.fixture
@@ -129,10 +135,57 @@ def test_assets_decide_plan_and_check(world):
     assert check.passed and check.metadata["baseline_sha256"].value == result.baseline_sha256
     assert check.metadata["baseline_sources"].value[0]["uri"] == baseline_uri
     assert decided.get_output_metadata("result")["baseline_sha256"] == result.baseline_sha256
+    # This manifest binds no baseline: the run config named it, and the UI warns.
+    assert result.baseline_bound is False
+    warned = decision_baseline_bound(data_decision=judged)
+    assert not warned.passed and warned.severity is dg.AssetCheckSeverity.WARN and "no reviewer bound" in warned.description
+    assert check.metadata["baseline_bound_by_manifest"].value is False
+    # A manifest that binds the baseline: the gate holds only on a decision measured against its files.
+    digest = hashlib.sha256(garbage.read_bytes()).hexdigest()
+    bound = verdict.verified.manifest.model_copy(update={"decision_baseline": (BaselineFile(uri=baseline_uri, sha256=digest),)})
+    assert judge_decision(result, bound, hardware.hardware(), EconomicsConfig()).gate.passed
+    other = dataclasses.replace(result, baseline_sources=(MixtureSource(uri=baseline_uri, sha256="0" * 64, num_documents=1),))
+    stale = judge_decision(other, bound, hardware.hardware(), EconomicsConfig()).gate
+    assert not stale.passed and stale.error_code.value == "DATA_DECISION_STALE" and "decision_baseline" in stale.reason
+    rebound = bound.model_copy(update={"decision_baseline": (BaselineFile(uri=baseline_uri, sha256="1" * 64),)})
+    at_booking = judged.for_booking(outcome.run_plan, rebound)  # judged before; the manifest binds other bytes
+    assert not at_booking.passed and at_booking.error_code.value == "DATA_DECISION_STALE"
+    assert judged.for_booking(outcome.run_plan, bound).passed
     unreviewed = verdict.verified.manifest.model_copy(update={"data_decision": None})
     blocked = dataclasses.replace(judged, gate=decision_gate(Verdict.INCONCLUSIVE, unreviewed))
     check = decision_is_go(data_decision=blocked)
     assert not check.passed and check.metadata["error_code"].value == "DATA_DECISION_INCONCLUSIVE"
+
+
+def _bound_world(installation, tmp_path, baseline: Path, sha256: str):
+    """A manifest binding `baseline` (a file URI) at `sha256`, and the candidate of `world`."""
+    path = installation.manifest("decision-bound", decision_baseline=[{"uri": f"file://{baseline}", "sha256": sha256}])
+    judged = judge(path, _short_key(path), max_bytes=installation.settings.max_manifest_bytes)
+    assert judged.ok, judged.error_message
+    return judged
+
+
+def _decide(installation, verdict, clean, params):
+    decision_run(context=dg.build_asset_context(partition_key=verdict.key), config=params,
+                 ito=ItoSettingsResource.from_settings(installation.settings), training_manifest=verdict,
+                 eval_suite=load_suite(installation.settings.eval_suite_path), clean_shards=clean)
+
+
+def test_a_bound_baseline_is_read_at_its_digest_and_no_run_config_replaces_it(world, tmp_path):
+    """Refused before a tokenizer is fitted or a proxy trains: a run config naming other files
+    (a weak baseline makes any candidate a GO), and a bound file whose bytes changed since review."""
+    installation, _, clean, baseline_uri = world
+    baseline = Path(baseline_uri.removeprefix("file://"))
+    bound = _bound_world(installation, tmp_path, baseline, hashlib.sha256(baseline.read_bytes()).hexdigest())
+    clean = dataclasses.replace(clean, manifest_digest=bound.digest)
+    with pytest.raises(dg.Failure) as refused:
+        _decide(installation, bound, clean, DecisionRunParams(model_name="micro", baseline_uris=["dataroot://weak.jsonl"]))
+    assert refused.value.metadata["error_code"].value == "USAGE_ERROR" and "decision_baseline" in refused.value.description
+    baseline.write_text(baseline.read_text() + json.dumps({"text": "one more line"}) + "\n")
+    with pytest.raises(dg.Failure) as refused:  # the default run config: the manifest's file is read
+        _decide(installation, bound, clean, DecisionRunParams(model_name="micro"))
+    assert refused.value.metadata["error_code"].value == "SOURCE_DIGEST_MISMATCH"
+    assert not (installation.settings.state_dir / "decision" / bound.key / "arms").exists()
 
 
 def test_missing_baseline_fails_with_its_code(world):

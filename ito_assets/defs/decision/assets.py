@@ -21,12 +21,13 @@ from ito_assets.defs.resources import ItoSettingsResource, WAREHOUSE_POOL
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.evals.suite import EvalSuite
 from ito_assets.manifest.discovery import ManifestVerdict
+from ito_assets.manifest.schema import Manifest
 from ito_assets.manifest.verify import eval_suite_mismatches
 from ito_assets.posttraining.plan import read_pair_shapes
 from ito_assets.training.decision import DecisionResult, ordered_sha256, run_decision
 from ito_assets.training.decision_gate import DataDecision, baseline_record, judge_decision, require_items_for_a_verdict
 from ito_assets.training.economics import Economics
-from ito_assets.training.mixtures import read_mixture
+from ito_assets.training.mixtures import DEFAULT_BASELINE_URIS, read_mixture
 from ito_assets.training.threads import torch_threads
 from ito_assets.training.run_plan import PlanOutcome, plan_outcome
 from ito_assets.training.verdict import MIN_ITEMS_PER_BENCHMARK, PairedTest, Verdict
@@ -60,7 +61,8 @@ def decision_run(
                            f"{eval_suite.digest[:19]}) is not the one the manifest's data was decontaminated against: "
                            "materialize eval_suite from that suite")
         require_items_for_a_verdict(manifest, (item.benchmark for item in eval_suite.items))
-        baseline = read_mixture(config.baseline_uris, settings.data_root)
+        uris, digests = _baseline_files(manifest, config)
+        baseline = read_mixture(uris, settings.data_root, sha256=digests)
     except ItoError as error:
         raise failure(error) from None
     candidate = clean_shards.shards.read(["text"])["text"].to_list()
@@ -77,9 +79,25 @@ def decision_run(
         raise failure(error) from None
     # The shards judged, so that training refuses this verdict for shards prepared again since, and
     # the baseline's files, so that a verdict names what it was measured against.
-    result = dataclasses.replace(result, candidate_shards=shards, baseline_sources=baseline.sources, attempt=attempt)
+    result = dataclasses.replace(result, candidate_shards=shards, baseline_sources=baseline.sources, attempt=attempt,
+                                 baseline_bound=manifest.decision_baseline is not None)
+    if manifest.decision_baseline is None:
+        context.log.warning("the manifest binds no decision_baseline: the candidate was measured against the run "
+                            "config's baseline_uris, which no reviewer bound")
     context.add_output_metadata({**_run_metadata(result, work_dir), **_launch_metadata(launch)})
     return result
+
+
+def _baseline_files(manifest: Manifest, config: DecisionRunParams) -> tuple[list[str], list[str] | None]:
+    """(uris, their reviewed sha256) of the baseline: the manifest's where it binds one, refusing a
+    run config that names other files (USAGE_ERROR); else the run config's, unbound (None)."""
+    if manifest.decision_baseline is None:
+        return list(config.baseline_uris), None
+    uris = [f.uri for f in manifest.decision_baseline]
+    if list(config.baseline_uris) not in (uris, list(DEFAULT_BASELINE_URIS)):
+        raise ItoError(ErrorCode.USAGE_ERROR, "baseline_uris: the manifest binds the decision's baseline "
+                       "(decision_baseline); a run config may not name other files")
+    return uris, [f.sha256 for f in manifest.decision_baseline]
 
 
 # Read from the event log: the decisions of the same candidate shards before this one.

@@ -14,6 +14,10 @@ from ito_assets.training.run_plan import PlanOutcome
 _REFUSED = "the plan was refused, so it has no cost to compare"
 
 
+def _said(flag: bool | None) -> bool | str:
+    return "unknown" if flag is None else flag
+
+
 @dg.asset_check(asset=data_decision, blocking=True, partitions_def=manifests_partitions,
                 description="A GO worth the full run's cost, unless the manifest's reviewers accepted the outcome.")
 def decision_is_go(data_decision: DataDecision) -> dg.AssetCheckResult:
@@ -24,8 +28,25 @@ def decision_is_go(data_decision: DataDecision) -> dg.AssetCheckResult:
         metadata={"verdict": gate.verdict.value, "outcome": gate.outcome,
                   "accepted_by_manifest": gate.accepted_by_manifest,
                   "error_code": gate.error_code.value if gate.error_code else "",
-                  "baseline_sha256": baseline.get("sha256", ""), "baseline_sources": json_value(baseline.get("sources", []))},
+                  "baseline_sha256": baseline.get("sha256", ""), "baseline_sources": json_value(baseline.get("sources", [])),
+                  "baseline_bound_by_manifest": _said(baseline.get("bound_by_manifest"))},
         description=gate.reason,
+    )
+
+
+@dg.asset_check(asset=data_decision, partitions_def=manifests_partitions,
+                description="The baseline the candidate was measured against is the one the manifest's reviewers "
+                "bound (decision_baseline); a warning where the run config named it.")
+def decision_baseline_bound(data_decision: DataDecision) -> dg.AssetCheckResult:
+    result = data_decision.decision
+    bound = result.baseline_bound if isinstance(result, DecisionResult) else None
+    return dg.AssetCheckResult(
+        passed=bound is True, severity=dg.AssetCheckSeverity.WARN,
+        metadata={"bound_by_manifest": _said(bound)},
+        description=("the manifest binds the baseline" if bound else
+                     "the manifest binds no decision_baseline: the verdict compares the candidate with files the "
+                     "run config named, which no reviewer bound" if bound is False else
+                     "a decision recorded before baselines were bound: materialize decision_run again to know"),
     )
 
 
@@ -61,4 +82,4 @@ def plan_within_max_incremental(training_plan: PlanOutcome) -> dg.AssetCheckResu
                                "error_code": "" if ok else ErrorCode.BUDGET_EXCEEDED.value})
 
 
-DECISION_CHECKS = [decision_is_go, plan_not_refused, plan_within_budget_cap, plan_within_max_incremental]
+DECISION_CHECKS = [decision_is_go, decision_baseline_bound, plan_not_refused, plan_within_budget_cap, plan_within_max_incremental]
