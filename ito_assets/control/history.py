@@ -22,8 +22,8 @@ gate counts with what it used; a run still queued or training does not count unt
 
 An account's quote pools every account's runs only where they are runs of at least
 MIN_POOLED_ACCOUNTS accounts and no other account's runs dominate what the asker does not know
-(`MIN_REST_PERCENT`); otherwise it states the account's own runs (`scope`). The desk's view (no
-account) is always pooled.
+(`MIN_REST_PERCENT`); otherwise it states the account's own runs (`scope`). It reads the pooled
+figures rounded (`_coarse`). The desk's view (no account) is always pooled, and exact.
 
 With no past run of that kind the quote says so and gives the list price alone.
 """
@@ -119,8 +119,8 @@ def block_history(conn: sa.Connection, terms: BookingTerms, account_id: str | No
         scope, past = HistoryScope.ACCOUNT, [run for run in past if run.account_id == account_id]
     block = f"{terms.num_gpus} x {terms.gpu_type} over {terms.num_nodes} node(s)"
     price = terms.price_per_gpu_hour_cents
-    allocated = math.fsum(run.allocated_device_seconds for run in past)
-    productive = math.fsum(run.productive_device_seconds for run in past)
+    allocated = _sum(run.allocated_device_seconds for run in past)
+    productive = _sum(run.productive_device_seconds for run in past)
     # Finite figures whose sum passes a double's range say nothing: no history, as with no run.
     goodput = _ratio(productive, allocated)
     if goodput is None:
@@ -128,7 +128,9 @@ def block_history(conn: sa.Connection, terms: BookingTerms, account_id: str | No
                             unplanned_interruptions_per_1000_device_hours=None,
                             effective_price_per_productive_gpu_hour_cents=None, scope=scope.value)
     goodput = min(1.0, goodput)
-    per_1000 = _ratio(1000.0 * math.fsum(run.unplanned for run in past), math.fsum(run.device_hours for run in past))
+    per_1000 = _ratio(1000.0 * _sum(run.unplanned for run in past), _sum(run.device_hours for run in past))
+    if account_id is not None and scope is HistoryScope.POOLED:
+        goodput, per_1000 = _coarse(goodput, per_1000)
     effective = price / goodput if goodput >= MIN_PRICED_GOODPUT else None
     return BlockHistory(
         block=block, num_runs=len(past), list_price_per_gpu_hour_cents=price, expected_goodput=goodput,
@@ -148,13 +150,31 @@ def _poolable(past: list[_PastRun], asker: str) -> bool:
 def _dominated(past: list[_PastRun], asker: str, weight) -> bool:
     """The p% rule on `weight`: the accounts other than the asker and the largest other hold less
     than MIN_REST_PERCENT % of the largest's."""
-    held: dict[str, float] = {}
+    held: dict[str, list[float]] = {}
     for run in past:
         if run.account_id != asker:
-            held[run.account_id] = held.get(run.account_id, 0.0) + weight(run)
-    largest = max(held.values(), default=0.0)
-    rest = math.fsum(held.values()) - largest
-    return 100.0 * rest < MIN_REST_PERCENT * largest
+            held.setdefault(run.account_id, []).append(weight(run))
+    shares = sorted(_sum(values) for values in held.values())
+    if not shares:
+        return True
+    return 100.0 * _sum(shares[:-1]) < MIN_REST_PERCENT * shares[-1]
+
+
+def _coarse(goodput: float, per_1000: float | None) -> tuple[float, float | None]:
+    """The pooled figures an account reads, rounded: to a percentage point of goodput and a tenth
+    of an interruption per 1,000 device-hours. Exact figures would let an account that compares
+    its quotes before and after a run of its own (whose figures it knows) solve for the pool's
+    sums, and then read each rival run that ends between two later quotes; rounded, a run shows
+    only as far as it moves the pool by a point."""
+    return round(goodput, 2), None if per_1000 is None else round(per_1000, 1)
+
+
+def _sum(values) -> float:
+    """math.fsum, infinite where finite values add up past a double's range (fsum raises there)."""
+    try:
+        return math.fsum(values)
+    except OverflowError:
+        return math.inf
 
 
 def _ratio(numerator: float, denominator: float) -> float | None:

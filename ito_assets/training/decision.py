@@ -32,6 +32,7 @@ import numpy as np
 from ito_assets.errors import ErrorCode, ItoError
 from ito_assets.evals.suite import EvalItem
 from ito_assets.runtime.record.storage import held_alone
+# DecisionConfig is also found here by the results Dagster pickled before it moved to its module.
 from ito_assets.training.decision_config import PROXY_MODEL, DecisionConfig, require
 from ito_assets.training.heldout import SPLIT_SEED, split_heldout
 from ito_assets.training.model_config import ModelConfig, config_by_name, parameter_count

@@ -139,9 +139,14 @@ class DataDecision:
         """The gate on the plan of the run's own booking, its hardware and price, where the
         economics were judged on the configured hardware before any booking existed; a verdict
         today's rules would not give blocks as stale (`standing_gate`)."""
-        standing = _against_bound_baseline(standing_gate(self), self.decision, manifest)
-        if self.economics_config is None or standing.stale is not None:
-            return standing
+        if isinstance(self.decision, DecisionResult):  # a stand-in built by hand records neither
+            # Before the economics are judged again: a stored gate that failed on them may pass on
+            # the booking's, and must not pass over a verdict or a baseline that no longer holds.
+            drift = verdict_drift(self.decision) or baseline_drift(self.decision, manifest)
+            if drift is not None:
+                return _stale(self.decision.verdict, drift)
+        if self.economics_config is None:
+            return self.gate
         return decision_gate(self.decision.verdict, manifest,
                              decision_economics(self.decision, run_plan, self.economics_config, _threshold(manifest)))
 

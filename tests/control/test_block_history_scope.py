@@ -77,9 +77,12 @@ def test_an_accounts_quote_pools_other_accounts_only_from_three(world, num_accou
         assert "of this account" in describe(found)
     else:
         assert found.num_runs == num_accounts
-        assert found.expected_goodput == pytest.approx((400 + 160 * len(others)) / (800 * num_accounts))
+        exact = (400 + 160 * len(others)) / (800 * num_accounts)
+        assert found.expected_goodput == round(exact, 2)  # an account reads pooled figures rounded
     desk = _history(world)
     assert desk.scope == "pooled" and desk.num_runs == num_accounts
+    if scope == "pooled":
+        assert desk.expected_goodput == pytest.approx(exact)  # the desk, exactly
 
 
 def _three_accounts(world, mine: float, rival: tuple[float, float], third: tuple[float, float]) -> None:
@@ -103,6 +106,32 @@ def test_three_accounts_pool_only_where_the_third_holds_a_tenth_of_the_largest_r
     if scope == "account":
         assert "none holding nearly all of the others'" in describe(found)
     assert _history(world).scope == "pooled"  # the desk's view
+
+
+def test_an_account_reads_the_pool_rounded_so_its_quotes_do_not_difference_to_a_rivals_run(world):
+    """Exact pooled figures before and after a run of the asker's own (whose figures it knows)
+    give the pool's sums, and from them each rival run that ends between two later quotes: an
+    account reads goodput to a point and the interruption rate to a tenth; the desk reads them exact."""
+    for number, (account, productive, unplanned) in enumerate([(world.account, 500.0, 0.0), (world.other, 777.0, 1.0),
+                                                                (_tenant(world, "tenant-x"), 333.0, 2.0)]):
+        run = _ended(world, account, key=f"coarse-run-{number:04d}")
+        _publish(world, run, allocated_seconds=125.0, productive_seconds=productive / 8, device_hours=0.3,
+                 unplanned_interruptions=unplanned, allocated_device_seconds=1000.0, productive_device_seconds=productive)
+    desk, mine = _history(world), _history(world, world.account.account_id)
+    assert desk.expected_goodput == pytest.approx(1610 / 3000) and mine.expected_goodput == 0.54
+    assert desk.unplanned_interruptions_per_1000_device_hours == pytest.approx(3000 / 0.9)
+    assert mine.unplanned_interruptions_per_1000_device_hours == 3333.3
+    assert mine.effective_price_per_productive_gpu_hour_cents == pytest.approx(100 / 0.54)
+
+
+def test_figures_that_add_up_past_a_doubles_range_give_no_history_not_an_error(world):
+    """Each finite, their sum not: math.fsum raises there, which was an internal error."""
+    for number in range(2):
+        run = _ended(world, key=f"huge-figures-{number:03d}")
+        _publish(world, run, allocated_seconds=1e308, productive_seconds=1e308, device_hours=1e308,
+                 unplanned_interruptions=0.0, allocated_device_seconds=1e308, productive_device_seconds=1e308)
+    found = _history(world)
+    assert found.num_runs == 0 and found.expected_goodput is None
 
 
 @pytest.mark.parametrize(("third_hours", "scope"), [(0.099, "account"), (0.1, "pooled")])

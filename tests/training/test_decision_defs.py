@@ -13,6 +13,7 @@ import dagster as dg
 import polars as pl
 import pytest
 
+from helpers import valid_manifest
 from ito_assets.data import lineage, warehouse
 from ito_assets.data.shards import write_shards
 from ito_assets.data.stages import CleanStage
@@ -151,6 +152,11 @@ def test_assets_decide_plan_and_check(world):
     at_booking = judged.for_booking(outcome.run_plan, rebound)  # judged before; the manifest binds other bytes
     assert not at_booking.passed and at_booking.error_code.value == "DATA_DECISION_STALE"
     assert judged.for_booking(outcome.run_plan, bound).passed
+    # A stored gate that failed on its economics is judged again on the booking's, never over a
+    # baseline that no longer holds.
+    unpriced = dataclasses.replace(judged, gate=dataclasses.replace(judged.gate, passed=False, worth_it=False))
+    assert unpriced.for_booking(outcome.run_plan, bound).passed
+    assert unpriced.for_booking(outcome.run_plan, rebound).error_code.value == "DATA_DECISION_STALE"
     unreviewed = verdict.verified.manifest.model_copy(update={"data_decision": None})
     blocked = dataclasses.replace(judged, gate=decision_gate(Verdict.INCONCLUSIVE, unreviewed))
     check = decision_is_go(data_decision=blocked)
@@ -186,6 +192,42 @@ def test_a_bound_baseline_is_read_at_its_digest_and_no_run_config_replaces_it(wo
         _decide(installation, bound, clean, DecisionRunParams(model_name="micro"))
     assert refused.value.metadata["error_code"].value == "SOURCE_DIGEST_MISMATCH"
     assert not (installation.settings.state_dir / "decision" / bound.key / "arms").exists()
+
+
+def test_the_defaults_give_way_to_a_bound_baseline_and_a_runs_own_files_are_refused():
+    """The code's default and the location's (ITO_DECISION_CONFIG) are for manifests that bind no
+    baseline: a location default must not fail every decision of a manifest that binds one."""
+    from ito_assets.defs.decision.assets import _baseline_files
+    from ito_assets.errors import ItoError
+    from ito_assets.manifest.schema import Manifest
+
+    document = valid_manifest()
+    document["decision_baseline"] = [{"uri": "dataroot://reviewed.jsonl", "sha256": "a" * 64}]
+    bound = Manifest.model_validate_json(json.dumps(document))
+    expected = (["dataroot://reviewed.jsonl"], ["a" * 64])
+    location = ["dataroot://location.jsonl"]
+    for named in (None, ["dataroot://reviewed.jsonl"], location):
+        params = DecisionRunParams() if named is None else DecisionRunParams(baseline_uris=named)
+        assert _baseline_files(bound, params, location) == expected
+    with pytest.raises(ItoError) as refused:
+        _baseline_files(bound, DecisionRunParams(baseline_uris=["dataroot://weak.jsonl"]), location)
+    assert refused.value.code.value == "USAGE_ERROR"
+    unbound = Manifest.model_validate_json(json.dumps(valid_manifest()))
+    assert _baseline_files(unbound, DecisionRunParams(baseline_uris=location), None) == (location, None)
+
+
+def test_a_decision_config_pickled_before_its_module_moved_still_loads():
+    """Dagster stored each DecisionResult by pickle, which names DecisionConfig's module."""
+    import pickle
+
+    from ito_assets.training.decision_config import DecisionConfig
+
+    config = DecisionConfig(model_name="micro", seeds=(3, 4))
+    # Protocol 2 names a class as text ("module\nname"), so the module is renamed in place.
+    older = pickle.dumps(config, protocol=2).replace(b"ito_assets.training.decision_config\n",
+                                                     b"ito_assets.training.decision\n")
+    assert b"ito_assets.training.decision_config" not in older
+    assert pickle.loads(older) == config
 
 
 def test_missing_baseline_fails_with_its_code(world):

@@ -42,7 +42,8 @@ GROUP = "decision"
     partitions_def=manifests_partitions,
     ins={"clean_shards": dg.AssetIn("clean_shards")},
     description="The proxy trained on the candidate mixture (`clean_shards`) and on the baseline mixture "
-    "(the run config's `baseline_uris` under the data root), same token budget and seeds, scored on "
+    "(the manifest's `decision_baseline`, each file at its sha256; where it binds none, the run config's "
+    "`baseline_uris`), same token budget and seeds, scored on "
     "`eval_suite`'s battery (DataDecide method).",
 )
 def decision_run(
@@ -61,7 +62,7 @@ def decision_run(
                            f"{eval_suite.digest[:19]}) is not the one the manifest's data was decontaminated against: "
                            "materialize eval_suite from that suite")
         require_items_for_a_verdict(manifest, (item.benchmark for item in eval_suite.items))
-        uris, digests = _baseline_files(manifest, config)
+        uris, digests = _baseline_files(manifest, config, settings.decision_config.get("baseline_uris"))
         baseline = read_mixture(uris, settings.data_root, sha256=digests)
     except ItoError as error:
         raise failure(error) from None
@@ -88,13 +89,16 @@ def decision_run(
     return result
 
 
-def _baseline_files(manifest: Manifest, config: DecisionRunParams) -> tuple[list[str], list[str] | None]:
-    """(uris, their reviewed sha256) of the baseline: the manifest's where it binds one, refusing a
-    run config that names other files (USAGE_ERROR); else the run config's, unbound (None)."""
+def _baseline_files(manifest: Manifest, config: DecisionRunParams,
+                    location_default: object) -> tuple[list[str], list[str] | None]:
+    """(uris, their reviewed sha256) of the baseline: the manifest's where it binds one; else the
+    run config's, unbound (None). A run that names other files than a binding is refused
+    (USAGE_ERROR); the defaults, the code's and the location's (`location_default`, from
+    ITO_DECISION_CONFIG), are for manifests that bind none, so they give way to a binding."""
     if manifest.decision_baseline is None:
         return list(config.baseline_uris), None
     uris = [f.uri for f in manifest.decision_baseline]
-    if list(config.baseline_uris) not in (uris, list(DEFAULT_BASELINE_URIS)):
+    if list(config.baseline_uris) not in (uris, list(DEFAULT_BASELINE_URIS), location_default):
         raise ItoError(ErrorCode.USAGE_ERROR, "baseline_uris: the manifest binds the decision's baseline "
                        "(decision_baseline); a run config may not name other files")
     return uris, [f.sha256 for f in manifest.decision_baseline]

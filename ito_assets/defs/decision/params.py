@@ -69,7 +69,7 @@ def checked_defaults(fields: Mapping[str, Any], source: str) -> dict[str, Any]:
             raise ValueError(f"{source}: {name}: {error.errors()[0]['msg']}") from None
     if fields.get("num_eval_candidates", 2) < 2:  # the core's rule, under the run config's name
         raise ValueError(f"{source}: num_eval_candidates: must be at least 2")
-    # Past here every range is DecisionConfig's (training/decision.py), which names the run config's field.
+    # Past here every range is DecisionConfig's (training/decision_config.py), which names the run config's field.
     try:
         DecisionRunParams(**fields).to_config()
     except ValueError as error:  # the core's rule, which names its field and never the value
