@@ -37,7 +37,27 @@ class _Jwt:
         return False
 
 
-_PATTERNS: tuple[tuple[str, "re.Pattern[str] | _Jwt"], ...] = (
+class _PortLikePassword:
+    """A URL password that starts as a port would, digits then "/", "?" or "#"
+    (`postgresql://app:80/Xq3...@db`: base64 passwords begin so about once in 400). On the web a
+    port and a path holding "@" are common (`https://host:443/@user`) and the scheme tells them
+    apart: a database's, a broker's or any other scheme's URL puts no "@" in its path after a port,
+    so there these are passwords. The scheme is read back from the match, at most 32 characters:
+    a pattern anchored on it would restart at every letter of a long word."""
+
+    _AFTER_PORT = re.compile(r"://[^/\s:@\[\]]*:\d{1,5}[/?#][^\s@\"'<>,`]{0,256}@")
+    _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{0,31}\Z")
+    _WEB = ("http", "https", "ws", "wss")
+
+    def search(self, value: str) -> bool:
+        for match in self._AFTER_PORT.finditer(value):
+            scheme = self._SCHEME.search(value, max(0, match.start() - 32), match.start())
+            if scheme is None or not scheme.group(0).lower().endswith(self._WEB):  # "see:https://" too
+                return True
+        return False
+
+
+_PATTERNS: tuple[tuple[str, "re.Pattern[str] | _Jwt | _PortLikePassword"], ...] = (
     ("aws_access_key_id", re.compile(r"\b(?:AKIA|ASIA|ABIA|ACCA|AIDA|AROA)[0-9A-Z]{16}\b")),
     ("aws_secret_access_key", re.compile(r"(?i)aws.{0,20}?[=:]\s*['\"]?[A-Za-z0-9/+]{40}\b")),
     ("github_token", re.compile(r"\bgh[pousr]_[A-Za-z0-9]{36,255}\b")),
@@ -59,6 +79,7 @@ _PATTERNS: tuple[tuple[str, "re.Pattern[str] | _Jwt"], ...] = (
         r"|(?i:[?&;](?:[a-z0-9_.-]*[_.-])?"
         r"(?:token|sig|signature|password|passwd|pwd|secret|credential|auth|api_?key|access_?key|secret_?key)"
         r"=[^&#\s]{4,})")),
+    ("url_credentials", _PortLikePassword()),
     # Bot, user, legacy and refresh tokens (xoxb-, xoxp-, xoxe-...) and app-level tokens (xapp-).
     ("slack_token", re.compile(r"\b(?:xox[abposre]|xapp)-[A-Za-z0-9-]{10,}")),
     ("slack_webhook", re.compile(r"hooks\.slack\.com/services/T[A-Za-z0-9_]+/B[A-Za-z0-9_]+/[A-Za-z0-9_]+")),

@@ -110,6 +110,30 @@ def test_a_url_password_with_a_slash_is_a_credential(url):
     assert value_secret_kind(url) == "url_credentials"
 
 
+# A password that begins as a port would: digits, then "/" (base64 ones do, about once in 400).
+PORT_LIKE_PASSWORD = "80/Xq3+Tn4Wm2Lk9Xv"
+
+
+@pytest.mark.parametrize("url", [f"postgresql://app:{PORT_LIKE_PASSWORD}@db:5432/x", "mysql://root:1234/5678@h/db",
+                                 "redis://:9/zz@redis:6379/0", "amqp://guest:5/a?b@broker", "mongodb+srv://u:1#x@h",
+                                 f"dsn=postgresql://app:{PORT_LIKE_PASSWORD}@db", f"x{'y' * 40}postgresql://a:1/b@c"])
+def test_a_password_that_begins_like_a_port_is_a_credential_outside_the_web(url):
+    assert value_secret_kind(url) == "url_credentials"
+
+
+@pytest.mark.parametrize("url", ["http://db:80/a@b", "HTTPS://host:443/@user/post", "wss://h:8/x@y",
+                                 "see:https://h:8443/@me", "(http://h:1/a@b)"])
+def test_on_the_web_a_port_and_a_path_with_an_at_sign_stay_a_url(url):
+    assert value_secret_kind(url) is None
+
+
+def test_a_port_like_password_in_a_log_line_is_hidden():
+    from ito_assets.control.telemetry import redact
+
+    line = f"could not connect to postgresql://app:{PORT_LIKE_PASSWORD}@db:5432/ito: timeout"
+    assert PORT_LIKE_PASSWORD not in redact(line) and "Xq3" not in redact(line)
+
+
 def test_a_url_password_with_a_slash_in_a_manifest_is_refused_as_a_secret(tmp_path):
     document = valid_manifest()
     document["data"][0]["uri"] = f"postgresql://ito:{SLASH_PASSWORD}@db.internal:5432/ito"
