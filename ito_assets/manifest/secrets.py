@@ -186,6 +186,10 @@ _NAMED = re.compile(
 # "pass" names one (REDIS_AUTH, DB_PASS).
 _TEXT_SECRET_WORDS = _SECRET_WORDS - {"auth", "session", "token"}
 _ENV_SECRET_WORDS = frozenset({"auth", "pass"})
+# Before those two, these make the name a switch or a count: FIRST_PASS, TWO_PASS, SKIP_AUTH, NO_AUTH.
+_SWITCH_WORDS = frozenset({"first", "second", "third", "last", "next", "prev", "one", "two", "three", "single", "multi",
+                           "double", "each", "every", "num", "per", "forward", "backward", "skip", "no", "use", "with",
+                           "without", "enable", "disable", "allow", "require", "force"})
 # Before "token", these name a tokenizer's, a sample's or a count's token (pad_token, next_token).
 _VOCABULARY_TOKENS = frozenset({"bos", "eos", "eot", "pad", "unk", "sep", "cls", "mask", "lf", "special", "next", "last",
                                 "first", "prev", "start", "end", "stop", "new", "max", "min", "num", "per", "the", "a",
@@ -217,7 +221,7 @@ def _credential_name(name: str) -> bool:
     if not words:
         return False
     if words[-1] in _ENV_SECRET_WORDS and name.lstrip("_").isupper():
-        return True
+        return len(words) == 1 or words[-2] not in _SWITCH_WORDS
     if not _ends_a_credential_name(words, len(words), _TEXT_SECRET_WORDS):
         return words[-1] == "token" and len(words) > 1 and words[-2] not in _VOCABULARY_TOKENS
     return True

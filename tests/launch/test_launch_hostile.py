@@ -125,7 +125,8 @@ AZURE = ("DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=Q2FuYXJ5S2V
 
 
 @pytest.mark.parametrize(("name", "value"), [
-    ("DB_PASS", "CanaryPw1"), ("REDIS_AUTH", "CanaryPw1"), ("AZ_CONN", AZURE),
+    ("DB_PASS", "CanaryPw1"), ("REDIS_AUTH", "CanaryPw1"), ("PASS", "CanaryPw1"), ("MYSQL_PASS", "CanaryPw1"),
+    ("AZ_CONN", AZURE),
     ("AZURE_STORAGE_CONNECTION_STRING", AZURE),
     ("S3_CREDS", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"), ("EXTRA", "Xk9pQ2mZ7vR4tL8wN3bY6cF1hJ5sD0gA"),
     ("DATABASE_URL", "postgresql://ito:q8Rz/Tn4+Wm2Lk9Xv3Bd@db.internal:5432/ito"),  # a password with a "/"
@@ -143,6 +144,8 @@ def test_a_credential_no_known_format_names_is_refused_from_the_spec_env(name, v
     ("CUDA_VISIBLE_DEVICES", "MIG-GPU-bf675a41-b36c-591e-bf67-5a41b36c58dc/1/0"),  # random enough for the entropy rule
     ("PYTHONPATH", "/opt/ito/src:/opt/ito/site-packages"), ("ITO_STATE_DIR", "/var/lib/ito"),
     ("NCCL_SOCKET_IFNAME", "eth0"), ("BYPASS_CACHE", "1"),
+    # "pass" after a count or a switch names a pass, not a password
+    ("FIRST_PASS", "1"), ("TWO_PASS", "true"), ("SKIP_PASS", "dedup"), ("NUM_PASSES", "3"),
 ])
 def test_the_supervisor_s_own_settings_pass_the_spec_env(name, value):
     # The supervisor adds a replica group's lighthouse and its share of the GPUs (runtime/supervision).
