@@ -15,7 +15,13 @@ test (`stein_seed_count`, `stein_test`) against adding one seed at a time until 
 is small enough and then testing as usual: false-decision rate under the null, power at the
 target, mean seeds trained.
 
+Then decisions made again about the same candidate until one says GO (`--reruns`): equal arms, 3
+seeds, seed luck 0.03 shared by both arms and 0.01 of each arm's own (bits per byte), a fresh draw
+for each decision; the share of cases with a false GO within the first N decisions, under
+Bonferroni's a / k for the k-th decision (the rule before) and under `DecisionConfig.for_attempt`.
+
     .venv/bin/python benchmarks/decision_rule.py [--trials 10000] [--seed 0]
+    .venv/bin/python benchmarks/decision_rule.py --reruns [--trials 4000] [--seed 0]
 """
 
 from __future__ import annotations
@@ -124,12 +130,53 @@ def print_seed_counts(rows: list[dict]) -> None:
             f"{c['null']:>12.3f} {c['at_target']:>6.3f} {c['at_target_mean_seeds']:>6.2f}" for c in cells))
 
 
+RERUN_SEEDS, RERUN_SEED_SD, RERUN_ARM_SD = 3, 0.03, 0.01
+RERUN_HORIZONS = (1, 2, 5, 10, 20, 50)
+
+
+def rerun_rows(trials: int, seed: int) -> dict[str, dict[int, float]]:
+    """rule -> N -> the share of equal-arm cases with a GO within their first N decisions."""
+    from ito_assets.training.decision_config import DecisionConfig
+
+    base = DecisionConfig()
+    rules = {"bonferroni_a_over_k": lambda k: 1 - (1 - base.confidence) / k,
+             "for_attempt": lambda k: base.for_attempt(k).confidence}
+    horizon = max(RERUN_HORIZONS)
+    found = {}
+    for name, confidence in rules.items():
+        rng = np.random.default_rng([seed, horizon])  # the same draws for both rules
+        first_go = []
+        for _ in range(trials):
+            shared = rng.normal(0, RERUN_SEED_SD, size=(horizon, RERUN_SEEDS))
+            baseline = 1.0 + shared + rng.normal(0, RERUN_ARM_SD, size=(horizon, RERUN_SEEDS))
+            candidate = 1.0 + shared + rng.normal(0, RERUN_ARM_SD, size=(horizon, RERUN_SEEDS))
+            first_go.append(next((k for k in range(1, horizon + 1)
+                                  if paired_test(candidate[k - 1].tolist(), baseline[k - 1].tolist(),
+                                                 confidence(k)).verdict is Verdict.GO), horizon + 1))
+        found[name] = {n: sum(k <= n for k in first_go) / trials for n in RERUN_HORIZONS}
+    return found
+
+
+def print_reruns(rows: dict[str, dict[int, float]], trials: int) -> None:
+    print(f"{trials} equal-arm cases, decided again until GO; the share with a false GO within N decisions")
+    print("N      " + "  ".join(f"{name:>20}" for name in rows))
+    for n in RERUN_HORIZONS:
+        print(f"{n:<6} " + "  ".join(f"{rows[name][n]:>20.4f}" for name in rows))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--reruns", action="store_true", help="only the decisions made again until GO")
     args = parser.parse_args()
     started = time.perf_counter()
+    if args.reruns:
+        rows = rerun_rows(args.trials, args.seed)
+        print_reruns(rows, args.trials)
+        print(json.dumps({"rule": {k: {str(n): v for n, v in r.items()} for k, r in rows.items()},
+                          "seconds": round(time.perf_counter() - started, 1)}))
+        return
     rows, counted = fixed_seed_rows(args.trials, args.seed), seed_count_rows(args.trials, args.seed)
     print_fixed(rows, args.trials)
     print_seed_counts(counted)

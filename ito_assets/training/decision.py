@@ -115,7 +115,8 @@ class DecisionResult:
     item_test: ItemTest | None = None
     num_items_by_benchmark: tuple[tuple[str, int], ...] = ()
     # This decision's place among the decisions of the same candidate shards: the k-th, after k - 1
-    # that were not a GO, tests at confidence 1 - (1 - c) / k (Bonferroni), which `config` holds.
+    # that were not a GO, tests at confidence 1 - (1 - c) / (k (k - 1)) from the second on
+    # (`DecisionConfig.for_attempt`), which `config` holds.
     attempt: int = 1
 
     @property

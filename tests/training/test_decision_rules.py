@@ -338,9 +338,20 @@ def test_per_item_bits_per_byte_pool_to_the_benchmark_s():
 
 # --- decisions run again until GO ------------------------------------------------------------------
 
-@pytest.mark.parametrize(("attempt", "confidence"), [(1, 0.95), (2, 0.975), (5, 0.99)])
-def test_the_k_th_decision_about_a_candidate_tests_at_a_k_th_of_the_error_rate(attempt, confidence):
+@pytest.mark.parametrize(("attempt", "confidence"), [(1, 0.95), (2, 0.975), (3, 1 - 0.05 / 6), (5, 0.9975)])
+def test_the_k_th_decision_about_a_candidate_tests_at_a_over_k_k_minus_1(attempt, confidence):
     assert DecisionConfig().for_attempt(attempt).confidence == pytest.approx(confidence)
+
+
+def test_the_error_rates_of_any_number_of_decisions_add_up_to_at_most_twice_the_first():
+    """A two-sided test errs towards GO in half its rate: the chance of any false GO over every
+    decision made again about one candidate stays within 1 - c. Bonferroni's a / k did not."""
+    config = DecisionConfig(confidence=0.9)
+    spent = math.fsum(1 - config.for_attempt(k).confidence for k in range(1, 100_001))
+    assert 0.19 < spent <= 0.2
+    assert math.fsum(0.1 / k for k in range(1, 101)) > 0.5  # the rule before, at 100 decisions
+    with pytest.raises(ValueError, match="attempt"):
+        config.for_attempt(0)
 
 
 def test_earlier_decisions_that_were_not_a_go_count_for_the_same_candidate_only():
