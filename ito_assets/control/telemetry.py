@@ -167,9 +167,18 @@ def _in_step_range(step: object) -> bool:
 
 def record_checkpoint(ledger: Ledger, run_id: str, *, step: int, path: str, size_bytes: int,
                       sha256: str | None = None) -> None:
+    """A checkpoint of the run, listed by `ito checkpoints`. Where its digest is known, the run's
+    earlier rows of the same path that name other bytes are marked removed at once: a save that
+    replaced them (a step saved again after a restart rewound past it) left them nowhere."""
     with ledger.write() as conn:
+        now = ledger.now()
+        if sha256 is not None:
+            c = run_checkpoints.c
+            conn.execute(run_checkpoints.update().where(
+                c.run_id == run_id, c.path == path, c.removed_at.is_(None), sa.or_(c.sha256.is_(None), c.sha256 != sha256),
+            ).values(removed_at=now))
         conn.execute(run_checkpoints.insert().values(run_id=run_id, step=step, path=path, sha256=sha256,
-                                                     size_bytes=size_bytes, created_at=ledger.now()))
+                                                     size_bytes=size_bytes, created_at=now))
 
 
 def _page(ledger: Ledger, table: sa.Table, run_id: str, after: int, limit: int) -> list:

@@ -73,3 +73,38 @@ def test_a_pretraining_stage_publishes_its_whole_checkpoints_and_thinned_losses_
     assert (listed.step, listed.path, listed.size_bytes, listed.sha256) == (10, str(markers.checkpoint_dir(stage_dir, 10)), 5, "d" * 64)
     names = [(m.step, m.name) for m in telemetry.every_page(telemetry.metrics, world.ledger, run.run_id)]
     assert names == [(10, "pretraining/loss"), (12, "pretraining/loss"), (12, "pretraining/heldout_loss"), (12, "pretraining/goodput")]
+
+
+def test_a_step_saved_again_with_other_bytes_is_listed_anew_and_its_old_row_marked_removed(world, tmp_path) -> None:
+    """A stage published, then run again where a restart rewound past a step and saved it again
+    (an approved spike restart, say): `ito checkpoints` must not keep naming bytes that are gone."""
+    from ito_assets.runtime.checkpoint import markers, registry
+    from ito_assets.runtime.record.publish import publish_stage
+
+    run = make_run(world)
+    stage_dir = tmp_path / "pretraining"
+    folder = markers.checkpoint_dir(stage_dir, 10)
+    folder.mkdir(parents=True)
+    (folder / ".metadata").write_bytes(b"first save")
+    markers.write_marker(folder, 10)
+
+    def saved(digest: str) -> None:
+        registry.append(stage_dir, registry.CheckpointRecord(
+            step=10, path=str(folder), num_bytes=5, blocking_seconds=0.0, total_seconds=1.0,
+            metadata_sha256=digest, completed_at=0.0))
+
+    saved("d" * 64)
+    assert publish_stage(world.ledger, run.run_id, "pretraining", stage_dir, {})[0] == 1
+    saved("e" * 64)  # the same step saved again: other bytes in the same folder
+    assert publish_stage(world.ledger, run.run_id, "pretraining", stage_dir, {})[0] == 1
+    assert publish_stage(world.ledger, run.run_id, "pretraining", stage_dir, {})[0] == 0
+    old, new = telemetry.every_page(telemetry.checkpoints, world.ledger, run.run_id)
+    assert (old.sha256, new.sha256) == ("d" * 64, "e" * 64)
+    assert old.removed_at is not None and new.removed_at is None
+    # A row that names no digest (an older release's) is replaced as well; other paths are not touched.
+    telemetry.record_checkpoint(world.ledger, run.run_id, step=20, path="other", size_bytes=1)
+    telemetry.record_checkpoint(world.ledger, run.run_id, step=20, path="step-20", size_bytes=1)
+    telemetry.record_checkpoint(world.ledger, run.run_id, step=20, path="step-20", size_bytes=1, sha256="f" * 64)
+    rows = {(c.path, c.sha256): c.removed_at for c in telemetry.every_page(telemetry.checkpoints, world.ledger, run.run_id)}
+    assert rows[("other", None)] is None and rows[("step-20", None)] is not None and rows[("step-20", "f" * 64)] is None
+    assert rows[(str(folder), "e" * 64)] is None

@@ -274,7 +274,7 @@ def test_a_step_saved_again_after_a_restart_is_published_once_with_the_digest_of
     saver.close()
     assert [r.step for r in registry.read(tmp_path)] == [5, 10, 10]
     handed: list = []
-    monkeypatch.setattr(publish.ledger_telemetry, "publish", lambda _l, _r, finished, _f: handed.extend(finished))
+    monkeypatch.setattr(publish.ledger_telemetry, "publish", lambda _l, _r, finished, _f, **_: handed.extend(finished))
     publish.publish_stage(None, "run-a", "pretrain", tmp_path, {})
     on_disk = {step: markers.read_marker(markers.checkpoint_dir(tmp_path, step)).metadata_sha256 for step in (5, 10)}
     assert [(c.step, c.sha256) for c in handed] == sorted(on_disk.items())

@@ -41,15 +41,17 @@ def stage_metrics(stage: str, stage_dir: Path, evaluation: dict[str, float]) -> 
 
 def publish_stage(ledger: Ledger, run_id: str, stage: str, stage_dir: Path, evaluation: dict[str, float],
                   figures: dict[str, float] | None = None) -> tuple[int, int]:
-    """Returns (checkpoints added, metrics added); a checkpoint is known by (step, path). `figures`:
-    more of the stage's figures at its last step (the predicted and measured step time)."""
+    """Returns (checkpoints added, metrics added); a checkpoint is known by (step, path, sha256):
+    a step saved again with other bytes (a restart rewound past it) is listed again, and its
+    earlier row marked removed. `figures`: more of the stage's figures at its last step (the
+    predicted and measured step time)."""
     finished = [ledger_telemetry.FinishedCheckpoint(step=record.step, path=record.path, size_bytes=record.num_bytes,
                                                     sha256=record.metadata_sha256)
                 for record in _current_records(stage_dir)]
     found = stage_metrics(stage, stage_dir, evaluation)
     last = max((step for step, _, _ in found), default=0)
     found += [(last, f"{stage}/{name}", value) for name, value in sorted((figures or {}).items())]
-    return ledger_telemetry.publish(ledger, run_id, finished, found)
+    return ledger_telemetry.publish(ledger, run_id, finished, found, same_checkpoint=("step", "path", "sha256"))
 
 
 def publish_run(ledger: Ledger, run_id: str, stage_dirs: Mapping[str, Path], *,
