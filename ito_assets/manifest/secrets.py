@@ -186,7 +186,7 @@ _NAMED = re.compile(
 # "pass" names one (REDIS_AUTH, DB_PASS).
 _TEXT_SECRET_WORDS = _SECRET_WORDS - {"auth", "session", "token"}
 _ENV_SECRET_WORDS = frozenset({"auth", "pass"})
-# Before those two, these make the name a switch or a count: FIRST_PASS, TWO_PASS, SKIP_AUTH, NO_AUTH.
+# Before those two, these make the name a switch or a count: FIRST_PASS, TWO_PASS, SKIP_PASS.
 _SWITCH_WORDS = frozenset({"first", "second", "third", "last", "next", "prev", "one", "two", "three", "single", "multi",
                            "double", "each", "every", "num", "per", "forward", "backward", "skip", "no", "use", "with",
                            "without", "enable", "disable", "allow", "require", "force"})
