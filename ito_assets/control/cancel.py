@@ -44,7 +44,8 @@ def _cancel_locked(conn: sa.Connection, ledger: Ledger, identity: Identity, run_
     replay = _replay(conn, account_id, key, fingerprint)
     if replay is not None:
         return replay
-    confirmation = confirmations.resolve(conn, ref, account_id=account_id, for_update=True)
+    confirmation = confirmations.resolve_bound(conn, ref, account_id=account_id, action=Action.CANCEL,
+                                               booking_id=run.booking_id, target_run_id=run.run_id)
     now = ledger.now()  # after the locks: a confirmation that expired while this waited is expired
     confirmations.require_usable(confirmation, now=now, action=Action.CANCEL, booking_id=run.booking_id,
                                  manifest_digest=run.manifest_digest, target_run_id=run.run_id, cost_cents=0)

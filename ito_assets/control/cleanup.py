@@ -163,7 +163,8 @@ class Release:
 def _release_locked(conn: sa.Connection, ledger: Ledger, identity: Identity, release: Release, key: str) -> dict:
     booking = bookings.load(conn, release.booking_id, for_update=True) if ids.is_booking_id(release.booking_id) else None
     eligible = entitlement.eligibility(booking, identity.tenant, ledger.now(), require_started=False)  # needs no window
-    confirmation = confirmations.resolve(conn, release.confirmation_ref, account_id=identity.tenant, for_update=True)
+    confirmation = confirmations.resolve_bound(conn, release.confirmation_ref, account_id=identity.tenant,
+                                               action=Action.RELEASE, booking_id=booking.booking_id)
     now = ledger.now()  # after the locks: a confirmation that expired while this waited is expired
     confirmations.require_usable(confirmation, now=now, action=Action.RELEASE, booking_id=booking.booking_id,
                                  cost_cents=0)
@@ -185,7 +186,7 @@ def _clean_locked(conn: sa.Connection, ledger: Ledger, policy: ServerPolicy, ide
                   key: str, release: Release | None) -> dict:
     account_id = identity.tenant
     release_booking_id = release.booking_id if release else None
-    confirmation = confirmations.resolve(conn, ref, account_id=account_id, for_update=True)
+    confirmation = confirmations.resolve_bound(conn, ref, account_id=account_id, action=Action.CLEANUP)
     # After the lock, before the confirmation is judged: a twin with this key that held the lock
     # has committed, and its report is the answer (its confirmation is consumed by now).
     replay = _replay_in(conn, account_id, key, release_booking_id)

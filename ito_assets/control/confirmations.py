@@ -104,6 +104,25 @@ def resolve(conn: sa.Connection, ref: str, *, account_id: str | None, for_update
     return _from_row(row)
 
 
+def resolve_bound(conn: sa.Connection, ref: str, *, account_id: str, action: Action, booking_id: str | None = None,
+                  target_run_id: str | None = None) -> Confirmation:
+    """The confirmation behind `ref`, locked, once it is known to be bound to `action` on this
+    booking and run; one bound to anything else is refused (CONFIRMATION_MISMATCH) before its row
+    is locked. A request that names another request's confirmation (a train naming a cleanup's)
+    would otherwise wait on it, and on PostgreSQL deadlock with it where the other locks in the
+    opposite order (a cleanup locks its confirmation, then the booking it releases or the runs it
+    cleans). A binding never changes once issued, so the look without the lock judges it as one
+    under the lock would; `require_usable` judges the rest under the lock."""
+    seen = resolve(conn, ref, account_id=account_id)
+    if (seen.action, seen.booking_id, seen.target_run_id) != (action, booking_id, target_run_id):
+        raise _mismatch()
+    return resolve(conn, ref, account_id=account_id, for_update=True)
+
+
+def _mismatch() -> ItoError:
+    return ItoError(ErrorCode.CONFIRMATION_MISMATCH, "the confirmation is bound to a different action, booking, run or cost")
+
+
 def require_usable(c: Confirmation, *, now: int, action: Action, booking_id: str | None = None,
                    manifest_digest: str | None = None, target_run_id: str | None = None,
                    cost_cents: int | None = None) -> None:
@@ -111,8 +130,7 @@ def require_usable(c: Confirmation, *, now: int, action: Action, booking_id: str
     second: usable while now < expires_at) and approval."""
     if (c.action, c.booking_id, c.target_run_id) != (action, booking_id, target_run_id) or (
             cost_cents is not None and cost_cents != c.cost_cents):
-        raise ItoError(ErrorCode.CONFIRMATION_MISMATCH,
-                       "the confirmation is bound to a different action, booking, run or cost")
+        raise _mismatch()
     if c.manifest_digest != manifest_digest:
         # Exact equality: the approver saw this digest, so any other manifest was never approved.
         raise ItoError(ErrorCode.MANIFEST_DIGEST_MISMATCH, "the manifest differs from the one the confirmation is bound to")

@@ -110,7 +110,8 @@ def _create_locked(conn: sa.Connection, ledger: Ledger, policy: ServerPolicy, ac
     replay = _replay(conn, account_id, request.idempotency_key, request.fingerprint())
     if replay is not None:
         return replay
-    confirmation = confirmations.resolve(conn, request.confirmation_ref, account_id=account_id, for_update=True)
+    confirmation = confirmations.resolve_bound(conn, request.confirmation_ref, account_id=account_id,
+                                               action=Action.TRAIN, booking_id=request.booking_id)
     # Read after the booking's and the confirmation's locks: a wait for either may outlast the
     # confirmation's expiry second.
     now = ledger.now()

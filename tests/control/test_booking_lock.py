@@ -13,9 +13,9 @@ import sqlalchemy as sa
 
 from gate_world import PG_URL, Clock, make_policy, make_world, postgres_reason, verified
 from ito_assets.errors import ErrorCode, ItoError
-from ito_assets.control import create_run
+from ito_assets.control import cancel, confirm_request, create_run, ids
 from ito_assets.control.create_run import TrainRequest
-from ito_assets.control.ledger import bookings, open_ledger, runs
+from ito_assets.control.ledger import bookings, confirmations, open_ledger, runs
 
 pytestmark = pytest.mark.postgres
 
@@ -52,3 +52,27 @@ def test_a_train_waits_for_the_booking_row_lock_and_creates_nothing_while_it_is_
         assert conn.execute(sa.select(sa.func.count()).select_from(runs)).scalar_one() == 0
     # Once the lock is released the same request goes through.
     assert not create_run.create_run(world.ledger, world.policy, world.account, request).replayed
+
+
+def test_a_request_naming_another_requests_confirmation_is_refused_without_waiting_on_its_lock(pg_world) -> None:
+    """A train or a cancel that names the account's cleanup confirmation while that cleanup holds
+    it: refused as a mismatch at once. It used to lock the row first and wait; where the cleanup
+    then wanted the booking or the runs the request held, PostgreSQL broke the deadlock by failing
+    one of them with an error no code answered (INTERNAL_ERROR over HTTP)."""
+    world = pg_world
+    run = create_run.create_run(world.ledger, world.policy, world.account, TrainRequest(
+        booking_id=world.booking_id, verified=verified(), confirmation_ref=world.confirm_train(),
+        idempotency_key="key-mismatch-01")).run
+    cleanup = confirm_request.request_cleanup(world.ledger, world.policy, world.account).ref
+    with world.ledger.engine.connect() as holder, holder.begin():
+        holder.execute(sa.select(confirmations).where(confirmations.c.ref_hash == ids.secret_hash(cleanup))
+                       .with_for_update())
+        train = TrainRequest(booking_id=world.booking_id, verified=verified(), confirmation_ref=cleanup,
+                             idempotency_key="key-mismatch-02")
+        with pytest.raises(ItoError) as info:
+            create_run.create_run(world.ledger, world.policy, world.account, train)
+        assert info.value.code is ErrorCode.CONFIRMATION_MISMATCH
+        with pytest.raises(ItoError) as info:
+            cancel.cancel_run(world.ledger, world.account, run.run_id, confirmation_ref=cleanup,
+                              idempotency_key="key-mismatch-03")
+        assert info.value.code is ErrorCode.CONFIRMATION_MISMATCH
