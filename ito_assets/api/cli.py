@@ -124,10 +124,16 @@ def run(argv: Sequence[str]) -> tuple[dict, int]:
     return document, 0
 
 
+def _asks_for_json(argv: list[str]) -> bool:
+    """`--json` among the options: not after `--`, where it is an argument (a document's id)."""
+    options = argv[: argv.index("--")] if "--" in argv else argv
+    return "--json" in options
+
+
 def _parsed(argv: list[str]) -> argparse.Namespace | str:
     """The parsed arguments; with --json, the help text where --help asked for it (argparse
     prints it and exits, which left --json's one document as plain text)."""
-    if "--json" not in argv:
+    if not _asks_for_json(argv):
         return build_parser().parse_args(argv)
     printed = io.StringIO()
     try:
@@ -140,7 +146,7 @@ def _parsed(argv: list[str]) -> argparse.Namespace | str:
 
 
 def _main(argv: list[str]) -> int:
-    as_json = "--json" in argv
+    as_json = _asks_for_json(argv)
     document, status = run(argv)
     text = document.pop("_text", None)
     if as_json:

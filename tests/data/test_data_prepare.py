@@ -294,6 +294,23 @@ def test_a_suggested_id_that_starts_with_a_dash_is_no_option(value: str) -> None
         assert (args.doc_id if args.action == "doc" else args.item_id) == value
 
 
+@pytest.mark.parametrize(("argv", "as_json"), [
+    (["audit", "doc", "--", "--json"], False),  # the suggested command for a document whose id is --json
+    (["audit", "doc", "--json", "--", "--json"], True), (["--json", "audit", "doc", "x"], True),
+    (["audit", "doc", "x"], False),
+])
+def test_json_after_the_double_dash_is_an_argument_not_the_output_mode(tmp_path, monkeypatch, capsys, argv, as_json) -> None:
+    from ito_assets.api import cli
+
+    monkeypatch.setenv("ITO_STATE_DIR", str(tmp_path / "state"))  # no warehouse: a refusal, in the mode asked for
+    assert cli.main(argv) != 0
+    printed = capsys.readouterr()
+    if as_json:
+        assert json.loads(printed.out)["ok"] is False and printed.err == ""
+    else:
+        assert printed.out == "" and printed.err.startswith("error ")
+
+
 @pytest.mark.parametrize("umask", [0o000, 0o022, 0o077, 0o277])
 def test_the_manifest_copy_is_0600_whatever_the_umask(tmp_path, umask: int) -> None:
     from ito_assets.api.commands.data import _copy_private
