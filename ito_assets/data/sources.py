@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gzip
 import hashlib
 import hmac
 import io
+import itertools
 import json
 import shutil
 import tempfile
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,12 +166,32 @@ def _lines(path: Path, uri: str, span: tuple[int, int] | None = None) -> Iterato
             handle.seek(span[0])
             yield from io.BytesIO(handle.read(span[1] - span[0]))
         return
+    handed = 0
     try:
         with pa.input_stream(str(path), compression=compression) as stream:
-            yield from io.BufferedReader(stream, buffer_size=_READ_BUFFER)
+            for line in io.BufferedReader(stream, buffer_size=_READ_BUFFER):
+                handed += 1
+                yield line
     except OSError:  # what pyarrow's codecs raise for bad data
+        if compression == "gzip" and _padded_gzip(path):
+            with gzip.open(path, "rb") as handle:
+                yield from itertools.islice(handle, handed, None)
+            return
         whole = _whole_lines(path, compression)
         raise ItoError(ErrorCode.SOURCE_INVALID, f"{uri}: the {compression} stream is corrupt or truncated after line {whole}") from None
+
+
+def _padded_gzip(path: Path) -> bool:
+    """A gzip file that pyarrow's codec refuses and Python's reads whole: one padded with zero
+    bytes after its last member (as a tape or a block device pads it), which `gzip -d` also reads,
+    "trailing zero bytes ignored". Other bytes after the last member stay refused, by both."""
+    try:
+        with gzip.open(path, "rb") as handle:
+            while handle.read(1 << 20):
+                pass
+    except (OSError, EOFError, zlib.error):  # BadGzipFile is an OSError
+        return False
+    return True
 
 
 def _whole_lines(path: Path, compression: str) -> int:

@@ -234,6 +234,23 @@ def test_a_truncated_compressed_stream_is_source_invalid(tmp_path: Path, compres
         assert 0 < after < 2000
 
 
+@pytest.mark.parametrize(("padding", "ok"), [(b"\0", True), (b"\0" * 512, True), (b"\0" * 70_000, True),
+                                             (b"\0" * 8 + b"x", False), (b"garbage", False)])
+def test_a_gzip_file_padded_with_zero_bytes_reads_whole_and_other_trailing_bytes_stay_refused(
+        tmp_path: Path, padding: bytes, ok: bool) -> None:
+    """As `gzip -d` reads it ("trailing zero bytes ignored"), a tape's or a block device's padding;
+    pyarrow's codec refused it as corrupt, and named a line it had not reached."""
+    plain = write_jsonl(tmp_path / "plain.jsonl", [{"text": f"document {i} " * 40} for i in range(3000)])
+    path = tmp_path / "padded.jsonl"
+    path.write_bytes(gzip.compress(plain.read_bytes()) + padding)
+    if not ok:
+        assert "gzip" in _source_error(reference(path), tmp_path).message
+        return
+    docs, counts = read_source(reference(path), 0, tmp_path)
+    expected, _ = read_source(reference(plain), 0, tmp_path)
+    assert docs["text"].to_list() == expected["text"].to_list() and counts.num_documents == 3000
+
+
 def test_jsonl_with_its_own_field_names(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "a.jsonl", [{"uid": 41, "body": "one"}, {"uid": "x-2", "body": "two", "text": 3}])
     docs, _ = read_source(reference(path, text_field="body", id_field="uid"), 0, tmp_path)
