@@ -246,6 +246,16 @@ def _verdict(document) -> ItoError | None:
     return None
 
 
+def _judged(document: dict, location: str | None) -> None:
+    """Accepted where `location` is None; else refused as MANIFEST_INVALID naming exactly it."""
+    err = _verdict(document)
+    if location is None:
+        assert err is None, err
+        return
+    assert err is not None and err.code is ErrorCode.MANIFEST_INVALID
+    assert err.message == f"the manifest does not match the schema at: {location}"
+
+
 def _with(**top) -> dict:
     document = valid_manifest()
     document.update(top)
@@ -522,12 +532,7 @@ def _baseline(count: int) -> list[dict]:
 ])
 def test_decision_baseline_bounds(files, location):
     """One to MAX_BASELINE_FILES files, each a data root or file URI with its 64 hex digits."""
-    err = _verdict(_with(decision_baseline=files))
-    if location is None:
-        assert err is None
-    else:
-        assert err.code is ErrorCode.MANIFEST_INVALID
-        assert err.message == f"the manifest does not match the schema at: {location}"
+    _judged(_with(decision_baseline=files), location)
 
 
 def test_decision_baseline_files_are_distinct_and_a_manifest_without_them_is_unbound():
@@ -548,12 +553,7 @@ def test_decision_baseline_files_are_distinct_and_a_manifest_without_them_is_unb
      ({"accepted_verdicts": ["NO_GO"], "reason": "r" * 1001, "reviewed_by": "x"}, "data_decision.reason")],
 )
 def test_data_decision_bounds(decision, location):
-    err = _verdict(_with(data_decision=decision))
-    if location is None:
-        assert err is None
-    else:
-        assert err.code is ErrorCode.MANIFEST_INVALID
-        assert err.message == f"the manifest does not match the schema at: {location}"
+    _judged(_with(data_decision=decision), location)
 
 
 # --- huge integers ------------------------------------------------------------------------------
@@ -577,9 +577,7 @@ def test_the_largest_allowed_integers_are_exact(root: Path):
      (-(10**23), ("model", "num_parameters"), "model.num_parameters")],
 )
 def test_huge_numbers_in_the_wrong_place_are_invalid(value, path, location):
-    err = _verdict(_at(valid_manifest(), path, value))
-    assert err.code is ErrorCode.MANIFEST_INVALID
-    assert err.message == f"the manifest does not match the schema at: {location}"
+    _judged(_at(valid_manifest(), path, value), location)
 
 
 @pytest.mark.parametrize("digits", [4300, 4301, 5000])
